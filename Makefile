@@ -1,0 +1,43 @@
+# mmleak: `make` builds mmleak.so; `make check` runs the tests; `make demo` the whole job on a
+# bundled leaky program; `make bench` the benchmarks.  Nothing to configure.
+PYTHON  ?= /usr/bin/python3
+CC      ?= cc
+CXX     ?= c++
+PREFIX  ?= /usr/local
+DESTDIR ?=
+OPT     ?= -O2 -g
+# -fexceptions: a C++ exception thrown by the real operator new may unwind through our frame.
+CFLAGS_LIB = -std=gnu11 -Wall -Wextra -Werror -fPIC -fvisibility=hidden -fexceptions \
+             -fno-omit-frame-pointer $(OPT)
+LIBDIR  = $(PREFIX)/lib/mmleak
+BINDIR  = $(PREFIX)/bin
+SCRIPTS = mmleak.py mmleak-panda.py mmleak-install.py
+
+all: mmleak.so
+
+mmleak.so: mmleak.c
+	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -o $@ $< -ldl -lpthread $(LDFLAGS)
+
+check: all
+	$(PYTHON) -m pytest -q tests
+
+bench: all
+	$(PYTHON) bench/run.py
+
+demo: all
+	$(PYTHON) tests/demo.py
+
+install: all
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(BINDIR)
+	install -m 0644 mmleak.so $(DESTDIR)$(LIBDIR)/mmleak.so
+	for s in $(SCRIPTS); do [ -f $$s ] && install -m 0755 $$s $(DESTDIR)$(BINDIR)/$$s; done; true
+
+uninstall:
+	rm -f $(DESTDIR)$(LIBDIR)/mmleak.so
+	-rmdir $(DESTDIR)$(LIBDIR)
+	for s in $(SCRIPTS); do rm -f $(DESTDIR)$(BINDIR)/$$s; done
+
+clean:
+	rm -rf mmleak.so tests/bin bench/out demo __pycache__ tests/__pycache__
+
+.PHONY: all check bench demo install uninstall clean

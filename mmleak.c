@@ -1,0 +1,1275 @@
+/*
+ * mmleak.so: record every allocation and free of a process, for leak hunting.
+ *
+ * Loaded with LD_PRELOAD.  Every thread appends one text line per event to its own file
+ * $MMLEAK_DIR/mmleak.ID.N.out through a MAP_SHARED window of that file, so the kernel keeps
+ * every completed line even when the process is killed with SIGKILL.  The dump format is
+ * specified in README.rst ("The dump format"); mmleak.py is its reader.
+ *
+ * Layout of this file:
+ *   1. configuration (environment variables) and process-wide state
+ *   2. the hot path: sequence numbers, hex formatting, the fast line writers
+ *   3. the cold path: bootstrap, files, windows, rotation, maps, fork, thread exit
+ *   4. the interposed entry points (malloc & co, C++ operators, strdup)
+ *
+ * Rules that keep the host safe (each one has bitten a tracer before):
+ *   - the hot path takes no lock, makes no syscall, calls no libc function, allocates nothing;
+ *     anything else happens in noinline cold functions behind one unlikely() branch;
+ *   - no descriptor is kept open between cold calls: a daemon that closes every fd and
+ *     dup2()s over them can never make us write into one of its files;
+ *   - errno is saved and restored around every cold call;
+ *   - while our own cold code runs, a thread-local guard makes nested allocation calls
+ *     pass straight to the real allocator (our bookkeeping is never recorded).
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <execinfo.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+extern int rename(const char *, const char *); /* <stdio.h> is not wanted here */
+
+_Static_assert(sizeof(void *) == 8 && sizeof(size_t) == 8, "mmleak supports LP64 only");
+
+#define likely(x) __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+#define COLD __attribute__((noinline, cold))
+#define EXPORT __attribute__((visibility("default")))
+#define HOT_INLINE static inline __attribute__((always_inline))
+
+#define FORMAT_VERSION 1
+#define MAXDEPTH 64
+/* Room the fast path needs at the cursor: the longest depth-1 line is 12+1+8+1+8+1+8+1+12+1
+ * bytes, and the 8-byte stores of variable-width fields may run 7 bytes past a field. */
+#define FAST_ROOM 96
+#define SLOW_LINE (64 + 17 * MAXDEPTH)
+
+/* ---------------------------------------------------------------------------------------
+ * 1. Configuration and process-wide state
+ * ------------------------------------------------------------------------------------- */
+
+/* Every knob is an environment variable (read with secure_getenv, so setuid programs ignore
+ * them); defaults are documented in README.rst. */
+static struct {
+    char dir[PATH_MAX - 64]; /* MMLEAK_DIR, made absolute at start (default /tmp) */
+    int depth;               /* MMLEAK_DEPTH: return addresses per allocation (default 1) */
+    size_t rotate;           /* MMLEAK_ROTATE_MB: start a new file past this size (256) */
+    size_t window_max;       /* MMLEAK_WINDOW_KB: largest mapping per thread (1024) */
+    int quiet;               /* MMLEAK_QUIET=1: no message on stderr, even on failure */
+} cfg;
+
+struct real_fns {
+    void *(*malloc)(size_t);
+    void (*free)(void *);
+    void *(*calloc)(size_t, size_t);
+    void *(*realloc)(void *, size_t);
+    void *(*memalign)(size_t, size_t);
+    int (*posix_memalign)(void **, size_t, size_t);
+    void *(*aligned_alloc)(size_t, size_t);
+    void *(*valloc)(size_t);
+    void *(*pvalloc)(size_t);
+    int (*dlclose)(void *);
+    /* C++ operators, used only when malloc fails, so new_handler and bad_alloc behave. */
+    void *(*new_)(size_t);
+    void *(*new_nothrow)(size_t, const void *);
+    void *(*new_al)(size_t, size_t);
+    void *(*new_al_nothrow)(size_t, size_t, const void *);
+};
+static struct real_fns real;
+
+/* The trace id names this process image's files: the pid, or pid-K when mmleak.PID.maps
+ * already exists (an exec'd image of the same process, or a reused pid). */
+static char g_id[32];
+static pid_t g_pid;
+static time_t g_t0;                  /* time() at trace start; event times are relative */
+static atomic_uint g_next_file;      /* N of the next mmleak.ID.N.out */
+static int g_state;                  /* 0: not started, 1: tracing, -1: disabled */
+static char g_cmd[2048];             /* escaped command line for the file headers */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* cold path only */
+static pthread_key_t g_key;
+static int g_key_ok;
+
+/* Event order.  A free in thread B and a later malloc in thread C that returns the same
+ * address are ordered by the allocator's own synchronisation; an atomic counter taken
+ * before the real free and after the real malloc inherits that order.  One counter per
+ * address hash bucket gives every address a total order without one hot shared line:
+ * threads working on different memory touch different counters.  Two events of one address
+ * whose numbers differ by exactly one are adjacent: nothing happened to that address in
+ * between, which is what lets the shrinker cancel them in any grouping of files. */
+#define SEQ_BITS 16
+static _Atomic uint64_t g_seq[1u << SEQ_BITS] __attribute__((aligned(64)));
+
+/* Per-thread state.  The hot fields come first, in one cache line. */
+struct tstate {
+    char *cur;            /* next byte to write in the mapped window */
+    char *end;            /* end of the window; NULL forces the slow path */
+    volatile int guard;   /* >0 while mmleak's own code runs in this thread */
+    int open;             /* a file is open for this thread */
+    int disabled;         /* tracing failed for good; write into scratch */
+    int late;             /* events after this thread's file was closed */
+    char *base;           /* window mapping */
+    size_t wsize;         /* window length */
+    uint64_t woff;        /* file offset of the window */
+    unsigned fileno;      /* N of the current file */
+    struct tstate *next, *prev; /* registry of open threads, under g_lock */
+    char scratch[256];
+};
+static __thread struct tstate T __attribute__((tls_model("initial-exec")));
+static struct tstate *g_threads;
+
+/* ---------------------------------------------------------------------------------------
+ * 2. The hot path
+ * ------------------------------------------------------------------------------------- */
+
+HOT_INLINE uint64_t seq_next(const void *p)
+{
+    uint64_t h = ((uint64_t)(uintptr_t)p * 0x9E3779B97F4A7C15ull) >> (64 - SEQ_BITS);
+    return atomic_fetch_add_explicit(&g_seq[h], 1, memory_order_relaxed);
+}
+
+/* Eight hex digits of x as eight ASCII bytes, most significant first in memory (SWAR: spread
+ * the nibbles into bytes, then add '0', and 'a'-'0'-10 where the nibble is above 9). */
+HOT_INLINE uint64_t hex8(uint32_t x)
+{
+    uint64_t v = x;
+    v = (v | (v << 16)) & 0x0000FFFF0000FFFFull;
+    v = (v | (v << 8)) & 0x00FF00FF00FF00FFull;
+    v = (v | (v << 4)) & 0x0F0F0F0F0F0F0F0Full;
+    v = __builtin_bswap64(v);
+    uint64_t letters = ((v + 0x0606060606060606ull) >> 4) & 0x0101010101010101ull;
+    return v + 0x3030303030303030ull + letters * 0x27;
+}
+
+/* 12 digits, zero padded: the width of every user-space address on x86-64 and arm64. */
+HOT_INLINE char *put_hex12(char *d, uint64_t v)
+{
+    uint32_t hi = (uint32_t)(hex8((uint32_t)(v >> 32)) >> 32);
+    uint64_t lo = hex8((uint32_t)v);
+    memcpy(d, &hi, 4);
+    memcpy(d + 4, &lo, 8);
+    return d + 12;
+}
+
+/* Minimal-width hex for v < 2^32; stores 8 bytes, returns the end of the digits. */
+HOT_INLINE char *put_hexv(char *d, uint32_t v)
+{
+    unsigned n = (32 - (unsigned)__builtin_clz(v | 1) + 3) >> 2;
+    uint64_t w = hex8(v << (32 - 4 * n));
+    memcpy(d, &w, 8);
+    return d + n;
+}
+
+COLD static void slow_alloc(void *p, size_t n, const void *ra);
+COLD static void slow_free(void *p, uint64_t s, const void *ra);
+
+/* One allocation line: PTR SEQ SIZE TIME CALLER.  The newline is stored last, behind a
+ * compiler barrier, so a process killed in the middle leaves a line without newline that
+ * readers recognise as torn, never a short line that parses. */
+HOT_INLINE void rec_alloc(void *p, size_t n, const void *ra)
+{
+    struct tstate *t = &T;
+    if (unlikely((t->end - t->cur < FAST_ROOM) | t->guard | (cfg.depth != 1))) {
+        slow_alloc(p, n, ra);
+        return;
+    }
+    uint64_t s = seq_next(p);
+    uint64_t now = (uint64_t)(time(NULL) - g_t0);
+    uintptr_t c = (uintptr_t)ra - 1; /* inside the call instruction: names the calling line */
+    if (unlikely(((s | n | now) >> 32) | (((uintptr_t)p | c) >> 48))) {
+        slow_alloc(p, n, ra); /* rare: huge block, clock jump, or a wide address */
+        return;
+    }
+    char *d = t->cur;
+    d = put_hex12(d, (uintptr_t)p);
+    *d++ = ' ';
+    d = put_hexv(d, (uint32_t)s);
+    *d++ = ' ';
+    d = put_hexv(d, (uint32_t)n);
+    *d++ = ' ';
+    d = put_hexv(d, (uint32_t)now);
+    *d++ = ' ';
+    d = put_hex12(d, c);
+    t->cur = d + 1;
+    atomic_signal_fence(memory_order_release);
+    *d = '\n';
+}
+
+/* One free line: PTR SEQ CALLER.  The number is taken before the real free runs. */
+HOT_INLINE void rec_free(void *p, uint64_t s, const void *ra)
+{
+    struct tstate *t = &T;
+    uintptr_t c = (uintptr_t)ra - 1;
+    if (unlikely((t->end - t->cur < FAST_ROOM) | t->guard | (((s >> 32) | (((uintptr_t)p | c) >> 48)) != 0))) {
+        slow_free(p, s, ra);
+        return;
+    }
+    char *d = t->cur;
+    d = put_hex12(d, (uintptr_t)p);
+    *d++ = ' ';
+    d = put_hexv(d, (uint32_t)s);
+    *d++ = ' ';
+    d = put_hex12(d, c);
+    t->cur = d + 1;
+    atomic_signal_fence(memory_order_release);
+    *d = '\n';
+}
+
+/* ---------------------------------------------------------------------------------------
+ * 3. The cold path
+ * ------------------------------------------------------------------------------------- */
+
+/* Some callers of malloc run before libc can give us dlsym: serve them from a static
+ * arena.  Blocks from it are never recorded (they are mmleak's, not the program's) and
+ * never passed to the real free. */
+static char boot_arena[64 * 1024] __attribute__((aligned(64)));
+static size_t boot_used;
+
+static int in_boot(const void *p)
+{
+    return (const char *)p >= boot_arena && (const char *)p < boot_arena + sizeof boot_arena;
+}
+
+static void *boot_alloc(size_t n)
+{
+    size_t need = (n + 16 + 15) & ~(size_t)15;
+    if (boot_used + need > sizeof boot_arena)
+        return NULL;
+    char *p = boot_arena + boot_used;
+    boot_used += need;
+    memcpy(p, &n, sizeof n); /* size header, for realloc */
+    return p + 16;
+}
+
+static size_t boot_size(const void *p)
+{
+    size_t n;
+    memcpy(&n, (const char *)p - 16, sizeof n);
+    return n;
+}
+
+struct guard_scope { struct tstate *t; int saved_errno; };
+
+static struct guard_scope guard_enter(void)
+{
+    struct guard_scope g = { &T, errno };
+    g.t->guard++;
+    return g;
+}
+
+static void guard_leave(struct guard_scope *g)
+{
+    g->t->guard--;
+    errno = g->saved_errno;
+}
+
+#define GUARDED struct guard_scope _gs __attribute__((cleanup(guard_leave))) = guard_enter()
+
+static size_t my_strlen(const char *s) { size_t n = 0; while (s[n]) n++; return n; }
+
+/* Append src to d without passing end; returns the new end (always NUL terminated). */
+static char *cat(char *d, char *end, const char *src)
+{
+    while (*src && d + 1 < end)
+        *d++ = *src++;
+    *d = 0;
+    return d;
+}
+
+static char *cat_u(char *d, char *end, unsigned long v)
+{
+    char b[24];
+    int i = 23;
+    b[i] = 0;
+    do { b[--i] = (char)('0' + v % 10); v /= 10; } while (v);
+    return cat(d, end, b + i);
+}
+
+static void say(const char *a, const char *b, const char *c)
+{
+    if (cfg.quiet)
+        return;
+    char msg[PATH_MAX + 256], *e = msg + sizeof msg, *d = msg;
+    d = cat(d, e, "mmleak: ");
+    d = cat(d, e, a);
+    d = cat(d, e, b ? b : "");
+    d = cat(d, e, c ? c : "");
+    d = cat(d, e, "\n");
+    ssize_t r = write(2, msg, (size_t)(d - msg));
+    (void)r;
+}
+
+static long env_num(const char *name, long def, long lo, long hi)
+{
+    const char *s = secure_getenv(name);
+    if (!s || !*s)
+        return def;
+    char *e;
+    long v = strtol(s, &e, 10);
+    if (*e || v < lo || v > hi) {
+        say("ignoring invalid ", name, "");
+        return def;
+    }
+    return v;
+}
+
+static void read_config(void)
+{
+    const char *dir = secure_getenv("MMLEAK_DIR");
+    if (!dir || !*dir)
+        dir = "/tmp";
+    char *e = cfg.dir + sizeof cfg.dir, *d = cfg.dir;
+    if (dir[0] != '/') { /* the program may chdir later: pin the directory now */
+        if (!getcwd(cfg.dir, sizeof cfg.dir - 2))
+            cfg.dir[0] = 0;
+        d = cfg.dir + my_strlen(cfg.dir);
+        d = cat(d, e, "/");
+    }
+    cat(d, e, dir);
+    cfg.quiet = (int)env_num("MMLEAK_QUIET", 0, 0, 1);
+    cfg.depth = (int)env_num("MMLEAK_DEPTH", 1, 1, MAXDEPTH);
+    cfg.rotate = (size_t)env_num("MMLEAK_ROTATE_MB", 256, 1, 1 << 20) << 20;
+    cfg.window_max = (size_t)env_num("MMLEAK_WINDOW_KB", 1024, 64, 1 << 20) << 10;
+}
+
+static void *sym(const char *name)
+{
+    return dlsym(RTLD_NEXT, name);
+}
+
+static atomic_int g_resolving;
+
+COLD static void resolve(void)
+{
+    if (atomic_exchange(&g_resolving, 1)) /* nested call from dlsym: the boot arena serves */
+        return;
+    struct real_fns r;
+    r.malloc = sym("malloc");
+    r.free = sym("free");
+    r.calloc = sym("calloc");
+    r.realloc = sym("realloc");
+    r.memalign = sym("memalign");
+    r.posix_memalign = sym("posix_memalign");
+    r.aligned_alloc = sym("aligned_alloc");
+    r.valloc = sym("valloc");
+    r.pvalloc = sym("pvalloc");
+    r.dlclose = sym("dlclose");
+    r.new_ = NULL;
+    r.new_nothrow = NULL;
+    r.new_al = NULL;
+    r.new_al_nothrow = NULL;
+    if (!r.malloc || !r.free || !r.calloc || !r.realloc || !r.memalign) {
+        static const char m[] = "mmleak: cannot find the real malloc; aborting\n";
+        ssize_t w = write(2, m, sizeof m - 1);
+        (void)w;
+        abort();
+    }
+    real = r;
+}
+
+/* ---- files ---- */
+
+static char *file_path(char *buf, size_t len, const char *id, const char *suffix)
+{
+    char *e = buf + len, *d = buf;
+    d = cat(d, e, cfg.dir);
+    d = cat(d, e, "/mmleak.");
+    d = cat(d, e, id);
+    d = cat(d, e, suffix);
+    return buf;
+}
+
+static char *dump_path(char *buf, size_t len, unsigned n)
+{
+    char num[32], *d = num;
+    d = cat(d, num + sizeof num, ".");
+    d = cat_u(d, num + sizeof num, n);
+    cat(d, num + sizeof num, ".out");
+    return file_path(buf, len, g_id, num);
+}
+
+static int open_excl(const char *path)
+{
+    return open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+}
+
+/* Re-open one of our files by name.  We refuse anything but the regular file we made. */
+static int open_again(const char *path)
+{
+    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void write_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w <= 0) {
+            if (w < 0 && errno == EINTR)
+                continue;
+            return;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+/* ---- the maps file: a sorted union of every file-backed mapping seen in this process ---- */
+
+struct mline { uint64_t start; uint32_t off, len; };
+static struct {
+    char *text; size_t tlen, tcap;      /* unique lines, back to back */
+    struct mline *ln; size_t n, cap;    /* sorted by start address */
+    unsigned long long adds, subs;      /* dl_iterate_phdr counters at the last snapshot */
+    char *buf; size_t bcap;             /* scratch for reading /proc/self/maps */
+} M;
+
+static void *grow(void *p, size_t *cap, size_t need, size_t unit)
+{
+    if (need <= *cap)
+        return p;
+    size_t ncap = *cap ? *cap : 4096 / unit + 1;
+    while (ncap < need)
+        ncap *= 2;
+    void *q = mmap(NULL, ncap * unit, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (q == MAP_FAILED)
+        return NULL;
+    if (p) {
+        memcpy(q, p, *cap * unit);
+        munmap(p, *cap * unit);
+    }
+    *cap = ncap;
+    return q;
+}
+
+static uint64_t parse_hex(const char *s, const char **end)
+{
+    uint64_t v = 0;
+    for (;; s++) {
+        unsigned c = (unsigned char)*s;
+        if (c >= '0' && c <= '9') v = v * 16 + (c - '0');
+        else if (c >= 'a' && c <= 'f') v = v * 16 + (c - 'a' + 10);
+        else break;
+    }
+    *end = s;
+    return v;
+}
+
+/* Keep lines that name a file: eu-addr2line -M needs every segment of a module. */
+static int wanted_map_line(const char *l, size_t n)
+{
+    const char *slash = memchr(l, '/', n);
+    return slash && slash > l && slash[-1] == ' ';
+}
+
+static int maps_add(const char *l, size_t n)
+{
+    for (size_t i = 0; i < M.n; i++)
+        if (M.ln[i].len == n && !memcmp(M.text + M.ln[i].off, l, n))
+            return 0;
+    char *t = grow(M.text, &M.tcap, M.tlen + n, 1);
+    struct mline *a = grow(M.ln, &M.cap, M.n + 1, sizeof *a);
+    if (!t || !a)
+        return 0;
+    M.text = t;
+    M.ln = a;
+    memcpy(M.text + M.tlen, l, n);
+    const char *e;
+    uint64_t start = parse_hex(l, &e);
+    size_t i = M.n;
+    while (i > 0 && M.ln[i - 1].start > start) {
+        M.ln[i] = M.ln[i - 1];
+        i--;
+    }
+    M.ln[i] = (struct mline){ start, (uint32_t)M.tlen, (uint32_t)n };
+    M.n++;
+    M.tlen += n;
+    return 1;
+}
+
+static int phdr_counts(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    unsigned long long *c = data;
+    c[0] = info->dlpi_adds;
+    c[1] = info->dlpi_subs;
+    return 1;
+}
+
+/* Merge /proc/self/maps into the table and rewrite mmleak.ID.maps (temp file + rename) when
+ * anything is new.  force=0 skips the work when no object was loaded or unloaded since. */
+static void maps_snapshot_locked(int force, const unsigned long long c[2])
+{
+    if (!force && c[0] == M.adds && c[1] == M.subs)
+        return;
+    M.adds = c[0];
+    M.subs = c[1];
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    size_t len = 0;
+    for (;;) {
+        char *b = grow(M.buf, &M.bcap, len + 65536, 1);
+        if (!b)
+            break;
+        M.buf = b;
+        ssize_t r = read(fd, M.buf + len, M.bcap - len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+    }
+    close(fd);
+    int changed = 0;
+    for (size_t i = 0; i < len;) {
+        char *nl = memchr(M.buf + i, '\n', len - i);
+        size_t n = (nl ? (size_t)(nl - (M.buf + i)) : len - i) + 1;
+        if (nl && wanted_map_line(M.buf + i, n - 1))
+            changed |= maps_add(M.buf + i, n);
+        i += n;
+    }
+    if (!changed && !force)
+        return;
+    char path[PATH_MAX], tmp[PATH_MAX];
+    file_path(path, sizeof path, g_id, ".maps");
+    file_path(tmp, sizeof tmp, g_id, ".maps.tmp");
+    unlink(tmp);
+    fd = open_excl(tmp);
+    if (fd < 0)
+        return;
+    for (size_t i = 0; i < M.n; i++)
+        write_all(fd, M.text + M.ln[i].off, M.ln[i].len);
+    close(fd);
+    if (rename(tmp, path))
+        unlink(tmp);
+}
+
+/* The loader's counters are read before g_lock is taken: dl_iterate_phdr takes the loader's
+ * lock, and a thread inside dlopen() may be waiting for g_lock in its malloc. */
+COLD static void maps_snapshot(int force)
+{
+    unsigned long long c[2] = { 0, 0 };
+    dl_iterate_phdr(phdr_counts, c);
+    pthread_mutex_lock(&g_lock);
+    maps_snapshot_locked(force, c);
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* ---- process start ---- */
+
+static void read_cmdline(void)
+{
+    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    char raw[sizeof g_cmd / 4];
+    ssize_t n = fd >= 0 ? read(fd, raw, sizeof raw) : -1;
+    if (fd >= 0)
+        close(fd);
+    char *d = g_cmd, *e = g_cmd + sizeof g_cmd - 8;
+    for (ssize_t i = 0; i < n && d < e; i++) {
+        unsigned char ch = (unsigned char)raw[i];
+        if (ch == 0) {
+            if (i + 1 < n)
+                *d++ = ' ';
+        } else if (ch < 0x20 || ch >= 0x7f || ch == '\\') {
+            static const char hx[] = "0123456789abcdef";
+            *d++ = '\\'; *d++ = 'x'; *d++ = hx[ch >> 4]; *d++ = hx[ch & 15];
+        } else {
+            *d++ = (char)ch;
+        }
+    }
+    *d = 0;
+}
+
+/* Reserve a trace id with an O_EXCL create of mmleak.ID.maps: the pid, else pid-1, pid-2.. */
+static int reserve_id(void)
+{
+    char path[PATH_MAX];
+    for (int k = 0; k < 1000; k++) {
+        char *e = g_id + sizeof g_id, *d = g_id;
+        d = cat_u(d, e, (unsigned long)g_pid);
+        if (k) {
+            d = cat(d, e, "-");
+            cat_u(d, e, (unsigned long)k);
+        }
+        int fd = open_excl(file_path(path, sizeof path, g_id, ".maps"));
+        if (fd >= 0) {
+            close(fd);
+            return 0;
+        }
+        if (errno != EEXIST)
+            break;
+    }
+    say("cannot create files in ", cfg.dir, ": tracing disabled (set MMLEAK_DIR to a writable directory)");
+    return -1;
+}
+
+static void thread_exit(void *arg);
+static void fork_prepare(void) { pthread_mutex_lock(&g_lock); }
+static void fork_parent(void) { pthread_mutex_unlock(&g_lock); }
+static void fork_child(void);
+
+/* Called under g_lock, with the guard held. */
+static void process_start(void)
+{
+    g_pid = getpid();
+    g_t0 = time(NULL);
+    if (reserve_id()) {
+        g_state = -1;
+        return;
+    }
+    g_state = 1;
+    atomic_store(&g_next_file, 0);
+    unsigned long long c[2] = { 0, 0 };
+    maps_snapshot_locked(1, c);
+}
+
+static int g_once_done;
+
+COLD static void global_init(void)
+{
+    if (!real.malloc)
+        resolve();
+    pthread_mutex_lock(&g_lock);
+    if (!g_once_done) {
+        g_once_done = 1;
+        read_config();
+        read_cmdline();
+        if (!pthread_key_create(&g_key, thread_exit))
+            g_key_ok = 1;
+        pthread_atfork(fork_prepare, fork_parent, fork_child);
+        if (cfg.depth > 1) { /* the first backtrace() loads libgcc_s: do it now */
+            void *b[4];
+            backtrace(b, 4);
+        }
+        process_start();
+    }
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* ---- per-thread files and windows ---- */
+
+static void window_drop(struct tstate *t)
+{
+    if (t->base)
+        munmap(t->base, t->wsize);
+    t->base = NULL;
+    t->cur = t->end = NULL;
+}
+
+/* Map [off, off+size) of the thread's file, making sure the blocks exist first: a write to
+ * a hole on a full disk would be SIGBUS in the host, an allocation failure here is not. */
+static int window_map(struct tstate *t, uint64_t used, size_t size)
+{
+    char path[PATH_MAX];
+    int fd = open_again(dump_path(path, sizeof path, t->fileno));
+    if (fd < 0)
+        return -1;
+    uint64_t off = used & ~(uint64_t)4095;
+    int rc = -1;
+    if (posix_fallocate(fd, (off_t)off, (off_t)size) == 0) {
+        void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, (off_t)off);
+        if (p != MAP_FAILED) {
+            window_drop(t);
+            t->base = p;
+            t->wsize = size;
+            t->woff = off;
+            t->cur = (char *)p + (used - off);
+            t->end = (char *)p + size;
+            rc = 0;
+        }
+    }
+    close(fd);
+    return rc;
+}
+
+static uint64_t file_used(const struct tstate *t)
+{
+    return t->woff + (uint64_t)(t->cur - t->base);
+}
+
+/* Cut the file to what was written and forget it. */
+static void file_close(struct tstate *t, int trailer)
+{
+    if (!t->base)
+        return;
+    if (trailer && t->end - t->cur >= 8) {
+        memcpy(t->cur, "#end\n", 5);
+        t->cur += 5;
+    }
+    uint64_t used = file_used(t);
+    char path[PATH_MAX];
+    int fd = open_again(dump_path(path, sizeof path, t->fileno));
+    window_drop(t);
+    if (fd >= 0) {
+        if (ftruncate(fd, (off_t)used)) { /* the NUL tail stays; readers skip it */ }
+        close(fd);
+    }
+    t->open = 0;
+}
+
+static void registry_add(struct tstate *t)
+{
+    t->prev = NULL;
+    t->next = g_threads;
+    if (g_threads)
+        g_threads->prev = t;
+    g_threads = t;
+}
+
+static void registry_del(struct tstate *t)
+{
+    if (t->prev) t->prev->next = t->next;
+    else if (g_threads == t) g_threads = t->next;
+    if (t->next) t->next->prev = t->prev;
+    t->next = t->prev = NULL;
+}
+
+static void write_header(struct tstate *t)
+{
+    char h[sizeof g_cmd + 512], *e = h + sizeof h, *d = h;
+    d = cat(d, e, "#mmleak ");
+    d = cat_u(d, e, FORMAT_VERSION);
+    d = cat(d, e, " id=");
+    d = cat(d, e, g_id);
+    d = cat(d, e, " pid=");
+    d = cat_u(d, e, (unsigned long)g_pid);
+    d = cat(d, e, " tid=");
+    d = cat_u(d, e, (unsigned long)syscall(SYS_gettid));
+    d = cat(d, e, " file=");
+    d = cat_u(d, e, t->fileno);
+    d = cat(d, e, " depth=");
+    d = cat_u(d, e, (unsigned long)cfg.depth);
+    d = cat(d, e, " start=");
+    d = cat_u(d, e, (unsigned long)g_t0);
+    d = cat(d, e, t->late ? " late=1" : "");
+    d = cat(d, e, "\n#cmd ");
+    d = cat(d, e, g_cmd);
+    d = cat(d, e, "\n");
+    size_t n = (size_t)(d - h);
+    if (t->end - t->cur >= (ptrdiff_t)n) {
+        memcpy(t->cur, h, n);
+        t->cur += n;
+    }
+}
+
+static void go_scratch(struct tstate *t)
+{
+    t->disabled = 1;
+    t->cur = t->scratch;
+    t->end = t->scratch + sizeof t->scratch;
+}
+
+/* Open a new dump file for this thread: mmleak.ID.N.out, created O_EXCL|O_NOFOLLOW, 0600. */
+static int file_open(struct tstate *t)
+{
+    char path[PATH_MAX];
+    for (int tries = 0; tries < 64; tries++) {
+        t->fileno = atomic_fetch_add(&g_next_file, 1);
+        int fd = open_excl(dump_path(path, sizeof path, t->fileno));
+        if (fd < 0) {
+            if (errno == EEXIST)
+                continue;
+            return -1;
+        }
+        close(fd);
+        /* start small: most threads are short; windows double up to MMLEAK_WINDOW_KB */
+        t->wsize = 0;
+        if (window_map(t, 0, 64 * 1024))
+            return -1;
+        t->open = 1;
+        write_header(t);
+        return 0;
+    }
+    return -1;
+}
+
+/* Make room for `need` bytes at t->cur: open the thread's file, move the window, rotate. */
+static int make_room(struct tstate *t, size_t need)
+{
+    if (t->disabled) {
+        t->cur = t->scratch;
+        return (size_t)(t->end - t->cur) >= need ? 0 : -1;
+    }
+    if (g_state == 0 || g_pid != getpid()) {
+        /* not started yet, or a child made by a raw clone() that skipped our atfork hook */
+        if (g_state != 0)
+            fork_child();
+        global_init();
+    }
+    if (g_state < 0) {
+        go_scratch(t);
+        return -1;
+    }
+    if (!t->open) {
+        if (file_open(t)) {
+            static atomic_int said;
+            if (!atomic_exchange(&said, 1))
+                say("cannot write dump files in ", cfg.dir, ": tracing of the thread stopped");
+            go_scratch(t);
+            return -1;
+        }
+        pthread_mutex_lock(&g_lock);
+        registry_add(t);
+        pthread_mutex_unlock(&g_lock);
+        if (g_key_ok)
+            pthread_setspecific(g_key, t);
+        maps_snapshot(0);
+        if ((size_t)(t->end - t->cur) >= need)
+            return 0;
+    }
+    uint64_t used = file_used(t);
+    if (used >= cfg.rotate) {
+        file_close(t, 1);
+        pthread_mutex_lock(&g_lock);
+        registry_del(t);
+        pthread_mutex_unlock(&g_lock);
+        return make_room(t, need);
+    }
+    size_t size = t->wsize * 2;
+    if (size > cfg.window_max)
+        size = cfg.window_max;
+    if (window_map(t, used, size)) {
+        say("cannot extend a dump file in ", cfg.dir, " (disk full?): tracing stopped");
+        file_close(t, 0);
+        go_scratch(t);
+        return -1;
+    }
+    maps_snapshot(0);
+    return (size_t)(t->end - t->cur) >= need ? 0 : -1;
+}
+
+static char *hexw(char *d, uint64_t v, int width)
+{
+    static const char hx[] = "0123456789abcdef";
+    char b[16];
+    int n = 0;
+    do { b[n++] = hx[v & 15]; v >>= 4; } while (v);
+    while (n < width)
+        b[n++] = '0';
+    while (n)
+        *d++ = b[--n];
+    return d;
+}
+
+/* The general writer: any width, any depth.  Builds the line on the stack, then reserves
+ * its bytes and copies them, newline last. */
+static void emit(const char *line, size_t n)
+{
+    struct tstate *t = &T;
+    if (t->end - t->cur < (ptrdiff_t)(n + 16) && make_room(t, n + 16))
+        return;
+    char *d = t->cur;
+    t->cur = d + n;
+    memcpy(d, line, n - 1);
+    atomic_signal_fence(memory_order_release);
+    d[n - 1] = '\n';
+}
+
+COLD static void slow_alloc(void *p, size_t n, const void *ra)
+{
+    struct tstate *t = &T;
+    if (t->guard)
+        return;
+    GUARDED;
+    if (!t->open && !t->disabled && make_room(t, FAST_ROOM))
+        return;
+    uint64_t s = seq_next(p);
+    time_t now = time(NULL) - g_t0;
+    char line[SLOW_LINE], *d = line;
+    d = hexw(d, (uintptr_t)p, 12);
+    *d++ = ' ';
+    d = hexw(d, s, 1);
+    *d++ = ' ';
+    d = hexw(d, n, 1);
+    *d++ = ' ';
+    d = hexw(d, now < 0 ? 0 : (uint64_t)now, 1);
+    *d++ = ' ';
+    d = hexw(d, (uintptr_t)ra - 1, 12);
+    if (cfg.depth > 1) {
+        void *bt[MAXDEPTH + 8];
+        int k = backtrace(bt, cfg.depth + 8), i = 0;
+        while (i < k && bt[i] != ra) /* skip mmleak's own frames */
+            i++;
+        for (int j = i + 1; j < k && j <= i + cfg.depth - 1; j++) {
+            *d++ = ' ';
+            d = hexw(d, (uintptr_t)bt[j] - 1, 12);
+        }
+    }
+    *d++ = '\n';
+    emit(line, (size_t)(d - line));
+}
+
+COLD static void slow_free(void *p, uint64_t s, const void *ra)
+{
+    struct tstate *t = &T;
+    if (t->guard)
+        return;
+    GUARDED;
+    if (!t->open && !t->disabled && make_room(t, FAST_ROOM))
+        return;
+    char line[64], *d = line;
+    d = hexw(d, (uintptr_t)p, 12);
+    *d++ = ' ';
+    d = hexw(d, s, 1);
+    *d++ = ' ';
+    d = hexw(d, (uintptr_t)ra - 1, 12);
+    *d++ = '\n';
+    emit(line, (size_t)(d - line));
+}
+
+/* A free takes its number before the real free: after it, another thread may already own the
+ * address again. */
+HOT_INLINE void note_free(void *p, const void *ra)
+{
+    rec_free(p, seq_next(p), ra);
+}
+
+/* pthread key destructor: the thread is exiting.  Close its file; events that still happen
+ * in this thread afterwards (other destructors) open a small "late" file. */
+static void thread_exit(void *arg)
+{
+    struct tstate *t = arg;
+    if (t != &T || !t->open)
+        return;
+    GUARDED;
+    maps_snapshot(0);
+    pthread_mutex_lock(&g_lock);
+    registry_del(t);
+    pthread_mutex_unlock(&g_lock);
+    file_close(t, 1);
+    t->late = 1;
+}
+
+/* In the child of fork: the windows we inherited are the parent's files.  Unmap them (the
+ * parent keeps writing them) and start a trace of our own under the child's pid. */
+static void fork_child(void)
+{
+    pthread_mutex_init(&g_lock, NULL);
+    int saved = errno;
+    T.guard++;
+    for (struct tstate *o = g_threads; o; o = o->next)
+        if (o != &T && o->base)
+            munmap(o->base, o->wsize); /* those threads do not exist in the child */
+    g_threads = NULL;
+    window_drop(&T);
+    T.open = 0;
+    T.late = 0;
+    if (g_state > 0)
+        process_start();
+    T.guard--;
+    errno = saved;
+}
+
+__attribute__((constructor)) static void mmleak_init(void)
+{
+    int saved = errno;
+    T.guard++;
+    global_init();
+    T.guard--;
+    errno = saved;
+}
+
+__attribute__((destructor)) static void mmleak_fini(void)
+{
+    if (g_state <= 0 || g_pid != getpid())
+        return;
+    int saved = errno;
+    T.guard++;
+    maps_snapshot(0);
+    if (T.open) {
+        pthread_mutex_lock(&g_lock);
+        registry_del(&T);
+        pthread_mutex_unlock(&g_lock);
+        file_close(&T, 1);
+        T.late = 1;
+    }
+    T.guard--;
+    errno = saved;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * 4. Entry points
+ * ------------------------------------------------------------------------------------- */
+
+COLD static void *boot_or_resolve(size_t n, int zero)
+{
+    if (!atomic_load(&g_resolving))
+        resolve();
+    if (real.malloc)
+        return NULL;
+    void *p = boot_alloc(n); /* a call from inside dlsym while we resolve */
+    if (p && zero)
+        memset(p, 0, n);
+    return p;
+}
+
+#define ENSURE_REAL(n, zero)                                                                  \
+    do {                                                                                      \
+        if (unlikely(!real.malloc)) {                                                         \
+            void *bp_ = boot_or_resolve((n), (zero));                                         \
+            if (!real.malloc)                                                                 \
+                return bp_;                                                                   \
+        }                                                                                     \
+    } while (0)
+
+static inline void *traced_malloc(size_t n, const void *ra)
+{
+    void *p = real.malloc(n);
+    if (likely(p != NULL))
+        rec_alloc(p, n, ra);
+    return p;
+}
+
+EXPORT void *malloc(size_t n)
+{
+    ENSURE_REAL(n, 0);
+    return traced_malloc(n, __builtin_return_address(0));
+}
+
+EXPORT void free(void *p)
+{
+    if (unlikely(!p || in_boot(p)))
+        return;
+    if (unlikely(!real.free)) {
+        boot_or_resolve(0, 0);
+        if (!real.free)
+            return;
+    }
+    note_free(p, __builtin_return_address(0));
+    real.free(p);
+}
+
+EXPORT void *calloc(size_t k, size_t n)
+{
+    size_t total;
+    if (unlikely(__builtin_mul_overflow(k, n, &total))) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    ENSURE_REAL(total, 1);
+    void *p = real.calloc(k, n);
+    if (likely(p != NULL))
+        rec_alloc(p, total, __builtin_return_address(0));
+    return p;
+}
+
+static void *traced_realloc(void *old, size_t n, const void *ra)
+{
+    if (unlikely(in_boot(old))) {
+        void *p = traced_malloc(n, ra);
+        if (p) {
+            size_t k = boot_size(old);
+            memcpy(p, old, k < n ? k : n);
+        }
+        return p;
+    }
+    if (!old)
+        return traced_malloc(n, ra);
+    /* The old block's number is taken before the call: once realloc has moved the block,
+     * another thread may be handed the old address. */
+    uint64_t s = seq_next(old);
+    void *p = real.realloc(old, n);
+    if (p == NULL && n != 0)
+        return NULL; /* failed: the old block is untouched (its number stays unused) */
+    rec_free(old, s, ra);
+    if (p)
+        rec_alloc(p, n, ra);
+    return p;
+}
+
+EXPORT void *realloc(void *old, size_t n)
+{
+    ENSURE_REAL(n, 0);
+    return traced_realloc(old, n, __builtin_return_address(0));
+}
+
+EXPORT void *reallocarray(void *old, size_t k, size_t n)
+{
+    size_t total;
+    if (__builtin_mul_overflow(k, n, &total)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    ENSURE_REAL(total, 0);
+    return traced_realloc(old, total, __builtin_return_address(0));
+}
+
+static inline void *traced_memalign(size_t al, size_t n, const void *ra)
+{
+    void *p = real.memalign(al, n);
+    if (likely(p != NULL))
+        rec_alloc(p, n, ra);
+    return p;
+}
+
+EXPORT void *memalign(size_t al, size_t n)
+{
+    ENSURE_REAL(n + al, 0);
+    return traced_memalign(al, n, __builtin_return_address(0));
+}
+
+EXPORT int posix_memalign(void **out, size_t al, size_t n)
+{
+    if (unlikely(!real.malloc)) {
+        boot_or_resolve(0, 0);
+        if (!real.malloc)
+            return ENOMEM;
+    }
+    int rc = real.posix_memalign(out, al, n);
+    if (rc == 0 && *out)
+        rec_alloc(*out, n, __builtin_return_address(0));
+    return rc;
+}
+
+EXPORT void *aligned_alloc(size_t al, size_t n)
+{
+    ENSURE_REAL(n + al, 0);
+    void *p = real.aligned_alloc ? real.aligned_alloc(al, n) : real.memalign(al, n);
+    if (likely(p != NULL))
+        rec_alloc(p, n, __builtin_return_address(0));
+    return p;
+}
+
+EXPORT void *valloc(size_t n)
+{
+    ENSURE_REAL(n + 4096, 0);
+    void *p = real.valloc(n);
+    if (likely(p != NULL))
+        rec_alloc(p, n, __builtin_return_address(0));
+    return p;
+}
+
+EXPORT void *pvalloc(size_t n)
+{
+    ENSURE_REAL(n + 4096, 0);
+    void *p = real.pvalloc(n);
+    if (likely(p != NULL))
+        rec_alloc(p, n, __builtin_return_address(0));
+    return p;
+}
+
+#define RA __builtin_return_address(0)
+
+/* strdup and strndup allocate inside libc, where the caller would be libc itself: doing
+ * them here keeps the user's line as the caller. */
+static inline char *dup_n(const char *s, size_t n, const void *ra)
+{
+    ENSURE_REAL(n + 1, 0);
+    char *p = traced_malloc(n + 1, ra);
+    if (p) {
+        memcpy(p, s, n);
+        p[n] = 0;
+    }
+    return p;
+}
+
+EXPORT char *strdup(const char *s) { return dup_n(s, strlen(s), RA); }
+EXPORT char *__strdup(const char *s) { return dup_n(s, strlen(s), RA); }
+EXPORT char *strndup(const char *s, size_t max) { return dup_n(s, strnlen(s, max), RA); }
+EXPORT char *__strndup(const char *s, size_t max) { return dup_n(s, strnlen(s, max), RA); }
+
+/* dlclose: remember the mappings of what is about to be unloaded, so addresses in it stay
+ * symbolizable (or at least recognisably unresolvable) later. */
+EXPORT int dlclose(void *h)
+{
+    if (unlikely(!real.dlclose))
+        resolve();
+    if (g_state > 0 && g_pid == getpid() && !T.guard) {
+        GUARDED;
+        maps_snapshot(1);
+    }
+    return real.dlclose(h);
+}
+
+/* ---- C++: operator new and delete in all forms, with the user's code as the caller ----
+ * The common case is malloc (or memalign) plus a record.  Only when that fails do we call
+ * the real operator (resolved then), with the guard held, so new_handler, std::bad_alloc
+ * and nothrow semantics are exactly libstdc++'s. */
+
+COLD static void *new_failed(size_t n, size_t al, int nothrow, const void *ra)
+{
+    if (!real.new_) {
+        real.new_ = sym("_Znwm");
+        real.new_nothrow = sym("_ZnwmRKSt9nothrow_t");
+        real.new_al = sym("_ZnwmSt11align_val_t");
+        real.new_al_nothrow = sym("_ZnwmSt11align_val_tRKSt9nothrow_t");
+    }
+    static const char nothrow_tag = 0; /* std::nothrow_t is an empty struct */
+    void *p = NULL;
+    {
+        GUARDED; /* cleanup runs even when the real operator throws (-fexceptions) */
+        if (al) {
+            if (nothrow ? !real.new_al_nothrow : !real.new_al)
+                abort();
+            p = nothrow ? real.new_al_nothrow(n, al, &nothrow_tag) : real.new_al(n, al);
+        } else {
+            if (nothrow ? !real.new_nothrow : !real.new_)
+                abort();
+            p = nothrow ? real.new_nothrow(n, &nothrow_tag) : real.new_(n);
+        }
+    }
+    if (p)
+        rec_alloc(p, n, ra);
+    return p;
+}
+
+static inline void *op_new(size_t n, size_t al, int nothrow, const void *ra)
+{
+    if (unlikely(!real.malloc))
+        resolve();
+    void *p = al ? real.memalign(al, n ? n : 1) : real.malloc(n ? n : 1);
+    if (likely(p != NULL)) {
+        rec_alloc(p, n, ra);
+        return p;
+    }
+    return new_failed(n, al, nothrow, ra);
+}
+
+static inline void op_delete(void *p, const void *ra)
+{
+    if (unlikely(!p || in_boot(p)))
+        return;
+    note_free(p, ra);
+    real.free(p);
+}
+
+EXPORT void *_Znwm(size_t n) { return op_new(n, 0, 0, RA); }
+EXPORT void *_Znam(size_t n) { return op_new(n, 0, 0, RA); }
+EXPORT void *_ZnwmRKSt9nothrow_t(size_t n, const void *nt) { (void)nt; return op_new(n, 0, 1, RA); }
+EXPORT void *_ZnamRKSt9nothrow_t(size_t n, const void *nt) { (void)nt; return op_new(n, 0, 1, RA); }
+EXPORT void *_ZnwmSt11align_val_t(size_t n, size_t al) { return op_new(n, al, 0, RA); }
+EXPORT void *_ZnamSt11align_val_t(size_t n, size_t al) { return op_new(n, al, 0, RA); }
+EXPORT void *_ZnwmSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void *nt) { (void)nt; return op_new(n, al, 1, RA); }
+EXPORT void *_ZnamSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void *nt) { (void)nt; return op_new(n, al, 1, RA); }
+EXPORT void _ZdlPv(void *p) { op_delete(p, RA); }
+EXPORT void _ZdaPv(void *p) { op_delete(p, RA); }
+EXPORT void _ZdlPvm(void *p, size_t n) { (void)n; op_delete(p, RA); }
+EXPORT void _ZdaPvm(void *p, size_t n) { (void)n; op_delete(p, RA); }
+EXPORT void _ZdlPvRKSt9nothrow_t(void *p, const void *nt) { (void)nt; op_delete(p, RA); }
+EXPORT void _ZdaPvRKSt9nothrow_t(void *p, const void *nt) { (void)nt; op_delete(p, RA); }
+EXPORT void _ZdlPvSt11align_val_t(void *p, size_t al) { (void)al; op_delete(p, RA); }
+EXPORT void _ZdaPvSt11align_val_t(void *p, size_t al) { (void)al; op_delete(p, RA); }
+EXPORT void _ZdlPvmSt11align_val_t(void *p, size_t n, size_t al) { (void)n; (void)al; op_delete(p, RA); }
+EXPORT void _ZdaPvmSt11align_val_t(void *p, size_t n, size_t al) { (void)n; (void)al; op_delete(p, RA); }
+EXPORT void _ZdlPvSt11align_val_tRKSt9nothrow_t(void *p, size_t al, const void *nt) { (void)al; (void)nt; op_delete(p, RA); }
+EXPORT void _ZdaPvSt11align_val_tRKSt9nothrow_t(void *p, size_t al, const void *nt) { (void)al; (void)nt; op_delete(p, RA); }

@@ -1,0 +1,750 @@
+"""Tests for mmleak-install.py against scratch roots holding real unit files.
+
+Run: /usr/bin/python3 -m pytest tests/test_install.py
+
+Every install result is checked with ``systemd-analyze verify --root=ROOT UNIT``. The minimal
+scratch tree it needs (found by trying): sysinit.target in a unit directory (the default
+dependencies of a service pull it in; without it verify fails "Unit sysinit.target not found"),
+and the ExecStart binary present and executable under the root. basic.target and
+shutdown.target are added too so the tree looks like a system; no machine-id is needed.
+"""
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(os.path.dirname(HERE), "mmleak-install.py")
+PY = "/usr/bin/python3"
+LIB = "/usr/local/lib/mmleak/mmleak.so"
+ANALYZE = shutil.which("systemd-analyze")
+
+UNITS = {
+    "etc/systemd/system/plain.service":
+        "[Unit]\nDescription=plain\n\n[Service]\nExecStart=/usr/bin/true\n",
+    "usr/lib/systemd/system/ptmp.service":
+        "[Unit]\nDescription=private tmp\n\n[Service]\nExecStart=/usr/bin/true\nPrivateTmp=yes\n",
+    "usr/lib/systemd/system/strict.service":
+        "[Unit]\nDescription=strict\n\n[Service]\nExecStart=-/usr/bin/true --flag\n"
+        "ProtectSystem=strict\n",
+    "usr/lib/systemd/system/owned.service":
+        "[Unit]\nDescription=owned\n\n[Service]\nExecStart=/usr/bin/true\nUser=leaky\n"
+        "Group=leakers\n",
+    "usr/lib/systemd/system/preload.service":
+        "[Unit]\nDescription=preload\n\n[Service]\n"
+        "Environment=LD_PRELOAD=/usr/lib/libfoo.so\nExecStart=/usr/bin/true\n",
+    "usr/lib/systemd/system/foo@.service":
+        "[Unit]\nDescription=template %i\n\n[Service]\nExecStart=/usr/bin/true %i\n",
+    "usr/lib/systemd/system/nouser.service":
+        "[Unit]\nDescription=nouser\n\n[Service]\nExecStart=/usr/bin/true\nUser=ghost\n",
+}
+TARGETS = ("sysinit", "basic", "shutdown")
+
+
+def header(unit, ddir="/var/lib/mmleak", created="yes"):
+    return (
+        "# Written by mmleak-install.py: run %s under the mmleak leak tracer.\n"
+        "# Undo: mmleak-install.py uninstall %s, then systemctl restart %s\n"
+        "# (or delete this file, run systemctl daemon-reload, and restart the service).\n"
+        "# Kept on uninstall: the library /usr/local/lib/mmleak/mmleak.so, the dumps in %s.\n"
+        "# mmleak-install: dropin-dir-created=%s\n" % (unit, unit, unit, ddir, created))
+
+
+def next_steps(unit, ddir="/var/lib/mmleak"):
+    return (
+        "next steps:\n"
+        "  systemctl daemon-reload     # needed: not run (--root given)\n"
+        "  systemctl restart %s\n"
+        "  mmleak-install.py status %s\n"
+        "  mmleak.py report %s --pid $(systemctl show -p MainPID --value %s)\n"
+        "  mmleak-install.py uninstall %s     # when done\n" % (unit, unit, ddir, unit, unit))
+
+
+@pytest.fixture
+def root(tmp_path):
+    r = tmp_path / "root"
+    for d in ("etc/systemd/system", "usr/lib/systemd/system", "usr/bin", "usr/local/lib",
+              "var/lib", "run", "tmp"):
+        (r / d).mkdir(parents=True)
+    shutil.copy2("/usr/bin/true", str(r / "usr/bin/true"))
+    for t in TARGETS:
+        (r / "usr/lib/systemd/system" / (t + ".target")).write_text(
+            "[Unit]\nDescription=%s\n" % t)
+    (r / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n"
+                                  "leaky:x:4321:4321:leaky daemon:/nonexistent:/usr/sbin/nologin\n")
+    (r / "etc/group").write_text("root:x:0:\nleaky:x:4321:\nleakers:x:4400:leaky\n")
+    for path, text in UNITS.items():
+        (r / path).write_text(text)
+    return r
+
+
+@pytest.fixture
+def lib(tmp_path):
+    p = tmp_path / "build" / "mmleak.so"
+    p.parent.mkdir()
+    p.write_bytes(b"\x7fELF dummy mmleak library\n")
+    return str(p)
+
+
+def run(root, *args, lib=None, preexec=None, env=None):
+    cmd = [PY, SCRIPT]
+    if root is not None:
+        cmd += ["--root", str(root)]
+    cmd += list(args)
+    if lib is not None:
+        cmd += ["--lib", lib]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       universal_newlines=True, preexec_fn=preexec, env=env)
+    assert "Traceback" not in p.stderr
+    out = p.stdout.replace(str(root), "ROOT") if root is not None else p.stdout
+    err = p.stderr.replace(str(root), "ROOT") if root is not None else p.stderr
+    return p.returncode, out, err
+
+
+def snapshot(root):
+    """Full listing: path -> (type, mode, uid, gid, sha256 or link target)."""
+    snap = {}
+    for dirpath, dirnames, filenames in os.walk(str(root)):
+        for n in dirnames + filenames + ["."] if dirpath == str(root) else dirnames + filenames:
+            p = os.path.normpath(os.path.join(dirpath, n))
+            st = os.lstat(p)
+            if stat.S_ISLNK(st.st_mode):
+                extra = os.readlink(p)
+            elif stat.S_ISREG(st.st_mode):
+                with open(p, "rb") as f:
+                    extra = hashlib.sha256(f.read()).hexdigest()
+            else:
+                extra = None
+            snap[os.path.relpath(p, str(root))] = (stat.S_IFMT(st.st_mode),
+                                                   stat.S_IMODE(st.st_mode), st.st_uid,
+                                                   st.st_gid, extra)
+    return snap
+
+
+def verify(root, unit):
+    if ANALYZE is None:
+        pytest.skip("systemd-analyze not installed")
+    p = subprocess.run([ANALYZE, "verify", "--root=%s" % root, unit], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, universal_newlines=True)
+    assert (p.returncode, p.stdout) == (0, "")
+
+
+def dropin(root, unit):
+    return (root / "etc/systemd/system" / (unit + ".d") / "mmleak.conf").read_text()
+
+
+# --------------------------------------------------------------------------------------------
+# install
+
+def test_install_plain_exact(root, lib):
+    rc, out, err = run(root, "install", "plain.service", lib=lib)
+    assert (rc, err) == (0, "")
+    assert out == (
+        "root: ROOT\n"
+        "create directory /usr/local/lib/mmleak (mode 0755)\n"
+        "copy %s -> /usr/local/lib/mmleak/mmleak.so (mode 0644)\n"
+        "create directory /var/lib/mmleak (mode 0700 owner root:root)\n"
+        "create directory /etc/systemd/system/plain.service.d (mode 0755)\n"
+        "write /etc/systemd/system/plain.service.d/mmleak.conf\n"
+        "LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so\n"
+        "MMLEAK_DIR=/var/lib/mmleak\n" % lib + next_steps("plain.service"))
+    assert dropin(root, "plain.service") == header("plain.service") + (
+        "[Service]\n"
+        "Environment=LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so\n"
+        "Environment=MMLEAK_DIR=/var/lib/mmleak\n")
+    conf = root / "etc/systemd/system/plain.service.d/mmleak.conf"
+    assert stat.S_IMODE(conf.stat().st_mode) == 0o644
+    so = root / LIB.lstrip("/")
+    assert so.read_bytes() == open(lib, "rb").read()
+    assert stat.S_IMODE(so.stat().st_mode) == 0o644
+    d = (root / "var/lib/mmleak").stat()
+    assert (stat.S_IMODE(d.st_mode), d.st_uid, d.st_gid) == (0o700, 0, 0)
+    # no temporary files left behind by the atomic writes
+    assert os.listdir(str(conf.parent)) == ["mmleak.conf"]
+    assert os.listdir(str(so.parent)) == ["mmleak.so"]
+    verify(root, "plain.service")
+
+
+def test_install_depth_and_dir(root, lib):
+    rc, out, err = run(root, "install", "plain.service", "--depth", "8", "--dir",
+                       "/srv/leak dumps", lib=lib)
+    assert (rc, err) == (0, "")
+    assert dropin(root, "plain.service") == header("plain.service", "/srv/leak dumps") + (
+        "[Service]\n"
+        "Environment=LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so\n"
+        "Environment=\"MMLEAK_DIR=/srv/leak dumps\"\n"
+        "Environment=MMLEAK_DEPTH=8\n")
+    assert stat.S_IMODE((root / "srv/leak dumps").stat().st_mode) == 0o700
+    assert stat.S_IMODE((root / "srv").stat().st_mode) == 0o755
+    verify(root, "plain.service")
+
+
+def test_private_tmp_default_dir_ok(root, lib):
+    rc, out, err = run(root, "install", "ptmp.service", lib=lib)
+    assert (rc, err) == (0, "")
+    assert dropin(root, "ptmp.service") == header("ptmp.service") + (
+        "[Service]\n"
+        "Environment=LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so\n"
+        "Environment=MMLEAK_DIR=/var/lib/mmleak\n")
+    verify(root, "ptmp.service")
+
+
+@pytest.mark.parametrize("ddir", ["/tmp", "/tmp/mmleak", "/var/tmp/x"])
+def test_private_tmp_dir_in_tmp_is_error(root, lib, ddir):
+    before = snapshot(root)
+    rc, out, err = run(root, "install", "ptmp.service", "--dir", ddir, lib=lib)
+    top = "/var/tmp" if ddir.startswith("/var/tmp") else "/tmp"
+    assert (rc, out) == (1, "")
+    assert err == (
+        "mmleak-install.py: error: --dir %s is under %s but ptmp.service has PrivateTmp=yes: "
+        "the service sees a private %s that is deleted when it stops, so the dumps would be "
+        "lost; use --dir /var/lib/mmleak\n" % (ddir, top, top))
+    assert snapshot(root) == before
+
+
+def test_protect_system_strict_adds_readwritepaths(root, lib):
+    rc, out, err = run(root, "install", "strict.service", lib=lib)
+    assert (rc, err) == (0, "")
+    assert dropin(root, "strict.service") == header("strict.service") + (
+        "[Service]\n"
+        "Environment=LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so\n"
+        "Environment=MMLEAK_DIR=/var/lib/mmleak\n"
+        "ReadWritePaths=/var/lib/mmleak\n")
+    verify(root, "strict.service")
+
+
+def test_protect_system_full_and_home(root, lib):
+    (root / "usr/lib/systemd/system/full.service").write_text(
+        "[Service]\nExecStart=/usr/bin/true\nProtectSystem=full\n")
+    (root / "usr/lib/systemd/system/home.service").write_text(
+        "[Service]\nExecStart=/usr/bin/true\nProtectHome=read-only\n")
+    (root / "home").mkdir()
+    assert run(root, "install", "full.service", lib=lib)[0] == 0
+    assert dropin(root, "full.service").endswith("ReadWritePaths=/var/lib/mmleak\n")
+    # ProtectHome only matters for a directory under /home
+    assert run(root, "install", "home.service", lib=lib)[0] == 0
+    assert dropin(root, "home.service").endswith("MMLEAK_DIR=/var/lib/mmleak\n")
+    assert run(root, "install", "home.service", "--dir", "/home/dumps", lib=lib)[0] == 0
+    assert dropin(root, "home.service").endswith(
+        "MMLEAK_DIR=/home/dumps\nReadWritePaths=/home/dumps\n")
+    verify(root, "full.service")
+    verify(root, "home.service")
+
+
+def test_user_group_owns_dump_dir(root, lib):
+    rc, out, err = run(root, "install", "owned.service", lib=lib)
+    assert (rc, err) == (0, "")
+    assert "create directory /var/lib/mmleak (mode 0700 owner leaky:leakers)\n" in out
+    d = (root / "var/lib/mmleak").stat()
+    assert (stat.S_IMODE(d.st_mode), d.st_uid, d.st_gid) == (0o700, 4321, 4400)
+    verify(root, "owned.service")
+
+
+def test_user_without_group_uses_primary_group(root, lib):
+    (root / "usr/lib/systemd/system/u.service").write_text(
+        "[Service]\nExecStart=/usr/bin/true\nUser=leaky\n")
+    assert run(root, "install", "u.service", lib=lib)[0] == 0
+    d = (root / "var/lib/mmleak").stat()
+    assert (d.st_uid, d.st_gid) == (4321, 4321)
+
+
+def test_unresolvable_user_is_error(root, lib):
+    before = snapshot(root)
+    rc, out, err = run(root, "install", "nouser.service", lib=lib)
+    assert (rc, out) == (2, "")
+    assert err == ("mmleak-install.py: error: cannot resolve User=ghost of nouser.service in "
+                   "ROOT/etc/passwd: create the user first, or pass --dir and set its owner "
+                   "yourself\n")
+    assert snapshot(root) == before
+
+
+def test_existing_ld_preload_is_merged(root, lib):
+    rc, out, err = run(root, "install", "preload.service", lib=lib)
+    assert rc == 0
+    assert err == ("mmleak-install.py: note: preload.service already sets "
+                   "LD_PRELOAD=/usr/lib/libfoo.so (in /usr/lib/systemd/system/preload.service):"
+                   " kept, mmleak's library appended\n")
+    assert dropin(root, "preload.service") == header("preload.service") + (
+        "[Service]\n"
+        "Environment=\"LD_PRELOAD=/usr/lib/libfoo.so /usr/local/lib/mmleak/mmleak.so\"\n"
+        "Environment=MMLEAK_DIR=/var/lib/mmleak\n")
+    verify(root, "preload.service")
+    # idempotent: the merge is computed without our own drop-in, so no double append
+    rc, out, err = run(root, "install", "preload.service", lib=lib)
+    assert rc == 0
+    assert "already installed: /etc/systemd/system/preload.service.d/mmleak.conf is up to " \
+           "date\n" in out
+    assert "/usr/local/lib/mmleak/mmleak.so /usr/local" not in dropin(root, "preload.service")
+
+
+def test_dropins_accumulate_and_reset(root, lib):
+    # A drop-in that resets Environment= (empty assignment) removes the unit's LD_PRELOAD,
+    # then sets another one: only that one must be kept.
+    d = root / "usr/lib/systemd/system/preload.service.d"
+    d.mkdir()
+    (d / "10-reset.conf").write_text("[Service]\nEnvironment=\nEnvironment=A=1 "
+                                     "\"LD_PRELOAD=/opt/libbar.so\"\n")
+    assert run(root, "install", "preload.service", lib=lib)[0] == 0
+    assert "Environment=\"LD_PRELOAD=/opt/libbar.so /usr/local/lib/mmleak/mmleak.so\"\n" in \
+        dropin(root, "preload.service")
+    verify(root, "preload.service")
+
+
+def test_later_dropin_overriding_ld_preload_warns(root, lib):
+    d = root / "etc/systemd/system/plain.service.d"
+    d.mkdir()
+    (d / "override.conf").write_text("[Service]\nEnvironment=LD_PRELOAD=/opt/libz.so\n")
+    rc, out, err = run(root, "install", "plain.service", lib=lib)
+    assert rc == 0
+    assert err == (
+        "mmleak-install.py: note: plain.service already sets LD_PRELOAD=/opt/libz.so (in "
+        "/etc/systemd/system/plain.service.d/override.conf): kept, mmleak's library appended\n"
+        "mmleak-install.py: warning: /etc/systemd/system/plain.service.d/override.conf sorts "
+        "after mmleak.conf and sets LD_PRELOAD, which overrides mmleak's setting; merge it by "
+        "hand\n")
+    # the directory existed before: recorded as not created by install
+    assert header("plain.service", created="no") in dropin(root, "plain.service")
+    run(root, "uninstall", "plain.service")
+    assert os.listdir(str(d)) == ["override.conf"]
+
+
+def test_template_instance(root, lib):
+    td = root / "usr/lib/systemd/system/foo@.service.d"
+    td.mkdir()
+    (td / "env.conf").write_text("[Service]\nEnvironment=LD_PRELOAD=/usr/lib/libfoo.so\n")
+    rc, out, err = run(root, "install", "foo@bar.service", lib=lib)
+    assert rc == 0
+    assert err == ("mmleak-install.py: note: foo@bar.service already sets "
+                   "LD_PRELOAD=/usr/lib/libfoo.so (in "
+                   "/usr/lib/systemd/system/foo@.service.d/env.conf): kept, mmleak's library "
+                   "appended\n")
+    assert not (root / "etc/systemd/system/foo@.service.d").exists()
+    assert dropin(root, "foo@bar.service") == header("foo@bar.service") + (
+        "[Service]\n"
+        "Environment=\"LD_PRELOAD=/usr/lib/libfoo.so /usr/local/lib/mmleak/mmleak.so\"\n"
+        "Environment=MMLEAK_DIR=/var/lib/mmleak\n")
+    verify(root, "foo@bar.service")
+    rc, out, err = run(root, "status", "foo@bar.service")
+    assert rc == 0
+    assert out.splitlines()[1] == "unit:           foo@bar.service " \
+                                  "(/usr/lib/systemd/system/foo@.service)"
+
+
+def test_idempotent(root, lib):
+    assert run(root, "install", "strict.service", lib=lib)[0] == 0
+    first = snapshot(root)
+    rc, out, err = run(root, "install", "strict.service", lib=lib)
+    assert (rc, err) == (0, "")
+    assert out == (
+        "root: ROOT\n"
+        "library /usr/local/lib/mmleak/mmleak.so is up to date\n"
+        "dump directory /var/lib/mmleak exists\n"
+        "already installed: /etc/systemd/system/strict.service.d/mmleak.conf is up to date\n"
+        "LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so\n"
+        "MMLEAK_DIR=/var/lib/mmleak\n" + next_steps("strict.service"))
+    assert snapshot(root) == first
+
+
+def test_reinstall_with_new_options_updates(root, lib):
+    assert run(root, "install", "plain.service", lib=lib)[0] == 0
+    rc, out, err = run(root, "install", "plain.service", "--depth", "3", lib=lib)
+    assert rc == 0
+    assert "update /etc/systemd/system/plain.service.d/mmleak.conf\n" in out
+    # still recorded as created by install, so uninstall removes the directory
+    assert dropin(root, "plain.service") == header("plain.service") + (
+        "[Service]\n"
+        "Environment=LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so\n"
+        "Environment=MMLEAK_DIR=/var/lib/mmleak\n"
+        "Environment=MMLEAK_DEPTH=3\n")
+    run(root, "uninstall", "plain.service")
+    assert not (root / "etc/systemd/system/plain.service.d").exists()
+
+
+def test_dry_run_changes_nothing(root, lib):
+    before = snapshot(root)
+    rc, out, err = run(root, "--dry-run", "install", "strict.service", lib=lib)
+    assert (rc, err) == (0, "")
+    assert out == (
+        "dry run: nothing changed (root ROOT).\n"
+        "drop-in /etc/systemd/system/strict.service.d/mmleak.conf:\n" +
+        "".join("    " + line + "\n" for line in (header("strict.service") + (
+            "[Service]\n"
+            "Environment=LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so\n"
+            "Environment=MMLEAK_DIR=/var/lib/mmleak\n"
+            "ReadWritePaths=/var/lib/mmleak\n")).splitlines()) +
+        "actions:\n"
+        "  create directory /usr/local/lib/mmleak (mode 0755)\n"
+        "  copy %s -> /usr/local/lib/mmleak/mmleak.so (mode 0644)\n"
+        "  create directory /var/lib/mmleak (mode 0700 owner root:root)\n"
+        "  create directory /etc/systemd/system/strict.service.d (mode 0755)\n"
+        "  write /etc/systemd/system/strict.service.d/mmleak.conf\n"
+        "  no systemctl daemon-reload (--root given)\n" % lib)
+    assert snapshot(root) == before
+    # the option is also accepted after the subcommand
+    assert run(root, "install", "strict.service", "--dry-run", lib=lib)[1] == out
+    assert snapshot(root) == before
+    # and for uninstall
+    assert run(root, "install", "strict.service", lib=lib)[0] == 0
+    mid = snapshot(root)
+    rc, out, err = run(root, "uninstall", "strict.service", "--dry-run")
+    assert (rc, err) == (0, "")
+    assert out == ("dry run: nothing changed (root ROOT).\n"
+                   "actions:\n"
+                   "  remove /etc/systemd/system/strict.service.d/mmleak.conf\n"
+                   "  remove directory /etc/systemd/system/strict.service.d (created by "
+                   "install, now empty)\n"
+                   "  no systemctl daemon-reload (--root given)\n")
+    assert snapshot(root) == mid
+
+
+@pytest.mark.parametrize("unit", ["plain.service", "ptmp.service", "strict.service",
+                                  "owned.service", "preload.service", "foo@bar.service"])
+def test_round_trip_leaves_tree_identical(root, lib, unit):
+    before = snapshot(root)
+    assert run(root, "install", unit, lib=lib)[0] == 0
+    assert snapshot(root) != before
+    rc, out, err = run(root, "uninstall", unit)
+    assert (rc, err) == (0, "")
+    assert out == (
+        "root: ROOT\n"
+        "remove /etc/systemd/system/%s.d/mmleak.conf\n"
+        "remove directory /etc/systemd/system/%s.d (created by install, now empty)\n"
+        "kept: library /usr/local/lib/mmleak/mmleak.so and dump directory /var/lib/mmleak "
+        "(delete them by hand when no longer needed: rm -r /var/lib/mmleak)\n"
+        "next steps:\n"
+        "  systemctl daemon-reload     # needed: not run (--root given)\n"
+        "  systemctl restart %s     # the running process is traced until then\n"
+        % (unit, unit, unit))
+    after = snapshot(root)
+    # Exactly the documented leftovers differ: the library copy and the dump directory.
+    kept = {"usr/local/lib/mmleak", "usr/local/lib/mmleak/mmleak.so", "var/lib/mmleak"}
+    assert set(after) ^ set(before) == kept
+    common = set(before) - {".", "usr/local/lib", "var/lib"}
+    assert {k: after[k] for k in common} == {k: before[k] for k in common}
+    # the parent directories differ only in nothing we compare (mtime is not compared)
+    for k in (".", "usr/local/lib", "var/lib"):
+        assert after[k] == before[k]
+
+
+def test_uninstall_keeps_existing_dropin_dir(root, lib):
+    d = root / "etc/systemd/system/plain.service.d"
+    d.mkdir()
+    (d / "limits.conf").write_text("[Service]\nLimitNOFILE=4096\n")
+    before = snapshot(root)
+    assert run(root, "install", "plain.service", lib=lib)[0] == 0
+    rc, out, err = run(root, "uninstall", "plain.service")
+    assert "remove directory" not in out
+    after = snapshot(root)
+    assert {k: v for k, v in after.items() if not k.startswith(("usr/local/lib/mmleak",
+                                                                "var/lib/mmleak"))} == before
+
+
+def test_uninstall_not_installed(root):
+    rc, out, err = run(root, "uninstall", "plain.service")
+    assert (rc, err) == (0, "")
+    assert out == ("not installed: /etc/systemd/system/plain.service.d/mmleak.conf does not "
+                   "exist; nothing to do\n")
+
+
+def test_uninstall_refuses_foreign_dropin(root, lib):
+    d = root / "etc/systemd/system/plain.service.d"
+    d.mkdir()
+    (d / "mmleak.conf").write_text("[Service]\nEnvironment=X=1\n")
+    before = snapshot(root)
+    rc, out, err = run(root, "uninstall", "plain.service")
+    assert (rc, out) == (1, "")
+    assert err == ("mmleak-install.py: error: /etc/systemd/system/plain.service.d/mmleak.conf "
+                   "was not written by mmleak-install.py; not removing it\n")
+    rc, out, err = run(root, "install", "plain.service", lib=lib)
+    assert rc == 1
+    assert err == ("mmleak-install.py: error: /etc/systemd/system/plain.service.d/mmleak.conf "
+                   "exists and was not written by mmleak-install.py; not touching it\n")
+    assert snapshot(root) == before
+
+
+# --------------------------------------------------------------------------------------------
+# status
+
+def test_status(root, lib):
+    rc, out, err = run(root, "status", "plain.service")
+    assert (rc, err) == (3, "")
+    assert out == ("root:           ROOT\n"
+                   "unit:           plain.service (/etc/systemd/system/plain.service)\n"
+                   "drop-in:        /etc/systemd/system/plain.service.d/mmleak.conf: absent\n"
+                   "not installed\n")
+    assert run(root, "install", "owned.service", "--depth", "2", lib=lib)[0] == 0
+    (root / "var/lib/mmleak/mmleak.123.out").write_bytes(b"x" * 100)
+    (root / "var/lib/mmleak/mmleak.123.maps").write_bytes(b"y" * 7)
+    (root / "var/lib/mmleak/unrelated.txt").write_bytes(b"z")
+    rc, out, err = run(root, "status", "owned.service")
+    assert (rc, err) == (0, "")
+    assert out == (
+        "root:           ROOT\n"
+        "unit:           owned.service (/usr/lib/systemd/system/owned.service)\n"
+        "drop-in:        /etc/systemd/system/owned.service.d/mmleak.conf: present\n"
+        "LD_PRELOAD:     /usr/local/lib/mmleak/mmleak.so\n"
+        "MMLEAK_DIR:     /var/lib/mmleak\n"
+        "MMLEAK_DEPTH:   2\n"
+        "library:        /usr/local/lib/mmleak/mmleak.so: present, 26 bytes\n"
+        "dump dir:       /var/lib/mmleak: owner leaky:leakers mode 0700, 2 dump files\n"
+        "             7  mmleak.123.maps\n"
+        "           100  mmleak.123.out\n"
+        "           107  total\n")
+    os.unlink(str(root / LIB.lstrip("/")))
+    rc, out, err = run(root, "status", "owned.service")
+    assert rc == 0
+    assert "library:        /usr/local/lib/mmleak/mmleak.so: MISSING (the service will start " \
+           "without it)\n" in out
+
+
+# --------------------------------------------------------------------------------------------
+# bad input: one error line, the documented exit code, nothing written
+
+BAD = [
+    (["install", "a/b.service"], 1, "invalid unit name 'a/b.service': it must not contain "
+     "'/'; give the unit's name (like nfs-ganesha.service), not a path"),
+    (["install", "x..y.service"], 1, "invalid unit name 'x..y.service': it must not contain "
+     "'..'"),
+    (["install", "fo o.service"], 1, "invalid unit name 'fo o.service': only letters, digits "
+     "and ':_.\\@-' are allowed"),
+    (["install", "nfs-ganesha"], 1, "invalid unit name 'nfs-ganesha': it needs a unit type "
+     "suffix such as .service (did you mean nfs-ganesha.service?)"),
+    (["install", "foo.socket"], 1, "'foo.socket' is not a service: only .service units run a "
+     "daemon that mmleak can trace"),
+    (["install", "foo@.service"], 1, "'foo@.service' is a template; name an instance such as "
+     "foo@NAME.service"),
+    (["install", "a@b@c.service"], 1, "invalid unit name 'a@b@c.service'"),
+    (["install", "nosuch.service"], 1, "unknown unit nosuch.service: no unit file in "
+     "/etc/systemd/system, /run/systemd/system, /usr/local/lib/systemd/system, "
+     "/usr/lib/systemd/system, /lib/systemd/system"),
+    (["status", "nosuch.service"], 1, "unknown unit nosuch.service: no unit file in "
+     "/etc/systemd/system, /run/systemd/system, /usr/local/lib/systemd/system, "
+     "/usr/lib/systemd/system, /lib/systemd/system"),
+    (["install", "plain.service", "--lib", "/nonexistent/mmleak.so"], 2,
+     "--lib /nonexistent/mmleak.so: no such file"),
+    (["install", "plain.service", "--dir", "relative/dir"], 1,
+     "--dir relative/dir: must be an absolute path"),
+    (["install", "plain.service", "--depth", "0"], 1,
+     "argument --depth: must be at least 1: '0'"),
+    (["install", "plain.service", "--depth", "x"], 1,
+     "argument --depth: not an integer: 'x'"),
+    (["install"], 1, "the following arguments are required: UNIT"),
+    ([], 1, "the following arguments are required: COMMAND"),
+    (["frobnicate", "x.service"], 1, "argument COMMAND: invalid choice: 'frobnicate' (choose "
+     "from 'install', 'status', 'uninstall')"),
+]
+
+
+@pytest.mark.parametrize("args,code,msg", BAD, ids=[" ".join(a) or "none" for a, c, m in BAD])
+def test_bad_input(root, lib, args, code, msg):
+    before = snapshot(root)
+    extra = ["--lib", lib] if args[:1] == ["install"] and "--lib" not in args and \
+        len(args) > 1 else []
+    rc, out, err = run(root, *(args + extra))
+    assert (rc, out, err) == (code, "", "mmleak-install.py: error: %s\n" % msg)
+    assert snapshot(root) == before
+
+
+def test_masked_unit(root, lib):
+    os.symlink("/dev/null", str(root / "etc/systemd/system/ptmp.service"))
+    before = snapshot(root)
+    rc, out, err = run(root, "install", "ptmp.service", lib=lib)
+    assert (rc, out) == (1, "")
+    assert err == ("mmleak-install.py: error: unit ptmp.service is masked "
+                   "(/etc/systemd/system/ptmp.service -> /dev/null)\n")
+    assert snapshot(root) == before
+
+
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_unreadable_root(tmp_path, lib, kind):
+    bad = tmp_path / "notaroot"
+    if kind == "file":
+        bad.write_text("x")
+    rc, out, err = run(bad, "install", "plain.service", lib=lib)
+    assert (rc, out, err) == (2, "", "mmleak-install.py: error: --root ROOT: not a directory\n")
+    assert os.listdir(str(tmp_path)) == (["build", "notaroot"] if kind == "file" else ["build"])
+
+
+def test_non_root_user_refused(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop privileges")
+
+    def drop():
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+    rc, out, err = run(None, "install", "plain.service", "--lib", "/usr/bin/true",
+                       preexec=drop)
+    assert (rc, out) == (2, "")
+    assert err == ("mmleak-install.py: error: must be run as root (it writes under "
+                   "/etc/systemd/system); use sudo, or --dry-run to see what it would do\n")
+    rc, out, err = run(None, "uninstall", "plain.service", preexec=drop)
+    assert rc == 2 and err.startswith("mmleak-install.py: error: must be run as root")
+
+
+def test_missing_library_without_lib(tmp_path, root):
+    # A copy of the tool with mmleak.py but no mmleak.so next to it, no $MMLEAK_LIB.
+    if any(os.path.isfile(p) for p in (LIB, "/usr/lib/mmleak/mmleak.so")):
+        pytest.skip("a mmleak.so is installed on this machine")
+    d = tmp_path / "bin"
+    d.mkdir()
+    shutil.copy(SCRIPT, str(d / "mmleak-install.py"))
+    shutil.copy(os.path.join(os.path.dirname(SCRIPT), "mmleak.py"), str(d / "mmleak.py"))
+    env = {k: v for k, v in os.environ.items() if k != "MMLEAK_LIB"}
+    before = snapshot(root)
+    p = subprocess.run([PY, str(d / "mmleak-install.py"), "--root", str(root), "install",
+                        "plain.service"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       universal_newlines=True, env=env)
+    assert (p.returncode, p.stdout) == (2, "")
+    assert p.stderr == ("mmleak-install.py: error: mmleak.so not found ($MMLEAK_LIB, next to "
+                        "mmleak.py, PREFIX/lib/mmleak, /usr/local/lib/mmleak, /usr/lib/mmleak): "
+                        "build it with make, or pass --lib PATH\n")
+    assert snapshot(root) == before
+    # found through mmleak.find_library() via $MMLEAK_LIB, then copied to the stable path
+    env["MMLEAK_LIB"] = str(tmp_path / "lib.so")
+    (tmp_path / "lib.so").write_bytes(b"lib")
+    p = subprocess.run([PY, str(d / "mmleak-install.py"), "--root", str(root), "install",
+                        "plain.service"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       universal_newlines=True, env=env)
+    assert p.returncode == 0
+    assert (root / LIB.lstrip("/")).read_bytes() == b"lib"
+
+
+def test_library_already_at_stable_path(root, lib):
+    (root / "usr/local/lib/mmleak").mkdir()
+    shutil.copy(lib, str(root / LIB.lstrip("/")))
+    rc, out, err = run(root, "install", "plain.service", lib=str(root / LIB.lstrip("/")))
+    assert rc == 0
+    assert "copy" not in out and "library" not in out
+
+
+# --------------------------------------------------------------------------------------------
+# warnings
+
+def add_unit(root, name, body):
+    (root / "usr/lib/systemd/system" / name).write_text("[Service]\n" + body)
+
+
+def test_warn_setuid(root, lib):
+    b = root / "usr/bin/suid-true"
+    shutil.copy2("/usr/bin/true", str(b))
+    os.chmod(str(b), 0o4755)
+    add_unit(root, "suid.service", "ExecStart=!/usr/bin/suid-true\n")
+    rc, out, err = run(root, "install", "suid.service", lib=lib)
+    assert rc == 0
+    assert err == ("mmleak-install.py: warning: ExecStart binary /usr/bin/suid-true is "
+                   "setuid/setgid: the dynamic loader ignores LD_PRELOAD for it "
+                   "(secure-execution mode), so it will not be traced\n")
+    assert (root / "etc/systemd/system/suid.service.d/mmleak.conf").exists()
+    verify(root, "suid.service")
+
+
+def test_warn_static(root, lib, tmp_path):
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc not installed: cannot build a static binary")
+    src = tmp_path / "s.c"
+    src.write_text("int main(void){return 0;}\n")
+    out_bin = root / "usr/bin/static-true"
+    p = subprocess.run([gcc, "-static", "-o", str(out_bin), str(src)], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT)
+    if p.returncode != 0:
+        pytest.skip("gcc -static failed (no libc.a?)")
+    add_unit(root, "static.service", "ExecStart=@/usr/bin/static-true static-true\n")
+    rc, out, err = run(root, "install", "static.service", lib=lib)
+    assert rc == 0
+    assert err == ("mmleak-install.py: warning: ExecStart binary /usr/bin/static-true is "
+                   "statically linked (no PT_INTERP): LD_PRELOAD has no effect on it, so it "
+                   "cannot be traced\n")
+    verify(root, "static.service")
+
+
+def test_dynamic_binary_no_warning(root, lib):
+    # /usr/bin/true is dynamically linked: no warning (the ELF parser finds PT_INTERP),
+    # and a relative name is looked up in systemd's fixed search path.
+    add_unit(root, "rel.service", "ExecStart=-true 'a b'\n")
+    rc, out, err = run(root, "install", "rel.service", lib=lib)
+    assert (rc, err) == (0, "")
+    verify(root, "rel.service")
+
+
+def test_warn_env_i(root, lib):
+    shutil.copy2("/usr/bin/true", str(root / "usr/bin/env"))  # a stand-in env binary
+    add_unit(root, "envi.service", "ExecStart=/usr/bin/env -i PATH=/bin /usr/bin/true\n")
+    add_unit(root, "envok.service", "ExecStart=/usr/bin/env A=1 /usr/bin/true\n")
+    add_unit(root, "envlong.service", "ExecStart=env --ignore-environment /usr/bin/true\n")
+    rc, out, err = run(root, "install", "envi.service", lib=lib)
+    assert rc == 0
+    assert err == ("mmleak-install.py: warning: ExecStart runs '/usr/bin/env -i', which "
+                   "clears the environment: LD_PRELOAD and MMLEAK_DIR will not reach the "
+                   "command it starts\n")
+    verify(root, "envi.service")
+    assert run(root, "install", "envok.service", lib=lib)[:3:2] == (0, "")
+    rc, out, err = run(root, "install", "envlong.service", lib=lib)
+    assert err == ("mmleak-install.py: warning: ExecStart runs '/usr/bin/env "
+                   "--ignore-environment', which clears the environment: LD_PRELOAD and "
+                   "MMLEAK_DIR will not reach the command it starts\n")
+
+
+def test_warn_shell_wrapper(root, lib):
+    w = root / "usr/bin/wrapper"
+    w.write_text("#!/bin/sh\nexec env -i /usr/bin/true \"$@\"\n")
+    os.chmod(str(w), 0o755)
+    add_unit(root, "wrap.service", "ExecStart=/usr/bin/wrapper --serve\n")
+    rc, out, err = run(root, "install", "wrap.service", lib=lib)
+    assert rc == 0
+    assert err == (
+        "mmleak-install.py: warning: ExecStart /usr/bin/wrapper is a script (#!/bin/sh): mmleak "
+        "also traces the interpreter, and the daemon is not traced if the script clears the "
+        "environment\n"
+        "mmleak-install.py: warning: ExecStart script /usr/bin/wrapper runs 'env -i', which "
+        "clears the environment: the daemon it starts will not get LD_PRELOAD\n")
+    verify(root, "wrap.service")
+
+
+def test_note_memory_deny_write_execute(root, lib):
+    add_unit(root, "mdwe.service", "ExecStart=/usr/bin/true\nMemoryDenyWriteExecute=yes\n")
+    rc, out, err = run(root, "install", "mdwe.service", lib=lib)
+    assert rc == 0
+    assert err == ("mmleak-install.py: note: mdwe.service has MemoryDenyWriteExecute=yes: this "
+                   "is compatible, mmleak needs no writable+executable memory\n")
+    verify(root, "mdwe.service")
+
+
+def test_warn_dynamic_user(root, lib):
+    add_unit(root, "dyn.service", "ExecStart=/usr/bin/true\nDynamicUser=yes\n"
+                                  "StateDirectory=dyn\n")
+    rc, out, err = run(root, "install", "dyn.service", lib=lib)
+    assert rc == 0
+    assert err == ("mmleak-install.py: warning: dyn.service has DynamicUser=yes: its user "
+                   "exists only while it runs and cannot write /var/lib/mmleak (root-owned); "
+                   "the dump directory must be under its StateDirectory= (/var/lib/dyn), pass "
+                   "--dir; ReadWritePaths=/var/lib/mmleak was added\n")
+    assert dropin(root, "dyn.service").endswith("ReadWritePaths=/var/lib/mmleak\n")
+    verify(root, "dyn.service")
+    # under StateDirectory=: no warning, systemd creates the directory itself
+    rc, out, err = run(root, "install", "dyn.service", "--dir", "/var/lib/dyn", lib=lib)
+    assert (rc, err) == (0, "mmleak-install.py: note: /var/lib/dyn is under StateDirectory=; "
+                            "systemd creates it for the dynamic user\n")
+    assert not (root / "var/lib/dyn").exists()
+    assert dropin(root, "dyn.service").endswith("MMLEAK_DIR=/var/lib/dyn\n")
+
+
+# --------------------------------------------------------------------------------------------
+# help
+
+@pytest.mark.parametrize("cmd", [[], ["install"], ["status"], ["uninstall"]])
+def test_help(cmd):
+    p = subprocess.run([PY, SCRIPT] + cmd + ["--help"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, universal_newlines=True)
+    assert (p.returncode, p.stderr) == (0, "")
+    assert "exit codes:\n  0  success" in p.stdout
+    assert "  3  status only: not installed (no drop-in)\n" in p.stdout
+    if cmd:
+        assert "/etc/systemd/system/UNIT.d" in p.stdout
+    if cmd == ["install"]:
+        assert "/usr/local/lib/mmleak/mmleak.so" in p.stdout
+        assert "--dry-run" in p.stdout and "--root DIR" in p.stdout

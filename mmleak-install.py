@@ -9,6 +9,7 @@ import argparse
 import collections
 import errno
 import grp
+import importlib.util
 import os
 import pwd
 import re
@@ -598,13 +599,31 @@ def reload_step(args, root, actions_done):
     return "systemctl daemon-reload     # needed: not run (%s)" % why
 
 
+def import_mmleak():
+    """Import the shared mmleak.py module from this script's (real) directory.
+
+    A plain ``import mmleak`` is not enough: in a build tree mmleak.so sits next to
+    mmleak.py, and Python's import system tries extension modules (*.so) before *.py, so it
+    would try to load the tracer library as a C extension and fail. Load the .py by path when
+    it is there, else fall back to the normal import (sys.path starts with this directory)."""
+    path = os.path.join(os.path.dirname(os.path.realpath(__file__)), "mmleak.py")
+    if not os.path.isfile(path):
+        import mmleak
+        return mmleak
+    spec = importlib.util.spec_from_file_location("mmleak", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sys.modules["mmleak"] = mod
+    return mod
+
+
 def find_lib(args, root):
     if args.lib is not None:
         if not os.path.isfile(args.lib):
             raise Fail(EXIT_ENV, "--lib %s: no such file" % args.lib)
         return os.path.realpath(args.lib)
     try:
-        import mmleak
+        mmleak = import_mmleak()
     except Exception as e:  # noqa: BLE001 - any import failure is an environment error
         raise Fail(EXIT_ENV, "cannot import mmleak.py from %s: %s"
                    % (os.path.dirname(os.path.realpath(__file__)), e))

@@ -748,3 +748,21 @@ def test_help(cmd):
     if cmd == ["install"]:
         assert "/usr/local/lib/mmleak/mmleak.so" in p.stdout
         assert "--dry-run" in p.stdout and "--root DIR" in p.stdout
+
+
+def test_library_found_next_to_mmleak_py(tmp_path, root):
+    # A build tree: mmleak.so next to mmleak.py. Python would import mmleak.so as a C
+    # extension before mmleak.py; the tool must load mmleak.py and find the library.
+    d = tmp_path / "tree"
+    d.mkdir()
+    shutil.copy(SCRIPT, str(d / "mmleak-install.py"))
+    shutil.copy(os.path.join(os.path.dirname(SCRIPT), "mmleak.py"), str(d / "mmleak.py"))
+    (d / "mmleak.so").write_bytes(b"built library")
+    env = {k: v for k, v in os.environ.items() if k != "MMLEAK_LIB"}
+    p = subprocess.run([PY, str(d / "mmleak-install.py"), "--root", str(root), "install",
+                        "plain.service"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       universal_newlines=True, env=env)
+    assert (p.returncode, p.stderr) == (0, "")
+    assert "copy %s -> /usr/local/lib/mmleak/mmleak.so (mode 0644)\n" % (d / "mmleak.so") \
+        in p.stdout
+    assert (root / LIB.lstrip("/")).read_bytes() == b"built library"

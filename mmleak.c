@@ -67,7 +67,7 @@ static struct {
     char dir[PATH_MAX - 64]; /* MMLEAK_DIR, made absolute at start (default /tmp) */
     int depth;               /* MMLEAK_DEPTH: return addresses per allocation (default 1) */
     size_t rotate;           /* MMLEAK_ROTATE_MB: start a new file past this size (256) */
-    size_t window_max;       /* MMLEAK_WINDOW_KB: largest mapping per thread (1024) */
+    size_t window_max;       /* MMLEAK_WINDOW_KB: largest mapping per thread (4096) */
     int quiet;               /* MMLEAK_QUIET=1: no message on stderr, even on failure */
 } cfg;
 
@@ -121,6 +121,7 @@ struct tstate {
     int disabled;         /* tracing failed for good; write into scratch */
     int late;             /* events after this thread's file was closed */
     char *base;           /* window mapping */
+    char *ready;          /* end of the part of the window already faulted in */
     size_t wsize;         /* window length */
     uint64_t woff;        /* file offset of the window */
     unsigned fileno;      /* N of the current file */
@@ -140,8 +141,42 @@ HOT_INLINE uint64_t seq_next(const void *p)
     return atomic_fetch_add_explicit(&g_seq[h], 1, memory_order_relaxed);
 }
 
-/* Eight hex digits of x as eight ASCII bytes, most significant first in memory (SWAR: spread
- * the nibbles into bytes, then add '0', and 'a'-'0'-10 where the nibble is above 9). */
+#if defined(__SSE2__)
+#include <emmintrin.h>
+/* Sixteen hex digits of v, most significant first: split the bytes into nibbles, interleave
+ * them, add '0', and 'a'-'0'-10 where the nibble is above 9.  About ten SSE2 instructions,
+ * all x86-64 CPUs have them. */
+HOT_INLINE __m128i hex16(uint64_t v)
+{
+    __m128i x = _mm_cvtsi64_si128((long long)__builtin_bswap64(v));
+    __m128i m = _mm_set1_epi8(0x0f);
+    __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(_mm_srli_epi64(x, 4), m), _mm_and_si128(x, m));
+    __m128i over9 = _mm_cmpgt_epi8(nib, _mm_set1_epi8(9));
+    return _mm_add_epi8(_mm_add_epi8(nib, _mm_set1_epi8('0')),
+                        _mm_and_si128(over9, _mm_set1_epi8('a' - '0' - 10)));
+}
+
+/* 12 digits, zero padded: the width of every user-space address on x86-64.  Exactly 12
+ * bytes are stored (the last field of a line must not spill past its newline). */
+HOT_INLINE char *put_hex12(char *d, uint64_t v)
+{
+    __m128i r = hex16(v << 16);
+    _mm_storel_epi64((__m128i *)(void *)d, r);
+    uint32_t w = (uint32_t)_mm_cvtsi128_si32(_mm_srli_si128(r, 8));
+    memcpy(d + 8, &w, 4);
+    return d + 12;
+}
+
+/* Minimal-width hex for v < 2^32; stores 8 bytes, returns the end of the digits. */
+HOT_INLINE char *put_hexv(char *d, uint32_t v)
+{
+    unsigned n = (32 - (unsigned)__builtin_clz(v | 1) + 3) >> 2;
+    _mm_storel_epi64((__m128i *)(void *)d, hex16((uint64_t)v << (64 - 4 * n)));
+    return d + n;
+}
+#else
+/* Portable version: eight hex digits of x as eight ASCII bytes, most significant first in
+ * memory (SWAR: spread the nibbles into bytes, then add '0', and 'a'-'0'-10 above 9). */
 HOT_INLINE uint64_t hex8(uint32_t x)
 {
     uint64_t v = x;
@@ -153,7 +188,6 @@ HOT_INLINE uint64_t hex8(uint32_t x)
     return v + 0x3030303030303030ull + letters * 0x27;
 }
 
-/* 12 digits, zero padded: the width of every user-space address on x86-64 and arm64. */
 HOT_INLINE char *put_hex12(char *d, uint64_t v)
 {
     uint32_t hi = (uint32_t)(hex8((uint32_t)(v >> 32)) >> 32);
@@ -163,7 +197,6 @@ HOT_INLINE char *put_hex12(char *d, uint64_t v)
     return d + 12;
 }
 
-/* Minimal-width hex for v < 2^32; stores 8 bytes, returns the end of the digits. */
 HOT_INLINE char *put_hexv(char *d, uint32_t v)
 {
     unsigned n = (32 - (unsigned)__builtin_clz(v | 1) + 3) >> 2;
@@ -171,6 +204,7 @@ HOT_INLINE char *put_hexv(char *d, uint32_t v)
     memcpy(d, &w, 8);
     return d + n;
 }
+#endif
 
 COLD static void slow_alloc(void *p, size_t n, const void *ra);
 COLD static void slow_free(void *p, uint64_t s, const void *ra);
@@ -341,7 +375,7 @@ static void read_config(void)
     cfg.quiet = (int)env_num("MMLEAK_QUIET", 0, 0, 1);
     cfg.depth = (int)env_num("MMLEAK_DEPTH", 1, 1, MAXDEPTH);
     cfg.rotate = (size_t)env_num("MMLEAK_ROTATE_MB", 256, 1, 1 << 20) << 20;
-    cfg.window_max = (size_t)env_num("MMLEAK_WINDOW_KB", 1024, 64, 1 << 20) << 10;
+    cfg.window_max = (size_t)env_num("MMLEAK_WINDOW_KB", 4096, 64, 1 << 20) << 10;
 }
 
 static void *sym(const char *name)
@@ -672,12 +706,38 @@ static void window_drop(struct tstate *t)
 {
     if (t->base)
         munmap(t->base, t->wsize);
-    t->base = NULL;
+    t->base = t->ready = NULL;
     t->cur = t->end = NULL;
 }
 
-/* Map [off, off+size) of the thread's file, making sure the blocks exist first: a write to
- * a hole on a full disk would be SIGBUS in the host, an allocation failure here is not. */
+#define CHUNK (64 * 1024)
+static int g_no_populate; /* kernel older than 5.14: no MADV_POPULATE_WRITE */
+
+/* Fault in the next CHUNK of the window, writable, just ahead of the cursor.  Doing it in
+ * small steps matters: the kernel zeroes each page as it faults it in, and a page zeroed
+ * long before we write it has left the cache, so every line written would be a miss.
+ * MADV_POPULATE_WRITE also allocates the blocks, and reports a full disk as an error here
+ * instead of a SIGBUS in the host at the first store. */
+static int window_populate(struct tstate *t)
+{
+    char *wend = t->base + t->wsize;
+    char *from = t->ready, *to = from + CHUNK < wend ? from + CHUNK : wend;
+    if (from >= wend)
+        return -1;
+    if (!g_no_populate && madvise(from, (size_t)(to - from), 23 /* MADV_POPULATE_WRITE */)) {
+        if (errno != EINVAL)
+            return -1;
+        g_no_populate = 1;
+    }
+    if (g_no_populate) /* the window was fallocated: touching pages cannot SIGBUS */
+        for (char *p = from; p < to; p += 4096)
+            *(volatile char *)p = *(volatile char *)p;
+    t->ready = to;
+    t->end = to;
+    return 0;
+}
+
+/* Map [off, off+size) of the thread's file (off = used rounded down to a page). */
 static int window_map(struct tstate *t, uint64_t used, size_t size)
 {
     char path[PATH_MAX];
@@ -686,16 +746,23 @@ static int window_map(struct tstate *t, uint64_t used, size_t size)
         return -1;
     uint64_t off = used & ~(uint64_t)4095;
     int rc = -1;
-    if (posix_fallocate(fd, (off_t)off, (off_t)size) == 0) {
-        void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, (off_t)off);
+    struct stat st;
+    int sized = fstat(fd, &st) == 0 &&
+                ((uint64_t)st.st_size >= off + size || ftruncate(fd, (off_t)(off + size)) == 0);
+    if (sized && g_no_populate)
+        sized = posix_fallocate(fd, (off_t)off, (off_t)size) == 0;
+    if (sized) {
+        void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)off);
         if (p != MAP_FAILED) {
             window_drop(t);
             t->base = p;
             t->wsize = size;
             t->woff = off;
             t->cur = (char *)p + (used - off);
-            t->end = (char *)p + size;
-            rc = 0;
+            t->ready = (char *)p + ((used - off) & ~(uint64_t)4095);
+            rc = window_populate(t);
+            if (rc)
+                window_drop(t);
         }
     }
     close(fd);
@@ -712,6 +779,8 @@ static void file_close(struct tstate *t, int trailer)
 {
     if (!t->base)
         return;
+    if (trailer && t->end - t->cur < 8 && t->ready < t->base + t->wsize)
+        window_populate(t);
     if (trailer && t->end - t->cur >= 8) {
         memcpy(t->cur, "#end\n", 5);
         t->cur += 5;
@@ -836,6 +905,14 @@ static int make_room(struct tstate *t, size_t need)
         maps_snapshot(0);
         if ((size_t)(t->end - t->cur) >= need)
             return 0;
+    }
+    if (t->ready < t->base + t->wsize && t->end - t->cur < (ptrdiff_t)need) {
+        if (window_populate(t) == 0)
+            return (size_t)(t->end - t->cur) >= need ? 0 : make_room(t, need);
+        say("cannot extend a dump file in ", cfg.dir, " (disk full?): tracing stopped");
+        file_close(t, 0);
+        go_scratch(t);
+        return -1;
     }
     uint64_t used = file_used(t);
     if (used >= cfg.rotate) {

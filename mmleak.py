@@ -1,11 +1,66 @@
 #!/usr/bin/python3
-"""mmleak.py: shrink, symbolize and report mmleak dump files (stub, being written)."""
+"""mmleak.py: shrink, symbolize and report the dump files written by mmleak.so.
+
+This file is both a command (``mmleak.py shrink|symbolize|run|report``) and the shared module
+the other scripts import for everything about the dump format: reading it, cancelling
+allocation/free pairs, finding a process's files, and turning addresses into source lines.
+Standard library only, so it runs wherever the dumps are copied to.
+
+The dump format and the shrink algebra are specified in README.rst ("The dump format",
+"Shrinking"); the code below follows that text, and the comments say where.
+"""
+import argparse
+import bisect
+import collections
+import csv
 import os
+import re
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
+import time
 
-VERSION = "0.1"
+VERSION = "1.0"
+FORMAT_VERSION = 1
 LIBNAME = "mmleak.so"
+PROG = "mmleak.py"
 
+# Exit statuses, shared by every subcommand (documented in --help and README.rst).
+EXIT_OK = 0        # done, result complete
+EXIT_USAGE = 1     # bad command line
+EXIT_INPUT = 2     # an input could not be used at all (missing, unreadable, mixed processes)
+EXIT_PARTIAL = 3   # done, but malformed lines were skipped: the result may be incomplete
+EXIT_TOOL = 4      # a helper program (eu-addr2line) is missing or failed
+
+EXIT_HELP = """exit status:
+  0  success
+  1  usage error
+  2  an input could not be used (missing or unreadable file, files of different processes
+     mixed, no dump files found); whatever could be read was still processed
+  3  malformed lines were skipped (each reported on stderr with file and line): the result
+     may miss events
+  4  eu-addr2line (elfutils) missing or failing: addresses left unresolved
+A torn last line or NUL padding, which a killed process leaves behind, is reported but is not
+an error: the events before it are complete."""
+
+
+class Fail(Exception):
+    """An error for the user: one line on stderr, then exit with .status."""
+
+    def __init__(self, msg, status=EXIT_INPUT):
+        super().__init__(msg)
+        self.status = status
+
+
+def warn(msg):
+    sys.stderr.write("%s: %s\n" % (PROG, msg))
+
+
+# ---------------------------------------------------------------------------------------
+# Finding things
+# ---------------------------------------------------------------------------------------
 
 def find_library(explicit=None):
     """Return the absolute path of mmleak.so, or None.
@@ -23,3 +78,883 @@ def find_library(explicit=None):
         if c and os.path.isfile(c):
             return os.path.realpath(c)
     return None
+
+
+DUMP_RE = re.compile(r"^mmleak\.(\d+(?:-\d+)?)\.(\d+)\.out$")
+MAPS_RE = re.compile(r"^mmleak\.(\d+(?:-\d+)?)\.maps$")
+
+
+def find_traces(directory):
+    """Map trace id ("PID" or "PID-K") -> sorted list of its dump files in DIRECTORY."""
+    traces = collections.defaultdict(list)
+    try:
+        names = os.listdir(directory)
+    except OSError as e:
+        raise Fail("cannot list %s: %s" % (directory, e.strerror))
+    for n in names:
+        m = DUMP_RE.match(n)
+        if m:
+            traces[m.group(1)].append((int(m.group(2)), os.path.join(directory, n)))
+        elif MAPS_RE.match(n):
+            traces.setdefault(MAPS_RE.match(n).group(1), [])
+    return {k: [p for _, p in sorted(v)] for k, v in traces.items()}
+
+
+def maps_path_for(dump_path):
+    """mmleak.ID.N.out -> mmleak.ID.maps beside it."""
+    d, n = os.path.split(dump_path)
+    m = DUMP_RE.match(n)
+    return os.path.join(d, "mmleak.%s.maps" % m.group(1)) if m else None
+
+
+# ---------------------------------------------------------------------------------------
+# The dump format (README.rst, "The dump format")
+# ---------------------------------------------------------------------------------------
+#   allocation:  PTR SEQ SIZE TIME CALLER [CALLER...]   (5 or more fields)
+#   free:        PTR SEQ CALLER                         (3 fields)
+#   bracket:     PTR SEQ +   or   PTR SEQ -             (3 fields, written by shrink only)
+#   header:      lines starting with '#'
+# All numbers are lowercase hex.  A line is complete only with its newline.
+
+KIND_FREE, KIND_ALLOC, KIND_END, KIND_START = 0, 1, 2, 3   # odd kinds are allocation-like
+EVENT_RE = re.compile(rb"([0-9a-f]{1,16}) ([0-9a-f]{1,16}) (?:([0-9a-f]{1,16}) ([0-9a-f]{1,16}) "
+                      rb"([0-9a-f]{1,16}(?: [0-9a-f]{1,16})*)|([0-9a-f]{1,16}|[+-]))\n")
+
+Alloc = collections.namedtuple("Alloc", "ptr seq size time callers")
+Free = collections.namedtuple("Free", "ptr seq caller")
+
+
+def parse_event(line):
+    """Parse one event line (bytes, with its newline) into Alloc or Free; None if invalid.
+
+    Brackets (``PTR SEQ +``/``-``) parse as None: they are bookkeeping, not events."""
+    m = EVENT_RE.fullmatch(line)
+    if not m:
+        return None
+    if m.group(3) is not None:
+        return Alloc(int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16),
+                     int(m.group(4), 16), tuple(int(c, 16) for c in m.group(5).split()))
+    c = m.group(6)
+    if c in (b"+", b"-"):
+        return None
+    return Free(int(m.group(1), 16), int(m.group(2), 16), int(c, 16))
+
+
+def parse_header(line):
+    """'#mmleak 1 k=v ...' -> dict (with 'version'); other '#' lines -> None."""
+    text = line.decode("utf-8", "replace").rstrip("\n")
+    if not text.startswith("#mmleak "):
+        return None
+    parts = text.split()
+    h = {"version": parts[1] if len(parts) > 1 else "?"}
+    for p in parts[2:]:
+        k, _, v = p.partition("=")
+        h[k] = v
+    return h
+
+
+class Problems:
+    """Collects input problems: the first few of each kind per file are reported with their
+    line number, the rest counted, so a damaged 10 GB file gives a readable stderr."""
+    SHOW = 5
+
+    def __init__(self):
+        self.counts = collections.Counter()
+        self.fatal = False
+        self.malformed = False
+
+    def add(self, name, lineno, kind, text):
+        key = (name, kind)
+        self.counts[key] += 1
+        if self.counts[key] <= self.SHOW:
+            warn("%s:%d: %s" % (name, lineno, text))
+        if kind not in ("torn", "padding"):
+            self.malformed = True
+
+    def summary(self):
+        for (name, kind), n in sorted(self.counts.items()):
+            if n > self.SHOW:
+                warn("%s: %d more lines with the same problem (%s) not shown"
+                     % (name, n - self.SHOW, kind))
+
+
+# ---------------------------------------------------------------------------------------
+# Shrink (README.rst, "Shrinking"): the algorithm, specified once.
+#
+# Events of one address P are totally ordered by SEQ.  In the true history they alternate
+# alloc, free, alloc, free...; what matters at the end is only the first and the last event
+# of P: a last event that is an allocation is a block still alive (a survivor), a first
+# event that is a free released a block allocated before tracing began (a foreign free).
+#
+# For each P the shrinker keeps either one event, or a "hull": the lowest and the highest
+# event seen (events strictly between them are dropped; they can never be first or last).
+# One more rule cancels work: when P's whole state is an allocation with SEQ s and a free
+# with SEQ s+1, the two are adjacent in the true history (the tracer's counter for P's
+# bucket moved by one, so nothing else touched P in between) and both are dropped.
+#
+# These rules commute: any grouping of the input files, in any order, in any number of
+# partial shrinks, gives the same first and last event for every address, so the same
+# survivors and foreign frees.  A partial result keeps what later merges need: the ends of
+# every hull.  A hull end that can never be reported (an allocation at the low end, a free
+# at the high end) is written as a bracket line "PTR SEQ +" or "PTR SEQ -".
+# ---------------------------------------------------------------------------------------
+
+class Shrinker:
+    def __init__(self, progress=None):
+        self.state = {}
+        self.events = 0
+        self.allocs = 0
+        self.frees = 0
+        self.headers = []          # header dicts, one per dump file seen
+        self.header_lines = []     # '#' lines to pass through, first-seen order
+        self._seen_header = set()
+        self.cmd = None
+        self.max_time = 0
+        self.problems = Problems()
+        self.files_done = 0
+        self.progress = progress
+
+    # -- input -------------------------------------------------------------------------
+    def feed_path(self, path):
+        try:
+            f = open(path, "rb")
+        except OSError as e:
+            self.problems.fatal = True
+            warn("%s: cannot read: %s" % (path, e.strerror))
+            return
+        with f:
+            self.feed(f, path)
+
+    def feed(self, f, name):
+        D = self.state
+        get = D.get
+        match = EVENT_RE.fullmatch
+        problems = self.problems
+        lineno = 0
+        events = allocs = 0
+        max_time = self.max_time
+        tick = time.monotonic() + 1.0
+        for line in f:
+            lineno += 1
+            m = match(line)
+            if m is None:
+                self._odd_line(line, name, lineno)
+                continue
+            key = int(m.group(1), 16)
+            s = int(m.group(2), 16)
+            if m.group(3) is not None:
+                kind = KIND_ALLOC
+                allocs += 1
+                t = int(m.group(4), 16)
+                if t > max_time:
+                    max_time = t
+            else:
+                c = m.group(6)
+                kind = KIND_START if c == b"+" else KIND_END if c == b"-" else KIND_FREE
+            events += 1
+            # -- the state update: the whole algorithm --
+            st = get(key)
+            if st is None:
+                D[key] = (s, kind, line)
+            elif type(st) is tuple:
+                s0 = st[0]
+                if s0 == s:
+                    problems.add(name, lineno, "duplicate",
+                                 "event seen twice (same address and number): was a file "
+                                 "given twice?")
+                    continue
+                lo, hi = (st, (s, kind, line)) if s0 < s else ((s, kind, line), st)
+                if lo[1] & 1 and not hi[1] & 1 and hi[0] == lo[0] + 1:
+                    del D[key]
+                else:
+                    D[key] = [lo, hi]
+            else:
+                if s < st[0][0]:
+                    st[0] = (s, kind, line)
+                elif s > st[1][0]:
+                    st[1] = (s, kind, line)
+                elif s == st[0][0] or s == st[1][0]:
+                    problems.add(name, lineno, "duplicate",
+                                 "event seen twice (same address and number): was a file "
+                                 "given twice?")
+            if self.progress and lineno & 0xFFFF == 0 and time.monotonic() > tick:
+                tick = time.monotonic() + 1.0
+                self.progress(self, name, events)
+        self.events += events
+        self.allocs += allocs
+        self.frees += events - allocs
+        self.max_time = max_time
+        self.files_done += 1
+
+    def _odd_line(self, line, name, lineno):
+        if line.startswith(b"#"):
+            if not line.endswith(b"\n"):
+                self.problems.add(name, lineno, "torn", "torn last line ignored")
+                return
+            if line not in self._seen_header:
+                self._seen_header.add(line)
+                self.header_lines.append(line)
+                h = parse_header(line)
+                if h is not None:
+                    if h["version"] != str(FORMAT_VERSION):
+                        raise Fail("%s:%d: dump format version %s, this mmleak.py reads %d"
+                                   % (name, lineno, h["version"], FORMAT_VERSION))
+                    h["source"] = name
+                    self.headers.append(h)
+                elif line.startswith(b"#cmd ") and self.cmd is None:
+                    self.cmd = line[5:].decode("utf-8", "replace").rstrip("\n")
+            return
+        # A killed writer leaves its last line without newline, and NULs after it (the
+        # rest of the mapped window).  After `sort` those become lines of their own.
+        if b"\0" in line or not line.endswith(b"\n"):
+            if not line.rstrip(b"\n").strip(b"\0"):
+                self.problems.add(name, lineno, "padding",
+                                  "NUL padding after the last line (the process did not "
+                                  "exit cleanly); ignored")
+            else:
+                self.problems.add(name, lineno, "torn",
+                                  "torn line (process killed while writing it?) ignored: %r"
+                                  % line.rstrip(b"\0\n")[:60])
+            return
+        if not line.strip():
+            return
+        self.problems.add(name, lineno, "malformed", "malformed line skipped: %r" % line[:80])
+
+    # -- checks --------------------------------------------------------------------------
+    def trace_ids(self):
+        return sorted({h.get("id", "?") for h in self.headers})
+
+    def check_single_process(self):
+        ids = self.trace_ids()
+        if len(ids) > 1:
+            srcs = {}
+            for h in self.headers:
+                srcs.setdefault(h.get("id"), h["source"])
+            raise Fail("files of different processes mixed: %s (shrink each process on its "
+                       "own, or pass --mixed)" % ", ".join("%s (%s)" % (i, srcs[i]) for i in ids))
+
+    # -- output --------------------------------------------------------------------------
+    def entries(self, final):
+        """Yield (key, seq, kind, line) of the result, sorted by address then number.
+
+        final=False: everything later merges need (survivors, foreign frees, brackets).
+        final=True: only what the complete input proves: survivors and foreign frees."""
+        for key in sorted(self.state):
+            st = self.state[key]
+            if type(st) is tuple:
+                s, kind, line = st
+                if kind in (KIND_ALLOC, KIND_FREE) or not final:
+                    yield key, s, kind, line
+                continue
+            (s0, k0, l0), (s1, k1, l1) = st
+            if k0 == KIND_FREE:
+                yield key, s0, k0, l0
+            elif not final:
+                yield key, s0, KIND_START, b"%s %x +\n" % (l0.split(b" ", 1)[0], s0)
+            if k1 == KIND_ALLOC:
+                yield key, s1, k1, l1
+            elif not final:
+                yield key, s1, KIND_END, b"%s %x -\n" % (l1.split(b" ", 1)[0], s1)
+
+    def write(self, out, final):
+        for h in self.header_lines:
+            out.write(h)
+        for _, _, _, line in self.entries(final):
+            out.write(line)
+
+    def survivors(self):
+        """The blocks still allocated at the end (final semantics), as Alloc tuples."""
+        res = []
+        for _, _, kind, line in self.entries(True):
+            if kind == KIND_ALLOC:
+                res.append(parse_event(line))
+        return res
+
+    def foreign_frees(self):
+        return [parse_event(line) for _, _, kind, line in self.entries(True)
+                if kind == KIND_FREE]
+
+
+def progress_printer(stream=None):
+    """A progress callback that rewrites one status line on a terminal."""
+    stream = stream or sys.stderr
+    start = time.monotonic()
+
+    def show(sh, name, file_events, done=False):
+        el = time.monotonic() - start
+        n = sh.events + file_events
+        stream.write("\r%s: %.1fM events, %d files done, %.1fM events/s, now %s%s"
+                     % (PROG, n / 1e6, sh.files_done, n / 1e6 / max(el, 1e-9),
+                        os.path.basename(name), "\n" if done else "   "))
+        stream.flush()
+    return show
+
+
+def shrink_files(paths, progress=None, mixed=False):
+    """Shrink the given dump files (and '-' for stdin); return the Shrinker."""
+    sh = Shrinker(progress)
+    for p in paths:
+        if p == "-":
+            sh.feed(sys.stdin.buffer, "<stdin>")
+        else:
+            sh.feed_path(p)
+    if not mixed:
+        sh.check_single_process()
+    return sh
+
+
+# ---------------------------------------------------------------------------------------
+# Symbolization (README.rst, "Symbolizing")
+# ---------------------------------------------------------------------------------------
+
+Frame = collections.namedtuple("Frame", "addr module offset function file line inlined error")
+MAPS_LINE_RE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) ([0-9a-f]+) (\S+) (\d+)\s+(.*)$")
+
+
+class Maps:
+    """The cumulative maps file: every file-backed mapping the process had."""
+
+    def __init__(self, path):
+        self.path = path
+        self.entries = []   # (start, end, offset, inode, pathname)
+        with open(path, "r", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                m = MAPS_LINE_RE.match(line.rstrip("\n"))
+                if not m:
+                    continue
+                self.entries.append((int(m.group(1), 16), int(m.group(2), 16),
+                                     int(m.group(4), 16), int(m.group(6)), m.group(7),
+                                     line if line.endswith("\n") else line + "\n"))
+        self.entries.sort()
+        self.starts = [e[0] for e in self.entries]
+
+    def find(self, addr):
+        """All mappings containing addr (more than one: the range was reused)."""
+        if not hasattr(self, "_maxlen"):
+            self._maxlen = max([e[1] - e[0] for e in self.entries] or [0])
+        hits = []
+        j = bisect.bisect_right(self.starts, addr) - 1
+        while j >= 0 and addr - self.entries[j][0] < self._maxlen:
+            if addr < self.entries[j][1]:
+                hits.append(self.entries[j])
+            j -= 1
+        return hits
+
+
+def _module_problem(path, inode, trace_start):
+    """Why a module's file cannot be trusted for the run, or None."""
+    if path.endswith(" (deleted)"):
+        return "the file was deleted or replaced while the process ran"
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return "cannot read %s: %s" % (path, e.strerror)
+    if inode and st.st_ino != inode:
+        return "%s was replaced since the run (inode changed)" % path
+    if trace_start and st.st_mtime > trace_start + 1:
+        return "%s was modified after the run started" % path
+    return None
+
+
+class Symbolizer:
+    """Turns caller addresses into Frames with eu-addr2line, one process per batch."""
+
+    def __init__(self, maps_path, trace_start=None, tool="eu-addr2line"):
+        self.maps = Maps(maps_path)
+        self.trace_start = trace_start
+        self.tool = tool
+        self.cache = {}
+        self.tool_error = None
+        self._checked = {}
+
+    def _usable(self, entry):
+        key = (entry[4], entry[3])
+        if key not in self._checked:
+            self._checked[key] = _module_problem(entry[4], entry[3], self.trace_start)
+        return self._checked[key]
+
+    def lookup(self, addrs):
+        """Return {addr: Frame} for every address (unresolved ones with .error set)."""
+        todo = [a for a in set(addrs) if a not in self.cache]
+        good = {}
+        for a in todo:
+            hits = self.maps.find(a)
+            paths = {(h[4], h[0] - h[2]) for h in hits}
+            if not hits:
+                self.cache[a] = Frame(a, None, None, None, None, None, (), "not in any mapped file")
+            elif len(paths) > 1:
+                self.cache[a] = Frame(a, None, None, None, None, None, (),
+                                      "address range used by several objects over the run "
+                                      "(dlclose/dlopen): ambiguous")
+            else:
+                h = hits[0]
+                why = self._usable(h)
+                mod = os.path.basename(h[4])
+                off = a - h[0] + h[2]
+                if why:
+                    self.cache[a] = Frame(a, mod, off, None, None, None, (), why)
+                else:
+                    good[a] = (mod, off)
+        if good:
+            self._run_tool(good)
+        return {a: self.cache[a] for a in addrs}
+
+    def _run_tool(self, good):
+        exe = shutil.which(self.tool)
+        if not exe:
+            self.tool_error = "%s not found (install elfutils)" % self.tool
+            for a, (mod, off) in good.items():
+                self.cache[a] = Frame(a, mod, off, None, None, None, (), self.tool_error)
+            return
+        # A clean maps file for the tool: only the modules we trust, no ambiguous ranges.
+        trusted = set()
+        for a in good:
+            for h in self.maps.find(a):
+                trusted.add(h[4])
+        with tempfile.NamedTemporaryFile("w", prefix="mmleak-maps.", delete=False) as tf:
+            for e in self.maps.entries:
+                if e[4] in trusted:
+                    tf.write(e[5])
+            tmpmaps = tf.name
+        try:
+            order = sorted(good)
+            inp = "".join("0x%x\n" % a for a in order)
+            try:
+                r = subprocess.run([exe, "-M", tmpmaps, "-a", "-f", "-i", "-C"], input=inp,
+                                   capture_output=True, text=True, errors="replace")
+            except OSError as e:
+                r = None
+                self.tool_error = "%s failed: %s" % (self.tool, e)
+            parsed = _parse_addr2line(r.stdout) if r is not None else {}
+            for a in order:
+                mod, off = good[a]
+                chain = parsed.get(a)
+                if not chain:
+                    err = self.tool_error or ("%s gave no answer: %s"
+                                              % (self.tool, (r.stderr.strip().splitlines()
+                                                             or ["?"])[-1]))
+                    self.cache[a] = Frame(a, mod, off, None, None, None, (), err)
+                    continue
+                fn, fl, ln = chain[0]
+                err = None if fn or fl else "no symbol or line information in %s" % mod
+                self.cache[a] = Frame(a, mod, off, fn, fl, ln, tuple(chain[1:]), err)
+        finally:
+            os.unlink(tmpmaps)
+
+
+ADDR_LINE_RE = re.compile(r"^0x([0-9a-f]{16})$")
+
+
+def _parse_addr2line(text):
+    """eu-addr2line -a -f -i output -> {addr: [(function, file, line), ...]} innermost first."""
+    res = {}
+    cur = None
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        m = ADDR_LINE_RE.match(lines[i])
+        if m:
+            cur = res.setdefault(int(m.group(1), 16), [])
+            i += 1
+            continue
+        if cur is None or i + 1 >= len(lines):
+            i += 1
+            continue
+        fn = lines[i].split(" inlined at ", 1)[0].strip()
+        loc = lines[i + 1].strip()
+        fl, _, rest = loc.partition(":")
+        ln = rest.split(":", 1)[0]
+        cur.append((None if fn == "??" else fn,
+                    None if fl in ("??", "") else fl,
+                    int(ln) if ln.isdigit() and int(ln) > 0 else None))
+        i += 2
+    return res
+
+
+def frame_label(fr):
+    """'function at file:line' or 'module+0xoff (why)'."""
+    if fr.function or fr.file:
+        where = "%s:%s" % (fr.file, fr.line) if fr.file else "%s+0x%x" % (fr.module, fr.offset)
+        return "%s at %s" % (fr.function or "??", where)
+    if fr.module:
+        return "%s+0x%x" % (fr.module, fr.offset)
+    return "0x%x" % fr.addr
+
+
+# ---------------------------------------------------------------------------------------
+# Leak sites: survivors grouped by caller (shared by `report` and mmleak-panda.py)
+# ---------------------------------------------------------------------------------------
+
+Site = collections.namedtuple("Site", "caller stack bytes blocks min max oldest youngest")
+
+
+def leak_sites(survivors, end_time, depth=1):
+    """Group survivors by their first DEPTH callers; largest total first.
+
+    oldest/youngest are ages in seconds at END_TIME (the last time seen in the dump)."""
+    groups = {}
+    for a in survivors:
+        key = a.callers[:depth]
+        g = groups.get(key)
+        age = max(end_time - a.time, 0)
+        if g is None:
+            groups[key] = [a.size, 1, a.size, a.size, age, age]
+        else:
+            g[0] += a.size
+            g[1] += 1
+            g[2] = min(g[2], a.size)
+            g[3] = max(g[3], a.size)
+            g[4] = max(g[4], age)
+            g[5] = min(g[5], age)
+    sites = [Site(k[0], k, *v) for k, v in groups.items()]
+    sites.sort(key=lambda s: (-s.bytes, -s.blocks, s.caller))
+    return sites
+
+
+def human_bytes(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
+        n /= 1024.0
+
+
+# ---------------------------------------------------------------------------------------
+# Commands
+# ---------------------------------------------------------------------------------------
+
+def cmd_shrink(args):
+    paths = args.files or ["-"]
+    prog = progress_printer() if (args.progress or sys.stderr.isatty()) else None
+    sh = shrink_files(paths, progress=prog, mixed=args.mixed)
+    if prog and sh.events > 1000000:
+        prog(sh, paths[-1], 0, done=True)
+    out = sys.stdout.buffer
+    if args.output:
+        out = open(args.output, "wb")
+    try:
+        sh.write(out, final=args.final)
+    finally:
+        if args.output:
+            out.close()
+        else:
+            out.flush()
+    sh.problems.summary()
+    if args.stats:
+        surv = sh.survivors()
+        warn("%d events (%d allocations, %d frees) in %d inputs; %d blocks (%s) survive, "
+             "%d foreign frees" % (sh.events, sh.allocs, sh.frees, len(paths), len(surv),
+                                   human_bytes(sum(a.size for a in surv)),
+                                   len(sh.foreign_frees())))
+    if sh.problems.fatal:
+        return EXIT_INPUT
+    return EXIT_PARTIAL if sh.problems.malformed else EXIT_OK
+
+
+def cmd_symbolize(args):
+    try:
+        addrs = [int(a, 16) for a in args.addrs]
+    except ValueError:
+        raise Fail("addresses must be hex (as in the dump): %s" % " ".join(args.addrs),
+                   EXIT_USAGE)
+    sym = Symbolizer(args.maps)
+    frames = sym.lookup(addrs)
+    status = EXIT_OK
+    for a in addrs:
+        fr = frames[a]
+        if fr.error and not fr.function:
+            print("%012x  %s  (unresolved: %s)" % (a, frame_label(fr), fr.error))
+            if sym.tool_error:
+                status = EXIT_TOOL
+            continue
+        print("%012x  %s  [%s+0x%x]" % (a, frame_label(fr), fr.module, fr.offset))
+        for fn, fl, ln in fr.inlined:
+            print("%12s    inlined into %s at %s:%s" % ("", fn or "??", fl or "??", ln or "?"))
+    return status
+
+
+def cmd_run(args):
+    cmd = args.command
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise Fail("run: no command given (mmleak.py run [-d DIR] -- CMD ARGS...)", EXIT_USAGE)
+    lib = find_library(args.lib)
+    if not lib:
+        raise Fail("mmleak.so not found: run `make` in the source tree, `make install`, or "
+                   "set MMLEAK_LIB", EXIT_INPUT)
+    d = os.path.abspath(args.dir or os.environ.get("MMLEAK_DIR") or "/tmp")
+    try:
+        os.makedirs(d, exist_ok=True)
+    except OSError as e:
+        raise Fail("cannot create %s: %s" % (d, e.strerror))
+    env = dict(os.environ)
+    pre = env.get("LD_PRELOAD", "").split()
+    env["LD_PRELOAD"] = " ".join([lib] + [p for p in pre if p != lib])
+    env["MMLEAK_DIR"] = d
+    if args.depth:
+        env["MMLEAK_DEPTH"] = str(args.depth)
+    before = set(find_traces(d))
+    try:
+        proc = subprocess.Popen(cmd, env=env)
+    except OSError as e:
+        raise Fail("cannot run %s: %s" % (cmd[0], e.strerror))
+    # The program gets the terminal's signals itself; we only wait for it.
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        rc = proc.wait()
+    finally:
+        signal.signal(signal.SIGINT, old)
+    traces = find_traces(d)
+    new = sorted(set(traces) - before, key=lambda t: [int(x) for x in t.split("-")])
+    main = str(proc.pid) if str(proc.pid) in traces else (new[0] if new else None)
+    how = ("exit status %d" % rc) if rc >= 0 else ("killed by signal %d" % -rc)
+    if main is None:
+        warn("%s ended (%s) and wrote no dump files in %s: was LD_PRELOAD cleared, or is "
+             "the program static or setuid?" % (cmd[0], how, d))
+        return rc if rc >= 0 else 128 - rc
+    size = sum(os.path.getsize(p) for p in traces[main])
+    others = [t for t in new if t != main]
+    sys.stderr.write("%s: %s ended (%s); trace %s: %d dump files, %s in %s\n"
+                     % (PROG, cmd[0], how, main, len(traces[main]), human_bytes(size), d))
+    if others:
+        sys.stderr.write("%s: child processes traced too: %s\n" % (PROG, " ".join(others)))
+    sys.stderr.write("%s: next: %s report %s --pid %s\n" % (PROG, sys.argv[0], d, main))
+    return rc if rc >= 0 else 128 - rc
+
+
+def choose_trace(directory, pid):
+    traces = find_traces(directory)
+    if pid is not None:
+        if pid not in traces:
+            raise Fail("no dump files of process %s in %s (traces there: %s)"
+                       % (pid, directory, " ".join(sorted(traces)) or "none"))
+        return pid, traces[pid]
+    with_files = {k: v for k, v in traces.items() if v}
+    if not with_files:
+        raise Fail("no mmleak dump files in %s" % directory)
+    if len(with_files) > 1:
+        newest = max(with_files, key=lambda k: max(os.path.getmtime(p) for p in with_files[k]))
+        warn("%d traces in %s (%s); reporting the newest, %s (choose with --pid)"
+             % (len(with_files), directory, " ".join(sorted(with_files)), newest))
+        return newest, with_files[newest]
+    k = next(iter(with_files))
+    return k, with_files[k]
+
+
+def build_report(directory, pid=None, progress=True, depth=None):
+    """Shrink and symbolize one process's files; returns a dict the report renderers use."""
+    tid, paths = choose_trace(directory, pid)
+    prog = progress_printer() if progress and sys.stderr.isatty() else None
+    t0 = time.monotonic()
+    sh = shrink_files(paths, progress=prog)
+    if prog and time.monotonic() - t0 > 1:
+        prog(sh, paths[-1], 0, done=True)
+    survivors = sh.survivors()
+    hdr = sh.headers[0] if sh.headers else {}
+    start = int(hdr.get("start", 0) or 0)
+    trace_depth = max([int(h.get("depth", 1) or 1) for h in sh.headers] or [1])
+    maps = os.path.join(directory, "mmleak.%s.maps" % tid)
+    frames = {}
+    sym_error = None
+    addrs = {c for a in survivors for c in a.callers}
+    addrs |= {f.caller for f in sh.foreign_frees()}
+    if os.path.exists(maps):
+        sym = Symbolizer(maps, trace_start=start or None)
+        frames = sym.lookup(sorted(addrs))
+        sym_error = sym.tool_error
+    else:
+        sym_error = "maps file %s missing" % maps
+    sh.problems.summary()
+    return {
+        "trace": tid, "pid": hdr.get("pid", tid.split("-")[0]), "cmd": sh.cmd,
+        "start": start, "end_time": sh.max_time, "files": paths, "maps": maps,
+        "events": sh.events, "allocs": sh.allocs, "frees": sh.frees,
+        "survivors": survivors, "foreign_frees": sh.foreign_frees(),
+        "frames": frames, "symbol_error": sym_error, "depth": depth or trace_depth,
+        "trace_depth": trace_depth, "shrinker": sh,
+        "incomplete": sh.problems.malformed or sh.problems.fatal,
+    }
+
+
+def print_top_sites(rep, out, top=10):
+    surv = rep["survivors"]
+    total = sum(a.size for a in surv)
+    out.write("mmleak: trace %s (pid %s)%s\n" % (rep["trace"], rep["pid"],
+                                                ": " + rep["cmd"] if rep["cmd"] else ""))
+    out.write("  %d events read from %d files; %s in %d blocks not freed; %d frees of blocks "
+              "allocated before tracing\n" % (rep["events"], len(rep["files"]),
+                                              human_bytes(total), len(surv),
+                                              len(rep["foreign_frees"])))
+    if rep["symbol_error"]:
+        out.write("  symbols: %s\n" % rep["symbol_error"])
+    sites = leak_sites(surv, rep["end_time"], 1)
+    if not sites:
+        out.write("  no leaks: every block allocated while tracing was freed\n")
+        return sites
+    out.write("  %12s %8s  %s\n" % ("bytes", "blocks", "call site"))
+    for s in sites[:top]:
+        fr = rep["frames"].get(s.caller)
+        label = frame_label(fr) if fr else "0x%x" % s.caller
+        out.write("  %12d %8d  %s\n" % (s.bytes, s.blocks, label))
+    if len(sites) > top:
+        out.write("  ... %d more call sites\n" % (len(sites) - top))
+    return sites
+
+
+def write_csv(rep, path):
+    sites = leak_sites(rep["survivors"], rep["end_time"], 1)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["bytes", "blocks", "mean", "min", "max", "oldest_s", "youngest_s",
+                    "function", "file", "line", "module", "offset", "caller"])
+        for s in sites:
+            fr = rep["frames"].get(s.caller)
+            w.writerow([s.bytes, s.blocks, s.bytes // s.blocks, s.min, s.max, s.oldest,
+                        s.youngest, fr.function if fr else "", fr.file if fr else "",
+                        fr.line if fr else "", fr.module if fr else "",
+                        "0x%x" % fr.offset if fr and fr.offset is not None else "",
+                        "0x%x" % s.caller])
+
+
+def load_script_module(name, filename):
+    """Import a sibling script (mmleak-panda.py) as a module, by path."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.realpath(__file__)), filename)
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def cmd_report(args):
+    rep = build_report(args.dir, args.pid, progress=True, depth=args.depth)
+    print_top_sites(rep, sys.stdout, args.top)
+    if args.csv:
+        write_csv(rep, args.csv)
+        sys.stdout.write("CSV: %s\n" % args.csv)
+    out = args.output or os.path.join(args.dir, "mmleak.%s.html" % rep["trace"])
+    if not args.no_html:
+        try:
+            panda = load_script_module("mmleak_panda", "mmleak-panda.py")
+            panda.render_report(rep, out)
+            sys.stdout.write("HTML report: %s\n" % out)
+        except ImportError as e:
+            warn("no HTML report: %s (install python3-pandas and python3-matplotlib)" % e)
+        except FileNotFoundError:
+            warn("no HTML report: mmleak-panda.py not found next to mmleak.py")
+    if rep["incomplete"]:
+        return EXIT_PARTIAL
+    if rep["symbol_error"] and "not found" in rep["symbol_error"]:
+        return EXIT_TOOL
+    return EXIT_OK
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Shrink, symbolize and report mmleak dump files (mmleak.PID.N.out).",
+        epilog="typical use:\n"
+               "  %(prog)s run -d /var/tmp/leaks -- ./myprog args   # trace a program\n"
+               "  %(prog)s report /var/tmp/leaks --pid PID          # what it leaked, where\n"
+               "  %(prog)s shrink mmleak.PID.*.out > mmleak.PID.txt  # the raw survivors\n\n"
+               + EXIT_HELP)
+    p.add_argument("--version", action="version", version="%(prog)s " + VERSION)
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+    sub.required = True
+
+    s = sub.add_parser(
+        "shrink", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="cancel matching allocation/free pairs",
+        description="Read dump files (or stdin, sorted or not) and write what does not cancel "
+                    "out, in the dump format: the blocks still allocated, the frees of blocks "
+                    "allocated before tracing began, and the bracket lines (PTR SEQ +/-) a "
+                    "later merge needs.  Shrinking is repeatable: shrink the output of "
+                    "several shrinks again, in any grouping and order, and the survivors are "
+                    "the same.  With --final (the input is all of a process's files) only "
+                    "survivors and foreign frees are written.  Memory use is proportional to "
+                    "the addresses still open in the input, not to the number of events.",
+        epilog="examples:\n"
+               "  %(prog)s mmleak.1234.*.out > mmleak.1234.txt\n"
+               "  for f in mmleak.1234.*.out; do LC_ALL=C sort -s -k1,1 $f | mmleak.py shrink > $f.shrinked; done\n"
+               "  cat mmleak.1234.*.shrinked | LC_ALL=C sort -s -k1,1 | mmleak.py shrink --final > mmleak.1234.txt\n"
+               "  awk 'NF >= 5' mmleak.1234.txt     # just the surviving allocations\n\n"
+               + EXIT_HELP)
+    s.add_argument("files", nargs="*", metavar="FILE", help="dump files; none or '-': stdin")
+    s.add_argument("--final", action="store_true",
+                   help="the input is complete: drop bracket lines, keep only survivors and "
+                        "foreign frees")
+    s.add_argument("-o", "--output", help="write here instead of stdout")
+    s.add_argument("--mixed", action="store_true",
+                   help="allow files of different processes (their addresses are unrelated: "
+                        "only for experts)")
+    s.add_argument("--stats", action="store_true", help="print a summary line on stderr")
+    s.add_argument("--progress", action="store_true",
+                   help="progress on stderr even when it is not a terminal")
+    s.set_defaults(func=cmd_shrink)
+
+    y = sub.add_parser(
+        "symbolize", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="turn caller addresses into function and file:line",
+        description="Resolve addresses from a dump (hex, as written there) with elfutils "
+                    "(eu-addr2line -M), in one batch: function (C++ demangled), file:line, "
+                    "and the chain of inlined calls.  Callers in the dump already point into "
+                    "the call instruction, so the line shown is the calling line.  "
+                    "Addresses in objects that were unloaded and replaced, or in files "
+                    "changed since the run, are reported unresolved, with the reason.",
+        epilog=EXIT_HELP)
+    y.add_argument("--maps", required=True, help="the process's mmleak.PID.maps")
+    y.add_argument("addrs", nargs="+", metavar="ADDR")
+    y.set_defaults(func=cmd_symbolize)
+
+    r = sub.add_parser(
+        "run", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="run a command under the tracer",
+        description="Run CMD with mmleak.so preloaded (found next to mmleak.py, where `make "
+                    "install` put it, or $MMLEAK_LIB), then say where its dump files are and "
+                    "the command that reports on them.  Exits with CMD's exit status.",
+        epilog="example:\n  %(prog)s -d /var/tmp/leaks --depth 4 -- ./server --port 8080\n")
+    r.add_argument("-d", "--dir", help="dump directory (default: $MMLEAK_DIR or /tmp)")
+    r.add_argument("--depth", type=int, help="return addresses per allocation (MMLEAK_DEPTH)")
+    r.add_argument("--lib", help="path of mmleak.so to use")
+    r.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
+    r.set_defaults(func=cmd_run)
+
+    q = sub.add_parser(
+        "report", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="what a process leaked, and where",
+        description="Shrink all dump files of one process in DIR, symbolize the survivors' "
+                    "call sites, print the top leaking call sites, and write the HTML report "
+                    "(needs python3-pandas and python3-matplotlib).",
+        epilog=EXIT_HELP)
+    q.add_argument("dir", help="the dump directory (MMLEAK_DIR)")
+    q.add_argument("--pid", help="trace id (PID, or PID-K for an exec'd image); default: newest")
+    q.add_argument("-o", "--output", help="HTML file (default DIR/mmleak.PID.html)")
+    q.add_argument("--csv", help="also write the call-site table as CSV")
+    q.add_argument("--top", type=int, default=10, help="call sites to print (default 10)")
+    q.add_argument("--depth", type=int, help="frames per call site (default: the trace's)")
+    q.add_argument("--no-html", action="store_true", help="terminal output only")
+    q.set_defaults(func=cmd_report)
+    return p
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except Fail as e:
+        warn(str(e))
+        return e.status
+    except BrokenPipeError:
+        try:
+            sys.stdout = None
+        except Exception:
+            pass
+        return EXIT_OK
+    except KeyboardInterrupt:
+        warn("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -93,6 +93,10 @@ def find_traces(directory):
         raise Fail("cannot list %s: %s" % (directory, e.strerror))
     for n in names:
         m = DUMP_RE.match(n)
+        if m and os.path.islink(os.path.join(directory, n)):
+            warn("%s: a symbolic link where a dump file should be: ignored"
+                 % os.path.join(directory, n))
+            continue
         if m:
             traces[m.group(1)].append((int(m.group(2)), os.path.join(directory, n)))
         elif MAPS_RE.match(n):

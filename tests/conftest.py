@@ -1,0 +1,107 @@
+"""Shared fixtures: the mmleak module (loaded by path), test programs built once per
+session, and helpers that run a program under mmleak.so and reduce its dump to the exact
+leaks (function, file:line, size) of one binary."""
+import collections
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(ROOT, "tests")
+LIB = os.path.join(ROOT, "mmleak.so")
+
+
+def load_mmleak():
+    # Not `import mmleak`: mmleak.so beside mmleak.py would be tried first as an extension.
+    spec = importlib.util.spec_from_file_location("mmleak", os.path.join(ROOT, "mmleak.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["mmleak"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+mmleak = load_mmleak()
+
+
+@pytest.fixture(scope="session")
+def mm():
+    return mmleak
+
+
+@pytest.fixture(scope="session")
+def lib():
+    subprocess.run(["make", "-s", "-C", ROOT, "mmleak.so"], check=True)
+    return LIB
+
+
+@pytest.fixture(scope="session")
+def bins(tmp_path_factory, lib):
+    """Compile the test programs (-O1 -g) once."""
+    d = tmp_path_factory.mktemp("bin")
+    out = {}
+    def cc(name, src, *extra, compiler="cc"):
+        exe = str(d / name)
+        subprocess.run([compiler, "-O1", "-g", "-fno-omit-frame-pointer", "-o", exe,
+                        os.path.join(TESTS, src)] + list(extra), check=True)
+        out[name] = exe
+    cc("hostile", "hostile.c", "-pthread", "-ldl")
+    cc("libdl_test.so", "dl_lib.c", "-shared", "-fPIC")
+    cc("hostile_cxx", "hostile_cxx.cpp", "-std=c++17", compiler="c++")
+    return out
+
+
+def site_line(source, name):
+    """Line number of the 'site:NAME' marker in tests/SOURCE."""
+    with open(os.path.join(TESTS, source)) as f:
+        for i, line in enumerate(f, 1):
+            if re.search(r"site:%s\b" % re.escape(name), line):
+                return i
+    raise KeyError(name)
+
+
+def run_traced(argv, dump_dir, env=None, check=True, timeout=120):
+    e = dict(os.environ)
+    e.update({"LD_PRELOAD": LIB, "MMLEAK_DIR": str(dump_dir)})
+    e.update(env or {})
+    r = subprocess.run(argv, env=e, capture_output=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError("%s exited %d: %s" % (argv, r.returncode, r.stderr[-2000:]))
+    return r
+
+
+def leaks(dump_dir, trace, module):
+    """Survivors of TRACE whose call site is in MODULE, as a Counter of
+    (function, file basename, line, size), plus the shrinker (for event counts)."""
+    traces = mmleak.find_traces(str(dump_dir))
+    files = traces[str(trace)]
+    sh = mmleak.shrink_files(files)
+    assert not sh.problems.malformed, "malformed lines in %s" % files
+    surv = sh.survivors()
+    sym = mmleak.Symbolizer(os.path.join(str(dump_dir), "mmleak.%s.maps" % trace))
+    frames = sym.lookup(sorted({a.callers[0] for a in surv}))
+    got = collections.Counter()
+    for a in surv:
+        fr = frames[a.callers[0]]
+        if fr.module == module:
+            got[(fr.function, os.path.basename(fr.file or "?"), fr.line, a.size)] += 1
+    return got, sh
+
+
+def expect(source, function_sites):
+    """Counter of expected (function, source, line, size) from [(function, site, size, n)]."""
+    c = collections.Counter()
+    for fn, site, size, n in function_sites:
+        c[(fn, source, site_line(source, site), size)] += n
+    return c
+
+
+@pytest.fixture
+def dump(tmp_path):
+    d = tmp_path / "dumps"
+    d.mkdir()
+    return d

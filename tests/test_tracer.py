@@ -1,0 +1,210 @@
+"""mmleak.so in hostile processes: every case runs a real program under LD_PRELOAD and checks
+the exact leaks (function, file:line, size, count) found in its dump files."""
+import collections
+import os
+import re
+import signal
+import stat
+import subprocess
+
+import pytest
+
+from conftest import LIB, expect, leaks, run_traced, site_line
+
+BEFORE_END = [("early", "ctor", 1001, 1), ("leak_before_end", "before_end", 700, 5)]
+
+
+def basic_expected():
+    return expect("hostile.c", [
+        ("early", "ctor", 1001, 1),
+        ("entry_points", "malloc", 101, 1),
+        ("entry_points", "calloc", 102, 1),
+        ("entry_points", "realloc", 103, 1),
+        ("entry_points", "reallocarray", 104, 1),
+        ("entry_points", "posix_memalign", 105, 1),
+        ("entry_points", "aligned_alloc", 128, 1),
+        ("entry_points", "memalign", 107, 1),
+        ("entry_points", "valloc", 108, 1),
+        ("entry_points", "pvalloc", 109, 1),
+        ("entry_points", "strdup", 11, 1),
+        ("entry_points", "strndup", 13, 1),
+        ("realloc_chain", "chain", 2016, 1),
+    ])
+
+
+def the_trace(dump, pid=None):
+    traces = {k: v for k, v in __import__("conftest").mmleak.find_traces(str(dump)).items() if v}
+    if pid is not None:
+        return str(pid)
+    assert len(traces) == 1, traces
+    return next(iter(traces))
+
+
+def test_every_c_entry_point(bins, dump):
+    r = run_traced([bins["hostile"], "basic"], dump)
+    assert r.stderr == b""
+    got, sh = leaks(dump, the_trace(dump), "hostile")
+    assert got == basic_expected()
+    # nothing of mmleak's own (the dlsym bootstrap, its bookkeeping) is ever recorded
+    assert sh.foreign_frees() == []
+
+
+def test_files_and_permissions(bins, dump):
+    run_traced([bins["hostile"], "basic"], dump)
+    names = sorted(os.listdir(dump))
+    tid = the_trace(dump)
+    assert names == ["mmleak.%s.0.out" % tid, "mmleak.%s.maps" % tid]
+    for n in names:
+        st = os.lstat(dump / n)
+        assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+    text = (dump / names[0]).read_bytes()
+    assert text.startswith(b"#mmleak 1 id=%s pid=%s " % (tid.encode(), tid.encode()))
+    assert text.endswith(b"#end\n") and b"\0" not in text   # clean exit: cut to size
+    maps = (dump / names[1]).read_text()
+    assert bins["hostile"] in maps and "/libc.so.6" in maps
+
+
+def test_errno_preserved(bins, dump):
+    # hostile.c checks errno across the first malloc (which creates the files) and free
+    r = run_traced([bins["hostile"], "basic"], dump, check=False)
+    assert r.returncode == 0, r.stdout
+
+
+def test_cxx_operators_and_static_init(bins, dump):
+    run_traced([bins["hostile_cxx"]], dump)
+    got, sh = leaks(dump, the_trace(dump), "hostile_cxx")
+    src = "hostile_cxx.cpp"
+    want = collections.Counter({
+        ("forms", src, site_line(src, "new"), 40): 1,
+        ("forms", src, site_line(src, "new_array"), 301): 1,
+        ("forms", src, site_line(src, "new_nothrow"), 302): 1,
+        ("forms", src, site_line(src, "new_aligned"), 128): 1,
+        ("forms", src, site_line(src, "new_aligned_nothrow"), 256): 1,
+        ("forms", src, site_line(src, "template"), 120): 1,
+    })
+    static = {k: v for k, v in got.items() if k[2] == site_line(src, "static_init")}
+    assert list(static.values()) == [1] and list(static)[0][3] == 32   # the std::string
+    assert {k: v for k, v in got.items() if k[0] == "forms"} == want
+    assert sh.foreign_frees() == []
+
+
+def test_threads_joined_detached_exited(bins, dump):
+    run_traced([bins["hostile"], "threads"], dump)
+    got, sh = leaks(dump, the_trace(dump), "hostile")
+    want = expect("hostile.c", [("early", "ctor", 1001, 1)] +
+                  [("thread_body", "thread", 300 + i, 1) for i in range(4)])
+    assert got == want
+    # one file per thread (main + 4), each complete
+    files = __import__("conftest").mmleak.find_traces(str(dump))[the_trace(dump)]
+    assert len(files) >= 5
+    assert sh.foreign_frees() == []
+
+
+@pytest.mark.parametrize("nthreads", [2, 4])
+def test_cross_thread_frees_exact(bins, dump, nthreads):
+    """Threads free each other's blocks through a shared table; addresses are reused
+    hundreds of thousands of times.  Exactly the 7 blocks the program kept survive."""
+    r = run_traced([bins["hostile"], "churn", str(nthreads)], dump)
+    got, sh = leaks(dump, the_trace(dump), "hostile")
+    assert got[("early", "hostile.c", site_line("hostile.c", "ctor"), 1001)] == 1
+    churn = {k: v for k, v in got.items() if k[0] == "churn_body"}
+    assert sum(churn.values()) == 7, churn
+    assert sh.allocs >= nthreads * 200000
+    assert sh.foreign_frees() == []
+
+
+@pytest.mark.parametrize("how,sig", [("return", 0), ("exit", 0), ("_exit", 0),
+                                     ("abort", signal.SIGABRT), ("segv", signal.SIGSEGV),
+                                     ("kill", signal.SIGKILL)])
+def test_every_end_keeps_every_event(bins, dump, how, sig):
+    r = run_traced([bins["hostile"], how], dump, check=False)
+    assert r.returncode == (-sig if sig else 0)
+    got, sh = leaks(dump, the_trace(dump), "hostile")
+    assert got == expect("hostile.c", BEFORE_END)
+    # 100000 malloc/free pairs, all cancelled: every event before the end is there
+    assert sh.allocs >= 100000 + 6 and sh.frees >= 100000
+
+
+def test_killed_process_leaves_padding_not_garbage(bins, dump, mm):
+    run_traced([bins["hostile"], "kill"], dump, check=False)
+    files = mm.find_traces(str(dump))[the_trace(dump)]
+    data = open(files[0], "rb").read()
+    body = data.rstrip(b"\0")
+    assert len(body) < len(data), "a killed process leaves the NUL tail of its window"
+    assert body.endswith(b"\n"), "the last written line is complete"
+
+
+def test_fork_child_has_own_files(bins, dump):
+    r = run_traced([bins["hostile"], "fork"], dump)
+    child = int(re.search(rb"child (\d+)", r.stdout).group(1))
+    parent = the_trace_of_parent = [t for t in os.listdir(dump) if t.endswith(".maps")]
+    traces = __import__("conftest").mmleak.find_traces(str(dump))
+    assert str(child) in traces and len([t for t in traces if traces[t]]) == 2
+    ptrace = [t for t in traces if t != str(child)][0]
+    got, sh = leaks(dump, ptrace, "hostile")
+    assert got == expect("hostile.c", [("early", "ctor", 1001, 1),
+                                       ("main", "before_fork", 601, 1),
+                                       ("main", "parent", 603, 1)])
+    got, csh = leaks(dump, child, "hostile")
+    assert got == expect("hostile.c", [("main", "child", 602, 1)])
+    # the child freed a block its parent allocated: a foreign free in the child's trace only
+    assert len(csh.foreign_frees()) == 1 and sh.foreign_frees() == []
+    # nothing of the parent's was copied into the child's files
+    assert csh.allocs < 20
+
+
+def test_exec_traces_new_image_into_its_own_files(bins, dump):
+    r = run_traced([bins["hostile"], "exec"], dump)
+    traces = {k: v for k, v in __import__("conftest").mmleak.find_traces(str(dump)).items() if v}
+    assert len(traces) == 2
+    first = min(traces, key=len)
+    second = max(traces, key=len)
+    assert second == first + "-1"
+    got, _ = leaks(dump, first, "hostile")
+    assert got == expect("hostile.c", [("early", "ctor", 1001, 1),
+                                       ("main", "before_exec", 604, 1)])
+    got, _ = leaks(dump, second, "hostile")
+    assert got == basic_expected()
+
+
+def test_daemon_closing_all_descriptors(bins, dump, tmp_path):
+    own = tmp_path / "own.log"
+    run_traced([bins["hostile"], "daemon", str(own)], dump)
+    assert own.read_text() == "ok\n" * 8      # mmleak never wrote into the program's fds
+    got, _ = leaks(dump, the_trace(dump), "hostile")
+    assert got == expect("hostile.c", [("early", "ctor", 1001, 1),
+                                       ("daemonize", "daemon", 801, 1)])
+
+
+def test_planted_symlinks_are_refused(bins, dump, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    run_traced([bins["hostile"], "plant", str(dump), str(victim)], dump)
+    assert victim.read_text() == "precious\n"
+    got, _ = leaks(dump, the_trace(dump), "hostile")
+    assert got == expect("hostile.c", [("early", "ctor", 1001, 1),
+                                       ("thread_body", "thread", 309, 1)])
+
+
+def test_unusable_dir_one_line_and_program_runs(bins, tmp_path):
+    r = run_traced([bins["hostile"], "basic"], tmp_path / "does" / "not" / "exist")
+    lines = r.stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mmleak: cannot create files in ")
+
+
+def test_dlopen_dlclose_library_symbolized(bins, dump):
+    run_traced([bins["hostile"], "dl", bins["libdl_test.so"]], dump)
+    got, _ = leaks(dump, the_trace(dump), "libdl_test.so")
+    assert got == expect("dl_lib.c", [("dl_leak", "dl", 901, 1)])
+
+
+def test_depth_records_the_callers_callers(bins, dump, mm):
+    run_traced([bins["hostile"], "basic"], dump, env={"MMLEAK_DEPTH": "3"})
+    tid = the_trace(dump)
+    sh = mm.shrink_files(mm.find_traces(str(dump))[tid])
+    surv = [a for a in sh.survivors() if a.size == 101]
+    assert len(surv) == 1 and len(surv[0].callers) == 3
+    sym = mm.Symbolizer(str(dump / ("mmleak.%s.maps" % tid)))
+    fr = sym.lookup(surv[0].callers)
+    assert [fr[c].function for c in surv[0].callers[:2]] == ["entry_points", "main"]
+    assert fr[surv[0].callers[0]].line == site_line("hostile.c", "malloc")

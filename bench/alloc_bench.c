@@ -3,7 +3,9 @@
  * free per step, two events.  With -t 2, two threads share the table (a slot is claimed with
  * an atomic exchange), so about half of the frees release a block the other thread made.
  *
- *   alloc_bench [-t THREADS] [-n STEPS_PER_THREAD]
+ *   alloc_bench [-t THREADS] [-n STEPS_PER_THREAD] [-r NEST]
+ * -r NEST runs the loop NEST extra (non-inlined) call frames deep, so that a tracer recording
+ * several return addresses per allocation (MMLEAK_DEPTH) has that many frames to walk.
  * prints: threads, steps, events, seconds, ns per event (wall clock of the whole run).
  */
 #define _GNU_SOURCE
@@ -19,8 +21,9 @@
 #define SLOTS 1000
 static _Atomic(void *) slots[SLOTS];
 static long steps = 2000000;
+static int nest = 0;
 
-static void *worker(void *arg)
+static void *loop(void *arg)
 {
     uint64_t x = 0x9E3779B97F4A7C15ull * (uintptr_t)(1 + (intptr_t)arg);
     for (long i = 0; i < steps; i++) {
@@ -35,13 +38,24 @@ static void *worker(void *arg)
     return NULL;
 }
 
+/* Recurse NEST times before running the loop; the asm keeps each frame real (no tail call). */
+__attribute__((noinline)) static void *deeper(void *arg, int n)
+{
+    void *r = n > 0 ? deeper(arg, n - 1) : loop(arg);
+    __asm__ volatile("" : : "r"(r) : "memory");
+    return r;
+}
+
+static void *worker(void *arg) { return deeper(arg, nest); }
+
 int main(int argc, char **argv)
 {
     int threads = 1, c;
-    while ((c = getopt(argc, argv, "t:n:")) != -1) {
+    while ((c = getopt(argc, argv, "t:n:r:")) != -1) {
         if (c == 't') threads = atoi(optarg);
         else if (c == 'n') steps = atol(optarg);
-        else { fprintf(stderr, "usage: alloc_bench [-t THREADS] [-n STEPS]\n"); return 2; }
+        else if (c == 'r') nest = atoi(optarg);
+        else { fprintf(stderr, "usage: alloc_bench [-t THREADS] [-n STEPS] [-r NEST]\n"); return 2; }
     }
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);

@@ -1057,10 +1057,23 @@ static void fork_child(void)
     errno = saved;
 }
 
+/* Our malloc under a name the dynamic linker cannot rebind: &malloc itself would give the
+ * process's malloc, whoever provides it. */
+extern void *mmleak_own_malloc(size_t) __attribute__((alias("malloc"), visibility("hidden"), copy(malloc)));
+
 __attribute__((constructor)) static void mmleak_init(void)
 {
     int saved = errno;
     T.guard++;
+    /* Loaded with dlopen (mmleak.py loads the library for its compiled shrinker): our
+     * allocation functions are not the process's, there is nothing to trace. */
+    if (dlsym(RTLD_DEFAULT, "malloc") != (void *)mmleak_own_malloc) {
+        g_state = -1;
+        g_once_done = 1;
+        T.guard--;
+        errno = saved;
+        return;
+    }
     global_init();
     T.guard--;
     errno = saved;

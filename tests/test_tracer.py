@@ -208,3 +208,13 @@ def test_depth_records_the_callers_callers(bins, dump, mm):
     fr = sym.lookup(surv[0].callers)
     assert [fr[c].function for c in surv[0].callers[:2]] == ["entry_points", "main"]
     assert fr[surv[0].callers[0]].line == site_line("hostile.c", "malloc")
+
+
+def test_loading_with_dlopen_traces_nothing(lib, tmp_path):
+    """mmleak.py loads mmleak.so with ctypes for its compiled shrinker: that must not start
+    tracing the Python process."""
+    code = "import ctypes; ctypes.CDLL(%r); print('ok')" % lib
+    r = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, MMLEAK_DIR=str(tmp_path)))
+    assert r.stdout == "ok\n" and r.stderr == ""
+    assert os.listdir(tmp_path) == []

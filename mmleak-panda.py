@@ -1,0 +1,951 @@
+#!/usr/bin/python3
+"""mmleak-panda.py: render the blocks a traced process never freed as one HTML page.
+
+Two ways in:
+
+* ``mmleak.py report DIR`` builds the report (shrink + symbolize) and calls
+  ``render_report(rep, out_path)`` here;
+* the classic pipe: the survivor lines of a shrunk trace on stdin::
+
+      mmleak.py shrink --final mmleak.PID.*.out | mmleak-panda.py --maps mmleak.PID.maps > mmleak.PID.html
+      awk 'NF >= 5' mmleak.PID.txt | mmleak-panda.py > mmleak.PID.html
+
+The page is self-contained (inline CSS, JS and SVG charts; no network): a headline (bytes and
+blocks not freed, process, time span, events read, what could not be symbolized and why), a
+chart of the top call sites, a chart of the survivors' bytes over the life of the process, and
+one sortable, filterable table of the leaking call sites.  Lines are parsed with mmleak.py's
+own parser (mmleak.parse_event / parse_header); needs pandas and matplotlib.
+"""
+import argparse
+import collections
+import datetime
+import html
+import importlib.util
+import io
+import json
+import os
+import re
+import sys
+import time
+
+PROG = "mmleak-panda.py"
+TOP_ROWS = 500          # table rows at most; the rest is summarized in a note
+CHART_SITES = 15        # bars in the top-sites chart
+TIMELINE_SITES = 5      # per-site lines in the timeline chart
+TIMELINE_POINTS = 2000  # points per timeline line at most (longer histories are binned)
+
+# Functions that only pass an allocation through: with a trace depth > 1, a call site is the
+# first frame outside these (so every caller of xmalloc is a site of its own).
+DEFAULT_WRAPPERS = (
+    "xmalloc", "xcalloc", "xrealloc", "xstrdup", "xstrndup", "xmemdup", "xzalloc",
+    "xnmalloc", "xcharalloc", "xasprintf", "xvasprintf",
+    "g_malloc", "g_malloc0", "g_malloc_n", "g_malloc0_n", "g_new", "g_new0", "g_realloc",
+    "g_realloc_n", "g_try_malloc", "g_try_malloc0", "g_strdup", "g_strndup", "g_memdup",
+    "g_memdup2", "g_slice_alloc", "g_slice_alloc0", "g_strdup_printf", "g_strconcat",
+    "operator new", "operator new[]", "__gnu_cxx::new_allocator<*>::allocate",
+    "std::__new_allocator<*>::allocate", "std::allocator<*>::allocate",
+    "std::allocator_traits<*>::allocate",
+    "strdup", "strndup", "__strdup", "__libc_strdup", "asprintf", "vasprintf",
+)
+
+
+def import_mmleak():
+    """Load mmleak.py by path (a plain import would find mmleak.so beside it first)."""
+    mod = sys.modules.get("mmleak")
+    if mod is not None and hasattr(mod, "parse_event"):
+        return mod
+    path = os.path.join(os.path.dirname(os.path.realpath(__file__)), "mmleak.py")
+    spec = importlib.util.spec_from_file_location("mmleak", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["mmleak"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+mmleak = import_mmleak()
+
+
+class Fail(Exception):
+    def __init__(self, msg, status=mmleak.EXIT_INPUT):
+        super().__init__(msg)
+        self.status = status
+
+
+# ---------------------------------------------------------------------------------------
+# Formatting helpers
+# ---------------------------------------------------------------------------------------
+
+def esc(s):
+    return html.escape("" if s is None else str(s), quote=True)
+
+
+def hb(n):
+    return mmleak.human_bytes(int(n))
+
+
+def dur(s):
+    """Seconds -> '42 s', '3 min 05 s', '2 h 07 min', '3 d 04 h'."""
+    s = int(round(s))
+    if s < 60:
+        return "%d s" % s
+    if s < 3600:
+        return "%d min %02d s" % (s // 60, s % 60)
+    if s < 86400:
+        return "%d h %02d min" % (s // 3600, s % 3600 // 60)
+    return "%d d %02d h" % (s // 86400, s % 86400 // 3600)
+
+
+def short_path(p, keep=3):
+    parts = p.split("/")
+    return p if len(parts) <= keep + 1 else ".../" + "/".join(parts[-keep:])
+
+
+def base_name(fn):
+    """'ns::Foo<int>::bar(char const*) const' -> 'ns::Foo<*>::bar' (for wrapper matching)."""
+    if not fn:
+        return ""
+    out, depth, i = [], 0, 0
+    name = fn
+    if name.startswith("operator new"):
+        return "operator new[]" if name.startswith("operator new[]") else "operator new"
+    # cut the argument list: the first '(' at template depth 0
+    while i < len(name):
+        c = name[i]
+        if c == "<":
+            if depth == 0:
+                out.append("<*>")
+            depth += 1
+        elif c == ">":
+            depth = max(depth - 1, 0)
+        elif c == "(" and depth == 0:
+            break
+        elif depth == 0:
+            out.append(c)
+        i += 1
+    return "".join(out).strip()
+
+
+class Wrappers:
+    def __init__(self, extra=()):
+        self.names = set(DEFAULT_WRAPPERS) | {w.strip() for w in extra if w.strip()}
+
+    def __contains__(self, frame):
+        if frame is None or not frame.function:
+            return False
+        return frame.function in self.names or base_name(frame.function) in self.names
+
+
+# ---------------------------------------------------------------------------------------
+# Aggregation: survivors -> call sites (pandas)
+# ---------------------------------------------------------------------------------------
+
+class Survivors:
+    """The survivors as columns (size, time, stack id) plus the distinct stacks: memory
+    proportional to the blocks, not to their Python objects."""
+
+    def __init__(self, allocs, depth):
+        from array import array
+        self.stacks = {}
+        sid, size, tim = array("q"), array("q"), array("q")
+        stacks = self.stacks
+        for a in allocs:
+            k = a.callers[:depth]
+            i = stacks.get(k)
+            if i is None:
+                i = stacks[k] = len(stacks)
+            sid.append(i)
+            size.append(a.size)
+            tim.append(a.time)
+        self.sid, self.size, self.time = sid, size, tim
+        self.stack_list = [None] * len(stacks)
+        for k, i in stacks.items():
+            self.stack_list[i] = k
+
+    def __len__(self):
+        return len(self.sid)
+
+    def addresses(self):
+        return sorted({c for k in self.stack_list for c in k})
+
+
+def site_of_stack(stack, frames, wrappers):
+    """Index of the frame that names the call site: the first outside the wrappers."""
+    for i, c in enumerate(stack):
+        if frames.get(c) not in wrappers:
+            return i
+    return 0
+
+
+def aggregate(surv, frames, end_time, wrappers, since=None, older_than=None):
+    """-> (df of blocks after filters, sites DataFrame largest first, info dict)."""
+    import numpy as np
+    import pandas as pd
+
+    df = pd.DataFrame({
+        "sid": np.frombuffer(surv.sid, dtype=np.int64) if len(surv) else np.zeros(0, np.int64),
+        "size": np.frombuffer(surv.size, dtype=np.int64) if len(surv) else np.zeros(0, np.int64),
+        "time": np.frombuffer(surv.time, dtype=np.int64) if len(surv) else np.zeros(0, np.int64),
+    })
+    before = (len(df), int(df["size"].sum()))
+    if since is not None:
+        df = df[df["time"] >= since]
+    if older_than is not None:
+        df = df[(end_time - df["time"]) >= older_than]
+    # call site of each stack: (site address, index of that frame in the stack)
+    site_key, site_idx = [], []
+    for st in surv.stack_list:
+        i = site_of_stack(st, frames, wrappers)
+        site_key.append(st[i])
+        site_idx.append(i)
+    site_key = np.array(site_key, dtype=np.uint64) if site_key else np.zeros(0, np.uint64)
+    df = df.assign(site=site_key[df["sid"].to_numpy()] if len(df) else
+                   np.zeros(0, np.uint64))
+    if len(df):
+        g = df.groupby("site", sort=False)
+        sites = g.agg(bytes=("size", "sum"), blocks=("size", "size"), min=("size", "min"),
+                      max=("size", "max"), tmin=("time", "min"), tmax=("time", "max"))
+        sites["oldest"] = (end_time - sites["tmin"]).clip(lower=0)
+        sites["youngest"] = (end_time - sites["tmax"]).clip(lower=0)
+        sites["mean"] = sites["bytes"] / sites["blocks"]
+        # the heaviest stack of each site, and how many distinct stacks it has
+        per_stack = df.groupby(["site", "sid"], sort=False)["size"].sum().reset_index()
+        per_stack = per_stack.sort_values("size", ascending=False, kind="stable")
+        top_stack = per_stack.drop_duplicates("site").set_index("site")["sid"]
+        sites["stack"] = top_stack.reindex(sites.index)
+        sites["nstacks"] = per_stack.groupby("site").size().reindex(sites.index)
+        sites = sites.reset_index()
+        sites = sites.sort_values(["bytes", "blocks", "site"], ascending=[False, False, True],
+                                  kind="stable").reset_index(drop=True)
+    else:
+        sites = pd.DataFrame(columns=["site", "bytes", "blocks", "min", "max", "tmin", "tmax",
+                                      "oldest", "youngest", "mean", "stack", "nstacks"])
+    info = {"before_blocks": before[0], "before_bytes": before[1], "site_idx": site_idx}
+    return df, sites, info
+
+
+# ---------------------------------------------------------------------------------------
+# Charts (matplotlib -> inline SVG)
+# ---------------------------------------------------------------------------------------
+
+PALETTE = ["#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"]
+
+
+def _svg(fig):
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    s = buf.getvalue()
+    s = s[s.index("<svg"):]
+    # scale with the page: drop the fixed pt size, keep the viewBox
+    s = re.sub(r'<svg([^>]*?) width="[^"]*" height="[^"]*"', r'<svg\1', s, count=1)
+    return s
+
+
+def _mpl():
+    import matplotlib
+    matplotlib.use("Agg")
+    matplotlib.rcParams.update({
+        "svg.fonttype": "none", "svg.hashsalt": "mmleak", "font.size": 9,
+        "font.family": "sans-serif",
+        "font.sans-serif": ["DejaVu Sans", "Liberation Sans", "Arial", "Helvetica"],
+        "axes.spines.top": False, "axes.spines.right": False,
+    })
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
+    return Figure, FuncFormatter
+
+
+def _bytes_axis(axis, vmax):
+    """Ticks at round multiples of B, KiB, MiB or GiB, labelled in that unit."""
+    from matplotlib.ticker import FuncFormatter, MultipleLocator
+    vmax = max(float(vmax), 1.0)
+    unit, name = 1, "B"
+    for u, n in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if vmax >= 2 * u:
+            unit, name = u, n
+            break
+    raw = vmax / unit / 5.0
+    mag = 10 ** int(__import__("math").floor(__import__("math").log10(raw))) if raw > 0 else 1
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    if unit == 1:
+        step = max(round(step), 1)
+    axis.set_major_locator(MultipleLocator(step * unit))
+    axis.set_major_formatter(FuncFormatter(
+        lambda v, _: ("%g %s" % (round(v / unit, 3), name)) if v > 0 else "0"))
+
+
+def _trunc(s, n=60):
+    return s if len(s) <= n else s[:n - 1] + "\u2026"
+
+
+def chart_top_sites(sites, labels):
+    Figure, FuncFormatter = _mpl()
+    top = sites.head(CHART_SITES)
+    n = len(top)
+    fig = Figure(figsize=(6.4, 0.9 + 0.28 * max(n, 1)))
+    ax = fig.add_subplot(111)
+    if n == 0:
+        ax.text(0.5, 0.5, "no unfreed blocks", ha="center", va="center")
+        ax.set_axis_off()
+        return _svg(fig)
+    y = list(range(n))[::-1]
+    vals = top["bytes"].tolist()
+    colors = [PALETTE[i] if i < TIMELINE_SITES else "#8da0b3" for i in range(n)]
+    ax.barh(y, vals, color=colors, height=0.7)
+    ax.set_yticks(y)
+    ax.set_yticklabels([_trunc(labels[i], 48) for i in range(n)])
+    _bytes_axis(ax.xaxis, max(vals) * 1.3)
+    ax.set_xlabel("bytes not freed (label: bytes / blocks)")
+    ax.set_title("Top call sites by unfreed bytes", loc="left", fontsize=10)
+    for yi, v, b in zip(y, vals, top["blocks"].tolist()):
+        ax.text(v, yi, " %s / %d" % (hb(v), b), va="center", fontsize=8, color="#333")
+    ax.set_xlim(0, max(vals) * 1.3)
+    ax.grid(axis="x", color="#ddd", linewidth=0.6)
+    ax.set_axisbelow(True)
+    return _svg(fig)
+
+
+def _cumulative(times, sizes, t_end):
+    """Step curve of cumulative bytes by allocation time, at most TIMELINE_POINTS points."""
+    import numpy as np
+    if len(times) == 0:
+        return np.array([0, t_end]), np.array([0, 0])
+    order = np.argsort(times, kind="stable")
+    t, s = times[order], sizes[order]
+    ut, idx = np.unique(t, return_index=True)
+    cs = np.cumsum(s)
+    last = np.append(idx[1:] - 1, len(t) - 1)
+    y = cs[last]
+    if len(ut) > TIMELINE_POINTS:
+        edges = np.linspace(ut[0], ut[-1], TIMELINE_POINTS)
+        pos = np.searchsorted(ut, edges, side="right") - 1
+        ut, y = edges, y[pos]
+    x = np.concatenate([[min(0, ut[0])], ut, [max(t_end, ut[-1])]])
+    y = np.concatenate([[0], y, [y[-1]]])
+    return x, y
+
+
+def chart_timeline(df, sites, labels, end_time):
+    import numpy as np
+    Figure, FuncFormatter = _mpl()
+    fig = Figure(figsize=(6.4, 3.6))
+    ax = fig.add_subplot(111)
+    t = df["time"].to_numpy()
+    s = df["size"].to_numpy()
+    x, y = _cumulative(t, s, end_time)
+    ax.plot(x, y, drawstyle="steps-post", color="#222", linewidth=2, label="all call sites")
+    site = df["site"].to_numpy()
+    for i in range(min(TIMELINE_SITES, len(sites))):
+        m = site == np.uint64(sites["site"].iat[i])
+        xi, yi = _cumulative(t[m], s[m], end_time)
+        ax.plot(xi, yi, drawstyle="steps-post", color=PALETTE[i], linewidth=1.4,
+                label="#%d %s" % (i + 1, _trunc(labels[i], 40)))
+    _bytes_axis(ax.yaxis, y.max() * 1.05 if len(y) else 1)
+    ax.set_xlabel("allocation time (seconds since trace start)")
+    ax.set_ylabel("bytes still not freed")
+    ax.set_title("Unfreed bytes by allocation time (cumulative)", loc="left", fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(color="#ddd", linewidth=0.6)
+    ax.set_axisbelow(True)
+    ax.set_xlim(left=min(0, x[0]), right=max(end_time, x[-1], 1))
+    ax.legend(loc="upper left", bbox_to_anchor=(0, -0.2), ncol=2, fontsize=7.5, frameon=False)
+    return _svg(fig)
+
+
+# ---------------------------------------------------------------------------------------
+# The page
+# ---------------------------------------------------------------------------------------
+
+CSS = """
+*{box-sizing:border-box}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI","DejaVu Sans",Arial,sans-serif;
+ margin:0;color:#1d2630;background:#f4f6f8}
+header{background:#1d2630;color:#fff;padding:14px 24px}
+header h1{margin:0;font-size:21px;font-weight:600}
+header h1 b{color:#ff8a80}
+header .sub{color:#b8c4d0;font-size:13px;margin-top:3px;word-break:break-all}
+main{padding:14px 24px 40px}
+.cards{display:flex;flex-wrap:wrap;gap:10px;margin-bottom:12px}
+.card{background:#fff;border:1px solid #dde3ea;border-radius:6px;padding:8px 14px;min-width:150px}
+.card .k{font-size:11px;text-transform:uppercase;letter-spacing:.04em;color:#6a7785}
+.card .v{font-size:19px;font-weight:600}
+.card .n{font-size:12px;color:#6a7785}
+.notes{background:#fff;border:1px solid #dde3ea;border-radius:6px;padding:6px 14px;margin-bottom:12px}
+.notes ul{margin:4px 0;padding-left:18px}
+.warn{color:#a14a00}
+.charts{display:flex;flex-wrap:wrap;gap:12px;margin-bottom:12px}
+.chart{background:#fff;border:1px solid #dde3ea;border-radius:6px;padding:6px;flex:1 1 520px;min-width:0}
+.chart svg{width:100%;height:auto;display:block}
+.tools{display:flex;align-items:center;gap:12px;margin:6px 0}
+.tools input{font:inherit;padding:5px 9px;width:360px;border:1px solid #b9c3cd;border-radius:4px}
+.tools .count{color:#6a7785;font-size:13px}
+table{border-collapse:collapse;background:#fff;width:100%;border:1px solid #dde3ea;font-size:13px}
+th{background:#e9edf2;text-align:left;padding:6px 8px;cursor:pointer;white-space:nowrap;
+ position:sticky;top:0;user-select:none;border-bottom:1px solid #c9d1da}
+th:hover{background:#dde3ea}
+th.asc::after{content:" \\25B2";font-size:10px}
+th.desc::after{content:" \\25BC";font-size:10px}
+td{padding:5px 8px;border-top:1px solid #edf0f3;vertical-align:top}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+tr:hover td{background:#f7f9fb}
+td.fn{font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:12px;word-break:break-word;max-width:420px}
+td.loc{font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:12px;word-break:break-all;max-width:330px}
+td.mod{font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:11.5px;color:#56636f;white-space:nowrap}
+.inl,.stk{color:#56636f;font-size:11.5px}
+.unres{color:#a14a00}
+.via{color:#56636f;font-size:11.5px}
+details summary{cursor:pointer;color:#2a62a6;font-size:11.5px}
+.bar{display:block;height:3px;background:#d62728;margin-top:3px;border-radius:2px}
+footer{color:#6a7785;font-size:12px;margin-top:14px}
+#selftest{display:none}
+"""
+
+JS = r"""
+(function(){
+var tbl=document.getElementById('sites'), tb=tbl.tBodies[0];
+var rows=Array.prototype.slice.call(tb.rows), ths=tbl.tHead.rows[0].cells;
+function key(r,c){var td=r.cells[c], v=td.getAttribute('data-v');
+ if(v!==null&&v!==''&&!isNaN(v))return parseFloat(v); return (v!==null?v:td.textContent).toLowerCase();}
+function sortBy(c,dir){
+ var num=ths[c].getAttribute('data-t')==='n';
+ rows.sort(function(a,b){var x=key(a,c),y=key(b,c),r;
+  if(num){x=+x;y=+y;} r=x<y?-1:x>y?1:0; if(!r)r=(+a.getAttribute('data-rank'))-(+b.getAttribute('data-rank'));
+  return dir*r;});
+ var f=document.createDocumentFragment(); rows.forEach(function(r){f.appendChild(r);}); tb.appendChild(f);
+ for(var i=0;i<ths.length;i++){ths[i].classList.remove('asc','desc');}
+ ths[c].classList.add(dir>0?'asc':'desc');}
+for(var i=0;i<ths.length;i++)(function(c){ths[c].addEventListener('click',function(){
+ var d=ths[c].classList.contains('desc')?1:ths[c].classList.contains('asc')?-1:
+  (ths[c].getAttribute('data-t')==='n'?-1:1); sortBy(c,d);});})(i);
+var inp=document.getElementById('filter'), cnt=document.getElementById('count');
+function filt(){var q=inp.value.toLowerCase().trim(), n=0, b=0;
+ rows.forEach(function(r){var ok=!q||r.textContent.toLowerCase().indexOf(q)>=0;
+  r.style.display=ok?'':'none'; if(ok){n++;b+=+r.getAttribute('data-bytes');}});
+ cnt.textContent=n+' of '+rows.length+' call sites shown'+(q?' ('+fmt(b)+' matching)':'');}
+function fmt(n){var u=['B','KiB','MiB','GiB'],i=0;while(n>=1024&&i<3){n/=1024;i++;}return i?n.toFixed(1)+' '+u[i]:n+' B';}
+inp.addEventListener('input',filt); filt();
+if(location.hash==='#selftest'){var out=[],ok=true;
+ function col(c){return rows.filter(function(r){return r.style.display!=='none';}).map(function(r){return key(r,c);});}
+ function sorted(a,d){for(var i=1;i<a.length;i++)if(d*(a[i]-a[i-1])<0)return false;return true;}
+ try{
+  var bc=-1,kc=-1; for(var i=0;i<ths.length;i++){if(ths[i].id==='col-bytes')bc=i;if(ths[i].id==='col-blocks')kc=i;}
+  ths[kc].click(); var a=col(kc); var s1=sorted(a,-1); ths[kc].click(); var s2=sorted(col(kc),1);
+  ths[bc].click(); var s3=sorted(col(bc),-1); ths[bc].click(); var s4=sorted(col(bc),1);
+  ths[bc].click();
+  out.push('sort-blocks-desc='+s1,'sort-blocks-asc='+s2,'sort-bytes-desc='+s3,'sort-bytes-asc='+s4);
+  ok=s1&&s2&&s3&&s4;
+  var first=rows[0]?rows[0].getAttribute('data-rank'):'none'; out.push('first-rank='+first);
+  var q=rows.length?rows[rows.length-1].cells[0].textContent:''; inp.value='zz-no-such-site-zz'; filt();
+  var hidden=col(bc).length; inp.value=''; filt(); var shown=col(bc).length;
+  out.push('filter-none='+hidden,'filter-all='+shown); ok=ok&&hidden===0&&shown===rows.length;
+  var svgs=document.querySelectorAll('svg'), paths=0;
+  for(var j=0;j<svgs.length;j++)paths+=svgs[j].querySelectorAll('path').length;
+  var r0=svgs.length?svgs[0].getBoundingClientRect():{width:0,height:0};
+  out.push('svgs='+svgs.length,'paths='+paths,'svg0='+Math.round(r0.width)+'x'+Math.round(r0.height));
+  ok=ok&&svgs.length>=2&&paths>0&&r0.width>100;
+ }catch(e){ok=false;out.push('error='+e);}
+ out.push('errors='+window.__errs.length); ok=ok&&!window.__errs.length;
+ var el=document.getElementById('selftest'); el.textContent=(ok?'SELFTEST PASS ':'SELFTEST FAIL ')+out.join(' ');
+ document.title=(ok?'SELFTEST PASS':'SELFTEST FAIL');}
+})();
+"""
+
+
+def frame_cells(fr, addr):
+    """(function html, location html, module html, sortable texts) for one frame."""
+    if fr is None:
+        return ('<span class="unres">0x%x</span>' % addr, '<span class="unres">not symbolized'
+                '</span>', "", ("0x%x" % addr, "", ""))
+    if fr.function or fr.file:
+        fn = esc(fr.function or "??")
+        loc = ('<span title="%s">%s:%s</span>' % (esc(fr.file), esc(short_path(fr.file)),
+                                                  esc(fr.line or "?"))
+               if fr.file else '<span class="unres">no line info</span>')
+        if fr.inlined:
+            loc += "".join('<div class="inl">inlined into %s at %s:%s</div>'
+                           % (esc(f or "??"), esc(short_path(fl or "??")), esc(ln or "?"))
+                           for f, fl, ln in fr.inlined)
+        texts = (fr.function or "??", "%s:%s" % (fr.file, fr.line) if fr.file else "")
+    else:
+        fn = '<span class="unres">%s</span>' % esc(mmleak.frame_label(fr))
+        loc = '<span class="unres">%s</span>' % esc(fr.error or "unresolved")
+        texts = (mmleak.frame_label(fr), "")
+    mod = esc("%s+0x%x" % (fr.module, fr.offset)) if fr.module else ""
+    return fn, loc, mod, texts + (("%s+0x%x" % (fr.module, fr.offset)) if fr.module else "",)
+
+
+def site_label(fr, addr):
+    """Short name for charts: the function without its argument list."""
+    if fr is None:
+        return "0x%x" % addr
+    if fr.function:
+        fn = fr.function
+        depth = 0
+        for i, c in enumerate(fn):
+            depth += (c == "<") - (c == ">")
+            if c == "(" and depth == 0 and not fn.startswith("operator"):
+                return fn[:i] or fn
+        return fn
+    return mmleak.frame_label(fr)
+
+
+def symbol_summary(addrs, frames, sym_error):
+    """-> (resolved count, total, Counter of reasons)."""
+    reasons = collections.Counter()
+    ok = 0
+    for a in addrs:
+        fr = frames.get(a)
+        if fr is None:
+            reasons[sym_error or "not symbolized"] += 1
+        elif fr.function or fr.file:
+            ok += 1
+        else:
+            reasons[fr.error or "no symbol"] += 1
+    return ok, len(addrs), reasons
+
+
+def build_html(ctx):
+    """ctx: dict with everything the page shows (see render())."""
+    sites, labels, frames, surv = ctx["sites"], ctx["labels"], ctx["frames"], ctx["surv"]
+    deep = ctx["depth"] > 1
+    total_b, total_n = ctx["bytes"], ctx["blocks"]
+    p = []
+    w = p.append
+    title = "mmleak: %s in %d blocks not freed" % (hb(total_b), total_n)
+    proc = "pid %s" % ctx["pid"] if ctx["pid"] else "process unknown"
+    w("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+      "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
+      "<title>%s (%s)</title>\n<style>%s</style>\n"
+      "<script>window.__errs=[];window.addEventListener('error',function(e){"
+      "window.__errs.push(String(e.message));});</script>\n</head><body>\n"
+      % (esc(title), esc(proc), CSS))
+    w("<header><h1>mmleak: <b>%s</b> in <b>%s</b> blocks not freed</h1>"
+      % (esc(hb(total_b)), esc("{:,}".format(total_n))))
+    w('<div class="sub">%s%s%s</div></header>\n<main>\n'
+      % (esc(proc), (" &middot; trace %s" % esc(ctx["trace"])) if ctx.get("trace") and
+         ctx["trace"] != ctx["pid"] else "",
+         (" &middot; <code>%s</code>" % esc(ctx["cmd"])) if ctx["cmd"] else
+         " &middot; command line unknown"))
+
+    # -- headline cards --
+    def card(k, v, n=""):
+        w('<div class="card"><div class="k">%s</div><div class="v">%s</div>'
+          '<div class="n">%s</div></div>' % (k, v, n))
+    w('<div class="cards">')
+    card("Unfreed bytes", esc(hb(total_b)), esc("{:,} bytes".format(total_b)))
+    card("Unfreed blocks", esc("{:,}".format(total_n)),
+         esc("mean %s" % hb(total_b // total_n)) if total_n else "")
+    card("Call sites", esc("{:,}".format(len(sites))),
+         "top site: %s" % esc(hb(sites["bytes"].iat[0])) if len(sites) else "")
+    span = ctx["end_time"]
+    start = ctx["start"]
+    when = (datetime.datetime.fromtimestamp(start).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+            if start else "start time unknown")
+    card("Time span", esc(dur(span)), esc("from %s" % when))
+    card("Events read", esc("{:,}".format(ctx["events"])), esc(ctx["events_note"]))
+    w("</div>\n")
+
+    # -- notes: filters, symbols, problems --
+    notes = []
+    flt = []
+    if ctx.get("since") is not None:
+        flt.append("allocated at or after %s s from the start (--since %s)"
+                   % (ctx["since"], ctx["since"]))
+    if ctx.get("older_than") is not None:
+        flt.append("at least %s s old at the end of the trace (--older-than %s)"
+                   % (ctx["older_than"], ctx["older_than"]))
+    if flt:
+        notes.append('<b>Filter applied:</b> only blocks %s: %s in %s blocks shown of %s in '
+                     '%s blocks not freed.' % (esc(" and ".join(flt)), esc(hb(total_b)),
+                                               esc("{:,}".format(total_n)),
+                                               esc(hb(ctx["before_bytes"])),
+                                               esc("{:,}".format(ctx["before_blocks"]))))
+    else:
+        notes.append("<b>No filter:</b> every block allocated while tracing and never freed "
+                     "is counted.")
+    ok, tot, reasons = ctx["symbols"]
+    if tot:
+        if reasons:
+            notes.append('<span class="warn"><b>Symbols:</b> %d of %d addresses could not be '
+                         'symbolized:</span> %s' % (tot - ok, tot, "; ".join(
+                             "%s (%d)" % (esc(r), n) for r, n in reasons.most_common(6))))
+        else:
+            notes.append("<b>Symbols:</b> all %d addresses resolved to function and file:line."
+                         % tot)
+    if deep:
+        notes.append("<b>Call sites</b> are the first frame outside the allocation wrappers "
+                     "(%s); traced with %d return addresses per allocation (click "
+                     "<i>stack</i> to see them)." % (esc(", ".join(ctx["wrapper_hits"]) or
+                                                         "none seen"), ctx["depth"]))
+    elif ctx["wrapped_sites"]:
+        notes.append('<span class="warn"><b>Wrappers:</b> %d call sites are inside an '
+                     'allocation wrapper (%s): trace with <code>--depth 4</code> to see who '
+                     'called them.</span>' % (ctx["wrapped_sites"],
+                                              esc(", ".join(ctx["wrapper_hits"]))))
+    if ctx.get("foreign"):
+        notes.append("%s frees of blocks allocated before tracing began (not leaks)."
+                     % esc("{:,}".format(ctx["foreign"])))
+    for n in ctx.get("extra_notes", []):
+        notes.append(n)
+    w('<div class="notes"><ul>%s</ul></div>\n' % "".join("<li>%s</li>" % n for n in notes))
+
+    # -- charts --
+    w('<div class="charts"><div class="chart" id="chart-sites">%s</div>'
+      '<div class="chart" id="chart-time">%s</div></div>\n'
+      % (ctx["svg_sites"], ctx["svg_time"]))
+
+    # -- the table --
+    shown = min(len(sites), ctx["top"])
+    w('<div class="tools"><input id="filter" type="search" placeholder="Filter call sites '
+      '(function, file, module)&hellip;" autocomplete="off"><span class="count" id="count">'
+      '</span><span class="count">click a column header to sort</span></div>\n')
+    cols = [("col-rank", "#", "n"), ("col-func", "Function", "s"),
+            ("col-loc", "File:line", "s"), ("col-mod", "Module+offset", "s"),
+            ("col-bytes", "Bytes", "n"), ("col-blocks", "Blocks", "n"),
+            ("col-mean", "Mean", "n"), ("col-min", "Min", "n"), ("col-max", "Max", "n"),
+            ("col-oldest", "Oldest", "n"), ("col-youngest", "Youngest", "n")]
+    w('<table id="sites"><thead><tr>%s</tr></thead><tbody>\n' % "".join(
+        '<th id="%s" data-t="%s"%s>%s</th>' % (i, t, ' class="desc"' if i == "col-bytes"
+                                               else "", n) for i, n, t in cols))
+    top_bytes = max(int(sites["bytes"].iat[0]), 1) if len(sites) else 1
+    cols_l = {c: sites[c].tolist()[:shown] for c in ("site", "bytes", "blocks", "mean", "min",
+                                                    "max", "oldest", "youngest", "stack",
+                                                    "nstacks")}
+    for r in range(shown):
+        addr = int(cols_l["site"][r])
+        fr = frames.get(addr)
+        fn, loc, mod, texts = frame_cells(fr, addr)
+        b, n = int(cols_l["bytes"][r]), int(cols_l["blocks"][r])
+        extra = ""
+        if deep:
+            st = surv.stack_list[int(cols_l["stack"][r])]
+            k = st.index(addr) if addr in st else 0
+            if k:
+                extra += '<div class="via">via %s</div>' % esc(" \u2190 ".join(
+                    site_label(frames.get(c), c) for c in st[:k][::-1]))
+            lines = []
+            for j, c in enumerate(st):
+                f2 = frames.get(c)
+                lab = mmleak.frame_label(f2) if f2 else "0x%x" % c
+                lines.append("<div>%s%d %s</div>" % ("&rarr; " if j == k else "", j, esc(lab)))
+            ns = int(cols_l["nstacks"][r])
+            extra += ('<details class="stk"><summary>stack%s</summary>%s</details>'
+                      % (" (heaviest of %d)" % ns if ns > 1 else "", "".join(lines)))
+        w('<tr data-rank="%d" data-bytes="%d"><td class="num" data-v="%d">%d</td>'
+          '<td class="fn" data-v="%s">%s%s<span class="bar" style="width:%.1f%%"></span></td>'
+          '<td class="loc" data-v="%s">%s</td><td class="mod" data-v="%s">%s</td>'
+          '<td class="num" data-v="%d" title="%s bytes">%s</td><td class="num" data-v="%d">%s</td>'
+          '<td class="num" data-v="%.1f">%s</td><td class="num" data-v="%d">%s</td>'
+          '<td class="num" data-v="%d">%s</td><td class="num" data-v="%d">%s</td>'
+          '<td class="num" data-v="%d">%s</td></tr>\n'
+          % (r + 1, b, r + 1, r + 1, esc(texts[0]), fn, extra, 100.0 * b / top_bytes,
+             esc(texts[1]), loc, esc(texts[2]), mod,
+             b, "{:,}".format(b), esc(hb(b)), n, "{:,}".format(n),
+             cols_l["mean"][r], esc(hb(cols_l["mean"][r])),
+             cols_l["min"][r], esc(hb(cols_l["min"][r])),
+             cols_l["max"][r], esc(hb(cols_l["max"][r])),
+             cols_l["oldest"][r], esc(dur(cols_l["oldest"][r])),
+             cols_l["youngest"][r], esc(dur(cols_l["youngest"][r]))))
+    w("</tbody></table>\n")
+    if not len(sites):
+        w("<p><b>No leaks:</b> every block allocated while tracing (and passing the filter) "
+          "was freed.</p>\n")
+    if len(sites) > shown:
+        rest = sites.iloc[shown:]
+        w('<p class="warn" id="capnote">Showing the top %d of %s call sites; the other %s '
+          'hold %s in %s blocks (use <code>mmleak.py report --csv</code> for all).</p>\n'
+          % (shown, "{:,}".format(len(sites)), "{:,}".format(len(rest)),
+             esc(hb(rest["bytes"].sum())), "{:,}".format(int(rest["blocks"].sum()))))
+    w('<footer>Generated by mmleak-panda.py on %s from %s. Ages are at the end of the trace '
+      '(%s after its start). Mean, min, max: block sizes.</footer>\n'
+      % (esc(time.strftime("%Y-%m-%d %H:%M:%S")), esc(ctx["source"]), esc(dur(span))))
+    w('<pre id="selftest"></pre>\n</main>\n<script>%s</script>\n</body></html>\n' % JS)
+    return "".join(p)
+
+
+def render(surv, frames, meta, wrappers=None, top=TOP_ROWS):
+    """Aggregate SURV (a Survivors) and return the page.  META: pid, trace, cmd, start,
+    end_time, events, events_note, depth, symbol_error, foreign, since, older_than, source."""
+    wrappers = wrappers or Wrappers()
+    end_time = meta["end_time"]
+    df, sites, info = aggregate(surv, frames, end_time, wrappers, meta.get("since"),
+                                meta.get("older_than"))
+    labels = [site_label(frames.get(int(a)), int(a))
+              for a in sites["site"].head(max(CHART_SITES, TIMELINE_SITES)).tolist()]
+    # numbering makes identical function names (two sites in one function) distinguishable
+    labels = ["#%d %s" % (i + 1, l) for i, l in enumerate(labels)]
+    hits, wrapped = set(), 0
+    for st in surv.stack_list:
+        for c in st:
+            if frames.get(c) in wrappers:
+                hits.add(base_name(frames[c].function))
+    if meta["depth"] <= 1:
+        for a in sites["site"].tolist():
+            if frames.get(int(a)) in wrappers:
+                wrapped += 1
+    shown_addrs = set()
+    for a, s in zip(sites["site"].head(top).tolist(), sites["stack"].head(top).tolist()):
+        shown_addrs.add(int(a))
+        if meta["depth"] > 1:
+            shown_addrs.update(surv.stack_list[int(s)])
+    ctx = dict(meta)
+    ctx.update({
+        "sites": sites, "labels": labels, "frames": frames, "surv": surv, "top": top,
+        "bytes": int(df["size"].sum()), "blocks": int(len(df)),
+        "before_bytes": info["before_bytes"], "before_blocks": info["before_blocks"],
+        "symbols": symbol_summary(sorted(shown_addrs), frames, meta.get("symbol_error")),
+        "wrapper_hits": sorted(hits), "wrapped_sites": wrapped,
+        "svg_sites": chart_top_sites(sites, labels),
+        "svg_time": chart_timeline(df, sites, [l.split(" ", 1)[1] for l in labels],
+                                   end_time),
+    })
+    return build_html(ctx)
+
+
+def write_page(page, out_path):
+    if out_path in (None, "-"):
+        sys.stdout.write(page)
+        sys.stdout.flush()
+        return
+    tmp = out_path + ".tmp%d" % os.getpid()
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(page)
+    os.replace(tmp, out_path)
+
+
+def render_report(rep, out_path, wrappers=None, top=TOP_ROWS):
+    """Entry point for ``mmleak.py report``: REP is mmleak.build_report()'s dict."""
+    depth = max(int(rep.get("depth") or rep.get("trace_depth") or 1), 1)
+    depth = min(depth, max(int(rep.get("trace_depth") or depth), 1))
+    surv = Survivors(rep["survivors"], depth)
+    if isinstance(wrappers, (list, tuple)):
+        wrappers = Wrappers(wrappers)
+    meta = {
+        "pid": rep.get("pid"), "trace": rep.get("trace"), "cmd": rep.get("cmd"),
+        "start": rep.get("start") or 0, "end_time": rep.get("end_time") or 0,
+        "events": rep.get("events") or 0,
+        "events_note": "%s allocations, %s frees, %d dump files" % (
+            "{:,}".format(rep.get("allocs") or 0), "{:,}".format(rep.get("frees") or 0),
+            len(rep.get("files") or [])),
+        "depth": depth, "symbol_error": rep.get("symbol_error"),
+        "foreign": len(rep.get("foreign_frees") or []),
+        "since": rep.get("since"), "older_than": rep.get("older_than"),
+        "source": "%d dump files in %s" % (len(rep.get("files") or []),
+                                           os.path.dirname((rep.get("files") or ["?"])[0])
+                                           or "."),
+        "extra_notes": [],
+    }
+    if rep.get("symbol_error"):
+        meta["extra_notes"].append('<span class="warn">%s</span>' % esc(rep["symbol_error"]))
+    if rep.get("incomplete"):
+        meta["extra_notes"].append('<span class="warn"><b>Incomplete input:</b> malformed '
+                                   'lines were skipped (see the warnings of mmleak.py); some '
+                                   'events may be missing.</span>')
+    write_page(render(surv, rep.get("frames") or {}, meta, wrappers, top), out_path)
+
+
+# ---------------------------------------------------------------------------------------
+# The classic pipe: survivor lines on stdin
+# ---------------------------------------------------------------------------------------
+
+def read_stdin(f, depth):
+    """Parse survivor lines with mmleak's parser -> (Survivors, info dict)."""
+    info = {"lines": 0, "allocs": 0, "foreign": 0, "brackets": 0, "headers": [], "cmd": None,
+            "bad": []}
+    surv = Survivors((), depth)
+    stacks = surv.stacks
+    sid_add, size_add, time_add = surv.sid.append, surv.size.append, surv.time.append
+    parse, Alloc, event_re = mmleak.parse_event, mmleak.Alloc, mmleak.EVENT_RE
+    lineno = 0
+    for lineno, line in enumerate(f, 1):
+        a = parse(line)
+        if a.__class__ is Alloc:
+            k = a.callers[:depth]
+            i = stacks.get(k)
+            if i is None:
+                i = stacks[k] = len(stacks)
+            sid_add(i)
+            size_add(a.size)
+            time_add(a.time)
+            continue
+        if a is not None:
+            info["foreign"] += 1
+            continue
+        if not line.endswith(b"\n"):          # a last line without its newline
+            line += b"\n"
+            a = parse(line)
+            if a is not None:
+                if a.__class__ is Alloc:
+                    k = a.callers[:depth]
+                    sid_add(stacks.setdefault(k, len(stacks)))
+                    size_add(a.size)
+                    time_add(a.time)
+                else:
+                    info["foreign"] += 1
+                continue
+        if line.startswith(b"#"):
+            h = mmleak.parse_header(line)
+            if h is not None:
+                info["headers"].append(h)
+            elif line.startswith(b"#cmd ") and info["cmd"] is None:
+                info["cmd"] = line[5:].decode("utf-8", "replace").rstrip("\n")
+        elif not line.strip():
+            pass
+        elif event_re.fullmatch(line):
+            info["brackets"] += 1
+        else:
+            info["bad"].append((lineno, line))
+    info["lines"] = lineno
+    info["allocs"] = len(surv.sid)
+    surv.stack_list = [None] * len(stacks)
+    for k, i in stacks.items():
+        surv.stack_list[i] = k
+    return surv, info
+
+
+EXIT_HELP = """exit status (the values of mmleak.py):
+  0  report written
+  1  usage error
+  2  the input could not be used: a line that is not in the dump format (reported on stderr
+     with its line number), or no such maps file; no report is written
+  4  eu-addr2line (elfutils) missing or failing: report written, addresses left unresolved"""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        """Usage errors: one line, exit status 1 (EXIT_USAGE, as documented)."""
+        self.exit(mmleak.EXIT_USAGE, "%s: %s (see --help)\n" % (PROG, message))
+
+
+def build_parser():
+    p = Parser(
+        prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Render the blocks a process never freed (the survivor lines of a shrunk "
+                    "mmleak trace, on stdin) as one self-contained HTML page: headline, "
+                    "charts and a sortable, filterable table of the leaking call sites.  "
+                    "`mmleak.py report DIR` does the same from the dump directory.",
+        epilog="examples:\n"
+               "  mmleak.py shrink --final mmleak.1234.*.out | %(prog)s --maps mmleak.1234.maps"
+               " > mmleak.1234.html\n"
+               "  awk 'NF >= 5' mmleak.1234.txt | %(prog)s -o leaks.html\n"
+               "  ... | %(prog)s --since 600 --older-than 60   # leaked after the warm-up\n\n"
+               + EXIT_HELP)
+    p.add_argument("--maps", help="the process's mmleak.PID.maps: symbolize call sites "
+                                  "(function, file:line) with eu-addr2line")
+    p.add_argument("-o", "--output", help="write the page here (default: stdout)")
+    p.add_argument("--since", type=float, metavar="SECONDS",
+                   help="only blocks allocated at least SECONDS after the trace started")
+    p.add_argument("--older-than", type=float, metavar="SECONDS",
+                   help="only blocks at least SECONDS old at the end of the trace (hides "
+                        "recent allocations that may still be freed)")
+    p.add_argument("--end-time", type=float, metavar="SECONDS",
+                   help="when the trace ended, in seconds after its start (default: the "
+                        "newest surviving allocation; survivors do not tell the true end)")
+    p.add_argument("--wrappers", action="append", default=[], metavar="NAME[,NAME...]",
+                   help="more allocation wrapper functions to look through (with a trace "
+                        "depth > 1); default: xmalloc, xcalloc, xrealloc, xstrdup, g_malloc, "
+                        "g_malloc0, g_new, g_realloc, g_strdup, operator new, ...")
+    p.add_argument("--top", type=int, default=TOP_ROWS,
+                   help="table rows at most (default %d)" % TOP_ROWS)
+    p.add_argument("--depth", type=int, help="frames per call site (default: the trace's)")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except Fail as e:
+        sys.stderr.write("%s: %s\n" % (PROG, e))
+        return e.status
+    except mmleak.Fail as e:
+        sys.stderr.write("%s: %s\n" % (PROG, e))
+        return e.status
+    except BrokenPipeError:
+        return mmleak.EXIT_OK
+    except KeyboardInterrupt:
+        sys.stderr.write("%s: interrupted\n" % PROG)
+        return 130
+
+
+def run(args):
+    if args.top < 1:
+        raise Fail("--top must be at least 1", mmleak.EXIT_USAGE)
+    if sys.stdin.isatty():
+        raise Fail("reads survivor lines on stdin, e.g. mmleak.py shrink --final "
+                   "mmleak.PID.*.out | %s > report.html (see --help)" % PROG, mmleak.EXIT_USAGE)
+    if args.maps and not os.path.isfile(args.maps):
+        raise Fail("%s: no such maps file" % args.maps)
+    depth = args.depth or 0
+    # the depth is known only from the header or the lines: keep whole stacks, cut later
+    surv, info = read_stdin(sys.stdin.buffer, 10 ** 6 if not depth else depth)
+    hdr = info["headers"][0] if info["headers"] else {}
+    trace_depth = max([int(h.get("depth", 1) or 1) for h in info["headers"]] or [1])
+    if info["bad"]:
+        lineno, line = info["bad"][0]
+        more = len(info["bad"]) - 1
+        raise Fail("<stdin>:%d: not a dump line (PTR SEQ SIZE TIME CALLER..., hex): %r%s; no "
+                   "report written" % (lineno, line.rstrip(b"\n")[:60],
+                                       " (and %d more bad lines)" % more if more else ""))
+    if not depth:
+        depth = max([trace_depth] + [len(s) for s in surv.stack_list])
+    import numpy as np
+    end_time = args.end_time
+    if end_time is None:
+        end_time = int(np.frombuffer(surv.time, dtype=np.int64).max()) if len(surv) else 0
+    frames, sym_error = {}, None
+    notes = []
+    status = mmleak.EXIT_OK
+    if args.maps:
+        start = int(hdr.get("start", 0) or 0)
+        sym = mmleak.Symbolizer(args.maps, trace_start=start or None)
+        frames = sym.lookup(surv.addresses())
+        sym_error = sym.tool_error
+        if sym_error:
+            status = mmleak.EXIT_TOOL
+    else:
+        sym_error = "no --maps given"
+    if args.end_time is None:
+        notes.append("End of the trace taken as the newest surviving allocation (%s s); ages "
+                     "are relative to it (give --end-time for the real end)." % end_time)
+    if info["brackets"]:
+        notes.append('<span class="warn">%d bracket lines (PTR SEQ +/-) skipped: the input was '
+                     'a partial shrink; use <code>mmleak.py shrink --final</code>.</span>'
+                     % info["brackets"])
+    meta = {
+        "pid": hdr.get("pid"), "trace": hdr.get("id"), "cmd": info["cmd"],
+        "start": int(hdr.get("start", 0) or 0), "end_time": end_time,
+        "events": info["allocs"] + info["foreign"],
+        "events_note": "survivor lines on stdin (%s lines)" % "{:,}".format(info["lines"]),
+        "depth": depth, "symbol_error": sym_error, "foreign": info["foreign"],
+        "since": args.since, "older_than": args.older_than,
+        "source": "survivor lines on stdin" + (" and %s" % args.maps if args.maps else ""),
+        "extra_notes": notes,
+    }
+    if depth < 10 ** 6 and any(len(s) > depth for s in surv.stack_list):
+        surv = _cut(surv, depth)
+    wr = Wrappers([n for w in args.wrappers for n in w.split(",")])
+    write_page(render(surv, frames, meta, wr, args.top), args.output)
+    return status
+
+
+def _cut(surv, depth):
+    """Re-key a Survivors to stacks of at most DEPTH frames."""
+    from array import array
+    new = {}
+    remap = array("q")
+    for st in surv.stack_list:
+        k = st[:depth]
+        i = new.get(k)
+        if i is None:
+            i = new[k] = len(new)
+        remap.append(i)
+    surv.sid = array("q", (remap[i] for i in surv.sid))
+    surv.stacks = new
+    surv.stack_list = [None] * len(new)
+    for k, i in new.items():
+        surv.stack_list[i] = k
+    return surv
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -104,6 +104,23 @@ def find_traces(directory):
     return {k: [p for _, p in sorted(v)] for k, v in traces.items()}
 
 
+def trace_start_for_maps(maps_path):
+    """The start time (Unix seconds) in the header of a dump file beside MAPS_PATH, or None."""
+    d, n = os.path.split(os.path.abspath(maps_path))
+    m = MAPS_RE.match(n)
+    if not m:
+        return None
+    for p in find_traces(d).get(m.group(1), []):
+        try:
+            with open(p, "rb") as f:
+                h = parse_header(f.readline())
+        except OSError:
+            continue
+        if h and h.get("start", "").isdigit():
+            return int(h["start"])
+    return None
+
+
 def maps_path_for(dump_path):
     """mmleak.ID.N.out -> mmleak.ID.maps beside it."""
     d, n = os.path.split(dump_path)
@@ -455,7 +472,7 @@ def _module_problem(path, inode, trace_start):
         return "cannot read %s: %s" % (path, e.strerror)
     if inode and st.st_ino != inode:
         return "%s was replaced since the run (inode changed)" % path
-    if trace_start and st.st_mtime > trace_start + 1:
+    if trace_start and st.st_mtime >= trace_start + 1:
         return "%s was modified after the run started" % path
     return None
 
@@ -660,7 +677,9 @@ def cmd_symbolize(args):
     except ValueError:
         raise Fail("addresses must be hex (as in the dump): %s" % " ".join(args.addrs),
                    EXIT_USAGE)
-    sym = Symbolizer(args.maps)
+    if not os.path.isfile(args.maps):
+        raise Fail("%s: no such maps file" % args.maps)
+    sym = Symbolizer(args.maps, trace_start=trace_start_for_maps(args.maps))
     frames = sym.lookup(addrs)
     status = EXIT_OK
     for a in addrs:

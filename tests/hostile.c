@@ -240,6 +240,13 @@ int main(int argc, char **argv)
         execl(self_path, self_path, "basic", (char *)NULL);
         return 5;
     }
+    if (!strcmp(mode, "wait")) {            /* leak, say so, then wait to be killed */
+        for (int i = 0; i < 4; i++)
+            keep(malloc(555));               /* site:running */
+        say("ready\n");
+        for (;;)
+            pause();
+    }
     /* the ways to end */
     leak_before_end();
     if (!strcmp(mode, "return")) return 0;

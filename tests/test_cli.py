@@ -1,0 +1,119 @@
+"""mmleak.py's commands as a user types them: run, report, symbolize, shrink of a live
+process; exact output."""
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import LIB, ROOT, expect, leaks, mmleak, run_traced, site_line
+
+MMLEAK_PY = [sys.executable, os.path.join(ROOT, "mmleak.py")]
+
+
+def test_run_then_report(bins, tmp_path, lib):
+    d = tmp_path / "dumps"
+    r = subprocess.run(MMLEAK_PY + ["run", "-d", str(d), "--", bins["hostile"], "basic"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0
+    traces = {k: v for k, v in mmleak.find_traces(str(d)).items() if v}
+    (tid,) = traces
+    err = r.stderr.splitlines()
+    assert err[0] == ("mmleak.py: %s ended (exit status 0); trace %s: 1 dump files, %s in %s"
+                      % (bins["hostile"], tid, mmleak.human_bytes(
+                          os.path.getsize(traces[tid][0])), d))
+    assert err[1] == "mmleak.py: next: %s report %s --pid %s" % (MMLEAK_PY[1], d, tid)
+    r = subprocess.run(MMLEAK_PY + ["report", str(d), "--pid", tid, "--no-html", "--top",
+                                    "50", "--csv", str(tmp_path / "sites.csv")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    src = os.path.join(ROOT, "tests", "hostile.c")
+    # every known site, with its bytes and blocks, on one line of the table
+    for fn, site, size in [("realloc_chain", "chain", 2016), ("early", "ctor", 1001),
+                           ("entry_points", "malloc", 101), ("entry_points", "strdup", 11)]:
+        line = "  %12d %8d  %s at %s:%d" % (size, 1, fn, src, site_line("hostile.c", site))
+        assert line in out.splitlines(), (line, out)
+    csv = (tmp_path / "sites.csv").read_text().splitlines()
+    assert csv[0].startswith("bytes,blocks,mean,min,max,oldest_s,youngest_s,function,file,line")
+    assert any(l.startswith("2016,1,2016,2016,2016,") and ",realloc_chain,%s,%d," % (
+        src, site_line("hostile.c", "chain")) in l for l in csv)
+
+
+def test_run_passes_exit_status_and_signals(bins, tmp_path, lib):
+    r = subprocess.run(MMLEAK_PY + ["run", "-d", str(tmp_path), "--", bins["hostile"], "abort"],
+                       capture_output=True, text=True)
+    assert r.returncode == 128 + 6
+    assert "ended (killed by signal 6)" in r.stderr
+
+
+def test_run_without_command_is_a_usage_error():
+    r = subprocess.run(MMLEAK_PY + ["run"], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.startswith("mmleak.py: run: no command given")
+
+
+def test_report_on_empty_dir(tmp_path):
+    r = subprocess.run(MMLEAK_PY + ["report", str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr == "mmleak.py: no mmleak dump files in %s\n" % tmp_path
+
+
+def test_shrink_a_running_process(bins, dump):
+    e = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump))
+    p = subprocess.Popen([bins["hostile"], "wait"], env=e, stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        got, sh = leaks(dump, str(p.pid), "hostile")
+        assert got == expect("hostile.c", [("early", "ctor", 1001, 1),
+                                           ("main", "running", 555, 4)])
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_symbolize_refuses_a_replaced_binary(bins, tmp_path, dump):
+    exe = tmp_path / "victim"
+    shutil.copy(bins["hostile"], exe)
+    run_traced([str(exe), "basic"], dump)
+    (tid,) = [k for k, v in mmleak.find_traces(str(dump)).items() if v]
+    surv = mmleak.shrink_files(mmleak.find_traces(str(dump))[tid]).survivors()
+    addr = [a for a in surv if a.size == 101][0].callers[0]
+    maps = str(dump / ("mmleak.%s.maps" % tid))
+    r = subprocess.run(MMLEAK_PY + ["symbolize", "--maps", maps, "%x" % addr],
+                       capture_output=True, text=True)
+    assert r.stdout.startswith("%012x  entry_points at " % addr)
+    # rebuilt since the run (a linker writes a new file): the old lines can't be trusted
+    time.sleep(1.1)
+    shutil.copy(bins["hostile"], str(exe) + ".new")
+    os.replace(str(exe) + ".new", exe)
+    r = subprocess.run(MMLEAK_PY + ["symbolize", "--maps", maps, "%x" % addr],
+                       capture_output=True, text=True)
+    assert r.stdout == "%012x  victim+0x%x  (unresolved: %s was replaced since the run " \
+        "(inode changed))\n" % (addr, mmleak.Maps(maps).find(addr)[0][2] + addr -
+                                mmleak.Maps(maps).find(addr)[0][0], exe)
+
+
+def test_symbolize_ambiguous_range(tmp_path):
+    maps = tmp_path / "m.maps"
+    maps.write_text("7f0000000000-7f0000010000 r-xp 00000000 fe:00 11 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+                    "7f0000000000-7f0000010000 r-xp 00000000 fe:00 12 /usr/lib/x86_64-linux-gnu/libm.so.6\n")
+    r = subprocess.run(MMLEAK_PY + ["symbolize", "--maps", str(maps), "7f0000001234",
+                                    "1234"], capture_output=True, text=True)
+    assert r.stdout.splitlines() == [
+        "7f0000001234  0x7f0000001234  (unresolved: address range used by several objects "
+        "over the run (dlclose/dlopen): ambiguous)",
+        "000000001234  0x1234  (unresolved: not in any mapped file)"]
+
+
+def test_symbolize_without_elfutils(bins, dump, tmp_path):
+    run_traced([bins["hostile"], "basic"], dump)
+    (tid,) = [k for k, v in mmleak.find_traces(str(dump)).items() if v]
+    surv = mmleak.shrink_files(mmleak.find_traces(str(dump))[tid]).survivors()
+    addr = [a for a in surv if a.size == 101][0].callers[0]
+    env = dict(os.environ, PATH=str(tmp_path))      # no eu-addr2line on PATH
+    r = subprocess.run(MMLEAK_PY + ["symbolize", "--maps", str(dump / ("mmleak.%s.maps" % tid)),
+                                    "%x" % addr], capture_output=True, text=True, env=env)
+    assert r.returncode == 4
+    assert "eu-addr2line not found (install elfutils)" in r.stdout

@@ -764,8 +764,25 @@ def choose_trace(directory, pid):
     return k, with_files[k]
 
 
-def build_report(directory, pid=None, progress=True, depth=None):
-    """Shrink and symbolize one process's files; returns a dict the report renderers use."""
+def baseline_blocks(path):
+    """(ptr, seq) of the allocations in a saved shrink output (an earlier snapshot)."""
+    keys = set()
+    with open(path, "rb") as f:
+        for line in f:
+            e = parse_event(line)
+            if isinstance(e, Alloc):
+                keys.add((e.ptr, e.seq))
+    return keys
+
+
+def build_report(directory, pid=None, progress=True, depth=None, since=None,
+                 older_than=None, baseline=None):
+    """Shrink and symbolize one process's files; returns a dict the report renderers use.
+
+    The incremental view: SINCE keeps survivors allocated at or after that many seconds
+    from the trace start, OLDER_THAN those at least that old at the last event, BASELINE
+    (a file written by an earlier `mmleak.py shrink` of the same process) those that were
+    not alive yet in that snapshot."""
     tid, paths = choose_trace(directory, pid)
     prog = progress_printer() if progress and sys.stderr.isatty() else None
     t0 = time.monotonic()
@@ -773,6 +790,18 @@ def build_report(directory, pid=None, progress=True, depth=None):
     if prog and time.monotonic() - t0 > 1:
         prog(sh, paths[-1], 0, done=True)
     survivors = sh.survivors()
+    all_count, all_bytes = len(survivors), sum(a.size for a in survivors)
+    filters = []
+    if since is not None:
+        survivors = [a for a in survivors if a.time >= since]
+        filters.append("allocated %gs or more after start" % since)
+    if older_than is not None:
+        survivors = [a for a in survivors if sh.max_time - a.time >= older_than]
+        filters.append("at least %gs old at the end" % older_than)
+    if baseline is not None:
+        old = baseline_blocks(baseline)
+        survivors = [a for a in survivors if (a.ptr, a.seq) not in old]
+        filters.append("not alive in the snapshot %s" % baseline)
     hdr = sh.headers[0] if sh.headers else {}
     start = int(hdr.get("start", 0) or 0)
     trace_depth = max([int(h.get("depth", 1) or 1) for h in sh.headers] or [1])
@@ -796,6 +825,9 @@ def build_report(directory, pid=None, progress=True, depth=None):
         "frames": frames, "symbol_error": sym_error, "depth": depth or trace_depth,
         "trace_depth": trace_depth, "shrinker": sh,
         "incomplete": sh.problems.malformed or sh.problems.fatal,
+        "since": since, "older_than": older_than, "baseline": baseline,
+        "filter": "; ".join(filters) or None,
+        "unfiltered": (all_count, all_bytes),
     }
 
 
@@ -808,6 +840,10 @@ def print_top_sites(rep, out, top=10):
               "allocated before tracing\n" % (rep["events"], len(rep["files"]),
                                               human_bytes(total), len(surv),
                                               len(rep["foreign_frees"])))
+    if rep["filter"]:
+        out.write("  showing only blocks %s (%d of %d blocks, %s of %s)\n"
+                  % (rep["filter"], len(surv), rep["unfiltered"][0], human_bytes(total),
+                     human_bytes(rep["unfiltered"][1])))
     if rep["symbol_error"]:
         out.write("  symbols: %s\n" % rep["symbol_error"])
     sites = leak_sites(surv, rep["end_time"], 1)
@@ -850,7 +886,8 @@ def load_script_module(name, filename):
 
 
 def cmd_report(args):
-    rep = build_report(args.dir, args.pid, progress=True, depth=args.depth)
+    rep = build_report(args.dir, args.pid, progress=True, depth=args.depth,
+                       since=args.since, older_than=args.older_than, baseline=args.baseline)
     print_top_sites(rep, sys.stdout, args.top)
     if args.csv:
         write_csv(rep, args.csv)
@@ -956,6 +993,14 @@ def build_parser():
     q.add_argument("--top", type=int, default=10, help="call sites to print (default 10)")
     q.add_argument("--depth", type=int, help="frames per call site (default: the trace's)")
     q.add_argument("--no-html", action="store_true", help="terminal output only")
+    q.add_argument("--since", type=float, metavar="SECONDS",
+                   help="only blocks allocated at least SECONDS after the trace started "
+                        "(hide the start-up state of a daemon)")
+    q.add_argument("--older-than", type=float, metavar="SECONDS",
+                   help="only blocks at least SECONDS old at the last event (memleax-style)")
+    q.add_argument("--baseline", metavar="FILE",
+                   help="only blocks not alive in FILE, an earlier `mmleak.py shrink` "
+                        "output of the same process (MTrace-style incremental report)")
     q.set_defaults(func=cmd_report)
     return p
 

@@ -848,7 +848,8 @@ def print_top_sites(rep, out, top=10):
         out.write("  symbols: %s\n" % rep["symbol_error"])
     sites = leak_sites(surv, rep["end_time"], 1)
     if not sites:
-        out.write("  no leaks: every block allocated while tracing was freed\n")
+        out.write("  no block matches the filter\n" if rep["filter"] else
+                  "  no leaks: every block allocated while tracing was freed\n")
         return sites
     out.write("  %12s %8s  %s\n" % ("bytes", "blocks", "call site"))
     for s in sites[:top]:

@@ -244,6 +244,12 @@ int main(int argc, char **argv)
         for (int i = 0; i < 4; i++)
             keep(malloc(555));               /* site:running */
         say("ready\n");
+        char c;
+        if (read(0, &c, 1) == 1) {           /* told to go on: leak some more */
+            for (int i = 0; i < 2; i++)
+                keep(malloc(556));           /* site:later */
+            say("more\n");
+        }
         for (;;)
             pause();
     }

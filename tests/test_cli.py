@@ -117,3 +117,30 @@ def test_symbolize_without_elfutils(bins, dump, tmp_path):
                                     "%x" % addr], capture_output=True, text=True, env=env)
     assert r.returncode == 4
     assert "eu-addr2line not found (install elfutils)" in r.stdout
+
+
+def test_report_incremental_against_a_snapshot(bins, dump, tmp_path):
+    """Snapshot a running process, let it leak more, report only what is new."""
+    e = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump))
+    p = subprocess.Popen([bins["hostile"], "wait"], env=e, stdout=subprocess.PIPE,
+                         stdin=subprocess.PIPE)
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        base = tmp_path / "snapshot.txt"
+        files = mmleak.find_traces(str(dump))[str(p.pid)]
+        subprocess.run(MMLEAK_PY + ["shrink", "-o", str(base)] + files, check=True,
+                       capture_output=True)
+        p.stdin.write(b"x")
+        p.stdin.flush()
+        assert p.stdout.readline() == b"more\n"
+        r = subprocess.run(MMLEAK_PY + ["report", str(dump), "--pid", str(p.pid), "--no-html",
+                                        "--baseline", str(base)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        rows = [l for l in r.stdout.splitlines() if l.startswith("  ") and " at " in l]
+        src = os.path.join(ROOT, "tests", "hostile.c")
+        assert rows == ["  %12d %8d  main at %s:%d" % (1112, 2, src, site_line("hostile.c",
+                                                                                "later"))]
+        assert "showing only blocks not alive in the snapshot %s (2 of " % base in r.stdout
+    finally:
+        p.kill()
+        p.wait()

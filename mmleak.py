@@ -609,13 +609,25 @@ def frame_label(fr):
 Site = collections.namedtuple("Site", "caller stack bytes blocks min max oldest youngest")
 
 
-def leak_sites(survivors, end_time, depth=1):
+def leak_sites(survivors, end_time, depth=1, frames=None):
     """Group survivors by their first DEPTH callers; largest total first.
 
+    With FRAMES ({addr: Frame}), callers that resolve to the same source line (one line can
+    compile to several calls: an unrolled loop, a macro) count as one site.
     oldest/youngest are ages in seconds at END_TIME (the last time seen in the dump)."""
     groups = {}
+    canon = {}
+    if frames:
+        for addr, fr in frames.items():
+            if fr.file and fr.line:
+                canon.setdefault((fr.module, fr.function, fr.file, fr.line, fr.inlined), addr)
+    def site_of(addr):
+        fr = frames.get(addr) if frames else None
+        if fr is None or not (fr.file and fr.line):
+            return addr
+        return canon[(fr.module, fr.function, fr.file, fr.line, fr.inlined)]
     for a in survivors:
-        key = a.callers[:depth]
+        key = tuple(site_of(c) for c in a.callers[:depth]) if frames else a.callers[:depth]
         g = groups.get(key)
         age = max(end_time - a.time, 0)
         if g is None:
@@ -846,7 +858,7 @@ def print_top_sites(rep, out, top=10):
                      human_bytes(rep["unfiltered"][1])))
     if rep["symbol_error"]:
         out.write("  symbols: %s\n" % rep["symbol_error"])
-    sites = leak_sites(surv, rep["end_time"], 1)
+    sites = leak_sites(surv, rep["end_time"], 1, rep["frames"])
     if not sites:
         out.write("  no block matches the filter\n" if rep["filter"] else
                   "  no leaks: every block allocated while tracing was freed\n")
@@ -862,7 +874,7 @@ def print_top_sites(rep, out, top=10):
 
 
 def write_csv(rep, path):
-    sites = leak_sites(rep["survivors"], rep["end_time"], 1)
+    sites = leak_sites(rep["survivors"], rep["end_time"], 1, rep["frames"])
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["bytes", "blocks", "mean", "min", "max", "oldest_s", "youngest_s",

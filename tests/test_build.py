@@ -1,0 +1,45 @@
+"""The build and `make install`: PREFIX and DESTDIR honoured, and the installed scripts find
+the installed library (not the build tree's)."""
+import os
+import subprocess
+
+from conftest import ROOT
+
+
+def test_install_honours_prefix_and_destdir(tmp_path, lib):
+    dest = tmp_path / "stage"
+    r = subprocess.run(["make", "-s", "-C", ROOT, "install", "DESTDIR=%s" % dest,
+                        "PREFIX=/opt/mm"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    root = dest / "opt" / "mm"
+    so = root / "lib" / "mmleak" / "mmleak.so"
+    assert so.is_file() and oct(so.stat().st_mode & 0o777) == "0o644"
+    for s in ("mmleak.py", "mmleak-panda.py", "mmleak-install.py"):
+        p = root / "bin" / s
+        assert p.is_file() and os.access(p, os.X_OK), s
+        assert p.read_text().startswith("#!/usr/bin/python3\n"), s
+    # the installed mmleak.py uses the installed library, found relative to itself
+    env = {k: v for k, v in os.environ.items() if k != "MMLEAK_LIB"}
+    out = subprocess.run([str(root / "bin" / "mmleak.py"), "run", "-d", str(tmp_path / "d"),
+                          "--", "/bin/true"], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    code = ("import importlib.util,sys; s=importlib.util.spec_from_file_location('m', %r); "
+            "m=importlib.util.module_from_spec(s); s.loader.exec_module(m); "
+            "print(m.find_library())" % str(root / "bin" / "mmleak.py"))
+    found = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True,
+                           env=env).stdout.strip()
+    assert found == str(so)
+    assert any(n.endswith(".maps") for n in os.listdir(tmp_path / "d"))
+
+
+def test_library_exports_only_the_interposed_api(lib):
+    syms = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True,
+                          text=True, check=True).stdout.split()
+    exported = {s for s in syms if not s.startswith("0") and len(s) > 1 and s not in "TWBDV"}
+    for want in ("malloc", "free", "calloc", "realloc", "reallocarray", "posix_memalign",
+                 "aligned_alloc", "memalign", "valloc", "pvalloc", "strdup", "strndup",
+                 "_Znwm", "_ZdlPv", "_ZnamSt11align_val_tRKSt9nothrow_t",
+                 "_ZdaPvmSt11align_val_t", "dlclose"):
+        assert want in exported, want
+    # nothing of the tracer's internals leaks into the program's namespace
+    assert not any(s.startswith(("g_", "rec_", "slow_", "window_", "maps_")) for s in exported)

@@ -281,7 +281,7 @@ def chart_top_sites(sites, labels):
     Figure, FuncFormatter = _mpl()
     top = sites.head(CHART_SITES)
     n = len(top)
-    fig = Figure(figsize=(6.4, 0.9 + 0.28 * max(n, 1)))
+    fig = Figure(figsize=(6.4, max(3.9, 0.9 + 0.28 * max(n, 1))))
     ax = fig.add_subplot(111)
     if n == 0:
         ax.text(0.5, 0.5, "no unfreed blocks", ha="center", va="center")
@@ -376,7 +376,7 @@ main{padding:14px 24px 40px}
 .chart{background:#fff;border:1px solid #dde3ea;border-radius:6px;padding:6px;flex:1 1 520px;min-width:0}
 .chart svg{width:100%;height:auto;display:block}
 .tools{display:flex;align-items:center;gap:12px;margin:6px 0}
-.tools input{font:inherit;padding:5px 9px;width:360px;border:1px solid #b9c3cd;border-radius:4px}
+.tools input[type=search]{font:inherit;padding:5px 9px;width:360px;border:1px solid #b9c3cd;border-radius:4px}
 .tools .count{color:#6a7785;font-size:13px}
 table{border-collapse:collapse;background:#fff;width:100%;border:1px solid #dde3ea;font-size:13px}
 th{background:#e9edf2;text-align:left;padding:6px 8px;cursor:pointer;white-space:nowrap;
@@ -393,6 +393,9 @@ td.mod{font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:11.5px;co
 .inl,.stk{color:#56636f;font-size:11.5px}
 .unres{color:#a14a00}
 .via{color:#56636f;font-size:11.5px}
+.rt{display:inline-block;margin-left:6px;padding:0 5px;border-radius:3px;background:#e9edf2;color:#56636f;font:11px system-ui,sans-serif}
+tr.rtrow td{color:#6a7785}
+.tools label{display:flex;align-items:center;gap:4px}
 details summary{cursor:pointer;color:#2a62a6;font-size:11.5px}
 .bar{display:block;height:3px;background:#d62728;margin-top:3px;border-radius:2px}
 footer{color:#6a7785;font-size:12px;margin-top:14px}
@@ -417,12 +420,13 @@ for(var i=0;i<ths.length;i++)(function(c){ths[c].addEventListener('click',functi
  var d=ths[c].classList.contains('desc')?1:ths[c].classList.contains('asc')?-1:
   (ths[c].getAttribute('data-t')==='n'?-1:1); sortBy(c,d);});})(i);
 var inp=document.getElementById('filter'), cnt=document.getElementById('count');
-function filt(){var q=inp.value.toLowerCase().trim(), n=0, b=0;
- rows.forEach(function(r){var ok=!q||r.textContent.toLowerCase().indexOf(q)>=0;
+var hrt=document.getElementById('hide-rt');
+function filt(){var q=inp.value.toLowerCase().trim(), n=0, b=0, h=hrt.checked;
+ rows.forEach(function(r){var ok=(!q||r.textContent.toLowerCase().indexOf(q)>=0)&&!(h&&r.hasAttribute('data-rt'));
   r.style.display=ok?'':'none'; if(ok){n++;b+=+r.getAttribute('data-bytes');}});
  cnt.textContent=n+' of '+rows.length+' call sites shown'+(q?' ('+fmt(b)+' matching)':'');}
 function fmt(n){var u=['B','KiB','MiB','GiB'],i=0;while(n>=1024&&i<3){n/=1024;i++;}return i?n.toFixed(1)+' '+u[i]:n+' B';}
-inp.addEventListener('input',filt); filt();
+inp.addEventListener('input',filt); hrt.addEventListener('change',filt); filt();
 if(location.hash==='#selftest'){var out=[],ok=true;
  function col(c){return rows.filter(function(r){return r.style.display!=='none';}).map(function(r){return key(r,c);});}
  function sorted(a,d){for(var i=1;i<a.length;i++)if(d*(a[i]-a[i-1])<0)return false;return true;}
@@ -437,6 +441,9 @@ if(location.hash==='#selftest'){var out=[],ok=true;
   var q=rows.length?rows[rows.length-1].cells[0].textContent:''; inp.value='zz-no-such-site-zz'; filt();
   var hidden=col(bc).length; inp.value=''; filt(); var shown=col(bc).length;
   out.push('filter-none='+hidden,'filter-all='+shown); ok=ok&&hidden===0&&shown===rows.length;
+  hrt.click(); var vis=rows.filter(function(r){return r.hasAttribute('data-rt')&&r.style.display!=='none';}).length;
+  var rest=col(bc).length; hrt.click(); out.push('hide-rt-visible='+vis,'own-sites='+rest);
+  ok=ok&&vis===0&&col(bc).length===rows.length;
   var svgs=document.querySelectorAll('svg'), paths=0;
   for(var j=0;j<svgs.length;j++)paths+=svgs[j].querySelectorAll('path').length;
   var r0=svgs.length?svgs[0].getBoundingClientRect():{width:0,height:0};
@@ -471,6 +478,15 @@ def frame_cells(fr, addr):
         texts = (mmleak.frame_label(fr), "")
     mod = esc("%s+0x%x" % (fr.module, fr.offset)) if fr.module else ""
     return fn, loc, mod, texts + (("%s+0x%x" % (fr.module, fr.offset)) if fr.module else "",)
+
+
+RUNTIME_RE = re.compile(r"^(libc|libstdc\+\+|ld-linux[-\w]*|libm|libgcc_s|libpthread|libdl|"
+                        r"librt|libresolv|libnss_\w+)[.-]")
+
+
+def is_runtime(fr):
+    """A call site inside the C/C++ runtime (usually one-time buffers, not the program's)."""
+    return bool(fr is not None and fr.module and RUNTIME_RE.match(fr.module))
 
 
 def site_label(fr, addr):
@@ -565,9 +581,13 @@ def build_html(ctx):
     ok, tot, reasons = ctx["symbols"]
     if tot:
         if reasons:
+            hint = ""
+            if any("no symbol or line information" in r for r in reasons):
+                hint = (" &mdash; install the debug symbols of those libraries (Debian: the "
+                        "<code>-dbgsym</code> packages, or set <code>DEBUGINFOD_URLS</code>)")
             notes.append('<span class="warn"><b>Symbols:</b> %d of %d addresses could not be '
-                         'symbolized:</span> %s' % (tot - ok, tot, "; ".join(
-                             "%s (%d)" % (esc(r), n) for r, n in reasons.most_common(6))))
+                         'symbolized:</span> %s%s' % (tot - ok, tot, "; ".join(
+                             "%s (%d)" % (esc(r), n) for r, n in reasons.most_common(6)), hint))
         else:
             notes.append("<b>Symbols:</b> all %d addresses resolved to function and file:line."
                          % tot)
@@ -597,7 +617,9 @@ def build_html(ctx):
     shown = min(len(sites), ctx["top"])
     w('<div class="tools"><input id="filter" type="search" placeholder="Filter call sites '
       '(function, file, module)&hellip;" autocomplete="off"><span class="count" id="count">'
-      '</span><span class="count">click a column header to sort</span></div>\n')
+      '</span><label class="count"><input type="checkbox" id="hide-rt"> hide call sites in '
+      'runtime libraries (libc, libstdc++, ld.so)</label><span class="count">click a column '
+      'header to sort</span></div>\n')
     cols = [("col-rank", "#", "n"), ("col-func", "Function", "s"),
             ("col-loc", "File:line", "s"), ("col-mod", "Module+offset", "s"),
             ("col-bytes", "Bytes", "n"), ("col-blocks", "Blocks", "n"),
@@ -630,14 +652,18 @@ def build_html(ctx):
             ns = int(cols_l["nstacks"][r])
             extra += ('<details class="stk"><summary>stack%s</summary>%s</details>'
                       % (" (heaviest of %d)" % ns if ns > 1 else "", "".join(lines)))
-        w('<tr data-rank="%d" data-bytes="%d"><td class="num" data-v="%d">%d</td>'
+        rt = is_runtime(fr)
+        if rt:
+            extra = '<span class="rt">runtime library</span>' + extra
+        w('<tr data-rank="%d" data-bytes="%d"%s><td class="num" data-v="%d">%d</td>'
           '<td class="fn" data-v="%s">%s%s<span class="bar" style="width:%.1f%%"></span></td>'
           '<td class="loc" data-v="%s">%s</td><td class="mod" data-v="%s">%s</td>'
           '<td class="num" data-v="%d" title="%s bytes">%s</td><td class="num" data-v="%d">%s</td>'
           '<td class="num" data-v="%.1f">%s</td><td class="num" data-v="%d">%s</td>'
           '<td class="num" data-v="%d">%s</td><td class="num" data-v="%d">%s</td>'
           '<td class="num" data-v="%d">%s</td></tr>\n'
-          % (r + 1, b, r + 1, r + 1, esc(texts[0]), fn, extra, 100.0 * b / top_bytes,
+          % (r + 1, b, ' data-rt="1" class="rtrow"' if rt else "", r + 1, r + 1, esc(texts[0]),
+             fn, extra, 100.0 * b / top_bytes,
              esc(texts[1]), loc, esc(texts[2]), mod,
              b, "{:,}".format(b), esc(hb(b)), n, "{:,}".format(n),
              cols_l["mean"][r], esc(hb(cols_l["mean"][r])),
@@ -713,12 +739,15 @@ def write_page(page, out_path):
 
 
 def render_report(rep, out_path, wrappers=None, top=TOP_ROWS):
-    """Entry point for ``mmleak.py report``: REP is mmleak.build_report()'s dict."""
+    """Entry point for ``mmleak.py report``: REP is mmleak.build_report()'s dict.
+
+    Optional keys read here: since, older_than (seconds; the --since/--older-than filters)
+    and wrappers (more allocation wrapper names to look through)."""
     depth = max(int(rep.get("depth") or rep.get("trace_depth") or 1), 1)
     depth = min(depth, max(int(rep.get("trace_depth") or depth), 1))
     surv = Survivors(rep["survivors"], depth)
-    if isinstance(wrappers, (list, tuple)):
-        wrappers = Wrappers(wrappers)
+    if wrappers is None or isinstance(wrappers, (list, tuple)):
+        wrappers = Wrappers(list(wrappers or ()) + list(rep.get("wrappers") or ()))
     meta = {
         "pid": rep.get("pid"), "trace": rep.get("trace"), "cmd": rep.get("cmd"),
         "start": rep.get("start") or 0, "end_time": rep.get("end_time") or 0,
@@ -819,10 +848,11 @@ class Parser(argparse.ArgumentParser):
 def build_parser():
     p = Parser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Render the blocks a process never freed (the survivor lines of a shrunk "
-                    "mmleak trace, on stdin) as one self-contained HTML page: headline, "
-                    "charts and a sortable, filterable table of the leaking call sites.  "
-                    "`mmleak.py report DIR` does the same from the dump directory.",
+        description=__import__("textwrap").fill(
+            "Render the blocks a process never freed (the survivor lines of a shrunk mmleak "
+            "trace, on stdin) as one self-contained HTML page: headline, charts and a "
+            "sortable, filterable table of the leaking call sites.  `mmleak.py report DIR` "
+            "does the same from the dump directory.", 90),
         epilog="examples:\n"
                "  mmleak.py shrink --final mmleak.1234.*.out | %(prog)s --maps mmleak.1234.maps"
                " > mmleak.1234.html\n"

@@ -328,9 +328,11 @@ def test_browser_selftest_sort_filter_svg(demo_page, tmp_path):
     verdict = m.group(1)
     assert verdict.startswith("SELFTEST PASS"), verdict
     for part in ("sort-bytes-asc=true", "sort-bytes-desc=true", "sort-blocks-asc=true",
-                 "sort-blocks-desc=true", "errors=0", "filter-none=0"):
+                 "sort-blocks-desc=true", "errors=0", "filter-none=0", "hide-rt-visible=0"):
         assert part in verdict, verdict
     assert int(re.search(r"paths=(\d+)", verdict).group(1)) > 10
+    # hiding the runtime libraries leaves exactly the program's own sites
+    assert "own-sites=%d" % len(EXPECTED_D4) in verdict, verdict
     assert "<title>SELFTEST PASS</title>" in r.stdout
     # console messages from the page (errors, uncaught exceptions) are logged as CONSOLE
     console = [l for l in r.stderr.splitlines() if "CONSOLE" in l or "Uncaught" in l]

@@ -192,10 +192,22 @@ def aggregate(surv, frames, end_time, wrappers, since=None, older_than=None):
     if older_than is not None:
         df = df[(end_time - df["time"]) >= older_than]
     # call site of each stack: (site address, index of that frame in the stack)
+    # callers that resolve to the same source line are one site (as in mmleak.leak_sites)
+    canon = {}
+    for addr, fr in sorted(frames.items()):
+        if fr.file and fr.line:
+            canon.setdefault((fr.module, fr.function, fr.file, fr.line, fr.inlined), addr)
+
+    def canonical(addr):
+        fr = frames.get(addr)
+        if fr is None or not (fr.file and fr.line):
+            return addr
+        return canon[(fr.module, fr.function, fr.file, fr.line, fr.inlined)]
+
     site_key, site_idx = [], []
     for st in surv.stack_list:
         i = site_of_stack(st, frames, wrappers)
-        site_key.append(st[i])
+        site_key.append(canonical(st[i]))
         site_idx.append(i)
     site_key = np.array(site_key, dtype=np.uint64) if site_key else np.zeros(0, np.uint64)
     df = df.assign(site=site_key[df["sid"].to_numpy()] if len(df) else
@@ -564,11 +576,13 @@ def build_html(ctx):
     notes = []
     flt = []
     if ctx.get("since") is not None:
-        flt.append("allocated at or after %s s from the start (--since %s)"
+        flt.append("allocated at or after %g s from the start (--since %g)"
                    % (ctx["since"], ctx["since"]))
     if ctx.get("older_than") is not None:
-        flt.append("at least %s s old at the end of the trace (--older-than %s)"
+        flt.append("at least %g s old at the end of the trace (--older-than %g)"
                    % (ctx["older_than"], ctx["older_than"]))
+    if ctx.get("baseline"):
+        flt.append("not alive yet in the snapshot %s (--baseline)" % ctx["baseline"])
     if flt:
         notes.append('<b>Filter applied:</b> only blocks %s: %s in %s blocks shown of %s in '
                      '%s blocks not freed.' % (esc(" and ".join(flt)), esc(hb(total_b)),
@@ -640,7 +654,7 @@ def build_html(ctx):
         extra = ""
         if deep:
             st = surv.stack_list[int(cols_l["stack"][r])]
-            k = st.index(addr) if addr in st else 0
+            k = ctx["site_idx"][int(cols_l["stack"][r])]
             if k:
                 extra += '<div class="via">via %s</div>' % esc(" \u2190 ".join(
                     site_label(frames.get(c), c) for c in st[:k][::-1]))
@@ -717,9 +731,12 @@ def render(surv, frames, meta, wrappers=None, top=TOP_ROWS):
     ctx.update({
         "sites": sites, "labels": labels, "frames": frames, "surv": surv, "top": top,
         "bytes": int(df["size"].sum()), "blocks": int(len(df)),
-        "before_bytes": info["before_bytes"], "before_blocks": info["before_blocks"],
+        "before_bytes": (meta["unfiltered"][1] if meta.get("unfiltered")
+                         else info["before_bytes"]),
+        "before_blocks": (meta["unfiltered"][0] if meta.get("unfiltered")
+                          else info["before_blocks"]),
         "symbols": symbol_summary(sorted(shown_addrs), frames, meta.get("symbol_error")),
-        "wrapper_hits": sorted(hits), "wrapped_sites": wrapped,
+        "wrapper_hits": sorted(hits), "wrapped_sites": wrapped, "site_idx": info["site_idx"],
         "svg_sites": chart_top_sites(sites, labels),
         "svg_time": chart_timeline(df, sites, [l.split(" ", 1)[1] for l in labels],
                                    end_time),
@@ -758,6 +775,7 @@ def render_report(rep, out_path, wrappers=None, top=TOP_ROWS):
         "depth": depth, "symbol_error": rep.get("symbol_error"),
         "foreign": len(rep.get("foreign_frees") or []),
         "since": rep.get("since"), "older_than": rep.get("older_than"),
+        "baseline": rep.get("baseline"), "unfiltered": rep.get("unfiltered"),
         "source": "%d dump files in %s" % (len(rep.get("files") or []),
                                            os.path.dirname((rep.get("files") or ["?"])[0])
                                            or "."),

@@ -224,6 +224,27 @@ def test_report_real_program_depth4_wrappers(leaky, tmp_path):
     assert own["intern_name"]["rank"] > 0
 
 
+def test_report_filters_real_program(leaky, tmp_path):
+    """mmleak.py report --since/--older-than: the page shows the filtered survivors that
+    build_report keeps, and says what was hidden."""
+    d, exe, runs = leaky
+    dumps, pid = runs[1]
+    out = str(tmp_path / "f.html")
+    p = subprocess.run([PY, MMLEAK, "report", dumps, "--pid", pid, "-o", out, "--since", "1",
+                        "--older-than", "0"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    rows, text = table(out)
+    rep = mmleak.build_report(dumps, pid, progress=False, since=1, older_than=0)
+    allrep = mmleak.build_report(dumps, pid, progress=False)
+    kept = [a for a in allrep["survivors"] if a.time >= 1]
+    assert headline(text) == (sum(a.size for a in kept), len(kept))
+    assert headline(text) == (sum(a.size for a in rep["survivors"]), len(rep["survivors"]))
+    assert "Filter applied" in text and "--since 1" in text and "--older-than 0" in text
+    assert "{:,}".format(len(allrep["survivors"])) in text
+    assert all(r["oldest"] <= allrep["end_time"] - 1 for r in rows)
+    assert sum(r["bytes"] for r in rows) == sum(a.size for a in kept)
+
+
 def test_classic_pipe_matches_report(leaky, tmp_path):
     d, exe, runs = leaky
     dumps, pid = runs[1]

@@ -386,7 +386,7 @@ def bench_workload(w, tracers, runs, dirs):
         row = dict(workload=w.name, tracer=j["tracer"].name, size=size,
                    size_arg="%s %s" % (w.size_label, fmt_n(size)), full_size=(size == full),
                    runs=len(j["walls"]), wall_s=wall, walls=j["walls"], spread_pct=spread(j["walls"]),
-                   events=ev, ratio=None, ns_per_event=None, bytes_per_event=None,
+                   min_s=min(j["walls"]) if j["walls"] else None, events=ev, ratio=None, ns_per_event=None, bytes_per_event=None,
                    error=j["error"], note="")
         b = base.get(size)
         if wall is not None and b:
@@ -394,16 +394,16 @@ def bench_workload(w, tracers, runs, dirs):
             if ev and ev >= 1000 and j["tracer"].name != "none":
                 row["ns_per_event"] = (wall - b) * 1e9 / ev
         if j["bytes"] and ev:
-            row["bytes_per_event"] = med(j["bytes"]) / ev
             row["dump_bytes"] = med(j["bytes"])
+            if ev >= 1000:
+                row["bytes_per_event"] = med(j["bytes"]) / ev
         if j["internal"]:
             row["internal_s"] = med(j["internal"])
             bi = base_int.get(size)
             if bi is not None and ev and j["tracer"].name != "none":
                 row["internal_ns_per_event"] = (row["internal_s"] - bi) * 1e9 / ev
         if size != full:
-            row["note"] = "smaller input (%s %s), compared with none at that size" % (
-                w.size_label, fmt_n(size))
+            row["note"] = "smaller input: vs none at %s %s" % (w.size_label, fmt_n(size))
         rows.append(row)
     return rows
 
@@ -427,6 +427,7 @@ def bench_depth(runs, dirs, quick):
         ev = j["events"] or (jobs[1]["events"])
         row = dict(workload="depth", tracer=j["key"], size=n, size_arg="-n %s -r %d" % (fmt_n(n), nest),
                    runs=len(j["walls"]), wall_s=wall, walls=j["walls"], spread_pct=spread(j["walls"]),
+                   min_s=min(j["walls"]) if j["walls"] else None,
                    events=ev, ratio=(wall / base if wall and base else None),
                    ns_per_event=None, bytes_per_event=None, error=j["error"], note="",
                    depth=getattr(j["tracer"], "depth", None), full_size=True)
@@ -648,7 +649,15 @@ def machine(dumpdir):
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.decode().strip()
     except OSError:
         commit = "?"
-    return dict(cpu=cpu, cores=os.cpu_count(), kernel=platform.release(),
+    try:
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "mmleak.c", "mmleak.py"],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.decode().split()
+        dirty = [x for x in dirty if x.startswith("mmleak")]
+    except OSError:
+        dirty = []
+    st = os.stat(LIB)
+    return dict(cpu=cpu, cores=os.cpu_count(), uncommitted=dirty, lib=LIB,
+                lib_mtime=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(st.st_mtime)), kernel=platform.release(),
                 libc=" ".join(platform.libc_ver()), python=platform.python_version(),
                 dump_dir=dumpdir, dump_fs=fstype, dump_dev=dev, dump_mount=mnt,
                 loadavg_start=os.getloadavg(), git_commit=commit,
@@ -663,9 +672,9 @@ def f(v, fmt):
 
 
 def print_table(rows):
-    hdr = "%-10s %-13s %-14s %8s %6s %7s %9s %11s %10s %s" % (
-        "workload", "tracer", "size", "wall_s", "+-%", "ratio", "ns/event", "bytes/event",
-        "events", "note")
+    hdr = "%-10s %-13s %-14s %8s %8s %5s %8s %9s %9s %11s %10s  %s" % (
+        "workload", "tracer", "size", "wall_s", "min_s", "+-%", "ratio", "ns/event", "ns/ev-net",
+        "bytes/event", "events", "note")
     print(hdr)
     print("-" * len(hdr))
     last = None
@@ -679,10 +688,11 @@ def print_table(rows):
         if r.get("not_installed"):
             print("%-10s %-13s %-14s not installed" % (r["workload"], r["tracer"], ""))
             continue
-        print("%-10s %-13s %-14s %8s %6s %7s %9s %11s %10s %s" % (
-            r["workload"], r["tracer"], r["size_arg"], f(r["wall_s"], "%.3f"),
+        print("%-10s %-13s %-14s %8s %8s %5s %8s %9s %9s %11s %10s  %s" % (
+            r["workload"], r["tracer"], r["size_arg"], f(r["wall_s"], "%.3f"), f(r.get("min_s"), "%.3f"),
             f(r["spread_pct"], "%.0f"), f(r["ratio"], "%.2fx"), f(r["ns_per_event"], "%.1f"),
-            f(r["bytes_per_event"], "%.1f"), f(r["events"], "%d"), r.get("note", "")))
+            f(r.get("ns_per_event_net"), "%.1f"), f(r.get("bytes_per_event"), "%.1f"),
+            f(r["events"], "%d"), r.get("note", "")))
 
 
 def main():
@@ -695,8 +705,12 @@ def main():
     ap.add_argument("--dir", default="/var/tmp/mmleak-bench",
                     help="scratch directory on the real disk for dumps and inputs "
                          "(default /var/tmp/mmleak-bench; removed at the end)")
+    ap.add_argument("--lib", default=LIB,
+                    help="the mmleak.so to measure (default: the one `make` built at the top)")
     ap.add_argument("--json", default=os.path.join(OUT, "results.json"), help="JSON output")
     args = ap.parse_args()
+    global LIB
+    LIB = os.path.abspath(args.lib)
     runs = args.runs or (2 if args.quick else 5)
 
     if not os.path.isfile(LIB):
@@ -752,18 +766,30 @@ def main():
             except OSError:
                 pass
     elapsed = time.time() - t_start
+    # Fixed cost of each tracer (startup row minus untraced startup), taken out for ns/ev-net.
+    st = {r["tracer"]: r["wall_s"] for r in rows
+          if r["workload"] == "startup" and r.get("wall_s") is not None}
+    fixed = {k: v - st["none"] for k, v in st.items() if "none" in st and k != "none"}
+    for r in rows:
+        if r.get("ns_per_event") is not None and r["tracer"] in fixed and r["workload"] != "startup":
+            base = r["wall_s"] / r["ratio"]
+            r["ns_per_event_net"] = (r["wall_s"] - base - fixed[r["tracer"]]) * 1e9 / r["events"]
 
     print("machine: %s, %s cores, kernel %s, %s; dump dir %s on %s (%s); load avg at start %.2f"
           % (mach["cpu"], mach["cores"], mach["kernel"], mach["libc"], root, mach["dump_fs"],
              mach["dump_dev"], mach["loadavg_start"][0]))
-    print("tools: %s; %s; %s; mmleak %s; %d runs per cell, median wall time of the whole process"
+    print("tools: %s; %s; %s; mmleak %s%s; %d runs per cell, median wall time of the whole process"
           % (mach["heaptrack"] or "heaptrack not installed", mach["valgrind"] or "valgrind not installed",
-             "sqlite3 " + (mach["sqlite3"] or "?").split()[0], mach["git_commit"], runs))
+             "sqlite3 " + (mach["sqlite3"] or "?").split()[0], mach["git_commit"],
+             (" + uncommitted changes to " + ", ".join(mach["uncommitted"])) if mach["uncommitted"] else "",
+             runs))
+    print("mmleak.so measured: %s (built %s)" % (mach["lib"], mach["lib_mtime"]))
     print()
     print_table(rows)
     print()
     print("ns/event = (median wall traced - median wall untraced at the same size) / events;")
     print("events = event lines in mmleak's dump of that workload and size (used for every tracer);")
+    print("ns/ev-net = the same without the tracer's fixed cost per process (its startup row minus none's);")
     print("bytes/event = size of the mmleak.*.out files / events; +-% = (max-min)/median of the runs.")
     ints = [r for r in rows if r.get("internal_s") is not None]
     if ints:

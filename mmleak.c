@@ -2,14 +2,14 @@
  * mmleak.so: record every allocation and free of a process, for leak hunting.
  *
  * Loaded with LD_PRELOAD.  Every thread appends one text line per event to its own file
- * $MMLEAK_DIR/mmleak.ID.N.out through a MAP_SHARED window of that file, so the kernel keeps
- * every completed line even when the process is killed with SIGKILL.  The dump format is
+ * $MMLEAK_DIR/mmleak.ID.N.out, staged in a MAP_SHARED mapping of mmleak.ID.N.tail, so the
+ * kernel keeps every completed line even when the process is killed with SIGKILL.  The dump format is
  * specified in README.rst ("The dump format"); mmleak.py is its reader.
  *
  * Layout of this file:
  *   1. configuration (environment variables) and process-wide state
  *   2. the hot path: sequence numbers, hex formatting, the fast line writers
- *   3. the cold path: bootstrap, files, windows, rotation, maps, fork, thread exit
+ *   3. the cold path: bootstrap, files, staging, rotation, maps, fork, thread exit
  *   4. the interposed entry points (malloc & co, C++ operators, strdup)
  *
  * Rules that keep the host safe (each one has bitten a tracer before):
@@ -67,7 +67,7 @@ static struct {
     char dir[PATH_MAX - 64]; /* MMLEAK_DIR, made absolute at start (default /tmp) */
     int depth;               /* MMLEAK_DEPTH: return addresses per allocation (default 1) */
     size_t rotate;           /* MMLEAK_ROTATE_MB: start a new file past this size (256) */
-    size_t window_max;       /* MMLEAK_WINDOW_KB: largest mapping per thread (4096) */
+    size_t buffer;           /* MMLEAK_BUFFER_KB: staging area per thread, 2 halves (256) */
     int quiet;               /* MMLEAK_QUIET=1: no message on stderr, even on failure */
 } cfg;
 
@@ -114,16 +114,16 @@ static _Atomic uint64_t g_seq[1u << SEQ_BITS] __attribute__((aligned(64)));
 
 /* Per-thread state.  The hot fields come first, in one cache line. */
 struct tstate {
-    char *cur;            /* next byte to write in the mapped window */
-    char *end;            /* end of the window; NULL forces the slow path */
+    char *cur;            /* next byte to write in the staging half */
+    char *end;            /* end of that half; NULL forces the slow path */
     volatile int guard;   /* >0 while mmleak's own code runs in this thread */
     int open;             /* a file is open for this thread */
     int disabled;         /* tracing failed for good; write into scratch */
     int late;             /* events after this thread's file was closed */
-    char *base;           /* window mapping */
-    char *ready;          /* end of the part of the window already faulted in */
-    size_t wsize;         /* window length */
-    uint64_t woff;        /* file offset of the window */
+    char *stage;          /* shared mapping of the .tail file: two halves */
+    size_t half_size;
+    int half;             /* the half being written */
+    uint64_t out_off;     /* bytes already in the .out file */
     unsigned fileno;      /* N of the current file */
     struct tstate *next, *prev; /* registry of open threads, under g_lock */
     char scratch[256];
@@ -375,7 +375,7 @@ static void read_config(void)
     cfg.quiet = (int)env_num("MMLEAK_QUIET", 0, 0, 1);
     cfg.depth = (int)env_num("MMLEAK_DEPTH", 1, 1, MAXDEPTH);
     cfg.rotate = (size_t)env_num("MMLEAK_ROTATE_MB", 256, 1, 1 << 20) << 20;
-    cfg.window_max = (size_t)env_num("MMLEAK_WINDOW_KB", 4096, 64, 1 << 20) << 10;
+    cfg.buffer = (size_t)env_num("MMLEAK_BUFFER_KB", 256, 16, 1 << 20) << 10;
 }
 
 static void *sym(const char *name)
@@ -425,15 +425,6 @@ static char *file_path(char *buf, size_t len, const char *id, const char *suffix
     return buf;
 }
 
-static char *dump_path(char *buf, size_t len, unsigned n)
-{
-    char num[32], *d = num;
-    d = cat(d, num + sizeof num, ".");
-    d = cat_u(d, num + sizeof num, n);
-    cat(d, num + sizeof num, ".out");
-    return file_path(buf, len, g_id, num);
-}
-
 static int open_excl(const char *path)
 {
     return open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -466,6 +457,8 @@ static void write_all(int fd, const char *p, size_t n)
         n -= (size_t)w;
     }
 }
+
+static char *hexw(char *d, uint64_t v, int width);
 
 /* ---- the maps file: a sorted union of every file-backed mapping seen in this process ---- */
 
@@ -700,99 +693,102 @@ COLD static void global_init(void)
     pthread_mutex_unlock(&g_lock);
 }
 
-/* ---- per-thread files and windows ---- */
+/* ---- per-thread files: the staging area and the dump file ----
+ *
+ * Events are written into a small shared mapping of mmleak.ID.N.tail (two halves, reused)
+ * and, one half at a time, appended to mmleak.ID.N.out with pwrite().  Why not map the .out
+ * file and write there directly: every fresh page of a growing file mapping costs a fault
+ * (or a populate), a zeroing and a TLB entry, and that came to twice the rest of an event;
+ * the kernel's write path fills page cache far more cheaply, and the staging pages stay hot
+ * in the cache.  The staging file is a shared mapping, so a killed process loses nothing:
+ * each half starts with "#at OFFSET", where in .out its lines belong, and readers append
+ * what .out does not have yet (`mmleak.py recover` folds it in for good).  A clean close
+ * flushes the last half and deletes the .tail: the .out file is then exact. */
 
-static void window_drop(struct tstate *t)
+#define HALF_HDR 32
+
+static char *side_path(char *buf, size_t len, unsigned n, const char *ext)
 {
-    if (t->base)
-        munmap(t->base, t->wsize);
-    t->base = t->ready = NULL;
+    char num[32], *d = num;
+    d = cat(d, num + sizeof num, ".");
+    d = cat_u(d, num + sizeof num, n);
+    cat(d, num + sizeof num, ext);
+    return file_path(buf, len, g_id, num);
+}
+
+static char *dump_path(char *buf, size_t len, unsigned n)
+{
+    return side_path(buf, len, n, ".out");
+}
+
+static void stage_drop(struct tstate *t)
+{
+    if (t->stage)
+        munmap(t->stage, 2 * t->half_size);
+    t->stage = NULL;
     t->cur = t->end = NULL;
 }
 
-#define CHUNK (64 * 1024)
-static int g_no_populate; /* kernel older than 5.14: no MADV_POPULATE_WRITE */
-
-/* Fault in the next CHUNK of the window, writable, just ahead of the cursor.  Doing it in
- * small steps matters: the kernel zeroes each page as it faults it in, and a page zeroed
- * long before we write it has left the cache, so every line written would be a miss.
- * MADV_POPULATE_WRITE also allocates the blocks, and reports a full disk as an error here
- * instead of a SIGBUS in the host at the first store. */
-static int window_populate(struct tstate *t)
+/* Begin writing into half h: clear it first (so a line torn by a kill is followed by NULs,
+ * never by the stale end of an older line), then stamp where its lines go in .out. */
+static void half_start(struct tstate *t, int h)
 {
-    char *wend = t->base + t->wsize;
-    char *from = t->ready, *to = from + CHUNK < wend ? from + CHUNK : wend;
-    if (from >= wend)
-        return -1;
-    if (!g_no_populate && madvise(from, (size_t)(to - from), 23 /* MADV_POPULATE_WRITE */)) {
-        if (errno != EINVAL)
-            return -1;
-        g_no_populate = 1;
-    }
-    if (g_no_populate) /* the window was fallocated: touching pages cannot SIGBUS */
-        for (char *p = from; p < to; p += 4096)
-            *(volatile char *)p = *(volatile char *)p;
-    t->ready = to;
-    t->end = to;
-    return 0;
+    char *b = t->stage + (size_t)h * t->half_size;
+    memset(b, 0, t->half_size);
+    atomic_signal_fence(memory_order_seq_cst);
+    char hdr[HALF_HDR], *d = hdr;
+    memcpy(d, "#at ", 4);
+    d = hexw(d + 4, t->out_off, 16);
+    while (d < hdr + HALF_HDR - 1)
+        *d++ = ' ';
+    *d = '\n';
+    memcpy(b, hdr, HALF_HDR);
+    t->half = h;
+    t->cur = b + HALF_HDR;
+    t->end = b + t->half_size;
 }
 
-/* Map [off, off+size) of the thread's file (off = used rounded down to a page). */
-static int window_map(struct tstate *t, uint64_t used, size_t size)
+/* Append the current half's lines to .out (opened by name: we keep no descriptor). */
+static int flush_half(struct tstate *t)
 {
+    char *b = t->stage + (size_t)t->half * t->half_size + HALF_HDR;
+    size_t n = (size_t)(t->cur - b), done = 0;
+    if (n == 0)
+        return 0;
     char path[PATH_MAX];
     int fd = open_again(dump_path(path, sizeof path, t->fileno));
     if (fd < 0)
         return -1;
-    uint64_t off = used & ~(uint64_t)4095;
-    int rc = -1;
-    struct stat st;
-    int sized = fstat(fd, &st) == 0 &&
-                ((uint64_t)st.st_size >= off + size || ftruncate(fd, (off_t)(off + size)) == 0);
-    if (sized && g_no_populate)
-        sized = posix_fallocate(fd, (off_t)off, (off_t)size) == 0;
-    if (sized) {
-        void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)off);
-        if (p != MAP_FAILED) {
-            window_drop(t);
-            t->base = p;
-            t->wsize = size;
-            t->woff = off;
-            t->cur = (char *)p + (used - off);
-            t->ready = (char *)p + ((used - off) & ~(uint64_t)4095);
-            rc = window_populate(t);
-            if (rc)
-                window_drop(t);
-        }
+    while (done < n) {
+        ssize_t w = pwrite(fd, b + done, n - done, (off_t)(t->out_off + done));
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            break;
+        done += (size_t)w;
     }
     close(fd);
-    return rc;
+    t->out_off += done;
+    return done == n ? 0 : -1;
 }
 
-static uint64_t file_used(const struct tstate *t)
-{
-    return t->woff + (uint64_t)(t->cur - t->base);
-}
-
-/* Cut the file to what was written and forget it. */
+/* Flush, end the file with "#end", delete the staging file, forget both. */
 static void file_close(struct tstate *t, int trailer)
 {
-    if (!t->base)
+    if (!t->stage)
         return;
-    if (trailer && t->end - t->cur < 8 && t->ready < t->base + t->wsize)
-        window_populate(t);
-    if (trailer && t->end - t->cur >= 8) {
-        memcpy(t->cur, "#end\n", 5);
-        t->cur += 5;
+    if (trailer) {
+        if (t->end - t->cur < 8 && flush_half(t) == 0)
+            half_start(t, t->half ^ 1);
+        if (t->end - t->cur >= 8) {
+            memcpy(t->cur, "#end\n", 5);
+            t->cur += 5;
+        }
     }
-    uint64_t used = file_used(t);
+    flush_half(t);
     char path[PATH_MAX];
-    int fd = open_again(dump_path(path, sizeof path, t->fileno));
-    window_drop(t);
-    if (fd >= 0) {
-        if (ftruncate(fd, (off_t)used)) { /* the NUL tail stays; readers skip it */ }
-        close(fd);
-    }
+    unlink(side_path(path, sizeof path, t->fileno, ".tail"));
+    stage_drop(t);
     t->open = 0;
 }
 
@@ -848,10 +844,11 @@ static void go_scratch(struct tstate *t)
     t->end = t->scratch + sizeof t->scratch;
 }
 
-/* Open a new dump file for this thread: mmleak.ID.N.out, created O_EXCL|O_NOFOLLOW, 0600. */
+/* Open a new dump file for this thread: mmleak.ID.N.out and its staging file .N.tail, both
+ * created O_EXCL|O_NOFOLLOW, mode 0600: a name somebody else made is skipped, not used. */
 static int file_open(struct tstate *t)
 {
-    char path[PATH_MAX];
+    char path[PATH_MAX], tpath[PATH_MAX];
     for (int tries = 0; tries < 64; tries++) {
         t->fileno = atomic_fetch_add(&g_next_file, 1);
         int fd = open_excl(dump_path(path, sizeof path, t->fileno));
@@ -861,10 +858,28 @@ static int file_open(struct tstate *t)
             return -1;
         }
         close(fd);
-        /* start small: most threads are short; windows double up to MMLEAK_WINDOW_KB */
-        t->wsize = 0;
-        if (window_map(t, 0, 64 * 1024))
+        fd = open_excl(side_path(tpath, sizeof tpath, t->fileno, ".tail"));
+        if (fd < 0) {
+            int e = errno;
+            unlink(path);
+            if (e == EEXIST)
+                continue;
             return -1;
+        }
+        t->half_size = cfg.buffer / 2;
+        void *p = MAP_FAILED;
+        /* fallocate, not just ftruncate: a full disk must fail here, not SIGBUS later */
+        if (posix_fallocate(fd, 0, (off_t)(2 * t->half_size)) == 0)
+            p = mmap(NULL, 2 * t->half_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        if (p == MAP_FAILED) {
+            unlink(tpath);
+            unlink(path);
+            return -1;
+        }
+        t->stage = p;
+        t->out_off = 0;
+        half_start(t, 0);
         t->open = 1;
         write_header(t);
         return 0;
@@ -872,7 +887,7 @@ static int file_open(struct tstate *t)
     return -1;
 }
 
-/* Make room for `need` bytes at t->cur: open the thread's file, move the window, rotate. */
+/* Make room for `need` bytes at t->cur: open the thread's files, flush a half, rotate. */
 static int make_room(struct tstate *t, size_t need)
 {
     if (t->disabled) {
@@ -906,31 +921,21 @@ static int make_room(struct tstate *t, size_t need)
         if ((size_t)(t->end - t->cur) >= need)
             return 0;
     }
-    if (t->ready < t->base + t->wsize && t->end - t->cur < (ptrdiff_t)need) {
-        if (window_populate(t) == 0)
-            return (size_t)(t->end - t->cur) >= need ? 0 : make_room(t, need);
-        say("cannot extend a dump file in ", cfg.dir, " (disk full?): tracing stopped");
-        file_close(t, 0);
-        go_scratch(t);
-        return -1;
-    }
-    uint64_t used = file_used(t);
-    if (used >= cfg.rotate) {
+    /* the current half is full */
+    if (t->out_off >= cfg.rotate) {
         file_close(t, 1);
         pthread_mutex_lock(&g_lock);
         registry_del(t);
         pthread_mutex_unlock(&g_lock);
         return make_room(t, need);
     }
-    size_t size = t->wsize * 2;
-    if (size > cfg.window_max)
-        size = cfg.window_max;
-    if (window_map(t, used, size)) {
-        say("cannot extend a dump file in ", cfg.dir, " (disk full?): tracing stopped");
+    if (flush_half(t)) {
+        say("cannot write a dump file in ", cfg.dir, " (disk full?): tracing stopped");
         file_close(t, 0);
         go_scratch(t);
         return -1;
     }
+    half_start(t, t->half ^ 1);
     maps_snapshot(0);
     return (size_t)(t->end - t->cur) >= need ? 0 : -1;
 }
@@ -1037,18 +1042,18 @@ static void thread_exit(void *arg)
     t->late = 1;
 }
 
-/* In the child of fork: the windows we inherited are the parent's files.  Unmap them (the
- * parent keeps writing them) and start a trace of our own under the child's pid. */
+/* In the child of fork: the staging areas we inherited are the parent's files.  Unmap them
+ * (the parent keeps writing them) and start a trace of our own under the child's pid. */
 static void fork_child(void)
 {
     pthread_mutex_init(&g_lock, NULL);
     int saved = errno;
     T.guard++;
     for (struct tstate *o = g_threads; o; o = o->next)
-        if (o != &T && o->base)
-            munmap(o->base, o->wsize); /* those threads do not exist in the child */
+        if (o != &T && o->stage)
+            munmap(o->stage, 2 * o->half_size); /* those threads do not exist in the child */
     g_threads = NULL;
-    window_drop(&T);
+    stage_drop(&T);
     T.open = 0;
     T.late = 0;
     if (g_state > 0)

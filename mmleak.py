@@ -121,6 +121,59 @@ def trace_start_for_maps(maps_path):
     return None
 
 
+def unflushed_tail(out_path):
+    """The lines of OUT_PATH's thread that are still only in its staging file, as bytes.
+
+    mmleak.so stages events in mmleak.ID.N.tail (a shared mapping: two halves, each starting
+    with "#at OFFSET", the place in .out its lines belong) and appends a half to .out when it
+    is full.  A clean close flushes it and deletes the .tail; after a crash, or while the
+    process runs, the .tail holds the newest lines.  The .tail is read before the size of
+    .out is taken, so a flush in between never yields a line twice."""
+    tail = out_path[:-4] + ".tail" if out_path.endswith(".out") else None
+    if not tail:
+        return b""
+    try:
+        with open(tail, "rb") as f:
+            data = f.read()
+        have = os.path.getsize(out_path)
+    except OSError:
+        return b""
+    halves = []
+    half = len(data) // 2
+    for h in (data[:half], data[half:]):
+        m = re.match(rb"#at ([0-9a-f]{16}) *\n", h)
+        if m:
+            body = h[m.end():]
+            nul = body.find(b"\0")
+            halves.append((int(m.group(1), 16), body if nul < 0 else body[:nul + 1]))
+    out = []
+    for off, body in sorted(halves):
+        n = len(body.rstrip(b"\0"))
+        if off + n <= have:
+            continue                      # already in .out
+        out.append(body[max(have - off, 0):])
+        have = off + n
+    return b"".join(out)
+
+
+def with_unflushed_tails(paths):
+    """PATHS plus, for every dump file with a staging file, a temporary file holding the
+    lines not yet flushed.  Order and grouping of inputs do not matter to shrink, so those
+    lines can be shrunk as one more input.  Returns (paths, tmpdir or None)."""
+    extra, tmpdir = [], None
+    for p in paths:
+        if p == "-" or not os.path.exists(p[:-4] + ".tail" if p.endswith(".out") else "/"):
+            continue
+        data = unflushed_tail(p)
+        if data:
+            tmpdir = tmpdir or tempfile.mkdtemp(prefix="mmleak-tail.")
+            q = os.path.join(tmpdir, os.path.basename(p)[:-4] + ".tail")
+            with open(q, "wb") as f:
+                f.write(data)
+            extra.append(q)
+    return list(paths) + extra, tmpdir
+
+
 def maps_path_for(dump_path):
     """mmleak.ID.N.out -> mmleak.ID.maps beside it."""
     d, n = os.path.split(dump_path)
@@ -412,7 +465,19 @@ def progress_printer(stream=None):
 
 
 def shrink_files(paths, progress=None, mixed=False):
-    """Shrink the given dump files (and '-' for stdin); return the Shrinker."""
+    """Shrink the given dump files (and '-' for stdin); return the Shrinker.
+
+    Lines a thread had staged but not yet flushed to its .out (see unflushed_tail) are read
+    too: a killed or still running process loses nothing."""
+    paths, tmpdir = with_unflushed_tails(paths)
+    try:
+        return _shrink_files(paths, progress, mixed)
+    finally:
+        if tmpdir:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _shrink_files(paths, progress=None, mixed=False):
     sh = Shrinker(progress)
     for p in paths:
         if p == "-":
@@ -757,6 +822,47 @@ def cmd_run(args):
     return rc if rc >= 0 else 128 - rc
 
 
+def cmd_recover(args):
+    """Fold the staging files of dead processes back into their dump files."""
+    paths = []
+    for a in args.paths:
+        if os.path.isdir(a):
+            for files in find_traces(a).values():
+                paths.extend(files)
+        else:
+            paths.append(a)
+    done = 0
+    for p in paths:
+        tail = p[:-4] + ".tail" if p.endswith(".out") else None
+        if not tail or not os.path.exists(tail):
+            continue
+        m = DUMP_RE.match(os.path.basename(p))
+        pid = int(m.group(1).split("-")[0]) if m else None
+        if pid and not args.force:
+            try:
+                os.kill(pid, 0)
+                warn("%s: process %d is still running: left alone (--force to fold anyway)"
+                     % (p, pid))
+                continue
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                warn("%s: process %d exists (not ours): left alone" % (p, pid))
+                continue
+        data = unflushed_tail(p)
+        keep = data[:data.rfind(b"\n") + 1]      # complete lines only
+        if len(keep) < len(data.rstrip(b"\0")):
+            warn("%s: torn last line dropped: %r" % (tail, data[len(keep):].rstrip(b"\0")[:60]))
+        with open(p, "ab") as f:
+            f.write(keep)
+        os.unlink(tail)
+        done += 1
+        sys.stdout.write("%s: %d bytes recovered from %s\n" % (p, len(keep), os.path.basename(tail)))
+    if not done:
+        sys.stdout.write("nothing to recover\n")
+    return EXIT_OK
+
+
 def choose_trace(directory, pid):
     traces = find_traces(directory)
     if pid is not None:
@@ -991,6 +1097,21 @@ def build_parser():
     r.add_argument("--lib", help="path of mmleak.so to use")
     r.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     r.set_defaults(func=cmd_run)
+
+    v = sub.add_parser(
+        "recover", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="fold a crashed process's unflushed lines into its dump files",
+        description="mmleak.so stages each thread's newest events in mmleak.ID.N.tail and "
+                    "deletes it when the thread or process ends cleanly.  After a crash, "
+                    "SIGKILL or _exit() the .tail files remain; shrink and report read them "
+                    "as they are, but `sort` in the classic pipeline does not: recover appends "
+                    "the lines .out does not have yet and deletes the .tail.  Files of a "
+                    "process that is still running are left alone.",
+        epilog=EXIT_HELP)
+    v.add_argument("paths", nargs="+", metavar="DIR|FILE.out")
+    v.add_argument("--force", action="store_true",
+                   help="also when a process with that pid runs (a reused pid)")
+    v.set_defaults(func=cmd_recover)
 
     q = sub.add_parser(
         "report", formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -6,10 +6,11 @@ import re
 import signal
 import stat
 import subprocess
+import sys
 
 import pytest
 
-from conftest import LIB, expect, leaks, run_traced, site_line
+from conftest import LIB, ROOT, expect, leaks, run_traced, site_line
 
 BEFORE_END = [("early", "ctor", 1001, 1), ("leak_before_end", "before_end", 700, 5)]
 
@@ -59,7 +60,7 @@ def test_files_and_permissions(bins, dump):
         assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
     text = (dump / names[0]).read_bytes()
     assert text.startswith(b"#mmleak 1 id=%s pid=%s " % (tid.encode(), tid.encode()))
-    assert text.endswith(b"#end\n") and b"\0" not in text   # clean exit: cut to size
+    assert text.endswith(b"#end\n") and b"\0" not in text   # clean exit: complete
     maps = (dump / names[1]).read_text()
     assert bins["hostile"] in maps and "/libc.so.6" in maps
 
@@ -125,13 +126,44 @@ def test_every_end_keeps_every_event(bins, dump, how, sig):
     assert sh.allocs >= 100000 + 6 and sh.frees >= 100000
 
 
-def test_killed_process_leaves_padding_not_garbage(bins, dump, mm):
+def test_killed_process_leaves_a_tail_that_recover_folds_in(bins, dump, mm):
     run_traced([bins["hostile"], "kill"], dump, check=False)
-    files = mm.find_traces(str(dump))[the_trace(dump)]
-    data = open(files[0], "rb").read()
-    body = data.rstrip(b"\0")
-    assert len(body) < len(data), "a killed process leaves the NUL tail of its window"
-    assert body.endswith(b"\n"), "the last written line is complete"
+    tid = the_trace(dump)
+    (out,) = mm.find_traces(str(dump))[tid]
+    tail = out[:-4] + ".tail"
+    assert os.path.exists(tail), "the staging file of a killed thread stays"
+    data = open(out, "rb").read()
+    assert b"\0" not in data and data.endswith(b"\n"), ".out only ever gets whole lines"
+    assert not data.endswith(b"#end\n")
+    assert mm.unflushed_tail(out).rstrip(b"\0").endswith(b"\n")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "mmleak.py"), "recover", str(dump)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("%s: " % out), r.stdout + r.stderr
+    assert not os.path.exists(tail)
+    # now the classic pipeline on .out alone sees every event
+    srt = subprocess.run(["sort", "-s", "-k1,1", out], capture_output=True, check=True,
+                         env=dict(os.environ, LC_ALL="C")).stdout
+    sh = mm.Shrinker()
+    sh.feed(iter(srt.splitlines(keepends=True)), "sorted")
+    assert not sh.problems.malformed
+    assert sorted(a.size for a in sh.survivors()) == sorted(
+        [a.size for a in mm.shrink_files([out]).survivors()])
+    got, _ = leaks(dump, tid, "hostile")
+    assert got == expect("hostile.c", BEFORE_END)
+
+
+def test_recover_leaves_a_running_process_alone(bins, dump, mm):
+    e = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump))
+    p = subprocess.Popen([bins["hostile"], "wait"], env=e, stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "mmleak.py"), "recover",
+                            str(dump)], capture_output=True, text=True)
+        assert "is still running: left alone" in r.stderr
+        assert [n for n in os.listdir(dump) if n.endswith(".tail")]
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_fork_child_has_own_files(bins, dump):

@@ -696,6 +696,7 @@ def print_table(rows):
 
 
 def main():
+    global LIB
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 runs, small sizes")
     ap.add_argument("--runs", type=int, default=None, help="runs per measurement (default 5, --quick 2)")
@@ -709,7 +710,6 @@ def main():
                     help="the mmleak.so to measure (default: the one `make` built at the top)")
     ap.add_argument("--json", default=os.path.join(OUT, "results.json"), help="JSON output")
     args = ap.parse_args()
-    global LIB
     LIB = os.path.abspath(args.lib)
     runs = args.runs or (2 if args.quick else 5)
 

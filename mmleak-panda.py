@@ -722,11 +722,6 @@ def render(surv, frames, meta, wrappers=None, top=TOP_ROWS):
         for a in sites["site"].tolist():
             if frames.get(int(a)) in wrappers:
                 wrapped += 1
-    shown_addrs = set()
-    for a, s in zip(sites["site"].head(top).tolist(), sites["stack"].head(top).tolist()):
-        shown_addrs.add(int(a))
-        if meta["depth"] > 1:
-            shown_addrs.update(surv.stack_list[int(s)])
     ctx = dict(meta)
     ctx.update({
         "sites": sites, "labels": labels, "frames": frames, "surv": surv, "top": top,
@@ -735,7 +730,7 @@ def render(surv, frames, meta, wrappers=None, top=TOP_ROWS):
                          else info["before_bytes"]),
         "before_blocks": (meta["unfiltered"][0] if meta.get("unfiltered")
                           else info["before_blocks"]),
-        "symbols": symbol_summary(sorted(shown_addrs), frames, meta.get("symbol_error")),
+        "symbols": symbol_summary(surv.addresses(), frames, meta.get("symbol_error")),
         "wrapper_hits": sorted(hits), "wrapped_sites": wrapped, "site_idx": info["site_idx"],
         "svg_sites": chart_top_sites(sites, labels),
         "svg_time": chart_timeline(df, sites, [l.split(" ", 1)[1] for l in labels],

@@ -360,6 +360,18 @@ def test_browser_selftest_sort_filter_svg(demo_page, tmp_path):
     assert not console, console
 
 
+def test_browser_console_check_catches_errors(tmp_path):
+    """The console check above is live: a page with an error is caught by it."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("%s is not installed (CI installs it): browser test not run" % CHROMIUM)
+    bad = tmp_path / "bad.html"
+    bad.write_text("<html><body><script>noSuchFunction();</script></body></html>")
+    r = chromium(["--enable-logging=stderr", "--v=0", "--dump-dom", "file://%s" % bad],
+                 tmp_path)
+    console = [l for l in r.stderr.splitlines() if "CONSOLE" in l or "Uncaught" in l]
+    assert any("noSuchFunction" in l for l in console), r.stderr[-2000:]
+
+
 def test_browser_screenshot(demo_page, tmp_path):
     if not os.path.exists(CHROMIUM):
         pytest.skip("%s is not installed (CI installs it): browser test not run" % CHROMIUM)

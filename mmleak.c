@@ -23,6 +23,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdarg.h>
 #include <errno.h>
 #include <execinfo.h>
 #include <fcntl.h>
@@ -119,7 +120,8 @@ struct tstate {
     volatile int guard;   /* >0 while mmleak's own code runs in this thread */
     int open;             /* a file is open for this thread */
     int disabled;         /* tracing failed for good; write into scratch */
-    int late;             /* events after this thread's file was closed */
+    int late;             /* this thread's file was closed (thread exit, exit, exec) */
+    int late_lines;       /* lines appended directly to it since */
     char *stage;          /* shared mapping of the .tail file: two halves */
     size_t half_size;
     int half;             /* the half being written */
@@ -881,6 +883,7 @@ static int file_open(struct tstate *t)
         t->out_off = 0;
         half_start(t, 0);
         t->open = 1;
+        t->late_lines = 0;
         write_header(t);
         return 0;
     }
@@ -953,13 +956,43 @@ static char *hexw(char *d, uint64_t v, int width)
     return d;
 }
 
+/* After a thread's file was closed (its exit, process exit, exec), a few more events may
+ * come: destructors, execvp's search of PATH.  They are appended to that same file, a write
+ * each, rather than opening a new file and staging file for them; past LATE_DIRECT lines
+ * the thread is evidently going on (a failed exec) and gets a new file. */
+#define LATE_DIRECT 256
+
+static int late_direct(const struct tstate *t)
+{
+    return t->late && !t->open && !t->disabled && t->late_lines < LATE_DIRECT &&
+           g_state > 0 && g_pid == getpid();
+}
+
+static void append_direct(struct tstate *t, const char *line, size_t n)
+{
+    char path[PATH_MAX];
+    int fd = open(dump_path(path, sizeof path, t->fileno),
+                  O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0) {
+        write_all(fd, line, n);
+        close(fd);
+    }
+    t->late_lines++;
+}
+
 /* The general writer: any width, any depth.  Builds the line on the stack, then reserves
  * its bytes and copies them, newline last. */
 static void emit(const char *line, size_t n)
 {
     struct tstate *t = &T;
-    if (t->end - t->cur < (ptrdiff_t)(n + 16) && make_room(t, n + 16))
-        return;
+    if (t->end - t->cur < (ptrdiff_t)(n + 16)) {
+        if (late_direct(t)) {
+            append_direct(t, line, n);
+            return;
+        }
+        if (make_room(t, n + 16))
+            return;
+    }
     char *d = t->cur;
     t->cur = d + n;
     memcpy(d, line, n - 1);
@@ -973,7 +1006,7 @@ COLD static void slow_alloc(void *p, size_t n, const void *ra)
     if (t->guard)
         return;
     GUARDED;
-    if (!t->open && !t->disabled && make_room(t, FAST_ROOM))
+    if (!t->open && !t->disabled && !late_direct(t) && make_room(t, FAST_ROOM))
         return;
     uint64_t s = seq_next(p);
     time_t now = time(NULL) - g_t0;
@@ -1007,7 +1040,7 @@ COLD static void slow_free(void *p, uint64_t s, const void *ra)
     if (t->guard)
         return;
     GUARDED;
-    if (!t->open && !t->disabled && make_room(t, FAST_ROOM))
+    if (!t->open && !t->disabled && !late_direct(t) && make_room(t, FAST_ROOM))
         return;
     char line[64], *d = line;
     d = hexw(d, (uintptr_t)p, 12);
@@ -1294,6 +1327,94 @@ EXPORT int dlclose(void *h)
         maps_snapshot(1);
     }
     return real.dlclose(h);
+}
+
+/* ---- _exit and exec: no destructor runs, so flush the calling thread's file first ----
+ * Nothing would be lost without this (the staging file keeps the lines and the readers merge
+ * it), but the directory stays tidy: a finished thread has one .out file and no .tail.  In a
+ * vfork() child the pid differs from ours and nothing is touched: the memory is the parent's. */
+
+COLD static void flush_before_leaving(void)
+{
+    if (g_state <= 0 || g_pid != getpid() || !T.open || T.guard)
+        return;
+    GUARDED;
+    maps_snapshot(0);
+    pthread_mutex_lock(&g_lock);
+    registry_del(&T);
+    pthread_mutex_unlock(&g_lock);
+    file_close(&T, 1);
+    T.late = 1;
+}
+
+static void *next_fn(const char *name)
+{
+    void *f = sym(name);
+    if (!f)
+        abort();
+    return f;
+}
+
+EXPORT __attribute__((noreturn)) void _exit(int status)
+{
+    static void (*real_exit)(int);
+    flush_before_leaving();
+    if (!real_exit)
+        real_exit = (void (*)(int))next_fn("_exit");
+    real_exit(status);
+    __builtin_unreachable();
+}
+
+EXPORT __attribute__((noreturn)) void _Exit(int status) { _exit(status); }
+
+#define EXEC_WRAPPER(name, params, args)                                                      \
+    EXPORT int name params                                                                    \
+    {                                                                                         \
+        static int (*real_fn) params;                                                         \
+        flush_before_leaving();                                                               \
+        if (!real_fn)                                                                         \
+            real_fn = (int (*) params)next_fn(#name);                                         \
+        return real_fn args;                                                                  \
+    }
+EXEC_WRAPPER(execve, (const char *p, char *const a[], char *const e[]), (p, a, e))
+EXEC_WRAPPER(execv, (const char *p, char *const a[]), (p, a))
+EXEC_WRAPPER(execvp, (const char *p, char *const a[]), (p, a))
+EXEC_WRAPPER(execvpe, (const char *p, char *const a[], char *const e[]), (p, a, e))
+EXEC_WRAPPER(fexecve, (int fd, char *const a[], char *const e[]), (fd, a, e))
+
+/* The list forms collect their arguments, then go through the vector forms above. */
+#define COLLECT_ARGS(first, last_named, argv, envp_out)                                       \
+    size_t n_ = 1;                                                                            \
+    va_list ap_;                                                                              \
+    va_start(ap_, last_named);                                                                \
+    while (va_arg(ap_, char *))                                                               \
+        n_++;                                                                                 \
+    va_end(ap_);                                                                              \
+    char *argv[n_ + 1];                                                                       \
+    argv[0] = (char *)(first);                                                                \
+    va_start(ap_, last_named);                                                                \
+    for (size_t i_ = 1; i_ <= n_; i_++)                                                       \
+        argv[i_] = va_arg(ap_, char *);                                                       \
+    envp_out;                                                                                 \
+    va_end(ap_)
+
+EXPORT int execl(const char *path, const char *arg, ...)
+{
+    COLLECT_ARGS(arg, arg, argv, (void)0);
+    return execv(path, argv);
+}
+
+EXPORT int execlp(const char *file, const char *arg, ...)
+{
+    COLLECT_ARGS(arg, arg, argv, (void)0);
+    return execvp(file, argv);
+}
+
+EXPORT int execle(const char *path, const char *arg, ...)
+{
+    char **envp;
+    COLLECT_ARGS(arg, arg, argv, envp = va_arg(ap_, char **));
+    return execve(path, argv, envp);
 }
 
 /* ---- C++: operator new and delete in all forms, with the user's code as the caller ----

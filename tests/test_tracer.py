@@ -124,6 +124,9 @@ def test_every_end_keeps_every_event(bins, dump, how, sig):
     assert got == expect("hostile.c", BEFORE_END)
     # 100000 malloc/free pairs, all cancelled: every event before the end is there
     assert sh.allocs >= 100000 + 6 and sh.frees >= 100000
+    tails = [n for n in os.listdir(dump) if n.endswith(".tail")]
+    if how in ("return", "exit", "_exit"):   # the thread's file was closed properly
+        assert tails == [] and len(os.listdir(dump)) == 2
 
 
 def test_killed_process_leaves_a_tail_that_recover_folds_in(bins, dump, mm):
@@ -197,6 +200,8 @@ def test_exec_traces_new_image_into_its_own_files(bins, dump):
                                        ("main", "before_exec", 604, 1)])
     got, _ = leaks(dump, second, "hostile")
     assert got == basic_expected()
+    # exec flushed the first image's file: nothing left half-written
+    assert not [n for n in os.listdir(dump) if n.endswith(".tail")]
 
 
 def test_daemon_closing_all_descriptors(bins, dump, tmp_path):

@@ -661,8 +661,13 @@ def build_html(ctx):
             lines = []
             for j, c in enumerate(st):
                 f2 = frames.get(c)
-                lab = mmleak.frame_label(f2) if f2 else "0x%x" % c
-                lines.append("<div>%s%d %s</div>" % ("&rarr; " if j == k else "", j, esc(lab)))
+                if f2 is not None and f2.file:
+                    lab = '%s <span title="%s">%s:%s</span>' % (
+                        esc(f2.function or "??"), esc("%s:%s" % (f2.file, f2.line)),
+                        esc(short_path(f2.file, 2)), esc(f2.line or "?"))
+                else:
+                    lab = esc(mmleak.frame_label(f2) if f2 else "0x%x" % c)
+                lines.append("<div>%s%d %s</div>" % ("&rarr; " if j == k else "", j, lab))
             ns = int(cols_l["nstacks"][r])
             extra += ('<details class="stk"><summary>stack%s</summary>%s</details>'
                       % (" (heaviest of %d)" % ns if ns > 1 else "", "".join(lines)))

@@ -220,8 +220,8 @@ def test_report_real_program_depth4_wrappers(leaky, tmp_path):
           if 'data-v="intern_name"' in t]
     assert len(tr) == 1
     stack = tr[0][tr[0].index("<details"):tr[0].index("</details>")]
-    assert "xmalloc at %s:%d" % (SRC, marker_line("LEAK-xmalloc")) in stack
-    assert "main at" in stack
+    assert 'xmalloc <span title="%s:%d">' % (SRC, marker_line("LEAK-xmalloc")) in stack
+    assert "intern_name <span" in stack and "main <span" in stack
     assert own["intern_name"]["rank"] > 0
 
 

@@ -45,8 +45,9 @@ def which(name):
 # ------------------------------------------------------------------------------------------
 
 class RunResult:
-    def __init__(self, wall, rc, stdout, stderr, maxrss_kb=None):
+    def __init__(self, wall, rc, stdout, stderr, maxrss_kb=None, cpu=None):
         self.wall, self.rc, self.stdout, self.stderr, self.maxrss_kb = wall, rc, stdout, stderr, maxrss_kb
+        self.cpu = cpu  # user + system seconds of the process and the children it waited for
 
 
 def run_cmd(argv, env=None, stdin_path=None, scratch=None, keep_stdout=True, stdout_path=None):
@@ -76,7 +77,7 @@ def run_cmd(argv, env=None, stdin_path=None, scratch=None, keep_stdout=True, std
         f.seek(0, 2)
         f.seek(max(0, f.tell() - 2000))
         err = f.read().decode("utf-8", "replace")
-    return RunResult(wall, p.returncode, out, err, ru.ru_maxrss)
+    return RunResult(wall, p.returncode, out, err, ru.ru_maxrss, ru.ru_utime + ru.ru_stime)
 
 
 def one_line(text, limit=240):
@@ -312,7 +313,7 @@ def measure_group(jobs, runs, dirs, label):
     """JOBS: list of dicts with key, tracer, argv, stdin.  Runs every job RUNS times,
     interleaved; fills job['walls'], ['internal'], ['bytes'], ['events'], ['error']."""
     for j in jobs:
-        j.update(walls=[], internal=[], bytes=[], events=None, error=None)
+        j.update(walls=[], cpus=[], internal=[], bytes=[], events=None, error=None)
         if isinstance(j["tracer"], NoTracer) and runs > 1:
             run_cmd(j["argv"], None, j["stdin"], dirs["scratch"])  # warm-up, not counted
     for rep in range(runs):
@@ -328,6 +329,7 @@ def measure_group(jobs, runs, dirs, label):
                 log("  %s / %s: FAILED (%s)" % (label, j["key"], j["error"]))
                 continue
             j["walls"].append(r.wall)
+            j["cpus"].append(r.cpu)
             m = INTERNAL_RE.search(r.stdout)
             if m:
                 j["internal"].append(float(m.group(1)))
@@ -376,6 +378,7 @@ def bench_workload(w, tracers, runs, dirs):
         measure_group(extra, 1, dirs, w.name)
     events = {j["size"]: j["events"] for j in jobs + extra if j["events"]}
     base = {j["size"]: med(j["walls"]) for j in jobs if j["tracer"].name == "none" and j["walls"]}
+    base_cpu = {j["size"]: med(j["cpus"]) for j in jobs if j["tracer"].name == "none" and j["cpus"]}
     base_int = {j["size"]: med(j["internal"]) for j in jobs
                 if j["tracer"].name == "none" and j["internal"]}
     rows = []
@@ -389,6 +392,12 @@ def bench_workload(w, tracers, runs, dirs):
                    min_s=min(j["walls"]) if j["walls"] else None, events=ev, ratio=None, ns_per_event=None, bytes_per_event=None,
                    error=j["error"], note="")
         b = base.get(size)
+        if j["cpus"]:
+            row["cpu_s"] = med(j["cpus"])
+            row["cpus"] = j["cpus"]
+            bc = base_cpu.get(size)
+            if bc is not None and ev and ev >= 1000 and j["tracer"].name != "none":
+                row["ns_per_event_cpu"] = (row["cpu_s"] - bc) * 1e9 / ev
         if wall is not None and b:
             row["ratio"] = wall / b
             if ev and ev >= 1000 and j["tracer"].name != "none":
@@ -421,6 +430,7 @@ def bench_depth(runs, dirs, quick):
     measure_group(jobs, runs, dirs, "depth")
     base = med(jobs[0]["walls"])
     base_i = med(jobs[0]["internal"])
+    base_c = med(jobs[0]["cpus"])
     rows = []
     for j in jobs:
         wall = med(j["walls"])
@@ -433,6 +443,11 @@ def bench_depth(runs, dirs, quick):
                    depth=getattr(j["tracer"], "depth", None), full_size=True)
         if j["key"] != "none" and wall is not None and base and ev:
             row["ns_per_event"] = (wall - base) * 1e9 / ev
+        if j["cpus"]:
+            row["cpu_s"] = med(j["cpus"])
+            row["cpus"] = j["cpus"]
+            if j["key"] != "none" and base_c is not None and ev:
+                row["ns_per_event_cpu"] = (row["cpu_s"] - base_c) * 1e9 / ev
         if j["internal"]:
             row["internal_s"] = med(j["internal"])
             if j["key"] != "none" and base_i is not None and ev:
@@ -441,16 +456,17 @@ def bench_depth(runs, dirs, quick):
             row["bytes_per_event"] = med(j["bytes"]) / ev
         rows.append(row)
     summary = {}
-    pts = [(r["depth"], r["ns_per_event"]) for r in rows if r.get("depth") and r["ns_per_event"] is not None]
-    d = dict(pts)
-    if 1 in d and 2 in d:
-        summary["step_1_to_2_ns"] = d[2] - d[1]
-    deep = [(x, y) for x, y in pts if x >= 2]
-    if len(deep) >= 2:
-        mx = sum(x for x, _ in deep) / len(deep)
-        my = sum(y for _, y in deep) / len(deep)
-        sxx = sum((x - mx) ** 2 for x, _ in deep)
-        summary["ns_per_extra_frame"] = sum((x - mx) * (y - my) for x, y in deep) / sxx
+    for key, suffix in (("ns_per_event", ""), ("ns_per_event_cpu", "_cpu")):
+        pts = [(r["depth"], r[key]) for r in rows if r.get("depth") and r.get(key) is not None]
+        d = dict(pts)
+        if 1 in d and 2 in d:
+            summary["step_1_to_2_ns" + suffix] = d[2] - d[1]
+        deep = [(x, y) for x, y in pts if x >= 2]
+        if len(deep) >= 2:
+            mx = sum(x for x, _ in deep) / len(deep)
+            my = sum(y for _, y in deep) / len(deep)
+            sxx = sum((x - mx) ** 2 for x, _ in deep)
+            summary["ns_per_extra_frame" + suffix] = sum((x - mx) * (y - my) for x, y in deep) / sxx
     bp = {r["depth"]: r["bytes_per_event"] for r in rows if r.get("depth") and r["bytes_per_event"]}
     if 1 in bp and 8 in bp:
         summary["bytes_per_extra_frame"] = (bp[8] - bp[1]) / 7
@@ -672,9 +688,9 @@ def f(v, fmt):
 
 
 def print_table(rows):
-    hdr = "%-10s %-13s %-14s %8s %8s %5s %8s %9s %9s %11s %10s  %s" % (
-        "workload", "tracer", "size", "wall_s", "min_s", "+-%", "ratio", "ns/event", "ns/ev-net",
-        "bytes/event", "events", "note")
+    hdr = "%-10s %-13s %-14s %7s %4s %8s %8s %8s %7s %8s %6s %9s  %s" % (
+        "workload", "tracer", "size", "wall_s", "+-%", "ratio", "ns/event", "ns/ev-net", "cpu_s",
+        "ns/ev-cpu", "B/event", "events", "note")
     print(hdr)
     print("-" * len(hdr))
     last = None
@@ -688,10 +704,11 @@ def print_table(rows):
         if r.get("not_installed"):
             print("%-10s %-13s %-14s not installed" % (r["workload"], r["tracer"], ""))
             continue
-        print("%-10s %-13s %-14s %8s %8s %5s %8s %9s %9s %11s %10s  %s" % (
-            r["workload"], r["tracer"], r["size_arg"], f(r["wall_s"], "%.3f"), f(r.get("min_s"), "%.3f"),
-            f(r["spread_pct"], "%.0f"), f(r["ratio"], "%.2fx"), f(r["ns_per_event"], "%.1f"),
-            f(r.get("ns_per_event_net"), "%.1f"), f(r.get("bytes_per_event"), "%.1f"),
+        print("%-10s %-13s %-14s %7s %4s %8s %8s %8s %7s %8s %6s %9s  %s" % (
+            r["workload"], r["tracer"], r["size_arg"], f(r["wall_s"], "%.3f"),
+            f(r["spread_pct"], "%.0f"), f(r["ratio"], "%.2fx"), f(r["ns_per_event"], "%.0f"),
+            f(r.get("ns_per_event_net"), "%.0f"), f(r.get("cpu_s"), "%.3f"),
+            f(r.get("ns_per_event_cpu"), "%.0f"), f(r.get("bytes_per_event"), "%.1f"),
             f(r["events"], "%d"), r.get("note", "")))
 
 
@@ -790,7 +807,9 @@ def main():
     print("ns/event = (median wall traced - median wall untraced at the same size) / events;")
     print("events = event lines in mmleak's dump of that workload and size (used for every tracer);")
     print("ns/ev-net = the same without the tracer's fixed cost per process (its startup row minus none's);")
-    print("bytes/event = size of the mmleak.*.out files / events; +-% = (max-min)/median of the runs.")
+    print("cpu_s = median user+system time (process and the children it waited for); ns/ev-cpu is")
+    print("  ns/event from cpu_s: less disturbed by other load on the machine than wall time;")
+    print("B/event = size of the mmleak.*.out files / events; +-% = (max-min)/median of the wall times.")
     ints = [r for r in rows if r.get("internal_s") is not None]
     if ints:
         print()
@@ -802,12 +821,14 @@ def main():
                 if r.get("internal_ns_per_event") is not None else "(baseline)"))
     if depth_summary:
         print()
-        print("MMLEAK_DEPTH (alloc_bench -t 1, 12 extra frames): depth 1 -> 2 adds %s ns/event "
-              "(the fast writer gives way to backtrace()); each extra frame beyond 2 adds %s ns/event "
-              "(least squares over 2, 4, 8) and %s bytes/event (1 -> 8)." % (
-                  f(depth_summary.get("step_1_to_2_ns"), "%.0f"),
-                  f(depth_summary.get("ns_per_extra_frame"), "%.1f"),
-                  f(depth_summary.get("bytes_per_extra_frame"), "%.1f")))
+        print("MMLEAK_DEPTH (alloc_bench -t 1 -r 12): depth 1 -> 2 adds %s ns/event wall, %s cpu (the fast"
+              % (f(depth_summary.get("step_1_to_2_ns"), "%.0f"),
+                 f(depth_summary.get("step_1_to_2_ns_cpu"), "%.0f")))
+        print("  writer gives way to backtrace()); each extra frame beyond 2 adds %s ns/event wall, %s cpu"
+              % (f(depth_summary.get("ns_per_extra_frame"), "%.1f"),
+                 f(depth_summary.get("ns_per_extra_frame_cpu"), "%.1f")))
+        print("  (least-squares slope over depths 2, 4, 8) and %s bytes/event per frame (1 -> 8)."
+              % f(depth_summary.get("bytes_per_extra_frame"), "%.1f"))
     if shrink is not None:
         print()
         if not shrink.get("available"):

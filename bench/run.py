@@ -340,6 +340,12 @@ def measure_group(jobs, runs, dirs, label):
                     log("  %s / %s: FAILED (%s)" % (label, j["key"], j["error"]))
                     continue
                 j["bytes"].append(dump_bytes(files))
+                other = [x for x in os.listdir(dirs["dump"]) if x.startswith("mmleak.")
+                         and not x.endswith((".out", ".maps"))]
+                if other and not j.get("warned"):
+                    j["warned"] = True
+                    log("  warning: %s / %s left %s after a normal exit (not counted)"
+                        % (label, j["key"], ", ".join(sorted(other)[:4])))
                 if j["events"] is None:
                     j["events"] = count_events(files)
         log("  %s: run %d/%d done (%s)" % (

@@ -15,8 +15,9 @@ SCRIPTS = mmleak.py mmleak-panda.py mmleak-install.py
 
 all: mmleak.so
 
-mmleak.so: mmleak.c
-	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -o $@ $< -ldl -lpthread $(LDFLAGS)
+# mmleak-shrink.c: the compiled shrinker mmleak.py loads with ctypes (same library, inactive tracer).
+mmleak.so: mmleak.c mmleak-shrink.c
+	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -o $@ mmleak.c mmleak-shrink.c -ldl -lpthread $(LDFLAGS)
 
 check: all
 	$(PYTHON) -m pytest -q tests

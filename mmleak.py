@@ -479,14 +479,209 @@ def shrink_files(paths, progress=None, mixed=False):
 
 def _shrink_files(paths, progress=None, mixed=False):
     sh = Shrinker(progress)
-    for p in paths:
-        if p == "-":
-            sh.feed(sys.stdin.buffer, "<stdin>")
-        else:
-            sh.feed_path(p)
+    if not native_shrink(sh, paths):      # the compiled path (below), when it can run
+        for p in paths:
+            if p == "-":
+                sh.feed(sys.stdin.buffer, "<stdin>")
+            else:
+                sh.feed_path(p)
     if not mixed:
         sh.check_single_process()
     return sh
+
+
+# ---------------------------------------------------------------------------------------
+# Compiled shrink path (mmleak-shrink.c, built into mmleak.so)
+#
+# The same algorithm in C, at tens of millions of events per second.  mmleak.so is loaded
+# with ctypes (RTLD_LOCAL: its malloc does not become the process's, and its constructor
+# sees that and leaves the tracer off).  The C code reads the files, writes the problem
+# messages (the very lines Shrinker._odd_line would) to our stderr, hands every new '#' line
+# to Shrinker._odd_line through a callback (so headers, #cmd and the version check are this
+# file's), and writes the non-final result to a temporary file, which is loaded back into the
+# Shrinker's state: a partial result shrinks to itself, so entries(), write(), survivors()
+# give what the Python path gives.  MMLEAK_SHRINK=python|native chooses; default: native
+# when mmleak.so has it, else Python.
+# ---------------------------------------------------------------------------------------
+
+SHRINK_ENV = "MMLEAK_SHRINK"
+NATIVE_ABI = 1
+_PROBLEM_KINDS = ("torn", "padding", "malformed", "duplicate")
+_native = None          # None: not tried yet; False: unavailable; else the ctypes binding
+_native_why = None      # why it is unavailable
+
+
+def _native_engine():
+    """The ctypes binding of mmleak_shrink, or None (with the reason in _native_why)."""
+    global _native, _native_why
+    if _native is not None:
+        return _native or None
+    _native, _native_why = False, None
+    lib = find_library()
+    if not lib:
+        _native_why = "mmleak.so not found"
+        return None
+    try:
+        import ctypes
+        dll = ctypes.CDLL(lib)
+        if dll.mmleak_shrink_abi() != NATIVE_ABI:
+            _native_why = "%s: mmleak_shrink interface version differs" % lib
+            return None
+        fn = dll.mmleak_shrink
+    except (OSError, AttributeError) as e:
+        _native_why = "%s: %s" % (lib, e)
+        return None
+
+    class Stats(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_uint64) for n in ("events", "allocs", "max_time",
+                                                    "files_done", "entries", "fatal",
+                                                    "malformed", "out_errno")]
+    hdr_cb = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                              ctypes.c_uint64)
+    tick_cb = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
+                               ctypes.c_uint64)
+    strv = ctypes.POINTER(ctypes.c_char_p)
+    fn.argtypes = [strv, strv, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                   hdr_cb, tick_cb, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(Stats)]
+    fn.restype = ctypes.c_int
+    _native = (ctypes, fn, Stats, hdr_cb, tick_cb)
+    return _native
+
+
+def _shrink_engine():
+    """'native' or 'python', as MMLEAK_SHRINK asks and the library allows."""
+    want = os.environ.get(SHRINK_ENV, "").strip().lower()
+    if want == "python":
+        return "python"
+    if want not in ("", "auto", "native"):
+        raise Fail("%s=%s: expected python or native" % (SHRINK_ENV, want), EXIT_USAGE)
+    if _native_engine() is not None:
+        return "native"
+    if want == "native":
+        raise Fail("%s=native: the compiled shrinker is not available (%s)"
+                   % (SHRINK_ENV, _native_why), EXIT_TOOL)
+    return "python"
+
+
+def native_shrink(sh, paths, names=None):
+    """Feed PATHS ('-': stdin) into the fresh Shrinker SH with the compiled shrinker.
+
+    Returns False, having done nothing, when the Python path must do it instead (not
+    available, not wanted, or stdin/stderr are not plain descriptors)."""
+    if _shrink_engine() != "native":
+        return False
+    ctypes, fn, Stats, hdr_cb, tick_cb = _native
+    if names is None:
+        names = ["<stdin>" if p == "-" else p for p in paths]
+    try:
+        if "-" in paths and sys.stdin.buffer.fileno() != 0:
+            raise ValueError("stdin is not descriptor 0")
+        err_fd = None
+        try:
+            err_fd = sys.stderr.fileno()
+        except (AttributeError, ValueError, OSError):
+            pass
+        if err_fd is not None:
+            enc = getattr(sys.stderr, "encoding", None) or "utf-8"
+            errors = getattr(sys.stderr, "errors", None) or "strict"
+        else:
+            enc, errors = "utf-8", "surrogateescape"
+        c_paths = [os.fsencode(p) for p in paths]
+        c_names = [n.encode(enc, errors) for n in names]
+        if any(b"\0" in x for x in c_paths + c_names):
+            raise ValueError("NUL in a file name")
+    except (ValueError, AttributeError, OSError, UnicodeError):
+        return False            # stdin/stderr replaced (tests, embedding): the Python path
+    if sh.state or sh.events or sh.header_lines:
+        raise ValueError("native_shrink needs a fresh Shrinker")
+
+    pending = []
+
+    def on_header(ptr, n, i, lineno):
+        try:
+            sh._odd_line(ctypes.string_at(ptr, n), names[i], lineno)
+            return 0
+        except BaseException as e:          # Fail (format version), KeyboardInterrupt
+            pending.append(e)
+            return 1
+
+    next_tick = [time.monotonic() + 1.0]
+
+    def on_tick(i, file_events, before, files_done):
+        try:
+            if sh.progress and time.monotonic() > next_tick[0]:
+                next_tick[0] = time.monotonic() + 1.0
+                sh.events, sh.files_done = before, files_done
+                sh.progress(sh, names[i], file_events)
+            return 0
+        except BaseException as e:          # KeyboardInterrupt, or a broken progress stream
+            pending.append(e)
+            return 1
+
+    n = len(paths)
+    counts = (ctypes.c_uint64 * (len(_PROBLEM_KINDS) * max(n, 1)))()
+    stats = Stats()
+    errtmp = None
+    if err_fd is None:
+        errtmp = tempfile.TemporaryFile(prefix="mmleak-err.")
+        err_fd = errtmp.fileno()
+    else:
+        sys.stderr.flush()
+    with tempfile.TemporaryFile(prefix="mmleak-shrink.") as out:
+        h_cb, t_cb = hdr_cb(on_header), tick_cb(on_tick)
+        try:
+            argv = ctypes.c_char_p * max(n, 1)
+            rc = fn(argv(*c_paths), argv(*c_names), n, out.fileno(), err_fd, 0, h_cb, t_cb,
+                    counts, ctypes.byref(stats))
+        finally:
+            if errtmp is not None:
+                errtmp.seek(0)
+                text = errtmp.read().decode(enc, errors)
+                errtmp.close()
+                if text:
+                    sys.stderr.write(text)
+        if rc == 1 and pending:
+            raise pending[0]
+        if rc == -1:
+            raise MemoryError("mmleak-shrink.c: out of memory")
+        if rc == -2:
+            raise OSError(stats.out_errno, "mmleak-shrink.c: writing the result: %s"
+                          % os.strerror(stats.out_errno))
+        if rc != 0:
+            raise RuntimeError("mmleak-shrink.c: unexpected status %d" % rc)
+        out.seek(0)
+        _load_state(sh, out)
+    sh.events = stats.events
+    sh.allocs = stats.allocs
+    sh.frees = stats.events - stats.allocs
+    sh.max_time = max(sh.max_time, stats.max_time)
+    sh.files_done += stats.files_done
+    for i, name in enumerate(names):
+        for k, kind in enumerate(_PROBLEM_KINDS):
+            if counts[len(_PROBLEM_KINDS) * i + k]:
+                sh.problems.counts[(name, kind)] += counts[len(_PROBLEM_KINDS) * i + k]
+    sh.problems.malformed = sh.problems.malformed or bool(stats.malformed)
+    sh.problems.fatal = sh.problems.fatal or bool(stats.fatal)
+    return True
+
+
+def _load_state(sh, f):
+    """Load a shrink result (valid lines, sorted by address then number, at most two per
+    address, never an adjacent pair) into SH.state as Shrinker.feed would have built it."""
+    D = sh.state
+    match = EVENT_RE.fullmatch
+    for line in f:
+        m = match(line)
+        key = int(m.group(1), 16)
+        s = int(m.group(2), 16)
+        if m.group(3) is not None:
+            kind = KIND_ALLOC
+        else:
+            c = m.group(6)
+            kind = KIND_START if c == b"+" else KIND_END if c == b"-" else KIND_FREE
+        st = D.get(key)
+        D[key] = (s, kind, line) if st is None else [st, (s, kind, line)]
+# ------------------------------------------------------------ end of compiled shrink path
 
 
 # ---------------------------------------------------------------------------------------

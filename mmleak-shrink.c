@@ -1,0 +1,840 @@
+/* mmleak-shrink.c: the compiled shrinker mmleak.py uses (through ctypes) when it can.
+ *
+ * The same algorithm as mmleak.py's Shrinker (the comment above that class specifies it):
+ * per address, one event or the hull of the lowest and highest event by SEQ, and an
+ * allocation with SEQ s followed by a free with SEQ s+1 cancels when that pair is the whole
+ * state.  Input validation, problem messages (text, line numbers, five per file and kind)
+ * and header handling are those of Shrinker.feed and Shrinker._odd_line; mmleak.py is the
+ * reference, tests/test_shrink_native.py holds the two to byte-identical results.
+ *
+ * Built into mmleak.so, but independent of the tracer: it allocates with mmap/munmap only,
+ * so it behaves the same whether mmleak.so was dlopen'ed by mmleak.py (the tracer inactive)
+ * or the process itself runs under the tracer.
+ *
+ * Memory is proportional to the state kept (open addresses and hull ends), not to the input:
+ * the table shrinks nothing, but adjacent pairs leave it at once and their line storage goes
+ * back to a per-size free list. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define API __attribute__((visibility("default")))
+#define likely(x) __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+
+enum { K_FREE = 0, K_ALLOC = 1, K_END = 2, K_START = 3 };   /* odd kinds: allocation-like */
+enum { P_TORN = 0, P_PADDING = 1, P_MALFORMED = 2, P_DUPLICATE = 3, P_KINDS = 4 };
+#define SHOW 5
+
+/* Callbacks into mmleak.py.  header: a '#' line (with its newline) not seen before in this
+ * run; returns nonzero to stop (unknown format version).  tick: called every 65536 lines
+ * and after an interrupted read; returns nonzero to stop (KeyboardInterrupt). */
+typedef int (*mmleak_header_cb)(const char *line, size_t len, int file, uint64_t lineno);
+typedef int (*mmleak_tick_cb)(int file, uint64_t file_events, uint64_t events_before,
+                              uint64_t files_done);
+
+struct mmleak_shrink_stats {
+    uint64_t events, allocs, max_time, files_done, entries, fatal, malformed, out_errno;
+};
+
+/* ---- memory: mmap only ------------------------------------------------------------ */
+
+static void *map_mem(size_t n)
+{
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* Line storage: size classes of 16 bytes up to SLAB_MAX, each with a free list; bigger lines
+ * get a mapping of their own.  A block's class is recomputed from the length kept in the
+ * table, so blocks carry no header. */
+#define SLAB_GRAIN 16
+#define SLAB_MAX 1024
+#define SLAB_CLASSES (SLAB_MAX / SLAB_GRAIN)
+#define CHUNK (1u << 20)
+
+struct chunk { struct chunk *next; size_t size; };
+
+struct slab {
+    void *free_list[SLAB_CLASSES + 1];
+    char *cur, *end;                   /* carving area of the newest chunk */
+    struct chunk *chunks;              /* every mapping, for the final release */
+};
+
+static size_t big_size(size_t n) { return (n + sizeof(struct chunk) + 4095) & ~(size_t)4095; }
+
+static char *slab_alloc(struct slab *s, size_t n)
+{
+    if (unlikely(n > SLAB_MAX)) {
+        size_t sz = big_size(n);
+        char *p = map_mem(sz);
+        return p ? p + sizeof(struct chunk) : NULL;
+    }
+    size_t c = (n + SLAB_GRAIN - 1) / SLAB_GRAIN;
+    void *p = s->free_list[c];
+    if (p) {
+        memcpy(&s->free_list[c], p, sizeof(void *));
+        return p;
+    }
+    size_t sz = c * SLAB_GRAIN;
+    if ((size_t)(s->end - s->cur) < sz) {
+        struct chunk *ch = map_mem(CHUNK);
+        if (!ch)
+            return NULL;
+        ch->next = s->chunks;
+        ch->size = CHUNK;
+        s->chunks = ch;
+        s->cur = (char *)ch + 64;
+        s->end = (char *)ch + CHUNK;
+    }
+    char *r = s->cur;
+    s->cur += sz;
+    return r;
+}
+
+static void slab_free(struct slab *s, char *p, size_t n)
+{
+    if (unlikely(n > SLAB_MAX)) {
+        munmap(p - sizeof(struct chunk), big_size(n));
+        return;
+    }
+    size_t c = (n + SLAB_GRAIN - 1) / SLAB_GRAIN;
+    memcpy(p, &s->free_list[c], sizeof(void *));
+    s->free_list[c] = p;
+}
+
+static void slab_release(struct slab *s)
+{
+    for (struct chunk *ch = s->chunks, *nx; ch; ch = nx) {
+        nx = ch->next;
+        munmap(ch, ch->size);
+    }
+    s->chunks = NULL;
+}
+
+/* ---- the state: an open-addressing table keyed by the pointer ------------------------ */
+
+struct ent {
+    uint64_t key;
+    uint64_t s0, s1;         /* single: s0; hull: low end s0, high end s1 */
+    char *l0, *l1;           /* stored lines; a bracket end keeps only its PTR field */
+    uint32_t n0, n1;
+    uint8_t k0, k1, hull, used;
+};
+
+struct table {
+    struct ent *e;
+    size_t mask, count, cap_bytes;
+    int bits;
+};
+
+static inline size_t home(const struct table *t, uint64_t key)
+{
+    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> (64 - t->bits));
+}
+
+static int table_init(struct table *t, int bits)
+{
+    size_t n = (size_t)1 << bits;
+    t->cap_bytes = n * sizeof(struct ent);
+    t->e = map_mem(t->cap_bytes);   /* zero-filled: every slot unused */
+    if (!t->e)
+        return -1;
+    t->mask = n - 1;
+    t->bits = bits;
+    t->count = 0;
+    return 0;
+}
+
+static int table_grow(struct table *t)
+{
+    struct table n;
+    if (table_init(&n, t->bits + 1))
+        return -1;
+    for (size_t i = 0; i <= t->mask; i++) {
+        if (!t->e[i].used)
+            continue;
+        size_t j = home(&n, t->e[i].key);
+        while (n.e[j].used)
+            j = (j + 1) & n.mask;
+        n.e[j] = t->e[i];
+    }
+    n.count = t->count;
+    munmap(t->e, t->cap_bytes);
+    *t = n;
+    return 0;
+}
+
+/* Backward-shift deletion: no tombstones, so probe chains stay as short as the load. */
+static void table_del(struct table *t, size_t i)
+{
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & t->mask;
+        if (!t->e[j].used)
+            break;
+        size_t h = home(t, t->e[j].key);
+        if (((j - h) & t->mask) >= ((j - i) & t->mask)) {
+            t->e[i] = t->e[j];
+            i = j;
+        }
+    }
+    t->e[i].used = 0;
+    t->count--;
+}
+
+/* ---- header lines seen (a small set of byte strings) --------------------------------- */
+
+struct hset {
+    struct hitem { uint64_t h; char *s; size_t n; } *v;
+    size_t mask, count, bytes;
+    struct slab mem;
+};
+
+static uint64_t hash_bytes(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h;
+}
+
+/* 1: added (new), 0: present, -1: out of memory */
+static int hset_add(struct hset *hs, const char *s, size_t n)
+{
+    if (!hs->v || (hs->count + 1) * 2 > hs->mask + 1) {
+        size_t cap = hs->v ? (hs->mask + 1) * 2 : 64;
+        struct hitem *nv = map_mem(cap * sizeof *nv);
+        if (!nv)
+            return -1;
+        for (size_t i = 0; hs->v && i <= hs->mask; i++) {
+            if (!hs->v[i].s)
+                continue;
+            size_t j = hs->v[i].h & (cap - 1);
+            while (nv[j].s)
+                j = (j + 1) & (cap - 1);
+            nv[j] = hs->v[i];
+        }
+        if (hs->v)
+            munmap(hs->v, hs->bytes);
+        hs->v = nv;
+        hs->mask = cap - 1;
+        hs->bytes = cap * sizeof *nv;
+    }
+    uint64_t h = hash_bytes(s, n);
+    size_t j = h & hs->mask;
+    for (; hs->v[j].s; j = (j + 1) & hs->mask)
+        if (hs->v[j].h == h && hs->v[j].n == n && !memcmp(hs->v[j].s, s, n))
+            return 0;
+    char *c = slab_alloc(&hs->mem, n ? n : 1);
+    if (!c)
+        return -1;
+    memcpy(c, s, n);
+    hs->v[j] = (struct hitem){ h, c, n };
+    hs->count++;
+    return 1;
+}
+
+static void hset_release(struct hset *hs)
+{
+    if (hs->v)
+        munmap(hs->v, hs->bytes);
+    slab_release(&hs->mem);
+}
+
+/* ---- output buffer ------------------------------------------------------------------- */
+
+struct obuf { int fd; int err; size_t n; char b[1 << 16]; };
+
+static void write_all(int fd, const char *p, size_t n, int *err)
+{
+    while (n && !*err) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            *err = errno;
+            return;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+static void ob_flush(struct obuf *o)
+{
+    write_all(o->fd, o->b, o->n, &o->err);
+    o->n = 0;
+}
+
+static void ob_put(struct obuf *o, const char *p, size_t n)
+{
+    if (o->n + n > sizeof o->b) {
+        ob_flush(o);
+        if (n > sizeof o->b) {
+            write_all(o->fd, p, n, &o->err);
+            return;
+        }
+    }
+    memcpy(o->b + o->n, p, n);
+    o->n += n;
+}
+
+static void ob_str(struct obuf *o, const char *s) { ob_put(o, s, strlen(s)); }
+
+static void ob_u(struct obuf *o, uint64_t v, int base)
+{
+    char t[24];
+    int i = sizeof t;
+    do {
+        t[--i] = "0123456789abcdef"[v % (unsigned)base];
+        v /= (unsigned)base;
+    } while (v);
+    ob_put(o, t + i, sizeof t - (size_t)i);
+}
+
+/* Python's repr() of a bytes object. */
+static void ob_repr(struct obuf *o, const unsigned char *s, size_t n)
+{
+    char q = '\'';
+    if (memchr(s, '\'', n) && !memchr(s, '"', n))
+        q = '"';
+    char t[4] = { 'b', q };
+    ob_put(o, t, 2);
+    for (size_t i = 0; i < n; i++) {
+        unsigned c = s[i];
+        if (c == (unsigned)q || c == '\\') {
+            t[0] = '\\';
+            t[1] = (char)c;
+            ob_put(o, t, 2);
+        } else if (c == '\t' || c == '\n' || c == '\r') {
+            t[0] = '\\';
+            t[1] = c == '\t' ? 't' : c == '\n' ? 'n' : 'r';
+            ob_put(o, t, 2);
+        } else if (c < ' ' || c >= 0x7f) {
+            t[0] = '\\';
+            t[1] = 'x';
+            t[2] = "0123456789abcdef"[c >> 4];
+            t[3] = "0123456789abcdef"[c & 15];
+            ob_put(o, t, 4);
+        } else {
+            t[0] = (char)c;
+            ob_put(o, t, 1);
+        }
+    }
+    ob_put(o, &q, 1);
+}
+
+/* ---- the run ------------------------------------------------------------------------- */
+
+struct run {
+    struct table t;
+    struct slab mem;
+    struct hset headers;
+    struct obuf *err;
+    uint64_t *counts;          /* [name id * P_KINDS + kind] */
+    const int *name_id;        /* file index -> index of the first file with the same name */
+    const char *const *names;
+    mmleak_header_cb on_header;
+    mmleak_tick_cb on_tick;
+    struct mmleak_shrink_stats *st;
+    int stop;                  /* 1: a callback asked to stop; -1: out of memory */
+};
+
+static const unsigned char HEX[256] = {
+#define X16 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99
+    X16, X16, X16,
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 99, 99, 99, 99, 99, 99,
+    X16, X16,
+    99, 10, 11, 12, 13, 14, 15, 99, 99, 99, 99, 99, 99, 99, 99, 99,
+    X16, X16, X16, X16, X16, X16, X16, X16, X16,
+#undef X16
+};
+
+/* One field of 1 to 16 lowercase hex digits; the line's newline is the sentinel. */
+static inline const char *hexf(const char *p, uint64_t *v)
+{
+    const char *s = p;
+    uint64_t x = 0;
+    unsigned d;
+    while ((d = HEX[(unsigned char)*p]) < 16) {
+        x = x << 4 | d;
+        p++;
+    }
+    if (unlikely(p == s || p - s > 16))
+        return NULL;
+    *v = x;
+    return p;
+}
+
+/* EVENT_RE.fullmatch on a line that ends with its newline.  Returns the kind or -1. */
+static inline int parse_line(const char *p, uint64_t *ptr, uint64_t *seq, uint64_t *tm)
+{
+    uint64_t c;
+    const char *q = hexf(p, ptr);
+    if (!q || *q != ' ')
+        return -1;
+    q = hexf(q + 1, seq);
+    if (!q || *q != ' ')
+        return -1;
+    q++;
+    if (*q == '+' || *q == '-') {
+        int k = *q == '+' ? K_START : K_END;
+        return q[1] == '\n' ? k : -1;
+    }
+    q = hexf(q, &c);
+    if (!q)
+        return -1;
+    if (*q == '\n')
+        return K_FREE;
+    if (*q != ' ')
+        return -1;
+    q = hexf(q + 1, tm);
+    if (!q || *q != ' ')
+        return -1;
+    for (;;) {
+        q = hexf(q + 1, &c);
+        if (!q)
+            return -1;
+        if (*q == '\n')
+            return K_ALLOC;
+        if (*q != ' ')
+            return -1;
+    }
+}
+
+static void problem(struct run *r, int file, uint64_t lineno, int kind, const char *text,
+                    const char *rp, size_t rn)
+{
+    uint64_t *c = &r->counts[(size_t)r->name_id[file] * P_KINDS + kind];
+    ++*c;
+    if (kind == P_MALFORMED || kind == P_DUPLICATE)
+        r->st->malformed = 1;
+    if (*c > SHOW)
+        return;
+    struct obuf *o = r->err;
+    ob_str(o, "mmleak.py: ");
+    ob_str(o, r->names[file]);
+    ob_put(o, ":", 1);
+    ob_u(o, lineno, 10);
+    ob_str(o, ": ");
+    ob_str(o, text);
+    if (rp)
+        ob_repr(o, (const unsigned char *)rp, rn);
+    ob_put(o, "\n", 1);
+    ob_flush(o);
+}
+
+/* Shrinker._odd_line: everything that is not an event. */
+static void odd_line(struct run *r, int file, uint64_t lineno, const char *p, size_t n)
+{
+    int nl = n && p[n - 1] == '\n';
+    if (p[0] == '#') {
+        if (!nl) {
+            problem(r, file, lineno, P_TORN, "torn last line ignored", NULL, 0);
+            return;
+        }
+        int added = hset_add(&r->headers, p, n);
+        if (added < 0) {
+            r->stop = -1;
+            return;
+        }
+        if (added && r->on_header && r->on_header(p, n, file, lineno))
+            r->stop = 1;
+        return;
+    }
+    size_t body = n - (size_t)nl;
+    if (!nl || memchr(p, 0, n)) {
+        size_t i = 0;
+        while (i < body && p[i] == 0)
+            i++;
+        if (i == body) {
+            problem(r, file, lineno, P_PADDING, "NUL padding after the last line (the process "
+                    "did not exit cleanly); ignored", NULL, 0);
+            return;
+        }
+        size_t e = n;                   /* line.rstrip(b"\0\n")[:60] */
+        while (e && (p[e - 1] == 0 || p[e - 1] == '\n'))
+            e--;
+        problem(r, file, lineno, P_TORN, "torn line (process killed while writing it?) "
+                "ignored: ", p, e < 60 ? e : 60);
+        return;
+    }
+    size_t i;                           /* not line.strip(): ASCII whitespace only */
+    for (i = 0; i < n; i++) {
+        char c = p[i];
+        if (c != ' ' && c != '\t' && c != '\n' && c != '\r' && c != '\v' && c != '\f')
+            break;
+    }
+    if (i == n)
+        return;
+    problem(r, file, lineno, P_MALFORMED, "malformed line skipped: ", p, n < 80 ? n : 80);
+}
+
+static inline size_t ptr_len(const char *p)
+{
+    return (size_t)((const char *)memchr(p, ' ', 17) - p);
+}
+
+/* Store an end: the whole line, or only its PTR field when the end is a bracket. */
+static inline char *store(struct run *r, const char *p, size_t n, uint32_t *len)
+{
+    char *c = slab_alloc(&r->mem, n);
+    if (unlikely(!c)) {
+        r->stop = -1;
+        return NULL;
+    }
+    memcpy(c, p, n);
+    *len = (uint32_t)n;
+    return c;
+}
+
+/* Cut a stored line down to its PTR field (a hull end that will be written as a bracket). */
+static inline void to_bracket(struct run *r, char **l, uint32_t *n)
+{
+    size_t k = ptr_len(*l);
+    /* keep the block only when its size class stays the same (slab_free recomputes it) */
+    if (*n > SLAB_MAX || (k + SLAB_GRAIN - 1) / SLAB_GRAIN != (*n + SLAB_GRAIN - 1) / SLAB_GRAIN) {
+        uint32_t nk;
+        char *c = store(r, *l, k, &nk);
+        if (!c)
+            return;
+        slab_free(&r->mem, *l, *n);
+        *l = c;
+    }
+    *n = (uint32_t)k;
+}
+
+static void dup_event(struct run *r, int file, uint64_t lineno)
+{
+    problem(r, file, lineno, P_DUPLICATE, "event seen twice (same address and number): was a "
+            "file given twice?", NULL, 0);
+}
+
+/* The state update: the whole algorithm (Shrinker.feed). */
+static inline void event(struct run *r, int file, uint64_t lineno, const char *p, size_t n,
+                         uint64_t key, uint64_t s, int kind)
+{
+    struct table *t = &r->t;
+    size_t i = home(t, key);
+    struct ent *e;
+    while ((e = &t->e[i])->used && e->key != key)
+        i = (i + 1) & t->mask;
+    if (!e->used) {
+        if (unlikely((t->count + 1) * 10 > (t->mask + 1) * 7)) {
+            if (table_grow(t)) {
+                r->stop = -1;
+                return;
+            }
+            event(r, file, lineno, p, n, key, s, kind);
+            return;
+        }
+        e->l0 = store(r, p, n, &e->n0);
+        if (!e->l0)
+            return;
+        e->key = key;
+        e->s0 = s;
+        e->k0 = (uint8_t)kind;
+        e->hull = 0;
+        e->used = 1;
+        t->count++;
+        return;
+    }
+    if (!e->hull) {
+        if (e->s0 == s) {
+            dup_event(r, file, lineno);
+            return;
+        }
+        if (e->s0 < s) {          /* old is the low end */
+            if ((e->k0 & 1) && !(kind & 1) && s == e->s0 + 1) {
+                slab_free(&r->mem, e->l0, e->n0);
+                table_del(t, i);
+                return;
+            }
+            e->l1 = store(r, p, n, &e->n1);
+            if (!e->l1)
+                return;
+            e->s1 = s;
+            e->k1 = (uint8_t)kind;
+        } else {                  /* old is the high end */
+            if ((kind & 1) && !(e->k0 & 1) && e->s0 == s + 1) {
+                slab_free(&r->mem, e->l0, e->n0);
+                table_del(t, i);
+                return;
+            }
+            char *c = store(r, p, n, &e->n1);   /* n1 temporarily holds the new length */
+            if (!c)
+                return;
+            e->l1 = e->l0;
+            e->s1 = e->s0;
+            e->k1 = e->k0;
+            uint32_t nn = e->n1;
+            e->n1 = e->n0;
+            e->l0 = c;
+            e->n0 = nn;
+            e->s0 = s;
+            e->k0 = (uint8_t)kind;
+        }
+        e->hull = 1;
+        if (e->k0 != K_FREE)
+            to_bracket(r, &e->l0, &e->n0);
+        if (e->k1 != K_ALLOC)
+            to_bracket(r, &e->l1, &e->n1);
+        return;
+    }
+    if (s < e->s0) {
+        uint32_t nn;
+        char *c = store(r, p, kind == K_FREE ? n : ptr_len(p), &nn);
+        if (!c)
+            return;
+        slab_free(&r->mem, e->l0, e->n0);
+        e->l0 = c;
+        e->n0 = nn;
+        e->s0 = s;
+        e->k0 = (uint8_t)kind;
+    } else if (s > e->s1) {
+        uint32_t nn;
+        char *c = store(r, p, kind == K_ALLOC ? n : ptr_len(p), &nn);
+        if (!c)
+            return;
+        slab_free(&r->mem, e->l1, e->n1);
+        e->l1 = c;
+        e->n1 = nn;
+        e->s1 = s;
+        e->k1 = (uint8_t)kind;
+    } else if (s == e->s0 || s == e->s1) {
+        dup_event(r, file, lineno);
+    }
+}
+
+static int tick(struct run *r, int file, uint64_t file_events)
+{
+    if (r->on_tick && r->on_tick(file, file_events, r->st->events, r->st->files_done))
+        r->stop = 1;
+    return r->stop;
+}
+
+/* Shrinker.feed over a descriptor. */
+static void feed_fd(struct run *r, int fd, int file, char **bufp, size_t *capp)
+{
+    char *buf = *bufp;
+    size_t cap = *capp, have = 0;
+    uint64_t lineno = 0, events = 0, allocs = 0, max_time = r->st->max_time;
+    int eof = 0, failed = 0;
+    while (!eof && !r->stop) {
+        if (have == cap) {               /* one line longer than the buffer: double it */
+            char *nb = map_mem(cap * 2);
+            if (!nb) {
+                r->stop = -1;
+                break;
+            }
+            memcpy(nb, buf, have);
+            munmap(buf, cap);
+            buf = nb;
+            cap *= 2;
+        }
+        ssize_t got = read(fd, buf + have, cap - have);
+        if (got < 0) {
+            if (errno == EINTR) {
+                tick(r, file, events);
+                continue;
+            }
+            struct obuf *o = r->err;
+            ob_str(o, "mmleak.py: ");
+            ob_str(o, r->names[file]);
+            ob_str(o, ": cannot read: ");
+            ob_str(o, strerror(errno));
+            ob_put(o, "\n", 1);
+            ob_flush(o);
+            r->st->fatal = 1;
+            failed = 1;
+            break;
+        }
+        if (got == 0)
+            eof = 1;
+        size_t end = have + (size_t)got;
+        const char *p = buf, *lim = buf + end;
+        const char *nl;
+        while ((nl = memchr(p, '\n', (size_t)(lim - p))) != NULL) {
+            size_t n = (size_t)(nl + 1 - p);
+            uint64_t key, s, tm = 0;
+            lineno++;
+            int kind = parse_line(p, &key, &s, &tm);
+            if (likely(kind >= 0)) {
+                if (kind == K_ALLOC) {
+                    allocs++;
+                    if (tm > max_time)
+                        max_time = tm;
+                }
+                events++;
+                event(r, file, lineno, p, n, key, s, kind);
+            } else {
+                odd_line(r, file, lineno, p, n);
+            }
+            p = nl + 1;
+            if (unlikely(r->stop) || (unlikely((lineno & 0xFFFF) == 0) && tick(r, file, events)))
+                break;
+        }
+        if (r->stop)
+            break;
+        have = (size_t)(lim - p);
+        if (eof && have) {               /* a last line without its newline */
+            lineno++;
+            odd_line(r, file, lineno, p, have);
+            have = 0;
+        }
+        memmove(buf, p, have);
+    }
+    *bufp = buf;
+    *capp = cap;
+    r->st->events += events;
+    r->st->allocs += allocs;
+    r->st->max_time = max_time;
+    if (!r->stop && !failed)
+        r->st->files_done++;
+}
+
+static int cmp_ent(const void *a, const void *b)
+{
+    uint64_t x = ((const struct ent *)a)->key, y = ((const struct ent *)b)->key;
+    return x < y ? -1 : x > y;
+}
+
+static void put_bracket(struct obuf *o, const char *ptr, size_t n, uint64_t s, char sign)
+{
+    ob_put(o, ptr, n);
+    ob_put(o, " ", 1);
+    ob_u(o, s, 16);
+    char t[2] = { ' ', sign };
+    ob_put(o, t, 2);
+    ob_put(o, "\n", 1);
+}
+
+/* Shrinker.entries: sorted by address then number; FINAL drops brackets. */
+static void write_state(struct run *r, struct obuf *o, int final)
+{
+    struct table *t = &r->t;
+    size_t m = 0;
+    for (size_t i = 0; i <= t->mask; i++)   /* compact the used slots, then sort them */
+        if (t->e[i].used)
+            t->e[m++] = t->e[i];
+    qsort(t->e, m, sizeof *t->e, cmp_ent);
+    r->st->entries = m;
+    for (size_t i = 0; i < m; i++) {
+        struct ent *e = &t->e[i];
+        if (!e->hull) {
+            if (!final || e->k0 == K_ALLOC || e->k0 == K_FREE)
+                ob_put(o, e->l0, e->n0);
+            continue;
+        }
+        if (e->k0 == K_FREE)
+            ob_put(o, e->l0, e->n0);
+        else if (!final)
+            put_bracket(o, e->l0, e->n0, e->s0, '+');
+        if (e->k1 == K_ALLOC)
+            ob_put(o, e->l1, e->n1);
+        else if (!final)
+            put_bracket(o, e->l1, e->n1, e->s1, '-');
+    }
+    ob_flush(o);
+}
+
+/* Shrink PATHS ("-" is stdin, descriptor 0) and write the result (events only, no header
+ * lines: those go to the header callback) to OUT_FD.  NAMES are the names used in messages,
+ * which go to ERR_FD.  COUNTS (npaths * 4: torn, padding, malformed, duplicate) receives the
+ * problem counts under the first index of each distinct name.
+ * Returns 0 when done, 1 when a callback stopped the run, -1 out of memory, -2 output error
+ * (the errno in stats->out_errno). */
+API int mmleak_shrink(const char *const *paths, const char *const *names, int npaths,
+                      int out_fd, int err_fd, int final, mmleak_header_cb on_header,
+                      mmleak_tick_cb on_tick, uint64_t *counts,
+                      struct mmleak_shrink_stats *stats)
+{
+    struct obuf *err = map_mem(sizeof *err), *out = map_mem(sizeof *out);
+    int *name_id = map_mem(sizeof(int) * (size_t)(npaths > 0 ? npaths : 1));
+    size_t cap = 1 << 22;
+    char *buf = map_mem(cap);
+    struct run r;
+    memset(&r, 0, sizeof r);
+    int rc = 0;
+    if (!err || !out || !name_id || !buf || table_init(&r.t, 16)) {
+        rc = -1;
+        goto done;
+    }
+    memset(stats, 0, sizeof *stats);
+    memset(counts, 0, sizeof(uint64_t) * P_KINDS * (size_t)npaths);
+    for (int i = 0; i < npaths; i++) {
+        name_id[i] = i;
+        for (int j = 0; j < i; j++)
+            if (!strcmp(names[i], names[j])) {
+                name_id[i] = j;
+                break;
+            }
+    }
+    err->fd = err_fd;
+    out->fd = out_fd;
+    r.err = err;
+    r.counts = counts;
+    r.name_id = name_id;
+    r.names = names;
+    r.on_header = on_header;
+    r.on_tick = on_tick;
+    r.st = stats;
+    for (int i = 0; i < npaths && !r.stop; i++) {
+        int fd = 0;
+        if (strcmp(paths[i], "-")) {
+            struct stat sb;
+            fd = open(paths[i], O_RDONLY | O_CLOEXEC);
+            if (fd >= 0 && fstat(fd, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+                close(fd);
+                fd = -1;
+                errno = EISDIR;
+            }
+            if (fd < 0) {
+                ob_str(err, "mmleak.py: ");
+                ob_str(err, names[i]);
+                ob_str(err, ": cannot read: ");
+                ob_str(err, strerror(errno));
+                ob_put(err, "\n", 1);
+                ob_flush(err);
+                stats->fatal = 1;
+                continue;
+            }
+        }
+        feed_fd(&r, fd, i, &buf, &cap);
+        if (fd)
+            close(fd);
+    }
+    if (r.stop) {
+        rc = r.stop;
+        goto done;
+    }
+    write_state(&r, out, final);
+    if (out->err) {
+        stats->out_errno = (uint64_t)out->err;
+        rc = -2;
+    }
+done:
+    if (r.t.e)
+        munmap(r.t.e, r.t.cap_bytes);
+    slab_release(&r.mem);
+    hset_release(&r.headers);
+    if (buf)
+        munmap(buf, cap);
+    if (name_id)
+        munmap(name_id, sizeof(int) * (size_t)(npaths > 0 ? npaths : 1));
+    if (err)
+        munmap(err, sizeof *err);
+    if (out)
+        munmap(out, sizeof *out);
+    return rc;
+}
+
+/* The interface version mmleak.py checks before it relies on the function's signature. */
+API int mmleak_shrink_abi(void) { return 1; }

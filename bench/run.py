@@ -751,6 +751,11 @@ def main():
     for d in ("dump", "input", "scratch"):
         reset_dir(dirs[d])
 
+    names = [w.name for w in workloads(args.quick)] + ["alloc", "depth", "shrink"]
+    for o in args.only:
+        if o not in names:
+            sys.exit("bench: --only %r: not one of %s" % (o, ", ".join(names)))
+
     def wanted(name):
         if not args.only:
             return True

@@ -736,6 +736,11 @@ def main():
     LIB = os.path.abspath(args.lib)
     runs = args.runs or (2 if args.quick else 5)
 
+    names = [w.name for w in workloads(args.quick)] + ["alloc", "depth", "shrink"]
+    for o in args.only:
+        if o not in names:
+            sys.exit("bench: --only %r: not one of %s" % (o, ", ".join(names)))
+
     if not os.path.isfile(LIB):
         sys.exit("bench: %s not found: run make first" % LIB)
     os.makedirs(OUT, exist_ok=True)
@@ -750,11 +755,6 @@ def main():
                 scratch=os.path.join(root, "scratch"))
     for d in ("dump", "input", "scratch"):
         reset_dir(dirs[d])
-
-    names = [w.name for w in workloads(args.quick)] + ["alloc", "depth", "shrink"]
-    for o in args.only:
-        if o not in names:
-            sys.exit("bench: --only %r: not one of %s" % (o, ", ".join(names)))
 
     def wanted(name):
         if not args.only:

@@ -34,21 +34,6 @@ CHART_SITES = 15        # bars in the top-sites chart
 TIMELINE_SITES = 5      # per-site lines in the timeline chart
 TIMELINE_POINTS = 2000  # points per timeline line at most (longer histories are binned)
 
-# Functions that only pass an allocation through: with a trace depth > 1, a call site is the
-# first frame outside these (so every caller of xmalloc is a site of its own).
-DEFAULT_WRAPPERS = (
-    "xmalloc", "xcalloc", "xrealloc", "xstrdup", "xstrndup", "xmemdup", "xzalloc",
-    "xnmalloc", "xcharalloc", "xasprintf", "xvasprintf",
-    "g_malloc", "g_malloc0", "g_malloc_n", "g_malloc0_n", "g_new", "g_new0", "g_realloc",
-    "g_realloc_n", "g_try_malloc", "g_try_malloc0", "g_strdup", "g_strndup", "g_memdup",
-    "g_memdup2", "g_slice_alloc", "g_slice_alloc0", "g_strdup_printf", "g_strconcat",
-    "operator new", "operator new[]", "__gnu_cxx::new_allocator<*>::allocate",
-    "std::__new_allocator<*>::allocate", "std::allocator<*>::allocate",
-    "std::allocator_traits<*>::allocate",
-    "strdup", "strndup", "__strdup", "__libc_strdup", "asprintf", "vasprintf",
-)
-
-
 def import_mmleak():
     """Load mmleak.py by path (a plain import would find mmleak.so beside it first)."""
     mod = sys.modules.get("mmleak")
@@ -100,41 +85,6 @@ def short_path(p, keep=3):
     return p if len(parts) <= keep + 1 else ".../" + "/".join(parts[-keep:])
 
 
-def base_name(fn):
-    """'ns::Foo<int>::bar(char const*) const' -> 'ns::Foo<*>::bar' (for wrapper matching)."""
-    if not fn:
-        return ""
-    out, depth, i = [], 0, 0
-    name = fn
-    if name.startswith("operator new"):
-        return "operator new[]" if name.startswith("operator new[]") else "operator new"
-    # cut the argument list: the first '(' at template depth 0
-    while i < len(name):
-        c = name[i]
-        if c == "<":
-            if depth == 0:
-                out.append("<*>")
-            depth += 1
-        elif c == ">":
-            depth = max(depth - 1, 0)
-        elif c == "(" and depth == 0:
-            break
-        elif depth == 0:
-            out.append(c)
-        i += 1
-    return "".join(out).strip()
-
-
-class Wrappers:
-    def __init__(self, extra=()):
-        self.names = set(DEFAULT_WRAPPERS) | {w.strip() for w in extra if w.strip()}
-
-    def __contains__(self, frame):
-        if frame is None or not frame.function:
-            return False
-        return frame.function in self.names or base_name(frame.function) in self.names
-
-
 # ---------------------------------------------------------------------------------------
 # Aggregation: survivors -> call sites (pandas)
 # ---------------------------------------------------------------------------------------
@@ -168,14 +118,6 @@ class Survivors:
         return sorted({c for k in self.stack_list for c in k})
 
 
-def site_of_stack(stack, frames, wrappers):
-    """Index of the frame that names the call site: the first outside the wrappers."""
-    for i, c in enumerate(stack):
-        if frames.get(c) not in wrappers:
-            return i
-    return 0
-
-
 def aggregate(surv, frames, end_time, wrappers, since=None, older_than=None):
     """-> (df of blocks after filters, sites DataFrame largest first, info dict)."""
     import numpy as np
@@ -191,23 +133,13 @@ def aggregate(surv, frames, end_time, wrappers, since=None, older_than=None):
         df = df[df["time"] >= since]
     if older_than is not None:
         df = df[(end_time - df["time"]) >= older_than]
-    # call site of each stack: (site address, index of that frame in the stack)
-    # callers that resolve to the same source line are one site (as in mmleak.leak_sites)
-    canon = {}
-    for addr, fr in sorted(frames.items()):
-        if fr.file and fr.line:
-            canon.setdefault((fr.module, fr.function, fr.file, fr.line, fr.inlined), addr)
-
-    def canonical(addr):
-        fr = frames.get(addr)
-        if fr is None or not (fr.file and fr.line):
-            return addr
-        return canon[(fr.module, fr.function, fr.file, fr.line, fr.inlined)]
-
+    # call site of each stack: mmleak.site_resolver (first frame outside the wrappers, and
+    # callers that resolve to the same source line are one site), as the terminal report
+    resolve = mmleak.site_resolver(frames, wrappers)
     site_key, site_idx = [], []
     for st in surv.stack_list:
-        i = site_of_stack(st, frames, wrappers)
-        site_key.append(canonical(st[i]))
+        key, i = resolve(st)
+        site_key.append(key)
         site_idx.append(i)
     site_key = np.array(site_key, dtype=np.uint64) if site_key else np.zeros(0, np.uint64)
     df = df.assign(site=site_key[df["sid"].to_numpy()] if len(df) else
@@ -710,7 +642,7 @@ def build_html(ctx):
 def render(surv, frames, meta, wrappers=None, top=TOP_ROWS):
     """Aggregate SURV (a Survivors) and return the page.  META: pid, trace, cmd, start,
     end_time, events, events_note, depth, symbol_error, foreign, since, older_than, source."""
-    wrappers = wrappers or Wrappers()
+    wrappers = wrappers or mmleak.Wrappers()
     end_time = meta["end_time"]
     df, sites, info = aggregate(surv, frames, end_time, wrappers, meta.get("since"),
                                 meta.get("older_than"))
@@ -722,7 +654,7 @@ def render(surv, frames, meta, wrappers=None, top=TOP_ROWS):
     for st in surv.stack_list:
         for c in st:
             if frames.get(c) in wrappers:
-                hits.add(base_name(frames[c].function))
+                hits.add(mmleak.base_name(frames[c].function))
     if meta["depth"] <= 1:
         for a in sites["site"].tolist():
             if frames.get(int(a)) in wrappers:
@@ -764,7 +696,7 @@ def render_report(rep, out_path, wrappers=None, top=TOP_ROWS):
     depth = min(depth, max(int(rep.get("trace_depth") or depth), 1))
     surv = Survivors(rep["survivors"], depth)
     if wrappers is None or isinstance(wrappers, (list, tuple)):
-        wrappers = Wrappers(list(wrappers or ()) + list(rep.get("wrappers") or ()))
+        wrappers = mmleak.Wrappers(list(wrappers or ()) + list(rep.get("wrappers") or ()))
     meta = {
         "pid": rep.get("pid"), "trace": rep.get("trace"), "cmd": rep.get("cmd"),
         "start": rep.get("start") or 0, "end_time": rep.get("end_time") or 0,
@@ -971,7 +903,7 @@ def run(args):
     }
     if depth < 10 ** 6 and any(len(s) > depth for s in surv.stack_list):
         surv = _cut(surv, depth)
-    wr = Wrappers([n for w in args.wrappers for n in w.split(",")])
+    wr = mmleak.Wrappers([n for w in args.wrappers for n in w.split(",")])
     write_page(render(surv, frames, meta, wr, args.top), args.output)
     return status
 

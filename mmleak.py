@@ -403,7 +403,7 @@ class Shrinker:
         if len(ids) > 1:
             srcs = {}
             for h in self.headers:
-                srcs.setdefault(h.get("id"), h["source"])
+                srcs.setdefault(h.get("id", "?"), h["source"])
             raise Fail("files of different processes mixed: %s (shrink each process on its "
                        "own, or pass --mixed)" % ", ".join("%s (%s)" % (i, srcs[i]) for i in ids))
 
@@ -869,29 +869,96 @@ def frame_label(fr):
 Site = collections.namedtuple("Site", "caller stack bytes blocks min max oldest youngest")
 
 
-def leak_sites(survivors, end_time, depth=1, frames=None):
-    """Group survivors by their first DEPTH callers; largest total first.
+# Functions that only pass an allocation through: with a trace depth > 1, a call site is the
+# first frame outside these (so every caller of xmalloc is a site of its own).
+DEFAULT_WRAPPERS = (
+    "xmalloc", "xcalloc", "xrealloc", "xstrdup", "xstrndup", "xmemdup", "xzalloc",
+    "xnmalloc", "xcharalloc", "xasprintf", "xvasprintf",
+    "g_malloc", "g_malloc0", "g_malloc_n", "g_malloc0_n", "g_new", "g_new0", "g_realloc",
+    "g_realloc_n", "g_try_malloc", "g_try_malloc0", "g_strdup", "g_strndup", "g_memdup",
+    "g_memdup2", "g_slice_alloc", "g_slice_alloc0", "g_strdup_printf", "g_strconcat",
+    "operator new", "operator new[]", "__gnu_cxx::new_allocator<*>::allocate",
+    "std::__new_allocator<*>::allocate", "std::allocator<*>::allocate",
+    "std::allocator_traits<*>::allocate",
+    "strdup", "strndup", "__strdup", "__libc_strdup", "asprintf", "vasprintf",
+)
 
-    With FRAMES ({addr: Frame}), callers that resolve to the same source line (one line can
-    compile to several calls: an unrolled loop, a macro) count as one site.
+
+
+def base_name(fn):
+    """'ns::Foo<int>::bar(char const*) const' -> 'ns::Foo<*>::bar' (for wrapper matching)."""
+    if not fn:
+        return ""
+    out, depth, i = [], 0, 0
+    name = fn
+    if name.startswith("operator new"):
+        return "operator new[]" if name.startswith("operator new[]") else "operator new"
+    # cut the argument list: the first '(' at template depth 0
+    while i < len(name):
+        c = name[i]
+        if c == "<":
+            if depth == 0:
+                out.append("<*>")
+            depth += 1
+        elif c == ">":
+            depth = max(depth - 1, 0)
+        elif c == "(" and depth == 0:
+            break
+        elif depth == 0:
+            out.append(c)
+        i += 1
+    return "".join(out).strip()
+
+
+class Wrappers:
+    def __init__(self, extra=()):
+        self.names = set(DEFAULT_WRAPPERS) | {w.strip() for w in extra if w.strip()}
+
+    def __contains__(self, frame):
+        if frame is None or not frame.function:
+            return False
+        return frame.function in self.names or base_name(frame.function) in self.names
+
+
+def site_resolver(frames, wrappers=None):
+    """A function stack -> (site address, index in the stack) that names a leak's call site.
+
+    The site is the first frame outside the allocation WRAPPERS (with one frame, the frame
+    itself), and callers that resolve to the same source line (one line can compile to
+    several calls: an unrolled loop, a macro) are the same site: the lowest such address."""
+    frames = frames or {}
+    canon = {}
+    for addr, fr in sorted(frames.items()):
+        if fr.file and fr.line:
+            canon.setdefault((fr.module, fr.function, fr.file, fr.line, fr.inlined), addr)
+
+    def resolve(stack):
+        i = 0
+        if wrappers is not None:
+            for j, c in enumerate(stack):
+                if frames.get(c) not in wrappers:
+                    i = j
+                    break
+        fr = frames.get(stack[i])
+        if fr is None or not (fr.file and fr.line):
+            return stack[i], i
+        return canon[(fr.module, fr.function, fr.file, fr.line, fr.inlined)], i
+    return resolve
+
+
+def leak_sites(survivors, end_time, depth=1, frames=None, wrappers=None):
+    """Group survivors by call site (see site_resolver; with DEPTH > 1 and WRAPPERS, the
+    first frame outside the wrappers); largest total first.
+
     oldest/youngest are ages in seconds at END_TIME (the last time seen in the dump)."""
     groups = {}
-    canon = {}
-    if frames:
-        for addr, fr in frames.items():
-            if fr.file and fr.line:
-                canon.setdefault((fr.module, fr.function, fr.file, fr.line, fr.inlined), addr)
-    def site_of(addr):
-        fr = frames.get(addr) if frames else None
-        if fr is None or not (fr.file and fr.line):
-            return addr
-        return canon[(fr.module, fr.function, fr.file, fr.line, fr.inlined)]
+    resolve = site_resolver(frames, wrappers)
     for a in survivors:
-        key = tuple(site_of(c) for c in a.callers[:depth]) if frames else a.callers[:depth]
+        key = resolve(a.callers[:depth])[0]
         g = groups.get(key)
         age = max(end_time - a.time, 0)
         if g is None:
-            groups[key] = [a.size, 1, a.size, a.size, age, age]
+            groups[key] = [a.size, 1, a.size, a.size, age, age, a.callers[:depth]]
         else:
             g[0] += a.size
             g[1] += 1
@@ -899,7 +966,7 @@ def leak_sites(survivors, end_time, depth=1, frames=None):
             g[3] = max(g[3], a.size)
             g[4] = max(g[4], age)
             g[5] = min(g[5], age)
-    sites = [Site(k[0], k, *v) for k, v in groups.items()]
+    sites = [Site(k, v[6], *v[:6]) for k, v in groups.items()]
     sites.sort(key=lambda s: (-s.bytes, -s.blocks, s.caller))
     return sites
 
@@ -1159,7 +1226,8 @@ def print_top_sites(rep, out, top=10):
                      human_bytes(rep["unfiltered"][1])))
     if rep["symbol_error"]:
         out.write("  symbols: %s\n" % rep["symbol_error"])
-    sites = leak_sites(surv, rep["end_time"], 1, rep["frames"])
+    sites = leak_sites(surv, rep["end_time"], rep["trace_depth"], rep["frames"],
+                       Wrappers(rep.get("wrappers") or ()))
     if not sites:
         out.write("  no block matches the filter\n" if rep["filter"] else
                   "  no leaks: every block allocated while tracing was freed\n")
@@ -1175,7 +1243,8 @@ def print_top_sites(rep, out, top=10):
 
 
 def write_csv(rep, path):
-    sites = leak_sites(rep["survivors"], rep["end_time"], 1, rep["frames"])
+    sites = leak_sites(rep["survivors"], rep["end_time"], rep["trace_depth"], rep["frames"],
+                       Wrappers(rep.get("wrappers") or ()))
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["bytes", "blocks", "mean", "min", "max", "oldest_s", "youngest_s",
@@ -1202,6 +1271,7 @@ def load_script_module(name, filename):
 def cmd_report(args):
     rep = build_report(args.dir, args.pid, progress=True, depth=args.depth,
                        since=args.since, older_than=args.older_than, baseline=args.baseline)
+    rep["wrappers"] = [n for w in args.wrappers for n in w.split(",") if n]
     print_top_sites(rep, sys.stdout, args.top)
     if args.csv:
         write_csv(rep, args.csv)
@@ -1210,12 +1280,19 @@ def cmd_report(args):
     if not args.no_html:
         try:
             panda = load_script_module("mmleak_panda", "mmleak-panda.py")
-            panda.render_report(rep, out)
-            sys.stdout.write("HTML report: %s\n" % out)
         except ImportError as e:
             warn("no HTML report: %s (install python3-pandas and python3-matplotlib)" % e)
+            panda = None
         except FileNotFoundError:
             warn("no HTML report: mmleak-panda.py not found next to mmleak.py")
+            panda = None
+        if panda is not None:
+            try:
+                panda.render_report(rep, out)
+            except OSError as e:
+                warn("cannot write %s: %s" % (out, e.strerror or e))
+                return EXIT_INPUT
+            sys.stdout.write("HTML report: %s\n" % out)
     if rep["incomplete"]:
         return EXIT_PARTIAL
     if rep["symbol_error"] and "not found" in rep["symbol_error"]:
@@ -1223,8 +1300,16 @@ def cmd_report(args):
     return EXIT_OK
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error exits with EXIT_USAGE (1), as documented."""
+
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, "%s: error: %s\n" % (self.prog, message))
+
+
 def build_parser():
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Shrink, symbolize and report mmleak dump files (mmleak.PID.N.out).",
         epilog="typical use:\n"
@@ -1233,7 +1318,7 @@ def build_parser():
                "  %(prog)s shrink mmleak.PID.*.out > mmleak.PID.txt  # the raw survivors\n\n"
                + EXIT_HELP)
     p.add_argument("--version", action="version", version="%(prog)s " + VERSION)
-    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser)
     sub.required = True
 
     s = sub.add_parser(
@@ -1322,6 +1407,9 @@ def build_parser():
     q.add_argument("--top", type=int, default=10, help="call sites to print (default 10)")
     q.add_argument("--depth", type=int, help="frames per call site (default: the trace's)")
     q.add_argument("--no-html", action="store_true", help="terminal output only")
+    q.add_argument("--wrappers", action="append", default=[], metavar="NAME[,NAME...]",
+                   help="more allocation wrapper functions to look through in the HTML "
+                        "report (trace depth > 1)")
     q.add_argument("--since", type=float, metavar="SECONDS",
                    help="only blocks allocated at least SECONDS after the trace started "
                         "(hide the start-up state of a daemon)")

@@ -1099,13 +1099,64 @@ static void fork_child(void)
  * process's malloc, whoever provides it. */
 extern void *mmleak_own_malloc(size_t) __attribute__((alias("malloc"), visibility("hidden"), copy(malloc)));
 
+/* Is this library one of the preloaded ones (LD_PRELOAD, /etc/ld.so.preload)?  Compared by
+ * device and inode, or by file name for entries without a slash. */
+static int named_in(const char *list, const struct stat *self, const char *self_base)
+{
+    char item[PATH_MAX];
+    while (list && *list) {
+        while (*list == ' ' || *list == ':' || *list == '\t' || *list == '\n')
+            list++;
+        size_t n = 0;
+        while (list[n] && list[n] != ' ' && list[n] != ':' && list[n] != '\t' && list[n] != '\n')
+            n++;
+        if (n && n < sizeof item) {
+            memcpy(item, list, n);
+            item[n] = 0;
+            struct stat st;
+            if (strchr(item, '/') ? (stat(item, &st) == 0 && st.st_dev == self->st_dev &&
+                                     st.st_ino == self->st_ino)
+                                  : strcmp(item, self_base) == 0)
+                return 1;
+        }
+        list += n;
+    }
+    return 0;
+}
+
+static int preloaded(void)
+{
+    /* dlsym finds our malloc first when we were preloaded into a position-independent
+     * program; a non-PIE program has a canonical PLT entry for malloc, so ask the lists. */
+    if (dlsym(RTLD_DEFAULT, "malloc") == (void *)mmleak_own_malloc)
+        return 1;
+    Dl_info di;
+    struct stat self;
+    if (!dladdr((void *)mmleak_own_malloc, &di) || !di.dli_fname || stat(di.dli_fname, &self))
+        return 1; /* cannot tell: trace rather than miss a program */
+    const char *base = strrchr(di.dli_fname, '/');
+    base = base ? base + 1 : di.dli_fname;
+    if (named_in(getenv("LD_PRELOAD"), &self, base))
+        return 1;
+    char buf[4096];
+    int fd = open("/etc/ld.so.preload", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        buf[n > 0 ? n : 0] = 0;
+        if (named_in(buf, &self, base))
+            return 1;
+    }
+    return 0;
+}
+
 __attribute__((constructor)) static void mmleak_init(void)
 {
     int saved = errno;
     T.guard++;
     /* Loaded with dlopen (mmleak.py loads the library for its compiled shrinker): our
      * allocation functions are not the process's, there is nothing to trace. */
-    if (dlsym(RTLD_DEFAULT, "malloc") != (void *)mmleak_own_malloc) {
+    if (!preloaded()) {
         g_state = -1;
         g_once_done = 1;
         T.guard--;

@@ -50,6 +50,7 @@ def bins(tmp_path_factory, lib):
                         os.path.join(TESTS, src)] + list(extra), check=True)
         out[name] = exe
     cc("hostile", "hostile.c", "-pthread", "-ldl")
+    cc("hostile_nopie", "hostile.c", "-pthread", "-ldl", "-no-pie", "-fno-pie")
     cc("libdl_test.so", "dl_lib.c", "-shared", "-fPIC")
     cc("hostile_cxx", "hostile_cxx.cpp", "-std=c++17", compiler="c++")
     return out

@@ -23,6 +23,9 @@
 
 #define NOINLINE __attribute__((noinline))
 static void *volatile sink;
+/* Taking malloc's address gives a non-PIE build a canonical PLT entry for it: the case where
+ * dlsym(RTLD_DEFAULT, "malloc") is the program's, not mmleak's (tests build it both ways). */
+void *(*volatile malloc_address)(size_t) = malloc;
 static void keep(void *p) { sink = p; }
 /* malloc+free the compiler cannot elide */
 static void pair(size_t n) { void *p = malloc(n); sink = p; free(p); }

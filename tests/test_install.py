@@ -13,6 +13,7 @@ import os
 import shutil
 import stat
 import subprocess
+import tempfile
 
 import pytest
 
@@ -89,8 +90,8 @@ def lib(tmp_path):
     return str(p)
 
 
-def run(root, *args, lib=None, preexec=None, env=None):
-    cmd = [PY, SCRIPT]
+def run(root, *args, lib=None, preexec=None, env=None, script=SCRIPT):
+    cmd = [PY, script]
     if root is not None:
         cmd += ["--root", str(root)]
     cmd += list(args)
@@ -576,13 +577,23 @@ def test_non_root_user_refused(tmp_path):
         os.setgroups([])
         os.setgid(65534)
         os.setuid(65534)
-    rc, out, err = run(None, "install", "plain.service", "--lib", "/usr/bin/true",
-                       preexec=drop)
+    # the checkout may sit in a directory only root can enter (a CI clone in mktemp -d):
+    # run a copy the unprivileged user can read
+    pub = tempfile.mkdtemp(prefix="mmleak-install-test.")
+    try:
+        os.chmod(pub, 0o755)
+        for name in ("mmleak-install.py", "mmleak.py"):
+            shutil.copy(os.path.join(os.path.dirname(HERE), name), pub)
+        script = os.path.join(pub, "mmleak-install.py")
+        rc, out, err = run(None, "install", "plain.service", "--lib", "/usr/bin/true",
+                           preexec=drop, script=script)
+        rc2, out2, err2 = run(None, "uninstall", "plain.service", preexec=drop, script=script)
+    finally:
+        shutil.rmtree(pub)
     assert (rc, out) == (2, "")
     assert err == ("mmleak-install.py: error: must be run as root (it writes under "
                    "/etc/systemd/system); use sudo, or --dry-run to see what it would do\n")
-    rc, out, err = run(None, "uninstall", "plain.service", preexec=drop)
-    assert rc == 2 and err.startswith("mmleak-install.py: error: must be run as root")
+    assert rc2 == 2 and err2.startswith("mmleak-install.py: error: must be run as root")
 
 
 def test_missing_library_without_lib(tmp_path, root):

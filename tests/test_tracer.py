@@ -255,3 +255,18 @@ def test_loading_with_dlopen_traces_nothing(lib, tmp_path):
                        env=dict(os.environ, MMLEAK_DIR=str(tmp_path)))
     assert r.stdout == "ok\n" and r.stderr == ""
     assert os.listdir(tmp_path) == []
+
+
+def test_non_pie_program_is_traced(bins, dump):
+    """A non-PIE program that takes malloc's address (Debian's /usr/bin/python3 is one) has
+    its own canonical address for malloc; mmleak must still know it was preloaded."""
+    r = run_traced([bins["hostile_nopie"], "basic"], dump)
+    got, _ = leaks(dump, the_trace(dump), "hostile_nopie")
+    assert got == basic_expected()
+
+
+def test_preloaded_by_bare_name(bins, dump):
+    r = run_traced([bins["hostile"], "basic"], dump,
+                   env={"LD_PRELOAD": "mmleak.so", "LD_LIBRARY_PATH": ROOT})
+    got, _ = leaks(dump, the_trace(dump), "hostile")
+    assert got == basic_expected()

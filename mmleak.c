@@ -1021,10 +1021,17 @@ COLD static void slow_alloc(void *p, size_t n, const void *ra)
     *d++ = ' ';
     d = hexw(d, (uintptr_t)ra - 1, 12);
     if (cfg.depth > 1) {
+        /* Our own frames above the caller are slow_alloc and the entry point: ask for just
+         * two more than wanted (every frame unwound costs), more only if ra is not there. */
         void *bt[MAXDEPTH + 8];
-        int k = backtrace(bt, cfg.depth + 8), i = 0;
-        while (i < k && bt[i] != ra) /* skip mmleak's own frames */
+        int k = backtrace(bt, cfg.depth + 2), i = 0;
+        while (i < k && bt[i] != ra)
             i++;
+        if (i == k) {
+            k = backtrace(bt, cfg.depth + 8);
+            for (i = 0; i < k && bt[i] != ra; i++)
+                ;
+        }
         for (int j = i + 1; j < k && j <= i + cfg.depth - 1; j++) {
             *d++ = ' ';
             d = hexw(d, (uintptr_t)bt[j] - 1, 12);

@@ -3,8 +3,8 @@
  *
  * Loaded with LD_PRELOAD.  Every thread appends one text line per event to its own file
  * $MMLEAK_DIR/mmleak.ID.N.out, staged in a MAP_SHARED mapping of mmleak.ID.N.tail, so the
- * kernel keeps every completed line even when the process is killed with SIGKILL.  The dump format is
- * specified in README.rst ("The dump format"); mmleak.py is its reader.
+ * kernel keeps every completed line even when the process is killed with SIGKILL.  The dump
+ * format is specified in README.rst ("The dump format"); mmleak.py is its reader.
  *
  * Layout of this file:
  *   1. configuration (environment variables) and process-wide state
@@ -13,8 +13,9 @@
  *   4. the interposed entry points (malloc & co, C++ operators, strdup)
  *
  * Rules that keep the host safe (each one has bitten a tracer before):
- *   - the hot path takes no lock, makes no syscall, calls no libc function, allocates nothing;
- *     anything else happens in noinline cold functions behind one unlikely() branch;
+ *   - the hot path takes no lock, makes no syscall, allocates nothing, and calls nothing but
+ *     time() (a read of the vDSO page); anything else happens in noinline cold functions
+ *     behind one unlikely() branch;
  *   - no descriptor is kept open between cold calls: a daemon that closes every fd and
  *     dup2()s over them can never make us write into one of its files;
  *   - errno is saved and restored around every cold call;
@@ -23,13 +24,13 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
-#include <stdarg.h>
 #include <errno.h>
 #include <execinfo.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <link.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>

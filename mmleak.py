@@ -376,7 +376,10 @@ class Shrinker:
                     h["source"] = name
                     self.headers.append(h)
                 elif line.startswith(b"#cmd ") and self.cmd is None:
-                    self.cmd = line[5:].decode("utf-8", "replace").rstrip("\n")
+                    # mmleak.so writes bytes outside printable ASCII (and '\\') as \xHH
+                    raw = re.sub(rb"\\x([0-9a-f]{2})", lambda g: bytes([int(g.group(1), 16)]),
+                                 line[5:].rstrip(b"\n"))
+                    self.cmd = raw.decode("utf-8", "replace")
             return
         # A killed writer leaves its last line without newline, and NULs after it (the
         # rest of the mapped window).  After `sort` those become lines of their own.
@@ -881,6 +884,16 @@ DEFAULT_WRAPPERS = (
     "std::__new_allocator<*>::allocate", "std::allocator<*>::allocate",
     "std::allocator_traits<*>::allocate",
     "strdup", "strndup", "__strdup", "__libc_strdup", "asprintf", "vasprintf",
+    "Perl_safesysmalloc", "Perl_safesyscalloc", "Perl_safesysrealloc",
+    "PyMem_RawMalloc", "PyMem_RawCalloc", "PyMem_RawRealloc", "_PyMem_RawMalloc",
+    "_PyMem_RawCalloc", "_PyMem_RawRealloc", "PyMem_Malloc", "PyMem_Calloc", "PyMem_Realloc",
+    "PyObject_Malloc", "PyObject_Calloc", "PyObject_Realloc", "_PyObject_Malloc",
+    "_PyObject_Calloc", "_PyObject_Realloc",
+    "sqlite3Malloc", "sqlite3MallocZero", "sqlite3_malloc", "sqlite3_malloc64",
+    "sqlite3Realloc", "sqlite3_realloc", "sqlite3_realloc64", "sqlite3DbMallocRaw",
+    "sqlite3DbMallocZero", "sqlite3DbMallocRawNN", "sqlite3MemMalloc", "sqlite3MemRealloc",
+    "OPENSSL_malloc", "OPENSSL_zalloc", "CRYPTO_malloc", "CRYPTO_zalloc", "CRYPTO_realloc",
+    "xmlMalloc", "xmlMallocAtomic", "xmlRealloc", "xmlStrdup", "xmlStrndup",
 )
 
 

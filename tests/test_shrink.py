@@ -243,3 +243,9 @@ def test_fuzzed_input_never_crashes(tmp_path, seed):
 def test_help_describes_exit_codes():
     r = subprocess.run(MMLEAK_PY + ["shrink", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "exit status:" in r.stdout and "--final" in r.stdout
+
+
+def test_command_line_escapes_are_decoded():
+    sh = mmleak.Shrinker()
+    sh.feed(iter([HDR % (1, 0), b"#cmd perl -e print \"ok\\x5cn\" caf\\xc3\\xa9\n"]), "x")
+    assert sh.cmd == 'perl -e print "ok\\n" caf\u00e9'

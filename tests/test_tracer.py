@@ -270,3 +270,19 @@ def test_preloaded_by_bare_name(bins, dump):
                    env={"LD_PRELOAD": "mmleak.so", "LD_LIBRARY_PATH": ROOT})
     got, _ = leaks(dump, the_trace(dump), "hostile")
     assert got == basic_expected()
+
+
+def test_rotation_keeps_results_exact(bins, dump, mm):
+    """With a 1 MiB limit every thread goes through several files; each closed one is complete
+    (ends with #end) and all of them together give the exact result."""
+    run_traced([bins["hostile"], "churn", "2"], dump, env={"MMLEAK_ROTATE_MB": "1"})
+    tid = the_trace(dump)
+    files = mm.find_traces(str(dump))[tid]
+    assert len(files) >= 8
+    for f in files:
+        data = open(f, "rb").read()
+        assert data.endswith(b"#end\n") and b"\0" not in data, f
+    assert not [n for n in os.listdir(dump) if n.endswith(".tail")]
+    got, sh = leaks(dump, tid, "hostile")
+    assert sum(v for k, v in got.items() if k[0] == "churn_body") == 7
+    assert sh.foreign_frees() == []

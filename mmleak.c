@@ -69,7 +69,7 @@ static struct {
     char dir[PATH_MAX - 64]; /* MMLEAK_DIR, made absolute at start (default /tmp) */
     int depth;               /* MMLEAK_DEPTH: return addresses per allocation (default 1) */
     size_t rotate;           /* MMLEAK_ROTATE_MB: start a new file past this size (256) */
-    size_t buffer;           /* MMLEAK_BUFFER_KB: staging area per thread, 2 halves (256) */
+    size_t buffer;           /* MMLEAK_BUFFER_KB: staging area of a busy thread (1024) */
     int quiet;               /* MMLEAK_QUIET=1: no message on stderr, even on failure */
 } cfg;
 
@@ -378,7 +378,7 @@ static void read_config(void)
     cfg.quiet = (int)env_num("MMLEAK_QUIET", 0, 0, 1);
     cfg.depth = (int)env_num("MMLEAK_DEPTH", 1, 1, MAXDEPTH);
     cfg.rotate = (size_t)env_num("MMLEAK_ROTATE_MB", 256, 1, 1 << 20) << 20;
-    cfg.buffer = (size_t)env_num("MMLEAK_BUFFER_KB", 256, 16, 1 << 20) << 10;
+    cfg.buffer = (size_t)env_num("MMLEAK_BUFFER_KB", 1024, 16, 1 << 20) << 10;
 }
 
 static void *sym(const char *name)
@@ -709,6 +709,7 @@ COLD static void global_init(void)
  * flushes the last half and deletes the .tail: the .out file is then exact. */
 
 #define HALF_HDR 32
+#define START_HALF (32 * 1024)
 
 static char *side_path(char *buf, size_t len, unsigned n, const char *ext)
 {
@@ -773,6 +774,36 @@ static int flush_half(struct tstate *t)
     close(fd);
     t->out_off += done;
     return done == n ? 0 : -1;
+}
+
+/* A thread that filled its first half is a busy one: give it the full MMLEAK_BUFFER_KB.  Every
+ * staged line is in .out at this point, so the old content is simply dropped (truncated to
+ * nothing first, so that no old "#at" header survives at a place the new layout reads). */
+static int grow_stage(struct tstate *t)
+{
+    char path[PATH_MAX];
+    int fd = open_again(side_path(path, sizeof path, t->fileno, ".tail"));
+    if (fd < 0)
+        return -1;
+    size_t half = cfg.buffer / 2;
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, 0) == 0 && posix_fallocate(fd, 0, (off_t)(2 * half)) == 0)
+        p = mmap(NULL, 2 * half, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        /* keep writing the small one (its pages are still there unless truncated) */
+        if (ftruncate(fd, (off_t)(2 * t->half_size)) != 0 ||
+            posix_fallocate(fd, 0, (off_t)(2 * t->half_size)) != 0) {
+            close(fd);
+            return -2;
+        }
+        close(fd);
+        return -1;
+    }
+    close(fd);
+    munmap(t->stage, 2 * t->half_size);
+    t->stage = p;
+    t->half_size = half;
+    return 0;
 }
 
 /* Flush, end the file with "#end", delete the staging file, forget both. */
@@ -869,7 +900,8 @@ static int file_open(struct tstate *t)
                 continue;
             return -1;
         }
-        t->half_size = cfg.buffer / 2;
+        /* small at first: most threads make few events; grown at the first full half */
+        t->half_size = (cfg.buffer < 2 * START_HALF ? cfg.buffer : 2 * START_HALF) / 2;
         void *p = MAP_FAILED;
         /* fallocate, not just ftruncate: a full disk must fail here, not SIGBUS later */
         if (posix_fallocate(fd, 0, (off_t)(2 * t->half_size)) == 0)
@@ -939,7 +971,17 @@ static int make_room(struct tstate *t, size_t need)
         go_scratch(t);
         return -1;
     }
-    half_start(t, t->half ^ 1);
+    int grown = 2 * t->half_size < cfg.buffer ? grow_stage(t) : -1;
+    if (grown == -2) { /* the staging file is gone and cannot be sized again: stop here */
+        say("cannot write a dump file in ", cfg.dir, " (disk full?): tracing stopped");
+        char path[PATH_MAX];
+        unlink(side_path(path, sizeof path, t->fileno, ".tail"));
+        stage_drop(t);
+        t->open = 0;
+        go_scratch(t);
+        return -1;
+    }
+    half_start(t, grown == 0 ? 0 : t->half ^ 1);
     maps_snapshot(0);
     return (size_t)(t->end - t->cur) >= need ? 0 : -1;
 }

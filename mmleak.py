@@ -174,13 +174,6 @@ def with_unflushed_tails(paths):
     return list(paths) + extra, tmpdir
 
 
-def maps_path_for(dump_path):
-    """mmleak.ID.N.out -> mmleak.ID.maps beside it."""
-    d, n = os.path.split(dump_path)
-    m = DUMP_RE.match(n)
-    return os.path.join(d, "mmleak.%s.maps" % m.group(1)) if m else None
-
-
 # ---------------------------------------------------------------------------------------
 # The dump format (README.rst, "The dump format")
 # ---------------------------------------------------------------------------------------

@@ -123,6 +123,7 @@ struct tstate {
     int disabled;         /* tracing failed for good; write into scratch */
     int late;             /* this thread's file was closed (thread exit, exit, exec) */
     int late_lines;       /* lines appended directly to it since */
+    int exit_rounds;      /* pthread key destructor rounds seen */
     char *stage;          /* shared mapping of the .tail file: two halves */
     size_t half_size;
     int half;             /* the half being written */
@@ -654,6 +655,7 @@ static int reserve_id(void)
 }
 
 static void thread_exit(void *arg);
+static int unpark(struct tstate *t);
 static void fork_prepare(void) { pthread_mutex_lock(&g_lock); }
 static void fork_parent(void) { pthread_mutex_unlock(&g_lock); }
 static void fork_child(void);
@@ -941,7 +943,7 @@ static int make_room(struct tstate *t, size_t need)
         return -1;
     }
     if (!t->open) {
-        if (file_open(t)) {
+        if (unpark(t) && file_open(t)) {
             static atomic_int said;
             if (!atomic_exchange(&said, 1))
                 say("cannot write dump files in ", cfg.dir, ": tracing of the thread stopped");
@@ -951,6 +953,7 @@ static int make_room(struct tstate *t, size_t need)
         pthread_mutex_lock(&g_lock);
         registry_add(t);
         pthread_mutex_unlock(&g_lock);
+        t->exit_rounds = 0;
         if (g_key_ok)
             pthread_setspecific(g_key, t);
         maps_snapshot(0);
@@ -1109,20 +1112,93 @@ HOT_INLINE void note_free(void *p, const void *ra)
     rec_free(p, seq_next(p), ra);
 }
 
-/* pthread key destructor: the thread is exiting.  Close its file; events that still happen
- * in this thread afterwards (other destructors) open a small "late" file. */
+/* Files of exited threads, kept for the next new thread: a program that starts thousands of
+ * short threads writes about as many files as it ever had threads at once, not thousands.
+ * A parked file is fully flushed; its staging mapping stays.  Under g_lock. */
+struct parked { unsigned fileno; char *stage; size_t half_size; uint64_t out_off; };
+static struct { struct parked *a; size_t n, cap; } P;
+
+static void park(struct tstate *t)
+{
+    pthread_mutex_lock(&g_lock);
+    registry_del(t);
+    struct parked *a = flush_half(t) == 0 ? grow(P.a, &P.cap, P.n + 1, sizeof *a) : NULL;
+    if (a) {
+        P.a = a;
+        P.a[P.n++] = (struct parked){ t->fileno, t->stage, t->half_size, t->out_off };
+        t->stage = NULL;
+        t->cur = t->end = NULL;
+        t->open = 0;
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (t->open) /* could not park: close it as before */
+        file_close(t, 1);
+    t->late = 1;
+    t->late_lines = LATE_DIRECT; /* the file may soon be another thread's: no direct appends */
+}
+
+/* A new thread continues a parked file, if there is one; "#thread" marks the handover. */
+static int unpark(struct tstate *t)
+{
+    struct parked p;
+    pthread_mutex_lock(&g_lock);
+    int got = P.n > 0;
+    if (got)
+        p = P.a[--P.n];
+    pthread_mutex_unlock(&g_lock);
+    if (!got)
+        return -1;
+    t->fileno = p.fileno;
+    t->stage = p.stage;
+    t->half_size = p.half_size;
+    t->out_off = p.out_off;
+    half_start(t, 0);
+    t->open = 1;
+    t->late = 0;
+    t->late_lines = 0;
+    t->exit_rounds = 0;
+    char line[64], *d = line, *e = line + sizeof line;
+    d = cat(d, e, "#thread tid=");
+    d = cat_u(d, e, (unsigned long)syscall(SYS_gettid));
+    d = cat(d, e, "\n");
+    memcpy(t->cur, line, (size_t)(d - line));
+    t->cur += d - line;
+    return 0;
+}
+
+/* Close every parked file (process exit). */
+static void close_parked(void)
+{
+    pthread_mutex_lock(&g_lock);
+    while (P.n > 0) {
+        struct parked p = P.a[--P.n];
+        struct tstate tmp;
+        memset(&tmp, 0, sizeof tmp);
+        tmp.fileno = p.fileno;
+        tmp.stage = p.stage;
+        tmp.half_size = p.half_size;
+        tmp.out_off = p.out_off;
+        half_start(&tmp, 0);
+        file_close(&tmp, 1);
+    }
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* pthread key destructor: the thread is exiting.  Other libraries' destructors run in the
+ * same rounds and may still free memory, so we re-arm our key and only give the file up in
+ * the last round, parked for the next thread.  The rare events after that open a new file. */
 static void thread_exit(void *arg)
 {
     struct tstate *t = arg;
     if (t != &T || !t->open)
         return;
+    if (++t->exit_rounds < PTHREAD_DESTRUCTOR_ITERATIONS && g_key_ok) {
+        pthread_setspecific(g_key, t);
+        return;
+    }
     GUARDED;
     maps_snapshot(0);
-    pthread_mutex_lock(&g_lock);
-    registry_del(t);
-    pthread_mutex_unlock(&g_lock);
-    file_close(t, 1);
-    t->late = 1;
+    park(t);
 }
 
 /* In the child of fork: the staging areas we inherited are the parent's files.  Unmap them
@@ -1136,6 +1212,9 @@ static void fork_child(void)
         if (o != &T && o->stage)
             munmap(o->stage, 2 * o->half_size); /* those threads do not exist in the child */
     g_threads = NULL;
+    for (size_t i = 0; i < P.n; i++)
+        munmap(P.a[i].stage, 2 * P.a[i].half_size);
+    P.n = 0;
     stage_drop(&T);
     T.open = 0;
     T.late = 0;
@@ -1232,6 +1311,7 @@ __attribute__((destructor)) static void mmleak_fini(void)
         file_close(&T, 1);
         T.late = 1;
     }
+    close_parked();
     T.guard--;
     errno = saved;
 }

@@ -142,6 +142,35 @@ NOINLINE static void churn(int nthreads)
     }
 }
 
+/* ---- many short threads, one after another, each with another library's TSD destructor
+ * that frees memory while the thread exits ---- */
+static pthread_key_t lib_key;
+
+static void lib_destructor(void *p)
+{
+    free(p);                                 /* freed during thread exit: must cancel out */
+}
+
+NOINLINE static void *short_body(void *arg)
+{
+    (void)arg;
+    keep(malloc(910));                       /* site:short */
+    pthread_setspecific(lib_key, malloc(77));
+    for (int i = 0; i < 100; i++)
+        pair(40);
+    return NULL;
+}
+
+NOINLINE static void serial_threads(int n)
+{
+    pthread_key_create(&lib_key, lib_destructor);
+    for (int i = 0; i < n; i++) {
+        pthread_t t;
+        pthread_create(&t, NULL, short_body, NULL);
+        pthread_join(t, NULL);
+    }
+}
+
 /* ---- the leaks every "end" mode makes before ending ---- */
 NOINLINE static void leak_before_end(void)
 {
@@ -219,6 +248,7 @@ int main(int argc, char **argv)
     }
     if (!strcmp(mode, "threads")) { threads(); return 0; }
     if (!strcmp(mode, "churn")) { churn(argc > 2 ? atoi(argv[2]) : 4); return 0; }
+    if (!strcmp(mode, "serial")) { serial_threads(atoi(argv[2])); return 0; }
     if (!strcmp(mode, "dl")) { dl_test(argv[2]); return 0; }
     if (!strcmp(mode, "daemon")) return daemonize(argv[2]);
     if (!strcmp(mode, "plant")) return plant(argv[2], argv[3]);

@@ -1307,7 +1307,14 @@ def cmd_report(args):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error exits with EXIT_USAGE (1), as documented."""
+    """argparse, but a usage error exits with EXIT_USAGE (1), as documented, and long
+    descriptions are wrapped (the raw formatter keeps the epilogs' layout)."""
+
+    def __init__(self, *args, **kw):
+        import textwrap
+        if kw.get("description"):
+            kw["description"] = textwrap.fill(kw["description"], 92)
+        super().__init__(*args, **kw)
 
     def error(self, message):
         self.print_usage(sys.stderr)
@@ -1321,7 +1328,7 @@ def build_parser():
         epilog="typical use:\n"
                "  %(prog)s run -d /var/tmp/leaks -- ./myprog args   # trace a program\n"
                "  %(prog)s report /var/tmp/leaks --pid PID          # what it leaked, where\n"
-               "  %(prog)s shrink mmleak.PID.*.out > mmleak.PID.txt  # the raw survivors\n\n"
+               "  %(prog)s shrink --final mmleak.PID.*.out > mmleak.PID.txt  # raw survivors\n\n"
                + EXIT_HELP)
     p.add_argument("--version", action="version", version="%(prog)s " + VERSION)
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser)
@@ -1337,7 +1344,9 @@ def build_parser():
                     "several shrinks again, in any grouping and order, and the survivors are "
                     "the same.  With --final (the input is all of a process's files) only "
                     "survivors and foreign frees are written.  Memory use is proportional to "
-                    "the addresses still open in the input, not to the number of events.",
+                    "the addresses still open in the input, not to the number of events.  Lines a "
+                    "crashed or still running thread had only staged (mmleak.ID.N.tail) are read "
+                    "too.",
         epilog="examples:\n"
                "  %(prog)s mmleak.1234.*.out > mmleak.1234.txt\n"
                "  for f in mmleak.1234.*.out; do LC_ALL=C sort -s -k1,1 $f | mmleak.py shrink > $f.shrinked; done\n"
@@ -1414,8 +1423,8 @@ def build_parser():
     q.add_argument("--depth", type=int, help="frames per call site (default: the trace's)")
     q.add_argument("--no-html", action="store_true", help="terminal output only")
     q.add_argument("--wrappers", action="append", default=[], metavar="NAME[,NAME...]",
-                   help="more allocation wrapper functions to look through in the HTML "
-                        "report (trace depth > 1)")
+                   help="more allocation wrapper functions to look through (trace depth "
+                        "> 1; xmalloc, g_malloc and others are known)")
     q.add_argument("--since", type=float, metavar="SECONDS",
                    help="only blocks allocated at least SECONDS after the trace started "
                         "(hide the start-up state of a daemon)")

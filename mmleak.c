@@ -335,6 +335,18 @@ static char *cat_u(char *d, char *end, unsigned long v)
     return cat(d, end, b + i);
 }
 
+/* The reason for a failed write, for the one message we print (strerror may allocate). */
+static const char *why_failed(void)
+{
+    switch (errno) {
+    case ENOSPC: case EDQUOT: return ": disk full: tracing stopped";
+    case EACCES: case EPERM: return ": permission denied (did the program change its user, "
+                                    "or the directory's permissions?): tracing stopped";
+    case ENOENT: return ": the file was removed: tracing stopped";
+    default: return ": tracing stopped";
+    }
+}
+
 static void say(const char *a, const char *b, const char *c)
 {
     if (cfg.quiet)
@@ -434,14 +446,16 @@ static int open_excl(const char *path)
     return open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 }
 
-/* Re-open one of our files by name.  We refuse anything but the regular file we made. */
+/* Re-open one of our files by name.  We refuse anything but a regular file of ours (root's
+ * files may belong to the user a daemon is about to become: see give_files_to). */
 static int open_again(const char *path)
 {
     int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
         return -1;
     struct stat st;
-    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+    uid_t me = geteuid();
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || (st.st_uid != me && me != 0)) {
         close(fd);
         return -1;
     }
@@ -969,14 +983,14 @@ static int make_room(struct tstate *t, size_t need)
         return make_room(t, need);
     }
     if (flush_half(t)) {
-        say("cannot write a dump file in ", cfg.dir, " (disk full?): tracing stopped");
+        say("cannot write a dump file in ", cfg.dir, why_failed());
         file_close(t, 0);
         go_scratch(t);
         return -1;
     }
     int grown = 2 * t->half_size < cfg.buffer ? grow_stage(t) : -1;
     if (grown == -2) { /* the staging file is gone and cannot be sized again: stop here */
-        say("cannot write a dump file in ", cfg.dir, " (disk full?): tracing stopped");
+        say("cannot write a dump file in ", cfg.dir, why_failed());
         char path[PATH_MAX];
         unlink(side_path(path, sizeof path, t->fileno, ".tail"));
         stage_drop(t);
@@ -1597,6 +1611,46 @@ EXPORT int execle(const char *path, const char *arg, ...)
     COLLECT_ARGS(arg, arg, argv, envp = va_arg(ap_, char **));
     return execve(path, argv, envp);
 }
+
+/* ---- setuid and friends: a daemon that drops root keeps being traced ----
+ * Our files are 0600 and reopened by name at every flush; once the process is another user
+ * it could not open them again.  So, just before the effective uid changes, they are given
+ * to the new user (the dump directory must let that user in and create files: /tmp does). */
+
+COLD static void give_files_to(uid_t uid)
+{
+    if (uid == (uid_t)-1 || uid == 0 || g_state <= 0 || g_pid != getpid() || geteuid() != 0 ||
+        T.guard)
+        return;
+    GUARDED;
+    char path[PATH_MAX];
+    pthread_mutex_lock(&g_lock);
+    for (struct tstate *o = g_threads; o; o = o->next)
+        if (o->open) {
+            if (chown(dump_path(path, sizeof path, o->fileno), uid, (gid_t)-1)) { /* gone */ }
+            if (chown(side_path(path, sizeof path, o->fileno, ".tail"), uid, (gid_t)-1)) { }
+        }
+    for (size_t i = 0; i < P.n; i++) {
+        if (chown(dump_path(path, sizeof path, P.a[i].fileno), uid, (gid_t)-1)) { }
+        if (chown(side_path(path, sizeof path, P.a[i].fileno, ".tail"), uid, (gid_t)-1)) { }
+    }
+    if (chown(file_path(path, sizeof path, g_id, ".maps"), uid, (gid_t)-1)) { }
+    pthread_mutex_unlock(&g_lock);
+}
+
+#define UID_WRAPPER(name, params, args, new_euid)                                             \
+    EXPORT int name params                                                                    \
+    {                                                                                         \
+        static int (*real_fn) params;                                                         \
+        give_files_to(new_euid);                                                              \
+        if (!real_fn)                                                                         \
+            real_fn = (int (*) params)next_fn(#name);                                         \
+        return real_fn args;                                                                  \
+    }
+UID_WRAPPER(setuid, (uid_t u), (u), u)
+UID_WRAPPER(seteuid, (uid_t u), (u), u)
+UID_WRAPPER(setreuid, (uid_t r, uid_t e), (r, e), e)
+UID_WRAPPER(setresuid, (uid_t r, uid_t e, uid_t s), (r, e, s), e)
 
 /* ---- C++: operator new and delete in all forms, with the user's code as the caller ----
  * The common case is malloc (or memalign) plus a record.  Only when that fails do we call

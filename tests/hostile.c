@@ -171,6 +171,39 @@ NOINLINE static void serial_threads(int n)
     }
 }
 
+/* ---- a daemon that drops root while a second thread runs ---- */
+static int dropped;
+
+NOINLINE static void *after_drop_body(void *arg)
+{
+    (void)arg;
+    while (!__atomic_load_n(&dropped, __ATOMIC_ACQUIRE))
+        usleep(1000);
+    keep(malloc(923));                       /* site:thread_after_drop */
+    for (int i = 0; i < 50000; i++)         /* several flushes, as the new user */
+        pair(32);
+    return NULL;
+}
+
+NOINLINE static int drop_root(void)
+{
+    pthread_t t;
+    pthread_create(&t, NULL, after_drop_body, NULL);
+    keep(malloc(921));                       /* site:before_drop */
+    for (int i = 0; i < 5000; i++)
+        pair(32);
+    if (setgid(65534) || setuid(65534)) {
+        say("setuid failed\n");
+        return 4;
+    }
+    keep(malloc(922));                       /* site:after_drop */
+    __atomic_store_n(&dropped, 1, __ATOMIC_RELEASE);
+    for (int i = 0; i < 50000; i++)
+        pair(32);
+    pthread_join(t, NULL);
+    return 0;
+}
+
 /* ---- the leaks every "end" mode makes before ending ---- */
 NOINLINE static void leak_before_end(void)
 {
@@ -249,6 +282,7 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "threads")) { threads(); return 0; }
     if (!strcmp(mode, "churn")) { churn(argc > 2 ? atoi(argv[2]) : 4); return 0; }
     if (!strcmp(mode, "serial")) { serial_threads(atoi(argv[2])); return 0; }
+    if (!strcmp(mode, "dropuid")) return drop_root();
     if (!strcmp(mode, "dl")) { dl_test(argv[2]); return 0; }
     if (!strcmp(mode, "daemon")) return daemonize(argv[2]);
     if (!strcmp(mode, "plant")) return plant(argv[2], argv[3]);

@@ -306,3 +306,28 @@ def test_short_threads_reuse_files(bins, dump, mm):
     assert got == expect("hostile.c", [("early", "ctor", 1001, 1),
                                        ("short_body", "short", 910, 50)])
     assert sh.foreign_frees() == []
+
+
+def test_daemon_dropping_root_keeps_being_traced(bins, mm):
+    """A daemon started as root that becomes nobody: its files are handed over before the
+    switch, so the flushes after it still land, and every event is there."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop privileges")
+    import shutil
+    import tempfile
+    d = tempfile.mkdtemp(prefix="mmleak-dropuid.")   # /tmp: nobody can get in, like a real one
+    try:
+        os.chmod(d, 0o1777)
+        r = run_traced([bins["hostile"], "dropuid"], d)
+        assert r.stderr == b""
+        tid = the_trace(d)
+        for n in os.listdir(d):
+            assert os.stat(os.path.join(d, n)).st_uid == 65534, n
+        got, sh = leaks(d, tid, "hostile")
+        assert got == expect("hostile.c", [("early", "ctor", 1001, 1),
+                                           ("drop_root", "before_drop", 921, 1),
+                                           ("drop_root", "after_drop", 922, 1),
+                                           ("after_drop_body", "thread_after_drop", 923, 1)])
+        assert sh.allocs > 100000
+    finally:
+        shutil.rmtree(d)

@@ -55,8 +55,9 @@ _Static_assert(sizeof(void *) == 8 && sizeof(size_t) == 8, "mmleak supports LP64
 #define FORMAT_VERSION 1
 #define MAXDEPTH 64
 /* Room the fast path needs at the cursor: the longest depth-1 line is 12+1+8+1+8+1+8+1+12+1
- * bytes, and the 8-byte stores of variable-width fields may run 7 bytes past a field. */
-#define FAST_ROOM 96
+ * = 53 bytes (the 8-byte stores of the variable-width fields stay inside it), and lines that
+ * signal handlers record while we write ours must fit after it without a flush. */
+#define FAST_ROOM 256
 #define SLOW_LINE (64 + 17 * MAXDEPTH)
 
 /* ---------------------------------------------------------------------------------------
@@ -119,6 +120,7 @@ struct tstate {
     char *cur;            /* next byte to write in the staging half */
     char *end;            /* end of that half; NULL forces the slow path */
     volatile int guard;   /* >0 while mmleak's own code runs in this thread */
+    volatile int writing; /* >0 while the fast path writes a line (a handler may interrupt) */
     int open;             /* a file is open for this thread */
     int disabled;         /* tracing failed for good; write into scratch */
     int late;             /* this thread's file was closed (thread exit, exit, exec) */
@@ -172,9 +174,8 @@ HOT_INLINE char *put_hex12(char *d, uint64_t v)
 }
 
 /* Minimal-width hex for v < 2^32; stores 8 bytes, returns the end of the digits. */
-HOT_INLINE char *put_hexv(char *d, uint32_t v)
+HOT_INLINE char *put_hexv(char *d, uint32_t v, unsigned n)
 {
-    unsigned n = (32 - (unsigned)__builtin_clz(v | 1) + 3) >> 2;
     _mm_storel_epi64((__m128i *)(void *)d, hex16((uint64_t)v << (64 - 4 * n)));
     return d + n;
 }
@@ -201,14 +202,37 @@ HOT_INLINE char *put_hex12(char *d, uint64_t v)
     return d + 12;
 }
 
-HOT_INLINE char *put_hexv(char *d, uint32_t v)
+HOT_INLINE char *put_hexv(char *d, uint32_t v, unsigned n)
 {
-    unsigned n = (32 - (unsigned)__builtin_clz(v | 1) + 3) >> 2;
     uint64_t w = hex8(v << (32 - 4 * n));
     memcpy(d, &w, 8);
     return d + n;
 }
 #endif
+
+/* Hex digits of v < 2^32 (at least one). */
+HOT_INLINE unsigned ndig(uint32_t v)
+{
+    return (32 - (unsigned)__builtin_clz(v | 1) + 3) >> 2;
+}
+
+/* Take n bytes at the cursor.  One instruction on x86-64 (xadd without lock: only this
+ * thread writes the cursor, but a signal handler may run between any two instructions of
+ * it): a handler that records an event of its own gets the bytes after ours, and neither
+ * line is cut into the other. */
+HOT_INLINE char *reserve(struct tstate *t, size_t n)
+{
+#if defined(__x86_64__)
+    char *d = (char *)n;
+    __asm__ volatile("xaddq %0, %1" : "+r"(d), "+m"(t->cur) : : "memory");
+    return d;
+#else
+    char *d = t->cur;
+    t->cur = d + n;
+    atomic_signal_fence(memory_order_seq_cst);
+    return d;
+#endif
+}
 
 COLD static void slow_alloc(void *p, size_t n, const void *ra);
 COLD static void slow_free(void *p, uint64_t s, const void *ra);
@@ -230,19 +254,22 @@ HOT_INLINE void rec_alloc(void *p, size_t n, const void *ra)
         slow_alloc(p, n, ra); /* rare: huge block, clock jump, or a wide address */
         return;
     }
-    char *d = t->cur;
+    unsigned ns = ndig((uint32_t)s), nn = ndig((uint32_t)n), nt = ndig((uint32_t)now);
+    t->writing++;
+    char *d = reserve(t, 12 + 1 + ns + 1 + nn + 1 + nt + 1 + 12 + 1);
     d = put_hex12(d, (uintptr_t)p);
     *d++ = ' ';
-    d = put_hexv(d, (uint32_t)s);
+    d = put_hexv(d, (uint32_t)s, ns);
     *d++ = ' ';
-    d = put_hexv(d, (uint32_t)n);
+    d = put_hexv(d, (uint32_t)n, nn);
     *d++ = ' ';
-    d = put_hexv(d, (uint32_t)now);
+    d = put_hexv(d, (uint32_t)now, nt);
     *d++ = ' ';
     d = put_hex12(d, c);
-    t->cur = d + 1;
     atomic_signal_fence(memory_order_release);
     *d = '\n';
+    atomic_signal_fence(memory_order_release);
+    t->writing--;
 }
 
 /* One free line: PTR SEQ CALLER.  The number is taken before the real free runs. */
@@ -254,15 +281,18 @@ HOT_INLINE void rec_free(void *p, uint64_t s, const void *ra)
         slow_free(p, s, ra);
         return;
     }
-    char *d = t->cur;
+    unsigned ns = ndig((uint32_t)s);
+    t->writing++;
+    char *d = reserve(t, 12 + 1 + ns + 1 + 12 + 1);
     d = put_hex12(d, (uintptr_t)p);
     *d++ = ' ';
-    d = put_hexv(d, (uint32_t)s);
+    d = put_hexv(d, (uint32_t)s, ns);
     *d++ = ' ';
     d = put_hex12(d, c);
-    t->cur = d + 1;
     atomic_signal_fence(memory_order_release);
     *d = '\n';
+    atomic_signal_fence(memory_order_release);
+    t->writing--;
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -725,6 +755,10 @@ COLD static void global_init(void)
  * flushes the last half and deletes the .tail: the .out file is then exact. */
 
 #define HALF_HDR 32
+/* The end of every half is kept free for signal handlers: an event recorded by a handler
+ * that interrupted us in the middle of a line must not flush the half under that line, so
+ * when the half is full it goes here instead (see emit). */
+#define SLACK 4096
 #define START_HALF (32 * 1024)
 
 static char *side_path(char *buf, size_t len, unsigned n, const char *ext)
@@ -765,7 +799,7 @@ static void half_start(struct tstate *t, int h)
     memcpy(b, hdr, HALF_HDR);
     t->half = h;
     t->cur = b + HALF_HDR;
-    t->end = b + t->half_size;
+    t->end = b + t->half_size - SLACK;
 }
 
 /* Append the current half's lines to .out (opened by name: we keep no descriptor). */
@@ -1050,11 +1084,15 @@ static void emit(const char *line, size_t n)
             append_direct(t, line, n);
             return;
         }
-        if (make_room(t, n + 16))
+        if (t->writing) {
+            /* a signal handler, while the line it interrupted is unfinished: no flush */
+            if (!t->stage || t->end + SLACK - t->cur < (ptrdiff_t)(n + 16))
+                return; /* deeper than the slack: lost (and the interrupted line kept) */
+        } else if (make_room(t, n + 16)) {
             return;
+        }
     }
-    char *d = t->cur;
-    t->cur = d + n;
+    char *d = reserve(t, n);
     memcpy(d, line, n - 1);
     atomic_signal_fence(memory_order_release);
     d[n - 1] = '\n';

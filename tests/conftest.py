@@ -53,6 +53,8 @@ def bins(tmp_path_factory, lib):
     cc("hostile_nopie", "hostile.c", "-pthread", "-ldl", "-no-pie", "-fno-pie")
     cc("libdl_test.so", "dl_lib.c", "-shared", "-fPIC")
     cc("hostile_cxx", "hostile_cxx.cpp", "-std=c++17", compiler="c++")
+    cc("libsigsafe_alloc.so", "sigsafe_alloc.c", "-shared", "-fPIC")
+    cc("sigstorm", "sigstorm.c")
     return out
 
 

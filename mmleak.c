@@ -1567,17 +1567,22 @@ EXPORT int dlclose(void *h)
  * it), but the directory stays tidy: a finished thread has one .out file and no .tail.  In a
  * vfork() child the pid differs from ours and nothing is touched: the memory is the parent's. */
 
+static void close_parked(void);
+
 COLD static void flush_before_leaving(void)
 {
-    if (g_state <= 0 || g_pid != getpid() || !T.open || T.guard)
+    if (g_state <= 0 || g_pid != getpid() || T.guard)
         return;
     GUARDED;
     maps_snapshot(0);
-    pthread_mutex_lock(&g_lock);
-    registry_del(&T);
-    pthread_mutex_unlock(&g_lock);
-    file_close(&T, 1);
-    T.late = 1;
+    if (T.open) {
+        pthread_mutex_lock(&g_lock);
+        registry_del(&T);
+        pthread_mutex_unlock(&g_lock);
+        file_close(&T, 1);
+        T.late = 1;
+    }
+    close_parked(); /* files of threads that ended before */
 }
 
 static void *next_fn(const char *name)

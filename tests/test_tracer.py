@@ -291,11 +291,12 @@ def test_rotation_keeps_results_exact(bins, dump, mm):
     assert sh.foreign_frees() == []
 
 
-def test_short_threads_reuse_files(bins, dump, mm):
+@pytest.mark.parametrize("end", ["return", "_exit"])
+def test_short_threads_reuse_files(bins, dump, mm, end):
     """50 threads one after another: each exited thread's file goes to the next one, so the
     trace has a couple of files, not 51; memory freed by another library's thread-specific
     destructor while a thread exits is still recorded in that thread's file."""
-    run_traced([bins["hostile"], "serial", "50"], dump)
+    run_traced([bins["hostile"], "serial", "50"] + (["_exit"] if end == "_exit" else []), dump)
     tid = the_trace(dump)
     files = mm.find_traces(str(dump))[tid]
     assert len(files) <= 3, files

@@ -120,7 +120,6 @@ struct tstate {
     char *cur;            /* next byte to write in the staging half */
     char *end;            /* end of that half; NULL forces the slow path */
     volatile int guard;   /* >0 while mmleak's own code runs in this thread */
-    volatile int writing; /* >0 while the fast path writes a line (a handler may interrupt) */
     int open;             /* a file is open for this thread */
     int disabled;         /* tracing failed for good; write into scratch */
     int late;             /* this thread's file was closed (thread exit, exit, exec) */
@@ -255,7 +254,6 @@ HOT_INLINE void rec_alloc(void *p, size_t n, const void *ra)
         return;
     }
     unsigned ns = ndig((uint32_t)s), nn = ndig((uint32_t)n), nt = ndig((uint32_t)now);
-    t->writing++;
     char *d = reserve(t, 12 + 1 + ns + 1 + nn + 1 + nt + 1 + 12 + 1);
     d = put_hex12(d, (uintptr_t)p);
     *d++ = ' ';
@@ -268,8 +266,6 @@ HOT_INLINE void rec_alloc(void *p, size_t n, const void *ra)
     d = put_hex12(d, c);
     atomic_signal_fence(memory_order_release);
     *d = '\n';
-    atomic_signal_fence(memory_order_release);
-    t->writing--;
 }
 
 /* One free line: PTR SEQ CALLER.  The number is taken before the real free runs. */
@@ -282,7 +278,6 @@ HOT_INLINE void rec_free(void *p, uint64_t s, const void *ra)
         return;
     }
     unsigned ns = ndig((uint32_t)s);
-    t->writing++;
     char *d = reserve(t, 12 + 1 + ns + 1 + 12 + 1);
     d = put_hex12(d, (uintptr_t)p);
     *d++ = ' ';
@@ -291,8 +286,6 @@ HOT_INLINE void rec_free(void *p, uint64_t s, const void *ra)
     d = put_hex12(d, c);
     atomic_signal_fence(memory_order_release);
     *d = '\n';
-    atomic_signal_fence(memory_order_release);
-    t->writing--;
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -1050,6 +1043,18 @@ static char *hexw(char *d, uint64_t v, int width)
     return d;
 }
 
+/* Is a line being written under us (we are a signal handler that interrupted it)?  Its
+ * newline slot, written last, is still the zero the half was cleared with, and finished text
+ * never has a NUL: a look at the recent bytes answers it.  Asked only before a flush. */
+static int unfinished_line(const struct tstate *t)
+{
+    if (!t->stage || !t->cur)
+        return 0;
+    char *lo = t->stage + (size_t)t->half * t->half_size + HALF_HDR;
+    char *from = t->cur - lo > 2 * SLACK ? t->cur - 2 * SLACK : lo;
+    return from < t->cur && memchr(from, 0, (size_t)(t->cur - from)) != NULL;
+}
+
 /* After a thread's file was closed (its exit, process exit, exec), a few more events may
  * come: destructors, execvp's search of PATH.  They are appended to that same file, a write
  * each, rather than opening a new file and staging file for them; past LATE_DIRECT lines
@@ -1084,7 +1089,7 @@ static void emit(const char *line, size_t n)
             append_direct(t, line, n);
             return;
         }
-        if (t->writing) {
+        if (unfinished_line(t)) {
             /* a signal handler, while the line it interrupted is unfinished: no flush */
             if (!t->stage || t->end + SLACK - t->cur < (ptrdiff_t)(n + 16))
                 return; /* deeper than the slack: lost (and the interrupted line kept) */

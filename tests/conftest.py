@@ -55,6 +55,7 @@ def bins(tmp_path_factory, lib):
     cc("hostile_cxx", "hostile_cxx.cpp", "-std=c++17", compiler="c++")
     cc("libsigsafe_alloc.so", "sigsafe_alloc.c", "-shared", "-fPIC")
     cc("sigstorm", "sigstorm.c")
+    cc("badalloc", "badalloc.cpp", "-std=c++17", compiler="c++")
     return out
 
 

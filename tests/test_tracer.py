@@ -353,3 +353,13 @@ def test_signal_handlers_recording_in_the_middle_of_a_line(bins, dump, mm):
     assert sh.allocs >= 500000 and sh.frees >= 500000
     assert sh.foreign_frees() == []
     assert sh.allocs - 500000 >= hits // 2        # most handler runs were recorded
+
+
+def test_failing_operator_new_throws_through_mmleak(bins, dump):
+    """When malloc fails, mmleak calls libstdc++'s operator new, whose std::bad_alloc unwinds
+    through mmleak's frame: the program must see exactly what it sees without mmleak."""
+    plain = subprocess.run([bins["badalloc"]], capture_output=True, timeout=60)
+    traced = run_traced([bins["badalloc"]], dump)
+    assert plain.returncode == 0 and b"caught=" in plain.stdout
+    assert traced.stdout == plain.stdout
+    assert b"caught=0" not in traced.stdout

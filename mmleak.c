@@ -1398,12 +1398,17 @@ COLD static void *boot_or_resolve(size_t n, int zero)
         }                                                                                     \
     } while (0)
 
-static inline void *traced_malloc(size_t n, const void *ra)
+/* Record a block the real allocator returned (nothing when it failed). */
+static inline void *noted(void *p, size_t n, const void *ra)
 {
-    void *p = real.malloc(n);
     if (likely(p != NULL))
         rec_alloc(p, n, ra);
     return p;
+}
+
+static inline void *traced_malloc(size_t n, const void *ra)
+{
+    return noted(real.malloc(n), n, ra);
 }
 
 EXPORT void *malloc(size_t n)
@@ -1433,10 +1438,7 @@ EXPORT void *calloc(size_t k, size_t n)
         return NULL;
     }
     ENSURE_REAL(total, 1);
-    void *p = real.calloc(k, n);
-    if (likely(p != NULL))
-        rec_alloc(p, total, __builtin_return_address(0));
-    return p;
+    return noted(real.calloc(k, n), total, __builtin_return_address(0));
 }
 
 static void *traced_realloc(void *old, size_t n, const void *ra)
@@ -1480,18 +1482,10 @@ EXPORT void *reallocarray(void *old, size_t k, size_t n)
     return traced_realloc(old, total, __builtin_return_address(0));
 }
 
-static inline void *traced_memalign(size_t al, size_t n, const void *ra)
-{
-    void *p = real.memalign(al, n);
-    if (likely(p != NULL))
-        rec_alloc(p, n, ra);
-    return p;
-}
-
 EXPORT void *memalign(size_t al, size_t n)
 {
     ENSURE_REAL(n + al, 0);
-    return traced_memalign(al, n, __builtin_return_address(0));
+    return noted(real.memalign(al, n), n, __builtin_return_address(0));
 }
 
 EXPORT int posix_memalign(void **out, size_t al, size_t n)
@@ -1510,28 +1504,19 @@ EXPORT int posix_memalign(void **out, size_t al, size_t n)
 EXPORT void *aligned_alloc(size_t al, size_t n)
 {
     ENSURE_REAL(n + al, 0);
-    void *p = real.aligned_alloc ? real.aligned_alloc(al, n) : real.memalign(al, n);
-    if (likely(p != NULL))
-        rec_alloc(p, n, __builtin_return_address(0));
-    return p;
+    return noted(real.aligned_alloc(al, n), n, __builtin_return_address(0));
 }
 
 EXPORT void *valloc(size_t n)
 {
     ENSURE_REAL(n + 4096, 0);
-    void *p = real.valloc(n);
-    if (likely(p != NULL))
-        rec_alloc(p, n, __builtin_return_address(0));
-    return p;
+    return noted(real.valloc(n), n, __builtin_return_address(0));
 }
 
 EXPORT void *pvalloc(size_t n)
 {
     ENSURE_REAL(n + 4096, 0);
-    void *p = real.pvalloc(n);
-    if (likely(p != NULL))
-        rec_alloc(p, n, __builtin_return_address(0));
-    return p;
+    return noted(real.pvalloc(n), n, __builtin_return_address(0));
 }
 
 #define RA __builtin_return_address(0)

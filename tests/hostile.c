@@ -23,9 +23,10 @@
 
 #define NOINLINE __attribute__((noinline))
 static void *volatile sink;
-/* Taking malloc's address gives a non-PIE build a canonical PLT entry for it: the case where
+/* Taking malloc's address in code gives a non-PIE build a canonical PLT entry for it (an
+ * initialised pointer would get a dynamic relocation instead): the case where
  * dlsym(RTLD_DEFAULT, "malloc") is the program's, not mmleak's (tests build it both ways). */
-void *(*volatile malloc_address)(size_t) = malloc;
+void *(*volatile malloc_address)(size_t);
 static void keep(void *p) { sink = p; }
 /* malloc+free the compiler cannot elide */
 static void pair(size_t n) { void *p = malloc(n); sink = p; free(p); }
@@ -266,6 +267,7 @@ NOINLINE static void dl_test(const char *lib)
 int main(int argc, char **argv)
 {
     self_path = argv[0];
+    malloc_address = malloc;
     const char *mode = argc > 1 ? argv[1] : "basic";
     keep(ctor_block);
     if (!strcmp(mode, "basic")) {

@@ -263,15 +263,21 @@ def test_loading_with_dlopen_traces_nothing(lib, tmp_path):
 def test_non_pie_program_is_traced(bins, dump):
     """A non-PIE program that takes malloc's address (Debian's /usr/bin/python3 is one) has
     its own canonical address for malloc; mmleak must still know it was preloaded."""
+    syms = subprocess.run(["readelf", "--dyn-syms", "-W", bins["hostile_nopie"]],
+                          capture_output=True, text=True, check=True).stdout
+    canonical = [l for l in syms.splitlines() if " UND malloc@" in l]
+    assert canonical and not canonical[0].split()[1].strip("0") == "", \
+        "the test program must have a canonical PLT entry for malloc: " + str(canonical)
     r = run_traced([bins["hostile_nopie"], "basic"], dump)
     got, _ = leaks(dump, the_trace(dump), "hostile_nopie")
     assert got == basic_expected()
 
 
 def test_preloaded_by_bare_name(bins, dump):
-    r = run_traced([bins["hostile"], "basic"], dump,
+    # non-PIE, so that only the LD_PRELOAD entry (a bare name) tells mmleak it was preloaded
+    r = run_traced([bins["hostile_nopie"], "basic"], dump,
                    env={"LD_PRELOAD": "mmleak.so", "LD_LIBRARY_PATH": ROOT})
-    got, _ = leaks(dump, the_trace(dump), "hostile")
+    got, _ = leaks(dump, the_trace(dump), "hostile_nopie")
     assert got == basic_expected()
 
 

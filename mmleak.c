@@ -37,12 +37,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
-extern int rename(const char *, const char *); /* <stdio.h> is not wanted here */
+extern int renameat(int, const char *, int, const char *); /* <stdio.h> is not wanted here */
 
 _Static_assert(sizeof(void *) == 8 && sizeof(size_t) == 8, "mmleak supports LP64 only");
 
@@ -101,6 +102,9 @@ static time_t g_t0;                  /* time() at trace start; event times are r
 static atomic_uint g_next_file;      /* N of the next mmleak.ID.N.out */
 static int g_state;                  /* 0: not started, 1: tracing, -1: disabled */
 static char g_cmd[2048];             /* escaped command line for the file headers */
+static char g_alloc[512];            /* the allocator's file (libc, jemalloc...), escaped */
+static _Atomic uint64_t g_lost_orphan; /* events lost where no thread file could say so */
+static atomic_uint g_episode;        /* numbers the gaps: "#dropping k=K", "#lost N k=K" */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* cold path only */
 static pthread_key_t g_key;
 static int g_key_ok;
@@ -115,26 +119,49 @@ static int g_key_ok;
 #define SEQ_BITS 16
 static _Atomic uint64_t g_seq[1u << SEQ_BITS] __attribute__((aligned(64)));
 
+/* What the fast path reads besides the thread's own state, in a page of its own mapped with
+ * MADV_WIPEONFORK.  A child made by a raw clone() or fork system call skips our atfork
+ * handler, and its threads' staging pointers still point into the parent's shared .tail
+ * mappings; but it finds this page zeroed, so its first event takes the slow path, which
+ * starts the child's own trace.  A vfork() child shares the page with its parent, as it
+ * shares all memory: its events are the parent's address space's and go on into the parent
+ * thread's file, exactly as if the parent had made them. */
+struct hot {
+    int fast;   /* the one-frame fast writer may be used (MMLEAK_DEPTH=1, tracing) */
+    int alive;  /* tracing in this address space; 0 in a freshly forked copy */
+};
+static struct hot hot_off;          /* before the start, and where WIPEONFORK is missing */
+static struct hot *H = &hot_off;
+
 /* Per-thread state.  The hot fields come first, in one cache line. */
+#define GUARD_NEST 0xffff       /* nesting count of mmleak's own code in this thread */
+#define GUARD_NEW (1 << 24)     /* a failing operator new is in libstdc++: see new_failed */
 struct tstate {
     char *cur;            /* next byte to write in the staging half */
     char *end;            /* end of that half; NULL forces the slow path */
-    volatile int guard;   /* >0 while mmleak's own code runs in this thread */
+    volatile int guard;   /* nonzero sends every event to the slow path (GUARD_ bits) */
     int open;             /* a file is open for this thread */
-    int disabled;         /* tracing failed for good; write into scratch */
-    int late;             /* this thread's file was closed (thread exit, exit, exec) */
+    int dropping;         /* cannot write now: events are counted in `lost`, retried later */
+    int dead;             /* past its last pthread key destructor round: see thread_exit */
+    int late;             /* this thread's file was closed (process exit, exec) */
     int late_lines;       /* lines appended directly to it since */
     int exit_rounds;      /* pthread key destructor rounds seen */
     char *stage;          /* shared mapping of the .tail file: two halves */
     size_t half_size;
     int half;             /* the half being written */
     uint64_t out_off;     /* bytes already in the .out file */
+    /* Lines of half h not yet in .out: from ustart[h], ulen[h] bytes.  Only a half whose
+     * flush failed keeps any while the other one is written (see make_room). */
+    size_t ustart[2], ulen[2];
+    int slot;             /* 1 + our index in the registry of files, 0 if none */
+    uint64_t lost;        /* events not recorded while dropping, not yet reported */
+    unsigned episode;     /* k= of the "#dropping"/"#lost" lines of the current gap */
+    time_t retry_at;      /* while dropping: next time a write is tried */
     unsigned fileno;      /* N of the current file */
+    const void *new_ra;   /* while GUARD_NEW: the caller of the failing operator new */
     struct tstate *next, *prev; /* registry of open threads, under g_lock */
-    char scratch[256];
 };
 static __thread struct tstate T __attribute__((tls_model("initial-exec")));
-static struct tstate *g_threads;
 
 /* ---------------------------------------------------------------------------------------
  * 2. The hot path
@@ -242,7 +269,7 @@ COLD static void slow_free(void *p, uint64_t s, const void *ra);
 HOT_INLINE void rec_alloc(void *p, size_t n, const void *ra)
 {
     struct tstate *t = &T;
-    if (unlikely((t->end - t->cur < FAST_ROOM) | t->guard | (cfg.depth != 1))) {
+    if (unlikely((t->end - t->cur < FAST_ROOM) | t->guard | (H->fast == 0))) {
         slow_alloc(p, n, ra);
         return;
     }
@@ -273,7 +300,8 @@ HOT_INLINE void rec_free(void *p, uint64_t s, const void *ra)
 {
     struct tstate *t = &T;
     uintptr_t c = (uintptr_t)ra - 1;
-    if (unlikely((t->end - t->cur < FAST_ROOM) | t->guard | (((s >> 32) | (((uintptr_t)p | c) >> 48)) != 0))) {
+    if (unlikely((t->end - t->cur < FAST_ROOM) | t->guard | (H->alive == 0) |
+                 (((s >> 32) | (((uintptr_t)p | c) >> 48)) != 0))) {
         slow_free(p, s, ra);
         return;
     }
@@ -337,6 +365,7 @@ static void guard_leave(struct guard_scope *g)
 }
 
 #define GUARDED struct guard_scope _gs __attribute__((cleanup(guard_leave))) = guard_enter()
+#define IN_OWN_CODE(t) ((t)->guard & GUARD_NEST)
 
 static size_t my_strlen(const char *s) { size_t n = 0; while (s[n]) n++; return n; }
 
@@ -358,15 +387,21 @@ static char *cat_u(char *d, char *end, unsigned long v)
     return cat(d, end, b + i);
 }
 
-/* The reason for a failed write, for the one message we print (strerror may allocate). */
-static const char *why_failed(void)
+/* Why a write failed, for the one message we print (strerror may allocate). */
+static const char *why(int err)
 {
-    switch (errno) {
-    case ENOSPC: case EDQUOT: return ": disk full: tracing stopped";
-    case EACCES: case EPERM: return ": permission denied (did the program change its user, "
-                                    "or the directory's permissions?): tracing stopped";
-    case ENOENT: return ": the file was removed: tracing stopped";
-    default: return ": tracing stopped";
+    switch (err) {
+    case ENOSPC: case EDQUOT: return "disk full";
+    case EACCES: case EPERM: return "permission denied (did the program change its user, "
+                                    "or the directory's permissions?)";
+    case ENOENT: return "the file or its directory was removed";
+    case EMFILE: case ENFILE: return "no file descriptor left (RLIMIT_NOFILE)";
+    case EFBIG: return "the file size limit (RLIMIT_FSIZE) is reached";
+    case EBADF: return "the program closed the directory descriptor mmleak keeps after chroot()";
+    case EROFS: return "read-only file system";
+    case EIO: return "I/O error";
+    case ENOMEM: return "out of memory";
+    default: return "error";
     }
 }
 
@@ -374,7 +409,7 @@ static void say(const char *a, const char *b, const char *c)
 {
     if (cfg.quiet)
         return;
-    char msg[PATH_MAX + 256], *e = msg + sizeof msg, *d = msg;
+    char msg[PATH_MAX + 512], *e = msg + sizeof msg, *d = msg;
     d = cat(d, e, "mmleak: ");
     d = cat(d, e, a);
     d = cat(d, e, b ? b : "");
@@ -382,6 +417,19 @@ static void say(const char *a, const char *b, const char *c)
     d = cat(d, e, "\n");
     ssize_t r = write(2, msg, (size_t)(d - msg));
     (void)r;
+}
+
+/* "WHAT DIR: REASON (errno N)TAIL" */
+static void say_err(const char *what, int err, const char *tail)
+{
+    char r[256], *e = r + sizeof r, *d = r;
+    d = cat(d, e, ": ");
+    d = cat(d, e, why(err));
+    d = cat(d, e, " (errno ");
+    d = cat_u(d, e, (unsigned long)err);
+    d = cat(d, e, ")");
+    cat(d, e, tail);
+    say(what, cfg.dir, r);
 }
 
 static long env_num(const char *name, long def, long lo, long hi)
@@ -398,23 +446,39 @@ static long env_num(const char *name, long def, long lo, long hi)
     return v;
 }
 
-static void read_config(void)
+/* 0, or -1 when MMLEAK_DIR cannot be used as given (said why). */
+static int read_config(void)
 {
-    const char *dir = secure_getenv("MMLEAK_DIR");
-    if (!dir || !*dir)
-        dir = "/tmp";
-    char *e = cfg.dir + sizeof cfg.dir, *d = cfg.dir;
-    if (dir[0] != '/') { /* the program may chdir later: pin the directory now */
-        if (!getcwd(cfg.dir, sizeof cfg.dir - 2))
-            cfg.dir[0] = 0;
-        d = cfg.dir + my_strlen(cfg.dir);
-        d = cat(d, e, "/");
-    }
-    cat(d, e, dir);
     cfg.quiet = (int)env_num("MMLEAK_QUIET", 0, 0, 1);
     cfg.depth = (int)env_num("MMLEAK_DEPTH", 1, 1, MAXDEPTH);
     cfg.rotate = (size_t)env_num("MMLEAK_ROTATE_MB", 256, 1, 1 << 20) << 20;
     cfg.buffer = (size_t)env_num("MMLEAK_BUFFER_KB", 1024, 16, 1 << 20) << 10;
+    const char *dir = secure_getenv("MMLEAK_DIR");
+    if (!dir || !*dir)
+        dir = "/tmp";
+    size_t have = 0, n = my_strlen(dir);
+    if (dir[0] != '/') { /* the program may chdir later: pin the directory now */
+        if (!getcwd(cfg.dir, sizeof cfg.dir) || cfg.dir[0] != '/') {
+            cfg.dir[0] = 0;
+            say("MMLEAK_DIR=", dir, " is relative and the current directory cannot be "
+                "resolved: tracing disabled (give an absolute MMLEAK_DIR)");
+            return -1;
+        }
+        have = my_strlen(cfg.dir);
+        if (cfg.dir[have - 1] != '/' && have + 1 < sizeof cfg.dir)
+            cfg.dir[have++] = '/';
+    }
+    /* room is left for "/mmleak.ID.N.tail" after it: names are never cut short */
+    if (have + n >= sizeof cfg.dir) {
+        cfg.dir[0] = 0;
+        say("MMLEAK_DIR is too long: tracing disabled (at most ", "4000 bytes", ")");
+        return -1;
+    }
+    memcpy(cfg.dir + have, dir, n + 1);
+    have += n;
+    while (have > 1 && cfg.dir[have - 1] == '/')
+        cfg.dir[--have] = 0;
+    return 0;
 }
 
 static void *sym(const char *name)
@@ -422,81 +486,244 @@ static void *sym(const char *name)
     return dlsym(RTLD_NEXT, name);
 }
 
+/* Our own functions under names the dynamic linker cannot rebind: &malloc itself would give
+ * the process's malloc, whoever provides it. */
+extern void *mmleak_own_malloc(size_t) __attribute__((alias("malloc"), visibility("hidden"), copy(malloc)));
+
+/* f, if it is defined in the same object as `base` (the allocator's); else NULL.  An allocator
+ * that lacks a function (jemalloc has no pvalloc, neither jemalloc nor tcmalloc has
+ * reallocarray) must not get libc's: the program would free libc's block with its allocator. */
+static void *same_object(void *f, const void *base)
+{
+    Dl_info di;
+    if (!f || !dladdr(f, &di) || di.dli_fbase != base)
+        return NULL;
+    return f;
+}
+
+static const void *object_of(const void *f)
+{
+    Dl_info di;
+    return f && dladdr(f, &di) ? di.dli_fbase : NULL;
+}
+
 static atomic_int g_resolving;
 
-COLD static void resolve(void)
+/* The allocator's functions, from `lookup`: RTLD_NEXT normally; the process's own (RTLD_DEFAULT)
+ * when another allocator comes before us and we stay out of the way.  Functions it lacks are
+ * left NULL and made from its malloc and memalign (see the al_* helpers). */
+static void resolve_from(void *handle)
 {
-    if (atomic_exchange(&g_resolving, 1)) /* nested call from dlsym: the boot arena serves */
-        return;
     struct real_fns r;
-    r.malloc = sym("malloc");
-    r.free = sym("free");
-    r.calloc = sym("calloc");
-    r.realloc = sym("realloc");
-    r.memalign = sym("memalign");
-    r.posix_memalign = sym("posix_memalign");
-    r.aligned_alloc = sym("aligned_alloc");
-    r.valloc = sym("valloc");
-    r.pvalloc = sym("pvalloc");
-    r.dlclose = sym("dlclose");
-    r.new_ = NULL;
-    r.new_nothrow = NULL;
-    r.new_al = NULL;
-    r.new_al_nothrow = NULL;
-    if (!r.malloc || !r.free || !r.calloc || !r.realloc || !r.memalign) {
+    memset(&r, 0, sizeof r);
+    r.malloc = dlsym(handle, "malloc");
+    r.free = dlsym(handle, "free");
+    r.realloc = dlsym(handle, "realloc");
+    if (!r.malloc || !r.free || !r.realloc) {
         static const char m[] = "mmleak: cannot find the real malloc; aborting\n";
         ssize_t w = write(2, m, sizeof m - 1);
         (void)w;
         abort();
     }
+    const void *base = object_of(r.malloc), *self = object_of((void *)mmleak_own_malloc);
+    if (handle == RTLD_DEFAULT) {
+        /* anything but our own definitions: a non-PIE program's canonical PLT entries are fine */
+        void *f;
+#define PROC_FN(n) (f = dlsym(RTLD_DEFAULT, #n), object_of(f) == self ? NULL : f)
+        r.calloc = PROC_FN(calloc);
+        r.memalign = PROC_FN(memalign);
+        r.posix_memalign = PROC_FN(posix_memalign);
+        r.aligned_alloc = PROC_FN(aligned_alloc);
+        r.valloc = PROC_FN(valloc);
+        r.pvalloc = PROC_FN(pvalloc);
+#undef PROC_FN
+    } else {
+        r.calloc = same_object(sym("calloc"), base);
+        r.memalign = same_object(sym("memalign"), base);
+        r.posix_memalign = same_object(sym("posix_memalign"), base);
+        r.aligned_alloc = same_object(sym("aligned_alloc"), base);
+        r.valloc = same_object(sym("valloc"), base);
+        r.pvalloc = same_object(sym("pvalloc"), base);
+    }
+    r.dlclose = sym("dlclose");
     real = r;
 }
 
-/* ---- files ---- */
+COLD static void resolve(void)
+{
+    if (atomic_exchange(&g_resolving, 1)) /* nested call from dlsym: the boot arena serves */
+        return;
+    resolve_from(RTLD_NEXT);
+}
 
-static char *file_path(char *buf, size_t len, const char *id, const char *suffix)
+/* Aligned allocation from whatever the allocator has. */
+static void *al_alloc(size_t al, size_t n)
+{
+    if (real.memalign)
+        return real.memalign(al, n);
+    if (al < sizeof(void *))
+        al = sizeof(void *);
+    if (real.posix_memalign) {
+        void *p;
+        int rc = real.posix_memalign(&p, al, n);
+        if (rc) {
+            errno = rc;
+            return NULL;
+        }
+        return p;
+    }
+    if (real.aligned_alloc && n <= SIZE_MAX - al)
+        return real.aligned_alloc(al, (n + al - 1) / al * al);
+    errno = ENOMEM;
+    return NULL;
+}
+
+static void *al_calloc(size_t k, size_t n, size_t total)
+{
+    if (real.calloc)
+        return real.calloc(k, n);
+    void *p = real.malloc(total);
+    if (p)
+        memset(p, 0, total);
+    return p;
+}
+
+/* ---- files ----
+ * Every file is named "mmleak.ID.SUFFIX" in cfg.dir.  After chroot() the directory may no
+ * longer be reachable by its name: the chroot wrapper then keeps a descriptor of it (and of
+ * /proc) and names are opened relative to that, checked before each use against the device
+ * and inode it had (a daemon that closes every descriptor and reuses the number must not make
+ * us write into its own directory). */
+
+static int g_dirfd = -1, g_procfd = -1;
+static dev_t g_dir_dev;
+static ino_t g_dir_ino;
+static uid_t g_give_uid = (uid_t)-1;   /* set*uid in progress or done: the files' new owner */
+static atomic_int g_said_write;         /* the one message about failing writes */
+
+static char *file_name(char *buf, size_t len, const char *suffix)
 {
     char *e = buf + len, *d = buf;
-    d = cat(d, e, cfg.dir);
-    d = cat(d, e, "/mmleak.");
-    d = cat(d, e, id);
-    d = cat(d, e, suffix);
+    d = cat(d, e, "mmleak.");
+    d = cat(d, e, g_id);
+    cat(d, e, suffix);
     return buf;
 }
 
-static int open_excl(const char *path)
+static char *full_path(char *buf, size_t len, const char *name)
 {
-    return open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    char *e = buf + len, *d = buf;
+    d = cat(d, e, cfg.dir);
+    d = cat(d, e, "/");
+    cat(d, e, name);
+    return buf;
+}
+
+/* The directory descriptor, if we are in "after chroot" mode and it is still ours: -1 with
+ * errno EBADF if the program took the number over; AT_FDCWD-style -100 otherwise. */
+static int dir_fd(void)
+{
+    if (g_dirfd < 0)
+        return AT_FDCWD;
+    struct stat st;
+    if (fstat(g_dirfd, &st) || st.st_dev != g_dir_dev || st.st_ino != g_dir_ino) {
+        errno = EBADF;
+        return -1;
+    }
+    return g_dirfd;
+}
+
+static int d_open(const char *name, int flags, mode_t mode)
+{
+    char path[PATH_MAX];
+    int dfd = dir_fd();
+    if (dfd == -1)
+        return -1;
+    return openat(dfd, dfd == AT_FDCWD ? full_path(path, sizeof path, name) : name, flags, mode);
+}
+
+static int d_unlink(const char *name)
+{
+    char path[PATH_MAX];
+    int dfd = dir_fd();
+    if (dfd == -1)
+        return -1;
+    return unlinkat(dfd, dfd == AT_FDCWD ? full_path(path, sizeof path, name) : name, 0);
+}
+
+static int d_rename(const char *from, const char *to)
+{
+    char a[PATH_MAX], b[PATH_MAX];
+    int dfd = dir_fd();
+    if (dfd == -1)
+        return -1;
+    if (dfd == AT_FDCWD)
+        return renameat(dfd, full_path(a, sizeof a, from), dfd, full_path(b, sizeof b, to));
+    return renameat(dfd, from, dfd, to);
+}
+
+static void d_chown(const char *name, uid_t uid)
+{
+    char path[PATH_MAX];
+    int dfd = dir_fd();
+    if (dfd != -1 && fchownat(dfd, dfd == AT_FDCWD ? full_path(path, sizeof path, name) : name,
+                              uid, (gid_t)-1, AT_SYMLINK_NOFOLLOW)) { /* gone: nothing to do */ }
+}
+
+/* Create one of our files: O_EXCL|O_NOFOLLOW, mode 0600, so a name somebody else made is
+ * refused, never followed.  Under g_lock: a daemon dropping root hands every file to its new
+ * user (give_files_to), and a file made by another thread at that moment must be handed too. */
+static int create_locked(const char *name)
+{
+    int fd = d_open(name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0 && g_give_uid != (uid_t)-1 && geteuid() == 0 && fchown(fd, g_give_uid, (gid_t)-1)) {
+        /* the new owner will then be refused: said when it happens */
+    }
+    return fd;
 }
 
 /* Re-open one of our files by name.  We refuse anything but a regular file of ours (root's
  * files may belong to the user a daemon is about to become: see give_files_to). */
-static int open_again(const char *path)
+static int open_again(const char *name, int flags)
 {
-    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    int fd = d_open(name, flags | O_NOFOLLOW | O_CLOEXEC, 0);
     if (fd < 0)
         return -1;
     struct stat st;
     uid_t me = geteuid();
     if (fstat(fd, &st) || !S_ISREG(st.st_mode) || (st.st_uid != me && me != 0)) {
         close(fd);
+        errno = EACCES;
         return -1;
     }
     return fd;
 }
 
-static void write_all(int fd, const char *p, size_t n)
+/* RLIMIT_FSIZE: writing past it kills the program with SIGXFSZ.  So every size we give a file
+ * is checked against it first (a system call per flush, next to the flush's own three). */
+static uint64_t fsize_limit(void)
+{
+    struct rlimit r;
+    if (getrlimit(RLIMIT_FSIZE, &r) || r.rlim_cur == RLIM_INFINITY)
+        return UINT64_MAX;
+    return r.rlim_cur;
+}
+
+static int write_all(int fd, const char *p, size_t n)
 {
     while (n) {
         ssize_t w = write(fd, p, n);
         if (w <= 0) {
             if (w < 0 && errno == EINTR)
                 continue;
-            return;
+            if (w == 0)
+                errno = EIO;
+            return -1;
         }
         p += w;
         n -= (size_t)w;
     }
+    return 0;
 }
 
 static char *hexw(char *d, uint64_t v, int width);
@@ -591,7 +818,8 @@ static void maps_snapshot_locked(int force, const unsigned long long c[2])
         return;
     M.adds = c[0];
     M.subs = c[1];
-    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    int fd = g_procfd >= 0 ? openat(g_procfd, "self/maps", O_RDONLY | O_CLOEXEC)
+                           : open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return;
     size_t len = 0;
@@ -618,18 +846,29 @@ static void maps_snapshot_locked(int force, const unsigned long long c[2])
     }
     if (!changed && !force)
         return;
-    char path[PATH_MAX], tmp[PATH_MAX];
-    file_path(path, sizeof path, g_id, ".maps");
-    file_path(tmp, sizeof tmp, g_id, ".maps.tmp");
-    unlink(tmp);
-    fd = open_excl(tmp);
+    size_t total = 0;
+    for (size_t i = 0; i < M.n; i++)
+        total += M.ln[i].len;
+    if (total > fsize_limit()) {
+        static atomic_int said;
+        if (!atomic_exchange(&said, 1))
+            say_err("cannot write the maps file in ", EFBIG, ": addresses of later libraries "
+                    "may stay unresolved");
+        return;
+    }
+    char name[64], tmp[64];
+    file_name(name, sizeof name, ".maps");
+    file_name(tmp, sizeof tmp, ".maps.tmp");
+    d_unlink(tmp);
+    fd = create_locked(tmp);
     if (fd < 0)
         return;
-    for (size_t i = 0; i < M.n; i++)
-        write_all(fd, M.text + M.ln[i].off, M.ln[i].len);
+    int bad = 0;
+    for (size_t i = 0; i < M.n && !bad; i++)
+        bad = write_all(fd, M.text + M.ln[i].off, M.ln[i].len);
     close(fd);
-    if (rename(tmp, path))
-        unlink(tmp);
+    if (bad || d_rename(tmp, name))
+        d_unlink(tmp);
 }
 
 /* The loader's counters are read before g_lock is taken: dl_iterate_phdr takes the loader's
@@ -645,21 +884,16 @@ COLD static void maps_snapshot(int force)
 
 /* ---- process start ---- */
 
-static void read_cmdline(void)
+static void escape_into(char *d, char *e, const unsigned char *raw, size_t n, int nul_space)
 {
-    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
-    char raw[sizeof g_cmd / 4];
-    ssize_t n = fd >= 0 ? read(fd, raw, sizeof raw) : -1;
-    if (fd >= 0)
-        close(fd);
-    char *d = g_cmd, *e = g_cmd + sizeof g_cmd - 8;
-    for (ssize_t i = 0; i < n && d < e; i++) {
-        unsigned char ch = (unsigned char)raw[i];
-        if (ch == 0) {
+    static const char hx[] = "0123456789abcdef";
+    e -= 5;
+    for (size_t i = 0; i < n && d < e; i++) {
+        unsigned char ch = raw[i];
+        if (ch == 0 && nul_space) {
             if (i + 1 < n)
                 *d++ = ' ';
         } else if (ch < 0x20 || ch >= 0x7f || ch == '\\') {
-            static const char hx[] = "0123456789abcdef";
             *d++ = '\\'; *d++ = 'x'; *d++ = hx[ch >> 4]; *d++ = hx[ch & 15];
         } else {
             *d++ = (char)ch;
@@ -668,10 +902,21 @@ static void read_cmdline(void)
     *d = 0;
 }
 
+static void read_cmdline(void)
+{
+    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    unsigned char raw[sizeof g_cmd / 4];
+    ssize_t n = fd >= 0 ? read(fd, raw, sizeof raw) : -1;
+    if (fd >= 0)
+        close(fd);
+    escape_into(g_cmd, g_cmd + sizeof g_cmd, raw, n > 0 ? (size_t)n : 0, 1);
+}
+
 /* Reserve a trace id with an O_EXCL create of mmleak.ID.maps: the pid, else pid-1, pid-2.. */
 static int reserve_id(void)
 {
-    char path[PATH_MAX];
+    char name[64];
+    int err = 0;
     for (int k = 0; k < 1000; k++) {
         char *e = g_id + sizeof g_id, *d = g_id;
         d = cat_u(d, e, (unsigned long)g_pid);
@@ -679,23 +924,39 @@ static int reserve_id(void)
             d = cat(d, e, "-");
             cat_u(d, e, (unsigned long)k);
         }
-        int fd = open_excl(file_path(path, sizeof path, g_id, ".maps"));
+        int fd = create_locked(file_name(name, sizeof name, ".maps"));
         if (fd >= 0) {
             close(fd);
             return 0;
         }
-        if (errno != EEXIST)
+        err = errno;
+        if (err != EEXIST)
             break;
     }
-    say("cannot create files in ", cfg.dir, ": tracing disabled (set MMLEAK_DIR to a writable directory)");
+    say_err("cannot create files in ", err, ": tracing disabled (set MMLEAK_DIR to a writable "
+            "directory)");
     return -1;
 }
 
 static void thread_exit(void *arg);
-static int unpark(struct tstate *t);
 static void fork_prepare(void) { pthread_mutex_lock(&g_lock); }
 static void fork_parent(void) { pthread_mutex_unlock(&g_lock); }
 static void fork_child(void);
+
+/* The fast path's page (see struct hot): mapped once, re-armed in every new trace. */
+static void arm_hot(void)
+{
+    if (H == &hot_off) {
+        void *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p != MAP_FAILED && madvise(p, 4096, MADV_WIPEONFORK) == 0)
+            H = p;
+        else if (p != MAP_FAILED)
+            munmap(p, 4096);    /* kernel before 4.14: raw clone() children are not detected */
+    }
+    H->fast = cfg.depth == 1;
+    atomic_signal_fence(memory_order_seq_cst);
+    H->alive = 1;
+}
 
 /* Called under g_lock, with the guard held. */
 static void process_start(void)
@@ -710,6 +971,28 @@ static void process_start(void)
     atomic_store(&g_next_file, 0);
     unsigned long long c[2] = { 0, 0 };
     maps_snapshot_locked(1, c);
+    arm_hot();
+}
+
+/* Is our malloc the one the program calls?  Not when another allocator (jemalloc, tcmalloc, the
+ * program's own) is found before us: LD_PRELOAD="libjemalloc.so.2 mmleak.so".  Asked by calling
+ * the process's malloc: a non-PIE program's canonical PLT entry gives no other answer. */
+static struct tstate *volatile g_probe_t;
+static volatile int g_probe_hit;
+
+static int malloc_is_ours(void)
+{
+    void *(*m)(size_t) = (void *(*)(size_t))dlsym(RTLD_DEFAULT, "malloc");
+    void (*f)(void *) = (void (*)(void *))dlsym(RTLD_DEFAULT, "free");
+    if (!m || !f || m == mmleak_own_malloc)
+        return 1;
+    g_probe_hit = 0;
+    g_probe_t = &T;
+    void *p = m(24);
+    g_probe_t = NULL;
+    if (p)
+        f(p);
+    return g_probe_hit;
 }
 
 static int g_once_done;
@@ -721,16 +1004,33 @@ COLD static void global_init(void)
     pthread_mutex_lock(&g_lock);
     if (!g_once_done) {
         g_once_done = 1;
-        read_config();
+        int bad = read_config();
         read_cmdline();
-        if (!pthread_key_create(&g_key, thread_exit))
-            g_key_ok = 1;
-        pthread_atfork(fork_prepare, fork_parent, fork_child);
-        if (cfg.depth > 1) { /* the first backtrace() loads libgcc_s: do it now */
-            void *b[4];
-            backtrace(b, 4);
+        if (!malloc_is_ours()) {
+            Dl_info di;
+            void *m = dlsym(RTLD_DEFAULT, "malloc");
+            const char *who = m && dladdr(m, &di) && di.dli_fname && *di.dli_fname
+                              ? di.dli_fname : "the program";
+            say("malloc is replaced by ", who, ", found before mmleak.so: nothing is traced "
+                "(put mmleak.so first in LD_PRELOAD)");
+            resolve_from(RTLD_DEFAULT);     /* strdup & co. must use that allocator too */
+            g_state = -1;
+        } else if (bad) {
+            g_state = -1;
+        } else {
+            Dl_info di;
+            if (dladdr((void *)real.malloc, &di) && di.dli_fname)
+                escape_into(g_alloc, g_alloc + sizeof g_alloc, (const unsigned char *)di.dli_fname,
+                            my_strlen(di.dli_fname), 0);
+            if (!pthread_key_create(&g_key, thread_exit))
+                g_key_ok = 1;
+            pthread_atfork(fork_prepare, fork_parent, fork_child);
+            if (cfg.depth > 1) { /* the first backtrace() loads libgcc_s: do it now */
+                void *b[4];
+                backtrace(b, 4);
+            }
+            process_start();
         }
-        process_start();
     }
     pthread_mutex_unlock(&g_lock);
 }
@@ -745,7 +1045,14 @@ COLD static void global_init(void)
  * in the cache.  The staging file is a shared mapping, so a killed process loses nothing:
  * each half starts with "#at OFFSET", where in .out its lines belong, and readers append
  * what .out does not have yet (`mmleak.py recover` folds it in for good).  A clean close
- * flushes the last half and deletes the .tail: the .out file is then exact. */
+ * flushes the last half and deletes the .tail: the .out file is then exact.
+ *
+ * When a flush fails (disk full, no descriptor left, the file size limit), nothing staged is
+ * thrown away: the half stays pending in the .tail (readers find it there) and the thread
+ * goes on in the other half; the next flush writes the pending half first.  Only when both
+ * halves are pending does the thread drop events, counting them, and try again once a second:
+ * "#dropping" marks where that began, "#lost N" how many events are missing, and every
+ * report then says the trace is incomplete. */
 
 #define HALF_HDR 32
 /* The end of every half is kept free for signal handlers: an event recorded by a handler
@@ -754,18 +1061,66 @@ COLD static void global_init(void)
 #define SLACK 4096
 #define START_HALF (32 * 1024)
 
-static char *side_path(char *buf, size_t len, unsigned n, const char *ext)
+static char *side_name(char *buf, size_t len, unsigned n, const char *ext)
 {
     char num[32], *d = num;
     d = cat(d, num + sizeof num, ".");
     d = cat_u(d, num + sizeof num, n);
     cat(d, num + sizeof num, ext);
-    return file_path(buf, len, g_id, num);
+    return file_name(buf, len, num);
 }
 
-static char *dump_path(char *buf, size_t len, unsigned n)
+static char *dump_name(char *buf, size_t len, unsigned n)
 {
-    return side_path(buf, len, n, ".out");
+    return side_name(buf, len, n, ".out");
+}
+
+/* ---- the registry of files, in mmleak's own memory ----
+ * Never in a thread's TLS: glibc gives a dead thread's TLS to the next thread, zeroed.  fork
+ * unmaps the staging areas of the threads that do not exist in the child; a daemon dropping
+ * root hands the files over; a thread's file is parked here when it ends, for the next new
+ * thread (a program that starts thousands of short threads writes about as many files as it
+ * ever had threads at once).  Under g_lock. */
+enum { SLOT_FREE, SLOT_OPEN, SLOT_PARKED };
+struct slot { int state; unsigned fileno; char *stage; size_t half_size; uint64_t out_off; };
+static struct { struct slot *a; size_t n, cap; } R;
+
+static int slot_new_locked(unsigned fileno)
+{
+    size_t i = 0;
+    while (i < R.n && R.a[i].state != SLOT_FREE)
+        i++;
+    if (i == R.n) {
+        struct slot *a = grow(R.a, &R.cap, R.n + 1, sizeof *a);
+        if (!a)
+            return 0;
+        R.a = a;
+        R.n++;
+    }
+    R.a[i] = (struct slot){ SLOT_OPEN, fileno, NULL, 0, 0 };
+    return (int)i + 1;
+}
+
+static void slot_sync(struct tstate *t)
+{
+    if (!t->slot)
+        return;
+    pthread_mutex_lock(&g_lock);
+    struct slot *s = &R.a[t->slot - 1];
+    s->fileno = t->fileno;
+    s->stage = t->stage;
+    s->half_size = t->half_size;
+    pthread_mutex_unlock(&g_lock);
+}
+
+static void slot_free(struct tstate *t)
+{
+    if (!t->slot)
+        return;
+    pthread_mutex_lock(&g_lock);
+    R.a[t->slot - 1].state = SLOT_FREE;
+    pthread_mutex_unlock(&g_lock);
+    t->slot = 0;
 }
 
 static void stage_drop(struct tstate *t)
@@ -774,10 +1129,17 @@ static void stage_drop(struct tstate *t)
         munmap(t->stage, 2 * t->half_size);
     t->stage = NULL;
     t->cur = t->end = NULL;
+    t->ustart[0] = t->ustart[1] = t->ulen[0] = t->ulen[1] = 0;
 }
 
-/* Begin writing into half h: clear it first (so a line torn by a kill is followed by NULs,
- * never by the stale end of an older line), then stamp where its lines go in .out. */
+static char *half_body(const struct tstate *t, int h)
+{
+    return t->stage + (size_t)h * t->half_size + HALF_HDR;
+}
+
+/* Begin writing into half h (which holds nothing unflushed): clear it first (so a line torn
+ * by a kill is followed by NULs, never by the stale end of an older line), then stamp where
+ * its lines go in .out: after the other half's pending lines, if any. */
 static void half_start(struct tstate *t, int h)
 {
     char *b = t->stage + (size_t)h * t->half_size;
@@ -785,110 +1147,139 @@ static void half_start(struct tstate *t, int h)
     atomic_signal_fence(memory_order_seq_cst);
     char hdr[HALF_HDR], *d = hdr;
     memcpy(d, "#at ", 4);
-    d = hexw(d + 4, t->out_off, 16);
+    d = hexw(d + 4, t->out_off + t->ulen[h ^ 1], 16);
     while (d < hdr + HALF_HDR - 1)
         *d++ = ' ';
     *d = '\n';
     memcpy(b, hdr, HALF_HDR);
     t->half = h;
+    t->ustart[h] = t->ulen[h] = 0;
     t->cur = b + HALF_HDR;
     t->end = b + t->half_size - SLACK;
 }
 
-/* Append the current half's lines to .out (opened by name: we keep no descriptor). */
-static int flush_half(struct tstate *t)
+/* Write half h's pending lines at the end of .out. */
+static int write_half(int fd, struct tstate *t, int h)
 {
-    char *b = t->stage + (size_t)t->half * t->half_size + HALF_HDR;
-    size_t n = (size_t)(t->cur - b), done = 0;
-    if (n == 0)
-        return 0;
-    char path[PATH_MAX];
-    int fd = open_again(dump_path(path, sizeof path, t->fileno));
-    if (fd < 0)
-        return -1;
-    while (done < n) {
-        ssize_t w = pwrite(fd, b + done, n - done, (off_t)(t->out_off + done));
+    const char *p = half_body(t, h) + t->ustart[h];
+    while (t->ulen[h]) {
+        ssize_t w = pwrite(fd, p, t->ulen[h], (off_t)t->out_off);
         if (w < 0 && errno == EINTR)
             continue;
-        if (w <= 0)
-            break;
-        done += (size_t)w;
-    }
-    close(fd);
-    t->out_off += done;
-    return done == n ? 0 : -1;
-}
-
-/* A thread that filled its first half is a busy one: give it the full MMLEAK_BUFFER_KB.  Every
- * staged line is in .out at this point, so the old content is simply dropped (truncated to
- * nothing first, so that no old "#at" header survives at a place the new layout reads). */
-static int grow_stage(struct tstate *t)
-{
-    char path[PATH_MAX];
-    int fd = open_again(side_path(path, sizeof path, t->fileno, ".tail"));
-    if (fd < 0)
-        return -1;
-    size_t half = cfg.buffer / 2;
-    void *p = MAP_FAILED;
-    if (ftruncate(fd, 0) == 0 && posix_fallocate(fd, 0, (off_t)(2 * half)) == 0)
-        p = mmap(NULL, 2 * half, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-        /* keep writing the small one (its pages are still there unless truncated) */
-        if (ftruncate(fd, (off_t)(2 * t->half_size)) != 0 ||
-            posix_fallocate(fd, 0, (off_t)(2 * t->half_size)) != 0) {
-            close(fd);
-            return -2;
+        if (w <= 0) {
+            if (w == 0)
+                errno = ENOSPC;
+            return -1;
         }
-        close(fd);
-        return -1;
+        p += w;
+        t->ustart[h] += (size_t)w;
+        t->ulen[h] -= (size_t)w;
+        t->out_off += (uint64_t)w;
     }
-    close(fd);
-    munmap(t->stage, 2 * t->half_size);
-    t->stage = p;
-    t->half_size = half;
     return 0;
 }
 
-/* Flush, end the file with "#end", delete the staging file, forget both. */
+/* Append what is staged to .out: the other half's pending lines first, then the current
+ * half's.  0 when all is in .out; -1 (errno says why) when some stays pending. */
+static int flush_staged(struct tstate *t)
+{
+    int h = t->half, o = h ^ 1;
+    if (t->cur)
+        t->ulen[h] = (size_t)(t->cur - half_body(t, h)) - t->ustart[h];
+    if (!t->ulen[o] && !t->ulen[h])
+        return 0;
+    if (t->out_off + t->ulen[o] + t->ulen[h] > fsize_limit()) {
+        errno = EFBIG;
+        return -1;
+    }
+    char name[64];
+    int fd = open_again(dump_name(name, sizeof name, t->fileno), O_WRONLY);
+    if (fd < 0)
+        return -1;
+    int rc = write_half(fd, t, o);
+    if (rc == 0)
+        rc = write_half(fd, t, h);
+    int e = errno;
+    close(fd);
+    errno = e;
+    return rc;
+}
+
+/* A thread that filled its first half is a busy one: give it the full MMLEAK_BUFFER_KB.  Every
+ * staged line is in .out at this point.  The file is only extended (never truncated under our
+ * own mapping): the first half of the new layout covers the old one and is cleared by
+ * half_start, so no old "#at" header survives where the new layout reads one. */
+static int grow_stage(struct tstate *t)
+{
+    size_t half = cfg.buffer / 2;
+    if (2 * (uint64_t)half + 4096 > fsize_limit())
+        return -1;
+    char name[64];
+    int fd = open_again(side_name(name, sizeof name, t->fileno, ".tail"), O_RDWR);
+    if (fd < 0)
+        return -1;
+    void *p = MAP_FAILED;
+    if (posix_fallocate(fd, 0, (off_t)(2 * half)) == 0)
+        p = mmap(NULL, 2 * half, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED)
+        return -1;  /* keep writing the small one */
+    munmap(t->stage, 2 * t->half_size);
+    t->stage = p;
+    t->half_size = half;
+    slot_sync(t);
+    return 0;
+}
+
+/* "#lost N k=K\n": N events of gap K were not recorded.  K makes every such line unique, so
+ * that readers, who pass identical '#' lines on once, never fold two gaps into one. */
+static size_t lost_line(char *line, size_t cap, uint64_t n, unsigned k)
+{
+    char *e = line + cap, *d = line;
+    d = cat(d, e, "#lost ");
+    d = cat_u(d, e, (unsigned long)n);
+    d = cat(d, e, " k=");
+    d = cat_u(d, e, k ? k : atomic_fetch_add(&g_episode, 1) + 1);
+    d = cat(d, e, "\n");
+    return (size_t)(d - line);
+}
+
+/* End the thread's file: "#lost N" if events were dropped, "#end", flush, delete the staging
+ * file.  If the flush fails, the .tail stays: readers take the lines from it. */
 static void file_close(struct tstate *t, int trailer)
 {
     if (!t->stage)
         return;
-    if (trailer) {
-        if (t->end - t->cur < 8 && flush_half(t) == 0)
-            half_start(t, t->half ^ 1);
-        if (t->end - t->cur >= 8) {
-            memcpy(t->cur, "#end\n", 5);
-            t->cur += 5;
+    if (t->dropping && flush_staged(t) == 0) {
+        t->dropping = 0;
+        half_start(t, t->half ^ 1);
+    }
+    if (!t->dropping) {
+        if (trailer) {
+            /* the slack behind `end` always has room for these two lines */
+            char line[96], *e = line + sizeof line, *d = line;
+            if (t->lost) {
+                d += lost_line(d, sizeof line, t->lost, t->episode);
+                t->lost = 0;
+            }
+            d = cat(d, e, "#end\n");
+            memcpy(t->cur, line, (size_t)(d - line));
+            t->cur += d - line;
+        }
+        if (flush_staged(t) == 0) {
+            char name[64];
+            d_unlink(side_name(name, sizeof name, t->fileno, ".tail"));
         }
     }
-    flush_half(t);
-    char path[PATH_MAX];
-    unlink(side_path(path, sizeof path, t->fileno, ".tail"));
     stage_drop(t);
+    slot_free(t);
     t->open = 0;
+    t->dropping = 0;
 }
 
-static void registry_add(struct tstate *t)
+static size_t header_text(char *h, size_t cap, unsigned fileno, int late)
 {
-    t->prev = NULL;
-    t->next = g_threads;
-    if (g_threads)
-        g_threads->prev = t;
-    g_threads = t;
-}
-
-static void registry_del(struct tstate *t)
-{
-    if (t->prev) t->prev->next = t->next;
-    else if (g_threads == t) g_threads = t->next;
-    if (t->next) t->next->prev = t->prev;
-    t->next = t->prev = NULL;
-}
-
-static void write_header(struct tstate *t)
-{
-    char h[sizeof g_cmd + 512], *e = h + sizeof h, *d = h;
+    char *e = h + cap, *d = h;
     d = cat(d, e, "#mmleak ");
     d = cat_u(d, e, FORMAT_VERSION);
     d = cat(d, e, " id=");
@@ -898,136 +1289,261 @@ static void write_header(struct tstate *t)
     d = cat(d, e, " tid=");
     d = cat_u(d, e, (unsigned long)syscall(SYS_gettid));
     d = cat(d, e, " file=");
-    d = cat_u(d, e, t->fileno);
+    d = cat_u(d, e, fileno);
     d = cat(d, e, " depth=");
     d = cat_u(d, e, (unsigned long)cfg.depth);
     d = cat(d, e, " start=");
     d = cat_u(d, e, (unsigned long)g_t0);
-    d = cat(d, e, t->late ? " late=1" : "");
+    d = cat(d, e, late ? " late=1" : "");
     d = cat(d, e, "\n#cmd ");
     d = cat(d, e, g_cmd);
-    d = cat(d, e, "\n");
-    size_t n = (size_t)(d - h);
-    if (t->end - t->cur >= (ptrdiff_t)n) {
-        memcpy(t->cur, h, n);
-        t->cur += n;
+    if (g_alloc[0]) {
+        d = cat(d, e, "\n#alloc ");
+        d = cat(d, e, g_alloc);
     }
+    d = cat(d, e, "\n");
+    return (size_t)(d - h);
 }
 
-static void go_scratch(struct tstate *t)
+static void stage_line(struct tstate *t, const char *s, size_t n)
 {
-    t->disabled = 1;
-    t->cur = t->scratch;
-    t->end = t->scratch + sizeof t->scratch;
+    memcpy(t->cur, s, n);
+    t->cur += n;
 }
 
-/* Open a new dump file for this thread: mmleak.ID.N.out and its staging file .N.tail, both
- * created O_EXCL|O_NOFOLLOW, mode 0600: a name somebody else made is skipped, not used. */
+/* Open a new dump file for this thread: mmleak.ID.N.out and its staging file .N.tail. */
 static int file_open(struct tstate *t)
 {
-    char path[PATH_MAX], tpath[PATH_MAX];
-    for (int tries = 0; tries < 64; tries++) {
-        t->fileno = atomic_fetch_add(&g_next_file, 1);
-        int fd = open_excl(dump_path(path, sizeof path, t->fileno));
-        if (fd < 0) {
-            if (errno == EEXIST)
-                continue;
-            return -1;
-        }
-        close(fd);
-        fd = open_excl(side_path(tpath, sizeof tpath, t->fileno, ".tail"));
-        if (fd < 0) {
-            int e = errno;
-            unlink(path);
-            if (e == EEXIST)
-                continue;
-            return -1;
-        }
-        /* small at first: most threads make few events; grown at the first full half */
-        t->half_size = (cfg.buffer < 2 * START_HALF ? cfg.buffer : 2 * START_HALF) / 2;
-        void *p = MAP_FAILED;
-        /* fallocate, not just ftruncate: a full disk must fail here, not SIGBUS later */
-        if (posix_fallocate(fd, 0, (off_t)(2 * t->half_size)) == 0)
-            p = mmap(NULL, 2 * t->half_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        close(fd);
-        if (p == MAP_FAILED) {
-            unlink(tpath);
-            unlink(path);
-            return -1;
-        }
-        t->stage = p;
-        t->out_off = 0;
-        half_start(t, 0);
-        t->open = 1;
-        t->late_lines = 0;
-        write_header(t);
-        return 0;
+    size_t half = (cfg.buffer < 2 * START_HALF ? cfg.buffer : 2 * START_HALF) / 2;
+    if (2 * (uint64_t)half + 4096 > fsize_limit()) {
+        errno = EFBIG;
+        return -1;
     }
-    return -1;
+    char name[64], tname[64];
+    int fd = -1, err = EEXIST;
+    unsigned n = 0;
+    pthread_mutex_lock(&g_lock);
+    for (int tries = 0; tries < 64; tries++) {
+        n = atomic_fetch_add(&g_next_file, 1);
+        int ofd = create_locked(dump_name(name, sizeof name, n));
+        if (ofd < 0) {
+            err = errno;
+            if (err == EEXIST)
+                continue;
+            break;
+        }
+        close(ofd);
+        fd = create_locked(side_name(tname, sizeof tname, n, ".tail"));
+        if (fd < 0) {
+            err = errno;
+            d_unlink(name);
+            if (err == EEXIST)
+                continue;
+        }
+        break;
+    }
+    int slot = fd >= 0 ? slot_new_locked(n) : 0;
+    pthread_mutex_unlock(&g_lock);
+    if (fd < 0) {
+        errno = err;
+        return -1;
+    }
+    void *p = MAP_FAILED;
+    /* fallocate, not just ftruncate: a full disk must fail here, not SIGBUS later */
+    int rc = posix_fallocate(fd, 0, (off_t)(2 * half));
+    if (rc == 0) {
+        p = mmap(NULL, 2 * half, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        rc = p == MAP_FAILED ? errno : 0;
+    }
+    close(fd);
+    if (p == MAP_FAILED || !slot) {
+        if (p != MAP_FAILED)
+            munmap(p, 2 * half);
+        t->slot = slot;
+        slot_free(t);
+        d_unlink(tname);
+        d_unlink(name);
+        errno = rc ? rc : ENOMEM;
+        return -1;
+    }
+    t->fileno = n;
+    t->stage = p;
+    t->half_size = half;
+    t->out_off = 0;
+    t->ulen[0] = t->ulen[1] = 0;
+    t->slot = slot;
+    half_start(t, 0);
+    t->open = 1;
+    t->late_lines = 0;
+    char h[sizeof g_cmd + sizeof g_alloc + 256];
+    stage_line(t, h, header_text(h, sizeof h, n, t->late));
+    slot_sync(t);
+    return 0;
 }
+
+/* Take a parked file, if there is one. */
+static int take_parked(struct tstate *t)
+{
+    pthread_mutex_lock(&g_lock);
+    size_t i = R.n;
+    while (i > 0 && R.a[i - 1].state != SLOT_PARKED)
+        i--;
+    struct slot s = i ? R.a[i - 1] : (struct slot){ 0, 0, NULL, 0, 0 };
+    if (i)
+        R.a[i - 1].state = SLOT_OPEN;
+    pthread_mutex_unlock(&g_lock);
+    if (!i)
+        return -1;
+    t->slot = (int)i;
+    t->fileno = s.fileno;
+    t->stage = s.stage;
+    t->half_size = s.half_size;
+    t->out_off = s.out_off;
+    t->ulen[0] = t->ulen[1] = 0;
+    half_start(t, 0);
+    t->open = 1;
+    return 0;
+}
+
+/* A new thread continues a parked file, if there is one; "#thread" marks the handover. */
+static int unpark(struct tstate *t)
+{
+    if (take_parked(t))
+        return -1;
+    t->late = 0;
+    t->late_lines = 0;
+    t->exit_rounds = 0;
+    char line[64], *d = line, *e = line + sizeof line;
+    d = cat(d, e, "#thread tid=");
+    d = cat_u(d, e, (unsigned long)syscall(SYS_gettid));
+    d = cat(d, e, "\n");
+    stage_line(t, line, (size_t)(d - line));
+    return 0;
+}
+
+/* The thread's file is given up when it ends: parked for the next new thread. */
+static void park(struct tstate *t)
+{
+    if (t->dropping || t->lost || flush_staged(t) != 0) {
+        file_close(t, 1); /* keeps what could not be written in the .tail */
+        return;
+    }
+    pthread_mutex_lock(&g_lock);
+    struct slot *s = &R.a[t->slot - 1];
+    *s = (struct slot){ SLOT_PARKED, t->fileno, t->stage, t->half_size, t->out_off };
+    pthread_mutex_unlock(&g_lock);
+    t->slot = 0;
+    t->stage = NULL;
+    t->cur = t->end = NULL;
+    t->open = 0;
+}
+
+/* Close every parked file (process exit). */
+static void close_parked(void)
+{
+    struct tstate tmp;
+    memset(&tmp, 0, sizeof tmp);
+    while (take_parked(&tmp) == 0)
+        file_close(&tmp, 1);
+}
+
+static void key_for_exit(struct tstate *t)
+{
+    t->exit_rounds = 0;
+    if (g_key_ok)
+        pthread_setspecific(g_key, t);
+}
+
+static void start_dropping(struct tstate *t, int err)
+{
+    if (!atomic_exchange(&g_said_write, 1))
+        say_err("cannot write a dump file in ", err, ": events are counted, not recorded, "
+                "until it can again (every report will say the trace is incomplete)");
+    t->episode = atomic_fetch_add(&g_episode, 1) + 1;
+    if (t->stage && t->cur) {
+        /* in the slack behind `end`: where the gap begins, for a reader after a crash */
+        char line[48], *e = line + sizeof line, *d = line;
+        d = cat(d, e, "#dropping k=");
+        d = cat_u(d, e, t->episode);
+        d = cat(d, e, "\n");
+        stage_line(t, line, (size_t)(d - line));
+        t->ulen[t->half] += (size_t)(d - line);
+    }
+    t->cur = t->end = NULL;
+    t->dropping = 1;
+    t->retry_at = time(NULL) + 1;
+    key_for_exit(t);
+}
+
+COLD static void maps_snapshot(int force);
 
 /* Make room for `need` bytes at t->cur: open the thread's files, flush a half, rotate. */
 static int make_room(struct tstate *t, size_t need)
 {
-    if (t->disabled) {
-        t->cur = t->scratch;
-        return (size_t)(t->end - t->cur) >= need ? 0 : -1;
-    }
-    if (g_state == 0 || g_pid != getpid()) {
-        /* not started yet, or a child made by a raw clone() that skipped our atfork hook */
-        if (g_state != 0)
-            fork_child();
+    if (g_state == 0)
         global_init();
-    }
-    if (g_state < 0) {
-        go_scratch(t);
+    if (g_state < 0 || t->dropping || t->dead) {
+        if (g_state < 0)
+            t->cur = t->end = NULL;
         return -1;
     }
     if (!t->open) {
         if (unpark(t) && file_open(t)) {
-            static atomic_int said;
-            if (!atomic_exchange(&said, 1))
-                say("cannot write dump files in ", cfg.dir, ": tracing of the thread stopped");
-            go_scratch(t);
+            start_dropping(t, errno);
             return -1;
         }
-        pthread_mutex_lock(&g_lock);
-        registry_add(t);
-        pthread_mutex_unlock(&g_lock);
-        t->exit_rounds = 0;
-        if (g_key_ok)
-            pthread_setspecific(g_key, t);
+        key_for_exit(t);
         maps_snapshot(0);
         if ((size_t)(t->end - t->cur) >= need)
             return 0;
     }
     /* the current half is full */
-    if (t->out_off >= cfg.rotate) {
-        file_close(t, 1);
-        pthread_mutex_lock(&g_lock);
-        registry_del(t);
-        pthread_mutex_unlock(&g_lock);
-        return make_room(t, need);
+    int h = t->half;
+    if (flush_staged(t) == 0) {
+        if (t->out_off >= cfg.rotate || t->out_off + t->half_size + 4096 > fsize_limit()) {
+            file_close(t, 1);
+            return make_room(t, need);
+        }
+        int grown = 2 * t->half_size < cfg.buffer ? grow_stage(t) : -1;
+        half_start(t, grown == 0 ? 0 : h ^ 1);
+        maps_snapshot(0);
+        return (size_t)(t->end - t->cur) >= need ? 0 : -1;
     }
-    if (flush_half(t)) {
-        say("cannot write a dump file in ", cfg.dir, why_failed());
-        file_close(t, 0);
-        go_scratch(t);
-        return -1;
+    int err = errno;
+    if (t->ulen[h ^ 1] == 0) {
+        /* this half stays pending in the .tail; go on in the other, try again when it fills */
+        if (!atomic_exchange(&g_said_write, 1))
+            say_err("cannot write a dump file in ", err, ": staged events are kept, writing "
+                    "is tried again");
+        half_start(t, h ^ 1);
+        return (size_t)(t->end - t->cur) >= need ? 0 : -1;
     }
-    int grown = 2 * t->half_size < cfg.buffer ? grow_stage(t) : -1;
-    if (grown == -2) { /* the staging file is gone and cannot be sized again: stop here */
-        say("cannot write a dump file in ", cfg.dir, why_failed());
-        char path[PATH_MAX];
-        unlink(side_path(path, sizeof path, t->fileno, ".tail"));
-        stage_drop(t);
-        t->open = 0;
-        go_scratch(t);
-        return -1;
+    start_dropping(t, err);
+    return -1;
+}
+
+/* While dropping: count the event, and once a second try to write again. */
+static void drop_event(struct tstate *t)
+{
+    t->lost++;
+    time_t now = time(NULL);
+    if (now < t->retry_at)
+        return;
+    t->retry_at = now + 1;
+    if (t->stage) {
+        if (flush_staged(t))
+            return;
+        t->dropping = 0;
+        half_start(t, t->half ^ 1);
+    } else {
+        if (unpark(t) && file_open(t))
+            return;
+        t->dropping = 0;
+        key_for_exit(t);
     }
-    half_start(t, grown == 0 ? 0 : t->half ^ 1);
-    maps_snapshot(0);
-    return (size_t)(t->end - t->cur) >= need ? 0 : -1;
+    char line[64];
+    stage_line(t, line, lost_line(line, sizeof line, t->lost, t->episode));
+    t->lost = 0;
 }
 
 static char *hexw(char *d, uint64_t v, int width)
@@ -1050,33 +1566,73 @@ static int unfinished_line(const struct tstate *t)
 {
     if (!t->stage || !t->cur)
         return 0;
-    char *lo = t->stage + (size_t)t->half * t->half_size + HALF_HDR;
+    char *lo = half_body(t, t->half) + t->ustart[t->half];
     char *from = t->cur - lo > 2 * SLACK ? t->cur - 2 * SLACK : lo;
     return from < t->cur && memchr(from, 0, (size_t)(t->cur - from)) != NULL;
 }
 
-/* After a thread's file was closed (its exit, process exit, exec), a few more events may
- * come: destructors, execvp's search of PATH.  They are appended to that same file, a write
- * each, rather than opening a new file and staging file for them; past LATE_DIRECT lines
- * the thread is evidently going on (a failed exec) and gets a new file. */
+/* After the main thread's file was closed (process exit, exec), a few more events may come:
+ * destructors, execvp's search of PATH.  They are appended to that same file, a write each,
+ * rather than opening a new file and staging file for them; past LATE_DIRECT lines the thread
+ * is evidently going on (a failed exec) and gets a new file. */
 #define LATE_DIRECT 256
 
 static int late_direct(const struct tstate *t)
 {
-    return t->late && !t->open && !t->disabled && t->late_lines < LATE_DIRECT &&
-           g_state > 0 && g_pid == getpid();
+    return t->late && !t->open && !t->dead && t->late_lines < LATE_DIRECT && g_state > 0 &&
+           g_pid == getpid();
+}
+
+/* Append a line to a closed file of ours, if the size limit allows. */
+static int append_to(const char *name, const char *line, size_t n)
+{
+    int fd = open_again(name, O_WRONLY | O_APPEND);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    int rc = -1;
+    if (fstat(fd, &st) == 0 && (uint64_t)st.st_size + n <= fsize_limit())
+        rc = write_all(fd, line, n);
+    close(fd);
+    return rc;
 }
 
 static void append_direct(struct tstate *t, const char *line, size_t n)
 {
-    char path[PATH_MAX];
-    int fd = open(dump_path(path, sizeof path, t->fileno),
-                  O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
-    if (fd >= 0) {
-        write_all(fd, line, n);
-        close(fd);
-    }
+    char name[64];
+    if (append_to(dump_name(name, sizeof name, t->fileno), line, n))
+        atomic_fetch_add(&g_lost_orphan, 1);
     t->late_lines++;
+}
+
+/* Events of a thread after its last key destructor round (glibc frees the dlerror() and
+ * strerror() buffers after that): appended, a write each, to one shared "late" file of the
+ * process.  Such a thread never registers again: its TLS is about to be reused. */
+static unsigned g_late_file = ~0u;
+
+static void late_shared(const char *line, size_t n)
+{
+    char name[64];
+    pthread_mutex_lock(&g_lock);
+    if (g_late_file == ~0u || append_to(dump_name(name, sizeof name, g_late_file), line, n)) {
+        int fd = -1;
+        unsigned no = 0;
+        for (int tries = 0; tries < 64 && fd < 0; tries++) {
+            no = atomic_fetch_add(&g_next_file, 1);
+            fd = create_locked(dump_name(name, sizeof name, no));
+            if (fd < 0 && errno != EEXIST)
+                break;
+        }
+        char h[sizeof g_cmd + sizeof g_alloc + 256];
+        size_t hn = fd >= 0 ? header_text(h, sizeof h, no, 1) : 0;
+        if (fd >= 0 && hn + n <= fsize_limit() && !write_all(fd, h, hn) && !write_all(fd, line, n))
+            g_late_file = no;
+        else
+            atomic_fetch_add(&g_lost_orphan, 1);
+        if (fd >= 0)
+            close(fd);
+    }
+    pthread_mutex_unlock(&g_lock);
 }
 
 /* The general writer: any width, any depth.  Builds the line on the stack, then reserves
@@ -1084,6 +1640,14 @@ static void append_direct(struct tstate *t, const char *line, size_t n)
 static void emit(const char *line, size_t n)
 {
     struct tstate *t = &T;
+    if (t->dead) {
+        late_shared(line, n);
+        return;
+    }
+    if (t->dropping) {
+        drop_event(t);
+        return;
+    }
     if (t->end - t->cur < (ptrdiff_t)(n + 16)) {
         if (late_direct(t)) {
             append_direct(t, line, n);
@@ -1094,6 +1658,8 @@ static void emit(const char *line, size_t n)
             if (!t->stage || t->end + SLACK - t->cur < (ptrdiff_t)(n + 16))
                 return; /* deeper than the slack: lost (and the interrupted line kept) */
         } else if (make_room(t, n + 16)) {
+            if (t->dropping)
+                t->lost++;
             return;
         }
     }
@@ -1103,14 +1669,35 @@ static void emit(const char *line, size_t n)
     d[n - 1] = '\n';
 }
 
+/* Shared entry of the slow paths: 0 to go on and record. */
+static int slow_enter(struct tstate *t)
+{
+    if (IN_OWN_CODE(t)) {
+        if (g_probe_t == t)
+            g_probe_hit = 1;
+        return -1;
+    }
+    if (g_state < 0)
+        return -1;
+    return 0;
+}
+
+static const void *new_caller(const struct tstate *t, const void *ra);
+
 COLD static void slow_alloc(void *p, size_t n, const void *ra)
 {
     struct tstate *t = &T;
-    if (t->guard)
+    if (slow_enter(t))
         return;
     GUARDED;
-    if (!t->open && !t->disabled && !late_direct(t) && make_room(t, FAST_ROOM))
+    if (g_state == 0)
+        global_init();
+    if (g_state < 0)
         return;
+    if (unlikely(!H->alive))
+        fork_child();   /* a copy made by a raw clone()/fork syscall: see struct hot */
+    if (t->guard & GUARD_NEW)
+        ra = new_caller(t, ra);
     uint64_t s = seq_next(p);
     time_t now = time(NULL) - g_t0;
     char line[SLOW_LINE], *d = line;
@@ -1147,11 +1734,15 @@ COLD static void slow_alloc(void *p, size_t n, const void *ra)
 COLD static void slow_free(void *p, uint64_t s, const void *ra)
 {
     struct tstate *t = &T;
-    if (t->guard)
+    if (slow_enter(t))
         return;
     GUARDED;
-    if (!t->open && !t->disabled && !late_direct(t) && make_room(t, FAST_ROOM))
+    if (g_state == 0)
+        global_init();
+    if (g_state < 0)
         return;
+    if (unlikely(!H->alive))
+        fork_child();
     char line[64], *d = line;
     d = hexw(d, (uintptr_t)p, 12);
     *d++ = ' ';
@@ -1169,121 +1760,61 @@ HOT_INLINE void note_free(void *p, const void *ra)
     rec_free(p, seq_next(p), ra);
 }
 
-/* Files of exited threads, kept for the next new thread: a program that starts thousands of
- * short threads writes about as many files as it ever had threads at once, not thousands.
- * A parked file is fully flushed; its staging mapping stays.  Under g_lock. */
-struct parked { unsigned fileno; char *stage; size_t half_size; uint64_t out_off; };
-static struct { struct parked *a; size_t n, cap; } P;
-
-static void park(struct tstate *t)
-{
-    pthread_mutex_lock(&g_lock);
-    registry_del(t);
-    struct parked *a = flush_half(t) == 0 ? grow(P.a, &P.cap, P.n + 1, sizeof *a) : NULL;
-    if (a) {
-        P.a = a;
-        P.a[P.n++] = (struct parked){ t->fileno, t->stage, t->half_size, t->out_off };
-        t->stage = NULL;
-        t->cur = t->end = NULL;
-        t->open = 0;
-    }
-    pthread_mutex_unlock(&g_lock);
-    if (t->open) /* could not park: close it as before */
-        file_close(t, 1);
-    t->late = 1;
-    t->late_lines = LATE_DIRECT; /* the file may soon be another thread's: no direct appends */
-}
-
-/* A new thread continues a parked file, if there is one; "#thread" marks the handover. */
-static int unpark(struct tstate *t)
-{
-    struct parked p;
-    pthread_mutex_lock(&g_lock);
-    int got = P.n > 0;
-    if (got)
-        p = P.a[--P.n];
-    pthread_mutex_unlock(&g_lock);
-    if (!got)
-        return -1;
-    t->fileno = p.fileno;
-    t->stage = p.stage;
-    t->half_size = p.half_size;
-    t->out_off = p.out_off;
-    half_start(t, 0);
-    t->open = 1;
-    t->late = 0;
-    t->late_lines = 0;
-    t->exit_rounds = 0;
-    char line[64], *d = line, *e = line + sizeof line;
-    d = cat(d, e, "#thread tid=");
-    d = cat_u(d, e, (unsigned long)syscall(SYS_gettid));
-    d = cat(d, e, "\n");
-    memcpy(t->cur, line, (size_t)(d - line));
-    t->cur += d - line;
-    return 0;
-}
-
-/* Close every parked file (process exit). */
-static void close_parked(void)
-{
-    pthread_mutex_lock(&g_lock);
-    while (P.n > 0) {
-        struct parked p = P.a[--P.n];
-        struct tstate tmp;
-        memset(&tmp, 0, sizeof tmp);
-        tmp.fileno = p.fileno;
-        tmp.stage = p.stage;
-        tmp.half_size = p.half_size;
-        tmp.out_off = p.out_off;
-        half_start(&tmp, 0);
-        file_close(&tmp, 1);
-    }
-    pthread_mutex_unlock(&g_lock);
-}
-
 /* pthread key destructor: the thread is exiting.  Other libraries' destructors run in the
  * same rounds and may still free memory, so we re-arm our key and only give the file up in
- * the last round, parked for the next thread.  The rare events after that open a new file. */
+ * the last round, parked for the next thread.  Events after that go to the late file. */
 static void thread_exit(void *arg)
 {
     struct tstate *t = arg;
-    if (t != &T || !t->open)
+    if (t != &T)
         return;
     if (++t->exit_rounds < PTHREAD_DESTRUCTOR_ITERATIONS && g_key_ok) {
         pthread_setspecific(g_key, t);
         return;
     }
     GUARDED;
-    maps_snapshot(0);
-    park(t);
+    if (t->open) {
+        maps_snapshot(0);
+        park(t);
+    }
+    if (t->lost) {
+        atomic_fetch_add(&g_lost_orphan, t->lost);
+        t->lost = 0;
+    }
+    t->dropping = 0;
+    t->dead = 1;
+    t->cur = t->end = NULL;
 }
 
-/* In the child of fork: the staging areas we inherited are the parent's files.  Unmap them
+/* In the child of fork (glibc's, through our atfork handler, or a raw clone()/fork syscall,
+ * found by the wiped page): the staging areas we inherited are the parent's files.  Unmap them
  * (the parent keeps writing them) and start a trace of our own under the child's pid. */
 static void fork_child(void)
 {
+    if (H->alive && g_pid == getpid())
+        return;     /* done already: the raw-fork check ran before the atfork handler */
     pthread_mutex_init(&g_lock, NULL);
     int saved = errno;
     T.guard++;
-    for (struct tstate *o = g_threads; o; o = o->next)
-        if (o != &T && o->stage)
-            munmap(o->stage, 2 * o->half_size); /* those threads do not exist in the child */
-    g_threads = NULL;
-    for (size_t i = 0; i < P.n; i++)
-        munmap(P.a[i].stage, 2 * P.a[i].half_size);
-    P.n = 0;
+    for (size_t i = 0; i < R.n; i++)
+        if (R.a[i].state != SLOT_FREE && (int)i + 1 != T.slot && R.a[i].stage)
+            munmap(R.a[i].stage, 2 * R.a[i].half_size); /* those threads are not in the child */
+    R.n = 0;
+    T.slot = 0;
     stage_drop(&T);
     T.open = 0;
     T.late = 0;
+    T.dropping = 0;
+    T.lost = 0;
+    g_late_file = ~0u;
+    atomic_store(&g_lost_orphan, 0);
+    atomic_store(&g_said_write, 0);
     if (g_state > 0)
         process_start();
     T.guard--;
     errno = saved;
 }
 
-/* Our malloc under a name the dynamic linker cannot rebind: &malloc itself would give the
- * process's malloc, whoever provides it. */
-extern void *mmleak_own_malloc(size_t) __attribute__((alias("malloc"), visibility("hidden"), copy(malloc)));
 
 /* Is this library one of the preloaded ones (LD_PRELOAD, /etc/ld.so.preload)?  Compared by
  * device and inode, or by file name for entries without a slash. */
@@ -1354,21 +1885,33 @@ __attribute__((constructor)) static void mmleak_init(void)
     errno = saved;
 }
 
-__attribute__((destructor)) static void mmleak_fini(void)
+/* Process exit, _exit, exec: close the calling thread's file and the parked ones.  Events
+ * lost where no file could say so are written now, in the calling thread's file. */
+static void leave_files(void)
 {
-    if (g_state <= 0 || g_pid != getpid())
-        return;
-    int saved = errno;
-    T.guard++;
     maps_snapshot(0);
+    T.lost += atomic_exchange(&g_lost_orphan, 0);
     if (T.open) {
-        pthread_mutex_lock(&g_lock);
-        registry_del(&T);
-        pthread_mutex_unlock(&g_lock);
         file_close(&T, 1);
         T.late = 1;
     }
+    if (T.lost) {
+        char line[64];
+        size_t n = lost_line(line, sizeof line, T.lost, 0);
+        T.lost = 0;
+        late_shared(line, n);
+    }
     close_parked();
+}
+
+__attribute__((destructor)) static void mmleak_fini(void)
+{
+    /* not in a vfork() child (other pid, the parent's memory): the files are the parent's */
+    if (g_state <= 0 || g_pid != getpid() || IN_OWN_CODE(&T))
+        return;
+    int saved = errno;
+    T.guard++;
+    leave_files();
     T.guard--;
     errno = saved;
 }
@@ -1438,7 +1981,7 @@ EXPORT void *calloc(size_t k, size_t n)
         return NULL;
     }
     ENSURE_REAL(total, 1);
-    return noted(real.calloc(k, n), total, __builtin_return_address(0));
+    return noted(al_calloc(k, n, total), total, __builtin_return_address(0));
 }
 
 static void *traced_realloc(void *old, size_t n, const void *ra)
@@ -1485,7 +2028,7 @@ EXPORT void *reallocarray(void *old, size_t k, size_t n)
 EXPORT void *memalign(size_t al, size_t n)
 {
     ENSURE_REAL(n + al, 0);
-    return noted(real.memalign(al, n), n, __builtin_return_address(0));
+    return noted(al_alloc(al, n), n, __builtin_return_address(0));
 }
 
 EXPORT int posix_memalign(void **out, size_t al, size_t n)
@@ -1495,7 +2038,19 @@ EXPORT int posix_memalign(void **out, size_t al, size_t n)
         if (!real.malloc)
             return ENOMEM;
     }
-    int rc = real.posix_memalign(out, al, n);
+    int rc;
+    if (real.posix_memalign) {
+        rc = real.posix_memalign(out, al, n);
+    } else if (al < sizeof(void *) || (al & (al - 1))) {
+        rc = EINVAL;
+    } else {
+        int saved = errno;
+        void *p = al_alloc(al, n);
+        rc = p ? 0 : ENOMEM;
+        if (p)
+            *out = p;
+        errno = saved;
+    }
     if (rc == 0 && *out)
         rec_alloc(*out, n, __builtin_return_address(0));
     return rc;
@@ -1504,19 +2059,27 @@ EXPORT int posix_memalign(void **out, size_t al, size_t n)
 EXPORT void *aligned_alloc(size_t al, size_t n)
 {
     ENSURE_REAL(n + al, 0);
-    return noted(real.aligned_alloc(al, n), n, __builtin_return_address(0));
+    return noted(real.aligned_alloc ? real.aligned_alloc(al, n) : al_alloc(al, n), n,
+                 __builtin_return_address(0));
 }
 
 EXPORT void *valloc(size_t n)
 {
     ENSURE_REAL(n + 4096, 0);
-    return noted(real.valloc(n), n, __builtin_return_address(0));
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    return noted(real.valloc ? real.valloc(n) : al_alloc(pg, n), n, __builtin_return_address(0));
 }
 
 EXPORT void *pvalloc(size_t n)
 {
     ENSURE_REAL(n + 4096, 0);
-    return noted(real.pvalloc(n), n, __builtin_return_address(0));
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    if (!real.pvalloc && n > SIZE_MAX - pg) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return noted(real.pvalloc ? real.pvalloc(n) : al_alloc(pg, (n + pg - 1) / pg * pg), n,
+                 __builtin_return_address(0));
 }
 
 #define RA __builtin_return_address(0)
@@ -1545,7 +2108,7 @@ EXPORT int dlclose(void *h)
 {
     if (unlikely(!real.dlclose))
         resolve();
-    if (g_state > 0 && g_pid == getpid() && !T.guard) {
+    if (g_state > 0 && g_pid == getpid() && !IN_OWN_CODE(&T)) {
         GUARDED;
         maps_snapshot(1);
     }
@@ -1557,22 +2120,12 @@ EXPORT int dlclose(void *h)
  * it), but the directory stays tidy: a finished thread has one .out file and no .tail.  In a
  * vfork() child the pid differs from ours and nothing is touched: the memory is the parent's. */
 
-static void close_parked(void);
-
 COLD static void flush_before_leaving(void)
 {
-    if (g_state <= 0 || g_pid != getpid() || T.guard)
+    if (g_state <= 0 || g_pid != getpid() || IN_OWN_CODE(&T))
         return;
     GUARDED;
-    maps_snapshot(0);
-    if (T.open) {
-        pthread_mutex_lock(&g_lock);
-        registry_del(&T);
-        pthread_mutex_unlock(&g_lock);
-        file_close(&T, 1);
-        T.late = 1;
-    }
-    close_parked(); /* files of threads that ended before */
+    leave_files();
 }
 
 static void *next_fn(const char *name)
@@ -1653,21 +2206,22 @@ EXPORT int execle(const char *path, const char *arg, ...)
 COLD static void give_files_to(uid_t uid)
 {
     if (uid == (uid_t)-1 || uid == 0 || g_state <= 0 || g_pid != getpid() || geteuid() != 0 ||
-        T.guard)
+        IN_OWN_CODE(&T))
         return;
     GUARDED;
-    char path[PATH_MAX];
+    char name[64];
+    /* Under g_lock, which every creation of a file of ours holds too: a file another thread
+     * creates from now on is handed over at once (create_locked), none slips between. */
     pthread_mutex_lock(&g_lock);
-    for (struct tstate *o = g_threads; o; o = o->next)
-        if (o->open) {
-            if (chown(dump_path(path, sizeof path, o->fileno), uid, (gid_t)-1)) { /* gone */ }
-            if (chown(side_path(path, sizeof path, o->fileno, ".tail"), uid, (gid_t)-1)) { }
+    g_give_uid = uid;
+    for (size_t i = 0; i < R.n; i++)
+        if (R.a[i].state != SLOT_FREE) {
+            d_chown(dump_name(name, sizeof name, R.a[i].fileno), uid);
+            d_chown(side_name(name, sizeof name, R.a[i].fileno, ".tail"), uid);
         }
-    for (size_t i = 0; i < P.n; i++) {
-        if (chown(dump_path(path, sizeof path, P.a[i].fileno), uid, (gid_t)-1)) { }
-        if (chown(side_path(path, sizeof path, P.a[i].fileno, ".tail"), uid, (gid_t)-1)) { }
-    }
-    if (chown(file_path(path, sizeof path, g_id, ".maps"), uid, (gid_t)-1)) { }
+    if (g_late_file != ~0u)
+        d_chown(dump_name(name, sizeof name, g_late_file), uid);
+    d_chown(file_name(name, sizeof name, ".maps"), uid);
     pthread_mutex_unlock(&g_lock);
 }
 
@@ -1685,43 +2239,111 @@ UID_WRAPPER(seteuid, (uid_t u), (u), u)
 UID_WRAPPER(setreuid, (uid_t r, uid_t e), (r, e), e)
 UID_WRAPPER(setresuid, (uid_t r, uid_t e, uid_t s), (r, e, s), e)
 
+/* ---- chroot: the dump directory may be out of reach by name afterwards ----
+ * So we keep a descriptor of it (and of /proc, for the maps), and name our files relative to
+ * it from then on, checking before each use that it is still the same directory (see dir_fd).
+ * This is the one descriptor mmleak keeps open, and only in a process that called chroot(). */
+COLD static void hold_dir(void)
+{
+    if (g_state <= 0 || g_pid != getpid() || IN_OWN_CODE(&T))
+        return;
+    GUARDED;
+    pthread_mutex_lock(&g_lock);
+    if (g_dirfd < 0) {
+        int fd = open(cfg.dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        struct stat st;
+        if (fd >= 0 && fstat(fd, &st) == 0) {
+            g_dir_dev = st.st_dev;
+            g_dir_ino = st.st_ino;
+            g_dirfd = fd;
+        } else if (fd >= 0) {
+            close(fd);
+        }
+    }
+    if (g_procfd < 0)
+        g_procfd = open("/proc", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    pthread_mutex_unlock(&g_lock);
+}
+
+EXPORT int chroot(const char *path)
+{
+    static int (*real_fn)(const char *);
+    hold_dir();
+    if (!real_fn)
+        real_fn = (int (*)(const char *))next_fn("chroot");
+    return real_fn(path);
+}
+
 /* ---- C++: operator new and delete in all forms, with the user's code as the caller ----
  * The common case is malloc (or memalign) plus a record.  Only when that fails do we call
  * the real operator (resolved then), with the guard held, so new_handler, std::bad_alloc
  * and nothrow semantics are exactly libstdc++'s. */
 
+/* The real operators' code ranges: an allocation made from inside one of them, while a failing
+ * operator new of ours runs it, is the user's `new` and gets the user's line. */
+static struct { uintptr_t lo, hi; } g_newfn[4];
+
+static void *new_op(const char *name, int i)
+{
+    void *f = sym(name);
+    Dl_info di;
+    const ElfW(Sym) *es = NULL;
+    if (f && dladdr1(f, &di, (void **)&es, RTLD_DL_SYMENT) && es && es->st_size) {
+        g_newfn[i].lo = (uintptr_t)f;
+        g_newfn[i].hi = (uintptr_t)f + es->st_size;
+    }
+    return f;
+}
+
+static const void *new_caller(const struct tstate *t, const void *ra)
+{
+    for (int i = 0; i < 4; i++)
+        if ((uintptr_t)ra - g_newfn[i].lo < g_newfn[i].hi - g_newfn[i].lo)
+            return t->new_ra;
+    return ra;
+}
+
+struct new_scope { struct tstate *t; int had; const void *ra; };
+
+static void new_leave(struct new_scope *s)
+{
+    if (!s->had)
+        s->t->guard &= ~GUARD_NEW;
+    s->t->new_ra = s->ra;
+}
+
+/* malloc failed under operator new: libstdc++'s operator runs the new_handler loop and throws
+ * std::bad_alloc, exactly as without us.  It runs with tracing on: its own malloc call comes
+ * back to our malloc (recorded there, with the user's line: GUARD_NEW), the handler's
+ * allocations and the exception object are recorded as what they are. */
 COLD static void *new_failed(size_t n, size_t al, int nothrow, const void *ra)
 {
     if (!real.new_) {
-        real.new_ = sym("_Znwm");
-        real.new_nothrow = sym("_ZnwmRKSt9nothrow_t");
-        real.new_al = sym("_ZnwmSt11align_val_t");
-        real.new_al_nothrow = sym("_ZnwmSt11align_val_tRKSt9nothrow_t");
+        real.new_al_nothrow = new_op("_ZnwmSt11align_val_tRKSt9nothrow_t", 3);
+        real.new_al = new_op("_ZnwmSt11align_val_t", 2);
+        real.new_nothrow = new_op("_ZnwmRKSt9nothrow_t", 1);
+        real.new_ = new_op("_Znwm", 0);
     }
     static const char nothrow_tag = 0; /* std::nothrow_t is an empty struct */
-    void *p = NULL;
-    {
-        GUARDED; /* cleanup runs even when the real operator throws (-fexceptions) */
-        if (al) {
-            if (nothrow ? !real.new_al_nothrow : !real.new_al)
-                abort();
-            p = nothrow ? real.new_al_nothrow(n, al, &nothrow_tag) : real.new_al(n, al);
-        } else {
-            if (nothrow ? !real.new_nothrow : !real.new_)
-                abort();
-            p = nothrow ? real.new_nothrow(n, &nothrow_tag) : real.new_(n);
-        }
+    struct tstate *t = &T;
+    struct new_scope sc __attribute__((cleanup(new_leave))) = { t, t->guard & GUARD_NEW, t->new_ra };
+    t->new_ra = ra;
+    t->guard |= GUARD_NEW;  /* cleared by new_leave, also when the operator throws */
+    if (al) {
+        if (nothrow ? !real.new_al_nothrow : !real.new_al)
+            abort();
+        return nothrow ? real.new_al_nothrow(n, al, &nothrow_tag) : real.new_al(n, al);
     }
-    if (p)
-        rec_alloc(p, n, ra);
-    return p;
+    if (nothrow ? !real.new_nothrow : !real.new_)
+        abort();
+    return nothrow ? real.new_nothrow(n, &nothrow_tag) : real.new_(n);
 }
 
 static inline void *op_new(size_t n, size_t al, int nothrow, const void *ra)
 {
     if (unlikely(!real.malloc))
         resolve();
-    void *p = al ? real.memalign(al, n ? n : 1) : real.malloc(n ? n : 1);
+    void *p = al ? al_alloc(al, n ? n : 1) : real.malloc(n ? n : 1);
     if (likely(p != NULL)) {
         rec_alloc(p, n, ra);
         return p;

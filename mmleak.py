@@ -207,6 +207,12 @@ def parse_event(line):
     return Free(int(m.group(1), 16), int(m.group(2), 16), int(c, 16))
 
 
+def _unescape(raw):
+    """mmleak.so writes bytes outside printable ASCII (and '\\') as \\xHH."""
+    raw = re.sub(rb"\\x([0-9a-f]{2})", lambda g: bytes([int(g.group(1), 16)]), raw)
+    return raw.decode("utf-8", "replace")
+
+
 def parse_header(line):
     """'#mmleak 1 k=v ...' -> dict (with 'version'); other '#' lines -> None."""
     text = line.decode("utf-8", "replace").rstrip("\n")
@@ -276,6 +282,9 @@ class Shrinker:
         self.header_lines = []     # '#' lines to pass through, first-seen order
         self._seen_header = set()
         self.cmd = None
+        self.alloc = None          # the allocator's file, from "#alloc"
+        self.lost = {}             # gap k -> events not recorded ("#lost N k=K")
+        self.dropping = set()      # gaps that began ("#dropping k=K")
         self.max_time = 0
         self.problems = Problems()
         self.files_done = 0
@@ -368,11 +377,12 @@ class Shrinker:
                                    % (name, lineno, h["version"], FORMAT_VERSION))
                     h["source"] = name
                     self.headers.append(h)
+                elif line.startswith(b"#lost ") or line.startswith(b"#dropping"):
+                    self._gap_line(line)
+                elif line.startswith(b"#alloc ") and self.alloc is None:
+                    self.alloc = _unescape(line[7:].rstrip(b"\n"))
                 elif line.startswith(b"#cmd ") and self.cmd is None:
-                    # mmleak.so writes bytes outside printable ASCII (and '\\') as \xHH
-                    raw = re.sub(rb"\\x([0-9a-f]{2})", lambda g: bytes([int(g.group(1), 16)]),
-                                 line[5:].rstrip(b"\n"))
-                    self.cmd = raw.decode("utf-8", "replace")
+                    self.cmd = _unescape(line[5:].rstrip(b"\n"))
             return
         # A killed writer leaves its last line without newline, and NULs after it (the
         # rest of the mapped window).  After `sort` those become lines of their own.
@@ -389,6 +399,35 @@ class Shrinker:
         if not line.strip():
             return
         self.problems.add(name, lineno, "malformed", "malformed line skipped: %r" % line[:80])
+
+    def _gap_line(self, line):
+        """'#dropping k=K': mmleak.so began to drop events (it could not write);
+        '#lost N k=K': N events of that gap were not recorded."""
+        parts = line.split()
+        k = dict(p.split(b"=", 1) for p in parts[1:] if b"=" in p).get(b"k", b"?")
+        if parts[0] == b"#dropping":
+            self.dropping.add(k)
+        elif len(parts) >= 2 and parts[1].isdigit():
+            self.lost[k] = int(parts[1])
+
+    def gaps(self):
+        """(events known lost, gaps of unknown size): events mmleak.so could not record.
+        A trace with either is incomplete: a lost free shows as a leak, a lost allocation
+        as a free of a block allocated before tracing."""
+        return sum(self.lost.values()), len(self.dropping - set(self.lost))
+
+    def gap_text(self):
+        lost, unknown = self.gaps()
+        if not lost and not unknown:
+            return None
+        parts = []
+        if lost:
+            parts.append("%d events were not recorded" % lost)
+        if unknown:
+            parts.append("%s%d gap%s of unknown size (the process ended while mmleak.so could "
+                         "not write)" % ("and " if lost else "", unknown, "s" if unknown > 1 else ""))
+        return ("INCOMPLETE TRACE: %s; blocks may show as leaks whose free was lost"
+                % " ".join(parts))
 
     # -- checks --------------------------------------------------------------------------
     def trace_ids(self):
@@ -1011,9 +1050,11 @@ def cmd_shrink(args):
              "%d foreign frees" % (sh.events, sh.allocs, sh.frees, len(paths), len(surv),
                                    human_bytes(sum(a.size for a in surv)),
                                    len(sh.foreign_frees())))
+    if sh.gap_text():
+        warn(sh.gap_text())
     if sh.problems.fatal:
         return EXIT_INPUT
-    return EXIT_PARTIAL if sh.problems.malformed else EXIT_OK
+    return EXIT_PARTIAL if sh.problems.malformed or sh.gap_text() else EXIT_OK
 
 
 def cmd_symbolize(args):
@@ -1210,7 +1251,8 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
         "survivors": survivors, "foreign_frees": sh.foreign_frees(),
         "frames": frames, "symbol_error": sym_error, "depth": depth or trace_depth,
         "trace_depth": trace_depth, "shrinker": sh,
-        "incomplete": sh.problems.malformed or sh.problems.fatal,
+        "incomplete": bool(sh.problems.malformed or sh.problems.fatal or sh.gap_text()),
+        "gaps": sh.gap_text(), "alloc": sh.alloc,
         "since": since, "older_than": older_than, "baseline": baseline,
         "filter": "; ".join(filters) or None,
         "unfiltered": (all_count, all_bytes),
@@ -1230,6 +1272,10 @@ def print_top_sites(rep, out, top=10):
         out.write("  showing only blocks %s (%d of %d blocks, %s of %s)\n"
                   % (rep["filter"], len(surv), rep["unfiltered"][0], human_bytes(total),
                      human_bytes(rep["unfiltered"][1])))
+    if rep.get("gaps"):
+        out.write("  %s\n" % rep["gaps"])
+    if rep.get("alloc") and not os.path.basename(rep["alloc"]).startswith("libc.so"):
+        out.write("  allocator traced: %s\n" % rep["alloc"])
     if rep["symbol_error"]:
         out.write("  symbols: %s\n" % rep["symbol_error"])
     sites = leak_sites(surv, rep["end_time"], rep["trace_depth"], rep["frames"],

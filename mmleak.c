@@ -143,6 +143,7 @@ struct tstate {
     int open;             /* a file is open for this thread */
     int dropping;         /* cannot write now: events are counted in `lost`, retried later */
     int dead;             /* past its last pthread key destructor round: see thread_exit */
+    int anon;             /* staging in anonymous memory: no file could be created yet */
     int late;             /* this thread's file was closed (process exit, exec) */
     int late_lines;       /* lines appended directly to it since */
     int exit_rounds;      /* pthread key destructor rounds seen */
@@ -600,6 +601,8 @@ static dev_t g_dir_dev;
 static ino_t g_dir_ino;
 static uid_t g_give_uid = (uid_t)-1;   /* set*uid in progress or done: the files' new owner */
 static atomic_int g_said_write;         /* the one message about failing writes */
+#define WRITE_FAILED_TAIL "; events are kept and writing is retried; events that do not fit " \
+    "are counted, and every report will say the trace is incomplete"
 
 static char *file_name(char *buf, size_t len, const char *suffix)
 {
@@ -675,11 +678,17 @@ static void d_chown(const char *name, uid_t uid)
  * user (give_files_to), and a file made by another thread at that moment must be handed too. */
 static int create_locked(const char *name)
 {
-    int fd = d_open(name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd >= 0 && g_give_uid != (uid_t)-1 && geteuid() == 0 && fchown(fd, g_give_uid, (gid_t)-1)) {
-        /* the new owner will then be refused: said when it happens */
+    for (int tries = 0;; tries++) {
+        int fd = d_open(name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        struct stat st;
+        if (fd < 0 || g_give_uid == (uid_t)-1 || fstat(fd, &st) || st.st_uid == g_give_uid ||
+            fchown(fd, g_give_uid, (gid_t)-1) == 0 || tries)
+            return fd;
+        /* Created as root, and the switch happened before the fchown (glibc changes every
+         * thread's ids with a signal, at any moment): create it again as the new user. */
+        close(fd);
+        d_unlink(name);
     }
-    return fd;
 }
 
 /* Re-open one of our files by name.  We refuse anything but a regular file of ours (root's
@@ -1246,10 +1255,37 @@ static size_t lost_line(char *line, size_t cap, uint64_t n, unsigned k)
 
 /* End the thread's file: "#lost N" if events were dropped, "#end", flush, delete the staging
  * file.  If the flush fails, the .tail stays: readers take the lines from it. */
+static int anon_to_file(struct tstate *t);
+
+/* Events (not '#' lines) in a stretch of staged lines. */
+static uint64_t count_events(const char *p, size_t n)
+{
+    uint64_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (p[i] == '\n' && i + 1 < n && p[i + 1] != '#')
+            k++;
+    return k + (n && p[0] != '#');
+}
+
 static void file_close(struct tstate *t, int trailer)
 {
     if (!t->stage)
         return;
+    if (t->anon && anon_to_file(t)) {
+        /* never got a file: what is in memory is lost, and counted */
+        int h = t->half, o = h ^ 1;
+        if (t->cur)
+            t->ulen[h] = (size_t)(t->cur - half_body(t, h)) - t->ustart[h];
+        uint64_t n = count_events(half_body(t, o) + t->ustart[o], t->ulen[o]) +
+                     count_events(half_body(t, h) + t->ustart[h], t->ulen[h]);
+        atomic_fetch_add(&g_lost_orphan, n + t->lost);
+        munmap(t->stage, 2 * t->half_size);
+        t->stage = NULL;
+        t->cur = t->end = NULL;
+        t->anon = t->open = t->dropping = 0;
+        t->lost = 0;
+        return;
+    }
     if (t->dropping && flush_staged(t) == 0) {
         t->dropping = 0;
         half_start(t, t->half ^ 1);
@@ -1312,9 +1348,16 @@ static void stage_line(struct tstate *t, const char *s, size_t n)
 }
 
 /* Open a new dump file for this thread: mmleak.ID.N.out and its staging file .N.tail. */
-static int file_open(struct tstate *t)
+static size_t first_half(void)
 {
-    size_t half = (cfg.buffer < 2 * START_HALF ? cfg.buffer : 2 * START_HALF) / 2;
+    return (cfg.buffer < 2 * START_HALF ? cfg.buffer : 2 * START_HALF) / 2;
+}
+
+static int file_open(struct tstate *t, size_t min_half)
+{
+    size_t half = first_half();
+    while (half < min_half)
+        half *= 2;
     if (2 * (uint64_t)half + 4096 > fsize_limit()) {
         errno = EFBIG;
         return -1;
@@ -1457,8 +1500,7 @@ static void key_for_exit(struct tstate *t)
 static void start_dropping(struct tstate *t, int err)
 {
     if (!atomic_exchange(&g_said_write, 1))
-        say_err("cannot write a dump file in ", err, ": events are counted, not recorded, "
-                "until it can again (every report will say the trace is incomplete)");
+        say_err("cannot write a dump file in ", err, WRITE_FAILED_TAIL);
     t->episode = atomic_fetch_add(&g_episode, 1) + 1;
     if (t->stage && t->cur) {
         /* in the slack behind `end`: where the gap begins, for a reader after a crash */
@@ -1477,6 +1519,55 @@ static void start_dropping(struct tstate *t, int err)
 
 COLD static void maps_snapshot(int force);
 
+/* No file could be created (no descriptor left, a full disk, a directory gone): stage in
+ * anonymous memory meanwhile, exactly as in a .tail (only a SIGKILL now would lose it), and
+ * try to create the file at every full half. */
+static int anon_open(struct tstate *t)
+{
+    size_t half = first_half();
+    void *p = mmap(NULL, 2 * half, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return -1;
+    t->stage = p;
+    t->half_size = half;
+    t->out_off = 0;
+    t->ulen[0] = t->ulen[1] = 0;
+    t->anon = 1;
+    t->open = 1;
+    half_start(t, 0);
+    return 0;
+}
+
+/* The file can be created now: create it with a staging half big enough for everything the
+ * anonymous one holds, copy it there behind the header, in order, and go on in the file. */
+static int anon_to_file(struct tstate *t)
+{
+    int h = t->half, o = h ^ 1;
+    if (t->cur)
+        t->ulen[h] = (size_t)(t->cur - half_body(t, h)) - t->ustart[h];
+    size_t need = t->ulen[o] + t->ulen[h] + 64;
+    struct tstate f;
+    memset(&f, 0, sizeof f);
+    f.late = t->late;
+    if (file_open(&f, need + HALF_HDR + SLACK + 4096))
+        return -1;
+    stage_line(&f, half_body(t, o) + t->ustart[o], t->ulen[o]);
+    stage_line(&f, half_body(t, h) + t->ustart[h], t->ulen[h]);
+    munmap(t->stage, 2 * t->half_size);
+    t->anon = 0;
+    t->stage = f.stage;
+    t->half_size = f.half_size;
+    t->half = f.half;
+    t->fileno = f.fileno;
+    t->out_off = f.out_off;
+    t->slot = f.slot;
+    t->ustart[0] = t->ustart[1] = t->ulen[0] = t->ulen[1] = 0;
+    t->cur = f.cur;
+    t->end = f.end;
+    t->late_lines = 0;
+    return 0;
+}
+
 /* Make room for `need` bytes at t->cur: open the thread's files, flush a half, rotate. */
 static int make_room(struct tstate *t, size_t need)
 {
@@ -1488,9 +1579,14 @@ static int make_room(struct tstate *t, size_t need)
         return -1;
     }
     if (!t->open) {
-        if (unpark(t) && file_open(t)) {
-            start_dropping(t, errno);
-            return -1;
+        if (unpark(t) && file_open(t, 0)) {
+            int err = errno;
+            if (anon_open(t)) {
+                start_dropping(t, err);
+                return -1;
+            }
+            if (!atomic_exchange(&g_said_write, 1))
+                say_err("cannot create a dump file in ", err, WRITE_FAILED_TAIL);
         }
         key_for_exit(t);
         maps_snapshot(0);
@@ -1498,8 +1594,10 @@ static int make_room(struct tstate *t, size_t need)
             return 0;
     }
     /* the current half is full */
-    int h = t->half;
-    if (flush_staged(t) == 0) {
+    int h = t->half, was_anon = t->anon;
+    if (was_anon ? anon_to_file(t) == 0 : flush_staged(t) == 0) {
+        if (was_anon) /* now in a file, whose half was made with room to spare */
+            return (size_t)(t->end - t->cur) >= need ? 0 : -1;
         if (t->out_off >= cfg.rotate || t->out_off + t->half_size + 4096 > fsize_limit()) {
             file_close(t, 1);
             return make_room(t, need);
@@ -1510,11 +1608,12 @@ static int make_room(struct tstate *t, size_t need)
         return (size_t)(t->end - t->cur) >= need ? 0 : -1;
     }
     int err = errno;
+    if (t->anon)
+        t->ulen[h] = (size_t)(t->cur - half_body(t, h)) - t->ustart[h];
     if (t->ulen[h ^ 1] == 0) {
         /* this half stays pending in the .tail; go on in the other, try again when it fills */
         if (!atomic_exchange(&g_said_write, 1))
-            say_err("cannot write a dump file in ", err, ": staged events are kept, writing "
-                    "is tried again");
+            say_err("cannot write a dump file in ", err, WRITE_FAILED_TAIL);
         half_start(t, h ^ 1);
         return (size_t)(t->end - t->cur) >= need ? 0 : -1;
     }
@@ -1527,16 +1626,20 @@ static void drop_event(struct tstate *t)
 {
     t->lost++;
     time_t now = time(NULL);
-    if (now < t->retry_at)
+    if (now < t->retry_at && (t->lost & 1023))
         return;
     t->retry_at = now + 1;
-    if (t->stage) {
+    if (t->anon) {
+        if (anon_to_file(t))
+            return;
+        t->dropping = 0;
+    } else if (t->stage) {
         if (flush_staged(t))
             return;
         t->dropping = 0;
         half_start(t, t->half ^ 1);
     } else {
-        if (unpark(t) && file_open(t))
+        if (unpark(t) && file_open(t, 0))
             return;
         t->dropping = 0;
         key_for_exit(t);
@@ -1890,18 +1993,18 @@ __attribute__((constructor)) static void mmleak_init(void)
 static void leave_files(void)
 {
     maps_snapshot(0);
-    T.lost += atomic_exchange(&g_lost_orphan, 0);
     if (T.open) {
         file_close(&T, 1);
         T.late = 1;
     }
+    close_parked();
+    T.lost += atomic_exchange(&g_lost_orphan, 0);
     if (T.lost) {
         char line[64];
         size_t n = lost_line(line, sizeof line, T.lost, 0);
         T.lost = 0;
         late_shared(line, n);
     }
-    close_parked();
 }
 
 __attribute__((destructor)) static void mmleak_fini(void)

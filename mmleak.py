@@ -147,10 +147,12 @@ def unflushed_tail(out_path):
             nul = body.find(b"\0")
             halves.append((int(m.group(1), 16), body if nul < 0 else body[:nul + 1]))
     out = []
-    for off, body in sorted(halves):
+    halves.sort()
+    for i, (off, body) in enumerate(halves):
         n = len(body.rstrip(b"\0"))
         if off + n <= have:
             continue                      # already in .out
+        body = body[:n]                   # the NULs after the last line: not data
         out.append(body[max(have - off, 0):])
         have = off + n
     return b"".join(out)
@@ -159,8 +161,9 @@ def unflushed_tail(out_path):
 def with_unflushed_tails(paths):
     """PATHS plus, for every dump file with a staging file, a temporary file holding the
     lines not yet flushed.  Order and grouping of inputs do not matter to shrink, so those
-    lines can be shrunk as one more input.  Returns (paths, tmpdir or None)."""
-    extra, tmpdir = [], None
+    lines can be shrunk as one more input.  Returns (paths, names for messages, tmpdir or
+    None)."""
+    extra, names, tmpdir = [], [], None
     for p in paths:
         if p == "-" or not os.path.exists(p[:-4] + ".tail" if p.endswith(".out") else "/"):
             continue
@@ -171,7 +174,9 @@ def with_unflushed_tails(paths):
             with open(q, "wb") as f:
                 f.write(data)
             extra.append(q)
-    return list(paths) + extra, tmpdir
+            names.append("%s (lines not yet in %s)" % (p[:-4] + ".tail", os.path.basename(p)))
+    shown = ["<stdin>" if p == "-" else p for p in paths] + names
+    return list(paths) + extra, shown, tmpdir
 
 
 # ---------------------------------------------------------------------------------------
@@ -291,15 +296,15 @@ class Shrinker:
         self.progress = progress
 
     # -- input -------------------------------------------------------------------------
-    def feed_path(self, path):
+    def feed_path(self, path, name=None):
         try:
             f = open(path, "rb")
         except OSError as e:
             self.problems.fatal = True
-            warn("%s: cannot read: %s" % (path, e.strerror))
+            warn("%s: cannot read: %s" % (name or path, e.strerror))
             return
         with f:
-            self.feed(f, path)
+            self.feed(f, name or path)
 
     def feed(self, f, name):
         D = self.state
@@ -504,22 +509,23 @@ def shrink_files(paths, progress=None, mixed=False):
 
     Lines a thread had staged but not yet flushed to its .out (see unflushed_tail) are read
     too: a killed or still running process loses nothing."""
-    paths, tmpdir = with_unflushed_tails(paths)
+    paths, names, tmpdir = with_unflushed_tails(paths)
     try:
-        return _shrink_files(paths, progress, mixed)
+        return _shrink_files(paths, progress, mixed, names)
     finally:
         if tmpdir:
             shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def _shrink_files(paths, progress=None, mixed=False):
+def _shrink_files(paths, progress=None, mixed=False, names=None):
     sh = Shrinker(progress)
-    if not native_shrink(sh, paths):      # the compiled path (below), when it can run
-        for p in paths:
+    names = names or ["<stdin>" if p == "-" else p for p in paths]
+    if not native_shrink(sh, paths, names):   # the compiled path (below), when it can run
+        for p, name in zip(paths, names):
             if p == "-":
-                sh.feed(sys.stdin.buffer, "<stdin>")
+                sh.feed(sys.stdin.buffer, name)
             else:
-                sh.feed_path(p)
+                sh.feed_path(p, name)
     if not mixed:
         sh.check_single_process()
     return sh

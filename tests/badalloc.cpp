@@ -1,11 +1,66 @@
 // operator new failing under mmleak: mmleak then calls libstdc++'s operator new, whose
-// std::bad_alloc unwinds through mmleak's frame (built with -fexceptions).  The output must
-// be the same with and without mmleak (tests/test_tracer.py).
+// new_handler loop and std::bad_alloc behave exactly as without mmleak (tests/test_tracer.py,
+// tests/test_hostile.py).  Every leaking line carries "site:NAME".
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <new>
+#include <sys/resource.h>
 
-int main()
+static void *volatile sink;
+static int handler_calls;
+static void *reserve_block;
+
+// A handler that allocates (recorded, at this line) and gives up the second time.
+static void greedy_handler()
 {
+    handler_calls++;
+    sink = std::malloc(1201);                               // site:handler
+    if (handler_calls == 2)
+        std::set_new_handler(nullptr);
+}
+
+// A handler that frees a reserve, so that the retry succeeds.
+static void reserve_handler()
+{
+    handler_calls++;
+    std::free(reserve_block);
+    reserve_block = nullptr;
+    std::set_new_handler(nullptr);
+}
+
+static int handlers()
+{
+    // 1. the handler allocates twice, then bad_alloc: its blocks are recorded, and the
+    //    exception object is allocated and freed in the trace (never a "foreign free")
+    std::set_new_handler(greedy_handler);
+    int caught = 0;
+    try {
+        char *p = new char[(size_t)1 << 62];
+        std::printf("no exception %p\n", (void *)p);
+    } catch (const std::bad_alloc &) {
+        caught++;
+    }
+    // 2. the retry after the handler succeeds: the block is the user's `new`, on its line
+    struct rlimit r;
+    getrlimit(RLIMIT_AS, &r);
+    r.rlim_cur = (rlim_t)1 << 30;                           // 1 GiB of address space
+    setrlimit(RLIMIT_AS, &r);
+    reserve_block = std::malloc((size_t)600 << 20);
+    handler_calls = 0;
+    std::set_new_handler(reserve_handler);
+    char *q = new char[(size_t)500 << 20];                  // site:new_retry
+    std::memset(q, 1, 4096);
+    sink = q;
+    std::printf("caught=%d handler_calls=%d retry=%s\n", caught, handler_calls,
+                q ? "pointer" : "null");
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1)
+        return handlers();
     int caught = 0;
     try {
         char *p = new char[(size_t)1 << 62];

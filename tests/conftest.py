@@ -56,6 +56,8 @@ def bins(tmp_path_factory, lib):
     cc("libsigsafe_alloc.so", "sigsafe_alloc.c", "-shared", "-fPIC")
     cc("sigstorm", "sigstorm.c")
     cc("badalloc", "badalloc.cpp", "-std=c++17", compiler="c++")
+    # -O0: at -O1 GCC deletes free(malloc(n)), and these programs churn that way
+    cc("adversary", "adversary.c", "-O0", "-pthread", "-ldl")
     return out
 
 

@@ -1,0 +1,246 @@
+/* Hostile processes for mmleak.so (tests/test_hostile.py): each mode is one way a program
+ * once broke the tracer.  Every leaking call carries "site:NAME"; everything else is freed.
+ * Built -O0: at -O1 GCC deletes free(malloc(n)). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void *volatile sink;
+static void keep(void *p) { sink = p; }
+
+/* n allocation/free pairs: enough of them fill the staging halves and force flushes */
+static void churn(long n)
+{
+    for (long i = 0; i < n; i++)
+        free(malloc(16 + (size_t)(i % 200)));
+}
+
+/* ---- 1. threads whose exit frees dlerror()/strerror() buffers after our destructor ---- */
+static void *dlerr_body(void *arg)
+{
+    (void)arg;
+    void *h = dlopen("/nonexistent/mmleak-none.so", RTLD_NOW);
+    if (h)
+        dlclose(h);
+    keep(strerror(123456));     /* an unknown number: glibc formats it into a thread buffer */
+    churn(10);
+    return NULL;
+}
+
+static int dlerr_fork(int nthreads)
+{
+    for (int i = 0; i < nthreads; i++) {
+        pthread_t t;
+        pthread_create(&t, NULL, dlerr_body, NULL);
+        pthread_join(t, NULL);
+    }
+    keep(malloc(771));                          /* site:dlerr_parent */
+    pid_t c = fork();
+    if (c == 0) {
+        keep(malloc(772));                      /* site:dlerr_child */
+        exit(0);
+    }
+    int st;
+    waitpid(c, &st, 0);
+    printf("child %s\n", WIFEXITED(st) && WEXITSTATUS(st) == 0 ? "ok" : "failed");
+    return 0;
+}
+
+/* ---- 2. allocator functions, for LD_PRELOAD with jemalloc/tcmalloc ---- */
+static int allocator(void)
+{
+    /* every entry point mmleak provides, each block freed by the program with free() */
+    char *a = strdup("hello");
+    char *b = strndup("hello world", 5);
+    int *c = reallocarray(NULL, 10, sizeof(int));
+    void *d = pvalloc(100);
+    void *e = valloc(100);
+    void *f = aligned_alloc(64, 128);
+    void *g = memalign(32, 100);
+    void *h = calloc(4, 8);
+    void *pm = NULL;
+    if (posix_memalign(&pm, 64, 100))
+        return 1;
+    free(a); free(b); free(c); free(d); free(e); free(f); free(g); free(h); free(pm);
+    churn(1000);
+    keep(strdup("leaked!"));                    /* site:alloc_strdup */
+    keep(reallocarray(NULL, 3, 100));           /* site:alloc_reallocarray */
+    keep(pvalloc(5000));                        /* site:alloc_pvalloc */
+    keep(malloc(333));                          /* site:alloc_malloc */
+    puts("allocator done");
+    return 0;
+}
+
+/* ---- 3. no descriptor left while a flush is due ---- */
+static int nofile(long window, int pre)
+{
+    if (pre) {                                  /* the thread's file exists before the window */
+        keep(malloc(500));                      /* site:nofile_pre */
+        churn(pre);
+    }
+    struct rlimit r = { 64, 64 };
+    setrlimit(RLIMIT_NOFILE, &r);
+    int fds[64], n = 0;
+    for (;;) {
+        int fd = open("/dev/null", O_RDONLY);
+        if (fd < 0)
+            break;
+        fds[n++] = fd;
+    }
+    keep(malloc(501));                          /* site:nofile_during */
+    churn(window);                              /* flushes fail here: EMFILE */
+    keep(malloc(502));                          /* site:nofile_during2 */
+    while (n > 0)
+        close(fds[--n]);
+    churn(5000);
+    keep(malloc(503));                          /* site:nofile_after */
+    puts("nofile done");
+    return 0;
+}
+
+/* ---- 4. a file size limit ---- */
+static int fsize(long limit, long events)
+{
+    signal(SIGXFSZ, SIG_DFL);
+    struct rlimit r = { (rlim_t)limit, (rlim_t)limit };
+    if (setrlimit(RLIMIT_FSIZE, &r))
+        return 2;
+    keep(malloc(601));                          /* site:fsize_before */
+    churn(events);
+    keep(malloc(602));                          /* site:fsize_after */
+    puts("fsize done");
+    return 0;
+}
+
+/* ---- 5. threads starting (creating their files) while the process drops root ---- */
+static pthread_barrier_t go;
+
+static void *uid_body(void *arg)
+{
+    pthread_barrier_wait(&go);
+    keep(malloc(700 + (size_t)(long)arg));      /* site:uid_thread */
+    churn(20000);
+    return NULL;
+}
+
+static int uidrace(int nthreads)
+{
+    pthread_t t[16];
+    pthread_barrier_init(&go, NULL, (unsigned)nthreads + 1);
+    for (long i = 0; i < nthreads; i++)
+        pthread_create(&t[i], NULL, uid_body, (void *)i);
+    pthread_barrier_wait(&go);
+    if (setresuid(65534, 65534, 65534))
+        return 3;
+    for (int i = 0; i < nthreads; i++)
+        pthread_join(t[i], NULL);
+    keep(malloc(799));                          /* site:uid_main */
+    return 0;
+}
+
+/* ---- 6. vfork() child that allocates before exec; a child of a raw fork system call ---- */
+static int do_vfork(void)
+{
+    keep(malloc(801));                          /* site:vfork_before */
+    pid_t c = vfork();
+    if (c == 0) {
+        /* the parent's memory: this block is the parent's and is never freed */
+        keep(malloc(802));                      /* site:vfork_child */
+        churn(2000);                            /* a flush, from the child */
+        execl("/bin/true", "true", (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    waitpid(c, &st, 0);
+    keep(malloc(803));                          /* site:vfork_after */
+    churn(3000);
+    printf("vfork child %d\n", WEXITSTATUS(st));
+    return 0;
+}
+
+static int rawfork(void)
+{
+    keep(malloc(811));                          /* site:raw_before */
+    churn(100);
+    long c = syscall(SYS_fork);
+    if (c == 0) {
+        keep(malloc(812));                      /* site:raw_child */
+        churn(3000);
+        _exit(0);
+    }
+    int st;
+    waitpid((pid_t)c, &st, 0);
+    keep(malloc(813));                          /* site:raw_after */
+    churn(3000);
+    printf("raw child %d\n", WEXITSTATUS(st));
+    return 0;
+}
+
+/* ---- 9. chroot ---- */
+static int do_chroot(const char *root, int close_all)
+{
+    keep(malloc(901));                          /* site:chroot_before */
+    if (chroot(root) || chdir("/"))
+        return 4;
+    churn(5000);                                /* flushes after the chroot */
+    if (close_all)
+        for (int fd = 3; fd < 1024; fd++)
+            close(fd);
+    keep(malloc(902));                          /* site:chroot_after */
+    churn(5000);
+    return 0;
+}
+
+/* ---- 3b. several threads writing until the disk is full ---- */
+static void *fill_body(void *arg)
+{
+    keep(malloc(950 + (size_t)(long)arg));      /* site:fill_thread */
+    churn(200000);
+    return NULL;
+}
+
+static int fill(int nthreads)
+{
+    pthread_t t[16];
+    for (long i = 0; i < nthreads; i++)
+        pthread_create(&t[i], NULL, fill_body, (void *)i);
+    for (int i = 0; i < nthreads; i++)
+        pthread_join(t[i], NULL);
+    puts("fill done");
+    return 0;
+}
+
+/* ---- 11. (nothing to do: MMLEAK_DIR is refused at start) ---- */
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "";
+    setvbuf(stdout, NULL, _IONBF, 0);
+    if (!strcmp(mode, "dlerr_fork")) return dlerr_fork(argc > 2 ? atoi(argv[2]) : 3);
+    if (!strcmp(mode, "allocator")) return allocator();
+    if (!strcmp(mode, "nofile")) return nofile(atol(argv[2]), argc > 3 ? atoi(argv[3]) : 0);
+    if (!strcmp(mode, "fsize")) return fsize(atol(argv[2]), atol(argv[3]));
+    if (!strcmp(mode, "fill")) return fill(atoi(argv[2]));
+    if (!strcmp(mode, "uidrace")) return uidrace(atoi(argv[2]));
+    if (!strcmp(mode, "vfork")) return do_vfork();
+    if (!strcmp(mode, "rawfork")) return rawfork();
+    if (!strcmp(mode, "chroot")) return do_chroot(argv[2], argc > 3);
+    if (!strcmp(mode, "plain")) {
+        keep(malloc(1101));                     /* site:plain */
+        return 0;
+    }
+    fprintf(stderr, "adversary: unknown mode %s\n", mode);
+    return 2;
+}

@@ -1,0 +1,361 @@
+"""Hostile processes, round two (issue #8): each test is a way a real program broke mmleak.so,
+run for real under LD_PRELOAD (tests/adversary.c, tests/badalloc.cpp), with the exact leaks,
+file counts and messages asserted.  Each of these failed before the fix it guards."""
+import os
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+from conftest import LIB, ROOT, expect, leaks, run_traced, site_line
+
+MMLEAK = os.path.join(ROOT, "mmleak.py")
+JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+
+
+def traces(mm, d):
+    return {k: v for k, v in mm.find_traces(str(d)).items()}
+
+
+def report(d, *args):
+    return subprocess.run(["/usr/bin/python3", MMLEAK, "report", str(d), "--no-html"] +
+                          list(args), capture_output=True, text=True, timeout=120)
+
+
+def adv(name, site, size, n=1, fn=None):
+    return (fn, name, site, size, n)
+
+
+def exp(rows):
+    return expect("adversary.c", [(fn, site, size, n) for fn, _, site, size, n in rows])
+
+
+def mmleak_lines(stderr):
+    return [l for l in stderr.decode().splitlines() if l.startswith("mmleak:")]
+
+
+# -- 1 ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("nthreads", [3, 80])
+def test_threads_freeing_after_their_last_destructor_then_fork(bins, dump, mm, nthreads):
+    """glibc frees a failed dlopen's dlerror() buffer and strerror()'s buffer after the
+    thread's key destructors: those late events once re-registered the dying thread, whose
+    reused TLS made the thread list a loop, and the next fork() child spun forever.  Now:
+    no hang, a few files (not 2 per thread), no staging file left, exact leaks."""
+    r = run_traced([bins["adversary"], "dlerr_fork", str(nthreads)], dump, timeout=30)
+    assert r.stdout == b"child ok\n" and r.stderr == b""
+    t = traces(mm, dump)
+    assert len(t) == 2, t                       # parent and child
+    parent = min(t, key=int)
+    child = max(t, key=int)
+    assert len(t[parent]) <= 4, t[parent]        # main, one parked, one late file
+    assert not [n for n in os.listdir(dump) if n.endswith(".tail")]
+    got, sh = leaks(dump, parent, "adversary")
+    assert got == exp([adv(0, "dlerr_parent", 771, fn="dlerr_fork")])
+    assert sh.foreign_frees() == []
+    # the late events are in the trace: every dlerror/strerror buffer was freed
+    assert sh.gap_text() is None
+    got, _ = leaks(dump, child, "adversary")
+    assert got == exp([adv(0, "dlerr_child", 772, fn="dlerr_fork")])
+
+
+# -- 2 ------------------------------------------------------------------------------------
+ALLOC_LEAKS = [adv(0, "alloc_strdup", 8, fn="allocator"),
+               adv(0, "alloc_reallocarray", 300, fn="allocator"),
+               adv(0, "alloc_pvalloc", 5000, fn="allocator"),
+               adv(0, "alloc_malloc", 333, fn="allocator")]
+
+
+@pytest.mark.parametrize("other", [JEMALLOC, TCMALLOC], ids=["jemalloc", "tcmalloc"])
+def test_other_allocator_after_mmleak_is_traced(bins, dump, mm, other):
+    """mmleak.so first, the allocator after it: its malloc is the one traced, and functions
+    it lacks (pvalloc, reallocarray) are made from its own, never taken from libc (the
+    program frees them with the allocator's free: that crashed)."""
+    if not os.path.exists(other):
+        pytest.skip("%s not installed (.ci/run installs libjemalloc2 and "
+                    "libtcmalloc-minimal4)" % other)
+    r = run_traced([bins["adversary"], "allocator"], dump,
+                   env={"LD_PRELOAD": "%s %s" % (LIB, other)})
+    assert r.stdout == b"allocator done\n" and r.stderr == b""
+    tid = next(iter(traces(mm, dump)))
+    got, sh = leaks(dump, tid, "adversary")
+    assert got == exp(ALLOC_LEAKS)
+    assert sh.foreign_frees() == []
+    assert sh.alloc == os.path.realpath(other) or os.path.realpath(sh.alloc) == \
+        os.path.realpath(other)
+    rep = report(dump)
+    assert "allocator traced: %s" % sh.alloc in rep.stdout
+
+
+@pytest.mark.parametrize("other", [JEMALLOC, TCMALLOC], ids=["jemalloc", "tcmalloc"])
+def test_other_allocator_before_mmleak_is_left_alone(bins, dump, other):
+    """The allocator first: its malloc is the program's and mmleak.so cannot see it.  The
+    program must run exactly as without mmleak (it crashed), and one line says why nothing
+    is traced."""
+    if not os.path.exists(other):
+        pytest.skip("%s not installed (.ci/run installs it)" % other)
+    r = run_traced([bins["adversary"], "allocator"], dump,
+                   env={"LD_PRELOAD": "%s %s" % (other, LIB)})
+    assert r.stdout == b"allocator done\n"
+    lines = mmleak_lines(r.stderr)
+    assert lines == ["mmleak: malloc is replaced by %s, found before mmleak.so: nothing is "
+                     "traced (put mmleak.so first in LD_PRELOAD)" % other]
+    assert os.listdir(dump) == []
+
+
+# -- 3 ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("pre", [0, 100], ids=["no-file-yet", "file-open"])
+def test_no_descriptor_for_a_moment_loses_nothing(bins, dump, mm, pre):
+    """At RLIMIT_NOFILE with every descriptor taken while a flush (or the thread's first
+    file) is due: the staged events are kept and written once descriptors are back, and the
+    result is exact.  (It used to delete the staging file and report "no leaks".)"""
+    r = run_traced([bins["adversary"], "nofile", "400", str(pre)], dump)
+    assert r.stdout == b"nofile done\n"
+    lines = mmleak_lines(r.stderr)
+    assert len(lines) == 1 and "no file descriptor left (RLIMIT_NOFILE)" in lines[0], lines
+    tid = next(iter(traces(mm, dump)))
+    got, sh = leaks(dump, tid, "adversary")
+    want = [adv(0, "nofile_during", 501, fn="nofile"), adv(0, "nofile_during2", 502, fn="nofile"),
+            adv(0, "nofile_after", 503, fn="nofile")]
+    if pre:
+        want.append(adv(0, "nofile_pre", 500, fn="nofile"))
+    assert got == exp(want)
+    assert sh.gap_text() is None and sh.foreign_frees() == []
+    assert sh.allocs == 1 + 400 + 1 + 5000 + 1 + pre + (1 if pre else 0)
+    assert report(dump).returncode == 0
+
+
+def test_long_failure_counts_what_is_lost_and_every_report_says_so(bins, dump, mm):
+    """Far more events than the staging area holds while no descriptor is free: those are
+    counted, not recorded; shrink and report say the trace is incomplete (exit status 3)."""
+    r = run_traced([bins["adversary"], "nofile", "100000", "100"], dump)
+    assert r.stdout == b"nofile done\n"
+    assert len(mmleak_lines(r.stderr)) == 1
+    tid = next(iter(traces(mm, dump)))
+    sh = mm.shrink_files(mm.find_traces(str(dump))[tid])
+    lost, unknown = sh.gaps()
+    total = 1 + 100 * 2 + 1 + 100000 * 2 + 1 + 5000 * 2 + 1
+    assert unknown == 0 and 150000 < lost < 200002
+    assert sh.events + lost == total                # every event is recorded or counted
+    rep = report(dump)
+    assert rep.returncode == 3
+    assert "INCOMPLETE TRACE: %d events were not recorded" % lost in rep.stdout
+    out = subprocess.run(["/usr/bin/python3", MMLEAK, "shrink", "--final"] +
+                         mm.find_traces(str(dump))[tid], capture_output=True, timeout=60)
+    assert out.returncode == 3 and b"INCOMPLETE TRACE" in out.stderr
+    assert b"#lost %d" % lost in out.stdout         # partial results carry the count on
+
+
+def _mounted_tmpfs(size):
+    d = tempfile.mkdtemp(prefix="mmleak-full.")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%s" % size, "tmpfs", d],
+                       capture_output=True)
+    if r.returncode:
+        os.rmdir(d)
+        return None
+    return d
+
+
+def test_disk_full_one_message_with_its_reason_and_an_incomplete_report(bins, mm):
+    """Three threads fill a 700 KiB file system: one message for the whole process (not
+    one per thread), with the reason; the program ends normally; the report says the trace
+    is incomplete instead of "no leaks"."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    d = _mounted_tmpfs("700k")
+    if d is None:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        r = run_traced([bins["adversary"], "fill", "3"], d)
+        assert r.stdout == b"fill done\n"
+        lines = mmleak_lines(r.stderr)
+        assert len(lines) == 1 and "disk full (errno 28)" in lines[0], lines
+        rep = report(d)
+        assert rep.returncode == 3 and "INCOMPLETE TRACE" in rep.stdout
+    finally:
+        subprocess.run(["umount", d])
+        os.rmdir(d)
+
+
+# -- 4 ------------------------------------------------------------------------------------
+def test_file_size_limit_rotates_below_it_and_the_program_goes_on(bins, dump, mm):
+    """RLIMIT_FSIZE of 300 kB: writing past it would kill the program with SIGXFSZ.  mmleak
+    keeps every file below the limit (rotating early) and the result is exact."""
+    r = run_traced([bins["adversary"], "fsize", "300000", "100000"], dump)
+    assert r.returncode == 0 and r.stdout == b"fsize done\n" and r.stderr == b""
+    for n in os.listdir(dump):
+        assert os.path.getsize(os.path.join(dump, n)) <= 300000, n
+    tid = next(iter(traces(mm, dump)))
+    assert len(traces(mm, dump)[tid]) >= 10
+    got, sh = leaks(dump, tid, "adversary")
+    assert got == exp([adv(0, "fsize_before", 601, fn="fsize"),
+                       adv(0, "fsize_after", 602, fn="fsize")])
+    assert sh.events == 200002 and sh.gap_text() is None
+
+
+def test_file_size_limit_too_small_stops_with_one_message(bins, dump, mm):
+    r = run_traced([bins["adversary"], "fsize", "40000", "100000"], dump)
+    assert r.returncode == 0 and r.stdout == b"fsize done\n"
+    lines = mmleak_lines(r.stderr)
+    assert len(lines) == 1 and "file size limit (RLIMIT_FSIZE)" in lines[0], lines
+    rep = report(dump)
+    assert rep.returncode == 3
+    assert "INCOMPLETE TRACE: 200002 events were not recorded" in rep.stdout
+
+
+# -- 5 ------------------------------------------------------------------------------------
+def test_threads_creating_files_while_root_is_dropped(bins, mm):
+    """Six threads create their files at the moment the main thread calls setresuid(): a
+    file created as root just before the switch must be handed over too, or that thread's
+    events are lost ("permission denied").  Ten runs, every one exact."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop privileges")
+    for run in range(10):
+        d = tempfile.mkdtemp(prefix="mmleak-uidrace.")
+        try:
+            os.chmod(d, 0o1777)
+            r = run_traced([bins["adversary"], "uidrace", "6"], d)
+            assert r.stderr == b"", (run, r.stderr)
+            tid = next(iter(traces(mm, d)))
+            got, sh = leaks(d, tid, "adversary")
+            want = exp([adv(0, "uid_main", 799, fn="uidrace")])
+            for i in range(6):
+                want[("uid_body", "adversary.c", site_line("adversary.c", "uid_thread"),
+                      700 + i)] += 1
+            assert got == want, run
+            assert sh.gap_text() is None
+        finally:
+            shutil.rmtree(d)
+
+
+# -- 6 ------------------------------------------------------------------------------------
+def test_vfork_child_allocating_before_exec(bins, dump, mm):
+    """A vfork() child shares its parent's memory: what it allocates (and flushes) before
+    exec is the parent's, and the parent's trace goes on under the same id, complete."""
+    r = run_traced([bins["adversary"], "vfork"], dump)
+    assert r.stdout == b"vfork child 0\n" and r.stderr == b""
+    t = traces(mm, dump)
+    parent = min(t, key=lambda k: int(k.split("-")[0]))
+    assert "-" not in parent and len(t[parent]) == 1
+    assert not [n for n in os.listdir(dump) if n.endswith(".tail")]
+    got, sh = leaks(dump, parent, "adversary")
+    assert got == exp([adv(0, "vfork_before", 801, fn="do_vfork"),
+                       adv(0, "vfork_child", 802, fn="do_vfork"),
+                       adv(0, "vfork_after", 803, fn="do_vfork")])
+    assert sh.foreign_frees() == [] and not sh.problems.counts
+
+
+def test_raw_fork_syscall_child_gets_its_own_trace(bins, dump, mm):
+    """A child of a raw fork system call skips glibc's atfork handlers: it must not write
+    into its parent's staging area (its events were overwritten there)."""
+    r = run_traced([bins["adversary"], "rawfork"], dump)
+    assert r.stdout == b"raw child 0\n" and r.stderr == b""
+    t = traces(mm, dump)
+    assert len(t) == 2
+    parent, child = sorted(t, key=int)
+    got, sh = leaks(dump, parent, "adversary")
+    assert got == exp([adv(0, "raw_before", 811, fn="rawfork"),
+                       adv(0, "raw_after", 813, fn="rawfork")])
+    assert sh.events == 1 + 200 + 1 + 6000 and sh.foreign_frees() == []
+    got, sh = leaks(dump, child, "adversary")
+    assert got == exp([adv(0, "raw_child", 812, fn="rawfork")])
+    assert sh.events == 1 + 6000
+
+
+# -- 9 ------------------------------------------------------------------------------------
+def test_chroot_keeps_tracing(bins, dump, mm, tmp_path):
+    """After chroot() into an empty directory (no /proc, no dump directory inside), the
+    trace goes on: exact leaks before and after, the files complete."""
+    if os.geteuid() != 0:
+        pytest.skip("chroot() needs root")
+    jail = tmp_path / "jail"
+    jail.mkdir()
+    r = run_traced([bins["adversary"], "chroot", str(jail)], dump)
+    assert r.stderr == b""
+    tid = next(iter(traces(mm, dump)))
+    assert not [n for n in os.listdir(dump) if n.endswith(".tail")]
+    got, sh = leaks(dump, tid, "adversary")
+    assert got == exp([adv(0, "chroot_before", 901, fn="do_chroot"),
+                       adv(0, "chroot_after", 902, fn="do_chroot")])
+    assert sh.events == 2 + 20000
+
+
+def test_chroot_then_closing_every_descriptor_says_why(bins, dump, mm, tmp_path):
+    """A daemon that closes every descriptor after chroot() takes away the one mmleak keeps
+    for its directory: mmleak says so (the true reason, not "the file was removed")."""
+    if os.geteuid() != 0:
+        pytest.skip("chroot() needs root")
+    jail = tmp_path / "jail"
+    jail.mkdir()
+    r = run_traced([bins["adversary"], "chroot", str(jail), "closeall"], dump)
+    lines = mmleak_lines(r.stderr)
+    assert len(lines) == 1 and "closed the directory descriptor mmleak keeps after chroot()" \
+        in lines[0], lines
+
+
+# -- 11 -----------------------------------------------------------------------------------
+def test_too_long_mmleak_dir_is_refused(bins, tmp_path):
+    long_dir = str(tmp_path) + "/" + "/".join(["d" * 200] * 25)
+    before = set(os.listdir("/"))
+    r = run_traced([bins["adversary"], "plain"], long_dir)
+    assert mmleak_lines(r.stderr) == ["mmleak: MMLEAK_DIR is too long: tracing disabled "
+                                      "(at most 4000 bytes)"]
+    assert set(os.listdir("/")) == before
+
+
+def test_relative_mmleak_dir_with_an_unresolvable_cwd_is_refused(bins, tmp_path):
+    """A relative MMLEAK_DIR is made absolute with getcwd(); when that fails (here: a
+    working directory deeper than the room for the path) tracing is refused with one line,
+    never turned into "/" + the relative name."""
+    fd = os.open(str(tmp_path), os.O_RDONLY)
+    for _ in range(25):                         # longer than PATH_MAX: one level at a time
+        os.mkdir("d" * 200, dir_fd=fd)
+        nfd = os.open("d" * 200, os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+    os.close(fd)
+    before = set(os.listdir("/"))
+
+    def into_deep():
+        for part in ["d" * 200] * 25:
+            os.chdir(part)
+
+    r = subprocess.run([bins["adversary"], "plain"], cwd=str(tmp_path), preexec_fn=into_deep,
+                       env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR="rel"),
+                       capture_output=True, timeout=30)
+    assert r.returncode == 0
+    assert mmleak_lines(r.stderr) == ["mmleak: MMLEAK_DIR=rel is relative and the current "
+                                      "directory cannot be resolved: tracing disabled (give "
+                                      "an absolute MMLEAK_DIR)"]
+    assert set(os.listdir("/")) == before
+
+
+def test_relative_mmleak_dir_with_a_removed_cwd_names_the_real_place(bins, tmp_path):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    before = set(os.listdir("/"))
+    r = subprocess.run(["sh", "-c", 'cd "$1" && rmdir "$1" && LD_PRELOAD="$3" MMLEAK_DIR=rel '
+                        'exec "$2" plain', "sh", str(gone), bins["adversary"], LIB],
+                       capture_output=True, timeout=30)
+    assert r.returncode == 0
+    lines = mmleak_lines(r.stderr)
+    assert len(lines) == 1 and "tracing disabled" in lines[0], lines
+    assert " /rel" not in lines[0]
+    assert set(os.listdir("/")) == before
+
+
+# -- 12 -----------------------------------------------------------------------------------
+def test_new_handler_allocations_and_bad_alloc_are_recorded(bins, dump, mm):
+    """A failing operator new runs libstdc++'s new_handler loop: what the handler allocates
+    and frees is recorded, the std::bad_alloc object is allocated and freed in the trace
+    (not a "free of a block allocated before tracing"), and a retry that succeeds after the
+    handler freed memory is the user's `new`, on the user's line."""
+    plain = subprocess.run([bins["badalloc"], "handlers"], capture_output=True, timeout=60)
+    r = run_traced([bins["badalloc"], "handlers"], dump)
+    assert r.stdout == plain.stdout == b"caught=1 handler_calls=1 retry=pointer\n"
+    tid = next(iter(traces(mm, dump)))
+    got, sh = leaks(dump, tid, "badalloc")
+    assert got == expect("badalloc.cpp", [("greedy_handler", "handler", 1201, 2),
+                                          ("handlers", "new_retry", 500 << 20, 1)])
+    assert sh.foreign_frees() == []

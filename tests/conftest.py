@@ -6,6 +6,7 @@ import importlib.util
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -111,3 +112,31 @@ def dump(tmp_path):
     d = tmp_path / "dumps"
     d.mkdir()
     return d
+
+
+@pytest.fixture(scope="session")
+def box():
+    """A machine running the host's systemd as PID 1 (tests/nspawn_box.py: systemd-nspawn on
+    an overlay of / whose upper layer is a tmpfs), with this source tree bound read-only at
+    its own path. box.run(cmd, check=True, timeout=60) -> CompletedProcess; box.path(p): host
+    path of P inside; box.wait_active(unit) -> MainPID; box.wait_file(p). Skipped, with the
+    reason, where it cannot run. Powered off and removed at the end of the session, also on
+    Ctrl-C and on SIGTERM (turned into KeyboardInterrupt while the box runs, so pytest runs
+    the finalizers); leftovers of a run killed harder are removed before the next boot."""
+    import nspawn_box
+    try:
+        b = nspawn_box.Box(bind_ro=[ROOT])
+    except nspawn_box.Unavailable as e:
+        pytest.skip("no systemd-nspawn box: %s" % e)
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")
+    if previous == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield b
+    finally:
+        if previous == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        b.close()

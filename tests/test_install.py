@@ -1212,3 +1212,42 @@ def test_warn_unset_environment(root, lib):
     assert err == ("mmleak-install.py: warning: unset.service has UnsetEnvironment=LD_PRELOAD, "
                    "which removes mmleak's setting; remove it while tracing\n")
     verify(root, "unset.service")
+
+
+JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+
+
+def test_preload_order_mmleak_first_traces_jemalloc(tmp_path):
+    # Why install puts mmleak.so first: the program's malloc is then mmleak's, which calls
+    # jemalloc's (the next in lookup order) and records the block. Exactly the program's
+    # three leaked blocks must be found, at their line.
+    if not os.path.exists(JEMALLOC):
+        pytest.skip("libjemalloc2 not installed (%s)" % JEMALLOC)
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not installed")
+    top = os.path.dirname(HERE)
+    subprocess.run(["make", "-s", "-C", top, "mmleak.so"], check=True)
+    src = tmp_path / "leak.c"
+    src.write_text("#include <stdlib.h>\n#include <string.h>\n#include <stdio.h>\n"
+                   "int main(void) {\n"
+                   "    for (int i = 0; i < 3; i++) { char *p = malloc(100); p[0] = 0; }\n"
+                   "    char *s = strdup(\"hello\"); free(s);\n"
+                   "    void *q = malloc(5000); free(q);\n"
+                   "    return 0;\n}\n")
+    exe = str(tmp_path / "leak")
+    subprocess.run(["gcc", "-g", "-O0", "-o", exe, str(src)], check=True)
+    d = tmp_path / "dumps"
+    d.mkdir()
+    env = dict(os.environ, LD_PRELOAD="%s %s" % (os.path.join(top, "mmleak.so"), JEMALLOC),
+               MMLEAK_DIR=str(d))
+    p = subprocess.run([exe], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       universal_newlines=True)
+    assert (p.returncode, p.stderr) == (0, "")
+    with open(str(next(d.glob("mmleak.*.maps")))) as f:
+        assert "libjemalloc.so.2" in f.read()
+    p = subprocess.run([PY, os.path.join(top, "mmleak.py"), "report", str(d), "--no-html",
+                        "--top", "50"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       universal_newlines=True)
+    assert p.returncode == 0, p.stderr
+    own = [l for l in p.stdout.splitlines() if str(src) in l]
+    assert own == ["           300        3  main at %s:5" % src]

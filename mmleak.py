@@ -1124,12 +1124,16 @@ def cmd_run(args):
 def cmd_recover(args):
     """Fold the staging files of dead processes back into their dump files."""
     paths = []
+    status = EXIT_OK
     for a in args.paths:
         if os.path.isdir(a):
             for files in find_traces(a).values():
                 paths.extend(files)
-        else:
+        elif os.path.exists(a):
             paths.append(a)
+        else:
+            warn("%s: No such file or directory" % a)
+            status = EXIT_INPUT
     done = 0
     for p in paths:
         tail = p[:-4] + ".tail" if p.endswith(".out") else None
@@ -1143,8 +1147,8 @@ def cmd_recover(args):
                 warn("%s: process %d is still running: left alone (--force to fold anyway)"
                      % (p, pid))
                 continue
-            except ProcessLookupError:
-                pass
+            except (ProcessLookupError, OverflowError):
+                pass                    # not running (OverflowError: no pid can be that big)
             except PermissionError:
                 warn("%s: process %d exists (not ours): left alone" % (p, pid))
                 continue
@@ -1159,7 +1163,7 @@ def cmd_recover(args):
         sys.stdout.write("%s: %d bytes recovered from %s\n" % (p, len(keep), os.path.basename(tail)))
     if not done:
         sys.stdout.write("nothing to recover\n")
-    return EXIT_OK
+    return status
 
 
 def choose_trace(directory, pid):

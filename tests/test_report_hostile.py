@@ -365,3 +365,22 @@ def test_fuzz_panda_and_report(tmp_path, monkeypatch):
             else:
                 assert rc in (0, 2, 3), (case, mode, rc, err)
     print("fuzz: %d runs in %.1f s" % (runs, time.monotonic() - t0))
+
+
+def test_recover_missing_path_and_absurd_pid(tmp_path):
+    # a path that does not exist is an input that could not be used (2), not "nothing"
+    rc, out, err = run_mmleak("recover", str(tmp_path / "nope"))
+    assert (rc, out, err) == (2, "nothing to recover\n",
+                              "mmleak.py: %s: No such file or directory\n" % (tmp_path / "nope"))
+    # a pid no system can have (from a file name): not running, folded
+    big = "99999999999999999999"
+    head = b"#mmleak 1 id=%s\n" % big.encode()
+    (tmp_path / ("mmleak.%s.0.out" % big)).write_bytes(head)
+    half = b"#at %016x\n1000 0 10 0 400000\n" % len(head)
+    half += b"\0" * (128 - len(half))
+    (tmp_path / ("mmleak.%s.0.tail" % big)).write_bytes(half + b"\0" * 128)
+    rc, out, err = run_mmleak("recover", str(tmp_path))
+    assert (rc, err) == (0, "")
+    assert not (tmp_path / ("mmleak.%s.0.tail" % big)).exists()
+    assert (tmp_path / ("mmleak.%s.0.out" % big)).read_bytes().endswith(
+        b"1000 0 10 0 400000\n")

@@ -42,9 +42,11 @@ EXIT_OK, EXIT_INPUT, EXIT_ENV, EXIT_NOT_INSTALLED, EXIT_INTERNAL = 0, 1, 2, 3, 4
 EXIT_HELP = """\
 exit codes:
   0  success (status: the drop-in is installed; uninstall: removed, or was not installed)
-  1  usage or input error: bad option, malformed or unknown unit name, masked unit, a dump
-     directory the unit cannot keep (under /tmp with PrivateTmp=yes), a mmleak.conf that
-     mmleak-install.py did not write
+  1  usage or input error: bad option, malformed or unknown unit name, masked unit, a
+     control character or invalid UTF-8 in --dir or --lib, a dump directory the tool
+     refuses (a system directory; under /tmp with PrivateTmp=yes; an existing directory the
+     unit's user cannot write or reach that is not a dump directory of its own), a
+     mmleak.conf that mmleak-install.py did not write
   2  environment error: not root (without --root or --dry-run), --root unreadable, mmleak.so
      not found, User=/Group= not resolvable, a file operation or daemon-reload failed
   3  status only: not installed (no drop-in)
@@ -122,12 +124,117 @@ def expand_specifiers(s, unit, instance):
     return re.sub(r"%(.)", lambda m: table.get(m.group(1), m.group(0)), s)
 
 
-def quote_value(s):
-    """Quote S for a unit file value list (Environment=, ReadWritePaths=)."""
+def has_control(s):
+    """True if S holds a control character (C0, DEL or C1): no unit file value may."""
+    return any(ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0 for c in s)
+
+
+def check_text_arg(opt, value):
+    """Refuse what cannot go into a drop-in line: control characters, invalid UTF-8."""
+    if has_control(value):
+        raise Fail(EXIT_INPUT, "%s %r: control characters are not allowed" % (opt, value))
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Fail(EXIT_INPUT, "%s %r: not valid UTF-8 (systemd requires it)" % (opt, value))
+
+
+def quote_env(s, percent=True):
+    """Quote S as one word of Environment= (systemd: quotes and C escapes are decoded, then
+    % specifiers expanded). PERCENT: S is literal, so its % become %%."""
+    if percent:
+        s = s.replace("%", "%%")
+    if not s or re.search(r'[ \t\n\r"\'\\]', s) or has_control(s):
+        out = []
+        for c in s:
+            if c in '"\\':
+                out.append("\\" + c)
+            elif has_control(c):
+                out.append("\\x%02x" % ord(c) if ord(c) < 0x100 else c)
+            else:
+                out.append(c)
+        return '"' + "".join(out) + '"'
+    return s
+
+
+def quote_path(s):
+    """Quote the literal path S as one word of ReadWritePaths= (quotes are removed and a
+    backslash takes the next character as it is, no C escapes; then % specifiers)."""
     s = s.replace("%", "%%")
-    if re.search(r'[\s"\'\\]', s):
+    if re.search(r'[ \t\n\r"\'\\]', s):
         return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return s
+
+
+CUNESCAPE_SIMPLE = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t",
+                    "v": "\v", "\\": "\\", '"': '"', "'": "'", "s": " "}
+
+
+def split_words(text, cunescape):
+    """Split a unit file value into words as systemd's extract_first_word() does with
+    EXTRACT_UNQUOTE (and EXTRACT_CUNESCAPE if CUNESCAPE): whitespace separates words, '...'
+    and "..." quote anywhere in a word, a backslash escapes the next character (a C escape
+    sequence with CUNESCAPE). ValueError where systemd says "Invalid syntax" (the whole
+    setting is then ignored)."""
+    words, i, n = [], 0, len(text)
+    while True:
+        while i < n and text[i] in " \t\n\r":
+            i += 1
+        if i >= n:
+            return words
+        word, quote = [], None
+        while i < n:
+            c = text[i]
+            if c == "\\":
+                i += 1
+                if i >= n:
+                    raise ValueError("a backslash at the end")
+                c = text[i]
+                if not cunescape:
+                    word.append(c)
+                    i += 1
+                elif c in CUNESCAPE_SIMPLE:
+                    word.append(CUNESCAPE_SIMPLE[c])
+                    i += 1
+                elif c in "xuU":
+                    k = {"x": 2, "u": 4, "U": 8}[c]
+                    h = text[i + 1:i + 1 + k]
+                    if len(h) != k or not re.fullmatch(r"[0-9a-fA-F]+", h) or int(h, 16) == 0 \
+                            or int(h, 16) > 0x10ffff:
+                        raise ValueError("bad escape \\%s%s" % (c, h))
+                    word.append(chr(int(h, 16)) if c != "x" else
+                                bytes([int(h, 16)]).decode("utf-8", "surrogateescape"))
+                    i += 1 + k
+                elif c in "01234567":
+                    o = text[i:i + 3]
+                    if not re.fullmatch(r"[0-7]{3}", o) or int(o, 8) in (0,) or \
+                            int(o, 8) > 255:
+                        raise ValueError("bad escape \\%s" % o)
+                    word.append(bytes([int(o, 8)]).decode("utf-8", "surrogateescape"))
+                    i += 3
+                else:
+                    raise ValueError("bad escape \\%s" % c)
+                continue
+            if quote:
+                if c == quote:
+                    quote = None
+                else:
+                    word.append(c)
+                i += 1
+                continue
+            if c in "'\"":
+                quote = c
+                i += 1
+                continue
+            if c in " \t\n\r":
+                break
+            word.append(c)
+            i += 1
+        if quote:
+            raise ValueError("unbalanced quotes")
+        w = "".join(word)
+        # \xHH escapes give bytes: join them into characters
+        words.append(w.encode("utf-8", "surrogateescape").decode("utf-8", "surrogateescape"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,8 +289,9 @@ class Root:
 def parse_unit_text(text):
     """Yield (section, key, value) like systemd's parser (comments, continuation lines)."""
     section, pending = None, None
-    for raw in text.splitlines():
-        line = raw.strip()
+    ws = " \t\n\r"                   # systemd's WHITESPACE; only \n ends a line
+    for raw in text.split("\n"):
+        line = raw.strip(ws)
         if pending is not None:
             if line.startswith(("#", ";")):
                 continue
@@ -192,24 +300,25 @@ def parse_unit_text(text):
         elif not line or line.startswith(("#", ";")):
             continue
         if line.endswith("\\"):
-            pending = line[:-1].rstrip()
+            pending = line[:-1].rstrip(ws)
             continue
         if line.startswith("[") and line.endswith("]"):
             section = line[1:-1]
             continue
         if "=" in line:
             key, _, val = line.partition("=")
-            yield section, key.strip(), val.strip()
+            yield section, key.strip(ws), val.strip(ws)
     if pending is not None and "=" in pending:
         key, _, val = pending.partition("=")
-        yield section, key.strip(), val.strip()
+        yield section, key.strip(ws), val.strip(ws)
 
 
 def parse_env_assignments(val):
+    """Environment= value -> [(name, value)], as systemd reads it before specifiers."""
     try:
-        words = shlex.split(val)
+        words = split_words(val, cunescape=True)
     except ValueError:
-        return []
+        return []               # systemd: "Invalid syntax, ignoring"
     return [w.partition("=")[::2] for w in words if "=" in w and not w.startswith("=")]
 
 
@@ -253,8 +362,9 @@ class Unit:
 
     def evaluate(self, skip_ours=True):
         """Apply the unit file then its drop-ins (without mmleak.conf); return settings."""
-        s = {"env": collections.OrderedDict(), "env_src": {}, "exec": [], "rwp": [],
-             "statedir": [], "envfile": [], "later": []}
+        s = {"env": collections.OrderedDict(), "env_raw": {}, "env_src": {}, "exec": [],
+             "rwp": [], "statedir": [], "envfile": [], "later": [], "groups": [],
+             "unset": []}
         for k in self.SINGLE:
             s[k] = None
         files = ([self.path] if self.path else []) + [
@@ -264,6 +374,7 @@ class Unit:
             for sec, key, val in parse_unit_text(self.read(path)):
                 if sec != "Service":
                     continue
+                orig = val
                 val = expand_specifiers(val, self.name, self.instance) if key != "Environment" \
                     else val
                 if key == "Environment":
@@ -272,22 +383,28 @@ class Unit:
                         if later:
                             s["later"].append((path, "an empty Environment= (which resets it)"))
                         continue
-                    for k, v in parse_env_assignments(expand_specifiers(val, self.name,
-                                                                        self.instance)):
-                        s["env"][k] = v
+                    # systemd decodes quotes and escapes first, then specifiers
+                    for k, v in parse_env_assignments(val):
+                        s["env"][k] = expand_specifiers(v, self.name, self.instance)
+                        s["env_raw"][k] = v
                         s["env_src"][k] = path
                         if later and k in ("LD_PRELOAD", "MMLEAK_DIR", "MMLEAK_DEPTH"):
                             s["later"].append((path, k))
-                elif key in ("ExecStart", "ReadWritePaths", "StateDirectory", "EnvironmentFile"):
+                elif key in ("ExecStart", "ReadWritePaths", "StateDirectory", "EnvironmentFile",
+                             "SupplementaryGroups", "UnsetEnvironment"):
                     lst = {"ExecStart": "exec", "ReadWritePaths": "rwp",
-                           "StateDirectory": "statedir", "EnvironmentFile": "envfile"}[key]
+                           "StateDirectory": "statedir", "EnvironmentFile": "envfile",
+                           "SupplementaryGroups": "groups", "UnsetEnvironment": "unset"}[key]
                     if not val:
                         s[lst] = []
                     elif key in ("ExecStart", "EnvironmentFile"):
                         s[lst].append(val)
                     else:
                         try:
-                            s[lst].extend(shlex.split(val))
+                            # words first, then specifiers, as systemd does
+                            s[lst].extend(expand_specifiers(w, self.name, self.instance)
+                                          for w in split_words(
+                                              orig, cunescape=key == "UnsetEnvironment"))
                         except ValueError:
                             pass
                 elif key in self.SINGLE:
@@ -443,13 +560,43 @@ def lookup(root, dbname, name):
     return (name, int(name), None) if name.isdigit() else None
 
 
+def member_gids(root, uname):
+    """The groups that list UNAME as a member (what initgroups() adds)."""
+    out = set()
+    if root.top == "/":
+        try:
+            for g in grp.getgrall():
+                if uname in g.gr_mem:
+                    out.add(g.gr_gid)
+        except OSError:
+            pass
+        return out
+    try:
+        with open(root.host("/etc/group"), encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.rstrip("\n").split(":")
+                if len(fields) >= 4 and fields[2].isdigit() and uname in fields[3].split(","):
+                    out.add(int(fields[2]))
+    except OSError:
+        pass
+    return out
+
+
+Owner = collections.namedtuple("Owner", "user uid group gid gids")
+
+
 def resolve_owner(root, unit, s):
+    """The credentials the service runs with: Owner (user, uid, group, gid, all its gids).
+
+    Fail (EXIT_ENV) if User= or Group= does not resolve: systemd cannot start the service
+    either (DynamicUser= is handled by the caller)."""
     user = s["User"] or "root"
     pu = lookup(root, "passwd", user)
     where = "%s/etc/passwd" % (root.top.rstrip("/")) if root.top != "/" else "the user database"
     if pu is None:
-        raise Fail(EXIT_ENV, "cannot resolve User=%s of %s in %s: create the user first, or "
-                             "pass --dir and set its owner yourself" % (user, unit.name, where))
+        raise Fail(EXIT_ENV, "cannot resolve User=%s of %s in %s: create the user first "
+                             "(systemd cannot start the service without it either)"
+                   % (user, unit.name, where))
     if s["Group"]:
         pg = lookup(root, "group", s["Group"])
         if pg is None:
@@ -465,7 +612,148 @@ def resolve_owner(root, unit, s):
         gid = pu[2]
         pg = lookup(root, "group", str(gid))
         gname = pg[0] if pg else str(gid)
-    return pu[0], pu[1], gname, gid
+    gids = {gid} | member_gids(root, pu[0])
+    for g in s.get("groups") or ():
+        e = lookup(root, "group", g)
+        if e is not None:
+            gids.add(e[1])
+    return Owner(pu[0], pu[1], gname, gid, gids)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dump directories
+
+# Never a dump directory: mmleak-install.py would make it the service's (owner, mode 0700).
+SYSTEM_DIRS = {"/", "/bin", "/boot", "/dev", "/efi", "/etc", "/home", "/lib", "/lib32",
+               "/lib64", "/libx32", "/media", "/mnt", "/opt", "/proc", "/root", "/run",
+               "/run/user", "/sbin", "/srv", "/sys", "/usr", "/var", "/var/backups",
+               "/var/cache", "/var/lib", "/var/lib/private", "/var/local", "/var/log",
+               "/var/mail", "/var/opt", "/var/spool"}
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/efi", "/etc", "/lib", "/lib32", "/lib64", "/libx32",
+                "/proc", "/run/systemd", "/sbin", "/sys", "/usr", "/var/lib/systemd")
+# Usable as they are (world-writable, sticky), never changed.
+SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def is_system_dir(path):
+    if path in SHARED_TMP:
+        return False
+    return path in SYSTEM_DIRS or any(under(path, t) for t in SYSTEM_TREES)
+
+
+def may(st, who, bits):
+    """May WHO (an Owner; None: root) do BITS (0o1 search, 0o3 create files) in ST?"""
+    if who is None or who.uid == 0:
+        return True
+    if st.st_uid == who.uid:
+        m = st.st_mode >> 6
+    elif st.st_gid in who.gids:
+        m = st.st_mode >> 3
+    else:
+        m = st.st_mode
+    return m & bits == bits
+
+
+def id_names(root, st):
+    u = lookup(root, "passwd", str(st.st_uid))
+    g = lookup(root, "group", str(st.st_gid))
+    return (u[0] if u else str(st.st_uid)), (g[0] if g else str(st.st_gid))
+
+
+def describe_st(root, st):
+    return "owner %s:%s mode %04o" % (id_names(root, st) + (stat.S_IMODE(st.st_mode),))
+
+
+def only_dumps(host, dirs_too=False):
+    """True if the directory holds nothing but mmleak.* files (and directories if DIRS_TOO)."""
+    for n in os.listdir(host):
+        st = os.lstat(os.path.join(host, n))
+        if stat.S_ISDIR(st.st_mode) and dirs_too:
+            continue
+        if not (n.startswith("mmleak.") and stat.S_ISREG(st.st_mode)):
+            return False
+    return True
+
+
+def unreachable(root, path, who):
+    """The first existing ancestor of PATH (logical, resolved) WHO cannot search, or None."""
+    parts = [p for p in path.split("/") if p][:-1]
+    cur = "/"
+    for i in range(len(parts) + 1):
+        cur = "/" + "/".join(parts[:i])
+        try:
+            st = os.stat(root.host(cur))
+        except OSError:
+            return None                 # missing from here on: created 0755 by install
+        if not may(st, who, 0o1):
+            return cur, st
+    return None
+
+
+def plan_dump_dir(root, unit, ddir, explicit, who):
+    """Check the dump directory DDIR for the unit's user WHO (an Owner, None for a dynamic
+    user) and return the plan steps that make it usable; Fail when it cannot be done without
+    touching what is not a dump directory."""
+    label = "--dir %s" % ddir if explicit else "the dump directory %s" % ddir
+    default = DEFAULT_DIR + "/" + unit.name
+    real = root.resolve(ddir)
+    if ddir == DEFAULT_DIR or real == DEFAULT_DIR:
+        raise Fail(EXIT_INPUT, "--dir %s holds the per-unit dump directories; omit --dir to use "
+                               "%s" % (ddir, default))
+    if is_system_dir(ddir) or is_system_dir(real):
+        raise Fail(EXIT_INPUT, "--dir %s%s is a system directory: %s neither puts dumps there "
+                               "nor changes its owner or mode; omit --dir to use %s"
+                   % (ddir, " (%s)" % real if real != ddir else "", PROG, default))
+    steps = []
+    if not explicit or under(real, DEFAULT_DIR):
+        # the root-owned parent every unit's own directory sits in
+        ph = root.host(DEFAULT_DIR)
+        if os.path.isdir(ph):
+            st = os.stat(ph)
+            if st.st_uid != 0 or st.st_mode & 0o022 or not st.st_mode & 0o001:
+                if only_dumps(ph, dirs_too=True):
+                    steps.append(("fix", DEFAULT_DIR, 0o755, (0, 0, "root", "root"),
+                                  "the parent of the per-unit dump directories"))
+                elif not may(st, who, 0o1):
+                    raise Fail(EXIT_INPUT, "%s holds files other than mmleak dumps and per-unit "
+                                           "dump directories, and User=%s cannot traverse it "
+                                           "(%s): not changing it; pass --dir"
+                               % (DEFAULT_DIR, who.user, describe_st(root, st)))
+    host = root.host(ddir)
+    if not os.path.lexists(host):
+        blocked = unreachable(root, real, who)
+        if blocked and not (steps and blocked[0] == DEFAULT_DIR):
+            raise Fail(EXIT_INPUT, "User=%s cannot reach %s: %s is %s; choose another "
+                                   "directory, or give %s search (x) permission on it yourself"
+                       % (who.user, label, blocked[0], describe_st(root, blocked[1]), who.user))
+        return steps, True
+    if not os.path.isdir(host):
+        raise Fail(EXIT_INPUT, "%s exists and is not a directory" % label)
+    if who is None:
+        return steps, False
+    blocked = unreachable(root, real, who)
+    if blocked and not (steps and blocked[0] == DEFAULT_DIR):
+        raise Fail(EXIT_INPUT, "User=%s cannot reach %s: %s is %s; choose another directory, "
+                               "or give %s search (x) permission on it yourself"
+                   % (who.user, label, blocked[0], describe_st(root, blocked[1]), who.user))
+    st = os.stat(host)
+    if may(st, who, 0o3):
+        steps.append(("keep", "dump directory %s exists" % ddir))
+        return steps, False
+    if real in SHARED_TMP or not only_dumps(host):
+        raise Fail(EXIT_INPUT, "%s holds files other than mmleak.* and User=%s cannot write it "
+                               "(%s): %s does not change the owner or mode of such a directory; "
+                               "choose an empty or new directory, or give %s write access "
+                               "yourself" % (label, who.user, describe_st(root, st), PROG,
+                                             who.user))
+    if st.st_uid not in (0, who.uid) and real != default:
+        raise Fail(EXIT_INPUT, "%s belongs to %s (the dump directory of another service?) and "
+                               "User=%s cannot write it: give each service its own dump "
+                               "directory (omit --dir: %s)"
+                   % (label, id_names(root, st)[0], who.user, default))
+    steps.append(("fix", ddir, 0o700, (who.uid, who.gid, who.user, who.group),
+                  "an existing dump directory User=%s could not write" % who.user))
+    return steps, False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -649,7 +937,9 @@ def read_ours(root, path):
     return text, ours, created
 
 
-def render_dropin(unit, lib_value, ddir, depth, rwp, created):
+def render_dropin(unit, lib_raw, ddir, depth, rwp, created):
+    """The drop-in. LIB_RAW is the LD_PRELOAD value as written in unit files (specifiers
+    kept: systemd expands them); DDIR is literal."""
     lines = [
         MARKER + ": run %s under the mmleak leak tracer." % unit.name,
         "# Undo: mmleak-install.py uninstall %s, then systemctl restart %s" % (unit.name,
@@ -658,24 +948,54 @@ def render_dropin(unit, lib_value, ddir, depth, rwp, created):
         "# Kept on uninstall: the library %s, the dumps in %s." % (LIB_DEST, ddir),
         STATE_KEY + ("yes" if created else "no"),
         "[Service]",
-        "Environment=%s" % quote_value("LD_PRELOAD=" + lib_value),
-        "Environment=%s" % quote_value("MMLEAK_DIR=" + ddir),
+        "Environment=%s" % quote_env("LD_PRELOAD=" + lib_raw, percent=False),
+        "Environment=%s" % quote_env("MMLEAK_DIR=" + ddir),
     ]
     if depth is not None:
-        lines.append("Environment=%s" % quote_value("MMLEAK_DEPTH=%d" % depth))
+        lines.append("Environment=%s" % quote_env("MMLEAK_DEPTH=%d" % depth))
     if rwp:
-        lines.append("ReadWritePaths=%s" % quote_value(ddir))
+        lines.append("ReadWritePaths=%s" % quote_path(ddir))
     return "\n".join(lines) + "\n"
 
 
+def merge_preload(unit, s, notes):
+    """LD_PRELOAD for the drop-in: mmleak.so FIRST, then what the unit preloads (an allocator
+    such as jemalloc: mmleak's malloc calls it through RTLD_NEXT and records it; after it,
+    mmleak would never see the allocations). -> (value as written, value the service gets)"""
+    raw = s["env_raw"].get("LD_PRELOAD", "")
+    keep_raw, keep, dropped = [], [], []
+    for r in (e for e in re.split(r"[ \t\n\r:]+", raw) if e):
+        x = expand_specifiers(r, unit.name, unit.instance)
+        if os.path.basename(x) == os.path.basename(LIB_DEST):
+            if x != LIB_DEST:
+                dropped.append(x)
+            continue
+        keep_raw.append(r)
+        keep.append(x)
+    if keep or dropped:
+        notes.append("%s already sets LD_PRELOAD=%s (in %s): kept, after mmleak's library: "
+                     "mmleak.so goes first and records the allocations of the libraries after "
+                     "it (such as jemalloc)%s"
+                     % (unit.name, s["env"]["LD_PRELOAD"], s["env_src"]["LD_PRELOAD"],
+                        "; %s dropped (one mmleak.so only)" % ", ".join(dropped)
+                        if dropped else ""))
+    return " ".join([LIB_DEST] + keep_raw), " ".join([LIB_DEST] + keep)
+
+
 def cmd_install(args):
+    for opt, value in (("--dir", args.dir), ("--lib", args.lib)):
+        if value is not None:
+            check_text_arg(opt, value)
     root, unit = setup(args)
     if unit.path is None:
         raise Fail(EXIT_INPUT, "unknown unit %s: no unit file in %s" % (
             unit.name, ", ".join(UNIT_PATH)))
-    ddir = os.path.normpath(args.dir)
-    if not args.dir.startswith("/"):
+    explicit = args.dir is not None
+    ddir = os.path.normpath(args.dir) if explicit else DEFAULT_DIR + "/" + unit.name
+    if explicit and not args.dir.startswith("/"):
         raise Fail(EXIT_INPUT, "--dir %s: must be an absolute path" % args.dir)
+    if ddir.startswith("//"):
+        ddir = "/" + ddir.lstrip("/")
     src = find_lib(args, root)
     s = unit.evaluate()
     warnings, notes = [], []
@@ -688,7 +1008,11 @@ def cmd_install(args):
                    % (ddir, "/tmp" if under(ddir, "/tmp") else "/var/tmp", unit.name,
                       " (implied by DynamicUser=yes)" if dyn and not parse_bool(
                           s["PrivateTmp"] or "no") else "",
-                      "/tmp" if under(ddir, "/tmp") else "/var/tmp", DEFAULT_DIR))
+                      "/tmp" if under(ddir, "/tmp") else "/var/tmp",
+                      DEFAULT_DIR + "/" + unit.name))
+    # The unit's credentials: always resolvable (systemd cannot start it otherwise), except
+    # a dynamic user, which exists only while the service runs.
+    who = None if dyn else resolve_owner(root, unit, s)
     psys = (s["ProtectSystem"] or "no").lower()
     phome = (s["ProtectHome"] or "no").lower()
     if dyn:
@@ -723,6 +1047,10 @@ def cmd_install(args):
     for path, what in s["later"]:
         warnings.append("%s sorts after %s and sets %s, which overrides mmleak's setting; "
                         "merge it by hand" % (path, DROPIN_NAME, what))
+    for name in ("LD_PRELOAD", "MMLEAK_DIR", "MMLEAK_DEPTH"):
+        if name in s["unset"]:
+            warnings.append("%s has UnsetEnvironment=%s, which removes mmleak's setting; "
+                            "remove it while tracing" % (unit.name, name))
     for ef in s["envfile"]:
         p = ef.lstrip("-")
         try:
@@ -734,25 +1062,16 @@ def cmd_install(args):
         except OSError:
             pass
 
-    # Owner of the dump directory (only when install creates it).
-    dirs_dump = [] if (dyn and in_statedir) else missing_dirs(root, ddir)
-    owner = None
-    if dirs_dump and not dyn:
-        owner = resolve_owner(root, unit, s)
-    elif dirs_dump:
-        owner = ("root", 0, "root", 0)
-
-    # LD_PRELOAD: keep what the unit already preloads, append the library.
-    existing = s["env"].get("LD_PRELOAD", "").strip()
-    entries = [e for e in re.split(r"[\s:]+", existing) if e]
-    if LIB_DEST in entries:
-        lib_value = existing
-    elif existing:
-        lib_value = existing + " " + LIB_DEST
-        notes.append("%s already sets LD_PRELOAD=%s (in %s): kept, mmleak's library appended"
-                     % (unit.name, existing, s["env_src"]["LD_PRELOAD"]))
+    # The dump directory: created for the unit's user, or checked (and fixed only when it
+    # holds nothing but dumps), never a system directory.
+    if dyn and in_statedir:
+        dump_steps, create = [], False
     else:
-        lib_value = LIB_DEST
+        dump_steps, create = plan_dump_dir(root, unit, ddir, explicit, who)
+    dirs_dump = missing_dirs(root, ddir) if create else []
+    owner = (0, 0, "root", "root") if who is None else (who.uid, who.gid, who.user, who.group)
+
+    lib_raw, lib_value = merge_preload(unit, s, notes)
 
     dpath = dropin_path(unit)
     ddir_dropin = os.path.dirname(dpath)
@@ -762,7 +1081,7 @@ def cmd_install(args):
                    % (dpath, PROG))
     create_dropin_dir = not os.path.isdir(root.host(ddir_dropin))
     created_flag = was_created if old is not None else create_dropin_dir
-    text = render_dropin(unit, lib_value, ddir, args.depth, need_rwp, created_flag)
+    text = render_dropin(unit, lib_raw, ddir, args.depth, need_rwp, created_flag)
 
     # Plan.
     plan = []
@@ -780,10 +1099,10 @@ def cmd_install(args):
     if dyn and in_statedir:
         notes.append("%s is under StateDirectory=; systemd creates it for the dynamic user"
                      % ddir)
+    plan.extend(dump_steps)
     for d in dirs_dump:
-        plan.append(("mkdir", d, 0o700 if d == ddir else 0o755,
-                     (owner[1], owner[3], owner[0], owner[2]) if d == ddir else None))
-    if not dirs_dump and not (dyn and in_statedir):
+        plan.append(("mkdir", d, 0o700 if d == ddir else 0o755, owner if d == ddir else None))
+    if not dirs_dump and not dump_steps and not (dyn and in_statedir):
         plan.append(("keep", "dump directory %s exists" % ddir))
     if create_dropin_dir:
         for d in missing_dirs(root, ddir_dropin):
@@ -799,6 +1118,9 @@ def cmd_install(args):
         if step[0] == "mkdir":
             own = " owner %s:%s" % (step[3][2], step[3][3]) if step[3] else ""
             return "create directory %s (mode %04o%s)" % (step[1], step[2], own)
+        if step[0] == "fix":
+            return "set owner %s:%s and mode %04o of %s (%s)" % (
+                step[3][2], step[3][3], step[2], step[1], step[4])
         if step[0] == "copy":
             return "copy %s -> %s (mode 0644)" % (step[1], step[2])
         return "%s %s" % (step[3], step[1])
@@ -836,6 +1158,17 @@ def cmd_install(args):
                 elif step[3] is not None and os.stat(h).st_uid != step[3][0]:
                     warn("not root: %s left owned by you; chown it to %s:%s"
                          % (step[1], step[3][2], step[3][3]))
+            elif step[0] == "fix":
+                h = root.host(step[1])
+                st = os.stat(h)
+                done_undo.append(("restore", (h, st.st_uid, st.st_gid,
+                                              stat.S_IMODE(st.st_mode))))
+                if os.geteuid() == 0:
+                    os.chown(h, step[3][0], step[3][1])
+                elif st.st_uid != step[3][0]:
+                    warn("not root: cannot give %s to %s:%s; do it yourself"
+                         % (step[1], step[3][2], step[3][3]))
+                os.chmod(h, step[2])
             elif step[0] == "copy":
                 existed = os.path.exists(lib_host)
                 atomic_copy(step[1], root.host(os.path.dirname(LIB_DEST)) + "/" +
@@ -849,7 +1182,12 @@ def cmd_install(args):
     except OSError as e:
         for kind, h in reversed(done_undo):
             try:
-                (os.rmdir if kind == "rmdir" else os.unlink)(h)
+                if kind == "restore":
+                    if os.geteuid() == 0:
+                        os.chown(h[0], h[1], h[2])
+                    os.chmod(h[0], h[3])
+                else:
+                    (os.rmdir if kind == "rmdir" else os.unlink)(h)
             except OSError:
                 pass
         raise Fail(EXIT_ENV, "%s%s: %s" % ("install failed, changes undone: ",
@@ -862,24 +1200,55 @@ def cmd_install(args):
     out.write("next steps:\n")
     if reload_line:
         out.write("  %s\n" % reload_line)
-    out.write("  systemctl restart %s\n" % unit.name)
-    out.write("  %s status %s\n" % (PROG, unit.name))
+    q = shlex.quote
+    out.write("  systemctl restart %s\n" % q(unit.name))
+    out.write("  %s status %s\n" % (PROG, q(unit.name)))
     out.write("  mmleak.py report %s --pid $(systemctl show -p MainPID --value %s)\n"
-              % (ddir, unit.name))
-    out.write("  %s uninstall %s     # when done\n" % (PROG, unit.name))
+              % (q(ddir), q(unit.name)))
+    out.write("  %s uninstall %s     # when done\n" % (PROG, q(unit.name)))
     return EXIT_OK
 
 
-def dropin_values(text):
+def dropin_values(text, unit):
+    """(environment, ReadWritePaths) of our drop-in, as systemd reads them."""
     env = collections.OrderedDict()
     rwp = []
     for sec, key, val in parse_unit_text(text):
         if sec == "Service" and key == "Environment":
             for k, v in parse_env_assignments(val):
-                env[k] = v
+                env[k] = expand_specifiers(v, unit.name, unit.instance)
         elif sec == "Service" and key == "ReadWritePaths":
-            rwp.append(val)
+            try:
+                rwp.extend(expand_specifiers(w, unit.name, unit.instance)
+                           for w in split_words(val, cunescape=False))
+            except ValueError:
+                pass
     return env, rwp
+
+
+def check_writable(root, unit, ddir):
+    """Warn when the unit's user cannot create files in DDIR (status)."""
+    s = unit.evaluate(skip_ours=False)
+    if parse_bool(s["DynamicUser"] or "no"):
+        return
+    try:
+        who = resolve_owner(root, unit, s)
+    except Fail as e:
+        warn(e.msg)
+        return
+    real = root.resolve(ddir)
+    blocked = unreachable(root, real, who)
+    if blocked:
+        warn("User=%s cannot reach %s: %s is %s: the service is not traced; run install again"
+             % (who.user, ddir, blocked[0], describe_st(root, blocked[1])))
+        return
+    try:
+        st = os.stat(root.host(ddir))
+    except OSError:
+        return
+    if not may(st, who, 0o3):
+        warn("User=%s cannot write %s (%s): the service is not traced; run install again"
+             % (who.user, ddir, describe_st(root, st)))
 
 
 def cmd_status(args):
@@ -899,7 +1268,7 @@ def cmd_status(args):
         return EXIT_NOT_INSTALLED
     out.write("drop-in:        %s: present%s\n" % (
         dpath, "" if ours else " (not written by %s)" % PROG))
-    env, rwp = dropin_values(text)
+    env, rwp = dropin_values(text, unit)
     eff = unit.evaluate(skip_ours=False)["env"]
     for k in ("LD_PRELOAD", "MMLEAK_DIR", "MMLEAK_DEPTH"):
         v = env.get(k)
@@ -911,7 +1280,7 @@ def cmd_status(args):
                  % (k, k, eff.get(k, "")))
     if rwp:
         out.write("%-16s%s\n" % ("ReadWritePaths:", " ".join(rwp)))
-    libs = [e for e in re.split(r"[\s:]+", env.get("LD_PRELOAD", "")) if e]
+    libs = [e for e in re.split(r"[ \t\n\r:]+", env.get("LD_PRELOAD", "")) if e]
     lib = next((e for e in libs if os.path.basename(e) == "mmleak.so"), LIB_DEST)
     lh = root.host(lib)
     if os.path.isfile(lh):
@@ -927,17 +1296,8 @@ def cmd_status(args):
     except OSError as e:
         out.write("dump dir:       %s: %s\n" % (ddir, e.strerror))
         return EXIT_OK
-    try:
-        uname = lookup(root, "passwd", str(st.st_uid))[0]
-    except TypeError:
-        uname = str(st.st_uid)
-    try:
-        gname = lookup(root, "group", str(st.st_gid))[0]
-    except TypeError:
-        gname = str(st.st_gid)
-    out.write("dump dir:       %s: owner %s:%s mode %04o, %d dump file%s\n" % (
-        ddir, uname, gname, stat.S_IMODE(st.st_mode), len(names), "" if len(names) == 1
-        else "s"))
+    out.write("dump dir:       %s: %s, %d dump file%s\n" % (
+        ddir, describe_st(root, st), len(names), "" if len(names) == 1 else "s"))
     total = 0
     for n in names:
         try:
@@ -948,6 +1308,8 @@ def cmd_status(args):
         out.write("  %12d  %s\n" % (size, n))
     if names:
         out.write("  %12d  total\n" % total)
+    out.flush()
+    check_writable(root, unit, ddir)
     return EXIT_OK
 
 
@@ -961,8 +1323,8 @@ def cmd_uninstall(args):
         return EXIT_OK
     if not ours:
         raise Fail(EXIT_INPUT, "%s was not written by %s; not removing it" % (dpath, PROG))
-    env, _ = dropin_values(text)
-    ddir = env.get("MMLEAK_DIR", DEFAULT_DIR)
+    env, _ = dropin_values(text, unit)
+    ddir = env.get("MMLEAK_DIR", DEFAULT_DIR + "/" + unit.name)
     dd_host = root.host(os.path.dirname(dpath))
     h = dd_host + "/" + DROPIN_NAME
     rm_dir = created and os.listdir(dd_host) == [DROPIN_NAME]
@@ -992,12 +1354,12 @@ def cmd_uninstall(args):
     for d in done:
         out.write(d + "\n")
     out.write("kept: library %s and dump directory %s (delete them by hand when no longer "
-              "needed: rm -r %s)\n" % (LIB_DEST, ddir, ddir))
+              "needed: rm -r %s)\n" % (LIB_DEST, ddir, shlex.quote(ddir)))
     out.write("next steps:\n")
     if reload_line:
         out.write("  %s\n" % reload_line)
     out.write("  systemctl restart %s     # the running process is traced until then\n"
-              % unit.name)
+              % shlex.quote(unit.name))
     return EXIT_OK
 
 
@@ -1025,11 +1387,11 @@ def build_parser():
         "Make a systemd service run under the mmleak malloc leak tracer (LD_PRELOAD), show\n"
         "the state, and undo it. It writes one drop-in,\n"
         "/etc/systemd/system/UNIT.d/mmleak.conf, and never restarts the service itself.\n\n"
-        "  %s install nfs-ganesha.service [--dir /var/lib/mmleak] [--depth N]\n"
+        "  %s install nfs-ganesha.service [--dir DIR] [--depth N]\n"
         "  systemctl restart nfs-ganesha\n"
         "  %s status nfs-ganesha.service\n"
-        "  mmleak.py report /var/lib/mmleak --pid $(systemctl show -p MainPID --value "
-        "nfs-ganesha)\n"
+        "  mmleak.py report /var/lib/mmleak/nfs-ganesha.service --pid $(systemctl show -p "
+        "MainPID --value nfs-ganesha)\n"
         "  %s uninstall nfs-ganesha.service" % (PROG, PROG, PROG)), epilog=EXIT_HELP)
 
     def add_globals(parser, default):
@@ -1054,26 +1416,33 @@ def build_parser():
         "Files touched (under --root DIR if given):\n"
         "  /usr/local/lib/mmleak/mmleak.so   the library, copied there atomically (mode 0644)\n"
         "                                    unless it already is that file\n"
-        "  DIR (default /var/lib/mmleak)     dump directory, created mode 0700 and owned by the\n"
-        "                                    unit's User=/Group= if missing\n"
+        "  DIR (default /var/lib/mmleak/UNIT, in a root-owned /var/lib/mmleak, mode 0755)\n"
+        "                                    dump directory, created mode 0700 and owned by the\n"
+        "                                    unit's User=/Group= if missing; an existing one\n"
+        "                                    that user cannot write is given to it only if it\n"
+        "                                    holds nothing but mmleak.* files (and is not\n"
+        "                                    another user's); system directories are refused\n"
         "  /etc/systemd/system/UNIT.d/mmleak.conf\n"
         "                                    the drop-in, written atomically: Environment=\n"
-        "                                    LD_PRELOAD (appended to the unit's own LD_PRELOAD),\n"
-        "                                    MMLEAK_DIR, MMLEAK_DEPTH (with --depth), and\n"
-        "                                    ReadWritePaths=DIR when the unit's sandboxing\n"
-        "                                    (ProtectSystem=strict/full, ProtectHome=,\n"
-        "                                    DynamicUser=) would make DIR read-only\n"
+        "                                    LD_PRELOAD (mmleak.so first, then the unit's own\n"
+        "                                    LD_PRELOAD, such as an allocator, which mmleak\n"
+        "                                    then traces), MMLEAK_DIR, MMLEAK_DEPTH (with\n"
+        "                                    --depth), and ReadWritePaths=DIR when the unit's\n"
+        "                                    sandboxing (ProtectSystem=strict/full,\n"
+        "                                    ProtectHome=, DynamicUser=) would make DIR\n"
+        "                                    read-only\n"
         "Then runs systemctl daemon-reload if systemd is running (not with --root or\n"
         "--no-reload), and prints the commands to type next. Running it again is harmless.\n"
         "Warnings (stderr, install proceeds): setuid/setgid or static ExecStart binary, a #!\n"
-        "script or 'env -i' wrapper, a later drop-in or EnvironmentFile= overriding LD_PRELOAD,\n"
-        "DynamicUser=yes. Error: DIR under /tmp or /var/tmp with PrivateTmp=yes."))
+        "script or 'env -i' wrapper, a later drop-in, EnvironmentFile= or UnsetEnvironment=\n"
+        "overriding LD_PRELOAD, DynamicUser=yes. Errors: see the exit codes."))
     add_globals(pi, "suppress")
     pi.add_argument("unit", metavar="UNIT", help="service unit name, e.g. nfs-ganesha.service "
                                                  "or getty@tty1.service")
-    pi.add_argument("--dir", default=DEFAULT_DIR, metavar="DIR",
-                    help="dump directory, MMLEAK_DIR (default %(default)s; not /tmp: "
-                         "PrivateTmp= hides it and deletes it on stop)")
+    pi.add_argument("--dir", metavar="DIR",
+                    help="dump directory, MMLEAK_DIR (default %s/UNIT, one per unit, owned by "
+                         "its User=; not /tmp: PrivateTmp= hides it and deletes it on stop)"
+                         % DEFAULT_DIR)
     pi.add_argument("--depth", type=positive, metavar="N",
                     help="frames recorded per allocation, MMLEAK_DEPTH (default: the "
                          "library's, 1)")

@@ -22,7 +22,7 @@ import datetime
 import html
 import importlib.util
 import io
-import json
+import math
 import os
 import re
 import sys
@@ -33,6 +33,8 @@ TOP_ROWS = 500          # table rows at most; the rest is summarized in a note
 CHART_SITES = 15        # bars in the top-sites chart
 TIMELINE_SITES = 5      # per-site lines in the timeline chart
 TIMELINE_POINTS = 2000  # points per timeline line at most (longer histories are binned)
+U64 = (1 << 64) - 1     # sizes, times and addresses are up to 16 hex digits
+I64 = (1 << 63) - 1
 
 def import_mmleak():
     """Load mmleak.py by path (a plain import would find mmleak.so beside it first)."""
@@ -91,12 +93,13 @@ def short_path(p, keep=3):
 
 class Survivors:
     """The survivors as columns (size, time, stack id) plus the distinct stacks: memory
-    proportional to the blocks, not to their Python objects."""
+    proportional to the blocks, not to their Python objects.  Sizes and times are unsigned
+    64-bit, as in the dump format."""
 
     def __init__(self, allocs, depth):
         from array import array
         self.stacks = {}
-        sid, size, tim = array("q"), array("q"), array("q")
+        sid, size, tim = array("q"), array("Q"), array("Q")
         stacks = self.stacks
         for a in allocs:
             k = a.callers[:depth]
@@ -118,21 +121,45 @@ class Survivors:
         return sorted({c for k in self.stack_list for c in k})
 
 
+def time_mask(tim, end_time, since=None, older_than=None):
+    """Boolean mask of the times TIM (uint64 array) kept by --since/--older-than, computed
+    exactly in integers (a time is a whole number of seconds)."""
+    import numpy as np
+    keep = np.ones(len(tim), dtype=bool)
+    if since is not None:
+        lo = math.ceil(since)              # t >= since  <=>  t >= ceil(since)
+        if lo > U64:
+            keep[:] = False
+        elif lo > 0:
+            keep &= tim >= np.uint64(lo)
+    if older_than is not None:
+        hi = math.floor(end_time - older_than)  # end - t >= older  <=>  t <= floor(end - older)
+        if hi < 0:
+            keep[:] = False
+        elif hi < U64:
+            keep &= tim <= np.uint64(hi)
+    return keep
+
+
 def aggregate(surv, frames, end_time, wrappers, since=None, older_than=None):
-    """-> (df of blocks after filters, sites DataFrame largest first, info dict)."""
+    """-> (df of blocks after filters, sites DataFrame largest first, info dict).
+
+    Byte counts are exact: int64 columns while the total of all sizes fits in them, Python
+    integers (object columns) when it does not (legal sizes go up to 2^64-1)."""
     import numpy as np
     import pandas as pd
 
-    df = pd.DataFrame({
-        "sid": np.frombuffer(surv.sid, dtype=np.int64) if len(surv) else np.zeros(0, np.int64),
-        "size": np.frombuffer(surv.size, dtype=np.int64) if len(surv) else np.zeros(0, np.int64),
-        "time": np.frombuffer(surv.time, dtype=np.int64) if len(surv) else np.zeros(0, np.int64),
-    })
-    before = (len(df), int(df["size"].sum()))
-    if since is not None:
-        df = df[df["time"] >= since]
-    if older_than is not None:
-        df = df[(end_time - df["time"]) >= older_than]
+    n = len(surv)
+    size = np.frombuffer(surv.size, dtype=np.uint64) if n else np.zeros(0, np.uint64)
+    tim = np.frombuffer(surv.time, dtype=np.uint64) if n else np.zeros(0, np.uint64)
+    sid = np.frombuffer(surv.sid, dtype=np.int64) if n else np.zeros(0, np.int64)
+    total = sum(surv.size)
+    size_col = size.view(np.int64) if total <= I64 else np.array(surv.size.tolist(),
+                                                                  dtype=object)
+    df = pd.DataFrame({"sid": sid, "size": size_col, "time": tim})
+    before = (n, total)
+    if since is not None or older_than is not None:
+        df = df[time_mask(tim, end_time, since, older_than)]
     # call site of each stack: mmleak.site_resolver (first frame outside the wrappers, and
     # callers that resolve to the same source line are one site), as the terminal report
     resolve = mmleak.site_resolver(frames, wrappers)
@@ -148,9 +175,11 @@ def aggregate(surv, frames, end_time, wrappers, since=None, older_than=None):
         g = df.groupby("site", sort=False)
         sites = g.agg(bytes=("size", "sum"), blocks=("size", "size"), min=("size", "min"),
                       max=("size", "max"), tmin=("time", "min"), tmax=("time", "max"))
-        sites["oldest"] = (end_time - sites["tmin"]).clip(lower=0)
-        sites["youngest"] = (end_time - sites["tmax"]).clip(lower=0)
-        sites["mean"] = sites["bytes"] / sites["blocks"]
+        # ages and means in Python numbers: exact, and never a wrapped unsigned difference
+        sites["oldest"] = [max(end_time - t, 0) for t in sites["tmin"].tolist()]
+        sites["youngest"] = [max(end_time - t, 0) for t in sites["tmax"].tolist()]
+        sites["mean"] = [b / k for b, k in zip(sites["bytes"].tolist(),
+                                                sites["blocks"].tolist())]
         # the heaviest stack of each site, and how many distinct stacks it has
         per_stack = df.groupby(["site", "sid"], sort=False)["size"].sum().reset_index()
         per_stack = per_stack.sort_values("size", ascending=False, kind="stable")
@@ -199,11 +228,12 @@ def _mpl():
 
 
 def _bytes_axis(axis, vmax):
-    """Ticks at round multiples of B, KiB, MiB or GiB, labelled in that unit."""
+    """Ticks at round multiples of B, KiB, ... EiB, labelled in that unit."""
     from matplotlib.ticker import FuncFormatter, MultipleLocator
     vmax = max(float(vmax), 1.0)
     unit, name = 1, "B"
-    for u, n in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+    for u, n in ((1 << 60, "EiB"), (1 << 50, "PiB"), (1 << 40, "TiB"), (1 << 30, "GiB"),
+                 (1 << 20, "MiB"), (1 << 10, "KiB")):
         if vmax >= 2 * u:
             unit, name = u, n
             break
@@ -212,7 +242,7 @@ def _bytes_axis(axis, vmax):
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
     if unit == 1:
         step = max(round(step), 1)
-    axis.set_major_locator(MultipleLocator(step * unit))
+    axis.set_major_locator(MultipleLocator(float(step * unit)))
     axis.set_major_formatter(FuncFormatter(
         lambda v, _: ("%g %s" % (round(v / unit, 3), name)) if v > 0 else "0"))
 
@@ -232,17 +262,18 @@ def chart_top_sites(sites, labels):
         ax.set_axis_off()
         return _svg(fig)
     y = list(range(n))[::-1]
-    vals = top["bytes"].tolist()
+    exact = top["bytes"].tolist()
+    vals = [float(v) for v in exact]          # plotting only; labels show the exact bytes
     colors = [PALETTE[i] if i < TIMELINE_SITES else "#8da0b3" for i in range(n)]
     ax.barh(y, vals, color=colors, height=0.7)
     ax.set_yticks(y)
     ax.set_yticklabels([_trunc(labels[i], 48) for i in range(n)])
-    _bytes_axis(ax.xaxis, max(vals) * 1.3)
+    _bytes_axis(ax.xaxis, max(max(vals) * 1.3, 1.0))
     ax.set_xlabel("bytes not freed (label: bytes / blocks)")
     ax.set_title("Top call sites by unfreed bytes", loc="left", fontsize=10)
-    for yi, v, b in zip(y, vals, top["blocks"].tolist()):
-        ax.text(v, yi, " %s / %d" % (hb(v), b), va="center", fontsize=8, color="#333")
-    ax.set_xlim(0, max(vals) * 1.3)
+    for yi, v, e, b in zip(y, vals, exact, top["blocks"].tolist()):
+        ax.text(v, yi, " %s / %d" % (hb(e), b), va="center", fontsize=8, color="#333")
+    ax.set_xlim(0, max(max(vals) * 1.3, 1.0))
     ax.grid(axis="x", color="#ddd", linewidth=0.6)
     ax.set_axisbelow(True)
     return _svg(fig)
@@ -273,14 +304,15 @@ def chart_timeline(df, sites, labels, end_time):
     Figure, FuncFormatter = _mpl()
     fig = Figure(figsize=(6.4, 3.6))
     ax = fig.add_subplot(111)
-    t = df["time"].to_numpy()
-    s = df["size"].to_numpy()
-    x, y = _cumulative(t, s, end_time)
+    # plotting only: floats (a cumulative sum of 64-bit sizes would wrap in integers)
+    t = df["time"].to_numpy().astype(np.float64)
+    s = df["size"].to_numpy().astype(np.float64)
+    x, y = _cumulative(t, s, float(end_time))
     ax.plot(x, y, drawstyle="steps-post", color="#222", linewidth=2, label="all call sites")
     site = df["site"].to_numpy()
     for i in range(min(TIMELINE_SITES, len(sites))):
         m = site == np.uint64(sites["site"].iat[i])
-        xi, yi = _cumulative(t[m], s[m], end_time)
+        xi, yi = _cumulative(t[m], s[m], float(end_time))
         ax.plot(xi, yi, drawstyle="steps-post", color=PALETTE[i], linewidth=1.4,
                 label="#%d %s" % (i + 1, _trunc(labels[i], 40)))
     _bytes_axis(ax.yaxis, y.max() * 1.05 if len(y) else 1)
@@ -290,7 +322,7 @@ def chart_timeline(df, sites, labels, end_time):
     ax.set_ylim(bottom=0)
     ax.grid(color="#ddd", linewidth=0.6)
     ax.set_axisbelow(True)
-    ax.set_xlim(left=min(0, x[0]), right=max(end_time, x[-1], 1))
+    ax.set_xlim(left=min(0, x[0]), right=max(float(end_time), x[-1], 1))
     ax.legend(loc="upper left", bbox_to_anchor=(0, -0.2), ncol=2, fontsize=7.5, frameon=False)
     return _svg(fig)
 
@@ -369,7 +401,7 @@ function filt(){var q=inp.value.toLowerCase().trim(), n=0, b=0, h=hrt.checked;
  rows.forEach(function(r){var ok=(!q||r.textContent.toLowerCase().indexOf(q)>=0)&&!(h&&r.hasAttribute('data-rt'));
   r.style.display=ok?'':'none'; if(ok){n++;b+=+r.getAttribute('data-bytes');}});
  cnt.textContent=n+' of '+rows.length+' call sites shown'+(q?' ('+fmt(b)+' matching)':'');}
-function fmt(n){var u=['B','KiB','MiB','GiB'],i=0;while(n>=1024&&i<3){n/=1024;i++;}return i?n.toFixed(1)+' '+u[i]:n+' B';}
+function fmt(n){var u=['B','KiB','MiB','GiB','TiB','PiB','EiB'],i=0;while(n>=1024&&i<6){n/=1024;i++;}return i?n.toFixed(1)+' '+u[i]:n+' B';}
 inp.addEventListener('input',filt); hrt.addEventListener('change',filt); filt();
 if(location.hash==='#selftest'){var out=[],ok=true;
  function col(c){return rows.filter(function(r){return r.style.display!=='none';}).map(function(r){return key(r,c);});}
@@ -463,6 +495,17 @@ def symbol_summary(addrs, frames, sym_error):
     return ok, len(addrs), reasons
 
 
+def start_text(start):
+    """The trace start (Unix seconds) as a local date, or why not."""
+    if not start:
+        return "start time unknown"
+    try:
+        return datetime.datetime.fromtimestamp(start).astimezone().strftime(
+            "%Y-%m-%d %H:%M:%S %Z")
+    except (OverflowError, ValueError, OSError):
+        return "start %d (not a valid date)" % start
+
+
 def build_html(ctx):
     """ctx: dict with everything the page shows (see render())."""
     sites, labels, frames, surv = ctx["sites"], ctx["labels"], ctx["frames"], ctx["surv"]
@@ -498,8 +541,7 @@ def build_html(ctx):
          "top site: %s" % esc(hb(sites["bytes"].iat[0])) if len(sites) else "")
     span = ctx["end_time"]
     start = ctx["start"]
-    when = (datetime.datetime.fromtimestamp(start).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
-            if start else "start time unknown")
+    when = start_text(start)
     card("Time span", esc(dur(span)), esc("from %s" % when))
     card("Events read", esc("{:,}".format(ctx["events"])), esc(ctx["events_note"]))
     w("</div>\n")
@@ -682,9 +724,16 @@ def write_page(page, out_path):
         sys.stdout.flush()
         return
     tmp = out_path + ".tmp%d" % os.getpid()
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(page)
-    os.replace(tmp, out_path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(page)
+        os.replace(tmp, out_path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def render_report(rep, out_path, wrappers=None, top=TOP_ROWS):
@@ -765,6 +814,11 @@ def read_stdin(f, depth):
             h = mmleak.parse_header(line)
             if h is not None:
                 info["headers"].append(h)
+                bad = mmleak.bad_header_fields(h)
+                if bad:
+                    info["bad"].append((lineno, "malformed header field%s %s (%s expected)" % (
+                        "s" if len(bad) > 1 else "", " ".join("%s=%s" % kv for kv in bad),
+                        "decimal numbers" if len(bad) > 1 else "a decimal number")))
             elif line.startswith(b"#cmd ") and info["cmd"] is None:
                 info["cmd"] = line[5:].decode("utf-8", "replace").rstrip("\n")
         elif not line.strip():
@@ -772,7 +826,8 @@ def read_stdin(f, depth):
         elif event_re.fullmatch(line):
             info["brackets"] += 1
         else:
-            info["bad"].append((lineno, line))
+            info["bad"].append((lineno, "not a dump line (PTR SEQ SIZE TIME CALLER..., hex): "
+                                        "%r" % line.rstrip(b"\n")[:60]))
     info["lines"] = lineno
     info["allocs"] = len(surv.sid)
     surv.stack_list = [None] * len(stacks)
@@ -785,7 +840,8 @@ EXIT_HELP = """exit status (the values of mmleak.py):
   0  report written
   1  usage error
   2  the input could not be used: a line that is not in the dump format (reported on stderr
-     with its line number), or no such maps file; no report is written
+     with its line number), or no such maps file; or the page cannot be written (-o); no
+     report is written
   4  eu-addr2line (elfutils) missing or failing: report written, addresses left unresolved"""
 
 
@@ -812,21 +868,21 @@ def build_parser():
     p.add_argument("--maps", help="the process's mmleak.PID.maps: symbolize call sites "
                                   "(function, file:line) with eu-addr2line")
     p.add_argument("-o", "--output", help="write the page here (default: stdout)")
-    p.add_argument("--since", type=float, metavar="SECONDS",
+    p.add_argument("--since", type=mmleak.finite_float, metavar="SECONDS",
                    help="only blocks allocated at least SECONDS after the trace started")
-    p.add_argument("--older-than", type=float, metavar="SECONDS",
+    p.add_argument("--older-than", type=mmleak.finite_float, metavar="SECONDS",
                    help="only blocks at least SECONDS old at the end of the trace (hides "
                         "recent allocations that may still be freed)")
-    p.add_argument("--end-time", type=float, metavar="SECONDS",
+    p.add_argument("--end-time", type=mmleak.nonnegative_float, metavar="SECONDS",
                    help="when the trace ended, in seconds after its start (default: the "
                         "newest surviving allocation; survivors do not tell the true end)")
     p.add_argument("--wrappers", action="append", default=[], metavar="NAME[,NAME...]",
                    help="more allocation wrapper functions to look through (with a trace "
                         "depth > 1); default: xmalloc, xcalloc, xrealloc, xstrdup, g_malloc, "
                         "g_malloc0, g_new, g_realloc, g_strdup, operator new, ...")
-    p.add_argument("--top", type=int, default=TOP_ROWS,
+    p.add_argument("--top", type=mmleak.positive_int, default=TOP_ROWS,
                    help="table rows at most (default %d)" % TOP_ROWS)
-    p.add_argument("--depth", type=int, help="frames per call site (default: the trace's)")
+    p.add_argument("--depth", type=mmleak.positive_int, help="frames per call site (default: the trace's)")
     return p
 
 
@@ -842,14 +898,16 @@ def main(argv=None):
         return e.status
     except BrokenPipeError:
         return mmleak.EXIT_OK
+    except OSError as e:
+        sys.stderr.write("%s: %s%s\n" % (PROG, (str(e.filename) + ": ") if e.filename else "",
+                                         e.strerror or e))
+        return mmleak.EXIT_INPUT
     except KeyboardInterrupt:
         sys.stderr.write("%s: interrupted\n" % PROG)
         return 130
 
 
 def run(args):
-    if args.top < 1:
-        raise Fail("--top must be at least 1", mmleak.EXIT_USAGE)
     if sys.stdin.isatty():
         raise Fail("reads survivor lines on stdin, e.g. mmleak.py shrink --final "
                    "mmleak.PID.*.out | %s > report.html (see --help)" % PROG, mmleak.EXIT_USAGE)
@@ -859,24 +917,22 @@ def run(args):
     # the depth is known only from the header or the lines: keep whole stacks, cut later
     surv, info = read_stdin(sys.stdin.buffer, 10 ** 6 if not depth else depth)
     hdr = info["headers"][0] if info["headers"] else {}
-    trace_depth = max([int(h.get("depth", 1) or 1) for h in info["headers"]] or [1])
     if info["bad"]:
-        lineno, line = info["bad"][0]
+        lineno, msg = info["bad"][0]
         more = len(info["bad"]) - 1
-        raise Fail("<stdin>:%d: not a dump line (PTR SEQ SIZE TIME CALLER..., hex): %r%s; no "
-                   "report written" % (lineno, line.rstrip(b"\n")[:60],
-                                       " (and %d more bad lines)" % more if more else ""))
+        raise Fail("<stdin>:%d: %s%s; no report written"
+                   % (lineno, msg, " (and %d more bad lines)" % more if more else ""))
+    trace_depth = max([mmleak.header_int(h, "depth", 1) for h in info["headers"]] or [1])
     if not depth:
         depth = max([trace_depth] + [len(s) for s in surv.stack_list])
-    import numpy as np
     end_time = args.end_time
     if end_time is None:
-        end_time = int(np.frombuffer(surv.time, dtype=np.int64).max()) if len(surv) else 0
+        end_time = max(surv.time) if len(surv) else 0
     frames, sym_error = {}, None
     notes = []
     status = mmleak.EXIT_OK
     if args.maps:
-        start = int(hdr.get("start", 0) or 0)
+        start = mmleak.header_int(hdr, "start")
         sym = mmleak.Symbolizer(args.maps, trace_start=start or None)
         frames = sym.lookup(surv.addresses())
         sym_error = sym.tool_error
@@ -893,7 +949,7 @@ def run(args):
                      % info["brackets"])
     meta = {
         "pid": hdr.get("pid"), "trace": hdr.get("id"), "cmd": info["cmd"],
-        "start": int(hdr.get("start", 0) or 0), "end_time": end_time,
+        "start": mmleak.header_int(hdr, "start"), "end_time": end_time,
         "events": info["allocs"] + info["foreign"],
         "events_note": "survivor lines on stdin (%s lines)" % "{:,}".format(info["lines"]),
         "depth": depth, "symbol_error": sym_error, "foreign": info["foreign"],
@@ -904,7 +960,13 @@ def run(args):
     if depth < 10 ** 6 and any(len(s) > depth for s in surv.stack_list):
         surv = _cut(surv, depth)
     wr = mmleak.Wrappers([n for w in args.wrappers for n in w.split(",")])
-    write_page(render(surv, frames, meta, wr, args.top), args.output)
+    page = render(surv, frames, meta, wr, args.top)
+    try:
+        write_page(page, args.output)
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise Fail("cannot write %s: %s" % (args.output, e.strerror or e))
     return status
 
 

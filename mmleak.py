@@ -13,6 +13,7 @@ import argparse
 import bisect
 import collections
 import csv
+import math
 import os
 import re
 import shutil
@@ -38,7 +39,8 @@ EXIT_HELP = """exit status:
   0  success
   1  usage error
   2  an input could not be used (missing or unreadable file, files of different processes
-     mixed, no dump files found); whatever could be read was still processed
+     mixed, no dump files found), or an output file could not be written; whatever could
+     be read was still processed
   3  malformed lines were skipped (each reported on stderr with file and line): the result
      may miss events
   4  eu-addr2line (elfutils) missing or failing: addresses left unresolved
@@ -116,8 +118,8 @@ def trace_start_for_maps(maps_path):
                 h = parse_header(f.readline())
         except OSError:
             continue
-        if h and h.get("start", "").isdigit():
-            return int(h["start"])
+        if h and header_int(h, "start", None) is not None:
+            return header_int(h, "start")
     return None
 
 
@@ -216,6 +218,27 @@ def _unescape(raw):
     """mmleak.so writes bytes outside printable ASCII (and '\\') as \\xHH."""
     raw = re.sub(rb"\\x([0-9a-f]{2})", lambda g: bytes([int(g.group(1), 16)]), raw)
     return raw.decode("utf-8", "replace")
+
+
+# Header fields that are decimal numbers (the others, such as id=, are names).
+HEADER_NUMBERS = ("pid", "tid", "file", "depth", "start", "late")
+
+
+def bad_header_fields(h):
+    """The (key, value) of header H's numeric fields that are not decimal numbers (or a
+    depth below 1)."""
+    bad = []
+    for k in HEADER_NUMBERS:
+        v = h.get(k)
+        if v is not None and not (v.isascii() and v.isdigit() and (k != "depth" or int(v) >= 1)):
+            bad.append((k, v))
+    return bad
+
+
+def header_int(h, key, default=0):
+    """A numeric header field as an int (DEFAULT if absent or not a number)."""
+    v = h.get(key)
+    return int(v) if v and v.isascii() and v.isdigit() else default
 
 
 def parse_header(line):
@@ -380,6 +403,11 @@ class Shrinker:
                     if h["version"] != str(FORMAT_VERSION):
                         raise Fail("%s:%d: dump format version %s, this mmleak.py reads %d"
                                    % (name, lineno, h["version"], FORMAT_VERSION))
+                    for k, v in bad_header_fields(h):
+                        self.problems.add(name, lineno, "malformed",
+                                          "malformed header field %s=%s (a decimal number "
+                                          "expected): ignored" % (k, v))
+                        del h[k]
                     h["source"] = name
                     self.headers.append(h)
                 elif line.startswith(b"#lost ") or line.startswith(b"#dropping"):
@@ -1023,8 +1051,8 @@ def leak_sites(survivors, end_time, depth=1, frames=None, wrappers=None):
 
 
 def human_bytes(n):
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if abs(n) < 1024 or unit == "EiB":
             return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
         n /= 1024.0
 
@@ -1041,7 +1069,10 @@ def cmd_shrink(args):
         prog(sh, paths[-1], 0, done=True)
     out = sys.stdout.buffer
     if args.output:
-        out = open(args.output, "wb")
+        try:
+            out = open(args.output, "wb")
+        except OSError as e:
+            raise Fail("cannot write %s: %s" % (args.output, e.strerror or e))
     try:
         sh.write(out, final=args.final)
     finally:
@@ -1140,12 +1171,16 @@ def cmd_run(args):
 def cmd_recover(args):
     """Fold the staging files of dead processes back into their dump files."""
     paths = []
+    status = EXIT_OK
     for a in args.paths:
         if os.path.isdir(a):
             for files in find_traces(a).values():
                 paths.extend(files)
-        else:
+        elif os.path.exists(a):
             paths.append(a)
+        else:
+            warn("%s: No such file or directory" % a)
+            status = EXIT_INPUT
     done = 0
     for p in paths:
         tail = p[:-4] + ".tail" if p.endswith(".out") else None
@@ -1159,8 +1194,8 @@ def cmd_recover(args):
                 warn("%s: process %d is still running: left alone (--force to fold anyway)"
                      % (p, pid))
                 continue
-            except ProcessLookupError:
-                pass
+            except (ProcessLookupError, OverflowError):
+                pass                    # not running (OverflowError: no pid can be that big)
             except PermissionError:
                 warn("%s: process %d exists (not ours): left alone" % (p, pid))
                 continue
@@ -1175,7 +1210,7 @@ def cmd_recover(args):
         sys.stdout.write("%s: %d bytes recovered from %s\n" % (p, len(keep), os.path.basename(tail)))
     if not done:
         sys.stdout.write("nothing to recover\n")
-    return EXIT_OK
+    return status
 
 
 def choose_trace(directory, pid):
@@ -1232,12 +1267,15 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
         survivors = [a for a in survivors if sh.max_time - a.time >= older_than]
         filters.append("at least %gs old at the end" % older_than)
     if baseline is not None:
-        old = baseline_blocks(baseline)
+        try:
+            old = baseline_blocks(baseline)
+        except OSError as e:
+            raise Fail("--baseline %s: %s" % (baseline, e.strerror or e))
         survivors = [a for a in survivors if (a.ptr, a.seq) not in old]
         filters.append("not alive in the snapshot %s" % baseline)
     hdr = sh.headers[0] if sh.headers else {}
-    start = int(hdr.get("start", 0) or 0)
-    trace_depth = max([int(h.get("depth", 1) or 1) for h in sh.headers] or [1])
+    start = header_int(hdr, "start")
+    trace_depth = max([header_int(h, "depth", 1) for h in sh.headers] or [1])
     maps = os.path.join(directory, "mmleak.%s.maps" % tid)
     frames = {}
     sym_error = None
@@ -1290,11 +1328,13 @@ def print_top_sites(rep, out, top=10):
         out.write("  no block matches the filter\n" if rep["filter"] else
                   "  no leaks: every block allocated while tracing was freed\n")
         return sites
-    out.write("  %12s %8s  %s\n" % ("bytes", "blocks", "call site"))
+    wb = max([12] + [len(str(s.bytes)) for s in sites[:top]])
+    wn = max([8] + [len(str(s.blocks)) for s in sites[:top]])
+    out.write("  %*s %*s  %s\n" % (wb, "bytes", wn, "blocks", "call site"))
     for s in sites[:top]:
         fr = rep["frames"].get(s.caller)
         label = frame_label(fr) if fr else "0x%x" % s.caller
-        out.write("  %12d %8d  %s\n" % (s.bytes, s.blocks, label))
+        out.write("  %*d %*d  %s\n" % (wb, s.bytes, wn, s.blocks, label))
     if len(sites) > top:
         out.write("  ... %d more call sites\n" % (len(sites) - top))
     return sites
@@ -1303,6 +1343,13 @@ def print_top_sites(rep, out, top=10):
 def write_csv(rep, path):
     sites = leak_sites(rep["survivors"], rep["end_time"], rep["trace_depth"], rep["frames"],
                        Wrappers(rep.get("wrappers") or ()))
+    try:
+        _write_csv(rep, sites, path)
+    except OSError as e:
+        raise Fail("cannot write %s: %s" % (path, e.strerror or e))
+
+
+def _write_csv(rep, sites, path):
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["bytes", "blocks", "mean", "min", "max", "oldest_s", "youngest_s",
@@ -1356,6 +1403,34 @@ def cmd_report(args):
     if rep["symbol_error"] and "not found" in rep["symbol_error"]:
         return EXIT_TOOL
     return EXIT_OK
+
+
+def finite_float(v):
+    """argparse type: a finite number (not nan, not inf)."""
+    try:
+        x = float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not a number: %r" % v)
+    if not math.isfinite(x):
+        raise argparse.ArgumentTypeError("not a finite number: %r" % v)
+    return x
+
+
+def nonnegative_float(v):
+    x = finite_float(v)
+    if x < 0:
+        raise argparse.ArgumentTypeError("must not be negative: %r" % v)
+    return x
+
+
+def positive_int(v):
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not an integer: %r" % v)
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least 1: %r" % v)
+    return n
 
 
 class Parser(argparse.ArgumentParser):
@@ -1440,7 +1515,7 @@ def build_parser():
                     "the command that reports on them.  Exits with CMD's exit status.",
         epilog="example:\n  %(prog)s -d /var/tmp/leaks --depth 4 -- ./server --port 8080\n")
     r.add_argument("-d", "--dir", help="dump directory (default: $MMLEAK_DIR or /tmp)")
-    r.add_argument("--depth", type=int, help="return addresses per allocation (MMLEAK_DEPTH)")
+    r.add_argument("--depth", type=positive_int, help="return addresses per allocation (MMLEAK_DEPTH)")
     r.add_argument("--lib", help="path of mmleak.so to use")
     r.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     r.set_defaults(func=cmd_run)
@@ -1471,16 +1546,17 @@ def build_parser():
     q.add_argument("--pid", help="trace id (PID, or PID-K for an exec'd image); default: newest")
     q.add_argument("-o", "--output", help="HTML file (default DIR/mmleak.PID.html)")
     q.add_argument("--csv", help="also write the call-site table as CSV")
-    q.add_argument("--top", type=int, default=10, help="call sites to print (default 10)")
-    q.add_argument("--depth", type=int, help="frames per call site (default: the trace's)")
+    q.add_argument("--top", type=positive_int, default=10,
+                   help="call sites to print (default 10)")
+    q.add_argument("--depth", type=positive_int, help="frames per call site (default: the trace's)")
     q.add_argument("--no-html", action="store_true", help="terminal output only")
     q.add_argument("--wrappers", action="append", default=[], metavar="NAME[,NAME...]",
                    help="more allocation wrapper functions to look through (trace depth "
                         "> 1; xmalloc, g_malloc and others are known)")
-    q.add_argument("--since", type=float, metavar="SECONDS",
+    q.add_argument("--since", type=finite_float, metavar="SECONDS",
                    help="only blocks allocated at least SECONDS after the trace started "
                         "(hide the start-up state of a daemon)")
-    q.add_argument("--older-than", type=float, metavar="SECONDS",
+    q.add_argument("--older-than", type=finite_float, metavar="SECONDS",
                    help="only blocks at least SECONDS old at the last event (memleax-style)")
     q.add_argument("--baseline", metavar="FILE",
                    help="only blocks not alive in FILE, an earlier `mmleak.py shrink` "
@@ -1503,6 +1579,10 @@ def main(argv=None):
         except Exception:
             pass
         return EXIT_OK
+    except OSError as e:
+        # a file that could not be read or written and was not caught with a better message
+        warn("%s%s" % ((str(e.filename) + ": ") if e.filename else "", e.strerror or e))
+        return EXIT_INPUT
     except KeyboardInterrupt:
         warn("interrupted")
         return 130

@@ -1,0 +1,386 @@
+"""mmleak-panda.py and `mmleak.py report` on extreme but legal dump lines, on garbage, and with
+paths and options that cannot work: a correct page or one line on stderr with the documented
+exit status, never a traceback (review #8, item 10).
+
+Run: /usr/bin/python3 -m pytest tests/test_report_hostile.py
+"""
+import contextlib
+import csv
+import io
+import os
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+
+from test_report import PANDA, MMLEAK, PY, headline, mmleak, panda, table
+
+U64 = (1 << 64) - 1
+I64 = (1 << 63) - 1
+
+# Legal in the format: every number is up to 16 hex digits.
+EXTREME = (b"#mmleak 1 id=77 pid=77 tid=77 file=0 depth=1 start=1700000000\n"
+           b"#cmd ./x\n"
+           b"00000000aaaa 0 ffffffffffffffff 7fffffffffffffff 400000\n"
+           b"00000000bbbb 0 ffffffffffffffff 0 400000\n"
+           b"000000000000 0 0 ffffffffffffffff 0\n"
+           b"ffffffffffff 0 10 0 ffffffffffff\n")
+EXTREME_TOTAL = 2 * U64 + 16
+
+
+def rows_of(text):
+    return [(r["bytes"], r["blocks"], r["min"], r["max"], r["oldest"], r["youngest"])
+            for r in table(text)[0]]
+
+
+def run_panda(data, *args):
+    p = subprocess.run([PY, PANDA] + list(args), input=data, capture_output=True)
+    assert b"Traceback" not in p.stderr
+    return p.returncode, p.stdout.decode(), p.stderr.decode()
+
+
+def run_mmleak(*args):
+    p = subprocess.run([PY, MMLEAK] + list(args), capture_output=True, text=True)
+    assert "Traceback" not in p.stderr
+    return p.returncode, p.stdout, p.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# 64-bit sizes and times: exact pages
+
+def test_panda_extreme_numbers_exact():
+    rc, out, err = run_panda(EXTREME)
+    assert (rc, err) == (0, "")
+    assert headline(out) == (EXTREME_TOTAL, 4)
+    # end of the trace: the newest allocation, 2^64-1 s
+    assert rows_of(out) == [(2 * U64, 2, U64, U64, U64, U64 - I64),
+                            (16, 1, 16, 16, U64, U64),
+                            (0, 1, 0, 0, 0, 0)]
+    assert "32.0 EiB" in out
+    assert '<td class="num" data-v="%d" title="%s bytes">' % (2 * U64, "{:,}".format(2 * U64)) \
+        in out
+
+
+def test_panda_extreme_numbers_filters():
+    # an end before the newest allocation: ages never negative
+    rc, out, err = run_panda(EXTREME, "--end-time", "5")
+    assert (rc, err) == (0, "")
+    assert rows_of(out) == [(2 * U64, 2, U64, U64, 5, 0), (16, 1, 16, 16, 5, 5),
+                            (0, 1, 0, 0, 0, 0)]
+    rc, out, err = run_panda(EXTREME, "--since", "1e19")
+    assert (rc, err) == (0, "")
+    assert headline(out) == (0, 1)
+    # 2^64-1 - t >= 1e19  <=>  t <= 8446744073709551615: the blocks of time 0
+    rc, out, err = run_panda(EXTREME, "--older-than", "1e19")
+    assert (rc, err) == (0, "")
+    assert headline(out) == (U64 + 16, 2)
+
+
+def test_render_report_extreme_numbers(tmp_path):
+    surv = [mmleak.parse_event(l + b"\n") for l in EXTREME.splitlines() if l[:1] != b"#"]
+    out = str(tmp_path / "r.html")
+    rep = {"trace": "77", "pid": "77", "cmd": "./x", "start": 0, "end_time": U64,
+           "files": ["/x/mmleak.77.0.out"], "events": 4, "allocs": 4, "frees": 0,
+           "survivors": surv, "foreign_frees": [], "frames": {}, "symbol_error": None,
+           "depth": 1, "trace_depth": 1, "incomplete": False}
+    panda.render_report(rep, out)
+    text = open(out, encoding="utf-8").read()
+    assert headline(text) == (EXTREME_TOTAL, 4)
+    assert rows_of(text)[0] == (2 * U64, 2, U64, U64, U64, U64 - I64)
+
+
+def test_report_extreme_numbers_exact(tmp_path):
+    d = tmp_path / "dumps"
+    d.mkdir()
+    (d / "mmleak.77.0.out").write_bytes(EXTREME + b"#end\n")
+    rc, out, err = run_mmleak("report", str(d), "--csv", str(tmp_path / "s.csv"))
+    assert (rc, err) == (0, "")
+    assert out == (
+        "mmleak: trace 77 (pid 77): ./x\n"
+        "  4 events read from 1 files; 32.0 EiB in 4 blocks not freed; 0 frees of blocks "
+        "allocated before tracing\n"
+        "  symbols: maps file %s/mmleak.77.maps missing\n"
+        "                 bytes   blocks  call site\n"
+        "  36893488147419103230        2  0x400000\n"
+        "                    16        1  0xffffffffffff\n"
+        "                     0        1  0x0\n"
+        "CSV: %s/s.csv\n"
+        "HTML report: %s/mmleak.77.html\n" % (d, tmp_path, d))
+    with open(str(tmp_path / "s.csv")) as f:
+        rows = list(csv.reader(f))
+    assert [r[:7] + r[-1:] for r in rows[1:]] == [
+        [str(2 * U64), "2", str(U64), str(U64), str(U64), str(U64), str(U64 - I64),
+         "0x400000"],
+        ["16", "1", "16", "16", "16", str(U64), str(U64), "0xffffffffffff"],
+        ["0", "1", "0", "0", "0", "0", "0", "0x0"]]
+    text = open(str(d / "mmleak.77.html"), encoding="utf-8").read()
+    assert headline(text) == (EXTREME_TOTAL, 4)
+    assert rows_of(text) == [(2 * U64, 2, U64, U64, U64, U64 - I64), (16, 1, 16, 16, U64, U64),
+                             (0, 1, 0, 0, 0, 0)]
+    rc, out2, err = run_mmleak("report", str(d), "--no-html")
+    assert (rc, err) == (0, "")
+    assert out2 == out.split("CSV:")[0]
+
+
+def test_start_time_not_a_date(tmp_path):
+    data = EXTREME.replace(b"start=1700000000", b"start=99999999999999999999")
+    rc, out, err = run_panda(data)
+    assert (rc, err) == (0, "")
+    assert "start 99999999999999999999 (not a valid date)" in out
+    d = tmp_path / "dumps"
+    d.mkdir()
+    (d / "mmleak.77.0.out").write_bytes(data)
+    rc, out, err = run_mmleak("report", str(d))
+    assert (rc, err) == (0, "")
+    assert "start 99999999999999999999 (not a valid date)" in \
+        open(str(d / "mmleak.77.html"), encoding="utf-8").read()
+
+
+# --------------------------------------------------------------------------------------------
+# Paths and options that cannot work: one line, the documented status
+
+def test_panda_output_in_missing_directory(tmp_path):
+    out = str(tmp_path / "no" / "such" / "r.html")
+    rc, stdout, err = run_panda(EXTREME, "-o", out)
+    assert (rc, stdout) == (2, "")
+    assert err == "mmleak-panda.py: cannot write %s: No such file or directory\n" % out
+    rc, stdout, err = run_panda(EXTREME, "-o", str(tmp_path))     # a directory
+    assert rc == 2 and err.startswith("mmleak-panda.py: cannot write %s" % tmp_path)
+    assert os.listdir(str(tmp_path)) == []                         # no temporary left
+
+
+def test_report_paths_that_cannot_work(tmp_path):
+    d = tmp_path / "dumps"
+    d.mkdir()
+    (d / "mmleak.77.0.out").write_bytes(EXTREME)
+    miss = str(tmp_path / "no" / "x")
+    cases = [
+        (["report", str(d), "-o", miss + ".html"],
+         "mmleak.py: cannot write %s.html: No such file or directory\n" % miss),
+        (["report", str(d), "--no-html", "--csv", miss + ".csv"],
+         "mmleak.py: cannot write %s.csv: No such file or directory\n" % miss),
+        (["report", str(d), "--no-html", "--baseline", miss + ".txt"],
+         "mmleak.py: --baseline %s.txt: No such file or directory\n" % miss),
+        (["shrink", str(d / "mmleak.77.0.out"), "-o", miss + ".txt"],
+         "mmleak.py: cannot write %s.txt: No such file or directory\n" % miss),
+    ]
+    for args, msg in cases:
+        rc, out, err = run_mmleak(*args)
+        assert (rc, err) == (2, msg), args
+    assert sorted(os.listdir(str(d))) == ["mmleak.77.0.out"]
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--end-time", "inf"], "--end-time: not a finite number: 'inf'"),
+    (["--end-time", "nan"], "--end-time: not a finite number: 'nan'"),
+    (["--end-time", "-1"], "--end-time: must not be negative: '-1'"),
+    (["--since", "nan"], "--since: not a finite number: 'nan'"),
+    (["--older-than=-inf"], "--older-than: not a finite number: '-inf'"),
+    (["--depth", "0"], "--depth: must be at least 1: '0'"),
+    (["--depth", "-3"], "--depth: must be at least 1: '-3'"),
+    (["--top", "0"], "--top: must be at least 1: '0'"),
+])
+def test_panda_bad_numbers(args, msg):
+    rc, out, err = run_panda(EXTREME, *args)
+    assert (rc, out) == (1, "")
+    assert err == "mmleak-panda.py: argument %s (see --help)\n" % msg
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--since", "nan"], "--since: not a finite number: 'nan'"),
+    (["--older-than", "inf"], "--older-than: not a finite number: 'inf'"),
+    (["--depth", "0"], "--depth: must be at least 1: '0'"),
+    (["--top", "-1"], "--top: must be at least 1: '-1'"),
+])
+def test_report_bad_numbers(tmp_path, args, msg):
+    rc, out, err = run_mmleak("report", str(tmp_path), "--no-html", *args)
+    assert (rc, out) == (1, "")
+    assert err.splitlines()[-1] == "mmleak.py report: error: argument %s" % msg
+
+
+def test_bad_header_fields(tmp_path):
+    data = EXTREME.replace(b"depth=1 start=1700000000", b"depth=x start=zz")
+    # the pipe: a line not in the format, no page
+    rc, out, err = run_panda(data)
+    assert (rc, out) == (2, "")
+    assert err == ("mmleak-panda.py: <stdin>:1: malformed header fields depth=x start=zz "
+                   "(decimal numbers expected); no report written\n")
+    # report: reported like any malformed line, the field ignored, status 3
+    d = tmp_path / "dumps"
+    d.mkdir()
+    (d / "mmleak.77.0.out").write_bytes(data)
+    rc, out, err = run_mmleak("report", str(d), "--no-html")
+    assert rc == 3
+    assert err == ("mmleak.py: %s/mmleak.77.0.out:1: malformed header field depth=x (a decimal "
+                   "number expected): ignored\n"
+                   "mmleak.py: %s/mmleak.77.0.out:1: malformed header field start=zz (a "
+                   "decimal number expected): ignored\n" % (d, d))
+    assert "  36893488147419103230        2  0x400000\n" in out
+
+
+# --------------------------------------------------------------------------------------------
+# Fuzz: extreme legal lines, and garbage, through both commands, in-process (a traceback would
+# be an exception out of main()).  Seeded; a fixed number of runs of a few seconds in all.
+
+EDGE = [0, 1, 0xfff, 0xffffffffffff, I64, I64 + 1, U64]
+
+
+def num(rnd):
+    return rnd.choice(EDGE) if rnd.random() < 0.5 else rnd.getrandbits(rnd.choice((4, 16, 48,
+                                                                                   64)))
+
+
+def legal_lines(rnd, n, depth_max):
+    """N lines, each of its own address: (bytes, survivor count, survivor bytes, frees)."""
+    out, blocks, total, frees = [], 0, 0, 0
+    ptrs = rnd.sample(range(1, 1 << 48), n)
+    for i, ptr in enumerate(ptrs):
+        if rnd.random() < 0.05:
+            ptr = rnd.choice((0, 0xffffffffffff, U64))
+            if any(l.startswith(b"%012x " % ptr) for l in out):
+                continue
+        if rnd.random() < 0.8:
+            size, t = num(rnd), num(rnd)
+            callers = " ".join("%x" % num(rnd) for _ in range(rnd.randint(1, depth_max)))
+            out.append(b"%012x %x %x %x %s\n" % (ptr, num(rnd), size, t, callers.encode()))
+            blocks += 1
+            total += size
+        else:
+            out.append(b"%012x %x %x\n" % (ptr, num(rnd), num(rnd)))
+            frees += 1
+    return out, blocks, total, frees
+
+
+GARBAGE = [b"", b"\n", b"\0\0\0", b"zz 1 2 3 4\n", b"1 2 3 4 5 6\n", b"AB 1 2 3 4\n",
+           b"1  2 3 4 5\n", b"%x 1 2 3 4\n" % (1 << 68), b"1 2 12345678901234567 3 4\n",
+           b"1 2 +\n", b"1 2 -\n", b"1 2\n", b"\xff\xfe\n", b"#mmleak\n", b"#mmleak 1\n",
+           b"#mmleak 1 depth=-1 start=-5\n", b"#mmleak 1 depth=99999999999999999999\n",
+           b"#mmleak 1 pid=\xff start=1e9\n", b"#mmleak 2 id=1\n", b"#cmd \xff\\x00\n",
+           b"#thread tid=x\n", b"#end junk\n", b"#at 99\n", b"1 2 3 4 5" * 500 + b"\n",
+           b"1 2 3 4 5"]
+
+
+def garbage_lines(rnd, lines):
+    lines = list(lines)
+    for _ in range(rnd.randint(1, 4)):
+        g = rnd.choice(GARBAGE)
+        if rnd.random() < 0.3 and lines:
+            l = rnd.choice(lines)
+            cut = rnd.randrange(len(l) + 1)
+            g = l[:cut] + rnd.choice((b"", b"\0", b" ", b"g", b"\n")) + l[cut:]
+        lines.insert(rnd.randrange(len(lines) + 1), g)
+    return lines
+
+
+class StdIn:
+    def __init__(self, data):
+        self.buffer = io.BytesIO(data)
+
+    def isatty(self):
+        return False
+
+
+def call(main, argv, stdin=b""):
+    """Run MAIN(argv) as the command would run: -> (status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    old = sys.stdin
+    sys.stdin = StdIn(stdin)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = main(argv)
+            except SystemExit as e:
+                rc = e.code
+    finally:
+        sys.stdin = old
+    return rc, out.getvalue(), err.getvalue()
+
+
+def check_stderr(err, prog):
+    assert "Traceback" not in err
+    for line in err.splitlines():
+        assert line.startswith((prog + ": ", "usage: ")), line
+
+
+HEADER = b"#mmleak 1 id=42 pid=42 tid=42 file=%d depth=%d start=%d\n"
+
+
+def test_fuzz_panda_and_report(tmp_path, monkeypatch):
+    rnd = random.Random(20261122)
+    t0 = time.monotonic()
+    runs = 0
+    for case in range(24):
+        garbage = case % 3 == 2
+        depth = rnd.choice((1, 2, 8))
+        lines, blocks, total, frees = legal_lines(rnd, rnd.randint(0, 40), depth)
+        head = HEADER % (0, depth, rnd.choice((0, 1700000000, 99999999999)))
+        body = garbage_lines(rnd, lines) if garbage else lines
+        # -- mmleak-panda.py: survivor lines on stdin (the frees count as foreign frees)
+        if case % 2 == 0:
+            out_html = str(tmp_path / ("p%d.html" % case))
+            extra = rnd.choice(([], ["--end-time", "0"], ["--since", "1e18"],
+                                ["--older-than", "5"], ["--depth", "1"], ["--top", "1"]))
+            rc, out, err = call(panda.main, ["-o", out_html] + extra,
+                                b"".join([head] + body))
+            check_stderr(err, "mmleak-panda.py")
+            runs += 1
+            if not garbage:
+                assert (rc, err) == (0, ""), case
+                if not extra or extra[0] in ("--end-time", "--depth", "--top"):
+                    assert headline(open(out_html, encoding="utf-8").read()) == \
+                        (total, blocks), case
+            else:
+                assert rc in (0, 2), (case, rc, err)
+                assert os.path.exists(out_html) == (rc == 0)
+        # -- mmleak.py report on a dump directory (two files of one process), with the
+        # compiled shrinker and the Python one in turn
+        monkeypatch.setenv("MMLEAK_SHRINK", ("python", "auto")[case % 2])
+        d = tmp_path / ("d%d" % case)
+        d.mkdir()
+        half = len(body) // 2
+        (d / "mmleak.42.0.out").write_bytes(b"".join([head] + body[:half]))
+        (d / "mmleak.42.1.out").write_bytes(b"".join([HEADER % (1, depth, 0)] + body[half:]))
+        modes = [["--no-html"], ["--no-html", "--csv", str(d / "s.csv")]]
+        if case % 4 == 1:
+            modes.append(["-o", str(d / "r.html")])
+        for mode in modes:
+            rc, out, err = call(mmleak.main, ["report", str(d)] + mode)
+            check_stderr(err, "mmleak.py")
+            runs += 1
+            if not garbage:
+                assert (rc, err) == (0, ""), (case, mode, err)
+                assert out.splitlines()[1].startswith(
+                    "  %d events read from 2 files; %s in %d blocks not freed; %d frees"
+                    % (blocks + frees, mmleak.human_bytes(total), blocks, frees)), case
+                if "-o" in mode:
+                    assert headline(open(str(d / "r.html"), encoding="utf-8").read()) == \
+                        (total, blocks), case
+                if "--csv" in mode:
+                    with open(str(d / "s.csv")) as f:
+                        rows = list(csv.reader(f))[1:]
+                    assert sum(int(r[0]) for r in rows) == total, case
+                    assert sum(int(r[1]) for r in rows) == blocks, case
+            else:
+                assert rc in (0, 2, 3), (case, mode, rc, err)
+    print("fuzz: %d runs in %.1f s" % (runs, time.monotonic() - t0))
+
+
+def test_recover_missing_path_and_absurd_pid(tmp_path):
+    # a path that does not exist is an input that could not be used (2), not "nothing"
+    rc, out, err = run_mmleak("recover", str(tmp_path / "nope"))
+    assert (rc, out, err) == (2, "nothing to recover\n",
+                              "mmleak.py: %s: No such file or directory\n" % (tmp_path / "nope"))
+    # a pid no system can have (from a file name): not running, folded
+    big = "99999999999999999999"
+    head = b"#mmleak 1 id=%s\n" % big.encode()
+    (tmp_path / ("mmleak.%s.0.out" % big)).write_bytes(head)
+    half = b"#at %016x\n1000 0 10 0 400000\n" % len(head)
+    half += b"\0" * (128 - len(half))
+    (tmp_path / ("mmleak.%s.0.tail" % big)).write_bytes(half + b"\0" * 128)
+    rc, out, err = run_mmleak("recover", str(tmp_path))
+    assert (rc, err) == (0, "")
+    assert not (tmp_path / ("mmleak.%s.0.tail" % big)).exists()
+    assert (tmp_path / ("mmleak.%s.0.out" % big)).read_bytes().endswith(
+        b"1000 0 10 0 400000\n")

@@ -456,13 +456,9 @@ def frame_cells(fr, addr):
     return fn, loc, mod, texts + (("%s+0x%x" % (fr.module, fr.offset)) if fr.module else "",)
 
 
-RUNTIME_RE = re.compile(r"^(libc|libstdc\+\+|ld-linux[-\w]*|libm|libgcc_s|libpthread|libdl|"
-                        r"librt|libresolv|libnss_\w+)[.-]")
-
-
 def is_runtime(fr):
     """A call site inside the C/C++ runtime (usually one-time buffers, not the program's)."""
-    return bool(fr is not None and fr.module and RUNTIME_RE.match(fr.module))
+    return mmleak.is_runtime(fr)
 
 
 def site_label(fr, addr):

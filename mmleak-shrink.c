@@ -398,6 +398,10 @@ static inline int parse_line(const char *p, uint64_t *ptr, uint64_t *seq, uint64
     q = hexf(q + 1, tm);
     if (!q || *q != ' ')
         return -1;
+    if (q[1] == '@') {      /* format 2: a reference to a "#s" stack line */
+        q = hexf(q + 2, &c);
+        return q && *q == '\n' ? K_ALLOC : -1;
+    }
     for (;;) {
         q = hexf(q + 1, &c);
         if (!q)

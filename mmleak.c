@@ -43,6 +43,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "mmleak.h"
+
 extern int renameat(int, const char *, int, const char *); /* <stdio.h> is not wanted here */
 
 _Static_assert(sizeof(void *) == 8 && sizeof(size_t) == 8, "mmleak supports LP64 only");
@@ -53,7 +55,7 @@ _Static_assert(sizeof(void *) == 8 && sizeof(size_t) == 8, "mmleak supports LP64
 #define EXPORT __attribute__((visibility("default")))
 #define HOT_INLINE static inline __attribute__((always_inline))
 
-#define FORMAT_VERSION 1
+#define FORMAT_VERSION 2
 #define MAXDEPTH 64
 /* Room the fast path needs at the cursor: the longest depth-1 line is 12+1+8+1+8+1+8+1+12+1
  * = 53 bytes (the 8-byte stores of the variable-width fields stay inside it), and lines that
@@ -69,7 +71,7 @@ _Static_assert(sizeof(void *) == 8 && sizeof(size_t) == 8, "mmleak supports LP64
  * them); defaults are documented in README.rst. */
 static struct {
     char dir[PATH_MAX - 64]; /* MMLEAK_DIR, made absolute at start (default /tmp) */
-    int depth;               /* MMLEAK_DEPTH: return addresses per allocation (default 1) */
+    int depth;               /* MMLEAK_DEPTH: frames per allocation; 0: auto (the default) */
     size_t rotate;           /* MMLEAK_ROTATE_MB: start a new file past this size (256) */
     size_t buffer;           /* MMLEAK_BUFFER_KB: staging area of a busy thread (1024) */
     int quiet;               /* MMLEAK_QUIET=1: no message on stderr, even on failure */
@@ -127,8 +129,9 @@ static _Atomic uint64_t g_seq[1u << SEQ_BITS] __attribute__((aligned(64)));
  * shares all memory: its events are the parent's address space's and go on into the parent
  * thread's file, exactly as if the parent had made them. */
 struct hot {
-    int fast;   /* the one-frame fast writer may be used (MMLEAK_DEPTH=1, tracing) */
-    int alive;  /* tracing in this address space; 0 in a freshly forked copy */
+    int fast;        /* the one-frame fast writer may be used (tracing, depth 1 or auto) */
+    int alive;       /* tracing in this address space; 0 in a freshly forked copy */
+    uintptr_t mask;  /* auto: ~0, the caller must be a known program address (mml_direct) */
 };
 static struct hot hot_off;          /* before the start, and where WIPEONFORK is missing */
 static struct hot *H = &hot_off;
@@ -155,6 +158,8 @@ struct tstate {
      * flush failed keeps any while the other one is written (see make_room). */
     size_t ustart[2], ulen[2];
     int slot;             /* 1 + our index in the registry of files, 0 if none */
+    uint64_t *ss;         /* ids of the stacks the current file holds (open addressing) */
+    size_t ss_cap, ss_n;
     uint64_t lost;        /* events not recorded while dropping, not yet reported */
     unsigned episode;     /* k= of the "#dropping"/"#lost" lines of the current gap */
     time_t retry_at;      /* while dropping: next time a write is tried */
@@ -270,7 +275,9 @@ COLD static void slow_free(void *p, uint64_t s, const void *ra);
 HOT_INLINE void rec_alloc(void *p, size_t n, const void *ra)
 {
     struct tstate *t = &T;
-    if (unlikely((t->end - t->cur < FAST_ROOM) | t->guard | (H->fast == 0))) {
+    uintptr_t known = atomic_load_explicit(&mml_direct[MML_DIRECT_SLOT(ra)], memory_order_relaxed);
+    if (unlikely((t->end - t->cur < FAST_ROOM) | t->guard | (H->fast == 0) |
+                 (((known ^ (uintptr_t)ra) & H->mask) != 0))) {
         slow_alloc(p, n, ra);
         return;
     }
@@ -451,7 +458,8 @@ static long env_num(const char *name, long def, long lo, long hi)
 static int read_config(void)
 {
     cfg.quiet = (int)env_num("MMLEAK_QUIET", 0, 0, 1);
-    cfg.depth = (int)env_num("MMLEAK_DEPTH", 1, 1, MAXDEPTH);
+    const char *dp = secure_getenv("MMLEAK_DEPTH");
+    cfg.depth = !dp || !*dp || !strcmp(dp, "auto") ? 0 : (int)env_num("MMLEAK_DEPTH", 0, 1, MAXDEPTH);
     cfg.rotate = (size_t)env_num("MMLEAK_ROTATE_MB", 256, 1, 1 << 20) << 20;
     cfg.buffer = (size_t)env_num("MMLEAK_BUFFER_KB", 1024, 16, 1 << 20) << 10;
     const char *dir = secure_getenv("MMLEAK_DIR");
@@ -962,7 +970,8 @@ static void arm_hot(void)
         else if (p != MAP_FAILED)
             munmap(p, 4096);    /* kernel before 4.14: raw clone() children are not detected */
     }
-    H->fast = cfg.depth == 1;
+    H->fast = cfg.depth <= 1;
+    H->mask = cfg.depth == 0 ? ~(uintptr_t)0 : 0;
     atomic_signal_fence(memory_order_seq_cst);
     H->alive = 1;
 }
@@ -1034,7 +1043,7 @@ COLD static void global_init(void)
             if (!pthread_key_create(&g_key, thread_exit))
                 g_key_ok = 1;
             pthread_atfork(fork_prepare, fork_parent, fork_child);
-            if (cfg.depth > 1) { /* the first backtrace() loads libgcc_s: do it now */
+            if (cfg.depth != 1) { /* the first backtrace() loads libgcc_s: do it now */
                 void *b[4];
                 backtrace(b, 4);
             }
@@ -1084,6 +1093,9 @@ static char *dump_name(char *buf, size_t len, unsigned n)
     return side_name(buf, len, n, ".out");
 }
 
+static void sset_clear(struct tstate *t);
+static void sset_free(struct tstate *t);
+
 /* ---- the registry of files, in mmleak's own memory ----
  * Never in a thread's TLS: glibc gives a dead thread's TLS to the next thread, zeroed.  fork
  * unmaps the staging areas of the threads that do not exist in the child; a daemon dropping
@@ -1091,7 +1103,10 @@ static char *dump_name(char *buf, size_t len, unsigned n)
  * thread (a program that starts thousands of short threads writes about as many files as it
  * ever had threads at once).  Under g_lock. */
 enum { SLOT_FREE, SLOT_OPEN, SLOT_PARKED };
-struct slot { int state; unsigned fileno; char *stage; size_t half_size; uint64_t out_off; };
+struct slot {
+    int state; unsigned fileno; char *stage; size_t half_size; uint64_t out_off;
+    uint64_t *ss; size_t ss_cap, ss_n;     /* the stacks the file holds (parked files) */
+};
 static struct { struct slot *a; size_t n, cap; } R;
 
 static int slot_new_locked(unsigned fileno)
@@ -1106,7 +1121,7 @@ static int slot_new_locked(unsigned fileno)
         R.a = a;
         R.n++;
     }
-    R.a[i] = (struct slot){ SLOT_OPEN, fileno, NULL, 0, 0 };
+    R.a[i] = (struct slot){ SLOT_OPEN, fileno, NULL, 0, 0, NULL, 0, 0 };
     return (int)i + 1;
 }
 
@@ -1309,6 +1324,7 @@ static void file_close(struct tstate *t, int trailer)
     }
     stage_drop(t);
     slot_free(t);
+    sset_clear(t);
     t->open = 0;
     t->dropping = 0;
 }
@@ -1327,7 +1343,7 @@ static size_t header_text(char *h, size_t cap, unsigned fileno, int late)
     d = cat(d, e, " file=");
     d = cat_u(d, e, fileno);
     d = cat(d, e, " depth=");
-    d = cat_u(d, e, (unsigned long)cfg.depth);
+    d = cfg.depth ? cat_u(d, e, (unsigned long)cfg.depth) : cat(d, e, "auto");
     d = cat(d, e, " start=");
     d = cat_u(d, e, (unsigned long)g_t0);
     d = cat(d, e, late ? " late=1" : "");
@@ -1431,7 +1447,7 @@ static int take_parked(struct tstate *t)
     size_t i = R.n;
     while (i > 0 && R.a[i - 1].state != SLOT_PARKED)
         i--;
-    struct slot s = i ? R.a[i - 1] : (struct slot){ 0, 0, NULL, 0, 0 };
+    struct slot s = i ? R.a[i - 1] : (struct slot){ 0, 0, NULL, 0, 0, NULL, 0, 0 };
     if (i)
         R.a[i - 1].state = SLOT_OPEN;
     pthread_mutex_unlock(&g_lock);
@@ -1443,6 +1459,10 @@ static int take_parked(struct tstate *t)
     t->half_size = s.half_size;
     t->out_off = s.out_off;
     t->ulen[0] = t->ulen[1] = 0;
+    sset_free(t);
+    t->ss = s.ss;
+    t->ss_cap = s.ss_cap;
+    t->ss_n = s.ss_n;
     half_start(t, 0);
     t->open = 1;
     return 0;
@@ -1473,8 +1493,11 @@ static void park(struct tstate *t)
     }
     pthread_mutex_lock(&g_lock);
     struct slot *s = &R.a[t->slot - 1];
-    *s = (struct slot){ SLOT_PARKED, t->fileno, t->stage, t->half_size, t->out_off };
+    *s = (struct slot){ SLOT_PARKED, t->fileno, t->stage, t->half_size, t->out_off,
+                        t->ss, t->ss_cap, t->ss_n };
     pthread_mutex_unlock(&g_lock);
+    t->ss = NULL;
+    t->ss_cap = t->ss_n = 0;
     t->slot = 0;
     t->stage = NULL;
     t->cur = t->end = NULL;
@@ -1488,6 +1511,7 @@ static void close_parked(void)
     memset(&tmp, 0, sizeof tmp);
     while (take_parked(&tmp) == 0)
         file_close(&tmp, 1);
+    sset_free(&tmp);
 }
 
 static void key_for_exit(struct tstate *t)
@@ -1740,36 +1764,37 @@ static void late_shared(const char *line, size_t n)
 
 /* The general writer: any width, any depth.  Builds the line on the stack, then reserves
  * its bytes and copies them, newline last. */
-static void emit(const char *line, size_t n)
+static int emit(const char *line, size_t n)
 {
     struct tstate *t = &T;
     if (t->dead) {
         late_shared(line, n);
-        return;
+        return 0;
     }
     if (t->dropping) {
         drop_event(t);
-        return;
+        return 0;
     }
     if (t->end - t->cur < (ptrdiff_t)(n + 16)) {
         if (late_direct(t)) {
             append_direct(t, line, n);
-            return;
+            return 0;
         }
         if (unfinished_line(t)) {
             /* a signal handler, while the line it interrupted is unfinished: no flush */
             if (!t->stage || t->end + SLACK - t->cur < (ptrdiff_t)(n + 16))
-                return; /* deeper than the slack: lost (and the interrupted line kept) */
+                return 0; /* deeper than the slack: lost (and the interrupted line kept) */
         } else if (make_room(t, n + 16)) {
             if (t->dropping)
                 t->lost++;
-            return;
+            return 0;
         }
     }
     char *d = reserve(t, n);
     memcpy(d, line, n - 1);
     atomic_signal_fence(memory_order_release);
     d[n - 1] = '\n';
+    return 1;
 }
 
 /* Shared entry of the slow paths: 0 to go on and record. */
@@ -1787,6 +1812,115 @@ static int slow_enter(struct tstate *t)
 
 static const void *new_caller(const struct tstate *t, const void *ra);
 
+/* ---- stacks ----
+ * An allocation whose stack has more than one frame is written as "PTR SEQ SIZE TIME @ID",
+ * and its stack once per file as "#s ID FRAME...": ID is a 64-bit hash of the frames, the
+ * same in every file and process, so readers can merge any files.  Each thread keeps the set
+ * of ids its current file already holds (it moves with the file when a new thread continues
+ * a parked one, and is emptied when the file ends). */
+
+static uint64_t stack_id(const uintptr_t *f, int n)
+{
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
+    for (int i = 0; i < n; i++) {
+        h = (h ^ f[i]) * 0xff51afd7ed558ccdull;
+        h ^= h >> 29;
+    }
+    return h ? h : 1;
+}
+
+static int sset_has(const struct tstate *t, uint64_t id)
+{
+    if (!t->ss_cap)
+        return 0;
+    for (size_t i = id & (t->ss_cap - 1);; i = (i + 1) & (t->ss_cap - 1)) {
+        if (t->ss[i] == id)
+            return 1;
+        if (!t->ss[i])
+            return 0;
+    }
+}
+
+static void sset_add(struct tstate *t, uint64_t id)
+{
+    if (2 * (t->ss_n + 1) > t->ss_cap) {
+        size_t ncap = t->ss_cap ? 2 * t->ss_cap : 1024;
+        uint64_t *a = mmap(NULL, ncap * sizeof *a, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (a == MAP_FAILED)
+            return;     /* the stack is written again next time: more bytes, still exact */
+        for (size_t i = 0; i < t->ss_cap; i++)
+            if (t->ss[i])
+                for (size_t j = t->ss[i] & (ncap - 1);; j = (j + 1) & (ncap - 1))
+                    if (!a[j]) {
+                        a[j] = t->ss[i];
+                        break;
+                    }
+        if (t->ss)
+            munmap(t->ss, t->ss_cap * sizeof *t->ss);
+        t->ss = a;
+        t->ss_cap = ncap;
+    }
+    for (size_t i = id & (t->ss_cap - 1);; i = (i + 1) & (t->ss_cap - 1))
+        if (!t->ss[i]) {
+            t->ss[i] = id;
+            t->ss_n++;
+            return;
+        }
+}
+
+static void sset_free(struct tstate *t)
+{
+    if (t->ss)
+        munmap(t->ss, t->ss_cap * sizeof *t->ss);
+    t->ss = NULL;
+    t->ss_cap = t->ss_n = 0;
+}
+
+/* The file ended: none of its stacks is in the next one. */
+static void sset_clear(struct tstate *t)
+{
+    if (t->ss_n)
+        memset(t->ss, 0, t->ss_cap * sizeof *t->ss);
+    t->ss_n = 0;
+}
+
+/* The frames of an allocation: f[0] the caller's return address, then its callers'.
+ * MMLEAK_DEPTH=N: N frames.  Auto: through the runtime and the wrappers to the program's
+ * first frame, and AUTO_CONTEXT more of its callers. */
+#define AUTO_CONTEXT 4
+
+static int capture(const void *ra, uintptr_t *f)
+{
+    f[0] = (uintptr_t)ra;
+    int want = cfg.depth;
+    if (want == 1)
+        return 1;
+    if (want == 0 && mml_site_classify((uintptr_t)ra) == MML_SITE_PROGRAM)
+        return 1;
+    void *bt[MAXDEPTH + 8];
+    int max = want ? want : MAXDEPTH;
+    int k = backtrace(bt, max + 6 < MAXDEPTH + 8 ? max + 6 : MAXDEPTH + 8), i = 0;
+    while (i < k && bt[i] != ra)
+        i++;
+    if (i == k)
+        return 1;
+    int n = 1, program_at = -1;
+    for (int j = i + 1; j < k && n < max; j++) {
+        f[n] = (uintptr_t)bt[j];
+        if (want == 0 && program_at < 0) {
+            uintptr_t known = atomic_load_explicit(&mml_direct[MML_DIRECT_SLOT(f[n])],
+                                                   memory_order_relaxed);
+            if (known == f[n] || mml_site_classify(f[n]) == MML_SITE_PROGRAM)
+                program_at = n;
+        }
+        n++;
+        if (want == 0 && program_at >= 0 && n > program_at + AUTO_CONTEXT)
+            break;
+    }
+    return n;
+}
+
 COLD static void slow_alloc(void *p, size_t n, const void *ra)
 {
     struct tstate *t = &T;
@@ -1803,7 +1937,21 @@ COLD static void slow_alloc(void *p, size_t n, const void *ra)
         ra = new_caller(t, ra);
     uint64_t s = seq_next(p);
     time_t now = time(NULL) - g_t0;
-    char line[SLOW_LINE], *d = line;
+    uintptr_t f[MAXDEPTH];
+    int nf = capture(ra, f);
+    /* "#s ID FRAME..." when this file does not hold the stack yet, then the event line */
+    char line[40 + 17 * MAXDEPTH + 96], *d = line;
+    uint64_t id = nf > 1 ? stack_id(f, nf) : 0;
+    int def = nf > 1 && (!t->open || !sset_has(t, id));
+    if (def) {
+        memcpy(d, "#s ", 3);
+        d = hexw(d + 3, id, 1);
+        for (int i = 0; i < nf; i++) {
+            *d++ = ' ';
+            d = hexw(d, f[i] - 1, 1);   /* inside the call instruction: the calling line */
+        }
+        *d++ = '\n';
+    }
     d = hexw(d, (uintptr_t)p, 12);
     *d++ = ' ';
     d = hexw(d, s, 1);
@@ -1812,26 +1960,17 @@ COLD static void slow_alloc(void *p, size_t n, const void *ra)
     *d++ = ' ';
     d = hexw(d, now < 0 ? 0 : (uint64_t)now, 1);
     *d++ = ' ';
-    d = hexw(d, (uintptr_t)ra - 1, 12);
-    if (cfg.depth > 1) {
-        /* Our own frames above the caller are slow_alloc and the entry point: ask for just
-         * two more than wanted (every frame unwound costs), more only if ra is not there. */
-        void *bt[MAXDEPTH + 8];
-        int k = backtrace(bt, cfg.depth + 2), i = 0;
-        while (i < k && bt[i] != ra)
-            i++;
-        if (i == k) {
-            k = backtrace(bt, cfg.depth + 8);
-            for (i = 0; i < k && bt[i] != ra; i++)
-                ;
-        }
-        for (int j = i + 1; j < k && j <= i + cfg.depth - 1; j++) {
-            *d++ = ' ';
-            d = hexw(d, (uintptr_t)bt[j] - 1, 12);
-        }
+    if (nf > 1) {
+        *d++ = '@';
+        d = hexw(d, id, 1);
+    } else {
+        d = hexw(d, (uintptr_t)ra - 1, 12);
     }
     *d++ = '\n';
-    emit(line, (size_t)(d - line));
+    unsigned fileno = t->fileno;
+    int was_open = t->open;
+    if (emit(line, (size_t)(d - line)) && def && was_open && t->open && t->fileno == fileno)
+        sset_add(t, id);
 }
 
 COLD static void slow_free(void *p, uint64_t s, const void *ra)
@@ -1897,6 +2036,7 @@ static void fork_child(void)
     if (H->alive && g_pid == getpid())
         return;     /* done already: the raw-fork check ran before the atfork handler */
     pthread_mutex_init(&g_lock, NULL);
+    mml_sites_after_fork();
     int saved = errno;
     T.guard++;
     for (size_t i = 0; i < R.n; i++)
@@ -1904,6 +2044,7 @@ static void fork_child(void)
             munmap(R.a[i].stage, 2 * R.a[i].half_size); /* those threads are not in the child */
     R.n = 0;
     T.slot = 0;
+    sset_clear(&T);
     stage_drop(&T);
     T.open = 0;
     T.late = 0;
@@ -2215,7 +2356,10 @@ EXPORT int dlclose(void *h)
         GUARDED;
         maps_snapshot(1);
     }
-    return real.dlclose(h);
+    int rc = real.dlclose(h);
+    if (g_state > 0)
+        mml_sites_forget();   /* other code may come at the same addresses */
+    return rc;
 }
 
 /* ---- _exit and exec: no destructor runs, so flush the calling thread's file first ----

@@ -24,7 +24,9 @@ import tempfile
 import time
 
 VERSION = "1.0"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2                  # written by mmleak.so; 1 and 2 are read
+READ_VERSIONS = ("1", "2")
+MAX_DEPTH = 64                      # frames mmleak.so records at most
 LIBNAME = "mmleak.so"
 PROG = "mmleak.py"
 
@@ -192,22 +194,34 @@ def with_unflushed_tails(paths):
 
 KIND_FREE, KIND_ALLOC, KIND_END, KIND_START = 0, 1, 2, 3   # odd kinds are allocation-like
 EVENT_RE = re.compile(rb"([0-9a-f]{1,16}) ([0-9a-f]{1,16}) (?:([0-9a-f]{1,16}) ([0-9a-f]{1,16}) "
-                      rb"([0-9a-f]{1,16}(?: [0-9a-f]{1,16})*)|([0-9a-f]{1,16}|[+-]))\n")
+                      rb"([0-9a-f]{1,16}(?: [0-9a-f]{1,16})*|@[0-9a-f]{1,16})|"
+                      rb"([0-9a-f]{1,16}|[+-]))\n")
+STACK_RE = re.compile(rb"#s ([0-9a-f]{1,16})((?: [0-9a-f]{1,16})+)\n")
+# The callers of an allocation whose stack definition ("#s") is missing from the trace (the
+# process ended between the two, or the file holding it was lost).
+NO_STACK = (0,)
 
 Alloc = collections.namedtuple("Alloc", "ptr seq size time callers")
 Free = collections.namedtuple("Free", "ptr seq caller")
 
 
-def parse_event(line):
+def parse_event(line, stacks=None):
     """Parse one event line (bytes, with its newline) into Alloc or Free; None if invalid.
 
+    An allocation's callers are its fields, or, for "@ID", the frames of the stack ID in
+    STACKS (id -> tuple of addresses, from the "#s" lines; NO_STACK if it is not there).
     Brackets (``PTR SEQ +``/``-``) parse as None: they are bookkeeping, not events."""
     m = EVENT_RE.fullmatch(line)
     if not m:
         return None
     if m.group(3) is not None:
+        c = m.group(5)
+        if c[0] == 64:                                   # b"@"
+            callers = (stacks or {}).get(int(c[1:], 16), NO_STACK)
+        else:
+            callers = tuple(int(x, 16) for x in c.split())
         return Alloc(int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16),
-                     int(m.group(4), 16), tuple(int(c, 16) for c in m.group(5).split()))
+                     int(m.group(4), 16), callers)
     c = m.group(6)
     if c in (b"+", b"-"):
         return None
@@ -230,6 +244,8 @@ def bad_header_fields(h):
     bad = []
     for k in HEADER_NUMBERS:
         v = h.get(k)
+        if k == "depth" and v == "auto":
+            continue
         if v is not None and not (v.isascii() and v.isdigit() and (k != "depth" or int(v) >= 1)):
             bad.append((k, v))
     return bad
@@ -239,6 +255,14 @@ def header_int(h, key, default=0):
     """A numeric header field as an int (DEFAULT if absent or not a number)."""
     v = h.get(key)
     return int(v) if v and v.isascii() and v.isdigit() else default
+
+
+def parse_stack(line):
+    """'#s ID FRAME...' -> (id, frames) or None."""
+    m = STACK_RE.fullmatch(line)
+    if not m:
+        return None
+    return int(m.group(1), 16), tuple(int(x, 16) for x in m.group(2).split())
 
 
 def parse_header(line):
@@ -311,6 +335,8 @@ class Shrinker:
         self._seen_header = set()
         self.cmd = None
         self.alloc = None          # the allocator's file, from "#alloc"
+        self.stacks = {}           # stack id -> frames, from "#s" lines
+        self.stack_lines = {}      # stack id -> its "#s" line
         self.lost = {}             # gap k -> events not recorded ("#lost N k=K")
         self.dropping = set()      # gaps that began ("#dropping k=K")
         self.max_time = 0
@@ -395,14 +421,23 @@ class Shrinker:
             if not line.endswith(b"\n"):
                 self.problems.add(name, lineno, "torn", "torn last line ignored")
                 return
+            if line.startswith(b"#s "):
+                st = parse_stack(line)
+                if st is None:
+                    self.problems.add(name, lineno, "malformed",
+                                      "malformed stack line skipped: %r" % line[:80])
+                elif st[0] not in self.stacks:
+                    self.stacks[st[0]] = st[1]
+                    self.stack_lines[st[0]] = line
+                return
             if line not in self._seen_header:
                 self._seen_header.add(line)
                 self.header_lines.append(line)
                 h = parse_header(line)
                 if h is not None:
-                    if h["version"] != str(FORMAT_VERSION):
-                        raise Fail("%s:%d: dump format version %s, this mmleak.py reads %d"
-                                   % (name, lineno, h["version"], FORMAT_VERSION))
+                    if h["version"] not in READ_VERSIONS:
+                        raise Fail("%s:%d: dump format version %s, this mmleak.py reads %s"
+                                   % (name, lineno, h["version"], " and ".join(READ_VERSIONS)))
                     for k, v in bad_header_fields(h):
                         self.problems.add(name, lineno, "malformed",
                                           "malformed header field %s=%s (a decimal number "
@@ -499,9 +534,17 @@ class Shrinker:
                 yield key, s1, KIND_END, b"%s %x -\n" % (l1.split(b" ", 1)[0], s1)
 
     def write(self, out, final):
+        """The result in the dump format: the header lines, the stacks its allocations use,
+        then the events, by address."""
         for h in self.header_lines:
             out.write(h)
-        for _, _, _, line in self.entries(final):
+        entries = list(self.entries(final))
+        used = sorted({int(line.split(b"@", 1)[1], 16) for _, _, kind, line in entries
+                       if kind == KIND_ALLOC and b"@" in line})
+        for i in used:
+            if i in self.stack_lines:
+                out.write(self.stack_lines[i])
+        for _, _, _, line in entries:
             out.write(line)
 
     def survivors(self):
@@ -509,7 +552,7 @@ class Shrinker:
         res = []
         for _, _, kind, line in self.entries(True):
             if kind == KIND_ALLOC:
-                res.append(parse_event(line))
+                res.append(parse_event(line, self.stacks))
         return res
 
     def foreign_frees(self):
@@ -999,12 +1042,33 @@ class Wrappers:
         return frame.function in self.names or base_name(frame.function) in self.names
 
 
+# Objects of the C/C++ runtime: code in them allocates on the program's behalf (stdio
+# buffers, std::string, getline, the loader's TLS blocks).  mmleak-sites.c has the same list.
+RUNTIME_RE = re.compile(r"^(libc|libstdc\+\+|ld-linux[-\w]*|ld64|libm|libgcc_s|libpthread|libdl|"
+                        r"librt|libresolv|libnss_\w+|libjemalloc|libtcmalloc\w*|libmimalloc)[.-]")
+
+
+# Code compiled into the program from the system's headers (std::string's and the containers'
+# templates): the runtime's too, for the purpose of naming a call site.
+RUNTIME_SOURCES = ("/usr/include/", "/usr/lib/gcc/", "/usr/local/include/")
+
+
+def is_runtime(fr):
+    """A frame inside the C/C++ runtime: in one of its objects, or in code instantiated from
+    the system's headers."""
+    if fr is None:
+        return False
+    return bool((fr.module and RUNTIME_RE.match(fr.module)) or
+                (fr.file and fr.file.startswith(RUNTIME_SOURCES)))
+
+
 def site_resolver(frames, wrappers=None):
     """A function stack -> (site address, index in the stack) that names a leak's call site.
 
-    The site is the first frame outside the allocation WRAPPERS (with one frame, the frame
-    itself), and callers that resolve to the same source line (one line can compile to
-    several calls: an unrolled loop, a macro) are the same site: the lowest such address."""
+    The site is the first frame outside the C/C++ runtime and outside the allocation
+    WRAPPERS (with one frame, or none outside, the first frame), and callers that resolve to
+    the same source line (one line can compile to several calls: an unrolled loop, a macro)
+    are the same site: the lowest such address."""
     frames = frames or {}
     canon = {}
     for addr, fr in sorted(frames.items()):
@@ -1013,11 +1077,11 @@ def site_resolver(frames, wrappers=None):
 
     def resolve(stack):
         i = 0
-        if wrappers is not None:
-            for j, c in enumerate(stack):
-                if frames.get(c) not in wrappers:
-                    i = j
-                    break
+        for j, c in enumerate(stack):
+            fr = frames.get(c)
+            if not is_runtime(fr) and (wrappers is None or fr not in wrappers):
+                i = j
+                break
         fr = frames.get(stack[i])
         if fr is None or not (fr.file and fr.line):
             return stack[i], i
@@ -1275,7 +1339,8 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
         filters.append("not alive in the snapshot %s" % baseline)
     hdr = sh.headers[0] if sh.headers else {}
     start = header_int(hdr, "start")
-    trace_depth = max([header_int(h, "depth", 1) for h in sh.headers] or [1])
+    trace_depth = max([MAX_DEPTH if h.get("depth") == "auto" else header_int(h, "depth", 1)
+                       for h in sh.headers] or [1])
     maps = os.path.join(directory, "mmleak.%s.maps" % tid)
     frames = {}
     sym_error = None

@@ -1,0 +1,272 @@
+/*
+ * mmleak-sites.c: is a return address the program's own code, or code that allocates on the
+ * program's behalf?
+ *
+ * The call site a user wants is the first frame that is neither inside the C/C++ runtime
+ * (libc, libstdc++, libgcc_s, the dynamic loader, the allocator itself) nor inside a known
+ * allocation wrapper (xmalloc, g_malloc, PyMem_Malloc, sqlite3Malloc...).  mmleak.so asks
+ * that question for the caller of every allocation in its default mode: when the answer is
+ * "the program", one frame says it all and the fast writer is used; otherwise the stack is
+ * unwound until the program's frame.
+ *
+ * The answers are cached per return address in a direct-mapped table (one load and compare
+ * on the fast path, see mml_site_direct in mmleak.h).  A miss comes here: the object holding
+ * the address is found with glibc's lock-free _dl_find_object, classified once (runtime by
+ * file name; wrapper functions by name, from the symbol tables of its file on disk: .symtab
+ * when the file has one, else .dynsym), and the result kept per object.  dlclose forgets
+ * everything (mml_sites_forget): another object may come at the same addresses.
+ *
+ * Everything here runs in mmleak's slow path, with its re-entrancy guard held: the symbol
+ * scan may open and map files; it allocates with mmap only.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <elf.h>
+#include <fcntl.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "mmleak.h"
+
+_Atomic uintptr_t mml_direct[MML_DIRECT_SIZE];
+
+/* Runtime objects, by the start of their file name: the code in them allocates on the
+ * program's behalf (stdio buffers, std::string, getline, the loader's TLS blocks). */
+static const char *const RUNTIME[] = {
+    "libc.so", "libstdc++.so", "libgcc_s.so", "ld-linux", "ld64.so", "libm.so",
+    "libpthread.so", "libdl.so", "libjemalloc.so", "libtcmalloc", "libmimalloc.so",
+};
+
+/* Allocation wrappers, by symbol name (C names; mmleak.py knows the C++ ones too). */
+static const char *const WRAPPERS[] = {
+    "xmalloc", "xcalloc", "xrealloc", "xstrdup", "xstrndup", "xmemdup", "xzalloc",
+    "xnmalloc", "xcharalloc", "xasprintf", "xvasprintf", "xreallocarray",
+    "g_malloc", "g_malloc0", "g_malloc_n", "g_malloc0_n", "g_realloc", "g_realloc_n",
+    "g_try_malloc", "g_try_malloc0", "g_strdup", "g_strndup", "g_memdup", "g_memdup2",
+    "g_slice_alloc", "g_slice_alloc0", "g_strdup_printf", "g_strdup_vprintf", "g_strconcat",
+    "Perl_safesysmalloc", "Perl_safesyscalloc", "Perl_safesysrealloc",
+    "PyMem_RawMalloc", "PyMem_RawCalloc", "PyMem_RawRealloc", "_PyMem_RawMalloc",
+    "_PyMem_RawCalloc", "_PyMem_RawRealloc", "PyMem_Malloc", "PyMem_Calloc", "PyMem_Realloc",
+    "PyObject_Malloc", "PyObject_Calloc", "PyObject_Realloc", "_PyObject_Malloc",
+    "_PyObject_Calloc", "_PyObject_Realloc",
+    "sqlite3Malloc", "sqlite3MallocZero", "sqlite3_malloc", "sqlite3_malloc64",
+    "sqlite3Realloc", "sqlite3_realloc", "sqlite3_realloc64", "sqlite3DbMallocRaw",
+    "sqlite3DbMallocZero", "sqlite3DbMallocRawNN", "sqlite3MemMalloc", "sqlite3MemRealloc",
+    "OPENSSL_malloc", "OPENSSL_zalloc", "CRYPTO_malloc", "CRYPTO_zalloc", "CRYPTO_realloc",
+    "xmlMalloc", "xmlMallocAtomic", "xmlRealloc", "xmlStrdup", "xmlStrndup",
+};
+#define NWRAP (sizeof WRAPPERS / sizeof WRAPPERS[0])
+
+struct range { uintptr_t lo, hi; };
+
+/* One object seen: its address range, whether it is the runtime, its wrapper functions. */
+struct object {
+    uintptr_t start, end;
+    int runtime;
+    struct range *wrap;  /* sorted */
+    size_t nwrap, wcap;
+};
+
+static struct {
+    pthread_mutex_t lock;
+    struct object *a;
+    size_t n, cap;
+    _Atomic unsigned gen;       /* bumped by mml_sites_forget */
+} S = { PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 0 };
+
+static void *mml_map(size_t n)
+{
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static int starts_with(const char *s, const char *p)
+{
+    while (*p)
+        if (*s++ != *p++)
+            return 0;
+    return 1;
+}
+
+static int is_wrapper_name(const char *s, const char *end)
+{
+    size_t n = 0;
+    while (s + n < end && s[n])
+        n++;
+    if (s + n >= end)
+        return 0;
+    /* a C++ function at namespace scope: _Z [L] LENGTH NAME PARAMETERS ("_ZL7xmallocm") */
+    if (s[0] == '_' && s[1] == 'Z') {
+        const char *p = s + 2 + (s[2] == 'L');
+        size_t len = 0;
+        while (*p >= '0' && *p <= '9' && len < 4096)
+            len = len * 10 + (size_t)(*p++ - '0');
+        if (!len || len > (size_t)(s + n - p))
+            return 0;
+        for (size_t i = 0; i < NWRAP; i++)
+            if (strlen(WRAPPERS[i]) == len && memcmp(WRAPPERS[i], p, len) == 0)
+                return 1;
+        return 0;
+    }
+    for (size_t i = 0; i < NWRAP; i++)
+        if (WRAPPERS[i][0] == s[0] && strcmp(WRAPPERS[i], s) == 0)
+            return 1;
+    return 0;
+}
+
+/* The wrapper functions of the ELF file PATH, loaded with bias BIAS: every FUNC symbol whose
+ * name is a known wrapper.  .symtab is preferred (it has static functions too). */
+static void scan_wrappers(const char *path, uintptr_t bias, struct object *o)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    struct stat st;
+    void *m = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > (off_t)sizeof(ElfW(Ehdr)))
+        m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED)
+        return;
+    const char *base = m;
+    const ElfW(Ehdr) *eh = m;
+    if (memcmp(eh->e_ident, ELFMAG, SELFMAG) || eh->e_ident[EI_CLASS] != ELFCLASS64 ||
+        eh->e_shentsize != sizeof(ElfW(Shdr)) || eh->e_shoff == 0 ||
+        eh->e_shoff + (uint64_t)eh->e_shnum * sizeof(ElfW(Shdr)) > (uint64_t)st.st_size)
+        goto out;
+    const ElfW(Shdr) *sh = (const void *)(base + eh->e_shoff);
+    const ElfW(Shdr) *tab = NULL;
+    for (int pass = 0; pass < 2 && !tab; pass++)
+        for (unsigned i = 0; i < eh->e_shnum; i++)
+            if (sh[i].sh_type == (pass ? SHT_DYNSYM : SHT_SYMTAB) && sh[i].sh_link < eh->e_shnum)
+                tab = &sh[i];
+    if (!tab || tab->sh_entsize != sizeof(ElfW(Sym)))
+        goto out;
+    const ElfW(Shdr) *strs = &sh[tab->sh_link];
+    if (tab->sh_offset + tab->sh_size > (uint64_t)st.st_size ||
+        strs->sh_offset + strs->sh_size > (uint64_t)st.st_size)
+        goto out;
+    const ElfW(Sym) *sym = (const void *)(base + tab->sh_offset);
+    size_t nsym = tab->sh_size / sizeof(ElfW(Sym));
+    const char *str = base + strs->sh_offset, *send = str + strs->sh_size;
+    size_t cap = o->wcap;
+    for (size_t i = 0; i < nsym; i++) {
+        if (ELF64_ST_TYPE(sym[i].st_info) != STT_FUNC || sym[i].st_shndx == SHN_UNDEF ||
+            sym[i].st_value == 0 || sym[i].st_name >= strs->sh_size)
+            continue;
+        const char *name = str + sym[i].st_name;
+        if (!is_wrapper_name(name, send))
+            continue;
+        if (o->nwrap == cap) {
+            size_t ncap = cap ? 2 * cap : 16;
+            struct range *r = mml_map(ncap * sizeof *r);
+            if (!r)
+                break;
+            if (o->wrap) {
+                memcpy(r, o->wrap, cap * sizeof *r);
+                munmap(o->wrap, cap * sizeof *r);
+            }
+            o->wrap = r;
+            o->wcap = cap = ncap;
+        }
+        uintptr_t lo = bias + sym[i].st_value;
+        o->wrap[o->nwrap++] = (struct range){ lo, lo + (sym[i].st_size ? sym[i].st_size : 1) };
+    }
+    /* insertion sort: a handful of entries */
+    for (size_t i = 1; i < o->nwrap; i++)
+        for (size_t j = i; j > 0 && o->wrap[j - 1].lo > o->wrap[j].lo; j--) {
+            struct range x = o->wrap[j];
+            o->wrap[j] = o->wrap[j - 1];
+            o->wrap[j - 1] = x;
+        }
+out:
+    munmap(m, (size_t)st.st_size);
+}
+
+static const struct object *find_locked(uintptr_t a)
+{
+    for (size_t i = 0; i < S.n; i++)
+        if (a - S.a[i].start < S.a[i].end - S.a[i].start)
+            return &S.a[i];
+    return NULL;
+}
+
+/* The object holding address A, classified on first sight; NULL for code outside every
+ * object (a JIT): that is the program's. */
+static const struct object *object_at(uintptr_t a)
+{
+    const struct object *o = find_locked(a);
+    if (o)
+        return o;
+    struct dl_find_object f;
+    if (_dl_find_object((void *)a, &f) != 0 || !f.dlfo_link_map)
+        return NULL;
+    struct link_map *lm = f.dlfo_link_map;
+    const char *name = lm->l_name && lm->l_name[0] ? lm->l_name : "/proc/self/exe";
+    const char *base = strrchr(name, '/');
+    base = base ? base + 1 : name;
+    if (S.n == S.cap) {
+        size_t ncap = S.cap ? 2 * S.cap : 64;
+        struct object *na = mml_map(ncap * sizeof *na);
+        if (!na)
+            return NULL;
+        if (S.a) {
+            memcpy(na, S.a, S.cap * sizeof *na);
+            munmap(S.a, S.cap * sizeof *na);
+        }
+        S.a = na;
+        S.cap = ncap;
+    }
+    struct object *n = &S.a[S.n];
+    memset(n, 0, sizeof *n);
+    n->start = (uintptr_t)f.dlfo_map_start;
+    n->end = (uintptr_t)f.dlfo_map_end;
+    for (size_t i = 0; i < sizeof RUNTIME / sizeof RUNTIME[0]; i++)
+        if (starts_with(base, RUNTIME[i]))
+            n->runtime = 1;
+    if (!n->runtime)
+        scan_wrappers(name, lm->l_addr, n);
+    S.n++;
+    return n;
+}
+
+int mml_site_classify(uintptr_t a)
+{
+    pthread_mutex_lock(&S.lock);
+    const struct object *o = object_at(a);
+    int pass = 0;
+    if (o && o->runtime) {
+        pass = MML_SITE_RUNTIME;
+    } else if (o) {
+        for (size_t i = 0; i < o->nwrap && o->wrap[i].lo <= a; i++)
+            if (a < o->wrap[i].hi)
+                pass = MML_SITE_WRAPPER;
+    }
+    pthread_mutex_unlock(&S.lock);
+    if (!pass)
+        atomic_store_explicit(&mml_direct[MML_DIRECT_SLOT(a)], a, memory_order_relaxed);
+    return pass;
+}
+
+void mml_sites_forget(void)
+{
+    for (size_t i = 0; i < MML_DIRECT_SIZE; i++)
+        atomic_store_explicit(&mml_direct[i], 0, memory_order_relaxed);
+    pthread_mutex_lock(&S.lock);
+    for (size_t i = 0; i < S.n; i++)
+        if (S.a[i].wrap)
+            munmap(S.a[i].wrap, S.a[i].wcap * sizeof(struct range));
+    S.n = 0;
+    pthread_mutex_unlock(&S.lock);
+}
+
+void mml_sites_after_fork(void)
+{
+    pthread_mutex_init(&S.lock, NULL);
+}

@@ -1,0 +1,30 @@
+/*
+ * mmleak.h: what the C files of mmleak.so share.  Internal: nothing here is an interface of
+ * the library (those are the interposed allocation functions and, for mmleak.py, the
+ * functions marked visibility("default") in mmleak-shrink.c and mmleak-inject.c).
+ */
+#ifndef MMLEAK_H
+#define MMLEAK_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+/* ---- mmleak-sites.c: the program's code, or the runtime's / a wrapper's? ---- */
+
+/* Return addresses known to be the program's own code (not the runtime, not a wrapper): a
+ * direct-mapped cache the fast path reads with one load.  An entry holds the address itself,
+ * so a racing or stale entry can only cause a miss. */
+#define MML_DIRECT_SIZE 4096
+#define MML_DIRECT_SLOT(a) ((((uintptr_t)(a)) ^ ((uintptr_t)(a) >> 12)) & (MML_DIRECT_SIZE - 1))
+extern _Atomic uintptr_t mml_direct[MML_DIRECT_SIZE];
+
+enum { MML_SITE_PROGRAM = 0, MML_SITE_RUNTIME = 1, MML_SITE_WRAPPER = 2 };
+
+/* Classify a code address (slow path; fills mml_direct for the program's addresses). */
+int mml_site_classify(uintptr_t addr);
+/* Forget every answer (after dlclose: other code may come at the same addresses). */
+void mml_sites_forget(void);
+/* In a fork child: the lock may have been held by a thread that does not exist there. */
+void mml_sites_after_fork(void);
+
+#endif

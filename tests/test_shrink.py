@@ -12,16 +12,27 @@ from conftest import ROOT, mmleak
 
 MMLEAK_PY = [sys.executable, os.path.join(ROOT, "mmleak.py")]
 HDR = b"#mmleak 1 id=4242 pid=4242 tid=%d file=%d depth=1 start=1700000000\n"
+HDR2 = b"#mmleak 2 id=4242 pid=4242 tid=%d file=%d depth=auto start=1700000000\n"
+# Format 2's stacks for the simulations: id -> frames (the ids need not be mmleak.so's hash).
+STACKS = {0x1000 + 7 * k: tuple(0x55c000000000 + 0x100 * k + j for j in range(1 + k % 9))
+          for k in range(30)}
 
 
-def simulate(seed, threads=3, events=20000, addrs=40, buckets=3, preexisting=5):
+def stack_line(i):
+    return b"#s %x %s\n" % (i, b" ".join(b"%x" % f for f in STACKS[i]))
+
+
+def simulate(seed, threads=3, events=20000, addrs=40, buckets=3, preexisting=5, v2=False):
     """A true multi-threaded history, numbered the way mmleak.so numbers it: one counter per
     address bucket (few buckets, so that other addresses often come in between).
 
     Threads allocate and free, often blocks another thread allocated; addresses are reused
     all the time; some blocks exist before tracing began (their frees are foreign).
+    V2: format 2, allocations refer to stacks ("@ID"), each file holding the "#s" lines of
+    the stacks it uses, once, sometimes after the first use (a signal handler's doing).
     Returns (files: {name: [lines]}, survivors: {line}, foreign: {line})."""
     rnd = random.Random(seed)
+    defined = collections.defaultdict(set)
     ctr = collections.Counter()
     live = {}                        # ptr -> alloc line (or None: allocated before tracing)
     pool = [0x55d000001000 + 0x40 * i for i in range(addrs)]
@@ -36,7 +47,7 @@ def simulate(seed, threads=3, events=20000, addrs=40, buckets=3, preexisting=5):
             part[t] += 1             # rotation: the thread goes on in a new file
         name = "t%d.%d" % (t, part[t])
         if not out[name]:
-            out[name].append(HDR % (t, len(out)))
+            out[name].append((HDR2 if v2 else HDR) % (t, len(out)))
         free_ptrs = [p for p in pool if p not in live]
         if live and (not free_ptrs or rnd.random() < 0.5):
             p = rnd.choice(sorted(live))
@@ -49,8 +60,15 @@ def simulate(seed, threads=3, events=20000, addrs=40, buckets=3, preexisting=5):
             p = rnd.choice(free_ptrs)
             s = ctr[p % buckets]
             ctr[p % buckets] += 1
-            line = b"%012x %x %x %x %012x\n" % (p, s, rnd.randrange(1, 600), i // 1000,
-                                                0x55c000000000 + rnd.randrange(50))
+            if v2:
+                k = rnd.choice(sorted(STACKS))
+                line = b"%012x %x %x %x @%x\n" % (p, s, rnd.randrange(1, 600), i // 1000, k)
+                if k not in defined[name]:
+                    defined[name].add(k)
+                    out[name].insert(rnd.randrange(1, len(out[name]) + 1), stack_line(k))
+            else:
+                line = b"%012x %x %x %x %012x\n" % (p, s, rnd.randrange(1, 600), i // 1000,
+                                                    0x55c000000000 + rnd.randrange(50))
             live[p] = line
         out[name].append(line)
     survivors = {l for l in live.values() if l is not None}
@@ -63,6 +81,16 @@ def shrink_lines(lines, final):
     return [l for _, _, _, l in sh.entries(final)], sh
 
 
+def write_lines(lines, final):
+    """Shrinker.write's output (stack lines included), as lines."""
+    import io
+    sh = mmleak.Shrinker()
+    sh.feed(iter(lines), "<test>")
+    b = io.BytesIO()
+    sh.write(b, final)
+    return b.getvalue().splitlines(keepends=True)
+
+
 def final_sets(lines):
     res, sh = shrink_lines(lines, True)
     surv = {l for l in res if len(l.split()) >= 5}
@@ -70,16 +98,23 @@ def final_sets(lines):
     return surv, foreign
 
 
+@pytest.mark.parametrize("v2", [False, True], ids=["v1", "v2"])
 @pytest.mark.parametrize("seed", range(12))
-def test_direct_shrink_equals_truth(seed):
-    files, survivors, foreign = simulate(seed)
+def test_direct_shrink_equals_truth(seed, v2):
+    files, survivors, foreign = simulate(seed, v2=v2)
     lines = [l for f in files.values() for l in f]
     assert final_sets(lines) == (survivors, foreign)
+    if v2:                              # every survivor's stack is resolved to its frames
+        _, sh = shrink_lines(lines, True)
+        for a in sh.survivors():
+            line = [l for l in survivors if l.startswith(b"%012x %x " % (a.ptr, a.seq))][0]
+            assert a.callers == STACKS[int(line.split(b"@")[1], 16)]
 
 
+@pytest.mark.parametrize("v2", [False, True], ids=["v1", "v2"])
 @pytest.mark.parametrize("seed", range(12))
-def test_any_grouping_and_order_gives_the_same_result(seed):
-    files, survivors, foreign = simulate(seed, threads=4)
+def test_any_grouping_and_order_gives_the_same_result(seed, v2):
+    files, survivors, foreign = simulate(seed, threads=4, v2=v2)
     rnd = random.Random(1000 + seed)
     names = list(files)
     for _ in range(6):
@@ -91,13 +126,16 @@ def test_any_grouping_and_order_gives_the_same_result(seed):
         partials = []
         for g in groups.values():
             rnd.shuffle(g) if rnd.random() < 0.3 else None   # even shuffled lines
-            out, _ = shrink_lines(g, False)
+            out = write_lines(g, False)
             if rnd.random() < 0.5:                           # shrink a shrink again
-                out, _ = shrink_lines(out, False)
+                out = write_lines(out, False)
             partials.append(out)
         rnd.shuffle(partials)
         merged = [l for p in partials for l in p]
         assert final_sets(merged) == (survivors, foreign)
+        if v2:               # the partial results carried the stacks their survivors use
+            _, sh = shrink_lines(merged, True)
+            assert all(a.callers != mmleak.NO_STACK for a in sh.survivors())
         # the final output, as text, does not depend on the grouping either
         assert shrink_lines(merged, True)[0] == shrink_lines(
             [l for f in files.values() for l in f], True)[0]
@@ -114,8 +152,9 @@ def test_adjacent_pairs_are_cancelled_at_once():
     assert sh.state == {}
 
 
-def test_classic_sort_pipeline_matches_direct(tmp_path):
-    files, survivors, foreign = simulate(7, threads=3, events=5000)
+@pytest.mark.parametrize("v2", [False, True], ids=["v1", "v2"])
+def test_classic_sort_pipeline_matches_direct(tmp_path, v2):
+    files, survivors, foreign = simulate(7, threads=3, events=5000, v2=v2)
     paths = []
     for name, lines in files.items():
         p = tmp_path / ("mmleak.4242.%d.out" % len(paths))
@@ -138,6 +177,10 @@ def test_classic_sort_pipeline_matches_direct(tmp_path):
     assert classic == [l + b"\n" for l in direct.splitlines() if not l.startswith(b"#")]
     assert {l for l in classic if len(l.split()) >= 5} == survivors
     assert {l for l in classic if len(l.split()) == 3} == foreign
+    if v2:          # the stacks the survivors use are in the final text, each once
+        stacks = [l for l in r.stdout.splitlines() if l.startswith(b"#s ")]
+        used = {int(l.split(b"@")[1], 16) for l in survivors}
+        assert sorted(stacks) == sorted(stack_line(i).rstrip(b"\n") for i in used)
 
 
 def test_realloc_moves_a_block():

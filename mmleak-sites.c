@@ -94,6 +94,20 @@ static int starts_with(const char *s, const char *p)
     return 1;
 }
 
+/* Template code of the C++ standard library instantiated in the program (std::vector's
+ * _M_realloc_insert, std::__new_allocator<T>::allocate...): the runtime's code, compiled into
+ * the program.  Recognised by the mangled namespace: std:: and __gnu_cxx::. */
+static int is_std_name(const char *s)
+{
+    static const char *const std_prefix[] = {
+        "_ZNSt", "_ZNKSt", "_ZSt", "_ZN9__gnu_cxx", "_ZNK9__gnu_cxx", "_ZN10__cxxabiv1",
+    };
+    for (size_t i = 0; i < sizeof std_prefix / sizeof std_prefix[0]; i++)
+        if (starts_with(s, std_prefix[i]))
+            return 1;
+    return 0;
+}
+
 static int is_wrapper_name(const char *s, const char *end)
 {
     size_t n = 0;
@@ -101,6 +115,8 @@ static int is_wrapper_name(const char *s, const char *end)
         n++;
     if (s + n >= end)
         return 0;
+    if (is_std_name(s))
+        return 1;
     /* a C++ function at namespace scope: _Z [L] LENGTH NAME PARAMETERS ("_ZL7xmallocm") */
     if (s[0] == '_' && s[1] == 'Z') {
         const char *p = s + 2 + (s[2] == 'L');
@@ -178,13 +194,14 @@ static void scan_wrappers(const char *path, uintptr_t bias, struct object *o)
         uintptr_t lo = bias + sym[i].st_value;
         o->wrap[o->nwrap++] = (struct range){ lo, lo + (sym[i].st_size ? sym[i].st_size : 1) };
     }
-    /* insertion sort: a handful of entries */
-    for (size_t i = 1; i < o->nwrap; i++)
-        for (size_t j = i; j > 0 && o->wrap[j - 1].lo > o->wrap[j].lo; j--) {
-            struct range x = o->wrap[j];
-            o->wrap[j] = o->wrap[j - 1];
-            o->wrap[j - 1] = x;
-        }
+    /* shell sort (no qsort: it may allocate), for the binary search in mml_site_classify */
+    for (size_t gap = o->nwrap / 2; gap > 0; gap /= 2)
+        for (size_t i = gap; i < o->nwrap; i++)
+            for (size_t j = i; j >= gap && o->wrap[j - gap].lo > o->wrap[j].lo; j -= gap) {
+                struct range x = o->wrap[j];
+                o->wrap[j] = o->wrap[j - gap];
+                o->wrap[j - gap] = x;
+            }
 out:
     munmap(m, (size_t)st.st_size);
 }
@@ -243,10 +260,17 @@ int mml_site_classify(uintptr_t a)
     int pass = 0;
     if (o && o->runtime) {
         pass = MML_SITE_RUNTIME;
-    } else if (o) {
-        for (size_t i = 0; i < o->nwrap && o->wrap[i].lo <= a; i++)
-            if (a < o->wrap[i].hi)
-                pass = MML_SITE_WRAPPER;
+    } else if (o && o->nwrap) {
+        size_t lo = 0, hi = o->nwrap;       /* the last range starting at or below a */
+        while (hi - lo > 1) {
+            size_t mid = (lo + hi) / 2;
+            if (o->wrap[mid].lo <= a)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        if (o->wrap[lo].lo <= a && a < o->wrap[lo].hi)
+            pass = MML_SITE_WRAPPER;
     }
     pthread_mutex_unlock(&S.lock);
     if (!pass)

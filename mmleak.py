@@ -852,7 +852,10 @@ def _module_problem(path, inode, trace_start):
 class Symbolizer:
     """Turns caller addresses into Frames with eu-addr2line, one process per batch."""
 
-    def __init__(self, maps_path, trace_start=None, tool="eu-addr2line"):
+    def __init__(self, maps_path, trace_start=None, tool="eu-addr2line", program_lines=True):
+        """PROGRAM_LINES: show code inlined from the system's headers at the program's line
+        that inlined it (see program_level); False: the innermost location, as it is."""
+        self.program_lines = program_lines
         self.maps = Maps(maps_path)
         self.trace_start = trace_start
         self.tool = tool
@@ -928,6 +931,8 @@ class Symbolizer:
                                                              or ["?"])[-1]))
                     self.cache[a] = Frame(a, mod, off, None, None, None, (), err)
                     continue
+                if self.program_lines:
+                    chain = program_level(chain)
                 fn, fl, ln = chain[0]
                 err = None if fn or fl else "no symbol or line information in %s" % mod
                 self.cache[a] = Frame(a, mod, off, fn, fl, ln, tuple(chain[1:]), err)
@@ -962,6 +967,16 @@ def _parse_addr2line(text):
                     int(ln) if ln.isdigit() and int(ln) > 0 else None))
         i += 2
     return res
+
+
+def program_level(chain):
+    """An inline chain (innermost first) without its innermost levels from the system's
+    headers, when the program's own code inlined them: std::string's constructor inlined into
+    the program's function is shown at the program's line."""
+    for j, (fn, fl, ln) in enumerate(chain):
+        if not (fl and fl.startswith(RUNTIME_SOURCES)):
+            return chain[j:]
+    return chain
 
 
 def frame_label(fr):
@@ -1166,7 +1181,7 @@ def cmd_symbolize(args):
                    EXIT_USAGE)
     if not os.path.isfile(args.maps):
         raise Fail("%s: no such maps file" % args.maps)
-    sym = Symbolizer(args.maps, trace_start=trace_start_for_maps(args.maps))
+    sym = Symbolizer(args.maps, trace_start=trace_start_for_maps(args.maps), program_lines=False)
     frames = sym.lookup(addrs)
     status = EXIT_OK
     for a in addrs:

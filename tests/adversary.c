@@ -222,6 +222,22 @@ static int fill(int nthreads)
     return 0;
 }
 
+/* ---- stacks in a process that is then killed (tests/test_stacks.py) ---- */
+static int stackwait(void)
+{
+    for (int i = 0; i < 3; i++) {
+        char *p;
+        if (asprintf(&p, "%0100d", i) > 0)      /* site:stack_asprintf */
+            keep(p);
+    }
+    churn(100);
+    puts("ready");
+    char c;
+    if (read(0, &c, 1) < 0)
+        return 1;
+    return 0;
+}
+
 /* ---- 11. (nothing to do: MMLEAK_DIR is refused at start) ---- */
 
 int main(int argc, char **argv)
@@ -232,6 +248,7 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "allocator")) return allocator();
     if (!strcmp(mode, "nofile")) return nofile(atol(argv[2]), argc > 3 ? atoi(argv[3]) : 0);
     if (!strcmp(mode, "fsize")) return fsize(atol(argv[2]), atol(argv[3]));
+    if (!strcmp(mode, "stackwait")) return stackwait();
     if (!strcmp(mode, "fill")) return fill(atoi(argv[2]));
     if (!strcmp(mode, "uidrace")) return uidrace(atoi(argv[2]));
     if (!strcmp(mode, "vfork")) return do_vfork();

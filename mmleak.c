@@ -1699,9 +1699,10 @@ static int unfinished_line(const struct tstate *t)
 }
 
 /* After the main thread's file was closed (process exit, exec), a few more events may come:
- * destructors, execvp's search of PATH.  They are appended to that same file, a write each,
- * rather than opening a new file and staging file for them; past LATE_DIRECT lines the thread
- * is evidently going on (a failed exec) and gets a new file. */
+ * destructors, execvp's search of PATH.  They go to the process's shared late file (below), a
+ * write each, rather than a new file and staging file for them; past LATE_DIRECT lines the
+ * thread is evidently going on (a failed exec) and gets a new file.  A file that ends with
+ * "#end" is final: nothing is ever appended to it (mmleak.py compact relies on that). */
 #define LATE_DIRECT 256
 
 static int late_direct(const struct tstate *t)
@@ -1724,11 +1725,11 @@ static int append_to(const char *name, const char *line, size_t n)
     return rc;
 }
 
+static void late_shared(const char *line, size_t n);
+
 static void append_direct(struct tstate *t, const char *line, size_t n)
 {
-    char name[64];
-    if (append_to(dump_name(name, sizeof name, t->fileno), line, n))
-        atomic_fetch_add(&g_lost_orphan, 1);
+    late_shared(line, n);
     t->late_lines++;
 }
 

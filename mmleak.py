@@ -89,7 +89,8 @@ MAPS_RE = re.compile(r"^mmleak\.(\d+(?:-\d+)?)\.maps$")
 
 
 def find_traces(directory):
-    """Map trace id ("PID" or "PID-K") -> sorted list of its dump files in DIRECTORY."""
+    """Map trace id ("PID" or "PID-K") -> sorted list of its dump files in DIRECTORY (its
+    compacted result mmleak.ID.compact first, if any)."""
     traces = collections.defaultdict(list)
     try:
         names = os.listdir(directory)
@@ -105,6 +106,8 @@ def find_traces(directory):
             traces[m.group(1)].append((int(m.group(2)), os.path.join(directory, n)))
         elif MAPS_RE.match(n):
             traces.setdefault(MAPS_RE.match(n).group(1), [])
+        elif COMPACT_RE.match(n):       # a compacted trace's running result: read it first
+            traces[COMPACT_RE.match(n).group(1)].append((-1, os.path.join(directory, n)))
     return {k: [p for _, p in sorted(v)] for k, v in traces.items()}
 
 
@@ -336,6 +339,9 @@ class Shrinker:
         self.cmd = None
         self.alloc = None          # the allocator's file, from "#alloc"
         self.stacks = {}           # stack id -> frames, from "#s" lines
+        # what earlier compaction passes folded ("#compacted"): files, events, and how many
+        # event lines their result holds (read again here, not new events)
+        self.compacted = {"files": 0, "events": 0, "entries": 0}
         self.stack_lines = {}      # stack id -> its "#s" line
         self.lost = {}             # gap k -> events not recorded ("#lost N k=K")
         self.dropping = set()      # gaps that began ("#dropping k=K")
@@ -447,6 +453,11 @@ class Shrinker:
                     self.headers.append(h)
                 elif line.startswith(b"#lost ") or line.startswith(b"#dropping"):
                     self._gap_line(line)
+                elif line.startswith(b"#compacted "):
+                    for kv in line.split()[1:]:
+                        k, _, v = kv.partition(b"=")
+                        if k.decode() in self.compacted and v.isdigit():
+                            self.compacted[k.decode()] += int(v)
                 elif line.startswith(b"#alloc ") and self.alloc is None:
                     self.alloc = _unescape(line[7:].rstrip(b"\n"))
                 elif line.startswith(b"#cmd ") and self.cmd is None:
@@ -1218,17 +1229,26 @@ def cmd_run(args):
     env["MMLEAK_DIR"] = d
     if args.depth:
         env["MMLEAK_DEPTH"] = str(args.depth)
+    if not args.keep_all:
+        env.setdefault("MMLEAK_ROTATE_MB", str(COMPACT_ROTATE_MB))
     before = set(find_traces(d))
     try:
         proc = subprocess.Popen(cmd, env=env)
     except OSError as e:
         raise Fail("cannot run %s: %s" % (cmd[0], e.strerror))
-    # The program gets the terminal's signals itself; we only wait for it.
+    # The program gets the terminal's signals itself; we only wait for it, compacting its
+    # traces (and its children's) in the background meanwhile.
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    compactor = None
+    if not args.keep_all:
+        compactor = BackgroundCompactor(d, before)
+        compactor.start()
     try:
         rc = proc.wait()
     finally:
         signal.signal(signal.SIGINT, old)
+        if compactor:
+            compactor.finish()
     traces = find_traces(d)
     new = sorted(set(traces) - before, key=lambda t: [int(x) for x in t.split("-")])
     main = str(proc.pid) if str(proc.pid) in traces else (new[0] if new else None)
@@ -1237,7 +1257,7 @@ def cmd_run(args):
         warn("%s ended (%s) and wrote no dump files in %s: was LD_PRELOAD cleared, or is "
              "the program static or setuid?" % (cmd[0], how, d))
         return rc if rc >= 0 else 128 - rc
-    size = sum(os.path.getsize(p) for p in traces[main])
+    size = sum(os.path.getsize(p) for p in traces[main] if os.path.exists(p))
     others = [t for t in new if t != main]
     sys.stderr.write("%s: %s ended (%s); trace %s: %d dump files, %s in %s\n"
                      % (PROG, cmd[0], how, main, len(traces[main]), human_bytes(size), d))
@@ -1245,6 +1265,43 @@ def cmd_run(args):
         sys.stderr.write("%s: child processes traced too: %s\n" % (PROG, " ".join(others)))
     sys.stderr.write("%s: next: %s report %s --pid %s\n" % (PROG, sys.argv[0], d, main))
     return rc if rc >= 0 else 128 - rc
+
+
+class BackgroundCompactor:
+    """`run`'s compaction thread: a pass every second over the traces that were not in the
+    directory before the run, and a last one when the program has ended."""
+
+    def __init__(self, directory, before, interval=1.0):
+        import threading
+        self.directory, self.before, self.interval = directory, set(before), interval
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.error = None
+
+    def start(self):
+        self.thread.start()
+
+    def _pass(self):
+        for tid in sorted(set(find_traces(self.directory)) - self.before):
+            compact_dir(self.directory, tid, verbose=False)
+
+    def _loop(self):
+        try:
+            while not self.stop.wait(self.interval):
+                self._pass()
+        except (Fail, OSError) as e:
+            self.error = e
+
+    def finish(self):
+        self.stop.set()
+        self.thread.join()
+        try:
+            self._pass()
+        except (Fail, OSError) as e:
+            self.error = self.error or e
+        if self.error:
+            warn("background compaction stopped: %s (the files left are complete; run "
+                 "`mmleak.py compact %s`)" % (self.error, self.directory))
 
 
 def cmd_recover(args):
@@ -1292,6 +1349,547 @@ def cmd_recover(args):
     return status
 
 
+# ---------------------------------------------------------------------------------------
+# Compaction (README.rst, "Tracing for days: compaction"): disk use bounded by the live set
+# ---------------------------------------------------------------------------------------
+#
+# Every complete dump file of a trace is folded into the trace's running partial result,
+# mmleak.ID.compact (a shrink without --final: the same algebra, so folding is exact in any
+# order and grouping), and deleted.  A file is complete when it ends with "#end" (mmleak.so
+# never appends to such a file) or when its process is gone.  One pass, under the trace's
+# lock (mmleak.ID.lock, which report takes shared while it reads):
+#   1. inputs listed by the previous pass ("#folded") that still exist are deleted: that
+#      pass wrote its result and was stopped before it could;
+#   2. the new result is written to mmleak.ID.compact.tmp, fsync'ed, renamed over
+#      mmleak.ID.compact, its directory fsync'ed, and names its inputs in "#folded";
+#   3. the inputs are deleted.
+# A crash anywhere leaves either the old result and all inputs, or the new result and some
+# inputs it names: never a lost or a doubled event (and folding an input twice changes
+# nothing anyway: the shrink ignores an event it already has).
+
+COMPACT_RE = re.compile(r"^mmleak\.(\d+(?:-\d+)?)\.compact$")
+SERIES_POINTS = 720          # passes kept in mmleak.ID.series (older ones thinned out)
+SERIES_SITES = 40            # call sites per pass in the series (the rest summed)
+COMPACT_ROTATE_MB = 8        # MMLEAK_ROTATE_MB under `run` and the installer's service
+
+
+def compact_path(directory, tid):
+    return os.path.join(directory, "mmleak.%s.compact" % tid)
+
+
+class TraceLock:
+    """flock on mmleak.ID.lock: exclusive for a compaction pass, shared for a reader.
+    Without permission to create or open the lock file, no lock (and a reader may race)."""
+
+    def __init__(self, directory, tid, shared=False, wait=True):
+        self.path = os.path.join(directory, "mmleak.%s.lock" % tid)
+        self.shared, self.wait, self.fd = shared, wait, None
+
+    def __enter__(self):
+        import fcntl
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                              0o600)
+        except OSError:
+            try:
+                self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except OSError:
+                return self
+        op = (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | (0 if self.wait else fcntl.LOCK_NB)
+        try:
+            fcntl.flock(self.fd, op)
+        except BlockingIOError:
+            os.close(self.fd)
+            self.fd = None
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _process_start_time(pid):
+    """When process PID started (Unix seconds), or None if there is no such process."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/stat") as f:
+            btime = next(int(l.split()[1]) for l in f if l.startswith("btime "))
+        return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def trace_alive(directory, tid, traces=None, start=None):
+    """Is trace TID still being written?  Its process must exist, be the same process (not a
+    reused pid: it started before the trace), and not have been replaced by exec (a newer
+    trace of the same pid in DIRECTORY)."""
+    pid = int(tid.split("-")[0])
+    began = _process_start_time(pid)
+    if began is None:
+        return False
+    if start is not None and began > start + 2:
+        return False                    # the pid was reused
+    traces = traces if traces is not None else find_traces(directory)
+    k = int(tid.split("-")[1]) if "-" in tid else 0
+    for other in traces:
+        if other.split("-")[0] == str(pid) and (int(other.split("-")[1]) if "-" in other else 0) > k:
+            return False                # exec'd: this image's trace is over
+    return True
+
+
+def _ends_with_end(path):
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            n = f.tell()
+            if n < 5:
+                return False
+            f.seek(n - 5)
+            return f.read(5) == b"#end\n"
+    except OSError:
+        return False
+
+
+def _trace_start(paths):
+    for p in paths:
+        try:
+            with open(p, "rb") as f:
+                h = parse_header(f.readline())
+        except OSError:
+            continue
+        if h and h.get("start", "").isdigit():
+            return int(h["start"])
+    return None
+
+
+def complete_files(directory, tid, files, traces=None):
+    """The dump files of TID that can be folded now, and whether the trace is over."""
+    outs = [p for p in files if p.endswith(".out")]
+    alive = trace_alive(directory, tid, traces, _trace_start(outs))
+    if not alive:
+        return outs, True
+    return [p for p in outs if not os.path.exists(p[:-4] + ".tail") and _ends_with_end(p)], False
+
+
+def _fsync_dir(directory):
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _compact_header_lines(sh, folded):
+    """The '#' lines of a compacted result: one '#mmleak' header (the trace's first), the
+    command, the allocator, the gaps, and the names of the inputs of this pass."""
+    out, seen_hdr = [], False
+    for line in sh.header_lines:
+        if line.startswith(b"#mmleak "):
+            if seen_hdr:
+                continue
+            seen_hdr = True
+            out.append(re.sub(rb" (tid|file)=\S+", b"", line))
+        elif line.startswith((b"#thread ", b"#end", b"#folded ", b"#compacted ", b"#at ")):
+            continue
+        else:
+            out.append(line)
+    entries = sum(1 for _ in sh.entries(False))
+    total = sh.compacted["events"] + sh.events - sh.compacted["entries"]
+    files = sh.compacted["files"] + len(folded)
+    out.append(b"#compacted files=%d events=%d entries=%d at=%d\n"
+               % (files, total, entries, int(time.time())))
+    for p in folded:
+        out.append(b"#folded %s\n" % os.path.basename(p).encode())
+    return out
+
+
+def _private(path, mode="wb"):
+    """Open PATH for writing with mode 0600, as mmleak.so makes its files (the owner of the
+    directory's files, root or the traced service's user, alone can read them)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    flags |= os.O_APPEND if mode == "ab" else os.O_TRUNC
+    return os.fdopen(os.open(path, flags, 0o600), mode)
+
+
+def _write_atomic(path, header_lines, sh, final=False):
+    tmp = path + ".tmp"
+    with _private(tmp) as f:
+        for h in header_lines:
+            f.write(h)
+        entries = list(sh.entries(final))
+        used = sorted({int(line.split(b"@", 1)[1], 16) for _, _, kind, line in entries
+                       if kind == KIND_ALLOC and b"@" in line})
+        for i in used:
+            if i in sh.stack_lines:
+                f.write(sh.stack_lines[i])
+        for _, _, _, line in entries:
+            f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+    _fsync_dir(os.path.dirname(path) or ".")
+
+
+def _previously_folded(path):
+    """The inputs the result at PATH names (its pass may have stopped before deleting them)."""
+    names = []
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                if not line.startswith(b"#"):
+                    break
+                if line.startswith(b"#folded "):
+                    names.append(line[8:].rstrip(b"\n").decode("utf-8", "replace"))
+    except OSError:
+        pass
+    return names
+
+
+def _site_key(a):
+    return a.callers if len(a.callers) > 1 else a.callers[0]
+
+
+def compact_trace(directory, tid, files=None, traces=None, series=True):
+    """One compaction pass over trace TID.  Returns a dict of what it did, or None when
+    another compactor holds the trace (it is skipped, not waited for)."""
+    traces = traces if traces is not None else find_traces(directory)
+    files = files if files is not None else traces.get(tid, [])
+    cpath = compact_path(directory, tid)
+    try:
+        lock = TraceLock(directory, tid, wait=False).__enter__()
+    except BlockingIOError:
+        return None
+    try:
+        for name in _previously_folded(cpath):
+            p = os.path.join(directory, name)
+            if DUMP_RE.match(name) and os.path.exists(p):
+                _remove_dump(p)
+        files = [p for p in files if os.path.exists(p)]
+        done, over = complete_files(directory, tid, files, traces)
+        if not done:
+            return {"trace": tid, "folded": 0, "over": over, "events": 0, "bytes": 0}
+        before = os.path.getsize(cpath) if os.path.exists(cpath) else 0
+        inputs = ([cpath] if os.path.exists(cpath) else []) + done
+        nbytes = sum(os.path.getsize(p) for p in done) + sum(
+            os.path.getsize(p[:-4] + ".tail") for p in done if os.path.exists(p[:-4] + ".tail"))
+        sh = shrink_files(inputs)
+        if sh.problems.fatal:
+            raise Fail("%s: cannot compact trace %s: an input could not be read" % (directory, tid))
+        _write_atomic(cpath, _compact_header_lines(sh, done), sh)
+        for p in done:
+            _remove_dump(p)
+        return {"trace": tid, "folded": len(done), "over": over, "events": sh.events,
+                "bytes": nbytes, "before": before, "after": os.path.getsize(cpath),
+                "malformed": sh.problems.malformed}
+    finally:
+        lock.__exit__()
+
+
+def _remove_dump(p):
+    for q in (p, p[:-4] + ".tail"):
+        try:
+            os.unlink(q)
+        except FileNotFoundError:
+            pass
+
+
+# ---- the time series of live blocks per call site (mmleak.ID.series) ------------------
+#
+#   #series 1 id=ID
+#   #s ID FRAME...                     stacks the keys below use
+#   p UNIX TIME BYTES BLOCKS NEWB NEWN FREEDB FREEDN     one compaction pass: the live set
+#   k KEY BYTES BLOCKS NEWB NEWN FREEDB FREEDN           ... per call site (top SERIES_SITES)
+#
+# TIME is the trace's clock (seconds since start, the newest event seen); KEY is the caller
+# (hex) or @STACK.  NEW are the blocks alive now that were not alive at the previous pass,
+# FREED those alive then and not now (so BYTES = previous BYTES + NEWB - FREEDB, exactly);
+# the previous pass's blocks (address, number, size, call site) are kept in
+# mmleak.ID.series.live.  Past
+# SERIES_POINTS passes every other old point is merged into the next one (NEW and FREED
+# summed), so the file stays small however long the trace runs.
+
+SeriesPoint = collections.namedtuple("SeriesPoint", "unix time live new freed sites")
+
+
+def series_path(directory, tid):
+    return os.path.join(directory, "mmleak.%s.series" % tid)
+
+
+def _key_text(callers, stack_lines, sh):
+    if len(callers) == 1:
+        return b"%x" % callers[0]
+    for sid, frames in sh.stacks.items():
+        if frames == callers:
+            stack_lines[sid] = sh.stack_lines[sid]
+            return b"@%x" % sid
+    return b"%x" % callers[0]
+
+
+def read_series(path):
+    """(points, stacks): points oldest first, each with .sites {key: (bytes, blocks, newb,
+    newn, freedb, freedn)}; KEY is a tuple of callers (or "other")."""
+    points, stacks, raw = [], {}, []
+    try:
+        f = open(path, "rb")
+    except OSError:
+        return [], {}
+    with f:
+        for line in f:
+            if line.startswith(b"#s "):
+                st = parse_stack(line)
+                if st:
+                    stacks[st[0]] = st[1]
+            elif line.startswith(b"p "):
+                v = [int(x) for x in line.split()[1:]]
+                raw.append([v, {}])
+            elif line.startswith(b"k ") and raw:
+                parts = line.split()
+                k = parts[1]
+                vals = tuple(int(x) for x in parts[2:8])
+                raw[-1][1][k] = vals
+    for v, sites in raw:
+        out = {}
+        for k, vals in sites.items():
+            if k == b"other":
+                key = "other"
+            elif k.startswith(b"@"):
+                key = stacks.get(int(k[1:], 16), NO_STACK)
+            else:
+                key = (int(k, 16),)
+            out[key] = vals
+        points.append(SeriesPoint(v[0], v[1], (v[2], v[3]), (v[4], v[5]), (v[6], v[7]), out))
+    return points, stacks
+
+
+def series_pass(directory, tid, files=None):
+    """Add one point to the trace's series: the live set now (compacted result plus the files
+    still being written).  Returns the point."""
+    files = files if files is not None else find_traces(directory).get(tid, [])
+    with TraceLock(directory, tid, shared=True):
+        sh = shrink_files([p for p in files if os.path.exists(p)])
+    surv = sh.survivors()
+    spath = series_path(directory, tid)
+    prev = _load_prev_sizes(spath + ".live") if os.path.exists(spath + ".live") else None
+    now_ids = {}
+    sites = collections.defaultdict(lambda: [0, 0, 0, 0, 0, 0])
+    for a in surv:
+        k = _site_key(a)
+        s = sites[k]
+        s[0] += a.size
+        s[1] += 1
+        now_ids[(a.ptr, a.seq)] = (k, a.size)
+        if prev is not None and (a.ptr, a.seq) not in prev:
+            s[2] += a.size
+            s[3] += 1
+    if prev is not None:
+        for ident, (k, size) in prev.items():
+            if ident not in now_ids:
+                s = sites[k]
+                s[4] += size
+                s[5] += 1
+    tot = [sum(v[i] for v in sites.values()) for i in range(6)]
+    ranked = sorted(sites.items(), key=lambda kv: (-kv[1][0], -kv[1][4], str(kv[0])))
+    top, rest = ranked[:SERIES_SITES], ranked[SERIES_SITES:]
+    other = [sum(v[i] for _, v in rest) for i in range(6)]
+    stack_lines = {}
+    lines = [b"p %d %d %d %d %d %d %d %d\n" % ((int(time.time()), sh.max_time) + tuple(tot))]
+    for k, v in top:
+        key = _key_text(k if isinstance(k, tuple) else (k,), stack_lines, sh)
+        lines.append(b"k %s %d %d %d %d %d %d\n" % ((key,) + tuple(v)))
+    if rest:
+        lines.append(b"k other %d %d %d %d %d %d\n" % tuple(other))
+    _append_series(spath, tid, lines, stack_lines)
+    _save_prev_sizes(spath + ".live", now_ids, sh)
+    return read_series(spath)[0][-1]
+
+
+def _save_prev_sizes(path, now_ids, sh):
+    """What the next pass needs to say which call site a freed block came from."""
+    tmp = path + ".tmp"
+    with _private(tmp) as f:
+        for (ptr, seq), (k, size) in now_ids.items():
+            key = k if isinstance(k, tuple) else (k,)
+            f.write(b"%x %x %x %s\n" % (ptr, seq, size, b" ".join(b"%x" % c for c in key)))
+    os.rename(tmp, path)
+
+
+def _load_prev_sizes(path):
+    out = {}
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                v = line.split()
+                callers = tuple(int(x, 16) for x in v[3:])
+                out[(int(v[0], 16), int(v[1], 16))] = (
+                    callers if len(callers) > 1 else callers[0], int(v[2], 16))
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def _append_series(spath, tid, lines, stack_lines):
+    points, _ = read_series(spath)
+    have = set()
+    try:
+        with open(spath, "rb") as f:
+            for line in f:
+                if line.startswith(b"#s "):
+                    have.add(int(line.split()[1], 16))
+    except OSError:
+        pass
+    if len(points) + 1 > SERIES_POINTS:
+        _thin_series(spath, tid)
+        have = set()
+        with open(spath, "rb") as f:
+            for line in f:
+                if line.startswith(b"#s "):
+                    have.add(int(line.split()[1], 16))
+    new = not os.path.exists(spath)
+    with _private(spath, "ab") as f:
+        if new:
+            f.write(b"#series 1 id=%s\n" % tid.encode())
+        for sid, line in stack_lines.items():
+            if sid not in have:
+                f.write(line)
+        for line in lines:
+            f.write(line)
+
+
+def _thin_series(spath, tid):
+    """Merge every other point of the older half into its successor (NEW and FREED summed)."""
+    with open(spath, "rb") as f:
+        data = f.read().splitlines(keepends=True)
+    head = [l for l in data if l.startswith(b"#")]
+    blocks, cur = [], None
+    for l in data:
+        if l.startswith(b"p "):
+            cur = [l, []]
+            blocks.append(cur)
+        elif l.startswith(b"k ") and cur:
+            cur[1].append(l)
+    half = len(blocks) // 2
+    out = []
+    i = 0
+    while i < len(blocks):
+        if i < half and i + 1 < len(blocks):
+            a, b = blocks[i], blocks[i + 1]
+            pa, pb = a[0].split(), b[0].split()
+            merged_p = pb[:5] + [b"%d" % (int(pa[j]) + int(pb[j])) for j in range(5, 9)]
+            ka = {l.split()[1]: l.split() for l in a[1]}
+            kl = []
+            for l in b[1]:
+                v = l.split()
+                if v[1] in ka:
+                    w = ka[v[1]]
+                    v = v[:4] + [b"%d" % (int(w[j]) + int(v[j])) for j in range(4, 8)]
+                kl.append(b" ".join(v) + b"\n")
+            out.append([b" ".join(merged_p) + b"\n", kl])
+            i += 2
+        else:
+            out.append(blocks[i])
+            i += 1
+    tmp = spath + ".tmp"
+    with _private(tmp) as f:
+        for l in head:
+            f.write(l)
+        for p, ks in out:
+            f.write(p)
+            for k in ks:
+                f.write(k)
+    os.rename(tmp, spath)
+
+
+def compact_dir(directory, pid=None, series=True, verbose=False, out=None):
+    """One compaction pass over every trace in DIRECTORY (or trace PID).  Returns
+    (live traces, results)."""
+    out = out or sys.stdout
+    traces = find_traces(directory)
+    live, results = [], []
+    for tid in sorted(traces, key=lambda t: [int(x) for x in t.split("-")]):
+        if pid is not None and tid != pid:
+            continue
+        res = compact_trace(directory, tid, traces[tid], traces)
+        if res is None:
+            live.append(tid)                    # another compactor holds it: alive enough
+            continue
+        results.append(res)
+        if not res["over"]:
+            live.append(tid)
+        if series and (res["folded"] or not res["over"]):
+            series_pass(directory, tid)
+        if res["folded"] and verbose:
+            out.write("%s: trace %s: folded %d files (%s, %d events) into %s (%s)%s\n"
+                      % (PROG, tid, res["folded"], human_bytes(res["bytes"]), res["events"],
+                         os.path.basename(compact_path(directory, tid)),
+                         human_bytes(res["after"]), "; the trace is over" if res["over"] else ""))
+            out.flush()
+    return live, results
+
+
+def cmd_compact(args):
+    d = args.dir
+    if not os.path.isdir(d):
+        raise Fail("%s: not a directory" % d)
+    stop = []
+    if args.follow:
+        def on_term(signum, frame):
+            stop.append(signum)
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, on_term)
+    status = EXIT_OK
+    seen_live, idle_since = False, time.monotonic()
+    while True:
+        live, results = compact_dir(d, args.pid, series=not args.no_series,
+                                    verbose=args.verbose or not args.follow)
+        if any(r.get("malformed") for r in results):
+            status = EXIT_PARTIAL
+        if not args.follow or stop:
+            break
+        now = time.monotonic()
+        if live:
+            seen_live, idle_since = True, now
+        elif not args.forever and now - idle_since >= args.linger:
+            compact_dir(d, args.pid, series=not args.no_series, verbose=args.verbose)
+            break
+        deadline = now + args.interval
+        while not stop and time.monotonic() < deadline:
+            time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
+    if stop:        # stopped with its service: one last pass for what just ended
+        compact_dir(d, args.pid, series=not args.no_series, verbose=args.verbose)
+    return status
+
+
+def cmd_snapshot(args):
+    """The live set of a trace now, in the dump format (an earlier moment for --baseline)."""
+    tid, _ = choose_trace(args.dir, args.pid)
+    with TraceLock(args.dir, tid, shared=True):
+        sh = shrink_files(find_traces(args.dir).get(tid, []))
+    out = sys.stdout.buffer
+    if args.output:
+        try:
+            out = open(args.output, "wb")
+        except OSError as e:
+            raise Fail("cannot write %s: %s" % (args.output, e.strerror))
+    try:
+        sh.write(out, final=False)
+    finally:
+        if args.output:
+            out.close()
+        else:
+            out.flush()
+    warn("trace %s: %d blocks alive (%s)" % (tid, len(sh.survivors()),
+                                             human_bytes(sum(a.size for a in sh.survivors()))))
+    return EXIT_OK
+
+
 def choose_trace(directory, pid):
     traces = find_traces(directory)
     if pid is not None:
@@ -1333,7 +1931,9 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     tid, paths = choose_trace(directory, pid)
     prog = progress_printer() if progress and sys.stderr.isatty() else None
     t0 = time.monotonic()
-    sh = shrink_files(paths, progress=prog)
+    with TraceLock(directory, tid, shared=True):    # a compaction pass deletes files
+        paths = [p for p in find_traces(directory).get(tid, paths)]
+        sh = shrink_files(paths, progress=prog)
     if prog and time.monotonic() - t0 > 1:
         prog(sh, paths[-1], 0, done=True)
     survivors = sh.survivors()
@@ -1388,10 +1988,14 @@ def print_top_sites(rep, out, top=10):
     total = sum(a.size for a in surv)
     out.write("mmleak: trace %s (pid %s)%s\n" % (rep["trace"], rep["pid"],
                                                 ": " + rep["cmd"] if rep["cmd"] else ""))
-    out.write("  %d events read from %d files; %s in %d blocks not freed; %d frees of blocks "
-              "allocated before tracing\n" % (rep["events"], len(rep["files"]),
-                                              human_bytes(total), len(surv),
-                                              len(rep["foreign_frees"])))
+    c = rep["shrinker"].compacted if rep.get("shrinker") else None
+    if c and c["files"]:
+        read = "%d events (%d of them folded by compaction from %d files)" % (
+            c["events"] + rep["events"] - c["entries"], c["events"], c["files"])
+    else:
+        read = "%d events read from %d files" % (rep["events"], len(rep["files"]))
+    out.write("  %s; %s in %d blocks not freed; %d frees of blocks allocated before tracing\n"
+              % (read, human_bytes(total), len(surv), len(rep["foreign_frees"])))
     if rep["filter"]:
         out.write("  showing only blocks %s (%d of %d blocks, %s of %s)\n"
                   % (rep["filter"], len(surv), rep["unfiltered"][0], human_bytes(total),
@@ -1503,6 +2107,13 @@ def nonnegative_float(v):
     return x
 
 
+def positive_float(v):
+    x = finite_float(v)
+    if x <= 0:
+        raise argparse.ArgumentTypeError("must be above 0: %r" % v)
+    return x
+
+
 def positive_int(v):
     try:
         n = int(v)
@@ -1592,10 +2203,18 @@ def build_parser():
         help="run a command under the tracer",
         description="Run CMD with mmleak.so preloaded (found next to mmleak.py, where `make "
                     "install` put it, or $MMLEAK_LIB), then say where its dump files are and "
-                    "the command that reports on them.  Exits with CMD's exit status.",
-        epilog="example:\n  %(prog)s -d /var/tmp/leaks --depth 4 -- ./server --port 8080\n")
+                    "the command that reports on them.  Exits with CMD's exit status.  While "
+                    "it runs, its dump files are compacted every second (see `compact`): the "
+                    "files rotate at 8 MB (MMLEAK_ROTATE_MB, unless set) and each finished one "
+                    "is folded into mmleak.ID.compact and deleted, so the directory holds the "
+                    "live set, not the history; --keep-all keeps every event instead.",
+        epilog="example:\n  %(prog)s -d /var/tmp/leaks --depth 16 -- ./server --port 8080\n")
     r.add_argument("-d", "--dir", help="dump directory (default: $MMLEAK_DIR or /tmp)")
-    r.add_argument("--depth", type=positive_int, help="return addresses per allocation (MMLEAK_DEPTH)")
+    r.add_argument("--depth", type=positive_int,
+                   help="frames per allocation (MMLEAK_DEPTH; default: auto, through the "
+                        "runtime to the program's own frame)")
+    r.add_argument("--keep-all", action="store_true",
+                   help="no background compaction: keep every dump file as written")
     r.add_argument("--lib", help="path of mmleak.so to use")
     r.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     r.set_defaults(func=cmd_run)
@@ -1642,6 +2261,53 @@ def build_parser():
                    help="only blocks not alive in FILE, an earlier `mmleak.py shrink` "
                         "output of the same process (MTrace-style incremental report)")
     q.set_defaults(func=cmd_report)
+
+    c = sub.add_parser(
+        "compact", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="fold finished dump files into a running result and delete them",
+        description="Fold every complete dump file of every trace in DIR (a file that ends "
+                    "with #end, or any file of a process that is gone) into that trace's "
+                    "running result, mmleak.ID.compact (the shrink of everything so far), and "
+                    "delete it, so that the disk holds the live set, not the history.  Safe "
+                    "at any moment: while the process runs, next to another compactor (a "
+                    "trace another one holds is skipped), next to `report` (which waits for "
+                    "a pass to end), and when killed in the middle (nothing is lost or "
+                    "counted twice).  Each pass adds a point to mmleak.ID.series: the live "
+                    "bytes and blocks per call site, for the report's growth chart.",
+        epilog="examples:\n"
+               "  %(prog)s /var/lib/mmleak/nfs-ganesha.service      # one pass\n"
+               "  %(prog)s --follow /var/tmp/leaks    # every second, until no traced process is left\n\n"
+               + EXIT_HELP)
+    c.add_argument("dir", help="the dump directory (MMLEAK_DIR)")
+    c.add_argument("--pid", help="only this trace id")
+    c.add_argument("--follow", action="store_true",
+                   help="keep compacting every --interval seconds until no traced process "
+                        "has been alive for --linger seconds (or until SIGTERM)")
+    c.add_argument("--forever", action="store_true",
+                   help="with --follow: do not stop when no process is traced (a service's "
+                        "companion, stopped with it)")
+    c.add_argument("--interval", type=positive_float, default=1.0, metavar="SECONDS",
+                   help="time between passes with --follow (default 1)")
+    c.add_argument("--linger", type=positive_float, default=10.0, metavar="SECONDS",
+                   help="with --follow: stop after this long without a traced process "
+                        "(default 10)")
+    c.add_argument("--no-series", action="store_true", help="do not add to mmleak.ID.series")
+    c.add_argument("-v", "--verbose", action="store_true", help="one line per folding pass")
+    c.set_defaults(func=cmd_compact)
+
+    n = sub.add_parser(
+        "snapshot", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="the live set of a trace now, for a later --baseline report",
+        description="Write what is alive in the trace now (its compacted result and the files "
+                    "still being written, shrunk), in the dump format.  Give it to `report "
+                    "--baseline` later: the report then shows, per call site, what was "
+                    "allocated since and is still alive, and what of the snapshot was freed "
+                    "since (the incremental view MTrace users know).",
+        epilog=EXIT_HELP)
+    n.add_argument("dir", help="the dump directory (MMLEAK_DIR)")
+    n.add_argument("--pid", help="trace id; default: newest")
+    n.add_argument("-o", "--output", help="file to write (default: stdout)")
+    n.set_defaults(func=cmd_snapshot)
     return p
 
 

@@ -1,0 +1,250 @@
+"""Compaction (issue #10): folding complete dump files into mmleak.ID.compact while the
+process runs, next to another compactor and to reports, across crashes of the compactor,
+fork, SIGKILL and rotation, gives exactly the result of the whole trace."""
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import LIB, ROOT, TESTS, mmleak, site_line
+
+MMLEAK = [sys.executable, os.path.join(ROOT, "mmleak.py")]
+LEAK_LINE = None
+
+
+@pytest.fixture(scope="module")
+def load(tmp_path_factory, lib):
+    d = tmp_path_factory.mktemp("load")
+    exe = str(d / "daemon_load")
+    subprocess.run(["cc", "-O1", "-g", "-pthread", "-o", exe,
+                    os.path.join(TESTS, "daemon_load.c")], check=True)
+    return exe
+
+
+def traced_env(dump, **kw):
+    e = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump))
+    e.update({k: str(v) for k, v in kw.items()})
+    return e
+
+
+def survivors(dump, tid):
+    """{(ptr, seq): (size, callers)} of the whole trace, read from whatever DUMP holds."""
+    sh = mmleak.shrink_files(mmleak.find_traces(str(dump))[tid])
+    assert not sh.problems.malformed and not sh.problems.counts.get(("", "duplicate"))
+    return {(a.ptr, a.seq): (a.size, a.callers) for a in sh.survivors()}, sh
+
+
+def leak_count(dump, tid):
+    """Blocks reported at daemon_load.c's site:load_leak."""
+    rep = mmleak.build_report(str(dump), tid, progress=False)
+    sym = rep["frames"]
+    line = site_line("daemon_load.c", "load_leak")
+    return sum(1 for a in rep["survivors"]
+               if any(sym.get(c) and sym[c].line == line and
+                      (sym[c].file or "").endswith("daemon_load.c") for c in a.callers[:1]))
+
+
+def only_trace(dump):
+    t = [k for k, v in mmleak.find_traces(str(dump)).items() if v]
+    assert len(t) == 1, t
+    return t[0]
+
+
+def test_compaction_of_a_finished_trace_equals_the_whole(load, tmp_path):
+    """A trace kept whole, and a copy of it compacted: the same survivors, stacks and
+    foreign frees; only the compacted result, the maps and the series are left."""
+    full = tmp_path / "full"
+    full.mkdir()
+    r = subprocess.run([load, "-t", "3", "-n", "200000", "-l", "1000"],
+                       env=traced_env(full, MMLEAK_ROTATE_MB=1), capture_output=True, check=True)
+    assert r.stdout == b"leaked 600\n"
+    tid = only_trace(full)
+    assert len(mmleak.find_traces(str(full))[tid]) > 10
+    truth, sh_full = survivors(full, tid)
+    comp = tmp_path / "comp"
+    shutil.copytree(full, comp)
+    subprocess.run(MMLEAK + ["compact", str(comp)], check=True, capture_output=True)
+    names = sorted(os.listdir(comp))
+    assert names == ["mmleak.%s.%s" % (tid, x) for x in
+                     ("compact", "lock", "maps", "series", "series.live")]
+    got, sh = survivors(comp, tid)
+    assert got == truth
+    assert sorted(sh.foreign_frees()) == sorted(sh_full.foreign_frees())
+    assert leak_count(comp, tid) == 600
+    # the report tells how much was folded
+    rep = subprocess.run(MMLEAK + ["report", str(comp), "--no-html"], capture_output=True,
+                         text=True, check=True)
+    assert "events (%d of them folded by compaction" % sh_full.events in rep.stdout
+
+
+def test_compacting_while_it_runs_with_two_compactors_and_reports(load, tmp_path):
+    """The process runs (3 threads, files rotating at 1 MB, a fork half-way); two
+    compactors run at once and reports read meanwhile: no report fails or goes backwards
+    (a pass deletes files under a reader's feet only after the reader is done), and the end
+    result is exact."""
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    p = subprocess.Popen([load, "-t", "3", "-n", "400000", "-l", "1000", "-f", "-w"],
+                         env=traced_env(dump, MMLEAK_ROTATE_MB=1), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE)
+    comps = [subprocess.Popen(MMLEAK + ["compact", "--follow", "--interval", "0.2",
+                                        "--linger", "2", str(dump)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for _ in range(2)]
+    seen = []
+    out = b""
+    while not out.endswith(b"ready\n"):
+        if len(seen) < 6 and os.path.exists(dump / ("mmleak.%d.maps" % p.pid)):
+            seen.append(leak_count(dump, str(p.pid)))     # while it runs and is compacted
+        chunk = p.stdout.readline() if len(seen) >= 6 else b""
+        if len(seen) >= 6:
+            assert chunk, out
+            out += chunk
+    assert seen == sorted(seen) and seen[-1] <= 1200, seen
+    p.stdin.write(b"\n")
+    p.stdin.close()
+    p.wait()
+    for c in comps:
+        _, err = c.communicate(timeout=120)
+        assert c.returncode == 0, err
+    assert b"child leaked 1200\n" in out and out.endswith(b"leaked 1200\nready\n")
+    t = mmleak.find_traces(str(dump))
+    parent = str(p.pid)
+    child = [k for k in t if k != parent][0]
+    for tid, n in ((parent, 1200), (child, 1200)):
+        assert [os.path.basename(f) for f in t[tid]] == ["mmleak.%s.compact" % tid]
+        assert leak_count(dump, tid) == n
+        _, sh = survivors(dump, tid)
+        assert sh.gap_text() is None
+
+
+def test_a_compactor_killed_at_any_moment_loses_and_doubles_nothing(load, tmp_path):
+    """A compactor SIGKILLed at random moments of its passes, thirty times, then one clean
+    pass: the result is the whole trace's, and no event is read twice."""
+    full = tmp_path / "full"
+    full.mkdir()
+    subprocess.run([load, "-t", "2", "-n", "300000", "-l", "700"],
+                   env=traced_env(full, MMLEAK_ROTATE_MB=1), capture_output=True, check=True)
+    tid = only_trace(full)
+    truth, _ = survivors(full, tid)
+    rnd = random.Random(4)
+    comp = tmp_path / "comp"
+    shutil.copytree(full, comp)
+    for _ in range(30):
+        c = subprocess.Popen(MMLEAK + ["compact", str(comp)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        time.sleep(rnd.uniform(0.0, 0.4))
+        c.send_signal(signal.SIGKILL)
+        c.wait()
+    r = subprocess.run(MMLEAK + ["compact", str(comp)], capture_output=True)
+    assert r.returncode == 0 and b"duplicate" not in r.stderr, r.stderr
+    got, sh = survivors(comp, tid)
+    assert got == truth
+
+
+def test_a_pass_stopped_between_writing_and_deleting(load, tmp_path, monkeypatch):
+    """The worst moment: the new result is in place, the inputs are not deleted yet.  The
+    next pass deletes them (the result names them) instead of folding them again."""
+    full = tmp_path / "full"
+    full.mkdir()
+    subprocess.run([load, "-t", "2", "-n", "100000", "-l", "500"],
+                   env=traced_env(full, MMLEAK_ROTATE_MB=1), capture_output=True, check=True)
+    tid = only_trace(full)
+    truth, _ = survivors(full, tid)
+
+    class Stop(Exception):
+        pass
+
+    def crash(p):
+        raise Stop()
+    monkeypatch.setattr(mmleak, "_remove_dump", crash)
+    with pytest.raises(Stop):
+        mmleak.compact_trace(str(full), tid)
+    monkeypatch.undo()
+    assert len(mmleak.find_traces(str(full))[tid]) > 2       # the result and the inputs
+    res = mmleak.compact_trace(str(full), tid)
+    assert res["folded"] == 0                                 # deleted, not folded again
+    assert [os.path.basename(f) for f in mmleak.find_traces(str(full))[tid]] == \
+        ["mmleak.%s.compact" % tid]
+    got, _ = survivors(full, tid)
+    assert got == truth
+
+
+def test_killed_process_is_folded_with_its_staging_files(load, tmp_path):
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    p = subprocess.Popen([load, "-t", "2", "-n", "50000", "-l", "100", "-w"],
+                         env=traced_env(dump), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert p.stdout.readline() == b"leaked 1000\n"
+    assert p.stdout.readline() == b"ready\n"
+    tid = str(p.pid)
+    before, _ = survivors(dump, tid)
+    # alive: nothing complete yet (the files have no #end), nothing folded
+    r = mmleak.compact_trace(str(dump), tid)
+    assert r["folded"] == 0 and not r["over"]
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert [n for n in os.listdir(dump) if n.endswith(".tail")]
+    r = mmleak.compact_trace(str(dump), tid)
+    assert r["over"] and r["folded"] >= 1
+    assert not [n for n in os.listdir(dump) if n.endswith((".tail", ".out"))]
+    after, _ = survivors(dump, tid)
+    assert after == before
+    assert leak_count(dump, tid) == 1000
+
+
+def test_series_follows_the_live_set_exactly(load, tmp_path):
+    """Three phases leaking 200, 200 and 200 blocks, a compaction pass after each: the
+    series shows the leak site growing by exactly that, with BYTES = previous + NEW - FREED."""
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    p = subprocess.Popen([load, "-t", "2", "-n", "20000", "-l", "200", "-p", "3"],
+                         env=traced_env(dump, MMLEAK_ROTATE_MB=1), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE)
+    tid = str(p.pid)
+    for ph in range(1, 4):
+        assert p.stdout.readline() == b"phase %d leaked %d\n" % (ph, 200 * ph)
+        mmleak.compact_dir(str(dump), tid)
+        p.stdin.write(b"\n")
+        p.stdin.flush()
+    assert p.stdout.readline() == b"leaked 600\n"
+    p.stdin.close()
+    p.wait()
+    mmleak.compact_dir(str(dump), tid)
+    points, stacks = mmleak.read_series(mmleak.series_path(str(dump), tid))
+    assert len(points) == 4
+    sym = mmleak.Symbolizer(os.path.join(str(dump), "mmleak.%s.maps" % tid))
+    line = site_line("daemon_load.c", "load_leak")
+    keys = [k for k in points[-1].sites if k != "other"]
+    fr = sym.lookup(sorted({k[0] for k in keys}))
+    (leak_key,) = [k for k in keys if fr[k[0]].line == line]
+    counts = [pt.sites.get(leak_key, (0, 0, 0, 0, 0, 0))[1] for pt in points]
+    assert counts == [200, 400, 600, 600]
+    for a, b in zip(points, points[1:]):
+        assert b.live[0] == a.live[0] + b.new[0] - b.freed[0]
+        assert b.live[1] == a.live[1] + b.new[1] - b.freed[1]
+        for k, v in b.sites.items():
+            if k != "other" and k in a.sites:
+                assert v[0] == a.sites[k][0] + v[2] - v[4], k
+
+
+def test_run_compacts_in_the_background_and_keep_all_does_not(load, tmp_path):
+    d = tmp_path / "d"
+    r = subprocess.run(MMLEAK + ["run", "-d", str(d), "--", load, "-t", "2", "-n", "300000",
+                                 "-l", "1000"], capture_output=True)
+    assert r.returncode == 0 and r.stdout == b"leaked 600\n"
+    tid = only_trace(d)
+    assert [os.path.basename(f) for f in mmleak.find_traces(str(d))[tid]] == \
+        ["mmleak.%s.compact" % tid]
+    assert leak_count(d, tid) == 600
+    k = tmp_path / "k"
+    r = subprocess.run(MMLEAK + ["run", "--keep-all", "-d", str(k), "--", load, "-t", "2",
+                                 "-n", "300000", "-l", "1000"], capture_output=True)
+    tid = only_trace(k)
+    assert not os.path.exists(mmleak.compact_path(str(k), tid))
+    assert len(mmleak.find_traces(str(k))[tid]) >= 2

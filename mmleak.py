@@ -1387,9 +1387,9 @@ class TraceLock:
 
     def __enter__(self):
         import fcntl
-        try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
-                              0o600)
+        try:        # a reader never creates it: no lock file, no compactor ever ran
+            self.fd = os.open(self.path, (os.O_RDONLY if self.shared else os.O_RDWR | os.O_CREAT)
+                              | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError:
             try:
                 self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
@@ -1931,9 +1931,15 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     tid, paths = choose_trace(directory, pid)
     prog = progress_printer() if progress and sys.stderr.isatty() else None
     t0 = time.monotonic()
-    with TraceLock(directory, tid, shared=True):    # a compaction pass deletes files
-        paths = [p for p in find_traces(directory).get(tid, paths)]
-        sh = shrink_files(paths, progress=prog)
+    for attempt in (1, 2):
+        with TraceLock(directory, tid, shared=True):    # a compaction pass deletes files
+            paths = [p for p in find_traces(directory).get(tid, paths)]
+            sh = shrink_files(paths, progress=prog)
+        # a compactor that started while we read (its lock file did not exist yet) may have
+        # deleted a file under us: read again, now under its lock
+        if not (sh.problems.fatal and os.path.exists(
+                os.path.join(directory, "mmleak.%s.lock" % tid)) and attempt == 1):
+            break
     if prog and time.monotonic() - t0 > 1:
         prog(sh, paths[-1], 0, done=True)
     survivors = sh.survivors()

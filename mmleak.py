@@ -1910,14 +1910,19 @@ def choose_trace(directory, pid):
 
 
 def baseline_blocks(path):
-    """(ptr, seq) of the allocations in a saved shrink output (an earlier snapshot)."""
-    keys = set()
+    """The allocations alive in a saved snapshot (`mmleak.py snapshot`, or a `shrink` output
+    of the same process), {(ptr, seq): Alloc} with their stacks."""
+    sh = Shrinker()
     with open(path, "rb") as f:
-        for line in f:
-            e = parse_event(line)
-            if isinstance(e, Alloc):
-                keys.add((e.ptr, e.seq))
-    return keys
+        sh.feed(f, path)
+    if sh.problems.malformed:
+        raise Fail("--baseline %s: not a snapshot of a trace (malformed lines)" % path)
+    blocks = {}
+    for _, _, kind, line in sh.entries(False):
+        if kind == KIND_ALLOC:
+            a = parse_event(line, sh.stacks)
+            blocks[(a.ptr, a.seq)] = a
+    return blocks
 
 
 def build_report(directory, pid=None, progress=True, depth=None, since=None,
@@ -1956,8 +1961,12 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
             old = baseline_blocks(baseline)
         except OSError as e:
             raise Fail("--baseline %s: %s" % (baseline, e.strerror or e))
+        alive_now = {(a.ptr, a.seq) for a in survivors}
+        freed_since = [a for k, a in old.items() if k not in alive_now]
         survivors = [a for a in survivors if (a.ptr, a.seq) not in old]
-        filters.append("not alive in the snapshot %s" % baseline)
+        filters.append("allocated since the snapshot %s" % baseline)
+    else:
+        freed_since = None
     hdr = sh.headers[0] if sh.headers else {}
     start = header_int(hdr, "start")
     trace_depth = max([MAX_DEPTH if h.get("depth") == "auto" else header_int(h, "depth", 1)
@@ -1966,6 +1975,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     frames = {}
     sym_error = None
     addrs = {c for a in survivors for c in a.callers}
+    addrs |= {c for a in freed_since or () for c in a.callers}
     addrs |= {f.caller for f in sh.foreign_frees()}
     if os.path.exists(maps):
         sym = Symbolizer(maps, trace_start=start or None)
@@ -1984,6 +1994,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
         "incomplete": bool(sh.problems.malformed or sh.problems.fatal or sh.gap_text()),
         "gaps": sh.gap_text(), "alloc": sh.alloc,
         "since": since, "older_than": older_than, "baseline": baseline,
+        "freed_since_baseline": freed_since,
         "filter": "; ".join(filters) or None,
         "unfiltered": (all_count, all_bytes),
     }
@@ -2027,7 +2038,46 @@ def print_top_sites(rep, out, top=10):
         out.write("  %*d %*d  %s\n" % (wb, s.bytes, wn, s.blocks, label))
     if len(sites) > top:
         out.write("  ... %d more call sites\n" % (len(sites) - top))
+    if rep.get("freed_since_baseline") is not None:
+        print_incremental(rep, out, top)
     return sites
+
+
+def incremental_sites(rep):
+    """Per call site, since the --baseline snapshot: (+bytes, +blocks) allocated since and
+    still alive, (-bytes, -blocks) alive in the snapshot and freed since; largest change
+    first.  Returns [(caller, plus_bytes, plus_blocks, minus_bytes, minus_blocks)]."""
+    resolve = site_resolver(rep["frames"], Wrappers(rep.get("wrappers") or ()))
+    depth = rep["trace_depth"]
+    acc = collections.defaultdict(lambda: [0, 0, 0, 0])
+    for a in rep["survivors"]:
+        g = acc[resolve(a.callers[:depth])[0]]
+        g[0] += a.size
+        g[1] += 1
+    for a in rep["freed_since_baseline"]:
+        g = acc[resolve(a.callers[:depth])[0]]
+        g[2] += a.size
+        g[3] += 1
+    rows = [(k,) + tuple(v) for k, v in acc.items()]
+    rows.sort(key=lambda r: (-(r[1] - r[3]), -r[1], r[0]))
+    return rows
+
+
+def print_incremental(rep, out, top=10):
+    rows = incremental_sites(rep)
+    freed = rep["freed_since_baseline"]
+    out.write("  since the snapshot %s: +%s in %d blocks allocated and still alive, -%s in %d "
+              "blocks of the snapshot freed\n"
+              % (rep["baseline"], human_bytes(sum(a.size for a in rep["survivors"])),
+                 len(rep["survivors"]), human_bytes(sum(a.size for a in freed)), len(freed)))
+    out.write("  %12s %8s %12s %8s  %s\n" % ("+bytes", "+blocks", "-bytes", "-blocks",
+                                            "call site"))
+    for caller, pb, pn, mb, mn in rows[:top]:
+        fr = rep["frames"].get(caller)
+        out.write("  %12d %8d %12d %8d  %s\n" % (pb, pn, -mb, -mn,
+                                                 frame_label(fr) if fr else "0x%x" % caller))
+    if len(rows) > top:
+        out.write("  ... %d more call sites\n" % (len(rows) - top))
 
 
 def write_csv(rep, path):

@@ -248,3 +248,48 @@ def test_run_compacts_in_the_background_and_keep_all_does_not(load, tmp_path):
     tid = only_trace(k)
     assert not os.path.exists(mmleak.compact_path(str(k), tid))
     assert len(mmleak.find_traces(str(k))[tid]) >= 2
+
+
+def test_incremental_view_between_a_snapshot_and_now(load, tmp_path):
+    """MTrace's incremental view: a snapshot after phase 1, the report after phase 2 shows
+    per call site what was allocated since and is still alive (+), and what of the snapshot
+    was freed since (-), exactly."""
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    p = subprocess.Popen([load, "-t", "2", "-n", "20000", "-l", "200", "-p", "2", "-w"],
+                         env=traced_env(dump), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    tid = str(p.pid)
+    assert p.stdout.readline() == b"phase 1 leaked 200\n"
+    snap = tmp_path / "snap"
+    subprocess.run(MMLEAK + ["snapshot", str(dump), "--pid", tid, "-o", str(snap)], check=True,
+                   capture_output=True)
+    old = mmleak.baseline_blocks(str(snap))
+    p.stdin.write(b"\n")
+    p.stdin.flush()
+    assert p.stdout.readline() == b"phase 2 leaked 400\n"
+    p.stdin.write(b"\n")
+    p.stdin.flush()
+    assert p.stdout.readline() == b"leaked 400\n"
+    assert p.stdout.readline() == b"ready\n"
+    rep = mmleak.build_report(str(dump), tid, progress=False, baseline=str(snap))
+    rows = mmleak.incremental_sites(rep)
+    fr = rep["frames"]
+    by_line = {(fr[c].function, fr[c].line): (pb, pn, mb, mn) for c, pb, pn, mb, mn in rows
+               if fr.get(c) and (fr[c].file or "").endswith("daemon_load.c")}
+    leak = ("leak_one", site_line("daemon_load.c", "load_leak"))
+    assert by_line[leak] == (200 * 48, 200, 0, 0)
+    # the blocks handed between threads that were alive at the snapshot: all freed since
+    sym = mmleak.Symbolizer(os.path.join(str(dump), "mmleak.%s.maps" % tid))
+    handed = [a for a in old.values()
+              if sym.lookup([a.callers[0]])[a.callers[0]].function == "body"]
+    assert handed
+    body = [v for k, v in by_line.items() if k[0] == "body"]
+    assert sum(v[3] for v in body) == len(handed)
+    assert sum(v[2] for v in body) == sum(a.size for a in handed)
+    out = subprocess.run(MMLEAK + ["report", str(dump), "--pid", tid, "--no-html",
+                                   "--baseline", str(snap)], capture_output=True, text=True)
+    assert "since the snapshot %s: +%s in 200 blocks" % (snap, mmleak.human_bytes(9600)) \
+        in out.stdout
+    p.stdin.write(b"\n")
+    p.stdin.close()
+    p.wait()

@@ -1259,8 +1259,15 @@ def cmd_run(args):
         return rc if rc >= 0 else 128 - rc
     size = sum(os.path.getsize(p) for p in traces[main] if os.path.exists(p))
     others = [t for t in new if t != main]
-    sys.stderr.write("%s: %s ended (%s); trace %s: %d dump files, %s in %s\n"
-                     % (PROG, cmd[0], how, main, len(traces[main]), human_bytes(size), d))
+    comp = compact_path(d, main)
+    if os.path.exists(comp):
+        sys.stderr.write("%s: %s ended (%s); trace %s compacted in the background: %s (%s) "
+                         "and %d more dump files in %s\n"
+                         % (PROG, cmd[0], how, main, os.path.basename(comp),
+                            human_bytes(os.path.getsize(comp)), len(traces[main]) - 1, d))
+    else:
+        sys.stderr.write("%s: %s ended (%s); trace %s: %d dump files, %s in %s\n"
+                         % (PROG, cmd[0], how, main, len(traces[main]), human_bytes(size), d))
     if others:
         sys.stderr.write("%s: child processes traced too: %s\n" % (PROG, " ".join(others)))
     sys.stderr.write("%s: next: %s report %s --pid %s\n" % (PROG, sys.argv[0], d, main))
@@ -1974,7 +1981,9 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     maps = os.path.join(directory, "mmleak.%s.maps" % tid)
     frames = {}
     sym_error = None
+    series, _ = read_series(series_path(directory, tid))
     addrs = {c for a in survivors for c in a.callers}
+    addrs |= {c for pt in series for k in pt.sites if k != "other" for c in k}
     addrs |= {c for a in freed_since or () for c in a.callers}
     addrs |= {f.caller for f in sh.foreign_frees()}
     if os.path.exists(maps):
@@ -1995,6 +2004,8 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
         "gaps": sh.gap_text(), "alloc": sh.alloc,
         "since": since, "older_than": older_than, "baseline": baseline,
         "freed_since_baseline": freed_since,
+        "series": series,
+        "growth": growth_sites(series, frames, Wrappers(), trace_depth) if len(series) > 1 else None,
         "filter": "; ".join(filters) or None,
         "unfiltered": (all_count, all_bytes),
     }
@@ -2040,7 +2051,49 @@ def print_top_sites(rep, out, top=10):
         out.write("  ... %d more call sites\n" % (len(sites) - top))
     if rep.get("freed_since_baseline") is not None:
         print_incremental(rep, out, top)
+    if rep.get("growth"):
+        print_growth(rep, out, top)
     return sites
+
+
+def growth_sites(points, frames, wrappers=None, depth=MAX_DEPTH):
+    """The series by call site: {site address: [(unix, time, bytes, blocks) per point]},
+    with the series' keys (stacks) resolved to sites as the report resolves survivors."""
+    resolve = site_resolver(frames, wrappers)
+    per = collections.defaultdict(lambda: [[0, 0] for _ in points])
+    for i, pt in enumerate(points):
+        for k, v in pt.sites.items():
+            if k == "other":
+                continue
+            site = resolve(k[:depth])[0]
+            per[site][i][0] += v[0]
+            per[site][i][1] += v[1]
+    return {site: [(pt.unix, pt.time, b, n) for pt, (b, n) in zip(points, vals)]
+            for site, vals in per.items()}
+
+
+def print_growth(rep, out, top=10):
+    g = rep["growth"]
+    pts = rep["series"]
+    span = pts[-1].time - pts[0].time
+    out.write("  growth over %d compaction passes (%s of the trace's time), by call site "
+              "(live bytes first -> last):\n" % (len(pts), _duration(span)))
+    rows = sorted(g.items(), key=lambda kv: (-(kv[1][-1][2] - kv[1][0][2]), kv[0]))
+    for site, vals in rows[:top]:
+        fr = rep["frames"].get(site)
+        d = vals[-1][2] - vals[0][2]
+        rate = " (%+.0f B/h)" % (d * 3600.0 / span) if span > 0 else ""
+        out.write("  %12d -> %12d %+12d%s  %s\n" % (vals[0][2], vals[-1][2], d, rate,
+                                                 frame_label(fr) if fr else "0x%x" % site))
+
+
+def _duration(s):
+    s = int(s)
+    if s < 120:
+        return "%d s" % s
+    if s < 7200:
+        return "%d min" % (s // 60)
+    return "%.1f h" % (s / 3600.0)
 
 
 def incremental_sites(rep):

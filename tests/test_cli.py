@@ -21,8 +21,11 @@ def test_run_then_report(bins, tmp_path, lib):
     traces = {k: v for k, v in mmleak.find_traces(str(d)).items() if v}
     (tid,) = traces
     err = r.stderr.splitlines()
-    assert err[0] == ("mmleak.py: %s ended (exit status 0); trace %s: 1 dump files, %s in %s"
-                      % (bins["hostile"], tid, mmleak.human_bytes(
+    # compacted in the background: the one result file, the dump files folded and gone
+    assert [os.path.basename(f) for f in traces[tid]] == ["mmleak.%s.compact" % tid]
+    assert err[0] == ("mmleak.py: %s ended (exit status 0); trace %s compacted in the "
+                      "background: mmleak.%s.compact (%s) and 0 more dump files in %s"
+                      % (bins["hostile"], tid, tid, mmleak.human_bytes(
                           os.path.getsize(traces[tid][0])), d))
     assert err[1] == "mmleak.py: next: %s report %s --pid %s" % (MMLEAK_PY[1], d, tid)
     r = subprocess.run(MMLEAK_PY + ["report", str(d), "--pid", tid, "--no-html", "--top",
@@ -136,11 +139,17 @@ def test_report_incremental_against_a_snapshot(bins, dump, tmp_path):
         r = subprocess.run(MMLEAK_PY + ["report", str(dump), "--pid", str(p.pid), "--no-html",
                                         "--baseline", str(base)], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
-        rows = [l for l in r.stdout.splitlines() if l.startswith("  ") and " at " in l]
+        lines = r.stdout.splitlines()
         src = os.path.join(ROOT, "tests", "hostile.c")
+        cut = next(i for i, l in enumerate(lines) if l.startswith("  since the snapshot"))
+        rows = [l for l in lines[:cut] if l.startswith("  ") and " at " in l]
         assert rows == ["  %12d %8d  main at %s:%d" % (1112, 2, src, site_line("hostile.c",
                                                                                 "later"))]
-        assert "showing only blocks not alive in the snapshot %s (2 of " % base in r.stdout
+        assert "showing only blocks allocated since the snapshot %s (2 of " % base in r.stdout
+        # the incremental table: +2 blocks at "later", nothing of the snapshot freed
+        inc = [l for l in lines[cut:] if " at " in l]
+        assert inc == ["  %12d %8d %12d %8d  main at %s:%d" % (1112, 2, 0, 0, src, site_line(
+            "hostile.c", "later"))]
     finally:
         p.kill()
         p.wait()

@@ -73,6 +73,14 @@ struct object {
     size_t nwrap, wcap;
 };
 
+/* Address ranges an object was unloaded from (dlclose): code there may belong to different
+ * objects at different times, so its addresses are never cached as the program's and their
+ * frames carry the epoch (see capture in mmleak.c).  Past VOLATILE_MAX ranges, everything is. */
+#define VOLATILE_MAX 256
+static struct range volatile_r[VOLATILE_MAX];
+static _Atomic size_t volatile_n;
+static atomic_int volatile_all;
+
 static struct {
     pthread_mutex_t lock;
     struct object *a;
@@ -253,6 +261,36 @@ static const struct object *object_at(uintptr_t a)
     return n;
 }
 
+int mml_site_volatile(uintptr_t a)
+{
+    if (atomic_load_explicit(&volatile_all, memory_order_relaxed))
+        return 1;
+    size_t n = atomic_load_explicit(&volatile_n, memory_order_acquire);
+    for (size_t i = 0; i < n; i++)
+        if (a - volatile_r[i].lo < volatile_r[i].hi - volatile_r[i].lo)
+            return 1;
+    return 0;
+}
+
+void mml_sites_unloading(uintptr_t lo, uintptr_t hi)
+{
+    pthread_mutex_lock(&S.lock);
+    size_t n = atomic_load(&volatile_n);
+    int known = 0;
+    for (size_t i = 0; i < n; i++)
+        if (volatile_r[i].lo <= lo && hi <= volatile_r[i].hi)
+            known = 1;
+    if (!known) {
+        if (n == VOLATILE_MAX) {
+            atomic_store(&volatile_all, 1);
+        } else {
+            volatile_r[n] = (struct range){ lo, hi };
+            atomic_store_explicit(&volatile_n, n + 1, memory_order_release);
+        }
+    }
+    pthread_mutex_unlock(&S.lock);
+}
+
 int mml_site_classify(uintptr_t a)
 {
     pthread_mutex_lock(&S.lock);
@@ -273,6 +311,8 @@ int mml_site_classify(uintptr_t a)
             pass = MML_SITE_WRAPPER;
     }
     pthread_mutex_unlock(&S.lock);
+    if (mml_site_volatile(a))
+        return pass | MML_SITE_VOLATILE;
     if (!pass)
         atomic_store_explicit(&mml_direct[MML_DIRECT_SLOT(a)], a, memory_order_relaxed);
     return pass;

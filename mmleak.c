@@ -107,6 +107,7 @@ static char g_cmd[2048];             /* escaped command line for the file header
 static char g_alloc[512];            /* the allocator's file (libc, jemalloc...), escaped */
 static _Atomic uint64_t g_lost_orphan; /* events lost where no thread file could say so */
 static atomic_uint g_episode;        /* numbers the gaps: "#dropping k=K", "#lost N k=K" */
+static atomic_uint g_epoch;          /* dlclose() calls so far: see loads_log_locked */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* cold path only */
 static pthread_key_t g_key;
 static int g_key_ok;
@@ -131,7 +132,8 @@ static _Atomic uint64_t g_seq[1u << SEQ_BITS] __attribute__((aligned(64)));
 struct hot {
     int fast;        /* the one-frame fast writer may be used (tracing, depth 1 or auto) */
     int alive;       /* tracing in this address space; 0 in a freshly forked copy */
-    uintptr_t mask;  /* auto: ~0, the caller must be a known program address (mml_direct) */
+    uintptr_t mask;  /* ~0: the caller must be a known program address (mml_direct) */
+    unsigned epoch;  /* g_epoch: a thread that has not seen this one takes the slow path */
 };
 static struct hot hot_off;          /* before the start, and where WIPEONFORK is missing */
 static struct hot *H = &hot_off;
@@ -162,6 +164,7 @@ struct tstate {
     size_t ss_cap, ss_n;
     uint64_t lost;        /* events not recorded while dropping, not yet reported */
     unsigned episode;     /* k= of the "#dropping"/"#lost" lines of the current gap */
+    unsigned epoch;       /* the dlclose() epoch this thread's fast path is valid for */
     time_t retry_at;      /* while dropping: next time a write is tried */
     unsigned fileno;      /* N of the current file */
     const void *new_ra;   /* while GUARD_NEW: the caller of the failing operator new */
@@ -277,7 +280,7 @@ HOT_INLINE void rec_alloc(void *p, size_t n, const void *ra)
     struct tstate *t = &T;
     uintptr_t known = atomic_load_explicit(&mml_direct[MML_DIRECT_SLOT(ra)], memory_order_relaxed);
     if (unlikely((t->end - t->cur < FAST_ROOM) | t->guard | (H->fast == 0) |
-                 (((known ^ (uintptr_t)ra) & H->mask) != 0))) {
+                 (((known ^ (uintptr_t)ra) & H->mask) != 0) | (t->epoch != H->epoch))) {
         slow_alloc(p, n, ra);
         return;
     }
@@ -747,7 +750,7 @@ static char *hexw(char *d, uint64_t v, int width);
 
 /* ---- the maps file: a sorted union of every file-backed mapping seen in this process ---- */
 
-struct mline { uint64_t start; uint32_t off, len; };
+struct mline { uint64_t start; uint32_t off, len; int seen, present; };
 static struct {
     char *text; size_t tlen, tcap;      /* unique lines, back to back */
     struct mline *ln; size_t n, cap;    /* sorted by start address */
@@ -796,8 +799,10 @@ static int wanted_map_line(const char *l, size_t n)
 static int maps_add(const char *l, size_t n)
 {
     for (size_t i = 0; i < M.n; i++)
-        if (M.ln[i].len == n && !memcmp(M.text + M.ln[i].off, l, n))
+        if (M.ln[i].len == n && !memcmp(M.text + M.ln[i].off, l, n)) {
+            M.ln[i].seen = 1;
             return 0;
+        }
     char *t = grow(M.text, &M.tcap, M.tlen + n, 1);
     struct mline *a = grow(M.ln, &M.cap, M.n + 1, sizeof *a);
     if (!t || !a)
@@ -812,10 +817,49 @@ static int maps_add(const char *l, size_t n)
         M.ln[i] = M.ln[i - 1];
         i--;
     }
-    M.ln[i] = (struct mline){ start, (uint32_t)M.tlen, (uint32_t)n };
+    M.ln[i] = (struct mline){ start, (uint32_t)M.tlen, (uint32_t)n, 1, 0 };
     M.n++;
     M.tlen += n;
     return 1;
+}
+
+/* ---- mmleak.ID.loads: which mapping was there in which epoch ----
+ * The epoch counts dlclose() calls.  A plugin unloaded and another object loaded at the same
+ * addresses would make those addresses ambiguous in the maps file (it keeps every mapping
+ * ever seen, for eu-addr2line -M); so every change is logged, "+EPOCH LINE" when a mapping
+ * appears and "-EPOCH LINE" when it is gone, and frames in a range some object was unloaded
+ * from carry the epoch in their top 16 bits (see capture). */
+static int g_loads_on;  /* from the first dlclose on: before it, no range had two objects */
+
+static void loads_log_locked(void)
+{
+    if (!g_loads_on)
+        return;
+    unsigned e = atomic_load(&g_epoch);
+    int fd = -1;
+    for (size_t i = 0; i < M.n; i++) {
+        struct mline *l = &M.ln[i];
+        if (l->seen == l->present)
+            continue;
+        if (fd < 0) {
+            char name[64];
+            file_name(name, sizeof name, ".loads");
+            fd = d_open(name, O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0);
+            if (fd < 0)
+                fd = create_locked(name);
+            if (fd < 0)
+                return;
+        }
+        char hdr[24], *d = hdr;
+        *d++ = l->seen ? '+' : '-';
+        d = cat_u(d, hdr + sizeof hdr, e);
+        *d++ = ' ';
+        if (write_all(fd, hdr, (size_t)(d - hdr)) || write_all(fd, M.text + l->off, l->len))
+            break;
+        l->present = l->seen;
+    }
+    if (fd >= 0)
+        close(fd);
 }
 
 static int phdr_counts(struct dl_phdr_info *info, size_t size, void *data)
@@ -854,6 +898,8 @@ static void maps_snapshot_locked(int force, const unsigned long long c[2])
     }
     close(fd);
     int changed = 0;
+    for (size_t i = 0; i < M.n; i++)
+        M.ln[i].seen = 0;
     for (size_t i = 0; i < len;) {
         char *nl = memchr(M.buf + i, '\n', len - i);
         size_t n = (nl ? (size_t)(nl - (M.buf + i)) : len - i) + 1;
@@ -861,6 +907,7 @@ static void maps_snapshot_locked(int force, const unsigned long long c[2])
             changed |= maps_add(M.buf + i, n);
         i += n;
     }
+    loads_log_locked();
     if (!changed && !force)
         return;
     size_t total = 0;
@@ -971,7 +1018,9 @@ static void arm_hot(void)
             munmap(p, 4096);    /* kernel before 4.14: raw clone() children are not detected */
     }
     H->fast = cfg.depth <= 1;
-    H->mask = cfg.depth == 0 ? ~(uintptr_t)0 : 0;
+    H->epoch = atomic_load(&g_epoch);
+    /* after a dlclose even depth 1 asks the cache: the verdict says "no unloaded range" */
+    H->mask = cfg.depth == 0 || H->epoch ? ~(uintptr_t)0 : 0;
     atomic_signal_fence(memory_order_seq_cst);
     H->alive = 1;
 }
@@ -987,6 +1036,8 @@ static void process_start(void)
     }
     g_state = 1;
     atomic_store(&g_next_file, 0);
+    for (size_t i = 0; i < M.n; i++)
+        M.ln[i].present = 0;     /* a new trace: its loads log starts with every mapping */
     unsigned long long c[2] = { 0, 0 };
     maps_snapshot_locked(1, c);
     arm_hot();
@@ -1891,13 +1942,22 @@ static void sset_clear(struct tstate *t)
  * first frame, and AUTO_CONTEXT more of its callers. */
 #define AUTO_CONTEXT 4
 
+/* A frame in a range an object was unloaded from carries the epoch in its top 16 bits: the
+ * readers then take the object that was mapped there in that epoch (mmleak.ID.loads). */
+static uintptr_t tagged(uintptr_t a, int cls)
+{
+    return cls & MML_SITE_VOLATILE ? a | (uintptr_t)(H->epoch & 0xffff) << 48 : a;
+}
+
 static int capture(const void *ra, uintptr_t *f)
 {
     f[0] = (uintptr_t)ra;
     int want = cfg.depth;
+    int cls = H->epoch || want == 0 ? mml_site_classify((uintptr_t)ra) : MML_SITE_PROGRAM;
+    f[0] = tagged(f[0], cls);
     if (want == 1)
         return 1;
-    if (want == 0 && mml_site_classify((uintptr_t)ra) == MML_SITE_PROGRAM)
+    if (want == 0 && !(cls & MML_SITE_PASS))
         return 1;
     void *bt[MAXDEPTH + 8];
     int max = want ? want : MAXDEPTH;
@@ -1909,11 +1969,15 @@ static int capture(const void *ra, uintptr_t *f)
     int n = 1, program_at = -1;
     for (int j = i + 1; j < k && n < max; j++) {
         f[n] = (uintptr_t)bt[j];
-        if (want == 0 && program_at < 0) {
-            uintptr_t known = atomic_load_explicit(&mml_direct[MML_DIRECT_SLOT(f[n])],
-                                                   memory_order_relaxed);
-            if (known == f[n] || mml_site_classify(f[n]) == MML_SITE_PROGRAM)
+        uintptr_t known = atomic_load_explicit(&mml_direct[MML_DIRECT_SLOT(f[n])],
+                                               memory_order_relaxed);
+        if (known != f[n]) {        /* not known as the program's: ask */
+            int c = mml_site_classify(f[n]);
+            f[n] = tagged(f[n], c);
+            if (want == 0 && program_at < 0 && !(c & MML_SITE_PASS))
                 program_at = n;
+        } else if (want == 0 && program_at < 0) {
+            program_at = n;
         }
         n++;
         if (want == 0 && program_at >= 0 && n > program_at + AUTO_CONTEXT)
@@ -1965,9 +2029,10 @@ COLD static void slow_alloc(void *p, size_t n, const void *ra)
         *d++ = '@';
         d = hexw(d, id, 1);
     } else {
-        d = hexw(d, (uintptr_t)ra - 1, 12);
+        d = hexw(d, f[0] - 1, 12);
     }
     *d++ = '\n';
+    t->epoch = H->epoch;
     unsigned fileno = t->fileno;
     int was_open = t->open;
     if (emit(line, (size_t)(d - line)) && def && was_open && t->open && t->fileno == fileno)
@@ -2353,13 +2418,26 @@ EXPORT int dlclose(void *h)
 {
     if (unlikely(!real.dlclose))
         resolve();
-    if (g_state > 0 && g_pid == getpid() && !IN_OWN_CODE(&T)) {
+    int tracing = g_state > 0 && g_pid == getpid() && !IN_OWN_CODE(&T);
+    if (tracing) {
         GUARDED;
+        pthread_mutex_lock(&g_lock);
+        g_loads_on = 1;     /* the first one writes every mapping seen so far, as "+0" */
+        pthread_mutex_unlock(&g_lock);
         maps_snapshot(1);
+        /* the object's range: code there may belong to another object from now on */
+        struct link_map *lm = NULL;
+        struct dl_find_object fo;
+        if (dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_ld &&
+            _dl_find_object(lm->l_ld, &fo) == 0)
+            mml_sites_unloading((uintptr_t)fo.dlfo_map_start, (uintptr_t)fo.dlfo_map_end);
     }
     int rc = real.dlclose(h);
-    if (g_state > 0)
+    if (tracing) {
+        atomic_fetch_add(&g_epoch, 1);
         mml_sites_forget();   /* other code may come at the same addresses */
+        arm_hot();            /* every thread notices the new epoch on its next event */
+    }
     return rc;
 }
 

@@ -18,10 +18,16 @@
 #define MML_DIRECT_SLOT(a) ((((uintptr_t)(a)) ^ ((uintptr_t)(a) >> 12)) & (MML_DIRECT_SIZE - 1))
 extern _Atomic uintptr_t mml_direct[MML_DIRECT_SIZE];
 
-enum { MML_SITE_PROGRAM = 0, MML_SITE_RUNTIME = 1, MML_SITE_WRAPPER = 2 };
+enum { MML_SITE_PROGRAM = 0, MML_SITE_RUNTIME = 1, MML_SITE_WRAPPER = 2, MML_SITE_VOLATILE = 4 };
+#define MML_SITE_PASS (MML_SITE_RUNTIME | MML_SITE_WRAPPER)
 
-/* Classify a code address (slow path; fills mml_direct for the program's addresses). */
+/* Classify a code address (slow path; fills mml_direct for the program's addresses, except
+ * in a range an object was unloaded from: MML_SITE_VOLATILE). */
 int mml_site_classify(uintptr_t addr);
+/* Is ADDR in a range an object was unloaded from? */
+int mml_site_volatile(uintptr_t addr);
+/* An object is about to be unloaded from [lo, hi). */
+void mml_sites_unloading(uintptr_t lo, uintptr_t hi);
 /* Forget every answer (after dlclose: other code may come at the same addresses). */
 void mml_sites_forget(void);
 /* In a fork child: the lock may have been held by a thread that does not exist there. */

@@ -815,20 +815,25 @@ Frame = collections.namedtuple("Frame", "addr module offset function file line i
 MAPS_LINE_RE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) ([0-9a-f]+) (\S+) (\d+)\s+(.*)$")
 
 
-class Maps:
-    """The cumulative maps file: every file-backed mapping the process had."""
+ADDR_MASK = (1 << 48) - 1      # a frame's top 16 bits: the dlclose epoch (mmleak.ID.loads)
 
-    def __init__(self, path):
+
+class Maps:
+    """The cumulative maps file: every file-backed mapping the process had (or LINES)."""
+
+    def __init__(self, path, lines=None):
         self.path = path
         self.entries = []   # (start, end, offset, inode, pathname)
-        with open(path, "r", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                m = MAPS_LINE_RE.match(line.rstrip("\n"))
-                if not m:
-                    continue
-                self.entries.append((int(m.group(1), 16), int(m.group(2), 16),
-                                     int(m.group(4), 16), int(m.group(6)), m.group(7),
-                                     line if line.endswith("\n") else line + "\n"))
+        if lines is None:
+            with open(path, "r", encoding="utf-8", errors="replace") as f:
+                lines = f.readlines()
+        for line in lines:
+            m = MAPS_LINE_RE.match(line.rstrip("\n"))
+            if not m:
+                continue
+            self.entries.append((int(m.group(1), 16), int(m.group(2), 16),
+                                 int(m.group(4), 16), int(m.group(6)), m.group(7),
+                                 line if line.endswith("\n") else line + "\n"))
         self.entries.sort()
         self.starts = [e[0] for e in self.entries]
 
@@ -843,6 +848,44 @@ class Maps:
                 hits.append(self.entries[j])
             j -= 1
         return hits
+
+
+class Loads:
+    """mmleak.ID.loads: "+EPOCH LINE" when a mapping appeared, "-EPOCH LINE" when it was gone,
+    EPOCH counting the dlclose() calls before.  Tells which object was at an address in an
+    epoch, where the maps file (every mapping ever) has several."""
+
+    def __init__(self, path):
+        self.log = []
+        with open(path, "r", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                m = re.match(r"([-+])(\d+) (.*\n?)$", line)
+                if m:
+                    self.log.append((m.group(1), int(m.group(2)), m.group(3)))
+        self._views = {}
+
+    def view(self, epoch):
+        """The mappings present in EPOCH, as a Maps."""
+        if epoch not in self._views:
+            present = {}
+            for sign, e, line in self.log:
+                if e > epoch:
+                    break
+                if sign == "+":
+                    present[line] = True
+                else:
+                    present.pop(line, None)
+            self._views[epoch] = Maps(None, list(present))
+        return self._views[epoch]
+
+    def first_epoch(self, addr):
+        """The epoch the first object mapped over ADDR appeared in (frames without an epoch
+        were recorded before anything at their address was unloaded)."""
+        for sign, e, line in self.log:
+            m = MAPS_LINE_RE.match(line.rstrip("\n"))
+            if sign == "+" and m and int(m.group(1), 16) <= addr < int(m.group(2), 16):
+                return e
+        return 0
 
 
 def _module_problem(path, inode, trace_start):
@@ -868,6 +911,11 @@ class Symbolizer:
         that inlined it (see program_level); False: the innermost location, as it is."""
         self.program_lines = program_lines
         self.maps = Maps(maps_path)
+        loads = maps_path[:-5] + ".loads" if maps_path.endswith(".maps") else None
+        try:
+            self.loads = Loads(loads) if loads and os.path.exists(loads) else None
+        except OSError:
+            self.loads = None
         self.trace_start = trace_start
         self.tool = tool
         self.cache = {}
@@ -880,12 +928,24 @@ class Symbolizer:
             self._checked[key] = _module_problem(entry[4], entry[3], self.trace_start)
         return self._checked[key]
 
+    def _view(self, a):
+        """The mappings to resolve A with: the whole maps file, or, for a frame with an epoch
+        or in a range several objects used over the run, those of its epoch."""
+        real, epoch = a & ADDR_MASK, a >> 48
+        if epoch and self.loads:
+            return self.loads.view(epoch), real
+        hits = self.maps.find(real)
+        if self.loads and len({(h[4], h[0] - h[2]) for h in hits}) > 1:
+            return self.loads.view(self.loads.first_epoch(real)), real
+        return self.maps, real
+
     def lookup(self, addrs):
         """Return {addr: Frame} for every address (unresolved ones with .error set)."""
         todo = [a for a in set(addrs) if a not in self.cache]
-        good = {}
+        good = collections.defaultdict(dict)        # view -> {addr: (module, offset)}
         for a in todo:
-            hits = self.maps.find(a)
+            view, real = self._view(a)
+            hits = view.find(real)
             paths = {(h[4], h[0] - h[2]) for h in hits}
             if not hits:
                 self.cache[a] = Frame(a, None, None, None, None, None, (), "not in any mapped file")
@@ -897,16 +957,18 @@ class Symbolizer:
                 h = hits[0]
                 why = self._usable(h)
                 mod = os.path.basename(h[4])
-                off = a - h[0] + h[2]
+                off = real - h[0] + h[2]
                 if why:
                     self.cache[a] = Frame(a, mod, off, None, None, None, (), why)
                 else:
-                    good[a] = (mod, off)
-        if good:
-            self._run_tool(good)
+                    good[id(view)][a] = (mod, off, view)
+        for g in good.values():
+            view = next(iter(g.values()))[2]
+            self._run_tool({a: v[:2] for a, v in g.items()}, view)
         return {a: self.cache[a] for a in addrs}
 
-    def _run_tool(self, good):
+    def _run_tool(self, good, view=None):
+        view = view or self.maps
         exe = shutil.which(self.tool)
         if not exe:
             self.tool_error = "%s not found (install elfutils)" % self.tool
@@ -916,16 +978,16 @@ class Symbolizer:
         # A clean maps file for the tool: only the modules we trust, no ambiguous ranges.
         trusted = set()
         for a in good:
-            for h in self.maps.find(a):
+            for h in view.find(a & ADDR_MASK):
                 trusted.add(h[4])
         with tempfile.NamedTemporaryFile("w", prefix="mmleak-maps.", delete=False) as tf:
-            for e in self.maps.entries:
+            for e in view.entries:
                 if e[4] in trusted:
                     tf.write(e[5])
             tmpmaps = tf.name
         try:
             order = sorted(good)
-            inp = "".join("0x%x\n" % a for a in order)
+            inp = "".join("0x%x\n" % (a & ADDR_MASK) for a in order)
             try:
                 r = subprocess.run([exe, "-M", tmpmaps, "-a", "-f", "-i", "-C"], input=inp,
                                    capture_output=True, text=True, errors="replace")
@@ -935,7 +997,7 @@ class Symbolizer:
             parsed = _parse_addr2line(r.stdout) if r is not None else {}
             for a in order:
                 mod, off = good[a]
-                chain = parsed.get(a)
+                chain = parsed.get(a & ADDR_MASK)
                 if not chain:
                     err = self.tool_error or ("%s gave no answer: %s"
                                               % (self.tool, (r.stderr.strip().splitlines()
@@ -2043,9 +2105,13 @@ def print_top_sites(rep, out, top=10):
     wb = max([12] + [len(str(s.bytes)) for s in sites[:top]])
     wn = max([8] + [len(str(s.blocks)) for s in sites[:top]])
     out.write("  %*s %*s  %s\n" % (wb, "bytes", wn, "blocks", "call site"))
-    for s in sites[:top]:
+    labels = [frame_label(rep["frames"][s.caller]) if rep["frames"].get(s.caller)
+              else "0x%x" % s.caller for s in sites]
+    twice = {l for l in labels if labels.count(l) > 1}
+    for s, label in zip(sites[:top], labels):
         fr = rep["frames"].get(s.caller)
-        label = frame_label(fr) if fr else "0x%x" % s.caller
+        if label in twice and fr and fr.module:     # same source in two objects (plugins)
+            label += "  [%s]" % fr.module
         out.write("  %*d %*d  %s\n" % (wb, s.bytes, wn, s.blocks, label))
     if len(sites) > top:
         out.write("  ... %d more call sites\n" % (len(sites) - top))

@@ -15,9 +15,10 @@ SCRIPTS = mmleak.py mmleak-panda.py mmleak-install.py
 
 all: mmleak.so
 
-# mmleak-shrink.c: the compiled shrinker mmleak.py loads with ctypes (same library, inactive tracer).
-mmleak.so: mmleak.c mmleak-shrink.c
-	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -o $@ mmleak.c mmleak-shrink.c -ldl -lpthread $(LDFLAGS)
+# mmleak-shrink.c: the compiled shrinker mmleak.py loads with ctypes (same library, inactive tracer);
+# mmleak-inject.c: the ptrace injector of `mmleak.py attach` (same way).
+mmleak.so: mmleak.c mmleak-shrink.c mmleak-inject.c
+	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -o $@ mmleak.c mmleak-shrink.c mmleak-inject.c -ldl -lpthread $(LDFLAGS)
 
 check: all
 	$(PYTHON) -m pytest -q tests

@@ -14,8 +14,8 @@
  * f = dlsym(h, FUNC) and *result = f(ARG) (ARG: a string copied into the target, or NULL).
  * *result is the whole of rax when f returns: for a function returning int, keep its low
  * 32 bits (ctypes: c_int(result).value).  With FUNC NULL, *result is the handle.
- * TIMEOUT_MS <= 0 means 10000: the whole operation, and each wait in it, ends by then
- * (see "Limits" for the one wait that cannot).
+ * TIMEOUT_MS <= 0 means 10000.  Finding a safe moment, then the calls, each get that time
+ * (so at most twice that in all; see "Limits" for the one wait that can take longer).
  * Returns 0, or one of the negative codes below with one line in ERR (no newline):
  *   -1 MMLEAK_INJ_EINVAL  bad arguments (LIB not absolute, PID is a thread or ourselves...)
  *   -2 MMLEAK_INJ_ESRCH   no such process, or it exited (also during the operation)
@@ -81,10 +81,15 @@
  *     loader's recursive locks (their owner fields in _rtld_global: dlopen, dlclose, a
  *     library constructor, dl_iterate_phdr); (c) its stack has room (64 KB below rsp, or
  *     the growing main stack); (d) SIGSEGV or SIGTRAP can end the call (above).
- *  3. A thread in user code inside one of those libraries is single-stepped until it
- *     leaves them (at most 4000 steps; never over a `syscall` instruction); a thread that
- *     still fails is let run for ~0.3 ms and stopped again, up to 20 times; then the next
- *     thread is tried, and rounds repeat until the timeout.
+ *  3. A thread in user code inside one of those libraries is run to the return address
+ *     of the library call it is in (the first return address into other code found on its
+ *     stack, with a hardware breakpoint of that thread only: no byte of the program is
+ *     changed; up to 3 times, 20 ms each), else single-stepped until it leaves them (at
+ *     most 4000 steps or 50 ms; never over a `syscall` instruction).  A thread that still
+ *     fails (or that is in one of the system calls above, or owns a loader lock) is let run
+ *     for 0.3 to 2.4 ms and stopped again, up to 8 times; then the next thread is tried,
+ *     and rounds repeat until the timeout.  Breakpoints and steps are only used when the
+ *     thread does not block SIGTRAP and the process does not ignore it.
  *  4. Before a round, and while any loader lock is held by some thread (seen in the
  *     target's memory), we wait: our dlopen would only block on it.
  *
@@ -161,6 +166,7 @@ API int mmleak_inject_call(int pid, const char *lib, const char *func, const cha
 #define DEFAULT_TIMEOUT_MS 10000
 #define GRACE_NS 5000000000LL   /* past the deadline, for a thread that must still stop */
 #define MAX_STEPS 4000          /* single steps to get a thread out of libc/ld.so */
+#define STEP_NS 50000000LL      /* and at most that long (each step waits for a CPU) */
 #define MAX_LETS 8              /* "let it run a little" per thread and round */
 #define MAX_RUNS 3              /* runs to the return of a library call */
 #define MIN_STACK (64 * 1024)
@@ -186,7 +192,8 @@ struct range {
 
 struct inj {
     int pid, me;
-    int64_t deadline;
+    int mtid; /* a live thread, for its memory map: the main thread may have exited */
+    int64_t deadline, timeout_ns;
     char *err;
     size_t errlen;
     int have_err;
@@ -350,8 +357,8 @@ static int is_fault(const siginfo_t *si)
 static int mem_rw(struct inj *c, uint64_t addr, void *buf, size_t len, int write)
 {
     struct iovec l = {buf, len}, r = {(void *)addr, len};
-    ssize_t n = write ? process_vm_writev(c->pid, &l, 1, &r, 1, 0)
-                      : process_vm_readv(c->pid, &l, 1, &r, 1, 0);
+    ssize_t n = write ? process_vm_writev(c->mtid, &l, 1, &r, 1, 0)
+                      : process_vm_readv(c->mtid, &l, 1, &r, 1, 0);
     if (n == (ssize_t)len)
         return 0;
     if (n >= 0 || errno == EFAULT)
@@ -359,7 +366,7 @@ static int mem_rw(struct inj *c, uint64_t addr, void *buf, size_t len, int write
     /* no process_vm_* (seccomp, old kernel): /proc/PID/mem */
     if (c->memfd < 0) {
         char path[64];
-        snprintf(path, sizeof path, "/proc/%d/mem", c->pid);
+        snprintf(path, sizeof path, "/proc/%d/task/%d/mem", c->pid, c->mtid);
         c->memfd = open(path, O_RDWR | O_CLOEXEC);
         if (c->memfd < 0)
             c->memfd = open(path, O_RDONLY | O_CLOEXEC);
@@ -405,7 +412,7 @@ static const char *base_name(const char *path)
 static int load_maps(struct inj *c)
 {
     char path[64];
-    snprintf(path, sizeof path, "/proc/%d/maps", c->pid);
+    snprintf(path, sizeof path, "/proc/%d/task/%d/maps", c->pid, c->mtid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -1;
@@ -787,7 +794,7 @@ static int survey(struct inj *c)
     const char *libc = NULL, *ld = NULL, *libdl = NULL, *musl = NULL;
     struct stat lst;
     char lp[PATH_MAX + 64];
-    snprintf(lp, sizeof lp, "/proc/%d/root%s", c->pid, c->lib);
+    snprintf(lp, sizeof lp, "/proc/%d/task/%d/root%s", c->pid, c->mtid, c->lib);
     int have_lib = stat(lp, &lst) == 0;
     c->nunsafe = c->nldx = 0;
     for (size_t i = 0; i < c->nmaps; i++) {
@@ -1434,6 +1441,7 @@ static int inject(struct inj *c, const char *func, const char *arg, long *result
         return fail(c, MMLEAK_INJ_ESYS, "cannot write to the stack of thread %d of %d", c->tid,
                     c->pid);
     uint64_t a_lib = at, a_func = at + nl, a_arg = na ? at + nl + nf : 0;
+    c->deadline = now_ns() + c->timeout_ns; /* the calls get a timeout of their own */
     char msg[512];
     uint64_t h = 0, f = 0, r = 0;
     int e = call(c, c->a_dlopen, a_lib, RTLD_NOW_, &h, "dlopen");
@@ -1444,7 +1452,7 @@ static int inject(struct inj *c, const char *func, const char *arg, long *result
             return e;
         struct stat a, b;
         char root[64];
-        snprintf(root, sizeof root, "/proc/%d/root", c->pid);
+        snprintf(root, sizeof root, "/proc/%d/task/%d/root", c->pid, c->mtid);
         const char *hint = stat("/", &a) == 0 && stat(root, &b) == 0 &&
                                    (a.st_dev != b.st_dev || a.st_ino != b.st_ino)
                                ? " (it has another root directory: a container?)"
@@ -1506,6 +1514,7 @@ static int attempt(struct inj *c, int tid, const char *func, const char *arg, lo
     uint64_t segv = 1ULL << (SIGSEGV - 1), trap = 1ULL << (SIGTRAP - 1);
     int can_trap = !((blocked | ignored) & trap);
     int steps = 0, lets = 0, runs = 0;
+    int64_t step_until = 0;
     long nap = 300;
     uint64_t last_rip = 0;
     for (;;) {
@@ -1542,7 +1551,10 @@ static int attempt(struct inj *c, int tid, const char *func, const char *arg, lo
             }
         }
         if (movable && can_trap && steps < MAX_STEPS) {
-            steps++;
+            if (!steps++)
+                step_until = now_ns() + STEP_NS;
+            else if (now_ns() >= step_until)
+                steps = MAX_STEPS;
             r = step_out(c, &c->saved);
             if (r == -10) /* let go: a fault was delivered */
                 return 0;
@@ -1624,7 +1636,8 @@ API int mmleak_inject_call(int pid, const char *lib, const char *func, const cha
     *result = 0;
     if (timeout_ms <= 0)
         timeout_ms = DEFAULT_TIMEOUT_MS;
-    c->deadline = now_ns() + (int64_t)timeout_ms * 1000000;
+    c->timeout_ns = (int64_t)timeout_ms * 1000000;
+    c->deadline = now_ns() + c->timeout_ns;
     if (pid <= 0)
         return fail(c, MMLEAK_INJ_EINVAL, "no such process %d", pid);
     if (!lib || lib[0] != '/')
@@ -1648,6 +1661,26 @@ API int mmleak_inject_call(int pid, const char *lib, const char *func, const cha
     if (tracer > 0)
         return fail(c, MMLEAK_INJ_EPERM, "%d is being traced by another process (%d %s)", pid,
                     tracer, tname[0] ? tname : "?");
+    c->mtid = pid;
+    const char *state = field(buf, "State");
+    if (state && (*state == 'Z' || *state == 'X')) { /* the main thread exited: others? */
+        char path[64], sbuf[512];
+        snprintf(path, sizeof path, "/proc/%d/task", pid);
+        DIR *d = opendir(path);
+        struct dirent *e;
+        c->mtid = 0;
+        while (d && !c->mtid && (e = readdir(d))) {
+            int tid = atoi(e->d_name);
+            snprintf(path, sizeof path, "/proc/%d/task/%d/stat", pid, tid);
+            char *rp = tid > 0 && slurp(path, sbuf, sizeof sbuf) > 0 ? strrchr(sbuf, ')') : NULL;
+            if (rp && rp[1] && rp[2] != 'Z' && rp[2] != 'X')
+                c->mtid = tid;
+        }
+        if (d)
+            closedir(d);
+        if (!c->mtid)
+            return fail(c, MMLEAK_INJ_ESRCH, "%d is a zombie: it exited and was not reaped", pid);
+    }
     const char *feat = field(buf, "x86_Thread_features");
     char *shstk = feat ? strstr(feat, "shstk") : NULL;
     if (shstk && !memchr(feat, '\n', shstk - feat))

@@ -7,14 +7,16 @@
  *   busy           user code only, sums 1.0 in a register until SIGUSR1: "busy same|DIFFER"
  *   threads N      N threads (main included) malloc/free as fast as they can until SIGUSR1:
  *                  "threads N ok"
- *   segvblock SECS a SIGSEGV handler, SIGSEGV and SIGTRAP blocked, a nanosleep of SECS s:
- *                  "handler kept|LOST blocked kept|LOST"
+ *   segvblock SECS [trap]  a SIGSEGV handler, SIGSEGV blocked (and SIGTRAP with "trap"), a
+ *                  nanosleep of SECS s: "handler kept|LOST blocked kept|LOST", then as sleep
+ *   mainexit SECS  the main thread exits (pthread_exit), another one does "sleep SECS"
  *   ctor LIB SECS  a thread sleeps SECS s in nanosleep while main dlopen()s LIB (whose
  *                  constructor sleeps): "dlopen ok" */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +25,7 @@
 #include <unistd.h>
 
 static volatile sig_atomic_t stop, usr1, usr2, rt, rtvals;
+static int started; /* churn threads past their first round */
 
 static void on_stop(int s) { (void)s; stop = 1; }
 static void on_usr1(int s) { (void)s; usr1++; }
@@ -61,7 +64,8 @@ static void *churn(void *arg)
 {
     unsigned seed = (unsigned)(long)arg, n = 0;
     void *slot[64] = {0};
-    while (!stop) {
+    int first = 1;
+    do { /* at least once: a stop request may come at once */
         unsigned i = (seed = seed * 1103515245 + 12345) >> 16;
         free(slot[i % 64]);
         size_t sz = (i % 97 == 0) ? 200000 + i % 5000 : 16 + i % 600; /* some mmap'ed */
@@ -69,10 +73,28 @@ static void *churn(void *arg)
         if (slot[i % 64])
             ((char *)slot[i % 64])[0] = 1;
         n++;
-    }
+        if (first) {
+            first = 0;
+            __atomic_add_fetch(&started, 1, __ATOMIC_SEQ_CST);
+        }
+    } while (!stop);
     for (int i = 0; i < 64; i++)
         free(slot[i]);
     return (void *)(long)(n > 0);
+}
+
+static void *sleep_and_tell(void *arg)
+{
+    double secs = *(double *)arg;
+    struct timespec ts = {(long)secs, (long)((secs - (long)secs) * 1e9)};
+    double t0 = now();
+    int r = nanosleep(&ts, NULL);
+    int e = r ? errno : 0;
+    double took = now() - t0;
+    printf("nanosleep %d %s %s\n", r, e ? strerrorname_np(e) : "0",
+           took >= secs - 0.001 ? "slept_enough" : "SHORT");
+    fflush(stdout);
+    return NULL;
 }
 
 static void *sleeper(void *arg)
@@ -92,7 +114,8 @@ int main(int argc, char **argv)
             sigset_t s;
             sigemptyset(&s);
             sigaddset(&s, SIGSEGV);
-            sigaddset(&s, SIGTRAP);
+            if (argc > 3 && !strcmp(argv[3], "trap"))
+                sigaddset(&s, SIGTRAP);
             sigprocmask(SIG_BLOCK, &s, NULL);
         }
         struct timespec ts = {(long)secs, (long)((secs - (long)secs) * 1e9)};
@@ -107,11 +130,19 @@ int main(int argc, char **argv)
             sigaction(SIGSEGV, NULL, &sa);
             sigprocmask(SIG_BLOCK, NULL, &cur);
             printf("handler %s blocked %s\n", sa.sa_handler == on_segv ? "kept" : "LOST",
-                   sigismember(&cur, SIGSEGV) && sigismember(&cur, SIGTRAP) ? "kept" : "LOST");
+                   sigismember(&cur, SIGSEGV) ? "kept" : "LOST");
         }
         printf("nanosleep %d %s %s\n", r, e ? strerrorname_np(e) : "0",
                took >= secs - 0.001 ? "slept_enough" : "SHORT");
         return 0;
+    }
+    if (!strcmp(mode, "mainexit")) {
+        static double secs;
+        secs = argc > 2 ? atof(argv[2]) : 2;
+        pthread_t t;
+        pthread_create(&t, NULL, sleep_and_tell, &secs);
+        ready();
+        pthread_exit(NULL);
     }
     if (!strcmp(mode, "read")) {
         handle(SIGUSR1, on_usr1);
@@ -153,6 +184,8 @@ int main(int argc, char **argv)
         pthread_t t[64];
         for (int i = 1; i < nt && i < 64; i++)
             pthread_create(&t[i], NULL, churn, (void *)(long)i);
+        while (__atomic_load_n(&started, __ATOMIC_SEQ_CST) < nt - 1)
+            sched_yield();
         ready();
         long ok = (long)churn((void *)0L);
         for (int i = 1; i < nt && i < 64; i++) {

@@ -5,9 +5,11 @@ costs the target and the caller.
     /usr/bin/python3 bench/inject.py [--runs N] [--lib PATH]
 
 Injects mmleak.so (dlopen, dlsym, then a call of the trivial mmleak_shrink_abi) into:
-  idle   tests/inject_target.c `sleep` (one thread in nanosleep);
-  busy   tests/inject_target.c `threads 4` (4 threads, main included, in malloc/free all the
-         time: more runnable threads than this machine's CPUs when it has fewer than 4).
+  idle     tests/inject_target.c `sleep` (one thread in nanosleep);
+  busy-1   tests/inject_target.c `threads 1` (one thread in malloc/free all the time);
+  busy-4   tests/inject_target.c `threads 4` (4 threads, main included, in malloc/free all
+           the time: on a machine with fewer than 5 CPUs, each step of the injection waits
+           for the target's thread to get a CPU back).
 "first" is the first injection into a fresh process (the library is loaded: N processes);
 "again" the following ones into one process (the library is there already: dlopen only
 counts a reference; N injections).  Times are wall-clock around the C call, from this
@@ -73,7 +75,8 @@ def main():
     lib = os.path.abspath(a.lib)
     exe = build()
     fn = binding(lib)
-    kinds = {"idle": [exe, "sleep", "3600"], "busy": [exe, "threads", "4"]}
+    kinds = {"idle": [exe, "sleep", "3600"], "busy-1": [exe, "threads", "1"],
+             "busy-4": [exe, "threads", "4"]}
     rows = []
     for name, argv in kinds.items():
         first = []

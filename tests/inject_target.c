@@ -4,6 +4,7 @@
  *   sleep SECS     one nanosleep of SECS s: "nanosleep RET ERRNO slept_enough"
  *   read           read() on stdin: "read N TEXT", with counting handlers (SA_RESTART) for
  *                  SIGUSR1, SIGUSR2, SIGRTMIN: "usr1 A usr2 B rt C values V"
+ *   rtcount        read() on stdin, counting SIGRTMIN+1 (SA_RESTART): "read N TEXT rt COUNT"
  *   busy           user code only, sums 1.0 in a register until SIGUSR1: "busy same|DIFFER"
  *   threads N      N threads (main included) malloc/free as fast as they can until SIGUSR1:
  *                  "threads N ok"
@@ -37,6 +38,8 @@ static void on_rt(int s, siginfo_t *si, void *uc)
     rtvals = rtvals * 100 + si->si_value.sival_int;
 }
 static void on_segv(int s) { (void)s; }
+static volatile long rtcount;
+static void on_rtcount(int s) { (void)s; rtcount++; }
 
 static void handle(int sig, void (*fn)(int))
 {
@@ -164,6 +167,20 @@ int main(int argc, char **argv)
         buf[strcspn(buf, "\n")] = 0;
         printf("read %zd %s\n", n, buf);
         printf("usr1 %d usr2 %d rt %d values %d\n", (int)usr1, (int)usr2, (int)rt, (int)rtvals);
+        return 0;
+    }
+    if (!strcmp(mode, "rtcount")) {
+        handle(SIGRTMIN + 1, on_rtcount);
+        char buf[256];
+        ready();
+        ssize_t n = read(0, buf, sizeof buf - 1);
+        if (n < 0) {
+            printf("read -1 %s\n", strerrorname_np(errno));
+            return 1;
+        }
+        buf[n] = 0;
+        buf[strcspn(buf, "\n")] = 0;
+        printf("read %zd %s rt %ld\n", n, buf, rtcount);
         return 0;
     }
     if (!strcmp(mode, "busy")) {

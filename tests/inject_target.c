@@ -5,6 +5,8 @@
  *   read           read() on stdin: "read N TEXT", with counting handlers (SA_RESTART) for
  *                  SIGUSR1, SIGUSR2, SIGRTMIN: "usr1 A usr2 B rt C values V"
  *   rtcount        read() on stdin, counting SIGRTMIN+1 (SA_RESTART): "read N TEXT rt COUNT"
+ *   epoll          epoll_wait (no timeout) on stdin, then reads it: "epoll_wait R ERRNO"
+ *                  for each return until the data came, then "read N TEXT"
  *   busy           user code only, sums 1.0 in a register until SIGUSR1: "busy same|DIFFER"
  *   threads N      N threads (main included) malloc/free as fast as they can until SIGUSR1:
  *                  "threads N ok"
@@ -22,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -181,6 +184,24 @@ int main(int argc, char **argv)
         buf[n] = 0;
         buf[strcspn(buf, "\n")] = 0;
         printf("read %zd %s rt %ld\n", n, buf, rtcount);
+        return 0;
+    }
+    if (!strcmp(mode, "epoll")) {
+        int ep = epoll_create1(EPOLL_CLOEXEC);
+        struct epoll_event ev = {.events = EPOLLIN}, got;
+        epoll_ctl(ep, EPOLL_CTL_ADD, 0, &ev);
+        ready();
+        for (;;) {
+            int r = epoll_wait(ep, &got, 1, -1);
+            printf("epoll_wait %d %s\n", r, r < 0 ? strerrorname_np(errno) : "0");
+            if (r == 1)
+                break;
+        }
+        char buf[256];
+        ssize_t n = read(0, buf, sizeof buf - 1);
+        buf[n > 0 ? n : 0] = 0;
+        buf[strcspn(buf, "\n")] = 0;
+        printf("read %zd %s\n", n, buf);
         return 0;
     }
     if (!strcmp(mode, "busy")) {

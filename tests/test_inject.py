@@ -27,6 +27,7 @@ from conftest import ROOT, TESTS
 CLI = os.path.join(TESTS, "inject_cli.py")
 ABI = 1
 EINVAL, ESRCH, EPERM, EUNSUPP, EBUSY, ELOAD, ECALL = -1, -2, -3, -4, -5, -6, -7
+NR_READ, NR_NANOSLEEP, NR_CLOCK_NANOSLEEP = 0, 35, 230     # x86-64
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +86,16 @@ class Target:
         self.pid = self.p.pid
         line = self.p.stdout.readline()
         assert line == b"ready\n", (line, self.p.stderr.read() if self.p.poll() else "")
+
+    def wait_syscall(self, *nrs):
+        """Wait until the main thread sleeps in one of the system calls NRS ("ready" comes
+        just before it enters it)."""
+        for _ in range(500):
+            with open("/proc/%d/syscall" % self.pid) as f:
+                if f.read().split()[0] in [str(n) for n in nrs]:
+                    return
+            time.sleep(0.01)
+        raise AssertionError("%d is not in system call %s" % (self.pid, nrs))
 
     def maps(self):
         out = ""
@@ -145,6 +156,7 @@ def test_sleeping_process(ib, targets, tmp_path):
     """nanosleep: interrupted, then restarted for the time left (not ended early, no EINTR)."""
     rec = str(tmp_path / "rec")
     t = targets([ib["target"], "sleep", "1.5"])
+    t.wait_syscall(NR_CLOCK_NANOSLEEP, NR_NANOSLEEP)
     assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
     assert records(rec) == ["pid %d tid %d loads 1 calls 1" % (t.pid, t.pid)]
     assert ib["libinject.so"] in t.maps()
@@ -156,15 +168,27 @@ def test_sleeping_process(ib, targets, tmp_path):
 def test_read_restarts_and_gets_its_data(ib, targets, tmp_path):
     rec = str(tmp_path / "rec")
     t = targets([ib["target"], "read"])
+    t.wait_syscall(NR_READ)
     assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
     assert ib["libinject.so"] in t.maps()
     assert t.finish(b"hello\n") == ("read 6 hello\nusr1 0 usr2 0 rt 0 values 0\n", 0)
+
+
+def test_epoll_wait_returns_eintr_as_under_a_debugger(ib, targets, tmp_path):
+    """epoll_wait is never restarted by the kernel once interrupted (signal(7)): like under
+    gdb, strace or after SIGSTOP/SIGCONT, it returns EINTR once; the program goes on."""
+    t = targets([ib["target"], "epoll"])
+    t.wait_syscall(232, 281)    # epoll_wait, epoll_pwait
+    assert inject(t.pid, ib["libinject.so"], "inject_record", str(tmp_path / "rec")) == (
+        0, 4242, "")
+    assert t.finish(b"data\n") == ("epoll_wait -1 EINTR\nepoll_wait 1 0\nread 5 data\n", 0)
 
 
 def test_signals_sent_during_the_call_are_delivered(ib, targets):
     """kill(SIGUSR1), raise(SIGUSR2) and two queued SIGRTMIN (values 11, 22) from inside the
     injected call: all reach the handlers, once each, the queued ones with their values."""
     t = targets([ib["target"], "read"])
+    t.wait_syscall(NR_READ)
     assert inject(t.pid, ib["libinject.so"], "inject_signals") == (0, 7, "")
     assert t.finish(b"x\n") == ("read 2 x\nusr1 1 usr2 1 rt 2 values 1122\n", 0)
 
@@ -353,6 +377,7 @@ def test_call_that_does_not_return_is_abandoned(ib, targets):
     """The call sleeps 30 s: abandoned at the timeout; the target's own nanosleep (whose
     restart block the call's sleep overwrote) restarts from its start and ends normally."""
     t = targets([ib["target"], "sleep", "1"])
+    t.wait_syscall(NR_CLOCK_NANOSLEEP, NR_NANOSLEEP)
     assert inject(t.pid, ib["libinject.so"], "inject_sleep", "30", 400) == (
         ECALL, 0, "inject_sleep did not return within the timeout in thread %d of %d: the call "
         "was abandoned and the thread put back where it was, but %d may hold locks the call "

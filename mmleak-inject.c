@@ -107,8 +107,10 @@
  *    (a thread that entered D state for more than the timeout + 5 s), it stays traced by
  *    this process until this process exits (the kernel then lets it go): callers that stay
  *    alive may want to run this in a child process.
- *  - A call abandoned (-7) after it was interrupted while the thread was in a restartable
- *    sleep (nanosleep, poll, futex with timeout) restarts that sleep from its start.
+ *  - The kernel keeps one restart record per thread for an interrupted nanosleep, poll or
+ *    futex wait with timeout.  If the hijacked thread was in one, and a signal, a stop or
+ *    the timeout interrupted such a sleep inside the call too, the thread's own sleep is
+ *    restarted from its start (its full duration again) rather than for the time left.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -991,8 +993,9 @@ static void release(struct inj *c)
     clear_bp(c);
     if (c->modified) {
         struct user_regs_struct r = c->saved;
-        /* Our call was interrupted: the kernel's restart block may now be the call's, so
-         * an interrupted nanosleep/poll/futex restarts from its start instead. */
+        /* A sleep of our call was interrupted: the kernel's restart record is now the
+         * call's, so the thread's own interrupted nanosleep/poll/futex restarts from its
+         * start instead (from the same arguments, as for -ERESTARTNOINTR). */
         if (c->clobbered && (long)r.rax == -ERESTART_RESTARTBLOCK_)
             r.rax = (unsigned long)-ERESTARTNOINTR_;
         ptrace(PTRACE_SETREGS, tid, 0, &r);
@@ -1343,6 +1346,23 @@ static uint64_t find_int3(struct inj *c)
 
 /* ---- calls in the target ---------------------------------------------------------------- */
 
+/* At a stop inside our call: was a sleep of the call interrupted in a way that makes the
+ * kernel keep a restart record (nanosleep, poll, futex with timeout)?  The thread has one
+ * record only, which its own interrupted sleep may need (see release). */
+static void note_clobber(struct inj *c, const struct user_regs_struct *now)
+{
+    struct user_regs_struct r;
+    if (!now) {
+        if (ptrace(PTRACE_GETREGS, c->tid, 0, &r) < 0) {
+            c->clobbered = 1;
+            return;
+        }
+        now = &r;
+    }
+    if ((long)now->orig_rax >= 0 && (long)now->rax == -ERESTART_RESTARTBLOCK_)
+        c->clobbered = 1;
+}
+
 static int call(struct inj *c, uint64_t fn, uint64_t a0, uint64_t a1, uint64_t *ret,
                 const char *what)
 {
@@ -1363,11 +1383,13 @@ static int call(struct inj *c, uint64_t fn, uint64_t a0, uint64_t a1, uint64_t *
     for (;;) {
         int st, w = wait_stop(c, &st, c->deadline);
         if (w == 0) {
-            c->clobbered = 1;
             if (ptrace(PTRACE_INTERRUPT, c->tid, 0, 0) == 0) {
                 int t = take_stop(c, TS_STOP, 0);
                 if (t < 0)
                     return t;
+                note_clobber(c, NULL);
+            } else {
+                c->clobbered = 1;
             }
             return fail(c, MMLEAK_INJ_ECALL,
                         "%s did not return within the timeout in thread %d of %d: the call was "
@@ -1381,7 +1403,7 @@ static int call(struct inj *c, uint64_t fn, uint64_t a0, uint64_t a1, uint64_t *
         int ev = (st >> 16) & 0xff, sig = WSTOPSIG(st);
         if (ev) { /* interrupt or job-control stop: go on (the other threads may be stopped) */
             c->in_sigstop = 0;
-            c->clobbered = 1;
+            note_clobber(c, NULL);
             if (ptrace(PTRACE_CONT, c->tid, 0, 0) < 0)
                 return fail(c, MMLEAK_INJ_ESYS, "PTRACE_CONT: %s", strerror(errno));
             continue;
@@ -1404,7 +1426,7 @@ static int call(struct inj *c, uint64_t fn, uint64_t a0, uint64_t a1, uint64_t *
                         "locks the call took", what, c->tid, c->pid, signame(sig, sb, sizeof sb),
                         (unsigned long long)now.rip, si.si_addr, c->pid);
         record(c, &si);
-        c->clobbered = 1;
+        note_clobber(c, &now);
         if (ptrace(PTRACE_CONT, c->tid, 0, 0) < 0)
             return fail(c, MMLEAK_INJ_ESYS, "PTRACE_CONT: %s", strerror(errno));
     }

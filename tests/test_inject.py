@@ -374,15 +374,16 @@ def test_crash_in_the_call_is_abandoned(ib, targets):
 
 
 def test_call_that_does_not_return_is_abandoned(ib, targets):
-    """The call sleeps 30 s: abandoned at the timeout; the target's own nanosleep (whose
-    restart block the call's sleep overwrote) restarts from its start and ends normally."""
+    """The call sleeps 60 s: abandoned at the timeout; the target's own nanosleep, whose
+    kernel restart record the call's interrupted sleep replaced, restarts from its start
+    (1 s) rather than resuming the call's 60 s sleep, and ends normally."""
     t = targets([ib["target"], "sleep", "1"])
     t.wait_syscall(NR_CLOCK_NANOSLEEP, NR_NANOSLEEP)
-    assert inject(t.pid, ib["libinject.so"], "inject_sleep", "30", 400) == (
+    assert inject(t.pid, ib["libinject.so"], "inject_sleep", "60", 400) == (
         ECALL, 0, "inject_sleep did not return within the timeout in thread %d of %d: the call "
         "was abandoned and the thread put back where it was, but %d may hold locks the call "
         "took" % (t.pid, t.pid, t.pid))
-    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+    assert t.finish(timeout=20) == ("nanosleep 0 0 slept_enough\n", 0)
 
 
 def test_no_such_process(ib):

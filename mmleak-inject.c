@@ -363,7 +363,9 @@ static int mem_rw(struct inj *c, uint64_t addr, void *buf, size_t len, int write
                       : process_vm_readv(c->mtid, &l, 1, &r, 1, 0);
     if (n == (ssize_t)len)
         return 0;
-    if (n >= 0 || errno == EFAULT)
+    if (n >= 0)
+        errno = EFAULT;
+    if (errno == EFAULT)
         return -1;
     /* no process_vm_* (seccomp, old kernel): /proc/PID/mem */
     if (c->memfd < 0) {
@@ -376,6 +378,8 @@ static int mem_rw(struct inj *c, uint64_t addr, void *buf, size_t len, int write
             return -1;
     }
     n = write ? pwrite(c->memfd, buf, len, (off_t)addr) : pread(c->memfd, buf, len, (off_t)addr);
+    if (n >= 0 && n != (ssize_t)len)
+        errno = EFAULT;
     return n == (ssize_t)len ? 0 : -1;
 }
 
@@ -556,7 +560,10 @@ static int elf_open(struct inj *c, uint64_t base, struct elfdyn *d)
 {
     Elf64_Ehdr eh;
     memset(d, 0, sizeof *d);
-    if (rd(c, base, &eh, sizeof eh) < 0 || memcmp(eh.e_ident, ELFMAG, SELFMAG))
+    if (rd(c, base, &eh, sizeof eh) < 0)
+        return -1;
+    errno = ENOEXEC;
+    if (memcmp(eh.e_ident, ELFMAG, SELFMAG))
         return -1;
     if (eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_machine != EM_X86_64)
         return -2;
@@ -758,7 +765,7 @@ static int explain_eperm(struct inj *c, int tid, const char *what)
                     g[0] != rg ? g[0] : g[1] != rg ? g[1] : g[2]);
     struct stat st;
     char path[64];
-    snprintf(path, sizeof path, "/proc/%d", pid);
+    snprintf(path, sizeof path, "/proc/%d/stat", pid); /* root's when not dumpable */
     if (!cap && stat(path, &st) == 0 && st.st_uid != (uid_t)u[1])
         return fail(c, MMLEAK_INJ_EPERM,
                     "%d is not dumpable (set-uid or set-gid program, file capabilities, or "
@@ -842,6 +849,8 @@ static int survey(struct inj *c)
     if (r == -2)
         return fail(c, MMLEAK_INJ_EUNSUPP, "%d is not a 64-bit x86-64 process (%s)", c->pid,
                     libc);
+    if (r < 0 && (errno == EPERM || errno == EACCES))
+        return explain_eperm(c, 0, "reading its memory");
     if (r < 0)
         return fail(c, MMLEAK_INJ_ESYS, "%d: cannot read the dynamic symbols of %s", c->pid,
                     libc);
@@ -1192,9 +1201,11 @@ static int list_threads(struct inj *c, struct thr **out, int *n, int *stopped, i
             rank = 2;
         } else if (state == 'S') {
             snprintf(path, sizeof path, "/proc/%d/task/%d/syscall", c->pid, tid);
-            if (slurp(path, buf, sizeof buf) < 0)
-                continue;
-            if (!strncmp(buf, "running", 7)) {
+            if (slurp(path, buf, sizeof buf) < 0) {
+                if (errno != EACCES && errno != EPERM)
+                    continue; /* gone */
+                rank = 2;     /* not ours to see: PTRACE_SEIZE will say why */
+            } else if (!strncmp(buf, "running", 7)) {
                 rank = 2;
             } else {
                 long nr = strtol(buf, NULL, 10);

@@ -10,6 +10,7 @@
  *   busy           user code only, sums 1.0 in a register until SIGUSR1: "busy same|DIFFER"
  *   threads N      N threads (main included) malloc/free as fast as they can until SIGUSR1:
  *                  "threads N ok"
+ *   undumpable SECS  prctl(PR_SET_DUMPABLE, 0), then as sleep
  *   segvblock SECS [trap]  a SIGSEGV handler, SIGSEGV blocked (and SIGTRAP with "trap"), a
  *                  nanosleep of SECS s: "handler kept|LOST blocked kept|LOST", then as sleep
  *   mainexit SECS  the main thread exits (pthread_exit), another one does "sleep SECS"
@@ -25,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -113,8 +115,10 @@ static void *sleeper(void *arg)
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "";
-    if (!strcmp(mode, "sleep") || !strcmp(mode, "segvblock")) {
+    if (!strcmp(mode, "sleep") || !strcmp(mode, "segvblock") || !strcmp(mode, "undumpable")) {
         double secs = argc > 2 ? atof(argv[2]) : 2;
+        if (!strcmp(mode, "undumpable"))
+            prctl(PR_SET_DUMPABLE, 0);
         if (!strcmp(mode, "segvblock")) {
             handle(SIGSEGV, on_segv);
             sigset_t s;

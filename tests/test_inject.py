@@ -509,3 +509,13 @@ def test_same_user_without_privileges(ib, targets, nobody_dir):
     assert records(rec) == ["pid %d tid %d loads 1 calls 1" % (t.pid, t.pid)]
     assert os.stat(rec).st_uid == pwd.getpwnam("nobody").pw_uid
     assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+
+
+def test_undumpable_process_is_refused(ib, targets, nobody_dir):
+    """Same user, but the target made itself not dumpable: only root may attach."""
+    t = targets(AS_NOBODY + [os.path.join(nobody_dir, "target"), "undumpable", "1"])
+    r = cli_as_nobody(nobody_dir, t.pid, "inject_record", "x")
+    assert (r.stdout, r.stderr, r.returncode) == (
+        "error -3 %d is not dumpable (set-uid or set-gid program, file capabilities, or "
+        "prctl(PR_SET_DUMPABLE, 0)): only root can attach to it\n" % t.pid, "", 1)
+    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)

@@ -67,8 +67,8 @@
  * -----------------------
  * dlopen takes the loader's lock and calls malloc; it must not run on a thread that is
  * inside malloc (an arena lock held: it would wait for itself) or inside the loader.  So:
- *  1. Threads come in this order: the main thread first, then by thread id, within ranks:
- *     (0) sleeping in a system call that restarts transparently (nanosleep, read, poll,
+ *  1. Threads are tried by rank, and within a rank the main thread first, then by thread
+ *     id: (0) sleeping in a system call that restarts transparently (nanosleep, read, poll,
  *     futex, accept, wait4...); (1) sleeping in one that returns EINTR when interrupted
  *     (epoll_wait, epoll_pwait, semop, sigtimedwait, msgrcv, io_getevents); (2) running, or
  *     sleeping outside a system call (page fault).  Never used: threads in D state (they
@@ -80,7 +80,8 @@
  *     "malloc" or "hoard": jemalloc, tcmalloc, mimalloc...); (b) it owns none of the
  *     loader's recursive locks (their owner fields in _rtld_global: dlopen, dlclose, a
  *     library constructor, dl_iterate_phdr); (c) its stack has room (64 KB below rsp, or
- *     the growing main stack); (d) SIGSEGV or SIGTRAP can end the call (above).
+ *     the growing main stack) and can be written; (d) SIGSEGV or SIGTRAP can end the call
+ *     (above).
  *  3. A thread in user code inside one of those libraries is run to the return address
  *     of the library call it is in (the first return address into other code found on its
  *     stack, with a hardware breakpoint of that thread only: no byte of the program is
@@ -1454,7 +1455,8 @@ static int dlerror_text(struct inj *c, char *buf, size_t cap)
     return 0;
 }
 
-/* The thread is stopped and safe: run dlopen, dlsym and the function. */
+/* The thread is stopped and safe: run dlopen, dlsym and the function.  1: its stack could
+ * not be written (nothing done, try another thread). */
 static int inject(struct inj *c, const char *func, const char *arg, long *result)
 {
     const char *lib = c->lib;
@@ -1471,8 +1473,7 @@ static int inject(struct inj *c, const char *func, const char *arg, long *result
     uint64_t retaddr = c->trapsig == SIGSEGV ? 0 : c->int3;
     c->trap_rip = c->trapsig == SIGSEGV ? 0 : c->int3 + 1;
     if (mem_rw(c, at, strings, nl + nf + na, 1) < 0 || mem_rw(c, c->sp, &retaddr, 8, 1) < 0)
-        return fail(c, MMLEAK_INJ_ESYS, "cannot write to the stack of thread %d of %d", c->tid,
-                    c->pid);
+        return 1; /* (the main stack below its mapping: the kernel only grows it on faults) */
     uint64_t a_lib = at, a_func = at + nl, a_arg = na ? at + nl + nf : 0;
     c->deadline = now_ns() + c->timeout_ns; /* the calls get a timeout of their own */
     char msg[512];
@@ -1647,6 +1648,12 @@ static int attempt(struct inj *c, int tid, const char *func, const char *arg, lo
     }
     *code = inject(c, func, arg, result);
     release(c);
+    if (*code == 1) {
+        *code = 0;
+        because(c, "the stack of thread %d could not be written below %#llx", tid,
+                (unsigned long long)c->saved.rsp);
+        return 0;
+    }
     return 1;
 }
 

@@ -328,6 +328,7 @@ def test_sigsegv_blocked_ends_the_call_with_an_int3(ib, targets, tmp_path):
 
 def test_sigsegv_and_sigtrap_blocked_is_refused(ib, targets):
     t = targets([ib["target"], "segvblock", "1.5", "trap"])
+    t.wait_syscall(NR_CLOCK_NANOSLEEP, NR_NANOSLEEP)
     assert inject(t.pid, ib["libinject.so"], "inject_record", "x", 400) == (
         EBUSY, 0, "timed out after 400 ms waiting for a thread of %d that is safe to use "
         "(thread %d blocks or ignores both SIGSEGV and SIGTRAP)" % (t.pid, t.pid))
@@ -341,7 +342,7 @@ def test_waits_while_the_loader_lock_is_held(ib, targets):
     naming the holder; the program's own dlopen then completes."""
     t = targets([ib["target"], "ctor", ib["libslowctor.so"], "2"],
                 env={"SLOWCTOR_SECONDS": "2"})
-    time.sleep(0.2)
+    t.wait_syscall(NR_CLOCK_NANOSLEEP, NR_NANOSLEEP)   # main: in the constructor's sleep
     assert inject(t.pid, ib["libinject.so"], "inject_record", "x", 500) == (
         EBUSY, 0, "timed out after 500 ms waiting for a thread of %d that is safe to use "
         "(thread %d holds the dynamic loader's lock: a dlopen, dlclose or library constructor "

@@ -15,9 +15,12 @@ SCRIPTS = mmleak.py mmleak-panda.py mmleak-install.py
 
 all: mmleak.so
 
-# mmleak-shrink.c: the compiled shrinker mmleak.py loads with ctypes (same library, inactive tracer).
-mmleak.so: mmleak.c mmleak-shrink.c mmleak-sites.c mmleak.h
-	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -o $@ mmleak.c mmleak-shrink.c mmleak-sites.c -ldl -lpthread $(LDFLAGS)
+# mmleak-sites.c: is a return address the program's code or the runtime's (the default depth).
+# mmleak-shrink.c: the compiled shrinker mmleak.py loads with ctypes (same library, inactive tracer);
+# mmleak-inject.c: the ptrace injector of `mmleak.py attach` (same way).
+SRCS = mmleak.c mmleak-sites.c mmleak-shrink.c mmleak-inject.c
+mmleak.so: $(SRCS) mmleak.h
+	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -o $@ $(SRCS) -ldl -lpthread $(LDFLAGS)
 
 check: all
 	$(PYTHON) -m pytest -q tests

@@ -1,0 +1,252 @@
+/* tests/inject_target.c: processes for tests/test_inject.py to inject into (mmleak-inject.c).
+ * Each mode prints "ready" when in place, then what it saw, so that the test can check it
+ * still behaves as if nothing happened:
+ *   sleep SECS     one nanosleep of SECS s: "nanosleep RET ERRNO slept_enough"
+ *   read           read() on stdin: "read N TEXT", with counting handlers (SA_RESTART) for
+ *                  SIGUSR1, SIGUSR2, SIGRTMIN: "usr1 A usr2 B rt C values V"
+ *   rtcount        read() on stdin, counting SIGRTMIN+1 (SA_RESTART): "read N TEXT rt COUNT"
+ *   epoll          epoll_wait (no timeout) on stdin, then reads it: "epoll_wait R ERRNO"
+ *                  for each return until the data came, then "read N TEXT"
+ *   busy           user code only, sums 1.0 in a register until SIGUSR1: "busy same|DIFFER"
+ *   threads N      N threads (main included) malloc/free as fast as they can until SIGUSR1:
+ *                  "threads N ok"
+ *   undumpable SECS  prctl(PR_SET_DUMPABLE, 0), then as sleep
+ *   segvblock SECS [trap]  a SIGSEGV handler, SIGSEGV blocked (and SIGTRAP with "trap"), a
+ *                  nanosleep of SECS s: "handler kept|LOST blocked kept|LOST", then as sleep
+ *   mainexit SECS  the main thread exits (pthread_exit), another one does "sleep SECS"
+ *   ctor LIB SECS  a thread sleeps SECS s in nanosleep while main dlopen()s LIB (whose
+ *                  constructor sleeps): "dlopen ok" */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t stop, usr1, usr2, rt, rtvals;
+static int started; /* churn threads past their first round */
+
+static void on_stop(int s) { (void)s; stop = 1; }
+static void on_usr1(int s) { (void)s; usr1++; }
+static void on_usr2(int s) { (void)s; usr2++; }
+static void on_rt(int s, siginfo_t *si, void *uc)
+{
+    (void)s, (void)uc;
+    rt++;
+    rtvals = rtvals * 100 + si->si_value.sival_int;
+}
+static void on_segv(int s) { (void)s; }
+static volatile long rtcount;
+static void on_rtcount(int s) { (void)s; rtcount++; }
+
+static void handle(int sig, void (*fn)(int))
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = fn;
+    sa.sa_flags = SA_RESTART;
+    sigaction(sig, &sa, NULL);
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void ready(void)
+{
+    printf("ready\n");
+    fflush(stdout);
+}
+
+static void *churn(void *arg)
+{
+    unsigned seed = (unsigned)(long)arg, n = 0;
+    void *slot[64] = {0};
+    int first = 1;
+    do { /* at least once: a stop request may come at once */
+        unsigned i = (seed = seed * 1103515245 + 12345) >> 16;
+        free(slot[i % 64]);
+        size_t sz = (i % 97 == 0) ? 200000 + i % 5000 : 16 + i % 600; /* some mmap'ed */
+        slot[i % 64] = malloc(sz);
+        if (slot[i % 64])
+            ((char *)slot[i % 64])[0] = 1;
+        n++;
+        if (first) {
+            first = 0;
+            __atomic_add_fetch(&started, 1, __ATOMIC_SEQ_CST);
+        }
+    } while (!stop);
+    for (int i = 0; i < 64; i++)
+        free(slot[i]);
+    return (void *)(long)(n > 0);
+}
+
+static void *sleep_and_tell(void *arg)
+{
+    double secs = *(double *)arg;
+    struct timespec ts = {(long)secs, (long)((secs - (long)secs) * 1e9)};
+    double t0 = now();
+    int r = nanosleep(&ts, NULL);
+    int e = r ? errno : 0;
+    double took = now() - t0;
+    printf("nanosleep %d %s %s\n", r, e ? strerrorname_np(e) : "0",
+           took >= secs - 0.001 ? "slept_enough" : "SHORT");
+    fflush(stdout);
+    return NULL;
+}
+
+static void *sleeper(void *arg)
+{
+    struct timespec ts = {(long)arg, 0};
+    nanosleep(&ts, NULL);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (!strcmp(mode, "sleep") || !strcmp(mode, "segvblock") || !strcmp(mode, "undumpable")) {
+        double secs = argc > 2 ? atof(argv[2]) : 2;
+        if (!strcmp(mode, "undumpable"))
+            prctl(PR_SET_DUMPABLE, 0);
+        if (!strcmp(mode, "segvblock")) {
+            handle(SIGSEGV, on_segv);
+            sigset_t s;
+            sigemptyset(&s);
+            sigaddset(&s, SIGSEGV);
+            if (argc > 3 && !strcmp(argv[3], "trap"))
+                sigaddset(&s, SIGTRAP);
+            sigprocmask(SIG_BLOCK, &s, NULL);
+        }
+        struct timespec ts = {(long)secs, (long)((secs - (long)secs) * 1e9)};
+        ready();
+        double t0 = now();
+        int r = nanosleep(&ts, NULL);
+        int e = r ? errno : 0;
+        double took = now() - t0;
+        if (!strcmp(mode, "segvblock")) {
+            struct sigaction sa;
+            sigset_t cur;
+            sigaction(SIGSEGV, NULL, &sa);
+            sigprocmask(SIG_BLOCK, NULL, &cur);
+            printf("handler %s blocked %s\n", sa.sa_handler == on_segv ? "kept" : "LOST",
+                   sigismember(&cur, SIGSEGV) ? "kept" : "LOST");
+        }
+        printf("nanosleep %d %s %s\n", r, e ? strerrorname_np(e) : "0",
+               took >= secs - 0.001 ? "slept_enough" : "SHORT");
+        return 0;
+    }
+    if (!strcmp(mode, "mainexit")) {
+        static double secs;
+        secs = argc > 2 ? atof(argv[2]) : 2;
+        pthread_t t;
+        pthread_create(&t, NULL, sleep_and_tell, &secs);
+        ready();
+        pthread_exit(NULL);
+    }
+    if (!strcmp(mode, "read")) {
+        handle(SIGUSR1, on_usr1);
+        handle(SIGUSR2, on_usr2);
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_rt;
+        sa.sa_flags = SA_RESTART | SA_SIGINFO;
+        sigaction(SIGRTMIN, &sa, NULL);
+        char buf[256];
+        ready();
+        ssize_t n = read(0, buf, sizeof buf - 1);
+        int e = errno;
+        if (n < 0) {
+            printf("read -1 %s\n", strerrorname_np(e));
+            return 1;
+        }
+        buf[n] = 0;
+        buf[strcspn(buf, "\n")] = 0;
+        printf("read %zd %s\n", n, buf);
+        printf("usr1 %d usr2 %d rt %d values %d\n", (int)usr1, (int)usr2, (int)rt, (int)rtvals);
+        return 0;
+    }
+    if (!strcmp(mode, "rtcount")) {
+        handle(SIGRTMIN + 1, on_rtcount);
+        char buf[256];
+        ready();
+        ssize_t n = read(0, buf, sizeof buf - 1);
+        if (n < 0) {
+            printf("read -1 %s\n", strerrorname_np(errno));
+            return 1;
+        }
+        buf[n] = 0;
+        buf[strcspn(buf, "\n")] = 0;
+        printf("read %zd %s rt %ld\n", n, buf, rtcount);
+        return 0;
+    }
+    if (!strcmp(mode, "epoll")) {
+        int ep = epoll_create1(EPOLL_CLOEXEC);
+        struct epoll_event ev = {.events = EPOLLIN}, got;
+        epoll_ctl(ep, EPOLL_CTL_ADD, 0, &ev);
+        ready();
+        for (;;) {
+            int r = epoll_wait(ep, &got, 1, -1);
+            printf("epoll_wait %d %s\n", r, r < 0 ? strerrorname_np(errno) : "0");
+            if (r == 1)
+                break;
+        }
+        char buf[256];
+        ssize_t n = read(0, buf, sizeof buf - 1);
+        buf[n > 0 ? n : 0] = 0;
+        buf[strcspn(buf, "\n")] = 0;
+        printf("read %zd %s\n", n, buf);
+        return 0;
+    }
+    if (!strcmp(mode, "busy")) {
+        handle(SIGUSR1, on_stop);
+        double x = 0;
+        long n = 0;
+        ready();
+        while (!stop) {
+            x += 1.0;
+            n++;
+        }
+        printf("busy %s\n", x == (double)n && n > 0 ? "same" : "DIFFER");
+        return 0;
+    }
+    if (!strcmp(mode, "threads")) {
+        int nt = argc > 2 ? atoi(argv[2]) : 4;
+        handle(SIGUSR1, on_stop);
+        pthread_t t[64];
+        for (int i = 1; i < nt && i < 64; i++)
+            pthread_create(&t[i], NULL, churn, (void *)(long)i);
+        while (__atomic_load_n(&started, __ATOMIC_SEQ_CST) < nt - 1)
+            sched_yield();
+        ready();
+        long ok = (long)churn((void *)0L);
+        for (int i = 1; i < nt && i < 64; i++) {
+            void *r;
+            pthread_join(t[i], &r);
+            ok = ok && r;
+        }
+        printf("threads %d %s\n", nt, ok ? "ok" : "IDLE");
+        return 0;
+    }
+    if (!strcmp(mode, "ctor") && argc > 3) {
+        pthread_t t;
+        pthread_create(&t, NULL, sleeper, (void *)(long)atoi(argv[3]));
+        ready();
+        void *h = dlopen(argv[2], RTLD_NOW);
+        printf("dlopen %s\n", h ? "ok" : dlerror());
+        pthread_join(t, NULL);
+        return 0;
+    }
+    fprintf(stderr, "usage: inject_target sleep|read|busy|threads|segvblock|ctor ...\n");
+    return 2;
+}

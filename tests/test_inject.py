@@ -1,0 +1,522 @@
+"""The ptrace injector (mmleak-inject.c, mmleak_inject_call in mmleak.so) on real processes.
+
+Every target is a real process (tests/inject_target.c modes, a C++ program, Debian's
+python3, a non-PIE and a static build) that prints "ready" once in place and, at the end,
+what it saw: each test checks the injection's result, that the library is mapped, and
+that the target then carries on exactly as without the injection (a restarted read gets
+its data, a nanosleep neither ends early nor fails, registers and signal dispositions are
+intact, signals sent meanwhile are all delivered).  Failures must come back as one line,
+with the target left as it was."""
+import ctypes
+import errno
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+
+from conftest import ROOT, TESTS
+
+CLI = os.path.join(TESTS, "inject_cli.py")
+ABI = 1
+EINVAL, ESRCH, EPERM, EUNSUPP, EBUSY, ELOAD, ECALL = -1, -2, -3, -4, -5, -6, -7
+NR_READ, NR_NANOSLEEP, NR_CLOCK_NANOSLEEP = 0, 35, 230     # x86-64
+
+
+@pytest.fixture(scope="module")
+def ib(tmp_path_factory, lib):
+    """Test programs and libraries, compiled once."""
+    d = tmp_path_factory.mktemp("inject")
+    out = {"dir": str(d)}
+
+    def cc(name, src, *extra, compiler="cc"):
+        exe = str(d / name)
+        subprocess.run([compiler, "-O1", "-g", "-o", exe, os.path.join(TESTS, src)] +
+                       list(extra), check=True)
+        out[name] = exe
+    cc("target", "inject_target.c", "-pthread", "-ldl")
+    cc("target_nopie", "inject_target.c", "-pthread", "-ldl", "-no-pie", "-fno-pie")
+    cc("target_cxx", "inject_target_cxx.cpp", "-std=c++17", "-pthread", compiler="c++")
+    cc("libinject.so", "inject_lib.c", "-shared", "-fPIC")
+    cc("libslowctor.so", "inject_slowctor.c", "-shared", "-fPIC")
+    r = subprocess.run(["cc", "-O1", "-static", "-o", str(d / "target_static"),
+                        os.path.join(TESTS, "inject_target.c"), "-pthread"],
+                       capture_output=True, text=True)
+    out["target_static"] = str(d / "target_static") if r.returncode == 0 else None
+    out["static_why"] = r.stderr[-300:]
+    return out
+
+
+_fn = None
+
+
+def inject(pid, lib, func, arg=None, timeout_ms=5000):
+    """mmleak_inject_call in this process: (code, result, err)."""
+    global _fn
+    if _fn is None:
+        dll = ctypes.CDLL(os.path.join(ROOT, "mmleak.so"))
+        assert dll.mmleak_inject_abi() == ABI
+        _fn = dll.mmleak_inject_call
+        _fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                        ctypes.c_int, ctypes.POINTER(ctypes.c_long), ctypes.c_char_p,
+                        ctypes.c_size_t]
+        _fn.restype = ctypes.c_int
+    res = ctypes.c_long(0)
+    err = ctypes.create_string_buffer(1024)
+    enc = lambda s: None if s is None else s.encode()
+    rc = _fn(pid, enc(lib), enc(func), enc(arg), timeout_ms, ctypes.byref(res), err, len(err))
+    return rc, res.value, err.value.decode()
+
+
+class Target:
+    """A process started with stdin and stdout pipes; waits for its "ready" line."""
+
+    def __init__(self, argv, env=None):
+        e = dict(os.environ)
+        e.update(env or {})
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, env=e)
+        self.pid = self.p.pid
+        line = self.p.stdout.readline()
+        assert line == b"ready\n", (line, self.p.stderr.read() if self.p.poll() else "")
+
+    def wait_syscall(self, *nrs):
+        """Wait until the main thread sleeps in one of the system calls NRS ("ready" comes
+        just before it enters it)."""
+        for _ in range(500):
+            with open("/proc/%d/syscall" % self.pid) as f:
+                if f.read().split()[0] in [str(n) for n in nrs]:
+                    return
+            time.sleep(0.01)
+        raise AssertionError("%d is not in system call %s" % (self.pid, nrs))
+
+    def maps(self):
+        out = ""
+        for t in os.listdir("/proc/%d/task" % self.pid):
+            with open("/proc/%d/task/%s/maps" % (self.pid, t)) as f:
+                out += f.read()
+        return out
+
+    def alive(self):
+        return self.p.poll() is None
+
+    def finish(self, data=b"", sig=None, timeout=30):
+        """Send DATA (then EOF) and/or SIG; the rest of the output and the exit status."""
+        assert self.alive(), "target exited early: %r" % (self.p.stderr.read(),)
+        if sig:
+            os.kill(self.pid, sig)
+        out, err = self.p.communicate(data, timeout=timeout)
+        return out.decode(), self.p.returncode
+
+    def kill(self):
+        if self.p.poll() is None:
+            self.p.kill()
+        self.p.communicate()
+
+
+@pytest.fixture
+def targets():
+    started = []
+
+    def start(argv, env=None):
+        t = Target(argv, env)
+        started.append(t)
+        return t
+    yield start
+    for t in started:
+        t.kill()
+
+
+def records(path):
+    with open(path) as f:
+        return f.read().splitlines()
+
+
+def test_abi_and_arguments(ib, targets):
+    t = targets([ib["target"], "sleep", "1"])
+    assert inject(t.pid, "libinject.so", "inject_record", "x") == (
+        EINVAL, 0, "the library must be an absolute path: libinject.so")
+    assert inject(os.getpid(), ib["libinject.so"], "inject_record", "x") == (
+        EINVAL, 0, "%d is this process itself" % os.getpid())
+    assert inject(0, ib["libinject.so"], "inject_record", "x") == (
+        EINVAL, 0, "no such process 0")
+    assert inject(t.pid, ib["libinject.so"], "inject_record", "x" * 9000)[0] == EINVAL
+    assert "libinject.so" not in t.maps()
+    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+
+
+def test_sleeping_process(ib, targets, tmp_path):
+    """nanosleep: interrupted, then restarted for the time left (not ended early, no EINTR)."""
+    rec = str(tmp_path / "rec")
+    t = targets([ib["target"], "sleep", "1.5"])
+    t.wait_syscall(NR_CLOCK_NANOSLEEP, NR_NANOSLEEP)
+    assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
+    assert records(rec) == ["pid %d tid %d loads 1 calls 1" % (t.pid, t.pid)]
+    assert ib["libinject.so"] in t.maps()
+    assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
+    assert records(rec)[1] == "pid %d tid %d loads 1 calls 2" % (t.pid, t.pid)
+    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+
+
+def test_read_restarts_and_gets_its_data(ib, targets, tmp_path):
+    rec = str(tmp_path / "rec")
+    t = targets([ib["target"], "read"])
+    t.wait_syscall(NR_READ)
+    assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
+    assert ib["libinject.so"] in t.maps()
+    assert t.finish(b"hello\n") == ("read 6 hello\nusr1 0 usr2 0 rt 0 values 0\n", 0)
+
+
+def test_epoll_wait_returns_eintr_as_under_a_debugger(ib, targets, tmp_path):
+    """epoll_wait is never restarted by the kernel once interrupted (signal(7)): like under
+    gdb, strace or after SIGSTOP/SIGCONT, it returns EINTR once; the program goes on."""
+    t = targets([ib["target"], "epoll"])
+    t.wait_syscall(232, 281)    # epoll_wait, epoll_pwait
+    assert inject(t.pid, ib["libinject.so"], "inject_record", str(tmp_path / "rec")) == (
+        0, 4242, "")
+    assert t.finish(b"data\n") == ("epoll_wait -1 EINTR\nepoll_wait 1 0\nread 5 data\n", 0)
+
+
+def test_signals_sent_during_the_call_are_delivered(ib, targets):
+    """kill(SIGUSR1), raise(SIGUSR2) and two queued SIGRTMIN (values 11, 22) from inside the
+    injected call: all reach the handlers, once each, the queued ones with their values."""
+    t = targets([ib["target"], "read"])
+    t.wait_syscall(NR_READ)
+    assert inject(t.pid, ib["libinject.so"], "inject_signals") == (0, 7, "")
+    assert t.finish(b"x\n") == ("read 2 x\nusr1 1 usr2 1 rt 2 values 1122\n", 0)
+
+
+def test_no_signal_lost_or_doubled_under_a_stream_of_signals(ib, targets, tmp_path):
+    """Another thread queues SIGRTMIN+1 to the target (each one counts: real-time signals
+    are not merged) all along 10 injections; the target's handler sees every one once."""
+    rec = str(tmp_path / "rec")
+    t = targets([ib["target"], "rtcount"])
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.sigqueue.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    sig = signal.SIGRTMIN + 1
+    sent = [0]
+    done = threading.Event()
+
+    def send():
+        while not done.is_set():
+            if libc.sigqueue(t.pid, sig, None) == 0:
+                sent[0] += 1
+            else:
+                assert ctypes.get_errno() == errno.EAGAIN
+            time.sleep(0.0002)
+    th = threading.Thread(target=send)
+    th.start()
+    try:
+        time.sleep(0.05)
+        for i in range(10):
+            assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
+    finally:
+        done.set()
+        th.join()
+    assert len(records(rec)) == 10 and sent[0] > 100
+    time.sleep(0.2)
+    assert t.finish(b"end\n") == ("read 4 end rt %d\n" % sent[0], 0)
+
+
+def test_result_is_all_of_rax_and_null_func_returns_the_handle(ib, targets):
+    t = targets([ib["target"], "sleep", "1"])
+    assert inject(t.pid, ib["libinject.so"], "inject_long") == (0, -0x123456789abcdef, "")
+    rc, handle, err = inject(t.pid, ib["libinject.so"], None)
+    assert (rc, err) == (0, "") and handle > 4096
+    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+
+
+def test_busy_user_code_keeps_its_registers(ib, targets, tmp_path):
+    """A thread never in a system call: used where it runs; its SSE registers (the running
+    sum), x87 and MXCSR control words survive a call that clobbers them all."""
+    rec = str(tmp_path / "rec")
+    t = targets([ib["target"], "busy"])
+    for _ in range(3):
+        assert inject(t.pid, ib["libinject.so"], "inject_clobber") == (0, 5, "")
+    assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
+    assert records(rec) == ["pid %d tid %d loads 1 calls 1" % (t.pid, t.pid)]
+    assert t.finish(sig=signal.SIGUSR1) == ("busy same\n", 0)
+
+
+def test_four_threads_busy_in_malloc_twenty_times(ib, targets, tmp_path):
+    """4 threads (main included) in malloc/free all the time: no deadlock, 20 in a row."""
+    rec = str(tmp_path / "rec")
+    t = targets([ib["target"], "threads", "4"])
+    tids = set(os.listdir("/proc/%d/task" % t.pid))
+    assert len(tids) == 4
+    for i in range(20):
+        assert inject(t.pid, ib["libinject.so"], "inject_record", rec, 10000) == (0, 4242, "")
+        assert t.alive()
+    lines = records(rec)
+    assert len(lines) == 20
+    for i, line in enumerate(lines, 1):
+        m = re.fullmatch(r"pid (\d+) tid (\d+) loads 1 calls (\d+)", line)
+        assert m and int(m.group(1)) == t.pid and m.group(2) in tids and int(m.group(3)) == i
+    assert t.finish(sig=signal.SIGUSR1) == ("threads 4 ok\n", 0)
+
+
+def test_main_thread_exited(ib, targets, tmp_path):
+    """The main thread called pthread_exit (a zombie leader): the other thread is used."""
+    rec = str(tmp_path / "rec")
+    t = targets([ib["target"], "mainexit", "1.5"])
+    for _ in range(100):
+        with open("/proc/%d/status" % t.pid) as f:
+            if "State:\tZ" in f.read():
+                break
+        time.sleep(0.01)
+    others = [int(x) for x in os.listdir("/proc/%d/task" % t.pid) if int(x) != t.pid]
+    assert len(others) == 1
+    assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
+    assert records(rec) == ["pid %d tid %d loads 1 calls 1" % (t.pid, others[0])]
+    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+
+
+def test_cxx_program(ib, targets, tmp_path):
+    rec = str(tmp_path / "rec")
+    t = targets([ib["target_cxx"]])
+    for i in range(3):
+        assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
+    assert [l.split()[-1] for l in records(rec)] == ["1", "2", "3"]
+    assert ib["libinject.so"] in t.maps()
+    assert t.finish(b"hi\n") == ("line hi\nworker ok\n", 0)
+
+
+def test_python_and_mmleak_so_itself(ib, targets, tmp_path):
+    """Debian's /usr/bin/python3 (not position-independent: ELF type EXEC) waiting on
+    stdin; mmleak.so itself loads there (its tracer stays dormant) and answers
+    mmleak_shrink_abi."""
+    rec = str(tmp_path / "rec")
+    t = targets(["/usr/bin/python3", "-c", "import sys; print('ready', flush=True); "
+                 "print('got', sys.stdin.readline().strip())"])
+    assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
+    assert records(rec) == ["pid %d tid %d loads 1 calls 1" % (t.pid, t.pid)]
+    so = os.path.join(ROOT, "mmleak.so")
+    assert inject(t.pid, so, "mmleak_shrink_abi") == (0, 1, "")
+    assert so in t.maps()
+    assert t.finish(b"there\n") == ("got there\n", 0)
+
+
+def test_non_pie_program(ib, targets):
+    t = targets([ib["target_nopie"], "sleep", "1"])
+    assert inject(t.pid, ib["libinject.so"], "inject_long") == (0, -0x123456789abcdef, "")
+    assert ib["libinject.so"] in t.maps()
+    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+
+
+def test_sigsegv_blocked_ends_the_call_with_an_int3(ib, targets, tmp_path):
+    """SIGSEGV blocked (a forced fault would reset its handler): SIGTRAP is used instead;
+    handler and mask are as before."""
+    rec = str(tmp_path / "rec")
+    t = targets([ib["target"], "segvblock", "1.5"])
+
+    def sig_fields():
+        with open("/proc/%d/status" % t.pid) as f:
+            return [l for l in f.read().splitlines() if l.startswith(("SigBlk", "SigCgt",
+                                                                       "SigIgn"))]
+    before = sig_fields()
+    assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
+    assert sig_fields() == before
+    assert t.finish() == ("handler kept blocked kept\nnanosleep 0 0 slept_enough\n", 0)
+
+
+def test_sigsegv_and_sigtrap_blocked_is_refused(ib, targets):
+    t = targets([ib["target"], "segvblock", "1.5", "trap"])
+    t.wait_syscall(NR_CLOCK_NANOSLEEP, NR_NANOSLEEP)
+    assert inject(t.pid, ib["libinject.so"], "inject_record", "x", 400) == (
+        EBUSY, 0, "timed out after 400 ms waiting for a thread of %d that is safe to use "
+        "(thread %d blocks or ignores both SIGSEGV and SIGTRAP)" % (t.pid, t.pid))
+    assert "libinject.so" not in t.maps()
+    assert t.finish() == ("handler kept blocked kept\nnanosleep 0 0 slept_enough\n", 0)
+
+
+def test_waits_while_the_loader_lock_is_held(ib, targets):
+    """Main is in a library constructor (inside dlopen) for 2 s; another thread sleeps in
+    nanosleep.  dlopen anywhere would wait for the loader's lock: refused at the timeout,
+    naming the holder; the program's own dlopen then completes."""
+    t = targets([ib["target"], "ctor", ib["libslowctor.so"], "2"],
+                env={"SLOWCTOR_SECONDS": "2"})
+    t.wait_syscall(NR_CLOCK_NANOSLEEP, NR_NANOSLEEP)   # main: in the constructor's sleep
+    assert inject(t.pid, ib["libinject.so"], "inject_record", "x", 500) == (
+        EBUSY, 0, "timed out after 500 ms waiting for a thread of %d that is safe to use "
+        "(thread %d holds the dynamic loader's lock: a dlopen, dlclose or library constructor "
+        "that does not return)" % (t.pid, t.pid))
+    assert "libinject.so" not in t.maps()
+    assert t.finish() == ("dlopen ok\n", 0)
+
+
+def test_dlopen_error_comes_back(ib, targets, tmp_path):
+    t = targets([ib["target"], "sleep", "1"])
+    missing = str(tmp_path / "libnope.so")
+    assert inject(t.pid, missing, "f") == (
+        ELOAD, 0, "dlopen failed in %d: %s: cannot open shared object file: No such file or "
+        "directory" % (t.pid, missing))
+    assert inject(t.pid, ib["libinject.so"], "no_such_function") == (
+        ELOAD, 0, "dlsym failed in %d: %s: undefined symbol: no_such_function"
+        % (t.pid, ib["libinject.so"]))
+    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+
+
+def test_crash_in_the_call_is_abandoned(ib, targets):
+    t = targets([ib["target"], "sleep", "1"])
+    rc, res, err = inject(t.pid, ib["libinject.so"], "inject_crash")
+    assert (rc, res) == (ECALL, 0)
+    assert re.fullmatch(
+        r"inject_crash crashed in thread %d of %d \(SIGSEGV at rip 0x[0-9a-f]+, address 0x10\): "
+        r"the call was abandoned and the thread put back where it was, but %d may hold locks "
+        r"the call took" % (t.pid, t.pid, t.pid), err), err
+    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+
+
+def test_call_that_does_not_return_is_abandoned(ib, targets):
+    """The call sleeps 60 s: abandoned at the timeout; the target's own nanosleep, whose
+    kernel restart record the call's interrupted sleep replaced, restarts from its start
+    (1 s) rather than resuming the call's 60 s sleep, and ends normally."""
+    t = targets([ib["target"], "sleep", "1"])
+    t.wait_syscall(NR_CLOCK_NANOSLEEP, NR_NANOSLEEP)
+    assert inject(t.pid, ib["libinject.so"], "inject_sleep", "60", 400) == (
+        ECALL, 0, "inject_sleep did not return within the timeout in thread %d of %d: the call "
+        "was abandoned and the thread put back where it was, but %d may hold locks the call "
+        "took" % (t.pid, t.pid, t.pid))
+    assert t.finish(timeout=20) == ("nanosleep 0 0 slept_enough\n", 0)
+
+
+def test_no_such_process(ib):
+    with open("/proc/sys/kernel/pid_max") as f:
+        pid = int(f.read()) + 1
+    assert inject(pid, ib["libinject.so"], "inject_record", "x") == (
+        ESRCH, 0, "no such process %d" % pid)
+
+
+def test_zombie(ib):
+    p = subprocess.Popen(["true"])
+    for _ in range(200):
+        with open("/proc/%d/status" % p.pid) as f:
+            if "State:\tZ" in f.read():
+                break
+        time.sleep(0.01)
+    assert inject(p.pid, ib["libinject.so"], "inject_record", "x") == (
+        ESRCH, 0, "%d is a zombie: it exited and was not reaped" % p.pid)
+    assert p.wait() == 0    # its exit status is still ours to collect
+
+
+def test_thread_id_is_refused(ib, targets):
+    t = targets([ib["target"], "threads", "2"])
+    tid = max(int(x) for x in os.listdir("/proc/%d/task" % t.pid))
+    assert inject(tid, ib["libinject.so"], "inject_record", "x") == (
+        EINVAL, 0, "%d is a thread of process %d: give the process id" % (tid, t.pid))
+    assert t.finish(sig=signal.SIGUSR1) == ("threads 2 ok\n", 0)
+
+
+def test_static_binary_is_refused(ib, targets):
+    if not ib["target_static"]:
+        pytest.skip("cannot link statically here: %s" % ib["static_why"])
+    t = targets([ib["target_static"], "sleep", "1"])
+    assert inject(t.pid, ib["libinject.so"], "inject_record", "x") == (
+        EUNSUPP, 0, "%d is statically linked: no dynamic loader, cannot load a library" % t.pid)
+    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+
+
+def test_stopped_process_is_refused_and_stays_stopped(ib, targets):
+    t = targets([ib["target"], "sleep", "1"])
+    os.kill(t.pid, signal.SIGSTOP)
+    for _ in range(200):
+        with open("/proc/%d/status" % t.pid) as f:
+            if "State:\tT" in f.read():
+                break
+        time.sleep(0.01)
+    assert inject(t.pid, ib["libinject.so"], "inject_record", "x") == (
+        EBUSY, 0, "%d is stopped (state T): resume it first (kill -CONT %d)" % (t.pid, t.pid))
+    time.sleep(0.1)
+    with open("/proc/%d/status" % t.pid) as f:
+        assert "State:\tT (stopped)" in f.read()
+    os.kill(t.pid, signal.SIGCONT)
+    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+
+
+def test_traced_process_is_refused(ib, targets):
+    if not shutil.which("strace"):
+        pytest.skip("strace is not installed (apt-get install strace)")
+    t = targets([ib["target"], "sleep", "2"])
+    s = subprocess.Popen(["strace", "-q", "-o", "/dev/null", "-p", str(t.pid)])
+    try:
+        for _ in range(500):
+            with open("/proc/%d/status" % t.pid) as f:
+                if "TracerPid:\t%d\n" % s.pid in f.read():
+                    break
+            time.sleep(0.01)
+        assert inject(t.pid, ib["libinject.so"], "inject_record", "x") == (
+            EPERM, 0, "%d is being traced by another process (%d strace)" % (t.pid, s.pid))
+    finally:
+        s.terminate()
+        s.wait()
+    assert "libinject.so" not in t.maps()
+    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+
+
+@pytest.fixture
+def nobody_dir(ib):
+    """A directory nobody can read, with mmleak.so, the CLI, the test target and library."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to run processes as nobody")
+    d = tempfile.mkdtemp(prefix="mmleak-inject.")
+    try:
+        os.chmod(d, 0o777)
+        for f in (os.path.join(ROOT, "mmleak.so"), CLI, ib["target"], ib["libinject.so"]):
+            shutil.copy(f, d)
+            os.chmod(os.path.join(d, os.path.basename(f)), 0o755)
+        yield d
+    finally:
+        shutil.rmtree(d)
+
+
+AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+
+
+def cli_as_nobody(d, pid, func, arg):
+    return subprocess.run(AS_NOBODY + [sys.executable, os.path.join(d, "inject_cli.py"),
+                                       os.path.join(d, "mmleak.so"), str(pid),
+                                       os.path.join(d, "libinject.so"), func, arg],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_other_users_process_is_refused(ib, targets, nobody_dir):
+    """The injector runs as nobody, the target as root."""
+    t = targets([ib["target"], "sleep", "1"])
+    r = cli_as_nobody(nobody_dir, t.pid, "inject_record", "x")
+    assert (r.stdout, r.stderr, r.returncode) == (
+        "error -3 %d belongs to another user (uid 0): run as that user or as root\n" % t.pid,
+        "", 1)
+    assert "libinject.so" not in t.maps()
+    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+
+
+def test_same_user_without_privileges(ib, targets, nobody_dir):
+    """Target and injector both run as nobody (no capability; no Yama here): it works."""
+    with open("/proc/sys/kernel/yama/ptrace_scope" if os.path.exists(
+            "/proc/sys/kernel/yama/ptrace_scope") else "/dev/null") as f:
+        if f.read().strip() not in ("", "0"):
+            pytest.skip("kernel.yama.ptrace_scope is not 0: only root or an ancestor may trace")
+    rec = os.path.join(nobody_dir, "rec")
+    t = targets(AS_NOBODY + [os.path.join(nobody_dir, "target"), "sleep", "1.5"])
+    r = cli_as_nobody(nobody_dir, t.pid, "inject_record", rec)
+    assert (r.stdout, r.stderr, r.returncode) == ("result 4242\n", "", 0)
+    assert records(rec) == ["pid %d tid %d loads 1 calls 1" % (t.pid, t.pid)]
+    assert os.stat(rec).st_uid == pwd.getpwnam("nobody").pw_uid
+    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+
+
+def test_undumpable_process_is_refused(ib, targets, nobody_dir):
+    """Same user, but the target made itself not dumpable: only root may attach."""
+    t = targets(AS_NOBODY + [os.path.join(nobody_dir, "target"), "undumpable", "1"])
+    r = cli_as_nobody(nobody_dir, t.pid, "inject_record", "x")
+    assert (r.stdout, r.stderr, r.returncode) == (
+        "error -3 %d is not dumpable (set-uid or set-gid program, file capabilities, or "
+        "prctl(PR_SET_DUMPABLE, 0)): only root can attach to it\n" % t.pid, "", 1)
+    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)

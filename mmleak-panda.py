@@ -268,9 +268,10 @@ class Flame:
 
     nodes: [(frame index or -1 for the root, depth, bytes, blocks, bytes of the callees not
     drawn)] in pre-order, children widest first; frames: [(label, function, file, line,
-    module, kind)]; cut_boxes / cut_bytes / cut_blocks: what was left out (boxes narrower than
-    PER_MILLE/1000 of the total, or beyond MAX_BOXES); max_frames: the longest stack in
-    return addresses."""
+    module, kind)]; cut_boxes / cut_bytes / cut_blocks: what was left out: the boxes not
+    drawn (narrower than PER_MILLE/1000 of the total, or beyond the MAX_BOXES widest) whose
+    caller is drawn, and their bytes and blocks (with their callees); max_frames: the longest
+    stack in return addresses."""
 
     def __init__(self, stack_list, stack_bytes, stack_blocks, frames,
                  per_mille=FLAME_MIN_PER_MILLE, max_boxes=FLAME_MAX_BOXES):
@@ -291,8 +292,8 @@ class Flame:
                 levels[addr] = lv = tuple(lv)
             return lv
 
-        # the trie of every path: per node its frame, depth, bytes, blocks, children
-        fidx, depth, nbytes, nblocks, kids = [-1], [0], [0], [0], [{}]
+        # every stack as its path of frames from the root, and the totals
+        paths, weights, total, blocks = [], [], 0, 0
         self.max_frames = 0
         for sid, st in enumerate(stack_list):
             k = stack_blocks[sid]
@@ -300,36 +301,51 @@ class Flame:
                 continue
             b = stack_bytes[sid]
             self.max_frames = max(self.max_frames, len(st))
-            node = 0
-            nbytes[0] += b
-            nblocks[0] += k
+            p = ()
             for addr in reversed(st):
-                for f in levels_of(addr):
-                    ch = kids[node]
-                    nx = ch.get(f)
-                    if nx is None:
-                        nx = ch[f] = len(fidx)
-                        fidx.append(f)
-                        depth.append(depth[node] + 1)
-                        nbytes.append(0)
-                        nblocks.append(0)
-                        kids.append({})
-                    node = nx
-                    nbytes[node] += b
-                    nblocks[node] += k
-        self.total, self.blocks = nbytes[0], nblocks[0]
-        self.all_boxes = len(fidx) - 1
-        # keep the boxes at least PER_MILLE/1000 of the total wide, then the MAX_BOXES widest
+                p += levels_of(addr)
+            paths.append(p)
+            weights.append((b, k))
+            total += b
+            blocks += k
+        self.total, self.blocks = total, blocks
+        # the tree, one level at a time: the stacks that reach a box group by their next
+        # frame into its children; only a box at least PER_MILLE/1000 of the total wide has
+        # its children made (the memory stays proportional to what is drawn, not to the sum
+        # of the stacks' lengths)
+        fidx, depth, nbytes, nblocks, kids = [-1], [0], [total], [blocks], [[]]
+        active = [(j, 0) for j in range(len(paths))]
+        d = 0
+        while active:
+            made, nxt = {}, []
+            for j, node in active:
+                p = paths[j]
+                if len(p) <= d:
+                    continue
+                c = made.get((node, p[d]))
+                if c is None:
+                    c = made[(node, p[d])] = len(fidx)
+                    fidx.append(p[d])
+                    depth.append(d + 1)
+                    nbytes.append(0)
+                    nblocks.append(0)
+                    kids.append([])
+                    kids[node].append(c)
+                b, k = weights[j]
+                nbytes[c] += b
+                nblocks[c] += k
+                nxt.append((j, c))
+            active = [(j, c) for j, c in nxt if nbytes[c] * 1000 >= total * per_mille]
+            d += 1
+        # the boxes at least PER_MILLE/1000 of the total wide, at most the MAX_BOXES widest
         # (a parent is never narrower than its child, nor deeper: the kept set is a tree)
-        total = self.total
         keep = [i for i in range(1, len(fidx)) if nbytes[i] * 1000 >= total * per_mille]
         if len(keep) > max_boxes:
             keep.sort(key=lambda i: (-nbytes[i], depth[i], i))
             keep = keep[:max_boxes]
         kept = set(keep)
         kept.add(0)
-        self.cut_boxes = len(fidx) - len(kept)
-        self.cut_bytes = self.cut_blocks = 0
+        self.cut_boxes = self.cut_bytes = self.cut_blocks = 0
         fr = self.frames
 
         def order(i):
@@ -341,11 +357,12 @@ class Flame:
             i = todo.pop()
             cut = 0
             shown = []
-            for c in kids[i].values():
+            for c in kids[i]:
                 if c in kept:
                     shown.append(c)
                 else:
                     cut += nbytes[c]
+                    self.cut_boxes += 1
                     self.cut_bytes += nbytes[c]
                     self.cut_blocks += nblocks[c]
             nodes.append((fidx[i], depth[i], nbytes[i], nblocks[i], cut))
@@ -782,9 +799,9 @@ def flame_panel(fl):
                 'bytes.</p>\n')
     notes = []
     if fl.cut_boxes:
-        notes.append("%s boxes narrower than %g%% of the total (or beyond the %s widest) are "
-                     "not drawn: %s in %s blocks belong to stacks drawn only down to their "
-                     "last wider frame (hover a box: <i>not drawn</i>)."
+        notes.append("Not drawn: %s boxes narrower than %g%% of the total (or beyond the %s "
+                     "widest), with their callees; %s in %s blocks have stacks drawn only down "
+                     "to their last wider box (hover a box: <i>not drawn</i>)."
                      % ("{:,}".format(fl.cut_boxes), FLAME_MIN_PER_MILLE / 10,
                         "{:,}".format(FLAME_MAX_BOXES), esc(hb(fl.cut_bytes)),
                         "{:,}".format(fl.cut_blocks)))
@@ -1155,19 +1172,35 @@ def render_report(rep, out_path, wrappers=None, top=TOP_ROWS):
 # The classic pipe: survivor lines on stdin
 # ---------------------------------------------------------------------------------------
 
+class StackRefs(dict):
+    """The stacks of the "#s ID FRAME..." lines read so far (format 2), for
+    mmleak.parse_event: a stack not defined yet (a file may define it after its first use)
+    parses as the key ("@", ID), resolved at the end of the input."""
+
+    def __bool__(self):
+        return True
+
+    def get(self, k, default=None):
+        v = dict.get(self, k)
+        return ("@", k) if v is None else v
+
+
 def read_stdin(f, depth):
     """Parse survivor lines with mmleak's parser -> (Survivors, info dict)."""
     info = {"lines": 0, "allocs": 0, "foreign": 0, "brackets": 0, "headers": [], "cmd": None,
-            "bad": []}
+            "bad": [], "no_stack": (0, 0)}
     surv = Survivors((), depth)
     stacks = surv.stacks
+    defs = StackRefs()
     sid_add, size_add, time_add = surv.sid.append, surv.size.append, surv.time.append
     parse, Alloc, event_re = mmleak.parse_event, mmleak.Alloc, mmleak.EVENT_RE
     lineno = 0
     for lineno, line in enumerate(f, 1):
-        a = parse(line)
+        a = parse(line, defs)
         if a.__class__ is Alloc:
-            k = a.callers[:depth]
+            k = a.callers
+            if k[0] != "@":
+                k = k[:depth]
             i = stacks.get(k)
             if i is None:
                 i = stacks[k] = len(stacks)
@@ -1180,16 +1213,26 @@ def read_stdin(f, depth):
             continue
         if not line.endswith(b"\n"):          # a last line without its newline
             line += b"\n"
-            a = parse(line)
+            a = parse(line, defs)
             if a is not None:
                 if a.__class__ is Alloc:
-                    k = a.callers[:depth]
+                    k = a.callers
+                    if k[0] != "@":
+                        k = k[:depth]
                     sid_add(stacks.setdefault(k, len(stacks)))
                     size_add(a.size)
                     time_add(a.time)
                 else:
                     info["foreign"] += 1
                 continue
+        if line.startswith(b"#s "):
+            st = mmleak.parse_stack(line)
+            if st is None:
+                info["bad"].append((lineno, "malformed stack line (#s ID FRAME..., hex): %r"
+                                    % line.rstrip(b"\n")[:60]))
+            else:
+                dict.setdefault(defs, st[0], st[1])
+            continue
         if line.startswith(b"#"):
             h = mmleak.parse_header(line)
             if h is not None:
@@ -1213,6 +1256,21 @@ def read_stdin(f, depth):
     surv.stack_list = [None] * len(stacks)
     for k, i in stacks.items():
         surv.stack_list[i] = k
+    # stacks used before their "#s" line: resolved now; never defined: mmleak.NO_STACK, as
+    # mmleak.py does, and the page says how many blocks
+    if any(k[0] == "@" for k in stacks):
+        missing = set()
+        for i, k in enumerate(surv.stack_list):
+            if k[0] == "@":
+                st = dict.get(defs, k[1])
+                if st is None:
+                    missing.add(k[1])
+                    st = mmleak.NO_STACK
+                surv.stack_list[i] = st
+        if missing:
+            miss_sids = {stacks[("@", m)] for m in missing}
+            info["no_stack"] = (len(missing), sum(1 for i in surv.sid if i in miss_sids))
+        _cut(surv, depth)                     # one key per stack, cut to DEPTH
     return surv, info
 
 
@@ -1323,6 +1381,14 @@ def run(args):
     if args.end_time is None:
         notes.append("End of the trace taken as the newest surviving allocation (%s s); ages "
                      "are relative to it (give --end-time for the real end)." % end_time)
+    if info["no_stack"][0]:
+        nst, nbl = info["no_stack"]
+        notes.append('<span class="warn">%s block%s refer%s to %d stack%s whose <code>#s</code> '
+                     'line is not in the input: call site shown as 0x0 (pipe the whole output '
+                     'of <code>mmleak.py shrink --final</code>, <code>#s</code> lines '
+                     'included).</span>' % ("{:,}".format(nbl), "s" if nbl != 1 else "",
+                                            "" if nbl != 1 else "s", nst,
+                                            "s" if nst != 1 else ""))
     if info["brackets"]:
         notes.append('<span class="warn">%d bracket lines (PTR SEQ +/-) skipped: the input was '
                      'a partial shrink; use <code>mmleak.py shrink --final</code>.</span>'

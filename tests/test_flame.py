@@ -128,7 +128,7 @@ def test_flame_cuts_narrow_boxes_and_caps_the_count():
             mmleak.Alloc(3, 1, 2, 0, (D, C, B, A))]
     fl = flame_of_allocs(surv, frames_abcde())
     assert rows(fl) == [("all", 0, 5003, 3, 0), ("A", 1, 5003, 3, 0), ("A/B", 2, 5003, 3, 3)]
-    assert (fl.cut_boxes, fl.cut_bytes, fl.cut_blocks) == (2, 3, 2)
+    assert (fl.cut_boxes, fl.cut_bytes, fl.cut_blocks) == (1, 3, 2)      # C, with D in it
     # exactly 1/1000 is drawn
     surv = [mmleak.Alloc(1, 1, 999, 0, (B, A)), mmleak.Alloc(2, 1, 1, 0, (C, B, A))]
     assert rows(flame_of_allocs(surv, frames_abcde()))[-1] == ("A/B/C", 3, 1, 1, 0)
@@ -378,8 +378,8 @@ def test_million_blocks_flame_size(tmp_path, nstacks, depth, distinct, limit):
     assert all(n["bytes"] * 1000 >= total for n in nodes)
     # what was left out adds up: the bytes of every box's callees not drawn
     cut = sum(n["cut"] for n in nodes)
-    m = re.search(r"([\d,]+) boxes narrower than 0\.1% of the total \(or beyond the 5,000 "
-                  r"widest\) are not drawn: ([^<]*) in ([\d,]+) blocks", text)
+    m = re.search(r"Not drawn: ([\d,]+) boxes narrower than 0\.1% of the total \(or beyond "
+                  r"the 5,000 widest\), with their callees; ([^<]*) in ([\d,]+) blocks", text)
     assert m, "no note on the boxes left out"
     assert m.group(2) == mmleak.human_bytes(cut)
     # widths add up: a box's callees drawn plus those cut are at most its own bytes
@@ -462,3 +462,47 @@ def test_flame_real_program_depth16(leaky16, tmp_path):
         "LEAK-session")
     frac = EXPECTED_D4["Worker::handle(int)"][1] / total
     assert abs(float(boxes[wh["i"]]["data-mw"]) - frac) < 2e-4
+    # the classic pipe draws the same graph from the shrunk trace ("#s" stack lines and all)
+    files = mmleak.find_traces(dumps)[pid]
+    maps = os.path.join(dumps, "mmleak.%s.maps" % pid)
+    shr = subprocess.run([PY, MMLEAK, "shrink", "--final"] + files, capture_output=True)
+    assert shr.returncode == 0
+    assert b"\n#s " in shr.stdout
+    p = subprocess.run([PY, panda.__file__, "--maps", maps], input=shr.stdout,
+                       capture_output=True)
+    assert p.returncode == 0, p.stderr
+    assert page_nodes(p.stdout.decode()) == nodes
+    # without its "#s" lines every stack is unknown, and the page says so
+    lines = b"".join(l + b"\n" for l in shr.stdout.split(b"\n")
+                     if l[:1] not in (b"#", b"") and len(l.split()) >= 5)
+    p = subprocess.run([PY, panda.__file__, "--maps", maps], input=lines, capture_output=True)
+    assert p.returncode == 0, p.stderr
+    n = len(rep["survivors"])
+    assert ("%s blocks refer to %d stacks whose <code>#s</code> line is not in the input"
+            % ("{:,}".format(n), len({a.callers for a in rep["survivors"]}))) in p.stdout.decode()
+
+
+def test_pipe_resolves_stack_lines_in_any_order():
+    """mmleak-panda.py on stdin (format 2): "#s ID FRAME..." lines give the stacks of the
+    "@ID" events, also when defined after their first use; an undefined stack is 0x0, and the
+    page says how many blocks."""
+    data = (b"#mmleak 2 id=9 pid=9 tid=9 file=0 depth=16 start=1700000000\n"
+            b"1000 1 40 0 @abc\n"
+            b"#s abc 401000 402000\n"
+            b"2000 1 20 1 @abc\n"
+            b"3000 1 10 2 @def\n"
+            b"4000 1 5 2 401000 403000\n")
+    p = subprocess.run([PY, panda.__file__], input=data, capture_output=True)
+    assert p.returncode == 0, p.stderr
+    text = p.stdout.decode()
+    assert headline(text) == (0x40 + 0x20 + 0x10 + 5, 4)
+    assert [(n["label"], n["depth"], n["bytes"], n["blocks"]) for n in page_nodes(text)] == [
+        ("all", 0, 117, 4), ("0x402000", 1, 96, 2), ("0x401000", 2, 96, 2),
+        ("0x0", 1, 16, 1), ("0x403000", 1, 5, 1), ("0x401000", 2, 5, 1)]
+    assert "1 block refers to 1 stack whose <code>#s</code> line is not in the input" in text
+    p = subprocess.run([PY, panda.__file__], input=data.replace(b"#s abc 4", b"#s abc 4zz"),
+                       capture_output=True)
+    assert p.returncode == mmleak.EXIT_INPUT
+    assert p.stderr.decode() == ("mmleak-panda.py: <stdin>:3: malformed stack line (#s ID "
+                                 "FRAME..., hex): b'#s abc 4zz01000 402000'; no report "
+                                 "written\n")

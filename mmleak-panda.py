@@ -8,12 +8,13 @@ Two ways in:
 * the classic pipe: the survivor lines of a shrunk trace on stdin::
 
       mmleak.py shrink --final mmleak.PID.*.out | mmleak-panda.py --maps mmleak.PID.maps > mmleak.PID.html
-      awk 'NF >= 5' mmleak.PID.txt | mmleak-panda.py > mmleak.PID.html
+      awk '/^#s / || NF >= 5' mmleak.PID.txt | mmleak-panda.py > mmleak.PID.html
 
 The page is self-contained (inline CSS, JS and SVG charts; no network): a headline (bytes and
 blocks not freed, process, time span, events read, what could not be symbolized and why), a
-chart of the top call sites, a chart of the survivors' bytes over the life of the process, and
-one sortable, filterable table of the leaking call sites.  Lines are parsed with mmleak.py's
+chart of the top call sites, a chart of the survivors' bytes over the life of the process, a
+flame graph of the unfreed bytes by stack (click to zoom, hover for details), and one
+sortable, filterable table of the leaking call sites.  Lines are parsed with mmleak.py's
 own parser (mmleak.parse_event / parse_header); needs pandas and matplotlib.
 """
 import argparse
@@ -1294,13 +1295,14 @@ def build_parser():
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description=__import__("textwrap").fill(
             "Render the blocks a process never freed (the survivor lines of a shrunk mmleak "
-            "trace, on stdin) as one self-contained HTML page: headline, charts and a "
-            "sortable, filterable table of the leaking call sites.  `mmleak.py report DIR` "
+            "trace, on stdin) as one self-contained HTML page: headline, charts, a flame "
+            "graph of the unfreed bytes by stack and a sortable, filterable table of the "
+            "leaking call sites.  `mmleak.py report DIR` "
             "does the same from the dump directory.", 90),
         epilog="examples:\n"
                "  mmleak.py shrink --final mmleak.1234.*.out | %(prog)s --maps mmleak.1234.maps"
                " > mmleak.1234.html\n"
-               "  awk 'NF >= 5' mmleak.1234.txt | %(prog)s -o leaks.html\n"
+               "  awk '/^#s / || NF >= 5' mmleak.1234.txt | %(prog)s -o leaks.html\n"
                "  ... | %(prog)s --since 600 --older-than 60   # leaked after the warm-up\n\n"
                + EXIT_HELP)
     p.add_argument("--maps", help="the process's mmleak.PID.maps: symbolize call sites "

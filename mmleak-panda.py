@@ -8,12 +8,13 @@ Two ways in:
 * the classic pipe: the survivor lines of a shrunk trace on stdin::
 
       mmleak.py shrink --final mmleak.PID.*.out | mmleak-panda.py --maps mmleak.PID.maps > mmleak.PID.html
-      awk 'NF >= 5' mmleak.PID.txt | mmleak-panda.py > mmleak.PID.html
+      awk '/^#s / || NF >= 5' mmleak.PID.txt | mmleak-panda.py > mmleak.PID.html
 
 The page is self-contained (inline CSS, JS and SVG charts; no network): a headline (bytes and
 blocks not freed, process, time span, events read, what could not be symbolized and why), a
-chart of the top call sites, a chart of the survivors' bytes over the life of the process, and
-one sortable, filterable table of the leaking call sites.  Lines are parsed with mmleak.py's
+chart of the top call sites, a chart of the survivors' bytes over the life of the process, a
+flame graph of the unfreed bytes by stack (click to zoom, hover for details), and one
+sortable, filterable table of the leaking call sites.  Lines are parsed with mmleak.py's
 own parser (mmleak.parse_event / parse_header); needs pandas and matplotlib.
 """
 import argparse
@@ -194,6 +195,238 @@ def aggregate(surv, frames, end_time, wrappers, since=None, older_than=None):
                                       "oldest", "youngest", "mean", "stack", "nstacks"])
     info = {"before_blocks": before[0], "before_bytes": before[1], "site_idx": site_idx}
     return df, sites, info
+
+
+# ---------------------------------------------------------------------------------------
+# Flame graph: unfreed bytes by stack (aggregated here, drawn by the page's script)
+# ---------------------------------------------------------------------------------------
+
+FLAME_MIN_PER_MILLE = 1   # boxes narrower than 1/1000 of the total are not drawn
+FLAME_MAX_BOXES = 5000    # and at most this many boxes (the widest): the page stays small
+KIND_PROGRAM, KIND_RUNTIME, KIND_UNRESOLVED = 0, 1, 2
+KIND_INLINED = 4          # flag: this level was inlined into the box above it
+KIND_NONAME = 8           # flag (page data): no function name, the label is the name
+
+
+def short_function(fn):
+    """A function's name without its parameter list (box labels):
+    'ns::Foo<int>::bar(char const*) const' -> 'ns::Foo<int>::bar',
+    'main::{lambda()#1}::operator()() const' -> 'main::{lambda()#1}::operator()'."""
+    s = fn.rstrip()
+    while True:                       # qualifiers after the parameter list
+        for q in (" const", " volatile", " &&", " &", " noexcept"):
+            if s.endswith(q):
+                s = s[:-len(q)].rstrip()
+                break
+        else:
+            break
+    if not s.endswith(")"):
+        return fn
+    depth = 0
+    for i in range(len(s) - 1, -1, -1):
+        depth += (s[i] == ")") - (s[i] == "(")
+        if depth == 0:
+            head = s[:i].rstrip()
+            # 'operator()' alone (inline levels are named without parameters) is a name
+            return fn if not head or head.endswith("operator") else head
+    return fn
+
+
+def frame_levels(fr, addr):
+    """The source-level frames of one return address, outermost first: the functions its
+    code was inlined into (Frame.inlined lists them innermost first), then the function at
+    the address.  -> [(key, label, function, file, line, module, kind)].
+
+    KEY merges boxes: (function, file, line, module) when symbolized, so two return
+    addresses of one source line are one box; (function, module) without line information;
+    the module and offset (or the address) when nothing is known."""
+    if fr is None:
+        lab = "0x%x" % addr
+        return [(("?", addr), lab, None, None, None, None, KIND_UNRESOLVED)]
+    if not (fr.function or fr.file):
+        lab = mmleak.frame_label(fr)
+        return [(("?", fr.module, fr.offset if fr.module else addr), lab, None, None, None,
+                 fr.module, KIND_UNRESOLVED)]
+    chain = [(fr.function, fr.file, fr.line)] + list(fr.inlined)
+    out = []
+    for j in range(len(chain) - 1, -1, -1):
+        fn, fl, ln = chain[j]
+        kind = KIND_RUNTIME if mmleak.is_runtime(
+            mmleak.Frame(addr, fr.module, fr.offset, fn, fl, ln, (), None)) else KIND_PROGRAM
+        if j < len(chain) - 1:             # inlined into the level above it
+            kind |= KIND_INLINED
+        key = ("f", fn, fl, ln if fl else None, fr.module)
+        out.append((key, short_function(fn) if fn else "??", fn, fl, ln if fl else None,
+                    fr.module, kind))
+    return out
+
+
+class Flame:
+    """The unfreed bytes of every distinct stack as a tree of boxes, root ("all") first, then
+    the outermost frame of each stack down to the caller of the allocator.  A box's bytes and
+    blocks are those of every surviving block whose stack passes through it; boxes are merged
+    by their path of (function, file, line) from the root.
+
+    nodes: [(frame index or -1 for the root, depth, bytes, blocks, bytes of the callees not
+    drawn)] in pre-order, children widest first; frames: [(label, function, file, line,
+    module, kind)]; cut_boxes / cut_bytes / cut_blocks: what was left out: the boxes not
+    drawn (narrower than PER_MILLE/1000 of the total, or beyond the MAX_BOXES widest) whose
+    caller is drawn, and their bytes and blocks (with their callees); max_frames: the longest
+    stack in return addresses."""
+
+    def __init__(self, stack_list, stack_bytes, stack_blocks, frames,
+                 per_mille=FLAME_MIN_PER_MILLE, max_boxes=FLAME_MAX_BOXES):
+        frames = frames or {}
+        key_idx, self.frames = {}, []
+        levels = {}
+
+        def levels_of(addr):
+            lv = levels.get(addr)
+            if lv is None:
+                lv = []
+                for key, *rest in frame_levels(frames.get(addr), addr):
+                    i = key_idx.get(key)
+                    if i is None:
+                        i = key_idx[key] = len(self.frames)
+                        self.frames.append(tuple(rest))
+                    lv.append(i)
+                levels[addr] = lv = tuple(lv)
+            return lv
+
+        # every stack as its path of frames from the root, and the totals
+        paths, weights, total, blocks = [], [], 0, 0
+        self.max_frames = 0
+        for sid, st in enumerate(stack_list):
+            k = stack_blocks[sid]
+            if not k:
+                continue
+            b = stack_bytes[sid]
+            self.max_frames = max(self.max_frames, len(st))
+            p = ()
+            for addr in reversed(st):
+                p += levels_of(addr)
+            paths.append(p)
+            weights.append((b, k))
+            total += b
+            blocks += k
+        self.total, self.blocks = total, blocks
+        # the tree, one level at a time: the stacks that reach a box group by their next
+        # frame into its children; only a box at least PER_MILLE/1000 of the total wide has
+        # its children made (the memory stays proportional to what is drawn, not to the sum
+        # of the stacks' lengths)
+        fidx, depth, nbytes, nblocks, kids = [-1], [0], [total], [blocks], [[]]
+        active = [(j, 0) for j in range(len(paths))]
+        d = 0
+        while active:
+            made, nxt = {}, []
+            for j, node in active:
+                p = paths[j]
+                if len(p) <= d:
+                    continue
+                c = made.get((node, p[d]))
+                if c is None:
+                    c = made[(node, p[d])] = len(fidx)
+                    fidx.append(p[d])
+                    depth.append(d + 1)
+                    nbytes.append(0)
+                    nblocks.append(0)
+                    kids.append([])
+                    kids[node].append(c)
+                b, k = weights[j]
+                nbytes[c] += b
+                nblocks[c] += k
+                nxt.append((j, c))
+            active = [(j, c) for j, c in nxt if nbytes[c] * 1000 >= total * per_mille]
+            d += 1
+        # the boxes at least PER_MILLE/1000 of the total wide, at most the MAX_BOXES widest
+        # (a parent is never narrower than its child, nor deeper: the kept set is a tree)
+        keep = [i for i in range(1, len(fidx)) if nbytes[i] * 1000 >= total * per_mille]
+        if len(keep) > max_boxes:
+            keep.sort(key=lambda i: (-nbytes[i], depth[i], i))
+            keep = keep[:max_boxes]
+        kept = set(keep)
+        kept.add(0)
+        self.cut_boxes = self.cut_bytes = self.cut_blocks = 0
+        fr = self.frames
+
+        def order(i):
+            f = fr[fidx[i]]
+            return (-nbytes[i], f[0], f[1] or "", f[2] or "", f[3] or 0, i)
+
+        nodes, todo = [], [0]
+        while todo:
+            i = todo.pop()
+            cut = 0
+            shown = []
+            for c in kids[i]:
+                if c in kept:
+                    shown.append(c)
+                else:
+                    cut += nbytes[c]
+                    self.cut_boxes += 1
+                    self.cut_bytes += nbytes[c]
+                    self.cut_blocks += nblocks[c]
+            nodes.append((fidx[i], depth[i], nbytes[i], nblocks[i], cut))
+            shown.sort(key=order, reverse=True)     # popped widest first
+            todo.extend(shown)
+        self.nodes = nodes
+
+    def box(self, *labels):
+        """The node of the path of box labels from the root (tests and tools): -> node tuple,
+        or None."""
+        path = []
+        for n in self.nodes:
+            d = n[1]
+            del path[d:]
+            path.append(self.frames[n[0]][0] if n[0] >= 0 else None)
+            if tuple(path[1:]) == labels:
+                return n
+        return None
+
+    def data(self):
+        """The JSON the page's script reads: strings interned; bytes above 2^53 as strings."""
+        strs, sidx = [], {}
+
+        def s(v):
+            if v is None:
+                return -1
+            i = sidx.get(v)
+            if i is None:
+                i = sidx[v] = len(strs)
+                strs.append(v)
+            return i
+        frames, fidx, flat = [], {}, []
+        for f, d, b, k, cut in self.nodes:       # only the frames of the boxes drawn
+            if f >= 0:
+                j = fidx.get(f)
+                if j is None:
+                    j = fidx[f] = len(frames)
+                    lab, fn, fl, ln, mod, kind = self.frames[f]
+                    # the page makes the label: short_function(fn), or LAB without a name
+                    frames.append([s(fn if fn else lab), s(fl), ln or 0, s(mod),
+                                   kind | (0 if fn else KIND_NONAME)])
+                f = j
+            flat.extend((f, d, b if b < 1 << 53 else str(b), k, cut if cut < 1 << 53
+                         else str(cut)))
+        return {"s": strs, "f": frames, "n": flat, "pm": FLAME_MIN_PER_MILLE}
+
+
+def flame_of(df, surv, frames):
+    """A Flame of the blocks in DF (after the filters): bytes and blocks per stack, exact."""
+    nst = len(surv.stack_list)
+    sb, sk = [0] * nst, [0] * nst
+    if len(df):
+        g = df.groupby("sid", sort=False)["size"].agg(["sum", "size"])
+        for sid, b, k in zip(g.index.tolist(), g["sum"].tolist(), g["size"].tolist()):
+            sb[sid], sk[sid] = int(b), int(k)
+    return Flame(surv.stack_list, sb, sk, frames)
+
+
+def flame_json(fl):
+    """The flame data as JSON that is safe inside <script> (no <, >, & characters)."""
+    import json
+    return (json.dumps(fl.data(), separators=(",", ":"), ensure_ascii=True)
+            .replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
 
 
 # ---------------------------------------------------------------------------------------
@@ -426,11 +659,175 @@ if(location.hash==='#selftest'){var out=[],ok=true;
   out.push('svgs='+svgs.length,'paths='+paths,'svg0='+Math.round(r0.width)+'x'+Math.round(r0.height));
   ok=ok&&svgs.length>=2&&paths>0&&r0.width>100;
  }catch(e){ok=false;out.push('error='+e);}
+ try{var ft=window.__flameTest?window.__flameTest():null;
+  if(ft){out=out.concat(ft.out);ok=ok&&ft.ok;}
+  else{out.push('flame=none');ok=ok&&!document.getElementById('flame');}
+ }catch(e){ok=false;out.push('flame-error='+e);}
  out.push('errors='+window.__errs.length); ok=ok&&!window.__errs.length;
  var el=document.getElementById('selftest'); el.textContent=(ok?'SELFTEST PASS ':'SELFTEST FAIL ')+out.join(' ');
  document.title=(ok?'SELFTEST PASS':'SELFTEST FAIL');}
 })();
 """
+
+FLAME_CSS = """
+.flame-panel{background:#fff;border:1px solid #dde3ea;border-radius:6px;padding:8px 10px;margin-bottom:12px}
+.flame-head{display:flex;flex-wrap:wrap;align-items:baseline;gap:4px 12px;margin-bottom:6px}
+.flame-head button{font:inherit;font-size:12px;padding:2px 10px;border:1px solid #b9c3cd;border-radius:4px;background:#f4f6f8;cursor:pointer}
+.flame{position:relative;width:100%;overflow:hidden;font:11.5px/17px ui-monospace,"DejaVu Sans Mono",monospace}
+.fb{position:absolute;height:17px;overflow:hidden;white-space:nowrap;cursor:pointer;color:#1d2630;box-shadow:inset -1px -1px #fff}
+.fb span{display:block;padding:0 3px;overflow:hidden;text-overflow:ellipsis}
+.fb:hover{box-shadow:inset 0 0 0 1px #1d2630}
+.fb.anc{opacity:.6}
+.fb.zr{box-shadow:inset 0 0 0 2px #1d2630}
+.flame-legend{font-size:12px;color:#56636f;margin-top:6px}
+.flame-legend i.sw{display:inline-block;width:11px;height:11px;vertical-align:-1px;margin:0 3px 0 10px;border-radius:2px;font-style:normal}
+.flame-tip{position:fixed;display:none;z-index:10;max-width:560px;background:#1d2630;color:#fff;font-size:12px;padding:6px 9px;border-radius:4px;white-space:pre-line;word-break:break-word;pointer-events:none}
+#flame-selftest{display:none}
+"""
+
+FLAME_JS = r"""
+(function(){
+var el=document.getElementById('flame'), src=document.getElementById('flame-data');
+window.__flameTest=null;
+if(!el||!src)return;
+var D=JSON.parse(src.textContent), S=D.s, F=D.f, R=D.n, W=5, ROW=18, n=R.length/W;
+var fi=[],dep=[],byt=[],bs=[],blk=[],cut=[],par=[],end=[],x0=[],box=[],path=[],off=[],maxd=0;
+for(var i=0;i<n;i++){
+ fi[i]=R[i*W];dep[i]=R[i*W+1];bs[i]=String(R[i*W+2]);byt[i]=+R[i*W+2];blk[i]=R[i*W+3];cut[i]=+R[i*W+4];
+ path[dep[i]]=i; par[i]=dep[i]?path[dep[i]-1]:-1; end[i]=i+1;
+ x0[i]=par[i]<0?0:off[par[i]]; if(par[i]>=0)off[par[i]]+=byt[i]; off[i]=x0[i];
+ if(dep[i]>maxd)maxd=dep[i];}
+for(var i=n-1;i>0;i--)if(end[i]>end[par[i]])end[par[i]]=end[i];
+function str(j){return j>=0?S[j]:'';}
+function shortFn(f){var s=f.replace(/\s+$/,''),q=[' const',' volatile',' &&',' &',' noexcept'],k,again=true;
+ while(again){again=false;for(k=0;k<q.length;k++)if(s.slice(-q[k].length)===q[k]){s=s.slice(0,-q[k].length).replace(/\s+$/,'');again=true;break;}}
+ if(s.charAt(s.length-1)!==')')return f;
+ for(var d=0,i=s.length-1;i>=0;i--){var c=s.charAt(i);d+=(c===')')-(c==='(');
+  if(d===0){var h=s.slice(0,i).replace(/\s+$/,'');return (!h||/operator$/.test(h))?f:h;}}
+ return f;}
+function hue(s){var h=0;for(var k=0;k<s.length;k++)h=(h*31+s.charCodeAt(k))>>>0;return h;}
+function colour(i){if(i===0)return '#c9d1da'; var f=F[fi[i]],k=f[4]&3,h=hue(str(f[0]));
+ if(k===1)return 'hsl(210,12%,'+(74+h%10)+'%)';
+ if(k===2)return 'hsl(270,22%,'+(80+h%8)+'%)';
+ return 'hsl('+(h%45)+','+(78+h%15)+'%,'+(58+(h>>>8)%14)+'%)';}
+function fmt(v){var u=['B','KiB','MiB','GiB','TiB','PiB','EiB'],k=0;while(v>=1024&&k<6){v/=1024;k++;}return k?v.toFixed(1)+' '+u[k]:v+' B';}
+function commas(s){return s.replace(/\B(?=(\d{3})+(?!\d))/g,',');}
+function label(i){if(i===0)return 'all: '+fmt(byt[0])+' in '+commas(String(blk[0]))+(blk[0]===1?' block':' blocks');
+ var f=F[fi[i]],fl=str(f[1]); return (f[4]&8?str(f[0]):shortFn(str(f[0])))+(fl?'  '+fl.split('/').pop()+':'+(f[2]||'?'):'');}
+var frag=document.createDocumentFragment();
+for(var i=0;i<n;i++){var d=document.createElement('div'),t=document.createElement('span');
+ d.className='fb'+(i?' fk'+(F[fi[i]][4]&3):''); d.setAttribute('data-i',i);
+ d.style.top=(dep[i]*ROW)+'px'; d.style.background=colour(i); t.textContent=label(i);
+ d.appendChild(t); box[i]=d; frag.appendChild(d);}
+el.appendChild(frag); el.style.height=((maxd+1)*ROW)+'px';
+var Z=0;
+function zoom(z){Z=z;
+ for(var i=0;i<n;i++){var d=box[i],s=d.style;
+  if(i>=z&&i<end[z]){s.display='';s.left=(100*(x0[i]-x0[z])/byt[z])+'%';s.width=(100*byt[i]/byt[z])+'%';
+   d.classList.remove('anc');}
+  else if(i<z&&z<end[i]){s.display='';s.left='0';s.width='100%';d.classList.add('anc');}
+  else s.display='none';
+  d.classList.toggle('zr',i===z&&z>0);}}
+zoom(0);
+el.addEventListener('click',function(e){var d=e.target.closest('.fb');if(d)zoom(+d.getAttribute('data-i'));});
+var rst=document.getElementById('flame-reset'); if(rst)rst.addEventListener('click',function(){zoom(0);});
+var tip=document.getElementById('flame-tip');
+function tipText(i){var L=[];
+ if(i===0)L.push('all stacks');
+ else{var f=F[fi[i]],k=f[4];
+  L.push(str(f[0]));
+  if(str(f[1]))L.push(str(f[1])+':'+(f[2]||'?')); else L.push('no line information');
+  L.push((str(f[3])||'module unknown')+((k&3)===1?' (C/C++ runtime)':(k&3)===2?' (not symbolized)':'')+
+   (k&4?', inlined into the box above':''));}
+ L.push(commas(bs[i])+' bytes ('+fmt(byt[i])+'), '+(100*byt[i]/byt[0]).toFixed(2)+'% of all'+
+  (Z>0&&i!==Z&&i>=Z&&i<end[Z]?', '+(100*byt[i]/byt[Z]).toFixed(2)+'% of the zoomed box':''));
+ L.push(commas(String(blk[i]))+(blk[i]===1?' block':' blocks'));
+ if(cut[i]>0)L.push('not drawn: '+fmt(cut[i])+' in callees narrower than '+(D.pm/10)+'% of all');
+ return L.join('\n');}
+function showTip(e){var d=e.target.closest&&e.target.closest('.fb'); if(!d){tip.style.display='none';return;}
+ tip.textContent=tipText(+d.getAttribute('data-i')); tip.style.display='block';
+ var x=e.clientX+14,y=e.clientY+14,r=tip.getBoundingClientRect();
+ if(x+r.width>window.innerWidth-4)x=Math.max(4,e.clientX-r.width-14);
+ if(y+r.height>window.innerHeight-4)y=Math.max(4,e.clientY-r.height-14);
+ tip.style.left=x+'px'; tip.style.top=y+'px';}
+el.addEventListener('mousemove',showTip); el.addEventListener('mouseover',showTip);
+el.addEventListener('mouseleave',function(){tip.style.display='none';});
+// self-test (page URL #selftest): widths proportional to bytes, zoom, reset, tooltip
+window.__flameTest=function(){var out=[],ok=true;
+ function w(i){return box[i].getBoundingClientRect().width;}
+ function vis(i){return box[i].style.display!=='none'&&w(i)>0;}
+ var RW=w(0),err=0;
+ for(var i=0;i<n;i++){var m=w(i);box[i].setAttribute('data-mw',(m/RW).toFixed(5));
+  err=Math.max(err,Math.abs(m-RW*byt[i]/byt[0]));}
+ out.push('flame-boxes='+n,'flame-depth='+maxd,'flame-root-px='+Math.round(RW),'flame-maxerr-px='+err.toFixed(3));
+ ok=ok&&n>0&&RW>300&&err<0.5;
+ var t=-1;for(var i=1;i<n;i++)if(byt[i]<byt[0]&&end[i]>i+1&&(t<0||byt[i]>byt[t]))t=i;
+ if(t<0)for(var i=1;i<n;i++)if(byt[i]<byt[0]&&(t<0||byt[i]>byt[t]))t=i;
+ if(t<0){out.push('flame-zoom=none');return {ok:ok,out:out};}
+ box[t].dispatchEvent(new MouseEvent('mousemove',{bubbles:true,clientX:20,clientY:20}));
+ var tt=tip.textContent, tipok=tip.style.display==='block'&&tt.indexOf(commas(bs[t])+' bytes')>=0&&
+  tt.indexOf('\n'+commas(String(blk[t]))+(blk[t]===1?' block':' blocks'))>=0;
+ var pre=document.getElementById('flame-selftest'); if(pre)pre.textContent=tt;
+ box[t].click();
+ var full=Math.abs(w(t)-RW)<0.5, zerr=0, hid=0, outside=0, anc=0;
+ for(var i=0;i<n;i++){
+  if(i>=t&&i<end[t]){var m=w(i);box[i].setAttribute('data-zw',(m/RW).toFixed(5));
+   zerr=Math.max(zerr,Math.abs(m-RW*byt[i]/byt[t]));}
+  else if(i<t&&t<end[i]){anc++;if(Math.abs(w(i)-RW)>=0.5)zerr=99;}
+  else{outside++;if(!vis(i))hid++;}}
+ out.push('flame-zoom='+t,'flame-zoom-full='+full,'flame-zoom-maxerr-px='+zerr.toFixed(3),
+  'flame-zoom-hidden='+hid+'/'+outside,'flame-zoom-ancestors='+anc);
+ ok=ok&&full&&zerr<0.5&&hid===outside&&outside>0;
+ box[0].click(); var back=true;
+ for(var i=0;i<n;i++)if(!vis(i)||Math.abs(w(i)/RW-(+box[i].getAttribute('data-mw')))>1e-4)back=false;
+ box[t].click(); rst.click(); var back2=true;
+ for(var i=0;i<n;i++)if(!vis(i)||Math.abs(w(i)/RW-(+box[i].getAttribute('data-mw')))>1e-4)back2=false;
+ out.push('flame-reset-all='+back,'flame-reset-button='+back2,'flame-tooltip='+tipok);
+ ok=ok&&back&&back2&&tipok;
+ box[t].dispatchEvent(new MouseEvent('mouseleave',{bubbles:false}));
+ el.dispatchEvent(new MouseEvent('mouseleave',{bubbles:false}));
+ return {ok:ok,out:out};};
+})();
+"""
+
+
+def flame_panel(fl):
+    """The flame graph's panel (HTML), or a one-line note why there is none."""
+    if fl is None or not fl.blocks:
+        return ""
+    if not fl.total:
+        return ('<p class="notes" id="flame-panel">No flame graph: the unfreed blocks hold 0 '
+                'bytes.</p>\n')
+    notes = []
+    if fl.cut_boxes:
+        notes.append("Not drawn: %s boxes narrower than %g%% of the total (or beyond the %s "
+                     "widest), with their callees; %s in %s blocks have stacks drawn only down "
+                     "to their last wider box (hover a box: <i>not drawn</i>)."
+                     % ("{:,}".format(fl.cut_boxes), FLAME_MIN_PER_MILLE / 10,
+                        "{:,}".format(FLAME_MAX_BOXES), esc(hb(fl.cut_bytes)),
+                        "{:,}".format(fl.cut_blocks)))
+    if fl.max_frames <= 1:
+        notes.append('<span class="warn">One frame per stack (trace depth 1): the graph has '
+                     'one level, the call sites; trace with <code>--depth 16</code> '
+                     '(<code>MMLEAK_DEPTH=16</code>) to see whole stacks.</span>')
+    return (
+        '<div class="flame-panel" id="flame-panel"><div class="flame-head"><b>Unfreed bytes '
+        'by stack</b><span class="count">flame graph (icicle): root at the top &middot; click '
+        'a box to zoom into it, <i>all</i> or Reset to zoom out &middot; hover for details'
+        '</span><button id="flame-reset" type="button">Reset zoom</button></div>\n'
+        '<div id="flame" class="flame"></div>\n'
+        '<div class="flame-legend">Under <i>all</i>, each row is one frame deeper: from the '
+        'outermost frame recorded of each stack (<code>_start</code> or '
+        '<code>start_thread</code> when the stack is whole) down to the caller of the '
+        'allocator. A box is a function at one source line, as wide as the unfreed bytes of '
+        'the blocks whose stacks pass through it; widest first.</div>\n'
+        '<div class="flame-legend">Colours:<i class="sw" style="background:hsl(25,85%%,62%%)"></i>the '
+        'program<i class="sw" style="background:hsl(210,12%%,78%%)"></i>C/C++ runtime (libc, libstdc++, '
+        'ld.so, code from the system headers)<i class="sw" style="background:hsl(270,22%%,83%%)"></i>not '
+        'symbolized</div>%s<div id="flame-tip" class="flame-tip"></div>'
+        '<pre id="flame-selftest"></pre></div>\n'
+        '<script type="application/json" id="flame-data">%s</script>\n'
+        % ("".join('<div class="flame-legend">%s</div>' % n for n in notes), flame_json(fl)))
 
 
 def frame_cells(fr, addr):
@@ -516,7 +913,7 @@ def build_html(ctx):
       "<title>%s (%s)</title>\n<style>%s</style>\n"
       "<script>window.__errs=[];window.addEventListener('error',function(e){"
       "window.__errs.push(String(e.message));});</script>\n</head><body>\n"
-      % (esc(title), esc(proc), CSS))
+      % (esc(title), esc(proc), CSS + FLAME_CSS))
     w("<header><h1>mmleak: <b>%s</b> in <b>%s</b> blocks not freed</h1>"
       % (esc(hb(total_b)), esc("{:,}".format(total_n))))
     w('<div class="sub">%s%s%s</div></header>\n<main>\n'
@@ -597,6 +994,9 @@ def build_html(ctx):
       '<div class="chart" id="chart-time">%s</div></div>\n'
       % (ctx["svg_sites"], ctx["svg_time"]))
 
+    # -- the flame graph --
+    w(flame_panel(ctx.get("flame")))
+
     # -- the table --
     shown = min(len(sites), ctx["top"])
     w('<div class="tools"><input id="filter" type="search" placeholder="Filter call sites '
@@ -673,7 +1073,8 @@ def build_html(ctx):
     w('<footer>Generated by mmleak-panda.py on %s from %s. Ages are at the end of the trace '
       '(%s after its start). Mean, min, max: block sizes.</footer>\n'
       % (esc(time.strftime("%Y-%m-%d %H:%M:%S")), esc(ctx["source"]), esc(dur(span))))
-    w('<pre id="selftest"></pre>\n</main>\n<script>%s</script>\n</body></html>\n' % JS)
+    w('<pre id="selftest"></pre>\n</main>\n<script>%s</script>\n<script>%s</script>\n'
+      '</body></html>\n' % (FLAME_JS, JS))
     return "".join(p)
 
 
@@ -707,6 +1108,7 @@ def render(surv, frames, meta, wrappers=None, top=TOP_ROWS):
                           else info["before_blocks"]),
         "symbols": symbol_summary(surv.addresses(), frames, meta.get("symbol_error")),
         "wrapper_hits": sorted(hits), "wrapped_sites": wrapped, "site_idx": info["site_idx"],
+        "flame": flame_of(df, surv, frames),
         "svg_sites": chart_top_sites(sites, labels),
         "svg_time": chart_timeline(df, sites, [l.split(" ", 1)[1] for l in labels],
                                    end_time),
@@ -771,19 +1173,35 @@ def render_report(rep, out_path, wrappers=None, top=TOP_ROWS):
 # The classic pipe: survivor lines on stdin
 # ---------------------------------------------------------------------------------------
 
+class StackRefs(dict):
+    """The stacks of the "#s ID FRAME..." lines read so far (format 2), for
+    mmleak.parse_event: a stack not defined yet (a file may define it after its first use)
+    parses as the key ("@", ID), resolved at the end of the input."""
+
+    def __bool__(self):
+        return True
+
+    def get(self, k, default=None):
+        v = dict.get(self, k)
+        return ("@", k) if v is None else v
+
+
 def read_stdin(f, depth):
     """Parse survivor lines with mmleak's parser -> (Survivors, info dict)."""
     info = {"lines": 0, "allocs": 0, "foreign": 0, "brackets": 0, "headers": [], "cmd": None,
-            "bad": []}
+            "bad": [], "no_stack": (0, 0)}
     surv = Survivors((), depth)
     stacks = surv.stacks
+    defs = StackRefs()
     sid_add, size_add, time_add = surv.sid.append, surv.size.append, surv.time.append
     parse, Alloc, event_re = mmleak.parse_event, mmleak.Alloc, mmleak.EVENT_RE
     lineno = 0
     for lineno, line in enumerate(f, 1):
-        a = parse(line)
+        a = parse(line, defs)
         if a.__class__ is Alloc:
-            k = a.callers[:depth]
+            k = a.callers
+            if k[0] != "@":
+                k = k[:depth]
             i = stacks.get(k)
             if i is None:
                 i = stacks[k] = len(stacks)
@@ -796,16 +1214,26 @@ def read_stdin(f, depth):
             continue
         if not line.endswith(b"\n"):          # a last line without its newline
             line += b"\n"
-            a = parse(line)
+            a = parse(line, defs)
             if a is not None:
                 if a.__class__ is Alloc:
-                    k = a.callers[:depth]
+                    k = a.callers
+                    if k[0] != "@":
+                        k = k[:depth]
                     sid_add(stacks.setdefault(k, len(stacks)))
                     size_add(a.size)
                     time_add(a.time)
                 else:
                     info["foreign"] += 1
                 continue
+        if line.startswith(b"#s "):
+            st = mmleak.parse_stack(line)
+            if st is None:
+                info["bad"].append((lineno, "malformed stack line (#s ID FRAME..., hex): %r"
+                                    % line.rstrip(b"\n")[:60]))
+            else:
+                dict.setdefault(defs, st[0], st[1])
+            continue
         if line.startswith(b"#"):
             h = mmleak.parse_header(line)
             if h is not None:
@@ -829,6 +1257,21 @@ def read_stdin(f, depth):
     surv.stack_list = [None] * len(stacks)
     for k, i in stacks.items():
         surv.stack_list[i] = k
+    # stacks used before their "#s" line: resolved now; never defined: mmleak.NO_STACK, as
+    # mmleak.py does, and the page says how many blocks
+    if any(k[0] == "@" for k in stacks):
+        missing = set()
+        for i, k in enumerate(surv.stack_list):
+            if k[0] == "@":
+                st = dict.get(defs, k[1])
+                if st is None:
+                    missing.add(k[1])
+                    st = mmleak.NO_STACK
+                surv.stack_list[i] = st
+        if missing:
+            miss_sids = {stacks[("@", m)] for m in missing}
+            info["no_stack"] = (len(missing), sum(1 for i in surv.sid if i in miss_sids))
+        _cut(surv, depth)                     # one key per stack, cut to DEPTH
     return surv, info
 
 
@@ -852,13 +1295,14 @@ def build_parser():
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description=__import__("textwrap").fill(
             "Render the blocks a process never freed (the survivor lines of a shrunk mmleak "
-            "trace, on stdin) as one self-contained HTML page: headline, charts and a "
-            "sortable, filterable table of the leaking call sites.  `mmleak.py report DIR` "
+            "trace, on stdin) as one self-contained HTML page: headline, charts, a flame "
+            "graph of the unfreed bytes by stack and a sortable, filterable table of the "
+            "leaking call sites.  `mmleak.py report DIR` "
             "does the same from the dump directory.", 90),
         epilog="examples:\n"
                "  mmleak.py shrink --final mmleak.1234.*.out | %(prog)s --maps mmleak.1234.maps"
                " > mmleak.1234.html\n"
-               "  awk 'NF >= 5' mmleak.1234.txt | %(prog)s -o leaks.html\n"
+               "  awk '/^#s / || NF >= 5' mmleak.1234.txt | %(prog)s -o leaks.html\n"
                "  ... | %(prog)s --since 600 --older-than 60   # leaked after the warm-up\n\n"
                + EXIT_HELP)
     p.add_argument("--maps", help="the process's mmleak.PID.maps: symbolize call sites "
@@ -939,6 +1383,14 @@ def run(args):
     if args.end_time is None:
         notes.append("End of the trace taken as the newest surviving allocation (%s s); ages "
                      "are relative to it (give --end-time for the real end)." % end_time)
+    if info["no_stack"][0]:
+        nst, nbl = info["no_stack"]
+        notes.append('<span class="warn">%s block%s refer%s to %d stack%s whose <code>#s</code> '
+                     'line is not in the input: call site shown as 0x0 (pipe the whole output '
+                     'of <code>mmleak.py shrink --final</code>, <code>#s</code> lines '
+                     'included).</span>' % ("{:,}".format(nbl), "s" if nbl != 1 else "",
+                                            "" if nbl != 1 else "s", nst,
+                                            "s" if nst != 1 else ""))
     if info["brackets"]:
         notes.append('<span class="warn">%d bracket lines (PTR SEQ +/-) skipped: the input was '
                      'a partial shrink; use <code>mmleak.py shrink --final</code>.</span>'

@@ -102,7 +102,13 @@ static char g_id[32];
 static pid_t g_pid;
 static time_t g_t0;                  /* time() at trace start; event times are relative */
 static atomic_uint g_next_file;      /* N of the next mmleak.ID.N.out */
-static int g_state;                  /* 0: not started, 1: tracing, -1: disabled */
+static int g_state;                  /* 0: not started, 1: tracing, -1: disabled, 2: paused */
+static unsigned g_trace_gen;         /* a new trace in this process (attach after detach) */
+static int g_attached;               /* loaded into a running process by mmleak.py attach */
+static int g_window;                 /* this trace was started by mmleak_attach */
+/* What `mmleak.py status` reads from the process's memory (/proc/PID/mem), without
+ * stopping it: "tracing ID DIR", "paused", "dormant" (see set_status). */
+EXPORT char mmleak_status[PATH_MAX + 64];
 static char g_cmd[2048];             /* escaped command line for the file headers */
 static char g_alloc[512];            /* the allocator's file (libc, jemalloc...), escaped */
 static _Atomic uint64_t g_lost_orphan; /* events lost where no thread file could say so */
@@ -165,6 +171,7 @@ struct tstate {
     uint64_t lost;        /* events not recorded while dropping, not yet reported */
     unsigned episode;     /* k= of the "#dropping"/"#lost" lines of the current gap */
     unsigned epoch;       /* the dlclose() epoch this thread's fast path is valid for */
+    unsigned trace_gen;   /* the trace its files belong to (attach/detach start new ones) */
     time_t retry_at;      /* while dropping: next time a write is tried */
     unsigned fileno;      /* N of the current file */
     const void *new_ra;   /* while GUARD_NEW: the caller of the failing operator new */
@@ -312,7 +319,7 @@ HOT_INLINE void rec_free(void *p, uint64_t s, const void *ra)
     struct tstate *t = &T;
     uintptr_t c = (uintptr_t)ra - 1;
     if (unlikely((t->end - t->cur < FAST_ROOM) | t->guard | (H->alive == 0) |
-                 (((s >> 32) | (((uintptr_t)p | c) >> 48)) != 0))) {
+                 (t->epoch != H->epoch) | (((s >> 32) | (((uintptr_t)p | c) >> 48)) != 0))) {
         slow_free(p, s, ra);
         return;
     }
@@ -376,6 +383,18 @@ static void guard_leave(struct guard_scope *g)
 }
 
 #define GUARDED struct guard_scope _gs __attribute__((cleanup(guard_leave))) = guard_enter()
+
+/* Threads inside a slow path (they may flush, grow or close their staging area): a detach
+ * waits for none to be left before it closes their files from outside. */
+static atomic_int g_inflight;
+struct inflight_scope { int on; };
+static void inflight_leave(struct inflight_scope *s)
+{
+    if (s->on)
+        atomic_fetch_sub(&g_inflight, 1);
+}
+#define INFLIGHT struct inflight_scope _if __attribute__((cleanup(inflight_leave))) = \
+    { (atomic_fetch_add(&g_inflight, 1), 1) }
 #define IN_OWN_CODE(t) ((t)->guard & GUARD_NEST)
 
 static size_t my_strlen(const char *s) { size_t n = 0; while (s[n]) n++; return n; }
@@ -443,9 +462,37 @@ static void say_err(const char *what, int err, const char *tail)
     say(what, cfg.dir, r);
 }
 
+/* Settings come from the environment, or, for mmleak_attach, from its argument: lines
+ * "MMLEAK_DIR=/var/tmp/leaks" with the same names. */
+static char g_args[PATH_MAX + 512];
+static int g_from_args;
+
+static const char *cfg_get(const char *name)
+{
+    if (!g_from_args)
+        return secure_getenv(name);
+    size_t n = my_strlen(name);
+    for (const char *l = g_args; *l;) {
+        const char *e = l;
+        while (*e && *e != '\n')
+            e++;
+        if ((size_t)(e - l) > n && !memcmp(l, name, n) && l[n] == '=') {
+            static char val[PATH_MAX + 64];
+            size_t k = (size_t)(e - l) - n - 1;
+            if (k >= sizeof val)
+                k = sizeof val - 1;
+            memcpy(val, l + n + 1, k);
+            val[k] = 0;
+            return val;
+        }
+        l = *e ? e + 1 : e;
+    }
+    return NULL;
+}
+
 static long env_num(const char *name, long def, long lo, long hi)
 {
-    const char *s = secure_getenv(name);
+    const char *s = cfg_get(name);
     if (!s || !*s)
         return def;
     char *e;
@@ -461,13 +508,22 @@ static long env_num(const char *name, long def, long lo, long hi)
 static int read_config(void)
 {
     cfg.quiet = (int)env_num("MMLEAK_QUIET", 0, 0, 1);
-    const char *dp = secure_getenv("MMLEAK_DEPTH");
+    const char *dp = cfg_get("MMLEAK_DEPTH");
     cfg.depth = !dp || !*dp || !strcmp(dp, "auto") ? 0 : (int)env_num("MMLEAK_DEPTH", 0, 1, MAXDEPTH);
     cfg.rotate = (size_t)env_num("MMLEAK_ROTATE_MB", 256, 1, 1 << 20) << 20;
     cfg.buffer = (size_t)env_num("MMLEAK_BUFFER_KB", 1024, 16, 1 << 20) << 10;
-    const char *dir = secure_getenv("MMLEAK_DIR");
+    const char *dir = cfg_get("MMLEAK_DIR");
     if (!dir || !*dir)
         dir = "/tmp";
+    static char dir_copy[PATH_MAX];     /* cfg_get's buffer is reused by the next call */
+    size_t dn = my_strlen(dir);
+    if (dn >= sizeof dir_copy) {
+        cfg.dir[0] = 0;
+        say("MMLEAK_DIR is too long: tracing disabled (at most ", "4000 bytes", ")");
+        return -1;
+    }
+    memcpy(dir_copy, dir, dn + 1);
+    dir = dir_copy;
     size_t have = 0, n = my_strlen(dir);
     if (dir[0] != '/') { /* the program may chdir later: pin the directory now */
         if (!getcwd(cfg.dir, sizeof cfg.dir) || cfg.dir[0] != '/') {
@@ -937,13 +993,21 @@ static void maps_snapshot_locked(int force, const unsigned long long c[2])
 
 /* The loader's counters are read before g_lock is taken: dl_iterate_phdr takes the loader's
  * lock, and a thread inside dlopen() may be waiting for g_lock in its malloc. */
+static unsigned long long g_got_adds;   /* loader's count of loads when slots were last set */
+
 COLD static void maps_snapshot(int force)
 {
     unsigned long long c[2] = { 0, 0 };
     dl_iterate_phdr(phdr_counts, c);
     pthread_mutex_lock(&g_lock);
     maps_snapshot_locked(force, c);
+    int patch = g_attached && g_state == 1 && c[0] != g_got_adds;
+    g_got_adds = c[0];
     pthread_mutex_unlock(&g_lock);
+    /* loaded into a running process: an object loaded since (by libc itself, or by a dlopen
+     * that had to keep its caller's search path) gets its slots now */
+    if (patch)
+        mml_got_new_objects();
 }
 
 /* ---- process start ---- */
@@ -1025,6 +1089,19 @@ static void arm_hot(void)
     H->alive = 1;
 }
 
+static void set_status(void)
+{
+    char *e = mmleak_status + sizeof mmleak_status, *d = mmleak_status;
+    if (g_state == 1) {
+        d = cat(d, e, "tracing ");
+        d = cat(d, e, g_id);
+        d = cat(d, e, " ");
+        cat(d, e, cfg.dir);
+    } else {
+        cat(d, e, g_state == 2 ? "paused" : "dormant");
+    }
+}
+
 /* Called under g_lock, with the guard held. */
 static void process_start(void)
 {
@@ -1041,6 +1118,7 @@ static void process_start(void)
     unsigned long long c[2] = { 0, 0 };
     maps_snapshot_locked(1, c);
     arm_hot();
+    set_status();
 }
 
 /* Is our malloc the one the program calls?  Not when another allocator (jemalloc, tcmalloc, the
@@ -1065,6 +1143,7 @@ static int malloc_is_ours(void)
 }
 
 static int g_once_done;
+static void hooks_init(void);
 
 COLD static void global_init(void)
 {
@@ -1097,6 +1176,14 @@ COLD static void global_init(void)
             if (cfg.depth != 1) { /* the first backtrace() loads libgcc_s: do it now */
                 void *b[4];
                 backtrace(b, 4);
+            }
+            hooks_init();
+            if (env_num("MMLEAK_PAUSED", 0, 0, 1)) {
+                g_state = 2;    /* preloaded, paused: until mmleak.py attach */
+                set_status();
+                pthread_mutex_unlock(&g_lock);
+                mml_got_switch(0);
+                return;
             }
             process_start();
         }
@@ -1398,6 +1485,7 @@ static size_t header_text(char *h, size_t cap, unsigned fileno, int late)
     d = cat(d, e, " start=");
     d = cat_u(d, e, (unsigned long)g_t0);
     d = cat(d, e, late ? " late=1" : "");
+    d = cat(d, e, g_window ? " window=1" : "");
     d = cat(d, e, "\n#cmd ");
     d = cat(d, e, g_cmd);
     if (g_alloc[0]) {
@@ -1850,6 +1938,21 @@ static int emit(const char *line, size_t n)
 }
 
 /* Shared entry of the slow paths: 0 to go on and record. */
+/* The thread's state belongs to an earlier trace of this process (a detach came between):
+ * forget it.  Its staging mapping was closed by the detach, from outside. */
+static void thread_reset(struct tstate *t)
+{
+    t->stage = NULL;
+    t->cur = t->end = NULL;
+    t->open = t->dropping = t->anon = t->late = 0;
+    t->late_lines = t->exit_rounds = 0;
+    t->slot = 0;
+    t->lost = 0;
+    t->ustart[0] = t->ustart[1] = t->ulen[0] = t->ulen[1] = 0;
+    sset_clear(t);
+    t->trace_gen = g_trace_gen;
+}
+
 static int slow_enter(struct tstate *t)
 {
     if (IN_OWN_CODE(t)) {
@@ -1859,6 +1962,12 @@ static int slow_enter(struct tstate *t)
     }
     if (g_state < 0)
         return -1;
+    if (t->trace_gen != g_trace_gen)
+        thread_reset(t);
+    if (g_state == 2) {          /* paused: the slots point elsewhere; a stored pointer */
+        t->epoch = H->epoch;     /* to our function still comes here: let it pass */
+        return -1;
+    }
     return 0;
 }
 
@@ -1989,6 +2098,7 @@ static int capture(const void *ra, uintptr_t *f)
 COLD static void slow_alloc(void *p, size_t n, const void *ra)
 {
     struct tstate *t = &T;
+    INFLIGHT;
     if (slow_enter(t))
         return;
     GUARDED;
@@ -2042,6 +2152,7 @@ COLD static void slow_alloc(void *p, size_t n, const void *ra)
 COLD static void slow_free(void *p, uint64_t s, const void *ra)
 {
     struct tstate *t = &T;
+    INFLIGHT;
     if (slow_enter(t))
         return;
     GUARDED;
@@ -2058,6 +2169,7 @@ COLD static void slow_free(void *p, uint64_t s, const void *ra)
     *d++ = ' ';
     d = hexw(d, (uintptr_t)ra - 1, 12);
     *d++ = '\n';
+    t->epoch = H->epoch;
     emit(line, (size_t)(d - line));
 }
 
@@ -2078,6 +2190,12 @@ static void thread_exit(void *arg)
         return;
     if (++t->exit_rounds < PTHREAD_DESTRUCTOR_ITERATIONS && g_key_ok) {
         pthread_setspecific(g_key, t);
+        return;
+    }
+    INFLIGHT;
+    if (g_state != 1 || t->trace_gen != g_trace_gen) {
+        thread_reset(t);
+        t->dead = 1;
         return;
     }
     GUARDED;
@@ -2418,7 +2536,7 @@ EXPORT int dlclose(void *h)
 {
     if (unlikely(!real.dlclose))
         resolve();
-    int tracing = g_state > 0 && g_pid == getpid() && !IN_OWN_CODE(&T);
+    int tracing = g_state == 1 && g_pid == getpid() && !IN_OWN_CODE(&T);
     if (tracing) {
         GUARDED;
         pthread_mutex_lock(&g_lock);
@@ -2430,7 +2548,10 @@ EXPORT int dlclose(void *h)
         struct dl_find_object fo;
         if (dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_ld &&
             _dl_find_object(lm->l_ld, &fo) == 0)
+        {
             mml_sites_unloading((uintptr_t)fo.dlfo_map_start, (uintptr_t)fo.dlfo_map_end);
+            mml_got_forget_object((uintptr_t)fo.dlfo_map_start, (uintptr_t)fo.dlfo_map_end);
+        }
     }
     int rc = real.dlclose(h);
     if (tracing) {
@@ -2456,7 +2577,8 @@ COLD static void flush_before_leaving(void)
 
 static void *next_fn(const char *name)
 {
-    void *f = sym(name);
+    /* loaded with dlopen, mmleak.so is not in the global scope: RTLD_NEXT means nothing */
+    void *f = g_attached ? mml_find_definition(name) : sym(name);
     if (!f)
         abort();
     return f;
@@ -2705,3 +2827,374 @@ EXPORT void _ZdlPvmSt11align_val_t(void *p, size_t n, size_t al) { (void)n; (voi
 EXPORT void _ZdaPvmSt11align_val_t(void *p, size_t n, size_t al) { (void)n; (void)al; op_delete(p, RA); }
 EXPORT void _ZdlPvSt11align_val_tRKSt9nothrow_t(void *p, size_t al, const void *nt) { (void)al; (void)nt; op_delete(p, RA); }
 EXPORT void _ZdaPvSt11align_val_tRKSt9nothrow_t(void *p, size_t al, const void *nt) { (void)al; (void)nt; op_delete(p, RA); }
+
+/* ---------------------------------------------------------------------------------------
+ * 5. Attach and detach: tracing a running process, pausing a preloaded one
+ *
+ * mmleak.py attach PID loads mmleak.so into the process (mmleak-inject.c, through ptrace)
+ * and calls mmleak_attach; mmleak.py detach calls mmleak_detach.  Both switch the GOT slots
+ * of every module (mmleak-got.c): towards mmleak's functions, or back to the allocator's.
+ * A preloaded process is paused and resumed the same way (its slots then point past
+ * mmleak, so a paused process pays nothing), and MMLEAK_PAUSED=1 starts it paused.
+ * ------------------------------------------------------------------------------------- */
+
+/* our functions, under names the dynamic linker cannot rebind */
+#define OWN(f) extern __typeof(f) own_##f __attribute__((alias(#f), visibility("hidden"), copy(f)));
+OWN(malloc) OWN(free) OWN(calloc) OWN(realloc) OWN(reallocarray) OWN(memalign)
+OWN(posix_memalign) OWN(aligned_alloc) OWN(valloc) OWN(pvalloc) OWN(strdup) OWN(__strdup)
+OWN(strndup) OWN(__strndup) OWN(dlclose) OWN(_exit) OWN(_Exit) OWN(execve) OWN(execv)
+OWN(execvp) OWN(execvpe) OWN(fexecve) OWN(execl) OWN(execlp) OWN(execle) OWN(setuid)
+OWN(seteuid) OWN(setreuid) OWN(setresuid) OWN(chroot)
+#define OWN_CXX(m, ret, params)                                                               \
+    extern ret own_##m params __attribute__((alias(#m), visibility("hidden")));
+OWN_CXX(_Znwm, void *, (size_t)) OWN_CXX(_Znam, void *, (size_t))
+OWN_CXX(_ZnwmRKSt9nothrow_t, void *, (size_t, const void *))
+OWN_CXX(_ZnamRKSt9nothrow_t, void *, (size_t, const void *))
+OWN_CXX(_ZnwmSt11align_val_t, void *, (size_t, size_t))
+OWN_CXX(_ZnamSt11align_val_t, void *, (size_t, size_t))
+OWN_CXX(_ZnwmSt11align_val_tRKSt9nothrow_t, void *, (size_t, size_t, const void *))
+OWN_CXX(_ZnamSt11align_val_tRKSt9nothrow_t, void *, (size_t, size_t, const void *))
+OWN_CXX(_ZdlPv, void, (void *)) OWN_CXX(_ZdaPv, void, (void *))
+OWN_CXX(_ZdlPvm, void, (void *, size_t)) OWN_CXX(_ZdaPvm, void, (void *, size_t))
+OWN_CXX(_ZdlPvRKSt9nothrow_t, void, (void *, const void *))
+OWN_CXX(_ZdaPvRKSt9nothrow_t, void, (void *, const void *))
+OWN_CXX(_ZdlPvSt11align_val_t, void, (void *, size_t))
+OWN_CXX(_ZdaPvSt11align_val_t, void, (void *, size_t))
+OWN_CXX(_ZdlPvmSt11align_val_t, void, (void *, size_t, size_t))
+OWN_CXX(_ZdaPvmSt11align_val_t, void, (void *, size_t, size_t))
+OWN_CXX(_ZdlPvSt11align_val_tRKSt9nothrow_t, void, (void *, size_t, const void *))
+OWN_CXX(_ZdaPvSt11align_val_tRKSt9nothrow_t, void, (void *, size_t, const void *))
+
+/* dlopen, when loaded into a running process: the objects it loads get their slots at once.
+ * glibc takes the caller's search path (its RUNPATH) from the return address, so a call from
+ * an object that has one is passed on by a jump, keeping its return address; those objects
+ * are switched at the next flush (maps_snapshot). */
+void *attach_dlopen_entry(const char *file, int mode);
+__attribute__((visibility("hidden"))) void *(*mml_real_dlopen)(const char *, int);
+__attribute__((visibility("hidden"))) int mml_dlopen_keep_caller(const void *ra, const char *file);
+__attribute__((visibility("hidden"))) void *mml_dlopen_here(const char *file, int mode);
+__asm__(".text\n"
+        ".p2align 4\n"
+        ".type attach_dlopen_entry,@function\n"
+        "attach_dlopen_entry:\n"
+        "    endbr64\n"
+        "    push %rdi\n"
+        "    push %rsi\n"
+        "    sub $8, %rsp\n"
+        "    mov 24(%rsp), %rdi\n"          /* the caller's return address */
+        "    mov 16(%rsp), %rsi\n"          /* file */
+        "    call mml_dlopen_keep_caller\n"
+        "    add $8, %rsp\n"
+        "    pop %rsi\n"
+        "    pop %rdi\n"
+        "    test %eax, %eax\n"
+        "    jnz 1f\n"
+        "    jmp mml_dlopen_here\n"
+        "1:  jmp *mml_real_dlopen(%rip)\n"
+        ".size attach_dlopen_entry, .-attach_dlopen_entry\n");
+
+int mml_dlopen_keep_caller(const void *ra, const char *file)
+{
+    if (!file || strchr(file, '/'))
+        return 0;               /* a path, or the program itself: the caller does not matter */
+    struct dl_find_object fo;
+    if (_dl_find_object((void *)ra, &fo) != 0 || !fo.dlfo_link_map)
+        return 1;
+    for (const ElfW(Dyn) *d = fo.dlfo_link_map->l_ld; d && d->d_tag != DT_NULL; d++)
+        if (d->d_tag == DT_RPATH || d->d_tag == DT_RUNPATH)
+            return 1;
+    return 0;
+}
+
+void *mml_dlopen_here(const char *file, int mode)
+{
+    void *h = mml_real_dlopen(file, mode);
+    if (h && g_state == 1 && !IN_OWN_CODE(&T)) {
+        GUARDED;
+        mml_got_new_objects();
+    }
+    return h;
+}
+
+#define HOOK(n, real_ptr, is_free) { #n, (void *)own_##n, (void *const *)(real_ptr), is_free, 0 }
+static void *hook_real[64];
+static struct mml_hook hooks[] = {
+    HOOK(free, &real.free, 1), HOOK(realloc, &real.realloc, 1),
+    HOOK(reallocarray, &hook_real[0], 1),
+    HOOK(_ZdlPv, &hook_real[1], 1), HOOK(_ZdaPv, &hook_real[2], 1),
+    HOOK(_ZdlPvm, &hook_real[3], 1), HOOK(_ZdaPvm, &hook_real[4], 1),
+    HOOK(_ZdlPvRKSt9nothrow_t, &hook_real[5], 1), HOOK(_ZdaPvRKSt9nothrow_t, &hook_real[6], 1),
+    HOOK(_ZdlPvSt11align_val_t, &hook_real[7], 1), HOOK(_ZdaPvSt11align_val_t, &hook_real[8], 1),
+    HOOK(_ZdlPvmSt11align_val_t, &hook_real[9], 1), HOOK(_ZdaPvmSt11align_val_t, &hook_real[10], 1),
+    HOOK(_ZdlPvSt11align_val_tRKSt9nothrow_t, &hook_real[11], 1),
+    HOOK(_ZdaPvSt11align_val_tRKSt9nothrow_t, &hook_real[12], 1),
+    HOOK(malloc, &real.malloc, 0), HOOK(calloc, &real.calloc, 0),
+    HOOK(memalign, &real.memalign, 0), HOOK(posix_memalign, &real.posix_memalign, 0),
+    HOOK(aligned_alloc, &real.aligned_alloc, 0), HOOK(valloc, &real.valloc, 0),
+    HOOK(pvalloc, &real.pvalloc, 0), HOOK(strdup, &hook_real[13], 0),
+    HOOK(__strdup, &hook_real[14], 0), HOOK(strndup, &hook_real[15], 0),
+    HOOK(__strndup, &hook_real[16], 0),
+    HOOK(_Znwm, &hook_real[17], 0), HOOK(_Znam, &hook_real[18], 0),
+    HOOK(_ZnwmRKSt9nothrow_t, &hook_real[19], 0), HOOK(_ZnamRKSt9nothrow_t, &hook_real[20], 0),
+    HOOK(_ZnwmSt11align_val_t, &hook_real[21], 0), HOOK(_ZnamSt11align_val_t, &hook_real[22], 0),
+    HOOK(_ZnwmSt11align_val_tRKSt9nothrow_t, &hook_real[23], 0),
+    HOOK(_ZnamSt11align_val_tRKSt9nothrow_t, &hook_real[24], 0),
+    HOOK(dlclose, &real.dlclose, 0), HOOK(_exit, &hook_real[25], 0),
+    HOOK(_Exit, &hook_real[26], 0), HOOK(execve, &hook_real[27], 0),
+    HOOK(execv, &hook_real[28], 0), HOOK(execvp, &hook_real[29], 0),
+    HOOK(execvpe, &hook_real[30], 0), HOOK(fexecve, &hook_real[31], 0),
+    HOOK(execl, &hook_real[32], 0), HOOK(execlp, &hook_real[33], 0),
+    HOOK(execle, &hook_real[34], 0), HOOK(setuid, &hook_real[35], 0),
+    HOOK(seteuid, &hook_real[36], 0), HOOK(setreuid, &hook_real[37], 0),
+    HOOK(setresuid, &hook_real[38], 0), HOOK(chroot, &hook_real[39], 0),
+    { "dlopen", (void *)attach_dlopen_entry, (void *const *)&mml_real_dlopen, 0, 1 },
+};
+
+/* The function each hooked name reaches without mmleak: the next definition after mmleak.so
+ * when preloaded, the process's own when loaded into it. */
+static void hooks_init(void)
+{
+    for (size_t i = 0; i < sizeof hooks / sizeof hooks[0]; i++) {
+        void **r = (void **)hooks[i].real;
+        if (r >= hook_real && r < hook_real + sizeof hook_real / sizeof hook_real[0])
+            *r = g_attached ? mml_find_definition(hooks[i].name) : sym(hooks[i].name);
+    }
+    if (g_attached)
+        mml_real_dlopen = mml_find_definition("dlopen");
+    mml_got_init(hooks, (int)(sizeof hooks / sizeof hooks[0]), (void *)mmleak_own_malloc,
+                 g_attached, real.dlclose);
+}
+
+/* ---- closing a thread's file from another thread (detach) ----
+ * The owner may be anywhere (its GOT slots no longer lead here): what its staging mapping
+ * holds beyond .out is appended, complete lines only, as readers would (mmleak.py's
+ * unflushed_tail), then "#end"; the mapping is replaced by anonymous memory, so a write the
+ * owner was in the middle of lands harmlessly, and unmapped one cycle later. */
+static struct { void *p; size_t len; unsigned cycle; } g_retired[256];
+static unsigned g_nretired, g_cycle;
+
+static void retire(void *p, size_t len)
+{
+    mmap(p, len, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (g_nretired < sizeof g_retired / sizeof g_retired[0])
+        g_retired[g_nretired++] = (typeof(g_retired[0])){ p, len, g_cycle };
+}
+
+static void unmap_retired(void)
+{
+    unsigned k = 0;
+    for (unsigned i = 0; i < g_nretired; i++) {
+        if (g_retired[i].cycle + 2 <= g_cycle)
+            munmap(g_retired[i].p, g_retired[i].len);
+        else
+            g_retired[k++] = g_retired[i];
+    }
+    g_nretired = k;
+}
+
+static void close_from_outside(const struct slot *s)
+{
+    char name[64];
+    int fd = open_again(dump_name(name, sizeof name, s->fileno), O_RDWR);
+    if (fd >= 0) {
+        struct stat st;
+        uint64_t have = fstat(fd, &st) == 0 ? (uint64_t)st.st_size : 0;
+        struct { uint64_t off; const char *body; size_t n; } h[2];
+        for (int i = 0; i < 2; i++) {
+            const char *b = s->stage + (size_t)i * s->half_size;
+            const char *e;
+            h[i].off = memcmp(b, "#at ", 4) == 0 ? parse_hex(b + 4, &e) : UINT64_MAX;
+            h[i].body = b + HALF_HDR;
+            const char *nul = memchr(h[i].body, 0, s->half_size - HALF_HDR);
+            size_t n = nul ? (size_t)(nul - h[i].body) : s->half_size - HALF_HDR;
+            while (n && h[i].body[n - 1] != '\n')
+                n--;                    /* a line being written: not kept */
+            h[i].n = n;
+        }
+        for (int k = 0; k < 2; k++) {
+            int i = (h[0].off <= h[1].off) ? k : 1 - k;
+            if (h[i].off == UINT64_MAX || h[i].off + h[i].n <= have)
+                continue;
+            uint64_t skip = have > h[i].off ? have - h[i].off : 0;
+            if (pwrite(fd, h[i].body + skip, h[i].n - skip, (off_t)have) ==
+                (ssize_t)(h[i].n - skip))
+                have = h[i].off + h[i].n;
+        }
+        if (pwrite(fd, "#end\n", 5, (off_t)have) == 5) {
+            d_unlink(side_name(name, sizeof name, s->fileno, ".tail"));
+        }
+        close(fd);
+    }
+    retire(s->stage, 2 * s->half_size);
+}
+
+static int lock_briefly(void)
+{
+    /* the thread mmleak.py borrowed may have been stopped inside mmleak's own cold path,
+     * holding the lock: never wait for ourselves */
+    for (int i = 0; i < 200; i++) {
+        if (pthread_mutex_trylock(&g_lock) == 0)
+            return 0;
+        struct timespec ts = { 0, 1000000 };
+        nanosleep(&ts, NULL);
+    }
+    return -1;
+}
+
+/* Start tracing (a new trace, new files).  ARGS: "MMLEAK_DIR=...\nMMLEAK_DEPTH=...\n".
+ * 0: started; 1: already tracing; 2: tracing cannot start (said why on stderr and in the
+ * returned status); 3: busy, try again. */
+EXPORT int mmleak_attach(const char *args)
+{
+    if (g_state == 1)
+        return 1;
+    struct tstate *t = &T;
+    if (IN_OWN_CODE(t))
+        return 3;
+    GUARDED;
+    if (!real.malloc)
+        resolve();
+    if (lock_briefly())
+        return 3;
+    int first = g_state == -1 && !g_attached && !g_key_ok;   /* loaded by dlopen, dormant */
+    if (first) {
+        g_attached = 1;
+        resolve_from(RTLD_DEFAULT);
+        /* functions the allocator lacks are made from its own (see resolve_from) */
+        void *m = mml_find_definition("malloc");
+        if (m)
+            real.malloc = m;
+        void *f = mml_find_definition("free");
+        if (f)
+            real.free = f;
+        void *r = mml_find_definition("realloc");
+        if (r)
+            real.realloc = r;
+        real.dlclose = mml_find_definition("dlclose");
+    }
+    if (args) {
+        size_t n = my_strlen(args);
+        if (n >= sizeof g_args)
+            n = sizeof g_args - 1;
+        memcpy(g_args, args, n);
+        g_args[n] = 0;
+        g_from_args = 1;
+    }
+    int bad = read_config();
+    g_from_args = 0;
+    if (bad) {
+        pthread_mutex_unlock(&g_lock);
+        return 2;
+    }
+    if (first) {
+        read_cmdline();
+        Dl_info di;
+        if (dladdr((void *)real.malloc, &di) && di.dli_fname)
+            escape_into(g_alloc, g_alloc + sizeof g_alloc, (const unsigned char *)di.dli_fname,
+                        my_strlen(di.dli_fname), 0);
+        if (!pthread_key_create(&g_key, thread_exit))
+            g_key_ok = 1;
+        pthread_atfork(fork_prepare, fork_parent, fork_child);
+        hooks_init();
+    }
+    if (cfg.depth != 1) {
+        void *b[4];
+        backtrace(b, 4);
+    }
+    g_trace_gen++;
+    g_cycle++;
+    unmap_retired();
+    R.n = 0;
+    g_late_file = ~0u;
+    atomic_store(&g_said_write, 0);
+    g_window = 1;
+    process_start();            /* a new trace id: pid, or pid-K after an earlier one */
+    if (g_state != 1) {
+        pthread_mutex_unlock(&g_lock);
+        return 2;
+    }
+    atomic_fetch_add(&g_epoch, 1);  /* every thread's next event resets its stale state */
+    arm_hot();
+    pthread_mutex_unlock(&g_lock);
+    mml_got_switch(1);
+    unsigned long long c[2] = { 0, 0 };
+    dl_iterate_phdr(phdr_counts, c);
+    g_got_adds = c[0];
+    return 0;
+}
+
+/* Stop tracing: the slots back to the allocator, every file flushed and closed.  0: done;
+ * 1: not tracing; 3: busy, try again; 4: paused, but a thread stayed in mmleak's slow path
+ * for a second: its files were left as they are (readers and `mmleak.py recover` take
+ * them). */
+EXPORT int mmleak_detach(const char *args)
+{
+    (void)args;
+    if (g_state != 1)
+        return 1;
+    struct tstate *t = &T;
+    if (IN_OWN_CODE(t))
+        return 3;
+    GUARDED;
+    mml_got_switch(0);
+    /* calls already inside mmleak finish now; later ones (through a pointer stored while
+     * tracing) see the pause and only pass through */
+    g_state = 2;
+    set_status();
+    atomic_fetch_add(&g_epoch, 1);
+    H->epoch = atomic_load(&g_epoch);
+    H->fast = 0;
+    /* a thread inside a slow path finishes it (and sees the pause at its next event) */
+    for (int i = 0; atomic_load(&g_inflight) > 0; i++) {
+        if (i == 2000)
+            return 4;   /* paused; the files stay as they are, readers take them */
+        struct timespec ts = { 0, 500000 };
+        nanosleep(&ts, NULL);
+    }
+    maps_snapshot(0);
+    if (lock_briefly())
+        return 3;       /* paused already; the files stay as they are (readers take them) */
+    g_cycle++;
+    for (size_t i = 0; i < R.n; i++) {
+        struct slot *s = &R.a[i];
+        if (s->state == SLOT_PARKED) {
+            struct tstate tmp;
+            memset(&tmp, 0, sizeof tmp);
+            tmp.slot = (int)i + 1;
+            tmp.fileno = s->fileno;
+            tmp.stage = s->stage;
+            tmp.half_size = s->half_size;
+            tmp.out_off = s->out_off;
+            half_start(&tmp, 0);
+            tmp.open = 1;
+            s->state = SLOT_OPEN;
+            pthread_mutex_unlock(&g_lock);
+            file_close(&tmp, 1);
+            if (lock_briefly())
+                return 3;
+        } else if (s->state == SLOT_OPEN && s->stage) {
+            close_from_outside(s);
+            s->state = SLOT_FREE;
+        }
+    }
+    R.n = 0;
+    g_trace_gen++;              /* every thread forgets its file at its next event */
+    thread_reset(t);
+    set_status();
+    pthread_mutex_unlock(&g_lock);
+    return 0;
+}
+
+/* What mmleak.py and mmleak-install.py status show: "tracing ID", "paused", "dormant". */
+EXPORT const char *mmleak_state(void)
+{
+    static char out[64];
+    char *e = out + sizeof out, *d = out;
+    if (g_state == 1) {
+        d = cat(d, e, "tracing ");
+        cat(d, e, g_id);
+    } else {
+        cat(d, e, g_state == 2 ? "paused" : g_state == 0 ? "starting" : "dormant");
+    }
+    return out;
+}

@@ -33,4 +33,27 @@ void mml_sites_forget(void);
 /* In a fork child: the lock may have been held by a thread that does not exist there. */
 void mml_sites_after_fork(void);
 
+/* ---- mmleak-got.c: switching a process's GOT slots of malloc & co ---- */
+
+struct mml_hook {
+    const char *name;       /* the symbol called */
+    void *ours;             /* mmleak's function */
+    void *const *real;      /* where the function mmleak calls itself is kept (filled later) */
+    int is_free;            /* free, realloc, delete: switched first on, last off */
+    int attach_only;        /* only when mmleak.so was loaded into a running process */
+};
+
+void mml_got_init(const struct mml_hook *hooks, int n, const void *self_addr, int attached,
+                  int (*real_dlclose)(void *));
+/* Scan every loaded object and point its slots at mmleak (TRACED) or away; returns the
+ * number of slots. */
+int mml_got_switch(int traced);
+/* Objects loaded since: scan them and give their slots the current state. */
+int mml_got_new_objects(void);
+/* An object is about to be unloaded from [lo, hi): forget its slots. */
+void mml_got_forget_object(uintptr_t lo, uintptr_t hi);
+int mml_got_traced(void);
+/* The first definition of NAME in the process outside mmleak.so (not a PLT stub). */
+void *mml_find_definition(const char *name);
+
 #endif

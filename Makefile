@@ -16,8 +16,9 @@ SCRIPTS = mmleak.py mmleak-panda.py mmleak-install.py
 all: mmleak.so
 
 # mmleak-shrink.c: the compiled shrinker mmleak.py loads with ctypes (same library, inactive tracer).
-mmleak.so: mmleak.c mmleak-shrink.c
-	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -o $@ mmleak.c mmleak-shrink.c -ldl -lpthread $(LDFLAGS)
+# mmleak-unwind.c: the stack unwinder (cached DWARF CFI rules), API in mmleak-unwind.h.
+mmleak.so: mmleak.c mmleak-shrink.c mmleak-unwind.c mmleak-unwind.h
+	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -o $@ mmleak.c mmleak-shrink.c mmleak-unwind.c -ldl -lpthread $(LDFLAGS)
 
 check: all
 	$(PYTHON) -m pytest -q tests

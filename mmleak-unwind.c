@@ -535,7 +535,7 @@ static int reg_ix(uint64_t dw, uint64_t ra_reg)
     return -1;
 }
 
-#define REMEMBER_DEPTH 4
+#define REMEMBER_DEPTH 3
 
 /* Runs [p, end) while loc <= x.  init: the state after the CIE (for DW_CFA_restore). */
 static int run_cfa(const uint8_t *p, const uint8_t *end, const struct cie *c, uintptr_t loc,
@@ -960,25 +960,45 @@ static const uint8_t *fde_find(const struct span *o, const uint8_t *hdr, uintptr
 
 /* The rule at x for the frame whose pc (rip) is x (exact, after a signal frame) or x + 1 (a
  * return address). */
+/* The object containing x: its mapping, and the FDE covering x if any.  0: no object (JIT or
+ * anonymous code).  Apart from rule_at() so that their frames are not on the stack together
+ * (a walk may run with little stack left). */
+static COLD int find_fde(uintptr_t x, struct span *o, const uint8_t **fde)
+{
+    struct dl_find_object fo;
+    if (_dl_find_object((void *)x, &fo) != 0)
+        return 0;
+    o->lo = (uintptr_t)fo.dlfo_map_start;
+    o->hi = (uintptr_t)fo.dlfo_map_end;
+    *fde = fo.dlfo_eh_frame ? fde_find(o, fo.dlfo_eh_frame, x) : NULL;
+    return 1;
+}
+
+static COLD void rule_at(const struct span *o, const uint8_t *fde, uintptr_t x, uintptr_t rip,
+                         struct rule *R);
+
 static COLD void find_rule(uintptr_t x, uintptr_t rip, struct rule *R)
 {
     R->kind = K_STOP;
     R->bmode = B_SAME;
     R->off = R->k = 0;
     R->cacheable = 0;
-    struct dl_find_object fo;
-    if (_dl_find_object((void *)x, &fo) != 0)
+    struct span o;
+    const uint8_t *fde;
+    if (!find_fde(x, &o, &fde))
         return; /* no object: JIT or anonymous code; not cached (code may be mapped here later) */
     R->cacheable = 1; /* from here on, the answer depends on the object only */
-    struct span o = {(uintptr_t)fo.dlfo_map_start, (uintptr_t)fo.dlfo_map_end};
-    if (!fo.dlfo_eh_frame)
-        return;
-    const uint8_t *fde = fde_find(&o, fo.dlfo_eh_frame, x);
+    if (fde)
+        rule_at(&o, fde, x, rip, R);
+}
+
+static COLD void rule_at(const struct span *o, const uint8_t *fde, uintptr_t x, uintptr_t rip,
+                         struct rule *R)
+{
     struct cie c;
     uintptr_t begin, range;
     const uint8_t *insn, *iend;
-    if (!fde || !parse_fde(&o, fde, &c, &begin, &range, &insn, &iend) || x < begin ||
-        x - begin >= range)
+    if (!parse_fde(o, fde, &c, &begin, &range, &insn, &iend) || x < begin || x - begin >= range)
         return; /* no CFI for x */
     struct cfstate st, init;
     memset(&st, 0, sizeof st);

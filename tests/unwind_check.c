@@ -6,10 +6,11 @@
  *                             tiny, ucontext, altstack, deep, garbage)
  *
  * Output, one line per capture:
- *     site NAME n=N match=1 frames=sym,sym,...
+ *     site NAME n=N match=1 frames=sym,sym,... addrs=hex,hex,...
  * match: our frames are exactly backtrace()'s frames at the same point (backtrace's first
  * entry is inside check() itself and is dropped).  frames: dladdr names of our entries (the
- * address - 1), "?" when unknown.  On a mismatch both lists follow as "ours=" and "bt=".
+ * address - 1), "?" when unknown; addrs: the entries.  On a mismatch backtrace()'s list
+ * follows as "bt=".
  * Other lines: "info ...", "kinds ..." (rule kinds computed), "end MODE" at the end. */
 #define _GNU_SOURCE
 #include "../mmleak-unwind.h"
@@ -78,11 +79,9 @@ static void report(const char *site, const uintptr_t *ours, int n, const uintptr
         sym(ours[i], s, sizeof s);
         fprintf(f, "%s%s", i ? "," : "", s);
     }
-    if (!match) {
-        print_list(f, "ours", ours, n);
-        if (expect)
-            print_list(f, "bt", expect, m);
-    }
+    print_list(f, "addrs", ours, n);
+    if (!match && expect)
+        print_list(f, "bt", expect, m);
     fputc('\n', f);
     fclose(f);
     line[LINE - 1] = 0;
@@ -188,8 +187,8 @@ NOINLINE void f_varargs(const char *site, int n, ...)
 
 NOINLINE void f_ptr(void (*fn)(const char *), const char *site) { fn(site); sink++; }
 
-static const char *qsort_site;
-static int qsort_done;
+static __thread const char *qsort_site;
+static __thread int qsort_done;
 static int cmp_int(const void *a, const void *b)
 {
     if (!qsort_done) {
@@ -230,7 +229,6 @@ NOINLINE void nocfi_cb(void) { leaf("nocfi"); sink++; }
 void notables_call(void (*fn)(void));
 NOINLINE void notables_cb(void) { leaf("notables"); sink++; }
 
-static int chain_count;
 NOINLINE void run_chains(void)
 {
     f_small("small0", 0);
@@ -244,12 +242,13 @@ NOINLINE void run_chains(void)
     f_varargs("varargs", 3, 1L, 2L, 3L);
     f_ptr(leaf, "ptr");
     f_qsort("qsort");
-    chain_count = 12; /* f_regs checks twice */
+    sink++; /* no tail call: run_chains stays on the stack */
 }
 
 /* ---- signals ----------------------------------------------------------------------------- */
 
-static void on_usr1(int sig)
+void on_usr1(int sig);
+void on_usr1(int sig)
 {
     (void)sig;
     leaf("signal");
@@ -267,7 +266,7 @@ NOINLINE void raise_in_chain(int d)
 }
 
 /* async: another thread interrupts a busy loop at random instructions */
-static atomic_int async_stop, async_left;
+static atomic_int async_stop, async_left, in_spin;
 static pthread_t async_target;
 
 NOINLINE long tiny(long x) { volatile long y = x; return y * 3 + 1; }
@@ -280,15 +279,17 @@ NOINLINE long spin_mid(long x)
 NOINLINE void spin(void)
 {
     long x = 1;
+    atomic_store(&in_spin, 1);
     while (!atomic_load(&async_stop))
         x = spin_mid(x) & 0xffff;
     sink += (int)x;
 }
 
-static void on_usr2_async(int sig)
+void on_usr2_async(int sig);
+void on_usr2_async(int sig)
 {
     (void)sig;
-    if (atomic_load(&async_left) > 0) {
+    if (atomic_load(&in_spin) && atomic_load(&async_left) > 0) {
         check("async");
         if (atomic_fetch_sub(&async_left, 1) == 1)
             atomic_store(&async_stop, 1);
@@ -393,6 +394,7 @@ static void mode_plt(void)
     }
     uintptr_t got;
     if (find_section(".plt.got", &got, &size) && size >= 8) {
+        printf("info plt.got\n");
         for (int o = 0; o < 8; o++) {
             snprintf(site, sizeof site, "pltgot+%d", o);
             plt_check(site, got + (uintptr_t)o, 8);
@@ -481,7 +483,8 @@ static void set_stack_low(void)
     stack_low = (uintptr_t)addr;
 }
 
-static void *tiny_thread(void *arg)
+void *tiny_thread(void *arg);
+void *tiny_thread(void *arg)
 {
     (void)arg;
     set_stack_low();
@@ -539,7 +542,8 @@ static void mode_deep(void)
 
 /* makecontext/swapcontext coroutines on heap and mmap stacks */
 static ucontext_t uc_main, uc_co;
-static void coroutine(void)
+void coroutine(void);
+void coroutine(void)
 {
     f_small("uc-1", 2);
     swapcontext(&uc_co, &uc_main);
@@ -571,13 +575,15 @@ static void mode_ucontext(void)
 }
 
 /* signal handlers on an alternate stack */
-static void on_alt(int sig)
+void on_alt(int sig);
+void on_alt(int sig)
 {
     (void)sig;
     leaf("altstack");
 }
 
-static void *alt_thread(void *arg)
+void *alt_thread(void *arg);
+void *alt_thread(void *arg)
 {
     (void)arg;
     stack_t ss = {.ss_sp = malloc(64 << 10), .ss_size = 64 << 10};
@@ -646,7 +652,7 @@ static void mode_garbage(void)
     uintptr_t *heap = malloc(1 << 16);
     for (size_t i = 0; i < (1 << 16) / 8; i++)
         heap[i] = 0x1111111111111111UL;
-    garbage("heap-const", ra_rsp, (uintptr_t)(heap + 16), 0, 8);
+    garbage("heap-const", ra_rsp, (uintptr_t)(heap + 16), (uintptr_t)(heap + 16), 8);
     /* rbp-based rule with rbp below sp / pointing at the heap block */
     garbage("bad-rbp", ra_vla, (uintptr_t)__builtin_frame_address(0), 0x5a5a5a5a5a5a5a5aUL, 8);
     garbage("heap-rbp", ra_vla, (uintptr_t)(heap + 16), (uintptr_t)(heap + 16), 8);
@@ -701,7 +707,8 @@ static void mode_threads(void)
     printf("threads captures=%d mismatches=%d\n", atomic_load(&captures), atomic_load(&mismatches));
 }
 
-static void mode_fork(void)
+void mode_fork(void);
+void mode_fork(void)
 {
     run_chains();
     fflush(stdout);
@@ -739,6 +746,11 @@ int main(int argc, char **argv)
     void *warm[4];
     backtrace(warm, 4); /* loads libgcc_s */
     setvbuf(stdout, NULL, _IOLBF, 0);
+    /* glibc's __restore_rt, the return address of every signal handler */
+    struct sigaction probe = {.sa_handler = SIG_IGN}, old, restorer;
+    sigaction(SIGURG, &probe, &old);
+    sigaction(SIGURG, &old, &restorer);
+    printf("info restorer=%lx\n", (unsigned long)(uintptr_t)restorer.sa_restorer);
     if (!strcmp(mode, "chains")) {
         run_chains(); /* rules computed */
         run_chains(); /* rules from the cache */

@@ -2,7 +2,7 @@
 // std::function, virtual calls, a replaced operator new that walks the stack, and C++
 // exceptions unwinding through frames that call the unwinder (also from a destructor run
 // during that unwinding, and from a catch block).  Output as tests/unwind_check.c:
-//     site NAME n=N match=1 frames=...
+//     site NAME n=N match=1 frames=... addrs=...
 #include <execinfo.h>
 #include <dlfcn.h>
 #include <cstdint>
@@ -35,13 +35,13 @@ static void report(const char *site, const uintptr_t *ours, int n, const uintptr
         const char *s = dladdr((void *)(ours[i] - 1), &di) && di.dli_sname ? di.dli_sname : "?";
         line += (i ? "," : "") + std::string(s);
     }
+    char b[32];
+    line += " addrs=";
+    for (int i = 0; i < n; i++) {
+        snprintf(b, sizeof b, "%s%lx", i ? "," : "", (unsigned long)ours[i]);
+        line += b;
+    }
     if (!match) {
-        char b[32];
-        line += " ours=";
-        for (int i = 0; i < n; i++) {
-            snprintf(b, sizeof b, "%s%lx", i ? "," : "", (unsigned long)ours[i]);
-            line += b;
-        }
         line += " bt=";
         for (int i = 0; i < m; i++) {
             snprintf(b, sizeof b, "%s%lx", i ? "," : "", (unsigned long)expect[i]);

@@ -9,13 +9,13 @@
  * x = ip - 1 for a return address (the call instruction), at x = ip for an interrupted pc (the
  * frame after a signal frame), exactly as libgcc does.
  *
- *  - Cache: a 2-way set-associative table of 64-bit words, shared by all threads, in .bss.
- *    An entry holds the rule (31 bits) and the bits of x that its set index does not imply
- *    (33 bits): x < 2^47 is mapped by a bijection h = x * K mod 2^47, the set index is the top
- *    14 bits of h and the other 33 are stored, so an entry can only match the x it was made
- *    for.  Entries are read and written with single 64-bit relaxed atomic accesses: a racing
- *    writer can overwrite a slot (a later miss) but never produce a word that matches another
- *    x with a wrong rule.
+ *  - Cache: a table of 2^15 64-bit words in .bss (256 KiB), shared by all threads, keyed by
+ *    the return address (see "the cache" below): an entry holds the rule and enough bits of
+ *    the key that, with its slot, it can only match the address it was made for.  Entries are
+ *    read and written with single 64-bit relaxed atomic accesses: a racing writer can
+ *    overwrite a slot (a later miss) but never produce a word that matches another address
+ *    with a wrong rule.  A hit costs one load and a compare; the walk is then a chain of
+ *    dependent loads (return address, cache entry, next return address).
  *  - Miss: _dl_find_object (lock-free, async-signal-safe) gives the object and its
  *    PT_GNU_EH_FRAME (.eh_frame_hdr); binary search of its sorted table gives the FDE; the
  *    CIE's and the FDE's CFA programs run up to x (DW_CFA_remember/restore_state, advance_loc,
@@ -118,8 +118,8 @@ struct rule {
  *     bits 1-32   k >> 15 (k < 2^47): with the slot and bit 0, this gives back all of k
  *     bits 33-35  kind (never 0: an entry is never 0)
  *     bits 36-37  bmode
- *     bits 38-45  k / 8 (signed)
- *     bits 46-63  off (signed, 18 bits)
+ *     bits 38-45  rbp's offset k / 8 (signed)
+ *     bits 46-63  the CFA offset off (signed, 18 bits: larger frames are not cached)
  * so that a hit costs one load, one compare and one arithmetic shift for the CFA. */
 #define CACHE_BITS 15
 #define SLOT_MASK ((1U << CACHE_BITS) - 1)
@@ -163,10 +163,10 @@ static inline uint64_t cache_get(uintptr_t key)
     return 0;
 }
 
-/* Into the primary slot if it is free (or holds key: a racing thread's copy), else into the
- * alternate one if that is free, else over whichever of the two holds an entry out of its
- * primary slot (cheaper to lose), else over the alternate.  Each store is one atomic word: a
- * concurrent writer can only make an entry disappear. */
+/* Into the primary slot if it is free (or holds this key: a racing thread's copy), else into
+ * the alternate one if that is free (or ours), else over whichever of the two holds an entry
+ * out of its own primary slot, else over the alternate.  Each store is one atomic word: a
+ * concurrent writer can only make another entry disappear. */
 static void cache_put(uintptr_t key, uint64_t rule)
 {
     if (key > KEY_MAX || !rule)
@@ -175,10 +175,12 @@ static void cache_put(uintptr_t key, uint64_t rule)
     _Atomic uint64_t *p1 = &g_cache[key & SLOT_MASK], *p2 = &g_cache[slot2(key)];
     uint64_t e1 = atomic_load_explicit(p1, memory_order_relaxed);
     uint64_t e2 = atomic_load_explicit(p2, memory_order_relaxed);
-    if (!e1 || (e1 & TAG_MASK) == tag || ((e1 & 1) && e2 && !(e2 & 1) && (e2 & TAG_MASK) != (tag | 1)))
+    if (!e1 || (e1 & TAG_MASK) == tag)
         atomic_store_explicit(p1, tag | rule, memory_order_relaxed);
-    else
+    else if (!e2 || (e2 & TAG_MASK) == (tag | 1) || !(e1 & 1))
         atomic_store_explicit(p2, tag | 1 | rule, memory_order_relaxed);
+    else
+        atomic_store_explicit(p1, tag | rule, memory_order_relaxed);
 }
 
 static void cache_clear(void)
@@ -958,8 +960,6 @@ static const uint8_t *fde_find(const struct span *o, const uint8_t *hdr, uintptr
 
 /* ---- from a CFA row to a rule ------------------------------------------------------------ */
 
-/* The rule at x for the frame whose pc (rip) is x (exact, after a signal frame) or x + 1 (a
- * return address). */
 /* The object containing x: its mapping, and the FDE covering x if any.  0: no object (JIT or
  * anonymous code).  Apart from rule_at() so that their frames are not on the stack together
  * (a walk may run with little stack left). */
@@ -977,6 +977,8 @@ static COLD int find_fde(uintptr_t x, struct span *o, const uint8_t **fde)
 static COLD void rule_at(const struct span *o, const uint8_t *fde, uintptr_t x, uintptr_t rip,
                          struct rule *R);
 
+/* The rule at x for the frame whose pc (rip) is x (exact, after a signal frame) or x + 1 (a
+ * return address). */
 static COLD void find_rule(uintptr_t x, uintptr_t rip, struct rule *R)
 {
     R->kind = K_STOP;

@@ -220,6 +220,23 @@ def test_plt_entries(ubins, variant):
 
 
 @pytest.mark.parametrize("variant", ALL_C)
+def test_real_plt_frame_after_a_signal(ubins, variant):
+    """With the GOT's pages unreadable, a call through the PLT faults on the entry's first
+    instruction; the SIGSEGV handler walks through the signal frame into the PLT entry and on
+    into its caller, as backtrace()."""
+    r = Run(ubins[variant], "pltreal")
+    if "plt:" in r.info:
+        pytest.skip("no .plt/.got.plt in this build")
+    s, = r.sites
+    all_match([s])
+    assert r.info["fault_in_got"] == ["1"]
+    i = s.addrs.index(r.restorer)
+    lo, hi = int(r.info["plt_lo"][0], 16), int(r.info["plt_hi"][0], 16)
+    assert lo <= s.addrs[i + 1] < hi and (s.addrs[i + 1] - lo) % 16 == 0, s  # an entry's start
+    assert s.frames[i + 2] == "plt_fault" and s.frames[-4:] == TAIL, s
+
+
+@pytest.mark.parametrize("variant", ALL_C)
 def test_stops_at_a_frame_without_cfi(ubins, variant):
     """Hand-written asm without CFI (rbp = 0x5a5a...) and a C function compiled without unwind
     tables: the walk ends with the return address into that frame, as backtrace()."""

@@ -402,6 +402,56 @@ static void mode_plt(void)
     }
 }
 
+/* A real PLT frame: the GOT page made unreadable, a call through the PLT faults on the entry's
+ * first instruction (jmp *GOT); the SIGSEGV handler makes the page readable again (a raw
+ * system call: the PLT, errno and globals may all be on that page) and walks through the
+ * signal frame into the PLT entry, then into its caller. */
+static long raw_mprotect(uintptr_t a, size_t n, int prot)
+{
+    long ret;
+    __asm__ volatile("syscall"
+                     : "=a"(ret)
+                     : "a"(10L /* SYS_mprotect */), "D"(a), "S"(n), "d"((long)prot)
+                     : "rcx", "r11", "memory");
+    return ret;
+}
+
+static __thread uintptr_t got_lo, got_len, fault_addr; /* TLS: not on the GOT's pages */
+
+void on_segv(int sig, siginfo_t *si, void *uc);
+void on_segv(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig;
+    (void)uc;
+    raw_mprotect(got_lo, got_len, PROT_READ | PROT_WRITE);
+    fault_addr = (uintptr_t)si->si_addr;
+    check("plt-real");
+}
+
+NOINLINE void plt_fault(void)
+{
+    raw_mprotect(got_lo, got_len, PROT_NONE);
+    sink += getppid() > 0; /* through the PLT: faults at the entry, resumes after the handler */
+}
+
+static void mode_pltreal(void)
+{
+    uintptr_t plt, got;
+    size_t psize, gsize;
+    if (!find_section(".plt", &plt, &psize) || !find_section(".got.plt", &got, &gsize)) {
+        printf("info plt: no .plt or .got.plt section\n");
+        return;
+    }
+    printf("info plt_lo=%lx plt_hi=%lx\n", (unsigned long)plt, (unsigned long)(plt + psize));
+    struct sigaction sa = {.sa_sigaction = on_segv, .sa_flags = SA_SIGINFO};
+    sigaction(SIGSEGV, &sa, NULL);
+    getppid(); /* bound now: the fault is then on reading the GOT entry, not in the resolver */
+    got_lo = got & ~(uintptr_t)4095;
+    got_len = ((got + gsize + 4095) & ~(uintptr_t)4095) - got_lo;
+    plt_fault();
+    printf("info fault_in_got=%d\n", fault_addr >= got && fault_addr < got + gsize);
+}
+
 /* ---- dlopen / dlclose: another library at the same address ------------------------------- */
 
 static uintptr_t dl_ra, dl_base;
@@ -774,6 +824,8 @@ int main(int argc, char **argv)
         mode_fork();
     } else if (!strcmp(mode, "plt")) {
         mode_plt();
+    } else if (!strcmp(mode, "pltreal")) {
+        mode_pltreal();
     } else if (!strcmp(mode, "nocfi")) {
         nocfi_call(nocfi_cb);
         notables_call(notables_cb);

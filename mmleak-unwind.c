@@ -207,8 +207,12 @@ void mml_unwind_dlclose_end(void)
 
 void mml_unwind_fork_child(void)
 {
-    atomic_store_explicit(&g_unloading, 0, memory_order_relaxed);
-    cache_clear();
+    /* a dlclose in progress in another thread of the parent never ends here: its cache
+     * entries may be stale */
+    if (atomic_load_explicit(&g_unloading, memory_order_relaxed)) {
+        atomic_store_explicit(&g_unloading, 0, memory_order_relaxed);
+        cache_clear();
+    }
 }
 
 /* ---- reading .eh_frame data -------------------------------------------------------------- */
@@ -1303,6 +1307,8 @@ static COLD int own_init(uintptr_t sp)
         int r = readable(sp, cands[i]);
         if (r != 0) { /* yes, or cannot tell: then the glibc layout is trusted */
             U.lo = PAGE_DOWN(sp);
+            /* a signal handler's walk in this thread must not see hi before lo */
+            atomic_signal_fence(memory_order_seq_cst);
             U.hi = cands[i];
             return 1;
         }

@@ -63,8 +63,9 @@ void mml_unwind_thread_init(void);
 void mml_unwind_dlclose_begin(void);
 void mml_unwind_dlclose_end(void);
 
-/* In the child of fork(), from an atfork child handler: forgets a dlclose that another thread
- * of the parent had in progress (it never ends in the child) and empties the cache. */
+/* In the child of fork(), from an atfork child handler: if another thread of the parent was
+ * inside dlclose (between begin and end: that never ends in the child), forgets it and
+ * empties the cache.  Otherwise nothing to do (the child has the parent's mappings). */
 void mml_unwind_fork_child(void);
 
 #endif

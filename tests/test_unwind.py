@@ -176,10 +176,12 @@ def test_signal_handler_walks_into_the_interrupted_code(ubins, variant):
 
 @pytest.mark.parametrize("variant", ["pie-O0", "pie-O2", "nopie-O2-fp"])
 def test_asynchronous_signals_at_any_instruction(ubins, variant):
-    """300 signals from another thread interrupt a loop of small calls at any instruction
-    (prologues, epilogues): the frame after the signal frame is looked up at the exact pc."""
-    r = Run(ubins[variant], "async", "300")
-    assert len(r.sites) == 300
+    """1000 signals from another thread interrupt a loop of small calls and of glibc functions
+    (memcpy, strlen, malloc, snprintf, free, clock_gettime in the vDSO) at any instruction,
+    prologues and epilogues included: the frame after the signal frame is looked up at the
+    exact pc."""
+    r = Run(ubins[variant], "async", "1000")
+    assert len(r.sites) == 1000
     all_match(r.sites)
     for s in r.sites:
         assert s.frames[0] == "on_usr2_async" and s.addrs[1] == r.restorer, s

@@ -33,6 +33,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <ucontext.h>
 #include <unistd.h>
 
@@ -279,10 +280,39 @@ NOINLINE long spin_mid(long x)
 NOINLINE void spin(void)
 {
     long x = 1;
+    char a[512], b[512];
+    memset(a, 'x', sizeof a - 1);
+    a[sizeof a - 1] = 0;
     atomic_store(&in_spin, 1);
-    while (!atomic_load(&async_stop))
+    while (!atomic_load(&async_stop)) {
         x = spin_mid(x) & 0xffff;
+        /* and glibc's code: hand-written asm, the vDSO, malloc */
+        memcpy(b, a, sizeof a);
+        x += (long)strlen(b);
+        void *p = malloc(16 + (size_t)(x & 1023));
+        snprintf(b, sizeof b, "%ld", x);
+        free(p);
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        x += ts.tv_nsec & 7;
+    }
     sink += (int)x;
+}
+
+/* the handler may interrupt malloc or stdio: it only records, the reports come after */
+enum { ASYNC_MAX = 4000, ASYNC_F = 32 };
+static struct arec { int n, m; uintptr_t ours[ASYNC_F], bt[ASYNC_F]; } arecs[ASYNC_MAX];
+static atomic_int nrecs;
+
+NOINLINE void check_async(void)
+{
+    struct arec *a = &arecs[atomic_fetch_add(&nrecs, 1)];
+    void *bt[ASYNC_F + 1];
+    uintptr_t *fp = __builtin_frame_address(0);
+    a->n = mml_unwind(fp[1], (uintptr_t)(fp + 2), fp[0], a->ours, ASYNC_F);
+    a->m = backtrace(bt, ASYNC_F + 1) - 1;
+    for (int i = 0; i < a->m; i++)
+        a->bt[i] = (uintptr_t)bt[i + 1];
 }
 
 void on_usr2_async(int sig);
@@ -290,7 +320,7 @@ void on_usr2_async(int sig)
 {
     (void)sig;
     if (atomic_load(&in_spin) && atomic_load(&async_left) > 0) {
-        check("async");
+        check_async();
         if (atomic_fetch_sub(&async_left, 1) == 1)
             atomic_store(&async_stop, 1);
     }
@@ -301,7 +331,7 @@ static void *async_killer(void *arg)
     (void)arg;
     while (!atomic_load(&async_stop)) {
         pthread_kill(async_target, SIGUSR2);
-        usleep(200);
+        usleep(100);
     }
     return NULL;
 }
@@ -813,11 +843,15 @@ int main(int argc, char **argv)
         struct sigaction sa = {.sa_handler = on_usr2_async};
         sigaction(SIGUSR2, &sa, NULL);
         async_target = pthread_self();
-        atomic_store(&async_left, argc > 2 ? atoi(argv[2]) : 300);
+        atomic_store(&async_left, argc > 2 ? atoi(argv[2]) : 1000);
+        if (atomic_load(&async_left) > ASYNC_MAX)
+            atomic_store(&async_left, ASYNC_MAX);
         pthread_t k;
         pthread_create(&k, NULL, async_killer, NULL);
         spin();
         pthread_join(k, NULL);
+        for (int i = 0; i < atomic_load(&nrecs); i++)
+            report("async", arecs[i].ours, arecs[i].n, arecs[i].bt, arecs[i].m);
     } else if (!strcmp(mode, "threads")) {
         mode_threads();
     } else if (!strcmp(mode, "fork")) {

@@ -9,7 +9,7 @@
  * x = ip - 1 for a return address (the call instruction), at x = ip for an interrupted pc (the
  * frame after a signal frame), exactly as libgcc does.
  *
- *  - Cache: a table of 2^15 64-bit words in .bss (256 KiB), shared by all threads, keyed by
+ *  - Cache: a table of 2^16 64-bit words in .bss (512 KiB), shared by all threads, keyed by
  *    the return address (see "the cache" below): an entry holds the rule and enough bits of
  *    the key that, with its slot, it can only match the address it was made for.  Entries are
  *    read and written with single 64-bit relaxed atomic accesses: a racing writer can
@@ -111,22 +111,25 @@ struct rule {
 
 /* The cache is indexed by the key k = x + 1 (the return address for a normal frame, pc + 1 for
  * an exact one: the rule of k is the rule at k - 1 in both cases).  An entry lives in slot
- * k mod 2^15 (its primary slot: one AND on the walk's chain of dependent loads) or, when that
+ * k mod 2^16 (its primary slot: one AND on the walk's chain of dependent loads) or, when that
  * one is taken, in its alternate slot (slot2: code laid out in equal power-of-two strides
  * makes many keys share a primary slot, not an alternate one).  An entry is
  *     bit  0      1 in an alternate slot
- *     bits 1-32   k >> 15 (k < 2^47): with the slot and bit 0, this gives back all of k
- *     bits 33-35  kind (never 0: an entry is never 0)
- *     bits 36-37  bmode
- *     bits 38-45  rbp's offset k / 8 (signed)
- *     bits 46-63  the CFA offset off (signed, 18 bits: larger frames are not cached)
- * so that a hit costs one load, one compare and one arithmetic shift for the CFA. */
-#define CACHE_BITS 15
+ *     bits 1-31   k >> 16 (k < 2^47): with the slot and bit 0, this gives back all of k
+ *     bits 32-34  kind (never 0: an entry is never 0)
+ *     bits 35-36  bmode
+ *     bits 37-44  rbp's offset k / 8 (signed)
+ *     bits 45-63  the CFA offset off (signed, 19 bits: larger frames are not cached)
+ * so that a hit costs one load, one compare and one arithmetic shift for the CFA.  2^16
+ * entries: 512 KiB of .bss, of which only the pages touched cost memory. */
+#define CACHE_BITS 16
 #define SLOT_MASK ((1U << CACHE_BITS) - 1)
 #define KEY_MAX ((1ULL << 47) - 1)
-#define TAG_MASK ((1ULL << 33) - 1)
-#define R_OFF_MIN (-(1L << 17))
-#define R_OFF_MAX ((1L << 17) - 1)
+#define TAG_BITS (47 - CACHE_BITS + 1)
+#define TAG_MASK ((1ULL << TAG_BITS) - 1)
+#define OFF_SHIFT (TAG_BITS + 13)
+#define R_OFF_MIN (-(1L << (63 - OFF_SHIFT)))
+#define R_OFF_MAX ((1L << (63 - OFF_SHIFT)) - 1)
 
 static _Atomic uint64_t g_cache[1U << CACHE_BITS] __attribute__((aligned(64)));
 static _Atomic int g_unloading; /* dlclose calls in progress: walks bypass the cache */
@@ -138,8 +141,8 @@ static inline uint64_t rule_encode(const struct rule *r)
         r->k > 127 * 8)
         return 0;
     return ((uint64_t)r->kind | (uint64_t)r->bmode << 3 | ((uint64_t)(r->k / 8) & 0xff) << 5)
-               << 33 |
-           (uint64_t)r->off << 46;
+               << TAG_BITS |
+           (uint64_t)r->off << OFF_SHIFT;
 }
 
 /* The alternate slot: the low bits of k mixed with a hash of its high bits (keys sharing a
@@ -153,12 +156,12 @@ static inline uint64_t cache_get(uintptr_t key)
 {
     if (unlikely(key > KEY_MAX))
         return 0;
-    uint64_t tag = key >> 15 << 1;
+    uint64_t tag = key >> CACHE_BITS << 1;
     uint64_t e = atomic_load_explicit(&g_cache[key & SLOT_MASK], memory_order_relaxed);
-    if (likely((e & TAG_MASK) == tag && (e >> 33)))
+    if (likely((e & TAG_MASK) == tag && (e >> TAG_BITS)))
         return e;
     e = atomic_load_explicit(&g_cache[slot2(key)], memory_order_relaxed);
-    if ((e & TAG_MASK) == (tag | 1) && (e >> 33))
+    if ((e & TAG_MASK) == (tag | 1) && (e >> TAG_BITS))
         return e;
     return 0;
 }
@@ -171,7 +174,7 @@ static void cache_put(uintptr_t key, uint64_t rule)
 {
     if (key > KEY_MAX || !rule)
         return;
-    uint64_t tag = key >> 15 << 1;
+    uint64_t tag = key >> CACHE_BITS << 1;
     _Atomic uint64_t *p1 = &g_cache[key & SLOT_MASK], *p2 = &g_cache[slot2(key)];
     uint64_t e1 = atomic_load_explicit(p1, memory_order_relaxed);
     uint64_t e2 = atomic_load_explicit(p2, memory_order_relaxed);
@@ -1457,10 +1460,10 @@ walk_impl(uintptr_t ip, uintptr_t sp, uintptr_t bp, uintptr_t key, uintptr_t *ou
         int kind, bmode;
         long off, k;
         if (likely(e)) {
-            kind = (int)(e >> 33 & 7);
-            bmode = (int)(e >> 36 & 3);
-            k = (long)(int8_t)(e >> 38) * 8;
-            off = (long)((int64_t)e >> 46);
+            kind = (int)(e >> TAG_BITS & 7);
+            bmode = (int)(e >> (TAG_BITS + 3) & 3);
+            k = (long)(int8_t)(e >> (TAG_BITS + 5)) * 8;
+            off = (long)((int64_t)e >> OFF_SHIFT);
         } else {
             e = slow_rule(key, ip, use_cache, &R);
             kind = R.kind;

@@ -11,8 +11,9 @@
  * tree: 4096 distinct call paths 8-20 deep through 4096 distinct return addresses
  * (bench/unwind_tree.c), each path captured once per pass (at most 16 frames); the cost of the
  * descent itself (measured with an empty capture) is subtracted.  For mmleak-unwind: "cold" is
- * the first pass after its cache was emptied (every rule computed), "warm" a later pass; the
- * other methods are measured warm (after a pass not counted).
+ * the first pass after its cache was emptied (every rule computed), "warm" later passes; the
+ * other methods are measured warm (after a pass not counted).  Warm figures and the descent
+ * are averaged over 8 passes (glibc: 2).
  *
  * This file is compiled with frame pointers (-O2 -fno-omit-frame-pointer): its functions are
  * the top four of the sixteen frames; the chain is where the twelve others are. */
@@ -173,14 +174,17 @@ static uint64_t splitmix(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-static NOINLINE double tree_pass(long (*c)(void))
+/* REPS passes over all paths: ns per path */
+static NOINLINE double tree_pass(long (*c)(void), int reps)
 {
     cap = c;
     tree_frames = 0;
     double t0 = now();
-    for (int i = 0; i < PATHS; i++)
-        vsink += tree_run(paths[i], depths[i]);
-    return (now() - t0) / PATHS;
+    for (int r = 0; r < reps; r++)
+        for (int i = 0; i < PATHS; i++)
+            vsink += tree_run(paths[i], depths[i]);
+    tree_frames /= reps;
+    return (now() - t0) / PATHS / reps;
 }
 
 /* distinct return addresses over all paths (a capture of everything, checked once) */
@@ -210,28 +214,28 @@ static NOINLINE void bench_tree(int runs)
         paths[i] = splitmix(&s);
         depths[i] = 8 + (int)(paths[i] >> 59) % 13;
     }
-    tree_pass(cap_count);
+    tree_pass(cap_count, 1);
     printf("tree paths=%d distinct_return_addresses=%ld\n", PATHS, distinct);
     /* warm-up, not counted: libgcc's and libunwind's own caches (which cannot be emptied from
      * here) are then warm as well */
-    tree_pass(cap_glibc);
+    tree_pass(cap_glibc, 1);
 #ifdef HAVE_LIBUNWIND
-    tree_pass(cap_libunwind);
+    tree_pass(cap_libunwind, 1);
 #endif
     for (int r = 0; r < runs; r++) {
-        double base = tree_pass(cap_none);
+        double base = tree_pass(cap_none, 8);
         mml_unwind_dlclose_begin(); /* empties the cache, as a dlclose does */
         mml_unwind_dlclose_end();
-        double cold = tree_pass(cap_ours);
+        double cold = tree_pass(cap_ours, 1);
         double fr = (double)tree_frames / PATHS;
-        double warm = tree_pass(cap_ours);
-        double bt = tree_pass(cap_glibc);
+        double warm = tree_pass(cap_ours, 8);
+        double bt = tree_pass(cap_glibc, 2);
         printf("tree method=\"mmleak-unwind cold\" run=%d ns=%.2f frames=%.1f\n", r, cold - base, fr);
         printf("tree method=\"mmleak-unwind warm\" run=%d ns=%.2f frames=%.1f\n", r, warm - base, fr);
         printf("tree method=\"glibc backtrace\" run=%d ns=%.2f frames=%.1f\n", r, bt - base,
                (double)tree_frames / PATHS - 1);
 #ifdef HAVE_LIBUNWIND
-        double lu = tree_pass(cap_libunwind);
+        double lu = tree_pass(cap_libunwind, 8);
         printf("tree method=\"libunwind unw_backtrace\" run=%d ns=%.2f frames=%.1f\n", r,
                lu - base, (double)tree_frames / PATHS - 1);
 #endif

@@ -102,6 +102,8 @@ class Run:
         self.lines = r.stdout.splitlines()
         assert self.lines and self.lines[-1] == "end " + mode, r.stdout[-3000:]
         self.sites = [Site(l) for l in self.lines if l.startswith("site ")]
+        # mml_unwind_from_ra() (as mmleak.so calls it) gave another list than mml_unwind()
+        assert not [l for l in self.lines if l.startswith("fromra=")], r.stdout[-3000:]
         self.kinds = {}
         self.info = {}
         for l in self.lines:

@@ -91,16 +91,28 @@ static void report(const char *site, const uintptr_t *ours, int n, const uintptr
     free(line);
 }
 
-/* Our walk from check()'s caller, then backtrace() here. */
+/* As mmleak.so may call it: from a function below the one whose return address is ra, all
+ * with frame pointers (__builtin_frame_address forces one). */
+NOINLINE int from_ra(uintptr_t ra, uintptr_t *out)
+{
+    sink += (int)(uintptr_t)__builtin_frame_address(0) & 1;
+    return mml_unwind_from_ra((const void *)ra, out, MAXF);
+}
+
+/* Our walk from check()'s caller, then backtrace() here; also mml_unwind_from_ra(), which
+ * must give the same list ("fromra=0" at the end of the line if it does not). */
 NOINLINE void check(const char *site)
 {
-    uintptr_t ours[MAXF], expect[MAXF];
+    uintptr_t ours[MAXF], expect[MAXF], viara[MAXF];
     void *bt[MAXF + 1];
     uintptr_t *fp = __builtin_frame_address(0);
     int n = mml_unwind(fp[1], (uintptr_t)(fp + 2), fp[0], ours, MAXF);
     int m = backtrace(bt, MAXF + 1);
     for (int i = 1; i < m; i++)
         expect[i - 1] = (uintptr_t)bt[i];
+    int k = from_ra(fp[1], viara);
+    if (k != n || memcmp(viara, ours, sizeof *ours * (size_t)n))
+        printf("fromra=0 %s\n", site);
     report(site, ours, n, expect, m - 1);
 }
 

@@ -1106,7 +1106,10 @@ static long sys6(long n, long a, long b, long c, long d, long e, long f)
 }
 #define sys3(n, a, b, c) sys6((n), (long)(a), (long)(b), (long)(c), 0, 0, 0)
 
-static int sys_open(const char *path) { return (int)sys6(SYS_openat, AT_FDCWD, (long)path, O_RDONLY | O_CLOEXEC, 0, 0, 0); }
+static int sys_open(const char *path)
+{
+    return (int)sys3(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
+}
 static long sys_read(int fd, void *buf, size_t n) { return sys3(SYS_read, fd, buf, n); }
 static void sys_close(int fd) { sys3(SYS_close, fd, 0, 0); }
 

@@ -16,11 +16,12 @@ SCRIPTS = mmleak.py mmleak-panda.py mmleak-install.py
 all: mmleak.so
 
 # mmleak-sites.c: is a return address the program's code or the runtime's (the default depth);
+# mmleak-unwind.c: the stack unwinder (cached DWARF CFI rules), API in mmleak-unwind.h;
 # mmleak-got.c: switching the GOT slots of a running process (attach, detach, pause).
 # mmleak-shrink.c: the compiled shrinker mmleak.py loads with ctypes (same library, inactive tracer);
 # mmleak-inject.c: the ptrace injector of `mmleak.py attach` (same way).
-SRCS = mmleak.c mmleak-sites.c mmleak-got.c mmleak-shrink.c mmleak-inject.c
-mmleak.so: $(SRCS) mmleak.h
+SRCS = mmleak.c mmleak-sites.c mmleak-unwind.c mmleak-got.c mmleak-shrink.c mmleak-inject.c
+mmleak.so: $(SRCS) mmleak.h mmleak-unwind.h
 	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -Wl,-z,defs -o $@ $(SRCS) -ldl -lpthread $(LDFLAGS)
 
 check: all

@@ -27,6 +27,7 @@ LIB = os.path.join(ROOT, "mmleak.so")
 MMLEAK_PY = os.path.join(ROOT, "mmleak.py")
 PY = "/usr/bin/python3"
 BENCH_BIN = os.path.join(OUT, "alloc_bench")
+UNWIND_BIN = os.path.join(OUT, "unwind_bench")
 
 # Environment shared by every run of every tracer (deterministic programs).
 BASE_ENV = {"LC_ALL": "C", "PYTHONHASHSEED": "0"}
@@ -636,6 +637,104 @@ def bench_shrink(runs, dirs, quick, have_heaptrack):
     return res
 
 
+def build_unwind_bench():
+    """bench/unwind_bench.c: the chain and the tree without frame pointers, the chain again
+    with them, mmleak-unwind.c with the library's flags.  libunwind is linked in statically
+    (its libunwind.a is not PIC: a non-PIE binary) when libunwind-dev is installed; glibc's
+    backtrace() is then still taken from libc itself (libunwind defines one too).
+    Returns (built, with_libunwind, error)."""
+    cc = os.environ.get("CC", "cc")
+    odir = os.path.join(OUT, "unwind-obj")
+    os.makedirs(odir, exist_ok=True)
+    lib_flags = ["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fPIC", "-fvisibility=hidden",
+                 "-fexceptions", "-fno-omit-frame-pointer", "-O2", "-g"]
+    parts = [("unwind.o", os.path.join(ROOT, "mmleak-unwind.c"), lib_flags),
+             ("chain_nofp.o", os.path.join(HERE, "unwind_chain.c"),
+              ["-O2", "-g", "-fomit-frame-pointer", "-DCHAIN=chain_nofp"]),
+             ("chain_fp.o", os.path.join(HERE, "unwind_chain.c"),
+              ["-O2", "-g", "-fno-omit-frame-pointer", "-DCHAIN=chain_fp"]),
+             ("tree.o", os.path.join(HERE, "unwind_tree.c"), ["-O2", "-g", "-fomit-frame-pointer"])]
+    objs = []
+    for name, src, flags in parts:
+        o = os.path.join(odir, name)
+        r = subprocess.run([cc] + flags + ["-c", "-o", o, src], capture_output=True, text=True)
+        if r.returncode != 0:
+            return False, False, "%s: %s" % (name, one_line(r.stderr))
+        objs.append(o)
+    main = [cc, "-O2", "-g", "-fno-omit-frame-pointer", "-o", UNWIND_BIN,
+            os.path.join(HERE, "unwind_bench.c")] + objs
+    for extra, with_lu in ((["-DHAVE_LIBUNWIND", "-no-pie", "-Wl,-Bstatic", "-lunwind",
+                             "-Wl,-Bdynamic", "-llzma", "-ldl"], True),
+                           (["-DHAVE_LIBUNWIND", "-no-pie", "-Wl,-Bstatic", "-lunwind",
+                             "-Wl,-Bdynamic", "-ldl"], True),
+                           (["-ldl"], False)):
+        r = subprocess.run(main + extra, capture_output=True, text=True)
+        if r.returncode == 0:
+            return True, with_lu, None
+    return False, False, one_line(r.stderr)
+
+
+UNWIND_RE = re.compile(r'^(chain12|tree) method="([^"]+)" run=(\d+) ns=(-?[0-9.]+)(?: frames=([0-9.]+))?')
+
+
+def bench_unwind(runs):
+    """(e) the stack unwinder alone: ns per capture, medians of RUNS runs (interleaved)."""
+    res = {"loadavg_start": os.getloadavg()}
+    built, with_lu, err = build_unwind_bench()
+    if not built:
+        res["error"] = "build failed: " + err
+        return res
+    res["libunwind"] = with_lu
+    log("unwind: bench/unwind_bench %d%s" % (runs, "" if with_lu else " (libunwind-dev not installed)"))
+    r = subprocess.run([UNWIND_BIN, str(runs)], capture_output=True, text=True,
+                       env=dict(os.environ, **BASE_ENV))
+    if r.returncode != 0:
+        res["error"] = "exit status %d: %s" % (r.returncode, one_line(r.stderr))
+        return res
+    vals, frames = {}, {}
+    for line in r.stdout.splitlines():
+        m = UNWIND_RE.match(line)
+        if m:
+            key = (m.group(1), m.group(2))
+            vals.setdefault(key, []).append(float(m.group(4)))
+            if m.group(5):
+                frames[key] = float(m.group(5))
+        m = re.match(r"tree paths=(\d+) distinct_return_addresses=(\d+)", line)
+        if m:
+            res["tree_paths"], res["tree_distinct"] = int(m.group(1)), int(m.group(2))
+    res["rows"] = [dict(case=c, method=meth, ns=med(v), runs=v, spread_pct=spread(v),
+                        frames=frames.get((c, meth))) for (c, meth), v in vals.items()]
+    res["loadavg_end"] = os.getloadavg()
+    return res
+
+
+def print_unwind(u):
+    print("unwind: ns per stack capture (bench/unwind_bench.c), median of the runs; load average "
+          "%.2f at the start, %.2f at the end" % (u["loadavg_start"][0],
+                                                   (u.get("loadavg_end") or u["loadavg_start"])[0]))
+    if u.get("error"):
+        print("  " + u["error"])
+        return
+    for case, title in (("chain12", "16 frames at the bottom of a 12-deep chain (-O2 -fomit-frame-pointer), "
+                                    "warm, the same stack again and again:"),
+                        ("tree", "%s distinct call paths 8-20 deep (%s distinct return addresses), one "
+                                 "capture of at most 16 frames per path and pass:"
+                         % (u.get("tree_paths", "?"), u.get("tree_distinct", "?")))):
+        print("  " + title)
+        for r in u["rows"]:
+            if r["case"] != case:
+                continue
+            per = ("%7.1f ns/frame" % (r["ns"] / r["frames"])) if r.get("frames") else " " * 15
+            print("    %-28s %9.1f ns %s  +-%s%%" % (r["method"], r["ns"], per,
+                                                     f(r["spread_pct"], "%.0f")))
+    if not u.get("libunwind"):
+        print("  (libunwind: libunwind-dev not installed)")
+    print("  frame-pointer walk: on a copy of the chain built with frame pointers (wrong where a "
+          "frame has none, e.g. in Debian's libc);")
+    print("  tree: the cost of the descent itself (an empty capture) is subtracted; \"cold\" is "
+          "the first pass after emptying mmleak-unwind's cache.")
+
+
 # ------------------------------------------------------------------------------------------
 # Machine description and output
 # ------------------------------------------------------------------------------------------
@@ -725,7 +824,8 @@ def main():
     ap.add_argument("--runs", type=int, default=None, help="runs per measurement (default 5, --quick 2)")
     ap.add_argument("--only", action="append", default=[],
                     help="run only this group: a workload name (startup, alloc -t1, alloc -t2, python, "
-                         "sqlite3, perl; 'alloc' matches both), 'depth' or 'shrink'; repeatable")
+                         "sqlite3, perl; 'alloc' matches both), 'depth', 'shrink' or 'unwind'; "
+                         "repeatable")
     ap.add_argument("--dir", default="/var/tmp/mmleak-bench",
                     help="scratch directory on the real disk for dumps and inputs "
                          "(default /var/tmp/mmleak-bench; removed at the end)")
@@ -736,7 +836,7 @@ def main():
     LIB = os.path.abspath(args.lib)
     runs = args.runs or (2 if args.quick else 5)
 
-    names = [w.name for w in workloads(args.quick)] + ["alloc", "depth", "shrink"]
+    names = [w.name for w in workloads(args.quick)] + ["alloc", "depth", "shrink", "unwind"]
     for o in args.only:
         if o not in names:
             sys.exit("bench: --only %r: not one of %s" % (o, ", ".join(names)))
@@ -769,7 +869,7 @@ def main():
     tracers = [t for t in tracers_all if t.installed()]
     missing = [t.name for t in tracers_all if not t.installed()]
     t_start = time.time()
-    rows, depth_summary, shrink = [], None, None
+    rows, depth_summary, shrink, unwind = [], None, None, None
     try:
         for w in workloads(args.quick):
             if not wanted(w.name):
@@ -785,6 +885,8 @@ def main():
             rows += drows
         if wanted("shrink"):
             shrink = bench_shrink(runs, dirs, args.quick, "heaptrack" not in missing)
+        if wanted("unwind"):
+            unwind = bench_unwind(runs)
     finally:
         for d in ("dump", "input", "scratch", "shrink"):
             shutil.rmtree(os.path.join(root, d), ignore_errors=True)
@@ -874,10 +976,14 @@ def main():
             target = 10e6
             print("  target >= 10 M events/s: %s" % (
                 "met" if shrink["direct_events_per_s"] >= target else "not met"))
+    if unwind is not None:
+        print()
+        print_unwind(unwind)
     print()
     print("(%.0f s in all)" % elapsed)
     with open(args.json, "w") as fj:
         json.dump(dict(machine=mach, runs=runs, quick=args.quick, rows=rows, depth=depth_summary,
+                       unwind=unwind,
                        shrink=shrink, elapsed_s=elapsed, generated=time.strftime("%Y-%m-%dT%H:%M:%S%z")),
                   fj, indent=1, default=str)
     log("results written to %s" % os.path.relpath(args.json))

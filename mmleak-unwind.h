@@ -1,0 +1,79 @@
+/* mmleak-unwind.h: the stack unwinder of mmleak.so (internal API, x86-64 Linux, glibc >= 2.35).
+ *
+ * It returns the return addresses of the calling thread's stack, like backtrace(), but caches
+ * one compact rule per return address (how to find the caller's frame), so a warm walk costs a
+ * few nanoseconds per frame.  The rule of an address is computed once from the object's DWARF
+ * CFI (.eh_frame_hdr found with _dl_find_object, then the CIE/FDE program); the cache is shared
+ * by all threads, lock-free, and a racing or torn entry can only be a miss.
+ *
+ * Every function is async-signal-safe and never calls malloc.  A walk never faults: each stack
+ * read is checked against the bounds of the stack it walks (see mmleak-unwind.c for how they
+ * are found), and the walk STOPS (it never guesses) at a frame without CFI (JIT code, asm
+ * without .cfi directives), at a rule it cannot express (CFA in a register other than rsp/rbp,
+ * unknown DWARF expressions), at the outermost frame (_start, clone3: return address
+ * undefined) and at a return address of 0.  Signal frames (glibc's __restore_rt) are followed
+ * into the interrupted code, as backtrace() does.
+ *
+ * out[0] is always the start address; out[1..] the return addresses of the callers (raw: the
+ * caller subtracts 1 if it wants an address inside the call instruction), except after a
+ * signal frame, where the entry is the interrupted pc itself.  The result is the same list as
+ * glibc's backtrace() called at the same point (tests/test_unwind.py checks this), except
+ * where libgcc finds unwind information this walk does not use: FDEs registered at run time
+ * (__register_frame, JIT compilers) and signal trampolines without CFI (libgcc recognises
+ * the code of a sigreturn call): this walk stops at such a frame. */
+#ifndef MMLEAK_UNWIND_H
+#define MMLEAK_UNWIND_H
+
+#include <stdint.h>
+
+/* Walk from a frame state: ip is a return address (a pc just after a call instruction), sp the
+ * stack pointer the frame of ip has after that call returned (the CFA of the callee), bp its
+ * rbp at that point.  Writes at most max entries to out and returns how many (>= 1 when
+ * max >= 1).  In a function compiled with frame pointers (push rbp; mov rsp,rbp), for its
+ * caller's frame:
+ *     ip = (uintptr_t)__builtin_return_address(0)
+ *     sp = (uintptr_t)__builtin_frame_address(0) + 16
+ *     bp = *(uintptr_t *)__builtin_frame_address(0)
+ * (MML_UNWIND_CALLER below). */
+int mml_unwind(uintptr_t ip, uintptr_t sp, uintptr_t bp, uintptr_t *out, int max);
+
+/* The same from an exact pc (the next instruction to run, as in a ucontext after a signal):
+ * its rule is looked up at pc itself, not at pc - 1. */
+int mml_unwind_exact(uintptr_t pc, uintptr_t sp, uintptr_t bp, uintptr_t *out, int max);
+
+/* Convenience for code compiled with frame pointers (mmleak.so): follows the frame-pointer
+ * chain of the calling function and its callers (at most 16 frames, bounds-checked) up to the
+ * frame whose return address is ra (the return address of the interposed entry point, i.e.
+ * __builtin_return_address(0) there), then walks on from ra as mml_unwind() does.  If no such
+ * frame is found, out[0] = ra and it returns 1. */
+int mml_unwind_from_ra(const void *ra, uintptr_t *out, int max);
+
+#define MML_UNWIND_CALLER(out, max)                                                           \
+    mml_unwind((uintptr_t)__builtin_return_address(0),                                       \
+               (uintptr_t)__builtin_frame_address(0) + 16,                                   \
+               *(uintptr_t *)__builtin_frame_address(0), (out), (max))
+
+/* Per thread, optional: learn the calling thread's stack bounds now (else the first walk of the
+ * thread does it).  Async-signal-safe, no malloc: a few system calls (sigaltstack, getpid,
+ * process_vm_readv; the first call in the process also reads /proc/self/status once, and
+ * /proc/self/maps is read instead of process_vm_readv under a seccomp filter), about 5 us.
+ * Best called early in the thread's life, on its own stack (the bounds are probed from the
+ * current stack pointer up, so a shallow call probes fewer pages).
+ *
+ * Stack use: a walk that computes a rule or learns bounds needs about 1 KiB of stack below
+ * its caller; a walk from the cache, about 200 bytes. */
+void mml_unwind_thread_init(void);
+
+/* dlclose: call begin before the real dlclose and end after it returns (also when it fails).
+ * Between the two, walks bypass the cache; end empties it, so no rule of an unloaded object
+ * survives for another object later mapped at the same address.  Calls may nest and overlap
+ * between threads. */
+void mml_unwind_dlclose_begin(void);
+void mml_unwind_dlclose_end(void);
+
+/* In the child of fork(), from an atfork child handler: if another thread of the parent was
+ * inside dlclose (between begin and end: that never ends in the child), forgets it and
+ * empties the cache.  Otherwise nothing to do (the child has the parent's mappings). */
+void mml_unwind_fork_child(void);
+
+#endif

@@ -25,7 +25,6 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
-#include <execinfo.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <link.h>
@@ -44,6 +43,7 @@
 #include <unistd.h>
 
 #include "mmleak.h"
+#include "mmleak-unwind.h"
 
 extern int renameat(int, const char *, int, const char *); /* <stdio.h> is not wanted here */
 
@@ -1173,10 +1173,6 @@ COLD static void global_init(void)
             if (!pthread_key_create(&g_key, thread_exit))
                 g_key_ok = 1;
             pthread_atfork(fork_prepare, fork_parent, fork_child);
-            if (cfg.depth != 1) { /* the first backtrace() loads libgcc_s: do it now */
-                void *b[4];
-                backtrace(b, 4);
-            }
             hooks_init();
             if (env_num("MMLEAK_PAUSED", 0, 0, 1)) {
                 g_state = 2;    /* preloaded, paused: until mmleak.py attach */
@@ -1742,6 +1738,7 @@ static int make_room(struct tstate *t, size_t need)
         return -1;
     }
     if (!t->open) {
+        mml_unwind_thread_init();   /* its stack's bounds, while we are near its top */
         if (unpark(t) && file_open(t, 0)) {
             int err = errno;
             if (anon_open(t)) {
@@ -2068,13 +2065,11 @@ static int capture(const void *ra, uintptr_t *f)
         return 1;
     if (want == 0 && !(cls & MML_SITE_PASS))
         return 1;
-    void *bt[MAXDEPTH + 8];
+    uintptr_t bt[MAXDEPTH];
     int max = want ? want : MAXDEPTH;
-    int k = backtrace(bt, max + 6 < MAXDEPTH + 8 ? max + 6 : MAXDEPTH + 8), i = 0;
-    while (i < k && bt[i] != ra)
-        i++;
-    if (i == k)
-        return 1;
+    /* mmleak-unwind.c: the frame-pointer chain of our own frames up to ra, then the cached
+     * CFI rules of the program's frames (bt[0] == ra) */
+    int k = mml_unwind_from_ra(ra, bt, max), i = 0;
     int n = 1, program_at = -1;
     for (int j = i + 1; j < k && n < max; j++) {
         f[n] = (uintptr_t)bt[j];
@@ -2221,6 +2216,7 @@ static void fork_child(void)
         return;     /* done already: the raw-fork check ran before the atfork handler */
     pthread_mutex_init(&g_lock, NULL);
     mml_sites_after_fork();
+    mml_unwind_fork_child();
     int saved = errno;
     T.guard++;
     for (size_t i = 0; i < R.n; i++)
@@ -2553,7 +2549,9 @@ EXPORT int dlclose(void *h)
             mml_got_forget_object((uintptr_t)fo.dlfo_map_start, (uintptr_t)fo.dlfo_map_end);
         }
     }
+    mml_unwind_dlclose_begin();
     int rc = real.dlclose(h);
+    mml_unwind_dlclose_end();   /* no cached rule of the unloaded code survives */
     if (tracing) {
         atomic_fetch_add(&g_epoch, 1);
         mml_sites_forget();   /* other code may come at the same addresses */
@@ -3096,10 +3094,6 @@ EXPORT int mmleak_attach(const char *args)
             g_key_ok = 1;
         pthread_atfork(fork_prepare, fork_parent, fork_child);
         hooks_init();
-    }
-    if (cfg.depth != 1) {
-        void *b[4];
-        backtrace(b, 4);
     }
     g_trace_gen++;
     g_cycle++;

@@ -1,9 +1,11 @@
 #!/usr/bin/python3
 """mmleak-install.py: run a systemd service under the mmleak leak tracer, and undo it.
 
-It writes one drop-in, /etc/systemd/system/UNIT.d/mmleak.conf, that sets LD_PRELOAD and
-MMLEAK_DIR (and MMLEAK_DEPTH) for the service; it never restarts the service itself.
-Python 3 standard library only.
+It writes one drop-in, /etc/systemd/system/UNIT.d/mmleak.conf, that sets LD_PRELOAD,
+MMLEAK_DIR, MMLEAK_ROTATE_MB (and MMLEAK_DEPTH) for the service and Wants= its companion,
+/etc/systemd/system/mmleak-compact-UNIT.service, which runs `mmleak.py compact --follow
+--forever DIR` as the service's user while the service runs; it never starts, stops or
+restarts a service itself. Python 3 standard library only.
 """
 import argparse
 import collections
@@ -26,6 +28,13 @@ sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 PROG = "mmleak-install.py"
 DROPIN_NAME = "mmleak.conf"
 LIB_DEST = "/usr/local/lib/mmleak/mmleak.so"
+PY_DEST = "/usr/local/lib/mmleak/mmleak.py"    # what the companion runs, next to the library
+PYTHON = "/usr/bin/python3"
+COMPANION_DIR = "/etc/systemd/system"
+COMPANION_PREFIX = "mmleak-compact-"
+ROTATE_MB = 8           # MMLEAK_ROTATE_MB for a traced service (mmleak.COMPACT_ROTATE_MB)
+ROTATE_MAX = 1 << 20    # mmleak.so's upper bound for MMLEAK_ROTATE_MB
+ENV_KEYS = ("LD_PRELOAD", "MMLEAK_DIR", "MMLEAK_DEPTH", "MMLEAK_ROTATE_MB")
 DEFAULT_DIR = "/var/lib/mmleak"
 MARKER = "# Written by mmleak-install.py"
 STATE_KEY = "# mmleak-install: dropin-dir-created="
@@ -122,6 +131,77 @@ def expand_specifiers(s, unit, instance):
     table = {"n": unit, "N": unit.rsplit(".", 1)[0], "p": prefix, "P": unescape_name(prefix),
              "i": instance or "", "I": unescape_name(instance or ""), "%": "%"}
     return re.sub(r"%(.)", lambda m: table.get(m.group(1), m.group(0)), s)
+
+
+def companion_name(unit):
+    """The compactor unit of UNIT: mmleak-compact-NAME.service (NAME: UNIT without .service;
+    a template instance keeps its '@', so foo@bar.service gets mmleak-compact-foo@bar.service,
+    a unit file for that one instance)."""
+    name = COMPANION_PREFIX + unit.name[:-len(".service")] + ".service"
+    if len(name) > 255:
+        raise Fail(EXIT_INPUT, "unit name %s is too long: its compactor %s would exceed the 255 "
+                               "characters systemd allows" % (unit.name, name))
+    return name
+
+
+def siphash24(data, key):
+    """SipHash-2-4 of DATA (bytes) with the 16-byte KEY, as a 64-bit integer."""
+    mask = (1 << 64) - 1
+
+    def rotl(x, b):
+        return ((x << b) | (x >> (64 - b))) & mask
+
+    k0, k1 = struct.unpack("<QQ", key)
+    v = [k0 ^ 0x736f6d6570736575, k1 ^ 0x646f72616e646f6d,
+         k0 ^ 0x6c7967656e657261, k1 ^ 0x7465646279746573]
+
+    def rounds(n):
+        for _ in range(n):
+            v[0] = (v[0] + v[1]) & mask
+            v[1] = rotl(v[1], 13) ^ v[0]
+            v[0] = rotl(v[0], 32)
+            v[2] = (v[2] + v[3]) & mask
+            v[3] = rotl(v[3], 16) ^ v[2]
+            v[0] = (v[0] + v[3]) & mask
+            v[3] = rotl(v[3], 21) ^ v[0]
+            v[2] = (v[2] + v[1]) & mask
+            v[1] = rotl(v[1], 17) ^ v[2]
+            v[2] = rotl(v[2], 32)
+
+    full = len(data) - len(data) % 8
+    for i in range(0, full, 8):
+        m, = struct.unpack_from("<Q", data, i)
+        v[3] ^= m
+        rounds(2)
+        v[0] ^= m
+    last = (len(data) & 0xff) << 56
+    for i, c in enumerate(data[full:]):
+        last |= c << (8 * i)
+    v[3] ^= last
+    rounds(2)
+    v[0] ^= last
+    v[2] ^= 0xff
+    rounds(4)
+    return v[0] ^ v[1] ^ v[2] ^ v[3]
+
+
+# systemd's key for the name of a dynamic user whose unit name is not a valid user name
+# (src/core/unit.c, user_from_unit_name()).
+DYNAMIC_USER_KEY = bytes([0x58, 0x1a, 0xaf, 0xe6, 0x28, 0x58, 0x4e, 0x96,
+                          0xb4, 0x4e, 0xf5, 0x3b, 0x8c, 0x92, 0x07, 0xec])
+
+
+def dynamic_user_name(unit, user):
+    """The user name systemd gives a DynamicUser=yes service: its User= if set, else the unit
+    name's prefix (before '@' or the suffix) when it is a valid user name (letters, digits, _
+    and -, not starting with a digit or -, at most 31 characters), else _du + a hash of it.
+    A unit with DynamicUser=yes and the same User= shares that user (and its uid)."""
+    if user:
+        return user
+    prefix = unit.name.split("@")[0] if "@" in unit.name else unit.name.rsplit(".", 1)[0]
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]{0,30}", prefix):
+        return prefix
+    return "_du%016x" % siphash24(prefix.encode("utf-8", "surrogateescape"), DYNAMIC_USER_KEY)
 
 
 def has_control(s):
@@ -388,7 +468,7 @@ class Unit:
                         s["env"][k] = expand_specifiers(v, self.name, self.instance)
                         s["env_raw"][k] = v
                         s["env_src"][k] = path
-                        if later and k in ("LD_PRELOAD", "MMLEAK_DIR", "MMLEAK_DEPTH"):
+                        if later and k in ENV_KEYS:
                             s["later"].append((path, k))
                 elif key in ("ExecStart", "ReadWritePaths", "StateDirectory", "EnvironmentFile",
                              "SupplementaryGroups", "UnsetEnvironment"):
@@ -925,6 +1005,19 @@ def find_lib(args, root):
     return lib
 
 
+def find_py():
+    """(the mmleak.py the companion will run, copied to PY_DEST; its COMPACT_ROTATE_MB)."""
+    here = os.path.dirname(os.path.realpath(__file__))
+    try:
+        mod = sys.modules.get("mmleak") or import_mmleak()
+    except Exception as e:  # noqa: BLE001 - any import failure is an environment error
+        raise Fail(EXIT_ENV, "cannot import mmleak.py from %s: %s" % (here, e))
+    path = os.path.realpath(getattr(mod, "__file__", None) or here + "/mmleak.py")
+    if not path.endswith(".py") or not os.path.isfile(path):
+        raise Fail(EXIT_ENV, "mmleak.py not found next to %s (the compactor runs it)" % PROG)
+    return path, getattr(mod, "COMPACT_ROTATE_MB", ROTATE_MB)
+
+
 def read_ours(root, path):
     """Content of our drop-in if present: (text, written_by_us, dir_created)."""
     host = root.host(path, last=False)
@@ -937,24 +1030,110 @@ def read_ours(root, path):
     return text, ours, created
 
 
-def render_dropin(unit, lib_raw, ddir, depth, rwp, created):
+def render_dropin(unit, lib_raw, ddir, depth, rotate, rwp, created, companion):
     """The drop-in. LIB_RAW is the LD_PRELOAD value as written in unit files (specifiers
     kept: systemd expands them); DDIR is literal."""
     lines = [
         MARKER + ": run %s under the mmleak leak tracer." % unit.name,
         "# Undo: mmleak-install.py uninstall %s, then systemctl restart %s" % (unit.name,
                                                                               unit.name),
-        "# (or delete this file, run systemctl daemon-reload, and restart the service).",
-        "# Kept on uninstall: the library %s, the dumps in %s." % (LIB_DEST, ddir),
+        "# (or delete this file and %s/%s, run systemctl daemon-reload, and restart the "
+        "service)." % (COMPANION_DIR, companion),
+        "# Kept on uninstall: the library %s, %s, the dumps in %s." % (LIB_DEST, PY_DEST, ddir),
         STATE_KEY + ("yes" if created else "no"),
+        "[Unit]",
+        "Wants=%s" % companion,
         "[Service]",
         "Environment=%s" % quote_env("LD_PRELOAD=" + lib_raw, percent=False),
         "Environment=%s" % quote_env("MMLEAK_DIR=" + ddir),
+        "Environment=MMLEAK_ROTATE_MB=%d" % rotate,
     ]
     if depth is not None:
         lines.append("Environment=%s" % quote_env("MMLEAK_DEPTH=%d" % depth))
     if rwp:
         lines.append("ReadWritePaths=%s" % quote_path(ddir))
+    return "\n".join(lines) + "\n"
+
+
+# The companion's sandbox: it reads and deletes files in DDIR, writes mmleak.ID.compact,
+# .series and .lock there, reads /proc/PID/stat of the traced process, and nothing else.
+COMPANION_SANDBOX = """\
+NoNewPrivileges=yes
+PrivateTmp=yes
+PrivateDevices=yes
+PrivateNetwork=yes
+ProtectSystem=strict
+ProtectHome={home}
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+RestrictAddressFamilies=AF_UNIX
+RestrictNamespaces=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+LockPersonality=yes
+MemoryDenyWriteExecute=yes
+SystemCallArchitectures=native
+SystemCallFilter=@system-service
+SystemCallErrorNumber=EPERM
+CapabilityBoundingSet={caps}"""
+
+
+def describe_cred(cred):
+    if cred["dynamic"]:
+        return "the dynamic user %s (shared with the service)" % cred["user"]
+    if cred["user"] is None:
+        return "root (as the service)"
+    return "%s:%s" % (cred["user"], cred["group"])
+
+
+def render_companion(unit, ddir, cred):
+    """The companion unit of UNIT: `mmleak.py compact --follow --forever DDIR` as CRED, a dict:
+    user, group (None: root, or the dynamic user's default), dynamic (bool), statedir (a
+    StateDirectory= entry holding DDIR, for a dynamic user, or None)."""
+    home = "read-only" if any(under(ddir, h) for h in ("/home", "/root", "/run/user")) \
+        else "yes"
+    root = cred["user"] is None
+    lines = [
+        MARKER + ": the compactor of %s's mmleak dumps." % unit.name,
+        "# Every second it folds the complete dump files in %s into" % ddir,
+        "# mmleak.ID.compact and deletes them, so disk use stays bounded by the live set.",
+        "# %s's drop-in mmleak.conf Wants= it: it starts with the service; BindsTo= and" % (
+            unit.name),
+        "# Before=: it stops after the service has stopped, with one last pass (SIGTERM).",
+        "# Undo: mmleak-install.py uninstall %s (removes this file too)." % unit.name,
+        "[Unit]",
+        "Description=mmleak compactor for %s" % unit.name,
+        "BindsTo=%s" % unit.name,
+        "Before=%s" % unit.name,
+        "StartLimitIntervalSec=1min",
+        "StartLimitBurst=5",
+        "",
+        "[Service]",
+    ]
+    if cred["dynamic"]:
+        lines.append("DynamicUser=yes")
+    if not root:
+        lines.append("User=%s" % cred["user"])
+    if cred["group"] is not None:
+        lines.append("Group=%s" % cred["group"])
+    lines += [
+        "Environment=%s" % quote_env("MMLEAK_DIR=" + ddir),
+        "ExecStart=%s %s compact --follow --forever --verbose ${MMLEAK_DIR}" % (PYTHON, PY_DEST),
+        "Restart=on-failure",
+        "RestartSec=5s",
+        "TimeoutStopSec=5min",
+        "UMask=0077",
+    ]
+    lines += COMPANION_SANDBOX.format(
+        home=home, caps="CAP_DAC_OVERRIDE CAP_FOWNER" if root else "").split("\n")
+    if cred["statedir"]:
+        lines.append("StateDirectory=%s" % quote_path(cred["statedir"]))
+    else:
+        lines.append("ReadWritePaths=-%s" % quote_path(ddir))
     return "\n".join(lines) + "\n"
 
 
@@ -997,6 +1176,9 @@ def cmd_install(args):
     if ddir.startswith("//"):
         ddir = "/" + ddir.lstrip("/")
     src = find_lib(args, root)
+    py_src, rotate_default = find_py()
+    rotate = args.rotate_mb if args.rotate_mb is not None else rotate_default
+    cname = companion_name(unit)
     s = unit.evaluate()
     warnings, notes = [], []
     dyn = parse_bool(s["DynamicUser"] or "no")
@@ -1041,13 +1223,19 @@ def cmd_install(args):
         notes.append("%s has MemoryDenyWriteExecute=yes: this is compatible, mmleak needs no "
                      "writable+executable memory" % unit.name)
     if s["RootDirectory"] or s["RootImage"]:
-        warnings.append("%s has RootDirectory=/RootImage=: %s and %s must exist inside it"
-                        % (unit.name, LIB_DEST, ddir))
+        warnings.append("%s has RootDirectory=/RootImage=: %s and %s must exist inside it, "
+                        "and %s compacts %s outside it"
+                        % (unit.name, LIB_DEST, ddir, cname, ddir))
+    if not os.access(root.host(PYTHON), os.X_OK):
+        warnings.append("%s not found%s: %s cannot start, the dump files of %s will not be "
+                        "compacted; install python3" % (
+                            PYTHON, " under %s" % root.top if root.top != "/" else "", cname,
+                            unit.name))
     check_execstart(root, unit, s, warnings)
     for path, what in s["later"]:
         warnings.append("%s sorts after %s and sets %s, which overrides mmleak's setting; "
                         "merge it by hand" % (path, DROPIN_NAME, what))
-    for name in ("LD_PRELOAD", "MMLEAK_DIR", "MMLEAK_DEPTH"):
+    for name in ENV_KEYS:
         if name in s["unset"]:
             warnings.append("%s has UnsetEnvironment=%s, which removes mmleak's setting; "
                             "remove it while tracing" % (unit.name, name))
@@ -1073,6 +1261,25 @@ def cmd_install(args):
 
     lib_raw, lib_value = merge_preload(unit, s, notes)
 
+    # The companion runs as the service's user: it must read and delete the dumps, and be no
+    # more than the service is. A dynamic user is shared by name (systemd allocates one uid
+    # per name, for all the units that use it), and reaches its StateDirectory= the same way.
+    if dyn:
+        sd = next((d.split(":")[0] for d in s["statedir"]
+                   if under(ddir, "/var/lib/" + d.split(":")[0])), None)
+        cred = {"user": dynamic_user_name(unit, s["User"]), "group": s["Group"],
+                "dynamic": True, "statedir": sd}
+    elif who.uid == 0:
+        cred = {"user": None, "group": None, "dynamic": False, "statedir": None}
+    else:
+        cred = {"user": who.user, "group": who.group, "dynamic": False, "statedir": None}
+    ctext = render_companion(unit, ddir, cred)
+    cpath = COMPANION_DIR + "/" + cname
+    cold, cours, _ = read_ours(root, cpath)
+    if cold is not None and not cours:
+        raise Fail(EXIT_INPUT, "%s exists and was not written by %s; not touching it"
+                   % (cpath, PROG))
+
     dpath = dropin_path(unit)
     ddir_dropin = os.path.dirname(dpath)
     old, ours, was_created = read_ours(root, dpath)
@@ -1081,7 +1288,8 @@ def cmd_install(args):
                    % (dpath, PROG))
     create_dropin_dir = not os.path.isdir(root.host(ddir_dropin))
     created_flag = was_created if old is not None else create_dropin_dir
-    text = render_dropin(unit, lib_raw, ddir, args.depth, need_rwp, created_flag)
+    text = render_dropin(unit, lib_raw, ddir, args.depth, rotate, need_rwp, created_flag,
+                         cname)
 
     # Plan.
     plan = []
@@ -1095,7 +1303,17 @@ def cmd_install(args):
     else:
         for d in lib_dirs:
             plan.append(("mkdir", d, 0o755, None))
+        lib_dirs = []
         plan.append(("copy", src, LIB_DEST))
+    py_host = root.host(PY_DEST)
+    if os.path.realpath(py_src) == os.path.realpath(py_host):
+        pass
+    elif os.path.isfile(py_host) and same_content(py_src, py_host):
+        plan.append(("keep", "%s is up to date" % PY_DEST))
+    else:
+        for d in lib_dirs:
+            plan.append(("mkdir", d, 0o755, None))
+        plan.append(("copy", py_src, PY_DEST))
     if dyn and in_statedir:
         notes.append("%s is under StateDirectory=; systemd creates it for the dynamic user"
                      % ddir)
@@ -1104,9 +1322,17 @@ def cmd_install(args):
         plan.append(("mkdir", d, 0o700 if d == ddir else 0o755, owner if d == ddir else None))
     if not dirs_dump and not dump_steps and not (dyn and in_statedir):
         plan.append(("keep", "dump directory %s exists" % ddir))
+    # the companion first: the drop-in's Wants= never names a unit that does not exist
+    for d in missing_dirs(root, COMPANION_DIR):
+        plan.append(("mkdir", d, 0o755, None))
+    if cold == ctext:
+        plan.append(("keep", "companion %s is up to date" % cpath))
+    else:
+        plan.append(("write", cpath, ctext, "update" if cold is not None else "write"))
     if create_dropin_dir:
         for d in missing_dirs(root, ddir_dropin):
-            plan.append(("mkdir", d, 0o755, None))
+            if d not in missing_dirs(root, COMPANION_DIR):
+                plan.append(("mkdir", d, 0o755, None))
     if old == text:
         plan.append(("keep", "already installed: %s is up to date" % dpath))
     else:
@@ -1134,9 +1360,10 @@ def cmd_install(args):
     if args.dry_run:
         out.write("dry run: nothing changed%s.\n" % (
             " (root %s)" % root.top if args.root is not None else ""))
-        out.write("drop-in %s:\n" % dpath)
-        for line in text.splitlines():
-            out.write("    " + line + "\n")
+        for what, path, body in (("drop-in", dpath, text), ("companion", cpath, ctext)):
+            out.write("%s %s:\n" % (what, path))
+            for line in body.splitlines():
+                out.write(("    " + line).rstrip(" ") + "\n")
         out.write("actions:\n")
         for step in plan:
             out.write("  " + describe(step) + "\n")
@@ -1170,14 +1397,17 @@ def cmd_install(args):
                          % (step[1], step[3][2], step[3][3]))
                 os.chmod(h, step[2])
             elif step[0] == "copy":
-                existed = os.path.exists(lib_host)
-                atomic_copy(step[1], root.host(os.path.dirname(LIB_DEST)) + "/" +
-                            os.path.basename(LIB_DEST), 0o644)
+                h = root.host(os.path.dirname(step[2])) + "/" + os.path.basename(step[2])
+                existed = os.path.exists(h)
+                atomic_copy(step[1], h, 0o644)
                 if not existed:
-                    done_undo.append(("unlink", lib_host))
+                    done_undo.append(("unlink", h))
             elif step[0] == "write":
-                h = root.host(os.path.dirname(dpath)) + "/" + DROPIN_NAME
-                atomic_write(h, text.encode("utf-8", "surrogateescape"), 0o644)
+                h = root.host(os.path.dirname(step[1])) + "/" + os.path.basename(step[1])
+                existed = os.path.lexists(h)
+                atomic_write(h, step[2].encode("utf-8", "surrogateescape"), 0o644)
+                if not existed:
+                    done_undo.append(("unlink", h))
             out.write(describe(step) + "\n")
     except OSError as e:
         for kind, h in reversed(done_undo):
@@ -1196,12 +1426,14 @@ def cmd_install(args):
     reload_line = reload_step(args, root, done)
     for d in done:
         out.write(d + "\n")
-    out.write("LD_PRELOAD=%s\nMMLEAK_DIR=%s\n" % (lib_value, ddir))
+    out.write("LD_PRELOAD=%s\nMMLEAK_DIR=%s\nMMLEAK_ROTATE_MB=%d\n" % (lib_value, ddir, rotate))
+    out.write("compactor: %s, as %s, starts and stops with %s\n"
+              % (cname, describe_cred(cred), unit.name))
     out.write("next steps:\n")
     if reload_line:
         out.write("  %s\n" % reload_line)
     q = shlex.quote
-    out.write("  systemctl restart %s\n" % q(unit.name))
+    out.write("  systemctl restart %s     # starts %s too\n" % (q(unit.name), q(cname)))
     out.write("  %s status %s\n" % (PROG, q(unit.name)))
     out.write("  mmleak.py report %s --pid $(systemctl show -p MainPID --value %s)\n"
               % (q(ddir), q(unit.name)))
@@ -1251,6 +1483,22 @@ def check_writable(root, unit, ddir):
              % (who.user, ddir, describe_st(root, st)))
 
 
+def systemd_running(root):
+    return root.top == "/" and os.path.isdir("/run/systemd/system")
+
+
+def unit_state(root, name):
+    """systemctl is-active NAME when systemd runs here (not with --root), else None."""
+    if not systemd_running(root):
+        return None
+    try:
+        r = subprocess.run(["systemctl", "is-active", name], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, universal_newlines=True)
+    except OSError:
+        return None
+    return r.stdout.strip() or None
+
+
 def cmd_status(args):
     root, unit = setup(args)
     dpath = dropin_path(unit)
@@ -1270,11 +1518,12 @@ def cmd_status(args):
         dpath, "" if ours else " (not written by %s)" % PROG))
     env, rwp = dropin_values(text, unit)
     eff = unit.evaluate(skip_ours=False)["env"]
-    for k in ("LD_PRELOAD", "MMLEAK_DIR", "MMLEAK_DEPTH"):
+    for k in ENV_KEYS:
         v = env.get(k)
-        shown = v if v is not None else ("(not set: default %s)" % (
-            "/tmp" if k == "MMLEAK_DIR" else "1") if k != "LD_PRELOAD" else "(not set)")
-        out.write("%-16s%s\n" % (k + ":", shown))
+        shown = v if v is not None else ("(not set: default %s)" % {
+            "MMLEAK_DIR": "/tmp", "MMLEAK_DEPTH": "auto", "MMLEAK_ROTATE_MB": "256"}[k]
+            if k != "LD_PRELOAD" else "(not set)")
+        out.write("%-16s%s\n" % (k + ":", shown) if len(k) < 15 else "%s: %s\n" % (k, shown))
         if v is not None and eff.get(k) != v:
             warn("%s is overridden by a later drop-in: the service gets %s=%s"
                  % (k, k, eff.get(k, "")))
@@ -1287,17 +1536,31 @@ def cmd_status(args):
         out.write("library:        %s: present, %d bytes\n" % (lib, os.path.getsize(lh)))
     else:
         out.write("library:        %s: MISSING (the service will start without it)\n" % lib)
+    cname = companion_name(unit)
+    cpath = COMPANION_DIR + "/" + cname
+    ctext, cours, _ = read_ours(root, cpath)
+    if ctext is None:
+        out.write("companion:      %s: absent (the dump files are not compacted; run install "
+                  "again)\n" % cpath)
+    else:
+        state = unit_state(root, cname)
+        out.write("companion:      %s: present%s%s\n" % (
+            cpath, "" if cours else " (not written by %s)" % PROG,
+            ", " + state if state else ""))
     ddir = env.get("MMLEAK_DIR", "/tmp")
     dh = root.host(ddir)
     try:
         st = os.stat(dh)
         names = sorted(n for n in os.listdir(dh)
-                       if n.startswith("mmleak.") and n.endswith((".out", ".maps")))
+                       if n.startswith("mmleak.") and n.endswith((".out", ".maps", ".compact")))
     except OSError as e:
         out.write("dump dir:       %s: %s\n" % (ddir, e.strerror))
         return EXIT_OK
-    out.write("dump dir:       %s: %s, %d dump file%s\n" % (
-        ddir, describe_st(root, st), len(names), "" if len(names) == 1 else "s"))
+    ndump = sum(1 for n in names if not n.endswith(".compact"))
+    ncomp = len(names) - ndump
+    out.write("dump dir:       %s: %s, %d dump file%s, %d compacted trace%s\n" % (
+        ddir, describe_st(root, st), ndump, "" if ndump == 1 else "s", ncomp,
+        "" if ncomp == 1 else "s"))
     total = 0
     for n in names:
         try:
@@ -1317,10 +1580,62 @@ def cmd_uninstall(args):
     root, unit = setup(args)
     dpath = dropin_path(unit)
     text, ours, created = read_ours(root, dpath)
+    cname = companion_name(unit)
+    cpath = COMPANION_DIR + "/" + cname
+    ctext, cours, _ = read_ours(root, cpath)
     out = sys.stdout
-    if text is None:
+    if text is None and not (ctext is not None and cours):
         out.write("not installed: %s does not exist; nothing to do\n" % dpath)
         return EXIT_OK
+    if text is not None and not ours:
+        raise Fail(EXIT_INPUT, "%s was not written by %s; not removing it" % (dpath, PROG))
+    env, _ = dropin_values(text or "", unit)
+    ddir = env.get("MMLEAK_DIR", DEFAULT_DIR + "/" + unit.name)
+    dd_host = root.host(os.path.dirname(dpath))
+    steps = []          # (description, function)
+    if text is not None:
+        steps.append(("remove %s" % dpath, lambda: os.unlink(dd_host + "/" + DROPIN_NAME)))
+        if created and os.listdir(dd_host) == [DROPIN_NAME]:
+            steps.append(("remove directory %s (created by install, now empty)"
+                          % os.path.dirname(dpath), lambda: os.rmdir(dd_host)))
+    if ctext is not None and not cours:
+        warn("%s was not written by %s; not removing it" % (cpath, PROG))
+    elif ctext is not None:
+        ch = root.host(COMPANION_DIR, last=True) + "/" + cname
+        steps.append(("remove %s" % cpath, lambda: os.unlink(ch)))
+    if args.dry_run:
+        out.write("dry run: nothing changed%s.\nactions:\n" % (
+            " (root %s)" % root.top if args.root is not None else ""))
+        for desc, _ in steps:
+            out.write("  " + desc + "\n")
+        out.write("  %s\n" % reload_step(args, root, []))
+        return EXIT_OK
+    if args.root is not None:
+        out.write("root: %s\n" % root.top)
+    for desc, fn in steps:
+        try:
+            fn()
+        except OSError as e:
+            raise Fail(EXIT_ENV, "%s: %s" % (e.filename or desc, e.strerror))
+        out.write(desc + "\n")
+    fsync_dir(dd_host)
+    fsync_dir(root.host(COMPANION_DIR))
+    done = []
+    reload_line = reload_step(args, root, done)
+    for d in done:
+        out.write(d + "\n")
+    out.write("kept: library %s, %s and dump directory %s (delete them by hand when no longer "
+              "needed: rm -r %s)\n" % (LIB_DEST, PY_DEST, ddir, shlex.quote(ddir)))
+    out.write("next steps:\n")
+    if reload_line:
+        out.write("  %s\n" % reload_line)
+    q = shlex.quote
+    out.write("  systemctl restart %s     # the running process is traced until then\n"
+              % q(unit.name))
+    if ctext is not None and cours:
+        out.write("  systemctl stop %s     # after the restart: its last pass folds the old "
+                  "process's dump files\n" % q(cname))
+    return EXIT_OK
     if not ours:
         raise Fail(EXIT_INPUT, "%s was not written by %s; not removing it" % (dpath, PROG))
     env, _ = dropin_values(text, unit)
@@ -1381,12 +1696,20 @@ def positive(v):
     return n
 
 
+def rotate_mb(v):
+    n = positive(v)
+    if n > ROTATE_MAX:
+        raise argparse.ArgumentTypeError("at most %d: %r" % (ROTATE_MAX, v))
+    return n
+
+
 def build_parser():
     fmt = argparse.RawDescriptionHelpFormatter
     p = Parser(prog=PROG, formatter_class=fmt, description=(
         "Make a systemd service run under the mmleak malloc leak tracer (LD_PRELOAD), show\n"
-        "the state, and undo it. It writes one drop-in,\n"
-        "/etc/systemd/system/UNIT.d/mmleak.conf, and never restarts the service itself.\n\n"
+        "the state, and undo it. It writes a drop-in, /etc/systemd/system/UNIT.d/mmleak.conf,\n"
+        "and a companion unit, /etc/systemd/system/mmleak-compact-NAME.service, that compacts\n"
+        "the dumps while the service runs; it never starts, stops or restarts a service.\n\n"
         "  %s install nfs-ganesha.service [--dir DIR] [--depth N]\n"
         "  systemctl restart nfs-ganesha\n"
         "  %s status nfs-ganesha.service\n"
@@ -1402,7 +1725,8 @@ def build_parser():
                                  "no daemon-reload")
         parser.add_argument("--dry-run", action="store_true",
                             default=False if default is None else argparse.SUPPRESS,
-                            help="print the drop-in and the list of actions; change nothing")
+                            help="print the drop-in, the companion unit and the list of "
+                                 "actions; change nothing")
         parser.add_argument("--no-reload", action="store_true",
                             default=False if default is None else argparse.SUPPRESS,
                             help="do not run systemctl daemon-reload (print a reminder instead)")
@@ -1416,6 +1740,8 @@ def build_parser():
         "Files touched (under --root DIR if given):\n"
         "  /usr/local/lib/mmleak/mmleak.so   the library, copied there atomically (mode 0644)\n"
         "                                    unless it already is that file\n"
+        "  /usr/local/lib/mmleak/mmleak.py   the mmleak.py next to this tool, likewise: what\n"
+        "                                    the companion runs\n"
         "  DIR (default /var/lib/mmleak/UNIT, in a root-owned /var/lib/mmleak, mode 0755)\n"
         "                                    dump directory, created mode 0700 and owned by the\n"
         "                                    unit's User=/Group= if missing; an existing one\n"
@@ -1426,16 +1752,27 @@ def build_parser():
         "                                    the drop-in, written atomically: Environment=\n"
         "                                    LD_PRELOAD (mmleak.so first, then the unit's own\n"
         "                                    LD_PRELOAD, such as an allocator, which mmleak\n"
-        "                                    then traces), MMLEAK_DIR, MMLEAK_DEPTH (with\n"
-        "                                    --depth), and ReadWritePaths=DIR when the unit's\n"
-        "                                    sandboxing (ProtectSystem=strict/full,\n"
-        "                                    ProtectHome=, DynamicUser=) would make DIR\n"
-        "                                    read-only\n"
+        "                                    then traces), MMLEAK_DIR, MMLEAK_ROTATE_MB (8, or\n"
+        "                                    --rotate-mb), MMLEAK_DEPTH (with --depth),\n"
+        "                                    ReadWritePaths=DIR when the unit's sandboxing\n"
+        "                                    (ProtectSystem=strict/full, ProtectHome=,\n"
+        "                                    DynamicUser=) would make DIR read-only, and\n"
+        "                                    [Unit] Wants= the companion\n"
+        "  /etc/systemd/system/mmleak-compact-NAME.service  (NAME: UNIT without .service)\n"
+        "                                    the companion, written atomically: runs\n"
+        "                                    /usr/bin/python3 /usr/local/lib/mmleak/mmleak.py\n"
+        "                                    compact --follow --forever DIR as the unit's\n"
+        "                                    User=/Group= (the same dynamic user for\n"
+        "                                    DynamicUser=yes), sandboxed (ProtectSystem=strict,\n"
+        "                                    ReadWritePaths=DIR, no network, no capabilities);\n"
+        "                                    BindsTo= and Before= UNIT: it starts with UNIT,\n"
+        "                                    and stops after it with a last pass\n"
         "Then runs systemctl daemon-reload if systemd is running (not with --root or\n"
         "--no-reload), and prints the commands to type next. Running it again is harmless.\n"
         "Warnings (stderr, install proceeds): setuid/setgid or static ExecStart binary, a #!\n"
         "script or 'env -i' wrapper, a later drop-in, EnvironmentFile= or UnsetEnvironment=\n"
-        "overriding LD_PRELOAD, DynamicUser=yes. Errors: see the exit codes."))
+        "overriding LD_PRELOAD, DynamicUser=yes, no /usr/bin/python3. Errors: see the exit\n"
+        "codes."))
     add_globals(pi, "suppress")
     pi.add_argument("unit", metavar="UNIT", help="service unit name, e.g. nfs-ganesha.service "
                                                  "or getty@tty1.service")
@@ -1445,7 +1782,11 @@ def build_parser():
                          % DEFAULT_DIR)
     pi.add_argument("--depth", type=positive, metavar="N",
                     help="frames recorded per allocation, MMLEAK_DEPTH (default: the "
-                         "library's, 1)")
+                         "library's, auto)")
+    pi.add_argument("--rotate-mb", type=rotate_mb, metavar="N",
+                    help="MMLEAK_ROTATE_MB: a thread of the service starts a new dump file past "
+                         "N MB, and the compactor folds and deletes the complete one (default "
+                         "%d, so that it keeps up; mmleak.so's own default is 256)" % ROTATE_MB)
     pi.add_argument("--lib", metavar="PATH",
                     help="mmleak.so to install (default: mmleak.find_library(): $MMLEAK_LIB, "
                          "the build tree, the installed copy)")
@@ -1454,8 +1795,10 @@ def build_parser():
     ps = sub.add_parser("status", formatter_class=fmt, help="show whether a service is traced",
                         epilog=EXIT_HELP, description=(
         "Show whether UNIT's drop-in /etc/systemd/system/UNIT.d/mmleak.conf is present, its\n"
-        "LD_PRELOAD, MMLEAK_DIR, MMLEAK_DEPTH and ReadWritePaths=, whether the library\n"
-        "exists, and the dump directory with its mmleak.*.out and mmleak.*.maps files and\n"
+        "LD_PRELOAD, MMLEAK_DIR, MMLEAK_DEPTH, MMLEAK_ROTATE_MB and ReadWritePaths=, whether\n"
+        "the library exists, whether the companion mmleak-compact-NAME.service exists and\n"
+        "(when systemd runs here) whether it is active, and the dump directory with its\n"
+        "mmleak.*.out and mmleak.*.maps files and compacted traces (mmleak.*.compact) and\n"
         "their sizes. Changes nothing; any user may run it.\n"
         "Exit 0 if installed, 3 if not installed."))
     add_globals(ps, "suppress")
@@ -1464,10 +1807,13 @@ def build_parser():
 
     pu = sub.add_parser("uninstall", formatter_class=fmt, help="stop tracing a service",
                         epilog=EXIT_HELP, description=(
-        "Remove what install added: /etc/systemd/system/UNIT.d/mmleak.conf, and the UNIT.d\n"
-        "directory if install created it (recorded in the drop-in) and it is now empty.\n"
-        "Keeps /usr/local/lib/mmleak/mmleak.so and the dump directory (it prints where they\n"
-        "are). Then daemon-reload as for install; restart the service to stop tracing.\n"
+        "Remove what install added: /etc/systemd/system/UNIT.d/mmleak.conf, the UNIT.d\n"
+        "directory if install created it (recorded in the drop-in) and it is now empty, and\n"
+        "the companion /etc/systemd/system/mmleak-compact-NAME.service. Keeps\n"
+        "/usr/local/lib/mmleak/mmleak.so, mmleak.py and the dump directory (it prints where\n"
+        "they are). Then daemon-reload as for install; restart the service to stop tracing,\n"
+        "then stop the companion (its last pass folds the old process's dumps): it prints\n"
+        "both commands and runs neither.\n"
         "Not installed: prints a message and exits 0. A mmleak.conf not written by\n"
         "mmleak-install.py is left alone (exit 1)."))
     add_globals(pu, "suppress")

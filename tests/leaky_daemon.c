@@ -1,13 +1,15 @@
 /* A small daemon with a known leak, run as a systemd service by tests/test_systemd.py.
  *
- *   leaky_daemon N SIZE
+ *   leaky_daemon N SIZE [CHURN]
  *
  * It handles 1000 "requests" (malloc, strdup, realloc, calloc, all freed), remembers N of
- * them in blocks of SIZE bytes that it never frees (in remember(), its "site:" line), writes
- * its pid to $STATE_DIRECTORY/ready (a rename, so the file is whole when it appears), then
- * waits for SIGTERM without allocating anything more: its dump files no longer change, and
- * the leak is exactly N blocks of SIZE bytes from remember().  Output through write(2) only
- * (stdio would allocate a buffer of its own).
+ * them in blocks of SIZE bytes that it never frees (in remember(), its "site:" line), then
+ * handles CHURN more requests (default 0; 8 events each: enough of them make mmleak.so rotate
+ * its dump file, for the compactor to fold), writes its pid to $STATE_DIRECTORY/ready (a
+ * rename, so the file is whole when it appears), then waits for SIGTERM without allocating
+ * anything more: its dump files no longer change, and the leak is exactly N blocks of SIZE
+ * bytes from remember().  Output through write(2) only (stdio would allocate a buffer of its
+ * own).
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -49,10 +51,11 @@ static int fail(const char *what)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3)
-        return fail("usage: leaky_daemon N SIZE;");
+    if (argc != 3 && argc != 4)
+        return fail("usage: leaky_daemon N SIZE [CHURN];");
     int n = atoi(argv[1]);
     size_t size = (size_t)atol(argv[2]);
+    long churn = argc == 4 ? atol(argv[3]) : 0;
     const char *state = getenv("STATE_DIRECTORY"); /* set by StateDirectory= */
     if (state == NULL)
         return fail("getenv(STATE_DIRECTORY)");
@@ -63,6 +66,8 @@ int main(int argc, char **argv)
     }
     for (int i = 10; i < n; i++)
         remember(size);
+    for (long i = 0; i < churn; i++)
+        handle_request((int)(i % 1000));
 
     char tmp[4096], ready[4096], text[32];
     snprintf(tmp, sizeof tmp, "%s/ready.tmp", state);

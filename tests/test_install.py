@@ -9,6 +9,7 @@ and the ExecStart binary present and executable under the root. basic.target and
 shutdown.target are added too so the tree looks like a system; no machine-id is needed.
 """
 import hashlib
+import re
 import shlex
 import os
 import shutil
@@ -20,6 +21,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(os.path.dirname(HERE), "mmleak-install.py")
+MMLEAK_PY = os.path.join(os.path.dirname(HERE), "mmleak.py")
 PY = "/usr/bin/python3"
 LIB = "/usr/local/lib/mmleak/mmleak.so"
 ANALYZE = shutil.which("systemd-analyze")
@@ -51,9 +53,17 @@ def header(unit, ddir=None, created="yes"):
     return (
         "# Written by mmleak-install.py: run %s under the mmleak leak tracer.\n"
         "# Undo: mmleak-install.py uninstall %s, then systemctl restart %s\n"
-        "# (or delete this file, run systemctl daemon-reload, and restart the service).\n"
-        "# Kept on uninstall: the library /usr/local/lib/mmleak/mmleak.so, the dumps in %s.\n"
-        "# mmleak-install: dropin-dir-created=%s\n" % (unit, unit, unit, ddir, created))
+        "# (or delete this file and /etc/systemd/system/%s, run systemctl daemon-reload, and "
+        "restart the service).\n"
+        "# Kept on uninstall: the library /usr/local/lib/mmleak/mmleak.so, "
+        "/usr/local/lib/mmleak/mmleak.py, the dumps in %s.\n"
+        "# mmleak-install: dropin-dir-created=%s\n"
+        "[Unit]\n"
+        "Wants=%s\n" % (unit, unit, unit, companion(unit), ddir, created, companion(unit)))
+
+
+def companion(unit):
+    return "mmleak-compact-" + unit[:-len(".service")] + ".service"
 
 
 def next_steps(unit, ddir=None):
@@ -61,10 +71,11 @@ def next_steps(unit, ddir=None):
     return (
         "next steps:\n"
         "  systemctl daemon-reload     # needed: not run (--root given)\n"
-        "  systemctl restart %s\n"
+        "  systemctl restart %s     # starts %s too\n"
         "  mmleak-install.py status %s\n"
         "  mmleak.py report %s --pid $(systemctl show -p MainPID --value %s)\n"
-        "  mmleak-install.py uninstall %s     # when done\n" % (unit, unit, ddir, unit, unit))
+        "  mmleak-install.py uninstall %s     # when done\n"
+        % (unit, companion(unit), unit, ddir, unit, unit))
 
 
 @pytest.fixture
@@ -74,6 +85,8 @@ def root(tmp_path):
               "var/lib", "run", "tmp"):
         (r / d).mkdir(parents=True)
     shutil.copy2("/usr/bin/true", str(r / "usr/bin/true"))
+    # the companion's ExecStart binary: systemd-analyze verify wants it executable
+    shutil.copy2("/usr/bin/true", str(r / "usr/bin/python3"))
     for t in TARGETS:
         (r / "usr/lib/systemd/system" / (t + ".target")).write_text(
             "[Unit]\nDescription=%s\n" % t)
@@ -143,6 +156,73 @@ def dropin(root, unit):
 # --------------------------------------------------------------------------------------------
 # install
 
+# The companion of a root service (plain.service), exactly.
+PLAIN_COMPANION = """\
+# Written by mmleak-install.py: the compactor of plain.service's mmleak dumps.
+# Every second it folds the complete dump files in /var/lib/mmleak/plain.service into
+# mmleak.ID.compact and deletes them, so disk use stays bounded by the live set.
+# plain.service's drop-in mmleak.conf Wants= it: it starts with the service; BindsTo= and
+# Before=: it stops after the service has stopped, with one last pass (SIGTERM).
+# Undo: mmleak-install.py uninstall plain.service (removes this file too).
+[Unit]
+Description=mmleak compactor for plain.service
+BindsTo=plain.service
+Before=plain.service
+StartLimitIntervalSec=1min
+StartLimitBurst=5
+
+[Service]
+Environment=MMLEAK_DIR=/var/lib/mmleak/plain.service
+ExecStart=/usr/bin/python3 /usr/local/lib/mmleak/mmleak.py compact --follow --forever --verbose ${MMLEAK_DIR}
+Restart=on-failure
+RestartSec=5s
+TimeoutStopSec=5min
+UMask=0077
+NoNewPrivileges=yes
+PrivateTmp=yes
+PrivateDevices=yes
+PrivateNetwork=yes
+ProtectSystem=strict
+ProtectHome=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+RestrictAddressFamilies=AF_UNIX
+RestrictNamespaces=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+LockPersonality=yes
+MemoryDenyWriteExecute=yes
+SystemCallArchitectures=native
+SystemCallFilter=@system-service
+SystemCallErrorNumber=EPERM
+CapabilityBoundingSet=CAP_DAC_OVERRIDE CAP_FOWNER
+ReadWritePaths=-/var/lib/mmleak/plain.service
+"""
+
+
+def companion_text(unit, ddir=None, user="", caps="", home="yes", last=None):
+    """PLAIN_COMPANION for another unit: USER the User=/Group=/DynamicUser= lines, CAPS the
+    capability bounding set, LAST the line that opens DDIR (default ReadWritePaths=-DDIR)."""
+    ddir = ddir or "/var/lib/mmleak/" + unit
+    t = PLAIN_COMPANION.replace("plain.service", unit).replace(
+        "/var/lib/mmleak/" + unit, ddir)
+    t = t.replace("[Service]\n", "[Service]\n" + user)
+    t = t.replace("CapabilityBoundingSet=CAP_DAC_OVERRIDE CAP_FOWNER\n",
+                  "CapabilityBoundingSet=%s\n" % caps)
+    t = t.replace("ProtectHome=yes\n", "ProtectHome=%s\n" % home)
+    if last is not None:
+        t = t.replace("ReadWritePaths=-%s\n" % ddir, last + "\n")
+    return t
+
+
+def companion_file(root, unit):
+    return (root / "etc/systemd/system" / companion(unit)).read_text()
+
+
 def test_install_plain_exact(root, lib):
     rc, out, err = run(root, "install", "plain.service", lib=lib)
     assert (rc, err) == (0, "")
@@ -150,16 +230,28 @@ def test_install_plain_exact(root, lib):
         "root: ROOT\n"
         "create directory /usr/local/lib/mmleak (mode 0755)\n"
         "copy %s -> /usr/local/lib/mmleak/mmleak.so (mode 0644)\n"
+        "copy %s -> /usr/local/lib/mmleak/mmleak.py (mode 0644)\n"
         "create directory /var/lib/mmleak (mode 0755)\n"
         "create directory /var/lib/mmleak/plain.service (mode 0700 owner root:root)\n"
+        "write /etc/systemd/system/mmleak-compact-plain.service\n"
         "create directory /etc/systemd/system/plain.service.d (mode 0755)\n"
         "write /etc/systemd/system/plain.service.d/mmleak.conf\n"
         "LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so\n"
-        "MMLEAK_DIR=/var/lib/mmleak/plain.service\n" % lib + next_steps("plain.service"))
+        "MMLEAK_DIR=/var/lib/mmleak/plain.service\n"
+        "MMLEAK_ROTATE_MB=8\n"
+        "compactor: mmleak-compact-plain.service, as root (as the service), starts and stops "
+        "with plain.service\n" % (lib, MMLEAK_PY) + next_steps("plain.service"))
+    assert companion_file(root, "plain.service") == PLAIN_COMPANION
+    comp = root / "etc/systemd/system/mmleak-compact-plain.service"
+    assert stat.S_IMODE(comp.stat().st_mode) == 0o644
+    py = root / "usr/local/lib/mmleak/mmleak.py"
+    assert py.read_bytes() == open(MMLEAK_PY, "rb").read()
+    assert stat.S_IMODE(py.stat().st_mode) == 0o644
     assert dropin(root, "plain.service") == header("plain.service") + (
         "[Service]\n"
         "Environment=LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so\n"
-        "Environment=MMLEAK_DIR=/var/lib/mmleak/plain.service\n")
+        "Environment=MMLEAK_DIR=/var/lib/mmleak/plain.service\n"
+        "Environment=MMLEAK_ROTATE_MB=8\n")
     conf = root / "etc/systemd/system/plain.service.d/mmleak.conf"
     assert stat.S_IMODE(conf.stat().st_mode) == 0o644
     so = root / LIB.lstrip("/")
@@ -171,8 +263,11 @@ def test_install_plain_exact(root, lib):
     assert (stat.S_IMODE(d.st_mode), d.st_uid, d.st_gid) == (0o755, 0, 0)
     # no temporary files left behind by the atomic writes
     assert os.listdir(str(conf.parent)) == ["mmleak.conf"]
-    assert os.listdir(str(so.parent)) == ["mmleak.so"]
+    assert sorted(os.listdir(str(so.parent))) == ["mmleak.py", "mmleak.so"]
+    assert sorted(os.listdir(str(comp.parent))) == ["mmleak-compact-plain.service",
+                                                    "plain.service", "plain.service.d"]
     verify(root, "plain.service")
+    verify(root, "mmleak-compact-plain.service")
 
 
 def test_install_depth_and_dir(root, lib):
@@ -183,6 +278,7 @@ def test_install_depth_and_dir(root, lib):
         "[Service]\n"
         "Environment=LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so\n"
         "Environment=\"MMLEAK_DIR=/srv/leak dumps\"\n"
+        "Environment=MMLEAK_ROTATE_MB=8\n"
         "Environment=MMLEAK_DEPTH=8\n")
     assert stat.S_IMODE((root / "srv/leak dumps").stat().st_mode) == 0o700
     assert stat.S_IMODE((root / "srv").stat().st_mode) == 0o755
@@ -195,7 +291,8 @@ def test_private_tmp_default_dir_ok(root, lib):
     assert dropin(root, "ptmp.service") == header("ptmp.service") + (
         "[Service]\n"
         "Environment=LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so\n"
-        "Environment=MMLEAK_DIR=/var/lib/mmleak/ptmp.service\n")
+        "Environment=MMLEAK_DIR=/var/lib/mmleak/ptmp.service\n"
+        "Environment=MMLEAK_ROTATE_MB=8\n")
     verify(root, "ptmp.service")
 
 
@@ -219,6 +316,7 @@ def test_protect_system_strict_adds_readwritepaths(root, lib):
         "[Service]\n"
         "Environment=LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so\n"
         "Environment=MMLEAK_DIR=/var/lib/mmleak/strict.service\n"
+        "Environment=MMLEAK_ROTATE_MB=8\n"
         "ReadWritePaths=/var/lib/mmleak/strict.service\n")
     verify(root, "strict.service")
 
@@ -233,12 +331,18 @@ def test_protect_system_full_and_home(root, lib):
     assert dropin(root, "full.service").endswith("ReadWritePaths=/var/lib/mmleak/full.service\n")
     # ProtectHome only matters for a directory under /home
     assert run(root, "install", "home.service", lib=lib)[0] == 0
-    assert dropin(root, "home.service").endswith("MMLEAK_DIR=/var/lib/mmleak/home.service\n")
+    assert dropin(root, "home.service").endswith("MMLEAK_DIR=/var/lib/mmleak/home.service\n"
+                                                 "Environment=MMLEAK_ROTATE_MB=8\n")
+    assert "\nProtectHome=yes\n" in companion_file(root, "home.service")
     assert run(root, "install", "home.service", "--dir", "/home/dumps", lib=lib)[0] == 0
     assert dropin(root, "home.service").endswith(
-        "MMLEAK_DIR=/home/dumps\nReadWritePaths=/home/dumps\n")
-    verify(root, "full.service")
-    verify(root, "home.service")
+        "MMLEAK_DIR=/home/dumps\nEnvironment=MMLEAK_ROTATE_MB=8\nReadWritePaths=/home/dumps\n")
+    # the companion too: /home read-only but for the dump directory
+    assert companion_file(root, "home.service") == companion_text(
+        "home.service", "/home/dumps", caps="CAP_DAC_OVERRIDE CAP_FOWNER", home="read-only")
+    for unit in ("full.service", "home.service"):
+        verify(root, unit)
+        verify(root, companion(unit))
 
 
 def test_user_group_owns_dump_dir(root, lib):
@@ -281,7 +385,8 @@ def test_existing_ld_preload_is_merged(root, lib):
     assert dropin(root, "preload.service") == header("preload.service") + (
         "[Service]\n"
         "Environment=\"LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so /usr/lib/libfoo.so\"\n"
-        "Environment=MMLEAK_DIR=/var/lib/mmleak/preload.service\n")
+        "Environment=MMLEAK_DIR=/var/lib/mmleak/preload.service\n"
+        "Environment=MMLEAK_ROTATE_MB=8\n")
     assert "LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so /usr/lib/libfoo.so\n" in out
     verify(root, "preload.service")
     env, rwp, bad = systemd_sees(root, "preload.service")
@@ -342,7 +447,8 @@ def test_template_instance(root, lib):
     assert dropin(root, "foo@bar.service") == header("foo@bar.service") + (
         "[Service]\n"
         "Environment=\"LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so /usr/lib/libfoo.so\"\n"
-        "Environment=MMLEAK_DIR=/var/lib/mmleak/foo@bar.service\n")
+        "Environment=MMLEAK_DIR=/var/lib/mmleak/foo@bar.service\n"
+        "Environment=MMLEAK_ROTATE_MB=8\n")
     verify(root, "foo@bar.service")
     rc, out, err = run(root, "status", "foo@bar.service")
     assert rc == 0
@@ -358,10 +464,15 @@ def test_idempotent(root, lib):
     assert out == (
         "root: ROOT\n"
         "library /usr/local/lib/mmleak/mmleak.so is up to date\n"
+        "/usr/local/lib/mmleak/mmleak.py is up to date\n"
         "dump directory /var/lib/mmleak/strict.service exists\n"
+        "companion /etc/systemd/system/mmleak-compact-strict.service is up to date\n"
         "already installed: /etc/systemd/system/strict.service.d/mmleak.conf is up to date\n"
         "LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so\n"
-        "MMLEAK_DIR=/var/lib/mmleak/strict.service\n" + next_steps("strict.service"))
+        "MMLEAK_DIR=/var/lib/mmleak/strict.service\n"
+        "MMLEAK_ROTATE_MB=8\n"
+        "compactor: mmleak-compact-strict.service, as root (as the service), starts and stops "
+        "with strict.service\n" + next_steps("strict.service"))
     assert snapshot(root) == first
 
 
@@ -375,6 +486,7 @@ def test_reinstall_with_new_options_updates(root, lib):
         "[Service]\n"
         "Environment=LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so\n"
         "Environment=MMLEAK_DIR=/var/lib/mmleak/plain.service\n"
+        "Environment=MMLEAK_ROTATE_MB=8\n"
         "Environment=MMLEAK_DEPTH=3\n")
     run(root, "uninstall", "plain.service")
     assert not (root / "etc/systemd/system/plain.service.d").exists()
@@ -391,15 +503,21 @@ def test_dry_run_changes_nothing(root, lib):
             "[Service]\n"
             "Environment=LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so\n"
             "Environment=MMLEAK_DIR=/var/lib/mmleak/strict.service\n"
+            "Environment=MMLEAK_ROTATE_MB=8\n"
             "ReadWritePaths=/var/lib/mmleak/strict.service\n")).splitlines()) +
+        "companion /etc/systemd/system/mmleak-compact-strict.service:\n" +
+        "".join(("    " + line).rstrip() + "\n" for line in companion_text(
+            "strict.service", caps="CAP_DAC_OVERRIDE CAP_FOWNER").splitlines()) +
         "actions:\n"
         "  create directory /usr/local/lib/mmleak (mode 0755)\n"
         "  copy %s -> /usr/local/lib/mmleak/mmleak.so (mode 0644)\n"
+        "  copy %s -> /usr/local/lib/mmleak/mmleak.py (mode 0644)\n"
         "  create directory /var/lib/mmleak (mode 0755)\n"
         "  create directory /var/lib/mmleak/strict.service (mode 0700 owner root:root)\n"
+        "  write /etc/systemd/system/mmleak-compact-strict.service\n"
         "  create directory /etc/systemd/system/strict.service.d (mode 0755)\n"
         "  write /etc/systemd/system/strict.service.d/mmleak.conf\n"
-        "  no systemctl daemon-reload (--root given)\n" % lib)
+        "  no systemctl daemon-reload (--root given)\n" % (lib, MMLEAK_PY))
     assert snapshot(root) == before
     # the option is also accepted after the subcommand
     assert run(root, "install", "strict.service", "--dry-run", lib=lib)[1] == out
@@ -414,6 +532,7 @@ def test_dry_run_changes_nothing(root, lib):
                    "  remove /etc/systemd/system/strict.service.d/mmleak.conf\n"
                    "  remove directory /etc/systemd/system/strict.service.d (created by "
                    "install, now empty)\n"
+                   "  remove /etc/systemd/system/mmleak-compact-strict.service\n"
                    "  no systemctl daemon-reload (--root given)\n")
     assert snapshot(root) == mid
 
@@ -430,17 +549,21 @@ def test_round_trip_leaves_tree_identical(root, lib, unit):
         "root: ROOT\n"
         "remove /etc/systemd/system/%s.d/mmleak.conf\n"
         "remove directory /etc/systemd/system/%s.d (created by install, now empty)\n"
-        "kept: library /usr/local/lib/mmleak/mmleak.so and dump directory "
-        "/var/lib/mmleak/%s (delete them by hand when no longer needed: rm -r "
+        "remove /etc/systemd/system/%s\n"
+        "kept: library /usr/local/lib/mmleak/mmleak.so, /usr/local/lib/mmleak/mmleak.py and "
+        "dump directory /var/lib/mmleak/%s (delete them by hand when no longer needed: rm -r "
         "/var/lib/mmleak/%s)\n"
         "next steps:\n"
         "  systemctl daemon-reload     # needed: not run (--root given)\n"
         "  systemctl restart %s     # the running process is traced until then\n"
-        % (unit, unit, unit, unit, unit))
+        "  systemctl stop %s     # after the restart: its last pass folds the old process's "
+        "dump files\n"
+        % (unit, unit, companion(unit), unit, unit, unit, companion(unit)))
     after = snapshot(root)
-    # Exactly the documented leftovers differ: the library copy and the dump directory.
-    kept = {"usr/local/lib/mmleak", "usr/local/lib/mmleak/mmleak.so", "var/lib/mmleak",
-            "var/lib/mmleak/" + unit}
+    # Exactly the documented leftovers differ: the library and mmleak.py copies and the
+    # dump directory (the companion is gone).
+    kept = {"usr/local/lib/mmleak", "usr/local/lib/mmleak/mmleak.so",
+            "usr/local/lib/mmleak/mmleak.py", "var/lib/mmleak", "var/lib/mmleak/" + unit}
     assert set(after) ^ set(before) == kept
     common = set(before) - {".", "usr/local/lib", "var/lib"}
     assert {k: after[k] for k in common} == {k: before[k] for k in common}
@@ -499,9 +622,13 @@ def test_status(root, lib):
     d = root / "var/lib/mmleak/owned.service"
     (d / "mmleak.123.out").write_bytes(b"x" * 100)
     (d / "mmleak.123.maps").write_bytes(b"y" * 7)
-    (d / "unrelated.txt").write_bytes(b"z")
+    (d / "mmleak.99.compact").write_bytes(b"c" * 1000)   # a compacted trace
+    (d / "mmleak.99.maps").write_bytes(b"m" * 3)
+    for n in ("mmleak.99.series", "mmleak.99.lock", "mmleak.123.0.tail", "unrelated.txt"):
+        (d / n).write_bytes(b"z")                         # not listed
     rc, out, err = run(root, "status", "owned.service")
     assert (rc, err) == (0, "")
+    # --root: systemd is not asked whether the companion runs
     assert out == (
         "root:           ROOT\n"
         "unit:           owned.service (/usr/lib/systemd/system/owned.service)\n"
@@ -509,12 +636,16 @@ def test_status(root, lib):
         "LD_PRELOAD:     /usr/local/lib/mmleak/mmleak.so\n"
         "MMLEAK_DIR:     /var/lib/mmleak/owned.service\n"
         "MMLEAK_DEPTH:   2\n"
+        "MMLEAK_ROTATE_MB: 8\n"
         "library:        /usr/local/lib/mmleak/mmleak.so: present, 26 bytes\n"
-        "dump dir:       /var/lib/mmleak/owned.service: owner leaky:leakers mode 0700, 2 dump "
-        "files\n"
+        "companion:      /etc/systemd/system/mmleak-compact-owned.service: present\n"
+        "dump dir:       /var/lib/mmleak/owned.service: owner leaky:leakers mode 0700, 3 dump "
+        "files, 1 compacted trace\n"
         "             7  mmleak.123.maps\n"
         "           100  mmleak.123.out\n"
-        "           107  total\n")
+        "          1000  mmleak.99.compact\n"
+        "             3  mmleak.99.maps\n"
+        "          1110  total\n")
     os.unlink(str(root / LIB.lstrip("/")))
     rc, out, err = run(root, "status", "owned.service")
     assert rc == 0
@@ -650,7 +781,7 @@ def test_library_already_at_stable_path(root, lib):
     shutil.copy(lib, str(root / LIB.lstrip("/")))
     rc, out, err = run(root, "install", "plain.service", lib=str(root / LIB.lstrip("/")))
     assert rc == 0
-    assert "copy" not in out and "library" not in out
+    assert "-> /usr/local/lib/mmleak/mmleak.so" not in out and "library" not in out
 
 
 # --------------------------------------------------------------------------------------------
@@ -757,13 +888,51 @@ def test_warn_dynamic_user(root, lib):
                    "(/var/lib/dyn), pass --dir; ReadWritePaths=/var/lib/mmleak/dyn.service was "
                    "added\n")
     assert dropin(root, "dyn.service").endswith("ReadWritePaths=/var/lib/mmleak/dyn.service\n")
+    # the companion shares the service's dynamic user (by name: dyn, from the unit's name)
+    assert companion_file(root, "dyn.service") == companion_text(
+        "dyn.service", "/var/lib/mmleak/dyn.service", user="DynamicUser=yes\nUser=dyn\n")
     verify(root, "dyn.service")
+    verify(root, "mmleak-compact-dyn.service")
     # under StateDirectory=: no warning, systemd creates the directory itself
     rc, out, err = run(root, "install", "dyn.service", "--dir", "/var/lib/dyn", lib=lib)
     assert (rc, err) == (0, "mmleak-install.py: note: /var/lib/dyn is under StateDirectory=; "
                             "systemd creates it for the dynamic user\n")
     assert not (root / "var/lib/dyn").exists()
-    assert dropin(root, "dyn.service").endswith("MMLEAK_DIR=/var/lib/dyn\n")
+    assert dropin(root, "dyn.service").endswith("MMLEAK_DIR=/var/lib/dyn\n"
+                                                "Environment=MMLEAK_ROTATE_MB=8\n")
+    assert "compactor: mmleak-compact-dyn.service, as the dynamic user dyn (shared with the " \
+           "service), starts and stops with dyn.service\n" in out
+    # ... and reaches the directory as the service does, through its StateDirectory=
+    assert companion_file(root, "dyn.service") == companion_text(
+        "dyn.service", "/var/lib/dyn", user="DynamicUser=yes\nUser=dyn\n",
+        last="StateDirectory=dyn")
+    verify(root, "mmleak-compact-dyn.service")
+
+
+@pytest.mark.parametrize("unit,body,user", [
+    # User= given: that name
+    ("dyn2.service", "User=svc\nGroup=grp\n", "User=svc\nGroup=grp\n"),
+    # a template instance: the prefix before '@'
+    ("dyn3@x.service", "", "User=dyn3\n"),
+    # not a valid user name ('.'): systemd hashes it; the value is the name systemd 252 gave
+    # this unit's dynamic user (seen in a systemd-nspawn box, tests/test_systemd.py)
+    ("mmleak.dyn.service", "", "User=_du0e0a4d2f37caba9e\n"),
+    # longer than 31 characters: hashed too
+    ("a234567890123456789012345678901x.service", "", None),
+])
+def test_dynamic_user_name_of_companion(root, lib, unit, body, user):
+    add_unit(root, unit.replace("@x", "@"), "ExecStart=/usr/bin/true\nDynamicUser=yes\n"
+                                            "StateDirectory=dd\n" + body)
+    rc, out, err = run(root, "install", unit, "--dir", "/var/lib/dd", lib=lib)
+    assert rc == 0
+    text = companion_file(root, unit)
+    lines = [l for l in text.splitlines() if l.startswith(("DynamicUser=", "User=", "Group="))]
+    if user is None:
+        assert lines[0] == "DynamicUser=yes" and re.fullmatch(r"User=_du[0-9a-f]{16}", lines[1])
+        assert len(lines) == 2
+    else:
+        assert "\n".join(lines) + "\n" == "DynamicUser=yes\n" + user
+    verify(root, companion(unit))
 
 
 # --------------------------------------------------------------------------------------------
@@ -814,6 +983,17 @@ SYSTEMD = "/lib/systemd/systemd"
 
 def systemd_sees(root, unit):
     """(environment dict, ReadWritePaths string or None, parse complaints) systemd reads."""
+    block, complaints = systemd_dump(root, unit)
+    env_seen = dict(l[len("Environment: "):].split("=", 1) for l in block
+                    if l.startswith("Environment: "))
+    rwp = [l[len("ReadWritePaths: "):] for l in block if l.startswith("ReadWritePaths: ")]
+    return env_seen, (rwp[0] if rwp else None), complaints
+
+
+def systemd_dump(root, unit):
+    """The lines `systemd --test` dumps for UNIT (its settings, one per line; an ExecStart
+    as "Command Line: ARGV..." quoted as systemd holds it), and its complaints about our
+    files."""
     if not os.access(SYSTEMD, os.X_OK):
         pytest.skip("%s not installed" % SYSTEMD)
     top = tempfile.mkdtemp(prefix="mmleak-sd-test.")
@@ -862,11 +1042,8 @@ def systemd_sees(root, unit):
             elif inside and line.startswith("\t\t"):
                 block.append(line[2:])
         assert block, "unit %s not in the dump" % unit
-        env_seen = dict(l[len("Environment: "):].split("=", 1) for l in block
-                        if l.startswith("Environment: "))
-        rwp = [l[len("ReadWritePaths: "):] for l in block if l.startswith("ReadWritePaths: ")]
-        complaints = [l for l in p.stderr.splitlines() if "mmleak.conf" in l]
-        return env_seen, (rwp[0] if rwp else None), complaints
+        complaints = [l for l in p.stderr.splitlines() if "mmleak" in l]
+        return [l.lstrip("\t") for l in block], complaints
     finally:
         shutil.rmtree(top)
 
@@ -910,7 +1087,8 @@ def test_two_services_with_different_users(root, lib):
         verify(root, unit)
         env, rwp, bad = systemd_sees(root, unit)
         assert (env, rwp, bad) == ({"LD_PRELOAD": LIB,
-                                    "MMLEAK_DIR": "/var/lib/mmleak/" + unit}, None, [])
+                                    "MMLEAK_DIR": "/var/lib/mmleak/" + unit,
+                                    "MMLEAK_ROTATE_MB": "8"}, None, [])
 
 
 def test_old_layout_parent_is_made_traversable(root, lib):
@@ -1073,7 +1251,7 @@ def test_status_warns_when_the_user_cannot_write(root, lib):
     rc, out, err = run(root, "status", "owned.service")
     assert (rc, err) == (0, "")
     assert "dump dir:       /var/lib/mmleak/owned.service: owner leaky:leakers mode 0700, " \
-           "0 dump files\n" in out
+           "0 dump files, 0 compacted traces\n" in out
     os.chown(str(root / "var/lib/mmleak/owned.service"), 0, 0)
     rc, out, err = run(root, "status", "owned.service")
     assert rc == 0
@@ -1120,18 +1298,32 @@ def test_odd_dir_reaches_systemd_exactly(root, lib, ddir):
     assert (rc, err) == (0, "")
     assert os.path.isdir(str(root) + ddir)
     verify(root, "strict.service")
+    verify(root, "mmleak-compact-strict.service")
     env, rwp, bad = systemd_sees(root, "strict.service")
-    assert (env, rwp, bad) == ({"LD_PRELOAD": LIB, "MMLEAK_DIR": ddir}, ddir, [])
+    assert (env, rwp, bad) == ({"LD_PRELOAD": LIB, "MMLEAK_DIR": ddir,
+                                "MMLEAK_ROTATE_MB": "8"}, ddir, [])
+    # the companion: the directory reaches its command line through ${MMLEAK_DIR}, one word
+    # holding the value exactly, whatever it contains ($, %, quotes, spaces)
+    block, bad = systemd_dump(root, "mmleak-compact-strict.service")
+    assert bad == []
+    assert [l for l in block if l.startswith(("Environment:", "ReadWritePaths:",
+                                               "Command Line:"))] == [
+        "Environment: MMLEAK_DIR=" + ddir,
+        "ReadWritePaths: -" + ddir,
+        "Command Line: /usr/bin/python3 /usr/local/lib/mmleak/mmleak.py compact --follow "
+        "--forever --verbose \"\\${MMLEAK_DIR}\""]
     rc, out, err = run(root, "status", "strict.service")
     assert (rc, err) == (0, "")
     assert "MMLEAK_DIR:     %s\n" % ddir in out
     assert "ReadWritePaths: %s\n" % ddir in out
-    assert "dump dir:       %s: owner root:root mode 0700, 0 dump files\n" % ddir in out
+    assert ("dump dir:       %s: owner root:root mode 0700, 0 dump files, 0 compacted traces\n"
+            % ddir) in out
     rc, out, err = run(root, "uninstall", "strict.service")
     assert (rc, err) == (0, "")
     q = shlex.quote(ddir)
-    assert ("kept: library /usr/local/lib/mmleak/mmleak.so and dump directory %s (delete them "
-            "by hand when no longer needed: rm -r %s)\n" % (ddir, q)) in out
+    assert ("kept: library /usr/local/lib/mmleak/mmleak.so, /usr/local/lib/mmleak/mmleak.py and "
+            "dump directory %s (delete them by hand when no longer needed: rm -r %s)\n"
+            % (ddir, q)) in out
 
 
 def test_escaped_unit_name(root, lib):
@@ -1144,10 +1336,19 @@ def test_escaped_unit_name(root, lib):
     assert os.path.isdir(str(root) + ddir)
     assert ("  mmleak.py report '%s' --pid $(systemctl show -p MainPID --value '%s')\n"
             % (ddir, unit)) in out
-    assert "  systemctl restart '%s'\n" % unit in out
+    comp = "mmleak-compact-foo@a\\x2db.service"
+    assert "  systemctl restart '%s'     # starts '%s' too\n" % (unit, comp) in out
     env, rwp, bad = systemd_sees(root, unit)
-    assert (env, bad) == ({"LD_PRELOAD": LIB, "MMLEAK_DIR": ddir}, [])
+    assert (env, bad) == ({"LD_PRELOAD": LIB, "MMLEAK_DIR": ddir, "MMLEAK_ROTATE_MB": "8"}, [])
     verify(root, unit)
+    # the companion: an instance file of its own, bound to the unit by its name as it is
+    block, bad = systemd_dump(root, comp)
+    assert bad == []
+    assert [l for l in block if l.endswith("(origin-file)") and unit in l or
+            l.startswith("Environment:")] == [
+        "BindsTo: %s (origin-file)" % unit, "Before: %s (origin-file)" % unit,
+        "References: %s (origin-file)" % unit, "Environment: MMLEAK_DIR=" + ddir]
+    verify(root, comp)
 
 
 # -- existing LD_PRELOAD: mmleak.so first, the unit's value kept as systemd reads it -----------
@@ -1251,3 +1452,201 @@ def test_preload_order_mmleak_first_traces_jemalloc(tmp_path):
     assert p.returncode == 0, p.stderr
     own = [l for l in p.stdout.splitlines() if str(src) in l]
     assert own == ["           300        3  main at %s:5" % src]
+
+
+# --------------------------------------------------------------------------------------------
+# The companion (issue #10): mmleak-compact-NAME.service runs `mmleak.py compact --follow
+# --forever DIR` as the service's user while the service runs; MMLEAK_ROTATE_MB=8 so that it
+# has complete files to fold. Its behaviour under a real systemd: tests/test_systemd.py.
+
+def test_companion_of_a_user_service(root, lib):
+    rc, out, err = run(root, "install", "owned.service", lib=lib)
+    assert (rc, err) == (0, "")
+    assert ("write /etc/systemd/system/mmleak-compact-owned.service\n"
+            "create directory /etc/systemd/system/owned.service.d (mode 0755)\n"
+            "write /etc/systemd/system/owned.service.d/mmleak.conf\n") in out
+    assert "compactor: mmleak-compact-owned.service, as leaky:leakers, starts and stops with " \
+           "owned.service\n" in out
+    # as the service's user and group, no capability at all (the root companion of
+    # PLAIN_COMPANION keeps CAP_DAC_OVERRIDE and CAP_FOWNER: a root service may hand its
+    # files to another user)
+    assert companion_file(root, "owned.service") == companion_text(
+        "owned.service", user="User=leaky\nGroup=leakers\n")
+    verify(root, "owned.service")
+    verify(root, "mmleak-compact-owned.service")
+    block, bad = systemd_dump(root, "mmleak-compact-owned.service")
+    assert bad == []
+    assert [l for l in block if l.startswith(("User:", "Group:", "CapabilityBoundingSet:",
+                                               "BindsTo:", "Before: owned"))] == [
+        "BindsTo: owned.service (origin-file)", "Before: owned.service (origin-file)",
+        "CapabilityBoundingSet: ", "User: leaky", "Group: leakers"]
+    # the service's drop-in pulls it in
+    block, bad = systemd_dump(root, "owned.service")
+    assert (bad, [l for l in block if l.startswith("Wants:")]) == (
+        [], ["Wants: mmleak-compact-owned.service (origin-file)"])
+
+
+def test_companion_follows_the_user(root, lib):
+    add_user(root, "other", 4500)
+    assert run(root, "install", "owned.service", lib=lib)[0] == 0
+    (root / "usr/lib/systemd/system/owned.service").write_text(
+        UNITS["usr/lib/systemd/system/owned.service"].replace("User=leaky\nGroup=leakers\n",
+                                                              "User=other\n"))
+    rc, out, err = run(root, "install", "owned.service", lib=lib)
+    assert (rc, err) == (0, "")
+    assert "update /etc/systemd/system/mmleak-compact-owned.service\n" in out
+    assert companion_file(root, "owned.service") == companion_text(
+        "owned.service", user="User=other\nGroup=other\n")
+
+
+def test_rotate_mb(root, lib, mm):
+    # the default is the constant mmleak.py's own `run` uses
+    assert mm.COMPACT_ROTATE_MB == 8
+    rc, out, err = run(root, "install", "plain.service", "--rotate-mb", "64", lib=lib)
+    assert (rc, err) == (0, "")
+    assert "MMLEAK_ROTATE_MB=64\n" in out
+    assert dropin(root, "plain.service").endswith("Environment=MMLEAK_ROTATE_MB=64\n")
+    env, rwp, bad = systemd_sees(root, "plain.service")
+    assert (env["MMLEAK_ROTATE_MB"], bad) == ("64", [])
+    rc, out, err = run(root, "status", "plain.service")
+    assert "MMLEAK_ROTATE_MB: 64\n" in out
+    # back to the default: the drop-in is updated, the companion is not
+    rc, out, err = run(root, "install", "plain.service", lib=lib)
+    assert ("companion /etc/systemd/system/mmleak-compact-plain.service is up to date\n"
+            "update /etc/systemd/system/plain.service.d/mmleak.conf\n") in out
+    assert dropin(root, "plain.service").endswith("Environment=MMLEAK_ROTATE_MB=8\n")
+
+
+@pytest.mark.parametrize("value,msg", [
+    ("0", "must be at least 1: '0'"), ("x", "not an integer: 'x'"),
+    ("1048577", "at most 1048576: '1048577'")])
+def test_rotate_mb_bad(root, lib, value, msg):
+    before = snapshot(root)
+    rc, out, err = run(root, "install", "plain.service", "--rotate-mb", value, lib=lib)
+    assert (rc, out, err) == (1, "", "mmleak-install.py: error: argument --rotate-mb: %s\n" % msg)
+    assert snapshot(root) == before
+
+
+def test_foreign_companion_never_touched(root, lib):
+    c = root / "etc/systemd/system/mmleak-compact-plain.service"
+    c.write_text("[Service]\nExecStart=/usr/bin/true\n")
+    before = snapshot(root)
+    rc, out, err = run(root, "install", "plain.service", lib=lib)
+    assert (rc, out) == (1, "")
+    assert err == ("mmleak-install.py: error: /etc/systemd/system/mmleak-compact-plain.service "
+                   "exists and was not written by mmleak-install.py; not touching it\n")
+    assert snapshot(root) == before
+    # uninstall removes our drop-in and leaves that file alone, saying so
+    c.unlink()
+    assert run(root, "install", "plain.service", lib=lib)[0] == 0
+    c.write_text("[Service]\nExecStart=/usr/bin/true\n")
+    rc, out, err = run(root, "uninstall", "plain.service")
+    assert rc == 0
+    assert err == ("mmleak-install.py: warning: /etc/systemd/system/mmleak-compact-plain.service "
+                   "was not written by mmleak-install.py; not removing it\n")
+    assert "remove /etc/systemd/system/plain.service.d/mmleak.conf\n" in out
+    assert "mmleak-compact" not in out
+    assert c.read_text() == "[Service]\nExecStart=/usr/bin/true\n"
+
+
+def test_install_of_an_older_version_upgraded(root, lib):
+    # A drop-in written before the companion existed: status says the dumps are not
+    # compacted, install again adds the companion and updates the drop-in, and uninstall of
+    # the old state works too.
+    d = root / "etc/systemd/system/plain.service.d"
+    old = ("# Written by mmleak-install.py: run plain.service under the mmleak leak tracer.\n"
+           "# mmleak-install: dropin-dir-created=yes\n"
+           "[Service]\n"
+           "Environment=LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so\n"
+           "Environment=MMLEAK_DIR=/var/lib/mmleak/plain.service\n")
+    d.mkdir()
+    (d / "mmleak.conf").write_text(old)
+    rc, out, err = run(root, "status", "plain.service")
+    assert (rc, err) == (0, "")
+    assert ("MMLEAK_ROTATE_MB: (not set: default 256)\n"
+            "library:        /usr/local/lib/mmleak/mmleak.so: MISSING (the service will start "
+            "without it)\n"
+            "companion:      /etc/systemd/system/mmleak-compact-plain.service: absent (the dump "
+            "files are not compacted; run install again)\n") in out
+    rc, out, err = run(root, "uninstall", "plain.service")
+    assert (rc, err) == (0, "")
+    assert "mmleak-compact" not in out
+    assert not d.exists()
+    d.mkdir()
+    (d / "mmleak.conf").write_text(old)
+    rc, out, err = run(root, "install", "plain.service", lib=lib)
+    assert (rc, err) == (0, "")
+    assert ("write /etc/systemd/system/mmleak-compact-plain.service\n"
+            "update /etc/systemd/system/plain.service.d/mmleak.conf\n") in out
+    assert dropin(root, "plain.service") == header("plain.service") + (
+        "[Service]\n"
+        "Environment=LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so\n"
+        "Environment=MMLEAK_DIR=/var/lib/mmleak/plain.service\n"
+        "Environment=MMLEAK_ROTATE_MB=8\n")
+    assert companion_file(root, "plain.service") == PLAIN_COMPANION
+
+
+def test_uninstall_of_a_lone_companion(root, lib):
+    # the drop-in was deleted by hand: uninstall still removes the companion
+    assert run(root, "install", "plain.service", lib=lib)[0] == 0
+    shutil.rmtree(str(root / "etc/systemd/system/plain.service.d"))
+    rc, out, err = run(root, "uninstall", "plain.service")
+    assert (rc, err) == (0, "")
+    assert out.startswith("root: ROOT\nremove /etc/systemd/system/mmleak-compact-plain.service\n")
+    assert "  systemctl stop mmleak-compact-plain.service     # after the restart: its last " \
+           "pass folds the old process's dump files\n" in out
+    assert not (root / "etc/systemd/system/mmleak-compact-plain.service").exists()
+    rc, out, err = run(root, "uninstall", "plain.service")
+    assert (rc, out, err) == (0, "not installed: /etc/systemd/system/plain.service.d/"
+                                 "mmleak.conf does not exist; nothing to do\n", "")
+
+
+def test_warn_no_python(root, lib):
+    os.unlink(str(root / "usr/bin/python3"))
+    rc, out, err = run(root, "install", "plain.service", lib=lib)
+    assert rc == 0
+    assert err == ("mmleak-install.py: warning: /usr/bin/python3 not found under ROOT: "
+                   "mmleak-compact-plain.service cannot start, the dump files of plain.service "
+                   "will not be compacted; install python3\n")
+    assert companion_file(root, "plain.service") == PLAIN_COMPANION
+
+
+def test_failed_install_removes_the_new_companion(root, lib):
+    # the drop-in directory cannot be created (a file is in the way): everything written
+    # before, the companion included, is undone
+    (root / "usr/local/lib/mmleak").mkdir()
+    shutil.copy(lib, str(root / LIB.lstrip("/")))
+    shutil.copy(MMLEAK_PY, str(root / "usr/local/lib/mmleak/mmleak.py"))
+    (root / "var/lib/mmleak/plain.service").mkdir(parents=True, mode=0o700)
+    blocker = root / "etc/systemd/system/plain.service.d"
+    blocker.write_text("not a directory")
+    before = snapshot(root)
+    rc, out, err = run(root, "install", "plain.service", lib=lib)
+    assert rc == 2
+    assert err == ("mmleak-install.py: error: install failed, changes undone: "
+                   "ROOT/etc/systemd/system/plain.service.d: File exists\n")
+    assert snapshot(root) == before
+
+
+def test_long_unit_name_refused(root, lib):
+    unit = "x" * 240 + ".service"
+    add_unit(root, unit, "ExecStart=/usr/bin/true\n")
+    before = snapshot(root)
+    rc, out, err = run(root, "install", unit, lib=lib)
+    assert (rc, out) == (1, "")
+    assert err == ("mmleak-install.py: error: unit name %s is too long: its compactor "
+                   "mmleak-compact-%s.service would exceed the 255 characters systemd allows\n"
+                   % (unit, "x" * 240))
+    assert snapshot(root) == before
+
+
+def test_siphash24_reference_vectors():
+    # SipHash-2-4 test vectors of the reference implementation (key 00..0f, message 00..)
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("mmleak_install", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    key = bytes(range(16))
+    assert mod.siphash24(b"", key) == 0x726fdb47dd0e0e31
+    assert mod.siphash24(bytes(range(8)), key) == 0x93f5f5799a932462
+    assert mod.siphash24(bytes(range(15)), key) == 0xa129ca6149be45e5

@@ -5,14 +5,19 @@ Run: /usr/bin/python3 -m pytest tests/test_systemd.py  (as root; skipped otherwi
 The `box` fixture (tests/conftest.py, tests/nspawn_box.py) boots the host's own systemd with
 systemd-nspawn on an overlay of / (upper layer on a tmpfs: the host is never written). In it,
 tests/leaky_daemon.c runs as a service with User=, PrivateTmp=yes and ProtectSystem=strict;
-mmleak-install.py installs the tracer for it, the service is restarted, and the report on the
-running daemon must name its leak exactly; then uninstall, restart, and the tracer is gone.
+mmleak-install.py installs the tracer and its companion (mmleak-compact-NAME.service) for it,
+the service is restarted, the companion starts with it, its dump files (rotated at 8 MB: the
+daemon churns 800,000 events first) are compacted while it runs, and the report on the running
+daemon must name its leak exactly; stopping the service stops the companion, whose last pass
+leaves only the compacted trace, still exact; then uninstall, restart, and the tracer and the
+companion are gone. A DynamicUser=yes service shares its dynamic user with its companion.
 """
 import os
 import re
 import shutil
 import stat
 import subprocess
+import time
 
 import pytest
 
@@ -25,17 +30,21 @@ UNIT = "mmleak-leaky.service"
 USER = "mmleakd"
 BIN = "/usr/local/bin/mmleak-leaky-daemon"
 STATE = "/var/lib/mmleak-leaky"  # StateDirectory=: the daemon writes "ready" there
+COMPANION = "mmleak-compact-mmleak-leaky.service"
+PY_DEST = "/usr/local/lib/mmleak/mmleak.py"
 N, SIZE = 13, 777
+CHURN = 100000          # requests of 8 events: about 27 MB of dumps, 3 files at 8 MB
+EVENTS = 8 * (1000 + CHURN) + N
 UNIT_TEXT = """[Unit]
 Description=leaky daemon for tests/test_systemd.py
 
 [Service]
 User=%s
-ExecStart=%s %d %d
+ExecStart=%s %d %d %d
 StateDirectory=mmleak-leaky
 PrivateTmp=yes
 ProtectSystem=strict
-""" % (USER, BIN, N, SIZE)
+""" % (USER, BIN, N, SIZE, CHURN)
 
 
 def status(box, expect_rc):
@@ -82,12 +91,108 @@ def dump_files(box, ddir):
     return out
 
 
-def start(box):
+def start(box, unit=UNIT, state=STATE):
     """Restart the unit; wait until the daemon has leaked and says so. Returns MainPID."""
-    box.run(["systemctl", "restart", UNIT])
-    pid = box.wait_active(UNIT)
-    box.wait_file(STATE + "/ready", content="%d\n" % pid)
+    box.run(["systemctl", "restart", unit])
+    pid = box.wait_active(unit)
+    box.wait_file(state + "/ready", content="%d\n" % pid)
     return pid
+
+
+def active(box, unit):
+    return box.run(["systemctl", "is-active", unit], check=False).stdout.strip()
+
+
+def wait_inactive(box, unit, timeout=30):
+    """`systemctl stop` returns when its own job is done; a unit stopped with it (the
+    companion, after the service) may still be deactivating: wait for it."""
+    deadline = time.monotonic() + timeout
+    while active(box, unit) != "inactive":
+        if time.monotonic() > deadline:
+            raise AssertionError("%s is %s after %ds:\n%s" % (unit, active(box, unit), timeout,
+                                                               box.journal(unit)))
+        time.sleep(0.05)
+
+
+def wait_compacted(box, ddir, pid, others=(), companion=COMPANION, timeout=30):
+    """Wait until the companion has folded every complete dump file of PID: what is left is
+    the file its thread still writes (K.out and its staging K.tail), the compactor's own, and
+    the OTHERS (file names). Returns K, the number of files folded."""
+    deadline = time.monotonic() + timeout
+    while True:
+        names = set(os.listdir(box.path(ddir))) - set(others)
+        outs = [n for n in names if n.endswith(".out")]
+        if len(outs) == 1:
+            k = int(outs[0].split(".")[2])
+            if names == live_set(pid, k):
+                return k
+        if time.monotonic() > deadline:
+            raise AssertionError("%s not compacted after %ds: %s\n%s" % (
+                ddir, timeout, sorted(names), box.journal(companion)))
+        time.sleep(0.1)
+
+
+def live_set(pid, k=None):
+    """The files of a compacted trace of PID (and of its running file K)."""
+    out = {"mmleak.%d.%s" % (pid, x) for x in ("compact", "maps", "series", "series.live",
+                                              "lock")}
+    if k is not None:
+        out |= {"mmleak.%d.%d.out" % (pid, k), "mmleak.%d.%d.tail" % (pid, k)}
+    return out
+
+
+def compacted_header(box, ddir, pid):
+    """{files, events, entries} of the #compacted line of mmleak.PID.compact."""
+    with open(box.path("%s/mmleak.%d.compact" % (ddir, pid)), "rb") as f:
+        for line in f:
+            if line.startswith(b"#compacted "):
+                return {k: int(v) for k, v in (w.split("=") for w in
+                                               line.decode().split()[1:]) if k != "at"}
+    raise AssertionError("no #compacted line in mmleak.%d.compact" % pid)
+
+
+def report(box, ddir, pid):
+    """`mmleak.py report DDIR --pid PID --no-html`: (events, folded events, folded files,
+    rows); asserts its first line and that the leak is the daemon's, exactly."""
+    r = box.run([PY, MMLEAK, "report", ddir, "--pid", str(pid), "--no-html"])
+    lines = r.stdout.splitlines()
+    assert lines[0] == "mmleak: trace %d (pid %d): %s %d %d %d" % (pid, pid, BIN, N, SIZE,
+                                                                   CHURN), r.stdout
+    m = re.match(r"^  (\d+) events \((\d+) of them folded by compaction from (\d+) files\); "
+                 r".* in (\d+) blocks not freed; 0 frees of blocks allocated before tracing$",
+                 lines[1])
+    assert m, r.stdout
+    assert int(m.group(4)) == N
+    rows = [tuple(line.split(None, 2)) for line in lines[3:]]
+    assert rows == [(str(N * SIZE), str(N), "remember at %s:%d" % (
+        os.path.join(TESTS, "leaky_daemon.c"), site_line("leaky_daemon.c", "remember")))], \
+        r.stdout
+    return tuple(int(x) for x in m.groups()[:3])
+
+
+def wait_journal(box, pid, files, over, timeout=10):
+    """Wait until the companion's journal says it folded FILES files of PID (journald
+    stores the lines a moment after they are written)."""
+    deadline = time.monotonic() + timeout
+    while folded_in_journal(box, pid) != (files, over):
+        if time.monotonic() > deadline:
+            raise AssertionError("journal of %s: %r, expected %r\n%s" % (
+                COMPANION, folded_in_journal(box, pid), (files, over), box.journal(COMPANION)))
+        time.sleep(0.1)
+
+
+def folded_in_journal(box, pid):
+    """The number of files the companion says it folded for PID (one line per pass with
+    -v), and whether its last line says the trace is over."""
+    total, over = 0, False
+    text = box.run(["journalctl", "--no-pager", "-o", "cat", "-u", COMPANION]).stdout
+    for line in text.splitlines():
+        m = re.match(r"^mmleak\.py: trace %d: folded (\d+) files \(.*\) into mmleak\.%d\.compact "
+                     r"\(.*\)(; the trace is over)?$" % (pid, pid), line)
+        if m:
+            total += int(m.group(1))
+            over = bool(m.group(2))
+    return total, over
 
 
 @pytest.fixture
@@ -100,7 +205,7 @@ def daemon(box, tmp_path):
     shutil.copy(str(exe), box.path(BIN))
     os.chmod(box.path(BIN), 0o755)
     box.run(["rm", "-rf", "/var/lib/mmleak", "/usr/local/lib/mmleak", STATE,
-             "/etc/systemd/system/%s.d" % UNIT])
+             "/etc/systemd/system/%s.d" % UNIT, "/etc/systemd/system/" + COMPANION])
     if box.run(["id", "-u", USER], check=False).returncode != 0:
         box.run(["useradd", "--system", "--user-group", "--no-create-home", "--home-dir",
                  "/nonexistent", "--shell", "/usr/sbin/nologin", USER])
@@ -110,7 +215,7 @@ def daemon(box, tmp_path):
     uid = int(box.run(["id", "-u", USER]).stdout)
     gid = int(box.run(["id", "-g", USER]).stdout)
     yield uid, gid
-    box.run(["systemctl", "stop", UNIT], check=False)
+    box.run(["systemctl", "stop", UNIT, COMPANION], check=False)
 
 
 def test_box_is_a_private_machine(box):
@@ -138,7 +243,9 @@ def test_box_is_a_private_machine(box):
     assert box.run(["test", "-f", MMLEAK]).returncode == 0
 
 
-def test_daemon_traced_then_untraced(box, daemon, lib):
+
+
+def test_daemon_traced_and_compacted_then_untraced(box, daemon, lib):
     uid, gid = daemon
     owner = "%s:%s" % (USER, USER)
 
@@ -152,72 +259,194 @@ def test_daemon_traced_then_untraced(box, daemon, lib):
     assert r.stderr == ""
     assert "ran systemctl daemon-reload\n" in r.stdout
     assert "daemon-reload     # needed" not in r.stdout
+    assert "write /etc/systemd/system/%s\n" % COMPANION in r.stdout
+    assert "compactor: %s, as %s, starts and stops with %s\n" % (COMPANION, owner, UNIT) \
+        in r.stdout
     fields, listing, out = status(box, 0)
     ddir, lib_in_box = fields["MMLEAK_DIR"], fields["LD_PRELOAD"]
     assert ddir.startswith("/var/lib/mmleak"), out  # not /tmp: PrivateTmp=yes
     assert "create directory %s (mode 0700 owner %s)\n" % (ddir, owner) in r.stdout
     assert fields["drop-in"] == "/etc/systemd/system/%s.d/mmleak.conf: present" % UNIT
+    assert fields["MMLEAK_ROTATE_MB"] == "8"
     assert fields["library"] == "%s: present, %d bytes" % (lib_in_box, os.path.getsize(LIB))
     with open(box.path(lib_in_box), "rb") as a, open(LIB, "rb") as b:
         assert a.read() == b.read()
+    with open(box.path(PY_DEST), "rb") as a, open(MMLEAK, "rb") as b:
+        assert a.read() == b.read()
+    # the companion exists, and does not run before the service is restarted
+    assert fields["companion"] == "/etc/systemd/system/%s: present, inactive" % COMPANION
     assert ddir in fields["ReadWritePaths"].split()  # ProtectSystem=strict
-    assert fields["dump dir"] == "%s: owner %s mode 0700, 0 dump files" % (ddir, owner)
+    assert fields["dump dir"] == "%s: owner %s mode 0700, 0 dump files, 0 compacted traces" % (
+        ddir, owner)
     assert listing == {}
     # what systemd itself now has for the unit
-    assert show(box, "Environment") == "LD_PRELOAD=%s MMLEAK_DIR=%s" % (lib_in_box, ddir)
+    assert show(box, "Environment") == "LD_PRELOAD=%s MMLEAK_DIR=%s MMLEAK_ROTATE_MB=8" % (
+        lib_in_box, ddir)
     assert show(box, "ReadWritePaths") == fields["ReadWritePaths"]
+    # (and tmp.mount, which PrivateTmp=yes adds)
+    assert sorted(show(box, "Wants").split()) == [COMPANION, "tmp.mount"]
+    props = {k: set(v.split()) for k, v in (line.split("=", 1) for line in box.run(
+        ["systemctl", "show", "-p", "BindsTo", "-p", "Before", "-p", "User", "-p", "Group",
+         COMPANION]).stdout.splitlines())}
+    assert props == {"BindsTo": {UNIT}, "Before": {UNIT, "shutdown.target"}, "User": {USER},
+                     "Group": {USER}}
 
-    # restart: the new main process runs as the user, under the tracer
+    # restart: the new main process runs as the user, under the tracer, and the companion
+    # runs with it, as the same user, without any privilege
     pid = start(box)
     st = proc(box, pid, "status")
     assert re.search(r"^Uid:\t%d\t%d\t%d\t%d$" % ((uid,) * 4), st, re.M), st
     assert re.search(r"^Gid:\t%d\t%d\t%d\t%d$" % ((gid,) * 4), st, re.M), st
     assert mapped(box, pid) == {lib_in_box}
     env = environ(box, pid)
-    assert (env.get("LD_PRELOAD"), env.get("MMLEAK_DIR")) == (lib_in_box, ddir)
-    # its dump files, owned by the user; the daemon allocates nothing more, so they are still
+    assert (env.get("LD_PRELOAD"), env.get("MMLEAK_DIR"), env.get("MMLEAK_ROTATE_MB")) == (
+        lib_in_box, ddir, "8")
+    assert active(box, COMPANION) == "active"
+    cpid = int(box.run(["systemctl", "show", "-p", "MainPID", "--value", COMPANION]).stdout)
+    cst = proc(box, cpid, "status")
+    assert re.search(r"^Uid:\t%d\t%d\t%d\t%d$" % ((uid,) * 4), cst, re.M), cst
+    assert re.search(r"^Gid:\t%d\t%d\t%d\t%d$" % ((gid,) * 4), cst, re.M), cst
+    assert re.search(r"^CapBnd:\t0000000000000000$", cst, re.M), cst
+    assert re.search(r"^NoNewPrivs:\t1$", cst, re.M), cst
+    assert proc(box, cpid, "cmdline").split("\0") == [
+        PY, PY_DEST, "compact", "--follow", "--forever", "--verbose", ddir, ""]
+    # not traced itself (no LD_PRELOAD: it writes no dump of its own, see live_set below);
+    # it loads mmleak.so with dlopen for the compiled shrinker, which works in its sandbox
+    # (MemoryDenyWriteExecute=yes, SystemCallFilter=@system-service)
+    assert "LD_PRELOAD" not in environ(box, cpid) and mapped(box, cpid) == {lib_in_box}
+
+    # the daemon churned 100,000 requests before saying "ready": its thread's dump rotated
+    # at 8 MB; the companion folds each complete file into mmleak.PID.compact and deletes it,
+    # and leaves the one the thread still writes
+    k = wait_compacted(box, ddir, pid)
+    assert k >= 2, k
     files = dump_files(box, ddir)
-    assert sorted(files) == ["mmleak.%d.0.out" % pid, "mmleak.%d.0.tail" % pid,
-                             "mmleak.%d.maps" % pid]
+    assert set(files) == live_set(pid, k)
     assert {(u, g, m) for u, g, m, _ in files.values()} == {(uid, gid, 0o600)}
+    assert files["mmleak.%d.compact" % pid][3] < 4096     # 13 blocks: the live set, small
+    head = compacted_header(box, ddir, pid)
+    assert head["files"] == k
+    wait_journal(box, pid, k, False)
     fields, listing, out = status(box, 0)
-    assert fields["dump dir"] == "%s: owner %s mode 0700, 2 dump files" % (ddir, owner)
-    shown = {n: files[n][3] for n in files if n.endswith((".out", ".maps"))}
+    assert fields["companion"] == "/etc/systemd/system/%s: present, active" % COMPANION
+    assert fields["dump dir"] == "%s: owner %s mode 0700, 2 dump files, 1 compacted trace" % (
+        ddir, owner)
+    shown = {n: files[n][3] for n in files if n.endswith((".out", ".maps", ".compact"))}
     assert listing == dict(shown, total=sum(shown.values())), out
 
-    # the report on the running daemon names its leak, and nothing else
-    r = box.run([PY, MMLEAK, "report", ddir, "--pid", str(pid), "--no-html"])
-    lines = r.stdout.splitlines()
-    assert lines[0] == "mmleak: trace %d (pid %d): %s %d %d" % (pid, pid, BIN, N, SIZE)
-    # 1000 requests of 8 events (malloc, strdup, realloc = free + allocation, calloc, 3 frees)
-    # and the N leaks, all in the main thread's file (its .tail: the daemon still runs)
-    m = re.match(r"^  (\d+) events read from (\d+) files; .* in (\d+) blocks not freed; "
-                 r"0 frees of blocks allocated before tracing$", lines[1])
-    assert m and m.groups() == (str(8 * 1000 + N), "1", str(N)), lines[1]
-    rows = [tuple(line.split(None, 2)) for line in lines[3:]]
-    assert rows == [(str(N * SIZE), str(N), "remember at %s:%d" % (
-        os.path.join(TESTS, "leaky_daemon.c"), site_line("leaky_daemon.c", "remember")))], \
-        r.stdout
+    # the report on the running daemon: every event, those folded and those of the running
+    # file, and its leak, nothing else: 1000 + CHURN requests of 8 events (malloc, strdup,
+    # realloc = free + allocation, calloc, 3 frees) and the N leaks
+    assert report(box, ddir, pid) == (EVENTS, head["events"], k)
 
-    # uninstall: the drop-in goes, systemd forgets the settings; the old process keeps the
-    # tracer until the restart
+    # stop the service: the companion stops after it, and its last pass folds the rest
+    box.run(["systemctl", "stop", UNIT])
+    wait_inactive(box, COMPANION)
+    files = dump_files(box, ddir)
+    assert set(files) == live_set(pid), sorted(files)
+    assert {(u, g, m) for u, g, m, _ in files.values()} == {(uid, gid, 0o600)}
+    assert compacted_header(box, ddir, pid)["files"] == k + 1
+    assert report(box, ddir, pid) == (EVENTS, EVENTS, k + 1)
+    wait_journal(box, pid, k + 1, True)
+
+    # start it again, then uninstall while it runs: the drop-in and the companion's file go,
+    # systemd forgets the settings; the old process keeps the tracer and the companion runs
+    # on (systemd keeps it loaded, "not-found", no longer bound) until the printed steps
+    first = pid
+    os.unlink(box.path(STATE + "/ready"))
+    pid = start(box)
+    assert active(box, COMPANION) == "active"
+    k = wait_compacted(box, ddir, pid, others=live_set(first))
     r = box.run([PY, INSTALL, "uninstall", UNIT])
     assert r.stderr == ""
-    assert r.stdout.startswith(
+    assert r.stdout == (
         "remove /etc/systemd/system/{0}.d/mmleak.conf\n"
         "remove directory /etc/systemd/system/{0}.d (created by install, now empty)\n"
-        "ran systemctl daemon-reload\n".format(UNIT)), r.stdout
+        "remove /etc/systemd/system/{1}\n"
+        "ran systemctl daemon-reload\n"
+        "kept: library {2}, {3} and dump directory {4} (delete them by hand when no longer "
+        "needed: rm -r {4})\n"
+        "next steps:\n"
+        "  systemctl restart {0}     # the running process is traced until then\n"
+        "  systemctl stop {1}     # after the restart: its last pass folds the old process's "
+        "dump files\n".format(UNIT, COMPANION, lib_in_box, PY_DEST, ddir))
     assert not os.path.lexists(box.path("/etc/systemd/system/%s.d" % UNIT))
+    assert not os.path.lexists(box.path("/etc/systemd/system/" + COMPANION))
     fields, _, out = status(box, 3)
     assert fields["drop-in"] == "/etc/systemd/system/%s.d/mmleak.conf: absent" % UNIT
-    assert (show(box, "Environment"), show(box, "ReadWritePaths")) == ("", "")
+    assert (show(box, "Environment"), show(box, "ReadWritePaths"), show(box, "Wants")) == (
+        "", "", "tmp.mount")
     assert mapped(box, pid) == {lib_in_box}
+    assert active(box, COMPANION) == "active"
 
+    # the printed steps: the restart gives an untraced process, and starts no companion
+    os.unlink(box.path(STATE + "/ready"))
     new = start(box)
     assert new != pid
     assert mapped(box, new) == set()
     env = environ(box, new)
     assert "LD_PRELOAD" not in env and "MMLEAK_DIR" not in env
-    # the library and the old dumps are kept; the new process wrote none
-    assert os.path.isfile(box.path(lib_in_box))
-    assert sorted(dump_files(box, ddir)) == sorted(files)
+    box.run(["systemctl", "stop", COMPANION])
+    wait_inactive(box, COMPANION)
+    assert box.run(["systemctl", "show", "-p", "LoadState", "--value", COMPANION]).stdout == \
+        "not-found\n"
+    # its last pass folded the old process's files; the new process wrote none; the
+    # library, mmleak.py and the compacted traces are kept
+    assert set(dump_files(box, ddir)) == live_set(pid) | live_set(first)
+    assert report(box, ddir, pid) == (EVENTS, EVENTS, k + 1)
+    assert report(box, ddir, first) == (EVENTS, EVENTS, compacted_header(box, ddir, first)[
+        "files"])
+    assert os.path.isfile(box.path(lib_in_box)) and os.path.isfile(box.path(PY_DEST))
+    os.unlink(box.path(STATE + "/ready"))
+    newer = start(box)
+    assert (mapped(box, newer), active(box, COMPANION)) == (set(), "inactive")
+
+
+DYN_UNIT = "mmleak.dyn.service"     # "mmleak.dyn" is no user name: systemd hashes it
+DYN_STATE = "/var/lib/mmleak-dyn"
+DYN_USER = "_du0e0a4d2f37caba9e"
+
+
+def test_dynamic_user_shared_with_the_companion(box, lib, tmp_path):
+    """DynamicUser=yes: the user exists only while a unit that uses it runs. The companion
+    asks for the same name with DynamicUser=yes (systemd gives every unit that does the same
+    uid) and for the service's StateDirectory=, where the dumps are."""
+    exe = tmp_path / "leaky_daemon"
+    subprocess.run(["gcc", "-O0", "-g", "-o", str(exe), os.path.join(TESTS, "leaky_daemon.c")],
+                   check=True)
+    shutil.copy(str(exe), box.path(BIN))
+    os.chmod(box.path(BIN), 0o755)
+    comp = "mmleak-compact-mmleak.dyn.service"
+    with open(box.path("/etc/systemd/system/" + DYN_UNIT), "w") as f:
+        f.write("[Service]\nDynamicUser=yes\nExecStart=%s %d %d %d\nStateDirectory=mmleak-dyn\n"
+                % (BIN, N, SIZE, CHURN))
+    box.run(["systemctl", "daemon-reload"])
+    try:
+        r = box.run([PY, INSTALL, "install", DYN_UNIT, "--dir", DYN_STATE])
+        assert r.stderr == ("mmleak-install.py: note: %s is under StateDirectory=; systemd "
+                            "creates it for the dynamic user\n" % DYN_STATE)
+        assert "compactor: %s, as the dynamic user %s (shared with the service), starts and " \
+               "stops with %s\n" % (comp, DYN_USER, DYN_UNIT) in r.stdout
+        pid = start(box, DYN_UNIT, DYN_STATE)
+        cpid = int(box.run(["systemctl", "show", "-p", "MainPID", "--value", comp]).stdout)
+        # the name systemd chose for the service is the one the installer computed
+        assert environ(box, pid)["USER"] == environ(box, cpid)["USER"] == DYN_USER
+        uid = re.search(r"^Uid:\t(\d+)\t", proc(box, pid, "status"), re.M).group(1)
+        assert re.search(r"^Uid:\t%s\t%s\t%s\t%s$" % ((uid,) * 4), proc(box, cpid, "status"),
+                         re.M)
+        k = wait_compacted(box, DYN_STATE, pid, others={"ready"}, companion=comp)
+        assert compacted_header(box, DYN_STATE, pid)["files"] == k
+        box.run(["systemctl", "stop", DYN_UNIT])
+        wait_inactive(box, comp)
+        assert set(os.listdir(box.path(DYN_STATE))) == live_set(pid) | {"ready"}
+        r = box.run([PY, MMLEAK, "report", DYN_STATE, "--pid", str(pid), "--no-html"])
+        lines = r.stdout.splitlines()
+        assert lines[1].startswith("  %d events (%d of them folded by compaction from %d "
+                                   "files); " % (EVENTS, EVENTS, k + 1)), r.stdout
+        assert [tuple(line.split(None, 2)) for line in lines[3:]] == [
+            (str(N * SIZE), str(N), "remember at %s:%d" % (
+                os.path.join(TESTS, "leaky_daemon.c"), site_line("leaky_daemon.c",
+                                                                  "remember")))], r.stdout
+    finally:
+        box.run([PY, INSTALL, "uninstall", DYN_UNIT], check=False)
+        box.run(["systemctl", "stop", DYN_UNIT, comp], check=False)

@@ -849,7 +849,18 @@ static uint64_t parse_hex(const char *s, const char **end)
 static int wanted_map_line(const char *l, size_t n)
 {
     const char *slash = memchr(l, '/', n);
-    return slash && slash > l && slash[-1] == ' ';
+    if (!slash || slash == l || slash[-1] != ' ')
+        return 0;
+    /* not our own staging files: they come and go, and the addresses they leave free are
+     * soon a library's, which would then look like two objects over one range */
+    if (n > 5 && !memcmp(l + n - 5, ".tail", 5)) {
+        const char *base = l + n;
+        while (base > slash && base[-1] != '/')
+            base--;
+        if (!memcmp(base, "mmleak.", 7))
+            return 0;
+    }
+    return 1;
 }
 
 static int maps_add(const char *l, size_t n)

@@ -946,6 +946,9 @@ class Symbolizer:
         for a in todo:
             view, real = self._view(a)
             hits = view.find(real)
+            code = [h for h in hits if h[5].split(None, 2)[1:2] and "x" in h[5].split()[1]]
+            if code and len(code) < len(hits):
+                hits = code         # a return address is in code: not in a data mapping
             paths = {(h[4], h[0] - h[2]) for h in hits}
             if not hits:
                 self.cache[a] = Frame(a, None, None, None, None, None, (), "not in any mapped file")
@@ -1959,6 +1962,194 @@ def cmd_snapshot(args):
     return EXIT_OK
 
 
+# ---------------------------------------------------------------------------------------
+# Attach and detach (README.rst, "Attaching to a running process")
+# ---------------------------------------------------------------------------------------
+#
+# mmleak-inject.c (built into mmleak.so, loaded here with ctypes like the shrinker) makes the
+# process load mmleak.so and call mmleak_attach / mmleak_detach in it (mmleak.c, section 5).
+
+INJECT_ERRORS = {-1: EXIT_USAGE, -2: EXIT_INPUT, -3: EXIT_INPUT, -4: EXIT_INPUT,
+                 -5: EXIT_INPUT, -6: EXIT_INPUT, -7: EXIT_INPUT, -8: EXIT_TOOL}
+
+
+def _inject(pid, lib, func, arg, timeout_ms):
+    """Call FUNC(ARG) in process PID after it loaded LIB: (code, result, error text)."""
+    import ctypes
+    here = find_library()
+    if not here:
+        raise Fail("mmleak.so not found (run `make`, or set MMLEAK_LIB)", EXIT_INPUT)
+    dll = ctypes.CDLL(here)
+    if dll.mmleak_inject_abi() != 1:
+        raise Fail("%s: injector interface version differs" % here, EXIT_TOOL)
+    fn = dll.mmleak_inject_call
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int,
+                   ctypes.POINTER(ctypes.c_long), ctypes.c_char_p, ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    res = ctypes.c_long(0)
+    err = ctypes.create_string_buffer(1024)
+    rc = fn(pid, os.fsencode(lib), func.encode(), arg.encode() if arg is not None else None,
+            timeout_ms, ctypes.byref(res), err, len(err))
+    return rc, ctypes.c_int(res.value & 0xffffffff).value, err.value.decode("utf-8", "replace")
+
+
+def mmleak_in(pid):
+    """The mmleak.so mapped into process PID (its path), or None."""
+    try:
+        with open("/proc/%d/maps" % pid) as f:
+            for line in f:
+                path = line.rstrip("\n").split(None, 5)[5:] or [""]
+                if os.path.basename(path[0]) == LIBNAME:
+                    return path[0]
+    except FileNotFoundError:
+        raise Fail("no such process %d" % pid, EXIT_INPUT)
+    except PermissionError:
+        raise Fail("not permitted to look at process %d (run as root, or as its user)" % pid,
+                   EXIT_INPUT)
+    except (OSError, IndexError):
+        pass
+    return None
+
+
+def _elf_symbol(path, name):
+    """(value, size) of the dynamic symbol NAME in the ELF file PATH, or None."""
+    import struct
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:4] != b"\x7fELF" or data[4] != 2:
+        return None
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3a)
+    secs = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    for s in secs:
+        if s[1] == 11:                                   # SHT_DYNSYM
+            strtab = secs[s[6]]
+            for off in range(s[4], s[4] + s[5], 24):
+                st_name, _, _, _, value, size = struct.unpack_from("<IBBHQQ", data, off)
+                end = data.index(b"\0", strtab[4] + st_name)
+                if data[strtab[4] + st_name:end] == name.encode():
+                    return value, size
+    return None
+
+
+def traced_state(pid):
+    """What mmleak.so in process PID says of itself ("tracing ID DIR", "paused",
+    "dormant"), read from its memory without stopping it; None if mmleak.so is not there."""
+    lib = mmleak_in(pid)
+    if not lib:
+        return None
+    base = None
+    with open("/proc/%d/maps" % pid) as f:
+        for line in f:
+            parts = line.split(None, 5)
+            if len(parts) == 6 and parts[5].rstrip("\n") == lib and int(parts[2], 16) == 0:
+                base = int(parts[0].split("-")[0], 16)
+                break
+    sym = _elf_symbol(lib, "mmleak_status") if base is not None else None
+    if not sym:
+        return "loaded (state unknown: %s has no status word)" % lib
+    try:
+        with open("/proc/%d/mem" % pid, "rb") as m:
+            m.seek(base + sym[0])
+            raw = m.read(sym[1])
+    except OSError as e:
+        return "loaded (state unreadable: %s)" % (e.strerror or e)
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace") or "starting"
+
+
+def traced_processes():
+    """[(pid, command, state)] of every process with mmleak.so loaded."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        pid = int(d)
+        try:
+            if not mmleak_in(pid):
+                continue
+            state = traced_state(pid)
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").strip().decode("utf-8", "replace")
+        except (Fail, OSError):
+            continue
+        out.append((pid, cmd, state))
+    return out
+
+
+def _call(pid, func, arg, timeout):
+    lib = mmleak_in(pid) or find_library()
+    if not lib:
+        raise Fail("mmleak.so not found (run `make`, or set MMLEAK_LIB)", EXIT_INPUT)
+    for attempt in range(20):
+        rc, res, err = _inject(pid, os.path.realpath(lib), func, arg, int(timeout * 1000))
+        if rc != 0:
+            raise Fail("%s %d: %s" % (func.replace("mmleak_", ""), pid, err),
+                       INJECT_ERRORS.get(rc, EXIT_INPUT))
+        if res != 3:            # 3: busy (a thread was inside mmleak): try again
+            return res, lib
+        time.sleep(0.05)
+    raise Fail("%s %d: the process stayed busy inside mmleak.so; try again"
+               % (func.replace("mmleak_", ""), pid), EXIT_INPUT)
+
+
+def cmd_attach(args):
+    pid = args.pid
+    d = os.path.abspath(args.dir or os.environ.get("MMLEAK_DIR") or "/tmp")
+    if not os.path.isdir(d):
+        raise Fail("%s: not a directory" % d, EXIT_INPUT)
+    settings = "MMLEAK_DIR=%s\n" % d
+    if args.depth:
+        settings += "MMLEAK_DEPTH=%d\n" % args.depth
+    settings += "MMLEAK_ROTATE_MB=%d\n" % (args.rotate_mb or COMPACT_ROTATE_MB)
+    if "\n" in d[:-1] or "\0" in d:
+        raise Fail("%s: a newline in the directory name" % d, EXIT_USAGE)
+    before = set(find_traces(d))
+    res, lib = _call(pid, "mmleak_attach", settings, args.timeout)
+    if res == 1:
+        raise Fail("process %d is already being traced (%s)" % (pid, traced_state(pid)),
+                   EXIT_INPUT)
+    if res != 0:
+        raise Fail("process %d could not start tracing into %s (its stderr says why: can "
+                   "its user write there?)" % (pid, d), EXIT_INPUT)
+    new = sorted(set(find_traces(d)) - before)
+    sys.stdout.write("%s: process %d is traced into %s (trace %s); stop with: %s detach %d\n"
+                     % (PROG, pid, d, " ".join(new) or "?", sys.argv[0], pid))
+    return EXIT_OK
+
+
+def cmd_detach(args):
+    pid = args.pid
+    state = traced_state(pid)
+    if state is None:
+        raise Fail("process %d does not have mmleak.so loaded: nothing to detach" % pid,
+                   EXIT_INPUT)
+    res, _ = _call(pid, "mmleak_detach", None, args.timeout)
+    if res == 1:
+        raise Fail("process %d is not being traced (%s)" % (pid, state), EXIT_INPUT)
+    words = state.split(None, 2)
+    where = " (trace %s in %s)" % (words[1], words[2]) if len(words) == 3 else ""
+    if res == 4:
+        warn("process %d is paused, but a thread stayed inside mmleak.so: its files were "
+             "left as they are%s (report and recover read them)" % (pid, where))
+        return EXIT_PARTIAL
+    sys.stdout.write("%s: process %d is no longer traced%s; its files are closed\n"
+                     % (PROG, pid, where))
+    if len(words) == 3:
+        sys.stdout.write("%s: next: %s report %s --pid %s\n" % (PROG, sys.argv[0], words[2],
+                                                              words[1]))
+    return EXIT_OK
+
+
+def cmd_status(args):
+    procs = traced_processes()
+    if not procs:
+        sys.stdout.write("no process has mmleak.so loaded\n")
+        return EXIT_OK
+    for pid, cmd, state in sorted(procs):
+        sys.stdout.write("%7d  %-40s  %s\n" % (pid, state, cmd[:120]))
+    return EXIT_OK
+
+
 def choose_trace(directory, pid):
     traces = find_traces(directory)
     if pid is not None:
@@ -2483,6 +2674,52 @@ def build_parser():
     n.add_argument("--pid", help="trace id; default: newest")
     n.add_argument("-o", "--output", help="file to write (default: stdout)")
     n.set_defaults(func=cmd_snapshot)
+
+    a = sub.add_parser(
+        "attach", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="start tracing a running process, without restarting it",
+        description="Make the running process PID (started without mmleak) load mmleak.so and "
+                    "trace it from now on into DIR, exactly as if it had been started under "
+                    "the tracer.  Blocks allocated before show up as frees of blocks allocated "
+                    "before tracing.  A process started with mmleak.so preloaded and then "
+                    "detached (or started with MMLEAK_PAUSED=1) resumes, in a new trace.  Needs "
+                    "ptrace permission: root, or the same user where kernel.yama.ptrace_scope "
+                    "allows it.  The process's user must be able to write DIR.",
+        epilog="example:\n  %(prog)s 4242 -d /var/tmp/leaks    # ... later:\n"
+               "  mmleak.py detach 4242\n  mmleak.py report /var/tmp/leaks --pid 4242\n\n"
+               + EXIT_HELP)
+    a.add_argument("pid", type=positive_int, help="the process")
+    a.add_argument("-d", "--dir", help="dump directory (default: $MMLEAK_DIR or /tmp)")
+    a.add_argument("--depth", type=positive_int,
+                   help="frames per allocation (default: auto, see MMLEAK_DEPTH)")
+    a.add_argument("--rotate-mb", type=positive_int,
+                   help="rotate dump files at this size (default %d, for compaction)"
+                        % COMPACT_ROTATE_MB)
+    a.add_argument("--timeout", type=positive_float, default=10.0, metavar="SECONDS",
+                   help="give up after this long without a safe moment (default 10)")
+    a.set_defaults(func=cmd_attach)
+
+    t = sub.add_parser(
+        "detach", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="stop tracing a process, which goes on at full speed",
+        description="Stop tracing process PID: its allocation calls no longer pass through "
+                    "mmleak (its speed is back to untraced) and its dump files are flushed and "
+                    "closed.  The trace then holds the window from attach to detach: `report` "
+                    "shows the blocks allocated in it and still alive at its end, with their "
+                    "age.  `attach` later starts a new trace.",
+        epilog=EXIT_HELP)
+    t.add_argument("pid", type=positive_int, help="the process")
+    t.add_argument("--timeout", type=positive_float, default=10.0, metavar="SECONDS",
+                   help="give up after this long without a safe moment (default 10)")
+    t.set_defaults(func=cmd_detach)
+
+    u = sub.add_parser(
+        "status", help="which processes have mmleak.so loaded, and what it does in them",
+        description="List every process with mmleak.so loaded and its state, read from its "
+                    "memory without stopping it: tracing (trace id and directory), paused, or "
+                    "dormant.",
+        epilog=EXIT_HELP)
+    u.set_defaults(func=cmd_status)
     return p
 
 

@@ -8,8 +8,13 @@
  *               [-w: say "ready" and wait for a line on stdin before exiting]
  *               [-p PHASES: after each phase of PAIRS pairs, say "phase K" and wait for a
  *                line on stdin]
+ *               [-c: commands: the threads churn until "quit"; the main thread reads lines
+ *                "leak N" (N blocks of 64 bytes, site cmd_leak), "fork" (a child leaks 7
+ *                blocks of 65 bytes, site fork_leak, and exits), "load PATH" (dlopen a
+ *                tests/plugin.c library and call its plugin_leak), and answers each]
  * Prints "leaked N" (this process) at the end. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -41,12 +46,15 @@ static void leak_one(void)
     atomic_fetch_add(&leaked, 1);
 }
 
+static atomic_int quit;
+
 static void *body(void *arg)
 {
     long id = (long)arg;
     unsigned x = (unsigned)id * 2654435761u + 1;
     double t0 = now();
-    for (long i = 1; i <= pairs; i++) {
+    for (long i = 1; pairs < 0 ? !atomic_load_explicit(&quit, memory_order_relaxed) : i <= pairs;
+         i++) {
         x = x * 1103515245u + 12345u;
         void *p = malloc(16 + (x >> 16) % 240);
         if (x & 0x100) {
@@ -79,10 +87,57 @@ static void run_phase(void)
         pthread_join(t[i], NULL);
 }
 
+static void cmd_leak(long n)
+{
+    for (long i = 0; i < n; i++)
+        sink = malloc(64);                      /* site:cmd_leak */
+}
+
+static int commands(void)
+{
+    pthread_t t[64];
+    pairs = -1;
+    for (long i = 0; i < threads; i++)
+        pthread_create(&t[i], NULL, body, (void *)i);
+    printf("churning\n");
+    char line[4096];
+    while (fgets(line, sizeof line, stdin)) {
+        line[strcspn(line, "\n")] = 0;
+        if (!strncmp(line, "leak ", 5)) {
+            cmd_leak(atol(line + 5));
+            printf("ok %ld\n", atol(line + 5));
+        } else if (!strcmp(line, "fork")) {
+            pid_t c = fork();
+            if (c == 0) {
+                for (int i = 0; i < 7; i++)
+                    sink = malloc(65);          /* site:fork_leak */
+                _exit(0);
+            }
+            waitpid(c, NULL, 0);
+            printf("forked %d\n", (int)c);
+        } else if (!strncmp(line, "load ", 5)) {
+            void *h = dlopen(line + 5, RTLD_NOW);
+            void *(*leak)(int) = h ? (void *(*)(int))dlsym(h, "plugin_leak") : NULL;
+            if (leak)
+                leak(1);
+            printf("%s\n", leak ? "loaded" : dlerror());
+        } else if (!strcmp(line, "quit")) {
+            break;
+        }
+    }
+    atomic_store(&quit, 1);
+    for (long i = 0; i < threads; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < SLOTS; i++)
+        free(atomic_exchange(&handoff[i], NULL));
+    printf("bye\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    int c;
-    while ((c = getopt(argc, argv, "t:n:r:l:fwp:")) != -1) {
+    int c, cmds = 0;
+    while ((c = getopt(argc, argv, "t:n:r:l:fwp:c")) != -1) {
         switch (c) {
         case 't': threads = atol(optarg); break;
         case 'n': pairs = atol(optarg); break;
@@ -91,6 +146,7 @@ int main(int argc, char **argv)
         case 'f': do_fork = 1; break;
         case 'w': do_wait = 1; break;
         case 'p': phases = atoi(optarg); break;
+        case 'c': cmds = 1; break;
         default:
             fprintf(stderr, "usage: daemon_load [-t N] [-n PAIRS] [-r RATE] [-l LEAK] [-f] [-w] [-p PHASES]\n");
             return 2;
@@ -99,6 +155,8 @@ int main(int argc, char **argv)
     if (threads < 1 || threads > 64)
         return 2;
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (cmds)
+        return commands();
     char line[64];
     for (int ph = 1; ph <= phases; ph++) {
         pid_t child = -1;

@@ -2311,6 +2311,7 @@ __attribute__((constructor)) static void mmleak_init(void)
     if (!preloaded()) {
         g_state = -1;
         g_once_done = 1;
+        set_status();           /* "dormant": mmleak.py's shrinker, or before an attach */
         T.guard--;
         errno = saved;
         return;

@@ -2281,6 +2281,11 @@ def print_top_sites(rep, out, top=10):
         out.write("  showing only blocks %s (%d of %d blocks, %s of %s)\n"
                   % (rep["filter"], len(surv), rep["unfiltered"][0], human_bytes(total),
                      human_bytes(rep["unfiltered"][1])))
+    if any(h.get("window") == "1" for h in (rep["shrinker"].headers if rep.get("shrinker")
+                                            else [])):
+        out.write("  an attached window (mmleak.py attach .. detach): the blocks allocated while "
+                  "attached and still alive at its end, ages at its end; frees of blocks "
+                  "allocated before the attach are not leaks\n")
     if rep.get("gaps"):
         out.write("  %s\n" % rep["gaps"])
     if rep.get("alloc") and not os.path.basename(rep["alloc"]).startswith("libc.so"):

@@ -221,6 +221,13 @@ HOT_INLINE char *put_hexv(char *d, uint32_t v, unsigned n)
     _mm_storel_epi64((__m128i *)(void *)d, hex16((uint64_t)v << (64 - 4 * n)));
     return d + n;
 }
+
+/* All sixteen digits of v. */
+HOT_INLINE char *put_hex16(char *d, uint64_t v)
+{
+    _mm_storeu_si128((__m128i *)(void *)d, hex16(v));
+    return d + 16;
+}
 #else
 /* Portable version: eight hex digits of x as eight ASCII bytes, most significant first in
  * memory (SWAR: spread the nibbles into bytes, then add '0', and 'a'-'0'-10 above 9). */
@@ -249,6 +256,14 @@ HOT_INLINE char *put_hexv(char *d, uint32_t v, unsigned n)
     uint64_t w = hex8(v << (32 - 4 * n));
     memcpy(d, &w, 8);
     return d + n;
+}
+
+HOT_INLINE char *put_hex16(char *d, uint64_t v)
+{
+    uint64_t hi = hex8((uint32_t)(v >> 32)), lo = hex8((uint32_t)v);
+    memcpy(d, &hi, 8);
+    memcpy(d + 8, &lo, 8);
+    return d + 16;
 }
 #endif
 
@@ -1912,9 +1927,30 @@ static void late_shared(const char *line, size_t n)
 
 /* The general writer: any width, any depth.  Builds the line on the stack, then reserves
  * its bytes and copies them, newline last. */
+static int emit_cold(struct tstate *t, const char *line, size_t n);
+
 static int emit(const char *line, size_t n)
 {
     struct tstate *t = &T;
+    if (unlikely(t->dead | t->dropping) || t->end - t->cur < (ptrdiff_t)(n + 16)) {
+        int rc = emit_cold(t, line, n);
+        if (rc <= 0)
+            return 0;
+    }
+    char *d = reserve(t, n);
+    memcpy(d, line, n - 1);
+    atomic_signal_fence(memory_order_release);
+    d[n - 1] = '\n';
+    return 1;
+}
+
+/* The part of emit that touches files: counted in g_inflight, so that a detach waits for it
+ * (and, begun after the detach, it does nothing).  1: room was made; 0: nothing to write. */
+static int emit_cold(struct tstate *t, const char *line, size_t n)
+{
+    INFLIGHT;
+    if (g_state != 1)
+        return 0;
     if (t->dead) {
         late_shared(line, n);
         return 0;
@@ -1923,25 +1959,21 @@ static int emit(const char *line, size_t n)
         drop_event(t);
         return 0;
     }
-    if (t->end - t->cur < (ptrdiff_t)(n + 16)) {
-        if (late_direct(t)) {
-            append_direct(t, line, n);
-            return 0;
-        }
-        if (unfinished_line(t)) {
-            /* a signal handler, while the line it interrupted is unfinished: no flush */
-            if (!t->stage || t->end + SLACK - t->cur < (ptrdiff_t)(n + 16))
-                return 0; /* deeper than the slack: lost (and the interrupted line kept) */
-        } else if (make_room(t, n + 16)) {
-            if (t->dropping)
-                t->lost++;
-            return 0;
-        }
+    if (late_direct(t)) {
+        append_direct(t, line, n);
+        return 0;
     }
-    char *d = reserve(t, n);
-    memcpy(d, line, n - 1);
-    atomic_signal_fence(memory_order_release);
-    d[n - 1] = '\n';
+    if (unfinished_line(t)) {
+        /* a signal handler, while the line it interrupted is unfinished: no flush */
+        if (!t->stage || t->end + SLACK - t->cur < (ptrdiff_t)(n + 16))
+            return 0; /* deeper than the slack: lost (and the interrupted line kept) */
+        return 1;
+    }
+    if (make_room(t, n + 16)) {
+        if (t->dropping)
+            t->lost++;
+        return 0;
+    }
     return 1;
 }
 
@@ -1988,13 +2020,17 @@ static const void *new_caller(const struct tstate *t, const void *ra);
  * of ids its current file already holds (it moves with the file when a new thread continues
  * a parked one, and is emptied when the file ends). */
 
+/* Each frame is multiplied by a constant of its own and the products summed: the
+ * multiplications do not wait for each other (a chained hash costs 5 cycles a frame), and
+ * the frames' order still matters.  The sum is then mixed (murmur3's finaliser). */
 static uint64_t stack_id(const uintptr_t *f, int n)
 {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
-    for (int i = 0; i < n; i++) {
-        h = (h ^ f[i]) * 0xff51afd7ed558ccdull;
-        h ^= h >> 29;
-    }
+    uint64_t h = 0x9E3779B97F4A7C15ull * (uint64_t)(n + 1);
+    for (int i = 0; i < n; i++)
+        h += (f[i] ^ ((uint64_t)i << 52)) * (0xff51afd7ed558ccdull + 2 * (uint64_t)i);
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 33;
     return h ? h : 1;
 }
 
@@ -2082,8 +2118,17 @@ static int capture(const void *ra, uintptr_t *f)
      * CFI rules of the program's frames (bt[0] == ra) */
     int k = mml_unwind_from_ra(ra, bt, max), i = 0;
     int n = 1, program_at = -1;
+    /* a frame is classified only when the answer matters: in auto mode until the program's
+     * first frame, and, once something was unloaded, for its epoch tag */
+    int tag = H->epoch != 0;
     for (int j = i + 1; j < k && n < max; j++) {
         f[n] = (uintptr_t)bt[j];
+        if (!tag && (want != 0 || program_at >= 0)) {
+            n++;
+            if (want == 0 && n > program_at + AUTO_CONTEXT)
+                break;
+            continue;
+        }
         uintptr_t known = atomic_load_explicit(&mml_direct[MML_DIRECT_SLOT(f[n])],
                                                memory_order_relaxed);
         if (known != f[n]) {        /* not known as the program's: ask */
@@ -2104,7 +2149,6 @@ static int capture(const void *ra, uintptr_t *f)
 COLD static void slow_alloc(void *p, size_t n, const void *ra)
 {
     struct tstate *t = &T;
-    INFLIGHT;
     if (slow_enter(t))
         return;
     GUARDED;
@@ -2124,9 +2168,29 @@ COLD static void slow_alloc(void *p, size_t n, const void *ra)
     char line[40 + 17 * MAXDEPTH + 96], *d = line;
     uint64_t id = nf > 1 ? stack_id(f, nf) : 0;
     int def = nf > 1 && (!t->open || !sset_has(t, id));
+    if (nf > 1 && !def && !(t->dead | t->dropping) && t->end - t->cur >= FAST_ROOM &&
+        !((s | n | (uint64_t)now) >> 32) && !((uintptr_t)p >> 48) && now >= 0) {
+        /* the common case with stacks: a stack this file holds, written like the fast path */
+        unsigned ns = ndig((uint32_t)s), nn = ndig((uint32_t)n), nt = ndig((uint32_t)now);
+        char *d = reserve(t, 12 + 1 + ns + 1 + nn + 1 + nt + 1 + 1 + 16 + 1);
+        d = put_hex12(d, (uintptr_t)p);
+        *d++ = ' ';
+        d = put_hexv(d, (uint32_t)s, ns);
+        *d++ = ' ';
+        d = put_hexv(d, (uint32_t)n, nn);
+        *d++ = ' ';
+        d = put_hexv(d, (uint32_t)now, nt);
+        *d++ = ' ';
+        *d++ = '@';
+        d = put_hex16(d, id);
+        atomic_signal_fence(memory_order_release);
+        *d = '\n';
+        t->epoch = H->epoch;
+        return;
+    }
     if (def) {
         memcpy(d, "#s ", 3);
-        d = hexw(d + 3, id, 1);
+        d = hexw(d + 3, id, 16);    /* always 16 digits, as in the references */
         for (int i = 0; i < nf; i++) {
             *d++ = ' ';
             d = hexw(d, f[i] - 1, 1);   /* inside the call instruction: the calling line */
@@ -2143,7 +2207,7 @@ COLD static void slow_alloc(void *p, size_t n, const void *ra)
     *d++ = ' ';
     if (nf > 1) {
         *d++ = '@';
-        d = hexw(d, id, 1);
+        d = hexw(d, id, 16);
     } else {
         d = hexw(d, f[0] - 1, 12);
     }
@@ -2158,7 +2222,6 @@ COLD static void slow_alloc(void *p, size_t n, const void *ra)
 COLD static void slow_free(void *p, uint64_t s, const void *ra)
 {
     struct tstate *t = &T;
-    INFLIGHT;
     if (slow_enter(t))
         return;
     GUARDED;

@@ -579,6 +579,11 @@ main{padding:14px 24px 40px}
 .card .v{font-size:19px;font-weight:600}
 .card .n{font-size:12px;color:#6a7785}
 .notes{background:#fff;border:1px solid #dde3ea;border-radius:6px;padding:6px 14px;margin-bottom:12px}
+.panel{background:#fff;border:1px solid #dde3ea;border-radius:6px;padding:6px 14px;margin-bottom:12px}
+.panel h2{font-size:14px;margin:6px 0}
+table.small{border-collapse:collapse;font-size:12px;margin:6px 0}
+table.small td,table.small th{border-bottom:1px solid #eef1f4;padding:2px 8px;text-align:left}
+table.small td.n{text-align:right;font-variant-numeric:tabular-nums}
 .notes ul{margin:4px 0;padding-left:18px}
 .warn{color:#a14a00}
 .charts{display:flex;flex-wrap:wrap;gap:12px;margin-bottom:12px}
@@ -973,10 +978,12 @@ def build_html(ctx):
             notes.append("<b>Symbols:</b> all %d addresses resolved to function and file:line."
                          % tot)
     if deep:
-        notes.append("<b>Call sites</b> are the first frame outside the allocation wrappers "
-                     "(%s); traced with %d return addresses per allocation (click "
-                     "<i>stack</i> to see them)." % (esc(", ".join(ctx["wrapper_hits"]) or
-                                                         "none seen"), ctx["depth"]))
+        how = ("with stacks through the runtime and the wrappers to the program's own frame "
+               "(MMLEAK_DEPTH=auto)" if ctx["depth"] >= mmleak.MAX_DEPTH else
+               "with %d return addresses per allocation" % ctx["depth"])
+        notes.append("<b>Call sites</b> are the first frame outside the C/C++ runtime and the "
+                     "allocation wrappers (%s seen); traced %s (click <i>stack</i> to see "
+                     "them)." % (esc(", ".join(ctx["wrapper_hits"]) or "none"), how))
     elif ctx["wrapped_sites"]:
         notes.append('<span class="warn"><b>Wrappers:</b> %d call sites are inside an '
                      'allocation wrapper (%s): trace with <code>--depth 4</code> to see who '
@@ -993,6 +1000,10 @@ def build_html(ctx):
     w('<div class="charts"><div class="chart" id="chart-sites">%s</div>'
       '<div class="chart" id="chart-time">%s</div></div>\n'
       % (ctx["svg_sites"], ctx["svg_time"]))
+
+    # -- growth over time, and the incremental view (mmleak.py report only) --
+    for panel in ctx.get("extra_panels", []):
+        w(panel)
 
     # -- the flame graph --
     w(flame_panel(ctx.get("flame")))
@@ -1162,11 +1173,94 @@ def render_report(rep, out_path, wrappers=None, top=TOP_ROWS):
     }
     if rep.get("symbol_error"):
         meta["extra_notes"].append('<span class="warn">%s</span>' % esc(rep["symbol_error"]))
+    if rep.get("gaps"):
+        meta["extra_notes"].append('<span class="warn"><b>%s</b></span>' % esc(rep["gaps"]))
+    if any(h.get("window") == "1" for h in (rep["shrinker"].headers if rep.get("shrinker")
+                                            else [])):
+        meta["extra_notes"].append("An attached window (<code>mmleak.py attach</code> .. "
+                                   "<code>detach</code>): the blocks allocated while attached "
+                                   "and still alive at its end; ages at its end.")
+    meta["extra_panels"] = []
+    if rep.get("growth"):
+        meta["extra_panels"].append(growth_panel(rep, wrappers))
+    if rep.get("freed_since_baseline") is not None:
+        meta["extra_panels"].append(incremental_panel(rep))
     if rep.get("incomplete"):
         meta["extra_notes"].append('<span class="warn"><b>Incomplete input:</b> malformed '
                                    'lines were skipped (see the warnings of mmleak.py); some '
                                    'events may be missing.</span>')
     write_page(render(surv, rep.get("frames") or {}, meta, wrappers, top), out_path)
+
+
+GROWTH_SITES = 8
+
+
+def growth_panel(rep, wrappers):
+    """Live bytes per call site at each compaction pass (mmleak.ID.series): the chart a
+    daemon's leak is found with, a line that keeps rising; and the table of first, last,
+    change and rate."""
+    import numpy as np
+    g, pts, frames = rep["growth"], rep["series"], rep["frames"]
+    rows = sorted(((site, vals) for site, vals in g.items() if any(v[2] for v in vals)),
+                  key=lambda kv: (-(kv[1][-1][2] - kv[1][0][2]), kv[0]))
+    Figure, _ = _mpl()
+    fig = Figure(figsize=(6.4, 3.4))
+    ax = fig.add_subplot(111)
+    t = np.array([p.time for p in pts], dtype=np.float64)
+    vmax = 1.0
+    for i, (site, vals) in enumerate(rows[:GROWTH_SITES]):
+        y = np.array([v[2] for v in vals], dtype=np.float64)
+        vmax = max(vmax, float(y.max()))
+        ax.plot(t, y, color=PALETTE[i % len(PALETTE)], linewidth=1.6, marker="o", markersize=2.5,
+                label="%s" % _trunc(site_label(frames.get(site), site), 40))
+    _bytes_axis(ax.yaxis, vmax * 1.05)
+    ax.set_xlabel("trace time at each compaction pass (seconds since start)")
+    ax.set_ylabel("live bytes")
+    ax.set_title("Live bytes per call site over time", loc="left", fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(color="#ddd", linewidth=0.6)
+    ax.legend(loc="upper left", bbox_to_anchor=(0, -0.22), ncol=2, fontsize=7.5, frameon=False)
+    span = max(pts[-1].time - pts[0].time, 0)
+    trs = []
+    for site, vals in rows[:40]:
+        d = vals[-1][2] - vals[0][2]
+        rate = ("%+.0f" % (d * 3600.0 / span)) if span else ""
+        fr = frames.get(site)
+        trs.append("<tr><td>%s</td><td class=n>%s</td><td class=n>%s</td><td class=n>%+d</td>"
+                   "<td class=n>%s</td></tr>" % (esc(mmleak.frame_label(fr) if fr else
+                                                     "0x%x" % site),
+                                                 "{:,}".format(vals[0][2]),
+                                                 "{:,}".format(vals[-1][2]), d, rate))
+    return ('<div class="panel" id="growth"><h2>Growth over time</h2><p>%d compaction passes '
+            'over %s of the trace (mmleak.%s.series). A call site whose live bytes keep '
+            'rising is a leak.</p><div class="charts"><div class="chart">%s</div></div>'
+            '<table class="small"><tr>'
+            '<th>call site</th><th>live bytes, first pass</th><th>last pass</th>'
+            '<th>change</th><th>bytes per hour</th></tr>%s</table></div>\n'
+            % (len(pts), esc(dur(span)), esc(rep.get("trace") or ""), _svg(fig), "".join(trs)))
+
+
+def incremental_panel(rep):
+    """Per call site, since the --baseline snapshot: allocated and still alive (+), of the
+    snapshot freed since (-)."""
+    rows = mmleak.incremental_sites(rep)
+    frames = rep["frames"]
+    trs = []
+    for caller, pb, pn, mb, mn in rows[:200]:
+        fr = frames.get(caller)
+        trs.append("<tr><td>%s</td><td class=n>+%s</td><td class=n>+%s</td><td class=n>-%s</td>"
+                   "<td class=n>-%s</td></tr>" % (esc(mmleak.frame_label(fr) if fr else
+                                                      "0x%x" % caller), "{:,}".format(pb),
+                                                  "{:,}".format(pn), "{:,}".format(mb),
+                                                  "{:,}".format(mn)))
+    freed = rep["freed_since_baseline"]
+    return ('<div class="panel" id="incremental"><h2>Since the snapshot %s</h2><p>%s in %s '
+            'blocks allocated since and still alive; %s in %s blocks of the snapshot freed '
+            'since.</p><table class="small"><tr><th>call site</th><th>+bytes</th>'
+            '<th>+blocks</th><th>&minus;bytes</th><th>&minus;blocks</th></tr>%s</table></div>\n'
+            % (esc(rep["baseline"]), esc(hb(sum(a.size for a in rep["survivors"]))),
+               "{:,}".format(len(rep["survivors"])), esc(hb(sum(a.size for a in freed))),
+               "{:,}".format(len(freed)), "".join(trs)))
 
 
 # ---------------------------------------------------------------------------------------

@@ -1702,7 +1702,13 @@ def _key_text(callers, stack_lines, sh):
         if frames == callers:
             stack_lines[sid] = sh.stack_lines[sid]
             return b"@%x" % sid
-    return b"%x" % callers[0]
+    # a stack no longer in the trace's result (its blocks were freed since the last pass):
+    # defined here under an id of its own
+    import hashlib
+    sid = int.from_bytes(hashlib.blake2b(repr(callers).encode(), digest_size=8).digest(),
+                         "little")
+    stack_lines[sid] = b"#s %016x %s\n" % (sid, b" ".join(b"%x" % c for c in callers))
+    return b"@%x" % sid
 
 
 def read_series(path):
@@ -2340,7 +2346,8 @@ def print_growth(rep, out, top=10):
     span = pts[-1].time - pts[0].time
     out.write("  growth over %d compaction passes (%s of the trace's time), by call site "
               "(live bytes first -> last):\n" % (len(pts), _duration(span)))
-    rows = sorted(g.items(), key=lambda kv: (-(kv[1][-1][2] - kv[1][0][2]), kv[0]))
+    rows = sorted(((site, vals) for site, vals in g.items() if any(v[2] for v in vals)),
+                  key=lambda kv: (-(kv[1][-1][2] - kv[1][0][2]), kv[0]))
     for site, vals in rows[:top]:
         fr = rep["frames"].get(site)
         d = vals[-1][2] - vals[0][2]

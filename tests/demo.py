@@ -74,10 +74,10 @@ def main():
     if subprocess.run(["g++", "-O0", "-g", "-pthread", "-o", exe, src]).returncode:
         sys.exit("demo: compiling %s failed" % src)
     rel = os.path.relpath
-    say("running it under the tracer: mmleak.py run -d %s --depth 4 -- %s 3"
+    say("running it under the tracer: mmleak.py run -d %s -- %s 3"
         % (rel(dumps, REPO), rel(exe, REPO)))
     mmleak_py = os.path.join(REPO, "mmleak.py")
-    r = subprocess.run([PY, mmleak_py, "run", "-d", dumps, "--depth", "4", "--", exe, "3"],
+    r = subprocess.run([PY, mmleak_py, "run", "-d", dumps, "--", exe, "3"],
                        cwd=REPO)
     if r.returncode:
         sys.exit("demo: the traced program failed (exit status %d)" % r.returncode)

@@ -293,3 +293,38 @@ def test_incremental_view_between_a_snapshot_and_now(load, tmp_path):
     p.stdin.write(b"\n")
     p.stdin.close()
     p.wait()
+
+
+def test_growth_and_incremental_views_on_the_page(load, tmp_path):
+    """The HTML page draws the series (a row per call site: first, last, change) and, with
+    --baseline, the + and - table."""
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    p = subprocess.Popen([load, "-t", "2", "-n", "20000", "-l", "200", "-p", "3"],
+                         env=traced_env(dump), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    tid = str(p.pid)
+    snap = tmp_path / "snap"
+    for ph in range(1, 4):
+        assert p.stdout.readline() == b"phase %d leaked %d\n" % (ph, 200 * ph)
+        mmleak.compact_dir(str(dump), tid)
+        if ph == 1:
+            subprocess.run(MMLEAK + ["snapshot", str(dump), "--pid", tid, "-o", str(snap)],
+                           check=True, capture_output=True)
+        p.stdin.write(b"\n")
+        p.stdin.flush()
+    p.stdin.close()
+    p.wait()
+    page = tmp_path / "r.html"
+    r = subprocess.run(MMLEAK + ["report", str(dump), "--pid", tid, "-o", str(page),
+                                 "--baseline", str(snap)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    html = page.read_text()
+    line = site_line("daemon_load.c", "load_leak")
+    assert 'id="growth"' in html and 'id="incremental"' in html
+    row = "leak_one at %s:%d</td><td class=n>%s</td><td class=n>%s</td><td class=n>+%d</td>" % (
+        os.path.join(TESTS, "daemon_load.c"), line, "{:,}".format(200 * 48),
+        "{:,}".format(600 * 48), 400 * 48)
+    assert row in html
+    inc = "leak_one at %s:%d</td><td class=n>+%s</td><td class=n>+400</td>" % (
+        os.path.join(TESTS, "daemon_load.c"), line, "{:,}".format(400 * 48))
+    assert inc in html

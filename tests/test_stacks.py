@@ -176,3 +176,26 @@ def test_killed_process_with_stacks_recovers_exactly(bins, tmp_path):
     rep2 = mmleak.build_report(str(dump), tid, progress=False)
     assert sorted(a.callers for a in rep2["survivors"]) == \
         sorted(a.callers for a in rep["survivors"])
+
+
+@pytest.mark.parametrize("flags", [["-O2", "-fomit-frame-pointer"], ["-O0", "-no-pie"],
+                                   ["-O2", "-fno-omit-frame-pointer"]],
+                         ids=["pie-O2-nofp", "nopie-O0", "pie-O2-fp"])
+def test_recorded_stack_equals_backtrace(tmp_path, lib, flags):
+    """MMLEAK_DEPTH=64: the frames mmleak.so records for each allocation are the callers
+    glibc's backtrace() sees at that place (main thread and a thread)."""
+    exe = str(tmp_path / "bt")
+    subprocess.run(["cc", "-g", "-pthread", "-o", exe, os.path.join(TESTS, "bt_compare.c")] +
+                   flags, check=True)
+    dump = tmp_path / "d"
+    dump.mkdir()
+    r = run_traced([exe], dump, env={"MMLEAK_DEPTH": "64"})
+    want = {}
+    for line in r.stdout.decode().splitlines():
+        v = line.split()
+        want[int(v[0])] = tuple(int(x, 16) for x in v[1:])
+    assert sorted(want) == [301, 302, 303]
+    (tid,) = [k for k, v in mmleak.find_traces(str(dump)).items() if v]
+    sh = mmleak.shrink_files(mmleak.find_traces(str(dump))[tid])
+    got = {a.size: a.callers[1:] for a in sh.survivors() if a.size in want}
+    assert got == want

@@ -61,24 +61,6 @@ static struct {
     int (*dlclose)(void *);
 } G = { PTHREAD_MUTEX_INITIALIZER, NULL, 0, NULL, 0, 0, NULL, 0, 0, 0, 0, 0, NULL };
 
-static void *grow_array(void *p, size_t *cap, size_t need, size_t unit)
-{
-    if (need <= *cap)
-        return p;
-    size_t ncap = *cap ? *cap * 2 : 256;
-    while (ncap < need)
-        ncap *= 2;
-    void *q = mmap(NULL, ncap * unit, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (q == MAP_FAILED)
-        return NULL;
-    if (p) {
-        memcpy(q, p, *cap * unit);
-        munmap(p, *cap * unit);
-    }
-    *cap = ncap;
-    return q;
-}
-
 static int hook_index(const char *name)
 {
     for (int i = 0; i < G.nhooks; i++)
@@ -119,7 +101,7 @@ static void scan_relocs(uintptr_t base, const ElfW(Rela) *r, size_t n, const Elf
         if (type == R_X86_64_64 && *addr != real_of(&G.hooks[h]) &&
             *addr != (uintptr_t)G.hooks[h].ours)
             continue;       /* the program changed it since: not ours to touch */
-        struct slot *a = grow_array(G.s, &G.cap, G.n + 1, sizeof *a);
+        struct slot *a = mml_grow(G.s, &G.cap, G.n + 1, sizeof *a);
         if (!a)
             return;
         G.s = a;
@@ -167,7 +149,7 @@ static int scan_object(struct dl_phdr_info *info, size_t size, void *data)
         default: break;
         }
     }
-    void *seen = grow_array(G.seen, &G.capseen, G.nseen + 1, sizeof *G.seen);
+    void *seen = mml_grow(G.seen, &G.capseen, G.nseen + 1, sizeof *G.seen);
     if (!seen)
         return 0;
     G.seen = seen;

@@ -829,7 +829,9 @@ static struct {
     char *buf; size_t bcap;             /* scratch for reading /proc/self/maps */
 } M;
 
-static void *grow(void *p, size_t *cap, size_t need, size_t unit)
+/* An array of *CAP elements of UNIT bytes, grown (doubling) to hold NEED: mmap only, since
+ * mmleak's own memory must never come from the allocator it traces.  NULL if it cannot. */
+void *mml_grow(void *p, size_t *cap, size_t need, size_t unit)
 {
     if (need <= *cap)
         return p;
@@ -885,8 +887,8 @@ static int maps_add(const char *l, size_t n)
             M.ln[i].seen = 1;
             return 0;
         }
-    char *t = grow(M.text, &M.tcap, M.tlen + n, 1);
-    struct mline *a = grow(M.ln, &M.cap, M.n + 1, sizeof *a);
+    char *t = mml_grow(M.text, &M.tcap, M.tlen + n, 1);
+    struct mline *a = mml_grow(M.ln, &M.cap, M.n + 1, sizeof *a);
     if (!t || !a)
         return 0;
     M.text = t;
@@ -967,7 +969,7 @@ static void maps_snapshot_locked(int force, const unsigned long long c[2])
         return;
     size_t len = 0;
     for (;;) {
-        char *b = grow(M.buf, &M.bcap, len + 65536, 1);
+        char *b = mml_grow(M.buf, &M.bcap, len + 65536, 1);
         if (!b)
             break;
         M.buf = b;
@@ -1275,7 +1277,7 @@ static int slot_new_locked(unsigned fileno)
     while (i < R.n && R.a[i].state != SLOT_FREE)
         i++;
     if (i == R.n) {
-        struct slot *a = grow(R.a, &R.cap, R.n + 1, sizeof *a);
+        struct slot *a = mml_grow(R.a, &R.cap, R.n + 1, sizeof *a);
         if (!a)
             return 0;
         R.a = a;

@@ -9,6 +9,11 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+/* ---- mmleak.c ---- */
+
+/* Grow an array in mmap'ed memory (never the traced allocator's): see mmleak.c. */
+void *mml_grow(void *p, size_t *cap, size_t need, size_t unit);
+
 /* ---- mmleak-sites.c: the program's code, or the runtime's / a wrapper's? ---- */
 
 /* Return addresses known to be the program's own code (not the runtime, not a wrapper): a

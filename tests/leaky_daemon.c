@@ -11,15 +11,16 @@
  * bytes from remember().  Output through write(2) only (stdio would allocate a buffer of its
  * own).
  *
- * With K (tests/test_systemd.py attaches to it, `mmleak.py attach`): after "ready" it keeps
- * serving, one request a millisecond (serve_request(): one malloc and one free, both made
- * inside libc's qsort, where the injector never stops a thread: mmleak-inject.c, "Which
- * thread"), so that an attach or a detach never falls inside a request, and an attached
- * window holds whole requests only.  On SIGUSR1 it leaks K blocks of SIZE bytes (window_leak(), its
- * "site:" line), serves one more request, then writes the total number of blocks leaked
- * that way to $STATE_DIRECTORY/leaked (a rename), so that a window that saw the signal
- * and the file has exactly K more leaked blocks, from window_leak(), and at least one
- * request.
+ * With K (tests/test_systemd.py attaches to it with `mmleak.py attach`): after "ready" it
+ * keeps serving, one request a millisecond (serve_request(): one malloc and one free, both
+ * made inside libc's qsort, where the injector never stops a thread: mmleak-inject.c,
+ * "Which thread"), so that an attach or a detach never falls inside a request and an
+ * attached window holds whole requests only.  On SIGUSR1 it leaks K blocks of SIZE bytes
+ * (window_leak(), its "site:" line), serves one more request, then writes the total number
+ * of blocks leaked that way to $STATE_DIRECTORY/leaked (a rename): a window that saw the
+ * signal and the file has exactly K blocks not freed, from window_leak(), and at least one
+ * request.  With a comparison function of its own (user code between the malloc and the
+ * free) 14 of 40 windows had a request's block at their edge.
  */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -11,6 +11,10 @@ daemon churns 800,000 events first) are compacted while it runs, and the report 
 daemon must name its leak exactly; stopping the service stops the companion, whose last pass
 leaves only the compacted trace, still exact; then uninstall, restart, and the tracer and the
 companion are gone. A DynamicUser=yes service shares its dynamic user with its companion.
+A service started without mmleak is attached to and detached from twice (`mmleak.py
+attach/detach MAINPID`), each window's leak exact, without a restart; one installed with
+`install --paused` starts paused and is attached to the same way. `mmleak-install.py status`
+says at each step what mmleak does in the service's main process.
 """
 import os
 import re

@@ -1561,6 +1561,8 @@ def process_state(mmleak, pid):
         if not os.path.exists("/proc/%d" % pid):
             return None
         return "unknown: %s%s" % (e.filename + ": " if e.filename else "", e.strerror or e)
+    except Exception as e:  # noqa: BLE001 - one process's state never stops status
+        return "unknown: %s: %s (a bug in mmleak.py: please report it)" % (type(e).__name__, e)
     return "not traced (mmleak.so not loaded)" if state is None else state
 
 
@@ -1584,16 +1586,17 @@ def write_processes(out, root, unit):
         out.write(label + "unknown (systemctl show %s failed)\n" % unit.name)
         return
     active, main, pids = got
-    states = collections.OrderedDict()
+    states, seen = collections.OrderedDict(), False
     for pid in pids:
         st = process_state(mmleak, pid)
         if st is None:
-            continue
+            continue            # gone since systemd and the cgroup named it
+        seen = True
         if pid == main:
             out.write("%-16s%d (main): %s\n" % ("process:", pid, st))
         else:
             states.setdefault(st, []).append(pid)
-    if not pids or (main not in pids and not states):
+    if not seen:
         out.write(label + "none (%s is %s)\n" % (unit.name, active))
     for st, group in states.items():
         shown = " ".join(str(p) for p in group[:PIDS_SHOWN])

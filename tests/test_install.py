@@ -1774,9 +1774,16 @@ def test_status_processes_and_their_state(tmp_path, mm):
             "process:        %d: paused\n"
             "process:        %d %d: not traced (mmleak.so not loaded)\n"
             % (pids[0], pids[0], tmp_path, pids[1], pids[2], pids[3]))
-        # the main process gone, the others there: no "none" line
+        # the main process gone, the others there: no "none" line; all gone: "none"
         got = processes_lines(inst, procs=("deactivating", gone.pid, [gone.pid, pids[2]]))
         assert got == "process:        %d: not traced (mmleak.so not loaded)\n" % pids[2]
+        got = processes_lines(inst, procs=("deactivating", gone.pid, [gone.pid]))
+        assert got == "processes:      none (leaky.service is deactivating)\n"
+        # many others in one state: the first PIDS_SHOWN, then how many more
+        inst.PIDS_SHOWN = 1
+        got = processes_lines(inst, procs=("active", pids[0], pids))
+        assert got.splitlines()[2] == "process:        %d and 1 more: not traced (mmleak.so " \
+                                      "not loaded)" % pids[2]
         # another user may not read the processes' memory: it is told so, per process
         code = ("import sys; sys.path.insert(0, %r); import test_install as t; "
                 "sys.stdout.write(t.processes_lines(t.load_installer(), procs=('active', %d, "

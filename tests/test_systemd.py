@@ -474,24 +474,30 @@ Description=leaky daemon for tests/test_systemd.py (attach)
 
 [Service]
 User=%s
-ExecStart=%s
+ExecStart=%%s
 StateDirectory=mmleak-attach
 PrivateTmp=yes
 ProtectSystem=strict
 Restart=on-failure
-""" % (USER, ATT_CMD)
+""" % USER
+# a shell leaves a `sleep` in the unit's cgroup, then becomes the daemon
+WITH_SLEEP = '/bin/sh -c "sleep 3600 & exec %s"' % ATT_CMD
+
+
+def write_att_unit(box, execstart):
+    with open(box.path("/etc/systemd/system/" + ATT_UNIT), "w") as f:
+        f.write(ATT_TEXT % execstart)
+    box.run(["systemctl", "daemon-reload"])
 
 
 @pytest.fixture
 def attach_daemon(box, daemon):
     """ATT_UNIT: the leaky daemon serving on after "ready" (one request a millisecond, K
-    blocks leaked per SIGUSR1), Restart=on-failure (a crash would show in NRestarts); not
-    started, no mmleak installed for it."""
-    box.run(["rm", "-rf", ATT_STATE, "/etc/systemd/system/%s.d" % ATT_UNIT,
-             "/etc/systemd/system/" + ATT_COMPANION])
-    with open(box.path("/etc/systemd/system/" + ATT_UNIT), "w") as f:
-        f.write(ATT_TEXT)
-    box.run(["systemctl", "daemon-reload"])
+    blocks leaked per SIGUSR1), Restart=on-failure (a crash would show in NRestarts), and
+    a `sleep` in its cgroup (WITH_SLEEP); not started, no mmleak installed for it."""
+    box.run(["rm", "-rf", ATT_STATE, "/var/lib/mmleak/" + ATT_UNIT,
+             "/etc/systemd/system/%s.d" % ATT_UNIT, "/etc/systemd/system/" + ATT_COMPANION])
+    write_att_unit(box, WITH_SLEEP)
     yield daemon
     box.run(["systemctl", "stop", ATT_UNIT, ATT_COMPANION], check=False)
     box.run([PY, INSTALL, "uninstall", ATT_UNIT], check=False)
@@ -518,6 +524,11 @@ def service_props(box, unit):
     return dict(line.split("=", 1) for line in box.run(
         ["systemctl", "show", "-p", "ActiveState", "-p", "SubState", "-p", "MainPID", "-p",
          "NRestarts", "-p", "ExecMainStartTimestampMonotonic", unit]).stdout.splitlines())
+
+
+def sleeper(box, pid):
+    """The pid of the `sleep` the daemon's shell left in the unit's cgroup."""
+    return int(box.run(["pgrep", "-P", str(pid), "-x", "sleep"]).stdout)
 
 
 def leak_in_window(box, pid, total):
@@ -562,8 +573,9 @@ def test_attach_to_a_running_service_and_detach(box, attach_daemon, lib):
     assert (before["ActiveState"], before["MainPID"], before["NRestarts"]) == (
         "active", str(pid), "0")
     assert mapped(box, pid) == set()
+    other = "%d: not traced (mmleak.so not loaded)" % sleeper(box, pid)
     procs, out = unit_status(box, ATT_UNIT, 3)
-    assert procs == ["%d (main): not traced (mmleak.so not loaded)" % pid], out
+    assert procs == ["%d (main): not traced (mmleak.so not loaded)" % pid, other], out
     assert out.endswith("drop-in:        /etc/systemd/system/%s.d/mmleak.conf: absent\n"
                         "not installed\n" % ATT_UNIT)
     assert mm_status(box) == "no process has mmleak.so loaded\n"
@@ -583,7 +595,7 @@ def test_attach_to_a_running_service_and_detach(box, attach_daemon, lib):
         assert mapped(box, pid) == {LIB}
         assert mm_status(box) == status_line(pid, "tracing %s %s" % (tid, ATT_DIR))
         procs, out = unit_status(box, ATT_UNIT, 3)
-        assert procs == ["%d (main): tracing %s %s" % (pid, tid, ATT_DIR)], out
+        assert procs == ["%d (main): tracing %s %s" % (pid, tid, ATT_DIR), other], out
         leak_in_window(box, pid, K * (cycle + 1))
         # the daemon writes its own files, as its user, in its view of DIR
         files = {n: v for n, v in dump_files(box, ATT_DIR).items() if n.startswith(
@@ -599,7 +611,7 @@ def test_attach_to_a_running_service_and_detach(box, attach_daemon, lib):
                                                           tid), "")
         assert mm_status(box) == status_line(pid, "paused")
         procs, out = unit_status(box, ATT_UNIT, 3)
-        assert procs == ["%d (main): paused" % pid], out
+        assert procs == ["%d (main): paused" % pid, other], out
         files = {n: v for n, v in dump_files(box, ATT_DIR).items() if n.startswith(
             "mmleak.%s." % tid)}
         assert set(files) == {"mmleak.%s.0.out" % tid, "mmleak.%s.maps" % tid}, files
@@ -623,6 +635,7 @@ def test_install_paused_then_attach(box, attach_daemon, lib):
     file written) until `mmleak.py attach MAINPID -d DIR` (DIR: the drop-in's, writable
     in its sandbox through the drop-in's ReadWritePaths=); detach pauses it again."""
     uid, gid = attach_daemon
+    write_att_unit(box, ATT_CMD)    # no shell: see test_paused_service_that_forks below
     ddir = "/var/lib/mmleak/" + ATT_UNIT
     lib_in_box = "/usr/local/lib/mmleak/mmleak.so"
     r = box.run([PY, INSTALL, "install", ATT_UNIT, "--paused"])
@@ -666,3 +679,17 @@ def test_install_paused_then_attach(box, attach_daemon, lib):
         (uid, gid)}
     window_report(box, ddir, str(pid), pid)
     assert service_props(box, ATT_UNIT) == before
+
+
+@pytest.mark.xfail(strict=True, reason="mmleak.c: the child of a paused process (MMLEAK_PAUSED=1 "
+                   "or detached) does not stay paused: fork_child writes mmleak.CHILD.maps, and "
+                   "events too when it allocates before an exec")
+def test_paused_service_that_forks(box, attach_daemon, lib):
+    """install --paused on a unit whose shell forks a `sleep` before it becomes the daemon:
+    every process of the unit is paused and none writes a file."""
+    ddir = "/var/lib/mmleak/" + ATT_UNIT
+    box.run([PY, INSTALL, "install", ATT_UNIT, "--paused"])
+    pid = start(box, ATT_UNIT, ATT_STATE)
+    procs, out = unit_status(box, ATT_UNIT, 0)
+    assert procs == ["%d (main): paused" % pid, "%d: paused" % sleeper(box, pid)], out
+    assert os.listdir(box.path(ddir)) == []

@@ -34,7 +34,7 @@ COMPANION_DIR = "/etc/systemd/system"
 COMPANION_PREFIX = "mmleak-compact-"
 ROTATE_MB = 8           # MMLEAK_ROTATE_MB for a traced service (mmleak.COMPACT_ROTATE_MB)
 ROTATE_MAX = 1 << 20    # mmleak.so's upper bound for MMLEAK_ROTATE_MB
-ENV_KEYS = ("LD_PRELOAD", "MMLEAK_DIR", "MMLEAK_DEPTH", "MMLEAK_ROTATE_MB")
+ENV_KEYS = ("LD_PRELOAD", "MMLEAK_DIR", "MMLEAK_DEPTH", "MMLEAK_ROTATE_MB", "MMLEAK_PAUSED")
 DEFAULT_DIR = "/var/lib/mmleak"
 MARKER = "# Written by mmleak-install.py"
 STATE_KEY = "# mmleak-install: dropin-dir-created="
@@ -1030,7 +1030,7 @@ def read_ours(root, path):
     return text, ours, created
 
 
-def render_dropin(unit, lib_raw, ddir, depth, rotate, rwp, created, companion):
+def render_dropin(unit, lib_raw, ddir, depth, rotate, rwp, created, companion, paused=False):
     """The drop-in. LIB_RAW is the LD_PRELOAD value as written in unit files (specifiers
     kept: systemd expands them); DDIR is literal."""
     lines = [
@@ -1050,6 +1050,8 @@ def render_dropin(unit, lib_raw, ddir, depth, rotate, rwp, created, companion):
     ]
     if depth is not None:
         lines.append("Environment=%s" % quote_env("MMLEAK_DEPTH=%d" % depth))
+    if paused:
+        lines.append("Environment=MMLEAK_PAUSED=1")
     if rwp:
         lines.append("ReadWritePaths=%s" % quote_path(ddir))
     return "\n".join(lines) + "\n"
@@ -1289,7 +1291,7 @@ def cmd_install(args):
     create_dropin_dir = not os.path.isdir(root.host(ddir_dropin))
     created_flag = was_created if old is not None else create_dropin_dir
     text = render_dropin(unit, lib_raw, ddir, args.depth, rotate, need_rwp, created_flag,
-                         cname)
+                         cname, args.paused)
 
     # Plan.
     plan = []
@@ -1427,16 +1429,26 @@ def cmd_install(args):
     for d in done:
         out.write(d + "\n")
     out.write("LD_PRELOAD=%s\nMMLEAK_DIR=%s\nMMLEAK_ROTATE_MB=%d\n" % (lib_value, ddir, rotate))
+    if args.paused:
+        out.write("MMLEAK_PAUSED=1\n")
     out.write("compactor: %s, as %s, starts and stops with %s\n"
               % (cname, describe_cred(cred), unit.name))
     out.write("next steps:\n")
     if reload_line:
         out.write("  %s\n" % reload_line)
     q = shlex.quote
-    out.write("  systemctl restart %s     # starts %s too\n" % (q(unit.name), q(cname)))
-    out.write("  %s status %s\n" % (PROG, q(unit.name)))
-    out.write("  mmleak.py report %s --pid $(systemctl show -p MainPID --value %s)\n"
-              % (q(ddir), q(unit.name)))
+    main = "$(systemctl show -p MainPID --value %s)" % q(unit.name)
+    if args.paused:
+        out.write("  systemctl restart %s     # starts %s too; the service starts paused\n"
+                  % (q(unit.name), q(cname)))
+        out.write("  %s status %s\n" % (PROG, q(unit.name)))
+        out.write("  mmleak.py attach %s -d %s     # traces from now on\n" % (main, q(ddir)))
+        out.write("  mmleak.py detach %s     # paused again; it prints the report command\n"
+                  % main)
+    else:
+        out.write("  systemctl restart %s     # starts %s too\n" % (q(unit.name), q(cname)))
+        out.write("  %s status %s\n" % (PROG, q(unit.name)))
+        out.write("  mmleak.py report %s --pid %s\n" % (q(ddir), main))
     out.write("  %s uninstall %s     # when done\n" % (PROG, q(unit.name)))
     return EXIT_OK
 
@@ -1499,6 +1511,100 @@ def unit_state(root, name):
     return r.stdout.strip() or None
 
 
+# Where systemd's cgroup tree is: cgroup v2 alone, the v2 tree of a hybrid system, v1.
+CGROUP_BASES = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd")
+PIDS_SHOWN = 12         # per line of status, for the processes other than the main one
+
+
+def unit_processes(name):
+    """(ActiveState, MainPID or 0, the pids of the unit's cgroup and below, sorted) from
+    systemd; None if systemctl cannot say."""
+    try:
+        r = subprocess.run(["systemctl", "show", "-p", "ActiveState", "-p", "MainPID", "-p",
+                            "ControlGroup", name], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, universal_newlines=True)
+    except OSError:
+        return None
+    if r.returncode != 0:
+        return None
+    props = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+    try:
+        main = int(props.get("MainPID") or 0)
+    except ValueError:
+        main = 0
+    pids = {main} if main else set()
+    cg = props.get("ControlGroup") or ""
+    for base in CGROUP_BASES if cg.startswith("/") else ():
+        top = base + cg.rstrip("/")
+        if not os.path.isfile(top + "/cgroup.procs"):
+            continue
+        for d, _, _ in os.walk(top):
+            try:
+                with open(d + "/cgroup.procs") as f:
+                    pids.update(int(x) for x in f.read().split())
+            except (OSError, ValueError):
+                pass
+        break
+    return props.get("ActiveState") or "unknown", main, sorted(pids)
+
+
+def process_state(mmleak, pid):
+    """What mmleak says of process PID (mmleak.traced_state), as status shows it; None if
+    the process is gone."""
+    try:
+        state = mmleak.traced_state(pid)
+    except mmleak.Fail as e:
+        if not os.path.exists("/proc/%d" % pid):
+            return None
+        return "unknown: %s" % e
+    except OSError as e:
+        if not os.path.exists("/proc/%d" % pid):
+            return None
+        return "unknown: %s%s" % (e.filename + ": " if e.filename else "", e.strerror or e)
+    except Exception as e:  # noqa: BLE001 - one process's state never stops status
+        return "unknown: %s: %s (a bug in mmleak.py: please report it)" % (type(e).__name__, e)
+    return "not traced (mmleak.so not loaded)" if state is None else state
+
+
+def write_processes(out, root, unit):
+    """The 'process:' lines of status: the unit's processes and mmleak's state in each."""
+    label = "%-16s" % "processes:"
+    if root.top != "/":
+        out.write(label + "unknown (--root: a system tree, not the running system)\n")
+        return
+    if not systemd_running(root):
+        out.write(label + "unknown (systemd is not running here)\n")
+        return
+    try:
+        mmleak = sys.modules.get("mmleak") or import_mmleak()
+    except Exception as e:  # noqa: BLE001 - any import failure: say so, status goes on
+        out.write(label + "unknown (cannot import mmleak.py from %s: %s)\n"
+                  % (os.path.dirname(os.path.realpath(__file__)), e))
+        return
+    got = unit_processes(unit.name)
+    if got is None:
+        out.write(label + "unknown (systemctl show %s failed)\n" % unit.name)
+        return
+    active, main, pids = got
+    states, seen = collections.OrderedDict(), False
+    for pid in pids:
+        st = process_state(mmleak, pid)
+        if st is None:
+            continue            # gone since systemd and the cgroup named it
+        seen = True
+        if pid == main:
+            out.write("%-16s%d (main): %s\n" % ("process:", pid, st))
+        else:
+            states.setdefault(st, []).append(pid)
+    if not seen:
+        out.write(label + "none (%s is %s)\n" % (unit.name, active))
+    for st, group in states.items():
+        shown = " ".join(str(p) for p in group[:PIDS_SHOWN])
+        if len(group) > PIDS_SHOWN:
+            shown += " and %d more" % (len(group) - PIDS_SHOWN)
+        out.write("%-16s%s: %s\n" % ("process:", shown, st))
+
+
 def cmd_status(args):
     root, unit = setup(args)
     dpath = dropin_path(unit)
@@ -1510,6 +1616,7 @@ def cmd_status(args):
     if args.root is not None:
         out.write("root:           %s\n" % root.top)
     out.write("unit:           %s (%s)\n" % (unit.name, unit.path or "unit file not found"))
+    write_processes(out, root, unit)
     if text is None:
         out.write("drop-in:        %s: absent\n" % dpath)
         out.write("not installed\n")
@@ -1520,6 +1627,15 @@ def cmd_status(args):
     eff = unit.evaluate(skip_ours=False)["env"]
     for k in ENV_KEYS:
         v = env.get(k)
+        if k == "MMLEAK_PAUSED":
+            if v is not None:
+                out.write("MMLEAK_PAUSED:  %s%s\n" % (v, " (the service starts paused: "
+                                                        "mmleak.py attach MAINPID traces it)"
+                                                        if v == "1" else ""))
+                if eff.get(k) != v:
+                    warn("%s is overridden by a later drop-in: the service gets %s=%s"
+                         % (k, k, eff.get(k, "")))
+            continue
         shown = v if v is not None else ("(not set: default %s)" % {
             "MMLEAK_DIR": "/tmp", "MMLEAK_DEPTH": "auto", "MMLEAK_ROTATE_MB": "256"}[k]
             if k != "LD_PRELOAD" else "(not set)")
@@ -1636,46 +1752,6 @@ def cmd_uninstall(args):
         out.write("  systemctl stop %s     # after the restart: its last pass folds the old "
                   "process's dump files\n" % q(cname))
     return EXIT_OK
-    if not ours:
-        raise Fail(EXIT_INPUT, "%s was not written by %s; not removing it" % (dpath, PROG))
-    env, _ = dropin_values(text, unit)
-    ddir = env.get("MMLEAK_DIR", DEFAULT_DIR + "/" + unit.name)
-    dd_host = root.host(os.path.dirname(dpath))
-    h = dd_host + "/" + DROPIN_NAME
-    rm_dir = created and os.listdir(dd_host) == [DROPIN_NAME]
-    steps = ["remove %s" % dpath]
-    if rm_dir:
-        steps.append("remove directory %s (created by install, now empty)" % os.path.dirname(dpath))
-    if args.dry_run:
-        out.write("dry run: nothing changed%s.\nactions:\n" % (
-            " (root %s)" % root.top if args.root is not None else ""))
-        for s in steps:
-            out.write("  " + s + "\n")
-        out.write("  %s\n" % reload_step(args, root, []))
-        return EXIT_OK
-    if args.root is not None:
-        out.write("root: %s\n" % root.top)
-    try:
-        os.unlink(h)
-        fsync_dir(dd_host)
-        out.write(steps[0] + "\n")
-        if rm_dir:
-            os.rmdir(dd_host)
-            out.write(steps[1] + "\n")
-    except OSError as e:
-        raise Fail(EXIT_ENV, "%s: %s" % (e.filename or dpath, e.strerror))
-    done = []
-    reload_line = reload_step(args, root, done)
-    for d in done:
-        out.write(d + "\n")
-    out.write("kept: library %s and dump directory %s (delete them by hand when no longer "
-              "needed: rm -r %s)\n" % (LIB_DEST, ddir, shlex.quote(ddir)))
-    out.write("next steps:\n")
-    if reload_line:
-        out.write("  %s\n" % reload_line)
-    out.write("  systemctl restart %s     # the running process is traced until then\n"
-              % shlex.quote(unit.name))
-    return EXIT_OK
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1754,6 +1830,7 @@ def build_parser():
         "                                    LD_PRELOAD, such as an allocator, which mmleak\n"
         "                                    then traces), MMLEAK_DIR, MMLEAK_ROTATE_MB (8, or\n"
         "                                    --rotate-mb), MMLEAK_DEPTH (with --depth),\n"
+        "                                    MMLEAK_PAUSED=1 (with --paused),\n"
         "                                    ReadWritePaths=DIR when the unit's sandboxing\n"
         "                                    (ProtectSystem=strict/full, ProtectHome=,\n"
         "                                    DynamicUser=) would make DIR read-only, and\n"
@@ -1787,6 +1864,10 @@ def build_parser():
                     help="MMLEAK_ROTATE_MB: a thread of the service starts a new dump file past "
                          "N MB, and the compactor folds and deletes the complete one (default "
                          "%d, so that it keeps up; mmleak.so's own default is 256)" % ROTATE_MB)
+    pi.add_argument("--paused", action="store_true",
+                    help="start the service paused (MMLEAK_PAUSED=1): mmleak.so is loaded but "
+                         "traces nothing, at no cost, until `mmleak.py attach MAINPID -d DIR`; "
+                         "`mmleak.py detach MAINPID` pauses it again")
     pi.add_argument("--lib", metavar="PATH",
                     help="mmleak.so to install (default: mmleak.find_library(): $MMLEAK_LIB, "
                          "the build tree, the installed copy)")
@@ -1794,12 +1875,17 @@ def build_parser():
 
     ps = sub.add_parser("status", formatter_class=fmt, help="show whether a service is traced",
                         epilog=EXIT_HELP, description=(
-        "Show whether UNIT's drop-in /etc/systemd/system/UNIT.d/mmleak.conf is present, its\n"
-        "LD_PRELOAD, MMLEAK_DIR, MMLEAK_DEPTH, MMLEAK_ROTATE_MB and ReadWritePaths=, whether\n"
-        "the library exists, whether the companion mmleak-compact-NAME.service exists and\n"
+        "Show which processes of UNIT run now and what mmleak does in each: its main\n"
+        "process and the others of its cgroup, \"tracing ID DIR\", \"paused\", \"dormant\" or\n"
+        "\"not traced\", read from their memory as `mmleak.py status` does (only when\n"
+        "systemd runs here, not with --root). Then whether the drop-in\n"
+        "/etc/systemd/system/UNIT.d/mmleak.conf is present, its LD_PRELOAD, MMLEAK_DIR,\n"
+        "MMLEAK_DEPTH, MMLEAK_ROTATE_MB, MMLEAK_PAUSED and ReadWritePaths=, whether the\n"
+        "library exists, whether the companion mmleak-compact-NAME.service exists and\n"
         "(when systemd runs here) whether it is active, and the dump directory with its\n"
         "mmleak.*.out and mmleak.*.maps files and compacted traces (mmleak.*.compact) and\n"
-        "their sizes. Changes nothing; any user may run it.\n"
+        "their sizes. Changes nothing; any user may run it (the state of another user's\n"
+        "process then shows as unknown).\n"
         "Exit 0 if installed, 3 if not installed."))
     add_globals(ps, "suppress")
     ps.add_argument("unit", metavar="UNIT", help="service unit name")

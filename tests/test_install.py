@@ -16,6 +16,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import time
 
 import pytest
 
@@ -616,6 +617,7 @@ def test_status(root, lib):
     assert (rc, err) == (3, "")
     assert out == ("root:           ROOT\n"
                    "unit:           plain.service (/etc/systemd/system/plain.service)\n"
+                   "processes:      unknown (--root: a system tree, not the running system)\n"
                    "drop-in:        /etc/systemd/system/plain.service.d/mmleak.conf: absent\n"
                    "not installed\n")
     assert run(root, "install", "owned.service", "--depth", "2", lib=lib)[0] == 0
@@ -632,6 +634,7 @@ def test_status(root, lib):
     assert out == (
         "root:           ROOT\n"
         "unit:           owned.service (/usr/lib/systemd/system/owned.service)\n"
+        "processes:      unknown (--root: a system tree, not the running system)\n"
         "drop-in:        /etc/systemd/system/owned.service.d/mmleak.conf: present\n"
         "LD_PRELOAD:     /usr/local/lib/mmleak/mmleak.so\n"
         "MMLEAK_DIR:     /var/lib/mmleak/owned.service\n"
@@ -1650,3 +1653,152 @@ def test_siphash24_reference_vectors():
     assert mod.siphash24(b"", key) == 0x726fdb47dd0e0e31
     assert mod.siphash24(bytes(range(8)), key) == 0x93f5f5799a932462
     assert mod.siphash24(bytes(range(15)), key) == 0xa129ca6149be45e5
+
+
+# --------------------------------------------------------------------------------------------
+# install --paused; status and the unit's processes (issue #11: attach to a running service)
+
+def test_install_paused(root, lib):
+    rc, out, err = run(root, "install", "plain.service", "--paused", lib=lib)
+    assert (rc, err) == (0, "")
+    assert out.endswith(
+        "LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so\n"
+        "MMLEAK_DIR=/var/lib/mmleak/plain.service\n"
+        "MMLEAK_ROTATE_MB=8\n"
+        "MMLEAK_PAUSED=1\n"
+        "compactor: mmleak-compact-plain.service, as root (as the service), starts and stops "
+        "with plain.service\n"
+        "next steps:\n"
+        "  systemctl daemon-reload     # needed: not run (--root given)\n"
+        "  systemctl restart plain.service     # starts mmleak-compact-plain.service too; the "
+        "service starts paused\n"
+        "  mmleak-install.py status plain.service\n"
+        "  mmleak.py attach $(systemctl show -p MainPID --value plain.service) -d "
+        "/var/lib/mmleak/plain.service     # traces from now on\n"
+        "  mmleak.py detach $(systemctl show -p MainPID --value plain.service)     # paused "
+        "again; it prints the report command\n"
+        "  mmleak-install.py uninstall plain.service     # when done\n"), out
+    assert dropin(root, "plain.service") == header("plain.service") + (
+        "[Service]\n"
+        "Environment=LD_PRELOAD=/usr/local/lib/mmleak/mmleak.so\n"
+        "Environment=MMLEAK_DIR=/var/lib/mmleak/plain.service\n"
+        "Environment=MMLEAK_ROTATE_MB=8\n"
+        "Environment=MMLEAK_PAUSED=1\n")
+    assert companion_file(root, "plain.service") == PLAIN_COMPANION   # the same companion
+    env, rwp, bad = systemd_sees(root, "plain.service")
+    assert (env["MMLEAK_PAUSED"], bad) == ("1", [])
+    verify(root, "plain.service")
+    rc, out, err = run(root, "status", "plain.service")
+    assert (rc, err) == (0, "")
+    assert "MMLEAK_ROTATE_MB: 8\nMMLEAK_PAUSED:  1 (the service starts paused: mmleak.py " \
+           "attach MAINPID traces it)\nlibrary:" in out
+    # the same again: nothing to do; without --paused: the drop-in loses the line
+    rc, out, err = run(root, "install", "plain.service", "--paused", lib=lib)
+    assert "already installed: /etc/systemd/system/plain.service.d/mmleak.conf is up to " \
+           "date\n" in out
+    rc, out, err = run(root, "install", "plain.service", lib=lib)
+    assert (rc, err) == (0, "")
+    assert "update /etc/systemd/system/plain.service.d/mmleak.conf\n" in out
+    assert "MMLEAK_PAUSED" not in out + dropin(root, "plain.service")
+    rc, out, err = run(root, "status", "plain.service")
+    assert "MMLEAK_PAUSED" not in out
+
+
+def test_later_dropin_overriding_paused_warns(root, lib):
+    d = root / "etc/systemd/system/plain.service.d"
+    d.mkdir()
+    (d / "zz-local.conf").write_text("[Service]\nEnvironment=MMLEAK_PAUSED=0\n")
+    rc, out, err = run(root, "install", "plain.service", "--paused", lib=lib)
+    assert rc == 0
+    assert err == ("mmleak-install.py: warning: /etc/systemd/system/plain.service.d/"
+                   "zz-local.conf sorts after mmleak.conf and sets MMLEAK_PAUSED, which "
+                   "overrides mmleak's setting; merge it by hand\n")
+    rc, out, err = run(root, "status", "plain.service")
+    assert err == ("mmleak-install.py: warning: MMLEAK_PAUSED is overridden by a later "
+                   "drop-in: the service gets MMLEAK_PAUSED=0\n")
+
+
+def load_installer():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("mmleak_install", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Unit1:
+    name = "leaky.service"
+
+
+def processes_lines(inst, systemd=True, procs=None):
+    """The 'process' lines status writes for leaky.service when systemd (is said to) run
+    here and says PROCS (ActiveState, MainPID, pids) of it."""
+    import io
+    inst.systemd_running = lambda root: systemd
+    inst.unit_processes = lambda name: procs
+    out = io.StringIO()
+    inst.write_processes(out, inst.Root(None), Unit1())
+    return out.getvalue()
+
+
+def test_status_processes_and_their_state(tmp_path, mm):
+    """What status says of the unit's processes, from their memory: a preloaded process
+    tracing, a paused one, two without mmleak (one line), one that is gone; the main
+    process first."""
+    from conftest import LIB as lib, ROOT
+    subprocess.run(["make", "-s", "-C", ROOT, "mmleak.so"], check=True)
+    inst = load_installer()
+    assert processes_lines(inst, systemd=False) == \
+        "processes:      unknown (systemd is not running here)\n"
+    assert processes_lines(inst, procs=("inactive", 0, [])) == \
+        "processes:      none (leaky.service is inactive)\n"
+    assert processes_lines(inst, procs=None) == \
+        "processes:      unknown (systemctl show leaky.service failed)\n"
+    base = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    envs = [dict(base, LD_PRELOAD=lib, MMLEAK_DIR=str(tmp_path)),
+            dict(base, LD_PRELOAD=lib, MMLEAK_DIR=str(tmp_path), MMLEAK_PAUSED="1"),
+            base, base]
+    ps = [subprocess.Popen(["sleep", "60"], env=e) for e in envs]
+    try:
+        pids = [p.pid for p in ps]
+        for pid in pids[:2]:        # until the preloaded library has set its status word
+            deadline = time.monotonic() + 10
+            while mm.traced_state(pid) in (None, "starting", "dormant"):
+                assert time.monotonic() < deadline, mm.traced_state(pid)
+                time.sleep(0.01)
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        got = processes_lines(inst, procs=("active", pids[0], sorted(pids + [gone.pid])))
+        assert got == (
+            "process:        %d (main): tracing %d %s\n"
+            "process:        %d: paused\n"
+            "process:        %d %d: not traced (mmleak.so not loaded)\n"
+            % (pids[0], pids[0], tmp_path, pids[1], pids[2], pids[3]))
+        # the main process gone, the others there: no "none" line; all gone: "none"
+        got = processes_lines(inst, procs=("deactivating", gone.pid, [gone.pid, pids[2]]))
+        assert got == "process:        %d: not traced (mmleak.so not loaded)\n" % pids[2]
+        got = processes_lines(inst, procs=("deactivating", gone.pid, [gone.pid]))
+        assert got == "processes:      none (leaky.service is deactivating)\n"
+        # many others in one state: the first PIDS_SHOWN, then how many more
+        inst.PIDS_SHOWN = 1
+        got = processes_lines(inst, procs=("active", pids[0], pids))
+        assert got.splitlines()[2] == "process:        %d and 1 more: not traced (mmleak.so " \
+                                      "not loaded)" % pids[2]
+        # another user may not read the processes' memory: it is told so, per process
+        code = ("import sys; sys.path.insert(0, %r); import test_install as t; "
+                "sys.stdout.write(t.processes_lines(t.load_installer(), procs=('active', %d, "
+                "[%d, %d])))" % (HERE, pids[0], pids[0], pids[2]))
+        r = subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd="/",
+                           preexec_fn=lambda: (os.setgroups([]), os.setgid(65534),
+                                               os.setuid(65534)) if os.geteuid() == 0 else None)
+        if os.geteuid() == 0:
+            assert (r.returncode, r.stderr) == (0, ""), r
+            assert r.stdout == (
+                "process:        %d (main): unknown: not permitted to look at process %d (run "
+                "as root, or as its user)\n"
+                "process:        %d: unknown: not permitted to look at process %d (run as "
+                "root, or as its user)\n" % (pids[0], pids[0], pids[2], pids[2]))
+    finally:
+        for p in ps:
+            p.kill()
+            p.wait()

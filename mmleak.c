@@ -1871,7 +1871,7 @@ static int unfinished_line(const struct tstate *t)
 
 static int late_direct(const struct tstate *t)
 {
-    return t->late && !t->open && !t->dead && t->late_lines < LATE_DIRECT && g_state > 0 &&
+    return t->late && !t->open && !t->dead && t->late_lines < LATE_DIRECT && g_state == 1 &&
            g_pid == getpid();
 }
 
@@ -2309,8 +2309,10 @@ static void fork_child(void)
     g_late_file = ~0u;
     atomic_store(&g_lost_orphan, 0);
     atomic_store(&g_said_write, 0);
-    if (g_state > 0)
+    if (g_state == 1)
         process_start();
+    else
+        g_pid = getpid();   /* paused (or dormant): so stays the child, writing nothing */
     T.guard--;
     errno = saved;
 }
@@ -2408,7 +2410,7 @@ static void leave_files(void)
 __attribute__((destructor)) static void mmleak_fini(void)
 {
     /* not in a vfork() child (other pid, the parent's memory): the files are the parent's */
-    if (g_state <= 0 || g_pid != getpid() || IN_OWN_CODE(&T))
+    if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T))
         return;
     int saved = errno;
     T.guard++;
@@ -2644,7 +2646,7 @@ EXPORT int dlclose(void *h)
 
 COLD static void flush_before_leaving(void)
 {
-    if (g_state <= 0 || g_pid != getpid() || IN_OWN_CODE(&T))
+    if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T))
         return;
     GUARDED;
     leave_files();
@@ -2728,7 +2730,7 @@ EXPORT int execle(const char *path, const char *arg, ...)
 
 COLD static void give_files_to(uid_t uid)
 {
-    if (uid == (uid_t)-1 || uid == 0 || g_state <= 0 || g_pid != getpid() || geteuid() != 0 ||
+    if (uid == (uid_t)-1 || uid == 0 || g_state != 1 || g_pid != getpid() || geteuid() != 0 ||
         IN_OWN_CODE(&T))
         return;
     GUARDED;

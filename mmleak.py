@@ -2051,7 +2051,11 @@ def traced_state(pid):
             if len(parts) == 6 and parts[5].rstrip("\n") == lib and int(parts[2], 16) == 0:
                 base = int(parts[0].split("-")[0], 16)
                 break
-    sym = _elf_symbol(lib, "mmleak_status") if base is not None else None
+    try:        # the file as the process sees it (its mount namespace, its root)
+        sym = _elf_symbol("/proc/%d/root%s" % (pid, lib), "mmleak_status") \
+            if base is not None else None
+    except OSError:
+        sym = _elf_symbol(lib, "mmleak_status") if base is not None else None
     if not sym:
         return "loaded (state unknown: %s has no status word)" % lib
     try:
@@ -2083,11 +2087,18 @@ def traced_processes():
 
 
 def _call(pid, func, arg, timeout):
-    lib = mmleak_in(pid) or find_library()
+    loaded = mmleak_in(pid)     # a path in the process's own mount namespace: used as is
+    lib = loaded or find_library()
     if not lib:
         raise Fail("mmleak.so not found (run `make`, or set MMLEAK_LIB)", EXIT_INPUT)
+    if not loaded:
+        lib = os.path.realpath(lib)
+        if not os.path.exists("/proc/%d/root%s" % (pid, lib)):
+            raise Fail("%s is not visible to process %d (another mount namespace or root: "
+                       "install mmleak.so where it can see it, e.g. `make install`)"
+                       % (lib, pid), EXIT_INPUT)
     for attempt in range(20):
-        rc, res, err = _inject(pid, os.path.realpath(lib), func, arg, int(timeout * 1000))
+        rc, res, err = _inject(pid, lib, func, arg, int(timeout * 1000))
         if rc != 0:
             raise Fail("%s %d: %s" % (func.replace("mmleak_", ""), pid, err),
                        INJECT_ERRORS.get(rc, EXIT_INPUT))

@@ -254,3 +254,21 @@ def test_preloaded_paused_then_attached(progs, tmp_path):
         assert got.get(("cmd_leak", site_line("daemon_load.c", "cmd_leak"), 64)) == 9
     finally:
         assert t.end() == 0
+
+
+def test_child_of_a_paused_process_stays_paused(progs, tmp_path):
+    """A paused process (MMLEAK_PAUSED=1, or detached) that forks: the child writes no file
+    either, however much it allocates."""
+    e = {"LD_PRELOAD": LIB, "MMLEAK_DIR": str(tmp_path), "MMLEAK_PAUSED": "1"}
+    t = Target([str(progs / "daemon_load"), "-c", "-t", "1"], env=e)
+    try:
+        assert t.line() == "churning"
+        assert t.say("fork").startswith("forked ")
+        assert os.listdir(tmp_path) == []
+        mm("attach", str(t.pid), "-d", str(tmp_path))
+        mm("detach", str(t.pid))
+        before = sorted(os.listdir(tmp_path))
+        assert t.say("fork").startswith("forked ")
+        assert sorted(os.listdir(tmp_path)) == before
+    finally:
+        assert t.end() == 0

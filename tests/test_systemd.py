@@ -681,9 +681,6 @@ def test_install_paused_then_attach(box, attach_daemon, lib):
     assert service_props(box, ATT_UNIT) == before
 
 
-@pytest.mark.xfail(strict=True, reason="mmleak.c: the child of a paused process (MMLEAK_PAUSED=1 "
-                   "or detached) does not stay paused: fork_child writes mmleak.CHILD.maps, and "
-                   "events too when it allocates before an exec")
 def test_paused_service_that_forks(box, attach_daemon, lib):
     """install --paused on a unit whose shell forks a `sleep` before it becomes the daemon:
     every process of the unit is paused and none writes a file."""

@@ -28,6 +28,9 @@ MMLEAK_PY = os.path.join(ROOT, "mmleak.py")
 PY = "/usr/bin/python3"
 BENCH_BIN = os.path.join(OUT, "alloc_bench")
 UNWIND_BIN = os.path.join(OUT, "unwind_bench")
+STACKS_BIN = os.path.join(OUT, "stacks_bench")
+DAEMON_BIN = os.path.join(OUT, "daemon_load")
+ATTACH_BIN = os.path.join(OUT, "attach_target")
 
 # Environment shared by every run of every tracer (deterministic programs).
 BASE_ENV = {"LC_ALL": "C", "PYTHONHASHSEED": "0"}
@@ -126,6 +129,27 @@ def dump_bytes(paths):
     return sum(os.path.getsize(p) for p in paths)
 
 
+STACK_LINE_RE = re.compile(rb"^#s ([0-9a-f]+) ", re.M)
+
+
+def count_stacks(paths):
+    """Distinct stack ids on the '#s ID FRAMES' lines of mmleak dump files."""
+    ids = set()
+    for path in paths:
+        rest = b""
+        with open(path, "rb") as f:
+            while True:
+                buf = f.read(1 << 24)
+                if not buf:
+                    break
+                buf = rest + buf
+                cut = buf.rfind(b"\n") + 1
+                rest = buf[cut:]
+                ids.update(STACK_LINE_RE.findall(buf, 0, cut))
+        ids.update(STACK_LINE_RE.findall(rest))
+    return len(ids)
+
+
 # ------------------------------------------------------------------------------------------
 # Tracers
 # ------------------------------------------------------------------------------------------
@@ -154,9 +178,9 @@ class NoTracer(Tracer):
 
 
 class Mmleak(Tracer):
-    def __init__(self, depth=None):
+    def __init__(self, depth=None, name=None):
         self.depth = depth
-        self.name = "mmleak" if depth is None else "mmleak d=%d" % depth
+        self.name = name or ("mmleak" if depth is None else "mmleak d=%d" % depth)
 
     def installed(self):
         return os.path.isfile(LIB)
@@ -225,9 +249,10 @@ class Workload:
     """NAME; make(size, indir) -> (argv, stdin_path); sizes: tracer name -> size."""
 
     def __init__(self, name, desc, make, sizes, size_label, needs=None, internal=False,
-                 group="a"):
+                 group="a", stacks=False):
         self.name, self.desc, self.make, self.sizes = name, desc, make, sizes
         self.size_label, self.needs, self.internal, self.group = size_label, needs, internal, group
+        self.stacks = stacks  # count the distinct stacks in mmleak's dump, and heaptrack's file size
 
 
 def fmt_n(n):
@@ -314,7 +339,8 @@ def measure_group(jobs, runs, dirs, label):
     """JOBS: list of dicts with key, tracer, argv, stdin.  Runs every job RUNS times,
     interleaved; fills job['walls'], ['internal'], ['bytes'], ['events'], ['error']."""
     for j in jobs:
-        j.update(walls=[], cpus=[], internal=[], bytes=[], events=None, error=None)
+        j.update(walls=[], cpus=[], internal=[], bytes=[], ht_bytes=[], events=None, stacks=None,
+                 error=None)
         if isinstance(j["tracer"], NoTracer) and runs > 1:
             run_cmd(j["argv"], None, j["stdin"], dirs["scratch"])  # warm-up, not counted
     for rep in range(runs):
@@ -349,6 +375,13 @@ def measure_group(jobs, runs, dirs, label):
                         % (label, j["key"], ", ".join(sorted(other)[:4])))
                 if j["events"] is None:
                     j["events"] = count_events(files)
+                    if j.get("count_stacks"):
+                        j["stacks"] = count_stacks(files)
+            elif isinstance(j["tracer"], Heaptrack) and j.get("count_stacks"):
+                rec = [os.path.join(dirs["dump"], x) for x in os.listdir(dirs["dump"])
+                       if x.startswith("heaptrack.bench")]
+                if rec:
+                    j["ht_bytes"].append(dump_bytes(rec))
         log("  %s: run %d/%d done (%s)" % (
             label, rep + 1, runs,
             ", ".join("%s %.3fs" % (j["key"], j["walls"][-1]) for j in jobs if j["walls"])))
@@ -369,7 +402,7 @@ def bench_workload(w, tracers, runs, dirs):
         for t in tracers:
             if sizes_used[t.name] == size:
                 jobs.append(dict(key=t.name, tracer=t, argv=argv, stdin=stdin, size=size,
-                                 count_only=False))
+                                 count_only=False, count_stacks=w.stacks))
     # Events for a reduced size: counted from one mmleak run of that size.
     mm = [t for t in tracers if isinstance(t, Mmleak)]
     extra = []
@@ -413,6 +446,11 @@ def bench_workload(w, tracers, runs, dirs):
             row["dump_bytes"] = med(j["bytes"])
             if ev >= 1000:
                 row["bytes_per_event"] = med(j["bytes"]) / ev
+        if j["stacks"] is not None:
+            row["stacks"] = j["stacks"]
+        if j["ht_bytes"] and ev:
+            row["file_bytes"] = med(j["ht_bytes"])
+            row["file_bytes_per_event"] = row["file_bytes"] / ev
         if j["internal"]:
             row["internal_s"] = med(j["internal"])
             bi = base_int.get(size)
@@ -478,6 +516,764 @@ def bench_depth(runs, dirs, quick):
     if 1 in bp and 8 in bp:
         summary["bytes_per_extra_frame"] = (bp[8] - bp[1]) / 7
     return rows, summary
+
+
+# ------------------------------------------------------------------------------------------
+# stacks: the cost of recording stacks (MMLEAK_DEPTH 1, auto, 16) against heaptrack
+# ------------------------------------------------------------------------------------------
+
+STACKS_TARGETS = [
+    # (workload, tracer, quantity, limit, label)
+    ("a -r 12", "mmleak d=16", "ns_per_event", 80, "depth 16 on (a) alloc_bench -r 12: <= 80 ns/event added"),
+    ("a -r 12", "mmleak d=16", "bytes_per_event", 40, "depth 16 on (a) alloc_bench -r 12: <= 40 bytes/event"),
+    ("c tree", "mmleak d=16", "ns_per_event", 80, "depth 16 on (c) stacks_bench: <= 80 ns/event added"),
+    ("c tree", "mmleak d=16", "bytes_per_event", 40, "depth 16 on (c) stacks_bench: <= 40 bytes/event"),
+    ("b plain", "mmleak auto", "ns_per_event", 25, "default (auto) on (b) plain alloc_bench: <= 25 ns/event added"),
+    ("b plain", "mmleak d=1", "ns_per_event", 20, "depth 1 on (b) plain alloc_bench: <= 20 ns/event added"),
+    ("startup", "mmleak auto", "startup_ms", 1.0, "start-up, default mode (alloc_bench -n 0): <= 1 ms extra"),
+]
+
+
+def build_stacks_bench():
+    cc = os.environ.get("CC", "cc")
+    # -O2 without frame pointers: mmleak's unwinder can only use the DWARF CFI.  No -g: the
+    # unwinders need only .eh_frame, and the binary stays small.
+    subprocess.check_call([cc, "-O2", "-fomit-frame-pointer", "-o", STACKS_BIN,
+                           os.path.join(HERE, "stacks_bench.c")])
+
+
+def stacks_workloads(quick):
+    q = quick
+
+    def ab(nest):
+        def make(n, indir):
+            return [BENCH_BIN, "-t", "1", "-n", str(n)] + (["-r", str(nest)] if nest else []), None
+        return make
+
+    def sb(n, indir):
+        return [STACKS_BIN, "-n", str(n)], None
+
+    real = {w.name: w for w in workloads(quick)}
+    return [
+        Workload("startup", "alloc_bench -n 0: start, first events (stdio buffer), exit",
+                 ab(0), {"none": 0}, "-n", stacks=True),
+        Workload("a -r 12", "alloc_bench -t 1 -r 12: the loop 12 extra frames deep (one stack)",
+                 ab(12), {"none": 1000000 if not q else 200000,
+                          "heaptrack": 1000000 if not q else 100000}, "-n", stacks=True),
+        Workload("b plain", "alloc_bench -t 1: malloc/free called from main's loop (one frame)",
+                 ab(0), {"none": 2000000 if not q else 400000,
+                         "heaptrack": 500000 if not q else 100000}, "-n", stacks=True),
+        # heaptrack on stacks_bench: kept small; from about 70k steps on, heaptrack_interpret
+        # grows to ~19 GB and takes 20-50 s (see bench/README.rst).
+        Workload("c tree", "bench/stacks_bench.c: 4096 call paths 8-20 deep through 256 functions",
+                 sb, {"none": 1000000 if not q else 200000,
+                      "heaptrack": 40000 if not q else 20000}, "-n", stacks=True),
+        Workload("python", real["python"].desc, real["python"].make,
+                 {"none": real["python"].sizes["none"]}, "N", stacks=True),
+        Workload("sqlite3", real["sqlite3"].desc, real["sqlite3"].make,
+                 {"none": real["sqlite3"].sizes["none"]}, "N", needs="sqlite3", stacks=True),
+    ]
+
+
+def bench_stacks(runs, dirs, quick, have_heaptrack):
+    res = {"loadavg_start": os.getloadavg(), "rows": [], "targets": []}
+    try:
+        build_stacks_bench()
+    except (OSError, subprocess.CalledProcessError) as e:
+        res["error"] = "building stacks_bench failed: %s" % e
+        return res
+    mm = [Mmleak(1, "mmleak d=1"), Mmleak(None, "mmleak auto"), Mmleak(16, "mmleak d=16")]
+    ht = [Heaptrack()] if have_heaptrack else []
+    for w in stacks_workloads(quick):
+        if w.needs and not which(w.needs):
+            res["rows"].append(dict(workload=w.name, tracer="-", size_arg="",
+                                    error="%s not installed" % w.needs))
+            continue
+        if w.name == "startup":
+            # a difference of about 1 ms on a ~3 ms process: many short runs
+            res["rows"] += bench_workload(w, mm, max(runs * 6, 31) if not quick else 6, dirs)
+        elif w.name in ("python", "sqlite3"):
+            res["rows"] += bench_workload(w, mm, runs, dirs)
+        else:
+            res["rows"] += bench_workload(w, mm + ht, runs, dirs)
+    st = {r["tracer"]: r for r in res["rows"] if r["workload"] == "startup" and r.get("wall_s")}
+    for r in st.values():
+        if "none" in st and r["tracer"] != "none":
+            r["startup_ms"] = (r["wall_s"] - st["none"]["wall_s"]) * 1000
+            r["startup_cpu_ms"] = (r["cpu_s"] - st["none"]["cpu_s"]) * 1000
+    for wl, tr, key, limit, label in STACKS_TARGETS:
+        row = next((r for r in res["rows"] if r["workload"] == wl and r["tracer"] == tr), None)
+        v = row.get(key) if row else None
+        res["targets"].append(dict(label=label, value=v, limit=limit, key=key,
+                                   met=None if v is None else v <= limit))
+    res["loadavg_end"] = os.getloadavg()
+    return res
+
+
+def print_stacks(s):
+    print("stacks: recording stacks, MMLEAK_DEPTH=1 / auto (the default) / 16, and heaptrack; "
+          "load average %.2f at the start, %.2f at the end"
+          % (s["loadavg_start"][0], (s.get("loadavg_end") or s["loadavg_start"])[0]))
+    if s.get("error"):
+        print("  " + s["error"])
+        return
+    hdr = "%-9s %-12s %-9s %7s %4s %8s %8s %8s %8s %7s %6s %9s  %s" % (
+        "workload", "tracer", "size", "wall_s", "+-%", "ratio", "ns/event", "ns/ev-cpu",
+        "loop-ns", "B/event", "stacks", "events", "note")
+    print(hdr)
+    print("-" * len(hdr))
+    last = None
+    for r in s["rows"]:
+        if last is not None and r["workload"] != last:
+            print()
+        last = r["workload"]
+        if r.get("error"):
+            print("%-9s %-12s %-9s FAILED: %s" % (r["workload"], r["tracer"], r["size_arg"], r["error"]))
+            continue
+        bpe = r.get("bytes_per_event")
+        note = r.get("note", "")
+        if r.get("file_bytes_per_event") is not None:
+            bpe = r["file_bytes_per_event"]
+            note = ("its compressed recording; " + note).rstrip("; ")
+        if r["workload"] == "startup" and r.get("startup_ms") is not None:
+            note = ("+%.2f ms wall, +%.2f ms cpu vs none; " % (r["startup_ms"], r["startup_cpu_ms"])
+                    + note).rstrip("; ")
+        print("%-9s %-12s %-9s %7s %4s %8s %8s %8s %8s %7s %6s %9s  %s" % (
+            r["workload"], r["tracer"], r["size_arg"], f(r["wall_s"], "%.3f"),
+            f(r["spread_pct"], "%.0f"), f(r["ratio"], "%.2fx"), f(r["ns_per_event"], "%.0f"),
+            f(r.get("ns_per_event_cpu"), "%.0f"), f(r.get("internal_ns_per_event"), "%.0f"),
+            f(bpe, "%.1f"), f(r.get("stacks"), "%d"), f(r["events"], "%d"), note))
+    print()
+    print("ns/event = (median wall traced - median wall untraced, same input) / events (whole process);")
+    print("  ns/ev-cpu the same from user+system time; loop-ns the same from the program's own timing")
+    print("  of its loop (alloc_bench, stacks_bench: without process start and exit);")
+    print("B/event = bytes written / events (mmleak: its .out files, #s stack lines included; heaptrack:")
+    print("  its zstd-compressed recording); stacks = distinct #s stack ids in mmleak's dump (0: every")
+    print("  event fitted in one frame); events = event lines in mmleak's dump (the same for every tracer).")
+    print("targets (medians of wall time):")
+    for t in s["targets"]:
+        unit = {"ns_per_event": "ns/event", "bytes_per_event": "B/event", "startup_ms": "ms"}[t["key"]]
+        print("  %-66s %s  (%s %s)" % (t["label"], {True: "met", False: "NOT MET", None: "not measured"}[t["met"]],
+                                        f(t["value"], "%.2f" if t["key"] == "startup_ms" else "%.1f"), unit))
+
+
+# ------------------------------------------------------------------------------------------
+# longrun: a daemon at 1 M events/s under `mmleak.py run` (compaction, rotation at 8 MB)
+# ------------------------------------------------------------------------------------------
+
+LONG_THREADS = 2
+LONG_RATE = 250000          # pairs per second per thread: 2 x 250,000 x 2 events = 1 M events/s
+LONG_LEAK = 10000           # a 48-byte block leaked every so many pairs, per thread
+LONG_DIR_LIMIT = 100e6      # target: the dump directory never exceeds 100 MB
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def build_daemon_load():
+    cc = os.environ.get("CC", "cc")
+    subprocess.check_call([cc, "-O2", "-g", "-pthread", "-o", DAEMON_BIN,
+                           os.path.join(ROOT, "tests", "daemon_load.c"), "-ldl"])
+
+
+def proc_stat(pid):
+    """(utime + stime, start time since boot, stime), in seconds, of process PID, or None."""
+    try:
+        with open("/proc/%d/stat" % pid) as fp:
+            fields = fp.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # fields[0] is field 3 (state): utime is field 14, stime 15, starttime 22
+    return ((int(fields[11]) + int(fields[12])) / CLK_TCK, int(fields[19]) / CLK_TCK,
+            int(fields[12]) / CLK_TCK)
+
+
+def proc_rss_kb(pid):
+    try:
+        with open("/proc/%d/status" % pid) as fp:
+            for line in fp:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def uptime_s():
+    with open("/proc/uptime") as fp:
+        return float(fp.read().split()[0])
+
+
+def dir_usage(d):
+    """(apparent bytes, allocated bytes, number of files) of the files in directory D."""
+    size = alloc = n = 0
+    try:
+        with os.scandir(d) as it:
+            for e in it:
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # deleted meanwhile
+                size += st.st_size
+                alloc += st.st_blocks * 512
+                n += 1
+    except OSError:
+        pass
+    return size, alloc, n
+
+
+def child_of(pid, timeout=10.0):
+    """The first child process of PID (the program `mmleak.py run` started)."""
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            with open("/proc/%d/task/%d/children" % (pid, pid)) as fp:
+                kids = fp.read().split()
+            if kids:
+                return int(kids[0])
+        except OSError:
+            for d in os.listdir("/proc"):
+                if d.isdigit():
+                    try:
+                        with open("/proc/%s/stat" % d) as fp:
+                            if int(fp.read().rsplit(")", 1)[1].split()[1]) == pid:
+                                return int(d)
+                    except (OSError, IndexError, ValueError):
+                        pass
+        time.sleep(0.01)
+    return None
+
+
+REPORT_ROW_RE = re.compile(r"^\s+(\d+)\s+(\d+)\s+(\S.*)$")
+
+
+def report_sites(text):
+    """The call-site table of `mmleak.py report --no-html`: [(bytes, blocks, site)]."""
+    rows = []
+    started = False
+    for line in text.splitlines():
+        if re.match(r"^\s+bytes\s+blocks\s+call site", line):
+            started = True
+            continue
+        if started:
+            m = REPORT_ROW_RE.match(line)
+            if not m:
+                break
+            rows.append((int(m.group(1)), int(m.group(2)), m.group(3)))
+    return rows
+
+
+def longrun_once(mode, seconds, root, scratch, sample_every=0.5):
+    """One run of daemon_load -t 2 at 1 M events/s for SECONDS: mode "none" (untraced),
+    "keep-all" (`mmleak.py run --keep-all`) or "compact" (`mmleak.py run`).  Samples the
+    dump directory and the processes twice a second."""
+    pairs = LONG_RATE * seconds
+    leaks = LONG_THREADS * (pairs // LONG_LEAK)
+    ddir = os.path.join(root, "longrun-" + mode)
+    reset_dir(ddir)
+    load = [DAEMON_BIN, "-t", str(LONG_THREADS), "-n", str(pairs), "-r", str(LONG_RATE),
+            "-l", str(LONG_LEAK), "-w"]
+    if mode == "none":
+        argv = load
+    else:
+        argv = [PY, MMLEAK_PY, "run", "-d", ddir, "--lib", LIB] + \
+               (["--keep-all"] if mode == "keep-all" else []) + ["--"] + load
+    env = dict(os.environ, **BASE_ENV)
+    err_path = os.path.join(scratch, "longrun-%s.stderr" % mode)
+    res = dict(mode=mode, seconds=seconds, pairs_per_thread=pairs, threads=LONG_THREADS,
+               expected_leaks=leaks, events_expected=LONG_THREADS * pairs * 2 + leaks,
+               loadavg_start=os.getloadavg())
+    samples = []
+    stop = [False]
+    with open(err_path, "wb") as ferr:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=ferr)
+        load_pid = p.pid if mode == "none" else child_of(p.pid)
+        import threading
+
+        def sampler():
+            while not stop[0]:
+                size, alloc, n = dir_usage(ddir)
+                ls = proc_stat(load_pid) if load_pid else None
+                rs = proc_stat(p.pid) if mode != "none" else None
+                samples.append(dict(t=round(time.perf_counter() - t0, 2), dir_bytes=size,
+                                    dir_alloc=alloc, files=n,
+                                    run_rss_kb=proc_rss_kb(p.pid) if mode != "none" else None,
+                                    load_rss_kb=proc_rss_kb(load_pid) if load_pid else None,
+                                    run_cpu=rs and rs[0], load_cpu=ls and ls[0]))
+                time.sleep(sample_every)
+
+        th = threading.Thread(target=sampler, daemon=True)
+        th.start()
+        out_lines = []
+        at_ready = None
+        for raw in p.stdout:
+            line = raw.decode("utf-8", "replace").strip()
+            out_lines.append(line)
+            if line == "ready":
+                ls = proc_stat(load_pid) if load_pid else None
+                at_ready = dict(t=time.perf_counter() - t0, uptime=uptime_s(), load=ls,
+                                run=proc_stat(p.pid) if mode != "none" else None)
+                p.stdin.write(b"\n")
+                p.stdin.close()
+        _, status, ru = os.wait4(p.pid, 0)
+        res["total_wall_s"] = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        stop[0] = True
+        th.join()
+    size, alloc, n = dir_usage(ddir)
+    samples.append(dict(t=round(res["total_wall_s"], 2), dir_bytes=size, dir_alloc=alloc, files=n,
+                        run_rss_kb=None, load_rss_kb=None, run_cpu=None, load_cpu=None, final=True))
+    with open(err_path, "rb") as fp:
+        err = fp.read().decode("utf-8", "replace")
+    res["rc"] = p.returncode
+    res["stdout"] = out_lines
+    res["stderr_tail"] = one_line(err, 400)
+    res["dup_warnings"] = err.count("event seen twice")
+    res["stderr_lines"] = len([l for l in err.splitlines() if l.strip()])
+    res["total_cpu_s"] = ru.ru_utime + ru.ru_stime  # run process (compactor) + the load
+    if p.returncode != 0 or at_ready is None or not at_ready["load"]:
+        res["error"] = "exit status %d: %s" % (p.returncode, one_line(err))
+        return res
+    res["load_cpu_s"], start, res["load_sys_s"] = at_ready["load"]
+    res["load_wall_s"] = at_ready["uptime"] - start
+    res["run_cpu_s"] = res["total_cpu_s"] - res["load_cpu_s"] if mode != "none" else 0.0
+    res["finish_s"] = res["total_wall_s"] - at_ready["t"]  # after the load's work: final pass
+    m = [l for l in out_lines if l.startswith("leaked ")]
+    res["load_leaked"] = int(m[-1].split()[1]) if m else None
+    res["events_per_s"] = res["events_expected"] / res["load_wall_s"]
+    res["max_dir_bytes"] = max(s["dir_bytes"] for s in samples)
+    res["max_dir_alloc"] = max(s["dir_alloc"] for s in samples)
+    res["final_dir_bytes"], res["final_files"] = size, n
+    rss = [s["run_rss_kb"] for s in samples if s.get("run_rss_kb")]
+    res["run_rss_kb_max"] = max(rss) if rss else None
+    res["run_rss_kb_first"] = rss[0] if rss else None
+    res["run_rss_kb_last"] = rss[-1] if rss else None
+    res["samples"] = samples
+    files = os.listdir(ddir)
+    res["final_file_names"] = sorted(files)
+    series = [x for x in files if x.endswith(".series")]
+    res["series_bytes"] = os.path.getsize(os.path.join(ddir, series[0])) if series else None
+    live = [x for x in files if x.endswith(".series.live")]
+    res["series_live_bytes"] = os.path.getsize(os.path.join(ddir, live[0])) if live else None
+    if mode != "none":
+        t1 = time.perf_counter()
+        r = subprocess.run([PY, MMLEAK_PY, "report", ddir, "--no-html"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, env=env)
+        res["report_s"] = time.perf_counter() - t1
+        res["report_rc"] = r.returncode
+        text = r.stdout.decode("utf-8", "replace")
+        res["report_head"] = text.splitlines()[:12]
+        sites = report_sites(text)
+        res["report_sites"] = sites
+        lk = [s for s in sites if s[2].startswith("leak_one ")]
+        res["leak_rows"] = lk
+        others = [s for s in sites if not s[2].startswith("leak_one ")]
+        # The planted leaks, exactly: one row at leak_one, LEAKS blocks of 48 bytes; the rest
+        # is what every run of daemon_load leaves (stdout's buffer, the threads' DTVs) and
+        # must not grow with the run (no row above 8 KiB).
+        res["leaks_exact"] = (r.returncode == 0 and res["load_leaked"] == leaks
+                              and (len(lk) == 1 and lk[0][1] == leaks and lk[0][0] == 48 * leaks
+                                   if leaks else not lk)
+                              and all(b <= 8192 for b, _, _ in others))
+        res["report_other_sites"] = others
+    res["loadavg_end"] = os.getloadavg()
+    shutil.rmtree(ddir, ignore_errors=True)
+    return res
+
+
+def bench_longrun(dirs, quick, seconds=None, modes=("none", "keep-all", "compact")):
+    seconds = seconds or (10 if quick else 60)
+    res = {"loadavg_start": os.getloadavg(), "runs": [], "seconds": seconds}
+    try:
+        build_daemon_load()
+    except (OSError, subprocess.CalledProcessError) as e:
+        res["error"] = "building daemon_load failed: %s" % e
+        return res
+    for mode in modes:
+        log("longrun: %s, %d s at %d events/s" % (mode, seconds, LONG_THREADS * LONG_RATE * 2))
+        r = longrun_once(mode, seconds, dirs["root"], dirs["scratch"])
+        log("  longrun %s: %s" % (mode, r.get("error") or "load %.1f s wall, %.2f s cpu, max dir %.1f MB"
+                                  % (r["load_wall_s"], r["load_cpu_s"], r["max_dir_bytes"] / 1e6)))
+        res["runs"].append(r)
+    res["loadavg_end"] = os.getloadavg()
+    by = {r["mode"]: r for r in res["runs"] if not r.get("error")}
+    c, k = by.get("compact"), by.get("keep-all")
+    t = []
+    if c:
+        t.append(dict(label="dump directory never exceeds 100 MB (max of the samples)",
+                      met=c["max_dir_bytes"] <= LONG_DIR_LIMIT,
+                      value="%.1f MB" % (c["max_dir_bytes"] / 1e6)))
+        t.append(dict(label="report names exactly the planted leaks (%d x 48 B at leak_one)"
+                      % c["expected_leaks"], met=c["leaks_exact"],
+                      value="; ".join("%d B %d blocks %s" % s for s in c["report_sites"]) or
+                      "no rows (exit %s)" % c.get("report_rc")))
+    if c and k:
+        # The load's own CPU with compaction against the tracer alone; 3 % allowance for the
+        # noise of single runs (the load's CPU time varies by 1-2 % between runs).
+        t.append(dict(label="load's CPU with compaction <= with the tracer alone (+3 %)",
+                      met=c["load_cpu_s"] <= k["load_cpu_s"] * 1.03,
+                      value="%.2f s against %.2f s" % (c["load_cpu_s"], k["load_cpu_s"])))
+        t.append(dict(label="load's wall time with compaction <= with the tracer alone (+1 %)",
+                      met=c["load_wall_s"] <= k["load_wall_s"] * 1.01,
+                      value="%.2f s against %.2f s" % (c["load_wall_s"], k["load_wall_s"])))
+    res["targets"] = t
+    return res
+
+
+def mb(x):
+    return "-" if x is None else "%.1f" % (x / 1e6)
+
+
+def print_longrun_series(r):
+    """The compaction run in ten slices of time: does anything accumulate?"""
+    ser = [x for x in r["samples"] if not x.get("final") and x.get("run_cpu") is not None]
+    if len(ser) < 10:
+        return
+    span = r["seconds"] / 10.0
+    print("  over time (%d slices of %.0f s): dump directory (max and mean of the samples, most "
+          "files), `mmleak.py run` RSS at the slice's end, its CPU in the slice (%% of a CPU):"
+          % (10, span))
+    for i in range(10):
+        w = [x for x in ser if i * span <= x["t"] < (i + 1) * span]
+        if len(w) < 2:
+            continue
+        cpu = (w[-1]["run_cpu"] - w[0]["run_cpu"]) / (w[-1]["t"] - w[0]["t"]) * 100
+        print("    %5.0f-%-5.0f s  dir max %6.1f MB  mean %6.1f MB  files %3d  RSS %6.1f MB  "
+              "compactor %3.0f %%" % (i * span, (i + 1) * span,
+                                      max(x["dir_bytes"] for x in w) / 1e6,
+                                      sum(x["dir_bytes"] for x in w) / len(w) / 1e6,
+                                      max(x["files"] for x in w),
+                                      (w[-1]["run_rss_kb"] or 0) / 1024, cpu))
+
+
+def print_longrun(lr, title="longrun"):
+    print("%s: tests/daemon_load.c -t %d -r %d -l %d -w: %d threads x %d pairs/s = %d events/s "
+          "for %d s; load average %.2f at the start, %.2f at the end"
+          % (title, LONG_THREADS, LONG_RATE, LONG_LEAK, LONG_THREADS, LONG_RATE,
+             LONG_THREADS * LONG_RATE * 2, lr["seconds"], lr["loadavg_start"][0],
+             (lr.get("loadavg_end") or lr["loadavg_start"])[0]))
+    if lr.get("error"):
+        print("  " + lr["error"])
+        return
+    hdr = "%-9s %8s %8s %6s %9s %8s %10s %10s %9s %6s %9s %9s" % (
+        "mode", "wall_s", "cpu_s", "sys_s", "+cpu/ev", "Mev/s", "run cpu_s", "max dir MB",
+        "end dir MB", "files", "run RSS MB", "finish_s")
+    print(hdr)
+    print("-" * len(hdr))
+    base = next((r for r in lr["runs"] if r["mode"] == "none" and not r.get("error")), None)
+    for r in lr["runs"]:
+        if r.get("error"):
+            print("%-9s FAILED: %s" % (r["mode"], r["error"]))
+            continue
+        add = ((r["load_cpu_s"] - base["load_cpu_s"]) * 1e9 / r["events_expected"]
+               if base and r is not base else None)
+        print("%-9s %8.2f %8.2f %6.2f %9s %8.3f %10s %10s %10s %6d %9s %9s" % (
+            r["mode"], r["load_wall_s"], r["load_cpu_s"], r["load_sys_s"], f(add, "%.1f ns"),
+            r["events_per_s"] / 1e6, f(r["run_cpu_s"] if r["mode"] != "none" else None, "%.2f"),
+            mb(r["max_dir_bytes"]) if r["mode"] != "none" else "-",
+            mb(r["final_dir_bytes"]) if r["mode"] != "none" else "-", r["final_files"],
+            f(r["run_rss_kb_max"] and r["run_rss_kb_max"] / 1024, "%.1f"),
+            f(r["finish_s"] if r["mode"] != "none" else None, "%.2f")))
+    print("wall_s, cpu_s: the load process alone (daemon_load, from its start to the end of its work;")
+    print("  CPU = user + system of all its threads, sys_s the system part); +cpu/ev: its CPU time per")
+    print("  event above the untraced run; run cpu_s: CPU of the `mmleak.py run` process itself (the")
+    print("  compactor thread, and Python's start); max/end dir MB: apparent size of all files in the")
+    print("  dump directory (sampled every 0.5 s; the end after the final pass); run RSS: the `mmleak.py")
+    print("  run` process (its compactor, max of the samples); finish_s: from the end of the load's work")
+    print("  to the end of `mmleak.py run` (its last pass).")
+    for r in lr["runs"]:
+        if r.get("error") or r["mode"] == "none":
+            continue
+        print("%s: report in %.1f s (exit %d): %s" % (
+            r["mode"], r["report_s"], r["report_rc"],
+            "; ".join("%d B %d blocks %s" % s for s in r["report_sites"]) or "no call-site rows"))
+        if r["dup_warnings"]:
+            print("  mmleak.py run printed %d \"event seen twice\" warnings while it ran (%d stderr lines)"
+                  % (r["dup_warnings"], r["stderr_lines"]))
+        if r["mode"] == "compact":
+            print_longrun_series(r)
+            print("  at the end: %d files (%s), mmleak.ID.series %s bytes, .series.live %s bytes"
+                  % (r["final_files"], " ".join(x.split(".", 2)[-1] for x in r["final_file_names"]),
+                     r["series_bytes"], r["series_live_bytes"]))
+    print("targets:")
+    for t in lr.get("targets", []):
+        print("  %-66s %s  (%s)" % (t["label"], "met" if t["met"] else "NOT MET", t["value"]))
+
+
+# ------------------------------------------------------------------------------------------
+# attach: mmleak.py attach / detach on a process with 1 GB of heap and 8 threads
+# ------------------------------------------------------------------------------------------
+
+ATTACH_HEAP_MB = 1024
+ATTACH_THREADS = 8
+ATTACH_RATE = 125000        # pairs/s per thread: 8 x 125,000 x 2 = 2 M events/s
+
+
+def build_attach_target():
+    cc = os.environ.get("CC", "cc")
+    subprocess.check_call([cc, "-O2", "-g", "-pthread", "-o", ATTACH_BIN,
+                           os.path.join(HERE, "attach_target.c")])
+
+
+class Target:
+    """bench/attach_target.c, started with ENV; asks it for its counters."""
+
+    def __init__(self, env, heap_mb):
+        full = dict(os.environ, **BASE_ENV)
+        full.update(env)
+        t0 = time.perf_counter()
+        self.p = subprocess.Popen([ATTACH_BIN, "-m", str(heap_mb), "-t", str(ATTACH_THREADS),
+                                   "-r", str(ATTACH_RATE)], env=full, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        line = self.p.stdout.readline().decode()
+        if not line.startswith("ready"):
+            err = self.p.stderr.read().decode("utf-8", "replace") if self.p.poll() is not None else ""
+            raise RuntimeError("attach_target did not start: %r %s" % (line, one_line(err)))
+        self.ready_s = time.perf_counter() - t0
+        self.pid = self.p.pid
+
+    def stats(self):
+        self.p.stdin.write(b"s\n")
+        self.p.stdin.flush()
+        words = self.p.stdout.readline().decode().split()
+        return {k: float(v) for k, v in (w.split("=") for w in words[1:])}
+
+    def window(self, seconds):
+        """CPU ns per event and events per second over SECONDS."""
+        a = self.stats()
+        time.sleep(seconds)
+        b = self.stats()
+        ev = b["events"] - a["events"]
+        return dict(ns_cpu=(b["cpu"] - a["cpu"]) * 1e9 / ev, ev_per_s=ev / (b["wall"] - a["wall"]),
+                    cpu_per_s=(b["cpu"] - a["cpu"]) / (b["wall"] - a["wall"]))
+
+    def rss_kb(self):
+        return proc_rss_kb(self.pid)
+
+    def quit(self):
+        try:
+            self.p.stdin.write(b"q\n")
+            self.p.stdin.flush()
+            self.p.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            self.p.kill()
+            self.p.wait()
+
+
+def mmleak_cli(args):
+    """Wall time of `mmleak.py ARGS`, its exit status and output."""
+    env = dict(os.environ, **BASE_ENV)
+    env["MMLEAK_LIB"] = LIB
+    t0 = time.perf_counter()
+    r = subprocess.run([PY, MMLEAK_PY] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       env=env)
+    return time.perf_counter() - t0, r.returncode, (r.stdout + r.stderr).decode("utf-8", "replace")
+
+
+def mmleak_module():
+    """mmleak.py imported as a module, for its injector binding (the call alone, without the
+    start of a Python process), or None."""
+    os.environ["MMLEAK_LIB"] = LIB
+    sys.path.insert(0, ROOT)
+    try:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("mmleak_bench", MMLEAK_PY)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod if hasattr(mod, "_inject") else None
+    except Exception:  # noqa: BLE001 - the part inside the process is optional
+        return None
+    finally:
+        sys.path.pop(0)
+
+
+def inject_ms(mod, pid, func, arg):
+    """Wall ms of one mmleak_inject_call (what mmleak.py attach/detach does after its start):
+    stop a thread, make it call FUNC(ARG) in the process, resume it.  (ms, result)."""
+    lib = mod.mmleak_in(pid) or LIB
+    for _ in range(20):
+        t0 = time.perf_counter()
+        rc, res, err = mod._inject(pid, os.path.realpath(lib), func, arg, 10000)
+        dt = (time.perf_counter() - t0) * 1000
+        if rc != 0:
+            raise RuntimeError("%s: %s" % (func, err))
+        if res != 3:            # 3: busy, as mmleak.py retries
+            return dt, res
+        time.sleep(0.05)
+    raise RuntimeError("%s: stayed busy" % func)
+
+
+def bench_attach(dirs, quick):
+    res = {"loadavg_start": os.getloadavg(), "heap_mb": ATTACH_HEAP_MB if not quick else 128,
+           "threads": ATTACH_THREADS, "rate": ATTACH_RATE}
+    try:
+        build_attach_target()
+    except (OSError, subprocess.CalledProcessError) as e:
+        res["error"] = "building attach_target failed: %s" % e
+        return res
+    heap = res["heap_mb"]
+    cycles = 5 if not quick else 2
+    win = 2.0 if not quick else 1.0
+    res["window_s"] = win
+    ddir = os.path.join(dirs["root"], "attach")
+    reset_dir(ddir)
+    w = {"untraced": [], "attached": [], "detached": [], "preloaded": [], "paused": [],
+         "paused-bindnow": [], "resumed": []}
+    times = {"attach": [], "detach": [], "attach-paused": [], "detach-paused": [], "python": []}
+    inside = {"attach": [], "detach": [], "noop": []}
+    res["windows"], res["cli_s"], res["inject_ms"] = w, times, inside
+    try:
+        # 1. a process started without mmleak: untraced windows, then attach/detach cycles
+        log("attach: target with %d MB of heap in %d blocks, %d threads x %d pairs/s"
+            % (heap, heap * 1024, ATTACH_THREADS, ATTACH_RATE))
+        t = Target({}, heap)
+        res["ready_s_untraced"] = t.ready_s
+        res["rss_mb"] = (t.rss_kb() or 0) / 1024
+        time.sleep(0.5)
+        t.window(1.0)   # warm-up, not counted: the first seconds after the heap was made are slower
+        for i in range(cycles):
+            w["untraced"].append(t.window(win))
+        for i in range(cycles):
+            dt, rc, out = mmleak_cli(["attach", str(t.pid), "-d", ddir])
+            if rc != 0:
+                raise RuntimeError("mmleak.py attach: exit %d: %s" % (rc, one_line(out)))
+            times["attach"].append(dt)
+            w["attached"].append(t.window(win))
+            dt, rc, out = mmleak_cli(["detach", str(t.pid)])
+            if rc != 0:
+                raise RuntimeError("mmleak.py detach: exit %d: %s" % (rc, one_line(out)))
+            times["detach"].append(dt)
+            w["detached"].append(t.window(win))
+            res["files_per_window"] = len([x for x in os.listdir(ddir) if x.endswith(".out")])
+            reset_dir(ddir)
+            log("  attach cycle %d/%d: attach %.3f s, detach %.3f s, attached %.1f ns/event cpu"
+                % (i + 1, cycles, times["attach"][-1], times["detach"][-1],
+                   w["attached"][-1]["ns_cpu"]))
+        # the injector call alone (no Python start): attach, detach, and a call of a trivial
+        # function of mmleak.so (the cost of the injection itself)
+        mod = mmleak_module()
+        if mod is None:
+            res["inject_error"] = "mmleak.py could not be imported for its injector"
+        else:
+            settings = "MMLEAK_DIR=%s\nMMLEAK_ROTATE_MB=8\n" % ddir
+            for i in range(cycles):
+                ms, r = inject_ms(mod, t.pid, "mmleak_shrink_abi", None)
+                inside["noop"].append(ms)
+                ms, r = inject_ms(mod, t.pid, "mmleak_attach", settings)
+                if r != 0:
+                    raise RuntimeError("mmleak_attach returned %d" % r)
+                inside["attach"].append(ms)
+                time.sleep(0.5)
+                ms, r = inject_ms(mod, t.pid, "mmleak_detach", None)
+                if r != 0:
+                    raise RuntimeError("mmleak_detach returned %d" % r)
+                inside["detach"].append(ms)
+                reset_dir(ddir)
+        t.quit()
+        # 2. the same started under LD_PRELOAD (traced from the start, files rotating at 8 MB
+        # as after an attach): one window per process, its files deleted after it, as the
+        # attached windows' are (on this VM, page cache that keeps growing past a few hundred
+        # MB costs the writer much more system time: see bench/README.rst)
+        for i in range(cycles):
+            t = Target({"LD_PRELOAD": LIB, "MMLEAK_DIR": ddir, "MMLEAK_ROTATE_MB": "8"}, heap)
+            res.setdefault("ready_s_preloaded", t.ready_s)
+            time.sleep(0.5)
+            w["preloaded"].append(t.window(win))
+            t.quit()
+            reset_dir(ddir)
+        # 3. preloaded but paused (MMLEAK_PAUSED=1), then resumed and paused again by
+        # attach / detach
+        t = Target({"LD_PRELOAD": LIB, "MMLEAK_DIR": ddir, "MMLEAK_PAUSED": "1"}, heap)
+        time.sleep(0.5)
+        t.window(1.0)   # warm-up
+        for i in range(cycles):
+            w["paused"].append(t.window(win))
+        for i in range(cycles):
+            dt, rc, out = mmleak_cli(["attach", str(t.pid), "-d", ddir])
+            if rc != 0:
+                raise RuntimeError("mmleak.py attach (paused): exit %d: %s" % (rc, one_line(out)))
+            times["attach-paused"].append(dt)
+            w["resumed"].append(t.window(win))
+            dt, rc, out = mmleak_cli(["detach", str(t.pid)])
+            if rc != 0:
+                raise RuntimeError("mmleak.py detach (paused): exit %d: %s" % (rc, one_line(out)))
+            times["detach-paused"].append(dt)
+            reset_dir(ddir)
+        t.quit()
+        # 4. paused again, with every symbol bound at start (LD_BIND_NOW=1): the calls a
+        # lazily bound program resolves after mmleak.so pointed its GOT slots past itself
+        t = Target({"LD_PRELOAD": LIB, "MMLEAK_DIR": ddir, "MMLEAK_PAUSED": "1",
+                    "LD_BIND_NOW": "1"}, heap)
+        time.sleep(0.5)
+        t.window(1.0)   # warm-up
+        for i in range(cycles):
+            w["paused-bindnow"].append(t.window(win))
+        t.quit()
+        # the start of a Python process running mmleak.py, for scale
+        for i in range(cycles):
+            times["python"].append(mmleak_cli(["--version"])[0])
+    except (RuntimeError, OSError) as e:
+        res["error"] = str(e)
+        try:
+            t.p.kill()
+            t.p.wait()
+        except Exception:  # noqa: BLE001
+            pass
+    shutil.rmtree(ddir, ignore_errors=True)
+    res["loadavg_end"] = os.getloadavg()
+    return res
+
+
+def print_attach(a):
+    print("attach: bench/attach_target.c, %d MB of heap (%d blocks of 1 KiB) and %d threads x %d "
+          "pairs/s (%d events/s); load average %.2f at the start, %.2f at the end"
+          % (a["heap_mb"], a["heap_mb"] * 1024, a["threads"], a["rate"], a["threads"] * a["rate"] * 2,
+             a["loadavg_start"][0], (a.get("loadavg_end") or a["loadavg_start"])[0]))
+    if a.get("error"):
+        print("  FAILED: " + a["error"])
+    cli = a.get("cli_s", {})
+    ins = a.get("inject_ms", {})
+
+    def ms(xs):
+        return "%7.1f ms  (min %.1f, max %.1f, first %.1f)" % (
+            med(xs) * 1000, min(xs) * 1000, max(xs) * 1000, xs[0] * 1000) if xs else "-"
+    print("  time of the command, median of %d (wall clock of `mmleak.py ...`, Python's start included):"
+          % len(cli.get("attach") or []))
+    for k, label in (("attach", "attach (mmleak.so loaded at the first)"), ("detach", "detach"),
+                     ("attach-paused", "attach, preloaded with MMLEAK_PAUSED=1"),
+                     ("detach-paused", "detach, preloaded"),
+                     ("python", "mmleak.py --version (Python's start)")):
+        print("    %-40s %s" % (label, ms(cli.get(k))))
+    if ins.get("attach"):
+        na, nd, nn = med(ins["attach"]), med(ins["detach"]), med(ins["noop"])
+        print("  the injector call alone (ctypes, as mmleak.py makes it), median of %d, library already loaded:"
+              % len(ins["attach"]))
+        print("    %-40s %7.1f ms" % ("call of mmleak_attach", na))
+        print("    %-40s %7.1f ms" % ("call of mmleak_detach", nd))
+        print("    %-40s %7.1f ms" % ("call of a trivial function (injection)", nn))
+        print("    %-40s %7.1f ms attach, %.1f ms detach (difference of medians)"
+              % ("inside the process, about", na - nn, nd - nn))
+    elif a.get("inject_error"):
+        print("  " + a["inject_error"])
+    wins = a.get("windows", {})
+    base = med([x["ns_cpu"] for x in wins.get("untraced", [])])
+    print("  cost per event, from the target's CPU time and event count over %g s windows (median of %d):"
+          % (a.get("window_s", 0), len(wins.get("untraced", []))))
+    for k, label in (("untraced", "never traced"), ("attached", "attached (mmleak.py attach)"),
+                     ("preloaded", "started under LD_PRELOAD (traced)"),
+                     ("detached", "after detach"), ("paused", "LD_PRELOAD, MMLEAK_PAUSED=1"),
+                     ("paused-bindnow", "the same with LD_BIND_NOW=1"),
+                     ("resumed", "LD_PRELOAD, paused, then attached")):
+        xs = wins.get(k) or []
+        if not xs:
+            continue
+        ns = med([x["ns_cpu"] for x in xs])
+        print("    %-36s %6.1f ns cpu/event  %s  %5.2f M events/s  %4.0f %% of a CPU" % (
+            label, ns, ("(+%5.1f)" % (ns - base)) if base is not None and k != "untraced" else "        ",
+            med([x["ev_per_s"] for x in xs]) / 1e6, med([x["cpu_per_s"] for x in xs]) * 100))
+    if a.get("ready_s_untraced"):
+        print("  start of the target (1 GB heap made): %.2f s untraced, %.2f s under LD_PRELOAD; RSS %.0f MB"
+              % (a["ready_s_untraced"], a.get("ready_s_preloaded") or float("nan"), a.get("rss_mb") or 0))
 
 
 def bench_shrink(runs, dirs, quick, have_heaptrack):
@@ -818,14 +1614,20 @@ def print_table(rows):
 
 
 def main():
-    global LIB
+    global LIB, LONG_LEAK
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 runs, small sizes")
     ap.add_argument("--runs", type=int, default=None, help="runs per measurement (default 5, --quick 2)")
     ap.add_argument("--only", action="append", default=[],
                     help="run only this group: a workload name (startup, alloc -t1, alloc -t2, python, "
-                         "sqlite3, perl; 'alloc' matches both), 'depth', 'shrink' or 'unwind'; "
-                         "repeatable")
+                         "sqlite3, perl; 'alloc' matches both), 'depth', 'shrink', 'unwind', "
+                         "'stacks', 'longrun' or 'attach'; repeatable")
+    ap.add_argument("--long", nargs="?", type=int, const=600, default=None, metavar="SECONDS",
+                    help="also run the longrun load with compaction for SECONDS (default 600) and "
+                         "show that nothing accumulates; alone, unless --only names more")
+    ap.add_argument("--leak-every", type=int, default=LONG_LEAK, metavar="PAIRS",
+                    help="longrun: leak a block every PAIRS pairs per thread (default %d: 500 "
+                         "leaks/s)" % LONG_LEAK)
     ap.add_argument("--dir", default="/var/tmp/mmleak-bench",
                     help="scratch directory on the real disk for dumps and inputs "
                          "(default /var/tmp/mmleak-bench; removed at the end)")
@@ -836,13 +1638,23 @@ def main():
     LIB = os.path.abspath(args.lib)
     runs = args.runs or (2 if args.quick else 5)
 
-    names = [w.name for w in workloads(args.quick)] + ["alloc", "depth", "shrink", "unwind"]
+    names = [w.name for w in workloads(args.quick)] + ["alloc", "depth", "shrink", "unwind",
+                                                        "stacks", "longrun", "attach"]
     for o in args.only:
         if o not in names:
             sys.exit("bench: --only %r: not one of %s" % (o, ", ".join(names)))
 
+    if args.long is not None and args.long < 1:
+        sys.exit("bench: --long %d: not a number of seconds" % args.long)
+    if args.leak_every < 1:
+        sys.exit("bench: --leak-every %d: must be at least 1" % args.leak_every)
+    LONG_LEAK = args.leak_every
     if not os.path.isfile(LIB):
         sys.exit("bench: %s not found: run make first" % LIB)
+    # The tracer's settings come from each measurement, never from the caller's environment.
+    for k in [k for k in os.environ if k.startswith("MMLEAK_")]:
+        log("bench: ignoring %s=%s from the environment" % (k, os.environ[k]))
+        del os.environ[k]
     os.makedirs(OUT, exist_ok=True)
     cc = os.environ.get("CC", "cc")
     subprocess.check_call([cc, "-O2", "-g", "-pthread", "-o", BENCH_BIN,
@@ -858,7 +1670,7 @@ def main():
 
     def wanted(name):
         if not args.only:
-            return True
+            return args.long is None
         return any(o == name or name.startswith(o + " ") or (o == "alloc" and name.startswith("alloc"))
                    for o in args.only)
 
@@ -870,6 +1682,7 @@ def main():
     missing = [t.name for t in tracers_all if not t.installed()]
     t_start = time.time()
     rows, depth_summary, shrink, unwind = [], None, None, None
+    stacks = longrun = attach = long_run = None
     try:
         for w in workloads(args.quick):
             if not wanted(w.name):
@@ -887,8 +1700,17 @@ def main():
             shrink = bench_shrink(runs, dirs, args.quick, "heaptrack" not in missing)
         if wanted("unwind"):
             unwind = bench_unwind(runs)
+        if wanted("stacks"):
+            stacks = bench_stacks(runs, dirs, args.quick, "heaptrack" not in missing)
+        if wanted("longrun"):
+            longrun = bench_longrun(dirs, args.quick)
+        if wanted("attach"):
+            attach = bench_attach(dirs, args.quick)
+        if args.long is not None:
+            long_run = bench_longrun(dirs, False, args.long, modes=("compact",))
     finally:
-        for d in ("dump", "input", "scratch", "shrink"):
+        for d in ("dump", "input", "scratch", "shrink", "attach", "longrun-none",
+                  "longrun-keep-all", "longrun-compact"):
             shutil.rmtree(os.path.join(root, d), ignore_errors=True)
         if created:
             try:
@@ -914,15 +1736,16 @@ def main():
              (" + uncommitted changes to " + ", ".join(mach["uncommitted"])) if mach["uncommitted"] else "",
              runs))
     print("mmleak.so measured: %s (built %s)" % (mach["lib"], mach["lib_mtime"]))
-    print()
-    print_table(rows)
-    print()
-    print("ns/event = (median wall traced - median wall untraced at the same size) / events;")
-    print("events = event lines in mmleak's dump of that workload and size (used for every tracer);")
-    print("ns/ev-net = the same without the tracer's fixed cost per process (its startup row minus none's);")
-    print("cpu_s = median user+system time (process and the children it waited for); ns/ev-cpu is")
-    print("  ns/event from cpu_s: less disturbed by other load on the machine than wall time;")
-    print("B/event = size of the mmleak.*.out files / events; +-% = (max-min)/median of the wall times.")
+    if rows:
+        print()
+        print_table(rows)
+        print()
+        print("ns/event = (median wall traced - median wall untraced at the same size) / events;")
+        print("events = event lines in mmleak's dump of that workload and size (used for every tracer);")
+        print("ns/ev-net = the same without the tracer's fixed cost per process (its startup row minus none's);")
+        print("cpu_s = median user+system time (process and the children it waited for); ns/ev-cpu is")
+        print("  ns/event from cpu_s: less disturbed by other load on the machine than wall time;")
+        print("B/event = size of the mmleak.*.out files / events; +-% = (max-min)/median of the wall times.")
     ints = [r for r in rows if r.get("internal_s") is not None]
     if ints:
         print()
@@ -979,11 +1802,24 @@ def main():
     if unwind is not None:
         print()
         print_unwind(unwind)
+    if stacks is not None:
+        print()
+        print_stacks(stacks)
+    if longrun is not None:
+        print()
+        print_longrun(longrun)
+    if attach is not None:
+        print()
+        print_attach(attach)
+    if long_run is not None:
+        print()
+        print_longrun(long_run, "longrun --long")
     print()
     print("(%.0f s in all)" % elapsed)
     with open(args.json, "w") as fj:
         json.dump(dict(machine=mach, runs=runs, quick=args.quick, rows=rows, depth=depth_summary,
-                       unwind=unwind,
+                       unwind=unwind, stacks=stacks, longrun=longrun, attach=attach,
+                       long=long_run,
                        shrink=shrink, elapsed_s=elapsed, generated=time.strftime("%Y-%m-%dT%H:%M:%S%z")),
                   fj, indent=1, default=str)
     log("results written to %s" % os.path.relpath(args.json))

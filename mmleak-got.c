@@ -182,11 +182,16 @@ static void store(struct slot *s, uintptr_t value)
         mprotect(page, (size_t)pg, PROT_READ);
 }
 
-/* The untraced value of a slot: what the loader put there, unless that is mmleak's own
- * function (a preloaded process): then the function mmleak would call itself. */
+/* The untraced value of a slot.  Preloaded: the function mmleak calls itself, also for a
+ * slot the loader has not bound yet (lazy binding would bind it to mmleak's function, the
+ * first in the search order, and a paused process would go through mmleak after all).
+ * Loaded into a running process: what the loader put there (a lazy stub binds to the
+ * allocator, mmleak.so not being in the global scope). */
 static uintptr_t untraced(const struct slot *s)
 {
     const struct mml_hook *h = &G.hooks[s->hook];
+    if (!G.attached && real_of(h))
+        return real_of(h);
     return s->orig == (uintptr_t)h->ours && real_of(h) ? real_of(h) : s->orig;
 }
 

@@ -128,23 +128,26 @@ def trace_start_for_maps(maps_path):
     return None
 
 
-def unflushed_tail(out_path):
+def unflushed_tail(out_path, with_size=False):
     """The lines of OUT_PATH's thread that are still only in its staging file, as bytes.
 
     mmleak.so stages events in mmleak.ID.N.tail (a shared mapping: two halves, each starting
     with "#at OFFSET", the place in .out its lines belong) and appends a half to .out when it
     is full.  A clean close flushes it and deletes the .tail; after a crash, or while the
     process runs, the .tail holds the newest lines.  The .tail is read before the size of
-    .out is taken, so a flush in between never yields a line twice."""
+    .out is taken, so a flush in between never yields a line twice.  WITH_SIZE: returns
+    (lines, size of .out they follow): a reader of a file still being written must read that
+    much of .out, not more (a later flush appends lines it has from the .tail)."""
     tail = out_path[:-4] + ".tail" if out_path.endswith(".out") else None
     if not tail:
-        return b""
+        return (b"", None) if with_size else b""
     try:
         with open(tail, "rb") as f:
             data = f.read()
         have = os.path.getsize(out_path)
     except OSError:
-        return b""
+        return (b"", None) if with_size else b""
+    size = have
     halves = []
     half = len(data) // 2
     for h in (data[:half], data[half:]):
@@ -162,28 +165,40 @@ def unflushed_tail(out_path):
         body = body[:n]                   # the NULs after the last line: not data
         out.append(body[max(have - off, 0):])
         have = off + n
-    return b"".join(out)
+    return (b"".join(out), size) if with_size else b"".join(out)
 
 
 def with_unflushed_tails(paths):
-    """PATHS plus, for every dump file with a staging file, a temporary file holding the
-    lines not yet flushed.  Order and grouping of inputs do not matter to shrink, so those
-    lines can be shrunk as one more input.  Returns (paths, names for messages, tmpdir or
-    None)."""
-    extra, names, tmpdir = [], [], None
+    """PATHS, where every dump file with a staging file is replaced by a temporary copy of
+    what it holds now followed by the lines not yet flushed (unflushed_tail): the file may
+    grow while it is read, by lines the copy already has.  Returns (paths, names for messages,
+    tmpdir or None)."""
+    out, shown, tmpdir = [], [], None
     for p in paths:
+        shown.append("<stdin>" if p == "-" else p)
+        out.append(p)
         if p == "-" or not os.path.exists(p[:-4] + ".tail" if p.endswith(".out") else "/"):
             continue
-        data = unflushed_tail(p)
-        if data:
-            tmpdir = tmpdir or tempfile.mkdtemp(prefix="mmleak-tail.")
-            q = os.path.join(tmpdir, os.path.basename(p)[:-4] + ".tail")
-            with open(q, "wb") as f:
-                f.write(data)
-            extra.append(q)
-            names.append("%s (lines not yet in %s)" % (p[:-4] + ".tail", os.path.basename(p)))
-    shown = ["<stdin>" if p == "-" else p for p in paths] + names
-    return list(paths) + extra, shown, tmpdir
+        data, size = unflushed_tail(p, with_size=True)
+        if size is None:
+            continue
+        tmpdir = tmpdir or tempfile.mkdtemp(prefix="mmleak-tail.")
+        q = os.path.join(tmpdir, os.path.basename(p))
+        try:
+            with open(p, "rb") as src, open(q, "wb") as dst:
+                left = size
+                while left > 0:
+                    chunk = src.read(min(left, 1 << 20))
+                    if not chunk:
+                        break
+                    dst.write(chunk)
+                    left -= len(chunk)
+                dst.write(data)
+        except OSError:
+            continue                    # read as it is (the reader says what is wrong)
+        out[-1] = q
+        shown[-1] = "%s (with the lines of its .tail)" % p if data else p
+    return out, shown, tmpdir
 
 
 # ---------------------------------------------------------------------------------------
@@ -1442,6 +1457,7 @@ def cmd_recover(args):
 COMPACT_RE = re.compile(r"^mmleak\.(\d+(?:-\d+)?)\.compact$")
 SERIES_POINTS = 720          # passes kept in mmleak.ID.series (older ones thinned out)
 SERIES_SITES = 40            # call sites per pass in the series (the rest summed)
+SERIES_INTERVAL = 10.0       # seconds between two points of the series (each reads the live set)
 COMPACT_ROTATE_MB = 8        # MMLEAK_ROTATE_MB under `run` and the installer's service
 
 
@@ -1573,7 +1589,7 @@ def _compact_header_lines(sh, folded):
             continue
         else:
             out.append(line)
-    entries = sum(1 for _ in sh.entries(False))
+    entries = len(sh.state) + sum(1 for v in sh.state.values() if type(v) is not tuple)
     total = sh.compacted["events"] + sh.events - sh.compacted["entries"]
     files = sh.compacted["files"] + len(folded)
     out.append(b"#compacted files=%d events=%d entries=%d at=%d\n"
@@ -1885,6 +1901,14 @@ def _thin_series(spath, tid):
     os.rename(tmp, spath)
 
 
+def _series_due(directory, tid):
+    """A point of the series costs a walk of the live set: one every SERIES_INTERVAL."""
+    try:
+        return time.time() - os.path.getmtime(series_path(directory, tid)) >= SERIES_INTERVAL
+    except OSError:
+        return True
+
+
 def compact_dir(directory, pid=None, series=True, verbose=False, out=None):
     """One compaction pass over every trace in DIRECTORY (or trace PID).  Returns
     (live traces, results)."""
@@ -1901,7 +1925,8 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None):
         results.append(res)
         if not res["over"]:
             live.append(tid)
-        if series and (res["folded"] or not res["over"]):
+        if series and (res["folded"] or not res["over"]) and (
+                res["over"] or _series_due(directory, tid)):
             series_pass(directory, tid)
         if res["folded"] and verbose:
             out.write("%s: trace %s: folded %d files (%s, %d events) into %s (%s)%s\n"
@@ -1913,6 +1938,8 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None):
 
 
 def cmd_compact(args):
+    global SERIES_INTERVAL
+    SERIES_INTERVAL = args.series_interval
     d = args.dir
     if not os.path.isdir(d):
         raise Fail("%s: not a directory" % d)
@@ -2661,7 +2688,7 @@ def build_parser():
                     "at any moment: while the process runs, next to another compactor (a "
                     "trace another one holds is skipped), next to `report` (which waits for "
                     "a pass to end), and when killed in the middle (nothing is lost or "
-                    "counted twice).  Each pass adds a point to mmleak.ID.series: the live "
+                    "counted twice).  A pass adds a point to mmleak.ID.series (at most every --series-interval seconds): the live "
                     "bytes and blocks per call site, for the report's growth chart.",
         epilog="examples:\n"
                "  %(prog)s /var/lib/mmleak/nfs-ganesha.service      # one pass\n"
@@ -2681,6 +2708,9 @@ def build_parser():
                    help="with --follow: stop after this long without a traced process "
                         "(default 10)")
     c.add_argument("--no-series", action="store_true", help="do not add to mmleak.ID.series")
+    c.add_argument("--series-interval", type=nonnegative_float, default=SERIES_INTERVAL,
+                   metavar="SECONDS", help="at most one point of the series per trace this "
+                   "often (default %g: each point reads the live set)" % SERIES_INTERVAL)
     c.add_argument("-v", "--verbose", action="store_true", help="one line per folding pass")
     c.set_defaults(func=cmd_compact)
 

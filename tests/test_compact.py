@@ -14,6 +14,12 @@ import pytest
 from conftest import LIB, ROOT, TESTS, mmleak, site_line
 
 MMLEAK = [sys.executable, os.path.join(ROOT, "mmleak.py")]
+
+
+@pytest.fixture(autouse=True)
+def series_every_pass(monkeypatch):
+    """The tests compact a few times a second: a point of the series at every pass."""
+    monkeypatch.setattr(mmleak, "SERIES_INTERVAL", 0.0)
 LEAK_LINE = None
 
 

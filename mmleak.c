@@ -2808,10 +2808,26 @@ EXPORT int chroot(const char *path)
  * operator new of ours runs it, is the user's `new` and gets the user's line. */
 static struct { uintptr_t lo, hi; } g_newfn[4];
 
+/* The C++ runtime's operator NAME (libstdc++'s: the object that defines std::get_new_handler),
+ * never an allocator's: jemalloc, tcmalloc and mimalloc define operator new too, and theirs
+ * allocate inside themselves, out of our sight (the block a retry after the new_handler gets
+ * would not be recorded).  The runtime's calls malloc, aligned_alloc and, in the nothrow
+ * forms, the throwing operator through the PLT: all of them come back to us. */
 static void *new_op(const char *name, int i)
 {
-    void *f = sym(name);
+    void *f = NULL;
     Dl_info di;
+    void *gnh = dlsym(RTLD_DEFAULT, "_ZSt15get_new_handlerv");
+    if (gnh && dladdr(gnh, &di) && di.dli_fname) {
+        void *h = dlopen(di.dli_fname[0] ? di.dli_fname : NULL, RTLD_LAZY | RTLD_NOLOAD);
+        if (h) {
+            f = same_object(dlsym(h, name), di.dli_fbase);
+            if (real.dlclose)
+                real.dlclose(h);    /* ours would count an unload that is not one */
+        }
+    }
+    if (!f)
+        f = sym(name);
     const ElfW(Sym) *es = NULL;
     if (f && dladdr1(f, &di, (void **)&es, RTLD_DL_SYMENT) && es && es->st_size) {
         g_newfn[i].lo = (uintptr_t)f;
@@ -2837,13 +2853,14 @@ static void new_leave(struct new_scope *s)
     s->t->new_ra = s->ra;
 }
 
-/* malloc failed under operator new: libstdc++'s operator runs the new_handler loop and throws
- * std::bad_alloc, exactly as without us.  It runs with tracing on: its own malloc call comes
+/* malloc failed under operator new: libstdc++'s operator (see new_op) runs the new_handler loop
+ * and throws std::bad_alloc, exactly as without us.  It runs with tracing on: its own malloc call comes
  * back to our malloc (recorded there, with the user's line: GUARD_NEW), the handler's
  * allocations and the exception object are recorded as what they are. */
 COLD static void *new_failed(size_t n, size_t al, int nothrow, const void *ra)
 {
     if (!real.new_) {
+        GUARDED;        /* what dlopen allocates is ours, not the program's */
         real.new_al_nothrow = new_op("_ZnwmSt11align_val_tRKSt9nothrow_t", 3);
         real.new_al = new_op("_ZnwmSt11align_val_t", 2);
         real.new_nothrow = new_op("_ZnwmRKSt9nothrow_t", 1);
@@ -2852,7 +2869,9 @@ COLD static void *new_failed(size_t n, size_t al, int nothrow, const void *ra)
     static const char nothrow_tag = 0; /* std::nothrow_t is an empty struct */
     struct tstate *t = &T;
     struct new_scope sc __attribute__((cleanup(new_leave))) = { t, t->guard & GUARD_NEW, t->new_ra };
-    t->new_ra = ra;
+    /* nested: the runtime's nothrow operator calls the throwing one, which failed too; the
+     * block is still the user's `new` */
+    t->new_ra = sc.had ? new_caller(t, ra) : ra;
     t->guard |= GUARD_NEW;  /* cleared by new_leave, also when the operator throws */
     if (al) {
         if (nothrow ? !real.new_al_nothrow : !real.new_al)

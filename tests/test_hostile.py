@@ -359,3 +359,25 @@ def test_new_handler_allocations_and_bad_alloc_are_recorded(bins, dump, mm):
     assert got == expect("badalloc.cpp", [("greedy_handler", "handler", 1201, 2),
                                           ("handlers", "new_retry", 500 << 20, 1)])
     assert sh.foreign_frees() == []
+
+
+@pytest.mark.parametrize("other", [None, JEMALLOC, TCMALLOC], ids=["libc", "jemalloc", "tcmalloc"])
+@pytest.mark.parametrize("form", ["plain", "array", "nothrow", "aligned", "alnothrow"])
+def test_failing_new_retry_is_the_users_new_in_every_form(bins, dump, mm, form, other):
+    """Every form of operator new whose malloc fails, then succeeds after the new_handler
+    freed memory: the 500 MiB block is the user's `new`, at its line.  The nothrow forms call
+    the throwing ones inside libstdc++ (a nested failure: its block was put at mmleak.c's
+    line), and the operators of jemalloc and tcmalloc allocate inside themselves (the block
+    was at mmleak.c's line, or not recorded at all)."""
+    if other and not os.path.exists(other):
+        pytest.skip("%s not installed (.ci/run installs it)" % other)
+    pre = LIB + (" " + other if other else "")
+    plain = subprocess.run([bins["badalloc"], "retry", form], capture_output=True, timeout=60,
+                           env=dict(os.environ, LD_PRELOAD=other or ""))
+    r = run_traced([bins["badalloc"], "retry", form], dump, env={"LD_PRELOAD": pre})
+    assert r.stdout == plain.stdout == b"%s: handler_calls=1 retry=pointer\n" % form.encode()
+    assert r.stderr == b""
+    tid = next(iter(traces(mm, dump)))
+    got, sh = leaks(dump, tid, "badalloc")
+    assert got == expect("badalloc.cpp", [("retry", "retry_" + form, 500 << 20, 1)])
+    assert sh.foreign_frees() == []

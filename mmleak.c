@@ -450,19 +450,22 @@ static const char *why(int err)
     }
 }
 
-static void say(const char *a, const char *b, const char *c)
+static void say4(const char *a, const char *b, const char *c, const char *f)
 {
     if (cfg.quiet)
         return;
-    char msg[PATH_MAX + 512], *e = msg + sizeof msg, *d = msg;
+    char msg[2 * PATH_MAX + 512], *e = msg + sizeof msg, *d = msg;
     d = cat(d, e, "mmleak: ");
     d = cat(d, e, a);
     d = cat(d, e, b ? b : "");
     d = cat(d, e, c ? c : "");
+    d = cat(d, e, f ? f : "");
     d = cat(d, e, "\n");
     ssize_t r = write(2, msg, (size_t)(d - msg));
     (void)r;
 }
+
+static void say(const char *a, const char *b, const char *c) { say4(a, b, c, NULL); }
 
 /* "WHAT DIR: REASON (errno N)TAIL" */
 static void say_err(const char *what, int err, const char *tail)
@@ -1170,6 +1173,16 @@ static int malloc_is_ours(void)
     return g_probe_hit;
 }
 
+/* Two mmleak.so files preloaded (an installed one and a build, say): the first in the global
+ * scope is the process's; a second one would record every event again, with the first
+ * copy's code as the caller of all of them. */
+static int another_copy_first(Dl_info *other, Dl_info *self)
+{
+    void *f = dlsym(RTLD_DEFAULT, "mmleak_state");
+    return f && dladdr(f, other) && dladdr((void *)mmleak_own_malloc, self) &&
+           other->dli_fbase != self->dli_fbase && other->dli_fname && self->dli_fname;
+}
+
 static int g_once_done;
 static void hooks_init(void);
 
@@ -1182,7 +1195,13 @@ COLD static void global_init(void)
         g_once_done = 1;
         int bad = read_config();
         read_cmdline();
-        if (!malloc_is_ours()) {
+        Dl_info other, self;
+        if (another_copy_first(&other, &self)) {
+            /* the first copy traces; its calls to the allocator pass through us untouched */
+            say4(self.dli_fname, " is loaded after another mmleak.so (", other.dli_fname,
+                 "): it stays out of the way");
+            g_state = -1;
+        } else if (!malloc_is_ours()) {
             Dl_info di;
             void *m = dlsym(RTLD_DEFAULT, "malloc");
             const char *who = m && dladdr(m, &di) && di.dli_fname && *di.dli_fname

@@ -1304,8 +1304,15 @@ def cmd_run(args):
     except OSError as e:
         raise Fail("cannot create %s: %s" % (d, e.strerror))
     env = dict(os.environ)
-    pre = env.get("LD_PRELOAD", "").split()
-    env["LD_PRELOAD"] = " ".join([lib] + [p for p in pre if p != lib])
+    # mmleak.so first (an allocator preloaded before it would hide malloc from it), and one
+    # copy only (a second one stays out of the way, but say which one traces)
+    pre = [p for p in re.split(r"[ \t\n:]+", env.get("LD_PRELOAD", "")) if p]
+    for p in pre:
+        if p != lib and os.path.basename(p) == os.path.basename(lib):
+            warn("LD_PRELOAD named another %s, %s: replaced by %s"
+                 % (os.path.basename(lib), p, lib))
+    env["LD_PRELOAD"] = " ".join([lib] + [p for p in pre
+                                          if os.path.basename(p) != os.path.basename(lib)])
     env["MMLEAK_DIR"] = d
     if args.depth:
         env["MMLEAK_DEPTH"] = str(args.depth)

@@ -104,6 +104,46 @@ def test_other_allocator_before_mmleak_is_left_alone(bins, dump, other):
     assert os.listdir(dump) == []
 
 
+@pytest.mark.parametrize("order", ["this-first", "copy-first"])
+def test_two_copies_of_mmleak_in_ld_preload_trace_once(bins, dump, mm, tmp_path, order):
+    """Two mmleak.so files in LD_PRELOAD (an installed one and a build): the second found
+    recorded every event again, as a second trace "PID-1" whose call sites were all inside
+    the first copy.  Now the first traces, the other stays out and says so."""
+    copy = str(tmp_path / "other" / "mmleak.so")
+    os.makedirs(os.path.dirname(copy))
+    shutil.copy2(LIB, copy)
+    first, second = (LIB, copy) if order == "this-first" else (copy, LIB)
+    r = run_traced([bins["adversary"], "plain"], dump,
+                   env={"LD_PRELOAD": "%s %s" % (first, second)})
+    assert mmleak_lines(r.stderr) == ["mmleak: %s is loaded after another mmleak.so (%s): it "
+                                      "stays out of the way" % (second, first)]
+    t = traces(mm, dump)
+    assert len(t) == 1, t
+    got, sh = leaks(dump, next(iter(t)), "adversary")
+    assert got == exp([adv(0, "plain", 1101, fn="main")])
+    assert sh.foreign_frees() == []
+
+
+def test_run_replaces_another_mmleak_in_ld_preload(bins, dump, mm, tmp_path):
+    """`mmleak.py run` with an LD_PRELOAD that already names another mmleak.so: that one is
+    taken out (one line says so), the one `run` uses traces, once."""
+    copy = str(tmp_path / "other" / "mmleak.so")
+    os.makedirs(os.path.dirname(copy))
+    shutil.copy2(LIB, copy)
+    r = subprocess.run(["/usr/bin/python3", MMLEAK, "run", "--keep-all", "-d", str(dump), "--lib",
+                        LIB, "--", bins["adversary"], "plain"], capture_output=True, timeout=60,
+                       env=dict(os.environ, LD_PRELOAD="%s:/lib/x86_64-linux-gnu/libm.so.6" % copy))
+    assert r.returncode == 0, r.stderr
+    err = r.stderr.decode()
+    assert "mmleak.py: LD_PRELOAD named another mmleak.so, %s: replaced by %s\n" % (copy, LIB) \
+        in err
+    assert "child processes" not in err
+    t = traces(mm, dump)
+    assert len(t) == 1, t
+    got, _ = leaks(dump, next(iter(t)), "adversary")
+    assert got == exp([adv(0, "plain", 1101, fn="main")])
+
+
 # -- 3 ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("pre", [0, 100], ids=["no-file-yet", "file-open"])
 def test_no_descriptor_for_a_moment_loses_nothing(bins, dump, mm, pre):

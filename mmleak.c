@@ -829,6 +829,7 @@ static struct {
     char *text; size_t tlen, tcap;      /* unique lines, back to back */
     struct mline *ln; size_t n, cap;    /* sorted by start address */
     unsigned long long adds, subs;      /* dl_iterate_phdr counters at the last snapshot */
+    int stale;                          /* the last snapshot could not be written: retry */
     char *buf; size_t bcap;             /* scratch for reading /proc/self/maps */
 } M;
 
@@ -918,10 +919,11 @@ static int maps_add(const char *l, size_t n)
  * from carry the epoch in their top 16 bits (see capture). */
 static int g_loads_on;  /* from the first dlclose on: before it, no range had two objects */
 
-static void loads_log_locked(void)
+/* 0, or -1 if a line could not be written (it is tried again at the next snapshot) */
+static int loads_log_locked(void)
 {
     if (!g_loads_on)
-        return;
+        return 0;
     unsigned e = atomic_load(&g_epoch);
     int fd = -1;
     for (size_t i = 0; i < M.n; i++) {
@@ -935,18 +937,21 @@ static void loads_log_locked(void)
             if (fd < 0)
                 fd = create_locked(name);
             if (fd < 0)
-                return;
+                return -1;
         }
         char hdr[24], *d = hdr;
         *d++ = l->seen ? '+' : '-';
         d = cat_u(d, hdr + sizeof hdr, e);
         *d++ = ' ';
-        if (write_all(fd, hdr, (size_t)(d - hdr)) || write_all(fd, M.text + l->off, l->len))
-            break;
+        if (write_all(fd, hdr, (size_t)(d - hdr)) || write_all(fd, M.text + l->off, l->len)) {
+            close(fd);
+            return -1;
+        }
         l->present = l->seen;
     }
     if (fd >= 0)
         close(fd);
+    return 0;
 }
 
 static int phdr_counts(struct dl_phdr_info *info, size_t size, void *data)
@@ -962,10 +967,14 @@ static int phdr_counts(struct dl_phdr_info *info, size_t size, void *data)
  * anything is new.  force=0 skips the work when no object was loaded or unloaded since. */
 static void maps_snapshot_locked(int force, const unsigned long long c[2])
 {
-    if (!force && c[0] == M.adds && c[1] == M.subs)
+    if (!force && !M.stale && c[0] == M.adds && c[1] == M.subs)
         return;
     M.adds = c[0];
     M.subs = c[1];
+    /* until the file is written (a full disk, no descriptor left: passing failures), every
+     * later call tries again: the readers need every mapping to name a call site */
+    int was_stale = M.stale;
+    M.stale = 1;
     int fd = g_procfd >= 0 ? openat(g_procfd, "self/maps", O_RDONLY | O_CLOEXEC)
                            : open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -994,9 +1003,11 @@ static void maps_snapshot_locked(int force, const unsigned long long c[2])
             changed |= maps_add(M.buf + i, n);
         i += n;
     }
-    loads_log_locked();
-    if (!changed && !force)
+    int loads_bad = loads_log_locked();
+    if (!changed && !force && !was_stale) {
+        M.stale = loads_bad;
         return;
+    }
     size_t total = 0;
     for (size_t i = 0; i < M.n; i++)
         total += M.ln[i].len;
@@ -1020,6 +1031,8 @@ static void maps_snapshot_locked(int force, const unsigned long long c[2])
     close(fd);
     if (bad || d_rename(tmp, name))
         d_unlink(tmp);
+    else
+        M.stale = loads_bad;
 }
 
 /* The loader's counters are read before g_lock is taken: dl_iterate_phdr takes the loader's
@@ -1828,32 +1841,40 @@ static int make_room(struct tstate *t, size_t need)
     return -1;
 }
 
-/* While dropping: count the event, and once a second try to write again. */
-static void drop_event(struct tstate *t)
+/* While dropping: once a second (and every 1024 events) try to write again; 1 when that
+ * worked and there is room for this event's N bytes, else the event is counted as lost. */
+static int drop_event(struct tstate *t, size_t n)
 {
-    t->lost++;
     time_t now = time(NULL);
-    if (now < t->retry_at && (t->lost & 1023))
-        return;
-    t->retry_at = now + 1;
-    if (t->anon) {
-        if (anon_to_file(t))
-            return;
-        t->dropping = 0;
-    } else if (t->stage) {
-        if (flush_staged(t))
-            return;
-        t->dropping = 0;
-        half_start(t, t->half ^ 1);
-    } else {
-        if (unpark(t) && file_open(t, 0))
-            return;
-        t->dropping = 0;
-        key_for_exit(t);
+    if (now < t->retry_at && ((t->lost + 1) & 1023)) {
+        t->lost++;
+        return 0;
     }
+    t->retry_at = now + 1;
+    int ok;
+    if (t->anon) {
+        ok = anon_to_file(t) == 0;
+    } else if (t->stage) {
+        ok = flush_staged(t) == 0;
+        if (ok)
+            half_start(t, t->half ^ 1);
+    } else {
+        ok = !(unpark(t) && file_open(t, 0));
+        if (ok)
+            key_for_exit(t);
+    }
+    if (!ok) {
+        t->lost++;
+        return 0;
+    }
+    t->dropping = 0;
     char line[64];
     stage_line(t, line, lost_line(line, sizeof line, t->lost, t->episode));
     t->lost = 0;
+    if (t->end - t->cur >= (ptrdiff_t)n)
+        return 1;   /* the event that found writing works again is written, not lost */
+    t->lost++;
+    return 0;
 }
 
 static char *hexw(char *d, uint64_t v, int width)
@@ -1976,10 +1997,8 @@ static int emit_cold(struct tstate *t, const char *line, size_t n)
         late_shared(line, n);
         return 0;
     }
-    if (t->dropping) {
-        drop_event(t);
-        return 0;
-    }
+    if (t->dropping)
+        return drop_event(t, n + 16);
     if (late_direct(t)) {
         append_direct(t, line, n);
         return 0;
@@ -2766,6 +2785,7 @@ COLD static void give_files_to(uid_t uid)
     if (g_late_file != ~0u)
         d_chown(dump_name(name, sizeof name, g_late_file), uid);
     d_chown(file_name(name, sizeof name, ".maps"), uid);
+    d_chown(file_name(name, sizeof name, ".loads"), uid);
     pthread_mutex_unlock(&g_lock);
 }
 

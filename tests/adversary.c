@@ -110,6 +110,42 @@ static int nofile(long window, int pre)
     return 0;
 }
 
+/* ---- 3c. the first event after a long failure: the one that finds writing works again ---- */
+static int recover_first(void)
+{
+    keep(malloc(510));                          /* site:recover_pre */
+    struct rlimit r = { 64, 64 };
+    setrlimit(RLIMIT_NOFILE, &r);
+    int fds[64], n = 0;
+    for (;;) {
+        int fd = open("/dev/null", O_RDONLY);
+        if (fd < 0)
+            break;
+        fds[n++] = fd;
+    }
+    churn(100000);                              /* far more than the staging area holds */
+    while (n > 0)
+        close(fds[--n]);
+    sleep(2);                                   /* the next event tries to write again */
+    keep(malloc(511));                          /* site:recover_first */
+    churn(100);
+    puts("recover done");
+    return 0;
+}
+
+/* ---- 3d. a disk full when the trace starts, then room again (the test frees it) ---- */
+static int waitdisk(void)
+{
+    keep(malloc(921));                          /* site:disk_before */
+    char c;
+    if (read(0, &c, 1) != 1)
+        return 1;
+    churn(5000);
+    keep(malloc(922));                          /* site:disk_after */
+    puts("waitdisk done");
+    return 0;
+}
+
 /* ---- 4. a file size limit ---- */
 static int fsize(long limit, long events)
 {
@@ -147,6 +183,24 @@ static int uidrace(int nthreads)
     for (int i = 0; i < nthreads; i++)
         pthread_join(t[i], NULL);
     keep(malloc(799));                          /* site:uid_main */
+    return 0;
+}
+
+/* ---- 5b. a plugin unloaded before and after the process drops root ---- */
+static int dlsetuid(const char *lib0, const char *lib1)
+{
+    for (int k = 0; k < 2; k++) {
+        if (k == 1 && setresuid(65534, 65534, 65534))
+            return 3;
+        void *h = dlopen(k ? lib1 : lib0, RTLD_NOW);
+        if (!h)
+            return 4;
+        void *(*leak)(size_t) = (void *(*)(size_t))dlsym(h, "dl_leak");
+        keep(leak(730 + (size_t)k));
+        churn(3000);
+        dlclose(h);
+    }
+    puts("dlsetuid done");
     return 0;
 }
 
@@ -248,6 +302,9 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "allocator")) return allocator();
     if (!strcmp(mode, "nofile")) return nofile(atol(argv[2]), argc > 3 ? atoi(argv[3]) : 0);
     if (!strcmp(mode, "fsize")) return fsize(atol(argv[2]), atol(argv[3]));
+    if (!strcmp(mode, "recover")) return recover_first();
+    if (!strcmp(mode, "dlsetuid")) return dlsetuid(argv[2], argv[3]);
+    if (!strcmp(mode, "waitdisk")) return waitdisk();
     if (!strcmp(mode, "stackwait")) return stackwait();
     if (!strcmp(mode, "fill")) return fill(atoi(argv[2]));
     if (!strcmp(mode, "uidrace")) return uidrace(atoi(argv[2]));

@@ -1,10 +1,12 @@
 """Hostile processes, round two (issue #8): each test is a way a real program broke mmleak.so,
 run for real under LD_PRELOAD (tests/adversary.c, tests/badalloc.cpp), with the exact leaks,
 file counts and messages asserted.  Each of these failed before the fix it guards."""
+import collections
 import os
 import shutil
 import subprocess
 import tempfile
+import time
 
 import pytest
 
@@ -218,6 +220,58 @@ def test_disk_full_one_message_with_its_reason_and_an_incomplete_report(bins, mm
         os.rmdir(d)
 
 
+def test_the_event_that_finds_writing_works_again_is_recorded(bins, dump, mm):
+    """After a failure long enough to drop events, the first event once descriptors are back
+    retries and succeeds: it must be written, not counted as lost with the others (here it
+    is a leak, which went missing)."""
+    r = run_traced([bins["adversary"], "recover"], dump)
+    assert r.stdout == b"recover done\n"
+    assert len(mmleak_lines(r.stderr)) == 1
+    tid = next(iter(traces(mm, dump)))
+    got, sh = leaks(dump, tid, "adversary")
+    assert got[("recover_first", "adversary.c", site_line("adversary.c", "recover_first"),
+                511)] == 1, got
+    lost, unknown = sh.gaps()
+    assert unknown == 0 and sh.events + lost == 1 + 100000 * 2 + 1 + 100 * 2
+
+
+def test_maps_file_written_once_the_disk_has_room_again(bins, mm):
+    """The disk is full when the trace starts: the maps file cannot be written.  Once there
+    is room, the events are written and so must the maps file be (it stayed empty: no call
+    site of the report could be named)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    d = _mounted_tmpfs("2m")
+    if d is None:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        filler = os.path.join(d, "filler")
+        with open(filler, "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        p = subprocess.Popen([bins["adversary"], "waitdisk"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=d))
+        time.sleep(0.5)
+        os.unlink(filler)
+        out, err = p.communicate(b"x", timeout=60)
+        assert p.returncode == 0 and out == b"waitdisk done\n", err
+        assert "disk full (errno 28)" in err.decode()
+        tid = next(iter(traces(mm, d)))
+        assert os.path.getsize(os.path.join(d, "mmleak.%s.maps" % tid)) > 0
+        got, sh = leaks(d, tid, "adversary")
+        assert got == exp([adv(0, "disk_before", 921, fn="waitdisk"),
+                           adv(0, "disk_after", 922, fn="waitdisk")])
+        assert sh.gap_text() is None
+    finally:
+        subprocess.run(["umount", d])
+        os.rmdir(d)
+
+
 # -- 4 ------------------------------------------------------------------------------------
 def test_file_size_limit_rotates_below_it_and_the_program_goes_on(bins, dump, mm):
     """RLIMIT_FSIZE of 300 kB: writing past it would kill the program with SIGXFSZ.  mmleak
@@ -267,6 +321,39 @@ def test_threads_creating_files_while_root_is_dropped(bins, mm):
             assert sh.gap_text() is None
         finally:
             shutil.rmtree(d)
+
+
+def test_loads_log_goes_on_after_root_is_dropped(bins, mm):
+    """The log of loaded and unloaded objects (mmleak.ID.loads) is one of mmleak's files too:
+    once the process is another user it must still be written (it stayed root's, and the
+    second plugin's lines were never written)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop privileges")
+    d = tempfile.mkdtemp(prefix="mmleak-dlsetuid.")     # every directory up to it: 0755
+    try:
+        os.chmod(d, 0o1777)
+        libs = [os.path.join(d, "libplugin%d.so" % k) for k in (0, 1)]
+        for lib in libs:
+            shutil.copy2(bins["libdl_test.so"], lib)
+            os.chmod(lib, 0o755)
+        r = run_traced([bins["adversary"], "dlsetuid"] + libs, d)
+        assert r.stdout == b"dlsetuid done\n" and r.stderr == b""
+        tid = next(iter(traces(mm, d)))
+        loads_file = os.path.join(d, "mmleak.%s.loads" % tid)
+        assert os.stat(loads_file).st_uid == 65534
+        with open(loads_file) as f:
+            loads = {l.split(None, 1)[0] + " " + l.split()[-1] for l in f
+                     if l.split()[-1] in libs}
+        # +0: the first plugin, seen at the first dlclose; -1: gone; +1 and -2: the second,
+        # loaded and unloaded as another user
+        assert sorted(loads) == ["+0 " + libs[0], "+1 " + libs[1], "-1 " + libs[0],
+                                 "-2 " + libs[1]], loads
+        line = site_line("dl_lib.c", "dl")
+        for k in (0, 1):
+            got, _ = leaks(d, tid, "libplugin%d.so" % k)
+            assert got == collections.Counter({("dl_leak", "dl_lib.c", line, 730 + k): 1})
+    finally:
+        shutil.rmtree(d)
 
 
 # -- 6 ------------------------------------------------------------------------------------

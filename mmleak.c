@@ -1397,9 +1397,12 @@ static int write_half(int fd, struct tstate *t, int h)
     return 0;
 }
 
+static int move_pending(struct tstate *t);
+static int append_to(const char *name, const char *line, size_t n);
+
 /* Append what is staged to .out: the other half's pending lines first, then the current
  * half's.  0 when all is in .out; -1 (errno says why) when some stays pending. */
-static int flush_staged(struct tstate *t)
+static int flush_here(struct tstate *t)
 {
     int h = t->half, o = h ^ 1;
     if (t->cur)
@@ -1421,6 +1424,17 @@ static int flush_staged(struct tstate *t)
     close(fd);
     errno = e;
     return rc;
+}
+
+/* The same; when the file cannot take the lines without passing RLIMIT_FSIZE (lowered after
+ * it had grown), they go on in a new file (see move_pending). */
+static int flush_staged(struct tstate *t)
+{
+    if (flush_here(t) == 0)
+        return 0;
+    if (errno == EFBIG && !t->anon && move_pending(t) == 0)
+        return 0;
+    return -1;
 }
 
 /* A thread that filled its first half is a busy one: give it the full MMLEAK_BUFFER_KB.  Every
@@ -1633,6 +1647,84 @@ static int file_open(struct tstate *t, size_t min_half)
     stage_line(t, h, header_text(h, sizeof h, n, t->late));
     slot_sync(t);
     return 0;
+}
+
+/* The longest run of whole lines at P (of N bytes) that fits in ROOM bytes. */
+static size_t whole_lines(const char *p, size_t n, uint64_t room)
+{
+    if (n <= room)
+        return n;
+    size_t k = (size_t)room;
+    while (k > 0 && p[k - 1] != '\n')
+        k--;
+    return k;
+}
+
+/* The thread's file cannot take its pending lines: RLIMIT_FSIZE was lowered below what it
+ * holds (a limit known from the start makes us rotate before it).  New files take them,
+ * written at once behind their headers (as many files as the limit needs, each ended with
+ * "#end"), and the thread goes on in the last one; the old file gets "#end" if the limit
+ * allows, and loses its staging file (whose lines moved).  -1 when the lines could not all
+ * be moved (what was not stays pending, in order). */
+static int move_pending(struct tstate *t)
+{
+    uint64_t lim = fsize_limit();
+    for (;;) {
+        int h = t->half, o = h ^ 1;
+        struct tstate f;
+        memset(&f, 0, sizeof f);
+        f.late = t->late;
+        if (file_open(&f, 0))
+            return -1;
+        char name[64];
+        int fd = -1;
+        if (flush_here(&f) == 0)            /* the header */
+            fd = open_again(dump_name(name, sizeof name, f.fileno), O_WRONLY);
+        /* whole lines, with room left for "#end" */
+        uint64_t room = f.out_off + 5 + SLACK < lim ? lim - f.out_off - 5 - SLACK : 0;
+        size_t a = whole_lines(half_body(t, o) + t->ustart[o], t->ulen[o], room);
+        size_t b = a < t->ulen[o] ? 0 : whole_lines(half_body(t, h) + t->ustart[h], t->ulen[h],
+                                                     room - a);
+        int ok = fd >= 0 && a + b > 0 &&
+                 pwrite(fd, half_body(t, o) + t->ustart[o], a, (off_t)f.out_off) == (ssize_t)a &&
+                 pwrite(fd, half_body(t, h) + t->ustart[h], b, (off_t)(f.out_off + a)) ==
+                     (ssize_t)b;
+        if (fd >= 0)
+            close(fd);
+        if (!ok) {
+            file_close(&f, 1);
+            sset_free(&f);
+            errno = EFBIG;
+            return -1;
+        }
+        f.out_off += a + b;
+        t->ustart[o] += a;
+        t->ulen[o] -= a;
+        t->ustart[h] += b;
+        t->ulen[h] -= b;
+        half_start(&f, f.half ^ 1);         /* "#at" after the moved lines */
+        if (t->ulen[o] || t->ulen[h]) {     /* more than one new file holds */
+            file_close(&f, 1);
+            sset_free(&f);
+            continue;
+        }
+        append_to(dump_name(name, sizeof name, t->fileno), "#end\n", 5);
+        d_unlink(side_name(name, sizeof name, t->fileno, ".tail"));
+        munmap(t->stage, 2 * t->half_size);
+        slot_free(t);
+        sset_clear(t);                      /* the new file holds none of the stacks */
+        t->stage = f.stage;
+        t->half_size = f.half_size;
+        t->half = f.half;
+        t->fileno = f.fileno;
+        t->out_off = f.out_off;
+        t->slot = f.slot;
+        t->ustart[0] = t->ustart[1] = t->ulen[0] = t->ulen[1] = 0;
+        t->cur = f.cur;
+        t->end = f.end;
+        t->late_lines = 0;
+        return 0;
+    }
 }
 
 /* Take a parked file, if there is one. */

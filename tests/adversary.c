@@ -160,6 +160,21 @@ static int fsize(long limit, long events)
     return 0;
 }
 
+/* ---- 4b. the limit lowered below what the thread's file already holds ---- */
+static int fsize_late(long before, long limit, long after)
+{
+    signal(SIGXFSZ, SIG_DFL);
+    keep(malloc(611));                          /* site:fsize_late_before */
+    churn(before);
+    struct rlimit r = { (rlim_t)limit, (rlim_t)limit };
+    if (setrlimit(RLIMIT_FSIZE, &r))
+        return 2;
+    keep(malloc(612));                          /* site:fsize_late_after */
+    churn(after);
+    puts("fsize_late done");
+    return 0;
+}
+
 /* ---- 5. threads starting (creating their files) while the process drops root ---- */
 static pthread_barrier_t go;
 
@@ -303,6 +318,7 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "nofile")) return nofile(atol(argv[2]), argc > 3 ? atoi(argv[3]) : 0);
     if (!strcmp(mode, "fsize")) return fsize(atol(argv[2]), atol(argv[3]));
     if (!strcmp(mode, "recover")) return recover_first();
+    if (!strcmp(mode, "fsize_late")) return fsize_late(atol(argv[2]), atol(argv[3]), atol(argv[4]));
     if (!strcmp(mode, "dlsetuid")) return dlsetuid(argv[2], argv[3]);
     if (!strcmp(mode, "waitdisk")) return waitdisk();
     if (!strcmp(mode, "stackwait")) return stackwait();

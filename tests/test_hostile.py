@@ -298,6 +298,27 @@ def test_file_size_limit_too_small_stops_with_one_message(bins, dump, mm):
     assert "INCOMPLETE TRACE: 200002 events were not recorded" in rep.stdout
 
 
+@pytest.mark.parametrize("before,limit", [(100000, 2000000), (1000, 300000)],
+                         ids=["file-past-the-limit", "staging-past-the-limit"])
+def test_file_size_limit_lowered_below_the_file_goes_on_in_new_files(bins, dump, mm, before,
+                                                                      limit):
+    """RLIMIT_FSIZE lowered while the thread's file already holds more than it (or its
+    staging halves do): what is staged goes on in new files below the limit (tracing stopped
+    for good, and the report said the trace was incomplete)."""
+    r = run_traced([bins["adversary"], "fsize_late", str(before), str(limit), "100000"], dump)
+    assert r.returncode == 0 and r.stdout == b"fsize_late done\n" and r.stderr == b""
+    names = sorted(os.listdir(dump))
+    assert not [n for n in names if n.endswith(".tail")]
+    tid = next(iter(traces(mm, dump)))
+    big = [n for n in names if os.path.getsize(os.path.join(dump, n)) > limit]
+    assert big in ([], ["mmleak.%s.0.out" % tid])   # written before the limit came
+    got, sh = leaks(dump, tid, "adversary")
+    assert got == exp([adv(0, "fsize_late_before", 611, fn="fsize_late"),
+                       adv(0, "fsize_late_after", 612, fn="fsize_late")])
+    assert sh.events == 2 + 2 * before + 2 * 100000 and sh.gap_text() is None
+    assert report(dump).returncode == 0
+
+
 # -- 5 ------------------------------------------------------------------------------------
 def test_threads_creating_files_while_root_is_dropped(bins, mm):
     """Six threads create their files at the moment the main thread calls setresuid(): a

@@ -2537,6 +2537,14 @@ def positive_float(v):
     return x
 
 
+def trace_depth(v):
+    """MMLEAK_DEPTH as mmleak.so takes it: 1 to MAX_DEPTH (it ignores anything else)."""
+    n = positive_int(v)
+    if n > MAX_DEPTH:
+        raise argparse.ArgumentTypeError("at most %d: %r" % (MAX_DEPTH, v))
+    return n
+
+
 def positive_int(v):
     try:
         n = int(v)
@@ -2633,8 +2641,8 @@ def build_parser():
                     "live set, not the history; --keep-all keeps every event instead.",
         epilog="example:\n  %(prog)s -d /var/tmp/leaks --depth 16 -- ./server --port 8080\n")
     r.add_argument("-d", "--dir", help="dump directory (default: $MMLEAK_DIR or /tmp)")
-    r.add_argument("--depth", type=positive_int,
-                   help="frames per allocation (MMLEAK_DEPTH; default: auto, through the "
+    r.add_argument("--depth", type=trace_depth,
+                   help="frames per allocation, 1 to 64 (MMLEAK_DEPTH; default: auto, through the "
                         "runtime to the program's own frame)")
     r.add_argument("--keep-all", action="store_true",
                    help="no background compaction: keep every dump file as written")
@@ -2750,8 +2758,8 @@ def build_parser():
                + EXIT_HELP)
     a.add_argument("pid", type=positive_int, help="the process")
     a.add_argument("-d", "--dir", help="dump directory (default: $MMLEAK_DIR or /tmp)")
-    a.add_argument("--depth", type=positive_int,
-                   help="frames per allocation (default: auto, see MMLEAK_DEPTH)")
+    a.add_argument("--depth", type=trace_depth,
+                   help="frames per allocation, 1 to 64 (default: auto, see MMLEAK_DEPTH)")
     a.add_argument("--rotate-mb", type=positive_int,
                    help="rotate dump files at this size (default %d, for compaction)"
                         % COMPACT_ROTATE_MB)

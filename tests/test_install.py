@@ -1521,6 +1521,18 @@ def test_rotate_mb(root, lib, mm):
 
 
 @pytest.mark.parametrize("value,msg", [
+    ("0", "must be at least 1: '0'"), ("65", "at most 64: '65'"),
+    ("99999999999999999999", "at most 64: '99999999999999999999'")])
+def test_depth_bad(root, lib, value, msg):
+    """mmleak.so takes MMLEAK_DEPTH from 1 to 64 (past that it says "ignoring invalid" and
+    records the default): the installer refuses what the library would ignore."""
+    before = snapshot(root)
+    rc, out, err = run(root, "install", "plain.service", "--depth", value, lib=lib)
+    assert (rc, out, err) == (1, "", "mmleak-install.py: error: argument --depth: %s\n" % msg)
+    assert snapshot(root) == before
+
+
+@pytest.mark.parametrize("value,msg", [
     ("0", "must be at least 1: '0'"), ("x", "not an integer: 'x'"),
     ("1048577", "at most 1048576: '1048577'")])
 def test_rotate_mb_bad(root, lib, value, msg):

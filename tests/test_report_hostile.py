@@ -200,6 +200,19 @@ def test_report_bad_numbers(tmp_path, args, msg):
     assert err.splitlines()[-1] == "mmleak.py report: error: argument %s" % msg
 
 
+@pytest.mark.parametrize("cmd", [["run", "--depth", "%s", "--", "/bin/true"],
+                                 ["attach", "--depth", "%s", "1"]])
+@pytest.mark.parametrize("value,msg", [("65", "at most 64: '65'"),
+                                       ("99999999999999999999", "at most 64: "
+                                                                "'99999999999999999999'")])
+def test_trace_depth_out_of_range(cmd, value, msg):
+    """mmleak.so ignores an MMLEAK_DEPTH past 64 (and records the default): the commands
+    that set it refuse it instead, before running or touching anything."""
+    rc, out, err = run_mmleak(*[a % value if a == "%s" else a for a in cmd])
+    assert (rc, out) == (1, "")
+    assert err.splitlines()[-1] == "mmleak.py %s: error: argument --depth: %s" % (cmd[0], msg)
+
+
 def test_bad_header_fields(tmp_path):
     data = EXTREME.replace(b"depth=1 start=1700000000", b"depth=x start=zz")
     # the pipe: a line not in the format, no page

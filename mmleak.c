@@ -35,6 +35,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/fsuid.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -721,12 +722,51 @@ static int dir_fd(void)
     return g_dirfd;
 }
 
+/* A file server acts as another user in one thread for a while (nfs-ganesha, samba: a raw
+ * setresuid, or setfsuid, around each request; glibc passes neither on to the other threads,
+ * and we do not see them): our 0600 files are then out of that thread's reach.  So our own
+ * file operations use the files' owner as the file system uid when the thread's differs and
+ * it may switch back (its real or saved uid is still the owner's, or it is privileged): one
+ * setfsuid to ask, two more only when it differs.  The scope restores the thread's own. */
+static uid_t g_owner;                   /* euid when the trace started: our files' owner */
+
+static uid_t files_owner(void)
+{
+    return g_give_uid != (uid_t)-1 ? g_give_uid : g_owner;
+}
+
+struct fs_scope { int saved_errno; uid_t old; int switched; };
+
+static struct fs_scope fs_enter(void)
+{
+    struct fs_scope f = { errno, (uid_t)setfsuid((uid_t)-1), 0 };
+    uid_t want = files_owner();
+    if (f.old != want) {
+        setfsuid(want);
+        f.switched = 1;
+    }
+    errno = f.saved_errno;
+    return f;
+}
+
+static void fs_leave(struct fs_scope *f)
+{
+    if (f->switched) {
+        int e = errno;
+        setfsuid(f->old);
+        errno = e;
+    }
+}
+
+#define AS_OWNER struct fs_scope _fs __attribute__((cleanup(fs_leave))) = fs_enter()
+
 static int d_open(const char *name, int flags, mode_t mode)
 {
     char path[PATH_MAX];
     int dfd = dir_fd();
     if (dfd == -1)
         return -1;
+    AS_OWNER;
     return openat(dfd, dfd == AT_FDCWD ? full_path(path, sizeof path, name) : name, flags, mode);
 }
 
@@ -736,6 +776,7 @@ static int d_unlink(const char *name)
     int dfd = dir_fd();
     if (dfd == -1)
         return -1;
+    AS_OWNER;
     return unlinkat(dfd, dfd == AT_FDCWD ? full_path(path, sizeof path, name) : name, 0);
 }
 
@@ -745,6 +786,7 @@ static int d_rename(const char *from, const char *to)
     int dfd = dir_fd();
     if (dfd == -1)
         return -1;
+    AS_OWNER;
     if (dfd == AT_FDCWD)
         return renameat(dfd, full_path(a, sizeof a, from), dfd, full_path(b, sizeof b, to));
     return renameat(dfd, from, dfd, to);
@@ -784,8 +826,9 @@ static int open_again(const char *name, int flags)
     if (fd < 0)
         return -1;
     struct stat st;
-    uid_t me = geteuid();
-    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || (st.st_uid != me && me != 0)) {
+    uid_t me = (uid_t)setfsuid((uid_t)-1);     /* who the file system sees: see fs_enter */
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode) ||
+        (st.st_uid != me && st.st_uid != files_owner() && me != 0)) {
         close(fd);
         errno = EACCES;
         return -1;
@@ -1150,6 +1193,7 @@ static void set_status(void)
 static void process_start(void)
 {
     g_pid = getpid();
+    g_owner = geteuid();
     g_t0 = time(NULL);
     if (reserve_id()) {
         g_state = -1;

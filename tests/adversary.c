@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/fsuid.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -201,6 +202,40 @@ static int uidrace(int nthreads)
     return 0;
 }
 
+/* ---- 5c. one thread acting as another user for a while, as file servers do per request:
+ * a raw setresuid (glibc's would change every thread) or setfsuid, then back ---- */
+static const char *creds_how;
+
+static void *creds_body(void *arg)
+{
+    (void)arg;
+    keep(malloc(740));                          /* site:creds_root */
+    churn(10);                                  /* this thread's file exists, root's */
+    for (size_t req = 0; req < 5; req++) {
+        if (!strcmp(creds_how, "fsuid"))
+            setfsuid(65534);
+        else
+            syscall(SYS_setresuid, -1, 65534, -1);
+        keep(malloc(741 + req));                /* site:creds_request */
+        churn(20000);                           /* flushes, as the other user */
+        if (!strcmp(creds_how, "fsuid"))
+            setfsuid(0);
+        else
+            syscall(SYS_setresuid, -1, 0, -1);
+    }
+    return NULL;
+}
+
+static int threadcreds(const char *how)
+{
+    creds_how = how;
+    pthread_t t;
+    pthread_create(&t, NULL, creds_body, NULL);
+    pthread_join(t, NULL);
+    puts("threadcreds done");
+    return 0;
+}
+
 /* ---- 5b. a plugin unloaded before and after the process drops root ---- */
 static int dlsetuid(const char *lib0, const char *lib1)
 {
@@ -318,6 +353,7 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "nofile")) return nofile(atol(argv[2]), argc > 3 ? atoi(argv[3]) : 0);
     if (!strcmp(mode, "fsize")) return fsize(atol(argv[2]), atol(argv[3]));
     if (!strcmp(mode, "recover")) return recover_first();
+    if (!strcmp(mode, "threadcreds")) return threadcreds(argv[2]);
     if (!strcmp(mode, "fsize_late")) return fsize_late(atol(argv[2]), atol(argv[3]), atol(argv[4]));
     if (!strcmp(mode, "dlsetuid")) return dlsetuid(argv[2], argv[3]);
     if (!strcmp(mode, "waitdisk")) return waitdisk();

@@ -377,6 +377,32 @@ def test_loads_log_goes_on_after_root_is_dropped(bins, mm):
         shutil.rmtree(d)
 
 
+@pytest.mark.parametrize("how", ["setresuid", "fsuid"])
+def test_a_thread_acting_as_another_user_for_a_while(bins, mm, how):
+    """A file server (nfs-ganesha, samba) switches one thread's credentials around each
+    request, with a raw setresuid or setfsuid that the other threads do not share: while it
+    acts as another user, that thread's 0600 file (root's) was out of its reach, and almost
+    all its events were lost.  mmleak now uses the files' owner for its own file operations
+    (the thread's saved uid is still root's)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to switch credentials")
+    d = tempfile.mkdtemp(prefix="mmleak-creds.")
+    try:
+        os.chmod(d, 0o1777)
+        r = run_traced([bins["adversary"], "threadcreds", how], d)
+        assert r.stdout == b"threadcreds done\n" and r.stderr == b""
+        tid = next(iter(traces(mm, d)))
+        got, sh = leaks(d, tid, "adversary")
+        want = exp([adv(0, "creds_root", 740, fn="creds_body")])
+        for i in range(5):
+            want[("creds_body", "adversary.c", site_line("adversary.c", "creds_request"),
+                  741 + i)] += 1
+        assert got == want
+        assert sh.gap_text() is None and sh.events == 1 + 10 * 2 + 5 * (1 + 20000 * 2) + 1
+    finally:
+        shutil.rmtree(d)
+
+
 # -- 6 ------------------------------------------------------------------------------------
 def test_vfork_child_allocating_before_exec(bins, dump, mm):
     """A vfork() child shares its parent's memory: what it allocates (and flushes) before

@@ -1734,20 +1734,41 @@ def _key_text(callers, stack_lines, sh):
     return b"@%x" % sid
 
 
-def read_series(path):
+SERIES_P_RE = re.compile(rb"p(?: [0-9]{1,20}){8}\n?")
+SERIES_K_RE = re.compile(rb"k (?:other|@[0-9a-f]{1,16}|[0-9a-f]{1,16})(?: [0-9]{1,20}){6}\n?")
+
+
+def series_line_ok(line):
+    """Is LINE of a .series file one its readers can take (a damaged file must not stop the
+    report or the compactor)?"""
+    if line.startswith(b"p "):
+        return SERIES_P_RE.fullmatch(line) is not None
+    if line.startswith(b"k "):
+        return SERIES_K_RE.fullmatch(line) is not None
+    if line.startswith(b"#s "):
+        return parse_stack(line) is not None
+    return True
+
+
+def read_series(path, problems=None):
     """(points, stacks): points oldest first, each with .sites {key: (bytes, blocks, newb,
-    newn, freedb, freedn)}; KEY is a tuple of callers (or "other")."""
+    newn, freedb, freedn)}; KEY is a tuple of callers (or "other").  Lines that are not in
+    the format are skipped (reported to PROBLEMS, if given)."""
     points, stacks, raw = [], {}, []
     try:
         f = open(path, "rb")
     except OSError:
         return [], {}
     with f:
-        for line in f:
+        for lineno, line in enumerate(f, 1):
+            if not series_line_ok(line):
+                if problems is not None:
+                    problems.add(path, lineno, "malformed",
+                                 "malformed series line skipped: %r" % line[:80])
+                continue
             if line.startswith(b"#s "):
                 st = parse_stack(line)
-                if st:
-                    stacks[st[0]] = st[1]
+                stacks[st[0]] = st[1]
             elif line.startswith(b"p "):
                 v = [int(x) for x in line.split()[1:]]
                 raw.append([v, {}])
@@ -1841,18 +1862,13 @@ def _append_series(spath, tid, lines, stack_lines):
     have = set()
     try:
         with open(spath, "rb") as f:
-            for line in f:
-                if line.startswith(b"#s "):
-                    have.add(int(line.split()[1], 16))
+            have = {parse_stack(l)[0] for l in f if l.startswith(b"#s ") and series_line_ok(l)}
     except OSError:
         pass
     if len(points) + 1 > SERIES_POINTS:
         _thin_series(spath, tid)
-        have = set()
         with open(spath, "rb") as f:
-            for line in f:
-                if line.startswith(b"#s "):
-                    have.add(int(line.split()[1], 16))
+            have = {parse_stack(l)[0] for l in f if l.startswith(b"#s ") and series_line_ok(l)}
     new = not os.path.exists(spath)
     with _private(spath, "ab") as f:
         if new:
@@ -1867,7 +1883,7 @@ def _append_series(spath, tid, lines, stack_lines):
 def _thin_series(spath, tid):
     """Merge every other point of the older half into its successor (NEW and FREED summed)."""
     with open(spath, "rb") as f:
-        data = f.read().splitlines(keepends=True)
+        data = [l for l in f.read().splitlines(keepends=True) if series_line_ok(l)]
     head = [l for l in data if l.startswith(b"#")]
     blocks, cur = [], None
     for l in data:
@@ -2285,7 +2301,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     maps = os.path.join(directory, "mmleak.%s.maps" % tid)
     frames = {}
     sym_error = None
-    series, _ = read_series(series_path(directory, tid))
+    series, _ = read_series(series_path(directory, tid), sh.problems)
     addrs = {c for a in survivors for c in a.callers}
     addrs |= {c for pt in series for k in pt.sites if k != "other" for c in k}
     addrs |= {c for a in freed_since or () for c in a.callers}

@@ -441,6 +441,7 @@ static const char *why(int err)
     case EACCES: case EPERM: return "permission denied (did the program change its user, "
                                     "or the directory's permissions?)";
     case ENOENT: return "the file or its directory was removed";
+    case ENOTDIR: return "not a directory";
     case EMFILE: case ENFILE: return "no file descriptor left (RLIMIT_NOFILE)";
     case EFBIG: return "the file size limit (RLIMIT_FSIZE) is reached";
     case EBADF: return "the program closed the directory descriptor mmleak keeps after chroot()";
@@ -468,17 +469,22 @@ static void say4(const char *a, const char *b, const char *c, const char *f)
 
 static void say(const char *a, const char *b, const char *c) { say4(a, b, c, NULL); }
 
-/* "WHAT DIR: REASON (errno N)TAIL" */
-static void say_err(const char *what, int err, const char *tail)
+/* "WHAT DIR: REASON (errno N)TAIL"; REASON is why(ERR) unless given */
+static void say_why(const char *what, const char *reason, int err, const char *tail)
 {
     char r[256], *e = r + sizeof r, *d = r;
     d = cat(d, e, ": ");
-    d = cat(d, e, why(err));
+    d = cat(d, e, reason ? reason : why(err));
     d = cat(d, e, " (errno ");
     d = cat_u(d, e, (unsigned long)err);
     d = cat(d, e, ")");
     cat(d, e, tail);
     say(what, cfg.dir, r);
+}
+
+static void say_err(const char *what, int err, const char *tail)
+{
+    say_why(what, NULL, err, tail);
 }
 
 /* Settings come from the environment, or, for mmleak_attach, from its argument: lines
@@ -1148,8 +1154,9 @@ static int reserve_id(void)
         if (err != EEXIST)
             break;
     }
-    say_err("cannot create files in ", err, ": tracing disabled (set MMLEAK_DIR to a writable "
-            "directory)");
+    /* at the start, a missing name is a directory that was never there */
+    say_why("cannot create files in ", err == ENOENT ? "no such directory" : NULL, err,
+            ": tracing disabled (set MMLEAK_DIR to a writable directory)");
     return -1;
 }
 

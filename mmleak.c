@@ -158,6 +158,7 @@ struct tstate {
     int anon;             /* staging in anonymous memory: no file could be created yet */
     int late;             /* this thread's file was closed (process exit, exec) */
     int late_lines;       /* lines appended directly to it since */
+    int early_frees;      /* frees before this thread's first allocation: see emit_cold */
     int exit_rounds;      /* pthread key destructor rounds seen */
     char *stage;          /* shared mapping of the .tail file: two halves */
     size_t half_size;
@@ -2114,6 +2115,8 @@ static void late_shared(const char *line, size_t n)
  * its bytes and copies them, newline last. */
 static int emit_cold(struct tstate *t, const char *line, size_t n);
 
+static int emit_free_cold(struct tstate *t, const char *line, size_t n);
+
 static int emit(const char *line, size_t n)
 {
     struct tstate *t = &T;
@@ -2127,6 +2130,37 @@ static int emit(const char *line, size_t n)
     atomic_signal_fence(memory_order_release);
     d[n - 1] = '\n';
     return 1;
+}
+
+/* A free, written like any event; but a thread that has no file yet and never allocated
+ * puts its first frees in the shared late file instead of making a file for them.  The
+ * thread may be past its last key destructor: glibc frees a dlerror() or strerror() buffer
+ * after them, and when tracing started after the buffer was made (MMLEAK_PAUSED, attach)
+ * that free is the thread's first event; a file it made then could never be given up (our
+ * key destructor would not run again) and stayed behind, one per ending thread.  glibc frees
+ * a handful of such buffers; past EARLY_FREES frees (a write each) the thread is evidently
+ * going on, freeing what others allocated, and makes its file. */
+#define EARLY_FREES 16
+
+static int emit_free(const char *line, size_t n)
+{
+    struct tstate *t = &T;
+    if (unlikely(!t->stage) && !t->open && !t->dead && !t->dropping && !t->late &&
+        t->early_frees < EARLY_FREES)
+        return emit_free_cold(t, line, n);
+    return emit(line, n);
+}
+
+static int emit_free_cold(struct tstate *t, const char *line, size_t n)
+{
+    INFLIGHT;
+    if (g_state != 1)
+        return 0;
+    if (g_pid != getpid() || t->trace_gen != g_trace_gen)
+        return emit(line, n);   /* a forked child, an old trace: the ordinary way */
+    late_shared(line, n);
+    t->early_frees++;
+    return 0;
 }
 
 /* The part of emit that touches files: counted in g_inflight, so that a detach waits for it
@@ -2168,7 +2202,7 @@ static void thread_reset(struct tstate *t)
     t->stage = NULL;
     t->cur = t->end = NULL;
     t->open = t->dropping = t->anon = t->late = 0;
-    t->late_lines = t->exit_rounds = 0;
+    t->late_lines = t->exit_rounds = t->early_frees = 0;
     t->slot = 0;
     t->lost = 0;
     t->ustart[0] = t->ustart[1] = t->ulen[0] = t->ulen[1] = 0;
@@ -2422,7 +2456,7 @@ COLD static void slow_free(void *p, uint64_t s, const void *ra)
     d = hexw(d, (uintptr_t)ra - 1, 12);
     *d++ = '\n';
     t->epoch = H->epoch;
-    emit(line, (size_t)(d - line));
+    emit_free(line, (size_t)(d - line));
 }
 
 /* A free takes its number before the real free: after it, another thread may already own the

@@ -59,6 +59,42 @@ static int dlerr_fork(int nthreads)
     return 0;
 }
 
+/* ---- 1b. threads that fail a dlopen before tracing starts (MMLEAK_PAUSED, then attach),
+ * and end after: the free of their dlerror() buffer at exit is their first event ---- */
+static pthread_barrier_t late_go;
+
+static void *late_body(void *arg)
+{
+    (void)arg;
+    void *h = dlopen("/nonexistent/mmleak-none.so", RTLD_NOW);
+    if (h)
+        dlclose(h);
+    keep(strerror(123456));
+    pthread_barrier_wait(&late_go);             /* ready */
+    pthread_barrier_wait(&late_go);             /* traced now: end */
+    return NULL;
+}
+
+static int dlerr_attach(int nthreads)
+{
+    pthread_t t[100];
+    pthread_barrier_init(&late_go, NULL, (unsigned)nthreads + 1);
+    for (int i = 0; i < nthreads; i++)
+        pthread_create(&t[i], NULL, late_body, NULL);
+    pthread_barrier_wait(&late_go);
+    puts("ready");
+    char c;
+    if (read(0, &c, 1) != 1)                    /* the test attaches meanwhile */
+        return 1;
+    pthread_barrier_wait(&late_go);
+    for (int i = 0; i < nthreads; i++)
+        pthread_join(t[i], NULL);
+    keep(malloc(773));                          /* site:dlerr_attach */
+    churn(1000);
+    puts("dlerr_attach done");
+    return 0;
+}
+
 /* ---- 2. allocator functions, for LD_PRELOAD with jemalloc/tcmalloc ---- */
 static int allocator(void)
 {
@@ -353,6 +389,7 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "nofile")) return nofile(atol(argv[2]), argc > 3 ? atoi(argv[3]) : 0);
     if (!strcmp(mode, "fsize")) return fsize(atol(argv[2]), atol(argv[3]));
     if (!strcmp(mode, "recover")) return recover_first();
+    if (!strcmp(mode, "dlerr_attach")) return dlerr_attach(atoi(argv[2]));
     if (!strcmp(mode, "threadcreds")) return threadcreds(argv[2]);
     if (!strcmp(mode, "fsize_late")) return fsize_late(atol(argv[2]), atol(argv[3]), atol(argv[4]));
     if (!strcmp(mode, "dlsetuid")) return dlsetuid(argv[2], argv[3]);

@@ -62,6 +62,42 @@ def test_threads_freeing_after_their_last_destructor_then_fork(bins, dump, mm, n
     assert got == exp([adv(0, "dlerr_child", 772, fn="dlerr_fork")])
 
 
+def test_threads_whose_first_event_is_at_their_exit(bins, dump, mm):
+    """The other door to item 1: tracing starts (MMLEAK_PAUSED=1, then attach) after 20
+    threads failed a dlopen; when they end, glibc frees their dlerror() and strerror()
+    buffers after their key destructors, and that free is their first event.  Each opened a
+    file it could never give up (42 files, 20 staging files and mappings left behind); now
+    those frees go to the shared late file, exact."""
+    p = subprocess.Popen([bins["adversary"], "dlerr_attach", "20"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_PAUSED="1"))
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        a = subprocess.run(["/usr/bin/python3", MMLEAK, "attach", str(p.pid), "-d", str(dump)],
+                           capture_output=True, timeout=60)
+        assert a.returncode == 0, a.stderr
+        out, err = p.communicate(b"x", timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0 and out == b"dlerr_attach done\n" and err == b""
+    names = os.listdir(str(dump))
+    assert not [n for n in names if n.endswith(".tail")], names
+    t = traces(mm, dump)
+    assert len(t) == 1 and len(t[str(p.pid)]) <= 3, t       # main, late, (one parked)
+    got, sh = leaks(dump, str(p.pid), "adversary")
+    assert got == exp([adv(0, "dlerr_attach", 773, fn="dlerr_attach")])
+    assert sh.gap_text() is None
+    # allocated before the attach, their frees are "foreign": three per thread in libc (the
+    # dlerror() message and result, the strerror() buffer); the loader frees some of the
+    # threads' TLS blocks, as many as it does not keep for reuse
+    ff = sh.foreign_frees()
+    sym = mm.Symbolizer(os.path.join(str(dump), "mmleak.%d.maps" % p.pid))
+    frames = sym.lookup(sorted({f.caller for f in ff}))
+    mods = collections.Counter(frames[f.caller].module for f in ff)
+    assert mods["libc.so.6"] == 60 and set(mods) <= {"libc.so.6", "ld-linux-x86-64.so.2"}, mods
+
+
 # -- 2 ------------------------------------------------------------------------------------
 ALLOC_LEAKS = [adv(0, "alloc_strdup", 8, fn="allocator"),
                adv(0, "alloc_reallocarray", 300, fn="allocator"),

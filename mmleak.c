@@ -993,6 +993,17 @@ static int loads_log_locked(void)
         *d++ = l->seen ? '+' : '-';
         d = cat_u(d, hdr + sizeof hdr, e);
         *d++ = ' ';
+        /* one file for the whole trace: past RLIMIT_FSIZE it would kill the program */
+        struct stat st;
+        if (fstat(fd, &st) ||
+            (uint64_t)st.st_size + (size_t)(d - hdr) + l->len > fsize_limit()) {
+            static atomic_int said;
+            if (!atomic_exchange(&said, 1))
+                say_err("cannot write the log of loads in ", EFBIG, ": addresses in unloaded "
+                        "ranges may be put in the wrong library");
+            close(fd);
+            return 0;           /* not a passing failure: do not retry at every flush */
+        }
         if (write_all(fd, hdr, (size_t)(d - hdr)) || write_all(fd, M.text + l->off, l->len)) {
             close(fd);
             return -1;
@@ -3311,6 +3322,7 @@ static void close_from_outside(const struct slot *s)
     if (fd >= 0) {
         struct stat st;
         uint64_t have = fstat(fd, &st) == 0 ? (uint64_t)st.st_size : 0;
+        int kept = 0;
         struct { uint64_t off; const char *body; size_t n; } h[2];
         for (int i = 0; i < 2; i++) {
             const char *b = s->stage + (size_t)i * s->half_size;
@@ -3328,11 +3340,14 @@ static void close_from_outside(const struct slot *s)
             if (h[i].off == UINT64_MAX || h[i].off + h[i].n <= have)
                 continue;
             uint64_t skip = have > h[i].off ? have - h[i].off : 0;
-            if (pwrite(fd, h[i].body + skip, h[i].n - skip, (off_t)have) ==
+            if (have + h[i].n - skip <= fsize_limit() &&     /* else SIGXFSZ: keep the .tail */
+                pwrite(fd, h[i].body + skip, h[i].n - skip, (off_t)have) ==
                 (ssize_t)(h[i].n - skip))
                 have = h[i].off + h[i].n;
+            else
+                kept = 1;       /* readers take those lines from the .tail */
         }
-        if (pwrite(fd, "#end\n", 5, (off_t)have) == 5) {
+        if (!kept && have + 5 <= fsize_limit() && pwrite(fd, "#end\n", 5, (off_t)have) == 5) {
             d_unlink(side_name(name, sizeof name, s->fileno, ".tail"));
         }
         close(fd);

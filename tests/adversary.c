@@ -95,6 +95,23 @@ static int dlerr_attach(int nthreads)
     return 0;
 }
 
+/* ---- 4d. events staged, then the test lowers our RLIMIT_FSIZE and detaches ---- */
+static int detach_fsize(void)
+{
+    signal(SIGXFSZ, SIG_DFL);
+    char c;
+    puts("ready");
+    if (read(0, &c, 1) != 1)                    /* attached now */
+        return 1;
+    keep(malloc(1302));                         /* site:detach_staged */
+    churn(300);                                 /* staged, not flushed */
+    puts("staged");
+    if (read(0, &c, 1) != 1)                    /* detached now */
+        return 1;
+    puts("detach_fsize done");
+    return 0;
+}
+
 /* ---- 2. allocator functions, for LD_PRELOAD with jemalloc/tcmalloc ---- */
 static int allocator(void)
 {
@@ -209,6 +226,26 @@ static int fsize_late(long before, long limit, long after)
     keep(malloc(612));                          /* site:fsize_late_after */
     churn(after);
     puts("fsize_late done");
+    return 0;
+}
+
+/* ---- 4c. plugins loaded and unloaded in turn under a file size limit: the log of loads
+ * (mmleak.ID.loads) grows at every unload ---- */
+static int fsize_dl(long limit, int cycles, const char *lib0, const char *lib1)
+{
+    signal(SIGXFSZ, SIG_DFL);
+    struct rlimit r = { (rlim_t)limit, (rlim_t)limit };
+    if (setrlimit(RLIMIT_FSIZE, &r))
+        return 2;
+    for (int k = 0; k < cycles; k++) {
+        void *h = dlopen(k % 2 ? lib1 : lib0, RTLD_NOW);
+        if (!h)
+            return 4;
+        void *(*leak)(size_t) = (void *(*)(size_t))dlsym(h, "dl_leak");
+        free(leak(20));
+        dlclose(h);
+    }
+    puts("fsize_dl done");
     return 0;
 }
 
@@ -389,6 +426,9 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "nofile")) return nofile(atol(argv[2]), argc > 3 ? atoi(argv[3]) : 0);
     if (!strcmp(mode, "fsize")) return fsize(atol(argv[2]), atol(argv[3]));
     if (!strcmp(mode, "recover")) return recover_first();
+    if (!strcmp(mode, "detach_fsize")) return detach_fsize();
+    if (!strcmp(mode, "fsize_dl"))
+        return fsize_dl(atol(argv[2]), atoi(argv[3]), argv[4], argv[5]);
     if (!strcmp(mode, "dlerr_attach")) return dlerr_attach(atoi(argv[2]));
     if (!strcmp(mode, "threadcreds")) return threadcreds(argv[2]);
     if (!strcmp(mode, "fsize_late")) return fsize_late(atol(argv[2]), atol(argv[3]), atol(argv[4]));

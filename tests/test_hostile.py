@@ -355,6 +355,58 @@ def test_file_size_limit_lowered_below_the_file_goes_on_in_new_files(bins, dump,
     assert report(dump).returncode == 0
 
 
+def test_file_size_limit_and_the_log_of_loads(bins, dump, tmp_path):
+    """Two plugins loaded and unloaded in turn, 400 times, under a 100 kB RLIMIT_FSIZE: the
+    log of loads (mmleak.ID.loads) grows at every unload, and writing it past the limit
+    killed the program with SIGXFSZ.  It stops below the limit, with one message."""
+    libs = []
+    for k in (0, 1):
+        libs.append(str(tmp_path / ("libplugin%d.so" % k)))
+        shutil.copy2(bins["libdl_test.so"], libs[-1])
+    r = run_traced([bins["adversary"], "fsize_dl", "100000", "400"] + libs, dump, check=False)
+    assert r.returncode == 0 and r.stdout == b"fsize_dl done\n", r
+    assert mmleak_lines(r.stderr) == [
+        "mmleak: cannot write the log of loads in %s: the file size limit (RLIMIT_FSIZE) is "
+        "reached (errno 27): addresses in unloaded ranges may be put in the wrong library"
+        % dump]
+    for n in os.listdir(str(dump)):
+        assert os.path.getsize(os.path.join(str(dump), n)) <= 100000, n
+
+
+def test_detach_respects_the_file_size_limit(bins, dump, mm):
+    """Detach appends each thread's staged lines to its file from outside, and wrote past
+    the process's RLIMIT_FSIZE: a part of a line up to the limit (a thread of the program
+    writing past it gets SIGXFSZ).  Now nothing is written that does not fit: the lines
+    stay in the .tail (readers take them from there), the program goes on."""
+    import resource
+    p = subprocess.Popen([bins["adversary"], "detach_fsize"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_PAUSED="1"))
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        a = subprocess.run(["/usr/bin/python3", MMLEAK, "attach", str(p.pid), "-d", str(dump)],
+                           capture_output=True, timeout=60)
+        assert a.returncode == 0, a.stderr
+        p.stdin.write(b"x")
+        p.stdin.flush()
+        assert p.stdout.readline() == b"staged\n"
+        out_file = [n for n in os.listdir(str(dump)) if n.endswith(".out")]
+        size = os.path.getsize(os.path.join(str(dump), out_file[0]))
+        resource.prlimit(p.pid, resource.RLIMIT_FSIZE, (size + 100, size + 100))
+        d = subprocess.run(["/usr/bin/python3", MMLEAK, "detach", str(p.pid)],
+                           capture_output=True, timeout=60)
+        assert d.returncode == 0, d.stderr
+        out, err = p.communicate(b"x", timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0 and out == b"detach_fsize done\n"
+    assert os.path.getsize(os.path.join(str(dump), out_file[0])) == size
+    assert [n for n in os.listdir(str(dump)) if n.endswith(".tail")]
+    got, _ = leaks(dump, str(p.pid), "adversary")
+    assert got == exp([adv(0, "detach_staged", 1302, fn="detach_fsize")])
+
+
 # -- 5 ------------------------------------------------------------------------------------
 def test_threads_creating_files_while_root_is_dropped(bins, mm):
     """Six threads create their files at the moment the main thread calls setresuid(): a

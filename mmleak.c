@@ -610,16 +610,19 @@ static void resolve_from(void *handle)
 {
     struct real_fns r;
     memset(&r, 0, sizeof r);
+    const void *self = object_of((void *)mmleak_own_malloc);
     r.malloc = dlsym(handle, "malloc");
     r.free = dlsym(handle, "free");
     r.realloc = dlsym(handle, "realloc");
+    if (handle == RTLD_DEFAULT && object_of((void *)r.realloc) == self)
+        r.realloc = sym("realloc");     /* ours would call itself: libc's, as without us */
     if (!r.malloc || !r.free || !r.realloc) {
         static const char m[] = "mmleak: cannot find the real malloc; aborting\n";
         ssize_t w = write(2, m, sizeof m - 1);
         (void)w;
         abort();
     }
-    const void *base = object_of(r.malloc), *self = object_of((void *)mmleak_own_malloc);
+    const void *base = object_of(r.malloc);
     if (handle == RTLD_DEFAULT) {
         /* anything but our own definitions: a non-PIE program's canonical PLT entries are fine */
         void *f;
@@ -631,6 +634,15 @@ static void resolve_from(void *handle)
         r.valloc = PROC_FN(valloc);
         r.pvalloc = PROC_FN(pvalloc);
 #undef PROC_FN
+        /* a program that defines malloc, free, calloc and realloc only: its aligned
+         * allocations are libc's without us, so they are libc's with us too */
+        if (!r.memalign && !r.posix_memalign && !r.aligned_alloc) {
+            r.memalign = sym("memalign");
+            r.posix_memalign = sym("posix_memalign");
+            r.aligned_alloc = sym("aligned_alloc");
+            r.valloc = r.valloc ? r.valloc : sym("valloc");
+            r.pvalloc = r.pvalloc ? r.pvalloc : sym("pvalloc");
+        }
     } else {
         r.calloc = same_object(sym("calloc"), base);
         r.memalign = same_object(sym("memalign"), base);

@@ -182,6 +182,25 @@ def test_run_replaces_another_mmleak_in_ld_preload(bins, dump, mm, tmp_path):
     assert got == exp([adv(0, "plain", 1101, fn="main")])
 
 
+def test_program_with_its_own_malloc_runs_as_without_mmleak(bins, dump):
+    """A program that defines malloc, free, calloc and realloc itself: mmleak stays out of
+    the way, and every function it defines and the program does not (posix_memalign,
+    memalign, aligned_alloc, valloc, reallocarray, strdup) must do what it does without
+    mmleak.  posix_memalign failed with ENOMEM (the program has none, and mmleak found only
+    its own)."""
+    plain = subprocess.run([bins["own_malloc"]], capture_output=True, timeout=30)
+    assert plain.returncode == 0
+    r = run_traced([bins["own_malloc"]], dump)
+    # the first line: every function works; the second counts the program's malloc calls,
+    # which include mmleak's own look at who the process's malloc is (a malloc and a free)
+    assert r.stdout.splitlines()[0] == plain.stdout.splitlines()[0] == \
+        b"posix_memalign=0 memalign=1 aligned_alloc=1 valloc=1 reallocarray=1"
+    assert mmleak_lines(r.stderr) == ["mmleak: malloc is replaced by %s, found before "
+                                      "mmleak.so: nothing is traced (put mmleak.so first in "
+                                      "LD_PRELOAD)" % bins["own_malloc"]]
+    assert os.listdir(str(dump)) == []
+
+
 # -- 3 ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("pre", [0, 100], ids=["no-file-yet", "file-open"])
 def test_no_descriptor_for_a_moment_loses_nothing(bins, dump, mm, pre):

@@ -1184,6 +1184,10 @@ def cmd_install(args):
     cname = companion_name(unit)
     s = unit.evaluate()
     warnings, notes = [], []
+    for key in ("User", "Group"):       # they go into the companion unit as they are
+        if s[key] is not None and has_control(s[key]):
+            raise Fail(EXIT_INPUT, "%s=%r of %s has a control character: systemd rejects this "
+                                   "unit; fix it first" % (key, s[key], unit.name))
     dyn = parse_bool(s["DynamicUser"] or "no")
     private_tmp = parse_bool(s["PrivateTmp"] or "no") or dyn
     if private_tmp and (under(ddir, "/tmp") or under(ddir, "/var/tmp")):

@@ -453,9 +453,26 @@ static const char *why(int err)
     }
 }
 
+/* Descriptor 2 when the trace started.  A daemon may close it and open a file of its own,
+ * which then gets that number: a message written there would go into the daemon's data.
+ * So we write only while descriptor 2 is still the file it was. */
+static int g_err_ok;
+static dev_t g_err_dev;
+static ino_t g_err_ino;
+
+static void note_stderr(void)
+{
+    struct stat st;
+    g_err_ok = fstat(2, &st) == 0;
+    g_err_dev = g_err_ok ? st.st_dev : 0;
+    g_err_ino = g_err_ok ? st.st_ino : 0;
+}
+
 static void say4(const char *a, const char *b, const char *c, const char *f)
 {
-    if (cfg.quiet)
+    struct stat st;
+    if (cfg.quiet || !g_err_ok || fstat(2, &st) || st.st_dev != g_err_dev ||
+        st.st_ino != g_err_ino)
         return;
     char msg[2 * PATH_MAX + 512], *e = msg + sizeof msg, *d = msg;
     d = cat(d, e, "mmleak: ");
@@ -1281,6 +1298,7 @@ COLD static void global_init(void)
     pthread_mutex_lock(&g_lock);
     if (!g_once_done) {
         g_once_done = 1;
+        note_stderr();
         int bad = read_config();
         read_cmdline();
         Dl_info other, self;
@@ -3419,6 +3437,7 @@ EXPORT int mmleak_attach(const char *args)
         g_args[n] = 0;
         g_from_args = 1;
     }
+    note_stderr();              /* the process's stderr now: its journal, say */
     int bad = read_config();
     g_from_args = 0;
     if (bad) {

@@ -200,6 +200,31 @@ static int waitdisk(void)
     return 0;
 }
 
+/* ---- 3e. the program's own file takes descriptor 2, then writing fails for a while ---- */
+static int stderr_taken(const char *data)
+{
+    keep(malloc(520));                          /* site:stderr_before */
+    churn(100);
+    close(2);
+    int fd = open(data, O_RDWR | O_CREAT | O_TRUNC, 0600);     /* descriptor 2 */
+    if (fd != 2 || write(fd, "precious data\n", 14) != 14)
+        return 2;
+    struct rlimit r = { 8, 8 };
+    setrlimit(RLIMIT_NOFILE, &r);
+    int fds[8], n = 0;
+    for (;;) {
+        int f = open("/dev/null", O_RDONLY);
+        if (f < 0)
+            break;
+        fds[n++] = f;
+    }
+    churn(100000);                              /* mmleak cannot write: it says so, once */
+    while (n > 0)
+        close(fds[--n]);
+    puts("stderr_taken done");
+    return 0;
+}
+
 /* ---- 4. a file size limit ---- */
 static int fsize(long limit, long events)
 {
@@ -426,6 +451,7 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "nofile")) return nofile(atol(argv[2]), argc > 3 ? atoi(argv[3]) : 0);
     if (!strcmp(mode, "fsize")) return fsize(atol(argv[2]), atol(argv[3]));
     if (!strcmp(mode, "recover")) return recover_first();
+    if (!strcmp(mode, "stderr_taken")) return stderr_taken(argv[2]);
     if (!strcmp(mode, "detach_fsize")) return detach_fsize();
     if (!strcmp(mode, "fsize_dl"))
         return fsize_dl(atol(argv[2]), atoi(argv[3]), argv[4], argv[5]);

@@ -327,6 +327,17 @@ def test_maps_file_written_once_the_disk_has_room_again(bins, mm):
         os.rmdir(d)
 
 
+def test_a_message_never_goes_into_the_programs_own_file(bins, dump, tmp_path):
+    """A daemon closes descriptor 2 and opens a file of its own, which gets that number;
+    then mmleak cannot write for a while.  Its message went into the daemon's file (after
+    "precious data"): mmleak writes to descriptor 2 only while it is the file it was when
+    the trace started."""
+    data = tmp_path / "data"
+    r = run_traced([bins["adversary"], "stderr_taken", str(data)], dump)
+    assert r.stdout == b"stderr_taken done\n" and r.stderr == b""
+    assert data.read_bytes() == b"precious data\n"
+
+
 # -- 4 ------------------------------------------------------------------------------------
 def test_file_size_limit_rotates_below_it_and_the_program_goes_on(bins, dump, mm):
     """RLIMIT_FSIZE of 300 kB: writing past it would kill the program with SIGXFSZ.  mmleak

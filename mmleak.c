@@ -843,6 +843,8 @@ static int create_locked(const char *name)
 {
     for (int tries = 0;; tries++) {
         int fd = d_open(name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd >= 0)
+            fchmod(fd, 0600);   /* the program's umask (0277, 0777) must not take our write */
         struct stat st;
         if (fd < 0 || g_give_uid == (uid_t)-1 || fstat(fd, &st) || st.st_uid == g_give_uid ||
             fchown(fd, g_give_uid, (gid_t)-1) == 0 || tries)

@@ -225,6 +225,16 @@ static int stderr_taken(const char *data)
     return 0;
 }
 
+/* ---- 3f. a umask that takes the owner's write permission ---- */
+static int strict_umask(void)
+{
+    umask(0777);
+    keep(malloc(530));                          /* site:umask_leak */
+    churn(50000);
+    puts("umask done");
+    return 0;
+}
+
 /* ---- 4. a file size limit ---- */
 static int fsize(long limit, long events)
 {
@@ -451,6 +461,7 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "nofile")) return nofile(atol(argv[2]), argc > 3 ? atoi(argv[3]) : 0);
     if (!strcmp(mode, "fsize")) return fsize(atol(argv[2]), atol(argv[3]));
     if (!strcmp(mode, "recover")) return recover_first();
+    if (!strcmp(mode, "umask")) return strict_umask();
     if (!strcmp(mode, "stderr_taken")) return stderr_taken(argv[2]);
     if (!strcmp(mode, "detach_fsize")) return detach_fsize();
     if (!strcmp(mode, "fsize_dl"))

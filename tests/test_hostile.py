@@ -338,6 +338,35 @@ def test_a_message_never_goes_into_the_programs_own_file(bins, dump, tmp_path):
     assert data.read_bytes() == b"precious data\n"
 
 
+def test_a_umask_without_the_owners_write_bit(bins, mm):
+    """umask(0777) in a program that is not root: mmleak's files were created mode 0000,
+    it could not open them again, and nearly every event was lost.  They are 0600."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the program as nobody")
+    d = tempfile.mkdtemp(prefix="mmleak-umask.")     # every directory up to it: 0755
+    try:
+        os.chmod(d, 0o1777)
+        prog, lib = os.path.join(d, "adversary"), os.path.join(d, "mmleak.so")
+        shutil.copy2(bins["adversary"], prog)
+        shutil.copy2(LIB, lib)
+        dump = os.path.join(d, "dump")
+        os.mkdir(dump)
+        os.chmod(dump, 0o1777)
+        r = subprocess.run([prog, "umask"], capture_output=True, timeout=60,
+                           preexec_fn=lambda: (os.setgroups([]), os.setresgid(65534, 65534, 65534),
+                                               os.setresuid(65534, 65534, 65534)),
+                           env=dict(os.environ, LD_PRELOAD=lib, MMLEAK_DIR=dump))
+        assert r.returncode == 0 and r.stdout == b"umask done\n" and r.stderr == b""
+        for n in os.listdir(dump):
+            assert os.stat(os.path.join(dump, n)).st_mode & 0o777 == 0o600, n
+        tid = next(iter(traces(mm, dump)))
+        got, sh = leaks(dump, tid, "adversary")
+        assert got == exp([adv(0, "umask_leak", 530, fn="strict_umask")])
+        assert sh.gap_text() is None and sh.events == 1 + 2 * 50000
+    finally:
+        shutil.rmtree(d)
+
+
 # -- 4 ------------------------------------------------------------------------------------
 def test_file_size_limit_rotates_below_it_and_the_program_goes_on(bins, dump, mm):
     """RLIMIT_FSIZE of 300 kB: writing past it would kill the program with SIGXFSZ.  mmleak

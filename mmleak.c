@@ -760,10 +760,12 @@ static int dir_fd(void)
 
 /* A file server acts as another user in one thread for a while (nfs-ganesha, samba: a raw
  * setresuid, or setfsuid, around each request; glibc passes neither on to the other threads,
- * and we do not see them): our 0600 files are then out of that thread's reach.  So our own
- * file operations use the files' owner as the file system uid when the thread's differs and
- * it may switch back (its real or saved uid is still the owner's, or it is privileged): one
- * setfsuid to ask, two more only when it differs.  The scope restores the thread's own. */
+ * and we do not see them): our 0600 files are then out of that thread's reach.  So when one
+ * of our file operations is refused, and the thread's file system uid is not the files'
+ * owner but may become it again (its real, effective or saved uid is the owner's, or it is
+ * root), it is done again as the owner, and the thread's own uid put back.  Only then: a
+ * unit's seccomp filter may forbid setfsuid (SystemCallFilter=~@privileged kills the
+ * process), and a thread that never changed its uid never needs it. */
 static uid_t g_owner;                   /* euid when the trace started: our files' owner */
 
 static uid_t files_owner(void)
@@ -771,21 +773,54 @@ static uid_t files_owner(void)
     return g_give_uid != (uid_t)-1 ? g_give_uid : g_owner;
 }
 
-struct fs_scope { int saved_errno; uid_t old; int switched; };
-
-static struct fs_scope fs_enter(void)
+/* The thread's real, effective, saved and file system uids, from /proc (no setfsuid). */
+static int thread_uids(unsigned long u[4])
 {
-    struct fs_scope f = { errno, (uid_t)setfsuid((uid_t)-1), 0 };
-    uid_t want = files_owner();
-    if (f.old != want) {
-        setfsuid(want);
-        f.switched = 1;
+    int fd = g_procfd >= 0 ? openat(g_procfd, "thread-self/status", O_RDONLY | O_CLOEXEC)
+                           : open("/proc/thread-self/status", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    char b[2048];
+    ssize_t n = read(fd, b, sizeof b - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    b[n] = 0;
+    char *p = strstr(b, "\nUid:");
+    if (!p)
+        return -1;
+    p += 5;
+    for (int i = 0; i < 4; i++) {
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (*p < '0' || *p > '9')
+            return -1;
+        u[i] = strtoul(p, &p, 10);
     }
-    errno = f.saved_errno;
-    return f;
+    return 0;
 }
 
-static void fs_leave(struct fs_scope *f)
+struct fs_scope { uid_t old; int switched; };
+
+/* Switch the file system uid to the owner's if the thread is another user now and may.  1 if
+ * switched. */
+static int fs_begin(struct fs_scope *f)
+{
+    f->switched = 0;
+    int e = errno;
+    unsigned long u[4];
+    uid_t want = files_owner();
+    if (thread_uids(u) == 0 && u[3] != want &&
+        (u[0] == want || u[1] == want || u[2] == want || u[1] == 0)) {
+        f->old = (uid_t)u[3];
+        setfsuid(want);
+        f->switched = 1;
+    }
+    errno = e;
+    return f->switched;
+}
+
+static void fs_end(struct fs_scope *f)
 {
     if (f->switched) {
         int e = errno;
@@ -794,38 +829,49 @@ static void fs_leave(struct fs_scope *f)
     }
 }
 
-#define AS_OWNER struct fs_scope _fs __attribute__((cleanup(fs_leave))) = fs_enter()
+/* Do OP; when refused, and the thread is another user for now, once more as the owner. */
+#define AS_OWNER(rc, op)                                                                      \
+    do {                                                                                      \
+        (rc) = (op);                                                                          \
+        struct fs_scope fs_;                                                                  \
+        if ((rc) < 0 && (errno == EACCES || errno == EPERM) && fs_begin(&fs_)) {              \
+            (rc) = (op);                                                                      \
+            fs_end(&fs_);                                                                     \
+        }                                                                                     \
+    } while (0)
 
 static int d_open(const char *name, int flags, mode_t mode)
 {
     char path[PATH_MAX];
-    int dfd = dir_fd();
+    int dfd = dir_fd(), rc;
     if (dfd == -1)
         return -1;
-    AS_OWNER;
-    return openat(dfd, dfd == AT_FDCWD ? full_path(path, sizeof path, name) : name, flags, mode);
+    const char *p = dfd == AT_FDCWD ? full_path(path, sizeof path, name) : name;
+    AS_OWNER(rc, openat(dfd, p, flags, mode));
+    return rc;
 }
 
 static int d_unlink(const char *name)
 {
     char path[PATH_MAX];
-    int dfd = dir_fd();
+    int dfd = dir_fd(), rc;
     if (dfd == -1)
         return -1;
-    AS_OWNER;
-    return unlinkat(dfd, dfd == AT_FDCWD ? full_path(path, sizeof path, name) : name, 0);
+    const char *p = dfd == AT_FDCWD ? full_path(path, sizeof path, name) : name;
+    AS_OWNER(rc, unlinkat(dfd, p, 0));
+    return rc;
 }
 
 static int d_rename(const char *from, const char *to)
 {
     char a[PATH_MAX], b[PATH_MAX];
-    int dfd = dir_fd();
+    int dfd = dir_fd(), rc;
     if (dfd == -1)
         return -1;
-    AS_OWNER;
-    if (dfd == AT_FDCWD)
-        return renameat(dfd, full_path(a, sizeof a, from), dfd, full_path(b, sizeof b, to));
-    return renameat(dfd, from, dfd, to);
+    const char *pa = dfd == AT_FDCWD ? full_path(a, sizeof a, from) : from;
+    const char *pb = dfd == AT_FDCWD ? full_path(b, sizeof b, to) : to;
+    AS_OWNER(rc, renameat(dfd, pa, dfd, pb));
+    return rc;
 }
 
 static void d_chown(const char *name, uid_t uid)
@@ -843,9 +889,17 @@ static int create_locked(const char *name)
 {
     for (int tries = 0;; tries++) {
         int fd = d_open(name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        struct stat st;
         if (fd >= 0)
             fchmod(fd, 0600);   /* the program's umask (0277, 0777) must not take our write */
-        struct stat st;
+        if (fd >= 0 && g_give_uid == (uid_t)-1 && fstat(fd, &st) == 0 && st.st_uid != g_owner) {
+            /* made by a thread that is another user for now: the owner's, like the others */
+            struct fs_scope f;
+            if (fs_begin(&f)) {
+                if (fchown(fd, g_owner, (gid_t)-1)) { /* then it stays that user's */ }
+                fs_end(&f);
+            }
+        }
         if (fd < 0 || g_give_uid == (uid_t)-1 || fstat(fd, &st) || st.st_uid == g_give_uid ||
             fchown(fd, g_give_uid, (gid_t)-1) == 0 || tries)
             return fd;
@@ -864,7 +918,7 @@ static int open_again(const char *name, int flags)
     if (fd < 0)
         return -1;
     struct stat st;
-    uid_t me = (uid_t)setfsuid((uid_t)-1);     /* who the file system sees: see fs_enter */
+    uid_t me = geteuid();
     if (fstat(fd, &st) || !S_ISREG(st.st_mode) ||
         (st.st_uid != me && st.st_uid != files_owner() && me != 0)) {
         close(fd);

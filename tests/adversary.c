@@ -320,10 +320,11 @@ static void *creds_body(void *arg)
     keep(malloc(740));                          /* site:creds_root */
     churn(10);                                  /* this thread's file exists, root's */
     for (size_t req = 0; req < 5; req++) {
+        uid_t who = 65533 + (uid_t)(req % 2);   /* another user at each request */
         if (!strcmp(creds_how, "fsuid"))
-            setfsuid(65534);
+            setfsuid(who);
         else
-            syscall(SYS_setresuid, -1, 65534, -1);
+            syscall(SYS_setresuid, -1, who, -1);
         keep(malloc(741 + req));                /* site:creds_request */
         churn(20000);                           /* flushes, as the other user */
         if (!strcmp(creds_how, "fsuid"))

@@ -11,7 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <sys/fsuid.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -345,6 +349,26 @@ static int threadcreds(const char *how)
     return 0;
 }
 
+/* ---- 5d. a seccomp filter that kills the process at setfsuid (a unit's
+ * SystemCallFilter=~@privileged): mmleak must not call it on its own ---- */
+static int no_setfsuid(void)
+{
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_setfsuid, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = { sizeof f / sizeof f[0], f };
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) ||
+        syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog))
+        return 5;
+    keep(malloc(750));                          /* site:seccomp_leak */
+    churn(50000);                               /* flushes, new files */
+    puts("no_setfsuid done");
+    return 0;
+}
+
 /* ---- 5b. a plugin unloaded before and after the process drops root ---- */
 static int dlsetuid(const char *lib0, const char *lib1)
 {
@@ -462,6 +486,7 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "nofile")) return nofile(atol(argv[2]), argc > 3 ? atoi(argv[3]) : 0);
     if (!strcmp(mode, "fsize")) return fsize(atol(argv[2]), atol(argv[3]));
     if (!strcmp(mode, "recover")) return recover_first();
+    if (!strcmp(mode, "no_setfsuid")) return no_setfsuid();
     if (!strcmp(mode, "umask")) return strict_umask();
     if (!strcmp(mode, "stderr_taken")) return stderr_taken(argv[2]);
     if (!strcmp(mode, "detach_fsize")) return detach_fsize();

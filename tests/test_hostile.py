@@ -550,6 +550,19 @@ def test_a_thread_acting_as_another_user_for_a_while(bins, mm, how):
         shutil.rmtree(d)
 
 
+def test_a_seccomp_filter_against_setfsuid_does_not_kill_the_program(bins, dump, mm):
+    """A unit with SystemCallFilter=~@privileged kills the process at setfsuid: mmleak calls
+    it only when a file operation of a thread acting as another user was refused, never in
+    an ordinary run (an earlier fix for that called it at every open)."""
+    r = run_traced([bins["adversary"], "no_setfsuid"], dump, env={"MMLEAK_ROTATE_MB": "1"},
+                   check=False)
+    assert r.returncode == 0 and r.stdout == b"no_setfsuid done\n" and r.stderr == b""
+    tid = next(iter(traces(mm, dump)))
+    got, sh = leaks(dump, tid, "adversary")
+    assert got == exp([adv(0, "seccomp_leak", 750, fn="no_setfsuid")])
+    assert sh.events == 1 + 2 * 50000 and sh.gap_text() is None
+
+
 # -- 6 ------------------------------------------------------------------------------------
 def test_vfork_child_allocating_before_exec(bins, dump, mm):
     """A vfork() child shares its parent's memory: what it allocates (and flushes) before

@@ -272,3 +272,59 @@ def test_child_of_a_paused_process_stays_paused(progs, tmp_path):
         assert sorted(os.listdir(tmp_path)) == before
     finally:
         assert t.end() == 0
+
+
+def classify_calls(t, command, expect, tmp_path):
+    """Calls of mmleak-sites.c's mml_site_classify (the slow path's question "whose code is
+    this caller?") while process T runs COMMAND (answer EXPECT) and then quits: counted by a
+    gdb breakpoint that never stops (ignore count), read once the process has exited."""
+    mark = tmp_path / ("gdb-ready-%d" % t.pid)
+    g = subprocess.Popen(["gdb", "-q", "-nx", "-batch", "-p", str(t.pid),
+                          "-ex", "set debuginfod enabled off",
+                          "-ex", "break mml_site_classify", "-ex", "ignore 1 100000000",
+                          "-ex", "shell touch %s" % mark,
+                          "-ex", "continue", "-ex", "info breakpoints"],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        # the breakpoint is set and the process stopped; `continue` inserts it, then resumes
+        for _ in range(600):
+            if mark.exists() or g.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert mark.exists(), g.communicate(timeout=30)[0]
+        assert t.say(command) == expect
+        t.p.stdin.write(b"quit\n")
+        t.p.stdin.flush()
+        out, _ = g.communicate(timeout=120)
+        assert t.p.wait(timeout=30) == 0, out
+    finally:
+        if g.poll() is None:
+            g.kill()
+            g.wait()
+    m = [l for l in out.splitlines() if "already hit" in l]
+    return int(m[0].split("already hit")[1].split()[0]) if m else 0
+
+
+@pytest.mark.skipif(not shutil.which("gdb"), reason="gdb is not installed (apt-get install gdb)")
+def test_depth_one_attached_takes_the_fast_path_as_preloaded(progs, tmp_path):
+    """--depth 1: an allocation made inside libstdc++ (std::string's buffer) is written by
+    the fast path, with no question asked per event, attached as preloaded (the attach moved
+    the epoch, and the fast path took that for "something was unloaded": every such event
+    went through the slow path and mml_site_classify)."""
+    counts = {}
+    for how in ("preloaded", "attached"):
+        d = tmp_path / how
+        d.mkdir()
+        if how == "preloaded":
+            t = Target([str(progs / "attach_cxx")],
+                       env={"LD_PRELOAD": LIB, "MMLEAK_DIR": str(d), "MMLEAK_DEPTH": "1"})
+            assert t.line() == "ready"
+        else:
+            t = Target([str(progs / "attach_cxx")])
+            assert t.line() == "ready"
+            mm("attach", str(t.pid), "-d", str(d), "--depth", "1")
+        assert t.say("strings 100") == "made 100"     # the thread's file is open
+        counts[how] = classify_calls(t, "strings 2000", "made 2000", tmp_path)
+    assert counts["preloaded"] < 20, counts
+    assert counts["attached"] < 20, counts

@@ -3,8 +3,10 @@
 reported exactly; refusals are one clear line and leave the process alone."""
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -353,3 +355,107 @@ def test_default_depth_attached_asks_no_more_than_preloaded(progs, tmp_path):
         counts[how] = classify_calls(t, "strings 2000", "made 2000", tmp_path)
     assert counts["preloaded"] >= 2000, counts      # the stack is needed: at least one each
     assert counts["attached"] <= counts["preloaded"] + 20, counts
+
+
+def refused(args, why):
+    """`mmleak.py ARGS` refused: exit 2, nothing on stdout, one line on stderr containing WHY."""
+    r = mm(*args, check=False)
+    assert (r.returncode, r.stdout, r.stderr.count("\n")) == (2, "", 1), r.stdout + r.stderr
+    assert why in r.stderr, r.stderr
+    return r.stderr
+
+
+def test_zombie_is_refused_in_one_line(tmp_path):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        for _ in range(100):
+            with open("/proc/%d/stat" % pid) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.02)
+        why = "process %d has exited (a zombie: its parent has not collected it yet)" % pid
+        refused(["attach", str(pid), "-d", str(tmp_path)], why)
+        refused(["detach", str(pid)], why)
+    finally:
+        os.waitpid(pid, 0)
+
+
+def test_stopped_traced_and_other_users_process_are_refused_untouched(progs, tmp_path):
+    """A process stopped by SIGSTOP, one traced by strace, one of root's attached by nobody:
+    one line each, and the process goes on as it was, mmleak.so never loaded into it."""
+    t = Target([str(progs / "daemon_load"), "-c", "-t", "1"])
+    try:
+        assert t.line() == "churning"
+        os.kill(t.pid, signal.SIGSTOP)
+        try:
+            refused(["attach", str(t.pid), "-d", str(tmp_path)],
+                    "attach %d: %d is stopped (state T): resume it first (kill -CONT %d)"
+                    % (t.pid, t.pid, t.pid))
+            with open("/proc/%d/stat" % t.pid) as f:
+                assert f.read().rsplit(")", 1)[1].split()[0] == "T"    # still stopped
+        finally:
+            os.kill(t.pid, signal.SIGCONT)
+        if shutil.which("strace"):
+            s = subprocess.Popen(["strace", "-q", "-o", "/dev/null", "-p", str(t.pid)])
+            try:
+                for _ in range(200):
+                    with open("/proc/%d/status" % t.pid) as f:
+                        if "TracerPid:\t%d\n" % s.pid in f.read():
+                            break
+                    time.sleep(0.02)
+                refused(["attach", str(t.pid), "-d", str(tmp_path)],
+                        "attach %d: %d is being traced by another process (%d strace)"
+                        % (t.pid, t.pid, s.pid))
+            finally:
+                s.terminate()
+                s.wait()
+        if os.geteuid() == 0:
+            d = tempfile.mkdtemp(prefix="mmleak-open-", dir="/tmp")   # nobody can reach it
+            os.chmod(d, 0o1777)
+            r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                "/usr/bin/python3"] + MMLEAK[1:] + ["attach", str(t.pid), "-d",
+                                                                   str(d)],
+                               capture_output=True, text=True)
+            assert (r.returncode, r.stdout, r.stderr) == (2, "", (
+                "mmleak.py: not permitted to look at process %d (run as root, or as its "
+                "user)\n" % t.pid))
+            os.rmdir(d)
+        assert mmleak.mmleak_in(t.pid) is None
+        assert t.say("leak 3") == "ok 3"
+    finally:
+        assert t.end() == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="needs root and unshare(1) for a mount namespace")
+def test_directory_another_mount_namespace_does_not_share_is_refused(progs, tmp_path):
+    """A process in its own mount namespace, where DIR is a tmpfs of its own (as a service's
+    PrivateTmp=), or does not exist: its files would not be where we look. Refused in one
+    line before the process is touched."""
+    shared = tmp_path / "private"
+    shared.mkdir()
+    t = Target(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                'mount -t tmpfs none "$0" && exec "$1" -c -t 1', str(shared),
+                str(progs / "daemon_load")])
+    try:
+        assert t.line() == "churning"
+        refused(["attach", str(t.pid), "-d", str(shared)],
+                "%s is another directory for process %d (another mount namespace or root, "
+                "such as a service's PrivateTmp=)" % (shared, t.pid))
+        (shared / "sub").mkdir()        # ours only: the process's tmpfs has no "sub"
+        refused(["attach", str(t.pid), "-d", str(shared / "sub")],
+                "%s does not exist for process %d" % (shared / "sub", t.pid))
+        assert mmleak.mmleak_in(t.pid) is None
+        assert t.say("leak 2") == "ok 2"
+        # a directory it shares with us: traced as usual
+        d = tmp_path / "d"
+        d.mkdir()
+        mm("attach", str(t.pid), "-d", str(d))
+        assert t.say("leak 4") == "ok 4"
+        mm("detach", str(t.pid))
+        got, _ = window(d, str(t.pid), "daemon_load.c")
+        assert got.get(("cmd_leak", site_line("daemon_load.c", "cmd_leak"), 64)) == 4
+    finally:
+        assert t.end() == 0

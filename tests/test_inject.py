@@ -520,3 +520,44 @@ def test_undumpable_process_is_refused(ib, targets, nobody_dir):
         "error -3 %d is not dumpable (set-uid or set-gid program, file capabilities, or "
         "prctl(PR_SET_DUMPABLE, 0)): only root can attach to it\n" % t.pid, "", 1)
     assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+
+
+@pytest.mark.parametrize("how, why", [
+    ("strict", "thread {pid} of {pid} is in seccomp strict mode: the system calls of dlopen and "
+               "of mmleak would kill it"),
+    ("kill-openat", "{pid} has a seccomp filter that does not allow openat (it would kill the "
+                    "process), a system call dlopen or mmleak makes"),
+    ("kill-fallocate", "{pid} has a seccomp filter that does not allow fallocate (it would kill "
+                       "the process), a system call dlopen or mmleak makes"),
+    ("errno-openat", "{pid} has a seccomp filter that does not allow openat (it would fail with "
+                     "errno 1), a system call dlopen or mmleak makes"),
+])
+def test_seccomp_that_forbids_what_we_need_is_refused(ib, targets, how, why):
+    """Under seccomp, a system call that dlopen (openat) or mmleak, tracing afterwards
+    (fallocate), makes would kill the process or fail: the filter is read and run on each of
+    them first, and the process is left alone (it was killed by the attach before)."""
+    t = targets([ib["target"], "seccomp", how])
+    assert inject(t.pid, ib["libinject.so"], "inject_record", "x") == (
+        EUNSUPP, 0, why.format(pid=t.pid))
+    assert "libinject.so" not in t.maps()
+    assert t.finish(b"hello") == ("read 5 hello\n", 0)
+
+
+def test_seccomp_that_allows_what_we_need_is_used(ib, targets, tmp_path):
+    """A filter that forbids only what neither dlopen nor mmleak make (acct): injected."""
+    rec = str(tmp_path / "rec")
+    t = targets([ib["target"], "seccomp", "errno-acct"])
+    assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
+    assert records(rec) == ["pid %d tid %d loads 1 calls 1" % (t.pid, t.pid)]
+    assert t.finish(b"hello") == ("read 5 hello\n", 0)
+
+
+def test_seccomp_filter_unreadable_without_cap_sys_admin(ib, targets, nobody_dir):
+    """Same user, no capability: the filter cannot be read (PTRACE_SECCOMP_GET_FILTER needs
+    CAP_SYS_ADMIN), so nothing is known of it: refused, the process left alone."""
+    t = targets(AS_NOBODY + [os.path.join(nobody_dir, "target"), "seccomp", "errno-acct"])
+    r = cli_as_nobody(nobody_dir, t.pid, "inject_record", "x")
+    assert (r.stdout, r.stderr, r.returncode) == (
+        "error -3 %d has a seccomp filter, and only a process with CAP_SYS_ADMIN may read it "
+        "to see whether dlopen and mmleak may run there (run as root)\n" % t.pid, "", 1)
+    assert t.finish(b"hello") == ("read 5 hello\n", 0)

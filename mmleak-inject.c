@@ -1059,6 +1059,36 @@ static int stuck(struct inj *c, const char *what)
                 "this process until it exits", c->tid, c->pid, what);
 }
 
+/* The process exists and one of its threads is neither a zombie nor exiting (PF_EXITING:
+ * an exit_group in progress, whose memory map may already be gone). */
+static int process_alive(int pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", pid);
+    DIR *d = opendir(path);
+    struct dirent *e;
+    int alive = 0;
+    while (d && !alive && (e = readdir(d))) {
+        int tid = atoi(e->d_name);
+        char sbuf[1024];
+        snprintf(path, sizeof path, "/proc/%d/task/%d/stat", pid, tid);
+        char *rp = tid > 0 && slurp(path, sbuf, sizeof sbuf) > 0 ? strrchr(sbuf, ')') : NULL;
+        if (!rp || !rp[1] || rp[2] == 'Z' || rp[2] == 'X')
+            continue;
+        /* after ") ": state ppid pgrp session tty_nr tpgid flags */
+        char *f = rp + 2;
+        for (int k = 0; k < 6 && f; k++) {
+            f = strchr(f, ' ');
+            if (f)
+                f++;
+        }
+        alive = !f || !(strtoul(f, NULL, 10) & 0x4 /* PF_EXITING */);
+    }
+    if (d)
+        closedir(d);
+    return alive;
+}
+
 static int gone(struct inj *c, const char *when)
 {
     return fail(c, MMLEAK_INJ_ESRCH, "%d exited %s", c->pid, when);
@@ -2065,6 +2095,19 @@ API int mmleak_inject_call(int pid, const char *lib, const char *func, const cha
     }
     if (c->attached)
         release(c);
+    /* a failure that was the process exiting under us (its memory map already gone, its
+     * threads no longer attachable) says so: an exit takes a few ms to show everywhere */
+    if ((code == MMLEAK_INJ_ESYS || code == MMLEAK_INJ_EUNSUPP || code == MMLEAK_INJ_EPERM) &&
+        !c->stuck) {
+        for (int i = 0; i < 10; i++) {
+            if (!process_alive(pid)) {
+                c->have_err = 0;
+                code = gone(c, "while being attached");
+                break;
+            }
+            nap_us(10000);
+        }
+    }
     if (c->memfd >= 0)
         close(c->memfd);
     free(c->xbuf);

@@ -16,6 +16,7 @@
  *   mainexit SECS  the main thread exits (pthread_exit), another one does "sleep SECS"
  *   ctor LIB SECS  a thread sleeps SECS s in nanosleep while main dlopen()s LIB (whose
  *                  constructor sleeps): "dlopen ok"
+ *   exitafter USECS  a thread in malloc/free all the time; main exits after USECS us
  *   seccomp HOW    under seccomp, then read() on stdin: "read N TEXT".  HOW: strict (strict
  *                  mode), kill-openat or kill-fallocate (a filter that kills the process at
  *                  that call), errno-openat (fails it with EPERM), errno-acct (fails acct,
@@ -254,6 +255,13 @@ int main(int argc, char **argv)
         printf("dlopen %s\n", h ? "ok" : dlerror());
         pthread_join(t, NULL);
         return 0;
+    }
+    if (!strcmp(mode, "exitafter") && argc > 2) {
+        pthread_t t;
+        pthread_create(&t, NULL, churn, (void *)1L);
+        ready();
+        usleep((useconds_t)atol(argv[2]));
+        exit(0);
     }
     if (!strcmp(mode, "seccomp") && argc > 2) {
         const char *how = argv[2];

@@ -7,6 +7,7 @@ that the target then carries on exactly as without the injection (a restarted re
 its data, a nanosleep neither ends early nor fails, registers and signal dispositions are
 intact, signals sent meanwhile are all delivered).  Failures must come back as one line,
 with the target left as it was."""
+import collections
 import ctypes
 import errno
 import os
@@ -561,3 +562,29 @@ def test_seccomp_filter_unreadable_without_cap_sys_admin(ib, targets, nobody_dir
         "error -3 %d has a seccomp filter, and only a process with CAP_SYS_ADMIN may read it "
         "to see whether dlopen and mmleak may run there (run as root)\n" % t.pid, "", 1)
     assert t.finish(b"hello") == ("read 5 hello\n", 0)
+
+
+def test_process_exiting_during_the_attach_is_said_to_have_exited(ib):
+    """600 processes that exit 0-3 ms after "ready" (a thread in malloc all along), each
+    injected at once: the call works, or says the process exited, never anything else (an
+    exit in progress empties /proc/PID/maps and refuses PTRACE_SEIZE: this read as
+    "statically linked", "a libc without dlopen", "cannot read the dynamic symbols", "not
+    permitted")."""
+    outcomes = collections.Counter()
+    for i in range(600):
+        p = subprocess.Popen([ib["target"], "exitafter", str((i * 397) % 3000)],
+                             stdout=subprocess.PIPE)
+        try:
+            assert p.stdout.readline() == b"ready\n"
+            rc, res, err = inject(p.pid, ib["libinject.so"], "inject_long", None, 5000)
+            if rc == 0:
+                assert res == -0x123456789abcdef
+                outcomes["ok"] += 1
+            else:
+                outcomes[(rc, err.replace(str(p.pid), "PID"))] += 1
+        finally:
+            p.stdout.read()
+            assert p.wait(timeout=30) == 0
+    assert set(outcomes) <= {"ok", (ESRCH, "PID exited while being attached"),
+                             (ESRCH, "PID is a zombie: it exited and was not reaped"),
+                             (ESRCH, "no such process PID")}, outcomes

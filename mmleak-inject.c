@@ -54,7 +54,12 @@
  * futex, poll... restart; epoll_wait, semop, sigtimedwait return EINTR, as under gdb or
  * strace).  If SIGSEGV is blocked in that thread or ignored by the process (a forced fault
  * would reset its disposition), the return address is an 0xCC byte of libc's code instead
- * (SIGTRAP); if both are, another thread is chosen.
+ * (SIGTRAP); if both are (a daemon that blocks every signal and takes them with sigwait or
+ * signalfd), it is a `syscall` instruction of libc's, and the thread runs under
+ * PTRACE_SYSCALL: the entry of that system call is the return (its number is the result),
+ * turned into a getpid whose exit stop is where the thread is put back (an interrupted
+ * system call is then restarted by hand, as the kernel would: no signal goes to user
+ * space there).  See call_return_by_syscall.
  *
  * Signals: the thread's signal mask is never changed.  A signal that reaches the thread
  * while we hold it (signal-delivery-stop) is recorded and not delivered then; at the end the
@@ -81,8 +86,7 @@
  *     "malloc" or "hoard": jemalloc, tcmalloc, mimalloc...); (b) it owns none of the
  *     loader's recursive locks (their owner fields in _rtld_global: dlopen, dlclose, a
  *     library constructor, dl_iterate_phdr); (c) its stack has room (64 KB below rsp, or
- *     the growing main stack) and can be written; (d) SIGSEGV or SIGTRAP can end the call
- *     (above).
+ *     the growing main stack) and can be written.
  *  3. A thread in user code inside one of those libraries is run to the return address
  *     of the library call it is in (the first return address into other code found on its
  *     stack, with a hardware breakpoint of that thread only: no byte of the program is
@@ -192,6 +196,7 @@ API int mmleak_inject_call(int pid, const char *lib, const char *func, const cha
 #define RTLD_G_MAX 16384
 #define ERESTARTSYS_ 512
 #define ERESTARTNOINTR_ 513
+#define ERESTARTNOHAND_ 514
 #define ERESTART_RESTARTBLOCK_ 516
 #define RTLD_NOW_ 2
 
@@ -227,6 +232,8 @@ struct inj {
     uint64_t a_dlopen, a_dlsym, a_dlerror;
     uint64_t rtld_g, rtld_gsize;
     uint64_t int3; /* an 0xCC byte in libc's code; 0 unknown, 1 none */
+    uint64_t sysinsn; /* a `syscall` (0f 05) in libc's code; 0 unknown, 1 none */
+    int at_sysexit;   /* stopped at the exit of the getpid our call's return became */
     int memfd;
     /* the thread held */
     int tid, attached, stuck, in_sigstop, modified, clobbered, bp_set;
@@ -1022,6 +1029,20 @@ static void release(struct inj *c)
          * start instead (from the same arguments, as for -ERESTARTNOINTR). */
         if (c->clobbered && (long)r.rax == -ERESTART_RESTARTBLOCK_)
             r.rax = (unsigned long)-ERESTARTNOINTR_;
+        if (c->at_sysexit && (long)r.orig_rax >= 0) {
+            /* no signal is on its way to user space here, so the kernel restarts nothing:
+             * do what it would do (arch_do_signal_or_restart without a handler) */
+            long e = -(long)r.rax;
+            if (e == ERESTARTSYS_ || e == ERESTARTNOINTR_ || e == ERESTARTNOHAND_) {
+                r.rax = r.orig_rax;
+                r.rip -= 2;
+            } else if (e == ERESTART_RESTARTBLOCK_) {
+                r.rax = SYS_restart_syscall;
+                r.rip -= 2;
+            }
+        }
+        if (c->at_sysexit)
+            r.orig_rax = (unsigned long)-1;
         ptrace(PTRACE_SETREGS, tid, 0, &r);
         if (c->xkind == 1) {
             struct iovec iov = {c->xbuf, c->xlen};
@@ -1031,6 +1052,9 @@ static void release(struct inj *c)
         }
     }
     int sig = 0;
+    if (c->at_sysexit)
+        c->in_sigstop = 0;      /* a system call stop: the signals are all queued again */
+    c->at_sysexit = 0;
     for (int i = c->in_sigstop ? 1 : 0; i < c->nrec; i++)
         requeue(c, &c->recs[i]);
     if (c->nrec && c->in_sigstop) {
@@ -1400,6 +1424,27 @@ static uint64_t find_int3(struct inj *c)
     return 0;
 }
 
+/* The bytes of a `syscall` instruction (0f 05) in libc's code, or 0: the return address of
+ * a call in a thread that blocks both SIGSEGV and SIGTRAP (see call_return_by_syscall). */
+static uint64_t find_syscall_insn(struct inj *c)
+{
+    if (c->sysinsn)
+        return c->sysinsn == 1 ? 0 : c->sysinsn;
+    c->sysinsn = 1;
+    unsigned char buf[4096 + 1];
+    for (uint64_t a = c->libc_xlo; a && a + sizeof buf <= c->libc_xhi && a < c->libc_xlo + (1 << 22);
+         a += sizeof buf - 1) {
+        if (rd(c, a, buf, sizeof buf) < 0)
+            break;
+        for (size_t i = 0; i + 1 < sizeof buf; i++)
+            if (buf[i] == 0x0f && buf[i + 1] == 0x05) {
+                c->sysinsn = a + i;
+                return c->sysinsn;
+            }
+    }
+    return 0;
+}
+
 /* ---- calls in the target ---------------------------------------------------------------- */
 
 /* At a stop inside our call: was a sleep of the call interrupted in a way that makes the
@@ -1419,6 +1464,59 @@ static void note_clobber(struct inj *c, const struct user_regs_struct *now)
         c->clobbered = 1;
 }
 
+/* Resume the thread inside our call: with PTRACE_SYSCALL when the call ends in a system
+ * call (trapsig 0), to see it. */
+static long resume_call(struct inj *c)
+{
+    return ptrace(c->trapsig ? PTRACE_CONT : PTRACE_SYSCALL, c->tid, 0, 0);
+}
+
+/* Trapsig 0: the thread blocks (or ignores) both SIGSEGV and SIGTRAP, so the call returns to
+ * a `syscall` instruction of libc's instead, and the thread runs under PTRACE_SYSCALL: the
+ * entry stop of that system call (at its address + 2, with the stack pointer just above the
+ * return address) is the return, and the number it asks for is the result.  That call is
+ * turned into a getpid (harmless, and allowed by every seccomp filter that lets mmleak run:
+ * see SC_NEEDED) and its exit stop taken: from there any registers can be set, without a
+ * system call pending (see release).  1: it was the return (*RET set); 0: another system
+ * call of the callee (resumed); <0: fatal. */
+static int call_return_by_syscall(struct inj *c, uint64_t *ret)
+{
+    struct user_regs_struct now;
+    if (ptrace(PTRACE_GETREGS, c->tid, 0, &now) < 0)
+        return fail(c, MMLEAK_INJ_ESYS, "PTRACE_GETREGS: %s", strerror(errno));
+    c->in_sigstop = 0;
+    if (now.rip != c->trap_rip || now.rsp != c->sp + 8 || (long)now.rax != -ENOSYS) {
+        if (resume_call(c) < 0)
+            return fail(c, MMLEAK_INJ_ESYS, "PTRACE_SYSCALL: %s", strerror(errno));
+        return 0;
+    }
+    *ret = now.orig_rax;
+    now.orig_rax = SYS_getpid;
+    if (ptrace(PTRACE_SETREGS, c->tid, 0, &now) < 0 || ptrace(PTRACE_SYSCALL, c->tid, 0, 0) < 0)
+        return fail(c, MMLEAK_INJ_ESYS, "ptrace: %s", strerror(errno));
+    for (;;) {
+        int st, w = wait_stop(c, &st, hard_until(c));
+        if (w == -1)
+            return gone(c, "during the call");
+        if (w <= 0)
+            return w == 0 ? stuck(c, "after the call") :
+                            fail(c, MMLEAK_INJ_ESYS, "waitpid %d: %s", c->tid, strerror(errno));
+        if (WSTOPSIG(st) == (SIGTRAP | 0x80) && !((st >> 16) & 0xff)) {
+            c->at_sysexit = 1;
+            return 1;
+        }
+        /* a signal (the thread blocks all we could use, but not all) or an interrupt
+         * between the entry and the exit: recorded for later, and on to the exit */
+        if (!((st >> 16) & 0xff)) {
+            siginfo_t si;
+            if (ptrace(PTRACE_GETSIGINFO, c->tid, 0, &si) == 0)
+                record(c, &si);
+        }
+        if (ptrace(PTRACE_SYSCALL, c->tid, 0, 0) < 0)
+            return fail(c, MMLEAK_INJ_ESYS, "PTRACE_SYSCALL: %s", strerror(errno));
+    }
+}
+
 static int call(struct inj *c, uint64_t fn, uint64_t a0, uint64_t a1, uint64_t *ret,
                 const char *what)
 {
@@ -1434,8 +1532,9 @@ static int call(struct inj *c, uint64_t fn, uint64_t a0, uint64_t a1, uint64_t *
     c->modified = 1;
     if (ptrace(PTRACE_SETREGS, c->tid, 0, &r) < 0)
         return fail(c, MMLEAK_INJ_ESYS, "PTRACE_SETREGS: %s", strerror(errno));
-    if (ptrace(PTRACE_CONT, c->tid, 0, 0) < 0)
+    if (resume_call(c) < 0)
         return fail(c, MMLEAK_INJ_ESYS, "PTRACE_CONT: %s", strerror(errno));
+    c->at_sysexit = 0;
     for (;;) {
         int st, w = wait_stop(c, &st, c->deadline);
         if (w == 0) {
@@ -1460,8 +1559,14 @@ static int call(struct inj *c, uint64_t fn, uint64_t a0, uint64_t a1, uint64_t *
         if (ev) { /* interrupt or job-control stop: go on (the other threads may be stopped) */
             c->in_sigstop = 0;
             note_clobber(c, NULL);
-            if (ptrace(PTRACE_CONT, c->tid, 0, 0) < 0)
+            if (resume_call(c) < 0)
                 return fail(c, MMLEAK_INJ_ESYS, "PTRACE_CONT: %s", strerror(errno));
+            continue;
+        }
+        if (!c->trapsig && sig == (SIGTRAP | 0x80)) {    /* a system call stop */
+            int k = call_return_by_syscall(c, ret);
+            if (k != 0)
+                return k < 0 ? k : 0;
             continue;
         }
         siginfo_t si;
@@ -1483,7 +1588,7 @@ static int call(struct inj *c, uint64_t fn, uint64_t a0, uint64_t a1, uint64_t *
                         (unsigned long long)now.rip, si.si_addr, c->pid);
         record(c, &si);
         note_clobber(c, &now);
-        if (ptrace(PTRACE_CONT, c->tid, 0, 0) < 0)
+        if (resume_call(c) < 0)
             return fail(c, MMLEAK_INJ_ESYS, "PTRACE_CONT: %s", strerror(errno));
     }
 }
@@ -1514,8 +1619,8 @@ static int inject(struct inj *c, const char *func, const char *arg, long *result
     uint64_t top = c->saved.rsp - 128; /* the red zone may hold the interrupted code's data */
     uint64_t at = (top - (nl + nf + na)) & ~15UL;
     c->sp = at - 16 - 8; /* (sp + 8) % 16 == 0 at the callee's entry, as after a call */
-    uint64_t retaddr = c->trapsig == SIGSEGV ? 0 : c->int3;
-    c->trap_rip = c->trapsig == SIGSEGV ? 0 : c->int3 + 1;
+    uint64_t retaddr = c->trapsig == SIGSEGV ? 0 : c->trapsig ? c->int3 : c->sysinsn;
+    c->trap_rip = c->trapsig == SIGSEGV ? 0 : c->trapsig ? c->int3 + 1 : c->sysinsn + 2;
     if (mem_rw(c, at, strings, nl + nf + na, 1) < 0 || mem_rw(c, c->sp, &retaddr, 8, 1) < 0)
         return 1; /* (the main stack below its mapping: the kernel only grows it on faults) */
     uint64_t a_lib = at, a_func = at + nl, a_arg = na ? at + nl + nf : 0;
@@ -1554,7 +1659,6 @@ static int inject(struct inj *c, const char *func, const char *arg, long *result
     return 0;
 }
 
-/* Try thread TID.  1: done (the result or a fatal error is set); 0: not usable now. */
 /* ---- seccomp ----
  * A thread under seccomp would be killed (or its calls failed) by a system call its filter
  * does not allow, and dlopen, then mmleak in that process, make system calls the program
@@ -1823,13 +1927,14 @@ static int seccomp_check(struct inj *c, int tid, int *code)
     return 0;
 }
 
+/* Try thread TID.  1: done (the result or a fatal error is set); 0: not usable now. */
 static int attempt(struct inj *c, int tid, const char *func, const char *arg, long *result,
                    int *code)
 {
     c->tid = tid;
     c->nrec = 0;
     c->in_sigstop = c->modified = c->clobbered = 0;
-    if (ptrace(PTRACE_SEIZE, tid, 0, 0) < 0) {
+    if (ptrace(PTRACE_SEIZE, tid, 0, (void *)(long)PTRACE_O_TRACESYSGOOD) < 0) {
         if (errno == ESRCH)
             return 0;
         if (errno == EPERM) {
@@ -1949,6 +2054,8 @@ static int attempt(struct inj *c, int tid, const char *func, const char *arg, lo
         c->trapsig = SIGSEGV;
     } else if (can_trap && find_int3(c)) {
         c->trapsig = SIGTRAP;
+    } else if (find_syscall_insn(c)) {
+        c->trapsig = 0;         /* see call_return_by_syscall */
     } else {
         because(c, "thread %d blocks or ignores both SIGSEGV and SIGTRAP", tid);
         release(c);

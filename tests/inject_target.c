@@ -17,6 +17,7 @@
  *   ctor LIB SECS  a thread sleeps SECS s in nanosleep while main dlopen()s LIB (whose
  *                  constructor sleeps): "dlopen ok"
  *   exitafter USECS  a thread in malloc/free all the time; main exits after USECS us
+ *   blockread      every signal blocked (sigfillset), then read() on stdin: "read N TEXT" 
  *   seccomp HOW    under seccomp, then read() on stdin: "read N TEXT".  HOW: strict (strict
  *                  mode), kill-openat or kill-fallocate (a filter that kills the process at
  *                  that call), errno-openat (fails it with EPERM), errno-acct (fails acct,
@@ -254,6 +255,17 @@ int main(int argc, char **argv)
         void *h = dlopen(argv[2], RTLD_NOW);
         printf("dlopen %s\n", h ? "ok" : dlerror());
         pthread_join(t, NULL);
+        return 0;
+    }
+    if (!strcmp(mode, "blockread")) {
+        sigset_t all;
+        sigfillset(&all);
+        sigprocmask(SIG_BLOCK, &all, NULL);
+        char buf[64];
+        ready();
+        ssize_t n = read(0, buf, sizeof buf - 1);
+        buf[n > 0 ? n : 0] = 0;
+        printf("read %zd %s", n, buf);
         return 0;
     }
     if (!strcmp(mode, "exitafter") && argc > 2) {

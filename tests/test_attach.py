@@ -459,3 +459,33 @@ def test_directory_another_mount_namespace_does_not_share_is_refused(progs, tmp_
         assert got.get(("cmd_leak", site_line("daemon_load.c", "cmd_leak"), 64)) == 4
     finally:
         assert t.end() == 0
+
+
+def test_blocks_from_before_the_attach_and_stacks_at_a_depth(progs, tmp_path):
+    """30 blocks allocated before the attach and freed in the window are its 30 frees of
+    blocks allocated before tracing, at the line that freed them; the window's leaks carry
+    their stacks (--depth 8: cmd_leak, main, libc's); nothing else (no churn threads)."""
+    t = Target([str(progs / "daemon_load"), "-c", "-t", "0"])
+    try:
+        assert t.line() == "churning"
+        assert t.say("keep 30") == "kept 30"
+        mm("attach", str(t.pid), "-d", str(tmp_path), "--depth", "8")
+        assert t.say("leak 5") == "ok 5"
+        assert t.say("drop") == "dropped 30"
+        mm("detach", str(t.pid))
+        rep = mmleak.build_report(str(tmp_path), str(t.pid), progress=False)
+        frames = rep["frames"]
+        drop = site_line("daemon_load.c", "drop")
+        assert len(rep["foreign_frees"]) == 30
+        assert {(mmleak.base_name(frames[f.caller].function), frames[f.caller].line)
+                for f in rep["foreign_frees"]} == {("cmd_drop", drop)}
+        stacks = {tuple((mmleak.base_name(frames[a].function), frames[a].line)
+                        for a in s.callers[:3]) for s in rep["survivors"]}
+        assert len(rep["survivors"]) == 5 and {s.size for s in rep["survivors"]} == {64}
+        assert len(stacks) == 1, stacks
+        (stack,) = stacks
+        # (commands, called once and static, is inlined into main at -O1)
+        assert [f for f, _ in stack] == ["cmd_leak", "main", "__libc_start_call_main"], stack
+        assert stack[0][1] == site_line("daemon_load.c", "cmd_leak")
+    finally:
+        assert t.end() == 0

@@ -126,23 +126,58 @@ def test_attach_leak_detach_a_hundred_times_under_load(progs, tmp_path):
     assert t.last == "bye"
 
 
+def base_of(pid, path):
+    """Load address of the object mapped from PATH in process PID (its offset-0 mapping)."""
+    with open("/proc/%d/maps" % pid) as f:
+        for l in f:
+            w = l.split()
+            if len(w) >= 6 and w[5] == path and int(w[2], 16) == 0:
+                return int(w[0].split("-")[0], 16)
+    raise AssertionError("%s not mapped in %d" % (path, pid))
+
+
+def got_malloc(pid, exe):
+    """What the GOT slot of malloc in EXE (a PIE of process PID) holds now: "libc" (glibc's
+    malloc), "mmleak" (an address in mmleak.so), or the address."""
+    r = subprocess.run(["readelf", "-rW", exe], capture_output=True, text=True, check=True)
+    (off,) = {int(l.split()[0], 16) for l in r.stdout.splitlines()
+              if "R_X86_64_JUMP_SLOT" in l and " malloc@" in l}
+    with open("/proc/%d/mem" % pid, "rb") as m:
+        m.seek(base_of(pid, exe) + off)
+        value = int.from_bytes(m.read(8), "little")
+    with open("/proc/%d/maps" % pid) as f:
+        maps = [l.split() for l in f if len(l.split()) >= 6]
+    libc = [w[5] for w in maps if os.path.basename(w[5]).startswith("libc.so")][0]
+    sym = mmleak._elf_symbol(libc, "malloc")
+    if value == base_of(pid, libc) + sym[0]:
+        return "libc"
+    for w in maps:
+        lo, hi = (int(x, 16) for x in w[0].split("-"))
+        if lo <= value < hi and os.path.basename(w[5]) == "mmleak.so":
+            return "mmleak"
+    return hex(value)
+
+
 def test_detached_process_pays_nothing_and_writes_nothing(progs, tmp_path):
-    """After detach the process's GOT slots point at libc again: its dump files do not
-    change however much it allocates."""
-    t = Target([str(progs / "daemon_load"), "-c", "-t", "2"])
+    """The GOT slot of malloc in the program: glibc's malloc before the attach, mmleak's while
+    attached, glibc's again after the detach (twice); and once detached, its dump files do
+    not change however much it allocates."""
+    exe = str(progs / "daemon_load")
+    t = Target([exe, "-c", "-t", "2"])
     try:
         assert t.line() == "churning"
-        mm("attach", str(t.pid), "-d", str(tmp_path))
-        time.sleep(0.3)
-        mm("detach", str(t.pid))
+        assert got_malloc(t.pid, exe) == "libc"
+        for cycle in range(2):
+            mm("attach", str(t.pid), "-d", str(tmp_path))
+            assert got_malloc(t.pid, exe) == "mmleak"
+            time.sleep(0.3)
+            mm("detach", str(t.pid))
+            assert got_malloc(t.pid, exe) == "libc"
         sizes = {f: os.path.getsize(tmp_path / f) for f in os.listdir(tmp_path)}
         assert t.say("leak 1000") == "ok 1000"
         time.sleep(0.5)
         assert {f: os.path.getsize(tmp_path / f) for f in os.listdir(tmp_path)} == sizes
-        # the slots: malloc in the program's GOT is libc's again, not mmleak's
-        libc = [l.split()[-1] for l in open("/proc/%d/maps" % t.pid) if "/libc.so" in l][0]
-        state = mmleak.traced_state(t.pid)
-        assert state == "paused" and libc
+        assert mmleak.traced_state(t.pid) == "paused"
     finally:
         assert t.end() == 0
 

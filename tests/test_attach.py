@@ -25,6 +25,8 @@ def progs(tmp_path_factory, lib):
                     str(d / "libalpha.so"), os.path.join(TESTS, "plugin.c")], check=True)
     subprocess.run(["c++", "-O1", "-g", "-o", str(d / "attach_cxx"),
                     os.path.join(TESTS, "attach_cxx.cpp")], check=True)
+    subprocess.run(["cc", "-O1", "-g", "-pthread", "-o", str(d / "attach_hostile"),
+                    os.path.join(TESTS, "attach_hostile.c")], check=True)
     subprocess.run(["cc", "-O1", "-static", "-o", str(d / "static_sleep"), "-x", "c", "-"],
                    input=b"#include <unistd.h>\nint main(void){pause();return 0;}\n",
                    check=True)
@@ -524,3 +526,26 @@ def test_blocks_from_before_the_attach_and_stacks_at_a_depth(progs, tmp_path):
         assert stack[0][1] == site_line("daemon_load.c", "cmd_leak")
     finally:
         assert t.end() == 0
+
+
+@pytest.mark.parametrize("argv", [["threads", "200"], ["forks"]])
+def test_many_threads_and_a_thread_that_forks_all_the_time(progs, tmp_path, argv):
+    """200 threads (4 allocating as fast as they can); or a thread that forks all the time,
+    the children allocating: five attach/detach cycles, each window's leak exact, the
+    process answering throughout and ending normally."""
+    t = Target([str(progs / "attach_hostile")] + argv)
+    try:
+        assert t.line() == "ready"
+        for cycle in range(5):
+            d = tmp_path / str(cycle)
+            d.mkdir()
+            mm("attach", str(t.pid), "-d", str(d))
+            tid = str(t.pid)            # a new directory each time: the trace is PID
+            assert t.say("leak %d" % (cycle + 3)) == "ok %d" % (cycle + 3)
+            mm("detach", str(t.pid))
+            got, _ = window(d, tid, "attach_hostile.c")
+            assert got.get(("leak", site_line("attach_hostile.c", "hostile_leak"), 96)) == \
+                cycle + 3, got
+    finally:
+        assert t.end() == 0
+    assert t.last == "bye"

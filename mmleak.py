@@ -2784,7 +2784,10 @@ def build_parser():
                     "before tracing.  A process started with mmleak.so preloaded and then "
                     "detached (or started with MMLEAK_PAUSED=1) resumes, in a new trace.  Needs "
                     "ptrace permission: root, or the same user where kernel.yama.ptrace_scope "
-                    "allows it.  The process's user must be able to write DIR.",
+                    "allows it (root for a process under a seccomp filter, which must be "
+                    "read).  The process's user must be able to write DIR, and the process "
+                    "must see DIR as we do (not in a mount namespace or root of its own).  "
+                    "Refusals are one line, exit status 2, the process left as it was.",
         epilog="example:\n  %(prog)s 4242 -d /var/tmp/leaks    # ... later:\n"
                "  mmleak.py detach 4242\n  mmleak.py report /var/tmp/leaks --pid 4242\n\n"
                + EXIT_HELP)

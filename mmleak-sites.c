@@ -272,6 +272,12 @@ int mml_site_volatile(uintptr_t a)
     return 0;
 }
 
+int mml_sites_unloaded(void)
+{
+    return atomic_load_explicit(&volatile_all, memory_order_relaxed) ||
+           atomic_load_explicit(&volatile_n, memory_order_relaxed) != 0;
+}
+
 void mml_sites_unloading(uintptr_t lo, uintptr_t hi)
 {
     pthread_mutex_lock(&S.lock);

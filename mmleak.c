@@ -1274,8 +1274,11 @@ static void arm_hot(void)
     }
     H->fast = cfg.depth <= 1;
     H->epoch = atomic_load(&g_epoch);
-    /* after a dlclose even depth 1 asks the cache: the verdict says "no unloaded range" */
-    H->mask = cfg.depth == 0 || H->epoch ? ~(uintptr_t)0 : 0;
+    /* once something was unloaded even depth 1 asks the cache: the verdict says "no unloaded
+     * range".  Not merely because the epoch moved: an attach or a detach moves it too (so
+     * that every thread drops its stale state), and an attached process at depth 1 would
+     * then send every caller outside the program (libstdc++, libc) to the slow path */
+    H->mask = cfg.depth == 0 || mml_sites_unloaded() ? ~(uintptr_t)0 : 0;
     atomic_signal_fence(memory_order_seq_cst);
     H->alive = 1;
 }

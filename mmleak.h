@@ -31,6 +31,8 @@ enum { MML_SITE_PROGRAM = 0, MML_SITE_RUNTIME = 1, MML_SITE_WRAPPER = 2, MML_SIT
 int mml_site_classify(uintptr_t addr);
 /* Is ADDR in a range an object was unloaded from? */
 int mml_site_volatile(uintptr_t addr);
+/* Was any object unloaded (mml_sites_unloading) in this process? */
+int mml_sites_unloaded(void);
 /* An object is about to be unloaded from [lo, hi). */
 void mml_sites_unloading(uintptr_t lo, uintptr_t hi);
 /* Forget every answer (after dlclose: other code may come at the same addresses). */

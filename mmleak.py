@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -2136,6 +2137,45 @@ def traced_processes():
     return out
 
 
+def process_alive(pid):
+    """Refuse, with one line, a process that does not exist or has already exited."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        raise Fail("no such process %d" % pid, EXIT_INPUT)
+    except (OSError, IndexError):
+        return
+    if state in ("Z", "X"):
+        raise Fail("process %d has exited (a zombie: its parent has not collected it yet)"
+                   % pid, EXIT_INPUT)
+
+
+def same_dir_for(pid, d):
+    """Refuse a DIR that process PID sees as another directory, or not at all (its own mount
+    namespace, PrivateTmp=, chroot): its files would not be where we look."""
+    try:
+        ours = os.stat(d)
+    except OSError as e:
+        raise Fail("%s: %s" % (d, e.strerror), EXIT_INPUT)
+    theirs_path = "/proc/%d/root%s" % (pid, d)
+    try:
+        theirs = os.stat(theirs_path)
+    except FileNotFoundError:
+        raise Fail("%s does not exist for process %d (another mount namespace or root, such "
+                   "as a service's PrivateTmp=): choose a directory it sees as we do"
+                   % (d, pid), EXIT_INPUT)
+    except PermissionError:
+        raise Fail("not permitted to look at process %d's files (run as root, or as its "
+                   "user)" % pid, EXIT_INPUT)
+    except OSError:
+        return          # /proc not readable that way: the process says if it cannot write
+    if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
+        raise Fail("%s is another directory for process %d (another mount namespace or root, "
+                   "such as a service's PrivateTmp=): its files would not be in ours; choose a "
+                   "directory it sees as we do" % (d, pid), EXIT_INPUT)
+
+
 def _call(pid, func, arg, timeout):
     loaded = mmleak_in(pid)     # a path in the process's own mount namespace: used as is
     lib = loaded or find_library()
@@ -2161,9 +2201,15 @@ def _call(pid, func, arg, timeout):
 
 def cmd_attach(args):
     pid = args.pid
+    process_alive(pid)
     d = os.path.abspath(args.dir or os.environ.get("MMLEAK_DIR") or "/tmp")
-    if not os.path.isdir(d):
-        raise Fail("%s: not a directory" % d, EXIT_INPUT)
+    try:
+        if not stat.S_ISDIR(os.stat(d).st_mode):
+            raise Fail("%s: not a directory" % d, EXIT_INPUT)
+    except OSError as e:
+        raise Fail("%s: %s" % (d, e.strerror), EXIT_INPUT)
+    mmleak_in(pid)              # not permitted to look at it: said before anything else
+    same_dir_for(pid, d)
     settings = "MMLEAK_DIR=%s\n" % d
     if args.depth:
         settings += "MMLEAK_DEPTH=%d\n" % args.depth
@@ -2186,6 +2232,7 @@ def cmd_attach(args):
 
 def cmd_detach(args):
     pid = args.pid
+    process_alive(pid)
     state = traced_state(pid)
     if state is None:
         raise Fail("process %d does not have mmleak.so loaded: nothing to detach" % pid,
@@ -2768,7 +2815,10 @@ def build_parser():
                     "before tracing.  A process started with mmleak.so preloaded and then "
                     "detached (or started with MMLEAK_PAUSED=1) resumes, in a new trace.  Needs "
                     "ptrace permission: root, or the same user where kernel.yama.ptrace_scope "
-                    "allows it.  The process's user must be able to write DIR.",
+                    "allows it (root for a process under a seccomp filter, which must be "
+                    "read).  The process's user must be able to write DIR, and the process "
+                    "must see DIR as we do (not in a mount namespace or root of its own).  "
+                    "Refusals are one line, exit status 2, the process left as it was.",
         epilog="example:\n  %(prog)s 4242 -d /var/tmp/leaks    # ... later:\n"
                "  mmleak.py detach 4242\n  mmleak.py report /var/tmp/leaks --pid 4242\n\n"
                + EXIT_HELP)

@@ -199,3 +199,40 @@ def test_recorded_stack_equals_backtrace(tmp_path, lib, flags):
     sh = mmleak.shrink_files(mmleak.find_traces(str(dump))[tid])
     got = {a.size: a.callers[1:] for a in sh.survivors() if a.size in want}
     assert got == want
+
+
+@pytest.mark.parametrize("depth", ["64", "auto"])
+@pytest.mark.parametrize("flags", [["-O2", "-fomit-frame-pointer"], ["-O0", "-no-pie"],
+                                   ["-O2", "-fno-omit-frame-pointer"]],
+                         ids=["pie-O2-nofp", "nopie-O0", "pie-O2-fp"])
+def test_memo_never_mixes_stacks(tmp_path, lib, flags, depth):
+    """The memo of walks (mmleak-unwind.h) skips a walk from the same return address and stack
+    pointer when the stack words it read are unchanged.  tests/memo_stacks.c reaches the
+    allocating function at the same stack pointer through callers that differ only further
+    up, and at many depths, 10,000 times in a shuffled order in two threads: every block still
+    carries exactly the stack backtrace() saw for its path, and every path's count of
+    blocks."""
+    exe = str(tmp_path / "memo")
+    subprocess.run(["cc", "-g", "-pthread", "-o", exe, os.path.join(TESTS, "memo_stacks.c")] +
+                   flags, check=True)
+    dump = tmp_path / "d"
+    dump.mkdir()
+    r = run_traced([exe], dump, env={"MMLEAK_DEPTH": depth})
+    want, counts = {}, {}
+    for line in r.stdout.decode().splitlines():
+        v = line.split()
+        if v[0] == "count":
+            counts[int(v[1])] = int(v[2])
+        else:
+            want[int(v[0])] = tuple(int(x, 16) for x in v[1:])
+    assert sorted(counts) == sorted(want) and len(want) == 24
+    assert sum(counts.values()) == 5000
+    if depth == "auto":     # the wrapper's frame, then leaf's and four more
+        want = {s: w[:5] for s, w in want.items()}
+    (tid,) = [k for k, v in mmleak.find_traces(str(dump)).items() if v]
+    sh = mmleak.shrink_files(mmleak.find_traces(str(dump))[tid])
+    got = collections.defaultdict(collections.Counter)
+    for a in sh.survivors():
+        if a.size in want:
+            got[a.size][a.callers[1:]] += 1
+    assert got == {s: collections.Counter({want[s]: counts[s]}) for s in want}

@@ -1732,7 +1732,8 @@ int mml_unwind_trail(const struct mml_start *s, uintptr_t *out, int max, struct 
  * interrupting this one, gives up) and read with the number checked before and after, and
  * every offset read is checked against this thread's stack, so a torn record is a miss,
  * never a stray read. */
-#define MEMO_BITS MML_MEMO_BITS
+#define MEMO_BITS 15         /* 16384 sets of two records: 2 MiB of .bss, only the pages used
+                                cost memory */
 #define MEMO_DELTAS 32
 struct memo {
     _Atomic uint32_t seq;   /* odd while written */
@@ -1746,8 +1747,7 @@ struct memo {
     int8_t delta[MEMO_DELTAS]; /* offsets of the words from sp, in words, as differences */
 } __attribute__((aligned(64)));
 _Static_assert(sizeof(struct memo) == 64, "a memo record is one cache line");
-static struct memo mml_memo_table[1U << MEMO_BITS] __attribute__((aligned(128)));
-char *const mml_memo_sets = (char *)mml_memo_table;
+static struct memo g_memo[1U << MEMO_BITS] __attribute__((aligned(128)));
 
 static inline uint64_t mix64(uint64_t h)
 {
@@ -1758,10 +1758,29 @@ static inline uint64_t mix64(uint64_t h)
     return h ^ h >> 33;
 }
 
-/* The two records (ways) a start may be kept in. */
+/* The two records (ways) a walk from (ip, sp) may be kept in.  The set is chosen by the start
+ * and by the return address one frame up, found with the cached rule of ip: many paths reach
+ * the same function at the same depth (the same start), and they then take different sets.
+ * A wrong or missing rule only costs a miss: the words checked include that return address. */
 static inline struct memo *memo_set(uintptr_t ip, uintptr_t sp)
 {
-    return &mml_memo_table[2 * mml_memo_index(ip, sp)];
+    uintptr_t up = 0;
+    uint64_t e = cache_get(ip);
+    if (likely(e) && (e >> TAG_BITS & 7) == K_RSP) {
+        uintptr_t cfa = sp + (uintptr_t)((int64_t)e >> OFF_SHIFT);
+        if (cfa >= sp + 8 && cfa <= U.hi && sp >= U.lo)
+            up = *(const uintptr_t *)(cfa - 8);
+    }
+    uint64_t h = (uint64_t)ip * 0x9E3779B97F4A7C15ull ^ (uint64_t)sp * 0xC2B2AE3D27D4EB4Full ^
+                 (uint64_t)up * 0x165667B19E3779F9ull;
+    return &g_memo[2 * ((h ^ h >> 29) >> (64 - MEMO_BITS + 1))];
+}
+
+void mml_memo_prefetch(uintptr_t ip, uintptr_t sp)
+{
+    const struct memo *r = memo_set(ip, sp);
+    __builtin_prefetch(r);
+    __builtin_prefetch(r + 1);
 }
 
 /* The tag of a record: its start, with bp if the walk used it, the caller's settings and the
@@ -1854,15 +1873,17 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
         prev = tr->off[i];
         h += tr->val[i] * MEMO_MUL(i);
     }
-    /* the way that held this start before, else one of the two at random (the hash) */
+    /* A way that holds another walk from the same start (another path reaching the same
+     * function at the same depth: the words differ) is kept, the other way is used; else one
+     * of the two at random (the hash). */
     uint64_t tag = memo_tag0(s, salt, gen);
     if (use_bp)
         tag = memo_tag1(tag, s->bp);
     struct memo *set = memo_set(s->ip, s->sp), *r = &set[(h >> 17) & 1];
     if (LD(set[0].tag) == tag)
-        r = &set[0];
-    else if (LD(set[1].tag) == tag)
         r = &set[1];
+    else if (LD(set[1].tag) == tag)
+        r = &set[0];
     uint32_t q = atomic_load_explicit(&r->seq, memory_order_relaxed);
     if ((q & 1) || !atomic_compare_exchange_strong_explicit(&r->seq, &q, q + 1,
                                                             memory_order_acquire,

@@ -90,25 +90,13 @@ int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int 
 void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
                   const struct mml_trail *tr, int nframes, uint64_t value);
 
-/* The memo's table: 8192 sets of two records of one cache line (1 MiB of .bss, only the pages
- * used cost memory), and the set of (ip, sp): an entry point may prefetch it
- * (MML_MEMO_PREFETCH) before it calls the real allocator, so that the lookup after it finds
- * it in the cache. */
-#define MML_MEMO_BITS 14
-extern char *const mml_memo_sets;   /* 8192 sets of 128 bytes */
-static inline unsigned mml_memo_index(uintptr_t ip, uintptr_t sp)
-{
-    uint64_t h = (uint64_t)ip * 0x9E3779B97F4A7C15ull ^ (uint64_t)sp * 0xC2B2AE3D27D4EB4Full;
-    return (unsigned)((h ^ h >> 29) >> (64 - MML_MEMO_BITS + 1));
-}
+/* Start bringing the memo's records of a walk from (ip, sp) into the cache: an entry point may
+ * call it (MML_MEMO_PREFETCH) before it calls the real allocator, so that the lookup after it
+ * finds them there. */
+void mml_memo_prefetch(uintptr_t ip, uintptr_t sp);
 /* In the interposed function itself (its frame is where the walk starts). */
 #define MML_MEMO_PREFETCH(ra)                                                                 \
-    do {                                                                                      \
-        const char *set_ = mml_memo_sets + 128 * (size_t)mml_memo_index(                      \
-            (uintptr_t)(ra), (uintptr_t)__builtin_frame_address(0) + 16);                     \
-        __builtin_prefetch(set_);                                                             \
-        __builtin_prefetch(set_ + 64);                                                        \
-    } while (0)
+    mml_memo_prefetch((uintptr_t)(ra), (uintptr_t)__builtin_frame_address(0) + 16)
 
 #define MML_UNWIND_CALLER(out, max)                                                           \
     mml_unwind((uintptr_t)__builtin_return_address(0),                                       \

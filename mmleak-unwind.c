@@ -1134,7 +1134,12 @@ static int sys_open(const char *path)
 static long sys_read(int fd, void *buf, size_t n) { return sys3(SYS_read, fd, buf, n); }
 static void sys_close(int fd) { sys3(SYS_close, fd, 0, 0); }
 
-struct mml_tls { uintptr_t lo, hi; unsigned tries; };
+struct mml_tls {
+    uintptr_t lo, hi;       /* the thread's own stack */
+    unsigned tries;
+    uintptr_t pf_ip, pf_sp; /* the last mml_memo_prefetch: its start and set */
+    void *pf_set;
+};
 static __thread struct mml_tls U __attribute__((tls_model("initial-exec")));
 
 enum { PROBE_UNKNOWN, PROBE_VMREAD, PROBE_MAPS, PROBE_NONE };
@@ -1492,10 +1497,19 @@ static inline __attribute__((always_inline)) uintptr_t rd_log(struct mml_trail *
         if (tr && n <= MML_TRAIL_FRAMES)                                                      \
             tr->upto[n] = (uint8_t)(tr->n > 255 ? 255 : tr->n);                               \
     } while (0)
+/* rbp loaded from the stack: a trail records the word only when a later step uses rbp (code
+ * without frame pointers saves rbp in most frames, as any callee-saved register, and a walk
+ * through it never looks at the value: those words are not part of what the walk depends on,
+ * and a check of a memoised walk does not read them). */
+#define RDB(a) (tr ? (pa = (a), pv = *(const uintptr_t *)pa) : *(const uintptr_t *)(a))
 #define USES_BP()                                                                             \
     do {                                                                                      \
-        if (tr && bp_init && tr->bp_from > n)                                                 \
+        if (tr && pa) {                                                                       \
+            trail_log(tr, sp0, pa, pv);                                                       \
+            pa = 0;                                                                           \
+        } else if (tr && bp_init && tr->bp_from > n) {                                        \
             tr->bp_from = n;                                                                  \
+        }                                                                                     \
     } while (0)
 
 static inline __attribute__((always_inline)) int
@@ -1505,6 +1519,7 @@ walk_impl(uintptr_t ip, uintptr_t sp, uintptr_t bp, uintptr_t key, uintptr_t *ou
     int n = 0;
     const uintptr_t sp0 = sp;
     int bp_init = 1;        /* bp is still the start's: a walk that uses it depends on it */
+    uintptr_t pa = 0, pv = 0;   /* the stack word bp was last loaded from, not yet in tr */
     uintptr_t lo = U.lo, hi = U.hi, nh;
     int probed = 0;
     if (tr) {
@@ -1568,7 +1583,7 @@ walk_impl(uintptr_t ip, uintptr_t sp, uintptr_t bp, uintptr_t key, uintptr_t *ou
             uintptr_t rip = RD(c), rsp = RD(b);
             if (!rip)
                 goto done;
-            bp = RD(a);
+            bp = RDB(a);
             bp_ok = 1;
             bp_init = 0;
             FRAME_OUT(rip);
@@ -1606,7 +1621,7 @@ walk_impl(uintptr_t ip, uintptr_t sp, uintptr_t bp, uintptr_t key, uintptr_t *ou
             a = cfa + (uintptr_t)k;
             if (unlikely(UNREADABLE(a)))
                 goto done;
-            bp = RD(a);
+            bp = RDB(a);
             bp_init = 0;
         } else if (bmode != B_SAME) {
             if (bmode == B_DEREF) {
@@ -1614,7 +1629,7 @@ walk_impl(uintptr_t ip, uintptr_t sp, uintptr_t bp, uintptr_t key, uintptr_t *ou
                 a = bp + (uintptr_t)k;
                 if (!bp_ok || UNREADABLE(a))
                     goto done;
-                bp = RD(a);
+                bp = RDB(a);
                 bp_init = 0;
             } else {
                 bp_ok = 0;
@@ -1640,6 +1655,7 @@ done:
 #undef UNREADABLE
 #undef FRAME_OUT
 #undef USES_BP
+#undef RDB
 
 static int walk(uintptr_t ip, uintptr_t sp, uintptr_t bp, uintptr_t key, uintptr_t *out, int max)
 {
@@ -1661,7 +1677,8 @@ int mml_unwind_exact(uintptr_t pc, uintptr_t sp, uintptr_t bp, uintptr_t *out, i
 }
 
 /* Our own frames (frame pointers) up to the one whose return address is ra: the frame of the
- * interposed function, whose CFA is its caller's sp. */
+ * interposed function, whose CFA is its caller's sp.  The chain only goes up the stack (each
+ * frame above the last), so one bound is checked per frame. */
 __attribute__((noinline)) int mml_unwind_start(const void *ra, struct mml_start *st)
 {
     uintptr_t fp = (uintptr_t)__builtin_frame_address(0);
@@ -1676,8 +1693,8 @@ __attribute__((noinline)) int mml_unwind_start(const void *ra, struct mml_start 
         probed = s.probed;
     }
     for (int i = 0; i < 16; i++) {
-        uintptr_t b = fp + 8;
-        if (!READABLE(fp) || !READABLE(b))
+        uintptr_t b = fp + 8;   /* fp >= lo: only the top of [fp, fp + 16) needs a check */
+        if (unlikely(b + 8 > hi) && !READABLE(b))
             break;
         uintptr_t next = *(const uintptr_t *)fp, ret = *(const uintptr_t *)b;
         if (ret == (uintptr_t)ra) {
@@ -1778,9 +1795,15 @@ static inline struct memo *memo_set(uintptr_t ip, uintptr_t sp)
 
 void mml_memo_prefetch(uintptr_t ip, uintptr_t sp)
 {
-    const struct memo *r = memo_set(ip, sp);
+    struct memo *r = memo_set(ip, sp);
     __builtin_prefetch(r);
     __builtin_prefetch(r + 1);
+    U.pf_ip = 0;            /* a handler that reads the three between these stores misses */
+    atomic_signal_fence(memory_order_seq_cst);
+    U.pf_set = r;
+    U.pf_sp = sp;
+    atomic_signal_fence(memory_order_seq_cst);
+    U.pf_ip = ip;
 }
 
 /* The tag of a record: its start, with bp if the walk used it, the caller's settings and the
@@ -1808,16 +1831,17 @@ unsigned mml_memo_gen(void)
 #define LD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
 #define ST(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
 
-/* One record: 1 if it holds the walk from s (tags t0, without bp, and t1, with it) and the
- * words still hash the same. */
-static inline int memo_check(struct memo *r, const struct mml_start *s, uint64_t t0, uint64_t t1,
+/* One record: 1 if it holds the walk from s (tag t0 without bp) and the words still hash the
+ * same. */
+static inline int memo_check(struct memo *r, const struct mml_start *s, uint64_t t0,
                              uint64_t *value, int *nframes)
 {
     uint32_t q = atomic_load_explicit(&r->seq, memory_order_acquire);
-    if (q & 1)
+    uint64_t tag = LD(r->tag);
+    if (tag != t0 && (!LD(r->use_bp) || tag != memo_tag1(t0, s->bp)))
         return 0;
     unsigned n = LD(r->n);
-    if (LD(r->tag) != (LD(r->use_bp) ? t1 : t0) || n > MEMO_DELTAS)
+    if ((q & 1) || n > MEMO_DELTAS)
         return 0;
     /* the words must lie on this thread's stack as it is known now: every offset is
      * checked, a torn record can only be a miss */
@@ -1828,7 +1852,7 @@ static inline int memo_check(struct memo *r, const struct mml_start *s, uint64_t
     uint64_t h = n;
     for (unsigned i = 0; i < n; i++) {
         o += LD(r->delta[i]);
-        if (unlikely(o < 0 || o >= lim))
+        if (unlikely((unsigned long)o >= (unsigned long)lim))
             return 0;
         h += *(const uintptr_t *)(sp + 8 * (uintptr_t)o) * MEMO_MUL(i);
     }
@@ -1841,13 +1865,13 @@ static inline int memo_check(struct memo *r, const struct mml_start *s, uint64_t
 
 int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int *nframes)
 {
-    struct memo *r = memo_set(s->ip, s->sp);
+    /* the set the entry point prefetched, if this is that start (a signal handler's
+     * allocation in between may have prefetched another) */
+    struct memo *r = U.pf_ip == s->ip && U.pf_sp == s->sp ? U.pf_set : memo_set(s->ip, s->sp);
     if (atomic_load_explicit(&g_unloading, memory_order_relaxed))
         return 0;
     uint64_t t0 = memo_tag0(s, salt, atomic_load_explicit(&g_memo_gen, memory_order_relaxed));
-    uint64_t t1 = memo_tag1(t0, s->bp);
-    return memo_check(&r[0], s, t0, t1, value, nframes) ||
-           memo_check(&r[1], s, t0, t1, value, nframes);
+    return memo_check(&r[0], s, t0, value, nframes) || memo_check(&r[1], s, t0, value, nframes);
 }
 
 void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,

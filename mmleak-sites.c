@@ -9,8 +9,10 @@
  * "the program", one frame says it all and the fast writer is used; otherwise the stack is
  * unwound until the program's frame.
  *
- * The answers are cached per return address in a direct-mapped table (one load and compare
- * on the fast path, see mml_site_direct in mmleak.h).  A miss comes here: the object holding
+ * The answers are cached per return address in direct-mapped tables (one load and compare
+ * on the fast path for the program's addresses, two for the others: mml_site_class in
+ * mmleak.h; a program that allocates through a wrapper, perl or python, asks for every
+ * allocation).  A miss comes here: the object holding
  * the address is found with glibc's lock-free _dl_find_object, classified once (runtime by
  * file name; wrapper functions by name, from the symbol tables of its file on disk: .symtab
  * when the file has one, else .dynsym), and the result kept per object.  dlclose forgets
@@ -35,6 +37,7 @@
 #include "mmleak.h"
 
 _Atomic uintptr_t mml_direct[MML_DIRECT_SIZE];
+_Atomic uintptr_t mml_passing[MML_DIRECT_SIZE];
 
 /* Runtime objects, by the start of their file name: the code in them allocates on the
  * program's behalf (stdio buffers, std::string, getline, the loader's TLS blocks). */
@@ -315,13 +318,18 @@ int mml_site_classify(uintptr_t a)
         return pass | MML_SITE_VOLATILE;
     if (!pass)
         atomic_store_explicit(&mml_direct[MML_DIRECT_SLOT(a)], a, memory_order_relaxed);
+    else if (MML_PASSING_ADDR(a) == a)
+        atomic_store_explicit(&mml_passing[MML_DIRECT_SLOT(a)], a | (uintptr_t)pass << 56,
+                              memory_order_relaxed);
     return pass;
 }
 
 void mml_sites_forget(void)
 {
-    for (size_t i = 0; i < MML_DIRECT_SIZE; i++)
+    for (size_t i = 0; i < MML_DIRECT_SIZE; i++) {
         atomic_store_explicit(&mml_direct[i], 0, memory_order_relaxed);
+        atomic_store_explicit(&mml_passing[i], 0, memory_order_relaxed);
+    }
     pthread_mutex_lock(&S.lock);
     for (size_t i = 0; i < S.n; i++)
         if (S.a[i].wrap)

@@ -2124,16 +2124,10 @@ static int pick_frames(const uintptr_t *bt, int k, uintptr_t *f, int want, int m
                 return n;
             continue;
         }
-        uintptr_t known = atomic_load_explicit(&mml_direct[MML_DIRECT_SLOT(f[n])],
-                                               memory_order_relaxed);
-        if (known != f[n]) {        /* not known as the program's: ask */
-            int c = mml_site_classify(f[n]);
-            f[n] = tagged(f[n], c);
-            if (want == 0 && program_at < 0 && !(c & MML_SITE_PASS))
-                program_at = n;
-        } else if (want == 0 && program_at < 0) {
+        int c = mml_site_class(f[n]);
+        f[n] = tagged(f[n], c);
+        if (want == 0 && program_at < 0 && !(c & MML_SITE_PASS))
             program_at = n;
-        }
         n++;
         if (want == 0 && program_at >= 0 && n > program_at + AUTO_CONTEXT)
             return n;
@@ -2154,7 +2148,7 @@ static int capture(const void *ra, uintptr_t *f, uint64_t *id, int memo, int *fi
     *id = 0;
     *filled = 1;
     int want = cfg.depth;
-    int cls = H->epoch || want == 0 ? mml_site_classify((uintptr_t)ra) : MML_SITE_PROGRAM;
+    int cls = H->epoch || want == 0 ? mml_site_class((uintptr_t)ra) : MML_SITE_PROGRAM;
     f[0] = tagged(f[0], cls);
     if (want == 1)
         return 1;

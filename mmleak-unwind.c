@@ -10,7 +10,7 @@
  * frame after a signal frame), exactly as libgcc does.
  *
  *  - Cache: a table of 2^16 64-bit words in .bss (512 KiB), shared by all threads, keyed by
- *    the return address (see "the cache" below): an entry holds the rule and enough bits of
+ *    the return address (one slot per 8 bytes of code) (see "the cache" below): an entry holds the rule and enough bits of
  *    the key that, with its slot, it can only match the address it was made for.  Entries are
  *    read and written with single 64-bit relaxed atomic accesses: a racing writer can
  *    overwrite a slot (a later miss) but never produce a word that matches another address
@@ -31,6 +31,9 @@
  *    no FDE covering x, return address undefined (_start, clone3) or not at CFA-8, a CFA not
  *    in rsp/rbp, an unknown expression, a return address of 0, a CFA that does not move up the
  *    stack, a read outside the known stack.
+ *  - Memo (mml_memo_get/put, "the memo" below): a whole walk, remembered by its start and a
+ *    hash of the stack words it read, is not made again while those words are unchanged;
+ *    checking that costs independent loads instead of the walk's chain.
  *
  * Memory safety
  * -------------

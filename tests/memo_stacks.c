@@ -13,9 +13,12 @@
  * wrapper's frame, leaf's and four more). */
 #include <execinfo.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
 
 #define NOINLINE __attribute__((noinline))
 #define PATHS 12
@@ -92,6 +95,43 @@ static void take(int path)
     }
 }
 
+/* "signals": a timer every 50 us whose handler allocates and frees through another wrapper
+ * (its blocks are not leaked), so that memo lookups and records of the handler land in the
+ * middle of the main thread's own.  The test preloads an async-signal-safe allocator behind
+ * mmleak.so (glibc's malloc is not one). */
+NOINLINE static void *xzalloc(size_t n)
+{
+    void *p = malloc(n);
+    __asm__ volatile("");
+    return p;
+}
+
+NOINLINE static void sig_leaf(int k)
+{
+    void *p = xzalloc((size_t)(48 + k));
+    sink = p;
+    free(p);
+    __asm__ volatile("");
+}
+
+static void handler(int sig)
+{
+    static int k;
+    (void)sig;
+    sig_leaf(k++ & 7);
+}
+
+static void start_timer(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = handler;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGALRM, &sa, NULL);
+    struct itimerval it = {{0, 50}, {0, 50}};
+    setitimer(ITIMER_REAL, &it, NULL);
+}
+
 static unsigned next(unsigned *seed)
 {
     *seed = *seed * 1103515245u + 12345u;
@@ -111,13 +151,18 @@ static void *thread_body(void *arg)
     return NULL;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc > 1 && !strcmp(argv[1], "signals"))
+        start_timer();
     run(7, 3000);
     pthread_t t;
     pthread_create(&t, NULL, thread_body, (void *)(uintptr_t)11);
     pthread_join(t, NULL);
+    struct itimerval off;
+    memset(&off, 0, sizeof off);
+    setitimer(ITIMER_REAL, &off, NULL);
     for (int w = 0; w < 2; w++)
         for (int p = 0; p < PATHS; p++)
             printf("count %d %d\n", 1000 * (1 + w) + p, counts[w][p]);

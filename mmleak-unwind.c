@@ -10,8 +10,9 @@
  * frame after a signal frame), exactly as libgcc does.
  *
  *  - Cache: a table of 2^16 64-bit words in .bss (512 KiB), shared by all threads, keyed by
- *    the return address (one slot per 8 bytes of code) (see "the cache" below): an entry holds the rule and enough bits of
- *    the key that, with its slot, it can only match the address it was made for.  Entries are
+ *    the return address, one slot per 8 bytes of code (see "the cache" below): an entry holds
+ *    the rule and enough bits of the key that, with its slot, it can only match the address
+ *    it was made for.  Entries are
  *    read and written with single 64-bit relaxed atomic accesses: a racing writer can
  *    overwrite a slot (a later miss) but never produce a word that matches another address
  *    with a wrong rule.  A hit costs one load and a compare; the walk is then a chain of
@@ -1746,8 +1747,9 @@ int mml_unwind_trail(const struct mml_start *s, uintptr_t *out, int max, struct 
  * if the walk used it) finds stack words with the same hash at the same places.  A false
  * match needs two 64-bit hashes to collide, as likely as two stacks sharing an id.
  *
- * The places are kept as the differences between consecutive offsets (int8, in words: a
- * frame of up to 1 KiB); a walk that does not fit is not kept.  A record is written under a
+ * The places are kept as the differences between consecutive offsets, in words: one byte
+ * each (frames below 1 KiB), or an escape and 16 bits (up to 256 KiB); a walk whose steps do
+ * not fit the 32 bytes is not kept.  A record is written under a
  * sequence number (odd while written: readers miss, another writer, such as a signal handler
  * interrupting this one, gives up) and read with the number checked before and after, and
  * every offset read is checked against this thread's stack, so a torn record is a miss,
@@ -1755,6 +1757,7 @@ int mml_unwind_trail(const struct mml_start *s, uintptr_t *out, int max, struct 
 #define MEMO_BITS 15         /* 16384 sets of two records: 2 MiB of .bss, only the pages used
                                 cost memory */
 #define MEMO_DELTAS 32
+#define MEMO_ESC (-128)     /* in delta[]: the step does not fit a byte, two bytes follow */
 struct memo {
     _Atomic uint32_t seq;   /* odd while written */
     uint8_t n;              /* words */
@@ -1764,7 +1767,8 @@ struct memo {
     uint64_t tag;           /* memo_tag(): the start (ip, sp, bp if used), settings, generation */
     uint64_t vhash;         /* hash of the words */
     uint64_t value;
-    int8_t delta[MEMO_DELTAS]; /* offsets of the words from sp, in words, as differences */
+    int8_t delta[MEMO_DELTAS]; /* offsets of the words from sp, in words, as differences: a
+                                  byte, or MEMO_ESC and 16 bits (frames of 1 KiB or more) */
 } __attribute__((aligned(64)));
 _Static_assert(sizeof(struct memo) == 64, "a memo record is one cache line");
 static struct memo g_memo[1U << MEMO_BITS] __attribute__((aligned(128)));
@@ -1853,9 +1857,16 @@ static inline int memo_check(struct memo *r, const struct mml_start *s, uint64_t
         return 0;
     long lim = (long)((hi - sp) / 8), o = 0;
     uint64_t h = n;
-    for (unsigned i = 0; i < n; i++) {
-        o += LD(r->delta[i]);
-        if (unlikely((unsigned long)o >= (unsigned long)lim))
+    for (unsigned i = 0, j = 0; i < n; i++) {
+        long d = LD(r->delta[j++]);
+        if (unlikely(d == MEMO_ESC)) {         /* a larger step: 16 bits follow */
+            if (j + 2 > MEMO_DELTAS)
+                return 0;
+            d = (int16_t)(uint16_t)((uint8_t)LD(r->delta[j]) | (uint8_t)LD(r->delta[j + 1]) << 8);
+            j += 2;
+        }
+        o += d;
+        if (unlikely((unsigned long)o >= (unsigned long)lim || j > MEMO_DELTAS))
             return 0;
         h += *(const uintptr_t *)(sp + 8 * (uintptr_t)o) * MEMO_MUL(i);
     }
@@ -1892,11 +1903,20 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
     int8_t d[MEMO_DELTAS];
     uint64_t h = (uint64_t)n;
     long prev = 0;
+    int j = 0;
     for (int i = 0; i < n; i++) {
         long delta = (long)tr->off[i] - prev;
-        if (delta < -128 || delta > 127)
-            return;
-        d[i] = (int8_t)delta;
+        if (delta > MEMO_ESC && delta <= 127) {
+            if (j + 1 > MEMO_DELTAS)
+                return;
+            d[j++] = (int8_t)delta;
+        } else {
+            if (delta < INT16_MIN || delta > INT16_MAX || j + 3 > MEMO_DELTAS)
+                return;
+            d[j++] = MEMO_ESC;
+            d[j++] = (int8_t)(uint8_t)((uint16_t)delta & 0xff);
+            d[j++] = (int8_t)(uint8_t)((uint16_t)delta >> 8);
+        }
         prev = tr->off[i];
         h += tr->val[i] * MEMO_MUL(i);
     }
@@ -1917,7 +1937,7 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
                                                             memory_order_relaxed))
         return;
     atomic_thread_fence(memory_order_release);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < j; i++)
         ST(r->delta[i], d[i]);
     ST(r->n, (uint8_t)n);
     ST(r->nframes, (uint8_t)nframes);

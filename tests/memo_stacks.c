@@ -21,7 +21,7 @@
 #include <sys/time.h>
 
 #define NOINLINE __attribute__((noinline))
-#define PATHS 12
+#define PATHS 13
 
 static void *volatile sink;
 static int printed[2][PATHS];
@@ -82,10 +82,21 @@ NOINLINE static void rec(int depth, int p)
     __asm__ volatile("");
 }
 
-/* path: 0-3 top_x/top_y x mid_a/mid_b; 4-11 recursion of depth 0..7 */
+/* A frame of 3 KiB: the memo keeps steps of 1 KiB or more in a longer form. */
+NOINLINE static void big_frame(int p)
+{
+    volatile char buf[3000];
+    buf[0] = (char)p;
+    leaf(p);
+    buf[1] = buf[0];
+}
+
+/* path: 0-3 top_x/top_y x mid_a/mid_b; 4-11 recursion of depth 0..7; 12 a big frame */
 static void take(int path)
 {
-    if (path < 4) {
+    if (path == 12) {
+        big_frame(path);
+    } else if (path < 4) {
         if (path < 2)
             top_x(path);
         else

@@ -1738,8 +1738,8 @@ int mml_unwind_trail(const struct mml_start *s, uintptr_t *out, int max, struct 
 
 /* ---- the memo ------------------------------------------------------------------------------
  * One table for all threads (a key holds a stack pointer, so threads do not share records,
- * and one table costs less memory than one per thread), direct-mapped by (ip, sp), one cache
- * line per record: the walk it replaces costs a chain of dependent loads, and a record that
+ * and one table costs less memory than one per thread), sets of four records chosen by the
+ * start (memo_set), one cache line per record: the walk it replaces costs a chain of dependent loads, and a record that
  * is itself a cache miss would eat most of the gain (a record of 384 bytes with the words
  * themselves was measured at about 100 ns per lookup on the many-stacks benchmark, most of
  * it waiting for memory).  So a record keeps a 64-bit hash of the words, not the words: a
@@ -1754,8 +1754,9 @@ int mml_unwind_trail(const struct mml_start *s, uintptr_t *out, int max, struct 
  * interrupting this one, gives up) and read with the number checked before and after, and
  * every offset read is checked against this thread's stack, so a torn record is a miss,
  * never a stray read. */
-#define MEMO_BITS 15         /* 16384 sets of two records: 2 MiB of .bss, only the pages used
+#define MEMO_BITS 15         /* 8192 sets of four records: 2 MiB of .bss, only the pages used
                                 cost memory */
+#define MEMO_WAYS 4
 #define MEMO_DELTAS 32
 #define MEMO_ESC (-128)     /* in delta[]: the step does not fit a byte, two bytes follow */
 struct memo {
@@ -1771,7 +1772,7 @@ struct memo {
                                   byte, or MEMO_ESC and 16 bits (frames of 1 KiB or more) */
 } __attribute__((aligned(64)));
 _Static_assert(sizeof(struct memo) == 64, "a memo record is one cache line");
-static struct memo g_memo[1U << MEMO_BITS] __attribute__((aligned(128)));
+static struct memo g_memo[1U << MEMO_BITS] __attribute__((aligned(64 * MEMO_WAYS)));
 
 static inline uint64_t mix64(uint64_t h)
 {
@@ -1782,7 +1783,7 @@ static inline uint64_t mix64(uint64_t h)
     return h ^ h >> 33;
 }
 
-/* The two records (ways) a walk from (ip, sp) may be kept in.  The set is chosen by the start
+/* The four records (ways) a walk from (ip, sp) may be kept in.  The set is chosen by the start
  * and by the return address one frame up, found with the cached rule of ip: many paths reach
  * the same function at the same depth (the same start), and they then take different sets.
  * A wrong or missing rule only costs a miss: the words checked include that return address. */
@@ -1797,14 +1798,14 @@ static inline struct memo *memo_set(uintptr_t ip, uintptr_t sp)
     }
     uint64_t h = (uint64_t)ip * 0x9E3779B97F4A7C15ull ^ (uint64_t)sp * 0xC2B2AE3D27D4EB4Full ^
                  (uint64_t)up * 0x165667B19E3779F9ull;
-    return &g_memo[2 * ((h ^ h >> 29) >> (64 - MEMO_BITS + 1))];
+    return &g_memo[MEMO_WAYS * ((h ^ h >> 29) >> (64 - MEMO_BITS + 2))];
 }
 
 void mml_memo_prefetch(uintptr_t ip, uintptr_t sp)
 {
     struct memo *r = memo_set(ip, sp);
-    __builtin_prefetch(r);
-    __builtin_prefetch(r + 1);
+    for (int w = 0; w < MEMO_WAYS; w++)
+        __builtin_prefetch(r + w);
     U.pf_ip = 0;            /* a handler that reads the three between these stores misses */
     atomic_signal_fence(memory_order_seq_cst);
     U.pf_set = r;
@@ -1885,7 +1886,10 @@ int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int 
     if (atomic_load_explicit(&g_unloading, memory_order_relaxed))
         return 0;
     uint64_t t0 = memo_tag0(s, salt, atomic_load_explicit(&g_memo_gen, memory_order_relaxed));
-    return memo_check(&r[0], s, t0, value, nframes) || memo_check(&r[1], s, t0, value, nframes);
+    for (int w = 0; w < MEMO_WAYS; w++)
+        if (memo_check(&r[w], s, t0, value, nframes))
+            return 1;
+    return 0;
 }
 
 void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
@@ -1920,17 +1924,22 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
         prev = tr->off[i];
         h += tr->val[i] * MEMO_MUL(i);
     }
-    /* A way that holds another walk from the same start (another path reaching the same
-     * function at the same depth: the words differ) is kept, the other way is used; else one
-     * of the two at random (the hash). */
+    /* An empty way; else, at random (the hash), one that holds another start: a way with
+     * this start holds another path that reaches the same function at the same depth (the
+     * words differ), worth keeping; else any. */
     uint64_t tag = memo_tag0(s, salt, gen);
     if (use_bp)
         tag = memo_tag1(tag, s->bp);
-    struct memo *set = memo_set(s->ip, s->sp), *r = &set[(h >> 17) & 1];
-    if (LD(set[0].tag) == tag)
-        r = &set[1];
-    else if (LD(set[1].tag) == tag)
-        r = &set[0];
+    struct memo *set = memo_set(s->ip, s->sp), *r = NULL;
+    unsigned start = (unsigned)(h >> 17);
+    for (unsigned w = 0; w < MEMO_WAYS && !r; w++)
+        if (!LD(set[w].tag))
+            r = &set[w];
+    for (unsigned w = 0; w < MEMO_WAYS && !r; w++)
+        if (LD(set[(start + w) % MEMO_WAYS].tag) != tag)
+            r = &set[(start + w) % MEMO_WAYS];
+    if (!r)
+        r = &set[start % MEMO_WAYS];
     uint32_t q = atomic_load_explicit(&r->seq, memory_order_relaxed);
     if ((q & 1) || !atomic_compare_exchange_strong_explicit(&r->seq, &q, q + 1,
                                                             memory_order_acquire,

@@ -258,6 +258,10 @@ static const struct object *object_at(uintptr_t a)
     for (size_t i = 0; i < sizeof RUNTIME / sizeof RUNTIME[0]; i++)
         if (starts_with(base, RUNTIME[i]))
             n->runtime = 1;
+    /* mmleak.so itself, whatever its file is called: the retry of a failing operator new
+     * allocates from mmleak.c on the program's behalf */
+    if ((uintptr_t)&mml_site_classify >= n->start && (uintptr_t)&mml_site_classify < n->end)
+        n->runtime = 1;
     if (!n->runtime)
         scan_wrappers(name, lm->l_addr, n);
     S.n++;

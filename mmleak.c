@@ -141,6 +141,7 @@ struct hot {
     int alive;       /* tracing in this address space; 0 in a freshly forked copy */
     uintptr_t mask;  /* ~0: the caller must be a known program address (mml_direct) */
     unsigned epoch;  /* g_epoch: a thread that has not seen this one takes the slow path */
+    int memo;        /* stacks of a fixed depth: the entry points prefetch their memo record */
 };
 static struct hot hot_off;          /* before the start, and where WIPEONFORK is missing */
 static struct hot *H = &hot_off;
@@ -1279,6 +1280,7 @@ static void arm_hot(void)
      * that every thread drops its stale state), and an attached process at depth 1 would
      * then send every caller outside the program (libstdc++, libc) to the slow path */
     H->mask = cfg.depth == 0 || mml_sites_unloaded() ? ~(uintptr_t)0 : 0;
+    H->memo = cfg.depth > 1;
     atomic_signal_fence(memory_order_seq_cst);
     H->alive = 1;
 }
@@ -2419,48 +2421,80 @@ static uintptr_t tagged(uintptr_t a, int cls)
     return cls & MML_SITE_VOLATILE ? a | (uintptr_t)(H->epoch & 0xffff) << 48 : a;
 }
 
-static int capture(const void *ra, uintptr_t *f)
+/* The frames f[1..] of an allocation from the walk bt[0..k-1] (bt[0] == f[0]'s address):
+ * all of them for MMLEAK_DEPTH=N (want), else up to the program's first frame and
+ * AUTO_CONTEXT more.  A frame is classified only when the answer matters: in auto mode until
+ * the program's first frame, and, once something was unloaded, for its epoch tag.  *more: in
+ * auto mode, the walk ended before it could tell (k frames were all it was asked for). */
+static int pick_frames(const uintptr_t *bt, int k, uintptr_t *f, int want, int max, int *more)
+{
+    int n = 1, program_at = -1;
+    int tag = mml_sites_unloaded();     /* not the epoch: attach and detach move it too */
+    *more = 0;
+    for (int j = 1; j < k && n < max; j++) {
+        f[n] = (uintptr_t)bt[j];
+        if (!tag && (want != 0 || program_at >= 0)) {
+            n++;
+            if (want == 0 && n > program_at + AUTO_CONTEXT)
+                return n;
+            continue;
+        }
+        int c = mml_site_class(f[n]);
+        f[n] = tagged(f[n], c);
+        if (want == 0 && program_at < 0 && !(c & MML_SITE_PASS))
+            program_at = n;
+        n++;
+        if (want == 0 && program_at >= 0 && n > program_at + AUTO_CONTEXT)
+            return n;
+    }
+    *more = want == 0 && k == max;
+    return n;
+}
+
+/* The frames of an allocation in f (f[0] the caller's return address, then its callers'),
+ * their count, and *id, the stack's id (0 for one frame).  MEMO: a walk whose stack words
+ * are all as they were when the same walk was made before is not made again (mmleak-unwind.h:
+ * the memo): then the count and the id come from the memo and *filled is 0 (f[1..] not
+ * written). */
+#define AUTO_FIRST 8    /* auto: frames walked first (the program's frame is usually there) */
+static int capture(const void *ra, uintptr_t *f, uint64_t *id, int memo, int *filled)
 {
     f[0] = (uintptr_t)ra;
+    *id = 0;
+    *filled = 1;
     int want = cfg.depth;
-    int cls = H->epoch || want == 0 ? mml_site_classify((uintptr_t)ra) : MML_SITE_PROGRAM;
+    int cls = want == 0 || mml_sites_unloaded() ? mml_site_class((uintptr_t)ra)
+                                                : MML_SITE_PROGRAM;
     f[0] = tagged(f[0], cls);
     if (want == 1)
         return 1;
     if (want == 0 && !(cls & MML_SITE_PASS))
         return 1;
-    uintptr_t bt[MAXDEPTH];
-    int max = want ? want : MAXDEPTH;
     /* mmleak-unwind.c: the frame-pointer chain of our own frames up to ra, then the cached
      * CFI rules of the program's frames (bt[0] == ra) */
-    int k = mml_unwind_from_ra(ra, bt, max), i = 0;
-    int n = 1, program_at = -1;
-    /* a frame is classified only when the answer matters: in auto mode until the program's
-     * first frame, and, once something was unloaded, for its epoch tag */
-    int tag = H->epoch != 0;
-    for (int j = i + 1; j < k && n < max; j++) {
-        f[n] = (uintptr_t)bt[j];
-        if (!tag && (want != 0 || program_at >= 0)) {
-            n++;
-            if (want == 0 && n > program_at + AUTO_CONTEXT)
-                break;
-            continue;
-        }
-        uintptr_t known = atomic_load_explicit(&mml_direct[MML_DIRECT_SLOT(f[n])],
-                                               memory_order_relaxed);
-        if (known != f[n]) {        /* not known as the program's: ask */
-            int c = mml_site_classify(f[n]);
-            f[n] = tagged(f[n], c);
-            if (want == 0 && program_at < 0 && !(c & MML_SITE_PASS))
-                program_at = n;
-        } else if (want == 0 && program_at < 0) {
-            program_at = n;
-        }
-        n++;
-        if (want == 0 && program_at >= 0 && n > program_at + AUTO_CONTEXT)
-            break;
+    struct mml_start st;
+    if (!mml_unwind_start(ra, &st))
+        return 1;
+    int nf;
+    if (memo && mml_memo_get(&st, (unsigned)want, id, &nf)) {
+        *filled = 0;
+        return nf;
     }
-    return n;
+    unsigned gen = mml_memo_gen();
+    uintptr_t bt[MAXDEPTH];
+    struct mml_trail tr;
+    int max = want ? want : AUTO_FIRST, more;
+    int k = mml_unwind_trail(&st, bt, max, &tr);
+    nf = pick_frames(bt, k, f, want, max, &more);
+    if (more) {                 /* auto: the program's frame is further up */
+        k = mml_unwind_trail(&st, bt, MAXDEPTH, &tr);
+        nf = pick_frames(bt, k, f, want, MAXDEPTH, &more);
+    }
+    if (nf > 1) {
+        *id = stack_id(f, nf);
+        mml_memo_put(&st, (unsigned)want, gen, &tr, nf, *id);
+    }
+    return nf;
 }
 
 COLD static void slow_alloc(void *p, size_t n, const void *ra)
@@ -2480,11 +2514,14 @@ COLD static void slow_alloc(void *p, size_t n, const void *ra)
     uint64_t s = seq_next(p);
     time_t now = time(NULL) - g_t0;
     uintptr_t f[MAXDEPTH];
-    int nf = capture(ra, f);
+    uint64_t id;
+    int filled;
+    int nf = capture(ra, f, &id, 1, &filled);
     /* "#s ID FRAME..." when this file does not hold the stack yet, then the event line */
     char line[40 + 17 * MAXDEPTH + 96], *d = line;
-    uint64_t id = nf > 1 ? stack_id(f, nf) : 0;
     int def = nf > 1 && (!t->open || !sset_has(t, id));
+    if (def && !filled)         /* the memo gave the id, the frames are needed now */
+        nf = capture(ra, f, &id, 0, &filled);
     if (nf > 1 && !def && !(t->dead | t->dropping) && t->end - t->cur >= FAST_ROOM &&
         !((s | n | (uint64_t)now) >> 32) && !((uintptr_t)p >> 48) && now >= 0) {
         /* the common case with stacks: a stack this file holds, written like the fast path */
@@ -2750,6 +2787,10 @@ COLD static void *boot_or_resolve(size_t n, int zero)
     return p;
 }
 
+/* At the top of every allocating entry point: the real allocator found (before that, the
+ * boot arena serves); and with stacks of a fixed depth, this call's memo record starts coming
+ * into the cache now, so that the lookup after the real allocator finds it there
+ * (mmleak-unwind.h: the memo).  A macro: both need the entry point's own frame. */
 #define ENSURE_REAL(n, zero)                                                                  \
     do {                                                                                      \
         if (unlikely(!real.malloc)) {                                                         \
@@ -2757,6 +2798,8 @@ COLD static void *boot_or_resolve(size_t n, int zero)
             if (!real.malloc)                                                                 \
                 return bp_;                                                                   \
         }                                                                                     \
+        if (H->memo)                                                                          \
+            MML_MEMO_PREFETCH(__builtin_return_address(0));                                   \
     } while (0)
 
 /* Record a block the real allocator returned (nothing when it failed). */
@@ -3199,10 +3242,12 @@ COLD static void *new_failed(size_t n, size_t al, int nothrow, const void *ra)
     return nothrow ? real.new_nothrow(n, &nothrow_tag) : real.new_(n);
 }
 
-static inline void *op_new(size_t n, size_t al, int nothrow, const void *ra)
+HOT_INLINE void *op_new(size_t n, size_t al, int nothrow, const void *ra)
 {
     if (unlikely(!real.malloc))
         resolve();
+    if (H->memo)    /* see ENSURE_REAL: inlined into the entry point, this is its frame */
+        MML_MEMO_PREFETCH(ra);
     void *p = al ? al_alloc(al, n ? n : 1) : real.malloc(n ? n : 1);
     if (likely(p != NULL)) {
         rec_alloc(p, n, ra);

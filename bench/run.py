@@ -1800,10 +1800,10 @@ def main():
                 if r.get("internal_ns_per_event") is not None else "(baseline)"))
     if depth_summary:
         print()
-        print("MMLEAK_DEPTH (alloc_bench -t 1 -r 12): depth 1 -> 2 adds %s ns/event wall, %s cpu (the fast"
+        print("MMLEAK_DEPTH (alloc_bench -t 1 -r 12): depth 1 -> 2 adds %s ns/event wall, %s cpu (the one-frame"
               % (f(depth_summary.get("step_1_to_2_ns"), "%.0f"),
                  f(depth_summary.get("step_1_to_2_ns_cpu"), "%.0f")))
-        print("  writer gives way to backtrace()); each extra frame beyond 2 adds %s ns/event wall, %s cpu"
+        print("  writer gives way to the slow path: stack, memo, id); each extra frame beyond 2 adds %s ns/event wall, %s cpu"
               % (f(depth_summary.get("ns_per_extra_frame"), "%.1f"),
                  f(depth_summary.get("ns_per_extra_frame_cpu"), "%.1f")))
         print("  (least-squares slope over depths 2, 4, 8) and %s bytes/event per frame (1 -> 8)."

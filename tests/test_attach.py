@@ -370,13 +370,12 @@ def test_depth_one_attached_takes_the_fast_path_as_preloaded(progs, tmp_path):
 
 
 @pytest.mark.skipif(not shutil.which("gdb"), reason="gdb is not installed (apt-get install gdb)")
-@pytest.mark.xfail(strict=True, reason="capture() in mmleak.c takes a nonzero epoch for "
-                   "'something was unloaded' (tag = H->epoch != 0), and an attach moves the "
-                   "epoch: each frame after the program's is classified as well (a locked "
-                   "look-up per frame); the stack code is being reworked, see README 'Limits'")
 def test_default_depth_attached_asks_no_more_than_preloaded(progs, tmp_path):
     """Default depth: an allocation inside libstdc++ needs its stack up to the program's
-    frame, attached as preloaded, and the questions asked for it are the same."""
+    frame, attached as preloaded, and the slow questions asked for it are the same: none per
+    event once the verdicts are cached (capture() took the epoch an attach moves for
+    "something was unloaded" and asked about every frame after the program's, each a locked
+    look-up: 6000 for 2000 strings attached, 2000 preloaded)."""
     counts = {}
     for how in ("preloaded", "attached"):
         d = tmp_path / how
@@ -390,8 +389,8 @@ def test_default_depth_attached_asks_no_more_than_preloaded(progs, tmp_path):
             mm("attach", str(t.pid), "-d", str(d))
         assert t.say("strings 100") == "made 100"
         counts[how] = classify_calls(t, "strings 2000", "made 2000", tmp_path)
-    assert counts["preloaded"] >= 2000, counts      # the stack is needed: at least one each
-    assert counts["attached"] <= counts["preloaded"] + 20, counts
+    assert counts["preloaded"] < 20, counts
+    assert counts["attached"] < 20, counts
 
 
 def refused(args, why):

@@ -2284,14 +2284,25 @@ static int emit_cold(struct tstate *t, const char *line, size_t n)
     }
     if (unfinished_line(t)) {
         /* a signal handler, while the line it interrupted is unfinished: no flush */
-        if (!t->stage || t->end + SLACK - t->cur < (ptrdiff_t)(n + 16))
-            return 0; /* deeper than the slack: lost (and the interrupted line kept) */
+        if (!t->stage || t->end + SLACK - t->cur < (ptrdiff_t)(n + 16)) {
+            /* deeper than the slack (a storm of signals that keeps the interrupted line
+             * from finishing): the event is lost, counted, and "#lost" says so after the
+             * next flush, so every report says the trace is incomplete */
+            t->lost++;
+            return 0;
+        }
         return 1;
     }
-    if (make_room(t, n + 16)) {
+    char gap[64];
+    size_t ng = t->lost ? lost_line(gap, sizeof gap, t->lost, 0) : 0;
+    if (make_room(t, n + 16 + ng)) {
         if (t->dropping)
             t->lost++;
         return 0;
+    }
+    if (ng && !t->dropping) {       /* events lost under an unfinished line, see above */
+        stage_line(t, gap, ng);
+        t->lost = 0;
     }
     return 1;
 }

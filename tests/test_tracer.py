@@ -361,7 +361,17 @@ def test_signal_handlers_recording_in_the_middle_of_a_line(bins, dump, mm):
     assert not sh.problems.malformed
     surv = sh.survivors()
     assert [a.size for a in surv if a.size == 999] == [999]
-    assert not [a for a in surv if a.size == 48]           # every handler block was freed
+    lost, unknown = sh.gaps()
+    handler_left = [a for a in surv if a.size == 48]
+    if lost or unknown:
+        # A storm that keeps one of our lines unfinished for longer than the slack behind
+        # the staging half holds (a handler run longer than the timer's period, on a loaded
+        # machine, and the interrupted code never gets to finish its line): those events
+        # are lost, counted, and every report says the trace is incomplete.
+        assert not unknown and len(handler_left) <= lost
+        assert "INCOMPLETE TRACE" in (sh.gap_text() or ""), sh.gap_text()
+    else:
+        assert not handler_left                             # every handler block was freed
     assert sh.allocs >= 500000 and sh.frees >= 500000
     assert sh.foreign_frees() == []
     assert sh.allocs - 500000 >= hits // 2        # most handler runs were recorded

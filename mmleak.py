@@ -1151,8 +1151,10 @@ class Wrappers:
 
 # Objects of the C/C++ runtime: code in them allocates on the program's behalf (stdio
 # buffers, std::string, getline, the loader's TLS blocks).  mmleak-sites.c has the same list.
+# mmleak.so itself too: the retry of a failing operator new allocates in its new_failed.
 RUNTIME_RE = re.compile(r"^(libc|libstdc\+\+|ld-linux[-\w]*|ld64|libm|libgcc_s|libpthread|libdl|"
-                        r"librt|libresolv|libnss_\w+|libjemalloc|libtcmalloc\w*|libmimalloc)[.-]")
+                        r"librt|libresolv|libnss_\w+|libjemalloc|libtcmalloc\w*|libmimalloc|"
+                        r"mmleak)[.-]")
 
 
 # Code compiled into the program from the system's headers (std::string's and the containers'

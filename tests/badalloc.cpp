@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <new>
 #include <sys/resource.h>
 
@@ -87,8 +88,29 @@ static int retry(const char *form)
     return 0;
 }
 
+// A failing new whose std::bad_alloc is kept (std::current_exception) and never released
+// (_Exit: no static destructor runs): the exception object, allocated by libstdc++ under
+// mmleak.so's retry of the failing operator, is a leak whose call site is the user's `new`,
+// not libstdc++'s nor mmleak.c's line.
+static std::exception_ptr kept;
+
+static int keep_exception()
+{
+    try {
+        char *p = new char[(size_t)1 << 62];                // site:kept_exception
+        std::printf("no exception %p\n", (void *)p);
+    } catch (...) {
+        kept = std::current_exception();
+    }
+    std::printf("kept=%d\n", kept ? 1 : 0);
+    std::fflush(stdout);
+    std::_Exit(0);
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && !std::strcmp(argv[1], "keep"))
+        return keep_exception();
     if (argc > 2)
         return retry(argv[2]);
     if (argc > 1)

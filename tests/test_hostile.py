@@ -695,6 +695,29 @@ def test_new_handler_allocations_and_bad_alloc_are_recorded(bins, dump, mm):
     assert sh.foreign_frees() == []
 
 
+def test_kept_bad_alloc_is_a_leak_at_the_users_new(bins, dump, mm):
+    """The std::bad_alloc of a failing `new`, kept with std::current_exception and never
+    released: one leak of its size at the user's `new`.  libstdc++ allocates it inside the
+    operator mmleak.so retries (new_failed), and mmleak.so's frames are passed as the
+    runtime's (it was reported at mmleak.c's line)."""
+    r = run_traced([bins["badalloc"], "keep"], dump)
+    assert r.stdout == b"kept=1\n"
+    tid = next(iter(traces(mm, dump)))
+    rep = mm.build_report(str(dump), tid, progress=False)
+    sites = mm.leak_sites(rep["survivors"], rep["end_time"], rep["trace_depth"], rep["frames"],
+                          mm.Wrappers())
+    got = collections.Counter()
+    for st in sites:
+        fr = rep["frames"].get(st.caller)
+        if fr and fr.file and fr.file.endswith("badalloc.cpp"):
+            got[(mm.base_name(fr.function), fr.line)] += st.blocks
+    line = site_line("badalloc.cpp", "kept_exception")
+    assert got[("keep_exception", line)] == 1, got
+    (ex,) = [st for st in sites if rep["frames"].get(st.caller) and
+             rep["frames"][st.caller].line == line]
+    assert ex.bytes > 0 and not mm.is_runtime(rep["frames"][ex.caller])
+
+
 @pytest.mark.parametrize("other", [None, JEMALLOC, TCMALLOC], ids=["libc", "jemalloc", "tcmalloc"])
 @pytest.mark.parametrize("form", ["plain", "array", "nothrow", "aligned", "alnothrow"])
 def test_failing_new_retry_is_the_users_new_in_every_form(bins, dump, mm, form, other):

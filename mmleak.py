@@ -108,7 +108,17 @@ def find_traces(directory):
             traces.setdefault(MAPS_RE.match(n).group(1), [])
         elif COMPACT_RE.match(n):       # a compacted trace's running result: read it first
             traces[COMPACT_RE.match(n).group(1)].append((-1, os.path.join(directory, n)))
-    return {k: [p for _, p in sorted(v)] for k, v in traces.items()}
+    out = {}
+    for k, v in traces.items():
+        files = [p for _, p in sorted(v)]
+        if files and files[0].endswith(".compact"):
+            # a compaction pass stopped after writing its result, before deleting its
+            # inputs: they are in the result already (the next pass deletes them)
+            folded = set(_previously_folded(files[0]))
+            if folded:
+                files = [p for p in files if os.path.basename(p) not in folded]
+        out[k] = files
+    return out
 
 
 def trace_start_for_maps(maps_path):
@@ -1467,22 +1477,53 @@ def compact_path(directory, tid):
 
 class TraceLock:
     """flock on mmleak.ID.lock: exclusive for a compaction pass, shared for a reader.
-    Without permission to create or open the lock file, no lock (and a reader may race)."""
+
+    Readers create the file too: a reader that found none and went on without a lock could
+    race the very first pass (which deletes files under it).  Whoever creates it as root
+    gives it to the owner of the trace's files, so that a compactor running as the traced
+    service's user can still open it.  Without permission to create or open it (a read-only
+    copy of the dumps, where no compactor can run either), no lock."""
 
     def __init__(self, directory, tid, shared=False, wait=True):
+        self.directory, self.tid = directory, tid
         self.path = os.path.join(directory, "mmleak.%s.lock" % tid)
         self.shared, self.wait, self.fd = shared, wait, None
+        self.held = False           # whether the lock was taken (it stays True after exit)
+
+    def _open(self):
+        flags = os.O_CLOEXEC | os.O_NOFOLLOW
+        try:
+            return os.open(self.path, flags | os.O_RDWR)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            try:
+                return os.open(self.path, flags | os.O_RDONLY)
+            except OSError:
+                return None
+        try:
+            fd = os.open(self.path, flags | os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:         # created by another reader or compactor meanwhile
+            return self._open()
+        except OSError:
+            return None
+        if os.geteuid() == 0:
+            try:
+                st = os.stat(os.path.join(self.directory, "mmleak.%s.maps" % self.tid))
+            except OSError:
+                st = None
+            if st is not None and st.st_uid != 0:
+                try:
+                    os.fchown(fd, st.st_uid, st.st_gid)
+                except OSError:
+                    pass
+        return fd
 
     def __enter__(self):
         import fcntl
-        try:        # a reader never creates it: no lock file, no compactor ever ran
-            self.fd = os.open(self.path, (os.O_RDONLY if self.shared else os.O_RDWR | os.O_CREAT)
-                              | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        except OSError:
-            try:
-                self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-            except OSError:
-                return self
+        self.fd = self._open()
+        if self.fd is None:
+            return self
         op = (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | (0 if self.wait else fcntl.LOCK_NB)
         try:
             fcntl.flock(self.fd, op)
@@ -1490,6 +1531,7 @@ class TraceLock:
             os.close(self.fd)
             self.fd = None
             raise
+        self.held = True
         return self
 
     def __exit__(self, *exc):
@@ -1498,8 +1540,13 @@ class TraceLock:
             self.fd = None
 
 
+PROCESS_HIDDEN = "hidden"
+
+
 def _process_start_time(pid):
-    """When process PID started (Unix seconds), or None if there is no such process."""
+    """When process PID started (Unix seconds); None if there is no such process;
+    PROCESS_HIDDEN if it exists but its /proc entry cannot be read (/proc mounted with
+    hidepid=, another user's process)."""
     try:
         with open("/proc/%d/stat" % pid) as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -1507,18 +1554,44 @@ def _process_start_time(pid):
             btime = next(int(l.split()[1]) for l in f if l.startswith("btime "))
         return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return None
+    except (PermissionError, OverflowError):
+        pass
+    return PROCESS_HIDDEN
+
+
+def _maps_a_staging_file(pid, directory, tid):
+    """Does process PID have a staging file (mmleak.TID.N.tail) of DIRECTORY mapped?  Only
+    the process writing trace TID does."""
+    want = os.path.join(os.path.realpath(directory), "mmleak.%s." % tid).encode()
+    try:
+        with open("/proc/%d/maps" % pid, "rb") as f:
+            for line in f:
+                i = line.find(b" /")
+                if i >= 0 and line[i + 1:].startswith(want) and \
+                        line.rstrip(b"\n").removesuffix(b" (deleted)").endswith(b".tail"):
+                    return True
+    except OSError:
+        pass
+    return False
 
 
 def trace_alive(directory, tid, traces=None, start=None):
     """Is trace TID still being written?  Its process must exist, be the same process (not a
-    reused pid: it started before the trace), and not have been replaced by exec (a newer
-    trace of the same pid in DIRECTORY)."""
+    reused pid: it started before the trace, or it has one of the trace's staging files
+    mapped, should the wall clock have been set forward since the trace began), and not
+    have been replaced by exec (a newer trace of the same pid in DIRECTORY).  A process
+    that exists but cannot be looked at counts as alive."""
     pid = int(tid.split("-")[0])
     began = _process_start_time(pid)
     if began is None:
         return False
-    if start is not None and began > start + 2:
+    if began is not PROCESS_HIDDEN and start is not None and began > start + 2 and \
+            not _maps_a_staging_file(pid, directory, tid):
         return False                    # the pid was reused
     traces = traces if traces is not None else find_traces(directory)
     k = int(tid.split("-")[1]) if "-" in tid else 0
@@ -1627,12 +1700,13 @@ def _write_atomic(path, header_lines, sh, final=False):
 
 
 def _previously_folded(path):
-    """The inputs the result at PATH names (its pass may have stopped before deleting them)."""
+    """The inputs the result at PATH names (its pass may have stopped before deleting them).
+    They are among its first lines, before the stacks."""
     names = []
     try:
         with open(path, "rb") as f:
             for line in f:
-                if not line.startswith(b"#"):
+                if not line.startswith(b"#") or line.startswith(b"#s "):
                     break
                 if line.startswith(b"#folded "):
                     names.append(line[8:].rstrip(b"\n").decode("utf-8", "replace"))
@@ -1646,8 +1720,9 @@ def _site_key(a):
 
 
 def compact_trace(directory, tid, files=None, traces=None, series=True):
-    """One compaction pass over trace TID.  Returns a dict of what it did, or None when
-    another compactor holds the trace (it is skipped, not waited for)."""
+    """One compaction pass over trace TID, and a point of its series when one is due
+    (SERIES: False never).  Returns a dict of what it did, or None when another compactor
+    holds the trace (it is skipped, not waited for)."""
     traces = traces if traces is not None else find_traces(directory)
     files = files if files is not None else traces.get(tid, [])
     cpath = compact_path(directory, tid)
@@ -1657,28 +1732,40 @@ def compact_trace(directory, tid, files=None, traces=None, series=True):
         return None
     try:
         for name in _previously_folded(cpath):
-            p = os.path.join(directory, name)
-            if DUMP_RE.match(name) and os.path.exists(p):
-                _remove_dump(p)
+            if DUMP_RE.match(name):     # its .out, or its .tail if the .out went first
+                _remove_dump(os.path.join(directory, name))
         files = [p for p in files if os.path.exists(p)]
         done, over = complete_files(directory, tid, files, traces)
-        if not done:
-            return {"trace": tid, "folded": 0, "over": over, "events": 0, "bytes": 0}
-        before = os.path.getsize(cpath) if os.path.exists(cpath) else 0
-        inputs = ([cpath] if os.path.exists(cpath) else []) + done
-        nbytes = sum(os.path.getsize(p) for p in done) + sum(
-            os.path.getsize(p[:-4] + ".tail") for p in done if os.path.exists(p[:-4] + ".tail"))
-        sh = shrink_files(inputs)
-        if sh.problems.fatal:
-            raise Fail("%s: cannot compact trace %s: an input could not be read" % (directory, tid))
-        _write_atomic(cpath, _compact_header_lines(sh, done), sh)
-        for p in done:
-            _remove_dump(p)
-        return {"trace": tid, "folded": len(done), "over": over, "events": sh.events,
-                "bytes": nbytes, "before": before, "after": os.path.getsize(cpath),
-                "malformed": sh.problems.malformed}
+        res = {"trace": tid, "folded": 0, "over": over, "events": 0, "bytes": 0,
+               "point": None}
+        if done:
+            res.update(_fold(directory, tid, cpath, done))
+        spath = series_path(directory, tid)
+        # a trace that is over gets its last point (unless it has it: the .live is gone)
+        if series and files and (over and (done or os.path.exists(spath + ".live") or
+                                           not os.path.exists(spath))
+                                 or not over and _series_due(directory, tid)):
+            res["point"] = _series_point(directory, tid, final=over)
+        return res
     finally:
         lock.__exit__()
+
+
+def _fold(directory, tid, cpath, done):
+    """Fold the complete files DONE into CPATH (under the trace's exclusive lock)."""
+    before = os.path.getsize(cpath) if os.path.exists(cpath) else 0
+    inputs = ([cpath] if os.path.exists(cpath) else []) + done
+    nbytes = sum(os.path.getsize(p) for p in done) + sum(
+        os.path.getsize(p[:-4] + ".tail") for p in done if os.path.exists(p[:-4] + ".tail"))
+    sh = shrink_files(inputs)
+    if sh.problems.fatal:
+        raise Fail("%s: cannot compact trace %s: an input could not be read" % (directory, tid))
+    _write_atomic(cpath, _compact_header_lines(sh, done), sh)
+    for p in done:
+        _remove_dump(p)
+    return {"folded": len(done), "events": sh.events - sh.compacted["entries"],
+            "bytes": nbytes, "before": before, "after": os.path.getsize(cpath),
+            "malformed": sh.problems.malformed}
 
 
 def _remove_dump(p):
@@ -1693,16 +1780,20 @@ def _remove_dump(p):
 #
 #   #series 1 id=ID
 #   #s ID FRAME...                     stacks the keys below use
-#   p UNIX TIME BYTES BLOCKS NEWB NEWN FREEDB FREEDN     one compaction pass: the live set
+#   p UNIX TIME BYTES BLOCKS NEWB NEWN FREEDB FREEDN     one point: the live set
 #   k KEY BYTES BLOCKS NEWB NEWN FREEDB FREEDN           ... per call site (top SERIES_SITES)
 #
 # TIME is the trace's clock (seconds since start, the newest event seen); KEY is the caller
-# (hex) or @STACK.  NEW are the blocks alive now that were not alive at the previous pass,
-# FREED those alive then and not now (so BYTES = previous BYTES + NEWB - FREEDB, exactly);
-# the previous pass's blocks (address, number, size, call site) are kept in
-# mmleak.ID.series.live.  Past
-# SERIES_POINTS passes every other old point is merged into the next one (NEW and FREED
-# summed), so the file stays small however long the trace runs.
+# (hex) or @STACK.  NEW are the blocks alive now that were not alive at the previous point,
+# FREED those alive then and not now (so BYTES = previous BYTES + NEWB - FREEDB, exactly).
+# Past SERIES_POINTS points every other old point is merged into the next one (NEW and
+# FREED summed), so the file stays small however long the trace runs.
+#
+# The blocks of the last point (address, number, size, call site) are in mmleak.ID.series.live,
+# which starts with that point's own lines ("#point ..."): it is written first (temporary
+# file, rename), then the series (the same way), so a compactor killed in between leaves a
+# .live whose point the series lacks, and the next pass appends it before its own.  When the
+# trace is over, its last point is taken and the .live deleted: the series is complete.
 
 SeriesPoint = collections.namedtuple("SeriesPoint", "unix time live new freed sites")
 
@@ -1711,13 +1802,13 @@ def series_path(directory, tid):
     return os.path.join(directory, "mmleak.%s.series" % tid)
 
 
-def _key_text(callers, stack_lines, sh):
+def _key_text(callers, stack_lines, sh, by_frames):
     if len(callers) == 1:
         return b"%x" % callers[0]
-    for sid, frames in sh.stacks.items():
-        if frames == callers:
-            stack_lines[sid] = sh.stack_lines[sid]
-            return b"@%x" % sid
+    sid = by_frames.get(callers)
+    if sid is not None and sid in sh.stack_lines:
+        stack_lines[sid] = sh.stack_lines[sid]
+        return b"@%x" % sid
     # a stack no longer in the trace's result (its blocks were freed since the last pass):
     # defined here under an id of its own
     import hashlib
@@ -1727,54 +1818,94 @@ def _key_text(callers, stack_lines, sh):
     return b"@%x" % sid
 
 
-def read_series(path):
-    """(points, stacks): points oldest first, each with .sites {key: (bytes, blocks, newb,
-    newn, freedb, freedn)}; KEY is a tuple of callers (or "other")."""
-    points, stacks, raw = [], {}, []
+SERIES_P_RE = re.compile(rb"p( \d+){8}\n")
+SERIES_K_RE = re.compile(rb"k (?:[0-9a-f]{1,16}|@[0-9a-f]{1,16}|other)( -?\d+){6}\n")
+
+
+def _series_lines(path):
+    """The series file's lines: (head '#' lines other than stacks, {stack id: '#s' line},
+    [[p line, [k lines]]]).  Lines that are not whole (a file written by a compactor killed
+    while it appended, before the series was written by rename) are left out."""
+    head, stacks, points = [], {}, []
     try:
         f = open(path, "rb")
     except OSError:
-        return [], {}
+        return head, stacks, points
     with f:
         for line in f:
             if line.startswith(b"#s "):
                 st = parse_stack(line)
                 if st:
-                    stacks[st[0]] = st[1]
-            elif line.startswith(b"p "):
-                v = [int(x) for x in line.split()[1:]]
-                raw.append([v, {}])
-            elif line.startswith(b"k ") and raw:
-                parts = line.split()
-                k = parts[1]
-                vals = tuple(int(x) for x in parts[2:8])
-                raw[-1][1][k] = vals
-    for v, sites in raw:
-        out = {}
-        for k, vals in sites.items():
-            if k == b"other":
-                key = "other"
-            elif k.startswith(b"@"):
-                key = stacks.get(int(k[1:], 16), NO_STACK)
-            else:
-                key = (int(k, 16),)
-            out[key] = vals
-        points.append(SeriesPoint(v[0], v[1], (v[2], v[3]), (v[4], v[5]), (v[6], v[7]), out))
-    return points, stacks
+                    stacks[st[0]] = line
+            elif line.startswith(b"#"):
+                if line.endswith(b"\n"):
+                    head.append(line)
+            elif SERIES_P_RE.fullmatch(line):
+                points.append([line, []])
+            elif points and SERIES_K_RE.fullmatch(line):
+                points[-1][1].append(line)
+    return head, stacks, points
 
 
-def series_pass(directory, tid, files=None):
-    """Add one point to the trace's series: the live set now (compacted result plus the files
-    still being written).  Returns the point."""
-    files = files if files is not None else find_traces(directory).get(tid, [])
-    with TraceLock(directory, tid, shared=True):
-        sh = shrink_files([p for p in files if os.path.exists(p)])
-    surv = sh.survivors()
+def read_series(path):
+    """(points, stacks): points oldest first, each with .sites {key: (bytes, blocks, newb,
+    newn, freedb, freedn)}; KEY is a tuple of callers (or "other")."""
+    _, stack_lines, raw = _series_lines(path)
+    stacks = {sid: parse_stack(line)[1] for sid, line in stack_lines.items()}
+    return [_series_point_of(p, ks, stacks) for p, ks in raw], stacks
+
+
+def _series_point_of(p, ks, stacks):
+    v = [int(x) for x in p.split()[1:]]
+    out = {}
+    for line in ks:
+        parts = line.split()
+        k = parts[1]
+        vals = tuple(int(x) for x in parts[2:8])
+        if k == b"other":
+            key = "other"
+        elif k.startswith(b"@"):
+            key = stacks.get(int(k[1:], 16), NO_STACK)
+        else:
+            key = (int(k, 16),)
+        out[key] = vals
+    return SeriesPoint(v[0], v[1], (v[2], v[3]), (v[4], v[5]), (v[6], v[7]), out)
+
+
+def series_pass(directory, tid):
+    """Add one point to the trace's series now (the live set: the compacted result and the
+    files still being written), under the trace's exclusive lock (waited for).  Returns the
+    point."""
+    with TraceLock(directory, tid):
+        return _series_point(directory, tid)
+
+
+def _series_point(directory, tid, final=False):
+    """Add one point to the series; the caller holds the trace's exclusive lock.  FINAL: the
+    trace is over: its last point, after which the .live is deleted.  Returns the point."""
     spath = series_path(directory, tid)
-    prev = _load_prev_sizes(spath + ".live") if os.path.exists(spath + ".live") else None
+    lpath = spath + ".live"
+    head, have_stacks, points = _series_lines(spath)
+    prev, pending = _load_live(lpath)
+    if pending is not None and (not points or points[-1][0] != pending[0][0]):
+        # the last pass was stopped between writing .live and the series: its point first
+        points.append(pending[0])
+        have_stacks.update(pending[1])
+        if pending[2]:                  # it was the last point
+            _write_series(spath, tid, head, have_stacks, points)
+    elif pending is None and points:
+        prev = None                     # .live lost: this point starts again (see below)
+    if pending is not None and pending[2]:
+        _remove_quietly(lpath)          # the last point is in the series: it is complete
+        return None
+    sh = shrink_files(find_traces(directory).get(tid, []))
     now_ids = {}
     sites = collections.defaultdict(lambda: [0, 0, 0, 0, 0, 0])
-    for a in surv:
+    other_freed = [0, 0]
+    for _, _, kind, line in sh.entries(True):
+        if kind != KIND_ALLOC:
+            continue
+        a = parse_event(line, sh.stacks)
         k = _site_key(a)
         s = sites[k]
         s[0] += a.size
@@ -1789,92 +1920,114 @@ def series_pass(directory, tid, files=None):
                 s = sites[k]
                 s[4] += size
                 s[5] += 1
+    elif points:
+        # no record of the previous point's blocks: everything alive counts as new, and the
+        # previous point's sites as freed, so BYTES = previous + NEW - FREED still holds
+        for s in sites.values():
+            s[2], s[3] = s[0], s[1]
+        stacks = {sid: parse_stack(line)[1] for sid, line in have_stacks.items()}
+        for k, v in _series_point_of(points[-1][0], points[-1][1], stacks).sites.items():
+            if k == "other":
+                other_freed = [v[0], v[1]]
+                continue
+            s = sites[k if len(k) > 1 else k[0]]
+            s[4] += v[0]
+            s[5] += v[1]
     tot = [sum(v[i] for v in sites.values()) for i in range(6)]
+    tot[4] += other_freed[0]
+    tot[5] += other_freed[1]
     ranked = sorted(sites.items(), key=lambda kv: (-kv[1][0], -kv[1][4], str(kv[0])))
     top, rest = ranked[:SERIES_SITES], ranked[SERIES_SITES:]
-    other = [sum(v[i] for _, v in rest) for i in range(6)]
     stack_lines = {}
-    lines = [b"p %d %d %d %d %d %d %d %d\n" % ((int(time.time()), sh.max_time) + tuple(tot))]
+    by_frames = {fr: sid for sid, fr in sh.stacks.items()}
+    plines = [b"p %d %d %d %d %d %d %d %d\n" % ((int(time.time()), sh.max_time) + tuple(tot)),
+              []]
     for k, v in top:
-        key = _key_text(k if isinstance(k, tuple) else (k,), stack_lines, sh)
-        lines.append(b"k %s %d %d %d %d %d %d\n" % ((key,) + tuple(v)))
-    if rest:
-        lines.append(b"k other %d %d %d %d %d %d\n" % tuple(other))
-    _append_series(spath, tid, lines, stack_lines)
-    _save_prev_sizes(spath + ".live", now_ids, sh)
-    return read_series(spath)[0][-1]
+        key = _key_text(k if isinstance(k, tuple) else (k,), stack_lines, sh, by_frames)
+        plines[1].append(b"k %s %d %d %d %d %d %d\n" % ((key,) + tuple(v)))
+    if rest or other_freed[1]:
+        other = [sum(v[i] for _, v in rest) for i in range(6)]
+        other[4] += other_freed[0]
+        other[5] += other_freed[1]
+        plines[1].append(b"k other %d %d %d %d %d %d\n" % tuple(other))
+    _save_live(lpath, {} if final else now_ids, plines, stack_lines, final)
+    points.append(plines)
+    have_stacks.update(stack_lines)
+    if len(points) > SERIES_POINTS:
+        points = _thin(points)
+    _write_series(spath, tid, head, have_stacks, points)
+    if final:
+        _remove_quietly(lpath)
+    stacks = {sid: parse_stack(line)[1] for sid, line in have_stacks.items()}
+    return _series_point_of(plines[0], plines[1], stacks)
 
 
-def _save_prev_sizes(path, now_ids, sh):
-    """What the next pass needs to say which call site a freed block came from."""
+def _remove_quietly(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _save_live(path, now_ids, plines, stack_lines, final=False):
+    """The blocks of this point, for the next one to tell which were freed and where from,
+    after the point's own lines ("#point", "#final" for the trace's last)."""
     tmp = path + ".tmp"
     with _private(tmp) as f:
-        for (ptr, seq), (k, size) in now_ids.items():
-            key = k if isinstance(k, tuple) else (k,)
-            f.write(b"%x %x %x %s\n" % (ptr, seq, size, b" ".join(b"%x" % c for c in key)))
+        if final:
+            f.write(b"#final\n")
+        f.write(b"#point " + plines[0])
+        for line in plines[1]:
+            f.write(b"#point " + line)
+        for line in stack_lines.values():
+            f.write(b"#point " + line)
+        f.write(b"".join(b"%x %x %x %s\n" % (ptr, seq, size, b" ".join(b"%x" % c for c in (
+            k if isinstance(k, tuple) else (k,)))) for (ptr, seq), (k, size) in now_ids.items()))
     os.rename(tmp, path)
 
 
-def _load_prev_sizes(path):
-    out = {}
+def _load_live(path):
+    """({(ptr, seq): (site key, size)}, the point it belongs to as ([p line, [k lines]],
+    {stack id: line}, whether it was the trace's last)), or (None, None) without a usable
+    file."""
+    out, plines, stacks, final = {}, None, {}, False
     try:
         with open(path, "rb") as f:
             for line in f:
+                if line == b"#final\n":
+                    final = True
+                    continue
+                if line.startswith(b"#point "):
+                    rest = line[7:]
+                    if rest.startswith(b"p "):
+                        plines = [rest, []]
+                    elif rest.startswith(b"k ") and plines:
+                        plines[1].append(rest)
+                    elif rest.startswith(b"#s "):
+                        st = parse_stack(rest)
+                        if st:
+                            stacks[st[0]] = rest
+                    continue
                 v = line.split()
                 callers = tuple(int(x, 16) for x in v[3:])
                 out[(int(v[0], 16), int(v[1], 16))] = (
                     callers if len(callers) > 1 else callers[0], int(v[2], 16))
     except (OSError, ValueError, IndexError):
-        pass
-    return out
+        return None, None
+    if plines is None:
+        return None, None
+    return out, (plines, stacks, final)
 
 
-def _append_series(spath, tid, lines, stack_lines):
-    points, _ = read_series(spath)
-    have = set()
-    try:
-        with open(spath, "rb") as f:
-            for line in f:
-                if line.startswith(b"#s "):
-                    have.add(int(line.split()[1], 16))
-    except OSError:
-        pass
-    if len(points) + 1 > SERIES_POINTS:
-        _thin_series(spath, tid)
-        have = set()
-        with open(spath, "rb") as f:
-            for line in f:
-                if line.startswith(b"#s "):
-                    have.add(int(line.split()[1], 16))
-    new = not os.path.exists(spath)
-    with _private(spath, "ab") as f:
-        if new:
-            f.write(b"#series 1 id=%s\n" % tid.encode())
-        for sid, line in stack_lines.items():
-            if sid not in have:
-                f.write(line)
-        for line in lines:
-            f.write(line)
-
-
-def _thin_series(spath, tid):
-    """Merge every other point of the older half into its successor (NEW and FREED summed)."""
-    with open(spath, "rb") as f:
-        data = f.read().splitlines(keepends=True)
-    head = [l for l in data if l.startswith(b"#")]
-    blocks, cur = [], None
-    for l in data:
-        if l.startswith(b"p "):
-            cur = [l, []]
-            blocks.append(cur)
-        elif l.startswith(b"k ") and cur:
-            cur[1].append(l)
-    half = len(blocks) // 2
+def _thin(points):
+    """Merge every other point of the older half into its successor (NEW and FREED
+    summed)."""
+    half = len(points) // 2
     out = []
     i = 0
-    while i < len(blocks):
-        if i < half and i + 1 < len(blocks):
-            a, b = blocks[i], blocks[i + 1]
+    while i < len(points):
+        if i < half and i + 1 < len(points):
+            a, b = points[i], points[i + 1]
             pa, pb = a[0].split(), b[0].split()
             merged_p = pb[:5] + [b"%d" % (int(pa[j]) + int(pb[j])) for j in range(5, 9)]
             ka = {l.split()[1]: l.split() for l in a[1]}
@@ -1888,16 +2041,21 @@ def _thin_series(spath, tid):
             out.append([b" ".join(merged_p) + b"\n", kl])
             i += 2
         else:
-            out.append(blocks[i])
+            out.append(points[i])
             i += 1
+    return out
+
+
+def _write_series(spath, tid, head, stack_lines, points):
+    """The series, whole, by temporary file and rename: a reader or a killed writer never
+    sees half of it.  Only the stacks its points still use."""
+    used = {int(l.split()[1][1:], 16) for _, ks in points for l in ks
+            if l.split()[1].startswith(b"@")}
     tmp = spath + ".tmp"
     with _private(tmp) as f:
-        for l in head:
-            f.write(l)
-        for p, ks in out:
-            f.write(p)
-            for k in ks:
-                f.write(k)
+        f.write(b"".join(head) if head else b"#series 1 id=%s\n" % tid.encode())
+        f.write(b"".join(stack_lines[i] for i in sorted(used) if i in stack_lines))
+        f.write(b"".join(p + b"".join(ks) for p, ks in points))
     os.rename(tmp, spath)
 
 
@@ -1918,16 +2076,13 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None):
     for tid in sorted(traces, key=lambda t: [int(x) for x in t.split("-")]):
         if pid is not None and tid != pid:
             continue
-        res = compact_trace(directory, tid, traces[tid], traces)
+        res = compact_trace(directory, tid, traces[tid], traces, series=series)
         if res is None:
             live.append(tid)                    # another compactor holds it: alive enough
             continue
         results.append(res)
         if not res["over"]:
             live.append(tid)
-        if series and (res["folded"] or not res["over"]) and (
-                res["over"] or _series_due(directory, tid)):
-            series_pass(directory, tid)
         if res["folded"] and verbose:
             out.write("%s: trace %s: folded %d files (%s, %d events) into %s (%s)%s\n"
                       % (PROG, tid, res["folded"], human_bytes(res["bytes"]), res["events"],
@@ -1972,11 +2127,27 @@ def cmd_compact(args):
     return status
 
 
+def read_trace(directory, tid, progress=None):
+    """Shrink every file of trace TID as it is now, under the trace's lock (shared: no
+    compaction pass deletes a file while we read).  Returns (Shrinker, the files read)."""
+    for attempt in (1, 2):
+        with TraceLock(directory, tid, shared=True) as lock:
+            paths = find_traces(directory).get(tid, [])
+            sh = shrink_files(paths, progress=progress)
+        # without the lock (its file could not be opened), a pass may have deleted a file
+        # under us: read again
+        if not (sh.problems.fatal and not lock.held and attempt == 1):
+            break
+    return sh, paths
+
+
 def cmd_snapshot(args):
     """The live set of a trace now, in the dump format (an earlier moment for --baseline)."""
     tid, _ = choose_trace(args.dir, args.pid)
-    with TraceLock(args.dir, tid, shared=True):
-        sh = shrink_files(find_traces(args.dir).get(tid, []))
+    sh, _ = read_trace(args.dir, tid)
+    sh.problems.summary()
+    if sh.problems.fatal:
+        raise Fail("trace %s: a file could not be read: no snapshot written" % tid)
     out = sys.stdout.buffer
     if args.output:
         try:
@@ -1992,7 +2163,7 @@ def cmd_snapshot(args):
             out.flush()
     warn("trace %s: %d blocks alive (%s)" % (tid, len(sh.survivors()),
                                              human_bytes(sum(a.size for a in sh.survivors()))))
-    return EXIT_OK
+    return EXIT_PARTIAL if sh.problems.malformed else EXIT_OK
 
 
 # ---------------------------------------------------------------------------------------
@@ -2240,15 +2411,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     tid, paths = choose_trace(directory, pid)
     prog = progress_printer() if progress and sys.stderr.isatty() else None
     t0 = time.monotonic()
-    for attempt in (1, 2):
-        with TraceLock(directory, tid, shared=True):    # a compaction pass deletes files
-            paths = [p for p in find_traces(directory).get(tid, paths)]
-            sh = shrink_files(paths, progress=prog)
-        # a compactor that started while we read (its lock file did not exist yet) may have
-        # deleted a file under us: read again, now under its lock
-        if not (sh.problems.fatal and os.path.exists(
-                os.path.join(directory, "mmleak.%s.lock" % tid)) and attempt == 1):
-            break
+    sh, paths = read_trace(directory, tid, progress=prog)
     if prog and time.monotonic() - t0 > 1:
         prog(sh, paths[-1], 0, done=True)
     survivors = sh.survivors()

@@ -1145,6 +1145,22 @@ def write_page(page, out_path):
         raise
 
 
+def events_note(rep):
+    """Under the count of events: allocations and frees, and where the events were read."""
+    folded = rep.get("folded") or (0, 0)
+    files = len(rep.get("files") or [])
+    parts = []
+    if rep.get("allocs") is not None:
+        parts.append("%s allocations, %s frees" % ("{:,}".format(rep["allocs"]),
+                                                   "{:,}".format(rep.get("frees") or 0)))
+    if folded[1]:
+        parts.append("%s of them folded by compaction from %d dump files, the rest read from "
+                     "%d files" % ("{:,}".format(folded[0]), folded[1], files - 1))
+    else:
+        parts.append("%d dump files" % files)
+    return ", ".join(parts)
+
+
 def render_report(rep, out_path, wrappers=None, top=TOP_ROWS):
     """Entry point for ``mmleak.py report``: REP is mmleak.build_report()'s dict.
 
@@ -1159,16 +1175,16 @@ def render_report(rep, out_path, wrappers=None, top=TOP_ROWS):
         "pid": rep.get("pid"), "trace": rep.get("trace"), "cmd": rep.get("cmd"),
         "start": rep.get("start") or 0, "end_time": rep.get("end_time") or 0,
         "events": rep.get("events") or 0,
-        "events_note": "%s allocations, %s frees, %d dump files" % (
-            "{:,}".format(rep.get("allocs") or 0), "{:,}".format(rep.get("frees") or 0),
-            len(rep.get("files") or [])),
+        "events_note": events_note(rep),
         "depth": depth, "symbol_error": rep.get("symbol_error"),
         "foreign": len(rep.get("foreign_frees") or []),
         "since": rep.get("since"), "older_than": rep.get("older_than"),
         "baseline": rep.get("baseline"), "unfiltered": rep.get("unfiltered"),
-        "source": "%d dump files in %s" % (len(rep.get("files") or []),
-                                           os.path.dirname((rep.get("files") or ["?"])[0])
-                                           or "."),
+        "source": "%d dump files%s in %s" % (
+            len(rep.get("files") or []),
+            " (one of them the compacted result of %d)" % rep["folded"][1]
+            if (rep.get("folded") or (0, 0))[1] else "",
+            os.path.dirname((rep.get("files") or ["?"])[0]) or "."),
         "extra_notes": [],
     }
     if rep.get("symbol_error"):

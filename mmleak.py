@@ -366,7 +366,10 @@ class Shrinker:
         self.stacks = {}           # stack id -> frames, from "#s" lines
         # what earlier compaction passes folded ("#compacted"): files, events, and how many
         # event lines their result holds (read again here, not new events)
-        self.compacted = {"files": 0, "events": 0, "entries": 0}
+        # ("allocs": allocations among the events, "entry_allocs": allocation lines among
+        # the entries; None when a result of an older mmleak.py has no count of them)
+        self.compacted = {"files": 0, "events": 0, "entries": 0, "allocs": 0,
+                          "entry_allocs": 0}
         self.stack_lines = {}      # stack id -> its "#s" line
         self.lost = {}             # gap k -> events not recorded ("#lost N k=K")
         self.dropping = set()      # gaps that began ("#dropping k=K")
@@ -479,10 +482,13 @@ class Shrinker:
                 elif line.startswith(b"#lost ") or line.startswith(b"#dropping"):
                     self._gap_line(line)
                 elif line.startswith(b"#compacted "):
-                    for kv in line.split()[1:]:
-                        k, _, v = kv.partition(b"=")
-                        if k.decode() in self.compacted and v.isdigit():
-                            self.compacted[k.decode()] += int(v)
+                    fields = dict(kv.partition(b"=")[::2] for kv in line.split()[1:])
+                    for k in self.compacted:
+                        v = fields.get(k.encode(), b"")
+                        if self.compacted[k] is not None and v.isdigit():
+                            self.compacted[k] += int(v)
+                        elif k in ("allocs", "entry_allocs"):
+                            self.compacted[k] = None
                 elif line.startswith(b"#alloc ") and self.alloc is None:
                     self.alloc = _unescape(line[7:].rstrip(b"\n"))
                 elif line.startswith(b"#cmd ") and self.cmd is None:
@@ -532,6 +538,20 @@ class Shrinker:
                          "not write)" % ("and " if lost else "", unknown, "s" if unknown > 1 else ""))
         return ("INCOMPLETE TRACE: %s; blocks may show as leaks whose free was lost"
                 % " ".join(parts))
+
+    def history(self):
+        """What the trace recorded, the events folded by compaction ("#compacted") included:
+        {events, allocs, frees (None when an older compacted result did not count them),
+        folded_events, folded_files}."""
+        c = self.compacted
+        if not c["files"]:
+            return {"events": self.events, "allocs": self.allocs, "frees": self.frees,
+                    "folded_events": 0, "folded_files": 0}
+        events = c["events"] + self.events - c["entries"]
+        allocs = None if c["allocs"] is None else c["allocs"] + self.allocs - c["entry_allocs"]
+        return {"events": events, "allocs": allocs,
+                "frees": None if allocs is None else events - allocs,
+                "folded_events": c["events"], "folded_files": c["files"]}
 
     # -- checks --------------------------------------------------------------------------
     def trace_ids(self):
@@ -1662,11 +1682,20 @@ def _compact_header_lines(sh, folded):
             continue
         else:
             out.append(line)
-    entries = len(sh.state) + sum(1 for v in sh.state.values() if type(v) is not tuple)
-    total = sh.compacted["events"] + sh.events - sh.compacted["entries"]
+    entries = entry_allocs = 0
+    for v in sh.state.values():
+        if type(v) is tuple:
+            entries += 1
+            entry_allocs += v[1] == KIND_ALLOC
+        else:
+            entries += 2
+            entry_allocs += v[1][1] == KIND_ALLOC
+    h = sh.history()
     files = sh.compacted["files"] + len(folded)
-    out.append(b"#compacted files=%d events=%d entries=%d at=%d\n"
-               % (files, total, entries, int(time.time())))
+    allocs = b"" if h["allocs"] is None else b" allocs=%d entry_allocs=%d" % (h["allocs"],
+                                                                             entry_allocs)
+    out.append(b"#compacted files=%d events=%d entries=%d%s at=%d\n"
+               % (files, h["events"], entries, allocs, int(time.time())))
     for p in folded:
         out.append(b"#folded %s\n" % os.path.basename(p).encode())
     return out
@@ -2435,6 +2464,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     else:
         freed_since = None
     hdr = sh.headers[0] if sh.headers else {}
+    hist = sh.history()
     start = header_int(hdr, "start")
     trace_depth = max([MAX_DEPTH if h.get("depth") == "auto" else header_int(h, "depth", 1)
                        for h in sh.headers] or [1])
@@ -2456,7 +2486,10 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     return {
         "trace": tid, "pid": hdr.get("pid", tid.split("-")[0]), "cmd": sh.cmd,
         "start": start, "end_time": sh.max_time, "files": paths, "maps": maps,
-        "events": sh.events, "allocs": sh.allocs, "frees": sh.frees,
+        # the whole history's, compacted events included (allocs and frees None when an
+        # older compacted result did not count them); "folded": (events, files) compacted
+        "events": hist["events"], "allocs": hist["allocs"], "frees": hist["frees"],
+        "folded": (hist["folded_events"], hist["folded_files"]),
         "survivors": survivors, "foreign_frees": sh.foreign_frees(),
         "frames": frames, "symbol_error": sym_error, "depth": depth or trace_depth,
         "trace_depth": trace_depth, "shrinker": sh,
@@ -2476,10 +2509,10 @@ def print_top_sites(rep, out, top=10):
     total = sum(a.size for a in surv)
     out.write("mmleak: trace %s (pid %s)%s\n" % (rep["trace"], rep["pid"],
                                                 ": " + rep["cmd"] if rep["cmd"] else ""))
-    c = rep["shrinker"].compacted if rep.get("shrinker") else None
-    if c and c["files"]:
+    folded = rep.get("folded") or (0, 0)
+    if folded[1]:
         read = "%d events (%d of them folded by compaction from %d files)" % (
-            c["events"] + rep["events"] - c["entries"], c["events"], c["files"])
+            rep["events"], folded[0], folded[1])
     else:
         read = "%d events read from %d files" % (rep["events"], len(rep["files"]))
     out.write("  %s; %s in %d blocks not freed; %d frees of blocks allocated before tracing\n"

@@ -640,3 +640,56 @@ def test_a_live_process_is_never_taken_for_a_reused_pid(load, tmp_path, monkeypa
     r = mmleak.compact_trace(str(dump), tid)
     assert r["over"] and r["folded"] == len(outs)
     assert leak_count(dump, tid) == 1000
+
+
+def test_report_shrink_and_page_of_a_compacted_copy_equal_the_whole(load, tmp_path):
+    """One run kept whole (`run --keep-all`, files rotating at 1 MB, a fork child, two
+    seconds so that the leaks have different ages), and a copy of it compacted: `report`
+    (terminal and CSV: every leak, its bytes, blocks, ages, sizes and line), `shrink
+    --final` (the survivors and their stacks) and the HTML page give the same, but for
+    where the events were read."""
+    full = tmp_path / "full"
+    r = subprocess.run(MMLEAK + ["run", "--keep-all", "-d", str(full), "--", load, "-t", "2",
+                                 "-n", "40000", "-r", "20000", "-l", "400", "-f"],
+                       env=dict(os.environ, MMLEAK_ROTATE_MB="1"), capture_output=True)
+    assert r.returncode == 0, r.stderr
+    traces = sorted(k for k, v in mmleak.find_traces(str(full)).items() if v)
+    assert len(traces) == 2 and all(len(mmleak.find_traces(str(full))[t]) > 2 for t in traces)
+    comp = tmp_path / "comp"
+    shutil.copytree(full, comp)
+    subprocess.run(MMLEAK + ["compact", str(comp)], check=True, capture_output=True)
+    for tid in traces:
+        out = {}
+        for d in (full, comp):
+            page, csvf = tmp_path / ("%s.%s.html" % (d.name, tid)), \
+                tmp_path / ("%s.%s.csv" % (d.name, tid))
+            rep = subprocess.run(MMLEAK + ["report", str(d), "--pid", tid, "-o", str(page),
+                                           "--csv", str(csvf)], capture_output=True, text=True)
+            assert (rep.returncode, rep.stderr) == (0, ""), rep.stderr
+            files = sorted(str(p) for p in mmleak.find_traces(str(d))[tid])
+            shr = subprocess.run(MMLEAK + ["shrink", "--final"] + files, capture_output=True)
+            assert shr.returncode == 0, shr.stderr
+            out[d] = (rep.stdout.replace(str(d), "DIR").splitlines(), csvf.read_text(),
+                      [l for l in shr.stdout.splitlines() if not l.startswith(b"#")
+                       or l.startswith(b"#s ")],
+                      [l for l in page.read_text().replace(str(d), "DIR").splitlines()
+                       if "dc:date" not in l])
+        (rf, cf, sf, pf), (rc, cc, sc, pc) = out[full], out[comp]
+        nfiles = len(mmleak.find_traces(str(full))[tid])
+        ages = {row.split(",")[5] for row in cf.splitlines()[1:]}
+        assert cf == cc and len(cf.splitlines()) > 2 and len(ages) > 1
+        assert sf == sc and len(sf) > 200
+        events = int(re.search(r"^  (\d+) events read from %d files;" % nfiles, rf[1]).group(1))
+        assert rc[1] == rf[1].replace("events read from %d files" % nfiles,
+                                      "events (%d of them folded by compaction from %d files)"
+                                      % (events, nfiles))
+        assert rf[:1] + rf[2:] == rc[:1] + rc[2:]
+        diff = [(a, b) for a, b in zip(pf, pc) if a != b]
+        assert len(pf) == len(pc) and len(diff) == 2, diff
+        note = "%d dump files</div>" % nfiles
+        assert note in diff[0][0] and diff[0][1] == diff[0][0].replace(
+            note, "%s of them folded by compaction from %d dump files, the rest read from 0 "
+            "files</div>" % ("{:,}".format(events), nfiles))
+        assert diff[1][0].startswith("<footer>") and diff[1][1].startswith("<footer>")
+        assert re.sub(r" on \S+ \S+ from .* in DIR\.", "", diff[1][0]) == \
+            re.sub(r" on \S+ \S+ from .* in DIR\.", "", diff[1][1])

@@ -1763,13 +1763,15 @@ def compact_trace(directory, tid, files=None, traces=None, series=True):
         for name in _previously_folded(cpath):
             if DUMP_RE.match(name):     # its .out, or its .tail if the .out went first
                 _remove_dump(os.path.join(directory, name))
+        spath = series_path(directory, tid)
+        for tmp in (cpath, spath, spath + ".live"):     # left by a pass that was stopped
+            _remove_quietly(tmp + ".tmp")
         files = [p for p in files if os.path.exists(p)]
         done, over = complete_files(directory, tid, files, traces)
         res = {"trace": tid, "folded": 0, "over": over, "events": 0, "bytes": 0,
                "point": None}
         if done:
             res.update(_fold(directory, tid, cpath, done))
-        spath = series_path(directory, tid)
         # a trace that is over gets its last point (unless it has it: the .live is gone)
         if series and files and (over and (done or os.path.exists(spath + ".live") or
                                            not os.path.exists(spath))

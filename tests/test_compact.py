@@ -219,9 +219,11 @@ def test_a_pass_stopped_between_writing_and_deleting(load, tmp_path, monkeypatch
     assert [os.path.basename(f) for f in mmleak.find_traces(str(full))[tid]] == \
         ["mmleak.%s.compact" % tid]                            # but readers leave them out
     exact_readers(full, tid, truth, sh_full.events)
+    for x in ("compact", "series", "series.live"):        # what a killed pass may leave too
+        (full / ("mmleak.%s.%s.tmp" % (tid, x))).write_bytes(b"1 2 3\n")
     res = mmleak.compact_trace(str(full), tid)
     assert res["folded"] == 0                                 # deleted, not folded again
-    assert not [n for n in os.listdir(full) if n.endswith((".out", ".tail"))]
+    assert not [n for n in os.listdir(full) if n.endswith((".out", ".tail", ".tmp"))]
     got, _ = survivors(full, tid)
     assert got == truth
     assert events_counted(full, tid) == sh_full.events
@@ -693,3 +695,186 @@ def test_report_shrink_and_page_of_a_compacted_copy_equal_the_whole(load, tmp_pa
         assert diff[1][0].startswith("<footer>") and diff[1][1].startswith("<footer>")
         assert re.sub(r" on \S+ \S+ from .* in DIR\.", "", diff[1][0]) == \
             re.sub(r" on \S+ \S+ from .* in DIR\.", "", diff[1][1])
+
+
+HISTORY = [     # tests/history.c commands, one step each: (op, site, n[, size])
+    [("a", 0, 100, 32), ("a", 1, 10, 1000), ("c", 2, 500, 64)],
+    [("a", 0, 50, 32), ("f", 1, 4), ("a", 2, 20, 200)],
+    [("f", 0, 120), ("a", 3, 7, 4096), ("c", 0, 1000, 32)],
+    [("f", 2, 20), ("a", 1, 5, 1000), ("f", 3, 7)],
+    [("a", 0, 30, 48), ("a", 3, 1, 100)],
+]
+
+
+class Model:
+    """The blocks history.c has alive: per site, [(id, size)] oldest first."""
+
+    def __init__(self):
+        self.sites = {s: [] for s in range(4)}
+        self.next = 0
+
+    def apply(self, cmd):
+        if cmd[0] == "a":
+            for _ in range(cmd[2]):
+                self.sites[cmd[1]].append((self.next, cmd[3]))
+                self.next += 1
+        elif cmd[0] == "f":
+            del self.sites[cmd[1]][:cmd[2]]
+
+    def alive(self):
+        return {s: dict(v) for s, v in self.sites.items()}
+
+
+def expected_point(now, before):
+    """{site: (bytes, blocks, newb, newn, freedb, freedn)} from two Model.alive()s."""
+    out = {}
+    for s in range(4):
+        a, b = now[s], before[s] if before is not None else None
+        new = {i: z for i, z in a.items() if b is not None and i not in b}
+        freed = {i: z for i, z in (b or {}).items() if i not in a}
+        v = (sum(a.values()), len(a), sum(new.values()), len(new), sum(freed.values()),
+             len(freed))
+        if any(v):
+            out[s] = v
+    return out
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory, lib):
+    exe = str(tmp_path_factory.mktemp("history") / "history")
+    subprocess.run(["cc", "-O0", "-g", "-o", exe, os.path.join(TESTS, "history.c")],
+                   check=True)
+    return exe
+
+
+def run_history(exe, dump, at_step):
+    """Run the HISTORY under mmleak.so, calling AT_STEP(k, model) after each step; then
+    let the program exit."""
+    p = subprocess.Popen([exe], env=traced_env(dump), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE)
+    m = Model()
+    for k, step in enumerate(HISTORY):
+        for cmd in step:
+            m.apply(cmd)
+            p.stdin.write((" ".join(str(x) for x in cmd) + "\n").encode())
+            p.stdin.flush()
+            assert p.stdout.readline() == b"ok\n"
+        at_step(k, m, str(p.pid))
+    p.stdin.close()
+    assert p.wait() == 0
+    return str(p.pid), m
+
+
+def by_site(sites, frames):
+    """{history.c site number: values} of a series point's or report's {caller key: v}."""
+    out = {}
+    for k, v in sites.items():
+        if k == "other":
+            continue
+        fr = frames.get(k[0] if isinstance(k, tuple) else k)
+        m = re.fullmatch(r"site(\d)", fr.function or "") if fr else None
+        if m and (fr.file or "").endswith("history.c"):
+            assert fr.line == site_line("history.c", "hist" + m.group(1))
+            out[int(m.group(1))] = v
+    return out
+
+
+def test_series_against_a_scripted_history(history, tmp_path):
+    """Four call sites whose live blocks go up and down as scripted (allocations, frees of
+    the oldest, churn that is never alive at a point): every point of the series gives each
+    site's live bytes and blocks, and what is new and what was freed since the previous
+    point, exactly; the point at the end of the trace too."""
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    states = []
+
+    def step(k, m, tid):
+        mmleak.compact_dir(str(dump), tid)
+        states.append(m.alive())
+    tid, m = run_history(history, dump, step)
+    mmleak.compact_dir(str(dump), tid)
+    states.append(m.alive())                    # the end: the same as the last step
+    points, _ = mmleak.read_series(mmleak.series_path(str(dump), tid))
+    assert len(points) == len(HISTORY) + 1
+    sym = mmleak.Symbolizer(os.path.join(str(dump), "mmleak.%s.maps" % tid))
+    frames = sym.lookup(sorted({k[0] for pt in points for k in pt.sites if k != "other"}))
+    for i, pt in enumerate(points):
+        want = expected_point(states[i], states[i - 1] if i else None)
+        assert by_site(pt.sites, frames) == want, i
+    check_series(points)
+    # everything else alive (stdio's buffers) stays as it was from the first point on
+    rest = [pt.live[0] - sum(v[0] for v in by_site(pt.sites, frames).values())
+            for pt in points]
+    assert len(set(rest)) == 1
+
+
+def test_series_interval_against_a_scripted_history(history, tmp_path):
+    """`compact --series-interval 3600` after every step: one point when the series begins,
+    none more while the process runs, and one at the end of the trace, whose NEW and FREED
+    are counted from the first point."""
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    states = []
+
+    def step(k, m, tid):
+        r = subprocess.run(MMLEAK + ["compact", "--series-interval", "3600", str(dump)],
+                           capture_output=True)
+        assert r.returncode == 0, r.stderr
+        states.append(m.alive())
+    tid, m = run_history(history, dump, step)
+    r = subprocess.run(MMLEAK + ["compact", "--series-interval", "3600", str(dump)],
+                       capture_output=True)
+    assert r.returncode == 0, r.stderr
+    points, _ = mmleak.read_series(mmleak.series_path(str(dump), tid))
+    assert len(points) == 2
+    sym = mmleak.Symbolizer(os.path.join(str(dump), "mmleak.%s.maps" % tid))
+    frames = sym.lookup(sorted({k[0] for pt in points for k in pt.sites if k != "other"}))
+    assert by_site(points[0].sites, frames) == expected_point(states[0], None)
+    assert by_site(points[1].sites, frames) == expected_point(m.alive(), states[0])
+    check_series(points)
+
+
+def test_incremental_view_against_a_scripted_history(history, tmp_path):
+    """A snapshot after every step; at every later step, `report --baseline` of each
+    earlier snapshot gives per site what was allocated since and is still alive (+) and
+    what of the snapshot was freed since (-), exactly, in the terminal and on the page."""
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    snaps = []
+
+    def step(k, m, tid):
+        snap = tmp_path / ("snap%d" % k)
+        r = subprocess.run(MMLEAK + ["snapshot", str(dump), "--pid", tid, "-o", str(snap)],
+                           capture_output=True)
+        assert r.returncode == 0, r.stderr
+        now = m.alive()
+        for i, (old, then) in enumerate(snaps):
+            rep = mmleak.build_report(str(dump), tid, progress=False, baseline=str(old))
+            got = by_site({r[0]: r[1:] for r in mmleak.incremental_sites(rep)}, rep["frames"])
+            want = {}
+            for s in range(4):
+                plus = [z for j, z in now[s].items() if j not in then[s]]
+                minus = [z for j, z in then[s].items() if j not in now[s]]
+                if plus or minus:
+                    want[s] = (sum(plus), len(plus), sum(minus), len(minus))
+            assert got == want, (i, k)
+        if k == len(HISTORY) - 1:
+            # the terminal and the page, against the first snapshot
+            page = tmp_path / "r.html"
+            r = subprocess.run(MMLEAK + ["report", str(dump), "--pid", tid, "-o", str(page),
+                                         "--baseline", str(snaps[0][0])],
+                               capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+            line = site_line("history.c", "hist0")
+            plus = [z for j, z in now[0].items() if j not in snaps[0][1][0]]
+            minus = [z for j, z in snaps[0][1][0].items() if j not in now[0]]
+            assert re.search(r"^  +%d +%d +%d +%d  site0 at %s:%d$" % (
+                sum(plus), len(plus), -sum(minus), -len(minus),
+                re.escape(os.path.join(TESTS, "history.c")), line), r.stdout, re.M), r.stdout
+            html = page.read_text()
+            assert ("site0 at %s:%d</td><td class=n>+%s</td><td class=n>+%d</td>"
+                    "<td class=n>-%s</td><td class=n>-%d</td>" % (
+                        os.path.join(TESTS, "history.c"), line, "{:,}".format(sum(plus)),
+                        len(plus), "{:,}".format(sum(minus)), len(minus))) in html
+        snaps.append((snap, now))
+    run_history(history, dump, step)

@@ -406,9 +406,10 @@ class Unit:
     """The files that make up a unit and the [Service] settings mmleak cares about."""
 
     SINGLE = ("User", "Group", "DynamicUser", "PrivateTmp", "ProtectSystem", "ProtectHome",
-              "MemoryDenyWriteExecute", "RootDirectory", "RootImage")
+              "MemoryDenyWriteExecute", "RootDirectory", "RootImage",
+              "RuntimeDirectoryPreserve")
 
-    def __init__(self, root, name, template, instance):
+    def __init__(self, root, name, template, instance, allow_masked=False):
         self.root, self.name, self.template, self.instance = root, name, template, instance
         self.path = None            # logical path of the unit file
         self.dropins = []           # logical paths, in the order systemd applies them
@@ -417,6 +418,8 @@ class Unit:
                 p = d + "/" + n
                 if os.path.lexists(root.host(p, last=False)):
                     if root.resolve(p) == "/dev/null":
+                        if allow_masked:    # uninstall: what install wrote still goes
+                            continue
                         raise Fail(EXIT_INPUT, "unit %s is masked (%s -> /dev/null)" % (name, p))
                     self.path = p
                     break
@@ -444,7 +447,7 @@ class Unit:
         """Apply the unit file then its drop-ins (without mmleak.conf); return settings."""
         s = {"env": collections.OrderedDict(), "env_raw": {}, "env_src": {}, "exec": [],
              "rwp": [], "statedir": [], "envfile": [], "later": [], "groups": [],
-             "unset": []}
+             "unset": [], "runtimedir": []}
         for k in self.SINGLE:
             s[k] = None
         files = ([self.path] if self.path else []) + [
@@ -471,10 +474,11 @@ class Unit:
                         if later and k in ENV_KEYS:
                             s["later"].append((path, k))
                 elif key in ("ExecStart", "ReadWritePaths", "StateDirectory", "EnvironmentFile",
-                             "SupplementaryGroups", "UnsetEnvironment"):
+                             "SupplementaryGroups", "UnsetEnvironment", "RuntimeDirectory"):
                     lst = {"ExecStart": "exec", "ReadWritePaths": "rwp",
                            "StateDirectory": "statedir", "EnvironmentFile": "envfile",
-                           "SupplementaryGroups": "groups", "UnsetEnvironment": "unset"}[key]
+                           "SupplementaryGroups": "groups", "UnsetEnvironment": "unset",
+                           "RuntimeDirectory": "runtimedir"}[key]
                     if not val:
                         s[lst] = []
                     elif key in ("ExecStart", "EnvironmentFile"):
@@ -934,7 +938,7 @@ def setup(args):
     if changes and args.root is None and os.geteuid() != 0:
         raise Fail(EXIT_ENV, "must be run as root (it writes under /etc/systemd/system); use "
                              "sudo, or --dry-run to see what it would do")
-    return root, Unit(root, name, template, instance)
+    return root, Unit(root, name, template, instance, allow_masked=args.cmd == "uninstall")
 
 
 def dropin_path(unit):
@@ -1122,16 +1126,25 @@ def render_companion(unit, ddir, cred):
         lines.append("User=%s" % cred["user"])
     if cred["group"] is not None:
         lines.append("Group=%s" % cred["group"])
+    in_tmp = under(ddir, "/tmp") or under(ddir, "/var/tmp")
     lines += [
         "Environment=%s" % quote_env("MMLEAK_DIR=" + ddir),
+    ]
+    if in_tmp:
+        # the service's /tmp is the host's (a service with PrivateTmp= cannot use it): the
+        # companion must see the same one, and, with ProtectSystem=strict and no private
+        # /tmp, write its temporary files in the only place it may write
+        lines.append("Environment=%s" % quote_env("TMPDIR=" + ddir))
+    lines += [
         "ExecStart=%s %s compact --follow --forever --verbose ${MMLEAK_DIR}" % (PYTHON, PY_DEST),
         "Restart=on-failure",
         "RestartSec=5s",
         "TimeoutStopSec=5min",
         "UMask=0077",
     ]
-    lines += COMPANION_SANDBOX.format(
+    lines += [l for l in COMPANION_SANDBOX.format(
         home=home, caps="CAP_DAC_OVERRIDE CAP_FOWNER" if root else "").split("\n")
+        if not (in_tmp and l == "PrivateTmp=yes")]
     if cred["statedir"]:
         lines.append("StateDirectory=%s" % quote_path(cred["statedir"]))
     else:
@@ -1194,6 +1207,15 @@ def cmd_install(args):
                           s["PrivateTmp"] or "no") else "",
                       "/tmp" if under(ddir, "/tmp") else "/var/tmp",
                       DEFAULT_DIR + "/" + unit.name))
+    preserve = (s["RuntimeDirectoryPreserve"] or "no").lower()
+    for rd in s["runtimedir"]:
+        rpath = os.path.normpath("/run/" + rd.split(":")[0])
+        if under(ddir, rpath) and rpath != "/run" and parse_bool(preserve) is not True:
+            raise Fail(EXIT_INPUT, "--dir %s is under %s, the RuntimeDirectory= of %s, which "
+                                   "systemd deletes when the service stops "
+                                   "(RuntimeDirectoryPreserve=%s): the dumps would be lost "
+                                   "before the compactor's last pass; use --dir %s"
+                       % (ddir, rpath, unit.name, preserve, DEFAULT_DIR + "/" + unit.name))
     # The unit's credentials: always resolvable (systemd cannot start it otherwise), except
     # a dynamic user, which exists only while the service runs.
     who = None if dyn else resolve_owner(root, unit, s)

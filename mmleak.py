@@ -377,6 +377,7 @@ class Shrinker:
         self.problems = Problems()
         self.files_done = 0
         self.progress = progress
+        self.result_lines = None   # shrink_raw: (event lines of the result, allocations)
 
     # -- input -------------------------------------------------------------------------
     def feed_path(self, path, name=None):
@@ -644,6 +645,34 @@ def shrink_files(paths, progress=None, mixed=False):
             shutil.rmtree(tmpdir, ignore_errors=True)
 
 
+def shrink_raw(paths):
+    """Shrink PATHS (dump files of one trace, their unflushed lines included) without
+    building the per-address state in Python: (Shrinker with headers, stacks and counts,
+    the result's event lines as bytes, non-final, sorted by address then number).  What a
+    compaction pass writes and what a series point reads, at the compiled shrinker's speed;
+    the Python path gives the same bytes."""
+    paths, names, tmpdir = with_unflushed_tails(paths)
+    try:
+        sh = Shrinker()
+        with tempfile.TemporaryFile(prefix="mmleak-shrink.") as out:
+            if native_shrink(sh, paths, names, raw=out):
+                out.seek(0)
+                data = out.read()
+            else:
+                for p, name in zip(paths, names):
+                    sh.feed_path(p, name)
+                entries = list(sh.entries(False))
+                data = b"".join(line for _, _, _, line in entries)
+                sh.result_lines = (len(entries),
+                                   sum(1 for e in entries if e[2] == KIND_ALLOC))
+                sh.state = {}
+        sh.check_single_process()
+        return sh, data
+    finally:
+        if tmpdir:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+
 def _shrink_files(paths, progress=None, mixed=False, names=None):
     sh = Shrinker(progress)
     names = names or ["<stdin>" if p == "-" else p for p in paths]
@@ -673,7 +702,7 @@ def _shrink_files(paths, progress=None, mixed=False, names=None):
 # ---------------------------------------------------------------------------------------
 
 SHRINK_ENV = "MMLEAK_SHRINK"
-NATIVE_ABI = 1
+NATIVE_ABI = 2
 _PROBLEM_KINDS = ("torn", "padding", "malformed", "duplicate")
 _native = None          # None: not tried yet; False: unavailable; else the ctypes binding
 _native_why = None      # why it is unavailable
@@ -703,7 +732,8 @@ def _native_engine():
     class Stats(ctypes.Structure):
         _fields_ = [(n, ctypes.c_uint64) for n in ("events", "allocs", "max_time",
                                                     "files_done", "entries", "fatal",
-                                                    "malformed", "out_errno")]
+                                                    "malformed", "out_errno", "lines",
+                                                    "alloc_lines")]
     hdr_cb = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                               ctypes.c_uint64)
     tick_cb = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
@@ -731,11 +761,13 @@ def _shrink_engine():
     return "python"
 
 
-def native_shrink(sh, paths, names=None):
+def native_shrink(sh, paths, names=None, raw=None):
     """Feed PATHS ('-': stdin) into the fresh Shrinker SH with the compiled shrinker.
 
-    Returns False, having done nothing, when the Python path must do it instead (not
-    available, not wanted, or stdin/stderr are not plain descriptors)."""
+    RAW (a binary file): the result's event lines (non-final, as Shrinker.entries(False)
+    gives them) are written there instead of being loaded into SH.state.  Returns False,
+    having done nothing, when the Python path must do it instead (not available, not
+    wanted, or stdin/stderr are not plain descriptors)."""
     if _shrink_engine() != "native":
         return False
     ctypes, fn, Stats, hdr_cb, tick_cb = _native
@@ -795,7 +827,8 @@ def native_shrink(sh, paths, names=None):
         err_fd = errtmp.fileno()
     else:
         sys.stderr.flush()
-    with tempfile.TemporaryFile(prefix="mmleak-shrink.") as out:
+    with (tempfile.TemporaryFile(prefix="mmleak-shrink.") if raw is None else
+          open(os.dup(raw.fileno()), "r+b")) as out:
         h_cb, t_cb = hdr_cb(on_header), tick_cb(on_tick)
         try:
             argv = ctypes.c_char_p * max(n, 1)
@@ -817,13 +850,15 @@ def native_shrink(sh, paths, names=None):
                           % os.strerror(stats.out_errno))
         if rc != 0:
             raise RuntimeError("mmleak-shrink.c: unexpected status %d" % rc)
-        out.seek(0)
-        _load_state(sh, out)
+        if raw is None:
+            out.seek(0)
+            _load_state(sh, out)
     sh.events = stats.events
     sh.allocs = stats.allocs
     sh.frees = stats.events - stats.allocs
     sh.max_time = max(sh.max_time, stats.max_time)
     sh.files_done += stats.files_done
+    sh.result_lines = (stats.lines, stats.alloc_lines)
     for i, name in enumerate(names):
         for k, kind in enumerate(_PROBLEM_KINDS):
             if counts[len(_PROBLEM_KINDS) * i + k]:
@@ -1668,9 +1703,13 @@ def _fsync_dir(directory):
         os.close(fd)
 
 
+STACK_REF_RE = re.compile(rb"@([0-9a-f]{1,16})\n")         # an allocation's stack
+
+
 def _compact_header_lines(sh, folded):
-    """The '#' lines of a compacted result: one '#mmleak' header (the trace's first), the
-    command, the allocator, the gaps, and the names of the inputs of this pass."""
+    """The '#' lines of a compacted result (SH from shrink_raw): one '#mmleak' header (the
+    trace's first), the command, the allocator, the gaps, the counts, and the names of the
+    inputs of this pass."""
     out, seen_hdr = [], False
     for line in sh.header_lines:
         if line.startswith(b"#mmleak "):
@@ -1682,14 +1721,7 @@ def _compact_header_lines(sh, folded):
             continue
         else:
             out.append(line)
-    entries = entry_allocs = 0
-    for v in sh.state.values():
-        if type(v) is tuple:
-            entries += 1
-            entry_allocs += v[1] == KIND_ALLOC
-        else:
-            entries += 2
-            entry_allocs += v[1][1] == KIND_ALLOC
+    entries, entry_allocs = sh.result_lines
     h = sh.history()
     files = sh.compacted["files"] + len(folded)
     allocs = b"" if h["allocs"] is None else b" allocs=%d entry_allocs=%d" % (h["allocs"],
@@ -1709,19 +1741,17 @@ def _private(path, mode="wb"):
     return os.fdopen(os.open(path, flags, 0o600), mode)
 
 
-def _write_atomic(path, header_lines, sh, final=False):
+def _write_atomic(path, header_lines, sh, data):
+    """The result: its header lines, the stacks its allocations use, its event lines DATA;
+    written to PATH.tmp, flushed to disk, renamed over PATH."""
     tmp = path + ".tmp"
     with _private(tmp) as f:
         for h in header_lines:
             f.write(h)
-        entries = list(sh.entries(final))
-        used = sorted({int(line.split(b"@", 1)[1], 16) for _, _, kind, line in entries
-                       if kind == KIND_ALLOC and b"@" in line})
-        for i in used:
+        for i in sorted({int(x, 16) for x in STACK_REF_RE.findall(data)}):
             if i in sh.stack_lines:
                 f.write(sh.stack_lines[i])
-        for _, _, _, line in entries:
-            f.write(line)
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.rename(tmp, path)
@@ -1788,10 +1818,10 @@ def _fold(directory, tid, cpath, done):
     inputs = ([cpath] if os.path.exists(cpath) else []) + done
     nbytes = sum(os.path.getsize(p) for p in done) + sum(
         os.path.getsize(p[:-4] + ".tail") for p in done if os.path.exists(p[:-4] + ".tail"))
-    sh = shrink_files(inputs)
+    sh, data = shrink_raw(inputs)
     if sh.problems.fatal:
         raise Fail("%s: cannot compact trace %s: an input could not be read" % (directory, tid))
-    _write_atomic(cpath, _compact_header_lines(sh, done), sh)
+    _write_atomic(cpath, _compact_header_lines(sh, done), sh, data)
     for p in done:
         _remove_dump(p)
     return {"folded": len(done), "events": sh.events - sh.compacted["entries"],
@@ -1911,9 +1941,16 @@ def series_pass(directory, tid):
         return _series_point(directory, tid)
 
 
+SURVIVOR_RE = re.compile(rb"^([0-9a-f]+ [0-9a-f]+) ([0-9a-f]+) [0-9a-f]+ ([^\n]+)$", re.M)
+
+
 def _series_point(directory, tid, final=False):
     """Add one point to the series; the caller holds the trace's exclusive lock.  FINAL: the
-    trace is over: its last point, after which the .live is deleted.  Returns the point."""
+    trace is over: its last point, after which the .live is deleted.  Returns the point.
+
+    It reads the live set (every allocation line of the trace's shrink: its address and
+    number, size and call site, as bytes: no per-block parsing beyond the size) and the
+    previous point's from .live, and compares the two as sets."""
     spath = series_path(directory, tid)
     lpath = spath + ".live"
     head, have_stacks, points = _series_lines(spath)
@@ -1929,59 +1966,78 @@ def _series_point(directory, tid, final=False):
     if pending is not None and pending[2]:
         _remove_quietly(lpath)          # the last point is in the series: it is complete
         return None
-    sh = shrink_files(find_traces(directory).get(tid, []))
-    now_ids = {}
+    live_stacks = pending[1] if pending is not None else {}
+    sh, data = shrink_raw(find_traces(directory).get(tid, []))
+    # the call site of each distinct key as the series writes it: a caller in hex, or @ID
+    # (stacks the trace defines keep their id; a list of callers gets one of its own)
+    norm, stack_lines = {}, {}
+    by_frames = None
+    now = {}
+    for ident, size, raw in SURVIVOR_RE.findall(data):
+        k = norm.get(raw)
+        if k is None:
+            if raw.startswith(b"@"):
+                sid = int(raw[1:], 16)
+                k = b"@%x" % sid
+                if sid in sh.stack_lines:
+                    stack_lines[sid] = sh.stack_lines[sid]
+            elif b" " not in raw:
+                k = b"%x" % int(raw, 16)
+            else:
+                if by_frames is None:
+                    by_frames = {fr: sid for sid, fr in sh.stacks.items()}
+                k = _key_text(tuple(int(x, 16) for x in raw.split()), stack_lines, sh,
+                              by_frames)
+            norm[raw] = k
+        now[ident] = (k, int(size, 16))
     sites = collections.defaultdict(lambda: [0, 0, 0, 0, 0, 0])
+    for k, size in now.values():
+        v = sites[k]
+        v[0] += size
+        v[1] += 1
     other_freed = [0, 0]
-    for _, _, kind, line in sh.entries(True):
-        if kind != KIND_ALLOC:
-            continue
-        a = parse_event(line, sh.stacks)
-        k = _site_key(a)
-        s = sites[k]
-        s[0] += a.size
-        s[1] += 1
-        now_ids[(a.ptr, a.seq)] = (k, a.size)
-        if prev is not None and (a.ptr, a.seq) not in prev:
-            s[2] += a.size
-            s[3] += 1
     if prev is not None:
-        for ident, (k, size) in prev.items():
-            if ident not in now_ids:
-                s = sites[k]
-                s[4] += size
-                s[5] += 1
+        keys_now = set(norm.values())
+        for ident in now.keys() - prev.keys():
+            k, size = now[ident]
+            v = sites[k]
+            v[2] += size
+            v[3] += 1
+        for ident in prev.keys() - now.keys():
+            k, size = prev[ident]
+            v = sites[k]
+            v[4] += size
+            v[5] += 1
+            if k not in keys_now and k.startswith(b"@"):
+                sid = int(k[1:], 16)    # a stack whose blocks are all gone: its line
+                if sid in live_stacks:
+                    stack_lines.setdefault(sid, live_stacks[sid])
     elif points:
         # no record of the previous point's blocks: everything alive counts as new, and the
         # previous point's sites as freed, so BYTES = previous + NEW - FREED still holds
-        for s in sites.values():
-            s[2], s[3] = s[0], s[1]
-        stacks = {sid: parse_stack(line)[1] for sid, line in have_stacks.items()}
-        for k, v in _series_point_of(points[-1][0], points[-1][1], stacks).sites.items():
-            if k == "other":
-                other_freed = [v[0], v[1]]
+        for v in sites.values():
+            v[2], v[3] = v[0], v[1]
+        for line in points[-1][1]:
+            f = line.split()
+            if f[1] == b"other":
+                other_freed = [int(f[2]), int(f[3])]
                 continue
-            s = sites[k if len(k) > 1 else k[0]]
-            s[4] += v[0]
-            s[5] += v[1]
+            v = sites[f[1]]
+            v[4] += int(f[2])
+            v[5] += int(f[3])
     tot = [sum(v[i] for v in sites.values()) for i in range(6)]
     tot[4] += other_freed[0]
     tot[5] += other_freed[1]
-    ranked = sorted(sites.items(), key=lambda kv: (-kv[1][0], -kv[1][4], str(kv[0])))
+    ranked = sorted(sites.items(), key=lambda kv: (-kv[1][0], -kv[1][4], kv[0]))
     top, rest = ranked[:SERIES_SITES], ranked[SERIES_SITES:]
-    stack_lines = {}
-    by_frames = {fr: sid for sid, fr in sh.stacks.items()}
     plines = [b"p %d %d %d %d %d %d %d %d\n" % ((int(time.time()), sh.max_time) + tuple(tot)),
-              []]
-    for k, v in top:
-        key = _key_text(k if isinstance(k, tuple) else (k,), stack_lines, sh, by_frames)
-        plines[1].append(b"k %s %d %d %d %d %d %d\n" % ((key,) + tuple(v)))
+              [b"k %s %d %d %d %d %d %d\n" % ((k,) + tuple(v)) for k, v in top]]
     if rest or other_freed[1]:
         other = [sum(v[i] for _, v in rest) for i in range(6)]
         other[4] += other_freed[0]
         other[5] += other_freed[1]
         plines[1].append(b"k other %d %d %d %d %d %d\n" % tuple(other))
-    _save_live(lpath, {} if final else now_ids, plines, stack_lines, final)
+    _save_live(lpath, {} if final else now, plines, stack_lines, final)
     points.append(plines)
     have_stacks.update(stack_lines)
     if len(points) > SERIES_POINTS:
@@ -2000,50 +2056,45 @@ def _remove_quietly(path):
         pass
 
 
-def _save_live(path, now_ids, plines, stack_lines, final=False):
-    """The blocks of this point, for the next one to tell which were freed and where from,
-    after the point's own lines ("#point", "#final" for the trace's last)."""
+def _save_live(path, now, plines, stack_lines, final=False):
+    """The blocks of this point ({b"PTR SEQ": (site key, size)}), for the next one to tell
+    which were freed and where from, after the point's own lines ("#point", "#final" for
+    the trace's last) and the stacks of their sites."""
     tmp = path + ".tmp"
     with _private(tmp) as f:
         if final:
             f.write(b"#final\n")
-        f.write(b"#point " + plines[0])
-        for line in plines[1]:
-            f.write(b"#point " + line)
-        for line in stack_lines.values():
-            f.write(b"#point " + line)
-        f.write(b"".join(b"%x %x %x %s\n" % (ptr, seq, size, b" ".join(b"%x" % c for c in (
-            k if isinstance(k, tuple) else (k,)))) for (ptr, seq), (k, size) in now_ids.items()))
+        f.write(b"".join(b"#point " + line for line in [plines[0]] + plines[1]))
+        f.write(b"".join(b"#point " + line for line in stack_lines.values()))
+        f.write(b"".join(b"%s %x %s\n" % (ident, size, k) for ident, (k, size) in now.items()))
     os.rename(tmp, path)
 
 
 def _load_live(path):
-    """({(ptr, seq): (site key, size)}, the point it belongs to as ([p line, [k lines]],
+    """({b"PTR SEQ": (site key, size)}, the point it belongs to as ([p line, [k lines]],
     {stack id: line}, whether it was the trace's last)), or (None, None) without a usable
     file."""
     out, plines, stacks, final = {}, None, {}, False
     try:
         with open(path, "rb") as f:
             for line in f:
-                if line == b"#final\n":
-                    final = True
+                if line.startswith(b"#"):
+                    if line == b"#final\n":
+                        final = True
+                    elif line.startswith(b"#point "):
+                        rest = line[7:]
+                        if rest.startswith(b"p "):
+                            plines = [rest, []]
+                        elif rest.startswith(b"k ") and plines:
+                            plines[1].append(rest)
+                        elif rest.startswith(b"#s "):
+                            st = parse_stack(rest)
+                            if st:
+                                stacks[st[0]] = rest
                     continue
-                if line.startswith(b"#point "):
-                    rest = line[7:]
-                    if rest.startswith(b"p "):
-                        plines = [rest, []]
-                    elif rest.startswith(b"k ") and plines:
-                        plines[1].append(rest)
-                    elif rest.startswith(b"#s "):
-                        st = parse_stack(rest)
-                        if st:
-                            stacks[st[0]] = rest
-                    continue
-                v = line.split()
-                callers = tuple(int(x, 16) for x in v[3:])
-                out[(int(v[0], 16), int(v[1], 16))] = (
-                    callers if len(callers) > 1 else callers[0], int(v[2], 16))
-    except (OSError, ValueError, IndexError):
+                ptr, seq, size, k = line.split()
+                out[ptr + b" " + seq] = (k, int(size, 16))
+    except (OSError, ValueError):
         return None, None
     if plines is None:
         return None, None

@@ -53,7 +53,8 @@ exit codes:
   0  success (status: the drop-in is installed; uninstall: removed, or was not installed)
   1  usage or input error: bad option, malformed or unknown unit name, masked unit, a
      control character or invalid UTF-8 in --dir or --lib, a dump directory the tool
-     refuses (a system directory; under /tmp with PrivateTmp=yes; an existing directory the
+     refuses (a system directory; under /tmp with PrivateTmp=yes; in the unit's
+     RuntimeDirectory= without RuntimeDirectoryPreserve=yes; an existing directory the
      unit's user cannot write or reach that is not a dump directory of its own), a
      mmleak.conf that mmleak-install.py did not write
   2  environment error: not root (without --root or --dry-run), --root unreadable, mmleak.so
@@ -1877,8 +1878,8 @@ def build_parser():
                                                  "or getty@tty1.service")
     pi.add_argument("--dir", metavar="DIR",
                     help="dump directory, MMLEAK_DIR (default %s/UNIT, one per unit, owned by "
-                         "its User=; not /tmp: PrivateTmp= hides it and deletes it on stop)"
-                         % DEFAULT_DIR)
+                         "its User=; not in a private /tmp (PrivateTmp=) nor in the unit's "
+                         "RuntimeDirectory=: systemd deletes both when it stops)" % DEFAULT_DIR)
     pi.add_argument("--depth", type=positive, metavar="N",
                     help="frames recorded per allocation, MMLEAK_DEPTH (default: the "
                          "library's, auto)")

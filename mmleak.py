@@ -2937,8 +2937,10 @@ def build_parser():
                     "at any moment: while the process runs, next to another compactor (a "
                     "trace another one holds is skipped), next to `report` (which waits for "
                     "a pass to end), and when killed in the middle (nothing is lost or "
-                    "counted twice).  A pass adds a point to mmleak.ID.series (at most every --series-interval seconds): the live "
-                    "bytes and blocks per call site, for the report's growth chart.",
+                    "counted twice).  A pass adds a point to mmleak.ID.series (at most every "
+                    "--series-interval seconds while the trace runs, and a last one when it "
+                    "is over): the live bytes and blocks per call site, for the report's "
+                    "growth chart.",
         epilog="examples:\n"
                "  %(prog)s /var/lib/mmleak/nfs-ganesha.service      # one pass\n"
                "  %(prog)s --follow /var/tmp/leaks    # every second, until no traced process is left\n\n"
@@ -2958,8 +2960,9 @@ def build_parser():
                         "(default 10)")
     c.add_argument("--no-series", action="store_true", help="do not add to mmleak.ID.series")
     c.add_argument("--series-interval", type=nonnegative_float, default=SERIES_INTERVAL,
-                   metavar="SECONDS", help="at most one point of the series per trace this "
-                   "often (default %g: each point reads the live set)" % SERIES_INTERVAL)
+                   metavar="SECONDS", help="while a trace runs, at most one point of its "
+                   "series this often (default %g: each point reads the live set; 0: every "
+                   "pass); a trace that is over always gets its last point" % SERIES_INTERVAL)
     c.add_argument("-v", "--verbose", action="store_true", help="one line per folding pass")
     c.set_defaults(func=cmd_compact)
 

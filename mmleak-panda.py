@@ -1212,7 +1212,7 @@ GROWTH_SITES = 8
 
 
 def growth_panel(rep, wrappers):
-    """Live bytes per call site at each compaction pass (mmleak.ID.series): the chart a
+    """Live bytes per call site at each point of mmleak.ID.series: the chart a
     daemon's leak is found with, a line that keeps rising; and the table of first, last,
     change and rate."""
     import numpy as np
@@ -1230,7 +1230,7 @@ def growth_panel(rep, wrappers):
         ax.plot(t, y, color=PALETTE[i % len(PALETTE)], linewidth=1.6, marker="o", markersize=2.5,
                 label="%s" % _trunc(site_label(frames.get(site), site), 40))
     _bytes_axis(ax.yaxis, vmax * 1.05)
-    ax.set_xlabel("trace time at each compaction pass (seconds since start)")
+    ax.set_xlabel("trace time at each point (seconds since start)")
     ax.set_ylabel("live bytes")
     ax.set_title("Live bytes per call site over time", loc="left", fontsize=10)
     ax.set_ylim(bottom=0)
@@ -1247,11 +1247,11 @@ def growth_panel(rep, wrappers):
                                                      "0x%x" % site),
                                                  "{:,}".format(vals[0][2]),
                                                  "{:,}".format(vals[-1][2]), d, rate))
-    return ('<div class="panel" id="growth"><h2>Growth over time</h2><p>%d compaction passes '
+    return ('<div class="panel" id="growth"><h2>Growth over time</h2><p>%d points '
             'over %s of the trace (mmleak.%s.series). A call site whose live bytes keep '
             'rising is a leak.</p><div class="charts"><div class="chart">%s</div></div>'
             '<table class="small"><tr>'
-            '<th>call site</th><th>live bytes, first pass</th><th>last pass</th>'
+            '<th>call site</th><th>live bytes, first point</th><th>last point</th>'
             '<th>change</th><th>bytes per hour</th></tr>%s</table></div>\n'
             % (len(pts), esc(dur(span)), esc(rep.get("trace") or ""), _svg(fig), "".join(trs)))
 

@@ -2631,7 +2631,7 @@ def print_growth(rep, out, top=10):
     g = rep["growth"]
     pts = rep["series"]
     span = pts[-1].time - pts[0].time
-    out.write("  growth over %d compaction passes (%s of the trace's time), by call site "
+    out.write("  growth over %d points of the series (%s of the trace's time), by call site "
               "(live bytes first -> last):\n" % (len(pts), _duration(span)))
     rows = sorted(((site, vals) for site, vals in g.items() if any(v[2] for v in vals)),
                   key=lambda kv: (-(kv[1][-1][2] - kv[1][0][2]), kv[0]))

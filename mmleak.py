@@ -13,6 +13,7 @@ import argparse
 import bisect
 import collections
 import csv
+import io
 import math
 import os
 import re
@@ -1533,11 +1534,11 @@ def compact_path(directory, tid):
 class TraceLock:
     """flock on mmleak.ID.lock: exclusive for a compaction pass, shared for a reader.
 
-    Readers create the file too: a reader that found none and went on without a lock could
-    race the very first pass (which deletes files under it).  Whoever creates it as root
-    gives it to the owner of the trace's files, so that a compactor running as the traced
-    service's user can still open it.  Without permission to create or open it (a read-only
-    copy of the dumps, where no compactor can run either), no lock."""
+    The first compactor makes the file; as root, it gives it to the owner of the trace's
+    files, so that a reader or a compactor running as the traced service's user can open it
+    too.  A reader never makes it (it leaves no file behind): with no lock file, no
+    compactor ever ran, and a reader that a first pass overtakes finds a file gone and reads
+    again (read_trace), under the lock that pass made."""
 
     def __init__(self, directory, tid, shared=False, wait=True):
         self.directory, self.tid = directory, tid
@@ -1547,6 +1548,11 @@ class TraceLock:
 
     def _open(self):
         flags = os.O_CLOEXEC | os.O_NOFOLLOW
+        if self.shared:
+            try:
+                return os.open(self.path, flags | os.O_RDONLY)
+            except OSError:
+                return None
         try:
             return os.open(self.path, flags | os.O_RDWR)
         except FileNotFoundError:
@@ -1558,7 +1564,7 @@ class TraceLock:
                 return None
         try:
             fd = os.open(self.path, flags | os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:         # created by another reader or compactor meanwhile
+        except FileExistsError:         # made by another compactor meanwhile
             return self._open()
         except OSError:
             return None
@@ -2212,15 +2218,25 @@ def cmd_compact(args):
 def read_trace(directory, tid, progress=None):
     """Shrink every file of trace TID as it is now, under the trace's lock (shared: no
     compaction pass deletes a file while we read).  Returns (Shrinker, the files read)."""
-    for attempt in (1, 2):
-        with TraceLock(directory, tid, shared=True) as lock:
+    with TraceLock(directory, tid, shared=True) as lock:
+        if lock.held:
+            paths = find_traces(directory).get(tid, [])
+            return shrink_files(paths, progress=progress), paths
+        # No lock file: no compactor has run yet.  Should a first pass start now, it may
+        # delete a file under us: then read again, under its lock; the messages of this
+        # attempt are shown only if it stands.
+        real, sys.stderr = sys.stderr, io.StringIO()
+        try:
             paths = find_traces(directory).get(tid, [])
             sh = shrink_files(paths, progress=progress)
-        # without the lock (its file could not be opened), a pass may have deleted a file
-        # under us: read again
-        if not (sh.problems.fatal and not lock.held and attempt == 1):
-            break
-    return sh, paths
+        finally:
+            said, sys.stderr = sys.stderr.getvalue(), real
+    if not (sh.problems.fatal or any(k == "duplicate" for _, k in sh.problems.counts)):
+        sys.stderr.write(said)
+        return sh, paths
+    with TraceLock(directory, tid, shared=True):
+        paths = find_traces(directory).get(tid, [])
+        return shrink_files(paths, progress=progress), paths
 
 
 def cmd_snapshot(args):

@@ -896,3 +896,35 @@ def test_incremental_view_against_a_scripted_history(history, tmp_path):
                         len(plus), "{:,}".format(sum(minus)), len(minus))) in html
         snaps.append((snap, now))
     run_history(history, dump, step)
+
+
+def test_compactors_following_a_process_that_is_sigkilled(load, tmp_path):
+    """Two compactors follow a process whose files rotate at 1 MB; it is SIGKILLed after its
+    work (its last files have no #end, their newest lines only in the staging files): the
+    compactors fold everything, .tail included, and stop; the leaks are exact, nothing is
+    read twice, no dump or staging file is left, and the series ends with the final live
+    set."""
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    p = subprocess.Popen([load, "-t", "2", "-n", "200000", "-l", "1000", "-w"],
+                         env=traced_env(dump, MMLEAK_ROTATE_MB=1), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE)
+    comps = [subprocess.Popen(MMLEAK + ["compact", "--follow", "--interval", "0.1",
+                                        "--linger", "1", "--series-interval", "0", str(dump)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for _ in range(2)]
+    assert p.stdout.readline() == b"leaked 400\n"
+    assert p.stdout.readline() == b"ready\n"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    for c in comps:
+        _, err = c.communicate(timeout=120)
+        assert (c.returncode, err) == (0, b""), err
+    tid = str(p.pid)
+    assert not [n for n in os.listdir(dump) if n.endswith((".out", ".tail", ".tmp"))]
+    assert leak_count(dump, tid) == 400
+    truth, sh = survivors(dump, tid)
+    points, _ = mmleak.read_series(mmleak.series_path(str(dump), tid))
+    assert points[-1].live == (sum(v[0] for v in truth.values()), len(truth))
+    check_series(points)
+    assert not os.path.exists(mmleak.series_path(str(dump), tid) + ".live")

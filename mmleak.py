@@ -1421,8 +1421,9 @@ def cmd_run(args):
 
 
 class BackgroundCompactor:
-    """`run`'s compaction thread: a pass every second over the traces that were not in the
-    directory before the run, and a last one when the program has ended."""
+    """`run`'s compaction thread: a pass every second (from the start of one to the start of
+    the next) over the traces that were not in the directory before the run, and a last one
+    when the program has ended."""
 
     def __init__(self, directory, before, interval=1.0):
         import threading
@@ -1440,7 +1441,11 @@ class BackgroundCompactor:
 
     def _loop(self):
         try:
-            while not self.stop.wait(self.interval):
+            began = time.monotonic()
+            # a pass every INTERVAL from the start of the last: after a long one (a big
+            # backlog, a point of the series) the next starts at once
+            while not self.stop.wait(max(began + self.interval - time.monotonic(), 0)):
+                began = time.monotonic()
                 self._pass()
         except (Fail, OSError) as e:
             self.error = e
@@ -2195,6 +2200,7 @@ def cmd_compact(args):
     status = EXIT_OK
     seen_live, idle_since = False, time.monotonic()
     while True:
+        began = time.monotonic()
         live, results = compact_dir(d, args.pid, series=not args.no_series,
                                     verbose=args.verbose or not args.follow)
         if any(r.get("malformed") for r in results):
@@ -2207,7 +2213,7 @@ def cmd_compact(args):
         elif not args.forever and now - idle_since >= args.linger:
             compact_dir(d, args.pid, series=not args.no_series, verbose=args.verbose)
             break
-        deadline = now + args.interval
+        deadline = began + args.interval    # from the start of this pass: see BackgroundCompactor
         while not stop and time.monotonic() < deadline:
             time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
     if stop:        # stopped with its service: one last pass for what just ended
@@ -2970,7 +2976,8 @@ def build_parser():
                    help="with --follow: do not stop when no process is traced (a service's "
                         "companion, stopped with it)")
     c.add_argument("--interval", type=positive_float, default=1.0, metavar="SECONDS",
-                   help="time between passes with --follow (default 1)")
+                   help="with --follow, a pass starts this long after the previous one "
+                        "started, or at once if that one took longer (default 1)")
     c.add_argument("--linger", type=positive_float, default=10.0, metavar="SECONDS",
                    help="with --follow: stop after this long without a traced process "
                         "(default 10)")

@@ -22,7 +22,8 @@
  *   -3 MMLEAK_INJ_EPERM   not permitted: another user, not dumpable, yama ptrace_scope,
  *                         already traced by another process (gdb, strace...)
  *   -4 MMLEAK_INJ_EUNSUPP cannot be done in that process: statically linked, no glibc
- *                         (musl), no dlopen, 32-bit, shadow stacks
+ *                         (musl), no dlopen, 32-bit, shadow stacks, a seccomp filter (or
+ *                         strict mode) that does not allow what dlopen and mmleak do
  *   -5 MMLEAK_INJ_EBUSY   no safe moment before the timeout: the process is stopped
  *                         (job control), a thread holds the loader's lock, no thread safe
  *   -6 MMLEAK_INJ_ELOAD   dlopen or dlsym failed in the target: ERR has its dlerror()
@@ -53,7 +54,12 @@
  * futex, poll... restart; epoll_wait, semop, sigtimedwait return EINTR, as under gdb or
  * strace).  If SIGSEGV is blocked in that thread or ignored by the process (a forced fault
  * would reset its disposition), the return address is an 0xCC byte of libc's code instead
- * (SIGTRAP); if both are, another thread is chosen.
+ * (SIGTRAP); if both are (a daemon that blocks every signal and takes them with sigwait or
+ * signalfd), it is a `syscall` instruction of libc's, and the thread runs under
+ * PTRACE_SYSCALL: the entry of that system call is the return (its number is the result),
+ * turned into a getpid whose exit stop is where the thread is put back (an interrupted
+ * system call is then restarted by hand, as the kernel would: no signal goes to user
+ * space there).  See call_return_by_syscall.
  *
  * Signals: the thread's signal mask is never changed.  A signal that reaches the thread
  * while we hold it (signal-delivery-stop) is recorded and not delivered then; at the end the
@@ -80,8 +86,7 @@
  *     "malloc" or "hoard": jemalloc, tcmalloc, mimalloc...); (b) it owns none of the
  *     loader's recursive locks (their owner fields in _rtld_global: dlopen, dlclose, a
  *     library constructor, dl_iterate_phdr); (c) its stack has room (64 KB below rsp, or
- *     the growing main stack) and can be written; (d) SIGSEGV or SIGTRAP can end the call
- *     (above).
+ *     the growing main stack) and can be written.
  *  3. A thread in user code inside one of those libraries is run to the return address
  *     of the library call it is in (the first return address into other code found on its
  *     stack, with a hardware breakpoint of that thread only: no byte of the program is
@@ -93,6 +98,12 @@
  *     thread does not block SIGTRAP and the process does not ignore it.
  *  4. Before a round, and while any loader lock is held by some thread (seen in the
  *     target's memory), we wait: our dlopen would only block on it.
+ *  5. Seccomp, checked once, on the first thread stopped: a thread in strict mode anywhere
+ *     refuses the attach; filters (which kill or fail the calls they do not allow) are read
+ *     with PTRACE_SECCOMP_GET_FILTER (CAP_SYS_ADMIN: otherwise refused, EPERM) and run here
+ *     on each system call dlopen and then mmleak make (SC_NEEDED, with the arguments they
+ *     use), refused unless every one is allowed; every thread must have as many filters as
+ *     that one (they are read from it alone).
  *
  * Limits
  * ------
@@ -127,7 +138,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/ptrace.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -136,6 +149,10 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <linux/audit.h>
+#include <linux/futex.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 
 #define API __attribute__((visibility("default")))
 
@@ -179,6 +196,7 @@ API int mmleak_inject_call(int pid, const char *lib, const char *func, const cha
 #define RTLD_G_MAX 16384
 #define ERESTARTSYS_ 512
 #define ERESTARTNOINTR_ 513
+#define ERESTARTNOHAND_ 514
 #define ERESTART_RESTARTBLOCK_ 516
 #define RTLD_NOW_ 2
 
@@ -210,9 +228,12 @@ struct inj {
     struct range *ldx; /* ld.so's code: syscalls from there are the loader's */
     size_t nldx;
     uint64_t libc_base, libc_xlo, libc_xhi;
+    int seccomp_ok;     /* its seccomp filters allow what dlopen and mmleak do */
     uint64_t a_dlopen, a_dlsym, a_dlerror;
     uint64_t rtld_g, rtld_gsize;
     uint64_t int3; /* an 0xCC byte in libc's code; 0 unknown, 1 none */
+    uint64_t sysinsn; /* a `syscall` (0f 05) in libc's code; 0 unknown, 1 none */
+    int at_sysexit;   /* stopped at the exit of the getpid our call's return became */
     int memfd;
     /* the thread held */
     int tid, attached, stuck, in_sigstop, modified, clobbered, bp_set;
@@ -1008,6 +1029,20 @@ static void release(struct inj *c)
          * start instead (from the same arguments, as for -ERESTARTNOINTR). */
         if (c->clobbered && (long)r.rax == -ERESTART_RESTARTBLOCK_)
             r.rax = (unsigned long)-ERESTARTNOINTR_;
+        if (c->at_sysexit && (long)r.orig_rax >= 0) {
+            /* no signal is on its way to user space here, so the kernel restarts nothing:
+             * do what it would do (arch_do_signal_or_restart without a handler) */
+            long e = -(long)r.rax;
+            if (e == ERESTARTSYS_ || e == ERESTARTNOINTR_ || e == ERESTARTNOHAND_) {
+                r.rax = r.orig_rax;
+                r.rip -= 2;
+            } else if (e == ERESTART_RESTARTBLOCK_) {
+                r.rax = SYS_restart_syscall;
+                r.rip -= 2;
+            }
+        }
+        if (c->at_sysexit)
+            r.orig_rax = (unsigned long)-1;
         ptrace(PTRACE_SETREGS, tid, 0, &r);
         if (c->xkind == 1) {
             struct iovec iov = {c->xbuf, c->xlen};
@@ -1017,6 +1052,9 @@ static void release(struct inj *c)
         }
     }
     int sig = 0;
+    if (c->at_sysexit)
+        c->in_sigstop = 0;      /* a system call stop: the signals are all queued again */
+    c->at_sysexit = 0;
     for (int i = c->in_sigstop ? 1 : 0; i < c->nrec; i++)
         requeue(c, &c->recs[i]);
     if (c->nrec && c->in_sigstop) {
@@ -1043,6 +1081,36 @@ static int stuck(struct inj *c, const char *what)
     return fail(c, MMLEAK_INJ_ESYS,
                 "thread %d of %d did not stop %s (uninterruptible sleep?): it stays attached to "
                 "this process until it exits", c->tid, c->pid, what);
+}
+
+/* The process exists and one of its threads is neither a zombie nor exiting (PF_EXITING:
+ * an exit_group in progress, whose memory map may already be gone). */
+static int process_alive(int pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", pid);
+    DIR *d = opendir(path);
+    struct dirent *e;
+    int alive = 0;
+    while (d && !alive && (e = readdir(d))) {
+        int tid = atoi(e->d_name);
+        char sbuf[1024];
+        snprintf(path, sizeof path, "/proc/%d/task/%d/stat", pid, tid);
+        char *rp = tid > 0 && slurp(path, sbuf, sizeof sbuf) > 0 ? strrchr(sbuf, ')') : NULL;
+        if (!rp || !rp[1] || rp[2] == 'Z' || rp[2] == 'X')
+            continue;
+        /* after ") ": state ppid pgrp session tty_nr tpgid flags */
+        char *f = rp + 2;
+        for (int k = 0; k < 6 && f; k++) {
+            f = strchr(f, ' ');
+            if (f)
+                f++;
+        }
+        alive = !f || !(strtoul(f, NULL, 10) & 0x4 /* PF_EXITING */);
+    }
+    if (d)
+        closedir(d);
+    return alive;
 }
 
 static int gone(struct inj *c, const char *when)
@@ -1356,6 +1424,27 @@ static uint64_t find_int3(struct inj *c)
     return 0;
 }
 
+/* The bytes of a `syscall` instruction (0f 05) in libc's code, or 0: the return address of
+ * a call in a thread that blocks both SIGSEGV and SIGTRAP (see call_return_by_syscall). */
+static uint64_t find_syscall_insn(struct inj *c)
+{
+    if (c->sysinsn)
+        return c->sysinsn == 1 ? 0 : c->sysinsn;
+    c->sysinsn = 1;
+    unsigned char buf[4096 + 1];
+    for (uint64_t a = c->libc_xlo; a && a + sizeof buf <= c->libc_xhi && a < c->libc_xlo + (1 << 22);
+         a += sizeof buf - 1) {
+        if (rd(c, a, buf, sizeof buf) < 0)
+            break;
+        for (size_t i = 0; i + 1 < sizeof buf; i++)
+            if (buf[i] == 0x0f && buf[i + 1] == 0x05) {
+                c->sysinsn = a + i;
+                return c->sysinsn;
+            }
+    }
+    return 0;
+}
+
 /* ---- calls in the target ---------------------------------------------------------------- */
 
 /* At a stop inside our call: was a sleep of the call interrupted in a way that makes the
@@ -1375,6 +1464,59 @@ static void note_clobber(struct inj *c, const struct user_regs_struct *now)
         c->clobbered = 1;
 }
 
+/* Resume the thread inside our call: with PTRACE_SYSCALL when the call ends in a system
+ * call (trapsig 0), to see it. */
+static long resume_call(struct inj *c)
+{
+    return ptrace(c->trapsig ? PTRACE_CONT : PTRACE_SYSCALL, c->tid, 0, 0);
+}
+
+/* Trapsig 0: the thread blocks (or ignores) both SIGSEGV and SIGTRAP, so the call returns to
+ * a `syscall` instruction of libc's instead, and the thread runs under PTRACE_SYSCALL: the
+ * entry stop of that system call (at its address + 2, with the stack pointer just above the
+ * return address) is the return, and the number it asks for is the result.  That call is
+ * turned into a getpid (harmless, and allowed by every seccomp filter that lets mmleak run:
+ * see SC_NEEDED) and its exit stop taken: from there any registers can be set, without a
+ * system call pending (see release).  1: it was the return (*RET set); 0: another system
+ * call of the callee (resumed); <0: fatal. */
+static int call_return_by_syscall(struct inj *c, uint64_t *ret)
+{
+    struct user_regs_struct now;
+    if (ptrace(PTRACE_GETREGS, c->tid, 0, &now) < 0)
+        return fail(c, MMLEAK_INJ_ESYS, "PTRACE_GETREGS: %s", strerror(errno));
+    c->in_sigstop = 0;
+    if (now.rip != c->trap_rip || now.rsp != c->sp + 8 || (long)now.rax != -ENOSYS) {
+        if (resume_call(c) < 0)
+            return fail(c, MMLEAK_INJ_ESYS, "PTRACE_SYSCALL: %s", strerror(errno));
+        return 0;
+    }
+    *ret = now.orig_rax;
+    now.orig_rax = SYS_getpid;
+    if (ptrace(PTRACE_SETREGS, c->tid, 0, &now) < 0 || ptrace(PTRACE_SYSCALL, c->tid, 0, 0) < 0)
+        return fail(c, MMLEAK_INJ_ESYS, "ptrace: %s", strerror(errno));
+    for (;;) {
+        int st, w = wait_stop(c, &st, hard_until(c));
+        if (w == -1)
+            return gone(c, "during the call");
+        if (w <= 0)
+            return w == 0 ? stuck(c, "after the call") :
+                            fail(c, MMLEAK_INJ_ESYS, "waitpid %d: %s", c->tid, strerror(errno));
+        if (WSTOPSIG(st) == (SIGTRAP | 0x80) && !((st >> 16) & 0xff)) {
+            c->at_sysexit = 1;
+            return 1;
+        }
+        /* a signal (the thread blocks all we could use, but not all) or an interrupt
+         * between the entry and the exit: recorded for later, and on to the exit */
+        if (!((st >> 16) & 0xff)) {
+            siginfo_t si;
+            if (ptrace(PTRACE_GETSIGINFO, c->tid, 0, &si) == 0)
+                record(c, &si);
+        }
+        if (ptrace(PTRACE_SYSCALL, c->tid, 0, 0) < 0)
+            return fail(c, MMLEAK_INJ_ESYS, "PTRACE_SYSCALL: %s", strerror(errno));
+    }
+}
+
 static int call(struct inj *c, uint64_t fn, uint64_t a0, uint64_t a1, uint64_t *ret,
                 const char *what)
 {
@@ -1390,8 +1532,9 @@ static int call(struct inj *c, uint64_t fn, uint64_t a0, uint64_t a1, uint64_t *
     c->modified = 1;
     if (ptrace(PTRACE_SETREGS, c->tid, 0, &r) < 0)
         return fail(c, MMLEAK_INJ_ESYS, "PTRACE_SETREGS: %s", strerror(errno));
-    if (ptrace(PTRACE_CONT, c->tid, 0, 0) < 0)
+    if (resume_call(c) < 0)
         return fail(c, MMLEAK_INJ_ESYS, "PTRACE_CONT: %s", strerror(errno));
+    c->at_sysexit = 0;
     for (;;) {
         int st, w = wait_stop(c, &st, c->deadline);
         if (w == 0) {
@@ -1416,8 +1559,14 @@ static int call(struct inj *c, uint64_t fn, uint64_t a0, uint64_t a1, uint64_t *
         if (ev) { /* interrupt or job-control stop: go on (the other threads may be stopped) */
             c->in_sigstop = 0;
             note_clobber(c, NULL);
-            if (ptrace(PTRACE_CONT, c->tid, 0, 0) < 0)
+            if (resume_call(c) < 0)
                 return fail(c, MMLEAK_INJ_ESYS, "PTRACE_CONT: %s", strerror(errno));
+            continue;
+        }
+        if (!c->trapsig && sig == (SIGTRAP | 0x80)) {    /* a system call stop */
+            int k = call_return_by_syscall(c, ret);
+            if (k != 0)
+                return k < 0 ? k : 0;
             continue;
         }
         siginfo_t si;
@@ -1439,7 +1588,7 @@ static int call(struct inj *c, uint64_t fn, uint64_t a0, uint64_t a1, uint64_t *
                         (unsigned long long)now.rip, si.si_addr, c->pid);
         record(c, &si);
         note_clobber(c, &now);
-        if (ptrace(PTRACE_CONT, c->tid, 0, 0) < 0)
+        if (resume_call(c) < 0)
             return fail(c, MMLEAK_INJ_ESYS, "PTRACE_CONT: %s", strerror(errno));
     }
 }
@@ -1470,8 +1619,8 @@ static int inject(struct inj *c, const char *func, const char *arg, long *result
     uint64_t top = c->saved.rsp - 128; /* the red zone may hold the interrupted code's data */
     uint64_t at = (top - (nl + nf + na)) & ~15UL;
     c->sp = at - 16 - 8; /* (sp + 8) % 16 == 0 at the callee's entry, as after a call */
-    uint64_t retaddr = c->trapsig == SIGSEGV ? 0 : c->int3;
-    c->trap_rip = c->trapsig == SIGSEGV ? 0 : c->int3 + 1;
+    uint64_t retaddr = c->trapsig == SIGSEGV ? 0 : c->trapsig ? c->int3 : c->sysinsn;
+    c->trap_rip = c->trapsig == SIGSEGV ? 0 : c->trapsig ? c->int3 + 1 : c->sysinsn + 2;
     if (mem_rw(c, at, strings, nl + nf + na, 1) < 0 || mem_rw(c, c->sp, &retaddr, 8, 1) < 0)
         return 1; /* (the main stack below its mapping: the kernel only grows it on faults) */
     uint64_t a_lib = at, a_func = at + nl, a_arg = na ? at + nl + nf : 0;
@@ -1510,6 +1659,274 @@ static int inject(struct inj *c, const char *func, const char *arg, long *result
     return 0;
 }
 
+/* ---- seccomp ----
+ * A thread under seccomp would be killed (or its calls failed) by a system call its filter
+ * does not allow, and dlopen, then mmleak in that process, make system calls the program
+ * itself may never make.  So before anything runs in the process: a thread in strict mode
+ * refuses the attach; a filter is read (PTRACE_SECCOMP_GET_FILTER, which needs
+ * CAP_SYS_ADMIN), run here on each system call dlopen and mmleak make (SC_NEEDED, with the
+ * arguments they use: seen with strace), and the attach is refused unless it allows them
+ * all.  The filters are the stopped thread's; every other thread must have as many (a thread
+ * that added its own cannot be read without stopping it too). */
+#ifndef PTRACE_SECCOMP_GET_FILTER
+#define PTRACE_SECCOMP_GET_FILTER 0x420c
+#endif
+#define SC_MAX_INSNS 4096       /* BPF_MAXINSNS */
+#define SC_MAX_FILTERS 64
+
+static const struct sc_call {
+    int nr;
+    const char *name;
+    uint64_t a[6];
+} SC_NEEDED[] = {
+    /* dlopen */
+    { SYS_openat, "openat", { (uint64_t)AT_FDCWD, 0, O_RDONLY | O_CLOEXEC, 0, 0, 0 } },
+    { SYS_read, "read", { 3, 0, 832, 0, 0, 0 } },
+    { SYS_pread64, "pread64", { 3, 0, 784, 64, 0, 0 } },
+    { SYS_newfstatat, "newfstatat", { 3, 0, 0, AT_EMPTY_PATH, 0, 0 } },
+    { SYS_fstat, "fstat", { 3, 0, 0, 0, 0, 0 } },
+    { SYS_mmap, "mmap", { 0, 8192, PROT_READ, MAP_PRIVATE | MAP_DENYWRITE, 3, 0 } },
+    { SYS_mmap, "mmap", { 0, 8192, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED | MAP_DENYWRITE,
+                          3, 4096 } },
+    { SYS_mmap, "mmap", { 0, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED |
+                          MAP_DENYWRITE, 3, 4096 } },
+    { SYS_mmap, "mmap", { 0, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED |
+                          MAP_ANONYMOUS, (uint64_t)-1, 0 } },
+    { SYS_mprotect, "mprotect", { 0, 4096, PROT_READ, 0, 0, 0 } },
+    { SYS_close, "close", { 3, 0, 0, 0, 0, 0 } },
+    { SYS_munmap, "munmap", { 0, 8192, 0, 0, 0, 0 } },
+    { SYS_futex, "futex", { 0, FUTEX_WAKE | FUTEX_PRIVATE_FLAG, 1, 0, 0, 0 } },
+    { SYS_futex, "futex", { 0, FUTEX_WAIT | FUTEX_PRIVATE_FLAG, 2, 0, 0, 0 } },
+    /* mmleak_attach, and mmleak while it traces */
+    { SYS_openat, "openat", { (uint64_t)AT_FDCWD, 0, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW |
+                              O_CLOEXEC, 0600, 0, 0 } },
+    { SYS_openat, "openat", { (uint64_t)AT_FDCWD, 0, O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0, 0,
+                              0 } },
+    { SYS_mmap, "mmap", { 0, 65536, PROT_READ | PROT_WRITE, MAP_SHARED, 3, 0 } },
+    { SYS_mmap, "mmap", { 0, 65536, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                          (uint64_t)-1, 0 } },
+    { SYS_mprotect, "mprotect", { 0, 4096, PROT_READ | PROT_WRITE, 0, 0, 0 } },
+    { SYS_madvise, "madvise", { 0, 4096, MADV_WIPEONFORK, 0, 0, 0 } },
+    { SYS_fallocate, "fallocate", { 3, 0, 0, 65536, 0, 0 } },
+    { SYS_pwrite64, "pwrite64", { 3, 0, 4096, 0, 0, 0 } },
+    { SYS_write, "write", { 2, 0, 80, 0, 0, 0 } },
+    { SYS_unlinkat, "unlinkat", { (uint64_t)AT_FDCWD, 0, 0, 0, 0, 0 } },
+    { SYS_renameat, "renameat", { (uint64_t)AT_FDCWD, 0, (uint64_t)AT_FDCWD, 0, 0, 0 } },
+    { SYS_prlimit64, "prlimit64", { 0, RLIMIT_FSIZE, 0, 0, 0, 0 } },
+    { SYS_getpid, "getpid", { 0 } },
+    { SYS_gettid, "gettid", { 0 } },
+    { SYS_geteuid, "geteuid", { 0 } },
+    { SYS_clock_nanosleep, "clock_nanosleep", { CLOCK_REALTIME, 0, 0, 0, 0, 0 } },
+    { SYS_process_vm_readv, "process_vm_readv", { 0, 0, 1, 0, 2, 0 } },
+};
+
+/* The classic BPF of a seccomp filter, run on one call (the kernel checked the program when
+ * it was installed: jumps go forward, loads stay inside seccomp_data). */
+static uint32_t sc_run(const struct sock_filter *f, size_t n, const struct seccomp_data *d)
+{
+    uint32_t a = 0, x = 0, mem[BPF_MEMWORDS] = { 0 };
+    const unsigned char *raw = (const unsigned char *)d;
+    for (size_t pc = 0; pc < n; pc++) {
+        const struct sock_filter *i = &f[pc];
+        uint32_t k = i->k, src = BPF_SRC(i->code) == BPF_X ? x : k;
+        switch (BPF_CLASS(i->code)) {
+        case BPF_LD:
+            if (BPF_MODE(i->code) == BPF_ABS) {
+                if (k + 4 > sizeof *d)
+                    return SECCOMP_RET_KILL_PROCESS;
+                memcpy(&a, raw + k, 4);
+            } else if (BPF_MODE(i->code) == BPF_IMM) {
+                a = k;
+            } else if (BPF_MODE(i->code) == BPF_MEM) {
+                a = mem[k % BPF_MEMWORDS];
+            } else if (BPF_MODE(i->code) == BPF_LEN) {
+                a = sizeof *d;
+            } else {
+                return SECCOMP_RET_KILL_PROCESS;
+            }
+            break;
+        case BPF_LDX:
+            if (BPF_MODE(i->code) == BPF_IMM)
+                x = k;
+            else if (BPF_MODE(i->code) == BPF_MEM)
+                x = mem[k % BPF_MEMWORDS];
+            else if (BPF_MODE(i->code) == BPF_LEN)
+                x = sizeof *d;
+            else
+                return SECCOMP_RET_KILL_PROCESS;
+            break;
+        case BPF_ST:
+            mem[k % BPF_MEMWORDS] = a;
+            break;
+        case BPF_STX:
+            mem[k % BPF_MEMWORDS] = x;
+            break;
+        case BPF_ALU:
+            switch (BPF_OP(i->code)) {
+            case BPF_ADD: a += src; break;
+            case BPF_SUB: a -= src; break;
+            case BPF_MUL: a *= src; break;
+            case BPF_DIV: a = src ? a / src : 0; break;
+            case BPF_MOD: a = src ? a % src : 0; break;
+            case BPF_OR: a |= src; break;
+            case BPF_AND: a &= src; break;
+            case BPF_XOR: a ^= src; break;
+            case BPF_LSH: a = src < 32 ? a << src : 0; break;
+            case BPF_RSH: a = src < 32 ? a >> src : 0; break;
+            case BPF_NEG: a = -a; break;
+            default: return SECCOMP_RET_KILL_PROCESS;
+            }
+            break;
+        case BPF_JMP: {
+            int t;
+            switch (BPF_OP(i->code)) {
+            case BPF_JA: pc += k; continue;
+            case BPF_JEQ: t = a == src; break;
+            case BPF_JGT: t = a > src; break;
+            case BPF_JGE: t = a >= src; break;
+            case BPF_JSET: t = (a & src) != 0; break;
+            default: return SECCOMP_RET_KILL_PROCESS;
+            }
+            pc += t ? i->jt : i->jf;
+            break;
+        }
+        case BPF_RET:
+            return BPF_RVAL(i->code) == BPF_A ? a : k;
+        case BPF_MISC:
+            if (BPF_MISCOP(i->code) == BPF_TAX)
+                x = a;
+            else
+                a = x;
+            break;
+        default:
+            return SECCOMP_RET_KILL_PROCESS;
+        }
+    }
+    return SECCOMP_RET_KILL_PROCESS;     /* fell off the end: the kernel never allows it */
+}
+
+static const char *sc_action(uint32_t r, char *buf, size_t cap)
+{
+    switch (r & SECCOMP_RET_ACTION_FULL) {
+    case SECCOMP_RET_KILL_PROCESS: return "it would kill the process";
+    case SECCOMP_RET_KILL_THREAD: return "it would kill the thread";
+    case SECCOMP_RET_TRAP: return "it would send SIGSYS";
+    case SECCOMP_RET_ERRNO:
+        snprintf(buf, cap, "it would fail with errno %u", r & SECCOMP_RET_DATA);
+        return buf;
+    case SECCOMP_RET_TRACE: return "it would hand it to a tracer";
+    case SECCOMP_RET_USER_NOTIF: return "it would ask a supervisor";
+    default: return "an unknown action";
+    }
+}
+
+static int sc_field(const char *buf, const char *key, long *v)
+{
+    const char *f = field(buf, key);
+    if (!f)
+        return -1;
+    *v = strtol(f, NULL, 10);
+    return 0;
+}
+
+/* 0: the process may be used as far as seccomp goes; 1: refused (*code set). */
+static int seccomp_check(struct inj *c, int tid, int *code)
+{
+    char buf[4096];
+    long mode = 0, nfilt = -1;
+    if (read_status(c->pid, tid, buf, sizeof buf) < 0 || sc_field(buf, "Seccomp", &mode) < 0)
+        return 0;               /* no seccomp in this kernel */
+    sc_field(buf, "Seccomp_filters", &nfilt);
+    /* every thread: strict mode anywhere refuses; filters must be the same count */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", c->pid);
+    DIR *d = opendir(path);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        int t = atoi(e->d_name);
+        long m2 = 0, n2 = -1;
+        if (t <= 0 || read_status(c->pid, t, buf, sizeof buf) < 0 ||
+            sc_field(buf, "Seccomp", &m2) < 0)
+            continue;
+        sc_field(buf, "Seccomp_filters", &n2);
+        if (m2 == SECCOMP_MODE_STRICT) {
+            closedir(d);
+            *code = fail(c, MMLEAK_INJ_EUNSUPP, "thread %d of %d is in seccomp strict mode: "
+                         "the system calls of dlopen and of mmleak would kill it", t, c->pid);
+            return 1;
+        }
+        if (m2 != mode || n2 != nfilt) {
+            closedir(d);
+            *code = fail(c, MMLEAK_INJ_EUNSUPP, "threads %d and %d of %d have different "
+                         "seccomp filters: they cannot all be checked, attaching could kill "
+                         "it", tid, t, c->pid);
+            return 1;
+        }
+    }
+    if (d)
+        closedir(d);
+    if (mode != SECCOMP_MODE_FILTER)
+        return 0;
+    struct sock_filter *f = malloc(SC_MAX_INSNS * sizeof *f);
+    if (!f) {
+        *code = fail(c, MMLEAK_INJ_ESYS, "out of memory");
+        return 1;
+    }
+    uint32_t worst[sizeof SC_NEEDED / sizeof SC_NEEDED[0]];
+    for (size_t j = 0; j < sizeof SC_NEEDED / sizeof SC_NEEDED[0]; j++)
+        worst[j] = SECCOMP_RET_ALLOW;
+    int nread = 0;
+    for (long i = 0; i < SC_MAX_FILTERS; i++) {
+        long n = ptrace(PTRACE_SECCOMP_GET_FILTER, tid, (void *)i, f);
+        if (n < 0 && errno == ENOENT)
+            break;
+        if (n < 0 || n > SC_MAX_INSNS) {
+            int err = errno;
+            free(f);
+            if (n < 0 && (err == EACCES || err == EPERM))
+                *code = fail(c, MMLEAK_INJ_EPERM, "%d has a seccomp filter, and only a process "
+                             "with CAP_SYS_ADMIN may read it to see whether dlopen and mmleak "
+                             "may run there (run as root)", c->pid);
+            else
+                *code = fail(c, MMLEAK_INJ_EUNSUPP, "%d has a seccomp filter that cannot be "
+                             "read (PTRACE_SECCOMP_GET_FILTER: %s): attaching could kill it",
+                             c->pid, n < 0 ? strerror(err) : "too long");
+            return 1;
+        }
+        nread++;
+        for (size_t j = 0; j < sizeof SC_NEEDED / sizeof SC_NEEDED[0]; j++) {
+            struct seccomp_data sd;
+            memset(&sd, 0, sizeof sd);
+            sd.nr = SC_NEEDED[j].nr;
+            sd.arch = AUDIT_ARCH_X86_64;
+            sd.instruction_pointer = c->libc_xlo;
+            memcpy(sd.args, SC_NEEDED[j].a, sizeof sd.args);
+            uint32_t r = sc_run(f, (size_t)n, &sd);
+            /* the kernel keeps the most restrictive verdict: the lowest action, signed */
+            if ((int32_t)(r & SECCOMP_RET_ACTION_FULL) <
+                (int32_t)(worst[j] & SECCOMP_RET_ACTION_FULL))
+                worst[j] = r;
+        }
+    }
+    free(f);
+    if (nfilt >= 0 && nread != nfilt) {
+        *code = fail(c, MMLEAK_INJ_EUNSUPP, "%d: %d of its %ld seccomp filters could be read: "
+                     "attaching could kill it", c->pid, nread, nfilt);
+        return 1;
+    }
+    for (size_t j = 0; j < sizeof SC_NEEDED / sizeof SC_NEEDED[0]; j++) {
+        uint32_t act = worst[j] & SECCOMP_RET_ACTION_FULL;
+        if (act != SECCOMP_RET_ALLOW && act != SECCOMP_RET_LOG) {
+            char ab[48];
+            *code = fail(c, MMLEAK_INJ_EUNSUPP, "%d has a seccomp filter that does not allow "
+                         "%s (%s), a system call dlopen or mmleak makes", c->pid,
+                         SC_NEEDED[j].name, sc_action(worst[j], ab, sizeof ab));
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* Try thread TID.  1: done (the result or a fatal error is set); 0: not usable now. */
 static int attempt(struct inj *c, int tid, const char *func, const char *arg, long *result,
                    int *code)
@@ -1517,7 +1934,7 @@ static int attempt(struct inj *c, int tid, const char *func, const char *arg, lo
     c->tid = tid;
     c->nrec = 0;
     c->in_sigstop = c->modified = c->clobbered = 0;
-    if (ptrace(PTRACE_SEIZE, tid, 0, 0) < 0) {
+    if (ptrace(PTRACE_SEIZE, tid, 0, (void *)(long)PTRACE_O_TRACESYSGOOD) < 0) {
         if (errno == ESRCH)
             return 0;
         if (errno == EPERM) {
@@ -1536,6 +1953,11 @@ static int attempt(struct inj *c, int tid, const char *func, const char *arg, lo
     if (t <= 0) {
         *code = t;
         return t < 0;
+    }
+    if (!c->seccomp_ok) {
+        if (seccomp_check(c, tid, code))
+            return 1;
+        c->seccomp_ok = 1;
     }
     /* SIGTRAP must be usable for single steps and breakpoints: the kernel would reset the
      * disposition of a blocked or ignored SIGTRAP it forces on the thread */
@@ -1632,6 +2054,8 @@ static int attempt(struct inj *c, int tid, const char *func, const char *arg, lo
         c->trapsig = SIGSEGV;
     } else if (can_trap && find_int3(c)) {
         c->trapsig = SIGTRAP;
+    } else if (find_syscall_insn(c)) {
+        c->trapsig = 0;         /* see call_return_by_syscall */
     } else {
         because(c, "thread %d blocks or ignores both SIGSEGV and SIGTRAP", tid);
         release(c);
@@ -1778,6 +2202,19 @@ API int mmleak_inject_call(int pid, const char *lib, const char *func, const cha
     }
     if (c->attached)
         release(c);
+    /* a failure that was the process exiting under us (its memory map already gone, its
+     * threads no longer attachable) says so: an exit takes a few ms to show everywhere */
+    if ((code == MMLEAK_INJ_ESYS || code == MMLEAK_INJ_EUNSUPP || code == MMLEAK_INJ_EPERM) &&
+        !c->stuck) {
+        for (int i = 0; i < 10; i++) {
+            if (!process_alive(pid)) {
+                c->have_err = 0;
+                code = gone(c, "while being attached");
+                break;
+            }
+            nap_us(10000);
+        }
+    }
     if (c->memfd >= 0)
         close(c->memfd);
     free(c->xbuf);

@@ -34,6 +34,7 @@ COMPANION_DIR = "/etc/systemd/system"
 COMPANION_PREFIX = "mmleak-compact-"
 ROTATE_MB = 8           # MMLEAK_ROTATE_MB for a traced service (mmleak.COMPACT_ROTATE_MB)
 ROTATE_MAX = 1 << 20    # mmleak.so's upper bound for MMLEAK_ROTATE_MB
+DEPTH_MAX = 64          # mmleak.so's upper bound for MMLEAK_DEPTH (MAXDEPTH)
 ENV_KEYS = ("LD_PRELOAD", "MMLEAK_DIR", "MMLEAK_DEPTH", "MMLEAK_ROTATE_MB", "MMLEAK_PAUSED")
 DEFAULT_DIR = "/var/lib/mmleak"
 MARKER = "# Written by mmleak-install.py"
@@ -1197,6 +1198,10 @@ def cmd_install(args):
     cname = companion_name(unit)
     s = unit.evaluate()
     warnings, notes = [], []
+    for key in ("User", "Group"):       # they go into the companion unit as they are
+        if s[key] is not None and has_control(s[key]):
+            raise Fail(EXIT_INPUT, "%s=%r of %s has a control character: systemd rejects this "
+                                   "unit; fix it first" % (key, s[key], unit.name))
     dyn = parse_bool(s["DynamicUser"] or "no")
     private_tmp = parse_bool(s["PrivateTmp"] or "no") or dyn
     if private_tmp and (under(ddir, "/tmp") or under(ddir, "/var/tmp")):
@@ -1795,6 +1800,14 @@ def positive(v):
     return n
 
 
+def depth(v):
+    """MMLEAK_DEPTH as mmleak.so takes it: 1 to 64 (it ignores anything else)."""
+    n = positive(v)
+    if n > DEPTH_MAX:
+        raise argparse.ArgumentTypeError("at most %d: %r" % (DEPTH_MAX, v))
+    return n
+
+
 def rotate_mb(v):
     n = positive(v)
     if n > ROTATE_MAX:
@@ -1880,9 +1893,9 @@ def build_parser():
                     help="dump directory, MMLEAK_DIR (default %s/UNIT, one per unit, owned by "
                          "its User=; not in a private /tmp (PrivateTmp=) nor in the unit's "
                          "RuntimeDirectory=: systemd deletes both when it stops)" % DEFAULT_DIR)
-    pi.add_argument("--depth", type=positive, metavar="N",
-                    help="frames recorded per allocation, MMLEAK_DEPTH (default: the "
-                         "library's, auto)")
+    pi.add_argument("--depth", type=depth, metavar="N",
+                    help="frames recorded per allocation, 1 to %d, MMLEAK_DEPTH (default: the "
+                         "library's, auto)" % DEPTH_MAX)
     pi.add_argument("--rotate-mb", type=rotate_mb, metavar="N",
                     help="MMLEAK_ROTATE_MB: a thread of the service starts a new dump file past "
                          "N MB, and the compactor folds and deletes the complete one (default "

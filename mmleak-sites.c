@@ -9,8 +9,10 @@
  * "the program", one frame says it all and the fast writer is used; otherwise the stack is
  * unwound until the program's frame.
  *
- * The answers are cached per return address in a direct-mapped table (one load and compare
- * on the fast path, see mml_site_direct in mmleak.h).  A miss comes here: the object holding
+ * The answers are cached per return address in direct-mapped tables (one load and compare
+ * on the fast path for the program's addresses, two for the others: mml_site_class in
+ * mmleak.h; a program that allocates through a wrapper, perl or python, asks for every
+ * allocation).  A miss comes here: the object holding
  * the address is found with glibc's lock-free _dl_find_object, classified once (runtime by
  * file name; wrapper functions by name, from the symbol tables of its file on disk: .symtab
  * when the file has one, else .dynsym), and the result kept per object.  dlclose forgets
@@ -35,6 +37,7 @@
 #include "mmleak.h"
 
 _Atomic uintptr_t mml_direct[MML_DIRECT_SIZE];
+_Atomic uintptr_t mml_passing[MML_DIRECT_SIZE];
 
 /* Runtime objects, by the start of their file name: the code in them allocates on the
  * program's behalf (stdio buffers, std::string, getline, the loader's TLS blocks). */
@@ -255,6 +258,10 @@ static const struct object *object_at(uintptr_t a)
     for (size_t i = 0; i < sizeof RUNTIME / sizeof RUNTIME[0]; i++)
         if (starts_with(base, RUNTIME[i]))
             n->runtime = 1;
+    /* mmleak.so itself, whatever its file is called: the retry of a failing operator new
+     * allocates from mmleak.c on the program's behalf */
+    if ((uintptr_t)&mml_site_classify >= n->start && (uintptr_t)&mml_site_classify < n->end)
+        n->runtime = 1;
     if (!n->runtime)
         scan_wrappers(name, lm->l_addr, n);
     S.n++;
@@ -270,6 +277,12 @@ int mml_site_volatile(uintptr_t a)
         if (a - volatile_r[i].lo < volatile_r[i].hi - volatile_r[i].lo)
             return 1;
     return 0;
+}
+
+int mml_sites_unloaded(void)
+{
+    return atomic_load_explicit(&volatile_all, memory_order_relaxed) ||
+           atomic_load_explicit(&volatile_n, memory_order_relaxed) != 0;
 }
 
 void mml_sites_unloading(uintptr_t lo, uintptr_t hi)
@@ -315,13 +328,18 @@ int mml_site_classify(uintptr_t a)
         return pass | MML_SITE_VOLATILE;
     if (!pass)
         atomic_store_explicit(&mml_direct[MML_DIRECT_SLOT(a)], a, memory_order_relaxed);
+    else if (MML_PASSING_ADDR(a) == a)
+        atomic_store_explicit(&mml_passing[MML_DIRECT_SLOT(a)], a | (uintptr_t)pass << 56,
+                              memory_order_relaxed);
     return pass;
 }
 
 void mml_sites_forget(void)
 {
-    for (size_t i = 0; i < MML_DIRECT_SIZE; i++)
+    for (size_t i = 0; i < MML_DIRECT_SIZE; i++) {
         atomic_store_explicit(&mml_direct[i], 0, memory_order_relaxed);
+        atomic_store_explicit(&mml_passing[i], 0, memory_order_relaxed);
+    }
     pthread_mutex_lock(&S.lock);
     for (size_t i = 0; i < S.n; i++)
         if (S.a[i].wrap)

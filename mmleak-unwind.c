@@ -10,8 +10,9 @@
  * frame after a signal frame), exactly as libgcc does.
  *
  *  - Cache: a table of 2^16 64-bit words in .bss (512 KiB), shared by all threads, keyed by
- *    the return address (see "the cache" below): an entry holds the rule and enough bits of
- *    the key that, with its slot, it can only match the address it was made for.  Entries are
+ *    the return address, one slot per 8 bytes of code (see "the cache" below): an entry holds
+ *    the rule and enough bits of the key that, with its slot, it can only match the address
+ *    it was made for.  Entries are
  *    read and written with single 64-bit relaxed atomic accesses: a racing writer can
  *    overwrite a slot (a later miss) but never produce a word that matches another address
  *    with a wrong rule.  A hit costs one load and a compare; the walk is then a chain of
@@ -31,6 +32,9 @@
  *    no FDE covering x, return address undefined (_start, clone3) or not at CFA-8, a CFA not
  *    in rsp/rbp, an unknown expression, a return address of 0, a CFA that does not move up the
  *    stack, a read outside the known stack.
+ *  - Memo (mml_memo_get/put, "the memo" below): a whole walk, remembered by its start and a
+ *    hash of the stack words it read, is not made again while those words are unchanged;
+ *    checking that costs independent loads instead of the walk's chain.
  *
  * Memory safety
  * -------------
@@ -111,11 +115,16 @@ struct rule {
 
 /* The cache is indexed by the key k = x + 1 (the return address for a normal frame, pc + 1 for
  * an exact one: the rule of k is the rule at k - 1 in both cases).  An entry lives in slot
- * k mod 2^16 (its primary slot: one AND on the walk's chain of dependent loads) or, when that
- * one is taken, in its alternate slot (slot2: code laid out in equal power-of-two strides
- * makes many keys share a primary slot, not an alternate one).  An entry is
+ * (k / 8) mod 2^16 (its primary slot: a shift and an AND on the walk's chain of dependent
+ * loads) or, when that one is taken, in its alternate slot (slot2: code laid out in equal
+ * power-of-two strides makes many keys share a primary slot, not an alternate one).  One
+ * slot per 8 bytes of code, not per byte: the return addresses of one function share a few
+ * cache lines instead of taking one line each (on the many-stacks benchmark, 4360 return
+ * addresses in about 50 KiB of code: about 800 lines instead of 4360, which stay in the
+ * cache while the program and mmleak's writing evict the rest).  An entry is
  *     bit  0      1 in an alternate slot
- *     bits 1-31   k >> 16 (k < 2^47): with the slot and bit 0, this gives back all of k
+ *     bits 1-3    k mod 8
+ *     bits 4-31   k >> 19 (k < 2^47): with the slot and bits 0-3, this gives back all of k
  *     bits 32-34  kind (never 0: an entry is never 0)
  *     bits 35-36  bmode
  *     bits 37-44  rbp's offset k / 8 (signed)
@@ -125,6 +134,7 @@ struct rule {
 #define CACHE_BITS 16
 #define SLOT_MASK ((1U << CACHE_BITS) - 1)
 #define KEY_MAX ((1ULL << 47) - 1)
+#define SLOT_SHIFT 3
 #define TAG_BITS (47 - CACHE_BITS + 1)
 #define TAG_MASK ((1ULL << TAG_BITS) - 1)
 #define OFF_SHIFT (TAG_BITS + 13)
@@ -133,6 +143,7 @@ struct rule {
 
 static _Atomic uint64_t g_cache[1U << CACHE_BITS] __attribute__((aligned(64)));
 static _Atomic int g_unloading; /* dlclose calls in progress: walks bypass the cache */
+static _Atomic unsigned g_memo_gen; /* changes at every dlclose: older memo records are dead */
 
 /* The rule bits of an entry, 0 if the rule does not fit. */
 static inline uint64_t rule_encode(const struct rule *r)
@@ -145,19 +156,30 @@ static inline uint64_t rule_encode(const struct rule *r)
            (uint64_t)r->off << OFF_SHIFT;
 }
 
-/* The alternate slot: the low bits of k mixed with a hash of its high bits (keys sharing a
- * primary slot differ in their high bits only), invertible given those high bits. */
+/* The slots and the tag of a key: the tag holds the bits of k the primary slot does not. */
+static inline size_t slot1(uintptr_t key)
+{
+    return (key >> SLOT_SHIFT) & SLOT_MASK;
+}
+
+static inline uint64_t key_tag(uintptr_t key)
+{
+    return ((key & ((1U << SLOT_SHIFT) - 1)) | key >> (CACHE_BITS + SLOT_SHIFT) << SLOT_SHIFT) << 1;
+}
+
+/* The alternate slot: the primary slot's bits mixed with a hash of the tag's (keys sharing a
+ * primary slot differ in those only), so that, given the tag, it still determines k. */
 static inline size_t slot2(uintptr_t key)
 {
-    return (key ^ (size_t)(((key >> CACHE_BITS) * 0x9E3779B97F4A7C15ULL) >> 40)) & SLOT_MASK;
+    return (slot1(key) ^ (size_t)((key_tag(key) * 0x9E3779B97F4A7C15ULL) >> 40)) & SLOT_MASK;
 }
 
 static inline uint64_t cache_get(uintptr_t key)
 {
     if (unlikely(key > KEY_MAX))
         return 0;
-    uint64_t tag = key >> CACHE_BITS << 1;
-    uint64_t e = atomic_load_explicit(&g_cache[key & SLOT_MASK], memory_order_relaxed);
+    uint64_t tag = key_tag(key);
+    uint64_t e = atomic_load_explicit(&g_cache[slot1(key)], memory_order_relaxed);
     if (likely((e & TAG_MASK) == tag && (e >> TAG_BITS)))
         return e;
     e = atomic_load_explicit(&g_cache[slot2(key)], memory_order_relaxed);
@@ -174,8 +196,8 @@ static void cache_put(uintptr_t key, uint64_t rule)
 {
     if (key > KEY_MAX || !rule)
         return;
-    uint64_t tag = key >> CACHE_BITS << 1;
-    _Atomic uint64_t *p1 = &g_cache[key & SLOT_MASK], *p2 = &g_cache[slot2(key)];
+    uint64_t tag = key_tag(key);
+    _Atomic uint64_t *p1 = &g_cache[slot1(key)], *p2 = &g_cache[slot2(key)];
     uint64_t e1 = atomic_load_explicit(p1, memory_order_relaxed);
     uint64_t e2 = atomic_load_explicit(p2, memory_order_relaxed);
     if (!e1 || (e1 & TAG_MASK) == tag)
@@ -196,11 +218,13 @@ static void cache_clear(void)
 void mml_unwind_dlclose_begin(void)
 {
     atomic_fetch_add_explicit(&g_unloading, 1, memory_order_seq_cst);
+    atomic_fetch_add_explicit(&g_memo_gen, 1, memory_order_seq_cst);
 }
 
 void mml_unwind_dlclose_end(void)
 {
     cache_clear();
+    atomic_fetch_add_explicit(&g_memo_gen, 1, memory_order_seq_cst);
     int v = atomic_load_explicit(&g_unloading, memory_order_relaxed);
     while (v > 0 && !atomic_compare_exchange_weak_explicit(&g_unloading, &v, v - 1,
                                                            memory_order_seq_cst,
@@ -215,6 +239,7 @@ void mml_unwind_fork_child(void)
     if (atomic_load_explicit(&g_unloading, memory_order_relaxed)) {
         atomic_store_explicit(&g_unloading, 0, memory_order_relaxed);
         cache_clear();
+        atomic_fetch_add_explicit(&g_memo_gen, 1, memory_order_relaxed);
     }
 }
 
@@ -1113,7 +1138,12 @@ static int sys_open(const char *path)
 static long sys_read(int fd, void *buf, size_t n) { return sys3(SYS_read, fd, buf, n); }
 static void sys_close(int fd) { sys3(SYS_close, fd, 0, 0); }
 
-struct mml_tls { uintptr_t lo, hi; unsigned tries; };
+struct mml_tls {
+    uintptr_t lo, hi;       /* the thread's own stack */
+    unsigned tries;
+    uintptr_t pf_ip, pf_sp; /* the last mml_memo_prefetch: its start and set */
+    void *pf_set;
+};
 static __thread struct mml_tls U __attribute__((tls_model("initial-exec")));
 
 enum { PROBE_UNKNOWN, PROBE_VMREAD, PROBE_MAPS, PROBE_NONE };
@@ -1437,21 +1467,79 @@ static COLD uintptr_t grow(uintptr_t lo, uintptr_t hi, uintptr_t need)
     ((a) >= lo && ((a) + 8 <= hi || (probed && (a) + 8 > (a) && (nh = grow(lo, hi, (a) + 8)) && \
                                      (hi = nh, 1))))
 
-/* The walk.  key: ip for a return address, ip + 1 for an exact pc. */
+/* A trail's entry for the word v read at address a (sp0: where the walk started). */
+static inline void trail_log(struct mml_trail *tr, uintptr_t sp0, uintptr_t a, uintptr_t v)
+{
+    uintptr_t off = a - sp0;
+    if (unlikely(a < sp0 || (off & 7) || off >= (uintptr_t)8 << 16)) {
+        tr->bad = 1;
+        return;
+    }
+    if (likely(tr->n < MML_TRAIL_MAX)) {
+        tr->off[tr->n] = (uint16_t)(off >> 3);
+        tr->val[tr->n] = v;
+    }
+    tr->n++;
+}
+
+/* The walk.  key: ip for a return address, ip + 1 for an exact pc.  tr: NULL, or the trail to
+ * fill (a constant at every call, so the walk without one has no trace of it). */
+/* A read that fails the bounds check stops the walk; the bounds may widen later (the stack
+ * grew), so such a walk is not memoised. */
+#define UNREADABLE(a) (!READABLE(a) && (!tr || (tr->bad = 1)))
+#define RD(a) (tr ? rd_log(tr, sp0, (a)) : *(const uintptr_t *)(a))
+static inline __attribute__((always_inline)) uintptr_t rd_log(struct mml_trail *tr, uintptr_t sp0,
+                                                               uintptr_t a)
+{
+    uintptr_t v = *(const uintptr_t *)a;
+    trail_log(tr, sp0, a, v);
+    return v;
+}
+#define FRAME_OUT(v)                                                                          \
+    do {                                                                                      \
+        out[n++] = (v);                                                                       \
+        if (tr && n <= MML_TRAIL_FRAMES)                                                      \
+            tr->upto[n] = (uint8_t)(tr->n > 255 ? 255 : tr->n);                               \
+    } while (0)
+/* rbp loaded from the stack: a trail records the word only when a later step uses rbp (code
+ * without frame pointers saves rbp in most frames, as any callee-saved register, and a walk
+ * through it never looks at the value: those words are not part of what the walk depends on,
+ * and a check of a memoised walk does not read them). */
+#define RDB(a) (tr ? (pa = (a), pv = *(const uintptr_t *)pa) : *(const uintptr_t *)(a))
+#define USES_BP()                                                                             \
+    do {                                                                                      \
+        if (tr && pa) {                                                                       \
+            trail_log(tr, sp0, pa, pv);                                                       \
+            pa = 0;                                                                           \
+        } else if (tr && bp_init && tr->bp_from > n) {                                        \
+            tr->bp_from = n;                                                                  \
+        }                                                                                     \
+    } while (0)
+
 static inline __attribute__((always_inline)) int
 walk_impl(uintptr_t ip, uintptr_t sp, uintptr_t bp, uintptr_t key, uintptr_t *out, int max,
-          const int use_cache)
+          const int use_cache, struct mml_trail *const tr)
 {
     int n = 0;
-    out[n++] = ip;
-    if (n >= max)
-        return n;
+    const uintptr_t sp0 = sp;
+    int bp_init = 1;        /* bp is still the start's: a walk that uses it depends on it */
+    uintptr_t pa = 0, pv = 0;   /* the stack word bp was last loaded from, not yet in tr */
     uintptr_t lo = U.lo, hi = U.hi, nh;
     int probed = 0;
+    if (tr) {
+        tr->n = tr->bad = 0;
+        tr->bp_from = 1 << 30;
+        tr->upto[0] = 0;
+    }
+    FRAME_OUT(ip);
+    if (n >= max)
+        goto done;
     if (unlikely(sp < lo || sp >= hi)) {
         struct seg s;
+        if (tr)
+            tr->bad = 1;    /* not the thread's own stack (as known): not memoised */
         if (!seg_for(sp, &s))
-            return n;
+            goto done;
         lo = s.lo;
         hi = s.hi;
         probed = s.probed;
@@ -1469,6 +1557,8 @@ walk_impl(uintptr_t ip, uintptr_t sp, uintptr_t bp, uintptr_t key, uintptr_t *ou
             off = (long)((int64_t)e >> OFF_SHIFT);
         } else {
             e = slow_rule(key, ip, use_cache, &R);
+            if (tr && !R.cacheable)
+                tr->bad = 1;    /* no object there (JIT code...), or a rip-dependent rule */
             kind = R.kind;
             bmode = R.bmode;
             off = R.off;
@@ -1478,32 +1568,37 @@ walk_impl(uintptr_t ip, uintptr_t sp, uintptr_t bp, uintptr_t key, uintptr_t *ou
         if (likely(kind == K_RSP)) {
             cfa = sp + (uintptr_t)off;
         } else if (kind == K_RBP) {
+            USES_BP();
             if (!bp_ok)
-                return n;
+                goto done;
             cfa = bp + (uintptr_t)off;
         } else if (kind == K_DRAP) {
+            USES_BP();
             a = bp + (uintptr_t)off;
-            if (!bp_ok || !READABLE(a))
-                return n;
-            cfa = *(const uintptr_t *)a;
+            if (!bp_ok || UNREADABLE(a))
+                goto done;
+            cfa = RD(a);
         } else if (kind == K_SIGNAL) {
             /* sp is the handler's CFA: the kernel's ucontext, general registers at +40 */
             a = sp + 120;
             uintptr_t b = sp + 160, c = sp + 168;
-            if (!READABLE(a) || !READABLE(b) || !READABLE(c))
-                return n;
-            uintptr_t rip = *(const uintptr_t *)c, rsp = *(const uintptr_t *)b;
+            if (UNREADABLE(a) || UNREADABLE(b) || UNREADABLE(c))
+                goto done;
+            uintptr_t rip = RD(c), rsp = RD(b);
             if (!rip)
-                return n;
-            bp = *(const uintptr_t *)a;
+                goto done;
+            bp = RDB(a);
             bp_ok = 1;
-            out[n++] = rip;
+            bp_init = 0;
+            FRAME_OUT(rip);
             if (n >= max)
-                return n;
+                goto done;
             if (rsp < lo || rsp >= hi) { /* another stack: back from an alternate one */
                 struct seg s;
+                if (tr)
+                    tr->bad = 1;
                 if (++switches > MAX_SWITCHES || !seg_for(rsp, &s))
-                    return n;
+                    goto done;
                 lo = s.lo;
                 hi = s.hi;
                 probed = s.probed;
@@ -1513,49 +1608,66 @@ walk_impl(uintptr_t ip, uintptr_t sp, uintptr_t bp, uintptr_t key, uintptr_t *ou
             sp = rsp;
             continue;
         } else {
-            return n;
+            goto done;
         }
         /* the CFA must move up the stack; the return address is at CFA - 8 */
         if (unlikely(cfa < sp + 8))
-            return n;
+            goto done;
         if (unlikely(cfa > hi)) {
+            if (tr)
+                tr->bad = 1;    /* hi is the probed end of a foreign stack */
             if (!probed || !(nh = grow(lo, hi, cfa)))
-                return n;
+                goto done;
             hi = nh;
         }
-        uintptr_t ra = *(const uintptr_t *)(cfa - 8);
+        uintptr_t ra = RD(cfa - 8);
         if (bmode == B_CFA) {
             a = cfa + (uintptr_t)k;
-            if (unlikely(!READABLE(a)))
-                return n;
-            bp = *(const uintptr_t *)a;
+            if (unlikely(UNREADABLE(a)))
+                goto done;
+            bp = RDB(a);
+            bp_init = 0;
         } else if (bmode != B_SAME) {
             if (bmode == B_DEREF) {
+                USES_BP();
                 a = bp + (uintptr_t)k;
-                if (!bp_ok || !READABLE(a))
-                    return n;
-                bp = *(const uintptr_t *)a;
+                if (!bp_ok || UNREADABLE(a))
+                    goto done;
+                bp = RDB(a);
+                bp_init = 0;
             } else {
                 bp_ok = 0;
             }
         }
         if (unlikely(!ra))
-            return n;
-        out[n++] = ra;
+            goto done;
+        FRAME_OUT(ra);
         if (n >= max)
-            return n;
+            goto done;
         ip = key = ra;
         sp = cfa;
     }
+done:
+    if (tr) {
+        tr->walked = n;
+        if (probed)
+            tr->bad = 1;
+    }
+    return n;
 }
+#undef RD
+#undef UNREADABLE
+#undef FRAME_OUT
+#undef USES_BP
+#undef RDB
 
 static int walk(uintptr_t ip, uintptr_t sp, uintptr_t bp, uintptr_t key, uintptr_t *out, int max)
 {
     if (max <= 0)
         return 0;
     if (likely(atomic_load_explicit(&g_unloading, memory_order_acquire) == 0))
-        return walk_impl(ip, sp, bp, key, out, max, 1);
-    return walk_impl(ip, sp, bp, key, out, max, 0);
+        return walk_impl(ip, sp, bp, key, out, max, 1, NULL);
+    return walk_impl(ip, sp, bp, key, out, max, 0, NULL);
 }
 
 int mml_unwind(uintptr_t ip, uintptr_t sp, uintptr_t bp, uintptr_t *out, int max)
@@ -1568,34 +1680,281 @@ int mml_unwind_exact(uintptr_t pc, uintptr_t sp, uintptr_t bp, uintptr_t *out, i
     return walk(pc, sp, bp, pc + 1, out, max);
 }
 
-__attribute__((noinline)) int mml_unwind_from_ra(const void *ra, uintptr_t *out, int max)
+/* Our own frames (frame pointers) up to the one whose return address is ra: the frame of the
+ * interposed function, whose CFA is its caller's sp.  The chain only goes up the stack (each
+ * frame above the last), so one bound is checked per frame. */
+__attribute__((noinline)) int mml_unwind_start(const void *ra, struct mml_start *st)
 {
-    if (max <= 0)
-        return 0;
     uintptr_t fp = (uintptr_t)__builtin_frame_address(0);
     uintptr_t lo = U.lo, hi = U.hi, nh;
     int probed = 0;
     if (unlikely(fp < lo || fp >= hi)) {
         struct seg s;
-        if (!seg_for(fp, &s)) {
-            out[0] = (uintptr_t)ra;
-            return 1;
-        }
+        if (!seg_for(fp, &s))
+            return 0;
         lo = s.lo;
         hi = s.hi;
         probed = s.probed;
     }
     for (int i = 0; i < 16; i++) {
-        uintptr_t b = fp + 8;
-        if (!READABLE(fp) || !READABLE(b))
+        uintptr_t b = fp + 8;   /* fp >= lo: only the top of [fp, fp + 16) needs a check */
+        if (unlikely(b + 8 > hi) && !READABLE(b))
             break;
         uintptr_t next = *(const uintptr_t *)fp, ret = *(const uintptr_t *)b;
-        if (ret == (uintptr_t)ra)
-            return walk(ret, fp + 16, next, ret, out, max);
+        if (ret == (uintptr_t)ra) {
+            st->ip = ret;
+            st->sp = fp + 16;
+            st->bp = next;
+            return 1;
+        }
         if (next <= fp)
             break;
         fp = next;
     }
+    return 0;
+}
+
+__attribute__((noinline)) int mml_unwind_from_ra(const void *ra, uintptr_t *out, int max)
+{
+    if (max <= 0)
+        return 0;
+    struct mml_start st;
+    if (mml_unwind_start(ra, &st))
+        return walk(st.ip, st.sp, st.bp, st.ip, out, max);
     out[0] = (uintptr_t)ra;
     return 1;
 }
+
+int mml_unwind_trail(const struct mml_start *s, uintptr_t *out, int max, struct mml_trail *tr)
+{
+    if (max <= 0)
+        return 0;
+    if (likely(atomic_load_explicit(&g_unloading, memory_order_acquire) == 0))
+        return walk_impl(s->ip, s->sp, s->bp, s->ip, out, max, 1, tr);
+    int n = walk_impl(s->ip, s->sp, s->bp, s->ip, out, max, 0, tr);
+    tr->bad = 1;
+    return n;
+}
+
+/* ---- the memo ------------------------------------------------------------------------------
+ * One table for all threads (a key holds a stack pointer, so threads do not share records,
+ * and one table costs less memory than one per thread), sets of four records chosen by the
+ * start (memo_set), one cache line per record: the walk it replaces costs a chain of dependent loads, and a record that
+ * is itself a cache miss would eat most of the gain (a record of 384 bytes with the words
+ * themselves was measured at about 100 ns per lookup on the many-stacks benchmark, most of
+ * it waiting for memory).  So a record keeps a 64-bit hash of the words, not the words: a
+ * walk is skipped when the same start (ip, sp, the settings, the dlclose generation, and bp
+ * if the walk used it) finds stack words with the same hash at the same places.  A false
+ * match needs two 64-bit hashes to collide, as likely as two stacks sharing an id.
+ *
+ * The places are kept as the differences between consecutive offsets, in words: one byte
+ * each (frames below 1 KiB), or an escape and 16 bits (up to 256 KiB); a walk whose steps do
+ * not fit the 32 bytes is not kept.  A record is written under a
+ * sequence number (odd while written: readers miss, another writer, such as a signal handler
+ * interrupting this one, gives up) and read with the number checked before and after, and
+ * every offset read is checked against this thread's stack, so a torn record is a miss,
+ * never a stray read. */
+#define MEMO_BITS 15         /* 8192 sets of four records: 2 MiB of .bss, only the pages used
+                                cost memory */
+#define MEMO_WAYS 4
+#define MEMO_DELTAS 32
+#define MEMO_ESC (-128)     /* in delta[]: the step does not fit a byte, two bytes follow */
+struct memo {
+    _Atomic uint32_t seq;   /* odd while written */
+    uint8_t n;              /* words */
+    uint8_t nframes;
+    uint8_t use_bp;
+    uint8_t pad_;
+    uint64_t tag;           /* memo_tag(): the start (ip, sp, bp if used), settings, generation */
+    uint64_t vhash;         /* hash of the words */
+    uint64_t value;
+    int8_t delta[MEMO_DELTAS]; /* offsets of the words from sp, in words, as differences: a
+                                  byte, or MEMO_ESC and 16 bits (frames of 1 KiB or more) */
+} __attribute__((aligned(64)));
+_Static_assert(sizeof(struct memo) == 64, "a memo record is one cache line");
+static struct memo g_memo[1U << MEMO_BITS] __attribute__((aligned(64 * MEMO_WAYS)));
+
+static inline uint64_t mix64(uint64_t h)
+{
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    return h ^ h >> 33;
+}
+
+/* The four records (ways) a walk from (ip, sp) may be kept in.  The set is chosen by the start
+ * and by the return address one frame up, found with the cached rule of ip: many paths reach
+ * the same function at the same depth (the same start), and they then take different sets.
+ * A wrong or missing rule only costs a miss: the words checked include that return address. */
+static inline struct memo *memo_set(uintptr_t ip, uintptr_t sp)
+{
+    uintptr_t up = 0;
+    uint64_t e = cache_get(ip);
+    if (likely(e) && (e >> TAG_BITS & 7) == K_RSP) {
+        uintptr_t cfa = sp + (uintptr_t)((int64_t)e >> OFF_SHIFT);
+        if (cfa >= sp + 8 && cfa <= U.hi && sp >= U.lo)
+            up = *(const uintptr_t *)(cfa - 8);
+    }
+    uint64_t h = (uint64_t)ip * 0x9E3779B97F4A7C15ull ^ (uint64_t)sp * 0xC2B2AE3D27D4EB4Full ^
+                 (uint64_t)up * 0x165667B19E3779F9ull;
+    return &g_memo[MEMO_WAYS * ((h ^ h >> 29) >> (64 - MEMO_BITS + 2))];
+}
+
+void mml_memo_prefetch(uintptr_t ip, uintptr_t sp)
+{
+    struct memo *r = memo_set(ip, sp);
+    for (int w = 0; w < MEMO_WAYS; w++)
+        __builtin_prefetch(r + w);
+    U.pf_ip = 0;            /* a handler that reads the three between these stores misses */
+    atomic_signal_fence(memory_order_seq_cst);
+    U.pf_set = r;
+    U.pf_sp = sp;
+    atomic_signal_fence(memory_order_seq_cst);
+    U.pf_ip = ip;
+}
+
+/* The tag of a record: its start, with bp if the walk used it, the caller's settings and the
+ * generation.  Without bp and with it: both are computed once per lookup. */
+static inline uint64_t memo_tag0(const struct mml_start *s, unsigned salt, unsigned gen)
+{
+    return mix64(s->ip * 0x9E3779B97F4A7C15ull + s->sp * 0xC2B2AE3D27D4EB4Full +
+                 ((uint64_t)salt << 32 | gen));
+}
+
+static inline uint64_t memo_tag1(uint64_t tag0, uintptr_t bp)
+{
+    return tag0 ^ mix64(bp * 0x165667B19E3779F9ull + 0x27D4EB2F165667C5ull);
+}
+
+/* The words' hash: each multiplied by an odd constant of its own and summed (no chain of
+ * dependent multiplications), then mixed. */
+#define MEMO_MUL(i) (0x8CB92BA72F3D8DD7ull + 2 * (uint64_t)(i))
+
+unsigned mml_memo_gen(void)
+{
+    return atomic_load_explicit(&g_memo_gen, memory_order_acquire);
+}
+
+#define LD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+#define ST(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
+
+/* One record: 1 if it holds the walk from s (tag t0 without bp) and the words still hash the
+ * same. */
+static inline int memo_check(struct memo *r, const struct mml_start *s, uint64_t t0,
+                             uint64_t *value, int *nframes)
+{
+    uint32_t q = atomic_load_explicit(&r->seq, memory_order_acquire);
+    uint64_t tag = LD(r->tag);
+    if (tag != t0 && (!LD(r->use_bp) || tag != memo_tag1(t0, s->bp)))
+        return 0;
+    unsigned n = LD(r->n);
+    if ((q & 1) || n > MEMO_DELTAS)
+        return 0;
+    /* the words must lie on this thread's stack as it is known now: every offset is
+     * checked, a torn record can only be a miss */
+    uintptr_t sp = s->sp, hi = U.hi;
+    if (sp < U.lo || sp >= hi)
+        return 0;
+    long lim = (long)((hi - sp) / 8), o = 0;
+    uint64_t h = n;
+    for (unsigned i = 0, j = 0; i < n; i++) {
+        long d = LD(r->delta[j++]);
+        if (unlikely(d == MEMO_ESC)) {         /* a larger step: 16 bits follow */
+            if (j + 2 > MEMO_DELTAS)
+                return 0;
+            d = (int16_t)(uint16_t)((uint8_t)LD(r->delta[j]) | (uint8_t)LD(r->delta[j + 1]) << 8);
+            j += 2;
+        }
+        o += d;
+        if (unlikely((unsigned long)o >= (unsigned long)lim || j > MEMO_DELTAS))
+            return 0;
+        h += *(const uintptr_t *)(sp + 8 * (uintptr_t)o) * MEMO_MUL(i);
+    }
+    uint64_t vh = LD(r->vhash);
+    *value = LD(r->value);
+    *nframes = LD(r->nframes);
+    atomic_thread_fence(memory_order_acquire);
+    return mix64(h) == vh && atomic_load_explicit(&r->seq, memory_order_relaxed) == q;
+}
+
+int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int *nframes)
+{
+    /* the set the entry point prefetched, if this is that start (a signal handler's
+     * allocation in between may have prefetched another) */
+    struct memo *r = U.pf_ip == s->ip && U.pf_sp == s->sp ? U.pf_set : memo_set(s->ip, s->sp);
+    if (atomic_load_explicit(&g_unloading, memory_order_relaxed))
+        return 0;
+    uint64_t t0 = memo_tag0(s, salt, atomic_load_explicit(&g_memo_gen, memory_order_relaxed));
+    for (int w = 0; w < MEMO_WAYS; w++)
+        if (memo_check(&r[w], s, t0, value, nframes))
+            return 1;
+    return 0;
+}
+
+void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
+                  const struct mml_trail *tr, int nframes, uint64_t value)
+{
+    if (tr->bad || nframes < 1 || nframes > tr->walked || nframes > MML_TRAIL_FRAMES)
+        return;
+    /* the words the first nframes frames depend on: all of them if the walk ended there
+     * (its last step, that found no caller, read some too) */
+    int all = nframes == tr->walked;
+    int n = all ? tr->n : tr->upto[nframes];
+    int use_bp = all ? tr->bp_from < (1 << 30) : tr->bp_from < nframes;
+    if (n > MEMO_DELTAS || n > MML_TRAIL_MAX)
+        return;
+    int8_t d[MEMO_DELTAS];
+    uint64_t h = (uint64_t)n;
+    long prev = 0;
+    int j = 0;
+    for (int i = 0; i < n; i++) {
+        long delta = (long)tr->off[i] - prev;
+        if (delta > MEMO_ESC && delta <= 127) {
+            if (j + 1 > MEMO_DELTAS)
+                return;
+            d[j++] = (int8_t)delta;
+        } else {
+            if (delta < INT16_MIN || delta > INT16_MAX || j + 3 > MEMO_DELTAS)
+                return;
+            d[j++] = MEMO_ESC;
+            d[j++] = (int8_t)(uint8_t)((uint16_t)delta & 0xff);
+            d[j++] = (int8_t)(uint8_t)((uint16_t)delta >> 8);
+        }
+        prev = tr->off[i];
+        h += tr->val[i] * MEMO_MUL(i);
+    }
+    /* An empty way; else, at random (the hash), one that holds another start: a way with
+     * this start holds another path that reaches the same function at the same depth (the
+     * words differ), worth keeping; else any. */
+    uint64_t tag = memo_tag0(s, salt, gen);
+    if (use_bp)
+        tag = memo_tag1(tag, s->bp);
+    struct memo *set = memo_set(s->ip, s->sp), *r = NULL;
+    unsigned start = (unsigned)(h >> 17);
+    for (unsigned w = 0; w < MEMO_WAYS && !r; w++)
+        if (!LD(set[w].tag))
+            r = &set[w];
+    for (unsigned w = 0; w < MEMO_WAYS && !r; w++)
+        if (LD(set[(start + w) % MEMO_WAYS].tag) != tag)
+            r = &set[(start + w) % MEMO_WAYS];
+    if (!r)
+        r = &set[start % MEMO_WAYS];
+    uint32_t q = atomic_load_explicit(&r->seq, memory_order_relaxed);
+    if ((q & 1) || !atomic_compare_exchange_strong_explicit(&r->seq, &q, q + 1,
+                                                            memory_order_acquire,
+                                                            memory_order_relaxed))
+        return;
+    atomic_thread_fence(memory_order_release);
+    for (int i = 0; i < j; i++)
+        ST(r->delta[i], d[i]);
+    ST(r->n, (uint8_t)n);
+    ST(r->nframes, (uint8_t)nframes);
+    ST(r->use_bp, (uint8_t)use_bp);
+    ST(r->tag, tag);
+    ST(r->vhash, mix64(h));
+    ST(r->value, value);
+    atomic_store_explicit(&r->seq, q + 2, memory_order_release);
+}
+#undef LD
+#undef ST

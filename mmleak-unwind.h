@@ -48,6 +48,56 @@ int mml_unwind_exact(uintptr_t pc, uintptr_t sp, uintptr_t bp, uintptr_t *out, i
  * frame is found, out[0] = ra and it returns 1. */
 int mml_unwind_from_ra(const void *ra, uintptr_t *out, int max);
 
+/* ---- memo of whole walks ----
+ * A walk is a function of its start (ip, sp, bp), of the rules of the code (fixed until a
+ * dlclose) and of the stack words it reads.  A trail lists those words (offset from sp and
+ * value); a later walk from the same (ip, sp[, bp]) whose stack still holds the same words
+ * would give the same frames, and checking that takes independent loads (no chain of
+ * dependent cache lookups, which is what a walk costs).  The memo keeps, per (ip, sp), the
+ * trail of the frames a caller used and a 64-bit value of the caller's (mmleak.c: the stack
+ * id): see mml_memo_get.  A torn or racing record can only be a miss. */
+
+/* Where a walk starts: the frame of the caller of an interposed function. */
+struct mml_start { uintptr_t ip, sp, bp; };
+
+/* Find it from the interposed function's return address ra, following the frame-pointer
+ * chain of the calling function and its callers (code compiled with frame pointers, as
+ * mmleak.so is), at most 16 frames.  0 if not found. */
+int mml_unwind_start(const void *ra, struct mml_start *s);
+
+#define MML_TRAIL_MAX 32     /* stack words a memoised walk may have read */
+#define MML_TRAIL_FRAMES 64  /* frames of a walk that may be memoised */
+struct mml_trail {
+    int n;                              /* words read (more than MML_TRAIL_MAX: not usable) */
+    int bad;                            /* not usable: a stack other than the thread's own... */
+    int bp_from;                        /* the frame whose step first used the start's bp */
+    int walked;                         /* frames the walk returned */
+    uint8_t upto[MML_TRAIL_FRAMES + 1]; /* words read when the walk had k frames */
+    uint16_t off[MML_TRAIL_MAX];        /* (address - sp) / 8 */
+    uintptr_t val[MML_TRAIL_MAX];
+};
+
+/* mml_unwind() from s, also filling tr. */
+int mml_unwind_trail(const struct mml_start *s, uintptr_t *out, int max, struct mml_trail *tr);
+
+/* The generation of the memo: read it before a walk whose result will be memoised (a dlclose
+ * in between makes that record useless). */
+unsigned mml_memo_gen(void);
+/* A memoised walk from s under salt (the caller's own settings) whose stack words are all
+ * still the same: 1, with the caller's value and frame count. */
+int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int *nframes);
+/* Remember that the first nframes frames of the walk with trail tr gave value. */
+void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
+                  const struct mml_trail *tr, int nframes, uint64_t value);
+
+/* Start bringing the memo's records of a walk from (ip, sp) into the cache: an entry point may
+ * call it (MML_MEMO_PREFETCH) before it calls the real allocator, so that the lookup after it
+ * finds them there. */
+void mml_memo_prefetch(uintptr_t ip, uintptr_t sp);
+/* In the interposed function itself (its frame is where the walk starts). */
+#define MML_MEMO_PREFETCH(ra)                                                                 \
+    mml_memo_prefetch((uintptr_t)(ra), (uintptr_t)__builtin_frame_address(0) + 16)
+
 #define MML_UNWIND_CALLER(out, max)                                                           \
     mml_unwind((uintptr_t)__builtin_return_address(0),                                       \
                (uintptr_t)__builtin_frame_address(0) + 16,                                   \

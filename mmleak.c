@@ -35,6 +35,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/fsuid.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -140,6 +141,7 @@ struct hot {
     int alive;       /* tracing in this address space; 0 in a freshly forked copy */
     uintptr_t mask;  /* ~0: the caller must be a known program address (mml_direct) */
     unsigned epoch;  /* g_epoch: a thread that has not seen this one takes the slow path */
+    int memo;        /* stacks of a fixed depth: the entry points prefetch their memo record */
 };
 static struct hot hot_off;          /* before the start, and where WIPEONFORK is missing */
 static struct hot *H = &hot_off;
@@ -157,6 +159,7 @@ struct tstate {
     int anon;             /* staging in anonymous memory: no file could be created yet */
     int late;             /* this thread's file was closed (process exit, exec) */
     int late_lines;       /* lines appended directly to it since */
+    int early_frees;      /* frees before this thread's first allocation: see emit_cold */
     int exit_rounds;      /* pthread key destructor rounds seen */
     char *stage;          /* shared mapping of the .tail file: two halves */
     size_t half_size;
@@ -440,6 +443,7 @@ static const char *why(int err)
     case EACCES: case EPERM: return "permission denied (did the program change its user, "
                                     "or the directory's permissions?)";
     case ENOENT: return "the file or its directory was removed";
+    case ENOTDIR: return "not a directory";
     case EMFILE: case ENFILE: return "no file descriptor left (RLIMIT_NOFILE)";
     case EFBIG: return "the file size limit (RLIMIT_FSIZE) is reached";
     case EBADF: return "the program closed the directory descriptor mmleak keeps after chroot()";
@@ -450,31 +454,56 @@ static const char *why(int err)
     }
 }
 
-static void say(const char *a, const char *b, const char *c)
+/* Descriptor 2 when the trace started.  A daemon may close it and open a file of its own,
+ * which then gets that number: a message written there would go into the daemon's data.
+ * So we write only while descriptor 2 is still the file it was. */
+static int g_err_ok;
+static dev_t g_err_dev;
+static ino_t g_err_ino;
+
+static void note_stderr(void)
 {
-    if (cfg.quiet)
+    struct stat st;
+    g_err_ok = fstat(2, &st) == 0;
+    g_err_dev = g_err_ok ? st.st_dev : 0;
+    g_err_ino = g_err_ok ? st.st_ino : 0;
+}
+
+static void say4(const char *a, const char *b, const char *c, const char *f)
+{
+    struct stat st;
+    if (cfg.quiet || !g_err_ok || fstat(2, &st) || st.st_dev != g_err_dev ||
+        st.st_ino != g_err_ino)
         return;
-    char msg[PATH_MAX + 512], *e = msg + sizeof msg, *d = msg;
+    char msg[2 * PATH_MAX + 512], *e = msg + sizeof msg, *d = msg;
     d = cat(d, e, "mmleak: ");
     d = cat(d, e, a);
     d = cat(d, e, b ? b : "");
     d = cat(d, e, c ? c : "");
+    d = cat(d, e, f ? f : "");
     d = cat(d, e, "\n");
     ssize_t r = write(2, msg, (size_t)(d - msg));
     (void)r;
 }
 
-/* "WHAT DIR: REASON (errno N)TAIL" */
-static void say_err(const char *what, int err, const char *tail)
+static void say(const char *a, const char *b, const char *c) { say4(a, b, c, NULL); }
+
+/* "WHAT DIR: REASON (errno N)TAIL"; REASON is why(ERR) unless given */
+static void say_why(const char *what, const char *reason, int err, const char *tail)
 {
     char r[256], *e = r + sizeof r, *d = r;
     d = cat(d, e, ": ");
-    d = cat(d, e, why(err));
+    d = cat(d, e, reason ? reason : why(err));
     d = cat(d, e, " (errno ");
     d = cat_u(d, e, (unsigned long)err);
     d = cat(d, e, ")");
     cat(d, e, tail);
     say(what, cfg.dir, r);
+}
+
+static void say_err(const char *what, int err, const char *tail)
+{
+    say_why(what, NULL, err, tail);
 }
 
 /* Settings come from the environment, or, for mmleak_attach, from its argument: lines
@@ -599,16 +628,19 @@ static void resolve_from(void *handle)
 {
     struct real_fns r;
     memset(&r, 0, sizeof r);
+    const void *self = object_of((void *)mmleak_own_malloc);
     r.malloc = dlsym(handle, "malloc");
     r.free = dlsym(handle, "free");
     r.realloc = dlsym(handle, "realloc");
+    if (handle == RTLD_DEFAULT && object_of((void *)r.realloc) == self)
+        r.realloc = sym("realloc");     /* ours would call itself: libc's, as without us */
     if (!r.malloc || !r.free || !r.realloc) {
         static const char m[] = "mmleak: cannot find the real malloc; aborting\n";
         ssize_t w = write(2, m, sizeof m - 1);
         (void)w;
         abort();
     }
-    const void *base = object_of(r.malloc), *self = object_of((void *)mmleak_own_malloc);
+    const void *base = object_of(r.malloc);
     if (handle == RTLD_DEFAULT) {
         /* anything but our own definitions: a non-PIE program's canonical PLT entries are fine */
         void *f;
@@ -620,6 +652,15 @@ static void resolve_from(void *handle)
         r.valloc = PROC_FN(valloc);
         r.pvalloc = PROC_FN(pvalloc);
 #undef PROC_FN
+        /* a program that defines malloc, free, calloc and realloc only: its aligned
+         * allocations are libc's without us, so they are libc's with us too */
+        if (!r.memalign && !r.posix_memalign && !r.aligned_alloc) {
+            r.memalign = sym("memalign");
+            r.posix_memalign = sym("posix_memalign");
+            r.aligned_alloc = sym("aligned_alloc");
+            r.valloc = r.valloc ? r.valloc : sym("valloc");
+            r.pvalloc = r.pvalloc ? r.pvalloc : sym("pvalloc");
+        }
     } else {
         r.calloc = same_object(sym("calloc"), base);
         r.memalign = same_object(sym("memalign"), base);
@@ -718,33 +759,120 @@ static int dir_fd(void)
     return g_dirfd;
 }
 
+/* A file server acts as another user in one thread for a while (nfs-ganesha, samba: a raw
+ * setresuid, or setfsuid, around each request; glibc passes neither on to the other threads,
+ * and we do not see them): our 0600 files are then out of that thread's reach.  So when one
+ * of our file operations is refused, and the thread's file system uid is not the files'
+ * owner but may become it again (its real, effective or saved uid is the owner's, or it is
+ * root), it is done again as the owner, and the thread's own uid put back.  Only then: a
+ * unit's seccomp filter may forbid setfsuid (SystemCallFilter=~@privileged kills the
+ * process), and a thread that never changed its uid never needs it. */
+static uid_t g_owner;                   /* euid when the trace started: our files' owner */
+
+static uid_t files_owner(void)
+{
+    return g_give_uid != (uid_t)-1 ? g_give_uid : g_owner;
+}
+
+/* The thread's real, effective, saved and file system uids, from /proc (no setfsuid). */
+static int thread_uids(unsigned long u[4])
+{
+    int fd = g_procfd >= 0 ? openat(g_procfd, "thread-self/status", O_RDONLY | O_CLOEXEC)
+                           : open("/proc/thread-self/status", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    char b[2048];
+    ssize_t n = read(fd, b, sizeof b - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    b[n] = 0;
+    char *p = strstr(b, "\nUid:");
+    if (!p)
+        return -1;
+    p += 5;
+    for (int i = 0; i < 4; i++) {
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (*p < '0' || *p > '9')
+            return -1;
+        u[i] = strtoul(p, &p, 10);
+    }
+    return 0;
+}
+
+struct fs_scope { uid_t old; int switched; };
+
+/* Switch the file system uid to the owner's if the thread is another user now and may.  1 if
+ * switched. */
+static int fs_begin(struct fs_scope *f)
+{
+    f->switched = 0;
+    int e = errno;
+    unsigned long u[4];
+    uid_t want = files_owner();
+    if (thread_uids(u) == 0 && u[3] != want &&
+        (u[0] == want || u[1] == want || u[2] == want || u[1] == 0)) {
+        f->old = (uid_t)u[3];
+        setfsuid(want);
+        f->switched = 1;
+    }
+    errno = e;
+    return f->switched;
+}
+
+static void fs_end(struct fs_scope *f)
+{
+    if (f->switched) {
+        int e = errno;
+        setfsuid(f->old);
+        errno = e;
+    }
+}
+
+/* Do OP; when refused, and the thread is another user for now, once more as the owner. */
+#define AS_OWNER(rc, op)                                                                      \
+    do {                                                                                      \
+        (rc) = (op);                                                                          \
+        struct fs_scope fs_;                                                                  \
+        if ((rc) < 0 && (errno == EACCES || errno == EPERM) && fs_begin(&fs_)) {              \
+            (rc) = (op);                                                                      \
+            fs_end(&fs_);                                                                     \
+        }                                                                                     \
+    } while (0)
+
 static int d_open(const char *name, int flags, mode_t mode)
 {
     char path[PATH_MAX];
-    int dfd = dir_fd();
+    int dfd = dir_fd(), rc;
     if (dfd == -1)
         return -1;
-    return openat(dfd, dfd == AT_FDCWD ? full_path(path, sizeof path, name) : name, flags, mode);
+    const char *p = dfd == AT_FDCWD ? full_path(path, sizeof path, name) : name;
+    AS_OWNER(rc, openat(dfd, p, flags, mode));
+    return rc;
 }
 
 static int d_unlink(const char *name)
 {
     char path[PATH_MAX];
-    int dfd = dir_fd();
+    int dfd = dir_fd(), rc;
     if (dfd == -1)
         return -1;
-    return unlinkat(dfd, dfd == AT_FDCWD ? full_path(path, sizeof path, name) : name, 0);
+    const char *p = dfd == AT_FDCWD ? full_path(path, sizeof path, name) : name;
+    AS_OWNER(rc, unlinkat(dfd, p, 0));
+    return rc;
 }
 
 static int d_rename(const char *from, const char *to)
 {
     char a[PATH_MAX], b[PATH_MAX];
-    int dfd = dir_fd();
+    int dfd = dir_fd(), rc;
     if (dfd == -1)
         return -1;
-    if (dfd == AT_FDCWD)
-        return renameat(dfd, full_path(a, sizeof a, from), dfd, full_path(b, sizeof b, to));
-    return renameat(dfd, from, dfd, to);
+    const char *pa = dfd == AT_FDCWD ? full_path(a, sizeof a, from) : from;
+    const char *pb = dfd == AT_FDCWD ? full_path(b, sizeof b, to) : to;
+    AS_OWNER(rc, renameat(dfd, pa, dfd, pb));
+    return rc;
 }
 
 static void d_chown(const char *name, uid_t uid)
@@ -763,6 +891,16 @@ static int create_locked(const char *name)
     for (int tries = 0;; tries++) {
         int fd = d_open(name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
         struct stat st;
+        if (fd >= 0)
+            fchmod(fd, 0600);   /* the program's umask (0277, 0777) must not take our write */
+        if (fd >= 0 && g_give_uid == (uid_t)-1 && fstat(fd, &st) == 0 && st.st_uid != g_owner) {
+            /* made by a thread that is another user for now: the owner's, like the others */
+            struct fs_scope f;
+            if (fs_begin(&f)) {
+                if (fchown(fd, g_owner, (gid_t)-1)) { /* then it stays that user's */ }
+                fs_end(&f);
+            }
+        }
         if (fd < 0 || g_give_uid == (uid_t)-1 || fstat(fd, &st) || st.st_uid == g_give_uid ||
             fchown(fd, g_give_uid, (gid_t)-1) == 0 || tries)
             return fd;
@@ -782,7 +920,8 @@ static int open_again(const char *name, int flags)
         return -1;
     struct stat st;
     uid_t me = geteuid();
-    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || (st.st_uid != me && me != 0)) {
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode) ||
+        (st.st_uid != me && st.st_uid != files_owner() && me != 0)) {
         close(fd);
         errno = EACCES;
         return -1;
@@ -826,6 +965,7 @@ static struct {
     char *text; size_t tlen, tcap;      /* unique lines, back to back */
     struct mline *ln; size_t n, cap;    /* sorted by start address */
     unsigned long long adds, subs;      /* dl_iterate_phdr counters at the last snapshot */
+    int stale;                          /* the last snapshot could not be written: retry */
     char *buf; size_t bcap;             /* scratch for reading /proc/self/maps */
 } M;
 
@@ -915,10 +1055,11 @@ static int maps_add(const char *l, size_t n)
  * from carry the epoch in their top 16 bits (see capture). */
 static int g_loads_on;  /* from the first dlclose on: before it, no range had two objects */
 
-static void loads_log_locked(void)
+/* 0, or -1 if a line could not be written (it is tried again at the next snapshot) */
+static int loads_log_locked(void)
 {
     if (!g_loads_on)
-        return;
+        return 0;
     unsigned e = atomic_load(&g_epoch);
     int fd = -1;
     for (size_t i = 0; i < M.n; i++) {
@@ -932,18 +1073,32 @@ static void loads_log_locked(void)
             if (fd < 0)
                 fd = create_locked(name);
             if (fd < 0)
-                return;
+                return -1;
         }
         char hdr[24], *d = hdr;
         *d++ = l->seen ? '+' : '-';
         d = cat_u(d, hdr + sizeof hdr, e);
         *d++ = ' ';
-        if (write_all(fd, hdr, (size_t)(d - hdr)) || write_all(fd, M.text + l->off, l->len))
-            break;
+        /* one file for the whole trace: past RLIMIT_FSIZE it would kill the program */
+        struct stat st;
+        if (fstat(fd, &st) ||
+            (uint64_t)st.st_size + (size_t)(d - hdr) + l->len > fsize_limit()) {
+            static atomic_int said;
+            if (!atomic_exchange(&said, 1))
+                say_err("cannot write the log of loads in ", EFBIG, ": addresses in unloaded "
+                        "ranges may be put in the wrong library");
+            close(fd);
+            return 0;           /* not a passing failure: do not retry at every flush */
+        }
+        if (write_all(fd, hdr, (size_t)(d - hdr)) || write_all(fd, M.text + l->off, l->len)) {
+            close(fd);
+            return -1;
+        }
         l->present = l->seen;
     }
     if (fd >= 0)
         close(fd);
+    return 0;
 }
 
 static int phdr_counts(struct dl_phdr_info *info, size_t size, void *data)
@@ -959,10 +1114,14 @@ static int phdr_counts(struct dl_phdr_info *info, size_t size, void *data)
  * anything is new.  force=0 skips the work when no object was loaded or unloaded since. */
 static void maps_snapshot_locked(int force, const unsigned long long c[2])
 {
-    if (!force && c[0] == M.adds && c[1] == M.subs)
+    if (!force && !M.stale && c[0] == M.adds && c[1] == M.subs)
         return;
     M.adds = c[0];
     M.subs = c[1];
+    /* until the file is written (a full disk, no descriptor left: passing failures), every
+     * later call tries again: the readers need every mapping to name a call site */
+    int was_stale = M.stale;
+    M.stale = 1;
     int fd = g_procfd >= 0 ? openat(g_procfd, "self/maps", O_RDONLY | O_CLOEXEC)
                            : open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -991,9 +1150,11 @@ static void maps_snapshot_locked(int force, const unsigned long long c[2])
             changed |= maps_add(M.buf + i, n);
         i += n;
     }
-    loads_log_locked();
-    if (!changed && !force)
+    int loads_bad = loads_log_locked();
+    if (!changed && !force && !was_stale) {
+        M.stale = loads_bad;
         return;
+    }
     size_t total = 0;
     for (size_t i = 0; i < M.n; i++)
         total += M.ln[i].len;
@@ -1017,6 +1178,8 @@ static void maps_snapshot_locked(int force, const unsigned long long c[2])
     close(fd);
     if (bad || d_rename(tmp, name))
         d_unlink(tmp);
+    else
+        M.stale = loads_bad;
 }
 
 /* The loader's counters are read before g_lock is taken: dl_iterate_phdr takes the loader's
@@ -1089,8 +1252,9 @@ static int reserve_id(void)
         if (err != EEXIST)
             break;
     }
-    say_err("cannot create files in ", err, ": tracing disabled (set MMLEAK_DIR to a writable "
-            "directory)");
+    /* at the start, a missing name is a directory that was never there */
+    say_why("cannot create files in ", err == ENOENT ? "no such directory" : NULL, err,
+            ": tracing disabled (set MMLEAK_DIR to a writable directory)");
     return -1;
 }
 
@@ -1111,8 +1275,12 @@ static void arm_hot(void)
     }
     H->fast = cfg.depth <= 1;
     H->epoch = atomic_load(&g_epoch);
-    /* after a dlclose even depth 1 asks the cache: the verdict says "no unloaded range" */
-    H->mask = cfg.depth == 0 || H->epoch ? ~(uintptr_t)0 : 0;
+    /* once something was unloaded even depth 1 asks the cache: the verdict says "no unloaded
+     * range".  Not merely because the epoch moved: an attach or a detach moves it too (so
+     * that every thread drops its stale state), and an attached process at depth 1 would
+     * then send every caller outside the program (libstdc++, libc) to the slow path */
+    H->mask = cfg.depth == 0 || mml_sites_unloaded() ? ~(uintptr_t)0 : 0;
+    H->memo = cfg.depth > 1;
     atomic_signal_fence(memory_order_seq_cst);
     H->alive = 1;
 }
@@ -1134,6 +1302,7 @@ static void set_status(void)
 static void process_start(void)
 {
     g_pid = getpid();
+    g_owner = geteuid();
     g_t0 = time(NULL);
     if (reserve_id()) {
         g_state = -1;
@@ -1170,6 +1339,16 @@ static int malloc_is_ours(void)
     return g_probe_hit;
 }
 
+/* Two mmleak.so files preloaded (an installed one and a build, say): the first in the global
+ * scope is the process's; a second one would record every event again, with the first
+ * copy's code as the caller of all of them. */
+static int another_copy_first(Dl_info *other, Dl_info *self)
+{
+    void *f = dlsym(RTLD_DEFAULT, "mmleak_state");
+    return f && dladdr(f, other) && dladdr((void *)mmleak_own_malloc, self) &&
+           other->dli_fbase != self->dli_fbase && other->dli_fname && self->dli_fname;
+}
+
 static int g_once_done;
 static void hooks_init(void);
 
@@ -1180,9 +1359,16 @@ COLD static void global_init(void)
     pthread_mutex_lock(&g_lock);
     if (!g_once_done) {
         g_once_done = 1;
+        note_stderr();
         int bad = read_config();
         read_cmdline();
-        if (!malloc_is_ours()) {
+        Dl_info other, self;
+        if (another_copy_first(&other, &self)) {
+            /* the first copy traces; its calls to the allocator pass through us untouched */
+            say4(self.dli_fname, " is loaded after another mmleak.so (", other.dli_fname,
+                 "): it stays out of the way");
+            g_state = -1;
+        } else if (!malloc_is_ours()) {
             Dl_info di;
             void *m = dlsym(RTLD_DEFAULT, "malloc");
             const char *who = m && dladdr(m, &di) && di.dli_fname && *di.dli_fname
@@ -1365,9 +1551,12 @@ static int write_half(int fd, struct tstate *t, int h)
     return 0;
 }
 
+static int move_pending(struct tstate *t);
+static int append_to(const char *name, const char *line, size_t n);
+
 /* Append what is staged to .out: the other half's pending lines first, then the current
  * half's.  0 when all is in .out; -1 (errno says why) when some stays pending. */
-static int flush_staged(struct tstate *t)
+static int flush_here(struct tstate *t)
 {
     int h = t->half, o = h ^ 1;
     if (t->cur)
@@ -1389,6 +1578,17 @@ static int flush_staged(struct tstate *t)
     close(fd);
     errno = e;
     return rc;
+}
+
+/* The same; when the file cannot take the lines without passing RLIMIT_FSIZE (lowered after
+ * it had grown), they go on in a new file (see move_pending). */
+static int flush_staged(struct tstate *t)
+{
+    if (flush_here(t) == 0)
+        return 0;
+    if (errno == EFBIG && !t->anon && move_pending(t) == 0)
+        return 0;
+    return -1;
 }
 
 /* A thread that filled its first half is a busy one: give it the full MMLEAK_BUFFER_KB.  Every
@@ -1603,6 +1803,84 @@ static int file_open(struct tstate *t, size_t min_half)
     return 0;
 }
 
+/* The longest run of whole lines at P (of N bytes) that fits in ROOM bytes. */
+static size_t whole_lines(const char *p, size_t n, uint64_t room)
+{
+    if (n <= room)
+        return n;
+    size_t k = (size_t)room;
+    while (k > 0 && p[k - 1] != '\n')
+        k--;
+    return k;
+}
+
+/* The thread's file cannot take its pending lines: RLIMIT_FSIZE was lowered below what it
+ * holds (a limit known from the start makes us rotate before it).  New files take them,
+ * written at once behind their headers (as many files as the limit needs, each ended with
+ * "#end"), and the thread goes on in the last one; the old file gets "#end" if the limit
+ * allows, and loses its staging file (whose lines moved).  -1 when the lines could not all
+ * be moved (what was not stays pending, in order). */
+static int move_pending(struct tstate *t)
+{
+    uint64_t lim = fsize_limit();
+    for (;;) {
+        int h = t->half, o = h ^ 1;
+        struct tstate f;
+        memset(&f, 0, sizeof f);
+        f.late = t->late;
+        if (file_open(&f, 0))
+            return -1;
+        char name[64];
+        int fd = -1;
+        if (flush_here(&f) == 0)            /* the header */
+            fd = open_again(dump_name(name, sizeof name, f.fileno), O_WRONLY);
+        /* whole lines, with room left for "#end" */
+        uint64_t room = f.out_off + 5 + SLACK < lim ? lim - f.out_off - 5 - SLACK : 0;
+        size_t a = whole_lines(half_body(t, o) + t->ustart[o], t->ulen[o], room);
+        size_t b = a < t->ulen[o] ? 0 : whole_lines(half_body(t, h) + t->ustart[h], t->ulen[h],
+                                                     room - a);
+        int ok = fd >= 0 && a + b > 0 &&
+                 pwrite(fd, half_body(t, o) + t->ustart[o], a, (off_t)f.out_off) == (ssize_t)a &&
+                 pwrite(fd, half_body(t, h) + t->ustart[h], b, (off_t)(f.out_off + a)) ==
+                     (ssize_t)b;
+        if (fd >= 0)
+            close(fd);
+        if (!ok) {
+            file_close(&f, 1);
+            sset_free(&f);
+            errno = EFBIG;
+            return -1;
+        }
+        f.out_off += a + b;
+        t->ustart[o] += a;
+        t->ulen[o] -= a;
+        t->ustart[h] += b;
+        t->ulen[h] -= b;
+        half_start(&f, f.half ^ 1);         /* "#at" after the moved lines */
+        if (t->ulen[o] || t->ulen[h]) {     /* more than one new file holds */
+            file_close(&f, 1);
+            sset_free(&f);
+            continue;
+        }
+        append_to(dump_name(name, sizeof name, t->fileno), "#end\n", 5);
+        d_unlink(side_name(name, sizeof name, t->fileno, ".tail"));
+        munmap(t->stage, 2 * t->half_size);
+        slot_free(t);
+        sset_clear(t);                      /* the new file holds none of the stacks */
+        t->stage = f.stage;
+        t->half_size = f.half_size;
+        t->half = f.half;
+        t->fileno = f.fileno;
+        t->out_off = f.out_off;
+        t->slot = f.slot;
+        t->ustart[0] = t->ustart[1] = t->ulen[0] = t->ulen[1] = 0;
+        t->cur = f.cur;
+        t->end = f.end;
+        t->late_lines = 0;
+        return 0;
+    }
+}
+
 /* Take a parked file, if there is one. */
 static int take_parked(struct tstate *t)
 {
@@ -1809,32 +2087,40 @@ static int make_room(struct tstate *t, size_t need)
     return -1;
 }
 
-/* While dropping: count the event, and once a second try to write again. */
-static void drop_event(struct tstate *t)
+/* While dropping: once a second (and every 1024 events) try to write again; 1 when that
+ * worked and there is room for this event's N bytes, else the event is counted as lost. */
+static int drop_event(struct tstate *t, size_t n)
 {
-    t->lost++;
     time_t now = time(NULL);
-    if (now < t->retry_at && (t->lost & 1023))
-        return;
-    t->retry_at = now + 1;
-    if (t->anon) {
-        if (anon_to_file(t))
-            return;
-        t->dropping = 0;
-    } else if (t->stage) {
-        if (flush_staged(t))
-            return;
-        t->dropping = 0;
-        half_start(t, t->half ^ 1);
-    } else {
-        if (unpark(t) && file_open(t, 0))
-            return;
-        t->dropping = 0;
-        key_for_exit(t);
+    if (now < t->retry_at && ((t->lost + 1) & 1023)) {
+        t->lost++;
+        return 0;
     }
+    t->retry_at = now + 1;
+    int ok;
+    if (t->anon) {
+        ok = anon_to_file(t) == 0;
+    } else if (t->stage) {
+        ok = flush_staged(t) == 0;
+        if (ok)
+            half_start(t, t->half ^ 1);
+    } else {
+        ok = !(unpark(t) && file_open(t, 0));
+        if (ok)
+            key_for_exit(t);
+    }
+    if (!ok) {
+        t->lost++;
+        return 0;
+    }
+    t->dropping = 0;
     char line[64];
     stage_line(t, line, lost_line(line, sizeof line, t->lost, t->episode));
     t->lost = 0;
+    if (t->end - t->cur >= (ptrdiff_t)n)
+        return 1;   /* the event that found writing works again is written, not lost */
+    t->lost++;
+    return 0;
 }
 
 static char *hexw(char *d, uint64_t v, int width)
@@ -1931,6 +2217,8 @@ static void late_shared(const char *line, size_t n)
  * its bytes and copies them, newline last. */
 static int emit_cold(struct tstate *t, const char *line, size_t n);
 
+static int emit_free_cold(struct tstate *t, const char *line, size_t n);
+
 static int emit(const char *line, size_t n)
 {
     struct tstate *t = &T;
@@ -1946,6 +2234,37 @@ static int emit(const char *line, size_t n)
     return 1;
 }
 
+/* A free, written like any event; but a thread that has no file yet and never allocated
+ * puts its first frees in the shared late file instead of making a file for them.  The
+ * thread may be past its last key destructor: glibc frees a dlerror() or strerror() buffer
+ * after them, and when tracing started after the buffer was made (MMLEAK_PAUSED, attach)
+ * that free is the thread's first event; a file it made then could never be given up (our
+ * key destructor would not run again) and stayed behind, one per ending thread.  glibc frees
+ * a handful of such buffers; past EARLY_FREES frees (a write each) the thread is evidently
+ * going on, freeing what others allocated, and makes its file. */
+#define EARLY_FREES 16
+
+static int emit_free(const char *line, size_t n)
+{
+    struct tstate *t = &T;
+    if (unlikely(!t->stage) && !t->open && !t->dead && !t->dropping && !t->late &&
+        t->early_frees < EARLY_FREES)
+        return emit_free_cold(t, line, n);
+    return emit(line, n);
+}
+
+static int emit_free_cold(struct tstate *t, const char *line, size_t n)
+{
+    INFLIGHT;
+    if (g_state != 1)
+        return 0;
+    if (g_pid != getpid() || t->trace_gen != g_trace_gen)
+        return emit(line, n);   /* a forked child, an old trace: the ordinary way */
+    late_shared(line, n);
+    t->early_frees++;
+    return 0;
+}
+
 /* The part of emit that touches files: counted in g_inflight, so that a detach waits for it
  * (and, begun after the detach, it does nothing).  1: room was made; 0: nothing to write. */
 static int emit_cold(struct tstate *t, const char *line, size_t n)
@@ -1957,10 +2276,8 @@ static int emit_cold(struct tstate *t, const char *line, size_t n)
         late_shared(line, n);
         return 0;
     }
-    if (t->dropping) {
-        drop_event(t);
-        return 0;
-    }
+    if (t->dropping)
+        return drop_event(t, n + 16);
     if (late_direct(t)) {
         append_direct(t, line, n);
         return 0;
@@ -1987,7 +2304,7 @@ static void thread_reset(struct tstate *t)
     t->stage = NULL;
     t->cur = t->end = NULL;
     t->open = t->dropping = t->anon = t->late = 0;
-    t->late_lines = t->exit_rounds = 0;
+    t->late_lines = t->exit_rounds = t->early_frees = 0;
     t->slot = 0;
     t->lost = 0;
     t->ustart[0] = t->ustart[1] = t->ulen[0] = t->ulen[1] = 0;
@@ -2104,48 +2421,80 @@ static uintptr_t tagged(uintptr_t a, int cls)
     return cls & MML_SITE_VOLATILE ? a | (uintptr_t)(H->epoch & 0xffff) << 48 : a;
 }
 
-static int capture(const void *ra, uintptr_t *f)
+/* The frames f[1..] of an allocation from the walk bt[0..k-1] (bt[0] == f[0]'s address):
+ * all of them for MMLEAK_DEPTH=N (want), else up to the program's first frame and
+ * AUTO_CONTEXT more.  A frame is classified only when the answer matters: in auto mode until
+ * the program's first frame, and, once something was unloaded, for its epoch tag.  *more: in
+ * auto mode, the walk ended before it could tell (k frames were all it was asked for). */
+static int pick_frames(const uintptr_t *bt, int k, uintptr_t *f, int want, int max, int *more)
+{
+    int n = 1, program_at = -1;
+    int tag = mml_sites_unloaded();     /* not the epoch: attach and detach move it too */
+    *more = 0;
+    for (int j = 1; j < k && n < max; j++) {
+        f[n] = (uintptr_t)bt[j];
+        if (!tag && (want != 0 || program_at >= 0)) {
+            n++;
+            if (want == 0 && n > program_at + AUTO_CONTEXT)
+                return n;
+            continue;
+        }
+        int c = mml_site_class(f[n]);
+        f[n] = tagged(f[n], c);
+        if (want == 0 && program_at < 0 && !(c & MML_SITE_PASS))
+            program_at = n;
+        n++;
+        if (want == 0 && program_at >= 0 && n > program_at + AUTO_CONTEXT)
+            return n;
+    }
+    *more = want == 0 && k == max;
+    return n;
+}
+
+/* The frames of an allocation in f (f[0] the caller's return address, then its callers'),
+ * their count, and *id, the stack's id (0 for one frame).  MEMO: a walk whose stack words
+ * are all as they were when the same walk was made before is not made again (mmleak-unwind.h:
+ * the memo): then the count and the id come from the memo and *filled is 0 (f[1..] not
+ * written). */
+#define AUTO_FIRST 8    /* auto: frames walked first (the program's frame is usually there) */
+static int capture(const void *ra, uintptr_t *f, uint64_t *id, int memo, int *filled)
 {
     f[0] = (uintptr_t)ra;
+    *id = 0;
+    *filled = 1;
     int want = cfg.depth;
-    int cls = H->epoch || want == 0 ? mml_site_classify((uintptr_t)ra) : MML_SITE_PROGRAM;
+    int cls = want == 0 || mml_sites_unloaded() ? mml_site_class((uintptr_t)ra)
+                                                : MML_SITE_PROGRAM;
     f[0] = tagged(f[0], cls);
     if (want == 1)
         return 1;
     if (want == 0 && !(cls & MML_SITE_PASS))
         return 1;
-    uintptr_t bt[MAXDEPTH];
-    int max = want ? want : MAXDEPTH;
     /* mmleak-unwind.c: the frame-pointer chain of our own frames up to ra, then the cached
      * CFI rules of the program's frames (bt[0] == ra) */
-    int k = mml_unwind_from_ra(ra, bt, max), i = 0;
-    int n = 1, program_at = -1;
-    /* a frame is classified only when the answer matters: in auto mode until the program's
-     * first frame, and, once something was unloaded, for its epoch tag */
-    int tag = H->epoch != 0;
-    for (int j = i + 1; j < k && n < max; j++) {
-        f[n] = (uintptr_t)bt[j];
-        if (!tag && (want != 0 || program_at >= 0)) {
-            n++;
-            if (want == 0 && n > program_at + AUTO_CONTEXT)
-                break;
-            continue;
-        }
-        uintptr_t known = atomic_load_explicit(&mml_direct[MML_DIRECT_SLOT(f[n])],
-                                               memory_order_relaxed);
-        if (known != f[n]) {        /* not known as the program's: ask */
-            int c = mml_site_classify(f[n]);
-            f[n] = tagged(f[n], c);
-            if (want == 0 && program_at < 0 && !(c & MML_SITE_PASS))
-                program_at = n;
-        } else if (want == 0 && program_at < 0) {
-            program_at = n;
-        }
-        n++;
-        if (want == 0 && program_at >= 0 && n > program_at + AUTO_CONTEXT)
-            break;
+    struct mml_start st;
+    if (!mml_unwind_start(ra, &st))
+        return 1;
+    int nf;
+    if (memo && mml_memo_get(&st, (unsigned)want, id, &nf)) {
+        *filled = 0;
+        return nf;
     }
-    return n;
+    unsigned gen = mml_memo_gen();
+    uintptr_t bt[MAXDEPTH];
+    struct mml_trail tr;
+    int max = want ? want : AUTO_FIRST, more;
+    int k = mml_unwind_trail(&st, bt, max, &tr);
+    nf = pick_frames(bt, k, f, want, max, &more);
+    if (more) {                 /* auto: the program's frame is further up */
+        k = mml_unwind_trail(&st, bt, MAXDEPTH, &tr);
+        nf = pick_frames(bt, k, f, want, MAXDEPTH, &more);
+    }
+    if (nf > 1) {
+        *id = stack_id(f, nf);
+        mml_memo_put(&st, (unsigned)want, gen, &tr, nf, *id);
+    }
+    return nf;
 }
 
 COLD static void slow_alloc(void *p, size_t n, const void *ra)
@@ -2165,11 +2514,14 @@ COLD static void slow_alloc(void *p, size_t n, const void *ra)
     uint64_t s = seq_next(p);
     time_t now = time(NULL) - g_t0;
     uintptr_t f[MAXDEPTH];
-    int nf = capture(ra, f);
+    uint64_t id;
+    int filled;
+    int nf = capture(ra, f, &id, 1, &filled);
     /* "#s ID FRAME..." when this file does not hold the stack yet, then the event line */
     char line[40 + 17 * MAXDEPTH + 96], *d = line;
-    uint64_t id = nf > 1 ? stack_id(f, nf) : 0;
     int def = nf > 1 && (!t->open || !sset_has(t, id));
+    if (def && !filled)         /* the memo gave the id, the frames are needed now */
+        nf = capture(ra, f, &id, 0, &filled);
     if (nf > 1 && !def && !(t->dead | t->dropping) && t->end - t->cur >= FAST_ROOM &&
         !((s | n | (uint64_t)now) >> 32) && !((uintptr_t)p >> 48) && now >= 0) {
         /* the common case with stacks: a stack this file holds, written like the fast path */
@@ -2241,7 +2593,7 @@ COLD static void slow_free(void *p, uint64_t s, const void *ra)
     d = hexw(d, (uintptr_t)ra - 1, 12);
     *d++ = '\n';
     t->epoch = H->epoch;
-    emit(line, (size_t)(d - line));
+    emit_free(line, (size_t)(d - line));
 }
 
 /* A free takes its number before the real free: after it, another thread may already own the
@@ -2435,6 +2787,10 @@ COLD static void *boot_or_resolve(size_t n, int zero)
     return p;
 }
 
+/* At the top of every allocating entry point: the real allocator found (before that, the
+ * boot arena serves); and with stacks of a fixed depth, this call's memo record starts coming
+ * into the cache now, so that the lookup after the real allocator finds it there
+ * (mmleak-unwind.h: the memo).  A macro: both need the entry point's own frame. */
 #define ENSURE_REAL(n, zero)                                                                  \
     do {                                                                                      \
         if (unlikely(!real.malloc)) {                                                         \
@@ -2442,6 +2798,8 @@ COLD static void *boot_or_resolve(size_t n, int zero)
             if (!real.malloc)                                                                 \
                 return bp_;                                                                   \
         }                                                                                     \
+        if (H->memo)                                                                          \
+            MML_MEMO_PREFETCH(__builtin_return_address(0));                                   \
     } while (0)
 
 /* Record a block the real allocator returned (nothing when it failed). */
@@ -2747,6 +3105,7 @@ COLD static void give_files_to(uid_t uid)
     if (g_late_file != ~0u)
         d_chown(dump_name(name, sizeof name, g_late_file), uid);
     d_chown(file_name(name, sizeof name, ".maps"), uid);
+    d_chown(file_name(name, sizeof name, ".loads"), uid);
     pthread_mutex_unlock(&g_lock);
 }
 
@@ -2808,10 +3167,26 @@ EXPORT int chroot(const char *path)
  * operator new of ours runs it, is the user's `new` and gets the user's line. */
 static struct { uintptr_t lo, hi; } g_newfn[4];
 
+/* The C++ runtime's operator NAME (libstdc++'s: the object that defines std::get_new_handler),
+ * never an allocator's: jemalloc, tcmalloc and mimalloc define operator new too, and theirs
+ * allocate inside themselves, out of our sight (the block a retry after the new_handler gets
+ * would not be recorded).  The runtime's calls malloc, aligned_alloc and, in the nothrow
+ * forms, the throwing operator through the PLT: all of them come back to us. */
 static void *new_op(const char *name, int i)
 {
-    void *f = sym(name);
+    void *f = NULL;
     Dl_info di;
+    void *gnh = dlsym(RTLD_DEFAULT, "_ZSt15get_new_handlerv");
+    if (gnh && dladdr(gnh, &di) && di.dli_fname) {
+        void *h = dlopen(di.dli_fname[0] ? di.dli_fname : NULL, RTLD_LAZY | RTLD_NOLOAD);
+        if (h) {
+            f = same_object(dlsym(h, name), di.dli_fbase);
+            if (real.dlclose)
+                real.dlclose(h);    /* ours would count an unload that is not one */
+        }
+    }
+    if (!f)
+        f = sym(name);
     const ElfW(Sym) *es = NULL;
     if (f && dladdr1(f, &di, (void **)&es, RTLD_DL_SYMENT) && es && es->st_size) {
         g_newfn[i].lo = (uintptr_t)f;
@@ -2837,13 +3212,14 @@ static void new_leave(struct new_scope *s)
     s->t->new_ra = s->ra;
 }
 
-/* malloc failed under operator new: libstdc++'s operator runs the new_handler loop and throws
- * std::bad_alloc, exactly as without us.  It runs with tracing on: its own malloc call comes
+/* malloc failed under operator new: libstdc++'s operator (see new_op) runs the new_handler loop
+ * and throws std::bad_alloc, exactly as without us.  It runs with tracing on: its own malloc call comes
  * back to our malloc (recorded there, with the user's line: GUARD_NEW), the handler's
  * allocations and the exception object are recorded as what they are. */
 COLD static void *new_failed(size_t n, size_t al, int nothrow, const void *ra)
 {
     if (!real.new_) {
+        GUARDED;        /* what dlopen allocates is ours, not the program's */
         real.new_al_nothrow = new_op("_ZnwmSt11align_val_tRKSt9nothrow_t", 3);
         real.new_al = new_op("_ZnwmSt11align_val_t", 2);
         real.new_nothrow = new_op("_ZnwmRKSt9nothrow_t", 1);
@@ -2852,7 +3228,9 @@ COLD static void *new_failed(size_t n, size_t al, int nothrow, const void *ra)
     static const char nothrow_tag = 0; /* std::nothrow_t is an empty struct */
     struct tstate *t = &T;
     struct new_scope sc __attribute__((cleanup(new_leave))) = { t, t->guard & GUARD_NEW, t->new_ra };
-    t->new_ra = ra;
+    /* nested: the runtime's nothrow operator calls the throwing one, which failed too; the
+     * block is still the user's `new` */
+    t->new_ra = sc.had ? new_caller(t, ra) : ra;
     t->guard |= GUARD_NEW;  /* cleared by new_leave, also when the operator throws */
     if (al) {
         if (nothrow ? !real.new_al_nothrow : !real.new_al)
@@ -2864,10 +3242,12 @@ COLD static void *new_failed(size_t n, size_t al, int nothrow, const void *ra)
     return nothrow ? real.new_nothrow(n, &nothrow_tag) : real.new_(n);
 }
 
-static inline void *op_new(size_t n, size_t al, int nothrow, const void *ra)
+HOT_INLINE void *op_new(size_t n, size_t al, int nothrow, const void *ra)
 {
     if (unlikely(!real.malloc))
         resolve();
+    if (H->memo)    /* see ENSURE_REAL: inlined into the entry point, this is its frame */
+        MML_MEMO_PREFETCH(ra);
     void *p = al ? al_alloc(al, n ? n : 1) : real.malloc(n ? n : 1);
     if (likely(p != NULL)) {
         rec_alloc(p, n, ra);
@@ -3076,6 +3456,7 @@ static void close_from_outside(const struct slot *s)
     if (fd >= 0) {
         struct stat st;
         uint64_t have = fstat(fd, &st) == 0 ? (uint64_t)st.st_size : 0;
+        int kept = 0;
         struct { uint64_t off; const char *body; size_t n; } h[2];
         for (int i = 0; i < 2; i++) {
             const char *b = s->stage + (size_t)i * s->half_size;
@@ -3093,11 +3474,14 @@ static void close_from_outside(const struct slot *s)
             if (h[i].off == UINT64_MAX || h[i].off + h[i].n <= have)
                 continue;
             uint64_t skip = have > h[i].off ? have - h[i].off : 0;
-            if (pwrite(fd, h[i].body + skip, h[i].n - skip, (off_t)have) ==
+            if (have + h[i].n - skip <= fsize_limit() &&     /* else SIGXFSZ: keep the .tail */
+                pwrite(fd, h[i].body + skip, h[i].n - skip, (off_t)have) ==
                 (ssize_t)(h[i].n - skip))
                 have = h[i].off + h[i].n;
+            else
+                kept = 1;       /* readers take those lines from the .tail */
         }
-        if (pwrite(fd, "#end\n", 5, (off_t)have) == 5) {
+        if (!kept && have + 5 <= fsize_limit() && pwrite(fd, "#end\n", 5, (off_t)have) == 5) {
             d_unlink(side_name(name, sizeof name, s->fileno, ".tail"));
         }
         close(fd);
@@ -3157,6 +3541,7 @@ EXPORT int mmleak_attach(const char *args)
         g_args[n] = 0;
         g_from_args = 1;
     }
+    note_stderr();              /* the process's stderr now: its journal, say */
     int bad = read_config();
     g_from_args = 0;
     if (bad) {

@@ -26,11 +26,30 @@ extern _Atomic uintptr_t mml_direct[MML_DIRECT_SIZE];
 enum { MML_SITE_PROGRAM = 0, MML_SITE_RUNTIME = 1, MML_SITE_WRAPPER = 2, MML_SITE_VOLATILE = 4 };
 #define MML_SITE_PASS (MML_SITE_RUNTIME | MML_SITE_WRAPPER)
 
-/* Classify a code address (slow path; fills mml_direct for the program's addresses, except
- * in a range an object was unloaded from: MML_SITE_VOLATILE). */
+/* Classify a code address (takes a lock; fills mml_direct for the program's addresses and
+ * mml_passing for the others, except in a range an object was unloaded from:
+ * MML_SITE_VOLATILE, never cached). */
 int mml_site_classify(uintptr_t addr);
+
+/* The other verdicts (runtime, wrapper), cached the same way: an entry is the address with
+ * the verdict in its top byte (user-space code addresses are below 2^47). */
+extern _Atomic uintptr_t mml_passing[MML_DIRECT_SIZE];
+#define MML_PASSING_ADDR(e) ((e) & (((uintptr_t)1 << 56) - 1))
+
+/* Classify a code address: two loads when it was classified before, else the slow way. */
+static inline int mml_site_class(uintptr_t a)
+{
+    if (atomic_load_explicit(&mml_direct[MML_DIRECT_SLOT(a)], memory_order_relaxed) == a)
+        return MML_SITE_PROGRAM;
+    uintptr_t e = atomic_load_explicit(&mml_passing[MML_DIRECT_SLOT(a)], memory_order_relaxed);
+    if (MML_PASSING_ADDR(e) == a && (e >> 56))
+        return (int)(e >> 56);
+    return mml_site_classify(a);
+}
 /* Is ADDR in a range an object was unloaded from? */
 int mml_site_volatile(uintptr_t addr);
+/* Was any object unloaded (mml_sites_unloading) in this process? */
+int mml_sites_unloaded(void);
 /* An object is about to be unloaded from [lo, hi). */
 void mml_sites_unloading(uintptr_t lo, uintptr_t hi);
 /* Forget every answer (after dlclose: other code may come at the same addresses). */

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -1370,8 +1371,15 @@ def cmd_run(args):
     except OSError as e:
         raise Fail("cannot create %s: %s" % (d, e.strerror))
     env = dict(os.environ)
-    pre = env.get("LD_PRELOAD", "").split()
-    env["LD_PRELOAD"] = " ".join([lib] + [p for p in pre if p != lib])
+    # mmleak.so first (an allocator preloaded before it would hide malloc from it), and one
+    # copy only (a second one stays out of the way, but say which one traces)
+    pre = [p for p in re.split(r"[ \t\n:]+", env.get("LD_PRELOAD", "")) if p]
+    for p in pre:
+        if p != lib and os.path.basename(p) == os.path.basename(lib):
+            warn("LD_PRELOAD named another %s, %s: replaced by %s"
+                 % (os.path.basename(lib), p, lib))
+    env["LD_PRELOAD"] = " ".join([lib] + [p for p in pre
+                                          if os.path.basename(p) != os.path.basename(lib)])
     env["MMLEAK_DIR"] = d
     if args.depth:
         env["MMLEAK_DEPTH"] = str(args.depth)
@@ -1890,39 +1898,57 @@ def _key_text(callers, stack_lines, sh, by_frames):
     return b"@%x" % sid
 
 
-SERIES_P_RE = re.compile(rb"p( \d+){8}\n")
-SERIES_K_RE = re.compile(rb"k (?:[0-9a-f]{1,16}|@[0-9a-f]{1,16}|other)( -?\d+){6}\n")
+SERIES_P_RE = re.compile(rb"p(?: [0-9]{1,20}){8}\n?")
+SERIES_K_RE = re.compile(rb"k (?:other|@[0-9a-f]{1,16}|[0-9a-f]{1,16})(?: [0-9]{1,20}){6}\n?")
 
 
-def _series_lines(path):
+def series_line_ok(line):
+    """Is LINE of a .series file one its readers can take (a damaged file must not stop the
+    report or the compactor)?  A line without its newline is not whole (it was cut)."""
+    if not line.endswith(b"\n"):
+        return False
+    if line.startswith(b"p "):
+        return SERIES_P_RE.fullmatch(line) is not None
+    if line.startswith(b"k "):
+        return SERIES_K_RE.fullmatch(line) is not None
+    if line.startswith(b"#s "):
+        return parse_stack(line) is not None
+    return True
+
+
+def _series_lines(path, problems=None):
     """The series file's lines: (head '#' lines other than stacks, {stack id: '#s' line},
-    [[p line, [k lines]]]).  Lines that are not whole (a file written by a compactor killed
-    while it appended, before the series was written by rename) are left out."""
+    [[p line, [k lines]]]).  Lines that are not in the format (a damaged file; or a torn
+    line, left by a compactor of an older mmleak.py killed while it appended: the series is
+    now written whole, by rename) are left out, and reported to PROBLEMS if given."""
     head, stacks, points = [], {}, []
     try:
         f = open(path, "rb")
     except OSError:
         return head, stacks, points
     with f:
-        for line in f:
+        for lineno, line in enumerate(f, 1):
+            if not series_line_ok(line):
+                if problems is not None:
+                    problems.add(path, lineno, "malformed",
+                                 "malformed series line skipped: %r" % line[:80])
+                continue
             if line.startswith(b"#s "):
-                st = parse_stack(line)
-                if st:
-                    stacks[st[0]] = line
+                stacks[parse_stack(line)[0]] = line
             elif line.startswith(b"#"):
-                if line.endswith(b"\n"):
-                    head.append(line)
-            elif SERIES_P_RE.fullmatch(line):
+                head.append(line)
+            elif line.startswith(b"p "):
                 points.append([line, []])
-            elif points and SERIES_K_RE.fullmatch(line):
+            elif line.startswith(b"k ") and points:
                 points[-1][1].append(line)
     return head, stacks, points
 
 
-def read_series(path):
+def read_series(path, problems=None):
     """(points, stacks): points oldest first, each with .sites {key: (bytes, blocks, newb,
-    newn, freedb, freedn)}; KEY is a tuple of callers (or "other")."""
-    _, stack_lines, raw = _series_lines(path)
+    newn, freedb, freedn)}; KEY is a tuple of callers (or "other").  Lines that are not in
+    the format are skipped (reported to PROBLEMS, if given)."""
+    _, stack_lines, raw = _series_lines(path, problems)
     stacks = {sid: parse_stack(line)[1] for sid, line in stack_lines.items()}
     return [_series_point_of(p, ks, stacks) for p, ks in raw], stacks
 
@@ -2388,6 +2414,45 @@ def traced_processes():
     return out
 
 
+def process_alive(pid):
+    """Refuse, with one line, a process that does not exist or has already exited."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        raise Fail("no such process %d" % pid, EXIT_INPUT)
+    except (OSError, IndexError):
+        return
+    if state in ("Z", "X"):
+        raise Fail("process %d has exited (a zombie: its parent has not collected it yet)"
+                   % pid, EXIT_INPUT)
+
+
+def same_dir_for(pid, d):
+    """Refuse a DIR that process PID sees as another directory, or not at all (its own mount
+    namespace, PrivateTmp=, chroot): its files would not be where we look."""
+    try:
+        ours = os.stat(d)
+    except OSError as e:
+        raise Fail("%s: %s" % (d, e.strerror), EXIT_INPUT)
+    theirs_path = "/proc/%d/root%s" % (pid, d)
+    try:
+        theirs = os.stat(theirs_path)
+    except FileNotFoundError:
+        raise Fail("%s does not exist for process %d (another mount namespace or root, such "
+                   "as a service's PrivateTmp=): choose a directory it sees as we do"
+                   % (d, pid), EXIT_INPUT)
+    except PermissionError:
+        raise Fail("not permitted to look at process %d's files (run as root, or as its "
+                   "user)" % pid, EXIT_INPUT)
+    except OSError:
+        return          # /proc not readable that way: the process says if it cannot write
+    if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
+        raise Fail("%s is another directory for process %d (another mount namespace or root, "
+                   "such as a service's PrivateTmp=): its files would not be in ours; choose a "
+                   "directory it sees as we do" % (d, pid), EXIT_INPUT)
+
+
 def _call(pid, func, arg, timeout):
     loaded = mmleak_in(pid)     # a path in the process's own mount namespace: used as is
     lib = loaded or find_library()
@@ -2413,9 +2478,15 @@ def _call(pid, func, arg, timeout):
 
 def cmd_attach(args):
     pid = args.pid
+    process_alive(pid)
     d = os.path.abspath(args.dir or os.environ.get("MMLEAK_DIR") or "/tmp")
-    if not os.path.isdir(d):
-        raise Fail("%s: not a directory" % d, EXIT_INPUT)
+    try:
+        if not stat.S_ISDIR(os.stat(d).st_mode):
+            raise Fail("%s: not a directory" % d, EXIT_INPUT)
+    except OSError as e:
+        raise Fail("%s: %s" % (d, e.strerror), EXIT_INPUT)
+    mmleak_in(pid)              # not permitted to look at it: said before anything else
+    same_dir_for(pid, d)
     settings = "MMLEAK_DIR=%s\n" % d
     if args.depth:
         settings += "MMLEAK_DEPTH=%d\n" % args.depth
@@ -2438,6 +2509,7 @@ def cmd_attach(args):
 
 def cmd_detach(args):
     pid = args.pid
+    process_alive(pid)
     state = traced_state(pid)
     if state is None:
         raise Fail("process %d does not have mmleak.so loaded: nothing to detach" % pid,
@@ -2546,7 +2618,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     maps = os.path.join(directory, "mmleak.%s.maps" % tid)
     frames = {}
     sym_error = None
-    series, _ = read_series(series_path(directory, tid))
+    series, _ = read_series(series_path(directory, tid), sh.problems)
     addrs = {c for a in survivors for c in a.callers}
     addrs |= {c for pt in series for k in pt.sites if k != "other" for c in k}
     addrs |= {c for a in freed_since or () for c in a.callers}
@@ -2801,6 +2873,14 @@ def positive_float(v):
     return x
 
 
+def trace_depth(v):
+    """MMLEAK_DEPTH as mmleak.so takes it: 1 to MAX_DEPTH (it ignores anything else)."""
+    n = positive_int(v)
+    if n > MAX_DEPTH:
+        raise argparse.ArgumentTypeError("at most %d: %r" % (MAX_DEPTH, v))
+    return n
+
+
 def positive_int(v):
     try:
         n = int(v)
@@ -2897,8 +2977,8 @@ def build_parser():
                     "live set, not the history; --keep-all keeps every event instead.",
         epilog="example:\n  %(prog)s -d /var/tmp/leaks --depth 16 -- ./server --port 8080\n")
     r.add_argument("-d", "--dir", help="dump directory (default: $MMLEAK_DIR or /tmp)")
-    r.add_argument("--depth", type=positive_int,
-                   help="frames per allocation (MMLEAK_DEPTH; default: auto, through the "
+    r.add_argument("--depth", type=trace_depth,
+                   help="frames per allocation, 1 to 64 (MMLEAK_DEPTH; default: auto, through the "
                         "runtime to the program's own frame)")
     r.add_argument("--keep-all", action="store_true",
                    help="no background compaction: keep every dump file as written")
@@ -3012,14 +3092,17 @@ def build_parser():
                     "before tracing.  A process started with mmleak.so preloaded and then "
                     "detached (or started with MMLEAK_PAUSED=1) resumes, in a new trace.  Needs "
                     "ptrace permission: root, or the same user where kernel.yama.ptrace_scope "
-                    "allows it.  The process's user must be able to write DIR.",
+                    "allows it (root for a process under a seccomp filter, which must be "
+                    "read).  The process's user must be able to write DIR, and the process "
+                    "must see DIR as we do (not in a mount namespace or root of its own).  "
+                    "Refusals are one line, exit status 2, the process left as it was.",
         epilog="example:\n  %(prog)s 4242 -d /var/tmp/leaks    # ... later:\n"
                "  mmleak.py detach 4242\n  mmleak.py report /var/tmp/leaks --pid 4242\n\n"
                + EXIT_HELP)
     a.add_argument("pid", type=positive_int, help="the process")
     a.add_argument("-d", "--dir", help="dump directory (default: $MMLEAK_DIR or /tmp)")
-    a.add_argument("--depth", type=positive_int,
-                   help="frames per allocation (default: auto, see MMLEAK_DEPTH)")
+    a.add_argument("--depth", type=trace_depth,
+                   help="frames per allocation, 1 to 64 (default: auto, see MMLEAK_DEPTH)")
     a.add_argument("--rotate-mb", type=positive_int,
                    help="rotate dump files at this size (default %d, for compaction)"
                         % COMPACT_ROTATE_MB)

@@ -1007,6 +1007,7 @@ def print_longrun(lr, title="longrun"):
 ATTACH_HEAP_MB = 1024
 ATTACH_THREADS = 8
 ATTACH_RATE = 125000        # pairs/s per thread: 8 x 125,000 x 2 = 2 M events/s
+ATTACH_SETTLE = 0.5         # s from a trace's start (attach, or start under LD_PRELOAD) to its window
 
 
 def build_attach_target():
@@ -1038,14 +1039,27 @@ class Target:
         words = self.p.stdout.readline().decode().split()
         return {k: float(v) for k, v in (w.split("=") for w in words[1:])}
 
+    def sys_ticks(self):
+        """The process's system time so far, in clock ticks (/proc/PID/stat)."""
+        try:
+            with open("/proc/%d/stat" % self.pid) as f:
+                return int(f.read().rsplit(")", 1)[1].split()[12])
+        except (OSError, ValueError, IndexError):
+            return None
+
     def window(self, seconds):
-        """CPU ns per event and events per second over SECONDS."""
+        """CPU ns per event (and its system part, from clock ticks: a few ns coarse) and events
+        per second over SECONDS."""
         a = self.stats()
+        sa = self.sys_ticks()
         time.sleep(seconds)
+        sb = self.sys_ticks()
         b = self.stats()
         ev = b["events"] - a["events"]
+        hz = os.sysconf("SC_CLK_TCK")
         return dict(ns_cpu=(b["cpu"] - a["cpu"]) * 1e9 / ev, ev_per_s=ev / (b["wall"] - a["wall"]),
-                    cpu_per_s=(b["cpu"] - a["cpu"]) / (b["wall"] - a["wall"]))
+                    cpu_per_s=(b["cpu"] - a["cpu"]) / (b["wall"] - a["wall"]),
+                    ns_sys=(sb - sa) * 1e9 / hz / ev if sa is not None and sb is not None else None)
 
     def rss_kb(self):
         return proc_rss_kb(self.pid)
@@ -1117,13 +1131,15 @@ def bench_attach(dirs, quick):
     res["window_s"] = win
     ddir = os.path.join(dirs["root"], "attach")
     reset_dir(ddir)
-    w = {"untraced": [], "attached": [], "detached": [], "preloaded": [], "paused": [],
-         "paused-bindnow": [], "resumed": []}
+    w = {"untraced": [], "attached-same": [], "detached": [], "attached": [], "preloaded": [],
+         "paused": [], "paused-bindnow": [], "resumed": []}
     times = {"attach": [], "detach": [], "attach-paused": [], "detach-paused": [], "python": []}
     inside = {"attach": [], "detach": [], "noop": []}
     res["windows"], res["cli_s"], res["inject_ms"] = w, times, inside
+    res["pairs_order"] = []
     try:
-        # 1. a process started without mmleak: untraced windows, then attach/detach cycles
+        # 1. a process started without mmleak: attach/detach cycles, each between an untraced
+        # window and a detached one (interleaved, so that a drift of the machine shows in both)
         log("attach: target with %d MB of heap in %d blocks, %d threads x %d pairs/s"
             % (heap, heap * 1024, ATTACH_THREADS, ATTACH_RATE))
         t = Target({}, heap)
@@ -1133,12 +1149,12 @@ def bench_attach(dirs, quick):
         t.window(1.0)   # warm-up, not counted: the first seconds after the heap was made are slower
         for i in range(cycles):
             w["untraced"].append(t.window(win))
-        for i in range(cycles):
             dt, rc, out = mmleak_cli(["attach", str(t.pid), "-d", ddir])
             if rc != 0:
                 raise RuntimeError("mmleak.py attach: exit %d: %s" % (rc, one_line(out)))
             times["attach"].append(dt)
-            w["attached"].append(t.window(win))
+            time.sleep(ATTACH_SETTLE)
+            w["attached-same"].append(t.window(win))
             dt, rc, out = mmleak_cli(["detach", str(t.pid)])
             if rc != 0:
                 raise RuntimeError("mmleak.py detach: exit %d: %s" % (rc, one_line(out)))
@@ -1148,7 +1164,7 @@ def bench_attach(dirs, quick):
             reset_dir(ddir)
             log("  attach cycle %d/%d: attach %.3f s, detach %.3f s, attached %.1f ns/event cpu"
                 % (i + 1, cycles, times["attach"][-1], times["detach"][-1],
-                   w["attached"][-1]["ns_cpu"]))
+                   w["attached-same"][-1]["ns_cpu"]))
         # the injector call alone (no Python start): attach, detach, and a call of a trivial
         # function of mmleak.so (the cost of the injection itself)
         mod = mmleak_module()
@@ -1170,17 +1186,33 @@ def bench_attach(dirs, quick):
                 inside["detach"].append(ms)
                 reset_dir(ddir)
         t.quit()
-        # 2. the same started under LD_PRELOAD (traced from the start, files rotating at 8 MB
-        # as after an attach): one window per process, its files deleted after it, as the
-        # attached windows' are (on this VM, page cache that keeps growing past a few hundred
-        # MB costs the writer much more system time: see bench/README.rst)
+        # 2. attached against preloaded, measured the same way: a new process for each
+        # window, ATTACH_SETTLE seconds after its files were made (after the attach; after the
+        # start under LD_PRELOAD, files rotating at 8 MB as after an attach), its files deleted
+        # after it (on this VM, page cache that keeps growing past a few hundred MB costs the
+        # writer much more system time: see bench/README.rst), the two kinds alternating in
+        # order (AP, PA, AP...) so that a change in the machine's load falls on both
         for i in range(cycles):
-            t = Target({"LD_PRELOAD": LIB, "MMLEAK_DIR": ddir, "MMLEAK_ROTATE_MB": "8"}, heap)
-            res.setdefault("ready_s_preloaded", t.ready_s)
-            time.sleep(0.5)
-            w["preloaded"].append(t.window(win))
-            t.quit()
-            reset_dir(ddir)
+            order = ("attached", "preloaded") if i % 2 == 0 else ("preloaded", "attached")
+            res["pairs_order"].append(order[0][0].upper() + order[1][0].upper())
+            for kind in order:
+                if kind == "attached":
+                    t = Target({}, heap)
+                    time.sleep(0.5)
+                    dt, rc, out = mmleak_cli(["attach", str(t.pid), "-d", ddir])
+                    if rc != 0:
+                        raise RuntimeError("mmleak.py attach: exit %d: %s" % (rc, one_line(out)))
+                else:
+                    t = Target({"LD_PRELOAD": LIB, "MMLEAK_DIR": ddir, "MMLEAK_ROTATE_MB": "8"},
+                               heap)
+                    res.setdefault("ready_s_preloaded", t.ready_s)
+                time.sleep(ATTACH_SETTLE)
+                w[kind].append(t.window(win))
+                t.quit()
+                reset_dir(ddir)
+            log("  pair %d/%d (%s): attached %.1f, preloaded %.1f ns/event cpu"
+                % (i + 1, cycles, res["pairs_order"][-1], w["attached"][-1]["ns_cpu"],
+                   w["preloaded"][-1]["ns_cpu"]))
         # 3. preloaded but paused (MMLEAK_PAUSED=1), then resumed and paused again by
         # attach / detach
         t = Target({"LD_PRELOAD": LIB, "MMLEAK_DIR": ddir, "MMLEAK_PAUSED": "1"}, heap)
@@ -1193,6 +1225,7 @@ def bench_attach(dirs, quick):
             if rc != 0:
                 raise RuntimeError("mmleak.py attach (paused): exit %d: %s" % (rc, one_line(out)))
             times["attach-paused"].append(dt)
+            time.sleep(ATTACH_SETTLE)
             w["resumed"].append(t.window(win))
             dt, rc, out = mmleak_cli(["detach", str(t.pid)])
             if rc != 0:
@@ -1259,18 +1292,28 @@ def print_attach(a):
     base = med([x["ns_cpu"] for x in wins.get("untraced", [])])
     print("  cost per event, from the target's CPU time and event count over %g s windows (median of %d):"
           % (a.get("window_s", 0), len(wins.get("untraced", []))))
-    for k, label in (("untraced", "never traced"), ("attached", "attached (mmleak.py attach)"),
+    for k, label in (("untraced", "never traced"),
+                     ("attached-same", "attached (one process, cycles)"),
+                     ("detached", "after detach (same process)"),
+                     ("attached", "attached (a new process each)"),
                      ("preloaded", "started under LD_PRELOAD (traced)"),
-                     ("detached", "after detach"), ("paused", "LD_PRELOAD, MMLEAK_PAUSED=1"),
+                     ("paused", "LD_PRELOAD, MMLEAK_PAUSED=1"),
                      ("paused-bindnow", "the same with LD_BIND_NOW=1"),
                      ("resumed", "LD_PRELOAD, paused, then attached")):
         xs = wins.get(k) or []
         if not xs:
             continue
         ns = med([x["ns_cpu"] for x in xs])
-        print("    %-36s %6.1f ns cpu/event  %s  %5.2f M events/s  %4.0f %% of a CPU" % (
+        sy = [x["ns_sys"] for x in xs if x.get("ns_sys") is not None]
+        print("    %-36s %6.1f ns cpu/event  %s  %5s sys  %5.2f M events/s  %4.0f %% of a CPU" % (
             label, ns, ("(+%5.1f)" % (ns - base)) if base is not None and k != "untraced" else "        ",
+            "%.0f" % med(sy) if sy else "-",
             med([x["ev_per_s"] for x in xs]) / 1e6, med([x["cpu_per_s"] for x in xs]) * 100))
+    att, pre = wins.get("attached") or [], wins.get("preloaded") or []
+    if att and len(att) == len(pre):
+        d = [x["ns_cpu"] - y["ns_cpu"] for x, y in zip(att, pre)]
+        print("  attached - preloaded, pair by pair (%s): median %+.1f ns/event (%s)"
+              % (" ".join(a.get("pairs_order") or []), med(d), ", ".join("%+.1f" % x for x in d)))
     if a.get("ready_s_untraced"):
         print("  start of the target (1 GB heap made): %.2f s untraced, %.2f s under LD_PRELOAD; RSS %.0f MB"
               % (a["ready_s_untraced"], a.get("ready_s_preloaded") or float("nan"), a.get("rss_mb") or 0))
@@ -1757,10 +1800,10 @@ def main():
                 if r.get("internal_ns_per_event") is not None else "(baseline)"))
     if depth_summary:
         print()
-        print("MMLEAK_DEPTH (alloc_bench -t 1 -r 12): depth 1 -> 2 adds %s ns/event wall, %s cpu (the fast"
+        print("MMLEAK_DEPTH (alloc_bench -t 1 -r 12): depth 1 -> 2 adds %s ns/event wall, %s cpu (the one-frame"
               % (f(depth_summary.get("step_1_to_2_ns"), "%.0f"),
                  f(depth_summary.get("step_1_to_2_ns_cpu"), "%.0f")))
-        print("  writer gives way to backtrace()); each extra frame beyond 2 adds %s ns/event wall, %s cpu"
+        print("  writer gives way to the slow path: stack, memo, id); each extra frame beyond 2 adds %s ns/event wall, %s cpu"
               % (f(depth_summary.get("ns_per_extra_frame"), "%.1f"),
                  f(depth_summary.get("ns_per_extra_frame_cpu"), "%.1f")))
         print("  (least-squares slope over depths 2, 4, 8) and %s bytes/event per frame (1 -> 8)."

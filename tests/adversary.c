@@ -11,6 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/fsuid.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -55,6 +60,59 @@ static int dlerr_fork(int nthreads)
     int st;
     waitpid(c, &st, 0);
     printf("child %s\n", WIFEXITED(st) && WEXITSTATUS(st) == 0 ? "ok" : "failed");
+    return 0;
+}
+
+/* ---- 1b. threads that fail a dlopen before tracing starts (MMLEAK_PAUSED, then attach),
+ * and end after: the free of their dlerror() buffer at exit is their first event ---- */
+static pthread_barrier_t late_go;
+
+static void *late_body(void *arg)
+{
+    (void)arg;
+    void *h = dlopen("/nonexistent/mmleak-none.so", RTLD_NOW);
+    if (h)
+        dlclose(h);
+    keep(strerror(123456));
+    pthread_barrier_wait(&late_go);             /* ready */
+    pthread_barrier_wait(&late_go);             /* traced now: end */
+    return NULL;
+}
+
+static int dlerr_attach(int nthreads)
+{
+    pthread_t t[100];
+    pthread_barrier_init(&late_go, NULL, (unsigned)nthreads + 1);
+    for (int i = 0; i < nthreads; i++)
+        pthread_create(&t[i], NULL, late_body, NULL);
+    pthread_barrier_wait(&late_go);
+    puts("ready");
+    char c;
+    if (read(0, &c, 1) != 1)                    /* the test attaches meanwhile */
+        return 1;
+    pthread_barrier_wait(&late_go);
+    for (int i = 0; i < nthreads; i++)
+        pthread_join(t[i], NULL);
+    keep(malloc(773));                          /* site:dlerr_attach */
+    churn(1000);
+    puts("dlerr_attach done");
+    return 0;
+}
+
+/* ---- 4d. events staged, then the test lowers our RLIMIT_FSIZE and detaches ---- */
+static int detach_fsize(void)
+{
+    signal(SIGXFSZ, SIG_DFL);
+    char c;
+    puts("ready");
+    if (read(0, &c, 1) != 1)                    /* attached now */
+        return 1;
+    keep(malloc(1302));                         /* site:detach_staged */
+    churn(300);                                 /* staged, not flushed */
+    puts("staged");
+    if (read(0, &c, 1) != 1)                    /* detached now */
+        return 1;
+    puts("detach_fsize done");
     return 0;
 }
 
@@ -110,6 +168,77 @@ static int nofile(long window, int pre)
     return 0;
 }
 
+/* ---- 3c. the first event after a long failure: the one that finds writing works again ---- */
+static int recover_first(void)
+{
+    keep(malloc(510));                          /* site:recover_pre */
+    struct rlimit r = { 64, 64 };
+    setrlimit(RLIMIT_NOFILE, &r);
+    int fds[64], n = 0;
+    for (;;) {
+        int fd = open("/dev/null", O_RDONLY);
+        if (fd < 0)
+            break;
+        fds[n++] = fd;
+    }
+    churn(100000);                              /* far more than the staging area holds */
+    while (n > 0)
+        close(fds[--n]);
+    sleep(2);                                   /* the next event tries to write again */
+    keep(malloc(511));                          /* site:recover_first */
+    churn(100);
+    puts("recover done");
+    return 0;
+}
+
+/* ---- 3d. a disk full when the trace starts, then room again (the test frees it) ---- */
+static int waitdisk(void)
+{
+    keep(malloc(921));                          /* site:disk_before */
+    char c;
+    if (read(0, &c, 1) != 1)
+        return 1;
+    churn(5000);
+    keep(malloc(922));                          /* site:disk_after */
+    puts("waitdisk done");
+    return 0;
+}
+
+/* ---- 3e. the program's own file takes descriptor 2, then writing fails for a while ---- */
+static int stderr_taken(const char *data)
+{
+    keep(malloc(520));                          /* site:stderr_before */
+    churn(100);
+    close(2);
+    int fd = open(data, O_RDWR | O_CREAT | O_TRUNC, 0600);     /* descriptor 2 */
+    if (fd != 2 || write(fd, "precious data\n", 14) != 14)
+        return 2;
+    struct rlimit r = { 8, 8 };
+    setrlimit(RLIMIT_NOFILE, &r);
+    int fds[8], n = 0;
+    for (;;) {
+        int f = open("/dev/null", O_RDONLY);
+        if (f < 0)
+            break;
+        fds[n++] = f;
+    }
+    churn(100000);                              /* mmleak cannot write: it says so, once */
+    while (n > 0)
+        close(fds[--n]);
+    puts("stderr_taken done");
+    return 0;
+}
+
+/* ---- 3f. a umask that takes the owner's write permission ---- */
+static int strict_umask(void)
+{
+    umask(0777);
+    keep(malloc(530));                          /* site:umask_leak */
+    churn(50000);
+    puts("umask done");
+    return 0;
+}
+
 /* ---- 4. a file size limit ---- */
 static int fsize(long limit, long events)
 {
@@ -121,6 +250,41 @@ static int fsize(long limit, long events)
     churn(events);
     keep(malloc(602));                          /* site:fsize_after */
     puts("fsize done");
+    return 0;
+}
+
+/* ---- 4b. the limit lowered below what the thread's file already holds ---- */
+static int fsize_late(long before, long limit, long after)
+{
+    signal(SIGXFSZ, SIG_DFL);
+    keep(malloc(611));                          /* site:fsize_late_before */
+    churn(before);
+    struct rlimit r = { (rlim_t)limit, (rlim_t)limit };
+    if (setrlimit(RLIMIT_FSIZE, &r))
+        return 2;
+    keep(malloc(612));                          /* site:fsize_late_after */
+    churn(after);
+    puts("fsize_late done");
+    return 0;
+}
+
+/* ---- 4c. plugins loaded and unloaded in turn under a file size limit: the log of loads
+ * (mmleak.ID.loads) grows at every unload ---- */
+static int fsize_dl(long limit, int cycles, const char *lib0, const char *lib1)
+{
+    signal(SIGXFSZ, SIG_DFL);
+    struct rlimit r = { (rlim_t)limit, (rlim_t)limit };
+    if (setrlimit(RLIMIT_FSIZE, &r))
+        return 2;
+    for (int k = 0; k < cycles; k++) {
+        void *h = dlopen(k % 2 ? lib1 : lib0, RTLD_NOW);
+        if (!h)
+            return 4;
+        void *(*leak)(size_t) = (void *(*)(size_t))dlsym(h, "dl_leak");
+        free(leak(20));
+        dlclose(h);
+    }
+    puts("fsize_dl done");
     return 0;
 }
 
@@ -147,6 +311,79 @@ static int uidrace(int nthreads)
     for (int i = 0; i < nthreads; i++)
         pthread_join(t[i], NULL);
     keep(malloc(799));                          /* site:uid_main */
+    return 0;
+}
+
+/* ---- 5c. one thread acting as another user for a while, as file servers do per request:
+ * a raw setresuid (glibc's would change every thread) or setfsuid, then back ---- */
+static const char *creds_how;
+
+static void *creds_body(void *arg)
+{
+    (void)arg;
+    keep(malloc(740));                          /* site:creds_root */
+    churn(10);                                  /* this thread's file exists, root's */
+    for (size_t req = 0; req < 5; req++) {
+        uid_t who = 65533 + (uid_t)(req % 2);   /* another user at each request */
+        if (!strcmp(creds_how, "fsuid"))
+            setfsuid(who);
+        else
+            syscall(SYS_setresuid, -1, who, -1);
+        keep(malloc(741 + req));                /* site:creds_request */
+        churn(20000);                           /* flushes, as the other user */
+        if (!strcmp(creds_how, "fsuid"))
+            setfsuid(0);
+        else
+            syscall(SYS_setresuid, -1, 0, -1);
+    }
+    return NULL;
+}
+
+static int threadcreds(const char *how)
+{
+    creds_how = how;
+    pthread_t t;
+    pthread_create(&t, NULL, creds_body, NULL);
+    pthread_join(t, NULL);
+    puts("threadcreds done");
+    return 0;
+}
+
+/* ---- 5d. a seccomp filter that kills the process at setfsuid (a unit's
+ * SystemCallFilter=~@privileged): mmleak must not call it on its own ---- */
+static int no_setfsuid(void)
+{
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_setfsuid, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = { sizeof f / sizeof f[0], f };
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) ||
+        syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog))
+        return 5;
+    keep(malloc(750));                          /* site:seccomp_leak */
+    churn(50000);                               /* flushes, new files */
+    puts("no_setfsuid done");
+    return 0;
+}
+
+/* ---- 5b. a plugin unloaded before and after the process drops root ---- */
+static int dlsetuid(const char *lib0, const char *lib1)
+{
+    for (int k = 0; k < 2; k++) {
+        if (k == 1 && setresuid(65534, 65534, 65534))
+            return 3;
+        void *h = dlopen(k ? lib1 : lib0, RTLD_NOW);
+        if (!h)
+            return 4;
+        void *(*leak)(size_t) = (void *(*)(size_t))dlsym(h, "dl_leak");
+        keep(leak(730 + (size_t)k));
+        churn(3000);
+        dlclose(h);
+    }
+    puts("dlsetuid done");
     return 0;
 }
 
@@ -248,6 +485,18 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "allocator")) return allocator();
     if (!strcmp(mode, "nofile")) return nofile(atol(argv[2]), argc > 3 ? atoi(argv[3]) : 0);
     if (!strcmp(mode, "fsize")) return fsize(atol(argv[2]), atol(argv[3]));
+    if (!strcmp(mode, "recover")) return recover_first();
+    if (!strcmp(mode, "no_setfsuid")) return no_setfsuid();
+    if (!strcmp(mode, "umask")) return strict_umask();
+    if (!strcmp(mode, "stderr_taken")) return stderr_taken(argv[2]);
+    if (!strcmp(mode, "detach_fsize")) return detach_fsize();
+    if (!strcmp(mode, "fsize_dl"))
+        return fsize_dl(atol(argv[2]), atoi(argv[3]), argv[4], argv[5]);
+    if (!strcmp(mode, "dlerr_attach")) return dlerr_attach(atoi(argv[2]));
+    if (!strcmp(mode, "threadcreds")) return threadcreds(argv[2]);
+    if (!strcmp(mode, "fsize_late")) return fsize_late(atol(argv[2]), atol(argv[3]), atol(argv[4]));
+    if (!strcmp(mode, "dlsetuid")) return dlsetuid(argv[2], argv[3]);
+    if (!strcmp(mode, "waitdisk")) return waitdisk();
     if (!strcmp(mode, "stackwait")) return stackwait();
     if (!strcmp(mode, "fill")) return fill(atoi(argv[2]));
     if (!strcmp(mode, "uidrace")) return uidrace(atoi(argv[2]));

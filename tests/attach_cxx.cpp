@@ -1,5 +1,7 @@
 // A C++ program for tests/test_attach.py: waits for "leak" on stdin, then leaks through
-// operator new, std::string (its buffer is made inside libstdc++), strdup and getline.
+// operator new, std::string (its buffer is made inside libstdc++), strdup and getline;
+// "strings N" makes and frees N std::string buffers (allocated inside libstdc++), then
+// says "made N".
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -33,6 +35,13 @@ int main()
             leak_strdup();
             leak_getline();
             std::printf("leaked\n");
+        } else if (!std::strncmp(buf, "strings ", 8)) {
+            long n = std::atol(buf + 8);
+            for (long i = 0; i < n; i++) {
+                std::string s(100 + i % 50, 'y');
+                sink = &s;
+            }
+            std::printf("made %ld\n", n);
         } else if (!std::strcmp(buf, "quit\n")) {
             break;
         }

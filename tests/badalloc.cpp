@@ -57,8 +57,40 @@ static int handlers()
     return 0;
 }
 
+// One failing form of operator new whose retry succeeds after the handler frees a reserve:
+// the block is the user's `new`, at its line, whatever allocator is preloaded after mmleak
+// (jemalloc's and tcmalloc's own operators allocate inside themselves, out of sight).
+static int retry(const char *form)
+{
+    struct rlimit r;
+    getrlimit(RLIMIT_AS, &r);
+    r.rlim_cur = (rlim_t)1 << 30;
+    setrlimit(RLIMIT_AS, &r);
+    reserve_block = std::malloc((size_t)600 << 20);
+    std::set_new_handler(reserve_handler);
+    const size_t n = (size_t)500 << 20;
+    void *q = nullptr;
+    if (!std::strcmp(form, "plain"))
+        q = ::operator new(n);                                     // site:retry_plain
+    else if (!std::strcmp(form, "array"))
+        q = new char[n];                                           // site:retry_array
+    else if (!std::strcmp(form, "nothrow"))
+        q = new (std::nothrow) char[n];                            // site:retry_nothrow
+    else if (!std::strcmp(form, "aligned"))
+        q = ::operator new(n, std::align_val_t(64));               // site:retry_aligned
+    else if (!std::strcmp(form, "alnothrow"))
+        q = ::operator new(n, std::align_val_t(64), std::nothrow); // site:retry_alnothrow
+    if (q)
+        std::memset(q, 1, 4096);
+    sink = q;
+    std::printf("%s: handler_calls=%d retry=%s\n", form, handler_calls, q ? "pointer" : "null");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 2)
+        return retry(argv[2]);
     if (argc > 1)
         return handlers();
     int caught = 0;

@@ -59,6 +59,7 @@ def bins(tmp_path_factory, lib):
     cc("badalloc", "badalloc.cpp", "-std=c++17", compiler="c++")
     # -O0: at -O1 GCC deletes free(malloc(n)), and these programs churn that way
     cc("adversary", "adversary.c", "-O0", "-pthread", "-ldl")
+    cc("own_malloc", "own_malloc.c", "-O0")
     return out
 
 

@@ -11,7 +11,9 @@
  *               [-c: commands: the threads churn until "quit"; the main thread reads lines
  *                "leak N" (N blocks of 64 bytes, site cmd_leak), "fork" (a child leaks 7
  *                blocks of 65 bytes, site fork_leak, and exits), "load PATH" (dlopen a
- *                tests/plugin.c library and call its plugin_leak), and answers each]
+ *                tests/plugin.c library and call its plugin_leak), "keep N" (N blocks of
+ *                72 bytes kept, site keep), "drop" (frees them, site drop), and answers
+ *                each]
  * Prints "leaked N" (this process) at the end. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -93,6 +95,21 @@ static void cmd_leak(long n)
         sink = malloc(64);                      /* site:cmd_leak */
 }
 
+static void *kept[4096];
+static long nkept;
+
+static void cmd_keep(long n)
+{
+    for (long i = 0; i < n && nkept < 4096; i++)
+        kept[nkept++] = malloc(72);             /* site:keep */
+}
+
+static void cmd_drop(void)
+{
+    while (nkept)
+        free(kept[--nkept]);                    /* site:drop */
+}
+
 static int commands(void)
 {
     pthread_t t[64];
@@ -106,6 +123,13 @@ static int commands(void)
         if (!strncmp(line, "leak ", 5)) {
             cmd_leak(atol(line + 5));
             printf("ok %ld\n", atol(line + 5));
+        } else if (!strncmp(line, "keep ", 5)) {
+            cmd_keep(atol(line + 5));
+            printf("kept %ld\n", nkept);
+        } else if (!strcmp(line, "drop")) {
+            long n = nkept;
+            cmd_drop();
+            printf("dropped %ld\n", n);
         } else if (!strcmp(line, "fork")) {
             pid_t c = fork();
             if (c == 0) {
@@ -152,7 +176,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (threads < 1 || threads > 64)
+    if (threads < (cmds ? 0 : 1) || threads > 64)    /* commands: -t 0, no churn */
         return 2;
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (cmds)

@@ -15,7 +15,13 @@
  *                  nanosleep of SECS s: "handler kept|LOST blocked kept|LOST", then as sleep
  *   mainexit SECS  the main thread exits (pthread_exit), another one does "sleep SECS"
  *   ctor LIB SECS  a thread sleeps SECS s in nanosleep while main dlopen()s LIB (whose
- *                  constructor sleeps): "dlopen ok" */
+ *                  constructor sleeps): "dlopen ok"
+ *   exitafter USECS  a thread in malloc/free all the time; main exits after USECS us
+ *   blockread      every signal blocked (sigfillset), then read() on stdin: "read N TEXT" 
+ *   seccomp HOW    under seccomp, then read() on stdin: "read N TEXT".  HOW: strict (strict
+ *                  mode), kill-openat or kill-fallocate (a filter that kills the process at
+ *                  that call), errno-openat (fails it with EPERM), errno-acct (fails acct,
+ *                  which nothing here makes) */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -26,7 +32,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -247,6 +257,64 @@ int main(int argc, char **argv)
         pthread_join(t, NULL);
         return 0;
     }
-    fprintf(stderr, "usage: inject_target sleep|read|busy|threads|segvblock|ctor ...\n");
+    if (!strcmp(mode, "blockread")) {
+        sigset_t all;
+        sigfillset(&all);
+        sigprocmask(SIG_BLOCK, &all, NULL);
+        char buf[64];
+        ready();
+        ssize_t n = read(0, buf, sizeof buf - 1);
+        buf[n > 0 ? n : 0] = 0;
+        printf("read %zd %s", n, buf);
+        return 0;
+    }
+    if (!strcmp(mode, "exitafter") && argc > 2) {
+        pthread_t t;
+        pthread_create(&t, NULL, churn, (void *)1L);
+        ready();
+        usleep((useconds_t)atol(argv[2]));
+        exit(0);
+    }
+    if (!strcmp(mode, "seccomp") && argc > 2) {
+        const char *how = argv[2];
+        char buf[64];
+        if (!strcmp(how, "strict")) {
+            fflush(stdout);
+            if (syscall(SYS_prctl, PR_SET_SECCOMP, SECCOMP_MODE_STRICT))
+                return 3;
+            /* only read, write and exit from here */
+            syscall(SYS_write, 1, "ready\n", 6);
+            long n = syscall(SYS_read, 0, buf, sizeof buf);
+            char out[80] = "read ";
+            long k = 5;
+            out[k++] = (char)('0' + (n > 9 ? 9 : n < 0 ? 0 : n));
+            out[k++] = ' ';
+            for (long i = 0; i < n && k < 70; i++)
+                out[k++] = buf[i];
+            out[k++] = '\n';
+            syscall(SYS_write, 1, out, k);
+            syscall(SYS_exit, 0);
+        }
+        int nr = strstr(how, "openat") ? SYS_openat : strstr(how, "fallocate") ? SYS_fallocate
+                                                                                : SYS_acct;
+        unsigned act = !strncmp(how, "kill", 4) ? SECCOMP_RET_KILL_PROCESS
+                                                : SECCOMP_RET_ERRNO | EPERM;
+        struct sock_filter f[] = {
+            BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)nr, 0, 1),
+            BPF_STMT(BPF_RET | BPF_K, act),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        };
+        struct sock_fprog prog = { 4, f };
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER,
+                                                             &prog))
+            return 3;
+        ready();
+        ssize_t n = read(0, buf, sizeof buf - 1);
+        buf[n > 0 ? n : 0] = 0;
+        printf("read %zd %s\n", n, buf);
+        return 0;
+    }
+    fprintf(stderr, "usage: inject_target sleep|read|busy|threads|segvblock|ctor|seccomp ...\n");
     return 2;
 }

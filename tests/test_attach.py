@@ -3,8 +3,10 @@
 reported exactly; refusals are one clear line and leave the process alone."""
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -23,6 +25,8 @@ def progs(tmp_path_factory, lib):
                     str(d / "libalpha.so"), os.path.join(TESTS, "plugin.c")], check=True)
     subprocess.run(["c++", "-O1", "-g", "-o", str(d / "attach_cxx"),
                     os.path.join(TESTS, "attach_cxx.cpp")], check=True)
+    subprocess.run(["cc", "-O1", "-g", "-pthread", "-o", str(d / "attach_hostile"),
+                    os.path.join(TESTS, "attach_hostile.c")], check=True)
     subprocess.run(["cc", "-O1", "-static", "-o", str(d / "static_sleep"), "-x", "c", "-"],
                    input=b"#include <unistd.h>\nint main(void){pause();return 0;}\n",
                    check=True)
@@ -124,23 +128,58 @@ def test_attach_leak_detach_a_hundred_times_under_load(progs, tmp_path):
     assert t.last == "bye"
 
 
+def base_of(pid, path):
+    """Load address of the object mapped from PATH in process PID (its offset-0 mapping)."""
+    with open("/proc/%d/maps" % pid) as f:
+        for l in f:
+            w = l.split()
+            if len(w) >= 6 and w[5] == path and int(w[2], 16) == 0:
+                return int(w[0].split("-")[0], 16)
+    raise AssertionError("%s not mapped in %d" % (path, pid))
+
+
+def got_malloc(pid, exe):
+    """What the GOT slot of malloc in EXE (a PIE of process PID) holds now: "libc" (glibc's
+    malloc), "mmleak" (an address in mmleak.so), or the address."""
+    r = subprocess.run(["readelf", "-rW", exe], capture_output=True, text=True, check=True)
+    (off,) = {int(l.split()[0], 16) for l in r.stdout.splitlines()
+              if "R_X86_64_JUMP_SLOT" in l and " malloc@" in l}
+    with open("/proc/%d/mem" % pid, "rb") as m:
+        m.seek(base_of(pid, exe) + off)
+        value = int.from_bytes(m.read(8), "little")
+    with open("/proc/%d/maps" % pid) as f:
+        maps = [l.split() for l in f if len(l.split()) >= 6]
+    libc = [w[5] for w in maps if os.path.basename(w[5]).startswith("libc.so")][0]
+    sym = mmleak._elf_symbol(libc, "malloc")
+    if value == base_of(pid, libc) + sym[0]:
+        return "libc"
+    for w in maps:
+        lo, hi = (int(x, 16) for x in w[0].split("-"))
+        if lo <= value < hi and os.path.basename(w[5]) == "mmleak.so":
+            return "mmleak"
+    return hex(value)
+
+
 def test_detached_process_pays_nothing_and_writes_nothing(progs, tmp_path):
-    """After detach the process's GOT slots point at libc again: its dump files do not
-    change however much it allocates."""
-    t = Target([str(progs / "daemon_load"), "-c", "-t", "2"])
+    """The GOT slot of malloc in the program: glibc's malloc before the attach, mmleak's while
+    attached, glibc's again after the detach (twice); and once detached, its dump files do
+    not change however much it allocates."""
+    exe = str(progs / "daemon_load")
+    t = Target([exe, "-c", "-t", "2"])
     try:
         assert t.line() == "churning"
-        mm("attach", str(t.pid), "-d", str(tmp_path))
-        time.sleep(0.3)
-        mm("detach", str(t.pid))
+        assert got_malloc(t.pid, exe) == "libc"
+        for cycle in range(2):
+            mm("attach", str(t.pid), "-d", str(tmp_path))
+            assert got_malloc(t.pid, exe) == "mmleak"
+            time.sleep(0.3)
+            mm("detach", str(t.pid))
+            assert got_malloc(t.pid, exe) == "libc"
         sizes = {f: os.path.getsize(tmp_path / f) for f in os.listdir(tmp_path)}
         assert t.say("leak 1000") == "ok 1000"
         time.sleep(0.5)
         assert {f: os.path.getsize(tmp_path / f) for f in os.listdir(tmp_path)} == sizes
-        # the slots: malloc in the program's GOT is libc's again, not mmleak's
-        libc = [l.split()[-1] for l in open("/proc/%d/maps" % t.pid) if "/libc.so" in l][0]
-        state = mmleak.traced_state(t.pid)
-        assert state == "paused" and libc
+        assert mmleak.traced_state(t.pid) == "paused"
     finally:
         assert t.end() == 0
 
@@ -272,3 +311,240 @@ def test_child_of_a_paused_process_stays_paused(progs, tmp_path):
         assert sorted(os.listdir(tmp_path)) == before
     finally:
         assert t.end() == 0
+
+
+def classify_calls(t, command, expect, tmp_path):
+    """Calls of mmleak-sites.c's mml_site_classify (the slow path's question "whose code is
+    this caller?") while process T runs COMMAND (answer EXPECT) and then quits: counted by a
+    gdb breakpoint that never stops (ignore count), read once the process has exited."""
+    mark = tmp_path / ("gdb-ready-%d" % t.pid)
+    g = subprocess.Popen(["gdb", "-q", "-nx", "-batch", "-p", str(t.pid),
+                          "-ex", "set debuginfod enabled off",
+                          "-ex", "break mml_site_classify", "-ex", "ignore 1 100000000",
+                          "-ex", "shell touch %s" % mark,
+                          "-ex", "continue", "-ex", "info breakpoints"],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        # the breakpoint is set and the process stopped; `continue` inserts it, then resumes
+        for _ in range(600):
+            if mark.exists() or g.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert mark.exists(), g.communicate(timeout=30)[0]
+        assert t.say(command) == expect
+        t.p.stdin.write(b"quit\n")
+        t.p.stdin.flush()
+        out, _ = g.communicate(timeout=120)
+        assert t.p.wait(timeout=30) == 0, out
+    finally:
+        if g.poll() is None:
+            g.kill()
+            g.wait()
+    m = [l for l in out.splitlines() if "already hit" in l]
+    return int(m[0].split("already hit")[1].split()[0]) if m else 0
+
+
+@pytest.mark.skipif(not shutil.which("gdb"), reason="gdb is not installed (apt-get install gdb)")
+def test_depth_one_attached_takes_the_fast_path_as_preloaded(progs, tmp_path):
+    """--depth 1: an allocation made inside libstdc++ (std::string's buffer) is written by
+    the fast path, with no question asked per event, attached as preloaded (the attach moved
+    the epoch, and the fast path took that for "something was unloaded": every such event
+    went through the slow path and mml_site_classify)."""
+    counts = {}
+    for how in ("preloaded", "attached"):
+        d = tmp_path / how
+        d.mkdir()
+        if how == "preloaded":
+            t = Target([str(progs / "attach_cxx")],
+                       env={"LD_PRELOAD": LIB, "MMLEAK_DIR": str(d), "MMLEAK_DEPTH": "1"})
+            assert t.line() == "ready"
+        else:
+            t = Target([str(progs / "attach_cxx")])
+            assert t.line() == "ready"
+            mm("attach", str(t.pid), "-d", str(d), "--depth", "1")
+        assert t.say("strings 100") == "made 100"     # the thread's file is open
+        counts[how] = classify_calls(t, "strings 2000", "made 2000", tmp_path)
+    assert counts["preloaded"] < 20, counts
+    assert counts["attached"] < 20, counts
+
+
+@pytest.mark.skipif(not shutil.which("gdb"), reason="gdb is not installed (apt-get install gdb)")
+def test_default_depth_attached_asks_no_more_than_preloaded(progs, tmp_path):
+    """Default depth: an allocation inside libstdc++ needs its stack up to the program's
+    frame, attached as preloaded, and the slow questions asked for it are the same: none per
+    event once the verdicts are cached (capture() took the epoch an attach moves for
+    "something was unloaded" and asked about every frame after the program's, each a locked
+    look-up: 6000 for 2000 strings attached, 2000 preloaded)."""
+    counts = {}
+    for how in ("preloaded", "attached"):
+        d = tmp_path / how
+        d.mkdir()
+        if how == "preloaded":
+            t = Target([str(progs / "attach_cxx")], env={"LD_PRELOAD": LIB, "MMLEAK_DIR": str(d)})
+            assert t.line() == "ready"
+        else:
+            t = Target([str(progs / "attach_cxx")])
+            assert t.line() == "ready"
+            mm("attach", str(t.pid), "-d", str(d))
+        assert t.say("strings 100") == "made 100"
+        counts[how] = classify_calls(t, "strings 2000", "made 2000", tmp_path)
+    assert counts["preloaded"] < 20, counts
+    assert counts["attached"] < 20, counts
+
+
+def refused(args, why):
+    """`mmleak.py ARGS` refused: exit 2, nothing on stdout, one line on stderr containing WHY."""
+    r = mm(*args, check=False)
+    assert (r.returncode, r.stdout, r.stderr.count("\n")) == (2, "", 1), r.stdout + r.stderr
+    assert why in r.stderr, r.stderr
+    return r.stderr
+
+
+def test_zombie_is_refused_in_one_line(tmp_path):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        for _ in range(100):
+            with open("/proc/%d/stat" % pid) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.02)
+        why = "process %d has exited (a zombie: its parent has not collected it yet)" % pid
+        refused(["attach", str(pid), "-d", str(tmp_path)], why)
+        refused(["detach", str(pid)], why)
+    finally:
+        os.waitpid(pid, 0)
+
+
+def test_stopped_traced_and_other_users_process_are_refused_untouched(progs, tmp_path):
+    """A process stopped by SIGSTOP, one traced by strace, one of root's attached by nobody:
+    one line each, and the process goes on as it was, mmleak.so never loaded into it."""
+    t = Target([str(progs / "daemon_load"), "-c", "-t", "1"])
+    try:
+        assert t.line() == "churning"
+        os.kill(t.pid, signal.SIGSTOP)
+        try:
+            refused(["attach", str(t.pid), "-d", str(tmp_path)],
+                    "attach %d: %d is stopped (state T): resume it first (kill -CONT %d)"
+                    % (t.pid, t.pid, t.pid))
+            with open("/proc/%d/stat" % t.pid) as f:
+                assert f.read().rsplit(")", 1)[1].split()[0] == "T"    # still stopped
+        finally:
+            os.kill(t.pid, signal.SIGCONT)
+        if shutil.which("strace"):
+            s = subprocess.Popen(["strace", "-q", "-o", "/dev/null", "-p", str(t.pid)])
+            try:
+                for _ in range(200):
+                    with open("/proc/%d/status" % t.pid) as f:
+                        if "TracerPid:\t%d\n" % s.pid in f.read():
+                            break
+                    time.sleep(0.02)
+                refused(["attach", str(t.pid), "-d", str(tmp_path)],
+                        "attach %d: %d is being traced by another process (%d strace)"
+                        % (t.pid, t.pid, s.pid))
+            finally:
+                s.terminate()
+                s.wait()
+        if os.geteuid() == 0:
+            d = tempfile.mkdtemp(prefix="mmleak-open-", dir="/tmp")   # nobody can reach it
+            os.chmod(d, 0o1777)
+            r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                "/usr/bin/python3"] + MMLEAK[1:] + ["attach", str(t.pid), "-d",
+                                                                   str(d)],
+                               capture_output=True, text=True)
+            assert (r.returncode, r.stdout, r.stderr) == (2, "", (
+                "mmleak.py: not permitted to look at process %d (run as root, or as its "
+                "user)\n" % t.pid))
+            os.rmdir(d)
+        assert mmleak.mmleak_in(t.pid) is None
+        assert t.say("leak 3") == "ok 3"
+    finally:
+        assert t.end() == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="needs root and unshare(1) for a mount namespace")
+def test_directory_another_mount_namespace_does_not_share_is_refused(progs, tmp_path):
+    """A process in its own mount namespace, where DIR is a tmpfs of its own (as a service's
+    PrivateTmp=), or does not exist: its files would not be where we look. Refused in one
+    line before the process is touched."""
+    shared = tmp_path / "private"
+    shared.mkdir()
+    t = Target(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                'mount -t tmpfs none "$0" && exec "$1" -c -t 1', str(shared),
+                str(progs / "daemon_load")])
+    try:
+        assert t.line() == "churning"
+        refused(["attach", str(t.pid), "-d", str(shared)],
+                "%s is another directory for process %d (another mount namespace or root, "
+                "such as a service's PrivateTmp=)" % (shared, t.pid))
+        (shared / "sub").mkdir()        # ours only: the process's tmpfs has no "sub"
+        refused(["attach", str(t.pid), "-d", str(shared / "sub")],
+                "%s does not exist for process %d" % (shared / "sub", t.pid))
+        assert mmleak.mmleak_in(t.pid) is None
+        assert t.say("leak 2") == "ok 2"
+        # a directory it shares with us: traced as usual
+        d = tmp_path / "d"
+        d.mkdir()
+        mm("attach", str(t.pid), "-d", str(d))
+        assert t.say("leak 4") == "ok 4"
+        mm("detach", str(t.pid))
+        got, _ = window(d, str(t.pid), "daemon_load.c")
+        assert got.get(("cmd_leak", site_line("daemon_load.c", "cmd_leak"), 64)) == 4
+    finally:
+        assert t.end() == 0
+
+
+def test_blocks_from_before_the_attach_and_stacks_at_a_depth(progs, tmp_path):
+    """30 blocks allocated before the attach and freed in the window are its 30 frees of
+    blocks allocated before tracing, at the line that freed them; the window's leaks carry
+    their stacks (--depth 8: cmd_leak, main, libc's); nothing else (no churn threads)."""
+    t = Target([str(progs / "daemon_load"), "-c", "-t", "0"])
+    try:
+        assert t.line() == "churning"
+        assert t.say("keep 30") == "kept 30"
+        mm("attach", str(t.pid), "-d", str(tmp_path), "--depth", "8")
+        assert t.say("leak 5") == "ok 5"
+        assert t.say("drop") == "dropped 30"
+        mm("detach", str(t.pid))
+        rep = mmleak.build_report(str(tmp_path), str(t.pid), progress=False)
+        frames = rep["frames"]
+        drop = site_line("daemon_load.c", "drop")
+        assert len(rep["foreign_frees"]) == 30
+        assert {(mmleak.base_name(frames[f.caller].function), frames[f.caller].line)
+                for f in rep["foreign_frees"]} == {("cmd_drop", drop)}
+        stacks = {tuple((mmleak.base_name(frames[a].function), frames[a].line)
+                        for a in s.callers[:3]) for s in rep["survivors"]}
+        assert len(rep["survivors"]) == 5 and {s.size for s in rep["survivors"]} == {64}
+        assert len(stacks) == 1, stacks
+        (stack,) = stacks
+        # (commands, called once and static, is inlined into main at -O1)
+        assert [f for f, _ in stack] == ["cmd_leak", "main", "__libc_start_call_main"], stack
+        assert stack[0][1] == site_line("daemon_load.c", "cmd_leak")
+    finally:
+        assert t.end() == 0
+
+
+@pytest.mark.parametrize("argv", [["threads", "200"], ["forks"]])
+def test_many_threads_and_a_thread_that_forks_all_the_time(progs, tmp_path, argv):
+    """200 threads (4 allocating as fast as they can); or a thread that forks all the time,
+    the children allocating: five attach/detach cycles, each window's leak exact, the
+    process answering throughout and ending normally."""
+    t = Target([str(progs / "attach_hostile")] + argv)
+    try:
+        assert t.line() == "ready"
+        for cycle in range(5):
+            d = tmp_path / str(cycle)
+            d.mkdir()
+            mm("attach", str(t.pid), "-d", str(d))
+            tid = str(t.pid)            # a new directory each time: the trace is PID
+            assert t.say("leak %d" % (cycle + 3)) == "ok %d" % (cycle + 3)
+            mm("detach", str(t.pid))
+            got, _ = window(d, tid, "attach_hostile.c")
+            assert got.get(("leak", site_line("attach_hostile.c", "hostile_leak"), 96)) == \
+                cycle + 3, got
+    finally:
+        assert t.end() == 0
+    assert t.last == "bye"

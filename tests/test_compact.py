@@ -599,7 +599,8 @@ def test_a_compactor_killed_while_it_writes_the_series(load, tmp_path, monkeypat
 
 def test_a_torn_series_is_read_without_its_torn_lines(load, tmp_path):
     """A series file cut in the middle of a line (written by an older mmleak.py killed while
-    it appended) is read without the torn lines; the report and the next point work."""
+    it appended): the report skips the torn lines, saying so; the next point writes the
+    series whole again, without them, and follows exactly from the last good one."""
     dump = tmp_path / "dump"
     dump.mkdir()
     p, tid, next_phase = phases(load, dump, 2)
@@ -615,8 +616,12 @@ def test_a_torn_series_is_read_without_its_torn_lines(load, tmp_path):
         f.write(b"k 12")
     r = subprocess.run(MMLEAK + ["report", str(dump), "--pid", tid, "--no-html"],
                        capture_output=True, text=True)
-    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.returncode == 3 and r.stderr.count("malformed series line skipped") == 1, \
+        r.stderr
     mmleak.compact_dir(str(dump), tid)
+    r = subprocess.run(MMLEAK + ["report", str(dump), "--pid", tid, "--no-html"],
+                       capture_output=True, text=True)
+    assert (r.returncode, r.stderr) == (0, "")
     counts, points = leak_counts(dump, tid)
     assert counts == [200, 400]
     check_series(points)

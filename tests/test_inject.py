@@ -7,6 +7,7 @@ that the target then carries on exactly as without the injection (a restarted re
 its data, a nanosleep neither ends early nor fails, registers and signal dispositions are
 intact, signals sent meanwhile are all delivered).  Failures must come back as one line,
 with the target left as it was."""
+import collections
 import ctypes
 import errno
 import os
@@ -326,14 +327,36 @@ def test_sigsegv_blocked_ends_the_call_with_an_int3(ib, targets, tmp_path):
     assert t.finish() == ("handler kept blocked kept\nnanosleep 0 0 slept_enough\n", 0)
 
 
-def test_sigsegv_and_sigtrap_blocked_is_refused(ib, targets):
+def test_sigsegv_and_sigtrap_blocked_ends_the_call_in_a_system_call(ib, targets, tmp_path):
+    """SIGSEGV and SIGTRAP blocked (it was refused at the timeout): the call returns to a
+    `syscall` instruction of libc's, seen under PTRACE_SYSCALL; twice; handler, mask and the
+    interrupted nanosleep (restarted by hand: no signal goes to user space) as before."""
+    rec = str(tmp_path / "rec")
     t = targets([ib["target"], "segvblock", "1.5", "trap"])
     t.wait_syscall(NR_CLOCK_NANOSLEEP, NR_NANOSLEEP)
-    assert inject(t.pid, ib["libinject.so"], "inject_record", "x", 400) == (
-        EBUSY, 0, "timed out after 400 ms waiting for a thread of %d that is safe to use "
-        "(thread %d blocks or ignores both SIGSEGV and SIGTRAP)" % (t.pid, t.pid))
-    assert "libinject.so" not in t.maps()
+
+    def sig_fields():
+        with open("/proc/%d/status" % t.pid) as f:
+            return [l for l in f.read().splitlines() if l.startswith(("SigBlk", "SigCgt",
+                                                                       "SigIgn"))]
+    before = sig_fields()
+    assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
+    assert inject(t.pid, ib["libinject.so"], "inject_long", None) == (0, -0x123456789abcdef, "")
+    assert records(rec) == ["pid %d tid %d loads 1 calls 1" % (t.pid, t.pid)]
+    assert sig_fields() == before
     assert t.finish() == ("handler kept blocked kept\nnanosleep 0 0 slept_enough\n", 0)
+
+
+def test_every_signal_blocked_read_restarts(ib, targets, tmp_path):
+    """A thread that blocks every signal (a daemon that takes them with sigwait or signalfd),
+    asleep in read(): injected, and its read restarted and given its data."""
+    rec = str(tmp_path / "rec")
+    t = targets([ib["target"], "blockread"])
+    t.wait_syscall(NR_READ)
+    assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
+    assert records(rec) == ["pid %d tid %d loads 1 calls 1" % (t.pid, t.pid)]
+    t.wait_syscall(NR_READ)
+    assert t.finish(b"hello\n") == ("read 6 hello\n", 0)
 
 
 def test_waits_while_the_loader_lock_is_held(ib, targets):
@@ -520,3 +543,70 @@ def test_undumpable_process_is_refused(ib, targets, nobody_dir):
         "error -3 %d is not dumpable (set-uid or set-gid program, file capabilities, or "
         "prctl(PR_SET_DUMPABLE, 0)): only root can attach to it\n" % t.pid, "", 1)
     assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+
+
+@pytest.mark.parametrize("how, why", [
+    ("strict", "thread {pid} of {pid} is in seccomp strict mode: the system calls of dlopen and "
+               "of mmleak would kill it"),
+    ("kill-openat", "{pid} has a seccomp filter that does not allow openat (it would kill the "
+                    "process), a system call dlopen or mmleak makes"),
+    ("kill-fallocate", "{pid} has a seccomp filter that does not allow fallocate (it would kill "
+                       "the process), a system call dlopen or mmleak makes"),
+    ("errno-openat", "{pid} has a seccomp filter that does not allow openat (it would fail with "
+                     "errno 1), a system call dlopen or mmleak makes"),
+])
+def test_seccomp_that_forbids_what_we_need_is_refused(ib, targets, how, why):
+    """Under seccomp, a system call that dlopen (openat) or mmleak, tracing afterwards
+    (fallocate), makes would kill the process or fail: the filter is read and run on each of
+    them first, and the process is left alone (it was killed by the attach before)."""
+    t = targets([ib["target"], "seccomp", how])
+    assert inject(t.pid, ib["libinject.so"], "inject_record", "x") == (
+        EUNSUPP, 0, why.format(pid=t.pid))
+    assert "libinject.so" not in t.maps()
+    assert t.finish(b"hello") == ("read 5 hello\n", 0)
+
+
+def test_seccomp_that_allows_what_we_need_is_used(ib, targets, tmp_path):
+    """A filter that forbids only what neither dlopen nor mmleak make (acct): injected."""
+    rec = str(tmp_path / "rec")
+    t = targets([ib["target"], "seccomp", "errno-acct"])
+    assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
+    assert records(rec) == ["pid %d tid %d loads 1 calls 1" % (t.pid, t.pid)]
+    assert t.finish(b"hello") == ("read 5 hello\n", 0)
+
+
+def test_seccomp_filter_unreadable_without_cap_sys_admin(ib, targets, nobody_dir):
+    """Same user, no capability: the filter cannot be read (PTRACE_SECCOMP_GET_FILTER needs
+    CAP_SYS_ADMIN), so nothing is known of it: refused, the process left alone."""
+    t = targets(AS_NOBODY + [os.path.join(nobody_dir, "target"), "seccomp", "errno-acct"])
+    r = cli_as_nobody(nobody_dir, t.pid, "inject_record", "x")
+    assert (r.stdout, r.stderr, r.returncode) == (
+        "error -3 %d has a seccomp filter, and only a process with CAP_SYS_ADMIN may read it "
+        "to see whether dlopen and mmleak may run there (run as root)\n" % t.pid, "", 1)
+    assert t.finish(b"hello") == ("read 5 hello\n", 0)
+
+
+def test_process_exiting_during_the_attach_is_said_to_have_exited(ib):
+    """600 processes that exit 0-3 ms after "ready" (a thread in malloc all along), each
+    injected at once: the call works, or says the process exited, never anything else (an
+    exit in progress empties /proc/PID/maps and refuses PTRACE_SEIZE: this read as
+    "statically linked", "a libc without dlopen", "cannot read the dynamic symbols", "not
+    permitted")."""
+    outcomes = collections.Counter()
+    for i in range(600):
+        p = subprocess.Popen([ib["target"], "exitafter", str((i * 397) % 3000)],
+                             stdout=subprocess.PIPE)
+        try:
+            assert p.stdout.readline() == b"ready\n"
+            rc, res, err = inject(p.pid, ib["libinject.so"], "inject_long", None, 5000)
+            if rc == 0:
+                assert res == -0x123456789abcdef
+                outcomes["ok"] += 1
+            else:
+                outcomes[(rc, err.replace(str(p.pid), "PID"))] += 1
+        finally:
+            p.stdout.read()
+            assert p.wait(timeout=30) == 0
+    assert set(outcomes) <= {"ok", (ESRCH, "PID exited while being attached"),
+                             (ESRCH, "PID is a zombie: it exited and was not reaped"),
+                             (ESRCH, "no such process PID")}, outcomes

@@ -1278,6 +1278,23 @@ def test_control_characters_refused(root, lib, bad, opt):
     assert snapshot(root) == before
 
 
+@pytest.mark.parametrize("setting", ["User=ab\x01c", "Group=g\x7fh"])
+def test_control_characters_in_the_units_user_refused(root, lib, setting):
+    """A DynamicUser= unit's User=/Group= go into the companion unit as they are: one with a
+    control character made a companion that systemd rejects (exit 0).  systemd rejects the
+    unit itself too: refused, nothing written."""
+    (root / "etc/systemd/system/dyn.service").write_text(
+        "[Service]\nExecStart=/usr/bin/true\nDynamicUser=yes\nStateDirectory=dyn\n%s\n"
+        % setting)
+    before = snapshot(root)
+    rc, out, err = run(root, "install", "dyn.service", "--dir", "/var/lib/dyn/dumps", lib=lib)
+    assert (rc, out) == (1, "")
+    key, _, value = setting.partition("=")
+    assert err == ("mmleak-install.py: error: %s=%r of dyn.service has a control character: "
+                   "systemd rejects this unit; fix it first\n" % (key, value))
+    assert snapshot(root) == before
+
+
 def test_invalid_utf8_dir_refused(root, lib):
     before = snapshot(root)
     p = subprocess.run([PY.encode(), SCRIPT.encode(), b"--root", str(root).encode(), b"install",
@@ -1518,6 +1535,18 @@ def test_rotate_mb(root, lib, mm):
     assert ("companion /etc/systemd/system/mmleak-compact-plain.service is up to date\n"
             "update /etc/systemd/system/plain.service.d/mmleak.conf\n") in out
     assert dropin(root, "plain.service").endswith("Environment=MMLEAK_ROTATE_MB=8\n")
+
+
+@pytest.mark.parametrize("value,msg", [
+    ("0", "must be at least 1: '0'"), ("65", "at most 64: '65'"),
+    ("99999999999999999999", "at most 64: '99999999999999999999'")])
+def test_depth_bad(root, lib, value, msg):
+    """mmleak.so takes MMLEAK_DEPTH from 1 to 64 (past that it says "ignoring invalid" and
+    records the default): the installer refuses what the library would ignore."""
+    before = snapshot(root)
+    rc, out, err = run(root, "install", "plain.service", "--depth", value, lib=lib)
+    assert (rc, out, err) == (1, "", "mmleak-install.py: error: argument --depth: %s\n" % msg)
+    assert snapshot(root) == before
 
 
 @pytest.mark.parametrize("value,msg", [

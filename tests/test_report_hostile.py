@@ -200,6 +200,19 @@ def test_report_bad_numbers(tmp_path, args, msg):
     assert err.splitlines()[-1] == "mmleak.py report: error: argument %s" % msg
 
 
+@pytest.mark.parametrize("cmd", [["run", "--depth", "%s", "--", "/bin/true"],
+                                 ["attach", "--depth", "%s", "1"]])
+@pytest.mark.parametrize("value,msg", [("65", "at most 64: '65'"),
+                                       ("99999999999999999999", "at most 64: "
+                                                                "'99999999999999999999'")])
+def test_trace_depth_out_of_range(cmd, value, msg):
+    """mmleak.so ignores an MMLEAK_DEPTH past 64 (and records the default): the commands
+    that set it refuse it instead, before running or touching anything."""
+    rc, out, err = run_mmleak(*[a % value if a == "%s" else a for a in cmd])
+    assert (rc, out) == (1, "")
+    assert err.splitlines()[-1] == "mmleak.py %s: error: argument --depth: %s" % (cmd[0], msg)
+
+
 def test_bad_header_fields(tmp_path):
     data = EXTREME.replace(b"depth=1 start=1700000000", b"depth=x start=zz")
     # the pipe: a line not in the format, no page
@@ -384,3 +397,50 @@ def test_recover_missing_path_and_absurd_pid(tmp_path):
     assert not (tmp_path / ("mmleak.%s.0.tail" % big)).exists()
     assert (tmp_path / ("mmleak.%s.0.out" % big)).read_bytes().endswith(
         b"1000 0 10 0 400000\n")
+
+
+# --------------------------------------------------------------------------------------------
+# A damaged growth series (mmleak.ID.series, written by the compactor): its bad lines are
+# skipped, one line each on stderr, status 3; the compactor goes on appending to it.
+
+SERIES_OK = (b"#series 1 id=77\n"
+             b"p 1700000000 0 16 1 16 1 0 0\n"
+             b"k 400000 16 1 16 1 0 0\n"
+             b"p 1700000100 100 48 2 32 1 0 0\n"
+             b"k 400000 48 2 32 1 0 0\n")
+SERIES_BAD = [b"p 1700000050 1e9 16 1 16 1 0 0\n", b"p 1 2 3\n", b"p nan 0 0 0 0 0 0 0\n",
+              b"k 400000 fffffffffffffffff 1 0 0 0 0\n", b"k @zz 1 1 1 1 1 1\n",
+              b"k 400000 -1 1 1 1 1 1\n", b"k 400000\n", b"#s nothex 400000\n",
+              b"p %s 0 0 0 0 0 0 0\n" % (b"9" * 40)]
+
+
+def test_report_and_compact_with_a_damaged_series(tmp_path):
+    d = tmp_path / "dumps"
+    d.mkdir()
+    (d / "mmleak.77.0.out").write_bytes(EXTREME.replace(b"#mmleak 1 ", b"#mmleak 2 ") +
+                                        b"#end\n")
+    lines = SERIES_OK.splitlines(keepends=True)
+    (d / "mmleak.77.series").write_bytes(b"".join(lines[:3] + SERIES_BAD + lines[3:]))
+    rc, out, err = run_mmleak("report", str(d), "--no-html")
+    assert rc == 3
+    series = str(d / "mmleak.77.series")
+    assert err.splitlines() == ["mmleak.py: %s:%d: malformed series line skipped: %r"
+                                % (series, 4 + i, b[:80]) for i, b in enumerate(SERIES_BAD[:5])
+                                ] + ["mmleak.py: %s: %d more lines with the same problem "
+                                     "(malformed) not shown" % (series, len(SERIES_BAD) - 5)]
+    # the two good points make the growth section
+    assert "growth over 2 points of the series (100 s of the trace's time)" in out
+    assert "            16 ->           48          +32" in out
+    rc, out, err = run_mmleak("report", str(d), "-o", str(d / "r.html"))
+    assert rc == 3 and os.path.exists(str(d / "r.html"))
+    # the compactor folds the file and adds its point; it writes the series whole (by
+    # rename), with the good lines only
+    rc, out, err = run_mmleak("compact", str(d))
+    assert (rc, err) == (0, "")
+    with open(series, "rb") as f:
+        after = f.read().splitlines(keepends=True)
+    assert all(mmleak.series_line_ok(l) for l in after)
+    good = [l for l in after if l.startswith(b"p ")]
+    assert len(good) == 3 and good[:2] == [lines[1], lines[3]]
+    rc, out, err = run_mmleak("report", str(d), "--no-html")
+    assert (rc, err) == (0, "") and "growth over 3 points of the series" in out

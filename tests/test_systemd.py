@@ -587,6 +587,23 @@ def test_attach_to_a_running_service_and_detach(box, attach_daemon, lib):
     box.run(["install", "-d", "-o", USER, "-g", USER, "-m", "0700", ATT_DIR])
     with open(box.path("/proc/%d/root%s" % (pid, LIB)), "rb") as a, open(LIB, "rb") as b:
         assert a.read() == b.read()
+    # what it cannot see, refused in one line before the service is touched: a directory of
+    # ours in /tmp (the service's /tmp is its own, PrivateTmp=yes: no such directory there),
+    # a library in our /tmp
+    box.run(["install", "-d", "-m", "1777", "/tmp/mmleak-x"])
+    box.run(["install", "-m", "0644", LIB, "/tmp/mmleak-x/mmleak.so"])
+    r = box.run([PY, MMLEAK, "attach", str(pid), "-d", "/tmp/mmleak-x"], check=False)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", (
+        "mmleak.py: /tmp/mmleak-x does not exist for process %d (another mount namespace or "
+        "root, such as a service's PrivateTmp=): choose a directory it sees as we do\n" % pid))
+    r = box.run(["env", "MMLEAK_LIB=/tmp/mmleak-x/mmleak.so", PY, MMLEAK, "attach", str(pid),
+                 "-d", ATT_DIR], check=False)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", (
+        "mmleak.py: /tmp/mmleak-x/mmleak.so is not visible to process %d (another mount "
+        "namespace or root: install mmleak.so where it can see it, e.g. `make install`)\n"
+        % pid))
+    assert mapped(box, pid) == set()
+    assert os.listdir(box.path(ATT_DIR)) == []
 
     for cycle, tid in enumerate([str(pid), "%d-1" % pid]):
         r = box.run([PY, MMLEAK, "attach", str(pid), "-d", ATT_DIR])

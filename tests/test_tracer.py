@@ -228,9 +228,14 @@ def test_planted_symlinks_are_refused(bins, dump, tmp_path):
 
 
 def test_unusable_dir_one_line_and_program_runs(bins, tmp_path):
-    r = run_traced([bins["hostile"], "basic"], tmp_path / "does" / "not" / "exist")
-    lines = r.stderr.decode().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("mmleak: cannot create files in ")
+    (tmp_path / "file").write_text("")
+    for d, why in ((tmp_path / "does" / "not" / "exist", "no such directory (errno 2)"),
+                   (tmp_path / "file", "not a directory (errno 20)"),
+                   (tmp_path / "file" / "sub", "not a directory (errno 20)")):
+        r = run_traced([bins["hostile"], "basic"], d)
+        assert r.stderr.decode().splitlines() == [
+            "mmleak: cannot create files in %s: %s: tracing disabled (set MMLEAK_DIR to a "
+            "writable directory)" % (d, why)]
 
 
 def test_dlopen_dlclose_library_symbolized(bins, dump):

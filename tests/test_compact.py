@@ -57,6 +57,29 @@ def leak_count(dump, tid):
                       (sym[c].file or "").endswith("daemon_load.c") for c in a.callers[:1]))
 
 
+def churn_survivors(dump, tid):
+    """Blocks reported in daemon_load.c's body(), whose blocks are all freed by the time
+    the process prints "leaked N" (a free that compaction lost would leave one)."""
+    rep = mmleak.build_report(str(dump), tid, progress=False)
+    sym = rep["frames"]
+    return sum(1 for a in rep["survivors"] if sym.get(a.callers[0]) and
+               sym[a.callers[0]].function == "body" and
+               (sym[a.callers[0]].file or "").endswith("daemon_load.c"))
+
+
+def reference_events(load, args, where):
+    """The events of each process of `daemon_load ARGS` (which are the same from run to run:
+    every thread makes the same calls), traced without compaction into WHERE: [parent's,
+    child's]."""
+    where.mkdir()
+    p = subprocess.Popen([load] + args, env=traced_env(where, MMLEAK_ROTATE_MB=1),
+                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    p.communicate(b"\n")
+    t = mmleak.find_traces(str(where))
+    order = [str(p.pid)] + sorted(k for k in t if k != str(p.pid))
+    return [mmleak.shrink_files(t[k]).events for k in order]
+
+
 def only_trace(dump):
     t = [k for k, v in mmleak.find_traces(str(dump)).items() if v]
     assert len(t) == 1, t
@@ -94,10 +117,13 @@ def test_compacting_while_it_runs_with_two_compactors_and_reports(load, tmp_path
     """The process runs (3 threads, files rotating at 1 MB, a fork half-way); two
     compactors run at once and reports read meanwhile: no report fails or goes backwards
     (a pass deletes files under a reader's feet only after the reader is done), and the end
-    result is exact."""
+    result is exact: the leaks, no block of the churn left (a lost free could leave one),
+    and as many events as the same run traced without compaction."""
+    args = ["-t", "3", "-n", "400000", "-l", "1000", "-f", "-w"]
+    ref = reference_events(load, args, tmp_path / "reference")
     dump = tmp_path / "dump"
     dump.mkdir()
-    p = subprocess.Popen([load, "-t", "3", "-n", "400000", "-l", "1000", "-f", "-w"],
+    p = subprocess.Popen([load] + args,
                          env=traced_env(dump, MMLEAK_ROTATE_MB=1), stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE)
     comps = [subprocess.Popen(MMLEAK + ["compact", "--follow", "--interval", "0.2",
@@ -124,6 +150,8 @@ def test_compacting_while_it_runs_with_two_compactors_and_reports(load, tmp_path
     t = mmleak.find_traces(str(dump))
     parent = str(p.pid)
     child = [k for k in t if k != parent][0]
+    assert churn_survivors(dump, parent) == 0
+    assert [events_counted(dump, parent), events_counted(dump, child)] == ref
     for tid, n in ((parent, 1200), (child, 1200)):
         assert [os.path.basename(f) for f in t[tid]] == ["mmleak.%s.compact" % tid]
         assert leak_count(dump, tid) == n
@@ -388,6 +416,7 @@ def test_run_compacts_in_the_background_and_keep_all_does_not(load, tmp_path):
     assert [os.path.basename(f) for f in mmleak.find_traces(str(d))[tid]] == \
         ["mmleak.%s.compact" % tid]
     assert leak_count(d, tid) == 600
+    assert churn_survivors(d, tid) == 0
     k = tmp_path / "k"
     r = subprocess.run(MMLEAK + ["run", "--keep-all", "-d", str(k), "--", load, "-t", "2",
                                  "-n", "300000", "-l", "1000"], capture_output=True)
@@ -909,6 +938,8 @@ def test_compactors_following_a_process_that_is_sigkilled(load, tmp_path):
     compactors fold everything, .tail included, and stop; the leaks are exact, nothing is
     read twice, no dump or staging file is left, and the series ends with the final live
     set."""
+    (ref,) = reference_events(load, ["-t", "2", "-n", "200000", "-l", "1000", "-w"],
+                              tmp_path / "reference")
     dump = tmp_path / "dump"
     dump.mkdir()
     p = subprocess.Popen([load, "-t", "2", "-n", "200000", "-l", "1000", "-w"],
@@ -928,6 +959,10 @@ def test_compactors_following_a_process_that_is_sigkilled(load, tmp_path):
     tid = str(p.pid)
     assert not [n for n in os.listdir(dump) if n.endswith((".out", ".tail", ".tmp"))]
     assert leak_count(dump, tid) == 400
+    assert churn_survivors(dump, tid) == 0
+    # the same events as a run to the end (less, maybe, the allocation of stdin's buffer
+    # after "ready", which the kill may come before)
+    assert ref - 1 <= events_counted(dump, tid) <= ref
     truth, sh = survivors(dump, tid)
     points, _ = mmleak.read_series(mmleak.series_path(str(dump), tid))
     assert points[-1].live == (sum(v[0] for v in truth.values()), len(truth))

@@ -54,7 +54,8 @@ exit codes:
   0  success (status: the drop-in is installed; uninstall: removed, or was not installed)
   1  usage or input error: bad option, malformed or unknown unit name, masked unit, a
      control character or invalid UTF-8 in --dir or --lib, a dump directory the tool
-     refuses (a system directory; under /tmp with PrivateTmp=yes; an existing directory the
+     refuses (a system directory; under /tmp with PrivateTmp=yes; in the unit's
+     RuntimeDirectory= without RuntimeDirectoryPreserve=yes; an existing directory the
      unit's user cannot write or reach that is not a dump directory of its own), a
      mmleak.conf that mmleak-install.py did not write
   2  environment error: not root (without --root or --dry-run), --root unreadable, mmleak.so
@@ -407,9 +408,10 @@ class Unit:
     """The files that make up a unit and the [Service] settings mmleak cares about."""
 
     SINGLE = ("User", "Group", "DynamicUser", "PrivateTmp", "ProtectSystem", "ProtectHome",
-              "MemoryDenyWriteExecute", "RootDirectory", "RootImage")
+              "MemoryDenyWriteExecute", "RootDirectory", "RootImage",
+              "RuntimeDirectoryPreserve")
 
-    def __init__(self, root, name, template, instance):
+    def __init__(self, root, name, template, instance, allow_masked=False):
         self.root, self.name, self.template, self.instance = root, name, template, instance
         self.path = None            # logical path of the unit file
         self.dropins = []           # logical paths, in the order systemd applies them
@@ -418,6 +420,8 @@ class Unit:
                 p = d + "/" + n
                 if os.path.lexists(root.host(p, last=False)):
                     if root.resolve(p) == "/dev/null":
+                        if allow_masked:    # uninstall: what install wrote still goes
+                            continue
                         raise Fail(EXIT_INPUT, "unit %s is masked (%s -> /dev/null)" % (name, p))
                     self.path = p
                     break
@@ -445,7 +449,7 @@ class Unit:
         """Apply the unit file then its drop-ins (without mmleak.conf); return settings."""
         s = {"env": collections.OrderedDict(), "env_raw": {}, "env_src": {}, "exec": [],
              "rwp": [], "statedir": [], "envfile": [], "later": [], "groups": [],
-             "unset": []}
+             "unset": [], "runtimedir": []}
         for k in self.SINGLE:
             s[k] = None
         files = ([self.path] if self.path else []) + [
@@ -472,10 +476,11 @@ class Unit:
                         if later and k in ENV_KEYS:
                             s["later"].append((path, k))
                 elif key in ("ExecStart", "ReadWritePaths", "StateDirectory", "EnvironmentFile",
-                             "SupplementaryGroups", "UnsetEnvironment"):
+                             "SupplementaryGroups", "UnsetEnvironment", "RuntimeDirectory"):
                     lst = {"ExecStart": "exec", "ReadWritePaths": "rwp",
                            "StateDirectory": "statedir", "EnvironmentFile": "envfile",
-                           "SupplementaryGroups": "groups", "UnsetEnvironment": "unset"}[key]
+                           "SupplementaryGroups": "groups", "UnsetEnvironment": "unset",
+                           "RuntimeDirectory": "runtimedir"}[key]
                     if not val:
                         s[lst] = []
                     elif key in ("ExecStart", "EnvironmentFile"):
@@ -935,7 +940,7 @@ def setup(args):
     if changes and args.root is None and os.geteuid() != 0:
         raise Fail(EXIT_ENV, "must be run as root (it writes under /etc/systemd/system); use "
                              "sudo, or --dry-run to see what it would do")
-    return root, Unit(root, name, template, instance)
+    return root, Unit(root, name, template, instance, allow_masked=args.cmd == "uninstall")
 
 
 def dropin_path(unit):
@@ -1123,16 +1128,25 @@ def render_companion(unit, ddir, cred):
         lines.append("User=%s" % cred["user"])
     if cred["group"] is not None:
         lines.append("Group=%s" % cred["group"])
+    in_tmp = under(ddir, "/tmp") or under(ddir, "/var/tmp")
     lines += [
         "Environment=%s" % quote_env("MMLEAK_DIR=" + ddir),
+    ]
+    if in_tmp:
+        # the service's /tmp is the host's (a service with PrivateTmp= cannot use it): the
+        # companion must see the same one, and, with ProtectSystem=strict and no private
+        # /tmp, write its temporary files in the only place it may write
+        lines.append("Environment=%s" % quote_env("TMPDIR=" + ddir))
+    lines += [
         "ExecStart=%s %s compact --follow --forever --verbose ${MMLEAK_DIR}" % (PYTHON, PY_DEST),
         "Restart=on-failure",
         "RestartSec=5s",
         "TimeoutStopSec=5min",
         "UMask=0077",
     ]
-    lines += COMPANION_SANDBOX.format(
+    lines += [l for l in COMPANION_SANDBOX.format(
         home=home, caps="CAP_DAC_OVERRIDE CAP_FOWNER" if root else "").split("\n")
+        if not (in_tmp and l == "PrivateTmp=yes")]
     if cred["statedir"]:
         lines.append("StateDirectory=%s" % quote_path(cred["statedir"]))
     else:
@@ -1199,6 +1213,15 @@ def cmd_install(args):
                           s["PrivateTmp"] or "no") else "",
                       "/tmp" if under(ddir, "/tmp") else "/var/tmp",
                       DEFAULT_DIR + "/" + unit.name))
+    preserve = (s["RuntimeDirectoryPreserve"] or "no").lower()
+    for rd in s["runtimedir"]:
+        rpath = os.path.normpath("/run/" + rd.split(":")[0])
+        if under(ddir, rpath) and rpath != "/run" and parse_bool(preserve) is not True:
+            raise Fail(EXIT_INPUT, "--dir %s is under %s, the RuntimeDirectory= of %s, which "
+                                   "systemd deletes when the service stops "
+                                   "(RuntimeDirectoryPreserve=%s): the dumps would be lost "
+                                   "before the compactor's last pass; use --dir %s"
+                       % (ddir, rpath, unit.name, preserve, DEFAULT_DIR + "/" + unit.name))
     # The unit's credentials: always resolvable (systemd cannot start it otherwise), except
     # a dynamic user, which exists only while the service runs.
     who = None if dyn else resolve_owner(root, unit, s)
@@ -1868,8 +1891,8 @@ def build_parser():
                                                  "or getty@tty1.service")
     pi.add_argument("--dir", metavar="DIR",
                     help="dump directory, MMLEAK_DIR (default %s/UNIT, one per unit, owned by "
-                         "its User=; not /tmp: PrivateTmp= hides it and deletes it on stop)"
-                         % DEFAULT_DIR)
+                         "its User=; not in a private /tmp (PrivateTmp=) nor in the unit's "
+                         "RuntimeDirectory=: systemd deletes both when it stops)" % DEFAULT_DIR)
     pi.add_argument("--depth", type=depth, metavar="N",
                     help="frames recorded per allocation, 1 to %d, MMLEAK_DEPTH (default: the "
                          "library's, auto)" % DEPTH_MAX)

@@ -1145,6 +1145,22 @@ def write_page(page, out_path):
         raise
 
 
+def events_note(rep):
+    """Under the count of events: allocations and frees, and where the events were read."""
+    folded = rep.get("folded") or (0, 0)
+    files = len(rep.get("files") or [])
+    parts = []
+    if rep.get("allocs") is not None:
+        parts.append("%s allocations, %s frees" % ("{:,}".format(rep["allocs"]),
+                                                   "{:,}".format(rep.get("frees") or 0)))
+    if folded[1]:
+        parts.append("%s of them folded by compaction from %d dump files, the rest read from "
+                     "%d files" % ("{:,}".format(folded[0]), folded[1], files - 1))
+    else:
+        parts.append("%d dump files" % files)
+    return ", ".join(parts)
+
+
 def render_report(rep, out_path, wrappers=None, top=TOP_ROWS):
     """Entry point for ``mmleak.py report``: REP is mmleak.build_report()'s dict.
 
@@ -1159,16 +1175,16 @@ def render_report(rep, out_path, wrappers=None, top=TOP_ROWS):
         "pid": rep.get("pid"), "trace": rep.get("trace"), "cmd": rep.get("cmd"),
         "start": rep.get("start") or 0, "end_time": rep.get("end_time") or 0,
         "events": rep.get("events") or 0,
-        "events_note": "%s allocations, %s frees, %d dump files" % (
-            "{:,}".format(rep.get("allocs") or 0), "{:,}".format(rep.get("frees") or 0),
-            len(rep.get("files") or [])),
+        "events_note": events_note(rep),
         "depth": depth, "symbol_error": rep.get("symbol_error"),
         "foreign": len(rep.get("foreign_frees") or []),
         "since": rep.get("since"), "older_than": rep.get("older_than"),
         "baseline": rep.get("baseline"), "unfiltered": rep.get("unfiltered"),
-        "source": "%d dump files in %s" % (len(rep.get("files") or []),
-                                           os.path.dirname((rep.get("files") or ["?"])[0])
-                                           or "."),
+        "source": "%d dump files%s in %s" % (
+            len(rep.get("files") or []),
+            " (one of them the compacted result of %d)" % rep["folded"][1]
+            if (rep.get("folded") or (0, 0))[1] else "",
+            os.path.dirname((rep.get("files") or ["?"])[0]) or "."),
         "extra_notes": [],
     }
     if rep.get("symbol_error"):
@@ -1196,7 +1212,7 @@ GROWTH_SITES = 8
 
 
 def growth_panel(rep, wrappers):
-    """Live bytes per call site at each compaction pass (mmleak.ID.series): the chart a
+    """Live bytes per call site at each point of mmleak.ID.series: the chart a
     daemon's leak is found with, a line that keeps rising; and the table of first, last,
     change and rate."""
     import numpy as np
@@ -1214,7 +1230,7 @@ def growth_panel(rep, wrappers):
         ax.plot(t, y, color=PALETTE[i % len(PALETTE)], linewidth=1.6, marker="o", markersize=2.5,
                 label="%s" % _trunc(site_label(frames.get(site), site), 40))
     _bytes_axis(ax.yaxis, vmax * 1.05)
-    ax.set_xlabel("trace time at each compaction pass (seconds since start)")
+    ax.set_xlabel("trace time at each point (seconds since start)")
     ax.set_ylabel("live bytes")
     ax.set_title("Live bytes per call site over time", loc="left", fontsize=10)
     ax.set_ylim(bottom=0)
@@ -1231,11 +1247,11 @@ def growth_panel(rep, wrappers):
                                                      "0x%x" % site),
                                                  "{:,}".format(vals[0][2]),
                                                  "{:,}".format(vals[-1][2]), d, rate))
-    return ('<div class="panel" id="growth"><h2>Growth over time</h2><p>%d compaction passes '
+    return ('<div class="panel" id="growth"><h2>Growth over time</h2><p>%d points '
             'over %s of the trace (mmleak.%s.series). A call site whose live bytes keep '
             'rising is a leak.</p><div class="charts"><div class="chart">%s</div></div>'
             '<table class="small"><tr>'
-            '<th>call site</th><th>live bytes, first pass</th><th>last pass</th>'
+            '<th>call site</th><th>live bytes, first point</th><th>last point</th>'
             '<th>change</th><th>bytes per hour</th></tr>%s</table></div>\n'
             % (len(pts), esc(dur(span)), esc(rep.get("trace") or ""), _svg(fig), "".join(trs)))
 

@@ -39,8 +39,11 @@ typedef int (*mmleak_header_cb)(const char *line, size_t len, int file, uint64_t
 typedef int (*mmleak_tick_cb)(int file, uint64_t file_events, uint64_t events_before,
                               uint64_t files_done);
 
+/* lines, alloc_lines: the event lines of the result written, and the allocations among them
+ * (what a compacted result counts in its "#compacted" line) */
 struct mmleak_shrink_stats {
     uint64_t events, allocs, max_time, files_done, entries, fatal, malformed, out_errno;
+    uint64_t lines, alloc_lines;
 };
 
 /* ---- memory: mmap only ------------------------------------------------------------ */
@@ -730,22 +733,35 @@ static void write_state(struct run *r, struct obuf *o, int final)
             t->e[m++] = t->e[i];
     qsort(t->e, m, sizeof *t->e, cmp_ent);
     r->st->entries = m;
+    uint64_t lines = 0, allocs = 0;
     for (size_t i = 0; i < m; i++) {
         struct ent *e = &t->e[i];
         if (!e->hull) {
-            if (!final || e->k0 == K_ALLOC || e->k0 == K_FREE)
+            if (!final || e->k0 == K_ALLOC || e->k0 == K_FREE) {
                 ob_put(o, e->l0, e->n0);
+                lines++;
+                allocs += e->k0 == K_ALLOC;
+            }
             continue;
         }
-        if (e->k0 == K_FREE)
-            ob_put(o, e->l0, e->n0);
-        else if (!final)
-            put_bracket(o, e->l0, e->n0, e->s0, '+');
-        if (e->k1 == K_ALLOC)
-            ob_put(o, e->l1, e->n1);
-        else if (!final)
-            put_bracket(o, e->l1, e->n1, e->s1, '-');
+        if (e->k0 == K_FREE || !final) {
+            if (e->k0 == K_FREE)
+                ob_put(o, e->l0, e->n0);
+            else
+                put_bracket(o, e->l0, e->n0, e->s0, '+');
+            lines++;
+        }
+        if (e->k1 == K_ALLOC || !final) {
+            if (e->k1 == K_ALLOC)
+                ob_put(o, e->l1, e->n1);
+            else
+                put_bracket(o, e->l1, e->n1, e->s1, '-');
+            lines++;
+            allocs += e->k1 == K_ALLOC;
+        }
     }
+    r->st->lines = lines;
+    r->st->alloc_lines = allocs;
     ob_flush(o);
 }
 
@@ -841,4 +857,4 @@ done:
 }
 
 /* The interface version mmleak.py checks before it relies on the function's signature. */
-API int mmleak_shrink_abi(void) { return 1; }
+API int mmleak_shrink_abi(void) { return 2; }

@@ -13,6 +13,7 @@ import argparse
 import bisect
 import collections
 import csv
+import io
 import math
 import os
 import re
@@ -109,7 +110,17 @@ def find_traces(directory):
             traces.setdefault(MAPS_RE.match(n).group(1), [])
         elif COMPACT_RE.match(n):       # a compacted trace's running result: read it first
             traces[COMPACT_RE.match(n).group(1)].append((-1, os.path.join(directory, n)))
-    return {k: [p for _, p in sorted(v)] for k, v in traces.items()}
+    out = {}
+    for k, v in traces.items():
+        files = [p for _, p in sorted(v)]
+        if files and files[0].endswith(".compact"):
+            # a compaction pass stopped after writing its result, before deleting its
+            # inputs: they are in the result already (the next pass deletes them)
+            folded = set(_previously_folded(files[0]))
+            if folded:
+                files = [p for p in files if os.path.basename(p) not in folded]
+        out[k] = files
+    return out
 
 
 def trace_start_for_maps(maps_path):
@@ -357,7 +368,10 @@ class Shrinker:
         self.stacks = {}           # stack id -> frames, from "#s" lines
         # what earlier compaction passes folded ("#compacted"): files, events, and how many
         # event lines their result holds (read again here, not new events)
-        self.compacted = {"files": 0, "events": 0, "entries": 0}
+        # ("allocs": allocations among the events, "entry_allocs": allocation lines among
+        # the entries; None when a result of an older mmleak.py has no count of them)
+        self.compacted = {"files": 0, "events": 0, "entries": 0, "allocs": 0,
+                          "entry_allocs": 0}
         self.stack_lines = {}      # stack id -> its "#s" line
         self.lost = {}             # gap k -> events not recorded ("#lost N k=K")
         self.dropping = set()      # gaps that began ("#dropping k=K")
@@ -365,6 +379,7 @@ class Shrinker:
         self.problems = Problems()
         self.files_done = 0
         self.progress = progress
+        self.result_lines = None   # shrink_raw: (event lines of the result, allocations)
 
     # -- input -------------------------------------------------------------------------
     def feed_path(self, path, name=None):
@@ -470,10 +485,13 @@ class Shrinker:
                 elif line.startswith(b"#lost ") or line.startswith(b"#dropping"):
                     self._gap_line(line)
                 elif line.startswith(b"#compacted "):
-                    for kv in line.split()[1:]:
-                        k, _, v = kv.partition(b"=")
-                        if k.decode() in self.compacted and v.isdigit():
-                            self.compacted[k.decode()] += int(v)
+                    fields = dict(kv.partition(b"=")[::2] for kv in line.split()[1:])
+                    for k in self.compacted:
+                        v = fields.get(k.encode(), b"")
+                        if self.compacted[k] is not None and v.isdigit():
+                            self.compacted[k] += int(v)
+                        elif k in ("allocs", "entry_allocs"):
+                            self.compacted[k] = None
                 elif line.startswith(b"#alloc ") and self.alloc is None:
                     self.alloc = _unescape(line[7:].rstrip(b"\n"))
                 elif line.startswith(b"#cmd ") and self.cmd is None:
@@ -523,6 +541,20 @@ class Shrinker:
                          "not write)" % ("and " if lost else "", unknown, "s" if unknown > 1 else ""))
         return ("INCOMPLETE TRACE: %s; blocks may show as leaks whose free was lost"
                 % " ".join(parts))
+
+    def history(self):
+        """What the trace recorded, the events folded by compaction ("#compacted") included:
+        {events, allocs, frees (None when an older compacted result did not count them),
+        folded_events, folded_files}."""
+        c = self.compacted
+        if not c["files"]:
+            return {"events": self.events, "allocs": self.allocs, "frees": self.frees,
+                    "folded_events": 0, "folded_files": 0}
+        events = c["events"] + self.events - c["entries"]
+        allocs = None if c["allocs"] is None else c["allocs"] + self.allocs - c["entry_allocs"]
+        return {"events": events, "allocs": allocs,
+                "frees": None if allocs is None else events - allocs,
+                "folded_events": c["events"], "folded_files": c["files"]}
 
     # -- checks --------------------------------------------------------------------------
     def trace_ids(self):
@@ -615,6 +647,34 @@ def shrink_files(paths, progress=None, mixed=False):
             shutil.rmtree(tmpdir, ignore_errors=True)
 
 
+def shrink_raw(paths):
+    """Shrink PATHS (dump files of one trace, their unflushed lines included) without
+    building the per-address state in Python: (Shrinker with headers, stacks and counts,
+    the result's event lines as bytes, non-final, sorted by address then number).  What a
+    compaction pass writes and what a series point reads, at the compiled shrinker's speed;
+    the Python path gives the same bytes."""
+    paths, names, tmpdir = with_unflushed_tails(paths)
+    try:
+        sh = Shrinker()
+        with tempfile.TemporaryFile(prefix="mmleak-shrink.") as out:
+            if native_shrink(sh, paths, names, raw=out):
+                out.seek(0)
+                data = out.read()
+            else:
+                for p, name in zip(paths, names):
+                    sh.feed_path(p, name)
+                entries = list(sh.entries(False))
+                data = b"".join(line for _, _, _, line in entries)
+                sh.result_lines = (len(entries),
+                                   sum(1 for e in entries if e[2] == KIND_ALLOC))
+                sh.state = {}
+        sh.check_single_process()
+        return sh, data
+    finally:
+        if tmpdir:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+
 def _shrink_files(paths, progress=None, mixed=False, names=None):
     sh = Shrinker(progress)
     names = names or ["<stdin>" if p == "-" else p for p in paths]
@@ -644,7 +704,7 @@ def _shrink_files(paths, progress=None, mixed=False, names=None):
 # ---------------------------------------------------------------------------------------
 
 SHRINK_ENV = "MMLEAK_SHRINK"
-NATIVE_ABI = 1
+NATIVE_ABI = 2
 _PROBLEM_KINDS = ("torn", "padding", "malformed", "duplicate")
 _native = None          # None: not tried yet; False: unavailable; else the ctypes binding
 _native_why = None      # why it is unavailable
@@ -674,7 +734,8 @@ def _native_engine():
     class Stats(ctypes.Structure):
         _fields_ = [(n, ctypes.c_uint64) for n in ("events", "allocs", "max_time",
                                                     "files_done", "entries", "fatal",
-                                                    "malformed", "out_errno")]
+                                                    "malformed", "out_errno", "lines",
+                                                    "alloc_lines")]
     hdr_cb = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                               ctypes.c_uint64)
     tick_cb = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
@@ -702,11 +763,13 @@ def _shrink_engine():
     return "python"
 
 
-def native_shrink(sh, paths, names=None):
+def native_shrink(sh, paths, names=None, raw=None):
     """Feed PATHS ('-': stdin) into the fresh Shrinker SH with the compiled shrinker.
 
-    Returns False, having done nothing, when the Python path must do it instead (not
-    available, not wanted, or stdin/stderr are not plain descriptors)."""
+    RAW (a binary file): the result's event lines (non-final, as Shrinker.entries(False)
+    gives them) are written there instead of being loaded into SH.state.  Returns False,
+    having done nothing, when the Python path must do it instead (not available, not
+    wanted, or stdin/stderr are not plain descriptors)."""
     if _shrink_engine() != "native":
         return False
     ctypes, fn, Stats, hdr_cb, tick_cb = _native
@@ -766,7 +829,8 @@ def native_shrink(sh, paths, names=None):
         err_fd = errtmp.fileno()
     else:
         sys.stderr.flush()
-    with tempfile.TemporaryFile(prefix="mmleak-shrink.") as out:
+    with (tempfile.TemporaryFile(prefix="mmleak-shrink.") if raw is None else
+          open(os.dup(raw.fileno()), "r+b")) as out:
         h_cb, t_cb = hdr_cb(on_header), tick_cb(on_tick)
         try:
             argv = ctypes.c_char_p * max(n, 1)
@@ -788,13 +852,15 @@ def native_shrink(sh, paths, names=None):
                           % os.strerror(stats.out_errno))
         if rc != 0:
             raise RuntimeError("mmleak-shrink.c: unexpected status %d" % rc)
-        out.seek(0)
-        _load_state(sh, out)
+        if raw is None:
+            out.seek(0)
+            _load_state(sh, out)
     sh.events = stats.events
     sh.allocs = stats.allocs
     sh.frees = stats.events - stats.allocs
     sh.max_time = max(sh.max_time, stats.max_time)
     sh.files_done += stats.files_done
+    sh.result_lines = (stats.lines, stats.alloc_lines)
     for i, name in enumerate(names):
         for k, kind in enumerate(_PROBLEM_KINDS):
             if counts[len(_PROBLEM_KINDS) * i + k]:
@@ -1365,8 +1431,9 @@ def cmd_run(args):
 
 
 class BackgroundCompactor:
-    """`run`'s compaction thread: a pass every second over the traces that were not in the
-    directory before the run, and a last one when the program has ended."""
+    """`run`'s compaction thread: a pass every second (from the start of one to the start of
+    the next) over the traces that were not in the directory before the run, and a last one
+    when the program has ended."""
 
     def __init__(self, directory, before, interval=1.0):
         import threading
@@ -1384,7 +1451,11 @@ class BackgroundCompactor:
 
     def _loop(self):
         try:
-            while not self.stop.wait(self.interval):
+            began = time.monotonic()
+            # a pass every INTERVAL from the start of the last: after a long one (a big
+            # backlog, a point of the series) the next starts at once
+            while not self.stop.wait(max(began + self.interval - time.monotonic(), 0)):
+                began = time.monotonic()
                 self._pass()
         except (Fail, OSError) as e:
             self.error = e
@@ -1477,22 +1548,58 @@ def compact_path(directory, tid):
 
 class TraceLock:
     """flock on mmleak.ID.lock: exclusive for a compaction pass, shared for a reader.
-    Without permission to create or open the lock file, no lock (and a reader may race)."""
+
+    The first compactor makes the file; as root, it gives it to the owner of the trace's
+    files, so that a reader or a compactor running as the traced service's user can open it
+    too.  A reader never makes it (it leaves no file behind): with no lock file, no
+    compactor ever ran, and a reader that a first pass overtakes finds a file gone and reads
+    again (read_trace), under the lock that pass made."""
 
     def __init__(self, directory, tid, shared=False, wait=True):
+        self.directory, self.tid = directory, tid
         self.path = os.path.join(directory, "mmleak.%s.lock" % tid)
         self.shared, self.wait, self.fd = shared, wait, None
+        self.held = False           # whether the lock was taken (it stays True after exit)
+
+    def _open(self):
+        flags = os.O_CLOEXEC | os.O_NOFOLLOW
+        if self.shared:
+            try:
+                return os.open(self.path, flags | os.O_RDONLY)
+            except OSError:
+                return None
+        try:
+            return os.open(self.path, flags | os.O_RDWR)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            try:
+                return os.open(self.path, flags | os.O_RDONLY)
+            except OSError:
+                return None
+        try:
+            fd = os.open(self.path, flags | os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:         # made by another compactor meanwhile
+            return self._open()
+        except OSError:
+            return None
+        if os.geteuid() == 0:
+            try:
+                st = os.stat(os.path.join(self.directory, "mmleak.%s.maps" % self.tid))
+            except OSError:
+                st = None
+            if st is not None and st.st_uid != 0:
+                try:
+                    os.fchown(fd, st.st_uid, st.st_gid)
+                except OSError:
+                    pass
+        return fd
 
     def __enter__(self):
         import fcntl
-        try:        # a reader never creates it: no lock file, no compactor ever ran
-            self.fd = os.open(self.path, (os.O_RDONLY if self.shared else os.O_RDWR | os.O_CREAT)
-                              | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        except OSError:
-            try:
-                self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-            except OSError:
-                return self
+        self.fd = self._open()
+        if self.fd is None:
+            return self
         op = (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | (0 if self.wait else fcntl.LOCK_NB)
         try:
             fcntl.flock(self.fd, op)
@@ -1500,6 +1607,7 @@ class TraceLock:
             os.close(self.fd)
             self.fd = None
             raise
+        self.held = True
         return self
 
     def __exit__(self, *exc):
@@ -1508,8 +1616,13 @@ class TraceLock:
             self.fd = None
 
 
+PROCESS_HIDDEN = "hidden"
+
+
 def _process_start_time(pid):
-    """When process PID started (Unix seconds), or None if there is no such process."""
+    """When process PID started (Unix seconds); None if there is no such process;
+    PROCESS_HIDDEN if it exists but its /proc entry cannot be read (/proc mounted with
+    hidepid=, another user's process)."""
     try:
         with open("/proc/%d/stat" % pid) as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -1517,18 +1630,44 @@ def _process_start_time(pid):
             btime = next(int(l.split()[1]) for l in f if l.startswith("btime "))
         return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return None
+    except (PermissionError, OverflowError):
+        pass
+    return PROCESS_HIDDEN
+
+
+def _maps_a_staging_file(pid, directory, tid):
+    """Does process PID have a staging file (mmleak.TID.N.tail) of DIRECTORY mapped?  Only
+    the process writing trace TID does."""
+    want = os.path.join(os.path.realpath(directory), "mmleak.%s." % tid).encode()
+    try:
+        with open("/proc/%d/maps" % pid, "rb") as f:
+            for line in f:
+                i = line.find(b" /")
+                if i >= 0 and line[i + 1:].startswith(want) and \
+                        line.rstrip(b"\n").removesuffix(b" (deleted)").endswith(b".tail"):
+                    return True
+    except OSError:
+        pass
+    return False
 
 
 def trace_alive(directory, tid, traces=None, start=None):
     """Is trace TID still being written?  Its process must exist, be the same process (not a
-    reused pid: it started before the trace), and not have been replaced by exec (a newer
-    trace of the same pid in DIRECTORY)."""
+    reused pid: it started before the trace, or it has one of the trace's staging files
+    mapped, should the wall clock have been set forward since the trace began), and not
+    have been replaced by exec (a newer trace of the same pid in DIRECTORY).  A process
+    that exists but cannot be looked at counts as alive."""
     pid = int(tid.split("-")[0])
     began = _process_start_time(pid)
     if began is None:
         return False
-    if start is not None and began > start + 2:
+    if began is not PROCESS_HIDDEN and start is not None and began > start + 2 and \
+            not _maps_a_staging_file(pid, directory, tid):
         return False                    # the pid was reused
     traces = traces if traces is not None else find_traces(directory)
     k = int(tid.split("-")[1]) if "-" in tid else 0
@@ -1585,9 +1724,13 @@ def _fsync_dir(directory):
         os.close(fd)
 
 
+STACK_REF_RE = re.compile(rb"@([0-9a-f]{1,16})\n")         # an allocation's stack
+
+
 def _compact_header_lines(sh, folded):
-    """The '#' lines of a compacted result: one '#mmleak' header (the trace's first), the
-    command, the allocator, the gaps, and the names of the inputs of this pass."""
+    """The '#' lines of a compacted result (SH from shrink_raw): one '#mmleak' header (the
+    trace's first), the command, the allocator, the gaps, the counts, and the names of the
+    inputs of this pass."""
     out, seen_hdr = [], False
     for line in sh.header_lines:
         if line.startswith(b"#mmleak "):
@@ -1599,11 +1742,13 @@ def _compact_header_lines(sh, folded):
             continue
         else:
             out.append(line)
-    entries = len(sh.state) + sum(1 for v in sh.state.values() if type(v) is not tuple)
-    total = sh.compacted["events"] + sh.events - sh.compacted["entries"]
+    entries, entry_allocs = sh.result_lines
+    h = sh.history()
     files = sh.compacted["files"] + len(folded)
-    out.append(b"#compacted files=%d events=%d entries=%d at=%d\n"
-               % (files, total, entries, int(time.time())))
+    allocs = b"" if h["allocs"] is None else b" allocs=%d entry_allocs=%d" % (h["allocs"],
+                                                                             entry_allocs)
+    out.append(b"#compacted files=%d events=%d entries=%d%s at=%d\n"
+               % (files, h["events"], entries, allocs, int(time.time())))
     for p in folded:
         out.append(b"#folded %s\n" % os.path.basename(p).encode())
     return out
@@ -1617,19 +1762,17 @@ def _private(path, mode="wb"):
     return os.fdopen(os.open(path, flags, 0o600), mode)
 
 
-def _write_atomic(path, header_lines, sh, final=False):
+def _write_atomic(path, header_lines, sh, data):
+    """The result: its header lines, the stacks its allocations use, its event lines DATA;
+    written to PATH.tmp, flushed to disk, renamed over PATH."""
     tmp = path + ".tmp"
     with _private(tmp) as f:
         for h in header_lines:
             f.write(h)
-        entries = list(sh.entries(final))
-        used = sorted({int(line.split(b"@", 1)[1], 16) for _, _, kind, line in entries
-                       if kind == KIND_ALLOC and b"@" in line})
-        for i in used:
+        for i in sorted({int(x, 16) for x in STACK_REF_RE.findall(data)}):
             if i in sh.stack_lines:
                 f.write(sh.stack_lines[i])
-        for _, _, _, line in entries:
-            f.write(line)
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.rename(tmp, path)
@@ -1637,12 +1780,13 @@ def _write_atomic(path, header_lines, sh, final=False):
 
 
 def _previously_folded(path):
-    """The inputs the result at PATH names (its pass may have stopped before deleting them)."""
+    """The inputs the result at PATH names (its pass may have stopped before deleting them).
+    They are among its first lines, before the stacks."""
     names = []
     try:
         with open(path, "rb") as f:
             for line in f:
-                if not line.startswith(b"#"):
+                if not line.startswith(b"#") or line.startswith(b"#s "):
                     break
                 if line.startswith(b"#folded "):
                     names.append(line[8:].rstrip(b"\n").decode("utf-8", "replace"))
@@ -1656,8 +1800,9 @@ def _site_key(a):
 
 
 def compact_trace(directory, tid, files=None, traces=None, series=True):
-    """One compaction pass over trace TID.  Returns a dict of what it did, or None when
-    another compactor holds the trace (it is skipped, not waited for)."""
+    """One compaction pass over trace TID, and a point of its series when one is due
+    (SERIES: False never).  Returns a dict of what it did, or None when another compactor
+    holds the trace (it is skipped, not waited for)."""
     traces = traces if traces is not None else find_traces(directory)
     files = files if files is not None else traces.get(tid, [])
     cpath = compact_path(directory, tid)
@@ -1667,28 +1812,42 @@ def compact_trace(directory, tid, files=None, traces=None, series=True):
         return None
     try:
         for name in _previously_folded(cpath):
-            p = os.path.join(directory, name)
-            if DUMP_RE.match(name) and os.path.exists(p):
-                _remove_dump(p)
+            if DUMP_RE.match(name):     # its .out, or its .tail if the .out went first
+                _remove_dump(os.path.join(directory, name))
+        spath = series_path(directory, tid)
+        for tmp in (cpath, spath, spath + ".live"):     # left by a pass that was stopped
+            _remove_quietly(tmp + ".tmp")
         files = [p for p in files if os.path.exists(p)]
         done, over = complete_files(directory, tid, files, traces)
-        if not done:
-            return {"trace": tid, "folded": 0, "over": over, "events": 0, "bytes": 0}
-        before = os.path.getsize(cpath) if os.path.exists(cpath) else 0
-        inputs = ([cpath] if os.path.exists(cpath) else []) + done
-        nbytes = sum(os.path.getsize(p) for p in done) + sum(
-            os.path.getsize(p[:-4] + ".tail") for p in done if os.path.exists(p[:-4] + ".tail"))
-        sh = shrink_files(inputs)
-        if sh.problems.fatal:
-            raise Fail("%s: cannot compact trace %s: an input could not be read" % (directory, tid))
-        _write_atomic(cpath, _compact_header_lines(sh, done), sh)
-        for p in done:
-            _remove_dump(p)
-        return {"trace": tid, "folded": len(done), "over": over, "events": sh.events,
-                "bytes": nbytes, "before": before, "after": os.path.getsize(cpath),
-                "malformed": sh.problems.malformed}
+        res = {"trace": tid, "folded": 0, "over": over, "events": 0, "bytes": 0,
+               "point": None}
+        if done:
+            res.update(_fold(directory, tid, cpath, done))
+        # a trace that is over gets its last point (unless it has it: the .live is gone)
+        if series and files and (over and (done or os.path.exists(spath + ".live") or
+                                           not os.path.exists(spath))
+                                 or not over and _series_due(directory, tid)):
+            res["point"] = _series_point(directory, tid, final=over)
+        return res
     finally:
         lock.__exit__()
+
+
+def _fold(directory, tid, cpath, done):
+    """Fold the complete files DONE into CPATH (under the trace's exclusive lock)."""
+    before = os.path.getsize(cpath) if os.path.exists(cpath) else 0
+    inputs = ([cpath] if os.path.exists(cpath) else []) + done
+    nbytes = sum(os.path.getsize(p) for p in done) + sum(
+        os.path.getsize(p[:-4] + ".tail") for p in done if os.path.exists(p[:-4] + ".tail"))
+    sh, data = shrink_raw(inputs)
+    if sh.problems.fatal:
+        raise Fail("%s: cannot compact trace %s: an input could not be read" % (directory, tid))
+    _write_atomic(cpath, _compact_header_lines(sh, done), sh, data)
+    for p in done:
+        _remove_dump(p)
+    return {"folded": len(done), "events": sh.events - sh.compacted["entries"],
+            "bytes": nbytes, "before": before, "after": os.path.getsize(cpath),
+            "malformed": sh.problems.malformed}
 
 
 def _remove_dump(p):
@@ -1703,16 +1862,20 @@ def _remove_dump(p):
 #
 #   #series 1 id=ID
 #   #s ID FRAME...                     stacks the keys below use
-#   p UNIX TIME BYTES BLOCKS NEWB NEWN FREEDB FREEDN     one compaction pass: the live set
+#   p UNIX TIME BYTES BLOCKS NEWB NEWN FREEDB FREEDN     one point: the live set
 #   k KEY BYTES BLOCKS NEWB NEWN FREEDB FREEDN           ... per call site (top SERIES_SITES)
 #
 # TIME is the trace's clock (seconds since start, the newest event seen); KEY is the caller
-# (hex) or @STACK.  NEW are the blocks alive now that were not alive at the previous pass,
-# FREED those alive then and not now (so BYTES = previous BYTES + NEWB - FREEDB, exactly);
-# the previous pass's blocks (address, number, size, call site) are kept in
-# mmleak.ID.series.live.  Past
-# SERIES_POINTS passes every other old point is merged into the next one (NEW and FREED
-# summed), so the file stays small however long the trace runs.
+# (hex) or @STACK.  NEW are the blocks alive now that were not alive at the previous point,
+# FREED those alive then and not now (so BYTES = previous BYTES + NEWB - FREEDB, exactly).
+# Past SERIES_POINTS points every other old point is merged into the next one (NEW and
+# FREED summed), so the file stays small however long the trace runs.
+#
+# The blocks of the last point (address, number, size, call site) are in mmleak.ID.series.live,
+# which starts with that point's own lines ("#point ..."): it is written first (temporary
+# file, rename), then the series (the same way), so a compactor killed in between leaves a
+# .live whose point the series lacks, and the next pass appends it before its own.  When the
+# trace is over, its last point is taken and the .live deleted: the series is complete.
 
 SeriesPoint = collections.namedtuple("SeriesPoint", "unix time live new freed sites")
 
@@ -1721,13 +1884,13 @@ def series_path(directory, tid):
     return os.path.join(directory, "mmleak.%s.series" % tid)
 
 
-def _key_text(callers, stack_lines, sh):
+def _key_text(callers, stack_lines, sh, by_frames):
     if len(callers) == 1:
         return b"%x" % callers[0]
-    for sid, frames in sh.stacks.items():
-        if frames == callers:
-            stack_lines[sid] = sh.stack_lines[sid]
-            return b"@%x" % sid
+    sid = by_frames.get(callers)
+    if sid is not None and sid in sh.stack_lines:
+        stack_lines[sid] = sh.stack_lines[sid]
+        return b"@%x" % sid
     # a stack no longer in the trace's result (its blocks were freed since the last pass):
     # defined here under an id of its own
     import hashlib
@@ -1743,7 +1906,9 @@ SERIES_K_RE = re.compile(rb"k (?:other|@[0-9a-f]{1,16}|[0-9a-f]{1,16})(?: [0-9]{
 
 def series_line_ok(line):
     """Is LINE of a .series file one its readers can take (a damaged file must not stop the
-    report or the compactor)?"""
+    report or the compactor)?  A line without its newline is not whole (it was cut)."""
+    if not line.endswith(b"\n"):
+        return False
     if line.startswith(b"p "):
         return SERIES_P_RE.fullmatch(line) is not None
     if line.startswith(b"k "):
@@ -1753,15 +1918,16 @@ def series_line_ok(line):
     return True
 
 
-def read_series(path, problems=None):
-    """(points, stacks): points oldest first, each with .sites {key: (bytes, blocks, newb,
-    newn, freedb, freedn)}; KEY is a tuple of callers (or "other").  Lines that are not in
-    the format are skipped (reported to PROBLEMS, if given)."""
-    points, stacks, raw = [], {}, []
+def _series_lines(path, problems=None):
+    """The series file's lines: (head '#' lines other than stacks, {stack id: '#s' line},
+    [[p line, [k lines]]]).  Lines that are not in the format (a damaged file; or a torn
+    line, left by a compactor of an older mmleak.py killed while it appended: the series is
+    now written whole, by rename) are left out, and reported to PROBLEMS if given."""
+    head, stacks, points = [], {}, []
     try:
         f = open(path, "rb")
     except OSError:
-        return [], {}
+        return head, stacks, points
     with f:
         for lineno, line in enumerate(f, 1):
             if not series_line_ok(line):
@@ -1770,137 +1936,219 @@ def read_series(path, problems=None):
                                  "malformed series line skipped: %r" % line[:80])
                 continue
             if line.startswith(b"#s "):
-                st = parse_stack(line)
-                stacks[st[0]] = st[1]
+                stacks[parse_stack(line)[0]] = line
+            elif line.startswith(b"#"):
+                head.append(line)
             elif line.startswith(b"p "):
-                v = [int(x) for x in line.split()[1:]]
-                raw.append([v, {}])
-            elif line.startswith(b"k ") and raw:
-                parts = line.split()
-                k = parts[1]
-                vals = tuple(int(x) for x in parts[2:8])
-                raw[-1][1][k] = vals
-    for v, sites in raw:
-        out = {}
-        for k, vals in sites.items():
-            if k == b"other":
-                key = "other"
-            elif k.startswith(b"@"):
-                key = stacks.get(int(k[1:], 16), NO_STACK)
-            else:
-                key = (int(k, 16),)
-            out[key] = vals
-        points.append(SeriesPoint(v[0], v[1], (v[2], v[3]), (v[4], v[5]), (v[6], v[7]), out))
-    return points, stacks
+                points.append([line, []])
+            elif line.startswith(b"k ") and points:
+                points[-1][1].append(line)
+    return head, stacks, points
 
 
-def series_pass(directory, tid, files=None):
-    """Add one point to the trace's series: the live set now (compacted result plus the files
-    still being written).  Returns the point."""
-    files = files if files is not None else find_traces(directory).get(tid, [])
-    with TraceLock(directory, tid, shared=True):
-        sh = shrink_files([p for p in files if os.path.exists(p)])
-    surv = sh.survivors()
+def read_series(path, problems=None):
+    """(points, stacks): points oldest first, each with .sites {key: (bytes, blocks, newb,
+    newn, freedb, freedn)}; KEY is a tuple of callers (or "other").  Lines that are not in
+    the format are skipped (reported to PROBLEMS, if given)."""
+    _, stack_lines, raw = _series_lines(path, problems)
+    stacks = {sid: parse_stack(line)[1] for sid, line in stack_lines.items()}
+    return [_series_point_of(p, ks, stacks) for p, ks in raw], stacks
+
+
+def _series_point_of(p, ks, stacks):
+    v = [int(x) for x in p.split()[1:]]
+    out = {}
+    for line in ks:
+        parts = line.split()
+        k = parts[1]
+        vals = tuple(int(x) for x in parts[2:8])
+        if k == b"other":
+            key = "other"
+        elif k.startswith(b"@"):
+            key = stacks.get(int(k[1:], 16), NO_STACK)
+        else:
+            key = (int(k, 16),)
+        out[key] = vals
+    return SeriesPoint(v[0], v[1], (v[2], v[3]), (v[4], v[5]), (v[6], v[7]), out)
+
+
+def series_pass(directory, tid):
+    """Add one point to the trace's series now (the live set: the compacted result and the
+    files still being written), under the trace's exclusive lock (waited for).  Returns the
+    point."""
+    with TraceLock(directory, tid):
+        return _series_point(directory, tid)
+
+
+SURVIVOR_RE = re.compile(rb"^([0-9a-f]+ [0-9a-f]+) ([0-9a-f]+) [0-9a-f]+ ([^\n]+)$", re.M)
+
+
+def _series_point(directory, tid, final=False):
+    """Add one point to the series; the caller holds the trace's exclusive lock.  FINAL: the
+    trace is over: its last point, after which the .live is deleted.  Returns the point.
+
+    It reads the live set (every allocation line of the trace's shrink: its address and
+    number, size and call site, as bytes: no per-block parsing beyond the size) and the
+    previous point's from .live, and compares the two as sets."""
     spath = series_path(directory, tid)
-    prev = _load_prev_sizes(spath + ".live") if os.path.exists(spath + ".live") else None
-    now_ids = {}
+    lpath = spath + ".live"
+    head, have_stacks, points = _series_lines(spath)
+    prev, pending = _load_live(lpath)
+    if pending is not None and (not points or points[-1][0] != pending[0][0]):
+        # the last pass was stopped between writing .live and the series: its point first
+        points.append(pending[0])
+        have_stacks.update(pending[1])
+        if pending[2]:                  # it was the last point
+            _write_series(spath, tid, head, have_stacks, points)
+    elif pending is None and points:
+        prev = None                     # .live lost: this point starts again (see below)
+    if pending is not None and pending[2]:
+        _remove_quietly(lpath)          # the last point is in the series: it is complete
+        return None
+    live_stacks = pending[1] if pending is not None else {}
+    sh, data = shrink_raw(find_traces(directory).get(tid, []))
+    # the call site of each distinct key as the series writes it: a caller in hex, or @ID
+    # (stacks the trace defines keep their id; a list of callers gets one of its own)
+    norm, stack_lines = {}, {}
+    by_frames = None
+    now = {}
+    for ident, size, raw in SURVIVOR_RE.findall(data):
+        k = norm.get(raw)
+        if k is None:
+            if raw.startswith(b"@"):
+                sid = int(raw[1:], 16)
+                k = b"@%x" % sid
+                if sid in sh.stack_lines:
+                    stack_lines[sid] = sh.stack_lines[sid]
+            elif b" " not in raw:
+                k = b"%x" % int(raw, 16)
+            else:
+                if by_frames is None:
+                    by_frames = {fr: sid for sid, fr in sh.stacks.items()}
+                k = _key_text(tuple(int(x, 16) for x in raw.split()), stack_lines, sh,
+                              by_frames)
+            norm[raw] = k
+        now[ident] = (k, int(size, 16))
     sites = collections.defaultdict(lambda: [0, 0, 0, 0, 0, 0])
-    for a in surv:
-        k = _site_key(a)
-        s = sites[k]
-        s[0] += a.size
-        s[1] += 1
-        now_ids[(a.ptr, a.seq)] = (k, a.size)
-        if prev is not None and (a.ptr, a.seq) not in prev:
-            s[2] += a.size
-            s[3] += 1
+    for k, size in now.values():
+        v = sites[k]
+        v[0] += size
+        v[1] += 1
+    other_freed = [0, 0]
     if prev is not None:
-        for ident, (k, size) in prev.items():
-            if ident not in now_ids:
-                s = sites[k]
-                s[4] += size
-                s[5] += 1
+        keys_now = set(norm.values())
+        for ident in now.keys() - prev.keys():
+            k, size = now[ident]
+            v = sites[k]
+            v[2] += size
+            v[3] += 1
+        for ident in prev.keys() - now.keys():
+            k, size = prev[ident]
+            v = sites[k]
+            v[4] += size
+            v[5] += 1
+            if k not in keys_now and k.startswith(b"@"):
+                sid = int(k[1:], 16)    # a stack whose blocks are all gone: its line
+                if sid in live_stacks:
+                    stack_lines.setdefault(sid, live_stacks[sid])
+    elif points:
+        # no record of the previous point's blocks: everything alive counts as new, and the
+        # previous point's sites as freed, so BYTES = previous + NEW - FREED still holds
+        for v in sites.values():
+            v[2], v[3] = v[0], v[1]
+        for line in points[-1][1]:
+            f = line.split()
+            if f[1] == b"other":
+                other_freed = [int(f[2]), int(f[3])]
+                continue
+            v = sites[f[1]]
+            v[4] += int(f[2])
+            v[5] += int(f[3])
     tot = [sum(v[i] for v in sites.values()) for i in range(6)]
-    ranked = sorted(sites.items(), key=lambda kv: (-kv[1][0], -kv[1][4], str(kv[0])))
+    tot[4] += other_freed[0]
+    tot[5] += other_freed[1]
+    ranked = sorted(sites.items(), key=lambda kv: (-kv[1][0], -kv[1][4], kv[0]))
     top, rest = ranked[:SERIES_SITES], ranked[SERIES_SITES:]
-    other = [sum(v[i] for _, v in rest) for i in range(6)]
-    stack_lines = {}
-    lines = [b"p %d %d %d %d %d %d %d %d\n" % ((int(time.time()), sh.max_time) + tuple(tot))]
-    for k, v in top:
-        key = _key_text(k if isinstance(k, tuple) else (k,), stack_lines, sh)
-        lines.append(b"k %s %d %d %d %d %d %d\n" % ((key,) + tuple(v)))
-    if rest:
-        lines.append(b"k other %d %d %d %d %d %d\n" % tuple(other))
-    _append_series(spath, tid, lines, stack_lines)
-    _save_prev_sizes(spath + ".live", now_ids, sh)
-    return read_series(spath)[0][-1]
+    plines = [b"p %d %d %d %d %d %d %d %d\n" % ((int(time.time()), sh.max_time) + tuple(tot)),
+              [b"k %s %d %d %d %d %d %d\n" % ((k,) + tuple(v)) for k, v in top]]
+    if rest or other_freed[1]:
+        other = [sum(v[i] for _, v in rest) for i in range(6)]
+        other[4] += other_freed[0]
+        other[5] += other_freed[1]
+        plines[1].append(b"k other %d %d %d %d %d %d\n" % tuple(other))
+    _save_live(lpath, {} if final else now, plines, stack_lines, final)
+    points.append(plines)
+    have_stacks.update(stack_lines)
+    if len(points) > SERIES_POINTS:
+        points = _thin(points)
+    _write_series(spath, tid, head, have_stacks, points)
+    if final:
+        _remove_quietly(lpath)
+    stacks = {sid: parse_stack(line)[1] for sid, line in have_stacks.items()}
+    return _series_point_of(plines[0], plines[1], stacks)
 
 
-def _save_prev_sizes(path, now_ids, sh):
-    """What the next pass needs to say which call site a freed block came from."""
+def _remove_quietly(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _save_live(path, now, plines, stack_lines, final=False):
+    """The blocks of this point ({b"PTR SEQ": (site key, size)}), for the next one to tell
+    which were freed and where from, after the point's own lines ("#point", "#final" for
+    the trace's last) and the stacks of their sites."""
     tmp = path + ".tmp"
     with _private(tmp) as f:
-        for (ptr, seq), (k, size) in now_ids.items():
-            key = k if isinstance(k, tuple) else (k,)
-            f.write(b"%x %x %x %s\n" % (ptr, seq, size, b" ".join(b"%x" % c for c in key)))
+        if final:
+            f.write(b"#final\n")
+        f.write(b"".join(b"#point " + line for line in [plines[0]] + plines[1]))
+        f.write(b"".join(b"#point " + line for line in stack_lines.values()))
+        f.write(b"".join(b"%s %x %s\n" % (ident, size, k) for ident, (k, size) in now.items()))
     os.rename(tmp, path)
 
 
-def _load_prev_sizes(path):
-    out = {}
+def _load_live(path):
+    """({b"PTR SEQ": (site key, size)}, the point it belongs to as ([p line, [k lines]],
+    {stack id: line}, whether it was the trace's last)), or (None, None) without a usable
+    file."""
+    out, plines, stacks, final = {}, None, {}, False
     try:
         with open(path, "rb") as f:
             for line in f:
-                v = line.split()
-                callers = tuple(int(x, 16) for x in v[3:])
-                out[(int(v[0], 16), int(v[1], 16))] = (
-                    callers if len(callers) > 1 else callers[0], int(v[2], 16))
-    except (OSError, ValueError, IndexError):
-        pass
-    return out
+                if line.startswith(b"#"):
+                    if line == b"#final\n":
+                        final = True
+                    elif line.startswith(b"#point "):
+                        rest = line[7:]
+                        if rest.startswith(b"p "):
+                            plines = [rest, []]
+                        elif rest.startswith(b"k ") and plines:
+                            plines[1].append(rest)
+                        elif rest.startswith(b"#s "):
+                            st = parse_stack(rest)
+                            if st:
+                                stacks[st[0]] = rest
+                    continue
+                ptr, seq, size, k = line.split()
+                out[ptr + b" " + seq] = (k, int(size, 16))
+    except (OSError, ValueError):
+        return None, None
+    if plines is None:
+        return None, None
+    return out, (plines, stacks, final)
 
 
-def _append_series(spath, tid, lines, stack_lines):
-    points, _ = read_series(spath)
-    have = set()
-    try:
-        with open(spath, "rb") as f:
-            have = {parse_stack(l)[0] for l in f if l.startswith(b"#s ") and series_line_ok(l)}
-    except OSError:
-        pass
-    if len(points) + 1 > SERIES_POINTS:
-        _thin_series(spath, tid)
-        with open(spath, "rb") as f:
-            have = {parse_stack(l)[0] for l in f if l.startswith(b"#s ") and series_line_ok(l)}
-    new = not os.path.exists(spath)
-    with _private(spath, "ab") as f:
-        if new:
-            f.write(b"#series 1 id=%s\n" % tid.encode())
-        for sid, line in stack_lines.items():
-            if sid not in have:
-                f.write(line)
-        for line in lines:
-            f.write(line)
-
-
-def _thin_series(spath, tid):
-    """Merge every other point of the older half into its successor (NEW and FREED summed)."""
-    with open(spath, "rb") as f:
-        data = [l for l in f.read().splitlines(keepends=True) if series_line_ok(l)]
-    head = [l for l in data if l.startswith(b"#")]
-    blocks, cur = [], None
-    for l in data:
-        if l.startswith(b"p "):
-            cur = [l, []]
-            blocks.append(cur)
-        elif l.startswith(b"k ") and cur:
-            cur[1].append(l)
-    half = len(blocks) // 2
+def _thin(points):
+    """Merge every other point of the older half into its successor (NEW and FREED
+    summed)."""
+    half = len(points) // 2
     out = []
     i = 0
-    while i < len(blocks):
-        if i < half and i + 1 < len(blocks):
-            a, b = blocks[i], blocks[i + 1]
+    while i < len(points):
+        if i < half and i + 1 < len(points):
+            a, b = points[i], points[i + 1]
             pa, pb = a[0].split(), b[0].split()
             merged_p = pb[:5] + [b"%d" % (int(pa[j]) + int(pb[j])) for j in range(5, 9)]
             ka = {l.split()[1]: l.split() for l in a[1]}
@@ -1914,16 +2162,21 @@ def _thin_series(spath, tid):
             out.append([b" ".join(merged_p) + b"\n", kl])
             i += 2
         else:
-            out.append(blocks[i])
+            out.append(points[i])
             i += 1
+    return out
+
+
+def _write_series(spath, tid, head, stack_lines, points):
+    """The series, whole, by temporary file and rename: a reader or a killed writer never
+    sees half of it.  Only the stacks its points still use."""
+    used = {int(l.split()[1][1:], 16) for _, ks in points for l in ks
+            if l.split()[1].startswith(b"@")}
     tmp = spath + ".tmp"
     with _private(tmp) as f:
-        for l in head:
-            f.write(l)
-        for p, ks in out:
-            f.write(p)
-            for k in ks:
-                f.write(k)
+        f.write(b"".join(head) if head else b"#series 1 id=%s\n" % tid.encode())
+        f.write(b"".join(stack_lines[i] for i in sorted(used) if i in stack_lines))
+        f.write(b"".join(p + b"".join(ks) for p, ks in points))
     os.rename(tmp, spath)
 
 
@@ -1944,16 +2197,13 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None):
     for tid in sorted(traces, key=lambda t: [int(x) for x in t.split("-")]):
         if pid is not None and tid != pid:
             continue
-        res = compact_trace(directory, tid, traces[tid], traces)
+        res = compact_trace(directory, tid, traces[tid], traces, series=series)
         if res is None:
             live.append(tid)                    # another compactor holds it: alive enough
             continue
         results.append(res)
         if not res["over"]:
             live.append(tid)
-        if series and (res["folded"] or not res["over"]) and (
-                res["over"] or _series_due(directory, tid)):
-            series_pass(directory, tid)
         if res["folded"] and verbose:
             out.write("%s: trace %s: folded %d files (%s, %d events) into %s (%s)%s\n"
                       % (PROG, tid, res["folded"], human_bytes(res["bytes"]), res["events"],
@@ -1978,6 +2228,7 @@ def cmd_compact(args):
     status = EXIT_OK
     seen_live, idle_since = False, time.monotonic()
     while True:
+        began = time.monotonic()
         live, results = compact_dir(d, args.pid, series=not args.no_series,
                                     verbose=args.verbose or not args.follow)
         if any(r.get("malformed") for r in results):
@@ -1990,7 +2241,7 @@ def cmd_compact(args):
         elif not args.forever and now - idle_since >= args.linger:
             compact_dir(d, args.pid, series=not args.no_series, verbose=args.verbose)
             break
-        deadline = now + args.interval
+        deadline = began + args.interval    # from the start of this pass: see BackgroundCompactor
         while not stop and time.monotonic() < deadline:
             time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
     if stop:        # stopped with its service: one last pass for what just ended
@@ -1998,11 +2249,37 @@ def cmd_compact(args):
     return status
 
 
+def read_trace(directory, tid, progress=None):
+    """Shrink every file of trace TID as it is now, under the trace's lock (shared: no
+    compaction pass deletes a file while we read).  Returns (Shrinker, the files read)."""
+    with TraceLock(directory, tid, shared=True) as lock:
+        if lock.held:
+            paths = find_traces(directory).get(tid, [])
+            return shrink_files(paths, progress=progress), paths
+        # No lock file: no compactor has run yet.  Should a first pass start now, it may
+        # delete a file under us: then read again, under its lock; the messages of this
+        # attempt are shown only if it stands.
+        real, sys.stderr = sys.stderr, io.StringIO()
+        try:
+            paths = find_traces(directory).get(tid, [])
+            sh = shrink_files(paths, progress=progress)
+        finally:
+            said, sys.stderr = sys.stderr.getvalue(), real
+    if not (sh.problems.fatal or any(k == "duplicate" for _, k in sh.problems.counts)):
+        sys.stderr.write(said)
+        return sh, paths
+    with TraceLock(directory, tid, shared=True):
+        paths = find_traces(directory).get(tid, [])
+        return shrink_files(paths, progress=progress), paths
+
+
 def cmd_snapshot(args):
     """The live set of a trace now, in the dump format (an earlier moment for --baseline)."""
     tid, _ = choose_trace(args.dir, args.pid)
-    with TraceLock(args.dir, tid, shared=True):
-        sh = shrink_files(find_traces(args.dir).get(tid, []))
+    sh, _ = read_trace(args.dir, tid)
+    sh.problems.summary()
+    if sh.problems.fatal:
+        raise Fail("trace %s: a file could not be read: no snapshot written" % tid)
     out = sys.stdout.buffer
     if args.output:
         try:
@@ -2018,7 +2295,7 @@ def cmd_snapshot(args):
             out.flush()
     warn("trace %s: %d blocks alive (%s)" % (tid, len(sh.survivors()),
                                              human_bytes(sum(a.size for a in sh.survivors()))))
-    return EXIT_OK
+    return EXIT_PARTIAL if sh.problems.malformed else EXIT_OK
 
 
 # ---------------------------------------------------------------------------------------
@@ -2312,15 +2589,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     tid, paths = choose_trace(directory, pid)
     prog = progress_printer() if progress and sys.stderr.isatty() else None
     t0 = time.monotonic()
-    for attempt in (1, 2):
-        with TraceLock(directory, tid, shared=True):    # a compaction pass deletes files
-            paths = [p for p in find_traces(directory).get(tid, paths)]
-            sh = shrink_files(paths, progress=prog)
-        # a compactor that started while we read (its lock file did not exist yet) may have
-        # deleted a file under us: read again, now under its lock
-        if not (sh.problems.fatal and os.path.exists(
-                os.path.join(directory, "mmleak.%s.lock" % tid)) and attempt == 1):
-            break
+    sh, paths = read_trace(directory, tid, progress=prog)
     if prog and time.monotonic() - t0 > 1:
         prog(sh, paths[-1], 0, done=True)
     survivors = sh.survivors()
@@ -2344,6 +2613,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     else:
         freed_since = None
     hdr = sh.headers[0] if sh.headers else {}
+    hist = sh.history()
     start = header_int(hdr, "start")
     trace_depth = max([MAX_DEPTH if h.get("depth") == "auto" else header_int(h, "depth", 1)
                        for h in sh.headers] or [1])
@@ -2365,7 +2635,10 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     return {
         "trace": tid, "pid": hdr.get("pid", tid.split("-")[0]), "cmd": sh.cmd,
         "start": start, "end_time": sh.max_time, "files": paths, "maps": maps,
-        "events": sh.events, "allocs": sh.allocs, "frees": sh.frees,
+        # the whole history's, compacted events included (allocs and frees None when an
+        # older compacted result did not count them); "folded": (events, files) compacted
+        "events": hist["events"], "allocs": hist["allocs"], "frees": hist["frees"],
+        "folded": (hist["folded_events"], hist["folded_files"]),
         "survivors": survivors, "foreign_frees": sh.foreign_frees(),
         "frames": frames, "symbol_error": sym_error, "depth": depth or trace_depth,
         "trace_depth": trace_depth, "shrinker": sh,
@@ -2385,10 +2658,10 @@ def print_top_sites(rep, out, top=10):
     total = sum(a.size for a in surv)
     out.write("mmleak: trace %s (pid %s)%s\n" % (rep["trace"], rep["pid"],
                                                 ": " + rep["cmd"] if rep["cmd"] else ""))
-    c = rep["shrinker"].compacted if rep.get("shrinker") else None
-    if c and c["files"]:
+    folded = rep.get("folded") or (0, 0)
+    if folded[1]:
         read = "%d events (%d of them folded by compaction from %d files)" % (
-            c["events"] + rep["events"] - c["entries"], c["events"], c["files"])
+            rep["events"], folded[0], folded[1])
     else:
         read = "%d events read from %d files" % (rep["events"], len(rep["files"]))
     out.write("  %s; %s in %d blocks not freed; %d frees of blocks allocated before tracing\n"
@@ -2454,7 +2727,7 @@ def print_growth(rep, out, top=10):
     g = rep["growth"]
     pts = rep["series"]
     span = pts[-1].time - pts[0].time
-    out.write("  growth over %d compaction passes (%s of the trace's time), by call site "
+    out.write("  growth over %d points of the series (%s of the trace's time), by call site "
               "(live bytes first -> last):\n" % (len(pts), _duration(span)))
     rows = sorted(((site, vals) for site, vals in g.items() if any(v[2] for v in vals)),
                   key=lambda kv: (-(kv[1][-1][2] - kv[1][0][2]), kv[0]))
@@ -2768,8 +3041,10 @@ def build_parser():
                     "at any moment: while the process runs, next to another compactor (a "
                     "trace another one holds is skipped), next to `report` (which waits for "
                     "a pass to end), and when killed in the middle (nothing is lost or "
-                    "counted twice).  A pass adds a point to mmleak.ID.series (at most every --series-interval seconds): the live "
-                    "bytes and blocks per call site, for the report's growth chart.",
+                    "counted twice).  A pass adds a point to mmleak.ID.series (at most every "
+                    "--series-interval seconds while the trace runs, and a last one when it "
+                    "is over): the live bytes and blocks per call site, for the report's "
+                    "growth chart.",
         epilog="examples:\n"
                "  %(prog)s /var/lib/mmleak/nfs-ganesha.service      # one pass\n"
                "  %(prog)s --follow /var/tmp/leaks    # every second, until no traced process is left\n\n"
@@ -2783,14 +3058,16 @@ def build_parser():
                    help="with --follow: do not stop when no process is traced (a service's "
                         "companion, stopped with it)")
     c.add_argument("--interval", type=positive_float, default=1.0, metavar="SECONDS",
-                   help="time between passes with --follow (default 1)")
+                   help="with --follow, a pass starts this long after the previous one "
+                        "started, or at once if that one took longer (default 1)")
     c.add_argument("--linger", type=positive_float, default=10.0, metavar="SECONDS",
                    help="with --follow: stop after this long without a traced process "
                         "(default 10)")
     c.add_argument("--no-series", action="store_true", help="do not add to mmleak.ID.series")
     c.add_argument("--series-interval", type=nonnegative_float, default=SERIES_INTERVAL,
-                   metavar="SECONDS", help="at most one point of the series per trace this "
-                   "often (default %g: each point reads the live set)" % SERIES_INTERVAL)
+                   metavar="SECONDS", help="while a trace runs, at most one point of its "
+                   "series this often (default %g: each point reads the live set; 0: every "
+                   "pass); a trace that is over always gets its last point" % SERIES_INTERVAL)
     c.add_argument("-v", "--verbose", action="store_true", help="one line per folding pass")
     c.set_defaults(func=cmd_compact)
 

@@ -992,9 +992,10 @@ def print_longrun(lr, title="longrun"):
                   % (r["dup_warnings"], r["stderr_lines"]))
         if r["mode"] == "compact":
             print_longrun_series(r)
-            print("  at the end: %d files (%s), mmleak.ID.series %s bytes, .series.live %s bytes"
+            print("  at the end: %d files (%s), mmleak.ID.series %s bytes, .series.live %s"
                   % (r["final_files"], " ".join(x.split(".", 2)[-1] for x in r["final_file_names"]),
-                     r["series_bytes"], r["series_live_bytes"]))
+                     r["series_bytes"], "%d bytes" % r["series_live_bytes"]
+                     if r["series_live_bytes"] is not None else "gone (the trace is over)"))
     print("targets:")
     for t in lr.get("targets", []):
         print("  %-66s %s  (%s)" % (t["label"], "met" if t["met"] else "NOT MET", t["value"]))

@@ -19,3 +19,12 @@ const char *plugin_name(void) { return STR(PLUGIN); }
 
 /* make the two builds differ in size and layout */
 int CAT(pad_, PLUGIN)(int x) { return x * (int)sizeof(STR(PLUGIN)); }
+
+/* blocks allocated and freed in the plugin's own code (tests/plugin_race.c) */
+void plugin_churn(int n)
+{
+    for (int i = 0; i < n; i++) {
+        void *volatile p = malloc(16 + (size_t)i);
+        free(p);
+    }
+}

@@ -1831,3 +1831,70 @@ def test_status_processes_and_their_state(tmp_path, mm):
         for p in ps:
             p.kill()
             p.wait()
+
+
+def test_uninstall_of_a_masked_unit(root, lib):
+    """A service masked after install (systemctl mask: a link to /dev/null in /etc) can still
+    be uninstalled: the drop-in and the companion go, the mask stays."""
+    before = snapshot(root)
+    assert run(root, "install", "ptmp.service", lib=lib)[0] == 0
+    os.symlink("/dev/null", str(root / "etc/systemd/system/ptmp.service"))
+    rc, out, err = run(root, "uninstall", "ptmp.service")
+    assert (rc, err) == (0, "")
+    assert "remove /etc/systemd/system/ptmp.service.d/mmleak.conf\n" in out
+    assert "remove /etc/systemd/system/%s\n" % companion("ptmp.service") in out
+    assert not (root / "etc/systemd/system/ptmp.service.d").exists()
+    assert not (root / "etc/systemd/system" / companion("ptmp.service")).exists()
+    assert os.readlink(str(root / "etc/systemd/system/ptmp.service")) == "/dev/null"
+    rc, out, err = run(root, "status", "ptmp.service")
+    assert rc == 1 and "is masked" in err
+
+
+def test_uninstall_of_a_unit_whose_file_is_gone(root, lib):
+    """A service renamed or removed after install: uninstall still removes what install
+    wrote for that name."""
+    assert run(root, "install", "owned.service", lib=lib)[0] == 0
+    os.unlink(str(root / "usr/lib/systemd/system/owned.service"))
+    rc, out, err = run(root, "uninstall", "owned.service")
+    assert (rc, err) == (0, "")
+    assert not (root / "etc/systemd/system/owned.service.d").exists()
+    assert not (root / "etc/systemd/system" / companion("owned.service")).exists()
+
+
+@pytest.mark.parametrize("rdir,preserve", [("rt", None), ("rt/sub", "no"), ("rt", "restart"),
+                                           ("rt", "yes")])
+def test_dump_dir_in_the_runtime_directory(root, lib, rdir, preserve):
+    """RuntimeDirectory=: systemd deletes it when the service stops (unless
+    RuntimeDirectoryPreserve=yes), before the companion's last pass, and on every restart
+    with =no: dumps there would be lost, so install refuses them."""
+    (root / "usr/lib/systemd/system/rt.service").write_text(
+        "[Service]\nExecStart=/usr/bin/true\nUser=leaky\nRuntimeDirectory=other rt\n" +
+        ("RuntimeDirectoryPreserve=%s\n" % preserve if preserve else ""))
+    before = snapshot(root)
+    rc, out, err = run(root, "install", "rt.service", "--dir", "/run/" + rdir, lib=lib)
+    if preserve == "yes":
+        assert (rc, err) == (0, "")
+        return
+    assert (rc, out) == (1, "")
+    assert err == (
+        "mmleak-install.py: error: --dir /run/%s is under /run/rt, the RuntimeDirectory= of "
+        "rt.service, which systemd deletes when the service stops (RuntimeDirectoryPreserve=%s)"
+        ": the dumps would be lost before the compactor's last pass; use --dir "
+        "/var/lib/mmleak/rt.service\n" % (rdir, preserve or "no"))
+    assert snapshot(root) == before
+
+
+@pytest.mark.parametrize("ddir", ["/tmp/dumps", "/var/tmp/dumps"])
+def test_companion_sees_a_dump_dir_in_tmp(root, lib, ddir):
+    """A service without PrivateTmp= may write its dumps under /tmp; its companion must see
+    that same /tmp, not a private one of its own (where the directory does not exist)."""
+    rc, out, err = run(root, "install", "owned.service", "--dir", ddir, lib=lib)
+    assert (rc, err) == (0, "")
+    text = companion_file(root, "owned.service")
+    assert "\nPrivateTmp=yes\n" not in text
+    assert "\nEnvironment=TMPDIR=%s\n" % ddir in text
+    assert "\nReadWritePaths=-%s\n" % ddir in text
+    verify(root, "owned.service")
+    # elsewhere the companion keeps its private /tmp
+    assert run(root, "install", "plain.service", lib=lib)[0] == 0
+    assert "\nPrivateTmp=yes\n" in companion_file(root, "plain.service")

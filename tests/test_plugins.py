@@ -81,3 +81,51 @@ def test_depth_one_and_a_compacted_trace(plugins, dump):
     assert plugin_leaks(dump) == want
     mmleak.compact_dir(str(dump))
     assert plugin_leaks(dump) == want
+
+
+@pytest.fixture(scope="module")
+def race(plugins):
+    exe = str(plugins / "plugin_race")
+    subprocess.run(["cc", "-O0", "-g", "-pthread", "-o", exe,
+                    os.path.join(TESTS, "plugin_race.c"), "-ldl"], check=True)
+    return exe
+
+
+@pytest.mark.parametrize("depth", [None, "1", "8"])
+def test_dlclose_in_one_thread_while_another_allocates(plugins, race, dump, depth):
+    """The main thread swaps alpha and beta 120 times (each taking the address the other
+    was just unloaded from) while a worker thread allocates in the loaded one and in the
+    host: every leak is the library's that made it (alpha's blocks have an even size,
+    beta's an odd one), at plugin_leak's line, with its caller in the host (a deep stack),
+    exactly as many blocks and bytes as the program counted; also after compaction."""
+    a, b = str(plugins / "libalpha.so"), str(plugins / "libbeta.so")
+    r = run_traced([race, a, b, "120"], dump, env={"MMLEAK_DEPTH": depth} if depth else {})
+    out = dict((m.group(1), (int(m.group(2)), int(m.group(3)))) for m in
+               re.finditer(rb"^(alpha|beta) (\d+) (\d+)$", r.stdout, re.M))
+    reused = int(re.search(rb"^same address (\d+) of 120$", r.stdout, re.M).group(1))
+    assert reused >= 80, r.stdout
+    assert out[b"alpha"][0] > 100 and out[b"beta"][0] > 100
+    line = site_line("plugin.c", "plugin_leak")
+    leak_line = [i for i, l in enumerate(open(os.path.join(TESTS, "plugin_race.c")), 1)
+                 if "leak_fn(n);" in l][0]
+    for compacted in (False, True):
+        if compacted:
+            mmleak.compact_dir(str(dump))
+        (tid,) = [k for k, v in mmleak.find_traces(str(dump)).items() if v]
+        rep = mmleak.build_report(str(dump), tid, progress=False)
+        got = {}
+        for s in rep["survivors"]:
+            if s.size < 100:
+                continue
+            fr = rep["frames"][s.callers[0]]
+            if fr.function != "plugin_leak":
+                continue
+            assert (fr.module, fr.line) == ("lib%s.so" % ("beta" if s.size % 2 else "alpha"),
+                                            line), (fr, s.size)
+            if depth == "8":
+                up = rep["frames"][s.callers[1]]
+                assert (up.module, up.function, up.line) == ("plugin_race", "leak", leak_line)
+            k = fr.module[3:-3].encode()
+            n, z = got.get(k, (0, 0))
+            got[k] = (n + 1, z + s.size)
+        assert got == out, compacted

@@ -137,11 +137,12 @@ def wait_compacted(box, ddir, pid, others=(), companion=COMPANION, timeout=30):
 
 
 def live_set(pid, k=None):
-    """The files of a compacted trace of PID (and of its running file K)."""
-    out = {"mmleak.%d.%s" % (pid, x) for x in ("compact", "maps", "series", "series.live",
-                                              "lock")}
+    """The files of a compacted trace of PID: of a finished one, or of one whose process
+    still writes its file K (and the blocks of the series' last point, .series.live)."""
+    out = {"mmleak.%d.%s" % (pid, x) for x in ("compact", "maps", "series", "lock")}
     if k is not None:
-        out |= {"mmleak.%d.%d.out" % (pid, k), "mmleak.%d.%d.tail" % (pid, k)}
+        out |= {"mmleak.%d.%d.out" % (pid, k), "mmleak.%d.%d.tail" % (pid, k),
+                "mmleak.%d.series.live" % pid}
     return out
 
 

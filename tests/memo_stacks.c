@@ -125,11 +125,12 @@ NOINLINE static void sig_leaf(int k)
     __asm__ volatile("");
 }
 
+static volatile int handler_runs;
+
 static void handler(int sig)
 {
-    static int k;
     (void)sig;
-    sig_leaf(k++ & 7);
+    sig_leaf(handler_runs++ & 7);
 }
 
 static void start_timer(void)
@@ -165,9 +166,17 @@ static void *thread_body(void *arg)
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc > 1 && !strcmp(argv[1], "signals"))
+    int signals = argc > 1 && !strcmp(argv[1], "signals");
+    if (signals)
         start_timer();
-    run(7, 3000);
+    /* with the timer, the main thread goes on until the handler ran 1000 times (one call
+     * site of run: a path's stack is the same in every round) */
+    unsigned seed = 7;
+    int rounds = 3000;
+    do {
+        run(seed++, rounds);
+        rounds = 100;
+    } while (signals && handler_runs < 1000);
     pthread_t t;
     pthread_create(&t, NULL, thread_body, (void *)(uintptr_t)11);
     pthread_join(t, NULL);

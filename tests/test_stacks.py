@@ -201,7 +201,7 @@ def test_recorded_stack_equals_backtrace(tmp_path, lib, flags):
     assert got == want
 
 
-def memo_run(tmp_path, flags, depth, args=(), env=None):
+def memo_run(tmp_path, flags, depth, args=(), env=None, total=5000):
     """Build and run tests/memo_stacks.c; check every leaked block's stack and every count."""
     exe = str(tmp_path / "memo")
     subprocess.run(["cc", "-g", "-pthread", "-o", exe, os.path.join(TESTS, "memo_stacks.c")] +
@@ -217,7 +217,7 @@ def memo_run(tmp_path, flags, depth, args=(), env=None):
         else:
             want[int(v[0])] = tuple(int(x, 16) for x in v[1:])
     assert sorted(counts) == sorted(want) and len(want) == 26
-    assert sum(counts.values()) == 5000
+    assert total is None or sum(counts.values()) == total
     if depth == "auto":     # the wrapper's frame, then leaf's and four more
         want = {s: w[:5] for s, w in want.items()}
     (tid,) = [k for k, v in mmleak.find_traces(str(dump)).items() if v]
@@ -251,8 +251,12 @@ def test_memo_with_signal_handlers_allocating(tmp_path, lib, bins, depth):
     the handler's memo lookups and records land in the middle of the interrupted thread's
     (a record being written is skipped, never read half-written).  An async-signal-safe
     allocator is preloaded behind mmleak.so (glibc's malloc is not one)."""
-    sh = memo_run(tmp_path, ["-O2"], depth, ["signals"],
+    sh = memo_run(tmp_path, ["-O2"], depth, ["signals"], total=None,
                   env={"LD_PRELOAD": "%s %s" % (LIB, bins["libsigsafe_alloc.so"])})
-    handler_allocs = sum(1 for a in sh.survivors() if 48 <= a.size < 56)
-    assert handler_allocs == 0
-    assert sh.allocs > 5000 + 100      # the handler ran and was recorded
+    lost, unknown = sh.gaps()
+    handler_left = sum(1 for a in sh.survivors() if 48 <= a.size < 56)
+    assert handler_left <= lost and not unknown    # see the signal storm test (test_tracer)
+    # the handler ran 1000 times; a run that interrupts mmleak's own slow path (with stacks,
+    # most of the main thread's time) is not recorded, neither of its events (see README)
+    leaked = sum(1 for a in sh.survivors() if a.size >= 1000)
+    assert sh.allocs - leaked >= 200

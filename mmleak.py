@@ -156,7 +156,13 @@ def unflushed_tail(out_path, with_size=False):
     try:
         with open(tail, "rb") as f:
             data = f.read()
-        have = os.path.getsize(out_path)
+        with open(out_path, "rb") as f:
+            have = f.seek(0, os.SEEK_END)
+            # An ended .out needs no staging lines: every line was flushed before its "#end".
+            # And a rotating thread renames its staging file to the next file's name, so a
+            # name (or a hard link) taken before may now hold the next file's lines.
+            if have >= 5 and f.seek(have - 5) >= 0 and f.read(5) == b"#end\n":
+                return (b"", have) if with_size else b""
     except OSError:
         return (b"", None) if with_size else b""
     size = have

@@ -444,3 +444,26 @@ def test_report_and_compact_with_a_damaged_series(tmp_path):
     assert len(good) == 3 and good[:2] == [lines[1], lines[3]]
     rc, out, err = run_mmleak("report", str(d), "--no-html")
     assert (rc, err) == (0, "") and "growth over 3 points of the series" in out
+
+
+def test_an_ended_file_takes_no_lines_from_a_staging_file_of_its_name(tmp_path):
+    # A rotating thread renames its staging file to the next file's name (mmleak.c,
+    # file_rotate): a name or hard link taken before (a backup, a shadow copy) then holds the
+    # next file's lines, at offsets that may lie past the end of the ended file.  Its lines
+    # were all flushed before its "#end", so a reader takes none from the .tail.
+    head = b"#mmleak 2 id=88\n"
+    body = b"".join(b"%012x 1 10 0 400000\n" % (0x1000 + 16 * i) for i in range(4))
+    out = tmp_path / "mmleak.88.3.out"
+    tail = tmp_path / "mmleak.88.3.tail"
+    half = b"#at %016x\n" % len(head + body) + b"%012x 2 20 0 400000\n" % 0x9000
+    half += b"\0" * (256 - len(half))
+    tail.write_bytes(half + b"\0" * 256)
+    out.write_bytes(head + body)
+    # not ended: the staged line is the newest event and is read
+    assert mmleak.unflushed_tail(str(out)) == b"%012x 2 20 0 400000\n" % 0x9000
+    out.write_bytes(head + body + b"#end\n")
+    assert mmleak.unflushed_tail(str(out)) == b""
+    assert mmleak.unflushed_tail(str(out), with_size=True) == (b"", len(head + body) + 5)
+    got = mmleak.shrink_files([str(out)])
+    assert sorted(a.size for a in got.survivors()) == [16] * 4
+    assert not got.problems.malformed

@@ -46,6 +46,14 @@
 #include "mmleak.h"
 #include "mmleak-unwind.h"
 
+/* The cleanups below (GUARDED, new_leave...) run when a C++ exception unwinds through our
+ * frames, which needs libgcc's personality routine and _Unwind_Resume.  Weak references: a C
+ * program then does not get libgcc_s loaded by us (about 0.1 ms of start-up, its constructor
+ * runs cpuid, which traps in a VM); a C++ program has it loaded already, for libstdc++, and the
+ * references bind to it.  Without libgcc_s nothing can throw through us: the personality
+ * pointer is then 0, which the unwinder treats as "no cleanups here". */
+__asm__(".weak _Unwind_Resume\n\t.weak __gcc_personality_v0");
+
 extern int renameat(int, const char *, int, const char *); /* <stdio.h> is not wanted here */
 
 _Static_assert(sizeof(void *) == 8 && sizeof(size_t) == 8, "mmleak supports LP64 only");
@@ -1128,10 +1136,12 @@ static void maps_snapshot_locked(int force, const unsigned long long c[2])
         return;
     size_t len = 0;
     for (;;) {
-        char *b = mml_grow(M.buf, &M.bcap, len + 65536, 1);
-        if (!b)
-            break;
-        M.buf = b;
+        if (M.bcap - len < 4096) {  /* grown only when nearly full: a new mapping costs faults */
+            char *b = mml_grow(M.buf, &M.bcap, len + 65536, 1);
+            if (!b)
+                break;
+            M.buf = b;
+        }
         ssize_t r = read(fd, M.buf + len, M.bcap - len);
         if (r < 0 && errno == EINTR)
             continue;
@@ -1172,9 +1182,22 @@ static void maps_snapshot_locked(int force, const unsigned long long c[2])
     fd = create_locked(tmp);
     if (fd < 0)
         return;
+    /* one write when the sorted text fits the read buffer (done with /proc's text by now):
+     * a line per write() was a twentieth of a small program's start-up under the tracer */
     int bad = 0;
-    for (size_t i = 0; i < M.n && !bad; i++)
-        bad = write_all(fd, M.text + M.ln[i].off, M.ln[i].len);
+    char *b = mml_grow(M.buf, &M.bcap, total, 1);
+    if (b) {
+        M.buf = b;
+        size_t at = 0;
+        for (size_t i = 0; i < M.n; i++) {
+            memcpy(b + at, M.text + M.ln[i].off, M.ln[i].len);
+            at += M.ln[i].len;
+        }
+        bad = write_all(fd, b, at);
+    } else {
+        for (size_t i = 0; i < M.n && !bad; i++)
+            bad = write_all(fd, M.text + M.ln[i].off, M.ln[i].len);
+    }
     close(fd);
     if (bad || d_rename(tmp, name))
         d_unlink(tmp);

@@ -43,3 +43,27 @@ def test_library_exports_only_the_interposed_api(lib):
         assert want in exported, want
     # nothing of the tracer's internals leaks into the program's namespace
     assert not any(s.startswith(("g_", "rec_", "slow_", "window_", "maps_")) for s in exported)
+
+
+def test_library_needs_glibc_alone_and_loads_nothing_into_a_c_program(lib, tmp_path):
+    # libgcc_s (for the cleanups a C++ exception runs through mmleak's operator new) is a weak
+    # reference: a C program traced gets no library of ours but mmleak.so itself
+    dyn = subprocess.run(["readelf", "-d", lib], capture_output=True, text=True,
+                         check=True).stdout
+    needed = sorted(l.split("[")[1].rstrip("]") for l in dyn.splitlines() if "(NEEDED)" in l)
+    assert needed == ["ld-linux-x86-64.so.2", "libc.so.6"], needed
+    weak = subprocess.run(["nm", "-D", "--undefined-only", lib], capture_output=True,
+                          text=True, check=True).stdout
+    assert " w _Unwind_Resume\n" in weak and " w __gcc_personality_v0\n" in weak, weak
+    src = tmp_path / "maps.c"
+    src.write_text('#include <stdio.h>\n#include <stdlib.h>\n'
+                   'int main(void){ free(malloc(7)); FILE *f = fopen("/proc/self/maps", "r");'
+                   ' char l[512]; while (fgets(l, sizeof l, f)) fputs(l, stdout); return 0; }\n')
+    exe = tmp_path / "maps"
+    subprocess.run(["cc", "-O0", "-o", str(exe), str(src)], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, LD_PRELOAD=lib,
+                                  MMLEAK_DIR=str(tmp_path))).stdout
+    assert "mmleak.so" in out          # traced...
+    assert "libgcc_s" not in out       # ...and nothing else was loaded for it
+    assert [n for n in os.listdir(tmp_path) if n.endswith(".out")]

@@ -1227,7 +1227,9 @@ def growth_panel(rep, wrappers):
     for i, (site, vals) in enumerate(rows[:GROWTH_SITES]):
         y = np.array([v[2] for v in vals], dtype=np.float64)
         vmax = max(vmax, float(y.max()))
+        # past the palette, the colours come round again: dashed, so no two lines look alike
         ax.plot(t, y, color=PALETTE[i % len(PALETTE)], linewidth=1.6, marker="o", markersize=2.5,
+                linestyle="-" if i < len(PALETTE) else "--",
                 label="%s" % _trunc(site_label(frames.get(site), site), 40))
     _bytes_axis(ax.yaxis, vmax * 1.05)
     ax.set_xlabel("trace time at each point (seconds since start)")

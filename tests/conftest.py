@@ -17,6 +17,36 @@ TESTS = os.path.join(ROOT, "tests")
 LIB = os.path.join(ROOT, "mmleak.so")
 
 
+def readable_by_others(path):
+    """Can a process of another user (nobody) read PATH: every directory above it searchable
+    by others, the file itself readable."""
+    path = os.path.realpath(path)
+    d = path
+    while d != "/":
+        d = os.path.dirname(d)
+        if not os.stat(d).st_mode & 0o001:
+            return False
+    return bool(os.stat(path).st_mode & 0o004)
+
+
+def mmleak_for_others():
+    """The path of a mmleak.py that another user (nobody) can run, with mmleak.so next to it:
+    the tree's own, or, when the checkout is private (a clone in a 0700 directory such as
+    mktemp -d's), a copy in a directory of its own under /tmp, removed when the tests end."""
+    own = os.path.join(ROOT, "mmleak.py")
+    if readable_by_others(own) and readable_by_others(LIB):
+        return own
+    import atexit
+    import tempfile
+    d = tempfile.mkdtemp(prefix="mmleak-tree-", dir="/tmp")
+    atexit.register(shutil.rmtree, d, True)
+    os.chmod(d, 0o755)
+    for name, mode in (("mmleak.py", 0o755), ("mmleak.so", 0o644)):
+        shutil.copy(os.path.join(ROOT, name), os.path.join(d, name))
+        os.chmod(os.path.join(d, name), mode)
+    return os.path.join(d, "mmleak.py")
+
+
 def load_mmleak():
     # Not `import mmleak`: mmleak.so beside mmleak.py would be tried first as an extension.
     spec = importlib.util.spec_from_file_location("mmleak", os.path.join(ROOT, "mmleak.py"))

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import LIB, ROOT, TESTS, mmleak, site_line
+from conftest import LIB, ROOT, TESTS, mmleak, mmleak_for_others, site_line
 
 MMLEAK = [sys.executable, os.path.join(ROOT, "mmleak.py")]
 
@@ -264,7 +264,7 @@ def test_refusals_are_one_line_and_leave_the_process_alone(progs, tmp_path):
         assert r.returncode == 2 and "already being traced (tracing %d " % t.pid in r.stderr
         if os.geteuid() == 0:
             r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                                "/usr/bin/python3"] + MMLEAK[1:] + ["detach", str(t.pid)],
+                                "/usr/bin/python3", mmleak_for_others(), "detach", str(t.pid)],
                                capture_output=True, text=True)
             assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
             assert "not permitted" in r.stderr
@@ -451,8 +451,8 @@ def test_stopped_traced_and_other_users_process_are_refused_untouched(progs, tmp
             d = tempfile.mkdtemp(prefix="mmleak-open-", dir="/tmp")   # nobody can reach it
             os.chmod(d, 0o1777)
             r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                                "/usr/bin/python3"] + MMLEAK[1:] + ["attach", str(t.pid), "-d",
-                                                                   str(d)],
+                                "/usr/bin/python3", mmleak_for_others(), "attach", str(t.pid),
+                                "-d", str(d)],
                                capture_output=True, text=True)
             assert (r.returncode, r.stdout, r.stderr) == (2, "", (
                 "mmleak.py: not permitted to look at process %d (run as root, or as its "

@@ -562,6 +562,19 @@ def window_report(box, ddir, tid, pid):
     return requests
 
 
+def visible_tree(box):
+    """mmleak.py and mmleak.so at a path the service sees as we do: the build tree's own, or,
+    when the tree is under /tmp or /var/tmp (which the service's PrivateTmp= replaces), a
+    copy in the box (its writes go to the overlay's tmpfs, never to the host)."""
+    if not os.path.realpath(ROOT).startswith(("/tmp/", "/var/tmp/")):
+        return LIB, MMLEAK
+    d = "/opt/mmleak-attach-test"
+    box.run(["install", "-d", d])
+    box.run(["install", "-m", "0644", LIB, d + "/mmleak.so"])
+    box.run(["install", "-m", "0755", MMLEAK, d + "/mmleak.py"])
+    return d + "/mmleak.so", d + "/mmleak.py"
+
+
 def test_attach_to_a_running_service_and_detach(box, attach_daemon, lib):
     """A service started without mmleak (User=, PrivateTmp=yes, ProtectSystem=strict),
     serving all the time: `mmleak.py attach MAINPID -d DIR` from outside its sandbox (DIR in
@@ -569,6 +582,7 @@ def test_attach_to_a_running_service_and_detach(box, attach_daemon, lib):
     namespace), its leak in the window reported exactly, `mmleak.py detach`, and again; the
     service never restarted."""
     uid, gid = attach_daemon
+    LIB_, MMLEAK_ = visible_tree(box)
     pid = start(box, ATT_UNIT, ATT_STATE)
     before = service_props(box, ATT_UNIT)
     assert (before["ActiveState"], before["MainPID"], before["NRestarts"]) == (
@@ -585,18 +599,18 @@ def test_attach_to_a_running_service_and_detach(box, attach_daemon, lib):
     # a directory of its user in its StateDirectory=; and the library mmleak.py injects
     # (the build tree's, found next to mmleak.py) is at the same path in its namespace
     box.run(["install", "-d", "-o", USER, "-g", USER, "-m", "0700", ATT_DIR])
-    with open(box.path("/proc/%d/root%s" % (pid, LIB)), "rb") as a, open(LIB, "rb") as b:
+    with open(box.path("/proc/%d/root%s" % (pid, LIB_)), "rb") as a, open(LIB, "rb") as b:
         assert a.read() == b.read()
     # what it cannot see, refused in one line before the service is touched: a directory of
     # ours in /tmp (the service's /tmp is its own, PrivateTmp=yes: no such directory there),
     # a library in our /tmp
     box.run(["install", "-d", "-m", "1777", "/tmp/mmleak-x"])
-    box.run(["install", "-m", "0644", LIB, "/tmp/mmleak-x/mmleak.so"])
-    r = box.run([PY, MMLEAK, "attach", str(pid), "-d", "/tmp/mmleak-x"], check=False)
+    box.run(["install", "-m", "0644", LIB_, "/tmp/mmleak-x/mmleak.so"])
+    r = box.run([PY, MMLEAK_, "attach", str(pid), "-d", "/tmp/mmleak-x"], check=False)
     assert (r.returncode, r.stdout, r.stderr) == (2, "", (
         "mmleak.py: /tmp/mmleak-x does not exist for process %d (another mount namespace or "
         "root, such as a service's PrivateTmp=): choose a directory it sees as we do\n" % pid))
-    r = box.run(["env", "MMLEAK_LIB=/tmp/mmleak-x/mmleak.so", PY, MMLEAK, "attach", str(pid),
+    r = box.run(["env", "MMLEAK_LIB=/tmp/mmleak-x/mmleak.so", PY, MMLEAK_, "attach", str(pid),
                  "-d", ATT_DIR], check=False)
     assert (r.returncode, r.stdout, r.stderr) == (2, "", (
         "mmleak.py: /tmp/mmleak-x/mmleak.so is not visible to process %d (another mount "
@@ -606,11 +620,11 @@ def test_attach_to_a_running_service_and_detach(box, attach_daemon, lib):
     assert os.listdir(box.path(ATT_DIR)) == []
 
     for cycle, tid in enumerate([str(pid), "%d-1" % pid]):
-        r = box.run([PY, MMLEAK, "attach", str(pid), "-d", ATT_DIR])
+        r = box.run([PY, MMLEAK_, "attach", str(pid), "-d", ATT_DIR])
         assert (r.stdout, r.stderr) == (
             "mmleak.py: process %d is traced into %s (trace %s); stop with: %s detach %d\n"
-            % (pid, ATT_DIR, tid, MMLEAK, pid), "")
-        assert mapped(box, pid) == {LIB}
+            % (pid, ATT_DIR, tid, MMLEAK_, pid), "")
+        assert mapped(box, pid) == {LIB_}
         assert mm_status(box) == status_line(pid, "tracing %s %s" % (tid, ATT_DIR))
         procs, out = unit_status(box, ATT_UNIT, 3)
         assert procs == ["%d (main): tracing %s %s" % (pid, tid, ATT_DIR), other], out
@@ -622,10 +636,10 @@ def test_attach_to_a_running_service_and_detach(box, attach_daemon, lib):
                               "mmleak.%s.maps" % tid}, files
         assert {(u, g, m) for u, g, m, _ in files.values()} == {(uid, gid, 0o600)}
 
-        r = box.run([PY, MMLEAK, "detach", str(pid)])
+        r = box.run([PY, MMLEAK_, "detach", str(pid)])
         assert (r.stdout, r.stderr) == (
             "mmleak.py: process %d is no longer traced (trace %s in %s); its files are closed\n"
-            "mmleak.py: next: %s report %s --pid %s\n" % (pid, tid, ATT_DIR, MMLEAK, ATT_DIR,
+            "mmleak.py: next: %s report %s --pid %s\n" % (pid, tid, ATT_DIR, MMLEAK_, ATT_DIR,
                                                           tid), "")
         assert mm_status(box) == status_line(pid, "paused")
         procs, out = unit_status(box, ATT_UNIT, 3)

@@ -849,46 +849,78 @@ static void fs_end(struct fs_scope *f)
         }                                                                                     \
     } while (0)
 
+/* The same operations by full path (no directory held open: dir_fd() gave AT_FDCWD, the
+ * usual case before any chroot).  The paths are built in buffers of their own length, not
+ * PATH_MAX: these are the deepest frames of a thread's first event and of a rotation, and a
+ * thread may have little stack left there (it had 10 KB of buffers). */
+enum { D_OPEN, D_UNLINK, D_RENAME, D_CHOWN };
+static COLD int d_by_path(int op, const char *name, const char *to, int flags, mode_t mode,
+                          uid_t uid)
+{
+    size_t dl = my_strlen(cfg.dir) + 2;     /* cfg.dir is shorter than PATH_MAX */
+    char a[dl + my_strlen(name) + 1], b[to ? dl + my_strlen(to) + 1 : 1];
+    const char *pa = full_path(a, sizeof a, name);
+    int rc = -1;
+    switch (op) {
+    case D_OPEN:
+        AS_OWNER(rc, openat(AT_FDCWD, pa, flags, mode));
+        break;
+    case D_UNLINK:
+        AS_OWNER(rc, unlinkat(AT_FDCWD, pa, 0));
+        break;
+    case D_RENAME: {
+        const char *pb = full_path(b, sizeof b, to);
+        AS_OWNER(rc, renameat(AT_FDCWD, pa, AT_FDCWD, pb));
+        break;
+    }
+    case D_CHOWN:
+        rc = fchownat(AT_FDCWD, pa, uid, (gid_t)-1, AT_SYMLINK_NOFOLLOW);
+        break;
+    }
+    return rc;
+}
+
 static int d_open(const char *name, int flags, mode_t mode)
 {
-    char path[PATH_MAX];
     int dfd = dir_fd(), rc;
     if (dfd == -1)
         return -1;
-    const char *p = dfd == AT_FDCWD ? full_path(path, sizeof path, name) : name;
-    AS_OWNER(rc, openat(dfd, p, flags, mode));
+    if (dfd == AT_FDCWD)
+        return d_by_path(D_OPEN, name, NULL, flags, mode, 0);
+    AS_OWNER(rc, openat(dfd, name, flags, mode));
     return rc;
 }
 
 static int d_unlink(const char *name)
 {
-    char path[PATH_MAX];
     int dfd = dir_fd(), rc;
     if (dfd == -1)
         return -1;
-    const char *p = dfd == AT_FDCWD ? full_path(path, sizeof path, name) : name;
-    AS_OWNER(rc, unlinkat(dfd, p, 0));
+    if (dfd == AT_FDCWD)
+        return d_by_path(D_UNLINK, name, NULL, 0, 0, 0);
+    AS_OWNER(rc, unlinkat(dfd, name, 0));
     return rc;
 }
 
 static int d_rename(const char *from, const char *to)
 {
-    char a[PATH_MAX], b[PATH_MAX];
     int dfd = dir_fd(), rc;
     if (dfd == -1)
         return -1;
-    const char *pa = dfd == AT_FDCWD ? full_path(a, sizeof a, from) : from;
-    const char *pb = dfd == AT_FDCWD ? full_path(b, sizeof b, to) : to;
-    AS_OWNER(rc, renameat(dfd, pa, dfd, pb));
+    if (dfd == AT_FDCWD)
+        return d_by_path(D_RENAME, from, to, 0, 0, 0);
+    AS_OWNER(rc, renameat(dfd, from, dfd, to));
     return rc;
 }
 
 static void d_chown(const char *name, uid_t uid)
 {
-    char path[PATH_MAX];
     int dfd = dir_fd();
-    if (dfd != -1 && fchownat(dfd, dfd == AT_FDCWD ? full_path(path, sizeof path, name) : name,
-                              uid, (gid_t)-1, AT_SYMLINK_NOFOLLOW)) { /* gone: nothing to do */ }
+    if (dfd == -1)
+        return;
+    if (dfd == AT_FDCWD)
+        d_by_path(D_CHOWN, name, NULL, 0, 0, uid);      /* gone: nothing to do */
+    else if (fchownat(dfd, name, uid, (gid_t)-1, AT_SYMLINK_NOFOLLOW)) { /* likewise */ }
 }
 
 /* Create one of our files: O_EXCL|O_NOFOLLOW, mode 0600, so a name somebody else made is
@@ -1749,6 +1781,15 @@ static void stage_line(struct tstate *t, const char *s, size_t n)
     t->cur += n;
 }
 
+/* The file's header line, written straight into the half just started (it always has room:
+ * at least 8 KiB less the slack): a copy on the stack was 2.8 KB of the deepest frame of a
+ * thread's first event and of a rotation. */
+static void stage_header(struct tstate *t, unsigned fileno)
+{
+    size_t room = (size_t)(t->end - t->cur), cap = sizeof g_cmd + sizeof g_alloc + 256;
+    t->cur += header_text(t->cur, cap < room ? cap : room, fileno, t->late);
+}
+
 /* Open a new dump file for this thread: mmleak.ID.N.out and its staging file .N.tail. */
 static size_t first_half(void)
 {
@@ -1820,8 +1861,7 @@ static int file_open(struct tstate *t, size_t min_half)
     half_start(t, 0);
     t->open = 1;
     t->late_lines = 0;
-    char h[sizeof g_cmd + sizeof g_alloc + 256];
-    stage_line(t, h, header_text(h, sizeof h, n, t->late));
+    stage_header(t, n);
     slot_sync(t);
     return 0;
 }
@@ -1887,8 +1927,7 @@ static int file_rotate(struct tstate *t)
     t->late_lines = 0;
     sset_clear(t);
     half_start(t, 0);
-    char h[sizeof g_cmd + sizeof g_alloc + 256];
-    stage_line(t, h, header_text(h, sizeof h, n, t->late));
+    stage_header(t, n);
     slot_sync(t);
     return 0;
 }

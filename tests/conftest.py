@@ -90,6 +90,7 @@ def bins(tmp_path_factory, lib):
     # -O0: at -O1 GCC deletes free(malloc(n)), and these programs churn that way
     cc("adversary", "adversary.c", "-O0", "-pthread", "-ldl")
     cc("own_malloc", "own_malloc.c", "-O0")
+    cc("stackuse", "stackuse.c", "-O0", "-pthread")
     return out
 
 

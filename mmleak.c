@@ -1699,6 +1699,17 @@ static uint64_t count_events(const char *p, size_t n)
     return k + (n && p[0] != '#');
 }
 
+/* A file's last lines into LINE (CAP bytes, 96 is enough): "#lost" when events were counted
+ * but not kept (the caller then clears the count), and "#end". */
+static size_t trailer_text(char *line, size_t cap, const struct tstate *t)
+{
+    char *e = line + cap, *d = line;
+    if (t->lost)
+        d += lost_line(d, cap, t->lost, t->episode);
+    d = cat(d, e, "#end\n");
+    return (size_t)(d - line);
+}
+
 static void file_close(struct tstate *t, int trailer)
 {
     if (!t->stage)
@@ -1725,14 +1736,8 @@ static void file_close(struct tstate *t, int trailer)
     if (!t->dropping) {
         if (trailer) {
             /* the slack behind `end` always has room for these two lines */
-            char line[96], *e = line + sizeof line, *d = line;
-            if (t->lost) {
-                d += lost_line(d, sizeof line, t->lost, t->episode);
-                t->lost = 0;
-            }
-            d = cat(d, e, "#end\n");
-            memcpy(t->cur, line, (size_t)(d - line));
-            t->cur += d - line;
+            t->cur += trailer_text(t->cur, 96, t);
+            t->lost = 0;
         }
         if (flush_staged(t) == 0) {
             char name[64];
@@ -1880,12 +1885,7 @@ static int file_rotate(struct tstate *t)
     if (t->anon || t->dropping || t->late || !t->stage || t->ulen[0] || t->ulen[1])
         return -1;
     char oname[64], nname[64], otail[64], ntail[64], line[96];
-    char *e = line + sizeof line, *d = line;
-    if (t->lost) {
-        d += lost_line(d, sizeof line, t->lost, t->episode);
-    }
-    d = cat(d, e, "#end\n");
-    size_t len = (size_t)(d - line);
+    size_t len = trailer_text(line, sizeof line, t);
     if (t->out_off + len > fsize_limit())
         return -1;
     unsigned n = 0;
@@ -1943,6 +1943,22 @@ static size_t whole_lines(const char *p, size_t n, uint64_t room)
     return k;
 }
 
+/* T goes on in the file F was opened on (F: a scratch state that file_open filled, whose
+ * staged lines are all T's pending ones): T's old staging area is the caller's to release. */
+static void take_file(struct tstate *t, const struct tstate *f)
+{
+    t->stage = f->stage;
+    t->half_size = f->half_size;
+    t->half = f->half;
+    t->fileno = f->fileno;
+    t->out_off = f->out_off;
+    t->slot = f->slot;
+    t->ustart[0] = t->ustart[1] = t->ulen[0] = t->ulen[1] = 0;
+    t->cur = f->cur;
+    t->end = f->end;
+    t->late_lines = 0;
+}
+
 /* The thread's file cannot take its pending lines: RLIMIT_FSIZE was lowered below what it
  * holds (a limit known from the start makes us rotate before it).  New files take them,
  * written at once behind their headers (as many files as the limit needs, each ended with
@@ -1996,16 +2012,7 @@ static int move_pending(struct tstate *t)
         munmap(t->stage, 2 * t->half_size);
         slot_free(t);
         sset_clear(t);                      /* the new file holds none of the stacks */
-        t->stage = f.stage;
-        t->half_size = f.half_size;
-        t->half = f.half;
-        t->fileno = f.fileno;
-        t->out_off = f.out_off;
-        t->slot = f.slot;
-        t->ustart[0] = t->ustart[1] = t->ulen[0] = t->ulen[1] = 0;
-        t->cur = f.cur;
-        t->end = f.end;
-        t->late_lines = 0;
+        take_file(t, &f);
         return 0;
     }
 }
@@ -2149,16 +2156,7 @@ static int anon_to_file(struct tstate *t)
     stage_line(&f, half_body(t, h) + t->ustart[h], t->ulen[h]);
     munmap(t->stage, 2 * t->half_size);
     t->anon = 0;
-    t->stage = f.stage;
-    t->half_size = f.half_size;
-    t->half = f.half;
-    t->fileno = f.fileno;
-    t->out_off = f.out_off;
-    t->slot = f.slot;
-    t->ustart[0] = t->ustart[1] = t->ulen[0] = t->ulen[1] = 0;
-    t->cur = f.cur;
-    t->end = f.end;
-    t->late_lines = 0;
+    take_file(t, &f);
     return 0;
 }
 

@@ -156,15 +156,14 @@ def unflushed_tail(out_path, with_size=False):
     try:
         with open(tail, "rb") as f:
             data = f.read()
-        with open(out_path, "rb") as f:
-            have = f.seek(0, os.SEEK_END)
-            # An ended .out needs no staging lines: every line was flushed before its "#end".
-            # And a rotating thread renames its staging file to the next file's name, so a
-            # name (or a hard link) taken before may now hold the next file's lines.
-            if have >= 5 and f.seek(have - 5) >= 0 and f.read(5) == b"#end\n":
-                return (b"", have) if with_size else b""
+        have, ended = _out_end(out_path)
     except OSError:
         return (b"", None) if with_size else b""
+    # An ended .out needs no staging lines: every line was flushed before its "#end".  And a
+    # rotating thread renames its staging file to the next file's name, so a name (or a hard
+    # link) taken before may now hold the next file's lines.
+    if ended:
+        return (b"", have) if with_size else b""
     size = have
     halves = []
     half = len(data) // 2
@@ -1683,15 +1682,19 @@ def trace_alive(directory, tid, traces=None, start=None):
     return True
 
 
+def _out_end(path):
+    """(size, whether it ends with "#end") of a dump file, from one open; OSError passes."""
+    with open(path, "rb") as f:
+        n = f.seek(0, os.SEEK_END)
+        if n < 5:
+            return n, False
+        f.seek(n - 5)
+        return n, f.read(5) == b"#end\n"
+
+
 def _ends_with_end(path):
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            n = f.tell()
-            if n < 5:
-                return False
-            f.seek(n - 5)
-            return f.read(5) == b"#end\n"
+        return _out_end(path)[1]
     except OSError:
         return False
 

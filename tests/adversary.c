@@ -141,6 +141,22 @@ static int allocator(void)
     return 0;
 }
 
+/* Lower RLIMIT_NOFILE to 64 and open /dev/null until no descriptor is left: FDS gets them
+ * (the caller closes them), their number is returned. */
+static int use_all_fds(int fds[64])
+{
+    struct rlimit r = { 64, 64 };
+    setrlimit(RLIMIT_NOFILE, &r);
+    int n = 0;
+    for (;;) {
+        int fd = open("/dev/null", O_RDONLY);
+        if (fd < 0)
+            break;
+        fds[n++] = fd;
+    }
+    return n;
+}
+
 /* ---- 3. no descriptor left while a flush is due ---- */
 static int nofile(long window, int pre)
 {
@@ -148,15 +164,7 @@ static int nofile(long window, int pre)
         keep(malloc(500));                      /* site:nofile_pre */
         churn(pre);
     }
-    struct rlimit r = { 64, 64 };
-    setrlimit(RLIMIT_NOFILE, &r);
-    int fds[64], n = 0;
-    for (;;) {
-        int fd = open("/dev/null", O_RDONLY);
-        if (fd < 0)
-            break;
-        fds[n++] = fd;
-    }
+    int fds[64], n = use_all_fds(fds);
     keep(malloc(501));                          /* site:nofile_during */
     churn(window);                              /* flushes fail here: EMFILE */
     keep(malloc(502));                          /* site:nofile_during2 */
@@ -172,15 +180,7 @@ static int nofile(long window, int pre)
 static int recover_first(void)
 {
     keep(malloc(510));                          /* site:recover_pre */
-    struct rlimit r = { 64, 64 };
-    setrlimit(RLIMIT_NOFILE, &r);
-    int fds[64], n = 0;
-    for (;;) {
-        int fd = open("/dev/null", O_RDONLY);
-        if (fd < 0)
-            break;
-        fds[n++] = fd;
-    }
+    int fds[64], n = use_all_fds(fds);
     churn(100000);                              /* far more than the staging area holds */
     while (n > 0)
         close(fds[--n]);

@@ -257,15 +257,27 @@ def test_a_pass_stopped_between_writing_and_deleting(load, tmp_path, monkeypatch
     assert events_counted(full, tid) == sh_full.events
 
 
-def test_a_pass_stopped_between_a_dump_file_and_its_staging_file(load, tmp_path, monkeypatch):
-    """A SIGKILLed process leaves staging files; a pass that deleted a folded .out and was
-    stopped before its .tail: the next pass deletes the .tail (no orphan stays forever)."""
+def waiting_load(load, tmp_path):
+    """daemon_load (2 threads, 1000 blocks leaked) traced into TMP_PATH/dump, its work done,
+    waiting before its exit (-w): (dump directory, process); killed if it does not get there."""
     dump = tmp_path / "dump"
     dump.mkdir()
     p = subprocess.Popen([load, "-t", "2", "-n", "50000", "-l", "100", "-w"],
                          env=traced_env(dump), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    assert p.stdout.readline() == b"leaked 1000\n"
-    assert p.stdout.readline() == b"ready\n"
+    try:
+        assert p.stdout.readline() == b"leaked 1000\n"
+        assert p.stdout.readline() == b"ready\n"
+    except BaseException:
+        p.kill()
+        p.wait()
+        raise
+    return dump, p
+
+
+def test_a_pass_stopped_between_a_dump_file_and_its_staging_file(load, tmp_path, monkeypatch):
+    """A SIGKILLed process leaves staging files; a pass that deleted a folded .out and was
+    stopped before its .tail: the next pass deletes the .tail (no orphan stays forever)."""
+    dump, p = waiting_load(load, tmp_path)
     p.send_signal(signal.SIGKILL)
     p.wait()
     tid = str(p.pid)
@@ -346,12 +358,7 @@ def test_a_snapshot_that_cannot_read_a_file_says_so(load, tmp_path, monkeypatch)
 
 
 def test_killed_process_is_folded_with_its_staging_files(load, tmp_path):
-    dump = tmp_path / "dump"
-    dump.mkdir()
-    p = subprocess.Popen([load, "-t", "2", "-n", "50000", "-l", "100", "-w"],
-                         env=traced_env(dump), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    assert p.stdout.readline() == b"leaked 1000\n"
-    assert p.stdout.readline() == b"ready\n"
+    dump, p = waiting_load(load, tmp_path)
     tid = str(p.pid)
     before, _ = survivors(dump, tid)
     # alive: nothing complete yet (the files have no #end), nothing folded
@@ -660,13 +667,8 @@ def test_a_live_process_is_never_taken_for_a_reused_pid(load, tmp_path, monkeypa
     """The wall clock set forward since the trace began (NTP, hours later), so the process
     seems to have started after its own trace; or a /proc that hides it (hidepid=): the
     process still runs and its files must stay."""
-    dump = tmp_path / "dump"
-    dump.mkdir()
-    p = subprocess.Popen([load, "-t", "2", "-n", "50000", "-l", "100", "-w"],
-                         env=traced_env(dump), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    dump, p = waiting_load(load, tmp_path)
     try:
-        assert p.stdout.readline() == b"leaked 1000\n"
-        assert p.stdout.readline() == b"ready\n"
         tid = str(p.pid)
         outs = sorted(n for n in os.listdir(dump) if n.endswith(".out"))
         real = mmleak._process_start_time

@@ -2,6 +2,7 @@
 run for real under LD_PRELOAD (tests/adversary.c, tests/badalloc.cpp), with the exact leaks,
 file counts and messages asserted.  Each of these failed before the fix it guards."""
 import collections
+import contextlib
 import os
 import shutil
 import subprocess
@@ -62,13 +63,11 @@ def test_threads_freeing_after_their_last_destructor_then_fork(bins, dump, mm, n
     assert got == exp([adv(0, "dlerr_child", 772, fn="dlerr_fork")])
 
 
-def test_threads_whose_first_event_is_at_their_exit(bins, dump, mm):
-    """The other door to item 1: tracing starts (MMLEAK_PAUSED=1, then attach) after 20
-    threads failed a dlopen; when they end, glibc frees their dlerror() and strerror()
-    buffers after their key destructors, and that free is their first event.  Each opened a
-    file it could never give up (42 files, 20 staging files and mappings left behind); now
-    those frees go to the shared late file, exact."""
-    p = subprocess.Popen([bins["adversary"], "dlerr_attach", "20"], stdin=subprocess.PIPE,
+@contextlib.contextmanager
+def attached_when_ready(bins, args, dump):
+    """The adversary program with ARGS, preloaded and paused (MMLEAK_PAUSED=1), attached by
+    `mmleak.py attach` into DUMP once it says "ready"; killed at the end if it still runs."""
+    p = subprocess.Popen([bins["adversary"]] + args, stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_PAUSED="1"))
     try:
@@ -76,10 +75,20 @@ def test_threads_whose_first_event_is_at_their_exit(bins, dump, mm):
         a = subprocess.run(["/usr/bin/python3", MMLEAK, "attach", str(p.pid), "-d", str(dump)],
                            capture_output=True, timeout=60)
         assert a.returncode == 0, a.stderr
-        out, err = p.communicate(b"x", timeout=60)
+        yield p
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_threads_whose_first_event_is_at_their_exit(bins, dump, mm):
+    """The other door to item 1: tracing starts (MMLEAK_PAUSED=1, then attach) after 20
+    threads failed a dlopen; when they end, glibc frees their dlerror() and strerror()
+    buffers after their key destructors, and that free is their first event.  Each opened a
+    file it could never give up (42 files, 20 staging files and mappings left behind); now
+    those frees go to the shared late file, exact."""
+    with attached_when_ready(bins, ["dlerr_attach", "20"], dump) as p:
+        out, err = p.communicate(b"x", timeout=60)
     assert p.returncode == 0 and out == b"dlerr_attach done\n" and err == b""
     names = os.listdir(str(dump))
     assert not [n for n in names if n.endswith(".tail")], names
@@ -438,14 +447,7 @@ def test_detach_respects_the_file_size_limit(bins, dump, mm):
     writing past it gets SIGXFSZ).  Now nothing is written that does not fit: the lines
     stay in the .tail (readers take them from there), the program goes on."""
     import resource
-    p = subprocess.Popen([bins["adversary"], "detach_fsize"], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_PAUSED="1"))
-    try:
-        assert p.stdout.readline() == b"ready\n"
-        a = subprocess.run(["/usr/bin/python3", MMLEAK, "attach", str(p.pid), "-d", str(dump)],
-                           capture_output=True, timeout=60)
-        assert a.returncode == 0, a.stderr
+    with attached_when_ready(bins, ["detach_fsize"], dump) as p:
         p.stdin.write(b"x")
         p.stdin.flush()
         assert p.stdout.readline() == b"staged\n"
@@ -456,9 +458,6 @@ def test_detach_respects_the_file_size_limit(bins, dump, mm):
                            capture_output=True, timeout=60)
         assert d.returncode == 0, d.stderr
         out, err = p.communicate(b"x", timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
     assert p.returncode == 0 and out == b"detach_fsize done\n"
     assert os.path.getsize(os.path.join(str(dump), out_file[0])) == size
     assert [n for n in os.listdir(str(dump)) if n.endswith(".tail")]

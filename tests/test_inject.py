@@ -311,19 +311,20 @@ def test_non_pie_program(ib, targets):
     assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
 
 
+def sig_fields(pid):
+    """The SigBlk, SigCgt and SigIgn lines of PID's status: its signal mask and handlers."""
+    with open("/proc/%d/status" % pid) as f:
+        return [l for l in f.read().splitlines() if l.startswith(("SigBlk", "SigCgt", "SigIgn"))]
+
+
 def test_sigsegv_blocked_ends_the_call_with_an_int3(ib, targets, tmp_path):
     """SIGSEGV blocked (a forced fault would reset its handler): SIGTRAP is used instead;
     handler and mask are as before."""
     rec = str(tmp_path / "rec")
     t = targets([ib["target"], "segvblock", "1.5"])
-
-    def sig_fields():
-        with open("/proc/%d/status" % t.pid) as f:
-            return [l for l in f.read().splitlines() if l.startswith(("SigBlk", "SigCgt",
-                                                                       "SigIgn"))]
-    before = sig_fields()
+    before = sig_fields(t.pid)
     assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
-    assert sig_fields() == before
+    assert sig_fields(t.pid) == before
     assert t.finish() == ("handler kept blocked kept\nnanosleep 0 0 slept_enough\n", 0)
 
 
@@ -334,16 +335,11 @@ def test_sigsegv_and_sigtrap_blocked_ends_the_call_in_a_system_call(ib, targets,
     rec = str(tmp_path / "rec")
     t = targets([ib["target"], "segvblock", "1.5", "trap"])
     t.wait_syscall(NR_CLOCK_NANOSLEEP, NR_NANOSLEEP)
-
-    def sig_fields():
-        with open("/proc/%d/status" % t.pid) as f:
-            return [l for l in f.read().splitlines() if l.startswith(("SigBlk", "SigCgt",
-                                                                       "SigIgn"))]
-    before = sig_fields()
+    before = sig_fields(t.pid)
     assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
     assert inject(t.pid, ib["libinject.so"], "inject_long", None) == (0, -0x123456789abcdef, "")
     assert records(rec) == ["pid %d tid %d loads 1 calls 1" % (t.pid, t.pid)]
-    assert sig_fields() == before
+    assert sig_fields(t.pid) == before
     assert t.finish() == ("handler kept blocked kept\nnanosleep 0 0 slept_enough\n", 0)
 
 

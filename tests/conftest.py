@@ -29,22 +29,31 @@ def readable_by_others(path):
     return bool(os.stat(path).st_mode & 0o004)
 
 
-def mmleak_for_others():
-    """The path of a mmleak.py that another user (nobody) can run, with mmleak.so next to it:
-    the tree's own, or, when the checkout is private (a clone in a 0700 directory such as
-    mktemp -d's), a copy in a directory of its own under /tmp, removed when the tests end."""
-    own = os.path.join(ROOT, "mmleak.py")
-    if readable_by_others(own) and readable_by_others(LIB):
-        return own
+def tree_for_others(*names):
+    """The root of a tree that another user (nobody) can read with NAMES (paths relative to
+    the checkout) in it: the checkout itself, or, when it is private (a clone in a 0700
+    directory such as mktemp -d's), a copy of those files in a directory of its own under
+    /tmp, removed when the tests end."""
+    if all(readable_by_others(os.path.join(ROOT, n)) for n in names):
+        return ROOT
     import atexit
     import tempfile
     d = tempfile.mkdtemp(prefix="mmleak-tree-", dir="/tmp")
     atexit.register(shutil.rmtree, d, True)
-    os.chmod(d, 0o755)
-    for name, mode in (("mmleak.py", 0o755), ("mmleak.so", 0o644)):
-        shutil.copy(os.path.join(ROOT, name), os.path.join(d, name))
-        os.chmod(os.path.join(d, name), mode)
-    return os.path.join(d, "mmleak.py")
+    for n in names:
+        dst = os.path.join(d, n)
+        os.makedirs(os.path.dirname(dst), mode=0o755, exist_ok=True)
+        shutil.copy(os.path.join(ROOT, n), dst)
+        os.chmod(dst, 0o755 if n.endswith(".py") else 0o644)
+    for dirpath, _, _ in os.walk(d):
+        os.chmod(dirpath, 0o755)
+    return d
+
+
+def mmleak_for_others():
+    """The path of a mmleak.py that another user (nobody) can run, with mmleak.so next to it
+    (see tree_for_others)."""
+    return os.path.join(tree_for_others("mmleak.py", "mmleak.so"), "mmleak.py")
 
 
 def load_mmleak():

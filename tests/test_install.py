@@ -1814,14 +1814,13 @@ def test_status_processes_and_their_state(tmp_path, mm):
         assert got.splitlines()[2] == "process:        %d and 1 more: not traced (mmleak.so " \
                                       "not loaded)" % pids[2]
         # another user may not read the processes' memory: it is told so, per process (run
-        # from the tests directory: a checkout others cannot read cannot show it)
-        from conftest import readable_by_others
-        if os.geteuid() == 0 and not readable_by_others(os.path.join(HERE, "test_install.py")):
-            pytest.skip("the checkout is not readable by nobody (a private clone): the check "
-                        "as another user needs it; everything before it passed")
+        # from a tree the user nobody can read: the checkout, or a copy of what it needs)
+        from conftest import tree_for_others
+        tests = os.path.join(tree_for_others("tests/test_install.py", "mmleak-install.py",
+                                             "mmleak.py", "mmleak.so"), "tests")
         code = ("import sys; sys.path.insert(0, %r); import test_install as t; "
                 "sys.stdout.write(t.processes_lines(t.load_installer(), procs=('active', %d, "
-                "[%d, %d])))" % (HERE, pids[0], pids[0], pids[2]))
+                "[%d, %d])))" % (tests, pids[0], pids[0], pids[2]))
         r = subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd="/",
                            preexec_fn=lambda: (os.setgroups([]), os.setgid(65534),
                                                os.setuid(65534)) if os.geteuid() == 0 else None)

@@ -39,6 +39,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -130,11 +131,24 @@ static int g_key_ok;
 /* Event order.  A free in thread B and a later malloc in thread C that returns the same
  * address are ordered by the allocator's own synchronisation; an atomic counter taken
  * before the real free and after the real malloc inherits that order.  One counter per
- * address hash bucket gives every address a total order without one hot shared line:
+ * bucket of addresses gives every address a total order without one hot shared line:
  * threads working on different memory touch different counters.  Two events of one address
  * whose numbers differ by exactly one are adjacent: nothing happened to that address in
- * between, which is what lets the shrinker cancel them in any grouping of files. */
+ * between, which is what lets the shrinker cancel them in any grouping of files.
+ *
+ * Buckets follow the heap: a counter for every 32 bytes of address space (glibc's blocks
+ * are at least 32 bytes apart), the table covering 2 MiB, rotated by a hash of the
+ * 64 MiB region the address is in (glibc's thread arenas are 64 MiB aligned: without the
+ * rotation, threads working in lockstep would share counters).  A free finds its counter
+ * beside those of the blocks around it instead of on a random line of a 512 KiB table, and
+ * two blocks less than 2 MiB apart in one region never share a counter, so the events of one
+ * address stay adjacent more often than with a random hash: a file of bench/pywork.py
+ * shrinks to 0.03 % of its events instead of 0.5 %, one of perl to 4 % instead of 7 %.
+ * Measured on alloc_bench: 0.5-0.9 ns less per event.  (A coarser grain was faster still but
+ * put small neighbouring blocks on one counter: perl's leftovers tripled.) */
 #define SEQ_BITS 16
+#define SEQ_GRAIN 5
+#define SEQ_REGION 26
 static _Atomic uint64_t g_seq[1u << SEQ_BITS] __attribute__((aligned(64)));
 
 /* What the fast path reads besides the thread's own state, in a page of its own mapped with
@@ -194,10 +208,17 @@ static __thread struct tstate T __attribute__((tls_model("initial-exec")));
  * 2. The hot path
  * ------------------------------------------------------------------------------------- */
 
+/* The counter of p's bucket (see g_seq). */
+HOT_INLINE _Atomic uint64_t *seq_bucket(const void *p)
+{
+    uint64_t a = (uintptr_t)p;
+    uint64_t rot = ((a >> SEQ_REGION) * 0x9E3779B97F4A7C15ull) >> (64 - SEQ_BITS);
+    return &g_seq[((a >> SEQ_GRAIN) + rot) & ((1u << SEQ_BITS) - 1)];
+}
+
 HOT_INLINE uint64_t seq_next(const void *p)
 {
-    uint64_t h = ((uint64_t)(uintptr_t)p * 0x9E3779B97F4A7C15ull) >> (64 - SEQ_BITS);
-    return atomic_fetch_add_explicit(&g_seq[h], 1, memory_order_relaxed);
+    return atomic_fetch_add_explicit(seq_bucket(p), 1, memory_order_relaxed);
 }
 
 #if defined(__SSE2__)
@@ -1353,12 +1374,15 @@ static void set_status(void)
     }
 }
 
+static void prealloc_decide(void);
+
 /* Called under g_lock, with the guard held. */
 static void process_start(void)
 {
     g_pid = getpid();
     g_owner = geteuid();
     g_t0 = time(NULL);
+    prealloc_decide();
     if (reserve_id()) {
         g_state = -1;
         return;
@@ -1585,6 +1609,32 @@ static void half_start(struct tstate *t, int h)
     t->end = b + t->half_size - SLACK;
 }
 
+/* A flush of a busy thread reserves the blocks of what it is about to append with
+ * fallocate(FALLOC_FL_KEEP_SIZE) before the pwrite, on ext4.  ext4 allocates the blocks of a
+ * plain write late (delayed allocation), and reserving them page by page in the write costs
+ * more than one call that allocates the whole range as one extent: measured on this
+ * project's VM, appending in 512 KiB writes cost 0.17 ns per byte without the call and 0.12
+ * with it (bench/README.rst), about 1.5 ns per event of 33 bytes; the file's size is not
+ * changed, so readers never see a byte the write did not put there.  It only pays for big
+ * writes (64 KiB writes gained nothing), and not on tmpfs, where it costs a little (pages
+ * zeroed, then written): other file systems are left as they were, unmeasured.  A hint: when
+ * it fails the write allocates as it always did, and reports a full disk itself. */
+#define PREALLOC_MIN (256 * 1024)
+#define EXT4_MAGIC 0xEF53
+static int g_prealloc;
+
+static void prealloc_decide(void)
+{
+    struct statfs sf;
+    g_prealloc = statfs(cfg.dir, &sf) == 0 && sf.f_type == EXT4_MAGIC;
+}
+
+static void prealloc(int fd, uint64_t off, size_t n)
+{
+    if (g_prealloc && n >= PREALLOC_MIN)
+        (void)fallocate(fd, FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)n);
+}
+
 /* Write half h's pending lines at the end of .out. */
 static int write_half(int fd, struct tstate *t, int h)
 {
@@ -1626,6 +1676,7 @@ static int flush_here(struct tstate *t)
     int fd = open_again(dump_name(name, sizeof name, t->fileno), O_WRONLY);
     if (fd < 0)
         return -1;
+    prealloc(fd, t->out_off, t->ulen[o] + t->ulen[h]);
     int rc = write_half(fd, t, o);
     if (rc == 0)
         rc = write_half(fd, t, h);

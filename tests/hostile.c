@@ -110,6 +110,27 @@ NOINLINE static void threads(void)
         usleep(1000);
 }
 
+/* ---- blocks side by side, freed in another order than they were made ---- */
+NOINLINE static void neighbours(int n, int rounds)
+{
+    void **b = malloc(sizeof *b * (size_t)n);
+    unsigned x = 12345;
+    for (int r = 0; r < rounds; r++) {
+        for (int i = 0; i < n; i++)
+            b[i] = malloc(40);
+        for (int i = n - 1; i > 0; i--) {          /* shuffle */
+            x = x * 1103515245u + 12345u;
+            int j = (int)((x >> 8) % (unsigned)(i + 1));
+            void *t = b[i];
+            b[i] = b[j];
+            b[j] = t;
+        }
+        for (int i = 0; i < n; i++)
+            free(b[i]);
+    }
+    free(b);
+}
+
 /* ---- many threads, freeing each other's blocks through a shared table ---- */
 #define SLOTS 512
 static void *volatile slots[SLOTS];
@@ -283,6 +304,7 @@ int main(int argc, char **argv)
     }
     if (!strcmp(mode, "threads")) { threads(); return 0; }
     if (!strcmp(mode, "churn")) { churn(argc > 2 ? atoi(argv[2]) : 4); return 0; }
+    if (!strcmp(mode, "neighbours")) { neighbours(atoi(argv[2]), atoi(argv[3])); return 0; }
     if (!strcmp(mode, "serial")) {
         serial_threads(atoi(argv[2]));
         if (argc > 3)

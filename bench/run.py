@@ -29,6 +29,7 @@ PY = "/usr/bin/python3"
 BENCH_BIN = os.path.join(OUT, "alloc_bench")
 UNWIND_BIN = os.path.join(OUT, "unwind_bench")
 STACKS_BIN = os.path.join(OUT, "stacks_bench")
+APPEND_BIN = os.path.join(OUT, "append_bench")
 DAEMON_BIN = os.path.join(OUT, "daemon_load")
 ATTACH_BIN = os.path.join(OUT, "attach_target")
 
@@ -1548,6 +1549,79 @@ def bench_unwind(runs):
     return res
 
 
+def busy_jiffies():
+    """CPU time the whole machine spent busy so far (all cores, every process and kernel
+    thread), in clock ticks (/proc/stat)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return v[0] + v[1] + v[2] + v[5] + v[6]      # user nice system irq softirq
+
+
+def bench_append(runs, dirs, quick):
+    """(f) what a flush costs the kernel: bench/append_bench.c appends in the dump directory's
+    file system, in pwrite()s of 64/256/512 KiB, plainly or after fallocate(KEEP_SIZE) of each
+    range (mmleak.c's prealloc on ext4).  Per cell: the writer's own CPU time, and the whole
+    machine's busy time until the data is on disk (sync included: the writeback the kernel does
+    later in its own threads)."""
+    res = {"loadavg_start": os.getloadavg(), "rows": [], "dir": dirs["scratch"]}
+    cc = os.environ.get("CC", "cc")
+    try:
+        subprocess.check_call([cc, "-O2", "-o", APPEND_BIN, os.path.join(HERE, "append_bench.c")])
+    except (OSError, subprocess.CalledProcessError) as e:
+        res["error"] = "building append_bench failed: %s" % e
+        return res
+    total = 64 if quick else 256
+    cells = [(c, m) for c in (64, 256, 512) for m in ("plain", "reserve")]
+    got = {cell: {"cpu": [], "busy": []} for cell in cells}
+    tick = os.sysconf("SC_CLK_TCK")
+    for _ in range(max(runs, 3)):
+        for chunk, mode in cells:
+            os.sync()
+            b0 = busy_jiffies()
+            r = subprocess.run([APPEND_BIN, dirs["scratch"], str(chunk), str(total), mode],
+                               capture_output=True, text=True)
+            os.sync()
+            b1 = busy_jiffies()
+            if r.returncode != 0:
+                res["error"] = "append_bench %d %s: %s" % (chunk, mode, one_line(r.stderr))
+                return res
+            m = re.search(r"cpu_s=([\d.]+)", r.stdout)
+            if "fallocate_failed" in r.stdout:
+                res["note"] = "fallocate failed here: " + r.stdout.split("fallocate_failed=")[1].strip()
+            got[(chunk, mode)]["cpu"].append(float(m.group(1)))
+            got[(chunk, mode)]["busy"].append((b1 - b0) / tick)
+    for (chunk, mode), v in got.items():
+        res["rows"].append(dict(chunk_kb=chunk, mode=mode, total_mb=total,
+                                cpu_s=med(v["cpu"]), busy_s=med(v["busy"]),
+                                ns_per_33B=med(v["cpu"]) * 1e9 / (total << 20) * 33,
+                                busy_ns_per_33B=med(v["busy"]) * 1e9 / (total << 20) * 33,
+                                spread_pct=spread(v["cpu"])))
+    res["loadavg_end"] = os.getloadavg()
+    return res
+
+
+def print_append(a, fs):
+    print("append: appending to a file on %s (%s) in pwrite()s, plainly or after "
+          "fallocate(KEEP_SIZE) of each range; medians; load average %.2f at the start"
+          % (fs, a["dir"], a["loadavg_start"][0]))
+    if a.get("error"):
+        print("  " + a["error"])
+        return
+    print("  %-9s %-8s %10s %12s %14s %16s %6s" % ("chunk", "mode", "cpu_s", "ns/33B cpu",
+                                                 "machine busy_s", "ns/33B machine", "+-%"))
+    for r in a["rows"]:
+        print("  %-9s %-8s %10.3f %12.2f %14.2f %16.2f %6s" % (
+            "%d KiB" % r["chunk_kb"], r["mode"], r["cpu_s"], r["ns_per_33B"], r["busy_s"],
+            r["busy_ns_per_33B"], f(r["spread_pct"], "%.0f")))
+    if a.get("note"):
+        print("  " + a["note"])
+    print("  cpu: the writer's user+system time (%d MB per run); machine: every core's busy time"
+          % a["rows"][0]["total_mb"])
+    print("  from before the run to the end of a sync after it (10 ms ticks), writeback included;")
+    print("  33 B: an average event at MMLEAK_DEPTH=1.  mmleak.so reserves only on ext4, for flushes")
+    print("  of 256 KiB or more (a busy thread's half is 512 KiB).")
+
+
 def print_unwind(u):
     print("unwind: ns per stack capture (bench/unwind_bench.c), median of the runs; load average "
           "%.2f at the start, %.2f at the end" % (u["loadavg_start"][0],
@@ -1683,7 +1757,7 @@ def main():
     runs = args.runs or (2 if args.quick else 5)
 
     names = [w.name for w in workloads(args.quick)] + ["alloc", "depth", "shrink", "unwind",
-                                                        "stacks", "longrun", "attach"]
+                                                        "append", "stacks", "longrun", "attach"]
     for o in args.only:
         if o not in names:
             sys.exit("bench: --only %r: not one of %s" % (o, ", ".join(names)))
@@ -1726,7 +1800,7 @@ def main():
     missing = [t.name for t in tracers_all if not t.installed()]
     t_start = time.time()
     rows, depth_summary, shrink, unwind = [], None, None, None
-    stacks = longrun = attach = long_run = None
+    stacks = longrun = attach = long_run = append = None
     try:
         for w in workloads(args.quick):
             if not wanted(w.name):
@@ -1744,6 +1818,8 @@ def main():
             shrink = bench_shrink(runs, dirs, args.quick, "heaptrack" not in missing)
         if wanted("unwind"):
             unwind = bench_unwind(runs)
+        if wanted("append"):
+            append = bench_append(runs, dirs, args.quick)
         if wanted("stacks"):
             stacks = bench_stacks(runs, dirs, args.quick, "heaptrack" not in missing)
         if wanted("longrun"):
@@ -1846,6 +1922,9 @@ def main():
     if unwind is not None:
         print()
         print_unwind(unwind)
+    if append is not None:
+        print()
+        print_append(append, mach["dump_fs"])
     if stacks is not None:
         print()
         print_stacks(stacks)
@@ -1862,7 +1941,7 @@ def main():
     print("(%.0f s in all)" % elapsed)
     with open(args.json, "w") as fj:
         json.dump(dict(machine=mach, runs=runs, quick=args.quick, rows=rows, depth=depth_summary,
-                       unwind=unwind, stacks=stacks, longrun=longrun, attach=attach,
+                       unwind=unwind, append=append, stacks=stacks, longrun=longrun, attach=attach,
                        long=long_run,
                        shrink=shrink, elapsed_s=elapsed, generated=time.strftime("%Y-%m-%dT%H:%M:%S%z")),
                   fj, indent=1, default=str)

@@ -226,14 +226,99 @@ HOT_INLINE uint64_t seq_next(const void *p)
 /* Sixteen hex digits of v, most significant first: split the bytes into nibbles, interleave
  * them, add '0', and 'a'-'0'-10 where the nibble is above 9.  About ten SSE2 instructions,
  * all x86-64 CPUs have them. */
+HOT_INLINE __m128i hex_ascii(__m128i nib)
+{
+    __m128i over9 = _mm_cmpgt_epi8(nib, _mm_set1_epi8(9));
+    return _mm_add_epi8(_mm_add_epi8(nib, _mm_set1_epi8('0')),
+                        _mm_and_si128(over9, _mm_set1_epi8('a' - '0' - 10)));
+}
+
 HOT_INLINE __m128i hex16(uint64_t v)
 {
     __m128i x = _mm_cvtsi64_si128((long long)__builtin_bswap64(v));
     __m128i m = _mm_set1_epi8(0x0f);
-    __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(_mm_srli_epi64(x, 4), m), _mm_and_si128(x, m));
-    __m128i over9 = _mm_cmpgt_epi8(nib, _mm_set1_epi8(9));
-    return _mm_add_epi8(_mm_add_epi8(nib, _mm_set1_epi8('0')),
-                        _mm_and_si128(over9, _mm_set1_epi8('a' - '0' - 10)));
+    return hex_ascii(_mm_unpacklo_epi8(_mm_and_si128(_mm_srli_epi64(x, 4), m),
+                                       _mm_and_si128(x, m)));
+}
+
+/* The sixteen digits of a and those of b at once: the nibbles of both split in one register,
+ * which costs little more than one hex16.  A line's fields are packed into pairs of such
+ * 64-bit groups (see put_fields), so that an allocation line takes two conversions, not
+ * five, and a free line one and a half (measured: the formatting of the fast path went from
+ * 3.8 ns per event, found by writing constant text instead, to about half of that). */
+HOT_INLINE void hex32(uint64_t a, uint64_t b, __m128i *ra, __m128i *rb)
+{
+    __m128i x = _mm_set_epi64x((long long)__builtin_bswap64(b), (long long)__builtin_bswap64(a));
+    __m128i m = _mm_set1_epi8(0x0f);
+    __m128i hi = _mm_and_si128(_mm_srli_epi64(x, 4), m), lo = _mm_and_si128(x, m);
+    *ra = hex_ascii(_mm_unpacklo_epi8(hi, lo));
+    *rb = hex_ascii(_mm_unpackhi_epi8(hi, lo));
+}
+
+/* v < 2^32 as the minimal-width digits, left-aligned in 32 bits (n = ndig(v)): converted in
+ * a group of 8 digits, its first n are the number. */
+HOT_INLINE uint64_t left32(uint32_t v, unsigned n)
+{
+    return (uint64_t)(uint32_t)(v << (32 - 4 * n));
+}
+
+HOT_INLINE void store8(char *d, __m128i r)
+{
+    _mm_storel_epi64((__m128i *)(void *)d, r);
+}
+
+HOT_INLINE void store8_high(char *d, __m128i r)
+{
+    _mm_storel_epi64((__m128i *)(void *)d, _mm_unpackhi_epi64(r, r));
+}
+
+/* Exactly the first 12 digits of r: the last field of a line must not spill past its
+ * newline (a signal handler's line may already follow it). */
+HOT_INLINE void store12(char *d, __m128i r)
+{
+    _mm_storel_epi64((__m128i *)(void *)d, r);
+    uint32_t w = (uint32_t)_mm_cvtsi128_si32(_mm_srli_si128(r, 8));
+    memcpy(d + 8, &w, 4);
+}
+
+/* An allocation line's fields, "PTR SEQ SIZE TIME CALLER" (without the newline), at d: two
+ * pairs of groups, (PTR, SEQ|SIZE) and (TIME, CALLER).  Every store but the last writes up to
+ * 8 bytes past its field, inside the line, and the next field's store overwrites them. */
+HOT_INLINE char *put_alloc_fields(char *d, uint64_t p, uint32_t s, unsigned ns, uint32_t n,
+                                  unsigned nn, uint32_t now, unsigned nt, uint64_t c)
+{
+    __m128i r0, r1, r2, r3;
+    hex32(p << 16, (left32(s, ns) << 32) | left32(n, nn), &r0, &r1);
+    hex32(left32(now, nt) << 32, c << 16, &r2, &r3);
+    _mm_storeu_si128((__m128i *)(void *)d, r0);
+    d[12] = ' ';
+    d += 13;
+    store8(d, r1);
+    d += ns;
+    *d++ = ' ';
+    store8_high(d, r1);
+    d += nn;
+    *d++ = ' ';
+    store8(d, r2);
+    d += nt;
+    *d++ = ' ';
+    store12(d, r3);
+    return d + 12;
+}
+
+/* A free line's fields, "PTR SEQ CALLER": one pair (PTR, CALLER) and SEQ alone. */
+HOT_INLINE char *put_free_fields(char *d, uint64_t p, uint32_t s, unsigned ns, uint64_t c)
+{
+    __m128i r0, r1;
+    hex32(p << 16, c << 16, &r0, &r1);
+    _mm_storeu_si128((__m128i *)(void *)d, r0);
+    d[12] = ' ';
+    d += 13;
+    store8(d, hex16(left32(s, ns) << 32));
+    d += ns;
+    *d++ = ' ';
+    store12(d, r1);
+    return d + 12;
 }
 
 /* 12 digits, zero padded: the width of every user-space address on x86-64.  Exactly 12
@@ -297,6 +382,29 @@ HOT_INLINE char *put_hex16(char *d, uint64_t v)
     memcpy(d + 8, &lo, 8);
     return d + 16;
 }
+
+HOT_INLINE char *put_alloc_fields(char *d, uint64_t p, uint32_t s, unsigned ns, uint32_t n,
+                                  unsigned nn, uint32_t now, unsigned nt, uint64_t c)
+{
+    d = put_hex12(d, p);
+    *d++ = ' ';
+    d = put_hexv(d, s, ns);
+    *d++ = ' ';
+    d = put_hexv(d, n, nn);
+    *d++ = ' ';
+    d = put_hexv(d, now, nt);
+    *d++ = ' ';
+    return put_hex12(d, c);
+}
+
+HOT_INLINE char *put_free_fields(char *d, uint64_t p, uint32_t s, unsigned ns, uint64_t c)
+{
+    d = put_hex12(d, p);
+    *d++ = ' ';
+    d = put_hexv(d, s, ns);
+    *d++ = ' ';
+    return put_hex12(d, c);
+}
 #endif
 
 /* Hex digits of v < 2^32 (at least one). */
@@ -347,15 +455,7 @@ HOT_INLINE void rec_alloc(void *p, size_t n, const void *ra)
     }
     unsigned ns = ndig((uint32_t)s), nn = ndig((uint32_t)n), nt = ndig((uint32_t)now);
     char *d = reserve(t, 12 + 1 + ns + 1 + nn + 1 + nt + 1 + 12 + 1);
-    d = put_hex12(d, (uintptr_t)p);
-    *d++ = ' ';
-    d = put_hexv(d, (uint32_t)s, ns);
-    *d++ = ' ';
-    d = put_hexv(d, (uint32_t)n, nn);
-    *d++ = ' ';
-    d = put_hexv(d, (uint32_t)now, nt);
-    *d++ = ' ';
-    d = put_hex12(d, c);
+    d = put_alloc_fields(d, (uintptr_t)p, (uint32_t)s, ns, (uint32_t)n, nn, (uint32_t)now, nt, c);
     atomic_signal_fence(memory_order_release);
     *d = '\n';
 }
@@ -372,11 +472,7 @@ HOT_INLINE void rec_free(void *p, uint64_t s, const void *ra)
     }
     unsigned ns = ndig((uint32_t)s);
     char *d = reserve(t, 12 + 1 + ns + 1 + 12 + 1);
-    d = put_hex12(d, (uintptr_t)p);
-    *d++ = ' ';
-    d = put_hexv(d, (uint32_t)s, ns);
-    *d++ = ' ';
-    d = put_hex12(d, c);
+    d = put_free_fields(d, (uintptr_t)p, (uint32_t)s, ns, c);
     atomic_signal_fence(memory_order_release);
     *d = '\n';
 }

@@ -459,10 +459,10 @@ static void odd_line(struct run *r, int file, uint64_t lineno, const char *p, si
     size_t body = n - (size_t)nl;
     if (!nl || memchr(p, 0, n)) {
         size_t i = 0;
-        while (i < body && p[i] == 0)
+        while (i < body && (p[i] == 0 || p[i] == ' '))
             i++;
         if (i == body) {
-            problem(r, file, lineno, P_PADDING, "NUL padding after the last line (the process "
+            problem(r, file, lineno, P_PADDING, "padding after the last line (the process "
                     "did not exit cleanly); ignored", NULL, 0);
             return;
         }

@@ -48,8 +48,8 @@ EXIT_HELP = """exit status:
   3  malformed lines were skipped (each reported on stderr with file and line): the result
      may miss events
   4  eu-addr2line (elfutils) missing or failing: addresses left unresolved
-A torn last line or NUL padding, which a killed process leaves behind, is reported but is not
-an error: the events before it are complete."""
+A torn last line or padding (NULs, blanks), which a killed process leaves behind, is reported
+but is not an error: the events before it are complete."""
 
 
 class Fail(Exception):
@@ -505,9 +505,9 @@ class Shrinker:
         # A killed writer leaves its last line without newline, and NULs after it (the
         # rest of the mapped window).  After `sort` those become lines of their own.
         if b"\0" in line or not line.endswith(b"\n"):
-            if not line.rstrip(b"\n").strip(b"\0"):
+            if not line.rstrip(b"\n").strip(b"\0 "):
                 self.problems.add(name, lineno, "padding",
-                                  "NUL padding after the last line (the process did not "
+                                  "padding after the last line (the process did not "
                                   "exit cleanly); ignored")
             else:
                 self.problems.add(name, lineno, "torn",

@@ -102,11 +102,15 @@ def dump_files(d):
                   if f.startswith("mmleak.") and f.endswith(".out"))
 
 
+BLANK_RE = re.compile(rb"(?m)^ *\n")
+
+
 def count_events(paths):
-    """Event lines (lines not starting with '#') in mmleak dump files; NUL padding ignored."""
+    """Event lines (lines not starting with '#') in mmleak dump files; NUL padding and blank
+    lines (the padding of aligned flushes) ignored."""
     events = 0
     for path in paths:
-        lines = hashes = 0
+        lines = hashes = blanks = 0
         prev = b"\n"
         last = b"\n"
         with open(path, "rb") as f:
@@ -119,10 +123,13 @@ def count_events(paths):
                     break
                 lines += buf.count(b"\n")
                 hashes += buf.count(b"\n#") + (1 if prev == b"\n" and buf[:1] == b"#" else 0)
+                blanks += len(BLANK_RE.findall(buf))
+                if prev != b"\n" and BLANK_RE.match(buf):
+                    blanks -= 1     # the end of a line begun in the previous read
                 prev = last = buf[-1:]
         if last != b"\n":
             lines += 1  # a torn last line still counts as a line (a header has a newline)
-        events += lines - hashes
+        events += lines - hashes - blanks
     return events
 
 

@@ -222,6 +222,22 @@ def test_torn_last_line_and_padding_are_not_errors(tmp_path):
         "b'000000003000 1 1'" % p]
 
 
+def test_blank_padding_skipped_and_a_cut_one_at_the_end_is_padding(tmp_path):
+    """Blank lines (mmleak.so pads a busy thread's flushes to a page boundary with one) are
+    skipped without a word; part of one at the very end, without its newline (a process
+    killed between its lines and their padding), is reported as padding, not as a torn
+    line, and is not an error."""
+    data = (GOOD + b" " * 99 + b"\n" + b"000000003000 1 20 0 000000002000\n" + b"\n"
+            + b" " * 700)
+    r, p = run_shrink(tmp_path, data)
+    assert r.returncode == 0
+    assert r.stdout.endswith(b"000000001000 0 10 0 000000002000\n"
+                             b"000000003000 1 20 0 000000002000\n")
+    assert r.stderr.decode().splitlines() == [
+        "mmleak.py: %s:6: padding after the last line (the process did not exit cleanly); "
+        "ignored" % p]
+
+
 def test_garbage_lines_reported_with_line_numbers(tmp_path):
     data = GOOD + b"hello world\n" + b"000000004000 1 10 5\n" * 9 + b"000000005000 1 2 3 4 5 6 x\n"
     r, p = run_shrink(tmp_path, data)

@@ -331,9 +331,10 @@ def fs_magic(path):
 @pytest.mark.parametrize("fs,magic", [("ext4", 0xEF53), ("tmpfs", 0x01021994)], ids=["ext4", "tmpfs"])
 def test_busy_flushes_reserve_their_blocks_on_ext4_only(bins, mm, tmp_path, fs, magic):
     """A busy thread's flushes (512 KiB) first reserve the range they append with one
-    fallocate(FALLOC_FL_KEEP_SIZE) on ext4, and on no other file system (tmpfs: measured
-    slower).  The files hold exactly their lines, the result is exact, and no block is left
-    allocated past the end of a file."""
+    fallocate(FALLOC_FL_KEEP_SIZE) on ext4, and end on a page boundary with a line of blanks;
+    on no other file system (tmpfs: measured slower).  The files hold exactly their lines
+    (and that padding), end with #end, the result is exact, and no block is left allocated
+    past the end of a file."""
     import shutil
     import tempfile
     if not shutil.which("strace"):
@@ -359,11 +360,20 @@ def test_busy_flushes_reserve_their_blocks_on_ext4_only(bins, mm, tmp_path, fs, 
         else:
             assert keep == [], keep
         tid = the_trace(dump)
+        pads = 0
         for f in mm.find_traces(dump)[tid]:
             data = open(f, "rb").read()
             assert data.endswith(b"#end\n") and b"\0" not in data, f
             st = os.stat(f)
             assert st.st_blocks * 512 < st.st_size + 64 * 1024, (f, st.st_size, st.st_blocks)
+            # each full half's flush ends on a page boundary, with one line of blanks
+            for m in re.finditer(rb"(?m)^ *\n", data):
+                assert m.end() % 4096 == 0 and m.end() < len(data), (f, m.start(), m.end())
+                pads += 1
+        if fs == "ext4":
+            assert pads >= 10
+        else:
+            assert pads == 0
         got, sh = leaks(dump, tid, "hostile")
         assert sum(v for k, v in got.items() if k[0] == "churn_body") == 7
         assert sh.events > 390000 and sh.foreign_frees() == []

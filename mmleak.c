@@ -1472,8 +1472,10 @@ static void set_status(void)
 
 static void prealloc_decide(void);
 
-/* Called under g_lock, with the guard held. */
-static void process_start(void)
+/* Called under g_lock, with the guard held.  LOADED: dl_iterate_phdr's counters, taken by
+ * the caller before g_lock (the loader's lock is never taken under ours), or NULL: with them
+ * the first flush finds the maps file current instead of reading /proc/self/maps again. */
+static void process_start(const unsigned long long *loaded)
 {
     g_pid = getpid();
     g_owner = geteuid();
@@ -1487,7 +1489,7 @@ static void process_start(void)
     atomic_store(&g_next_file, 0);
     for (size_t i = 0; i < M.n; i++)
         M.ln[i].present = 0;     /* a new trace: its loads log starts with every mapping */
-    unsigned long long c[2] = { 0, 0 };
+    unsigned long long c[2] = { loaded ? loaded[0] : 0, loaded ? loaded[1] : 0 };
     maps_snapshot_locked(1, c);
     arm_hot();
     set_status();
@@ -1531,6 +1533,8 @@ COLD static void global_init(void)
 {
     if (!real.malloc)
         resolve();
+    unsigned long long loaded[2] = { 0, 0 };
+    dl_iterate_phdr(phdr_counts, loaded);
     pthread_mutex_lock(&g_lock);
     if (!g_once_done) {
         g_once_done = 1;
@@ -1570,7 +1574,7 @@ COLD static void global_init(void)
                 mml_got_switch(0);
                 return;
             }
-            process_start();
+            process_start(loaded);
         }
     }
     pthread_mutex_unlock(&g_lock);
@@ -2990,7 +2994,7 @@ static void fork_child(void)
     atomic_store(&g_lost_orphan, 0);
     atomic_store(&g_said_write, 0);
     if (g_state == 1)
-        process_start();
+        process_start(NULL);
     else
         g_pid = getpid();   /* paused (or dormant): so stays the child, writing nothing */
     T.guard--;
@@ -3894,7 +3898,7 @@ EXPORT int mmleak_attach(const char *args)
     g_late_file = ~0u;
     atomic_store(&g_said_write, 0);
     g_window = 1;
-    process_start();            /* a new trace id: pid, or pid-K after an earlier one */
+    process_start(NULL);        /* a new trace id: pid, or pid-K after an earlier one */
     if (g_state != 1) {
         pthread_mutex_unlock(&g_lock);
         return 2;

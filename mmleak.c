@@ -587,7 +587,6 @@ static const char *why(int err)
     case ENXIO: return "a FIFO or a device stands at the name of a file of mmleak's";
     case EISDIR: return "a directory stands at the name of a file of mmleak's";
     case ENAMETOOLONG: return "the file name is too long";
-    case ENOSPC + 4096: return "error";
     case ENOSPC: case EDQUOT: return "disk full";
     case EACCES: case EPERM: return "permission denied (did the program change its user, "
                                     "or the directory's permissions?)";

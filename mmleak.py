@@ -1009,6 +1009,8 @@ class Symbolizer:
             self.loads = Loads(loads) if loads and os.path.exists(loads) else None
         except OSError:
             self.loads = None
+        if self.loads is not None and not self.loads.log:
+            self.loads = None           # made empty with the trace id: nothing was unloaded
         self.trace_start = trace_start
         self.tool = tool
         self.cache = {}

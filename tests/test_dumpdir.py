@@ -365,3 +365,15 @@ def test_the_title_a_process_had_at_its_end_is_recorded(bins, mm, dump):
     rep = report(dump)
     assert rep.stdout.splitlines()[0] == (
         "mmleak: trace %s (pid %s): adversary: worker 7 idle (started as: %s)" % (tid, tid, cmd))
+
+
+def test_an_empty_log_of_loads_is_none(mm, tmp_path):
+    """Every trace's log of loads is made with its id: a process killed before it unloaded
+    anything leaves it empty, which readers take for no log (the whole maps file is used)."""
+    maps = tmp_path / "mmleak.7.maps"
+    maps.write_text("400000-401000 r-xp 00000000 fe:00 1 /bin/true\n")
+    (tmp_path / "mmleak.7.loads").write_text("")
+    assert mm.Symbolizer(str(maps)).loads is None
+    (tmp_path / "mmleak.7.loads").write_text("+0 400000-401000 r-xp 00000000 fe:00 1 /bin/true\n")
+    assert mm.Symbolizer(str(maps)).loads.log == [
+        ("+", 0, "400000-401000 r-xp 00000000 fe:00 1 /bin/true\n")]

@@ -2250,6 +2250,7 @@ static int new_dump_locked(unsigned *np, struct fid *out_id, int *tail_fd, struc
         if (ofd < 0) {
             if (errno == EEXIST)
                 continue;
+            atomic_store(&g_next_file, n);  /* not taken: the next try uses it (g_lock) */
             return -1;
         }
         if (tail_fd) {
@@ -2261,6 +2262,7 @@ static int new_dump_locked(unsigned *np, struct fid *out_id, int *tail_fd, struc
                 errno = err;
                 if (err == EEXIST)
                     continue;
+                atomic_store(&g_next_file, n);
                 return -1;
             }
             *tail_fd = fd;

@@ -1699,9 +1699,9 @@ static const struct sc_call {
     { SYS_futex, "futex", { 0, FUTEX_WAIT | FUTEX_PRIVATE_FLAG, 2, 0, 0, 0 } },
     /* mmleak_attach, and mmleak while it traces */
     { SYS_openat, "openat", { (uint64_t)AT_FDCWD, 0, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW |
-                              O_CLOEXEC, 0600, 0, 0 } },
-    { SYS_openat, "openat", { (uint64_t)AT_FDCWD, 0, O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0, 0,
-                              0 } },
+                              O_NONBLOCK | O_CLOEXEC, 0600, 0, 0 } },
+    { SYS_openat, "openat", { (uint64_t)AT_FDCWD, 0, O_WRONLY | O_NOFOLLOW | O_NONBLOCK |
+                              O_CLOEXEC, 0, 0, 0 } },
     { SYS_mmap, "mmap", { 0, 65536, PROT_READ | PROT_WRITE, MAP_SHARED, 3, 0 } },
     { SYS_mmap, "mmap", { 0, 65536, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                           (uint64_t)-1, 0 } },
@@ -1713,6 +1713,7 @@ static const struct sc_call {
     { SYS_unlinkat, "unlinkat", { (uint64_t)AT_FDCWD, 0, 0, 0, 0, 0 } },
     { SYS_renameat, "renameat", { (uint64_t)AT_FDCWD, 0, (uint64_t)AT_FDCWD, 0, 0, 0 } },
     { SYS_prlimit64, "prlimit64", { 0, RLIMIT_FSIZE, 0, 0, 0, 0 } },
+    { SYS_getrandom, "getrandom", { 0, 8, 1 /* GRND_NONBLOCK */, 0, 0, 0 } },
     { SYS_getpid, "getpid", { 0 } },
     { SYS_gettid, "gettid", { 0 } },
     { SYS_geteuid, "geteuid", { 0 } },

@@ -84,6 +84,7 @@ static struct {
     int depth;               /* MMLEAK_DEPTH: frames per allocation; 0: auto (the default) */
     size_t rotate;           /* MMLEAK_ROTATE_MB: start a new file past this size (256) */
     size_t buffer;           /* MMLEAK_BUFFER_KB: staging area of a busy thread (1024) */
+    size_t hold;             /* MMLEAK_HOLD_MB: lines held in memory while unwritable (64) */
     int quiet;               /* MMLEAK_QUIET=1: no message on stderr, even on failure */
 } cfg;
 
@@ -169,6 +170,10 @@ struct hot {
 static struct hot hot_off;          /* before the start, and where WIPEONFORK is missing */
 static struct hot *H = &hot_off;
 
+/* Which file a name of ours was when we made it: a name reopened later must still be that
+ * file (see open_again), whatever was done to the directory meanwhile.  {0, 0}: unknown. */
+struct fid { dev_t dev; ino_t ino; };
+
 /* Per-thread state.  The hot fields come first, in one cache line. */
 #define GUARD_NEST 0xffff       /* nesting count of mmleak's own code in this thread */
 #define GUARD_NEW (1 << 24)     /* a failing operator new is in libstdc++: see new_failed */
@@ -199,7 +204,11 @@ struct tstate {
     unsigned epoch;       /* the dlclose() epoch this thread's fast path is valid for */
     unsigned trace_gen;   /* the trace its files belong to (attach/detach start new ones) */
     time_t retry_at;      /* while dropping: next time a write is tried */
+    char *hold;           /* lines that could not be written yet, older than the halves' */
+    size_t hold_start, hold_len, hold_cap;  /* see hold_take */
+    int holding;          /* "#dropping k=EPISODE" is staged: a "#lost" line must close it */
     unsigned fileno;      /* N of the current file */
+    struct fid out_id, tail_id; /* its .out and .tail files (see open_again) */
     const void *new_ra;   /* while GUARD_NEW: the caller of the failing operator new */
     struct tstate *next, *prev; /* registry of open threads, under g_lock */
 };
@@ -562,10 +571,22 @@ static char *cat_u(char *d, char *end, unsigned long v)
     return cat(d, end, b + i);
 }
 
+/* open_again's refusal of what stands at one of our names: not a regular file of ours (a
+ * FIFO, a device, a directory, another user's file, a hard link to some other file).  Not an
+ * errno value: messages say it in words and give no number. */
+#define E_NOT_OURS 4096
+
 /* Why a write failed, for the one message we print (strerror may allocate). */
 static const char *why(int err)
 {
     switch (err) {
+    case E_NOT_OURS: return "what stands at the name of a file of mmleak's is not that file "
+                            "(a FIFO, a device, another user's file or a link: planted?)";
+    case EEXIST: return "the name is taken by a file mmleak did not make";
+    case ELOOP: return "a symbolic link stands at the name of a file of mmleak's";
+    case ENXIO: return "a FIFO or a device stands at the name of a file of mmleak's";
+    case EISDIR: return "a directory stands at the name of a file of mmleak's";
+    case ENAMETOOLONG: return "the file name is too long";
     case ENOSPC: case EDQUOT: return "disk full";
     case EACCES: case EPERM: return "permission denied (did the program change its user, "
                                     "or the directory's permissions?)";
@@ -618,12 +639,14 @@ static void say(const char *a, const char *b, const char *c) { say4(a, b, c, NUL
 /* "WHAT DIR: REASON (errno N)TAIL"; REASON is why(ERR) unless given */
 static void say_why(const char *what, const char *reason, int err, const char *tail)
 {
-    char r[256], *e = r + sizeof r, *d = r;
+    char r[512], *e = r + sizeof r, *d = r;
     d = cat(d, e, ": ");
     d = cat(d, e, reason ? reason : why(err));
-    d = cat(d, e, " (errno ");
-    d = cat_u(d, e, (unsigned long)err);
-    d = cat(d, e, ")");
+    if (err != E_NOT_OURS) {
+        d = cat(d, e, " (errno ");
+        d = cat_u(d, e, (unsigned long)err);
+        d = cat(d, e, ")");
+    }
     cat(d, e, tail);
     say(what, cfg.dir, r);
 }
@@ -683,6 +706,7 @@ static int read_config(void)
     cfg.depth = !dp || !*dp || !strcmp(dp, "auto") ? 0 : (int)env_num("MMLEAK_DEPTH", 0, 1, MAXDEPTH);
     cfg.rotate = (size_t)env_num("MMLEAK_ROTATE_MB", 256, 1, 1 << 20) << 20;
     cfg.buffer = (size_t)env_num("MMLEAK_BUFFER_KB", 1024, 16, 1 << 20) << 10;
+    cfg.hold = (size_t)env_num("MMLEAK_HOLD_MB", 64, 0, 1 << 20) << 20;
     const char *dir = cfg_get("MMLEAK_DIR");
     if (!dir || !*dir)
         dir = "/tmp";
@@ -972,9 +996,8 @@ static void fs_end(struct fs_scope *f)
  * usual case before any chroot).  The paths are built in buffers of their own length, not
  * PATH_MAX: these are the deepest frames of a thread's first event and of a rotation, and a
  * thread may have little stack left there (it had 10 KB of buffers). */
-enum { D_OPEN, D_UNLINK, D_RENAME, D_CHOWN };
-static COLD int d_by_path(int op, const char *name, const char *to, int flags, mode_t mode,
-                          uid_t uid)
+enum { D_OPEN, D_UNLINK, D_RENAME };
+static COLD int d_by_path(int op, const char *name, const char *to, int flags, mode_t mode)
 {
     size_t dl = my_strlen(cfg.dir) + 2;     /* cfg.dir is shorter than PATH_MAX */
     char a[dl + my_strlen(name) + 1], b[to ? dl + my_strlen(to) + 1 : 1];
@@ -992,9 +1015,6 @@ static COLD int d_by_path(int op, const char *name, const char *to, int flags, m
         AS_OWNER(rc, renameat(AT_FDCWD, pa, AT_FDCWD, pb));
         break;
     }
-    case D_CHOWN:
-        rc = fchownat(AT_FDCWD, pa, uid, (gid_t)-1, AT_SYMLINK_NOFOLLOW);
-        break;
     }
     return rc;
 }
@@ -1005,7 +1025,7 @@ static int d_open(const char *name, int flags, mode_t mode)
     if (dfd == -1)
         return -1;
     if (dfd == AT_FDCWD)
-        return d_by_path(D_OPEN, name, NULL, flags, mode, 0);
+        return d_by_path(D_OPEN, name, NULL, flags, mode);
     AS_OWNER(rc, openat(dfd, name, flags, mode));
     return rc;
 }
@@ -1016,7 +1036,7 @@ static int d_unlink(const char *name)
     if (dfd == -1)
         return -1;
     if (dfd == AT_FDCWD)
-        return d_by_path(D_UNLINK, name, NULL, 0, 0, 0);
+        return d_by_path(D_UNLINK, name, NULL, 0, 0);
     AS_OWNER(rc, unlinkat(dfd, name, 0));
     return rc;
 }
@@ -1027,32 +1047,26 @@ static int d_rename(const char *from, const char *to)
     if (dfd == -1)
         return -1;
     if (dfd == AT_FDCWD)
-        return d_by_path(D_RENAME, from, to, 0, 0, 0);
+        return d_by_path(D_RENAME, from, to, 0, 0);
     AS_OWNER(rc, renameat(dfd, from, dfd, to));
     return rc;
 }
 
-static void d_chown(const char *name, uid_t uid)
-{
-    int dfd = dir_fd();
-    if (dfd == -1)
-        return;
-    if (dfd == AT_FDCWD)
-        d_by_path(D_CHOWN, name, NULL, 0, 0, uid);      /* gone: nothing to do */
-    else if (fchownat(dfd, name, uid, (gid_t)-1, AT_SYMLINK_NOFOLLOW)) { /* likewise */ }
-}
-
 /* Create one of our files: O_EXCL|O_NOFOLLOW, mode 0600, so a name somebody else made is
- * refused, never followed.  Under g_lock: a daemon dropping root hands every file to its new
- * user (give_files_to), and a file made by another thread at that moment must be handed too. */
-static int create_locked(const char *name)
+ * refused, never followed (O_NONBLOCK as everywhere: a FIFO is never opened by a create, but
+ * no open of ours may ever wait).  ID, if given, gets the file's identity.  Under g_lock: a
+ * daemon dropping root hands every file to its new user (give_files_to), and a file made by
+ * another thread at that moment must be handed too. */
+static int create_locked(const char *name, struct fid *id)
 {
     for (int tries = 0;; tries++) {
-        int fd = d_open(name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        int fd = d_open(name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+                        0600);
         struct stat st;
+        int known = fd >= 0 && fstat(fd, &st) == 0;
         if (fd >= 0)
             fchmod(fd, 0600);   /* the program's umask (0277, 0777) must not take our write */
-        if (fd >= 0 && g_give_uid == (uid_t)-1 && fstat(fd, &st) == 0 && st.st_uid != g_owner) {
+        if (known && g_give_uid == (uid_t)-1 && st.st_uid != g_owner) {
             /* made by a thread that is another user for now: the owner's, like the others */
             struct fs_scope f;
             if (fs_begin(&f)) {
@@ -1060,7 +1074,9 @@ static int create_locked(const char *name)
                 fs_end(&f);
             }
         }
-        if (fd < 0 || g_give_uid == (uid_t)-1 || fstat(fd, &st) || st.st_uid == g_give_uid ||
+        if (fd >= 0 && id)
+            *id = known ? (struct fid){ st.st_dev, st.st_ino } : (struct fid){ 0, 0 };
+        if (fd < 0 || g_give_uid == (uid_t)-1 || !known || st.st_uid == g_give_uid ||
             fchown(fd, g_give_uid, (gid_t)-1) == 0 || tries)
             return fd;
         /* Created as root, and the switch happened before the fchown (glibc changes every
@@ -1070,22 +1086,58 @@ static int create_locked(const char *name)
     }
 }
 
-/* Re-open one of our files by name.  We refuse anything but a regular file of ours (root's
- * files may belong to the user a daemon is about to become: see give_files_to). */
-static int open_again(const char *name, int flags)
+/* Re-open one of our files by name: O_NOFOLLOW (a symbolic link is refused), O_NONBLOCK (a
+ * FIFO put at the name can never make the program wait, with our lock held), and then we
+ * refuse anything but a regular file of ours (root's files may belong to the user a daemon is
+ * about to become: see give_files_to) that is still the file we made, when WANT says which
+ * (a name whose file was deleted, by a compactor say, may since be another user's FIFO, or a
+ * hard link to any file).  errno E_NOT_OURS when refused. */
+static int open_again(const char *name, int flags, const struct fid *want)
 {
-    int fd = d_open(name, flags | O_NOFOLLOW | O_CLOEXEC, 0);
-    if (fd < 0)
+    int fd = d_open(name, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0);
+    if (fd < 0) {
+        if (errno == ELOOP || errno == ENXIO || errno == EISDIR)
+            errno = E_NOT_OURS;
         return -1;
+    }
     struct stat st;
     uid_t me = geteuid();
     if (fstat(fd, &st) || !S_ISREG(st.st_mode) ||
-        (st.st_uid != me && st.st_uid != files_owner() && me != 0)) {
+        (st.st_uid != me && st.st_uid != files_owner() && me != 0) ||
+        (want && want->ino && (st.st_dev != want->dev || st.st_ino != want->ino))) {
         close(fd);
-        errno = EACCES;
+        errno = E_NOT_OURS;
         return -1;
     }
     return fd;
+}
+
+/* ---- names others may have taken ----
+ * Whoever can write to the dump directory (/tmp: anybody) can create files at the names a
+ * process to come will use, thousands of them.  A taken name is skipped (O_EXCL refuses it);
+ * after TAKEN_RUN taken names in a row the numbering jumps ahead by an amount nobody can
+ * guess (getrandom), where nothing was planted, and goes on from there: the process always
+ * gets its files, at the cost of a system call per taken name.  One message says so. */
+#define TAKEN_RUN 64
+
+static uint64_t unguessable(void)
+{
+    uint64_t r = 0;
+    if (syscall(SYS_getrandom, &r, sizeof r, 1 /* GRND_NONBLOCK */) != (long)sizeof r) {
+        struct timespec ts;   /* no getrandom (a seccomp filter, an old kernel): the clock */
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        r = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec;
+    }
+    return r;
+}
+
+/* WHAT: "names of dump files in ", and what is done about it */
+static void say_taken(const char *what, const char *done)
+{
+    static atomic_int said;
+    if (!atomic_exchange(&said, 1))
+        say4(what, cfg.dir, " are taken by files mmleak did not make (planted by another "
+             "user?): ", done);
 }
 
 /* RLIMIT_FSIZE: writing past it kills the program with SIGXFSZ.  So every size we give a file
@@ -1213,6 +1265,8 @@ static int maps_add(const char *l, size_t n)
  * appears and "-EPOCH LINE" when it is gone, and frames in a range some object was unloaded
  * from carry the epoch in their top 16 bits (see capture). */
 static int g_loads_on;  /* from the first dlclose on: before it, no range had two objects */
+static struct fid g_loads_id, g_maps_id;    /* made by reserve_id (.maps: its last version) */
+static int g_loads_used;                     /* a line was written to it */
 
 /* 0, or -1 if a line could not be written (it is tried again at the next snapshot) */
 static int loads_log_locked(void)
@@ -1226,13 +1280,14 @@ static int loads_log_locked(void)
         if (l->seen == l->present)
             continue;
         if (fd < 0) {
+            /* made with the trace id (reserve_id): a FIFO or a link put at the name before
+             * or since is refused, never waited on (the first dlclose holds our lock) */
             char name[64];
-            file_name(name, sizeof name, ".loads");
-            fd = d_open(name, O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0);
-            if (fd < 0)
-                fd = create_locked(name);
+            fd = open_again(file_name(name, sizeof name, ".loads"), O_WRONLY | O_APPEND,
+                            &g_loads_id);
             if (fd < 0)
                 return -1;
+            g_loads_used = 1;
         }
         char hdr[24], *d = hdr;
         *d++ = l->seen ? '+' : '-';
@@ -1330,7 +1385,15 @@ static void maps_snapshot_locked(int force, const unsigned long long c[2])
     file_name(name, sizeof name, ".maps");
     file_name(tmp, sizeof tmp, ".maps.tmp");
     d_unlink(tmp);
-    fd = create_locked(tmp);
+    struct fid id;
+    fd = create_locked(tmp, &id);
+    for (int i = 0; fd < 0 && errno == EEXIST && i < 8; i++) {
+        /* another user's file there, which we may not remove (a sticky directory): a name
+         * nobody can guess */
+        char *d = tmp + my_strlen(file_name(tmp, sizeof tmp, ".maps.tmp."));
+        *hexw(d, unguessable() & 0xffffffffffffull, 12) = 0;
+        fd = create_locked(tmp, &id);
+    }
     if (fd < 0)
         return;
     /* one write when the sorted text fits the read buffer (done with /proc's text by now):
@@ -1350,10 +1413,12 @@ static void maps_snapshot_locked(int force, const unsigned long long c[2])
             bad = write_all(fd, M.text + M.ln[i].off, M.ln[i].len);
     }
     close(fd);
-    if (bad || d_rename(tmp, name))
+    if (bad || d_rename(tmp, name)) {
         d_unlink(tmp);
-    else
+    } else {
         M.stale = loads_bad;
+        g_maps_id = id;
+    }
 }
 
 /* The loader's counters are read before g_lock is taken: dl_iterate_phdr takes the loader's
@@ -1405,21 +1470,47 @@ static void read_cmdline(void)
     escape_into(g_cmd, g_cmd + sizeof g_cmd, raw, n > 0 ? (size_t)n : 0, 1);
 }
 
-/* Reserve a trace id with an O_EXCL create of mmleak.ID.maps: the pid, else pid-1, pid-2.. */
+/* Reserve a trace id with O_EXCL creates of mmleak.ID.maps and mmleak.ID.loads (the log of
+ * loads is made now, empty, so that nobody else's file can stand at its name when it is
+ * needed): the pid, else pid-1, pid-2..  (an exec'd image, a reused pid).  Past TAKEN_RUN
+ * taken ids (planted?), pid-T, T the time in microseconds: later images of the process still
+ * get higher numbers, and nobody can plant a name for every microsecond to come. */
 static int reserve_id(void)
 {
     char name[64];
     int err = 0;
-    for (int k = 0; k < 1000; k++) {
+    uint64_t k = 0;
+    for (int tries = 0; tries < TAKEN_RUN + 256; tries++) {
+        if (tries < TAKEN_RUN) {
+            k = (uint64_t)tries;
+        } else {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            uint64_t now = (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+            /* a few hundred microseconds' worth of names to plant per try, or none at all */
+            k = (now > k ? now : k + 1) + unguessable() % 256;
+            say_taken("names of trace files in ", "this trace's id is the pid and the time in "
+                      "microseconds");
+        }
         char *e = g_id + sizeof g_id, *d = g_id;
         d = cat_u(d, e, (unsigned long)g_pid);
         if (k) {
             d = cat(d, e, "-");
             cat_u(d, e, (unsigned long)k);
         }
-        int fd = create_locked(file_name(name, sizeof name, ".maps"));
+        int fd = create_locked(file_name(name, sizeof name, ".maps"), &g_maps_id);
         if (fd >= 0) {
             close(fd);
+            fd = create_locked(file_name(name, sizeof name, ".loads"), &g_loads_id);
+            if (fd < 0) {
+                err = errno;
+                d_unlink(file_name(name, sizeof name, ".maps"));
+                errno = err;
+            }
+        }
+        if (fd >= 0) {
+            close(fd);
+            g_loads_used = 0;
             return 0;
         }
         err = errno;
@@ -1635,6 +1726,7 @@ enum { SLOT_FREE, SLOT_OPEN, SLOT_PARKED };
 struct slot {
     int state; unsigned fileno; char *stage; size_t half_size; uint64_t out_off;
     uint64_t *ss; size_t ss_cap, ss_n;     /* the stacks the file holds (parked files) */
+    struct fid out_id, tail_id;
 };
 static struct { struct slot *a; size_t n, cap; } R;
 
@@ -1650,7 +1742,7 @@ static int slot_new_locked(unsigned fileno)
         R.a = a;
         R.n++;
     }
-    R.a[i] = (struct slot){ SLOT_OPEN, fileno, NULL, 0, 0, NULL, 0, 0 };
+    R.a[i] = (struct slot){ .state = SLOT_OPEN, .fileno = fileno };
     return (int)i + 1;
 }
 
@@ -1663,6 +1755,8 @@ static void slot_sync(struct tstate *t)
     s->fileno = t->fileno;
     s->stage = t->stage;
     s->half_size = t->half_size;
+    s->out_id = t->out_id;
+    s->tail_id = t->tail_id;
     pthread_mutex_unlock(&g_lock);
 }
 
@@ -1692,7 +1786,7 @@ static char *half_body(const struct tstate *t, int h)
 
 /* Begin writing into half h (which holds nothing unflushed): clear it first (so a line torn
  * by a kill is followed by NULs, never by the stale end of an older line), then stamp where
- * its lines go in .out: after the other half's pending lines, if any. */
+ * its lines go in .out: after the held lines and the other half's pending ones, if any. */
 static void half_start(struct tstate *t, int h)
 {
     char *b = t->stage + (size_t)h * t->half_size;
@@ -1700,7 +1794,7 @@ static void half_start(struct tstate *t, int h)
     atomic_signal_fence(memory_order_seq_cst);
     char hdr[HALF_HDR], *d = hdr;
     memcpy(d, "#at ", 4);
-    d = hexw(d + 4, t->out_off + t->ulen[h ^ 1], 16);
+    d = hexw(d + 4, t->out_off + t->hold_len + t->ulen[h ^ 1], 16);
     while (d < hdr + HALF_HDR - 1)
         *d++ = ' ';
     *d = '\n';
@@ -1783,17 +1877,121 @@ static int write_half(int fd, struct tstate *t, int h)
     return 0;
 }
 
-static int move_pending(struct tstate *t);
-static int append_to(const char *name, const char *line, size_t n);
+/* ---- holding: lines that cannot be written yet wait in memory ----
+ * When a flush fails (no descriptor left, a full disk, a name taken away) while the other half
+ * still waits too, the older half's lines move to an anonymous buffer, the hold, and the thread
+ * goes on in that half: no event is dropped while memory allows (MMLEAK_HOLD_MB, for all the
+ * process's holds together).  Every flush writes the hold first, then the halves; a half's
+ * "#at" counts the held bytes before it.  While anything is held the thread comes to the slow
+ * path every HOLD_STEP bytes of events (its `end` is set that much ahead, see set_end) and
+ * tries to write everything: the lines are in the file as soon as it can take them, at the
+ * cost of a failed system call or two per HOLD_STEP bytes while it cannot, and nothing on the
+ * fast path.  Held lines are only in memory: every half begun while lines are held starts
+ * with "#dropping k=K", so a process killed meanwhile leaves a gap every report sees; once
+ * all is written, "#lost 0 k=K" closes it (nothing was lost), or "#lost N k=K" when the lines
+ * had to be given up (the file ended while nothing could be written). */
+#define HOLD_STEP (16 * 1024)
+static _Atomic size_t g_hold_total;     /* bytes of every thread's hold */
 
-/* Append what is staged to .out: the other half's pending lines first, then the current
- * half's.  0 when all is in .out; -1 (errno says why) when some stays pending. */
+static uint64_t count_events(const char *p, size_t n);
+static void stage_line(struct tstate *t, const char *s, size_t n);
+
+static uint64_t hold_events(const struct tstate *t)
+{
+    return t->hold ? count_events(t->hold + t->hold_start, t->hold_len) : 0;
+}
+
+static void hold_free(struct tstate *t)
+{
+    if (t->hold) {
+        munmap(t->hold, t->hold_cap);
+        atomic_fetch_sub(&g_hold_total, t->hold_cap);
+    }
+    t->hold = NULL;
+    t->hold_start = t->hold_len = t->hold_cap = 0;
+}
+
+/* Move half h's pending lines to the end of the hold.  0, or -1 when MMLEAK_HOLD_MB or the
+ * memory is exhausted (nothing moved). */
+static int hold_take(struct tstate *t, int h)
+{
+    size_t n = t->ulen[h];
+    if (t->hold_len + n > t->hold_cap - t->hold_start) {
+        size_t cap = t->hold_cap ? t->hold_cap : 64 * 1024;
+        while (cap < t->hold_len + n)
+            cap *= 2;
+        size_t more = cap - t->hold_cap;
+        if (atomic_fetch_add(&g_hold_total, more) + more > cfg.hold) {
+            atomic_fetch_sub(&g_hold_total, more);
+            errno = ENOMEM;
+            return -1;
+        }
+        char *q = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (q == MAP_FAILED) {
+            atomic_fetch_sub(&g_hold_total, more);
+            return -1;
+        }
+        if (t->hold) {
+            memcpy(q, t->hold + t->hold_start, t->hold_len);
+            munmap(t->hold, t->hold_cap);
+        }
+        t->hold = q;
+        t->hold_start = 0;
+        t->hold_cap = cap;
+    }
+    memcpy(t->hold + t->hold_start + t->hold_len, half_body(t, h) + t->ustart[h], n);
+    t->hold_len += n;
+    t->ustart[h] += n;
+    t->ulen[h] = 0;
+    return 0;
+}
+
+/* Where the current half's room ends (the slack behind it is the signal handlers'). */
+static char *half_end(const struct tstate *t)
+{
+    return t->stage + (size_t)(t->half + 1) * t->half_size - SLACK;
+}
+
+/* The fast path's limit: the half's end, or HOLD_STEP bytes ahead while lines are held. */
+static void set_end(struct tstate *t)
+{
+    t->end = half_end(t);
+    if (t->hold_len && t->end - t->cur > HOLD_STEP)
+        t->end = t->cur + HOLD_STEP;
+}
+
+static int move_pending(struct tstate *t);
+static int append_to(const char *name, const char *line, size_t n, const struct fid *id);
+
+/* Write the held lines at the end of .out. */
+static int write_hold(int fd, struct tstate *t)
+{
+    while (t->hold_len) {
+        ssize_t w = pwrite(fd, t->hold + t->hold_start, t->hold_len, (off_t)t->out_off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            if (w == 0)
+                errno = ENOSPC;
+            return -1;
+        }
+        t->hold_start += (size_t)w;
+        t->hold_len -= (size_t)w;
+        t->out_off += (uint64_t)w;
+    }
+    hold_free(t);
+    return 0;
+}
+
+/* Append what is staged to .out: the held lines first, then the other half's pending lines,
+ * then the current half's.  0 when all is in .out; -1 (errno says why) when some stays
+ * pending. */
 static int flush_here(struct tstate *t, int full)
 {
     int h = t->half, o = h ^ 1;
     if (t->cur)
         t->ulen[h] = (size_t)(t->cur - half_body(t, h)) - t->ustart[h];
-    size_t n = t->ulen[o] + t->ulen[h];
+    size_t n = t->hold_len + t->ulen[o] + t->ulen[h];
     if (!n)
         return 0;
     if (t->out_off + n > fsize_limit()) {
@@ -1805,12 +2003,14 @@ static int flush_here(struct tstate *t, int full)
     if (t->out_off + n + pad > fsize_limit())
         pad = 0;
     char name[64];
-    int fd = open_again(dump_name(name, sizeof name, t->fileno), O_WRONLY);
+    int fd = open_again(dump_name(name, sizeof name, t->fileno), O_WRONLY, &t->out_id);
     if (fd < 0)
         return -1;
     if (big)    /* a hint: on failure the write allocates as ever, and reports a full disk */
         (void)fallocate(fd, FALLOC_FL_KEEP_SIZE, (off_t)t->out_off, (off_t)(n + pad));
-    int rc = write_half(fd, t, o);
+    int rc = write_hold(fd, t);
+    if (rc == 0)
+        rc = write_half(fd, t, o);
     if (rc == 0)
         rc = write_half(fd, t, h);
     if (rc == 0 && pad)
@@ -1822,13 +2022,21 @@ static int flush_here(struct tstate *t, int full)
 }
 
 /* The same; when the file cannot take the lines without passing RLIMIT_FSIZE (lowered after
- * it had grown), they go on in a new file (see move_pending). */
+ * it had grown), or is no longer there or no longer ours (deleted, and another user's FIFO or
+ * link put at its name), they go on in a new file (see move_pending). */
 static int flush_staged(struct tstate *t, int full)
 {
     if (flush_here(t, full) == 0)
         return 0;
-    if (errno == EFBIG && !t->anon && move_pending(t) == 0)
+    int err = errno;
+    if ((err == EFBIG || err == E_NOT_OURS || err == ENOENT) && !t->anon &&
+        move_pending(t) == 0) {
+        static atomic_int said;
+        if (err != EFBIG && !atomic_exchange(&said, 1))
+            say_why("a dump file in ", NULL, err, "; its thread goes on in a new file");
         return 0;
+    }
+    errno = err;
     return -1;
 }
 
@@ -1842,7 +2050,7 @@ static int grow_stage(struct tstate *t)
     if (2 * (uint64_t)half + 4096 > fsize_limit())
         return -1;
     char name[64];
-    int fd = open_again(side_name(name, sizeof name, t->fileno, ".tail"), O_RDWR);
+    int fd = open_again(side_name(name, sizeof name, t->fileno, ".tail"), O_RDWR, &t->tail_id);
     if (fd < 0)
         return -1;
     void *p = MAP_FAILED;
@@ -1886,14 +2094,42 @@ static uint64_t count_events(const char *p, size_t n)
 }
 
 /* A file's last lines into LINE (CAP bytes, 96 is enough): "#lost" when events were counted
- * but not kept (the caller then clears the count), and "#end". */
+ * but not kept, or a gap of held lines is still open (the caller then clears the count and
+ * the gap), and "#end". */
 static size_t trailer_text(char *line, size_t cap, const struct tstate *t)
 {
     char *e = line + cap, *d = line;
-    if (t->lost)
+    if (t->lost || t->holding)
         d += lost_line(d, cap, t->lost, t->episode);
     d = cat(d, e, "#end\n");
     return (size_t)(d - line);
+}
+
+/* "#title t=TIME TITLE": the process's command line as it is now (a daemon's worker renames
+ * itself: PostgreSQL, nginx, sshd...), TIME seconds after the start, escaped like "#cmd",
+ * into D (ROOM bytes); 0 bytes when it does not fit or cannot be read. */
+static size_t title_text(char *d, size_t room)
+{
+    unsigned char raw[sizeof g_cmd / 4];     /* as much as "#cmd" has */
+    if (room < 80)
+        return 0;
+    int fd = g_procfd >= 0 ? openat(g_procfd, "self/cmdline", O_RDONLY | O_CLOEXEC)
+                           : open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, raw, sizeof raw) : -1;
+    if (fd >= 0)
+        close(fd);
+    while (n > 0 && (raw[n - 1] == 0 || raw[n - 1] == ' '))
+        n--;                /* a title written over the arguments is padded */
+    if (n <= 0)
+        return 0;
+    char *e = d + room, *p = cat(d, e, "#title t=");
+    time_t now = time(NULL) - g_t0;
+    p = cat_u(p, e, (unsigned long)(now < 0 ? 0 : now));
+    p = cat(p, e, " ");
+    escape_into(p, e - 1, raw, (size_t)n, 1);
+    p += my_strlen(p);
+    *p++ = '\n';
+    return (size_t)(p - d);
 }
 
 static void file_close(struct tstate *t, int trailer)
@@ -1906,12 +2142,14 @@ static void file_close(struct tstate *t, int trailer)
         if (t->cur)
             t->ulen[h] = (size_t)(t->cur - half_body(t, h)) - t->ustart[h];
         uint64_t n = count_events(half_body(t, o) + t->ustart[o], t->ulen[o]) +
-                     count_events(half_body(t, h) + t->ustart[h], t->ulen[h]);
+                     count_events(half_body(t, h) + t->ustart[h], t->ulen[h]) +
+                     hold_events(t);
         atomic_fetch_add(&g_lost_orphan, n + t->lost);
+        hold_free(t);
         munmap(t->stage, 2 * t->half_size);
         t->stage = NULL;
         t->cur = t->end = NULL;
-        t->anon = t->open = t->dropping = 0;
+        t->anon = t->open = t->dropping = t->holding = 0;
         t->lost = 0;
         return;
     }
@@ -1919,22 +2157,37 @@ static void file_close(struct tstate *t, int trailer)
         t->dropping = 0;
         half_start(t, t->half ^ 1);
     }
+    if (t->hold_len && (t->dropping || flush_staged(t, 0))) {
+        /* the file ends and its held lines still cannot be written: they are lost, and the
+         * count says how many (the gap their "#dropping" opened closes with it) */
+        t->lost += hold_events(t);
+        hold_free(t);
+    }
     if (!t->dropping) {
         if (trailer) {
-            /* the slack behind `end` always has room for these two lines */
-            t->cur += trailer_text(t->cur, 96, t);
+            /* the slack behind `end` always has room for the "#lost" and "#end" lines, and
+             * for the title when no signal handler's lines took it */
+            char line[64];
+            size_t n = trailer_text(line, sizeof line, t);
+            stage_line(t, line, n - 5);
+            ptrdiff_t room = half_end(t) + SLACK - t->cur - 64;
+            t->cur += room > 0 ? title_text(t->cur, (size_t)room) : 0;
+            stage_line(t, "#end\n", 5);
             t->lost = 0;
+            t->holding = 0;
         }
         if (flush_staged(t, 0) == 0) {
             char name[64];
             d_unlink(side_name(name, sizeof name, t->fileno, ".tail"));
         }
     }
+    hold_free(t);
     stage_drop(t);
     slot_free(t);
     sset_clear(t);
     t->open = 0;
     t->dropping = 0;
+    t->holding = 0;
 }
 
 static size_t header_text(char *h, size_t cap, unsigned fileno, int late)
@@ -1981,6 +2234,46 @@ static void stage_header(struct tstate *t, unsigned fileno)
     t->cur += header_text(t->cur, cap < room ? cap : room, fileno, t->late);
 }
 
+/* Create a new dump file mmleak.ID.N.out with an N nobody took (and, if TAIL_FD, its staging
+ * file .N.tail, the same N): under g_lock.  The .out's descriptor, or -1 (errno). */
+static int new_dump_locked(unsigned *np, struct fid *out_id, int *tail_fd, struct fid *tail_id)
+{
+    char name[64], tname[64];
+    for (int run = 0; run < 16 * TAKEN_RUN; run++) {
+        if (run && run % TAKEN_RUN == 0) {
+            atomic_fetch_add(&g_next_file, (1u << 16) + (unsigned)(unguessable() % (1u << 24)));
+            say_taken("names of dump files in ", "they are skipped, and this trace's files "
+                      "are numbered past them");
+        }
+        unsigned n = atomic_fetch_add(&g_next_file, 1);
+        int ofd = create_locked(dump_name(name, sizeof name, n), out_id);
+        if (ofd < 0) {
+            if (errno == EEXIST)
+                continue;
+            atomic_store(&g_next_file, n);  /* not taken: the next try uses it (g_lock) */
+            return -1;
+        }
+        if (tail_fd) {
+            int fd = create_locked(side_name(tname, sizeof tname, n, ".tail"), tail_id);
+            if (fd < 0) {
+                int err = errno;
+                close(ofd);
+                d_unlink(name);
+                errno = err;
+                if (err == EEXIST)
+                    continue;
+                atomic_store(&g_next_file, n);
+                return -1;
+            }
+            *tail_fd = fd;
+        }
+        *np = n;
+        return ofd;
+    }
+    errno = EEXIST;
+    return -1;
+}
+
 /* Open a new dump file for this thread: mmleak.ID.N.out and its staging file .N.tail. */
 static size_t first_half(void)
 {
@@ -1997,34 +2290,22 @@ static int file_open(struct tstate *t, size_t min_half)
         return -1;
     }
     char name[64], tname[64];
-    int fd = -1, err = EEXIST;
+    int fd = -1;
     unsigned n = 0;
+    struct fid out_id, tail_id;
     pthread_mutex_lock(&g_lock);
-    for (int tries = 0; tries < 64; tries++) {
-        n = atomic_fetch_add(&g_next_file, 1);
-        int ofd = create_locked(dump_name(name, sizeof name, n));
-        if (ofd < 0) {
-            err = errno;
-            if (err == EEXIST)
-                continue;
-            break;
-        }
+    int ofd = new_dump_locked(&n, &out_id, &fd, &tail_id);
+    int err = errno;
+    if (ofd >= 0)
         close(ofd);
-        fd = create_locked(side_name(tname, sizeof tname, n, ".tail"));
-        if (fd < 0) {
-            err = errno;
-            d_unlink(name);
-            if (err == EEXIST)
-                continue;
-        }
-        break;
-    }
     int slot = fd >= 0 ? slot_new_locked(n) : 0;
     pthread_mutex_unlock(&g_lock);
     if (fd < 0) {
         errno = err;
         return -1;
     }
+    dump_name(name, sizeof name, n);
+    side_name(tname, sizeof tname, n, ".tail");
     void *p = MAP_FAILED;
     /* fallocate, not just ftruncate: a full disk must fail here, not SIGBUS later */
     int rc = posix_fallocate(fd, 0, (off_t)(2 * half));
@@ -2044,6 +2325,8 @@ static int file_open(struct tstate *t, size_t min_half)
         return -1;
     }
     t->fileno = n;
+    t->out_id = out_id;
+    t->tail_id = tail_id;
     t->stage = p;
     t->half_size = half;
     t->out_off = 0;
@@ -2068,40 +2351,54 @@ static int file_open(struct tstate *t, size_t min_half)
  * removed the staging file before the rename: the caller opens another). */
 static int file_rotate(struct tstate *t)
 {
-    if (t->anon || t->dropping || t->late || !t->stage || t->ulen[0] || t->ulen[1])
+    if (t->anon || t->dropping || t->late || !t->stage || t->ulen[0] || t->ulen[1] ||
+        t->hold_len)
         return -1;
     char oname[64], nname[64], otail[64], ntail[64], line[96];
     size_t len = trailer_text(line, sizeof line, t);
     if (t->out_off + len > fsize_limit())
         return -1;
     unsigned n = 0;
-    int ofd = -1;
+    int tfd = -1;
+    struct fid out_id, tail_id;
     pthread_mutex_lock(&g_lock);
-    for (int tries = 0; tries < 64 && ofd < 0; tries++) {
-        n = atomic_fetch_add(&g_next_file, 1);
-        ofd = create_locked(dump_name(nname, sizeof nname, n));
-        if (ofd < 0 && errno != EEXIST)
-            break;
-    }
+    /* the new .tail's name is made too (O_EXCL), and then renamed over: never a name that
+     * somebody else's file may hold */
+    int ofd = new_dump_locked(&n, &out_id, &tfd, &tail_id);
     pthread_mutex_unlock(&g_lock);
     if (ofd < 0)
         return -1;
     close(ofd);
-    int fd = open_again(dump_name(oname, sizeof oname, t->fileno), O_WRONLY);
+    close(tfd);
+    dump_name(nname, sizeof nname, n);
+    side_name(ntail, sizeof ntail, n, ".tail");
+    int fd = open_again(dump_name(oname, sizeof oname, t->fileno), O_WRONLY, &t->out_id);
     ssize_t w = fd >= 0 ? pwrite(fd, line, len, (off_t)t->out_off) : -1;
     if (fd >= 0)
         close(fd);
     if (w != (ssize_t)len) {
+        d_unlink(ntail);
         d_unlink(nname);
         return -1;          /* a partial "#end" is a torn line: the next flush overwrites it */
     }
     t->out_off += len;
     t->lost = 0;
+    t->holding = 0;         /* trailer_text closed the gap */
     memset(t->stage, 0, 2 * t->half_size);
     side_name(otail, sizeof otail, t->fileno, ".tail");
-    if (d_rename(otail, side_name(ntail, sizeof ntail, n, ".tail")) != 0) {
+    int moved = d_rename(otail, ntail) == 0;
+    /* what was renamed must be our staging file: if a compactor took the old name away
+     * meanwhile (the file was ended), another user may have put anything there */
+    int ours = moved;
+    if (moved && (fd = open_again(ntail, O_RDONLY, &t->tail_id)) >= 0)
+        close(fd);
+    else if (moved && errno == E_NOT_OURS)
+        ours = 0;           /* (any other failure, no descriptor say: it is ours) */
+    if (!ours) {
+        d_unlink(ntail);    /* our reservation, or what was renamed onto it */
         d_unlink(nname);
-        d_unlink(otail);
+        if (!moved)
+            d_unlink(otail);
         stage_drop(t);
         slot_free(t);
         sset_clear(t);
@@ -2109,6 +2406,7 @@ static int file_rotate(struct tstate *t)
         return 1;
     }
     t->fileno = n;
+    t->out_id = out_id;
     t->out_off = 0;
     t->late_lines = 0;
     sset_clear(t);
@@ -2137,6 +2435,8 @@ static void take_file(struct tstate *t, const struct tstate *f)
     t->half_size = f->half_size;
     t->half = f->half;
     t->fileno = f->fileno;
+    t->out_id = f->out_id;
+    t->tail_id = f->tail_id;
     t->out_off = f->out_off;
     t->slot = f->slot;
     t->ustart[0] = t->ustart[1] = t->ulen[0] = t->ulen[1] = 0;
@@ -2164,36 +2464,43 @@ static int move_pending(struct tstate *t)
         char name[64];
         int fd = -1;
         if (flush_here(&f, 0) == 0)         /* the header */
-            fd = open_again(dump_name(name, sizeof name, f.fileno), O_WRONLY);
-        /* whole lines, with room left for "#end" */
+            fd = open_again(dump_name(name, sizeof name, f.fileno), O_WRONLY, &f.out_id);
+        /* whole lines, with room left for "#end": the held ones, then each half's */
         uint64_t room = f.out_off + 5 + SLACK < lim ? lim - f.out_off - 5 - SLACK : 0;
-        size_t a = whole_lines(half_body(t, o) + t->ustart[o], t->ulen[o], room);
-        size_t b = a < t->ulen[o] ? 0 : whole_lines(half_body(t, h) + t->ustart[h], t->ulen[h],
-                                                     room - a);
-        int ok = fd >= 0 && a + b > 0 &&
-                 pwrite(fd, half_body(t, o) + t->ustart[o], a, (off_t)f.out_off) == (ssize_t)a &&
-                 pwrite(fd, half_body(t, h) + t->ustart[h], b, (off_t)(f.out_off + a)) ==
-                     (ssize_t)b;
+        const char *seg[3] = { t->hold ? t->hold + t->hold_start : NULL,
+                               half_body(t, o) + t->ustart[o], half_body(t, h) + t->ustart[h] };
+        size_t *start[3] = { &t->hold_start, &t->ustart[o], &t->ustart[h] };
+        size_t *len[3] = { &t->hold_len, &t->ulen[o], &t->ulen[h] };
+        size_t take[3], moved = 0;
+        int ok = fd >= 0;
+        for (int i = 0; i < 3; i++) {
+            take[i] = i && take[i - 1] < *len[i - 1] ? 0 : whole_lines(seg[i], *len[i], room - moved);
+            ok = ok && (!take[i] || pwrite(fd, seg[i], take[i], (off_t)(f.out_off + moved)) ==
+                                    (ssize_t)take[i]);
+            moved += take[i];
+        }
         if (fd >= 0)
             close(fd);
-        if (!ok) {
+        if (!ok || !moved) {
             file_close(&f, 1);
             sset_free(&f);
             errno = EFBIG;
             return -1;
         }
-        f.out_off += a + b;
-        t->ustart[o] += a;
-        t->ulen[o] -= a;
-        t->ustart[h] += b;
-        t->ulen[h] -= b;
+        f.out_off += moved;
+        for (int i = 0; i < 3; i++) {
+            *start[i] += take[i];
+            *len[i] -= take[i];
+        }
+        if (!t->hold_len)
+            hold_free(t);
         half_start(&f, f.half ^ 1);         /* "#at" after the moved lines */
-        if (t->ulen[o] || t->ulen[h]) {     /* more than one new file holds */
+        if (t->hold_len || t->ulen[o] || t->ulen[h]) {  /* more than one new file holds */
             file_close(&f, 1);
             sset_free(&f);
             continue;
         }
-        append_to(dump_name(name, sizeof name, t->fileno), "#end\n", 5);
+        append_to(dump_name(name, sizeof name, t->fileno), "#end\n", 5, &t->out_id);
         d_unlink(side_name(name, sizeof name, t->fileno, ".tail"));
         munmap(t->stage, 2 * t->half_size);
         slot_free(t);
@@ -2210,7 +2517,7 @@ static int take_parked(struct tstate *t)
     size_t i = R.n;
     while (i > 0 && R.a[i - 1].state != SLOT_PARKED)
         i--;
-    struct slot s = i ? R.a[i - 1] : (struct slot){ 0, 0, NULL, 0, 0, NULL, 0, 0 };
+    struct slot s = i ? R.a[i - 1] : (struct slot){ .state = SLOT_FREE };
     if (i)
         R.a[i - 1].state = SLOT_OPEN;
     pthread_mutex_unlock(&g_lock);
@@ -2218,6 +2525,8 @@ static int take_parked(struct tstate *t)
         return -1;
     t->slot = (int)i;
     t->fileno = s.fileno;
+    t->out_id = s.out_id;
+    t->tail_id = s.tail_id;
     t->stage = s.stage;
     t->half_size = s.half_size;
     t->out_off = s.out_off;
@@ -2250,14 +2559,14 @@ static int unpark(struct tstate *t)
 /* The thread's file is given up when it ends: parked for the next new thread. */
 static void park(struct tstate *t)
 {
-    if (t->dropping || t->lost || flush_staged(t, 0) != 0) {
+    if (t->dropping || t->lost || t->holding || flush_staged(t, 0) != 0) {
         file_close(t, 1); /* keeps what could not be written in the .tail */
         return;
     }
     pthread_mutex_lock(&g_lock);
     struct slot *s = &R.a[t->slot - 1];
     *s = (struct slot){ SLOT_PARKED, t->fileno, t->stage, t->half_size, t->out_off,
-                        t->ss, t->ss_cap, t->ss_n };
+                        t->ss, t->ss_cap, t->ss_n, t->out_id, t->tail_id };
     pthread_mutex_unlock(&g_lock);
     t->ss = NULL;
     t->ss_cap = t->ss_n = 0;
@@ -2288,7 +2597,9 @@ static void start_dropping(struct tstate *t, int err)
 {
     if (!atomic_exchange(&g_said_write, 1))
         say_err("cannot write a dump file in ", err, WRITE_FAILED_TAIL);
-    t->episode = atomic_fetch_add(&g_episode, 1) + 1;
+    if (!t->holding)    /* the gap of held lines goes on: its "#lost" will count these too */
+        t->episode = atomic_fetch_add(&g_episode, 1) + 1;
+    t->holding = 0;
     if (t->stage && t->cur) {
         /* in the slack behind `end`: where the gap begins, for a reader after a crash */
         char line[48], *e = line + sizeof line, *d = line;
@@ -2325,25 +2636,95 @@ static int anon_open(struct tstate *t)
     return 0;
 }
 
-/* The file can be created now: create it with a staging half big enough for everything the
- * anonymous one holds, copy it there behind the header, in order, and go on in the file. */
+/* A file just made by file_open, given up: removed with its staging file. */
+static void file_discard(struct tstate *f)
+{
+    char name[64];
+    munmap(f->stage, 2 * f->half_size);
+    f->stage = NULL;
+    slot_free(f);
+    sset_free(f);
+    d_unlink(side_name(name, sizeof name, f->fileno, ".tail"));
+    d_unlink(dump_name(name, sizeof name, f->fileno));
+}
+
+/* The file can be created now: create it, and write its header and everything the anonymous
+ * halves and the hold have, in order, at once; the thread goes on in the file.  All or
+ * nothing: -1 (errno) when the file cannot be made or written, and every line is still
+ * where it was. */
 static int anon_to_file(struct tstate *t)
 {
     int h = t->half, o = h ^ 1;
     if (t->cur)
         t->ulen[h] = (size_t)(t->cur - half_body(t, h)) - t->ustart[h];
-    size_t need = t->ulen[o] + t->ulen[h] + 64;
     struct tstate f;
     memset(&f, 0, sizeof f);
     f.late = t->late;
-    if (file_open(&f, need + HALF_HDR + SLACK + 4096))
+    if (file_open(&f, 0))
         return -1;
-    stage_line(&f, half_body(t, o) + t->ustart[o], t->ulen[o]);
-    stage_line(&f, half_body(t, h) + t->ustart[h], t->ulen[h]);
+    size_t hn = (size_t)(f.cur - half_body(&f, 0));     /* the header file_open staged */
+    const char *seg[4] = { half_body(&f, 0), t->hold ? t->hold + t->hold_start : NULL,
+                           half_body(t, o) + t->ustart[o], half_body(t, h) + t->ustart[h] };
+    size_t len[4] = { hn, t->hold_len, t->ulen[o], t->ulen[h] };
+    uint64_t total = hn + t->hold_len + t->ulen[o] + t->ulen[h], off = 0;
+    char name[64];
+    int fd = total <= fsize_limit()
+             ? open_again(dump_name(name, sizeof name, f.fileno), O_WRONLY, &f.out_id)
+             : (errno = EFBIG, -1);
+    int bad = fd < 0;
+    for (int i = 0; !bad && i < 4; i++) {
+        const char *p = seg[i];
+        for (size_t left = len[i]; left && !bad;) {
+            ssize_t w = pwrite(fd, p, left, (off_t)off);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0) {
+                if (w == 0)
+                    errno = ENOSPC;
+                bad = 1;
+                break;
+            }
+            p += w;
+            left -= (size_t)w;
+            off += (uint64_t)w;
+        }
+    }
+    int err = errno;
+    if (fd >= 0)
+        close(fd);
+    if (bad) {
+        file_discard(&f);
+        errno = err;
+        return -1;
+    }
+    f.out_off = total;
+    f.ustart[0] = hn;
+    half_start(&f, 1);
+    hold_free(t);
     munmap(t->stage, 2 * t->half_size);
     t->anon = 0;
     take_file(t, &f);
     return 0;
+}
+
+/* While lines are held: a half begins with "#dropping k=K" (see hold_take). */
+static void hold_mark(struct tstate *t)
+{
+    char line[48], *e = line + sizeof line, *d = line;
+    d = cat(d, e, "#dropping k=");
+    d = cat_u(d, e, t->episode);
+    d = cat(d, e, "\n");
+    stage_line(t, line, (size_t)(d - line));
+}
+
+/* Every held line is written: "#lost 0 k=K" closes the gap "#dropping k=K" opened. */
+static void hold_close(struct tstate *t)
+{
+    if (!t->holding || t->hold_len || t->dropping || !t->cur)
+        return;
+    char line[64];
+    stage_line(t, line, lost_line(line, sizeof line, 0, t->episode));
+    t->holding = 0;
 }
 
 /* Make room for `need` bytes at t->cur: open the thread's files, flush a half, rotate. */
@@ -2372,11 +2753,20 @@ static int make_room(struct tstate *t, size_t need)
         if ((size_t)(t->end - t->cur) >= need)
             return 0;
     }
+    if (t->hold_len && half_end(t) - t->cur >= (ptrdiff_t)(need + 64)) {
+        /* lines are held and the half has room: a step (see HOLD_STEP), a try to write */
+        if (t->anon ? anon_to_file(t) == 0 : flush_staged(t, 0) == 0)
+            hold_close(t);
+        set_end(t);
+        return (size_t)(t->end - t->cur) >= need ? 0 : -1;
+    }
     /* the current half is full */
     int h = t->half, was_anon = t->anon;
     if (was_anon ? anon_to_file(t) == 0 : flush_staged(t, 1) == 0) {
-        if (was_anon) /* now in a file, whose half was made with room to spare */
+        if (was_anon) { /* now in a file, its current half empty */
+            hold_close(t);
             return (size_t)(t->end - t->cur) >= need ? 0 : -1;
+        }
         if (t->out_off >= cfg.rotate || t->out_off + t->half_size + 4096 > fsize_limit()) {
             int r = t->out_off >= cfg.rotate ? file_rotate(t) : -1;
             if (r == 0) {
@@ -2389,17 +2779,26 @@ static int make_room(struct tstate *t, size_t need)
         }
         int grown = 2 * t->half_size < cfg.buffer ? grow_stage(t) : -1;
         half_start(t, grown == 0 ? 0 : h ^ 1);
+        hold_close(t);
         maps_snapshot(0);
         return (size_t)(t->end - t->cur) >= need ? 0 : -1;
     }
     int err = errno;
     if (t->anon)
         t->ulen[h] = (size_t)(t->cur - half_body(t, h)) - t->ustart[h];
-    if (t->ulen[h ^ 1] == 0) {
-        /* this half stays pending in the .tail; go on in the other, try again when it fills */
+    /* this half stays pending (in the .tail, or the anonymous halves); the other one, if it is
+     * still pending too, goes to the hold; go on in it, and try again soon */
+    if (t->ulen[h ^ 1] == 0 || hold_take(t, h ^ 1) == 0) {
         if (!atomic_exchange(&g_said_write, 1))
             say_err("cannot write a dump file in ", err, WRITE_FAILED_TAIL);
+        if (t->hold_len && !t->holding) {
+            t->holding = 1;
+            t->episode = atomic_fetch_add(&g_episode, 1) + 1;
+        }
         half_start(t, h ^ 1);
+        if (t->holding)
+            hold_mark(t);
+        set_end(t);
         return (size_t)(t->end - t->cur) >= need ? 0 : -1;
     }
     start_dropping(t, err);
@@ -2481,9 +2880,9 @@ static int late_direct(const struct tstate *t)
 }
 
 /* Append a line to a closed file of ours, if the size limit allows. */
-static int append_to(const char *name, const char *line, size_t n)
+static int append_to(const char *name, const char *line, size_t n, const struct fid *id)
 {
-    int fd = open_again(name, O_WRONLY | O_APPEND);
+    int fd = open_again(name, O_WRONLY | O_APPEND, id);
     if (fd < 0)
         return -1;
     struct stat st;
@@ -2506,25 +2905,23 @@ static void append_direct(struct tstate *t, const char *line, size_t n)
  * strerror() buffers after that): appended, a write each, to one shared "late" file of the
  * process.  Such a thread never registers again: its TLS is about to be reused. */
 static unsigned g_late_file = ~0u;
+static struct fid g_late_id;
 
 static void late_shared(const char *line, size_t n)
 {
     char name[64];
     pthread_mutex_lock(&g_lock);
-    if (g_late_file == ~0u || append_to(dump_name(name, sizeof name, g_late_file), line, n)) {
-        int fd = -1;
+    if (g_late_file == ~0u ||
+        append_to(dump_name(name, sizeof name, g_late_file), line, n, &g_late_id)) {
         unsigned no = 0;
-        for (int tries = 0; tries < 64 && fd < 0; tries++) {
-            no = atomic_fetch_add(&g_next_file, 1);
-            fd = create_locked(dump_name(name, sizeof name, no));
-            if (fd < 0 && errno != EEXIST)
-                break;
-        }
+        struct fid id;
+        int fd = new_dump_locked(&no, &id, NULL, NULL);
         char h[sizeof g_cmd + sizeof g_alloc + 256];
         size_t hn = fd >= 0 ? header_text(h, sizeof h, no, 1) : 0;
-        if (fd >= 0 && hn + n <= fsize_limit() && !write_all(fd, h, hn) && !write_all(fd, line, n))
+        if (fd >= 0 && hn + n <= fsize_limit() && !write_all(fd, h, hn) && !write_all(fd, line, n)) {
             g_late_file = no;
-        else
+            g_late_id = id;
+        } else
             atomic_fetch_add(&g_lost_orphan, 1);
         if (fd >= 0)
             close(fd);
@@ -2603,7 +3000,7 @@ static int emit_cold(struct tstate *t, const char *line, size_t n)
     }
     if (unfinished_line(t)) {
         /* a signal handler, while the line it interrupted is unfinished: no flush */
-        if (!t->stage || t->end + SLACK - t->cur < (ptrdiff_t)(n + 16)) {
+        if (!t->stage || half_end(t) + SLACK - t->cur < (ptrdiff_t)(n + 16)) {
             /* deeper than the slack (a storm of signals that keeps the interrupted line
              * from finishing): the event is lost, counted, and "#lost" says so after the
              * next flush, so every report says the trace is incomplete */
@@ -2633,6 +3030,8 @@ static void thread_reset(struct tstate *t)
 {
     t->stage = NULL;
     t->cur = t->end = NULL;
+    hold_free(t);           /* its lines are lost: the halves' "#dropping" said so */
+    t->holding = 0;
     t->open = t->dropping = t->anon = t->late = 0;
     t->late_lines = t->exit_rounds = t->early_frees = 0;
     t->slot = 0;
@@ -2984,6 +3383,9 @@ static void fork_child(void)
     T.slot = 0;
     sset_clear(&T);
     stage_drop(&T);
+    hold_free(&T);          /* the parent's lines, in a copy */
+    atomic_store(&g_hold_total, 0);
+    T.holding = 0;
     T.open = 0;
     T.late = 0;
     T.dropping = 0;
@@ -3070,16 +3472,33 @@ __attribute__((constructor)) static void mmleak_init(void)
     errno = saved;
 }
 
-/* Process exit, _exit, exec: close the calling thread's file and the parked ones.  Events
- * lost where no file could say so are written now, in the calling thread's file. */
-static void leave_files(void)
+/* The log of loads is made with the trace id (reserve_id); a trace that never unloaded
+ * anything ends without it, as it always did.  (Removed by name: if ours was removed and
+ * another user's file put at the name, that one goes, which harms nobody.) */
+static void loads_drop_unused(void)
+{
+    char name[64];
+    pthread_mutex_lock(&g_lock);
+    if (!g_loads_used)
+        d_unlink(file_name(name, sizeof name, ".loads"));
+    g_loads_used = 1;       /* gone: never written again */
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* Process exit, _exit, exec: close the parked files and the calling thread's.  Events lost
+ * where no file could say so are counted in the calling thread's file, or in the late file.
+ * FINAL: the process ends (not an exec, which may fail). */
+static void leave_files(int final)
 {
     maps_snapshot(0);
+    close_parked();
+    T.lost += atomic_exchange(&g_lost_orphan, 0);
     if (T.open) {
-        file_close(&T, 1);
+        file_close(&T, 1);  /* its trailer says how many were lost */
         T.late = 1;
     }
-    close_parked();
+    if (final)
+        loads_drop_unused();
     T.lost += atomic_exchange(&g_lost_orphan, 0);
     if (T.lost) {
         char line[64];
@@ -3096,7 +3515,7 @@ __attribute__((destructor)) static void mmleak_fini(void)
         return;
     int saved = errno;
     T.guard++;
-    leave_files();
+    leave_files(1);
     T.guard--;
     errno = saved;
 }
@@ -3332,12 +3751,12 @@ EXPORT int dlclose(void *h)
  * it), but the directory stays tidy: a finished thread has one .out file and no .tail.  In a
  * vfork() child the pid differs from ours and nothing is touched: the memory is the parent's. */
 
-COLD static void flush_before_leaving(void)
+COLD static void flush_before_leaving(int final)
 {
     if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T))
         return;
     GUARDED;
-    leave_files();
+    leave_files(final);
 }
 
 static void *next_fn(const char *name)
@@ -3352,7 +3771,7 @@ static void *next_fn(const char *name)
 EXPORT __attribute__((noreturn)) void _exit(int status)
 {
     static void (*real_exit)(int);
-    flush_before_leaving();
+    flush_before_leaving(1);
     if (!real_exit)
         real_exit = (void (*)(int))next_fn("_exit");
     real_exit(status);
@@ -3365,7 +3784,7 @@ EXPORT __attribute__((noreturn)) void _Exit(int status) { _exit(status); }
     EXPORT int name params                                                                    \
     {                                                                                         \
         static int (*real_fn) params;                                                         \
-        flush_before_leaving();                                                               \
+        flush_before_leaving(0);                                                              \
         if (!real_fn)                                                                         \
             real_fn = (int (*) params)next_fn(#name);                                         \
         return real_fn args;                                                                  \
@@ -3416,6 +3835,18 @@ EXPORT int execle(const char *path, const char *arg, ...)
  * it could not open them again.  So, just before the effective uid changes, they are given
  * to the new user (the dump directory must let that user in and create files: /tmp does). */
 
+/* Hand one file to UID: by its descriptor, and only if the name is still the file we made
+ * (a name freed meanwhile may be a hard link to anybody's file: chown by name would give
+ * that file away). */
+static void give_one(const char *name, const struct fid *id, uid_t uid)
+{
+    int fd = open_again(name, O_RDONLY, id);
+    if (fd < 0)
+        return;             /* gone, or not ours: nothing to do */
+    if (fchown(fd, uid, (gid_t)-1)) { /* then it stays root's: flushes as UID will fail */ }
+    close(fd);
+}
+
 COLD static void give_files_to(uid_t uid)
 {
     if (uid == (uid_t)-1 || uid == 0 || g_state != 1 || g_pid != getpid() || geteuid() != 0 ||
@@ -3429,13 +3860,13 @@ COLD static void give_files_to(uid_t uid)
     g_give_uid = uid;
     for (size_t i = 0; i < R.n; i++)
         if (R.a[i].state != SLOT_FREE) {
-            d_chown(dump_name(name, sizeof name, R.a[i].fileno), uid);
-            d_chown(side_name(name, sizeof name, R.a[i].fileno, ".tail"), uid);
+            give_one(dump_name(name, sizeof name, R.a[i].fileno), &R.a[i].out_id, uid);
+            give_one(side_name(name, sizeof name, R.a[i].fileno, ".tail"), &R.a[i].tail_id, uid);
         }
     if (g_late_file != ~0u)
-        d_chown(dump_name(name, sizeof name, g_late_file), uid);
-    d_chown(file_name(name, sizeof name, ".maps"), uid);
-    d_chown(file_name(name, sizeof name, ".loads"), uid);
+        give_one(dump_name(name, sizeof name, g_late_file), &g_late_id, uid);
+    give_one(file_name(name, sizeof name, ".maps"), &g_maps_id, uid);
+    give_one(file_name(name, sizeof name, ".loads"), &g_loads_id, uid);
     pthread_mutex_unlock(&g_lock);
 }
 
@@ -3782,7 +4213,7 @@ static void unmap_retired(void)
 static void close_from_outside(const struct slot *s)
 {
     char name[64];
-    int fd = open_again(dump_name(name, sizeof name, s->fileno), O_RDWR);
+    int fd = open_again(dump_name(name, sizeof name, s->fileno), O_RDWR, &s->out_id);
     if (fd >= 0) {
         struct stat st;
         uint64_t have = fstat(fd, &st) == 0 ? (uint64_t)st.st_size : 0;
@@ -3950,6 +4381,8 @@ EXPORT int mmleak_detach(const char *args)
             memset(&tmp, 0, sizeof tmp);
             tmp.slot = (int)i + 1;
             tmp.fileno = s->fileno;
+            tmp.out_id = s->out_id;
+            tmp.tail_id = s->tail_id;
             tmp.stage = s->stage;
             tmp.half_size = s->half_size;
             tmp.out_off = s->out_off;
@@ -3970,6 +4403,7 @@ EXPORT int mmleak_detach(const char *args)
     thread_reset(t);
     set_status();
     pthread_mutex_unlock(&g_lock);
+    loads_drop_unused();
     return 0;
 }
 

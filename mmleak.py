@@ -369,6 +369,8 @@ class Shrinker:
         self.header_lines = []     # '#' lines to pass through, first-seen order
         self._seen_header = set()
         self.cmd = None
+        self.title = None          # the command line at the end, from "#title t=T" (latest T)
+        self._title_t = -1
         self.alloc = None          # the allocator's file, from "#alloc"
         self.stacks = {}           # stack id -> frames, from "#s" lines
         # what earlier compaction passes folded ("#compacted"): files, events, and how many
@@ -501,6 +503,10 @@ class Shrinker:
                     self.alloc = _unescape(line[7:].rstrip(b"\n"))
                 elif line.startswith(b"#cmd ") and self.cmd is None:
                     self.cmd = _unescape(line[5:].rstrip(b"\n"))
+                elif line.startswith(b"#title t="):
+                    t, _, text = line[9:].rstrip(b"\n").partition(b" ")
+                    if t.isdigit() and int(t) >= self._title_t:
+                        self._title_t, self.title = int(t), _unescape(text)
             return
         # A killed writer leaves its last line without newline, and NULs after it (the
         # rest of the mapped window).  After `sort` those become lines of their own.
@@ -1003,6 +1009,8 @@ class Symbolizer:
             self.loads = Loads(loads) if loads and os.path.exists(loads) else None
         except OSError:
             self.loads = None
+        if self.loads is not None and not self.loads.log:
+            self.loads = None           # made empty with the trace id: nothing was unloaded
         self.trace_start = trace_start
         self.tool = tool
         self.cache = {}
@@ -2643,6 +2651,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     sh.problems.summary()
     return {
         "trace": tid, "pid": hdr.get("pid", tid.split("-")[0]), "cmd": sh.cmd,
+        "title": sh.title,
         "start": start, "end_time": sh.max_time, "files": paths, "maps": maps,
         # the whole history's, compacted events included (allocs and frees None when an
         # older compacted result did not count them); "folded": (events, files) compacted
@@ -2665,8 +2674,11 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
 def print_top_sites(rep, out, top=10):
     surv = rep["survivors"]
     total = sum(a.size for a in surv)
+    title = rep.get("title")
+    shown = ("%s (started as: %s)" % (title, rep["cmd"]) if title and rep["cmd"] and
+             title != rep["cmd"] else title or rep["cmd"])
     out.write("mmleak: trace %s (pid %s)%s\n" % (rep["trace"], rep["pid"],
-                                                ": " + rep["cmd"] if rep["cmd"] else ""))
+                                                ": " + shown if shown else ""))
     folded = rep.get("folded") or (0, 0)
     if folded[1]:
         read = "%d events (%d of them folded by compaction from %d files)" % (

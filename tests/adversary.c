@@ -191,6 +191,73 @@ static int recover_first(void)
     return 0;
 }
 
+/* ---- 3f. issue 17 #10: a transient EMFILE, then a leak once descriptors are free ---- */
+static int nofile_leak(long pairs, int step)
+{
+    keep(malloc(505));                          /* site:nofile_leak_pre */
+    int fds[64], n = use_all_fds(fds);
+    churn(pairs);                               /* 2 * PAIRS events, no descriptor free */
+    while (n > 0)
+        close(fds[--n]);
+    if (step) {                                 /* writing is retried while we run on */
+        churn(step);
+        puts("ready");
+        char c;
+        if (read(0, &c, 1) != 1)
+            return 1;
+    }
+    keep(malloc(506));                          /* site:nofile_leak */
+    puts("nofile_leak done");
+    return 0;
+}
+
+/* ---- issue 17 #5: the test does something to the dump directory while we wait ---- */
+static int pause_churn(long pairs, int wait)
+{
+    keep(malloc(541));                          /* site:pause_before */
+    churn(100);
+    puts("ready");
+    char c;
+    if (read(0, &c, 1) != 1)
+        return 1;
+    churn(pairs);                               /* flushes (and rotations) after the deed */
+    keep(malloc(542));                          /* site:pause_after */
+    puts("pause done");
+    while (wait)                                /* to be killed */
+        pause();
+    return 0;
+}
+
+/* ---- issue 17 #5: a daemon that drops root after the test did something ---- */
+static int setuid_pause(void)
+{
+    keep(malloc(551));                          /* site:setuid_before */
+    churn(100);
+    puts("ready");
+    char c;
+    if (read(0, &c, 1) != 1)
+        return 1;
+    if (setgid(65534) || setuid(65534))
+        return 4;
+    churn(1000);
+    keep(malloc(552));                          /* site:setuid_after */
+    puts("setuid done");
+    return 0;
+}
+
+/* ---- issue 17 #15: a worker renames itself over its arguments, as PostgreSQL does ---- */
+static int retitle(int argc, char **argv, const char *title)
+{
+    char t[256];
+    snprintf(t, sizeof t, "%s", title);         /* it may be in the area written over */
+    char *end = argv[argc - 1] + strlen(argv[argc - 1]);
+    memset(argv[0], 0, (size_t)(end - argv[0]));
+    snprintf(argv[0], (size_t)(end - argv[0]) + 1, "%s", t);
+    keep(malloc(561));                          /* site:retitle */
+    puts("retitle done");
+    return 0;
+}
+
 /* ---- 3d. a disk full when the trace starts, then room again (the test frees it) ---- */
 static int waitdisk(void)
 {
@@ -486,6 +553,11 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "nofile")) return nofile(atol(argv[2]), argc > 3 ? atoi(argv[3]) : 0);
     if (!strcmp(mode, "fsize")) return fsize(atol(argv[2]), atol(argv[3]));
     if (!strcmp(mode, "recover")) return recover_first();
+    if (!strcmp(mode, "nofile_leak"))
+        return nofile_leak(atol(argv[2]), argc > 3 ? atoi(argv[3]) : 0);
+    if (!strcmp(mode, "pause")) return pause_churn(atol(argv[2]), argc > 3);
+    if (!strcmp(mode, "setuid_pause")) return setuid_pause();
+    if (!strcmp(mode, "retitle")) return retitle(argc, argv, argv[2]);
     if (!strcmp(mode, "no_setfsuid")) return no_setfsuid();
     if (!strcmp(mode, "umask")) return strict_umask();
     if (!strcmp(mode, "stderr_taken")) return stderr_taken(argv[2]);

@@ -138,8 +138,10 @@ def wait_compacted(box, ddir, pid, others=(), companion=COMPANION, timeout=30):
 
 def live_set(pid, k=None):
     """The files of a compacted trace of PID: of a finished one, or of one whose process
-    still writes its file K (and the blocks of the series' last point, .series.live)."""
-    out = {"mmleak.%d.%s" % (pid, x) for x in ("compact", "maps", "series", "lock")}
+    still writes its file K (and the blocks of the series' last point, .series.live).  The
+    log of loads is made with the trace id (empty: leaky_daemon unloads nothing) and, the
+    daemon ending by SIGTERM, stays."""
+    out = {"mmleak.%d.%s" % (pid, x) for x in ("compact", "maps", "loads", "series", "lock")}
     if k is not None:
         out |= {"mmleak.%d.%d.out" % (pid, k), "mmleak.%d.%d.tail" % (pid, k),
                 "mmleak.%d.series.live" % pid}
@@ -633,7 +635,7 @@ def test_attach_to_a_running_service_and_detach(box, attach_daemon, lib):
         files = {n: v for n, v in dump_files(box, ATT_DIR).items() if n.startswith(
             "mmleak.%s." % tid)}
         assert set(files) == {"mmleak.%s.0.out" % tid, "mmleak.%s.0.tail" % tid,
-                              "mmleak.%s.maps" % tid}, files
+                              "mmleak.%s.maps" % tid, "mmleak.%s.loads" % tid}, files
         assert {(u, g, m) for u, g, m, _ in files.values()} == {(uid, gid, 0o600)}
 
         r = box.run([PY, MMLEAK_, "detach", str(pid)])

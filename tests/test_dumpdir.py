@@ -1,0 +1,379 @@
+"""A dump directory others can write to, and a process that cannot write for a while (issue
+17, the tracer's side): names planted for a pid to come, FIFOs and links at the names of
+mmleak's files, a name taken away while the trace runs, a transient EMFILE, and the title a
+process gives itself.  Each test runs real processes and failed before the fix it guards.
+
+The planting user is nobody (65534); the traced program runs as root, in a directory with
+the mode of /tmp (1777).  A program whose pid must be known before it starts is started by
+a shell that waits for a line on stdin, then execs it under mmleak.so (the same pid)."""
+import os
+import pathlib
+import re
+import shutil
+import stat
+import subprocess
+import tempfile
+
+import pytest
+
+from conftest import LIB, ROOT, TESTS, expect, leaks, site_line
+
+MMLEAK = os.path.join(ROOT, "mmleak.py")
+NOBODY = 65534
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plants files as another user")
+
+
+@pytest.fixture
+def shared():
+    """A directory like /tmp, in /tmp (every directory up to it open to other users): anybody
+    writes, nobody removes another's files."""
+    d = tempfile.mkdtemp(prefix="mmleak-shared.", dir="/tmp")
+    os.chmod(d, 0o1777)
+    yield pathlib.Path(d)
+    shutil.rmtree(d)
+
+
+@pytest.fixture(scope="module")
+def race_lib(tmp_path_factory):
+    d = tmp_path_factory.mktemp("race")
+    so = str(d / "rename_race.so")
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", so,
+                    os.path.join(TESTS, "rename_race.c"), "-ldl"], check=True)
+    return so
+
+
+def launch(argv, dump, env=None, preload=LIB):
+    """ARGV, started but not yet run: returns the Popen (its pid is the trace's); go(p)
+    lets it run, under mmleak.so."""
+    e = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    e.update({"MMLEAK_DIR": str(dump), "MMLEAK_TEST_PRELOAD": preload})
+    e.update(env or {})
+    return subprocess.Popen(
+        ["/bin/sh", "-c", 'read go; export LD_PRELOAD="$MMLEAK_TEST_PRELOAD"; '
+         'unset MMLEAK_TEST_PRELOAD; exec "$@"', "sh"] + list(argv),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e)
+
+
+def go(p, more=b""):
+    p.stdin.write(b"go\n" + more)
+    p.stdin.flush()
+
+
+def finish(p, more=b"", timeout=60):
+    """Send MORE, close stdin, wait (a process that hangs fails the test, killed)."""
+    try:
+        out, err = p.communicate(more, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        pytest.fail("the traced program hung")
+    return out, err
+
+
+def plant(path, fifo=False):
+    if fifo:
+        os.mkfifo(path, 0o600)
+    else:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+
+
+def mmleak_lines(err):
+    return [l for l in err.decode().splitlines() if l.startswith("mmleak:")]
+
+
+def ours(mm, dump):
+    """{trace id: its dump files} of the traces whose files root made (not the planted)."""
+    got = {}
+    for tid, files in mm.find_traces(str(dump)).items():
+        mine = [f for f in files if os.stat(f).st_uid == 0]
+        if mine:
+            got[tid] = files
+    return got
+
+
+def adv(site, size, fn, n=1):
+    return (fn, site, size, n)
+
+
+def basic_expected():
+    from test_tracer import basic_expected as b
+    return b()
+
+
+def report(d):
+    return subprocess.run(["/usr/bin/python3", MMLEAK, "report", str(d), "--no-html"],
+                          capture_output=True, text=True, timeout=120)
+
+
+# -- 4: names planted for a pid to come ---------------------------------------------------
+def test_thousands_of_planted_dump_names_do_not_blind_the_trace(bins, mm, shared):
+    """Another user creates 5,000 empty mmleak.PID.N.out for the pid to come: the program
+    still gets its files (the names are skipped), the trace is exact, and one message says
+    what happened in words.  (It got no file: "0 events, no leaks", and "errno 17".)"""
+    p = launch([bins["hostile"], "basic"], shared)
+    for n in range(5000):
+        plant(str(shared / ("mmleak.%d.%d.out" % (p.pid, n))))
+    go(p)
+    out, err = finish(p)
+    assert p.returncode == 0, err
+    assert mmleak_lines(err) == [
+        "mmleak: names of dump files in %s are taken by files mmleak did not make (planted by "
+        "another user?): they are skipped, and this trace's files are numbered past them"
+        % shared]
+    assert list(ours(mm, shared)) == [str(p.pid)]
+    got, sh = leaks(shared, str(p.pid), "hostile")
+    assert got == basic_expected()
+    assert sh.gap_text() is None
+    planted = [n for n in os.listdir(shared) if os.stat(shared / n).st_uid == NOBODY]
+    assert len(planted) == 5000 and all(os.path.getsize(shared / n) == 0 for n in planted)
+
+
+def test_planted_names_never_lose_the_count_of_dropped_events(bins, mm, shared):
+    """The same, while the program drops events (no descriptor left for far longer than
+    memory may hold, MMLEAK_HOLD_MB=1): every event is recorded or counted, and the report
+    says the trace is incomplete.  (The count was lost with the files never made: the report
+    said "no leaks", exit 0.)"""
+    p = launch([bins["adversary"], "nofile", "100000", "100"], shared,
+               env={"MMLEAK_HOLD_MB": "1"})
+    for n in range(5000):
+        plant(str(shared / ("mmleak.%d.%d.out" % (p.pid, n))))
+    go(p)
+    out, err = finish(p)
+    assert out == b"nofile done\n", err
+    sh = mm.shrink_files(ours(mm, shared)[str(p.pid)])
+    lost, unknown = sh.gaps()
+    total = 1 + 100 * 2 + 1 + 100000 * 2 + 1 + 5000 * 2 + 1
+    assert unknown == 0 and 150000 < lost < 200002
+    assert sh.events + lost == total
+    rep = report(shared)
+    assert rep.returncode == 3
+    assert "INCOMPLETE TRACE: %d events were not recorded" % lost in rep.stdout
+
+
+def test_planted_trace_ids_do_not_disable_tracing(bins, mm, shared):
+    """Another user creates mmleak.PID.maps and mmleak.PID-1.maps ... PID-999.maps: the
+    program is traced all the same, under PID-T (T: microseconds since 1970, so that a later
+    image of the process still sorts after it).  (Tracing was disabled: "errno 17".)"""
+    p = launch([bins["hostile"], "basic"], shared)
+    for k in range(1000):
+        plant(str(shared / ("mmleak.%d%s.maps" % (p.pid, "-%d" % k if k else ""))))
+    go(p)
+    out, err = finish(p)
+    assert p.returncode == 0, err
+    assert mmleak_lines(err) == [
+        "mmleak: names of trace files in %s are taken by files mmleak did not make (planted "
+        "by another user?): this trace's id is the pid and the time in microseconds" % shared]
+    (tid,) = ours(mm, shared)
+    pid, k = tid.split("-")
+    assert pid == str(p.pid) and int(k) > 10 ** 15
+    got, sh = leaks(shared, tid, "hostile")
+    assert got == basic_expected() and sh.gap_text() is None
+
+
+# -- 5: FIFOs and links at the names of mmleak's files --------------------------------------
+def test_a_fifo_at_the_loads_name_never_hangs_the_program(bins, mm, shared):
+    """A FIFO planted at mmleak.PID.loads: the program hung for ever at its first dlclose
+    (holding mmleak's lock).  The log of loads is now made with the trace id, O_EXCL: the
+    planted name makes the id PID-1, whose log is written; the FIFO is left alone."""
+    p = launch([bins["hostile"], "dl", bins["libdl_test.so"]], shared)
+    fifo = str(shared / ("mmleak.%d.loads" % p.pid))
+    plant(fifo, fifo=True)
+    go(p)
+    out, err = finish(p, timeout=30)
+    assert p.returncode == 0 and err == b"", err
+    st = os.lstat(fifo)
+    assert stat.S_ISFIFO(st.st_mode) and st.st_uid == NOBODY
+    assert list(ours(mm, shared)) == ["%d-1" % p.pid]
+    loads = shared / ("mmleak.%d-1.loads" % p.pid)
+    st = os.lstat(loads)
+    assert stat.S_ISREG(st.st_mode) and st.st_uid == 0
+    lines = loads.read_text().splitlines()
+    signs = [l.split()[0] for l in lines if l.endswith("libdl_test.so")]
+    assert set(signs) == {"+0", "-1"} and signs.count("+0") == signs.count("-1")
+    got, sh = leaks(shared, "%d-1" % p.pid, "libdl_test.so")
+    assert got == expect("dl_lib.c", [("dl_leak", "dl", 901, 1)])
+
+
+def test_a_fifo_put_at_a_dump_files_name_while_it_runs(bins, mm, shared):
+    """The thread's .out is deleted while the program runs (a compactor that took the trace
+    for over, a careless cleaner) and another user puts a FIFO at its name: the next flush
+    hung for ever, opening the FIFO.  Now it is refused (O_NONBLOCK, fstat, the file's
+    identity), the thread goes on in a new file with everything it had staged, one message
+    says so, and the trace is exact."""
+    p = launch([bins["adversary"], "pause", "20000"], shared)
+    go(p)
+    assert p.stdout.readline() == b"ready\n"
+    (out,) = [f for f in os.listdir(shared) if f.endswith(".out")]
+    os.unlink(shared / out)
+    plant(str(shared / out), fifo=True)
+    out_, err = finish(p, b"x", timeout=30)
+    assert out_ == b"pause done\n" and p.returncode == 0, err
+    assert mmleak_lines(err) == [
+        "mmleak: a dump file in %s: what stands at the name of a file of mmleak's is not that "
+        "file (a FIFO, a device, another user's file or a link: planted?); its thread goes on "
+        "in a new file" % shared]
+    assert stat.S_ISFIFO(os.lstat(shared / out).st_mode)
+    os.unlink(shared / out)             # the readers' business (they must not open it)
+    got, sh = leaks(shared, str(p.pid), "adversary")
+    assert got == expect("adversary.c", [adv("pause_before", 541, "pause_churn"),
+                                         adv("pause_after", 542, "pause_churn")])
+    assert sh.gap_text() is None and sh.events == 2 + 2 * 100 + 2 * 20000
+
+
+def test_a_staging_file_swapped_before_its_rename_at_rotation(bins, mm, shared, race_lib):
+    """At rotation the thread's staging file is renamed to the next file's name.  If the old
+    name was taken away and another user's FIFO put there just before (tests/rename_race.c
+    makes that race certain), the FIFO became the new file's staging file, and the lines
+    staged since were in a deleted file: a SIGKILL lost them.  Now the rename goes onto a
+    name made with O_EXCL, is checked to have moved our file, and otherwise the thread goes
+    on in a new file: every staging file is ours, and a killed process loses nothing."""
+    p = launch([bins["adversary"], "pause", "40000", "wait"], shared,
+               env={"MMLEAK_ROTATE_MB": "1"}, preload=race_lib + ":" + LIB)
+    go(p, b"x")
+    assert p.stdout.readline() == b"ready\n"
+    assert p.stdout.readline() == b"pause done\n"
+    tails = [n for n in os.listdir(shared) if n.endswith(".tail")]
+    for n in tails:
+        st = os.lstat(shared / n)
+        assert stat.S_ISREG(st.st_mode) and st.st_uid == 0, n
+    p.kill()
+    p.communicate()
+    assert len(ours(mm, shared)[str(p.pid)]) >= 3      # it did rotate
+    got, sh = leaks(shared, str(p.pid), "adversary")
+    assert got == expect("adversary.c", [adv("pause_before", 541, "pause_churn"),
+                                         adv("pause_after", 542, "pause_churn")])
+    assert sh.gap_text() is None and sh.events == 2 + 2 * 100 + 2 * 40000
+
+
+def test_a_hard_link_at_a_freed_name_is_not_given_away(bins, mm, shared, tmp_path):
+    """A daemon drops root: mmleak hands its files to the new user.  It did so by name, so a
+    name freed meanwhile and made a hard link to a file of root's (fs.protected_hardlinks=0)
+    gave root's file away.  Now a file is handed by its descriptor, only if it is still the
+    file mmleak made."""
+    victim = tmp_path / "victim"
+    victim.write_text("root's\n")
+    os.chmod(victim, 0o600)
+    p = launch([bins["adversary"], "setuid_pause"], shared)
+    go(p)
+    assert p.stdout.readline() == b"ready\n"
+    loads = shared / ("mmleak.%d.loads" % p.pid)
+    if os.path.exists(loads):
+        os.unlink(loads)
+    os.link(victim, loads)
+    out, err = finish(p, b"x")
+    assert out == b"setuid done\n" and p.returncode == 0, err
+    st = os.stat(victim)
+    assert (st.st_uid, victim.read_text()) == (0, "root's\n")
+    got, sh = leaks(shared, str(p.pid), "adversary")
+    assert got == expect("adversary.c", [adv("setuid_before", 551, "setuid_pause"),
+                                         adv("setuid_after", 552, "setuid_pause")])
+    assert sh.gap_text() is None
+
+
+def test_maps_written_when_another_user_holds_its_temporary_name(bins, mm, shared):
+    """The maps file is written to mmleak.ID.maps.tmp and renamed.  Another user's file at
+    that name cannot be removed by a traced program that is not root (the sticky bit): the
+    maps file stayed empty and no call site could be named.  Now another, unguessable,
+    temporary name is taken."""
+    bindir = shared / "bin"             # the program and mmleak.so, for nobody to run
+    bindir.mkdir()
+    os.chmod(bindir, 0o755)
+    prog, lib = str(bindir / "adversary"), str(bindir / "mmleak.so")
+    shutil.copy2(bins["adversary"], prog)
+    shutil.copy2(LIB, lib)
+    p = subprocess.Popen(
+        ["/bin/sh", "-c", 'read go; export LD_PRELOAD="$MMLEAK_TEST_PRELOAD"; exec "$@"', "sh",
+         prog, "plain"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=dict({k: v for k, v in os.environ.items() if k != "LD_PRELOAD"},
+                 MMLEAK_DIR=str(shared), MMLEAK_TEST_PRELOAD=lib),
+        preexec_fn=lambda: (os.setgroups([]), os.setresgid(NOBODY, NOBODY, NOBODY),
+                            os.setresuid(NOBODY, NOBODY, NOBODY)))
+    tmp = str(shared / ("mmleak.%d.maps.tmp" % p.pid))
+    plant(tmp)
+    os.chown(tmp, 1, 1)                 # daemon: neither root nor the traced user
+    go(p)
+    out, err = finish(p)
+    assert p.returncode == 0 and err == b"", err
+    maps = shared / ("mmleak.%d.maps" % p.pid)
+    assert os.stat(maps).st_uid == NOBODY and b"adversary" in maps.read_bytes()
+    got, sh = leaks(shared, str(p.pid), "adversary")
+    assert got == expect("adversary.c", [adv("plain", 1101, "main")])
+
+
+# -- 10: a transient EMFILE -----------------------------------------------------------------
+def test_a_transient_emfile_loses_no_event(bins, mm, dump):
+    """RLIMIT_NOFILE 64, every descriptor taken, while 10,000 events happen; then they are
+    closed and one block leaks: the events wait in memory, the leak is reported, and the
+    trace is complete.  (9,215 events were dropped, the leak among them.)"""
+    r = subprocess.run([bins["adversary"], "nofile_leak", "5000"], capture_output=True,
+                       timeout=60, env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump)))
+    assert r.returncode == 0 and r.stdout == b"nofile_leak done\n"
+    lines = mmleak_lines(r.stderr)
+    assert len(lines) == 1 and "no file descriptor left (RLIMIT_NOFILE)" in lines[0], lines
+    (tid,) = mm.find_traces(str(dump))
+    got, sh = leaks(dump, tid, "adversary")
+    assert got == expect("adversary.c", [adv("nofile_leak_pre", 505, "nofile_leak"),
+                                         adv("nofile_leak", 506, "nofile_leak")])
+    assert sh.gap_text() is None
+    assert (sh.allocs, sh.events) == (1 + 5000 + 1, 2 + 2 * 5000)
+    rep = report(dump)
+    assert rep.returncode == 0 and "INCOMPLETE" not in rep.stdout
+
+
+def test_held_events_are_written_while_the_program_runs_on(bins, mm, dump):
+    """Writing is tried again as soon as it can succeed, not at the end: once descriptors
+    are free, a few hundred events later (HOLD_STEP) everything held is in the files, and a
+    report of the running program sees a complete trace."""
+    p = subprocess.Popen([bins["adversary"], "nofile_leak", "5000", "300"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump)))
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        (tid,) = mm.find_traces(str(dump))
+        sh = mm.shrink_files(mm.find_traces(str(dump))[tid])
+        assert sh.gap_text() is None
+        assert sh.events == 1 + 2 * 5000 + 2 * 300
+    finally:
+        out, err = finish(p, b"x")
+    assert out == b"nofile_leak done\n"
+    got, sh = leaks(dump, tid, "adversary")
+    assert got == expect("adversary.c", [adv("nofile_leak_pre", 505, "nofile_leak"),
+                                         adv("nofile_leak", 506, "nofile_leak")])
+    assert sh.gap_text() is None and sh.events == 2 + 2 * 5000 + 2 * 300
+
+
+# -- 15: the title a process gives itself ---------------------------------------------------
+def test_the_title_a_process_had_at_its_end_is_recorded(bins, mm, dump):
+    """A worker writes its title over its arguments (PostgreSQL's backends, nginx's workers):
+    "#cmd" is the command line at the start, "#title" what /proc/PID/cmdline says when the
+    file is closed, and the report shows the title with the command it started as."""
+    r = subprocess.run([bins["adversary"], "retitle", "adversary: worker 7 idle"],
+                       capture_output=True, timeout=60,
+                       env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump)))
+    assert r.returncode == 0 and r.stdout == b"retitle done\n"
+    (tid,) = mm.find_traces(str(dump))
+    (f,) = mm.find_traces(str(dump))[tid]
+    text = open(f, "rb").read()
+    cmd = "%s retitle adversary: worker 7 idle" % bins["adversary"]
+    assert b"\n#cmd %s\n" % cmd.encode() in text
+    assert re.search(rb"\n#title t=[0-9]+ adversary: worker 7 idle\n#end\n\Z", text)
+    sh = mm.shrink_files([f])
+    assert (sh.cmd, sh.title) == (cmd, "adversary: worker 7 idle")
+    rep = report(dump)
+    assert rep.stdout.splitlines()[0] == (
+        "mmleak: trace %s (pid %s): adversary: worker 7 idle (started as: %s)" % (tid, tid, cmd))
+
+
+def test_an_empty_log_of_loads_is_none(mm, tmp_path):
+    """Every trace's log of loads is made with its id: a process killed before it unloaded
+    anything leaves it empty, which readers take for no log (the whole maps file is used)."""
+    maps = tmp_path / "mmleak.7.maps"
+    maps.write_text("400000-401000 r-xp 00000000 fe:00 1 /bin/true\n")
+    (tmp_path / "mmleak.7.loads").write_text("")
+    assert mm.Symbolizer(str(maps)).loads is None
+    (tmp_path / "mmleak.7.loads").write_text("+0 400000-401000 r-xp 00000000 fe:00 1 /bin/true\n")
+    assert mm.Symbolizer(str(maps)).loads.log == [
+        ("+", 0, "400000-401000 r-xp 00000000 fe:00 1 /bin/true\n")]

@@ -3107,8 +3107,18 @@ def build_parser():
         help="what a process leaked, and where",
         description="Shrink all dump files of one process in DIR, symbolize the survivors' "
                     "call sites, print the top leaking call sites, and write the HTML report "
-                    "(needs python3-pandas and python3-matplotlib).",
-        epilog=EXIT_HELP)
+                    "(needs python3-pandas and python3-matplotlib).  The trace may be "
+                    "finished, compacted or still running.  --pprof, --folded and --heaptrack "
+                    "also write the live blocks for other tools, each file whole or not at "
+                    "all (a temporary file renamed over FILE); they and --csv follow the "
+                    "same filters (--since, --older-than, --baseline).",
+        epilog="examples:\n"
+               "  %(prog)s /var/tmp/leaks --pid 1234 --no-html --pprof leaks.pb.gz\n"
+               "  go tool pprof -top -sample_index=inuse_space leaks.pb.gz\n"
+               "  %(prog)s /var/tmp/leaks --no-html --heaptrack leaks.heaptrack.gz && "
+               "heaptrack_print leaks.heaptrack.gz\n"
+               "  %(prog)s /var/tmp/leaks --no-html --folded leaks.folded && "
+               "flamegraph.pl leaks.folded > leaks.svg\n\n" + EXIT_HELP)
     q.add_argument("dir", help="the dump directory (MMLEAK_DIR)")
     q.add_argument("--pid", help="trace id (PID, or PID-K for an exec'd image); default: newest")
     q.add_argument("-o", "--output", help="HTML file (default DIR/mmleak.PID.html)")

@@ -50,8 +50,9 @@ Stack = collections.namedtuple(
 Mapping = collections.namedtuple("Mapping", "start limit offset path build_id")
 
 # STACKS, MAPPINGS (the main executable's first), START: Unix time the trace began (or None),
-# DURATION: seconds it covers (or None), COMMAND: the command line (or None), COMMENTS:
-# lines of text about the trace (pprof keeps them; heaptrack's file gets them as '#' lines).
+# DURATION: seconds from START to the state the stacks describe (the trace's last event; or
+# None), COMMAND: the command line (or None), COMMENTS: lines of text about the trace (pprof
+# keeps them; heaptrack's file gets them as '#' lines).  Block times are seconds from START.
 Profile = collections.namedtuple("Profile", "stacks mappings start duration command comments")
 
 # The values a label "kind" takes (the reachability of a block, valgrind's names).
@@ -320,8 +321,8 @@ def pprof_bytes(profile):
     out += samples + mappings + lmsgs + fmsgs
     comments = [s(c) for c in profile.comments or ()]
     tail = b""
-    if profile.start:
-        tail += _int(9, _check_int64("start", _ns(profile.start)))
+    if profile.start:                   # the time of the state: the end of the trace
+        tail += _int(9, _check_int64("time", _ns(profile.start) + _ns(profile.duration or 0)))
     if profile.duration:
         tail += _int(10, _check_int64("duration", _ns(profile.duration)))
     tail += _len(11, _int(1, s("space")) + _int(2, s("bytes"))) + _int(12, 1)
@@ -337,7 +338,8 @@ def write_pprof(profile, path):
     inuse_space, period 1 (every block, not a sample); one location per frame with its
     function, file, line and inlined levels, mappings marked as symbolized (has_functions,
     has_filenames, has_line_numbers, has_inline_frames) so that no client symbolizes again;
-    a stack's labels as string labels."""
+    a stack's labels as string labels; time_nanos the end of the trace (the moment the live
+    blocks are those of), duration_nanos the trace's span."""
     data = pprof_bytes(profile)
     with _SafeOutput(path) as f:
         with gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as z:

@@ -668,7 +668,7 @@ def test_pprof_round_trip_with_alloc_values_and_labels():
     assert p["sample_type"] == [("alloc_objects", "count"), ("alloc_space", "bytes"),
                                 ("inuse_objects", "count"), ("inuse_space", "bytes")]
     assert p["default_sample_type"] == "inuse_space"
-    assert p["time_nanos"] == 1700000000 * 10 ** 9 and p["duration_nanos"] == 2500000000
+    assert p["time_nanos"] == 1700000002500000000 and p["duration_nanos"] == 2500000000
     assert p["comments"] == ["hello"] and p["period"] == 1
     s0, s1 = p["samples"]
     assert s0[1] == [10, 480, 2, 96] and s0[2] == [("kind", "definite")]

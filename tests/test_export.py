@@ -447,8 +447,11 @@ def test_finished_trace_exports_equal_the_report(prog, tmp_path):
     assert ["make_table", "fill_in"] in [f[-2:] for f, _ in folded]
     # intern's stack goes on through main to _start (depth auto: the runtime was crossed)
     assert any(f[-3:] == ["__libc_start_call_main", "main", "intern"] for f, _ in folded)
-    # the comments say what the profile is
+    # the comments say what the profile is; its time is the end of the trace
     assert any("mmleak trace %s" % only_trace(dump) in c for c in p["comments"])
+    rep = mmleak.build_report(str(dump), progress=False)
+    assert p["time_nanos"] == (rep["start"] + rep["end_time"]) * 10 ** 9
+    assert p["duration_nanos"] == rep["end_time"] * 10 ** 9
     if GO:
         tr = pprof_traces(paths["pprof"], tmp_path, "inuse_space")
         inl = [f for n, f in tr if f[0].startswith("fill_in ")]
@@ -516,6 +519,36 @@ def test_allocator_frames_keep_the_wrappers(prog, tmp_path):
     if GO:
         got, out = pprof_top(paths["pprof"], tmp_path, "inuse_space")
         assert got["xmalloc"] == 200 and "intern" not in got, out
+
+
+def test_kind_label_when_the_report_knows_it(prog, tmp_path):
+    """A report that knows each block's kind (rep["kind_of"]: the reachability scan's
+    answer) gives each stack and kind a sample of its own, labelled kind=...; go tool pprof
+    filters on it."""
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    subprocess.run([prog], env=traced_env(dump), check=True)
+    rep = mmleak.build_report(str(dump), progress=False)
+    rep["wrappers"] = []
+    # two_sites' blocks of 100 bytes are 'definite', the rest 'reachable'
+    rep["kind_of"] = lambda a: "definite" if a.size == 100 else "reachable"
+    path = str(tmp_path / "k.pb.gz")
+    mx.write_pprof(mmleak.export_model(rep, mx), path)
+    with gzip.open(path) as f:
+        p = decode_profile(f.read())
+    kinds = collections.Counter()
+    for locs, v, labels in p["samples"]:
+        assert len(labels) == 1 and labels[0][0] == "kind"
+        kinds[labels[0][1]] += v[1]
+    assert kinds == {"definite": 300, "reachable": 2056}
+    if GO:
+        got, out = pprof_top(path, tmp_path, "inuse_space", True)
+        assert sum(got.values()) == 2356, out
+        out = pprof(path, tmp_path, "-top", "-lines", "-tagfocus=kind=definite")
+        assert re.search(r"^\s*300B .*two_sites %s:%d$" % (re.escape(SRC),
+                                                        site_line("export_leaks.c", "two_a")),
+                         out, re.M), out
+        assert "Showing nodes accounting for 300B, 12.73% of 2356B total" in out, out
 
 
 def test_the_demo_in_go_tool_pprof_and_heaptrack(tmp_path):

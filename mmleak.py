@@ -2828,12 +2828,18 @@ def export_model(rep, mx, allocator_frames=False, blocks=False):
     frames = rep["frames"]
     resolve = site_resolver(frames, Wrappers(rep.get("wrappers") or ()))
     kind_of = rep.get("kind_of")
+    depth = rep["trace_depth"]
     groups = {}
+    cut = {}                    # stack -> the part exported (blocks share their stacks)
     for a in rep["survivors"]:
-        st = a.callers[:rep["trace_depth"]]
-        if not allocator_frames:
-            st = st[resolve(st)[1]:]
-        g = groups.setdefault((st, kind_of(a) if kind_of else None), [0, 0, []])
+        st = cut.get(a.callers)
+        if st is None:
+            st = cut[a.callers] = a.callers[:depth] if allocator_frames else \
+                a.callers[:depth][resolve(a.callers[:depth])[1]:]
+        key = (st, kind_of(a) if kind_of else None)
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = [0, 0, []]
         g[0] += 1
         g[1] += a.size
         if blocks:

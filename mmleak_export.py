@@ -342,7 +342,7 @@ def write_pprof(profile, path):
     blocks are those of), duration_nanos the trace's span."""
     data = pprof_bytes(profile)
     with _SafeOutput(path) as f:
-        with gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as z:
+        with gzip.GzipFile(fileobj=f, mode="wb", mtime=0, compresslevel=6) as z:
             z.write(data)
 
 
@@ -403,8 +403,8 @@ def heaptrack_compression(path):
     return "gzip" if path.endswith(".gz") else "plain"
 
 
-def heaptrack_lines(profile):
-    """The lines (str, without newline) of PROFILE in heaptrack's interpreted format.
+def heaptrack_text(profile):
+    """PROFILE in heaptrack's interpreted format, as pieces of text of whole lines.
 
     Strings, instruction pointers ('i' with function, file, line and inlined levels, so
     heaptrack needs no binary), trace nodes ('t', a tree from the outermost frame down),
@@ -416,11 +416,11 @@ def heaptrack_lines(profile):
     ips = {}
     traces = {}
     infos = {}
-    yield "v %x %x" % (HEAPTRACK_VERSION, HEAPTRACK_FILE_FORMAT)
-    for c in profile.comments or ():
-        yield "# " + _escape(c, "")
+    head = ["v %x %x" % (HEAPTRACK_VERSION, HEAPTRACK_FILE_FORMAT)]
+    head += ["# " + _escape(c, "") for c in profile.comments or ()]
     if profile.command:
-        yield "X " + _escape(profile.command, "")
+        head.append("X " + _escape(profile.command, ""))
+    yield "\n".join(head) + "\n"
 
     def string(text, out):
         if not text:
@@ -447,7 +447,7 @@ def heaptrack_lines(profile):
             ips[fr] = len(ips) + 1
         return ips[fr]
 
-    events = []         # (time, info index)
+    events = []         # time in ms << 32 | info index: one int a block, sorted fast
     for st in profile.stacks:
         out = []
         parent = 0
@@ -464,38 +464,39 @@ def heaptrack_lines(profile):
             blocks = [(0, b // n + (1 if k < b % n else 0)) for k in range(n)] if n else []
         for t, size in blocks:
             key = (size, parent)
-            if key not in infos:
-                infos[key] = len(infos)
+            info = infos.get(key)
+            if info is None:
+                info = infos[key] = len(infos)
                 out.append("a %x %x" % key)
-            events.append((t, infos[key]))
-        yield from out
+            events.append(int(t * 1000) << 32 | info)
+        if out:
+            yield "\n".join(out) + "\n"
     events.sort()
+    plus = ["+ %x" % i for i in range(len(infos))]
+    mask = (1 << 32) - 1
     last = None
-    for t, info in events:
-        ms = int(t * 1000)
-        if ms != last:
-            yield "c %x" % ms
-            last = ms
-        yield "+ %x" % info
+    for k in range(0, len(events), 65536):
+        out = []
+        for e in events[k:k + 65536]:
+            ms = e >> 32
+            if ms != last:
+                out.append("c %x" % ms)
+                last = ms
+            out.append(plus[e & mask])
+        yield "\n".join(out) + "\n"
     end = int((profile.duration or 0) * 1000)
     if last is None or end > last:
-        yield "c %x" % end
+        yield "c %x\n" % end
 
 
 def write_heaptrack(profile, path):
-    """PROFILE in heaptrack's format at PATH (heaptrack_lines), gzipped when PATH ends in .gz
+    """PROFILE in heaptrack's format at PATH (heaptrack_text), gzipped when PATH ends in .gz
     (heaptrack_print and heaptrack_gui decide by the name), plain text otherwise."""
     gz = heaptrack_compression(path) == "gzip"
     with _SafeOutput(path) as f:
-        z = gzip.GzipFile(fileobj=f, mode="wb", mtime=0) if gz else None
+        z = gzip.GzipFile(fileobj=f, mode="wb", mtime=0, compresslevel=6) if gz else None
         w = (z or f).write
-        buf = []
-        for line in heaptrack_lines(profile):
-            buf.append(line)
-            if len(buf) >= 4096:
-                w(("\n".join(buf) + "\n").encode("utf-8", "replace"))
-                buf = []
-        if buf:
-            w(("\n".join(buf) + "\n").encode("utf-8", "replace"))
+        for text in heaptrack_text(profile):
+            w(text.encode("utf-8", "replace"))
         if z:
             z.close()

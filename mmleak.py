@@ -2895,7 +2895,12 @@ def write_exports(rep, args):
     wanted = [(k, getattr(args, k)) for k in ("pprof", "folded", "heaptrack") if getattr(args, k)]
     if not wanted:
         return True
-    mx = load_script_module("mmleak_export", "mmleak_export.py")
+    try:
+        mx = load_script_module("mmleak_export", "mmleak_export.py")
+    except (ImportError, OSError) as e:
+        warn("cannot write %s: mmleak_export.py is not next to mmleak.py (%s)"
+             % (", ".join(p for _, p in wanted), getattr(e, "strerror", None) or e))
+        return False
     model = export_model(rep, mx, args.export_allocator_frames, blocks=bool(args.heaptrack))
     ok = True
     for kind, path in wanted:

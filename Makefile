@@ -12,6 +12,8 @@ CFLAGS_LIB = -std=gnu11 -Wall -Wextra -Werror -fPIC -fvisibility=hidden -fexcept
 LIBDIR  = $(PREFIX)/lib/mmleak
 BINDIR  = $(PREFIX)/bin
 SCRIPTS = mmleak.py mmleak-panda.py mmleak-install.py
+# modules mmleak.py loads from its own directory (report's exports)
+MODULES = mmleak_export.py
 
 all: mmleak.so
 
@@ -37,11 +39,12 @@ install: all
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(BINDIR)
 	install -m 0644 mmleak.so $(DESTDIR)$(LIBDIR)/mmleak.so
 	for s in $(SCRIPTS); do [ -f $$s ] && install -m 0755 $$s $(DESTDIR)$(BINDIR)/$$s; done; true
+	install -m 0644 $(MODULES) $(DESTDIR)$(BINDIR)/
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/mmleak.so
 	-rmdir $(DESTDIR)$(LIBDIR)
-	for s in $(SCRIPTS); do rm -f $(DESTDIR)$(BINDIR)/$$s; done
+	for s in $(SCRIPTS) $(MODULES); do rm -f $(DESTDIR)$(BINDIR)/$$s; done
 
 clean:
 	rm -rf mmleak.so tests/bin bench/out demo __pycache__ tests/__pycache__

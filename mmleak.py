@@ -2829,6 +2829,104 @@ def _write_csv(rep, sites, path):
                         "0x%x" % s.caller])
 
 
+def export_model(rep, mx, allocator_frames=False, blocks=False):
+    """The report REP as the model of mmleak_export (module MX): one stack per distinct
+    stack of the survivors (and kind, when the report knows blocks' kinds: rep["kind_of"],
+    a function of an Alloc), ending at the call site the report names unless
+    ALLOCATOR_FRAMES (then down to the allocator's caller); the mappings its frames are in,
+    with build ids (of files unchanged since the run); with BLOCKS, each block's time and
+    size (heaptrack's events).  Allocations per stack are not known (the shrink cancels
+    them): alloc_* stay None."""
+    frames = rep["frames"]
+    resolve = site_resolver(frames, Wrappers(rep.get("wrappers") or ()))
+    kind_of = rep.get("kind_of")
+    depth = rep["trace_depth"]
+    groups = {}
+    cut = {}                    # stack -> the part exported (blocks share their stacks)
+    for a in rep["survivors"]:
+        st = cut.get(a.callers)
+        if st is None:
+            st = cut[a.callers] = a.callers[:depth] if allocator_frames else \
+                a.callers[:depth][resolve(a.callers[:depth])[1]:]
+        key = (st, kind_of(a) if kind_of else None)
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = [0, 0, []]
+        g[0] += 1
+        g[1] += a.size
+        if blocks:
+            g[2].append((a.time, a.size))
+    maps = Maps(rep["maps"]) if os.path.exists(rep["maps"]) else Maps(None, [])
+    mappings = {}               # maps entry -> index
+    mframes = {}
+
+    def mframe(addr):
+        if addr not in mframes:
+            fr, real = frames.get(addr), addr & ADDR_MASK
+            if fr is None:
+                mframes[addr] = mx.Frame(real, None, None, None, None, None, (), None)
+                return mframes[addr]
+            hit = next((h for h in maps.find(real) if os.path.basename(h[4]) == fr.module
+                        and real - h[0] + h[2] == fr.offset), None)
+            if hit is not None and hit not in mappings:
+                mappings[hit] = len(mappings)
+            mframes[addr] = mx.Frame(real, fr.module, fr.offset, fr.function, fr.file, fr.line,
+                                     tuple(fr.inlined), None if hit is None else mappings[hit])
+        return mframes[addr]
+    stacks = [mx.Stack(tuple(mframe(c) for c in st), n, b, None, None,
+                       (("kind", kind),) if kind else (), tuple(bl) if blocks else None)
+              for (st, kind), (n, b, bl) in sorted(groups.items(), key=lambda kv: (-kv[1][1],
+                                                                                 kv[0][0]))]
+    # the mappings by address (the executable first, where the kernel puts it), renumbered
+    order = sorted(mappings, key=lambda h: h[0])
+    renum = {mappings[h]: i for i, h in enumerate(order)}
+    stacks = [st._replace(frames=tuple(f._replace(mapping=renum.get(f.mapping))
+                                       for f in st.frames)) for st in stacks]
+    mlist = [mx.Mapping(h[0], h[1], h[2], h[4],
+                        None if _module_problem(h[4], h[3], rep["start"] or None)
+                        else mx.read_build_id(h[4])) for h in order]
+    surv = rep["survivors"]
+    comments = ["mmleak trace %s (pid %s)%s" % (rep["trace"], rep["pid"],
+                                                ": " + rep["cmd"] if rep["cmd"] else ""),
+                "%d bytes in %d blocks not freed; %d events read"
+                % (sum(a.size for a in surv), len(surv), rep["events"])]
+    if rep.get("filter"):
+        comments.append("only blocks %s" % rep["filter"])
+    if rep.get("gaps"):
+        comments.append(rep["gaps"])
+    comments.append("stacks %s" % ("down to the allocator's caller" if allocator_frames else
+                                   "end at the call site (the runtime's and the allocation "
+                                   "wrappers' frames below it left out)"))
+    return mx.Profile(stacks, mlist, rep["start"] or None, rep["end_time"] or None,
+                      rep["cmd"], comments)
+
+
+def write_exports(rep, args):
+    """--pprof, --folded, --heaptrack: each written whole or not at all; a failure is one
+    line on stderr and the others are still written.  Returns False if one failed."""
+    wanted = [(k, getattr(args, k)) for k in ("pprof", "folded", "heaptrack") if getattr(args, k)]
+    if not wanted:
+        return True
+    try:
+        mx = load_script_module("mmleak_export", "mmleak_export.py")
+    except (ImportError, OSError) as e:
+        warn("cannot write %s: mmleak_export.py is not next to mmleak.py (%s)"
+             % (", ".join(p for _, p in wanted), getattr(e, "strerror", None) or e))
+        return False
+    model = export_model(rep, mx, args.export_allocator_frames, blocks=bool(args.heaptrack))
+    ok = True
+    for kind, path in wanted:
+        try:
+            getattr(mx, "write_" + kind)(model, path)
+        except (OSError, mx.ExportError) as e:
+            warn("cannot write %s: %s" % (path, e.strerror if isinstance(e, OSError) and
+                                          e.strerror else e))
+            ok = False
+            continue
+        sys.stdout.write("%s: %s\n" % (kind, path))
+    return ok
+
+
 def load_script_module(name, filename):
     """Import a sibling script (mmleak-panda.py) as a module, by path."""
     import importlib.util
@@ -2847,6 +2945,7 @@ def cmd_report(args):
     if args.csv:
         write_csv(rep, args.csv)
         sys.stdout.write("CSV: %s\n" % args.csv)
+    exported = write_exports(rep, args)
     out = args.output or os.path.join(args.dir, "mmleak.%s.html" % rep["trace"])
     if not args.no_html:
         try:
@@ -2864,6 +2963,8 @@ def cmd_report(args):
                 warn("cannot write %s: %s" % (out, e.strerror or e))
                 return EXIT_INPUT
             sys.stdout.write("HTML report: %s\n" % out)
+    if not exported:
+        return EXIT_INPUT
     if rep["incomplete"]:
         return EXIT_PARTIAL
     if rep["symbol_error"] and "not found" in rep["symbol_error"]:
@@ -3029,12 +3130,37 @@ def build_parser():
         help="what a process leaked, and where",
         description="Shrink all dump files of one process in DIR, symbolize the survivors' "
                     "call sites, print the top leaking call sites, and write the HTML report "
-                    "(needs python3-pandas and python3-matplotlib).",
-        epilog=EXIT_HELP)
+                    "(needs python3-pandas and python3-matplotlib).  The trace may be "
+                    "finished, compacted or still running.  --pprof, --folded and --heaptrack "
+                    "also write the live blocks for other tools, each file whole or not at "
+                    "all (a temporary file renamed over FILE); they and --csv follow the "
+                    "same filters (--since, --older-than, --baseline).",
+        epilog="examples:\n"
+               "  %(prog)s /var/tmp/leaks --pid 1234 --no-html --pprof leaks.pb.gz\n"
+               "  go tool pprof -top -sample_index=inuse_space leaks.pb.gz\n"
+               "  %(prog)s /var/tmp/leaks --no-html --heaptrack leaks.heaptrack.gz && "
+               "heaptrack_print leaks.heaptrack.gz\n"
+               "  %(prog)s /var/tmp/leaks --no-html --folded leaks.folded && "
+               "flamegraph.pl leaks.folded > leaks.svg\n\n" + EXIT_HELP)
     q.add_argument("dir", help="the dump directory (MMLEAK_DIR)")
     q.add_argument("--pid", help="trace id (PID, or PID-K for an exec'd image); default: newest")
     q.add_argument("-o", "--output", help="HTML file (default DIR/mmleak.PID.html)")
-    q.add_argument("--csv", help="also write the call-site table as CSV")
+    q.add_argument("--csv", metavar="FILE", help="also write the call-site table as CSV")
+    q.add_argument("--pprof", metavar="FILE",
+                   help="also write the live blocks by stack as a gzipped pprof profile "
+                        "(profile.proto: go tool pprof, Parca, Pyroscope); sample types "
+                        "inuse_objects and inuse_space, symbolized, with build ids")
+    q.add_argument("--folded", metavar="FILE",
+                   help="also write the live bytes as folded stacks, 'root;...;site BYTES' "
+                        "(flamegraph.pl, inferno, speedscope, Pyroscope)")
+    q.add_argument("--heaptrack", metavar="FILE",
+                   help="also write the live blocks in heaptrack's format, for "
+                        "heaptrack_print and heaptrack_gui (gzipped if FILE ends in .gz, "
+                        "as heaptrack expects; plain text otherwise)")
+    q.add_argument("--export-allocator-frames", action="store_true",
+                   help="in --pprof, --folded and --heaptrack, keep the frames between the "
+                        "call site and the allocator (operator new, strdup, xmalloc...); by "
+                        "default a stack ends at the call site the report names")
     q.add_argument("--top", type=positive_int, default=10,
                    help="call sites to print (default 10)")
     q.add_argument("--depth", type=positive_int, help="frames per call site (default: the trace's)")

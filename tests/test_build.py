@@ -30,6 +30,17 @@ def test_install_honours_prefix_and_destdir(tmp_path, lib):
                            env=env).stdout.strip()
     assert found == str(so)
     assert any(n.endswith(".maps") for n in os.listdir(tmp_path / "d"))
+    # the module of report's exports is installed beside it, and found there
+    mod = root / "bin" / "mmleak_export.py"
+    assert mod.is_file() and oct(mod.stat().st_mode & 0o777) == "0o644"
+    out = subprocess.run([str(root / "bin" / "mmleak.py"), "run", "-d", str(tmp_path / "e"),
+                          "--", "/bin/ls", "/"], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    out = subprocess.run([str(root / "bin" / "mmleak.py"), "report", str(tmp_path / "e"),
+                          "--no-html", "--folded", str(tmp_path / "f.folded")],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "folded: %s\n" % (tmp_path / "f.folded") in out.stdout
 
 
 def test_library_exports_only_the_interposed_api(lib):

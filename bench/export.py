@@ -1,0 +1,68 @@
+#!/usr/bin/python3
+"""The cost of report's exports (--pprof, --folded, --heaptrack) on a big report: not part of
+`make bench`.
+
+A report is made up in memory (no trace, no symbolizer): BLOCKS live blocks over STACKS
+stacks of DEPTH frames drawn from 20,000 symbolized addresses, sizes 1..4096 bytes, times
+0..3600 s (seeded).  Then mmleak.py's export_model builds the model (with the blocks'
+times, as --heaptrack needs) and each writer of mmleak_export.py writes its file; the wall
+time of each step, the files' sizes and this process's peak RSS are printed.
+
+    bench/export.py [--blocks N] [--stacks N] [--depth N] [--dir DIR]
+"""
+import argparse
+import importlib.util
+import os
+import random
+import resource
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load(name, filename):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, filename))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--blocks", type=int, default=1000000)
+    ap.add_argument("--stacks", type=int, default=5000)
+    ap.add_argument("--depth", type=int, default=16)
+    ap.add_argument("--dir", help="where the files go (default: a temporary directory)")
+    a = ap.parse_args()
+    mm = load("mmleak", "mmleak.py")
+    mx = load("mmleak_export", "mmleak_export.py")
+    rnd = random.Random(1)
+    addrs = [0x400000 + 16 * i for i in range(20000)]
+    frames = {x: mm.Frame(x, "prog", x - 0x400000, "fn%d" % (x % 977), "/src/f%d.c" % (x % 13),
+                          x % 500 + 1, (), None) for x in addrs}
+    stacks = [tuple(rnd.sample(addrs, a.depth)) for _ in range(a.stacks)]
+    surv = [mm.Alloc(i, 0, rnd.randint(1, 4096), rnd.randint(0, 3600), stacks[i % a.stacks])
+            for i in range(a.blocks)]
+    rep = {"frames": frames, "survivors": surv, "trace_depth": mm.MAX_DEPTH,
+           "maps": "/nonexistent", "start": 1700000000, "end_time": 3600, "trace": "1",
+           "pid": "1", "cmd": "prog", "events": 2 * a.blocks, "wrappers": []}
+    d = a.dir or tempfile.mkdtemp(prefix="mmleak-export-bench.")
+    t0 = time.perf_counter()
+    model = mm.export_model(rep, mx, blocks=True)
+    print("%d blocks, %d stacks of %d frames" % (a.blocks, a.stacks, a.depth))
+    print("  model      %6.2f s" % (time.perf_counter() - t0))
+    for kind, name in (("pprof", "big.pb.gz"), ("folded", "big.folded"),
+                       ("heaptrack", "big.heaptrack.gz")):
+        path = os.path.join(d, name)
+        t0 = time.perf_counter()
+        getattr(mx, "write_" + kind)(model, path)
+        print("  %-10s %6.2f s  %9d bytes  %s" % (kind, time.perf_counter() - t0,
+                                                  os.path.getsize(path), path))
+    print("  peak RSS   %6.0f MB" % (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+
+
+if __name__ == "__main__":
+    main()

@@ -923,6 +923,34 @@ class Maps:
                                  line if line.endswith("\n") else line + "\n"))
         self.entries.sort()
         self.starts = [e[0] for e in self.entries]
+        self._loads = None
+
+    def load_of(self, entry):
+        """The mappings of the load ENTRY belongs to (a tuple, in address order).  A file
+        loaded at two addresses over the run (dlclose, then dlopen where the loader chose)
+        has two loads here, and eu-addr2line must be shown one of them at a time: given the
+        same file at two bases it resolves neither."""
+        if self._loads is None:
+            self._loads = {}
+            groups = collections.defaultdict(list)     # path -> [[entries of one load]]
+            for e in self.entries:
+                loads = groups[e[4]]
+                # a load starts at its offset-0 mapping (the ELF header); a later mapping
+                # joins the load it continues, else the nearest one below it
+                g = None
+                if e[2] != 0 or not loads:
+                    g = next((l for l in reversed(loads) if l[-1][1] == e[0]), None) or \
+                        next((l for l in reversed(loads) if l[0][0] <= e[0]), None)
+                if g is None:
+                    g = []
+                    loads.append(g)
+                g.append(e)
+            for loads in groups.values():
+                for g in loads:
+                    t = tuple(g)
+                    for e in g:
+                        self._loads[e] = t
+        return self._loads[entry]
 
     def find(self, addr):
         """All mappings containing addr (more than one: the range was reused)."""
@@ -1051,29 +1079,36 @@ class Symbolizer:
                 if why:
                     self.cache[a] = Frame(a, mod, off, None, None, None, (), why)
                 else:
-                    good[id(view)][a] = (mod, off, view)
+                    good[id(view)][a] = (mod, off, view.load_of(h))
         for g in good.values():
-            view = next(iter(g.values()))[2]
-            self._run_tool({a: v[:2] for a, v in g.items()}, view)
+            # one run of the tool per batch of loads where no file appears twice: each
+            # load of a file loaded at two addresses is resolved at its own base
+            batches = []            # [({path: load}, {addr: (module, offset)})]
+            for a, (mod, off, load) in sorted(g.items()):
+                path = load[0][4]
+                b = next((b for b in batches if b[0].get(path, load) == load), None)
+                if b is None:
+                    b = ({}, {})
+                    batches.append(b)
+                b[0][path] = load
+                b[1][a] = (mod, off)
+            for loads, batch in batches:
+                self._run_tool(batch, [e for l in loads.values() for e in l])
         return {a: self.cache[a] for a in addrs}
 
-    def _run_tool(self, good, view=None):
-        view = view or self.maps
+    def _run_tool(self, good, entries):
+        """Resolve GOOD ({addr: (module, offset)}) with ENTRIES, the mappings of the loads
+        the addresses are in (no file twice)."""
         exe = shutil.which(self.tool)
         if not exe:
             self.tool_error = "%s not found (install elfutils)" % self.tool
             for a, (mod, off) in good.items():
                 self.cache[a] = Frame(a, mod, off, None, None, None, (), self.tool_error)
             return
-        # A clean maps file for the tool: only the modules we trust, no ambiguous ranges.
-        trusted = set()
-        for a in good:
-            for h in view.find(a & ADDR_MASK):
-                trusted.add(h[4])
+        # A clean maps file for the tool: only the loads we trust, no ambiguous ranges.
         with tempfile.NamedTemporaryFile("w", prefix="mmleak-maps.", delete=False) as tf:
-            for e in view.entries:
-                if e[4] in trusted:
-                    tf.write(e[5])
+            for e in sorted(entries):
+                tf.write(e[5])
             tmpmaps = tf.name
         try:
             order = sorted(good)

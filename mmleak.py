@@ -1447,14 +1447,20 @@ def cmd_run(args):
             compactor.finish()
     traces = find_traces(d)
     new = sorted(set(traces) - before, key=lambda t: [int(x) for x in t.split("-")])
-    main = str(proc.pid) if str(proc.pid) in traces else (new[0] if new else None)
+    # the command's own process: its traces of this run, oldest first (a shell that exec'd
+    # the program is the same process: its trace is PID, the program's PID-1); the newest
+    # one with files is the process as it ended, the one its next: line reports
+    images = [t for t in process_images(traces, str(proc.pid)) if t in new]
+    done = [t for t in images if traces[t]]
+    main = done[-1] if done else (images[-1] if images else (new[0] if new else None))
     how = ("exit status %d" % rc) if rc >= 0 else ("killed by signal %d" % -rc)
     if main is None:
         warn("%s ended (%s) and wrote no dump files in %s: was LD_PRELOAD cleared, or is "
              "the program static or setuid?" % (cmd[0], how, d))
         return rc if rc >= 0 else 128 - rc
     size = sum(os.path.getsize(p) for p in traces[main] if os.path.exists(p))
-    others = [t for t in new if t != main]
+    before_exec = [t for t in images if t != main]
+    others = [t for t in new if t != main and t not in images]
     comp = compact_path(d, main)
     if os.path.exists(comp):
         sys.stderr.write("%s: %s ended (%s); trace %s compacted in the background: %s (%s) "
@@ -1464,9 +1470,15 @@ def cmd_run(args):
     else:
         sys.stderr.write("%s: %s ended (%s); trace %s: %d dump files, %s in %s\n"
                          % (PROG, cmd[0], how, main, len(traces[main]), human_bytes(size), d))
+    if before_exec:
+        sys.stderr.write("%s: before its last exec the same process was traced as: %s "
+                         "(report one with --trace ID)\n" % (PROG, ", ".join(
+                             "%s (%s)" % (t, _trace_head(traces[t])[1] or "no dump files")
+                             for t in before_exec)))
     if others:
         sys.stderr.write("%s: child processes traced too: %s\n" % (PROG, " ".join(others)))
-    sys.stderr.write("%s: next: %s report %s --pid %s\n" % (PROG, sys.argv[0], d, main))
+    what = "--pid %d" % proc.pid if main in images else "--trace %s" % main
+    sys.stderr.write("%s: next: %s report %s %s\n" % (PROG, sys.argv[0], d, what))
     return rc if rc >= 0 else 128 - rc
 
 
@@ -2319,7 +2331,7 @@ def read_trace(directory, tid, progress=None):
 
 def cmd_snapshot(args):
     """The live set of a trace now, in the dump format (an earlier moment for --baseline)."""
-    tid, _ = choose_trace(args.dir, args.pid)
+    tid, _ = choose_trace(args.dir, args.pid, args.trace)
     sh, _ = read_trace(args.dir, tid)
     sh.problems.summary()
     if sh.problems.fatal:
@@ -2587,19 +2599,77 @@ def cmd_status(args):
     return EXIT_OK
 
 
-def choose_trace(directory, pid):
+TRACE_ID_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def _trace_head(paths):
+    """(start, command) from the first lines of a trace's first readable file (None, None)."""
+    for p in paths:
+        start, cmd = None, None
+        try:
+            with open(p, "rb") as f:
+                for i, line in enumerate(f):
+                    if i == 0:
+                        h = parse_header(line)
+                        start = header_int(h, "start", None) if h else None
+                    elif line.startswith(b"#cmd "):
+                        cmd = _unescape(line[5:].rstrip(b"\n"))
+                    if cmd is not None or i >= 16 or not line.startswith(b"#"):
+                        break
+        except (OSError, ValueError):
+            continue
+        return start, cmd
+    return None, None
+
+
+def process_images(traces, pid):
+    """The trace ids of process PID in TRACES ({id: files}), oldest first.  mmleak.so names
+    a process's first trace PID and the next ones PID-1, PID-2...: the image it exec'd (a
+    service started through a shell is the shell first), a new attach, or a later process
+    that got the same pid.  Ordered by the start time in their headers, then by number."""
+    ids = [t for t in traces if TRACE_ID_RE.match(t) and TRACE_ID_RE.match(t).group(1) == pid]
+
+    def key(t):
+        start = _trace_head(traces[t])[0] if traces[t] else None
+        return (start if start is not None else -1, int(TRACE_ID_RE.match(t).group(2) or 0))
+    return sorted(ids, key=key)
+
+
+def choose_trace(directory, pid=None, trace=None):
+    """(trace id, files) to report.  TRACE: that trace id exactly.  PID: the process as it is
+    now, or was last: its newest image with dump files (an id PID-K given as PID is taken
+    exactly, as before --trace existed); a note on stderr names its earlier images.
+    Neither: the trace written last."""
     traces = find_traces(directory)
+    if trace is None and pid is not None and not pid.isdigit():
+        trace = pid
+    if trace is not None:
+        if trace not in traces:
+            raise Fail("no dump files of trace %s in %s (traces there: %s)"
+                       % (trace, directory, " ".join(sorted(traces)) or "none"))
+        return trace, traces[trace]
     if pid is not None:
-        if pid not in traces:
+        images = process_images(traces, pid)
+        with_files = [t for t in images if traces[t]]
+        if not with_files:
             raise Fail("no dump files of process %s in %s (traces there: %s)"
                        % (pid, directory, " ".join(sorted(traces)) or "none"))
-        return pid, traces[pid]
+        newest = with_files[-1]
+        if len(images) > 1:
+            def named(t):
+                cmd = _trace_head(traces[t])[1]
+                return "%s (%s)" % (t, cmd if cmd else "no dump files yet"
+                                    if not traces[t] else "command unknown")
+            warn("pid %s: %d traces in %s, oldest first: %s; reporting %s, the newest with "
+                 "dump files (another one: --trace ID)"
+                 % (pid, len(images), directory, ", ".join(named(t) for t in images), newest))
+        return newest, traces[newest]
     with_files = {k: v for k, v in traces.items() if v}
     if not with_files:
         raise Fail("no mmleak dump files in %s" % directory)
     if len(with_files) > 1:
         newest = max(with_files, key=lambda k: max(os.path.getmtime(p) for p in with_files[k]))
-        warn("%d traces in %s (%s); reporting the newest, %s (choose with --pid)"
+        warn("%d traces in %s (%s); reporting the newest, %s (choose with --pid or --trace)"
              % (len(with_files), directory, " ".join(sorted(with_files)), newest))
         return newest, with_files[newest]
     k = next(iter(with_files))
@@ -2623,14 +2693,14 @@ def baseline_blocks(path):
 
 
 def build_report(directory, pid=None, progress=True, depth=None, since=None,
-                 older_than=None, baseline=None):
+                 older_than=None, baseline=None, trace=None):
     """Shrink and symbolize one process's files; returns a dict the report renderers use.
 
     The incremental view: SINCE keeps survivors allocated at or after that many seconds
     from the trace start, OLDER_THAN those at least that old at the last event, BASELINE
     (a file written by an earlier `mmleak.py shrink` of the same process) those that were
-    not alive yet in that snapshot."""
-    tid, paths = choose_trace(directory, pid)
+    not alive yet in that snapshot.  PID and TRACE: see choose_trace."""
+    tid, paths = choose_trace(directory, pid, trace)
     prog = progress_printer() if progress and sys.stderr.isatty() else None
     t0 = time.monotonic()
     sh, paths = read_trace(directory, tid, progress=prog)
@@ -2864,7 +2934,8 @@ def load_script_module(name, filename):
 
 def cmd_report(args):
     rep = build_report(args.dir, args.pid, progress=True, depth=args.depth,
-                       since=args.since, older_than=args.older_than, baseline=args.baseline)
+                       since=args.since, older_than=args.older_than, baseline=args.baseline,
+                       trace=args.trace)
     rep["wrappers"] = [n for w in args.wrappers for n in w.split(",") if n]
     print_top_sites(rep, sys.stdout, args.top)
     if args.csv:
@@ -2950,6 +3021,26 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, "%s: error: %s\n" % (self.prog, message))
+
+
+TRACE_IDS_HELP = """\
+Trace ids: mmleak.so names a process's first trace PID, and the next ones PID-1, PID-2...:
+the image a process exec'd (a service started through a shell: the shell is PID, the
+daemon it exec'd PID-1), a new attach after a detach, or a later process with the same pid.
+--pid PID means that process as it is now, or was last: its newest trace with dump files (a
+note on stderr lists the others, oldest first, each with its command); --trace ID takes
+one trace exactly, an earlier image too.
+
+"""
+
+
+def add_trace_choice(p, verb):
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--pid", help="the process: its newest trace (the image it exec'd last); "
+                                 "default: the trace written last")
+    g.add_argument("--trace", metavar="ID", help="exactly trace ID (PID or PID-K), e.g. the "
+                                                 "image before an exec")
+    p.epilog = TRACE_IDS_HELP + (p.epilog or "")
 
 
 def build_parser():
@@ -3055,7 +3146,7 @@ def build_parser():
                     "(needs python3-pandas and python3-matplotlib).",
         epilog=EXIT_HELP)
     q.add_argument("dir", help="the dump directory (MMLEAK_DIR)")
-    q.add_argument("--pid", help="trace id (PID, or PID-K for an exec'd image); default: newest")
+    add_trace_choice(q, "report")
     q.add_argument("-o", "--output", help="HTML file (default DIR/mmleak.PID.html)")
     q.add_argument("--csv", help="also write the call-site table as CSV")
     q.add_argument("--top", type=positive_int, default=10,
@@ -3125,7 +3216,7 @@ def build_parser():
                     "since (the incremental view MTrace users know).",
         epilog=EXIT_HELP)
     n.add_argument("dir", help="the dump directory (MMLEAK_DIR)")
-    n.add_argument("--pid", help="trace id; default: newest")
+    add_trace_choice(n, "snapshot")
     n.add_argument("-o", "--output", help="file to write (default: stdout)")
     n.set_defaults(func=cmd_snapshot)
 

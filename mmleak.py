@@ -1397,6 +1397,55 @@ def cmd_symbolize(args):
     return status
 
 
+def make_dump_dir(d, owner=None):
+    """The dump directory D of `run` and `attach`: an existing directory is used as it is;
+    a missing one is made, with its missing parents, by mkdir (which never follows a symbolic
+    link at the name it makes).  OWNER (uid, gid): give the directory this call made, and
+    only that one, to the traced process's user, through a descriptor opened without
+    following a symbolic link and checked to be our new, empty directory.  True if made."""
+    try:
+        if not stat.S_ISDIR(os.stat(d).st_mode):
+            raise Fail("%s: not a directory" % d, EXIT_INPUT)
+        return False
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise Fail("%s: %s" % (d, e.strerror), EXIT_INPUT)
+    try:
+        os.makedirs(os.path.dirname(d), exist_ok=True)
+        os.mkdir(d)
+    except FileExistsError:
+        return make_dump_dir(d, owner=None)     # made meanwhile, by someone else: as it is
+    except OSError as e:
+        raise Fail("cannot create %s: %s" % (d, e.strerror), EXIT_INPUT)
+    if owner is not None and owner != (os.geteuid(), os.getegid()):
+        try:
+            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            raise Fail("%s changed while it was being made: %s" % (d, e.strerror), EXIT_INPUT)
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid() or st.st_nlink != 2:
+                raise Fail("%s changed while it was being made: not given to uid %d"
+                           % (d, owner[0]), EXIT_INPUT)
+            os.fchown(fd, owner[0], owner[1])
+        except OSError as e:
+            raise Fail("cannot give %s to uid %d: %s" % (d, owner[0], e.strerror), EXIT_INPUT)
+        finally:
+            os.close(fd)
+    return True
+
+
+def process_owner(pid):
+    """(uid, gid) process PID creates files as (its file-system ids), or None."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            ids = dict(line.split(":", 1) for line in f if line.startswith(("Uid:", "Gid:")))
+        return int(ids["Uid"].split()[3]), int(ids["Gid"].split()[3])
+    except (OSError, KeyError, IndexError, ValueError):
+        return None
+
+
 def cmd_run(args):
     cmd = args.command
     if cmd and cmd[0] == "--":
@@ -1408,10 +1457,7 @@ def cmd_run(args):
         raise Fail("mmleak.so not found: run `make` in the source tree, `make install`, or "
                    "set MMLEAK_LIB", EXIT_INPUT)
     d = os.path.abspath(args.dir or os.environ.get("MMLEAK_DIR") or "/tmp")
-    try:
-        os.makedirs(d, exist_ok=True)
-    except OSError as e:
-        raise Fail("cannot create %s: %s" % (d, e.strerror))
+    make_dump_dir(d)
     env = dict(os.environ)
     # mmleak.so first (an allocator preloaded before it would hide malloc from it), and one
     # copy only (a second one stays out of the way, but say which one traces)
@@ -2538,27 +2584,40 @@ def cmd_attach(args):
     pid = args.pid
     process_alive(pid)
     d = os.path.abspath(args.dir or os.environ.get("MMLEAK_DIR") or "/tmp")
+    if "\n" in d[:-1] or "\0" in d:
+        raise Fail("%s: a newline in the directory name" % d, EXIT_USAGE)
     try:
         if not stat.S_ISDIR(os.stat(d).st_mode):
             raise Fail("%s: not a directory" % d, EXIT_INPUT)
+    except FileNotFoundError:
+        pass                    # made below, once the process may be traced, as run does
     except OSError as e:
         raise Fail("%s: %s" % (d, e.strerror), EXIT_INPUT)
     mmleak_in(pid)              # not permitted to look at it: said before anything else
-    same_dir_for(pid, d)
-    settings = "MMLEAK_DIR=%s\n" % d
-    if args.depth:
-        settings += "MMLEAK_DEPTH=%d\n" % args.depth
-    settings += "MMLEAK_ROTATE_MB=%d\n" % (args.rotate_mb or COMPACT_ROTATE_MB)
-    if "\n" in d[:-1] or "\0" in d:
-        raise Fail("%s: a newline in the directory name" % d, EXIT_USAGE)
-    before = set(find_traces(d))
-    res, lib = _call(pid, "mmleak_attach", settings, args.timeout)
-    if res == 1:
-        raise Fail("process %d is already being traced (%s)" % (pid, traced_state(pid)),
-                   EXIT_INPUT)
-    if res != 0:
-        raise Fail("process %d could not start tracing into %s (its stderr says why: can "
-                   "its user write there?)" % (pid, d), EXIT_INPUT)
+    # a directory made here belongs to the process's user (it writes its files there
+    # itself), and is removed again, still empty, when the attach fails
+    made = make_dump_dir(d, owner=process_owner(pid))
+    try:
+        same_dir_for(pid, d)
+        settings = "MMLEAK_DIR=%s\n" % d
+        if args.depth:
+            settings += "MMLEAK_DEPTH=%d\n" % args.depth
+        settings += "MMLEAK_ROTATE_MB=%d\n" % (args.rotate_mb or COMPACT_ROTATE_MB)
+        before = set(find_traces(d))
+        res, lib = _call(pid, "mmleak_attach", settings, args.timeout)
+        if res == 1:
+            raise Fail("process %d is already being traced (%s)" % (pid, traced_state(pid)),
+                       EXIT_INPUT)
+        if res != 0:
+            raise Fail("process %d could not start tracing into %s (its stderr says why: can "
+                       "its user write there?)" % (pid, d), EXIT_INPUT)
+    except BaseException:
+        if made:
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+        raise
     new = sorted(set(find_traces(d)) - before)
     sys.stdout.write("%s: process %d is traced into %s (trace %s); stop with: %s detach %d\n"
                      % (PROG, pid, d, " ".join(new) or "?", sys.argv[0], pid))
@@ -3113,7 +3172,8 @@ def build_parser():
                     "is folded into mmleak.ID.compact and deleted, so the directory holds the "
                     "live set, not the history; --keep-all keeps every event instead.",
         epilog="example:\n  %(prog)s -d /var/tmp/leaks --depth 16 -- ./server --port 8080\n")
-    r.add_argument("-d", "--dir", help="dump directory (default: $MMLEAK_DIR or /tmp)")
+    r.add_argument("-d", "--dir", help="dump directory (default: $MMLEAK_DIR or /tmp; made "
+                                       "if missing)")
     r.add_argument("--depth", type=trace_depth,
                    help="frames per allocation, 1 to 64 (MMLEAK_DEPTH; default: auto, through the "
                         "runtime to the program's own frame)")
@@ -3237,7 +3297,8 @@ def build_parser():
                "  mmleak.py detach 4242\n  mmleak.py report /var/tmp/leaks --pid 4242\n\n"
                + EXIT_HELP)
     a.add_argument("pid", type=positive_int, help="the process")
-    a.add_argument("-d", "--dir", help="dump directory (default: $MMLEAK_DIR or /tmp)")
+    a.add_argument("-d", "--dir", help="dump directory (default: $MMLEAK_DIR or /tmp); made "
+                                       "if missing, and given to the process's user")
     a.add_argument("--depth", type=trace_depth,
                    help="frames per allocation, 1 to 64 (default: auto, see MMLEAK_DEPTH)")
     a.add_argument("--rotate-mb", type=positive_int,

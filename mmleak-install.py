@@ -21,7 +21,6 @@ import stat
 import struct
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 
@@ -856,43 +855,24 @@ def fsync_dir(path):
         os.close(fd)
 
 
-def atomic_write(dest, data, mode):
-    """Write DATA (bytes) to DEST atomically: temp file in the same dir, fsync, rename."""
-    d = os.path.dirname(dest)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(dest) + ".")
+def atomic_write(dest, data, mode, src=None):
+    """Write DATA (bytes), or the content of the file SRC, to DEST the way mmleak writes
+    every output (mmleak.new_output: a new file made with O_EXCL|O_NOFOLLOW beside it, on
+    disk, renamed over it)."""
+    mm = import_mmleak_or_fail()
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.rename(tmp, dest)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(d)
+        with mm.new_output(dest, perm=mode, sync=True) as f:
+            if src is None:
+                f.write(data)
+            else:
+                with open(src, "rb") as s:
+                    shutil.copyfileobj(s, f)
+    except mm.Fail as e:
+        raise OSError(0, str(e), dest)
 
 
 def atomic_copy(src, dest, mode):
-    d = os.path.dirname(dest)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(dest) + ".")
-    try:
-        with os.fdopen(fd, "wb") as f, open(src, "rb") as s:
-            shutil.copyfileobj(s, f)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.rename(tmp, dest)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(d)
+    atomic_write(dest, None, mode, src=src)
 
 
 def same_content(a, b):
@@ -989,6 +969,17 @@ def import_mmleak():
     spec.loader.exec_module(mod)
     sys.modules["mmleak"] = mod
     return mod
+
+
+def import_mmleak_or_fail():
+    mod = sys.modules.get("mmleak")
+    if mod is not None:
+        return mod
+    try:
+        return import_mmleak()
+    except Exception as e:  # noqa: BLE001 - any import failure is an environment error
+        raise Fail(EXIT_ENV, "cannot import mmleak.py from %s: %s"
+                   % (os.path.dirname(os.path.realpath(__file__)), e))
 
 
 def find_lib(args, root):

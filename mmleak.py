@@ -12,6 +12,7 @@ The dump format and the shrink algebra are specified in README.rst ("The dump fo
 import argparse
 import bisect
 import collections
+import contextlib
 import csv
 import io
 import math
@@ -62,6 +63,145 @@ class Fail(Exception):
 
 def warn(msg):
     sys.stderr.write("%s: %s\n" % (PROG, msg))
+
+
+# ---------------------------------------------------------------------------------------
+# Output files: every file the three tools write goes through new_output
+# ---------------------------------------------------------------------------------------
+#
+# An output may be in a directory others can write (a dump directory in /tmp, a service
+# user's own): a name there may be a symbolic link, a hard link, a FIFO or a file planted by
+# someone else.  So an output is never opened by its name: its content goes to a new file
+# beside it, made with O_CREAT|O_EXCL|O_NOFOLLOW under a name nobody can guess, and that file
+# is renamed over the name (replacing whatever was there, a link included, never writing
+# through it).  The one exception is a FIFO or a character device the user or root owns,
+# reached through no link of anyone else's (such as -o /dev/null or /dev/stdout): there is
+# no file to replace there, it is written as it is.
+
+TEMP_SUFFIX = ".tmp"
+
+
+def _temp_name(path):
+    """A name beside PATH for its next content: .NAME.RANDOM.tmp (hidden; systemd reads no
+    unit or drop-in of that name; no reader of a dump directory takes it for a dump)."""
+    d, base = os.path.split(path)
+    return os.path.join(d, ".%s.%s%s" % (base, os.urandom(6).hex(), TEMP_SUFFIX))
+
+
+def stale_outputs(path):
+    """The temporary files of ours a writer of PATH left when it was killed (new_output)."""
+    d, base = os.path.split(path)
+    pat = re.compile(r"^\.%s\.[0-9a-f]{12}%s$" % (re.escape(base), re.escape(TEMP_SUFFIX)))
+    out = []
+    try:
+        for n in os.listdir(d or "."):
+            if pat.match(n):
+                st = os.lstat(os.path.join(d, n))
+                if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                    out.append(os.path.join(d, n))
+    except OSError:
+        pass
+    return out
+
+
+FD_LINK_RE = re.compile(r"^/(?:proc/(?:self|thread-self|%d)/fd|dev/fd)/(\d+)$" % os.getpid())
+
+
+def _output_target(path):
+    """Where new_output writes PATH: ("fd", N) for our own descriptor N (/dev/stdout,
+    /dev/fd/N); ("direct", NAME) for an existing FIFO or character device root or we own
+    (/dev/null); else ("replace", NAME), the name whose content is replaced.  Only our and
+    root's symbolic links are followed to get there: a link of anyone else's is the name
+    replaced, never followed."""
+    trusted = (0, os.geteuid())
+    p = path
+    for _ in range(40):
+        m = FD_LINK_RE.match(os.path.normpath(os.path.abspath(p)))
+        if m:
+            return "fd", int(m.group(1))
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            return "replace", p
+        except OSError as e:
+            raise Fail("cannot write %s: %s" % (path, e.strerror))
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in trusted:
+                return "replace", p
+            p = os.path.join(os.path.dirname(p), os.readlink(p))
+            continue
+        if stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode):
+            return ("direct", p) if st.st_uid in trusted else ("replace", p)
+        if stat.S_ISREG(st.st_mode):
+            return "replace", p
+        raise Fail("cannot write %s: %s" % (path, "a directory" if stat.S_ISDIR(st.st_mode)
+                                            else "not a regular file"))
+    raise Fail("cannot write %s: too many levels of symbolic links" % path)
+
+
+@contextlib.contextmanager
+def new_output(path, text=False, perm=None, owner=None, sync=False):
+    """Write the file PATH: yields a file object (binary, or TEXT: UTF-8, newlines as
+    written); on success its content replaces PATH's at once (rename), on an exception PATH
+    is left as it was.  PERM: the new file's mode exactly (default 0666 less the umask, as
+    open() makes it); OWNER (uid, gid): its owner; SYNC: on disk (file and directory) before
+    this returns.  See the top of this section for why."""
+    kind, target = _output_target(path)
+
+    def wrap(fd):
+        return os.fdopen(fd, "w", encoding="utf-8", newline="") if text else \
+            os.fdopen(fd, "wb")
+    if kind != "replace":
+        if kind == "fd":
+            for std in (sys.stdout, sys.stderr):
+                if std is not None and std.fileno() == target:
+                    std.flush()         # what was written there before comes first
+            fd = os.dup(target)
+        else:
+            fd = os.open(target, os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC | os.O_NONBLOCK)
+            os.set_blocking(fd, True)       # (opened without waiting for a FIFO's reader)
+        with wrap(fd) as f:
+            yield f
+        return
+    d = os.path.dirname(target)
+    for _ in range(100):
+        tmp = _temp_name(target)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                         os.O_CLOEXEC, 0o666 if perm is None else perm)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise Fail("cannot write %s: no free temporary name beside it" % path)
+    f = None
+    try:
+        if perm is not None:
+            os.fchmod(fd, perm)
+        if owner is not None and owner != (os.geteuid(), os.getegid()):
+            os.fchown(fd, owner[0], owner[1])
+        f = wrap(fd)
+        yield f
+        f.flush()
+        if sync:
+            os.fsync(f.fileno())
+        f.close()
+        os.rename(tmp, target)
+    except BaseException:
+        try:
+            if f is not None:
+                f.close()
+            else:
+                os.close(fd)
+        except OSError:
+            pass
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if sync:
+        _fsync_dir(d or ".")
 
 
 # ---------------------------------------------------------------------------------------
@@ -202,7 +342,7 @@ def with_unflushed_tails(paths):
         tmpdir = tmpdir or tempfile.mkdtemp(prefix="mmleak-tail.")
         q = os.path.join(tmpdir, os.path.basename(p))
         try:
-            with open(p, "rb") as src, open(q, "wb") as dst:
+            with open(p, "rb") as src, new_output(q) as dst:
                 left = size
                 while left > 0:
                     chunk = src.read(min(left, 1 << 20))
@@ -1346,19 +1486,15 @@ def cmd_shrink(args):
     sh = shrink_files(paths, progress=prog, mixed=args.mixed)
     if prog and sh.events > 1000000:
         prog(sh, paths[-1], 0, done=True)
-    out = sys.stdout.buffer
     if args.output:
         try:
-            out = open(args.output, "wb")
+            with new_output(args.output) as out:
+                sh.write(out, final=args.final)
         except OSError as e:
             raise Fail("cannot write %s: %s" % (args.output, e.strerror or e))
-    try:
-        sh.write(out, final=args.final)
-    finally:
-        if args.output:
-            out.close()
-        else:
-            out.flush()
+    else:
+        sh.write(sys.stdout.buffer, final=args.final)
+        sys.stdout.buffer.flush()
     sh.problems.summary()
     if args.stats:
         surv = sh.survivors()
@@ -1570,6 +1706,23 @@ class BackgroundCompactor:
                  "`mmleak.py compact %s`)" % (self.error, self.directory))
 
 
+def _append_by_copy(path, data):
+    """PATH (a dump file) followed by DATA, written as every output is (new_output: a new
+    file renamed over it, never an open of the name for writing, which a link planted there
+    would redirect), with PATH's owner and mode."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as src:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(0, "not a regular file")
+        if st.st_nlink != 1:
+            raise OSError(0, "it has %d names (hard links): left alone" % st.st_nlink)
+        with new_output(path, perm=stat.S_IMODE(st.st_mode),
+                        owner=(st.st_uid, st.st_gid)) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+            dst.write(data)
+
+
 def cmd_recover(args):
     """Fold the staging files of dead processes back into their dump files."""
     paths = []
@@ -1605,8 +1758,12 @@ def cmd_recover(args):
         keep = data[:data.rfind(b"\n") + 1]      # complete lines only
         if len(keep) < len(data.rstrip(b"\0")):
             warn("%s: torn last line dropped: %r" % (tail, data[len(keep):].rstrip(b"\0")[:60]))
-        with open(p, "ab") as f:
-            f.write(keep)
+        try:
+            _append_by_copy(p, keep)
+        except OSError as e:
+            warn("%s: cannot recover: %s" % (p, e.strerror or e))
+            status = EXIT_INPUT
+            continue
         os.unlink(tail)
         done += 1
         sys.stdout.write("%s: %d bytes recovered from %s\n" % (p, len(keep), os.path.basename(tail)))
@@ -1856,29 +2013,22 @@ def _compact_header_lines(sh, folded):
     return out
 
 
-def _private(path, mode="wb"):
-    """Open PATH for writing with mode 0600, as mmleak.so makes its files (the owner of the
+def _private(path, sync=False):
+    """new_output for PATH with mode 0600, as mmleak.so makes its files (the owner of the
     directory's files, root or the traced service's user, alone can read them)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-    flags |= os.O_APPEND if mode == "ab" else os.O_TRUNC
-    return os.fdopen(os.open(path, flags, 0o600), mode)
+    return new_output(path, perm=0o600, sync=sync)
 
 
 def _write_atomic(path, header_lines, sh, data):
     """The result: its header lines, the stacks its allocations use, its event lines DATA;
-    written to PATH.tmp, flushed to disk, renamed over PATH."""
-    tmp = path + ".tmp"
-    with _private(tmp) as f:
+    written to a new file, flushed to disk, renamed over PATH (new_output)."""
+    with _private(path, sync=True) as f:
         for h in header_lines:
             f.write(h)
         for i in sorted({int(x, 16) for x in STACK_REF_RE.findall(data)}):
             if i in sh.stack_lines:
                 f.write(sh.stack_lines[i])
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, path)
-    _fsync_dir(os.path.dirname(path) or ".")
 
 
 def _previously_folded(path):
@@ -1917,8 +2067,9 @@ def compact_trace(directory, tid, files=None, traces=None, series=True):
             if DUMP_RE.match(name):     # its .out, or its .tail if the .out went first
                 _remove_dump(os.path.join(directory, name))
         spath = series_path(directory, tid)
-        for tmp in (cpath, spath, spath + ".live"):     # left by a pass that was stopped
-            _remove_quietly(tmp + ".tmp")
+        for out in (cpath, spath, spath + ".live"):     # left by a pass that was stopped
+            for tmp in [out + ".tmp"] + stale_outputs(out):     # (.tmp: an older version's)
+                _remove_quietly(tmp)
         files = [p for p in files if os.path.exists(p)]
         done, over = complete_files(directory, tid, files, traces)
         res = {"trace": tid, "folded": 0, "over": over, "events": 0, "bytes": 0,
@@ -2201,14 +2352,12 @@ def _save_live(path, now, plines, stack_lines, final=False):
     """The blocks of this point ({b"PTR SEQ": (site key, size)}), for the next one to tell
     which were freed and where from, after the point's own lines ("#point", "#final" for
     the trace's last) and the stacks of their sites."""
-    tmp = path + ".tmp"
-    with _private(tmp) as f:
+    with _private(path) as f:
         if final:
             f.write(b"#final\n")
         f.write(b"".join(b"#point " + line for line in [plines[0]] + plines[1]))
         f.write(b"".join(b"#point " + line for line in stack_lines.values()))
         f.write(b"".join(b"%s %x %s\n" % (ident, size, k) for ident, (k, size) in now.items()))
-    os.rename(tmp, path)
 
 
 def _load_live(path):
@@ -2274,12 +2423,10 @@ def _write_series(spath, tid, head, stack_lines, points):
     sees half of it.  Only the stacks its points still use."""
     used = {int(l.split()[1][1:], 16) for _, ks in points for l in ks
             if l.split()[1].startswith(b"@")}
-    tmp = spath + ".tmp"
-    with _private(tmp) as f:
+    with _private(spath) as f:
         f.write(b"".join(head) if head else b"#series 1 id=%s\n" % tid.encode())
         f.write(b"".join(stack_lines[i] for i in sorted(used) if i in stack_lines))
         f.write(b"".join(p + b"".join(ks) for p, ks in points))
-    os.rename(tmp, spath)
 
 
 def _series_due(directory, tid):
@@ -2382,19 +2529,15 @@ def cmd_snapshot(args):
     sh.problems.summary()
     if sh.problems.fatal:
         raise Fail("trace %s: a file could not be read: no snapshot written" % tid)
-    out = sys.stdout.buffer
     if args.output:
         try:
-            out = open(args.output, "wb")
+            with new_output(args.output) as out:
+                sh.write(out, final=False)
         except OSError as e:
             raise Fail("cannot write %s: %s" % (args.output, e.strerror))
-    try:
-        sh.write(out, final=False)
-    finally:
-        if args.output:
-            out.close()
-        else:
-            out.flush()
+    else:
+        sh.write(sys.stdout.buffer, final=False)
+        sys.stdout.buffer.flush()
     warn("trace %s: %d blocks alive (%s)" % (tid, len(sh.survivors()),
                                              human_bytes(sum(a.size for a in sh.survivors()))))
     return EXIT_PARTIAL if sh.problems.malformed else EXIT_OK
@@ -2968,7 +3111,7 @@ def write_csv(rep, path):
 
 
 def _write_csv(rep, sites, path):
-    with open(path, "w", newline="") as f:
+    with new_output(path, text=True) as f:
         w = csv.writer(f)
         w.writerow(["bytes", "blocks", "mean", "min", "max", "oldest_s", "youngest_s",
                     "function", "file", "line", "module", "offset", "caller"])

@@ -55,7 +55,8 @@ exit codes:
      control character or invalid UTF-8 in --dir or --lib, a dump directory the tool
      refuses (a system directory; under /tmp with PrivateTmp=yes; in the unit's
      RuntimeDirectory= without RuntimeDirectoryPreserve=yes; an existing directory the
-     unit's user cannot write or reach that is not a dump directory of its own), a
+     unit's user cannot write or reach that the tool did not make), a path it would create,
+     write in or change that goes through a symbolic link root does not own, a
      mmleak.conf that mmleak-install.py did not write
   2  environment error: not root (without --root or --dry-run), --root unreadable, mmleak.so
      not found, User=/Group= not resolvable, a file operation or daemon-reload failed
@@ -325,12 +326,15 @@ class Root:
     def __init__(self, top):
         self.top = os.path.abspath(top) if top else "/"
 
-    def resolve(self, path, last=True):
+    def resolve(self, path, last=True, trusted=None):
         """Resolve PATH (absolute, inside the root) following symlinks inside the root.
 
         Return the logical path (as seen from inside the root). If LAST is false the final
-        component is not followed."""
-        if self.top == "/" and last:
+        component is not followed.  TRUSTED (a label for the message): PATH is one the tool
+        creates, writes in or gives away; a link on it that neither root nor the user running
+        the tool owns is refused (Fail), never followed: another user could have planted it
+        to point anywhere."""
+        if self.top == "/" and last and trusted is None:
             return os.path.realpath(path)
         parts = [p for p in path.split("/") if p not in ("", ".")]
         cur, hops = [], 0
@@ -342,6 +346,17 @@ class Root:
                 continue
             host = os.path.join(self.top, *(cur + [c]))
             if (parts or last) and os.path.islink(host):
+                if trusted is not None:
+                    uid = os.lstat(host).st_uid
+                    if uid not in (0, os.geteuid()):
+                        u = lookup(self, "passwd", str(uid))
+                        raise Fail(EXIT_INPUT, "%s: %s is a symbolic link owned by %s, not "
+                                               "root%s: %s does not follow it; give the real "
+                                               "path"
+                                   % (trusted, "/" + "/".join(cur + [c]),
+                                      "%s (uid %d)" % (u[0], uid) if u and u[0] != str(uid)
+                                      else "uid %d" % uid,
+                                      "" if os.geteuid() == 0 else " or you", PROG))
                 hops += 1
                 if hops > 40:
                     raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
@@ -353,9 +368,9 @@ class Root:
                 cur.append(c)
         return "/" + "/".join(cur)
 
-    def host(self, path, last=True):
-        """Host path of the in-root PATH."""
-        logical = self.resolve(path, last)
+    def host(self, path, last=True, trusted=None):
+        """Host path of the in-root PATH (TRUSTED: see resolve)."""
+        logical = self.resolve(path, last, trusted)
         if self.top == "/":
             return logical
         return os.path.join(self.top, logical.lstrip("/"))
@@ -781,7 +796,7 @@ def plan_dump_dir(root, unit, ddir, explicit, who):
     touching what is not a dump directory."""
     label = "--dir %s" % ddir if explicit else "the dump directory %s" % ddir
     default = DEFAULT_DIR + "/" + unit.name
-    real = root.resolve(ddir)
+    real = root.resolve(ddir, trusted=label)
     if ddir == DEFAULT_DIR or real == DEFAULT_DIR:
         raise Fail(EXIT_INPUT, "--dir %s holds the per-unit dump directories; omit --dir to use "
                                "%s" % (ddir, default))
@@ -792,13 +807,14 @@ def plan_dump_dir(root, unit, ddir, explicit, who):
     steps = []
     if not explicit or under(real, DEFAULT_DIR):
         # the root-owned parent every unit's own directory sits in
-        ph = root.host(DEFAULT_DIR)
+        ph = root.host(DEFAULT_DIR, trusted=DEFAULT_DIR)
         if os.path.isdir(ph):
             st = os.stat(ph)
             if st.st_uid != 0 or st.st_mode & 0o022 or not st.st_mode & 0o001:
                 if only_dumps(ph, dirs_too=True):
                     steps.append(("fix", DEFAULT_DIR, 0o755, (0, 0, "root", "root"),
-                                  "the parent of the per-unit dump directories"))
+                                  "the parent of the per-unit dump directories",
+                                  (st.st_dev, st.st_ino)))
                 elif not may(st, who, 0o1):
                     raise Fail(EXIT_INPUT, "%s holds files other than mmleak dumps and per-unit "
                                            "dump directories, and User=%s cannot traverse it "
@@ -836,9 +852,32 @@ def plan_dump_dir(root, unit, ddir, explicit, who):
                                "User=%s cannot write it: give each service its own dump "
                                "directory (omit --dir: %s)"
                    % (label, id_names(root, st)[0], who.user, default))
-    steps.append(("fix", ddir, 0o700, (who.uid, who.gid, who.user, who.group),
-                  "an existing dump directory User=%s could not write" % who.user))
+    if not tools_own(root, real):
+        raise Fail(EXIT_INPUT, "%s exists and User=%s cannot write it (%s): %s gives the "
+                               "unit's user only a directory it creates (or one of its own "
+                               "in %s); give %s write access yourself, or name a directory "
+                               "that does not exist yet"
+                   % (label, who.user, describe_st(root, st), PROG, DEFAULT_DIR, who.user))
+    steps.append(("fix", real, 0o700, (who.uid, who.gid, who.user, who.group),
+                  "an existing dump directory User=%s could not write" % who.user,
+                  (st.st_dev, st.st_ino)))
     return steps, False
+
+
+def tools_own(root, real):
+    """Is the directory REAL (resolved) one of the tool's own: DEFAULT_DIR/NAME, in a
+    DEFAULT_DIR that is a directory of root's nobody else can write (so made by root: by an
+    earlier install), itself a directory, not a link?  The only existing dump directory the
+    tool gives to a unit's user: any other one, it did not create."""
+    if os.path.dirname(real) != DEFAULT_DIR:
+        return False
+    try:
+        pst = os.lstat(os.path.join(root.top, DEFAULT_DIR.lstrip("/")))
+        st = os.lstat(os.path.join(root.top, real.lstrip("/")))
+    except OSError:
+        return False
+    return (stat.S_ISDIR(pst.st_mode) and pst.st_uid == 0 and not pst.st_mode & 0o022 and
+            stat.S_ISDIR(st.st_mode))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -888,6 +927,25 @@ def same_content(a, b):
                     return True
     except OSError:
         return False
+
+
+def open_dir(root, path, label):
+    """A descriptor of the in-root directory PATH, opened one component at a time from the
+    root without following any link: PATH is resolved first, following only root's links
+    (or the user's running the tool; Root.resolve with LABEL), so a link that appears on it
+    meanwhile makes the open fail instead of being followed."""
+    logical = root.resolve(path, trusted=label)
+    fd = os.open(root.top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    for c in [c for c in logical.split("/") if c]:
+        try:
+            nfd = os.open(c, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=fd)
+        except OSError as e:
+            raise OSError(e.errno, "%s (changed while installing?)" % e.strerror, logical)
+        finally:
+            os.close(fd)
+        fd = nfd
+    return fd
 
 
 def missing_dirs(root, path):
@@ -1312,6 +1370,11 @@ def cmd_install(args):
     text = render_dropin(unit, lib_raw, ddir, args.depth, rotate, need_rwp, created_flag,
                          cname, args.paused)
 
+    # the other directories it makes or writes in: no link of another user's on the way
+    # (checked again, link by link, when each step runs: open_dir, Root.resolve)
+    for p in (os.path.dirname(LIB_DEST), COMPANION_DIR, ddir_dropin):
+        root.resolve(p, trusted=p)
+
     # Plan.
     plan = []
     lib_host = root.host(LIB_DEST)
@@ -1395,52 +1458,85 @@ def cmd_install(args):
         out.write("root: %s\n" % root.top)
     done_undo = []
     try:
+        # Directories are made and changed through descriptors opened one component at a
+        # time without following links (open_dir): a link planted on the way after the plan
+        # was checked makes the step fail, it is never followed; only a directory made here,
+        # or one of the tool's own (tools_own), changes owner.
         for step in plan:
             if step[0] == "mkdir":
-                h = root.host(step[1])
-                os.mkdir(h, step[2])
-                done_undo.append(("rmdir", h))
-                os.chmod(h, step[2])
-                if step[3] is not None and os.geteuid() == 0:
-                    os.chown(h, step[3][0], step[3][1])
-                elif step[3] is not None and os.stat(h).st_uid != step[3][0]:
-                    warn("not root: %s left owned by you; chown it to %s:%s"
-                         % (step[1], step[3][2], step[3][3]))
+                parent, name = os.path.split(step[1])
+                pfd = open_dir(root, parent, step[1])
+                h = root.host(parent, trusted=step[1]) + "/" + name
+                try:
+                    try:
+                        os.mkdir(name, step[2], dir_fd=pfd)
+                        done_undo.append(("rmdir", h))
+                        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW |
+                                     os.O_CLOEXEC, dir_fd=pfd)
+                    except OSError as e:
+                        raise OSError(e.errno, e.strerror, h)
+                finally:
+                    os.close(pfd)
+                try:
+                    st = os.fstat(fd)
+                    if st.st_uid != os.geteuid():
+                        raise OSError(errno.EPERM, "not the directory just made", step[1])
+                    os.fchmod(fd, step[2])
+                    if step[3] is not None and os.geteuid() == 0:
+                        os.fchown(fd, step[3][0], step[3][1])
+                    elif step[3] is not None and st.st_uid != step[3][0]:
+                        warn("not root: %s left owned by you; chown it to %s:%s"
+                             % (step[1], step[3][2], step[3][3]))
+                finally:
+                    os.close(fd)
             elif step[0] == "fix":
-                h = root.host(step[1])
-                st = os.stat(h)
-                done_undo.append(("restore", (h, st.st_uid, st.st_gid,
-                                              stat.S_IMODE(st.st_mode))))
-                if os.geteuid() == 0:
-                    os.chown(h, step[3][0], step[3][1])
-                elif st.st_uid != step[3][0]:
-                    warn("not root: cannot give %s to %s:%s; do it yourself"
-                         % (step[1], step[3][2], step[3][3]))
-                os.chmod(h, step[2])
+                fd = open_dir(root, step[1], step[1])
+                try:
+                    st = os.fstat(fd)
+                    if (st.st_dev, st.st_ino) != step[5]:
+                        raise OSError(errno.EPERM, "changed since it was checked", step[1])
+                    done_undo.append(("restore", (step[1], st.st_uid, st.st_gid,
+                                                  stat.S_IMODE(st.st_mode))))
+                    if os.geteuid() == 0:
+                        os.fchown(fd, step[3][0], step[3][1])
+                    elif st.st_uid != step[3][0]:
+                        warn("not root: cannot give %s to %s:%s; do it yourself"
+                             % (step[1], step[3][2], step[3][3]))
+                    os.fchmod(fd, step[2])
+                finally:
+                    os.close(fd)
             elif step[0] == "copy":
-                h = root.host(os.path.dirname(step[2])) + "/" + os.path.basename(step[2])
+                h = root.host(os.path.dirname(step[2]), trusted=step[2]) + "/" + \
+                    os.path.basename(step[2])
                 existed = os.path.exists(h)
                 atomic_copy(step[1], h, 0o644)
                 if not existed:
                     done_undo.append(("unlink", h))
             elif step[0] == "write":
-                h = root.host(os.path.dirname(step[1])) + "/" + os.path.basename(step[1])
+                h = root.host(os.path.dirname(step[1]), trusted=step[1]) + "/" + \
+                    os.path.basename(step[1])
                 existed = os.path.lexists(h)
                 atomic_write(h, step[2].encode("utf-8", "surrogateescape"), 0o644)
                 if not existed:
                     done_undo.append(("unlink", h))
             out.write(describe(step) + "\n")
-    except OSError as e:
+    except (OSError, Fail) as e:
         for kind, h in reversed(done_undo):
             try:
                 if kind == "restore":
-                    if os.geteuid() == 0:
-                        os.chown(h[0], h[1], h[2])
-                    os.chmod(h[0], h[3])
+                    fd = open_dir(root, h[0], h[0])
+                    try:
+                        if os.geteuid() == 0:
+                            os.fchown(fd, h[1], h[2])
+                        os.fchmod(fd, h[3])
+                    finally:
+                        os.close(fd)
                 else:
                     (os.rmdir if kind == "rmdir" else os.unlink)(h)
-            except OSError:
+            except (OSError, Fail):
                 pass
+        if isinstance(e, Fail):
+            raise Fail(e.code, "install failed, changes undone: " + e.msg)
         raise Fail(EXIT_ENV, "%s%s: %s" % ("install failed, changes undone: ",
                                            e.filename or "", e.strerror))
     done = []
@@ -1883,7 +1979,11 @@ def build_parser():
     pi.add_argument("--dir", metavar="DIR",
                     help="dump directory, MMLEAK_DIR (default %s/UNIT, one per unit, owned by "
                          "its User=; not in a private /tmp (PrivateTmp=) nor in the unit's "
-                         "RuntimeDirectory=: systemd deletes both when it stops)" % DEFAULT_DIR)
+                         "RuntimeDirectory=: systemd deletes both when it stops; made for "
+                         "the User= if missing; an existing one the User= cannot write is "
+                         "refused unless the tool made it; no symbolic link root does not "
+                         "own on the way)"
+                    % DEFAULT_DIR)
     pi.add_argument("--depth", type=depth, metavar="N",
                     help="frames recorded per allocation, 1 to %d, MMLEAK_DEPTH (default: the "
                          "library's, auto)" % DEPTH_MAX)

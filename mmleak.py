@@ -2852,11 +2852,11 @@ def choose_trace(directory, pid=None, trace=None):
         return trace, traces[trace]
     if pid is not None:
         images = process_images(traces, pid)
-        with_files = [t for t in images if traces[t]]
-        if not with_files:
+        if not images:
             raise Fail("no dump files of process %s in %s (traces there: %s)"
                        % (pid, directory, " ".join(sorted(traces)) or "none"))
-        newest = with_files[-1]
+        with_files = [t for t in images if traces[t]]
+        newest = (with_files or images)[-1]     # (none yet: as an empty trace, as before)
         if len(images) > 1:
             def named(t):
                 cmd = _trace_head(traces[t])[1]

@@ -2978,6 +2978,7 @@ static void fork_child(void)
     if (H->alive && g_pid == getpid())
         return;     /* done already: the raw-fork check ran before the atfork handler */
     pthread_mutex_init(&g_lock, NULL);
+    g_closing = 0;      /* the threads inside dlclose() are not in the child */
     mml_sites_after_fork();
     mml_unwind_fork_child();
     int saved = errno;

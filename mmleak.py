@@ -1073,18 +1073,19 @@ class Maps:
         if self._loads is None:
             self._loads = {}
             groups = collections.defaultdict(list)     # path -> [[entries of one load]]
-            for e in self.entries:
+            ends = {}                                   # (path, end) -> the load ending there
+            for e in self.entries:                      # (in address order)
                 loads = groups[e[4]]
                 # a load starts at its offset-0 mapping (the ELF header); a later mapping
                 # joins the load it continues, else the nearest one below it
                 g = None
-                if e[2] != 0 or not loads:
-                    g = next((l for l in reversed(loads) if l[-1][1] == e[0]), None) or \
-                        next((l for l in reversed(loads) if l[0][0] <= e[0]), None)
+                if e[2] != 0 and loads:
+                    g = ends.get((e[4], e[0]), loads[-1])
                 if g is None:
                     g = []
                     loads.append(g)
                 g.append(e)
+                ends[(e[4], e[1])] = g
             for loads in groups.values():
                 for g in loads:
                     t = tuple(g)

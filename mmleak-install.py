@@ -10,8 +10,10 @@ restarts a service itself. Python 3 standard library only.
 import argparse
 import collections
 import errno
+import filecmp
 import grp
 import importlib.util
+import io
 import os
 import pwd
 import re
@@ -55,9 +57,8 @@ exit codes:
      control character or invalid UTF-8 in --dir or --lib, a dump directory the tool
      refuses (a system directory; under /tmp with PrivateTmp=yes; in the unit's
      RuntimeDirectory= without RuntimeDirectoryPreserve=yes; an existing directory the
-     unit's user cannot write or reach that the tool did not make), a path it would create,
-     write in or change that goes through a symbolic link root does not own, a
-     mmleak.conf that mmleak-install.py did not write
+     unit's user cannot write or reach that the tool did not make; a link of another user's
+     on a path it writes), a mmleak.conf that mmleak-install.py did not write
   2  environment error: not root (without --root or --dry-run), --root unreadable, mmleak.so
      not found, User=/Group= not resolvable, a file operation or daemon-reload failed
   3  status only: not installed (no drop-in)
@@ -330,10 +331,8 @@ class Root:
         """Resolve PATH (absolute, inside the root) following symlinks inside the root.
 
         Return the logical path (as seen from inside the root). If LAST is false the final
-        component is not followed.  TRUSTED (a label for the message): PATH is one the tool
-        creates, writes in or gives away; a link on it that neither root nor the user running
-        the tool owns is refused (Fail), never followed: another user could have planted it
-        to point anywhere."""
+        component is not followed.  TRUSTED (a label for the message): a path the tool writes
+        on; a link on it that neither root nor the user running the tool owns is refused."""
         if self.top == "/" and last and trusted is None:
             return os.path.realpath(path)
         parts = [p for p in path.split("/") if p not in ("", ".")]
@@ -346,17 +345,11 @@ class Root:
                 continue
             host = os.path.join(self.top, *(cur + [c]))
             if (parts or last) and os.path.islink(host):
-                if trusted is not None:
-                    uid = os.lstat(host).st_uid
-                    if uid not in (0, os.geteuid()):
-                        u = lookup(self, "passwd", str(uid))
-                        raise Fail(EXIT_INPUT, "%s: %s is a symbolic link owned by %s, not "
-                                               "root%s: %s does not follow it; give the real "
-                                               "path"
-                                   % (trusted, "/" + "/".join(cur + [c]),
-                                      "%s (uid %d)" % (u[0], uid) if u and u[0] != str(uid)
-                                      else "uid %d" % uid,
-                                      "" if os.geteuid() == 0 else " or you", PROG))
+                if trusted is not None and os.lstat(host).st_uid not in (0, os.geteuid()):
+                    raise Fail(EXIT_INPUT, "%s: %s is a symbolic link owned by uid %d, not "
+                                           "root%s: %s does not follow it; give the real path"
+                               % (trusted, "/" + "/".join(cur + [c]), os.lstat(host).st_uid,
+                                  "" if os.geteuid() == 0 else " or you", PROG))
                 hops += 1
                 if hops > 40:
                     raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
@@ -853,11 +846,11 @@ def plan_dump_dir(root, unit, ddir, explicit, who):
                                "directory (omit --dir: %s)"
                    % (label, id_names(root, st)[0], who.user, default))
     if not tools_own(root, real):
-        raise Fail(EXIT_INPUT, "%s exists and User=%s cannot write it (%s): %s gives the "
-                               "unit's user only a directory it creates (or one of its own "
-                               "in %s); give %s write access yourself, or name a directory "
-                               "that does not exist yet"
-                   % (label, who.user, describe_st(root, st), PROG, DEFAULT_DIR, who.user))
+        raise Fail(EXIT_INPUT, "%s exists and User=%s cannot write it (%s): %s gives the unit's "
+                               "user only a directory it creates (or one of its own in %s); give "
+                               "%s write access yourself, or name a directory that does not "
+                               "exist yet" % (label, who.user, describe_st(root, st), PROG,
+                                              DEFAULT_DIR, who.user))
     steps.append(("fix", real, 0o700, (who.uid, who.gid, who.user, who.group),
                   "an existing dump directory User=%s could not write" % who.user,
                   (st.st_dev, st.st_ino)))
@@ -865,19 +858,14 @@ def plan_dump_dir(root, unit, ddir, explicit, who):
 
 
 def tools_own(root, real):
-    """Is the directory REAL (resolved) one of the tool's own: DEFAULT_DIR/NAME, in a
-    DEFAULT_DIR that is a directory of root's nobody else can write (so made by root: by an
-    earlier install), itself a directory, not a link?  The only existing dump directory the
-    tool gives to a unit's user: any other one, it did not create."""
-    if os.path.dirname(real) != DEFAULT_DIR:
-        return False
+    """Is REAL (resolved) the tool's own, the only existing directory it gives to a unit's
+    user: DEFAULT_DIR/NAME, in a DEFAULT_DIR only root can write (an earlier install's)?"""
     try:
         pst = os.lstat(os.path.join(root.top, DEFAULT_DIR.lstrip("/")))
-        st = os.lstat(os.path.join(root.top, real.lstrip("/")))
     except OSError:
         return False
-    return (stat.S_ISDIR(pst.st_mode) and pst.st_uid == 0 and not pst.st_mode & 0o022 and
-            stat.S_ISDIR(st.st_mode))
+    return (os.path.dirname(real) == DEFAULT_DIR and stat.S_ISDIR(pst.st_mode) and
+            pst.st_uid == 0 and not pst.st_mode & 0o022)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -895,45 +883,28 @@ def fsync_dir(path):
 
 
 def atomic_write(dest, data, mode, src=None):
-    """Write DATA (bytes), or the content of the file SRC, to DEST the way mmleak writes
-    every output (mmleak.new_output: a new file made with O_EXCL|O_NOFOLLOW beside it, on
-    disk, renamed over it)."""
+    """Write DATA (bytes), or the file SRC, to DEST as every output of mmleak's is written
+    (mmleak.new_output: a new file made O_EXCL|O_NOFOLLOW beside it, renamed over it)."""
     mm = import_mmleak_or_fail()
     try:
-        with mm.new_output(dest, perm=mode, sync=True) as f:
-            if src is None:
-                f.write(data)
-            else:
-                with open(src, "rb") as s:
-                    shutil.copyfileobj(s, f)
+        with mm.new_output(dest, perm=mode, sync=True) as f, \
+                (open(src, "rb") if src else io.BytesIO(data)) as s:
+            shutil.copyfileobj(s, f)
     except mm.Fail as e:
         raise OSError(0, str(e), dest)
 
 
-def atomic_copy(src, dest, mode):
-    atomic_write(dest, None, mode, src=src)
-
-
 def same_content(a, b):
     try:
-        if os.path.getsize(a) != os.path.getsize(b):
-            return False
-        with open(a, "rb") as fa, open(b, "rb") as fb:
-            while True:
-                x, y = fa.read(1 << 20), fb.read(1 << 20)
-                if x != y:
-                    return False
-                if not x:
-                    return True
+        return filecmp.cmp(a, b, shallow=False)
     except OSError:
         return False
 
 
 def open_dir(root, path, label):
-    """A descriptor of the in-root directory PATH, opened one component at a time from the
-    root without following any link: PATH is resolved first, following only root's links
-    (or the user's running the tool; Root.resolve with LABEL), so a link that appears on it
-    meanwhile makes the open fail instead of being followed."""
+    """A descriptor of the in-root directory PATH, resolved through root's links only
+    (Root.resolve, LABEL), then opened one component at a time without following a link: a
+    link that appears on it meanwhile makes the open fail instead of being followed."""
     logical = root.resolve(path, trusted=label)
     fd = os.open(root.top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     for c in [c for c in logical.split("/") if c]:
@@ -946,6 +917,23 @@ def open_dir(root, path, label):
             os.close(fd)
         fd = nfd
     return fd
+
+
+def set_dir(fd, path, mode, owner, inode, not_root):
+    """Give the directory at FD (closed here; PATH for messages) MODE and OWNER ((uid, gid..)
+    or None): it must be INODE (dev, ino), else ours.  NOT_ROOT: a warning without root."""
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != inode if inode else st.st_uid != os.geteuid():
+            raise OSError(errno.EPERM, "changed since it was checked", path)
+        if owner is not None and os.geteuid() == 0:
+            os.fchown(fd, owner[0], owner[1])
+        elif owner is not None and st.st_uid != owner[0] and not_root:
+            warn("not root: %s %s %s:%s%s" % (path, not_root, owner[2], owner[3],
+                                              "; do it yourself" if inode else ""))
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def missing_dirs(root, path):
@@ -1030,11 +1018,8 @@ def import_mmleak():
 
 
 def import_mmleak_or_fail():
-    mod = sys.modules.get("mmleak")
-    if mod is not None:
-        return mod
     try:
-        return import_mmleak()
+        return sys.modules.get("mmleak") or import_mmleak()
     except Exception as e:  # noqa: BLE001 - any import failure is an environment error
         raise Fail(EXIT_ENV, "cannot import mmleak.py from %s: %s"
                    % (os.path.dirname(os.path.realpath(__file__)), e))
@@ -1045,12 +1030,7 @@ def find_lib(args, root):
         if not os.path.isfile(args.lib):
             raise Fail(EXIT_ENV, "--lib %s: no such file" % args.lib)
         return os.path.realpath(args.lib)
-    try:
-        mmleak = import_mmleak()
-    except Exception as e:  # noqa: BLE001 - any import failure is an environment error
-        raise Fail(EXIT_ENV, "cannot import mmleak.py from %s: %s"
-                   % (os.path.dirname(os.path.realpath(__file__)), e))
-    lib = mmleak.find_library(None)
+    lib = import_mmleak_or_fail().find_library(None)
     if lib is None and os.path.isfile(root.host(LIB_DEST)):
         lib = root.host(LIB_DEST)
     if lib is None:
@@ -1063,10 +1043,7 @@ def find_lib(args, root):
 def find_py():
     """(the mmleak.py the companion will run, copied to PY_DEST; its COMPACT_ROTATE_MB)."""
     here = os.path.dirname(os.path.realpath(__file__))
-    try:
-        mod = sys.modules.get("mmleak") or import_mmleak()
-    except Exception as e:  # noqa: BLE001 - any import failure is an environment error
-        raise Fail(EXIT_ENV, "cannot import mmleak.py from %s: %s" % (here, e))
+    mod = import_mmleak_or_fail()
     path = os.path.realpath(getattr(mod, "__file__", None) or here + "/mmleak.py")
     if not path.endswith(".py") or not os.path.isfile(path):
         raise Fail(EXIT_ENV, "mmleak.py not found next to %s (the compactor runs it)" % PROG)
@@ -1370,10 +1347,8 @@ def cmd_install(args):
     text = render_dropin(unit, lib_raw, ddir, args.depth, rotate, need_rwp, created_flag,
                          cname, args.paused)
 
-    # the other directories it makes or writes in: no link of another user's on the way
-    # (checked again, link by link, when each step runs: open_dir, Root.resolve)
     for p in (os.path.dirname(LIB_DEST), COMPANION_DIR, ddir_dropin):
-        root.resolve(p, trusted=p)
+        root.resolve(p, trusted=p)      # no link of another user's where it writes
 
     # Plan.
     plan = []
@@ -1458,58 +1433,33 @@ def cmd_install(args):
         out.write("root: %s\n" % root.top)
     done_undo = []
     try:
-        # Directories are made and changed through descriptors opened one component at a
-        # time without following links (open_dir): a link planted on the way after the plan
-        # was checked makes the step fail, it is never followed; only a directory made here,
-        # or one of the tool's own (tools_own), changes owner.
+        # directories made and changed through descriptors (open_dir: a link planted since
+        # the plan makes a step fail, it is never followed)
         for step in plan:
             if step[0] == "mkdir":
                 parent, name = os.path.split(step[1])
-                pfd = open_dir(root, parent, step[1])
                 h = root.host(parent, trusted=step[1]) + "/" + name
+                pfd = open_dir(root, parent, step[1])
                 try:
-                    try:
-                        os.mkdir(name, step[2], dir_fd=pfd)
-                        done_undo.append(("rmdir", h))
-                        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW |
-                                     os.O_CLOEXEC, dir_fd=pfd)
-                    except OSError as e:
-                        raise OSError(e.errno, e.strerror, h)
+                    os.mkdir(name, step[2], dir_fd=pfd)
+                except OSError as e:
+                    raise OSError(e.errno, e.strerror, h)
                 finally:
                     os.close(pfd)
-                try:
-                    st = os.fstat(fd)
-                    if st.st_uid != os.geteuid():
-                        raise OSError(errno.EPERM, "not the directory just made", step[1])
-                    os.fchmod(fd, step[2])
-                    if step[3] is not None and os.geteuid() == 0:
-                        os.fchown(fd, step[3][0], step[3][1])
-                    elif step[3] is not None and st.st_uid != step[3][0]:
-                        warn("not root: %s left owned by you; chown it to %s:%s"
-                             % (step[1], step[3][2], step[3][3]))
-                finally:
-                    os.close(fd)
+                done_undo.append(("rmdir", h))
+                set_dir(open_dir(root, step[1], step[1]), step[1], step[2], step[3], None,
+                        "left owned by you; chown it to")
             elif step[0] == "fix":
                 fd = open_dir(root, step[1], step[1])
-                try:
-                    st = os.fstat(fd)
-                    if (st.st_dev, st.st_ino) != step[5]:
-                        raise OSError(errno.EPERM, "changed since it was checked", step[1])
-                    done_undo.append(("restore", (step[1], st.st_uid, st.st_gid,
-                                                  stat.S_IMODE(st.st_mode))))
-                    if os.geteuid() == 0:
-                        os.fchown(fd, step[3][0], step[3][1])
-                    elif st.st_uid != step[3][0]:
-                        warn("not root: cannot give %s to %s:%s; do it yourself"
-                             % (step[1], step[3][2], step[3][3]))
-                    os.fchmod(fd, step[2])
-                finally:
-                    os.close(fd)
+                st = os.fstat(fd)
+                done_undo.append(("restore", (step[1], stat.S_IMODE(st.st_mode),
+                                              (st.st_uid, st.st_gid), step[5])))
+                set_dir(fd, step[1], step[2], step[3], step[5], "cannot be given to")
             elif step[0] == "copy":
                 h = root.host(os.path.dirname(step[2]), trusted=step[2]) + "/" + \
                     os.path.basename(step[2])
                 existed = os.path.exists(h)
-                atomic_copy(step[1], h, 0o644)
+                atomic_write(h, None, 0o644, src=step[1])
                 if not existed:
                     done_undo.append(("unlink", h))
             elif step[0] == "write":
@@ -1524,21 +1474,14 @@ def cmd_install(args):
         for kind, h in reversed(done_undo):
             try:
                 if kind == "restore":
-                    fd = open_dir(root, h[0], h[0])
-                    try:
-                        if os.geteuid() == 0:
-                            os.fchown(fd, h[1], h[2])
-                        os.fchmod(fd, h[3])
-                    finally:
-                        os.close(fd)
+                    set_dir(open_dir(root, h[0], h[0]), h[0], h[1], h[2], h[3], None)
                 else:
                     (os.rmdir if kind == "rmdir" else os.unlink)(h)
             except (OSError, Fail):
                 pass
-        if isinstance(e, Fail):
-            raise Fail(e.code, "install failed, changes undone: " + e.msg)
-        raise Fail(EXIT_ENV, "%s%s: %s" % ("install failed, changes undone: ",
-                                           e.filename or "", e.strerror))
+        failed = isinstance(e, Fail)
+        raise Fail(e.code if failed else EXIT_ENV, "install failed, changes undone: " + (
+            e.msg if failed else "%s: %s" % (e.filename or "", e.strerror)))
     done = []
     reload_line = reload_step(args, root, done)
     for d in done:
@@ -1979,11 +1922,9 @@ def build_parser():
     pi.add_argument("--dir", metavar="DIR",
                     help="dump directory, MMLEAK_DIR (default %s/UNIT, one per unit, owned by "
                          "its User=; not in a private /tmp (PrivateTmp=) nor in the unit's "
-                         "RuntimeDirectory=: systemd deletes both when it stops; made for "
-                         "the User= if missing; an existing one the User= cannot write is "
-                         "refused unless the tool made it; no symbolic link root does not "
-                         "own on the way)"
-                    % DEFAULT_DIR)
+                         "RuntimeDirectory=: systemd deletes both when it stops; one the User= "
+                         "cannot write is refused unless the tool made it; no link of another "
+                         "user's on the way)" % DEFAULT_DIR)
     pi.add_argument("--depth", type=depth, metavar="N",
                     help="frames recorded per allocation, 1 to %d, MMLEAK_DEPTH (default: the "
                          "library's, auto)" % DEPTH_MAX)

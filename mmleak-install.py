@@ -10,8 +10,10 @@ restarts a service itself. Python 3 standard library only.
 import argparse
 import collections
 import errno
+import filecmp
 import grp
 import importlib.util
+import io
 import os
 import pwd
 import re
@@ -21,7 +23,6 @@ import stat
 import struct
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 
@@ -56,8 +57,8 @@ exit codes:
      control character or invalid UTF-8 in --dir or --lib, a dump directory the tool
      refuses (a system directory; under /tmp with PrivateTmp=yes; in the unit's
      RuntimeDirectory= without RuntimeDirectoryPreserve=yes; an existing directory the
-     unit's user cannot write or reach that is not a dump directory of its own), a
-     mmleak.conf that mmleak-install.py did not write
+     unit's user cannot write or reach that the tool did not make; a link of another user's
+     on a path it writes), a mmleak.conf that mmleak-install.py did not write
   2  environment error: not root (without --root or --dry-run), --root unreadable, mmleak.so
      not found, User=/Group= not resolvable, a file operation or daemon-reload failed
   3  status only: not installed (no drop-in)
@@ -326,12 +327,13 @@ class Root:
     def __init__(self, top):
         self.top = os.path.abspath(top) if top else "/"
 
-    def resolve(self, path, last=True):
+    def resolve(self, path, last=True, trusted=None):
         """Resolve PATH (absolute, inside the root) following symlinks inside the root.
 
         Return the logical path (as seen from inside the root). If LAST is false the final
-        component is not followed."""
-        if self.top == "/" and last:
+        component is not followed.  TRUSTED (a label for the message): a path the tool writes
+        on; a link on it that neither root nor the user running the tool owns is refused."""
+        if self.top == "/" and last and trusted is None:
             return os.path.realpath(path)
         parts = [p for p in path.split("/") if p not in ("", ".")]
         cur, hops = [], 0
@@ -343,6 +345,11 @@ class Root:
                 continue
             host = os.path.join(self.top, *(cur + [c]))
             if (parts or last) and os.path.islink(host):
+                if trusted is not None and os.lstat(host).st_uid not in (0, os.geteuid()):
+                    raise Fail(EXIT_INPUT, "%s: %s is a symbolic link owned by uid %d, not "
+                                           "root%s: %s does not follow it; give the real path"
+                               % (trusted, "/" + "/".join(cur + [c]), os.lstat(host).st_uid,
+                                  "" if os.geteuid() == 0 else " or you", PROG))
                 hops += 1
                 if hops > 40:
                     raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
@@ -354,9 +361,9 @@ class Root:
                 cur.append(c)
         return "/" + "/".join(cur)
 
-    def host(self, path, last=True):
-        """Host path of the in-root PATH."""
-        logical = self.resolve(path, last)
+    def host(self, path, last=True, trusted=None):
+        """Host path of the in-root PATH (TRUSTED: see resolve)."""
+        logical = self.resolve(path, last, trusted)
         if self.top == "/":
             return logical
         return os.path.join(self.top, logical.lstrip("/"))
@@ -782,7 +789,7 @@ def plan_dump_dir(root, unit, ddir, explicit, who):
     touching what is not a dump directory."""
     label = "--dir %s" % ddir if explicit else "the dump directory %s" % ddir
     default = DEFAULT_DIR + "/" + unit.name
-    real = root.resolve(ddir)
+    real = root.resolve(ddir, trusted=label)
     if ddir == DEFAULT_DIR or real == DEFAULT_DIR:
         raise Fail(EXIT_INPUT, "--dir %s holds the per-unit dump directories; omit --dir to use "
                                "%s" % (ddir, default))
@@ -793,13 +800,14 @@ def plan_dump_dir(root, unit, ddir, explicit, who):
     steps = []
     if not explicit or under(real, DEFAULT_DIR):
         # the root-owned parent every unit's own directory sits in
-        ph = root.host(DEFAULT_DIR)
+        ph = root.host(DEFAULT_DIR, trusted=DEFAULT_DIR)
         if os.path.isdir(ph):
             st = os.stat(ph)
             if st.st_uid != 0 or st.st_mode & 0o022 or not st.st_mode & 0o001:
                 if only_dumps(ph, dirs_too=True):
                     steps.append(("fix", DEFAULT_DIR, 0o755, (0, 0, "root", "root"),
-                                  "the parent of the per-unit dump directories"))
+                                  "the parent of the per-unit dump directories",
+                                  (st.st_dev, st.st_ino)))
                 elif not may(st, who, 0o1):
                     raise Fail(EXIT_INPUT, "%s holds files other than mmleak dumps and per-unit "
                                            "dump directories, and User=%s cannot traverse it "
@@ -837,9 +845,27 @@ def plan_dump_dir(root, unit, ddir, explicit, who):
                                "User=%s cannot write it: give each service its own dump "
                                "directory (omit --dir: %s)"
                    % (label, id_names(root, st)[0], who.user, default))
-    steps.append(("fix", ddir, 0o700, (who.uid, who.gid, who.user, who.group),
-                  "an existing dump directory User=%s could not write" % who.user))
+    if not tools_own(root, real):
+        raise Fail(EXIT_INPUT, "%s exists and User=%s cannot write it (%s): %s gives the unit's "
+                               "user only a directory it creates (or one of its own in %s); give "
+                               "%s write access yourself, or name a directory that does not "
+                               "exist yet" % (label, who.user, describe_st(root, st), PROG,
+                                              DEFAULT_DIR, who.user))
+    steps.append(("fix", real, 0o700, (who.uid, who.gid, who.user, who.group),
+                  "an existing dump directory User=%s could not write" % who.user,
+                  (st.st_dev, st.st_ino)))
     return steps, False
+
+
+def tools_own(root, real):
+    """Is REAL (resolved) the tool's own, the only existing directory it gives to a unit's
+    user: DEFAULT_DIR/NAME, in a DEFAULT_DIR only root can write (an earlier install's)?"""
+    try:
+        pst = os.lstat(os.path.join(root.top, DEFAULT_DIR.lstrip("/")))
+    except OSError:
+        return False
+    return (os.path.dirname(real) == DEFAULT_DIR and stat.S_ISDIR(pst.st_mode) and
+            pst.st_uid == 0 and not pst.st_mode & 0o022)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -856,58 +882,58 @@ def fsync_dir(path):
         os.close(fd)
 
 
-def atomic_write(dest, data, mode):
-    """Write DATA (bytes) to DEST atomically: temp file in the same dir, fsync, rename."""
-    d = os.path.dirname(dest)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(dest) + ".")
+def atomic_write(dest, data, mode, src=None):
+    """Write DATA (bytes), or the file SRC, to DEST as every output of mmleak's is written
+    (mmleak.new_output: a new file made O_EXCL|O_NOFOLLOW beside it, renamed over it)."""
+    mm = import_mmleak_or_fail()
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.rename(tmp, dest)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(d)
-
-
-def atomic_copy(src, dest, mode):
-    d = os.path.dirname(dest)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(dest) + ".")
-    try:
-        with os.fdopen(fd, "wb") as f, open(src, "rb") as s:
+        with mm.new_output(dest, perm=mode, sync=True) as f, \
+                (open(src, "rb") if src else io.BytesIO(data)) as s:
             shutil.copyfileobj(s, f)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.rename(tmp, dest)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(d)
+    except mm.Fail as e:
+        raise OSError(0, str(e), dest)
 
 
 def same_content(a, b):
     try:
-        if os.path.getsize(a) != os.path.getsize(b):
-            return False
-        with open(a, "rb") as fa, open(b, "rb") as fb:
-            while True:
-                x, y = fa.read(1 << 20), fb.read(1 << 20)
-                if x != y:
-                    return False
-                if not x:
-                    return True
+        return filecmp.cmp(a, b, shallow=False)
     except OSError:
         return False
+
+
+def open_dir(root, path, label):
+    """A descriptor of the in-root directory PATH, resolved through root's links only
+    (Root.resolve, LABEL), then opened one component at a time without following a link: a
+    link that appears on it meanwhile makes the open fail instead of being followed."""
+    logical = root.resolve(path, trusted=label)
+    fd = os.open(root.top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    for c in [c for c in logical.split("/") if c]:
+        try:
+            nfd = os.open(c, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=fd)
+        except OSError as e:
+            raise OSError(e.errno, "%s (changed while installing?)" % e.strerror, logical)
+        finally:
+            os.close(fd)
+        fd = nfd
+    return fd
+
+
+def set_dir(fd, path, mode, owner, inode, not_root):
+    """Give the directory at FD (closed here; PATH for messages) MODE and OWNER ((uid, gid..)
+    or None): it must be INODE (dev, ino), else ours.  NOT_ROOT: a warning without root."""
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != inode if inode else st.st_uid != os.geteuid():
+            raise OSError(errno.EPERM, "changed since it was checked", path)
+        if owner is not None and os.geteuid() == 0:
+            os.fchown(fd, owner[0], owner[1])
+        elif owner is not None and st.st_uid != owner[0] and not_root:
+            warn("not root: %s %s %s:%s%s" % (path, not_root, owner[2], owner[3],
+                                              "; do it yourself" if inode else ""))
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def missing_dirs(root, path):
@@ -991,17 +1017,20 @@ def import_mmleak():
     return mod
 
 
+def import_mmleak_or_fail():
+    try:
+        return sys.modules.get("mmleak") or import_mmleak()
+    except Exception as e:  # noqa: BLE001 - any import failure is an environment error
+        raise Fail(EXIT_ENV, "cannot import mmleak.py from %s: %s"
+                   % (os.path.dirname(os.path.realpath(__file__)), e))
+
+
 def find_lib(args, root):
     if args.lib is not None:
         if not os.path.isfile(args.lib):
             raise Fail(EXIT_ENV, "--lib %s: no such file" % args.lib)
         return os.path.realpath(args.lib)
-    try:
-        mmleak = import_mmleak()
-    except Exception as e:  # noqa: BLE001 - any import failure is an environment error
-        raise Fail(EXIT_ENV, "cannot import mmleak.py from %s: %s"
-                   % (os.path.dirname(os.path.realpath(__file__)), e))
-    lib = mmleak.find_library(None)
+    lib = import_mmleak_or_fail().find_library(None)
     if lib is None and os.path.isfile(root.host(LIB_DEST)):
         lib = root.host(LIB_DEST)
     if lib is None:
@@ -1014,10 +1043,7 @@ def find_lib(args, root):
 def find_py():
     """(the mmleak.py the companion will run, copied to PY_DEST; its COMPACT_ROTATE_MB)."""
     here = os.path.dirname(os.path.realpath(__file__))
-    try:
-        mod = sys.modules.get("mmleak") or import_mmleak()
-    except Exception as e:  # noqa: BLE001 - any import failure is an environment error
-        raise Fail(EXIT_ENV, "cannot import mmleak.py from %s: %s" % (here, e))
+    mod = import_mmleak_or_fail()
     path = os.path.realpath(getattr(mod, "__file__", None) or here + "/mmleak.py")
     if not path.endswith(".py") or not os.path.isfile(path):
         raise Fail(EXIT_ENV, "mmleak.py not found next to %s (the compactor runs it)" % PROG)
@@ -1321,6 +1347,9 @@ def cmd_install(args):
     text = render_dropin(unit, lib_raw, ddir, args.depth, rotate, need_rwp, created_flag,
                          cname, args.paused)
 
+    for p in (os.path.dirname(LIB_DEST), COMPANION_DIR, ddir_dropin):
+        root.resolve(p, trusted=p)      # no link of another user's where it writes
+
     # Plan.
     plan = []
     lib_host = root.host(LIB_DEST)
@@ -1404,54 +1433,55 @@ def cmd_install(args):
         out.write("root: %s\n" % root.top)
     done_undo = []
     try:
+        # directories made and changed through descriptors (open_dir: a link planted since
+        # the plan makes a step fail, it is never followed)
         for step in plan:
             if step[0] == "mkdir":
-                h = root.host(step[1])
-                os.mkdir(h, step[2])
+                parent, name = os.path.split(step[1])
+                h = root.host(parent, trusted=step[1]) + "/" + name
+                pfd = open_dir(root, parent, step[1])
+                try:
+                    os.mkdir(name, step[2], dir_fd=pfd)
+                except OSError as e:
+                    raise OSError(e.errno, e.strerror, h)
+                finally:
+                    os.close(pfd)
                 done_undo.append(("rmdir", h))
-                os.chmod(h, step[2])
-                if step[3] is not None and os.geteuid() == 0:
-                    os.chown(h, step[3][0], step[3][1])
-                elif step[3] is not None and os.stat(h).st_uid != step[3][0]:
-                    warn("not root: %s left owned by you; chown it to %s:%s"
-                         % (step[1], step[3][2], step[3][3]))
+                set_dir(open_dir(root, step[1], step[1]), step[1], step[2], step[3], None,
+                        "left owned by you; chown it to")
             elif step[0] == "fix":
-                h = root.host(step[1])
-                st = os.stat(h)
-                done_undo.append(("restore", (h, st.st_uid, st.st_gid,
-                                              stat.S_IMODE(st.st_mode))))
-                if os.geteuid() == 0:
-                    os.chown(h, step[3][0], step[3][1])
-                elif st.st_uid != step[3][0]:
-                    warn("not root: cannot give %s to %s:%s; do it yourself"
-                         % (step[1], step[3][2], step[3][3]))
-                os.chmod(h, step[2])
+                fd = open_dir(root, step[1], step[1])
+                st = os.fstat(fd)
+                done_undo.append(("restore", (step[1], stat.S_IMODE(st.st_mode),
+                                              (st.st_uid, st.st_gid), step[5])))
+                set_dir(fd, step[1], step[2], step[3], step[5], "cannot be given to")
             elif step[0] == "copy":
-                h = root.host(os.path.dirname(step[2])) + "/" + os.path.basename(step[2])
+                h = root.host(os.path.dirname(step[2]), trusted=step[2]) + "/" + \
+                    os.path.basename(step[2])
                 existed = os.path.exists(h)
-                atomic_copy(step[1], h, 0o644)
+                atomic_write(h, None, 0o644, src=step[1])
                 if not existed:
                     done_undo.append(("unlink", h))
             elif step[0] == "write":
-                h = root.host(os.path.dirname(step[1])) + "/" + os.path.basename(step[1])
+                h = root.host(os.path.dirname(step[1]), trusted=step[1]) + "/" + \
+                    os.path.basename(step[1])
                 existed = os.path.lexists(h)
                 atomic_write(h, step[2].encode("utf-8", "surrogateescape"), 0o644)
                 if not existed:
                     done_undo.append(("unlink", h))
             out.write(describe(step) + "\n")
-    except OSError as e:
+    except (OSError, Fail) as e:
         for kind, h in reversed(done_undo):
             try:
                 if kind == "restore":
-                    if os.geteuid() == 0:
-                        os.chown(h[0], h[1], h[2])
-                    os.chmod(h[0], h[3])
+                    set_dir(open_dir(root, h[0], h[0]), h[0], h[1], h[2], h[3], None)
                 else:
                     (os.rmdir if kind == "rmdir" else os.unlink)(h)
-            except OSError:
+            except (OSError, Fail):
                 pass
-        raise Fail(EXIT_ENV, "%s%s: %s" % ("install failed, changes undone: ",
-                                           e.filename or "", e.strerror))
+        failed = isinstance(e, Fail)
+        raise Fail(e.code if failed else EXIT_ENV, "install failed, changes undone: " + (
+            e.msg if failed else "%s: %s" % (e.filename or "", e.strerror)))
     done = []
     reload_line = reload_step(args, root, done)
     for d in done:
@@ -1892,7 +1922,9 @@ def build_parser():
     pi.add_argument("--dir", metavar="DIR",
                     help="dump directory, MMLEAK_DIR (default %s/UNIT, one per unit, owned by "
                          "its User=; not in a private /tmp (PrivateTmp=) nor in the unit's "
-                         "RuntimeDirectory=: systemd deletes both when it stops)" % DEFAULT_DIR)
+                         "RuntimeDirectory=: systemd deletes both when it stops; one the User= "
+                         "cannot write is refused unless the tool made it; no link of another "
+                         "user's on the way)" % DEFAULT_DIR)
     pi.add_argument("--depth", type=depth, metavar="N",
                     help="frames recorded per allocation, 1 to %d, MMLEAK_DEPTH (default: the "
                          "library's, auto)" % DEPTH_MAX)

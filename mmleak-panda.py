@@ -1132,17 +1132,9 @@ def write_page(page, out_path):
         sys.stdout.write(page)
         sys.stdout.flush()
         return
-    tmp = out_path + ".tmp%d" % os.getpid()
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(page)
-        os.replace(tmp, out_path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    # never opened by its name: a new file renamed over it (mmleak.new_output)
+    with mmleak.new_output(out_path, text=True) as f:
+        f.write(page)
 
 
 def events_note(rep):

@@ -125,6 +125,7 @@ static char g_alloc[512];            /* the allocator's file (libc, jemalloc...)
 static _Atomic uint64_t g_lost_orphan; /* events lost where no thread file could say so */
 static atomic_uint g_episode;        /* numbers the gaps: "#dropping k=K", "#lost N k=K" */
 static atomic_uint g_epoch;          /* dlclose() calls so far: see loads_log_locked */
+static int g_closing;                /* calls inside the real dlclose() (under g_lock) */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* cold path only */
 static pthread_key_t g_key;
 static int g_key_ok;
@@ -1279,6 +1280,10 @@ static int loads_log_locked(void)
         struct mline *l = &M.ln[i];
         if (l->seen == l->present)
             continue;
+        /* a mapping gone while a dlclose() runs (a flush inside it takes a snapshot) was
+         * there for the whole of the current epoch: its removal belongs to the epoch that
+         * dlclose() opens, or the readers would not find it for the frames of this one */
+        unsigned le = e + (!l->seen && g_closing);
         if (fd < 0) {
             /* made with the trace id (reserve_id): a FIFO or a link put at the name before
              * or since is refused, never waited on (the first dlclose holds our lock) */
@@ -1291,7 +1296,7 @@ static int loads_log_locked(void)
         }
         char hdr[24], *d = hdr;
         *d++ = l->seen ? '+' : '-';
-        d = cat_u(d, hdr + sizeof hdr, e);
+        d = cat_u(d, hdr + sizeof hdr, le);
         *d++ = ' ';
         /* one file for the whole trace: past RLIMIT_FSIZE it would kill the program */
         struct stat st;
@@ -3372,6 +3377,7 @@ static void fork_child(void)
     if (H->alive && g_pid == getpid())
         return;     /* done already: the raw-fork check ran before the atfork handler */
     pthread_mutex_init(&g_lock, NULL);
+    g_closing = 0;      /* the threads inside dlclose() are not in the child */
     mml_sites_after_fork();
     mml_unwind_fork_child();
     int saved = errno;
@@ -3734,12 +3740,19 @@ EXPORT int dlclose(void *h)
             mml_sites_unloading((uintptr_t)fo.dlfo_map_start, (uintptr_t)fo.dlfo_map_end);
             mml_got_forget_object((uintptr_t)fo.dlfo_map_start, (uintptr_t)fo.dlfo_map_end);
         }
+        pthread_mutex_lock(&g_lock);
+        g_closing++;
+        pthread_mutex_unlock(&g_lock);
     }
     mml_unwind_dlclose_begin();
     int rc = real.dlclose(h);
     mml_unwind_dlclose_end();   /* no cached rule of the unloaded code survives */
     if (tracing) {
-        atomic_fetch_add(&g_epoch, 1);
+        GUARDED;
+        pthread_mutex_lock(&g_lock);    /* one step for loads_log_locked: the epoch and */
+        atomic_fetch_add(&g_epoch, 1);  /* whether a dlclose() is still running */
+        g_closing--;
+        pthread_mutex_unlock(&g_lock);
         mml_sites_forget();   /* other code may come at the same addresses */
         arm_hot();            /* every thread notices the new epoch on its next event */
     }

@@ -12,6 +12,7 @@ The dump format and the shrink algebra are specified in README.rst ("The dump fo
 import argparse
 import bisect
 import collections
+import contextlib
 import csv
 import io
 import math
@@ -62,6 +63,145 @@ class Fail(Exception):
 
 def warn(msg):
     sys.stderr.write("%s: %s\n" % (PROG, msg))
+
+
+# ---------------------------------------------------------------------------------------
+# Output files: every file the three tools write goes through new_output
+# ---------------------------------------------------------------------------------------
+#
+# An output may be in a directory others can write (a dump directory in /tmp, a service
+# user's own): a name there may be a symbolic link, a hard link, a FIFO or a file planted by
+# someone else.  So an output is never opened by its name: its content goes to a new file
+# beside it, made with O_CREAT|O_EXCL|O_NOFOLLOW under a name nobody can guess, and that file
+# is renamed over the name (replacing whatever was there, a link included, never writing
+# through it).  The one exception is a FIFO or a character device the user or root owns,
+# reached through no link of anyone else's (such as -o /dev/null or /dev/stdout): there is
+# no file to replace there, it is written as it is.
+
+TEMP_SUFFIX = ".tmp"
+
+
+def _temp_name(path):
+    """A name beside PATH for its next content: .NAME.RANDOM.tmp (hidden; systemd reads no
+    unit or drop-in of that name; no reader of a dump directory takes it for a dump)."""
+    d, base = os.path.split(path)
+    return os.path.join(d, ".%s.%s%s" % (base, os.urandom(6).hex(), TEMP_SUFFIX))
+
+
+def stale_outputs(path):
+    """The temporary files of ours a writer of PATH left when it was killed (new_output)."""
+    d, base = os.path.split(path)
+    pat = re.compile(r"^\.%s\.[0-9a-f]{12}%s$" % (re.escape(base), re.escape(TEMP_SUFFIX)))
+    out = []
+    try:
+        for n in os.listdir(d or "."):
+            if pat.match(n):
+                st = os.lstat(os.path.join(d, n))
+                if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                    out.append(os.path.join(d, n))
+    except OSError:
+        pass
+    return out
+
+
+FD_LINK_RE = re.compile(r"^/(?:proc/(?:self|thread-self|%d)/fd|dev/fd)/(\d+)$" % os.getpid())
+
+
+def _output_target(path):
+    """Where new_output writes PATH: ("fd", N) for our own descriptor N (/dev/stdout,
+    /dev/fd/N); ("direct", NAME) for an existing FIFO or character device root or we own
+    (/dev/null); else ("replace", NAME), the name whose content is replaced.  Only our and
+    root's symbolic links are followed to get there: a link of anyone else's is the name
+    replaced, never followed."""
+    trusted = (0, os.geteuid())
+    p = path
+    for _ in range(40):
+        m = FD_LINK_RE.match(os.path.normpath(os.path.abspath(p)))
+        if m:
+            return "fd", int(m.group(1))
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            return "replace", p
+        except OSError as e:
+            raise Fail("cannot write %s: %s" % (path, e.strerror))
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in trusted:
+                return "replace", p
+            p = os.path.join(os.path.dirname(p), os.readlink(p))
+            continue
+        if stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode):
+            return ("direct", p) if st.st_uid in trusted else ("replace", p)
+        if stat.S_ISREG(st.st_mode):
+            return "replace", p
+        raise Fail("cannot write %s: %s" % (path, "a directory" if stat.S_ISDIR(st.st_mode)
+                                            else "not a regular file"))
+    raise Fail("cannot write %s: too many levels of symbolic links" % path)
+
+
+@contextlib.contextmanager
+def new_output(path, text=False, perm=None, owner=None, sync=False):
+    """Write the file PATH: yields a file object (binary, or TEXT: UTF-8, newlines as
+    written); on success its content replaces PATH's at once (rename), on an exception PATH
+    is left as it was.  PERM: the new file's mode exactly (default 0666 less the umask, as
+    open() makes it); OWNER (uid, gid): its owner; SYNC: on disk (file and directory) before
+    this returns.  See the top of this section for why."""
+    kind, target = _output_target(path)
+
+    def wrap(fd):
+        return os.fdopen(fd, "w", encoding="utf-8", newline="") if text else \
+            os.fdopen(fd, "wb")
+    if kind != "replace":
+        if kind == "fd":
+            for std in (sys.stdout, sys.stderr):
+                if std is not None and std.fileno() == target:
+                    std.flush()         # what was written there before comes first
+            fd = os.dup(target)
+        else:
+            fd = os.open(target, os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC | os.O_NONBLOCK)
+            os.set_blocking(fd, True)       # (opened without waiting for a FIFO's reader)
+        with wrap(fd) as f:
+            yield f
+        return
+    d = os.path.dirname(target)
+    for _ in range(100):
+        tmp = _temp_name(target)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                         os.O_CLOEXEC, 0o666 if perm is None else perm)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise Fail("cannot write %s: no free temporary name beside it" % path)
+    f = None
+    try:
+        if perm is not None:
+            os.fchmod(fd, perm)
+        if owner is not None and owner != (os.geteuid(), os.getegid()):
+            os.fchown(fd, owner[0], owner[1])
+        f = wrap(fd)
+        yield f
+        f.flush()
+        if sync:
+            os.fsync(f.fileno())
+        f.close()
+        os.rename(tmp, target)
+    except BaseException:
+        try:
+            if f is not None:
+                f.close()
+            else:
+                os.close(fd)
+        except OSError:
+            pass
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if sync:
+        _fsync_dir(d or ".")
 
 
 # ---------------------------------------------------------------------------------------
@@ -202,7 +342,7 @@ def with_unflushed_tails(paths):
         tmpdir = tmpdir or tempfile.mkdtemp(prefix="mmleak-tail.")
         q = os.path.join(tmpdir, os.path.basename(p))
         try:
-            with open(p, "rb") as src, open(q, "wb") as dst:
+            with open(p, "rb") as src, new_output(q) as dst:
                 left = size
                 while left > 0:
                     chunk = src.read(min(left, 1 << 20))
@@ -929,6 +1069,35 @@ class Maps:
                                  line if line.endswith("\n") else line + "\n"))
         self.entries.sort()
         self.starts = [e[0] for e in self.entries]
+        self._loads = None
+
+    def load_of(self, entry):
+        """The mappings of the load ENTRY belongs to (a tuple, in address order).  A file
+        loaded at two addresses over the run (dlclose, then dlopen where the loader chose)
+        has two loads here, and eu-addr2line must be shown one of them at a time: given the
+        same file at two bases it resolves neither."""
+        if self._loads is None:
+            self._loads = {}
+            groups = collections.defaultdict(list)     # path -> [[entries of one load]]
+            ends = {}                                   # (path, end) -> the load ending there
+            for e in self.entries:                      # (in address order)
+                loads = groups[e[4]]
+                # a load starts at its offset-0 mapping (the ELF header); a later mapping
+                # joins the load it continues, else the nearest one below it
+                g = None
+                if e[2] != 0 and loads:
+                    g = ends.get((e[4], e[0]), loads[-1])
+                if g is None:
+                    g = []
+                    loads.append(g)
+                g.append(e)
+                ends[(e[4], e[1])] = g
+            for loads in groups.values():
+                for g in loads:
+                    t = tuple(g)
+                    for e in g:
+                        self._loads[e] = t
+        return self._loads[entry]
 
     def find(self, addr):
         """All mappings containing addr (more than one: the range was reused)."""
@@ -1059,29 +1228,36 @@ class Symbolizer:
                 if why:
                     self.cache[a] = Frame(a, mod, off, None, None, None, (), why)
                 else:
-                    good[id(view)][a] = (mod, off, view)
+                    good[id(view)][a] = (mod, off, view.load_of(h))
         for g in good.values():
-            view = next(iter(g.values()))[2]
-            self._run_tool({a: v[:2] for a, v in g.items()}, view)
+            # one run of the tool per batch of loads where no file appears twice: each
+            # load of a file loaded at two addresses is resolved at its own base
+            batches = []            # [({path: load}, {addr: (module, offset)})]
+            for a, (mod, off, load) in sorted(g.items()):
+                path = load[0][4]
+                b = next((b for b in batches if b[0].get(path, load) == load), None)
+                if b is None:
+                    b = ({}, {})
+                    batches.append(b)
+                b[0][path] = load
+                b[1][a] = (mod, off)
+            for loads, batch in batches:
+                self._run_tool(batch, [e for l in loads.values() for e in l])
         return {a: self.cache[a] for a in addrs}
 
-    def _run_tool(self, good, view=None):
-        view = view or self.maps
+    def _run_tool(self, good, entries):
+        """Resolve GOOD ({addr: (module, offset)}) with ENTRIES, the mappings of the loads
+        the addresses are in (no file twice)."""
         exe = shutil.which(self.tool)
         if not exe:
             self.tool_error = "%s not found (install elfutils)" % self.tool
             for a, (mod, off) in good.items():
                 self.cache[a] = Frame(a, mod, off, None, None, None, (), self.tool_error)
             return
-        # A clean maps file for the tool: only the modules we trust, no ambiguous ranges.
-        trusted = set()
-        for a in good:
-            for h in view.find(a & ADDR_MASK):
-                trusted.add(h[4])
+        # A clean maps file for the tool: only the loads we trust, no ambiguous ranges.
         with tempfile.NamedTemporaryFile("w", prefix="mmleak-maps.", delete=False) as tf:
-            for e in view.entries:
-                if e[4] in trusted:
-                    tf.write(e[5])
+            for e in sorted(entries):
+                tf.write(e[5])
             tmpmaps = tf.name
         try:
             order = sorted(good)
@@ -1319,19 +1495,15 @@ def cmd_shrink(args):
     sh = shrink_files(paths, progress=prog, mixed=args.mixed)
     if prog and sh.events > 1000000:
         prog(sh, paths[-1], 0, done=True)
-    out = sys.stdout.buffer
     if args.output:
         try:
-            out = open(args.output, "wb")
+            with new_output(args.output) as out:
+                sh.write(out, final=args.final)
         except OSError as e:
             raise Fail("cannot write %s: %s" % (args.output, e.strerror or e))
-    try:
-        sh.write(out, final=args.final)
-    finally:
-        if args.output:
-            out.close()
-        else:
-            out.flush()
+    else:
+        sh.write(sys.stdout.buffer, final=args.final)
+        sys.stdout.buffer.flush()
     sh.problems.summary()
     if args.stats:
         surv = sh.survivors()
@@ -1370,6 +1542,55 @@ def cmd_symbolize(args):
     return status
 
 
+def make_dump_dir(d, owner=None):
+    """The dump directory D of `run` and `attach`: an existing directory is used as it is;
+    a missing one is made, with its missing parents, by mkdir (which never follows a symbolic
+    link at the name it makes).  OWNER (uid, gid): give the directory this call made, and
+    only that one, to the traced process's user, through a descriptor opened without
+    following a symbolic link and checked to be our new, empty directory.  True if made."""
+    try:
+        if not stat.S_ISDIR(os.stat(d).st_mode):
+            raise Fail("%s: not a directory" % d, EXIT_INPUT)
+        return False
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise Fail("%s: %s" % (d, e.strerror), EXIT_INPUT)
+    try:
+        os.makedirs(os.path.dirname(d), exist_ok=True)
+        os.mkdir(d)
+    except FileExistsError:
+        return make_dump_dir(d, owner=None)     # made meanwhile, by someone else: as it is
+    except OSError as e:
+        raise Fail("cannot create %s: %s" % (d, e.strerror), EXIT_INPUT)
+    if owner is not None and owner != (os.geteuid(), os.getegid()):
+        try:
+            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            raise Fail("%s changed while it was being made: %s" % (d, e.strerror), EXIT_INPUT)
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid() or st.st_nlink != 2:
+                raise Fail("%s changed while it was being made: not given to uid %d"
+                           % (d, owner[0]), EXIT_INPUT)
+            os.fchown(fd, owner[0], owner[1])
+        except OSError as e:
+            raise Fail("cannot give %s to uid %d: %s" % (d, owner[0], e.strerror), EXIT_INPUT)
+        finally:
+            os.close(fd)
+    return True
+
+
+def process_owner(pid):
+    """(uid, gid) process PID creates files as (its file-system ids), or None."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            ids = dict(line.split(":", 1) for line in f if line.startswith(("Uid:", "Gid:")))
+        return int(ids["Uid"].split()[3]), int(ids["Gid"].split()[3])
+    except (OSError, KeyError, IndexError, ValueError):
+        return None
+
+
 def cmd_run(args):
     cmd = args.command
     if cmd and cmd[0] == "--":
@@ -1381,10 +1602,7 @@ def cmd_run(args):
         raise Fail("mmleak.so not found: run `make` in the source tree, `make install`, or "
                    "set MMLEAK_LIB", EXIT_INPUT)
     d = os.path.abspath(args.dir or os.environ.get("MMLEAK_DIR") or "/tmp")
-    try:
-        os.makedirs(d, exist_ok=True)
-    except OSError as e:
-        raise Fail("cannot create %s: %s" % (d, e.strerror))
+    make_dump_dir(d)
     env = dict(os.environ)
     # mmleak.so first (an allocator preloaded before it would hide malloc from it), and one
     # copy only (a second one stays out of the way, but say which one traces)
@@ -1420,14 +1638,20 @@ def cmd_run(args):
             compactor.finish()
     traces = find_traces(d)
     new = sorted(set(traces) - before, key=lambda t: [int(x) for x in t.split("-")])
-    main = str(proc.pid) if str(proc.pid) in traces else (new[0] if new else None)
+    # the command's own process: its traces of this run, oldest first (a shell that exec'd
+    # the program is the same process: its trace is PID, the program's PID-1); the newest
+    # one with files is the process as it ended, the one its next: line reports
+    images = [t for t in process_images(traces, str(proc.pid)) if t in new]
+    done = [t for t in images if traces[t]]
+    main = done[-1] if done else (images[-1] if images else (new[0] if new else None))
     how = ("exit status %d" % rc) if rc >= 0 else ("killed by signal %d" % -rc)
     if main is None:
         warn("%s ended (%s) and wrote no dump files in %s: was LD_PRELOAD cleared, or is "
              "the program static or setuid?" % (cmd[0], how, d))
         return rc if rc >= 0 else 128 - rc
     size = sum(os.path.getsize(p) for p in traces[main] if os.path.exists(p))
-    others = [t for t in new if t != main]
+    before_exec = [t for t in images if t != main]
+    others = [t for t in new if t != main and t not in images]
     comp = compact_path(d, main)
     if os.path.exists(comp):
         sys.stderr.write("%s: %s ended (%s); trace %s compacted in the background: %s (%s) "
@@ -1437,9 +1661,15 @@ def cmd_run(args):
     else:
         sys.stderr.write("%s: %s ended (%s); trace %s: %d dump files, %s in %s\n"
                          % (PROG, cmd[0], how, main, len(traces[main]), human_bytes(size), d))
+    if before_exec:
+        sys.stderr.write("%s: before its last exec the same process was traced as: %s "
+                         "(report one with --trace ID)\n" % (PROG, ", ".join(
+                             "%s (%s)" % (t, _trace_head(traces[t])[1] or "no dump files")
+                             for t in before_exec)))
     if others:
         sys.stderr.write("%s: child processes traced too: %s\n" % (PROG, " ".join(others)))
-    sys.stderr.write("%s: next: %s report %s --pid %s\n" % (PROG, sys.argv[0], d, main))
+    what = "--pid %d" % proc.pid if main in images else "--trace %s" % main
+    sys.stderr.write("%s: next: %s report %s %s\n" % (PROG, sys.argv[0], d, what))
     return rc if rc >= 0 else 128 - rc
 
 
@@ -1485,6 +1715,23 @@ class BackgroundCompactor:
                  "`mmleak.py compact %s`)" % (self.error, self.directory))
 
 
+def _append_by_copy(path, data):
+    """PATH (a dump file) followed by DATA, written as every output is (new_output: a new
+    file renamed over it, never an open of the name for writing, which a link planted there
+    would redirect), with PATH's owner and mode."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as src:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(0, "not a regular file")
+        if st.st_nlink != 1:
+            raise OSError(0, "it has %d names (hard links): left alone" % st.st_nlink)
+        with new_output(path, perm=stat.S_IMODE(st.st_mode),
+                        owner=(st.st_uid, st.st_gid)) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+            dst.write(data)
+
+
 def cmd_recover(args):
     """Fold the staging files of dead processes back into their dump files."""
     paths = []
@@ -1520,8 +1767,12 @@ def cmd_recover(args):
         keep = data[:data.rfind(b"\n") + 1]      # complete lines only
         if len(keep) < len(data.rstrip(b"\0")):
             warn("%s: torn last line dropped: %r" % (tail, data[len(keep):].rstrip(b"\0")[:60]))
-        with open(p, "ab") as f:
-            f.write(keep)
+        try:
+            _append_by_copy(p, keep)
+        except OSError as e:
+            warn("%s: cannot recover: %s" % (p, e.strerror or e))
+            status = EXIT_INPUT
+            continue
         os.unlink(tail)
         done += 1
         sys.stdout.write("%s: %d bytes recovered from %s\n" % (p, len(keep), os.path.basename(tail)))
@@ -1771,29 +2022,22 @@ def _compact_header_lines(sh, folded):
     return out
 
 
-def _private(path, mode="wb"):
-    """Open PATH for writing with mode 0600, as mmleak.so makes its files (the owner of the
+def _private(path, sync=False):
+    """new_output for PATH with mode 0600, as mmleak.so makes its files (the owner of the
     directory's files, root or the traced service's user, alone can read them)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-    flags |= os.O_APPEND if mode == "ab" else os.O_TRUNC
-    return os.fdopen(os.open(path, flags, 0o600), mode)
+    return new_output(path, perm=0o600, sync=sync)
 
 
 def _write_atomic(path, header_lines, sh, data):
     """The result: its header lines, the stacks its allocations use, its event lines DATA;
-    written to PATH.tmp, flushed to disk, renamed over PATH."""
-    tmp = path + ".tmp"
-    with _private(tmp) as f:
+    written to a new file, flushed to disk, renamed over PATH (new_output)."""
+    with _private(path, sync=True) as f:
         for h in header_lines:
             f.write(h)
         for i in sorted({int(x, 16) for x in STACK_REF_RE.findall(data)}):
             if i in sh.stack_lines:
                 f.write(sh.stack_lines[i])
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, path)
-    _fsync_dir(os.path.dirname(path) or ".")
 
 
 def _previously_folded(path):
@@ -1832,8 +2076,9 @@ def compact_trace(directory, tid, files=None, traces=None, series=True):
             if DUMP_RE.match(name):     # its .out, or its .tail if the .out went first
                 _remove_dump(os.path.join(directory, name))
         spath = series_path(directory, tid)
-        for tmp in (cpath, spath, spath + ".live"):     # left by a pass that was stopped
-            _remove_quietly(tmp + ".tmp")
+        for out in (cpath, spath, spath + ".live"):     # left by a pass that was stopped
+            for tmp in [out + ".tmp"] + stale_outputs(out):     # (.tmp: an older version's)
+                _remove_quietly(tmp)
         files = [p for p in files if os.path.exists(p)]
         done, over = complete_files(directory, tid, files, traces)
         res = {"trace": tid, "folded": 0, "over": over, "events": 0, "bytes": 0,
@@ -2116,14 +2361,12 @@ def _save_live(path, now, plines, stack_lines, final=False):
     """The blocks of this point ({b"PTR SEQ": (site key, size)}), for the next one to tell
     which were freed and where from, after the point's own lines ("#point", "#final" for
     the trace's last) and the stacks of their sites."""
-    tmp = path + ".tmp"
-    with _private(tmp) as f:
+    with _private(path) as f:
         if final:
             f.write(b"#final\n")
         f.write(b"".join(b"#point " + line for line in [plines[0]] + plines[1]))
         f.write(b"".join(b"#point " + line for line in stack_lines.values()))
         f.write(b"".join(b"%s %x %s\n" % (ident, size, k) for ident, (k, size) in now.items()))
-    os.rename(tmp, path)
 
 
 def _load_live(path):
@@ -2189,12 +2432,10 @@ def _write_series(spath, tid, head, stack_lines, points):
     sees half of it.  Only the stacks its points still use."""
     used = {int(l.split()[1][1:], 16) for _, ks in points for l in ks
             if l.split()[1].startswith(b"@")}
-    tmp = spath + ".tmp"
-    with _private(tmp) as f:
+    with _private(spath) as f:
         f.write(b"".join(head) if head else b"#series 1 id=%s\n" % tid.encode())
         f.write(b"".join(stack_lines[i] for i in sorted(used) if i in stack_lines))
         f.write(b"".join(p + b"".join(ks) for p, ks in points))
-    os.rename(tmp, spath)
 
 
 def _series_due(directory, tid):
@@ -2292,24 +2533,20 @@ def read_trace(directory, tid, progress=None):
 
 def cmd_snapshot(args):
     """The live set of a trace now, in the dump format (an earlier moment for --baseline)."""
-    tid, _ = choose_trace(args.dir, args.pid)
+    tid, _ = choose_trace(args.dir, args.pid, args.trace)
     sh, _ = read_trace(args.dir, tid)
     sh.problems.summary()
     if sh.problems.fatal:
         raise Fail("trace %s: a file could not be read: no snapshot written" % tid)
-    out = sys.stdout.buffer
     if args.output:
         try:
-            out = open(args.output, "wb")
+            with new_output(args.output) as out:
+                sh.write(out, final=False)
         except OSError as e:
             raise Fail("cannot write %s: %s" % (args.output, e.strerror))
-    try:
-        sh.write(out, final=False)
-    finally:
-        if args.output:
-            out.close()
-        else:
-            out.flush()
+    else:
+        sh.write(sys.stdout.buffer, final=False)
+        sys.stdout.buffer.flush()
     warn("trace %s: %d blocks alive (%s)" % (tid, len(sh.survivors()),
                                              human_bytes(sum(a.size for a in sh.survivors()))))
     return EXIT_PARTIAL if sh.problems.malformed else EXIT_OK
@@ -2499,27 +2736,40 @@ def cmd_attach(args):
     pid = args.pid
     process_alive(pid)
     d = os.path.abspath(args.dir or os.environ.get("MMLEAK_DIR") or "/tmp")
+    if "\n" in d[:-1] or "\0" in d:
+        raise Fail("%s: a newline in the directory name" % d, EXIT_USAGE)
     try:
         if not stat.S_ISDIR(os.stat(d).st_mode):
             raise Fail("%s: not a directory" % d, EXIT_INPUT)
+    except FileNotFoundError:
+        pass                    # made below, once the process may be traced, as run does
     except OSError as e:
         raise Fail("%s: %s" % (d, e.strerror), EXIT_INPUT)
     mmleak_in(pid)              # not permitted to look at it: said before anything else
-    same_dir_for(pid, d)
-    settings = "MMLEAK_DIR=%s\n" % d
-    if args.depth:
-        settings += "MMLEAK_DEPTH=%d\n" % args.depth
-    settings += "MMLEAK_ROTATE_MB=%d\n" % (args.rotate_mb or COMPACT_ROTATE_MB)
-    if "\n" in d[:-1] or "\0" in d:
-        raise Fail("%s: a newline in the directory name" % d, EXIT_USAGE)
-    before = set(find_traces(d))
-    res, lib = _call(pid, "mmleak_attach", settings, args.timeout)
-    if res == 1:
-        raise Fail("process %d is already being traced (%s)" % (pid, traced_state(pid)),
-                   EXIT_INPUT)
-    if res != 0:
-        raise Fail("process %d could not start tracing into %s (its stderr says why: can "
-                   "its user write there?)" % (pid, d), EXIT_INPUT)
+    # a directory made here belongs to the process's user (it writes its files there
+    # itself), and is removed again, still empty, when the attach fails
+    made = make_dump_dir(d, owner=process_owner(pid))
+    try:
+        same_dir_for(pid, d)
+        settings = "MMLEAK_DIR=%s\n" % d
+        if args.depth:
+            settings += "MMLEAK_DEPTH=%d\n" % args.depth
+        settings += "MMLEAK_ROTATE_MB=%d\n" % (args.rotate_mb or COMPACT_ROTATE_MB)
+        before = set(find_traces(d))
+        res, lib = _call(pid, "mmleak_attach", settings, args.timeout)
+        if res == 1:
+            raise Fail("process %d is already being traced (%s)" % (pid, traced_state(pid)),
+                       EXIT_INPUT)
+        if res != 0:
+            raise Fail("process %d could not start tracing into %s (its stderr says why: can "
+                       "its user write there?)" % (pid, d), EXIT_INPUT)
+    except BaseException:
+        if made:
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+        raise
     new = sorted(set(find_traces(d)) - before)
     sys.stdout.write("%s: process %d is traced into %s (trace %s); stop with: %s detach %d\n"
                      % (PROG, pid, d, " ".join(new) or "?", sys.argv[0], pid))
@@ -2560,19 +2810,77 @@ def cmd_status(args):
     return EXIT_OK
 
 
-def choose_trace(directory, pid):
+TRACE_ID_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def _trace_head(paths):
+    """(start, command) from the first lines of a trace's first readable file (None, None)."""
+    for p in paths:
+        start, cmd = None, None
+        try:
+            with open(p, "rb") as f:
+                for i, line in enumerate(f):
+                    if i == 0:
+                        h = parse_header(line)
+                        start = header_int(h, "start", None) if h else None
+                    elif line.startswith(b"#cmd "):
+                        cmd = _unescape(line[5:].rstrip(b"\n"))
+                    if cmd is not None or i >= 16 or not line.startswith(b"#"):
+                        break
+        except (OSError, ValueError):
+            continue
+        return start, cmd
+    return None, None
+
+
+def process_images(traces, pid):
+    """The trace ids of process PID in TRACES ({id: files}), oldest first.  mmleak.so names
+    a process's first trace PID and the next ones PID-1, PID-2...: the image it exec'd (a
+    service started through a shell is the shell first), a new attach, or a later process
+    that got the same pid.  Ordered by the start time in their headers, then by number."""
+    ids = [t for t in traces if TRACE_ID_RE.match(t) and TRACE_ID_RE.match(t).group(1) == pid]
+
+    def key(t):
+        start = _trace_head(traces[t])[0] if traces[t] else None
+        return (start if start is not None else -1, int(TRACE_ID_RE.match(t).group(2) or 0))
+    return sorted(ids, key=key)
+
+
+def choose_trace(directory, pid=None, trace=None):
+    """(trace id, files) to report.  TRACE: that trace id exactly.  PID: the process as it is
+    now, or was last: its newest image with dump files (an id PID-K given as PID is taken
+    exactly, as before --trace existed); a note on stderr names its earlier images.
+    Neither: the trace written last."""
     traces = find_traces(directory)
+    if trace is None and pid is not None and not pid.isdigit():
+        trace = pid
+    if trace is not None:
+        if trace not in traces:
+            raise Fail("no dump files of trace %s in %s (traces there: %s)"
+                       % (trace, directory, " ".join(sorted(traces)) or "none"))
+        return trace, traces[trace]
     if pid is not None:
-        if pid not in traces:
+        images = process_images(traces, pid)
+        if not images:
             raise Fail("no dump files of process %s in %s (traces there: %s)"
                        % (pid, directory, " ".join(sorted(traces)) or "none"))
-        return pid, traces[pid]
+        with_files = [t for t in images if traces[t]]
+        newest = (with_files or images)[-1]     # (none yet: as an empty trace, as before)
+        if len(images) > 1:
+            def named(t):
+                cmd = _trace_head(traces[t])[1]
+                return "%s (%s)" % (t, cmd if cmd else "no dump files yet"
+                                    if not traces[t] else "command unknown")
+            warn("pid %s: %d traces in %s, oldest first: %s; reporting %s, the newest with "
+                 "dump files (another one: --trace ID)"
+                 % (pid, len(images), directory, ", ".join(named(t) for t in images), newest))
+        return newest, traces[newest]
     with_files = {k: v for k, v in traces.items() if v}
     if not with_files:
         raise Fail("no mmleak dump files in %s" % directory)
     if len(with_files) > 1:
         newest = max(with_files, key=lambda k: max(os.path.getmtime(p) for p in with_files[k]))
-        warn("%d traces in %s (%s); reporting the newest, %s (choose with --pid)"
+        warn("%d traces in %s (%s); reporting the newest, %s (choose with --pid or --trace)"
              % (len(with_files), directory, " ".join(sorted(with_files)), newest))
         return newest, with_files[newest]
     k = next(iter(with_files))
@@ -2596,14 +2904,14 @@ def baseline_blocks(path):
 
 
 def build_report(directory, pid=None, progress=True, depth=None, since=None,
-                 older_than=None, baseline=None):
+                 older_than=None, baseline=None, trace=None):
     """Shrink and symbolize one process's files; returns a dict the report renderers use.
 
     The incremental view: SINCE keeps survivors allocated at or after that many seconds
     from the trace start, OLDER_THAN those at least that old at the last event, BASELINE
     (a file written by an earlier `mmleak.py shrink` of the same process) those that were
-    not alive yet in that snapshot."""
-    tid, paths = choose_trace(directory, pid)
+    not alive yet in that snapshot.  PID and TRACE: see choose_trace."""
+    tid, paths = choose_trace(directory, pid, trace)
     prog = progress_printer() if progress and sys.stderr.isatty() else None
     t0 = time.monotonic()
     sh, paths = read_trace(directory, tid, progress=prog)
@@ -2816,7 +3124,7 @@ def write_csv(rep, path):
 
 
 def _write_csv(rep, sites, path):
-    with open(path, "w", newline="") as f:
+    with new_output(path, text=True) as f:
         w = csv.writer(f)
         w.writerow(["bytes", "blocks", "mean", "min", "max", "oldest_s", "youngest_s",
                     "function", "file", "line", "module", "offset", "caller"])
@@ -2939,7 +3247,8 @@ def load_script_module(name, filename):
 
 def cmd_report(args):
     rep = build_report(args.dir, args.pid, progress=True, depth=args.depth,
-                       since=args.since, older_than=args.older_than, baseline=args.baseline)
+                       since=args.since, older_than=args.older_than, baseline=args.baseline,
+                       trace=args.trace)
     rep["wrappers"] = [n for w in args.wrappers for n in w.split(",") if n]
     print_top_sites(rep, sys.stdout, args.top)
     if args.csv:
@@ -3030,6 +3339,26 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, "%s: error: %s\n" % (self.prog, message))
 
 
+TRACE_IDS_HELP = """\
+Trace ids: mmleak.so names a process's first trace PID, and the next ones PID-1, PID-2...:
+the image a process exec'd (a service started through a shell: the shell is PID, the
+daemon it exec'd PID-1), a new attach after a detach, or a later process with the same pid.
+--pid PID means that process as it is now, or was last: its newest trace with dump files (a
+note on stderr lists the others, oldest first, each with its command); --trace ID takes
+one trace exactly, an earlier image too.
+
+"""
+
+
+def add_trace_choice(p, verb):
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--pid", help="the process: its newest trace (the image it exec'd last); "
+                                 "default: the trace written last")
+    g.add_argument("--trace", metavar="ID", help="exactly trace ID (PID or PID-K), e.g. the "
+                                                 "image before an exec")
+    p.epilog = TRACE_IDS_HELP + (p.epilog or "")
+
+
 def build_parser():
     p = Parser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -3100,7 +3429,8 @@ def build_parser():
                     "is folded into mmleak.ID.compact and deleted, so the directory holds the "
                     "live set, not the history; --keep-all keeps every event instead.",
         epilog="example:\n  %(prog)s -d /var/tmp/leaks --depth 16 -- ./server --port 8080\n")
-    r.add_argument("-d", "--dir", help="dump directory (default: $MMLEAK_DIR or /tmp)")
+    r.add_argument("-d", "--dir", help="dump directory (default: $MMLEAK_DIR or /tmp; made "
+                                       "if missing)")
     r.add_argument("--depth", type=trace_depth,
                    help="frames per allocation, 1 to 64 (MMLEAK_DEPTH; default: auto, through the "
                         "runtime to the program's own frame)")
@@ -3143,7 +3473,7 @@ def build_parser():
                "  %(prog)s /var/tmp/leaks --no-html --folded leaks.folded && "
                "flamegraph.pl leaks.folded > leaks.svg\n\n" + EXIT_HELP)
     q.add_argument("dir", help="the dump directory (MMLEAK_DIR)")
-    q.add_argument("--pid", help="trace id (PID, or PID-K for an exec'd image); default: newest")
+    add_trace_choice(q, "report")
     q.add_argument("-o", "--output", help="HTML file (default DIR/mmleak.PID.html)")
     q.add_argument("--csv", metavar="FILE", help="also write the call-site table as CSV")
     q.add_argument("--pprof", metavar="FILE",
@@ -3228,7 +3558,7 @@ def build_parser():
                     "since (the incremental view MTrace users know).",
         epilog=EXIT_HELP)
     n.add_argument("dir", help="the dump directory (MMLEAK_DIR)")
-    n.add_argument("--pid", help="trace id; default: newest")
+    add_trace_choice(n, "snapshot")
     n.add_argument("-o", "--output", help="file to write (default: stdout)")
     n.set_defaults(func=cmd_snapshot)
 
@@ -3249,7 +3579,8 @@ def build_parser():
                "  mmleak.py detach 4242\n  mmleak.py report /var/tmp/leaks --pid 4242\n\n"
                + EXIT_HELP)
     a.add_argument("pid", type=positive_int, help="the process")
-    a.add_argument("-d", "--dir", help="dump directory (default: $MMLEAK_DIR or /tmp)")
+    a.add_argument("-d", "--dir", help="dump directory (default: $MMLEAK_DIR or /tmp); made "
+                                       "if missing, and given to the process's user")
     a.add_argument("--depth", type=trace_depth,
                    help="frames per allocation, 1 to 64 (default: auto, see MMLEAK_DEPTH)")
     a.add_argument("--rotate-mb", type=positive_int,

@@ -1,9 +1,9 @@
 /* dlclose in one thread while another allocates (tests/test_plugins.py): the main thread
  * swaps two plugins (tests/plugin.c built as ALPHA and BETA) ROUNDS times, dlclose then
- * dlopen, the other one usually landing at the same address; a worker thread meanwhile calls
- * the loaded plugin's plugin_leak (under a read lock: a plugin is never unloaded under a
- * call) and churns malloc/free in both the plugin's range and the host.  Every leak is a
- * block of 100 + n bytes with n even for alpha and odd for beta, so the test knows which
+ * dlopen, the other one landing at the same address (tests/test_plugins.py links both at
+ * one address); a worker thread meanwhile calls the loaded plugin's plugin_leak (under a
+ * read lock: a plugin is never unloaded under a call) and churns malloc/free in both the
+ * plugin's range and the host.  Every leak is a block of 100 + n bytes with n even for alpha and odd for beta, so the test knows which
  * library made each one.  Prints "alpha N BYTES" and "beta N BYTES" at the end, and how
  * many loads took the address the other library had just been unloaded from.
  *   plugin_race ALPHA BETA ROUNDS */

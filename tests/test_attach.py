@@ -401,6 +401,68 @@ def refused(args, why):
     return r.stderr
 
 
+def test_a_missing_directory_is_made(progs, tmp_path):
+    """Issue 17, item 15: attach -d DIR where DIR does not exist makes it (and its missing
+    parents), as run does, and traces into it; an attach that fails after making it removes
+    it again."""
+    t = Target([str(progs / "daemon_load"), "-c", "-t", "1"])
+    try:
+        assert t.line() == "churning"
+        d = tmp_path / "new" / "dumps"
+        r = mm("attach", str(t.pid), "-d", str(d))
+        assert r.stdout == ("mmleak.py: process %d is traced into %s (trace %d); stop with: "
+                            "%s detach %d\n" % (t.pid, d, t.pid, MMLEAK[1], t.pid))
+        assert d.is_dir() and (os.stat(d).st_uid, os.stat(d).st_gid) == (os.geteuid(),
+                                                                          os.getegid())
+        # attached already: refused, and the directory made for it is gone again
+        other = tmp_path / "other"
+        refused(["attach", str(t.pid), "-d", str(other)],
+                "process %d is already being traced" % t.pid)
+        assert not other.exists()
+        assert t.say("leak 3") == "ok 3"
+        mm("detach", str(t.pid))
+        got, _ = window(d, str(t.pid), "daemon_load.c")
+        assert got.get(("cmd_leak", site_line("daemon_load.c", "cmd_leak"), 64)) == 3
+    finally:
+        assert t.end() == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root and setpriv to run a process as nobody")
+def test_a_missing_directory_is_made_for_the_process_user(progs, tmp_path):
+    """Root attaches to a process of nobody's with -d DIR missing: DIR is made and given to
+    nobody (the process writes its files there itself), its new parent stays root's."""
+    top = tempfile.mkdtemp(prefix="mmleak-attach-", dir="/tmp")
+    try:
+        os.chmod(top, 0o755)
+        exe = os.path.join(top, "daemon_load")
+        shutil.copy(str(progs / "daemon_load"), exe)
+        os.chmod(exe, 0o755)
+        t = Target(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", exe, "-c",
+                    "-t", "1"])
+        try:
+            assert t.line() == "churning"
+            d = os.path.join(top, "new", "dumps")
+            r = subprocess.run([sys.executable, mmleak_for_others(), "attach", str(t.pid),
+                                "-d", d], capture_output=True, text=True, timeout=120)
+            assert (r.returncode, r.stderr) == (0, ""), r.stderr
+            st, parent = os.stat(d), os.stat(os.path.dirname(d))
+            assert (st.st_uid, st.st_gid) == (65534, 65534)
+            assert (parent.st_uid, parent.st_gid) == (0, 0)
+            assert t.say("leak 2") == "ok 2"
+            r = subprocess.run([sys.executable, mmleak_for_others(), "detach", str(t.pid)],
+                               capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stderr
+            files = os.listdir(d)
+            assert files and {os.stat(os.path.join(d, f)).st_uid for f in files} == {65534}
+            got, _ = window(d, str(t.pid), "daemon_load.c")
+            assert got.get(("cmd_leak", site_line("daemon_load.c", "cmd_leak"), 64)) == 2
+        finally:
+            assert t.end() == 0
+    finally:
+        shutil.rmtree(top)
+
+
 def test_zombie_is_refused_in_one_line(tmp_path):
     pid = os.fork()
     if pid == 0:

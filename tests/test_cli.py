@@ -45,6 +45,65 @@ def test_run_then_report(bins, tmp_path, lib):
         src, site_line("hostile.c", "chain")) in l for l in csv)
 
 
+def test_a_program_started_through_a_shell_is_its_pid(bins, tmp_path, lib):
+    """Issue 17, item 12: `bash -c "...; exec PROGRAM"` (Debian's nfs-ganesha.service), and
+    the program exec's itself once more: one process, three images, traces PID (bash), PID-1
+    and PID-2.  run names the last one, calls the others the same process before its exec,
+    and its next: line (report --pid PID) reports the last one, as does snapshot --pid;
+    --trace reaches each earlier image."""
+    d = tmp_path / "dumps"
+    shell = "true; exec %s exec" % bins["hostile"]
+    r = subprocess.run(MMLEAK_PY + ["run", "-d", str(d), "--", "/bin/bash", "-c", shell],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    traces = {k: v for k, v in mmleak.find_traces(str(d)).items() if v}
+    (pid,) = {k for k in traces if "-" not in k}
+    assert set(traces) == {pid, pid + "-1", pid + "-2"}
+    cmds = {pid: "/bin/bash -c " + shell, pid + "-1": bins["hostile"] + " exec",
+            pid + "-2": bins["hostile"] + " basic"}
+    last = pid + "-2"
+    assert r.stderr.splitlines() == [
+        "mmleak.py: /bin/bash ended (exit status 0); trace %s compacted in the background: "
+        "mmleak.%s.compact (%s) and 0 more dump files in %s"
+        % (last, last, mmleak.human_bytes(os.path.getsize(traces[last][0])), d),
+        "mmleak.py: before its last exec the same process was traced as: %s (%s), %s-1 (%s) "
+        "(report one with --trace ID)" % (pid, cmds[pid], pid, cmds[pid + "-1"]),
+        "mmleak.py: next: %s report %s --pid %s" % (MMLEAK_PY[1], d, pid)]
+
+    def report(*how):
+        r = subprocess.run(MMLEAK_PY + ["report", str(d), "--no-html", "--top", "50"] +
+                           list(how), capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.splitlines(), r.stderr
+    out, err = report("--pid", pid)
+    assert out[0] == "mmleak: trace %s (pid %s): %s" % (last, pid, cmds[last])
+    assert err == ("mmleak.py: pid %s: 3 traces in %s, oldest first: %s; reporting %s, the "
+                   "newest with dump files (another one: --trace ID)\n"
+                   % (pid, d, ", ".join("%s (%s)" % (t, cmds[t]) for t in
+                                        (pid, pid + "-1", last)), last))
+    src = os.path.join(ROOT, "tests", "hostile.c")
+    chain = "  %12d %8d  %s at %s:%d" % (2016, 1, "realloc_chain", src,
+                                         site_line("hostile.c", "chain"))
+    before_exec = "  %12d %8d  %s at %s:%d" % (604, 1, "main", src,
+                                               site_line("hostile.c", "before_exec"))
+    assert chain in out and before_exec not in out
+    for how in (["--trace", pid + "-1"], ["--pid", pid + "-1"]):    # PID-K: that trace
+        out, err = report(*how)
+        assert (out[0], err) == ("mmleak: trace %s-1 (pid %s): %s" % (pid, pid,
+                                                                     cmds[pid + "-1"]), "")
+        assert before_exec in out and chain not in out
+    out, err = report("--trace", pid)
+    assert (out[0], err) == ("mmleak: trace %s (pid %s): %s" % (pid, pid, cmds[pid]), "")
+    assert chain not in out and before_exec not in out
+    r = subprocess.run(MMLEAK_PY + ["snapshot", str(d), "--pid", pid, "-o",
+                                    str(tmp_path / "snap")], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr.splitlines()[-1].startswith(
+        "mmleak.py: trace %s: " % last), r.stderr
+    r = subprocess.run(MMLEAK_PY + ["report", str(d), "--pid", pid, "--trace", pid],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "not allowed with argument" in r.stderr
+
+
 def test_run_passes_exit_status_and_signals(bins, tmp_path, lib):
     r = subprocess.run(MMLEAK_PY + ["run", "-d", str(tmp_path), "--", bins["hostile"], "abort"],
                        capture_output=True, text=True)

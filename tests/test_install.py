@@ -1179,17 +1179,93 @@ def test_existing_directory_with_other_files_never_changed(root, lib):
         {k: v for k, v in before.items() if k.startswith("srv")}
 
 
-def test_existing_empty_directory_given_to_the_user(root, lib):
+def test_existing_directory_the_tool_did_not_make_is_not_given_away(root, lib):
     # `mkdir /srv/dumps` by hand (root-owned 0755) then --dir: the service could not write
-    # there; the directory is empty, so it is handed to the unit's user.
+    # there.  Issue 17, item 3: the tool gives the unit's user only a directory it makes
+    # (or one of its own in /var/lib/mmleak): refused, nothing changed.  (An earlier version
+    # handed an empty or dumps-only directory to the unit's user.)
     d = root / "srv/dumps"
     d.mkdir(parents=True)
     (d / "mmleak.5.0.out").write_text("old dump")
+    before = snapshot(root)
+    rc, out, err = run(root, "install", "owned.service", "--dir", "/srv/dumps", lib=lib)
+    assert (rc, out) == (1, "")
+    assert err == ("mmleak-install.py: error: --dir /srv/dumps exists and User=leaky cannot "
+                   "write it (owner root:root mode 0755): mmleak-install.py gives the unit's "
+                   "user only a directory it creates (or one of its own in /var/lib/mmleak); "
+                   "give leaky write access yourself, or name a directory that does not exist "
+                   "yet\n")
+    assert snapshot(root) == before
+    # given to the user by hand: used as it is
+    os.chown(str(d), 4321, 4400)
     rc, out, err = run(root, "install", "owned.service", "--dir", "/srv/dumps", lib=lib)
     assert (rc, err) == (0, "")
-    assert ("set owner leaky:leakers and mode 0700 of /srv/dumps (an existing dump directory "
-            "User=leaky could not write)\n") in out
-    assert owner_mode(d) == (4321, 4400, 0o700)
+    assert "dump directory /srv/dumps exists\n" in out
+    assert owner_mode(d) == (4321, 4400, 0o755)
+    verify(root, "owned.service")
+
+
+NOBODY = 65534
+
+
+def plant(root, link, target):
+    """A symbolic link at LINK (in ROOT) to TARGET, owned by nobody, as a local user makes
+    one in /tmp."""
+    os.symlink(target, str(root / link))
+    os.lchown(str(root / link), NOBODY, NOBODY)
+
+
+@pytest.mark.parametrize("ddir", ["/tmp/dd", "/tmp/dd/sub", "/tmp/mid/dumps"])
+def test_dir_through_another_users_link_is_refused(root, lib, ddir):
+    """Issue 17, item 3: a link nobody planted in /tmp, to an empty directory of root's (or
+    to its parent): install refused it, before changing anything, whether --dir is the link,
+    goes on below it, or goes through one.  An earlier version chowned the link's target to
+    the unit's user."""
+    os.chmod(str(root / "tmp"), 0o1777)
+    (root / "srv/victim").mkdir(parents=True)
+    plant(root, "tmp/dd", "/srv/victim")
+    plant(root, "tmp/mid", "/srv")
+    before = snapshot(root)
+    rc, out, err = run(root, "install", "owned.service", "--dir", ddir, lib=lib)
+    link = "/" + "/".join(ddir.split("/")[1:3])
+    assert (rc, out) == (1, "")
+    assert err == ("mmleak-install.py: error: --dir %s: %s is a symbolic link owned by uid "
+                   "65534, not root: mmleak-install.py does not follow it; give the real "
+                   "path\n" % (ddir, link))
+    assert snapshot(root) == before
+    assert owner_mode(root / "srv/victim") == (0, 0, 0o755)
+
+
+@pytest.mark.parametrize("link", ["usr/local/lib/mmleak", "etc/systemd/system/plain.service.d",
+                                  "var/lib/mmleak"])
+def test_other_paths_through_another_users_link_are_refused(root, lib, link):
+    """The siblings: the library's directory, the drop-in directory, the parent of the
+    per-unit dump directories, each a link of nobody's to a directory of root's: refused
+    before anything is done, the link's target untouched."""
+    (root / "srv/victim").mkdir(parents=True)
+    (root / link).parent.mkdir(parents=True, exist_ok=True)
+    plant(root, link, "/srv/victim")
+    before = snapshot(root)
+    rc, out, err = run(root, "install", "plain.service", lib=lib)
+    assert (rc, out) == (1, "")
+    what = ("the dump directory /var/lib/mmleak/plain.service" if link == "var/lib/mmleak"
+            else "/" + link)
+    assert err == ("mmleak-install.py: error: %s: /%s is a symbolic link owned by uid 65534, "
+                   "not root: mmleak-install.py does not follow it; give the real path\n"
+                   % (what, link))
+    assert snapshot(root) == before
+
+
+def test_dir_through_roots_link_is_followed(root, lib):
+    """A link of root's on the way is followed as before: the directory is made at its
+    target and given to the unit's user."""
+    (root / "data").mkdir()
+    os.symlink("/data", str(root / "srv"))
+    rc, out, err = run(root, "install", "owned.service", "--dir", "/srv/dumps", lib=lib)
+    assert (rc, err) == (0, "")
+    assert "create directory /srv/dumps (mode 0700 owner leaky:leakers)\n" in out
+    assert os.path.islink(str(root / "srv"))
+    assert owner_mode(root / "data/dumps") == (4321, 4400, 0o700)
     verify(root, "owned.service")
 
 

@@ -541,11 +541,12 @@ def leak_in_window(box, pid, total):
 
 
 def window_report(box, ddir, tid, pid):
-    """`mmleak.py report DDIR --pid TID --no-html` of an attached window: exactly the K
+    """`mmleak.py report DDIR --trace TID --no-html` of an attached window: exactly the K
     blocks of window_leak(), nothing of the requests (each freed what it allocated: a
     whole number of malloc+free pairs), nothing allocated before the attach. Returns the
-    number of requests the window saw."""
-    r = box.run([PY, MMLEAK, "report", ddir, "--pid", tid, "--no-html"])
+    number of requests the window saw.  (--trace: an earlier window too; --pid PID would
+    take the process's newest.)"""
+    r = box.run([PY, MMLEAK, "report", ddir, "--trace", tid, "--no-html"])
     lines = r.stdout.splitlines()
     assert lines[0] == "mmleak: trace %s (pid %d): %s" % (tid, pid, ATT_CMD), r.stdout
     m = re.match(r"^  (\d+) events (?:read from \d+ files|\(\d+ of them folded by compaction "

@@ -382,6 +382,32 @@ def test_compaction_keeps_the_trace_clock(tmp_path):
     points, _ = mmleak.read_series(mmleak.series_path(str(d), GONE))
     assert [p.time for p in points] == [6]
     assert b"\n#clock 6\n" in (d / ("mmleak.%s.compact" % GONE)).read_bytes()
+    # the page: its time span, and the age of the leak; from `report` and from a pipe
+    page = tmp_path / "page.html"
+    r = run("report", str(d), "-o", str(page))
+    assert r.returncode == 0, r.stderr
+    span = '<div class="k">Time span</div><div class="v">6 s</div>'
+    assert span in page.read_text()
+    fin = subprocess.run(MMLEAK + ["shrink", "--final", str(d / ("mmleak.%s.compact" % GONE))],
+                         capture_output=True, check=True).stdout
+    assert b"\n#clock 6\n" in fin
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "mmleak-panda.py"), "-o",
+                        str(page)], input=fin, capture_output=True)
+    assert (r.returncode, r.stderr) == (0, b"")
+    assert span in page.read_text()
+
+
+def test_the_page_from_a_pipe_says_a_trace_that_lost_events_is_incomplete(tmp_path):
+    p = tmp_path / ("mmleak.%s.0.out" % GONE)
+    p.write_bytes(hdr(GONE, 0) + LEAKS + b"#dropping k=1\n#lost 7 k=1\n#end\n")
+    fin = subprocess.run(MMLEAK + ["shrink", "--final", str(p)], capture_output=True).stdout
+    page = tmp_path / "page.html"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "mmleak-panda.py"), "-o",
+                        str(page)], input=fin, capture_output=True)
+    gap = ("INCOMPLETE TRACE: 7 events were not recorded; blocks may show as leaks whose free "
+           "was lost")
+    assert (r.returncode, r.stderr.decode()) == (3, "mmleak-panda.py: %s\n" % gap)
+    assert "<b>%s</b>" % gap in page.read_text()
 
 
 # ---- item 15: a full disk; a stack defined twice --------------------------------------------

@@ -44,13 +44,14 @@ EXIT_HELP = """exit status:
   0  success
   1  usage error
   2  an input could not be used (missing or unreadable file, files of different processes
-     mixed, no dump files found), or an output file could not be written; whatever could
-     be read was still processed
-  3  malformed lines were skipped (each reported on stderr with file and line): the result
-     may miss events
+     mixed, no dump files found, a file at one of mmleak's names that is not a regular file
+     of the trace's owner or root: ignored or refused, in one line), or an output file could
+     not be written; whatever could be read was still processed
+  3  malformed lines were skipped (each reported on stderr with file and line), or the trace
+     lost events (INCOMPLETE TRACE): the result may miss events
   4  eu-addr2line (elfutils) missing or failing: addresses left unresolved
-A torn last line or padding (NULs, blanks), which a killed process leaves behind, is reported
-but is not an error: the events before it are complete."""
+A torn last line or padding (NULs anywhere, blanks), which a killed process or a crash leaves
+behind, is reported but is not an error: the complete events around it are read."""
 
 
 class Fail(Exception):

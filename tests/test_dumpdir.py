@@ -511,6 +511,14 @@ def test_a_trace_in_another_pid_namespace_is_not_folded_while_it_runs(tmp_path, 
         assert sorted(n for n in os.listdir(d) if n.endswith(".tail")) == tails
         for t in tails:
             assert (d / t.replace(".tail", ".out")).exists()
+        # recover, which folds the staging files of processes that are gone, leaves them
+        r = run("recover", str(d))
+        assert (r.returncode, r.stdout) == (0, "nothing to recover\n")
+        assert sorted(r.stderr.splitlines()) == sorted(
+            "mmleak.py: %s/%s: its staging file is mapped by a running process (in another "
+            "pid namespace?): left alone (--force to fold anyway)" % (d, t.replace(".tail", ".out"))
+            for t in tails)
+        assert sorted(n for n in os.listdir(d) if n.endswith(".tail")) == tails
         out, err = p.communicate(b"\n", timeout=120)
         assert p.returncode == 0 and out == b"phase 2 leaked 1600\nleaked 1600\n", err
     finally:

@@ -3157,7 +3157,7 @@ def baseline_blocks(path):
     """The allocations alive in a saved snapshot (`mmleak.py snapshot`, or a `shrink` output
     of the same process), {(ptr, seq): Alloc} with their stacks."""
     sh = Shrinker()
-    with open(path, "rb") as f:
+    with open_trace_file(path) as f:
         sh.feed(f, path)
     if sh.problems.malformed:
         raise Fail("--baseline %s: not a snapshot of a trace (malformed lines)" % path)
@@ -3595,11 +3595,14 @@ def build_parser():
                     "SIGKILL or _exit() the .tail files remain; shrink and report read them "
                     "as they are, but `sort` in the classic pipeline does not: recover appends "
                     "the lines .out does not have yet and deletes the .tail.  Files of a "
-                    "process that is still running are left alone.",
+                    "process that is still running are left alone: one with that pid, or "
+                    "any that maps the .tail (a process in another pid namespace writes "
+                    "under its pid there).",
         epilog=EXIT_HELP)
     v.add_argument("paths", nargs="+", metavar="DIR|FILE.out")
     v.add_argument("--force", action="store_true",
-                   help="also when a process with that pid runs (a reused pid)")
+                   help="also when a process with that pid runs (a reused pid), or maps "
+                        "the .tail")
     v.set_defaults(func=cmd_recover)
 
     q = sub.add_parser(
@@ -3643,7 +3646,11 @@ def build_parser():
                     "counted twice).  A pass adds a point to mmleak.ID.series (at most every "
                     "--series-interval seconds while the trace runs, and a last one when it "
                     "is over): the live bytes and blocks per call site, for the report's "
-                    "growth chart.",
+                    "growth chart.  A process is gone when its pid is and no process maps "
+                    "one of its staging files (.tail): a process in another pid namespace "
+                    "is found that way, if this compactor can see it.  Only regular files of "
+                    "the trace's owner (the owner of its .maps) or root are read; anything "
+                    "else at one of its names is left alone, in one line (exit status 2).",
         epilog="examples:\n"
                "  %(prog)s /var/lib/mmleak/nfs-ganesha.service      # one pass\n"
                "  %(prog)s --follow /var/tmp/leaks    # every second, until no traced process is left\n\n"

@@ -2791,11 +2791,11 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None):
             out.write("%s: trace %s: folded %d files (%s, %d events) into %s (%s)%s\n"
                       % (PROG, tid, res["folded"], human_bytes(res["bytes"]), res["events"],
                          os.path.basename(compact_path(directory, tid)),
-                         human_bytes(res["after"]), "" if not res["over"] else
-                         "; the trace is over" if not res["unclosed"] else
-                         "; the trace is over: its process ended without closing %d files "
-                         "(no process this compactor can see maps their staging files)"
-                         % res["unclosed"]))
+                         human_bytes(res["after"]), "; the trace is over" if res["over"] else ""))
+            if res["unclosed"]:
+                out.write("%s: trace %s: its process ended without closing %d files (no process "
+                          "this compactor can see maps their staging files)\n"
+                          % (PROG, tid, res["unclosed"]))
             out.flush()
     return live, results
 

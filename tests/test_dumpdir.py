@@ -533,3 +533,23 @@ def test_a_trace_in_another_pid_namespace_is_not_folded_while_it_runs(tmp_path, 
     assert sum(1 for a in rep["survivors"] if rep["frames"].get(a.callers[0]) and
                rep["frames"][a.callers[0]].line == line) == 1600
     assert not rep["incomplete"]
+
+
+def test_a_trace_taken_as_over_with_unclosed_files_is_said(tmp_path):
+    """A process gone without closing its file (its newest line only in the staging file):
+    the pass folds it, .tail included, and a line of its own says that no process maps it
+    (were the process alive where the compactor cannot see, this is where it shows)."""
+    d = tmp_path / "d"
+    d.mkdir()
+    make_trace(d, GONE, {0: alloc(0x1000, 0, 0x10)}, end=False)
+    out = d / ("mmleak.%s.0.out" % GONE)
+    half = b"#at %016x\n" % out.stat().st_size + alloc(0x2000, 0, 0x20)
+    (d / ("mmleak.%s.0.tail" % GONE)).write_bytes(half + b"\0" * (256 - len(half)) +
+                                                  b"\0" * 256)
+    r = run("compact", str(d))
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.splitlines()[1:] == [
+        "mmleak.py: trace %s: its process ended without closing 1 files (no process this "
+        "compactor can see maps their staging files)" % GONE]
+    assert "; the trace is over" in r.stdout.splitlines()[0]
+    assert blocks_line(run("report", str(d), "--no-html").stdout) == (0x30, 2)

@@ -703,6 +703,19 @@ static inline __attribute__((always_inline)) void one_line(struct run *r, int fi
     }
 }
 
+/* The first line after a run of NULs, an event whose pointer has fewer than 12 digits: the
+ * end of a line whose start a hole took (mmleak.py's CUT_START).  1 if it is (said). */
+static __attribute__((cold, noinline)) int cut_start(struct run *r, int file, uint64_t lineno,
+                                                     const char *p, size_t n)
+{
+    uint64_t a, b, c;
+    if (parse_line(p, &a, &b, &c) < 0 || ptr_len(p) >= 12)
+        return 0;
+    problem(r, file, lineno, P_MALFORMED, "line cut by NUL bytes before it (its start is "
+            "lost) skipped: ", p, n < 80 ? n : 80);
+    return 1;
+}
+
 /* Shrinker.feed over a descriptor, reading as mmleak.py's dump_lines does: BUF (READ_BUF
  * bytes) holds the start of a line not ended yet (HAVE bytes, no NUL, at most LINE_MAX) and
  * the chunk just read; a run of NULs ends the text before it (cut_line) and the next line
@@ -714,6 +727,7 @@ static void feed_fd(struct run *r, int fd, int file, char *buf)
     char head[HEAD];
     size_t head_n = 0;
     int skip = 0, in_nul = 0, failed = 0, hole_to_end = 0;
+    int after_nul = 0;                  /* the next line comes right after a run of NULs */
     uint64_t lineno = 0, events = 0, allocs = 0, max_time = r->st->max_time;
     struct stat sb;
     int seekable = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
@@ -744,7 +758,7 @@ static void feed_fd(struct run *r, int fd, int file, char *buf)
                 cut_line(r, file, lineno + 1, pend, have, 0);
                 have = 0;
             }
-            in_nul = 1;
+            in_nul = after_nul = 1;
             if (hole_to_end)
                 break;
         }
@@ -785,7 +799,7 @@ static void feed_fd(struct run *r, int fd, int file, char *buf)
                 lineno++;
             long_line(r, file, *t ? lineno : lineno + 1, head, head_n, *t);
             skip = 0;
-            in_nul = !*t;
+            in_nul = after_nul = !*t;
             p = q = t + 1;
         }
         if (in_nul) {                   /* a run of NULs that goes on */
@@ -806,9 +820,12 @@ static void feed_fd(struct run *r, int fd, int file, char *buf)
             size_t n = (size_t)(t - p);         /* the text, without what ended it */
             if (likely(*t == '\n')) {
                 lineno++;
+                int cut = unlikely(after_nul) && n <= LINE_MAX_BYTES &&
+                          cut_start(r, file, lineno, p, n + 1);
+                after_nul = 0;
                 if (unlikely(n > LINE_MAX_BYTES))
                     long_line(r, file, lineno, p, HEAD, '\n');
-                else
+                else if (likely(!cut))
                     one_line(r, file, lineno, p, n + 1, &events, &allocs, &max_time);
                 p = q = t + 1;
                 if (unlikely(r->stop) ||
@@ -823,6 +840,7 @@ static void feed_fd(struct run *r, int fd, int file, char *buf)
             while (++t < lim && !*t)
                 ;
             in_nul = t == lim;
+            after_nul = 1;
             p = q = t;
             if (r->stop)
                 break;

@@ -611,6 +611,12 @@ STACK_RE = re.compile(rb"#s ([0-9a-f]{1,16})((?: [0-9a-f]{1,16})+)\n")
 # process ended between the two, or the file holding it was lost).
 NO_STACK = (0,)
 
+# The first line after a run of NULs may be the end of a line whose start a hole took (a
+# crash leaves zeros in whole blocks, wherever lines begin): mmleak.so writes every pointer
+# with 12 digits or more, so an event whose pointer is shorter there is such a piece, and a
+# loss in the middle of the file (malformed: the result may miss events).
+CUT_START = "line cut by NUL bytes before it (its start is lost) skipped: %r"
+
 Alloc = collections.namedtuple("Alloc", "ptr seq size time callers")
 Free = collections.namedtuple("Free", "ptr seq caller")
 
@@ -788,14 +794,21 @@ class Shrinker:
         events = allocs = 0
         max_time = self.max_time
         tick = time.monotonic() + 1.0
+        after_nul = False
         for line in dump_lines(f):
             lineno += 1
             m = match(line)
             if m is None:
                 self._odd_line(line, name, lineno)
-                if line[-1:] == b"\0":
+                after_nul = line[-1:] == b"\0"
+                if after_nul:
                     lineno -= 1         # text cut by NULs: the line goes on after them
                 continue
+            if after_nul:
+                after_nul = False
+                if m.end(1) < 12:       # see CUT_START
+                    problems.add(name, lineno, "malformed", CUT_START % line[:80])
+                    continue
             key = int(m.group(1), 16)
             s = int(m.group(2), 16)
             if m.group(3) is not None:
@@ -1233,13 +1246,29 @@ def native_shrink(sh, paths, names=None, raw=None):
 
     pending = []
 
+    first = {}
+    for i, name in enumerate(names):
+        first.setdefault(name, i)
+
     def on_header(ptr, n, i, lineno):
+        # a problem _odd_line finds (a bad header field, a stack defined twice) counts with
+        # the C code's of the same file and kind: the first five of them are shown, as the
+        # Python path shows them
+        name, base = names[i], len(_PROBLEM_KINDS) * first[names[i]]
+        pc = sh.problems.counts
+        before = [pc[(name, k)] for k in _PROBLEM_KINDS]
+        for j, k in enumerate(_PROBLEM_KINDS):
+            pc[(name, k)] = before[j] + counts[base + j]
         try:
-            sh._odd_line(ctypes.string_at(ptr, n), names[i], lineno)
+            sh._odd_line(ctypes.string_at(ptr, n), name, lineno)
             return 0
         except BaseException as e:          # Fail (format version), KeyboardInterrupt
             pending.append(e)
             return 1
+        finally:
+            for j, k in enumerate(_PROBLEM_KINDS):
+                counts[base + j] += pc[(name, k)] - before[j] - counts[base + j]
+                pc[(name, k)] = before[j]
 
     next_tick = [time.monotonic() + 1.0]
 

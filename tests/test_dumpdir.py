@@ -315,6 +315,29 @@ def test_nul_runs_in_the_middle_are_skipped_and_the_events_after_them_counted(tm
         "0 foreign frees"]
 
 
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_a_line_whose_start_a_hole_took_is_not_an_event(tmp_path, engine):
+    """A hole that ends in the middle of a line leaves its end: "02000 0 20 0 400000" parses,
+    as a block at 0x2000 instead of 0x7f0000002000.  mmleak.so writes every pointer with 12
+    digits or more: after a run of NULs a shorter one is the end of a cut line, a loss in the
+    middle of the file (status 3), not an event."""
+    p = tmp_path / ("mmleak.%s.0.out" % GONE)
+    cut = alloc(0x7f0000002000, 0, 0x20)
+    p.write_bytes(hdr(GONE, 0) + alloc(0x1000, 0, 0x10) + cut[:7] + b"\0" * 4096 + cut[7:]
+                  + alloc(0x3000, 0, 0x30) + b"#end\n")
+    r = subprocess.run(MMLEAK + ["shrink", "--final", "--stats", str(p)], capture_output=True,
+                       text=True, env=dict(os.environ, MMLEAK_SHRINK=engine))
+    assert r.returncode == 3
+    assert [l for l in r.stdout.splitlines() if not l.startswith("#")] == [
+        alloc(0x1000, 0, 0x10).decode().rstrip("\n"), alloc(0x3000, 0, 0x30).decode().rstrip("\n")]
+    assert r.stderr.splitlines() == [
+        "mmleak.py: %s:3: torn line (process killed while writing it?) ignored: b'7f00000'" % p,
+        "mmleak.py: %s:3: line cut by NUL bytes before it (its start is lost) skipped: %r"
+        % (p, cut[7:]),
+        "mmleak.py: 2 events (2 allocations, 0 frees) in 1 inputs; 2 blocks (64 B) survive, "
+        "0 foreign frees"]
+
+
 # ---- item 9: memory stays bounded -----------------------------------------------------------
 
 def peak_rss_kb(argv, env):

@@ -1256,9 +1256,10 @@ def native_shrink(sh, paths, names=None, raw=None):
         # Python path shows them
         name, base = names[i], len(_PROBLEM_KINDS) * first[names[i]]
         pc = sh.problems.counts
-        before = [pc[(name, k)] for k in _PROBLEM_KINDS]
-        for j, k in enumerate(_PROBLEM_KINDS):
-            pc[(name, k)] = before[j] + counts[base + j]
+        keys = [(name, k) for k in _PROBLEM_KINDS]
+        before = {key: pc[key] for key in keys if key in pc}
+        for j, key in enumerate(keys):
+            pc[key] = before.get(key, 0) + counts[base + j]
         try:
             sh._odd_line(ctypes.string_at(ptr, n), name, lineno)
             return 0
@@ -1266,9 +1267,10 @@ def native_shrink(sh, paths, names=None, raw=None):
             pending.append(e)
             return 1
         finally:
-            for j, k in enumerate(_PROBLEM_KINDS):
-                counts[base + j] += pc[(name, k)] - before[j] - counts[base + j]
-                pc[(name, k)] = before[j]
+            for j, key in enumerate(keys):
+                counts[base + j] = pc.pop(key) - before.get(key, 0)
+                if key in before:
+                    pc[key] = before[key]
 
     next_tick = [time.monotonic() + 1.0]
 

@@ -820,12 +820,16 @@ static void feed_fd(struct run *r, int fd, int file, char *buf)
             size_t n = (size_t)(t - p);         /* the text, without what ended it */
             if (likely(*t == '\n')) {
                 lineno++;
-                int cut = unlikely(after_nul) && n <= LINE_MAX_BYTES &&
-                          cut_start(r, file, lineno, p, n + 1);
-                after_nul = 0;
+                if (unlikely(after_nul)) {
+                    after_nul = 0;
+                    if (n <= LINE_MAX_BYTES && cut_start(r, file, lineno, p, n + 1)) {
+                        p = q = t + 1;
+                        continue;
+                    }
+                }
                 if (unlikely(n > LINE_MAX_BYTES))
                     long_line(r, file, lineno, p, HEAD, '\n');
-                else if (likely(!cut))
+                else
                     one_line(r, file, lineno, p, n + 1, &events, &allocs, &max_time);
                 p = q = t + 1;
                 if (unlikely(r->stop) ||

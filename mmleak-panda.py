@@ -1293,14 +1293,14 @@ class StackRefs(dict):
 def read_stdin(f, depth):
     """Parse survivor lines with mmleak's parser -> (Survivors, info dict)."""
     info = {"lines": 0, "allocs": 0, "foreign": 0, "brackets": 0, "headers": [], "cmd": None,
-            "bad": [], "no_stack": (0, 0)}
+            "bad": [], "no_stack": (0, 0), "clock": None, "gaps": mmleak.Shrinker()}
     surv = Survivors((), depth)
     stacks = surv.stacks
     defs = StackRefs()
     sid_add, size_add, time_add = surv.sid.append, surv.size.append, surv.time.append
     parse, Alloc, event_re = mmleak.parse_event, mmleak.Alloc, mmleak.EVENT_RE
     lineno = 0
-    for lineno, line in enumerate(f, 1):
+    for lineno, line in enumerate(mmleak.dump_lines(f), 1):    # bounded, whatever it is
         a = parse(line, defs)
         if a.__class__ is Alloc:
             k = a.callers
@@ -1349,6 +1349,10 @@ def read_stdin(f, depth):
                         "decimal numbers" if len(bad) > 1 else "a decimal number")))
             elif line.startswith(b"#cmd ") and info["cmd"] is None:
                 info["cmd"] = line[5:].decode("utf-8", "replace").rstrip("\n")
+            elif line.startswith(b"#clock ") and line[7:-1].isdigit():
+                info["clock"] = max(info["clock"] or 0, int(line[7:-1]))   # the trace's
+            elif line.startswith((b"#lost ", b"#dropping")):                  # clock; gaps
+                info["gaps"]._gap_line(line)
         elif not line.strip():
             pass
         elif event_re.fullmatch(line):
@@ -1385,6 +1389,7 @@ EXIT_HELP = """exit status (the values of mmleak.py):
   2  the input could not be used: a line that is not in the dump format (reported on stderr
      with its line number), or no such maps file; or the page cannot be written (-o); no
      report is written
+  3  report written, but the trace lost events ("#lost", "#dropping" lines): INCOMPLETE
   4  eu-addr2line (elfutils) missing or failing: report written, addresses left unresolved"""
 
 
@@ -1471,7 +1476,7 @@ def run(args):
         depth = max([trace_depth] + [len(s) for s in surv.stack_list])
     end_time = args.end_time
     if end_time is None:
-        end_time = max(surv.time) if len(surv) else 0
+        end_time = max([info["clock"] or 0] + ([max(surv.time)] if len(surv) else []))
     frames, sym_error = {}, None
     notes = []
     status = mmleak.EXIT_OK
@@ -1484,9 +1489,14 @@ def run(args):
             status = mmleak.EXIT_TOOL
     else:
         sym_error = "no --maps given"
-    if args.end_time is None:
+    if args.end_time is None and info["clock"] is None:
         notes.append("End of the trace taken as the newest surviving allocation (%s s); ages "
                      "are relative to it (give --end-time for the real end)." % end_time)
+    gaps = info["gaps"].gap_text()
+    if gaps:                                  # events lost: every reader says so
+        sys.stderr.write("%s: %s\n" % (PROG, gaps))
+        notes.append('<span class="warn"><b>%s</b></span>' % html.escape(gaps))
+        status = max(status, mmleak.EXIT_PARTIAL)
     if info["no_stack"][0]:
         nst, nbl = info["no_stack"]
         notes.append('<span class="warn">%s block%s refer%s to %d stack%s whose <code>#s</code> '

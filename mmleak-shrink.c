@@ -13,7 +13,12 @@
  *
  * Memory is proportional to the state kept (open addresses and hull ends), not to the input:
  * the table shrinks nothing, but adjacent pairs leave it at once and their line storage goes
- * back to a per-size free list. */
+ * back to a per-size free list.  The input is read in chunks into one buffer of fixed size,
+ * whatever it holds: a line longer than LINE_MAX is reported, not kept, and the holes of a
+ * sparse file are skipped, never read (feed_fd, and mmleak.py's dump_lines, byte for byte).
+ *
+ * The files are opened by mmleak.py (the open callback: the checks every reader of a dump
+ * directory makes are in one place, open_trace_file); this file reads descriptors. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -38,6 +43,9 @@ enum { P_TORN = 0, P_PADDING = 1, P_MALFORMED = 2, P_DUPLICATE = 3, P_KINDS = 4 
 typedef int (*mmleak_header_cb)(const char *line, size_t len, int file, uint64_t lineno);
 typedef int (*mmleak_tick_cb)(int file, uint64_t file_events, uint64_t events_before,
                               uint64_t files_done);
+/* open: a descriptor of input FILE (closed here after reading), -1 when it cannot be read
+ * (mmleak.py said why), -2 to stop (an exception to pass on). */
+typedef int (*mmleak_open_cb)(int file);
 
 /* lines, alloc_lines: the event lines of the result written, and the allocations among them
  * (what a compacted result counts in its "#compacted" line) */
@@ -61,6 +69,12 @@ static void *map_mem(size_t n)
 #define SLAB_MAX 1024
 #define SLAB_CLASSES (SLAB_MAX / SLAB_GRAIN)
 #define CHUNK (1u << 20)
+/* Reading: a line is kept up to LINE_MAX bytes (mmleak.py's LINE_MAX), read READ_CHUNK at a
+ * time (never more than LINE_MAX: only a line that began in an earlier chunk can be longer). */
+#define LINE_MAX_BYTES ((size_t)1 << 20)
+#define READ_CHUNK ((size_t)1 << 20)
+#define READ_BUF (4096 + LINE_MAX_BYTES + READ_CHUNK)
+#define HEAD 80                         /* what messages show of a line too long */
 
 struct chunk { struct chunk *next; size_t size; };
 
@@ -438,7 +452,8 @@ static void problem(struct run *r, int file, uint64_t lineno, int kind, const ch
     ob_flush(o);
 }
 
-/* Shrinker._odd_line: everything that is not an event. */
+/* Shrinker._odd_line: everything that is not an event (a line without NUL bytes, ended by
+ * its newline, or the last one of the input without it). */
 static void odd_line(struct run *r, int file, uint64_t lineno, const char *p, size_t n)
 {
     int nl = n && p[n - 1] == '\n';
@@ -456,21 +471,16 @@ static void odd_line(struct run *r, int file, uint64_t lineno, const char *p, si
             r->stop = 1;
         return;
     }
-    size_t body = n - (size_t)nl;
-    if (!nl || memchr(p, 0, n)) {
-        size_t i = 0;
-        while (i < body && (p[i] == 0 || p[i] == ' '))
+    if (!nl) {
+        size_t i = 0;                   /* not line.strip(b" "): spaces only */
+        while (i < n && p[i] == ' ')
             i++;
-        if (i == body) {
+        if (i == n)
             problem(r, file, lineno, P_PADDING, "padding after the last line (the process "
                     "did not exit cleanly); ignored", NULL, 0);
-            return;
-        }
-        size_t e = n;                   /* line.rstrip(b"\0\n")[:60] */
-        while (e && (p[e - 1] == 0 || p[e - 1] == '\n'))
-            e--;
-        problem(r, file, lineno, P_TORN, "torn line (process killed while writing it?) "
-                "ignored: ", p, e < 60 ? e : 60);
+        else
+            problem(r, file, lineno, P_TORN, "torn line (process killed while writing it?) "
+                    "ignored: ", p, n < 60 ? n : 60);
         return;
     }
     size_t i;                           /* not line.strip(): ASCII whitespace only */
@@ -482,6 +492,42 @@ static void odd_line(struct run *r, int file, uint64_t lineno, const char *p, si
     if (i == n)
         return;
     problem(r, file, lineno, P_MALFORMED, "malformed line skipped: ", p, n < 80 ? n : 80);
+}
+
+/* Text cut by a run of NUL bytes (N bytes at P, LONG: it was longer than LINE_MAX and this is
+ * its head): a torn line, or padding when it is empty or blank.  The line goes on after the
+ * run, under the same number. */
+static __attribute__((cold, noinline)) void cut_line(struct run *r, int file, uint64_t lineno,
+                                                    const char *p, size_t n,
+                     int is_long)
+{
+    size_t i = 0;
+    while (!is_long && i < n && p[i] == ' ')
+        i++;
+    if (i == n && !is_long)
+        problem(r, file, lineno, P_PADDING, "NUL bytes skipped (padding, or a hole a crash "
+                "left in the file)", NULL, 0);
+    else
+        problem(r, file, lineno, P_TORN, "torn line (process killed while writing it?) "
+                "ignored: ", p, n < 60 ? n : 60);
+}
+
+/* A line longer than LINE_MAX (its head: N bytes at P), ended by END: a newline, a NUL, or
+ * nothing (the end of the input). */
+static __attribute__((cold, noinline)) void long_line(struct run *r, int file, uint64_t lineno,
+                                                     const char *p, size_t n,
+                      int end)
+{
+    if (end == '\n')
+        problem(r, file, lineno, P_MALFORMED, "malformed line skipped (longer than 1048576 "
+                "bytes): ", p, n < 80 ? n : 80);
+    else if (end == 0)
+        cut_line(r, file, lineno, p, n, 1);
+    else if (p[0] == '#')
+        problem(r, file, lineno, P_TORN, "torn last line ignored", NULL, 0);
+    else
+        problem(r, file, lineno, P_TORN, "torn line (process killed while writing it?) "
+                "ignored: ", p, n < 60 ? n : 60);
 }
 
 static inline size_t ptr_len(const char *p)
@@ -627,26 +673,102 @@ static int tick(struct run *r, int file, uint64_t file_events)
     return r->stop;
 }
 
-/* Shrinker.feed over a descriptor. */
-static void feed_fd(struct run *r, int fd, int file, char **bufp, size_t *capp)
+/* The first newline or NUL in [P, LIM), or NULL. */
+static const char *line_end(const char *p, const char *lim)
 {
-    char *buf = *bufp;
-    size_t cap = *capp, have = 0;
-    uint64_t lineno = 0, events = 0, allocs = 0, max_time = r->st->max_time;
-    int eof = 0, failed = 0;
-    while (!eof && !r->stop) {
-        if (have == cap) {               /* one line longer than the buffer: double it */
-            char *nb = map_mem(cap * 2);
-            if (!nb) {
-                r->stop = -1;
-                break;
-            }
-            memcpy(nb, buf, have);
-            munmap(buf, cap);
-            buf = nb;
-            cap *= 2;
+    const char *nl = memchr(p, '\n', (size_t)(lim - p));
+    const char *z = memchr(p, 0, (size_t)((nl ? nl : lim) - p));
+    return z ? z : nl;
+}
+
+/* One line ended by its newline (N bytes at P, at most LINE_MAX + 1). */
+static inline __attribute__((always_inline)) void one_line(struct run *r, int file,
+                                                             uint64_t lineno, const char *p,
+                                                             size_t n, uint64_t *events,
+                                                             uint64_t *allocs,
+                                                             uint64_t *max_time)
+{
+    uint64_t key, s, tm = 0;
+    int kind = parse_line(p, &key, &s, &tm);
+    if (likely(kind >= 0)) {
+        if (kind == K_ALLOC) {
+            ++*allocs;
+            if (tm > *max_time)
+                *max_time = tm;
         }
-        ssize_t got = read(fd, buf + have, cap - have);
+        ++*events;
+        event(r, file, lineno, p, n, key, s, kind);
+    } else {
+        odd_line(r, file, lineno, p, n);
+    }
+}
+
+/* The first line after a run of NULs, an event whose pointer has fewer than 12 digits: the
+ * end of a line whose start a hole took (mmleak.py's CUT_START).  1 if it is (said). */
+static __attribute__((cold, noinline)) int cut_start(struct run *r, int file, uint64_t lineno,
+                                                     const char *p, size_t n)
+{
+    uint64_t a, b, c;
+    if (parse_line(p, &a, &b, &c) < 0 || ptr_len(p) >= 12)
+        return 0;
+    problem(r, file, lineno, P_MALFORMED, "line cut by NUL bytes before it (its start is "
+            "lost) skipped: ", p, n < 80 ? n : 80);
+    return 1;
+}
+
+/* Shrinker.feed over a descriptor, reading as mmleak.py's dump_lines does: BUF (READ_BUF
+ * bytes) holds the start of a line not ended yet (HAVE bytes, no NUL, at most LINE_MAX) and
+ * the chunk just read; a run of NULs ends the text before it (cut_line) and the next line
+ * starts after it; a line longer than LINE_MAX keeps its head (HEAD bytes) and its rest is
+ * skipped; a hole of a regular file is a run of NULs, never read (SEEK_DATA). */
+static void feed_fd(struct run *r, int fd, int file, char *buf)
+{
+    size_t have = 0;
+    char head[HEAD];
+    size_t head_n = 0;
+    int skip = 0, in_nul = 0, failed = 0, hole_to_end = 0;
+    int after_nul = 0;                  /* the next line comes right after a run of NULs */
+    uint64_t lineno = 0, events = 0, allocs = 0, max_time = r->st->max_time;
+    struct stat sb;
+    int seekable = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
+    char *pend = buf;                   /* where the HAVE bytes are */
+    off_t at = seekable ? lseek(fd, 0, SEEK_CUR) : 0;  /* the file offset read next */
+    if (at < 0)
+        at = 0;
+    while (!r->stop) {
+        int hole = 0;
+        if (seekable) {
+            off_t cur = lseek(fd, 0, SEEK_CUR), d = cur < 0 ? -1 : lseek(fd, cur, SEEK_DATA);
+            if (cur < 0) {
+                seekable = 0;
+            } else if (d < 0 && errno == ENXIO) {   /* no data after CUR: a hole to the end? */
+                hole = hole_to_end = fstat(fd, &sb) == 0 && cur < sb.st_size;
+            } else if (d < 0) {
+                seekable = 0;           /* no SEEK_DATA here: all of it is data */
+            } else {
+                hole = d > cur;
+                at = d;
+            }
+        }
+        if (hole) {                     /* as many NULs as the hole is long */
+            if (skip) {
+                long_line(r, file, lineno + 1, head, head_n, 0);
+                skip = 0;
+            } else if (!in_nul) {
+                cut_line(r, file, lineno + 1, pend, have, 0);
+                have = 0;
+            }
+            in_nul = after_nul = 1;
+            if (hole_to_end)
+                break;
+        }
+        /* the chunk goes where its bytes have the file's alignment in a page: the kernel
+         * copies from the page cache a third faster than to a place out of step with it */
+        char *to = buf + (((uint64_t)at - have) & 4095);
+        if (to != pend)
+            memmove(to, pend, have);
+        pend = to;
+        ssize_t got = read(fd, pend + have, READ_CHUNK);
         if (got < 0) {
             if (errno == EINTR) {
                 tick(r, file, events);
@@ -664,42 +786,86 @@ static void feed_fd(struct run *r, int fd, int file, char **bufp, size_t *capp)
             break;
         }
         if (got == 0)
-            eof = 1;
-        size_t end = have + (size_t)got;
-        const char *p = buf, *lim = buf + end;
-        const char *nl;
-        while ((nl = memchr(p, '\n', (size_t)(lim - p))) != NULL) {
-            size_t n = (size_t)(nl + 1 - p);
-            uint64_t key, s, tm = 0;
-            lineno++;
-            int kind = parse_line(p, &key, &s, &tm);
-            if (likely(kind >= 0)) {
-                if (kind == K_ALLOC) {
-                    allocs++;
-                    if (tm > max_time)
-                        max_time = tm;
-                }
-                events++;
-                event(r, file, lineno, p, n, key, s, kind);
-            } else {
-                odd_line(r, file, lineno, p, n);
+            break;
+        at += got;
+        const char *p = pend, *q = pend + have, *lim = pend + have + (size_t)got;
+        if (skip) {                     /* the rest of a line too long, up to its end */
+            const char *t = line_end(q, lim);
+            if (!t) {
+                have = 0;
+                continue;
             }
-            p = nl + 1;
-            if (unlikely(r->stop) || (unlikely((lineno & 0xFFFF) == 0) && tick(r, file, events)))
+            if (*t == '\n')
+                lineno++;
+            long_line(r, file, *t ? lineno : lineno + 1, head, head_n, *t);
+            skip = 0;
+            in_nul = after_nul = !*t;
+            p = q = t + 1;
+        }
+        if (in_nul) {                   /* a run of NULs that goes on */
+            while (q < lim && !*q)
+                q++;
+            p = q;
+            if (q == lim) {
+                have = 0;
+                continue;
+            }
+            in_nul = 0;
+        }
+        /* one loop, one place where a line is parsed (inlined once: the parser and the
+         * state update stay inlined); NULs are looked for only in a chunk that has some */
+        int nuls = memchr(q, 0, (size_t)(lim - q)) != NULL;
+        const char *t;
+        while ((t = nuls ? line_end(q, lim) : memchr(q, '\n', (size_t)(lim - q))) != NULL) {
+            size_t n = (size_t)(t - p);         /* the text, without what ended it */
+            if (likely(*t == '\n')) {
+                lineno++;
+                if (unlikely(after_nul)) {
+                    after_nul = 0;
+                    if (n <= LINE_MAX_BYTES && cut_start(r, file, lineno, p, n + 1)) {
+                        p = q = t + 1;
+                        continue;
+                    }
+                }
+                if (unlikely(n > LINE_MAX_BYTES))
+                    long_line(r, file, lineno, p, HEAD, '\n');
+                else
+                    one_line(r, file, lineno, p, n + 1, &events, &allocs, &max_time);
+                p = q = t + 1;
+                if (unlikely(r->stop) ||
+                    (unlikely((lineno & 0xFFFF) == 0) && tick(r, file, events)))
+                    break;
+                continue;
+            }
+            if (n > LINE_MAX_BYTES)             /* text cut by a run of NULs */
+                long_line(r, file, lineno + 1, p, HEAD, 0);
+            else
+                cut_line(r, file, lineno + 1, p, n, 0);
+            while (++t < lim && !*t)
+                ;
+            in_nul = t == lim;
+            after_nul = 1;
+            p = q = t;
+            if (r->stop)
                 break;
         }
         if (r->stop)
             break;
         have = (size_t)(lim - p);
-        if (eof && have) {               /* a last line without its newline */
-            lineno++;
-            odd_line(r, file, lineno, p, have);
+        pend = (char *)p;
+        if (have > LINE_MAX_BYTES) {    /* too long: keep its head, skip the rest */
+            head_n = HEAD;
+            memcpy(head, pend, HEAD);
+            skip = 1;
             have = 0;
         }
-        memmove(buf, p, have);
     }
-    *bufp = buf;
-    *capp = cap;
+    if (!r->stop && !failed) {          /* the last line, without its newline */
+        if (skip)
+            long_line(r, file, ++lineno, head, head_n, -1);
+        else if (have)
+            odd_line(r, file, ++lineno, pend, have);
+    }
     r->st->events += events;
     r->st->allocs += allocs;
     r->st->max_time = max_time;
@@ -765,21 +931,21 @@ static void write_state(struct run *r, struct obuf *o, int final)
     ob_flush(o);
 }
 
-/* Shrink PATHS ("-" is stdin, descriptor 0) and write the result (events only, no header
- * lines: those go to the header callback) to OUT_FD.  NAMES are the names used in messages,
- * which go to ERR_FD.  COUNTS (npaths * 4: torn, padding, malformed, duplicate) receives the
- * problem counts under the first index of each distinct name.
+/* Shrink PATHS ("-" is stdin, descriptor 0; any other is opened by ON_OPEN) and write the
+ * result (events only, no header lines: those go to the header callback) to OUT_FD.  NAMES
+ * are the names used in messages, which go to ERR_FD.  COUNTS (npaths * 4: torn, padding,
+ * malformed, duplicate) receives the problem counts under the first index of each distinct
+ * name.
  * Returns 0 when done, 1 when a callback stopped the run, -1 out of memory, -2 output error
  * (the errno in stats->out_errno). */
 API int mmleak_shrink(const char *const *paths, const char *const *names, int npaths,
                       int out_fd, int err_fd, int final, mmleak_header_cb on_header,
-                      mmleak_tick_cb on_tick, uint64_t *counts,
+                      mmleak_tick_cb on_tick, mmleak_open_cb on_open, uint64_t *counts,
                       struct mmleak_shrink_stats *stats)
 {
     struct obuf *err = map_mem(sizeof *err), *out = map_mem(sizeof *out);
     int *name_id = map_mem(sizeof(int) * (size_t)(npaths > 0 ? npaths : 1));
-    size_t cap = 1 << 22;
-    char *buf = map_mem(cap);
+    char *buf = map_mem(READ_BUF);
     struct run r;
     memset(&r, 0, sizeof r);
     int rc = 0;
@@ -807,27 +973,16 @@ API int mmleak_shrink(const char *const *paths, const char *const *names, int np
     r.on_tick = on_tick;
     r.st = stats;
     for (int i = 0; i < npaths && !r.stop; i++) {
-        int fd = 0;
-        if (strcmp(paths[i], "-")) {
-            struct stat sb;
-            fd = open(paths[i], O_RDONLY | O_CLOEXEC);
-            if (fd >= 0 && fstat(fd, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-                close(fd);
-                fd = -1;
-                errno = EISDIR;
-            }
-            if (fd < 0) {
-                ob_str(err, "mmleak.py: ");
-                ob_str(err, names[i]);
-                ob_str(err, ": cannot read: ");
-                ob_str(err, strerror(errno));
-                ob_put(err, "\n", 1);
-                ob_flush(err);
-                stats->fatal = 1;
-                continue;
-            }
+        int fd = strcmp(paths[i], "-") ? on_open(i) : 0;
+        if (fd == -2) {
+            r.stop = 1;
+            break;
         }
-        feed_fd(&r, fd, i, &buf, &cap);
+        if (fd < 0) {                   /* mmleak.py said why */
+            stats->fatal = 1;
+            continue;
+        }
+        feed_fd(&r, fd, i, buf);
         if (fd)
             close(fd);
     }
@@ -846,7 +1001,7 @@ done:
     slab_release(&r.mem);
     hset_release(&r.headers);
     if (buf)
-        munmap(buf, cap);
+        munmap(buf, READ_BUF);
     if (name_id)
         munmap(name_id, sizeof(int) * (size_t)(npaths > 0 ? npaths : 1));
     if (err)
@@ -857,4 +1012,4 @@ done:
 }
 
 /* The interface version mmleak.py checks before it relies on the function's signature. */
-API int mmleak_shrink_abi(void) { return 2; }
+API int mmleak_shrink_abi(void) { return 3; }

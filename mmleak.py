@@ -14,6 +14,7 @@ import bisect
 import collections
 import contextlib
 import csv
+import errno
 import io
 import math
 import os
@@ -44,13 +45,14 @@ EXIT_HELP = """exit status:
   0  success
   1  usage error
   2  an input could not be used (missing or unreadable file, files of different processes
-     mixed, no dump files found), or an output file could not be written; whatever could
-     be read was still processed
-  3  malformed lines were skipped (each reported on stderr with file and line): the result
-     may miss events
+     mixed, no dump files found, a file at one of mmleak's names that is not a regular file
+     of the trace's owner or root: ignored or refused, in one line), or an output file could
+     not be written; whatever could be read was still processed
+  3  malformed lines were skipped (each reported on stderr with file and line), or the trace
+     lost events (INCOMPLETE TRACE): the result may miss events
   4  eu-addr2line (elfutils) missing or failing: addresses left unresolved
-A torn last line or padding (NULs, blanks), which a killed process leaves behind, is reported
-but is not an error: the events before it are complete."""
+A torn last line or padding (NULs anywhere, blanks), which a killed process or a crash leaves
+behind, is reported but is not an error: the complete events around it are read."""
 
 
 class Fail(Exception):
@@ -88,20 +90,6 @@ def _temp_name(path):
     return os.path.join(d, ".%s.%s%s" % (base, os.urandom(6).hex(), TEMP_SUFFIX))
 
 
-def stale_outputs(path):
-    """The temporary files of ours a writer of PATH left when it was killed (new_output)."""
-    d, base = os.path.split(path)
-    pat = re.compile(r"^\.%s\.[0-9a-f]{12}%s$" % (re.escape(base), re.escape(TEMP_SUFFIX)))
-    out = []
-    try:
-        for n in os.listdir(d or "."):
-            if pat.match(n):
-                st = os.lstat(os.path.join(d, n))
-                if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
-                    out.append(os.path.join(d, n))
-    except OSError:
-        pass
-    return out
 
 
 FD_LINK_RE = re.compile(r"^/(?:proc/(?:self|thread-self|%d)/fd|dev/fd)/(\d+)$" % os.getpid())
@@ -228,39 +216,339 @@ def find_library(explicit=None):
 
 DUMP_RE = re.compile(r"^mmleak\.(\d+(?:-\d+)?)\.(\d+)\.out$")
 MAPS_RE = re.compile(r"^mmleak\.(\d+(?:-\d+)?)\.maps$")
+TRACE_FILE_RE = re.compile(r"^mmleak\.(\d+(?:-\d+)?)\.")     # any file of trace ID
+
+
+# ---------------------------------------------------------------------------------------
+# Files in a dump directory that others may write to (README.rst, "Where the files go",
+# "Whose files are read").  Every file at one of mmleak's names is opened through
+# open_trace_file (or _open_checked): never through a symbolic link, never blocking on a
+# FIFO, nothing but a regular file, and only one of the trace's owner or of root.  A file
+# that fails is refused (or, found in a listing, ignored): one line, exit status 2.
+# ---------------------------------------------------------------------------------------
+
+REFUSALS = set()        # the lines said about refused files (each once); exit status 2
+
+
+class Refused(Fail):
+    """A file at one of mmleak's names that is not what mmleak makes there."""
+
+
+def refuse(msg):
+    """Say MSG (about a refused file) once in this run, and make the exit status 2."""
+    if msg not in REFUSALS:
+        REFUSALS.add(msg)
+        warn(msg)
+
+
+def trace_owner(directory, tid):
+    """(uid, gid) of trace TID's owner: the owner of its mmleak.TID.maps (made first, by the
+    traced process: a daemon that switches users hands it over with its other files), or
+    None when it has none that is a regular file."""
+    try:
+        st = os.lstat(os.path.join(directory, "mmleak.%s.maps" % tid))
+    except OSError:
+        return None
+    return (st.st_uid, st.st_gid) if stat.S_ISREG(st.st_mode) else None
+
+
+def trusted_uids(directory, tid):
+    """(uids whose files of trace TID are read, how to name them in a message): the trace's
+    owner and root; with no maps file, root and the user running this (a file of anybody
+    else could be anything, planted at a name a trace will use)."""
+    owner = trace_owner(directory, tid)
+    if owner is not None:
+        return frozenset((owner[0], 0)), "not by the trace's owner (uid %d) or root" % owner[0]
+    me = os.geteuid()
+    return frozenset((0, me)), ("not by root or uid %d (the trace has no maps file to name "
+                                "its owner)" % me)
+
+
+_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"),
+          (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+
+
+def file_problem(path, st, verb="refused", uids=None):
+    """Why the file PATH (its stat ST) is not one of a trace's files, as a message ending
+    with VERB; None if it is.  UIDS: None, or (uids, their description) of trusted_uids."""
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((k for test, k in _KINDS if test(st.st_mode)), "not a regular file")
+        return "%s: %s, not a regular file: %s" % (path, kind, verb)
+    if uids is not None and st.st_uid not in uids[0]:
+        return "%s: owned by uid %d, %s: %s" % (path, st.st_uid, uids[1], verb)
+    return None
+
+
+def uids_for(path):
+    """trusted_uids of the trace a file named mmleak.ID.* belongs to (None for another
+    name: a file the user named, anywhere)."""
+    d, n = os.path.split(path)
+    m = TRACE_FILE_RE.match(n)
+    return trusted_uids(d or ".", m.group(1)) if m else None
+
+
+def _open_checked(path, flags, uids):
+    """A descriptor of PATH, one of a trace's files (UIDS: its trusted_uids), opened with
+    FLAGS, O_NOFOLLOW and O_NONBLOCK after lstat said it is a regular file of the trace's
+    (so that nothing else is even opened: a device, a FIFO), and fstat that it still is the
+    same.  Raises Refused, or OSError (missing, unreadable)."""
+    st = os.lstat(path)
+    why = file_problem(path, st, "refused", uids)
+    if why:
+        raise Refused(why)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:      # replaced by a symbolic link meanwhile
+            raise Refused("%s: a symbolic link, not a regular file: refused" % path)
+        raise
+    try:
+        st2 = os.fstat(fd)
+        why = file_problem(path, st2, "refused", uids)
+        if why is None and (st2.st_dev, st2.st_ino) != (st.st_dev, st.st_ino):
+            why = "%s: replaced while it was opened: refused" % path
+    except OSError:
+        os.close(fd)
+        raise
+    if why:
+        os.close(fd)
+        raise Refused(why)
+    return fd
+
+
+def open_trace_file(path):
+    """PATH opened to be read (binary).  A file named mmleak.ID.* must be a regular file of
+    trace ID's owner or root (_open_checked: Refused otherwise); any other name (a file the
+    user named) is opened as it is.  OSError passes."""
+    uids = uids_for(path)
+    if uids is None:
+        return open(path, "rb")
+    return os.fdopen(_open_checked(path, os.O_RDONLY, uids), "rb")
+
+
+def create_trace_file(path):
+    """PATH (a temporary name of mmleak.py's in the dump directory) created for writing:
+    whatever is there is removed first, then O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600 (only its
+    owner reads it, as mmleak.so makes its files); made by root, it is given to the trace's
+    owner, like the lock (a file of root's at a name of another user's trace would be
+    trusted by the next trace of that name).  OSError passes."""
+    _remove_quietly(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK |
+                 os.O_CLOEXEC, 0o600)
+    try:
+        m = TRACE_FILE_RE.match(os.path.basename(path))
+        owner = m and trace_owner(os.path.dirname(path) or ".", m.group(1))
+        if os.geteuid() == 0 and owner and owner[0] != 0:
+            os.fchown(fd, owner[0], owner[1])
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def remove_trace_file(path, uids=None):
+    """Delete PATH if it is a regular file of the trace's owner or root (UIDS, default: of
+    the trace its name says); anything else there is left alone.  True if deleted."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if file_problem(path, st, "", uids if uids is not None else uids_for(path)):
+        return False
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _remove_quietly(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+# Reading in bounded memory, whatever a file holds (README.rst, "The dump format"): a line
+# longer than LINE_MAX is reported, not kept; a run of NUL bytes (padding; a hole a crash left
+# in the file) ends the text before it, and holes are skipped without being read.
+LINE_MAX = 1 << 20
+_CHUNK = 1 << 20                    # never more than LINE_MAX (see dump_lines)
+_NULS_RE = re.compile(rb"\0+")
+_ENDS_RE = re.compile(rb"[\n\0]")
+
+
+def _file_chunks(fd, pos):
+    """The data of the regular file FD from POS on, in chunks; None for a hole (as many NUL
+    bytes as it is long, never read)."""
+    while True:
+        try:
+            data = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno != errno.ENXIO:
+                data = pos              # no SEEK_DATA here: all of it is data
+            else:                       # no data after POS: a hole to the end, or the end
+                if pos < os.fstat(fd).st_size:
+                    yield None
+                return
+        if data > pos:
+            yield None
+            pos = data
+        chunk = os.pread(fd, _CHUNK, pos)
+        if not chunk:
+            return
+        pos += len(chunk)
+        yield chunk
+
+
+def _stream_chunks(f):
+    read = getattr(f, "read1", None) or f.read
+    while True:
+        chunk = read(_CHUNK)
+        if not chunk:
+            return
+        yield chunk
+
+
+def dump_lines(f, limit=LINE_MAX):
+    """The lines of the binary file F, read in bounded memory (mmleak-shrink.c's feed_fd
+    reads the same way, to the byte):
+
+    * a line ends with its newline (the last one may have none);
+    * a run of NUL bytes ends the text before it: that text is yielded with one NUL after
+      it ("text cut by padding"; just b"\\0" when there is none), the run is skipped, and
+      the next line starts after it; holes of a sparse file are such runs, never read;
+    * a line longer than LIMIT is yielded as its first LIMIT bytes, b"\\x01", then what
+      ended it (newline, NUL, or nothing at the end of the file); the rest is not kept.
+
+    Anything without .read (a list of lines) is taken as it is."""
+    if not hasattr(f, "read"):
+        yield from f
+        return
+    chunks = None
+    try:
+        fd = f.fileno()
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            chunks = _file_chunks(fd, f.tell())
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        pass
+    if chunks is None:
+        chunks = _stream_chunks(f)
+    pend = b""          # the start of a line not ended yet (no NUL, at most LIMIT bytes)
+    skip = None         # the head of a line too long, the rest of which is being skipped
+    in_nul = False      # the last byte seen was a NUL: a run may go on in the next chunk
+    for chunk in chunks:
+        if chunk is None:
+            chunk = b"\0"
+        nul = b"\0" in chunk
+        if nul:
+            chunk = _NULS_RE.sub(b"\0", chunk)
+            if in_nul and chunk[:1] == b"\0":
+                chunk = chunk[1:]
+                if not chunk:
+                    continue
+        in_nul = chunk[-1:] == b"\0"
+        if skip is not None:
+            m = _ENDS_RE.search(chunk)
+            if m is None:
+                continue
+            yield skip + chunk[m.start():m.end()]
+            skip = None
+            chunk = chunk[m.end():]
+        data = pend + chunk if pend else chunk
+        if not nul:
+            last = data.rfind(b"\n")
+            if last < 0:
+                pend = data
+            else:
+                # only the first line can be longer than a chunk: it began in an earlier one
+                i = data.find(b"\n")
+                yield data[:i + 1] if i <= limit else data[:limit] + b"\x01\n"
+                if i < last:
+                    yield from io.BytesIO(data[i + 1:last + 1])
+                pend = data[last + 1:]
+        else:
+            at = 0
+            for m in _ENDS_RE.finditer(data):
+                j = m.start()
+                yield data[at:j + 1] if j - at <= limit else data[at:at + limit] + b"\x01" + \
+                    data[j:j + 1]
+                at = j + 1
+            pend = data[at:]
+        if len(pend) > limit:
+            skip, pend = pend[:limit] + b"\x01", b""
+    if skip is not None:
+        yield skip
+    elif pend:
+        yield pend
+
+
+def read_lines(path, text=False):
+    """The lines of the trace file PATH (open_trace_file, dump_lines), decoded if TEXT."""
+    with open_trace_file(path) as f:
+        for line in dump_lines(f):
+            yield line.decode("utf-8", "replace") if text else line
 
 
 def find_traces(directory):
     """Map trace id ("PID" or "PID-K") -> sorted list of its dump files in DIRECTORY (its
-    compacted result mmleak.ID.compact first, if any)."""
+    compacted result mmleak.ID.compact first, if any).  A file at one of those names that
+    is not a regular file of the trace's owner or root is left out, and said (one line per
+    trace, once; exit status 2): anybody may have put it there (see open_trace_file)."""
     traces = collections.defaultdict(list)
     try:
         names = os.listdir(directory)
     except OSError as e:
         raise Fail("cannot list %s: %s" % (directory, e.strerror))
+    uids, ignored = {}, collections.defaultdict(list)
     for n in names:
-        m = DUMP_RE.match(n)
-        if m and os.path.islink(os.path.join(directory, n)):
-            warn("%s: a symbolic link where a dump file should be: ignored"
-                 % os.path.join(directory, n))
-            continue
+        m = DUMP_RE.match(n) or COMPACT_RE.match(n)
         if m:
-            traces[m.group(1)].append((int(m.group(2)), os.path.join(directory, n)))
+            tid, p = m.group(1), os.path.join(directory, n)
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue                # gone meanwhile (a compactor folded it)
+            if tid not in uids:
+                uids[tid] = trusted_uids(directory, tid)
+            why = file_problem(p, st, "ignored", uids[tid])
+            if why:
+                ignored[tid].append(why)
+            elif n.endswith(".out"):
+                traces[tid].append((int(m.group(2)), p))
+            else:                       # a compacted trace's running result: read it first
+                traces[tid].append((-1, p))
         elif MAPS_RE.match(n):
             traces.setdefault(MAPS_RE.match(n).group(1), [])
-        elif COMPACT_RE.match(n):       # a compacted trace's running result: read it first
-            traces[COMPACT_RE.match(n).group(1)].append((-1, os.path.join(directory, n)))
+    for tid, whys in sorted(ignored.items()):
+        whys.sort()
+        refuse(whys[0] if len(whys) == 1 else "%s (and %d more files of trace %s: ignored "
+               "likewise)" % (whys[0], len(whys) - 1, tid))
     out = {}
     for k, v in traces.items():
         files = [p for _, p in sorted(v)]
         if files and files[0].endswith(".compact"):
             # a compaction pass stopped after writing its result, before deleting its
             # inputs: they are in the result already (the next pass deletes them)
-            folded = set(_previously_folded(files[0]))
+            try:
+                folded = set(_previously_folded(files[0], k))
+            except Refused as e:        # replaced since the listing
+                refuse(str(e))
+                files, folded = files[1:], ()
             if folded:
                 files = [p for p in files if os.path.basename(p) not in folded]
         out[k] = files
     return out
+
+
+def _first_header(path):
+    """The header of the dump file PATH (its first line, read as a bounded one), or None."""
+    try:
+        with open_trace_file(path) as f:
+            return parse_header(f.readline(4096))
+    except (OSError, Refused):
+        return None
 
 
 def trace_start_for_maps(maps_path):
@@ -270,92 +558,165 @@ def trace_start_for_maps(maps_path):
     if not m:
         return None
     for p in find_traces(d).get(m.group(1), []):
-        try:
-            with open(p, "rb") as f:
-                h = parse_header(f.readline())
-        except OSError:
-            continue
+        h = _first_header(p)
         if h and header_int(h, "start", None) is not None:
             return header_int(h, "start")
     return None
 
 
-def unflushed_tail(out_path, with_size=False):
-    """The lines of OUT_PATH's thread that are still only in its staging file, as bytes.
+def _tail_segments(fd, have):
+    """Where the lines of a staging file (descriptor FD) that its .out lacks are, HAVE being
+    the size of the .out: [(position in the staging file, length)], in the .out's order.
 
     mmleak.so stages events in mmleak.ID.N.tail (a shared mapping: two halves, each starting
-    with "#at OFFSET", the place in .out its lines belong) and appends a half to .out when it
-    is full.  A clean close flushes it and deletes the .tail; after a crash, or while the
-    process runs, the .tail holds the newest lines.  The .tail is read before the size of
-    .out is taken, so a flush in between never yields a line twice.  WITH_SIZE: returns
-    (lines, size of .out they follow): a reader of a file still being written must read that
-    much of .out, not more (a later flush appends lines it has from the .tail)."""
+    with "#at OFFSET", the place in .out its lines belong, its lines ending at the first
+    NUL) and appends a half to .out when it is full.  Read in bounded chunks."""
+    size = os.fstat(fd).st_size
+    half = size // 2
+    halves = []
+    for start, end in ((0, half), (half, size)):
+        m = re.match(rb"#at ([0-9a-f]{16}) *\n", os.pread(fd, min(end - start, 4096), start))
+        if not m:
+            continue
+        pos = body = start + m.end()
+        n = end - body                  # the lines end at the first NUL
+        while pos < end:
+            chunk = os.pread(fd, min(_CHUNK, end - pos), pos)
+            if not chunk:
+                n = pos - body
+                break
+            nul = chunk.find(b"\0")
+            if nul >= 0:
+                n = pos + nul - body
+                break
+            pos += len(chunk)
+        halves.append((int(m.group(1), 16), body, n))
+    out = []
+    for off, body, n in sorted(halves):
+        if off + n <= have:
+            continue                      # already in .out
+        skip = max(have - off, 0)
+        out.append((body + skip, n - skip))
+        have = off + n
+    return out
+
+
+def _segment_chunks(fd, segments):
+    for pos, n in segments:
+        while n > 0:
+            chunk = os.pread(fd, min(_CHUNK, n), pos)
+            if not chunk:
+                break
+            yield chunk
+            pos += len(chunk)
+            n -= len(chunk)
+
+
+def _copy_sparse(src_fd, dst, size):
+    """Bytes 0..SIZE of the regular file SRC_FD into the new binary file DST, in bounded
+    memory, its holes left holes (a sparse file stays small).  The bytes copied."""
+    pos = done = 0
+    while pos < size:
+        try:
+            data = os.lseek(src_fd, pos, os.SEEK_DATA)
+            hole = os.lseek(src_fd, data, os.SEEK_HOLE)
+        except OSError as e:
+            if e.errno == errno.ENXIO:
+                break                   # a hole to the end
+            data, hole = pos, size
+        pos, end = data, min(hole, size)
+        if pos >= size:
+            break
+        dst.seek(pos)
+        while pos < end:
+            chunk = os.pread(src_fd, min(_CHUNK, end - pos), pos)
+            if not chunk:               # shorter than SIZE: no more
+                dst.truncate(pos)
+                return pos
+            dst.write(chunk)
+            pos += len(chunk)
+            done = pos
+    dst.truncate(size)
+    dst.seek(size)
+    return max(done, size)
+
+
+def unflushed_tail(out_path, with_size=False):
+    """The lines of OUT_PATH's thread that are still only in its staging file (see
+    _tail_segments), as bytes.  A clean close flushes it and deletes the .tail; after a
+    crash, or while the process runs, the .tail holds the newest lines.  The .tail is read
+    before the size of .out is taken, so a flush in between never yields a line twice.
+    WITH_SIZE: returns (lines, size of .out they follow): a reader of a file still being
+    written must read that much of .out, not more (a later flush appends lines it has from
+    the .tail).  For small files (tests, recover); readers stream (with_unflushed_tails)."""
     tail = out_path[:-4] + ".tail" if out_path.endswith(".out") else None
     if not tail:
         return (b"", None) if with_size else b""
     try:
-        with open(tail, "rb") as f:
-            data = f.read()
-        have, ended = _out_end(out_path)
-    except OSError:
+        with open_trace_file(tail) as f:
+            with tempfile.TemporaryFile(prefix="mmleak-tail.") as copy:
+                _copy_sparse(f.fileno(), copy, os.fstat(f.fileno()).st_size)
+                copy.flush()
+                have, ended = _out_end(out_path)
+                data = b"" if ended else b"".join(_segment_chunks(
+                    copy.fileno(), _tail_segments(copy.fileno(), have)))
+    except (OSError, Refused):
         return (b"", None) if with_size else b""
     # An ended .out needs no staging lines: every line was flushed before its "#end".  And a
     # rotating thread renames its staging file to the next file's name, so a name (or a hard
     # link) taken before may now hold the next file's lines.
-    if ended:
-        return (b"", have) if with_size else b""
-    size = have
-    halves = []
-    half = len(data) // 2
-    for h in (data[:half], data[half:]):
-        m = re.match(rb"#at ([0-9a-f]{16}) *\n", h)
-        if m:
-            body = h[m.end():]
-            nul = body.find(b"\0")
-            halves.append((int(m.group(1), 16), body if nul < 0 else body[:nul + 1]))
-    out = []
-    halves.sort()
-    for i, (off, body) in enumerate(halves):
-        n = len(body.rstrip(b"\0"))
-        if off + n <= have:
-            continue                      # already in .out
-        body = body[:n]                   # the NULs after the last line: not data
-        out.append(body[max(have - off, 0):])
-        have = off + n
-    return (b"".join(out), size) if with_size else b"".join(out)
+    return (data, have) if with_size else data
+
+
+def _with_tail(p, q):
+    """Write to Q (a new file) what the dump file P holds now followed by the lines its
+    staging file has not flushed yet: whether it added any; None (Q not made) when P ends
+    with "#end".  Bounded memory and, for sparse files, disk.  Raises Refused, OSError."""
+    have, ended = _out_end(p)
+    if ended:                           # "#end": nothing is appended any more, the .tail is
+        return None                     # not read (it may hold the next file's lines)
+    with open_trace_file(p[:-4] + ".tail") as t, open(q + ".tail", "w+b") as copy:
+        _copy_sparse(t.fileno(), copy, os.fstat(t.fileno()).st_size)
+        copy.flush()
+        have, ended = _out_end(p)       # after the .tail was read (see unflushed_tail)
+        segments = [] if ended else _tail_segments(copy.fileno(), have)
+        with open_trace_file(p) as src, open(q, "wb") as dst:
+            if _copy_sparse(src.fileno(), dst, have) < have:
+                raise OSError(errno.EIO, "%s: shorter than it was" % p)
+            for chunk in _segment_chunks(copy.fileno(), segments):
+                dst.write(chunk)
+    os.unlink(q + ".tail")
+    return bool(segments)
 
 
 def with_unflushed_tails(paths):
     """PATHS, where every dump file with a staging file is replaced by a temporary copy of
     what it holds now followed by the lines not yet flushed (unflushed_tail): the file may
-    grow while it is read, by lines the copy already has.  Returns (paths, names for messages,
-    tmpdir or None)."""
-    out, shown, tmpdir = [], [], None
+    grow while it is read, by lines the copy already has.  Returns (paths, names for
+    messages, tmpdir or None, the messages about staging files refused: their .out is read
+    as it is)."""
+    out, shown, tmpdir, refused = [], [], None, []
     for p in paths:
         shown.append("<stdin>" if p == "-" else p)
         out.append(p)
-        if p == "-" or not os.path.exists(p[:-4] + ".tail" if p.endswith(".out") else "/"):
-            continue
-        data, size = unflushed_tail(p, with_size=True)
-        if size is None:
+        if p == "-" or not p.endswith(".out") or not os.path.lexists(p[:-4] + ".tail"):
             continue
         tmpdir = tmpdir or tempfile.mkdtemp(prefix="mmleak-tail.")
         q = os.path.join(tmpdir, os.path.basename(p))
         try:
-            with open(p, "rb") as src, new_output(q) as dst:
-                left = size
-                while left > 0:
-                    chunk = src.read(min(left, 1 << 20))
-                    if not chunk:
-                        break
-                    dst.write(chunk)
-                    left -= len(chunk)
-                dst.write(data)
-        except OSError:
-            continue                    # read as it is (the reader says what is wrong)
-        out[-1] = q
-        shown[-1] = "%s (with the lines of its .tail)" % p if data else p
-    return out, shown, tmpdir
+            added = _with_tail(p, q)
+        except Refused as e:
+            refused.append(str(e))
+            continue
+        except FileNotFoundError:
+            continue                    # folded meanwhile (read_trace reads again)
+        except OSError as e:
+            raise Fail("cannot read %s with the lines of its .tail: %s%s" % (
+                p, (e.filename + ": ") if e.filename else "", e.strerror or e))
+        if added is not None:
+            out[-1] = q
+            shown[-1] = "%s (with the lines of its .tail)" % p if added else p
+    return out, shown, tmpdir, refused
 
 
 # ---------------------------------------------------------------------------------------
@@ -375,6 +736,12 @@ STACK_RE = re.compile(rb"#s ([0-9a-f]{1,16})((?: [0-9a-f]{1,16})+)\n")
 # The callers of an allocation whose stack definition ("#s") is missing from the trace (the
 # process ended between the two, or the file holding it was lost).
 NO_STACK = (0,)
+
+# The first line after a run of NULs may be the end of a line whose start a hole took (a
+# crash leaves zeros in whole blocks, wherever lines begin): mmleak.so writes every pointer
+# with 12 digits or more, so an event whose pointer is shorter there is such a piece, and a
+# loss in the middle of the file (malformed: the result may miss events).
+CUT_START = "line cut by NUL bytes before it (its start is lost) skipped: %r"
 
 Alloc = collections.namedtuple("Alloc", "ptr seq size time callers")
 Free = collections.namedtuple("Free", "ptr seq caller")
@@ -530,14 +897,21 @@ class Shrinker:
 
     # -- input -------------------------------------------------------------------------
     def feed_path(self, path, name=None):
+        f = self.open_input(path, name)
+        if f is not None:
+            with f:
+                self.feed(f, name or path)
+
+    def open_input(self, path, name=None):
+        """PATH opened to be read (open_trace_file), or None after saying why not."""
         try:
-            f = open(path, "rb")
+            return open_trace_file(path)
+        except Refused as e:
+            refuse(str(e))
         except OSError as e:
-            self.problems.fatal = True
-            warn("%s: cannot read: %s" % (name or path, e.strerror))
-            return
-        with f:
-            self.feed(f, name or path)
+            warn("%s: cannot read: %s" % (name or path, e.strerror or e))
+        self.problems.fatal = True
+        return None
 
     def feed(self, f, name):
         D = self.state
@@ -548,12 +922,21 @@ class Shrinker:
         events = allocs = 0
         max_time = self.max_time
         tick = time.monotonic() + 1.0
-        for line in f:
+        after_nul = False
+        for line in dump_lines(f):
             lineno += 1
             m = match(line)
             if m is None:
                 self._odd_line(line, name, lineno)
+                after_nul = line[-1:] == b"\0"
+                if after_nul:
+                    lineno -= 1         # text cut by NULs: the line goes on after them
                 continue
+            if after_nul:
+                after_nul = False
+                if m.end(1) < 12:       # see CUT_START
+                    problems.add(name, lineno, "malformed", CUT_START % line[:80])
+                    continue
             key = int(m.group(1), 16)
             s = int(m.group(2), 16)
             if m.group(3) is not None:
@@ -597,12 +980,32 @@ class Shrinker:
         self.events += events
         self.allocs += allocs
         self.frees += events - allocs
-        self.max_time = max_time
+        self.max_time = max(self.max_time, max_time)       # "#clock" may have moved it
         self.files_done += 1
 
     def _odd_line(self, line, name, lineno):
+        """Everything that is not an event line (as dump_lines yields them)."""
+        end = line[-1:]
+        if end == b"\0":                # text cut by a run of NULs (dump_lines)
+            if line[:-1].strip(b" "):
+                self.problems.add(name, lineno, "torn", "torn line (process killed while "
+                                  "writing it?) ignored: %r" % line[:-1][:60])
+            else:
+                self.problems.add(name, lineno, "padding", "NUL bytes skipped (padding, or a "
+                                  "hole a crash left in the file)")
+            return
+        if len(line) > LINE_MAX + (end == b"\n"):   # cut by dump_lines: it was longer
+            if end == b"\n":
+                self.problems.add(name, lineno, "malformed", "malformed line skipped (longer "
+                                  "than %d bytes): %r" % (LINE_MAX, line[:80]))
+            elif line.startswith(b"#"):
+                self.problems.add(name, lineno, "torn", "torn last line ignored")
+            else:
+                self.problems.add(name, lineno, "torn", "torn line (process killed while "
+                                  "writing it?) ignored: %r" % line[:60])
+            return
         if line.startswith(b"#"):
-            if not line.endswith(b"\n"):
+            if end != b"\n":
                 self.problems.add(name, lineno, "torn", "torn last line ignored")
                 return
             if line.startswith(b"#s "):
@@ -613,6 +1016,18 @@ class Shrinker:
                 elif st[0] not in self.stacks:
                     self.stacks[st[0]] = st[1]
                     self.stack_lines[st[0]] = line
+                elif self.stacks[st[0]] != st[1]:
+                    self.problems.add(name, lineno, "malformed",
+                                      "stack %x defined again with other frames: ignored (the "
+                                      "first definition is kept)" % st[0])
+                return
+            if line.startswith(b"#clock "):    # the trace's clock (written by shrink, compact)
+                v = line[7:-1]
+                if v.isdigit() and len(v) <= 20:
+                    self.max_time = max(self.max_time, int(v))
+                else:
+                    self.problems.add(name, lineno, "malformed",
+                                      "malformed clock line skipped: %r" % line[:80])
                 return
             if line not in self._seen_header:
                 self._seen_header.add(line)
@@ -648,17 +1063,15 @@ class Shrinker:
                     if t.isdigit() and int(t) >= self._title_t:
                         self._title_t, self.title = int(t), _unescape(text)
             return
-        # A killed writer leaves its last line without newline, and NULs after it (the
-        # rest of the mapped window).  After `sort` those become lines of their own.
-        if b"\0" in line or not line.endswith(b"\n"):
-            if not line.rstrip(b"\n").strip(b"\0 "):
+        if end != b"\n":                # the last line, without its newline
+            if not line.strip(b" "):
                 self.problems.add(name, lineno, "padding",
                                   "padding after the last line (the process did not "
                                   "exit cleanly); ignored")
             else:
                 self.problems.add(name, lineno, "torn",
                                   "torn line (process killed while writing it?) ignored: %r"
-                                  % line.rstrip(b"\0\n")[:60])
+                                  % line[:60])
             return
         if not line.strip():
             return
@@ -744,11 +1157,16 @@ class Shrinker:
                 yield key, s1, KIND_END, b"%s %x -\n" % (l1.split(b" ", 1)[0], s1)
 
     def write(self, out, final):
-        """The result in the dump format: the header lines, the stacks its allocations use,
-        then the events, by address."""
+        """The result in the dump format: the header lines, the trace's clock when its
+        newest event is not in the result ("#clock"), the stacks its allocations use, then
+        the events, by address."""
         for h in self.header_lines:
             out.write(h)
         entries = list(self.entries(final))
+        newest = max((int(line.split(b" ", 4)[3], 16) for _, _, kind, line in entries
+                      if kind == KIND_ALLOC), default=0)
+        if self.max_time > newest:
+            out.write(b"#clock %d\n" % self.max_time)
         used = sorted({int(line.split(b"@", 1)[1], 16) for _, _, kind, line in entries
                        if kind == KIND_ALLOC and b"@" in line})
         for i in used:
@@ -790,9 +1208,13 @@ def shrink_files(paths, progress=None, mixed=False):
 
     Lines a thread had staged but not yet flushed to its .out (see unflushed_tail) are read
     too: a killed or still running process loses nothing."""
-    paths, names, tmpdir = with_unflushed_tails(paths)
+    paths, names, tmpdir, refused = with_unflushed_tails(paths)
     try:
-        return _shrink_files(paths, progress, mixed, names)
+        for msg in refused:             # their .out is read as it is
+            refuse(msg)
+        sh = _shrink_files(paths, progress, mixed, names)
+        sh.problems.fatal = sh.problems.fatal or bool(refused)
+        return sh
     finally:
         if tmpdir:
             shutil.rmtree(tmpdir, ignore_errors=True)
@@ -804,8 +1226,12 @@ def shrink_raw(paths):
     the result's event lines as bytes, non-final, sorted by address then number).  What a
     compaction pass writes and what a series point reads, at the compiled shrinker's speed;
     the Python path gives the same bytes."""
-    paths, names, tmpdir = with_unflushed_tails(paths)
+    paths, names, tmpdir, refused = with_unflushed_tails(paths)
     try:
+        if refused:                     # a compactor folds nothing it cannot read whole
+            for msg in refused[1:]:
+                refuse(msg)
+            raise Refused(refused[0])
         sh = Shrinker()
         with tempfile.TemporaryFile(prefix="mmleak-shrink.") as out:
             if native_shrink(sh, paths, names, raw=out):
@@ -855,7 +1281,7 @@ def _shrink_files(paths, progress=None, mixed=False, names=None):
 # ---------------------------------------------------------------------------------------
 
 SHRINK_ENV = "MMLEAK_SHRINK"
-NATIVE_ABI = 2
+NATIVE_ABI = 3
 _PROBLEM_KINDS = ("torn", "padding", "malformed", "duplicate")
 _native = None          # None: not tried yet; False: unavailable; else the ctypes binding
 _native_why = None      # why it is unavailable
@@ -891,11 +1317,13 @@ def _native_engine():
                               ctypes.c_uint64)
     tick_cb = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
                                ctypes.c_uint64)
+    open_cb = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
     strv = ctypes.POINTER(ctypes.c_char_p)
     fn.argtypes = [strv, strv, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                   hdr_cb, tick_cb, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(Stats)]
+                   hdr_cb, tick_cb, open_cb, ctypes.POINTER(ctypes.c_uint64),
+                   ctypes.POINTER(Stats)]
     fn.restype = ctypes.c_int
-    _native = (ctypes, fn, Stats, hdr_cb, tick_cb)
+    _native = (ctypes, fn, Stats, hdr_cb, tick_cb, open_cb)
     return _native
 
 
@@ -923,7 +1351,7 @@ def native_shrink(sh, paths, names=None, raw=None):
     wanted, or stdin/stderr are not plain descriptors)."""
     if _shrink_engine() != "native":
         return False
-    ctypes, fn, Stats, hdr_cb, tick_cb = _native
+    ctypes, fn, Stats, hdr_cb, tick_cb, open_cb = _native
     if names is None:
         names = ["<stdin>" if p == "-" else p for p in paths]
     try:
@@ -950,13 +1378,31 @@ def native_shrink(sh, paths, names=None, raw=None):
 
     pending = []
 
+    first = {}
+    for i, name in enumerate(names):
+        first.setdefault(name, i)
+
     def on_header(ptr, n, i, lineno):
+        # a problem _odd_line finds (a bad header field, a stack defined twice) counts with
+        # the C code's of the same file and kind: the first five of them are shown, as the
+        # Python path shows them
+        name, base = names[i], len(_PROBLEM_KINDS) * first[names[i]]
+        pc = sh.problems.counts
+        keys = [(name, k) for k in _PROBLEM_KINDS]
+        before = {key: pc[key] for key in keys if key in pc}
+        for j, key in enumerate(keys):
+            pc[key] = before.get(key, 0) + counts[base + j]
         try:
-            sh._odd_line(ctypes.string_at(ptr, n), names[i], lineno)
+            sh._odd_line(ctypes.string_at(ptr, n), name, lineno)
             return 0
         except BaseException as e:          # Fail (format version), KeyboardInterrupt
             pending.append(e)
             return 1
+        finally:
+            for j, key in enumerate(keys):
+                counts[base + j] = pc.pop(key) - before.get(key, 0)
+                if key in before:
+                    pc[key] = before[key]
 
     next_tick = [time.monotonic() + 1.0]
 
@@ -971,6 +1417,18 @@ def native_shrink(sh, paths, names=None, raw=None):
             pending.append(e)
             return 1
 
+    def on_open(i):
+        try:
+            f = sh.open_input(paths[i], names[i])     # the checks of every reader, and
+            sys.stderr.flush()                        # its messages, in their place
+            if f is None:
+                return -1
+            with f:
+                return os.dup(f.fileno())
+        except BaseException as e:          # KeyboardInterrupt
+            pending.append(e)
+            return -2
+
     n = len(paths)
     counts = (ctypes.c_uint64 * (len(_PROBLEM_KINDS) * max(n, 1)))()
     stats = Stats()
@@ -982,11 +1440,11 @@ def native_shrink(sh, paths, names=None, raw=None):
         sys.stderr.flush()
     with (tempfile.TemporaryFile(prefix="mmleak-shrink.") if raw is None else
           open(os.dup(raw.fileno()), "r+b")) as out:
-        h_cb, t_cb = hdr_cb(on_header), tick_cb(on_tick)
+        h_cb, t_cb, o_cb = hdr_cb(on_header), tick_cb(on_tick), open_cb(on_open)
         try:
             argv = ctypes.c_char_p * max(n, 1)
             rc = fn(argv(*c_paths), argv(*c_names), n, out.fileno(), err_fd, 0, h_cb, t_cb,
-                    counts, ctypes.byref(stats))
+                    o_cb, counts, ctypes.byref(stats))
         finally:
             if errtmp is not None:
                 errtmp.seek(0)
@@ -999,8 +1457,8 @@ def native_shrink(sh, paths, names=None, raw=None):
         if rc == -1:
             raise MemoryError("mmleak-shrink.c: out of memory")
         if rc == -2:
-            raise OSError(stats.out_errno, "mmleak-shrink.c: writing the result: %s"
-                          % os.strerror(stats.out_errno))
+            raise Fail("cannot write a temporary file in %s (the shrink's result): %s"
+                       % (tempfile.gettempdir(), os.strerror(stats.out_errno)))
         if rc != 0:
             raise RuntimeError("mmleak-shrink.c: unexpected status %d" % rc)
         if raw is None:
@@ -1058,8 +1516,7 @@ class Maps:
         self.path = path
         self.entries = []   # (start, end, offset, inode, pathname)
         if lines is None:
-            with open(path, "r", encoding="utf-8", errors="replace") as f:
-                lines = f.readlines()
+            lines = list(read_lines(path, text=True))
         for line in lines:
             m = MAPS_LINE_RE.match(line.rstrip("\n"))
             if not m:
@@ -1119,11 +1576,10 @@ class Loads:
 
     def __init__(self, path):
         self.log = []
-        with open(path, "r", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                m = re.match(r"([-+])(\d+) (.*\n?)$", line)
-                if m:
-                    self.log.append((m.group(1), int(m.group(2)), m.group(3)))
+        for line in read_lines(path, text=True):
+            m = re.match(r"([-+])(\d+) (.*\n?)$", line)
+            if m:
+                self.log.append((m.group(1), int(m.group(2)), m.group(3)))
         self._views = {}
 
     def view(self, epoch):
@@ -1175,7 +1631,10 @@ class Symbolizer:
         self.maps = Maps(maps_path)
         loads = maps_path[:-5] + ".loads" if maps_path.endswith(".maps") else None
         try:
-            self.loads = Loads(loads) if loads and os.path.exists(loads) else None
+            self.loads = Loads(loads) if loads and os.path.lexists(loads) else None
+        except Refused as e:
+            refuse(str(e))
+            self.loads = None
         except OSError:
             self.loads = None
         if self.loads is not None and not self.loads.log:
@@ -1715,21 +2174,37 @@ class BackgroundCompactor:
                  "`mmleak.py compact %s`)" % (self.error, self.directory))
 
 
-def _append_by_copy(path, data):
-    """PATH (a dump file) followed by DATA, written as every output is (new_output: a new
-    file renamed over it, never an open of the name for writing, which a link planted there
-    would redirect), with PATH's owner and mode."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as src:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(0, "not a regular file")
-        if st.st_nlink != 1:
-            raise OSError(0, "it has %d names (hard links): left alone" % st.st_nlink)
-        with new_output(path, perm=stat.S_IMODE(st.st_mode),
-                        owner=(st.st_uid, st.st_gid)) as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-            dst.write(data)
+def _recover_one(p, tail):
+    """Append to the dump file P the complete lines its staging file TAIL has not flushed,
+    and delete TAIL: the bytes appended.  Bounded memory; Refused, OSError pass."""
+    with open_trace_file(tail) as t:
+        have, ended = _out_end(p)
+        segments = [] if ended else _tail_segments(t.fileno(), have)
+        keep = size = 0                 # complete lines only: up to the last newline
+        for chunk in _segment_chunks(t.fileno(), segments):
+            i = chunk.rfind(b"\n")
+            keep = size + i + 1 if i >= 0 else keep
+            size += len(chunk)
+        if keep < size:
+            torn, at = b"", 0
+            for chunk in _segment_chunks(t.fileno(), segments):
+                torn += chunk[max(keep - at, 0):][:60 - len(torn)] if at + len(chunk) > keep \
+                    else b""
+                at += len(chunk)
+            warn("%s: torn last line dropped: %r" % (tail, torn[:60]))
+        fd = _open_checked(p, os.O_WRONLY | os.O_APPEND, uids_for(p))
+        with os.fdopen(fd, "wb") as f:
+            # a second name (a hard link planted at P) may be another file of the owner's:
+            # never appended to
+            nlink = os.fstat(fd).st_nlink
+            if nlink != 1:
+                raise OSError(0, "it has %d names (hard links): left alone" % nlink)
+            left = keep
+            for chunk in _segment_chunks(t.fileno(), segments):
+                f.write(chunk[:left])
+                left -= min(left, len(chunk))
+    remove_trace_file(tail)
+    return keep
 
 
 def cmd_recover(args):
@@ -1748,7 +2223,7 @@ def cmd_recover(args):
     done = 0
     for p in paths:
         tail = p[:-4] + ".tail" if p.endswith(".out") else None
-        if not tail or not os.path.exists(tail):
+        if not tail or not os.path.lexists(tail):
             continue
         m = DUMP_RE.match(os.path.basename(p))
         pid = int(m.group(1).split("-")[0]) if m else None
@@ -1763,19 +2238,22 @@ def cmd_recover(args):
             except PermissionError:
                 warn("%s: process %d exists (not ours): left alone" % (p, pid))
                 continue
-        data = unflushed_tail(p)
-        keep = data[:data.rfind(b"\n") + 1]      # complete lines only
-        if len(keep) < len(data.rstrip(b"\0")):
-            warn("%s: torn last line dropped: %r" % (tail, data[len(keep):].rstrip(b"\0")[:60]))
+            if _staging_mapped([tail]):
+                warn("%s: its staging file is mapped by a running process (in another pid "
+                     "namespace?): left alone (--force to fold anyway)" % p)
+                continue
         try:
-            _append_by_copy(p, keep)
+            keep = _recover_one(p, tail)
+        except Refused as e:
+            refuse(str(e))
+            continue
         except OSError as e:
-            warn("%s: cannot recover: %s" % (p, e.strerror or e))
+            warn("%s: cannot recover: %s%s" % (p, (e.filename + ": ") if e.filename else "",
+                                                e.strerror or e))
             status = EXIT_INPUT
             continue
-        os.unlink(tail)
         done += 1
-        sys.stdout.write("%s: %d bytes recovered from %s\n" % (p, len(keep), os.path.basename(tail)))
+        sys.stdout.write("%s: %d bytes recovered from %s\n" % (p, keep, os.path.basename(tail)))
     if not done:
         sys.stdout.write("nothing to recover\n")
     return status
@@ -1826,37 +2304,36 @@ class TraceLock:
         self.held = False           # whether the lock was taken (it stays True after exit)
 
     def _open(self):
-        flags = os.O_CLOEXEC | os.O_NOFOLLOW
-        if self.shared:
+        """A descriptor of the lock file, or None (no lock to take: none made yet, or it
+        cannot be made or opened).  A lock file that is not a regular file of the trace's
+        owner or root is refused (Refused): another user could hold it, or make a reader
+        wait on a FIFO for ever."""
+        uids = trusted_uids(self.directory, self.tid)
+        for mode in ((os.O_RDONLY,) if self.shared else (os.O_RDWR, os.O_RDONLY)):
             try:
-                return os.open(self.path, flags | os.O_RDONLY)
+                return _open_checked(self.path, mode, uids)
+            except FileNotFoundError:
+                return None if self.shared else self._create()
+            except Refused:
+                raise
             except OSError:
-                return None
+                continue
+        return None
+
+    def _create(self):
         try:
-            return os.open(self.path, flags | os.O_RDWR)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            try:
-                return os.open(self.path, flags | os.O_RDONLY)
-            except OSError:
-                return None
-        try:
-            fd = os.open(self.path, flags | os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                         os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
         except FileExistsError:         # made by another compactor meanwhile
             return self._open()
         except OSError:
             return None
-        if os.geteuid() == 0:
+        owner = trace_owner(self.directory, self.tid)
+        if os.geteuid() == 0 and owner is not None and owner[0] != 0:
             try:
-                st = os.stat(os.path.join(self.directory, "mmleak.%s.maps" % self.tid))
+                os.fchown(fd, owner[0], owner[1])
             except OSError:
-                st = None
-            if st is not None and st.st_uid != 0:
-                try:
-                    os.fchown(fd, st.st_uid, st.st_gid)
-                except OSError:
-                    pass
+                pass
         return fd
 
     def __enter__(self):
@@ -1920,30 +2397,88 @@ def _maps_a_staging_file(pid, directory, tid):
     return False
 
 
-def trace_alive(directory, tid, traces=None, start=None):
+_MAPPER = {}         # (major, minor, inode) of a staging file -> the pid last seen mapping it
+
+
+def _maps_any(pid, want):
+    """Does process PID map one of the files WANT ({(major, minor, inode): name})?"""
+    try:
+        with open("/proc/%d/maps" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return False                    # gone, or not ours to look at
+    inodes = {b" %d " % k[2] for k in want}
+    if not any(i in data for i in inodes):
+        return False
+    names = set(want.values())
+    for line in data.split(b"\n"):
+        f = line.split(None, 5)
+        if len(f) < 6 or b" %s " % f[4] not in inodes:
+            continue
+        major, _, minor = f[3].partition(b":")
+        try:
+            key = (int(major, 16), int(minor, 16), int(f[4]))
+        except ValueError:
+            continue
+        name = os.path.basename(f[5].strip().removesuffix(b" (deleted)")).decode(
+            "utf-8", "replace")
+        # the same file; or one of that name and inode on another device number (a file
+        # system seen through an overlay in a container)
+        if key in want or name in names and any(k[2] == key[2] for k in want):
+            _MAPPER[key] = pid
+            return True
+    return False
+
+
+def _staging_mapped(tails):
+    """Does any process we can see map one of the staging files TAILS (paths)?  The process
+    writing a trace maps them, whatever its pid looks like from here: in another pid
+    namespace (a container, `unshare -p`) its files carry a pid that is not its pid here, or
+    no process's.  Known by device and inode, in every /proc/PID/maps we can read (the last
+    process found first)."""
+    want = {}
+    for t in tails:
+        try:
+            st = os.lstat(t)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            want[(os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)] = os.path.basename(t)
+    if not want:
+        return False
+    try:
+        pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        pids = []
+    first = [_MAPPER[k] for k in want if k in _MAPPER]
+    return any(_maps_any(pid, want) for pid in first + pids)
+
+
+def trace_alive(directory, tid, traces=None, start=None, tails=()):
     """Is trace TID still being written?  Its process must exist, be the same process (not a
     reused pid: it started before the trace, or it has one of the trace's staging files
     mapped, should the wall clock have been set forward since the trace began), and not
     have been replaced by exec (a newer trace of the same pid in DIRECTORY).  A process
-    that exists but cannot be looked at counts as alive."""
+    that exists but cannot be looked at counts as alive.  And whatever its pid says, a
+    trace whose staging files (TAILS) a process maps is alive (_staging_mapped)."""
     pid = int(tid.split("-")[0])
     began = _process_start_time(pid)
-    if began is None:
-        return False
-    if began is not PROCESS_HIDDEN and start is not None and began > start + 2 and \
-            not _maps_a_staging_file(pid, directory, tid):
-        return False                    # the pid was reused
-    traces = traces if traces is not None else find_traces(directory)
-    k = int(tid.split("-")[1]) if "-" in tid else 0
-    for other in traces:
-        if other.split("-")[0] == str(pid) and (int(other.split("-")[1]) if "-" in other else 0) > k:
-            return False                # exec'd: this image's trace is over
-    return True
+    over = began is None
+    if not over and began is not PROCESS_HIDDEN and start is not None and \
+            began > start + 2 and not _maps_a_staging_file(pid, directory, tid):
+        over = True                     # the pid was reused
+    if not over:
+        traces = traces if traces is not None else find_traces(directory)
+        k = int(tid.split("-")[1]) if "-" in tid else 0
+        over = any(o.split("-")[0] == str(pid) and (int(o.split("-")[1]) if "-" in o else 0) > k
+                   for o in traces)     # exec'd: this image's trace is over
+    return not over or bool(tails) and _staging_mapped(tails)
 
 
 def _out_end(path):
-    """(size, whether it ends with "#end") of a dump file, from one open; OSError passes."""
-    with open(path, "rb") as f:
+    """(size, whether it ends with "#end") of a dump file, from one open; OSError and Refused
+    pass."""
+    with open_trace_file(path) as f:
         n = f.seek(0, os.SEEK_END)
         if n < 5:
             return n, False
@@ -1954,29 +2489,28 @@ def _out_end(path):
 def _ends_with_end(path):
     try:
         return _out_end(path)[1]
-    except OSError:
+    except (OSError, Refused):
         return False
 
 
 def _trace_start(paths):
     for p in paths:
-        try:
-            with open(p, "rb") as f:
-                h = parse_header(f.readline())
-        except OSError:
-            continue
+        h = _first_header(p)
         if h and h.get("start", "").isdigit():
             return int(h["start"])
     return None
 
 
 def complete_files(directory, tid, files, traces=None):
-    """The dump files of TID that can be folded now, and whether the trace is over."""
+    """The dump files of TID that can be folded now, whether the trace is over, and the
+    staging files it has (a trace over with some: its process did not close its files)."""
     outs = [p for p in files if p.endswith(".out")]
-    alive = trace_alive(directory, tid, traces, _trace_start(outs))
+    tails = [p[:-4] + ".tail" for p in outs if os.path.lexists(p[:-4] + ".tail")]
+    alive = trace_alive(directory, tid, traces, _trace_start(outs), tails)
     if not alive:
-        return outs, True
-    return [p for p in outs if not os.path.exists(p[:-4] + ".tail") and _ends_with_end(p)], False
+        return outs, True, tails
+    return [p for p in outs if p[:-4] + ".tail" not in tails and _ends_with_end(p)], False, \
+        tails
 
 
 def _fsync_dir(directory):
@@ -2015,6 +2549,7 @@ def _compact_header_lines(sh, folded):
     files = sh.compacted["files"] + len(folded)
     allocs = b"" if h["allocs"] is None else b" allocs=%d entry_allocs=%d" % (h["allocs"],
                                                                              entry_allocs)
+    out.append(b"#clock %d\n" % sh.max_time)
     out.append(b"#compacted files=%d events=%d entries=%d%s at=%d\n"
                % (files, h["events"], entries, allocs, int(time.time())))
     for p in folded:
@@ -2022,35 +2557,74 @@ def _compact_header_lines(sh, folded):
     return out
 
 
-def _private(path, sync=False):
-    """new_output for PATH with mode 0600, as mmleak.so makes its files (the owner of the
-    directory's files, root or the traced service's user, alone can read them)."""
-    return new_output(path, perm=0o600, sync=sync)
+def _replace(path, fill, sync=False):
+    """Write PATH whole, by a temporary file (create_trace_file) that FILL(file) fills and
+    that is renamed over PATH; SYNC: flushed to disk first, and the directory after.  A
+    failure (a full disk) removes the temporary file and is one line naming it (Fail)."""
+    tmp = path + ".tmp"
+    try:
+        with create_trace_file(tmp) as f:
+            fill(f)
+            f.flush()
+            if sync:
+                os.fsync(f.fileno())
+        os.rename(tmp, path)
+    except OSError as e:
+        try:
+            _remove_quietly(tmp)
+        except OSError:
+            pass
+        m = TRACE_FILE_RE.match(os.path.basename(path))
+        raise Fail("%scannot write %s: %s" % ("trace %s: " % m.group(1) if m else "", tmp,
+                                               e.strerror or e))
+    if sync:
+        _fsync_dir(os.path.dirname(path) or ".")
 
 
 def _write_atomic(path, header_lines, sh, data):
     """The result: its header lines, the stacks its allocations use, its event lines DATA;
-    written to a new file, flushed to disk, renamed over PATH (new_output)."""
-    with _private(path, sync=True) as f:
+    written to PATH.tmp, flushed to disk, renamed over PATH."""
+    def fill(f):
         for h in header_lines:
             f.write(h)
         for i in sorted({int(x, 16) for x in STACK_REF_RE.findall(data)}):
             if i in sh.stack_lines:
                 f.write(sh.stack_lines[i])
         f.write(data)
+    _replace(path, fill, sync=True)
 
 
-def _previously_folded(path):
-    """The inputs the result at PATH names (its pass may have stopped before deleting them).
-    They are among its first lines, before the stacks."""
+def _own_file(path):
+    """Is PATH, a file mmleak.py writes (a trace's result, series, .live), there and a
+    regular file of the trace's owner or root?  One that is not is said (once) and is never
+    read, nor trusted to delete anything (a result's "#folded" lines): the next pass
+    replaces it."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    why = file_problem(path, st, "ignored", uids_for(path))
+    if why:
+        refuse(why)
+        return False
+    return True
+
+
+def _previously_folded(path, tid):
+    """The inputs the result PATH of trace TID names (its pass may have stopped before
+    deleting them): dump files of that trace only, whatever else it says.  They are among
+    its first lines, before the stacks.  Refused passes (a result that is not the trace's
+    own; see _trusted_result)."""
     names = []
     try:
-        with open(path, "rb") as f:
-            for line in f:
-                if not line.startswith(b"#") or line.startswith(b"#s "):
-                    break
-                if line.startswith(b"#folded "):
-                    names.append(line[8:].rstrip(b"\n").decode("utf-8", "replace"))
+        for line in read_lines(path):
+            if not line.startswith(b"#") or line.startswith(b"#s "):
+                break
+            if line.startswith(b"#folded "):
+                name = line[8:].rstrip(b"\n").decode("utf-8", "replace")
+                m = DUMP_RE.match(name)
+                if m and m.group(1) == tid:
+                    names.append(name)
     except OSError:
         pass
     return names
@@ -2063,7 +2637,8 @@ def _site_key(a):
 def compact_trace(directory, tid, files=None, traces=None, series=True):
     """One compaction pass over trace TID, and a point of its series when one is due
     (SERIES: False never).  Returns a dict of what it did, or None when another compactor
-    holds the trace (it is skipped, not waited for)."""
+    holds the trace (it is skipped, not waited for).  A file it cannot trust (Refused) or
+    write stops the pass over this trace (Fail), and nothing is deleted."""
     traces = traces if traces is not None else find_traces(directory)
     files = files if files is not None else traces.get(tid, [])
     cpath = compact_path(directory, tid)
@@ -2072,22 +2647,21 @@ def compact_trace(directory, tid, files=None, traces=None, series=True):
     except BlockingIOError:
         return None
     try:
-        for name in _previously_folded(cpath):
-            if DUMP_RE.match(name):     # its .out, or its .tail if the .out went first
-                _remove_dump(os.path.join(directory, name))
+        if _own_file(cpath):
+            for name in _previously_folded(cpath, tid):
+                _remove_dump(os.path.join(directory, name))   # its .out, and its .tail
         spath = series_path(directory, tid)
-        for out in (cpath, spath, spath + ".live"):     # left by a pass that was stopped
-            for tmp in [out + ".tmp"] + stale_outputs(out):     # (.tmp: an older version's)
-                _remove_quietly(tmp)
-        files = [p for p in files if os.path.exists(p)]
-        done, over = complete_files(directory, tid, files, traces)
+        for tmp in (cpath, spath, spath + ".live"):     # left by a pass that was stopped
+            _remove_quietly(tmp + ".tmp")
+        files = [p for p in files if os.path.lexists(p)]
+        done, over, tails = complete_files(directory, tid, files, traces)
         res = {"trace": tid, "folded": 0, "over": over, "events": 0, "bytes": 0,
-               "point": None}
+               "point": None, "unclosed": len(tails) if over else 0}
         if done:
             res.update(_fold(directory, tid, cpath, done))
         # a trace that is over gets its last point (unless it has it: the .live is gone)
-        if series and files and (over and (done or os.path.exists(spath + ".live") or
-                                           not os.path.exists(spath))
+        if series and files and (over and (done or os.path.lexists(spath + ".live") or
+                                           not os.path.lexists(spath))
                                  or not over and _series_due(directory, tid)):
             res["point"] = _series_point(directory, tid, final=over)
         return res
@@ -2095,12 +2669,19 @@ def compact_trace(directory, tid, files=None, traces=None, series=True):
         lock.__exit__()
 
 
+def _size(path):
+    try:
+        return os.lstat(path).st_size
+    except OSError:
+        return 0
+
+
 def _fold(directory, tid, cpath, done):
     """Fold the complete files DONE into CPATH (under the trace's exclusive lock)."""
-    before = os.path.getsize(cpath) if os.path.exists(cpath) else 0
-    inputs = ([cpath] if os.path.exists(cpath) else []) + done
-    nbytes = sum(os.path.getsize(p) for p in done) + sum(
-        os.path.getsize(p[:-4] + ".tail") for p in done if os.path.exists(p[:-4] + ".tail"))
+    own = _own_file(cpath)
+    before = _size(cpath) if own else 0
+    inputs = ([cpath] if own else []) + done
+    nbytes = sum(_size(p) + _size(p[:-4] + ".tail") for p in done)
     sh, data = shrink_raw(inputs)
     if sh.problems.fatal:
         raise Fail("%s: cannot compact trace %s: an input could not be read" % (directory, tid))
@@ -2108,16 +2689,15 @@ def _fold(directory, tid, cpath, done):
     for p in done:
         _remove_dump(p)
     return {"folded": len(done), "events": sh.events - sh.compacted["entries"],
-            "bytes": nbytes, "before": before, "after": os.path.getsize(cpath),
+            "bytes": nbytes, "before": before, "after": _size(cpath),
             "malformed": sh.problems.malformed}
 
 
 def _remove_dump(p):
+    """Delete the dump file P and its staging file: only what is the trace's (a file of
+    somebody else's at either name is left alone)."""
     for q in (p, p[:-4] + ".tail"):
-        try:
-            os.unlink(q)
-        except FileNotFoundError:
-            pass
+        remove_trace_file(q)
 
 
 # ---- the time series of live blocks per call site (mmleak.ID.series) ------------------
@@ -2186,12 +2766,14 @@ def _series_lines(path, problems=None):
     line, left by a compactor of an older mmleak.py killed while it appended: the series is
     now written whole, by rename) are left out, and reported to PROBLEMS if given."""
     head, stacks, points = [], {}, []
+    if not _own_file(path):
+        return head, stacks, points
     try:
-        f = open(path, "rb")
+        f = open_trace_file(path)
     except OSError:
         return head, stacks, points
     with f:
-        for lineno, line in enumerate(f, 1):
+        for lineno, line in enumerate(dump_lines(f), 1):
             if not series_line_ok(line):
                 if problems is not None:
                     problems.add(path, lineno, "malformed",
@@ -2350,23 +2932,17 @@ def _series_point(directory, tid, final=False):
     return _series_point_of(plines[0], plines[1], stacks)
 
 
-def _remove_quietly(path):
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
 def _save_live(path, now, plines, stack_lines, final=False):
     """The blocks of this point ({b"PTR SEQ": (site key, size)}), for the next one to tell
     which were freed and where from, after the point's own lines ("#point", "#final" for
     the trace's last) and the stacks of their sites."""
-    with _private(path) as f:
+    def fill(f):
         if final:
             f.write(b"#final\n")
         f.write(b"".join(b"#point " + line for line in [plines[0]] + plines[1]))
         f.write(b"".join(b"#point " + line for line in stack_lines.values()))
         f.write(b"".join(b"%s %x %s\n" % (ident, size, k) for ident, (k, size) in now.items()))
+    _replace(path, fill)
 
 
 def _load_live(path):
@@ -2374,25 +2950,26 @@ def _load_live(path):
     {stack id: line}, whether it was the trace's last)), or (None, None) without a usable
     file."""
     out, plines, stacks, final = {}, None, {}, False
+    if not _own_file(path):
+        return None, None
     try:
-        with open(path, "rb") as f:
-            for line in f:
-                if line.startswith(b"#"):
-                    if line == b"#final\n":
-                        final = True
-                    elif line.startswith(b"#point "):
-                        rest = line[7:]
-                        if rest.startswith(b"p "):
-                            plines = [rest, []]
-                        elif rest.startswith(b"k ") and plines:
-                            plines[1].append(rest)
-                        elif rest.startswith(b"#s "):
-                            st = parse_stack(rest)
-                            if st:
-                                stacks[st[0]] = rest
-                    continue
-                ptr, seq, size, k = line.split()
-                out[ptr + b" " + seq] = (k, int(size, 16))
+        for line in read_lines(path):
+            if line.startswith(b"#"):
+                if line == b"#final\n":
+                    final = True
+                elif line.startswith(b"#point "):
+                    rest = line[7:]
+                    if rest.startswith(b"p "):
+                        plines = [rest, []]
+                    elif rest.startswith(b"k ") and plines:
+                        plines[1].append(rest)
+                    elif rest.startswith(b"#s "):
+                        st = parse_stack(rest)
+                        if st:
+                            stacks[st[0]] = rest
+                continue
+            ptr, seq, size, k = line.split()
+            out[ptr + b" " + seq] = (k, int(size, 16))
     except (OSError, ValueError):
         return None, None
     if plines is None:
@@ -2432,10 +3009,10 @@ def _write_series(spath, tid, head, stack_lines, points):
     sees half of it.  Only the stacks its points still use."""
     used = {int(l.split()[1][1:], 16) for _, ks in points for l in ks
             if l.split()[1].startswith(b"@")}
-    with _private(spath) as f:
-        f.write(b"".join(head) if head else b"#series 1 id=%s\n" % tid.encode())
-        f.write(b"".join(stack_lines[i] for i in sorted(used) if i in stack_lines))
-        f.write(b"".join(p + b"".join(ks) for p, ks in points))
+    _replace(spath, lambda f: f.write(
+        (b"".join(head) if head else b"#series 1 id=%s\n" % tid.encode()) +
+        b"".join(stack_lines[i] for i in sorted(used) if i in stack_lines) +
+        b"".join(p + b"".join(ks) for p, ks in points)))
 
 
 def _series_due(directory, tid):
@@ -2455,7 +3032,15 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None):
     for tid in sorted(traces, key=lambda t: [int(x) for x in t.split("-")]):
         if pid is not None and tid != pid:
             continue
-        res = compact_trace(directory, tid, traces[tid], traces, series=series)
+        try:
+            res = compact_trace(directory, tid, traces[tid], traces, series=series)
+        except Fail as e:               # this trace is left as it is; the others go on
+            refuse(str(e))
+            continue
+        except OSError as e:
+            refuse("trace %s: %s%s" % (tid, (e.filename + ": ") if e.filename else "",
+                                       e.strerror or e))
+            continue
         if res is None:
             live.append(tid)                    # another compactor holds it: alive enough
             continue
@@ -2467,6 +3052,10 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None):
                       % (PROG, tid, res["folded"], human_bytes(res["bytes"]), res["events"],
                          os.path.basename(compact_path(directory, tid)),
                          human_bytes(res["after"]), "; the trace is over" if res["over"] else ""))
+            if res["unclosed"]:
+                out.write("%s: trace %s: its process ended without closing %d files (no process "
+                          "this compactor can see maps their staging files)\n"
+                          % (PROG, tid, res["unclosed"]))
             out.flush()
     return live, results
 
@@ -2518,6 +3107,7 @@ def read_trace(directory, tid, progress=None):
         # delete a file under us: then read again, under its lock; the messages of this
         # attempt are shown only if it stands.
         real, sys.stderr = sys.stderr, io.StringIO()
+        refused = set(REFUSALS)
         try:
             paths = find_traces(directory).get(tid, [])
             sh = shrink_files(paths, progress=progress)
@@ -2526,6 +3116,7 @@ def read_trace(directory, tid, progress=None):
     if not (sh.problems.fatal or any(k == "duplicate" for _, k in sh.problems.counts)):
         sys.stderr.write(said)
         return sh, paths
+    REFUSALS.intersection_update(refused)   # not said: said again by the next attempt
     with TraceLock(directory, tid, shared=True):
         paths = find_traces(directory).get(tid, [])
         return shrink_files(paths, progress=progress), paths
@@ -2549,7 +3140,9 @@ def cmd_snapshot(args):
         sys.stdout.buffer.flush()
     warn("trace %s: %d blocks alive (%s)" % (tid, len(sh.survivors()),
                                              human_bytes(sum(a.size for a in sh.survivors()))))
-    return EXIT_PARTIAL if sh.problems.malformed else EXIT_OK
+    if sh.gap_text():
+        warn(sh.gap_text())
+    return EXIT_PARTIAL if sh.problems.malformed or sh.gap_text() else EXIT_OK
 
 
 # ---------------------------------------------------------------------------------------
@@ -2891,7 +3484,7 @@ def baseline_blocks(path):
     """The allocations alive in a saved snapshot (`mmleak.py snapshot`, or a `shrink` output
     of the same process), {(ptr, seq): Alloc} with their stacks."""
     sh = Shrinker()
-    with open(path, "rb") as f:
+    with open_trace_file(path) as f:
         sh.feed(f, path)
     if sh.problems.malformed:
         raise Fail("--baseline %s: not a snapshot of a trace (malformed lines)" % path)
@@ -2945,15 +3538,23 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     maps = os.path.join(directory, "mmleak.%s.maps" % tid)
     frames = {}
     sym_error = None
-    series, _ = read_series(series_path(directory, tid), sh.problems)
+    try:
+        series, _ = read_series(series_path(directory, tid), sh.problems)
+    except Refused as e:                # replaced since it was looked at
+        refuse(str(e))
+        series = []
     addrs = {c for a in survivors for c in a.callers}
     addrs |= {c for pt in series for k in pt.sites if k != "other" for c in k}
     addrs |= {c for a in freed_since or () for c in a.callers}
     addrs |= {f.caller for f in sh.foreign_frees()}
-    if os.path.exists(maps):
-        sym = Symbolizer(maps, trace_start=start or None)
-        frames = sym.lookup(sorted(addrs))
-        sym_error = sym.tool_error
+    if os.path.lexists(maps):
+        try:
+            sym = Symbolizer(maps, trace_start=start or None)
+            frames = sym.lookup(sorted(addrs))
+            sym_error = sym.tool_error
+        except Refused as e:
+            refuse(str(e))
+            sym_error = str(e)
     else:
         sym_error = "maps file %s missing" % maps
     sh.problems.summary()
@@ -3448,11 +4049,14 @@ def build_parser():
                     "SIGKILL or _exit() the .tail files remain; shrink and report read them "
                     "as they are, but `sort` in the classic pipeline does not: recover appends "
                     "the lines .out does not have yet and deletes the .tail.  Files of a "
-                    "process that is still running are left alone.",
+                    "process that is still running are left alone: one with that pid, or "
+                    "any that maps the .tail (a process in another pid namespace writes "
+                    "under its pid there).",
         epilog=EXIT_HELP)
     v.add_argument("paths", nargs="+", metavar="DIR|FILE.out")
     v.add_argument("--force", action="store_true",
-                   help="also when a process with that pid runs (a reused pid)")
+                   help="also when a process with that pid runs (a reused pid), or maps "
+                        "the .tail")
     v.set_defaults(func=cmd_recover)
 
     q = sub.add_parser(
@@ -3521,7 +4125,11 @@ def build_parser():
                     "counted twice).  A pass adds a point to mmleak.ID.series (at most every "
                     "--series-interval seconds while the trace runs, and a last one when it "
                     "is over): the live bytes and blocks per call site, for the report's "
-                    "growth chart.",
+                    "growth chart.  A process is gone when its pid is and no process maps "
+                    "one of its staging files (.tail): a process in another pid namespace "
+                    "is found that way, if this compactor can see it.  Only regular files of "
+                    "the trace's owner (the owner of its .maps) or root are read; anything "
+                    "else at one of its names is left alone, in one line (exit status 2).",
         epilog="examples:\n"
                "  %(prog)s /var/lib/mmleak/nfs-ganesha.service      # one pass\n"
                "  %(prog)s --follow /var/tmp/leaks    # every second, until no traced process is left\n\n"
@@ -3617,10 +4225,19 @@ def build_parser():
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    REFUSALS.clear()                    # (main may run more than once in one process)
     try:
-        return args.func(args)
+        rc = args.func(args)
+        # a file refused (or ignored) in the dump directory: an input that could not be used
+        if REFUSALS and args.func in (cmd_shrink, cmd_report, cmd_compact, cmd_snapshot,
+                                      cmd_recover) and rc in (EXIT_OK, EXIT_PARTIAL):
+            rc = EXIT_INPUT
+        return rc
     except Fail as e:
-        warn(str(e))
+        if isinstance(e, Refused):
+            refuse(str(e))
+        else:
+            warn(str(e))
         return e.status
     except BrokenPipeError:
         try:

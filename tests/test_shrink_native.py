@@ -319,3 +319,53 @@ def test_native_path_really_runs(monkeypatch, tmp_path):
     assert sh.events == 1 and sh.allocs == 1 and sh.files_done == 1
     monkeypatch.setenv("MMLEAK_SHRINK", "python")
     assert mmleak.native_shrink(mmleak.Shrinker(), [str(p)]) is False
+
+
+def test_bounded_reading_identical(tmp_path):
+    """The two bounded readers (mmleak.py's dump_lines, mmleak-shrink.c's feed_fd) where
+    they could part: lines and NUL runs across the 1 MiB chunks, lines just within, at and
+    past the 1 MiB limit ended by a newline, a NUL or the end of the file, holes (a sparse
+    file) inside a line, at the start and to the end; read from the file and from a pipe.
+    Same stdout, stderr and status, and every complete event counted."""
+    M = 1 << 20
+    head = test_shrink.HDR % (1, 0)
+
+    def ev(i):
+        return b"%012x 0 10 0 400000\n" % (0x1000 + 16 * i)
+    files, counts = [], []
+
+    def add(name, build):
+        p = tmp_path / ("mmleak.4242.%s.out" % name)
+        with open(p, "wb") as f:
+            counts.append(build(f))
+        files.append(p)
+
+    def chunky(f):
+        n = 0
+        f.write(head)
+        while f.tell() < M - 30:            # an event across the first chunk's end
+            f.write(ev(n))
+            n += 1
+        f.write(b"\0" * (M + 50))           # a NUL run across the next one
+        f.write(ev(n) + b"x" * (M - 1) + b"\n" + ev(n + 1))     # LINE_MAX - 1 + "\n"
+        f.write(b"y" * M + b"\n" + ev(n + 2))                   # exactly LINE_MAX
+        f.write(b"z" * (M + 1) + b"\n" + ev(n + 3))             # one byte too long
+        f.write(b"w" * (3 * M) + b"\0" + ev(n + 4))             # too long, cut by a NUL
+        f.write(b"#" + b"h" * (2 * M) + b"\n" + ev(n + 5))      # a header too long
+        f.write(b"v" * (2 * M))                                 # too long at the end
+        return n + 6
+
+    def holes(f):
+        f.seek(M)                           # a hole at the start
+        f.write(head + ev(0) + ev(1)[:7])
+        f.seek(3 * M, os.SEEK_CUR)          # a hole in a line
+        f.write(ev(1)[7:] + ev(2) + b"   ")
+        f.seek(2 * M, os.SEEK_CUR)          # and to the end
+        f.truncate()
+        return 2
+    add("0", chunky)
+    add("1", holes)
+    for p, n in zip(files, counts):
+        rc, out, err = assert_same_cli(["shrink", "--final", "--stats", str(p)])
+        assert b"mmleak.py: %d events (%d allocations" % (n, n) in err, err
+        assert_same_cli(["shrink", "--final", "--stats", "-"], stdin=p.read_bytes())

@@ -17,14 +17,19 @@ MODULES = mmleak_export.py
 
 all: mmleak.so
 
-# mmleak-sites.c: is a return address the program's code or the runtime's (the default depth);
-# mmleak-unwind.c: the stack unwinder (cached DWARF CFI rules), API in mmleak-unwind.h;
-# mmleak-got.c: switching the GOT slots of a running process (attach, detach, pause).
-# mmleak-shrink.c: the compiled shrinker mmleak.py loads with ctypes (same library, inactive tracer);
-# mmleak-inject.c: the ptrace injector of `mmleak.py attach` (same way).
-SRCS = mmleak.c mmleak-sites.c mmleak-unwind.c mmleak-got.c mmleak-shrink.c mmleak-inject.c
-mmleak.so: $(SRCS) mmleak.h mmleak-unwind.h
-	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -Wl,-z,defs -o $@ $(SRCS) -ldl -lpthread $(LDFLAGS)
+# Objects go to build/ (with -MMD dependency files beside them).
+B = build
+TRACER_SRCS = mmleak.c tracer/sites.c tracer/unwind.c tracer/got.c tools/shrink.c tools/inject.c
+TRACER_OBJS = $(TRACER_SRCS:%.c=$(B)/%.o)
+
+$(B)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_LIB) $(CFLAGS) -MMD -MP -c -o $@ $<
+
+mmleak.so: $(TRACER_OBJS)
+	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -Wl,-z,defs -o $@ $(TRACER_OBJS) -ldl -lpthread $(LDFLAGS)
+
+-include $(TRACER_OBJS:.o=.d)
 
 check: all
 	$(PYTHON) -m pytest -q tests
@@ -47,6 +52,6 @@ uninstall:
 	for s in $(SCRIPTS) $(MODULES); do rm -f $(DESTDIR)$(BINDIR)/$$s; done
 
 clean:
-	rm -rf mmleak.so tests/bin bench/out demo __pycache__ tests/__pycache__
+	rm -rf mmleak.so $(B) tests/bin bench/out demo __pycache__ tests/__pycache__
 
 .PHONY: all check bench demo install uninstall clean

@@ -44,8 +44,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "mmleak.h"
-#include "mmleak-unwind.h"
+#include "tracer/internal.h"
+#include "tracer/unwind.h"
 
 /* The cleanups below (GUARDED, new_leave...) run when a C++ exception unwinds through our
  * frames, which needs libgcc's personality routine and _Unwind_Resume.  Weak references: a C

@@ -1496,7 +1496,7 @@ def build_unwind_bench():
     os.makedirs(odir, exist_ok=True)
     lib_flags = ["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fPIC", "-fvisibility=hidden",
                  "-fexceptions", "-fno-omit-frame-pointer", "-O2", "-g"]
-    parts = [("unwind.o", os.path.join(ROOT, "mmleak-unwind.c"), lib_flags),
+    parts = [("unwind.o", os.path.join(ROOT, "tracer", "unwind.c"), lib_flags),
              ("chain_nofp.o", os.path.join(HERE, "unwind_chain.c"),
               ["-O2", "-g", "-fomit-frame-pointer", "-DCHAIN=chain_nofp"]),
              ("chain_fp.o", os.path.join(HERE, "unwind_chain.c"),

@@ -18,7 +18,7 @@
  * This file is compiled with frame pointers (-O2 -fno-omit-frame-pointer): its functions are
  * the top four of the sixteen frames; the chain is where the twelve others are. */
 #define _GNU_SOURCE
-#include "../mmleak-unwind.h"
+#include "../tracer/unwind.h"
 
 #include <dlfcn.h>
 #include <stdint.h>

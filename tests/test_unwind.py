@@ -41,7 +41,7 @@ def ubins(tmp_path_factory):
     """Every test program, built in parallel (2 jobs)."""
     d = tmp_path_factory.mktemp("unwind")
     obj = str(d / "mmleak-unwind.o")
-    cc(["cc"] + UNWIND_CFLAGS + ["-c", "-o", obj, os.path.join(ROOT, "mmleak-unwind.c")])
+    cc(["cc"] + UNWIND_CFLAGS + ["-c", "-o", obj, os.path.join(ROOT, "tracer", "unwind.c")])
     jobs, out = [], {}
 
     def c_variant(name, flags):

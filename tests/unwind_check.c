@@ -13,7 +13,7 @@
  * follows as "bt=".
  * Other lines: "info ...", "kinds ..." (rule kinds computed), "end MODE" at the end. */
 #define _GNU_SOURCE
-#include "../mmleak-unwind.h"
+#include "../tracer/unwind.h"
 
 #include <dlfcn.h>
 #include <elf.h>

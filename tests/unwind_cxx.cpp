@@ -17,7 +17,7 @@
 #include <algorithm>
 
 extern "C" {
-#include "../mmleak-unwind.h"
+#include "../tracer/unwind.h"
 }
 
 #define NOINLINE __attribute__((noinline))

@@ -34,7 +34,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "mmleak.h"
+#include "internal.h"
 
 _Atomic uintptr_t mml_direct[MML_DIRECT_SIZE];
 _Atomic uintptr_t mml_passing[MML_DIRECT_SIZE];

@@ -70,7 +70,7 @@
  * we do not read code), objects without PT_GNU_EH_FRAME or with an unsorted .eh_frame_hdr are
  * handled by a linear scan of .eh_frame (slow but correct). */
 #define _GNU_SOURCE
-#include "mmleak-unwind.h"
+#include "unwind.h"
 
 #include <dlfcn.h>
 #include <errno.h>

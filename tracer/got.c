@@ -34,7 +34,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "mmleak.h"
+#include "internal.h"
 
 #if !defined(__x86_64__)
 #error "mmleak-got.c: x86-64 relocations only"

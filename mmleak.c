@@ -44,26 +44,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tracer/compiler.h"
+#include "tracer/platform.h"
 #include "tracer/internal.h"
 #include "tracer/unwind.h"
 
-/* The cleanups below (GUARDED, new_leave...) run when a C++ exception unwinds through our
- * frames, which needs libgcc's personality routine and _Unwind_Resume.  Weak references: a C
- * program then does not get libgcc_s loaded by us (about 0.1 ms of start-up, its constructor
- * runs cpuid, which traps in a VM); a C++ program has it loaded already, for libstdc++, and the
- * references bind to it.  Without libgcc_s nothing can throw through us: the personality
- * pointer is then 0, which the unwinder treats as "no cleanups here". */
-__asm__(".weak _Unwind_Resume\n\t.weak __gcc_personality_v0");
-
 extern int renameat(int, const char *, int, const char *); /* <stdio.h> is not wanted here */
-
-_Static_assert(sizeof(void *) == 8 && sizeof(size_t) == 8, "mmleak supports LP64 only");
-
-#define likely(x) __builtin_expect(!!(x), 1)
-#define unlikely(x) __builtin_expect(!!(x), 0)
-#define COLD __attribute__((noinline, cold))
-#define EXPORT __attribute__((visibility("default")))
-#define HOT_INLINE static inline __attribute__((always_inline))
 
 #define FORMAT_VERSION 2
 #define MAXDEPTH 64

@@ -154,7 +154,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 
-#define API __attribute__((visibility("default")))
+#include "../tracer/compiler.h"
 
 enum {
     MMLEAK_INJ_OK = 0,
@@ -168,11 +168,11 @@ enum {
     MMLEAK_INJ_ESYS = -8,
 };
 
-API int mmleak_inject_abi(void) { return 1; }
+EXPORT int mmleak_inject_abi(void) { return 1; }
 
 #if !defined(__x86_64__) || !defined(__linux__)
 
-API int mmleak_inject_call(int pid, const char *lib, const char *func, const char *arg,
+EXPORT int mmleak_inject_call(int pid, const char *lib, const char *func, const char *arg,
                            int timeout_ms, long *result, char *err, size_t errlen)
 {
     (void)pid, (void)lib, (void)func, (void)arg, (void)timeout_ms, (void)result;
@@ -2082,7 +2082,7 @@ static int attempt(struct inj *c, int tid, const char *func, const char *arg, lo
     return 1;
 }
 
-API int mmleak_inject_call(int pid, const char *lib, const char *func, const char *arg,
+EXPORT int mmleak_inject_call(int pid, const char *lib, const char *func, const char *arg,
                            int timeout_ms, long *result, char *err, size_t errlen)
 {
     struct inj ctx, *c = &ctx;

@@ -29,9 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define API __attribute__((visibility("default")))
-#define likely(x) __builtin_expect(!!(x), 1)
-#define unlikely(x) __builtin_expect(!!(x), 0)
+#include "../tracer/compiler.h"
 
 enum { K_FREE = 0, K_ALLOC = 1, K_END = 2, K_START = 3 };   /* odd kinds: allocation-like */
 enum { P_TORN = 0, P_PADDING = 1, P_MALFORMED = 2, P_DUPLICATE = 3, P_KINDS = 4 };
@@ -938,7 +936,7 @@ static void write_state(struct run *r, struct obuf *o, int final)
  * name.
  * Returns 0 when done, 1 when a callback stopped the run, -1 out of memory, -2 output error
  * (the errno in stats->out_errno). */
-API int mmleak_shrink(const char *const *paths, const char *const *names, int npaths,
+EXPORT int mmleak_shrink(const char *const *paths, const char *const *names, int npaths,
                       int out_fd, int err_fd, int final, mmleak_header_cb on_header,
                       mmleak_tick_cb on_tick, mmleak_open_cb on_open, uint64_t *counts,
                       struct mmleak_shrink_stats *stats)
@@ -1012,4 +1010,4 @@ done:
 }
 
 /* The interface version mmleak.py checks before it relies on the function's signature. */
-API int mmleak_shrink_abi(void) { return 3; }
+EXPORT int mmleak_shrink_abi(void) { return 3; }

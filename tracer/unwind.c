@@ -71,6 +71,7 @@
  * handled by a linear scan of .eh_frame (slow but correct). */
 #define _GNU_SOURCE
 #include "unwind.h"
+#include "compiler.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -86,10 +87,6 @@
 #include <unistd.h>
 
 extern void *__libc_stack_end; /* ld.so: the initial thread's argc slot */
-
-#define likely(x) __builtin_expect(!!(x), 1)
-#define unlikely(x) __builtin_expect(!!(x), 0)
-#define COLD __attribute__((noinline, cold))
 
 #define PG 4096UL
 #define PAGE_DOWN(a) ((uintptr_t)(a) & ~(PG - 1))

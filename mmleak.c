@@ -3449,12 +3449,12 @@ __attribute__((constructor)) static void mmleak_init(void)
 {
     int saved = errno;
     T.guard++;
-    /* Loaded with dlopen (mmleak.py loads the library for its compiled shrinker): our
-     * allocation functions are not the process's, there is nothing to trace. */
+    /* Loaded with dlopen (mmleak.py attach, before it calls mmleak_attach): our allocation
+     * functions are not the process's, there is nothing to trace yet. */
     if (!preloaded()) {
         g_state = -1;
         g_once_done = 1;
-        set_status();           /* "dormant": mmleak.py's shrinker, or before an attach */
+        set_status();           /* "dormant": until mmleak_attach */
         T.guard--;
         errno = saved;
         return;

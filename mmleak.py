@@ -32,6 +32,7 @@ FORMAT_VERSION = 2                  # written by mmleak.so; 1 and 2 are read
 READ_VERSIONS = ("1", "2")
 MAX_DEPTH = 64                      # frames mmleak.so records at most
 LIBNAME = "mmleak.so"
+TOOLSNAME = "mmleak-tools.so"       # the shrinker and the injector, beside mmleak.so
 PROG = "mmleak.py"
 
 # Exit statuses, shared by every subcommand (documented in --help and README.rst).
@@ -212,6 +213,13 @@ def find_library(explicit=None):
         if c and os.path.isfile(c):
             return os.path.realpath(c)
     return None
+
+
+def find_tools():
+    """Return the absolute path of mmleak-tools.so, the one beside mmleak.so, or None."""
+    lib = find_library()
+    tools = lib and os.path.join(os.path.dirname(lib), TOOLSNAME)
+    return tools if tools and os.path.isfile(tools) else None
 
 
 DUMP_RE = re.compile(r"^mmleak\.(\d+(?:-\d+)?)\.(\d+)\.out$")
@@ -1293,9 +1301,9 @@ def _native_engine():
     if _native is not None:
         return _native or None
     _native, _native_why = False, None
-    lib = find_library()
+    lib = find_tools()
     if not lib:
-        _native_why = "mmleak.so not found"
+        _native_why = "mmleak-tools.so not found"
         return None
     try:
         import ctypes
@@ -3159,9 +3167,9 @@ INJECT_ERRORS = {-1: EXIT_USAGE, -2: EXIT_INPUT, -3: EXIT_INPUT, -4: EXIT_INPUT,
 def _inject(pid, lib, func, arg, timeout_ms):
     """Call FUNC(ARG) in process PID after it loaded LIB: (code, result, error text)."""
     import ctypes
-    here = find_library()
+    here = find_tools()
     if not here:
-        raise Fail("mmleak.so not found (run `make`, or set MMLEAK_LIB)", EXIT_INPUT)
+        raise Fail("mmleak-tools.so not found (run `make`, or set MMLEAK_LIB)", EXIT_INPUT)
     dll = ctypes.CDLL(here)
     if dll.mmleak_inject_abi() != 1:
         raise Fail("%s: injector interface version differs" % here, EXIT_TOOL)

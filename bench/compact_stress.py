@@ -367,7 +367,7 @@ def main():
     rnd = random.Random(seed)
     shutil.rmtree(args.dir, ignore_errors=True)
     os.makedirs(args.dir)
-    subprocess.run(["make", "-s", "-C", ROOT, "mmleak.so"], check=True)
+    subprocess.run(["make", "-s", "-C", ROOT, "mmleak.so", "mmleak-tools.so"], check=True)
     exe = os.path.join(args.dir, "daemon_load")
     subprocess.run(["cc", "-O1", "-g", "-pthread", "-o", exe,
                     os.path.join(ROOT, "tests", "daemon_load.c"), "-ldl"], check=True)

@@ -51,9 +51,10 @@ def tree_for_others(*names):
 
 
 def mmleak_for_others():
-    """The path of a mmleak.py that another user (nobody) can run, with mmleak.so next to it
-    (see tree_for_others)."""
-    return os.path.join(tree_for_others("mmleak.py", "mmleak.so"), "mmleak.py")
+    """The path of a mmleak.py that another user (nobody) can run, with mmleak.so and
+    mmleak-tools.so next to it (see tree_for_others)."""
+    return os.path.join(tree_for_others("mmleak.py", "mmleak.so", "mmleak-tools.so"),
+                        "mmleak.py")
 
 
 def load_mmleak():
@@ -75,7 +76,7 @@ def mm():
 
 @pytest.fixture(scope="session")
 def lib():
-    subprocess.run(["make", "-s", "-C", ROOT, "mmleak.so"], check=True)
+    subprocess.run(["make", "-s", "-C", ROOT, "mmleak.so", "mmleak-tools.so"], check=True)
     return LIB
 
 

@@ -62,7 +62,7 @@ def load_mmleak():
 
 def main():
     ensure_tools()
-    if subprocess.run(["make", "-s", "-C", REPO, "mmleak.so"]).returncode:
+    if subprocess.run(["make", "-s", "-C", REPO, "mmleak.so", "mmleak-tools.so"]).returncode:
         sys.exit("demo: building mmleak.so failed")
     bindir = os.path.join(DEMO, "bin")
     dumps = os.path.join(DEMO, "dumps")

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """tests/inject_cli.py: call mmleak_inject_call (mmleak-inject.c) from the command line.
 
-    inject_cli.py MMLEAK_SO PID LIB FUNC|- ARG|- [TIMEOUT_MS]
+    inject_cli.py MMLEAK_TOOLS_SO PID LIB FUNC|- ARG|- [TIMEOUT_MS]
 
 Prints "result N" (exit 0) or "error CODE MESSAGE" (exit 1)."""
 import ctypes

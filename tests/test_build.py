@@ -14,6 +14,8 @@ def test_install_honours_prefix_and_destdir(tmp_path, lib):
     root = dest / "opt" / "mm"
     so = root / "lib" / "mmleak" / "mmleak.so"
     assert so.is_file() and oct(so.stat().st_mode & 0o777) == "0o644"
+    tools = root / "lib" / "mmleak" / "mmleak-tools.so"
+    assert tools.is_file() and oct(tools.stat().st_mode & 0o777) == "0o644"
     for s in ("mmleak.py", "mmleak-panda.py", "mmleak-install.py"):
         p = root / "bin" / s
         assert p.is_file() and os.access(p, os.X_OK), s
@@ -54,6 +56,21 @@ def test_library_exports_only_the_interposed_api(lib):
         assert want in exported, want
     # nothing of the tracer's internals leaks into the program's namespace
     assert not any(s.startswith(("g_", "rec_", "slow_", "window_", "maps_")) for s in exported)
+
+
+def dynamic_symbols(path):
+    syms = subprocess.run(["nm", "-D", "--defined-only", path], capture_output=True,
+                          text=True, check=True).stdout.split()
+    return {s for s in syms if not s.startswith("0") and len(s) > 1 and s not in "TWBDV"}
+
+
+def test_tracer_has_no_tool_and_the_tools_library_has_them(lib):
+    """mmleak.so is the tracer alone: the shrinker and the injector are in mmleak-tools.so,
+    which only mmleak.py loads (beside mmleak.so)."""
+    tools = os.path.join(os.path.dirname(lib), "mmleak-tools.so")
+    assert not [s for s in dynamic_symbols(lib) if "shrink" in s or "inject" in s]
+    assert dynamic_symbols(tools) == {"mmleak_shrink", "mmleak_shrink_abi",
+                                      "mmleak_inject_call", "mmleak_inject_abi"}
 
 
 def test_library_needs_glibc_alone_and_loads_nothing_into_a_c_program(lib, tmp_path):

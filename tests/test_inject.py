@@ -62,7 +62,7 @@ def inject(pid, lib, func, arg=None, timeout_ms=5000):
     """mmleak_inject_call in this process: (code, result, err)."""
     global _fn
     if _fn is None:
-        dll = ctypes.CDLL(os.path.join(ROOT, "mmleak.so"))
+        dll = ctypes.CDLL(os.path.join(ROOT, "mmleak-tools.so"))
         assert dll.mmleak_inject_abi() == ABI
         _fn = dll.mmleak_inject_call
         _fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
@@ -291,14 +291,13 @@ def test_cxx_program(ib, targets, tmp_path):
 
 def test_python_and_mmleak_so_itself(ib, targets, tmp_path):
     """Debian's /usr/bin/python3 (not position-independent: ELF type EXEC) waiting on
-    stdin; mmleak.so itself loads there (its tracer stays dormant) and answers
-    mmleak_shrink_abi."""
+    stdin; mmleak-tools.so itself loads there and answers mmleak_shrink_abi."""
     rec = str(tmp_path / "rec")
     t = targets(["/usr/bin/python3", "-c", "import sys; print('ready', flush=True); "
                  "print('got', sys.stdin.readline().strip())"])
     assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
     assert records(rec) == ["pid %d tid %d loads 1 calls 1" % (t.pid, t.pid)]
-    so = os.path.join(ROOT, "mmleak.so")
+    so = os.path.join(ROOT, "mmleak-tools.so")
     # the interface version mmleak.py checks (3: it opens the files, the C code reads them)
     assert inject(t.pid, so, "mmleak_shrink_abi") == (0, mmleak.NATIVE_ABI, "")
     assert so in t.maps()
@@ -482,13 +481,14 @@ def test_traced_process_is_refused(ib, targets):
 
 @pytest.fixture
 def nobody_dir(ib):
-    """A directory nobody can read, with mmleak.so, the CLI, the test target and library."""
+    """A directory nobody can read, with mmleak-tools.so, the CLI, the test target and
+    library."""
     if os.geteuid() != 0 or not shutil.which("setpriv"):
         pytest.skip("needs root and setpriv to run processes as nobody")
     d = tempfile.mkdtemp(prefix="mmleak-inject.")
     try:
         os.chmod(d, 0o777)
-        for f in (os.path.join(ROOT, "mmleak.so"), CLI, ib["target"], ib["libinject.so"]):
+        for f in (os.path.join(ROOT, "mmleak-tools.so"), CLI, ib["target"], ib["libinject.so"]):
             shutil.copy(f, d)
             os.chmod(os.path.join(d, os.path.basename(f)), 0o755)
         yield d
@@ -501,7 +501,7 @@ AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 
 def cli_as_nobody(d, pid, func, arg):
     return subprocess.run(AS_NOBODY + [sys.executable, os.path.join(d, "inject_cli.py"),
-                                       os.path.join(d, "mmleak.so"), str(pid),
+                                       os.path.join(d, "mmleak-tools.so"), str(pid),
                                        os.path.join(d, "libinject.so"), func, arg],
                           capture_output=True, text=True, timeout=60)
 

@@ -574,6 +574,8 @@ def visible_tree(box):
     d = "/opt/mmleak-attach-test"
     box.run(["install", "-d", d])
     box.run(["install", "-m", "0644", LIB, d + "/mmleak.so"])
+    box.run(["install", "-m", "0644", os.path.join(ROOT, "mmleak-tools.so"),
+             d + "/mmleak-tools.so"])
     box.run(["install", "-m", "0755", MMLEAK, d + "/mmleak.py"])
     return d + "/mmleak.so", d + "/mmleak.py"
 

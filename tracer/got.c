@@ -1,5 +1,5 @@
 /*
- * mmleak-got.c: route a running process's allocation calls through mmleak, and back.
+ * tracer/got.c: route a running process's allocation calls through mmleak, and back.
  *
  * When mmleak.so is preloaded, the dynamic linker binds every module's calls to malloc & co
  * to mmleak's functions, because mmleak.so comes first in the search order.  When it is
@@ -37,7 +37,7 @@
 #include "internal.h"
 
 #if !defined(__x86_64__)
-#error "mmleak-got.c: x86-64 relocations only"
+#error "got.c: x86-64 relocations only"
 #endif
 
 struct slot {

@@ -1,20 +1,327 @@
 /*
- * mmleak.h: what the C files of mmleak.so share.  Internal: nothing here is an interface of
- * the library (those are the interposed allocation functions and, for mmleak.py, the
- * functions marked visibility("default") in mmleak-shrink.c and mmleak-inject.c).
+ * tracer/internal.h: what the C files of mmleak.so share (was mmleak.h).
+ *
+ * Nothing here is an interface of the library: those are the interposed functions and
+ * mmleak_attach/detach/state/status (EXPORT).  Every declaration below is hidden (the pragma),
+ * so a reference from another file of the tracer is a direct, PC-relative access, exactly as
+ * for a static one: the hot path does not change when its data live in another file.
+ *
+ * Who owns what (each file's top comment says why it is shaped as it is):
+ *   mmleak.c       the interposed entry points (tracer/hooks.def), the boot arena, the
+ *                  allocator's real functions, the hook table
+ *   record.h       the hot path: sequence numbers, the fast writers' callers (inline)
+ *   line.h         the line layout: every writer of an event line, fast path and stack path
+ *   options.c      MMLEAK_* settings (the table in facts.h), from the environment or attach
+ *   say.c          messages on stderr, and text without stdio
+ *   mem.c          mmleak's own memory (mmap only)
+ *   dumpdir.c      the dump directory: safe opens, file system uid, set*uid, chroot
+ *   maps.c         mmleak.ID.maps and mmleak.ID.loads
+ *   threadfile.c   a thread's staging halves and dump files, holding, dropping, late lines
+ *   stacks.c       capture, stack ids, and the general (non-fast) recording of an event
+ *   lifecycle.c    process-wide state, start, fork, thread exit, _exit/exec, the constructor
+ *   attach.c       mmleak_attach/detach/state, closing files from outside, the dlopen trampoline
+ *   sites.c        is a code address the program's, the runtime's or a wrapper's?
+ *   got.c          switching the GOT slots of every loaded object (attach, detach, pause)
+ *   unwind.c/.h    the stack unwinder (its own API, usable alone)
+ *
+ * Rules that keep the host safe hold in every file (mmleak.c lists them): no lock, syscall or
+ * allocation on the hot path; no descriptor kept between cold calls; errno saved around every
+ * cold call (GUARDED); our own allocations never recorded (the thread's guard).
  */
-#ifndef MMLEAK_H
-#define MMLEAK_H
+#ifndef MMLEAK_INTERNAL_H
+#define MMLEAK_INTERNAL_H
 
+#include <errno.h>
+#include <limits.h>
+#include <link.h>
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
 
-/* ---- mmleak.c ---- */
+#include "compiler.h"
+#include "platform.h"
+#include "facts.h"
 
-/* Grow an array in mmap'ed memory (never the traced allocator's): see mmleak.c. */
+#pragma GCC visibility push(hidden)
+
+/* ---- options.c: the settings (MMLEAK_OPTIONS in facts.h) ---- */
+
+struct mml_cfg {
+    char dir[PATH_MAX - 64]; /* MMLEAK_DIR, made absolute at start (default /tmp) */
+    int depth;               /* MMLEAK_DEPTH: frames per allocation; 0: auto (the default) */
+    size_t rotate;           /* MMLEAK_ROTATE_MB: start a new file past this size (256) */
+    size_t buffer;           /* MMLEAK_BUFFER_KB: staging area of a busy thread (1024) */
+    size_t hold;             /* MMLEAK_HOLD_MB: lines held in memory while unwritable (64) */
+    int quiet;               /* MMLEAK_QUIET=1: no message on stderr, even on failure */
+};
+extern struct mml_cfg cfg;
+/* Read the settings: from the environment (ARGS NULL), or, for mmleak_attach, from its
+ * argument, lines "MMLEAK_DIR=/var/tmp/leaks" with the same names.  0, or -1 when MMLEAK_DIR
+ * cannot be used as given (said why). */
+int read_config(const char *args);
+long env_num(const char *name, long def, long lo, long hi);
+
+/* ---- per-thread state ---- */
+
+/* Which file a name of ours was when we made it: a name reopened later must still be that
+ * file (see open_again), whatever was done to the directory meanwhile.  {0, 0}: unknown. */
+struct fid { dev_t dev; ino_t ino; };
+
+/* Per-thread state.  The hot fields come first, in one cache line. */
+#define GUARD_NEST 0xffff       /* nesting count of mmleak's own code in this thread */
+#define GUARD_NEW (1 << 24)     /* a failing operator new is in libstdc++: see new_failed */
+struct tstate {
+    char *cur;            /* next byte to write in the staging half */
+    char *end;            /* end of that half; NULL forces the slow path */
+    volatile int guard;   /* nonzero sends every event to the slow path (GUARD_ bits) */
+    int open;             /* a file is open for this thread */
+    int dropping;         /* cannot write now: events are counted in `lost`, retried later */
+    int dead;             /* past its last pthread key destructor round: see thread_exit */
+    int anon;             /* staging in anonymous memory: no file could be created yet */
+    int late;             /* this thread's file was closed (process exit, exec) */
+    int late_lines;       /* lines appended directly to it since */
+    int early_frees;      /* frees before this thread's first allocation: see emit_cold */
+    int exit_rounds;      /* pthread key destructor rounds seen */
+    char *stage;          /* shared mapping of the .tail file: two halves */
+    size_t half_size;
+    int half;             /* the half being written */
+    uint64_t out_off;     /* bytes already in the .out file */
+    /* Lines of half h not yet in .out: from ustart[h], ulen[h] bytes.  Only a half whose
+     * flush failed keeps any while the other one is written (see make_room). */
+    size_t ustart[2], ulen[2];
+    int slot;             /* 1 + our index in the registry of files, 0 if none */
+    uint64_t *ss;         /* ids of the stacks the current file holds (open addressing) */
+    size_t ss_cap, ss_n;
+    uint64_t lost;        /* events not recorded while dropping, not yet reported */
+    unsigned episode;     /* k= of the "#dropping"/"#lost" lines of the current gap */
+    unsigned epoch;       /* the dlclose() epoch this thread's fast path is valid for */
+    unsigned trace_gen;   /* the trace its files belong to (attach/detach start new ones) */
+    time_t retry_at;      /* while dropping: next time a write is tried */
+    char *hold;           /* lines that could not be written yet, older than the halves' */
+    size_t hold_start, hold_len, hold_cap;  /* see hold_take */
+    int holding;          /* "#dropping k=EPISODE" is staged: a "#lost" line must close it */
+    unsigned fileno;      /* N of the current file */
+    struct fid out_id, tail_id; /* its .out and .tail files (see open_again) */
+    const void *new_ra;   /* while GUARD_NEW: the caller of the failing operator new */
+    struct tstate *next, *prev; /* registry of open threads, under g_lock */
+};
+extern __thread struct tstate T __attribute__((tls_model("initial-exec")));
+
+
+/* The guard: while our own code runs, allocation calls pass straight through, and errno is
+ * given back as it was. */
+struct guard_scope { struct tstate *t; int saved_errno; };
+
+static inline struct guard_scope guard_enter(void)
+{
+    struct guard_scope g = { &T, errno };
+    g.t->guard++;
+    return g;
+}
+
+static inline void guard_leave(struct guard_scope *g)
+{
+    g->t->guard--;
+    errno = g->saved_errno;
+}
+
+#define GUARDED struct guard_scope _gs __attribute__((cleanup(guard_leave))) = guard_enter()
+
+/* Threads inside a slow path (they may flush, grow or close their staging area): a detach
+ * waits for none to be left before it closes their files from outside. */
+extern atomic_int g_inflight;
+struct inflight_scope { int on; };
+static inline void inflight_leave(struct inflight_scope *s)
+{
+    if (s->on)
+        atomic_fetch_sub(&g_inflight, 1);
+}
+#define INFLIGHT struct inflight_scope _if __attribute__((cleanup(inflight_leave))) = \
+    { (atomic_fetch_add(&g_inflight, 1), 1) }
+#define IN_OWN_CODE(t) ((t)->guard & GUARD_NEST)
+
+
+/* ---- mmleak.c: the allocator's functions, the entry points' helpers ---- */
+
+struct real_fns {
+    void *(*malloc)(size_t);
+    void (*free)(void *);
+    void *(*calloc)(size_t, size_t);
+    void *(*realloc)(void *, size_t);
+    void *(*memalign)(size_t, size_t);
+    int (*posix_memalign)(void **, size_t, size_t);
+    void *(*aligned_alloc)(size_t, size_t);
+    void *(*valloc)(size_t);
+    void *(*pvalloc)(size_t);
+    int (*dlclose)(void *);
+    /* C++ operators, used only when malloc fails, so new_handler and bad_alloc behave. */
+    void *(*new_)(size_t);
+    void *(*new_nothrow)(size_t, const void *);
+    void *(*new_al)(size_t, size_t);
+    void *(*new_al_nothrow)(size_t, size_t, const void *);
+};
+extern struct real_fns real;
+/* Our own malloc under a name the dynamic linker cannot rebind: &malloc itself would give the
+ * process's malloc, whoever provides it. */
+extern void *mmleak_own_malloc(size_t);
+void *sym(const char *name);
+/* The allocator's functions from HANDLE: RTLD_NEXT normally; the process's own (RTLD_DEFAULT)
+ * when another allocator comes before us, or when loaded into a running process. */
+void resolve_from(void *handle);
+COLD void resolve(void);
+/* The function each hooked name reaches without mmleak, and the GOT switch's hook table. */
+void hooks_init(void);
+/* While a failing operator new runs the runtime's: its allocations are the user's `new`. */
+const void *new_caller(const struct tstate *t, const void *ra);
+
+/* ---- lifecycle.c: process-wide state, start, fork, thread exit ---- */
+
+/* The trace id names this process image's files: the pid, or pid-K when mmleak.PID.maps
+ * already exists (an exec'd image of the same process, or a reused pid). */
+extern char g_id[32];
+extern pid_t g_pid;
+extern time_t g_t0;                  /* time() at trace start; event times are relative */
+extern atomic_uint g_next_file;      /* N of the next mmleak.ID.N.out */
+extern int g_state;                  /* 0: not started, 1: tracing, -1: disabled, 2: paused */
+extern unsigned g_trace_gen;         /* a new trace in this process (attach after detach) */
+extern int g_attached;               /* loaded into a running process by mmleak.py attach */
+extern int g_window;                 /* this trace was started by mmleak_attach */
+extern char g_cmd[2048];             /* escaped command line for the file headers */
+extern char g_alloc[512];            /* the allocator's file (libc, jemalloc...), escaped */
+extern _Atomic uint64_t g_lost_orphan; /* events lost where no thread file could say so */
+extern atomic_uint g_episode;        /* numbers the gaps: "#dropping k=K", "#lost N k=K" */
+extern atomic_uint g_epoch;          /* dlclose() calls so far: see loads_log_locked */
+extern int g_closing;                /* calls inside the real dlclose() (under g_lock) */
+extern pthread_mutex_t g_lock;       /* cold path only */
+extern pthread_key_t g_key;
+extern int g_key_ok;
+/* malloc_is_ours: the thread whose probe allocation is expected, and whether it came */
+extern struct tstate *volatile g_probe_t;
+extern volatile int g_probe_hit;
+
+COLD void global_init(void);
+void process_start(const unsigned long long *loaded);
+void arm_hot(void);
+void set_status(void);
+void read_cmdline(void);
+void thread_exit(void *arg);
+void fork_prepare(void);
+void fork_parent(void);
+void fork_child(void);
+COLD void flush_before_leaving(int final);
+
+/* ---- say.c: messages, and text without stdio ---- */
+
+/* open_again's refusal of what stands at one of our names: not a regular file of ours (a
+ * FIFO, a device, a directory, another user's file, a hard link to some other file).  Not an
+ * errno value: messages say it in words and give no number. */
+#define E_NOT_OURS 4096
+
+size_t my_strlen(const char *s);
+/* Append src to d without passing end; returns the new end (always NUL terminated). */
+char *cat(char *d, char *end, const char *src);
+char *cat_u(char *d, char *end, unsigned long v);
+uint64_t parse_hex(const char *s, const char **end);
+void escape_into(char *d, char *e, const unsigned char *raw, size_t n, int nul_space);
+/* Why a write failed, for the one message we print (strerror may allocate). */
+const char *why(int err);
+void note_stderr(void);
+void say4(const char *a, const char *b, const char *c, const char *f);
+void say(const char *a, const char *b, const char *c);
+/* "WHAT DIR: REASON (errno N)TAIL"; REASON is why(ERR) unless given */
+void say_why(const char *what, const char *reason, int err, const char *tail);
+void say_err(const char *what, int err, const char *tail);
+
+/* ---- mem.c: mmleak's own memory, never the traced allocator's ---- */
+
+/* Grow an array in mmap'ed memory: see mem.c. */
 void *mml_grow(void *p, size_t *cap, size_t need, size_t unit);
 
-/* ---- mmleak-sites.c: the program's code, or the runtime's / a wrapper's? ---- */
+/* ---- dumpdir.c: the files in the dump directory ---- */
+
+extern int g_procfd;                    /* /proc, held after chroot(); else -1 */
+extern uid_t g_owner;                   /* euid when the trace started: our files' owner */
+extern atomic_int g_said_write;         /* the one message about failing writes */
+#define WRITE_FAILED_TAIL "; events are kept and writing is retried; events that do not fit " \
+    "are counted, and every report will say the trace is incomplete"
+/* A taken name is skipped; after TAKEN_RUN taken names in a row, see dumpdir.c */
+#define TAKEN_RUN 64
+
+char *file_name(char *buf, size_t len, const char *suffix);
+int d_open(const char *name, int flags, mode_t mode);
+int d_unlink(const char *name);
+int d_rename(const char *from, const char *to);
+int create_locked(const char *name, struct fid *id);
+int open_again(const char *name, int flags, const struct fid *want);
+uint64_t unguessable(void);
+void say_taken(const char *what, const char *done);
+uint64_t fsize_limit(void);
+int write_all(int fd, const char *p, size_t n);
+COLD void give_files_to(uid_t uid);
+COLD void hold_dir(void);
+
+/* ---- maps.c: mmleak.ID.maps and mmleak.ID.loads ---- */
+
+extern int g_loads_on;  /* from the first dlclose on: before it, no range had two objects */
+extern struct fid g_loads_id, g_maps_id;    /* made by reserve_id (.maps: its last version) */
+extern int g_loads_used;                     /* a line was written to it */
+extern unsigned long long g_got_adds;   /* loader's count of loads when slots were last set */
+int phdr_counts(struct dl_phdr_info *info, size_t size, void *data);
+/* A new trace: every mapping goes into its log of loads again; then a snapshot. */
+void maps_start_locked(const unsigned long long c[2]);
+COLD void maps_snapshot(int force);
+void loads_drop_unused(void);
+
+/* ---- threadfile.c: a thread's staging halves and dump files ---- */
+
+#define HALF_HDR 32
+/* The end of every half is kept free for signal handlers (see emit). */
+#define SLACK 4096
+
+/* The registry of files, in mmleak's own memory (see threadfile.c).  Under g_lock. */
+enum { SLOT_FREE, SLOT_OPEN, SLOT_PARKED };
+struct file_slot {
+    int state; unsigned fileno; char *stage; size_t half_size; uint64_t out_off;
+    uint64_t *ss; size_t ss_cap, ss_n;     /* the stacks the file holds (parked files) */
+    struct fid out_id, tail_id;
+};
+extern struct file_registry { struct file_slot *a; size_t n, cap; } R;
+extern _Atomic size_t g_hold_total;     /* bytes of every thread's hold */
+extern unsigned g_late_file;            /* the shared late file's N, ~0u: none yet */
+extern struct fid g_late_id;
+
+char *side_name(char *buf, size_t len, unsigned n, const char *ext);
+char *dump_name(char *buf, size_t len, unsigned n);
+void prealloc_decide(void);
+void stage_drop(struct tstate *t);
+void half_start(struct tstate *t, int h);
+void hold_free(struct tstate *t);
+size_t lost_line(char *line, size_t cap, uint64_t n, unsigned k);
+void file_close(struct tstate *t, int trailer);
+void park(struct tstate *t);
+void close_parked(void);
+void late_shared(const char *line, size_t n);
+int emit(const char *line, size_t n);
+int emit_free(const char *line, size_t n);
+void thread_reset(struct tstate *t);
+
+/* ---- attach.c ---- */
+
+/* dlopen in a process mmleak.so was loaded into: the hook table's entry, and where the
+ * process's own dlopen is kept */
+void *attach_dlopen_entry(const char *file, int mode);
+extern void *(*mml_real_dlopen)(const char *, int);
+int mml_dlopen_keep_caller(const void *ra, const char *file);
+void *mml_dlopen_here(const char *file, int mode);
+
+/* ---- stacks.c: stacks, and the general recording of an event ---- */
+
+void sset_free(struct tstate *t);
+void sset_clear(struct tstate *t);
+/* ---- sites.c: the program's code, or the runtime's / a wrapper's? ---- */
 
 /* Return addresses known to be the program's own code (not the runtime, not a wrapper): a
  * direct-mapped cache the fast path reads with one load.  An entry holds the address itself,
@@ -57,7 +364,7 @@ void mml_sites_forget(void);
 /* In a fork child: the lock may have been held by a thread that does not exist there. */
 void mml_sites_after_fork(void);
 
-/* ---- mmleak-got.c: switching a process's GOT slots of malloc & co ---- */
+/* ---- got.c: switching a process's GOT slots of malloc & co ---- */
 
 struct mml_hook {
     const char *name;       /* the symbol called */
@@ -79,5 +386,7 @@ void mml_got_forget_object(uintptr_t lo, uintptr_t hi);
 int mml_got_traced(void);
 /* The first definition of NAME in the process outside mmleak.so (not a PLT stub). */
 void *mml_find_definition(const char *name);
+
+#pragma GCC visibility pop
 
 #endif

@@ -1,5 +1,5 @@
 /*
- * mmleak-sites.c: is a return address the program's own code, or code that allocates on the
+ * tracer/sites.c: is a return address the program's own code, or code that allocates on the
  * program's behalf?
  *
  * The call site a user wants is the first frame that is neither inside the C/C++ runtime
@@ -11,7 +11,7 @@
  *
  * The answers are cached per return address in direct-mapped tables (one load and compare
  * on the fast path for the program's addresses, two for the others: mml_site_class in
- * mmleak.h; a program that allocates through a wrapper, perl or python, asks for every
+ * internal.h; a program that allocates through a wrapper, perl or python, asks for every
  * allocation).  A miss comes here: the object holding
  * the address is found with glibc's lock-free _dl_find_object, classified once (runtime by
  * file name; wrapper functions by name, from the symbol tables of its file on disk: .symtab
@@ -78,7 +78,7 @@ struct object {
 
 /* Address ranges an object was unloaded from (dlclose): code there may belong to different
  * objects at different times, so its addresses are never cached as the program's and their
- * frames carry the epoch (see capture in mmleak.c).  Past VOLATILE_MAX ranges, everything is. */
+ * frames carry the epoch (see capture in stacks.c).  Past VOLATILE_MAX ranges, everything is. */
 #define VOLATILE_MAX 256
 static struct range volatile_r[VOLATILE_MAX];
 static _Atomic size_t volatile_n;

@@ -1,5 +1,5 @@
-/* mmleak-unwind.c: a fast, cached DWARF CFI stack unwinder for mmleak.so (x86-64, glibc >= 2.35).
- * API and contract: mmleak-unwind.h.
+/* tracer/unwind.c: a fast, cached DWARF CFI stack unwinder for mmleak.so (x86-64, glibc >= 2.35).
+ * API and contract: unwind.h.
  *
  * How it works
  * ------------

@@ -1,4 +1,4 @@
-/* mmleak-unwind.h: the stack unwinder of mmleak.so (internal API, x86-64 Linux, glibc >= 2.35).
+/* tracer/unwind.h: the stack unwinder of mmleak.so (internal API, x86-64 Linux, glibc >= 2.35).
  *
  * It returns the return addresses of the calling thread's stack, like backtrace(), but caches
  * one compact rule per return address (how to find the caller's frame), so a warm walk costs a
@@ -7,7 +7,7 @@
  * by all threads, lock-free, and a racing or torn entry can only be a miss.
  *
  * Every function is async-signal-safe and never calls malloc.  A walk never faults: each stack
- * read is checked against the bounds of the stack it walks (see mmleak-unwind.c for how they
+ * read is checked against the bounds of the stack it walks (see unwind.c for how they
  * are found), and the walk STOPS (it never guesses) at a frame without CFI (JIT code, asm
  * without .cfi directives), at a rule it cannot express (CFA in a register other than rsp/rbp,
  * unknown DWARF expressions), at the outermost frame (_start, clone3: return address
@@ -54,7 +54,7 @@ int mml_unwind_from_ra(const void *ra, uintptr_t *out, int max);
  * value); a later walk from the same (ip, sp[, bp]) whose stack still holds the same words
  * would give the same frames, and checking that takes independent loads (no chain of
  * dependent cache lookups, which is what a walk costs).  The memo keeps, per (ip, sp), the
- * trail of the frames a caller used and a 64-bit value of the caller's (mmleak.c: the stack
+ * trail of the frames a caller used and a 64-bit value of the caller's (stacks.c: the stack
  * id): see mml_memo_get.  A torn or racing record can only be a miss. */
 
 /* Where a walk starts: the frame of the caller of an interposed function. */

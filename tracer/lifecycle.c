@@ -1,0 +1,458 @@
+/*
+ * tracer/lifecycle.c: the process-wide state and the events of a process's life: the first
+ * allocation (global_init), the start of a trace, fork (through our atfork handler, or a raw
+ * clone() found by the wiped page), the end of a thread (its pthread key destructor), _exit,
+ * exec, and the end of the process (the destructor).
+ *
+ * Loaded with LD_PRELOAD, the constructor starts tracing (or stays out of the way when another
+ * allocator, or another copy of mmleak.so, comes first); loaded with dlopen (mmleak.py attach),
+ * it stays dormant until mmleak_attach (attach.c).
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "record.h"
+#include "unwind.h"
+
+/* The trace id names this process image's files: the pid, or pid-K when mmleak.PID.maps
+ * already exists (an exec'd image of the same process, or a reused pid). */
+char g_id[32];
+pid_t g_pid;
+time_t g_t0;                  /* time() at trace start; event times are relative */
+atomic_uint g_next_file;      /* N of the next mmleak.ID.N.out */
+int g_state;                  /* 0: not started, 1: tracing, -1: disabled, 2: paused */
+unsigned g_trace_gen;         /* a new trace in this process (attach after detach) */
+int g_attached;               /* loaded into a running process by mmleak.py attach */
+int g_window;                 /* this trace was started by mmleak_attach */
+/* What `mmleak.py status` reads from the process's memory (/proc/PID/mem), without
+ * stopping it: "tracing ID DIR", "paused", "dormant" (see set_status). */
+EXPORT char mmleak_status[PATH_MAX + 64];
+char g_cmd[2048];             /* escaped command line for the file headers */
+char g_alloc[512];            /* the allocator's file (libc, jemalloc...), escaped */
+_Atomic uint64_t g_lost_orphan; /* events lost where no thread file could say so */
+atomic_uint g_episode;        /* numbers the gaps: "#dropping k=K", "#lost N k=K" */
+atomic_uint g_epoch;          /* dlclose() calls so far: see loads_log_locked */
+int g_closing;                /* calls inside the real dlclose() (under g_lock) */
+pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* cold path only */
+pthread_key_t g_key;
+int g_key_ok;
+atomic_int g_inflight;
+
+__thread struct tstate T __attribute__((tls_model("initial-exec")));
+_Atomic uint64_t g_seq[1u << SEQ_BITS] __attribute__((aligned(64)));
+struct hot hot_off;
+struct hot *H = &hot_off;
+
+/* ---- process start ---- */
+
+void read_cmdline(void)
+{
+    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    unsigned char raw[sizeof g_cmd / 4];
+    ssize_t n = fd >= 0 ? read(fd, raw, sizeof raw) : -1;
+    if (fd >= 0)
+        close(fd);
+    escape_into(g_cmd, g_cmd + sizeof g_cmd, raw, n > 0 ? (size_t)n : 0, 1);
+}
+
+/* Reserve a trace id with O_EXCL creates of mmleak.ID.maps and mmleak.ID.loads (the log of
+ * loads is made now, empty, so that nobody else's file can stand at its name when it is
+ * needed): the pid, else pid-1, pid-2..  (an exec'd image, a reused pid).  Past TAKEN_RUN
+ * taken ids (planted?), pid-T, T the time in microseconds: later images of the process still
+ * get higher numbers, and nobody can plant a name for every microsecond to come. */
+static int reserve_id(void)
+{
+    char name[64];
+    int err = 0;
+    uint64_t k = 0;
+    for (int tries = 0; tries < TAKEN_RUN + 256; tries++) {
+        if (tries < TAKEN_RUN) {
+            k = (uint64_t)tries;
+        } else {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            uint64_t now = (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+            /* a few hundred microseconds' worth of names to plant per try, or none at all */
+            k = (now > k ? now : k + 1) + unguessable() % 256;
+            say_taken("names of trace files in ", "this trace's id is the pid and the time in "
+                      "microseconds");
+        }
+        char *e = g_id + sizeof g_id, *d = g_id;
+        d = cat_u(d, e, (unsigned long)g_pid);
+        if (k) {
+            d = cat(d, e, "-");
+            cat_u(d, e, (unsigned long)k);
+        }
+        int fd = create_locked(file_name(name, sizeof name, ".maps"), &g_maps_id);
+        if (fd >= 0) {
+            close(fd);
+            fd = create_locked(file_name(name, sizeof name, ".loads"), &g_loads_id);
+            if (fd < 0) {
+                err = errno;
+                d_unlink(file_name(name, sizeof name, ".maps"));
+                errno = err;
+            }
+        }
+        if (fd >= 0) {
+            close(fd);
+            g_loads_used = 0;
+            return 0;
+        }
+        err = errno;
+        if (err != EEXIST)
+            break;
+    }
+    /* at the start, a missing name is a directory that was never there */
+    say_why("cannot create files in ", err == ENOENT ? "no such directory" : NULL, err,
+            ": tracing disabled (set MMLEAK_DIR to a writable directory)");
+    return -1;
+}
+
+void fork_prepare(void) { pthread_mutex_lock(&g_lock); }
+void fork_parent(void) { pthread_mutex_unlock(&g_lock); }
+
+/* The fast path's page (see struct hot): mapped once, re-armed in every new trace. */
+void arm_hot(void)
+{
+    if (H == &hot_off) {
+        void *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p != MAP_FAILED && madvise(p, 4096, MADV_WIPEONFORK) == 0)
+            H = p;
+        else if (p != MAP_FAILED)
+            munmap(p, 4096);    /* kernel before 4.14: raw clone() children are not detected */
+    }
+    H->fast = cfg.depth <= 1;
+    H->epoch = atomic_load(&g_epoch);
+    /* once something was unloaded even depth 1 asks the cache: the verdict says "no unloaded
+     * range".  Not merely because the epoch moved: an attach or a detach moves it too (so
+     * that every thread drops its stale state), and an attached process at depth 1 would
+     * then send every caller outside the program (libstdc++, libc) to the slow path */
+    H->mask = cfg.depth == 0 || mml_sites_unloaded() ? ~(uintptr_t)0 : 0;
+    H->memo = cfg.depth > 1;
+    atomic_signal_fence(memory_order_seq_cst);
+    H->alive = 1;
+}
+
+void set_status(void)
+{
+    char *e = mmleak_status + sizeof mmleak_status, *d = mmleak_status;
+    if (g_state == 1) {
+        d = cat(d, e, "tracing ");
+        d = cat(d, e, g_id);
+        d = cat(d, e, " ");
+        cat(d, e, cfg.dir);
+    } else {
+        cat(d, e, g_state == 2 ? "paused" : "dormant");
+    }
+}
+
+
+/* Called under g_lock, with the guard held.  LOADED: dl_iterate_phdr's counters, taken by
+ * the caller before g_lock (the loader's lock is never taken under ours), or NULL: with them
+ * the first flush finds the maps file current instead of reading /proc/self/maps again. */
+void process_start(const unsigned long long *loaded)
+{
+    g_pid = getpid();
+    g_owner = geteuid();
+    g_t0 = time(NULL);
+    prealloc_decide();
+    if (reserve_id()) {
+        g_state = -1;
+        return;
+    }
+    g_state = 1;
+    atomic_store(&g_next_file, 0);
+    unsigned long long c[2] = { loaded ? loaded[0] : 0, loaded ? loaded[1] : 0 };
+    maps_start_locked(c);
+    arm_hot();
+    set_status();
+}
+
+/* Is our malloc the one the program calls?  Not when another allocator (jemalloc, tcmalloc, the
+ * program's own) is found before us: LD_PRELOAD="libjemalloc.so.2 mmleak.so".  Asked by calling
+ * the process's malloc: a non-PIE program's canonical PLT entry gives no other answer. */
+struct tstate *volatile g_probe_t;
+volatile int g_probe_hit;
+
+static int malloc_is_ours(void)
+{
+    void *(*m)(size_t) = (void *(*)(size_t))dlsym(RTLD_DEFAULT, "malloc");
+    void (*f)(void *) = (void (*)(void *))dlsym(RTLD_DEFAULT, "free");
+    if (!m || !f || m == mmleak_own_malloc)
+        return 1;
+    g_probe_hit = 0;
+    g_probe_t = &T;
+    void *p = m(24);
+    g_probe_t = NULL;
+    if (p)
+        f(p);
+    return g_probe_hit;
+}
+
+/* Two mmleak.so files preloaded (an installed one and a build, say): the first in the global
+ * scope is the process's; a second one would record every event again, with the first
+ * copy's code as the caller of all of them. */
+static int another_copy_first(Dl_info *other, Dl_info *self)
+{
+    void *f = dlsym(RTLD_DEFAULT, "mmleak_state");
+    return f && dladdr(f, other) && dladdr((void *)mmleak_own_malloc, self) &&
+           other->dli_fbase != self->dli_fbase && other->dli_fname && self->dli_fname;
+}
+
+static int g_once_done;
+
+COLD void global_init(void)
+{
+    if (!real.malloc)
+        resolve();
+    unsigned long long loaded[2] = { 0, 0 };
+    dl_iterate_phdr(phdr_counts, loaded);
+    pthread_mutex_lock(&g_lock);
+    if (!g_once_done) {
+        g_once_done = 1;
+        note_stderr();
+        int bad = read_config(NULL);
+        read_cmdline();
+        Dl_info other, self;
+        if (another_copy_first(&other, &self)) {
+            /* the first copy traces; its calls to the allocator pass through us untouched */
+            say4(self.dli_fname, " is loaded after another mmleak.so (", other.dli_fname,
+                 "): it stays out of the way");
+            g_state = -1;
+        } else if (!malloc_is_ours()) {
+            Dl_info di;
+            void *m = dlsym(RTLD_DEFAULT, "malloc");
+            const char *who = m && dladdr(m, &di) && di.dli_fname && *di.dli_fname
+                              ? di.dli_fname : "the program";
+            say("malloc is replaced by ", who, ", found before mmleak.so: nothing is traced "
+                "(put mmleak.so first in LD_PRELOAD)");
+            resolve_from(RTLD_DEFAULT);     /* strdup & co. must use that allocator too */
+            g_state = -1;
+        } else if (bad) {
+            g_state = -1;
+        } else {
+            Dl_info di;
+            if (dladdr((void *)real.malloc, &di) && di.dli_fname)
+                escape_into(g_alloc, g_alloc + sizeof g_alloc, (const unsigned char *)di.dli_fname,
+                            my_strlen(di.dli_fname), 0);
+            if (!pthread_key_create(&g_key, thread_exit))
+                g_key_ok = 1;
+            pthread_atfork(fork_prepare, fork_parent, fork_child);
+            hooks_init();
+            if (env_num("MMLEAK_PAUSED", 0, 0, 1)) {
+                g_state = 2;    /* preloaded, paused: until mmleak.py attach */
+                set_status();
+                pthread_mutex_unlock(&g_lock);
+                mml_got_switch(0);
+                return;
+            }
+            process_start(loaded);
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* pthread key destructor: the thread is exiting.  Other libraries' destructors run in the
+ * same rounds and may still free memory, so we re-arm our key and only give the file up in
+ * the last round, parked for the next thread.  Events after that go to the late file. */
+void thread_exit(void *arg)
+{
+    struct tstate *t = arg;
+    if (t != &T)
+        return;
+    if (++t->exit_rounds < PTHREAD_DESTRUCTOR_ITERATIONS && g_key_ok) {
+        pthread_setspecific(g_key, t);
+        return;
+    }
+    INFLIGHT;
+    if (g_state != 1 || t->trace_gen != g_trace_gen) {
+        thread_reset(t);
+        t->dead = 1;
+        return;
+    }
+    GUARDED;
+    if (t->open) {
+        maps_snapshot(0);
+        park(t);
+    }
+    if (t->lost) {
+        atomic_fetch_add(&g_lost_orphan, t->lost);
+        t->lost = 0;
+    }
+    t->dropping = 0;
+    t->dead = 1;
+    t->cur = t->end = NULL;
+}
+
+/* In the child of fork (glibc's, through our atfork handler, or a raw clone()/fork syscall,
+ * found by the wiped page): the staging areas we inherited are the parent's files.  Unmap them
+ * (the parent keeps writing them) and start a trace of our own under the child's pid. */
+void fork_child(void)
+{
+    if (H->alive && g_pid == getpid())
+        return;     /* done already: the raw-fork check ran before the atfork handler */
+    pthread_mutex_init(&g_lock, NULL);
+    g_closing = 0;      /* the threads inside dlclose() are not in the child */
+    mml_sites_after_fork();
+    mml_unwind_fork_child();
+    int saved = errno;
+    T.guard++;
+    for (size_t i = 0; i < R.n; i++)
+        if (R.a[i].state != SLOT_FREE && (int)i + 1 != T.slot && R.a[i].stage)
+            munmap(R.a[i].stage, 2 * R.a[i].half_size); /* those threads are not in the child */
+    R.n = 0;
+    T.slot = 0;
+    sset_clear(&T);
+    stage_drop(&T);
+    hold_free(&T);          /* the parent's lines, in a copy */
+    atomic_store(&g_hold_total, 0);
+    T.holding = 0;
+    T.open = 0;
+    T.late = 0;
+    T.dropping = 0;
+    T.lost = 0;
+    g_late_file = ~0u;
+    atomic_store(&g_lost_orphan, 0);
+    atomic_store(&g_said_write, 0);
+    if (g_state == 1)
+        process_start(NULL);
+    else
+        g_pid = getpid();   /* paused (or dormant): so stays the child, writing nothing */
+    T.guard--;
+    errno = saved;
+}
+
+
+/* Is this library one of the preloaded ones (LD_PRELOAD, /etc/ld.so.preload)?  Compared by
+ * device and inode, or by file name for entries without a slash. */
+static int named_in(const char *list, const struct stat *self, const char *self_base)
+{
+    char item[PATH_MAX];
+    while (list && *list) {
+        while (*list == ' ' || *list == ':' || *list == '\t' || *list == '\n')
+            list++;
+        size_t n = 0;
+        while (list[n] && list[n] != ' ' && list[n] != ':' && list[n] != '\t' && list[n] != '\n')
+            n++;
+        if (n && n < sizeof item) {
+            memcpy(item, list, n);
+            item[n] = 0;
+            struct stat st;
+            if (strchr(item, '/') ? (stat(item, &st) == 0 && st.st_dev == self->st_dev &&
+                                     st.st_ino == self->st_ino)
+                                  : strcmp(item, self_base) == 0)
+                return 1;
+        }
+        list += n;
+    }
+    return 0;
+}
+
+static int preloaded(void)
+{
+    /* dlsym finds our malloc first when we were preloaded into a position-independent
+     * program; a non-PIE program has a canonical PLT entry for malloc, so ask the lists. */
+    if (dlsym(RTLD_DEFAULT, "malloc") == (void *)mmleak_own_malloc)
+        return 1;
+    Dl_info di;
+    struct stat self;
+    if (!dladdr((void *)mmleak_own_malloc, &di) || !di.dli_fname || stat(di.dli_fname, &self))
+        return 1; /* cannot tell: trace rather than miss a program */
+    const char *base = strrchr(di.dli_fname, '/');
+    base = base ? base + 1 : di.dli_fname;
+    if (named_in(getenv("LD_PRELOAD"), &self, base))
+        return 1;
+    char buf[4096];
+    int fd = open("/etc/ld.so.preload", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        buf[n > 0 ? n : 0] = 0;
+        if (named_in(buf, &self, base))
+            return 1;
+    }
+    return 0;
+}
+
+__attribute__((constructor)) static void mmleak_init(void)
+{
+    int saved = errno;
+    T.guard++;
+    /* Loaded with dlopen (mmleak.py attach, before it calls mmleak_attach): our allocation
+     * functions are not the process's, there is nothing to trace yet. */
+    if (!preloaded()) {
+        g_state = -1;
+        g_once_done = 1;
+        set_status();           /* "dormant": until mmleak_attach */
+        T.guard--;
+        errno = saved;
+        return;
+    }
+    global_init();
+    T.guard--;
+    errno = saved;
+}
+
+/* Process exit, _exit, exec: close the parked files and the calling thread's.  Events lost
+ * where no file could say so are counted in the calling thread's file, or in the late file.
+ * FINAL: the process ends (not an exec, which may fail). */
+static void leave_files(int final)
+{
+    maps_snapshot(0);
+    close_parked();
+    T.lost += atomic_exchange(&g_lost_orphan, 0);
+    if (T.open) {
+        file_close(&T, 1);  /* its trailer says how many were lost */
+        T.late = 1;
+    }
+    if (final)
+        loads_drop_unused();
+    T.lost += atomic_exchange(&g_lost_orphan, 0);
+    if (T.lost) {
+        char line[64];
+        size_t n = lost_line(line, sizeof line, T.lost, 0);
+        T.lost = 0;
+        late_shared(line, n);
+    }
+}
+
+__attribute__((destructor)) static void mmleak_fini(void)
+{
+    /* not in a vfork() child (other pid, the parent's memory): the files are the parent's */
+    if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T))
+        return;
+    int saved = errno;
+    T.guard++;
+    leave_files(1);
+    T.guard--;
+    errno = saved;
+}
+
+/* ---- _exit and exec: no destructor runs, so flush the calling thread's file first ----
+ * Nothing would be lost without this (the staging file keeps the lines and the readers merge
+ * it), but the directory stays tidy: a finished thread has one .out file and no .tail.  In a
+ * vfork() child the pid differs from ours and nothing is touched: the memory is the parent's. */
+
+COLD void flush_before_leaving(int final)
+{
+    if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T))
+        return;
+    GUARDED;
+    leave_files(final);
+}
+

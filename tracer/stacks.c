@@ -1,0 +1,308 @@
+/*
+ * tracer/stacks.c: the frames of an allocation, their stack id, the set of ids a file already
+ * holds, and the general path of an event: whatever the fast path (record.h) cannot write.
+ * With MMLEAK_DEPTH above 1, and with auto past the runtime and the wrappers, that is every
+ * allocation's path; it writes with line.h's writers, like the fast path.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "record.h"
+#include "unwind.h"
+
+static int slow_enter(struct tstate *t)
+{
+    if (IN_OWN_CODE(t)) {
+        if (g_probe_t == t)
+            g_probe_hit = 1;
+        return -1;
+    }
+    if (g_state < 0)
+        return -1;
+    if (t->trace_gen != g_trace_gen)
+        thread_reset(t);
+    if (g_state == 2) {          /* paused: the slots point elsewhere; a stored pointer */
+        t->epoch = H->epoch;     /* to our function still comes here: let it pass */
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- stacks ----
+ * An allocation whose stack has more than one frame is written as "PTR SEQ SIZE TIME @ID",
+ * and its stack once per file as "#s ID FRAME...": ID is a 64-bit hash of the frames, the
+ * same in every file and process, so readers can merge any files.  Each thread keeps the set
+ * of ids its current file already holds (it moves with the file when a new thread continues
+ * a parked one, and is emptied when the file ends). */
+
+/* Each frame is multiplied by a constant of its own and the products summed: the
+ * multiplications do not wait for each other (a chained hash costs 5 cycles a frame), and
+ * the frames' order still matters.  The sum is then mixed (murmur3's finaliser). */
+static uint64_t stack_id(const uintptr_t *f, int n)
+{
+    uint64_t h = 0x9E3779B97F4A7C15ull * (uint64_t)(n + 1);
+    for (int i = 0; i < n; i++)
+        h += (f[i] ^ ((uint64_t)i << 52)) * (0xff51afd7ed558ccdull + 2 * (uint64_t)i);
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 33;
+    return h ? h : 1;
+}
+
+static int sset_has(const struct tstate *t, uint64_t id)
+{
+    if (!t->ss_cap)
+        return 0;
+    for (size_t i = id & (t->ss_cap - 1);; i = (i + 1) & (t->ss_cap - 1)) {
+        if (t->ss[i] == id)
+            return 1;
+        if (!t->ss[i])
+            return 0;
+    }
+}
+
+static void sset_add(struct tstate *t, uint64_t id)
+{
+    if (2 * (t->ss_n + 1) > t->ss_cap) {
+        size_t ncap = t->ss_cap ? 2 * t->ss_cap : 1024;
+        uint64_t *a = mmap(NULL, ncap * sizeof *a, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (a == MAP_FAILED)
+            return;     /* the stack is written again next time: more bytes, still exact */
+        for (size_t i = 0; i < t->ss_cap; i++)
+            if (t->ss[i])
+                for (size_t j = t->ss[i] & (ncap - 1);; j = (j + 1) & (ncap - 1))
+                    if (!a[j]) {
+                        a[j] = t->ss[i];
+                        break;
+                    }
+        if (t->ss)
+            munmap(t->ss, t->ss_cap * sizeof *t->ss);
+        t->ss = a;
+        t->ss_cap = ncap;
+    }
+    for (size_t i = id & (t->ss_cap - 1);; i = (i + 1) & (t->ss_cap - 1))
+        if (!t->ss[i]) {
+            t->ss[i] = id;
+            t->ss_n++;
+            return;
+        }
+}
+
+void sset_free(struct tstate *t)
+{
+    if (t->ss)
+        munmap(t->ss, t->ss_cap * sizeof *t->ss);
+    t->ss = NULL;
+    t->ss_cap = t->ss_n = 0;
+}
+
+/* The file ended: none of its stacks is in the next one. */
+void sset_clear(struct tstate *t)
+{
+    if (t->ss_n)
+        memset(t->ss, 0, t->ss_cap * sizeof *t->ss);
+    t->ss_n = 0;
+}
+
+/* The frames of an allocation: f[0] the caller's return address, then its callers'.
+ * MMLEAK_DEPTH=N: N frames.  Auto: through the runtime and the wrappers to the program's
+ * first frame, and AUTO_CONTEXT more of its callers. */
+#define AUTO_CONTEXT 4
+
+/* A frame in a range an object was unloaded from carries the epoch in its top 16 bits: the
+ * readers then take the object that was mapped there in that epoch (mmleak.ID.loads). */
+static uintptr_t tagged(uintptr_t a, int cls)
+{
+    return cls & MML_SITE_VOLATILE ? a | (uintptr_t)(H->epoch & 0xffff) << 48 : a;
+}
+
+/* The frames f[1..] of an allocation from the walk bt[0..k-1] (bt[0] == f[0]'s address):
+ * all of them for MMLEAK_DEPTH=N (want), else up to the program's first frame and
+ * AUTO_CONTEXT more.  A frame is classified only when the answer matters: in auto mode until
+ * the program's first frame, and, once something was unloaded, for its epoch tag.  *more: in
+ * auto mode, the walk ended before it could tell (k frames were all it was asked for). */
+static int pick_frames(const uintptr_t *bt, int k, uintptr_t *f, int want, int max, int *more)
+{
+    int n = 1, program_at = -1;
+    int tag = mml_sites_unloaded();     /* not the epoch: attach and detach move it too */
+    *more = 0;
+    for (int j = 1; j < k && n < max; j++) {
+        f[n] = (uintptr_t)bt[j];
+        if (!tag && (want != 0 || program_at >= 0)) {
+            n++;
+            if (want == 0 && n > program_at + AUTO_CONTEXT)
+                return n;
+            continue;
+        }
+        int c = mml_site_class(f[n]);
+        f[n] = tagged(f[n], c);
+        if (want == 0 && program_at < 0 && !(c & MML_SITE_PASS))
+            program_at = n;
+        n++;
+        if (want == 0 && program_at >= 0 && n > program_at + AUTO_CONTEXT)
+            return n;
+    }
+    *more = want == 0 && k == max;
+    return n;
+}
+
+/* The frames of an allocation in f (f[0] the caller's return address, then its callers'),
+ * their count, and *id, the stack's id (0 for one frame).  MEMO: a walk whose stack words
+ * are all as they were when the same walk was made before is not made again (unwind.h:
+ * the memo): then the count and the id come from the memo and *filled is 0 (f[1..] not
+ * written). */
+#define AUTO_FIRST 8    /* auto: frames walked first (the program's frame is usually there) */
+static int capture(const void *ra, uintptr_t *f, uint64_t *id, int memo, int *filled)
+{
+    f[0] = (uintptr_t)ra;
+    *id = 0;
+    *filled = 1;
+    int want = cfg.depth;
+    int cls = want == 0 || mml_sites_unloaded() ? mml_site_class((uintptr_t)ra)
+                                                : MML_SITE_PROGRAM;
+    f[0] = tagged(f[0], cls);
+    if (want == 1)
+        return 1;
+    if (want == 0 && !(cls & MML_SITE_PASS))
+        return 1;
+    /* unwind.c: the frame-pointer chain of our own frames up to ra, then the cached
+     * CFI rules of the program's frames (bt[0] == ra) */
+    struct mml_start st;
+    if (!mml_unwind_start(ra, &st))
+        return 1;
+    int nf;
+    if (memo && mml_memo_get(&st, (unsigned)want, id, &nf)) {
+        *filled = 0;
+        return nf;
+    }
+    unsigned gen = mml_memo_gen();
+    uintptr_t bt[MMLEAK_MAX_DEPTH];
+    struct mml_trail tr;
+    int max = want ? want : AUTO_FIRST, more;
+    int k = mml_unwind_trail(&st, bt, max, &tr);
+    nf = pick_frames(bt, k, f, want, max, &more);
+    if (more) {                 /* auto: the program's frame is further up */
+        k = mml_unwind_trail(&st, bt, MMLEAK_MAX_DEPTH, &tr);
+        nf = pick_frames(bt, k, f, want, MMLEAK_MAX_DEPTH, &more);
+    }
+    if (nf > 1) {
+        *id = stack_id(f, nf);
+        mml_memo_put(&st, (unsigned)want, gen, &tr, nf, *id);
+    }
+    return nf;
+}
+
+COLD void slow_alloc(void *p, size_t n, const void *ra)
+{
+    struct tstate *t = &T;
+    if (slow_enter(t))
+        return;
+    GUARDED;
+    if (g_state == 0)
+        global_init();
+    if (g_state < 0)
+        return;
+    if (unlikely(!H->alive))
+        fork_child();   /* a copy made by a raw clone()/fork syscall: see struct hot */
+    if (t->guard & GUARD_NEW)
+        ra = new_caller(t, ra);
+    uint64_t s = seq_next(p);
+    time_t now = time(NULL) - g_t0;
+    uintptr_t f[MMLEAK_MAX_DEPTH];
+    uint64_t id;
+    int filled;
+    int nf = capture(ra, f, &id, 1, &filled);
+    /* "#s ID FRAME..." when this file does not hold the stack yet, then the event line */
+    char line[40 + 17 * MMLEAK_MAX_DEPTH + 96], *d = line;
+    int def = nf > 1 && (!t->open || !sset_has(t, id));
+    if (def && !filled)         /* the memo gave the id, the frames are needed now */
+        nf = capture(ra, f, &id, 0, &filled);
+    if (nf > 1 && !def && !(t->dead | t->dropping) && t->end - t->cur >= FAST_ROOM &&
+        !((s | n | (uint64_t)now) >> 32) && !((uintptr_t)p >> 48) && now >= 0) {
+        /* the common case with stacks: a stack this file holds, written like the fast path */
+        unsigned ns = ndig((uint32_t)s), nn = ndig((uint32_t)n), nt = ndig((uint32_t)now);
+        char *d = reserve(t, 12 + 1 + ns + 1 + nn + 1 + nt + 1 + 1 + 16 + 1);
+        d = put_hex12(d, (uintptr_t)p);
+        *d++ = ' ';
+        d = put_hexv(d, (uint32_t)s, ns);
+        *d++ = ' ';
+        d = put_hexv(d, (uint32_t)n, nn);
+        *d++ = ' ';
+        d = put_hexv(d, (uint32_t)now, nt);
+        *d++ = ' ';
+        *d++ = '@';
+        d = put_hex16(d, id);
+        atomic_signal_fence(memory_order_release);
+        *d = '\n';
+        t->epoch = H->epoch;
+        return;
+    }
+    if (def) {
+        memcpy(d, "#s ", 3);
+        d = hexw(d + 3, id, 16);    /* always 16 digits, as in the references */
+        for (int i = 0; i < nf; i++) {
+            *d++ = ' ';
+            d = hexw(d, f[i] - 1, 1);   /* inside the call instruction: the calling line */
+        }
+        *d++ = '\n';
+    }
+    d = hexw(d, (uintptr_t)p, 12);
+    *d++ = ' ';
+    d = hexw(d, s, 1);
+    *d++ = ' ';
+    d = hexw(d, n, 1);
+    *d++ = ' ';
+    d = hexw(d, now < 0 ? 0 : (uint64_t)now, 1);
+    *d++ = ' ';
+    if (nf > 1) {
+        *d++ = '@';
+        d = hexw(d, id, 16);
+    } else {
+        d = hexw(d, f[0] - 1, 12);
+    }
+    *d++ = '\n';
+    t->epoch = H->epoch;
+    unsigned fileno = t->fileno;
+    int was_open = t->open;
+    if (emit(line, (size_t)(d - line)) && def && was_open && t->open && t->fileno == fileno)
+        sset_add(t, id);
+}
+
+COLD void slow_free(void *p, uint64_t s, const void *ra)
+{
+    struct tstate *t = &T;
+    if (slow_enter(t))
+        return;
+    GUARDED;
+    if (g_state == 0)
+        global_init();
+    if (g_state < 0)
+        return;
+    if (unlikely(!H->alive))
+        fork_child();
+    char line[64], *d = line;
+    d = hexw(d, (uintptr_t)p, 12);
+    *d++ = ' ';
+    d = hexw(d, s, 1);
+    *d++ = ' ';
+    d = hexw(d, (uintptr_t)ra - 1, 12);
+    *d++ = '\n';
+    t->epoch = H->epoch;
+    emit_free(line, (size_t)(d - line));
+}
+

@@ -47,6 +47,35 @@
 
 struct real_fns real;
 
+/* The real functions of the hooks whose slot is NEXT (tracer/hooks.def): mml_next_NAME. */
+#define MML_SLOT_ALLOCATOR(name, ret, params)
+#define MML_SLOT_NEXT(name, ret, params) ret (*mml_next_##name) params;
+#define HOOK(name, ret, params, args, kind, slot, make, extra) MML_SLOT_##slot(name, ret, params)
+#include "tracer/hooks.def"
+#undef HOOK
+
+/* The next definition of NAME: after mmleak.so when preloaded; the process's own when loaded
+ * into it (with dlopen, mmleak.so is not in the global scope: RTLD_NEXT means nothing). */
+static void *next_definition(const char *name)
+{
+    return g_attached ? mml_find_definition(name) : sym(name);
+}
+
+static void *next_fn(const char *name)
+{
+    void *f = next_definition(name);
+    if (!f)
+        abort();
+    return f;
+}
+
+/* A NEXT hook's real function, found at its first use if hooks_init has not run. */
+#define FIND_NEXT(name)                                                                       \
+    do {                                                                                      \
+        if (!mml_next_##name)                                                                 \
+            mml_next_##name = (__typeof(mml_next_##name))next_fn(#name);                      \
+    } while (0)
+
 /* Some callers of malloc run before libc can give us dlsym: serve them from a static
  * arena.  Blocks from it are never recorded (they are mmleak's, not the program's) and
  * never passed to the real free. */
@@ -81,8 +110,6 @@ void *sym(const char *name)
     return dlsym(RTLD_NEXT, name);
 }
 
-/* (internal.h) */
-extern void *mmleak_own_malloc(size_t) __attribute__((alias("malloc"), visibility("hidden"), copy(malloc)));
 
 /* f, if it is defined in the same object as `base` (the allocator's); else NULL.  An allocator
  * that lacks a function (jemalloc has no pvalloc, neither jemalloc nor tcmalloc has
@@ -110,7 +137,7 @@ void resolve_from(void *handle)
 {
     struct real_fns r;
     memset(&r, 0, sizeof r);
-    const void *self = object_of((void *)mmleak_own_malloc);
+    const void *self = object_of((void *)own_malloc);
     r.malloc = dlsym(handle, "malloc");
     r.free = dlsym(handle, "free");
     r.realloc = dlsym(handle, "realloc");
@@ -381,10 +408,7 @@ static inline char *dup_n(const char *s, size_t n, const void *ra)
     return p;
 }
 
-EXPORT char *strdup(const char *s) { return dup_n(s, strlen(s), RA); }
-EXPORT char *__strdup(const char *s) { return dup_n(s, strlen(s), RA); }
-EXPORT char *strndup(const char *s, size_t max) { return dup_n(s, strnlen(s, max), RA); }
-EXPORT char *__strndup(const char *s, size_t max) { return dup_n(s, strnlen(s, max), RA); }
+/* strdup, __strdup, strndup, __strndup: generated (DUP) below. */
 
 /* dlclose: remember the mappings of what is about to be unloaded, so addresses in it stay
  * symbolizable (or at least recognisably unresolvable) later. */
@@ -427,43 +451,18 @@ EXPORT int dlclose(void *h)
     return rc;
 }
 
-static void *next_fn(const char *name)
-{
-    /* loaded with dlopen, mmleak.so is not in the global scope: RTLD_NEXT means nothing */
-    void *f = g_attached ? mml_find_definition(name) : sym(name);
-    if (!f)
-        abort();
-    return f;
-}
-
 EXPORT __attribute__((noreturn)) void _exit(int status)
 {
-    static void (*real_exit)(int);
     flush_before_leaving(1);
-    if (!real_exit)
-        real_exit = (void (*)(int))next_fn("_exit");
-    real_exit(status);
+    FIND_NEXT(_exit);
+    mml_next__exit(status);
     __builtin_unreachable();
 }
 
 EXPORT __attribute__((noreturn)) void _Exit(int status) { _exit(status); }
 
-#define EXEC_WRAPPER(name, params, args)                                                      \
-    EXPORT int name params                                                                    \
-    {                                                                                         \
-        static int (*real_fn) params;                                                         \
-        flush_before_leaving(0);                                                              \
-        if (!real_fn)                                                                         \
-            real_fn = (int (*) params)next_fn(#name);                                         \
-        return real_fn args;                                                                  \
-    }
-EXEC_WRAPPER(execve, (const char *p, char *const a[], char *const e[]), (p, a, e))
-EXEC_WRAPPER(execv, (const char *p, char *const a[]), (p, a))
-EXEC_WRAPPER(execvp, (const char *p, char *const a[]), (p, a))
-EXEC_WRAPPER(execvpe, (const char *p, char *const a[], char *const e[]), (p, a, e))
-EXEC_WRAPPER(fexecve, (int fd, char *const a[], char *const e[]), (fd, a, e))
-
-/* The list forms collect their arguments, then go through the vector forms above. */
+/* execve and the other vector forms: generated (EXEC) below.  The list forms collect their
+ * arguments, then go through the vector forms. */
 #define COLLECT_ARGS(first, last_named, argv, envp_out)                                       \
     size_t n_ = 1;                                                                            \
     va_list ap_;                                                                              \
@@ -498,27 +497,13 @@ EXPORT int execle(const char *path, const char *arg, ...)
     return execve(path, argv, envp);
 }
 
-#define UID_WRAPPER(name, params, args, new_euid)                                             \
-    EXPORT int name params                                                                    \
-    {                                                                                         \
-        static int (*real_fn) params;                                                         \
-        give_files_to(new_euid);                                                              \
-        if (!real_fn)                                                                         \
-            real_fn = (int (*) params)next_fn(#name);                                         \
-        return real_fn args;                                                                  \
-    }
-UID_WRAPPER(setuid, (uid_t u), (u), u)
-UID_WRAPPER(seteuid, (uid_t u), (u), u)
-UID_WRAPPER(setreuid, (uid_t r, uid_t e), (r, e), e)
-UID_WRAPPER(setresuid, (uid_t r, uid_t e, uid_t s), (r, e, s), e)
-
+/* setuid and friends (generated, SETUID, below) first hand our files to the new user: see
+ * give_files_to.  chroot first keeps a descriptor of the dump directory: see hold_dir. */
 EXPORT int chroot(const char *path)
 {
-    static int (*real_fn)(const char *);
     hold_dir();
-    if (!real_fn)
-        real_fn = (int (*)(const char *))next_fn("chroot");
-    return real_fn(path);
+    FIND_NEXT(chroot);
+    return mml_next_chroot(path);
 }
 
 /* ---- C++: operator new and delete in all forms, with the user's code as the caller ----
@@ -627,100 +612,80 @@ static inline void op_delete(void *p, const void *ra)
     real.free(p);
 }
 
-EXPORT void *_Znwm(size_t n) { return op_new(n, 0, 0, RA); }
-EXPORT void *_Znam(size_t n) { return op_new(n, 0, 0, RA); }
-EXPORT void *_ZnwmRKSt9nothrow_t(size_t n, const void *nt) { (void)nt; return op_new(n, 0, 1, RA); }
-EXPORT void *_ZnamRKSt9nothrow_t(size_t n, const void *nt) { (void)nt; return op_new(n, 0, 1, RA); }
-EXPORT void *_ZnwmSt11align_val_t(size_t n, size_t al) { return op_new(n, al, 0, RA); }
-EXPORT void *_ZnamSt11align_val_t(size_t n, size_t al) { return op_new(n, al, 0, RA); }
-EXPORT void *_ZnwmSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void *nt) { (void)nt; return op_new(n, al, 1, RA); }
-EXPORT void *_ZnamSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void *nt) { (void)nt; return op_new(n, al, 1, RA); }
-EXPORT void _ZdlPv(void *p) { op_delete(p, RA); }
-EXPORT void _ZdaPv(void *p) { op_delete(p, RA); }
-EXPORT void _ZdlPvm(void *p, size_t n) { (void)n; op_delete(p, RA); }
-EXPORT void _ZdaPvm(void *p, size_t n) { (void)n; op_delete(p, RA); }
-EXPORT void _ZdlPvRKSt9nothrow_t(void *p, const void *nt) { (void)nt; op_delete(p, RA); }
-EXPORT void _ZdaPvRKSt9nothrow_t(void *p, const void *nt) { (void)nt; op_delete(p, RA); }
-EXPORT void _ZdlPvSt11align_val_t(void *p, size_t al) { (void)al; op_delete(p, RA); }
-EXPORT void _ZdaPvSt11align_val_t(void *p, size_t al) { (void)al; op_delete(p, RA); }
-EXPORT void _ZdlPvmSt11align_val_t(void *p, size_t n, size_t al) { (void)n; (void)al; op_delete(p, RA); }
-EXPORT void _ZdaPvmSt11align_val_t(void *p, size_t n, size_t al) { (void)n; (void)al; op_delete(p, RA); }
-EXPORT void _ZdlPvSt11align_val_tRKSt9nothrow_t(void *p, size_t al, const void *nt) { (void)al; (void)nt; op_delete(p, RA); }
-EXPORT void _ZdaPvSt11align_val_tRKSt9nothrow_t(void *p, size_t al, const void *nt) { (void)al; (void)nt; op_delete(p, RA); }
+/* ---------------------------------------------------------------------------------------
+ * Generated from tracer/hooks.def: the definitions that follow a pattern, our functions'
+ * own_ names, the hook table and its real functions
+ * ------------------------------------------------------------------------------------- */
 
-/* our functions, under names the dynamic linker cannot rebind */
-#define OWN(f) extern __typeof(f) own_##f __attribute__((alias(#f), visibility("hidden"), copy(f)));
-OWN(malloc) OWN(free) OWN(calloc) OWN(realloc) OWN(reallocarray) OWN(memalign)
-OWN(posix_memalign) OWN(aligned_alloc) OWN(valloc) OWN(pvalloc) OWN(strdup) OWN(__strdup)
-OWN(strndup) OWN(__strndup) OWN(dlclose) OWN(_exit) OWN(_Exit) OWN(execve) OWN(execv)
-OWN(execvp) OWN(execvpe) OWN(fexecve) OWN(execl) OWN(execlp) OWN(execle) OWN(setuid)
-OWN(seteuid) OWN(setreuid) OWN(setresuid) OWN(chroot)
-#define OWN_CXX(m, ret, params)                                                               \
-    extern ret own_##m params __attribute__((alias(#m), visibility("hidden")));
-OWN_CXX(_Znwm, void *, (size_t)) OWN_CXX(_Znam, void *, (size_t))
-OWN_CXX(_ZnwmRKSt9nothrow_t, void *, (size_t, const void *))
-OWN_CXX(_ZnamRKSt9nothrow_t, void *, (size_t, const void *))
-OWN_CXX(_ZnwmSt11align_val_t, void *, (size_t, size_t))
-OWN_CXX(_ZnamSt11align_val_t, void *, (size_t, size_t))
-OWN_CXX(_ZnwmSt11align_val_tRKSt9nothrow_t, void *, (size_t, size_t, const void *))
-OWN_CXX(_ZnamSt11align_val_tRKSt9nothrow_t, void *, (size_t, size_t, const void *))
-OWN_CXX(_ZdlPv, void, (void *)) OWN_CXX(_ZdaPv, void, (void *))
-OWN_CXX(_ZdlPvm, void, (void *, size_t)) OWN_CXX(_ZdaPvm, void, (void *, size_t))
-OWN_CXX(_ZdlPvRKSt9nothrow_t, void, (void *, const void *))
-OWN_CXX(_ZdaPvRKSt9nothrow_t, void, (void *, const void *))
-OWN_CXX(_ZdlPvSt11align_val_t, void, (void *, size_t))
-OWN_CXX(_ZdaPvSt11align_val_t, void, (void *, size_t))
-OWN_CXX(_ZdlPvmSt11align_val_t, void, (void *, size_t, size_t))
-OWN_CXX(_ZdaPvmSt11align_val_t, void, (void *, size_t, size_t))
-OWN_CXX(_ZdlPvSt11align_val_tRKSt9nothrow_t, void, (void *, size_t, const void *))
-OWN_CXX(_ZdaPvSt11align_val_tRKSt9nothrow_t, void, (void *, size_t, const void *))
+/* Every definition that follows a pattern, and an own_NAME for every function we define: our
+ * functions under names the dynamic linker cannot rebind (&malloc itself would give the
+ * process's malloc, whoever provides it). */
+#define MML_OWN(name)                                                                         \
+    extern __typeof(name) own_##name                                                          \
+        __attribute__((alias(#name), visibility("hidden"), copy(name)));
+#define MML_OP_NEW(n, al, nothrow) op_new(n, al, nothrow, RA)
+#define MML_MAKE_BY_HAND(name, ret, params, args, extra) MML_OWN(name)
+#define MML_MAKE_ASM(name, ret, params, args, extra)
+#define MML_MAKE_NEW(name, ret, params, args, extra)                                          \
+    EXPORT ret name params { return MML_OP_NEW extra; }                                       \
+    MML_OWN(name)
+#define MML_MAKE_DELETE(name, ret, params, args, extra)                                       \
+    EXPORT ret name params { op_delete(p, RA); }                                              \
+    MML_OWN(name)
+#define MML_MAKE_DUP(name, ret, params, args, extra)                                          \
+    EXPORT ret name params { return dup_n(s, extra, RA); }                                    \
+    MML_OWN(name)
+#define MML_MAKE_EXEC(name, ret, params, args, extra)                                         \
+    EXPORT ret name params                                                                    \
+    {                                                                                         \
+        flush_before_leaving(0);                                                              \
+        FIND_NEXT(name);                                                                      \
+        return mml_next_##name args;                                                          \
+    }                                                                                         \
+    MML_OWN(name)
+#define MML_MAKE_SETUID(name, ret, params, args, extra)                                       \
+    EXPORT ret name params                                                                    \
+    {                                                                                         \
+        give_files_to(extra);                                                                 \
+        FIND_NEXT(name);                                                                      \
+        return mml_next_##name args;                                                          \
+    }                                                                                         \
+    MML_OWN(name)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter"     /* a sized delete ignores the size */
+#define HOOK(name, ret, params, args, kind, slot, make, extra)                                \
+    MML_MAKE_##make(name, ret, params, args, extra)
+#include "tracer/hooks.def"
+#undef HOOK
+#pragma GCC diagnostic pop
 
-#define HOOK(n, real_ptr, is_free) { #n, (void *)own_##n, (void *const *)(real_ptr), is_free, 0 }
-static void *hook_real[64];
-static struct mml_hook hooks[] = {
-    HOOK(free, &real.free, 1), HOOK(realloc, &real.realloc, 1),
-    HOOK(reallocarray, &hook_real[0], 1),
-    HOOK(_ZdlPv, &hook_real[1], 1), HOOK(_ZdaPv, &hook_real[2], 1),
-    HOOK(_ZdlPvm, &hook_real[3], 1), HOOK(_ZdaPvm, &hook_real[4], 1),
-    HOOK(_ZdlPvRKSt9nothrow_t, &hook_real[5], 1), HOOK(_ZdaPvRKSt9nothrow_t, &hook_real[6], 1),
-    HOOK(_ZdlPvSt11align_val_t, &hook_real[7], 1), HOOK(_ZdaPvSt11align_val_t, &hook_real[8], 1),
-    HOOK(_ZdlPvmSt11align_val_t, &hook_real[9], 1), HOOK(_ZdaPvmSt11align_val_t, &hook_real[10], 1),
-    HOOK(_ZdlPvSt11align_val_tRKSt9nothrow_t, &hook_real[11], 1),
-    HOOK(_ZdaPvSt11align_val_tRKSt9nothrow_t, &hook_real[12], 1),
-    HOOK(malloc, &real.malloc, 0), HOOK(calloc, &real.calloc, 0),
-    HOOK(memalign, &real.memalign, 0), HOOK(posix_memalign, &real.posix_memalign, 0),
-    HOOK(aligned_alloc, &real.aligned_alloc, 0), HOOK(valloc, &real.valloc, 0),
-    HOOK(pvalloc, &real.pvalloc, 0), HOOK(strdup, &hook_real[13], 0),
-    HOOK(__strdup, &hook_real[14], 0), HOOK(strndup, &hook_real[15], 0),
-    HOOK(__strndup, &hook_real[16], 0),
-    HOOK(_Znwm, &hook_real[17], 0), HOOK(_Znam, &hook_real[18], 0),
-    HOOK(_ZnwmRKSt9nothrow_t, &hook_real[19], 0), HOOK(_ZnamRKSt9nothrow_t, &hook_real[20], 0),
-    HOOK(_ZnwmSt11align_val_t, &hook_real[21], 0), HOOK(_ZnamSt11align_val_t, &hook_real[22], 0),
-    HOOK(_ZnwmSt11align_val_tRKSt9nothrow_t, &hook_real[23], 0),
-    HOOK(_ZnamSt11align_val_tRKSt9nothrow_t, &hook_real[24], 0),
-    HOOK(dlclose, &real.dlclose, 0), HOOK(_exit, &hook_real[25], 0),
-    HOOK(_Exit, &hook_real[26], 0), HOOK(execve, &hook_real[27], 0),
-    HOOK(execv, &hook_real[28], 0), HOOK(execvp, &hook_real[29], 0),
-    HOOK(execvpe, &hook_real[30], 0), HOOK(fexecve, &hook_real[31], 0),
-    HOOK(execl, &hook_real[32], 0), HOOK(execlp, &hook_real[33], 0),
-    HOOK(execle, &hook_real[34], 0), HOOK(setuid, &hook_real[35], 0),
-    HOOK(seteuid, &hook_real[36], 0), HOOK(setreuid, &hook_real[37], 0),
-    HOOK(setresuid, &hook_real[38], 0), HOOK(chroot, &hook_real[39], 0),
-    { "dlopen", (void *)attach_dlopen_entry, (void *const *)&mml_real_dlopen, 0, 1 },
+/* Every definition is the one hooks.def says (and so, for the C functions, the C library's):
+ * an incompatible pointer is an error (-Werror). */
+#define HOOK(name, ret, params, args, kind, slot, make, extra)                                \
+    static ret (*const mml_check_##name) params __attribute__((unused)) = name;
+#include "tracer/hooks.def"
+#undef HOOK
+
+/* The table got.c switches slots with: what a slot points to while traced (ours), and what
+ * it points to otherwise (the real function, kept in `real` or in mml_next_NAME). */
+#define MML_REAL_ALLOCATOR(name) (void *const *)&real.name
+#define MML_REAL_NEXT(name) (void *const *)&mml_next_##name
+static const struct mml_hook hooks[] = {
+#define HOOK(name, ret, params, args, kind, slot, make, extra)                                \
+    { #name, (void *)own_##name, MML_REAL_##slot(name), MML_HOOK_##kind },
+#include "tracer/hooks.def"
+#undef HOOK
 };
 
 /* The function each hooked name reaches without mmleak: the next definition after mmleak.so
- * when preloaded, the process's own when loaded into it. */
+ * when preloaded, the process's own when loaded into it.  (The allocator's are in `real`.) */
 void hooks_init(void)
 {
-    for (size_t i = 0; i < sizeof hooks / sizeof hooks[0]; i++) {
-        void **r = (void **)hooks[i].real;
-        if (r >= hook_real && r < hook_real + sizeof hook_real / sizeof hook_real[0])
-            *r = g_attached ? mml_find_definition(hooks[i].name) : sym(hooks[i].name);
-    }
-    if (g_attached)
-        mml_real_dlopen = mml_find_definition("dlopen");
-    mml_got_init(hooks, (int)(sizeof hooks / sizeof hooks[0]), (void *)mmleak_own_malloc,
-                 g_attached, real.dlclose);
+#define MML_FILL_ALLOCATOR(name)
+#define MML_FILL_NEXT(name) mml_next_##name = (__typeof(mml_next_##name))next_definition(#name);
+#define HOOK(name, ret, params, args, kind, slot, make, extra) MML_FILL_##slot(name)
+#include "tracer/hooks.def"
+#undef HOOK
+    mml_got_init(hooks, (int)(sizeof hooks / sizeof hooks[0]), (void *)own_malloc, g_attached,
+                 real.dlclose);
 }
-

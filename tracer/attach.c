@@ -31,15 +31,12 @@
  * glibc takes the caller's search path (its RUNPATH) from the return address, so a call from
  * an object that has one is passed on by a jump, keeping its return address; those objects
  * are switched at the next flush (maps_snapshot). */
-void *(*mml_real_dlopen)(const char *, int);
-int mml_dlopen_keep_caller(const void *ra, const char *file);
-void *mml_dlopen_here(const char *file, int mode);
 __asm__(".text\n"
         ".p2align 4\n"
-        ".globl attach_dlopen_entry\n"
-        ".hidden attach_dlopen_entry\n"
-        ".type attach_dlopen_entry,@function\n"
-        "attach_dlopen_entry:\n"
+        ".globl own_dlopen\n"
+        ".hidden own_dlopen\n"
+        ".type own_dlopen,@function\n"
+        "own_dlopen:\n"
         "    endbr64\n"
         "    push %rdi\n"
         "    push %rsi\n"
@@ -53,8 +50,8 @@ __asm__(".text\n"
         "    test %eax, %eax\n"
         "    jnz 1f\n"
         "    jmp mml_dlopen_here\n"
-        "1:  jmp *mml_real_dlopen(%rip)\n"
-        ".size attach_dlopen_entry, .-attach_dlopen_entry\n");
+        "1:  jmp *mml_next_dlopen(%rip)\n"
+        ".size own_dlopen, .-own_dlopen\n");
 
 int mml_dlopen_keep_caller(const void *ra, const char *file)
 {
@@ -71,7 +68,7 @@ int mml_dlopen_keep_caller(const void *ra, const char *file)
 
 void *mml_dlopen_here(const char *file, int mode)
 {
-    void *h = mml_real_dlopen(file, mode);
+    void *h = mml_next_dlopen(file, mode);
     if (h && g_state == 1 && !IN_OWN_CODE(&T)) {
         GUARDED;
         mml_got_new_objects();

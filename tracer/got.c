@@ -65,7 +65,7 @@ static int hook_index(const char *name)
 {
     for (int i = 0; i < G.nhooks; i++)
         if (G.hooks[i].name[0] == name[0] && strcmp(G.hooks[i].name, name) == 0)
-            return G.hooks[i].attach_only && !G.attached ? -1 : i;
+            return G.hooks[i].kind == MML_HOOK_ATTACH_ONLY && !G.attached ? -1 : i;
     return -1;
 }
 
@@ -203,7 +203,7 @@ static void apply_locked(int traced, size_t from)
         for (size_t i = from; i < G.n; i++) {
             struct slot *s = &G.s[i];
             const struct mml_hook *h = &G.hooks[s->hook];
-            if (h->is_free != frees_now)
+            if ((h->kind == MML_HOOK_FREE) != frees_now)
                 continue;
             store(s, traced ? (uintptr_t)h->ours : untraced(s));
         }

@@ -165,8 +165,15 @@ struct real_fns {
 };
 extern struct real_fns real;
 /* Our own malloc under a name the dynamic linker cannot rebind: &malloc itself would give the
- * process's malloc, whoever provides it. */
-extern void *mmleak_own_malloc(size_t);
+ * process's malloc, whoever provides it (mmleak.c makes an own_NAME of every hook). */
+void *own_malloc(size_t n);
+/* The real function of each hook whose slot is NEXT (tracer/hooks.def) */
+#define MML_NEXT_DECL_ALLOCATOR(name, ret, params)
+#define MML_NEXT_DECL_NEXT(name, ret, params) extern ret (*mml_next_##name) params;
+#define HOOK(name, ret, params, args, kind, slot, make, extra) \
+    MML_NEXT_DECL_##slot(name, ret, params)
+#include "hooks.def"
+#undef HOOK
 void *sym(const char *name);
 /* The allocator's functions from HANDLE: RTLD_NEXT normally; the process's own (RTLD_DEFAULT)
  * when another allocator comes before us, or when loaded into a running process. */
@@ -310,10 +317,9 @@ void thread_reset(struct tstate *t);
 
 /* ---- attach.c ---- */
 
-/* dlopen in a process mmleak.so was loaded into: the hook table's entry, and where the
- * process's own dlopen is kept */
-void *attach_dlopen_entry(const char *file, int mode);
-extern void *(*mml_real_dlopen)(const char *, int);
+/* dlopen in a process mmleak.so was loaded into: the hook table's entry (the process's own
+ * dlopen is kept in mml_next_dlopen) */
+void *own_dlopen(const char *file, int mode);
 int mml_dlopen_keep_caller(const void *ra, const char *file);
 void *mml_dlopen_here(const char *file, int mode);
 
@@ -366,12 +372,15 @@ void mml_sites_after_fork(void);
 
 /* ---- got.c: switching a process's GOT slots of malloc & co ---- */
 
+/* The kinds of hooks.def */
+enum { MML_HOOK_FREE, MML_HOOK_ALLOC, MML_HOOK_OTHER, MML_HOOK_ATTACH_ONLY };
 struct mml_hook {
     const char *name;       /* the symbol called */
     void *ours;             /* mmleak's function */
     void *const *real;      /* where the function mmleak calls itself is kept (filled later) */
-    int is_free;            /* free, realloc, delete: switched first on, last off */
-    int attach_only;        /* only when mmleak.so was loaded into a running process */
+    int kind;               /* FREE (free, realloc, delete): switched first on, last off;
+                             * ATTACH_ONLY: only when mmleak.so was loaded into a running
+                             * process */
 };
 
 void mml_got_init(const struct mml_hook *hooks, int n, const void *self_addr, int attached,

@@ -193,7 +193,7 @@ static int malloc_is_ours(void)
 {
     void *(*m)(size_t) = (void *(*)(size_t))dlsym(RTLD_DEFAULT, "malloc");
     void (*f)(void *) = (void (*)(void *))dlsym(RTLD_DEFAULT, "free");
-    if (!m || !f || m == mmleak_own_malloc)
+    if (!m || !f || m == own_malloc)
         return 1;
     g_probe_hit = 0;
     g_probe_t = &T;
@@ -210,7 +210,7 @@ static int malloc_is_ours(void)
 static int another_copy_first(Dl_info *other, Dl_info *self)
 {
     void *f = dlsym(RTLD_DEFAULT, "mmleak_state");
-    return f && dladdr(f, other) && dladdr((void *)mmleak_own_malloc, self) &&
+    return f && dladdr(f, other) && dladdr((void *)own_malloc, self) &&
            other->dli_fbase != self->dli_fbase && other->dli_fname && self->dli_fname;
 }
 
@@ -367,11 +367,11 @@ static int preloaded(void)
 {
     /* dlsym finds our malloc first when we were preloaded into a position-independent
      * program; a non-PIE program has a canonical PLT entry for malloc, so ask the lists. */
-    if (dlsym(RTLD_DEFAULT, "malloc") == (void *)mmleak_own_malloc)
+    if (dlsym(RTLD_DEFAULT, "malloc") == (void *)own_malloc)
         return 1;
     Dl_info di;
     struct stat self;
-    if (!dladdr((void *)mmleak_own_malloc, &di) || !di.dli_fname || stat(di.dli_fname, &self))
+    if (!dladdr((void *)own_malloc, &di) || !di.dli_fname || stat(di.dli_fname, &self))
         return 1; /* cannot tell: trace rather than miss a program */
     const char *base = strrchr(di.dli_fname, '/');
     base = base ? base + 1 : di.dli_fname;

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "compiler.h"
+#include "facts.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -215,6 +216,34 @@ HOT_INLINE unsigned ndig(uint32_t v)
     return (32 - (unsigned)__builtin_clz(v | 1) + 3) >> 2;
 }
 
+/* The bytes of each kind of line, newline included, from the widths of SEQ, SIZE and TIME */
+#define ALLOC_LINE_LEN(ns, nn, nt) (12 + 1 + (ns) + 1 + (nn) + 1 + (nt) + 1 + 12 + 1)
+#define REF_LINE_LEN(ns, nn, nt) (12 + 1 + (ns) + 1 + (nn) + 1 + (nt) + 1 + 1 + 16 + 1)
+#define FREE_LINE_LEN(ns) (12 + 1 + (ns) + 1 + 12 + 1)
+
+/* An allocation line with a stack's id instead of the caller, "PTR SEQ SIZE TIME @ID". */
+HOT_INLINE char *put_ref_fields(char *d, uint64_t p, uint32_t s, unsigned ns, uint32_t n,
+                                unsigned nn, uint32_t now, unsigned nt, uint64_t id)
+{
+    d = put_hex12(d, p);
+    *d++ = ' ';
+    d = put_hexv(d, s, ns);
+    *d++ = ' ';
+    d = put_hexv(d, n, nn);
+    *d++ = ' ';
+    d = put_hexv(d, now, nt);
+    *d++ = ' ';
+    *d++ = '@';
+    return put_hex16(d, id);
+}
+
+
+/* ---- the general writers: any values, into a buffer (not the staging half) ----
+ * For the events the fast path does not write: with a stack, or with a value too wide for
+ * the fast writers (a block of 4 GiB or more, a sequence number or a time past 2^32, an
+ * address past 2^48, a frame tagged with its epoch).  The same fields, the same writers when
+ * the values fit; digit by digit (hexw) when they do not.  The buffer must have room for the
+ * whole line and for the 8 bytes a fast writer may store past a field. */
 
 /* Any value, at least WIDTH digits (zero padded). */
 static inline char *hexw(char *d, uint64_t v, int width)
@@ -229,6 +258,60 @@ static inline char *hexw(char *d, uint64_t v, int width)
         *d++ = b[--n];
     return d;
 }
+
+/* "PTR SEQ SIZE TIME CALLER", or "PTR SEQ SIZE TIME @ID" when ID is not 0 (without the
+ * newline). */
+static inline char *put_alloc_line(char *d, uint64_t p, uint64_t s, uint64_t n, uint64_t now,
+                                   uint64_t c, uint64_t id)
+{
+    if (!((s | n | now) >> 32) && !((p | (id ? 0 : c)) >> 48)) {
+        unsigned ns = ndig((uint32_t)s), nn = ndig((uint32_t)n), nt = ndig((uint32_t)now);
+        return id ? put_ref_fields(d, p, (uint32_t)s, ns, (uint32_t)n, nn, (uint32_t)now, nt, id)
+                  : put_alloc_fields(d, p, (uint32_t)s, ns, (uint32_t)n, nn, (uint32_t)now, nt,
+                                     c);
+    }
+    d = hexw(d, p, 12);
+    *d++ = ' ';
+    d = hexw(d, s, 1);
+    *d++ = ' ';
+    d = hexw(d, n, 1);
+    *d++ = ' ';
+    d = hexw(d, now, 1);
+    *d++ = ' ';
+    if (!id)
+        return hexw(d, c, 12);
+    *d++ = '@';
+    return hexw(d, id, 16);
+}
+
+/* "PTR SEQ CALLER" (without the newline). */
+static inline char *put_free_line(char *d, uint64_t p, uint64_t s, uint64_t c)
+{
+    if (!(s >> 32) && !((p | c) >> 48))
+        return put_free_fields(d, p, (uint32_t)s, ndig((uint32_t)s), c);
+    d = hexw(d, p, 12);
+    *d++ = ' ';
+    d = hexw(d, s, 1);
+    *d++ = ' ';
+    return hexw(d, c, 12);
+}
+
+/* "#s ID FRAME..." (without the newline): a stack, once per file; FRAME: a return address
+ * minus 1, inside the call instruction, which names the calling line.  The id always has 16
+ * digits, as in the references to it. */
+static inline char *put_stack_def(char *d, uint64_t id, const uintptr_t *f, int nf)
+{
+    memcpy(d, "#s ", 3);
+    d = hexw(d + 3, id, 16);
+    for (int i = 0; i < nf; i++) {
+        *d++ = ' ';
+        d = hexw(d, f[i] - 1, 1);
+    }
+    return d;
+}
+
+/* Room for a stack's definition and its first reference: what the general path builds */
+#define STACK_LINES_MAX (40 + 17 * MMLEAK_MAX_DEPTH + 96)
 
 
 #endif

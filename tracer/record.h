@@ -102,9 +102,9 @@ HOT_INLINE char *reserve(struct tstate *t, size_t n)
 #endif
 }
 
-/* stacks.c: the general path of an event (whatever the fast path cannot write) */
-COLD void slow_alloc(void *p, size_t n, const void *ra);
-COLD void slow_free(void *p, uint64_t s, const void *ra);
+/* stacks.c: the general path of an event (whatever the fast path does not write) */
+COLD void record_with_stack(void *p, size_t n, const void *ra);
+COLD void record_free_slow(void *p, uint64_t s, const void *ra);
 
 /* One allocation line: PTR SEQ SIZE TIME CALLER.  The newline is stored last, behind a
  * compiler barrier, so a process killed in the middle leaves a line without newline that
@@ -115,18 +115,18 @@ HOT_INLINE void rec_alloc(void *p, size_t n, const void *ra)
     uintptr_t known = atomic_load_explicit(&mml_direct[MML_DIRECT_SLOT(ra)], memory_order_relaxed);
     if (unlikely((t->end - t->cur < FAST_ROOM) | t->guard | (H->fast == 0) |
                  (((known ^ (uintptr_t)ra) & H->mask) != 0) | (t->epoch != H->epoch))) {
-        slow_alloc(p, n, ra);
+        record_with_stack(p, n, ra);
         return;
     }
     uint64_t s = seq_next(p);
     uint64_t now = (uint64_t)(time(NULL) - g_t0);
     uintptr_t c = (uintptr_t)ra - 1; /* inside the call instruction: names the calling line */
     if (unlikely(((s | n | now) >> 32) | (((uintptr_t)p | c) >> 48))) {
-        slow_alloc(p, n, ra); /* rare: huge block, clock jump, or a wide address */
+        record_with_stack(p, n, ra); /* rare: huge block, clock jump, or a wide address */
         return;
     }
     unsigned ns = ndig((uint32_t)s), nn = ndig((uint32_t)n), nt = ndig((uint32_t)now);
-    char *d = reserve(t, 12 + 1 + ns + 1 + nn + 1 + nt + 1 + 12 + 1);
+    char *d = reserve(t, ALLOC_LINE_LEN(ns, nn, nt));
     d = put_alloc_fields(d, (uintptr_t)p, (uint32_t)s, ns, (uint32_t)n, nn, (uint32_t)now, nt, c);
     atomic_signal_fence(memory_order_release);
     *d = '\n';
@@ -139,11 +139,11 @@ HOT_INLINE void rec_free(void *p, uint64_t s, const void *ra)
     uintptr_t c = (uintptr_t)ra - 1;
     if (unlikely((t->end - t->cur < FAST_ROOM) | t->guard | (H->alive == 0) |
                  (t->epoch != H->epoch) | (((s >> 32) | (((uintptr_t)p | c) >> 48)) != 0))) {
-        slow_free(p, s, ra);
+        record_free_slow(p, s, ra);
         return;
     }
     unsigned ns = ndig((uint32_t)s);
-    char *d = reserve(t, 12 + 1 + ns + 1 + 12 + 1);
+    char *d = reserve(t, FREE_LINE_LEN(ns));
     d = put_free_fields(d, (uintptr_t)p, (uint32_t)s, ns, c);
     atomic_signal_fence(memory_order_release);
     *d = '\n';

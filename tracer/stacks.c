@@ -24,7 +24,9 @@
 #include "record.h"
 #include "unwind.h"
 
-static int slow_enter(struct tstate *t)
+/* The general paths' first step, before the guard: whether to record at all (not our own
+ * code's allocations, not in a disabled or paused trace).  0: go on. */
+static int record_enter(struct tstate *t)
 {
     if (IN_OWN_CODE(t)) {
         if (g_probe_t == t)
@@ -39,6 +41,19 @@ static int slow_enter(struct tstate *t)
         t->epoch = H->epoch;     /* to our function still comes here: let it pass */
         return -1;
     }
+    return 0;
+}
+
+/* The next step, with the guard held: the trace started, and this address space's own (a copy
+ * made by a raw clone()/fork syscall starts its own: see struct hot).  0: go on. */
+HOT_INLINE int record_ready(void)
+{
+    if (g_state == 0)
+        global_init();
+    if (g_state < 0)
+        return -1;
+    if (unlikely(!H->alive))
+        fork_child();
     return 0;
 }
 
@@ -207,18 +222,19 @@ static int capture(const void *ra, uintptr_t *f, uint64_t *id, int memo, int *fi
     return nf;
 }
 
-COLD void slow_alloc(void *p, size_t n, const void *ra)
+/* An allocation the fast path did not write: with its stack (MMLEAK_DEPTH above 1, or auto
+ * past the runtime and the wrappers: then every allocation comes here), a thread's first
+ * event, a full half, our own code, a new epoch, a forked copy, a value too wide.  COLD keeps
+ * its call out of the entry points' hot code; with stacks, the common case here is a stack the
+ * file already holds, written at the cursor with line.h's fast writers like the fast path. */
+COLD void record_with_stack(void *p, size_t n, const void *ra)
 {
     struct tstate *t = &T;
-    if (slow_enter(t))
+    if (record_enter(t))
         return;
     GUARDED;
-    if (g_state == 0)
-        global_init();
-    if (g_state < 0)
+    if (record_ready())
         return;
-    if (unlikely(!H->alive))
-        fork_child();   /* a copy made by a raw clone()/fork syscall: see struct hot */
     if (t->guard & GUARD_NEW)
         ra = new_caller(t, ra);
     uint64_t s = seq_next(p);
@@ -227,8 +243,6 @@ COLD void slow_alloc(void *p, size_t n, const void *ra)
     uint64_t id;
     int filled;
     int nf = capture(ra, f, &id, 1, &filled);
-    /* "#s ID FRAME..." when this file does not hold the stack yet, then the event line */
-    char line[40 + 17 * MMLEAK_MAX_DEPTH + 96], *d = line;
     int def = nf > 1 && (!t->open || !sset_has(t, id));
     if (def && !filled)         /* the memo gave the id, the frames are needed now */
         nf = capture(ra, f, &id, 0, &filled);
@@ -236,45 +250,22 @@ COLD void slow_alloc(void *p, size_t n, const void *ra)
         !((s | n | (uint64_t)now) >> 32) && !((uintptr_t)p >> 48) && now >= 0) {
         /* the common case with stacks: a stack this file holds, written like the fast path */
         unsigned ns = ndig((uint32_t)s), nn = ndig((uint32_t)n), nt = ndig((uint32_t)now);
-        char *d = reserve(t, 12 + 1 + ns + 1 + nn + 1 + nt + 1 + 1 + 16 + 1);
-        d = put_hex12(d, (uintptr_t)p);
-        *d++ = ' ';
-        d = put_hexv(d, (uint32_t)s, ns);
-        *d++ = ' ';
-        d = put_hexv(d, (uint32_t)n, nn);
-        *d++ = ' ';
-        d = put_hexv(d, (uint32_t)now, nt);
-        *d++ = ' ';
-        *d++ = '@';
-        d = put_hex16(d, id);
+        char *d = reserve(t, REF_LINE_LEN(ns, nn, nt));
+        d = put_ref_fields(d, (uintptr_t)p, (uint32_t)s, ns, (uint32_t)n, nn, (uint32_t)now, nt,
+                           id);
         atomic_signal_fence(memory_order_release);
         *d = '\n';
         t->epoch = H->epoch;
         return;
     }
+    /* "#s ID FRAME..." when this file does not hold the stack yet, then the event line */
+    char line[STACK_LINES_MAX], *d = line;
     if (def) {
-        memcpy(d, "#s ", 3);
-        d = hexw(d + 3, id, 16);    /* always 16 digits, as in the references */
-        for (int i = 0; i < nf; i++) {
-            *d++ = ' ';
-            d = hexw(d, f[i] - 1, 1);   /* inside the call instruction: the calling line */
-        }
+        d = put_stack_def(d, id, f, nf);
         *d++ = '\n';
     }
-    d = hexw(d, (uintptr_t)p, 12);
-    *d++ = ' ';
-    d = hexw(d, s, 1);
-    *d++ = ' ';
-    d = hexw(d, n, 1);
-    *d++ = ' ';
-    d = hexw(d, now < 0 ? 0 : (uint64_t)now, 1);
-    *d++ = ' ';
-    if (nf > 1) {
-        *d++ = '@';
-        d = hexw(d, id, 16);
-    } else {
-        d = hexw(d, f[0] - 1, 12);
-    }
+    d = put_alloc_line(d, (uintptr_t)p, s, n, now < 0 ? 0 : (uint64_t)now, f[0] - 1,
+                       nf > 1 ? id : 0);
     *d++ = '\n';
     t->epoch = H->epoch;
     unsigned fileno = t->fileno;
@@ -283,26 +274,18 @@ COLD void slow_alloc(void *p, size_t n, const void *ra)
         sset_add(t, id);
 }
 
-COLD void slow_free(void *p, uint64_t s, const void *ra)
+/* A free the fast path did not write: a thread's first event, a full half, our own code, a
+ * new epoch, a forked copy, a value too wide. */
+COLD void record_free_slow(void *p, uint64_t s, const void *ra)
 {
     struct tstate *t = &T;
-    if (slow_enter(t))
+    if (record_enter(t))
         return;
     GUARDED;
-    if (g_state == 0)
-        global_init();
-    if (g_state < 0)
+    if (record_ready())
         return;
-    if (unlikely(!H->alive))
-        fork_child();
-    char line[64], *d = line;
-    d = hexw(d, (uintptr_t)p, 12);
-    *d++ = ' ';
-    d = hexw(d, s, 1);
-    *d++ = ' ';
-    d = hexw(d, (uintptr_t)ra - 1, 12);
+    char line[64], *d = put_free_line(line, (uintptr_t)p, s, (uintptr_t)ra - 1);
     *d++ = '\n';
     t->epoch = H->epoch;
     emit_free(line, (size_t)(d - line));
 }
-

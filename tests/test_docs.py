@@ -27,7 +27,8 @@ def read(name):
 
 
 def test_every_environment_variable_is_documented():
-    used = set(re.findall(r'"(MMLEAK_[A-Z_]+)"', read("mmleak.c")))
+    tracer = ["mmleak.c"] + ["tracer/" + n for n in sorted(os.listdir(os.path.join(ROOT, "tracer")))]
+    used = set(re.findall(r'"(MMLEAK_[A-Z_]+)"', "".join(read(n) for n in tracer)))
     used |= set(re.findall(r'"(MMLEAK_[A-Z_]+)"', read("mmleak.py")))
     used |= {"MMLEAK_SHRINK"} if "SHRINK_ENV" in read("mmleak.py") else set()
     readme = read("README.rst")

@@ -56,13 +56,13 @@ struct mml_cfg {
     size_t buffer;           /* MMLEAK_BUFFER_KB: staging area of a busy thread (1024) */
     size_t hold;             /* MMLEAK_HOLD_MB: lines held in memory while unwritable (64) */
     int quiet;               /* MMLEAK_QUIET=1: no message on stderr, even on failure */
+    int paused;              /* MMLEAK_PAUSED=1: preloaded, paused until mmleak.py attach */
 };
 extern struct mml_cfg cfg;
 /* Read the settings: from the environment (ARGS NULL), or, for mmleak_attach, from its
  * argument, lines "MMLEAK_DIR=/var/tmp/leaks" with the same names.  0, or -1 when MMLEAK_DIR
  * cannot be used as given (said why). */
 int read_config(const char *args);
-long env_num(const char *name, long def, long lo, long hi);
 
 /* ---- per-thread state ---- */
 
@@ -244,6 +244,7 @@ void say_err(const char *what, int err, const char *tail);
 
 /* ---- mem.c: mmleak's own memory, never the traced allocator's ---- */
 
+void *mml_map(size_t n);
 /* Grow an array in mmap'ed memory: see mem.c. */
 void *mml_grow(void *p, size_t *cap, size_t need, size_t unit);
 

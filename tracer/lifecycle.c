@@ -12,17 +12,14 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <link.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -130,10 +127,10 @@ void fork_parent(void) { pthread_mutex_unlock(&g_lock); }
 void arm_hot(void)
 {
     if (H == &hot_off) {
-        void *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p != MAP_FAILED && madvise(p, 4096, MADV_WIPEONFORK) == 0)
+        void *p = mml_map(4096);
+        if (p && madvise(p, 4096, MADV_WIPEONFORK) == 0)
             H = p;
-        else if (p != MAP_FAILED)
+        else if (p)
             munmap(p, 4096);    /* kernel before 4.14: raw clone() children are not detected */
     }
     H->fast = cfg.depth <= 1;
@@ -254,7 +251,7 @@ COLD void global_init(void)
                 g_key_ok = 1;
             pthread_atfork(fork_prepare, fork_parent, fork_child);
             hooks_init();
-            if (env_num("MMLEAK_PAUSED", 0, 0, 1)) {
+            if (cfg.paused) {
                 g_state = 2;    /* preloaded, paused: until mmleak.py attach */
                 set_status();
                 pthread_mutex_unlock(&g_lock);

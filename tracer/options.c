@@ -1,32 +1,50 @@
 /*
- * tracer/options.c: the MMLEAK_* settings, read once per trace: from the environment at the
- * start (secure_getenv, so a setuid program ignores them), or from mmleak_attach's argument.
- * An invalid value is ignored with a message; MMLEAK_DIR is made absolute at once (the program
- * may chdir later).
+ * tracer/options.c: the MMLEAK_* settings, one table (MMLEAK_OPTIONS in facts.h: name,
+ * variable, type, default, range, help), read once per trace: from the environment at the
+ * start (secure_getenv, so a setuid program ignores them), or from mmleak_attach's argument
+ * (lines "MMLEAK_DIR=/var/tmp/leaks", the same names; a setting it does not give takes its
+ * default).  An invalid value is ignored with a message and the default used; MMLEAK_DIR is
+ * made absolute at once (the program may chdir later), and a directory that cannot be used
+ * as given disables tracing.
  */
 #define _GNU_SOURCE
-#include <dlfcn.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <link.h>
-#include <pthread.h>
-#include <stdatomic.h>
-#include <stddef.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
 
 struct mml_cfg cfg;
 
-/* Settings come from the environment, or, for mmleak_attach, from its argument: lines
- * "MMLEAK_DIR=/var/tmp/leaks" with the same names. */
+enum { T_path, T_depth, T_int, T_bool };
+enum {
+#define X(name, env, type, def, min, max, help) OPT_##name,
+    MMLEAK_OPTIONS(X)
+#undef X
+    OPT_COUNT
+};
+/* A default is a string for path and depth (depth's "auto" is 0), a number otherwise. */
+#define DEFAULT_path(d) 0, d
+#define DEFAULT_depth(d) 0, NULL
+#define DEFAULT_int(d) d, NULL
+#define DEFAULT_bool(d) d, NULL
+static const struct option {
+    const char *env;
+    int type;
+    long def;
+    const char *def_path;
+    long min, max;
+} options[] = {
+#define X(name, env, type, def, min, max, help) { env, T_##type, DEFAULT_##type(def), min, max },
+    MMLEAK_OPTIONS(X)
+#undef X
+};
+#define X(name, env, type, def, min, max, help)                                               \
+    _Static_assert(OPT_##name != OPT_DEPTH || (max) == MMLEAK_MAX_DEPTH,                  \
+                   "the depth's maximum is not MMLEAK_MAX_DEPTH");
+MMLEAK_OPTIONS(X)
+#undef X
+
 static char g_args[PATH_MAX + 512];
 static int g_from_args;
 
@@ -53,32 +71,27 @@ static const char *cfg_get(const char *name)
     return NULL;
 }
 
-long env_num(const char *name, long def, long lo, long hi)
+/* A number in the option's range, else its default (said, when it was given). */
+static long number(const struct option *o)
 {
-    const char *s = cfg_get(name);
-    if (!s || !*s)
-        return def;
+    const char *s = cfg_get(o->env);
+    if (!s || !*s || (o->type == T_depth && !strcmp(s, "auto")))
+        return o->def;
     char *e;
     long v = strtol(s, &e, 10);
-    if (*e || v < lo || v > hi) {
-        say("ignoring invalid ", name, "");
-        return def;
+    if (*e || v < o->min || v > o->max) {
+        say("ignoring invalid ", o->env, "");
+        return o->def;
     }
     return v;
 }
 
-static int read_settings(void)
+/* MMLEAK_DIR into cfg.dir, absolute: 0, or -1 when it cannot be used as given (said why). */
+static int directory(const struct option *o)
 {
-    cfg.quiet = (int)env_num("MMLEAK_QUIET", 0, 0, 1);
-    const char *dp = cfg_get("MMLEAK_DEPTH");
-    cfg.depth = !dp || !*dp || !strcmp(dp, "auto") ? 0
-                                                     : (int)env_num("MMLEAK_DEPTH", 0, 1, MMLEAK_MAX_DEPTH);
-    cfg.rotate = (size_t)env_num("MMLEAK_ROTATE_MB", 256, 1, 1 << 20) << 20;
-    cfg.buffer = (size_t)env_num("MMLEAK_BUFFER_KB", 1024, 16, 1 << 20) << 10;
-    cfg.hold = (size_t)env_num("MMLEAK_HOLD_MB", 64, 0, 1 << 20) << 20;
-    const char *dir = cfg_get("MMLEAK_DIR");
+    const char *dir = cfg_get(o->env);
     if (!dir || !*dir)
-        dir = "/tmp";
+        dir = o->def_path;
     static char dir_copy[PATH_MAX];     /* cfg_get's buffer is reused by the next call */
     size_t dn = my_strlen(dir);
     if (dn >= sizeof dir_copy) {
@@ -113,6 +126,25 @@ static int read_settings(void)
     return 0;
 }
 
+static int read_settings(void)
+{
+    long v[OPT_COUNT];
+    /* MMLEAK_QUIET first: it says whether the others' messages are written */
+    cfg.quiet = (int)(v[OPT_QUIET] = number(&options[OPT_QUIET]));
+    int bad = 0;
+    for (int i = 0; i < OPT_COUNT; i++) {
+        if (options[i].type == T_path)
+            bad |= directory(&options[i]);
+        else if (i != OPT_QUIET)
+            v[i] = number(&options[i]);
+    }
+    cfg.depth = (int)v[OPT_DEPTH];
+    cfg.rotate = (size_t)v[OPT_ROTATE_MB] << 20;
+    cfg.buffer = (size_t)v[OPT_BUFFER_KB] << 10;
+    cfg.hold = (size_t)v[OPT_HOLD_MB] << 20;
+    cfg.paused = (int)v[OPT_PAUSED];
+    return bad;
+}
 
 int read_config(const char *args)
 {

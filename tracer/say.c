@@ -7,20 +7,9 @@
  * program's allocation calls, and strerror or snprintf may allocate or take locks.
  */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <link.h>
-#include <pthread.h>
-#include <stdatomic.h>
-#include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"

@@ -39,30 +39,19 @@
 _Atomic uintptr_t mml_direct[MML_DIRECT_SIZE];
 _Atomic uintptr_t mml_passing[MML_DIRECT_SIZE];
 
-/* Runtime objects, by the start of their file name: the code in them allocates on the
+/* Runtime objects, by the start of their file name (facts.h): the code in them allocates on the
  * program's behalf (stdio buffers, std::string, getline, the loader's TLS blocks). */
 static const char *const RUNTIME[] = {
-    "libc.so", "libstdc++.so", "libgcc_s.so", "ld-linux", "ld64.so", "libm.so",
-    "libpthread.so", "libdl.so", "libjemalloc.so", "libtcmalloc", "libmimalloc.so",
+#define X(prefix) prefix,
+    MMLEAK_RUNTIME_OBJECTS(X)
+#undef X
 };
 
-/* Allocation wrappers, by symbol name (C names; mmleak.py knows the C++ ones too). */
+/* Allocation wrappers, by symbol name (facts.h). */
 static const char *const WRAPPERS[] = {
-    "xmalloc", "xcalloc", "xrealloc", "xstrdup", "xstrndup", "xmemdup", "xzalloc",
-    "xnmalloc", "xcharalloc", "xasprintf", "xvasprintf", "xreallocarray",
-    "g_malloc", "g_malloc0", "g_malloc_n", "g_malloc0_n", "g_realloc", "g_realloc_n",
-    "g_try_malloc", "g_try_malloc0", "g_strdup", "g_strndup", "g_memdup", "g_memdup2",
-    "g_slice_alloc", "g_slice_alloc0", "g_strdup_printf", "g_strdup_vprintf", "g_strconcat",
-    "Perl_safesysmalloc", "Perl_safesyscalloc", "Perl_safesysrealloc",
-    "PyMem_RawMalloc", "PyMem_RawCalloc", "PyMem_RawRealloc", "_PyMem_RawMalloc",
-    "_PyMem_RawCalloc", "_PyMem_RawRealloc", "PyMem_Malloc", "PyMem_Calloc", "PyMem_Realloc",
-    "PyObject_Malloc", "PyObject_Calloc", "PyObject_Realloc", "_PyObject_Malloc",
-    "_PyObject_Calloc", "_PyObject_Realloc",
-    "sqlite3Malloc", "sqlite3MallocZero", "sqlite3_malloc", "sqlite3_malloc64",
-    "sqlite3Realloc", "sqlite3_realloc", "sqlite3_realloc64", "sqlite3DbMallocRaw",
-    "sqlite3DbMallocZero", "sqlite3DbMallocRawNN", "sqlite3MemMalloc", "sqlite3MemRealloc",
-    "OPENSSL_malloc", "OPENSSL_zalloc", "CRYPTO_malloc", "CRYPTO_zalloc", "CRYPTO_realloc",
-    "xmlMalloc", "xmlMallocAtomic", "xmlRealloc", "xmlStrdup", "xmlStrndup",
+#define X(name) name,
+    MMLEAK_WRAPPERS(X)
+#undef X
 };
 #define NWRAP (sizeof WRAPPERS / sizeof WRAPPERS[0])
 
@@ -90,12 +79,6 @@ static struct {
     size_t n, cap;
     _Atomic unsigned gen;       /* bumped by mml_sites_forget */
 } S = { PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 0 };
-
-static void *mml_map(size_t n)
-{
-    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
-}
 
 static int starts_with(const char *s, const char *p)
 {
@@ -182,7 +165,6 @@ static void scan_wrappers(const char *path, uintptr_t bias, struct object *o)
     const ElfW(Sym) *sym = (const void *)(base + tab->sh_offset);
     size_t nsym = tab->sh_size / sizeof(ElfW(Sym));
     const char *str = base + strs->sh_offset, *send = str + strs->sh_size;
-    size_t cap = o->wcap;
     for (size_t i = 0; i < nsym; i++) {
         if (ELF64_ST_TYPE(sym[i].st_info) != STT_FUNC || sym[i].st_shndx == SHN_UNDEF ||
             sym[i].st_value == 0 || sym[i].st_name >= strs->sh_size)
@@ -190,18 +172,10 @@ static void scan_wrappers(const char *path, uintptr_t bias, struct object *o)
         const char *name = str + sym[i].st_name;
         if (!is_wrapper_name(name, send))
             continue;
-        if (o->nwrap == cap) {
-            size_t ncap = cap ? 2 * cap : 16;
-            struct range *r = mml_map(ncap * sizeof *r);
-            if (!r)
-                break;
-            if (o->wrap) {
-                memcpy(r, o->wrap, cap * sizeof *r);
-                munmap(o->wrap, cap * sizeof *r);
-            }
-            o->wrap = r;
-            o->wcap = cap = ncap;
-        }
+        struct range *r = mml_grow(o->wrap, &o->wcap, o->nwrap + 1, sizeof *r);
+        if (!r)
+            break;
+        o->wrap = r;
         uintptr_t lo = bias + sym[i].st_value;
         o->wrap[o->nwrap++] = (struct range){ lo, lo + (sym[i].st_size ? sym[i].st_size : 1) };
     }
@@ -239,18 +213,10 @@ static const struct object *object_at(uintptr_t a)
     const char *name = lm->l_name && lm->l_name[0] ? lm->l_name : "/proc/self/exe";
     const char *base = strrchr(name, '/');
     base = base ? base + 1 : name;
-    if (S.n == S.cap) {
-        size_t ncap = S.cap ? 2 * S.cap : 64;
-        struct object *na = mml_map(ncap * sizeof *na);
-        if (!na)
-            return NULL;
-        if (S.a) {
-            memcpy(na, S.a, S.cap * sizeof *na);
-            munmap(S.a, S.cap * sizeof *na);
-        }
-        S.a = na;
-        S.cap = ncap;
-    }
+    struct object *na = mml_grow(S.a, &S.cap, S.n + 1, sizeof *na);
+    if (!na)
+        return NULL;
+    S.a = na;
     struct object *n = &S.a[S.n];
     memset(n, 0, sizeof *n);
     n->start = (uintptr_t)f.dlfo_map_start;

@@ -5,21 +5,11 @@
  * allocation's path; it writes with line.h's writers, like the fast path.
  */
 #define _GNU_SOURCE
-#include <dlfcn.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <link.h>
-#include <pthread.h>
 #include <stdatomic.h>
-#include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "record.h"
 #include "unwind.h"
@@ -94,9 +84,8 @@ static void sset_add(struct tstate *t, uint64_t id)
 {
     if (2 * (t->ss_n + 1) > t->ss_cap) {
         size_t ncap = t->ss_cap ? 2 * t->ss_cap : 1024;
-        uint64_t *a = mmap(NULL, ncap * sizeof *a, PROT_READ | PROT_WRITE,
-                           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (a == MAP_FAILED)
+        uint64_t *a = mml_map(ncap * sizeof *a);
+        if (!a)
             return;     /* the stack is written again next time: more bytes, still exact */
         for (size_t i = 0; i < t->ss_cap; i++)
             if (t->ss[i])

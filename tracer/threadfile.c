@@ -10,16 +10,11 @@
  * path only writes at the cursor of the current half (record.h).
  */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
-#include <link.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -275,8 +270,8 @@ static int hold_take(struct tstate *t, int h)
             errno = ENOMEM;
             return -1;
         }
-        char *q = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (q == MAP_FAILED) {
+        char *q = mml_map(cap);
+        if (!q) {
             atomic_fetch_sub(&g_hold_total, more);
             return -1;
         }
@@ -970,8 +965,8 @@ static void start_dropping(struct tstate *t, int err)
 static int anon_open(struct tstate *t)
 {
     size_t half = first_half();
-    void *p = mmap(NULL, 2 * half, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
+    void *p = mml_map(2 * half);
+    if (!p)
         return -1;
     t->stage = p;
     t->half_size = half;

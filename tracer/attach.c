@@ -192,14 +192,7 @@ EXPORT int mmleak_attach(const char *args)
     }
     if (first) {
         read_cmdline();
-        Dl_info di;
-        if (dladdr((void *)real.malloc, &di) && di.dli_fname)
-            escape_into(g_alloc, g_alloc + sizeof g_alloc, (const unsigned char *)di.dli_fname,
-                        my_strlen(di.dli_fname), 0);
-        if (!pthread_key_create(&g_key, thread_exit))
-            g_key_ok = 1;
-        pthread_atfork(fork_prepare, fork_parent, fork_child);
-        hooks_init();
+        tracer_setup();
     }
     g_trace_gen++;
     g_cycle++;

@@ -210,6 +210,7 @@ extern struct tstate *volatile g_probe_t;
 extern volatile int g_probe_hit;
 
 COLD void global_init(void);
+void tracer_setup(void);
 void process_start(const unsigned long long *loaded);
 void arm_hot(void);
 void set_status(void);

@@ -213,6 +213,22 @@ static int another_copy_first(Dl_info *other, Dl_info *self)
 
 static int g_once_done;
 
+/* What the tracer needs once in a process, before its first trace (preloaded: at the first
+ * allocation; loaded into a running process: at the first attach): the allocator's name for
+ * the headers, the key whose destructor sees threads end, the fork handlers, the real
+ * functions of the hooks.  Under g_lock. */
+void tracer_setup(void)
+{
+    Dl_info di;
+    if (dladdr((void *)real.malloc, &di) && di.dli_fname)
+        escape_into(g_alloc, g_alloc + sizeof g_alloc, (const unsigned char *)di.dli_fname,
+                    my_strlen(di.dli_fname), 0);
+    if (!pthread_key_create(&g_key, thread_exit))
+        g_key_ok = 1;
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+    hooks_init();
+}
+
 COLD void global_init(void)
 {
     if (!real.malloc)
@@ -243,14 +259,7 @@ COLD void global_init(void)
         } else if (bad) {
             g_state = -1;
         } else {
-            Dl_info di;
-            if (dladdr((void *)real.malloc, &di) && di.dli_fname)
-                escape_into(g_alloc, g_alloc + sizeof g_alloc, (const unsigned char *)di.dli_fname,
-                            my_strlen(di.dli_fname), 0);
-            if (!pthread_key_create(&g_key, thread_exit))
-                g_key_ok = 1;
-            pthread_atfork(fork_prepare, fork_parent, fork_child);
-            hooks_init();
+            tracer_setup();
             if (cfg.paused) {
                 g_state = 2;    /* preloaded, paused: until mmleak.py attach */
                 set_status();

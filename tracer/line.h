@@ -186,8 +186,12 @@ HOT_INLINE char *put_hex16(char *d, uint64_t v)
     return d + 16;
 }
 
-HOT_INLINE char *put_alloc_fields(char *d, uint64_t p, uint32_t s, unsigned ns, uint32_t n,
-                                  unsigned nn, uint32_t now, unsigned nt, uint64_t c)
+#endif
+
+/* "PTR SEQ SIZE TIME " field by field: the stack reference's (put_ref_fields below), and the
+ * portable allocation line's. */
+HOT_INLINE char *put_head_fields(char *d, uint64_t p, uint32_t s, unsigned ns, uint32_t n,
+                                 unsigned nn, uint32_t now, unsigned nt)
 {
     d = put_hex12(d, p);
     *d++ = ' ';
@@ -197,7 +201,14 @@ HOT_INLINE char *put_alloc_fields(char *d, uint64_t p, uint32_t s, unsigned ns, 
     *d++ = ' ';
     d = put_hexv(d, now, nt);
     *d++ = ' ';
-    return put_hex12(d, c);
+    return d;
+}
+
+#if !defined(__SSE2__)
+HOT_INLINE char *put_alloc_fields(char *d, uint64_t p, uint32_t s, unsigned ns, uint32_t n,
+                                  unsigned nn, uint32_t now, unsigned nt, uint64_t c)
+{
+    return put_hex12(put_head_fields(d, p, s, ns, n, nn, now, nt), c);
 }
 
 HOT_INLINE char *put_free_fields(char *d, uint64_t p, uint32_t s, unsigned ns, uint64_t c)
@@ -225,18 +236,10 @@ HOT_INLINE unsigned ndig(uint32_t v)
 HOT_INLINE char *put_ref_fields(char *d, uint64_t p, uint32_t s, unsigned ns, uint32_t n,
                                 unsigned nn, uint32_t now, unsigned nt, uint64_t id)
 {
-    d = put_hex12(d, p);
-    *d++ = ' ';
-    d = put_hexv(d, s, ns);
-    *d++ = ' ';
-    d = put_hexv(d, n, nn);
-    *d++ = ' ';
-    d = put_hexv(d, now, nt);
-    *d++ = ' ';
+    d = put_head_fields(d, p, s, ns, n, nn, now, nt);
     *d++ = '@';
     return put_hex16(d, id);
 }
-
 
 /* ---- the general writers: any values, into a buffer (not the staging half) ----
  * For the events the fast path does not write: with a stack, or with a value too wide for
@@ -259,6 +262,16 @@ static inline char *hexw(char *d, uint64_t v, int width)
     return d;
 }
 
+/* "PTR SEQ " of the general writers when a value does not fit the fast ones */
+static inline char *put_head_wide(char *d, uint64_t p, uint64_t s)
+{
+    d = hexw(d, p, 12);
+    *d++ = ' ';
+    d = hexw(d, s, 1);
+    *d++ = ' ';
+    return d;
+}
+
 /* "PTR SEQ SIZE TIME CALLER", or "PTR SEQ SIZE TIME @ID" when ID is not 0 (without the
  * newline). */
 static inline char *put_alloc_line(char *d, uint64_t p, uint64_t s, uint64_t n, uint64_t now,
@@ -270,10 +283,7 @@ static inline char *put_alloc_line(char *d, uint64_t p, uint64_t s, uint64_t n, 
                   : put_alloc_fields(d, p, (uint32_t)s, ns, (uint32_t)n, nn, (uint32_t)now, nt,
                                      c);
     }
-    d = hexw(d, p, 12);
-    *d++ = ' ';
-    d = hexw(d, s, 1);
-    *d++ = ' ';
+    d = put_head_wide(d, p, s);
     d = hexw(d, n, 1);
     *d++ = ' ';
     d = hexw(d, now, 1);
@@ -289,11 +299,7 @@ static inline char *put_free_line(char *d, uint64_t p, uint64_t s, uint64_t c)
 {
     if (!(s >> 32) && !((p | c) >> 48))
         return put_free_fields(d, p, (uint32_t)s, ndig((uint32_t)s), c);
-    d = hexw(d, p, 12);
-    *d++ = ' ';
-    d = hexw(d, s, 1);
-    *d++ = ' ';
-    return hexw(d, c, 12);
+    return hexw(put_head_wide(d, p, s), c, 12);
 }
 
 /* "#s ID FRAME..." (without the newline): a stack, once per file; FRAME: a return address

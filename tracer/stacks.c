@@ -47,6 +47,16 @@ HOT_INLINE int record_ready(void)
     return 0;
 }
 
+/* Both steps, in the general path's own scope (the guard is let go when it returns): the
+ * thread's state in T_, or return. */
+#define RECORD_BEGIN(T_)                                                                      \
+    struct tstate *T_ = &T;                                                                   \
+    if (record_enter(T_))                                                                     \
+        return;                                                                               \
+    GUARDED;                                                                                  \
+    if (record_ready())                                                                       \
+        return
+
 /* ---- stacks ----
  * An allocation whose stack has more than one frame is written as "PTR SEQ SIZE TIME @ID",
  * and its stack once per file as "#s ID FRAME...": ID is a 64-bit hash of the frames, the
@@ -218,12 +228,7 @@ static int capture(const void *ra, uintptr_t *f, uint64_t *id, int memo, int *fi
  * file already holds, written at the cursor with line.h's fast writers like the fast path. */
 COLD void record_with_stack(void *p, size_t n, const void *ra)
 {
-    struct tstate *t = &T;
-    if (record_enter(t))
-        return;
-    GUARDED;
-    if (record_ready())
-        return;
+    RECORD_BEGIN(t);
     if (t->guard & GUARD_NEW)
         ra = new_caller(t, ra);
     uint64_t s = seq_next(p);
@@ -267,12 +272,7 @@ COLD void record_with_stack(void *p, size_t n, const void *ra)
  * new epoch, a forked copy, a value too wide. */
 COLD void record_free_slow(void *p, uint64_t s, const void *ra)
 {
-    struct tstate *t = &T;
-    if (record_enter(t))
-        return;
-    GUARDED;
-    if (record_ready())
-        return;
+    RECORD_BEGIN(t);
     char line[64], *d = put_free_line(line, (uintptr_t)p, s, (uintptr_t)ra - 1);
     *d++ = '\n';
     t->epoch = H->epoch;

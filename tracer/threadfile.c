@@ -200,12 +200,12 @@ static void pad_out(int fd, struct tstate *t, size_t pad)
     }
 }
 
-/* Write half h's pending lines at the end of .out. */
-static int write_half(int fd, struct tstate *t, int h)
+/* Write the *LEN bytes at BASE + *START at the end of .out; *START and *LEN follow what was
+ * written (a failed write leaves the rest pending).  0, or -1 (errno). */
+static int write_pending(int fd, struct tstate *t, const char *base, size_t *start, size_t *len)
 {
-    const char *p = half_body(t, h) + t->ustart[h];
-    while (t->ulen[h]) {
-        ssize_t w = pwrite(fd, p, t->ulen[h], (off_t)t->out_off);
+    while (*len) {
+        ssize_t w = pwrite(fd, base + *start, *len, (off_t)t->out_off);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0) {
@@ -213,12 +213,17 @@ static int write_half(int fd, struct tstate *t, int h)
                 errno = ENOSPC;
             return -1;
         }
-        p += w;
-        t->ustart[h] += (size_t)w;
-        t->ulen[h] -= (size_t)w;
+        *start += (size_t)w;
+        *len -= (size_t)w;
         t->out_off += (uint64_t)w;
     }
     return 0;
+}
+
+/* Write half h's pending lines at the end of .out. */
+static int write_half(int fd, struct tstate *t, int h)
+{
+    return write_pending(fd, t, half_body(t, h), &t->ustart[h], &t->ulen[h]);
 }
 
 /* ---- holding: lines that cannot be written yet wait in memory ----
@@ -310,19 +315,8 @@ static int append_to(const char *name, const char *line, size_t n, const struct 
 /* Write the held lines at the end of .out. */
 static int write_hold(int fd, struct tstate *t)
 {
-    while (t->hold_len) {
-        ssize_t w = pwrite(fd, t->hold + t->hold_start, t->hold_len, (off_t)t->out_off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            if (w == 0)
-                errno = ENOSPC;
-            return -1;
-        }
-        t->hold_start += (size_t)w;
-        t->hold_len -= (size_t)w;
-        t->out_off += (uint64_t)w;
-    }
+    if (write_pending(fd, t, t->hold, &t->hold_start, &t->hold_len))
+        return -1;
     hold_free(t);
     return 0;
 }

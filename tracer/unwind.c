@@ -249,7 +249,8 @@ static inline int in_span(const struct span *o, const uint8_t *p, size_t n)
     return (uintptr_t)p >= o->lo && (uintptr_t)p <= o->hi && o->hi - (uintptr_t)p >= n;
 }
 
-static int uleb(const uint8_t **pp, const uint8_t *end, uint64_t *v)
+/* A LEB128 number at *pp (sign-extended if SIGN); 0 if it runs past end. */
+static inline int leb(const uint8_t **pp, const uint8_t *end, int sign, uint64_t *v)
 {
     const uint8_t *p = *pp;
     uint64_t r = 0;
@@ -260,6 +261,8 @@ static int uleb(const uint8_t **pp, const uint8_t *end, uint64_t *v)
             r |= (uint64_t)(b & 0x7f) << shift;
         shift += 7;
         if (!(b & 0x80)) {
+            if (sign && shift < 64 && (b & 0x40))
+                r |= ~0ULL << shift;
             *pp = p;
             *v = r;
             return 1;
@@ -268,29 +271,37 @@ static int uleb(const uint8_t **pp, const uint8_t *end, uint64_t *v)
     return 0;
 }
 
+static int uleb(const uint8_t **pp, const uint8_t *end, uint64_t *v)
+{
+    return leb(pp, end, 0, v);
+}
+
 static int sleb(const uint8_t **pp, const uint8_t *end, int64_t *v)
 {
-    const uint8_t *p = *pp;
-    uint64_t r = 0;
-    unsigned shift = 0;
-    while (p < end) {
-        uint8_t b = *p++;
-        if (shift < 64)
-            r |= (uint64_t)(b & 0x7f) << shift;
-        shift += 7;
-        if (!(b & 0x80)) {
-            if (shift < 64 && (b & 0x40))
-                r |= ~0ULL << shift;
-            *pp = p;
-            *v = (int64_t)r;
-            return 1;
-        }
-    }
-    return 0;
+    uint64_t u;
+    if (!leb(pp, end, 1, &u))
+        return 0;
+    *v = (int64_t)u;
+    return 1;
 }
 
 #define DW_EH_PE_omit 0xff
 #define DW_EH_PE_indirect 0x80
+
+/* A little-endian field of WIDTH bytes (2, 4 or 8) at *pp, sign-extended if SIGN; 0 if it does
+ * not fit before end. */
+static int read_fixed(const uint8_t **pp, const uint8_t *end, unsigned width, int sign,
+                      uint64_t *v)
+{
+    if (end - *pp < (ptrdiff_t)width)
+        return 0;
+    uint64_t u = 0;
+    memcpy(&u, *pp, width);
+    *pp += width;
+    unsigned shift = 64 - 8 * width;
+    *v = sign && shift ? (uint64_t)((int64_t)(u << shift) >> shift) : u;
+    return 1;
+}
 
 /* A DW_EH_PE-encoded pointer at *pp.  datarel is relative to dbase (the .eh_frame_hdr);
  * textrel and funcrel are not used on x86-64 (refused).  raw: no application (pc_range). */
@@ -305,10 +316,8 @@ static int read_enc(const uint8_t **pp, const uint8_t *end, uint8_t enc, uintptr
     case 0x00: /* absptr */
     case 0x04: /* udata8 */
     case 0x0c: /* sdata8 */
-        if (end - p < 8)
+        if (!read_fixed(&p, end, 8, 0, &v))
             return 0;
-        memcpy(&v, p, 8);
-        p += 8;
         break;
     case 0x01:
         if (!uleb(&p, end, &v))
@@ -321,42 +330,13 @@ static int read_enc(const uint8_t **pp, const uint8_t *end, uint8_t enc, uintptr
         v = (uint64_t)s;
         break;
     }
-    case 0x02: {
-        uint16_t u;
-        if (end - p < 2)
+    case 0x02: /* udata2, sdata2, udata4, sdata4 */
+    case 0x0a:
+    case 0x03:
+    case 0x0b:
+        if (!read_fixed(&p, end, (enc & 1) ? 4 : 2, enc & 8, &v))
             return 0;
-        memcpy(&u, p, 2);
-        p += 2;
-        v = u;
         break;
-    }
-    case 0x0a: {
-        int16_t s;
-        if (end - p < 2)
-            return 0;
-        memcpy(&s, p, 2);
-        p += 2;
-        v = (uint64_t)(int64_t)s;
-        break;
-    }
-    case 0x03: {
-        uint32_t u;
-        if (end - p < 4)
-            return 0;
-        memcpy(&u, p, 4);
-        p += 4;
-        v = u;
-        break;
-    }
-    case 0x0b: {
-        int32_t s;
-        if (end - p < 4)
-            return 0;
-        memcpy(&s, p, 4);
-        p += 4;
-        v = (uint64_t)(int64_t)s;
-        break;
-    }
     default:
         return 0;
     }

@@ -26,26 +26,25 @@
 #include "record.h"
 #include "unwind.h"
 
-/* The trace id names this process image's files: the pid, or pid-K when mmleak.PID.maps
- * already exists (an exec'd image of the same process, or a reused pid). */
+/* The process-wide state (internal.h says what each is). */
 char g_id[32];
 pid_t g_pid;
-time_t g_t0;                  /* time() at trace start; event times are relative */
-atomic_uint g_next_file;      /* N of the next mmleak.ID.N.out */
-int g_state;                  /* 0: not started, 1: tracing, -1: disabled, 2: paused */
-unsigned g_trace_gen;         /* a new trace in this process (attach after detach) */
-int g_attached;               /* loaded into a running process by mmleak.py attach */
-int g_window;                 /* this trace was started by mmleak_attach */
+time_t g_t0;
+atomic_uint g_next_file;
+int g_state;
+unsigned g_trace_gen;
+int g_attached;
+int g_window;
 /* What `mmleak.py status` reads from the process's memory (/proc/PID/mem), without
  * stopping it: "tracing ID DIR", "paused", "dormant" (see set_status). */
 EXPORT char mmleak_status[PATH_MAX + 64];
-char g_cmd[2048];             /* escaped command line for the file headers */
-char g_alloc[512];            /* the allocator's file (libc, jemalloc...), escaped */
-_Atomic uint64_t g_lost_orphan; /* events lost where no thread file could say so */
-atomic_uint g_episode;        /* numbers the gaps: "#dropping k=K", "#lost N k=K" */
-atomic_uint g_epoch;          /* dlclose() calls so far: see loads_log_locked */
-int g_closing;                /* calls inside the real dlclose() (under g_lock) */
-pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* cold path only */
+char g_cmd[2048];
+char g_alloc[512];
+_Atomic uint64_t g_lost_orphan;
+atomic_uint g_episode;
+atomic_uint g_epoch;
+int g_closing;
+pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 pthread_key_t g_key;
 int g_key_ok;
 atomic_int g_inflight;

@@ -1,10 +1,10 @@
 #!/usr/bin/python3
-"""Time of one injection by mmleak_inject_call (mmleak-inject.c): what `mmleak.py attach PID`
+"""Time of one injection by mmleak_inject_call (tools/inject.c): what `mmleak.py attach PID`
 costs the target and the caller.
 
     /usr/bin/python3 bench/inject.py [--runs N] [--lib PATH]
 
-Injects mmleak.so (dlopen, dlsym, then a call of the trivial mmleak_shrink_abi) into:
+Injects mmleak.so (dlopen, dlsym, then a call of the trivial mmleak_state) into:
   idle     tests/inject_target.c `sleep` (one thread in nanosleep);
   busy-1   tests/inject_target.c `threads 1` (one thread in malloc/free all the time);
   busy-4   tests/inject_target.c `threads 4` (4 threads, main included, in malloc/free all
@@ -37,7 +37,7 @@ def build():
 
 
 def binding(lib):
-    dll = ctypes.CDLL(lib)
+    dll = ctypes.CDLL(os.path.join(os.path.dirname(lib), "mmleak-tools.so"))   # beside it
     fn = dll.mmleak_inject_call
     fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int,
                    ctypes.POINTER(ctypes.c_long), ctypes.c_char_p, ctypes.c_size_t]
@@ -60,9 +60,9 @@ def one(fn, pid, lib):
     res = ctypes.c_long()
     err = ctypes.create_string_buffer(512)
     t0 = time.perf_counter()
-    rc = fn(pid, lib.encode(), b"mmleak_shrink_abi", None, 10000, ctypes.byref(res), err, 512)
+    rc = fn(pid, lib.encode(), b"mmleak_state", None, 10000, ctypes.byref(res), err, 512)
     dt = time.perf_counter() - t0
-    if rc != 0 or res.value != 1:
+    if rc != 0 or res.value == 0:
         sys.exit("injection into %d failed: %d %s" % (pid, rc, err.value.decode()))
     return dt * 1000
 

@@ -1487,7 +1487,7 @@ def bench_shrink(runs, dirs, quick, have_heaptrack):
 
 def build_unwind_bench():
     """bench/unwind_bench.c: the chain and the tree without frame pointers, the chain again
-    with them, mmleak-unwind.c with the library's flags.  libunwind is linked in statically
+    with them, tracer/unwind.c with the library's flags.  libunwind is linked in statically
     (its libunwind.a is not PIC: a non-PIE binary) when libunwind-dev is installed; glibc's
     backtrace() is then still taken from libc itself (libunwind defines one too).
     Returns (built, with_libunwind, error)."""
@@ -1692,9 +1692,10 @@ def machine(dumpdir):
     except OSError:
         commit = "?"
     try:
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "mmleak.c", "mmleak.py"],
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "mmleak.c", "tracer",
+                                "tools", "mmleak.py"],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.decode().split()
-        dirty = [x for x in dirty if x.startswith("mmleak")]
+        dirty = [x for x in dirty if x.startswith(("mmleak", "tracer/", "tools/"))]
     except OSError:
         dirty = []
     st = os.stat(LIB)

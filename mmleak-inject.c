@@ -1,5 +1,6 @@
 /* mmleak-inject.c: make a running process load a shared library and call a function in it,
- * with ptrace, without stopping the process (x86-64 Linux, glibc targets).  Built into
+ * with ptrace, stopping only its busy threads and only meanwhile (x86-64 Linux, glibc
+ * targets).  Built into
  * mmleak.so; mmleak.py loads it with ctypes (the tracer stays dormant there) for
  * `mmleak.py attach PID` / `detach PID`.
  *
@@ -7,6 +8,9 @@
  * ---
  *   int mmleak_inject_call(int pid, const char *lib, const char *func, const char *arg,
  *                          int timeout_ms, long *result, char *err, size_t errlen);
+ *   int mmleak_inject_call_within(int pid, const char *lib, const char *func,
+ *                                 const char *arg, int search_ms, int total_ms,
+ *                                 long *result, char *err, size_t errlen);
  *   int mmleak_inject_abi(void);                                  (returns 1)
  *
  * In process PID: h = dlopen(LIB, RTLD_NOW) (LIB: absolute path; a library already loaded
@@ -14,8 +18,12 @@
  * f = dlsym(h, FUNC) and *result = f(ARG) (ARG: a string copied into the target, or NULL).
  * *result is the whole of rax when f returns: for a function returning int, keep its low
  * 32 bits (ctypes: c_int(result).value).  With FUNC NULL, *result is the handle.
- * TIMEOUT_MS <= 0 means 10000.  Finding a safe moment, then the calls, each get that time
- * (so at most twice that in all; see "Limits" for the one wait that can take longer).
+ * mmleak_inject_call: TIMEOUT_MS <= 0 means 10000.  Finding a safe moment, then the calls,
+ * each get that time (so at most twice that in all).  mmleak_inject_call_within: one
+ * deadline, TOTAL_MS (<= 0: 10000) from the start, for all of it; finding a safe moment ends
+ * by SEARCH_MS (<= 0: three quarters of TOTAL_MS), the calls get the rest (what mmleak.py
+ * uses: its --timeout bounds the whole command).  See "Limits" for the one wait that can
+ * take longer.
  * Returns 0, or one of the negative codes below with one line in ERR (no newline):
  *   -1 MMLEAK_INJ_EINVAL  bad arguments (LIB not absolute, PID is a thread or ourselves...)
  *   -2 MMLEAK_INJ_ESRCH   no such process, or it exited (also during the operation)
@@ -43,8 +51,10 @@
  * in a container, does not matter.
  *
  * ONE thread is hijacked: PTRACE_SEIZE + PTRACE_INTERRUPT (no SIGSTOP is sent, so no job
- * control stop can be left behind); the other threads keep running, so the locks they hold
- * get released.  A call is made by setting rip = function, rdi/rsi = arguments, rsp below
+ * control stop can be left behind).  The busy threads are held stopped meanwhile (see
+ * "Holding the busy threads" below): otherwise the hijacked thread gets 1/N of the CPU beside
+ * N busy ones, and every stop and resume waits for its turn (a call took minutes beside 300
+ * busy threads; a thread under SCHED_IDLE never got it).  A call is made by setting rip = function, rdi/rsi = arguments, rsp below
  * the red zone (128 bytes) of the thread's stack, 16-byte aligned at the call, where the
  * strings were written, with a return address of 0 (the return faults: SIGSEGV at rip 0,
  * seen as a signal-delivery-stop and never delivered) and orig_rax = -1 (so the kernel does
@@ -105,6 +115,30 @@
  *     use), refused unless every one is allowed; every thread must have as many filters as
  *     that one (they are read from it alone).
  *
+ * Holding the busy threads
+ * ------------------------
+ * At each round of the search (but every other one from the fifth, in case a held thread is
+ * what the others wait for), every thread of the process that runs (state R) or waits in a
+ * futex (a lock or a condition: the wait is restarted when it is let go, and futex callers
+ * take a spurious wake-up anyway) is seized and interrupted, all first, then their stops
+ * taken; again for threads created meanwhile.  Threads asleep in other system calls are left
+ * alone: they take no CPU, and some of those calls (epoll_wait...) would end in EINTR.  A
+ * held thread may hold a lock dlopen or FUNC needs, by where it stopped (held_risk): inside
+ * libc, ld.so, an allocator or LIB, in a system call malloc or the loader make or made from
+ * inside those libraries (malloc waits for one arena's lock holding another's), a frame of
+ * LIB on its stack.  Those are run, 4 at a time while the others stay stopped, to the return
+ * address of the library call they are in (a hardware breakpoint of that thread, as in rule
+ * 3; 2 ms per batch, 50 ms per round), and held again there; one that stops for anything
+ * else is let go (a signal, which it then gets; job control, which it re-enters).  A held
+ * thread that owns a loader's lock is let go.  Held threads are candidates too (rank 2, after
+ * the sleeping ones): one is used where it stands.  If a call sleeps (state S) for 2 ms with
+ * threads held, the risky ones are run out again; when that no longer lowers their number,
+ * they are let go, 8 at a time, the likeliest first (a frame of LIB: a detach waits for the
+ * threads inside it); 0.5 s after the last of them, if the call still sleeps, all are.  At
+ * the end every held thread is let go with PTRACE_DETACH (the leader last), exactly where it
+ * was: nothing was changed in it.  A held thread that no longer stops (its process exits)
+ * is reaped: a traced thread is its tracer's to reap, and its process cannot end before.
+ *
  * Limits
  * ------
  *  - x86-64 only (other architectures get MMLEAK_INJ_EUNSUPP at run time); the target must
@@ -119,6 +153,10 @@
  *    (a thread that entered D state for more than the timeout + 5 s), it stays traced by
  *    this process until this process exits (the kernel then lets it go): callers that stay
  *    alive may want to run this in a child process.
+ *  - A busy thread that holds a lock FUNC or dlopen needs while it is not inside one of the
+ *    libraries above (an application lock around an allocation: the call waits on it) costs
+ *    the call the steps of "Holding the busy threads" (up to about 0.5 s more) before all are
+ *    let go; then the call runs beside them as it would have without holding.
  *  - The kernel keeps one restart record per thread for an interrupted nanosleep, poll or
  *    futex wait with timeout.  If the hijacked thread was in one, and a signal, a stop or
  *    the timeout interrupted such a sleep inside the call too, the thread's own sleep is

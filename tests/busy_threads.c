@@ -1,13 +1,13 @@
 /* tests/busy_threads.c: a process whose threads are all busy, none ever asleep (issue 17,
  * item 14; tests/test_attach.py).
  *
- *   busy_threads N
+ *   busy_threads N [noidle]
  *
  * N threads and the main thread spin: each lap memset()s a private 16 KiB buffer (so a thread
  * is inside libc most of the time) and counts the lap; nothing is allocated while they spin.
- * One more thread sleeps in read() (on a pipe written at the end) under SCHED_IDLE, as a low
- * priority housekeeping thread would: the one an injector borrows first, as it sleeps, and
- * one that gets no CPU at all while the others spin.
+ * One more thread (unless "noidle") sleeps in read() (on a pipe written at the end) under
+ * SCHED_IDLE, as a low priority housekeeping thread would: the one an injector borrows first,
+ * as it sleeps, and one that gets no CPU at all while the others spin.
  * Between laps the main thread polls stdin (non-blocking: it never sleeps either) for these
  * commands (while it waits for the others to act on one, it naps):
  *   round   every thread, the main one included, runs thread_round() once: a block of 24
@@ -156,7 +156,8 @@ int main(int argc, char **argv)
     }
     w = calloc((size_t)n + 1, sizeof *w);
     pthread_t idler;
-    if (!w || pipe(idle_pipe) || pthread_create(&idler, NULL, idle, NULL))
+    int with_idle = !(argc > 2 && !strcmp(argv[2], "noidle"));
+    if (!w || pipe(idle_pipe) || (with_idle && pthread_create(&idler, NULL, idle, NULL)))
         return 1;
     for (int i = 1; i <= n; i++)
         if (pthread_create(&w[i].t, NULL, spin, &w[i]))
@@ -209,7 +210,7 @@ int main(int argc, char **argv)
     atomic_store(&stop, 1);
     for (int i = 1; i <= n; i++)
         pthread_join(w[i].t, NULL);
-    if (write(idle_pipe[1], "x", 1) != 1 || pthread_join(idler, NULL))
+    if (with_idle && (write(idle_pipe[1], "x", 1) != 1 || pthread_join(idler, NULL)))
         return 1;
     for (int i = 0; i <= n; i++) {
         unsigned char v = (unsigned char)(atomic_load(&w[i].laps) & 0xff);

@@ -1005,6 +1005,8 @@ static int loader_lock_owner(struct inj *c, int only)
 /* Wait for a stop of thread TID (attached) until UNTIL.  1: stopped (*st); 0: time is up;
  * -1: the thread is gone (its process exited or exec'ed); -2: error.  A thread asked to stop
  * cannot be let go running: those waits go GRACE_NS past the deadline (hard_until). */
+static int process_alive(int pid);
+
 static int wait_tid(struct inj *c, int tid, int *st, int64_t until)
 {
     for (unsigned spin = 0;; spin++) {
@@ -1046,9 +1048,21 @@ static int wait_tid(struct inj *c, int tid, int *st, int64_t until)
     }
 }
 
+static void unhold_all(struct inj *c);
+
+/* wait_tid for the borrowed thread.  If its process exits meanwhile, the held threads are
+ * let go (reaped): the leader's end is not seen while traced threads are not reaped. */
 static int wait_stop(struct inj *c, int *st, int64_t until)
 {
-    int w = wait_tid(c, c->tid, st, until);
+    int w;
+    for (;;) {
+        int64_t slice = now_ns() + 50000000;
+        w = wait_tid(c, c->tid, st, c->nheld && slice < until ? slice : until);
+        if (w != 0 || now_ns() >= until)
+            break;
+        if (!process_alive(c->pid))
+            unhold_all(c);
+    }
     if (w == -1)
         c->attached = 0;
     return w;

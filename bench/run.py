@@ -1334,7 +1334,8 @@ def bench_attach_busy(dirs, quick):
 def print_attach_busy(b):
     print("  many busy threads (tests/busy_threads.c: N threads and the main one spinning in memset, "
           "one asleep under SCHED_IDLE), wall clock of `mmleak.py attach` / `detach`:")
-    print("    %7s  %-28s  %s" % ("threads", "own session (median of 3)",
+    runs = max([len(v) for v in b.get("own", {}).values()] or [0])
+    print("    %7s  %-28s  %s" % ("threads", "own session (median of %d)" % runs,
                                   "the command's session (1 run; python3 -c pass there)"))
     for n in b.get("counts", []):
         own, same = b["own"].get(n), b["same"].get(n)

@@ -153,6 +153,9 @@
  *    (a thread that entered D state for more than the timeout + 5 s), it stays traced by
  *    this process until this process exits (the kernel then lets it go): callers that stay
  *    alive may want to run this in a child process.
+ *  - A running thread is stopped as a debugger stops it: one that enters a system call just
+ *    as it is interrupted (microseconds after it was seen running) sees the call end as
+ *    after a signal: restarted, or EINTR for epoll_wait and the others of rule 1's rank 1.
  *  - A busy thread that holds a lock FUNC or dlopen needs while it is not inside one of the
  *    libraries above (an application lock around an allocation: the call waits on it) costs
  *    the call the steps of "Holding the busy threads" (up to about 0.5 s more) before all are

@@ -1,5 +1,6 @@
 /* mmleak-inject.c: make a running process load a shared library and call a function in it,
- * with ptrace, without stopping the process (x86-64 Linux, glibc targets).  Built into
+ * with ptrace, stopping only its busy threads and only meanwhile (x86-64 Linux, glibc
+ * targets).  Built into
  * mmleak.so; mmleak.py loads it with ctypes (the tracer stays dormant there) for
  * `mmleak.py attach PID` / `detach PID`.
  *
@@ -7,6 +8,9 @@
  * ---
  *   int mmleak_inject_call(int pid, const char *lib, const char *func, const char *arg,
  *                          int timeout_ms, long *result, char *err, size_t errlen);
+ *   int mmleak_inject_call_within(int pid, const char *lib, const char *func,
+ *                                 const char *arg, int search_ms, int total_ms,
+ *                                 long *result, char *err, size_t errlen);
  *   int mmleak_inject_abi(void);                                  (returns 1)
  *
  * In process PID: h = dlopen(LIB, RTLD_NOW) (LIB: absolute path; a library already loaded
@@ -14,8 +18,12 @@
  * f = dlsym(h, FUNC) and *result = f(ARG) (ARG: a string copied into the target, or NULL).
  * *result is the whole of rax when f returns: for a function returning int, keep its low
  * 32 bits (ctypes: c_int(result).value).  With FUNC NULL, *result is the handle.
- * TIMEOUT_MS <= 0 means 10000.  Finding a safe moment, then the calls, each get that time
- * (so at most twice that in all; see "Limits" for the one wait that can take longer).
+ * mmleak_inject_call: TIMEOUT_MS <= 0 means 10000.  Finding a safe moment, then the calls,
+ * each get that time (so at most twice that in all).  mmleak_inject_call_within: one
+ * deadline, TOTAL_MS (<= 0: 10000) from the start, for all of it; finding a safe moment ends
+ * by SEARCH_MS (<= 0: three quarters of TOTAL_MS), the calls get the rest (what mmleak.py
+ * uses: its --timeout bounds the whole command).  See "Limits" for the one wait that can
+ * take longer.
  * Returns 0, or one of the negative codes below with one line in ERR (no newline):
  *   -1 MMLEAK_INJ_EINVAL  bad arguments (LIB not absolute, PID is a thread or ourselves...)
  *   -2 MMLEAK_INJ_ESRCH   no such process, or it exited (also during the operation)
@@ -43,8 +51,10 @@
  * in a container, does not matter.
  *
  * ONE thread is hijacked: PTRACE_SEIZE + PTRACE_INTERRUPT (no SIGSTOP is sent, so no job
- * control stop can be left behind); the other threads keep running, so the locks they hold
- * get released.  A call is made by setting rip = function, rdi/rsi = arguments, rsp below
+ * control stop can be left behind).  The busy threads are held stopped meanwhile (see
+ * "Holding the busy threads" below): otherwise the hijacked thread gets 1/N of the CPU beside
+ * N busy ones, and every stop and resume waits for its turn (a call took minutes beside 300
+ * busy threads; a thread under SCHED_IDLE never got it).  A call is made by setting rip = function, rdi/rsi = arguments, rsp below
  * the red zone (128 bytes) of the thread's stack, 16-byte aligned at the call, where the
  * strings were written, with a return address of 0 (the return faults: SIGSEGV at rip 0,
  * seen as a signal-delivery-stop and never delivered) and orig_rax = -1 (so the kernel does
@@ -105,6 +115,30 @@
  *     use), refused unless every one is allowed; every thread must have as many filters as
  *     that one (they are read from it alone).
  *
+ * Holding the busy threads
+ * ------------------------
+ * At each round of the search (but every other one from the fifth, in case a held thread is
+ * what the others wait for), every thread of the process that runs (state R) or waits in a
+ * futex (a lock or a condition: the wait is restarted when it is let go, and futex callers
+ * take a spurious wake-up anyway) is seized and interrupted, all first, then their stops
+ * taken; again for threads created meanwhile.  Threads asleep in other system calls are left
+ * alone: they take no CPU, and some of those calls (epoll_wait...) would end in EINTR.  A
+ * held thread may hold a lock dlopen or FUNC needs, by where it stopped (held_risk): inside
+ * libc, ld.so, an allocator or LIB, in a system call malloc or the loader make or made from
+ * inside those libraries (malloc waits for one arena's lock holding another's), a frame of
+ * LIB on its stack.  Those are run, 4 at a time while the others stay stopped, to the return
+ * address of the library call they are in (a hardware breakpoint of that thread, as in rule
+ * 3; 2 ms per batch, 50 ms per round), and held again there; one that stops for anything
+ * else is let go (a signal, which it then gets; job control, which it re-enters).  A held
+ * thread that owns a loader's lock is let go.  Held threads are candidates too (rank 2, after
+ * the sleeping ones): one is used where it stands.  If a call sleeps (state S) for 2 ms with
+ * threads held, the risky ones are run out again; when that no longer lowers their number,
+ * they are let go, 8 at a time, the likeliest first (a frame of LIB: a detach waits for the
+ * threads inside it); 0.5 s after the last of them, if the call still sleeps, all are.  At
+ * the end every held thread is let go with PTRACE_DETACH (the leader last), exactly where it
+ * was: nothing was changed in it.  A held thread that no longer stops (its process exits)
+ * is reaped: a traced thread is its tracer's to reap, and its process cannot end before.
+ *
  * Limits
  * ------
  *  - x86-64 only (other architectures get MMLEAK_INJ_EUNSUPP at run time); the target must
@@ -119,6 +153,13 @@
  *    (a thread that entered D state for more than the timeout + 5 s), it stays traced by
  *    this process until this process exits (the kernel then lets it go): callers that stay
  *    alive may want to run this in a child process.
+ *  - A running thread is stopped as a debugger stops it: one that enters a system call just
+ *    as it is interrupted (microseconds after it was seen running) sees the call end as
+ *    after a signal: restarted, or EINTR for epoll_wait and the others of rule 1's rank 1.
+ *  - A busy thread that holds a lock FUNC or dlopen needs while it is not inside one of the
+ *    libraries above (an application lock around an allocation: the call waits on it) costs
+ *    the call the steps of "Holding the busy threads" (up to about 0.5 s more) before all are
+ *    let go; then the call runs beside them as it would have without holding.
  *  - The kernel keeps one restart record per thread for an interrupted nanosleep, poll or
  *    futex wait with timeout.  If the hijacked thread was in one, and a signal, a stop or
  *    the timeout interrupted such a sleep inside the call too, the thread's own sleep is
@@ -181,6 +222,14 @@ API int mmleak_inject_call(int pid, const char *lib, const char *func, const cha
     return MMLEAK_INJ_EUNSUPP;
 }
 
+API int mmleak_inject_call_within(int pid, const char *lib, const char *func, const char *arg,
+                                  int search_ms, int total_ms, long *result, char *err,
+                                  size_t errlen)
+{
+    (void)search_ms;
+    return mmleak_inject_call(pid, lib, func, arg, total_ms, result, err, errlen);
+}
+
 #else
 
 #define DEFAULT_TIMEOUT_MS 10000
@@ -189,6 +238,13 @@ API int mmleak_inject_call(int pid, const char *lib, const char *func, const cha
 #define STEP_NS 50000000LL      /* and at most that long (each step waits for a CPU) */
 #define MAX_LETS 8              /* "let it run a little" per thread and round */
 #define MAX_RUNS 3              /* runs to the return of a library call */
+#define RUN_NS 20000000LL       /* each at most that long */
+#define SETTLE_BATCH 4          /* held threads run out of libc at once (the others stopped) */
+#define SETTLE_RUN_NS 2000000LL /* for at most that long */
+#define SETTLE_NS 50000000LL    /* and all those runs, per round */
+#define ASLEEP_NS 2000000LL     /* a call asleep that long lets the unsafe held threads go */
+#define UNHOLD_STEP 8           /* then that many every ASLEEP_NS it still sleeps */
+#define ASLEEP_ALL_NS 500000000LL /* all of them, that long after the last such step */
 #define MIN_STACK (64 * 1024)
 #define MAX_STRINGS 8192
 #define MAX_RECS 64
@@ -248,6 +304,20 @@ struct inj {
     int trapsig;
     uint64_t trap_rip;
     char why[200]; /* last reason a thread was not used, for the timeout message */
+    /* the busy threads held stopped meanwhile (see "Holding the busy threads") */
+    struct held *held;
+    int nheld, capheld;
+    int hold_off;            /* no holding any more in this operation (it failed once) */
+    struct range *libx;      /* LIB's code: a thread with a frame there is inside LIB */
+    size_t nlibx;
+    uint64_t ignored;        /* the signals the process ignores (SigIgn), read once */
+    int64_t calls_until;     /* the calls' deadline (0: timeout_ns from the thread's choice) */
+};
+
+struct held {
+    int tid;
+    int in_sigstop; /* stopped at our own breakpoint (nothing to deliver) */
+    int unsafe;     /* may it hold a lock our calls need?  0, 1, 2: see held_risk */
 };
 
 /* ---- small helpers ------------------------------------------------------------------ */
@@ -827,7 +897,7 @@ static int survey(struct inj *c)
     char lp[PATH_MAX + 64];
     snprintf(lp, sizeof lp, "/proc/%d/task/%d/root%s", c->pid, c->mtid, c->lib);
     int have_lib = stat(lp, &lst) == 0;
-    c->nunsafe = c->nldx = 0;
+    c->nunsafe = c->nldx = c->nlibx = 0;
     for (size_t i = 0; i < c->nmaps; i++) {
         const struct mapent *m = &c->maps[i];
         if (m->path[0] != '/')
@@ -849,6 +919,8 @@ static int survey(struct inj *c)
             if (add_range(&c->unsafe, &c->nunsafe, m->start, m->end) < 0)
                 return fail(c, MMLEAK_INJ_ESYS, "out of memory");
             if (k == O_LD && add_range(&c->ldx, &c->nldx, m->start, m->end) < 0)
+                return fail(c, MMLEAK_INJ_ESYS, "out of memory");
+            if (is_lib && add_range(&c->libx, &c->nlibx, m->start, m->end) < 0)
                 return fail(c, MMLEAK_INJ_ESYS, "out of memory");
             if (k == O_LIBC && !c->libc_xlo) {
                 c->libc_xlo = m->start;
@@ -933,24 +1005,24 @@ static int loader_lock_owner(struct inj *c, int only)
 
 /* ---- waiting for a thread ------------------------------------------------------------ */
 
-/* Wait for a stop of the held thread until UNTIL.  1: stopped (*st); 0: time is up; -1:
- * the thread is gone (its process exited or exec'ed); -2: error.  A thread asked to stop
+/* Wait for a stop of thread TID (attached) until UNTIL.  1: stopped (*st); 0: time is up;
+ * -1: the thread is gone (its process exited or exec'ed); -2: error.  A thread asked to stop
  * cannot be let go running: those waits go GRACE_NS past the deadline (hard_until). */
-static int wait_stop(struct inj *c, int *st, int64_t until)
+static int process_alive(int pid);
+
+static int wait_tid(struct inj *c, int tid, int *st, int64_t until)
 {
     for (unsigned spin = 0;; spin++) {
         siginfo_t si;
         memset(&si, 0, sizeof si);
-        if (waitid(P_PID, c->tid, &si, WEXITED | WSTOPPED | WNOHANG | WNOWAIT | __WALL) < 0) {
+        if (waitid(P_PID, tid, &si, WEXITED | WSTOPPED | WNOHANG | WNOWAIT | __WALL) < 0) {
             if (errno == EINTR)
                 continue;
-            if (errno == ECHILD) {
-                c->attached = 0;
+            if (errno == ECHILD)
                 return -1;
-            }
             return -2;
         }
-        if (si.si_pid == c->tid) {
+        if (si.si_pid == tid) {
             if (si.si_code == CLD_EXITED || si.si_code == CLD_KILLED ||
                 si.si_code == CLD_DUMPED) {
                 /* Reap it unless it is our own child's leader: its parent (us, e.g. a
@@ -959,18 +1031,15 @@ static int wait_stop(struct inj *c, int *st, int64_t until)
                 int ppid = -1;
                 if (read_status(c->pid, 0, buf, sizeof buf) == 0)
                     ppid = (int)field_long(buf, "PPid", -1);
-                if (c->tid != c->pid || ppid != c->me)
-                    waitpid(c->tid, st, WNOHANG | __WALL);
-                c->attached = 0;
+                if (tid != c->pid || ppid != c->me)
+                    waitpid(tid, st, WNOHANG | __WALL);
                 return -1;
             }
-            pid_t r = waitpid(c->tid, st, WNOHANG | __WALL);
-            if (r == c->tid && WIFSTOPPED(*st))
+            pid_t r = waitpid(tid, st, WNOHANG | __WALL);
+            if (r == tid && WIFSTOPPED(*st))
                 return 1;
-            if (r == c->tid) {
-                c->attached = 0;
+            if (r == tid)
                 return -1;
-            }
             continue;
         }
         if (now_ns() >= until)
@@ -980,6 +1049,26 @@ static int wait_stop(struct inj *c, int *st, int64_t until)
         else
             nap_us(spin < 30 ? 20 : spin < 40 ? 100 : 500);
     }
+}
+
+static void unhold_all(struct inj *c);
+
+/* wait_tid for the borrowed thread.  If its process exits meanwhile, the held threads are
+ * let go (reaped): the leader's end is not seen while traced threads are not reaped. */
+static int wait_stop(struct inj *c, int *st, int64_t until)
+{
+    int w;
+    for (;;) {
+        int64_t slice = now_ns() + 50000000;
+        w = wait_tid(c, c->tid, st, c->nheld && slice < until ? slice : until);
+        if (w != 0 || now_ns() >= until)
+            break;
+        if (!process_alive(c->pid))
+            unhold_all(c);
+    }
+    if (w == -1)
+        c->attached = 0;
+    return w;
 }
 
 #define DR_OFF(i) ((void *)(offsetof(struct user, u_debugreg) + (i) * sizeof(long)))
@@ -1012,6 +1101,18 @@ static void requeue(struct inj *c, const siginfo_t *si)
         syscall(SYS_rt_tgsigqueueinfo, c->pid, c->tid, si->si_signo, si) == 0)
         return;
     syscall(SYS_tgkill, c->pid, c->tid, si->si_signo);
+}
+
+/* PTRACE_DETACH of thread TID (stopped), with SIG; if it is no longer stopped (killed: its
+ * process exits), wait for its end and reap it: a traced thread is its tracer's to reap, and
+ * until then its process cannot end. */
+static void detach_or_reap(struct inj *c, int tid, int sig)
+{
+    int st;
+    for (int k = 0; k < 3 && ptrace(PTRACE_DETACH, tid, 0, (void *)(long)sig) < 0 && errno == ESRCH;
+         k++)
+        if (wait_tid(c, tid, &st, now_ns() + 1000000000LL) != 1)
+            break;
 }
 
 /* Put the thread back as it was and let it go: registers, extended state, the signals it
@@ -1061,7 +1162,7 @@ static void release(struct inj *c)
         ptrace(PTRACE_SETSIGINFO, tid, 0, &c->recs[0]);
         sig = c->recs[0].si_signo;
     }
-    ptrace(PTRACE_DETACH, tid, 0, (void *)(long)sig);
+    detach_or_reap(c, tid, sig);
     c->attached = 0;
 }
 
@@ -1071,7 +1172,7 @@ static void release_with_fault(struct inj *c, int sig)
     clear_bp(c);
     for (int i = 0; i < c->nrec; i++)
         requeue(c, &c->recs[i]);
-    ptrace(PTRACE_DETACH, c->tid, 0, (void *)(long)sig);
+    detach_or_reap(c, c->tid, sig);
     c->attached = 0;
 }
 
@@ -1118,6 +1219,15 @@ static int gone(struct inj *c, const char *when)
     return fail(c, MMLEAK_INJ_ESRCH, "%d exited %s", c->pid, when);
 }
 
+/* Is a SIGTRAP pending for thread TID (our breakpoint, hit as the thread was interrupted:
+ * the interrupt's stop comes first, and the SIGTRAP would reach the thread once let go)? */
+static int trap_pending(struct inj *c, int tid)
+{
+    char buf[4096];
+    const char *p = read_status(c->pid, tid, buf, sizeof buf) == 0 ? field(buf, "SigPnd") : NULL;
+    return p && (strtoull(p, NULL, 16) >> (SIGTRAP - 1)) & 1;
+}
+
 /* After asking the thread to stop (TS_STOP: PTRACE_INTERRUPT), to make one step (TS_STEP)
  * or to run to a hardware breakpoint (TS_RUN: interrupted if not there by SOFT): take the
  * stop.  1: stopped somewhere usable (c->in_sigstop tells which kind); 0: let go (a fault
@@ -1156,6 +1266,12 @@ static int take_stop(struct inj *c, int mode, int64_t soft)
                             signame(sig, sb, sizeof sb), c->pid);
             }
             c->in_sigstop = 0;
+            if (mode == TS_RUN && interrupted && trap_pending(c, c->tid)) {
+                /* at the breakpoint as it was interrupted: its SIGTRAP comes next */
+                if (ptrace(PTRACE_CONT, c->tid, 0, 0) < 0)
+                    return fail(c, MMLEAK_INJ_ESYS, "PTRACE_CONT: %s", strerror(errno));
+                continue;
+            }
             /* an interrupt asked for earlier (the first stop was a signal): go on */
             if (mode == TS_STEP || (mode == TS_RUN && !interrupted)) {
                 if (ptrace(mode == TS_STEP ? PTRACE_SINGLESTEP : PTRACE_CONT, c->tid, 0, 0) < 0)
@@ -1223,6 +1339,15 @@ static int sys_eintr(long nr)
     return 0;
 }
 
+/* The index of TID among the held threads (see hold_running), or -1. */
+static int held_index(struct inj *c, int tid)
+{
+    for (int i = 0; i < c->nheld; i++)
+        if (c->held[i].tid == tid)
+            return i;
+    return -1;
+}
+
 struct thr {
     int tid, rank;
 };
@@ -1266,7 +1391,7 @@ static int list_threads(struct inj *c, struct thr **out, int *n, int *stopped, i
         if (state == 'T')
             (*stopped)++;
         int rank = -1;
-        if (state == 'R') {
+        if (state == 'R' || (state == 't' && held_index(c, tid) >= 0)) {
             rank = 2;
         } else if (state == 'S') {
             snprintf(path, sizeof path, "/proc/%d/task/%d/syscall", c->pid, tid);
@@ -1348,10 +1473,12 @@ static int let_run(struct inj *c, long us)
     return take_stop(c, TS_STOP, 0);
 }
 
-/* The address a call in user code (outside the unsafe ranges) will return to, from the
- * stack above RSP: the first value that points into executable code right after a call
- * instruction.  0 if none. */
-static uint64_t caller_address(struct inj *c, uint64_t rsp)
+/* Scan the stack above RSP (4 KB) for a return address: a value that points into executable
+ * code right after a call instruction, and: (SR_CALLER) outside the unsafe ranges, (SR_LIB)
+ * into LIB's code, (SR_ANY) anywhere.  The first one, or 0. */
+enum { SR_CALLER, SR_LIB, SR_ANY };
+
+static uint64_t stack_return(struct inj *c, uint64_t rsp, int inside)
 {
     const struct mapent *m = map_at(c, rsp);
     if (!m)
@@ -1362,8 +1489,11 @@ static uint64_t caller_address(struct inj *c, uint64_t rsp)
         return 0;
     for (size_t i = 0; i < len / 8; i++) {
         uint64_t v = buf[i];
+        if (inside == SR_LIB ? !in_ranges(c->libx, c->nlibx, v) :
+            inside == SR_CALLER && in_ranges(c->unsafe, c->nunsafe, v))
+            continue;
         const struct mapent *x = v > 7 ? map_at(c, v) : NULL;
-        if (!x || x->perm[2] != 'x' || in_ranges(c->unsafe, c->nunsafe, v) || v - 7 < x->start)
+        if (!x || x->perm[2] != 'x' || v - 7 < x->start)
             continue;
         unsigned char b[7];
         if (rd(c, v - 7, b, 7) < 0)
@@ -1377,10 +1507,16 @@ static uint64_t caller_address(struct inj *c, uint64_t rsp)
     return 0;
 }
 
+/* The address a call in user code (outside the unsafe ranges) will return to.  0 if none. */
+static uint64_t caller_address(struct inj *c, uint64_t rsp)
+{
+    return stack_return(c, rsp, SR_CALLER);
+}
+
 /* Run the thread to where its current library call returns into user code (a hardware
  * breakpoint of this thread only: no byte of the program is changed); interrupted after
- * 20 ms if it is not there.  2: not possible; else as take_stop. */
-static int run_to_caller(struct inj *c)
+ * SOFT_NS if it is not there.  2: not possible; else as take_stop. */
+static int run_to_caller(struct inj *c, int64_t soft_ns)
 {
     uint64_t ra = caller_address(c, c->saved.rsp);
     if (!ra)
@@ -1398,7 +1534,7 @@ static int run_to_caller(struct inj *c)
     }
     if (ptrace(PTRACE_CONT, c->tid, 0, 0) < 0)
         return fail(c, MMLEAK_INJ_ESYS, "PTRACE_CONT: %s", strerror(errno));
-    int t = take_stop(c, TS_RUN, now_ns() + 20000000);
+    int t = take_stop(c, TS_RUN, now_ns() + soft_ns);
     if (t > 0)
         clear_bp(c);
     return t;
@@ -1442,6 +1578,334 @@ static uint64_t find_syscall_insn(struct inj *c)
                 return c->sysinsn;
             }
     }
+    return 0;
+}
+
+/* ---- holding the busy threads ---------------------------------------------------------
+ * See "Holding the busy threads" at the top.  A held thread is attached and in an interrupt
+ * stop (or at our breakpoint, after a run), with nothing to deliver: PTRACE_DETACH lets it
+ * go on exactly as before. */
+
+static void held_push(struct inj *c, int tid, int in_sigstop, int unsafe)
+{
+    if (c->nheld == c->capheld) {
+        int cap = c->capheld ? 2 * c->capheld : 64;
+        struct held *n = realloc(c->held, cap * sizeof *n);
+        if (!n) {
+            detach_or_reap(c, tid, 0);
+            return;
+        }
+        c->held = n;
+        c->capheld = cap;
+    }
+    c->held[c->nheld++] = (struct held){tid, in_sigstop, unsafe};
+}
+
+static void unhold(struct inj *c, int i)
+{
+    int tid = c->held[i].tid;
+    c->held[i] = c->held[--c->nheld];
+    detach_or_reap(c, tid, 0);
+}
+
+static void unhold_all(struct inj *c)
+{
+    for (int i = 0; i < c->nheld;) /* the leader last: its end is seen after the others' */
+        if (c->held[i].tid != c->pid)
+            unhold(c, i);
+        else
+            i++;
+    while (c->nheld)
+        unhold(c, c->nheld - 1);
+}
+
+/* How many held threads may hold a lock. */
+static int risky(struct inj *c)
+{
+    int n = 0;
+    for (int i = 0; i < c->nheld; i++)
+        n += c->held[i].unsafe > 0;
+    return n;
+}
+
+/* Let go at most MAX of the held threads that may hold a lock, the likeliest first: how
+ * many were. */
+static int unhold_risky(struct inj *c, int max)
+{
+    int n = 0;
+    for (int risk = 2; risk > 0; risk--)
+        for (int i = 0; i < c->nheld && n < max;)
+            if (c->held[i].unsafe == risk) {
+                unhold(c, i);
+                n++;
+            } else {
+                i++;
+            }
+    return n;
+}
+
+/* Held thread I becomes the thread C holds (c->tid), to run it or to use it. */
+static void adopt(struct inj *c, int i)
+{
+    c->tid = c->held[i].tid;
+    c->attached = 1;
+    c->in_sigstop = c->held[i].in_sigstop;
+    c->stuck = c->modified = c->clobbered = c->at_sysexit = c->bp_set = 0;
+    c->nrec = 0;
+    c->held[i] = c->held[--c->nheld];
+}
+
+/* The state letter of thread TID in /proc (R, S, D, t...), or 0. */
+static char thread_state(struct inj *c, int tid)
+{
+    char path[96], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/stat", c->pid, tid);
+    if (slurp(path, buf, sizeof buf) < 0)
+        return 0;
+    char *rp = strrchr(buf, ')');
+    return rp && rp[1] ? rp[2] : 0;
+}
+
+/* Is thread TID running (state R), or waiting in a futex (a lock: its wait is restarted
+ * when it is let go, and futex callers take a spurious wake-up anyway)?  Threads asleep in
+ * other system calls are left alone: they take no CPU, and some of those calls would end
+ * in EINTR. */
+static int holdable(struct inj *c, int tid)
+{
+    char st = thread_state(c, tid);
+    if (st == 'R')
+        return 1;
+    if (st != 'S')
+        return 0;
+    char path[96], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/syscall", c->pid, tid);
+    return slurp(path, buf, sizeof buf) > 0 && strtol(buf, NULL, 10) == SYS_futex;
+}
+
+/* The first stop of TID, just seized and interrupted.  1: held; 0: let go (it stopped for a
+ * signal, which it then gets, or for job control, which it re-enters), or gone; 2: its
+ * process exits (held, to be reaped); -1: it did not stop (it stays attached to this
+ * process until it exits). */
+/* wait_tid for a thread of ours other than the borrowed one, or 2 if its process exits
+ * meanwhile: a thread killed by the exit does not stop, and the leader's end is not seen
+ * while traced threads are not reaped (it is then held, to be reaped with the others). */
+static int wait_held(struct inj *c, int tid, int *st, int64_t until)
+{
+    int w;
+    while ((w = wait_tid(c, tid, st, now_ns() + 50000000 < until ? now_ns() + 50000000 : until))
+           == 0 && now_ns() < until)
+        if (!process_alive(c->pid))
+            return 2;
+    return w;
+}
+
+static int hold_take(struct inj *c, int tid)
+{
+    int st, w = wait_held(c, tid, &st, hard_until(c));
+    if (w == 2)
+        return 2;
+    if (w == 0)
+        return -1;
+    if (w < 0)
+        return 0;
+    int ev = (st >> 16) & 0xff, sig = WSTOPSIG(st);
+    if (ev == PTRACE_EVENT_STOP && sig == SIGTRAP)
+        return 1;
+    detach_or_reap(c, tid, ev ? 0 : sig);
+    return 0;
+}
+
+/* Stop every running thread of the process (see holdable) but the one C holds: all seized and
+ * interrupted first, then their stops taken; again for threads that appeared meanwhile.
+ * 0, or a fatal error code (a thread that does not stop). */
+static int hold_running(struct inj *c)
+{
+    int *fresh = NULL;
+    size_t cap = 0;
+    for (int pass = 0; pass < 4 && !c->hold_off; pass++) {
+        char path[96];
+        snprintf(path, sizeof path, "/proc/%d/task", c->pid);
+        DIR *d = opendir(path);
+        if (!d)
+            break;
+        size_t n = 0;
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            int tid = atoi(e->d_name);
+            if (tid <= 0 || (c->attached && tid == c->tid) || held_index(c, tid) >= 0 ||
+                !holdable(c, tid))
+                continue;
+            if (n == cap) {
+                int *nf = realloc(fresh, (cap = cap ? 2 * cap : 64) * sizeof *nf);
+                if (!nf)
+                    break;
+                fresh = nf;
+            }
+            if (ptrace(PTRACE_SEIZE, tid, 0, (void *)(long)PTRACE_O_TRACESYSGOOD) < 0) {
+                if (errno != ESRCH)
+                    c->hold_off = 1; /* not permitted: the borrowed thread will say why */
+                continue;
+            }
+            ptrace(PTRACE_INTERRUPT, tid, 0, 0); /* if it fails, it exits: reaped below */
+            fresh[n++] = tid;
+        }
+        closedir(d);
+        if (!n)
+            break;
+        int stuck_tid = 0;
+        for (size_t i = 0; i < n; i++) {
+            int h = hold_take(c, fresh[i]);
+            if (h < 0 && !stuck_tid)
+                stuck_tid = fresh[i];
+            if (h > 0) /* (2: not stopped, only to be reaped) */
+                held_push(c, fresh[i], 0, 1);
+            if (h == 2)
+                c->hold_off = 1;
+        }
+        if (stuck_tid) {
+            free(fresh);
+            c->stuck = 1;
+            return fail(c, MMLEAK_INJ_ESYS,
+                        "thread %d of %d did not stop when asked to (uninterruptible sleep?): it "
+                        "stays attached to this process until it exits", stuck_tid, c->pid);
+        }
+    }
+    free(fresh);
+    return 0;
+}
+
+/* How likely a held thread, stopped where R says it is, holds a lock our calls may need:
+ * 0 not (user code of the program, or a system call it made itself), 1 maybe (inside libc,
+ * ld.so or an allocator: malloc's arena locks, the loader's; in a system call malloc or the
+ * loader make, or made from inside those libraries: malloc waits for one arena's lock
+ * holding another's), 2 likely (a frame of LIB on its stack: LIB's own locks, a detach
+ * waiting for the threads inside it). */
+static int held_risk(struct inj *c, const struct user_regs_struct *r)
+{
+    int movable;
+    if (c->nlibx && (in_ranges(c->libx, c->nlibx, r->rip) || stack_return(c, r->rsp, SR_LIB)))
+        return 2;
+    if (unsafe_here(c, r, &movable))
+        return 1;
+    const struct mapent *m = (long)r->orig_rax < 0 ? map_at(c, r->rip) : NULL;
+    if ((long)r->orig_rax < 0 && m && strcmp(m->path, "[vdso]"))
+        return 0;
+    uint64_t ra = stack_return(c, r->rsp, SR_ANY);
+    return ra && in_ranges(c->unsafe, c->nunsafe, ra);
+}
+
+/* Start held thread TID (stopped at R) running to the return of the library call it is in,
+ * with a hardware breakpoint there (as run_to_caller).  0: running; -1: not possible. */
+static int run_out(struct inj *c, int tid, const struct user_regs_struct *r)
+{
+    uint64_t blocked = ~0ULL, ra;
+    errno = 0;
+    ptrace(PTRACE_GETSIGMASK, tid, (void *)sizeof blocked, &blocked);
+    if (((blocked | c->ignored) & (1ULL << (SIGTRAP - 1))) || !(ra = caller_address(c, r->rsp)) ||
+        ptrace(PTRACE_PEEKUSER, tid, DR_OFF(7), 0) != 0 || errno ||
+        ptrace(PTRACE_POKEUSER, tid, DR_OFF(0), (void *)ra) < 0)
+        return -1;
+    if (ptrace(PTRACE_POKEUSER, tid, DR_OFF(7), (void *)1L) < 0 ||
+        ptrace(PTRACE_CONT, tid, 0, 0) < 0) {
+        ptrace(PTRACE_POKEUSER, tid, DR_OFF(7), 0);
+        ptrace(PTRACE_POKEUSER, tid, DR_OFF(0), 0);
+        return -1;
+    }
+    return 0;
+}
+
+/* Take the stop of TID, started by run_out, by SOFT (else interrupted), and hold it again:
+ * as safe if it got there.  0; or it is let go (it stopped for a signal, which it then gets,
+ * or for job control), or gone; -1: it did not stop. */
+static int run_out_end(struct inj *c, int tid, int64_t soft)
+{
+    int st, interrupted = 0;
+    for (;;) {
+        int w = wait_held(c, tid, &st, interrupted ? hard_until(c) : soft);
+        if (w == 2) {
+            held_push(c, tid, 0, 1); /* to be reaped */
+            c->hold_off = 1;
+            return 0;
+        }
+        if (w == 0 && !interrupted) {
+            interrupted = 1;
+            ptrace(PTRACE_INTERRUPT, tid, 0, 0); /* if it fails, it exits: seen above */
+            continue;
+        }
+        if (w <= 0)
+            return w == 0 ? -1 : 0;
+        int ev = (st >> 16) & 0xff, sig = WSTOPSIG(st);
+        if (ev == PTRACE_EVENT_STOP && sig == SIGTRAP && trap_pending(c, tid)) {
+            /* it reached the breakpoint just as it was interrupted: take that stop */
+            if (ptrace(PTRACE_CONT, tid, 0, 0) < 0)
+                return 0;
+            continue;
+        }
+        siginfo_t si;
+        int bp = !ev && sig == SIGTRAP && ptrace(PTRACE_GETSIGINFO, tid, 0, &si) == 0 &&
+                 si.si_code == TRAP_HWBKPT;
+        struct user_regs_struct r;
+        ptrace(PTRACE_POKEUSER, tid, DR_OFF(7), 0);
+        ptrace(PTRACE_POKEUSER, tid, DR_OFF(0), 0);
+        if (bp || (ev == PTRACE_EVENT_STOP && sig == SIGTRAP)) {
+            held_push(c, tid, bp, ptrace(PTRACE_GETREGS, tid, 0, &r) < 0 ? 1 : held_risk(c, &r));
+            return 0;
+        }
+        detach_or_reap(c, tid, ev ? 0 : sig);
+        return 0;
+    }
+}
+
+/* The held threads that are not safe where they stopped are run, SETTLE_BATCH at a time
+ * while the others stay stopped, to the return of the library call they are in (at most
+ * SETTLE_RUN_NS per batch, SETTLE_NS in all); those that stop for anything else (a signal,
+ * which they then get; job control) are let go.  The others stay held, safe or not (if our
+ * call then waits, see call).  Any thread that owns a loader's lock is let go.  0, or a
+ * fatal error code. */
+static int settle_held(struct inj *c)
+{
+    int64_t until = now_ns() + SETTLE_NS;
+    int *todo = malloc((c->nheld + 1) * sizeof *todo), ntodo = 0, stuck_tid = 0;
+    if (!todo)
+        return 0;
+    for (int i = 0; i < c->nheld;) {
+        struct user_regs_struct r;
+        if (ptrace(PTRACE_GETREGS, c->held[i].tid, 0, &r) < 0) {
+            unhold(c, i);
+            continue;
+        }
+        c->held[i].unsafe = held_risk(c, &r);
+        i++;
+    }
+    for (int risk = 2; risk > 0; risk--) /* the likeliest first */
+        for (int i = 0; i < c->nheld; i++)
+            if (c->held[i].unsafe == risk)
+                todo[ntodo++] = c->held[i].tid;
+    for (int k = 0; k < ntodo && now_ns() < until && !stuck_tid;) {
+        int batch[SETTLE_BATCH], n = 0;
+        for (; k < ntodo && n < SETTLE_BATCH; k++) {
+            int i = held_index(c, todo[k]);
+            struct user_regs_struct r;
+            if (i >= 0 && ptrace(PTRACE_GETREGS, todo[k], 0, &r) == 0 &&
+                run_out(c, todo[k], &r) == 0) {
+                c->held[i] = c->held[--c->nheld];
+                batch[n++] = todo[k];
+            }
+        }
+        int64_t soft = now_ns() + SETTLE_RUN_NS;
+        for (int j = 0; j < n; j++)
+            if (run_out_end(c, batch[j], soft) < 0 && !stuck_tid)
+                stuck_tid = batch[j];
+    }
+    free(todo);
+    if (stuck_tid) {
+        c->stuck = 1;
+        return fail(c, MMLEAK_INJ_ESYS,
+                    "thread %d of %d did not stop when asked to (uninterruptible sleep?): it "
+                    "stays attached to this process until it exits", stuck_tid, c->pid);
+    }
+    for (int owner; (owner = loader_lock_owner(c, 0)) && held_index(c, owner) >= 0;)
+        unhold(c, held_index(c, owner));
     return 0;
 }
 
@@ -1535,8 +1999,37 @@ static int call(struct inj *c, uint64_t fn, uint64_t a0, uint64_t a1, uint64_t *
     if (resume_call(c) < 0)
         return fail(c, MMLEAK_INJ_ESYS, "PTRACE_CONT: %s", strerror(errno));
     c->at_sysexit = 0;
+    int64_t asleep = 0, since = 0, last = now_ns();
     for (;;) {
-        int st, w = wait_stop(c, &st, c->deadline);
+        int64_t until = c->deadline;
+        if (c->nheld && now_ns() + ASLEEP_NS / 2 < until)
+            until = now_ns() + ASLEEP_NS / 2;
+        int st, w = wait_stop(c, &st, until);
+        if (w == 0 && until < c->deadline) {
+            /* the call sleeps (a lock, a nap): maybe for a held thread.  The held threads
+             * that may hold a lock are run out of the libraries again; when that no longer
+             * helps, they are let go, a few at a time, the likeliest first; if the call
+             * sleeps on ASLEEP_ALL_NS after the last of them, all are */
+            if (thread_state(c, c->tid) != 'S') {
+                asleep = 0;
+            } else if (!asleep) {
+                asleep = now_ns();
+            } else if (now_ns() - asleep >= ASLEEP_NS && now_ns() - since >= ASLEEP_NS) {
+                int before = risky(c);
+                if (before) {
+                    int e = settle_held(c);
+                    if (e < 0)
+                        return e;
+                    if (risky(c) >= before)
+                        unhold_risky(c, UNHOLD_STEP);
+                    last = now_ns();
+                } else if (now_ns() - last >= ASLEEP_ALL_NS) {
+                    unhold_all(c);
+                }
+                since = now_ns();
+            }
+            continue;
+        }
         if (w == 0) {
             if (ptrace(PTRACE_INTERRUPT, c->tid, 0, 0) == 0) {
                 int t = take_stop(c, TS_STOP, 0);
@@ -1624,7 +2117,8 @@ static int inject(struct inj *c, const char *func, const char *arg, long *result
     if (mem_rw(c, at, strings, nl + nf + na, 1) < 0 || mem_rw(c, c->sp, &retaddr, 8, 1) < 0)
         return 1; /* (the main stack below its mapping: the kernel only grows it on faults) */
     uint64_t a_lib = at, a_func = at + nl, a_arg = na ? at + nl + nf : 0;
-    c->deadline = now_ns() + c->timeout_ns; /* the calls get a timeout of their own */
+    /* the calls get a timeout of their own, or what is left of the operation's */
+    c->deadline = c->calls_until ? c->calls_until : now_ns() + c->timeout_ns;
     char msg[512];
     uint64_t h = 0, f = 0, r = 0;
     int e = call(c, c->a_dlopen, a_lib, RTLD_NOW_, &h, "dlopen");
@@ -1935,25 +2429,30 @@ static int attempt(struct inj *c, int tid, const char *func, const char *arg, lo
     c->tid = tid;
     c->nrec = 0;
     c->in_sigstop = c->modified = c->clobbered = 0;
-    if (ptrace(PTRACE_SEIZE, tid, 0, (void *)(long)PTRACE_O_TRACESYSGOOD) < 0) {
-        if (errno == ESRCH)
-            return 0;
-        if (errno == EPERM) {
-            *code = explain_eperm(c, tid, "PTRACE_SEIZE");
+    int hi = held_index(c, tid);
+    if (hi >= 0) {
+        adopt(c, hi); /* already stopped */
+    } else {
+        if (ptrace(PTRACE_SEIZE, tid, 0, (void *)(long)PTRACE_O_TRACESYSGOOD) < 0) {
+            if (errno == ESRCH)
+                return 0;
+            if (errno == EPERM) {
+                *code = explain_eperm(c, tid, "PTRACE_SEIZE");
+                return 1;
+            }
+            *code = fail(c, MMLEAK_INJ_ESYS, "PTRACE_SEIZE %d: %s", tid, strerror(errno));
             return 1;
         }
-        *code = fail(c, MMLEAK_INJ_ESYS, "PTRACE_SEIZE %d: %s", tid, strerror(errno));
-        return 1;
-    }
-    c->attached = 1;
-    if (ptrace(PTRACE_INTERRUPT, tid, 0, 0) < 0) {
-        *code = fail(c, MMLEAK_INJ_ESYS, "PTRACE_INTERRUPT %d: %s", tid, strerror(errno));
-        return 1;
-    }
-    int t = take_stop(c, TS_STOP, 0);
-    if (t <= 0) {
-        *code = t;
-        return t < 0;
+        c->attached = 1;
+        if (ptrace(PTRACE_INTERRUPT, tid, 0, 0) < 0) {
+            *code = fail(c, MMLEAK_INJ_ESYS, "PTRACE_INTERRUPT %d: %s", tid, strerror(errno));
+            return 1;
+        }
+        int t = take_stop(c, TS_STOP, 0);
+        if (t <= 0) {
+            *code = t;
+            return t < 0;
+        }
     }
     if (!c->seccomp_ok) {
         if (seccomp_check(c, tid, code))
@@ -1962,12 +2461,9 @@ static int attempt(struct inj *c, int tid, const char *func, const char *arg, lo
     }
     /* SIGTRAP must be usable for single steps and breakpoints: the kernel would reset the
      * disposition of a blocked or ignored SIGTRAP it forces on the thread */
-    uint64_t blocked = 0, ignored = 0;
-    char buf[4096];
+    uint64_t blocked = 0, ignored = c->ignored;
     if (ptrace(PTRACE_GETSIGMASK, tid, (void *)sizeof blocked, &blocked) < 0)
         blocked = ~0ULL;
-    if (read_status(c->pid, 0, buf, sizeof buf) == 0 && field(buf, "SigIgn"))
-        ignored = strtoull(field(buf, "SigIgn"), NULL, 16);
     uint64_t segv = 1ULL << (SIGSEGV - 1), trap = 1ULL << (SIGTRAP - 1);
     int can_trap = !((blocked | ignored) & trap);
     int steps = 0, lets = 0, runs = 0;
@@ -1996,7 +2492,7 @@ static int attempt(struct inj *c, int tid, const char *func, const char *arg, lo
         int r = 0;
         if (movable && can_trap && runs < MAX_RUNS) {
             runs++;
-            r = run_to_caller(c);
+            r = run_to_caller(c, RUN_NS);
             if (r == 2) {
                 runs = MAX_RUNS;
                 r = 0;
@@ -2082,10 +2578,13 @@ static int attempt(struct inj *c, int tid, const char *func, const char *arg, lo
     return 1;
 }
 
-API int mmleak_inject_call(int pid, const char *lib, const char *func, const char *arg,
-                           int timeout_ms, long *result, char *err, size_t errlen)
+/* TIMEOUT_MS: the search for a thread; TOTAL_MS: all of it (0: the calls get TIMEOUT_MS of
+ * their own). */
+static int inject_call(int pid, const char *lib, const char *func, const char *arg,
+                       int timeout_ms, int total_ms, long *result, char *err, size_t errlen)
 {
     struct inj ctx, *c = &ctx;
+    int64_t start = now_ns();
     memset(c, 0, sizeof *c);
     c->pid = pid;
     c->me = getpid();
@@ -2099,10 +2598,9 @@ API int mmleak_inject_call(int pid, const char *lib, const char *func, const cha
     if (!result)
         result = &dummy;
     *result = 0;
-    if (timeout_ms <= 0)
-        timeout_ms = DEFAULT_TIMEOUT_MS;
     c->timeout_ns = (int64_t)timeout_ms * 1000000;
-    c->deadline = now_ns() + c->timeout_ns;
+    c->deadline = start + c->timeout_ns;
+    c->calls_until = total_ms > 0 ? start + (int64_t)total_ms * 1000000 : 0;
     if (pid <= 0)
         return fail(c, MMLEAK_INJ_EINVAL, "no such process %d", pid);
     if (!lib || lib[0] != '/')
@@ -2172,6 +2670,18 @@ API int mmleak_inject_call(int pid, const char *lib, const char *func, const cha
                        "constructor that does not return", owner);
             continue;
         }
+        c->ignored = field(buf, "SigIgn") ? strtoull(field(buf, "SigIgn"), NULL, 16) : 0;
+        /* the busy threads stopped for this round (every other round from the fifth runs as
+         * they are, in case one of them is what the others wait for) */
+        if (!c->hold_off && (round < 4 || round % 2 == 0)) {
+            int h = hold_running(c);
+            if (h == 0)
+                h = settle_held(c);
+            if (h < 0) {
+                code = h;
+                break;
+            }
+        }
         struct thr *v = NULL;
         int n, stopped, alive;
         if (list_threads(c, &v, &n, &stopped, &alive) < 0) {
@@ -2198,11 +2708,13 @@ API int mmleak_inject_call(int pid, const char *lib, const char *func, const cha
         free(v);
         if (done)
             break;
+        unhold_all(c);
         if (code == 0 && !c->have_err)
             continue;
     }
     if (c->attached)
         release(c);
+    unhold_all(c);
     /* a failure that was the process exiting under us (its memory map already gone, its
      * threads no longer attachable) says so: an exit takes a few ms to show everywhere */
     if ((code == MMLEAK_INJ_ESYS || code == MMLEAK_INJ_EUNSUPP || code == MMLEAK_INJ_EPERM) &&
@@ -2223,7 +2735,28 @@ API int mmleak_inject_call(int pid, const char *lib, const char *func, const cha
     free(c->maps);
     free(c->unsafe);
     free(c->ldx);
+    free(c->libx);
+    free(c->held);
     return code;
+}
+
+API int mmleak_inject_call(int pid, const char *lib, const char *func, const char *arg,
+                           int timeout_ms, long *result, char *err, size_t errlen)
+{
+    if (timeout_ms <= 0)
+        timeout_ms = DEFAULT_TIMEOUT_MS;
+    return inject_call(pid, lib, func, arg, timeout_ms, 0, result, err, errlen);
+}
+
+API int mmleak_inject_call_within(int pid, const char *lib, const char *func, const char *arg,
+                                  int search_ms, int total_ms, long *result, char *err,
+                                  size_t errlen)
+{
+    if (total_ms <= 0)
+        total_ms = DEFAULT_TIMEOUT_MS;
+    if (search_ms <= 0 || search_ms > total_ms)
+        search_ms = search_ms <= 0 ? total_ms / 4 * 3 : total_ms;
+    return inject_call(pid, lib, func, arg, search_ms, total_ms, result, err, errlen);
 }
 
 #endif

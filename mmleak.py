@@ -3152,12 +3152,23 @@ def cmd_snapshot(args):
 # mmleak-inject.c (built into mmleak.so, loaded here with ctypes like the shrinker) makes the
 # process load mmleak.so and call mmleak_attach / mmleak_detach in it (mmleak.c, section 5).
 
+TIMEOUT_HELP = ("the whole command's time limit (default 10): it returns within SECONDS "
+                "of its start whatever it waits for.  At most three quarters of the time left "
+                "go to waiting for a moment when a thread of the process is safe to borrow "
+                "(none found: refused, exit status 2, the process left as it was); the calls "
+                "in the process get the rest, and one still running at the limit is abandoned "
+                "(exit status 2: the process may then hold a lock the call took).  Only a "
+                "thread in uninterruptible sleep that does not stop when asked can hold the "
+                "command up to 5 s longer")
+
 INJECT_ERRORS = {-1: EXIT_USAGE, -2: EXIT_INPUT, -3: EXIT_INPUT, -4: EXIT_INPUT,
                  -5: EXIT_INPUT, -6: EXIT_INPUT, -7: EXIT_INPUT, -8: EXIT_TOOL}
 
 
-def _inject(pid, lib, func, arg, timeout_ms):
-    """Call FUNC(ARG) in process PID after it loaded LIB: (code, result, error text)."""
+def _inject(pid, lib, func, arg, timeout_ms, total_ms=0):
+    """Call FUNC(ARG) in process PID after it loaded LIB: (code, result, error text).  The
+    search for a safe moment takes at most TIMEOUT_MS; with TOTAL_MS, all is over by then
+    (the calls get what is left), else the calls get TIMEOUT_MS of their own."""
     import ctypes
     here = find_library()
     if not here:
@@ -3165,14 +3176,21 @@ def _inject(pid, lib, func, arg, timeout_ms):
     dll = ctypes.CDLL(here)
     if dll.mmleak_inject_abi() != 1:
         raise Fail("%s: injector interface version differs" % here, EXIT_TOOL)
-    fn = dll.mmleak_inject_call
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int,
-                   ctypes.POINTER(ctypes.c_long), ctypes.c_char_p, ctypes.c_size_t]
+    args = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int,
+            ctypes.POINTER(ctypes.c_long), ctypes.c_char_p, ctypes.c_size_t]
+    limits = (timeout_ms,)
+    if total_ms:
+        fn = dll.mmleak_inject_call_within
+        args.insert(5, ctypes.c_int)
+        limits = (timeout_ms, total_ms)
+    else:
+        fn = dll.mmleak_inject_call
+    fn.argtypes = args
     fn.restype = ctypes.c_int
     res = ctypes.c_long(0)
     err = ctypes.create_string_buffer(1024)
     rc = fn(pid, os.fsencode(lib), func.encode(), arg.encode() if arg is not None else None,
-            timeout_ms, ctypes.byref(res), err, len(err))
+            *limits, ctypes.byref(res), err, len(err))
     return rc, ctypes.c_int(res.value & 0xffffffff).value, err.value.decode("utf-8", "replace")
 
 
@@ -3302,7 +3320,11 @@ def same_dir_for(pid, d):
                    "directory it sees as we do" % (d, pid), EXIT_INPUT)
 
 
-def _call(pid, func, arg, timeout):
+def _call(pid, func, arg, deadline, timeout):
+    """FUNC(ARG) in process PID (see _inject), by DEADLINE (time.monotonic()): each try
+    searches a safe moment for at most three quarters of the time left, the calls get the
+    rest; a try that finds mmleak.so busy is made again while a quarter of TIMEOUT (the
+    whole, in seconds) is left, so that the calls of the next one have time."""
     loaded = mmleak_in(pid)     # a path in the process's own mount namespace: used as is
     lib = loaded or find_library()
     if not lib:
@@ -3313,19 +3335,28 @@ def _call(pid, func, arg, timeout):
             raise Fail("%s is not visible to process %d (another mount namespace or root: "
                        "install mmleak.so where it can see it, e.g. `make install`)"
                        % (lib, pid), EXIT_INPUT)
-    for attempt in range(20):
-        rc, res, err = _inject(pid, lib, func, arg, int(timeout * 1000))
+    what = func.replace("mmleak_", "")
+    tries = 0
+    while True:
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if tries and left_ms < timeout * 250:
+            raise Fail("%s %d: the process stayed busy inside mmleak.so (%d tries in %.1f s of "
+                       "--timeout %g s); try again"
+                       % (what, pid, tries, timeout - left_ms / 1000, timeout), EXIT_INPUT)
+        rc, res, err = _inject(pid, lib, func, arg, max(1, left_ms * 3 // 4), max(1, left_ms))
         if rc != 0:
-            raise Fail("%s %d: %s" % (func.replace("mmleak_", ""), pid, err),
-                       INJECT_ERRORS.get(rc, EXIT_INPUT))
+            if rc == -5 and err.startswith("timed out after"):
+                err += " (--timeout %g s: three quarters of what was left for this search, " \
+                       "the rest kept for the calls)" % timeout
+            raise Fail("%s %d: %s" % (what, pid, err), INJECT_ERRORS.get(rc, EXIT_INPUT))
         if res != 3:            # 3: busy (a thread was inside mmleak): try again
             return res, lib
-        time.sleep(0.05)
-    raise Fail("%s %d: the process stayed busy inside mmleak.so; try again"
-               % (func.replace("mmleak_", ""), pid), EXIT_INPUT)
+        tries += 1
+        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
 
 def cmd_attach(args):
+    deadline = time.monotonic() + args.timeout
     pid = args.pid
     process_alive(pid)
     d = os.path.abspath(args.dir or os.environ.get("MMLEAK_DIR") or "/tmp")
@@ -3348,8 +3379,10 @@ def cmd_attach(args):
         if args.depth:
             settings += "MMLEAK_DEPTH=%d\n" % args.depth
         settings += "MMLEAK_ROTATE_MB=%d\n" % (args.rotate_mb or COMPACT_ROTATE_MB)
+        if "\n" in d[:-1] or "\0" in d:
+            raise Fail("%s: a newline in the directory name" % d, EXIT_USAGE)
         before = set(find_traces(d))
-        res, lib = _call(pid, "mmleak_attach", settings, args.timeout)
+        res, lib = _call(pid, "mmleak_attach", settings, deadline, args.timeout)
         if res == 1:
             raise Fail("process %d is already being traced (%s)" % (pid, traced_state(pid)),
                        EXIT_INPUT)
@@ -3370,13 +3403,14 @@ def cmd_attach(args):
 
 
 def cmd_detach(args):
+    deadline = time.monotonic() + args.timeout
     pid = args.pid
     process_alive(pid)
     state = traced_state(pid)
     if state is None:
         raise Fail("process %d does not have mmleak.so loaded: nothing to detach" % pid,
                    EXIT_INPUT)
-    res, _ = _call(pid, "mmleak_detach", None, args.timeout)
+    res, _ = _call(pid, "mmleak_detach", None, deadline, args.timeout)
     if res == 1:
         raise Fail("process %d is not being traced (%s)" % (pid, state), EXIT_INPUT)
     words = state.split(None, 2)
@@ -4195,7 +4229,7 @@ def build_parser():
                    help="rotate dump files at this size (default %d, for compaction)"
                         % COMPACT_ROTATE_MB)
     a.add_argument("--timeout", type=positive_float, default=10.0, metavar="SECONDS",
-                   help="give up after this long without a safe moment (default 10)")
+                   help=TIMEOUT_HELP)
     a.set_defaults(func=cmd_attach)
 
     t = sub.add_parser(
@@ -4209,7 +4243,7 @@ def build_parser():
         epilog=EXIT_HELP)
     t.add_argument("pid", type=positive_int, help="the process")
     t.add_argument("--timeout", type=positive_float, default=10.0, metavar="SECONDS",
-                   help="give up after this long without a safe moment (default 10)")
+                   help=TIMEOUT_HELP)
     t.set_defaults(func=cmd_detach)
 
     u = sub.add_parser(

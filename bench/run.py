@@ -32,6 +32,7 @@ STACKS_BIN = os.path.join(OUT, "stacks_bench")
 APPEND_BIN = os.path.join(OUT, "append_bench")
 DAEMON_BIN = os.path.join(OUT, "daemon_load")
 ATTACH_BIN = os.path.join(OUT, "attach_target")
+BUSY_BIN = os.path.join(OUT, "busy_threads")
 
 # Environment shared by every run of every tracer (deterministic programs).
 BASE_ENV = {"LC_ALL": "C", "PYTHONHASHSEED": "0"}
@@ -1266,6 +1267,90 @@ def bench_attach(dirs, quick):
     return res
 
 
+BUSY_COUNTS = (8, 64, 300)
+
+
+def bench_attach_busy(dirs, quick):
+    """attach and detach (the commands' wall clock) on tests/busy_threads.c: N threads and the
+    main one spinning (no thread asleep but one under SCHED_IDLE), in a session of their own
+    (as a daemon: the command does not share their scheduling group) and in the command's
+    own session (it does: with sched_autogroup, it gets 1/(N+1) of the CPU like any of them;
+    Python's start alone, timed there too, shows it)."""
+    res = {"counts": list(BUSY_COUNTS if not quick else BUSY_COUNTS[:2]), "own": {}, "same": {}}
+    try:
+        subprocess.check_call([os.environ.get("CC", "cc"), "-O1", "-g", "-pthread", "-o",
+                               BUSY_BIN, os.path.join(ROOT, "tests", "busy_threads.c")])
+    except (OSError, subprocess.CalledProcessError) as e:
+        res["error"] = "building busy_threads failed: %s" % e
+        return res
+    ddir = os.path.join(dirs["root"], "attach-busy")
+
+    def cycle(n, own):
+        p = subprocess.Popen([BUSY_BIN, str(n)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             start_new_session=own)
+        out = {}
+        try:
+            if p.stdout.readline() != b"ready\n":
+                raise RuntimeError("busy_threads %d did not start" % n)
+            reset_dir(ddir)
+            for cmd in ("attach", "detach"):
+                dt, rc, text = mmleak_cli([cmd, str(p.pid)] + (["-d", ddir] if cmd == "attach" else []))
+                out[cmd] = dt
+                if rc != 0:
+                    raise RuntimeError("mmleak.py %s, %d threads: exit %d: %s" % (cmd, n, rc, one_line(text)))
+                if cmd == "attach":
+                    p.stdin.write(b"round\n")
+                    p.stdin.flush()
+                    if p.stdout.readline() != b"round 1\n":
+                        raise RuntimeError("busy_threads %d: no round" % n)
+            if not own:
+                t0 = time.perf_counter()
+                subprocess.run([PY, "-c", "pass"], check=True)
+                out["python"] = time.perf_counter() - t0
+            p.stdin.write(b"quit\n")
+            p.stdin.flush()
+            if p.stdout.readline() != b"bye\n" or p.wait(timeout=120) != 0:
+                raise RuntimeError("busy_threads %d did not end well" % n)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            shutil.rmtree(ddir, ignore_errors=True)
+        return out
+
+    try:
+        for n in res["counts"]:
+            res["own"][n] = [cycle(n, True) for _ in range(3 if not quick else 1)]
+            res["same"][n] = [cycle(n, False)]
+            log("  %d busy threads: attach %.2f s, detach %.2f s (own session); %.2f s, %.2f s "
+                "(the command's session)" % (n, med([x["attach"] for x in res["own"][n]]),
+                                             med([x["detach"] for x in res["own"][n]]),
+                                             res["same"][n][0]["attach"], res["same"][n][0]["detach"]))
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        res["error"] = str(e)
+    return res
+
+
+def print_attach_busy(b):
+    print("  many busy threads (tests/busy_threads.c: N threads and the main one spinning in memset, "
+          "one asleep under SCHED_IDLE), wall clock of `mmleak.py attach` / `detach`:")
+    runs = max([len(v) for v in b.get("own", {}).values()] or [0])
+    print("    %7s  %-28s  %s" % ("threads", "own session (median of %d)" % runs,
+                                  "the command's session (1 run; python3 -c pass there)"))
+    for n in b.get("counts", []):
+        own, same = b["own"].get(n), b["same"].get(n)
+        if not own:
+            continue
+        line = "    %7d  %6.2f s  %6.2f s           " % (
+            n, med([x["attach"] for x in own]), med([x["detach"] for x in own]))
+        if same:
+            line += "  %6.2f s  %6.2f s  (%.2f s)" % (same[0]["attach"], same[0]["detach"],
+                                                      same[0].get("python", float("nan")))
+        print(line)
+    if b.get("error"):
+        print("    FAILED: " + b["error"])
+
+
 def print_attach(a):
     print("attach: bench/attach_target.c, %d MB of heap (%d blocks of 1 KiB) and %d threads x %d "
           "pairs/s (%d events/s); load average %.2f at the start, %.2f at the end"
@@ -1326,6 +1411,8 @@ def print_attach(a):
     if a.get("ready_s_untraced"):
         print("  start of the target (1 GB heap made): %.2f s untraced, %.2f s under LD_PRELOAD; RSS %.0f MB"
               % (a["ready_s_untraced"], a.get("ready_s_preloaded") or float("nan"), a.get("rss_mb") or 0))
+    if a.get("busy"):
+        print_attach_busy(a["busy"])
 
 
 def bench_shrink(runs, dirs, quick, have_heaptrack):
@@ -1833,10 +1920,11 @@ def main():
             longrun = bench_longrun(dirs, args.quick)
         if wanted("attach"):
             attach = bench_attach(dirs, args.quick)
+            attach["busy"] = bench_attach_busy(dirs, args.quick)
         if args.long is not None:
             long_run = bench_longrun(dirs, False, args.long, modes=("compact",))
     finally:
-        for d in ("dump", "input", "scratch", "shrink", "attach", "longrun-none",
+        for d in ("dump", "input", "scratch", "shrink", "attach", "attach-busy", "longrun-none",
                   "longrun-keep-all", "longrun-compact"):
             shutil.rmtree(os.path.join(root, d), ignore_errors=True)
         if created:

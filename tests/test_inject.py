@@ -76,6 +76,26 @@ def inject(pid, lib, func, arg=None, timeout_ms=5000):
     return rc, res.value, err.value.decode()
 
 
+_within = None
+
+
+def inject_within(pid, lib, func, arg, search_ms, total_ms):
+    """mmleak_inject_call_within in this process: (code, result, err)."""
+    global _within
+    if _within is None:
+        _within = ctypes.CDLL(os.path.join(ROOT, "mmleak.so")).mmleak_inject_call_within
+        _within.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                            ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_long),
+                            ctypes.c_char_p, ctypes.c_size_t]
+        _within.restype = ctypes.c_int
+    res = ctypes.c_long(0)
+    err = ctypes.create_string_buffer(1024)
+    enc = lambda s: None if s is None else s.encode()
+    rc = _within(pid, enc(lib), enc(func), enc(arg), search_ms, total_ms, ctypes.byref(res), err,
+                 len(err))
+    return rc, res.value, err.value.decode()
+
+
 class Target:
     """A process started with stdin and stdout pipes; waits for its "ready" line."""
 
@@ -369,6 +389,26 @@ def test_waits_while_the_loader_lock_is_held(ib, targets):
         "that does not return)" % (t.pid, t.pid))
     assert "libinject.so" not in t.maps()
     assert t.finish() == ("dlopen ok\n", 0)
+
+
+def test_one_deadline_for_the_search_and_the_calls(ib, targets):
+    """mmleak_inject_call_within: the search and the calls end by one deadline.  The loader's
+    lock is held 2 s (main in a library constructor), so the search takes 2 s; the call then
+    sleeps 60 s: abandoned 3 s after the start (the total), where mmleak_inject_call gives
+    its calls a timeout of their own (5 s in all).  The target carries on."""
+    t = targets([ib["target"], "ctor", ib["libslowctor.so"], "6"],
+                env={"SLOWCTOR_SECONDS": "2"})
+    t.wait_syscall(NR_CLOCK_NANOSLEEP, NR_NANOSLEEP)   # main: in the constructor's sleep
+    start = time.monotonic()
+    rc, res, err = inject_within(t.pid, ib["libinject.so"], "inject_sleep", "60", 2600, 3000)
+    took = time.monotonic() - start
+    assert (rc, res) == (ECALL, 0), err
+    assert re.fullmatch(
+        r"inject_sleep did not return within the timeout in thread \d+ of %d: the call was "
+        r"abandoned and the thread put back where it was, but %d may hold locks the call took"
+        % (t.pid, t.pid), err), err
+    assert 1.9 < took < 3.0 + 1.0, took
+    assert t.finish(timeout=20) == ("dlopen ok\n", 0)
 
 
 def test_dlopen_error_comes_back(ib, targets, tmp_path):

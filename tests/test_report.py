@@ -9,7 +9,6 @@ the inline script clicks column headers, checks the order, filters, counts the S
 writes the verdict into document.title and a hidden <pre>, which --dump-dom shows).
 """
 import html.parser
-import importlib.util
 import os
 import random
 import re
@@ -37,16 +36,9 @@ SECONDS, THREADS = 2, 3
 TICKS = 10 * SECONDS
 
 
-def load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from conftest import mmleak, script  # noqa: E402 (the package, and the scripts by name)
 
-
-mmleak = load("mmleak", MMLEAK)
-panda = load("mmleak_panda", PANDA)
+panda = script("mmleak-panda.py")
 
 
 def marker_line(tag):

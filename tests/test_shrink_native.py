@@ -24,8 +24,8 @@ ENGINES = ("python", "native")
 @pytest.fixture(scope="module", autouse=True)
 def native_available(lib):
     """mmleak.so is built (the `lib` fixture runs make); the compiled path must be there."""
-    mmleak._native = None
-    assert mmleak._native_engine() is not None, mmleak._native_why
+    mmleak.native._native = None
+    assert mmleak.native._native_engine() is not None, mmleak.native._native_why
 
 
 class NativeFeedShrinker(mmleak.Shrinker):
@@ -50,7 +50,7 @@ def shrink_engine(request, monkeypatch):
     monkeypatch.setenv("MMLEAK_SHRINK", request.param)
     if request.param == "native":
         monkeypatch.setattr(test_shrink, "shrink_lines", native_shrink_lines)
-        monkeypatch.setattr(mmleak, "Shrinker", NativeFeedShrinker)
+        monkeypatch.setattr(mmleak.shrink, "Shrinker", NativeFeedShrinker)
     return request.param
 
 
@@ -280,11 +280,9 @@ def test_loading_the_library_does_not_trace(tmp_path):
     """ctypes loads mmleak.so into the Python process: the tracer must stay off."""
     d = tmp_path / "d"
     d.mkdir()
-    code = ("import importlib.util; s = importlib.util.spec_from_file_location('m', %r); "
-            "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); "
+    code = ("import sys; sys.path.insert(0, %r); from mmleaklib import native as m; "
             "assert m._native_engine() is not None, m._native_why; "
-            "x = [bytearray(100) for _ in range(1000)]; print('ok')"
-            % os.path.join(ROOT, "mmleak.py"))
+            "x = [bytearray(100) for _ in range(1000)]; print('ok')" % ROOT)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env=dict(os.environ, MMLEAK_DIR=str(d)))
     assert r.stdout == "ok\n", r.stderr

@@ -529,6 +529,22 @@ static inline void to_bracket(struct run *r, char **l, uint32_t *n)
     *n = (uint32_t)k;
 }
 
+/* A hull end (its line L, length LEN, number SEQ, kind K) replaced by the event P (N bytes
+ * kept: the line, or its PTR field for a bracket), number S. */
+static inline void new_end(struct run *r, char **l, uint32_t *len, uint64_t *seq, uint8_t *k,
+                           const char *p, size_t n, uint64_t s, int kind)
+{
+    uint32_t nn;
+    char *c = store(r, p, n, &nn);
+    if (!c)
+        return;
+    slab_free(&r->mem, *l, *len);
+    *l = c;
+    *len = nn;
+    *seq = s;
+    *k = (uint8_t)kind;
+}
+
 static void dup_event(struct run *r, int file, uint64_t lineno)
 {
     problem(r, file, lineno, Q_DUPLICATE, NULL, 0);
@@ -605,27 +621,11 @@ static inline void event(struct run *r, int file, uint64_t lineno, const char *p
             to_bracket(r, &e->l1, &e->n1);
         return;
     }
-    if (s < e->s0) {
-        uint32_t nn;
-        char *c = store(r, p, kind == K_FREE ? n : ptr_len(p), &nn);
-        if (!c)
-            return;
-        slab_free(&r->mem, e->l0, e->n0);
-        e->l0 = c;
-        e->n0 = nn;
-        e->s0 = s;
-        e->k0 = (uint8_t)kind;
-    } else if (s > e->s1) {
-        uint32_t nn;
-        char *c = store(r, p, kind == K_ALLOC ? n : ptr_len(p), &nn);
-        if (!c)
-            return;
-        slab_free(&r->mem, e->l1, e->n1);
-        e->l1 = c;
-        e->n1 = nn;
-        e->s1 = s;
-        e->k1 = (uint8_t)kind;
-    } else if (s == e->s0 || s == e->s1) {
+    if (s < e->s0)
+        new_end(r, &e->l0, &e->n0, &e->s0, &e->k0, p, kind == K_FREE ? n : ptr_len(p), s, kind);
+    else if (s > e->s1)
+        new_end(r, &e->l1, &e->n1, &e->s1, &e->k1, p, kind == K_ALLOC ? n : ptr_len(p), s, kind);
+    else if (s == e->s0 || s == e->s1) {
         dup_event(r, file, lineno);
     }
 }

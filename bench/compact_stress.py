@@ -28,7 +28,6 @@ inconclusive, counted apart.
 """
 import argparse
 import collections
-import importlib.util
 import os
 import random
 import re
@@ -45,15 +44,8 @@ MMLEAK = [PY, os.path.join(ROOT, "mmleak.py")]
 LIB = os.path.join(ROOT, "mmleak.so")
 
 
-def load_mmleak():
-    spec = importlib.util.spec_from_file_location("mmleak", os.path.join(ROOT, "mmleak.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["mmleak"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-mm = load_mmleak()
+sys.path.insert(0, ROOT)
+import mmleaklib as mm  # noqa: E402 (the package, beside this tree's mmleak.py)
 BAD_WORDS = ("twice", "cannot read", "malformed", "Traceback", "INCOMPLETE")
 
 
@@ -325,7 +317,7 @@ def one_round(i, rnd, base, exe, log):
             errors.append("trace %s: foreign frees differ (%d vs %d)" % (t, len(ff), len(tff)))
         if ev != tev:
             errors.append("trace %s: %d events counted, the trace has %d" % (t, ev, tev))
-        pts, _ = mm.read_series(mm.series_path(dump, t))
+        pts, _ = mm.read_series(mm.TraceFiles(dump, t).series)
         live = (sum(v[0] for v in ts.values()), len(ts))
         if not pts:
             errors.append("trace %s: no series" % t)

@@ -11,7 +11,6 @@ time of each step, the files' sizes and this process's peak RSS are printed.
     bench/export.py [--blocks N] [--stacks N] [--depth N] [--dir DIR]
 """
 import argparse
-import importlib.util
 import os
 import random
 import resource
@@ -22,14 +21,6 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def load(name, filename):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, filename))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--blocks", type=int, default=1000000)
@@ -37,8 +28,9 @@ def main():
     ap.add_argument("--depth", type=int, default=16)
     ap.add_argument("--dir", help="where the files go (default: a temporary directory)")
     a = ap.parse_args()
-    mm = load("mmleak", "mmleak.py")
-    mx = load("mmleak_export", "mmleak_export.py")
+    sys.path.insert(0, ROOT)
+    import mmleaklib as mm
+    from mmleaklib import export as mx
     rnd = random.Random(1)
     addrs = [0x400000 + 16 * i for i in range(20000)]
     frames = {x: mm.Frame(x, "prog", x - 0x400000, "fn%d" % (x % 977), "/src/f%d.c" % (x % 13),

@@ -37,12 +37,9 @@ def build():
 
 
 def binding(lib):
-    dll = ctypes.CDLL(lib)
-    fn = dll.mmleak_inject_call
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int,
-                   ctypes.POINTER(ctypes.c_long), ctypes.c_char_p, ctypes.c_size_t]
-    fn.restype = ctypes.c_int
-    return fn
+    sys.path.insert(0, ROOT)
+    from mmleaklib.native import inject_call
+    return inject_call(lib)
 
 
 def start(argv):

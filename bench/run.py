@@ -1094,16 +1094,13 @@ def mmleak_cli(args):
 
 
 def mmleak_module():
-    """mmleak.py imported as a module, for its injector binding (the call alone, without the
+    """mmleaklib's attach module, for its injector binding (the call alone, without the
     start of a Python process), or None."""
     os.environ["MMLEAK_LIB"] = LIB
     sys.path.insert(0, ROOT)
     try:
-        import importlib.util
-        spec = importlib.util.spec_from_file_location("mmleak_bench", MMLEAK_PY)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod if hasattr(mod, "_inject") else None
+        from mmleaklib import attach
+        return attach
     except Exception:  # noqa: BLE001 - the part inside the process is optional
         return None
     finally:

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, TESTS, mmleak
+from conftest import PYTHON_SIDE, ROOT, TESTS, mmleak
 
 CLI = os.path.join(TESTS, "inject_cli.py")
 ABI = 1
@@ -62,13 +62,8 @@ def inject(pid, lib, func, arg=None, timeout_ms=5000):
     """mmleak_inject_call in this process: (code, result, err)."""
     global _fn
     if _fn is None:
-        dll = ctypes.CDLL(os.path.join(ROOT, "mmleak.so"))
-        assert dll.mmleak_inject_abi() == ABI
-        _fn = dll.mmleak_inject_call
-        _fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
-                        ctypes.c_int, ctypes.POINTER(ctypes.c_long), ctypes.c_char_p,
-                        ctypes.c_size_t]
-        _fn.restype = ctypes.c_int
+        assert mmleak.native.INJECT_ABI == ABI
+        _fn = mmleak.native.inject_call()       # it checks the library's ABI
     res = ctypes.c_long(0)
     err = ctypes.create_string_buffer(1024)
     enc = lambda s: None if s is None else s.encode()
@@ -491,6 +486,10 @@ def nobody_dir(ib):
         for f in (os.path.join(ROOT, "mmleak.so"), CLI, ib["target"], ib["libinject.so"]):
             shutil.copy(f, d)
             os.chmod(os.path.join(d, os.path.basename(f)), 0o755)
+        for f in PYTHON_SIDE:               # the CLI's binding (mmleaklib.native)
+            os.makedirs(os.path.join(d, os.path.dirname(f)), mode=0o755, exist_ok=True)
+            shutil.copy(os.path.join(ROOT, f), os.path.join(d, f))
+            os.chmod(os.path.join(d, f), 0o644)
         yield d
     finally:
         shutil.rmtree(d)

@@ -544,3 +544,46 @@ def test_empty_input(tmp_path):
     assert p.returncode == 0, p.stderr
     text = p.stdout.decode()
     assert headline(text) == (0, 0) and "No leaks" in text
+
+
+def terminal_sites(stdout):
+    """The call sites `mmleak.py report` prints: [(bytes, blocks, label)] in its order."""
+    lines = stdout.splitlines()
+    head = next(i for i, l in enumerate(lines) if l.split()[:3] == ["bytes", "blocks", "call"])
+    out = []
+    for line in lines[head + 1:]:
+        m = re.match(r"^  +(\d+) +(\d+)  (.*?)(?:  \[[^]]*\])?$", line)
+        if not m:
+            break
+        out.append((int(m.group(1)), int(m.group(2)), m.group(3)))
+    return out
+
+
+def page_sites(rows):
+    """The same of the page's table: its label is the terminal's (frame_label: 'function at
+    file:line', 'function at module+offset', or the module and offset alone)."""
+    def label(r):
+        if r["loc"]:
+            return "%s at %s" % (r["func"], r["loc"])
+        return "%s at %s" % (r["func"], r["mod"]) if r["mod"] and r["func"] != r["mod"] \
+            else r["func"]
+    return [(r["bytes"], r["blocks"], label(r)) for r in rows]
+
+
+@pytest.mark.parametrize("depth,args", [(1, []), (4, []), (4, ["--depth", "1"])])
+def test_terminal_and_page_name_the_same_sites(leaky, tmp_path, depth, args):
+    """make demo's program (tests/demo_leaky.cpp): `mmleak.py report` prints, and its page
+    shows, the same call sites with the same bytes and blocks, in the same order (one table:
+    report.site_table), also when --depth cuts the trace's stacks."""
+    d, exe, runs = leaky
+    dumps, pid = runs[depth]
+    out = str(tmp_path / "r.html")
+    p = subprocess.run([PY, MMLEAK, "report", dumps, "--pid", pid, "-o", out, "--top", "1000"]
+                       + args, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    terminal = terminal_sites(p.stdout)
+    rows, text = table(out)
+    assert page_sites(rows) == terminal
+    own = {l.split(" at ")[0] for _, _, l in terminal if "demo_leaky.cpp:" in l}
+    assert own >= {"load_config", "Worker::handle(int)", "grow_log"}, own
+    assert headline(text) == (sum(t[0] for t in terminal), sum(t[1] for t in terminal))

@@ -178,12 +178,8 @@ class Readers(threading.Thread):
             truth = self.truth
             if self.rnd.random() < 0.7:
                 out = os.path.join(self.scratch, "snap%d" % (n % 4))
-                r = subprocess.run(MMLEAK + ["snapshot", self.dump, "--pid", tid, "-o", out],
-                                   capture_output=True)
-                self.reads += 1
-                err = r.stderr.decode(errors="replace")
-                if r.returncode != 0 or any(w in err for w in BAD_WORDS):
-                    self.errors.append("snapshot %s: exit %d: %s" % (tid, r.returncode, err[-400:]))
+                r = self.read("snapshot", tid, "-o", out)
+                if r is None:
                     continue
                 if truth is not None and tid in truth:
                     got = {k: (a.size, a.callers) for k, a in mm.baseline_blocks(out).items()}
@@ -193,12 +189,8 @@ class Readers(threading.Thread):
                     else:
                         self.exact += 1
             else:
-                r = subprocess.run(MMLEAK + ["report", self.dump, "--pid", tid, "--no-html"],
-                                   capture_output=True)
-                self.reads += 1
-                err = r.stderr.decode(errors="replace")
-                if r.returncode != 0 or any(w in err for w in BAD_WORDS):
-                    self.errors.append("report %s: exit %d: %s" % (tid, r.returncode, err[-400:]))
+                r = self.read("report", tid, "--no-html")
+                if r is None:
                     continue
                 if truth is not None and tid in truth:
                     m = re.search(rb"in (\d+) blocks not freed", r.stdout)
@@ -207,6 +199,17 @@ class Readers(threading.Thread):
                                            % (tid, m and m.group(0), len(truth[tid])))
                     else:
                         self.exact += 1
+
+    def read(self, command, tid, *args):
+        """`mmleak.py COMMAND DUMP --pid TID ARGS`: its result, or None (an error noted)."""
+        r = subprocess.run(MMLEAK + [command, self.dump, "--pid", tid] + list(args),
+                           capture_output=True)
+        self.reads += 1
+        err = r.stderr.decode(errors="replace")
+        if r.returncode != 0 or any(w in err for w in BAD_WORDS):
+            self.errors.append("%s %s: exit %d: %s" % (command, tid, r.returncode, err[-400:]))
+            return None
+        return r
 
 
 def whole(directory, tid):

@@ -1020,29 +1020,16 @@ def render_dropin(unit, lib_raw, ddir, depth, rotate, rwp, created, companion, p
 
 # The companion's sandbox: it reads and deletes files in DDIR, writes mmleak.ID.compact,
 # .series and .lock there, reads /proc/PID/stat of the traced process, and nothing else.
-COMPANION_SANDBOX = """\
-NoNewPrivileges=yes
-PrivateTmp=yes
-PrivateDevices=yes
-PrivateNetwork=yes
-ProtectSystem=strict
-ProtectHome={home}
-ProtectKernelTunables=yes
-ProtectKernelModules=yes
-ProtectKernelLogs=yes
-ProtectControlGroups=yes
-ProtectClock=yes
-ProtectHostname=yes
-RestrictAddressFamilies=AF_UNIX
-RestrictNamespaces=yes
-RestrictRealtime=yes
-RestrictSUIDSGID=yes
-LockPersonality=yes
-MemoryDenyWriteExecute=yes
-SystemCallArchitectures=native
-SystemCallFilter=@system-service
-SystemCallErrorNumber=EPERM
-CapabilityBoundingSet={caps}"""
+COMPANION_SANDBOX = (
+    ("NoNewPrivileges", "yes"), ("PrivateTmp", "yes"), ("PrivateDevices", "yes"),
+    ("PrivateNetwork", "yes"), ("ProtectSystem", "strict"), ("ProtectHome", "{home}"),
+    ("ProtectKernelTunables", "yes"), ("ProtectKernelModules", "yes"),
+    ("ProtectKernelLogs", "yes"), ("ProtectControlGroups", "yes"), ("ProtectClock", "yes"),
+    ("ProtectHostname", "yes"), ("RestrictAddressFamilies", "AF_UNIX"),
+    ("RestrictNamespaces", "yes"), ("RestrictRealtime", "yes"), ("RestrictSUIDSGID", "yes"),
+    ("LockPersonality", "yes"), ("MemoryDenyWriteExecute", "yes"),
+    ("SystemCallArchitectures", "native"), ("SystemCallFilter", "@system-service"),
+    ("SystemCallErrorNumber", "EPERM"), ("CapabilityBoundingSet", "{caps}"))
 
 
 def describe_cred(cred):
@@ -1099,9 +1086,9 @@ def render_companion(unit, ddir, cred):
         "TimeoutStopSec=5min",
         "UMask=0077",
     ]
-    lines += [l for l in COMPANION_SANDBOX.format(
-        home=home, caps="CAP_DAC_OVERRIDE CAP_FOWNER" if root else "").split("\n")
-        if not (in_tmp and l == "PrivateTmp=yes")]
+    lines += ["%s=%s" % (k, v.format(home=home, caps="CAP_DAC_OVERRIDE CAP_FOWNER" if root
+                                     else "")) for k, v in COMPANION_SANDBOX
+              if not (in_tmp and k == "PrivateTmp")]
     if cred["statedir"]:
         lines.append("StateDirectory=%s" % quote_path(cred["statedir"]))
     else:

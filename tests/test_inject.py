@@ -402,6 +402,15 @@ def test_call_that_does_not_return_is_abandoned(ib, targets):
     assert t.finish(timeout=20) == ("nanosleep 0 0 slept_enough\n", 0)
 
 
+def wait_status(pid, text, tries=200):
+    """Until /proc/PID/status says TEXT (TRIES times 10 ms at most)."""
+    for _ in range(tries):
+        with open("/proc/%d/status" % pid) as f:
+            if text in f.read():
+                return
+        time.sleep(0.01)
+
+
 def test_no_such_process(ib):
     with open("/proc/sys/kernel/pid_max") as f:
         pid = int(f.read()) + 1
@@ -411,11 +420,7 @@ def test_no_such_process(ib):
 
 def test_zombie(ib):
     p = subprocess.Popen(["true"])
-    for _ in range(200):
-        with open("/proc/%d/status" % p.pid) as f:
-            if "State:\tZ" in f.read():
-                break
-        time.sleep(0.01)
+    wait_status(p.pid, "State:\tZ")
     assert inject(p.pid, ib["libinject.so"], "inject_record", "x") == (
         ESRCH, 0, "%d is a zombie: it exited and was not reaped" % p.pid)
     assert p.wait() == 0    # its exit status is still ours to collect
@@ -441,11 +446,7 @@ def test_static_binary_is_refused(ib, targets):
 def test_stopped_process_is_refused_and_stays_stopped(ib, targets):
     t = targets([ib["target"], "sleep", "1"])
     os.kill(t.pid, signal.SIGSTOP)
-    for _ in range(200):
-        with open("/proc/%d/status" % t.pid) as f:
-            if "State:\tT" in f.read():
-                break
-        time.sleep(0.01)
+    wait_status(t.pid, "State:\tT")
     assert inject(t.pid, ib["libinject.so"], "inject_record", "x") == (
         EBUSY, 0, "%d is stopped (state T): resume it first (kill -CONT %d)" % (t.pid, t.pid))
     time.sleep(0.1)
@@ -461,11 +462,7 @@ def test_traced_process_is_refused(ib, targets):
     t = targets([ib["target"], "sleep", "2"])
     s = subprocess.Popen(["strace", "-q", "-o", "/dev/null", "-p", str(t.pid)])
     try:
-        for _ in range(500):
-            with open("/proc/%d/status" % t.pid) as f:
-                if "TracerPid:\t%d\n" % s.pid in f.read():
-                    break
-            time.sleep(0.01)
+        wait_status(t.pid, "TracerPid:\t%d\n" % s.pid, tries=500)
         assert inject(t.pid, ib["libinject.so"], "inject_record", "x") == (
             EPERM, 0, "%d is being traced by another process (%d strace)" % (t.pid, s.pid))
     finally:

@@ -122,18 +122,19 @@ def headline(text):
 # A real traced program
 # ---------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def leaky(tmp_path_factory):
+def demo_traces(tmp_path_factory, name, depths):
+    """tests/demo_leaky.cpp built and traced once per MMLEAK_DEPTH in DEPTHS: (directory,
+    executable, {depth: (dump directory, trace id)})."""
     for tool in ("g++", "eu-addr2line", "make"):
         if not shutil.which(tool):
             pytest.fail("%s is needed for this test (apt-get install g++ elfutils make)" % tool)
     if subprocess.run(["make", "-s", "-C", REPO, "mmleak.so"]).returncode:
         pytest.fail("make mmleak.so failed")
-    d = tmp_path_factory.mktemp("leaky")
+    d = tmp_path_factory.mktemp(name)
     exe = str(d / "demo_leaky")
     subprocess.run(["g++", "-O0", "-g", "-pthread", "-o", exe, SRC], check=True)
     runs = {}
-    for depth in (1, 4):
+    for depth in depths:
         dumps = d / ("dumps%d" % depth)
         dumps.mkdir()
         env = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dumps), MMLEAK_DEPTH=str(depth))
@@ -144,6 +145,22 @@ def leaky(tmp_path_factory):
         assert len(traces) == 1, traces
         runs[depth] = (str(dumps), next(iter(traces)))
     return d, exe, runs
+
+
+@pytest.fixture(scope="module")
+def leaky(tmp_path_factory):
+    return demo_traces(tmp_path_factory, "leaky", (1, 4))
+
+
+def report_page(leaky, depth, out, *args):
+    """`mmleak.py report` of the depth DEPTH trace of LEAKY with its page at OUT: (the
+    process, dump directory, trace id)."""
+    d, exe, runs = leaky
+    dumps, pid = runs[depth]
+    p = subprocess.run([PY, MMLEAK, "report", dumps, "--pid", pid, "-o", out] + list(args),
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    return p, dumps, pid
 
 
 def own_rows(rows):
@@ -166,12 +183,8 @@ def check_rows(rows, expected):
 
 
 def test_report_real_program_depth1(leaky, tmp_path):
-    d, exe, runs = leaky
-    dumps, pid = runs[1]
     out = str(tmp_path / "r.html")
-    p = subprocess.run([PY, MMLEAK, "report", dumps, "--pid", pid, "-o", out],
-                       capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
+    p, dumps, pid = report_page(leaky, 1, out)
     assert "HTML report: %s" % out in p.stdout
     rows, text = table(out)
     check_rows(rows, EXPECTED_D1)
@@ -197,12 +210,8 @@ def test_report_real_program_depth1(leaky, tmp_path):
 
 
 def test_report_real_program_depth4_wrappers(leaky, tmp_path):
-    d, exe, runs = leaky
-    dumps, pid = runs[4]
     out = str(tmp_path / "r4.html")
-    p = subprocess.run([PY, MMLEAK, "report", dumps, "--pid", pid, "-o", out],
-                       capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
+    p, dumps, pid = report_page(leaky, 4, out)
     rows, text = table(out)
     own = check_rows(rows, EXPECTED_D4)
     assert "via xmalloc" in text
@@ -575,12 +584,8 @@ def test_terminal_and_page_name_the_same_sites(leaky, tmp_path, depth, args):
     """make demo's program (tests/demo_leaky.cpp): `mmleak.py report` prints, and its page
     shows, the same call sites with the same bytes and blocks, in the same order (one table:
     report.site_table), also when --depth cuts the trace's stacks."""
-    d, exe, runs = leaky
-    dumps, pid = runs[depth]
     out = str(tmp_path / "r.html")
-    p = subprocess.run([PY, MMLEAK, "report", dumps, "--pid", pid, "-o", out, "--top", "1000"]
-                       + args, capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
+    p, _, _ = report_page(leaky, depth, out, "--top", "1000", *args)
     terminal = terminal_sites(p.stdout)
     rows, text = table(out)
     assert page_sites(rows) == terminal

@@ -169,14 +169,8 @@ def mutate(rnd, data):
     for _ in range(rnd.randrange(1, 25)):
         op = rnd.randrange(7)
         i = rnd.randrange(len(data) + 1)
-        if op == 0:
-            data[i:i] = bytes(rnd.randrange(256) for _ in range(rnd.randrange(1, 30)))
-        elif op == 1:
-            del data[i:i + rnd.randrange(1, 50)]
-        elif op == 2:
-            data[i:i] = b"\0" * rnd.randrange(1, 100)
-        elif op == 3:
-            data = data[:i]
+        if op < 4:
+            data = test_shrink.damage(rnd, data, op, i)
         elif op == 4:
             j = data.rfind(b"\n", 0, i) + 1
             data[j:j] = rnd.choice(pieces)

@@ -380,6 +380,17 @@ static inline const char *hexf(const char *p, uint64_t *v)
     return p;
 }
 
+/* A field (hexf) at *P and what ends it: 1 the newline, 0 a space (*P then past it), -1
+ * anything else, or no field. */
+static inline int field(const char **p, uint64_t *v)
+{
+    const char *q = hexf(*p, v);
+    if (!q || (*q != ' ' && *q != '\n'))
+        return -1;
+    *p = q + 1;
+    return *q == '\n';
+}
+
 /* EVENT_RE.fullmatch on a line that ends with its newline.  Returns the kind or -1. */
 static inline int parse_line(const char *p, uint64_t *ptr, uint64_t *seq, uint64_t *tm)
 {
@@ -395,29 +406,20 @@ static inline int parse_line(const char *p, uint64_t *ptr, uint64_t *seq, uint64
         int k = *q == '+' ? K_START : K_END;
         return q[1] == '\n' ? k : -1;
     }
-    q = hexf(q, &c);
-    if (!q)
-        return -1;
-    if (*q == '\n')
-        return K_FREE;
-    if (*q != ' ')
-        return -1;
-    q = hexf(q + 1, tm);
+    int end = field(&q, &c);
+    if (end)
+        return end > 0 ? K_FREE : -1;
+    q = hexf(q, tm);
     if (!q || *q != ' ')
         return -1;
     if (q[1] == '@') {      /* format 2: a reference to a "#s" stack line */
         q = hexf(q + 2, &c);
         return q && *q == '\n' ? K_ALLOC : -1;
     }
-    for (;;) {
-        q = hexf(q + 1, &c);
-        if (!q)
-            return -1;
-        if (*q == '\n')
-            return K_ALLOC;
-        if (*q != ' ')
-            return -1;
-    }
+    q++;
+    while (!(end = field(&q, &c)))
+        ;
+    return end > 0 ? K_ALLOC : -1;
 }
 
 /* A problem WHAT at LINENO, the line's first bytes at P (N of them, at most HEAD used). */

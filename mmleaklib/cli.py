@@ -376,7 +376,7 @@ def cmd_report(args):
         report.write_csv(rep, args.csv)
         sys.stdout.write("CSV: %s\n" % args.csv)
     exported = report.write_exports(rep, args)
-    out = args.output or os.path.join(args.dir, "mmleak.%s.html" % rep["trace"])
+    out = args.output or files.TraceFiles(args.dir, rep["trace"]).html
     if not args.no_html and not write_page(rep, out):
         return EXIT_INPUT
     if not exported:
@@ -404,6 +404,9 @@ def write_page(rep, out):
         return True
     try:
         panda.render_report(rep, out)
+    except ImportError as e:            # pandas and matplotlib are imported when drawing
+        warn("no HTML report: %s (install python3-pandas and python3-matplotlib)" % e)
+        return True
     except OSError as e:
         warn("cannot write %s: %s" % (out, e.strerror or e))
         return False

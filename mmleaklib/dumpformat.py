@@ -7,12 +7,11 @@ import re
 import stat
 
 from .errors import warn
-
+from .facts import LINE_MAX
 
 # Reading in bounded memory, whatever a file holds (README.rst, "The dump format"): a line
 # longer than LINE_MAX is reported, not kept; a run of NUL bytes (padding; a hole a crash left
 # in the file) ends the text before it, and holes are skipped without being read.
-from .facts import LINE_MAX  # noqa: E402 (the longest line a reader keeps)
 _CHUNK = 1 << 20                    # never more than LINE_MAX (see dump_lines)
 _NULS_RE = re.compile(rb"\0+")
 _ENDS_RE = re.compile(rb"[\n\0]")

@@ -1,7 +1,6 @@
 """Shrink (README.rst, "Shrinking"): the reference engine, Shrinker; the compiled one is
 native.py's, and gives the same bytes.
 
-
 Events of one address P are totally ordered by SEQ.  In the true history they alternate
 alloc, free, alloc, free...; what matters at the end is only the first and the last event
 of P: a last event that is an allocation is a block still alive (a survivor), a first

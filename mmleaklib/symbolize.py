@@ -9,7 +9,7 @@ import tempfile
 
 from .errors import Refused, refuse
 from .facts import RUNTIME_SOURCES
-from .files import read_lines
+from .files import loads_of, read_lines
 
 
 # ------------------------------------------------------------ end of compiled shrink path
@@ -146,7 +146,7 @@ class Symbolizer:
         that inlined it (see program_level); False: the innermost location, as it is."""
         self.program_lines = program_lines
         self.maps = Maps(maps_path)
-        loads = maps_path[:-5] + ".loads" if maps_path.endswith(".maps") else None
+        loads = loads_of(maps_path)
         try:
             self.loads = Loads(loads) if loads and os.path.lexists(loads) else None
         except Refused as e:

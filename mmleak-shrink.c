@@ -839,9 +839,12 @@ static int cmp_ent(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static void put_bracket(struct obuf *o, const char *ptr, size_t n, uint64_t s, char sign)
+/* A hull end: its line, or (EVENT 0) its bracket "PTR SEQ SIGN" (L holds only the PTR). */
+static void put_end(struct obuf *o, const char *l, size_t n, uint64_t s, char sign, int event)
 {
-    ob_put(o, ptr, n);
+    ob_put(o, l, n);
+    if (event)
+        return;
     ob_put(o, " ", 1);
     ob_u(o, s, 16);
     char t[2] = { ' ', sign };
@@ -871,17 +874,11 @@ static void write_state(struct run *r, struct obuf *o, int final)
             continue;
         }
         if (e->k0 == K_FREE || !final) {
-            if (e->k0 == K_FREE)
-                ob_put(o, e->l0, e->n0);
-            else
-                put_bracket(o, e->l0, e->n0, e->s0, '+');
+            put_end(o, e->l0, e->n0, e->s0, '+', e->k0 == K_FREE);
             lines++;
         }
         if (e->k1 == K_ALLOC || !final) {
-            if (e->k1 == K_ALLOC)
-                ob_put(o, e->l1, e->n1);
-            else
-                put_bracket(o, e->l1, e->n1, e->s1, '-');
+            put_end(o, e->l1, e->n1, e->s1, '-', e->k1 == K_ALLOC);
             lines++;
             allocs += e->k1 == K_ALLOC;
         }

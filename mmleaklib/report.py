@@ -315,7 +315,7 @@ def _write_csv(rep, sites, path):
 
 
 def export_model(rep, mx, allocator_frames=False, blocks=False):
-    """The report REP as the model of mmleak_export (module MX): one stack per distinct
+    """The report REP as the model of export.py (module MX): one stack per distinct
     stack of the survivors (and kind, when the report knows blocks' kinds: rep["kind_of"],
     a function of an Alloc), ending at the call site the report names unless
     ALLOCATOR_FRAMES (then down to the allocator's caller); the mappings its frames are in,

@@ -12,8 +12,8 @@ CFLAGS_LIB = -std=gnu11 -Wall -Wextra -Werror -fPIC -fvisibility=hidden -fexcept
 LIBDIR  = $(PREFIX)/lib/mmleak
 BINDIR  = $(PREFIX)/bin
 SCRIPTS = mmleak.py mmleak-panda.py mmleak-install.py
-# modules mmleak.py loads from its own directory (report's exports)
-MODULES = mmleak_export.py
+# the Python package the scripts import (standard library only), installed beside them
+PACKAGE = $(wildcard mmleaklib/*.py)
 
 all: mmleak.so
 
@@ -35,18 +35,22 @@ bench: all
 demo: all
 	$(PYTHON) tests/demo.py
 
+# The scripts and their package go together in LIBDIR (a script finds the package beside
+# itself); BINDIR gets a relative symbolic link to each script.
 install: all
-	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(BINDIR)
+	install -d $(DESTDIR)$(LIBDIR)/mmleaklib $(DESTDIR)$(BINDIR)
 	install -m 0644 mmleak.so $(DESTDIR)$(LIBDIR)/mmleak.so
-	for s in $(SCRIPTS); do [ -f $$s ] && install -m 0755 $$s $(DESTDIR)$(BINDIR)/$$s; done; true
-	install -m 0644 $(MODULES) $(DESTDIR)$(BINDIR)/
+	install -m 0644 $(PACKAGE) $(DESTDIR)$(LIBDIR)/mmleaklib/
+	for s in $(SCRIPTS); do install -m 0755 $$s $(DESTDIR)$(LIBDIR)/$$s && \
+	    ln -sfr $(DESTDIR)$(LIBDIR)/$$s $(DESTDIR)$(BINDIR)/$$s || exit 1; done
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/mmleak.so
+	rm -rf $(DESTDIR)$(LIBDIR)/mmleaklib
+	for s in $(SCRIPTS); do rm -f $(DESTDIR)$(LIBDIR)/$$s $(DESTDIR)$(BINDIR)/$$s; done
 	-rmdir $(DESTDIR)$(LIBDIR)
-	for s in $(SCRIPTS) $(MODULES); do rm -f $(DESTDIR)$(BINDIR)/$$s; done
 
 clean:
-	rm -rf mmleak.so tests/bin bench/out demo __pycache__ tests/__pycache__
+	rm -rf mmleak.so tests/bin bench/out demo __pycache__ tests/__pycache__ mmleaklib/__pycache__
 
 .PHONY: all check bench demo install uninstall clean

@@ -4,7 +4,7 @@ costs the target and the caller.
 
     /usr/bin/python3 bench/inject.py [--runs N] [--lib PATH]
 
-Injects mmleak.so (dlopen, dlsym, then a call of the trivial mmleak_shrink_abi) into:
+Injects mmleak.so (dlopen, dlsym, then a call of the trivial mmleak_state) into:
   idle     tests/inject_target.c `sleep` (one thread in nanosleep);
   busy-1   tests/inject_target.c `threads 1` (one thread in malloc/free all the time);
   busy-4   tests/inject_target.c `threads 4` (4 threads, main included, in malloc/free all
@@ -39,14 +39,9 @@ def build():
 
 
 def binding(lib):
-    """The injector, and what the function it calls in the target returns (this library's
-    own answer)."""
-    dll = ctypes.CDLL(lib)
-    fn = dll.mmleak_inject_call
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int,
-                   ctypes.POINTER(ctypes.c_long), ctypes.c_char_p, ctypes.c_size_t]
-    fn.restype = ctypes.c_int
-    return fn, dll.mmleak_shrink_abi()
+    sys.path.insert(0, ROOT)
+    from mmleaklib.native import inject_call
+    return inject_call(lib)
 
 
 def start(argv):
@@ -64,9 +59,9 @@ def one(fn, pid, lib):
     res = ctypes.c_long()
     err = ctypes.create_string_buffer(512)
     t0 = time.perf_counter()
-    rc = fn[0](pid, lib.encode(), b"mmleak_shrink_abi", None, 10000, ctypes.byref(res), err, 512)
+    rc = fn(pid, lib.encode(), b"mmleak_state", None, 10000, ctypes.byref(res), err, 512)
     dt = time.perf_counter() - t0
-    if rc != 0 or res.value != fn[1]:
+    if rc != 0:
         sys.exit("injection into %d failed: %d %s" % (pid, rc, err.value.decode()))
     return dt * 1000
 

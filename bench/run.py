@@ -106,6 +106,19 @@ def dump_files(d):
 BLANK_RE = re.compile(rb"(?m)^ *\n")
 
 
+CHUNK = 1 << 24
+
+
+def chunks(path):
+    """The file PATH in chunks of CHUNK bytes."""
+    with open(path, "rb") as f:
+        while True:
+            buf = f.read(CHUNK)
+            if not buf:
+                return
+            yield buf
+
+
 def count_events(paths):
     """Event lines (lines not starting with '#') in mmleak dump files; NUL padding and blank
     lines (the padding of aligned flushes) ignored."""
@@ -114,20 +127,16 @@ def count_events(paths):
         lines = hashes = blanks = 0
         prev = b"\n"
         last = b"\n"
-        with open(path, "rb") as f:
-            while True:
-                buf = f.read(1 << 24)
-                if not buf:
-                    break
-                buf = buf.rstrip(b"\0") if len(buf) < (1 << 24) else buf
-                if not buf:
-                    break
-                lines += buf.count(b"\n")
-                hashes += buf.count(b"\n#") + (1 if prev == b"\n" and buf[:1] == b"#" else 0)
-                blanks += len(BLANK_RE.findall(buf))
-                if prev != b"\n" and BLANK_RE.match(buf):
-                    blanks -= 1     # the end of a line begun in the previous read
-                prev = last = buf[-1:]
+        for buf in chunks(path):
+            buf = buf.rstrip(b"\0") if len(buf) < CHUNK else buf
+            if not buf:
+                break
+            lines += buf.count(b"\n")
+            hashes += buf.count(b"\n#") + (1 if prev == b"\n" and buf[:1] == b"#" else 0)
+            blanks += len(BLANK_RE.findall(buf))
+            if prev != b"\n" and BLANK_RE.match(buf):
+                blanks -= 1     # the end of a line begun in the previous read
+            prev = last = buf[-1:]
         if last != b"\n":
             lines += 1  # a torn last line still counts as a line (a header has a newline)
         events += lines - hashes - blanks
@@ -146,15 +155,11 @@ def count_stacks(paths):
     ids = set()
     for path in paths:
         rest = b""
-        with open(path, "rb") as f:
-            while True:
-                buf = f.read(1 << 24)
-                if not buf:
-                    break
-                buf = rest + buf
-                cut = buf.rfind(b"\n") + 1
-                rest = buf[cut:]
-                ids.update(STACK_LINE_RE.findall(buf, 0, cut))
+        for buf in chunks(path):
+            buf = rest + buf
+            cut = buf.rfind(b"\n") + 1
+            rest = buf[cut:]
+            ids.update(STACK_LINE_RE.findall(buf, 0, cut))
         ids.update(STACK_LINE_RE.findall(rest))
     return len(ids)
 
@@ -629,13 +634,7 @@ def print_stacks(s):
     hdr = "%-9s %-12s %-9s %7s %4s %8s %8s %8s %8s %7s %6s %9s  %s" % (
         "workload", "tracer", "size", "wall_s", "+-%", "ratio", "ns/event", "ns/ev-cpu",
         "loop-ns", "B/event", "stacks", "events", "note")
-    print(hdr)
-    print("-" * len(hdr))
-    last = None
-    for r in s["rows"]:
-        if last is not None and r["workload"] != last:
-            print()
-        last = r["workload"]
+    for r in table_rows(hdr, s["rows"]):
         if r.get("error"):
             print("%-9s %-12s %-9s FAILED: %s" % (r["workload"], r["tracer"], r["size_arg"], r["error"]))
             continue
@@ -1094,17 +1093,24 @@ def mmleak_cli(args):
     return time.perf_counter() - t0, r.returncode, (r.stdout + r.stderr).decode("utf-8", "replace")
 
 
+def cli_ok(args, how=None):
+    """`mmleak.py ARGS`, which must succeed (RuntimeError otherwise; HOW: said in it): its
+    wall time."""
+    dt, rc, out = mmleak_cli(args)
+    if rc != 0:
+        raise RuntimeError("mmleak.py %s%s: exit %d: %s" % (args[0], " (%s)" % how if how else "",
+                                                            rc, one_line(out)))
+    return dt
+
+
 def mmleak_module():
-    """mmleak.py imported as a module, for its injector binding (the call alone, without the
+    """mmleaklib's attach module, for its injector binding (the call alone, without the
     start of a Python process), or None."""
     os.environ["MMLEAK_LIB"] = LIB
     sys.path.insert(0, ROOT)
     try:
-        import importlib.util
-        spec = importlib.util.spec_from_file_location("mmleak_bench", MMLEAK_PY)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod if hasattr(mod, "_inject") else None
+        from mmleaklib import attach
+        return attach
     except Exception:  # noqa: BLE001 - the part inside the process is optional
         return None
     finally:
@@ -1159,16 +1165,10 @@ def bench_attach(dirs, quick):
         t.window(1.0)   # warm-up, not counted: the first seconds after the heap was made are slower
         for i in range(cycles):
             w["untraced"].append(t.window(win))
-            dt, rc, out = mmleak_cli(["attach", str(t.pid), "-d", ddir])
-            if rc != 0:
-                raise RuntimeError("mmleak.py attach: exit %d: %s" % (rc, one_line(out)))
-            times["attach"].append(dt)
+            times["attach"].append(cli_ok(["attach", str(t.pid), "-d", ddir]))
             time.sleep(ATTACH_SETTLE)
             w["attached-same"].append(t.window(win))
-            dt, rc, out = mmleak_cli(["detach", str(t.pid)])
-            if rc != 0:
-                raise RuntimeError("mmleak.py detach: exit %d: %s" % (rc, one_line(out)))
-            times["detach"].append(dt)
+            times["detach"].append(cli_ok(["detach", str(t.pid)]))
             w["detached"].append(t.window(win))
             res["files_per_window"] = len([x for x in os.listdir(ddir) if x.endswith(".out")])
             reset_dir(ddir)
@@ -1209,9 +1209,7 @@ def bench_attach(dirs, quick):
                 if kind == "attached":
                     t = Target({}, heap)
                     time.sleep(0.5)
-                    dt, rc, out = mmleak_cli(["attach", str(t.pid), "-d", ddir])
-                    if rc != 0:
-                        raise RuntimeError("mmleak.py attach: exit %d: %s" % (rc, one_line(out)))
+                    cli_ok(["attach", str(t.pid), "-d", ddir])
                 else:
                     t = Target({"LD_PRELOAD": LIB, "MMLEAK_DIR": ddir, "MMLEAK_ROTATE_MB": "8"},
                                heap)
@@ -1231,16 +1229,10 @@ def bench_attach(dirs, quick):
         for i in range(cycles):
             w["paused"].append(t.window(win))
         for i in range(cycles):
-            dt, rc, out = mmleak_cli(["attach", str(t.pid), "-d", ddir])
-            if rc != 0:
-                raise RuntimeError("mmleak.py attach (paused): exit %d: %s" % (rc, one_line(out)))
-            times["attach-paused"].append(dt)
+            times["attach-paused"].append(cli_ok(["attach", str(t.pid), "-d", ddir], "paused"))
             time.sleep(ATTACH_SETTLE)
             w["resumed"].append(t.window(win))
-            dt, rc, out = mmleak_cli(["detach", str(t.pid)])
-            if rc != 0:
-                raise RuntimeError("mmleak.py detach (paused): exit %d: %s" % (rc, one_line(out)))
-            times["detach-paused"].append(dt)
+            times["detach-paused"].append(cli_ok(["detach", str(t.pid)], "paused"))
             reset_dir(ddir)
         t.quit()
         # 4. paused again, with every symbol bound at start (LD_BIND_NOW=1): the calls a
@@ -1800,10 +1792,9 @@ def f(v, fmt):
     return "-" if v is None else fmt % v
 
 
-def print_table(rows):
-    hdr = "%-10s %-13s %-14s %7s %4s %8s %8s %8s %7s %8s %6s %9s  %s" % (
-        "workload", "tracer", "size", "wall_s", "+-%", "ratio", "ns/event", "ns/ev-net", "cpu_s",
-        "ns/ev-cpu", "B/event", "events", "note")
+def table_rows(hdr, rows):
+    """Print the header HDR and its rule, then give ROWS back, a blank line printed between
+    two workloads."""
     print(hdr)
     print("-" * len(hdr))
     last = None
@@ -1811,6 +1802,14 @@ def print_table(rows):
         if last is not None and r["workload"] != last:
             print()
         last = r["workload"]
+        yield r
+
+
+def print_table(rows):
+    hdr = "%-10s %-13s %-14s %7s %4s %8s %8s %8s %7s %8s %6s %9s  %s" % (
+        "workload", "tracer", "size", "wall_s", "+-%", "ratio", "ns/event", "ns/ev-net", "cpu_s",
+        "ns/ev-cpu", "B/event", "events", "note")
+    for r in table_rows(hdr, rows):
         if r.get("error"):
             print("%-10s %-13s %-14s FAILED: %s" % (r["workload"], r["tracer"], r["size_arg"], r["error"]))
             continue

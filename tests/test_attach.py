@@ -156,7 +156,7 @@ def got_malloc(pid, exe):
     with open("/proc/%d/maps" % pid) as f:
         maps = [l.split() for l in f if len(l.split()) >= 6]
     libc = [w[5] for w in maps if os.path.basename(w[5]).startswith("libc.so")][0]
-    sym = mmleak._elf_symbol(libc, "malloc")
+    sym = mmleak.attach._elf_symbol(libc, "malloc")
     if value == base_of(pid, libc) + sym[0]:
         return "libc"
     for w in maps:

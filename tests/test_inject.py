@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, TESTS, mmleak
+from conftest import PYTHON_SIDE, ROOT, TESTS, mmleak
 
 CLI = os.path.join(TESTS, "inject_cli.py")
 ABI = 1
@@ -62,13 +62,8 @@ def inject(pid, lib, func, arg=None, timeout_ms=5000):
     """mmleak_inject_call in this process: (code, result, err)."""
     global _fn
     if _fn is None:
-        dll = ctypes.CDLL(os.path.join(ROOT, "mmleak.so"))
-        assert dll.mmleak_inject_abi() == ABI
-        _fn = dll.mmleak_inject_call
-        _fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
-                        ctypes.c_int, ctypes.POINTER(ctypes.c_long), ctypes.c_char_p,
-                        ctypes.c_size_t]
-        _fn.restype = ctypes.c_int
+        assert mmleak.native.INJECT_ABI == ABI
+        _fn = mmleak.native.inject_call()       # it checks the library's ABI
     res = ctypes.c_long(0)
     err = ctypes.create_string_buffer(1024)
     enc = lambda s: None if s is None else s.encode()
@@ -447,6 +442,15 @@ def test_call_that_does_not_return_is_abandoned(ib, targets):
     assert t.finish(timeout=20) == ("nanosleep 0 0 slept_enough\n", 0)
 
 
+def wait_status(pid, text, tries=200):
+    """Until /proc/PID/status says TEXT (TRIES times 10 ms at most)."""
+    for _ in range(tries):
+        with open("/proc/%d/status" % pid) as f:
+            if text in f.read():
+                return
+        time.sleep(0.01)
+
+
 def test_no_such_process(ib):
     with open("/proc/sys/kernel/pid_max") as f:
         pid = int(f.read()) + 1
@@ -456,11 +460,7 @@ def test_no_such_process(ib):
 
 def test_zombie(ib):
     p = subprocess.Popen(["true"])
-    for _ in range(200):
-        with open("/proc/%d/status" % p.pid) as f:
-            if "State:\tZ" in f.read():
-                break
-        time.sleep(0.01)
+    wait_status(p.pid, "State:\tZ")
     assert inject(p.pid, ib["libinject.so"], "inject_record", "x") == (
         ESRCH, 0, "%d is a zombie: it exited and was not reaped" % p.pid)
     assert p.wait() == 0    # its exit status is still ours to collect
@@ -486,11 +486,7 @@ def test_static_binary_is_refused(ib, targets):
 def test_stopped_process_is_refused_and_stays_stopped(ib, targets):
     t = targets([ib["target"], "sleep", "1"])
     os.kill(t.pid, signal.SIGSTOP)
-    for _ in range(200):
-        with open("/proc/%d/status" % t.pid) as f:
-            if "State:\tT" in f.read():
-                break
-        time.sleep(0.01)
+    wait_status(t.pid, "State:\tT")
     assert inject(t.pid, ib["libinject.so"], "inject_record", "x") == (
         EBUSY, 0, "%d is stopped (state T): resume it first (kill -CONT %d)" % (t.pid, t.pid))
     time.sleep(0.1)
@@ -506,11 +502,7 @@ def test_traced_process_is_refused(ib, targets):
     t = targets([ib["target"], "sleep", "2"])
     s = subprocess.Popen(["strace", "-q", "-o", "/dev/null", "-p", str(t.pid)])
     try:
-        for _ in range(500):
-            with open("/proc/%d/status" % t.pid) as f:
-                if "TracerPid:\t%d\n" % s.pid in f.read():
-                    break
-            time.sleep(0.01)
+        wait_status(t.pid, "TracerPid:\t%d\n" % s.pid, tries=500)
         assert inject(t.pid, ib["libinject.so"], "inject_record", "x") == (
             EPERM, 0, "%d is being traced by another process (%d strace)" % (t.pid, s.pid))
     finally:
@@ -531,6 +523,10 @@ def nobody_dir(ib):
         for f in (os.path.join(ROOT, "mmleak.so"), CLI, ib["target"], ib["libinject.so"]):
             shutil.copy(f, d)
             os.chmod(os.path.join(d, os.path.basename(f)), 0o755)
+        for f in PYTHON_SIDE:               # the CLI's binding (mmleaklib.native)
+            os.makedirs(os.path.join(d, os.path.dirname(f)), mode=0o755, exist_ok=True)
+            shutil.copy(os.path.join(ROOT, f), os.path.join(d, f))
+            os.chmod(os.path.join(d, f), 0o644)
         yield d
     finally:
         shutil.rmtree(d)

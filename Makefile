@@ -14,8 +14,8 @@ CFLAGS_LIB = -std=gnu11 -Wall -Wextra -Werror -fPIC -fvisibility=hidden -fexcept
 LIBDIR  = $(PREFIX)/lib/mmleak
 BINDIR  = $(PREFIX)/bin
 SCRIPTS = mmleak.py mmleak-panda.py mmleak-install.py
-# modules mmleak.py loads from its own directory (report's exports)
-MODULES = mmleak_export.py
+# the Python package the scripts import (standard library only), installed beside them
+PACKAGE = $(wildcard mmleaklib/*.py)
 # where the objects (and their -MMD dependency files) and the two libraries go
 B   ?= build
 OUT ?= .
@@ -26,13 +26,21 @@ all: $(OUT)/mmleak.so $(OUT)/mmleak-tools.so
 # (tracer/internal.h lists them and what each owns).
 TRACER_SRCS = mmleak.c $(sort $(wildcard tracer/*.c))
 # mmleak-tools.so: never preloaded; mmleak.py loads it with ctypes, from beside mmleak.so.
-TOOLS_SRCS = tools/shrink.c tools/inject.c
+TOOLS_SRCS = $(sort $(wildcard tools/*.c))
 TRACER_OBJS = $(TRACER_SRCS:%.c=$(B)/%.o)
 TOOLS_OBJS = $(TOOLS_SRCS:%.c=$(B)/%.o)
 
-$(B)/%.o: %.c
+# The facts the C side shares with the Python side (the option table, the runtime objects,
+# the wrapper names, the bounds) are written once, in mmleaklib/facts.py: facts.h is made from
+# it at build time, never by hand.
+GEN = $(B)/gen
+$(GEN)/facts.h: mmleaklib/facts.py
+	@mkdir -p $(GEN)
+	$(PYTHON) -m mmleaklib.facts --c-header > $@.tmp && mv $@.tmp $@
+
+$(B)/%.o: %.c | $(GEN)/facts.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_LIB) $(CFLAGS) -MMD -MP -c -o $@ $<
+	$(CC) $(CFLAGS_LIB) -I$(GEN) $(CFLAGS) -MMD -MP -c -o $@ $<
 
 $(OUT)/mmleak.so: $(TRACER_OBJS)
 	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -Wl,-z,defs -o $@ $(TRACER_OBJS) -ldl -lpthread $(LDFLAGS)
@@ -55,19 +63,23 @@ bench: all
 demo: all
 	$(PYTHON) tests/demo.py
 
+# The scripts and their package go together in LIBDIR (a script finds the package beside
+# itself); BINDIR gets a relative symbolic link to each script.
 install: all
-	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(BINDIR)
+	install -d $(DESTDIR)$(LIBDIR)/mmleaklib $(DESTDIR)$(BINDIR)
 	install -m 0644 mmleak.so $(DESTDIR)$(LIBDIR)/mmleak.so
 	install -m 0644 mmleak-tools.so $(DESTDIR)$(LIBDIR)/mmleak-tools.so
-	for s in $(SCRIPTS); do [ -f $$s ] && install -m 0755 $$s $(DESTDIR)$(BINDIR)/$$s; done; true
-	install -m 0644 $(MODULES) $(DESTDIR)$(BINDIR)/
+	install -m 0644 $(PACKAGE) $(DESTDIR)$(LIBDIR)/mmleaklib/
+	for s in $(SCRIPTS); do install -m 0755 $$s $(DESTDIR)$(LIBDIR)/$$s && \
+	    ln -sfr $(DESTDIR)$(LIBDIR)/$$s $(DESTDIR)$(BINDIR)/$$s || exit 1; done
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/mmleak.so $(DESTDIR)$(LIBDIR)/mmleak-tools.so
+	rm -rf $(DESTDIR)$(LIBDIR)/mmleaklib
+	for s in $(SCRIPTS); do rm -f $(DESTDIR)$(LIBDIR)/$$s $(DESTDIR)$(BINDIR)/$$s; done
 	-rmdir $(DESTDIR)$(LIBDIR)
-	for s in $(SCRIPTS) $(MODULES); do rm -f $(DESTDIR)$(BINDIR)/$$s; done
 
 clean:
-	rm -rf mmleak.so mmleak-tools.so build tests/bin bench/out demo __pycache__ tests/__pycache__
+	rm -rf mmleak.so mmleak-tools.so build tests/bin bench/out demo __pycache__ tests/__pycache__ mmleaklib/__pycache__
 
 .PHONY: all check bench demo debug install uninstall clean

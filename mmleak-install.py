@@ -5,1492 +5,69 @@ It writes one drop-in, /etc/systemd/system/UNIT.d/mmleak.conf, that sets LD_PREL
 MMLEAK_DIR, MMLEAK_ROTATE_MB (and MMLEAK_DEPTH) for the service and Wants= its companion,
 /etc/systemd/system/mmleak-compact-UNIT.service, which runs `mmleak.py compact --follow
 --forever DIR` as the service's user while the service runs; it never starts, stops or
-restarts a service itself. Python 3 standard library only.
+restarts a service itself.  The command line; the logic is mmleaklib/systemd.py (plan, then
+apply).  Python 3 standard library only.
 """
 import argparse
 import collections
-import errno
-import filecmp
-import grp
-import importlib.util
-import io
 import os
-import pwd
 import re
 import shlex
-import shutil
-import stat
-import struct
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+from mmleaklib import attach, errors, facts
+from mmleaklib.errors import EXIT_INPUT, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, Fail, warn
+from mmleaklib.files import fsync_dir
+from mmleaklib.systemd import (COMPANION_DIR, DEFAULT_DIR, DROPIN_NAME, ENV_KEYS, LIB_DEST,
+                               PROG, PY_DEST, UNIT_PATH, apply, check_text_arg,
+                               companion_name, describe, describe_cred, describe_st,
+                               dropin_path, expand_specifiers, may, parse_bool,
+                               parse_env_assignments, parse_unit_text, plan, read_ours,
+                               reload_step, resolve_owner, setup, split_words, unreachable)
 
-PROG = "mmleak-install.py"
-DROPIN_NAME = "mmleak.conf"
-LIB_DEST = "/usr/local/lib/mmleak/mmleak.so"
-PY_DEST = "/usr/local/lib/mmleak/mmleak.py"    # what the companion runs, next to the library
-PYTHON = "/usr/bin/python3"
-COMPANION_DIR = "/etc/systemd/system"
-COMPANION_PREFIX = "mmleak-compact-"
-ROTATE_MB = 8           # MMLEAK_ROTATE_MB for a traced service (mmleak.COMPACT_ROTATE_MB)
-ROTATE_MAX = 1 << 20    # mmleak.so's upper bound for MMLEAK_ROTATE_MB
-DEPTH_MAX = 64          # mmleak.so's upper bound for MMLEAK_DEPTH (MAXDEPTH)
-ENV_KEYS = ("LD_PRELOAD", "MMLEAK_DIR", "MMLEAK_DEPTH", "MMLEAK_ROTATE_MB", "MMLEAK_PAUSED")
-DEFAULT_DIR = "/var/lib/mmleak"
-MARKER = "# Written by mmleak-install.py"
-STATE_KEY = "# mmleak-install: dropin-dir-created="
-UNIT_PATH = ["/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system",
-             "/usr/lib/systemd/system", "/lib/systemd/system"]
-EXEC_PATH = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
-UNIT_TYPES = ("service", "socket", "device", "mount", "automount", "swap", "target", "path",
-              "timer", "slice", "scope")
-NAME_RE = re.compile(r"^[A-Za-z0-9:_.\\@-]+$")
-
-# Exit codes (also in the --help epilog).
-EXIT_OK, EXIT_INPUT, EXIT_ENV, EXIT_NOT_INSTALLED, EXIT_INTERNAL = 0, 1, 2, 3, 4
-
-EXIT_HELP = """\
-exit codes:
-  0  success (status: the drop-in is installed; uninstall: removed, or was not installed)
-  1  usage or input error: bad option, malformed or unknown unit name, masked unit, a
-     control character or invalid UTF-8 in --dir or --lib, a dump directory the tool
-     refuses (a system directory; under /tmp with PrivateTmp=yes; in the unit's
-     RuntimeDirectory= without RuntimeDirectoryPreserve=yes; an existing directory the
-     unit's user cannot write or reach that the tool did not make; a link of another user's
-     on a path it writes), a mmleak.conf that mmleak-install.py did not write
-  2  environment error: not root (without --root or --dry-run), --root unreadable, mmleak.so
-     not found, User=/Group= not resolvable, a file operation or daemon-reload failed
-  3  status only: not installed (no drop-in)
-  4  internal error (a bug: please report it)
-Errors are one line on stderr, "mmleak-install.py: error: ...". Warnings are one line each on
-stderr, "mmleak-install.py: warning: ..."; they never stop install."""
-
-
-class Fail(Exception):
-    def __init__(self, code, msg):
-        Exception.__init__(self, msg)
-        self.code = code
-        self.msg = msg
-
-
-def warn(msg, kind="warning"):
-    sys.stderr.write("%s: %s: %s\n" % (PROG, kind, msg))
-
-
-def parse_bool(v):
-    v = v.strip().lower()
-    if v in ("1", "yes", "y", "true", "t", "on"):
-        return True
-    if v in ("0", "no", "n", "false", "f", "off"):
-        return False
-    return None
-
-
-def under(path, top):
-    """True if PATH is TOP or below it (both absolute, normalised)."""
-    top = top.rstrip("/") or "/"
-    return path == top or path.startswith(top + "/") or top == "/"
+EXIT_HELP = errors.exit_help(PROG)
 
 
 # ---------------------------------------------------------------------------------------------
-# Unit names and specifiers
-
-def check_unit_name(name):
-    """Validate NAME; return (name, template-or-None, instance-or-None)."""
-    if "/" in name:
-        raise Fail(EXIT_INPUT, "invalid unit name %r: it must not contain '/'; give the unit's "
-                               "name (like nfs-ganesha.service), not a path" % name)
-    if ".." in name:
-        raise Fail(EXIT_INPUT, "invalid unit name %r: it must not contain '..'" % name)
-    if len(name) > 255 or not NAME_RE.match(name):
-        raise Fail(EXIT_INPUT, "invalid unit name %r: only letters, digits and ':_.\\@-' are "
-                               "allowed" % name)
-    stem, dot, suffix = name.rpartition(".")
-    if not dot or suffix not in UNIT_TYPES:
-        raise Fail(EXIT_INPUT, "invalid unit name %r: it needs a unit type suffix such as "
-                               ".service (did you mean %s.service?)" % (name, name))
-    if suffix != "service":
-        raise Fail(EXIT_INPUT, "%r is not a service: only .service units run a daemon that "
-                               "mmleak can trace" % name)
-    if not stem or stem.startswith("@") or stem.count("@") > 1:
-        raise Fail(EXIT_INPUT, "invalid unit name %r" % name)
-    if "@" in stem:
-        prefix, instance = stem.split("@")
-        if not instance:
-            raise Fail(EXIT_INPUT, "%r is a template; name an instance such as %s@NAME.service"
-                       % (name, prefix))
-        return name, prefix + "@.service", instance
-    return name, None, None
-
-
-def unescape_name(s):
-    return re.sub(r"\\x([0-9a-fA-F]{2})", lambda m: chr(int(m.group(1), 16)), s).replace("-", "/")
-
-
-def expand_specifiers(s, unit, instance):
-    """Expand the few unit specifiers that matter here; leave the others alone."""
-    prefix = unit.rsplit(".", 1)[0].split("@")[0]
-    table = {"n": unit, "N": unit.rsplit(".", 1)[0], "p": prefix, "P": unescape_name(prefix),
-             "i": instance or "", "I": unescape_name(instance or ""), "%": "%"}
-    return re.sub(r"%(.)", lambda m: table.get(m.group(1), m.group(0)), s)
-
-
-def companion_name(unit):
-    """The compactor unit of UNIT: mmleak-compact-NAME.service (NAME: UNIT without .service;
-    a template instance keeps its '@', so foo@bar.service gets mmleak-compact-foo@bar.service,
-    a unit file for that one instance)."""
-    name = COMPANION_PREFIX + unit.name[:-len(".service")] + ".service"
-    if len(name) > 255:
-        raise Fail(EXIT_INPUT, "unit name %s is too long: its compactor %s would exceed the 255 "
-                               "characters systemd allows" % (unit.name, name))
-    return name
-
-
-def siphash24(data, key):
-    """SipHash-2-4 of DATA (bytes) with the 16-byte KEY, as a 64-bit integer."""
-    mask = (1 << 64) - 1
-
-    def rotl(x, b):
-        return ((x << b) | (x >> (64 - b))) & mask
-
-    k0, k1 = struct.unpack("<QQ", key)
-    v = [k0 ^ 0x736f6d6570736575, k1 ^ 0x646f72616e646f6d,
-         k0 ^ 0x6c7967656e657261, k1 ^ 0x7465646279746573]
-
-    def rounds(n):
-        for _ in range(n):
-            v[0] = (v[0] + v[1]) & mask
-            v[1] = rotl(v[1], 13) ^ v[0]
-            v[0] = rotl(v[0], 32)
-            v[2] = (v[2] + v[3]) & mask
-            v[3] = rotl(v[3], 16) ^ v[2]
-            v[0] = (v[0] + v[3]) & mask
-            v[3] = rotl(v[3], 21) ^ v[0]
-            v[2] = (v[2] + v[1]) & mask
-            v[1] = rotl(v[1], 17) ^ v[2]
-            v[2] = rotl(v[2], 32)
-
-    full = len(data) - len(data) % 8
-    for i in range(0, full, 8):
-        m, = struct.unpack_from("<Q", data, i)
-        v[3] ^= m
-        rounds(2)
-        v[0] ^= m
-    last = (len(data) & 0xff) << 56
-    for i, c in enumerate(data[full:]):
-        last |= c << (8 * i)
-    v[3] ^= last
-    rounds(2)
-    v[0] ^= last
-    v[2] ^= 0xff
-    rounds(4)
-    return v[0] ^ v[1] ^ v[2] ^ v[3]
-
-
-# systemd's key for the name of a dynamic user whose unit name is not a valid user name
-# (src/core/unit.c, user_from_unit_name()).
-DYNAMIC_USER_KEY = bytes([0x58, 0x1a, 0xaf, 0xe6, 0x28, 0x58, 0x4e, 0x96,
-                          0xb4, 0x4e, 0xf5, 0x3b, 0x8c, 0x92, 0x07, 0xec])
-
-
-def dynamic_user_name(unit, user):
-    """The user name systemd gives a DynamicUser=yes service: its User= if set, else the unit
-    name's prefix (before '@' or the suffix) when it is a valid user name (letters, digits, _
-    and -, not starting with a digit or -, at most 31 characters), else _du + a hash of it.
-    A unit with DynamicUser=yes and the same User= shares that user (and its uid)."""
-    if user:
-        return user
-    prefix = unit.name.split("@")[0] if "@" in unit.name else unit.name.rsplit(".", 1)[0]
-    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]{0,30}", prefix):
-        return prefix
-    return "_du%016x" % siphash24(prefix.encode("utf-8", "surrogateescape"), DYNAMIC_USER_KEY)
-
-
-def has_control(s):
-    """True if S holds a control character (C0, DEL or C1): no unit file value may."""
-    return any(ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0 for c in s)
-
-
-def check_text_arg(opt, value):
-    """Refuse what cannot go into a drop-in line: control characters, invalid UTF-8."""
-    if has_control(value):
-        raise Fail(EXIT_INPUT, "%s %r: control characters are not allowed" % (opt, value))
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise Fail(EXIT_INPUT, "%s %r: not valid UTF-8 (systemd requires it)" % (opt, value))
-
-
-def quote_env(s, percent=True):
-    """Quote S as one word of Environment= (systemd: quotes and C escapes are decoded, then
-    % specifiers expanded). PERCENT: S is literal, so its % become %%."""
-    if percent:
-        s = s.replace("%", "%%")
-    if not s or re.search(r'[ \t\n\r"\'\\]', s) or has_control(s):
-        out = []
-        for c in s:
-            if c in '"\\':
-                out.append("\\" + c)
-            elif has_control(c):
-                out.append("\\x%02x" % ord(c) if ord(c) < 0x100 else c)
-            else:
-                out.append(c)
-        return '"' + "".join(out) + '"'
-    return s
-
-
-def quote_path(s):
-    """Quote the literal path S as one word of ReadWritePaths= (quotes are removed and a
-    backslash takes the next character as it is, no C escapes; then % specifiers)."""
-    s = s.replace("%", "%%")
-    if re.search(r'[ \t\n\r"\'\\]', s):
-        return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return s
-
-
-CUNESCAPE_SIMPLE = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t",
-                    "v": "\v", "\\": "\\", '"': '"', "'": "'", "s": " "}
-
-
-def split_words(text, cunescape):
-    """Split a unit file value into words as systemd's extract_first_word() does with
-    EXTRACT_UNQUOTE (and EXTRACT_CUNESCAPE if CUNESCAPE): whitespace separates words, '...'
-    and "..." quote anywhere in a word, a backslash escapes the next character (a C escape
-    sequence with CUNESCAPE). ValueError where systemd says "Invalid syntax" (the whole
-    setting is then ignored)."""
-    words, i, n = [], 0, len(text)
-    while True:
-        while i < n and text[i] in " \t\n\r":
-            i += 1
-        if i >= n:
-            return words
-        word, quote = [], None
-        while i < n:
-            c = text[i]
-            if c == "\\":
-                i += 1
-                if i >= n:
-                    raise ValueError("a backslash at the end")
-                c = text[i]
-                if not cunescape:
-                    word.append(c)
-                    i += 1
-                elif c in CUNESCAPE_SIMPLE:
-                    word.append(CUNESCAPE_SIMPLE[c])
-                    i += 1
-                elif c in "xuU":
-                    k = {"x": 2, "u": 4, "U": 8}[c]
-                    h = text[i + 1:i + 1 + k]
-                    if len(h) != k or not re.fullmatch(r"[0-9a-fA-F]+", h) or int(h, 16) == 0 \
-                            or int(h, 16) > 0x10ffff:
-                        raise ValueError("bad escape \\%s%s" % (c, h))
-                    word.append(chr(int(h, 16)) if c != "x" else
-                                bytes([int(h, 16)]).decode("utf-8", "surrogateescape"))
-                    i += 1 + k
-                elif c in "01234567":
-                    o = text[i:i + 3]
-                    if not re.fullmatch(r"[0-7]{3}", o) or int(o, 8) in (0,) or \
-                            int(o, 8) > 255:
-                        raise ValueError("bad escape \\%s" % o)
-                    word.append(bytes([int(o, 8)]).decode("utf-8", "surrogateescape"))
-                    i += 3
-                else:
-                    raise ValueError("bad escape \\%s" % c)
-                continue
-            if quote:
-                if c == quote:
-                    quote = None
-                else:
-                    word.append(c)
-                i += 1
-                continue
-            if c in "'\"":
-                quote = c
-                i += 1
-                continue
-            if c in " \t\n\r":
-                break
-            word.append(c)
-            i += 1
-        if quote:
-            raise ValueError("unbalanced quotes")
-        w = "".join(word)
-        # \xHH escapes give bytes: join them into characters
-        words.append(w.encode("utf-8", "surrogateescape").decode("utf-8", "surrogateescape"))
-
-
-# ---------------------------------------------------------------------------------------------
-# The (alternative) root
-
-class Root:
-    def __init__(self, top):
-        self.top = os.path.abspath(top) if top else "/"
-
-    def resolve(self, path, last=True, trusted=None):
-        """Resolve PATH (absolute, inside the root) following symlinks inside the root.
-
-        Return the logical path (as seen from inside the root). If LAST is false the final
-        component is not followed.  TRUSTED (a label for the message): a path the tool writes
-        on; a link on it that neither root nor the user running the tool owns is refused."""
-        if self.top == "/" and last and trusted is None:
-            return os.path.realpath(path)
-        parts = [p for p in path.split("/") if p not in ("", ".")]
-        cur, hops = [], 0
-        while parts:
-            c = parts.pop(0)
-            if c == "..":
-                if cur:
-                    cur.pop()
-                continue
-            host = os.path.join(self.top, *(cur + [c]))
-            if (parts or last) and os.path.islink(host):
-                if trusted is not None and os.lstat(host).st_uid not in (0, os.geteuid()):
-                    raise Fail(EXIT_INPUT, "%s: %s is a symbolic link owned by uid %d, not "
-                                           "root%s: %s does not follow it; give the real path"
-                               % (trusted, "/" + "/".join(cur + [c]), os.lstat(host).st_uid,
-                                  "" if os.geteuid() == 0 else " or you", PROG))
-                hops += 1
-                if hops > 40:
-                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
-                t = os.readlink(host)
-                if t.startswith("/"):
-                    cur = []
-                parts = [p for p in t.split("/") if p not in ("", ".")] + parts
-            else:
-                cur.append(c)
-        return "/" + "/".join(cur)
-
-    def host(self, path, last=True, trusted=None):
-        """Host path of the in-root PATH (TRUSTED: see resolve)."""
-        logical = self.resolve(path, last, trusted)
-        if self.top == "/":
-            return logical
-        return os.path.join(self.top, logical.lstrip("/"))
-
-    def show(self, path):
-        return path
-
-
-# ---------------------------------------------------------------------------------------------
-# Unit files
-
-def parse_unit_text(text):
-    """Yield (section, key, value) like systemd's parser (comments, continuation lines)."""
-    section, pending = None, None
-    ws = " \t\n\r"                   # systemd's WHITESPACE; only \n ends a line
-    for raw in text.split("\n"):
-        line = raw.strip(ws)
-        if pending is not None:
-            if line.startswith(("#", ";")):
-                continue
-            line = pending + " " + line
-            pending = None
-        elif not line or line.startswith(("#", ";")):
-            continue
-        if line.endswith("\\"):
-            pending = line[:-1].rstrip(ws)
-            continue
-        if line.startswith("[") and line.endswith("]"):
-            section = line[1:-1]
-            continue
-        if "=" in line:
-            key, _, val = line.partition("=")
-            yield section, key.strip(ws), val.strip(ws)
-    if pending is not None and "=" in pending:
-        key, _, val = pending.partition("=")
-        yield section, key.strip(ws), val.strip(ws)
-
-
-def parse_env_assignments(val):
-    """Environment= value -> [(name, value)], as systemd reads it before specifiers."""
-    try:
-        words = split_words(val, cunescape=True)
-    except ValueError:
-        return []               # systemd: "Invalid syntax, ignoring"
-    return [w.partition("=")[::2] for w in words if "=" in w and not w.startswith("=")]
-
-
-class Unit:
-    """The files that make up a unit and the [Service] settings mmleak cares about."""
-
-    SINGLE = ("User", "Group", "DynamicUser", "PrivateTmp", "ProtectSystem", "ProtectHome",
-              "MemoryDenyWriteExecute", "RootDirectory", "RootImage",
-              "RuntimeDirectoryPreserve")
-
-    def __init__(self, root, name, template, instance, allow_masked=False):
-        self.root, self.name, self.template, self.instance = root, name, template, instance
-        self.path = None            # logical path of the unit file
-        self.dropins = []           # logical paths, in the order systemd applies them
-        for n in [name] + ([template] if template else []):
-            for d in UNIT_PATH:
-                p = d + "/" + n
-                if os.path.lexists(root.host(p, last=False)):
-                    if root.resolve(p) == "/dev/null":
-                        if allow_masked:    # uninstall: what install wrote still goes
-                            continue
-                        raise Fail(EXIT_INPUT, "unit %s is masked (%s -> /dev/null)" % (name, p))
-                    self.path = p
-                    break
-            if self.path:
-                break
-        seen = {}
-        for n in [name] + ([template] if template else []):
-            for d in UNIT_PATH:
-                dd = root.host(d + "/" + n + ".d")
-                if not os.path.isdir(dd):
-                    continue
-                for f in sorted(os.listdir(dd)):
-                    if f.endswith(".conf") and f not in seen:
-                        seen[f] = d + "/" + n + ".d/" + f
-        self.dropins = [seen[k] for k in sorted(seen)]
-
-    def read(self, path):
-        host = self.root.host(path)
-        if self.root.resolve(path) == "/dev/null":
-            return ""
-        with open(host, encoding="utf-8", errors="surrogateescape") as f:
-            return f.read()
-
-    def evaluate(self, skip_ours=True):
-        """Apply the unit file then its drop-ins (without mmleak.conf); return settings."""
-        s = {"env": collections.OrderedDict(), "env_raw": {}, "env_src": {}, "exec": [],
-             "rwp": [], "statedir": [], "envfile": [], "later": [], "groups": [],
-             "unset": [], "runtimedir": []}
-        for k in self.SINGLE:
-            s[k] = None
-        files = ([self.path] if self.path else []) + [
-            d for d in self.dropins if not (skip_ours and os.path.basename(d) == DROPIN_NAME)]
-        for path in files:
-            later = path != self.path and os.path.basename(path) > DROPIN_NAME
-            for sec, key, val in parse_unit_text(self.read(path)):
-                if sec != "Service":
-                    continue
-                orig = val
-                val = expand_specifiers(val, self.name, self.instance) if key != "Environment" \
-                    else val
-                if key == "Environment":
-                    if not val:
-                        s["env"].clear()
-                        if later:
-                            s["later"].append((path, "an empty Environment= (which resets it)"))
-                        continue
-                    # systemd decodes quotes and escapes first, then specifiers
-                    for k, v in parse_env_assignments(val):
-                        s["env"][k] = expand_specifiers(v, self.name, self.instance)
-                        s["env_raw"][k] = v
-                        s["env_src"][k] = path
-                        if later and k in ENV_KEYS:
-                            s["later"].append((path, k))
-                elif key in ("ExecStart", "ReadWritePaths", "StateDirectory", "EnvironmentFile",
-                             "SupplementaryGroups", "UnsetEnvironment", "RuntimeDirectory"):
-                    lst = {"ExecStart": "exec", "ReadWritePaths": "rwp",
-                           "StateDirectory": "statedir", "EnvironmentFile": "envfile",
-                           "SupplementaryGroups": "groups", "UnsetEnvironment": "unset",
-                           "RuntimeDirectory": "runtimedir"}[key]
-                    if not val:
-                        s[lst] = []
-                    elif key in ("ExecStart", "EnvironmentFile"):
-                        s[lst].append(val)
-                    else:
-                        try:
-                            # words first, then specifiers, as systemd does
-                            s[lst].extend(expand_specifiers(w, self.name, self.instance)
-                                          for w in split_words(
-                                              orig, cunescape=key == "UnsetEnvironment"))
-                        except ValueError:
-                            pass
-                elif key in self.SINGLE:
-                    s[key] = val or None
-        return s
-
-
-# ---------------------------------------------------------------------------------------------
-# ExecStart checks
-
-def elf_has_interp(data, f):
-    """Return True/False for an ELF file (PT_INTERP present), None if not parseable."""
-    if len(data) < 52 or data[:4] != b"\x7fELF":
-        return None
-    cls, enc = data[4], data[5]
-    end = "<" if enc == 1 else ">"
-    try:
-        if cls == 2:
-            e_phoff, = struct.unpack_from(end + "Q", data, 32)
-            e_phentsize, e_phnum = struct.unpack_from(end + "HH", data, 54)
-        elif cls == 1:
-            e_phoff, = struct.unpack_from(end + "I", data, 28)
-            e_phentsize, e_phnum = struct.unpack_from(end + "HH", data, 42)
-        else:
-            return None
-        f.seek(e_phoff)
-        ph = f.read(e_phentsize * e_phnum)
-        for i in range(e_phnum):
-            p_type, = struct.unpack_from(end + "I", ph, i * e_phentsize)
-            if p_type == 3:             # PT_INTERP
-                return True
-    except (struct.error, OSError, ValueError):
-        return None
-    return False
-
-
-ENV_I_RE = re.compile(r"(?:^|[\s;&|`(])env((?:\s+-[^\s]*)*?)\s+(?:-[A-Za-z0-9]*i[A-Za-z0-9]*|"
-                      r"--ignore-environment|-)(?=\s|$)", re.M)
-
-
-def env_clears(args):
-    """ARGS after 'env': (clears_environment, index of the command)."""
-    clears, i = False, 0
-    while i < len(args):
-        a = args[i]
-        if a == "--":
-            i += 1
-            break
-        if a in ("-", "-i", "--ignore-environment") or re.match(r"^-[A-Za-z0-9]*i", a) and \
-                not a.startswith("--"):
-            clears = True
-        elif a in ("-u", "-C", "-S", "--unset", "--chdir", "--split-string"):
-            i += 1
-        elif not a.startswith("-"):
-            break
-        i += 1
-    opt_end = i
-    while i < len(args) and "=" in args[i] and not args[i].startswith("/"):
-        i += 1
-    return clears, opt_end, i
-
-
-def check_execstart(root, unit, settings, out):
-    """Append warning lines (strings) about ExecStart= commands to OUT."""
-    for val in settings["exec"]:
-        v, flags = val, ""
-        while v and v[0] in "-@:+!":
-            flags, v = flags + v[0], v[1:]
-        try:
-            argv = shlex.split(v)
-        except ValueError:
-            out.append("cannot parse ExecStart=%s" % val)
-            continue
-        if not argv:
-            continue
-        path, args = argv[0], (argv[2:] if "@" in flags else argv[1:])
-        seen = set()
-        while path and path not in seen:
-            seen.add(path)
-            if not path.startswith("/"):
-                for d in EXEC_PATH:
-                    if os.path.isfile(root.host(d + "/" + path)):
-                        path = d + "/" + path
-                        break
-                else:
-                    out.append("cannot check ExecStart binary %s: not found in %s"
-                               % (path, ":".join(EXEC_PATH)))
-                    break
-            host = root.host(path)
-            try:
-                st = os.stat(host)
-                with open(host, "rb") as f:
-                    head = f.read(4096)
-                    interp = elf_has_interp(head, f)
-            except OSError as e:
-                out.append("cannot check ExecStart binary %s: %s" % (path, e.strerror))
-                break
-            if st.st_mode & (stat.S_ISUID | stat.S_ISGID):
-                out.append("ExecStart binary %s is setuid/setgid: the dynamic loader ignores "
-                           "LD_PRELOAD for it (secure-execution mode), so it will not be traced"
-                           % path)
-            if head.startswith(b"#!"):
-                line = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").strip()
-                out.append("ExecStart %s is a script (#!%s): mmleak also traces the interpreter, "
-                           "and the daemon is not traced if the script clears the environment"
-                           % (path, line))
-                if ENV_I_RE.search(head.decode("utf-8", "replace")):
-                    out.append("ExecStart script %s runs 'env -i', which clears the environment: "
-                               "the daemon it starts will not get LD_PRELOAD" % path)
-                break
-            if interp is False:
-                out.append("ExecStart binary %s is statically linked (no PT_INTERP): LD_PRELOAD "
-                           "has no effect on it, so it cannot be traced" % path)
-            if os.path.basename(path) == "env":
-                clears, opt_end, i = env_clears(args)
-                if clears:
-                    out.append("ExecStart runs '%s', which clears the environment: LD_PRELOAD "
-                               "and MMLEAK_DIR will not reach the command it starts"
-                               % " ".join([path] + [a for a in args[:opt_end] if a != "--"]))
-                    break
-                if i < len(args):
-                    path, args = args[i], args[i + 1:]
-                    continue
-            break
-
-
-# ---------------------------------------------------------------------------------------------
-# Users and groups
-
-def lookup(root, dbname, name):
-    """Return (name, id, gid-or-None) from ROOT's passwd/group, or None."""
-    if root.top == "/":
-        try:
-            if dbname == "passwd":
-                e = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
-                return e.pw_name, e.pw_uid, e.pw_gid
-            e = grp.getgrgid(int(name)) if name.isdigit() else grp.getgrnam(name)
-            return e.gr_name, e.gr_gid, None
-        except (KeyError, OverflowError):
-            return (name, int(name), None) if name.isdigit() else None
-    try:
-        with open(root.host("/etc/" + dbname), encoding="utf-8", errors="replace") as f:
-            for line in f:
-                fields = line.rstrip("\n").split(":")
-                if len(fields) < 3 or not fields[2].isdigit():
-                    continue
-                if fields[0] == name or (name.isdigit() and fields[2] == name):
-                    gid = int(fields[3]) if dbname == "passwd" and len(fields) > 3 and \
-                        fields[3].isdigit() else None
-                    return fields[0], int(fields[2]), gid
-    except OSError:
-        pass
-    return (name, int(name), None) if name.isdigit() else None
-
-
-def member_gids(root, uname):
-    """The groups that list UNAME as a member (what initgroups() adds)."""
-    out = set()
-    if root.top == "/":
-        try:
-            for g in grp.getgrall():
-                if uname in g.gr_mem:
-                    out.add(g.gr_gid)
-        except OSError:
-            pass
-        return out
-    try:
-        with open(root.host("/etc/group"), encoding="utf-8", errors="replace") as f:
-            for line in f:
-                fields = line.rstrip("\n").split(":")
-                if len(fields) >= 4 and fields[2].isdigit() and uname in fields[3].split(","):
-                    out.add(int(fields[2]))
-    except OSError:
-        pass
-    return out
-
-
-Owner = collections.namedtuple("Owner", "user uid group gid gids")
-
-
-def resolve_owner(root, unit, s):
-    """The credentials the service runs with: Owner (user, uid, group, gid, all its gids).
-
-    Fail (EXIT_ENV) if User= or Group= does not resolve: systemd cannot start the service
-    either (DynamicUser= is handled by the caller)."""
-    user = s["User"] or "root"
-    pu = lookup(root, "passwd", user)
-    where = "%s/etc/passwd" % (root.top.rstrip("/")) if root.top != "/" else "the user database"
-    if pu is None:
-        raise Fail(EXIT_ENV, "cannot resolve User=%s of %s in %s: create the user first "
-                             "(systemd cannot start the service without it either)"
-                   % (user, unit.name, where))
-    if s["Group"]:
-        pg = lookup(root, "group", s["Group"])
-        if pg is None:
-            gwhere = "%s/etc/group" % root.top.rstrip("/") if root.top != "/" \
-                else "the group database"
-            raise Fail(EXIT_ENV, "cannot resolve Group=%s of %s in %s" % (s["Group"], unit.name,
-                                                                         gwhere))
-        gname, gid = pg[0], pg[1]
-    else:
-        if pu[2] is None:
-            raise Fail(EXIT_ENV, "cannot find the primary group of User=%s of %s"
-                       % (user, unit.name))
-        gid = pu[2]
-        pg = lookup(root, "group", str(gid))
-        gname = pg[0] if pg else str(gid)
-    gids = {gid} | member_gids(root, pu[0])
-    for g in s.get("groups") or ():
-        e = lookup(root, "group", g)
-        if e is not None:
-            gids.add(e[1])
-    return Owner(pu[0], pu[1], gname, gid, gids)
-
-
-# ---------------------------------------------------------------------------------------------
-# Dump directories
-
-# Never a dump directory: mmleak-install.py would make it the service's (owner, mode 0700).
-SYSTEM_DIRS = {"/", "/bin", "/boot", "/dev", "/efi", "/etc", "/home", "/lib", "/lib32",
-               "/lib64", "/libx32", "/media", "/mnt", "/opt", "/proc", "/root", "/run",
-               "/run/user", "/sbin", "/srv", "/sys", "/usr", "/var", "/var/backups",
-               "/var/cache", "/var/lib", "/var/lib/private", "/var/local", "/var/log",
-               "/var/mail", "/var/opt", "/var/spool"}
-SYSTEM_TREES = ("/bin", "/boot", "/dev", "/efi", "/etc", "/lib", "/lib32", "/lib64", "/libx32",
-                "/proc", "/run/systemd", "/sbin", "/sys", "/usr", "/var/lib/systemd")
-# Usable as they are (world-writable, sticky), never changed.
-SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")
-
-
-def is_system_dir(path):
-    if path in SHARED_TMP:
-        return False
-    return path in SYSTEM_DIRS or any(under(path, t) for t in SYSTEM_TREES)
-
-
-def may(st, who, bits):
-    """May WHO (an Owner; None: root) do BITS (0o1 search, 0o3 create files) in ST?"""
-    if who is None or who.uid == 0:
-        return True
-    if st.st_uid == who.uid:
-        m = st.st_mode >> 6
-    elif st.st_gid in who.gids:
-        m = st.st_mode >> 3
-    else:
-        m = st.st_mode
-    return m & bits == bits
-
-
-def id_names(root, st):
-    u = lookup(root, "passwd", str(st.st_uid))
-    g = lookup(root, "group", str(st.st_gid))
-    return (u[0] if u else str(st.st_uid)), (g[0] if g else str(st.st_gid))
-
-
-def describe_st(root, st):
-    return "owner %s:%s mode %04o" % (id_names(root, st) + (stat.S_IMODE(st.st_mode),))
-
-
-def only_dumps(host, dirs_too=False):
-    """True if the directory holds nothing but mmleak.* files (and directories if DIRS_TOO)."""
-    for n in os.listdir(host):
-        st = os.lstat(os.path.join(host, n))
-        if stat.S_ISDIR(st.st_mode) and dirs_too:
-            continue
-        if not (n.startswith("mmleak.") and stat.S_ISREG(st.st_mode)):
-            return False
-    return True
-
-
-def unreachable(root, path, who):
-    """The first existing ancestor of PATH (logical, resolved) WHO cannot search, or None."""
-    parts = [p for p in path.split("/") if p][:-1]
-    cur = "/"
-    for i in range(len(parts) + 1):
-        cur = "/" + "/".join(parts[:i])
-        try:
-            st = os.stat(root.host(cur))
-        except OSError:
-            return None                 # missing from here on: created 0755 by install
-        if not may(st, who, 0o1):
-            return cur, st
-    return None
-
-
-def plan_dump_dir(root, unit, ddir, explicit, who):
-    """Check the dump directory DDIR for the unit's user WHO (an Owner, None for a dynamic
-    user) and return the plan steps that make it usable; Fail when it cannot be done without
-    touching what is not a dump directory."""
-    label = "--dir %s" % ddir if explicit else "the dump directory %s" % ddir
-    default = DEFAULT_DIR + "/" + unit.name
-    real = root.resolve(ddir, trusted=label)
-    if ddir == DEFAULT_DIR or real == DEFAULT_DIR:
-        raise Fail(EXIT_INPUT, "--dir %s holds the per-unit dump directories; omit --dir to use "
-                               "%s" % (ddir, default))
-    if is_system_dir(ddir) or is_system_dir(real):
-        raise Fail(EXIT_INPUT, "--dir %s%s is a system directory: %s neither puts dumps there "
-                               "nor changes its owner or mode; omit --dir to use %s"
-                   % (ddir, " (%s)" % real if real != ddir else "", PROG, default))
-    steps = []
-    if not explicit or under(real, DEFAULT_DIR):
-        # the root-owned parent every unit's own directory sits in
-        ph = root.host(DEFAULT_DIR, trusted=DEFAULT_DIR)
-        if os.path.isdir(ph):
-            st = os.stat(ph)
-            if st.st_uid != 0 or st.st_mode & 0o022 or not st.st_mode & 0o001:
-                if only_dumps(ph, dirs_too=True):
-                    steps.append(("fix", DEFAULT_DIR, 0o755, (0, 0, "root", "root"),
-                                  "the parent of the per-unit dump directories",
-                                  (st.st_dev, st.st_ino)))
-                elif not may(st, who, 0o1):
-                    raise Fail(EXIT_INPUT, "%s holds files other than mmleak dumps and per-unit "
-                                           "dump directories, and User=%s cannot traverse it "
-                                           "(%s): not changing it; pass --dir"
-                               % (DEFAULT_DIR, who.user, describe_st(root, st)))
-    host = root.host(ddir)
-    if not os.path.lexists(host):
-        blocked = unreachable(root, real, who)
-        if blocked and not (steps and blocked[0] == DEFAULT_DIR):
-            raise Fail(EXIT_INPUT, "User=%s cannot reach %s: %s is %s; choose another "
-                                   "directory, or give %s search (x) permission on it yourself"
-                       % (who.user, label, blocked[0], describe_st(root, blocked[1]), who.user))
-        return steps, True
-    if not os.path.isdir(host):
-        raise Fail(EXIT_INPUT, "%s exists and is not a directory" % label)
-    if who is None:
-        return steps, False
-    blocked = unreachable(root, real, who)
-    if blocked and not (steps and blocked[0] == DEFAULT_DIR):
-        raise Fail(EXIT_INPUT, "User=%s cannot reach %s: %s is %s; choose another directory, "
-                               "or give %s search (x) permission on it yourself"
-                   % (who.user, label, blocked[0], describe_st(root, blocked[1]), who.user))
-    st = os.stat(host)
-    if may(st, who, 0o3):
-        steps.append(("keep", "dump directory %s exists" % ddir))
-        return steps, False
-    if real in SHARED_TMP or not only_dumps(host):
-        raise Fail(EXIT_INPUT, "%s holds files other than mmleak.* and User=%s cannot write it "
-                               "(%s): %s does not change the owner or mode of such a directory; "
-                               "choose an empty or new directory, or give %s write access "
-                               "yourself" % (label, who.user, describe_st(root, st), PROG,
-                                             who.user))
-    if st.st_uid not in (0, who.uid) and real != default:
-        raise Fail(EXIT_INPUT, "%s belongs to %s (the dump directory of another service?) and "
-                               "User=%s cannot write it: give each service its own dump "
-                               "directory (omit --dir: %s)"
-                   % (label, id_names(root, st)[0], who.user, default))
-    if not tools_own(root, real):
-        raise Fail(EXIT_INPUT, "%s exists and User=%s cannot write it (%s): %s gives the unit's "
-                               "user only a directory it creates (or one of its own in %s); give "
-                               "%s write access yourself, or name a directory that does not "
-                               "exist yet" % (label, who.user, describe_st(root, st), PROG,
-                                              DEFAULT_DIR, who.user))
-    steps.append(("fix", real, 0o700, (who.uid, who.gid, who.user, who.group),
-                  "an existing dump directory User=%s could not write" % who.user,
-                  (st.st_dev, st.st_ino)))
-    return steps, False
-
-
-def tools_own(root, real):
-    """Is REAL (resolved) the tool's own, the only existing directory it gives to a unit's
-    user: DEFAULT_DIR/NAME, in a DEFAULT_DIR only root can write (an earlier install's)?"""
-    try:
-        pst = os.lstat(os.path.join(root.top, DEFAULT_DIR.lstrip("/")))
-    except OSError:
-        return False
-    return (os.path.dirname(real) == DEFAULT_DIR and stat.S_ISDIR(pst.st_mode) and
-            pst.st_uid == 0 and not pst.st_mode & 0o022)
-
-
-# ---------------------------------------------------------------------------------------------
-# File operations
-
-def fsync_dir(path):
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(dest, data, mode, src=None):
-    """Write DATA (bytes), or the file SRC, to DEST as every output of mmleak's is written
-    (mmleak.new_output: a new file made O_EXCL|O_NOFOLLOW beside it, renamed over it)."""
-    mm = import_mmleak_or_fail()
-    try:
-        with mm.new_output(dest, perm=mode, sync=True) as f, \
-                (open(src, "rb") if src else io.BytesIO(data)) as s:
-            shutil.copyfileobj(s, f)
-    except mm.Fail as e:
-        raise OSError(0, str(e), dest)
-
-
-def same_content(a, b):
-    try:
-        return filecmp.cmp(a, b, shallow=False)
-    except OSError:
-        return False
-
-
-def open_dir(root, path, label):
-    """A descriptor of the in-root directory PATH, resolved through root's links only
-    (Root.resolve, LABEL), then opened one component at a time without following a link: a
-    link that appears on it meanwhile makes the open fail instead of being followed."""
-    logical = root.resolve(path, trusted=label)
-    fd = os.open(root.top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    for c in [c for c in logical.split("/") if c]:
-        try:
-            nfd = os.open(c, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                          dir_fd=fd)
-        except OSError as e:
-            raise OSError(e.errno, "%s (changed while installing?)" % e.strerror, logical)
-        finally:
-            os.close(fd)
-        fd = nfd
-    return fd
-
-
-def set_dir(fd, path, mode, owner, inode, not_root):
-    """Give the directory at FD (closed here; PATH for messages) MODE and OWNER ((uid, gid..)
-    or None): it must be INODE (dev, ino), else ours.  NOT_ROOT: a warning without root."""
-    try:
-        st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != inode if inode else st.st_uid != os.geteuid():
-            raise OSError(errno.EPERM, "changed since it was checked", path)
-        if owner is not None and os.geteuid() == 0:
-            os.fchown(fd, owner[0], owner[1])
-        elif owner is not None and st.st_uid != owner[0] and not_root:
-            warn("not root: %s %s %s:%s%s" % (path, not_root, owner[2], owner[3],
-                                              "; do it yourself" if inode else ""))
-        os.fchmod(fd, mode)
-    finally:
-        os.close(fd)
-
-
-def missing_dirs(root, path):
-    """The in-root directories (top first) that must be created to have PATH."""
-    out = []
-    p = path
-    while p != "/" and not os.path.isdir(root.host(p)):
-        out.insert(0, p)
-        p = os.path.dirname(p)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Commands
-
-def setup(args):
-    name, template, instance = check_unit_name(args.unit)
-    if args.root is not None:
-        top = os.path.abspath(args.root)
-        if not os.path.isdir(top):
-            raise Fail(EXIT_ENV, "--root %s: not a directory" % args.root)
-        if not os.access(top, os.R_OK | os.X_OK):
-            raise Fail(EXIT_ENV, "--root %s: not readable" % args.root)
-        try:
-            os.listdir(top)
-        except OSError as e:
-            raise Fail(EXIT_ENV, "--root %s: %s" % (args.root, e.strerror))
-    root = Root(args.root)
-    changes = args.cmd in ("install", "uninstall") and not args.dry_run
-    if changes and args.root is None and os.geteuid() != 0:
-        raise Fail(EXIT_ENV, "must be run as root (it writes under /etc/systemd/system); use "
-                             "sudo, or --dry-run to see what it would do")
-    return root, Unit(root, name, template, instance, allow_masked=args.cmd == "uninstall")
-
-
-def dropin_path(unit):
-    return "/etc/systemd/system/%s.d/%s" % (unit.name, DROPIN_NAME)
-
-
-def reload_step(args, root, actions_done):
-    """Run daemon-reload when allowed; return the 'next steps' line about it, or None."""
-    if args.root is not None:
-        why = "--root given"
-    elif args.no_reload:
-        why = "--no-reload given"
-    elif not os.path.isdir("/run/systemd/system"):
-        why = "systemd is not running here"
-    elif args.dry_run:
-        return "run systemctl daemon-reload"
-    else:
-        try:
-            r = subprocess.run(["systemctl", "daemon-reload"], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, universal_newlines=True)
-        except OSError as e:
-            raise Fail(EXIT_ENV, "cannot run systemctl daemon-reload: %s" % e.strerror)
-        if r.returncode != 0:
-            raise Fail(EXIT_ENV, "systemctl daemon-reload failed (exit %d): %s; run it by hand"
-                       % (r.returncode, " ".join(r.stdout.split())))
-        actions_done.append("ran systemctl daemon-reload")
-        return None
-    if args.dry_run:
-        return "no systemctl daemon-reload (%s)" % why
-    return "systemctl daemon-reload     # needed: not run (%s)" % why
-
-
-def import_mmleak():
-    """Import the shared mmleak.py module from this script's (real) directory.
-
-    A plain ``import mmleak`` is not enough: in a build tree mmleak.so sits next to
-    mmleak.py, and Python's import system tries extension modules (*.so) before *.py, so it
-    would try to load the tracer library as a C extension and fail. Load the .py by path when
-    it is there, else fall back to the normal import (sys.path starts with this directory)."""
-    path = os.path.join(os.path.dirname(os.path.realpath(__file__)), "mmleak.py")
-    if not os.path.isfile(path):
-        import mmleak
-        return mmleak
-    spec = importlib.util.spec_from_file_location("mmleak", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    sys.modules["mmleak"] = mod
-    return mod
-
-
-def import_mmleak_or_fail():
-    try:
-        return sys.modules.get("mmleak") or import_mmleak()
-    except Exception as e:  # noqa: BLE001 - any import failure is an environment error
-        raise Fail(EXIT_ENV, "cannot import mmleak.py from %s: %s"
-                   % (os.path.dirname(os.path.realpath(__file__)), e))
-
-
-def find_lib(args, root):
-    if args.lib is not None:
-        if not os.path.isfile(args.lib):
-            raise Fail(EXIT_ENV, "--lib %s: no such file" % args.lib)
-        return os.path.realpath(args.lib)
-    lib = import_mmleak_or_fail().find_library(None)
-    if lib is None and os.path.isfile(root.host(LIB_DEST)):
-        lib = root.host(LIB_DEST)
-    if lib is None:
-        raise Fail(EXIT_ENV, "mmleak.so not found ($MMLEAK_LIB, next to mmleak.py, "
-                             "PREFIX/lib/mmleak, /usr/local/lib/mmleak, /usr/lib/mmleak): build "
-                             "it with make, or pass --lib PATH")
-    return lib
-
-
-def find_py():
-    """(the mmleak.py the companion will run, copied to PY_DEST; its COMPACT_ROTATE_MB)."""
-    here = os.path.dirname(os.path.realpath(__file__))
-    mod = import_mmleak_or_fail()
-    path = os.path.realpath(getattr(mod, "__file__", None) or here + "/mmleak.py")
-    if not path.endswith(".py") or not os.path.isfile(path):
-        raise Fail(EXIT_ENV, "mmleak.py not found next to %s (the compactor runs it)" % PROG)
-    return path, getattr(mod, "COMPACT_ROTATE_MB", ROTATE_MB)
-
-
-def read_ours(root, path):
-    """Content of our drop-in if present: (text, written_by_us, dir_created)."""
-    host = root.host(path, last=False)
-    if not os.path.lexists(host):
-        return None, False, False
-    with open(host, encoding="utf-8", errors="surrogateescape") as f:
-        text = f.read()
-    ours = text.startswith(MARKER)
-    created = (STATE_KEY + "yes") in text.splitlines()
-    return text, ours, created
-
-
-def render_dropin(unit, lib_raw, ddir, depth, rotate, rwp, created, companion, paused=False):
-    """The drop-in. LIB_RAW is the LD_PRELOAD value as written in unit files (specifiers
-    kept: systemd expands them); DDIR is literal."""
-    lines = [
-        MARKER + ": run %s under the mmleak leak tracer." % unit.name,
-        "# Undo: mmleak-install.py uninstall %s, then systemctl restart %s" % (unit.name,
-                                                                              unit.name),
-        "# (or delete this file and %s/%s, run systemctl daemon-reload, and restart the "
-        "service)." % (COMPANION_DIR, companion),
-        "# Kept on uninstall: the library %s, %s, the dumps in %s." % (LIB_DEST, PY_DEST, ddir),
-        STATE_KEY + ("yes" if created else "no"),
-        "[Unit]",
-        "Wants=%s" % companion,
-        "[Service]",
-        "Environment=%s" % quote_env("LD_PRELOAD=" + lib_raw, percent=False),
-        "Environment=%s" % quote_env("MMLEAK_DIR=" + ddir),
-        "Environment=MMLEAK_ROTATE_MB=%d" % rotate,
-    ]
-    if depth is not None:
-        lines.append("Environment=%s" % quote_env("MMLEAK_DEPTH=%d" % depth))
-    if paused:
-        lines.append("Environment=MMLEAK_PAUSED=1")
-    if rwp:
-        lines.append("ReadWritePaths=%s" % quote_path(ddir))
-    return "\n".join(lines) + "\n"
-
-
-# The companion's sandbox: it reads and deletes files in DDIR, writes mmleak.ID.compact,
-# .series and .lock there, reads /proc/PID/stat of the traced process, and nothing else.
-COMPANION_SANDBOX = """\
-NoNewPrivileges=yes
-PrivateTmp=yes
-PrivateDevices=yes
-PrivateNetwork=yes
-ProtectSystem=strict
-ProtectHome={home}
-ProtectKernelTunables=yes
-ProtectKernelModules=yes
-ProtectKernelLogs=yes
-ProtectControlGroups=yes
-ProtectClock=yes
-ProtectHostname=yes
-RestrictAddressFamilies=AF_UNIX
-RestrictNamespaces=yes
-RestrictRealtime=yes
-RestrictSUIDSGID=yes
-LockPersonality=yes
-MemoryDenyWriteExecute=yes
-SystemCallArchitectures=native
-SystemCallFilter=@system-service
-SystemCallErrorNumber=EPERM
-CapabilityBoundingSet={caps}"""
-
-
-def describe_cred(cred):
-    if cred["dynamic"]:
-        return "the dynamic user %s (shared with the service)" % cred["user"]
-    if cred["user"] is None:
-        return "root (as the service)"
-    return "%s:%s" % (cred["user"], cred["group"])
-
-
-def render_companion(unit, ddir, cred):
-    """The companion unit of UNIT: `mmleak.py compact --follow --forever DDIR` as CRED, a dict:
-    user, group (None: root, or the dynamic user's default), dynamic (bool), statedir (a
-    StateDirectory= entry holding DDIR, for a dynamic user, or None)."""
-    home = "read-only" if any(under(ddir, h) for h in ("/home", "/root", "/run/user")) \
-        else "yes"
-    root = cred["user"] is None
-    lines = [
-        MARKER + ": the compactor of %s's mmleak dumps." % unit.name,
-        "# Every second it folds the complete dump files in %s into" % ddir,
-        "# mmleak.ID.compact and deletes them, so disk use stays bounded by the live set.",
-        "# %s's drop-in mmleak.conf Wants= it: it starts with the service; BindsTo= and" % (
-            unit.name),
-        "# Before=: it stops after the service has stopped, with one last pass (SIGTERM).",
-        "# Undo: mmleak-install.py uninstall %s (removes this file too)." % unit.name,
-        "[Unit]",
-        "Description=mmleak compactor for %s" % unit.name,
-        "BindsTo=%s" % unit.name,
-        "Before=%s" % unit.name,
-        "StartLimitIntervalSec=1min",
-        "StartLimitBurst=5",
-        "",
-        "[Service]",
-    ]
-    if cred["dynamic"]:
-        lines.append("DynamicUser=yes")
-    if not root:
-        lines.append("User=%s" % cred["user"])
-    if cred["group"] is not None:
-        lines.append("Group=%s" % cred["group"])
-    in_tmp = under(ddir, "/tmp") or under(ddir, "/var/tmp")
-    lines += [
-        "Environment=%s" % quote_env("MMLEAK_DIR=" + ddir),
-    ]
-    if in_tmp:
-        # the service's /tmp is the host's (a service with PrivateTmp= cannot use it): the
-        # companion must see the same one, and, with ProtectSystem=strict and no private
-        # /tmp, write its temporary files in the only place it may write
-        lines.append("Environment=%s" % quote_env("TMPDIR=" + ddir))
-    lines += [
-        "ExecStart=%s %s compact --follow --forever --verbose ${MMLEAK_DIR}" % (PYTHON, PY_DEST),
-        "Restart=on-failure",
-        "RestartSec=5s",
-        "TimeoutStopSec=5min",
-        "UMask=0077",
-    ]
-    lines += [l for l in COMPANION_SANDBOX.format(
-        home=home, caps="CAP_DAC_OVERRIDE CAP_FOWNER" if root else "").split("\n")
-        if not (in_tmp and l == "PrivateTmp=yes")]
-    if cred["statedir"]:
-        lines.append("StateDirectory=%s" % quote_path(cred["statedir"]))
-    else:
-        lines.append("ReadWritePaths=-%s" % quote_path(ddir))
-    return "\n".join(lines) + "\n"
-
-
-def merge_preload(unit, s, notes):
-    """LD_PRELOAD for the drop-in: mmleak.so FIRST, then what the unit preloads (an allocator
-    such as jemalloc: mmleak's malloc calls it through RTLD_NEXT and records it; after it,
-    mmleak would never see the allocations). -> (value as written, value the service gets)"""
-    raw = s["env_raw"].get("LD_PRELOAD", "")
-    keep_raw, keep, dropped = [], [], []
-    for r in (e for e in re.split(r"[ \t\n\r:]+", raw) if e):
-        x = expand_specifiers(r, unit.name, unit.instance)
-        if os.path.basename(x) == os.path.basename(LIB_DEST):
-            if x != LIB_DEST:
-                dropped.append(x)
-            continue
-        keep_raw.append(r)
-        keep.append(x)
-    if keep or dropped:
-        notes.append("%s already sets LD_PRELOAD=%s (in %s): kept, after mmleak's library: "
-                     "mmleak.so goes first and records the allocations of the libraries after "
-                     "it (such as jemalloc)%s"
-                     % (unit.name, s["env"]["LD_PRELOAD"], s["env_src"]["LD_PRELOAD"],
-                        "; %s dropped (one mmleak.so only)" % ", ".join(dropped)
-                        if dropped else ""))
-    return " ".join([LIB_DEST] + keep_raw), " ".join([LIB_DEST] + keep)
-
+# install
 
 def cmd_install(args):
     for opt, value in (("--dir", args.dir), ("--lib", args.lib)):
         if value is not None:
             check_text_arg(opt, value)
     root, unit = setup(args)
-    if unit.path is None:
-        raise Fail(EXIT_INPUT, "unknown unit %s: no unit file in %s" % (
-            unit.name, ", ".join(UNIT_PATH)))
-    explicit = args.dir is not None
-    ddir = os.path.normpath(args.dir) if explicit else DEFAULT_DIR + "/" + unit.name
-    if explicit and not args.dir.startswith("/"):
-        raise Fail(EXIT_INPUT, "--dir %s: must be an absolute path" % args.dir)
-    if ddir.startswith("//"):
-        ddir = "/" + ddir.lstrip("/")
-    src = find_lib(args, root)
-    py_src, rotate_default = find_py()
-    rotate = args.rotate_mb if args.rotate_mb is not None else rotate_default
-    cname = companion_name(unit)
-    s = unit.evaluate()
-    warnings, notes = [], []
-    for key in ("User", "Group"):       # they go into the companion unit as they are
-        if s[key] is not None and has_control(s[key]):
-            raise Fail(EXIT_INPUT, "%s=%r of %s has a control character: systemd rejects this "
-                                   "unit; fix it first" % (key, s[key], unit.name))
-    dyn = parse_bool(s["DynamicUser"] or "no")
-    private_tmp = parse_bool(s["PrivateTmp"] or "no") or dyn
-    if private_tmp and (under(ddir, "/tmp") or under(ddir, "/var/tmp")):
-        raise Fail(EXIT_INPUT, "--dir %s is under %s but %s has PrivateTmp=yes%s: the service "
-                               "sees a private %s that is deleted when it stops, so the dumps "
-                               "would be lost; use --dir %s"
-                   % (ddir, "/tmp" if under(ddir, "/tmp") else "/var/tmp", unit.name,
-                      " (implied by DynamicUser=yes)" if dyn and not parse_bool(
-                          s["PrivateTmp"] or "no") else "",
-                      "/tmp" if under(ddir, "/tmp") else "/var/tmp",
-                      DEFAULT_DIR + "/" + unit.name))
-    preserve = (s["RuntimeDirectoryPreserve"] or "no").lower()
-    for rd in s["runtimedir"]:
-        rpath = os.path.normpath("/run/" + rd.split(":")[0])
-        if under(ddir, rpath) and rpath != "/run" and parse_bool(preserve) is not True:
-            raise Fail(EXIT_INPUT, "--dir %s is under %s, the RuntimeDirectory= of %s, which "
-                                   "systemd deletes when the service stops "
-                                   "(RuntimeDirectoryPreserve=%s): the dumps would be lost "
-                                   "before the compactor's last pass; use --dir %s"
-                       % (ddir, rpath, unit.name, preserve, DEFAULT_DIR + "/" + unit.name))
-    # The unit's credentials: always resolvable (systemd cannot start it otherwise), except
-    # a dynamic user, which exists only while the service runs.
-    who = None if dyn else resolve_owner(root, unit, s)
-    psys = (s["ProtectSystem"] or "no").lower()
-    phome = (s["ProtectHome"] or "no").lower()
-    if dyn:
-        psys = "strict"
-        phome = phome if parse_bool(phome) is not False else "read-only"
-    need_rwp = psys in ("strict", "full") or (
-        parse_bool(psys) and (under(ddir, "/usr") or under(ddir, "/boot") or
-                              under(ddir, "/efi"))) or (
-        (parse_bool(phome) or phome in ("read-only", "tmpfs")) and
-        any(under(ddir, h) for h in ("/home", "/root", "/run/user")))
-    statedirs = ["/var/lib/" + d.split(":")[0] for d in s["statedir"]]
-    in_statedir = any(under(ddir, d) for d in statedirs)
-    if dyn and not in_statedir:
-        warnings.append("%s has DynamicUser=yes: its user exists only while it runs and cannot "
-                        "write %s (root-owned); the dump directory must be under its "
-                        "StateDirectory= (%s), pass --dir; ReadWritePaths=%s was added"
-                        % (unit.name, ddir, ", ".join(statedirs) or "none set: add one", ddir))
-        need_rwp = True
-    elif dyn:
-        need_rwp = False
-    if need_rwp:
-        for p in s["rwp"]:
-            if under(ddir, os.path.normpath(p.lstrip("-+"))) and p.lstrip("-+") != "/":
-                need_rwp = False
-    if parse_bool(s["MemoryDenyWriteExecute"] or "no"):
-        notes.append("%s has MemoryDenyWriteExecute=yes: this is compatible, mmleak needs no "
-                     "writable+executable memory" % unit.name)
-    if s["RootDirectory"] or s["RootImage"]:
-        warnings.append("%s has RootDirectory=/RootImage=: %s and %s must exist inside it, "
-                        "and %s compacts %s outside it"
-                        % (unit.name, LIB_DEST, ddir, cname, ddir))
-    if not os.access(root.host(PYTHON), os.X_OK):
-        warnings.append("%s not found%s: %s cannot start, the dump files of %s will not be "
-                        "compacted; install python3" % (
-                            PYTHON, " under %s" % root.top if root.top != "/" else "", cname,
-                            unit.name))
-    check_execstart(root, unit, s, warnings)
-    for path, what in s["later"]:
-        warnings.append("%s sorts after %s and sets %s, which overrides mmleak's setting; "
-                        "merge it by hand" % (path, DROPIN_NAME, what))
-    for name in ENV_KEYS:
-        if name in s["unset"]:
-            warnings.append("%s has UnsetEnvironment=%s, which removes mmleak's setting; "
-                            "remove it while tracing" % (unit.name, name))
-    for ef in s["envfile"]:
-        p = ef.lstrip("-")
-        try:
-            with open(root.host(p), encoding="utf-8", errors="replace") as f:
-                if re.search(r"^\s*(export\s+)?LD_PRELOAD\s*=", f.read(), re.M):
-                    warnings.append("EnvironmentFile=%s sets LD_PRELOAD, which overrides "
-                                    "mmleak's Environment=LD_PRELOAD; add %s to it by hand"
-                                    % (p, LIB_DEST))
-        except OSError:
-            pass
-
-    # The dump directory: created for the unit's user, or checked (and fixed only when it
-    # holds nothing but dumps), never a system directory.
-    if dyn and in_statedir:
-        dump_steps, create = [], False
-    else:
-        dump_steps, create = plan_dump_dir(root, unit, ddir, explicit, who)
-    dirs_dump = missing_dirs(root, ddir) if create else []
-    owner = (0, 0, "root", "root") if who is None else (who.uid, who.gid, who.user, who.group)
-
-    lib_raw, lib_value = merge_preload(unit, s, notes)
-
-    # The companion runs as the service's user: it must read and delete the dumps, and be no
-    # more than the service is. A dynamic user is shared by name (systemd allocates one uid
-    # per name, for all the units that use it), and reaches its StateDirectory= the same way.
-    if dyn:
-        sd = next((d.split(":")[0] for d in s["statedir"]
-                   if under(ddir, "/var/lib/" + d.split(":")[0])), None)
-        cred = {"user": dynamic_user_name(unit, s["User"]), "group": s["Group"],
-                "dynamic": True, "statedir": sd}
-    elif who.uid == 0:
-        cred = {"user": None, "group": None, "dynamic": False, "statedir": None}
-    else:
-        cred = {"user": who.user, "group": who.group, "dynamic": False, "statedir": None}
-    ctext = render_companion(unit, ddir, cred)
-    cpath = COMPANION_DIR + "/" + cname
-    cold, cours, _ = read_ours(root, cpath)
-    if cold is not None and not cours:
-        raise Fail(EXIT_INPUT, "%s exists and was not written by %s; not touching it"
-                   % (cpath, PROG))
-
-    dpath = dropin_path(unit)
-    ddir_dropin = os.path.dirname(dpath)
-    old, ours, was_created = read_ours(root, dpath)
-    if old is not None and not ours:
-        raise Fail(EXIT_INPUT, "%s exists and was not written by %s; not touching it"
-                   % (dpath, PROG))
-    create_dropin_dir = not os.path.isdir(root.host(ddir_dropin))
-    created_flag = was_created if old is not None else create_dropin_dir
-    text = render_dropin(unit, lib_raw, ddir, args.depth, rotate, need_rwp, created_flag,
-                         cname, args.paused)
-
-    for p in (os.path.dirname(LIB_DEST), COMPANION_DIR, ddir_dropin):
-        root.resolve(p, trusted=p)      # no link of another user's where it writes
-
-    # Plan.
-    plan = []
-    lib_host = root.host(LIB_DEST)
-    same_path = os.path.realpath(src) == os.path.realpath(lib_host)
-    lib_dirs = missing_dirs(root, os.path.dirname(LIB_DEST))
-    if same_path:
-        pass
-    elif os.path.isfile(lib_host) and same_content(src, lib_host):
-        plan.append(("keep", "library %s is up to date" % LIB_DEST))
-    else:
-        for d in lib_dirs:
-            plan.append(("mkdir", d, 0o755, None))
-        lib_dirs = []
-        plan.append(("copy", src, LIB_DEST))
-    py_host = root.host(PY_DEST)
-    if os.path.realpath(py_src) == os.path.realpath(py_host):
-        pass
-    elif os.path.isfile(py_host) and same_content(py_src, py_host):
-        plan.append(("keep", "%s is up to date" % PY_DEST))
-    else:
-        for d in lib_dirs:
-            plan.append(("mkdir", d, 0o755, None))
-        plan.append(("copy", py_src, PY_DEST))
-    if dyn and in_statedir:
-        notes.append("%s is under StateDirectory=; systemd creates it for the dynamic user"
-                     % ddir)
-    plan.extend(dump_steps)
-    for d in dirs_dump:
-        plan.append(("mkdir", d, 0o700 if d == ddir else 0o755, owner if d == ddir else None))
-    if not dirs_dump and not dump_steps and not (dyn and in_statedir):
-        plan.append(("keep", "dump directory %s exists" % ddir))
-    # the companion first: the drop-in's Wants= never names a unit that does not exist
-    for d in missing_dirs(root, COMPANION_DIR):
-        plan.append(("mkdir", d, 0o755, None))
-    if cold == ctext:
-        plan.append(("keep", "companion %s is up to date" % cpath))
-    else:
-        plan.append(("write", cpath, ctext, "update" if cold is not None else "write"))
-    if create_dropin_dir:
-        for d in missing_dirs(root, ddir_dropin):
-            if d not in missing_dirs(root, COMPANION_DIR):
-                plan.append(("mkdir", d, 0o755, None))
-    if old == text:
-        plan.append(("keep", "already installed: %s is up to date" % dpath))
-    else:
-        plan.append(("write", dpath, text, "update" if old is not None else "write"))
-
-    def describe(step):
-        if step[0] == "keep":
-            return step[1]
-        if step[0] == "mkdir":
-            own = " owner %s:%s" % (step[3][2], step[3][3]) if step[3] else ""
-            return "create directory %s (mode %04o%s)" % (step[1], step[2], own)
-        if step[0] == "fix":
-            return "set owner %s:%s and mode %04o of %s (%s)" % (
-                step[3][2], step[3][3], step[2], step[1], step[4])
-        if step[0] == "copy":
-            return "copy %s -> %s (mode 0644)" % (step[1], step[2])
-        return "%s %s" % (step[3], step[1])
-
-    for n in notes:
+    p = plan(args, root, unit)
+    for n in p.notes:
         warn(n, "note")
-    for w in warnings:
+    for w in p.warnings:
         warn(w)
-
     out = sys.stdout
     if args.dry_run:
         out.write("dry run: nothing changed%s.\n" % (
             " (root %s)" % root.top if args.root is not None else ""))
-        for what, path, body in (("drop-in", dpath, text), ("companion", cpath, ctext)):
+        for what, path, body in (("drop-in", p.dpath, p.text), ("companion", p.cpath, p.ctext)):
             out.write("%s %s:\n" % (what, path))
             for line in body.splitlines():
                 out.write(("    " + line).rstrip(" ") + "\n")
         out.write("actions:\n")
-        for step in plan:
+        for step in p.steps:
             out.write("  " + describe(step) + "\n")
         out.write("  %s\n" % reload_step(args, root, []))
         return EXIT_OK
-
     if args.root is not None:
         out.write("root: %s\n" % root.top)
-    done_undo = []
-    try:
-        # directories made and changed through descriptors (open_dir: a link planted since
-        # the plan makes a step fail, it is never followed)
-        for step in plan:
-            if step[0] == "mkdir":
-                parent, name = os.path.split(step[1])
-                h = root.host(parent, trusted=step[1]) + "/" + name
-                pfd = open_dir(root, parent, step[1])
-                try:
-                    os.mkdir(name, step[2], dir_fd=pfd)
-                except OSError as e:
-                    raise OSError(e.errno, e.strerror, h)
-                finally:
-                    os.close(pfd)
-                done_undo.append(("rmdir", h))
-                set_dir(open_dir(root, step[1], step[1]), step[1], step[2], step[3], None,
-                        "left owned by you; chown it to")
-            elif step[0] == "fix":
-                fd = open_dir(root, step[1], step[1])
-                st = os.fstat(fd)
-                done_undo.append(("restore", (step[1], stat.S_IMODE(st.st_mode),
-                                              (st.st_uid, st.st_gid), step[5])))
-                set_dir(fd, step[1], step[2], step[3], step[5], "cannot be given to")
-            elif step[0] == "copy":
-                h = root.host(os.path.dirname(step[2]), trusted=step[2]) + "/" + \
-                    os.path.basename(step[2])
-                existed = os.path.exists(h)
-                atomic_write(h, None, 0o644, src=step[1])
-                if not existed:
-                    done_undo.append(("unlink", h))
-            elif step[0] == "write":
-                h = root.host(os.path.dirname(step[1]), trusted=step[1]) + "/" + \
-                    os.path.basename(step[1])
-                existed = os.path.lexists(h)
-                atomic_write(h, step[2].encode("utf-8", "surrogateescape"), 0o644)
-                if not existed:
-                    done_undo.append(("unlink", h))
-            out.write(describe(step) + "\n")
-    except (OSError, Fail) as e:
-        for kind, h in reversed(done_undo):
-            try:
-                if kind == "restore":
-                    set_dir(open_dir(root, h[0], h[0]), h[0], h[1], h[2], h[3], None)
-                else:
-                    (os.rmdir if kind == "rmdir" else os.unlink)(h)
-            except (OSError, Fail):
-                pass
-        failed = isinstance(e, Fail)
-        raise Fail(e.code if failed else EXIT_ENV, "install failed, changes undone: " + (
-            e.msg if failed else "%s: %s" % (e.filename or "", e.strerror)))
+    apply(p, root, out)
     done = []
     reload_line = reload_step(args, root, done)
     for d in done:
         out.write(d + "\n")
-    out.write("LD_PRELOAD=%s\nMMLEAK_DIR=%s\nMMLEAK_ROTATE_MB=%d\n" % (lib_value, ddir, rotate))
+    out.write("LD_PRELOAD=%s\nMMLEAK_DIR=%s\nMMLEAK_ROTATE_MB=%d\n" % (p.lib_value, p.ddir,
+                                                                       p.rotate))
     if args.paused:
         out.write("MMLEAK_PAUSED=1\n")
     out.write("compactor: %s, as %s, starts and stops with %s\n"
-              % (cname, describe_cred(cred), unit.name))
+              % (p.cname, describe_cred(p.cred), unit.name))
     out.write("next steps:\n")
     if reload_line:
         out.write("  %s\n" % reload_line)
@@ -1498,18 +75,21 @@ def cmd_install(args):
     main = "$(systemctl show -p MainPID --value %s)" % q(unit.name)
     if args.paused:
         out.write("  systemctl restart %s     # starts %s too; the service starts paused\n"
-                  % (q(unit.name), q(cname)))
+                  % (q(unit.name), q(p.cname)))
         out.write("  %s status %s\n" % (PROG, q(unit.name)))
-        out.write("  mmleak.py attach %s -d %s     # traces from now on\n" % (main, q(ddir)))
+        out.write("  mmleak.py attach %s -d %s     # traces from now on\n" % (main, q(p.ddir)))
         out.write("  mmleak.py detach %s     # paused again; it prints the report command\n"
                   % main)
     else:
-        out.write("  systemctl restart %s     # starts %s too\n" % (q(unit.name), q(cname)))
+        out.write("  systemctl restart %s     # starts %s too\n" % (q(unit.name), q(p.cname)))
         out.write("  %s status %s\n" % (PROG, q(unit.name)))
-        out.write("  mmleak.py report %s --pid %s\n" % (q(ddir), main))
+        out.write("  mmleak.py report %s --pid %s\n" % (q(p.ddir), main))
     out.write("  %s uninstall %s     # when done\n" % (PROG, q(unit.name)))
     return EXIT_OK
 
+
+# ---------------------------------------------------------------------------------------------
+# status
 
 def dropin_values(text, unit):
     """(environment, ReadWritePaths) of our drop-in, as systemd reads them."""
@@ -1536,7 +116,7 @@ def check_writable(root, unit, ddir):
     try:
         who = resolve_owner(root, unit, s)
     except Fail as e:
-        warn(e.msg)
+        warn(str(e))
         return
     real = root.resolve(ddir)
     blocked = unreachable(root, real, who)
@@ -1606,12 +186,12 @@ def unit_processes(name):
     return props.get("ActiveState") or "unknown", main, sorted(pids)
 
 
-def process_state(mmleak, pid):
-    """What mmleak says of process PID (mmleak.traced_state), as status shows it; None if
+def process_state(pid):
+    """What mmleak says of process PID (attach.traced_state), as status shows it; None if
     the process is gone."""
     try:
-        state = mmleak.traced_state(pid)
-    except mmleak.Fail as e:
+        state = attach.traced_state(pid)
+    except Fail as e:
         if not os.path.exists("/proc/%d" % pid):
             return None
         return "unknown: %s" % e
@@ -1633,12 +213,6 @@ def write_processes(out, root, unit):
     if not systemd_running(root):
         out.write(label + "unknown (systemd is not running here)\n")
         return
-    try:
-        mmleak = sys.modules.get("mmleak") or import_mmleak()
-    except Exception as e:  # noqa: BLE001 - any import failure: say so, status goes on
-        out.write(label + "unknown (cannot import mmleak.py from %s: %s)\n"
-                  % (os.path.dirname(os.path.realpath(__file__)), e))
-        return
     got = unit_processes(unit.name)
     if got is None:
         out.write(label + "unknown (systemctl show %s failed)\n" % unit.name)
@@ -1646,7 +220,7 @@ def write_processes(out, root, unit):
     active, main, pids = got
     states, seen = collections.OrderedDict(), False
     for pid in pids:
-        st = process_state(mmleak, pid)
+        st = process_state(pid)
         if st is None:
             continue            # gone since systemd and the cgroup named it
         seen = True
@@ -1668,8 +242,8 @@ def cmd_status(args):
     dpath = dropin_path(unit)
     text, ours, _ = read_ours(root, dpath)
     if unit.path is None and text is None:
-        raise Fail(EXIT_INPUT, "unknown unit %s: no unit file in %s" % (
-            unit.name, ", ".join(UNIT_PATH)))
+        raise Fail("unknown unit %s: no unit file in %s" % (
+            unit.name, ", ".join(UNIT_PATH)), EXIT_USAGE)
     out = sys.stdout
     if args.root is not None:
         out.write("root:           %s\n" % root.top)
@@ -1678,7 +252,7 @@ def cmd_status(args):
     if text is None:
         out.write("drop-in:        %s: absent\n" % dpath)
         out.write("not installed\n")
-        return EXIT_NOT_INSTALLED
+        return EXIT_PARTIAL
     out.write("drop-in:        %s: present%s\n" % (
         dpath, "" if ours else " (not written by %s)" % PROG))
     env, rwp = dropin_values(text, unit)
@@ -1750,6 +324,10 @@ def cmd_status(args):
     return EXIT_OK
 
 
+
+# ---------------------------------------------------------------------------------------------
+# uninstall
+
 def cmd_uninstall(args):
     root, unit = setup(args)
     dpath = dropin_path(unit)
@@ -1762,7 +340,7 @@ def cmd_uninstall(args):
         out.write("not installed: %s does not exist; nothing to do\n" % dpath)
         return EXIT_OK
     if text is not None and not ours:
-        raise Fail(EXIT_INPUT, "%s was not written by %s; not removing it" % (dpath, PROG))
+        raise Fail("%s was not written by %s; not removing it" % (dpath, PROG), EXIT_USAGE)
     env, _ = dropin_values(text or "", unit)
     ddir = env.get("MMLEAK_DIR", DEFAULT_DIR + "/" + unit.name)
     dd_host = root.host(os.path.dirname(dpath))
@@ -1790,7 +368,7 @@ def cmd_uninstall(args):
         try:
             fn()
         except OSError as e:
-            raise Fail(EXIT_ENV, "%s: %s" % (e.filename or desc, e.strerror))
+            raise Fail("%s: %s" % (e.filename or desc, e.strerror), EXIT_INPUT)
         out.write(desc + "\n")
     fsync_dir(dd_host)
     fsync_dir(root.host(COMPANION_DIR))
@@ -1815,75 +393,39 @@ def cmd_uninstall(args):
 # ---------------------------------------------------------------------------------------------
 # Command line
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        self.exit(EXIT_INPUT, "%s: error: %s\n" % (PROG, message))
+def add_globals(parser, default):
+    """--root, --dry-run, --no-reload: on the tool (DEFAULT None) and on each command."""
+    kw = {} if default is None else {"default": argparse.SUPPRESS}
+    parser.add_argument("--root", metavar="DIR", **kw,
+                        help="operate on the system tree under DIR (tests, image building): "
+                             "every path, unit search and /etc/passwd lookup is under it; "
+                             "no daemon-reload")
+    for opt, help in (("--dry-run", "print the drop-in, the companion unit and the list of "
+                                    "actions; change nothing"),
+                      ("--no-reload", "do not run systemctl daemon-reload (print a reminder "
+                                      "instead)")):
+        parser.add_argument(opt, action="store_true", help=help,
+                            **(kw or {"default": False}))
 
 
-def positive(v):
-    try:
-        n = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError("not an integer: %r" % v)
-    if n < 1:
-        raise argparse.ArgumentTypeError("must be at least 1: %r" % v)
-    return n
+def command(sub, name, func, help, description):
+    p = sub.add_parser(name, help=help, epilog=EXIT_HELP, description=description)
+    add_globals(p, "suppress")
+    p.add_argument("unit", metavar="UNIT", help="service unit name" + (
+        ", e.g. nfs-ganesha.service or getty@tty1.service" if name == "install" else ""))
+    p.set_defaults(func=func)
+    return p
 
 
-def depth(v):
-    """MMLEAK_DEPTH as mmleak.so takes it: 1 to 64 (it ignores anything else)."""
-    n = positive(v)
-    if n > DEPTH_MAX:
-        raise argparse.ArgumentTypeError("at most %d: %r" % (DEPTH_MAX, v))
-    return n
-
-
-def rotate_mb(v):
-    n = positive(v)
-    if n > ROTATE_MAX:
-        raise argparse.ArgumentTypeError("at most %d: %r" % (ROTATE_MAX, v))
-    return n
-
-
-def build_parser():
-    fmt = argparse.RawDescriptionHelpFormatter
-    p = Parser(prog=PROG, formatter_class=fmt, description=(
-        "Make a systemd service run under the mmleak malloc leak tracer (LD_PRELOAD), show\n"
-        "the state, and undo it. It writes a drop-in, /etc/systemd/system/UNIT.d/mmleak.conf,\n"
-        "and a companion unit, /etc/systemd/system/mmleak-compact-NAME.service, that compacts\n"
-        "the dumps while the service runs; it never starts, stops or restarts a service.\n\n"
-        "  %s install nfs-ganesha.service [--dir DIR] [--depth N]\n"
-        "  systemctl restart nfs-ganesha\n"
-        "  %s status nfs-ganesha.service\n"
-        "  mmleak.py report /var/lib/mmleak/nfs-ganesha.service --pid $(systemctl show -p "
-        "MainPID --value nfs-ganesha)\n"
-        "  %s uninstall nfs-ganesha.service" % (PROG, PROG, PROG)), epilog=EXIT_HELP)
-
-    def add_globals(parser, default):
-        parser.add_argument("--root", metavar="DIR", default=default if default is None
-                            else argparse.SUPPRESS,
-                            help="operate on the system tree under DIR (tests, image building): "
-                                 "every path, unit search and /etc/passwd lookup is under it; "
-                                 "no daemon-reload")
-        parser.add_argument("--dry-run", action="store_true",
-                            default=False if default is None else argparse.SUPPRESS,
-                            help="print the drop-in, the companion unit and the list of "
-                                 "actions; change nothing")
-        parser.add_argument("--no-reload", action="store_true",
-                            default=False if default is None else argparse.SUPPRESS,
-                            help="do not run systemctl daemon-reload (print a reminder instead)")
-
-    add_globals(p, None)
-    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
-    sub.required = True
-    pi = sub.add_parser("install", formatter_class=fmt, help="trace a service", epilog=EXIT_HELP,
-                        description=(
+def add_install(sub):
+    pi = command(sub, "install", cmd_install, "trace a service", (
         "Make UNIT run under mmleak at its next (re)start.\n\n"
         "Files touched (under --root DIR if given):\n"
         "  /usr/local/lib/mmleak/mmleak.so   the library, copied there atomically (mode 0644)\n"
         "                                    unless it already is that file\n"
-        "  /usr/local/lib/mmleak/mmleak.py   the mmleak.py next to this tool, likewise: what\n"
-        "                                    the companion runs\n"
+        "  /usr/local/lib/mmleak/mmleak.py   the mmleak.py next to this tool, and its package\n"
+        "                                    beside it (mmleaklib/), likewise: what the\n"
+        "                                    companion runs\n"
         "  DIR (default /var/lib/mmleak/UNIT, in a root-owned /var/lib/mmleak, mode 0755)\n"
         "                                    dump directory, created mode 0700 and owned by the\n"
         "                                    unit's User=/Group= if missing; an existing one\n"
@@ -1916,22 +458,22 @@ def build_parser():
         "script or 'env -i' wrapper, a later drop-in, EnvironmentFile= or UnsetEnvironment=\n"
         "overriding LD_PRELOAD, DynamicUser=yes, no /usr/bin/python3. Errors: see the exit\n"
         "codes."))
-    add_globals(pi, "suppress")
-    pi.add_argument("unit", metavar="UNIT", help="service unit name, e.g. nfs-ganesha.service "
-                                                 "or getty@tty1.service")
     pi.add_argument("--dir", metavar="DIR",
                     help="dump directory, MMLEAK_DIR (default %s/UNIT, one per unit, owned by "
                          "its User=; not in a private /tmp (PrivateTmp=) nor in the unit's "
                          "RuntimeDirectory=: systemd deletes both when it stops; one the User= "
                          "cannot write is refused unless the tool made it; no link of another "
                          "user's on the way)" % DEFAULT_DIR)
-    pi.add_argument("--depth", type=depth, metavar="N",
+    depth = facts.OPTION["MMLEAK_DEPTH"]
+    pi.add_argument("--depth", type=facts.option_type("MMLEAK_DEPTH"), metavar="N",
                     help="frames recorded per allocation, 1 to %d, MMLEAK_DEPTH (default: the "
-                         "library's, auto)" % DEPTH_MAX)
-    pi.add_argument("--rotate-mb", type=rotate_mb, metavar="N",
+                         "library's, auto)" % depth.max)
+    rotate = facts.OPTION["MMLEAK_ROTATE_MB"]
+    pi.add_argument("--rotate-mb", type=facts.option_type("MMLEAK_ROTATE_MB"), metavar="N",
                     help="MMLEAK_ROTATE_MB: a thread of the service starts a new dump file past "
                          "N MB, and the compactor folds and deletes the complete one (default "
-                         "%d, so that it keeps up; mmleak.so's own default is 256)" % ROTATE_MB)
+                         "%d, so that it keeps up; mmleak.so's own default is %d)"
+                         % (facts.COMPACT_ROTATE_MB, rotate.default))
     pi.add_argument("--paused", action="store_true",
                     help="start the service paused (MMLEAK_PAUSED=1): mmleak.so is loaded but "
                          "traces nothing, at no cost, until `mmleak.py attach MAINPID -d DIR`; "
@@ -1939,10 +481,10 @@ def build_parser():
     pi.add_argument("--lib", metavar="PATH",
                     help="mmleak.so to install (default: mmleak.find_library(): $MMLEAK_LIB, "
                          "the build tree, the installed copy)")
-    pi.set_defaults(func=cmd_install)
 
-    ps = sub.add_parser("status", formatter_class=fmt, help="show whether a service is traced",
-                        epilog=EXIT_HELP, description=(
+
+def add_status(sub):
+    command(sub, "status", cmd_status, "show whether a service is traced", (
         "Show which processes of UNIT run now and what mmleak does in each: its main\n"
         "process and the others of its cgroup, \"tracing ID DIR\", \"paused\", \"dormant\" or\n"
         "\"not traced\", read from their memory as `mmleak.py status` does (only when\n"
@@ -1955,12 +497,10 @@ def build_parser():
         "their sizes. Changes nothing; any user may run it (the state of another user's\n"
         "process then shows as unknown).\n"
         "Exit 0 if installed, 3 if not installed."))
-    add_globals(ps, "suppress")
-    ps.add_argument("unit", metavar="UNIT", help="service unit name")
-    ps.set_defaults(func=cmd_status)
 
-    pu = sub.add_parser("uninstall", formatter_class=fmt, help="stop tracing a service",
-                        epilog=EXIT_HELP, description=(
+
+def add_uninstall(sub):
+    command(sub, "uninstall", cmd_uninstall, "stop tracing a service", (
         "Remove what install added: /etc/systemd/system/UNIT.d/mmleak.conf, the UNIT.d\n"
         "directory if install created it (recorded in the drop-in) and it is now empty, and\n"
         "the companion /etc/systemd/system/mmleak-compact-NAME.service. Keeps\n"
@@ -1970,30 +510,35 @@ def build_parser():
         "both commands and runs neither.\n"
         "Not installed: prints a message and exits 0. A mmleak.conf not written by\n"
         "mmleak-install.py is left alone (exit 1)."))
-    add_globals(pu, "suppress")
-    pu.add_argument("unit", metavar="UNIT", help="service unit name")
-    pu.set_defaults(func=cmd_uninstall)
+
+
+def build_parser():
+    p = errors.Parser(prog=PROG, one_line=True, wrap=0, description=(
+        "Make a systemd service run under the mmleak malloc leak tracer (LD_PRELOAD), show\n"
+        "the state, and undo it. It writes a drop-in, /etc/systemd/system/UNIT.d/mmleak.conf,\n"
+        "and a companion unit, /etc/systemd/system/mmleak-compact-NAME.service, that compacts\n"
+        "the dumps while the service runs; it never starts, stops or restarts a service.\n\n"
+        "  %s install nfs-ganesha.service [--dir DIR] [--depth N]\n"
+        "  systemctl restart nfs-ganesha\n"
+        "  %s status nfs-ganesha.service\n"
+        "  mmleak.py report /var/lib/mmleak/nfs-ganesha.service --pid $(systemctl show -p "
+        "MainPID --value nfs-ganesha)\n"
+        "  %s uninstall nfs-ganesha.service" % (PROG, PROG, PROG)), epilog=EXIT_HELP)
+    add_globals(p, None)
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+    sub.required = True
+    for add in (add_install, add_status, add_uninstall):
+        add(sub)
     return p
 
 
 def main(argv=None):
-    try:
+    errors.set_tool(PROG, labelled=True)
+
+    def body():
         args = build_parser().parse_args(argv)
         return args.func(args)
-    except Fail as e:
-        sys.stderr.write("%s: error: %s\n" % (PROG, e.msg))
-        return e.code
-    except OSError as e:
-        sys.stderr.write("%s: error: %s%s\n" % (
-            PROG, (e.filename + ": ") if e.filename else "", e.strerror or e))
-        return EXIT_ENV
-    except KeyboardInterrupt:
-        sys.stderr.write("%s: error: interrupted\n" % PROG)
-        return 130
-    except Exception as e:  # noqa: BLE001 - never a traceback
-        sys.stderr.write("%s: error: internal error (%s: %s); please report it\n"
-                         % (PROG, type(e).__name__, e))
-        return EXIT_INTERNAL
+    return errors.run_main(body, internal=True)
 
 
 if __name__ == "__main__":

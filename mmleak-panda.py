@@ -14,51 +14,33 @@ The page is self-contained (inline CSS, JS and SVG charts; no network): a headli
 blocks not freed, process, time span, events read, what could not be symbolized and why), a
 chart of the top call sites, a chart of the survivors' bytes over the life of the process, a
 flame graph of the unfreed bytes by stack (click to zoom, hover for details), and one
-sortable, filterable table of the leaking call sites.  Lines are parsed with mmleak.py's
-own parser (mmleak.parse_event / parse_header); needs pandas and matplotlib.
+sortable, filterable table of the leaking call sites.
+
+It renders the report model of mmleaklib (report.build_report's dict): the call sites are
+the table the terminal prints (report.site_table), and the survivor lines on stdin are read
+by the package's reader (shrink.Shrinker) into the same model.  Needs pandas and matplotlib.
 """
-import argparse
 import collections
 import datetime
 import html
-import importlib.util
 import io
-import math
 import os
 import re
 import sys
 import time
+
+from mmleaklib import errors, files, report, shrink, sites, symbolize
+from mmleaklib.dumpformat import (DUPLICATE, KIND_END, KIND_START, MALFORMED, PROBLEMS,
+                                  Q_BAD_FIELD, Q_BAD_STACK, Q_CUT_START, Q_MALFORMED,
+                                  Q_TOO_LONG, Problems, header_int, problem_text)
+from mmleaklib.errors import EXIT_OK, EXIT_PARTIAL, EXIT_TOOL, EXIT_USAGE, Fail
+from mmleaklib.facts import MAX_DEPTH
 
 PROG = "mmleak-panda.py"
 TOP_ROWS = 500          # table rows at most; the rest is summarized in a note
 CHART_SITES = 15        # bars in the top-sites chart
 TIMELINE_SITES = 5      # per-site lines in the timeline chart
 TIMELINE_POINTS = 2000  # points per timeline line at most (longer histories are binned)
-U64 = (1 << 64) - 1     # sizes, times and addresses are up to 16 hex digits
-I64 = (1 << 63) - 1
-
-def import_mmleak():
-    """Load mmleak.py by path (a plain import would find mmleak.so beside it first)."""
-    mod = sys.modules.get("mmleak")
-    if mod is not None and hasattr(mod, "parse_event"):
-        return mod
-    path = os.path.join(os.path.dirname(os.path.realpath(__file__)), "mmleak.py")
-    spec = importlib.util.spec_from_file_location("mmleak", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["mmleak"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-mmleak = import_mmleak()
-
-
-class Fail(Exception):
-    def __init__(self, msg, status=mmleak.EXIT_INPUT):
-        super().__init__(msg)
-        self.status = status
-
-
 # ---------------------------------------------------------------------------------------
 # Formatting helpers
 # ---------------------------------------------------------------------------------------
@@ -68,7 +50,7 @@ def esc(s):
 
 
 def hb(n):
-    return mmleak.human_bytes(int(n))
+    return sites.human_bytes(int(n))
 
 
 def dur(s):
@@ -89,112 +71,28 @@ def short_path(p, keep=3):
 
 
 # ---------------------------------------------------------------------------------------
-# Aggregation: survivors -> call sites (pandas)
+# The page's model: report.site_table (the terminal's table), and the blocks for the charts
 # ---------------------------------------------------------------------------------------
 
-class Survivors:
-    """The survivors as columns (size, time, stack id) plus the distinct stacks: memory
-    proportional to the blocks, not to their Python objects.  Sizes and times are unsigned
-    64-bit, as in the dump format."""
-
-    def __init__(self, allocs, depth):
-        from array import array
-        self.stacks = {}
-        sid, size, tim = array("q"), array("Q"), array("Q")
-        stacks = self.stacks
-        for a in allocs:
-            k = a.callers[:depth]
-            i = stacks.get(k)
-            if i is None:
-                i = stacks[k] = len(stacks)
-            sid.append(i)
-            size.append(a.size)
-            tim.append(a.time)
-        self.sid, self.size, self.time = sid, size, tim
-        self.stack_list = [None] * len(stacks)
-        for k, i in stacks.items():
-            self.stack_list[i] = k
-
-    def __len__(self):
-        return len(self.sid)
-
-    def addresses(self):
-        return sorted({c for k in self.stack_list for c in k})
+def page_model(rep, wrappers):
+    """(the blocks the filters keep, the sites, the stacks) of the report REP: the sites are
+    report.site_table's rows (what the terminal prints, the heaviest stack of each), the
+    stacks {stack: [bytes, blocks, site, index]} those of the blocks kept."""
+    kept = sites.keep_blocks(rep["survivors"], rep.get("end_time") or 0, rep.get("since"),
+                             rep.get("older_than"))
+    stacks = {}
+    table = report.site_table(dict(rep, survivors=kept), stacks, wrappers)
+    return kept, table, stacks
 
 
-def time_mask(tim, end_time, since=None, older_than=None):
-    """Boolean mask of the times TIM (uint64 array) kept by --since/--older-than, computed
-    exactly in integers (a time is a whole number of seconds)."""
-    import numpy as np
-    keep = np.ones(len(tim), dtype=bool)
-    if since is not None:
-        lo = math.ceil(since)              # t >= since  <=>  t >= ceil(since)
-        if lo > U64:
-            keep[:] = False
-        elif lo > 0:
-            keep &= tim >= np.uint64(lo)
-    if older_than is not None:
-        hi = math.floor(end_time - older_than)  # end - t >= older  <=>  t <= floor(end - older)
-        if hi < 0:
-            keep[:] = False
-        elif hi < U64:
-            keep &= tim <= np.uint64(hi)
-    return keep
-
-
-def aggregate(surv, frames, end_time, wrappers, since=None, older_than=None):
-    """-> (df of blocks after filters, sites DataFrame largest first, info dict).
-
-    Byte counts are exact: int64 columns while the total of all sizes fits in them, Python
-    integers (object columns) when it does not (legal sizes go up to 2^64-1)."""
+def blocks_frame(kept, stacks, depth):
+    """The blocks kept, as a DataFrame (size, time, site) for the timeline chart."""
     import numpy as np
     import pandas as pd
-
-    n = len(surv)
-    size = np.frombuffer(surv.size, dtype=np.uint64) if n else np.zeros(0, np.uint64)
-    tim = np.frombuffer(surv.time, dtype=np.uint64) if n else np.zeros(0, np.uint64)
-    sid = np.frombuffer(surv.sid, dtype=np.int64) if n else np.zeros(0, np.int64)
-    total = sum(surv.size)
-    size_col = size.view(np.int64) if total <= I64 else np.array(surv.size.tolist(),
-                                                                  dtype=object)
-    df = pd.DataFrame({"sid": sid, "size": size_col, "time": tim})
-    before = (n, total)
-    if since is not None or older_than is not None:
-        df = df[time_mask(tim, end_time, since, older_than)]
-    # call site of each stack: mmleak.site_resolver (first frame outside the wrappers, and
-    # callers that resolve to the same source line are one site), as the terminal report
-    resolve = mmleak.site_resolver(frames, wrappers)
-    site_key, site_idx = [], []
-    for st in surv.stack_list:
-        key, i = resolve(st)
-        site_key.append(key)
-        site_idx.append(i)
-    site_key = np.array(site_key, dtype=np.uint64) if site_key else np.zeros(0, np.uint64)
-    df = df.assign(site=site_key[df["sid"].to_numpy()] if len(df) else
-                   np.zeros(0, np.uint64))
-    if len(df):
-        g = df.groupby("site", sort=False)
-        sites = g.agg(bytes=("size", "sum"), blocks=("size", "size"), min=("size", "min"),
-                      max=("size", "max"), tmin=("time", "min"), tmax=("time", "max"))
-        # ages and means in Python numbers: exact, and never a wrapped unsigned difference
-        sites["oldest"] = [max(end_time - t, 0) for t in sites["tmin"].tolist()]
-        sites["youngest"] = [max(end_time - t, 0) for t in sites["tmax"].tolist()]
-        sites["mean"] = [b / k for b, k in zip(sites["bytes"].tolist(),
-                                                sites["blocks"].tolist())]
-        # the heaviest stack of each site, and how many distinct stacks it has
-        per_stack = df.groupby(["site", "sid"], sort=False)["size"].sum().reset_index()
-        per_stack = per_stack.sort_values("size", ascending=False, kind="stable")
-        top_stack = per_stack.drop_duplicates("site").set_index("site")["sid"]
-        sites["stack"] = top_stack.reindex(sites.index)
-        sites["nstacks"] = per_stack.groupby("site").size().reindex(sites.index)
-        sites = sites.reset_index()
-        sites = sites.sort_values(["bytes", "blocks", "site"], ascending=[False, False, True],
-                                  kind="stable").reset_index(drop=True)
-    else:
-        sites = pd.DataFrame(columns=["site", "bytes", "blocks", "min", "max", "tmin", "tmax",
-                                      "oldest", "youngest", "mean", "stack", "nstacks"])
-    info = {"before_blocks": before[0], "before_bytes": before[1], "site_idx": site_idx}
-    return df, sites, info
+    return pd.DataFrame({
+        "size": np.array([float(a.size) for a in kept], dtype=np.float64),
+        "time": np.array([float(a.time) for a in kept], dtype=np.float64),
+        "site": np.array([stacks[a.callers[:depth]][2] for a in kept], dtype=np.uint64)})
 
 
 # ---------------------------------------------------------------------------------------
@@ -244,15 +142,15 @@ def frame_levels(fr, addr):
         lab = "0x%x" % addr
         return [(("?", addr), lab, None, None, None, None, KIND_UNRESOLVED)]
     if not (fr.function or fr.file):
-        lab = mmleak.frame_label(fr)
+        lab = symbolize.frame_label(fr)
         return [(("?", fr.module, fr.offset if fr.module else addr), lab, None, None, None,
                  fr.module, KIND_UNRESOLVED)]
     chain = [(fr.function, fr.file, fr.line)] + list(fr.inlined)
     out = []
     for j in range(len(chain) - 1, -1, -1):
         fn, fl, ln = chain[j]
-        kind = KIND_RUNTIME if mmleak.is_runtime(
-            mmleak.Frame(addr, fr.module, fr.offset, fn, fl, ln, (), None)) else KIND_PROGRAM
+        kind = KIND_RUNTIME if sites.is_runtime(
+            symbolize.Frame(addr, fr.module, fr.offset, fn, fl, ln, (), None)) else KIND_PROGRAM
         if j < len(chain) - 1:             # inlined into the level above it
             kind |= KIND_INLINED
         key = ("f", fn, fl, ln if fl else None, fr.module)
@@ -411,15 +309,10 @@ class Flame:
         return {"s": strs, "f": frames, "n": flat, "pm": FLAME_MIN_PER_MILLE}
 
 
-def flame_of(df, surv, frames):
-    """A Flame of the blocks in DF (after the filters): bytes and blocks per stack, exact."""
-    nst = len(surv.stack_list)
-    sb, sk = [0] * nst, [0] * nst
-    if len(df):
-        g = df.groupby("sid", sort=False)["size"].agg(["sum", "size"])
-        for sid, b, k in zip(g.index.tolist(), g["sum"].tolist(), g["size"].tolist()):
-            sb[sid], sk[sid] = int(b), int(k)
-    return Flame(surv.stack_list, sb, sk, frames)
+def flame_of(stacks, frames):
+    """A Flame of the blocks kept: bytes and blocks per stack (page_model's STACKS), exact."""
+    return Flame(list(stacks), [v[0] for v in stacks.values()],
+                 [v[1] for v in stacks.values()], frames)
 
 
 def flame_json(fl):
@@ -484,9 +377,9 @@ def _trunc(s, n=60):
     return s if len(s) <= n else s[:n - 1] + "\u2026"
 
 
-def chart_top_sites(sites, labels):
+def chart_top_sites(table, labels):
     Figure, FuncFormatter = _mpl()
-    top = sites.head(CHART_SITES)
+    top = table[:CHART_SITES]
     n = len(top)
     fig = Figure(figsize=(6.4, max(3.9, 0.9 + 0.28 * max(n, 1))))
     ax = fig.add_subplot(111)
@@ -495,7 +388,7 @@ def chart_top_sites(sites, labels):
         ax.set_axis_off()
         return _svg(fig)
     y = list(range(n))[::-1]
-    exact = top["bytes"].tolist()
+    exact = [s.bytes for s in top]
     vals = [float(v) for v in exact]          # plotting only; labels show the exact bytes
     colors = [PALETTE[i] if i < TIMELINE_SITES else "#8da0b3" for i in range(n)]
     ax.barh(y, vals, color=colors, height=0.7)
@@ -504,7 +397,7 @@ def chart_top_sites(sites, labels):
     _bytes_axis(ax.xaxis, max(max(vals) * 1.3, 1.0))
     ax.set_xlabel("bytes not freed (label: bytes / blocks)")
     ax.set_title("Top call sites by unfreed bytes", loc="left", fontsize=10)
-    for yi, v, e, b in zip(y, vals, exact, top["blocks"].tolist()):
+    for yi, v, e, b in zip(y, vals, exact, [s.blocks for s in top]):
         ax.text(v, yi, " %s / %d" % (hb(e), b), va="center", fontsize=8, color="#333")
     ax.set_xlim(0, max(max(vals) * 1.3, 1.0))
     ax.grid(axis="x", color="#ddd", linewidth=0.6)
@@ -532,7 +425,7 @@ def _cumulative(times, sizes, t_end):
     return x, y
 
 
-def chart_timeline(df, sites, labels, end_time):
+def chart_timeline(df, table, labels, end_time):
     import numpy as np
     Figure, FuncFormatter = _mpl()
     fig = Figure(figsize=(6.4, 3.6))
@@ -543,8 +436,8 @@ def chart_timeline(df, sites, labels, end_time):
     x, y = _cumulative(t, s, float(end_time))
     ax.plot(x, y, drawstyle="steps-post", color="#222", linewidth=2, label="all call sites")
     site = df["site"].to_numpy()
-    for i in range(min(TIMELINE_SITES, len(sites))):
-        m = site == np.uint64(sites["site"].iat[i])
+    for i in range(min(TIMELINE_SITES, len(table))):
+        m = site == np.uint64(table[i].caller)
         xi, yi = _cumulative(t[m], s[m], float(end_time))
         ax.plot(xi, yi, drawstyle="steps-post", color=PALETTE[i], linewidth=1.4,
                 label="#%d %s" % (i + 1, _trunc(labels[i], 40)))
@@ -851,16 +744,11 @@ def frame_cells(fr, addr):
                            for f, fl, ln in fr.inlined)
         texts = (fr.function or "??", "%s:%s" % (fr.file, fr.line) if fr.file else "")
     else:
-        fn = '<span class="unres">%s</span>' % esc(mmleak.frame_label(fr))
+        fn = '<span class="unres">%s</span>' % esc(symbolize.frame_label(fr))
         loc = '<span class="unres">%s</span>' % esc(fr.error or "unresolved")
-        texts = (mmleak.frame_label(fr), "")
+        texts = (symbolize.frame_label(fr), "")
     mod = esc("%s+0x%x" % (fr.module, fr.offset)) if fr.module else ""
     return fn, loc, mod, texts + (("%s+0x%x" % (fr.module, fr.offset)) if fr.module else "",)
-
-
-def is_runtime(fr):
-    """A call site inside the C/C++ runtime (usually one-time buffers, not the program's)."""
-    return mmleak.is_runtime(fr)
 
 
 def site_label(fr, addr):
@@ -875,7 +763,7 @@ def site_label(fr, addr):
             if c == "(" and depth == 0 and not fn.startswith("operator"):
                 return fn[:i] or fn
         return fn
-    return mmleak.frame_label(fr)
+    return symbolize.frame_label(fr)
 
 
 def symbol_summary(addrs, frames, sym_error):
@@ -906,7 +794,7 @@ def start_text(start):
 
 def build_html(ctx):
     """ctx: dict with everything the page shows (see render())."""
-    sites, labels, frames, surv = ctx["sites"], ctx["labels"], ctx["frames"], ctx["surv"]
+    table, frames = ctx["sites"], ctx["frames"]
     deep = ctx["depth"] > 1
     total_b, total_n = ctx["bytes"], ctx["blocks"]
     p = []
@@ -935,8 +823,8 @@ def build_html(ctx):
     card("Unfreed bytes", esc(hb(total_b)), esc("{:,} bytes".format(total_b)))
     card("Unfreed blocks", esc("{:,}".format(total_n)),
          esc("mean %s" % hb(total_b // total_n)) if total_n else "")
-    card("Call sites", esc("{:,}".format(len(sites))),
-         "top site: %s" % esc(hb(sites["bytes"].iat[0])) if len(sites) else "")
+    card("Call sites", esc("{:,}".format(len(table))),
+         "top site: %s" % esc(hb(table[0].bytes)) if table else "")
     span = ctx["end_time"]
     start = ctx["start"]
     when = start_text(start)
@@ -979,7 +867,7 @@ def build_html(ctx):
                          % tot)
     if deep:
         how = ("with stacks through the runtime and the wrappers to the program's own frame "
-               "(MMLEAK_DEPTH=auto)" if ctx["depth"] >= mmleak.MAX_DEPTH else
+               "(MMLEAK_DEPTH=auto)" if ctx["depth"] >= MAX_DEPTH else
                "with %d return addresses per allocation" % ctx["depth"])
         notes.append("<b>Call sites</b> are the first frame outside the C/C++ runtime and the "
                      "allocation wrappers (%s seen); traced %s (click <i>stack</i> to see "
@@ -1009,7 +897,7 @@ def build_html(ctx):
     w(flame_panel(ctx.get("flame")))
 
     # -- the table --
-    shown = min(len(sites), ctx["top"])
+    shown = min(len(table), ctx["top"])
     w('<div class="tools"><input id="filter" type="search" placeholder="Filter call sites '
       '(function, file, module)&hellip;" autocomplete="off"><span class="count" id="count">'
       '</span><label class="count"><input type="checkbox" id="hide-rt"> hide call sites in '
@@ -1023,64 +911,19 @@ def build_html(ctx):
     w('<table id="sites"><thead><tr>%s</tr></thead><tbody>\n' % "".join(
         '<th id="%s" data-t="%s"%s>%s</th>' % (i, t, ' class="desc"' if i == "col-bytes"
                                                else "", n) for i, n, t in cols))
-    top_bytes = max(int(sites["bytes"].iat[0]), 1) if len(sites) else 1
-    cols_l = {c: sites[c].tolist()[:shown] for c in ("site", "bytes", "blocks", "mean", "min",
-                                                    "max", "oldest", "youngest", "stack",
-                                                    "nstacks")}
-    for r in range(shown):
-        addr = int(cols_l["site"][r])
-        fr = frames.get(addr)
-        fn, loc, mod, texts = frame_cells(fr, addr)
-        b, n = int(cols_l["bytes"][r]), int(cols_l["blocks"][r])
-        extra = ""
-        if deep:
-            st = surv.stack_list[int(cols_l["stack"][r])]
-            k = ctx["site_idx"][int(cols_l["stack"][r])]
-            if k:
-                extra += '<div class="via">via %s</div>' % esc(" \u2190 ".join(
-                    site_label(frames.get(c), c) for c in st[:k][::-1]))
-            lines = []
-            for j, c in enumerate(st):
-                f2 = frames.get(c)
-                if f2 is not None and f2.file:
-                    lab = '%s <span title="%s">%s:%s</span>' % (
-                        esc(f2.function or "??"), esc("%s:%s" % (f2.file, f2.line)),
-                        esc(short_path(f2.file, 2)), esc(f2.line or "?"))
-                else:
-                    lab = esc(mmleak.frame_label(f2) if f2 else "0x%x" % c)
-                lines.append("<div>%s%d %s</div>" % ("&rarr; " if j == k else "", j, lab))
-            ns = int(cols_l["nstacks"][r])
-            extra += ('<details class="stk"><summary>stack%s</summary>%s</details>'
-                      % (" (heaviest of %d)" % ns if ns > 1 else "", "".join(lines)))
-        rt = is_runtime(fr)
-        if rt:
-            extra = '<span class="rt">runtime library</span>' + extra
-        w('<tr data-rank="%d" data-bytes="%d"%s><td class="num" data-v="%d">%d</td>'
-          '<td class="fn" data-v="%s">%s%s<span class="bar" style="width:%.1f%%"></span></td>'
-          '<td class="loc" data-v="%s">%s</td><td class="mod" data-v="%s">%s</td>'
-          '<td class="num" data-v="%d" title="%s bytes">%s</td><td class="num" data-v="%d">%s</td>'
-          '<td class="num" data-v="%.1f">%s</td><td class="num" data-v="%d">%s</td>'
-          '<td class="num" data-v="%d">%s</td><td class="num" data-v="%d">%s</td>'
-          '<td class="num" data-v="%d">%s</td></tr>\n'
-          % (r + 1, b, ' data-rt="1" class="rtrow"' if rt else "", r + 1, r + 1, esc(texts[0]),
-             fn, extra, 100.0 * b / top_bytes,
-             esc(texts[1]), loc, esc(texts[2]), mod,
-             b, "{:,}".format(b), esc(hb(b)), n, "{:,}".format(n),
-             cols_l["mean"][r], esc(hb(cols_l["mean"][r])),
-             cols_l["min"][r], esc(hb(cols_l["min"][r])),
-             cols_l["max"][r], esc(hb(cols_l["max"][r])),
-             cols_l["oldest"][r], esc(dur(cols_l["oldest"][r])),
-             cols_l["youngest"][r], esc(dur(cols_l["youngest"][r]))))
+    top_bytes = max(table[0].bytes, 1) if table else 1
+    for r, site in enumerate(table[:shown]):
+        w(site_row(r, site, frames.get(site.caller), frames, deep, top_bytes))
     w("</tbody></table>\n")
-    if not len(sites):
+    if not table:
         w("<p><b>No leaks:</b> every block allocated while tracing (and passing the filter) "
           "was freed.</p>\n")
-    if len(sites) > shown:
-        rest = sites.iloc[shown:]
+    if len(table) > shown:
+        rest = table[shown:]
         w('<p class="warn" id="capnote">Showing the top %d of %s call sites; the other %s '
           'hold %s in %s blocks (use <code>mmleak.py report --csv</code> for all).</p>\n'
-          % (shown, "{:,}".format(len(sites)), "{:,}".format(len(rest)),
-             esc(hb(rest["bytes"].sum())), "{:,}".format(int(rest["blocks"].sum()))))
+          % (shown, "{:,}".format(len(table)), "{:,}".format(len(rest)),
+             esc(hb(sum(s.bytes for s in rest))), "{:,}".format(sum(s.blocks for s in rest))))
     w('<footer>Generated by mmleak-panda.py on %s from %s. Ages are at the end of the trace '
       '(%s after its start). Mean, min, max: block sizes.</footer>\n'
       % (esc(time.strftime("%Y-%m-%d %H:%M:%S")), esc(ctx["source"]), esc(dur(span))))
@@ -1089,40 +932,81 @@ def build_html(ctx):
     return "".join(p)
 
 
-def render(surv, frames, meta, wrappers=None, top=TOP_ROWS):
-    """Aggregate SURV (a Survivors) and return the page.  META: pid, trace, cmd, start,
-    end_time, events, events_note, depth, symbol_error, foreign, since, older_than, source."""
-    wrappers = wrappers or mmleak.Wrappers()
-    end_time = meta["end_time"]
-    df, sites, info = aggregate(surv, frames, end_time, wrappers, meta.get("since"),
-                                meta.get("older_than"))
-    labels = [site_label(frames.get(int(a)), int(a))
-              for a in sites["site"].head(max(CHART_SITES, TIMELINE_SITES)).tolist()]
+def site_row(r, site, fr, frames, deep, top_bytes):
+    """The table's row R (from 0) of a Site (report.site_table)."""
+    fn, loc, mod, texts = frame_cells(fr, site.caller)
+    b, n = site.bytes, site.blocks
+    mean = b / n
+    extra = ""
+    if deep:
+        st, k = site.stack, site.index
+        if k:
+            extra += '<div class="via">via %s</div>' % esc(" \u2190 ".join(
+                site_label(frames.get(c), c) for c in st[:k][::-1]))
+        lines = []
+        for j, c in enumerate(st):
+            f2 = frames.get(c)
+            if f2 is not None and f2.file:
+                lab = '%s <span title="%s">%s:%s</span>' % (
+                    esc(f2.function or "??"), esc("%s:%s" % (f2.file, f2.line)),
+                    esc(short_path(f2.file, 2)), esc(f2.line or "?"))
+            else:
+                lab = esc(symbolize.frame_label(f2) if f2 else "0x%x" % c)
+            lines.append("<div>%s%d %s</div>" % ("&rarr; " if j == k else "", j, lab))
+        extra += ('<details class="stk"><summary>stack%s</summary>%s</details>'
+                  % (" (heaviest of %d)" % site.nstacks if site.nstacks > 1 else "",
+                     "".join(lines)))
+    rt = sites.is_runtime(fr)
+    if rt:
+        extra = '<span class="rt">runtime library</span>' + extra
+    return ('<tr data-rank="%d" data-bytes="%d"%s><td class="num" data-v="%d">%d</td>'
+            '<td class="fn" data-v="%s">%s%s<span class="bar" style="width:%.1f%%"></span></td>'
+            '<td class="loc" data-v="%s">%s</td><td class="mod" data-v="%s">%s</td>'
+            '<td class="num" data-v="%d" title="%s bytes">%s</td><td class="num" data-v="%d">%s'
+            '</td><td class="num" data-v="%.1f">%s</td><td class="num" data-v="%d">%s</td>'
+            '<td class="num" data-v="%d">%s</td><td class="num" data-v="%d">%s</td>'
+            '<td class="num" data-v="%d">%s</td></tr>\n'
+            % (r + 1, b, ' data-rt="1" class="rtrow"' if rt else "", r + 1, r + 1,
+               esc(texts[0]), fn, extra, 100.0 * b / top_bytes,
+               esc(texts[1]), loc, esc(texts[2]), mod,
+               b, "{:,}".format(b), esc(hb(b)), n, "{:,}".format(n),
+               mean, esc(hb(mean)), site.min, esc(hb(site.min)), site.max, esc(hb(site.max)),
+               site.oldest, esc(dur(site.oldest)), site.youngest, esc(dur(site.youngest))))
+
+
+def render(rep, meta, wrappers=None, top=TOP_ROWS):
+    """The page of the report REP (its survivors, frames, end_time, depth, trace_depth,
+    since, older_than: see page_model).  META: the texts (pid, trace, cmd, start, events,
+    events_note, symbol_error, foreign, baseline, unfiltered, source, extra_notes,
+    extra_panels)."""
+    wrappers = wrappers or sites.Wrappers(rep.get("wrappers") or ())
+    frames = rep.get("frames") or {}
+    depth = report.site_depth(rep)
+    kept, table, stacks = page_model(rep, wrappers)
+    labels = [site_label(frames.get(s.caller), s.caller)
+              for s in table[:max(CHART_SITES, TIMELINE_SITES)]]
     # numbering makes identical function names (two sites in one function) distinguishable
     labels = ["#%d %s" % (i + 1, l) for i, l in enumerate(labels)]
-    hits, wrapped = set(), 0
-    for st in surv.stack_list:
-        for c in st:
-            if frames.get(c) in wrappers:
-                hits.add(mmleak.base_name(frames[c].function))
-    if meta["depth"] <= 1:
-        for a in sites["site"].tolist():
-            if frames.get(int(a)) in wrappers:
-                wrapped += 1
-    ctx = dict(meta)
+    hits = {sites.base_name(frames[c].function) for st in stacks for c in st
+            if frames.get(c) in wrappers}
+    wrapped = sum(1 for s in table if frames.get(s.caller) in wrappers) if depth <= 1 else 0
+    everything = rep["survivors"]
+    ctx = dict(meta, depth=depth, end_time=rep.get("end_time") or 0)
+    df = blocks_frame(kept, stacks, depth)
     ctx.update({
-        "sites": sites, "labels": labels, "frames": frames, "surv": surv, "top": top,
-        "bytes": int(df["size"].sum()), "blocks": int(len(df)),
+        "sites": table, "labels": labels, "frames": frames, "top": top,
+        "bytes": sum(s.bytes for s in table), "blocks": len(kept),
         "before_bytes": (meta["unfiltered"][1] if meta.get("unfiltered")
-                         else info["before_bytes"]),
+                         else sum(a.size for a in everything)),
         "before_blocks": (meta["unfiltered"][0] if meta.get("unfiltered")
-                          else info["before_blocks"]),
-        "symbols": symbol_summary(surv.addresses(), frames, meta.get("symbol_error")),
-        "wrapper_hits": sorted(hits), "wrapped_sites": wrapped, "site_idx": info["site_idx"],
-        "flame": flame_of(df, surv, frames),
-        "svg_sites": chart_top_sites(sites, labels),
-        "svg_time": chart_timeline(df, sites, [l.split(" ", 1)[1] for l in labels],
-                                   end_time),
+                          else len(everything)),
+        "symbols": symbol_summary(sorted({c for a in everything for c in a.callers[:depth]}),
+                                  frames, meta.get("symbol_error")),
+        "wrapper_hits": sorted(hits), "wrapped_sites": wrapped,
+        "flame": flame_of(stacks, frames),
+        "svg_sites": chart_top_sites(table, labels),
+        "svg_time": chart_timeline(df, table, [l.split(" ", 1)[1] for l in labels],
+                                   ctx["end_time"]),
     })
     return build_html(ctx)
 
@@ -1132,8 +1016,8 @@ def write_page(page, out_path):
         sys.stdout.write(page)
         sys.stdout.flush()
         return
-    # never opened by its name: a new file renamed over it (mmleak.new_output)
-    with mmleak.new_output(out_path, text=True) as f:
+    # never opened by its name: a new file renamed over it (files.new_output)
+    with files.new_output(out_path, text=True) as f:
         f.write(page)
 
 
@@ -1154,21 +1038,16 @@ def events_note(rep):
 
 
 def render_report(rep, out_path, wrappers=None, top=TOP_ROWS):
-    """Entry point for ``mmleak.py report``: REP is mmleak.build_report()'s dict.
+    """Entry point for ``mmleak.py report``: REP is report.build_report()'s dict.
 
     Optional keys read here: since, older_than (seconds; the --since/--older-than filters)
     and wrappers (more allocation wrapper names to look through)."""
-    depth = max(int(rep.get("depth") or rep.get("trace_depth") or 1), 1)
-    depth = min(depth, max(int(rep.get("trace_depth") or depth), 1))
-    surv = Survivors(rep["survivors"], depth)
     if wrappers is None or isinstance(wrappers, (list, tuple)):
-        wrappers = mmleak.Wrappers(list(wrappers or ()) + list(rep.get("wrappers") or ()))
+        wrappers = sites.Wrappers(list(wrappers or ()) + list(rep.get("wrappers") or ()))
     meta = {
         "pid": rep.get("pid"), "trace": rep.get("trace"), "cmd": rep.get("cmd"),
-        "start": rep.get("start") or 0, "end_time": rep.get("end_time") or 0,
-        "events": rep.get("events") or 0,
-        "events_note": events_note(rep),
-        "depth": depth, "symbol_error": rep.get("symbol_error"),
+        "start": rep.get("start") or 0, "events": rep.get("events") or 0,
+        "events_note": events_note(rep), "symbol_error": rep.get("symbol_error"),
         "foreign": len(rep.get("foreign_frees") or []),
         "since": rep.get("since"), "older_than": rep.get("older_than"),
         "baseline": rep.get("baseline"), "unfiltered": rep.get("unfiltered"),
@@ -1197,7 +1076,7 @@ def render_report(rep, out_path, wrappers=None, top=TOP_ROWS):
         meta["extra_notes"].append('<span class="warn"><b>Incomplete input:</b> malformed '
                                    'lines were skipped (see the warnings of mmleak.py); some '
                                    'events may be missing.</span>')
-    write_page(render(surv, rep.get("frames") or {}, meta, wrappers, top), out_path)
+    write_page(render(rep, meta, wrappers, top), out_path)
 
 
 GROWTH_SITES = 8
@@ -1237,7 +1116,7 @@ def growth_panel(rep, wrappers):
         rate = ("%+.0f" % (d * 3600.0 / span)) if span else ""
         fr = frames.get(site)
         trs.append("<tr><td>%s</td><td class=n>%s</td><td class=n>%s</td><td class=n>%+d</td>"
-                   "<td class=n>%s</td></tr>" % (esc(mmleak.frame_label(fr) if fr else
+                   "<td class=n>%s</td></tr>" % (esc(symbolize.frame_label(fr) if fr else
                                                      "0x%x" % site),
                                                  "{:,}".format(vals[0][2]),
                                                  "{:,}".format(vals[-1][2]), d, rate))
@@ -1253,13 +1132,13 @@ def growth_panel(rep, wrappers):
 def incremental_panel(rep):
     """Per call site, since the --baseline snapshot: allocated and still alive (+), of the
     snapshot freed since (-)."""
-    rows = mmleak.incremental_sites(rep)
+    rows = sites.incremental_sites(rep)
     frames = rep["frames"]
     trs = []
     for caller, pb, pn, mb, mn in rows[:200]:
         fr = frames.get(caller)
         trs.append("<tr><td>%s</td><td class=n>+%s</td><td class=n>+%s</td><td class=n>-%s</td>"
-                   "<td class=n>-%s</td></tr>" % (esc(mmleak.frame_label(fr) if fr else
+                   "<td class=n>-%s</td></tr>" % (esc(symbolize.frame_label(fr) if fr else
                                                       "0x%x" % caller), "{:,}".format(pb),
                                                   "{:,}".format(pn), "{:,}".format(mb),
                                                   "{:,}".format(mn)))
@@ -1274,255 +1153,169 @@ def incremental_panel(rep):
 
 
 # ---------------------------------------------------------------------------------------
-# The classic pipe: survivor lines on stdin
+# The classic pipe: survivor lines on stdin, read by the package's reader
 # ---------------------------------------------------------------------------------------
 
-class StackRefs(dict):
-    """The stacks of the "#s ID FRAME..." lines read so far (format 2), for
-    mmleak.parse_event: a stack not defined yet (a file may define it after its first use)
-    parses as the key ("@", ID), resolved at the end of the input."""
+class PageProblems(Problems):
+    """The problems of the input, kept, not said: a page is written only from an input
+    wholly in the format (a torn line or padding, which any dump may have, is said)."""
 
-    def __bool__(self):
-        return True
+    def __init__(self):
+        super().__init__()
+        self.bad = []           # (line number, what, detail) of the lines not in the format
 
-    def get(self, k, default=None):
-        v = dict.get(self, k)
-        return ("@", k) if v is None else v
-
-
-def read_stdin(f, depth):
-    """Parse survivor lines with mmleak's parser -> (Survivors, info dict)."""
-    info = {"lines": 0, "allocs": 0, "foreign": 0, "brackets": 0, "headers": [], "cmd": None,
-            "bad": [], "no_stack": (0, 0), "clock": None, "gaps": mmleak.Shrinker()}
-    surv = Survivors((), depth)
-    stacks = surv.stacks
-    defs = StackRefs()
-    sid_add, size_add, time_add = surv.sid.append, surv.size.append, surv.time.append
-    parse, Alloc, event_re = mmleak.parse_event, mmleak.Alloc, mmleak.EVENT_RE
-    lineno = 0
-    for lineno, line in enumerate(mmleak.dump_lines(f), 1):    # bounded, whatever it is
-        a = parse(line, defs)
-        if a.__class__ is Alloc:
-            k = a.callers
-            if k[0] != "@":
-                k = k[:depth]
-            i = stacks.get(k)
-            if i is None:
-                i = stacks[k] = len(stacks)
-            sid_add(i)
-            size_add(a.size)
-            time_add(a.time)
-            continue
-        if a is not None:
-            info["foreign"] += 1
-            continue
-        if not line.endswith(b"\n"):          # a last line without its newline
-            line += b"\n"
-            a = parse(line, defs)
-            if a is not None:
-                if a.__class__ is Alloc:
-                    k = a.callers
-                    if k[0] != "@":
-                        k = k[:depth]
-                    sid_add(stacks.setdefault(k, len(stacks)))
-                    size_add(a.size)
-                    time_add(a.time)
-                else:
-                    info["foreign"] += 1
-                continue
-        if line.startswith(b"#s "):
-            st = mmleak.parse_stack(line)
-            if st is None:
-                info["bad"].append((lineno, "malformed stack line (#s ID FRAME..., hex): %r"
-                                    % line.rstrip(b"\n")[:60]))
-            else:
-                dict.setdefault(defs, st[0], st[1])
-            continue
-        if line.startswith(b"#"):
-            h = mmleak.parse_header(line)
-            if h is not None:
-                info["headers"].append(h)
-                bad = mmleak.bad_header_fields(h)
-                if bad:
-                    info["bad"].append((lineno, "malformed header field%s %s (%s expected)" % (
-                        "s" if len(bad) > 1 else "", " ".join("%s=%s" % kv for kv in bad),
-                        "decimal numbers" if len(bad) > 1 else "a decimal number")))
-            elif line.startswith(b"#cmd ") and info["cmd"] is None:
-                info["cmd"] = line[5:].decode("utf-8", "replace").rstrip("\n")
-            elif line.startswith(b"#clock ") and line[7:-1].isdigit():
-                info["clock"] = max(info["clock"] or 0, int(line[7:-1]))   # the trace's
-            elif line.startswith((b"#lost ", b"#dropping")):                  # clock; gaps
-                info["gaps"]._gap_line(line)
-        elif not line.strip():
-            pass
-        elif event_re.fullmatch(line):
-            info["brackets"] += 1
+    def say(self, name, lineno, what, detail=b""):
+        if PROBLEMS[what][0] in (MALFORMED, DUPLICATE):
+            self.bad.append((lineno, what, detail))
         else:
-            info["bad"].append((lineno, "not a dump line (PTR SEQ SIZE TIME CALLER..., hex): "
-                                        "%r" % line.rstrip(b"\n")[:60]))
-    info["lines"] = lineno
-    info["allocs"] = len(surv.sid)
-    surv.stack_list = [None] * len(stacks)
-    for k, i in stacks.items():
-        surv.stack_list[i] = k
-    # stacks used before their "#s" line: resolved now; never defined: mmleak.NO_STACK, as
-    # mmleak.py does, and the page says how many blocks
-    if any(k[0] == "@" for k in stacks):
-        missing = set()
-        for i, k in enumerate(surv.stack_list):
-            if k[0] == "@":
-                st = dict.get(defs, k[1])
-                if st is None:
-                    missing.add(k[1])
-                    st = mmleak.NO_STACK
-                surv.stack_list[i] = st
-        if missing:
-            miss_sids = {stacks[("@", m)] for m in missing}
-            info["no_stack"] = (len(missing), sum(1 for i in surv.sid if i in miss_sids))
-        _cut(surv, depth)                     # one key per stack, cut to DEPTH
-    return surv, info
+            super().say(name, lineno, what, detail)
+
+    def refusal(self):
+        """The one line that refuses the input (None if it is whole)."""
+        if not self.bad:
+            return None
+        lineno, what, detail = self.bad[0]
+        if what == Q_BAD_FIELD:
+            fields = [d for n, w, d in self.bad if (n, w) == (lineno, what)]
+            text = "malformed header field%s %s (%s expected)" % (
+                "s" if len(fields) > 1 else "", " ".join("%s=%s" % kv for kv in fields),
+                "decimal numbers" if len(fields) > 1 else "a decimal number")
+        elif what == Q_BAD_STACK:
+            text = "malformed stack line (#s ID FRAME..., hex): %r" % detail.rstrip(b"\n")[:60]
+        elif what in LINE_NOT_IN_FORMAT:
+            text = "not a dump line (PTR SEQ SIZE TIME CALLER..., hex): %r" % (
+                detail.rstrip(b"\n")[:60])
+        else:
+            text = problem_text(what, detail)
+        # every line: those the compiled reader counted without handing them back too
+        lines = len({n for n, _, _ in self.bad}) + sum(
+            n for (_, kind), n in self.counts.items() if kind in (MALFORMED, DUPLICATE)) - \
+            len(self.bad)
+        return "<stdin>:%d: %s%s; no report written" % (
+            lineno, text, " (and %d more bad lines)" % (lines - 1) if lines > 1 else "")
 
 
-EXIT_HELP = """exit status (the values of mmleak.py):
-  0  report written
-  1  usage error
-  2  the input could not be used: a line that is not in the dump format (reported on stderr
-     with its line number), or no such maps file; or the page cannot be written (-o); no
-     report is written
-  3  report written, but the trace lost events ("#lost", "#dropping" lines): INCOMPLETE
-  4  eu-addr2line (elfutils) missing or failing: report written, addresses left unresolved"""
+LINE_NOT_IN_FORMAT = (Q_MALFORMED, Q_TOO_LONG, Q_CUT_START)
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        """Usage errors: one line, exit status 1 (EXIT_USAGE, as documented)."""
-        self.exit(mmleak.EXIT_USAGE, "%s: %s (see --help)\n" % (PROG, message))
+def read_stdin(depth=None, end_time=None):
+    """The survivor lines on stdin as a report model (report.build_report's keys), read by
+    shrink.Shrinker; Fail (no page) when a line is not in the format."""
+    problems = PageProblems()
+    sh = shrink.shrink_files(["-"], mixed=True, problems=problems)
+    why = problems.refusal()
+    if why:
+        raise Fail(why)
+    survivors = sh.survivors()
+    headers = sh.headers
+    hdr = headers[0] if headers else {}
+    trace_depth = max([header_int(h, "depth", 1) for h in headers] or [1])
+    trace_depth = max([trace_depth] + [len(a.callers) for a in survivors])
+    brackets = sum(1 for e in sh.entries(False) if e[2] in (KIND_START, KIND_END))
+    return {
+        "trace": hdr.get("id"), "pid": hdr.get("pid"), "cmd": sh.cmd,
+        "start": header_int(hdr, "start"), "survivors": survivors,
+        "end_time": end_time if end_time is not None else sh.max_time,
+        "depth": depth or trace_depth, "trace_depth": max(trace_depth, depth or 1),
+        "foreign_frees": sh.foreign_frees(), "gaps": sh.gap_text(), "shrinker": sh,
+        "clock": sh.clock, "brackets": brackets, "missing": sh.missing_stacks(),
+    }
 
 
-def build_parser():
-    p = Parser(
-        prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=__import__("textwrap").fill(
-            "Render the blocks a process never freed (the survivor lines of a shrunk mmleak "
-            "trace, on stdin) as one self-contained HTML page: headline, charts, a flame "
-            "graph of the unfreed bytes by stack and a sortable, filterable table of the "
-            "leaking call sites.  `mmleak.py report DIR` "
-            "does the same from the dump directory.", 90),
-        epilog="examples:\n"
-               "  mmleak.py shrink --final mmleak.1234.*.out | %(prog)s --maps mmleak.1234.maps"
-               " > mmleak.1234.html\n"
-               "  awk '/^#s / || NF >= 5' mmleak.1234.txt | %(prog)s -o leaks.html\n"
-               "  ... | %(prog)s --since 600 --older-than 60   # leaked after the warm-up\n\n"
-               + EXIT_HELP)
+def add_arguments(p):
     p.add_argument("--maps", help="the process's mmleak.PID.maps: symbolize call sites "
                                   "(function, file:line) with eu-addr2line")
     p.add_argument("-o", "--output", help="write the page here (default: stdout)")
-    p.add_argument("--since", type=mmleak.finite_float, metavar="SECONDS",
+    p.add_argument("--since", type=errors.finite_float, metavar="SECONDS",
                    help="only blocks allocated at least SECONDS after the trace started")
-    p.add_argument("--older-than", type=mmleak.finite_float, metavar="SECONDS",
+    p.add_argument("--older-than", type=errors.finite_float, metavar="SECONDS",
                    help="only blocks at least SECONDS old at the end of the trace (hides "
                         "recent allocations that may still be freed)")
-    p.add_argument("--end-time", type=mmleak.nonnegative_float, metavar="SECONDS",
+    p.add_argument("--end-time", type=errors.nonnegative_float, metavar="SECONDS",
                    help="when the trace ended, in seconds after its start (default: the "
                         "newest surviving allocation; survivors do not tell the true end)")
     p.add_argument("--wrappers", action="append", default=[], metavar="NAME[,NAME...]",
                    help="more allocation wrapper functions to look through (with a trace "
                         "depth > 1); default: xmalloc, xcalloc, xrealloc, xstrdup, g_malloc, "
-                        "g_malloc0, g_new, g_realloc, g_strdup, operator new, ...")
-    p.add_argument("--top", type=mmleak.positive_int, default=TOP_ROWS,
+                        "g_malloc0, g_realloc, g_strdup, operator new, ...")
+    p.add_argument("--top", type=errors.positive_int, default=TOP_ROWS,
                    help="table rows at most (default %d)" % TOP_ROWS)
-    p.add_argument("--depth", type=mmleak.positive_int, help="frames per call site (default: the trace's)")
+    p.add_argument("--depth", type=errors.positive_int,
+                   help="frames per call site (default: the trace's)")
+
+
+def build_parser():
+    p = errors.Parser(
+        prog=PROG, see_help=True, wrap=90,
+        description="Render the blocks a process never freed (the survivor lines of a shrunk "
+                    "mmleak trace, on stdin) as one self-contained HTML page: headline, "
+                    "charts, a flame graph of the unfreed bytes by stack and a sortable, "
+                    "filterable table of the leaking call sites.  `mmleak.py report DIR` does "
+                    "the same from the dump directory.",
+        epilog="examples:\n"
+               "  mmleak.py shrink --final mmleak.1234.*.out | %(prog)s --maps mmleak.1234.maps"
+               " > mmleak.1234.html\n"
+               "  awk '/^#s / || NF >= 5' mmleak.1234.txt | %(prog)s -o leaks.html\n"
+               "  ... | %(prog)s --since 600 --older-than 60   # leaked after the warm-up\n\n"
+               + errors.exit_help(PROG))
+    add_arguments(p)
     return p
 
 
 def main(argv=None):
+    errors.set_tool(PROG)
     args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except Fail as e:
-        sys.stderr.write("%s: %s\n" % (PROG, e))
-        return e.status
-    except mmleak.Fail as e:
-        sys.stderr.write("%s: %s\n" % (PROG, e))
-        return e.status
-    except BrokenPipeError:
-        return mmleak.EXIT_OK
-    except OSError as e:
-        sys.stderr.write("%s: %s%s\n" % (PROG, (str(e.filename) + ": ") if e.filename else "",
-                                         e.strerror or e))
-        return mmleak.EXIT_INPUT
-    except KeyboardInterrupt:
-        sys.stderr.write("%s: interrupted\n" % PROG)
-        return 130
+    return errors.run_main(lambda: run(args))
 
 
 def run(args):
     if sys.stdin.isatty():
         raise Fail("reads survivor lines on stdin, e.g. mmleak.py shrink --final "
-                   "mmleak.PID.*.out | %s > report.html (see --help)" % PROG, mmleak.EXIT_USAGE)
+                   "mmleak.PID.*.out | %s > report.html (see --help)" % PROG, EXIT_USAGE)
     if args.maps and not os.path.isfile(args.maps):
         raise Fail("%s: no such maps file" % args.maps)
-    depth = args.depth or 0
-    # the depth is known only from the header or the lines: keep whole stacks, cut later
-    surv, info = read_stdin(sys.stdin.buffer, 10 ** 6 if not depth else depth)
-    hdr = info["headers"][0] if info["headers"] else {}
-    if info["bad"]:
-        lineno, msg = info["bad"][0]
-        more = len(info["bad"]) - 1
-        raise Fail("<stdin>:%d: %s%s; no report written"
-                   % (lineno, msg, " (and %d more bad lines)" % more if more else ""))
-    trace_depth = max([mmleak.header_int(h, "depth", 1) for h in info["headers"]] or [1])
-    if not depth:
-        depth = max([trace_depth] + [len(s) for s in surv.stack_list])
-    end_time = args.end_time
-    if end_time is None:
-        end_time = max([info["clock"] or 0] + ([max(surv.time)] if len(surv) else []))
-    frames, sym_error = {}, None
-    notes = []
-    status = mmleak.EXIT_OK
+    rep = read_stdin(args.depth, args.end_time)
+    rep.update(since=args.since, older_than=args.older_than,
+               wrappers=[n for w in args.wrappers for n in w.split(",") if n])
+    status = EXIT_OK
+    frames, sym_error = {}, "no --maps given"
     if args.maps:
-        start = mmleak.header_int(hdr, "start")
-        sym = mmleak.Symbolizer(args.maps, trace_start=start or None)
-        frames = sym.lookup(surv.addresses())
+        sym = symbolize.Symbolizer(args.maps, trace_start=rep["start"] or None)
+        frames = sym.lookup(sorted({c for a in rep["survivors"] for c in a.callers}))
         sym_error = sym.tool_error
         if sym_error:
-            status = mmleak.EXIT_TOOL
-    else:
-        sym_error = "no --maps given"
-    if args.end_time is None and info["clock"] is None:
+            status = EXIT_TOOL
+    rep["frames"] = frames
+    notes = []
+    if args.end_time is None and rep["clock"] is None:
         notes.append("End of the trace taken as the newest surviving allocation (%s s); ages "
-                     "are relative to it (give --end-time for the real end)." % end_time)
-    gaps = info["gaps"].gap_text()
-    if gaps:                                  # events lost: every reader says so
-        sys.stderr.write("%s: %s\n" % (PROG, gaps))
-        notes.append('<span class="warn"><b>%s</b></span>' % html.escape(gaps))
-        status = max(status, mmleak.EXIT_PARTIAL)
-    if info["no_stack"][0]:
-        nst, nbl = info["no_stack"]
+                     "are relative to it (give --end-time for the real end)." % rep["end_time"])
+    if rep["gaps"]:                             # events lost: every reader says so
+        errors.warn(rep["gaps"])
+        notes.append('<span class="warn"><b>%s</b></span>' % html.escape(rep["gaps"]))
+        status = max(status, EXIT_PARTIAL)
+    if rep["missing"]:
+        nst, nbl = len(rep["missing"]), sum(rep["missing"].values())
         notes.append('<span class="warn">%s block%s refer%s to %d stack%s whose <code>#s</code> '
                      'line is not in the input: call site shown as 0x0 (pipe the whole output '
                      'of <code>mmleak.py shrink --final</code>, <code>#s</code> lines '
                      'included).</span>' % ("{:,}".format(nbl), "s" if nbl != 1 else "",
                                             "" if nbl != 1 else "s", nst,
                                             "s" if nst != 1 else ""))
-    if info["brackets"]:
+    if rep["brackets"]:
         notes.append('<span class="warn">%d bracket lines (PTR SEQ +/-) skipped: the input was '
                      'a partial shrink; use <code>mmleak.py shrink --final</code>.</span>'
-                     % info["brackets"])
+                     % rep["brackets"])
+    events = len(rep["survivors"]) + len(rep["foreign_frees"])
     meta = {
-        "pid": hdr.get("pid"), "trace": hdr.get("id"), "cmd": info["cmd"],
-        "start": mmleak.header_int(hdr, "start"), "end_time": end_time,
-        "events": info["allocs"] + info["foreign"],
-        "events_note": "survivor lines on stdin (%s lines)" % "{:,}".format(info["lines"]),
-        "depth": depth, "symbol_error": sym_error, "foreign": info["foreign"],
+        "pid": rep["pid"], "trace": rep["trace"], "cmd": rep["cmd"], "start": rep["start"],
+        "events": events, "events_note": "survivor lines on stdin",
+        "symbol_error": sym_error, "foreign": len(rep["foreign_frees"]),
         "since": args.since, "older_than": args.older_than,
         "source": "survivor lines on stdin" + (" and %s" % args.maps if args.maps else ""),
         "extra_notes": notes,
     }
-    if depth < 10 ** 6 and any(len(s) > depth for s in surv.stack_list):
-        surv = _cut(surv, depth)
-    wr = mmleak.Wrappers([n for w in args.wrappers for n in w.split(",")])
-    page = render(surv, frames, meta, wr, args.top)
+    page = render(rep, meta, None, args.top)
     try:
         write_page(page, args.output)
     except BrokenPipeError:
@@ -1530,25 +1323,6 @@ def run(args):
     except OSError as e:
         raise Fail("cannot write %s: %s" % (args.output, e.strerror or e))
     return status
-
-
-def _cut(surv, depth):
-    """Re-key a Survivors to stacks of at most DEPTH frames."""
-    from array import array
-    new = {}
-    remap = array("q")
-    for st in surv.stack_list:
-        k = st[:depth]
-        i = new.get(k)
-        if i is None:
-            i = new[k] = len(new)
-        remap.append(i)
-    surv.sid = array("q", (remap[i] for i in surv.sid))
-    surv.stacks = new
-    surv.stack_list = [None] * len(new)
-    for k, i in new.items():
-        surv.stack_list[i] = k
-    return surv
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ of one pass.
 """
 import argparse
 import cProfile
-import importlib.util
 import io
 import os
 import pstats
@@ -43,11 +42,9 @@ def main():
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
-    spec = importlib.util.spec_from_file_location("mmleak", os.path.join(args.tree, "mmleak.py"))
-    mm = importlib.util.module_from_spec(spec)
-    sys.modules["mmleak"] = mm
-    spec.loader.exec_module(mm)
-    mm.trace_alive = lambda *a, **k: True
+    sys.path.insert(0, args.tree)
+    import mmleaklib as mm
+    mm.compact.trace_alive = lambda *a, **k: True
     os.makedirs(args.dir, exist_ok=True)
     full = os.path.join(args.dir, "full-%d-%d" % (args.pairs, args.leak))
     if not os.path.isdir(full):
@@ -66,14 +63,14 @@ def main():
         os.makedirs(aside)
         for f in mm.find_traces(base)[tid][-args.new:]:
             os.rename(f, os.path.join(aside, os.path.basename(f)))
-        mm.SERIES_INTERVAL = 0.0
+        mm.series.SERIES_INTERVAL = 0.0
         mm.compact_dir(base, tid, out=io.StringIO())
         for n in os.listdir(aside):
             os.rename(os.path.join(aside, n), os.path.join(base, n))
         os.rmdir(aside)
     work = os.path.join(args.dir, "work")
     for point in (False, True):
-        mm.SERIES_INTERVAL = 0.0 if point else 1e9
+        mm.series.SERIES_INTERVAL = 0.0 if point else 1e9
 
         def once(prof=None):
             shutil.rmtree(work, ignore_errors=True)
@@ -95,9 +92,9 @@ def main():
             p = cProfile.Profile()
             once(p)
             pstats.Stats(p, stream=sys.stdout).sort_stats("tottime").print_stats(15)
-    live = mm.series_path(base, tid) + ".live"
+    live = mm.TraceFiles(base, tid).series + ".live"
     print("live set: mmleak.ID.compact %d bytes, .series.live %d bytes; peak RSS of this "
-          "process %d MB" % (os.path.getsize(mm.compact_path(base, tid)),
+          "process %d MB" % (os.path.getsize(mm.TraceFiles(base, tid).compact),
                              os.path.getsize(live) if os.path.exists(live) else 0,
                              resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024))
     shutil.rmtree(work, ignore_errors=True)

@@ -28,7 +28,6 @@ inconclusive, counted apart.
 """
 import argparse
 import collections
-import importlib.util
 import os
 import random
 import re
@@ -45,15 +44,8 @@ MMLEAK = [PY, os.path.join(ROOT, "mmleak.py")]
 LIB = os.path.join(ROOT, "mmleak.so")
 
 
-def load_mmleak():
-    spec = importlib.util.spec_from_file_location("mmleak", os.path.join(ROOT, "mmleak.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["mmleak"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-mm = load_mmleak()
+sys.path.insert(0, ROOT)
+import mmleaklib as mm  # noqa: E402 (the package, beside this tree's mmleak.py)
 BAD_WORDS = ("twice", "cannot read", "malformed", "Traceback", "INCOMPLETE")
 
 
@@ -186,12 +178,8 @@ class Readers(threading.Thread):
             truth = self.truth
             if self.rnd.random() < 0.7:
                 out = os.path.join(self.scratch, "snap%d" % (n % 4))
-                r = subprocess.run(MMLEAK + ["snapshot", self.dump, "--pid", tid, "-o", out],
-                                   capture_output=True)
-                self.reads += 1
-                err = r.stderr.decode(errors="replace")
-                if r.returncode != 0 or any(w in err for w in BAD_WORDS):
-                    self.errors.append("snapshot %s: exit %d: %s" % (tid, r.returncode, err[-400:]))
+                r = self.read("snapshot", tid, "-o", out)
+                if r is None:
                     continue
                 if truth is not None and tid in truth:
                     got = {k: (a.size, a.callers) for k, a in mm.baseline_blocks(out).items()}
@@ -201,12 +189,8 @@ class Readers(threading.Thread):
                     else:
                         self.exact += 1
             else:
-                r = subprocess.run(MMLEAK + ["report", self.dump, "--pid", tid, "--no-html"],
-                                   capture_output=True)
-                self.reads += 1
-                err = r.stderr.decode(errors="replace")
-                if r.returncode != 0 or any(w in err for w in BAD_WORDS):
-                    self.errors.append("report %s: exit %d: %s" % (tid, r.returncode, err[-400:]))
+                r = self.read("report", tid, "--no-html")
+                if r is None:
                     continue
                 if truth is not None and tid in truth:
                     m = re.search(rb"in (\d+) blocks not freed", r.stdout)
@@ -215,6 +199,17 @@ class Readers(threading.Thread):
                                            % (tid, m and m.group(0), len(truth[tid])))
                     else:
                         self.exact += 1
+
+    def read(self, command, tid, *args):
+        """`mmleak.py COMMAND DUMP --pid TID ARGS`: its result, or None (an error noted)."""
+        r = subprocess.run(MMLEAK + [command, self.dump, "--pid", tid] + list(args),
+                           capture_output=True)
+        self.reads += 1
+        err = r.stderr.decode(errors="replace")
+        if r.returncode != 0 or any(w in err for w in BAD_WORDS):
+            self.errors.append("%s %s: exit %d: %s" % (command, tid, r.returncode, err[-400:]))
+            return None
+        return r
 
 
 def whole(directory, tid):
@@ -325,7 +320,7 @@ def one_round(i, rnd, base, exe, log):
             errors.append("trace %s: foreign frees differ (%d vs %d)" % (t, len(ff), len(tff)))
         if ev != tev:
             errors.append("trace %s: %d events counted, the trace has %d" % (t, ev, tev))
-        pts, _ = mm.read_series(mm.series_path(dump, t))
+        pts, _ = mm.read_series(mm.TraceFiles(dump, t).series)
         live = (sum(v[0] for v in ts.values()), len(ts))
         if not pts:
             errors.append("trace %s: no series" % t)

@@ -5,13 +5,12 @@
 A report is made up in memory (no trace, no symbolizer): BLOCKS live blocks over STACKS
 stacks of DEPTH frames drawn from 20,000 symbolized addresses, sizes 1..4096 bytes, times
 0..3600 s (seeded).  Then mmleak.py's export_model builds the model (with the blocks'
-times, as --heaptrack needs) and each writer of mmleak_export.py writes its file; the wall
+times, as --heaptrack needs) and each writer of mmleaklib/export.py writes its file; the wall
 time of each step, the files' sizes and this process's peak RSS are printed.
 
     bench/export.py [--blocks N] [--stacks N] [--depth N] [--dir DIR]
 """
 import argparse
-import importlib.util
 import os
 import random
 import resource
@@ -22,14 +21,6 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def load(name, filename):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, filename))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--blocks", type=int, default=1000000)
@@ -37,8 +28,9 @@ def main():
     ap.add_argument("--depth", type=int, default=16)
     ap.add_argument("--dir", help="where the files go (default: a temporary directory)")
     a = ap.parse_args()
-    mm = load("mmleak", "mmleak.py")
-    mx = load("mmleak_export", "mmleak_export.py")
+    sys.path.insert(0, ROOT)
+    import mmleaklib as mm
+    from mmleaklib import export as mx
     rnd = random.Random(1)
     addrs = [0x400000 + 16 * i for i in range(20000)]
     frames = {x: mm.Frame(x, "prog", x - 0x400000, "fn%d" % (x % 977), "/src/f%d.c" % (x % 13),

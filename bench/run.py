@@ -32,6 +32,7 @@ STACKS_BIN = os.path.join(OUT, "stacks_bench")
 APPEND_BIN = os.path.join(OUT, "append_bench")
 DAEMON_BIN = os.path.join(OUT, "daemon_load")
 ATTACH_BIN = os.path.join(OUT, "attach_target")
+BUSY_BIN = os.path.join(OUT, "busy_threads")
 
 # Environment shared by every run of every tracer (deterministic programs).
 BASE_ENV = {"LC_ALL": "C", "PYTHONHASHSEED": "0"}
@@ -105,6 +106,19 @@ def dump_files(d):
 BLANK_RE = re.compile(rb"(?m)^ *\n")
 
 
+CHUNK = 1 << 24
+
+
+def chunks(path):
+    """The file PATH in chunks of CHUNK bytes."""
+    with open(path, "rb") as f:
+        while True:
+            buf = f.read(CHUNK)
+            if not buf:
+                return
+            yield buf
+
+
 def count_events(paths):
     """Event lines (lines not starting with '#') in mmleak dump files; NUL padding and blank
     lines (the padding of aligned flushes) ignored."""
@@ -113,20 +127,16 @@ def count_events(paths):
         lines = hashes = blanks = 0
         prev = b"\n"
         last = b"\n"
-        with open(path, "rb") as f:
-            while True:
-                buf = f.read(1 << 24)
-                if not buf:
-                    break
-                buf = buf.rstrip(b"\0") if len(buf) < (1 << 24) else buf
-                if not buf:
-                    break
-                lines += buf.count(b"\n")
-                hashes += buf.count(b"\n#") + (1 if prev == b"\n" and buf[:1] == b"#" else 0)
-                blanks += len(BLANK_RE.findall(buf))
-                if prev != b"\n" and BLANK_RE.match(buf):
-                    blanks -= 1     # the end of a line begun in the previous read
-                prev = last = buf[-1:]
+        for buf in chunks(path):
+            buf = buf.rstrip(b"\0") if len(buf) < CHUNK else buf
+            if not buf:
+                break
+            lines += buf.count(b"\n")
+            hashes += buf.count(b"\n#") + (1 if prev == b"\n" and buf[:1] == b"#" else 0)
+            blanks += len(BLANK_RE.findall(buf))
+            if prev != b"\n" and BLANK_RE.match(buf):
+                blanks -= 1     # the end of a line begun in the previous read
+            prev = last = buf[-1:]
         if last != b"\n":
             lines += 1  # a torn last line still counts as a line (a header has a newline)
         events += lines - hashes - blanks
@@ -145,15 +155,11 @@ def count_stacks(paths):
     ids = set()
     for path in paths:
         rest = b""
-        with open(path, "rb") as f:
-            while True:
-                buf = f.read(1 << 24)
-                if not buf:
-                    break
-                buf = rest + buf
-                cut = buf.rfind(b"\n") + 1
-                rest = buf[cut:]
-                ids.update(STACK_LINE_RE.findall(buf, 0, cut))
+        for buf in chunks(path):
+            buf = rest + buf
+            cut = buf.rfind(b"\n") + 1
+            rest = buf[cut:]
+            ids.update(STACK_LINE_RE.findall(buf, 0, cut))
         ids.update(STACK_LINE_RE.findall(rest))
     return len(ids)
 
@@ -628,13 +634,7 @@ def print_stacks(s):
     hdr = "%-9s %-12s %-9s %7s %4s %8s %8s %8s %8s %7s %6s %9s  %s" % (
         "workload", "tracer", "size", "wall_s", "+-%", "ratio", "ns/event", "ns/ev-cpu",
         "loop-ns", "B/event", "stacks", "events", "note")
-    print(hdr)
-    print("-" * len(hdr))
-    last = None
-    for r in s["rows"]:
-        if last is not None and r["workload"] != last:
-            print()
-        last = r["workload"]
+    for r in table_rows(hdr, s["rows"]):
         if r.get("error"):
             print("%-9s %-12s %-9s FAILED: %s" % (r["workload"], r["tracer"], r["size_arg"], r["error"]))
             continue
@@ -1093,17 +1093,24 @@ def mmleak_cli(args):
     return time.perf_counter() - t0, r.returncode, (r.stdout + r.stderr).decode("utf-8", "replace")
 
 
+def cli_ok(args, how=None):
+    """`mmleak.py ARGS`, which must succeed (RuntimeError otherwise; HOW: said in it): its
+    wall time."""
+    dt, rc, out = mmleak_cli(args)
+    if rc != 0:
+        raise RuntimeError("mmleak.py %s%s: exit %d: %s" % (args[0], " (%s)" % how if how else "",
+                                                            rc, one_line(out)))
+    return dt
+
+
 def mmleak_module():
-    """mmleak.py imported as a module, for its injector binding (the call alone, without the
+    """mmleaklib's attach module, for its injector binding (the call alone, without the
     start of a Python process), or None."""
     os.environ["MMLEAK_LIB"] = LIB
     sys.path.insert(0, ROOT)
     try:
-        import importlib.util
-        spec = importlib.util.spec_from_file_location("mmleak_bench", MMLEAK_PY)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod if hasattr(mod, "_inject") else None
+        from mmleaklib import attach
+        return attach
     except Exception:  # noqa: BLE001 - the part inside the process is optional
         return None
     finally:
@@ -1158,16 +1165,10 @@ def bench_attach(dirs, quick):
         t.window(1.0)   # warm-up, not counted: the first seconds after the heap was made are slower
         for i in range(cycles):
             w["untraced"].append(t.window(win))
-            dt, rc, out = mmleak_cli(["attach", str(t.pid), "-d", ddir])
-            if rc != 0:
-                raise RuntimeError("mmleak.py attach: exit %d: %s" % (rc, one_line(out)))
-            times["attach"].append(dt)
+            times["attach"].append(cli_ok(["attach", str(t.pid), "-d", ddir]))
             time.sleep(ATTACH_SETTLE)
             w["attached-same"].append(t.window(win))
-            dt, rc, out = mmleak_cli(["detach", str(t.pid)])
-            if rc != 0:
-                raise RuntimeError("mmleak.py detach: exit %d: %s" % (rc, one_line(out)))
-            times["detach"].append(dt)
+            times["detach"].append(cli_ok(["detach", str(t.pid)]))
             w["detached"].append(t.window(win))
             res["files_per_window"] = len([x for x in os.listdir(ddir) if x.endswith(".out")])
             reset_dir(ddir)
@@ -1208,9 +1209,7 @@ def bench_attach(dirs, quick):
                 if kind == "attached":
                     t = Target({}, heap)
                     time.sleep(0.5)
-                    dt, rc, out = mmleak_cli(["attach", str(t.pid), "-d", ddir])
-                    if rc != 0:
-                        raise RuntimeError("mmleak.py attach: exit %d: %s" % (rc, one_line(out)))
+                    cli_ok(["attach", str(t.pid), "-d", ddir])
                 else:
                     t = Target({"LD_PRELOAD": LIB, "MMLEAK_DIR": ddir, "MMLEAK_ROTATE_MB": "8"},
                                heap)
@@ -1230,16 +1229,10 @@ def bench_attach(dirs, quick):
         for i in range(cycles):
             w["paused"].append(t.window(win))
         for i in range(cycles):
-            dt, rc, out = mmleak_cli(["attach", str(t.pid), "-d", ddir])
-            if rc != 0:
-                raise RuntimeError("mmleak.py attach (paused): exit %d: %s" % (rc, one_line(out)))
-            times["attach-paused"].append(dt)
+            times["attach-paused"].append(cli_ok(["attach", str(t.pid), "-d", ddir], "paused"))
             time.sleep(ATTACH_SETTLE)
             w["resumed"].append(t.window(win))
-            dt, rc, out = mmleak_cli(["detach", str(t.pid)])
-            if rc != 0:
-                raise RuntimeError("mmleak.py detach (paused): exit %d: %s" % (rc, one_line(out)))
-            times["detach-paused"].append(dt)
+            times["detach-paused"].append(cli_ok(["detach", str(t.pid)], "paused"))
             reset_dir(ddir)
         t.quit()
         # 4. paused again, with every symbol bound at start (LD_BIND_NOW=1): the calls a
@@ -1264,6 +1257,90 @@ def bench_attach(dirs, quick):
     shutil.rmtree(ddir, ignore_errors=True)
     res["loadavg_end"] = os.getloadavg()
     return res
+
+
+BUSY_COUNTS = (8, 64, 300)
+
+
+def bench_attach_busy(dirs, quick):
+    """attach and detach (the commands' wall clock) on tests/busy_threads.c: N threads and the
+    main one spinning (no thread asleep but one under SCHED_IDLE), in a session of their own
+    (as a daemon: the command does not share their scheduling group) and in the command's
+    own session (it does: with sched_autogroup, it gets 1/(N+1) of the CPU like any of them;
+    Python's start alone, timed there too, shows it)."""
+    res = {"counts": list(BUSY_COUNTS if not quick else BUSY_COUNTS[:2]), "own": {}, "same": {}}
+    try:
+        subprocess.check_call([os.environ.get("CC", "cc"), "-O1", "-g", "-pthread", "-o",
+                               BUSY_BIN, os.path.join(ROOT, "tests", "busy_threads.c")])
+    except (OSError, subprocess.CalledProcessError) as e:
+        res["error"] = "building busy_threads failed: %s" % e
+        return res
+    ddir = os.path.join(dirs["root"], "attach-busy")
+
+    def cycle(n, own):
+        p = subprocess.Popen([BUSY_BIN, str(n)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             start_new_session=own)
+        out = {}
+        try:
+            if p.stdout.readline() != b"ready\n":
+                raise RuntimeError("busy_threads %d did not start" % n)
+            reset_dir(ddir)
+            for cmd in ("attach", "detach"):
+                dt, rc, text = mmleak_cli([cmd, str(p.pid)] + (["-d", ddir] if cmd == "attach" else []))
+                out[cmd] = dt
+                if rc != 0:
+                    raise RuntimeError("mmleak.py %s, %d threads: exit %d: %s" % (cmd, n, rc, one_line(text)))
+                if cmd == "attach":
+                    p.stdin.write(b"round\n")
+                    p.stdin.flush()
+                    if p.stdout.readline() != b"round 1\n":
+                        raise RuntimeError("busy_threads %d: no round" % n)
+            if not own:
+                t0 = time.perf_counter()
+                subprocess.run([PY, "-c", "pass"], check=True)
+                out["python"] = time.perf_counter() - t0
+            p.stdin.write(b"quit\n")
+            p.stdin.flush()
+            if p.stdout.readline() != b"bye\n" or p.wait(timeout=120) != 0:
+                raise RuntimeError("busy_threads %d did not end well" % n)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            shutil.rmtree(ddir, ignore_errors=True)
+        return out
+
+    try:
+        for n in res["counts"]:
+            res["own"][n] = [cycle(n, True) for _ in range(3 if not quick else 1)]
+            res["same"][n] = [cycle(n, False)]
+            log("  %d busy threads: attach %.2f s, detach %.2f s (own session); %.2f s, %.2f s "
+                "(the command's session)" % (n, med([x["attach"] for x in res["own"][n]]),
+                                             med([x["detach"] for x in res["own"][n]]),
+                                             res["same"][n][0]["attach"], res["same"][n][0]["detach"]))
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        res["error"] = str(e)
+    return res
+
+
+def print_attach_busy(b):
+    print("  many busy threads (tests/busy_threads.c: N threads and the main one spinning in memset, "
+          "one asleep under SCHED_IDLE), wall clock of `mmleak.py attach` / `detach`:")
+    runs = max([len(v) for v in b.get("own", {}).values()] or [0])
+    print("    %7s  %-28s  %s" % ("threads", "own session (median of %d)" % runs,
+                                  "the command's session (1 run; python3 -c pass there)"))
+    for n in b.get("counts", []):
+        own, same = b["own"].get(n), b["same"].get(n)
+        if not own:
+            continue
+        line = "    %7d  %6.2f s  %6.2f s           " % (
+            n, med([x["attach"] for x in own]), med([x["detach"] for x in own]))
+        if same:
+            line += "  %6.2f s  %6.2f s  (%.2f s)" % (same[0]["attach"], same[0]["detach"],
+                                                      same[0].get("python", float("nan")))
+        print(line)
+    if b.get("error"):
+        print("    FAILED: " + b["error"])
 
 
 def print_attach(a):
@@ -1326,6 +1403,8 @@ def print_attach(a):
     if a.get("ready_s_untraced"):
         print("  start of the target (1 GB heap made): %.2f s untraced, %.2f s under LD_PRELOAD; RSS %.0f MB"
               % (a["ready_s_untraced"], a.get("ready_s_preloaded") or float("nan"), a.get("rss_mb") or 0))
+    if a.get("busy"):
+        print_attach_busy(a["busy"])
 
 
 def bench_shrink(runs, dirs, quick, have_heaptrack):
@@ -1714,10 +1793,9 @@ def f(v, fmt):
     return "-" if v is None else fmt % v
 
 
-def print_table(rows):
-    hdr = "%-10s %-13s %-14s %7s %4s %8s %8s %8s %7s %8s %6s %9s  %s" % (
-        "workload", "tracer", "size", "wall_s", "+-%", "ratio", "ns/event", "ns/ev-net", "cpu_s",
-        "ns/ev-cpu", "B/event", "events", "note")
+def table_rows(hdr, rows):
+    """Print the header HDR and its rule, then give ROWS back, a blank line printed between
+    two workloads."""
     print(hdr)
     print("-" * len(hdr))
     last = None
@@ -1725,6 +1803,14 @@ def print_table(rows):
         if last is not None and r["workload"] != last:
             print()
         last = r["workload"]
+        yield r
+
+
+def print_table(rows):
+    hdr = "%-10s %-13s %-14s %7s %4s %8s %8s %8s %7s %8s %6s %9s  %s" % (
+        "workload", "tracer", "size", "wall_s", "+-%", "ratio", "ns/event", "ns/ev-net", "cpu_s",
+        "ns/ev-cpu", "B/event", "events", "note")
+    for r in table_rows(hdr, rows):
         if r.get("error"):
             print("%-10s %-13s %-14s FAILED: %s" % (r["workload"], r["tracer"], r["size_arg"], r["error"]))
             continue
@@ -1834,10 +1920,11 @@ def main():
             longrun = bench_longrun(dirs, args.quick)
         if wanted("attach"):
             attach = bench_attach(dirs, args.quick)
+            attach["busy"] = bench_attach_busy(dirs, args.quick)
         if args.long is not None:
             long_run = bench_longrun(dirs, False, args.long, modes=("compact",))
     finally:
-        for d in ("dump", "input", "scratch", "shrink", "attach", "longrun-none",
+        for d in ("dump", "input", "scratch", "shrink", "attach", "attach-busy", "longrun-none",
                   "longrun-keep-all", "longrun-compact"):
             shutil.rmtree(os.path.join(root, d), ignore_errors=True)
         if created:

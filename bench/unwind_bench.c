@@ -1,4 +1,4 @@
-/* Cost of capturing a stack: mmleak-unwind.c against glibc's backtrace(), libunwind's
+/* Cost of capturing a stack: tracer/unwind.c against glibc's backtrace(), libunwind's
  * unw_backtrace() (when built with -DHAVE_LIBUNWIND) and a frame-pointer walk.
  *
  *     unwind_bench [RUNS]

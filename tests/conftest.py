@@ -1,8 +1,8 @@
-"""Shared fixtures: the mmleak module (loaded by path), test programs built once per
-session, and helpers that run a program under mmleak.so and reduce its dump to the exact
+"""Shared fixtures: the mmleaklib package (imported as mmleak), test programs built once
+per session, and helpers that run a program under mmleak.so and reduce its dump to the exact
 leaks (function, file:line, size) of one binary."""
 import collections
-import importlib.util
+import importlib
 import os
 import re
 import shutil
@@ -15,6 +15,18 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests")
 LIB = os.path.join(ROOT, "mmleak.so")
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)        # the package and the scripts, imported by name
+import mmleaklib as mmleak          # noqa: E402
+# the files of the Python side a copy of the tools needs (see tree_for_others)
+PYTHON_SIDE = ["mmleaklib/" + n for n in sorted(os.listdir(os.path.join(ROOT, "mmleaklib")))
+               if n.endswith(".py")]
+
+
+def script(name):
+    """The script NAME (mmleak-panda.py, mmleak-install.py) as a module, imported by its name
+    (mmleak.py's own is mmleaklib.cli)."""
+    return importlib.import_module(name[:-len(".py")])
 
 
 def readable_by_others(path):
@@ -51,22 +63,10 @@ def tree_for_others(*names):
 
 
 def mmleak_for_others():
-    """The path of a mmleak.py that another user (nobody) can run, with mmleak.so and
-    mmleak-tools.so next to it (see tree_for_others)."""
-    return os.path.join(tree_for_others("mmleak.py", "mmleak.so", "mmleak-tools.so"),
-                        "mmleak.py")
-
-
-def load_mmleak():
-    # Not `import mmleak`: mmleak.so beside mmleak.py would be tried first as an extension.
-    spec = importlib.util.spec_from_file_location("mmleak", os.path.join(ROOT, "mmleak.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["mmleak"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-mmleak = load_mmleak()
+    """The path of a mmleak.py that another user (nobody) can run, with mmleak.so,
+    mmleak-tools.so and the package next to it (see tree_for_others)."""
+    return os.path.join(tree_for_others("mmleak.py", "mmleak.so", "mmleak-tools.so",
+                                        *PYTHON_SIDE), "mmleak.py")
 
 
 @pytest.fixture(scope="session")

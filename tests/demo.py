@@ -5,7 +5,6 @@ Steps: check the tools (installing them with apt-get when run as root), build mm
 compile tests/demo_leaky.cpp into demo/bin, run it under the tracer (mmleak.py run), then
 mmleak.py report -> demo/report.html.  Everything it writes is under demo/ (git-ignored).
 """
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -51,15 +50,6 @@ def ensure_tools():
              % (", ".join(miss), " ".join(pkgs)))
 
 
-def load_mmleak():
-    path = os.path.join(REPO, "mmleak.py")
-    spec = importlib.util.spec_from_file_location("mmleak", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["mmleak"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def main():
     ensure_tools()
     if subprocess.run(["make", "-s", "-C", REPO, "mmleak.so", "mmleak-tools.so"]).returncode:
@@ -81,7 +71,9 @@ def main():
                        cwd=REPO)
     if r.returncode:
         sys.exit("demo: the traced program failed (exit status %d)" % r.returncode)
-    traces = load_mmleak().find_traces(dumps)
+    sys.path.insert(0, REPO)
+    from mmleaklib.files import find_traces
+    traces = find_traces(dumps)
     if len(traces) != 1:
         sys.exit("demo: expected one trace in %s, found %d" % (dumps, len(traces)))
     pid = next(iter(traces))

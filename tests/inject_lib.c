@@ -1,5 +1,5 @@
 /* tests/inject_lib.c: the library tests/test_inject.py makes running processes load
- * (mmleak-inject.c).  Each function takes the string argument the injector passes. */
+ * (tools/inject.c).  Each function takes the string argument the injector passes. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <signal.h>

@@ -1,4 +1,4 @@
-/* tests/inject_target.c: processes for tests/test_inject.py to inject into (mmleak-inject.c).
+/* tests/inject_target.c: processes for tests/test_inject.py to inject into (tools/inject.c).
  * Each mode prints "ready" when in place, then what it saw, so that the test can check it
  * still behaves as if nothing happened:
  *   sleep SECS     one nanosleep of SECS s: "nanosleep RET ERRNO slept_enough"

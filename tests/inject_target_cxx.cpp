@@ -1,6 +1,9 @@
 // tests/inject_target_cxx.cpp: a C++ process for tests/test_inject.py: a worker thread churns
 // std::string / std::map allocations while main waits in std::getline on stdin; prints
-// "ready", then "line TEXT" and "worker ok" once the line came and the worker stopped.
+// "ready", then "line TEXT" and "worker ok" once the line came and the worker, still alive
+// after the injections, finished one more round (waited for: a worker that cannot go on,
+// deadlocked by an injection, makes the test time out instead of depending on the machine's
+// speed).
 #include <atomic>
 #include <iostream>
 #include <map>
@@ -22,6 +25,8 @@ int main()
     std::cout << "ready" << std::endl;
     std::string line;
     std::getline(std::cin, line);
+    for (long r0 = rounds; rounds == r0;)
+        std::this_thread::yield();
     stop = true;
     worker.join();
     std::cout << "line " << line << std::endl;

@@ -13,7 +13,7 @@
  *
  * With K (tests/test_systemd.py attaches to it with `mmleak.py attach`): after "ready" it
  * keeps serving, one request a millisecond (serve_request(): one malloc and one free, both
- * made inside libc's qsort, where the injector never stops a thread: mmleak-inject.c,
+ * made inside libc's qsort, where the injector never stops a thread: tools/inject.c,
  * "Which thread"), so that an attach or a detach never falls inside a request and an
  * attached window holds whole requests only.  On SIGUSR1 it leaks K blocks of SIZE bytes
  * (window_leak(), its "site:" line), serves one more request, then writes the total number

@@ -1,6 +1,6 @@
 /* tests/test_stacks.py: mmleak.so remembers a walk from the same start (return address and
  * stack pointer) and skips it when the stack words it read are unchanged (the memo,
- * mmleak-unwind.h).  This program makes the memo's hard cases: different callers that reach
+ * tracer/unwind.h).  This program makes the memo's hard cases: different callers that reach
  * the allocating function at exactly the same stack pointer (only a return address further up
  * differs), the same function at many depths (recursion), paths taken in a shuffled order,
  * thousands of times, in two threads.

@@ -25,15 +25,15 @@ def test_install_honours_prefix_and_destdir(tmp_path, lib):
     out = subprocess.run([str(root / "bin" / "mmleak.py"), "run", "-d", str(tmp_path / "d"),
                           "--", "/bin/true"], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
-    code = ("import importlib.util,sys; s=importlib.util.spec_from_file_location('m', %r); "
-            "m=importlib.util.module_from_spec(s); s.loader.exec_module(m); "
-            "print(m.find_library())" % str(root / "bin" / "mmleak.py"))
+    code = ("import os, sys; sys.path.insert(0, os.path.dirname(os.path.realpath(%r))); "
+            "from mmleaklib.files import find_library; print(find_library())"
+            % str(root / "bin" / "mmleak.py"))
     found = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True,
                            env=env).stdout.strip()
     assert found == str(so)
     assert any(n.endswith(".maps") for n in os.listdir(tmp_path / "d"))
-    # the module of report's exports is installed beside it, and found there
-    mod = root / "bin" / "mmleak_export.py"
+    # the module of report's exports is installed with the package, and found there
+    mod = root / "lib" / "mmleak" / "mmleaklib" / "export.py"
     assert mod.is_file() and oct(mod.stat().st_mode & 0o777) == "0o644"
     out = subprocess.run([str(root / "bin" / "mmleak.py"), "run", "-d", str(tmp_path / "e"),
                           "--", "/bin/ls", "/"], capture_output=True, text=True, env=env)

@@ -402,7 +402,7 @@ def test_compaction_keeps_the_trace_clock(tmp_path):
         if when == "before":
             assert run("compact", str(d)).returncode == 0
             assert not (d / ("mmleak.%s.0.out" % GONE)).exists()
-    points, _ = mmleak.read_series(mmleak.series_path(str(d), GONE))
+    points, _ = mmleak.read_series(mmleak.TraceFiles(str(d), GONE).series)
     assert [p.time for p in points] == [6]
     assert b"\n#clock 6\n" in (d / ("mmleak.%s.compact" % GONE)).read_bytes()
     # the page: its time span, and the age of the leak; from `report` and from a pipe

@@ -27,12 +27,7 @@ import pytest
 
 from conftest import LIB, ROOT, TESTS, mmleak, site_line
 
-import importlib.util
-
-_spec = importlib.util.spec_from_file_location("mmleak_export",
-                                               os.path.join(ROOT, "mmleak_export.py"))
-mx = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mx)
+from mmleaklib import export as mx
 
 PY = "/usr/bin/python3"
 MMLEAK = os.path.join(ROOT, "mmleak.py")

@@ -13,13 +13,12 @@ import json
 import os
 import random
 import re
-import shutil
 import subprocess
 
 import pytest
 
-from test_report import (CHROMIUM, EXPECTED_D4, LIB, MMLEAK, PY, REPO, SECONDS, SRC, THREADS, F,
-                         chromium, fake_rep, headline, marker_line, mmleak, panda)
+from test_report import (CHROMIUM, EXPECTED_D4, MMLEAK, PY, SRC, F, chromium, demo_traces,
+                         fake_rep, headline, marker_line, mmleak, panda, report_page)
 
 A, B, B2, C, D, E = 0x401000, 0x402000, 0x402008, 0x403000, 0x404000, 0x405000
 
@@ -397,28 +396,10 @@ def test_million_blocks_flame_size(tmp_path, nstacks, depth, distinct, limit):
 
 @pytest.fixture(scope="module")
 def leaky16(tmp_path_factory):
-    for tool in ("g++", "eu-addr2line", "make"):
-        if not shutil.which(tool):
-            pytest.fail("%s is needed for this test (apt-get install g++ elfutils make)" % tool)
-    if subprocess.run(["make", "-s", "-C", REPO, "mmleak.so"]).returncode:
-        pytest.fail("make mmleak.so failed")
-    d = tmp_path_factory.mktemp("leaky16")
-    exe = str(d / "demo_leaky")
-    subprocess.run(["g++", "-O0", "-g", "-pthread", "-o", exe, SRC], check=True)
-    dumps = d / "dumps"
-    dumps.mkdir()
-    env = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dumps), MMLEAK_DEPTH="16")
-    p = subprocess.run([exe, str(SECONDS), str(THREADS)], env=env, capture_output=True,
-                       text=True)
-    assert p.returncode == 0, p.stderr
-    traces = mmleak.find_traces(str(dumps))
-    assert len(traces) == 1, traces
-    pid = next(iter(traces))
+    d, exe, runs = demo_traces(tmp_path_factory, "leaky16", (16,))
     out = str(d / "report.html")
-    r = subprocess.run([PY, MMLEAK, "report", str(dumps), "--pid", pid, "-o", out],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return str(dumps), pid, out
+    _, dumps, pid = report_page((d, exe, runs), 16, out)
+    return dumps, pid, out
 
 
 def test_flame_real_program_depth16(leaky16, tmp_path):

@@ -255,35 +255,36 @@ def test_long_failure_counts_what_is_lost_and_every_report_says_so(bins, dump, m
     assert b"#lost %d" % lost in out.stdout         # partial results carry the count on
 
 
-def _mounted_tmpfs(size):
+@contextlib.contextmanager
+def small_tmpfs(size):
+    """A directory with a tmpfs of SIZE mounted on it (skipped without root, or where it
+    cannot be mounted), unmounted and removed afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
     d = tempfile.mkdtemp(prefix="mmleak-full.")
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%s" % size, "tmpfs", d],
                        capture_output=True)
     if r.returncode:
         os.rmdir(d)
-        return None
-    return d
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", d])
+        os.rmdir(d)
 
 
 def test_disk_full_one_message_with_its_reason_and_an_incomplete_report(bins, mm):
     """Three threads fill a 700 KiB file system: one message for the whole process (not
     one per thread), with the reason; the program ends normally; the report says the trace
     is incomplete instead of "no leaks"."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs")
-    d = _mounted_tmpfs("700k")
-    if d is None:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
+    with small_tmpfs("700k") as d:
         r = run_traced([bins["adversary"], "fill", "3"], d)
         assert r.stdout == b"fill done\n"
         lines = mmleak_lines(r.stderr)
         assert len(lines) == 1 and "disk full (errno 28)" in lines[0], lines
         rep = report(d)
         assert rep.returncode == 3 and "INCOMPLETE TRACE" in rep.stdout
-    finally:
-        subprocess.run(["umount", d])
-        os.rmdir(d)
 
 
 @pytest.mark.parametrize("hold", ["0", None], ids=["no-hold", "default-hold"])
@@ -308,12 +309,7 @@ def test_maps_file_written_once_the_disk_has_room_again(bins, mm):
     """The disk is full when the trace starts: the maps file cannot be written.  Once there
     is room, the events are written and so must the maps file be (it stayed empty: no call
     site of the report could be named)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs")
-    d = _mounted_tmpfs("2m")
-    if d is None:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
+    with small_tmpfs("2m") as d:
         filler = os.path.join(d, "filler")
         with open(filler, "wb") as f:
             try:
@@ -336,9 +332,6 @@ def test_maps_file_written_once_the_disk_has_room_again(bins, mm):
         assert got == exp([adv(0, "disk_before", 921, fn="waitdisk"),
                            adv(0, "disk_after", 922, fn="waitdisk")])
         assert sh.gap_text() is None
-    finally:
-        subprocess.run(["umount", d])
-        os.rmdir(d)
 
 
 def test_a_message_never_goes_into_the_programs_own_file(bins, dump, tmp_path):
@@ -471,6 +464,15 @@ def test_detach_respects_the_file_size_limit(bins, dump, mm):
 
 
 # -- 5 ------------------------------------------------------------------------------------
+def with_threads(main, fn, site, sizes):
+    """The leaks of adversary.c: MAIN (adv()), and one block of each of SIZES at SITE, in
+    function FN."""
+    want = exp([main])
+    for size in sizes:
+        want[(fn, "adversary.c", site_line("adversary.c", site), size)] += 1
+    return want
+
+
 def test_threads_creating_files_while_root_is_dropped(bins, mm):
     """Six threads create their files at the moment the main thread calls setresuid(): a
     file created as root just before the switch must be handed over too, or that thread's
@@ -485,10 +487,8 @@ def test_threads_creating_files_while_root_is_dropped(bins, mm):
             assert r.stderr == b"", (run, r.stderr)
             tid = next(iter(traces(mm, d)))
             got, sh = leaks(d, tid, "adversary")
-            want = exp([adv(0, "uid_main", 799, fn="uidrace")])
-            for i in range(6):
-                want[("uid_body", "adversary.c", site_line("adversary.c", "uid_thread"),
-                      700 + i)] += 1
+            want = with_threads(adv(0, "uid_main", 799, fn="uidrace"), "uid_body", "uid_thread",
+                                range(700, 706))
             assert got == want, run
             assert sh.gap_text() is None
         finally:
@@ -544,10 +544,8 @@ def test_a_thread_acting_as_another_user_for_a_while(bins, mm, how):
         assert r.stdout == b"threadcreds done\n" and r.stderr == b""
         tid = next(iter(traces(mm, d)))
         got, sh = leaks(d, tid, "adversary")
-        want = exp([adv(0, "creds_root", 740, fn="creds_body")])
-        for i in range(5):
-            want[("creds_body", "adversary.c", site_line("adversary.c", "creds_request"),
-                  741 + i)] += 1
+        want = with_threads(adv(0, "creds_root", 740, fn="creds_body"), "creds_body",
+                            "creds_request", range(741, 746))
         assert got == want
         assert sh.gap_text() is None and sh.events == 1 + 10 * 2 + 5 * (1 + 20000 * 2) + 1
     finally:

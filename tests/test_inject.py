@@ -1,4 +1,4 @@
-"""The ptrace injector (mmleak-inject.c, mmleak_inject_call in mmleak.so) on real processes.
+"""The ptrace injector (tools/inject.c, mmleak_inject_call in mmleak-tools.so) on real processes.
 
 Every target is a real process (tests/inject_target.c modes, a C++ program, Debian's
 python3, a non-PIE and a static build) that prints "ready" once in place and, at the end,
@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, TESTS, mmleak
+from conftest import PYTHON_SIDE, ROOT, TESTS, mmleak
 
 CLI = os.path.join(TESTS, "inject_cli.py")
 ABI = 1
@@ -62,17 +62,32 @@ def inject(pid, lib, func, arg=None, timeout_ms=5000):
     """mmleak_inject_call in this process: (code, result, err)."""
     global _fn
     if _fn is None:
-        dll = ctypes.CDLL(os.path.join(ROOT, "mmleak-tools.so"))
-        assert dll.mmleak_inject_abi() == ABI
-        _fn = dll.mmleak_inject_call
-        _fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
-                        ctypes.c_int, ctypes.POINTER(ctypes.c_long), ctypes.c_char_p,
-                        ctypes.c_size_t]
-        _fn.restype = ctypes.c_int
+        assert mmleak.native.INJECT_ABI == ABI
+        _fn = mmleak.native.inject_call()       # it checks the library's ABI
     res = ctypes.c_long(0)
     err = ctypes.create_string_buffer(1024)
     enc = lambda s: None if s is None else s.encode()
     rc = _fn(pid, enc(lib), enc(func), enc(arg), timeout_ms, ctypes.byref(res), err, len(err))
+    return rc, res.value, err.value.decode()
+
+
+_within = None
+
+
+def inject_within(pid, lib, func, arg, search_ms, total_ms):
+    """mmleak_inject_call_within in this process: (code, result, err)."""
+    global _within
+    if _within is None:
+        _within = ctypes.CDLL(os.path.join(ROOT, "mmleak-tools.so")).mmleak_inject_call_within
+        _within.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                            ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_long),
+                            ctypes.c_char_p, ctypes.c_size_t]
+        _within.restype = ctypes.c_int
+    res = ctypes.c_long(0)
+    err = ctypes.create_string_buffer(1024)
+    enc = lambda s: None if s is None else s.encode()
+    rc = _within(pid, enc(lib), enc(func), enc(arg), search_ms, total_ms, ctypes.byref(res), err,
+                 len(err))
     return rc, res.value, err.value.decode()
 
 
@@ -289,7 +304,7 @@ def test_cxx_program(ib, targets, tmp_path):
     assert t.finish(b"hi\n") == ("line hi\nworker ok\n", 0)
 
 
-def test_python_and_mmleak_so_itself(ib, targets, tmp_path):
+def test_python_and_mmleak_tools_so(ib, targets, tmp_path):
     """Debian's /usr/bin/python3 (not position-independent: ELF type EXEC) waiting on
     stdin; mmleak-tools.so itself loads there and answers mmleak_shrink_abi."""
     rec = str(tmp_path / "rec")
@@ -298,7 +313,7 @@ def test_python_and_mmleak_so_itself(ib, targets, tmp_path):
     assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
     assert records(rec) == ["pid %d tid %d loads 1 calls 1" % (t.pid, t.pid)]
     so = os.path.join(ROOT, "mmleak-tools.so")
-    # the interface version mmleak.py checks (3: it opens the files, the C code reads them)
+    # the interface version mmleak.py checks (the C code reads the files the callback opens)
     assert inject(t.pid, so, "mmleak_shrink_abi") == (0, mmleak.NATIVE_ABI, "")
     assert so in t.maps()
     assert t.finish(b"there\n") == ("got there\n", 0)
@@ -370,6 +385,26 @@ def test_waits_while_the_loader_lock_is_held(ib, targets):
     assert t.finish() == ("dlopen ok\n", 0)
 
 
+def test_one_deadline_for_the_search_and_the_calls(ib, targets):
+    """mmleak_inject_call_within: the search and the calls end by one deadline.  The loader's
+    lock is held 2 s (main in a library constructor), so the search takes 2 s; the call then
+    sleeps 60 s: abandoned 3 s after the start (the total), where mmleak_inject_call gives
+    its calls a timeout of their own (5 s in all).  The target carries on."""
+    t = targets([ib["target"], "ctor", ib["libslowctor.so"], "6"],
+                env={"SLOWCTOR_SECONDS": "2"})
+    t.wait_syscall(NR_CLOCK_NANOSLEEP, NR_NANOSLEEP)   # main: in the constructor's sleep
+    start = time.monotonic()
+    rc, res, err = inject_within(t.pid, ib["libinject.so"], "inject_sleep", "60", 2600, 3000)
+    took = time.monotonic() - start
+    assert (rc, res) == (ECALL, 0), err
+    assert re.fullmatch(
+        r"inject_sleep did not return within the timeout in thread \d+ of %d: the call was "
+        r"abandoned and the thread put back where it was, but %d may hold locks the call took"
+        % (t.pid, t.pid), err), err
+    assert 1.9 < took < 3.0 + 1.0, took
+    assert t.finish(timeout=20) == ("dlopen ok\n", 0)
+
+
 def test_dlopen_error_comes_back(ib, targets, tmp_path):
     t = targets([ib["target"], "sleep", "1"])
     missing = str(tmp_path / "libnope.so")
@@ -406,6 +441,15 @@ def test_call_that_does_not_return_is_abandoned(ib, targets):
     assert t.finish(timeout=20) == ("nanosleep 0 0 slept_enough\n", 0)
 
 
+def wait_status(pid, text, tries=200):
+    """Until /proc/PID/status says TEXT (TRIES times 10 ms at most)."""
+    for _ in range(tries):
+        with open("/proc/%d/status" % pid) as f:
+            if text in f.read():
+                return
+        time.sleep(0.01)
+
+
 def test_no_such_process(ib):
     with open("/proc/sys/kernel/pid_max") as f:
         pid = int(f.read()) + 1
@@ -415,11 +459,7 @@ def test_no_such_process(ib):
 
 def test_zombie(ib):
     p = subprocess.Popen(["true"])
-    for _ in range(200):
-        with open("/proc/%d/status" % p.pid) as f:
-            if "State:\tZ" in f.read():
-                break
-        time.sleep(0.01)
+    wait_status(p.pid, "State:\tZ")
     assert inject(p.pid, ib["libinject.so"], "inject_record", "x") == (
         ESRCH, 0, "%d is a zombie: it exited and was not reaped" % p.pid)
     assert p.wait() == 0    # its exit status is still ours to collect
@@ -445,11 +485,7 @@ def test_static_binary_is_refused(ib, targets):
 def test_stopped_process_is_refused_and_stays_stopped(ib, targets):
     t = targets([ib["target"], "sleep", "1"])
     os.kill(t.pid, signal.SIGSTOP)
-    for _ in range(200):
-        with open("/proc/%d/status" % t.pid) as f:
-            if "State:\tT" in f.read():
-                break
-        time.sleep(0.01)
+    wait_status(t.pid, "State:\tT")
     assert inject(t.pid, ib["libinject.so"], "inject_record", "x") == (
         EBUSY, 0, "%d is stopped (state T): resume it first (kill -CONT %d)" % (t.pid, t.pid))
     time.sleep(0.1)
@@ -465,11 +501,7 @@ def test_traced_process_is_refused(ib, targets):
     t = targets([ib["target"], "sleep", "2"])
     s = subprocess.Popen(["strace", "-q", "-o", "/dev/null", "-p", str(t.pid)])
     try:
-        for _ in range(500):
-            with open("/proc/%d/status" % t.pid) as f:
-                if "TracerPid:\t%d\n" % s.pid in f.read():
-                    break
-            time.sleep(0.01)
+        wait_status(t.pid, "TracerPid:\t%d\n" % s.pid, tries=500)
         assert inject(t.pid, ib["libinject.so"], "inject_record", "x") == (
             EPERM, 0, "%d is being traced by another process (%d strace)" % (t.pid, s.pid))
     finally:
@@ -491,6 +523,10 @@ def nobody_dir(ib):
         for f in (os.path.join(ROOT, "mmleak-tools.so"), CLI, ib["target"], ib["libinject.so"]):
             shutil.copy(f, d)
             os.chmod(os.path.join(d, os.path.basename(f)), 0o755)
+        for f in PYTHON_SIDE:               # the CLI's binding (mmleaklib.native)
+            os.makedirs(os.path.join(d, os.path.dirname(f)), mode=0o755, exist_ok=True)
+            shutil.copy(os.path.join(ROOT, f), os.path.join(d, f))
+            os.chmod(os.path.join(d, f), 0o644)
         yield d
     finally:
         shutil.rmtree(d)

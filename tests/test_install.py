@@ -12,6 +12,7 @@ import hashlib
 import re
 import shlex
 import os
+import pathlib
 import shutil
 import stat
 import subprocess
@@ -23,6 +24,9 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(os.path.dirname(HERE), "mmleak-install.py")
 MMLEAK_PY = os.path.join(os.path.dirname(HERE), "mmleak.py")
+# mmleak.py's package, installed beside it
+PACKAGE = sorted(n for n in os.listdir(os.path.join(os.path.dirname(HERE), "mmleaklib"))
+                 if n.endswith(".py"))
 PY = "/usr/bin/python3"
 LIB = "/usr/local/lib/mmleak/mmleak.so"
 ANALYZE = shutil.which("systemd-analyze")
@@ -264,7 +268,12 @@ def test_install_plain_exact(root, lib):
     assert (stat.S_IMODE(d.st_mode), d.st_uid, d.st_gid) == (0o755, 0, 0)
     # no temporary files left behind by the atomic writes
     assert os.listdir(str(conf.parent)) == ["mmleak.conf"]
-    assert sorted(os.listdir(str(so.parent))) == ["mmleak.py", "mmleak.so"]
+    assert sorted(os.listdir(str(so.parent))) == ["mmleak.py", "mmleak.so", "mmleaklib"]
+    # mmleak.py's package beside it (the companion imports it), file for file, no temporary
+    assert sorted(os.listdir(str(so.parent / "mmleaklib"))) == PACKAGE
+    for n in PACKAGE:
+        assert (so.parent / "mmleaklib" / n).read_bytes() == open(
+            os.path.join(os.path.dirname(HERE), "mmleaklib", n), "rb").read()
     assert sorted(os.listdir(str(comp.parent))) == ["mmleak-compact-plain.service",
                                                     "plain.service", "plain.service.d"]
     verify(root, "plain.service")
@@ -564,7 +573,9 @@ def test_round_trip_leaves_tree_identical(root, lib, unit):
     # Exactly the documented leftovers differ: the library and mmleak.py copies and the
     # dump directory (the companion is gone).
     kept = {"usr/local/lib/mmleak", "usr/local/lib/mmleak/mmleak.so",
-            "usr/local/lib/mmleak/mmleak.py", "var/lib/mmleak", "var/lib/mmleak/" + unit}
+            "usr/local/lib/mmleak/mmleak.py", "var/lib/mmleak", "var/lib/mmleak/" + unit,
+            "usr/local/lib/mmleak/mmleaklib"} | {"usr/local/lib/mmleak/mmleaklib/" + n
+                                                 for n in PACKAGE}
     assert set(after) ^ set(before) == kept
     common = set(before) - {".", "usr/local/lib", "var/lib"}
     assert {k: after[k] for k in common} == {k: before[k] for k in common}
@@ -737,8 +748,11 @@ def test_non_root_user_refused(tmp_path):
     pub = tempfile.mkdtemp(prefix="mmleak-install-test.")
     try:
         os.chmod(pub, 0o755)
-        for name in ("mmleak-install.py", "mmleak.py"):
-            shutil.copy(os.path.join(os.path.dirname(HERE), name), pub)
+        copy_tools(pathlib.Path(pub))
+        for dirpath, _, names in os.walk(pub):
+            os.chmod(dirpath, 0o755)
+            for n in names:
+                os.chmod(os.path.join(dirpath, n), 0o644)
         script = os.path.join(pub, "mmleak-install.py")
         rc, out, err = run(None, "install", "plain.service", "--lib", "/usr/bin/true",
                            preexec=drop, script=script)
@@ -751,14 +765,21 @@ def test_non_root_user_refused(tmp_path):
     assert rc2 == 2 and err2.startswith("mmleak-install.py: error: must be run as root")
 
 
+def copy_tools(d):
+    """A copy of the tool, with mmleak.py and the package (mmleaklib/) next to it, in D."""
+    shutil.copy(SCRIPT, str(d / "mmleak-install.py"))
+    shutil.copy(MMLEAK_PY, str(d / "mmleak.py"))
+    shutil.copytree(os.path.join(os.path.dirname(SCRIPT), "mmleaklib"), str(d / "mmleaklib"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+
+
 def test_missing_library_without_lib(tmp_path, root):
     # A copy of the tool with mmleak.py but no mmleak.so next to it, no $MMLEAK_LIB.
     if any(os.path.isfile(p) for p in (LIB, "/usr/lib/mmleak/mmleak.so")):
         pytest.skip("a mmleak.so is installed on this machine")
     d = tmp_path / "bin"
     d.mkdir()
-    shutil.copy(SCRIPT, str(d / "mmleak-install.py"))
-    shutil.copy(os.path.join(os.path.dirname(SCRIPT), "mmleak.py"), str(d / "mmleak.py"))
+    copy_tools(d)
     env = {k: v for k, v in os.environ.items() if k != "MMLEAK_LIB"}
     before = snapshot(root)
     p = subprocess.run([PY, str(d / "mmleak-install.py"), "--root", str(root), "install",
@@ -960,8 +981,7 @@ def test_library_found_next_to_mmleak_py(tmp_path, root):
     # extension before mmleak.py; the tool must load mmleak.py and find the library.
     d = tmp_path / "tree"
     d.mkdir()
-    shutil.copy(SCRIPT, str(d / "mmleak-install.py"))
-    shutil.copy(os.path.join(os.path.dirname(SCRIPT), "mmleak.py"), str(d / "mmleak.py"))
+    copy_tools(d)
     (d / "mmleak.so").write_bytes(b"built library")
     env = {k: v for k, v in os.environ.items() if k != "MMLEAK_LIB"}
     p = subprocess.run([PY, str(d / "mmleak-install.py"), "--root", str(root), "install",
@@ -1750,10 +1770,7 @@ def test_long_unit_name_refused(root, lib):
 
 def test_siphash24_reference_vectors():
     # SipHash-2-4 test vectors of the reference implementation (key 00..0f, message 00..)
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("mmleak_install", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from mmleaklib import systemd as mod
     key = bytes(range(16))
     assert mod.siphash24(b"", key) == 0x726fdb47dd0e0e31
     assert mod.siphash24(bytes(range(8)), key) == 0x93f5f5799a932462
@@ -1824,11 +1841,8 @@ def test_later_dropin_overriding_paused_warns(root, lib):
 
 
 def load_installer():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("mmleak_install", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from conftest import script
+    return script("mmleak-install.py")
 
 
 class Unit1:
@@ -1842,7 +1856,8 @@ def processes_lines(inst, systemd=True, procs=None):
     inst.systemd_running = lambda root: systemd
     inst.unit_processes = lambda name: procs
     out = io.StringIO()
-    inst.write_processes(out, inst.Root(None), Unit1())
+    from mmleaklib.systemd import Root
+    inst.write_processes(out, Root(None), Unit1())
     return out.getvalue()
 
 
@@ -1892,8 +1907,10 @@ def test_status_processes_and_their_state(tmp_path, mm):
         # another user may not read the processes' memory: it is told so, per process (run
         # from a tree the user nobody can read: the checkout, or a copy of what it needs)
         from conftest import tree_for_others
-        tests = os.path.join(tree_for_others("tests/test_install.py", "mmleak-install.py",
-                                             "mmleak.py", "mmleak.so"), "tests")
+        from conftest import PYTHON_SIDE
+        tests = os.path.join(tree_for_others("tests/test_install.py", "tests/conftest.py",
+                                             "mmleak-install.py", "mmleak.py", "mmleak.so",
+                                             *PYTHON_SIDE), "tests")
         code = ("import sys; sys.path.insert(0, %r); import test_install as t; "
                 "sys.stdout.write(t.processes_lines(t.load_installer(), procs=('active', %d, "
                 "[%d, %d])))" % (tests, pids[0], pids[0], pids[2]))

@@ -92,6 +92,17 @@ def test_reloaded_elsewhere_and_reported_after_unload(plugins, dump):
                                   ("libalpha.so", "plugin_leak", line, 104): 1}
 
 
+def exact_before_and_after_compaction(dump, *sizes):
+    """The plugins' leaks are one block of each of SIZES, from alpha, beta and alpha again,
+    read whole and after compaction."""
+    line = site_line("plugin.c", "plugin_leak")
+    want = {(lib, "plugin_leak", line, size): 1
+            for lib, size in zip(("libalpha.so", "libbeta.so", "libalpha.so"), sizes)}
+    assert plugin_leaks(dump) == want
+    mmleak.compact_dir(str(dump))
+    assert plugin_leaks(dump) == want
+
+
 def test_depth_one_and_a_compacted_trace(plugins, dump):
     """The same with MMLEAK_DEPTH=1 (the fast writer asks where an address is after a
     dlclose), and after compaction (the epochs are in the frames, not in the files)."""
@@ -100,13 +111,7 @@ def test_depth_one_and_a_compacted_trace(plugins, dump):
                     "-" + a], dump, env={"MMLEAK_DEPTH": "1"})
     seen = loads(r.stdout)
     assert len({s[1] for s in seen}) == 1 and at_base(seen, 0), seen
-    line = site_line("plugin.c", "plugin_leak")
-    want = {("libalpha.so", "plugin_leak", line, 101): 1,
-            ("libbeta.so", "plugin_leak", line, 103): 1,
-            ("libalpha.so", "plugin_leak", line, 105): 1}
-    assert plugin_leaks(dump) == want
-    mmleak.compact_dir(str(dump))
-    assert plugin_leaks(dump) == want
+    exact_before_and_after_compaction(dump, 101, 103, 105)
 
 
 @pytest.mark.parametrize("depth", [None, "1", "8"])
@@ -125,13 +130,7 @@ def test_one_library_loaded_at_two_addresses(plugins, dump, depth):
     assert [s[0] for s in seen] == ["alpha", "beta", "alpha"]
     assert seen[1][3:] == seen[2][3:], seen
     assert seen[0][3] - 0x2000 <= seen[2][4] <= seen[0][3], seen    # (a page may be between)
-    line = site_line("plugin.c", "plugin_leak")
-    want = {("libalpha.so", "plugin_leak", line, 103): 1,
-            ("libbeta.so", "plugin_leak", line, 105): 1,
-            ("libalpha.so", "plugin_leak", line, 107): 1}
-    assert plugin_leaks(dump) == want
-    mmleak.compact_dir(str(dump))
-    assert plugin_leaks(dump) == want
+    exact_before_and_after_compaction(dump, 103, 105, 107)
 
 
 # where the second load of alpha goes: right below the first, right above it (into beta's

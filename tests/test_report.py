@@ -9,7 +9,6 @@ the inline script clicks column headers, checks the order, filters, counts the S
 writes the verdict into document.title and a hidden <pre>, which --dump-dom shows).
 """
 import html.parser
-import importlib.util
 import os
 import random
 import re
@@ -37,16 +36,9 @@ SECONDS, THREADS = 2, 3
 TICKS = 10 * SECONDS
 
 
-def load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from conftest import mmleak, script  # noqa: E402 (the package, and the scripts by name)
 
-
-mmleak = load("mmleak", MMLEAK)
-panda = load("mmleak_panda", PANDA)
+panda = script("mmleak-panda.py")
 
 
 def marker_line(tag):
@@ -130,18 +122,19 @@ def headline(text):
 # A real traced program
 # ---------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def leaky(tmp_path_factory):
+def demo_traces(tmp_path_factory, name, depths):
+    """tests/demo_leaky.cpp built and traced once per MMLEAK_DEPTH in DEPTHS: (directory,
+    executable, {depth: (dump directory, trace id)})."""
     for tool in ("g++", "eu-addr2line", "make"):
         if not shutil.which(tool):
             pytest.fail("%s is needed for this test (apt-get install g++ elfutils make)" % tool)
     if subprocess.run(["make", "-s", "-C", REPO, "mmleak.so"]).returncode:
         pytest.fail("make mmleak.so failed")
-    d = tmp_path_factory.mktemp("leaky")
+    d = tmp_path_factory.mktemp(name)
     exe = str(d / "demo_leaky")
     subprocess.run(["g++", "-O0", "-g", "-pthread", "-o", exe, SRC], check=True)
     runs = {}
-    for depth in (1, 4):
+    for depth in depths:
         dumps = d / ("dumps%d" % depth)
         dumps.mkdir()
         env = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dumps), MMLEAK_DEPTH=str(depth))
@@ -152,6 +145,22 @@ def leaky(tmp_path_factory):
         assert len(traces) == 1, traces
         runs[depth] = (str(dumps), next(iter(traces)))
     return d, exe, runs
+
+
+@pytest.fixture(scope="module")
+def leaky(tmp_path_factory):
+    return demo_traces(tmp_path_factory, "leaky", (1, 4))
+
+
+def report_page(leaky, depth, out, *args):
+    """`mmleak.py report` of the depth DEPTH trace of LEAKY with its page at OUT: (the
+    process, dump directory, trace id)."""
+    d, exe, runs = leaky
+    dumps, pid = runs[depth]
+    p = subprocess.run([PY, MMLEAK, "report", dumps, "--pid", pid, "-o", out] + list(args),
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    return p, dumps, pid
 
 
 def own_rows(rows):
@@ -174,12 +183,8 @@ def check_rows(rows, expected):
 
 
 def test_report_real_program_depth1(leaky, tmp_path):
-    d, exe, runs = leaky
-    dumps, pid = runs[1]
     out = str(tmp_path / "r.html")
-    p = subprocess.run([PY, MMLEAK, "report", dumps, "--pid", pid, "-o", out],
-                       capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
+    p, dumps, pid = report_page(leaky, 1, out)
     assert "HTML report: %s" % out in p.stdout
     rows, text = table(out)
     check_rows(rows, EXPECTED_D1)
@@ -205,12 +210,8 @@ def test_report_real_program_depth1(leaky, tmp_path):
 
 
 def test_report_real_program_depth4_wrappers(leaky, tmp_path):
-    d, exe, runs = leaky
-    dumps, pid = runs[4]
     out = str(tmp_path / "r4.html")
-    p = subprocess.run([PY, MMLEAK, "report", dumps, "--pid", pid, "-o", out],
-                       capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
+    p, dumps, pid = report_page(leaky, 4, out)
     rows, text = table(out)
     own = check_rows(rows, EXPECTED_D4)
     assert "via xmalloc" in text
@@ -552,3 +553,42 @@ def test_empty_input(tmp_path):
     assert p.returncode == 0, p.stderr
     text = p.stdout.decode()
     assert headline(text) == (0, 0) and "No leaks" in text
+
+
+def terminal_sites(stdout):
+    """The call sites `mmleak.py report` prints: [(bytes, blocks, label)] in its order."""
+    lines = stdout.splitlines()
+    head = next(i for i, l in enumerate(lines) if l.split()[:3] == ["bytes", "blocks", "call"])
+    out = []
+    for line in lines[head + 1:]:
+        m = re.match(r"^  +(\d+) +(\d+)  (.*?)(?:  \[[^]]*\])?$", line)
+        if not m:
+            break
+        out.append((int(m.group(1)), int(m.group(2)), m.group(3)))
+    return out
+
+
+def page_sites(rows):
+    """The same of the page's table: its label is the terminal's (frame_label: 'function at
+    file:line', 'function at module+offset', or the module and offset alone)."""
+    def label(r):
+        if r["loc"]:
+            return "%s at %s" % (r["func"], r["loc"])
+        return "%s at %s" % (r["func"], r["mod"]) if r["mod"] and r["func"] != r["mod"] \
+            else r["func"]
+    return [(r["bytes"], r["blocks"], label(r)) for r in rows]
+
+
+@pytest.mark.parametrize("depth,args", [(1, []), (4, []), (4, ["--depth", "1"])])
+def test_terminal_and_page_name_the_same_sites(leaky, tmp_path, depth, args):
+    """make demo's program (tests/demo_leaky.cpp): `mmleak.py report` prints, and its page
+    shows, the same call sites with the same bytes and blocks, in the same order (one table:
+    report.site_table), also when --depth cuts the trace's stacks."""
+    out = str(tmp_path / "r.html")
+    p, _, _ = report_page(leaky, depth, out, "--top", "1000", *args)
+    terminal = terminal_sites(p.stdout)
+    rows, text = table(out)
+    assert page_sites(rows) == terminal
+    own = {l.split(" at ")[0] for _, _, l in terminal if "demo_leaky.cpp:" in l}
+    assert own >= {"load_config", "Worker::handle(int)", "grow_log"}, own
+    assert headline(text) == (sum(t[0] for t in terminal), sum(t[1] for t in terminal))

@@ -276,6 +276,20 @@ def test_unknown_format_version(tmp_path):
     assert "dump format version 7" in r.stderr.decode()
 
 
+def damage(rnd, data, op, i):
+    """DATA (a bytearray) damaged at I: random bytes (OP 0), bytes cut out (1), NULs (2), or
+    the end cut off (3)."""
+    if op == 0:
+        data[i:i] = bytes(rnd.randrange(256) for _ in range(rnd.randrange(1, 30)))
+    elif op == 1:
+        del data[i:i + rnd.randrange(1, 50)]
+    elif op == 2:
+        data[i:i] = b"\0" * rnd.randrange(1, 100)
+    else:
+        data = data[:i]
+    return data
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_fuzzed_input_never_crashes(tmp_path, seed):
     rnd = random.Random(seed)
@@ -283,15 +297,7 @@ def test_fuzzed_input_never_crashes(tmp_path, seed):
     data = bytearray(b"".join(next(iter(files.values()))))
     for _ in range(rnd.randrange(1, 20)):
         op = rnd.randrange(4)
-        i = rnd.randrange(len(data) + 1)
-        if op == 0:
-            data[i:i] = bytes(rnd.randrange(256) for _ in range(rnd.randrange(1, 30)))
-        elif op == 1:
-            del data[i:i + rnd.randrange(1, 50)]
-        elif op == 2:
-            data[i:i] = b"\0" * rnd.randrange(1, 100)
-        else:
-            data = data[:i]
+        data = damage(rnd, data, op, rnd.randrange(len(data) + 1))
     r, _ = run_shrink(tmp_path, bytes(data))
     assert r.returncode in (0, mmleak.EXIT_PARTIAL, mmleak.EXIT_INPUT), r.stderr
     assert b"Traceback" not in r.stderr

@@ -1,4 +1,4 @@
-"""The compiled shrinker (mmleak-shrink.c in mmleak.so) against the Python reference.
+"""The compiled shrinker (tools/shrink.c in mmleak-tools.so) against the Python reference.
 
 Every test of tests/test_shrink.py runs here twice, with MMLEAK_SHRINK=python and =native
 (the CLI tests see the variable; the tests that drive a Shrinker directly get one whose feed
@@ -24,8 +24,8 @@ ENGINES = ("python", "native")
 @pytest.fixture(scope="module", autouse=True)
 def native_available(lib):
     """mmleak.so is built (the `lib` fixture runs make); the compiled path must be there."""
-    mmleak._native = None
-    assert mmleak._native_engine() is not None, mmleak._native_why
+    mmleak.native._native = None
+    assert mmleak.native._native_engine() is not None, mmleak.native._native_why
 
 
 class NativeFeedShrinker(mmleak.Shrinker):
@@ -50,7 +50,7 @@ def shrink_engine(request, monkeypatch):
     monkeypatch.setenv("MMLEAK_SHRINK", request.param)
     if request.param == "native":
         monkeypatch.setattr(test_shrink, "shrink_lines", native_shrink_lines)
-        monkeypatch.setattr(mmleak, "Shrinker", NativeFeedShrinker)
+        monkeypatch.setattr(mmleak.shrink, "Shrinker", NativeFeedShrinker)
     return request.param
 
 
@@ -169,14 +169,8 @@ def mutate(rnd, data):
     for _ in range(rnd.randrange(1, 25)):
         op = rnd.randrange(7)
         i = rnd.randrange(len(data) + 1)
-        if op == 0:
-            data[i:i] = bytes(rnd.randrange(256) for _ in range(rnd.randrange(1, 30)))
-        elif op == 1:
-            del data[i:i + rnd.randrange(1, 50)]
-        elif op == 2:
-            data[i:i] = b"\0" * rnd.randrange(1, 100)
-        elif op == 3:
-            data = data[:i]
+        if op < 4:
+            data = test_shrink.damage(rnd, data, op, i)
         elif op == 4:
             j = data.rfind(b"\n", 0, i) + 1
             data[j:j] = rnd.choice(pieces)
@@ -280,11 +274,9 @@ def test_loading_the_library_does_not_trace(tmp_path):
     """ctypes loads mmleak.so into the Python process: the tracer must stay off."""
     d = tmp_path / "d"
     d.mkdir()
-    code = ("import importlib.util; s = importlib.util.spec_from_file_location('m', %r); "
-            "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); "
+    code = ("import sys; sys.path.insert(0, %r); from mmleaklib import native as m; "
             "assert m._native_engine() is not None, m._native_why; "
-            "x = [bytearray(100) for _ in range(1000)]; print('ok')"
-            % os.path.join(ROOT, "mmleak.py"))
+            "x = [bytearray(100) for _ in range(1000)]; print('ok')" % ROOT)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env=dict(os.environ, MMLEAK_DIR=str(d)))
     assert r.stdout == "ok\n", r.stderr
@@ -322,7 +314,7 @@ def test_native_path_really_runs(monkeypatch, tmp_path):
 
 
 def test_bounded_reading_identical(tmp_path):
-    """The two bounded readers (mmleak.py's dump_lines, mmleak-shrink.c's feed_fd) where
+    """The two bounded readers (mmleak.py's dump_lines, tools/shrink.c's feed_fd) where
     they could part: lines and NUL runs across the 1 MiB chunks, lines just within, at and
     past the 1 MiB limit ended by a newline, a NUL or the end of the file, holes (a sparse
     file) inside a line, at the start and to the end; read from the file and from a pipe.

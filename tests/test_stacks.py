@@ -236,7 +236,7 @@ def memo_run(tmp_path, flags, depth, args=(), env=None, total=5000):
                                    ["-O2", "-fno-omit-frame-pointer"]],
                          ids=["pie-O2-nofp", "nopie-O0", "pie-O2-fp"])
 def test_memo_never_mixes_stacks(tmp_path, lib, flags, depth):
-    """The memo of walks (mmleak-unwind.h) skips a walk from the same return address and stack
+    """The memo of walks (tracer/unwind.h) skips a walk from the same return address and stack
     pointer when the stack words it read are unchanged.  tests/memo_stacks.c reaches the
     allocating function at the same stack pointer through callers that differ only further
     up, at many depths, and through a frame of 3 KiB, 5,000 times in a shuffled order in two

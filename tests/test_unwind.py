@@ -1,4 +1,4 @@
-"""mmleak-unwind.c, the stack unwinder of mmleak.so, tested without mmleak: test programs link
+"""tracer/unwind.c, the stack unwinder of mmleak.so, tested without mmleak: test programs link
 it directly and compare its frames, at many call sites, with glibc's backtrace() at the same
 point (tests/unwind_check.c, tests/unwind_cxx.cpp), in several builds (PIE or not, -O0/-O2,
 with and without frame pointers), through signal handlers, threads, fork, dlopen/dlclose; and
@@ -14,7 +14,7 @@ import pytest
 
 from conftest import ROOT, TESTS
 
-# mmleak-unwind.c as mmleak.so compiles it (the Makefile's CFLAGS_LIB), plus its test counters
+# tracer/unwind.c as mmleak.so compiles it (the Makefile's CFLAGS_LIB), plus its test counters
 UNWIND_CFLAGS = ["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fPIC", "-fvisibility=hidden",
                  "-fexceptions", "-fno-omit-frame-pointer", "-O2", "-g", "-DMML_UNWIND_TESTING"]
 NOPIE = ["-fno-pie", "-no-pie"]

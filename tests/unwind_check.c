@@ -1,6 +1,6 @@
-/* Compares mmleak-unwind.c's walk with glibc's backtrace() at many call sites, and runs it on
+/* Compares tracer/unwind.c's walk with glibc's backtrace() at many call sites, and runs it on
  * hostile stacks.  Built by tests/test_unwind.py in several variants (PIE or not, -O0/-O2, with
- * and without frame pointers) and linked with mmleak-unwind.c directly.
+ * and without frame pointers) and linked with tracer/unwind.c directly.
  *
  *     unwind_check MODE      (chains, signal, async, threads, fork, plt, nocfi, dl, dl-noinval,
  *                             tiny, ucontext, altstack, deep, garbage)

@@ -1,4 +1,4 @@
-// C++ call chains for mmleak-unwind.c, built by tests/test_unwind.py: templates, lambdas,
+// C++ call chains for tracer/unwind.c, built by tests/test_unwind.py: templates, lambdas,
 // std::function, virtual calls, a replaced operator new that walks the stack, and C++
 // exceptions unwinding through frames that call the unwinder (also from a destructor run
 // during that unwinding, and from a catch block).  Output as tests/unwind_check.c:

@@ -1,5 +1,6 @@
-/* mmleak-inject.c: make a running process load a shared library and call a function in it,
- * with ptrace, without stopping the process (x86-64 Linux, glibc targets).  Built into
+/* tools/inject.c: make a running process load a shared library and call a function in it,
+ * with ptrace, stopping only its busy threads and only meanwhile (x86-64 Linux, glibc
+ * targets).  Built into
  * mmleak.so; mmleak.py loads it with ctypes (the tracer stays dormant there) for
  * `mmleak.py attach PID` / `detach PID`.
  *
@@ -7,6 +8,9 @@
  * ---
  *   int mmleak_inject_call(int pid, const char *lib, const char *func, const char *arg,
  *                          int timeout_ms, long *result, char *err, size_t errlen);
+ *   int mmleak_inject_call_within(int pid, const char *lib, const char *func,
+ *                                 const char *arg, int search_ms, int total_ms,
+ *                                 long *result, char *err, size_t errlen);
  *   int mmleak_inject_abi(void);                                  (returns 1)
  *
  * In process PID: h = dlopen(LIB, RTLD_NOW) (LIB: absolute path; a library already loaded
@@ -14,8 +18,12 @@
  * f = dlsym(h, FUNC) and *result = f(ARG) (ARG: a string copied into the target, or NULL).
  * *result is the whole of rax when f returns: for a function returning int, keep its low
  * 32 bits (ctypes: c_int(result).value).  With FUNC NULL, *result is the handle.
- * TIMEOUT_MS <= 0 means 10000.  Finding a safe moment, then the calls, each get that time
- * (so at most twice that in all; see "Limits" for the one wait that can take longer).
+ * mmleak_inject_call: TIMEOUT_MS <= 0 means 10000.  Finding a safe moment, then the calls,
+ * each get that time (so at most twice that in all).  mmleak_inject_call_within: one
+ * deadline, TOTAL_MS (<= 0: 10000) from the start, for all of it; finding a safe moment ends
+ * by SEARCH_MS (<= 0: three quarters of TOTAL_MS), the calls get the rest (what mmleak.py
+ * uses: its --timeout bounds the whole command).  See "Limits" for the one wait that can
+ * take longer.
  * Returns 0, or one of the negative codes below with one line in ERR (no newline):
  *   -1 MMLEAK_INJ_EINVAL  bad arguments (LIB not absolute, PID is a thread or ourselves...)
  *   -2 MMLEAK_INJ_ESRCH   no such process, or it exited (also during the operation)
@@ -43,8 +51,10 @@
  * in a container, does not matter.
  *
  * ONE thread is hijacked: PTRACE_SEIZE + PTRACE_INTERRUPT (no SIGSTOP is sent, so no job
- * control stop can be left behind); the other threads keep running, so the locks they hold
- * get released.  A call is made by setting rip = function, rdi/rsi = arguments, rsp below
+ * control stop can be left behind).  The busy threads are held stopped meanwhile (see
+ * "Holding the busy threads" below): otherwise the hijacked thread gets 1/N of the CPU beside
+ * N busy ones, and every stop and resume waits for its turn (a call took minutes beside 300
+ * busy threads; a thread under SCHED_IDLE never got it).  A call is made by setting rip = function, rdi/rsi = arguments, rsp below
  * the red zone (128 bytes) of the thread's stack, 16-byte aligned at the call, where the
  * strings were written, with a return address of 0 (the return faults: SIGSEGV at rip 0,
  * seen as a signal-delivery-stop and never delivered) and orig_rax = -1 (so the kernel does
@@ -105,6 +115,30 @@
  *     use), refused unless every one is allowed; every thread must have as many filters as
  *     that one (they are read from it alone).
  *
+ * Holding the busy threads
+ * ------------------------
+ * At each round of the search (but every other one from the fifth, in case a held thread is
+ * what the others wait for), every thread of the process that runs (state R) or waits in a
+ * futex (a lock or a condition: the wait is restarted when it is let go, and futex callers
+ * take a spurious wake-up anyway) is seized and interrupted, all first, then their stops
+ * taken; again for threads created meanwhile.  Threads asleep in other system calls are left
+ * alone: they take no CPU, and some of those calls (epoll_wait...) would end in EINTR.  A
+ * held thread may hold a lock dlopen or FUNC needs, by where it stopped (held_risk): inside
+ * libc, ld.so, an allocator or LIB, in a system call malloc or the loader make or made from
+ * inside those libraries (malloc waits for one arena's lock holding another's), a frame of
+ * LIB on its stack.  Those are run, 4 at a time while the others stay stopped, to the return
+ * address of the library call they are in (a hardware breakpoint of that thread, as in rule
+ * 3; 2 ms per batch, 50 ms per round), and held again there; one that stops for anything
+ * else is let go (a signal, which it then gets; job control, which it re-enters).  A held
+ * thread that owns a loader's lock is let go.  Held threads are candidates too (rank 2, after
+ * the sleeping ones): one is used where it stands.  If a call sleeps (state S) for 2 ms with
+ * threads held, the risky ones are run out again; when that no longer lowers their number,
+ * they are let go, 8 at a time, the likeliest first (a frame of LIB: a detach waits for the
+ * threads inside it); 0.5 s after the last of them, if the call still sleeps, all are.  At
+ * the end every held thread is let go with PTRACE_DETACH (the leader last), exactly where it
+ * was: nothing was changed in it.  A held thread that no longer stops (its process exits)
+ * is reaped: a traced thread is its tracer's to reap, and its process cannot end before.
+ *
  * Limits
  * ------
  *  - x86-64 only (other architectures get MMLEAK_INJ_EUNSUPP at run time); the target must
@@ -119,54 +153,19 @@
  *    (a thread that entered D state for more than the timeout + 5 s), it stays traced by
  *    this process until this process exits (the kernel then lets it go): callers that stay
  *    alive may want to run this in a child process.
+ *  - A running thread is stopped as a debugger stops it: one that enters a system call just
+ *    as it is interrupted (microseconds after it was seen running) sees the call end as
+ *    after a signal: restarted, or EINTR for epoll_wait and the others of rule 1's rank 1.
+ *  - A busy thread that holds a lock FUNC or dlopen needs while it is not inside one of the
+ *    libraries above (an application lock around an allocation: the call waits on it) costs
+ *    the call the steps of "Holding the busy threads" (up to about 0.5 s more) before all are
+ *    let go; then the call runs beside them as it would have without holding.
  *  - The kernel keeps one restart record per thread for an interrupted nanosleep, poll or
  *    futex wait with timeout.  If the hijacked thread was in one, and a signal, a stop or
  *    the timeout interrupted such a sleep inside the call too, the thread's own sleep is
  *    restarted from its start (its full duration again) rather than for the time left.
  */
-#define _GNU_SOURCE
-#include <dirent.h>
-#include <elf.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <sched.h>
-#include <stddef.h>
-#include <signal.h>
-#include <stdarg.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/ptrace.h>
-#include <sys/resource.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/sysmacros.h>
-#include <sys/uio.h>
-#include <sys/user.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-#include <linux/audit.h>
-#include <linux/futex.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
-
-#include "../tracer/compiler.h"
-
-enum {
-    MMLEAK_INJ_OK = 0,
-    MMLEAK_INJ_EINVAL = -1,
-    MMLEAK_INJ_ESRCH = -2,
-    MMLEAK_INJ_EPERM = -3,
-    MMLEAK_INJ_EUNSUPP = -4,
-    MMLEAK_INJ_EBUSY = -5,
-    MMLEAK_INJ_ELOAD = -6,
-    MMLEAK_INJ_ECALL = -7,
-    MMLEAK_INJ_ESYS = -8,
-};
+#include "inject.h"
 
 EXPORT int mmleak_inject_abi(void) { return 1; }
 
@@ -181,634 +180,15 @@ EXPORT int mmleak_inject_call(int pid, const char *lib, const char *func, const 
     return MMLEAK_INJ_EUNSUPP;
 }
 
+EXPORT int mmleak_inject_call_within(int pid, const char *lib, const char *func, const char *arg,
+                                  int search_ms, int total_ms, long *result, char *err,
+                                  size_t errlen)
+{
+    (void)search_ms;
+    return mmleak_inject_call(pid, lib, func, arg, total_ms, result, err, errlen);
+}
+
 #else
-
-#define DEFAULT_TIMEOUT_MS 10000
-#define GRACE_NS 5000000000LL   /* past the deadline, for a thread that must still stop */
-#define MAX_STEPS 4000          /* single steps to get a thread out of libc/ld.so */
-#define STEP_NS 50000000LL      /* and at most that long (each step waits for a CPU) */
-#define MAX_LETS 8              /* "let it run a little" per thread and round */
-#define MAX_RUNS 3              /* runs to the return of a library call */
-#define MIN_STACK (64 * 1024)
-#define MAX_STRINGS 8192
-#define MAX_RECS 64
-#define XSTATE_MAX (64 * 1024)
-#define RTLD_G_MAX 16384
-#define ERESTARTSYS_ 512
-#define ERESTARTNOINTR_ 513
-#define ERESTARTNOHAND_ 514
-#define ERESTART_RESTARTBLOCK_ 516
-#define RTLD_NOW_ 2
-
-struct mapent {
-    uint64_t start, end, off, ino;
-    unsigned dmaj, dmin;
-    char perm[5];
-    const char *path; /* "" for anonymous; " (deleted)" stripped */
-};
-
-struct range {
-    uint64_t lo, hi;
-};
-
-struct inj {
-    int pid, me;
-    int mtid; /* a live thread, for its memory map: the main thread may have exited */
-    int64_t deadline, timeout_ns;
-    char *err;
-    size_t errlen;
-    int have_err;
-    const char *lib;
-    /* the target's memory map and what we found in it */
-    char *mapsbuf;
-    struct mapent *maps;
-    size_t nmaps;
-    struct range *unsafe; /* user code where a thread is not used (libc, ld.so, LIB...) */
-    size_t nunsafe;
-    struct range *ldx; /* ld.so's code: syscalls from there are the loader's */
-    size_t nldx;
-    uint64_t libc_base, libc_xlo, libc_xhi;
-    int seccomp_ok;     /* its seccomp filters allow what dlopen and mmleak do */
-    uint64_t a_dlopen, a_dlsym, a_dlerror;
-    uint64_t rtld_g, rtld_gsize;
-    uint64_t int3; /* an 0xCC byte in libc's code; 0 unknown, 1 none */
-    uint64_t sysinsn; /* a `syscall` (0f 05) in libc's code; 0 unknown, 1 none */
-    int at_sysexit;   /* stopped at the exit of the getpid our call's return became */
-    int memfd;
-    /* the thread held */
-    int tid, attached, stuck, in_sigstop, modified, clobbered, bp_set;
-    struct user_regs_struct saved;
-    unsigned char *xbuf;
-    size_t xlen;
-    int xkind; /* 0 none, 1 NT_X86_XSTATE, 2 FPREGS */
-    struct user_fpregs_struct fpregs;
-    siginfo_t recs[MAX_RECS];
-    int nrec;
-    uint64_t sp;
-    int trapsig;
-    uint64_t trap_rip;
-    char why[200]; /* last reason a thread was not used, for the timeout message */
-};
-
-/* ---- small helpers ------------------------------------------------------------------ */
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static void nap_us(long us)
-{
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
-__attribute__((format(printf, 3, 4))) static int fail(struct inj *c, int code, const char *fmt,
-                                                       ...)
-{
-    if (!c->have_err && c->err && c->errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(c->err, c->errlen, fmt, ap);
-        va_end(ap);
-        for (char *p = c->err; *p; p++)
-            if (*p == '\n')
-                *p = ' ';
-        c->have_err = 1;
-    }
-    return code;
-}
-
-__attribute__((format(printf, 2, 3))) static void because(struct inj *c, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->why, sizeof c->why, fmt, ap);
-    va_end(ap);
-}
-
-/* Read a whole small file into BUF (NUL-terminated); -1 with errno on failure. */
-static ssize_t slurp(const char *path, char *buf, size_t cap)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    size_t n = 0;
-    while (n < cap - 1) {
-        ssize_t r = read(fd, buf + n, cap - 1 - n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            int e = errno;
-            close(fd);
-            errno = e;
-            return -1;
-        }
-        if (r == 0)
-            break;
-        n += r;
-    }
-    close(fd);
-    buf[n] = 0;
-    return n;
-}
-
-/* The text after "KEY:" in a /proc status file, or NULL. */
-static const char *field(const char *buf, const char *key)
-{
-    size_t k = strlen(key);
-    for (const char *p = buf; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
-        if (!strncmp(p, key, k) && p[k] == ':') {
-            p += k + 1;
-            while (*p == ' ' || *p == '\t')
-                p++;
-            return p;
-        }
-    return NULL;
-}
-
-static long field_long(const char *buf, const char *key, long dflt)
-{
-    const char *p = field(buf, key);
-    return p ? strtol(p, NULL, 10) : dflt;
-}
-
-static int read_status(int pid, int tid, char *buf, size_t cap)
-{
-    char path[64];
-    if (tid > 0)
-        snprintf(path, sizeof path, "/proc/%d/task/%d/status", pid, tid);
-    else
-        snprintf(path, sizeof path, "/proc/%d/status", pid);
-    return slurp(path, buf, cap) < 0 ? -1 : 0;
-}
-
-static const char *signame(int sig, char *buf, size_t cap)
-{
-    static const char *const names[] = {
-        [SIGHUP] = "SIGHUP",   [SIGINT] = "SIGINT",       [SIGQUIT] = "SIGQUIT",
-        [SIGILL] = "SIGILL",   [SIGTRAP] = "SIGTRAP",     [SIGABRT] = "SIGABRT",
-        [SIGBUS] = "SIGBUS",   [SIGFPE] = "SIGFPE",       [SIGKILL] = "SIGKILL",
-        [SIGUSR1] = "SIGUSR1", [SIGSEGV] = "SIGSEGV",     [SIGUSR2] = "SIGUSR2",
-        [SIGPIPE] = "SIGPIPE", [SIGALRM] = "SIGALRM",     [SIGTERM] = "SIGTERM",
-        [SIGCHLD] = "SIGCHLD", [SIGCONT] = "SIGCONT",     [SIGSTOP] = "SIGSTOP",
-        [SIGTSTP] = "SIGTSTP", [SIGTTIN] = "SIGTTIN",     [SIGTTOU] = "SIGTTOU",
-        [SIGSYS] = "SIGSYS",   [SIGXCPU] = "SIGXCPU",     [SIGPROF] = "SIGPROF",
-    };
-    if (sig > 0 && sig < (int)(sizeof names / sizeof *names) && names[sig])
-        return names[sig];
-    snprintf(buf, cap, "signal %d", sig);
-    return buf;
-}
-
-static int is_fault_sig(int sig)
-{
-    return sig == SIGSEGV || sig == SIGBUS || sig == SIGILL || sig == SIGFPE ||
-           sig == SIGTRAP || sig == SIGSYS;
-}
-
-/* A fault the kernel raised for the thread's own instruction (not a kill() of one). */
-static int is_fault(const siginfo_t *si)
-{
-    return is_fault_sig(si->si_signo) && si->si_code > 0;
-}
-
-/* ---- the target's memory -------------------------------------------------------------- */
-
-static int mem_rw(struct inj *c, uint64_t addr, void *buf, size_t len, int write)
-{
-    struct iovec l = {buf, len}, r = {(void *)addr, len};
-    ssize_t n = write ? process_vm_writev(c->mtid, &l, 1, &r, 1, 0)
-                      : process_vm_readv(c->mtid, &l, 1, &r, 1, 0);
-    if (n == (ssize_t)len)
-        return 0;
-    if (n >= 0)
-        errno = EFAULT;
-    if (errno == EFAULT)
-        return -1;
-    /* no process_vm_* (seccomp, old kernel): /proc/PID/mem */
-    if (c->memfd < 0) {
-        char path[64];
-        snprintf(path, sizeof path, "/proc/%d/task/%d/mem", c->pid, c->mtid);
-        c->memfd = open(path, O_RDWR | O_CLOEXEC);
-        if (c->memfd < 0)
-            c->memfd = open(path, O_RDONLY | O_CLOEXEC);
-        if (c->memfd < 0)
-            return -1;
-    }
-    n = write ? pwrite(c->memfd, buf, len, (off_t)addr) : pread(c->memfd, buf, len, (off_t)addr);
-    if (n >= 0 && n != (ssize_t)len)
-        errno = EFAULT;
-    return n == (ssize_t)len ? 0 : -1;
-}
-
-static int rd(struct inj *c, uint64_t addr, void *buf, size_t len)
-{
-    return mem_rw(c, addr, buf, len, 0);
-}
-
-/* A NUL-terminated string of the target, cut to CAP-1 bytes. */
-static int rd_str(struct inj *c, uint64_t addr, char *buf, size_t cap)
-{
-    size_t n = 0;
-    while (n < cap - 1) {
-        size_t chunk = 4096 - ((addr + n) & 4095);
-        if (chunk > cap - 1 - n)
-            chunk = cap - 1 - n;
-        if (rd(c, addr + n, buf + n, chunk) < 0)
-            return -1;
-        void *z = memchr(buf + n, 0, chunk);
-        if (z)
-            return 0;
-        n += chunk;
-    }
-    buf[cap - 1] = 0;
-    return 0;
-}
-
-/* ---- /proc/PID/maps ------------------------------------------------------------------- */
-
-static const char *base_name(const char *path)
-{
-    const char *b = strrchr(path, '/');
-    return b ? b + 1 : path;
-}
-
-static int load_maps(struct inj *c)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/task/%d/maps", c->pid, c->mtid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (!buf) {
-            close(fd);
-            errno = ENOMEM;
-            return -1;
-        }
-        if (n + 4096 > cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                continue;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        ssize_t r = read(fd, buf + n, cap - n - 1);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            int e = errno;
-            close(fd);
-            free(buf);
-            errno = e;
-            return -1;
-        }
-        if (r == 0)
-            break;
-        n += r;
-    }
-    close(fd);
-    buf[n] = 0;
-    size_t lines = 0;
-    for (size_t i = 0; i < n; i++)
-        lines += buf[i] == '\n';
-    struct mapent *m = calloc(lines + 1, sizeof *m);
-    if (!m) {
-        free(buf);
-        errno = ENOMEM;
-        return -1;
-    }
-    size_t k = 0;
-    for (char *p = buf, *nl; p < buf + n; p = nl + 1) {
-        nl = strchr(p, '\n');
-        if (!nl)
-            nl = buf + n;
-        *nl = 0;
-        struct mapent *e = &m[k];
-        int pos = 0;
-        if (sscanf(p, "%lx-%lx %4s %lx %x:%x %lu %n", &e->start, &e->end, e->perm, &e->off,
-                   &e->dmaj, &e->dmin, &e->ino, &pos) < 7)
-            continue;
-        char *q = p + pos;
-        while (*q == ' ')
-            q++;
-        size_t ql = strlen(q);
-        if (ql > 10 && !strcmp(q + ql - 10, " (deleted)"))
-            q[ql - 10] = 0;
-        e->path = q;
-        k++;
-    }
-    free(c->mapsbuf);
-    free(c->maps);
-    c->mapsbuf = buf;
-    c->maps = m;
-    c->nmaps = k;
-    return 0;
-}
-
-static const struct mapent *map_at(struct inj *c, uint64_t addr)
-{
-    for (size_t i = 0; i < c->nmaps; i++)
-        if (addr >= c->maps[i].start && addr < c->maps[i].end)
-            return &c->maps[i];
-    return NULL;
-}
-
-static int in_ranges(const struct range *r, size_t n, uint64_t a)
-{
-    for (size_t i = 0; i < n; i++)
-        if (a >= r[i].lo && a < r[i].hi)
-            return 1;
-    return 0;
-}
-
-static int add_range(struct range **r, size_t *n, uint64_t lo, uint64_t hi)
-{
-    struct range *nr = realloc(*r, (*n + 1) * sizeof **r);
-    if (!nr)
-        return -1;
-    nr[*n].lo = lo;
-    nr[*n].hi = hi;
-    *r = nr;
-    (*n)++;
-    return 0;
-}
-
-enum { O_OTHER, O_LIBC, O_LD, O_LIBDL, O_LIBPTHREAD, O_MUSL, O_ALLOC };
-
-static int classify(const char *path)
-{
-    const char *b = base_name(path);
-    if (!strncmp(b, "ld-musl-", 8) || !strncmp(b, "libc.musl-", 10))
-        return O_MUSL;
-    if (!strncmp(b, "ld-linux", 8) || (!strncmp(b, "ld-", 3) && strstr(b, ".so")))
-        return O_LD;
-    if (!strcmp(b, "libc.so.6") || (!strncmp(b, "libc-", 5) && strstr(b, ".so")))
-        return O_LIBC;
-    if (!strncmp(b, "libdl.so", 8) || !strncmp(b, "libdl-", 6))
-        return O_LIBDL;
-    if (!strncmp(b, "libpthread.so", 13) || !strncmp(b, "libpthread-", 11))
-        return O_LIBPTHREAD;
-    if (strstr(b, "malloc") || strstr(b, "hoard"))
-        return O_ALLOC;
-    return O_OTHER;
-}
-
-/* Load address of the object mapped from PATH (its mapping at file offset 0). */
-static uint64_t object_base(struct inj *c, const char *path)
-{
-    for (size_t i = 0; i < c->nmaps; i++)
-        if (c->maps[i].off == 0 && !strcmp(c->maps[i].path, path))
-            return c->maps[i].start;
-    return 0;
-}
-
-/* ---- dynamic symbols, read from the target's memory -------------------------------- */
-
-struct elfdyn {
-    uint64_t bias, symtab, strtab, strsz, gnuhash, hash, versym;
-};
-
-static int elf_open(struct inj *c, uint64_t base, struct elfdyn *d)
-{
-    Elf64_Ehdr eh;
-    memset(d, 0, sizeof *d);
-    if (rd(c, base, &eh, sizeof eh) < 0)
-        return -1;
-    errno = ENOEXEC;
-    if (memcmp(eh.e_ident, ELFMAG, SELFMAG))
-        return -1;
-    if (eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_machine != EM_X86_64)
-        return -2;
-    if (eh.e_phentsize != sizeof(Elf64_Phdr) || eh.e_phnum == 0 || eh.e_phnum > 64)
-        return -1;
-    Elf64_Phdr ph[64];
-    if (rd(c, base + eh.e_phoff, ph, eh.e_phnum * sizeof *ph) < 0)
-        return -1;
-    uint64_t lowest = UINT64_MAX, dyn = 0;
-    for (int i = 0; i < eh.e_phnum; i++) {
-        if (ph[i].p_type == PT_LOAD && ph[i].p_vaddr < lowest)
-            lowest = ph[i].p_vaddr;
-        if (ph[i].p_type == PT_DYNAMIC)
-            dyn = ph[i].p_vaddr;
-    }
-    if (lowest == UINT64_MAX || !dyn)
-        return -1;
-    d->bias = base - (lowest & ~4095UL);
-    Elf64_Dyn dv[64];
-    uint64_t at = d->bias + dyn;
-    for (int chunk = 0; chunk < 16; chunk++, at += sizeof dv) {
-        if (rd(c, at, dv, sizeof dv) < 0)
-            return -1;
-        for (int i = 0; i < 64; i++) {
-            /* ld.so relocates these in place on x86-64; tolerate both forms */
-            uint64_t v = dv[i].d_un.d_ptr;
-            uint64_t p = (d->bias && v < d->bias) ? v + d->bias : v;
-            switch (dv[i].d_tag) {
-            case DT_NULL:
-                return d->symtab && d->strtab && (d->gnuhash || d->hash) ? 0 : -1;
-            case DT_SYMTAB: d->symtab = p; break;
-            case DT_STRTAB: d->strtab = p; break;
-            case DT_STRSZ: d->strsz = v; break;
-            case DT_GNU_HASH: d->gnuhash = p; break;
-            case DT_HASH: d->hash = p; break;
-            case DT_VERSYM: d->versym = p; break;
-            }
-        }
-    }
-    return -1;
-}
-
-/* Is symbol IDX called NAME, defined, and (with versions) the default version?
- * Returns 2 default, 1 defined but hidden version, 0 no. */
-static int sym_match(struct inj *c, struct elfdyn *d, uint32_t idx, const char *name,
-                     Elf64_Sym *out)
-{
-    Elf64_Sym s;
-    if (rd(c, d->symtab + (uint64_t)idx * sizeof s, &s, sizeof s) < 0)
-        return 0;
-    if (s.st_shndx == SHN_UNDEF || !s.st_value)
-        return 0;
-    size_t len = strlen(name) + 1;
-    char nm[128];
-    if (len > sizeof nm || (d->strsz && s.st_name + len > d->strsz))
-        return 0;
-    if (rd(c, d->strtab + s.st_name, nm, len) < 0 || memcmp(nm, name, len))
-        return 0;
-    *out = s;
-    if (d->versym) {
-        uint16_t v;
-        if (rd(c, d->versym + (uint64_t)idx * 2, &v, 2) == 0 && (v & 0x8000))
-            return 1;
-    }
-    return 2;
-}
-
-/* Address (and size) of the dynamic symbol NAME, or 0. */
-static uint64_t elf_sym(struct inj *c, struct elfdyn *d, const char *name, uint64_t *size)
-{
-    Elf64_Sym best, s;
-    int found = 0;
-    if (d->gnuhash) {
-        uint32_t h = 5381, hdr[4];
-        for (const unsigned char *p = (const unsigned char *)name; *p; p++)
-            h = h * 33 + *p;
-        if (rd(c, d->gnuhash, hdr, sizeof hdr) < 0 || !hdr[0])
-            return 0;
-        uint64_t buckets = d->gnuhash + 16 + (uint64_t)hdr[2] * 8;
-        uint64_t chain = buckets + (uint64_t)hdr[0] * 4;
-        uint32_t idx;
-        if (rd(c, buckets + (uint64_t)(h % hdr[0]) * 4, &idx, 4) < 0 || idx < hdr[1])
-            return 0;
-        for (int guard = 0; guard < 100000; guard++, idx++) {
-            uint32_t hv;
-            if (rd(c, chain + (uint64_t)(idx - hdr[1]) * 4, &hv, 4) < 0)
-                break;
-            if ((hv | 1) == (h | 1)) {
-                int m = sym_match(c, d, idx, name, &s);
-                if (m && (m == 2 || !found)) {
-                    best = s;
-                    found = m;
-                    if (m == 2)
-                        break;
-                }
-            }
-            if (hv & 1)
-                break;
-        }
-    } else {
-        uint32_t hdr[2], h = 0, g, idx;
-        for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
-            h = (h << 4) + *p;
-            g = h & 0xf0000000;
-            if (g)
-                h ^= g >> 24;
-            h &= ~g;
-        }
-        if (rd(c, d->hash, hdr, sizeof hdr) < 0 || !hdr[0])
-            return 0;
-        uint64_t chain = d->hash + 8 + (uint64_t)hdr[0] * 4;
-        if (rd(c, d->hash + 8 + (uint64_t)(h % hdr[0]) * 4, &idx, 4) < 0)
-            return 0;
-        for (int guard = 0; idx && idx < hdr[1] && guard < 100000; guard++) {
-            int m = sym_match(c, d, idx, name, &s);
-            if (m && (m == 2 || !found)) {
-                best = s;
-                found = m;
-                if (m == 2)
-                    break;
-            }
-            if (rd(c, chain + (uint64_t)idx * 4, &idx, 4) < 0)
-                break;
-        }
-    }
-    if (!found || ELF64_ST_TYPE(best.st_info) == STT_GNU_IFUNC)
-        return 0;
-    if (size)
-        *size = best.st_size;
-    return d->bias + best.st_value;
-}
-
-/* ---- permission problems, explained ------------------------------------------------ */
-
-static int has_cap_sys_ptrace(void)
-{
-    char buf[4096];
-    if (slurp("/proc/self/status", buf, sizeof buf) < 0)
-        return geteuid() == 0;
-    const char *p = field(buf, "CapEff");
-    return p ? (strtoull(p, NULL, 16) >> 19) & 1 : geteuid() == 0;
-}
-
-static int is_descendant(int pid, int me)
-{
-    char buf[4096], path[64];
-    for (int guard = 0; pid > 1 && guard < 4096; guard++) {
-        snprintf(path, sizeof path, "/proc/%d/status", pid);
-        if (slurp(path, buf, sizeof buf) < 0)
-            return 0;
-        pid = (int)field_long(buf, "PPid", 0);
-        if (pid == me)
-            return 1;
-    }
-    return 0;
-}
-
-static int tracer_of(int pid, int tid, char *name, size_t cap)
-{
-    char buf[4096], path[64];
-    if (read_status(pid, tid, buf, sizeof buf) < 0)
-        return 0;
-    int t = (int)field_long(buf, "TracerPid", 0);
-    name[0] = 0;
-    if (t > 0) {
-        snprintf(path, sizeof path, "/proc/%d/comm", t);
-        if (slurp(path, name, cap) > 0)
-            name[strcspn(name, "\n")] = 0;
-    }
-    return t;
-}
-
-static int explain_eperm(struct inj *c, int tid, const char *what)
-{
-    char buf[4096], tname[64];
-    int pid = c->pid;
-    int t = tracer_of(pid, tid > 0 ? tid : 0, tname, sizeof tname);
-    if (t > 0 && t != c->me)
-        return fail(c, MMLEAK_INJ_EPERM, "%d is being traced by another process (%d %s)", pid,
-                    t, tname[0] ? tname : "?");
-    int cap = has_cap_sys_ptrace();
-    if (read_status(pid, 0, buf, sizeof buf) < 0)
-        return fail(c, MMLEAK_INJ_ESRCH, "no such process %d", pid);
-    unsigned long u[4] = {0}, g[4] = {0};
-    const char *p = field(buf, "Uid"), *q = field(buf, "Gid");
-    if (p)
-        sscanf(p, "%lu %lu %lu %lu", &u[0], &u[1], &u[2], &u[3]);
-    if (q)
-        sscanf(q, "%lu %lu %lu %lu", &g[0], &g[1], &g[2], &g[3]);
-    uid_t ru = getuid();
-    gid_t rg = getgid();
-    if (!cap && (u[0] != ru || u[1] != ru || u[2] != ru))
-        return fail(c, MMLEAK_INJ_EPERM,
-                    "%d belongs to another user (uid %lu): run as that user or as root", pid,
-                    u[0] != ru ? u[0] : u[1] != ru ? u[1] : u[2]);
-    if (!cap && (g[0] != rg || g[1] != rg || g[2] != rg))
-        return fail(c, MMLEAK_INJ_EPERM,
-                    "%d runs with another group (gid %lu): run as root", pid,
-                    g[0] != rg ? g[0] : g[1] != rg ? g[1] : g[2]);
-    struct stat st;
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid); /* root's when not dumpable */
-    if (!cap && stat(path, &st) == 0 && st.st_uid != (uid_t)u[1])
-        return fail(c, MMLEAK_INJ_EPERM,
-                    "%d is not dumpable (set-uid or set-gid program, file capabilities, or "
-                    "prctl(PR_SET_DUMPABLE, 0)): only root can attach to it", pid);
-    char ys[16];
-    int scope = slurp("/proc/sys/kernel/yama/ptrace_scope", ys, sizeof ys) > 0 ? atoi(ys) : 0;
-    if (scope >= 3)
-        return fail(c, MMLEAK_INJ_EPERM,
-                    "not permitted to trace %d: kernel.yama.ptrace_scope is %d (no process may "
-                    "be traced until reboot)", pid, scope);
-    if (scope == 2 && !cap)
-        return fail(c, MMLEAK_INJ_EPERM,
-                    "not permitted to trace %d: kernel.yama.ptrace_scope is 2 (run as root)", pid);
-    if (scope == 1 && !cap && !is_descendant(pid, c->me))
-        return fail(c, MMLEAK_INJ_EPERM,
-                    "not permitted to trace %d: kernel.yama.ptrace_scope is 1 and %d is not a "
-                    "descendant (run as root, or set it to 0)", pid, pid);
-    return fail(c, MMLEAK_INJ_EPERM,
-                "not permitted to trace %d (%s: a security module, seccomp or a user namespace "
-                "forbids it)", pid, what);
-}
 
 /* ---- the process ---------------------------------------------------------------------- */
 
@@ -827,7 +207,7 @@ static int survey(struct inj *c)
     char lp[PATH_MAX + 64];
     snprintf(lp, sizeof lp, "/proc/%d/task/%d/root%s", c->pid, c->mtid, c->lib);
     int have_lib = stat(lp, &lst) == 0;
-    c->nunsafe = c->nldx = 0;
+    c->nunsafe = c->nldx = c->nlibx = 0;
     for (size_t i = 0; i < c->nmaps; i++) {
         const struct mapent *m = &c->maps[i];
         if (m->path[0] != '/')
@@ -849,6 +229,8 @@ static int survey(struct inj *c)
             if (add_range(&c->unsafe, &c->nunsafe, m->start, m->end) < 0)
                 return fail(c, MMLEAK_INJ_ESYS, "out of memory");
             if (k == O_LD && add_range(&c->ldx, &c->nldx, m->start, m->end) < 0)
+                return fail(c, MMLEAK_INJ_ESYS, "out of memory");
+            if (is_lib && add_range(&c->libx, &c->nlibx, m->start, m->end) < 0)
                 return fail(c, MMLEAK_INJ_ESYS, "out of memory");
             if (k == O_LIBC && !c->libc_xlo) {
                 c->libc_xlo = m->start;
@@ -905,7 +287,7 @@ static int survey(struct inj *c)
 /* A thread of the process holding one of the loader's recursive locks (pthread mutexes in
  * _rtld_global: {int lock; unsigned count; int owner; unsigned nusers; int kind=1...}), or
  * 0.  ONLY: just this thread, or any thread (0). */
-static int loader_lock_owner(struct inj *c, int only)
+int loader_lock_owner(struct inj *c, int only)
 {
     if (!c->rtld_g)
         return 0;
@@ -933,24 +315,24 @@ static int loader_lock_owner(struct inj *c, int only)
 
 /* ---- waiting for a thread ------------------------------------------------------------ */
 
-/* Wait for a stop of the held thread until UNTIL.  1: stopped (*st); 0: time is up; -1:
- * the thread is gone (its process exited or exec'ed); -2: error.  A thread asked to stop
+/* Wait for a stop of thread TID (attached) until UNTIL.  1: stopped (*st); 0: time is up;
+ * -1: the thread is gone (its process exited or exec'ed); -2: error.  A thread asked to stop
  * cannot be let go running: those waits go GRACE_NS past the deadline (hard_until). */
-static int wait_stop(struct inj *c, int *st, int64_t until)
+int process_alive(int pid);
+
+int wait_tid(struct inj *c, int tid, int *st, int64_t until)
 {
     for (unsigned spin = 0;; spin++) {
         siginfo_t si;
         memset(&si, 0, sizeof si);
-        if (waitid(P_PID, c->tid, &si, WEXITED | WSTOPPED | WNOHANG | WNOWAIT | __WALL) < 0) {
+        if (waitid(P_PID, tid, &si, WEXITED | WSTOPPED | WNOHANG | WNOWAIT | __WALL) < 0) {
             if (errno == EINTR)
                 continue;
-            if (errno == ECHILD) {
-                c->attached = 0;
+            if (errno == ECHILD)
                 return -1;
-            }
             return -2;
         }
-        if (si.si_pid == c->tid) {
+        if (si.si_pid == tid) {
             if (si.si_code == CLD_EXITED || si.si_code == CLD_KILLED ||
                 si.si_code == CLD_DUMPED) {
                 /* Reap it unless it is our own child's leader: its parent (us, e.g. a
@@ -959,18 +341,15 @@ static int wait_stop(struct inj *c, int *st, int64_t until)
                 int ppid = -1;
                 if (read_status(c->pid, 0, buf, sizeof buf) == 0)
                     ppid = (int)field_long(buf, "PPid", -1);
-                if (c->tid != c->pid || ppid != c->me)
-                    waitpid(c->tid, st, WNOHANG | __WALL);
-                c->attached = 0;
+                if (tid != c->pid || ppid != c->me)
+                    waitpid(tid, st, WNOHANG | __WALL);
                 return -1;
             }
-            pid_t r = waitpid(c->tid, st, WNOHANG | __WALL);
-            if (r == c->tid && WIFSTOPPED(*st))
+            pid_t r = waitpid(tid, st, WNOHANG | __WALL);
+            if (r == tid && WIFSTOPPED(*st))
                 return 1;
-            if (r == c->tid) {
-                c->attached = 0;
+            if (r == tid)
                 return -1;
-            }
             continue;
         }
         if (now_ns() >= until)
@@ -982,7 +361,26 @@ static int wait_stop(struct inj *c, int *st, int64_t until)
     }
 }
 
-#define DR_OFF(i) ((void *)(offsetof(struct user, u_debugreg) + (i) * sizeof(long)))
+void unhold_all(struct inj *c);
+
+/* wait_tid for the borrowed thread.  If its process exits meanwhile, the held threads are
+ * let go (reaped): the leader's end is not seen while traced threads are not reaped. */
+static int wait_stop(struct inj *c, int *st, int64_t until)
+{
+    int w;
+    for (;;) {
+        int64_t slice = now_ns() + 50000000;
+        w = wait_tid(c, c->tid, st, c->nheld && slice < until ? slice : until);
+        if (w != 0 || now_ns() >= until)
+            break;
+        if (!process_alive(c->pid))
+            unhold_all(c);
+    }
+    if (w == -1)
+        c->attached = 0;
+    return w;
+}
+
 
 /* Remove our hardware breakpoint: it would outlive PTRACE_DETACH (and kill the process). */
 static void clear_bp(struct inj *c)
@@ -993,8 +391,6 @@ static void clear_bp(struct inj *c)
     ptrace(PTRACE_POKEUSER, c->tid, DR_OFF(0), 0);
     c->bp_set = 0;
 }
-
-static int64_t hard_until(struct inj *c) { return c->deadline + GRACE_NS; }
 
 static void record(struct inj *c, const siginfo_t *si)
 {
@@ -1012,6 +408,18 @@ static void requeue(struct inj *c, const siginfo_t *si)
         syscall(SYS_rt_tgsigqueueinfo, c->pid, c->tid, si->si_signo, si) == 0)
         return;
     syscall(SYS_tgkill, c->pid, c->tid, si->si_signo);
+}
+
+/* PTRACE_DETACH of thread TID (stopped), with SIG; if it is no longer stopped (killed: its
+ * process exits), wait for its end and reap it: a traced thread is its tracer's to reap, and
+ * until then its process cannot end. */
+void detach_or_reap(struct inj *c, int tid, int sig)
+{
+    int st;
+    for (int k = 0; k < 3 && ptrace(PTRACE_DETACH, tid, 0, (void *)(long)sig) < 0 && errno == ESRCH;
+         k++)
+        if (wait_tid(c, tid, &st, now_ns() + 1000000000LL) != 1)
+            break;
 }
 
 /* Put the thread back as it was and let it go: registers, extended state, the signals it
@@ -1061,7 +469,7 @@ static void release(struct inj *c)
         ptrace(PTRACE_SETSIGINFO, tid, 0, &c->recs[0]);
         sig = c->recs[0].si_signo;
     }
-    ptrace(PTRACE_DETACH, tid, 0, (void *)(long)sig);
+    detach_or_reap(c, tid, sig);
     c->attached = 0;
 }
 
@@ -1071,7 +479,7 @@ static void release_with_fault(struct inj *c, int sig)
     clear_bp(c);
     for (int i = 0; i < c->nrec; i++)
         requeue(c, &c->recs[i]);
-    ptrace(PTRACE_DETACH, c->tid, 0, (void *)(long)sig);
+    detach_or_reap(c, c->tid, sig);
     c->attached = 0;
 }
 
@@ -1085,7 +493,7 @@ static int stuck(struct inj *c, const char *what)
 
 /* The process exists and one of its threads is neither a zombie nor exiting (PF_EXITING:
  * an exit_group in progress, whose memory map may already be gone). */
-static int process_alive(int pid)
+int process_alive(int pid)
 {
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/task", pid);
@@ -1116,6 +524,15 @@ static int process_alive(int pid)
 static int gone(struct inj *c, const char *when)
 {
     return fail(c, MMLEAK_INJ_ESRCH, "%d exited %s", c->pid, when);
+}
+
+/* Is a SIGTRAP pending for thread TID (our breakpoint, hit as the thread was interrupted:
+ * the interrupt's stop comes first, and the SIGTRAP would reach the thread once let go)? */
+int trap_pending(struct inj *c, int tid)
+{
+    char buf[4096];
+    const char *p = read_status(c->pid, tid, buf, sizeof buf) == 0 ? field(buf, "SigPnd") : NULL;
+    return p && (strtoull(p, NULL, 16) >> (SIGTRAP - 1)) & 1;
 }
 
 /* After asking the thread to stop (TS_STOP: PTRACE_INTERRUPT), to make one step (TS_STEP)
@@ -1156,6 +573,12 @@ static int take_stop(struct inj *c, int mode, int64_t soft)
                             signame(sig, sb, sizeof sb), c->pid);
             }
             c->in_sigstop = 0;
+            if (mode == TS_RUN && interrupted && trap_pending(c, c->tid)) {
+                /* at the breakpoint as it was interrupted: its SIGTRAP comes next */
+                if (ptrace(PTRACE_CONT, c->tid, 0, 0) < 0)
+                    return fail(c, MMLEAK_INJ_ESYS, "PTRACE_CONT: %s", strerror(errno));
+                continue;
+            }
             /* an interrupt asked for earlier (the first stop was a signal): go on */
             if (mode == TS_STEP || (mode == TS_RUN && !interrupted)) {
                 if (ptrace(mode == TS_STEP ? PTRACE_SINGLESTEP : PTRACE_CONT, c->tid, 0, 0) < 0)
@@ -1223,6 +646,15 @@ static int sys_eintr(long nr)
     return 0;
 }
 
+/* The index of TID among the held threads (see hold_running), or -1. */
+int held_index(struct inj *c, int tid)
+{
+    for (int i = 0; i < c->nheld; i++)
+        if (c->held[i].tid == tid)
+            return i;
+    return -1;
+}
+
 struct thr {
     int tid, rank;
 };
@@ -1266,7 +698,7 @@ static int list_threads(struct inj *c, struct thr **out, int *n, int *stopped, i
         if (state == 'T')
             (*stopped)++;
         int rank = -1;
-        if (state == 'R') {
+        if (state == 'R' || (state == 't' && held_index(c, tid) >= 0)) {
             rank = 2;
         } else if (state == 'S') {
             snprintf(path, sizeof path, "/proc/%d/task/%d/syscall", c->pid, tid);
@@ -1310,7 +742,7 @@ static int list_threads(struct inj *c, struct thr **out, int *n, int *stopped, i
 
 /* Why the stopped thread cannot be used where it is now (NULL: it can).  *movable: it is
  * in user code that single steps may take out of there. */
-static const char *unsafe_here(struct inj *c, const struct user_regs_struct *r, int *movable)
+const char *unsafe_here(struct inj *c, const struct user_regs_struct *r, int *movable)
 {
     *movable = 0;
     if ((long)r->orig_rax >= 0) {
@@ -1348,10 +780,11 @@ static int let_run(struct inj *c, long us)
     return take_stop(c, TS_STOP, 0);
 }
 
-/* The address a call in user code (outside the unsafe ranges) will return to, from the
- * stack above RSP: the first value that points into executable code right after a call
- * instruction.  0 if none. */
-static uint64_t caller_address(struct inj *c, uint64_t rsp)
+/* Scan the stack above RSP (4 KB) for a return address: a value that points into executable
+ * code right after a call instruction, and: (SR_CALLER) outside the unsafe ranges, (SR_LIB)
+ * into LIB's code, (SR_ANY) anywhere.  The first one, or 0. */
+
+uint64_t stack_return(struct inj *c, uint64_t rsp, int inside)
 {
     const struct mapent *m = map_at(c, rsp);
     if (!m)
@@ -1362,8 +795,11 @@ static uint64_t caller_address(struct inj *c, uint64_t rsp)
         return 0;
     for (size_t i = 0; i < len / 8; i++) {
         uint64_t v = buf[i];
+        if (inside == SR_LIB ? !in_ranges(c->libx, c->nlibx, v) :
+            inside == SR_CALLER && in_ranges(c->unsafe, c->nunsafe, v))
+            continue;
         const struct mapent *x = v > 7 ? map_at(c, v) : NULL;
-        if (!x || x->perm[2] != 'x' || in_ranges(c->unsafe, c->nunsafe, v) || v - 7 < x->start)
+        if (!x || x->perm[2] != 'x' || v - 7 < x->start)
             continue;
         unsigned char b[7];
         if (rd(c, v - 7, b, 7) < 0)
@@ -1377,10 +813,16 @@ static uint64_t caller_address(struct inj *c, uint64_t rsp)
     return 0;
 }
 
+/* The address a call in user code (outside the unsafe ranges) will return to.  0 if none. */
+uint64_t caller_address(struct inj *c, uint64_t rsp)
+{
+    return stack_return(c, rsp, SR_CALLER);
+}
+
 /* Run the thread to where its current library call returns into user code (a hardware
  * breakpoint of this thread only: no byte of the program is changed); interrupted after
- * 20 ms if it is not there.  2: not possible; else as take_stop. */
-static int run_to_caller(struct inj *c)
+ * SOFT_NS if it is not there.  2: not possible; else as take_stop. */
+static int run_to_caller(struct inj *c, int64_t soft_ns)
 {
     uint64_t ra = caller_address(c, c->saved.rsp);
     if (!ra)
@@ -1398,7 +840,7 @@ static int run_to_caller(struct inj *c)
     }
     if (ptrace(PTRACE_CONT, c->tid, 0, 0) < 0)
         return fail(c, MMLEAK_INJ_ESYS, "PTRACE_CONT: %s", strerror(errno));
-    int t = take_stop(c, TS_RUN, now_ns() + 20000000);
+    int t = take_stop(c, TS_RUN, now_ns() + soft_ns);
     if (t > 0)
         clear_bp(c);
     return t;
@@ -1535,8 +977,37 @@ static int call(struct inj *c, uint64_t fn, uint64_t a0, uint64_t a1, uint64_t *
     if (resume_call(c) < 0)
         return fail(c, MMLEAK_INJ_ESYS, "PTRACE_CONT: %s", strerror(errno));
     c->at_sysexit = 0;
+    int64_t asleep = 0, since = 0, last = now_ns();
     for (;;) {
-        int st, w = wait_stop(c, &st, c->deadline);
+        int64_t until = c->deadline;
+        if (c->nheld && now_ns() + ASLEEP_NS / 2 < until)
+            until = now_ns() + ASLEEP_NS / 2;
+        int st, w = wait_stop(c, &st, until);
+        if (w == 0 && until < c->deadline) {
+            /* the call sleeps (a lock, a nap): maybe for a held thread.  The held threads
+             * that may hold a lock are run out of the libraries again; when that no longer
+             * helps, they are let go, a few at a time, the likeliest first; if the call
+             * sleeps on ASLEEP_ALL_NS after the last of them, all are */
+            if (thread_state(c, c->tid) != 'S') {
+                asleep = 0;
+            } else if (!asleep) {
+                asleep = now_ns();
+            } else if (now_ns() - asleep >= ASLEEP_NS && now_ns() - since >= ASLEEP_NS) {
+                int before = risky(c);
+                if (before) {
+                    int e = settle_held(c);
+                    if (e < 0)
+                        return e;
+                    if (risky(c) >= before)
+                        unhold_risky(c, UNHOLD_STEP);
+                    last = now_ns();
+                } else if (now_ns() - last >= ASLEEP_ALL_NS) {
+                    unhold_all(c);
+                }
+                since = now_ns();
+            }
+            continue;
+        }
         if (w == 0) {
             if (ptrace(PTRACE_INTERRUPT, c->tid, 0, 0) == 0) {
                 int t = take_stop(c, TS_STOP, 0);
@@ -1624,7 +1095,8 @@ static int inject(struct inj *c, const char *func, const char *arg, long *result
     if (mem_rw(c, at, strings, nl + nf + na, 1) < 0 || mem_rw(c, c->sp, &retaddr, 8, 1) < 0)
         return 1; /* (the main stack below its mapping: the kernel only grows it on faults) */
     uint64_t a_lib = at, a_func = at + nl, a_arg = na ? at + nl + nf : 0;
-    c->deadline = now_ns() + c->timeout_ns; /* the calls get a timeout of their own */
+    /* the calls get a timeout of their own, or what is left of the operation's */
+    c->deadline = c->calls_until ? c->calls_until : now_ns() + c->timeout_ns;
     char msg[512];
     uint64_t h = 0, f = 0, r = 0;
     int e = call(c, c->a_dlopen, a_lib, RTLD_NOW_, &h, "dlopen");
@@ -1659,275 +1131,6 @@ static int inject(struct inj *c, const char *func, const char *arg, long *result
     return 0;
 }
 
-/* ---- seccomp ----
- * A thread under seccomp would be killed (or its calls failed) by a system call its filter
- * does not allow, and dlopen, then mmleak in that process, make system calls the program
- * itself may never make.  So before anything runs in the process: a thread in strict mode
- * refuses the attach; a filter is read (PTRACE_SECCOMP_GET_FILTER, which needs
- * CAP_SYS_ADMIN), run here on each system call dlopen and mmleak make (SC_NEEDED, with the
- * arguments they use: seen with strace), and the attach is refused unless it allows them
- * all.  The filters are the stopped thread's; every other thread must have as many (a thread
- * that added its own cannot be read without stopping it too). */
-#ifndef PTRACE_SECCOMP_GET_FILTER
-#define PTRACE_SECCOMP_GET_FILTER 0x420c
-#endif
-#define SC_MAX_INSNS 4096       /* BPF_MAXINSNS */
-#define SC_MAX_FILTERS 64
-
-static const struct sc_call {
-    int nr;
-    const char *name;
-    uint64_t a[6];
-} SC_NEEDED[] = {
-    /* dlopen */
-    { SYS_openat, "openat", { (uint64_t)AT_FDCWD, 0, O_RDONLY | O_CLOEXEC, 0, 0, 0 } },
-    { SYS_read, "read", { 3, 0, 832, 0, 0, 0 } },
-    { SYS_pread64, "pread64", { 3, 0, 784, 64, 0, 0 } },
-    { SYS_newfstatat, "newfstatat", { 3, 0, 0, AT_EMPTY_PATH, 0, 0 } },
-    { SYS_fstat, "fstat", { 3, 0, 0, 0, 0, 0 } },
-    { SYS_mmap, "mmap", { 0, 8192, PROT_READ, MAP_PRIVATE | MAP_DENYWRITE, 3, 0 } },
-    { SYS_mmap, "mmap", { 0, 8192, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED | MAP_DENYWRITE,
-                          3, 4096 } },
-    { SYS_mmap, "mmap", { 0, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED |
-                          MAP_DENYWRITE, 3, 4096 } },
-    { SYS_mmap, "mmap", { 0, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED |
-                          MAP_ANONYMOUS, (uint64_t)-1, 0 } },
-    { SYS_mprotect, "mprotect", { 0, 4096, PROT_READ, 0, 0, 0 } },
-    { SYS_close, "close", { 3, 0, 0, 0, 0, 0 } },
-    { SYS_munmap, "munmap", { 0, 8192, 0, 0, 0, 0 } },
-    { SYS_futex, "futex", { 0, FUTEX_WAKE | FUTEX_PRIVATE_FLAG, 1, 0, 0, 0 } },
-    { SYS_futex, "futex", { 0, FUTEX_WAIT | FUTEX_PRIVATE_FLAG, 2, 0, 0, 0 } },
-    /* mmleak_attach, and mmleak while it traces */
-    { SYS_openat, "openat", { (uint64_t)AT_FDCWD, 0, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW |
-                              O_NONBLOCK | O_CLOEXEC, 0600, 0, 0 } },
-    { SYS_openat, "openat", { (uint64_t)AT_FDCWD, 0, O_WRONLY | O_NOFOLLOW | O_NONBLOCK |
-                              O_CLOEXEC, 0, 0, 0 } },
-    { SYS_mmap, "mmap", { 0, 65536, PROT_READ | PROT_WRITE, MAP_SHARED, 3, 0 } },
-    { SYS_mmap, "mmap", { 0, 65536, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                          (uint64_t)-1, 0 } },
-    { SYS_mprotect, "mprotect", { 0, 4096, PROT_READ | PROT_WRITE, 0, 0, 0 } },
-    { SYS_madvise, "madvise", { 0, 4096, MADV_WIPEONFORK, 0, 0, 0 } },
-    { SYS_fallocate, "fallocate", { 3, 0, 0, 65536, 0, 0 } },
-    { SYS_pwrite64, "pwrite64", { 3, 0, 4096, 0, 0, 0 } },
-    { SYS_write, "write", { 2, 0, 80, 0, 0, 0 } },
-    { SYS_unlinkat, "unlinkat", { (uint64_t)AT_FDCWD, 0, 0, 0, 0, 0 } },
-    { SYS_renameat, "renameat", { (uint64_t)AT_FDCWD, 0, (uint64_t)AT_FDCWD, 0, 0, 0 } },
-    { SYS_prlimit64, "prlimit64", { 0, RLIMIT_FSIZE, 0, 0, 0, 0 } },
-    { SYS_getrandom, "getrandom", { 0, 8, 1 /* GRND_NONBLOCK */, 0, 0, 0 } },
-    { SYS_getpid, "getpid", { 0 } },
-    { SYS_gettid, "gettid", { 0 } },
-    { SYS_geteuid, "geteuid", { 0 } },
-    { SYS_clock_nanosleep, "clock_nanosleep", { CLOCK_REALTIME, 0, 0, 0, 0, 0 } },
-    { SYS_process_vm_readv, "process_vm_readv", { 0, 0, 1, 0, 2, 0 } },
-};
-
-/* The classic BPF of a seccomp filter, run on one call (the kernel checked the program when
- * it was installed: jumps go forward, loads stay inside seccomp_data). */
-static uint32_t sc_run(const struct sock_filter *f, size_t n, const struct seccomp_data *d)
-{
-    uint32_t a = 0, x = 0, mem[BPF_MEMWORDS] = { 0 };
-    const unsigned char *raw = (const unsigned char *)d;
-    for (size_t pc = 0; pc < n; pc++) {
-        const struct sock_filter *i = &f[pc];
-        uint32_t k = i->k, src = BPF_SRC(i->code) == BPF_X ? x : k;
-        switch (BPF_CLASS(i->code)) {
-        case BPF_LD:
-            if (BPF_MODE(i->code) == BPF_ABS) {
-                if (k + 4 > sizeof *d)
-                    return SECCOMP_RET_KILL_PROCESS;
-                memcpy(&a, raw + k, 4);
-            } else if (BPF_MODE(i->code) == BPF_IMM) {
-                a = k;
-            } else if (BPF_MODE(i->code) == BPF_MEM) {
-                a = mem[k % BPF_MEMWORDS];
-            } else if (BPF_MODE(i->code) == BPF_LEN) {
-                a = sizeof *d;
-            } else {
-                return SECCOMP_RET_KILL_PROCESS;
-            }
-            break;
-        case BPF_LDX:
-            if (BPF_MODE(i->code) == BPF_IMM)
-                x = k;
-            else if (BPF_MODE(i->code) == BPF_MEM)
-                x = mem[k % BPF_MEMWORDS];
-            else if (BPF_MODE(i->code) == BPF_LEN)
-                x = sizeof *d;
-            else
-                return SECCOMP_RET_KILL_PROCESS;
-            break;
-        case BPF_ST:
-            mem[k % BPF_MEMWORDS] = a;
-            break;
-        case BPF_STX:
-            mem[k % BPF_MEMWORDS] = x;
-            break;
-        case BPF_ALU:
-            switch (BPF_OP(i->code)) {
-            case BPF_ADD: a += src; break;
-            case BPF_SUB: a -= src; break;
-            case BPF_MUL: a *= src; break;
-            case BPF_DIV: a = src ? a / src : 0; break;
-            case BPF_MOD: a = src ? a % src : 0; break;
-            case BPF_OR: a |= src; break;
-            case BPF_AND: a &= src; break;
-            case BPF_XOR: a ^= src; break;
-            case BPF_LSH: a = src < 32 ? a << src : 0; break;
-            case BPF_RSH: a = src < 32 ? a >> src : 0; break;
-            case BPF_NEG: a = -a; break;
-            default: return SECCOMP_RET_KILL_PROCESS;
-            }
-            break;
-        case BPF_JMP: {
-            int t;
-            switch (BPF_OP(i->code)) {
-            case BPF_JA: pc += k; continue;
-            case BPF_JEQ: t = a == src; break;
-            case BPF_JGT: t = a > src; break;
-            case BPF_JGE: t = a >= src; break;
-            case BPF_JSET: t = (a & src) != 0; break;
-            default: return SECCOMP_RET_KILL_PROCESS;
-            }
-            pc += t ? i->jt : i->jf;
-            break;
-        }
-        case BPF_RET:
-            return BPF_RVAL(i->code) == BPF_A ? a : k;
-        case BPF_MISC:
-            if (BPF_MISCOP(i->code) == BPF_TAX)
-                x = a;
-            else
-                a = x;
-            break;
-        default:
-            return SECCOMP_RET_KILL_PROCESS;
-        }
-    }
-    return SECCOMP_RET_KILL_PROCESS;     /* fell off the end: the kernel never allows it */
-}
-
-static const char *sc_action(uint32_t r, char *buf, size_t cap)
-{
-    switch (r & SECCOMP_RET_ACTION_FULL) {
-    case SECCOMP_RET_KILL_PROCESS: return "it would kill the process";
-    case SECCOMP_RET_KILL_THREAD: return "it would kill the thread";
-    case SECCOMP_RET_TRAP: return "it would send SIGSYS";
-    case SECCOMP_RET_ERRNO:
-        snprintf(buf, cap, "it would fail with errno %u", r & SECCOMP_RET_DATA);
-        return buf;
-    case SECCOMP_RET_TRACE: return "it would hand it to a tracer";
-    case SECCOMP_RET_USER_NOTIF: return "it would ask a supervisor";
-    default: return "an unknown action";
-    }
-}
-
-static int sc_field(const char *buf, const char *key, long *v)
-{
-    const char *f = field(buf, key);
-    if (!f)
-        return -1;
-    *v = strtol(f, NULL, 10);
-    return 0;
-}
-
-/* 0: the process may be used as far as seccomp goes; 1: refused (*code set). */
-static int seccomp_check(struct inj *c, int tid, int *code)
-{
-    char buf[4096];
-    long mode = 0, nfilt = -1;
-    if (read_status(c->pid, tid, buf, sizeof buf) < 0 || sc_field(buf, "Seccomp", &mode) < 0)
-        return 0;               /* no seccomp in this kernel */
-    sc_field(buf, "Seccomp_filters", &nfilt);
-    /* every thread: strict mode anywhere refuses; filters must be the same count */
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/task", c->pid);
-    DIR *d = opendir(path);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        int t = atoi(e->d_name);
-        long m2 = 0, n2 = -1;
-        if (t <= 0 || read_status(c->pid, t, buf, sizeof buf) < 0 ||
-            sc_field(buf, "Seccomp", &m2) < 0)
-            continue;
-        sc_field(buf, "Seccomp_filters", &n2);
-        if (m2 == SECCOMP_MODE_STRICT) {
-            closedir(d);
-            *code = fail(c, MMLEAK_INJ_EUNSUPP, "thread %d of %d is in seccomp strict mode: "
-                         "the system calls of dlopen and of mmleak would kill it", t, c->pid);
-            return 1;
-        }
-        if (m2 != mode || n2 != nfilt) {
-            closedir(d);
-            *code = fail(c, MMLEAK_INJ_EUNSUPP, "threads %d and %d of %d have different "
-                         "seccomp filters: they cannot all be checked, attaching could kill "
-                         "it", tid, t, c->pid);
-            return 1;
-        }
-    }
-    if (d)
-        closedir(d);
-    if (mode != SECCOMP_MODE_FILTER)
-        return 0;
-    struct sock_filter *f = malloc(SC_MAX_INSNS * sizeof *f);
-    if (!f) {
-        *code = fail(c, MMLEAK_INJ_ESYS, "out of memory");
-        return 1;
-    }
-    uint32_t worst[sizeof SC_NEEDED / sizeof SC_NEEDED[0]];
-    for (size_t j = 0; j < sizeof SC_NEEDED / sizeof SC_NEEDED[0]; j++)
-        worst[j] = SECCOMP_RET_ALLOW;
-    int nread = 0;
-    for (long i = 0; i < SC_MAX_FILTERS; i++) {
-        long n = ptrace(PTRACE_SECCOMP_GET_FILTER, tid, (void *)i, f);
-        if (n < 0 && errno == ENOENT)
-            break;
-        if (n < 0 || n > SC_MAX_INSNS) {
-            int err = errno;
-            free(f);
-            if (n < 0 && (err == EACCES || err == EPERM))
-                *code = fail(c, MMLEAK_INJ_EPERM, "%d has a seccomp filter, and only a process "
-                             "with CAP_SYS_ADMIN may read it to see whether dlopen and mmleak "
-                             "may run there (run as root)", c->pid);
-            else
-                *code = fail(c, MMLEAK_INJ_EUNSUPP, "%d has a seccomp filter that cannot be "
-                             "read (PTRACE_SECCOMP_GET_FILTER: %s): attaching could kill it",
-                             c->pid, n < 0 ? strerror(err) : "too long");
-            return 1;
-        }
-        nread++;
-        for (size_t j = 0; j < sizeof SC_NEEDED / sizeof SC_NEEDED[0]; j++) {
-            struct seccomp_data sd;
-            memset(&sd, 0, sizeof sd);
-            sd.nr = SC_NEEDED[j].nr;
-            sd.arch = AUDIT_ARCH_X86_64;
-            sd.instruction_pointer = c->libc_xlo;
-            memcpy(sd.args, SC_NEEDED[j].a, sizeof sd.args);
-            uint32_t r = sc_run(f, (size_t)n, &sd);
-            /* the kernel keeps the most restrictive verdict: the lowest action, signed */
-            if ((int32_t)(r & SECCOMP_RET_ACTION_FULL) <
-                (int32_t)(worst[j] & SECCOMP_RET_ACTION_FULL))
-                worst[j] = r;
-        }
-    }
-    free(f);
-    if (nfilt >= 0 && nread != nfilt) {
-        *code = fail(c, MMLEAK_INJ_EUNSUPP, "%d: %d of its %ld seccomp filters could be read: "
-                     "attaching could kill it", c->pid, nread, nfilt);
-        return 1;
-    }
-    for (size_t j = 0; j < sizeof SC_NEEDED / sizeof SC_NEEDED[0]; j++) {
-        uint32_t act = worst[j] & SECCOMP_RET_ACTION_FULL;
-        if (act != SECCOMP_RET_ALLOW && act != SECCOMP_RET_LOG) {
-            char ab[48];
-            *code = fail(c, MMLEAK_INJ_EUNSUPP, "%d has a seccomp filter that does not allow "
-                         "%s (%s), a system call dlopen or mmleak makes", c->pid,
-                         SC_NEEDED[j].name, sc_action(worst[j], ab, sizeof ab));
-            return 1;
-        }
-    }
-    return 0;
-}
-
 /* Try thread TID.  1: done (the result or a fatal error is set); 0: not usable now. */
 static int attempt(struct inj *c, int tid, const char *func, const char *arg, long *result,
                    int *code)
@@ -1935,25 +1138,30 @@ static int attempt(struct inj *c, int tid, const char *func, const char *arg, lo
     c->tid = tid;
     c->nrec = 0;
     c->in_sigstop = c->modified = c->clobbered = 0;
-    if (ptrace(PTRACE_SEIZE, tid, 0, (void *)(long)PTRACE_O_TRACESYSGOOD) < 0) {
-        if (errno == ESRCH)
-            return 0;
-        if (errno == EPERM) {
-            *code = explain_eperm(c, tid, "PTRACE_SEIZE");
+    int hi = held_index(c, tid);
+    if (hi >= 0) {
+        adopt(c, hi); /* already stopped */
+    } else {
+        if (ptrace(PTRACE_SEIZE, tid, 0, (void *)(long)PTRACE_O_TRACESYSGOOD) < 0) {
+            if (errno == ESRCH)
+                return 0;
+            if (errno == EPERM) {
+                *code = explain_eperm(c, tid, "PTRACE_SEIZE");
+                return 1;
+            }
+            *code = fail(c, MMLEAK_INJ_ESYS, "PTRACE_SEIZE %d: %s", tid, strerror(errno));
             return 1;
         }
-        *code = fail(c, MMLEAK_INJ_ESYS, "PTRACE_SEIZE %d: %s", tid, strerror(errno));
-        return 1;
-    }
-    c->attached = 1;
-    if (ptrace(PTRACE_INTERRUPT, tid, 0, 0) < 0) {
-        *code = fail(c, MMLEAK_INJ_ESYS, "PTRACE_INTERRUPT %d: %s", tid, strerror(errno));
-        return 1;
-    }
-    int t = take_stop(c, TS_STOP, 0);
-    if (t <= 0) {
-        *code = t;
-        return t < 0;
+        c->attached = 1;
+        if (ptrace(PTRACE_INTERRUPT, tid, 0, 0) < 0) {
+            *code = fail(c, MMLEAK_INJ_ESYS, "PTRACE_INTERRUPT %d: %s", tid, strerror(errno));
+            return 1;
+        }
+        int t = take_stop(c, TS_STOP, 0);
+        if (t <= 0) {
+            *code = t;
+            return t < 0;
+        }
     }
     if (!c->seccomp_ok) {
         if (seccomp_check(c, tid, code))
@@ -1962,12 +1170,9 @@ static int attempt(struct inj *c, int tid, const char *func, const char *arg, lo
     }
     /* SIGTRAP must be usable for single steps and breakpoints: the kernel would reset the
      * disposition of a blocked or ignored SIGTRAP it forces on the thread */
-    uint64_t blocked = 0, ignored = 0;
-    char buf[4096];
+    uint64_t blocked = 0, ignored = c->ignored;
     if (ptrace(PTRACE_GETSIGMASK, tid, (void *)sizeof blocked, &blocked) < 0)
         blocked = ~0ULL;
-    if (read_status(c->pid, 0, buf, sizeof buf) == 0 && field(buf, "SigIgn"))
-        ignored = strtoull(field(buf, "SigIgn"), NULL, 16);
     uint64_t segv = 1ULL << (SIGSEGV - 1), trap = 1ULL << (SIGTRAP - 1);
     int can_trap = !((blocked | ignored) & trap);
     int steps = 0, lets = 0, runs = 0;
@@ -1996,7 +1201,7 @@ static int attempt(struct inj *c, int tid, const char *func, const char *arg, lo
         int r = 0;
         if (movable && can_trap && runs < MAX_RUNS) {
             runs++;
-            r = run_to_caller(c);
+            r = run_to_caller(c, RUN_NS);
             if (r == 2) {
                 runs = MAX_RUNS;
                 r = 0;
@@ -2082,10 +1287,13 @@ static int attempt(struct inj *c, int tid, const char *func, const char *arg, lo
     return 1;
 }
 
-EXPORT int mmleak_inject_call(int pid, const char *lib, const char *func, const char *arg,
-                           int timeout_ms, long *result, char *err, size_t errlen)
+/* TIMEOUT_MS: the search for a thread; TOTAL_MS: all of it (0: the calls get TIMEOUT_MS of
+ * their own). */
+static int inject_call(int pid, const char *lib, const char *func, const char *arg,
+                       int timeout_ms, int total_ms, long *result, char *err, size_t errlen)
 {
     struct inj ctx, *c = &ctx;
+    int64_t start = now_ns();
     memset(c, 0, sizeof *c);
     c->pid = pid;
     c->me = getpid();
@@ -2099,10 +1307,9 @@ EXPORT int mmleak_inject_call(int pid, const char *lib, const char *func, const 
     if (!result)
         result = &dummy;
     *result = 0;
-    if (timeout_ms <= 0)
-        timeout_ms = DEFAULT_TIMEOUT_MS;
     c->timeout_ns = (int64_t)timeout_ms * 1000000;
-    c->deadline = now_ns() + c->timeout_ns;
+    c->deadline = start + c->timeout_ns;
+    c->calls_until = total_ms > 0 ? start + (int64_t)total_ms * 1000000 : 0;
     if (pid <= 0)
         return fail(c, MMLEAK_INJ_EINVAL, "no such process %d", pid);
     if (!lib || lib[0] != '/')
@@ -2172,6 +1379,18 @@ EXPORT int mmleak_inject_call(int pid, const char *lib, const char *func, const 
                        "constructor that does not return", owner);
             continue;
         }
+        c->ignored = field(buf, "SigIgn") ? strtoull(field(buf, "SigIgn"), NULL, 16) : 0;
+        /* the busy threads stopped for this round (every other round from the fifth runs as
+         * they are, in case one of them is what the others wait for) */
+        if (!c->hold_off && (round < 4 || round % 2 == 0)) {
+            int h = hold_running(c);
+            if (h == 0)
+                h = settle_held(c);
+            if (h < 0) {
+                code = h;
+                break;
+            }
+        }
         struct thr *v = NULL;
         int n, stopped, alive;
         if (list_threads(c, &v, &n, &stopped, &alive) < 0) {
@@ -2198,11 +1417,13 @@ EXPORT int mmleak_inject_call(int pid, const char *lib, const char *func, const 
         free(v);
         if (done)
             break;
+        unhold_all(c);
         if (code == 0 && !c->have_err)
             continue;
     }
     if (c->attached)
         release(c);
+    unhold_all(c);
     /* a failure that was the process exiting under us (its memory map already gone, its
      * threads no longer attachable) says so: an exit takes a few ms to show everywhere */
     if ((code == MMLEAK_INJ_ESYS || code == MMLEAK_INJ_EUNSUPP || code == MMLEAK_INJ_EPERM) &&
@@ -2223,7 +1444,28 @@ EXPORT int mmleak_inject_call(int pid, const char *lib, const char *func, const 
     free(c->maps);
     free(c->unsafe);
     free(c->ldx);
+    free(c->libx);
+    free(c->held);
     return code;
+}
+
+EXPORT int mmleak_inject_call(int pid, const char *lib, const char *func, const char *arg,
+                           int timeout_ms, long *result, char *err, size_t errlen)
+{
+    if (timeout_ms <= 0)
+        timeout_ms = DEFAULT_TIMEOUT_MS;
+    return inject_call(pid, lib, func, arg, timeout_ms, 0, result, err, errlen);
+}
+
+EXPORT int mmleak_inject_call_within(int pid, const char *lib, const char *func, const char *arg,
+                                  int search_ms, int total_ms, long *result, char *err,
+                                  size_t errlen)
+{
+    if (total_ms <= 0)
+        total_ms = DEFAULT_TIMEOUT_MS;
+    if (search_ms <= 0 || search_ms > total_ms)
+        search_ms = search_ms <= 0 ? total_ms / 4 * 3 : total_ms;
+    return inject_call(pid, lib, func, arg, search_ms, total_ms, result, err, errlen);
 }
 
 #endif

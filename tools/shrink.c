@@ -1,15 +1,17 @@
-/* mmleak-shrink.c: the compiled shrinker mmleak.py uses (through ctypes) when it can.
+/* tools/shrink.c: the compiled shrinker mmleak.py uses (through ctypes) when it can.
  *
  * The same algorithm as mmleak.py's Shrinker (the comment above that class specifies it):
  * per address, one event or the hull of the lowest and highest event by SEQ, and an
  * allocation with SEQ s followed by a free with SEQ s+1 cancels when that pair is the whole
- * state.  Input validation, problem messages (text, line numbers, five per file and kind)
- * and header handling are those of Shrinker.feed and Shrinker._odd_line; mmleak.py is the
- * reference, tests/test_shrink_native.py holds the two to byte-identical results.
+ * state.  Input validation (which lines are problems, their line numbers, the first few per
+ * file and kind) and header handling are those of Shrinker.feed and Shrinker._odd_line;
+ * mmleak.py is the reference, tests/test_shrink_native.py holds the two to byte-identical
+ * results.  A problem is handed back as a record (what, file, line, the line's first bytes):
+ * mmleaklib words every message, once, for both engines.
  *
- * Built into mmleak.so, but independent of the tracer: it allocates with mmap/munmap only,
- * so it behaves the same whether mmleak.so was dlopen'ed by mmleak.py (the tracer inactive)
- * or the process itself runs under the tracer.
+ * Loaded by mmleaklib (native.py) with ctypes, independent of the tracer: it allocates with
+ * mmap/munmap only, so it behaves the same whether the library that holds it was dlopen'ed
+ * by Python or the process itself runs under the tracer.
  *
  * Memory is proportional to the state kept (open addresses and hull ends), not to the input:
  * the table shrinks nothing, but adjacent pairs leave it at once and their line storage goes
@@ -33,7 +35,23 @@
 
 enum { K_FREE = 0, K_ALLOC = 1, K_END = 2, K_START = 3 };   /* odd kinds: allocation-like */
 enum { P_TORN = 0, P_PADDING = 1, P_MALFORMED = 2, P_DUPLICATE = 3, P_KINDS = 4 };
-#define SHOW 5
+/* What a problem is (mmleaklib's dumpformat.PROBLEMS words each, and knows its kind). */
+enum {
+    Q_TORN_LINE = 1,    /* a line without its end (process killed while writing it?) */
+    Q_TORN_LAST,        /* a '#' line without its newline, at the end */
+    Q_PADDING_END,      /* blanks after the last line */
+    Q_NULS,             /* a run of NUL bytes (padding, or a hole a crash left) */
+    Q_TOO_LONG,         /* a line longer than LINE_MAX */
+    Q_MALFORMED,        /* not a line of the format */
+    Q_CUT_START,        /* a line after NULs with a pointer too short: its start is lost */
+    Q_DUPLICATE,        /* an event seen twice */
+    Q_UNREADABLE,       /* read() failed (the errno instead of the line's bytes) */
+};
+static const unsigned char Q_KIND[] = {
+    [Q_TORN_LINE] = P_TORN, [Q_TORN_LAST] = P_TORN, [Q_PADDING_END] = P_PADDING,
+    [Q_NULS] = P_PADDING, [Q_TOO_LONG] = P_MALFORMED, [Q_MALFORMED] = P_MALFORMED,
+    [Q_CUT_START] = P_MALFORMED, [Q_DUPLICATE] = P_DUPLICATE,
+};
 
 /* Callbacks into mmleak.py.  header: a '#' line (with its newline) not seen before in this
  * run; returns nonzero to stop (unknown format version).  tick: called every 65536 lines
@@ -44,6 +62,12 @@ typedef int (*mmleak_tick_cb)(int file, uint64_t file_events, uint64_t events_be
 /* open: a descriptor of input FILE (closed here after reading), -1 when it cannot be read
  * (mmleak.py said why), -2 to stop (an exception to pass on). */
 typedef int (*mmleak_open_cb)(int file);
+/* problem: the record of a problem in input FILE at LINENO (Q_*), to be said: the first
+ * bytes of the line (N of them at LINE, at most HEAD), or for Q_UNREADABLE the errno in N
+ * (LINE NULL, LINENO 0).  Only the first SHOW of each kind per file name are handed back:
+ * COUNTS counts them all.  Returns nonzero to stop (KeyboardInterrupt). */
+typedef int (*mmleak_problem_cb)(int file, uint64_t lineno, int what, const char *line,
+                                 size_t n);
 
 /* lines, alloc_lines: the event lines of the result written, and the allocations among them
  * (what a compacted result counts in its "#compacted" line) */
@@ -301,8 +325,6 @@ static void ob_put(struct obuf *o, const char *p, size_t n)
     o->n += n;
 }
 
-static void ob_str(struct obuf *o, const char *s) { ob_put(o, s, strlen(s)); }
-
 static void ob_u(struct obuf *o, uint64_t v, int base)
 {
     char t[24];
@@ -314,50 +336,18 @@ static void ob_u(struct obuf *o, uint64_t v, int base)
     ob_put(o, t + i, sizeof t - (size_t)i);
 }
 
-/* Python's repr() of a bytes object. */
-static void ob_repr(struct obuf *o, const unsigned char *s, size_t n)
-{
-    char q = '\'';
-    if (memchr(s, '\'', n) && !memchr(s, '"', n))
-        q = '"';
-    char t[4] = { 'b', q };
-    ob_put(o, t, 2);
-    for (size_t i = 0; i < n; i++) {
-        unsigned c = s[i];
-        if (c == (unsigned)q || c == '\\') {
-            t[0] = '\\';
-            t[1] = (char)c;
-            ob_put(o, t, 2);
-        } else if (c == '\t' || c == '\n' || c == '\r') {
-            t[0] = '\\';
-            t[1] = c == '\t' ? 't' : c == '\n' ? 'n' : 'r';
-            ob_put(o, t, 2);
-        } else if (c < ' ' || c >= 0x7f) {
-            t[0] = '\\';
-            t[1] = 'x';
-            t[2] = "0123456789abcdef"[c >> 4];
-            t[3] = "0123456789abcdef"[c & 15];
-            ob_put(o, t, 4);
-        } else {
-            t[0] = (char)c;
-            ob_put(o, t, 1);
-        }
-    }
-    ob_put(o, &q, 1);
-}
-
 /* ---- the run ------------------------------------------------------------------------- */
 
 struct run {
     struct table t;
     struct slab mem;
     struct hset headers;
-    struct obuf *err;
     uint64_t *counts;          /* [name id * P_KINDS + kind] */
     const int *name_id;        /* file index -> index of the first file with the same name */
-    const char *const *names;
+    uint64_t show;             /* records handed back per name and kind at most */
     mmleak_header_cb on_header;
     mmleak_tick_cb on_tick;
+    mmleak_problem_cb on_problem;
     struct mmleak_shrink_stats *st;
     int stop;                  /* 1: a callback asked to stop; -1: out of memory */
 };
@@ -388,6 +378,17 @@ static inline const char *hexf(const char *p, uint64_t *v)
     return p;
 }
 
+/* A field (hexf) at *P and what ends it: 1 the newline, 0 a space (*P then past it), -1
+ * anything else, or no field. */
+static inline int field(const char **p, uint64_t *v)
+{
+    const char *q = hexf(*p, v);
+    if (!q || (*q != ' ' && *q != '\n'))
+        return -1;
+    *p = q + 1;
+    return *q == '\n';
+}
+
 /* EVENT_RE.fullmatch on a line that ends with its newline.  Returns the kind or -1. */
 static inline int parse_line(const char *p, uint64_t *ptr, uint64_t *seq, uint64_t *tm)
 {
@@ -403,51 +404,32 @@ static inline int parse_line(const char *p, uint64_t *ptr, uint64_t *seq, uint64
         int k = *q == '+' ? K_START : K_END;
         return q[1] == '\n' ? k : -1;
     }
-    q = hexf(q, &c);
-    if (!q)
-        return -1;
-    if (*q == '\n')
-        return K_FREE;
-    if (*q != ' ')
-        return -1;
-    q = hexf(q + 1, tm);
+    int end = field(&q, &c);
+    if (end)
+        return end > 0 ? K_FREE : -1;
+    q = hexf(q, tm);
     if (!q || *q != ' ')
         return -1;
     if (q[1] == '@') {      /* format 2: a reference to a "#s" stack line */
         q = hexf(q + 2, &c);
         return q && *q == '\n' ? K_ALLOC : -1;
     }
-    for (;;) {
-        q = hexf(q + 1, &c);
-        if (!q)
-            return -1;
-        if (*q == '\n')
-            return K_ALLOC;
-        if (*q != ' ')
-            return -1;
-    }
+    q++;
+    while (!(end = field(&q, &c)))
+        ;
+    return end > 0 ? K_ALLOC : -1;
 }
 
-static void problem(struct run *r, int file, uint64_t lineno, int kind, const char *text,
-                    const char *rp, size_t rn)
+/* A problem WHAT at LINENO, the line's first bytes at P (N of them, at most HEAD used). */
+static void problem(struct run *r, int file, uint64_t lineno, int what, const char *p, size_t n)
 {
+    int kind = Q_KIND[what];
     uint64_t *c = &r->counts[(size_t)r->name_id[file] * P_KINDS + kind];
     ++*c;
     if (kind == P_MALFORMED || kind == P_DUPLICATE)
         r->st->malformed = 1;
-    if (*c > SHOW)
-        return;
-    struct obuf *o = r->err;
-    ob_str(o, "mmleak.py: ");
-    ob_str(o, r->names[file]);
-    ob_put(o, ":", 1);
-    ob_u(o, lineno, 10);
-    ob_str(o, ": ");
-    ob_str(o, text);
-    if (rp)
-        ob_repr(o, (const unsigned char *)rp, rn);
-    ob_put(o, "\n", 1);
-    ob_flush(o);
+    if (*c <= r->show && r->on_problem(file, lineno, what, p, n < HEAD ? n : HEAD))
+        r->stop = 1;
 }
 
 /* Shrinker._odd_line: everything that is not an event (a line without NUL bytes, ended by
@@ -457,7 +439,7 @@ static void odd_line(struct run *r, int file, uint64_t lineno, const char *p, si
     int nl = n && p[n - 1] == '\n';
     if (p[0] == '#') {
         if (!nl) {
-            problem(r, file, lineno, P_TORN, "torn last line ignored", NULL, 0);
+            problem(r, file, lineno, Q_TORN_LAST, p, 0);
             return;
         }
         int added = hset_add(&r->headers, p, n);
@@ -473,12 +455,7 @@ static void odd_line(struct run *r, int file, uint64_t lineno, const char *p, si
         size_t i = 0;                   /* not line.strip(b" "): spaces only */
         while (i < n && p[i] == ' ')
             i++;
-        if (i == n)
-            problem(r, file, lineno, P_PADDING, "padding after the last line (the process "
-                    "did not exit cleanly); ignored", NULL, 0);
-        else
-            problem(r, file, lineno, P_TORN, "torn line (process killed while writing it?) "
-                    "ignored: ", p, n < 60 ? n : 60);
+        problem(r, file, lineno, i == n ? Q_PADDING_END : Q_TORN_LINE, p, n);
         return;
     }
     size_t i;                           /* not line.strip(): ASCII whitespace only */
@@ -489,7 +466,7 @@ static void odd_line(struct run *r, int file, uint64_t lineno, const char *p, si
     }
     if (i == n)
         return;
-    problem(r, file, lineno, P_MALFORMED, "malformed line skipped: ", p, n < 80 ? n : 80);
+    problem(r, file, lineno, Q_MALFORMED, p, n);
 }
 
 /* Text cut by a run of NUL bytes (N bytes at P, LONG: it was longer than LINE_MAX and this is
@@ -502,12 +479,7 @@ static __attribute__((cold, noinline)) void cut_line(struct run *r, int file, ui
     size_t i = 0;
     while (!is_long && i < n && p[i] == ' ')
         i++;
-    if (i == n && !is_long)
-        problem(r, file, lineno, P_PADDING, "NUL bytes skipped (padding, or a hole a crash "
-                "left in the file)", NULL, 0);
-    else
-        problem(r, file, lineno, P_TORN, "torn line (process killed while writing it?) "
-                "ignored: ", p, n < 60 ? n : 60);
+    problem(r, file, lineno, i == n && !is_long ? Q_NULS : Q_TORN_LINE, p, n);
 }
 
 /* A line longer than LINE_MAX (its head: N bytes at P), ended by END: a newline, a NUL, or
@@ -516,16 +488,11 @@ static __attribute__((cold, noinline)) void long_line(struct run *r, int file, u
                                                      const char *p, size_t n,
                       int end)
 {
-    if (end == '\n')
-        problem(r, file, lineno, P_MALFORMED, "malformed line skipped (longer than 1048576 "
-                "bytes): ", p, n < 80 ? n : 80);
-    else if (end == 0)
+    if (end == 0)
         cut_line(r, file, lineno, p, n, 1);
-    else if (p[0] == '#')
-        problem(r, file, lineno, P_TORN, "torn last line ignored", NULL, 0);
     else
-        problem(r, file, lineno, P_TORN, "torn line (process killed while writing it?) "
-                "ignored: ", p, n < 60 ? n : 60);
+        problem(r, file, lineno, end == '\n' ? Q_TOO_LONG : p[0] == '#' ? Q_TORN_LAST :
+                Q_TORN_LINE, p, n);
 }
 
 static inline size_t ptr_len(const char *p)
@@ -562,10 +529,25 @@ static inline void to_bracket(struct run *r, char **l, uint32_t *n)
     *n = (uint32_t)k;
 }
 
+/* A hull end (its line L, length LEN, number SEQ, kind K) replaced by the event P (N bytes
+ * kept: the line, or its PTR field for a bracket), number S. */
+static inline void new_end(struct run *r, char **l, uint32_t *len, uint64_t *seq, uint8_t *k,
+                           const char *p, size_t n, uint64_t s, int kind)
+{
+    uint32_t nn;
+    char *c = store(r, p, n, &nn);
+    if (!c)
+        return;
+    slab_free(&r->mem, *l, *len);
+    *l = c;
+    *len = nn;
+    *seq = s;
+    *k = (uint8_t)kind;
+}
+
 static void dup_event(struct run *r, int file, uint64_t lineno)
 {
-    problem(r, file, lineno, P_DUPLICATE, "event seen twice (same address and number): was a "
-            "file given twice?", NULL, 0);
+    problem(r, file, lineno, Q_DUPLICATE, NULL, 0);
 }
 
 /* The state update: the whole algorithm (Shrinker.feed). */
@@ -639,27 +621,11 @@ static inline void event(struct run *r, int file, uint64_t lineno, const char *p
             to_bracket(r, &e->l1, &e->n1);
         return;
     }
-    if (s < e->s0) {
-        uint32_t nn;
-        char *c = store(r, p, kind == K_FREE ? n : ptr_len(p), &nn);
-        if (!c)
-            return;
-        slab_free(&r->mem, e->l0, e->n0);
-        e->l0 = c;
-        e->n0 = nn;
-        e->s0 = s;
-        e->k0 = (uint8_t)kind;
-    } else if (s > e->s1) {
-        uint32_t nn;
-        char *c = store(r, p, kind == K_ALLOC ? n : ptr_len(p), &nn);
-        if (!c)
-            return;
-        slab_free(&r->mem, e->l1, e->n1);
-        e->l1 = c;
-        e->n1 = nn;
-        e->s1 = s;
-        e->k1 = (uint8_t)kind;
-    } else if (s == e->s0 || s == e->s1) {
+    if (s < e->s0)
+        new_end(r, &e->l0, &e->n0, &e->s0, &e->k0, p, kind == K_FREE ? n : ptr_len(p), s, kind);
+    else if (s > e->s1)
+        new_end(r, &e->l1, &e->n1, &e->s1, &e->k1, p, kind == K_ALLOC ? n : ptr_len(p), s, kind);
+    else if (s == e->s0 || s == e->s1) {
         dup_event(r, file, lineno);
     }
 }
@@ -709,8 +675,7 @@ static __attribute__((cold, noinline)) int cut_start(struct run *r, int file, ui
     uint64_t a, b, c;
     if (parse_line(p, &a, &b, &c) < 0 || ptr_len(p) >= 12)
         return 0;
-    problem(r, file, lineno, P_MALFORMED, "line cut by NUL bytes before it (its start is "
-            "lost) skipped: ", p, n < 80 ? n : 80);
+    problem(r, file, lineno, Q_CUT_START, p, n);
     return 1;
 }
 
@@ -772,13 +737,8 @@ static void feed_fd(struct run *r, int fd, int file, char *buf)
                 tick(r, file, events);
                 continue;
             }
-            struct obuf *o = r->err;
-            ob_str(o, "mmleak.py: ");
-            ob_str(o, r->names[file]);
-            ob_str(o, ": cannot read: ");
-            ob_str(o, strerror(errno));
-            ob_put(o, "\n", 1);
-            ob_flush(o);
+            if (r->on_problem(file, 0, Q_UNREADABLE, NULL, (size_t)errno))
+                r->stop = 1;
             r->st->fatal = 1;
             failed = 1;
             break;
@@ -877,9 +837,12 @@ static int cmp_ent(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static void put_bracket(struct obuf *o, const char *ptr, size_t n, uint64_t s, char sign)
+/* A hull end: its line, or (EVENT 0) its bracket "PTR SEQ SIGN" (L holds only the PTR). */
+static void put_end(struct obuf *o, const char *l, size_t n, uint64_t s, char sign, int event)
 {
-    ob_put(o, ptr, n);
+    ob_put(o, l, n);
+    if (event)
+        return;
     ob_put(o, " ", 1);
     ob_u(o, s, 16);
     char t[2] = { ' ', sign };
@@ -909,17 +872,11 @@ static void write_state(struct run *r, struct obuf *o, int final)
             continue;
         }
         if (e->k0 == K_FREE || !final) {
-            if (e->k0 == K_FREE)
-                ob_put(o, e->l0, e->n0);
-            else
-                put_bracket(o, e->l0, e->n0, e->s0, '+');
+            put_end(o, e->l0, e->n0, e->s0, '+', e->k0 == K_FREE);
             lines++;
         }
         if (e->k1 == K_ALLOC || !final) {
-            if (e->k1 == K_ALLOC)
-                ob_put(o, e->l1, e->n1);
-            else
-                put_bracket(o, e->l1, e->n1, e->s1, '-');
+            put_end(o, e->l1, e->n1, e->s1, '-', e->k1 == K_ALLOC);
             lines++;
             allocs += e->k1 == K_ALLOC;
         }
@@ -930,45 +887,35 @@ static void write_state(struct run *r, struct obuf *o, int final)
 }
 
 /* Shrink PATHS ("-" is stdin, descriptor 0; any other is opened by ON_OPEN) and write the
- * result (events only, no header lines: those go to the header callback) to OUT_FD.  NAMES
- * are the names used in messages, which go to ERR_FD.  COUNTS (npaths * 4: torn, padding,
- * malformed, duplicate) receives the problem counts under the first index of each distinct
- * name.
+ * result (events only, no header lines: those go to the header callback) to OUT_FD.
+ * NAME_ID[i]: the index of the first input with the name input i has in messages; COUNTS
+ * (npaths * 4: torn, padding, malformed, duplicate) receives the problem counts under it,
+ * and the first SHOW problems of each kind and name go to ON_PROBLEM.
  * Returns 0 when done, 1 when a callback stopped the run, -1 out of memory, -2 output error
  * (the errno in stats->out_errno). */
-EXPORT int mmleak_shrink(const char *const *paths, const char *const *names, int npaths,
-                      int out_fd, int err_fd, int final, mmleak_header_cb on_header,
-                      mmleak_tick_cb on_tick, mmleak_open_cb on_open, uint64_t *counts,
+EXPORT int mmleak_shrink(const char *const *paths, const int *name_id, int npaths, int out_fd,
+                      int show, int final, mmleak_header_cb on_header, mmleak_tick_cb on_tick,
+                      mmleak_open_cb on_open, mmleak_problem_cb on_problem, uint64_t *counts,
                       struct mmleak_shrink_stats *stats)
 {
-    struct obuf *err = map_mem(sizeof *err), *out = map_mem(sizeof *out);
-    int *name_id = map_mem(sizeof(int) * (size_t)(npaths > 0 ? npaths : 1));
+    struct obuf *out = map_mem(sizeof *out);
     char *buf = map_mem(READ_BUF);
     struct run r;
     memset(&r, 0, sizeof r);
     int rc = 0;
-    if (!err || !out || !name_id || !buf || table_init(&r.t, 16)) {
+    if (!out || !buf || table_init(&r.t, 16)) {
         rc = -1;
         goto done;
     }
     memset(stats, 0, sizeof *stats);
     memset(counts, 0, sizeof(uint64_t) * P_KINDS * (size_t)npaths);
-    for (int i = 0; i < npaths; i++) {
-        name_id[i] = i;
-        for (int j = 0; j < i; j++)
-            if (!strcmp(names[i], names[j])) {
-                name_id[i] = j;
-                break;
-            }
-    }
-    err->fd = err_fd;
     out->fd = out_fd;
-    r.err = err;
     r.counts = counts;
     r.name_id = name_id;
-    r.names = names;
+    r.show = show > 0 ? (uint64_t)show : 0;
     r.on_header = on_header;
     r.on_tick = on_tick;
+    r.on_problem = on_problem;
     r.st = stats;
     for (int i = 0; i < npaths && !r.stop; i++) {
         int fd = strcmp(paths[i], "-") ? on_open(i) : 0;
@@ -1000,14 +947,10 @@ done:
     hset_release(&r.headers);
     if (buf)
         munmap(buf, READ_BUF);
-    if (name_id)
-        munmap(name_id, sizeof(int) * (size_t)(npaths > 0 ? npaths : 1));
-    if (err)
-        munmap(err, sizeof *err);
     if (out)
         munmap(out, sizeof *out);
     return rc;
 }
 
 /* The interface version mmleak.py checks before it relies on the function's signature. */
-EXPORT int mmleak_shrink_abi(void) { return 3; }
+EXPORT int mmleak_shrink_abi(void) { return 4; }

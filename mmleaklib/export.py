@@ -1,4 +1,4 @@
-"""mmleak_export: a leak report as files that other tools open (standard library only).
+"""export: a leak report as files that other tools open (standard library only).
 
     write_pprof(profile, path)      profile.proto, gzipped: go tool pprof, Parca, Pyroscope
     write_folded(profile, path)     folded stacks (flamegraph.pl, inferno, speedscope)
@@ -6,10 +6,11 @@
     read_build_id(path)             the GNU build id of an ELF file, or None
 
 The input is the neutral model below (Profile, Stack, Frame, Mapping), which knows nothing of
-mmleak's dump format: mmleak.py's report builds it (export_model there).  Each writer writes
-its whole file to a temporary file in the target directory and renames it over PATH, so a
-reader never sees half a file; it raises OSError (the file could not be written) or
-ExportError (the model cannot be expressed in the format).
+mmleak's dump format: the report builds it (report.export_model).  Each writer writes its
+file with files.new_output (a temporary file in the target directory renamed over PATH), so
+a reader never sees half a file; it raises OSError (the file could not be written), Fail
+(PATH cannot be a file: a directory) or ExportError (the model cannot be expressed in the
+format).
 
 The formats, as their readers define them (read in their sources, not copied):
   pprof:     github.com/google/pprof proto/profile.proto, hand-encoded (varints).
@@ -23,6 +24,8 @@ import gzip
 import os
 import stat
 import struct
+
+from .files import new_output
 
 # ---------------------------------------------------------------------------------------
 # The model
@@ -81,57 +84,6 @@ def frame_levels(fr):
     is the frame's own location, named by frame_name."""
     return [(frame_name(fr), fr.file, fr.line)] + [(f or "??", fl, ln)
                                                    for f, fl, ln in fr.inlined]
-
-
-# ---------------------------------------------------------------------------------------
-# Writing a file safely (a shared helper for all of mmleak's outputs is coming: until then
-# this one, local to this module)
-# ---------------------------------------------------------------------------------------
-
-class _SafeOutput:
-    """A binary file written to a new temporary file in PATH's directory (O_CREAT|O_EXCL|
-    O_NOFOLLOW: never through a link, never someone else's file) and renamed over PATH when
-    the block ends without an exception; removed otherwise.  The rename replaces PATH
-    itself, a symbolic link included, never the file a link points to."""
-
-    def __init__(self, path):
-        self.path = path
-        self.tmp = None
-        self.f = None
-
-    def __enter__(self):
-        d, base = os.path.split(self.path)
-        if not base:
-            raise IsADirectoryError(21, "Is a directory", self.path)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        for _ in range(100):
-            tmp = os.path.join(d, ".%s.%s.tmp" % (base, os.urandom(6).hex()))
-            try:
-                fd = os.open(tmp, flags, 0o666)
-            except FileExistsError:
-                continue
-            break
-        else:
-            raise FileExistsError(17, "cannot create a temporary file", d or ".")
-        self.tmp = tmp
-        self.f = os.fdopen(fd, "wb")
-        return self.f
-
-    def __exit__(self, exc_type, exc, tb):
-        try:
-            self.f.close()
-            if exc_type is None:
-                if os.path.isdir(self.path) and not os.path.islink(self.path):
-                    raise IsADirectoryError(21, "Is a directory", self.path)
-                os.rename(self.tmp, self.path)
-                self.tmp = None
-        finally:
-            if self.tmp is not None:
-                try:
-                    os.unlink(self.tmp)
-                except OSError:
-                    pass
-        return False
 
 
 # ---------------------------------------------------------------------------------------
@@ -341,7 +293,7 @@ def write_pprof(profile, path):
     a stack's labels as string labels; time_nanos the end of the trace (the moment the live
     blocks are those of), duration_nanos the trace's span."""
     data = pprof_bytes(profile)
-    with _SafeOutput(path) as f:
+    with new_output(path) as f:
         with gzip.GzipFile(fileobj=f, mode="wb", mtime=0, compresslevel=6) as z:
             z.write(data)
 
@@ -381,7 +333,7 @@ def folded_lines(profile):
 def write_folded(profile, path):
     """PROFILE's live bytes as folded stacks at PATH (see folded_lines); stacks holding 0
     bytes are left out."""
-    with _SafeOutput(path) as f:
+    with new_output(path) as f:
         for stack, n in folded_lines(profile):
             f.write(("%s %d\n" % (stack, n)).encode("utf-8", "replace"))
 
@@ -493,7 +445,7 @@ def write_heaptrack(profile, path):
     """PROFILE in heaptrack's format at PATH (heaptrack_text), gzipped when PATH ends in .gz
     (heaptrack_print and heaptrack_gui decide by the name), plain text otherwise."""
     gz = heaptrack_compression(path) == "gzip"
-    with _SafeOutput(path) as f:
+    with new_output(path) as f:
         z = gzip.GzipFile(fileobj=f, mode="wb", mtime=0, compresslevel=6) if gz else None
         w = (z or f).write
         for text in heaptrack_text(profile):

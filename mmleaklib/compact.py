@@ -1,0 +1,530 @@
+"""Compaction (README.rst, "Tracing for days: compaction"): disk use bounded by the live set.
+
+Every complete dump file of a trace is folded into the trace's running partial result,
+mmleak.ID.compact (a shrink without --final: the same algebra, so folding is exact in any
+order and grouping), and deleted.  A file is complete when it ends with "#end" (mmleak.so
+never appends to such a file) or when its process is gone.  One pass, under the trace's
+lock (mmleak.ID.lock, which report takes shared while it reads):
+  1. inputs listed by the previous pass ("#folded") that still exist are deleted: that
+     pass wrote its result and was stopped before it could;
+  2. the new result is written to mmleak.ID.compact.tmp, fsync'ed, renamed over
+     mmleak.ID.compact, its directory fsync'ed, and names its inputs in "#folded";
+  3. the inputs are deleted.
+A crash anywhere leaves either the old result and all inputs, or the new result and some
+inputs it names: never a lost or a doubled event (and folding an input twice changes
+nothing anyway: the shrink ignores an event it already has).
+
+Also here: the liveness of a trace's process, readers' shared lock (read_trace), `run`'s
+background compactor and `recover`."""
+import io
+import os
+import re
+import stat
+import sys
+import time
+
+from . import errors, files
+from .errors import EXIT_INPUT, EXIT_OK, Fail, Refused, refuse, warn
+from .files import TraceFiles, tail_of
+from .series import add_point, point_due
+from .shrink import shrink_files, shrink_raw
+from .sites import human_bytes
+
+
+class TraceLock:
+    """flock on mmleak.ID.lock: exclusive for a compaction pass, shared for a reader.
+
+    The first compactor makes the file; as root, it gives it to the owner of the trace's
+    files, so that a reader or a compactor running as the traced service's user can open it
+    too.  A reader never makes it (it leaves no file behind): with no lock file, no
+    compactor ever ran, and a reader that a first pass overtakes finds a file gone and reads
+    again (read_trace), under the lock that pass made."""
+
+    def __init__(self, directory, tid, shared=False, wait=True):
+        self.directory, self.tid = directory, tid
+        self.path = TraceFiles(directory, tid).lock
+        self.shared, self.wait, self.fd = shared, wait, None
+        self.held = False           # whether the lock was taken (it stays True after exit)
+
+    def _open(self):
+        """A descriptor of the lock file, or None (no lock to take: none made yet, or it
+        cannot be made or opened).  A lock file that is not a regular file of the trace's
+        owner or root is refused (Refused): another user could hold it, or make a reader
+        wait on a FIFO for ever."""
+        uids = files.trusted_uids(self.directory, self.tid)
+        for mode in ((os.O_RDONLY,) if self.shared else (os.O_RDWR, os.O_RDONLY)):
+            try:
+                return files._open_checked(self.path, mode, uids)
+            except FileNotFoundError:
+                return None if self.shared else self._create()
+            except Refused:
+                raise
+            except OSError:
+                continue
+        return None
+
+    def _create(self):
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                         os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+        except FileExistsError:         # made by another compactor meanwhile
+            return self._open()
+        except OSError:
+            return None
+        owner = files.trace_owner(self.directory, self.tid)
+        if os.geteuid() == 0 and owner is not None and owner[0] != 0:
+            try:
+                os.fchown(fd, owner[0], owner[1])
+            except OSError:
+                pass
+        return fd
+
+    def __enter__(self):
+        import fcntl
+        self.fd = self._open()
+        if self.fd is None:
+            return self
+        op = (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | (0 if self.wait else fcntl.LOCK_NB)
+        try:
+            fcntl.flock(self.fd, op)
+        except BlockingIOError:
+            os.close(self.fd)
+            self.fd = None
+            raise
+        self.held = True
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+PROCESS_HIDDEN = "hidden"
+
+
+def _process_start_time(pid):
+    """When process PID started (Unix seconds); None if there is no such process;
+    PROCESS_HIDDEN if it exists but its /proc entry cannot be read (/proc mounted with
+    hidepid=, another user's process)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/stat") as f:
+            btime = next(int(l.split()[1]) for l in f if l.startswith("btime "))
+        return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except (PermissionError, OverflowError):
+        pass
+    return PROCESS_HIDDEN
+
+
+def _maps_a_staging_file(pid, directory, tid):
+    """Does process PID have a staging file (mmleak.TID.N.tail) of DIRECTORY mapped?  Only
+    the process writing trace TID does."""
+    want = TraceFiles(os.path.realpath(directory), tid).name("").encode()
+    try:
+        with open("/proc/%d/maps" % pid, "rb") as f:
+            for line in f:
+                i = line.find(b" /")
+                if i >= 0 and line[i + 1:].startswith(want) and \
+                        line.rstrip(b"\n").removesuffix(b" (deleted)").endswith(b".tail"):
+                    return True
+    except OSError:
+        pass
+    return False
+
+
+_MAPPER = {}         # (major, minor, inode) of a staging file -> the pid last seen mapping it
+
+
+def _maps_any(pid, want):
+    """Does process PID map one of the files WANT ({(major, minor, inode): name})?"""
+    try:
+        with open("/proc/%d/maps" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return False                    # gone, or not ours to look at
+    inodes = {b" %d " % k[2] for k in want}
+    if not any(i in data for i in inodes):
+        return False
+    names = set(want.values())
+    for line in data.split(b"\n"):
+        f = line.split(None, 5)
+        if len(f) < 6 or b" %s " % f[4] not in inodes:
+            continue
+        major, _, minor = f[3].partition(b":")
+        try:
+            key = (int(major, 16), int(minor, 16), int(f[4]))
+        except ValueError:
+            continue
+        name = os.path.basename(f[5].strip().removesuffix(b" (deleted)")).decode(
+            "utf-8", "replace")
+        # the same file; or one of that name and inode on another device number (a file
+        # system seen through an overlay in a container)
+        if key in want or name in names and any(k[2] == key[2] for k in want):
+            _MAPPER[key] = pid
+            return True
+    return False
+
+
+def _staging_mapped(tails):
+    """Does any process we can see map one of the staging files TAILS (paths)?  The process
+    writing a trace maps them, whatever its pid looks like from here: in another pid
+    namespace (a container, `unshare -p`) its files carry a pid that is not its pid here, or
+    no process's.  Known by device and inode, in every /proc/PID/maps we can read (the last
+    process found first)."""
+    want = {}
+    for t in tails:
+        try:
+            st = os.lstat(t)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            want[(os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)] = os.path.basename(t)
+    if not want:
+        return False
+    try:
+        pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        pids = []
+    first = [_MAPPER[k] for k in want if k in _MAPPER]
+    return any(_maps_any(pid, want) for pid in first + pids)
+
+
+def trace_alive(directory, tid, traces=None, start=None, tails=()):
+    """Is trace TID still being written?  Its process must exist, be the same process (not a
+    reused pid: it started before the trace, or it has one of the trace's staging files
+    mapped, should the wall clock have been set forward since the trace began), and not
+    have been replaced by exec (a newer trace of the same pid in DIRECTORY).  A process
+    that exists but cannot be looked at counts as alive.  And whatever its pid says, a
+    trace whose staging files (TAILS) a process maps is alive (_staging_mapped)."""
+    pid = int(tid.split("-")[0])
+    began = _process_start_time(pid)
+    over = began is None
+    if not over and began is not PROCESS_HIDDEN and start is not None and \
+            began > start + 2 and not _maps_a_staging_file(pid, directory, tid):
+        over = True                     # the pid was reused
+    if not over:
+        traces = traces if traces is not None else files.find_traces(directory)
+        k = int(tid.split("-")[1]) if "-" in tid else 0
+        over = any(o.split("-")[0] == str(pid) and (int(o.split("-")[1]) if "-" in o else 0) > k
+                   for o in traces)     # exec'd: this image's trace is over
+    return not over or bool(tails) and _staging_mapped(tails)
+
+
+def _trace_start(paths):
+    for p in paths:
+        h = files._first_header(p)
+        if h and h.get("start", "").isdigit():
+            return int(h["start"])
+    return None
+
+
+def complete_files(directory, tid, paths, traces=None):
+    """The dump files of TID (among PATHS) that can be folded now, whether the trace is over,
+    and the staging files it has (a trace over with some: its process did not close its
+    files)."""
+    outs = [p for p in paths if tail_of(p)]
+    tails = [tail_of(p) for p in outs if os.path.lexists(tail_of(p))]
+    alive = trace_alive(directory, tid, traces, _trace_start(outs), tails)
+    if not alive:
+        return outs, True, tails
+    return [p for p in outs if tail_of(p) not in tails and files._ends_with_end(p)], False, \
+        tails
+
+
+STACK_REF_RE = re.compile(rb"@([0-9a-f]{1,16})\n")         # an allocation's stack
+
+
+def _compact_header_lines(sh, folded):
+    """The '#' lines of a compacted result (SH from shrink_raw): one '#mmleak' header (the
+    trace's first), the command, the allocator, the gaps, the counts, and the names of the
+    inputs of this pass."""
+    out, seen_hdr = [], False
+    for line in sh.header_lines:
+        if line.startswith(b"#mmleak "):
+            if seen_hdr:
+                continue
+            seen_hdr = True
+            out.append(re.sub(rb" (tid|file)=\S+", b"", line))
+        elif line.startswith((b"#thread ", b"#end", b"#folded ", b"#compacted ", b"#at ")):
+            continue
+        else:
+            out.append(line)
+    entries, entry_allocs = sh.result_lines
+    h = sh.history()
+    files = sh.compacted["files"] + len(folded)
+    allocs = b"" if h["allocs"] is None else b" allocs=%d entry_allocs=%d" % (h["allocs"],
+                                                                             entry_allocs)
+    out.append(b"#clock %d\n" % sh.max_time)
+    out.append(b"#compacted files=%d events=%d entries=%d%s at=%d\n"
+               % (files, h["events"], entries, allocs, int(time.time())))
+    for p in folded:
+        out.append(b"#folded %s\n" % os.path.basename(p).encode())
+    return out
+
+
+def _write_atomic(path, header_lines, sh, data):
+    """The result: its header lines, the stacks its allocations use, its event lines DATA;
+    written to PATH.tmp, flushed to disk, renamed over PATH."""
+    def fill(f):
+        for h in header_lines:
+            f.write(h)
+        for i in sorted({int(x, 16) for x in STACK_REF_RE.findall(data)}):
+            if i in sh.stack_lines:
+                f.write(sh.stack_lines[i])
+        f.write(data)
+    files.replace(path, fill, sync=True)
+
+
+def compact_trace(directory, tid, paths=None, traces=None, series=True):
+    """One compaction pass over trace TID, and a point of its series when one is due
+    (SERIES: False never).  Returns a dict of what it did, or None when another compactor
+    holds the trace (it is skipped, not waited for).  A file it cannot trust (Refused) or
+    write stops the pass over this trace (Fail), and nothing is deleted."""
+    traces = traces if traces is not None else files.find_traces(directory)
+    paths = paths if paths is not None else traces.get(tid, [])
+    t = TraceFiles(directory, tid)
+    cpath = t.compact
+    try:
+        lock = TraceLock(directory, tid, wait=False).__enter__()
+    except BlockingIOError:
+        return None
+    try:
+        if files._own_file(cpath):
+            for name in files._previously_folded(cpath, tid):
+                _remove_dump(os.path.join(directory, name))   # its .out, and its .tail
+        for p in (cpath, t.series, t.live):     # left by a pass that was stopped
+            files._remove_quietly(files.temp_of(p))
+        paths = [p for p in paths if os.path.lexists(p)]
+        done, over, tails = complete_files(directory, tid, paths, traces)
+        res = {"trace": tid, "folded": 0, "over": over, "events": 0, "bytes": 0,
+               "point": None, "unclosed": len(tails) if over else 0}
+        if done:
+            res.update(_fold(directory, tid, cpath, done))
+        # a trace that is over gets its last point (unless it has it: the .live is gone)
+        if series and paths and (over and (done or os.path.lexists(t.live) or
+                                           not os.path.lexists(t.series))
+                                 or not over and point_due(directory, tid)):
+            res["point"] = add_point(directory, tid, final=over)
+        return res
+    finally:
+        lock.__exit__()
+
+
+def _fold(directory, tid, cpath, done):
+    """Fold the complete files DONE into CPATH (under the trace's exclusive lock)."""
+    own = files._own_file(cpath)
+    before = files._size(cpath) if own else 0
+    inputs = ([cpath] if own else []) + done
+    nbytes = sum(files._size(p) + files._size(tail_of(p)) for p in done)
+    sh, data = shrink_raw(inputs)
+    if sh.problems.fatal:
+        raise Fail("%s: cannot compact trace %s: an input could not be read" % (directory, tid))
+    _write_atomic(cpath, _compact_header_lines(sh, done), sh, data)
+    for p in done:
+        _remove_dump(p)
+    return {"folded": len(done), "events": sh.events - sh.compacted["entries"],
+            "bytes": nbytes, "before": before, "after": files._size(cpath),
+            "malformed": sh.problems.malformed}
+
+
+def _remove_dump(p):
+    """Delete the dump file P and its staging file: only what is the trace's (a file of
+    somebody else's at either name is left alone)."""
+    for q in (p, tail_of(p)):
+        files.remove_trace_file(q)
+
+
+def compact_dir(directory, pid=None, series=True, verbose=False, out=None):
+    """One compaction pass over every trace in DIRECTORY (or trace PID).  Returns
+    (live traces, results)."""
+    out = out or sys.stdout
+    traces = files.find_traces(directory)
+    live, results = [], []
+    for tid in sorted(traces, key=lambda t: [int(x) for x in t.split("-")]):
+        if pid is not None and tid != pid:
+            continue
+        try:
+            res = compact_trace(directory, tid, traces[tid], traces, series=series)
+        except Fail as e:               # this trace is left as it is; the others go on
+            refuse(str(e))
+            continue
+        except OSError as e:
+            refuse("trace %s: %s" % (tid, errors.os_error_text(e)))
+            continue
+        if res is None:
+            live.append(tid)                    # another compactor holds it: alive enough
+            continue
+        results.append(res)
+        if not res["over"]:
+            live.append(tid)
+        if res["folded"] and verbose:
+            out.write("%s: trace %s: folded %d files (%s, %d events) into %s (%s)%s\n"
+                      % (errors.PROG, tid, res["folded"], human_bytes(res["bytes"]),
+                         res["events"], os.path.basename(TraceFiles(directory, tid).compact),
+                         human_bytes(res["after"]), "; the trace is over" if res["over"] else ""))
+            if res["unclosed"]:
+                out.write("%s: trace %s: its process ended without closing %d files (no process "
+                          "this compactor can see maps their staging files)\n"
+                          % (errors.PROG, tid, res["unclosed"]))
+            out.flush()
+    return live, results
+
+
+def read_trace(directory, tid, progress=None):
+    """Shrink every file of trace TID as it is now, under the trace's lock (shared: no
+    compaction pass deletes a file while we read).  Returns (Shrinker, the files read)."""
+    with TraceLock(directory, tid, shared=True) as lock:
+        if lock.held:
+            paths = files.find_traces(directory).get(tid, [])
+            return shrink_files(paths, progress=progress), paths
+        # No lock file: no compactor has run yet.  Should a first pass start now, it may
+        # delete a file under us: then read again, under its lock; the messages of this
+        # attempt are shown only if it stands.
+        real, sys.stderr = sys.stderr, io.StringIO()
+        refused = set(errors.REFUSALS)
+        try:
+            paths = files.find_traces(directory).get(tid, [])
+            sh = shrink_files(paths, progress=progress)
+        finally:
+            said, sys.stderr = sys.stderr.getvalue(), real
+    if not (sh.problems.fatal or any(k == "duplicate" for _, k in sh.problems.counts)):
+        sys.stderr.write(said)
+        return sh, paths
+    errors.REFUSALS.intersection_update(refused)   # not said: said again by the next attempt
+    with TraceLock(directory, tid, shared=True):
+        paths = files.find_traces(directory).get(tid, [])
+        return shrink_files(paths, progress=progress), paths
+
+
+class BackgroundCompactor:
+    """`run`'s compaction thread: a pass every second (from the start of one to the start of
+    the next) over the traces that were not in the directory before the run, and a last one
+    when the program has ended."""
+
+    def __init__(self, directory, before, interval=1.0):
+        import threading
+        self.directory, self.before, self.interval = directory, set(before), interval
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.error = None
+
+    def start(self):
+        self.thread.start()
+
+    def _pass(self):
+        for tid in sorted(set(files.find_traces(self.directory)) - self.before):
+            compact_dir(self.directory, tid, verbose=False)
+
+    def _loop(self):
+        try:
+            began = time.monotonic()
+            # a pass every INTERVAL from the start of the last: after a long one (a big
+            # backlog, a point of the series) the next starts at once
+            while not self.stop.wait(max(began + self.interval - time.monotonic(), 0)):
+                began = time.monotonic()
+                self._pass()
+        except (Fail, OSError) as e:
+            self.error = e
+
+    def finish(self):
+        self.stop.set()
+        self.thread.join()
+        try:
+            self._pass()
+        except (Fail, OSError) as e:
+            self.error = self.error or e
+        if self.error:
+            warn("background compaction stopped: %s (the files left are complete; run "
+                 "`mmleak.py compact %s`)" % (self.error, self.directory))
+
+
+def _recover_one(p, tail):
+    """Append to the dump file P the complete lines its staging file TAIL has not flushed,
+    and delete TAIL: the bytes appended.  Bounded memory; Refused, OSError pass."""
+    with files.open_trace_file(tail) as t:
+        have, ended = files._out_end(p)
+        segments = [] if ended else files._tail_segments(t.fileno(), have)
+        keep = size = 0                 # complete lines only: up to the last newline
+        for chunk in files._segment_chunks(t.fileno(), segments):
+            i = chunk.rfind(b"\n")
+            keep = size + i + 1 if i >= 0 else keep
+            size += len(chunk)
+        if keep < size:
+            torn, at = b"", 0
+            for chunk in files._segment_chunks(t.fileno(), segments):
+                torn += chunk[max(keep - at, 0):][:60 - len(torn)] if at + len(chunk) > keep \
+                    else b""
+                at += len(chunk)
+            warn("%s: torn last line dropped: %r" % (tail, torn[:60]))
+        fd = files._open_checked(p, os.O_WRONLY | os.O_APPEND, files.uids_for(p))
+        with os.fdopen(fd, "wb") as f:
+            # a second name (a hard link planted at P) may be another file of the owner's:
+            # never appended to
+            nlink = os.fstat(fd).st_nlink
+            if nlink != 1:
+                raise OSError(0, "it has %d names (hard links): left alone" % nlink)
+            left = keep
+            for chunk in files._segment_chunks(t.fileno(), segments):
+                f.write(chunk[:left])
+                left -= min(left, len(chunk))
+    files.remove_trace_file(tail)
+    return keep
+
+
+def recover(paths, force=False):
+    """`recover`: fold the staging files of dead processes back into their dump files
+    (PATHS: dump directories and dump files).  Returns the exit status."""
+    outs = []
+    status = EXIT_OK
+    for a in paths:
+        if os.path.isdir(a):
+            for found in files.find_traces(a).values():
+                outs.extend(found)
+        elif os.path.exists(a):
+            outs.append(a)
+        else:
+            warn("%s: No such file or directory" % a)
+            status = EXIT_INPUT
+    done = 0
+    for p in outs:
+        tail = tail_of(p)
+        if not tail or not os.path.lexists(tail):
+            continue
+        pid = files.dump_pid(p)
+        if pid and not force:
+            try:
+                os.kill(pid, 0)
+                warn("%s: process %d is still running: left alone (--force to fold anyway)"
+                     % (p, pid))
+                continue
+            except (ProcessLookupError, OverflowError):
+                pass                    # not running (OverflowError: no pid can be that big)
+            except PermissionError:
+                warn("%s: process %d exists (not ours): left alone" % (p, pid))
+                continue
+            if _staging_mapped([tail]):
+                warn("%s: its staging file is mapped by a running process (in another pid "
+                     "namespace?): left alone (--force to fold anyway)" % p)
+                continue
+        try:
+            keep = _recover_one(p, tail)
+        except Refused as e:
+            refuse(str(e))
+            continue
+        except OSError as e:
+            warn("%s: cannot recover: %s" % (p, errors.os_error_text(e)))
+            status = EXIT_INPUT
+            continue
+        done += 1
+        sys.stdout.write("%s: %d bytes recovered from %s\n" % (p, keep, os.path.basename(tail)))
+    if not done:
+        sys.stdout.write("nothing to recover\n")
+    return status

@@ -1,0 +1,207 @@
+"""The facts shared by mmleak.so (C) and the Python tools, each defined once, here.
+
+The C side gets them as a header generated from this file:
+
+    python3 -m mmleaklib.facts --c-header > build/gen/facts.h    (the Makefile does it)
+
+(MMLEAK_FORMAT_VERSION, MMLEAK_MAX_DEPTH, the bounds, and the X-macro lists
+MMLEAK_OPTIONS(X), MMLEAK_RUNTIME_OBJECTS(X), MMLEAK_WRAPPERS(X)); `mmleak.py options` prints
+the option table, and README.rst's table of environment variables is held to it by a test.
+"""
+import collections
+import re
+import sys
+
+VERSION = "1.0"                 # of the tools
+FORMAT_VERSION = 2              # the dump format mmleak.so writes
+READ_VERSIONS = ("1", "2")      # the formats the readers take
+MAX_DEPTH = 64                  # frames mmleak.so records per allocation at most
+LIBNAME = "mmleak.so"           # the tracer
+TOOLS_LIBNAME = "mmleak-tools.so"   # the compiled helpers of the Python side (shrink, inject)
+LINE_MAX = 1 << 20              # the longest line a reader keeps (bytes); longer: reported
+COMPACT_ROTATE_MB = 8           # MMLEAK_ROTATE_MB under `run`, `attach` and the installer
+
+# ---------------------------------------------------------------------------------------
+# The environment variables: (NAME, variable, type, default, min, max, one-line help, who
+# reads it).  TYPE: "path" (a string), "int" (MIN to MAX), "depth" ("auto" or 1 to MAX),
+# "bool" (0 or 1), "choice" (a word).  WHO: "mmleak.so" for the tracer's own settings (also
+# mmleak_attach's argument, and in the C header); the Python tools' otherwise (not in it).
+# ---------------------------------------------------------------------------------------
+
+Option = collections.namedtuple("Option", "name env type default min max help who")
+
+OPTIONS = (
+    Option("DIR", "MMLEAK_DIR", "path", "/tmp", 0, 0,
+           "where the dump and maps files go (made absolute at start)", "mmleak.so"),
+    Option("DEPTH", "MMLEAK_DEPTH", "depth", "auto", 1, MAX_DEPTH,
+           "frames recorded per allocation: auto through the runtime and the allocation "
+           "wrappers to the program's first frame, and four more (see mmleak-tracer(7)); N: "
+           "exactly N", "mmleak.so"),
+    Option("ROTATE_MB", "MMLEAK_ROTATE_MB", "int", 256, 1, 1 << 20,
+           "a thread starts a new dump file past this size (mmleak.py run, attach and the "
+           "installer set %d, for compaction)" % COMPACT_ROTATE_MB, "mmleak.so"),
+    Option("BUFFER_KB", "MMLEAK_BUFFER_KB", "int", 1024, 16, 1 << 20,
+           "staging area of a busy thread (its .tail file, two halves; each full half is one "
+           "pwrite to the .out file). Every thread starts with 64 KiB and gets this much when "
+           "its first half fills", "mmleak.so"),
+    Option("HOLD_MB", "MMLEAK_HOLD_MB", "int", 64, 0, 1 << 20,
+           "lines that cannot be written yet (no descriptor left, a full disk) are held in "
+           "memory up to this much, for the whole process, before events are dropped "
+           "(counted); 0: never held", "mmleak.so"),
+    Option("QUIET", "MMLEAK_QUIET", "bool", 0, 0, 1,
+           "1: never write to stderr, even when tracing fails", "mmleak.so"),
+    Option("PAUSED", "MMLEAK_PAUSED", "bool", 0, 0, 1,
+           "1: preloaded but paused, at no cost, until mmleak.py attach PID (see "
+           "mmleak-attach(7))", "mmleak.so"),
+    Option("LIB", "MMLEAK_LIB", "path", None, 0, 0,
+           "mmleak.py, mmleak-install.py: the mmleak.so to use", "mmleak.py"),
+    Option("SHRINK", "MMLEAK_SHRINK", "choice", "auto", 0, 0,
+           "mmleak.py: the shrink engine", "mmleak.py"),
+)
+OPTION = {o.env: o for o in OPTIONS}
+
+
+def option_default_text(o):
+    """The default as the table shows it."""
+    if o.default is None:
+        return "(none)"
+    return "(auto)" if o.type == "choice" else str(o.default)
+
+
+def option_type(env):
+    """argparse type of the value of the option ENV (its bounds)."""
+    from .errors import int_range
+    o = OPTION[env]
+    return int_range(max(o.min, 1) if o.type == "depth" else o.min, o.max)
+
+
+def print_options(out):
+    """The option table, as `mmleak.py options` shows it."""
+    import textwrap
+    wide = max(len(o.env) for o in OPTIONS)
+    out.write("%-*s  %-8s  %s\n" % (wide, "variable", "default", "meaning (read by)"))
+    for o in OPTIONS:
+        text = "%s (%s)" % (o.help, o.who)
+        lines = textwrap.wrap(text, 92 - wide - 12) or [""]
+        out.write("%-*s  %-8s  %s\n" % (wide, o.env, option_default_text(o), lines[0]))
+        for rest in lines[1:]:
+            out.write("%s  %s\n" % (" " * (wide + 10), rest))
+
+
+# ---------------------------------------------------------------------------------------
+# What is the C/C++ runtime, and what passes an allocation through (a call site is the first
+# frame outside both; with MMLEAK_DEPTH=auto, mmleak.so records frames until one is outside)
+# ---------------------------------------------------------------------------------------
+
+# Objects of the C/C++ runtime: code in them allocates on the program's behalf (stdio
+# buffers, std::string, getline, the loader's TLS blocks, NSS lookups), by the start of
+# their file name (libc.so.6; libc-2.31.so, glibc's own name for it before 2.34).
+# mmleak.so itself too: the retry of a failing operator new allocates in its new_failed.
+RUNTIME_OBJECTS = (
+    "libc.so", "libc-", "libstdc++.so", "libgcc_s.so", "ld-linux", "ld64.so", "libm.so",
+    "libm-", "libpthread.so", "libpthread-", "libdl.so", "libdl-", "librt.so", "librt-",
+    "libresolv.so", "libresolv-", "libnss_", "libjemalloc.so", "libtcmalloc", "libmimalloc.so",
+    "mmleak.so",
+)
+
+RUNTIME_RE = re.compile("^(?:%s)" % "|".join(re.escape(p) for p in RUNTIME_OBJECTS))
+
+# Code compiled into the program from the system's headers (std::string's and the containers'
+# templates): the runtime's too, for the purpose of naming a call site.
+RUNTIME_SOURCES = ("/usr/include/", "/usr/lib/gcc/", "/usr/local/include/")
+
+# Functions that only pass an allocation through: with a trace depth > 1, a call site is the
+# first frame outside these (so every caller of xmalloc is a site of its own).  C names are
+# symbols (mmleak.so finds them in each object); a name with a space, '<' or "::" is a
+# demangled C++ name ('*' stands for any template argument), which only the Python side
+# matches (mmleak.so takes libstdc++ and std:: template code for the runtime).
+WRAPPERS = (
+    "xmalloc", "xcalloc", "xrealloc", "xstrdup", "xstrndup", "xmemdup", "xzalloc",
+    "xnmalloc", "xcharalloc", "xasprintf", "xvasprintf", "xreallocarray",
+    "g_malloc", "g_malloc0", "g_malloc_n", "g_malloc0_n", "g_realloc",
+    "g_realloc_n", "g_try_malloc", "g_try_malloc0", "g_strdup", "g_strndup", "g_memdup",
+    "g_memdup2", "g_slice_alloc", "g_slice_alloc0", "g_strdup_printf", "g_strdup_vprintf",
+    "g_strconcat",
+    "strdup", "strndup", "__strdup", "__libc_strdup", "asprintf", "vasprintf",
+    "Perl_safesysmalloc", "Perl_safesyscalloc", "Perl_safesysrealloc",
+    "PyMem_RawMalloc", "PyMem_RawCalloc", "PyMem_RawRealloc", "_PyMem_RawMalloc",
+    "_PyMem_RawCalloc", "_PyMem_RawRealloc", "PyMem_Malloc", "PyMem_Calloc", "PyMem_Realloc",
+    "PyObject_Malloc", "PyObject_Calloc", "PyObject_Realloc", "_PyObject_Malloc",
+    "_PyObject_Calloc", "_PyObject_Realloc",
+    "sqlite3Malloc", "sqlite3MallocZero", "sqlite3_malloc", "sqlite3_malloc64",
+    "sqlite3Realloc", "sqlite3_realloc", "sqlite3_realloc64", "sqlite3DbMallocRaw",
+    "sqlite3DbMallocZero", "sqlite3DbMallocRawNN", "sqlite3MemMalloc", "sqlite3MemRealloc",
+    "OPENSSL_malloc", "OPENSSL_zalloc", "CRYPTO_malloc", "CRYPTO_zalloc", "CRYPTO_realloc",
+    "xmlMalloc", "xmlMallocAtomic", "xmlRealloc", "xmlStrdup", "xmlStrndup",
+    "operator new", "operator new[]", "__gnu_cxx::new_allocator<*>::allocate",
+    "std::__new_allocator<*>::allocate", "std::allocator<*>::allocate",
+    "std::allocator_traits<*>::allocate",
+)
+
+
+def is_cxx_name(name):
+    return " " in name or "<" in name or "::" in name
+
+
+# ---------------------------------------------------------------------------------------
+# The C header
+# ---------------------------------------------------------------------------------------
+
+def _c_str(s):
+    return '"%s"' % s.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _c_value(o, v):
+    return _c_str(v) if o.type in ("path", "depth") else str(int(v))
+
+
+def c_header():
+    """facts.h (built into build/gen/ by the Makefile): the facts above for the C side."""
+    out = ["/* facts.h: generated by `python3 -m mmleaklib.facts --c-header` from",
+           " * mmleaklib/facts.py, the one definition of these facts; do not edit. */",
+           "#ifndef MMLEAK_FACTS_H", "#define MMLEAK_FACTS_H", "",
+           "/* The dump format's version (the \"#mmleak N\" header line of every dump file). */",
+           "#define MMLEAK_FORMAT_VERSION %d" % FORMAT_VERSION,
+           "/* Frames recorded per allocation at most: MMLEAK_DEPTH's upper bound. */",
+           "#define MMLEAK_MAX_DEPTH %d" % MAX_DEPTH,
+           "/* The longest line a reader keeps (bytes); a longer one is reported. */",
+           "#define MMLEAK_LINE_MAX %d" % LINE_MAX, "",
+           "/* The settings of mmleak.so: X(NAME, \"MMLEAK_<NAME>\", type, default, min, max, "
+           "\"help\");",
+           " * type: path (a directory), depth (\"auto\" or min..max frames), int (min..max), "
+           "bool (0 or 1);",
+           " * default: a string for path and depth, a number for int and bool. */",
+           "#define MMLEAK_OPTIONS(X) \\"]
+    rows = [o for o in OPTIONS if o.who == "mmleak.so"]
+    for i, o in enumerate(rows):
+        out.append("    X(%s, %s, %s, %s, %d, %d, %s)%s" % (
+            o.name, _c_str(o.env), o.type, _c_value(o, o.default), o.min, o.max,
+            _c_str(o.help), " \\" if i < len(rows) - 1 else ""))
+    out += ["", "/* The runtime: a loaded object whose file name starts with one of these. */",
+            "#define MMLEAK_RUNTIME_OBJECTS(X) \\"]
+    out += ["    X(%s)%s" % (_c_str(s), " \\" if i < len(RUNTIME_OBJECTS) - 1 else "")
+            for i, s in enumerate(RUNTIME_OBJECTS)]
+    cnames = [w for w in WRAPPERS if not is_cxx_name(w)]
+    out += ["", "/* Allocation wrappers by symbol name (the demangled C++ names of the Python "
+            "side's list", " * are left out: libstdc++ and std:: template code are the "
+            "runtime's). */", "#define MMLEAK_WRAPPERS(X) \\"]
+    out += ["    X(%s)%s" % (_c_str(w), " \\" if i < len(cnames) - 1 else "")
+            for i, w in enumerate(cnames)]
+    out += ["", "#endif", ""]
+    return "\n".join(out)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--c-header"]:
+        sys.stdout.write(c_header())
+        return 0
+    if argv == ["--options"]:
+        print_options(sys.stdout)
+        return 0
+    sys.stderr.write("usage: python3 -m mmleaklib.facts --c-header | --options\n")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+"""The ctypes binding of the compiled helpers the Python side uses: the shrink engine
+(tools/shrink.c) and the ptrace injector (tools/inject.c), in mmleak-tools.so beside
+mmleak.so.
+
+The compiled shrinker is the same algorithm as shrink.Shrinker, at tens of millions of events
+per second.  The library is loaded with ctypes (RTLD_LOCAL); it holds no tracer.  The C code reads the files (the
+open callback opens them: the checks of every reader are open_trace_file's), hands every new
+'#' line to Shrinker._odd_line (so headers, #cmd and the version check are Python's), hands
+back a record of each problem it finds (what, file, line: the Python side words it), and
+writes the non-final result to a temporary file, which is loaded back into the Shrinker's
+state: a partial result shrinks to itself, so entries(), write(), survivors() give what the
+Python path gives.  MMLEAK_SHRINK=python|native chooses; default: native when the library
+has it, else Python.
+"""
+import os
+import sys
+import tempfile
+import time
+
+from . import files
+from .dumpformat import EVENT_RE, KIND_ALLOC, KIND_END, KIND_FREE, KIND_START, PROBLEM_KINDS
+from .errors import EXIT_INPUT, EXIT_TOOL, EXIT_USAGE, Fail
+from .facts import LIBNAME, TOOLS_LIBNAME
+
+SHRINK_ENV = "MMLEAK_SHRINK"
+NATIVE_ABI = 4
+INJECT_ABI = 1
+_native = None          # None: not tried yet; False: unavailable; else the ctypes binding
+_native_why = None      # why it is unavailable
+
+
+def tools_library():
+    """The library of the compiled helpers: mmleak-tools.so beside mmleak.so (found by
+    files.find_library); None without them."""
+    lib = files.find_library()
+    if lib is None:
+        return None
+    tools = os.path.join(os.path.dirname(lib), TOOLS_LIBNAME)
+    return tools if os.path.isfile(tools) else None
+
+
+def _native_engine():
+    """The ctypes binding of mmleak_shrink, or None (with the reason in _native_why)."""
+    global _native, _native_why
+    if _native is not None:
+        return _native or None
+    _native, _native_why = False, None
+    lib = tools_library()
+    if not lib:
+        _native_why = "%s not found beside %s" % (TOOLS_LIBNAME, LIBNAME)
+        return None
+    try:
+        import ctypes
+        dll = ctypes.CDLL(lib)
+        if dll.mmleak_shrink_abi() != NATIVE_ABI:
+            _native_why = "%s: mmleak_shrink interface version differs" % lib
+            return None
+        fn = dll.mmleak_shrink
+    except (OSError, AttributeError) as e:
+        _native_why = "%s: %s" % (lib, e)
+        return None
+
+    class Stats(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_uint64) for n in ("events", "allocs", "max_time",
+                                                    "files_done", "entries", "fatal",
+                                                    "malformed", "out_errno", "lines",
+                                                    "alloc_lines")]
+    u64, size, i32 = ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int
+    hdr_cb = ctypes.CFUNCTYPE(i32, ctypes.c_void_p, size, i32, u64)
+    tick_cb = ctypes.CFUNCTYPE(i32, i32, u64, u64, u64)
+    open_cb = ctypes.CFUNCTYPE(i32, i32)
+    problem_cb = ctypes.CFUNCTYPE(i32, i32, u64, i32, ctypes.c_void_p, size)
+    fn.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(i32), i32, i32, i32, i32,
+                   hdr_cb, tick_cb, open_cb, problem_cb, ctypes.POINTER(u64),
+                   ctypes.POINTER(Stats)]
+    fn.restype = i32
+    _native = (ctypes, fn, Stats, hdr_cb, tick_cb, open_cb, problem_cb)
+    return _native
+
+
+def _shrink_engine():
+    """'native' or 'python', as MMLEAK_SHRINK asks and the library allows."""
+    want = os.environ.get(SHRINK_ENV, "").strip().lower()
+    if want == "python":
+        return "python"
+    if want not in ("", "auto", "native"):
+        raise Fail("%s=%s: expected python or native" % (SHRINK_ENV, want), EXIT_USAGE)
+    if _native_engine() is not None:
+        return "native"
+    if want == "native":
+        raise Fail("%s=native: the compiled shrinker is not available (%s)"
+                   % (SHRINK_ENV, _native_why), EXIT_TOOL)
+    return "python"
+
+
+class _Counts:
+    """The problem counts of a native run, as Problems.counts takes them ({(name, kind):
+    n}): the C code's array, so that the problems Shrinker._odd_line finds in header lines
+    count with the C code's of the same file and kind (the first few of each are shown)."""
+
+    def __init__(self, array, first):
+        self.array, self.first = array, first
+
+    def _at(self, key):
+        name, kind = key
+        return len(PROBLEM_KINDS) * self.first[name] + PROBLEM_KINDS.index(kind)
+
+    def __getitem__(self, key):
+        return self.array[self._at(key)]
+
+    def __setitem__(self, key, n):
+        self.array[self._at(key)] = n
+
+    def items(self):
+        for name, i in self.first.items():
+            for k, kind in enumerate(PROBLEM_KINDS):
+                n = self.array[len(PROBLEM_KINDS) * i + k]
+                if n:
+                    yield (name, kind), n
+
+
+def native_shrink(sh, paths, names=None, raw=None):
+    """Feed PATHS ('-': stdin) into the fresh Shrinker SH with the compiled shrinker.
+
+    RAW (a binary file): the result's event lines (non-final, as Shrinker.entries(False)
+    gives them) are written there instead of being loaded into SH.state.  Returns False,
+    having done nothing, when the Python path must do it instead (not available, not
+    wanted, or stdin is not descriptor 0)."""
+    if _shrink_engine() != "native":
+        return False
+    ctypes, fn, Stats, hdr_cb, tick_cb, open_cb, problem_cb = _native
+    if names is None:
+        names = ["<stdin>" if p == "-" else p for p in paths]
+    try:
+        if "-" in paths and sys.stdin.buffer.fileno() != 0:
+            raise ValueError("stdin is not descriptor 0")
+        c_paths = [os.fsencode(p) for p in paths]
+        if any(b"\0" in x for x in c_paths):
+            raise ValueError("NUL in a file name")
+    except (ValueError, AttributeError, OSError):
+        return False            # stdin replaced (tests, embedding): the Python path
+    if sh.state or sh.events or sh.header_lines:
+        raise ValueError("native_shrink needs a fresh Shrinker")
+    pending = []
+    first = {}
+    for i, name in enumerate(names):
+        first.setdefault(name, i)
+
+    def call(f, *args, stop=1):
+        """F(*ARGS) for the C code: 0, or STOP after keeping the exception (Fail on a format
+        version, KeyboardInterrupt, a broken stream)."""
+        try:
+            return f(*args) or 0
+        except BaseException as e:
+            pending.append(e)
+            return stop
+
+    def header(ptr, n, i, lineno):
+        sh._odd_line(ctypes.string_at(ptr, n), names[i], lineno)
+
+    def problem(i, lineno, what, ptr, n):
+        sh.problems.say(names[i], lineno, what, n if ptr is None else ctypes.string_at(ptr, n))
+
+    next_tick = [time.monotonic() + 1.0]
+
+    def tick(i, file_events, before, files_done):
+        if sh.progress and time.monotonic() > next_tick[0]:
+            next_tick[0] = time.monotonic() + 1.0
+            sh.events, sh.files_done = before, files_done
+            sh.progress(sh, names[i], file_events)
+
+    def open_input(i):
+        f = sh.open_input(paths[i], names[i])     # the checks of every reader, and its
+        if f is None:                             # messages, in their place
+            return -1
+        with f:
+            return os.dup(f.fileno())
+
+    n = len(paths)
+    counts = (ctypes.c_uint64 * (len(PROBLEM_KINDS) * max(n, 1)))()
+    stats = Stats()
+    own = sh.problems.counts
+    sh.problems.counts = _Counts(counts, first)
+    try:
+        with (tempfile.TemporaryFile(prefix="mmleak-shrink.") if raw is None else
+              open(os.dup(raw.fileno()), "r+b")) as out:
+            cbs = (hdr_cb(lambda *a: call(header, *a)), tick_cb(lambda *a: call(tick, *a)),
+                   open_cb(lambda i: call(open_input, i, stop=-2)),
+                   problem_cb(lambda *a: call(problem, *a)))
+            argv = ctypes.c_char_p * max(n, 1)
+            ids = ctypes.c_int * max(n, 1)
+            rc = fn(argv(*c_paths), ids(*[first[name] for name in names]), n, out.fileno(),
+                    sh.problems.SHOW, 0, *cbs, counts, ctypes.byref(stats))
+            if rc == 1 and pending:
+                raise pending[0]
+            if rc == -1:
+                raise MemoryError("tools/shrink.c: out of memory")
+            if rc == -2:
+                raise Fail("cannot write a temporary file in %s (the shrink's result): %s"
+                           % (tempfile.gettempdir(), os.strerror(stats.out_errno)))
+            if rc != 0:
+                raise RuntimeError("tools/shrink.c: unexpected status %d" % rc)
+            if raw is None:
+                out.seek(0)
+                _load_state(sh, out)
+    finally:
+        for key, c in sh.problems.counts.items():
+            own[key] += c
+        sh.problems.counts = own
+    sh.events = stats.events
+    sh.allocs = stats.allocs
+    sh.frees = stats.events - stats.allocs
+    sh.max_time = max(sh.max_time, stats.max_time)
+    sh.files_done += stats.files_done
+    sh.result_lines = (stats.lines, stats.alloc_lines)
+    sh.problems.malformed = sh.problems.malformed or bool(stats.malformed)
+    sh.problems.fatal = sh.problems.fatal or bool(stats.fatal)
+    return True
+
+
+def _load_state(sh, f):
+    """Load a shrink result (valid lines, sorted by address then number, at most two per
+    address, never an adjacent pair) into SH.state as Shrinker.feed would have built it."""
+    D = sh.state
+    match = EVENT_RE.fullmatch
+    for line in f:
+        m = match(line)
+        key = int(m.group(1), 16)
+        s = int(m.group(2), 16)
+        if m.group(3) is not None:
+            kind = KIND_ALLOC
+        else:
+            c = m.group(6)
+            kind = KIND_START if c == b"+" else KIND_END if c == b"-" else KIND_FREE
+        st = D.get(key)
+        D[key] = (s, kind, line) if st is None else [st, (s, kind, line)]
+
+
+def _inject(pid, lib, func, arg, timeout_ms, total_ms=0):
+    """Call FUNC(ARG) in process PID after it loaded LIB: (code, result, error text).  The
+    search for a safe moment takes at most TIMEOUT_MS; with TOTAL_MS, all is over by then
+    (the calls get what is left: mmleak_inject_call_within), else the calls get TIMEOUT_MS
+    of their own."""
+    fn = inject_call(within=bool(total_ms))
+    import ctypes
+    res = ctypes.c_long(0)
+    err = ctypes.create_string_buffer(1024)
+    limits = (timeout_ms, total_ms) if total_ms else (timeout_ms,)
+    rc = fn(pid, os.fsencode(lib), func.encode() if func is not None else None,
+            arg.encode() if arg is not None else None, *limits, ctypes.byref(res), err,
+            len(err))
+    return rc, ctypes.c_int(res.value & 0xffffffff).value, err.value.decode("utf-8", "replace")
+
+
+def inject_call(lib=None, within=False):
+    """The ctypes binding of mmleak_inject_call (WITHIN: mmleak_inject_call_within, one
+    deadline for the search and the calls) in LIB (default: tools_library()); Fail when
+    there is none."""
+    import ctypes
+    here = lib or tools_library()
+    if not here:
+        raise Fail("%s not found (run `make`, or set MMLEAK_LIB)" % LIBNAME, EXIT_INPUT)
+    dll = ctypes.CDLL(here)
+    try:
+        if dll.mmleak_inject_abi() != INJECT_ABI:
+            raise Fail("%s: injector interface version differs" % here, EXIT_TOOL)
+    except AttributeError:
+        raise Fail("%s: no injector in it" % here, EXIT_TOOL)
+    fn = dll.mmleak_inject_call_within if within else dll.mmleak_inject_call
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int] + \
+        ([ctypes.c_int] if within else []) + \
+        [ctypes.POINTER(ctypes.c_long), ctypes.c_char_p, ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return fn

@@ -1,0 +1,411 @@
+"""The report: a trace shrunk and symbolized, and its terminal, CSV and export views."""
+import csv
+import os
+import re
+import sys
+import time
+
+from . import files
+from .compact import read_trace
+from .dumpformat import _unescape, header_int, parse_header
+from .errors import Fail, Refused, refuse, warn
+from .facts import MAX_DEPTH
+from .files import TraceFiles, new_output
+from .series import read_series
+from .shrink import baseline_blocks, progress_printer
+from .sites import (Wrappers, growth_sites, human_bytes, incremental_sites, keep_blocks,
+                    leak_sites, site_resolver)
+from .symbolize import ADDR_MASK, Maps, Symbolizer, _module_problem, frame_label
+
+
+TRACE_ID_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def trace_head(paths):
+    """(start, command) from the first lines of a trace's first readable file (None, None)."""
+    for p in paths:
+        start, cmd = None, None
+        try:
+            with files.open_trace_file(p) as f:
+                for i, line in enumerate(f):
+                    if i == 0:
+                        h = parse_header(line)
+                        start = header_int(h, "start", None) if h else None
+                    elif line.startswith(b"#cmd "):
+                        cmd = _unescape(line[5:].rstrip(b"\n"))
+                    if cmd is not None or i >= 16 or not line.startswith(b"#"):
+                        break
+        except (OSError, ValueError, Refused):
+            continue
+        return start, cmd
+    return None, None
+
+
+def process_images(traces, pid):
+    """The trace ids of process PID in TRACES ({id: files}), oldest first.  mmleak.so names
+    a process's first trace PID and the next ones PID-1, PID-2...: the image it exec'd (a
+    service started through a shell is the shell first), a new attach, or a later process
+    that got the same pid.  Ordered by the start time in their headers, then by number."""
+    ids = [t for t in traces if TRACE_ID_RE.match(t) and TRACE_ID_RE.match(t).group(1) == pid]
+
+    def key(t):
+        start = trace_head(traces[t])[0] if traces[t] else None
+        return (start if start is not None else -1, int(TRACE_ID_RE.match(t).group(2) or 0))
+    return sorted(ids, key=key)
+
+
+def choose_trace(directory, pid=None, trace=None):
+    """(trace id, files) to report.  TRACE: that trace id exactly.  PID: the process as it is
+    now, or was last: its newest image with dump files (an id PID-K given as PID is taken
+    exactly, as before --trace existed); a note on stderr names its earlier images.
+    Neither: the trace written last."""
+    traces = files.find_traces(directory)
+    if trace is None and pid is not None and not pid.isdigit():
+        trace = pid
+    if trace is not None:
+        if trace not in traces:
+            raise Fail("no dump files of trace %s in %s (traces there: %s)"
+                       % (trace, directory, " ".join(sorted(traces)) or "none"))
+        return trace, traces[trace]
+    if pid is not None:
+        images = process_images(traces, pid)
+        if not images:
+            raise Fail("no dump files of process %s in %s (traces there: %s)"
+                       % (pid, directory, " ".join(sorted(traces)) or "none"))
+        with_files = [t for t in images if traces[t]]
+        newest = (with_files or images)[-1]     # (none yet: as an empty trace, as before)
+        if len(images) > 1:
+            def named(t):
+                cmd = trace_head(traces[t])[1]
+                return "%s (%s)" % (t, cmd if cmd else "no dump files yet"
+                                    if not traces[t] else "command unknown")
+            warn("pid %s: %d traces in %s, oldest first: %s; reporting %s, the newest with "
+                 "dump files (another one: --trace ID)"
+                 % (pid, len(images), directory, ", ".join(named(t) for t in images), newest))
+        return newest, traces[newest]
+    with_files = {k: v for k, v in traces.items() if v}
+    if not with_files:
+        raise Fail("no mmleak dump files in %s" % directory)
+    if len(with_files) > 1:
+        newest = max(with_files, key=lambda k: max(os.path.getmtime(p) for p in with_files[k]))
+        warn("%d traces in %s (%s); reporting the newest, %s (choose with --pid or --trace)"
+             % (len(with_files), directory, " ".join(sorted(with_files)), newest))
+        return newest, with_files[newest]
+    k = next(iter(with_files))
+    return k, with_files[k]
+
+
+def build_report(directory, pid=None, progress=True, depth=None, since=None,
+                 older_than=None, baseline=None, trace=None):
+    """Shrink and symbolize one process's files; returns a dict the report renderers use.
+
+    The incremental view: SINCE keeps survivors allocated at or after that many seconds
+    from the trace start, OLDER_THAN those at least that old at the last event, BASELINE
+    (a file written by an earlier `mmleak.py shrink` of the same process) those that were
+    not alive yet in that snapshot.  PID and TRACE: see choose_trace."""
+    tid, paths = choose_trace(directory, pid, trace)
+    prog = progress_printer() if progress and sys.stderr.isatty() else None
+    t0 = time.monotonic()
+    sh, paths = read_trace(directory, tid, progress=prog)
+    if prog and time.monotonic() - t0 > 1:
+        prog(sh, paths[-1], 0, done=True)
+    survivors = sh.survivors()
+    all_count, all_bytes = len(survivors), sum(a.size for a in survivors)
+    survivors = keep_blocks(survivors, sh.max_time, since, older_than)
+    filters = []
+    if since is not None:
+        filters.append("allocated %gs or more after start" % since)
+    if older_than is not None:
+        filters.append("at least %gs old at the end" % older_than)
+    if baseline is not None:
+        try:
+            old = baseline_blocks(baseline)
+        except OSError as e:
+            raise Fail("--baseline %s: %s" % (baseline, e.strerror or e))
+        alive_now = {(a.ptr, a.seq) for a in survivors}
+        freed_since = [a for k, a in old.items() if k not in alive_now]
+        survivors = [a for a in survivors if (a.ptr, a.seq) not in old]
+        filters.append("allocated since the snapshot %s" % baseline)
+    else:
+        freed_since = None
+    hdr = sh.headers[0] if sh.headers else {}
+    hist = sh.history()
+    start = header_int(hdr, "start")
+    trace_depth = max([MAX_DEPTH if h.get("depth") == "auto" else header_int(h, "depth", 1)
+                       for h in sh.headers] or [1])
+    names = TraceFiles(directory, tid)
+    maps = names.maps
+    frames = {}
+    sym_error = None
+    try:
+        series, _ = read_series(names.series, sh.problems)
+    except Refused as e:                # replaced since it was looked at
+        refuse(str(e))
+        series = []
+    addrs = {c for a in survivors for c in a.callers}
+    addrs |= {c for pt in series for k in pt.sites if k != "other" for c in k}
+    addrs |= {c for a in freed_since or () for c in a.callers}
+    addrs |= {f.caller for f in sh.foreign_frees()}
+    if os.path.lexists(maps):
+        try:
+            sym = Symbolizer(maps, trace_start=start or None)
+            frames = sym.lookup(sorted(addrs))
+            sym_error = sym.tool_error
+        except Refused as e:
+            refuse(str(e))
+            sym_error = str(e)
+    else:
+        sym_error = "maps file %s missing" % maps
+    sh.problems.summary()
+    return {
+        "trace": tid, "pid": hdr.get("pid", tid.split("-")[0]), "cmd": sh.cmd,
+        "title": sh.title,
+        "start": start, "end_time": sh.max_time, "files": paths, "maps": maps,
+        # the whole history's, compacted events included (allocs and frees None when an
+        # older compacted result did not count them); "folded": (events, files) compacted
+        "events": hist["events"], "allocs": hist["allocs"], "frees": hist["frees"],
+        "folded": (hist["folded_events"], hist["folded_files"]),
+        "survivors": survivors, "foreign_frees": sh.foreign_frees(),
+        "frames": frames, "symbol_error": sym_error, "depth": depth or trace_depth,
+        "trace_depth": trace_depth, "shrinker": sh,
+        "incomplete": bool(sh.problems.malformed or sh.problems.fatal or sh.gap_text()),
+        "gaps": sh.gap_text(), "alloc": sh.alloc,
+        "since": since, "older_than": older_than, "baseline": baseline,
+        "freed_since_baseline": freed_since,
+        "series": series,
+        "growth": growth_sites(series, frames, Wrappers(), trace_depth) if len(series) > 1 else None,
+        "filter": "; ".join(filters) or None,
+        "unfiltered": (all_count, all_bytes),
+    }
+
+
+def site_depth(rep):
+    """Frames per call site: the report's --depth, at most the trace's own depth."""
+    depth = int(rep.get("depth") or rep.get("trace_depth") or 1)
+    return max(min(depth, int(rep.get("trace_depth") or depth)), 1)
+
+
+def site_table(rep, stacks=None, wrappers=None):
+    """The leak sites of REP (sites.leak_sites): what the terminal, the CSV and the HTML page
+    show.  STACKS: see leak_sites; WRAPPERS: default, the report's (rep["wrappers"])."""
+    if wrappers is None:
+        wrappers = Wrappers(rep.get("wrappers") or ())
+    return leak_sites(rep["survivors"], rep["end_time"], site_depth(rep), rep.get("frames"),
+                      wrappers, stacks)
+
+
+def print_top_sites(rep, out, top=10):
+    surv = rep["survivors"]
+    total = sum(a.size for a in surv)
+    title = rep.get("title")
+    shown = ("%s (started as: %s)" % (title, rep["cmd"]) if title and rep["cmd"] and
+             title != rep["cmd"] else title or rep["cmd"])
+    out.write("mmleak: trace %s (pid %s)%s\n" % (rep["trace"], rep["pid"],
+                                                ": " + shown if shown else ""))
+    folded = rep.get("folded") or (0, 0)
+    if folded[1]:
+        read = "%d events (%d of them folded by compaction from %d files)" % (
+            rep["events"], folded[0], folded[1])
+    else:
+        read = "%d events read from %d files" % (rep["events"], len(rep["files"]))
+    out.write("  %s; %s in %d blocks not freed; %d frees of blocks allocated before tracing\n"
+              % (read, human_bytes(total), len(surv), len(rep["foreign_frees"])))
+    if rep["filter"]:
+        out.write("  showing only blocks %s (%d of %d blocks, %s of %s)\n"
+                  % (rep["filter"], len(surv), rep["unfiltered"][0], human_bytes(total),
+                     human_bytes(rep["unfiltered"][1])))
+    if any(h.get("window") == "1" for h in (rep["shrinker"].headers if rep.get("shrinker")
+                                            else [])):
+        out.write("  an attached window (mmleak.py attach .. detach): the blocks allocated while "
+                  "attached and still alive at its end, ages at its end; frees of blocks "
+                  "allocated before the attach are not leaks\n")
+    if rep.get("gaps"):
+        out.write("  %s\n" % rep["gaps"])
+    if rep.get("alloc") and not os.path.basename(rep["alloc"]).startswith("libc.so"):
+        out.write("  allocator traced: %s\n" % rep["alloc"])
+    if rep["symbol_error"]:
+        out.write("  symbols: %s\n" % rep["symbol_error"])
+    sites = site_table(rep)
+    if not sites:
+        out.write("  no block matches the filter\n" if rep["filter"] else
+                  "  no leaks: every block allocated while tracing was freed\n")
+        return sites
+    wb = max([12] + [len(str(s.bytes)) for s in sites[:top]])
+    wn = max([8] + [len(str(s.blocks)) for s in sites[:top]])
+    out.write("  %*s %*s  %s\n" % (wb, "bytes", wn, "blocks", "call site"))
+    labels = [frame_label(rep["frames"][s.caller]) if rep["frames"].get(s.caller)
+              else "0x%x" % s.caller for s in sites]
+    twice = {l for l in labels if labels.count(l) > 1}
+    for s, label in zip(sites[:top], labels):
+        fr = rep["frames"].get(s.caller)
+        if label in twice and fr and fr.module:     # same source in two objects (plugins)
+            label += "  [%s]" % fr.module
+        out.write("  %*d %*d  %s\n" % (wb, s.bytes, wn, s.blocks, label))
+    if len(sites) > top:
+        out.write("  ... %d more call sites\n" % (len(sites) - top))
+    if rep.get("freed_since_baseline") is not None:
+        print_incremental(rep, out, top)
+    if rep.get("growth"):
+        print_growth(rep, out, top)
+    return sites
+
+
+def print_growth(rep, out, top=10):
+    g = rep["growth"]
+    pts = rep["series"]
+    span = pts[-1].time - pts[0].time
+    out.write("  growth over %d points of the series (%s of the trace's time), by call site "
+              "(live bytes first -> last):\n" % (len(pts), _duration(span)))
+    rows = sorted(((site, vals) for site, vals in g.items() if any(v[2] for v in vals)),
+                  key=lambda kv: (-(kv[1][-1][2] - kv[1][0][2]), kv[0]))
+    for site, vals in rows[:top]:
+        fr = rep["frames"].get(site)
+        d = vals[-1][2] - vals[0][2]
+        rate = " (%+.0f B/h)" % (d * 3600.0 / span) if span > 0 else ""
+        out.write("  %12d -> %12d %+12d%s  %s\n" % (vals[0][2], vals[-1][2], d, rate,
+                                                 frame_label(fr) if fr else "0x%x" % site))
+
+
+def _duration(s):
+    s = int(s)
+    if s < 120:
+        return "%d s" % s
+    if s < 7200:
+        return "%d min" % (s // 60)
+    return "%.1f h" % (s / 3600.0)
+
+
+def print_incremental(rep, out, top=10):
+    rows = incremental_sites(rep)
+    freed = rep["freed_since_baseline"]
+    out.write("  since the snapshot %s: +%s in %d blocks allocated and still alive, -%s in %d "
+              "blocks of the snapshot freed\n"
+              % (rep["baseline"], human_bytes(sum(a.size for a in rep["survivors"])),
+                 len(rep["survivors"]), human_bytes(sum(a.size for a in freed)), len(freed)))
+    out.write("  %12s %8s %12s %8s  %s\n" % ("+bytes", "+blocks", "-bytes", "-blocks",
+                                            "call site"))
+    for caller, pb, pn, mb, mn in rows[:top]:
+        fr = rep["frames"].get(caller)
+        out.write("  %12d %8d %12d %8d  %s\n" % (pb, pn, -mb, -mn,
+                                                 frame_label(fr) if fr else "0x%x" % caller))
+    if len(rows) > top:
+        out.write("  ... %d more call sites\n" % (len(rows) - top))
+
+
+def write_csv(rep, path):
+    sites = site_table(rep)
+    try:
+        _write_csv(rep, sites, path)
+    except OSError as e:
+        raise Fail("cannot write %s: %s" % (path, e.strerror or e))
+
+
+def _write_csv(rep, sites, path):
+    with new_output(path, text=True) as f:
+        w = csv.writer(f)
+        w.writerow(["bytes", "blocks", "mean", "min", "max", "oldest_s", "youngest_s",
+                    "function", "file", "line", "module", "offset", "caller"])
+        for s in sites:
+            fr = rep["frames"].get(s.caller)
+            w.writerow([s.bytes, s.blocks, s.bytes // s.blocks, s.min, s.max, s.oldest,
+                        s.youngest, fr.function if fr else "", fr.file if fr else "",
+                        fr.line if fr else "", fr.module if fr else "",
+                        "0x%x" % fr.offset if fr and fr.offset is not None else "",
+                        "0x%x" % s.caller])
+
+
+def export_model(rep, mx, allocator_frames=False, blocks=False):
+    """The report REP as the model of export.py (module MX): one stack per distinct
+    stack of the survivors (and kind, when the report knows blocks' kinds: rep["kind_of"],
+    a function of an Alloc), ending at the call site the report names unless
+    ALLOCATOR_FRAMES (then down to the allocator's caller); the mappings its frames are in,
+    with build ids (of files unchanged since the run); with BLOCKS, each block's time and
+    size (heaptrack's events).  Allocations per stack are not known (the shrink cancels
+    them): alloc_* stay None."""
+    frames = rep["frames"]
+    resolve = site_resolver(frames, Wrappers(rep.get("wrappers") or ()))
+    kind_of = rep.get("kind_of")
+    depth = rep["trace_depth"]
+    groups = {}
+    cut = {}                    # stack -> the part exported (blocks share their stacks)
+    for a in rep["survivors"]:
+        st = cut.get(a.callers)
+        if st is None:
+            st = cut[a.callers] = a.callers[:depth] if allocator_frames else \
+                a.callers[:depth][resolve(a.callers[:depth])[1]:]
+        key = (st, kind_of(a) if kind_of else None)
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = [0, 0, []]
+        g[0] += 1
+        g[1] += a.size
+        if blocks:
+            g[2].append((a.time, a.size))
+    maps = Maps(rep["maps"]) if os.path.exists(rep["maps"]) else Maps(None, [])
+    mappings = {}               # maps entry -> index
+    mframes = {}
+
+    def mframe(addr):
+        if addr not in mframes:
+            fr, real = frames.get(addr), addr & ADDR_MASK
+            if fr is None:
+                mframes[addr] = mx.Frame(real, None, None, None, None, None, (), None)
+                return mframes[addr]
+            hit = next((h for h in maps.find(real) if os.path.basename(h[4]) == fr.module
+                        and real - h[0] + h[2] == fr.offset), None)
+            if hit is not None and hit not in mappings:
+                mappings[hit] = len(mappings)
+            mframes[addr] = mx.Frame(real, fr.module, fr.offset, fr.function, fr.file, fr.line,
+                                     tuple(fr.inlined), None if hit is None else mappings[hit])
+        return mframes[addr]
+    stacks = [mx.Stack(tuple(mframe(c) for c in st), n, b, None, None,
+                       (("kind", kind),) if kind else (), tuple(bl) if blocks else None)
+              for (st, kind), (n, b, bl) in sorted(groups.items(), key=lambda kv: (-kv[1][1],
+                                                                                 kv[0][0]))]
+    # the mappings by address (the executable first, where the kernel puts it), renumbered
+    order = sorted(mappings, key=lambda h: h[0])
+    renum = {mappings[h]: i for i, h in enumerate(order)}
+    stacks = [st._replace(frames=tuple(f._replace(mapping=renum.get(f.mapping))
+                                       for f in st.frames)) for st in stacks]
+    mlist = [mx.Mapping(h[0], h[1], h[2], h[4],
+                        None if _module_problem(h[4], h[3], rep["start"] or None)
+                        else mx.read_build_id(h[4])) for h in order]
+    surv = rep["survivors"]
+    comments = ["mmleak trace %s (pid %s)%s" % (rep["trace"], rep["pid"],
+                                                ": " + rep["cmd"] if rep["cmd"] else ""),
+                "%d bytes in %d blocks not freed; %d events read"
+                % (sum(a.size for a in surv), len(surv), rep["events"])]
+    if rep.get("filter"):
+        comments.append("only blocks %s" % rep["filter"])
+    if rep.get("gaps"):
+        comments.append(rep["gaps"])
+    comments.append("stacks %s" % ("down to the allocator's caller" if allocator_frames else
+                                   "end at the call site (the runtime's and the allocation "
+                                   "wrappers' frames below it left out)"))
+    return mx.Profile(stacks, mlist, rep["start"] or None, rep["end_time"] or None,
+                      rep["cmd"], comments)
+
+
+def write_exports(rep, args):
+    """--pprof, --folded, --heaptrack: each written whole or not at all; a failure is one
+    line on stderr and the others are still written.  Returns False if one failed."""
+    wanted = [(k, getattr(args, k)) for k in ("pprof", "folded", "heaptrack") if getattr(args, k)]
+    if not wanted:
+        return True
+    from . import export as mx
+    model = export_model(rep, mx, args.export_allocator_frames, blocks=bool(args.heaptrack))
+    ok = True
+    for kind, path in wanted:
+        try:
+            getattr(mx, "write_" + kind)(model, path)
+        except Fail as e:               # the output's name is a directory, say
+            warn(str(e))
+            ok = False
+            continue
+        except (OSError, mx.ExportError) as e:
+            warn("cannot write %s: %s" % (path, e.strerror if isinstance(e, OSError) and
+                                          e.strerror else e))
+            ok = False
+            continue
+        sys.stdout.write("%s: %s\n" % (kind, path))
+    return ok

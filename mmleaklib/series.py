@@ -1,0 +1,324 @@
+"""The time series of live blocks per call site (mmleak.ID.series).
+
+  #series 1 id=ID
+  #s ID FRAME...                     stacks the keys below use
+  p UNIX TIME BYTES BLOCKS NEWB NEWN FREEDB FREEDN     one point: the live set
+  k KEY BYTES BLOCKS NEWB NEWN FREEDB FREEDN           ... per call site (top SERIES_SITES)
+
+TIME is the trace's clock (seconds since start, the newest event seen); KEY is the caller
+(hex) or @STACK.  NEW are the blocks alive now that were not alive at the previous point,
+FREED those alive then and not now (so BYTES = previous BYTES + NEWB - FREEDB, exactly).
+Past SERIES_POINTS points every other old point is merged into the next one (NEW and
+FREED summed), so the file stays small however long the trace runs.
+
+The blocks of the last point (address, number, size, call site) are in mmleak.ID.series.live,
+which starts with that point's own lines ("#point ..."): it is written first (temporary
+file, rename), then the series (the same way), so a compactor killed in between leaves a
+.live whose point the series lacks, and the next pass appends it before its own.  When the
+trace is over, its last point is taken and the .live deleted: the series is complete.
+"""
+import collections
+import os
+import re
+import time
+
+from .dumpformat import NO_STACK, Q_BAD_SERIES, dump_lines, parse_stack
+from . import files
+from .files import TraceFiles, _own_file, _remove_quietly, open_trace_file, read_lines
+from .shrink import shrink_raw
+
+
+SERIES_POINTS = 720          # passes kept in mmleak.ID.series (older ones thinned out)
+SERIES_SITES = 40            # call sites per pass in the series (the rest summed)
+SERIES_INTERVAL = 10.0       # seconds between two points of the series (each reads the live set)
+
+
+SeriesPoint = collections.namedtuple("SeriesPoint", "unix time live new freed sites")
+
+
+def _key_text(callers, stack_lines, sh, by_frames):
+    if len(callers) == 1:
+        return b"%x" % callers[0]
+    sid = by_frames.get(callers)
+    if sid is not None and sid in sh.stack_lines:
+        stack_lines[sid] = sh.stack_lines[sid]
+        return b"@%x" % sid
+    # a stack no longer in the trace's result (its blocks were freed since the last pass):
+    # defined here under an id of its own
+    import hashlib
+    sid = int.from_bytes(hashlib.blake2b(repr(callers).encode(), digest_size=8).digest(),
+                         "little")
+    stack_lines[sid] = b"#s %016x %s\n" % (sid, b" ".join(b"%x" % c for c in callers))
+    return b"@%x" % sid
+
+
+SERIES_P_RE = re.compile(rb"p(?: [0-9]{1,20}){8}\n?")
+SERIES_K_RE = re.compile(rb"k (?:other|@[0-9a-f]{1,16}|[0-9a-f]{1,16})(?: [0-9]{1,20}){6}\n?")
+
+
+def series_line_ok(line):
+    """Is LINE of a .series file one its readers can take (a damaged file must not stop the
+    report or the compactor)?  A line without its newline is not whole (it was cut)."""
+    if not line.endswith(b"\n"):
+        return False
+    if line.startswith(b"p "):
+        return SERIES_P_RE.fullmatch(line) is not None
+    if line.startswith(b"k "):
+        return SERIES_K_RE.fullmatch(line) is not None
+    if line.startswith(b"#s "):
+        return parse_stack(line) is not None
+    return True
+
+
+def _series_lines(path, problems=None):
+    """The series file's lines: (head '#' lines other than stacks, {stack id: '#s' line},
+    [[p line, [k lines]]]).  Lines that are not in the format (a damaged file; or a torn
+    line, left by a compactor of an older mmleak.py killed while it appended: the series is
+    now written whole, by rename) are left out, and reported to PROBLEMS if given."""
+    head, stacks, points = [], {}, []
+    if not _own_file(path):
+        return head, stacks, points
+    try:
+        f = open_trace_file(path)
+    except OSError:
+        return head, stacks, points
+    with f:
+        for lineno, line in enumerate(dump_lines(f), 1):
+            if not series_line_ok(line):
+                if problems is not None:
+                    problems.add(path, lineno, Q_BAD_SERIES, line)
+                continue
+            if line.startswith(b"#s "):
+                stacks[parse_stack(line)[0]] = line
+            elif line.startswith(b"#"):
+                head.append(line)
+            elif line.startswith(b"p "):
+                points.append([line, []])
+            elif line.startswith(b"k ") and points:
+                points[-1][1].append(line)
+    return head, stacks, points
+
+
+def read_series(path, problems=None):
+    """(points, stacks): points oldest first, each with .sites {key: (bytes, blocks, newb,
+    newn, freedb, freedn)}; KEY is a tuple of callers (or "other").  Lines that are not in
+    the format are skipped (reported to PROBLEMS, if given)."""
+    _, stack_lines, raw = _series_lines(path, problems)
+    stacks = {sid: parse_stack(line)[1] for sid, line in stack_lines.items()}
+    return [_series_point_of(p, ks, stacks) for p, ks in raw], stacks
+
+
+def _series_point_of(p, ks, stacks):
+    v = [int(x) for x in p.split()[1:]]
+    out = {}
+    for line in ks:
+        parts = line.split()
+        k = parts[1]
+        vals = tuple(int(x) for x in parts[2:8])
+        if k == b"other":
+            key = "other"
+        elif k.startswith(b"@"):
+            key = stacks.get(int(k[1:], 16), NO_STACK)
+        else:
+            key = (int(k, 16),)
+        out[key] = vals
+    return SeriesPoint(v[0], v[1], (v[2], v[3]), (v[4], v[5]), (v[6], v[7]), out)
+
+
+SURVIVOR_RE = re.compile(rb"^([0-9a-f]+ [0-9a-f]+) ([0-9a-f]+) [0-9a-f]+ ([^\n]+)$", re.M)
+
+
+def add_point(directory, tid, final=False):
+    """Add one point to the series; the caller holds the trace's exclusive lock.  FINAL: the
+    trace is over: its last point, after which the .live is deleted.  Returns the point.
+
+    It reads the live set (every allocation line of the trace's shrink: its address and
+    number, size and call site, as bytes: no per-block parsing beyond the size) and the
+    previous point's from .live, and compares the two as sets."""
+    t = TraceFiles(directory, tid)
+    spath, lpath = t.series, t.live
+    head, have_stacks, points = _series_lines(spath)
+    prev, pending = _load_live(lpath)
+    if pending is not None and (not points or points[-1][0] != pending[0][0]):
+        # the last pass was stopped between writing .live and the series: its point first
+        points.append(pending[0])
+        have_stacks.update(pending[1])
+        if pending[2]:                  # it was the last point
+            _write_series(spath, tid, head, have_stacks, points)
+    elif pending is None and points:
+        prev = None                     # .live lost: this point starts again (see below)
+    if pending is not None and pending[2]:
+        _remove_quietly(lpath)          # the last point is in the series: it is complete
+        return None
+    live_stacks = pending[1] if pending is not None else {}
+    sh, data = shrink_raw(files.find_traces(directory).get(tid, []))
+    # the call site of each distinct key as the series writes it: a caller in hex, or @ID
+    # (stacks the trace defines keep their id; a list of callers gets one of its own)
+    norm, stack_lines = {}, {}
+    by_frames = None
+    now = {}
+    for ident, size, raw in SURVIVOR_RE.findall(data):
+        k = norm.get(raw)
+        if k is None:
+            if raw.startswith(b"@"):
+                sid = int(raw[1:], 16)
+                k = b"@%x" % sid
+                if sid in sh.stack_lines:
+                    stack_lines[sid] = sh.stack_lines[sid]
+            elif b" " not in raw:
+                k = b"%x" % int(raw, 16)
+            else:
+                if by_frames is None:
+                    by_frames = {fr: sid for sid, fr in sh.stacks.items()}
+                k = _key_text(tuple(int(x, 16) for x in raw.split()), stack_lines, sh,
+                              by_frames)
+            norm[raw] = k
+        now[ident] = (k, int(size, 16))
+    sites = collections.defaultdict(lambda: [0, 0, 0, 0, 0, 0])
+    for k, size in now.values():
+        v = sites[k]
+        v[0] += size
+        v[1] += 1
+    other_freed = [0, 0]
+    if prev is not None:
+        keys_now = set(norm.values())
+        for ident in now.keys() - prev.keys():
+            k, size = now[ident]
+            v = sites[k]
+            v[2] += size
+            v[3] += 1
+        for ident in prev.keys() - now.keys():
+            k, size = prev[ident]
+            v = sites[k]
+            v[4] += size
+            v[5] += 1
+            if k not in keys_now and k.startswith(b"@"):
+                sid = int(k[1:], 16)    # a stack whose blocks are all gone: its line
+                if sid in live_stacks:
+                    stack_lines.setdefault(sid, live_stacks[sid])
+    elif points:
+        # no record of the previous point's blocks: everything alive counts as new, and the
+        # previous point's sites as freed, so BYTES = previous + NEW - FREED still holds
+        for v in sites.values():
+            v[2], v[3] = v[0], v[1]
+        for line in points[-1][1]:
+            f = line.split()
+            if f[1] == b"other":
+                other_freed = [int(f[2]), int(f[3])]
+                continue
+            v = sites[f[1]]
+            v[4] += int(f[2])
+            v[5] += int(f[3])
+    tot = [sum(v[i] for v in sites.values()) for i in range(6)]
+    tot[4] += other_freed[0]
+    tot[5] += other_freed[1]
+    ranked = sorted(sites.items(), key=lambda kv: (-kv[1][0], -kv[1][4], kv[0]))
+    top, rest = ranked[:SERIES_SITES], ranked[SERIES_SITES:]
+    plines = [b"p %d %d %d %d %d %d %d %d\n" % ((int(time.time()), sh.max_time) + tuple(tot)),
+              [b"k %s %d %d %d %d %d %d\n" % ((k,) + tuple(v)) for k, v in top]]
+    if rest or other_freed[1]:
+        other = [sum(v[i] for _, v in rest) for i in range(6)]
+        other[4] += other_freed[0]
+        other[5] += other_freed[1]
+        plines[1].append(b"k other %d %d %d %d %d %d\n" % tuple(other))
+    _save_live(lpath, {} if final else now, plines, stack_lines, final)
+    points.append(plines)
+    have_stacks.update(stack_lines)
+    if len(points) > SERIES_POINTS:
+        points = _thin(points)
+    _write_series(spath, tid, head, have_stacks, points)
+    if final:
+        _remove_quietly(lpath)
+    stacks = {sid: parse_stack(line)[1] for sid, line in have_stacks.items()}
+    return _series_point_of(plines[0], plines[1], stacks)
+
+
+def _save_live(path, now, plines, stack_lines, final=False):
+    """The blocks of this point ({b"PTR SEQ": (site key, size)}), for the next one to tell
+    which were freed and where from, after the point's own lines ("#point", "#final" for
+    the trace's last) and the stacks of their sites."""
+    def fill(f):
+        if final:
+            f.write(b"#final\n")
+        f.write(b"".join(b"#point " + line for line in [plines[0]] + plines[1]))
+        f.write(b"".join(b"#point " + line for line in stack_lines.values()))
+        f.write(b"".join(b"%s %x %s\n" % (ident, size, k) for ident, (k, size) in now.items()))
+    files.replace(path, fill)
+
+
+def _load_live(path):
+    """({b"PTR SEQ": (site key, size)}, the point it belongs to as ([p line, [k lines]],
+    {stack id: line}, whether it was the trace's last)), or (None, None) without a usable
+    file."""
+    out, plines, stacks, final = {}, None, {}, False
+    if not _own_file(path):
+        return None, None
+    try:
+        for line in read_lines(path):
+            if line.startswith(b"#"):
+                if line == b"#final\n":
+                    final = True
+                elif line.startswith(b"#point "):
+                    rest = line[7:]
+                    if rest.startswith(b"p "):
+                        plines = [rest, []]
+                    elif rest.startswith(b"k ") and plines:
+                        plines[1].append(rest)
+                    elif rest.startswith(b"#s "):
+                        st = parse_stack(rest)
+                        if st:
+                            stacks[st[0]] = rest
+                continue
+            ptr, seq, size, k = line.split()
+            out[ptr + b" " + seq] = (k, int(size, 16))
+    except (OSError, ValueError):
+        return None, None
+    if plines is None:
+        return None, None
+    return out, (plines, stacks, final)
+
+
+def _thin(points):
+    """Merge every other point of the older half into its successor (NEW and FREED
+    summed)."""
+    half = len(points) // 2
+    out = []
+    i = 0
+    while i < len(points):
+        if i < half and i + 1 < len(points):
+            a, b = points[i], points[i + 1]
+            pa, pb = a[0].split(), b[0].split()
+            merged_p = pb[:5] + [b"%d" % (int(pa[j]) + int(pb[j])) for j in range(5, 9)]
+            ka = {l.split()[1]: l.split() for l in a[1]}
+            kl = []
+            for l in b[1]:
+                v = l.split()
+                if v[1] in ka:
+                    w = ka[v[1]]
+                    v = v[:4] + [b"%d" % (int(w[j]) + int(v[j])) for j in range(4, 8)]
+                kl.append(b" ".join(v) + b"\n")
+            out.append([b" ".join(merged_p) + b"\n", kl])
+            i += 2
+        else:
+            out.append(points[i])
+            i += 1
+    return out
+
+
+def _write_series(spath, tid, head, stack_lines, points):
+    """The series, whole, by temporary file and rename: a reader or a killed writer never
+    sees half of it.  Only the stacks its points still use."""
+    used = {int(l.split()[1][1:], 16) for _, ks in points for l in ks
+            if l.split()[1].startswith(b"@")}
+    files.replace(spath, lambda f: f.write(
+        (b"".join(head) if head else b"#series 1 id=%s\n" % tid.encode()) +
+        b"".join(stack_lines[i] for i in sorted(used) if i in stack_lines) +
+        b"".join(p + b"".join(ks) for p, ks in points)))
+
+
+def point_due(directory, tid):
+    """A point of the series costs a walk of the live set: one every SERIES_INTERVAL."""
+    try:
+        return time.time() - os.path.getmtime(TraceFiles(directory, tid).series) >= SERIES_INTERVAL
+    except OSError:
+        return True

@@ -1,0 +1,445 @@
+"""Shrink (README.rst, "Shrinking"): the reference engine, Shrinker; the compiled one is
+native.py's, and gives the same bytes.
+
+Events of one address P are totally ordered by SEQ.  In the true history they alternate
+alloc, free, alloc, free...; what matters at the end is only the first and the last event
+of P: a last event that is an allocation is a block still alive (a survivor), a first
+event that is a free released a block allocated before tracing began (a foreign free).
+
+For each P the shrinker keeps either one event, or a "hull": the lowest and the highest
+event seen (events strictly between them are dropped; they can never be first or last).
+One more rule cancels work: when P's whole state is an allocation with SEQ s and a free
+with SEQ s+1, the two are adjacent in the true history (the tracer's counter for P's
+bucket moved by one, so nothing else touched P in between) and both are dropped.
+
+These rules commute: any grouping of the input files, in any order, in any number of
+partial shrinks, gives the same first and last event for every address, so the same
+survivors and foreign frees.  A partial result keeps what later merges need: the ends of
+every hull.  A hull end that can never be reported (an allocation at the low end, a free
+at the high end) is written as a bracket line "PTR SEQ +" or "PTR SEQ -".
+"""
+import collections
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+from .dumpformat import (EVENT_RE, KIND_ALLOC, KIND_END, KIND_FREE, KIND_START, LINE_MAX,
+                         Q_BAD_CLOCK, Q_BAD_FIELD, Q_BAD_STACK, Q_CUT_START, Q_DUPLICATE,
+                         Q_MALFORMED, Q_NULS, Q_PADDING_END, Q_STACK_AGAIN, Q_TOO_LONG,
+                         Q_TORN_LAST, Q_TORN_LINE, Problems, _unescape, bad_header_fields,
+                         cannot_read, dump_lines, parse_event, parse_header, parse_stack)
+from . import errors, files
+from .errors import Fail, Refused, refuse, warn
+from .facts import READ_VERSIONS
+from .files import open_trace_file
+from .native import native_shrink
+
+
+class Shrinker:
+    def __init__(self, progress=None):
+        self.state = {}
+        self.events = 0
+        self.allocs = 0
+        self.frees = 0
+        self.headers = []          # header dicts, one per dump file seen
+        self.header_lines = []     # '#' lines to pass through, first-seen order
+        self._seen_header = set()
+        self.cmd = None
+        self.title = None          # the command line at the end, from "#title t=T" (latest T)
+        self._title_t = -1
+        self.alloc = None          # the allocator's file, from "#alloc"
+        self.stacks = {}           # stack id -> frames, from "#s" lines
+        # what earlier compaction passes folded ("#compacted"): files, events, and how many
+        # event lines their result holds (read again here, not new events)
+        # ("allocs": allocations among the events, "entry_allocs": allocation lines among
+        # the entries; None when a result of an older mmleak.py has no count of them)
+        self.compacted = {"files": 0, "events": 0, "entries": 0, "allocs": 0,
+                          "entry_allocs": 0}
+        self.stack_lines = {}      # stack id -> its "#s" line
+        self.lost = {}             # gap k -> events not recorded ("#lost N k=K")
+        self.dropping = set()      # gaps that began ("#dropping k=K")
+        self.max_time = 0
+        self.clock = None          # the newest "#clock" line's time (None: no such line)
+        self.problems = Problems()
+        self.files_done = 0
+        self.progress = progress
+        self.result_lines = None   # shrink_raw: (event lines of the result, allocations)
+
+    # -- input -------------------------------------------------------------------------
+    def feed_path(self, path, name=None):
+        f = self.open_input(path, name)
+        if f is not None:
+            with f:
+                self.feed(f, name or path)
+
+    def open_input(self, path, name=None):
+        """PATH opened to be read (open_trace_file), or None after saying why not."""
+        try:
+            return open_trace_file(path)
+        except Refused as e:
+            refuse(str(e))
+        except OSError as e:
+            warn(cannot_read(name or path, e.strerror or e))
+        self.problems.fatal = True
+        return None
+
+    def feed(self, f, name):
+        D = self.state
+        get = D.get
+        match = EVENT_RE.fullmatch
+        problems = self.problems
+        lineno = 0
+        events = allocs = 0
+        max_time = self.max_time
+        tick = time.monotonic() + 1.0
+        after_nul = False
+        for line in dump_lines(f):
+            lineno += 1
+            m = match(line)
+            if m is None:
+                self._odd_line(line, name, lineno)
+                after_nul = line[-1:] == b"\0"
+                if after_nul:
+                    lineno -= 1         # text cut by NULs: the line goes on after them
+                continue
+            if after_nul:
+                after_nul = False
+                if m.end(1) < 12:       # see CUT_START
+                    problems.add(name, lineno, Q_CUT_START, line)
+                    continue
+            key = int(m.group(1), 16)
+            s = int(m.group(2), 16)
+            if m.group(3) is not None:
+                kind = KIND_ALLOC
+                allocs += 1
+                t = int(m.group(4), 16)
+                if t > max_time:
+                    max_time = t
+            else:
+                c = m.group(6)
+                kind = KIND_START if c == b"+" else KIND_END if c == b"-" else KIND_FREE
+            events += 1
+            # -- the state update: the whole algorithm --
+            st = get(key)
+            if st is None:
+                D[key] = (s, kind, line)
+            elif type(st) is tuple:
+                s0 = st[0]
+                if s0 == s:
+                    problems.add(name, lineno, Q_DUPLICATE)
+                    continue
+                lo, hi = (st, (s, kind, line)) if s0 < s else ((s, kind, line), st)
+                if lo[1] & 1 and not hi[1] & 1 and hi[0] == lo[0] + 1:
+                    del D[key]
+                else:
+                    D[key] = [lo, hi]
+            else:
+                if s < st[0][0]:
+                    st[0] = (s, kind, line)
+                elif s > st[1][0]:
+                    st[1] = (s, kind, line)
+                elif s == st[0][0] or s == st[1][0]:
+                    problems.add(name, lineno, Q_DUPLICATE)
+            if self.progress and lineno & 0xFFFF == 0 and time.monotonic() > tick:
+                tick = time.monotonic() + 1.0
+                self.progress(self, name, events)
+        self.events += events
+        self.allocs += allocs
+        self.frees += events - allocs
+        self.max_time = max(self.max_time, max_time)       # "#clock" may have moved it
+        self.files_done += 1
+
+    def _odd_line(self, line, name, lineno):
+        """Everything that is not an event line (as dump_lines yields them)."""
+        end = line[-1:]
+        add = self.problems.add
+        if end == b"\0":                # text cut by a run of NULs (dump_lines)
+            if line[:-1].strip(b" "):
+                add(name, lineno, Q_TORN_LINE, line[:-1])
+            else:
+                add(name, lineno, Q_NULS)
+            return
+        if len(line) > LINE_MAX + (end == b"\n"):   # cut by dump_lines: it was longer
+            add(name, lineno, Q_TOO_LONG if end == b"\n" else Q_TORN_LAST
+                if line.startswith(b"#") else Q_TORN_LINE, line)
+            return
+        if line.startswith(b"#"):
+            if end != b"\n":
+                add(name, lineno, Q_TORN_LAST)
+            elif line.startswith(b"#s "):
+                self._stack_line(line, name, lineno)
+            elif line.startswith(b"#clock "):    # the trace's clock (by shrink, compact)
+                v = line[7:-1]
+                if v.isdigit() and len(v) <= 20:
+                    self.max_time = max(self.max_time, int(v))
+                    self.clock = max(self.clock or 0, int(v))
+                else:
+                    add(name, lineno, Q_BAD_CLOCK, line)
+            elif line not in self._seen_header:
+                self._seen_header.add(line)
+                self.header_lines.append(line)
+                self._header_line(line, name, lineno)
+            return
+        if end != b"\n":                # the last line, without its newline
+            add(name, lineno, Q_TORN_LINE if line.strip(b" ") else Q_PADDING_END, line)
+        elif line.strip():
+            add(name, lineno, Q_MALFORMED, line)
+
+    def _stack_line(self, line, name, lineno):
+        st = parse_stack(line)
+        if st is None:
+            self.problems.add(name, lineno, Q_BAD_STACK, line)
+        elif st[0] not in self.stacks:
+            self.stacks[st[0]] = st[1]
+            self.stack_lines[st[0]] = line
+        elif self.stacks[st[0]] != st[1]:
+            self.problems.add(name, lineno, Q_STACK_AGAIN, st[0])
+
+    def _header_line(self, line, name, lineno):
+        """A '#' line seen for the first time."""
+        h = parse_header(line)
+        if h is not None:
+            if h["version"] not in READ_VERSIONS:
+                raise Fail("%s:%d: dump format version %s, this mmleak.py reads %s"
+                           % (name, lineno, h["version"], " and ".join(READ_VERSIONS)))
+            for k, v in bad_header_fields(h):
+                self.problems.add(name, lineno, Q_BAD_FIELD, (k, v))
+                del h[k]
+            h["source"] = name
+            self.headers.append(h)
+        elif line.startswith(b"#lost ") or line.startswith(b"#dropping"):
+            self._gap_line(line)
+        elif line.startswith(b"#compacted "):
+            fields = dict(kv.partition(b"=")[::2] for kv in line.split()[1:])
+            for k in self.compacted:
+                v = fields.get(k.encode(), b"")
+                if self.compacted[k] is not None and v.isdigit():
+                    self.compacted[k] += int(v)
+                elif k in ("allocs", "entry_allocs"):
+                    self.compacted[k] = None
+        elif line.startswith(b"#alloc ") and self.alloc is None:
+            self.alloc = _unescape(line[7:].rstrip(b"\n"))
+        elif line.startswith(b"#cmd ") and self.cmd is None:
+            self.cmd = _unescape(line[5:].rstrip(b"\n"))
+        elif line.startswith(b"#title t="):
+            t, _, text = line[9:].rstrip(b"\n").partition(b" ")
+            if t.isdigit() and int(t) >= self._title_t:
+                self._title_t, self.title = int(t), _unescape(text)
+
+    def _gap_line(self, line):
+        """'#dropping k=K': mmleak.so began to drop events (it could not write);
+        '#lost N k=K': N events of that gap were not recorded."""
+        parts = line.split()
+        k = dict(p.split(b"=", 1) for p in parts[1:] if b"=" in p).get(b"k", b"?")
+        if parts[0] == b"#dropping":
+            self.dropping.add(k)
+        elif len(parts) >= 2 and parts[1].isdigit():
+            self.lost[k] = int(parts[1])
+
+    def gaps(self):
+        """(events known lost, gaps of unknown size): events mmleak.so could not record.
+        A trace with either is incomplete: a lost free shows as a leak, a lost allocation
+        as a free of a block allocated before tracing."""
+        return sum(self.lost.values()), len(self.dropping - set(self.lost))
+
+    def gap_text(self):
+        lost, unknown = self.gaps()
+        if not lost and not unknown:
+            return None
+        parts = []
+        if lost:
+            parts.append("%d events were not recorded" % lost)
+        if unknown:
+            parts.append("%s%d gap%s of unknown size (the process ended while mmleak.so could "
+                         "not write)" % ("and " if lost else "", unknown, "s" if unknown > 1 else ""))
+        return ("INCOMPLETE TRACE: %s; blocks may show as leaks whose free was lost"
+                % " ".join(parts))
+
+    def history(self):
+        """What the trace recorded, the events folded by compaction ("#compacted") included:
+        {events, allocs, frees (None when an older compacted result did not count them),
+        folded_events, folded_files}."""
+        c = self.compacted
+        if not c["files"]:
+            return {"events": self.events, "allocs": self.allocs, "frees": self.frees,
+                    "folded_events": 0, "folded_files": 0}
+        events = c["events"] + self.events - c["entries"]
+        allocs = None if c["allocs"] is None else c["allocs"] + self.allocs - c["entry_allocs"]
+        return {"events": events, "allocs": allocs,
+                "frees": None if allocs is None else events - allocs,
+                "folded_events": c["events"], "folded_files": c["files"]}
+
+    # -- checks --------------------------------------------------------------------------
+    def trace_ids(self):
+        return sorted({h.get("id", "?") for h in self.headers})
+
+    def check_single_process(self):
+        ids = self.trace_ids()
+        if len(ids) > 1:
+            srcs = {}
+            for h in self.headers:
+                srcs.setdefault(h.get("id", "?"), h["source"])
+            raise Fail("files of different processes mixed: %s (shrink each process on its "
+                       "own, or pass --mixed)" % ", ".join("%s (%s)" % (i, srcs[i]) for i in ids))
+
+    # -- output --------------------------------------------------------------------------
+    def entries(self, final):
+        """Yield (key, seq, kind, line) of the result, sorted by address then number.
+
+        final=False: everything later merges need (survivors, foreign frees, brackets).
+        final=True: only what the complete input proves: survivors and foreign frees."""
+        for key in sorted(self.state):
+            st = self.state[key]
+            if type(st) is tuple:
+                s, kind, line = st
+                if kind in (KIND_ALLOC, KIND_FREE) or not final:
+                    yield key, s, kind, line
+                continue
+            (s0, k0, l0), (s1, k1, l1) = st
+            if k0 == KIND_FREE:
+                yield key, s0, k0, l0
+            elif not final:
+                yield key, s0, KIND_START, b"%s %x +\n" % (l0.split(b" ", 1)[0], s0)
+            if k1 == KIND_ALLOC:
+                yield key, s1, k1, l1
+            elif not final:
+                yield key, s1, KIND_END, b"%s %x -\n" % (l1.split(b" ", 1)[0], s1)
+
+    def write(self, out, final):
+        """The result in the dump format: the header lines, the trace's clock when its
+        newest event is not in the result ("#clock"), the stacks its allocations use, then
+        the events, by address."""
+        for h in self.header_lines:
+            out.write(h)
+        entries = list(self.entries(final))
+        newest = max((int(line.split(b" ", 4)[3], 16) for _, _, kind, line in entries
+                      if kind == KIND_ALLOC), default=0)
+        if self.max_time > newest:
+            out.write(b"#clock %d\n" % self.max_time)
+        used = sorted({int(line.split(b"@", 1)[1], 16) for _, _, kind, line in entries
+                       if kind == KIND_ALLOC and b"@" in line})
+        for i in used:
+            if i in self.stack_lines:
+                out.write(self.stack_lines[i])
+        for _, _, _, line in entries:
+            out.write(line)
+
+    def survivors(self):
+        """The blocks still allocated at the end (final semantics), as Alloc tuples."""
+        res = []
+        for _, _, kind, line in self.entries(True):
+            if kind == KIND_ALLOC:
+                res.append(parse_event(line, self.stacks))
+        return res
+
+    def missing_stacks(self):
+        """{stack id: blocks} of the survivors whose stack ("@ID") has no "#s" line here."""
+        out = collections.Counter()
+        for _, _, kind, line in self.entries(True):
+            if kind == KIND_ALLOC and b"@" in line:
+                sid = int(line.rsplit(b"@", 1)[1], 16)
+                if sid not in self.stacks:
+                    out[sid] += 1
+        return dict(out)
+
+    def foreign_frees(self):
+        return [parse_event(line) for _, _, kind, line in self.entries(True)
+                if kind == KIND_FREE]
+
+
+def progress_printer(stream=None):
+    """A progress callback that rewrites one status line on a terminal."""
+    stream = stream or sys.stderr
+    start = time.monotonic()
+
+    def show(sh, name, file_events, done=False):
+        el = time.monotonic() - start
+        n = sh.events + file_events
+        stream.write("\r%s: %.1fM events, %d files done, %.1fM events/s, now %s%s"
+                     % (errors.PROG, n / 1e6, sh.files_done, n / 1e6 / max(el, 1e-9),
+                        os.path.basename(name), "\n" if done else "   "))
+        stream.flush()
+    return show
+
+
+def shrink_files(paths, progress=None, mixed=False, problems=None):
+    """Shrink the given dump files (and '-' for stdin); return the Shrinker (its problems
+    collected in PROBLEMS, a dumpformat.Problems, if given).
+
+    Lines a thread had staged but not yet flushed to its .out (see unflushed_tail) are read
+    too: a killed or still running process loses nothing."""
+    paths, names, tmpdir, refused = files.with_unflushed_tails(paths)
+    try:
+        for msg in refused:             # their .out is read as it is
+            refuse(msg)
+        sh = _shrink_files(paths, progress, mixed, names, problems)
+        sh.problems.fatal = sh.problems.fatal or bool(refused)
+        return sh
+    finally:
+        if tmpdir:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def shrink_raw(paths):
+    """Shrink PATHS (dump files of one trace, their unflushed lines included) without
+    building the per-address state in Python: (Shrinker with headers, stacks and counts,
+    the result's event lines as bytes, non-final, sorted by address then number).  What a
+    compaction pass writes and what a series point reads, at the compiled shrinker's speed;
+    the Python path gives the same bytes."""
+    paths, names, tmpdir, refused = files.with_unflushed_tails(paths)
+    try:
+        if refused:                     # a compactor folds nothing it cannot read whole
+            for msg in refused[1:]:
+                refuse(msg)
+            raise Refused(refused[0])
+        sh = Shrinker()
+        with tempfile.TemporaryFile(prefix="mmleak-shrink.") as out:
+            if native_shrink(sh, paths, names, raw=out):
+                out.seek(0)
+                data = out.read()
+            else:
+                for p, name in zip(paths, names):
+                    sh.feed_path(p, name)
+                entries = list(sh.entries(False))
+                data = b"".join(line for _, _, _, line in entries)
+                sh.result_lines = (len(entries),
+                                   sum(1 for e in entries if e[2] == KIND_ALLOC))
+                sh.state = {}
+        sh.check_single_process()
+        return sh, data
+    finally:
+        if tmpdir:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _shrink_files(paths, progress=None, mixed=False, names=None, problems=None):
+    sh = Shrinker(progress)
+    sh.problems = problems or sh.problems
+    names = names or ["<stdin>" if p == "-" else p for p in paths]
+    if not native_shrink(sh, paths, names):   # the compiled path (below), when it can run
+        for p, name in zip(paths, names):
+            if p == "-":
+                sh.feed(sys.stdin.buffer, name)
+            else:
+                sh.feed_path(p, name)
+    if not mixed:
+        sh.check_single_process()
+    return sh
+
+
+def baseline_blocks(path):
+    """The allocations alive in a saved snapshot (`mmleak.py snapshot`, or a `shrink` output
+    of the same process), {(ptr, seq): Alloc} with their stacks."""
+    sh = Shrinker()
+    with open_trace_file(path) as f:
+        sh.feed(f, path)
+    if sh.problems.malformed:
+        raise Fail("--baseline %s: not a snapshot of a trace (malformed lines)" % path)
+    blocks = {}
+    for _, _, kind, line in sh.entries(False):
+        if kind == KIND_ALLOC:
+            a = parse_event(line, sh.stacks)
+            blocks[(a.ptr, a.seq)] = a
+    return blocks

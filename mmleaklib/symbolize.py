@@ -1,0 +1,312 @@
+"""Symbolization (README.rst, "Symbolizing"): addresses to function and file:line."""
+import bisect
+import collections
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+from .errors import Refused, refuse
+from .facts import RUNTIME_SOURCES
+from .files import loads_of, read_lines
+
+
+# ------------------------------------------------------------ end of compiled shrink path
+
+
+# ---------------------------------------------------------------------------------------
+# Symbolization (README.rst, "Symbolizing")
+# ---------------------------------------------------------------------------------------
+
+Frame = collections.namedtuple("Frame", "addr module offset function file line inlined error")
+MAPS_LINE_RE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) ([0-9a-f]+) (\S+) (\d+)\s+(.*)$")
+
+
+ADDR_MASK = (1 << 48) - 1      # a frame's top 16 bits: the dlclose epoch (mmleak.ID.loads)
+
+
+class Maps:
+    """The cumulative maps file: every file-backed mapping the process had (or LINES)."""
+
+    def __init__(self, path, lines=None):
+        self.path = path
+        self.entries = []   # (start, end, offset, inode, pathname)
+        if lines is None:
+            lines = list(read_lines(path, text=True))
+        for line in lines:
+            m = MAPS_LINE_RE.match(line.rstrip("\n"))
+            if not m:
+                continue
+            self.entries.append((int(m.group(1), 16), int(m.group(2), 16),
+                                 int(m.group(4), 16), int(m.group(6)), m.group(7),
+                                 line if line.endswith("\n") else line + "\n"))
+        self.entries.sort()
+        self.starts = [e[0] for e in self.entries]
+        self._loads = None
+
+    def load_of(self, entry):
+        """The mappings of the load ENTRY belongs to (a tuple, in address order).  A file
+        loaded at two addresses over the run (dlclose, then dlopen where the loader chose)
+        has two loads here, and eu-addr2line must be shown one of them at a time: given the
+        same file at two bases it resolves neither."""
+        if self._loads is None:
+            self._loads = {}
+            groups = collections.defaultdict(list)     # path -> [[entries of one load]]
+            ends = {}                                   # (path, end) -> the load ending there
+            for e in self.entries:                      # (in address order)
+                loads = groups[e[4]]
+                # a load starts at its offset-0 mapping (the ELF header); a later mapping
+                # joins the load it continues, else the nearest one below it
+                g = None
+                if e[2] != 0 and loads:
+                    g = ends.get((e[4], e[0]), loads[-1])
+                if g is None:
+                    g = []
+                    loads.append(g)
+                g.append(e)
+                ends[(e[4], e[1])] = g
+            for loads in groups.values():
+                for g in loads:
+                    t = tuple(g)
+                    for e in g:
+                        self._loads[e] = t
+        return self._loads[entry]
+
+    def find(self, addr):
+        """All mappings containing addr (more than one: the range was reused)."""
+        if not hasattr(self, "_maxlen"):
+            self._maxlen = max([e[1] - e[0] for e in self.entries] or [0])
+        hits = []
+        j = bisect.bisect_right(self.starts, addr) - 1
+        while j >= 0 and addr - self.entries[j][0] < self._maxlen:
+            if addr < self.entries[j][1]:
+                hits.append(self.entries[j])
+            j -= 1
+        return hits
+
+
+class Loads:
+    """mmleak.ID.loads: "+EPOCH LINE" when a mapping appeared, "-EPOCH LINE" when it was gone,
+    EPOCH counting the dlclose() calls before.  Tells which object was at an address in an
+    epoch, where the maps file (every mapping ever) has several."""
+
+    def __init__(self, path):
+        self.log = []
+        for line in read_lines(path, text=True):
+            m = re.match(r"([-+])(\d+) (.*\n?)$", line)
+            if m:
+                self.log.append((m.group(1), int(m.group(2)), m.group(3)))
+        self._views = {}
+
+    def view(self, epoch):
+        """The mappings present in EPOCH, as a Maps."""
+        if epoch not in self._views:
+            present = {}
+            for sign, e, line in self.log:
+                if e > epoch:
+                    break
+                if sign == "+":
+                    present[line] = True
+                else:
+                    present.pop(line, None)
+            self._views[epoch] = Maps(None, list(present))
+        return self._views[epoch]
+
+    def first_epoch(self, addr):
+        """The epoch the first object mapped over ADDR appeared in (frames without an epoch
+        were recorded before anything at their address was unloaded)."""
+        for sign, e, line in self.log:
+            m = MAPS_LINE_RE.match(line.rstrip("\n"))
+            if sign == "+" and m and int(m.group(1), 16) <= addr < int(m.group(2), 16):
+                return e
+        return 0
+
+
+def _module_problem(path, inode, trace_start):
+    """Why a module's file cannot be trusted for the run, or None."""
+    if path.endswith(" (deleted)"):
+        return "the file was deleted or replaced while the process ran"
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return "cannot read %s: %s" % (path, e.strerror)
+    if inode and st.st_ino != inode:
+        return "%s was replaced since the run (inode changed)" % path
+    if trace_start and st.st_mtime >= trace_start + 1:
+        return "%s was modified after the run started" % path
+    return None
+
+
+class Symbolizer:
+    """Turns caller addresses into Frames with eu-addr2line, one process per batch."""
+
+    def __init__(self, maps_path, trace_start=None, tool="eu-addr2line", program_lines=True):
+        """PROGRAM_LINES: show code inlined from the system's headers at the program's line
+        that inlined it (see program_level); False: the innermost location, as it is."""
+        self.program_lines = program_lines
+        self.maps = Maps(maps_path)
+        loads = loads_of(maps_path)
+        try:
+            self.loads = Loads(loads) if loads and os.path.lexists(loads) else None
+        except Refused as e:
+            refuse(str(e))
+            self.loads = None
+        except OSError:
+            self.loads = None
+        if self.loads is not None and not self.loads.log:
+            self.loads = None           # made empty with the trace id: nothing was unloaded
+        self.trace_start = trace_start
+        self.tool = tool
+        self.cache = {}
+        self.tool_error = None
+        self._checked = {}
+
+    def _usable(self, entry):
+        key = (entry[4], entry[3])
+        if key not in self._checked:
+            self._checked[key] = _module_problem(entry[4], entry[3], self.trace_start)
+        return self._checked[key]
+
+    def _view(self, a):
+        """The mappings to resolve A with: the whole maps file, or, for a frame with an epoch
+        or in a range several objects used over the run, those of its epoch."""
+        real, epoch = a & ADDR_MASK, a >> 48
+        if epoch and self.loads:
+            return self.loads.view(epoch), real
+        hits = self.maps.find(real)
+        if self.loads and len({(h[4], h[0] - h[2]) for h in hits}) > 1:
+            return self.loads.view(self.loads.first_epoch(real)), real
+        return self.maps, real
+
+    def lookup(self, addrs):
+        """Return {addr: Frame} for every address (unresolved ones with .error set)."""
+        todo = [a for a in set(addrs) if a not in self.cache]
+        good = collections.defaultdict(dict)        # view -> {addr: (module, offset)}
+        for a in todo:
+            view, real = self._view(a)
+            hits = view.find(real)
+            code = [h for h in hits if h[5].split(None, 2)[1:2] and "x" in h[5].split()[1]]
+            if code and len(code) < len(hits):
+                hits = code         # a return address is in code: not in a data mapping
+            paths = {(h[4], h[0] - h[2]) for h in hits}
+            if not hits:
+                self.cache[a] = Frame(a, None, None, None, None, None, (), "not in any mapped file")
+            elif len(paths) > 1:
+                self.cache[a] = Frame(a, None, None, None, None, None, (),
+                                      "address range used by several objects over the run "
+                                      "(dlclose/dlopen): ambiguous")
+            else:
+                h = hits[0]
+                why = self._usable(h)
+                mod = os.path.basename(h[4])
+                off = real - h[0] + h[2]
+                if why:
+                    self.cache[a] = Frame(a, mod, off, None, None, None, (), why)
+                else:
+                    good[id(view)][a] = (mod, off, view.load_of(h))
+        for g in good.values():
+            # one run of the tool per batch of loads where no file appears twice: each
+            # load of a file loaded at two addresses is resolved at its own base
+            batches = []            # [({path: load}, {addr: (module, offset)})]
+            for a, (mod, off, load) in sorted(g.items()):
+                path = load[0][4]
+                b = next((b for b in batches if b[0].get(path, load) == load), None)
+                if b is None:
+                    b = ({}, {})
+                    batches.append(b)
+                b[0][path] = load
+                b[1][a] = (mod, off)
+            for loads, batch in batches:
+                self._run_tool(batch, [e for l in loads.values() for e in l])
+        return {a: self.cache[a] for a in addrs}
+
+    def _run_tool(self, good, entries):
+        """Resolve GOOD ({addr: (module, offset)}) with ENTRIES, the mappings of the loads
+        the addresses are in (no file twice)."""
+        exe = shutil.which(self.tool)
+        if not exe:
+            self.tool_error = "%s not found (install elfutils)" % self.tool
+            for a, (mod, off) in good.items():
+                self.cache[a] = Frame(a, mod, off, None, None, None, (), self.tool_error)
+            return
+        # A clean maps file for the tool: only the loads we trust, no ambiguous ranges.
+        with tempfile.NamedTemporaryFile("w", prefix="mmleak-maps.", delete=False) as tf:
+            for e in sorted(entries):
+                tf.write(e[5])
+            tmpmaps = tf.name
+        try:
+            order = sorted(good)
+            inp = "".join("0x%x\n" % (a & ADDR_MASK) for a in order)
+            try:
+                r = subprocess.run([exe, "-M", tmpmaps, "-a", "-f", "-i", "-C"], input=inp,
+                                   capture_output=True, text=True, errors="replace")
+            except OSError as e:
+                r = None
+                self.tool_error = "%s failed: %s" % (self.tool, e)
+            parsed = _parse_addr2line(r.stdout) if r is not None else {}
+            for a in order:
+                mod, off = good[a]
+                chain = parsed.get(a & ADDR_MASK)
+                if not chain:
+                    err = self.tool_error or ("%s gave no answer: %s"
+                                              % (self.tool, (r.stderr.strip().splitlines()
+                                                             or ["?"])[-1]))
+                    self.cache[a] = Frame(a, mod, off, None, None, None, (), err)
+                    continue
+                if self.program_lines:
+                    chain = program_level(chain)
+                fn, fl, ln = chain[0]
+                err = None if fn or fl else "no symbol or line information in %s" % mod
+                self.cache[a] = Frame(a, mod, off, fn, fl, ln, tuple(chain[1:]), err)
+        finally:
+            os.unlink(tmpmaps)
+
+
+ADDR_LINE_RE = re.compile(r"^0x([0-9a-f]{16})$")
+
+
+def _parse_addr2line(text):
+    """eu-addr2line -a -f -i output -> {addr: [(function, file, line), ...]} innermost first."""
+    res = {}
+    cur = None
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        m = ADDR_LINE_RE.match(lines[i])
+        if m:
+            cur = res.setdefault(int(m.group(1), 16), [])
+            i += 1
+            continue
+        if cur is None or i + 1 >= len(lines):
+            i += 1
+            continue
+        fn = lines[i].split(" inlined at ", 1)[0].strip()
+        loc = lines[i + 1].strip()
+        fl, _, rest = loc.partition(":")
+        ln = rest.split(":", 1)[0]
+        cur.append((None if fn == "??" else fn,
+                    None if fl in ("??", "") else fl,
+                    int(ln) if ln.isdigit() and int(ln) > 0 else None))
+        i += 2
+    return res
+
+
+def program_level(chain):
+    """An inline chain (innermost first) without its innermost levels from the system's
+    headers, when the program's own code inlined them: std::string's constructor inlined into
+    the program's function is shown at the program's line."""
+    for j, (fn, fl, ln) in enumerate(chain):
+        if not (fl and fl.startswith(RUNTIME_SOURCES)):
+            return chain[j:]
+    return chain
+
+
+def frame_label(fr):
+    """'function at file:line' or 'module+0xoff (why)'."""
+    if fr.function or fr.file:
+        where = "%s:%s" % (fr.file, fr.line) if fr.file else "%s+0x%x" % (fr.module, fr.offset)
+        return "%s at %s" % (fr.function or "??", where)
+    if fr.module:
+        return "%s+0x%x" % (fr.module, fr.offset)
+    return "0x%x" % fr.addr

@@ -219,8 +219,11 @@ def c_options():
         opts[m.group(1)] = tuple(c_int(g, macros) for g in m.groups()[1:])
     for m in re.finditer(r'X\(\s*\w+,\s*"(MMLEAK_\w+)",\s*\w+,\s*([^,]+),\s*([^,]+),'
                          r'\s*([^,]+),', text):
+        default = m.group(2).strip()
+        if default == '"auto"':         # MMLEAK_DEPTH: "auto" is read as 0
+            default = "0"
         try:
-            opts[m.group(1)] = tuple(c_int(g, macros) for g in m.groups()[1:])
+            opts[m.group(1)] = tuple(c_int(g, macros) for g in (default,) + m.groups()[2:])
         except AssertionError:
             pass            # a string default (MMLEAK_DIR)
     return opts

@@ -1,4 +1,5 @@
-"""The daemon story under a real systemd as PID 1 (README "Tracing a daemon (systemd)").
+"""The daemon story under a real systemd as PID 1 (README "Tracing a daemon (systemd)",
+mmleak-systemd(7)).
 
 Run: /usr/bin/python3 -m pytest tests/test_systemd.py  (as root; skipped otherwise)
 

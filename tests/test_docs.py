@@ -147,6 +147,19 @@ def test_files_the_docs_name_exist():
     assert not bad, "files named in the docs that are not in the tree:\n" + "\n".join(bad)
 
 
+def test_the_architecture_page_names_every_source_file():
+    """docs/architecture.rst maps each file to what it owns: every file of tracer/, tools/ and
+    mmleaklib/, and the three commands, is named there with its path (the other direction,
+    every name there is a file, is test_files_the_docs_name_exist)."""
+    text = read("docs/architecture.rst")
+    sources = ["mmleak.c", "mmleak.py", "mmleak-panda.py", "mmleak-install.py"]
+    for d in ("tracer", "tools", "mmleaklib"):
+        sources += ["%s/%s" % (d, n) for n in sorted(os.listdir(os.path.join(ROOT, d)))
+                    if re.search(r"\.(?:c|h|def|py)$", n)]
+    missing = [n for n in sources if "``%s``" % n not in text]
+    assert not missing, "files docs/architecture.rst does not describe: %s" % missing
+
+
 def test_readme_is_a_guide():
     n = read(README).count("\n")
     assert n <= 600, "README.rst has %d lines: move reference text to docs/" % n

@@ -4,8 +4,8 @@
  * Loaded with LD_PRELOAD (or into a running process by mmleak.py attach: tracer/attach.c).
  * Every thread appends one text line per event to its own file $MMLEAK_DIR/mmleak.ID.N.out,
  * staged in a MAP_SHARED mapping of mmleak.ID.N.tail, so the kernel keeps every completed line
- * even when the process is killed with SIGKILL.  The dump format is specified in README.rst
- * ("The dump format"); mmleak.py is its reader.
+ * even when the process is killed with SIGKILL.  The dump format is specified in
+ * mmleak-format(5) (docs/format.rst); mmleaklib/dumpformat.py is its reader.
  *
  * This file is the library's face: the functions it interposes (malloc & co, the C++
  * operators, strdup, dlclose, _exit and exec, set*uid, chroot; listed once in

@@ -1,8 +1,8 @@
 /* What a flush of mmleak.so costs the kernel: append TOTAL_MB of text to a new file in
  * pwrite()s of CHUNK_KB, as a busy thread's flushes do, either plainly or after reserving
- * each chunk's range with fallocate(FALLOC_FL_KEEP_SIZE) (mmleak.c: prealloc).  Prints the
- * CPU time (user + system) per byte and per 33 bytes, the average size of an event line at
- * MMLEAK_DEPTH=1.
+ * each chunk's range with fallocate(FALLOC_FL_KEEP_SIZE) (tracer/threadfile.c: prealloc).
+ * Prints the CPU time (user + system) per byte and per 33 bytes, the average size of an event
+ * line at MMLEAK_DEPTH=1.
  *
  *   append_bench DIR CHUNK_KB TOTAL_MB plain|reserve
  *

@@ -4,7 +4,7 @@
 
 A report is made up in memory (no trace, no symbolizer): BLOCKS live blocks over STACKS
 stacks of DEPTH frames drawn from 20,000 symbolized addresses, sizes 1..4096 bytes, times
-0..3600 s (seeded).  Then mmleak.py's export_model builds the model (with the blocks'
+0..3600 s (seeded).  Then mmleaklib/report.py's export_model builds the model (with the blocks'
 times, as --heaptrack needs) and each writer of mmleaklib/export.py writes its file; the wall
 time of each step, the files' sizes and this process's peak RSS are printed.
 

@@ -1646,9 +1646,9 @@ def busy_jiffies():
 def bench_append(runs, dirs, quick):
     """(f) what a flush costs the kernel: bench/append_bench.c appends in the dump directory's
     file system, in pwrite()s of 64/256/512 KiB, plainly or after fallocate(KEEP_SIZE) of each
-    range (mmleak.c's prealloc on ext4).  Per cell: the writer's own CPU time, and the whole
-    machine's busy time until the data is on disk (sync included: the writeback the kernel does
-    later in its own threads)."""
+    range (tracer/threadfile.c's prealloc on ext4).  Per cell: the writer's own CPU time, and
+    the whole machine's busy time until the data is on disk (sync included: the writeback the
+    kernel does later in its own threads)."""
     res = {"loadavg_start": os.getloadavg(), "rows": [], "dir": dirs["scratch"]}
     cc = os.environ.get("CC", "cc")
     try:

@@ -61,7 +61,7 @@ static NOINLINE long cap_ours(void)
     return MML_UNWIND_CALLER(buf, DEPTH);
 }
 
-static NOINLINE long cap_ours_ra(void) /* how mmleak.c may call it: from the entry's ra */
+static NOINLINE long cap_ours_ra(void) /* how the tracer may call it: from the entry's ra */
 {
     uintptr_t buf[DEPTH];
     return mml_unwind_from_ra(__builtin_return_address(0), buf, DEPTH);

@@ -1,4 +1,4 @@
-"""Attach and detach (README.rst, "Attaching to a running process"): the commands `attach`,
+"""Attach and detach (mmleak-attach(7), docs/attach.rst): the commands `attach`,
 `detach` and `status` of mmleak.py, and what mmleak.so in a process says of itself.
 
 The injector (tools/inject.c, in mmleak-tools.so: native.py's binding) makes the process

@@ -1,4 +1,4 @@
-"""Compaction (README.rst, "Tracing for days: compaction"): disk use bounded by the live set.
+"""Compaction (mmleak-compaction(7), docs/compaction.rst): disk use bounded by the live set.
 
 Every complete dump file of a trace is folded into the trace's running partial result,
 mmleak.ID.compact (a shrink without --final: the same algebra, so folding is exact in any

@@ -1,4 +1,4 @@
-"""The dump format (README.rst, "The dump format"): the line reader and the parsers."""
+"""The dump format (mmleak-format(5), docs/format.rst): the line reader and the parsers."""
 import collections
 import errno
 import io
@@ -9,7 +9,7 @@ import stat
 from .errors import warn
 from .facts import LINE_MAX
 
-# Reading in bounded memory, whatever a file holds (README.rst, "The dump format"): a line
+# Reading in bounded memory, whatever a file holds (mmleak-format(5), "The dump format"): a line
 # longer than LINE_MAX is reported, not kept; a run of NUL bytes (padding; a hole a crash left
 # in the file) ends the text before it, and holes are skipped without being read.
 _CHUNK = 1 << 20                    # never more than LINE_MAX (see dump_lines)
@@ -123,7 +123,7 @@ def dump_lines(f, limit=LINE_MAX):
 
 
 # ---------------------------------------------------------------------------------------
-# The dump format (README.rst, "The dump format")
+# The dump format (mmleak-format(5), docs/format.rst)
 # ---------------------------------------------------------------------------------------
 #   allocation:  PTR SEQ SIZE TIME CALLER [CALLER...]   (5 or more fields)
 #   free:        PTR SEQ CALLER                         (3 fields)

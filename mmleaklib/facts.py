@@ -6,7 +6,7 @@ The C side gets them as a header generated from this file:
 
 (MMLEAK_FORMAT_VERSION, MMLEAK_MAX_DEPTH, the bounds, and the X-macro lists
 MMLEAK_OPTIONS(X), MMLEAK_RUNTIME_OBJECTS(X), MMLEAK_WRAPPERS(X)); `mmleak.py options` prints
-the option table, and README.rst's table of environment variables is held to it by a test.
+the option table, and docs/environment.rst's table (mmleak-env(7)) is held to it by a test.
 """
 import collections
 import re

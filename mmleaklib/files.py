@@ -1,10 +1,11 @@
 """Files: the names of a trace's files (TraceFiles), finding them, opening the files of a dump
 directory safely, the lines a thread has not flushed yet, and writing every output.
 
-A dump directory may be one others can write (/tmp, a service user's): README.rst, "Where
-the files go" and "Whose files are read".  Every file at one of mmleak's names is opened
-through open_trace_file (or open_checked): never through a symbolic link, never blocking on
-a FIFO, nothing but a regular file, and only one of the trace's owner or of root.  A file
+A dump directory may be one others can write (/tmp, a service user's): mmleak-format(5)
+(docs/format.rst), "Where the files go" and "Whose files are read".  Every file at one of
+mmleak's names is opened through open_trace_file (or open_checked): never through a symbolic
+link, never blocking on a FIFO, nothing but a regular file, and only one of the trace's owner
+or of root.  A file
 that fails is refused (or, found in a listing, ignored): one line, exit status 2.  Every
 file the tools write goes through new_output."""
 import collections
@@ -711,7 +712,7 @@ def make_dump_dir(d, owner=None):
 
 
 # ---------------------------------------------------------------------------------------
-# Compaction (README.rst, "Tracing for days: compaction"): disk use bounded by the live set
+# Compaction (mmleak-compaction(7), docs/compaction.rst): disk use bounded by the live set
 # ---------------------------------------------------------------------------------------
 #
 # Every complete dump file of a trace is folded into the trace's running partial result,

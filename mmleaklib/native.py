@@ -259,7 +259,8 @@ def inject_call(lib=None, within=False):
     import ctypes
     here = lib or tools_library()
     if not here:
-        raise Fail("%s not found (run `make`, or set MMLEAK_LIB)" % LIBNAME, EXIT_INPUT)
+        raise Fail("%s not found beside %s (run `make`, or set MMLEAK_LIB)"
+                   % (TOOLS_LIBNAME, files.find_library() or LIBNAME), EXIT_INPUT)
     dll = ctypes.CDLL(here)
     try:
         if dll.mmleak_inject_abi() != INJECT_ABI:

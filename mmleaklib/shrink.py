@@ -1,5 +1,5 @@
-"""Shrink (README.rst, "Shrinking"): the reference engine, Shrinker; the compiled one is
-native.py's, and gives the same bytes.
+"""Shrink (mmleak-format(5), "The shrink algorithm"): the reference engine, Shrinker; the
+compiled one is native.py's, and gives the same bytes.
 
 Events of one address P are totally ordered by SEQ.  In the true history they alternate
 alloc, free, alloc, free...; what matters at the end is only the first and the last event

@@ -1,4 +1,4 @@
-"""Symbolization (README.rst, "Symbolizing"): addresses to function and file:line."""
+"""Symbolization (mmleak(1), docs/mmleak.rst, "symbolize"): addresses to function and file:line."""
 import bisect
 import collections
 import os
@@ -16,7 +16,7 @@ from .files import loads_of, read_lines
 
 
 # ---------------------------------------------------------------------------------------
-# Symbolization (README.rst, "Symbolizing")
+# Symbolization (mmleak(1), docs/mmleak.rst, "symbolize")
 # ---------------------------------------------------------------------------------------
 
 Frame = collections.namedtuple("Frame", "addr module offset function file line inlined error")

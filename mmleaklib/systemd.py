@@ -23,7 +23,7 @@ import subprocess
 
 from . import files
 from .errors import EXIT_INPUT, EXIT_USAGE, Fail, warn
-from .facts import COMPACT_ROTATE_MB
+from .facts import COMPACT_ROTATE_MB, TOOLS_LIBNAME
 
 PROG = "mmleak-install.py"
 DROPIN_NAME = "mmleak.conf"
@@ -1130,7 +1130,8 @@ class InstallPlan:
       ("keep", text)                          nothing to do, said
       ("mkdir", path, mode, owner or None)    a new directory
       ("fix", path, mode, owner, why, inode)  an existing directory given to the unit's user
-      ("copy", src, dest, [(src, name)])      a file (and mmleak.py's package beside it)
+      ("copy", src, dest, [(src, name)])      a file (and mmleak.py's package beside it, or
+                                              the library's mmleak-tools.so beside it)
       ("write", path, text, verb)             a unit file"""
 
     def __init__(self, **kw):
@@ -1331,18 +1332,24 @@ def check_overrides(root, unit, s, warnings):
 
 def copy_steps(root, src, py_src, package):
     """The steps that put the library SRC at LIB_DEST and mmleak.py PY_SRC (with its PACKAGE
-    files, [(path, name)]) at PY_DEST, unless they are there already."""
+    files, [(path, name)]) at PY_DEST, unless they are there already.  The library's step
+    also copies mmleak-tools.so from beside SRC, when the build has it: the compiled
+    shrinker that the companion's compactor loads from beside LIB_DEST."""
     steps = []
     lib_host = root.host(LIB_DEST)
     lib_dirs = missing_dirs(root, os.path.dirname(LIB_DEST))
+    tools = os.path.join(os.path.dirname(src), TOOLS_LIBNAME)
+    tools = [(tools, TOOLS_LIBNAME)] if os.path.isfile(tools) else []
+    tools_same = all(same_content(p, os.path.join(os.path.dirname(lib_host), n))
+                     for p, n in tools)
     if os.path.realpath(src) == os.path.realpath(lib_host):
         pass
-    elif os.path.isfile(lib_host) and same_content(src, lib_host):
+    elif os.path.isfile(lib_host) and same_content(src, lib_host) and tools_same:
         steps.append(("keep", "library %s is up to date" % LIB_DEST))
     else:
         steps.extend(("mkdir", d, 0o755, None) for d in lib_dirs)
         lib_dirs = []
-        steps.append(("copy", src, LIB_DEST, []))
+        steps.append(("copy", src, LIB_DEST, tools))
     py_host = root.host(PY_DEST)
     pkg_host = os.path.join(os.path.dirname(py_host), PACKAGE)
     pkg_same = all(same_content(p, os.path.join(pkg_host, n)) for p, n in package)
@@ -1410,6 +1417,11 @@ def apply(p, root, out):
                 set_dir(fd, step[1], step[2], step[3], step[5], "cannot be given to")
             elif step[0] == "copy" and step[2].endswith(PACKAGE):
                 copy_package(root, step[2], step[3], undo)
+            elif step[0] == "copy" and step[2] == LIB_DEST:
+                for path, name in step[3]:      # mmleak-tools.so, beside it
+                    copy_file(in_root(root, os.path.join(os.path.dirname(LIB_DEST), name)),
+                              None, path, undo)
+                copy_file(in_root(root, step[2]), None, step[1], undo)
             elif step[0] == "copy":
                 copy_file(in_root(root, step[2]), None, step[1], undo)
                 if step[3]:

@@ -282,6 +282,27 @@ def test_refusals_are_one_line_and_leave_the_process_alone(progs, tmp_path):
         assert t.end() == 0
 
 
+def test_without_the_tools_library_attach_names_it_and_leaves_the_process_alone(
+        progs, tmp_path):
+    """The injector is in mmleak-tools.so, beside mmleak.so: a mmleak.so without it refuses
+    the attach in one line that names the missing library (not mmleak.so, which is there)."""
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(LIB, alone / "mmleak.so")
+    t = Target([str(progs / "daemon_load"), "-c", "-t", "1"])
+    try:
+        assert t.line() == "churning"
+        r = subprocess.run(MMLEAK + ["attach", str(t.pid), "-d", str(tmp_path / "d")],
+                           capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, MMLEAK_LIB=str(alone / "mmleak.so")))
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert "mmleak-tools.so not found" in r.stderr, r.stderr
+        assert "/mmleak.so" not in open("/proc/%d/maps" % t.pid).read()
+        assert t.say("leak 1") == "ok 1"            # untouched
+    finally:
+        assert t.end() == 0
+
+
 def test_preloaded_paused_then_attached(progs, tmp_path):
     """MMLEAK_PAUSED=1: preloaded, writing nothing, until attach; detach pauses again."""
     e = {"LD_PRELOAD": LIB, "MMLEAK_DIR": str(tmp_path), "MMLEAK_PAUSED": "1"}

@@ -1,6 +1,7 @@
 """The build and `make install`: PREFIX and DESTDIR honoured, and the installed scripts find
 the installed library (not the build tree's)."""
 import os
+import re
 import subprocess
 
 from conftest import ROOT
@@ -64,14 +65,49 @@ def dynamic_symbols(path):
     return {s for s in syms if not s.startswith("0") and len(s) > 1 and s not in "TWBDV"}
 
 
+def hooks_def():
+    """{name: kind} of every HOOK(name, ret, (params), (args), KIND, ...) in tracer/hooks.def,
+    the one list of the functions mmleak.so interposes."""
+    with open(os.path.join(ROOT, "tracer", "hooks.def")) as f:
+        text = re.sub(r"/\*.*?\*/", "", f.read(), flags=re.S)
+    hooks = dict(re.findall(r"^HOOK\((\w+),[^(]*\([^)]*\),\s*\([^)]*\),\s*(\w+),", text,
+                            re.M))
+    assert len(hooks) == text.count("HOOK("), "a HOOK line this test cannot read"
+    return hooks
+
+
+# what mmleak.so exports besides the interposed functions: the attach entry and its state
+TRACER_API = {"mmleak_attach", "mmleak_detach", "mmleak_state", "mmleak_status"}
+# what mmleak-tools.so exports: the compiled shrinker and the injector, for mmleaklib/native.py
+TOOLS_API = {"mmleak_shrink", "mmleak_shrink_abi", "mmleak_inject_call",
+             "mmleak_inject_call_within", "mmleak_inject_abi"}
+
+
+def test_tracer_exports_the_hooks_and_the_attach_entry_alone(lib):
+    """mmleak.so exports exactly the functions tracer/hooks.def interposes (not the
+    ATTACH_ONLY ones, which are only switched in the GOT of a process it was loaded into) and
+    mmleak_attach/detach/state/status: nothing of the tracer's internals, no tool."""
+    hooks = hooks_def()
+    assert {"malloc", "free", "_Znwm", "dlclose", "execve", "setuid", "dlopen"} <= set(hooks)
+    want = {n for n, kind in hooks.items() if kind != "ATTACH_ONLY"} | TRACER_API
+    got = dynamic_symbols(lib)
+    assert got == want, "exported but not listed: %s; listed but not exported: %s" % (
+        sorted(got - want), sorted(want - got))
+
+
 def test_tracer_has_no_tool_and_the_tools_library_has_them(lib):
     """mmleak.so is the tracer alone: the shrinker and the injector are in mmleak-tools.so,
-    which only mmleak.py loads (beside mmleak.so)."""
+    which only mmleak.py loads (beside mmleak.so), and which exports them alone."""
     tools = os.path.join(os.path.dirname(lib), "mmleak-tools.so")
     assert not [s for s in dynamic_symbols(lib) if "shrink" in s or "inject" in s]
+<<<<<<< HEAD
     assert dynamic_symbols(tools) == {"mmleak_shrink", "mmleak_shrink_abi",
                                       "mmleak_inject_call", "mmleak_inject_call_within",
                                       "mmleak_inject_abi"}
+=======
+    assert dynamic_symbols(tools) == TOOLS_API
+    assert all(s.startswith(("mmleak_inject_", "mmleak_shrink")) for s in TOOLS_API)
+>>>>>>> r18f
 
 
 def test_library_needs_glibc_alone_and_loads_nothing_into_a_c_program(lib, tmp_path):

@@ -122,21 +122,42 @@ def test_links_between_pages_resolve():
 
 
 def test_files_the_docs_name_exist():
-    """A source file, test or benchmark the docs name exists. When the code moves, this test
-    says which names to correct. The architecture page is written for the layout of issue 18
-    (tracer/, tools/, mmleaklib/): it is held to the tree once tracer/ is there."""
+    """A source file, test or benchmark the docs name exists: README.rst, every page of docs/
+    and bench/README.rst, wherever the name stands (in ``literal`` or in prose), so that a file
+    that moves or goes (mmleak-unwind.c, mmleak.h...) cannot stay named. When the code moves,
+    this test says which names to correct. bench/README.rst also names its own files bare
+    (``alloc_bench.c``): those are looked for in bench/ as well."""
     bad = []
-    for page in all_pages():
-        if page == "docs/architecture.rst" and not os.path.isdir(os.path.join(ROOT, "tracer")):
-            continue
+    for page in all_pages() + ["bench/README.rst"]:
         text = read(page)
-        names = set(re.findall(r"``((?:tests|bench|tracer|tools|mmleaklib|docs)/[\w./-]+"
-                               r"\.(?:c|h|cpp|py|rst|def|png))``", text))
-        names |= set(re.findall(r"``(mmleak[\w.-]*\.(?:c|h|py))``", text))
-        names |= {"tests/" + n for n in re.findall(r"``(test_\w+\.py)``", text)}
-        bad += ["%s: %s" % (page, n) for n in sorted(names)
-                if not os.path.exists(os.path.join(ROOT, n))]
+        names = set(re.findall(r"(?<![\w/.-])((?:tests|bench|tracer|tools|mmleaklib|docs)/"
+                               r"[\w./-]*[\w-]\.(?:c|h|cpp|py|rst|def|png))\b", text))
+        names |= set(re.findall(r"(?<![\w/.-])(mmleak[\w-]*(?:\.[\w-]+)*\.(?:c|h|py))\b", text))
+        names |= {"tests/" + n for n in re.findall(r"(?<![\w/.-])(test_\w+\.py)\b", text)}
+        here = "bench" if page == "bench/README.rst" else ""
+        for n in sorted(names):
+            if not (os.path.exists(os.path.join(ROOT, n))
+                    or here and "/" not in n and os.path.exists(os.path.join(ROOT, here, n))):
+                bad.append("%s: %s" % (page, n))
+        if here:
+            for n in re.findall(r"``(\w+\.(?:c|py))``", text):
+                if not (os.path.exists(os.path.join(ROOT, here, n))
+                        or os.path.exists(os.path.join(ROOT, n))):
+                    bad.append("%s: %s" % (page, n))
     assert not bad, "files named in the docs that are not in the tree:\n" + "\n".join(bad)
+
+
+def test_the_architecture_page_names_every_source_file():
+    """docs/architecture.rst maps each file to what it owns: every file of tracer/, tools/ and
+    mmleaklib/, and the three commands, is named there with its path (the other direction,
+    every name there is a file, is test_files_the_docs_name_exist)."""
+    text = read("docs/architecture.rst")
+    sources = ["mmleak.c", "mmleak.py", "mmleak-panda.py", "mmleak-install.py"]
+    for d in ("tracer", "tools", "mmleaklib"):
+        sources += ["%s/%s" % (d, n) for n in sorted(os.listdir(os.path.join(ROOT, d)))
+                    if re.search(r"\.(?:c|h|def|py)$", n)]
+    missing = [n for n in sources if "``%s``" % n not in text]
+    assert not missing, "files docs/architecture.rst does not describe: %s" % missing
 
 
 def test_readme_is_a_guide():
@@ -204,9 +225,10 @@ def c_int(expr, macros):
 
 
 def c_options():
-    """{variable: (default, min, max)} as the tracer reads them: env_num("NAME", def, lo, hi)
-    calls (mmleak.c), or rows X(NAME, "MMLEAK_NAME", type, def, min, max, "help") of the
-    option table of issue 18."""
+    """{variable: (default, min, max)} as the tracer reads them: the rows X(NAME, "MMLEAK_NAME",
+    type, def, min, max, "help") of the option table (build/gen/facts.h, made from
+    mmleaklib/facts.py; tracer/options.c reads it), or env_num("NAME", def, lo, hi) calls (the
+    tracer before issue 18)."""
     text = ""
     for pat in ("*.c", "*.h", "tracer/*.c", "tracer/*.h", "tracer/*.def", "build/gen/*.h"):
         for path in glob.glob(os.path.join(ROOT, pat)):
@@ -219,13 +241,13 @@ def c_options():
         opts[m.group(1)] = tuple(c_int(g, macros) for g in m.groups()[1:])
     for m in re.finditer(r'X\(\s*\w+,\s*"(MMLEAK_\w+)",\s*\w+,\s*([^,]+),\s*([^,]+),'
                          r'\s*([^,]+),', text):
-        default = m.group(2).strip()
-        if default == '"auto"':         # MMLEAK_DEPTH: "auto" is read as 0
-            default = "0"
+        default, lo, hi = m.groups()[1:]
         try:
-            opts[m.group(1)] = tuple(c_int(g, macros) for g in (default,) + m.groups()[2:])
+            # the depth's default is the string "auto", which the table below writes as 0
+            opts[m.group(1)] = (0 if default.strip() == '"auto"' else c_int(default, macros),
+                                c_int(lo, macros), c_int(hi, macros))
         except AssertionError:
-            pass            # a string default (MMLEAK_DIR)
+            pass            # a path's default (MMLEAK_DIR)
     return opts
 
 

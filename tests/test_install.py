@@ -466,6 +466,26 @@ def test_template_instance(root, lib):
                                   "(/usr/lib/systemd/system/foo@.service)"
 
 
+def test_the_compiled_shrinker_goes_with_the_library(root, lib, tmp_path):
+    """The library's step also copies mmleak-tools.so from beside it (the compactor's compiled
+    shrinker, which it loads from beside the installed mmleak.so), and a new build of it alone
+    is copied again: the library is not "up to date" until both are."""
+    d = tmp_path / "newbuild"
+    d.mkdir()
+    shutil.copy(lib, d / "mmleak.so")
+    (d / "mmleak-tools.so").write_bytes(b"tools 1")
+    assert run(root, "install", "plain.service", lib=str(d / "mmleak.so"))[0] == 0
+    tools = root / "usr/local/lib/mmleak/mmleak-tools.so"
+    assert tools.read_bytes() == b"tools 1" and oct(tools.stat().st_mode & 0o777) == "0o644"
+    (d / "mmleak-tools.so").write_bytes(b"tools 2")
+    rc, out, err = run(root, "install", "plain.service", lib=str(d / "mmleak.so"))
+    assert (rc, err) == (0, "")
+    assert "copy %s -> /usr/local/lib/mmleak/mmleak.so (mode 0644)\n" % (d / "mmleak.so") in out
+    assert tools.read_bytes() == b"tools 2"
+    rc, out, err = run(root, "install", "plain.service", lib=str(d / "mmleak.so"))
+    assert "library /usr/local/lib/mmleak/mmleak.so is up to date\n" in out
+
+
 def test_idempotent(root, lib):
     assert run(root, "install", "strict.service", lib=lib)[0] == 0
     first = snapshot(root)

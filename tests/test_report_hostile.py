@@ -447,9 +447,10 @@ def test_report_and_compact_with_a_damaged_series(tmp_path):
 
 
 def test_an_ended_file_takes_no_lines_from_a_staging_file_of_its_name(tmp_path):
-    # A rotating thread renames its staging file to the next file's name (mmleak.c,
-    # file_rotate): a name or hard link taken before (a backup, a shadow copy) then holds the
-    # next file's lines, at offsets that may lie past the end of the ended file.  Its lines
+    # A rotating thread renames its staging file to the next file's name
+    # (tracer/threadfile.c, file_rotate): a name or hard link taken before (a backup, a shadow
+    # copy) then holds the next file's lines, at offsets that may lie past the end of the
+    # ended file.  Its lines
     # were all flushed before its "#end", so a reader takes none from the .tail.
     head = b"#mmleak 2 id=88\n"
     body = b"".join(b"%012x 1 10 0 400000\n" % (0x1000 + 16 * i) for i in range(4))

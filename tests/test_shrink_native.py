@@ -314,10 +314,11 @@ def test_native_path_really_runs(monkeypatch, tmp_path):
 
 
 def test_bounded_reading_identical(tmp_path):
-    """The two bounded readers (mmleak.py's dump_lines, tools/shrink.c's feed_fd) where
-    they could part: lines and NUL runs across the 1 MiB chunks, lines just within, at and
-    past the 1 MiB limit ended by a newline, a NUL or the end of the file, holes (a sparse
-    file) inside a line, at the start and to the end; read from the file and from a pipe.
+    """The two bounded readers (mmleaklib/dumpformat.py's dump_lines, tools/shrink.c's
+    feed_fd) where they could part: lines and NUL runs across the 1 MiB chunks, lines just
+    within, at and past the 1 MiB limit ended by a newline, a NUL or the end of the file,
+    holes (a sparse file) inside a line, at the start and to the end; read from the file and
+    from a pipe.
     Same stdout, stderr and status, and every complete event counted."""
     M = 1 << 20
     head = test_shrink.HDR % (1, 0)

@@ -257,6 +257,6 @@ def test_memo_with_signal_handlers_allocating(tmp_path, lib, bins, depth):
     handler_left = sum(1 for a in sh.survivors() if 48 <= a.size < 56)
     assert handler_left <= lost and not unknown    # see the signal storm test (test_tracer)
     # the handler ran 1000 times; a run that interrupts mmleak's own slow path (with stacks,
-    # most of the main thread's time) is not recorded, neither of its events (see README)
+    # most of the main thread's time) is not recorded, neither of its events (mmleak-limits(7))
     leaked = sum(1 for a in sh.survivors() if a.size >= 1000)
     assert sh.allocs - leaked >= 200

@@ -451,7 +451,12 @@ def test_signal_handlers_recording_in_the_middle_of_a_line(bins, dump, mm):
     else:
         assert not handler_left                             # every handler block was freed
     assert sh.allocs >= 500000 and sh.frees >= 500000
-    assert sh.foreign_frees() == []
+    if lost:
+        # a dropped allocation line is longer than its free's: the free may still fit in the
+        # slack and be written, unmatched; never more of them than events lost
+        assert len(sh.foreign_frees()) <= lost
+    else:
+        assert sh.foreign_frees() == []
     assert sh.allocs - 500000 >= hits // 2        # most handler runs were recorded
 
 

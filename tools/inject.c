@@ -1,8 +1,8 @@
 /* tools/inject.c: make a running process load a shared library and call a function in it,
  * with ptrace, stopping only its busy threads and only meanwhile (x86-64 Linux, glibc
  * targets).  Built into
- * mmleak.so; mmleak.py loads it with ctypes (the tracer stays dormant there) for
- * `mmleak.py attach PID` / `detach PID`.
+ * mmleak-tools.so, which mmleak.py loads with ctypes (mmleaklib/native.py) for
+ * `mmleak.py attach PID` / `detach PID`; mmleak.so holds no part of it.
  *
  * API
  * ---

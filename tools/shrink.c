@@ -1,11 +1,12 @@
 /* tools/shrink.c: the compiled shrinker mmleak.py uses (through ctypes) when it can.
  *
- * The same algorithm as mmleak.py's Shrinker (the comment above that class specifies it):
+ * The same algorithm as mmleaklib/shrink.py's Shrinker (specified above that class, and in
+ * mmleak-format(5), "The shrink algorithm"):
  * per address, one event or the hull of the lowest and highest event by SEQ, and an
  * allocation with SEQ s followed by a free with SEQ s+1 cancels when that pair is the whole
  * state.  Input validation (which lines are problems, their line numbers, the first few per
  * file and kind) and header handling are those of Shrinker.feed and Shrinker._odd_line;
- * mmleak.py is the reference, tests/test_shrink_native.py holds the two to byte-identical
+ * mmleaklib is the reference, tests/test_shrink_native.py holds the two to byte-identical
  * results.  A problem is handed back as a record (what, file, line, the line's first bytes):
  * mmleaklib words every message, once, for both engines.
  *
@@ -17,9 +18,9 @@
  * the table shrinks nothing, but adjacent pairs leave it at once and their line storage goes
  * back to a per-size free list.  The input is read in chunks into one buffer of fixed size,
  * whatever it holds: a line longer than LINE_MAX is reported, not kept, and the holes of a
- * sparse file are skipped, never read (feed_fd, and mmleak.py's dump_lines, byte for byte).
+ * sparse file are skipped, never read (feed_fd, and mmleaklib's dump_lines, byte for byte).
  *
- * The files are opened by mmleak.py (the open callback: the checks every reader of a dump
+ * The files are opened by mmleaklib (the open callback: the checks every reader of a dump
  * directory makes are in one place, open_trace_file); this file reads descriptors. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -53,14 +54,14 @@ static const unsigned char Q_KIND[] = {
     [Q_CUT_START] = P_MALFORMED, [Q_DUPLICATE] = P_DUPLICATE,
 };
 
-/* Callbacks into mmleak.py.  header: a '#' line (with its newline) not seen before in this
+/* Callbacks into mmleaklib.  header: a '#' line (with its newline) not seen before in this
  * run; returns nonzero to stop (unknown format version).  tick: called every 65536 lines
  * and after an interrupted read; returns nonzero to stop (KeyboardInterrupt). */
 typedef int (*mmleak_header_cb)(const char *line, size_t len, int file, uint64_t lineno);
 typedef int (*mmleak_tick_cb)(int file, uint64_t file_events, uint64_t events_before,
                               uint64_t files_done);
 /* open: a descriptor of input FILE (closed here after reading), -1 when it cannot be read
- * (mmleak.py said why), -2 to stop (an exception to pass on). */
+ * (mmleaklib said why), -2 to stop (an exception to pass on). */
 typedef int (*mmleak_open_cb)(int file);
 /* problem: the record of a problem in input FILE at LINENO (Q_*), to be said: the first
  * bytes of the line (N of them at LINE, at most HEAD), or for Q_UNREADABLE the errno in N
@@ -91,7 +92,7 @@ static void *map_mem(size_t n)
 #define SLAB_MAX 1024
 #define SLAB_CLASSES (SLAB_MAX / SLAB_GRAIN)
 #define CHUNK (1u << 20)
-/* Reading: a line is kept up to LINE_MAX bytes (mmleak.py's LINE_MAX), read READ_CHUNK at a
+/* Reading: a line is kept up to LINE_MAX bytes (mmleaklib/facts.py), read READ_CHUNK at a
  * time (never more than LINE_MAX: only a line that began in an earlier chunk can be longer). */
 #define LINE_MAX_BYTES ((size_t)1 << 20)
 #define READ_CHUNK ((size_t)1 << 20)
@@ -668,7 +669,7 @@ static inline __attribute__((always_inline)) void one_line(struct run *r, int fi
 }
 
 /* The first line after a run of NULs, an event whose pointer has fewer than 12 digits: the
- * end of a line whose start a hole took (mmleak.py's CUT_START).  1 if it is (said). */
+ * end of a line whose start a hole took (dumpformat.py's CUT_START).  1 if it is (said). */
 static __attribute__((cold, noinline)) int cut_start(struct run *r, int file, uint64_t lineno,
                                                      const char *p, size_t n)
 {
@@ -679,7 +680,7 @@ static __attribute__((cold, noinline)) int cut_start(struct run *r, int file, ui
     return 1;
 }
 
-/* Shrinker.feed over a descriptor, reading as mmleak.py's dump_lines does: BUF (READ_BUF
+/* Shrinker.feed over a descriptor, reading as mmleaklib's dump_lines does: BUF (READ_BUF
  * bytes) holds the start of a line not ended yet (HAVE bytes, no NUL, at most LINE_MAX) and
  * the chunk just read; a run of NULs ends the text before it (cut_line) and the next line
  * starts after it; a line longer than LINE_MAX keeps its head (HEAD bytes) and its rest is
@@ -952,5 +953,5 @@ done:
     return rc;
 }
 
-/* The interface version mmleak.py checks before it relies on the function's signature. */
+/* The interface version native.py checks before it relies on the function's signature. */
 EXPORT int mmleak_shrink_abi(void) { return 4; }

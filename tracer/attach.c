@@ -75,7 +75,7 @@ void *mml_dlopen_here(const char *file, int mode)
 
 /* ---- closing a thread's file from another thread (detach) ----
  * The owner may be anywhere (its GOT slots no longer lead here): what its staging mapping
- * holds beyond .out is appended, complete lines only, as readers would (mmleak.py's
+ * holds beyond .out is appended, complete lines only, as readers would (mmleaklib/files.py's
  * unflushed_tail), then "#end"; the mapping is replaced by anonymous memory, so a write the
  * owner was in the middle of lands harmlessly, and unmapped one cycle later. */
 static struct { void *p; size_t len; unsigned cycle; } g_retired[256];

@@ -5,7 +5,8 @@
  *               PTR SEQ SIZE TIME @ID         (a stack, defined once per file by "#s ID FRAME...")
  *   free        PTR SEQ CALLER
  * PTR and CALLER: 12 hex digits (user-space addresses have 48 bits: platform.h), wider only when
- * they are; SEQ, SIZE, TIME: hex, minimal width; ID: 16 hex digits.  README.rst specifies it.
+ * they are; SEQ, SIZE, TIME: hex, minimal width; ID: 16 hex digits.  mmleak-format(5)
+ * (docs/format.rst) specifies it.
  *
  * The fast writers (put_alloc_fields, put_free_fields) take values that fit (SEQ, SIZE, TIME
  * below 2^32, addresses below 2^48): they convert pairs of 64-bit groups at once (SSE2, or

@@ -219,8 +219,11 @@ def c_options():
         opts[m.group(1)] = tuple(c_int(g, macros) for g in m.groups()[1:])
     for m in re.finditer(r'X\(\s*\w+,\s*"(MMLEAK_\w+)",\s*\w+,\s*([^,]+),\s*([^,]+),'
                          r'\s*([^,]+),', text):
+        vals = list(m.groups()[1:])
+        if vals[0].strip() == '"auto"':
+            vals[0] = "0"   # MMLEAK_DEPTH's default, the table's "auto"
         try:
-            opts[m.group(1)] = tuple(c_int(g, macros) for g in m.groups()[1:])
+            opts[m.group(1)] = tuple(c_int(g, macros) for g in vals)
         except AssertionError:
             pass            # a string default (MMLEAK_DIR)
     return opts

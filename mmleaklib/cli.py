@@ -191,8 +191,8 @@ def cmd_symbolize(args):
 
 def add_run(sub):
     r = command(sub, "run", cmd_run, "run a command under the tracer",
-                "Run CMD with mmleak.so preloaded (found next to mmleak.py, where `make "
-                "install` put it, or $MMLEAK_LIB), then say where its dump files are and the "
+                "Run CMD with mmleak.so preloaded ($MMLEAK_LIB, else the one beside the "
+                "scripts in a source tree, else the installed one), then say where its dump files are and the "
                 "command that reports on them.  Exits with CMD's exit status.  While it runs, "
                 "its dump files are compacted every second (see `compact`): the files rotate "
                 "at %d MB (MMLEAK_ROTATE_MB, unless set) and each finished one is folded into "

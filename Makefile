@@ -131,7 +131,7 @@ deb:
 	tar -c --exclude=./build --exclude=./.git --exclude=./demo --exclude=./tests/bin \
 	    --exclude=./bench/out --exclude='*.so' --exclude='*.o' --exclude=__pycache__ \
 	    --exclude=.pytest_cache . | tar -x -C $(DEB)/mmleak
-	cd $(DEB)/mmleak && dpkg-buildpackage -b -us -uc
+	cd $(DEB)/mmleak && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL dpkg-buildpackage -b -us -uc
 	lintian --fail-on error,warning $(DEB)/*.changes
 
 clean:

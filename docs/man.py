@@ -99,7 +99,11 @@ def main(argv):
     for path in pages:
         try:
             name, roff = convert(path)
-        except (OSError, ValueError, ImportError) as e:
+        except ImportError as e:
+            sys.stderr.write("man.py: %s: python3-docutils is needed to build the manual "
+                             "pages (apt-get install python3-docutils)\n" % e)
+            return 2
+        except (OSError, ValueError) as e:
             sys.stderr.write("man.py: %s\n" % e)
             return 2
         dest = os.path.join(outdir, name)

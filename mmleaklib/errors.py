@@ -24,7 +24,7 @@ EXIT_TOOL = 4           # a helper program, or the tool itself, failed
 STATUSES = (
     (EXIT_OK, {
         "mmleak.py": "success",
-        "mmleak-panda.py": "report written",
+        "mmleak-panda.py": "page written",
         "mmleak-install.py": "success (status: the drop-in is installed; uninstall: removed, "
                              "or was not installed)"}),
     (EXIT_USAGE, {
@@ -54,12 +54,12 @@ STATUSES = (
         "mmleak.py": "malformed lines were skipped (each reported on stderr with file and "
                      "line), or the trace lost events (INCOMPLETE TRACE): the result may miss "
                      "events",
-        "mmleak-panda.py": "report written, but the trace lost events (\"#lost\", \"#dropping\" "
+        "mmleak-panda.py": "page written, but the trace lost events (\"#lost\", \"#dropping\" "
                            "lines): INCOMPLETE",
         "mmleak-install.py": "status only: not installed (no drop-in)"}),
     (EXIT_TOOL, {
         "mmleak.py": "eu-addr2line (elfutils) missing or failing: addresses left unresolved",
-        "mmleak-panda.py": "eu-addr2line (elfutils) missing or failing: report written, "
+        "mmleak-panda.py": "eu-addr2line (elfutils) missing or failing: page written, "
                            "addresses left unresolved",
         "mmleak-install.py": "internal error (a bug: please report it)"}),
 )

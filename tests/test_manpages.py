@@ -193,3 +193,27 @@ def test_installed_command_names_itself_without_py(tmp_path, script, command):
     r = subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"],
                        capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("usage: %s " % script), r.stdout[:200]
+
+
+def exit_items(page):
+    """{status: text} of the EXIT STATUS section of PAGE (a definition list), plain."""
+    part = section(read(page), "EXIT STATUS", "=")
+    items = {}
+    for m in re.finditer(r"^(\d)\n((?:   .*\n)+)", part, re.M):
+        items[int(m.group(1))] = " ".join(re.sub(r"``([^`]*)``", r"\1", m.group(2)).split())
+    return items
+
+
+@pytest.mark.parametrize("script,page", [("mmleak.py", "docs/mmleak.rst"),
+                                         ("mmleak-panda.py", "docs/mmleak-panda.rst"),
+                                         ("mmleak-install.py", "docs/mmleak-install.rst")])
+def test_exit_statuses_of_help_and_page_agree(script, page):
+    """The exit statuses --help prints (mmleaklib/errors.py, one list for the three tools)
+    are the page's: each status is there, and says what --help says first."""
+    from mmleaklib import errors
+    items = exit_items(page)
+    assert sorted(items) == [s for s, _ in errors.STATUSES], page
+    for status, texts in errors.STATUSES:
+        help_text = " ".join(re.sub(r'"', "", texts[script]).split())
+        head = re.split(r"[(:,;]", help_text)[0].strip()
+        assert items[status].startswith(head), (page, status, head, items[status][:80])

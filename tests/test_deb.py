@@ -156,3 +156,14 @@ def test_install_run_the_demo_purge_in_a_box(deb, box):
     lost = sorted(p for p in before - after if os.path.lexists(p))
     assert (left, lost) == ([], [])
     assert len(before) > 1000            # the list is the box's files, not an empty answer
+
+
+def test_package_version_is_the_tools_version():
+    """debian/changelog's version is mmleaklib/facts.py's VERSION (what --version and the
+    manual pages say)."""
+    if not shutil.which("dpkg-parsechangelog"):
+        pytest.skip("dpkg-dev not installed")
+    from mmleaklib import facts
+    v = subprocess.run(["dpkg-parsechangelog", "-l", os.path.join(ROOT, "debian", "changelog"),
+                        "-S", "Version"], capture_output=True, text=True, check=True).stdout
+    assert v.strip() == facts.VERSION

@@ -122,8 +122,9 @@ uninstall:
 
 # The Debian package, from this tree (debian/), built in a copy of it (dpkg-buildpackage writes
 # beside the tree it builds): build/deb/mmleak_VERSION_ARCH.deb; then lintian on it, which
-# must say nothing (no error, no warning; debian/mmleak.lintian-overrides says why for the
-# rest).  Needs debhelper, dh-python, dpkg-dev, python3-docutils, lintian.
+# must report no error and no warning (an override would go in debian/mmleak.lintian-overrides
+# with its reason in a comment; none is needed).  Needs debhelper, dh-python, dpkg-dev,
+# python3-docutils, lintian.
 DEB = $(B)/deb
 
 deb:

@@ -1,7 +1,10 @@
 # mmleak: `make` builds mmleak.so (the tracer, preloaded or attached) and mmleak-tools.so (the
 # compiled shrinker and the ptrace injector, which only mmleak.py loads); `make check` runs the
 # tests; `make demo` the whole job on a bundled leaky program; `make bench` the benchmarks;
-# `make debug` both libraries unoptimised, in build/debug/.  Nothing to configure.
+# `make debug` both libraries unoptimised, in build/debug/; `make man` the manual pages (from
+# docs/, into build/man/); `make install` all of it; `make deb` the Debian package (debian/).
+# Nothing to configure.  CFLAGS, CPPFLAGS and LDFLAGS are added to the build's own (the
+# package passes dpkg-buildflags' hardening flags through them).
 PYTHON  ?= /usr/bin/python3
 CC      ?= cc
 CXX     ?= c++
@@ -11,11 +14,21 @@ OPT     ?= -O2 -g
 # -fexceptions: a C++ exception thrown by the real operator new may unwind through our frame.
 CFLAGS_LIB = -std=gnu11 -Wall -Wextra -Werror -fPIC -fvisibility=hidden -fexceptions \
              -fno-omit-frame-pointer $(OPT)
-LIBDIR  = $(PREFIX)/lib/mmleak
-BINDIR  = $(PREFIX)/bin
+# where `make install` puts things (the Debian package: debian/rules): the two libraries in
+# LIBDIR; the scripts and their package in SHAREDIR, a private directory; the commands, without
+# .py, as links to the scripts in BINDIR (mmleak, mmleak-panda) and SBINDIR (mmleak-install);
+# the manual pages in MANDIR; the program-side API header in INCLUDEDIR
+LIBDIR   = $(PREFIX)/lib/mmleak
+SHAREDIR = $(PREFIX)/share/mmleak
+BINDIR   = $(PREFIX)/bin
+SBINDIR  = $(PREFIX)/sbin
+MANDIR   = $(PREFIX)/share/man
+INCLUDEDIR = $(PREFIX)/include
 SCRIPTS = mmleak.py mmleak-panda.py mmleak-install.py
 # the Python package the scripts import (standard library only), installed beside them
 PACKAGE = $(wildcard mmleaklib/*.py)
+# the header of the program-side API, if the tree has it
+HEADERS = $(wildcard include/*.h)
 # where the objects (and their -MMD dependency files) and the two libraries go
 B   ?= build
 OUT ?= .
@@ -40,7 +53,7 @@ $(GEN)/facts.h: mmleaklib/facts.py
 
 $(B)/%.o: %.c | $(GEN)/facts.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_LIB) -I$(GEN) $(CFLAGS) -MMD -MP -c -o $@ $<
+	$(CC) $(CFLAGS_LIB) -I$(GEN) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c -o $@ $<
 
 $(OUT)/mmleak.so: $(TRACER_OBJS)
 	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -Wl,-z,defs -o $@ $(TRACER_OBJS) -ldl -lpthread $(LDFLAGS)
@@ -63,23 +76,66 @@ bench: all
 demo: all
 	$(PYTHON) tests/demo.py
 
-# The scripts and their package go together in LIBDIR (a script finds the package beside
-# itself); BINDIR gets a relative symbolic link to each script.
-install: all
-	install -d $(DESTDIR)$(LIBDIR)/mmleaklib $(DESTDIR)$(BINDIR)
-	install -m 0644 mmleak.so $(DESTDIR)$(LIBDIR)/mmleak.so
-	install -m 0644 mmleak-tools.so $(DESTDIR)$(LIBDIR)/mmleak-tools.so
-	install -m 0644 $(PACKAGE) $(DESTDIR)$(LIBDIR)/mmleaklib/
-	for s in $(SCRIPTS); do install -m 0755 $$s $(DESTDIR)$(LIBDIR)/$$s && \
-	    ln -sfr $(DESTDIR)$(LIBDIR)/$$s $(DESTDIR)$(BINDIR)/$$s || exit 1; done
+# The manual pages, from docs/ (docs/man.py: docutils' manual-page writer, what rst2man runs,
+# with the option table made afresh from mmleaklib/facts.py and the installed commands' names):
+# one per command, the dump format, the environment, the reference pages.  The architecture
+# and testing pages are about the source tree: not installed.
+MAN_SRCS = $(filter-out docs/architecture.rst docs/testing.rst,$(sort $(wildcard docs/*.rst)))
+MAN = $(B)/man
+
+man: $(MAN)/.stamp
+
+$(MAN)/.stamp: $(MAN_SRCS) docs/man.py mmleaklib/facts.py mmleaklib/layout.py
+	rm -rf $(MAN)
+	$(PYTHON) docs/man.py $(MAN) $(MAN_SRCS)
+	touch $@
+
+# The libraries go to LIBDIR, the scripts and their package together to SHAREDIR (a script
+# finds the package beside itself), with LIBDIR written into the installed
+# mmleaklib/layout.py (how the commands find the libraries); BINDIR and SBINDIR get a
+# relative symbolic link to each script, named without .py.
+install: all man
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(SHAREDIR)/mmleaklib $(DESTDIR)$(BINDIR) \
+	    $(DESTDIR)$(SBINDIR)
+	install -m 0644 mmleak.so mmleak-tools.so $(DESTDIR)$(LIBDIR)/
+	install -m 0644 $(PACKAGE) $(DESTDIR)$(SHAREDIR)/mmleaklib/
+	sed 's|^LIBDIR = None .*|LIBDIR = "$(LIBDIR)"|' mmleaklib/layout.py \
+	    > $(DESTDIR)$(SHAREDIR)/mmleaklib/layout.py
+	grep -q '^LIBDIR = "$(LIBDIR)"$$' $(DESTDIR)$(SHAREDIR)/mmleaklib/layout.py
+	install -m 0755 $(SCRIPTS) $(DESTDIR)$(SHAREDIR)/
+	ln -sfr $(DESTDIR)$(SHAREDIR)/mmleak.py $(DESTDIR)$(BINDIR)/mmleak
+	ln -sfr $(DESTDIR)$(SHAREDIR)/mmleak-panda.py $(DESTDIR)$(BINDIR)/mmleak-panda
+	ln -sfr $(DESTDIR)$(SHAREDIR)/mmleak-install.py $(DESTDIR)$(SBINDIR)/mmleak-install
+	for f in $(MAN)/*.[1-8]; do s=$${f##*.}; install -d $(DESTDIR)$(MANDIR)/man$$s && \
+	    install -m 0644 $$f $(DESTDIR)$(MANDIR)/man$$s/ || exit 1; done
+	$(if $(HEADERS),install -d $(DESTDIR)$(INCLUDEDIR))
+	$(if $(HEADERS),install -m 0644 $(HEADERS) $(DESTDIR)$(INCLUDEDIR)/)
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/mmleak.so $(DESTDIR)$(LIBDIR)/mmleak-tools.so
-	rm -rf $(DESTDIR)$(LIBDIR)/mmleaklib
-	for s in $(SCRIPTS); do rm -f $(DESTDIR)$(LIBDIR)/$$s $(DESTDIR)$(BINDIR)/$$s; done
+	rm -rf $(DESTDIR)$(SHAREDIR)
+	rm -f $(DESTDIR)$(BINDIR)/mmleak $(DESTDIR)$(BINDIR)/mmleak-panda \
+	    $(DESTDIR)$(SBINDIR)/mmleak-install
+	rm -f $(DESTDIR)$(MANDIR)/man[1-8]/mmleak.[1-8] $(DESTDIR)$(MANDIR)/man[1-8]/mmleak-*.[1-8]
+	$(if $(HEADERS),rm -f $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(notdir $(HEADERS))))
 	-rmdir $(DESTDIR)$(LIBDIR)
+
+# The Debian package, from this tree (debian/), built in a copy of it (dpkg-buildpackage writes
+# beside the tree it builds): build/deb/mmleak_VERSION_ARCH.deb; then lintian on it, which
+# must report no error and no warning (an override would go in debian/mmleak.lintian-overrides
+# with its reason in a comment; none is needed).  Needs debhelper, dh-python, dpkg-dev,
+# python3-docutils, lintian.
+DEB = $(B)/deb
+
+deb:
+	rm -rf $(DEB) && mkdir -p $(DEB)/mmleak
+	tar -c --exclude=./build --exclude=./.git --exclude=./demo --exclude=./tests/bin \
+	    --exclude=./bench/out --exclude='*.so' --exclude='*.o' --exclude=__pycache__ \
+	    --exclude=.pytest_cache . | tar -x -C $(DEB)/mmleak
+	cd $(DEB)/mmleak && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL dpkg-buildpackage -b -us -uc
+	lintian --fail-on error,warning $(DEB)/*.changes
 
 clean:
 	rm -rf mmleak.so mmleak-tools.so build tests/bin bench/out demo __pycache__ tests/__pycache__ mmleaklib/__pycache__
 
-.PHONY: all check bench demo debug install uninstall clean
+.PHONY: all check bench demo debug man install uninstall deb clean

@@ -16,7 +16,7 @@ import shlex
 import subprocess
 import sys
 
-from mmleaklib import attach, errors, facts
+from mmleaklib import attach, errors, facts, layout
 from mmleaklib.errors import EXIT_INPUT, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, Fail, warn
 from mmleaklib.files import fsync_dir
 from mmleaklib.systemd import (COMPANION_DIR, DEFAULT_DIR, DROPIN_NAME, ENV_KEYS, LIB_DEST,
@@ -515,7 +515,7 @@ def add_uninstall(sub):
 
 
 def build_parser():
-    p = errors.Parser(prog=PROG, one_line=True, wrap=0, description=(
+    p = errors.Parser(prog=layout.command_name(PROG), one_line=True, wrap=0, description=(
         "Make a systemd service run under the mmleak malloc leak tracer (LD_PRELOAD), show\n"
         "the state, and undo it. It writes a drop-in, /etc/systemd/system/UNIT.d/mmleak.conf,\n"
         "and a companion unit, /etc/systemd/system/mmleak-compact-NAME.service, that compacts\n"

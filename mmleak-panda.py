@@ -29,7 +29,7 @@ import re
 import sys
 import time
 
-from mmleaklib import errors, files, report, shrink, sites, symbolize
+from mmleaklib import errors, files, layout, report, shrink, sites, symbolize
 from mmleaklib.dumpformat import (DUPLICATE, KIND_END, KIND_START, MALFORMED, PROBLEMS,
                                   Q_BAD_FIELD, Q_BAD_STACK, Q_CUT_START, Q_MALFORMED,
                                   Q_TOO_LONG, Problems, header_int, problem_text)
@@ -1246,7 +1246,7 @@ def add_arguments(p):
 
 def build_parser():
     p = errors.Parser(
-        prog=PROG, see_help=True, wrap=90,
+        prog=layout.command_name(PROG), see_help=True, wrap=90,
         description="Render the blocks a process never freed (the survivor lines of a shrunk "
                     "mmleak trace, on stdin) as one self-contained HTML page: headline, "
                     "charts, a flame graph of the unfreed bytes by stack and a sortable, "
@@ -1271,7 +1271,7 @@ def main(argv=None):
 def run(args):
     if sys.stdin.isatty():
         raise Fail("reads survivor lines on stdin, e.g. mmleak.py shrink --final "
-                   "mmleak.PID.*.out | %s > report.html (see --help)" % PROG, EXIT_USAGE)
+                   "mmleak.PID.*.out | %s > report.html (see --help)" % errors.PROG, EXIT_USAGE)
     if args.maps and not os.path.isfile(args.maps):
         raise Fail("%s: no such maps file" % args.maps)
     rep = read_stdin(args.depth, args.end_time)

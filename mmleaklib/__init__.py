@@ -3,6 +3,7 @@
     errors      Fail, warn, the exit statuses of the three tools; command-line checks
     facts       the facts shared with mmleak.so (C): format version, depth, bounds, the
                 MMLEAK_* options, runtime objects, allocation wrappers (--c-header)
+    layout      where the pieces are: the commands' installed names, the library directories
     files       TraceFiles (every file name), finding traces, the safe open of a dump
                 directory's files, the lines a thread has not flushed, new_output
     dumpformat  the line reader and parsers of the dump format, problems and their words

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from . import attach, compact, errors, facts, files, report, series, shrink, symbolize
+from . import attach, compact, errors, facts, files, layout, report, series, shrink, symbolize
 from .errors import (EXIT_INPUT, EXIT_OK, EXIT_PARTIAL, EXIT_TOOL, EXIT_USAGE, Fail,
                               finite_float, nonnegative_float, positive_float, positive_int,
                               warn)
@@ -191,8 +191,8 @@ def cmd_symbolize(args):
 
 def add_run(sub):
     r = command(sub, "run", cmd_run, "run a command under the tracer",
-                "Run CMD with mmleak.so preloaded (found next to mmleak.py, where `make "
-                "install` put it, or $MMLEAK_LIB), then say where its dump files are and the "
+                "Run CMD with mmleak.so preloaded ($MMLEAK_LIB, else the one beside the "
+                "scripts in a source tree, else the installed one), then say where its dump files are and the "
                 "command that reports on them.  Exits with CMD's exit status.  While it runs, "
                 "its dump files are compacted every second (see `compact`): the files rotate "
                 "at %d MB (MMLEAK_ROTATE_MB, unless set) and each finished one is folded into "
@@ -620,7 +620,7 @@ READERS = (cmd_shrink, cmd_report, cmd_compact, cmd_snapshot, cmd_recover)
 
 def build_parser():
     p = errors.Parser(
-        prog=PROG, description="Shrink, symbolize and report mmleak dump files "
+        prog=layout.command_name(PROG), description="Shrink, symbolize and report mmleak dump files "
                                "(mmleak.PID.N.out).",
         epilog="typical use:\n"
                "  %(prog)s run -d /var/tmp/leaks -- ./myprog args   # trace a program\n"
@@ -636,7 +636,7 @@ def build_parser():
 
 
 def main(argv=None):
-    errors.set_tool(PROG)
+    errors.set_tool(PROG)               # (mmleak when run as the installed command)
     args = build_parser().parse_args(argv)
     errors.REFUSALS.clear()             # (main may run more than once in one process)
 

@@ -11,6 +11,7 @@ import textwrap
 
 PROG = "mmleak.py"      # the tool running: every message starts with its name
 LABELLED = False        # messages say their kind ("mmleak-install.py: warning: ...")
+INSTALLED = False       # run as an installed command (mmleak, not mmleak.py): see set_tool
 
 EXIT_OK = 0             # done
 EXIT_USAGE = 1          # the command line asks for what cannot be done
@@ -23,7 +24,7 @@ EXIT_TOOL = 4           # a helper program, or the tool itself, failed
 STATUSES = (
     (EXIT_OK, {
         "mmleak.py": "success",
-        "mmleak-panda.py": "report written",
+        "mmleak-panda.py": "page written",
         "mmleak-install.py": "success (status: the drop-in is installed; uninstall: removed, "
                              "or was not installed)"}),
     (EXIT_USAGE, {
@@ -53,12 +54,12 @@ STATUSES = (
         "mmleak.py": "malformed lines were skipped (each reported on stderr with file and "
                      "line), or the trace lost events (INCOMPLETE TRACE): the result may miss "
                      "events",
-        "mmleak-panda.py": "report written, but the trace lost events (\"#lost\", \"#dropping\" "
+        "mmleak-panda.py": "page written, but the trace lost events (\"#lost\", \"#dropping\" "
                            "lines): INCOMPLETE",
         "mmleak-install.py": "status only: not installed (no drop-in)"}),
     (EXIT_TOOL, {
         "mmleak.py": "eu-addr2line (elfutils) missing or failing: addresses left unresolved",
-        "mmleak-panda.py": "eu-addr2line (elfutils) missing or failing: report written, "
+        "mmleak-panda.py": "eu-addr2line (elfutils) missing or failing: page written, "
                            "addresses left unresolved",
         "mmleak-install.py": "internal error (a bug: please report it)"}),
 )
@@ -85,10 +86,15 @@ def exit_help(tool):
     return "\n".join(out)
 
 
-def set_tool(prog, labelled=False):
-    """The tool that runs: its name starts every message (LABELLED: and the kind)."""
-    global PROG, LABELLED
-    PROG, LABELLED = prog, labelled
+def set_tool(script, labelled=False):
+    """The tool that runs (SCRIPT: mmleak.py, mmleak-panda.py, mmleak-install.py): the name
+    it was started by (layout.command_name: the installed command's has no .py) starts every
+    message (LABELLED: and the kind), and is the one its --help uses.  -> that name."""
+    global PROG, LABELLED, INSTALLED
+    from . import layout
+    PROG, LABELLED = layout.command_name(script), labelled
+    INSTALLED = PROG != script
+    return PROG
 
 
 class Fail(Exception):
@@ -182,6 +188,15 @@ class Parser(argparse.ArgumentParser):
         kw.setdefault("parser_class", functools.partial(
             type(self), one_line=self.one_line, see_help=self.see_help, wrap=self.wrap))
         return super().add_subparsers(**kw)
+
+    def format_help(self):
+        # an installed command's help names the commands as they are installed (mmleak
+        # report, not mmleak.py report): the texts are written once, for both
+        text = super().format_help()
+        if INSTALLED:
+            from . import layout
+            text = layout.installed_names(text)
+        return text
 
     def error(self, message):
         if self.see_help:

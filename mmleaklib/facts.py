@@ -59,6 +59,8 @@ OPTIONS = (
            "mmleak.py: the shrink engine", "mmleak.py"),
 )
 OPTION = {o.env: o for o in OPTIONS}
+# the words a "choice" option takes (besides auto, its default)
+CHOICES = {"MMLEAK_SHRINK": ("python", "native")}
 
 
 def option_default_text(o):
@@ -86,6 +88,58 @@ def print_options(out):
         out.write("%-*s  %-8s  %s\n" % (wide, o.env, option_default_text(o), lines[0]))
         for rest in lines[1:]:
             out.write("%s  %s\n" % (" " * (wide + 10), rest))
+
+
+def option_range_text(o):
+    """The values the option takes, as docs/environment.rst's table shows them."""
+    if o.type == "path":
+        return "a path"
+    if o.type == "depth":
+        return "``auto``, %d to %d" % (o.min, o.max)
+    if o.type == "bool":
+        return "%d or %d" % (o.min, o.max)
+    if o.type == "choice":
+        return ", ".join("``%s``" % c for c in CHOICES[o.env])
+    return "%d to %d" % (o.min, o.max)
+
+
+RST_BEGIN = (".. The table below is generated from mmleaklib/facts.py (python3 -m mmleaklib.facts "
+             "--rst-options):\n.. edit it there; the manual page is built with a fresh copy.\n")
+RST_END = ".. (end of the generated table)\n"
+
+
+def rst_options():
+    """The option table as reStructuredText: the generated part of docs/environment.rst
+    (between RST_BEGIN and RST_END), from the same rows `mmleak.py options` prints."""
+    import textwrap
+    widths = (21, 8, 14, 42)
+    rule = "  ".join("=" * w for w in widths)
+    rows = [("variable", "default", "range", "meaning")]
+    for o in OPTIONS:
+        d = option_default_text(o)
+        rows.append(("``%s``" % o.env, d if d.startswith("(") else "``%s``" % d,
+                     option_range_text(o), o.help))
+    out = [rule]
+    for i, row in enumerate(rows):
+        cells = [textwrap.wrap(c, w, break_on_hyphens=False, break_long_words=False) or [""]
+                 for c, w in zip(row, widths)]
+        if len(row[2]) > widths[2]:         # a list of values: one a line
+            parts = row[2].split(", ")
+            cells[2] = [p + "," for p in parts[:-1]] + parts[-1:]
+        for j in range(max(len(c) for c in cells)):
+            out.append("  ".join(("%-*s" % (w, c[j] if j < len(c) else ""))
+                                 for c, w in zip(cells, widths)).rstrip())
+        if i == 0:
+            out.append(rule)
+    out.append(rule)
+    return RST_BEGIN + "\n" + "\n".join(out) + "\n\n" + RST_END
+
+
+def with_rst_options(text):
+    """TEXT (docs/environment.rst) with its generated table made anew from OPTIONS."""
+    a = text.index(RST_BEGIN)
+    b = text.index(RST_END, a) + len(RST_END)
+    return text[:a] + rst_options() + text[b:]
 
 
 # ---------------------------------------------------------------------------------------
@@ -199,7 +253,11 @@ def main(argv=None):
     if argv == ["--options"]:
         print_options(sys.stdout)
         return 0
-    sys.stderr.write("usage: python3 -m mmleaklib.facts --c-header | --options\n")
+    if argv == ["--rst-options"]:
+        sys.stdout.write(rst_options())
+        return 0
+    sys.stderr.write("usage: python3 -m mmleaklib.facts --c-header | --options | "
+                     "--rst-options\n")
     return 1
 
 

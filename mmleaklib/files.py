@@ -17,6 +17,7 @@ import stat
 import sys
 import tempfile
 
+from . import layout
 from .dumpformat import _CHUNK, dump_lines, header_int, parse_header
 from .errors import EXIT_INPUT, Fail, Refused, refuse
 from .facts import LIBNAME
@@ -86,16 +87,11 @@ def dump_pid(path):
 def find_library(explicit=None, name=LIBNAME):
     """Return the absolute path of mmleak.so (or NAME: another library beside it), or None.
 
-    Search order: EXPLICIT, $MMLEAK_LIB's directory, next to the mmleaklib package (a build
-    tree, or where `make install` puts both, PREFIX/lib/mmleak), then /usr/local and /usr.
+    Search order (layout.library_candidates): EXPLICIT, $MMLEAK_LIB's directory, next to the
+    mmleaklib package (a source tree), the installed library directory (make install, the
+    Debian package), then /usr/local/lib/mmleak and /usr/lib/mmleak.
     """
-    here = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-    env = os.environ.get("MMLEAK_LIB")
-    if name != LIBNAME:
-        env = env and os.path.join(os.path.dirname(env), name)
-    cands = [explicit, env, os.path.join(here, name),
-             "/usr/local/lib/mmleak/" + name, "/usr/lib/mmleak/" + name]
-    for c in cands:
+    for c in layout.library_candidates(name, explicit, LIBNAME):
         if c and os.path.isfile(c):
             return os.path.realpath(c)
     return None

@@ -8,6 +8,9 @@ from conftest import ROOT
 
 
 def test_install_honours_prefix_and_destdir(tmp_path, lib):
+    """make install: the libraries in LIBDIR (PREFIX/lib/mmleak), the scripts and their
+    package in SHAREDIR, the commands without .py in PREFIX/bin and PREFIX/sbin, the manual
+    pages; the installed commands find the installed libraries (not the build tree's)."""
     dest = tmp_path / "stage"
     r = subprocess.run(["make", "-s", "-C", ROOT, "install", "DESTDIR=%s" % dest,
                         "PREFIX=/opt/mm"], capture_output=True, text=True)
@@ -17,33 +20,72 @@ def test_install_honours_prefix_and_destdir(tmp_path, lib):
     assert so.is_file() and oct(so.stat().st_mode & 0o777) == "0o644"
     tools = root / "lib" / "mmleak" / "mmleak-tools.so"
     assert tools.is_file() and oct(tools.stat().st_mode & 0o777) == "0o644"
-    for s in ("mmleak.py", "mmleak-panda.py", "mmleak-install.py"):
-        p = root / "bin" / s
-        assert p.is_file() and os.access(p, os.X_OK), s
-        assert p.read_text().startswith("#!/usr/bin/python3\n"), s
-    # the installed mmleak.py uses the installed library, found relative to itself
+    share = root / "share" / "mmleak"
+    for s, cmd in (("mmleak.py", "bin/mmleak"), ("mmleak-panda.py", "bin/mmleak-panda"),
+                   ("mmleak-install.py", "sbin/mmleak-install")):
+        p = root / cmd
+        assert p.is_symlink() and os.readlink(p) == "../share/mmleak/" + s, cmd
+        assert p.is_file() and os.access(p, os.X_OK), cmd
+        assert p.read_text().startswith("#!/usr/bin/python3\n"), cmd
+        assert not (root / "bin" / s).exists(), s
+    for page in ("man1/mmleak.1", "man1/mmleak-panda.1", "man8/mmleak-install.8",
+                 "man5/mmleak-format.5", "man7/mmleak-env.7"):
+        p = root / "share" / "man" / page
+        assert p.is_file() and oct(p.stat().st_mode & 0o777) == "0o644", page
+    # the installed package knows where the libraries are
+    assert 'LIBDIR = "/opt/mm/lib/mmleak"\n' in (share / "mmleaklib" / "layout.py").read_text()
+    # the installed mmleak uses the installed library: LIBDIR, under DESTDIR here, is not
+    # where it runs from, so the copy is moved to where LIBDIR says, for the check
     env = {k: v for k, v in os.environ.items() if k != "MMLEAK_LIB"}
-    out = subprocess.run([str(root / "bin" / "mmleak.py"), "run", "-d", str(tmp_path / "d"),
-                          "--", "/bin/true"], capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stderr
-    code = ("import os, sys; sys.path.insert(0, os.path.dirname(os.path.realpath(%r))); "
-            "from mmleaklib.files import find_library; print(find_library())"
-            % str(root / "bin" / "mmleak.py"))
+    code = ("import sys; sys.path.insert(0, %r); "
+            "from mmleaklib.files import find_library; print(find_library())" % str(share))
     found = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True,
                            env=env).stdout.strip()
-    assert found == str(so)
+    assert found != os.path.realpath(lib)         # not the build tree's
+    out = subprocess.run([str(root / "bin" / "mmleak"), "run", "-d", str(tmp_path / "d"),
+                          "--lib", str(so), "--", "/bin/true"], capture_output=True,
+                         text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.startswith("mmleak: "), out.stderr      # its name, not mmleak.py's
     assert any(n.endswith(".maps") for n in os.listdir(tmp_path / "d"))
     # the module of report's exports is installed with the package, and found there
-    mod = root / "lib" / "mmleak" / "mmleaklib" / "export.py"
+    mod = share / "mmleaklib" / "export.py"
     assert mod.is_file() and oct(mod.stat().st_mode & 0o777) == "0o644"
-    out = subprocess.run([str(root / "bin" / "mmleak.py"), "run", "-d", str(tmp_path / "e"),
-                          "--", "/bin/ls", "/"], capture_output=True, text=True, env=env)
+    out = subprocess.run([str(root / "bin" / "mmleak"), "run", "-d", str(tmp_path / "e"),
+                          "--lib", str(so), "--", "/bin/ls", "/"], capture_output=True,
+                         text=True, env=env)
     assert out.returncode == 0, out.stderr
-    out = subprocess.run([str(root / "bin" / "mmleak.py"), "report", str(tmp_path / "e"),
+    out = subprocess.run([str(root / "bin" / "mmleak"), "report", str(tmp_path / "e"),
                           "--no-html", "--folded", str(tmp_path / "f.folded")],
                          capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert "folded: %s\n" % (tmp_path / "f.folded") in out.stdout
+
+
+def test_installed_copy_finds_its_library_directory(tmp_path):
+    """The library directory make install writes into the installed mmleaklib/layout.py is
+    where the installed commands look (after $MMLEAK_LIB and beside the package)."""
+    dest = tmp_path / "stage"
+    libdir = tmp_path / "lib" / "x86_64-linux-gnu" / "mmleak"
+    r = subprocess.run(["make", "-s", "-C", ROOT, "install", "DESTDIR=%s" % dest,
+                        "PREFIX=/usr", "LIBDIR=%s" % libdir], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    installed = dest / str(libdir).lstrip("/")
+    libdir.mkdir(parents=True)
+    for n in ("mmleak.so", "mmleak-tools.so"):
+        os.rename(installed / n, libdir / n)
+    share = dest / "usr" / "share" / "mmleak"
+    env = {k: v for k, v in os.environ.items() if k != "MMLEAK_LIB"}
+    code = ("import sys; sys.path.insert(0, %r); from mmleaklib import files, native; "
+            "print(files.find_library()); print(native.tools_library())" % str(share))
+    out = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True,
+                         env=env, check=True).stdout.split()
+    assert out == [str(libdir / "mmleak.so"), str(libdir / "mmleak-tools.so")]
+    out = subprocess.run([str(dest / "usr" / "bin" / "mmleak"), "run", "-d",
+                          str(tmp_path / "d"), "--", "/bin/true"], capture_output=True,
+                         text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert any(n.endswith(".maps") for n in os.listdir(tmp_path / "d"))
 
 
 def test_library_exports_only_the_interposed_api(lib):

@@ -269,7 +269,7 @@ def cmd_status(args):
                          % (k, k, eff.get(k, "")))
             continue
         shown = v if v is not None else ("(not set: default %s)" % {
-            "MMLEAK_DIR": "/tmp", "MMLEAK_DEPTH": "auto", "MMLEAK_ROTATE_MB": "256"}[k]
+            "MMLEAK_DIR": "/tmp", "MMLEAK_DEPTH": "64", "MMLEAK_ROTATE_MB": "256"}[k]
             if k != "LD_PRELOAD" else "(not set)")
         out.write("%-16s%s\n" % (k + ":", shown) if len(k) < 15 else "%s: %s\n" % (k, shown))
         if v is not None and eff.get(k) != v:

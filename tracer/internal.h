@@ -51,7 +51,7 @@
 
 struct mml_cfg {
     char dir[PATH_MAX - 64]; /* MMLEAK_DIR, made absolute at start (default /tmp) */
-    int depth;               /* MMLEAK_DEPTH: frames per allocation; 0: auto (the default) */
+    int depth;               /* MMLEAK_DEPTH: frames per allocation at most (the default: MMLEAK_MAX_DEPTH, the whole stack); 0: auto */
     size_t rotate;           /* MMLEAK_ROTATE_MB: start a new file past this size (256) */
     size_t buffer;           /* MMLEAK_BUFFER_KB: staging area of a busy thread (1024) */
     size_t hold;             /* MMLEAK_HOLD_MB: lines held in memory while unwritable (64) */

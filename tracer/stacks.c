@@ -59,8 +59,10 @@ HOT_INLINE int record_ready(void)
 
 /* ---- stacks ----
  * An allocation whose stack has more than one frame is written as "PTR SEQ SIZE TIME @ID",
- * and its stack once per file as "#s ID FRAME...": ID is a 64-bit hash of the frames, the
- * same in every file and process, so readers can merge any files.  Each thread keeps the set
+ * and its stack once per file as "#s ID FRAME...": ID is a 44-bit hash of the frames
+ * (STACK_ID_BITS: "@ID" is then as long as the caller's address it replaces), the same in
+ * every file and process, so readers can merge any files.  Two distinct stacks share an id
+ * with a chance of about N^2 / 2^45 among N stacks (3 in 10,000 for 100,000 stacks).  Each thread keeps the set
  * of ids its current file already holds (it moves with the file when a new thread continues
  * a parked one, and is emptied when the file ends). */
 
@@ -74,7 +76,7 @@ static uint64_t stack_id(const uintptr_t *f, int n)
         h += (f[i] ^ ((uint64_t)i << 52)) * (0xff51afd7ed558ccdull + 2 * (uint64_t)i);
     h ^= h >> 33;
     h *= 0xc4ceb9fe1a85ec53ull;
-    h ^= h >> 33;
+    h >>= 64 - STACK_ID_BITS;
     return h ? h : 1;
 }
 
@@ -221,7 +223,58 @@ static int capture(const void *ra, uintptr_t *f, uint64_t *id, int memo, int *fi
     return nf;
 }
 
-/* An allocation the fast path did not write: with its stack (MMLEAK_DEPTH above 1, or auto
+/* The stack writer: every allocation with MMLEAK_DEPTH above 1 (the default) comes here from
+ * the entry point (record.h), FP the entry point's frame.  The common case: the memo knows
+ * the walk from the caller's frame (unwind.h: no walk, the stack words checked instead) and
+ * this thread's file already holds the stack, so the line "PTR SEQ SIZE TIME @ID" is written
+ * at the cursor like the fast path's, with no call that can allocate or block.  The guard is
+ * held while the memo and the file's set of ids are read (a signal handler's allocation in
+ * between passes through untraced, as in the general path).  Anything else (a first walk, a
+ * stack new to the file, a full half, values too wide...) goes to the general path. */
+void record_stack_ref(void *p, size_t n, const void *ra, const void *fp)
+{
+    struct tstate *t = &T;
+    if (unlikely((t->end - t->cur < FAST_ROOM) | t->guard | (t->epoch != H->epoch) |
+                 (t->open == 0) | t->dead | t->dropping | (t->ss_n == 0)))
+        goto general;
+    t->guard++;
+    atomic_signal_fence(memory_order_seq_cst);
+    /* the caller's frame: the entry point's return address is ra, unless the entry point
+     * passed the call on to a function of its own (then the frame-pointer chain finds it) */
+    struct mml_start st;
+    const uintptr_t *e = fp;
+    int found;
+    if (likely(e[1] == (uintptr_t)ra)) {
+        st = (struct mml_start){ (uintptr_t)ra, (uintptr_t)fp + 16, e[0] };
+        found = 1;
+    } else {
+        found = mml_unwind_start(ra, &st);
+    }
+    uint64_t id;
+    int nf;
+    found = found && mml_memo_get(&st, (unsigned)cfg.depth, &id, &nf) && nf > 1 &&
+            sset_has(t, id);
+    atomic_signal_fence(memory_order_seq_cst);
+    t->guard--;
+    if (!found)
+        goto general;
+    uint64_t s = seq_next(p);
+    uint64_t now = (uint64_t)(time(NULL) - g_t0);
+    if (unlikely(((s | n | now) >> 32) | ((uintptr_t)p >> 48))) {
+        record_with_stack(p, n, ra);    /* rare: a huge block, a clock jump, a wide address */
+        return;
+    }
+    unsigned ns = ndig((uint32_t)s), nn = ndig((uint32_t)n), nt = ndig((uint32_t)now);
+    char *d = reserve(t, REF_LINE_LEN(ns, nn, nt));
+    d = put_ref_fields(d, (uintptr_t)p, (uint32_t)s, ns, (uint32_t)n, nn, (uint32_t)now, nt, id);
+    atomic_signal_fence(memory_order_release);
+    *d = '\n';
+    return;
+general:
+    record_with_stack(p, n, ra);
+}
+
+/* An allocation the writers did not write: with its stack (MMLEAK_DEPTH above 1, or auto
  * past the runtime and the wrappers: then every allocation comes here), a thread's first
  * event, a full half, our own code, a new epoch, a forked copy, a value too wide.  COLD keeps
  * its call out of the entry points' hot code; with stacks, the common case here is a stack the

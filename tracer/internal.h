@@ -93,6 +93,7 @@ struct tstate {
      * flush failed keeps any while the other one is written (see make_room). */
     size_t ustart[2], ulen[2];
     int slot;             /* 1 + our index in the registry of files, 0 if none */
+    struct mml_recent *recent; /* its recent walks (unwind.h), mapped at its first stack */
     uint64_t *ss;         /* ids of the stacks the current file holds (open addressing) */
     size_t ss_cap, ss_n;
     uint64_t lost;        /* events not recorded while dropping, not yet reported */
@@ -328,6 +329,7 @@ void *mml_dlopen_here(const char *file, int mode);
 /* ---- stacks.c: stacks, and the general recording of an event ---- */
 
 void sset_free(struct tstate *t);
+void recent_free(struct tstate *t);
 void sset_clear(struct tstate *t);
 /* ---- sites.c: the program's code, or the runtime's / a wrapper's? ---- */
 

@@ -285,6 +285,7 @@ void thread_exit(void *arg)
         return;
     }
     INFLIGHT;
+    recent_free(t);
     if (g_state != 1 || t->trace_gen != g_trace_gen) {
         thread_reset(t);
         t->dead = 1;

@@ -119,6 +119,16 @@ static void sset_add(struct tstate *t, uint64_t id)
         }
 }
 
+/* The thread is gone: its recent walks too. */
+void recent_free(struct tstate *t)
+{
+    struct mml_recent *r = t->recent;
+    t->recent = NULL;       /* before the unmap: a signal handler's event may look */
+    atomic_signal_fence(memory_order_seq_cst);
+    if (r)
+        munmap(r, sizeof *r);
+}
+
 void sset_free(struct tstate *t)
 {
     if (t->ss)
@@ -183,7 +193,8 @@ static int pick_frames(const uintptr_t *bt, int k, uintptr_t *f, int want, int m
  * the memo): then the count and the id come from the memo and *filled is 0 (f[1..] not
  * written). */
 #define AUTO_FIRST 8    /* auto: frames walked first (the program's frame is usually there) */
-static int capture(const void *ra, uintptr_t *f, uint64_t *id, int memo, int *filled)
+static int capture(const void *ra, uintptr_t *f, uint64_t *id, int memo, int *filled,
+                   struct mml_recent *recent)
 {
     f[0] = (uintptr_t)ra;
     *id = 0;
@@ -202,7 +213,7 @@ static int capture(const void *ra, uintptr_t *f, uint64_t *id, int memo, int *fi
     if (!mml_unwind_start(ra, &st))
         return 1;
     int nf;
-    if (memo && mml_memo_get(&st, (unsigned)want, id, &nf)) {
+    if (memo && mml_memo_get(&st, (unsigned)want, id, &nf, NULL)) {
         *filled = 0;
         return nf;
     }
@@ -219,6 +230,8 @@ static int capture(const void *ra, uintptr_t *f, uint64_t *id, int memo, int *fi
     if (nf > 1) {
         *id = stack_id(f, nf);
         mml_memo_put(&st, (unsigned)want, gen, &tr, nf, *id);
+        if (recent)
+            mml_recent_put(recent, &st, (unsigned)want, gen, &tr, nf, *id, 0);
     }
     return nf;
 }
@@ -250,10 +263,22 @@ void record_stack_ref(void *p, size_t n, const void *ra, const void *fp)
     } else {
         found = mml_unwind_start(ra, &st);
     }
+    /* the thread's recent walks first (a comparison per stack word), then the memo (a hash
+     * of them, in memory shared by all threads); a memo hit may take a recent slot */
     uint64_t id;
     int nf;
-    found = found && mml_memo_get(&st, (unsigned)cfg.depth, &id, &nf) && nf > 1 &&
-            sset_has(t, id);
+    unsigned salt = (unsigned)cfg.depth;
+    int rec = found && t->recent ? mml_recent_get(t->recent, &st, salt, &id) : 0;
+    if (rec > 0) {
+        found = sset_has(t, id);
+    } else if (found) {
+        struct mml_trail w;
+        unsigned gen = mml_memo_gen();
+        found = mml_memo_get(&st, salt, &id, &nf, rec < 0 ? &w : NULL) && nf > 1 &&
+                sset_has(t, id);
+        if (found && rec < 0)
+            mml_recent_put(t->recent, &st, salt, gen, &w, nf, id, 1);
+    }
     atomic_signal_fence(memory_order_seq_cst);
     t->guard--;
     if (!found)
@@ -289,10 +314,13 @@ COLD void record_with_stack(void *p, size_t n, const void *ra)
     uintptr_t f[MMLEAK_MAX_DEPTH];
     uint64_t id;
     int filled;
-    int nf = capture(ra, f, &id, 1, &filled);
+    if (cfg.depth > 1 && !t->recent && !t->dead)
+        t->recent = mml_map(sizeof *t->recent);     /* NULL: the memo alone serves */
+    struct mml_recent *rc = cfg.depth > 1 ? t->recent : NULL;
+    int nf = capture(ra, f, &id, 1, &filled, rc);
     int def = nf > 1 && (!t->open || !sset_has(t, id));
     if (def && !filled)         /* the memo gave the id, the frames are needed now */
-        nf = capture(ra, f, &id, 0, &filled);
+        nf = capture(ra, f, &id, 0, &filled, rc);
     if (nf > 1 && !def && !(t->dead | t->dropping) && t->end - t->cur >= FAST_ROOM &&
         !((s | n | (uint64_t)now) >> 32) && !((uintptr_t)p >> 48) && now >= 0) {
         /* the common case with stacks: a stack this file holds, written like the fast path */

@@ -467,7 +467,7 @@ def add_install(sub):
     depth = facts.OPTION["MMLEAK_DEPTH"]
     pi.add_argument("--depth", type=facts.option_type("MMLEAK_DEPTH"), metavar="N",
                     help="frames recorded per allocation, 1 to %d, MMLEAK_DEPTH (default: the "
-                         "library's, auto)" % depth.max)
+                         "library's, %d: the whole stack)" % (depth.max, depth.max))
     rotate = facts.OPTION["MMLEAK_ROTATE_MB"]
     pi.add_argument("--rotate-mb", type=facts.option_type("MMLEAK_ROTATE_MB"), metavar="N",
                     help="MMLEAK_ROTATE_MB: a thread of the service starts a new dump file past "

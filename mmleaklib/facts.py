@@ -73,7 +73,10 @@ def option_type(env):
     """argparse type of the value of the option ENV (its bounds)."""
     from .errors import int_range
     o = OPTION[env]
-    return int_range(max(o.min, 1) if o.type == "depth" else o.min, o.max)
+    check = int_range(max(o.min, 1) if o.type == "depth" else o.min, o.max)
+    if o.type != "depth":
+        return check
+    return lambda v: "auto" if v == "auto" else check(v)     # depth: N, or "auto"
 
 
 def print_options(out):

@@ -236,6 +236,20 @@ static int capture(const void *ra, uintptr_t *f, uint64_t *id, int memo, int *fi
     return nf;
 }
 
+/* The stack writer's memo lookup when the thread's recent walks may take the walk found: the
+ * words are copied out of the stack (out of line: the general path does not carry them). */
+static __attribute__((noinline)) int memo_to_recent(struct tstate *t, const struct mml_start *st,
+                                                    unsigned salt, uint64_t *id)
+{
+    struct mml_trail w;
+    unsigned gen = mml_memo_gen();
+    int nf;
+    if (!mml_memo_get(st, salt, id, &nf, &w) || nf < 2 || !sset_has(t, *id))
+        return 0;
+    mml_recent_put(t->recent, st, salt, gen, &w, nf, *id, 1);
+    return 1;
+}
+
 /* The stack writer: every allocation with MMLEAK_DEPTH above 1 (the default) comes here from
  * the entry point (record.h), FP the entry point's frame.  The common case: the memo knows
  * the walk from the caller's frame (unwind.h: no walk, the stack words checked instead) and
@@ -269,16 +283,12 @@ void record_stack_ref(void *p, size_t n, const void *ra, const void *fp)
     int nf;
     unsigned salt = (unsigned)cfg.depth;
     int rec = found && t->recent ? mml_recent_get(t->recent, &st, salt, &id) : 0;
-    if (rec > 0) {
+    if (rec > 0)
         found = sset_has(t, id);
-    } else if (found) {
-        struct mml_trail w;
-        unsigned gen = mml_memo_gen();
-        found = mml_memo_get(&st, salt, &id, &nf, rec < 0 ? &w : NULL) && nf > 1 &&
-                sset_has(t, id);
-        if (found && rec < 0)
-            mml_recent_put(t->recent, &st, salt, gen, &w, nf, id, 1);
-    }
+    else if (found && rec == 0)
+        found = mml_memo_get(&st, salt, &id, &nf, NULL) && nf > 1 && sset_has(t, id);
+    else if (found)
+        found = memo_to_recent(t, &st, salt, &id);
     atomic_signal_fence(memory_order_seq_cst);
     t->guard--;
     if (!found)

@@ -65,7 +65,8 @@ struct mml_start { uintptr_t ip, sp, bp; };
  * mmleak.so is), at most 16 frames.  0 if not found. */
 int mml_unwind_start(const void *ra, struct mml_start *s);
 
-#define MML_TRAIL_MAX 32     /* stack words a memoised walk may have read */
+#define MML_TRAIL_MAX 64     /* stack words a remembered walk may have read (the memo keeps
+                                walks of up to 32, a thread's recent walks up to 64) */
 #define MML_TRAIL_FRAMES 64  /* frames of a walk that may be memoised */
 struct mml_trail {
     int n;                              /* words read (more than MML_TRAIL_MAX: not usable) */

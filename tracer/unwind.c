@@ -1742,7 +1742,7 @@ struct memo {
     uint8_t n;              /* words */
     uint8_t nframes;
     uint8_t use_bp;
-    uint8_t pad_;
+    uint8_t esc;            /* delta[] holds an escape (a step of 128 words or more) */
     uint64_t tag;           /* memo_tag(): the start (ip, sp, bp if used), settings, generation */
     uint64_t vhash;         /* hash of the words */
     uint64_t value;
@@ -1839,7 +1839,20 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t t0, uint64_t *val
         return 0;
     long lim = (long)((hi - sp) / 8), o = 0;
     uint64_t h = n;
-    for (unsigned i = 0, j = 0; i < n; i++) {
+    if (likely(!LD(r->esc))) {
+        /* one byte per step, no escape to decode (the bounds check below still holds) */
+        for (unsigned i = 0; i < n; i++) {
+            o += LD(r->delta[i]);
+            if (unlikely((unsigned long)o >= (unsigned long)lim))
+                return 0;
+            uintptr_t v = *(const uintptr_t *)(sp + 8 * (uintptr_t)o);
+            h += v * MEMO_MUL(i);
+            if (words) {
+                words->off[i] = (uint16_t)o;
+                words->val[i] = v;
+            }
+        }
+    } else for (unsigned i = 0, j = 0; i < n; i++) {
         long d = LD(r->delta[j++]);
         if (unlikely(d == MEMO_ESC)) {         /* a larger step: 16 bits follow */
             if (j + 2 > MEMO_DELTAS)
@@ -1952,6 +1965,7 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
     for (int i = 0; i < j; i++)
         ST(r->delta[i], d[i]);
     ST(r->n, (uint8_t)n);
+    ST(r->esc, (uint8_t)(j != n));
     ST(r->nframes, (uint8_t)nframes);
     ST(r->use_bp, (uint8_t)use_bp);
     ST(r->tag, tag);

@@ -269,7 +269,7 @@ def cmd_status(args):
                          % (k, k, eff.get(k, "")))
             continue
         shown = v if v is not None else ("(not set: default %s)" % {
-            "MMLEAK_DIR": "/tmp", "MMLEAK_DEPTH": "auto", "MMLEAK_ROTATE_MB": "256"}[k]
+            "MMLEAK_DIR": "/tmp", "MMLEAK_DEPTH": "64", "MMLEAK_ROTATE_MB": "256"}[k]
             if k != "LD_PRELOAD" else "(not set)")
         out.write("%-16s%s\n" % (k + ":", shown) if len(k) < 15 else "%s: %s\n" % (k, shown))
         if v is not None and eff.get(k) != v:
@@ -469,7 +469,7 @@ def add_install(sub):
     depth = facts.OPTION["MMLEAK_DEPTH"]
     pi.add_argument("--depth", type=facts.option_type("MMLEAK_DEPTH"), metavar="N",
                     help="frames recorded per allocation, 1 to %d, MMLEAK_DEPTH (default: the "
-                         "library's, auto)" % depth.max)
+                         "library's, %d: the whole stack)" % (depth.max, depth.max))
     rotate = facts.OPTION["MMLEAK_ROTATE_MB"]
     pi.add_argument("--rotate-mb", type=facts.option_type("MMLEAK_ROTATE_MB"), metavar="N",
                     help="MMLEAK_ROTATE_MB: a thread of the service starts a new dump file past "

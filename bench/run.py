@@ -533,18 +533,27 @@ def bench_depth(runs, dirs, quick):
 
 
 # ------------------------------------------------------------------------------------------
-# stacks: the cost of recording stacks (MMLEAK_DEPTH 1, auto, 16) against heaptrack
+# stacks: the cost of recording stacks (MMLEAK_DEPTH 1, auto, unset: whole stacks, 16)
+# against heaptrack
 # ------------------------------------------------------------------------------------------
 
+WHOLE = "mmleak whole"      # MMLEAK_DEPTH unset: the default, whole stacks (up to 64 frames)
+BYTES_SLACK = 0.05          # B/event: a file's "#s" lines (its few stacks, once per file)
 STACKS_TARGETS = [
-    # (workload, tracer, quantity, limit, label)
+    # (workload, tracer, quantity, limit, label); a limit that is a tracer's name: that
+    # tracer's value of the same quantity on the same workload, + BYTES_SLACK for bytes
+    ("a -r 12", WHOLE, "ns_per_event", 25, "default (whole stacks) on (a) alloc_bench -r 12: <= 25 ns/event added"),
+    ("b plain", WHOLE, "ns_per_event", 25, "default (whole stacks) on (b) plain alloc_bench: <= 25 ns/event added"),
+    ("c tree", WHOLE, "ns_per_event", 40, "default (whole stacks) on (c) stacks_bench: <= 40 ns/event added"),
+    ("a -r 12", WHOLE, "bytes_per_event", "mmleak auto", "default on (a): B/event <= auto's (the old default) + 0.05"),
+    ("b plain", WHOLE, "bytes_per_event", "mmleak auto", "default on (b): B/event <= auto's (the old default) + 0.05"),
+    ("c tree", WHOLE, "bytes_per_event", 40, "default on (c): <= 40 bytes/event (4099 stacks defined per file)"),
     ("a -r 12", "mmleak d=16", "ns_per_event", 80, "depth 16 on (a) alloc_bench -r 12: <= 80 ns/event added"),
     ("a -r 12", "mmleak d=16", "bytes_per_event", 40, "depth 16 on (a) alloc_bench -r 12: <= 40 bytes/event"),
     ("c tree", "mmleak d=16", "ns_per_event", 80, "depth 16 on (c) stacks_bench: <= 80 ns/event added"),
     ("c tree", "mmleak d=16", "bytes_per_event", 40, "depth 16 on (c) stacks_bench: <= 40 bytes/event"),
-    ("b plain", "mmleak auto", "ns_per_event", 25, "default (auto) on (b) plain alloc_bench: <= 25 ns/event added"),
     ("b plain", "mmleak d=1", "ns_per_event", 20, "depth 1 on (b) plain alloc_bench: <= 20 ns/event added"),
-    ("startup", "mmleak auto", "startup_ms", 1.0, "start-up, default mode (alloc_bench -n 0): <= 1 ms extra"),
+    ("startup", WHOLE, "startup_ms", 1.0, "start-up, default mode (alloc_bench -n 0): <= 1 ms extra"),
 ]
 
 
@@ -596,7 +605,8 @@ def bench_stacks(runs, dirs, quick, have_heaptrack):
     except (OSError, subprocess.CalledProcessError) as e:
         res["error"] = "building stacks_bench failed: %s" % e
         return res
-    mm = [Mmleak(1, "mmleak d=1"), Mmleak(None, "mmleak auto"), Mmleak(16, "mmleak d=16")]
+    mm = [Mmleak(1, "mmleak d=1"), Mmleak("auto", "mmleak auto"), Mmleak(None, WHOLE),
+          Mmleak(16, "mmleak d=16")]
     ht = [Heaptrack()] if have_heaptrack else []
     for w in stacks_workloads(quick):
         if w.needs and not which(w.needs):
@@ -615,17 +625,24 @@ def bench_stacks(runs, dirs, quick, have_heaptrack):
         if "none" in st and r["tracer"] != "none":
             r["startup_ms"] = (r["wall_s"] - st["none"]["wall_s"]) * 1000
             r["startup_cpu_ms"] = (r["cpu_s"] - st["none"]["cpu_s"]) * 1000
-    for wl, tr, key, limit, label in STACKS_TARGETS:
+    def value(wl, tr, key):
         row = next((r for r in res["rows"] if r["workload"] == wl and r["tracer"] == tr), None)
-        v = row.get(key) if row else None
-        res["targets"].append(dict(label=label, value=v, limit=limit, key=key,
-                                   met=None if v is None else v <= limit))
+        return row.get(key) if row else None
+    for wl, tr, key, limit, label in STACKS_TARGETS:
+        v = value(wl, tr, key)
+        against = isinstance(limit, str)
+        if against:
+            limit = value(wl, limit, key)
+            if limit is not None and key == "bytes_per_event":
+                limit += BYTES_SLACK
+        res["targets"].append(dict(label=label, value=v, limit=limit, key=key, against=against,
+                                   met=None if v is None or limit is None else v <= limit))
     res["loadavg_end"] = os.getloadavg()
     return res
 
 
 def print_stacks(s):
-    print("stacks: recording stacks, MMLEAK_DEPTH=1 / auto (the default) / 16, and heaptrack; "
+    print("stacks: recording stacks, MMLEAK_DEPTH=1 / auto / unset (whole: the default) / 16, and heaptrack; "
           "load average %.2f at the start, %.2f at the end"
           % (s["loadavg_start"][0], (s.get("loadavg_end") or s["loadavg_start"])[0]))
     if s.get("error"):
@@ -661,8 +678,10 @@ def print_stacks(s):
     print("targets (medians of wall time):")
     for t in s["targets"]:
         unit = {"ns_per_event": "ns/event", "bytes_per_event": "B/event", "startup_ms": "ms"}[t["key"]]
-        print("  %-66s %s  (%s %s)" % (t["label"], {True: "met", False: "NOT MET", None: "not measured"}[t["met"]],
-                                        f(t["value"], "%.2f" if t["key"] == "startup_ms" else "%.1f"), unit))
+        fmt = "%.2f" if t["key"] in ("startup_ms", "bytes_per_event") else "%.1f"
+        print("  %-66s %s  (%s %s%s)" % (t["label"], {True: "met", False: "NOT MET", None: "not measured"}[t["met"]],
+                                          f(t["value"], fmt), unit,
+                                          " against " + f(t["limit"], fmt) if t.get("against") else ""))
 
 
 # ------------------------------------------------------------------------------------------

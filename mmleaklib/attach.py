@@ -213,7 +213,7 @@ def attach(pid, directory=None, depth=None, rotate_mb=None, timeout=10.0):
         same_dir_for(pid, d)
         settings = "MMLEAK_DIR=%s\n" % d
         if depth:
-            settings += "MMLEAK_DEPTH=%d\n" % depth
+            settings += "MMLEAK_DEPTH=%s\n" % depth
         settings += "MMLEAK_ROTATE_MB=%d\n" % (rotate_mb or COMPACT_ROTATE_MB)
         before = set(files.find_traces(d))
         res, lib = _call(pid, "mmleak_attach", settings, deadline, timeout)

@@ -202,8 +202,8 @@ def add_run(sub):
     r.add_argument("-d", "--dir", help="dump directory (default: $MMLEAK_DIR or /tmp; made "
                                        "if missing)")
     r.add_argument("--depth", type=trace_depth,
-                   help="frames per allocation, 1 to %d (MMLEAK_DEPTH; default: auto, through "
-                        "the runtime to the program's own frame)" % facts.MAX_DEPTH)
+                   help="frames per allocation at most, 1 to %d, or auto (MMLEAK_DEPTH; "
+                        "default: %d, the whole stack)" % (facts.MAX_DEPTH, facts.MAX_DEPTH))
     r.add_argument("--keep-all", action="store_true",
                    help="no background compaction: keep every dump file as written")
     r.add_argument("--lib", help="path of mmleak.so to use")
@@ -556,8 +556,8 @@ def add_attach(sub):
     a.add_argument("-d", "--dir", help="dump directory (default: $MMLEAK_DIR or /tmp); made "
                                        "if missing, and given to the process's user")
     a.add_argument("--depth", type=trace_depth,
-                   help="frames per allocation, 1 to %d (default: auto, see MMLEAK_DEPTH)"
-                        % facts.MAX_DEPTH)
+                   help="frames per allocation at most, 1 to %d, or auto (default: %d, see "
+                        "MMLEAK_DEPTH)" % (facts.MAX_DEPTH, facts.MAX_DEPTH))
     a.add_argument("--rotate-mb", type=positive_int,
                    help="rotate dump files at this size (default %d, for compaction)"
                         % facts.COMPACT_ROTATE_MB)

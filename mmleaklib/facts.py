@@ -23,7 +23,7 @@ COMPACT_ROTATE_MB = 8           # MMLEAK_ROTATE_MB under `run`, `attach` and the
 
 # ---------------------------------------------------------------------------------------
 # The environment variables: (NAME, variable, type, default, min, max, one-line help, who
-# reads it).  TYPE: "path" (a string), "int" (MIN to MAX), "depth" ("auto" or 1 to MAX),
+# reads it).  TYPE: "path" (a string), "int" (MIN to MAX), "depth" (1 to MAX, or "auto"),
 # "bool" (0 or 1), "choice" (a word).  WHO: "mmleak.so" for the tracer's own settings (also
 # mmleak_attach's argument, and in the C header); the Python tools' otherwise (not in it).
 # ---------------------------------------------------------------------------------------
@@ -33,10 +33,11 @@ Option = collections.namedtuple("Option", "name env type default min max help wh
 OPTIONS = (
     Option("DIR", "MMLEAK_DIR", "path", "/tmp", 0, 0,
            "where the dump and maps files go (made absolute at start)", "mmleak.so"),
-    Option("DEPTH", "MMLEAK_DEPTH", "depth", "auto", 1, MAX_DEPTH,
-           "frames recorded per allocation: auto through the runtime and the allocation "
-           "wrappers to the program's first frame, and four more (see mmleak-tracer(7)); N: "
-           "exactly N", "mmleak.so"),
+    Option("DEPTH", "MMLEAK_DEPTH", "depth", MAX_DEPTH, 1, MAX_DEPTH,
+           "frames recorded per allocation at most: the whole stack up to the thread's start, "
+           "or N frames (1: the caller alone, the cheapest); auto: through the runtime and the "
+           "allocation wrappers to the program's first frame, and four more (see "
+           "mmleak-tracer(7))", "mmleak.so"),
     Option("ROTATE_MB", "MMLEAK_ROTATE_MB", "int", 256, 1, 1 << 20,
            "a thread starts a new dump file past this size (mmleak.py run, attach and the "
            "installer set %d, for compaction)" % COMPACT_ROTATE_MB, "mmleak.so"),
@@ -74,7 +75,10 @@ def option_type(env):
     """argparse type of the value of the option ENV (its bounds)."""
     from .errors import int_range
     o = OPTION[env]
-    return int_range(max(o.min, 1) if o.type == "depth" else o.min, o.max)
+    check = int_range(max(o.min, 1) if o.type == "depth" else o.min, o.max)
+    if o.type != "depth":
+        return check
+    return lambda v: "auto" if v == "auto" else check(v)     # depth: N, or "auto"
 
 
 def print_options(out):
@@ -84,7 +88,7 @@ def print_options(out):
     out.write("%-*s  %-8s  %s\n" % (wide, "variable", "default", "meaning (read by)"))
     for o in OPTIONS:
         text = "%s (%s)" % (o.help, o.who)
-        lines = textwrap.wrap(text, 92 - wide - 12) or [""]
+        lines = textwrap.wrap(text, 92 - wide - 12, break_on_hyphens=False) or [""]
         out.write("%-*s  %-8s  %s\n" % (wide, o.env, option_default_text(o), lines[0]))
         for rest in lines[1:]:
             out.write("%s  %s\n" % (" " * (wide + 10), rest))
@@ -206,7 +210,7 @@ def _c_str(s):
 
 
 def _c_value(o, v):
-    return _c_str(v) if o.type in ("path", "depth") else str(int(v))
+    return _c_str(v) if o.type == "path" else str(int(v))
 
 
 def c_header():
@@ -222,9 +226,9 @@ def c_header():
            "#define MMLEAK_LINE_MAX %d" % LINE_MAX, "",
            "/* The settings of mmleak.so: X(NAME, \"MMLEAK_<NAME>\", type, default, min, max, "
            "\"help\");",
-           " * type: path (a directory), depth (\"auto\" or min..max frames), int (min..max), "
+           " * type: path (a directory), depth (min..max frames, or \"auto\": 0), int (min..max), "
            "bool (0 or 1);",
-           " * default: a string for path and depth, a number for int and bool. */",
+           " * default: a string for path, a number for the others. */",
            "#define MMLEAK_OPTIONS(X) \\"]
     rows = [o for o in OPTIONS if o.who == "mmleak.so"]
     for i, o in enumerate(rows):

@@ -1010,7 +1010,7 @@ def render_dropin(unit, lib_raw, ddir, depth, rotate, rwp, created, companion, p
         "Environment=MMLEAK_ROTATE_MB=%d" % rotate,
     ]
     if depth is not None:
-        lines.append("Environment=%s" % quote_env("MMLEAK_DEPTH=%d" % depth))
+        lines.append("Environment=%s" % quote_env("MMLEAK_DEPTH=%s" % depth))
     if paused:
         lines.append("Environment=MMLEAK_PAUSED=1")
     if rwp:

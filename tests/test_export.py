@@ -15,6 +15,7 @@ heaptrack; without them those checks are skipped, with the reason.
 import collections
 import csv
 import gzip
+import json
 import os
 import re
 import shutil
@@ -429,12 +430,16 @@ def check_exports(paths, rows, tmp, exe=None, inlined=None):
 # Real traces: finished, compacted, live
 # ---------------------------------------------------------------------------------------
 
-def test_finished_trace_exports_equal_the_report(prog, tmp_path):
+@pytest.mark.parametrize("depth", [None, "auto"])
+def test_finished_trace_exports_equal_the_report(prog, tmp_path, depth):
     """A finished trace (its dump files as the program left them): every client shows
-    exactly the report's sites; the inlined frame and the stack's outer frames are there."""
+    exactly the report's sites; the inlined frame and the stack's outer frames are there.
+    With the default (whole stacks) and with MMLEAK_DEPTH=auto (up to the program's frame
+    and four more)."""
     dump = tmp_path / "dump"
     dump.mkdir()
-    subprocess.run([prog], env=traced_env(dump), check=True)
+    subprocess.run([prog], env=traced_env(dump, **({"MMLEAK_DEPTH": depth} if depth else {})),
+                   check=True)
     paths, rows = report(dump, tmp_path / "out")
     assert site_table(rows) == expected_rows(FINISHED)
     p, folded = check_exports(paths, rows, tmp_path, exe=prog, inlined=INLINED)
@@ -455,8 +460,13 @@ def test_finished_trace_exports_equal_the_report(prog, tmp_path):
     if GO:
         tr = pprof_traces(paths["pprof"], tmp_path, "inuse_space")
         inl = [f for n, f in tr if f[0].startswith("fill_in ")]
-        assert inl == [["fill_in %s:%d (inline)" % (SRC, site_line("export_leaks.c", "calloc")),
-                        "make_table %s:%d" % (SRC, site_line("export_leaks.c", "inlined_into"))]]
+        want = [["fill_in %s:%d (inline)" % (SRC, site_line("export_leaks.c", "calloc")),
+                 "make_table %s:%d" % (SRC, site_line("export_leaks.c", "inlined_into"))]]
+        if depth == "auto":
+            assert inl == want
+        else:   # the whole stack: the same two frames, then main's and on to _start
+            assert [f[:2] for f in inl] == want, inl
+            assert any(x.startswith("main ") for x in inl[0]) and inl[0][-1] == "_start", inl
     clients_checked()
 
 
@@ -604,7 +614,8 @@ def test_names_with_separators_stay_one_frame(tmp_path):
     subprocess.run(["cc", "-O1", "-s", "-o", exe, SRC], check=True)
     dump = tmp_path / "dump"
     dump.mkdir()
-    subprocess.run([exe], env=traced_env(dump), check=True)
+    # MMLEAK_DEPTH=auto: one stack per call site, so one folded line per report site
+    subprocess.run([exe], env=traced_env(dump, MMLEAK_DEPTH="auto"), check=True)
     paths, rows = report(dump, tmp_path / "out")
     mine = [r for r in rows if r["module"] == "le;ak\\ prog"]
     assert sum(r["bytes"] for r in mine) == 2356 and not any(r["function"] for r in mine)
@@ -842,3 +853,60 @@ def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError):
         mx.write_folded(model([]), str(path))
     assert path.read_text() == "old\n" and os.listdir(str(tmp_path)) == ["f.folded"]
+
+
+# ---------------------------------------------------------------------------------------
+# The default records whole stacks (issue 21)
+# ---------------------------------------------------------------------------------------
+
+def test_default_records_whole_stacks(tmp_path, lib):
+    """With no setting, a leak at the bottom of a recursion 12 deep under main has its whole
+    stack: 13 frames of rec, then main, then on to _start, in the dump, the report, the
+    folded flame graph, the pprof profile and the HTML page's flame graph."""
+    src = os.path.join(TESTS, "deep_stack.c")
+    exe = str(tmp_path / "deep_stack")
+    subprocess.run(["cc", "-O1", "-g", "-o", exe, src], check=True)
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    env = traced_env(dump)
+    env.pop("MMLEAK_DEPTH", None)
+    subprocess.run([exe], env=env, check=True)
+    want = ["rec"] * 13 + ["main"]
+    # the dump: one stack line, referenced by the leak, header depth=64 (the default)
+    text = b"".join(open(f, "rb").read() for f in mmleak.find_traces(str(dump)).popitem()[1])
+    assert b" depth=64 " in text
+    (ref,) = [l for l in text.split(b"\n") if re.match(rb"[0-9a-f]{12} \w+ 10e1 \w+ @", l)]
+    sid = ref.rsplit(b"@", 1)[1]
+    (sdef,) = {l for l in text.split(b"\n") if l.startswith(b"#s " + sid + b" ")}
+    assert len(sdef.split()) - 2 >= len(want) + 2, sdef     # + __libc_start*, _start
+    # the report: the block's callers, symbolized
+    rep = mmleak.build_report(str(dump), progress=False)
+    (blk,) = [a for a in rep["survivors"] if a.size == 4321]
+    names = [rep["frames"][c].function if rep["frames"].get(c) else None for c in blk.callers]
+    assert [mmleak.base_name(n) if n else n for n in names[:14]] == want, names
+    assert names[-1] == "_start", names
+    assert (rep["frames"][blk.callers[0]].line, rep["frames"][blk.callers[13]].line) == (
+        site_line("deep_stack.c", "deep"), site_line("deep_stack.c", "main"))
+    # the exports: the folded flame graph (root first) and pprof (leaf first)
+    paths, rows = report(dump, tmp_path / "out")
+    (folded,) = [f for f, n in read_folded(paths["folded"]) if n == 4321]
+    assert folded[-14:] == want[::-1] and folded[0] == "_start", folded
+    with gzip.open(paths["pprof"]) as f:
+        p = decode_profile(f.read())
+    levels = [[fn for fn, _, _ in stack_levels(p, locs)] for locs, vals, _ in p["samples"]
+              if 4321 in vals]
+    assert levels and all(l[:14] == want and l[-1] == "_start" for l in levels), levels
+    # the page: its flame graph holds main's box with 13 boxes of rec above it
+    page = tmp_path / "page.html"
+    r = subprocess.run([PY, MMLEAK, "report", str(dump), "-o", str(page)], capture_output=True,
+                       text=True)
+    if r.returncode != 0 and "pandas" in r.stderr:
+        pytest.skip("the page needs pandas")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(re.search(r'<script type="application/json" id="flame-data">(.*?)'
+                                r'</script>', page.read_text(), re.S).group(1))
+    name = [data["s"][f[0]] if f[0] >= 0 else None for f in data["f"]]
+    boxes = [(name[f] if f >= 0 else None, d) for f, d, _, _, _ in
+             zip(*[iter(data["n"])] * 5)]
+    (dm,) = [d for n, d in boxes if n == "main"]
+    assert sorted(d for n, d in boxes if n == "rec") == list(range(dm + 1, dm + 14)), boxes

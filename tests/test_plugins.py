@@ -148,7 +148,11 @@ def test_two_loads_of_a_library_in_one_batch(plugins, dump, where):
     plugin_leak's line in libalpha.so."""
     a, b = str(plugins / "libalpha.so"), str(plugins / "libbeta.so")
     argv = [x.replace("A", a).replace("B", b) if x[1:] in "AB" else x for x in TWO_LOADS[where]]
-    r = run_traced([str(plugins / "host")] + argv, dump)
+    # MMLEAK_DEPTH=auto: the layout built here (a pit the next mappings fall into) assumes
+    # mmleak.so maps nothing new between the loads; with stacks of every allocation (the
+    # default since issue 21, or MMLEAK_DEPTH=16 before it) its own tables grow there and
+    # the second load lands elsewhere.  The dlclose tests below run with whole stacks.
+    r = run_traced([str(plugins / "host")] + argv, dump, env={"MMLEAK_DEPTH": "auto"})
     seen = [s for s in loads(r.stdout) if s[0] == "alpha"]
     assert len(seen) == 2, r.stdout
     first, second = seen[0][3:], seen[1][3:]

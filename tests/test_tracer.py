@@ -60,7 +60,7 @@ def test_files_and_permissions(bins, dump):
         assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
     text = (dump / names[0]).read_bytes()
     assert text.startswith(b"#mmleak 2 id=%s pid=%s " % (tid.encode(), tid.encode()))
-    assert b" depth=auto " in text.split(b"\n")[0]           # the default: MMLEAK_DEPTH unset
+    assert b" depth=64 " in text.split(b"\n")[0]             # the default: MMLEAK_DEPTH unset
     assert text.endswith(b"#end\n") and b"\0" not in text   # clean exit: complete
     maps = (dump / names[1]).read_text()
     assert bins["hostile"] in maps and "/libc.so.6" in maps

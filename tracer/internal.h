@@ -51,7 +51,7 @@
 
 struct mml_cfg {
     char dir[PATH_MAX - 64]; /* MMLEAK_DIR, made absolute at start (default /tmp) */
-    int depth;               /* MMLEAK_DEPTH: frames per allocation; 0: auto (the default) */
+    int depth;               /* MMLEAK_DEPTH: frames per allocation at most (the default: MMLEAK_MAX_DEPTH, the whole stack); 0: auto */
     size_t rotate;           /* MMLEAK_ROTATE_MB: start a new file past this size (256) */
     size_t buffer;           /* MMLEAK_BUFFER_KB: staging area of a busy thread (1024) */
     size_t hold;             /* MMLEAK_HOLD_MB: lines held in memory while unwritable (64) */
@@ -93,6 +93,7 @@ struct tstate {
      * flush failed keeps any while the other one is written (see make_room). */
     size_t ustart[2], ulen[2];
     int slot;             /* 1 + our index in the registry of files, 0 if none */
+    struct mml_recent *recent; /* its recent walks (unwind.h), mapped at its first stack */
     uint64_t *ss;         /* ids of the stacks the current file holds (open addressing) */
     size_t ss_cap, ss_n;
     uint64_t lost;        /* events not recorded while dropping, not yet reported */
@@ -328,6 +329,7 @@ void *mml_dlopen_here(const char *file, int mode);
 /* ---- stacks.c: stacks, and the general recording of an event ---- */
 
 void sset_free(struct tstate *t);
+void recent_free(struct tstate *t);
 void sset_clear(struct tstate *t);
 /* ---- sites.c: the program's code, or the runtime's / a wrapper's? ---- */
 

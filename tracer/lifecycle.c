@@ -132,7 +132,7 @@ void arm_hot(void)
         else if (p)
             munmap(p, 4096);    /* kernel before 4.14: raw clone() children are not detected */
     }
-    H->fast = cfg.depth <= 1;
+    H->fast = cfg.depth <= 1 ? 1 : 2;
     H->epoch = atomic_load(&g_epoch);
     /* once something was unloaded even depth 1 asks the cache: the verdict says "no unloaded
      * range".  Not merely because the epoch moved: an attach or a detach moves it too (so
@@ -285,6 +285,7 @@ void thread_exit(void *arg)
         return;
     }
     INFLIGHT;
+    recent_free(t);
     if (g_state != 1 || t->trace_gen != g_trace_gen) {
         thread_reset(t);
         t->dead = 1;

@@ -142,13 +142,6 @@ HOT_INLINE char *put_hexv(char *d, uint32_t v, unsigned n)
     _mm_storel_epi64((__m128i *)(void *)d, hex16((uint64_t)v << (64 - 4 * n)));
     return d + n;
 }
-
-/* All sixteen digits of v. */
-HOT_INLINE char *put_hex16(char *d, uint64_t v)
-{
-    _mm_storeu_si128((__m128i *)(void *)d, hex16(v));
-    return d + 16;
-}
 #else
 /* Portable version: eight hex digits of x as eight ASCII bytes, most significant first in
  * memory (SWAR: spread the nibbles into bytes, then add '0', and 'a'-'0'-10 above 9). */
@@ -177,14 +170,6 @@ HOT_INLINE char *put_hexv(char *d, uint32_t v, unsigned n)
     uint64_t w = hex8(v << (32 - 4 * n));
     memcpy(d, &w, 8);
     return d + n;
-}
-
-HOT_INLINE char *put_hex16(char *d, uint64_t v)
-{
-    uint64_t hi = hex8((uint32_t)(v >> 32)), lo = hex8((uint32_t)v);
-    memcpy(d, &hi, 8);
-    memcpy(d + 8, &lo, 8);
-    return d + 16;
 }
 
 #endif
@@ -230,16 +215,24 @@ HOT_INLINE unsigned ndig(uint32_t v)
 
 /* The bytes of each kind of line, newline included, from the widths of SEQ, SIZE and TIME */
 #define ALLOC_LINE_LEN(ns, nn, nt) (12 + 1 + (ns) + 1 + (nn) + 1 + (nt) + 1 + 12 + 1)
-#define REF_LINE_LEN(ns, nn, nt) (12 + 1 + (ns) + 1 + (nn) + 1 + (nt) + 1 + 1 + 16 + 1)
+#define REF_LINE_LEN(ns, nn, nt) (12 + 1 + (ns) + 1 + (nn) + 1 + (nt) + 1 + 1 + STACK_ID_DIGITS + 1)
 #define FREE_LINE_LEN(ns) (12 + 1 + (ns) + 1 + 12 + 1)
 
-/* An allocation line with a stack's id instead of the caller, "PTR SEQ SIZE TIME @ID". */
+/* A stack's id (stacks.c) has STACK_ID_BITS bits, written as STACK_ID_DIGITS digits: "@ID"
+ * takes the 12 bytes of a caller's address, so a line with a whole stack is no longer than
+ * one with its caller alone. */
+#define STACK_ID_BITS 44
+#define STACK_ID_DIGITS 11
+
+/* An allocation line with a stack's id instead of the caller, "PTR SEQ SIZE TIME @ID": the
+ * id's 12 digits (the first one 0), that 0 then replaced by the '@'. */
 HOT_INLINE char *put_ref_fields(char *d, uint64_t p, uint32_t s, unsigned ns, uint32_t n,
                                 unsigned nn, uint32_t now, unsigned nt, uint64_t id)
 {
     d = put_head_fields(d, p, s, ns, n, nn, now, nt);
-    *d++ = '@';
-    return put_hex16(d, id);
+    d = put_hex12(d, id);
+    d[-12] = '@';
+    return d;
 }
 
 /* ---- the general writers: any values, into a buffer (not the staging half) ----
@@ -292,7 +285,7 @@ static inline char *put_alloc_line(char *d, uint64_t p, uint64_t s, uint64_t n, 
     if (!id)
         return hexw(d, c, 12);
     *d++ = '@';
-    return hexw(d, id, 16);
+    return hexw(d, id, STACK_ID_DIGITS);
 }
 
 /* "PTR SEQ CALLER" (without the newline). */
@@ -304,12 +297,12 @@ static inline char *put_free_line(char *d, uint64_t p, uint64_t s, uint64_t c)
 }
 
 /* "#s ID FRAME..." (without the newline): a stack, once per file; FRAME: a return address
- * minus 1, inside the call instruction, which names the calling line.  The id always has 16
- * digits, as in the references to it. */
+ * minus 1, inside the call instruction, which names the calling line.  The id always has
+ * STACK_ID_DIGITS digits, as in the references to it. */
 static inline char *put_stack_def(char *d, uint64_t id, const uintptr_t *f, int nf)
 {
     memcpy(d, "#s ", 3);
-    d = hexw(d + 3, id, 16);
+    d = hexw(d + 3, id, STACK_ID_DIGITS);
     for (int i = 0; i < nf; i++) {
         *d++ = ' ';
         d = hexw(d, f[i] - 1, 1);

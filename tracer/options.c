@@ -23,9 +23,9 @@ enum {
 #undef X
     OPT_COUNT
 };
-/* A default is a string for path and depth (depth's "auto" is 0), a number otherwise. */
+/* A default is a string for path, a number otherwise (depth's "auto" is 0). */
 #define DEFAULT_path(d) 0, d
-#define DEFAULT_depth(d) 0, NULL
+#define DEFAULT_depth(d) d, NULL
 #define DEFAULT_int(d) d, NULL
 #define DEFAULT_bool(d) d, NULL
 static const struct option {
@@ -75,8 +75,10 @@ static const char *cfg_get(const char *name)
 static long number(const struct option *o)
 {
     const char *s = cfg_get(o->env);
-    if (!s || !*s || (o->type == T_depth && !strcmp(s, "auto")))
+    if (!s || !*s)
         return o->def;
+    if (o->type == T_depth && !strcmp(s, "auto"))
+        return 0;
     char *e;
     long v = strtol(s, &e, 10);
     if (*e || v < o->min || v > o->max) {

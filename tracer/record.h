@@ -59,7 +59,8 @@ extern _Atomic uint64_t g_seq[1u << SEQ_BITS] __attribute__((aligned(64)));
  * shares all memory: its events are the parent's address space's and go on into the parent
  * thread's file, exactly as if the parent had made them. */
 struct hot {
-    int fast;        /* the one-frame fast writer may be used (tracing, depth 1 or auto) */
+    int fast;        /* tracing: 1 with depth 1 or auto (the one-frame writer below), 2 with
+                        stacks (the stack writer, stacks.c); 0 otherwise (the general path) */
     int alive;       /* tracing in this address space; 0 in a freshly forked copy */
     uintptr_t mask;  /* ~0: the caller must be a known program address (mml_direct) */
     unsigned epoch;  /* g_epoch: a thread that has not seen this one takes the slow path */
@@ -102,7 +103,9 @@ HOT_INLINE char *reserve(struct tstate *t, size_t n)
 #endif
 }
 
-/* stacks.c: the general path of an event (whatever the fast path does not write) */
+/* stacks.c: the stack writer (every allocation with MMLEAK_DEPTH above 1: FP is the entry
+ * point's frame), and the general path of an event (whatever the writers cannot write) */
+void record_stack_ref(void *p, size_t n, const void *ra, const void *fp);
 COLD void record_with_stack(void *p, size_t n, const void *ra);
 COLD void record_free_slow(void *p, uint64_t s, const void *ra);
 
@@ -113,9 +116,12 @@ HOT_INLINE void rec_alloc(void *p, size_t n, const void *ra)
 {
     struct tstate *t = &T;
     uintptr_t known = atomic_load_explicit(&mml_direct[MML_DIRECT_SLOT(ra)], memory_order_relaxed);
-    if (unlikely((t->end - t->cur < FAST_ROOM) | t->guard | (H->fast == 0) |
+    if (unlikely((t->end - t->cur < FAST_ROOM) | t->guard | (H->fast != 1) |
                  (((known ^ (uintptr_t)ra) & H->mask) != 0) | (t->epoch != H->epoch))) {
-        record_with_stack(p, n, ra);
+        if (H->fast == 2)       /* stacks: the frame of the entry point this is inlined in */
+            record_stack_ref(p, n, ra, __builtin_frame_address(0));
+        else
+            record_with_stack(p, n, ra);
         return;
     }
     uint64_t s = seq_next(p);

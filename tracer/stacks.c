@@ -59,8 +59,10 @@ HOT_INLINE int record_ready(void)
 
 /* ---- stacks ----
  * An allocation whose stack has more than one frame is written as "PTR SEQ SIZE TIME @ID",
- * and its stack once per file as "#s ID FRAME...": ID is a 64-bit hash of the frames, the
- * same in every file and process, so readers can merge any files.  Each thread keeps the set
+ * and its stack once per file as "#s ID FRAME...": ID is a 44-bit hash of the frames
+ * (STACK_ID_BITS: "@ID" is then as long as the caller's address it replaces), the same in
+ * every file and process, so readers can merge any files.  Two distinct stacks share an id
+ * with a chance of about N^2 / 2^45 among N stacks (3 in 10,000 for 100,000 stacks).  Each thread keeps the set
  * of ids its current file already holds (it moves with the file when a new thread continues
  * a parked one, and is emptied when the file ends). */
 
@@ -74,7 +76,7 @@ static uint64_t stack_id(const uintptr_t *f, int n)
         h += (f[i] ^ ((uint64_t)i << 52)) * (0xff51afd7ed558ccdull + 2 * (uint64_t)i);
     h ^= h >> 33;
     h *= 0xc4ceb9fe1a85ec53ull;
-    h ^= h >> 33;
+    h >>= 64 - STACK_ID_BITS;
     return h ? h : 1;
 }
 
@@ -115,6 +117,16 @@ static void sset_add(struct tstate *t, uint64_t id)
             t->ss_n++;
             return;
         }
+}
+
+/* The thread is gone: its recent walks too. */
+void recent_free(struct tstate *t)
+{
+    struct mml_recent *r = t->recent;
+    t->recent = NULL;       /* before the unmap: a signal handler's event may look */
+    atomic_signal_fence(memory_order_seq_cst);
+    if (r)
+        munmap(r, sizeof *r);
 }
 
 void sset_free(struct tstate *t)
@@ -181,7 +193,8 @@ static int pick_frames(const uintptr_t *bt, int k, uintptr_t *f, int want, int m
  * the memo): then the count and the id come from the memo and *filled is 0 (f[1..] not
  * written). */
 #define AUTO_FIRST 8    /* auto: frames walked first (the program's frame is usually there) */
-static int capture(const void *ra, uintptr_t *f, uint64_t *id, int memo, int *filled)
+static int capture(const void *ra, uintptr_t *f, uint64_t *id, int memo, int *filled,
+                   struct mml_recent *recent)
 {
     f[0] = (uintptr_t)ra;
     *id = 0;
@@ -200,7 +213,7 @@ static int capture(const void *ra, uintptr_t *f, uint64_t *id, int memo, int *fi
     if (!mml_unwind_start(ra, &st))
         return 1;
     int nf;
-    if (memo && mml_memo_get(&st, (unsigned)want, id, &nf)) {
+    if (memo && mml_memo_get(&st, (unsigned)want, id, &nf, NULL)) {
         *filled = 0;
         return nf;
     }
@@ -217,11 +230,86 @@ static int capture(const void *ra, uintptr_t *f, uint64_t *id, int memo, int *fi
     if (nf > 1) {
         *id = stack_id(f, nf);
         mml_memo_put(&st, (unsigned)want, gen, &tr, nf, *id);
+        if (recent)
+            mml_recent_put(recent, &st, (unsigned)want, gen, &tr, nf, *id, 0);
     }
     return nf;
 }
 
-/* An allocation the fast path did not write: with its stack (MMLEAK_DEPTH above 1, or auto
+/* The stack writer's memo lookup when the thread's recent walks may take the walk found: the
+ * words are copied out of the stack (out of line: the general path does not carry them). */
+static __attribute__((noinline)) int memo_to_recent(struct tstate *t, const struct mml_start *st,
+                                                    unsigned salt, uint64_t *id)
+{
+    struct mml_trail w;
+    unsigned gen = mml_memo_gen();
+    int nf;
+    if (!mml_memo_get(st, salt, id, &nf, &w) || nf < 2 || !sset_has(t, *id))
+        return 0;
+    mml_recent_put(t->recent, st, salt, gen, &w, nf, *id, 1);
+    return 1;
+}
+
+/* The stack writer: every allocation with MMLEAK_DEPTH above 1 (the default) comes here from
+ * the entry point (record.h), FP the entry point's frame.  The common case: the memo knows
+ * the walk from the caller's frame (unwind.h: no walk, the stack words checked instead) and
+ * this thread's file already holds the stack, so the line "PTR SEQ SIZE TIME @ID" is written
+ * at the cursor like the fast path's, with no call that can allocate or block.  The guard is
+ * held while the memo and the file's set of ids are read (a signal handler's allocation in
+ * between passes through untraced, as in the general path).  Anything else (a first walk, a
+ * stack new to the file, a full half, values too wide...) goes to the general path. */
+void record_stack_ref(void *p, size_t n, const void *ra, const void *fp)
+{
+    struct tstate *t = &T;
+    if (unlikely((t->end - t->cur < FAST_ROOM) | t->guard | (t->epoch != H->epoch) |
+                 (t->open == 0) | t->dead | t->dropping | (t->ss_n == 0)))
+        goto general;
+    t->guard++;
+    atomic_signal_fence(memory_order_seq_cst);
+    /* the caller's frame: the entry point's return address is ra, unless the entry point
+     * passed the call on to a function of its own (then the frame-pointer chain finds it) */
+    struct mml_start st;
+    const uintptr_t *e = fp;
+    int found;
+    if (likely(e[1] == (uintptr_t)ra)) {
+        st = (struct mml_start){ (uintptr_t)ra, (uintptr_t)fp + 16, e[0] };
+        found = 1;
+    } else {
+        found = mml_unwind_start(ra, &st);
+    }
+    /* the thread's recent walks first (a comparison per stack word), then the memo (a hash
+     * of them, in memory shared by all threads); a memo hit may take a recent slot */
+    uint64_t id;
+    int nf;
+    unsigned salt = (unsigned)cfg.depth;
+    int rec = found && t->recent ? mml_recent_get(t->recent, &st, salt, &id) : 0;
+    if (rec > 0)
+        found = sset_has(t, id);
+    else if (found && rec == 0)
+        found = mml_memo_get(&st, salt, &id, &nf, NULL) && nf > 1 && sset_has(t, id);
+    else if (found)
+        found = memo_to_recent(t, &st, salt, &id);
+    atomic_signal_fence(memory_order_seq_cst);
+    t->guard--;
+    if (!found)
+        goto general;
+    uint64_t s = seq_next(p);
+    uint64_t now = (uint64_t)(time(NULL) - g_t0);
+    if (unlikely(((s | n | now) >> 32) | ((uintptr_t)p >> 48))) {
+        record_with_stack(p, n, ra);    /* rare: a huge block, a clock jump, a wide address */
+        return;
+    }
+    unsigned ns = ndig((uint32_t)s), nn = ndig((uint32_t)n), nt = ndig((uint32_t)now);
+    char *d = reserve(t, REF_LINE_LEN(ns, nn, nt));
+    d = put_ref_fields(d, (uintptr_t)p, (uint32_t)s, ns, (uint32_t)n, nn, (uint32_t)now, nt, id);
+    atomic_signal_fence(memory_order_release);
+    *d = '\n';
+    return;
+general:
+    record_with_stack(p, n, ra);
+}
+
+/* An allocation the writers did not write: with its stack (MMLEAK_DEPTH above 1, or auto
  * past the runtime and the wrappers: then every allocation comes here), a thread's first
  * event, a full half, our own code, a new epoch, a forked copy, a value too wide.  COLD keeps
  * its call out of the entry points' hot code; with stacks, the common case here is a stack the
@@ -236,10 +324,13 @@ COLD void record_with_stack(void *p, size_t n, const void *ra)
     uintptr_t f[MMLEAK_MAX_DEPTH];
     uint64_t id;
     int filled;
-    int nf = capture(ra, f, &id, 1, &filled);
+    if (cfg.depth > 1 && !t->recent && !t->dead)
+        t->recent = mml_map(sizeof *t->recent);     /* NULL: the memo alone serves */
+    struct mml_recent *rc = cfg.depth > 1 ? t->recent : NULL;
+    int nf = capture(ra, f, &id, 1, &filled, rc);
     int def = nf > 1 && (!t->open || !sset_has(t, id));
     if (def && !filled)         /* the memo gave the id, the frames are needed now */
-        nf = capture(ra, f, &id, 0, &filled);
+        nf = capture(ra, f, &id, 0, &filled, rc);
     if (nf > 1 && !def && !(t->dead | t->dropping) && t->end - t->cur >= FAST_ROOM &&
         !((s | n | (uint64_t)now) >> 32) && !((uintptr_t)p >> 48) && now >= 0) {
         /* the common case with stacks: a stack this file holds, written like the fast path */

@@ -1120,6 +1120,7 @@ struct mml_tls {
     unsigned tries;
     uintptr_t pf_ip, pf_sp; /* the last mml_memo_prefetch: its start and set */
     void *pf_set;
+    int pf_off;             /* the thread's recent walks serve most lookups: no prefetch */
 };
 static __thread struct mml_tls U __attribute__((tls_model("initial-exec")));
 
@@ -1741,7 +1742,7 @@ struct memo {
     uint8_t n;              /* words */
     uint8_t nframes;
     uint8_t use_bp;
-    uint8_t pad_;
+    uint8_t esc;            /* delta[] holds an escape (a step of 128 words or more) */
     uint64_t tag;           /* memo_tag(): the start (ip, sp, bp if used), settings, generation */
     uint64_t vhash;         /* hash of the words */
     uint64_t value;
@@ -1780,6 +1781,8 @@ static inline struct memo *memo_set(uintptr_t ip, uintptr_t sp)
 
 void mml_memo_prefetch(uintptr_t ip, uintptr_t sp)
 {
+    if (U.pf_off)
+        return;     /* pf_ip is 0: the lookup computes its set */
     struct memo *r = memo_set(ip, sp);
     for (int w = 0; w < MEMO_WAYS; w++)
         __builtin_prefetch(r + w);
@@ -1818,8 +1821,9 @@ unsigned mml_memo_gen(void)
 
 /* One record: 1 if it holds the walk from s (tag t0 without bp) and the words still hash the
  * same. */
-static inline int memo_check(struct memo *r, const struct mml_start *s, uint64_t t0,
-                             uint64_t *value, int *nframes)
+static inline __attribute__((always_inline)) int
+memo_check(struct memo *r, const struct mml_start *s, uint64_t t0, uint64_t *value,
+           int *nframes, struct mml_trail *words)
 {
     uint32_t q = atomic_load_explicit(&r->seq, memory_order_acquire);
     uint64_t tag = LD(r->tag);
@@ -1835,7 +1839,20 @@ static inline int memo_check(struct memo *r, const struct mml_start *s, uint64_t
         return 0;
     long lim = (long)((hi - sp) / 8), o = 0;
     uint64_t h = n;
-    for (unsigned i = 0, j = 0; i < n; i++) {
+    if (likely(!LD(r->esc))) {
+        /* one byte per step, no escape to decode (the bounds check below still holds) */
+        for (unsigned i = 0; i < n; i++) {
+            o += LD(r->delta[i]);
+            if (unlikely((unsigned long)o >= (unsigned long)lim))
+                return 0;
+            uintptr_t v = *(const uintptr_t *)(sp + 8 * (uintptr_t)o);
+            h += v * MEMO_MUL(i);
+            if (words) {
+                words->off[i] = (uint16_t)o;
+                words->val[i] = v;
+            }
+        }
+    } else for (unsigned i = 0, j = 0; i < n; i++) {
         long d = LD(r->delta[j++]);
         if (unlikely(d == MEMO_ESC)) {         /* a larger step: 16 bits follow */
             if (j + 2 > MEMO_DELTAS)
@@ -1846,16 +1863,31 @@ static inline int memo_check(struct memo *r, const struct mml_start *s, uint64_t
         o += d;
         if (unlikely((unsigned long)o >= (unsigned long)lim || j > MEMO_DELTAS))
             return 0;
-        h += *(const uintptr_t *)(sp + 8 * (uintptr_t)o) * MEMO_MUL(i);
+        uintptr_t v = *(const uintptr_t *)(sp + 8 * (uintptr_t)o);
+        h += v * MEMO_MUL(i);
+        if (words) {
+            words->off[i] = (uint16_t)o;
+            words->val[i] = v;
+        }
     }
     uint64_t vh = LD(r->vhash);
     *value = LD(r->value);
     *nframes = LD(r->nframes);
+    int use_bp = LD(r->use_bp) && tag != t0;
     atomic_thread_fence(memory_order_acquire);
-    return mix64(h) == vh && atomic_load_explicit(&r->seq, memory_order_relaxed) == q;
+    if (mix64(h) != vh || atomic_load_explicit(&r->seq, memory_order_relaxed) != q)
+        return 0;
+    if (words) {
+        words->n = (int)n;
+        words->bad = 0;
+        words->walked = *nframes;
+        words->bp_from = use_bp ? 0 : 1 << 30;
+    }
+    return 1;
 }
 
-int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int *nframes)
+int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int *nframes,
+                 struct mml_trail *words)
 {
     /* the set the entry point prefetched, if this is that start (a signal handler's
      * allocation in between may have prefetched another) */
@@ -1863,8 +1895,15 @@ int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int 
     if (atomic_load_explicit(&g_unloading, memory_order_relaxed))
         return 0;
     uint64_t t0 = memo_tag0(s, salt, atomic_load_explicit(&g_memo_gen, memory_order_relaxed));
+    /* two copies of the check: the one without words has no trace of them */
+    if (words) {
+        for (int w = 0; w < MEMO_WAYS; w++)
+            if (memo_check(&r[w], s, t0, value, nframes, words))
+                return 1;
+        return 0;
+    }
     for (int w = 0; w < MEMO_WAYS; w++)
-        if (memo_check(&r[w], s, t0, value, nframes))
+        if (memo_check(&r[w], s, t0, value, nframes, NULL))
             return 1;
     return 0;
 }
@@ -1926,6 +1965,7 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
     for (int i = 0; i < j; i++)
         ST(r->delta[i], d[i]);
     ST(r->n, (uint8_t)n);
+    ST(r->esc, (uint8_t)(j != n));
     ST(r->nframes, (uint8_t)nframes);
     ST(r->use_bp, (uint8_t)use_bp);
     ST(r->tag, tag);
@@ -1933,5 +1973,97 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
     ST(r->value, value);
     atomic_store_explicit(&r->seq, q + 2, memory_order_release);
 }
+
+/* ---- the thread's recent walks (unwind.h) ----
+ * A slot per start (ip, sp), chosen by a hash of both.  A hit: the same start, settings and
+ * generation (and bp if the walk used it), the words on this thread's stack as it is known
+ * now, each equal to the one kept. */
+static inline struct mml_recent_slot *recent_slot(struct mml_recent *r, uintptr_t ip, uintptr_t sp)
+{
+    uint64_t h = (uint64_t)ip * 0x9E3779B97F4A7C15ull + (uint64_t)sp * 0xC2B2AE3D27D4EB4Full;
+    return &r->slot[h >> (64 - 4)];
+}
+_Static_assert(MML_RECENT_SLOTS == 16, "recent_slot takes 4 bits");
+/* A slot that holds a walk is given to a memo hit's walk after this many misses in a row: on
+ * many stacks met at random (stacks_bench), no slot would hit again before it is replaced,
+ * and copying every hit's words would cost more than the slots save. */
+#define RECENT_PATIENCE 16
+#define RECENT_ROUND 256
+#define RECENT_WORTH 8
+#define RECENT_SKIP 4096
+
+int mml_recent_get(struct mml_recent *r, const struct mml_start *s, unsigned salt,
+                   uint64_t *value)
+{
+    /* Of every RECENT_ROUND lookups, fewer than one in RECENT_WORTH hit: the next
+     * RECENT_SKIP are not made (each would cost a miss and, now and then, a copy). */
+    if (unlikely(r->skip)) {
+        if (--r->skip == 0)
+            U.pf_off = 0;
+        return 0;
+    }
+    if (unlikely(++r->tries == RECENT_ROUND)) {
+        if (r->hits * RECENT_WORTH < RECENT_ROUND)
+            r->skip = RECENT_SKIP;
+        /* most lookups hit here: the entry points stop prefetching the memo's records */
+        U.pf_ip = 0;
+        atomic_signal_fence(memory_order_seq_cst);
+        U.pf_off = r->hits * 4 >= 3 * RECENT_ROUND;
+        r->tries = r->hits = 0;
+    }
+    struct mml_recent_slot *e = recent_slot(r, s->ip, s->sp);
+    uintptr_t sp = s->sp;
+    unsigned n = e->n;
+    if (e->ip != s->ip || e->sp != sp || e->salt != salt || (e->use_bp && e->bp != s->bp) ||
+        e->gen != atomic_load_explicit(&g_memo_gen, memory_order_relaxed) ||
+        atomic_load_explicit(&g_unloading, memory_order_relaxed) || n == 0 ||
+        sp < U.lo || sp + 8 * (uintptr_t)e->top + 8 > U.hi)
+        goto miss;
+    uintptr_t diff = 0;
+    for (unsigned i = 0; i < n; i++)
+        diff |= *(const uintptr_t *)(sp + 8 * (uintptr_t)e->off[i]) ^ e->val[i];
+    if (diff)
+        goto miss;
+    *value = e->value;
+    e->misses = 0;
+    r->hits++;
+    return 1;
+miss:
+    if (e->misses < 255)
+        e->misses++;
+    return e->n && e->misses < RECENT_PATIENCE ? 0 : -1;
+}
+
+void mml_recent_put(struct mml_recent *r, const struct mml_start *s, unsigned salt, unsigned gen,
+                    const struct mml_trail *tr, int nframes, uint64_t value, int from_memo)
+{
+    if (tr->bad || nframes < 1 || nframes > tr->walked || nframes > MML_TRAIL_FRAMES)
+        return;
+    int all = nframes == tr->walked;
+    int n = all ? tr->n : tr->upto[nframes];
+    int use_bp = all ? tr->bp_from < (1 << 30) : tr->bp_from < nframes;
+    if (n < 1 || n > MML_TRAIL_MAX)
+        return;
+    struct mml_recent_slot *e = recent_slot(r, s->ip, s->sp);
+    if (from_memo && e->n && e->misses < RECENT_PATIENCE)
+        return;
+    unsigned top = 0;
+    for (int i = 0; i < n; i++) {
+        e->off[i] = tr->off[i];
+        e->val[i] = tr->val[i];
+        top = tr->off[i] > top ? tr->off[i] : top;
+    }
+    e->top = (uint16_t)top;
+    e->ip = s->ip;
+    e->sp = s->sp;
+    e->bp = s->bp;
+    e->use_bp = (uint8_t)use_bp;
+    e->salt = salt;
+    e->gen = gen;
+    e->value = value;
+    e->misses = 0;
+    e->n = (uint8_t)n;
+}
+
 #undef LD
 #undef ST

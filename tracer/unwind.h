@@ -65,7 +65,8 @@ struct mml_start { uintptr_t ip, sp, bp; };
  * mmleak.so is), at most 16 frames.  0 if not found. */
 int mml_unwind_start(const void *ra, struct mml_start *s);
 
-#define MML_TRAIL_MAX 32     /* stack words a memoised walk may have read */
+#define MML_TRAIL_MAX 64     /* stack words a remembered walk may have read (the memo keeps
+                                walks of up to 32, a thread's recent walks up to 64) */
 #define MML_TRAIL_FRAMES 64  /* frames of a walk that may be memoised */
 struct mml_trail {
     int n;                              /* words read (more than MML_TRAIL_MAX: not usable) */
@@ -84,8 +85,41 @@ int mml_unwind_trail(const struct mml_start *s, uintptr_t *out, int max, struct 
  * in between makes that record useless). */
 unsigned mml_memo_gen(void);
 /* A memoised walk from s under salt (the caller's own settings) whose stack words are all
- * still the same: 1, with the caller's value and frame count. */
-int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int *nframes);
+ * still the same: 1, with the caller's value and frame count; and in *words if not NULL,
+ * the words checked (for mml_recent_put: n, off, val, walked, bp_from). */
+int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int *nframes,
+                 struct mml_trail *words);
+
+/* ---- the thread's recent walks ----
+ * In front of the memo, per thread: the last walks from a few starts, with the stack words
+ * themselves (not a hash of them), so that checking one is a comparison per word, with no
+ * hashing and no shared cache line.  Owned by the caller (one per thread, mapped when its
+ * first stack is recorded, never shared: only its thread reads and writes it, with mmleak's
+ * guard held, so a signal handler never meets it half written).  A hit gives what the memo
+ * would: the caller's value for the walk from s under salt, its stack words unchanged. */
+#define MML_RECENT_SLOTS 16
+struct mml_recent_slot {
+    uintptr_t ip, sp, bp;
+    uint64_t value;
+    unsigned gen;               /* the memo's generation (a dlclose makes the slot dead) */
+    unsigned salt;
+    uint8_t n, use_bp, misses;
+    uint16_t top;                   /* the highest of off[] */
+    uint16_t off[MML_TRAIL_MAX];    /* (address - sp) / 8 */
+    uintptr_t val[MML_TRAIL_MAX];
+};
+struct mml_recent {
+    unsigned tries, hits, skip;     /* a thread whose recent walks seldom hit stops asking */
+    struct mml_recent_slot slot[MML_RECENT_SLOTS];
+};
+/* 1: a hit.  0: a miss; -1: a miss, and a memo hit's walk may take the slot (it is empty,
+ * or it missed many times in a row). */
+int mml_recent_get(struct mml_recent *r, const struct mml_start *s, unsigned salt,
+                   uint64_t *value);
+/* Keep the walk (trail tr, its first nframes frames) in r; from a memo hit (from_memo: its
+ * words from mml_memo_get), only where mml_recent_get said -1. */
+void mml_recent_put(struct mml_recent *r, const struct mml_start *s, unsigned salt, unsigned gen,
+                    const struct mml_trail *tr, int nframes, uint64_t value, int from_memo);
 /* Remember that the first nframes frames of the walk with trail tr gave value. */
 void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
                   const struct mml_trail *tr, int nframes, uint64_t value);

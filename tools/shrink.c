@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "../tracer/compiler.h"
+#include "blocks.h"
 
 enum { K_FREE = 0, K_ALLOC = 1, K_END = 2, K_START = 3 };   /* odd kinds: allocation-like */
 enum { P_TORN = 0, P_PADDING = 1, P_MALFORMED = 2, P_DUPLICATE = 3, P_KINDS = 4 };
@@ -886,6 +887,50 @@ static void write_state(struct run *r, struct obuf *o, int final)
     ob_flush(o);
 }
 
+/* The run both entry points share: shrink PATHS into R's table (see mmleak_shrink).
+ * Returns 0, or the status to return (1, -1). */
+static int shrink_inputs(struct run *r, const char *const *paths, const int *name_id,
+                         int npaths, int show, mmleak_header_cb on_header,
+                         mmleak_tick_cb on_tick, mmleak_open_cb on_open,
+                         mmleak_problem_cb on_problem, uint64_t *counts,
+                         struct mmleak_shrink_stats *stats, char *buf)
+{
+    if (table_init(&r->t, 16))
+        return -1;
+    memset(stats, 0, sizeof *stats);
+    memset(counts, 0, sizeof(uint64_t) * P_KINDS * (size_t)npaths);
+    r->counts = counts;
+    r->name_id = name_id;
+    r->show = show > 0 ? (uint64_t)show : 0;
+    r->on_header = on_header;
+    r->on_tick = on_tick;
+    r->on_problem = on_problem;
+    r->st = stats;
+    for (int i = 0; i < npaths && !r->stop; i++) {
+        int fd = strcmp(paths[i], "-") ? on_open(i) : 0;
+        if (fd == -2) {
+            r->stop = 1;
+            break;
+        }
+        if (fd < 0) {                   /* mmleak.py said why */
+            stats->fatal = 1;
+            continue;
+        }
+        feed_fd(r, fd, i, buf);
+        if (fd)
+            close(fd);
+    }
+    return r->stop;
+}
+
+static void run_release(struct run *r)
+{
+    if (r->t.e)
+        munmap(r->t.e, r->t.cap_bytes);
+    slab_release(&r->mem);
+    hset_release(&r->headers);
+}
+
 /* Shrink PATHS ("-" is stdin, descriptor 0; any other is opened by ON_OPEN) and write the
  * result (events only, no header lines: those go to the header callback) to OUT_FD.
  * NAME_ID[i]: the index of the first input with the name input i has in messages; COUNTS
@@ -902,49 +947,18 @@ EXPORT int mmleak_shrink(const char *const *paths, const int *name_id, int npath
     char *buf = map_mem(READ_BUF);
     struct run r;
     memset(&r, 0, sizeof r);
-    int rc = 0;
-    if (!out || !buf || table_init(&r.t, 16)) {
-        rc = -1;
-        goto done;
-    }
-    memset(stats, 0, sizeof *stats);
-    memset(counts, 0, sizeof(uint64_t) * P_KINDS * (size_t)npaths);
-    out->fd = out_fd;
-    r.counts = counts;
-    r.name_id = name_id;
-    r.show = show > 0 ? (uint64_t)show : 0;
-    r.on_header = on_header;
-    r.on_tick = on_tick;
-    r.on_problem = on_problem;
-    r.st = stats;
-    for (int i = 0; i < npaths && !r.stop; i++) {
-        int fd = strcmp(paths[i], "-") ? on_open(i) : 0;
-        if (fd == -2) {
-            r.stop = 1;
-            break;
+    int rc = !out || !buf ? -1 : shrink_inputs(&r, paths, name_id, npaths, show, on_header,
+                                                on_tick, on_open, on_problem, counts, stats,
+                                                buf);
+    if (rc == 0) {
+        out->fd = out_fd;
+        write_state(&r, out, final);
+        if (out->err) {
+            stats->out_errno = (uint64_t)out->err;
+            rc = -2;
         }
-        if (fd < 0) {                   /* mmleak.py said why */
-            stats->fatal = 1;
-            continue;
-        }
-        feed_fd(&r, fd, i, buf);
-        if (fd)
-            close(fd);
     }
-    if (r.stop) {
-        rc = r.stop;
-        goto done;
-    }
-    write_state(&r, out, final);
-    if (out->err) {
-        stats->out_errno = (uint64_t)out->err;
-        rc = -2;
-    }
-done:
-    if (r.t.e)
-        munmap(r.t.e, r.t.cap_bytes);
-    slab_release(&r.mem);
-    hset_release(&r.headers);
+    run_release(&r);
     if (buf)
         munmap(buf, READ_BUF);
     if (out)
@@ -952,5 +966,84 @@ done:
     return rc;
 }
 
-/* The interface version mmleak.py checks before it relies on the function's signature. */
-EXPORT int mmleak_shrink_abi(void) { return 4; }
+/* An allocation line as a block: "PTR SEQ SIZE TIME @ID\n" (a stack's id) or "PTR SEQ SIZE
+ * TIME CALLER\n" (one caller inline); 0 when the line is neither (format 1 with several
+ * callers inline). */
+static int block_of(const char *l, struct mmleak_block *b)
+{
+    const char *q = hexf(l, &b->ptr);
+    if (!q || *q != ' ' || !(q = hexf(q + 1, &b->seq)) || *q != ' ' ||
+        !(q = hexf(q + 1, &b->size)) || *q != ' ' || !(q = hexf(q + 1, &b->time)) ||
+        q[0] != ' ')
+        return 0;
+    b->frame = q[1] != '@';
+    b->pad = 0;
+    q = hexf(q + 1 + !b->frame, &b->stack);
+    return q && *q == '\n';
+}
+
+/* The final result of mmleak_shrink (FINAL 1) in two parts: the survivors as blocks in
+ * BLOCKS (an array in a mapping of its own: mmleak_blocks_free; in the table's
+ * order, not sorted), and the rest as lines to OUT_FD, sorted by address: the foreign frees
+ * and the survivors with several callers inline (format 1).  stats->lines counts those lines
+ * only.  Returns as mmleak_shrink. */
+EXPORT int mmleak_shrink_blocks(const char *const *paths, const int *name_id, int npaths,
+                                int out_fd, int show, mmleak_header_cb on_header,
+                                mmleak_tick_cb on_tick, mmleak_open_cb on_open,
+                                mmleak_problem_cb on_problem, uint64_t *counts,
+                                struct mmleak_shrink_stats *stats,
+                                struct mmleak_blocks *blocks)
+{
+    struct obuf *out = map_mem(sizeof *out);
+    char *buf = map_mem(READ_BUF);
+    struct run r;
+    memset(&r, 0, sizeof r);
+    memset(blocks, 0, sizeof *blocks);
+    int rc = !out || !buf ? -1 : shrink_inputs(&r, paths, name_id, npaths, show, on_header,
+                                                on_tick, on_open, on_problem, counts, stats,
+                                                buf);
+    if (rc == 0) {
+        struct table *t = &r.t;
+        blocks->cap_bytes = ((t->count ? t->count : 1) * sizeof(struct mmleak_block) + 4095)
+                            & ~(size_t)4095;
+        blocks->v = map_mem(blocks->cap_bytes);     /* pages are committed as filled */
+        if (!blocks->v) {
+            blocks->cap_bytes = 0;
+            rc = -1;
+        }
+        for (size_t i = 0; rc == 0 && i <= t->mask; i++) {
+            struct ent *e = &t->e[i];
+            if (!e->used)
+                continue;
+            if (!e->hull) {
+                if (e->k0 == K_ALLOC && block_of(e->l0, &blocks->v[blocks->n])) {
+                    blocks->n++;
+                    e->used = 0;        /* no lookup follows: the probe chains may break */
+                }
+            } else if (e->k1 == K_ALLOC && block_of(e->l1, &blocks->v[blocks->n])) {
+                blocks->n++;
+                e->k1 = K_END;          /* a bracket: the final result leaves it out */
+            }
+        }
+        if (rc == 0) {
+            out->fd = out_fd;
+            write_state(&r, out, 1);
+            stats->entries += blocks->n;
+            if (out->err) {
+                stats->out_errno = (uint64_t)out->err;
+                rc = -2;
+            }
+        }
+        if (rc)
+            mmleak_blocks_free(blocks);
+    }
+    run_release(&r);
+    if (buf)
+        munmap(buf, READ_BUF);
+    if (out)
+        munmap(out, sizeof *out);
+    return rc;
+}
+
+/* The interface version mmleak.py checks before it relies on the functions' signatures. */
+EXPORT int mmleak_shrink_abi(void) { return 5; }

@@ -59,6 +59,7 @@ check: all
 
 bench: all
 	$(PYTHON) bench/run.py
+	$(PYTHON) bench/live.py
 
 demo: all
 	$(PYTHON) tests/demo.py

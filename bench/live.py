@@ -17,6 +17,9 @@ largest of the process and the children it waited for):
     report_raw  `mmleak.py report --no-html` on keep_all's trace (not compacted)
     page        `mmleak.py report -o page.html` on run's trace (with the HTML page)
 
+report and page read run's trace when run is among the steps, else keep_all's (--steps
+keep_all,report,page skips the long default run).
+
 Runs are interleaved (round 1 of every step, then round 2...); medians are printed, and the
 report's counts are checked exactly (N and 1,000 blocks at the two call sites).  Each round
 writes about 1 GB per 10 million blocks (the two traces and heaptrack's file) under --dir
@@ -60,7 +63,8 @@ def run_step(argv, **kw):
         p.returncode = os.waitstatus_to_exitcode(status)
     with open(errf, "rb") as f:
         err = f.read()[-3000:].decode("utf-8", "replace")
-    return {"wall": wall, "rss_mb": ru.ru_maxrss / 1024.0, "rc": p.returncode, "err": err}
+    return {"wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "rss_mb": ru.ru_maxrss / 1024.0,
+            "rc": p.returncode, "err": err}
 
 
 def dir_mb(d):
@@ -92,8 +96,9 @@ def one_round(steps, blocks, lost, root, binary):
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
     need = set(steps)
-    if "report" in need or "page" in need:
-        need.add("run")
+    traced = run_dir if "run" in need else keep_dir
+    if ("report" in need or "page" in need) and "run" not in need:
+        need.add("keep_all")
     if "shrink" in need or "report_raw" in need:
         need.add("keep_all")
     if "ht_print" in need:
@@ -117,10 +122,10 @@ def one_round(steps, blocks, lost, root, binary):
             argv = [PY, MMLEAK, "shrink", "--final"] + sorted(
                 os.path.join(keep_dir, x) for x in os.listdir(keep_dir) if x.endswith(".out"))
         elif step in ("report", "report_raw"):
-            argv = [PY, MMLEAK, "report", "--no-html", run_dir if step == "report" else keep_dir]
+            argv = [PY, MMLEAK, "report", "--no-html", traced if step == "report" else keep_dir]
             stdout = open(os.path.join(scratch, "report.txt"), "wb")
         elif step == "page":
-            argv = [PY, MMLEAK, "report", "-o", os.path.join(scratch, "page.html"), run_dir]
+            argv = [PY, MMLEAK, "report", "-o", os.path.join(scratch, "page.html"), traced]
         r = run_step(argv, stdout=stdout, scratch=scratch)
         if stdout is not None:
             stdout.close()
@@ -136,7 +141,7 @@ def one_round(steps, blocks, lost, root, binary):
             r["disk_mb"] = dir_mb(ht_dir)
         if r["rc"] != 0:
             log("  %s: exit status %d: %s" % (step, r["rc"], r["err"].strip()[-400:]))
-        log("  %-10s %7.2f s %8.0f MB%s" % (step, r["wall"], r["rss_mb"], "".join(
+        log("  %-10s %7.2f s (cpu %.2f s) %8.0f MB%s" % (step, r["wall"], r["cpu"], r["rss_mb"], "".join(
             "  %s=%s" % (k, r[k]) for k in ("exact", "disk_mb", "page_mb") if k in r)))
         res[step] = r
     for d in (run_dir, keep_dir, ht_dir, scratch):
@@ -171,8 +176,8 @@ def main():
     for i in range(args.runs):
         log("round %d of %d (%d live blocks):" % (i + 1, args.runs, args.blocks))
         rounds.append(one_round(steps, args.blocks, args.lost, args.dir, binary))
-    print("%d live blocks of 100 bytes + %d lost, medians of %d rounds (wall s, peak RSS MB)"
-          % (args.blocks, args.lost, args.runs))
+    print("%d live blocks of 100 bytes + %d lost, medians of %d rounds (wall s, the runs' "
+          "walls, CPU s, peak RSS MB)" % (args.blocks, args.lost, args.runs))
     for s in STEPS:
         rs = [r[s] for r in rounds if s in r]
         if not rs:
@@ -184,9 +189,10 @@ def main():
             vals = [r[k] for r in rs if r.get(k) is not None]
             if vals:
                 extra += "  %s %.1f" % (k, statistics.median(vals))
-        print("  %-10s %7.2f s  (%s)  %7.0f MB%s" % (
+        print("  %-10s %7.2f s  (%s)  cpu %6.2f s  %7.0f MB%s" % (
             s, statistics.median(r["wall"] for r in rs),
             " ".join("%.2f" % r["wall"] for r in rs),
+            statistics.median(r["cpu"] for r in rs),
             statistics.median(r["rss_mb"] for r in rs), extra))
     if "run" in rounds[0] and "heaptrack" in rounds[0]:
         print("  run / heaptrack: %.2fx" % statistics.median(

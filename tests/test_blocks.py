@@ -172,10 +172,11 @@ def peak_rss_mb(argv, **kw):
     return ru.ru_maxrss / 1024.0
 
 
-# The report's memory per live block (README "Performance"): the compiled shrinker's table
-# and line (about 150 bytes, 250 while the table doubles), the block (48 bytes).  mmleak.py
-# before issue 19 took about 430 bytes per block here (a Python object each).
-BYTES_PER_BLOCK = 300
+# The report's memory per live block (docs/performance.rst): the compiled shrinker's entry
+# (56 bytes, turned into the 48-byte block in place), its line (40) and its index (4 to 11):
+# about 100 bytes.  mmleak.py before issue 19 took 460 bytes per block here (1.38 GB for
+# these 3 million: a Python object each).
+BYTES_PER_BLOCK = 150
 BASE_MB = 80
 
 

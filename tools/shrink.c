@@ -88,7 +88,7 @@ static void *map_mem(size_t n)
 /* Line storage: size classes of 16 bytes up to SLAB_MAX, each with a free list; bigger lines
  * get a mapping of their own.  A block's class is recomputed from the length kept in the
  * table, so blocks carry no header. */
-#define SLAB_GRAIN 16
+#define SLAB_GRAIN 8
 #define SLAB_MAX 1024
 #define SLAB_CLASSES (SLAB_MAX / SLAB_GRAIN)
 #define CHUNK (1u << 20)
@@ -158,19 +158,23 @@ static void slab_release(struct slab *s)
     s->chunks = NULL;
 }
 
-/* ---- the state: an open-addressing table keyed by the pointer ------------------------ */
+/* ---- the state: entries in a dense array, found through an index keyed by the pointer --
+ * The entries stay packed (a deletion moves the last one into the hole) and grow in place
+ * (mremap: no second copy); the index is open addressing over 4-byte entry numbers, so the
+ * state costs the entry, its lines, and a few bytes of index per address. */
 
 struct ent {
     uint64_t key;
     uint64_t s0, s1;         /* single: s0; hull: low end s0, high end s1 */
     char *l0, *l1;           /* stored lines; a bracket end keeps only its PTR field */
     uint32_t n0, n1;
-    uint8_t k0, k1, hull, used;
+    uint8_t k0, k1, hull;
 };
 
 struct table {
-    struct ent *e;
-    size_t mask, count, cap_bytes;
+    struct ent *e;           /* count entries, room for cap */
+    uint32_t *ix;            /* 0: empty slot, else 1 + the entry's number */
+    size_t mask, count, cap, e_bytes, ix_bytes;
     int bits;
 };
 
@@ -179,54 +183,81 @@ static inline size_t home(const struct table *t, uint64_t key)
     return (size_t)((key * 0x9E3779B97F4A7C15ull) >> (64 - t->bits));
 }
 
-static int table_init(struct table *t, int bits)
+static int index_init(struct table *t, int bits)
 {
     size_t n = (size_t)1 << bits;
-    t->cap_bytes = n * sizeof(struct ent);
-    t->e = map_mem(t->cap_bytes);   /* zero-filled: every slot unused */
-    if (!t->e)
+    uint32_t *ix = map_mem(n * sizeof *ix);    /* zero-filled: every slot empty */
+    if (!ix)
         return -1;
+    if (t->ix)
+        munmap(t->ix, t->ix_bytes);
+    t->ix = ix;
+    t->ix_bytes = n * sizeof *ix;
     t->mask = n - 1;
     t->bits = bits;
-    t->count = 0;
-    return 0;
-}
-
-static int table_grow(struct table *t)
-{
-    struct table n;
-    if (table_init(&n, t->bits + 1))
-        return -1;
-    for (size_t i = 0; i <= t->mask; i++) {
-        if (!t->e[i].used)
-            continue;
-        size_t j = home(&n, t->e[i].key);
-        while (n.e[j].used)
-            j = (j + 1) & n.mask;
-        n.e[j] = t->e[i];
+    for (size_t d = 0; d < t->count; d++) {
+        size_t j = home(t, t->e[d].key);
+        while (t->ix[j])
+            j = (j + 1) & t->mask;
+        t->ix[j] = (uint32_t)(d + 1);
     }
-    n.count = t->count;
-    munmap(t->e, t->cap_bytes);
-    *t = n;
     return 0;
 }
 
-/* Backward-shift deletion: no tombstones, so probe chains stay as short as the load. */
+static int table_init(struct table *t, int bits)
+{
+    memset(t, 0, sizeof *t);
+    t->cap = (size_t)1 << (bits - 1);
+    t->e_bytes = t->cap * sizeof(struct ent);
+    t->e = map_mem(t->e_bytes);
+    if (!t->e)
+        return -1;
+    return index_init(t, bits);
+}
+
+/* Room for one more entry: the array grows in place, the index at 70% load. */
+static int table_room(struct table *t)
+{
+    if (t->count == t->cap) {
+        if (t->cap >= UINT32_MAX / 2)
+            return -1;
+        size_t nb = t->e_bytes * 2;
+        void *p = mremap(t->e, t->e_bytes, nb, MREMAP_MAYMOVE);
+        if (p == MAP_FAILED)
+            return -1;
+        t->e = p;
+        t->e_bytes = nb;
+        t->cap *= 2;
+    }
+    if ((t->count + 1) * 10 > (t->mask + 1) * 7)
+        return index_init(t, t->bits + 1);
+    return 0;
+}
+
+/* Delete the entry of index slot I: backward-shift deletion in the index (no tombstones,
+ * so probe chains stay as short as the load), then the last entry moves into the hole. */
 static void table_del(struct table *t, size_t i)
 {
-    size_t j = i;
+    size_t d = t->ix[i] - 1, j = i;
     for (;;) {
         j = (j + 1) & t->mask;
-        if (!t->e[j].used)
+        if (!t->ix[j])
             break;
-        size_t h = home(t, t->e[j].key);
+        size_t h = home(t, t->e[t->ix[j] - 1].key);
         if (((j - h) & t->mask) >= ((j - i) & t->mask)) {
-            t->e[i] = t->e[j];
+            t->ix[i] = t->ix[j];
             i = j;
         }
     }
-    t->e[i].used = 0;
-    t->count--;
+    t->ix[i] = 0;
+    size_t last = --t->count;
+    if (d != last) {
+        t->e[d] = t->e[last];
+        size_t k = home(t, t->e[d].key);
+        while (t->ix[k] != last + 1)
+            k = (k + 1) & t->mask;
+        t->ix[k] = (uint32_t)(d + 1);
+    }
 }
 
 /* ---- header lines seen (a small set of byte strings) --------------------------------- */
@@ -557,18 +588,19 @@ static inline void event(struct run *r, int file, uint64_t lineno, const char *p
 {
     struct table *t = &r->t;
     size_t i = home(t, key);
-    struct ent *e;
-    while ((e = &t->e[i])->used && e->key != key)
+    uint32_t x;
+    while ((x = t->ix[i]) && t->e[x - 1].key != key)
         i = (i + 1) & t->mask;
-    if (!e->used) {
-        if (unlikely((t->count + 1) * 10 > (t->mask + 1) * 7)) {
-            if (table_grow(t)) {
+    if (!x) {
+        if (unlikely(t->count == t->cap || (t->count + 1) * 10 > (t->mask + 1) * 7)) {
+            if (table_room(t)) {
                 r->stop = -1;
                 return;
             }
             event(r, file, lineno, p, n, key, s, kind);
             return;
         }
+        struct ent *e = &t->e[t->count];
         e->l0 = store(r, p, n, &e->n0);
         if (!e->l0)
             return;
@@ -576,10 +608,10 @@ static inline void event(struct run *r, int file, uint64_t lineno, const char *p
         e->s0 = s;
         e->k0 = (uint8_t)kind;
         e->hull = 0;
-        e->used = 1;
-        t->count++;
+        t->ix[i] = (uint32_t)++t->count;
         return;
     }
+    struct ent *e = &t->e[x - 1];
     if (!e->hull) {
         if (e->s0 == s) {
             dup_event(r, file, lineno);
@@ -851,19 +883,15 @@ static void put_end(struct obuf *o, const char *l, size_t n, uint64_t s, char si
     ob_put(o, "\n", 1);
 }
 
-/* Shrinker.entries: sorted by address then number; FINAL drops brackets. */
-static void write_state(struct run *r, struct obuf *o, int final)
+/* Shrinker.entries: sorted by address then number; FINAL drops brackets.  The M entries
+ * E (the table's, or those mmleak_shrink_blocks leaves) are sorted in place. */
+static void write_state(struct run *r, struct obuf *o, int final, struct ent *ents, size_t m)
 {
-    struct table *t = &r->t;
-    size_t m = 0;
-    for (size_t i = 0; i <= t->mask; i++)   /* compact the used slots, then sort them */
-        if (t->e[i].used)
-            t->e[m++] = t->e[i];
-    qsort(t->e, m, sizeof *t->e, cmp_ent);
+    qsort(ents, m, sizeof *ents, cmp_ent);
     r->st->entries = m;
     uint64_t lines = 0, allocs = 0;
     for (size_t i = 0; i < m; i++) {
-        struct ent *e = &t->e[i];
+        struct ent *e = &ents[i];
         if (!e->hull) {
             if (!final || e->k0 == K_ALLOC || e->k0 == K_FREE) {
                 ob_put(o, e->l0, e->n0);
@@ -926,7 +954,9 @@ static int shrink_inputs(struct run *r, const char *const *paths, const int *nam
 static void run_release(struct run *r)
 {
     if (r->t.e)
-        munmap(r->t.e, r->t.cap_bytes);
+        munmap(r->t.e, r->t.e_bytes);
+    if (r->t.ix)
+        munmap(r->t.ix, r->t.ix_bytes);
     slab_release(&r->mem);
     hset_release(&r->headers);
 }
@@ -952,7 +982,7 @@ EXPORT int mmleak_shrink(const char *const *paths, const int *name_id, int npath
                                                 buf);
     if (rc == 0) {
         out->fd = out_fd;
-        write_state(&r, out, final);
+        write_state(&r, out, final, r.t.e, r.t.count);
         if (out->err) {
             stats->out_errno = (uint64_t)out->err;
             rc = -2;
@@ -1003,39 +1033,63 @@ EXPORT int mmleak_shrink_blocks(const char *const *paths, const int *name_id, in
                                                 on_tick, on_open, on_problem, counts, stats,
                                                 buf);
     if (rc == 0) {
+        /* The blocks take the place of the entries, in the same mapping (a block is smaller
+         * than an entry, and block k is written over entries before i >= k: read first):
+         * the state's memory becomes the result's.  The entries that are not blocks (foreign
+         * frees, survivors with several callers) go to REST, to be written as lines. */
         struct table *t = &r.t;
-        blocks->cap_bytes = ((t->count ? t->count : 1) * sizeof(struct mmleak_block) + 4095)
-                            & ~(size_t)4095;
-        blocks->v = map_mem(blocks->cap_bytes);     /* pages are committed as filled */
-        if (!blocks->v) {
-            blocks->cap_bytes = 0;
-            rc = -1;
-        }
-        for (size_t i = 0; rc == 0 && i <= t->mask; i++) {
-            struct ent *e = &t->e[i];
-            if (!e->used)
-                continue;
-            if (!e->hull) {
-                if (e->k0 == K_ALLOC && block_of(e->l0, &blocks->v[blocks->n])) {
-                    blocks->n++;
-                    e->used = 0;        /* no lookup follows: the probe chains may break */
+        struct mmleak_block *v = (struct mmleak_block *)(void *)t->e;
+        size_t k = 0, nrest = 0, rest_bytes = 0;
+        struct ent *rest = NULL;
+        munmap(t->ix, t->ix_bytes);
+        t->ix = NULL;
+        for (size_t i = 0; i < t->count; i++) {
+            struct ent e = t->e[i];
+            struct mmleak_block b;
+            if (!e.hull) {
+                if (e.k0 == K_ALLOC && block_of(e.l0, &b)) {
+                    v[k++] = b;
+                    continue;
                 }
-            } else if (e->k1 == K_ALLOC && block_of(e->l1, &blocks->v[blocks->n])) {
-                blocks->n++;
-                e->k1 = K_END;          /* a bracket: the final result leaves it out */
+                if (e.k0 != K_ALLOC && e.k0 != K_FREE)
+                    continue;           /* a bracket: nothing final */
+            } else {
+                if (e.k1 == K_ALLOC && block_of(e.l1, &b)) {
+                    v[k++] = b;
+                    e.k1 = K_END;       /* a bracket: the final result leaves it out */
+                }
+                if (e.k0 != K_FREE && e.k1 != K_ALLOC)
+                    continue;
             }
+            if ((nrest + 1) * sizeof *rest > rest_bytes) {
+                size_t nb = rest_bytes ? rest_bytes * 2 : 1 << 16;
+                void *p = rest ? mremap(rest, rest_bytes, nb, MREMAP_MAYMOVE) : map_mem(nb);
+                if (!p || p == MAP_FAILED) {
+                    rc = -1;
+                    break;
+                }
+                rest = p;
+                rest_bytes = nb;
+            }
+            rest[nrest++] = e;
         }
         if (rc == 0) {
             out->fd = out_fd;
-            write_state(&r, out, 1);
-            stats->entries += blocks->n;
+            write_state(&r, out, 1, rest, nrest);
+            stats->entries += k;
             if (out->err) {
                 stats->out_errno = (uint64_t)out->err;
                 rc = -2;
             }
         }
-        if (rc)
-            mmleak_blocks_free(blocks);
+        if (rest)
+            munmap(rest, rest_bytes);
+        if (rc == 0) {
+            blocks->v = v;
+            blocks->n = k;
+            blocks->cap_bytes = t->e_bytes;
+            t->e = NULL;                /* the blocks' now */
+        }
     }
     run_release(&r);
     if (buf)

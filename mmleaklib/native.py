@@ -64,7 +64,9 @@ def _native_engine():
         _fields_ = [(n, ctypes.c_uint64) for n in ("events", "allocs", "max_time",
                                                     "files_done", "entries", "fatal",
                                                     "malformed", "out_errno", "lines",
-                                                    "alloc_lines")]
+                                                    "alloc_lines", "free_lines",
+                                                    "alloc_bytes", "newest", "used", "nused",
+                                                    "used_bytes")]
     u64, size, i32 = ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int
     hdr_cb = ctypes.CFUNCTYPE(i32, ctypes.c_void_p, size, i32, u64)
     tick_cb = ctypes.CFUNCTYPE(i32, i32, u64, u64, u64)
@@ -78,6 +80,9 @@ def _native_engine():
     blocks_fn.argtypes = fn.argtypes[:5] + fn.argtypes[6:] + [ctypes.POINTER(BlocksT)]
     blocks_fn.restype = i32
     _bind_blocks(dll)
+    dll.mmleak_shrink_stats_free.argtypes = [ctypes.POINTER(Stats)]
+    dll.mmleak_shrink_stats_free.restype = None
+    _blocks_api["stats_free"] = dll.mmleak_shrink_stats_free
     _native = (ctypes, fn, Stats, hdr_cb, tick_cb, open_cb, problem_cb, blocks_fn)
     return _native
 
@@ -258,11 +263,13 @@ class _Counts:
                     yield (name, kind), n
 
 
-def native_shrink(sh, paths, names=None, raw=None, blocks=False):
+def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False):
     """Feed PATHS ('-': stdin) into the fresh Shrinker SH with the compiled shrinker.
 
-    RAW (a binary file): the result's event lines (non-final, as Shrinker.entries(False)
-    gives them) are written there instead of being loaded into SH.state.  BLOCKS: the
+    RAW (a binary file): the result's event lines (as Shrinker.entries(FINAL) gives them)
+    are written there instead of being loaded into SH.state, and SH.raw_result says what
+    Shrinker.write needs of them: {"newest": the newest allocation's time, "stacks": the
+    stack ids they use (sorted), "allocs", "alloc_bytes", "frees": lines of each}.  BLOCKS: the
     final result only (what a report reads), its survivors of format 2 as a native array
     in SH.native_blocks (NativeBlocks), the rest (foreign frees, survivors of format 1) in
     SH.state.  Returns False, having done nothing, when the Python path must do it instead
@@ -339,7 +346,17 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False):
                     sh.native_blocks = NativeBlocks(bl)
             else:
                 rc = fn(argv(*c_paths), ids(*[first[name] for name in names]), n,
-                        out.fileno(), sh.problems.SHOW, 0, *cbs, counts, ctypes.byref(stats))
+                        out.fileno(), sh.problems.SHOW, 1 if final and raw is not None else 0,
+                        *cbs, counts, ctypes.byref(stats))
+            used = []
+            if stats.nused:
+                used = sorted(ctypes.cast(stats.used, ctypes.POINTER(ctypes.c_uint64))
+                              [:stats.nused])
+            _blocks_api["stats_free"](ctypes.byref(stats))
+            if rc == 0 and raw is not None:
+                sh.raw_result = {"newest": stats.newest, "stacks": used,
+                                 "allocs": stats.alloc_lines, "alloc_bytes": stats.alloc_bytes,
+                                 "frees": stats.free_lines}
             if rc == 1 and pending:
                 raise pending[0]
             if rc == -1:

@@ -75,6 +75,10 @@ typedef int (*mmleak_problem_cb)(int file, uint64_t lineno, int what, const char
 struct mmleak_shrink_stats {
     uint64_t events, allocs, max_time, files_done, entries, fatal, malformed, out_errno;
     uint64_t lines, alloc_lines;
+    /* of the lines written: the frees among them, the allocations' bytes and newest time,
+     * and the stack ids ("@ID") they use, NUSED of them at USED (a mapping of USED_BYTES:
+     * mmleak_shrink_stats_free) in no order */
+    uint64_t free_lines, alloc_bytes, newest, used, nused, used_bytes;
 };
 
 /* ---- memory: mmap only ------------------------------------------------------------ */
@@ -382,6 +386,9 @@ struct run {
     mmleak_problem_cb on_problem;
     struct mmleak_shrink_stats *st;
     int stop;                  /* 1: a callback asked to stop; -1: out of memory */
+    uint64_t *used;            /* the stack ids the result uses: open addressing, 0 empty */
+    size_t used_mask, used_n;
+    int used_zero;             /* "@0" used */
 };
 
 static const unsigned char HEX[256] = {
@@ -883,36 +890,110 @@ static void put_end(struct obuf *o, const char *l, size_t n, uint64_t s, char si
     ob_put(o, "\n", 1);
 }
 
+/* Note stack id ID as used by the result (a set: open addressing, doubled at half load). */
+static int use_stack(struct run *r, uint64_t id)
+{
+    if (!id) {
+        r->used_zero = 1;
+        return 0;
+    }
+    if (!r->used || (r->used_n + 1) * 2 > r->used_mask + 1) {
+        size_t cap = r->used ? (r->used_mask + 1) * 2 : 256;
+        uint64_t *nv = map_mem(cap * sizeof *nv);
+        if (!nv)
+            return -1;
+        for (size_t i = 0; r->used && i <= r->used_mask; i++) {
+            if (!r->used[i])
+                continue;
+            size_t j = (size_t)((r->used[i] * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+            while (nv[j])
+                j = (j + 1) & (cap - 1);
+            nv[j] = r->used[i];
+        }
+        if (r->used)
+            munmap(r->used, (r->used_mask + 1) * sizeof *nv);
+        r->used = nv;
+        r->used_mask = cap - 1;
+    }
+    size_t j = (size_t)((id * 0x9E3779B97F4A7C15ull) >> 20) & r->used_mask;
+    for (; r->used[j]; j = (j + 1) & r->used_mask)
+        if (r->used[j] == id)
+            return 0;
+    r->used[j] = id;
+    r->used_n++;
+    return 0;
+}
+
+/* An allocation line of the result (valid: parse_line took it): its size, time and stack. */
+static void note_alloc(struct run *r, const char *l)
+{
+    uint64_t v, size = 0, tm = 0;
+    const char *q = hexf(l, &v);
+    q = hexf(q + 1, &v);
+    q = hexf(q + 1, &size);
+    q = hexf(q + 1, &tm);
+    r->st->alloc_bytes += size;
+    if (tm > r->st->newest)
+        r->st->newest = tm;
+    if (q && q[0] == ' ' && q[1] == '@' && hexf(q + 2, &v) && use_stack(r, v))
+        r->stop = -1;
+}
+
 /* Shrinker.entries: sorted by address then number; FINAL drops brackets.  The M entries
  * E (the table's, or those mmleak_shrink_blocks leaves) are sorted in place. */
 static void write_state(struct run *r, struct obuf *o, int final, struct ent *ents, size_t m)
 {
     qsort(ents, m, sizeof *ents, cmp_ent);
     r->st->entries = m;
-    uint64_t lines = 0, allocs = 0;
+    uint64_t lines = 0, allocs = 0, frees = 0;
     for (size_t i = 0; i < m; i++) {
         struct ent *e = &ents[i];
         if (!e->hull) {
             if (!final || e->k0 == K_ALLOC || e->k0 == K_FREE) {
                 ob_put(o, e->l0, e->n0);
                 lines++;
-                allocs += e->k0 == K_ALLOC;
+                if (e->k0 == K_ALLOC) {
+                    allocs++;
+                    note_alloc(r, e->l0);
+                }
+                frees += e->k0 == K_FREE;
             }
             continue;
         }
         if (e->k0 == K_FREE || !final) {
             put_end(o, e->l0, e->n0, e->s0, '+', e->k0 == K_FREE);
             lines++;
+            frees += e->k0 == K_FREE;
         }
         if (e->k1 == K_ALLOC || !final) {
             put_end(o, e->l1, e->n1, e->s1, '-', e->k1 == K_ALLOC);
             lines++;
-            allocs += e->k1 == K_ALLOC;
+            if (e->k1 == K_ALLOC) {
+                allocs++;
+                note_alloc(r, e->l1);
+            }
         }
     }
     r->st->lines = lines;
     r->st->alloc_lines = allocs;
+    r->st->free_lines = frees;
     ob_flush(o);
+    /* the used stack ids, packed at the front of their own mapping, handed over */
+    size_t n = 0;
+    for (size_t i = 0; r->used && i <= r->used_mask; i++)
+        if (r->used[i])
+            r->used[n++] = r->used[i];
+    if (r->used_zero) {
+        if (!r->used && use_stack(r, 1)) {      /* a mapping for the one id 0 */
+            r->stop = -1;
+            return;
+        }
+        r->used[n++] = 0;
+    }
+    r->st->used = (uint64_t)(uintptr_t)r->used;
+    r->st->nused = n;
+    r->st->used_bytes = r->used ? (r->used_mask + 1) * sizeof *r->used : 0;
+    r->used = NULL;
 }
 
 /* The run both entry points share: shrink PATHS into R's table (see mmleak_shrink).
@@ -1097,6 +1178,15 @@ EXPORT int mmleak_shrink_blocks(const char *const *paths, const int *name_id, in
     if (out)
         munmap(out, sizeof *out);
     return rc;
+}
+
+/* Release the stack ids a run handed over in STATS. */
+EXPORT void mmleak_shrink_stats_free(struct mmleak_shrink_stats *stats)
+{
+    if (stats->used)
+        munmap((void *)(uintptr_t)stats->used, stats->used_bytes);
+    stats->used = 0;
+    stats->nused = 0;
 }
 
 /* The interface version mmleak.py checks before it relies on the functions' signatures. */

@@ -71,7 +71,7 @@ def test_tracer_has_no_tool_and_the_tools_library_has_them(lib):
     assert not [s for s in dynamic_symbols(lib) if "shrink" in s or "inject" in s]
     assert dynamic_symbols(tools) == {"mmleak_shrink", "mmleak_shrink_abi", "mmleak_shrink_blocks",
                                       "mmleak_blocks_aggregate", "mmleak_blocks_sample",
-                                      "mmleak_blocks_free", "mmleak_aggregate_free",
+                                      "mmleak_blocks_free", "mmleak_aggregate_free", "mmleak_shrink_stats_free",
                                       "mmleak_inject_call", "mmleak_inject_abi"}
 
 

@@ -66,7 +66,7 @@ def _native_engine():
                                                     "malformed", "out_errno", "lines",
                                                     "alloc_lines", "free_lines",
                                                     "alloc_bytes", "newest", "used", "nused",
-                                                    "used_bytes")]
+                                                    "used_bytes", "alloc_bytes_hi")]
     u64, size, i32 = ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int
     hdr_cb = ctypes.CFUNCTYPE(i32, ctypes.c_void_p, size, i32, u64)
     tick_cb = ctypes.CFUNCTYPE(i32, i32, u64, u64, u64)
@@ -105,7 +105,8 @@ def _structs():
 
     class Group(ctypes.Structure):
         _fields_ = [(n, u64) for n in ("stack", "frame", "kind", "blocks", "bytes", "min_size",
-                                       "max_size", "min_time", "max_time", "min_ptr")]
+                                       "max_size", "min_time", "max_time", "min_ptr",
+                                       "bytes_hi")]
 
     class Filter(ctypes.Structure):
         _fields_ = [("tmin", u64), ("tmax", u64), ("exclude", Kinds),
@@ -114,7 +115,7 @@ def _structs():
     class Aggregate(ctypes.Structure):
         _fields_ = [("g", ctypes.POINTER(Group)), ("n", u64), ("cap_bytes", u64),
                     ("all_blocks", u64), ("all_bytes", u64), ("kept_blocks", u64),
-                    ("kept_bytes", u64)]
+                    ("kept_bytes", u64), ("all_bytes_hi", u64), ("kept_bytes_hi", u64)]
     return Block, Blocks, Kinds, Group, Filter, Aggregate
 
 
@@ -196,11 +197,13 @@ class NativeBlocks:
         if rc:
             raise MemoryError("tools/blocks.c: out of memory")
         try:
-            groups = [((g.stack,) if g.frame else g.stack, g.kind, g.blocks, g.bytes, g.min_size, g.max_size, g.min_time,
+            groups = [((g.stack,) if g.frame else g.stack, g.kind, g.blocks,
+                       g.bytes_hi << 64 | g.bytes, g.min_size, g.max_size, g.min_time,
                        g.max_time, g.min_ptr) for g in out.g[:out.n]]
         finally:
             _blocks_api["aggregate_free"](ctypes.byref(out))
-        totals = (out.all_blocks, out.all_bytes, out.kept_blocks, out.kept_bytes)
+        totals = (out.all_blocks, out.all_bytes_hi << 64 | out.all_bytes, out.kept_blocks,
+                  out.kept_bytes_hi << 64 | out.kept_bytes)
         return groups, totals, (list(seen) if seen is not None else [])
 
     def sample(self, most):
@@ -355,7 +358,8 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False):
             _blocks_api["stats_free"](ctypes.byref(stats))
             if rc == 0 and raw is not None:
                 sh.raw_result = {"newest": stats.newest, "stacks": used,
-                                 "allocs": stats.alloc_lines, "alloc_bytes": stats.alloc_bytes,
+                                 "allocs": stats.alloc_lines,
+                                 "alloc_bytes": stats.alloc_bytes_hi << 64 | stats.alloc_bytes,
                                  "frees": stats.free_lines}
             if rc == 1 and pending:
                 raise pending[0]

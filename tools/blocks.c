@@ -16,6 +16,19 @@ static void *map_zero(size_t n)
     return p == MAP_FAILED ? NULL : p;
 }
 
+/* *LO, *HI += V (128 bits) */
+static inline void add128(uint64_t *lo, uint64_t *hi, uint64_t v)
+{
+    *hi += (*lo += v) < v;
+}
+
+/* *LO, *HI -= V (128 bits) */
+static inline void sub128(uint64_t *lo, uint64_t *hi, uint64_t v)
+{
+    *hi -= *lo < v;
+    *lo -= v;
+}
+
 /* The index of (PTR, SEQ) in the sorted table K, or -1. */
 static int64_t find(const struct mmleak_kinds *k, uint64_t ptr, uint64_t seq)
 {
@@ -97,7 +110,7 @@ EXPORT int mmleak_blocks_aggregate(const struct mmleak_block *b, uint64_t n,
     for (uint64_t i = 0; i < n; i++) {
         const struct mmleak_block *x = &b[i];
         out->all_blocks++;
-        out->all_bytes += x->size;
+        add128(&out->all_bytes, &out->all_bytes_hi, x->size);
         if (f && (x->time < f->tmin || x->time > f->tmax))
             continue;
         if (use_excl) {
@@ -114,7 +127,7 @@ EXPORT int mmleak_blocks_aggregate(const struct mmleak_block *b, uint64_t n,
             kind = at >= 0 ? kinds->kind[at] : 0;
         }
         out->kept_blocks++;
-        out->kept_bytes += x->size;
+        add128(&out->kept_bytes, &out->kept_bytes_hi, x->size);
         size_t j = ghash(&t, x->stack, x->frame, kind);
         struct mmleak_group *g;
         while ((g = &t.g[j])->blocks && (g->stack != x->stack || g->frame != x->frame ||
@@ -128,18 +141,18 @@ EXPORT int mmleak_blocks_aggregate(const struct mmleak_block *b, uint64_t n,
                 }
                 i--;                    /* again, in the grown table */
                 out->all_blocks--;
-                out->all_bytes -= x->size;
+                sub128(&out->all_bytes, &out->all_bytes_hi, x->size);
                 out->kept_blocks--;
-                out->kept_bytes -= x->size;
+                sub128(&out->kept_bytes, &out->kept_bytes_hi, x->size);
                 continue;
             }
             *g = (struct mmleak_group){ x->stack, x->frame, kind, 1, x->size, x->size,
-                                        x->size, x->time, x->time, x->ptr };
+                                        x->size, x->time, x->time, x->ptr, 0 };
             t.count++;
             continue;
         }
         g->blocks++;
-        g->bytes += x->size;
+        add128(&g->bytes, &g->bytes_hi, x->size);
         if (x->size < g->min_size)
             g->min_size = x->size;
         if (x->size > g->max_size)

@@ -33,9 +33,11 @@ struct mmleak_kinds {
     uint64_t n;
 };
 
-/* One group of the aggregation: the blocks of one (stack, kind) the filters keep. */
+/* One group of the aggregation: the blocks of one (stack, kind) the filters keep.  Sums of
+ * bytes are 128 bits (BYTES_HI: the high half): sizes are 64-bit, the report's sums exact. */
 struct mmleak_group {
     uint64_t stack, frame, kind, blocks, bytes, min_size, max_size, min_time, max_time, min_ptr;
+    uint64_t bytes_hi;
 };
 
 /* What mmleak_blocks_aggregate keeps: time in [TMIN, TMAX], and not in EXCLUDE (a sorted
@@ -52,7 +54,7 @@ struct mmleak_filter {
 struct mmleak_aggregate {
     struct mmleak_group *g;
     uint64_t n, cap_bytes;
-    uint64_t all_blocks, all_bytes, kept_blocks, kept_bytes;
+    uint64_t all_blocks, all_bytes, kept_blocks, kept_bytes, all_bytes_hi, kept_bytes_hi;
 };
 
 /* Release the mapping of B (blocks.c). */

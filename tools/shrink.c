@@ -79,6 +79,7 @@ struct mmleak_shrink_stats {
      * and the stack ids ("@ID") they use, NUSED of them at USED (a mapping of USED_BYTES:
      * mmleak_shrink_stats_free) in no order */
     uint64_t free_lines, alloc_bytes, newest, used, nused, used_bytes;
+    uint64_t alloc_bytes_hi;   /* the high half of ALLOC_BYTES (sizes are 64-bit) */
 };
 
 /* ---- memory: mmap only ------------------------------------------------------------ */
@@ -932,7 +933,7 @@ static void note_alloc(struct run *r, const char *l)
     q = hexf(q + 1, &v);
     q = hexf(q + 1, &size);
     q = hexf(q + 1, &tm);
-    r->st->alloc_bytes += size;
+    r->st->alloc_bytes_hi += (r->st->alloc_bytes += size) < size;
     if (tm > r->st->newest)
         r->st->newest = tm;
     if (q && q[0] == ' ' && q[1] == '@' && hexf(q + 2, &v) && use_stack(r, v))

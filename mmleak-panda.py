@@ -100,8 +100,8 @@ def page_model(rep, wrappers):
             k = stacks[a.callers[:depth]][2]
             got[k] = got.get(k, 0) + a.size
         exact = {t.caller: t.bytes for t in table}
-        kept = [a._replace(size=a.size * exact[stacks[a.callers[:depth]][2]] /
-                           got[stacks[a.callers[:depth]][2]]) for a in kept]
+        scale = {k: exact[k] / got[k] if got[k] else 1.0 for k in got}   # (blocks of 0 bytes)
+        kept = [a._replace(size=a.size * scale[stacks[a.callers[:depth]][2]]) for a in kept]
         return kept, table, stacks
     kept = sites.keep_blocks(rep["survivors"], rep.get("end_time") or 0, rep.get("since"),
                              rep.get("older_than"))

@@ -201,3 +201,31 @@ def test_report_memory_is_bounded_by_the_live_set(tmp_path, lib):
     assert rows == {"keep_one": (100 * n, n), "lose_one": (100 * lost, lost)}, text
     assert "in %d blocks not freed" % (n + lost) in text
     assert mb < BASE_MB + BYTES_PER_BLOCK * (n + lost) / 1e6, mb
+
+
+def test_page_of_a_big_trace_is_drawn_from_aggregates_and_a_sample(tmp_path):
+    """More survivors than the page samples (mmleak-panda.PAGE_SAMPLE): the page's table
+    still has every count exact (from the aggregates), and its size does not depend on the
+    block count (the same page size, within a few KB, for 30,000 and 60,000 blocks)."""
+    exe = str(tmp_path / "live_heap")
+    subprocess.run(["cc", "-O1", "-g", "-fno-omit-frame-pointer", "-o", exe,
+                    os.path.join(ROOT, "bench", "live_heap.c")], check=True)
+    sizes = []
+    for n in (30000, 60000):
+        d = tmp_path / ("d%d" % n)
+        r = subprocess.run(MMLEAK_PY + ["run", "--keep-all", "-d", str(d), "--", exe, "-n",
+                                        str(n), "-l", "7", "-s", "24"], capture_output=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        page = tmp_path / ("p%d.html" % n)
+        r = subprocess.run(MMLEAK_PY + ["report", "-o", str(page), str(d)],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        html = page.read_text()
+        # the site table's rows: bytes and blocks of keep_one and lose_one, exactly
+        for blocks in (n, 7):
+            assert 'data-bytes="%d"' % (24 * blocks) in html
+            assert 'data-v="%d">%s</td>' % (blocks, "{:,}".format(blocks)) in html
+        assert "keep_one" in html and "lose_one" in html
+        sizes.append(len(html))
+    assert abs(sizes[1] - sizes[0]) < 8000, sizes

@@ -72,6 +72,7 @@ check: all
 
 bench: all
 	$(PYTHON) bench/run.py
+	$(PYTHON) bench/live.py
 
 demo: all
 	$(PYTHON) tests/demo.py

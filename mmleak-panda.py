@@ -74,10 +74,35 @@ def short_path(p, keep=3):
 # The page's model: report.site_table (the terminal's table), and the blocks for the charts
 # ---------------------------------------------------------------------------------------
 
+# the most blocks the timeline chart is drawn from: a bigger trace is sampled (evenly, each
+# site's curve scaled to end at its exact bytes), so the page's size and time do not grow
+# with the block count
+PAGE_SAMPLE = 20000
+
+
 def page_model(rep, wrappers):
     """(the blocks the filters keep, the sites, the stacks) of the report REP: the sites are
     report.site_table's rows (what the terminal prints, the heaviest stack of each), the
-    stacks {stack: [bytes, blocks, site, index]} those of the blocks kept."""
+    stacks {stack: [bytes, blocks, site, index]} those of the blocks kept.  A report of
+    build_report (its per-stack aggregates in rep["groups"]) gives at most PAGE_SAMPLE blocks,
+    their sizes scaled per site so that each site's blocks sum to its exact bytes."""
+    if rep.get("groups") is not None and rep.get("live") is not None:
+        stacks = {}
+        table = report.site_table(rep, stacks, wrappers)
+        keep = getattr(rep["survivors"], "keep", None) or (lambda a: True)
+        if len(rep["survivors"]) <= PAGE_SAMPLE:
+            return list(rep["survivors"]), table, stacks
+        depth = report.site_depth(rep)
+        kept = [a for a in rep["live"].sample(PAGE_SAMPLE) if keep(a)
+                and a.callers[:depth] in stacks]
+        got = {}
+        for a in kept:
+            k = stacks[a.callers[:depth]][2]
+            got[k] = got.get(k, 0) + a.size
+        exact = {t.caller: t.bytes for t in table}
+        scale = {k: exact[k] / got[k] if got[k] else 1.0 for k in got}   # (blocks of 0 bytes)
+        kept = [a._replace(size=a.size * scale[stacks[a.callers[:depth]][2]]) for a in kept]
+        return kept, table, stacks
     kept = sites.keep_blocks(rep["survivors"], rep.get("end_time") or 0, rep.get("since"),
                              rep.get("older_than"))
     stacks = {}
@@ -993,15 +1018,18 @@ def render(rep, meta, wrappers=None, top=TOP_ROWS):
     everything = rep["survivors"]
     ctx = dict(meta, depth=depth, end_time=rep.get("end_time") or 0)
     df = blocks_frame(kept, stacks, depth)
+    if rep.get("groups") is not None:       # per-stack aggregates: no pass over the blocks
+        used = {c for g in rep["groups"] for c in g.callers[:depth]}
+    else:
+        used = {c for a in everything for c in a.callers[:depth]}
     ctx.update({
         "sites": table, "labels": labels, "frames": frames, "top": top,
-        "bytes": sum(s.bytes for s in table), "blocks": len(kept),
+        "bytes": sum(s.bytes for s in table), "blocks": sum(s.blocks for s in table),
         "before_bytes": (meta["unfiltered"][1] if meta.get("unfiltered")
                          else sum(a.size for a in everything)),
         "before_blocks": (meta["unfiltered"][0] if meta.get("unfiltered")
                           else len(everything)),
-        "symbols": symbol_summary(sorted({c for a in everything for c in a.callers[:depth]}),
-                                  frames, meta.get("symbol_error")),
+        "symbols": symbol_summary(sorted(used), frames, meta.get("symbol_error")),
         "wrapper_hits": sorted(hits), "wrapped_sites": wrapped,
         "flame": flame_of(stacks, frames),
         "svg_sites": chart_top_sites(table, labels),
@@ -1147,7 +1175,7 @@ def incremental_panel(rep):
             'blocks allocated since and still alive; %s in %s blocks of the snapshot freed '
             'since.</p><table class="small"><tr><th>call site</th><th>+bytes</th>'
             '<th>+blocks</th><th>&minus;bytes</th><th>&minus;blocks</th></tr>%s</table></div>\n'
-            % (esc(rep["baseline"]), esc(hb(sum(a.size for a in rep["survivors"]))),
+            % (esc(rep["baseline"]), esc(hb(report.live_bytes(rep["survivors"]))),
                "{:,}".format(len(rep["survivors"])), esc(hb(sum(a.size for a in freed))),
                "{:,}".format(len(freed)), "".join(trs)))
 

@@ -9,6 +9,7 @@
     dumpformat  the line reader and parsers of the dump format, problems and their words
     shrink      Shrinker, the reference engine; shrink_files
     native      ctypes binding of mmleak-tools.so: the compiled shrinker, the injector
+    blocks      the survivors as native arrays (Live), their per-(stack, kind) aggregates
     symbolize   Maps, Symbolizer (eu-addr2line), frame labels
     sites       the one table of leak sites, and the call-site policy
     compact     compaction, the trace lock, liveness, recover
@@ -33,9 +34,10 @@ _API = {
                   "parse_stack",
     "shrink": "Shrinker baseline_blocks shrink_files",
     "native": "NATIVE_ABI native_shrink",
+    "blocks": "Live Survivors aggregate_allocs time_bounds",
     "symbolize": "Frame Maps Symbolizer frame_label",
     "sites": "Site Wrappers base_name human_bytes incremental_sites is_runtime leak_sites "
-             "site_resolver",
+             "site_resolver sites_from_groups",
     "compact": "TraceLock compact_dir compact_trace trace_alive",
     "series": "read_series series_line_ok",
     "report": "build_report export_model print_top_sites site_table",

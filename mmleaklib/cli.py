@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from . import attach, compact, errors, facts, files, layout, report, series, shrink, symbolize
@@ -74,15 +75,21 @@ def add_trace_choice(p):
     p.epilog = TRACE_IDS_HELP + (p.epilog or "")
 
 
-def write_result(sh, output, final):
-    """SH's result in the dump format to OUTPUT (stdout if None)."""
+def write_result(sh, output, final, raw=None):
+    """SH's result in the dump format to OUTPUT (stdout if None); RAW: the file its event
+    lines are in, when the compiled shrinker wrote them (SH.raw_result)."""
+    def put(out):
+        if raw is not None and sh.raw_result is not None:
+            sh.write_raw(out, raw)
+        else:
+            sh.write(out, final=final)
     if not output:
-        sh.write(sys.stdout.buffer, final=final)
+        put(sys.stdout.buffer)
         sys.stdout.buffer.flush()
         return
     try:
         with files.new_output(output) as out:
-            sh.write(out, final=final)
+            put(out)
     except OSError as e:
         raise Fail("cannot write %s: %s" % (output, e.strerror or e))
 
@@ -132,17 +139,24 @@ def add_shrink(sub):
 def cmd_shrink(args):
     paths = args.files or ["-"]
     prog = shrink.progress_printer() if (args.progress or sys.stderr.isatty()) else None
-    sh = shrink.shrink_files(paths, progress=prog, mixed=args.mixed)
-    if prog and sh.events > 1000000:
-        prog(sh, paths[-1], 0, done=True)
-    write_result(sh, args.output, args.final)
+    # the compiled shrinker writes the result's lines to a temporary file, copied out after
+    # the header lines: no Python object per line
+    with tempfile.TemporaryFile(prefix="mmleak-shrink.") as raw:
+        sh = shrink.shrink_files(paths, progress=prog, mixed=args.mixed, raw=raw,
+                                 final=args.final)
+        if prog and sh.events > 1000000:
+            prog(sh, paths[-1], 0, done=True)
+        write_result(sh, args.output, args.final, raw)
     sh.problems.summary()
     if args.stats:
-        surv = sh.survivors()
+        if sh.raw_result is not None:
+            n, size, frees = (sh.raw_result[k] for k in ("allocs", "alloc_bytes", "frees"))
+        else:
+            surv = sh.survivors()
+            n, size, frees = len(surv), sum(a.size for a in surv), len(sh.foreign_frees())
         warn("%d events (%d allocations, %d frees) in %d inputs; %d blocks (%s) survive, "
-             "%d foreign frees" % (sh.events, sh.allocs, sh.frees, len(paths), len(surv),
-                                   human_bytes(sum(a.size for a in surv)),
-                                   len(sh.foreign_frees())))
+             "%d foreign frees" % (sh.events, sh.allocs, sh.frees, len(paths), n,
+                                   human_bytes(size), frees))
     status = result_status(sh)
     return EXIT_INPUT if sh.problems.fatal else status
 

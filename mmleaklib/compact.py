@@ -378,13 +378,14 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None):
     return live, results
 
 
-def read_trace(directory, tid, progress=None):
+def read_trace(directory, tid, progress=None, blocks=False):
     """Shrink every file of trace TID as it is now, under the trace's lock (shared: no
-    compaction pass deletes a file while we read).  Returns (Shrinker, the files read)."""
+    compaction pass deletes a file while we read).  Returns (Shrinker, the files read).
+    BLOCKS: the final result only, survivors as native blocks (shrink_files)."""
     with TraceLock(directory, tid, shared=True) as lock:
         if lock.held:
             paths = files.find_traces(directory).get(tid, [])
-            return shrink_files(paths, progress=progress), paths
+            return shrink_files(paths, progress=progress, blocks=blocks), paths
         # No lock file: no compactor has run yet.  Should a first pass start now, it may
         # delete a file under us: then read again, under its lock; the messages of this
         # attempt are shown only if it stands.
@@ -392,7 +393,7 @@ def read_trace(directory, tid, progress=None):
         refused = set(errors.REFUSALS)
         try:
             paths = files.find_traces(directory).get(tid, [])
-            sh = shrink_files(paths, progress=progress)
+            sh = shrink_files(paths, progress=progress, blocks=blocks)
         finally:
             said, sys.stderr = sys.stderr.getvalue(), real
     if not (sh.problems.fatal or any(k == "duplicate" for _, k in sh.problems.counts)):
@@ -401,7 +402,7 @@ def read_trace(directory, tid, progress=None):
     errors.REFUSALS.intersection_update(refused)   # not said: said again by the next attempt
     with TraceLock(directory, tid, shared=True):
         paths = files.find_traces(directory).get(tid, [])
-        return shrink_files(paths, progress=progress), paths
+        return shrink_files(paths, progress=progress, blocks=blocks), paths
 
 
 class BackgroundCompactor:

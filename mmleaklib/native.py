@@ -23,7 +23,7 @@ from .errors import EXIT_INPUT, EXIT_TOOL, EXIT_USAGE, Fail
 from .facts import LIBNAME, TOOLS_LIBNAME
 
 SHRINK_ENV = "MMLEAK_SHRINK"
-NATIVE_ABI = 4
+NATIVE_ABI = 5
 INJECT_ABI = 1
 _native = None          # None: not tried yet; False: unavailable; else the ctypes binding
 _native_why = None      # why it is unavailable
@@ -64,7 +64,9 @@ def _native_engine():
         _fields_ = [(n, ctypes.c_uint64) for n in ("events", "allocs", "max_time",
                                                     "files_done", "entries", "fatal",
                                                     "malformed", "out_errno", "lines",
-                                                    "alloc_lines")]
+                                                    "alloc_lines", "free_lines",
+                                                    "alloc_bytes", "newest", "used", "nused",
+                                                    "used_bytes", "alloc_bytes_hi")]
     u64, size, i32 = ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int
     hdr_cb = ctypes.CFUNCTYPE(i32, ctypes.c_void_p, size, i32, u64)
     tick_cb = ctypes.CFUNCTYPE(i32, i32, u64, u64, u64)
@@ -74,8 +76,153 @@ def _native_engine():
                    hdr_cb, tick_cb, open_cb, problem_cb, ctypes.POINTER(u64),
                    ctypes.POINTER(Stats)]
     fn.restype = i32
-    _native = (ctypes, fn, Stats, hdr_cb, tick_cb, open_cb, problem_cb)
+    blocks_fn = dll.mmleak_shrink_blocks
+    blocks_fn.argtypes = fn.argtypes[:5] + fn.argtypes[6:] + [ctypes.POINTER(BlocksT)]
+    blocks_fn.restype = i32
+    _bind_blocks(dll)
+    dll.mmleak_shrink_stats_free.argtypes = [ctypes.POINTER(Stats)]
+    dll.mmleak_shrink_stats_free.restype = None
+    _blocks_api["stats_free"] = dll.mmleak_shrink_stats_free
+    _native = (ctypes, fn, Stats, hdr_cb, tick_cb, open_cb, problem_cb, blocks_fn)
     return _native
+
+
+def _structs():
+    """The ctypes mirrors of tools/blocks.h."""
+    import ctypes
+    u64, p64 = ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)
+
+    class Block(ctypes.Structure):
+        _fields_ = [(n, u64) for n in ("ptr", "seq", "size", "time", "stack")] + \
+            [("frame", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
+
+    class Blocks(ctypes.Structure):
+        _fields_ = [("v", ctypes.POINTER(Block)), ("n", u64), ("cap_bytes", u64)]
+
+    class Kinds(ctypes.Structure):
+        _fields_ = [("ptr", p64), ("seq", p64), ("kind", ctypes.POINTER(ctypes.c_uint8)),
+                    ("n", u64)]
+
+    class Group(ctypes.Structure):
+        _fields_ = [(n, u64) for n in ("stack", "frame", "kind", "blocks", "bytes", "min_size",
+                                       "max_size", "min_time", "max_time", "min_ptr",
+                                       "bytes_hi")]
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("tmin", u64), ("tmax", u64), ("exclude", Kinds),
+                    ("seen", ctypes.POINTER(ctypes.c_uint8))]
+
+    class Aggregate(ctypes.Structure):
+        _fields_ = [("g", ctypes.POINTER(Group)), ("n", u64), ("cap_bytes", u64),
+                    ("all_blocks", u64), ("all_bytes", u64), ("kept_blocks", u64),
+                    ("kept_bytes", u64), ("all_bytes_hi", u64), ("kept_bytes_hi", u64)]
+    return Block, Blocks, Kinds, Group, Filter, Aggregate
+
+
+try:
+    Block, BlocksT, KindsT, GroupT, FilterT, AggregateT = _structs()
+except ImportError:             # no ctypes: the Python engine only
+    Block = BlocksT = KindsT = GroupT = FilterT = AggregateT = None
+_blocks_api = {}
+
+
+def _bind_blocks(dll):
+    import ctypes
+    f = dll.mmleak_blocks_aggregate
+    f.argtypes = [ctypes.POINTER(Block), ctypes.c_uint64, ctypes.POINTER(KindsT),
+                  ctypes.POINTER(FilterT), ctypes.POINTER(AggregateT)]
+    f.restype = ctypes.c_int
+    s = dll.mmleak_blocks_sample
+    s.argtypes = [ctypes.POINTER(Block), ctypes.c_uint64, ctypes.c_uint64,
+                  ctypes.POINTER(Block)]
+    s.restype = ctypes.c_uint64
+    dll.mmleak_blocks_free.argtypes = [ctypes.POINTER(BlocksT)]
+    dll.mmleak_blocks_free.restype = None
+    dll.mmleak_aggregate_free.argtypes = [ctypes.POINTER(AggregateT)]
+    dll.mmleak_aggregate_free.restype = None
+    _blocks_api.update(aggregate=f, sample=s, free=dll.mmleak_blocks_free,
+                       aggregate_free=dll.mmleak_aggregate_free)
+
+
+class NativeBlocks:
+    """Survivors in a native array (tools/blocks.h: 40 bytes a block, no Python object per
+    block), as mmleak_shrink_blocks left them; released when this object goes.  A block's
+    stack is its stack id, or a tuple (the one caller) for a line without "@ID"."""
+
+    def __init__(self, struct):
+        self.s = struct
+
+    def __len__(self):
+        return self.s.n
+
+    def __del__(self):
+        import ctypes
+        if self.s is not None and self.s.v and _blocks_api:
+            _blocks_api["free"](ctypes.byref(self.s))
+        self.s = None
+
+    def _table(self, pairs, codes=None):
+        """A sorted (ptr, seq) table (KindsT) over PAIRS (sorted list), with CODES; the
+        ctypes arrays are kept alive in the returned tuple."""
+        import ctypes
+        n = len(pairs)
+        ptr = (ctypes.c_uint64 * max(n, 1))(*[p for p, _ in pairs])
+        seq = (ctypes.c_uint64 * max(n, 1))(*[s for _, s in pairs])
+        kind = (ctypes.c_uint8 * max(n, 1))(*(codes or []))
+        return KindsT(ptr, seq, kind if codes is not None else None, n), (ptr, seq, kind)
+
+    def aggregate(self, tmin, tmax, exclude=None, kinds=None):
+        """Per (stack, kind code): [(stack, kind, blocks, bytes, min, max, min_time,
+        max_time, min_ptr)] ordered by min_ptr, and (all_blocks, all_bytes, kept_blocks,
+        kept_bytes), and the exclude entries seen (a list of flags).
+
+        TMIN, TMAX: the times kept (inclusive); EXCLUDE: a sorted list of (ptr, seq) left
+        out; KINDS: (sorted list of (ptr, seq), list of codes 1..254)."""
+        import ctypes
+        keep = []
+        filt = FilterT(tmin, tmax)
+        seen = None
+        if exclude:
+            filt.exclude, arrays = self._table(exclude)
+            seen = (ctypes.c_uint8 * len(exclude))()
+            filt.seen = seen
+            keep.append(arrays)
+        kt = None
+        if kinds and kinds[0]:
+            kt, arrays = self._table(kinds[0], kinds[1])
+            keep.append(arrays)
+        out = AggregateT()
+        rc = _blocks_api["aggregate"](self.s.v, self.s.n, ctypes.byref(kt) if kt else None,
+                                      ctypes.byref(filt), ctypes.byref(out))
+        if rc:
+            raise MemoryError("tools/blocks.c: out of memory")
+        try:
+            groups = [((g.stack,) if g.frame else g.stack, g.kind, g.blocks,
+                       g.bytes_hi << 64 | g.bytes, g.min_size, g.max_size, g.min_time,
+                       g.max_time, g.min_ptr) for g in out.g[:out.n]]
+        finally:
+            _blocks_api["aggregate_free"](ctypes.byref(out))
+        totals = (out.all_blocks, out.all_bytes_hi << 64 | out.all_bytes, out.kept_blocks,
+                  out.kept_bytes_hi << 64 | out.kept_bytes)
+        return groups, totals, (list(seen) if seen is not None else [])
+
+    def sample(self, most):
+        """At most MOST blocks, evenly spread over the array, ordered by time then address:
+        [(ptr, seq, size, time, stack)]."""
+        import ctypes
+        buf = (Block * max(most, 1))()
+        n = _blocks_api["sample"](self.s.v, self.s.n, most, buf)
+        return [(b.ptr, b.seq, b.size, b.time, (b.stack,) if b.frame else b.stack)
+                for b in buf[:n]]
+
+    def __iter__(self):
+        """Every block as (ptr, seq, size, time, stack: an id or (caller,)), in the array's order (a Python
+        tuple each: for small traces and the exports that need every block)."""
+        v, n = self.s.v, self.s.n
+        step = 1 << 16
+        for i in range(0, n, step):
+            for b in v[i:min(i + step, n)]:
+                yield (b.ptr, b.seq, b.size, b.time, (b.stack,) if b.frame else b.stack)
 
 
 def _shrink_engine():
@@ -119,16 +266,20 @@ class _Counts:
                     yield (name, kind), n
 
 
-def native_shrink(sh, paths, names=None, raw=None):
+def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False):
     """Feed PATHS ('-': stdin) into the fresh Shrinker SH with the compiled shrinker.
 
-    RAW (a binary file): the result's event lines (non-final, as Shrinker.entries(False)
-    gives them) are written there instead of being loaded into SH.state.  Returns False,
-    having done nothing, when the Python path must do it instead (not available, not
-    wanted, or stdin is not descriptor 0)."""
+    RAW (a binary file): the result's event lines (as Shrinker.entries(FINAL) gives them)
+    are written there instead of being loaded into SH.state, and SH.raw_result says what
+    Shrinker.write needs of them: {"newest": the newest allocation's time, "stacks": the
+    stack ids they use (sorted), "allocs", "alloc_bytes", "frees": lines of each}.  BLOCKS: the
+    final result only (what a report reads), its survivors of format 2 as a native array
+    in SH.native_blocks (NativeBlocks), the rest (foreign frees, survivors of format 1) in
+    SH.state.  Returns False, having done nothing, when the Python path must do it instead
+    (not available, not wanted, or stdin is not descriptor 0)."""
     if _shrink_engine() != "native":
         return False
-    ctypes, fn, Stats, hdr_cb, tick_cb, open_cb, problem_cb = _native
+    ctypes, fn, Stats, hdr_cb, tick_cb, open_cb, problem_cb, blocks_fn = _native
     if names is None:
         names = ["<stdin>" if p == "-" else p for p in paths]
     try:
@@ -189,8 +340,27 @@ def native_shrink(sh, paths, names=None, raw=None):
                    problem_cb(lambda *a: call(problem, *a)))
             argv = ctypes.c_char_p * max(n, 1)
             ids = ctypes.c_int * max(n, 1)
-            rc = fn(argv(*c_paths), ids(*[first[name] for name in names]), n, out.fileno(),
-                    sh.problems.SHOW, 0, *cbs, counts, ctypes.byref(stats))
+            if blocks:
+                bl = BlocksT()
+                rc = blocks_fn(argv(*c_paths), ids(*[first[name] for name in names]), n,
+                               out.fileno(), sh.problems.SHOW, *cbs, counts,
+                               ctypes.byref(stats), ctypes.byref(bl))
+                if rc == 0:
+                    sh.native_blocks = NativeBlocks(bl)
+            else:
+                rc = fn(argv(*c_paths), ids(*[first[name] for name in names]), n,
+                        out.fileno(), sh.problems.SHOW, 1 if final and raw is not None else 0,
+                        *cbs, counts, ctypes.byref(stats))
+            used = []
+            if stats.nused:
+                used = sorted(ctypes.cast(stats.used, ctypes.POINTER(ctypes.c_uint64))
+                              [:stats.nused])
+            _blocks_api["stats_free"](ctypes.byref(stats))
+            if rc == 0 and raw is not None:
+                sh.raw_result = {"newest": stats.newest, "stacks": used,
+                                 "allocs": stats.alloc_lines,
+                                 "alloc_bytes": stats.alloc_bytes_hi << 64 | stats.alloc_bytes,
+                                 "frees": stats.free_lines}
             if rc == 1 and pending:
                 raise pending[0]
             if rc == -1:

@@ -13,8 +13,9 @@ from .facts import MAX_DEPTH
 from .files import TraceFiles, new_output
 from .series import read_series
 from .shrink import baseline_blocks, progress_printer
-from .sites import (Wrappers, growth_sites, human_bytes, incremental_sites, keep_blocks,
-                    leak_sites, site_resolver)
+from .blocks import Survivors, time_bounds
+from .sites import (Wrappers, growth_sites, human_bytes, incremental_sites, leak_sites,
+                    site_resolver, sites_from_groups)
 from .symbolize import ADDR_MASK, Maps, Symbolizer, _module_problem, frame_label
 
 
@@ -96,38 +97,45 @@ def choose_trace(directory, pid=None, trace=None):
 
 
 def build_report(directory, pid=None, progress=True, depth=None, since=None,
-                 older_than=None, baseline=None, trace=None):
+                 older_than=None, baseline=None, trace=None, kinds=None):
     """Shrink and symbolize one process's files; returns a dict the report renderers use.
 
     The incremental view: SINCE keeps survivors allocated at or after that many seconds
     from the trace start, OLDER_THAN those at least that old at the last event, BASELINE
     (a file written by an earlier `mmleak.py shrink` of the same process) those that were
-    not alive yet in that snapshot.  PID and TRACE: see choose_trace."""
+    not alive yet in that snapshot.  PID and TRACE: see choose_trace.  KINDS: a per-block
+    classification {(ptr, seq): kind} (the reachability scan's): the aggregates
+    (rep["groups"]) are then per (stack, kind)."""
     tid, paths = choose_trace(directory, pid, trace)
     prog = progress_printer() if progress and sys.stderr.isatty() else None
     t0 = time.monotonic()
-    sh, paths = read_trace(directory, tid, progress=prog)
+    sh, paths = read_trace(directory, tid, progress=prog, blocks=True)
     if prog and time.monotonic() - t0 > 1:
         prog(sh, paths[-1], 0, done=True)
-    survivors = sh.survivors()
-    all_count, all_bytes = len(survivors), sum(a.size for a in survivors)
-    survivors = keep_blocks(survivors, sh.max_time, since, older_than)
+    # the survivors stay native arrays (blocks.Live); the call sites come from per-stack
+    # aggregates with the filters applied there, never a Python object per block
+    live = sh.live()
+    bounds = time_bounds(sh.max_time, since, older_than)
+    tmin, tmax = bounds if bounds is not None else (1, 0)       # (1, 0): keeps nothing
     filters = []
     if since is not None:
         filters.append("allocated %gs or more after start" % since)
     if older_than is not None:
         filters.append("at least %gs old at the end" % older_than)
+    old = None
     if baseline is not None:
         try:
             old = baseline_blocks(baseline)
         except OSError as e:
             raise Fail("--baseline %s: %s" % (baseline, e.strerror or e))
-        alive_now = {(a.ptr, a.seq) for a in survivors}
-        freed_since = [a for k, a in old.items() if k not in alive_now]
-        survivors = [a for a in survivors if (a.ptr, a.seq) not in old]
         filters.append("allocated since the snapshot %s" % baseline)
-    else:
-        freed_since = None
+    groups, totals, seen = live.aggregate(tmin, tmax, set(old) if old is not None else None,
+                                          kinds)
+    freed_since = [a for k, a in old.items() if k not in seen] if old is not None else None
+    excl = old or ()
+    survivors = Survivors(live, totals, lambda a: tmin <= a.time <= tmax and
+                          (a.ptr, a.seq) not in excl)
+    all_count, all_bytes = totals.all_blocks, totals.all_bytes
     hdr = sh.headers[0] if sh.headers else {}
     hist = sh.history()
     start = header_int(hdr, "start")
@@ -142,7 +150,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     except Refused as e:                # replaced since it was looked at
         refuse(str(e))
         series = []
-    addrs = {c for a in survivors for c in a.callers}
+    addrs = {c for g in groups for c in g.callers}
     addrs |= {c for pt in series for k in pt.sites if k != "other" for c in k}
     addrs |= {c for a in freed_since or () for c in a.callers}
     addrs |= {f.caller for f in sh.foreign_frees()}
@@ -176,6 +184,9 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
         "growth": growth_sites(series, frames, Wrappers(), trace_depth) if len(series) > 1 else None,
         "filter": "; ".join(filters) or None,
         "unfiltered": (all_count, all_bytes),
+        # per (stack, kind) aggregates of the survivors shown (blocks.Group), ordered by
+        # the address of each one's first block; "live": every survivor (blocks.Live)
+        "groups": groups, "live": live, "kinds": kinds,
     }
 
 
@@ -190,13 +201,22 @@ def site_table(rep, stacks=None, wrappers=None):
     show.  STACKS: see leak_sites; WRAPPERS: default, the report's (rep["wrappers"])."""
     if wrappers is None:
         wrappers = Wrappers(rep.get("wrappers") or ())
+    if rep.get("groups") is not None:
+        return sites_from_groups(((g.callers, g[2:]) for g in rep["groups"]), rep["end_time"],
+                                 site_depth(rep), rep.get("frames"), wrappers, stacks)
     return leak_sites(rep["survivors"], rep["end_time"], site_depth(rep), rep.get("frames"),
                       wrappers, stacks)
 
 
+def live_bytes(survivors):
+    """The bytes of SURVIVORS (blocks.Survivors knows them; a list is summed)."""
+    b = getattr(survivors, "bytes", None)
+    return b if b is not None else sum(a.size for a in survivors)
+
+
 def print_top_sites(rep, out, top=10):
     surv = rep["survivors"]
-    total = sum(a.size for a in surv)
+    total = live_bytes(surv)
     title = rep.get("title")
     shown = ("%s (started as: %s)" % (title, rep["cmd"]) if title and rep["cmd"] and
              title != rep["cmd"] else title or rep["cmd"])
@@ -280,7 +300,7 @@ def print_incremental(rep, out, top=10):
     freed = rep["freed_since_baseline"]
     out.write("  since the snapshot %s: +%s in %d blocks allocated and still alive, -%s in %d "
               "blocks of the snapshot freed\n"
-              % (rep["baseline"], human_bytes(sum(a.size for a in rep["survivors"])),
+              % (rep["baseline"], human_bytes(live_bytes(rep["survivors"])),
                  len(rep["survivors"]), human_bytes(sum(a.size for a in freed)), len(freed)))
     out.write("  %12s %8s %12s %8s  %s\n" % ("+bytes", "+blocks", "-bytes", "-blocks",
                                             "call site"))
@@ -374,7 +394,7 @@ def export_model(rep, mx, allocator_frames=False, blocks=False):
     comments = ["mmleak trace %s (pid %s)%s" % (rep["trace"], rep["pid"],
                                                 ": " + rep["cmd"] if rep["cmd"] else ""),
                 "%d bytes in %d blocks not freed; %d events read"
-                % (sum(a.size for a in surv), len(surv), rep["events"])]
+                % (live_bytes(surv), len(surv), rep["events"])]
     if rep.get("filter"):
         comments.append("only blocks %s" % rep["filter"])
     if rep.get("gaps"):

@@ -66,6 +66,12 @@ class Shrinker:
         self.files_done = 0
         self.progress = progress
         self.result_lines = None   # shrink_raw: (event lines of the result, allocations)
+        # the compiled shrinker's survivors of format 2 as a native array (native.NativeBlocks),
+        # when asked for blocks: STATE then holds only the rest of the final result
+        self.native_blocks = None
+        # the compiled shrinker wrote the result's event lines to a file (shrink_files RAW):
+        # what write_raw needs of them (native_shrink)
+        self.raw_result = None
 
     # -- input -------------------------------------------------------------------------
     def feed_path(self, path, name=None):
@@ -311,6 +317,8 @@ class Shrinker:
         """The result in the dump format: the header lines, the trace's clock when its
         newest event is not in the result ("#clock"), the stacks its allocations use, then
         the events, by address."""
+        if self.native_blocks is not None:
+            raise ValueError("Shrinker.write: the survivors are in native blocks")
         for h in self.header_lines:
             out.write(h)
         entries = list(self.entries(final))
@@ -326,8 +334,32 @@ class Shrinker:
         for _, _, _, line in entries:
             out.write(line)
 
+    def write_raw(self, out, raw):
+        """write() of a result whose event lines the compiled shrinker wrote to the file
+        RAW (shrink_files RAW): the same bytes, without a Python object per line."""
+        info = self.raw_result
+        for h in self.header_lines:
+            out.write(h)
+        if self.max_time > info["newest"]:
+            out.write(b"#clock %d\n" % self.max_time)
+        for i in info["stacks"]:
+            if i in self.stack_lines:
+                out.write(self.stack_lines[i])
+        raw.seek(0)
+        shutil.copyfileobj(raw, out, 1 << 20)
+
+    def live(self):
+        """The survivors as a blocks.Live: the native array when the compiled shrinker
+        filled one (no Python object per block), and the Alloc tuples of the rest."""
+        from .blocks import Live
+        res = [parse_event(line, self.stacks) for _, _, kind, line in self.entries(True)
+               if kind == KIND_ALLOC]
+        return Live(self.native_blocks, res, self.stacks)
+
     def survivors(self):
         """The blocks still allocated at the end (final semantics), as Alloc tuples."""
+        if self.native_blocks is not None:
+            return list(self.live())
         res = []
         for _, _, kind, line in self.entries(True):
             if kind == KIND_ALLOC:
@@ -364,17 +396,22 @@ def progress_printer(stream=None):
     return show
 
 
-def shrink_files(paths, progress=None, mixed=False, problems=None):
+def shrink_files(paths, progress=None, mixed=False, problems=None, blocks=False, raw=None,
+                 final=False):
     """Shrink the given dump files (and '-' for stdin); return the Shrinker (its problems
     collected in PROBLEMS, a dumpformat.Problems, if given).
 
     Lines a thread had staged but not yet flushed to its .out (see unflushed_tail) are read
-    too: a killed or still running process loses nothing."""
+    too: a killed or still running process loses nothing.  BLOCKS: only the final result
+    is wanted (survivors, foreign frees: what a report reads); the compiled shrinker then
+    keeps the survivors as a native array (Shrinker.live).  RAW (a binary file): the
+    compiled shrinker writes the result's event lines (FINAL or not) there, for
+    Shrinker.write_raw (SH.raw_result set); the Python engine fills SH.state as always."""
     paths, names, tmpdir, refused = files.with_unflushed_tails(paths)
     try:
         for msg in refused:             # their .out is read as it is
             refuse(msg)
-        sh = _shrink_files(paths, progress, mixed, names, problems)
+        sh = _shrink_files(paths, progress, mixed, names, problems, blocks, raw, final)
         sh.problems.fatal = sh.problems.fatal or bool(refused)
         return sh
     finally:
@@ -414,11 +451,13 @@ def shrink_raw(paths):
             shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def _shrink_files(paths, progress=None, mixed=False, names=None, problems=None):
+def _shrink_files(paths, progress=None, mixed=False, names=None, problems=None,
+                  blocks=False, raw=None, final=False):
     sh = Shrinker(progress)
     sh.problems = problems or sh.problems
     names = names or ["<stdin>" if p == "-" else p for p in paths]
-    if not native_shrink(sh, paths, names):   # the compiled path (below), when it can run
+    if not native_shrink(sh, paths, names, raw=raw, blocks=blocks, final=final):  # compiled,
+        # when it can run
         for p, name in zip(paths, names):
             if p == "-":
                 sh.feed(sys.stdin.buffer, name)

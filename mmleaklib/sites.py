@@ -93,42 +93,55 @@ def keep_blocks(survivors, end_time, since=None, older_than=None):
 
 def leak_sites(survivors, end_time, depth=1, frames=None, wrappers=None, stacks=None):
     """THE table of leak sites, which the terminal, the CSV and the HTML page show: the
-    survivors grouped by call site (see site_resolver; with DEPTH > 1 and WRAPPERS, the
-    first frame outside the wrappers); largest total first.  Each Site: its bytes, blocks,
-    smallest and largest block, the ages (seconds at END_TIME, the last time seen in the
-    dump) of its oldest and youngest block, its heaviest stack (the one with the most bytes,
-    the first seen of those) and where the site is in it (INDEX), and how many stacks it has.
+    survivors (Alloc tuples) grouped by call site; see sites_from_groups, which does it from
+    per-stack aggregates (blocks.aggregate_allocs here, the compiled aggregation for a big
+    trace: both give the same table)."""
+    from .blocks import aggregate_allocs
+    groups, _ = aggregate_allocs(survivors)
+    return sites_from_groups(((k[0], v) for k, v in groups.items()), end_time, depth, frames,
+                             wrappers, stacks)
+
+
+def sites_from_groups(groups, end_time, depth=1, frames=None, wrappers=None, stacks=None):
+    """The leak sites (site_resolver; with DEPTH > 1 and WRAPPERS, the first frame outside
+    the wrappers) of GROUPS, per-stack aggregates (callers, [blocks, bytes, min, max,
+    min_time, max_time, ...]) in the order their stacks were first met; largest total first.
+    Each Site: its bytes, blocks, smallest and largest block, the ages (seconds at END_TIME,
+    the last time seen in the dump) of its oldest and youngest block, its heaviest stack
+    (the one with the most bytes, the first met of those) and where the site is in it
+    (INDEX), and how many stacks it has.  O(stacks): never a Python object per block.
 
     STACKS: a dict, filled with {stack (DEPTH frames): [bytes, blocks, site, index]} in the
-    order the stacks were first seen."""
-    groups = {}
+    order the stacks were first met."""
+    sums = {}
     resolve = site_resolver(frames, wrappers)
     stacks = {} if stacks is None else stacks
-    for a in survivors:
-        st = a.callers[:depth]
+    for callers, g in groups:
+        n, b, lo, hi, t0, t1 = g[:6]
+        st = callers[:depth]
         per = stacks.get(st)
         if per is None:
             per = stacks[st] = [0, 0] + list(resolve(st))
-        per[0] += a.size
-        per[1] += 1
-        g = groups.get(per[2])
-        age = max(end_time - a.time, 0)
-        if g is None:
-            groups[per[2]] = [a.size, 1, a.size, a.size, age, age]
+        per[0] += b
+        per[1] += n
+        s = sums.get(per[2])
+        old, young = max(end_time - t0, 0), max(end_time - t1, 0)
+        if s is None:
+            sums[per[2]] = [b, n, lo, hi, old, young]
         else:
-            g[0] += a.size
-            g[1] += 1
-            g[2] = min(g[2], a.size)
-            g[3] = max(g[3], a.size)
-            g[4] = max(g[4], age)
-            g[5] = min(g[5], age)
+            s[0] += b
+            s[1] += n
+            s[2] = min(s[2], lo)
+            s[3] = max(s[3], hi)
+            s[4] = max(s[4], old)
+            s[5] = min(s[5], young)
     heaviest, count = {}, collections.Counter()
     for st, per in stacks.items():
         count[per[2]] += 1
         if per[2] not in heaviest or per[0] > stacks[heaviest[per[2]]][0]:
             heaviest[per[2]] = st
     sites = [Site(k, heaviest[k], *v, stacks[heaviest[k]][3], count[k])
-             for k, v in groups.items()]
+             for k, v in sums.items()]
     sites.sort(key=lambda s: (-s.bytes, -s.blocks, s.caller))
     return sites
 

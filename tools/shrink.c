@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "../tracer/compiler.h"
+#include "blocks.h"
 
 enum { K_FREE = 0, K_ALLOC = 1, K_END = 2, K_START = 3 };   /* odd kinds: allocation-like */
 enum { P_TORN = 0, P_PADDING = 1, P_MALFORMED = 2, P_DUPLICATE = 3, P_KINDS = 4 };
@@ -75,6 +76,11 @@ typedef int (*mmleak_problem_cb)(int file, uint64_t lineno, int what, const char
 struct mmleak_shrink_stats {
     uint64_t events, allocs, max_time, files_done, entries, fatal, malformed, out_errno;
     uint64_t lines, alloc_lines;
+    /* of the lines written: the frees among them, the allocations' bytes and newest time,
+     * and the stack ids ("@ID") they use, NUSED of them at USED (a mapping of USED_BYTES:
+     * mmleak_shrink_stats_free) in no order */
+    uint64_t free_lines, alloc_bytes, newest, used, nused, used_bytes;
+    uint64_t alloc_bytes_hi;   /* the high half of ALLOC_BYTES (sizes are 64-bit) */
 };
 
 /* ---- memory: mmap only ------------------------------------------------------------ */
@@ -88,7 +94,7 @@ static void *map_mem(size_t n)
 /* Line storage: size classes of 16 bytes up to SLAB_MAX, each with a free list; bigger lines
  * get a mapping of their own.  A block's class is recomputed from the length kept in the
  * table, so blocks carry no header. */
-#define SLAB_GRAIN 16
+#define SLAB_GRAIN 8
 #define SLAB_MAX 1024
 #define SLAB_CLASSES (SLAB_MAX / SLAB_GRAIN)
 #define CHUNK (1u << 20)
@@ -158,19 +164,23 @@ static void slab_release(struct slab *s)
     s->chunks = NULL;
 }
 
-/* ---- the state: an open-addressing table keyed by the pointer ------------------------ */
+/* ---- the state: entries in a dense array, found through an index keyed by the pointer --
+ * The entries stay packed (a deletion moves the last one into the hole) and grow in place
+ * (mremap: no second copy); the index is open addressing over 4-byte entry numbers, so the
+ * state costs the entry, its lines, and a few bytes of index per address. */
 
 struct ent {
     uint64_t key;
     uint64_t s0, s1;         /* single: s0; hull: low end s0, high end s1 */
     char *l0, *l1;           /* stored lines; a bracket end keeps only its PTR field */
     uint32_t n0, n1;
-    uint8_t k0, k1, hull, used;
+    uint8_t k0, k1, hull;
 };
 
 struct table {
-    struct ent *e;
-    size_t mask, count, cap_bytes;
+    struct ent *e;           /* count entries, room for cap */
+    uint32_t *ix;            /* 0: empty slot, else 1 + the entry's number */
+    size_t mask, count, cap, e_bytes, ix_bytes;
     int bits;
 };
 
@@ -179,54 +189,81 @@ static inline size_t home(const struct table *t, uint64_t key)
     return (size_t)((key * 0x9E3779B97F4A7C15ull) >> (64 - t->bits));
 }
 
-static int table_init(struct table *t, int bits)
+static int index_init(struct table *t, int bits)
 {
     size_t n = (size_t)1 << bits;
-    t->cap_bytes = n * sizeof(struct ent);
-    t->e = map_mem(t->cap_bytes);   /* zero-filled: every slot unused */
-    if (!t->e)
+    uint32_t *ix = map_mem(n * sizeof *ix);    /* zero-filled: every slot empty */
+    if (!ix)
         return -1;
+    if (t->ix)
+        munmap(t->ix, t->ix_bytes);
+    t->ix = ix;
+    t->ix_bytes = n * sizeof *ix;
     t->mask = n - 1;
     t->bits = bits;
-    t->count = 0;
-    return 0;
-}
-
-static int table_grow(struct table *t)
-{
-    struct table n;
-    if (table_init(&n, t->bits + 1))
-        return -1;
-    for (size_t i = 0; i <= t->mask; i++) {
-        if (!t->e[i].used)
-            continue;
-        size_t j = home(&n, t->e[i].key);
-        while (n.e[j].used)
-            j = (j + 1) & n.mask;
-        n.e[j] = t->e[i];
+    for (size_t d = 0; d < t->count; d++) {
+        size_t j = home(t, t->e[d].key);
+        while (t->ix[j])
+            j = (j + 1) & t->mask;
+        t->ix[j] = (uint32_t)(d + 1);
     }
-    n.count = t->count;
-    munmap(t->e, t->cap_bytes);
-    *t = n;
     return 0;
 }
 
-/* Backward-shift deletion: no tombstones, so probe chains stay as short as the load. */
+static int table_init(struct table *t, int bits)
+{
+    memset(t, 0, sizeof *t);
+    t->cap = (size_t)1 << (bits - 1);
+    t->e_bytes = t->cap * sizeof(struct ent);
+    t->e = map_mem(t->e_bytes);
+    if (!t->e)
+        return -1;
+    return index_init(t, bits);
+}
+
+/* Room for one more entry: the array grows in place, the index at 70% load. */
+static int table_room(struct table *t)
+{
+    if (t->count == t->cap) {
+        if (t->cap >= UINT32_MAX / 2)
+            return -1;
+        size_t nb = t->e_bytes * 2;
+        void *p = mremap(t->e, t->e_bytes, nb, MREMAP_MAYMOVE);
+        if (p == MAP_FAILED)
+            return -1;
+        t->e = p;
+        t->e_bytes = nb;
+        t->cap *= 2;
+    }
+    if ((t->count + 1) * 10 > (t->mask + 1) * 7)
+        return index_init(t, t->bits + 1);
+    return 0;
+}
+
+/* Delete the entry of index slot I: backward-shift deletion in the index (no tombstones,
+ * so probe chains stay as short as the load), then the last entry moves into the hole. */
 static void table_del(struct table *t, size_t i)
 {
-    size_t j = i;
+    size_t d = t->ix[i] - 1, j = i;
     for (;;) {
         j = (j + 1) & t->mask;
-        if (!t->e[j].used)
+        if (!t->ix[j])
             break;
-        size_t h = home(t, t->e[j].key);
+        size_t h = home(t, t->e[t->ix[j] - 1].key);
         if (((j - h) & t->mask) >= ((j - i) & t->mask)) {
-            t->e[i] = t->e[j];
+            t->ix[i] = t->ix[j];
             i = j;
         }
     }
-    t->e[i].used = 0;
-    t->count--;
+    t->ix[i] = 0;
+    size_t last = --t->count;
+    if (d != last) {
+        t->e[d] = t->e[last];
+        size_t k = home(t, t->e[d].key);
+        while (t->ix[k] != last + 1)
+            k = (k + 1) & t->mask;
+        t->ix[k] = (uint32_t)(d + 1);
+    }
 }
 
 /* ---- header lines seen (a small set of byte strings) --------------------------------- */
@@ -351,6 +388,9 @@ struct run {
     mmleak_problem_cb on_problem;
     struct mmleak_shrink_stats *st;
     int stop;                  /* 1: a callback asked to stop; -1: out of memory */
+    uint64_t *used;            /* the stack ids the result uses: open addressing, 0 empty */
+    size_t used_mask, used_n;
+    int used_zero;             /* "@0" used */
 };
 
 static const unsigned char HEX[256] = {
@@ -557,18 +597,19 @@ static inline void event(struct run *r, int file, uint64_t lineno, const char *p
 {
     struct table *t = &r->t;
     size_t i = home(t, key);
-    struct ent *e;
-    while ((e = &t->e[i])->used && e->key != key)
+    uint32_t x;
+    while ((x = t->ix[i]) && t->e[x - 1].key != key)
         i = (i + 1) & t->mask;
-    if (!e->used) {
-        if (unlikely((t->count + 1) * 10 > (t->mask + 1) * 7)) {
-            if (table_grow(t)) {
+    if (!x) {
+        if (unlikely(t->count == t->cap || (t->count + 1) * 10 > (t->mask + 1) * 7)) {
+            if (table_room(t)) {
                 r->stop = -1;
                 return;
             }
             event(r, file, lineno, p, n, key, s, kind);
             return;
         }
+        struct ent *e = &t->e[t->count];
         e->l0 = store(r, p, n, &e->n0);
         if (!e->l0)
             return;
@@ -576,10 +617,10 @@ static inline void event(struct run *r, int file, uint64_t lineno, const char *p
         e->s0 = s;
         e->k0 = (uint8_t)kind;
         e->hull = 0;
-        e->used = 1;
-        t->count++;
+        t->ix[i] = (uint32_t)++t->count;
         return;
     }
+    struct ent *e = &t->e[x - 1];
     if (!e->hull) {
         if (e->s0 == s) {
             dup_event(r, file, lineno);
@@ -851,40 +892,156 @@ static void put_end(struct obuf *o, const char *l, size_t n, uint64_t s, char si
     ob_put(o, "\n", 1);
 }
 
-/* Shrinker.entries: sorted by address then number; FINAL drops brackets. */
-static void write_state(struct run *r, struct obuf *o, int final)
+/* Note stack id ID as used by the result (a set: open addressing, doubled at half load). */
+static int use_stack(struct run *r, uint64_t id)
 {
-    struct table *t = &r->t;
-    size_t m = 0;
-    for (size_t i = 0; i <= t->mask; i++)   /* compact the used slots, then sort them */
-        if (t->e[i].used)
-            t->e[m++] = t->e[i];
-    qsort(t->e, m, sizeof *t->e, cmp_ent);
+    if (!id) {
+        r->used_zero = 1;
+        return 0;
+    }
+    if (!r->used || (r->used_n + 1) * 2 > r->used_mask + 1) {
+        size_t cap = r->used ? (r->used_mask + 1) * 2 : 256;
+        uint64_t *nv = map_mem(cap * sizeof *nv);
+        if (!nv)
+            return -1;
+        for (size_t i = 0; r->used && i <= r->used_mask; i++) {
+            if (!r->used[i])
+                continue;
+            size_t j = (size_t)((r->used[i] * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+            while (nv[j])
+                j = (j + 1) & (cap - 1);
+            nv[j] = r->used[i];
+        }
+        if (r->used)
+            munmap(r->used, (r->used_mask + 1) * sizeof *nv);
+        r->used = nv;
+        r->used_mask = cap - 1;
+    }
+    size_t j = (size_t)((id * 0x9E3779B97F4A7C15ull) >> 20) & r->used_mask;
+    for (; r->used[j]; j = (j + 1) & r->used_mask)
+        if (r->used[j] == id)
+            return 0;
+    r->used[j] = id;
+    r->used_n++;
+    return 0;
+}
+
+/* An allocation line of the result (valid: parse_line took it): its size, time and stack. */
+static void note_alloc(struct run *r, const char *l)
+{
+    uint64_t v, size = 0, tm = 0;
+    const char *q = hexf(l, &v);
+    q = hexf(q + 1, &v);
+    q = hexf(q + 1, &size);
+    q = hexf(q + 1, &tm);
+    r->st->alloc_bytes_hi += (r->st->alloc_bytes += size) < size;
+    if (tm > r->st->newest)
+        r->st->newest = tm;
+    if (q && q[0] == ' ' && q[1] == '@' && hexf(q + 2, &v) && use_stack(r, v))
+        r->stop = -1;
+}
+
+/* Shrinker.entries: sorted by address then number; FINAL drops brackets.  The M entries
+ * E (the table's, or those mmleak_shrink_blocks leaves) are sorted in place. */
+static void write_state(struct run *r, struct obuf *o, int final, struct ent *ents, size_t m)
+{
+    qsort(ents, m, sizeof *ents, cmp_ent);
     r->st->entries = m;
-    uint64_t lines = 0, allocs = 0;
+    uint64_t lines = 0, allocs = 0, frees = 0;
     for (size_t i = 0; i < m; i++) {
-        struct ent *e = &t->e[i];
+        struct ent *e = &ents[i];
         if (!e->hull) {
             if (!final || e->k0 == K_ALLOC || e->k0 == K_FREE) {
                 ob_put(o, e->l0, e->n0);
                 lines++;
-                allocs += e->k0 == K_ALLOC;
+                if (e->k0 == K_ALLOC) {
+                    allocs++;
+                    note_alloc(r, e->l0);
+                }
+                frees += e->k0 == K_FREE;
             }
             continue;
         }
         if (e->k0 == K_FREE || !final) {
             put_end(o, e->l0, e->n0, e->s0, '+', e->k0 == K_FREE);
             lines++;
+            frees += e->k0 == K_FREE;
         }
         if (e->k1 == K_ALLOC || !final) {
             put_end(o, e->l1, e->n1, e->s1, '-', e->k1 == K_ALLOC);
             lines++;
-            allocs += e->k1 == K_ALLOC;
+            if (e->k1 == K_ALLOC) {
+                allocs++;
+                note_alloc(r, e->l1);
+            }
         }
     }
     r->st->lines = lines;
     r->st->alloc_lines = allocs;
+    r->st->free_lines = frees;
     ob_flush(o);
+    /* the used stack ids, packed at the front of their own mapping, handed over */
+    size_t n = 0;
+    for (size_t i = 0; r->used && i <= r->used_mask; i++)
+        if (r->used[i])
+            r->used[n++] = r->used[i];
+    if (r->used_zero) {
+        if (!r->used && use_stack(r, 1)) {      /* a mapping for the one id 0 */
+            r->stop = -1;
+            return;
+        }
+        r->used[n++] = 0;
+    }
+    r->st->used = (uint64_t)(uintptr_t)r->used;
+    r->st->nused = n;
+    r->st->used_bytes = r->used ? (r->used_mask + 1) * sizeof *r->used : 0;
+    r->used = NULL;
+}
+
+/* The run both entry points share: shrink PATHS into R's table (see mmleak_shrink).
+ * Returns 0, or the status to return (1, -1). */
+static int shrink_inputs(struct run *r, const char *const *paths, const int *name_id,
+                         int npaths, int show, mmleak_header_cb on_header,
+                         mmleak_tick_cb on_tick, mmleak_open_cb on_open,
+                         mmleak_problem_cb on_problem, uint64_t *counts,
+                         struct mmleak_shrink_stats *stats, char *buf)
+{
+    if (table_init(&r->t, 16))
+        return -1;
+    memset(stats, 0, sizeof *stats);
+    memset(counts, 0, sizeof(uint64_t) * P_KINDS * (size_t)npaths);
+    r->counts = counts;
+    r->name_id = name_id;
+    r->show = show > 0 ? (uint64_t)show : 0;
+    r->on_header = on_header;
+    r->on_tick = on_tick;
+    r->on_problem = on_problem;
+    r->st = stats;
+    for (int i = 0; i < npaths && !r->stop; i++) {
+        int fd = strcmp(paths[i], "-") ? on_open(i) : 0;
+        if (fd == -2) {
+            r->stop = 1;
+            break;
+        }
+        if (fd < 0) {                   /* mmleak.py said why */
+            stats->fatal = 1;
+            continue;
+        }
+        feed_fd(r, fd, i, buf);
+        if (fd)
+            close(fd);
+    }
+    return r->stop;
+}
+
+static void run_release(struct run *r)
+{
+    if (r->t.e)
+        munmap(r->t.e, r->t.e_bytes);
+    if (r->t.ix)
+        munmap(r->t.ix, r->t.ix_bytes);
+    slab_release(&r->mem);
+    hset_release(&r->headers);
 }
 
 /* Shrink PATHS ("-" is stdin, descriptor 0; any other is opened by ON_OPEN) and write the
@@ -903,49 +1060,18 @@ EXPORT int mmleak_shrink(const char *const *paths, const int *name_id, int npath
     char *buf = map_mem(READ_BUF);
     struct run r;
     memset(&r, 0, sizeof r);
-    int rc = 0;
-    if (!out || !buf || table_init(&r.t, 16)) {
-        rc = -1;
-        goto done;
-    }
-    memset(stats, 0, sizeof *stats);
-    memset(counts, 0, sizeof(uint64_t) * P_KINDS * (size_t)npaths);
-    out->fd = out_fd;
-    r.counts = counts;
-    r.name_id = name_id;
-    r.show = show > 0 ? (uint64_t)show : 0;
-    r.on_header = on_header;
-    r.on_tick = on_tick;
-    r.on_problem = on_problem;
-    r.st = stats;
-    for (int i = 0; i < npaths && !r.stop; i++) {
-        int fd = strcmp(paths[i], "-") ? on_open(i) : 0;
-        if (fd == -2) {
-            r.stop = 1;
-            break;
+    int rc = !out || !buf ? -1 : shrink_inputs(&r, paths, name_id, npaths, show, on_header,
+                                                on_tick, on_open, on_problem, counts, stats,
+                                                buf);
+    if (rc == 0) {
+        out->fd = out_fd;
+        write_state(&r, out, final, r.t.e, r.t.count);
+        if (out->err) {
+            stats->out_errno = (uint64_t)out->err;
+            rc = -2;
         }
-        if (fd < 0) {                   /* mmleak.py said why */
-            stats->fatal = 1;
-            continue;
-        }
-        feed_fd(&r, fd, i, buf);
-        if (fd)
-            close(fd);
     }
-    if (r.stop) {
-        rc = r.stop;
-        goto done;
-    }
-    write_state(&r, out, final);
-    if (out->err) {
-        stats->out_errno = (uint64_t)out->err;
-        rc = -2;
-    }
-done:
-    if (r.t.e)
-        munmap(r.t.e, r.t.cap_bytes);
-    slab_release(&r.mem);
-    hset_release(&r.headers);
+    run_release(&r);
     if (buf)
         munmap(buf, READ_BUF);
     if (out)
@@ -953,5 +1079,117 @@ done:
     return rc;
 }
 
-/* The interface version native.py checks before it relies on the function's signature. */
-EXPORT int mmleak_shrink_abi(void) { return 4; }
+/* An allocation line as a block: "PTR SEQ SIZE TIME @ID\n" (a stack's id) or "PTR SEQ SIZE
+ * TIME CALLER\n" (one caller inline); 0 when the line is neither (format 1 with several
+ * callers inline). */
+static int block_of(const char *l, struct mmleak_block *b)
+{
+    const char *q = hexf(l, &b->ptr);
+    if (!q || *q != ' ' || !(q = hexf(q + 1, &b->seq)) || *q != ' ' ||
+        !(q = hexf(q + 1, &b->size)) || *q != ' ' || !(q = hexf(q + 1, &b->time)) ||
+        q[0] != ' ')
+        return 0;
+    b->frame = q[1] != '@';
+    b->pad = 0;
+    q = hexf(q + 1 + !b->frame, &b->stack);
+    return q && *q == '\n';
+}
+
+/* The final result of mmleak_shrink (FINAL 1) in two parts: the survivors as blocks in
+ * BLOCKS (an array in a mapping of its own: mmleak_blocks_free; in the table's
+ * order, not sorted), and the rest as lines to OUT_FD, sorted by address: the foreign frees
+ * and the survivors with several callers inline (format 1).  stats->lines counts those lines
+ * only.  Returns as mmleak_shrink. */
+EXPORT int mmleak_shrink_blocks(const char *const *paths, const int *name_id, int npaths,
+                                int out_fd, int show, mmleak_header_cb on_header,
+                                mmleak_tick_cb on_tick, mmleak_open_cb on_open,
+                                mmleak_problem_cb on_problem, uint64_t *counts,
+                                struct mmleak_shrink_stats *stats,
+                                struct mmleak_blocks *blocks)
+{
+    struct obuf *out = map_mem(sizeof *out);
+    char *buf = map_mem(READ_BUF);
+    struct run r;
+    memset(&r, 0, sizeof r);
+    memset(blocks, 0, sizeof *blocks);
+    int rc = !out || !buf ? -1 : shrink_inputs(&r, paths, name_id, npaths, show, on_header,
+                                                on_tick, on_open, on_problem, counts, stats,
+                                                buf);
+    if (rc == 0) {
+        /* The blocks take the place of the entries, in the same mapping (a block is smaller
+         * than an entry, and block k is written over entries before i >= k: read first):
+         * the state's memory becomes the result's.  The entries that are not blocks (foreign
+         * frees, survivors with several callers) go to REST, to be written as lines. */
+        struct table *t = &r.t;
+        struct mmleak_block *v = (struct mmleak_block *)(void *)t->e;
+        size_t k = 0, nrest = 0, rest_bytes = 0;
+        struct ent *rest = NULL;
+        munmap(t->ix, t->ix_bytes);
+        t->ix = NULL;
+        for (size_t i = 0; i < t->count; i++) {
+            struct ent e = t->e[i];
+            struct mmleak_block b;
+            if (!e.hull) {
+                if (e.k0 == K_ALLOC && block_of(e.l0, &b)) {
+                    v[k++] = b;
+                    continue;
+                }
+                if (e.k0 != K_ALLOC && e.k0 != K_FREE)
+                    continue;           /* a bracket: nothing final */
+            } else {
+                if (e.k1 == K_ALLOC && block_of(e.l1, &b)) {
+                    v[k++] = b;
+                    e.k1 = K_END;       /* a bracket: the final result leaves it out */
+                }
+                if (e.k0 != K_FREE && e.k1 != K_ALLOC)
+                    continue;
+            }
+            if ((nrest + 1) * sizeof *rest > rest_bytes) {
+                size_t nb = rest_bytes ? rest_bytes * 2 : 1 << 16;
+                void *p = rest ? mremap(rest, rest_bytes, nb, MREMAP_MAYMOVE) : map_mem(nb);
+                if (!p || p == MAP_FAILED) {
+                    rc = -1;
+                    break;
+                }
+                rest = p;
+                rest_bytes = nb;
+            }
+            rest[nrest++] = e;
+        }
+        if (rc == 0) {
+            out->fd = out_fd;
+            write_state(&r, out, 1, rest, nrest);
+            stats->entries += k;
+            if (out->err) {
+                stats->out_errno = (uint64_t)out->err;
+                rc = -2;
+            }
+        }
+        if (rest)
+            munmap(rest, rest_bytes);
+        if (rc == 0) {
+            blocks->v = v;
+            blocks->n = k;
+            blocks->cap_bytes = t->e_bytes;
+            t->e = NULL;                /* the blocks' now */
+        }
+    }
+    run_release(&r);
+    if (buf)
+        munmap(buf, READ_BUF);
+    if (out)
+        munmap(out, sizeof *out);
+    return rc;
+}
+
+/* Release the stack ids a run handed over in STATS. */
+EXPORT void mmleak_shrink_stats_free(struct mmleak_shrink_stats *stats)
+{
+    if (stats->used)
+        munmap((void *)(uintptr_t)stats->used, stats->used_bytes);
+    stats->used = 0;
+    stats->nused = 0;
+}
+
+/* The interface version mmleak.py checks before it relies on the functions' signatures. */
+EXPORT int mmleak_shrink_abi(void) { return 5; }

@@ -33,11 +33,12 @@ _API = {
     "shrink": "Shrinker baseline_blocks shrink_files",
     "native": "NATIVE_ABI native_shrink",
     "symbolize": "Frame Maps Symbolizer frame_label",
-    "sites": "Site Wrappers base_name human_bytes incremental_sites is_runtime leak_sites "
+    "sites": "Found Site Wrappers base_name find_wrappers human_bytes incremental_sites "
+             "is_runtime leak_sites "
              "site_resolver",
     "compact": "TraceLock compact_dir compact_trace trace_alive",
     "series": "read_series series_line_ok",
-    "report": "build_report export_model print_top_sites site_table",
+    "report": "build_report export_model print_top_sites report_wrappers site_table",
     "attach": "mmleak_in traced_state",
     "cli": "main",
 }

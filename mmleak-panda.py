@@ -877,6 +877,17 @@ def build_html(ctx):
                      'allocation wrapper (%s): trace with <code>--depth 4</code> to see who '
                      'called them.</span>' % (ctx["wrapped_sites"],
                                               esc(", ".join(ctx["wrapper_hits"]))))
+    found, nfound = ctx.get("found_wrappers") or ([], 0)
+    if ctx.get("found_wrappers") is None:
+        notes.append("<b>Wrappers:</b> the program's own were not looked for "
+                     "(<code>--no-wrapper-detection</code>).")
+    elif nfound:
+        notes.append("<b>Allocation wrappers found</b> in the program (their callers are the "
+                     "call sites; mmleak-wrappers(7)): %s%s" % (
+                         "; ".join("<code>%s</code>: %s" % (esc(l.split(": ", 1)[0]),
+                                                            esc(l.split(": ", 1)[1]))
+                                   for l in found),
+                         "; and %d more" % (nfound - len(found)) if nfound > len(found) else ""))
     if ctx.get("foreign"):
         notes.append("%s frees of blocks allocated before tracing began (not leaks)."
                      % esc("{:,}".format(ctx["foreign"])))
@@ -1003,6 +1014,8 @@ def render(rep, meta, wrappers=None, top=TOP_ROWS):
         "symbols": symbol_summary(sorted({c for a in everything for c in a.callers[:depth]}),
                                   frames, meta.get("symbol_error")),
         "wrapper_hits": sorted(hits), "wrapped_sites": wrapped,
+        "found_wrappers": report.found_wrapper_lines(rep, 12)
+        if rep.get("detect_wrappers", True) else None,
         "flame": flame_of(stacks, frames),
         "svg_sites": chart_top_sites(table, labels),
         "svg_time": chart_timeline(df, table, [l.split(" ", 1)[1] for l in labels],

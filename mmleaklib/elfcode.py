@@ -34,6 +34,8 @@ class Elf:
         self.loads = []         # (p_offset, p_vaddr, p_filesz, executable)
         self.funcs = []         # (start vaddr, end vaddr, name), sorted
         self.from_symtab = False
+        self.debuglink = None
+        self.build_id = None
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         with os.fdopen(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -59,6 +61,23 @@ class Elf:
         f.seek(shoff)
         sh = f.read(shentsize * shnum)
         secs = [struct.unpack_from("<IIQQQQIIQQ", sh, i * shentsize) for i in range(shnum)]
+        shstrndx = struct.unpack_from("<H", eh, 62)[0]
+        if shstrndx < len(secs):
+            f.seek(secs[shstrndx][4])
+            names = f.read(secs[shstrndx][5])
+            for sec in secs:
+                name = names[sec[0]:names.find(b"\0", sec[0])]
+                if name == b".gnu_debuglink" and sec[1] != SHT_NOBITS:
+                    f.seek(sec[4])
+                    self.debuglink = f.read(sec[5]).split(b"\0", 1)[0].decode("utf-8",
+                                                                             "replace")
+                elif name == b".note.gnu.build-id" and sec[1] != SHT_NOBITS:
+                    f.seek(sec[4])
+                    note = f.read(sec[5])
+                    if len(note) >= 16:
+                        namesz, descsz = struct.unpack_from("<II", note, 0)
+                        at = 12 + ((namesz + 3) & ~3)
+                        self.build_id = note[at:at + descsz].hex()
         tabs = {t: s for s in secs for t in (s[1],) if t in (SHT_SYMTAB, SHT_DYNSYM)}
         tab = tabs.get(SHT_SYMTAB) or tabs.get(SHT_DYNSYM)
         if tab is None or tab[1] == SHT_NOBITS or tab[6] >= len(secs):
@@ -99,22 +118,52 @@ class Elf:
 
 
 _elves = {}
+DEFAULT_DEBUG_DIRS = ("/usr/lib/debug",)
 
 
-def elf(path):
-    """Elf(PATH), cached; None when PATH cannot be read as one."""
-    if path not in _elves:
+def elf(path, debug_dirs=()):
+    """Elf(PATH), cached; None when PATH cannot be read as one.  When PATH has no .symtab
+    (stripped), the function symbols of its separate debug file, if one is found where
+    elfutils looks (debug_file), in DEBUG_DIRS first."""
+    key = (path, tuple(debug_dirs))
+    if key not in _elves:
         try:
-            _elves[path] = Elf(path)
+            e = Elf(path)
         except (OSError, ValueError, struct.error, IndexError):
-            _elves[path] = None
-    return _elves[path]
+            e = None
+        if e is not None and not e.from_symtab:
+            dbg = debug_file(path, e, debug_dirs)
+            try:
+                d = Elf(dbg) if dbg else None
+            except (OSError, ValueError, struct.error, IndexError):
+                d = None
+            if d is not None and d.funcs:
+                e.funcs, e._starts, e.from_symtab = d.funcs, d._starts, True
+        _elves[key] = e
+    return _elves[key]
 
 
-def exported_name(path, offset):
+def debug_file(path, e, debug_dirs=()):
+    """The separate debug file of PATH (Elf E), where elfutils looks for one: in each of
+    DEBUG_DIRS and /usr/lib/debug, the build-id tree (.build-id/xx/rest.debug); the
+    .gnu_debuglink name in PATH's directory, its .debug, and under each of those
+    directories followed by PATH's directory.  None if there is none."""
+    dirs = [os.path.abspath(d) for d in debug_dirs] + list(DEFAULT_DEBUG_DIRS)
+    cands = []
+    if e.build_id and len(e.build_id) > 2:
+        cands += [os.path.join(d, ".build-id", e.build_id[:2], e.build_id[2:] + ".debug")
+                  for d in dirs]
+    if e.debuglink:
+        here = os.path.dirname(os.path.abspath(path))
+        cands += [os.path.join(here, e.debuglink), os.path.join(here, ".debug", e.debuglink)]
+        cands += [os.path.join(d, here.lstrip("/"), e.debuglink) for d in dirs]
+    return next((c for c in cands if c != path and os.path.isfile(c)), None)
+
+
+def exported_name(path, offset, debug_dirs=()):
     """'function+0xN' for the code at file offset OFFSET of PATH from the object's own symbol
     table (.symtab, or the exported .dynsym of a stripped library), or None."""
-    e = elf(path)
+    e = elf(path, debug_dirs)
     if e is None:
         return None
     v = e.vaddr(offset)
@@ -215,15 +264,15 @@ class _Path:
         return None
 
 
-def hands_back(path, offset):
+def hands_back(path, offset, debug_dirs=()):
     """Does the function at file offset OFFSET of PATH (a return address, or the last byte
     of the call before it: a call to the allocator or to a wrapper) return the block that
     call gave it, on some path?
     (True, how) / (False, why) / (None, why not known).  The block is followed from rax
     through moves, pushes, stack slots and constant offsets (a header before the block) to
     a `ret` with it in rax; memset/memcpy return their first argument; a block from
-    posix_memalign is the slot its first argument pointed at."""
-    e = elf(path)
+    posix_memalign is the slot its first argument pointed at.  DEBUG_DIRS: see elf."""
+    e = elf(path, debug_dirs)
     if e is None:
         return None, "cannot read %s as ELF" % os.path.basename(path)
     ret = e.vaddr(offset)
@@ -242,7 +291,10 @@ def hands_back(path, offset):
         return None, "no call before the return address"
     ret = code[i][0]
     callee = _target(code[i - 1][2])
-    what = (callee[1] or "").split("@")[0] if callee and callee[1] else "the call"
+    what = _callee_name(e, callee)
+    fixed = fixed_size(code, i - 1)
+    if fixed:
+        return False, "calls %s with a fixed size (%s): a constructor" % (what, fixed)
     start = _Path(ret, {"rax"}, {}, 0)
     if callee and OUT_PARAM.match(callee[1] or ""):
         slot = _addr_of_before(code, i - 1)
@@ -296,16 +348,54 @@ def hands_back(path, offset):
     return False, "does not return the block %s gave it" % what
 
 
+# the registers that carry an allocator's size (the rest: a wrapper's, see fixed_size)
+SIZE_ARGS = [(re.compile(r"^(?:malloc|valloc|pvalloc|strdup|_Znwm|_Znam)\b"), ("rdi",)),
+             (re.compile(r"^calloc\b"), ("rdi", "rsi")),
+             (re.compile(r"^(?:realloc|aligned_alloc|memalign)\b"), ("rsi",)),
+             (re.compile(r"^reallocarray\b"), ("rsi", "rdx")),
+             (re.compile(r"^posix_memalign\b"), ("rdx",))]
+ARG_REGS = ("rdi", "rsi", "rdx", "rcx", "r8", "r9")
+
+
+def fixed_size(code, i):
+    """Is the call CODE[I] made with a size fixed in the code (a constructor's malloc(16),
+    new T[4], zmalloc(sizeof(struct foo)))?  The argument registers are read back from the
+    call to the previous call or jump: those holding an allocator's size (SIZE_ARGS), or, for
+    another callee (a wrapper), every one written there, which must include the first; fixed
+    when each is an immediate, a zeroing or a constant address.  Returns the words or None."""
+    callee = _target(code[i][2])
+    name = (callee[1] or "") if callee else ""
+    regs = next((r for pat, r in SIZE_ARGS if pat.match(name)), None)
+    seen = {}
+    for j in range(i - 1, max(i - 16, -1), -1):
+        _, mn, ops = code[j]
+        if mn.startswith(("j", "call", "ret")):
+            break
+        reg = REGS.get(ops[0]) if ops else None
+        if reg in ARG_REGS and reg not in seen:
+            zero = mn in ("xor", "sub") and len(ops) == 2 and ops[0] == ops[1]
+            const = (mn in ("mov", "movabs") and len(ops) == 2 and ops[1].startswith("0x")) \
+                or zero or (mn == "lea" and "[rip" in ops[1])
+            seen[reg] = "%s %s" % (mn, ",".join(ops)) if const else None
+    if regs is None:
+        regs = [r for r in ARG_REGS if r in seen]
+        if "rdi" not in seen:
+            return None
+    if regs and all(seen.get(r) for r in regs):
+        return "; ".join(seen[r] for r in regs)
+    return None
+
+
 RAX_RE = re.compile(r"\b(?:rax|eax|ax|al|ah)\b")
 
 
-def uses_result(path, offset):
+def uses_result(path, offset, debug_dirs=()):
     """Does the caller, at file offset OFFSET of PATH (a return address, or the last byte of
     the call before it), read what the call returned (rax) before overwriting it, on some
     path?  (True, how) / (False, why) / (None, why not known).  A function that keeps its
     block (stores it, returns nothing) may still have it in rax when it returns: its callers
     never read it."""
-    e = elf(path)
+    e = elf(path, debug_dirs)
     if e is None:
         return None, "cannot read %s as ELF" % os.path.basename(path)
     ret = e.vaddr(offset)
@@ -363,6 +453,18 @@ def uses_result(path, offset):
                 return True, "used"             # read-modify-write (add, and, cmp, test)
             pc = nxt
     return False, "the caller does not use the returned value"
+
+
+def _callee_name(e, callee):
+    """The name of a call's target: its function symbol (the debug file's, for a stripped
+    object), else objdump's name when it is one (malloc@plt), not an offset from one."""
+    if callee is None:
+        return "the call"
+    fn = e.function_at(callee[0])
+    if fn is not None and fn[0] == callee[0]:
+        return fn[2]
+    name = callee[1] or ""
+    return name.split("@")[0] if name and "+" not in name else "the call"
 
 
 def _target(ops):

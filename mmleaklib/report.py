@@ -96,10 +96,12 @@ def choose_trace(directory, pid=None, trace=None):
 
 
 def build_report(directory, pid=None, progress=True, depth=None, since=None,
-                 older_than=None, baseline=None, trace=None, wrappers=(), detect_wrappers=True):
+                 older_than=None, baseline=None, trace=None, wrappers=(), detect_wrappers=True,
+                 debuginfo_path=()):
     """Shrink and symbolize one process's files; returns a dict the report renderers use.
     WRAPPERS: more allocation wrapper names (--wrappers); DETECT_WRAPPERS: find the
-    program's own (report_wrappers).
+    program's own (report_wrappers); DEBUGINFO_PATH: more directories of separate debug
+    information (--debuginfo-path, see symbolize.debuginfo_args).
 
     The incremental view: SINCE keeps survivors allocated at or after that many seconds
     from the trace start, OLDER_THAN those at least that old at the last event, BASELINE
@@ -150,7 +152,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     addrs |= {f.caller for f in sh.foreign_frees()}
     if os.path.lexists(maps):
         try:
-            sym = Symbolizer(maps, trace_start=start or None)
+            sym = Symbolizer(maps, trace_start=start or None, debuginfo_path=debuginfo_path)
             frames = sym.lookup(sorted(addrs))
             sym_error = sym.tool_error
         except Refused as e:
@@ -178,6 +180,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
         "filter": "; ".join(filters) or None,
         "unfiltered": (all_count, all_bytes),
         "wrappers": list(wrappers), "detect_wrappers": detect_wrappers,
+        "debuginfo_path": list(debuginfo_path or ()),
     }
     rep["growth"] = growth_sites(series, frames, report_wrappers(rep), trace_depth) \
         if len(series) > 1 else None
@@ -207,7 +210,8 @@ def report_wrappers(rep, extra=()):
     key = tuple(sorted(set(names)))
     if key not in cache:
         cache[key] = find_wrappers(report_stacks(rep), rep["frames"], base,
-                                   CodeReader(rep.get("maps"), rep.get("start")))
+                                   CodeReader(rep.get("maps"), rep.get("start"),
+                                              rep.get("debuginfo_path")))
     rep["found_wrappers"] = cache[key]
     return Wrappers(names, cache[key])
 
@@ -217,10 +221,11 @@ class CodeReader:
     sites.find_wrappers (elfcode.hands_back, elfcode.uses_result); (None, why) when that
     file changed since the run."""
 
-    def __init__(self, maps_path, start=None):
+    def __init__(self, maps_path, start=None, debug_dirs=()):
         self.maps = Maps(maps_path) if maps_path and os.path.exists(maps_path) \
             else Maps(None, [])
         self.start = start or None
+        self.debug_dirs = tuple(debug_dirs or ())
 
     def _path(self, fr):
         real = fr.addr & ADDR_MASK
@@ -233,11 +238,11 @@ class CodeReader:
 
     def hands_back(self, fr):
         path, why = self._path(fr)
-        return elfcode.hands_back(path, fr.offset) if path else (None, why)
+        return elfcode.hands_back(path, fr.offset, self.debug_dirs) if path else (None, why)
 
     def uses_result(self, fr):
         path, why = self._path(fr)
-        return elfcode.uses_result(path, fr.offset) if path else (None, why)
+        return elfcode.uses_result(path, fr.offset, self.debug_dirs) if path else (None, why)
 
 
 def site_depth(rep):
@@ -321,8 +326,7 @@ def found_wrapper_lines(rep, limit=None):
     for f in found[:limit]:
         lines.append("%s: %s (at %s%s); %s" % (
             f.name, f.how, f.where, " and %d more" % (len(f.addrs) - 1) if len(f.addrs) > 1
-            else "", "%d call site%s above it" % (f.callers, "s" if f.callers != 1 else "")
-            if f.callers else "no caller recorded (the trace's stacks end there)"))
+            else "", "%d call site%s above it" % (f.callers, "s" if f.callers != 1 else "")))
     return lines, len(found)
 
 

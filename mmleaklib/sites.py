@@ -3,6 +3,7 @@ CSV, the HTML page and the exports use; and the call-site policy behind it: what
 runtime, what is an allocation wrapper (the lists are facts.py's), which frame names a site.
 """
 import collections
+import re
 
 from .facts import MAX_DEPTH, RUNTIME_RE, RUNTIME_SOURCES, WRAPPERS
 
@@ -11,11 +12,12 @@ Site = collections.namedtuple("Site", "caller stack bytes blocks min max oldest 
 
 
 def base_name(fn):
-    """'ns::Foo<int>::bar(char const*) const' -> 'ns::Foo<*>::bar' (for wrapper matching)."""
+    """'ns::Foo<int>::bar(char const*) const' -> 'ns::Foo<*>::bar' (for wrapper matching);
+    'zmalloc+0x1b' (a frame named from the symbol table) -> 'zmalloc'."""
     if not fn:
         return ""
     out, depth, i = [], 0, 0
-    name = fn
+    name = re.sub(r"\+0x[0-9a-f]+$", "", fn)      # 'zmalloc+0x1b': from the symbol table
     if name.startswith("operator new"):
         return "operator new[]" if name.startswith("operator new[]") else "operator new"
     # cut the argument list: the first '(' at template depth 0
@@ -74,7 +76,8 @@ def find_wrappers(stacks, frames, wrappers, code):
     stack's first frame) or a wrapper's.  A candidate is a pass-through frame, and its
     function a wrapper, when its code returns the block that call gave it and a caller seen
     above it in the stacks uses what it returned (a function that keeps the block and returns
-    nothing may still hold it in rax; no caller recorded: the code alone).  Repeated until
+    nothing may still hold it in rax; with no caller recorded, as in a depth-1 trace, it
+    names no other site and is not taken).  Repeated until
     nothing changes, so a chain (zstrdup -> zmalloc -> ztrymalloc_usable -> malloc) is found
     link by link.  A function of the distinct stacks only: the same stacks give the same
     wrappers, whatever the blocks."""
@@ -90,8 +93,8 @@ def find_wrappers(stacks, frames, wrappers, code):
     def callers_use(c):
         """(a caller uses the value, words), over the callers of C's frame."""
         seen = sorted(above.get(c, ()))
-        if not seen:
-            return True, "no caller recorded"
+        if not seen:                    # the stack ends there: naming it changes no site
+            return False, "no caller recorded"
         for u in seen:
             if u not in used:
                 fu = frames.get(u)

@@ -1,8 +1,8 @@
 /* Counterexamples, and a constructor.  register_name allocates for its own use (the record
  * goes into a list; it returns a count) under two callers: it is no wrapper, its own line is
- * the site: 2 x 32 at the own line.  make_node is constructor-like: it returns the block it
- * allocated, so it is taken as a wrapper and its callers are the sites: 3 x 16 at
- * the node_a line, 2 x 16 at the node_b line (the node is shown in the stack).  A function that
+ * the site: 2 x 32 at the own line.  make_node is a constructor: it returns the block it allocated,
+ * but of a size fixed in its code (sizeof *n), so it is no wrapper and its own line is the
+ * site for both callers: 5 x 16 at the node line (the callers are in the stack).  A function that
  * returns printf's result after allocating through the runtime (stdio's buffer) is no wrapper
  * either (not checked: it did not call an allocator). */
 #include <stdio.h>
@@ -28,7 +28,7 @@ W int register_name(const char *name) {
 struct node { struct node *next; int key; };
 
 W struct node *make_node(int key, struct node *next) {
-    struct node *n = malloc(sizeof *n);
+    struct node *n = malloc(sizeof *n);              /* site:node */
     if (!n) abort();
     n->key = key;
     n->next = next;
@@ -43,9 +43,9 @@ int main(void) {
     first_user();
     second_user();
     for (int i = 0; i < 3; i++)
-        list = make_node(i, list);                   /* site:node_a */
+        list = make_node(i, list);
     for (int i = 0; i < 2; i++)
-        other = make_node(10 + i, other);            /* site:node_b */
+        other = make_node(10 + i, other);
     printf("%d %d %d\n", nrecords, list->key, other->key);
     return 0;
 }

@@ -2,7 +2,7 @@
  * 4096-byte slab from malloc and links it (returns nothing); pool_alloc carves objects and
  * is no wrapper of malloc (what it returns is a pointer into a slab, not the block malloc
  * gave).  Leaks: the slabs, 3 x 4096, at the p_slab line (the grow path); the pool's header,
- * 1 x 24, at the p_new line (the caller of pool_new, which hands its block back). */
+ * 1 x 24, at the p_new line (in pool_new: a constructor, its block of a fixed size). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -13,7 +13,7 @@ struct slab { struct slab *next; size_t used; char data[]; };
 struct pool { struct slab *slabs; size_t objects; size_t pad; };
 
 W struct pool *pool_new(void) {
-    struct pool *p = calloc(1, sizeof *p);
+    struct pool *p = calloc(1, sizeof *p);           /* site:p_new */
     if (!p) abort();
     return p;
 }
@@ -37,7 +37,7 @@ W void *pool_alloc(struct pool *p, size_t n) {
 }
 
 int main(void) {
-    struct pool *pool = pool_new();                  /* site:p_new */
+    struct pool *pool = pool_new();
     void *last = NULL;
     /* 100 objects of 96 bytes: 42 fit in a slab (4080 / 96): three slabs */
     for (int i = 0; i < 100; i++)

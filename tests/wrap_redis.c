@@ -2,7 +2,8 @@
  * ztrymalloc_usable -> malloc, zstrdup over zmalloc, zcalloc -> ztrycalloc_usable -> calloc.
  * The wrappers are noipa, as if in their own translation unit.  Leaks: 3 x 100 at
  * the z_a line, 2 x 7 ("leak 1" + NUL, copied) at the z_dup line, 1 x 48 at the z_calloc line,
- * 1 x 64 at the z_b line (another function); the block freed is not reported. */
+ * 1 x 64 at the z_b line (another function), 2 x 40 at the z_ctor line (create_client, a
+ * constructor: zmalloc of a fixed size); the block freed is not reported. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,15 @@ W char *zstrdup(const char *s) {
 
 W void zfree(void *p) { free(p); }
 
+struct client { int fd; char buf[36]; };
+
+/* a constructor over the wrapper: zmalloc(sizeof *c), a size fixed in its code */
+W struct client *create_client(int fd) {
+    struct client *c = zmalloc(sizeof *c);           /* site:z_ctor */
+    c->fd = fd;
+    return c;
+}
+
 void *keep[16];
 
 W void other_function(void) {
@@ -62,6 +72,8 @@ int main(void) {
         keep[3 + i] = zstrdup("leak 1");             /* site:z_dup */
     keep[5] = zcalloc(48);                           /* site:z_calloc */
     other_function();
+    keep[6] = create_client(1);
+    keep[7] = create_client(2);
     zfree(zmalloc(33));
     printf("%zu\n", used_memory);
     return 0;

@@ -301,6 +301,19 @@ def hands_back(path, offset, debug_dirs=()):
         if slot is None:
             return False, "posix_memalign's result slot not followed"
         start.held = {slot}
+    ok, through = _follow(path, e, fn, code, start, 1)
+    if ok:
+        return True, "returns the block %s gave it%s" % (
+            what, " (through %s)" % through if through else "")
+    return False, "does not return the block %s gave it" % what
+
+
+def _follow(path, e, fn, code, start, depth):
+    """Does some path from START (a _Path) in the function FN (its CODE) reach a `ret` with
+    the block in rax?  (verdict, the callee it went through or None).  A call with the block
+    in rdi gives it back in rax when the callee is memset-like or, DEPTH > 0, a function of
+    the object that returns its first argument (redis's extend_to_usable)."""
+    at = {a: i for i, (a, _, _) in enumerate(code)}
     todo, seen, steps = [start], set(), 0
     while todo and steps < MAX_STEPS:
         p = todo.pop()
@@ -313,7 +326,7 @@ def hands_back(path, offset, debug_dirs=()):
             nxt = code[at[p.pc] + 1][0] if at[p.pc] + 1 < len(code) else None
             if mn.startswith("ret"):
                 if "rax" in p.held:
-                    return True, "returns the block %s gave it" % what
+                    return True, None
                 break
             if mn in ("jmp", "call") or mn.startswith("j"):
                 tgt = _target(ops)
@@ -322,7 +335,7 @@ def hands_back(path, offset, debug_dirs=()):
                     p.held -= set(CLOBBERED)
                     for r in CLOBBERED:
                         p.addr_of.pop(r, None)
-                    if first and tgt and RETURNS_FIRST.match(tgt[1] or ""):
+                    if first and tgt and _returns_first(path, e, tgt, depth):
                         p.held.add("rax")
                     p.pc = nxt
                     continue
@@ -331,9 +344,8 @@ def hands_back(path, offset, debug_dirs=()):
                     if inside:
                         p.pc = tgt[0]
                         continue
-                    if tgt and "rdi" in p.held and RETURNS_FIRST.match(tgt[1] or ""):
-                        return True, "returns the block %s gave it (through %s)" % (
-                            what, tgt[1].split("@")[0])
+                    if tgt and "rdi" in p.held and _returns_first(path, e, tgt, depth):
+                        return True, _callee_name(e, tgt)
                     break           # a tail call or an indirect jump: not followed
                 if inside:          # a conditional jump: both ways
                     todo.append(_Path(tgt[0], set(p.held), dict(p.addr_of), p.sp))
@@ -345,7 +357,28 @@ def hands_back(path, offset, debug_dirs=()):
             p.pc = nxt
             if nxt is None:
                 break
-    return False, "does not return the block %s gave it" % what
+    return False, None
+
+
+_first = {}
+
+
+def _returns_first(path, e, tgt, depth):
+    """Does the call target TGT ((address, objdump's name)) return its first argument?"""
+    if RETURNS_FIRST.match(tgt[1] or ""):
+        return True
+    if depth <= 0:
+        return False
+    key = (path, tgt[0])
+    if key not in _first:
+        _first[key] = False
+        fn = e.function_at(tgt[0])
+        if fn is not None and fn[0] == tgt[0]:
+            code = _disassemble(path, fn[0], fn[1])
+            if code:
+                _first[key] = _follow(path, e, fn, code, _Path(fn[0], {"rdi"}, {}, 0),
+                                      depth - 1)[0]
+    return _first[key]
 
 
 # the registers that carry an allocator's size (the rest: a wrapper's, see fixed_size)
@@ -477,6 +510,8 @@ def _addr_of_before(code, i):
     for j in range(i - 1, max(i - 12, -1), -1):
         _, mn, ops = code[j]
         if ops and REGS.get(ops[0]) == "rdi":
+            if mn == "mov" and len(ops) == 2 and ops[1] in ("rsp", "rbp"):
+                return (ops[1], 0)
             if mn == "lea":
                 m = MEM_RE.match(ops[1])
                 if m:

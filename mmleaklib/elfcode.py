@@ -399,17 +399,27 @@ def fixed_size(code, i):
     callee = _target(code[i][2])
     name = (callee[1] or "") if callee else ""
     regs = next((r for pat, r in SIZE_ARGS if pat.match(name)), None)
-    seen = {}
-    for j in range(i - 1, max(i - 16, -1), -1):
-        _, mn, ops = code[j]
-        if mn.startswith(("j", "call", "ret")):
-            break
+    start = i
+    while start > max(i - 24, 0) and not code[start - 1][1].startswith(("j", "call", "ret")):
+        start -= 1
+    const, seen = {}, {}         # register -> the instruction that made it a constant
+    for _, mn, ops in code[start:i]:
         reg = REGS.get(ops[0]) if ops else None
-        if reg in ARG_REGS and reg not in seen:
-            zero = mn in ("xor", "sub") and len(ops) == 2 and ops[0] == ops[1]
-            const = (mn in ("mov", "movabs") and len(ops) == 2 and ops[1].startswith("0x")) \
-                or zero or (mn == "lea" and "[rip" in ops[1])
-            seen[reg] = "%s %s" % (mn, ",".join(ops)) if const else None
+        if reg is None:
+            continue
+        zero = mn in ("xor", "sub") and len(ops) == 2 and ops[0] == ops[1]
+        src = REGS.get(ops[1]) if len(ops) == 2 else None
+        if (mn in ("mov", "movabs") and len(ops) == 2 and ops[1].startswith("0x")) or zero \
+                or (mn == "lea" and "[rip" in ops[1]):
+            const[reg] = "%s %s" % (mn, ",".join(ops))
+        elif mn == "mov" and src in const:
+            const[reg] = const[src]
+        elif mn not in ("test", "cmp", "push") and not (mn == "mov" and "[" in ops[0]):
+            const.pop(reg, None)
+        else:
+            continue
+        if reg in ARG_REGS:
+            seen[reg] = const.get(reg)
     if regs is None:
         regs = [r for r in ARG_REGS if r in seen]
         if "rdi" not in seen:

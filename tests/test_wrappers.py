@@ -125,3 +125,29 @@ def test_wrappers_in_the_terminal_report(progs, tmp_path):
         "wrap_redis+0x" in text
     assert "main at %s:%d" % (os.path.join(TESTS, "wrap_redis.c"),
                               site_line("wrap_redis.c", "z_a")) in text
+
+
+def test_wrappers_on_the_page_and_the_switch(progs, tmp_path):
+    """mmleak.py report: the HTML page's notes name the wrappers found and their evidence;
+    --no-wrapper-detection says detection is off, and the site is the innermost wrapper."""
+    import sys
+    from conftest import ROOT
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    run_traced([progs["wrap_glib"]], dump, env=WHOLE)
+    page = tmp_path / "r.html"
+    cmd = [sys.executable, os.path.join(ROOT, "mmleak.py"), "report", str(dump)]
+    r = subprocess.run(cmd + ["-o", str(page)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    line = "main at %s:%d" % (os.path.join(TESTS, "wrap_glib.c"),
+                              site_line("wrap_glib.c", "g_items"))
+    assert "    my_malloc0: returns the block calloc gave it; its callers use it" in r.stdout
+    assert line in r.stdout
+    html = page.read_text()
+    assert "<b>Allocation wrappers found</b>" in html
+    assert "<code>my_malloc0</code>: returns the block calloc gave it" in html
+    r = subprocess.run(cmd + ["--no-html", "--no-wrapper-detection"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "allocation wrappers: detection off (--no-wrapper-detection)" in r.stdout
+    assert line not in r.stdout and "my_malloc0 at " in r.stdout

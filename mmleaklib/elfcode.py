@@ -147,7 +147,8 @@ def debug_file(path, e, debug_dirs=()):
     """The separate debug file of PATH (Elf E), where elfutils looks for one: in each of
     DEBUG_DIRS and /usr/lib/debug, the build-id tree (.build-id/xx/rest.debug); the
     .gnu_debuglink name in PATH's directory, its .debug, and under each of those
-    directories followed by PATH's directory.  None if there is none."""
+    directories followed by PATH's directory; then, when DEBUGINFOD_URLS is set, from
+    debuginfod (debuginfod-find).  None if there is none."""
     dirs = [os.path.abspath(d) for d in debug_dirs] + list(DEFAULT_DEBUG_DIRS)
     cands = []
     if e.build_id and len(e.build_id) > 2:
@@ -157,7 +158,19 @@ def debug_file(path, e, debug_dirs=()):
         here = os.path.dirname(os.path.abspath(path))
         cands += [os.path.join(here, e.debuglink), os.path.join(here, ".debug", e.debuglink)]
         cands += [os.path.join(d, here.lstrip("/"), e.debuglink) for d in dirs]
-    return next((c for c in cands if c != path and os.path.isfile(c)), None)
+    found = next((c for c in cands if c != path and os.path.isfile(c)), None)
+    if found is None and e.build_id and os.environ.get("DEBUGINFOD_URLS") and \
+            shutil.which("debuginfod-find"):
+        # as elfutils does last: ask the servers (their answer is cached, so this is the
+        # file eu-addr2line was given)
+        try:
+            r = subprocess.run(["debuginfod-find", "debuginfo", e.build_id],
+                               capture_output=True, text=True, timeout=120)
+            got = r.stdout.strip()
+            found = got if r.returncode == 0 and os.path.isfile(got) else None
+        except (OSError, subprocess.SubprocessError):
+            found = None
+    return found
 
 
 def exported_name(path, offset, debug_dirs=()):

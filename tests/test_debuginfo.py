@@ -136,3 +136,60 @@ def test_exported_function_and_offset_without_debug_info(tmp_path, lib):
         assert (n, b) == {"lib_store": (2, 80), "lib_keep": (1, 24)}[name]
         assert mmleak.frame_label(fr) == "%s at libstripped.so+0x%x" % (f, fr.offset)
         assert "no debug information for libstripped.so" in fr.error
+
+
+@pytest.fixture
+def debuginfod(tmp_path):
+    """A debuginfod server on loopback serving the files of a directory (the package
+    debuginfod): (directory to put debug files in, its URL).  Stopped at the end."""
+    import socket
+    import time
+    import urllib.request
+    exe = shutil.which("debuginfod")
+    if not exe:
+        pytest.skip("debuginfod not installed (.ci/run installs it)")
+    d = tmp_path / "served"
+    d.mkdir()
+    with socket.socket() as s:           # a free port, for the server to take
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    def start():
+        return subprocess.Popen([exe, "-F", str(d), "-p", str(port), "-d",
+                                 str(tmp_path / "db.sqlite"), "-t", "1", "-g", "0"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = "http://127.0.0.1:%d" % port
+    holder = {}
+
+    def serve():
+        holder["p"] = start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:     # until it has scanned the one file
+            try:
+                m = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+                if re.search(r'found_debuginfo_total\{source="files"\} [1-9]', m):
+                    return url
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError("debuginfod did not index %s in 60 s" % d)
+    yield d, serve
+    if "p" in holder:
+        holder["p"].terminate()
+        holder["p"].wait(timeout=30)
+
+
+def test_split_debug_from_debuginfod(stripped, debuginfod, tmp_path, monkeypatch):
+    """DEBUGINFOD_URLS set: the stripped program's debug information comes from the server
+    (here one on loopback), for the lines (eu-addr2line) and for the wrapper detection
+    (debuginfod-find); nothing in a build-id tree or beside the binary."""
+    exe, root, dump = stripped
+    served, serve = debuginfod
+    (dbg,) = list(root.glob(".build-id/*/*.debug"))
+    shutil.copy(str(dbg), str(served / "prog.debug"))
+    url = serve()
+    monkeypatch.setenv("DEBUGINFOD_URLS", url)
+    monkeypatch.setenv("DEBUGINFOD_CACHE_PATH", str(tmp_path / "cache"))
+    got, rep = report_lines(dump)
+    src = "wrap_redis.c"
+    assert got[("main", src, site_line(src, "z_a"))] == (3, 300)
+    assert "zmalloc" in rep["found_wrappers"]

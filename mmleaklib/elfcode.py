@@ -10,6 +10,7 @@ The ELF headers are read with the standard library; the instructions with objdum
 one run per function, which is optional: without objdump no function is found to be a wrapper.
 """
 import bisect
+import functools
 import os
 import re
 import shutil
@@ -211,8 +212,10 @@ TARGET_RE = re.compile(r"^([0-9a-f]+)(?: <([^>]*)>)?$")
 MAX_STEPS = 4000
 
 
+@functools.lru_cache(maxsize=1024)
 def _disassemble(path, start, end):
-    """[(address, mnemonic, [operands], target name)] of PATH's code in [START, END)."""
+    """[(address, mnemonic, [operands])] of PATH's code in [START, END) (cached: a function
+    is read for its return addresses and for its callers')."""
     exe = shutil.which("objdump")
     if not exe:
         return None
@@ -234,8 +237,8 @@ def _disassemble(path, start, end):
         if not words:
             continue
         ops = _operands(words[1]) if len(words) > 1 else []
-        out.append((int(m.group(1), 16), words[0], ops))
-    return out
+        out.append((int(m.group(1), 16), words[0], tuple(ops)))
+    return tuple(out)
 
 
 def _operands(s):

@@ -8,8 +8,10 @@
     dumpformat  the line reader and parsers of the dump format, problems and their words
     shrink      Shrinker, the reference engine; shrink_files
     native      ctypes binding of mmleak-tools.so: the compiled shrinker, the injector
-    symbolize   Maps, Symbolizer (eu-addr2line), frame labels
-    sites       the one table of leak sites, and the call-site policy
+    symbolize   Maps, Symbolizer (eu-addr2line, --debuginfo-path), frame labels
+    elfcode     the objects' function symbols and code (objdump): a function's name and
+                offset without debug information, does it hand its block back (wrappers)
+    sites       the one table of leak sites, the call-site policy, finding wrappers
     compact     compaction, the trace lock, liveness, recover
     series      the time series of live blocks per call site
     report      build_report, the terminal report, CSV, the exports' model

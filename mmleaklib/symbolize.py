@@ -236,6 +236,7 @@ class Symbolizer:
                 self.cache[a] = Frame(a, mod, off, None, None, None, (), self.tool_error)
             return
         paths = {os.path.basename(e[4]): e[4] for e in entries}
+        OBJECTS.update((m, (p, tuple(self.debuginfo_path))) for m, p in paths.items())
         # A clean maps file for the tool: only the loads we trust, no ambiguous ranges.
         with tempfile.NamedTemporaryFile("w", prefix="mmleak-maps.", delete=False) as tf:
             for e in sorted(entries):
@@ -265,12 +266,12 @@ class Symbolizer:
                     chain = program_level(chain)
                 fn, fl, ln = chain[0]
                 err = None if fn or fl else "no symbol or line information in %s" % mod
-                if not fl and paths.get(mod):
-                    # no debug information: the function from the object's symbol table
-                    # (its exported .dynsym when stripped) and the offset into it
+                if not fn and not fl and paths.get(mod):
+                    # no answer: the function from the object's symbol table (the debug
+                    # file's, or its exported .dynsym when stripped), if any
                     named = elfcode.exported_name(paths[mod], off, self.debuginfo_path)
                     if named:
-                        fn = fn + named[named.rindex("+"):] if fn else named
+                        fn = named[:named.rindex("+")]
                         err = "no debug information for %s (function from its symbol " \
                               "table)" % mod
                 self.cache[a] = Frame(a, mod, off, fn, fl, ln, tuple(chain[1:]), err)
@@ -333,12 +334,26 @@ def program_level(chain):
     return chain
 
 
+# the objects symbolized in this process, by file name: (path, debug directories), for
+# frame_label's offset into a function when there is no line
+OBJECTS = {}
+
+
+def function_offset(fr):
+    """'+0xN', the offset of FR's address into its function, from the symbol table of the
+    object symbolized (elfcode.exported_name), or ''."""
+    obj = OBJECTS.get(fr.module)
+    named = elfcode.exported_name(obj[0], fr.offset, obj[1]) if obj else None
+    return named[named.rindex("+"):] if named else ""
+
+
 def frame_label(fr):
     """'function at file:line', 'function+0xN at module+0xoff' (no debug information: the
-    function from the symbol table) or 'module+0xoff'."""
+    offset into the function, from the symbol table) or 'module+0xoff'."""
     if fr.function or fr.file:
-        where = "%s:%s" % (fr.file, fr.line) if fr.file else "%s+0x%x" % (fr.module, fr.offset)
-        return "%s at %s" % (fr.function or "??", where)
+        if fr.file:
+            return "%s at %s:%s" % (fr.function or "??", fr.file, fr.line)
+        return "%s%s at %s+0x%x" % (fr.function, function_offset(fr), fr.module, fr.offset)
     if fr.module:
         return "%s+0x%x" % (fr.module, fr.offset)
     return "0x%x" % fr.addr

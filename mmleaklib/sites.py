@@ -3,7 +3,6 @@ CSV, the HTML page and the exports use; and the call-site policy behind it: what
 runtime, what is an allocation wrapper (the lists are facts.py's), which frame names a site.
 """
 import collections
-import re
 
 from .facts import MAX_DEPTH, RUNTIME_RE, RUNTIME_SOURCES, WRAPPERS
 
@@ -12,12 +11,11 @@ Site = collections.namedtuple("Site", "caller stack bytes blocks min max oldest 
 
 
 def base_name(fn):
-    """'ns::Foo<int>::bar(char const*) const' -> 'ns::Foo<*>::bar' (for wrapper matching);
-    'zmalloc+0x1b' (a frame named from the symbol table) -> 'zmalloc'."""
+    """'ns::Foo<int>::bar(char const*) const' -> 'ns::Foo<*>::bar' (for wrapper matching)."""
     if not fn:
         return ""
     out, depth, i = [], 0, 0
-    name = re.sub(r"\+0x[0-9a-f]+$", "", fn)      # 'zmalloc+0x1b': from the symbol table
+    name = fn
     if name.startswith("operator new"):
         return "operator new[]" if name.startswith("operator new[]") else "operator new"
     # cut the argument list: the first '(' at template depth 0
@@ -58,9 +56,9 @@ class Wrappers:
 
 
 # A function found to be an allocation wrapper: ADDRS, its return addresses (calls to the
-# allocator or to another wrapper) whose code hands the block back; HOW, the code evidence
-# (elfcode.hands_back's words, at WHERE, 'zmalloc+0xb'); CALLERS, the distinct return
-# addresses seen above it in the trace's stacks.
+# allocator or to another wrapper) whose code hands the block back; HOW, the evidence in
+# words; WHERE, the first of them as 'module+0xoffset'; CALLERS, the distinct return
+# addresses seen above them in the trace's stacks.
 Found = collections.namedtuple("Found", "name addrs how where callers")
 
 
@@ -74,12 +72,12 @@ def find_wrappers(stacks, frames, wrappers, code):
     A frame is a candidate when it is the first frame outside the runtime and the wrappers
     known so far, and the frame below it is the allocator's entry (the candidate is the
     stack's first frame) or a wrapper's.  A candidate is a pass-through frame, and its
-    function a wrapper, when its code returns the block that call gave it and a caller seen
-    above it in the stacks uses what it returned (a function that keeps the block and returns
-    nothing may still hold it in rax; with no caller recorded, as in a depth-1 trace, it
-    names no other site and is not taken).  Repeated until
-    nothing changes, so a chain (zstrdup -> zmalloc -> ztrymalloc_usable -> malloc) is found
-    link by link.  A function of the distinct stacks only: the same stacks give the same
+    function a wrapper, when its code returns the block that call gave it, the call's size
+    is not fixed in the code (a constructor: elfcode.fixed_size), and a caller seen above it
+    in the stacks uses what it returned (a function that keeps the block and returns nothing
+    may still hold it in rax; with no caller recorded, as in a depth-1 trace, it names no
+    other site and is not taken).  Repeated until nothing changes, so a chain (zstrdup ->
+    zmalloc -> ztrymalloc_usable -> malloc) is found link by link (docs/wrappers.rst).  A function of the distinct stacks only: the same stacks give the same
     wrappers, whatever the blocks."""
     verdicts = {}                       # return address -> (verdict, words)
     passing = set()

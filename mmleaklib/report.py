@@ -161,7 +161,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     else:
         sym_error = "maps file %s missing" % maps
     sh.problems.summary()
-    return {
+    rep = {
         "trace": tid, "pid": hdr.get("pid", tid.split("-")[0]), "cmd": sh.cmd,
         "title": sh.title,
         "start": start, "end_time": sh.max_time, "files": paths, "maps": maps,

@@ -902,6 +902,17 @@ def build_html(ctx):
                      'allocation wrapper (%s): trace with <code>--depth 4</code> to see who '
                      'called them.</span>' % (ctx["wrapped_sites"],
                                               esc(", ".join(ctx["wrapper_hits"]))))
+    found, nfound = ctx.get("found_wrappers") or ([], 0)
+    if ctx.get("found_wrappers") is None:
+        notes.append("<b>Wrappers:</b> the program's own were not looked for "
+                     "(<code>--no-wrapper-detection</code>).")
+    elif nfound:
+        notes.append("<b>Allocation wrappers found</b> in the program (their callers are the "
+                     "call sites; mmleak-wrappers(7)): %s%s" % (
+                         "; ".join("<code>%s</code>: %s" % (esc(l.split(": ", 1)[0]),
+                                                            esc(l.split(": ", 1)[1]))
+                                   for l in found),
+                         "; and %d more" % (nfound - len(found)) if nfound > len(found) else ""))
     if ctx.get("foreign"):
         notes.append("%s frees of blocks allocated before tracing began (not leaks)."
                      % esc("{:,}".format(ctx["foreign"])))
@@ -1004,7 +1015,7 @@ def render(rep, meta, wrappers=None, top=TOP_ROWS):
     since, older_than: see page_model).  META: the texts (pid, trace, cmd, start, events,
     events_note, symbol_error, foreign, baseline, unfiltered, source, extra_notes,
     extra_panels)."""
-    wrappers = wrappers or sites.Wrappers(rep.get("wrappers") or ())
+    wrappers = wrappers or report.report_wrappers(rep)
     frames = rep.get("frames") or {}
     depth = report.site_depth(rep)
     kept, table, stacks = page_model(rep, wrappers)
@@ -1031,6 +1042,8 @@ def render(rep, meta, wrappers=None, top=TOP_ROWS):
                           else len(everything)),
         "symbols": symbol_summary(sorted(used), frames, meta.get("symbol_error")),
         "wrapper_hits": sorted(hits), "wrapped_sites": wrapped,
+        "found_wrappers": report.found_wrapper_lines(rep, 12)
+        if rep.get("detect_wrappers", True) else None,
         "flame": flame_of(stacks, frames),
         "svg_sites": chart_top_sites(table, labels),
         "svg_time": chart_timeline(df, table, [l.split(" ", 1)[1] for l in labels],
@@ -1071,7 +1084,7 @@ def render_report(rep, out_path, wrappers=None, top=TOP_ROWS):
     Optional keys read here: since, older_than (seconds; the --since/--older-than filters)
     and wrappers (more allocation wrapper names to look through)."""
     if wrappers is None or isinstance(wrappers, (list, tuple)):
-        wrappers = sites.Wrappers(list(wrappers or ()) + list(rep.get("wrappers") or ()))
+        wrappers = report.report_wrappers(rep, wrappers or ())
     meta = {
         "pid": rep.get("pid"), "trace": rep.get("trace"), "cmd": rep.get("cmd"),
         "start": rep.get("start") or 0, "events": rep.get("events") or 0,
@@ -1160,7 +1173,7 @@ def growth_panel(rep, wrappers):
 def incremental_panel(rep):
     """Per call site, since the --baseline snapshot: allocated and still alive (+), of the
     snapshot freed since (-)."""
-    rows = sites.incremental_sites(rep)
+    rows = sites.incremental_sites(rep, report.report_wrappers(rep))
     frames = rep["frames"]
     trs = []
     for caller, pb, pn, mb, mn in rows[:200]:
@@ -1266,6 +1279,9 @@ def add_arguments(p):
                    help="more allocation wrapper functions to look through (with a trace "
                         "depth > 1); default: xmalloc, xcalloc, xrealloc, xstrdup, g_malloc, "
                         "g_malloc0, g_realloc, g_strdup, operator new, ...")
+    p.add_argument("--no-wrapper-detection", action="store_true",
+                   help="do not look for the program's own allocation wrappers (functions "
+                        "that return the block the allocator gave them) in its stacks and code")
     p.add_argument("--top", type=errors.positive_int, default=TOP_ROWS,
                    help="table rows at most (default %d)" % TOP_ROWS)
     p.add_argument("--depth", type=errors.positive_int,
@@ -1304,7 +1320,8 @@ def run(args):
         raise Fail("%s: no such maps file" % args.maps)
     rep = read_stdin(args.depth, args.end_time)
     rep.update(since=args.since, older_than=args.older_than,
-               wrappers=[n for w in args.wrappers for n in w.split(",") if n])
+               wrappers=[n for w in args.wrappers for n in w.split(",") if n],
+               detect_wrappers=not args.no_wrapper_detection)
     status = EXIT_OK
     frames, sym_error = {}, "no --maps given"
     if args.maps:
@@ -1314,6 +1331,7 @@ def run(args):
         if sym_error:
             status = EXIT_TOOL
     rep["frames"] = frames
+    rep["maps"] = args.maps
     notes = []
     if args.end_time is None and rep["clock"] is None:
         notes.append("End of the trace taken as the newest surviving allocation (%s s); ages "

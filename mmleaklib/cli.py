@@ -380,6 +380,16 @@ def add_report(sub):
     q.add_argument("--wrappers", action="append", default=[], metavar="NAME[,NAME...]",
                    help="more allocation wrapper functions to look through (trace depth "
                         "> 1; xmalloc, g_malloc and others are known)")
+    q.add_argument("--no-wrapper-detection", action="store_true",
+                   help="do not look for the program's own allocation wrappers (functions "
+                        "that return the block the allocator gave them) in its stacks and "
+                        "code; by default their callers are the call sites")
+    q.add_argument("--debuginfo-path", action="append", default=[], metavar="DIR[:DIR...]",
+                   help="more directories of separate debug information, looked in first "
+                        "(a build-id tree DIR/.build-id/xx/rest.debug, or the "
+                        ".gnu_debuglink name); then elfutils' own places: the object's "
+                        "directory and its .debug, /usr/lib/debug, and debuginfod when "
+                        "DEBUGINFOD_URLS is set")
     q.add_argument("--since", type=finite_float, metavar="SECONDS",
                    help="only blocks allocated at least SECONDS after the trace started "
                         "(hide the start-up state of a daemon)")
@@ -393,8 +403,11 @@ def add_report(sub):
 def cmd_report(args):
     rep = report.build_report(args.dir, args.pid, progress=True, depth=args.depth,
                               since=args.since, older_than=args.older_than,
-                              baseline=args.baseline, trace=args.trace)
-    rep["wrappers"] = [n for w in args.wrappers for n in w.split(",") if n]
+                              baseline=args.baseline, trace=args.trace,
+                              wrappers=[n for w in args.wrappers for n in w.split(",") if n],
+                              detect_wrappers=not args.no_wrapper_detection,
+                              debuginfo_path=[d for p in args.debuginfo_path
+                                              for d in p.split(":") if d])
     report.print_top_sites(rep, sys.stdout, args.top)
     if args.csv:
         report.write_csv(rep, args.csv)

@@ -5,7 +5,7 @@ import re
 import sys
 import time
 
-from . import files
+from . import elfcode, files
 from .compact import read_trace
 from .dumpformat import _unescape, header_int, parse_header
 from .errors import Fail, Refused, refuse, warn
@@ -14,8 +14,8 @@ from .files import TraceFiles, new_output
 from .series import read_series
 from .shrink import baseline_blocks, progress_printer
 from .blocks import Survivors, time_bounds
-from .sites import (Wrappers, growth_sites, human_bytes, incremental_sites, leak_sites,
-                    site_resolver, sites_from_groups)
+from .sites import (Wrappers, find_wrappers, growth_sites, human_bytes, incremental_sites,
+                    leak_sites, site_resolver, sites_from_groups)
 from .symbolize import ADDR_MASK, Maps, Symbolizer, _module_problem, frame_label
 
 
@@ -97,8 +97,12 @@ def choose_trace(directory, pid=None, trace=None):
 
 
 def build_report(directory, pid=None, progress=True, depth=None, since=None,
-                 older_than=None, baseline=None, trace=None, kinds=None):
+                 older_than=None, baseline=None, trace=None, kinds=None, wrappers=(),
+                 detect_wrappers=True, debuginfo_path=()):
     """Shrink and symbolize one process's files; returns a dict the report renderers use.
+    WRAPPERS: more allocation wrapper names (--wrappers); DETECT_WRAPPERS: find the
+    program's own (report_wrappers); DEBUGINFO_PATH: more directories of separate debug
+    information (--debuginfo-path, see symbolize.debuginfo_args).
 
     The incremental view: SINCE keeps survivors allocated at or after that many seconds
     from the trace start, OLDER_THAN those at least that old at the last event, BASELINE
@@ -156,7 +160,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     addrs |= {f.caller for f in sh.foreign_frees()}
     if os.path.lexists(maps):
         try:
-            sym = Symbolizer(maps, trace_start=start or None)
+            sym = Symbolizer(maps, trace_start=start or None, debuginfo_path=debuginfo_path)
             frames = sym.lookup(sorted(addrs))
             sym_error = sym.tool_error
         except Refused as e:
@@ -165,7 +169,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     else:
         sym_error = "maps file %s missing" % maps
     sh.problems.summary()
-    return {
+    rep = {
         "trace": tid, "pid": hdr.get("pid", tid.split("-")[0]), "cmd": sh.cmd,
         "title": sh.title,
         "start": start, "end_time": sh.max_time, "files": paths, "maps": maps,
@@ -181,13 +185,78 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
         "since": since, "older_than": older_than, "baseline": baseline,
         "freed_since_baseline": freed_since,
         "series": series,
-        "growth": growth_sites(series, frames, Wrappers(), trace_depth) if len(series) > 1 else None,
         "filter": "; ".join(filters) or None,
         "unfiltered": (all_count, all_bytes),
         # per (stack, kind) aggregates of the survivors shown (blocks.Group), ordered by
         # the address of each one's first block; "live": every survivor (blocks.Live)
         "groups": groups, "live": live, "kinds": kinds,
+        "wrappers": list(wrappers), "detect_wrappers": detect_wrappers,
+        "debuginfo_path": list(debuginfo_path or ()),
     }
+    rep["growth"] = growth_sites(series, frames, report_wrappers(rep), trace_depth) \
+        if len(series) > 1 else None
+    return rep
+
+
+def report_stacks(rep):
+    """The distinct stacks of REP (survivors, the series' keys, the blocks freed since the
+    baseline), as the trace recorded them."""
+    depth = rep["trace_depth"]
+    if rep.get("groups") is not None:       # native blocks: one group per (stack, kind)
+        st = {g.callers[:depth] for g in rep["groups"]}
+    else:
+        st = {a.callers[:depth] for a in rep["survivors"]}
+    st |= {k[:depth] for pt in rep.get("series") or () for k in pt.sites if k != "other"}
+    st |= {a.callers[:depth] for a in rep.get("freed_since_baseline") or ()}
+    return sorted(st)
+
+
+def report_wrappers(rep, extra=()):
+    """The allocation wrappers of REP's sites (a sites.Wrappers): the known ones, REP's
+    --wrappers and EXTRA, and, unless rep["detect_wrappers"] is false, the program's own
+    found in its stacks and code (sites.find_wrappers; kept in rep["found_wrappers"])."""
+    names = [n for n in list(rep.get("wrappers") or ()) + list(extra) if n]
+    base = Wrappers(names)
+    if not rep.get("detect_wrappers", True) or not rep.get("frames"):
+        rep["found_wrappers"] = {}
+        return base
+    cache = rep.setdefault("found_wrappers_by_names", {})
+    key = tuple(sorted(set(names)))
+    if key not in cache:
+        cache[key] = find_wrappers(report_stacks(rep), rep["frames"], base,
+                                   CodeReader(rep.get("maps"), rep.get("start"),
+                                              rep.get("debuginfo_path")))
+    rep["found_wrappers"] = cache[key]
+    return Wrappers(names, cache[key])
+
+
+class CodeReader:
+    """Reads the code at a frame's return address in the object it is in, for
+    sites.find_wrappers (elfcode.hands_back, elfcode.uses_result); (None, why) when that
+    file changed since the run."""
+
+    def __init__(self, maps_path, start=None, debug_dirs=()):
+        self.maps = Maps(maps_path) if maps_path and os.path.exists(maps_path) \
+            else Maps(None, [])
+        self.start = start or None
+        self.debug_dirs = tuple(debug_dirs or ())
+
+    def _path(self, fr):
+        real = fr.addr & ADDR_MASK
+        hit = next((h for h in self.maps.find(real) if os.path.basename(h[4]) == fr.module
+                    and real - h[0] + h[2] == fr.offset), None)
+        if hit is None:
+            return None, "not in a mapped file"
+        why = _module_problem(hit[4], hit[3], self.start)
+        return (None, why) if why else (hit[4], None)
+
+    def hands_back(self, fr):
+        path, why = self._path(fr)
+        return elfcode.hands_back(path, fr.offset, self.debug_dirs) if path else (None, why)
+
+    def uses_result(self, fr):
+        path, why = self._path(fr)
+        return elfcode.uses_result(path, fr.offset, self.debug_dirs) if path else (None, why)
 
 
 def site_depth(rep):
@@ -200,7 +269,7 @@ def site_table(rep, stacks=None, wrappers=None):
     """The leak sites of REP (sites.leak_sites): what the terminal, the CSV and the HTML page
     show.  STACKS: see leak_sites; WRAPPERS: default, the report's (rep["wrappers"])."""
     if wrappers is None:
-        wrappers = Wrappers(rep.get("wrappers") or ())
+        wrappers = report_wrappers(rep)
     if rep.get("groups") is not None:
         return sites_from_groups(((g.callers, g[2:]) for g in rep["groups"]), rep["end_time"],
                                  site_depth(rep), rep.get("frames"), wrappers, stacks)
@@ -245,6 +314,7 @@ def print_top_sites(rep, out, top=10):
         out.write("  allocator traced: %s\n" % rep["alloc"])
     if rep["symbol_error"]:
         out.write("  symbols: %s\n" % rep["symbol_error"])
+    print_found_wrappers(rep, out)
     sites = site_table(rep)
     if not sites:
         out.write("  no block matches the filter\n" if rep["filter"] else
@@ -268,6 +338,33 @@ def print_top_sites(rep, out, top=10):
     if rep.get("growth"):
         print_growth(rep, out, top)
     return sites
+
+
+def found_wrapper_lines(rep, limit=None):
+    """One line per allocation wrapper found in REP's program (report_wrappers): its name,
+    the code evidence and where it was read, how many call sites above it the stacks show."""
+    report_wrappers(rep)
+    found = sorted(rep.get("found_wrappers", {}).values(), key=lambda f: (-f.callers, f.name))
+    lines = []
+    for f in found[:limit]:
+        lines.append("%s: %s (at %s%s); %s" % (
+            f.name, f.how, f.where, " and %d more" % (len(f.addrs) - 1) if len(f.addrs) > 1
+            else "", "%d call site%s above it" % (f.callers, "s" if f.callers != 1 else "")))
+    return lines, len(found)
+
+
+def print_found_wrappers(rep, out, top=10):
+    if not rep.get("detect_wrappers", True):
+        out.write("  allocation wrappers: detection off (--no-wrapper-detection)\n")
+        return
+    lines, n = found_wrapper_lines(rep, top)
+    if not n:
+        return
+    out.write("  allocation wrappers found (their callers are the call sites):\n")
+    for line in lines:
+        out.write("    %s\n" % line)
+    if n > len(lines):
+        out.write("    ... %d more\n" % (n - len(lines)))
 
 
 def print_growth(rep, out, top=10):
@@ -296,7 +393,7 @@ def _duration(s):
 
 
 def print_incremental(rep, out, top=10):
-    rows = incremental_sites(rep)
+    rows = incremental_sites(rep, report_wrappers(rep))
     freed = rep["freed_since_baseline"]
     out.write("  since the snapshot %s: +%s in %d blocks allocated and still alive, -%s in %d "
               "blocks of the snapshot freed\n"
@@ -343,7 +440,7 @@ def export_model(rep, mx, allocator_frames=False, blocks=False):
     size (heaptrack's events).  Allocations per stack are not known (the shrink cancels
     them): alloc_* stay None."""
     frames = rep["frames"]
-    resolve = site_resolver(frames, Wrappers(rep.get("wrappers") or ()))
+    resolve = site_resolver(frames, report_wrappers(rep))
     kind_of = rep.get("kind_of")
     depth = rep["trace_depth"]
     groups = {}

@@ -20,13 +20,15 @@ PACKAGE = $(wildcard mmleaklib/*.py)
 B   ?= build
 OUT ?= .
 
-all: $(OUT)/mmleak.so $(OUT)/mmleak-tools.so
+all: $(OUT)/mmleak.so $(OUT)/mmleak-tools.so $(OUT)/mmleak-scan
 
 # mmleak.so: mmleak.c, the interposed entry points, and the tracer's internals in tracer/
 # (tracer/internal.h lists them and what each owns).
 TRACER_SRCS = mmleak.c $(sort $(wildcard tracer/*.c))
 # mmleak-tools.so: never preloaded; mmleak.py loads it with ctypes, from beside mmleak.so.
-TOOLS_SRCS = $(sort $(wildcard tools/*.c))
+TOOLS_SRCS = $(filter-out tools/scan_main.c,$(sort $(wildcard tools/*.c)))
+# mmleak-scan: the reachability scanner the tracer starts at a process's exit (beside mmleak.so)
+SCAN_OBJS = $(B)/tools/scan_main.o $(B)/tools/scan.o $(B)/tools/shrink.o
 TRACER_OBJS = $(TRACER_SRCS:%.c=$(B)/%.o)
 TOOLS_OBJS = $(TOOLS_SRCS:%.c=$(B)/%.o)
 
@@ -48,7 +50,10 @@ $(OUT)/mmleak.so: $(TRACER_OBJS)
 $(OUT)/mmleak-tools.so: $(TOOLS_OBJS)
 	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -Wl,-z,defs -o $@ $(TOOLS_OBJS) $(LDFLAGS)
 
--include $(TRACER_OBJS:.o=.d) $(TOOLS_OBJS:.o=.d)
+$(OUT)/mmleak-scan: $(SCAN_OBJS)
+	$(CC) $(CFLAGS_LIB) $(CFLAGS) -o $@ $(SCAN_OBJS) -lpthread $(LDFLAGS)
+
+-include $(TRACER_OBJS:.o=.d) $(TOOLS_OBJS:.o=.d) $(B)/tools/scan_main.d
 
 debug:
 	@mkdir -p build/debug
@@ -69,17 +74,18 @@ install: all
 	install -d $(DESTDIR)$(LIBDIR)/mmleaklib $(DESTDIR)$(BINDIR)
 	install -m 0644 mmleak.so $(DESTDIR)$(LIBDIR)/mmleak.so
 	install -m 0644 mmleak-tools.so $(DESTDIR)$(LIBDIR)/mmleak-tools.so
+	install -m 0755 mmleak-scan $(DESTDIR)$(LIBDIR)/mmleak-scan
 	install -m 0644 $(PACKAGE) $(DESTDIR)$(LIBDIR)/mmleaklib/
 	for s in $(SCRIPTS); do install -m 0755 $$s $(DESTDIR)$(LIBDIR)/$$s && \
 	    ln -sfr $(DESTDIR)$(LIBDIR)/$$s $(DESTDIR)$(BINDIR)/$$s || exit 1; done
 
 uninstall:
-	rm -f $(DESTDIR)$(LIBDIR)/mmleak.so $(DESTDIR)$(LIBDIR)/mmleak-tools.so
+	rm -f $(DESTDIR)$(LIBDIR)/mmleak.so $(DESTDIR)$(LIBDIR)/mmleak-tools.so $(DESTDIR)$(LIBDIR)/mmleak-scan
 	rm -rf $(DESTDIR)$(LIBDIR)/mmleaklib
 	for s in $(SCRIPTS); do rm -f $(DESTDIR)$(LIBDIR)/$$s $(DESTDIR)$(BINDIR)/$$s; done
 	-rmdir $(DESTDIR)$(LIBDIR)
 
 clean:
-	rm -rf mmleak.so mmleak-tools.so build tests/bin bench/out demo __pycache__ tests/__pycache__ mmleaklib/__pycache__
+	rm -rf mmleak.so mmleak-tools.so mmleak-scan build tests/bin bench/out demo __pycache__ tests/__pycache__ mmleaklib/__pycache__
 
 .PHONY: all check bench demo debug install uninstall clean

@@ -53,6 +53,11 @@ OPTIONS = (
     Option("PAUSED", "MMLEAK_PAUSED", "bool", 0, 0, 1,
            "1: preloaded but paused, at no cost, until mmleak.py attach PID (see "
            "mmleak-attach(7))", "mmleak.so"),
+    Option("SCAN", "MMLEAK_SCAN", "bool", 1, 0, 1,
+           "1: at the process's exit (exit(), return from main, the last thread's "
+           "pthread_exit), after its destructors, classify every block still alive as "
+           "definitely, indirectly or possibly lost or still reachable (mmleak-scan, beside "
+           "mmleak.so; see mmleak-scan(7)); 0: never", "mmleak.so"),
     Option("LIB", "MMLEAK_LIB", "path", None, 0, 0,
            "mmleak.py, mmleak-install.py: the mmleak.so to use", "mmleak.py"),
     Option("SHRINK", "MMLEAK_SHRINK", "choice", "auto", 0, 0,

@@ -1,0 +1,51 @@
+/* tools/scan_main.c: mmleak-scan, the scanner mmleak.so starts at the exit of a traced
+ * process (tracer/exitscan.c), installed beside mmleak.so.  Never preloaded (the tracer
+ * takes LD_PRELOAD out of its environment).
+ *
+ *   mmleak-scan PID DIR ID WHY [READY_FD]
+ *
+ * READY_FD: a pipe the process writes one byte to once it allowed us to trace it
+ * (PR_SET_PTRACER): we wait for it first.  Every other inherited descriptor is closed.
+ * The scan is tools/scan.c's mmleak_scan; the result is DIR/mmleak.ID.scan.S.  Exit status:
+ * 0 done, 1 the scan could not be done (the result says why), 2 no result written.  Bounded:
+ * past MMLEAK_SCAN_TIMEOUT seconds (default 60) it is killed by SIGALRM, and the kernel lets
+ * the process go on (a tracer's death detaches it). */
+#define _GNU_SOURCE
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+
+int mmleak_scan(int pid, const char *dir, const char *id, const char *why, char *out,
+                size_t outlen, char *err, size_t errlen);
+
+int main(int argc, char **argv)
+{
+    if (argc < 5 || argc > 6) {
+        fprintf(stderr, "usage: mmleak-scan PID DIR ID WHY [READY_FD]\n");
+        return 2;
+    }
+    int ready = argc == 6 ? atoi(argv[5]) : -1;
+    /* the process's descriptors are not ours to hold (a daemon's sockets...) */
+    for (int fd = 3; fd < 1024; fd++)
+        if (fd != ready)
+            close(fd);
+    if (ready >= 0) {
+        char c;
+        while (read(ready, &c, 1) < 0)
+            ;
+        close(ready);
+    }
+    signal(SIGPIPE, SIG_IGN);
+    const char *t = getenv("MMLEAK_SCAN_TIMEOUT");
+    unsigned secs = t && atoi(t) > 0 ? (unsigned)atoi(t) : 60;
+    alarm(secs);
+    char out[4200], err[512];
+    int rc = mmleak_scan(atoi(argv[1]), argv[2], argv[3], argv[4], out, sizeof out, err,
+                         sizeof err);
+    if (rc < 0)
+        fprintf(stderr, "mmleak-scan: %s\n", err);
+    return rc < 0 ? 2 : rc;
+}

@@ -75,12 +75,15 @@ install: all
 	install -m 0644 mmleak.so $(DESTDIR)$(LIBDIR)/mmleak.so
 	install -m 0644 mmleak-tools.so $(DESTDIR)$(LIBDIR)/mmleak-tools.so
 	install -m 0755 mmleak-scan $(DESTDIR)$(LIBDIR)/mmleak-scan
+	install -d $(DESTDIR)$(PREFIX)/include
+	install -m 0644 include/mmleak.h $(DESTDIR)$(PREFIX)/include/mmleak.h
 	install -m 0644 $(PACKAGE) $(DESTDIR)$(LIBDIR)/mmleaklib/
 	for s in $(SCRIPTS); do install -m 0755 $$s $(DESTDIR)$(LIBDIR)/$$s && \
 	    ln -sfr $(DESTDIR)$(LIBDIR)/$$s $(DESTDIR)$(BINDIR)/$$s || exit 1; done
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/mmleak.so $(DESTDIR)$(LIBDIR)/mmleak-tools.so $(DESTDIR)$(LIBDIR)/mmleak-scan
+	rm -f $(DESTDIR)$(PREFIX)/include/mmleak.h
 	rm -rf $(DESTDIR)$(LIBDIR)/mmleaklib
 	for s in $(SCRIPTS); do rm -f $(DESTDIR)$(LIBDIR)/$$s $(DESTDIR)$(BINDIR)/$$s; done
 	-rmdir $(DESTDIR)$(LIBDIR)

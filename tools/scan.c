@@ -2,13 +2,14 @@
  * mmleak-format(5), "The scan result"; the design in mmleak-scan(7)).
  *
  *   int mmleak_scan(int pid, const char *dir, const char *id, const char *why,
- *                   char *out, size_t outlen, char *err, size_t errlen);
+ *                   char *out, size_t outlen, char *err, size_t errlen, uint64_t *totals);
  *
  * Classifies every block live in trace ID (in DIR) of process PID with valgrind memcheck's
  * four kinds and writes DIR/mmleak.ID.scan.S (its name goes to OUT).  WHY: "exit", "demand"
  * or "api".  Returns 0 when the scan was done, 1 when it could not be (a result saying
  * "#status unknown" and why was written if it could be, the reason in ERR too), -1 when not
- * even that could be written (ERR says why).
+ * even that could be written (ERR says why).  TOTALS (NULL, or 8 numbers): blocks and bytes
+ * of each kind, definite, indirect, possible, reachable.
  *
  * How (read-only for the target: nothing is written into it):
  *  1. the trace's lock (mmleak.ID.lock, shared, like every reader: no compaction pass
@@ -1170,7 +1171,7 @@ static int valid_id(const char *id)
 }
 
 EXPORT int mmleak_scan(int pid, const char *dir, const char *id, const char *why, char *out,
-                       size_t outlen, char *err, size_t errlen)
+                       size_t outlen, char *err, size_t errlen, uint64_t *totals)
 {
     if (pid <= 0 || !dir || !id || !why || !valid_id(id) || !err || !errlen || !out) {
         if (err && errlen)
@@ -1214,6 +1215,8 @@ EXPORT int mmleak_scan(int pid, const char *dir, const char *id, const char *why
         mark(&s);
     let_go(&s);
     int rc = s.failed ? 1 : 0;
+    if (totals)
+        memcpy(totals, s.kinds, sizeof s.kinds);
     if (write_result(&s, out, outlen)) {
         if (!s.failed)
             snprintf(err, errlen, "cannot write the result in %s", dir);

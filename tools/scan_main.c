@@ -7,7 +7,8 @@
  * READY_FD: a pipe the process writes one byte to once it allowed us to trace it
  * (PR_SET_PTRACER): we wait for it first.  Every other inherited descriptor is closed.
  * The scan is tools/scan.c's mmleak_scan; the result is DIR/mmleak.ID.scan.S.  Exit status:
- * 0 done, 1 the scan could not be done (the result says why), 2 no result written.  Bounded:
+ * 0 done, nothing definitely or indirectly lost; 1 done, some is; 2 the scan could not be
+ * done (the result says why); 3 no result written.  Bounded:
  * past MMLEAK_SCAN_TIMEOUT seconds (default 60) it is killed by SIGALRM, and the kernel lets
  * the process go on (a tracer's death detaches it). */
 #define _GNU_SOURCE
@@ -18,8 +19,10 @@
 #include <unistd.h>
 #include <sys/syscall.h>
 
+#include <stdint.h>
+
 int mmleak_scan(int pid, const char *dir, const char *id, const char *why, char *out,
-                size_t outlen, char *err, size_t errlen);
+                size_t outlen, char *err, size_t errlen, uint64_t *totals);
 
 int main(int argc, char **argv)
 {
@@ -43,9 +46,12 @@ int main(int argc, char **argv)
     unsigned secs = t && atoi(t) > 0 ? (unsigned)atoi(t) : 60;
     alarm(secs);
     char out[4200], err[512];
+    uint64_t totals[8] = { 0 };
     int rc = mmleak_scan(atoi(argv[1]), argv[2], argv[3], argv[4], out, sizeof out, err,
-                         sizeof err);
+                         sizeof err, totals);
     if (rc < 0)
         fprintf(stderr, "mmleak-scan: %s\n", err);
-    return rc < 0 ? 2 : rc;
+    if (rc)
+        return rc < 0 ? 3 : 2;
+    return totals[0] || totals[2] ? 1 : 0;     /* definitely or indirectly lost blocks */
 }

@@ -128,3 +128,17 @@ COLD void scan_at_exit(void)
     T.guard--;
     errno = saved;
 }
+
+/* mmleak.h's mmleak_leak_check: a scan now, asked by the program.  1 leaks (definitely or
+ * indirectly lost blocks), 0 none, -1 not tracing or no verdict. */
+EXPORT int mmleak_do_leak_check(void)
+{
+    if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T))
+        return -1;
+    int saved = errno;
+    T.guard++;
+    int rc = run_scanner("api");
+    T.guard--;
+    errno = saved;
+    return rc == 0 ? 0 : rc == 1 ? 1 : -1;
+}

@@ -89,6 +89,7 @@ struct scan {
     int failed;
     double when;
     int lockfd, attached;
+    int glibc;                          /* the allocator traced is glibc's (#alloc) */
     struct thr *th;
     int nth;
     struct cutf *cf;
@@ -493,6 +494,8 @@ static int on_header(const char *line, size_t n, int file, uint64_t lineno)
     (void)lineno;
     if (n > 8 && !memcmp(line, "#mmleak ", 8) && memmem(line, n, " window=1", 9))
         g_s->attached = 1;
+    if (n > 7 && !memcmp(line, "#alloc ", 7) && memmem(line, n, "/libc.so", 8))
+        g_s->glibc = 1;
     return 0;
 }
 
@@ -802,10 +805,21 @@ static int heuristic(struct scan *s, size_t i, uint64_t w)
 
 /* One word W found in memory whose holder is definite (PRIOR: a root, or a reachable
  * block) or not; CLIQUE >= 0: the clique pass of that leader. */
+/* glibc's own pointer to the header of the chunk after block I: it overlaps the block's last
+ * bytes when the size asked leaves none spare (4321 bytes: a chunk of 4336, the next header
+ * at 4320).  malloc_state's top and bins hold such words; they are not the program's. */
+static inline int chunk_after(struct scan *s, size_t i, uint64_t w)
+{
+    uint64_t r = s->bs[i], cs = (r + 8 + 15) & ~15ull;
+    if (cs < 32)
+        cs = 32;
+    return s->glibc && w == s->bp[i] + cs - 16;
+}
+
 static inline void found(struct scan *s, uint64_t w, int prior, ssize_t clique)
 {
     ssize_t i = block_of(s, w);
-    if (i < 0)
+    if (i < 0 || (w != s->bp[i] && chunk_after(s, (size_t)i, w)))
         return;
     uint8_t *st = &s->st[i];
     if (clique >= 0) {
@@ -827,12 +841,20 @@ static inline void found(struct scan *s, uint64_t w, int prior, ssize_t clique)
     }
 }
 
-static void scan_words(struct scan *s, const uint64_t *w, size_t n, int prior, ssize_t clique)
+static int g_debug = -1;                /* MMLEAK_SCAN_DEBUG=1: every root hit on stderr */
+
+static void scan_words(struct scan *s, const uint64_t *w, size_t n, int prior, ssize_t clique,
+                       uint64_t at)
 {
     uint64_t lo = s->lo, hi = s->hi;
     for (size_t k = 0; k < n; k++)
-        if (unlikely(w[k] >= lo && w[k] < hi))
+        if (unlikely(w[k] >= lo && w[k] < hi)) {
+            if (unlikely(g_debug > 0) && block_of(s, w[k]) >= 0)
+                fprintf(stderr, "mmleak-scan: %#" PRIx64 " holds %#" PRIx64 " (%s)\n",
+                        at + 8 * k, w[k], clique >= 0 ? "clique" : prior ? "definite" :
+                        "possible");
             found(s, w[k], prior, clique);
+        }
 }
 
 /* Scan [A, B) of the target (a root range). */
@@ -844,7 +866,7 @@ static void scan_range(struct scan *s, uint64_t a, uint64_t b, int prior, ssize_
         size_t n = b - a > WINDOW ? WINDOW : (size_t)(b - a);
         rd(s, a, s->win, n);
         s->wlo = s->whi = 0;            /* the window no longer holds a block's memory */
-        scan_words(s, (const uint64_t *)s->win, n / 8, prior, clique);
+        scan_words(s, (const uint64_t *)s->win, n / 8, prior, clique, a);
         a += n;
     }
 }
@@ -869,7 +891,7 @@ static void scan_block(struct scan *s, size_t i, int prior, ssize_t clique)
         rd(s, a, s->win, (size_t)(end - a));
     }
     scan_words(s, (const uint64_t *)(s->win + (a - s->wlo)), (size_t)(b - a) / 8, prior,
-               clique);
+               clique, a);
 }
 
 static void drain(struct scan *s, ssize_t clique)
@@ -915,8 +937,12 @@ static void mark(struct scan *s)
         s->roots[R_REGISTER][0]++;
         s->roots[R_REGISTER][1] += n * 8;
         for (size_t k = 0; k < n; k++)
-            if (r[k] >= s->lo && r[k] < s->hi)
+            if (r[k] >= s->lo && r[k] < s->hi) {
+                if (g_debug > 0 && block_of(s, r[k]) >= 0)
+                    fprintf(stderr, "mmleak-scan: register %zu of thread %d holds %#" PRIx64
+                            "\n", k, s->th[t].tid, r[k]);
                 found(s, r[k], 1, -1);
+            }
     }
     drain(s, -1);
     for (size_t k = 0; k < s->nmp; k++) {
@@ -1188,6 +1214,10 @@ EXPORT int mmleak_scan(int pid, const char *dir, const char *id, const char *why
     s.err = err;
     s.errlen = errlen;
     s.lockfd = -1;
+    if (g_debug < 0) {
+        const char *d = getenv("MMLEAK_SCAN_DEBUG");
+        g_debug = d && *d == '1';
+    }
     err[0] = 0;
     out[0] = 0;
     struct timeval tv;

@@ -1,6 +1,6 @@
 /* scan_daemon.c: a busy daemon scanned while it runs (test_scan.py).  At start it leaks
  * LOST blocks of LOST_SIZE bytes (definitely lost); then THREADS threads allocate and free
- * blocks of CHURN_SIZE bytes as fast as they can, each block always held by a global slot,
+ * blocks of CHURN_SIZE bytes without pause between four operations, each block always held by a global slot,
  * a register or the stack until freed (so every one a scan finds is still reachable).  Each
  * block is filled with a pattern checked before it is freed: a scan that changed the
  * process's memory would make it exit 1.  Prints "ready" once the leaks are planted; on
@@ -52,7 +52,10 @@ static void *churn(void *arg)
                 p[k] = (unsigned char)(k + i);
             slots[t][i] = p;
         }
-        atomic_fetch_add_explicit(&ops, 1, memory_order_relaxed);
+        /* busy, but bounded: about 20,000 operations a second per thread (a trace of a
+         * few MB a second) */
+        if ((atomic_fetch_add_explicit(&ops, 1, memory_order_relaxed) & 3) == 3)
+            usleep(200);
     }
     return NULL;
 }

@@ -123,3 +123,120 @@ def test_case_kinds_at_exit(scan_bins, dump, case):
 def test_case_kinds_match_valgrind(scan_bins, case):
     """valgrind memcheck, the oracle, gives the same kinds on the same program."""
     assert valgrind_kinds(scan_bins, case) == CASES[case]
+
+
+def alloc_sizes(dump_dir, tid):
+    """(address, SEQ) -> size of every allocation line of trace TID (a finished trace)."""
+    import mmleaklib as mm
+    sizes = {}
+    for p in mm.find_traces(str(dump_dir))[tid]:
+        with open(p, "rb") as f:
+            for line in f:
+                w = line.split()
+                if len(w) >= 5 and not line.startswith(b"#"):
+                    sizes[(int(w[0], 16), int(w[1], 16))] = int(w[2], 16)
+    return sizes
+
+
+def test_daemon_scanned_20_times(scan_bins, dump):
+    """A daemon whose 4 threads allocate and free as fast as they can, scanned 20 times on
+    demand while it runs: every scan exact against its ground truth (its 7 planted leaks
+    definitely lost, every churn block it holds still reachable, nothing else of its own),
+    and the daemon unchanged (its blocks' contents intact: it checks them, and exits 0)."""
+    from mmleaklib import scan
+    e = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump))
+    p = subprocess.Popen([scan_bins["scan_daemon"]], env=e, stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        tid = only_trace(dump)
+        paths = []
+        for _ in range(20):
+            r = subprocess.run([sys.executable, os.path.join(ROOT, "mmleak.py"), "scan",
+                                "--quiet", str(p.pid)], capture_output=True, text=True,
+                               timeout=120)
+            assert r.returncode == 0, r.stderr
+            paths.append(None)
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 0, out
+        assert b"bad 0" in out
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    sizes = alloc_sizes(dump, tid)
+    files = sorted(scan.scan_files(str(dump), tid))
+    assert len(files) == 21                 # 20 on demand, and the one at exit
+    whys = collections.Counter()
+    for path in files:
+        s = scan.read_scan(path)
+        assert s.status == "done", s.reason
+        whys[s.why] += 1
+        k = scan.Kinds(s)
+        got = collections.Counter()
+        for key, kind in k.items():
+            size = sizes[key]
+            if size in (777, 555):
+                got[(size, kind)] += 1
+        assert got[(777, "definite")] == 7, (path, got)
+        assert set(got) <= {(777, "definite"), (555, "reachable")}, (path, got)
+    assert whys == {"demand": 20, "exit": 1}
+
+
+def test_program_asks_for_a_scan(scan_bins, dump):
+    """mmleak.h: the program's own mmleak_leak_check() says 0 with nothing lost, 1 after a
+    leak, each a scan written next to the trace; untraced, it links and says -1."""
+    r = subprocess.run([scan_bins["scan_api"]], capture_output=True, text=True, timeout=60)
+    assert r.stdout == "-1 -1\n"
+    r = run_traced([scan_bins["scan_api"]], dump)
+    assert r.stdout == b"0 1\n"
+    from mmleaklib import scan
+    tid = only_trace(dump)
+    whys = sorted(scan.read_scan(p).why for p in scan.scan_files(str(dump), tid))
+    assert whys == ["api", "api", "exit"]
+
+
+@pytest.mark.parametrize("how", ["_exit", "abort", "kill"])
+def test_no_scan_without_exit(scan_bins, dump, how):
+    """_exit, abort, a fatal signal: no scan runs, the trace's reachability is unknown."""
+    src = dump / "end.c"
+    src.write_text("#include <stdlib.h>\n#include <unistd.h>\n#include <signal.h>\n"
+                   "#include <string.h>\nvoid *g;\nint main(int c, char **v) {\n"
+                   "  g = malloc(10); malloc(20);\n"
+                   "  if (!strcmp(v[1], \"_exit\")) _exit(0);\n"
+                   "  if (!strcmp(v[1], \"abort\")) abort();\n"
+                   "  kill(getpid(), SIGKILL); return 0; }\n")
+    exe = str(dump / "end")
+    subprocess.run(["cc", "-w", "-o", exe, str(src)], check=True)
+    run_traced([exe, how], dump, check=False)
+    from mmleaklib import scan
+    tid = only_trace(dump)
+    assert scan.scan_files(str(dump), tid) == []
+    k = scan.kinds_for(str(dump), tid)
+    assert k.status == "unknown" and "no scan ran" in k.reason
+
+
+def test_scan_off(scan_bins, dump):
+    """MMLEAK_SCAN=0: no scan at exit."""
+    run_traced([scan_bins["scan_cases"], "lost"], dump, env={"MMLEAK_SCAN": "0"})
+    from mmleaklib import scan
+    assert scan.scan_files(str(dump), only_trace(dump)) == []
+
+
+def test_result_file_layout(scan_bins, dump):
+    """The header of mmleak-format(5): its lines, totals that match the columns, and
+    LEB128 columns sorted by address."""
+    run_traced([scan_bins["scan_cases"], "lost-chain"], dump)
+    from mmleaklib import scan
+    tid = only_trace(dump)
+    [path] = scan.scan_files(str(dump), tid)
+    s = scan.read_scan(path)
+    assert (s.version, s.id, s.why, s.status, s.attached) == (1, tid, "exit", "done", False)
+    assert s.kinds["definite"][0] >= 1 and s.kinds["indirect"] == (1, TARGET)
+    a, q, k = s.columns()
+    assert len(a) == len(q) == len(k) == s.blocks
+    assert list(a) == sorted(set(a))
+    for i, name in enumerate(scan.KINDS):
+        assert k.count(i) == s.kinds[name][0]
+    assert s.roots["object"][0] >= 1 and s.roots["stack"][0] == 1
+    assert s.excluded["mmleak"][0] >= 1

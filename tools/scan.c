@@ -114,6 +114,8 @@ struct scan {
     uint64_t roots[R_KINDS][2], excluded[2];
     uint64_t kinds[4][2];
     uint64_t unreadable;
+    int vanished;                       /* the process ended (SIGKILL...) during the scan */
+    int open_files;                     /* dump files of the cut without "#end" */
 };
 
 static __attribute__((format(printf, 2, 3))) int say(struct scan *s, const char *fmt, ...)
@@ -393,6 +395,8 @@ static int take_cut(struct scan *s)
         int ended = c->size >= 5 && pread(fd, end, 5, (off_t)c->size - 5) == 5 &&
                     !memcmp(end, "#end\n", 5);
         close(fd);
+        if (!compact && !ended)
+            s->open_files++;
         if (compact || ended)
             continue;
         char *tp;
@@ -410,6 +414,11 @@ static int take_cut(struct scan *s)
         close(tfd);
     }
     closedir(d);
+    if (!s->ncf)
+        return say(s, "trace %s has no dump file in %s", s->id, s->dir);
+    if (!s->open_files)
+        return say(s, "trace %s has ended (every dump file says #end): the process exec'd or "
+                   "ended before the scan", s->id);
     return 0;
 }
 
@@ -694,6 +703,8 @@ static size_t rd(struct scan *s, uint64_t a, void *buf, size_t n)
     ssize_t got = process_vm_readv(s->pid, &l, 1, &r, 1, 0);
     if (got == (ssize_t)n)
         return n;
+    if (got < 0 && errno == ESRCH)
+        s->vanished = 1;
     size_t done = got > 0 ? (size_t)got : 0;
     /* a page that cannot be read (a hole of a file mapping, PROT_NONE): page by page */
     while (done < n) {
@@ -1243,6 +1254,18 @@ EXPORT int mmleak_scan(int pid, const char *dir, const char *id, const char *why
         read_maps(&s);
     if (!s.failed)
         mark(&s);
+    /* a thread that ended, or a process gone (SIGKILL), while we held it: no verdict */
+    for (int t = 0; !s.failed && t < s.nth; t++) {
+        int st;
+        if (s.th[t].tid > 0 && s.th[t].stopped &&
+            waitpid(s.th[t].tid, &st, __WALL | WNOHANG) == s.th[t].tid &&
+            (WIFEXITED(st) || WIFSIGNALED(st))) {
+            s.th[t].stopped = 0;
+            s.vanished = 1;
+        }
+    }
+    if (s.vanished && !s.failed)
+        say(&s, "process %d ended during the scan", pid);
     let_go(&s);
     int rc = s.failed ? 1 : 0;
     if (totals)

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 
 #include <stdint.h>
@@ -42,6 +43,13 @@ int main(int argc, char **argv)
         close(ready);
     }
     signal(SIGPIPE, SIG_IGN);
+    /* a process that limited its address space (RLIMIT_AS) gave us its limit: take what
+     * the hard limit allows, the scan needs memory of its own */
+    struct rlimit rl;
+    if (!getrlimit(RLIMIT_AS, &rl) && rl.rlim_cur != rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_AS, &rl);
+    }
     const char *t = getenv("MMLEAK_SCAN_TIMEOUT");
     unsigned secs = t && atoi(t) > 0 ? (unsigned)atoi(t) : 60;
     alarm(secs);

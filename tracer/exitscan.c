@@ -114,9 +114,32 @@ COLD int run_scanner(const char *why)
     return WEXITSTATUS(st);
 }
 
+/* Under a seccomp filter (Seccomp: 2 in /proc/self/status) starting a process may be
+ * forbidden, and the process killed for trying: no scan then (mmleak.py scan PID, from
+ * outside, still works). */
+static int under_seccomp(void)
+{
+    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 1;
+    static char buf[8192];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 1;
+    buf[n] = 0;
+    const char *p = strstr(buf, "\nSeccomp:");
+    if (!p)
+        return 0;
+    p += 9;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    return *p != '0';
+}
+
 COLD void scan_at_exit(void)
 {
-    if (!cfg.scan)
+    if (!cfg.scan || under_seccomp())
         return;
     int saved = errno;
     /* libstdc++'s one-time memory (GCC 14+ has __gnu_cxx::__freeres; an older one has none) */
@@ -133,7 +156,7 @@ COLD void scan_at_exit(void)
  * indirectly lost blocks), 0 none, -1 not tracing or no verdict. */
 EXPORT int mmleak_do_leak_check(void)
 {
-    if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T))
+    if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T) || under_seccomp())
         return -1;
     int saved = errno;
     T.guard++;

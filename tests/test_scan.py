@@ -240,3 +240,125 @@ def test_result_file_layout(scan_bins, dump):
         assert k.count(i) == s.kinds[name][0]
     assert s.roots["object"][0] >= 1 and s.roots["stack"][0] == 1
     assert s.excluded["mmleak"][0] >= 1
+
+
+def scan_now(pid):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "mmleak.py"), "scan", "--quiet",
+                           str(pid)], capture_output=True, text=True, timeout=120)
+
+
+def start(scan_bins, dump, *args):
+    e = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump))
+    p = subprocess.Popen([scan_bins["scan_hostile"]] + list(args), env=e,
+                         stdout=subprocess.PIPE)
+    assert p.stdout.readline() == b"ready\n"
+    return p
+
+
+def stop(p):
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return p.returncode
+
+
+def target_kinds(dump, path):
+    """Counter of the kinds of the 4321-byte blocks in the scan PATH."""
+    from mmleaklib import scan
+    sizes = alloc_sizes(dump, only_trace(dump))
+    return collections.Counter(kind for key, kind in scan.Kinds(scan.read_scan(path)).items()
+                               if sizes.get(key) == TARGET)
+
+
+@pytest.fixture(scope="module")
+def hostile_bin(scan_bins, tmp_path_factory):
+    exe = str(tmp_path_factory.mktemp("hostile") / "scan_hostile")
+    subprocess.run(["cc", "-O1", "-g", "-pthread", "-o", exe,
+                    os.path.join(TESTS, "scan_hostile.c")], check=True)
+    return dict(scan_bins, scan_hostile=exe)
+
+
+def test_scan_500_threads(hostile_bin, dump):
+    """500 threads, each holding a block on its stack: every one still reachable, the one
+    leak definitely lost, and the process goes on and ends normally."""
+    p = start(hostile_bin, dump, "threads", "500")
+    try:
+        r = scan_now(p.pid)
+        assert r.returncode == 0, r.stderr
+    finally:
+        assert stop(p) == 0
+    from mmleaklib import scan
+    first = sorted(scan.scan_files(str(dump), only_trace(dump)))[0]
+    assert scan.read_scan(first).threads == 501
+    assert target_kinds(dump, first) == {"reachable": 501, "definite": 1}
+
+
+def test_scan_forking_process(hostile_bin, dump):
+    """A process that forks and reaps children without pause, scanned 5 times: exact each
+    time, and its children are all reaped right (status 0)."""
+    p = start(hostile_bin, dump, "fork")
+    try:
+        for _ in range(5):
+            r = scan_now(p.pid)
+            assert r.returncode == 0, r.stderr
+    finally:
+        assert stop(p) == 0
+    from mmleaklib import scan
+    tid = str(p.pid)
+    for path in scan.scan_files(str(dump), tid):
+        s = scan.read_scan(path)
+        assert s.status == "done", s.reason
+        sizes = alloc_sizes(dump, tid)
+        got = collections.Counter(kind for key, kind in scan.Kinds(s).items()
+                                  if sizes.get(key) == TARGET)
+        assert got == {"reachable": 1, "definite": 1}, (path, got)
+
+
+def test_scan_of_a_killed_process(hostile_bin, dump):
+    """SIGKILL while a scan may run: the scan ends (done, or a one-line refusal), never
+    hangs, and never says anything of a process that is gone."""
+    p = start(hostile_bin, dump, "threads", "50")
+    q = subprocess.Popen([sys.executable, os.path.join(ROOT, "mmleak.py"), "scan", "--quiet",
+                          str(p.pid)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.kill()
+    p.wait()
+    out, err = q.communicate(timeout=120)
+    assert q.returncode in (0, 1, 2), err
+    if q.returncode:
+        assert len(err.strip().splitlines()) == 1, err
+    from mmleaklib import scan
+    for path in scan.scan_files(str(dump), str(p.pid)):
+        s = scan.read_scan(path)
+        if s.status == "done":          # finished before the kill: exact
+            assert target_kinds(dump, path) == {"reachable": 51, "definite": 1}
+
+
+def test_seccomp_process_unharmed(hostile_bin, dump):
+    """A process under a seccomp filter that kills it on clone/execve: no scan from inside
+    at its exit (it ends with status 0, not killed); reachability unknown."""
+    p = start(hostile_bin, dump, "seccomp")
+    p.communicate(timeout=60)
+    assert p.returncode == 0
+    from mmleaklib import scan
+    k = scan.kinds_for(str(dump), only_trace(dump))
+    assert k.status == "unknown"
+
+
+def test_scan_at_rlimit_as(hostile_bin, dump):
+    """A process that limited its address space to about what it uses: it ends normally,
+    and its scan at exit is exact (the scanner takes the hard limit: here the same, so it
+    may also say it could not, in its result)."""
+    p = start(hostile_bin, dump, "rlimit")
+    p.communicate(timeout=60)
+    assert p.returncode == 0
+    from mmleaklib import scan
+    [path] = scan.scan_files(str(dump), only_trace(dump))
+    s = scan.read_scan(path)
+    if s.status == "done":
+        assert target_kinds(dump, path) == {"reachable": 1, "definite": 1}
+    else:
+        assert s.reason

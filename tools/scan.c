@@ -18,8 +18,7 @@
  *     no new one appears: a stopped thread starts none); their registers;
  *  3. the cut, while they are stopped: the size of each dump file and the lines of its
  *     staging file that it lacks (what a SIGKILL at that moment would leave);
- *  4. the live set of the cut: tools/shrink.c's engine over exactly those bytes (fed through
- *     pipes), final;
+ *  4. the live set of the cut: tools/shrink.c's engine over exactly those bytes, final;
  *  5. the roots from /proc/PID/maps and the registers; the marking (an explicit stack, no
  *     recursion), then memcheck's clique pass for the unreached; the memory is read with
  *     process_vm_readv in big chunks;
@@ -94,9 +93,6 @@ struct scan {
     int nth;
     struct cutf *cf;
     int ncf;
-    /* the feeding of the shrink engine */
-    pthread_t feeder;
-    int feeding;
     /* the live blocks, sorted by address */
     uint64_t *bp, *bs, *bq;
     uint8_t *st, *pend;
@@ -426,15 +422,33 @@ static int take_cut(struct scan *s)
 
 static struct scan *g_s;                /* for the engine's callbacks (one scan at a time) */
 static pthread_mutex_t g_scan_lock = PTHREAD_MUTEX_INITIALIZER;
-struct feed { int in, out; struct cutf *c; };
 
-static void *feed(void *arg)
+/* Input I of the engine: the file as it was at the cut.  The file itself when it has not
+ * changed since and has no staging lines; else a copy in memory of its first SIZE bytes
+ * followed by those lines (a line may begin in one and end in the other). */
+static int on_open(int i)
 {
-    struct feed *f = arg;
+    struct scan *s = g_s;
+    struct cutf *c = &s->cf[i];
+    int in = open(c->path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (in < 0)
+        return -1;
+    struct stat st;
+    if (fstat(in, &st)) {
+        close(in);
+        return -1;
+    }
+    if ((uint64_t)st.st_size == c->size && !c->tlen)
+        return in;
+    int m = (int)syscall(SYS_memfd_create, "mmleak-scan-cut", 1u /* MFD_CLOEXEC */);
+    if (m < 0) {
+        close(in);
+        return -1;
+    }
     off_t off = 0;
-    uint64_t left = f->c->size;
+    uint64_t left = c->size;
     while (left > 0) {
-        ssize_t n = sendfile(f->out, f->in, &off, left > (1u << 30) ? (1u << 30) : left);
+        ssize_t n = sendfile(m, in, &off, left > (1u << 30) ? (1u << 30) : left);
         if (n <= 0) {
             if (n < 0 && errno == EINTR)
                 continue;
@@ -442,9 +456,9 @@ static void *feed(void *arg)
         }
         left -= (uint64_t)n;
     }
-    /* a .out that does not end with a newline (a line torn by the cut) before its tail */
-    for (size_t w = 0; w < f->c->tlen && !left;) {
-        ssize_t n = write(f->out, f->c->tail + w, f->c->tlen - w);
+    close(in);
+    for (size_t w = 0; w < c->tlen && !left;) {
+        ssize_t n = write(m, c->tail + w, c->tlen - w);
         if (n <= 0) {
             if (n < 0 && errno == EINTR)
                 continue;
@@ -452,49 +466,8 @@ static void *feed(void *arg)
         }
         w += (size_t)n;
     }
-    close(f->in);
-    close(f->out);
-    free(f);
-    return NULL;
-}
-
-static void feeder_join(struct scan *s)
-{
-    if (s->feeding) {
-        pthread_join(s->feeder, NULL);
-        s->feeding = 0;
-    }
-}
-
-static int on_open(int i)
-{
-    struct scan *s = g_s;
-    feeder_join(s);
-    int pfd[2];
-    if (pipe2(pfd, O_CLOEXEC))
-        return -1;
-    struct feed *f = malloc(sizeof *f);
-    int in = open(s->cf[i].path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (!f || in < 0) {
-        free(f);
-        if (in >= 0)
-            close(in);
-        close(pfd[0]);
-        close(pfd[1]);
-        return -1;
-    }
-    f->in = in;
-    f->out = pfd[1];
-    f->c = &s->cf[i];
-    if (pthread_create(&s->feeder, NULL, feed, f)) {
-        close(in);
-        close(pfd[0]);
-        close(pfd[1]);
-        free(f);
-        return -1;
-    }
-    s->feeding = 1;
-    return pfd[0];
+    lseek(m, 0, SEEK_SET);
+    return m;
 }
 
 static int on_header(const char *line, size_t n, int file, uint64_t lineno)
@@ -559,11 +532,11 @@ static int live_set(struct scan *s)
     g_s = s;
     int rc = mmleak_shrink(paths, ids, n, out, 0, 1, on_header, on_tick, on_open, on_problem,
                            counts, &stats);
-    feeder_join(s);
     free(paths); free(ids); free(counts);
-    if (rc) {
+    if (rc || stats.fatal) {
         close(out);
-        return say(s, "the shrink of the trace failed (%d)", rc);
+        return say(s, rc == -1 ? "out of memory reading the trace" :
+                   "the trace's files could not all be read");
     }
     off_t len = lseek(out, 0, SEEK_END);
     char *m = len > 0 ? mmap(NULL, (size_t)len, PROT_READ, MAP_PRIVATE, out, 0) : NULL;

@@ -70,7 +70,8 @@ def test_tracer_has_no_tool_and_the_tools_library_has_them(lib):
     tools = os.path.join(os.path.dirname(lib), "mmleak-tools.so")
     assert not [s for s in dynamic_symbols(lib) if "shrink" in s or "inject" in s]
     assert dynamic_symbols(tools) == {"mmleak_shrink", "mmleak_shrink_abi",
-                                      "mmleak_inject_call", "mmleak_inject_abi"}
+                                      "mmleak_inject_call", "mmleak_inject_call_within",
+                                      "mmleak_inject_abi", "mmleak_scan", "mmleak_scan_abi"}
 
 
 def test_library_needs_glibc_alone_and_loads_nothing_into_a_c_program(lib, tmp_path):

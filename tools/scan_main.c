@@ -9,7 +9,7 @@
  * The scan is tools/scan.c's mmleak_scan; the result is DIR/mmleak.ID.scan.S.  Exit status:
  * 0 done, nothing definitely or indirectly lost; 1 done, some is; 2 the scan could not be
  * done (the result says why); 3 no result written.  Bounded:
- * past MMLEAK_SCAN_TIMEOUT seconds (default 60) it is killed by SIGALRM, and the kernel lets
+ * past MMLEAK_SCAN_SECS seconds (default 60) it is killed by SIGALRM, and the kernel lets
  * the process go on (a tracer's death detaches it). */
 #define _GNU_SOURCE
 #include <signal.h>
@@ -50,7 +50,7 @@ int main(int argc, char **argv)
         rl.rlim_cur = rl.rlim_max;
         setrlimit(RLIMIT_AS, &rl);
     }
-    const char *t = getenv("MMLEAK_SCAN_TIMEOUT");
+    const char *t = getenv("MMLEAK_SCAN_SECS");
     unsigned secs = t && atoi(t) > 0 ? (unsigned)atoi(t) : 60;
     alarm(secs);
     char out[4200], err[512];

@@ -1110,7 +1110,7 @@ static int write_result(struct scan *s, char *out, size_t outlen)
     char tmpname[400];
     unsigned rnd = (unsigned)(mono_ns() ^ getpid());
     snprintf(tmpname, sizeof tmpname, "%s/.mmleak.%s.scan.%08x.tmp", s->dir, s->id, rnd);
-    int fd = open(tmpname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    int fd = open(tmpname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
         free(b.p);
         return -1;

@@ -142,8 +142,12 @@ COLD void scan_at_exit(void)
     if (!cfg.scan || under_seccomp())
         return;
     int saved = errno;
-    /* libstdc++'s one-time memory (GCC 14+ has __gnu_cxx::__freeres; an older one has none) */
+    /* libstdc++'s one-time memory (GCC 14+ has __gnu_cxx::__freeres; an older one has none).
+     * dlsym under our guard: a symbol not found makes it allocate its error text, which is
+     * glibc's, not the program's, and must not be recorded; the frees of __freeres must. */
+    T.guard++;
     void (*freeres)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "_ZN9__gnu_cxx9__freeresEv");
+    T.guard--;
     if (freeres)
         freeres();
     T.guard++;

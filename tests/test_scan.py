@@ -156,6 +156,12 @@ def test_daemon_scanned_20_times(scan_bins, dump):
                                timeout=120)
             assert r.returncode == 0, r.stderr
             paths.append(None)
+        # the copies each scan read were made in the daemon and reaped there: no child left
+        kids = []
+        for t in os.listdir("/proc/%d/task" % p.pid):
+            with open("/proc/%d/task/%s/children" % (p.pid, t)) as f:
+                kids += f.read().split()
+        assert kids == []
         p.send_signal(signal.SIGTERM)
         out, _ = p.communicate(timeout=60)
         assert p.returncode == 0, out
@@ -181,6 +187,12 @@ def test_daemon_scanned_20_times(scan_bins, dump):
         assert got[(777, "definite")] == 7, (path, got)
         assert set(got) <= {(777, "definite"), (555, "reachable")}, (path, got)
     assert whys == {"demand": 20, "exit": 1}
+    # each scan on demand read a copy of the daemon (a fork made in it, never run)
+    for path in files:
+        with open(path, "rb") as f:
+            head = f.read(2000)
+        if b"#when demand" in head:
+            assert re.search(rb"\n#stall [0-9.]+ fork\n", head), head
 
 
 def test_program_asks_for_a_scan(scan_bins, dump):

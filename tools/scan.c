@@ -111,6 +111,9 @@ struct scan {
     uint64_t kinds[4][2];
     uint64_t unreadable;
     int vanished;                       /* the process ended (SIGKILL...) during the scan */
+    int rpid;                           /* where memory is read: the process, or its copy */
+    int child;                          /* the copy (a fork made in the process), or 0 */
+    double stall;                       /* seconds the process was stopped */
     int open_files;                     /* dump files of the cut without "#end" */
 };
 
@@ -237,6 +240,215 @@ static void let_go(struct scan *s)
             ptrace(PTRACE_DETACH, s->th[i].tid, 0, (void *)(long)sig);
             s->th[i].stopped = 0;
         }
+}
+
+/* ---- 1b. the snapshot: a copy of the process, made by the process, never run ----------
+ *
+ * For a scan on demand the process is stopped only while the threads' registers, the cut
+ * and a copy of it are taken: one stopped thread is made to run one system call, clone()
+ * without CLONE_VM (a fork: copy-on-write, the cost of a fork) and with no exit signal, so
+ * the process is never told of it.  We trace the copy from its birth (PTRACE_O_TRACECLONE):
+ * it starts stopped and never runs a single instruction of its own; nothing in it can take a
+ * lock.  The threads are let go, the scan reads the copy, then the copy is killed and the
+ * process made to reap it the same way (wait4 with __WALL on that pid: its own children
+ * are not touched).  The thread's registers are put back exactly, and a system call it was
+ * in is restarted as the kernel would have (rax = orig_rax, rip - 2). */
+
+#define SYS_CLONE 56
+#define SYS_WAIT4 61
+#define SYS_RESTART 219
+#define ERESTARTSYS_ 512
+#define ERESTARTNOINTR_ 513
+#define ERESTARTNOHAND_ 514
+#define ERESTART_RESTARTBLOCK_ 516
+
+static int under_seccomp(int pid)
+{
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%d/status", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 1;
+    buf[n] = 0;
+    const char *p = strstr(buf, "\nSeccomp:");
+    if (!p)
+        return 0;
+    p += 9;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    return *p != '0';
+}
+
+/* A `syscall` instruction of the process: where a thread stopped in a system call is. */
+static uint64_t syscall_insn(struct scan *s)
+{
+    for (int t = 0; t < s->nth; t++) {
+        const struct user_regs_struct *r = &s->th[t].regs;
+        if (s->th[t].tid <= 0 || (int64_t)r->orig_rax < 0 || r->rip < 2)
+            continue;
+        unsigned char b[2];
+        struct iovec l = { b, 2 }, rv = { (void *)(r->rip - 2), 2 };
+        if (process_vm_readv(s->pid, &l, 1, &rv, 1, 0) == 2 && b[0] == 0x0f && b[1] == 0x05)
+            return r->rip - 2;
+    }
+    return 0;
+}
+
+/* Wait for the next stop of thread T: its status, or -1 (gone, or not within STOP_NS). */
+static int next_stop(struct thr *t)
+{
+    int64_t until = mono_ns() + STOP_NS;
+    for (;;) {
+        int st;
+        pid_t r = waitpid(t->tid, &st, __WALL | WNOHANG);
+        if (r == t->tid)
+            return WIFSTOPPED(st) ? st : -1;
+        if (r < 0 && errno != EINTR)
+            return -1;
+        if (mono_ns() > until)
+            return -1;
+        struct timespec ts = { 0, 100000 };
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Run system call NR(A0, A1, A2, A3) in the stopped thread T (whose registers are
+ * T->regs); its result in *RET.  CHILD: the pid of a process it cloned (traced by us).
+ * Returns 0, or -1 (the thread is left as it was, if it still exists). */
+static int inject_syscall(struct thr *t, uint64_t insn, long nr, uint64_t a0, uint64_t a1,
+                          uint64_t a2, uint64_t a3, int64_t *ret, int *child)
+{
+    struct user_regs_struct r = t->regs, back = t->regs;
+    r.rip = insn;
+    r.rax = (uint64_t)nr;
+    r.orig_rax = (uint64_t)-1;
+    r.rdi = a0;
+    r.rsi = a1;
+    r.rdx = a2;
+    r.r10 = a3;
+    r.r8 = r.r9 = 0;
+    /* put back: an interrupted system call restarted by hand, as the kernel would */
+    if ((int64_t)back.orig_rax >= 0) {
+        int64_t e = -(int64_t)back.rax;
+        if (e == ERESTARTSYS_ || e == ERESTARTNOINTR_ || e == ERESTARTNOHAND_) {
+            back.rax = back.orig_rax;
+            back.rip -= 2;
+        } else if (e == ERESTART_RESTARTBLOCK_) {
+            back.rax = SYS_RESTART;
+            back.rip -= 2;
+        }
+    }
+    back.orig_rax = (uint64_t)-1;
+    if (ptrace(PTRACE_SETOPTIONS, t->tid, 0, (void *)(long)(PTRACE_O_TRACESYSGOOD |
+                                                             PTRACE_O_TRACECLONE)))
+        return -1;
+    if (ptrace(PTRACE_SETREGS, t->tid, 0, &r) || ptrace(PTRACE_SYSCALL, t->tid, 0, 0)) {
+        ptrace(PTRACE_SETREGS, t->tid, 0, &t->regs);
+        return -1;
+    }
+    int done = 0, entered = 0;
+    while (!done) {
+        int st = next_stop(t);
+        if (st < 0)
+            return -1;                  /* gone (or hung in the kernel): nothing to put back */
+        int sig = WSTOPSIG(st), ev = st >> 16;
+        if (sig == (SIGTRAP | 0x80)) {
+            if (entered) {
+                struct user_regs_struct now;
+                ptrace(PTRACE_GETREGS, t->tid, 0, &now);
+                *ret = (int64_t)now.rax;
+                done = 1;
+                break;
+            }
+            entered = 1;
+        } else if (ev == PTRACE_EVENT_CLONE || ev == PTRACE_EVENT_FORK) {
+            unsigned long msg = 0;
+            ptrace(PTRACE_GETEVENTMSG, t->tid, 0, &msg);
+            if (child)
+                *child = (int)msg;
+        } else if (ev == 0 && sig != SIGTRAP && !t->sig) {
+            t->sig = sig;               /* a signal for it: given back when it is let go */
+        }
+        if (ptrace(PTRACE_SYSCALL, t->tid, 0, 0))
+            return -1;
+    }
+    ptrace(PTRACE_SETREGS, t->tid, 0, &back);
+    ptrace(PTRACE_SETOPTIONS, t->tid, 0, 0);
+    return 0;
+}
+
+/* The copy: 0 made (s->child, s->rpid), -1 not (the scan reads the stopped process). */
+static int snapshot(struct scan *s)
+{
+    if (under_seccomp(s->pid))
+        return -1;                      /* a filter may kill the process for the clone */
+    uint64_t insn = syscall_insn(s);
+    struct thr *t = NULL;
+    for (int i = 0; i < s->nth && !t; i++)
+        if (s->th[i].tid > 0 && s->th[i].stopped && !s->th[i].sig)
+            t = &s->th[i];
+    if (!insn || !t)
+        return -1;
+    int64_t ret = -1;
+    int child = 0;
+    if (inject_syscall(t, insn, SYS_CLONE, 0 /* no CLONE_VM, no exit signal */, 0, 0, 0, &ret,
+                       &child) || ret <= 0) {
+        if (child > 0)
+            kill(child, SIGKILL);
+        return -1;
+    }
+    struct thr c = { .tid = (int)ret };
+    int st = next_stop(&c);             /* it starts stopped (traced from its birth) */
+    if (st < 0) {
+        kill((int)ret, SIGKILL);
+        return -1;
+    }
+    s->child = s->rpid = (int)ret;
+    return 0;
+}
+
+/* After the scan: the copy killed, and reaped by the process (its child). */
+static void drop_snapshot(struct scan *s)
+{
+    if (!s->child)
+        return;
+    kill(s->child, SIGKILL);
+    int st;
+    while (waitpid(s->child, &st, __WALL) < 0 && errno == EINTR)
+        ;
+    /* the zombie is the process's now: one thread runs wait4(copy, NULL, __WALL) */
+    struct thr t = { 0 };
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", s->pid);
+    DIR *d = opendir(path);
+    struct dirent *e;
+    while (d && (e = readdir(d)) && !t.tid)
+        if (atoi(e->d_name) > 0 && !ptrace(PTRACE_SEIZE, atoi(e->d_name), 0, 0)) {
+            t.tid = atoi(e->d_name);
+            if (ptrace(PTRACE_INTERRUPT, t.tid, 0, 0) || next_stop(&t) < 0 ||
+                ptrace(PTRACE_GETREGS, t.tid, 0, &t.regs)) {
+                ptrace(PTRACE_DETACH, t.tid, 0, 0);
+                t.tid = 0;
+            }
+        }
+    if (d)
+        closedir(d);
+    if (t.tid) {
+        struct scan one = *s;
+        one.th = &t;
+        one.nth = 1;
+        t.stopped = 1;
+        uint64_t insn = syscall_insn(&one);
+        int64_t ret;
+        if (insn)
+            inject_syscall(&t, insn, SYS_WAIT4, (uint64_t)s->child, 0, __WALL, 0, &ret, NULL);
+        ptrace(PTRACE_DETACH, t.tid, 0, (void *)(long)(t.sig == SIGSTOP ? 0 : t.sig));
+    }
+    s->child = 0;
 }
 
 /* ---- 2. the cut ------------------------------------------------------------------ */
@@ -604,7 +816,7 @@ static size_t first_block_at_or_after(struct scan *s, uint64_t a)
 static int read_maps(struct scan *s)
 {
     char path[64];
-    snprintf(path, sizeof path, "/proc/%d/maps", s->pid);
+    snprintf(path, sizeof path, "/proc/%d/maps", s->rpid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return say(s, "%s: %s", path, strerror(errno));
@@ -673,7 +885,7 @@ static const struct mapping *mapping_at(struct scan *s, uint64_t a)
 static size_t rd(struct scan *s, uint64_t a, void *buf, size_t n)
 {
     struct iovec l = { buf, n }, r = { (void *)a, n };
-    ssize_t got = process_vm_readv(s->pid, &l, 1, &r, 1, 0);
+    ssize_t got = process_vm_readv(s->rpid, &l, 1, &r, 1, 0);
     if (got == (ssize_t)n)
         return n;
     if (got < 0 && errno == ESRCH)
@@ -688,7 +900,7 @@ static size_t rd(struct scan *s, uint64_t a, void *buf, size_t n)
         l.iov_base = (char *)buf + done;
         l.iov_len = r.iov_len = chunk;
         r.iov_base = (void *)at;
-        got = process_vm_readv(s->pid, &l, 1, &r, 1, 0);
+        got = process_vm_readv(s->rpid, &l, 1, &r, 1, 0);
         if (got != (ssize_t)chunk) {
             size_t ok = got > 0 ? (size_t)got : 0;
             memset((char *)buf + done + ok, 0, chunk - ok);
@@ -1069,6 +1281,8 @@ static int write_result(struct scan *s, char *out, size_t outlen)
         for (int t = 0; t < s->nth; t++)
             live += s->th[t].tid > 0;
         wprintf(&b, "#threads %d\n", live);
+        wprintf(&b, "#stall %.6f %s\n", s->stall, s->child || s->rpid != s->pid ? "fork"
+                                                                              : "stopped");
         for (int k = 0; k < R_KINDS; k++)
             wprintf(&b, "#roots %s %" PRIu64 " %" PRIu64 "\n", ROOT_NAME[k], s->roots[k][0],
                     s->roots[k][1]);
@@ -1214,6 +1428,7 @@ EXPORT int mmleak_scan(int pid, const char *dir, const char *id, const char *why
     }
     if (!s.failed)
         take_lock(&s);
+    int64_t t0 = mono_ns();
     if (!s.failed)
         seize_all(&s);
     if (!s.failed) {
@@ -1221,6 +1436,13 @@ EXPORT int mmleak_scan(int pid, const char *dir, const char *id, const char *why
         s.when = (double)tv.tv_sec + tv.tv_usec / 1e6;
         take_cut(&s);
     }
+    s.rpid = pid;
+    /* on demand: a copy, so that the process goes on while the scan reads */
+    if (!s.failed && !strcmp(why, "demand") && !getenv("MMLEAK_SCAN_NO_FORK") &&
+        !snapshot(&s)) {
+        let_go(&s);
+    }
+    s.stall = (mono_ns() - t0) / 1e9;
     if (!s.failed)
         live_set(&s);
     if (!s.failed)
@@ -1239,7 +1461,10 @@ EXPORT int mmleak_scan(int pid, const char *dir, const char *id, const char *why
     }
     if (s.vanished && !s.failed)
         say(&s, "process %d ended during the scan", pid);
+    if (!s.child)
+        s.stall = (mono_ns() - t0) / 1e9;
     let_go(&s);
+    drop_snapshot(&s);
     int rc = s.failed ? 1 : 0;
     if (totals)
         memcpy(totals, s.kinds, sizeof s.kinds);

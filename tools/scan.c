@@ -1438,7 +1438,7 @@ EXPORT int mmleak_scan(int pid, const char *dir, const char *id, const char *why
     }
     s.rpid = pid;
     /* on demand: a copy, so that the process goes on while the scan reads */
-    if (!s.failed && !strcmp(why, "demand") && !getenv("MMLEAK_SCAN_NO_FORK") &&
+    if (!s.failed && !strcmp(why, "demand") &&
         !snapshot(&s)) {
         let_go(&s);
     }

@@ -1067,35 +1067,73 @@ static void scan_range(struct scan *s, uint64_t a, uint64_t b, int prior, ssize_
     }
 }
 
-/* The contents of block I, through the window (blocks near each other come together). */
+/* The contents of block I, read on their own (a big block, or one a batch could not read). */
 static void scan_block(struct scan *s, size_t i, int prior, ssize_t clique)
 {
     uint64_t a = (s->bp[i] + 7) & ~7ull, b = (s->bp[i] + s->bs[i]) & ~7ull;
-    if (a >= b)
-        return;
-    if (b - a > WINDOW / 2) {
+    if (a < b)
         scan_range(s, a, b, prior, clique);
-        return;
-    }
-    if (a < s->wlo || b > s->whi) {
-        const struct mapping *m = mapping_at(s, a);
-        uint64_t end = a + WINDOW;
-        if (m && m->hi < end && m->hi >= b)
-            end = m->hi;
-        s->wlo = a;
-        s->whi = end;
-        rd(s, a, s->win, (size_t)(end - a));
-    }
-    scan_words(s, (const uint64_t *)(s->win + (a - s->wlo)), (size_t)(b - a) / 8, prior,
-               clique, a);
 }
 
+/* The mark stack, until empty.  Blocks are read in batches: up to IOV_BATCH blocks (and
+ * WINDOW bytes) with one process_vm_readv, the remote side one iovec per block, so that
+ * list nodes far apart cost no more than neighbours.  The states are a fixpoint (reachable
+ * only grows; a block upgraded after it was read is pushed and read again), so the order
+ * changes neither the verdict nor, in a clique pass, the set its leader reaches. */
+#define IOV_BATCH 1024
 static void drain(struct scan *s, ssize_t clique)
 {
+    static uint32_t batch[IOV_BATCH];
+    static struct iovec riov[IOV_BATCH];
     while (s->top) {
-        size_t i = s->stack[--s->top];
-        s->pend[i] = 0;
-        scan_block(s, i, clique >= 0 || s->st[i] != POSSIBLE, clique);
+        size_t n = 0, bytes = 0;
+        while (s->top && n < IOV_BATCH) {
+            size_t i = s->stack[s->top - 1];
+            uint64_t a = (s->bp[i] + 7) & ~7ull, b = (s->bp[i] + s->bs[i]) & ~7ull;
+            size_t len = a < b ? (size_t)(b - a) : 0;
+            if (len > WINDOW / 4) {     /* a big block: alone, in chunks */
+                if (n)
+                    break;
+                s->top--;
+                s->pend[i] = 0;
+                scan_block(s, i, clique >= 0 || s->st[i] != POSSIBLE, clique);
+                continue;
+            }
+            if (bytes + len > WINDOW)
+                break;
+            s->top--;
+            s->pend[i] = 0;
+            if (!len)
+                continue;
+            batch[n] = (uint32_t)i;
+            riov[n].iov_base = (void *)a;
+            riov[n].iov_len = len;
+            bytes += len;
+            n++;
+        }
+        if (!n)
+            continue;
+        struct iovec l = { s->win, bytes };
+        ssize_t got = process_vm_readv(s->rpid, &l, 1, riov, n, 0);
+        if (got < 0 && errno == ESRCH)
+            s->vanished = 1;
+        size_t off = 0;
+        for (size_t k = 0; k < n; k++) {
+            size_t i = batch[k], len = riov[k].iov_len;
+            int prior = clique >= 0 || s->st[i] != POSSIBLE;
+            if (got >= 0 && off + len <= (size_t)got) {
+                scan_words(s, (const uint64_t *)(s->win + off), len / 8, prior, clique,
+                           (uint64_t)riov[k].iov_base);
+            } else {                    /* not read (a page gone?): on its own, then */
+                uint64_t *tmp = malloc(len);
+                if (tmp) {
+                    rd(s, (uint64_t)riov[k].iov_base, tmp, len);
+                    scan_words(s, tmp, len / 8, prior, clique, (uint64_t)riov[k].iov_base);
+                    free(tmp);
+                }
+            }
+            off += len;
+        }
     }
 }
 
@@ -1119,6 +1157,9 @@ static void add_root(struct scan *s, int kind, uint64_t a, uint64_t b)
         return;
     s->roots[kind][0]++;
     s->roots[kind][1] += b - a;
+    if (unlikely(g_debug > 0))
+        fprintf(stderr, "mmleak-scan: root %s %#" PRIx64 "-%#" PRIx64 "\n", ROOT_NAME[kind], a,
+                b);
     scan_range(s, a, b, 1, -1);
 }
 

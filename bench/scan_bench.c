@@ -1,0 +1,68 @@
+/* scan_bench.c: the reachability benchmark of issue 20 (bench/scan.py runs it).
+ *
+ *   scan_bench [BLOCKS [LISTS [LOST]]]      (default 10,000,000 1,000 1,000)
+ *
+ * BLOCKS live blocks of 100 bytes (1 GB at the default) in LISTS singly linked lists whose
+ * heads are in a global array, plus LOST blocks of 100 bytes that nothing points to: the
+ * verdict must be exactly LOST definitely lost and BLOCKS still reachable.  With SCAN_WAIT
+ * set it then prints "ready" and waits for SIGTERM (a process to scan on demand, with
+ * SCAN_THREADS - 1 more threads, default 8 in all, idle); else it returns from main. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct node { struct node *next; char pad[92]; };
+
+struct node **heads;         /* global: stored, and a root */
+static volatile sig_atomic_t stop;
+
+__attribute__((noinline)) static void lose(long n)
+{
+    for (long i = 0; i < n; i++) {
+        volatile char *p = malloc(100);
+        p[0] = 1;
+    }
+}
+
+static void on_term(int sig) { (void)sig; stop = 1; }
+
+static void *idle(void *a)
+{
+    (void)a;
+    while (!stop)
+        pause();
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    long blocks = argc > 1 ? atol(argv[1]) : 10000000;
+    long lists = argc > 2 ? atol(argv[2]) : 1000;
+    long lost = argc > 3 ? atol(argv[3]) : 1000;
+    heads = calloc((size_t)lists, sizeof *heads);
+    for (long i = 0; i < blocks; i++) {
+        struct node *n = malloc(sizeof *n);
+        n->next = heads[i % lists];
+        heads[i % lists] = n;
+    }
+    lose(lost);
+    if (getenv("SCAN_WAIT")) {
+        signal(SIGTERM, on_term);
+        int nt = getenv("SCAN_THREADS") ? atoi(getenv("SCAN_THREADS")) : 8;
+        pthread_t t[64];
+        for (int i = 0; i < nt - 1 && i < 64; i++)
+            pthread_create(&t[i], NULL, idle, NULL);
+        printf("ready\n");
+        fflush(stdout);
+        while (!stop)
+            pause();
+        for (int i = 0; i < nt - 1 && i < 64; i++)
+            pthread_kill(t[i], SIGTERM);
+        for (int i = 0; i < nt - 1 && i < 64; i++)
+            pthread_join(t[i], NULL);
+    }
+    return 0;
+}

@@ -6,12 +6,15 @@
  * heads are in a global array, plus LOST blocks of 100 bytes that nothing points to: the
  * verdict must be exactly LOST definitely lost and BLOCKS still reachable.  With SCAN_WAIT
  * set it then prints "ready" and waits for SIGTERM (a process to scan on demand, with
- * SCAN_THREADS - 1 more threads, default 8 in all, idle); else it returns from main. */
+ * SCAN_THREADS - 1 more threads, default 8 in all, idle; SIGUSR1 makes it time one fork of
+ * itself and print "fork SECONDS"); else it returns from main. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 struct node { struct node *next; char pad[92]; };
@@ -27,7 +30,24 @@ __attribute__((noinline)) static void lose(long n)
     }
 }
 
+static volatile sig_atomic_t fork_asked;
+
 static void on_term(int sig) { (void)sig; stop = 1; }
+static void on_usr1(int sig) { (void)sig; fork_asked = 1; }
+
+/* How long a fork of this process takes (the unit of the stall bound): printed. */
+static void time_a_fork(void)
+{
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    pid_t c = fork();
+    if (c == 0)
+        _exit(0);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    waitpid(c, NULL, 0);
+    printf("fork %.6f\n", (double)(b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9);
+    fflush(stdout);
+}
 
 static void *idle(void *a)
 {
@@ -51,14 +71,20 @@ int main(int argc, char **argv)
     lose(lost);
     if (getenv("SCAN_WAIT")) {
         signal(SIGTERM, on_term);
+        signal(SIGUSR1, on_usr1);
         int nt = getenv("SCAN_THREADS") ? atoi(getenv("SCAN_THREADS")) : 8;
         pthread_t t[64];
         for (int i = 0; i < nt - 1 && i < 64; i++)
             pthread_create(&t[i], NULL, idle, NULL);
         printf("ready\n");
         fflush(stdout);
-        while (!stop)
+        while (!stop) {
             pause();
+            if (fork_asked) {
+                fork_asked = 0;
+                time_a_fork();
+            }
+        }
         for (int i = 0; i < nt - 1 && i < 64; i++)
             pthread_kill(t[i], SIGTERM);
         for (int i = 0; i < nt - 1 && i < 64; i++)

@@ -403,6 +403,8 @@ static int snapshot(struct scan *s)
     }
     struct thr c = { .tid = (int)ret };
     int st = next_stop(&c);             /* it starts stopped (traced from its birth) */
+    /* should we die (SIGALRM, SIGKILL), the copy dies with us: it must never run */
+    ptrace(PTRACE_SETOPTIONS, c.tid, 0, (void *)(long)PTRACE_O_EXITKILL);
     if (st < 0) {
         kill((int)ret, SIGKILL);
         return -1;

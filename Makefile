@@ -64,6 +64,7 @@ check: all
 
 bench: all
 	$(PYTHON) bench/run.py
+	$(PYTHON) bench/scan.py
 
 demo: all
 	$(PYTHON) tests/demo.py

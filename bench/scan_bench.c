@@ -72,21 +72,28 @@ int main(int argc, char **argv)
     if (getenv("SCAN_WAIT")) {
         signal(SIGTERM, on_term);
         signal(SIGUSR1, on_usr1);
+        signal(SIGUSR2, on_term);
         int nt = getenv("SCAN_THREADS") ? atoi(getenv("SCAN_THREADS")) : 8;
         pthread_t t[64];
+        sigset_t mask, old;             /* the signals go to the main thread */
+        sigemptyset(&mask);
+        sigaddset(&mask, SIGTERM);
+        sigaddset(&mask, SIGUSR1);
+        pthread_sigmask(SIG_BLOCK, &mask, &old);
         for (int i = 0; i < nt - 1 && i < 64; i++)
             pthread_create(&t[i], NULL, idle, NULL);
+        /* kept blocked but in sigsuspend: a signal sent right after "ready" is not lost */
         printf("ready\n");
         fflush(stdout);
         while (!stop) {
-            pause();
+            sigsuspend(&old);
             if (fork_asked) {
                 fork_asked = 0;
                 time_a_fork();
             }
         }
         for (int i = 0; i < nt - 1 && i < 64; i++)
-            pthread_kill(t[i], SIGTERM);
+            pthread_kill(t[i], SIGUSR2);
         for (int i = 0; i < nt - 1 && i < 64; i++)
             pthread_join(t[i], NULL);
     }

@@ -76,7 +76,18 @@ static const char *const ROOT_NAME[] = { "object", "anon", "stack", "register", 
 #define TAIL_MAX ((size_t)1 << 30)      /* a staging file bigger than this is not one */
 #define STOP_NS 5000000000LL            /* a thread must stop within this */
 
-struct thr { int tid, sig, stopped; struct user_regs_struct regs; };
+struct thr { int tid, sig, stopped, naps; struct user_regs_struct regs; };
+
+/* A wait for a thread to stop: 10 us, doubling up to 1 ms (most stop within microseconds;
+ * the stall of a scan on demand is mostly these waits). */
+static void nap(int *n)
+{
+    long ns = 10000L << (*n < 7 ? *n : 7);
+    if (*n < 7)
+        (*n)++;
+    struct timespec ts = { 0, ns > 1000000 ? 1000000 : ns };
+    nanosleep(&ts, NULL);
+}
 struct cutf { char *path; uint64_t size; char *tail; size_t tlen; int compact; };
 struct mapping { uint64_t lo, hi; char perm[5]; int heap; const char *path; };
 
@@ -150,6 +161,7 @@ static int have_tid(struct scan *s, int tid)
 static int wait_stopped(struct scan *s, struct thr *t)
 {
     int64_t until = mono_ns() + STOP_NS;
+    t->naps = 0;
     for (;;) {
         int st;
         pid_t r = waitpid(t->tid, &st, __WALL | WNOHANG);
@@ -170,8 +182,7 @@ static int wait_stopped(struct scan *s, struct thr *t)
         if (mono_ns() > until)
             return say(s, "thread %d of process %d did not stop within %lld s", t->tid,
                        s->pid, STOP_NS / 1000000000LL);
-        struct timespec ts = { 0, 200000 };
-        nanosleep(&ts, NULL);
+        nap(&t->naps);
     }
 }
 
@@ -208,21 +219,25 @@ static int seize_all(struct scan *s)
             memset(t, 0, sizeof *t);
             t->tid = tid;
             added++;
-            if (ptrace(PTRACE_INTERRUPT, tid, 0, 0) && errno == ESRCH) {
+            if (ptrace(PTRACE_INTERRUPT, tid, 0, 0) && errno == ESRCH)
                 t->tid = -tid;          /* gone: keep the slot, never use it */
+        }
+        /* all of this round interrupted at once, then each waited for */
+        for (int i = s->nth - added; i < s->nth; i++) {
+            struct thr *t = &s->th[i];
+            if (t->tid <= 0)
                 continue;
-            }
             int r = wait_stopped(s, t);
             if (r < 0) {
                 closedir(d);
                 return -1;
             }
             if (r == 0) {
-                t->tid = -tid;
+                t->tid = -t->tid;
                 continue;
             }
             t->stopped = 1;
-            if (ptrace(PTRACE_GETREGS, tid, 0, &t->regs))
+            if (ptrace(PTRACE_GETREGS, t->tid, 0, &t->regs))
                 memset(&t->regs, 0, sizeof t->regs);
         }
         closedir(d);
@@ -302,6 +317,7 @@ static uint64_t syscall_insn(struct scan *s)
 static int next_stop(struct thr *t)
 {
     int64_t until = mono_ns() + STOP_NS;
+    t->naps = 0;
     for (;;) {
         int st;
         pid_t r = waitpid(t->tid, &st, __WALL | WNOHANG);
@@ -311,8 +327,7 @@ static int next_stop(struct thr *t)
             return -1;
         if (mono_ns() > until)
             return -1;
-        struct timespec ts = { 0, 100000 };
-        nanosleep(&ts, NULL);
+        nap(&t->naps);
     }
 }
 

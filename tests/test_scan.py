@@ -374,3 +374,36 @@ def test_scan_at_rlimit_as(hostile_bin, dump):
         assert target_kinds(dump, path) == {"reachable": 1, "definite": 1}
     else:
         assert s.reason
+
+
+def test_attached_trace_takes_the_untraced_heap_as_roots(scan_bins, dump, tmp_path):
+    """An attached trace does not know the blocks allocated before the attach: the heap
+    outside the known blocks is a root, so a block reached only through an older block is
+    still reachable (never lost), a block nothing points to is lost, and the result says
+    the trace was attached."""
+    exe = str(tmp_path / "scan_attach")
+    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(TESTS, "scan_attach.c")],
+                   check=True)
+    p = subprocess.Popen([exe], stdout=subprocess.PIPE)
+    mm = [sys.executable, os.path.join(ROOT, "mmleak.py")]
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        r = subprocess.run(mm + ["attach", str(p.pid), "-d", str(dump)], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        p.send_signal(signal.SIGUSR1)
+        assert p.stdout.readline() == b"planted\n"
+        r = scan_now(p.pid)
+        assert r.returncode == 0, r.stderr
+        subprocess.run(mm + ["detach", str(p.pid)], capture_output=True, timeout=120)
+    finally:
+        p.terminate()
+        p.wait(timeout=60)
+    from mmleaklib import scan
+    tid = only_trace(dump)
+    [path] = scan.scan_files(str(dump), tid)
+    s = scan.read_scan(path)
+    assert s.status == "done" and s.attached and s.roots["untraced-heap"][0] >= 1
+    sizes = alloc_sizes(dump, tid)
+    got = sorted(k for key, k in scan.Kinds(s).items() if sizes.get(key) == TARGET)
+    assert got == ["definite", "reachable"]

@@ -139,7 +139,10 @@ def main():
                                                       fork, k.get("definite", (0, 0))[0])))
     finally:
         if mounted:
-            subprocess.run(["umount", d])
+            for n in os.listdir(d):
+                os.unlink(os.path.join(d, n))
+            if subprocess.run(["umount", d]).returncode:
+                subprocess.run(["umount", "-l", d])     # busy: detached, freed when idle
         shutil.rmtree(d, ignore_errors=True)
     print("reachability, %d live blocks of 100 bytes in %d lists, %d lost:" % (
         args.blocks, args.lists, args.lost))

@@ -611,6 +611,42 @@ def cmd_detach(args):
     return attach.detach(args.pid, args.timeout)
 
 
+def add_scan(sub):
+    c = command(sub, "scan", cmd_scan, "tell leaks from memory still in use, in a running "
+                "traced process, now",
+                "Classify every block alive now in the traced (or attached) process PID with "
+                "valgrind memcheck's kinds: definitely, indirectly or possibly lost, or still "
+                "reachable (see mmleak-scan(7)).  Its threads are stopped while the scan "
+                "reads their registers, the trace's cut and the process's memory, then go "
+                "on.  The result, mmleak.ID.scan.S, is written next to the trace; `report` "
+                "uses the newest.  Needs ptrace permission (root, or the same user where "
+                "kernel.yama.ptrace_scope allows it).",
+                "example:\n  %(prog)s 4242\n\n" + EXIT_HELP)
+    c.add_argument("pid", type=positive_int, help="the process")
+    c.add_argument("-q", "--quiet", action="store_true", help="no summary on stdout")
+
+
+def cmd_scan(args):
+    from . import scan
+    state = attach.traced_state(args.pid)
+    if state is None:
+        raise Fail("process %d does not have mmleak.so loaded (see mmleak.py status)"
+                   % args.pid)
+    m = re.match(r"tracing (\S+) (.+)$", state)
+    if not m:
+        raise Fail("process %d is not tracing (mmleak.so says: %s)" % (args.pid, state))
+    tid, directory = m.group(1), m.group(2)
+    rc, path, msg = scan.scan_process(args.pid, directory, tid)
+    if rc:
+        raise Fail("cannot scan process %d: %s (%s says so)" % (args.pid, msg, path))
+    if not args.quiet:
+        k = scan.Kinds(scan.read_scan(path))
+        sys.stdout.write("%s\n" % path)
+        for line in scan.summary_lines(k):
+            sys.stdout.write(line + "\n")
+    return EXIT_OK
+
+
 def add_status(sub):
     command(sub, "status", cmd_status, "which processes have mmleak.so loaded, and what it "
             "does in them",
@@ -640,7 +676,7 @@ def cmd_options(args):
 
 
 COMMANDS = (add_shrink, add_symbolize, add_run, add_recover, add_report, add_compact,
-            add_snapshot, add_attach, add_detach, add_status, add_options)
+            add_snapshot, add_attach, add_detach, add_scan, add_status, add_options)
 # a file refused (or ignored) in the dump directory makes these exit with status 2
 READERS = (cmd_shrink, cmd_report, cmd_compact, cmd_snapshot, cmd_recover)
 

@@ -54,10 +54,18 @@ OPTIONS = (
     Option("PAUSED", "MMLEAK_PAUSED", "bool", 0, 0, 1,
            "1: preloaded but paused, at no cost, until mmleak.py attach PID (see "
            "mmleak-attach(7))", "mmleak.so"),
+    Option("SCAN", "MMLEAK_SCAN", "bool", 1, 0, 1,
+           "1: at the exit of the process, after its destructors, tell each block still "
+           "alive lost or still reachable (see mmleak-scan(7)); 0: never", "mmleak.so"),
     Option("LIB", "MMLEAK_LIB", "path", None, 0, 0,
            "mmleak.py, mmleak-install.py: the mmleak.so to use", "mmleak.py"),
     Option("SHRINK", "MMLEAK_SHRINK", "choice", "auto", 0, 0,
            "mmleak.py: the shrink engine", "mmleak.py"),
+    Option("SCAN_SECS", "MMLEAK_SCAN_SECS", "int", 60, 1, 1 << 20,
+           "mmleak-scan: seconds before a scan gives up", "mmleak-scan"),
+    Option("SCAN_DEBUG", "MMLEAK_SCAN_DEBUG", "bool", 0, 0, 1,
+           "mmleak-scan: 1 lists on stderr every word found pointing into a block",
+           "mmleak-scan"),
 )
 OPTION = {o.env: o for o in OPTIONS}
 # the words a "choice" option takes (besides auto, its default)

@@ -115,7 +115,7 @@ def test_compaction_of_a_finished_trace_equals_the_whole(load, tmp_path):
     subprocess.run(MMLEAK + ["compact", str(comp)], check=True, capture_output=True)
     names = sorted(os.listdir(comp))
     assert names == ["mmleak.%s.%s" % (tid, x) for x in
-                     ("compact", "lock", "maps", "series")]
+                     ("compact", "lock", "maps", "scan.1", "series")]   # scan.1: at exit
     got, sh = survivors(comp, tid)
     assert got == truth
     assert sorted(sh.foreign_frees()) == sorted(sh_full.foreign_frees())

@@ -57,12 +57,17 @@ struct mml_cfg {
     size_t hold;             /* MMLEAK_HOLD_MB: lines held in memory while unwritable (64) */
     int quiet;               /* MMLEAK_QUIET=1: no message on stderr, even on failure */
     int paused;              /* MMLEAK_PAUSED=1: preloaded, paused until mmleak.py attach */
+    int scan;                /* MMLEAK_SCAN=1: the reachability scan at exit (the default) */
 };
 extern struct mml_cfg cfg;
 /* Read the settings: from the environment (ARGS NULL), or, for mmleak_attach, from its
  * argument, lines "MMLEAK_DIR=/var/tmp/leaks" with the same names.  0, or -1 when MMLEAK_DIR
  * cannot be used as given (said why). */
 int read_config(const char *args);
+
+/* ---- exitscan.c: the reachability scan at the process's exit (mmleak-scan(7)) ---- */
+COLD void scan_at_exit(void);
+COLD int run_scanner(const char *why);
 
 /* ---- per-thread state ---- */
 

@@ -442,6 +442,7 @@ __attribute__((destructor)) static void mmleak_fini(void)
     /* not in a vfork() child (other pid, the parent's memory): the files are the parent's */
     if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T))
         return;
+    scan_at_exit();     /* before the files close: the scanner reads them as they are */
     int saved = errno;
     T.guard++;
     leave_files(1);

@@ -616,9 +616,10 @@ def add_scan(sub):
                 "traced process, now",
                 "Classify every block alive now in the traced (or attached) process PID with "
                 "valgrind memcheck's kinds: definitely, indirectly or possibly lost, or still "
-                "reachable (see mmleak-scan(7)).  Its threads are stopped while the scan "
-                "reads their registers, the trace's cut and the process's memory, then go "
-                "on.  The result, mmleak.ID.scan.S, is written next to the trace; `report` "
+                "reachable (see mmleak-scan(7)).  The process is stopped only while its "
+                "threads' registers, the trace's cut and a copy of it (a fork never run) are "
+                "taken; the scan reads the copy (where no copy can be made, the process stays "
+                "stopped for the whole scan).  The result, mmleak.ID.scan.S, is written next to the trace; `report` "
                 "uses the newest.  Needs ptrace permission (root, or the same user where "
                 "kernel.yama.ptrace_scope allows it).",
                 "example:\n  %(prog)s 4242\n\n" + EXIT_HELP)

@@ -243,6 +243,13 @@ def c_header():
         out.append("    X(%s, %s, %s, %s, %d, %d, %s)%s" % (
             o.name, _c_str(o.env), o.type, _c_value(o, o.default), o.min, o.max,
             _c_str(o.help), " \\" if i < len(rows) - 1 else ""))
+    scan = [o for o in OPTIONS if o.who == "mmleak-scan"]
+    out += ["", "/* The settings of mmleak-scan: X(NAME, \"MMLEAK_<NAME>\", type, default, min, "
+            "max, \"help\"). */", "#define MMLEAK_SCAN_OPTIONS(X) \\"]
+    for i, o in enumerate(scan):
+        out.append("    X(%s, %s, %s, %s, %d, %d, %s)%s" % (
+            o.name, _c_str(o.env), o.type, _c_value(o, o.default), o.min, o.max,
+            _c_str(o.help), " \\" if i < len(scan) - 1 else ""))
     out += ["", "/* The runtime: a loaded object whose file name starts with one of these. */",
             "#define MMLEAK_RUNTIME_OBJECTS(X) \\"]
     out += ["    X(%s)%s" % (_c_str(s), " \\" if i < len(RUNTIME_OBJECTS) - 1 else "")

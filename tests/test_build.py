@@ -119,7 +119,9 @@ def hooks_def():
 
 
 # what mmleak.so exports besides the interposed functions: the attach entry and its state
-TRACER_API = {"mmleak_attach", "mmleak_detach", "mmleak_state", "mmleak_status"}
+# the attach entry points, and the program-side request of include/mmleak.h
+TRACER_API = {"mmleak_attach", "mmleak_detach", "mmleak_state", "mmleak_status",
+              "mmleak_do_leak_check"}
 # what mmleak-tools.so exports: the compiled shrinker and the injector, for mmleaklib/native.py
 TOOLS_API = {"mmleak_shrink", "mmleak_shrink_abi", "mmleak_shrink_blocks",
              "mmleak_shrink_stats_free", "mmleak_blocks_aggregate", "mmleak_blocks_sample",

@@ -137,7 +137,8 @@ def test_files_the_docs_name_exist():
         here = "bench" if page == "bench/README.rst" else ""
         for n in sorted(names):
             if not (os.path.exists(os.path.join(ROOT, n))
-                    or here and "/" not in n and os.path.exists(os.path.join(ROOT, here, n))):
+                    or here and "/" not in n and os.path.exists(os.path.join(ROOT, here, n))
+                    or n.endswith(".h") and os.path.exists(os.path.join(ROOT, "include", n))):
                 bad.append("%s: %s" % (page, n))
         if here:
             for n in re.findall(r"``(\w+\.(?:c|py))``", text):
@@ -312,7 +313,7 @@ def docs_options():
 def test_option_table_readme_and_help_agree():
     """One table of the MMLEAK_* variables (mmleaklib/facts.py): docs/environment.rst's table says the
     same (name, default, meaning), `mmleak.py options` prints it, and the C header is made
-    from it (one row per setting of mmleak.so)."""
+    from it (one row per setting of mmleak.so and of mmleak-scan)."""
     from mmleaklib import facts
     want = [(o.env, facts.option_default_text(o), o.help) for o in facts.OPTIONS]
     assert docs_options() == want
@@ -329,7 +330,8 @@ def test_option_table_readme_and_help_agree():
     header = facts.c_header()
     rows = re.findall(r'^    X\((\w+), "(MMLEAK_\w+)", (\w+), ("[^"]*"|\d+), (\d+), (\d+), '
                       r'"((?:[^"\\]|\\.)*)"\)', header, re.M)
-    assert [r[1] for r in rows] == [o.env for o in facts.OPTIONS if o.who == "mmleak.so"]
+    assert [r[1] for r in rows] == [o.env for o in facts.OPTIONS
+                                    if o.who in ("mmleak.so", "mmleak-scan")]
     for name, env, typ, default, lo, hi, text in rows:
         o = facts.OPTION[env]
         assert (name, typ, int(lo), int(hi), text) == (o.name, o.type, o.min, o.max, o.help)

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "facts.h"
 #include <sys/resource.h>
 #include <sys/syscall.h>
 
@@ -50,8 +51,14 @@ int main(int argc, char **argv)
         rl.rlim_cur = rl.rlim_max;
         setrlimit(RLIMIT_AS, &rl);
     }
+    /* MMLEAK_SCAN_SECS: its default and range are mmleaklib/facts.py's (facts.h) */
+#define SECS_ROW(NAME, ENV, TYPE, DEF, MIN, MAX, HELP) \
+    if (!strcmp(ENV, "MMLEAK_SCAN_SECS")) { dflt = DEF; lo = MIN; hi = MAX; }
+    long dflt = 0, lo = 0, hi = 0;
+    MMLEAK_SCAN_OPTIONS(SECS_ROW)
     const char *t = getenv("MMLEAK_SCAN_SECS");
-    unsigned secs = t && atoi(t) > 0 ? (unsigned)atoi(t) : 60;
+    long v = t && *t ? strtol(t, NULL, 10) : dflt;
+    unsigned secs = (unsigned)(v >= lo && v <= hi ? v : dflt);
     alarm(secs);
     char out[4200], err[512];
     uint64_t totals[8] = { 0 };

@@ -7,7 +7,28 @@ import collections
 from .facts import MAX_DEPTH, RUNTIME_RE, RUNTIME_SOURCES, WRAPPERS
 
 Site = collections.namedtuple("Site", "caller stack bytes blocks min max oldest youngest "
-                                      "index nstacks")
+                                      "index nstacks kind", defaults=("unknown",))
+
+# A block's kind: valgrind memcheck's four (issue 20's reachability scan), or "unknown" where
+# no scan ran (or the block was allocated after it).  The CSV's `kind` column, the pprof
+# label, --leak-kinds take these names.
+KINDS = ("definite", "indirect", "possible", "reachable", "unknown")
+KIND_TEXT = {"definite": "definitely lost", "indirect": "indirectly lost",
+             "possible": "possibly lost", "reachable": "still reachable",
+             "unknown": "reachability unknown"}
+# the order of the sites: lost first (definitely and indirectly, by bytes), then possibly
+# lost, unknown, still reachable
+KIND_RANK = {"definite": 0, "indirect": 0, "possible": 1, "unknown": 2, "reachable": 3}
+
+
+def kind_summary(survivors, kind_of=None):
+    """{kind: [blocks, bytes]} for every kind in KINDS (valgrind's LEAK SUMMARY)."""
+    out = {k: [0, 0] for k in KINDS}
+    for a in survivors:
+        g = out[kind_of(a) if kind_of else "unknown"]
+        g[0] += 1
+        g[1] += a.size
+    return out
 
 
 def base_name(fn):
@@ -91,7 +112,8 @@ def keep_blocks(survivors, end_time, since=None, older_than=None):
     return survivors
 
 
-def leak_sites(survivors, end_time, depth=1, frames=None, wrappers=None, stacks=None):
+def leak_sites(survivors, end_time, depth=1, frames=None, wrappers=None, stacks=None,
+               kind_of=None):
     """THE table of leak sites, which the terminal, the CSV and the HTML page show: the
     survivors grouped by call site (see site_resolver; with DEPTH > 1 and WRAPPERS, the
     first frame outside the wrappers); largest total first.  Each Site: its bytes, blocks,
@@ -99,8 +121,12 @@ def leak_sites(survivors, end_time, depth=1, frames=None, wrappers=None, stacks=
     dump) of its oldest and youngest block, its heaviest stack (the one with the most bytes,
     the first seen of those) and where the site is in it (INDEX), and how many stacks it has.
 
+    KIND_OF: a function of a block -> its kind (KINDS); the sites are then (call site,
+    kind) pairs, one row each, lost first (KIND_RANK), largest total first within a rank.
+    Without it, every block's kind is "unknown".
+
     STACKS: a dict, filled with {stack (DEPTH frames): [bytes, blocks, site, index]} in the
-    order the stacks were first seen."""
+    order the stacks were first seen (all kinds together)."""
     groups = {}
     resolve = site_resolver(frames, wrappers)
     stacks = {} if stacks is None else stacks
@@ -111,10 +137,11 @@ def leak_sites(survivors, end_time, depth=1, frames=None, wrappers=None, stacks=
             per = stacks[st] = [0, 0] + list(resolve(st))
         per[0] += a.size
         per[1] += 1
-        g = groups.get(per[2])
+        key = (per[2], kind_of(a) if kind_of else "unknown")
+        g = groups.get(key)
         age = max(end_time - a.time, 0)
         if g is None:
-            groups[per[2]] = [a.size, 1, a.size, a.size, age, age]
+            groups[key] = [a.size, 1, a.size, a.size, age, age]
         else:
             g[0] += a.size
             g[1] += 1
@@ -127,9 +154,9 @@ def leak_sites(survivors, end_time, depth=1, frames=None, wrappers=None, stacks=
         count[per[2]] += 1
         if per[2] not in heaviest or per[0] > stacks[heaviest[per[2]]][0]:
             heaviest[per[2]] = st
-    sites = [Site(k, heaviest[k], *v, stacks[heaviest[k]][3], count[k])
-             for k, v in groups.items()]
-    sites.sort(key=lambda s: (-s.bytes, -s.blocks, s.caller))
+    sites = [Site(k, heaviest[k], *v, stacks[heaviest[k]][3], count[k], kind)
+             for (k, kind), v in groups.items()]
+    sites.sort(key=lambda s: (KIND_RANK[s.kind], -s.bytes, -s.blocks, s.caller, s.kind))
     return sites
 
 

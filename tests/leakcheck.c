@@ -3,6 +3,7 @@
  *   leakcheck MODE [STATUS]   MODE is a word of letters, each one thing done:
  *     l  lost:      a 104-byte block whose only pointer is dropped (definitely lost), holding
  *                   the only pointer to a 48-byte block (indirectly lost)
+ *     d  dropped:   a 32-byte block whose only pointer is dropped (definitely lost), alone
  *     r  reachable: a 200-byte block a global points to (still reachable)
  *     p  possible:  a 72-byte block only an interior pointer in a global points to
  *     n  none:      a block allocated and freed
@@ -36,6 +37,18 @@ __attribute__((noinline)) void caller_of_lost(void)
     (void)p;
 }
 
+__attribute__((noinline)) void drop_one(void)
+{
+    void *volatile p = malloc(32);                  /* site:dropped */
+    memset(p, 5, 32);
+    p = NULL;
+}
+
+__attribute__((noinline)) void caller_of_drop(void)
+{
+    drop_one();
+}
+
 __attribute__((noinline)) void keep_one(void)
 {
     g_keep = malloc(200);                           /* site:reachable */
@@ -58,7 +71,7 @@ __attribute__((noinline)) void none(void)
 #ifdef DEFAULT_SUPP
 const char *__lsan_default_suppressions(void)
 {
-    return "# the program's own rules\nleak:caller_of_lost\n";
+    return "# the program's own rules\nleak:caller_of_drop\n";
 }
 #endif
 
@@ -68,6 +81,8 @@ int main(int argc, char **argv)
     for (const char *m = mode; *m; m++) {
         if (*m == 'l')
             caller_of_lost();
+        else if (*m == 'd')
+            caller_of_drop();
         else if (*m == 'r')
             keep_one();
         else if (*m == 'p')

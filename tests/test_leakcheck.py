@@ -220,13 +220,22 @@ def test_gate_suppression_any_frame_and_env(prog, dump, tmp_path):
         in r.stderr
 
 
-@pytest.mark.xfail(reason="mmleak.so does not call __lsan_default_suppressions() yet",
-                   strict=True, run=True)
 def test_gate_program_default_suppressions(prog, dump):
+    """The program's own __lsan_default_suppressions(), called by mmleak.so, in the trace."""
+    r = run_check(dump, [prog["leakcheck_supp"], "dl"], "--check")
+    assert r.returncode == 23, r.stderr             # lost_one's blocks are not suppressed
+    assert ("      32 bytes in 1 blocks by leak:^drop_one$ "
+            "(__lsan_default_suppressions():2)\n") in r.stderr
     r = run_check(dump, [prog["leakcheck_supp"], "d"], "--check")
     assert r.returncode == 0, r.stderr
-    assert ("      32 bytes in 1 blocks by leak:caller_of_drop "
-            "(__lsan_default_suppressions():2)\n") in r.stderr
+    tid = verdict(r.stderr)[0].split()[4].rstrip(":")
+    sh, _ = compact.read_trace(str(dump), tid)
+    assert sh.program_suppressions == "# the program's own rules\nleak:^drop_one$\n"
+    # the same program without the function: no rules, no header line
+    r = run_check(dump, [prog["leakcheck"], "d"], "--check")
+    assert r.returncode == 23, r.stderr
+    tid = verdict(r.stderr)[0].split()[4].rstrip(":")
+    assert compact.read_trace(str(dump), tid)[0].program_suppressions is None
 
 
 # ---------------------------------------------------------------------------------------

@@ -57,6 +57,9 @@ OPTIONS = (
            "mmleak.py, mmleak-install.py: the mmleak.so to use", "mmleak.py"),
     Option("SHRINK", "MMLEAK_SHRINK", "choice", "auto", 0, 0,
            "mmleak.py: the shrink engine", "mmleak.py"),
+    Option("SUPPRESSIONS", "MMLEAK_SUPPRESSIONS", "path", None, 0, 0,
+           "mmleak.py report and run --check: files of leak:PATTERN suppressions, "
+           "separated by colons, after --suppressions", "mmleak.py"),
 )
 OPTION = {o.env: o for o in OPTIONS}
 

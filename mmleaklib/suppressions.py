@@ -40,6 +40,7 @@ BUILTIN = (
 )
 
 Rule = collections.namedtuple("Rule", "pattern origin")
+ENV = "MMLEAK_SUPPRESSIONS"
 
 
 def compile_pattern(pattern):
@@ -98,7 +99,7 @@ def load(files=(), env=None, program=None, builtin=True):
     rules = []
     for p in files:
         rules += read_file(p)
-    env = os.environ.get("MMLEAK_SUPPRESSIONS", "") if env is None else env
+    env = os.environ.get(ENV, "") if env is None else env
     for p in env.split(":"):
         if p:
             rules += read_file(p)

@@ -367,3 +367,55 @@ def test_help_says_check(capsys):
         cli.main(["report", "x", "--leak-kinds", "definite,lots"])
     assert "'lots': kinds are definite, indirect, possible, reachable, unknown" in \
         capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------
+# the page's kind filter, in headless Chromium
+# ---------------------------------------------------------------------------------------
+
+def test_page_kind_filter_in_browser(prog, dump, tmp_path, fake_kinds, capsys):
+    from test_flame import selftest, verdict_fields
+    traced(prog, dump, "lrpdn", ("MMLEAK_DEPTH", "16"))
+    page = tmp_path / "kinds.html"
+    assert cli.main(["report", str(dump), "-o", str(page)]) == 0
+    capsys.readouterr()
+    text = page.read_text()
+    # the summary table, one row per kind, and the suppressed
+    summary = re.findall(r'<tr data-kind="(\w+)"><td>[^<]*</td><td class="num">([\d,]+)</td>'
+                         r'<td class="num" title="([\d,]+) bytes">', text)
+    assert summary == [("definite", "2", "136"), ("indirect", "1", "48"),
+                       ("possible", "1", "72"), ("reachable", "1", "200"),
+                       ("unknown", "0", "0"), ("suppressed", "0", "0")]
+    assert re.findall(r'<option value="(\w+)" data-kinds="([\w,]+)"( selected)?>', text) == [
+        ("leaks", "definite,indirect,possible,unknown", " selected"),
+        ("lost", "definite,indirect", ""), ("definite", "definite", ""),
+        ("indirect", "indirect", ""), ("possible", "possible", ""),
+        ("reachable", "reachable", ""),
+        ("all", "definite,indirect,possible,reachable,unknown", "")]
+    # the table: a row per (site, kind), lost first
+    assert re.findall(r'<tr data-rank="\d+" data-bytes="(\d+)" data-kind="(\w+)"', text) == [
+        ("104", "definite"), ("48", "indirect"), ("32", "definite"), ("72", "possible"),
+        ("200", "reachable")]
+    verdict, boxes, tip, console = selftest(str(page), tmp_path)
+    assert verdict.startswith("SELFTEST PASS"), verdict
+    assert not console, console
+    v = verdict_fields(verdict)
+    want = {"leaks": (4, 256), "lost": (3, 184), "definite": (2, 136), "indirect": (1, 48),
+            "possible": (1, 72), "reachable": (1, 200), "all": (5, 456)}
+    for key, (n, b) in want.items():
+        assert v["view-" + key] == "rows:%d,bytes:%d,charts:1,flame:all:_%d_B_in_%d_block%s" % (
+            n, b, b, n, "" if n == 1 else "s"), (key, v)
+    assert v["view-default"] == "leaks"
+    # the default view's flame graph is the one left drawn: not still reachable, 256 bytes
+    assert [b["text"] for b in boxes.values() if b["text"].startswith("all:")] == \
+        ["all: 256 B in 4 blocks"]
+
+
+def test_page_without_scan_has_no_kind_filter(prog, dump, tmp_path, capsys):
+    traced(prog, dump, "lr")
+    page = tmp_path / "plain.html"
+    assert cli.main(["report", str(dump), "-o", str(page)]) == 0
+    capsys.readouterr()
+    text = page.read_text()
+    assert 'id="kind-view"' not in text and 'class="charts kview"' not in text
+    assert 'id="col-kind"' not in text

@@ -419,3 +419,58 @@ def test_page_without_scan_has_no_kind_filter(prog, dump, tmp_path, capsys):
     text = page.read_text()
     assert 'id="kind-view"' not in text and 'class="charts kview"' not in text
     assert 'id="col-kind"' not in text
+
+
+# ---------------------------------------------------------------------------------------
+# real programs: definitely plus indirectly lost, against valgrind on the same command
+# ---------------------------------------------------------------------------------------
+
+REAL = [
+    ("python3", ["/usr/bin/python3", "-c", "pass"]),
+    ("perl", ["perl", "-e", "my $x = 1"]),
+    ("git", ["git", "init", "-q", "{tmp}/repo"]),
+    ("sqlite3", ["sqlite3", ":memory:", "select 1;"]),
+    ("gawk", ["gawk", "BEGIN { x = 1 }"]),
+]
+FEW_BLOCKS = 5
+
+
+def valgrind_lost(argv, env):
+    """(definitely lost blocks, indirectly lost blocks) by valgrind memcheck."""
+    r = subprocess.run(["valgrind", "--leak-check=full", "--show-leak-kinds=none",
+                        "--errors-for-leak-kinds=none"] + argv, capture_output=True, text=True,
+                       env=env, timeout=300)
+    got = {}
+    for kind in ("definitely", "indirectly"):
+        m = re.search(r"==\d+==\s+%s lost: ([\d,]+) bytes in ([\d,]+) blocks" % kind, r.stderr)
+        got[kind] = int(m.group(2).replace(",", "")) if m else 0
+    assert "LEAK SUMMARY" in r.stderr or "no leaks are possible" in r.stderr, r.stderr[-2000:]
+    return got["definitely"], got["indirectly"]
+
+
+def mmleak_lost(dump, argv, env):
+    r = subprocess.run([sys.executable, MMLEAK, "run", "-d", str(dump), "--lib", LIB,
+                        "--check", "--leak-kinds", "none", "--no-builtin-suppressions", "--"]
+                       + argv, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = r.stderr[r.stderr.index("  leak summary:\n"):]     # the command's own trace
+    got = {}
+    for kind in ("definitely", "indirectly"):
+        m = re.search(r"    %s lost: +(\d+) bytes.* in (\d+) blocks" % kind, summary)
+        got[kind] = int(m.group(2))
+    assert "reachability unknown" not in r.stderr.split("  leak summary:")[0]
+    return got["definitely"], got["indirectly"]
+
+
+@NEEDS_SCANNER
+@pytest.mark.parametrize("name,argv", REAL, ids=[n for n, _ in REAL])
+def test_real_program_lost_as_valgrind(name, argv, dump, tmp_path):
+    if not shutil.which("valgrind") or not shutil.which(argv[0]):
+        pytest.fail("%s or valgrind is not installed (.ci/run installs them)" % argv[0])
+    env = dict(os.environ, PYTHONMALLOC="malloc", LC_ALL="C")
+    env.pop("MMLEAK_SUPPRESSIONS", None)
+    vd = str(tmp_path / "vg")
+    md = str(tmp_path / "mm")
+    vg = valgrind_lost([a.format(tmp=vd) for a in argv], env)
+    mm = mmleak_lost(dump, [a.format(tmp=md) for a in argv], env)
+    assert abs(sum(vg) - sum(mm)) <= FEW_BLOCKS, (name, "valgrind", vg, "mmleak", mm)

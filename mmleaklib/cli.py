@@ -255,11 +255,15 @@ def check_verdict(rep, args, out):
     n, b = report.check_failures(rep, args.leak_kinds)
     what = ",".join(args.leak_kinds) or "none"
     if n:
-        out.write("mmleak: check FAILED: trace %s: %d blocks (%s) not freed of the kinds that "
-                  "count (%s)\n" % (rep["trace"], n, report._bytes(b), what))
+        out.write("mmleak: check FAILED: trace %s (%s): %d blocks (%s) not freed of the kinds "
+                  "that count (%s)\n" % (rep["trace"], rep["cmd"] or "command unknown", n,
+                                         report._bytes(b), what))
         return False
-    out.write("mmleak: check passed: trace %s: no block not freed of the kinds that count "
-              "(%s)\n" % (rep["trace"], what))
+    n, b = rep.get("suppressed_total") or (0, 0)
+    out.write("mmleak: check passed: trace %s (%s): no block not freed of the kinds that "
+              "count (%s)%s\n" % (rep["trace"], rep["cmd"] or "command unknown", what,
+                                  "; %d blocks (%s) suppressed" % (n, report._bytes(b))
+                                  if n else ""))
     return True
 
 
@@ -348,21 +352,30 @@ def cmd_run(args):
 
 
 def run_check(d, before, args):
-    """run --check: every trace the run wrote (the command's and its children's) through
-    the gate; False if one fails.  The reports go to stderr (the command's stdout is its
-    own)."""
-    new = sorted(set(files.find_traces(d)) - before,
-                 key=lambda t: [int(x) for x in t.split("-")])
+    """run --check: the traces the run wrote (the command's and its children's) through the
+    gate; False if one fails.  Of a process that exec'd, only its last image counts: the
+    memory of the images before was released by the exec, not leaked.  A trace that fails
+    is reported on stderr (the command's stdout is its own), one that passes in a line (and
+    its leak summary when suppressions took blocks)."""
+    traces = files.find_traces(d)
+    new = set(traces) - before
+    last = []
+    for pid in sorted({t.split("-")[0] for t in new}, key=int):
+        images = [t for t in report.process_images(traces, pid) if t in new and traces[t]]
+        if images:
+            last.append(images[-1])
     ok = True
-    for tid in new:
+    for tid in last:
         rep = report.build_report(d, progress=False, trace=tid)
-        if not rep["files"]:
-            continue
         report.apply_suppressions(rep, report.report_rules(
             rep, args.suppressions, not args.no_builtin_suppressions))
         rep["check"] = True
         rep["wrappers"] = []
-        report.print_top_sites(rep, sys.stderr)
+        rep["growth"] = None            # a verdict, not a daemon's history
+        if report.check_failures(rep, args.leak_kinds)[0]:
+            report.print_top_sites(rep, sys.stderr)
+        elif rep["suppressed"]:         # what the rules took, as LSan's "Suppressions used"
+            report.print_kind_summary(rep, sys.stderr)
         ok = check_verdict(rep, args, sys.stderr) and ok
     return ok
 

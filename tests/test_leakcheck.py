@@ -146,9 +146,10 @@ def test_gate_fails_on_one_lost_block(prog, dump):
     r = run_check(dump, [prog["leakcheck"], "dn"], "--check")
     assert r.returncode == 23, r.stderr
     v = verdict(r.stderr)
-    assert len(v) == 1 and re.match(r"mmleak: check FAILED: trace \d+: 1 blocks \(32 bytes\) "
-                                     r"not freed of the kinds that count \(definite,indirect,"
-                                     r"unknown\)$", v[0]), r.stderr
+    assert len(v) == 1 and re.match(r"mmleak: check FAILED: trace \d+ \(%s dn\): 1 blocks "
+                                     r"\(32 bytes\) not freed of the kinds that count "
+                                     r"\(definite,indirect,unknown\)$"
+                                     % re.escape(prog["leakcheck"]), v[0]), r.stderr
     assert re.search(r"^ +32 +1  (definite +)?%s$" % re.escape(label("drop_one", "dropped")),
                      r.stderr, re.M), r.stderr
     r = run_check(dump, [prog["leakcheck"], "d"], "--check", "--check-status", "7")
@@ -161,6 +162,18 @@ def test_gate_passes_with_nothing_left_and_keeps_the_status(prog, dump):
     assert verdict(r.stderr)[0].startswith("mmleak: check passed: trace ")
     r = run_check(dump, [prog["leakcheck"], "d", "0"])     # no --check: the program's status
     assert r.returncode == 0 and not verdict(r.stderr)
+
+
+def test_gate_counts_the_last_image_of_a_process(prog, dump):
+    """A shell that exec's the program: the shell's blocks went with the exec, not leaked;
+    the program's own verdict is the process's."""
+    r = run_check(dump, ["/bin/sh", "-c", "exec %s n" % prog["leakcheck"]], "--check")
+    assert r.returncode == 0, r.stderr
+    assert len(verdict(r.stderr)) == 1 and " (%s n): " % prog["leakcheck"] in \
+        verdict(r.stderr)[0], r.stderr
+    r = run_check(dump, ["/bin/sh", "-c", "exec %s d" % prog["leakcheck"]], "--check")
+    assert r.returncode == 23, r.stderr
+    assert len(verdict(r.stderr)) == 1, r.stderr
 
 
 @NEEDS_SCANNER

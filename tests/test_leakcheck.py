@@ -487,3 +487,17 @@ def test_real_program_lost_as_valgrind(name, argv, dump, tmp_path):
     vg = valgrind_lost([a.format(tmp=vd) for a in argv], env)
     mm = mmleak_lost(dump, [a.format(tmp=md) for a in argv], env)
     assert abs(sum(vg) - sum(mm)) <= FEW_BLOCKS, (name, "valgrind", vg, "mmleak", mm)
+
+
+def test_export_labels_kind(prog, dump, fake_kinds):
+    """The pprof model (export.py) gets a stack per (stack, kind), labelled kind=..."""
+    from mmleaklib import export as mx
+    traced(prog, dump, "lrpd")
+    rep = report.build_report(str(dump), progress=False)
+    model = report.export_model(rep, mx)
+    got = sorted((dict(st.labels)["kind"], st.inuse_bytes, st.inuse_objects)
+                 for st in model.stacks)
+    assert got == [("definite", 32, 1), ("definite", 104, 1), ("indirect", 48, 1),
+                   ("possible", 72, 1), ("reachable", 200, 1)]
+    rep["kind_of"] = None
+    assert all(st.labels == () for st in report.export_model(rep, mx).stacks)

@@ -97,14 +97,27 @@ def choose_trace(directory, pid=None, trace=None):
 
 
 def scan_kinds(directory, tid):
-    """The kinds of the blocks of trace TID in DIRECTORY by its newest reachability scan,
-    {(ptr, seq): kind}, read by mmleaklib/scan.py (kinds_for; the scan's file is in
-    docs/format.rst); None when no scan ran or this mmleak has no scanner."""
+    """The kinds of the blocks of trace TID in DIRECTORY by its newest reachability scan:
+    mmleaklib/scan.py's kinds_for (the scan's file: docs/format.rst), a mapping whose
+    .get((ptr, seq), default) gives a block's kind, with .status ("done", or "unknown" and
+    .reason why) and .attached.  None when this mmleak has no scanner."""
     try:
         from . import scan
     except ImportError:
         return None
-    return scan.kinds_for(TraceFiles(directory, tid))
+    return scan.kinds_for(directory, tid)
+
+
+def reachability(kinds):
+    """(the kinds if a scan classified the trace, else None; a note on it or None)."""
+    if kinds is None:
+        return None, None
+    if getattr(kinds, "status", "done") != "done":
+        return None, getattr(kinds, "reason", None)
+    if getattr(kinds, "attached", False):
+        return kinds, ("an attached trace: the blocks allocated before the attach are not "
+                       "known, and the memory they hold was taken as roots")
+    return kinds, None
 
 
 def build_report(directory, pid=None, progress=True, depth=None, since=None,
@@ -169,10 +182,10 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     else:
         sym_error = "maps file %s missing" % maps
     sh.problems.summary()
-    kinds = scan_kinds(directory, tid)
+    kinds, scan_note = reachability(scan_kinds(directory, tid))
     return {
         # the reachability scan's kinds, {(ptr, seq): kind}, or None (no scan: "unknown")
-        "kinds": kinds,
+        "kinds": kinds, "scan_note": scan_note,
         "kind_of": ((lambda a: kinds.get((a.ptr, a.seq), "unknown")) if kinds is not None
                     else None),
         "program_suppressions": sh.program_suppressions,
@@ -245,8 +258,11 @@ def print_kind_summary(rep, out):
     """valgrind's LEAK SUMMARY: a line per kind, and the suppressed blocks per rule."""
     tot = kind_totals(rep)
     if rep.get("kinds") is None:
-        out.write("  reachability unknown: no reachability scan of this trace, so the kind "
-                  "of every block is unknown\n")
+        out.write("  reachability unknown: %s\n" % (
+            rep.get("scan_note") or "no reachability scan of this trace, so the kind of "
+            "every block is unknown"))
+    elif rep.get("scan_note"):
+        out.write("  %s\n" % rep["scan_note"])
     out.write("  leak summary:\n")
     for k in KINDS:
         if k == "unknown" and not tot[k][0] and rep.get("kinds") is not None:

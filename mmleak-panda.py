@@ -956,7 +956,7 @@ def build_html(ctx):
             ("col-mean", "Mean", "n"), ("col-min", "Min", "n"), ("col-max", "Max", "n"),
             ("col-oldest", "Oldest", "n"), ("col-youngest", "Youngest", "n")]
     if views:
-        cols.insert(4, ("col-kind", "Kind", "s"))
+        cols.append(("col-kind", "Kind", "s"))     # last: the columns before keep their places
     w('<table id="sites"><thead><tr>%s</tr></thead><tbody>\n' % "".join(
         '<th id="%s" data-t="%s"%s>%s</th>' % (i, t, ' class="desc"' if i == "col-bytes"
                                                else "", n) for i, n, t in cols))
@@ -1013,17 +1013,18 @@ def site_row(r, site, fr, frames, deep, top_bytes, kinds=False):
                                                         esc(site.kind))) if kinds else ""
     return ('<tr data-rank="%d" data-bytes="%d" data-kind="%s"%s><td class="num" data-v="%d">%d'
             '</td><td class="fn" data-v="%s">%s%s<span class="bar" style="width:%.1f%%"></span>'
-            '</td><td class="loc" data-v="%s">%s</td><td class="mod" data-v="%s">%s</td>%s'
+            '</td><td class="loc" data-v="%s">%s</td><td class="mod" data-v="%s">%s</td>'
             '<td class="num" data-v="%d" title="%s bytes">%s</td><td class="num" data-v="%d">%s'
             '</td><td class="num" data-v="%.1f">%s</td><td class="num" data-v="%d">%s</td>'
             '<td class="num" data-v="%d">%s</td><td class="num" data-v="%d">%s</td>'
-            '<td class="num" data-v="%d">%s</td></tr>\n'
+            '<td class="num" data-v="%d">%s</td>%s</tr>\n'
             % (r + 1, b, site.kind, ' data-rt="1" class="rtrow"' if rt else "", r + 1, r + 1,
                esc(texts[0]), fn, extra, 100.0 * b / top_bytes,
-               esc(texts[1]), loc, esc(texts[2]), mod, kcell,
+               esc(texts[1]), loc, esc(texts[2]), mod,
                b, "{:,}".format(b), esc(hb(b)), n, "{:,}".format(n),
                mean, esc(hb(mean)), site.min, esc(hb(site.min)), site.max, esc(hb(site.max)),
-               site.oldest, esc(dur(site.oldest)), site.youngest, esc(dur(site.youngest))))
+               site.oldest, esc(dur(site.oldest)), site.youngest, esc(dur(site.youngest)),
+               kcell))
 
 
 def render(rep, meta, wrappers=None, top=TOP_ROWS):

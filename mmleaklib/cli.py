@@ -289,6 +289,9 @@ def add_run(sub):
                          "--check-status (23) if a block of a --leak-kinds kind is not freed "
                          "(suppressions applied) in its trace or a child's; otherwise with "
                          "CMD's status")
+    r.add_argument("--no-check-children", action="store_true",
+                   help="with --check: only CMD's own process (its last image), not the "
+                        "processes it started (a shell script's subshells and tools)")
     r.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
 
 
@@ -346,21 +349,26 @@ def cmd_run(args):
     how = ("exit status %d" % rc) if rc >= 0 else ("killed by signal %d" % -rc)
     say_run_traces(d, before, proc.pid, cmd[0], how)
     status = rc if rc >= 0 else 128 - rc
-    if args.check and not run_check(d, before, args):
+    if args.check and not run_check(d, before, args, None if not args.no_check_children
+                                    else proc.pid):
         return args.check_status
     return status
 
 
-def run_check(d, before, args):
+def run_check(d, before, args, only_pid=None):
     """run --check: the traces the run wrote (the command's and its children's) through the
     gate; False if one fails.  Of a process that exec'd, only its last image counts: the
-    memory of the images before was released by the exec, not leaked.  A trace that fails
+    memory of the images before was released by the exec, not leaked.  ONLY_PID: that
+    process alone (--no-check-children).  A trace that fails
     is reported on stderr (the command's stdout is its own), one that passes in a line (and
     its leak summary when suppressions took blocks)."""
     traces = files.find_traces(d)
     new = set(traces) - before
     last = []
-    for pid in sorted({t.split("-")[0] for t in new}, key=int):
+    pids = {t.split("-")[0] for t in new}
+    if only_pid is not None:
+        pids &= {str(only_pid)}
+    for pid in sorted(pids, key=int):
         images = [t for t in report.process_images(traces, pid) if t in new and traces[t]]
         if images:
             last.append(images[-1])

@@ -517,3 +517,16 @@ def test_export_labels_kind(prog, dump, fake_kinds):
                    ("possible", 72, 1), ("reachable", 200, 1)]
     rep["kind_of"] = None
     assert all(st.labels == () for st in report.export_model(rep, mx).stacks)
+
+
+def test_gate_children_and_no_check_children(prog, dump):
+    """A child that leaks fails the check; --no-check-children checks the command alone."""
+    sh = ["/bin/sh", "-c", "%s d; exec %s n" % (prog["leakcheck"], prog["leakcheck"])]
+    r = run_check(dump, sh, "--check")
+    assert r.returncode == 23, r.stderr
+    v = verdict(r.stderr)
+    assert sorted(x.split(":")[1] for x in v) == [" check FAILED", " check passed"], v
+    assert " (%s d): 1 blocks (32 bytes) " % prog["leakcheck"] in "".join(v), v
+    r = run_check(dump, sh, "--check", "--no-check-children")
+    assert r.returncode == 0, r.stderr
+    assert len(verdict(r.stderr)) == 1 and " (%s n): " % prog["leakcheck"] in r.stderr

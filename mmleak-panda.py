@@ -569,11 +569,13 @@ if(location.hash==='#selftest'){var out=[],ok=true;
   for(var o=0;o<opts.length;o++){kv.value=opts[o].value; showView(); var ks=kinds(), nr=0, nb=0, bad=0;
    rows.forEach(function(r){if(r.style.display==='none')return; nr++; nb+=+r.getAttribute('data-bytes');
     if(ks.indexOf(r.getAttribute('data-kind'))<0)bad++;});
-   var ch=0, cv=document.querySelectorAll('.kview');
+   var ch=0, gr=0, cv=document.querySelectorAll('.charts.kview'), gv=document.querySelectorAll('.panel.kview');
    for(var j=0;j<cv.length;j++)if(cv[j].getBoundingClientRect().height>0)ch++;
+   for(var j=0;j<gv.length;j++)if(gv[j].getBoundingClientRect().height>0)gr++;
    var fr=window.__flameRoot?window.__flameRoot():null;
-   out.push('view-'+kv.value+'=rows:'+nr+',bytes:'+nb+',charts:'+ch+',flame:'+(fr===null?'none':fr.replace(/[ ,]/g,'_')));
-   ok=ok&&bad===0&&ch===1;}
+   out.push('view-'+kv.value+'=rows:'+nr+',bytes:'+nb+',charts:'+ch+',flame:'+(fr===null?'none':fr.replace(/[ ,]/g,'_'))+
+    (gv.length?',growth:'+gr:''));
+   ok=ok&&bad===0&&ch===1&&(!gv.length||gr===1);}
   kv.value=view0; showView(); out.push('view-default='+view0);
  }catch(e){ok=false;out.push('view-error='+e);}
  try{var ft=window.__flameTest?window.__flameTest():null;
@@ -1056,6 +1058,10 @@ def render(rep, meta, wrappers=None, top=TOP_ROWS):
         ctx["kind_totals"] = sites.kind_summary(kept, rep.get("kind_of"))
         ctx["suppressed"] = rep.get("suppressed")
         ctx["suppressed_total"] = rep.get("suppressed_total")
+        if rep.get("growth"):
+            ctx["extra_panels"] = [growth_panel(rep, wrappers, v["sites"],
+                                                (v["key"], v["key"] == ctx["view_default"]))
+                                   for v in ctx["views"]] + list(ctx.get("extra_panels") or [])
     ctx.update({
         "sites": table, "labels": labels, "frames": frames, "top": top,
         "bytes": sum(s.bytes for s in table), "blocks": len(kept),
@@ -1108,6 +1114,7 @@ def kind_views(rep, kept, wrappers, frames, depth, end_time):
                   for i, s in enumerate(table[:max(CHART_SITES, TIMELINE_SITES)])]
         views.append({
             "key": key, "label": label, "kinds": kinds, "blocks": len(blocks),
+            "sites": {s.caller for s in table},
             "bytes": sum(a.size for a in blocks),
             "svg_sites": chart_top_sites(table, labels),
             "svg_time": chart_timeline(blocks_frame(blocks, stacks, depth), table,
@@ -1200,7 +1207,7 @@ def render_report(rep, out_path, wrappers=None, top=TOP_ROWS):
                                    "<code>detach</code>): the blocks allocated while attached "
                                    "and still alive at its end; ages at its end.")
     meta["extra_panels"] = []
-    if rep.get("growth"):
+    if rep.get("growth") and rep.get("kinds") is None:    # (with kinds: one per view, render)
         meta["extra_panels"].append(growth_panel(rep, wrappers))
     if rep.get("freed_since_baseline") is not None:
         meta["extra_panels"].append(incremental_panel(rep))
@@ -1214,13 +1221,15 @@ def render_report(rep, out_path, wrappers=None, top=TOP_ROWS):
 GROWTH_SITES = 8
 
 
-def growth_panel(rep, wrappers):
+def growth_panel(rep, wrappers, only=None, view=None):
     """Live bytes per call site at each point of mmleak.ID.series: the chart a
     daemon's leak is found with, a line that keeps rising; and the table of first, last,
-    change and rate."""
+    change and rate.  ONLY: just these call sites (a kind view's: the series has no kinds,
+    so a site's whole series); VIEW: (key, shown) of the kind view the panel belongs to."""
     import numpy as np
     g, pts, frames = rep["growth"], rep["series"], rep["frames"]
-    rows = sorted(((site, vals) for site, vals in g.items() if any(v[2] for v in vals)),
+    rows = sorted(((site, vals) for site, vals in g.items() if any(v[2] for v in vals)
+                   and (only is None or site in only)),
                   key=lambda kv: (-(kv[1][-1][2] - kv[1][0][2]), kv[0]))
     Figure, _ = _mpl()
     fig = Figure(figsize=(6.4, 3.4))
@@ -1252,13 +1261,19 @@ def growth_panel(rep, wrappers):
                                                      "0x%x" % site),
                                                  "{:,}".format(vals[0][2]),
                                                  "{:,}".format(vals[-1][2]), d, rate))
-    return ('<div class="panel" id="growth"><h2>Growth over time</h2><p>%d points '
+    head = ('<div class="panel" id="growth">' if view is None else
+            '<div class="panel kview" data-view="%s"%s>' % (view[0], "" if view[1] else
+                                                            ' style="display:none"'))
+    note = ("" if view is None else " Only the call sites with blocks of the kinds shown "
+            "(the series has no kinds: a site's line counts all its blocks).")
+    return ('%s<h2>Growth over time</h2><p>%d points '
             'over %s of the trace (mmleak.%s.series). A call site whose live bytes keep '
-            'rising is a leak.</p><div class="charts"><div class="chart">%s</div></div>'
+            'rising is a leak.%s</p><div class="charts"><div class="chart">%s</div></div>'
             '<table class="small"><tr>'
             '<th>call site</th><th>live bytes, first point</th><th>last point</th>'
             '<th>change</th><th>bytes per hour</th></tr>%s</table></div>\n'
-            % (len(pts), esc(dur(span)), esc(rep.get("trace") or ""), _svg(fig), "".join(trs)))
+            % (head, len(pts), esc(dur(span)), esc(rep.get("trace") or ""), note, _svg(fig),
+               "".join(trs)))
 
 
 def incremental_panel(rep):

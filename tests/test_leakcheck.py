@@ -530,3 +530,41 @@ def test_gate_children_and_no_check_children(prog, dump):
     r = run_check(dump, sh, "--check", "--no-check-children")
     assert r.returncode == 0, r.stderr
     assert len(verdict(r.stderr)) == 1 and " (%s n): " % prog["leakcheck"] in r.stderr
+
+
+def test_page_growth_follows_the_kind_filter(prog, dump, tmp_path, fake_kinds):
+    """With a growth series, each kind view has its growth panel, of the call sites with
+    blocks of its kinds.  The series is made here (two points: nothing, then every survivor
+    of the trace), as compaction writes it for a program that runs longer."""
+    from conftest import script
+    from mmleaklib import series as ms
+    from mmleaklib.sites import growth_sites
+    panda = script("mmleak-panda.py")
+    traced(prog, dump, "lrpd")
+    rep = report.build_report(str(dump), progress=False)
+    last = {}
+    for a in rep["survivors"]:
+        g = last.setdefault(a.callers, [0, 0])
+        g[0] += a.size
+        g[1] += 1
+    rep["series"] = [ms.SeriesPoint(0, 0, 0, 0, 0, {}),
+                     ms.SeriesPoint(1, 1, 456, 5, 0, {k: tuple(v) for k, v in last.items()})]
+    rep["growth"] = growth_sites(rep["series"], rep["frames"], None, rep["trace_depth"])
+    page = tmp_path / "growth.html"
+    panda.render_report(rep, str(page))
+    text = page.read_text()
+    panels = re.findall(r'<div class="panel kview" data-view="(\w+)"', text)
+    assert panels == ["leaks", "lost", "definite", "indirect", "possible", "reachable", "all"]
+
+    def growth_table(view):
+        i = text.index('<div class="panel kview" data-view="%s"' % view)
+        part = text[i:text.index("</table></div>", i)]
+        return sorted(set(re.findall(r"<tr><td>(\w+) at ", part)))
+    assert growth_table("reachable") == ["keep_one"]
+    assert growth_table("lost") == ["drop_one", "lost_one"]
+    assert growth_table("all") == ["drop_one", "keep_one", "lost_one", "possible_one"]
+    from test_flame import selftest, verdict_fields
+    verdict, _, _, console = selftest(str(page), tmp_path)
+    assert verdict.startswith("SELFTEST PASS"), verdict
+    v = verdict_fields(verdict)
+    assert all(v["view-" + k].endswith(",growth:1") for k in panels), v

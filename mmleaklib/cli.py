@@ -257,12 +257,12 @@ def check_verdict(rep, args, out):
     if n:
         out.write("mmleak: check FAILED: trace %s (%s): %d blocks (%s) not freed of the kinds "
                   "that count (%s)\n" % (rep["trace"], rep["cmd"] or "command unknown", n,
-                                         report._bytes(b), what))
+                                         report.bytes_text(b), what))
         return False
     n, b = rep.get("suppressed_total") or (0, 0)
     out.write("mmleak: check passed: trace %s (%s): no block not freed of the kinds that "
               "count (%s)%s\n" % (rep["trace"], rep["cmd"] or "command unknown", what,
-                                  "; %d blocks (%s) suppressed" % (n, report._bytes(b))
+                                  "; %d blocks (%s) suppressed" % (n, report.bytes_text(b))
                                   if n else ""))
     return True
 

@@ -267,16 +267,16 @@ def print_kind_summary(rep, out):
     for k in KINDS:
         if k == "unknown" and not tot[k][0] and rep.get("kinds") is not None:
             continue
-        out.write("    %-22s %s in %d blocks\n" % (KIND_TEXT[k] + ":", _bytes(tot[k][1]),
+        out.write("    %-22s %s in %d blocks\n" % (KIND_TEXT[k] + ":", bytes_text(tot[k][1]),
                                                  tot[k][0]))
     n, b = rep.get("suppressed_total") or (0, 0)
-    out.write("    %-22s %s in %d blocks\n" % ("suppressed:", _bytes(b), n))
+    out.write("    %-22s %s in %d blocks\n" % ("suppressed:", bytes_text(b), n))
     for rule, rn, rb in rep.get("suppressed") or ():
-        out.write("      %s in %d blocks by leak:%s (%s)\n" % (_bytes(rb), rn, rule.pattern,
+        out.write("      %s in %d blocks by leak:%s (%s)\n" % (bytes_text(rb), rn, rule.pattern,
                                                              rule.origin))
 
 
-def _bytes(n):
+def bytes_text(n):
     return "%d bytes" % n if n < 1024 else "%d bytes (%s)" % (n, human_bytes(n))
 
 

@@ -296,7 +296,7 @@ SUMMARY = ("  leak summary:\n"
 
 
 def test_report_per_kind(prog, dump, tmp_path, fake_kinds, capsys):
-    tid = traced(prog, dump, "lrpdn")
+    traced(prog, dump, "lrpdn")
     csvf = tmp_path / "sites.csv"
     rc = cli.main(["report", str(dump), "--no-html", "--csv", str(csvf)])
     out = capsys.readouterr().out
@@ -566,5 +566,6 @@ def test_page_growth_follows_the_kind_filter(prog, dump, tmp_path, fake_kinds):
     from test_flame import selftest, verdict_fields
     verdict, _, _, console = selftest(str(page), tmp_path)
     assert verdict.startswith("SELFTEST PASS"), verdict
+    assert not console, console
     v = verdict_fields(verdict)
     assert all(v["view-" + k].endswith(",growth:1") for k in panels), v

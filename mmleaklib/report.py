@@ -224,10 +224,18 @@ def apply_suppressions(rep, rules):
     builtin = supp.Matcher([r for r in rules if r.origin == "built-in"], rep["frames"])
     kind_of = rep.get("kind_of")
     kept = []
+    hit = {}                    # stack -> does a rule match it (the kind is looked up then)
     for a in rep["survivors"]:
+        st = a.callers
+        h = hit.get(st)
+        if h is None:
+            h = hit[st] = user.rule_of(st) >= 0 or builtin.rule_of(st) >= 0
+        if not h:
+            kept.append(a)
+            continue
         kind = kind_of(a) if kind_of else "unknown"
-        if kind == "reachable" or not (user.take(a.callers, a.size) or (
-                kind != "unknown" and builtin.take(a.callers, a.size))):
+        if kind == "reachable" or not (user.take(st, a.size) or (
+                kind != "unknown" and builtin.take(st, a.size))):
             kept.append(a)
     rep["survivors"] = kept
     rep["suppressed"] = sorted(user.used() + builtin.used(),
@@ -244,8 +252,13 @@ def report_rules(rep, files=(), builtin=True):
 
 
 def kind_totals(rep):
-    """{kind: [blocks, bytes]} of REP's survivors (after suppressions)."""
-    return kind_summary(rep["survivors"], rep.get("kind_of"))
+    """{kind: [blocks, bytes]} of REP's survivors (after suppressions); computed once per
+    list of survivors (the summary, the verdict and the CSV ask for it)."""
+    memo = rep.get("_kind_totals")
+    if memo is None or memo[0] is not rep["survivors"]:
+        memo = rep["_kind_totals"] = (rep["survivors"],
+                                      kind_summary(rep["survivors"], rep.get("kind_of")))
+    return memo[1]
 
 
 def check_failures(rep, kinds):

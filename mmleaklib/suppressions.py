@@ -141,6 +141,8 @@ class Matcher:
 
     def rule_of(self, stack):
         """The index of the first rule that matches a frame of STACK, or -1."""
+        if not self.rules:
+            return -1
         r = self._stack.get(stack)
         if r is None:
             hits = [self._addr_rule(a) for a in stack]

@@ -162,6 +162,8 @@ def test_gate_passes_with_nothing_left_and_keeps_the_status(prog, dump):
     assert verdict(r.stderr)[0].startswith("mmleak: check passed: trace ")
     r = run_check(dump, [prog["leakcheck"], "d", "0"])     # no --check: the program's status
     assert r.returncode == 0 and not verdict(r.stderr)
+    r = run_check(dump, [prog["leakcheck"], "d", "5"], "--check")   # a leak: the check's status
+    assert r.returncode == 23, r.stderr
 
 
 def test_gate_counts_the_last_image_of_a_process(prog, dump):

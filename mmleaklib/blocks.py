@@ -110,12 +110,15 @@ class Live:
             kt = None
             names = []
             if kinds:
-                names = sorted({k for k in kinds.values() if k is not None})
+                # a dict or the scan's Kinds (scan.py): keys (ptr, seq), a kind each
+                items = sorted(kinds.items())       # the scan's are sorted already: O(n)
+                pairs = [p for p, _ in items]
+                vals = [k for _, k in items]
+                names = sorted({k for k in vals if k is not None})
                 if len(names) > 254:
                     raise ValueError("more than 254 kinds")
                 code = {k: i + 1 for i, k in enumerate(names)}
-                pairs = sorted(kinds)
-                kt = (pairs, [code.get(kinds[p], 0) for p in pairs])
+                kt = (pairs, [code.get(v, 0) for v in vals])
             groups, tot, flags = self.native.aggregate(tmin, tmax, ex, kt)
             seen.update(k for k, f in zip(ex or (), flags) if f)
             stacks = self.stacks

@@ -66,6 +66,9 @@ OPTIONS = (
     Option("SCAN_DEBUG", "MMLEAK_SCAN_DEBUG", "bool", 0, 0, 1,
            "mmleak-scan: 1 lists on stderr every word found pointing into a block",
            "mmleak-scan"),
+    Option("SUPPRESSIONS", "MMLEAK_SUPPRESSIONS", "path", None, 0, 0,
+           "mmleak.py report and run --check: files of leak:PATTERN suppressions, "
+           "separated by colons, after --suppressions", "mmleak.py"),
 )
 OPTION = {o.env: o for o in OPTIONS}
 # the words a "choice" option takes (besides auto, its default)

@@ -13,9 +13,11 @@ from .facts import MAX_DEPTH
 from .files import TraceFiles, new_output
 from .series import read_series
 from .shrink import baseline_blocks, progress_printer
+from . import suppressions as supp
 from .blocks import Survivors, time_bounds
-from .sites import (Wrappers, find_wrappers, growth_sites, human_bytes, incremental_sites,
-                    leak_sites, site_resolver, sites_from_groups)
+from .sites import (KIND_TEXT, KINDS, Wrappers, find_wrappers, growth_sites, human_bytes,
+                    incremental_sites, kind_summary, leak_sites, site_resolver,
+                    sites_from_groups)
 from .symbolize import ADDR_MASK, Maps, Symbolizer, _module_problem, frame_label
 
 
@@ -96,6 +98,30 @@ def choose_trace(directory, pid=None, trace=None):
     return k, with_files[k]
 
 
+def scan_kinds(directory, tid):
+    """The kinds of the blocks of trace TID in DIRECTORY by its newest reachability scan:
+    mmleaklib/scan.py's kinds_for (the scan's file: docs/format.rst), a mapping whose
+    .get((ptr, seq), default) gives a block's kind, with .status ("done", or "unknown" and
+    .reason why) and .attached.  None when this mmleak has no scanner."""
+    try:
+        from . import scan
+    except ImportError:
+        return None
+    return scan.kinds_for(directory, tid)
+
+
+def reachability(kinds):
+    """(the kinds if a scan classified the trace, else None; a note on it or None)."""
+    if kinds is None:
+        return None, None
+    if getattr(kinds, "status", "done") != "done":
+        return None, getattr(kinds, "reason", None)
+    if getattr(kinds, "attached", False):
+        return kinds, ("an attached trace: the blocks allocated before the attach are not "
+                       "known, and the memory they hold was taken as roots")
+    return kinds, None
+
+
 def build_report(directory, pid=None, progress=True, depth=None, since=None,
                  older_than=None, baseline=None, trace=None, kinds=None, wrappers=(),
                  detect_wrappers=True, debuginfo_path=()):
@@ -133,6 +159,10 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
         except OSError as e:
             raise Fail("--baseline %s: %s" % (baseline, e.strerror or e))
         filters.append("allocated since the snapshot %s" % baseline)
+    # the kinds: those given (KINDS), else the newest reachability scan's, if any
+    scan_note = None
+    if kinds is None:
+        kinds, scan_note = reachability(scan_kinds(directory, tid))
     groups, totals, seen = live.aggregate(tmin, tmax, set(old) if old is not None else None,
                                           kinds)
     freed_since = [a for k, a in old.items() if k not in seen] if old is not None else None
@@ -170,6 +200,12 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
         sym_error = "maps file %s missing" % maps
     sh.problems.summary()
     rep = {
+        # the reachability scan's kinds, {(ptr, seq): kind}, or None (no scan: "unknown")
+        "scan_note": scan_note,
+        "kind_of": ((lambda a: kinds.get((a.ptr, a.seq), "unknown")) if kinds is not None
+                    else None),
+        "program_suppressions": sh.program_suppressions,
+        "suppressed": [], "suppressed_total": (0, 0),
         "trace": tid, "pid": hdr.get("pid", tid.split("-")[0]), "cmd": sh.cmd,
         "title": sh.title,
         "start": start, "end_time": sh.max_time, "files": paths, "maps": maps,
@@ -259,6 +295,112 @@ class CodeReader:
         return elfcode.uses_result(path, fr.offset, self.debug_dirs) if path else (None, why)
 
 
+def apply_suppressions(rep, rules):
+    """Leave out of REP's survivors the blocks a suppression rule takes: a block of any kind
+    but still reachable (no leak to suppress); the built-in rules only blocks a scan found
+    lost or possibly lost (without a scan, a block of the runtime is reported as not freed,
+    as it is).  The first rule (in RULES' order) that matches a frame of a block's stack
+    takes it.  Applied per (stack, kind) aggregate when REP has them (rep["groups"]: never
+    a pass over the blocks), else per block.  REP["suppressed"]: [(rule, blocks, bytes)] of
+    the rules used, most bytes first; REP["suppressed_total"]: (blocks, bytes)."""
+    if not rules:
+        return rep
+    user = supp.Matcher([r for r in rules if r.origin != "built-in"], rep["frames"])
+    builtin = supp.Matcher([r for r in rules if r.origin == "built-in"], rep["frames"])
+
+    def taken(st, kind, n, size):
+        if user.rule_of(st) < 0 and builtin.rule_of(st) < 0:
+            return False
+        return kind != "reachable" and (user.take(st, size, n) or (
+            kind != "unknown" and builtin.take(st, size, n)))
+    if rep.get("groups") is not None:
+        kept, gone = [], set()
+        for g in rep["groups"]:
+            if taken(g.callers, g.kind or "unknown", g.blocks, g.bytes):
+                gone.add((g.callers, g.kind))
+            else:
+                kept.append(g)
+        if gone:
+            rep["groups"] = kept
+            sv, kinds = rep["survivors"], rep.get("kinds")
+            keep0 = sv.keep
+
+            def keep(a):
+                return keep0(a) and (a.callers, kinds.get((a.ptr, a.seq)) if kinds is not None
+                                     else None) not in gone
+            rep["survivors"] = Survivors(sv.live, sv.totals._replace(
+                blocks=sum(g.blocks for g in kept), bytes=sum(g.bytes for g in kept)), keep)
+    else:
+        kind_of = rep.get("kind_of")
+        rep["survivors"] = [a for a in rep["survivors"]
+                            if not taken(a.callers, kind_of(a) if kind_of else "unknown", 1,
+                                         a.size)]
+    rep["suppressed"] = sorted(user.used() + builtin.used(),
+                               key=lambda r: (-r[2], -r[1], r[0].origin))
+    rep["suppressed_total"] = (sum(n for _, n, _ in rep["suppressed"]),
+                               sum(b for _, _, b in rep["suppressed"]))
+    return rep
+
+
+def report_rules(rep, files=(), builtin=True):
+    """The suppression rules of a report: --suppressions FILES, MMLEAK_SUPPRESSIONS, the
+    program's __lsan_default_suppressions() (from the trace), the built-in list."""
+    return supp.load(files, program=rep.get("program_suppressions"), builtin=builtin)
+
+
+def kind_totals(rep):
+    """{kind: [blocks, bytes]} of REP's survivors (after suppressions): from the per-(stack,
+    kind) aggregates when REP has them, else from the blocks; computed once per list of
+    survivors (the summary, the verdict and the CSV ask for it)."""
+    src = rep.get("groups")
+    if src is None:
+        src = rep["survivors"]
+    memo = rep.get("_kind_totals")
+    if memo is None or memo[0] is not src:
+        if rep.get("groups") is not None:
+            tot = {k: [0, 0] for k in KINDS}
+            for g in src:
+                t = tot[g.kind or "unknown"]
+                t[0] += g.blocks
+                t[1] += g.bytes
+        else:
+            tot = kind_summary(src, rep.get("kind_of"))
+        memo = rep["_kind_totals"] = (src, tot)
+    return memo[1]
+
+
+def check_failures(rep, kinds):
+    """(blocks, bytes) of REP's survivors whose kind is in KINDS (the --check gate)."""
+    tot = kind_totals(rep)
+    return (sum(tot[k][0] for k in kinds), sum(tot[k][1] for k in kinds))
+
+
+def print_kind_summary(rep, out):
+    """valgrind's LEAK SUMMARY: a line per kind, and the suppressed blocks per rule."""
+    tot = kind_totals(rep)
+    if rep.get("kinds") is None:
+        out.write("  reachability unknown: %s\n" % (
+            rep.get("scan_note") or "no reachability scan of this trace, so the kind of "
+            "every block is unknown"))
+    elif rep.get("scan_note"):
+        out.write("  %s\n" % rep["scan_note"])
+    out.write("  leak summary:\n")
+    for k in KINDS:
+        if k == "unknown" and not tot[k][0] and rep.get("kinds") is not None:
+            continue
+        out.write("    %-22s %s in %d blocks\n" % (KIND_TEXT[k] + ":", bytes_text(tot[k][1]),
+                                                 tot[k][0]))
+    n, b = rep.get("suppressed_total") or (0, 0)
+    out.write("    %-22s %s in %d blocks\n" % ("suppressed:", bytes_text(b), n))
+    for rule, rn, rb in rep.get("suppressed") or ():
+        out.write("      %s in %d blocks by leak:%s (%s)\n" % (bytes_text(rb), rn, rule.pattern,
+                                                             rule.origin))
+
+
+def bytes_text(n):
+    return "%d bytes" % n if n < 1024 else "%d bytes (%s)" % (n, human_bytes(n))
+
+
 def site_depth(rep):
     """Frames per call site: the report's --depth, at most the trace's own depth."""
     depth = int(rep.get("depth") or rep.get("trace_depth") or 1)
@@ -271,10 +413,11 @@ def site_table(rep, stacks=None, wrappers=None):
     if wrappers is None:
         wrappers = report_wrappers(rep)
     if rep.get("groups") is not None:
-        return sites_from_groups(((g.callers, g[2:]) for g in rep["groups"]), rep["end_time"],
+        return sites_from_groups(((g.callers, g.kind, g[2:]) for g in rep["groups"]),
+                                 rep["end_time"],
                                  site_depth(rep), rep.get("frames"), wrappers, stacks)
     return leak_sites(rep["survivors"], rep["end_time"], site_depth(rep), rep.get("frames"),
-                      wrappers, stacks)
+                      wrappers, stacks, rep.get("kind_of"))
 
 
 def live_bytes(survivors):
@@ -315,24 +458,42 @@ def print_top_sites(rep, out, top=10):
     if rep["symbol_error"]:
         out.write("  symbols: %s\n" % rep["symbol_error"])
     print_found_wrappers(rep, out)
+    scanned = rep.get("kinds") is not None
+    if scanned or rep.get("suppressed") or rep.get("check"):
+        print_kind_summary(rep, out)
     sites = site_table(rep)
     if not sites:
         out.write("  no block matches the filter\n" if rep["filter"] else
+                  "  no leaks: every block allocated while tracing was freed or suppressed\n"
+                  if rep.get("suppressed") else
                   "  no leaks: every block allocated while tracing was freed\n")
         return sites
-    wb = max([12] + [len(str(s.bytes)) for s in sites[:top]])
-    wn = max([8] + [len(str(s.blocks)) for s in sites[:top]])
-    out.write("  %*s %*s  %s\n" % (wb, "bytes", wn, "blocks", "call site"))
+    shown = sites if rep.get("show_reachable") else [s for s in sites
+                                                     if s.kind != "reachable"]
+    hidden = len(sites) - len(shown)
+    wb = max([12] + [len(str(s.bytes)) for s in shown[:top]])
+    wn = max([8] + [len(str(s.blocks)) for s in shown[:top]])
+    # the kind column when a scan gave kinds (without one, every kind is "unknown")
+    kcol = "%-10s " if scanned else "%.0s"
+    out.write(("  %*s %*s  " + kcol + "%s\n") % (wb, "bytes", wn, "blocks", "kind", "call site"))
     labels = [frame_label(rep["frames"][s.caller]) if rep["frames"].get(s.caller)
-              else "0x%x" % s.caller for s in sites]
-    twice = {l for l in labels if labels.count(l) > 1}
-    for s, label in zip(sites[:top], labels):
+              else "0x%x" % s.caller for s in shown]
+    # the same label twice: the same source in two objects (plugins); not the same site
+    # under two kinds
+    objs = {}
+    for s, l in zip(shown, labels):
+        objs.setdefault(l, set()).add(s.caller)
+    twice = {l for l, c in objs.items() if len(c) > 1}
+    for s, label in zip(shown[:top], labels):
         fr = rep["frames"].get(s.caller)
-        if label in twice and fr and fr.module:     # same source in two objects (plugins)
+        if label in twice and fr and fr.module:
             label += "  [%s]" % fr.module
-        out.write("  %*d %*d  %s\n" % (wb, s.bytes, wn, s.blocks, label))
-    if len(sites) > top:
-        out.write("  ... %d more call sites\n" % (len(sites) - top))
+        out.write(("  %*d %*d  " + kcol + "%s\n") % (wb, s.bytes, wn, s.blocks, s.kind, label))
+    if len(shown) > top:
+        out.write("  ... %d more call sites\n" % (len(shown) - top))
+    if hidden:
+        out.write("  %d call sites of still reachable blocks not shown (--show-reachable)\n"
+                  % hidden)
     if rep.get("freed_since_baseline") is not None:
         print_incremental(rep, out, top)
     if rep.get("growth"):
@@ -421,14 +582,19 @@ def _write_csv(rep, sites, path):
     with new_output(path, text=True) as f:
         w = csv.writer(f)
         w.writerow(["bytes", "blocks", "mean", "min", "max", "oldest_s", "youngest_s",
-                    "function", "file", "line", "module", "offset", "caller"])
+                    "function", "file", "line", "module", "offset", "kind", "caller"])
         for s in sites:
             fr = rep["frames"].get(s.caller)
             w.writerow([s.bytes, s.blocks, s.bytes // s.blocks, s.min, s.max, s.oldest,
                         s.youngest, fr.function if fr else "", fr.file if fr else "",
                         fr.line if fr else "", fr.module if fr else "",
                         "0x%x" % fr.offset if fr and fr.offset is not None else "",
-                        "0x%x" % s.caller])
+                        s.kind, "0x%x" % s.caller])
+        if rep.get("kinds") is not None:
+            # the summary (valgrind's LEAK SUMMARY): a row per kind, caller "total"
+            for k, (n, b) in kind_totals(rep).items():
+                w.writerow([b, n, b // n if n else 0, "", "", "", "", "", "", "", "", "", k,
+                            "total"])
 
 
 def export_model(rep, mx, allocator_frames=False, blocks=False):

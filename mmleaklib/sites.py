@@ -7,7 +7,28 @@ import collections
 from .facts import MAX_DEPTH, RUNTIME_RE, RUNTIME_SOURCES, WRAPPERS
 
 Site = collections.namedtuple("Site", "caller stack bytes blocks min max oldest youngest "
-                                      "index nstacks")
+                                      "index nstacks kind", defaults=("unknown",))
+
+# A block's kind: valgrind memcheck's four (issue 20's reachability scan), or "unknown" where
+# no scan ran (or the block was allocated after it).  The CSV's `kind` column, the pprof
+# label, --leak-kinds take these names.
+KINDS = ("definite", "indirect", "possible", "reachable", "unknown")
+KIND_TEXT = {"definite": "definitely lost", "indirect": "indirectly lost",
+             "possible": "possibly lost", "reachable": "still reachable",
+             "unknown": "reachability unknown"}
+# the order of the sites: lost first (definitely and indirectly, by bytes), then possibly
+# lost, unknown, still reachable
+KIND_RANK = {"definite": 0, "indirect": 0, "possible": 1, "unknown": 2, "reachable": 3}
+
+
+def kind_summary(survivors, kind_of=None):
+    """{kind: [blocks, bytes]} for every kind in KINDS (valgrind's LEAK SUMMARY)."""
+    out = {k: [0, 0] for k in KINDS}
+    for a in survivors:
+        g = out[kind_of(a) if kind_of else "unknown"]
+        g[0] += 1
+        g[1] += a.size
+    return out
 
 
 def base_name(fn):
@@ -191,32 +212,51 @@ def keep_blocks(survivors, end_time, since=None, older_than=None):
     return survivors
 
 
-def leak_sites(survivors, end_time, depth=1, frames=None, wrappers=None, stacks=None):
+def leak_sites(survivors, end_time, depth=1, frames=None, wrappers=None, stacks=None,
+               kind_of=None):
     """THE table of leak sites, which the terminal, the CSV and the HTML page show: the
     survivors (Alloc tuples) grouped by call site; see sites_from_groups, which does it from
     per-stack aggregates (blocks.aggregate_allocs here, the compiled aggregation for a big
-    trace: both give the same table)."""
+    trace: both give the same table).  KIND_OF: a function of a block -> its kind (KINDS);
+    the sites are then (call site, kind) pairs."""
     from .blocks import aggregate_allocs
-    groups, _ = aggregate_allocs(survivors)
-    return sites_from_groups(((k[0], v) for k, v in groups.items()), end_time, depth, frames,
-                             wrappers, stacks)
+
+    class ByBlock:              # aggregate_allocs asks kinds.get((ptr, seq))
+        def __init__(self, blocks):
+            self.of = {(a.ptr, a.seq): kind_of(a) for a in blocks}
+
+        def get(self, key, default=None):
+            return self.of.get(key, default)
+
+        def __bool__(self):
+            return True
+    if kind_of is not None:
+        survivors = list(survivors)
+        kinds = ByBlock(survivors)
+    else:
+        kinds = None
+    groups, _ = aggregate_allocs(survivors, kinds=kinds)
+    return sites_from_groups(((k[0], k[1], v) for k, v in groups.items()), end_time, depth,
+                             frames, wrappers, stacks)
 
 
 def sites_from_groups(groups, end_time, depth=1, frames=None, wrappers=None, stacks=None):
     """The leak sites (site_resolver; with DEPTH > 1 and WRAPPERS, the first frame outside
-    the wrappers) of GROUPS, per-stack aggregates (callers, [blocks, bytes, min, max,
-    min_time, max_time, ...]) in the order their stacks were first met; largest total first.
-    Each Site: its bytes, blocks, smallest and largest block, the ages (seconds at END_TIME,
-    the last time seen in the dump) of its oldest and youngest block, its heaviest stack
-    (the one with the most bytes, the first met of those) and where the site is in it
-    (INDEX), and how many stacks it has.  O(stacks): never a Python object per block.
+    the wrappers) of GROUPS, per-(stack, kind) aggregates (callers, kind or None,
+    [blocks, bytes, min, max, min_time, max_time, ...]) in the order their stacks were first
+    met.  Each Site: its bytes, blocks, smallest and largest block, the ages (seconds at
+    END_TIME, the last time seen in the dump) of its oldest and youngest block, its heaviest
+    stack (the one with the most bytes, the first met of those) and where the site is in it
+    (INDEX), how many stacks it has, and its kind ("unknown" for None).  The sites are
+    (call site, kind) pairs, one row each, lost first (KIND_RANK), largest total first
+    within a rank.  O(stacks): never a Python object per block.
 
     STACKS: a dict, filled with {stack (DEPTH frames): [bytes, blocks, site, index]} in the
-    order the stacks were first met."""
+    order the stacks were first met (all kinds together)."""
     sums = {}
     resolve = site_resolver(frames, wrappers)
     stacks = {} if stacks is None else stacks
-    for callers, g in groups:
+    for callers, kind, g in groups:
         n, b, lo, hi, t0, t1 = g[:6]
         st = callers[:depth]
         per = stacks.get(st)
@@ -224,10 +264,11 @@ def sites_from_groups(groups, end_time, depth=1, frames=None, wrappers=None, sta
             per = stacks[st] = [0, 0] + list(resolve(st))
         per[0] += b
         per[1] += n
-        s = sums.get(per[2])
+        key = (per[2], kind or "unknown")
+        s = sums.get(key)
         old, young = max(end_time - t0, 0), max(end_time - t1, 0)
         if s is None:
-            sums[per[2]] = [b, n, lo, hi, old, young]
+            sums[key] = [b, n, lo, hi, old, young]
         else:
             s[0] += b
             s[1] += n
@@ -240,9 +281,9 @@ def sites_from_groups(groups, end_time, depth=1, frames=None, wrappers=None, sta
         count[per[2]] += 1
         if per[2] not in heaviest or per[0] > stacks[heaviest[per[2]]][0]:
             heaviest[per[2]] = st
-    sites = [Site(k, heaviest[k], *v, stacks[heaviest[k]][3], count[k])
-             for k, v in sums.items()]
-    sites.sort(key=lambda s: (-s.bytes, -s.blocks, s.caller))
+    sites = [Site(k, heaviest[k], *v, stacks[heaviest[k]][3], count[k], kind)
+             for (k, kind), v in sums.items()]
+    sites.sort(key=lambda s: (KIND_RANK[s.kind], -s.bytes, -s.blocks, s.caller, s.kind))
     return sites
 
 

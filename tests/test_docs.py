@@ -188,13 +188,15 @@ def env_table():
     text = read("docs/environment.rst")
     table = text[text.index("VARIABLES\n"):text.index("\nSEE ALSO")]
     rows, cur = {}, None
+    border = next(l for l in table.splitlines() if re.fullmatch(r"=+( +=+)+", l))
+    a, b = [m.start() for m in re.finditer(r"=+", border)][2:4]     # the range column
     for line in table.splitlines():
         m = re.match(r"``(MMLEAK_[A-Z_]+)``\s+(\S+)\s+(.*?)\s{2,}", line)
         if m:
             cur = m.group(1)
             rows[cur] = [m.group(2).strip("`"), m.group(3).strip()]
-        elif cur and not line[:33].strip() and line[33:48].strip():
-            rows[cur][1] += " " + line[33:48].strip()     # a range continued below
+        elif cur and not line[:a].strip() and line[a:b].strip():
+            rows[cur][1] += " " + line[a:b].strip()     # a range continued below
         elif not line.strip() or line.startswith("="):
             cur = None
     return rows

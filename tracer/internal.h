@@ -203,6 +203,7 @@ extern unsigned g_trace_gen;         /* a new trace in this process (attach afte
 extern int g_attached;               /* loaded into a running process by mmleak.py attach */
 extern int g_window;                 /* this trace was started by mmleak_attach */
 extern char g_cmd[2048];             /* escaped command line for the file headers */
+extern char g_supp[1024];            /* the program's __lsan_default_suppressions(), escaped */
 extern char g_alloc[512];            /* the allocator's file (libc, jemalloc...), escaped */
 extern _Atomic uint64_t g_lost_orphan; /* events lost where no thread file could say so */
 extern atomic_uint g_episode;        /* numbers the gaps: "#dropping k=K", "#lost N k=K" */
@@ -245,6 +246,8 @@ const char *why(int err);
 void note_stderr(void);
 void say4(const char *a, const char *b, const char *c, const char *f);
 void say(const char *a, const char *b, const char *c);
+/* The program's __lsan_default_suppressions() into g_supp, once at the start (tracer/lsan.c). */
+void read_default_suppressions(void);
 /* "WHAT DIR: REASON (errno N)TAIL"; REASON is why(ERR) unless given */
 void say_why(const char *what, const char *reason, int err, const char *tail);
 void say_err(const char *what, int err, const char *tail);

@@ -240,6 +240,7 @@ COLD void global_init(void)
         note_stderr();
         int bad = read_config(NULL);
         read_cmdline();
+        read_default_suppressions();
         Dl_info other, self;
         if (another_copy_first(&other, &self)) {
             /* the first copy traces; its calls to the allocator pass through us untouched */

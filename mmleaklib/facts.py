@@ -127,7 +127,8 @@ def rst_options():
     """The option table as reStructuredText: the generated part of docs/environment.rst
     (between RST_BEGIN and RST_END), from the same rows `mmleak.py options` prints."""
     import textwrap
-    widths = (21, 8, 14, 42)
+    # the first column as wide as the longest name (``MMLEAK_SUPPRESSIONS``)
+    widths = (max(21, max(len(o.env) + 4 for o in OPTIONS)), 8, 14, 42)
     rule = "  ".join("=" * w for w in widths)
     rows = [("variable", "default", "range", "meaning")]
     for o in OPTIONS:

@@ -109,9 +109,15 @@ class Live:
             ex = sorted(exclude) if exclude else None
             kt = None
             names = []
-            if kinds:
-                # a dict or the scan's Kinds (scan.py): keys (ptr, seq), a kind each
-                items = sorted(kinds.items())       # the scan's are sorted already: O(n)
+            if kinds and hasattr(kinds, "table"):
+                # the scan's Kinds (scan.py): its sorted columns go to C as they are
+                from .scan import KINDS as names
+                names = list(names)
+                a, s, k = kinds.table()
+                kt = ("columns", a, s, k.translate(bytes(range(1, 256)) + b"\0"))
+            elif kinds:
+                # a dict: keys (ptr, seq), a kind each
+                items = sorted(kinds.items())
                 pairs = [p for p, _ in items]
                 vals = [k for _, k in items]
                 names = sorted({k for k in vals if k is not None})

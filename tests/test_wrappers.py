@@ -14,7 +14,9 @@ import pytest
 
 from conftest import TESTS, mmleak, run_traced, site_line
 
-WHOLE = {"MMLEAK_DEPTH": "64"}
+# no reachability scan (MMLEAK_SCAN=0, issue 20): these tests hold the sites of the blocks not
+# freed, whatever their kind (the terminal hides still reachable sites after a scan)
+WHOLE = {"MMLEAK_DEPTH": "64", "MMLEAK_SCAN": "0"}
 
 # program: {site marker: (blocks, bytes)}; the stdout buffer (printf's line) comes on top
 EXPECTED = {

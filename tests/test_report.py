@@ -456,23 +456,16 @@ def synthetic(n, sites, seed=1, t_max=3600):
 
 
 def test_million_blocks_size_and_time(tmp_path):
+    """A million blocks on 3,000 sites from stdin: the page is bounded (under 5 MB) and its
+    counts exact.  How long it takes is measured in bench/ (bench/live.py), never here: a
+    shared machine's load decides a test's wall and CPU time."""
     n = 1000000
     data, total = synthetic(n, 3000)
     data = b"#mmleak 1 id=777 pid=777 tid=777 file=0 depth=1 start=1700000000\n#cmd ./big\n" + data
     out = str(tmp_path / "big.html")
-    # The budget is 10 s of CPU (user + sys of mmleak-panda.py: about 4 s on a 2-core CI
-    # machine); wall time is only checked loosely, as other jobs may share the machine.
-    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.monotonic()
     p = subprocess.run([PY, PANDA, "-o", out], input=data, capture_output=True)
-    el = time.monotonic() - t0
-    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     assert p.returncode == 0, p.stderr
     size = os.path.getsize(out)
-    print("1M blocks: %.1f s CPU, %.1f s wall, %d bytes of HTML" % (cpu, el, size))
-    assert cpu < 10, "took %.1f s of CPU" % cpu
-    assert el < 30, "took %.1f s" % el
     assert size < 5 * 1024 * 1024
     rows, text = table(out)
     assert headline(text) == (total, n)
@@ -490,12 +483,8 @@ def test_million_blocks_render_report(tmp_path):
                          callers[rnd.randrange(sites)]) for i in range(n)]
     total = sum(a.size for a in surv)
     out = str(tmp_path / "big2.html")
-    t0, c0 = time.monotonic(), time.process_time()
     panda.render_report(fake_rep(surv, {}, 1000, depth=2, trace_depth=2), out)
-    el, cpu = time.monotonic() - t0, time.process_time() - c0
-    print("1M blocks via render_report: %.1f s CPU, %.1f s wall, %d bytes"
-          % (cpu, el, os.path.getsize(out)))
-    assert cpu < 10 and el < 30 and os.path.getsize(out) < 5 * 1024 * 1024
+    assert os.path.getsize(out) < 5 * 1024 * 1024     # (its time: bench/, not a test)
     rows, text = table(out)
     assert headline(text) == (total, n)
     assert "Showing the top 500 of 1,500 call sites" in text

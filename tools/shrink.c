@@ -34,6 +34,7 @@
 
 #include "../tracer/compiler.h"
 #include "blocks.h"
+#include "facts.h"
 
 enum { K_FREE = 0, K_ALLOC = 1, K_END = 2, K_START = 3 };   /* odd kinds: allocation-like */
 enum { P_TORN = 0, P_PADDING = 1, P_MALFORMED = 2, P_DUPLICATE = 3, P_KINDS = 4 };
@@ -100,7 +101,7 @@ static void *map_mem(size_t n)
 #define CHUNK (1u << 20)
 /* Reading: a line is kept up to LINE_MAX bytes (mmleaklib/facts.py), read READ_CHUNK at a
  * time (never more than LINE_MAX: only a line that began in an earlier chunk can be longer). */
-#define LINE_MAX_BYTES ((size_t)1 << 20)
+#define LINE_MAX_BYTES ((size_t)MMLEAK_LINE_MAX)   /* facts.h: mmleaklib/facts.py's bound */
 #define READ_CHUNK ((size_t)1 << 20)
 #define READ_BUF (4096 + LINE_MAX_BYTES + READ_CHUNK)
 #define HEAD 80                         /* what messages show of a line too long */

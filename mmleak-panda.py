@@ -1317,9 +1317,10 @@ def growth_panel(rep, wrappers, only=None, view=None):
                                                      "0x%x" % site),
                                                  "{:,}".format(vals[0][2]),
                                                  "{:,}".format(vals[-1][2]), d, rate))
+    # the view shown first keeps the panel's id (a link to #growth lands there)
     head = ('<div class="panel" id="growth">' if view is None else
-            '<div class="panel kview" data-view="%s"%s>' % (view[0], "" if view[1] else
-                                                            ' style="display:none"'))
+            '<div class="panel kview" data-view="%s"%s>' % (view[0], ' id="growth"' if view[1]
+                                                            else ' style="display:none"'))
     note = ("" if view is None else " Only the call sites with blocks of the kinds shown "
             "(the series has no kinds: a site's line counts all its blocks).")
     return ('%s<h2>Growth over time</h2><p>%d points '

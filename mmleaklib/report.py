@@ -440,8 +440,11 @@ def print_top_sites(rep, out, top=10):
             rep["events"], folded[0], folded[1])
     else:
         read = "%d events read from %d files" % (rep["events"], len(rep["files"]))
+    # not freed: every block, the suppressed ones too (valgrind's "in use at exit"); the
+    # leak summary says how many of them the suppressions took
+    sn, sb = rep.get("suppressed_total") or (0, 0)
     out.write("  %s; %s in %d blocks not freed; %d frees of blocks allocated before tracing\n"
-              % (read, human_bytes(total), len(surv), len(rep["foreign_frees"])))
+              % (read, human_bytes(total + sb), len(surv) + sn, len(rep["foreign_frees"])))
     if rep["filter"]:
         out.write("  showing only blocks %s (%d of %d blocks, %s of %s)\n"
                   % (rep["filter"], len(surv), rep["unfiltered"][0], human_bytes(total),

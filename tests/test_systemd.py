@@ -17,6 +17,7 @@ attach/detach MAINPID`), each window's leak exact, without a restart; one instal
 `install --paused` starts paused and is attached to the same way. `mmleak-install.py status`
 says at each step what mmleak does in the service's main process.
 """
+import glob
 import os
 import re
 import shutil
@@ -581,6 +582,9 @@ def visible_tree(box):
     box.run(["install", "-m", "0644", os.path.join(ROOT, "mmleak-tools.so"),
              d + "/mmleak-tools.so"])
     box.run(["install", "-m", "0755", MMLEAK, d + "/mmleak.py"])
+    box.run(["install", "-d", d + "/mmleaklib"])         # the package mmleak.py imports
+    box.run(["install", "-m", "0644"] + sorted(glob.glob(os.path.join(ROOT, "mmleaklib", "*.py")))
+            + [d + "/mmleaklib/"])
     return d + "/mmleak.so", d + "/mmleak.py"
 
 

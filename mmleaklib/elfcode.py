@@ -280,6 +280,24 @@ class _Path:
         return None
 
 
+def _code_around(path, offset, debug_dirs, what):
+    """(the address of file offset OFFSET of PATH, the disassembly of the function around
+    it, None) or (.., None, why not): the start of hands_back and uses_result.  WHAT names
+    the function in the message when objdump cannot read it."""
+    e = elf(path, debug_dirs)
+    if e is None:
+        return None, None, "cannot read %s as ELF" % os.path.basename(path)
+    ret = e.vaddr(offset)
+    fn = e.function_at(ret) if ret is not None else None
+    if fn is None:
+        return ret, None, "no function symbol around the call"
+    code = _disassemble(path, fn[0], fn[1])
+    if not code:
+        return ret, None, ("objdump could not read %s" % what if shutil.which("objdump")
+                           else "objdump not found (install binutils)")
+    return ret, code, None
+
+
 def hands_back(path, offset, debug_dirs=()):
     """Does the function at file offset OFFSET of PATH (a return address, or the last byte
     of the call before it: a call to the allocator or to a wrapper) return the block that
@@ -288,17 +306,9 @@ def hands_back(path, offset, debug_dirs=()):
     through moves, pushes, stack slots and constant offsets (a header before the block) to
     a `ret` with it in rax; memset/memcpy return their first argument; a block from
     posix_memalign is the slot its first argument pointed at.  DEBUG_DIRS: see elf."""
-    e = elf(path, debug_dirs)
-    if e is None:
-        return None, "cannot read %s as ELF" % os.path.basename(path)
-    ret = e.vaddr(offset)
-    fn = e.function_at(ret) if ret is not None else None
-    if fn is None:
-        return None, "no function symbol around the call"
-    code = _disassemble(path, fn[0], fn[1])
-    if not code:
-        return None, "objdump could not read the function" if shutil.which("objdump") \
-            else "objdump not found (install binutils)"
+    ret, code, why = _code_around(path, offset, debug_dirs, "the function")
+    if code is None:
+        return None, why
     at = {a: i for i, (a, _, _) in enumerate(code)}
     # RET: a return address, or (as mmleak records callers) one byte before it, inside the
     # call: the instruction after the call containing RET - 1
@@ -454,16 +464,9 @@ def uses_result(path, offset, debug_dirs=()):
     path?  (True, how) / (False, why) / (None, why not known).  A function that keeps its
     block (stores it, returns nothing) may still have it in rax when it returns: its callers
     never read it."""
-    e = elf(path, debug_dirs)
-    if e is None:
-        return None, "cannot read %s as ELF" % os.path.basename(path)
-    ret = e.vaddr(offset)
-    fn = e.function_at(ret) if ret is not None else None
-    if fn is None:
-        return None, "no function symbol around the call"
-    code = _disassemble(path, fn[0], fn[1])
-    if not code:
-        return None, "objdump could not read the caller"
+    ret, code, why = _code_around(path, offset, debug_dirs, "the caller")
+    if code is None:
+        return None, why
     addrs = [a for a, _, _ in code]
     i = bisect.bisect_right(addrs, ret - 1)
     if i <= 0 or i >= len(code) or not code[i - 1][1].startswith("call"):

@@ -52,6 +52,7 @@
 #include <unistd.h>
 
 #include "../tracer/compiler.h"
+#include "../tracer/procstatus.h"
 
 /* the shrink engine (tools/shrink.c) */
 struct mmleak_shrink_stats {
@@ -281,21 +282,7 @@ static int under_seccomp(int pid)
 {
     char path[64], buf[4096];
     snprintf(path, sizeof path, "/proc/%d/status", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return 1;
-    buf[n] = 0;
-    const char *p = strstr(buf, "\nSeccomp:");
-    if (!p)
-        return 0;
-    p += 9;
-    while (*p == ' ' || *p == '\t')
-        p++;
-    return *p != '0';
+    return mml_status_seccomp(path, buf, sizeof buf);
 }
 
 /* A `syscall` instruction of the process: where a thread stopped in a system call is. */

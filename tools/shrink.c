@@ -1045,6 +1045,18 @@ static void run_release(struct run *r)
     hset_release(&r->headers);
 }
 
+/* The end of a call of mmleak_shrink or mmleak_shrink_blocks: the run's memory, the read
+ * buffer BUF and the output buffer OUT go back; RC is returned. */
+static int run_end(struct run *r, char *buf, struct obuf *out, int rc)
+{
+    run_release(r);
+    if (buf)
+        munmap(buf, READ_BUF);
+    if (out)
+        munmap(out, sizeof *out);
+    return rc;
+}
+
 /* Shrink PATHS ("-" is stdin, descriptor 0; any other is opened by ON_OPEN) and write the
  * result (events only, no header lines: those go to the header callback) to OUT_FD.
  * NAME_ID[i]: the index of the first input with the name input i has in messages; COUNTS
@@ -1072,12 +1084,7 @@ EXPORT int mmleak_shrink(const char *const *paths, const int *name_id, int npath
             rc = -2;
         }
     }
-    run_release(&r);
-    if (buf)
-        munmap(buf, READ_BUF);
-    if (out)
-        munmap(out, sizeof *out);
-    return rc;
+    return run_end(&r, buf, out, rc);
 }
 
 /* An allocation line as a block: "PTR SEQ SIZE TIME @ID\n" (a stack's id) or "PTR SEQ SIZE
@@ -1175,12 +1182,7 @@ EXPORT int mmleak_shrink_blocks(const char *const *paths, const int *name_id, in
             t->e = NULL;                /* the blocks' now */
         }
     }
-    run_release(&r);
-    if (buf)
-        munmap(buf, READ_BUF);
-    if (out)
-        munmap(out, sizeof *out);
-    return rc;
+    return run_end(&r, buf, out, rc);
 }
 
 /* Release the stack ids a run handed over in STATS. */

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "procstatus.h"
 
 #ifndef PR_SET_PTRACER
 #define PR_SET_PTRACER 0x59616d61
@@ -119,22 +120,8 @@ COLD int run_scanner(const char *why)
  * outside, still works). */
 static int under_seccomp(void)
 {
-    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 1;
     static char buf[8192];
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return 1;
-    buf[n] = 0;
-    const char *p = strstr(buf, "\nSeccomp:");
-    if (!p)
-        return 0;
-    p += 9;
-    while (*p == ' ' || *p == '\t')
-        p++;
-    return *p != '0';
+    return mml_status_seccomp("/proc/self/status", buf, sizeof buf);
 }
 
 COLD void scan_at_exit(void)

@@ -281,21 +281,22 @@ class _Path:
 
 
 def _code_around(path, offset, debug_dirs, what):
-    """(the address of file offset OFFSET of PATH, the disassembly of the function around
-    it, None) or (.., None, why not): the start of hands_back and uses_result.  WHAT names
-    the function in the message when objdump cannot read it."""
+    """(the ELF, the function around file offset OFFSET of PATH, that offset's address, the
+    function's disassembly, None), or with None for the disassembly and why not as the last:
+    the start of hands_back and uses_result.  WHAT names the function in the message when
+    objdump cannot read it."""
     e = elf(path, debug_dirs)
     if e is None:
-        return None, None, "cannot read %s as ELF" % os.path.basename(path)
+        return e, None, None, None, "cannot read %s as ELF" % os.path.basename(path)
     ret = e.vaddr(offset)
     fn = e.function_at(ret) if ret is not None else None
     if fn is None:
-        return ret, None, "no function symbol around the call"
+        return e, fn, ret, None, "no function symbol around the call"
     code = _disassemble(path, fn[0], fn[1])
     if not code:
-        return ret, None, ("objdump could not read %s" % what if shutil.which("objdump")
-                           else "objdump not found (install binutils)")
-    return ret, code, None
+        return e, fn, ret, None, ("objdump could not read %s" % what if shutil.which("objdump")
+                                  else "objdump not found (install binutils)")
+    return e, fn, ret, code, None
 
 
 def hands_back(path, offset, debug_dirs=()):
@@ -306,7 +307,7 @@ def hands_back(path, offset, debug_dirs=()):
     through moves, pushes, stack slots and constant offsets (a header before the block) to
     a `ret` with it in rax; memset/memcpy return their first argument; a block from
     posix_memalign is the slot its first argument pointed at.  DEBUG_DIRS: see elf."""
-    ret, code, why = _code_around(path, offset, debug_dirs, "the function")
+    e, fn, ret, code, why = _code_around(path, offset, debug_dirs, "the function")
     if code is None:
         return None, why
     at = {a: i for i, (a, _, _) in enumerate(code)}
@@ -464,7 +465,7 @@ def uses_result(path, offset, debug_dirs=()):
     path?  (True, how) / (False, why) / (None, why not known).  A function that keeps its
     block (stores it, returns nothing) may still have it in rax when it returns: its callers
     never read it."""
-    ret, code, why = _code_around(path, offset, debug_dirs, "the caller")
+    e, fn, ret, code, why = _code_around(path, offset, debug_dirs, "the caller")
     if code is None:
         return None, why
     addrs = [a for a, _, _ in code]

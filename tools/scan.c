@@ -89,7 +89,10 @@ static void nap(int *n)
     struct timespec ts = { 0, ns > 1000000 ? 1000000 : ns };
     nanosleep(&ts, NULL);
 }
-struct cutf { char *path; uint64_t size; char *tail; size_t tlen; int compact; };
+/* a file of the cut: its path, size, the .tail lines past it, and its identity (the file
+ * checked for type and owner when the cut was taken: the one read later, or none) */
+struct cutf { char *path; uint64_t size; char *tail; size_t tlen; int compact;
+              dev_t dev; ino_t ino; };
 struct mapping { uint64_t lo, hi; char perm[5]; int heap; const char *path; };
 
 struct scan {
@@ -603,6 +606,8 @@ static int take_cut(struct scan *s)
         c->path = p;
         c->compact = compact;
         c->size = (uint64_t)st.st_size;
+        c->dev = st.st_dev;
+        c->ino = st.st_ino;
         char end[5];
         int ended = c->size >= 5 && pread(fd, end, 5, (off_t)c->size - 5) == 5 &&
                     !memcmp(end, "#end\n", 5);
@@ -650,8 +655,8 @@ static int on_open(int i)
     if (in < 0)
         return -1;
     struct stat st;
-    if (fstat(in, &st)) {
-        close(in);
+    if (fstat(in, &st) || st.st_dev != c->dev || st.st_ino != c->ino) {
+        close(in);          /* replaced since the cut: not the file checked then */
         return -1;
     }
     if ((uint64_t)st.st_size == c->size && !c->tlen)

@@ -93,7 +93,7 @@ static void nap(int *n)
  * checked for type and owner when the cut was taken: the one read later, or none) */
 struct cutf { char *path; uint64_t size; char *tail; size_t tlen; int compact;
               dev_t dev; ino_t ino; };
-struct mapping { uint64_t lo, hi; char perm[5]; int heap; const char *path; };
+struct mapping { uint64_t lo, hi, off; char perm[5]; int heap; const char *path; };
 
 struct scan {
     int pid;
@@ -130,6 +130,9 @@ struct scan {
     int child;                          /* the copy (a fork made in the process), or 0 */
     double stall;                       /* seconds the process was stopped */
     int open_files;                     /* dump files of the cut without "#end" */
+    int pagemap;                        /* /proc/RPID/pagemap, -1 none, -2 not yet opened */
+    uint64_t *pm;                       /* its entries for one stretch of a root */
+    uint64_t own_lo, own_hi;            /* mmleak.so's .bss (its anonymous part), or 0 0 */
 };
 
 static __attribute__((format(printf, 2, 3))) int say(struct scan *s, const char *fmt, ...)
@@ -149,6 +152,18 @@ static int64_t mono_ns(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static int g_debug = -1;                /* MMLEAK_SCAN_DEBUG=1: every root hit on stderr, and
+                                           the time of each step */
+
+/* MMLEAK_SCAN_DEBUG=1: the time of the step just done (since the last call), on stderr */
+static void step_time(const char *step, int64_t *t)
+{
+    int64_t now = mono_ns();
+    if (unlikely(g_debug > 0))
+        fprintf(stderr, "mmleak-scan: time %s %.3f ms\n", step, (now - *t) / 1e6);
+    *t = now;
 }
 
 /* ---- 1. the threads -------------------------------------------------------------- */
@@ -858,10 +873,11 @@ static int read_maps(struct scan *s)
     char *line = s->mapsbuf, *save = NULL;
     for (char *l = strtok_r(line, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
         struct mapping *m = &s->mp[s->nmp];
-        unsigned long long lo, hi;
+        unsigned long long lo, hi, fo;
         int off = 0;
-        if (sscanf(l, "%llx-%llx %4s %*s %*s %*s%n", &lo, &hi, m->perm, &off) < 3)
+        if (sscanf(l, "%llx-%llx %4s %llx %*s %*s%n", &lo, &hi, m->perm, &fo, &off) < 4)
             continue;
+        m->off = fo;
         char *pth = l + off;
         while (*pth == ' ')
             pth++;
@@ -1046,7 +1062,6 @@ static inline void found(struct scan *s, uint64_t w, int prior, ssize_t clique)
     }
 }
 
-static int g_debug = -1;                /* MMLEAK_SCAN_DEBUG=1: every root hit on stderr */
 
 static void scan_words(struct scan *s, const uint64_t *w, size_t n, int prior, ssize_t clique,
                        uint64_t at)
@@ -1160,7 +1175,112 @@ static int is_own(struct scan *s, const struct mapping *m)
     return 0;
 }
 
-static void add_root(struct scan *s, int kind, uint64_t a, uint64_t b)
+/* mmleak.so's .bss past its last file page: an anonymous mapping in /proc/PID/maps, right
+ * after mmleak.so's writable one.  Its end is read from mmleak.so's program headers, in the
+ * process (the ELF header is in the mapping at file offset 0).  Sets s->own_lo, own_hi. */
+static void own_bss(struct scan *s)
+{
+    for (size_t k = 0; k < s->nmp; k++) {
+        const struct mapping *m = &s->mp[k];
+        size_t n = strlen(m->path);
+        if (m->off || n < 10 || strcmp(m->path + n - 10, "/mmleak.so"))
+            continue;
+        unsigned char eh[64];
+        uint64_t ph[56 / 8];
+        if (rd(s, m->lo, eh, sizeof eh) != sizeof eh || memcmp(eh, "\177ELF\2\1", 6))
+            return;
+        uint64_t phoff, end = 0, first = UINT64_MAX;
+        uint16_t phnum, phentsize;
+        memcpy(&phoff, eh + 32, 8);
+        memcpy(&phentsize, eh + 54, 2);
+        memcpy(&phnum, eh + 56, 2);
+        if (phentsize != 56 || phnum > 64 || phoff > 4096)
+            return;
+        for (unsigned i = 0; i < phnum; i++) {
+            memset(ph, 0, sizeof ph);
+            rd(s, m->lo + phoff + i * 56ull, ph, 56);
+            if ((uint32_t)ph[0] != 1 /* PT_LOAD */)
+                continue;
+            uint64_t vaddr = ph[2], memsz = ph[5];
+            if (vaddr < first)
+                first = vaddr & ~4095ull;
+            if (vaddr + memsz > end)
+                end = vaddr + memsz;
+        }
+        if (first == UINT64_MAX || end <= first || end - first > ((uint64_t)1 << 32))
+            return;
+        end = (m->lo - first + end + 4095) & ~4095ull;
+        /* the anonymous mapping that starts where one of mmleak.so's file mappings ends */
+        for (size_t j = k + 1; j < s->nmp && s->mp[j].lo < end; j++)
+            if (!s->mp[j].path[0] && s->mp[j - 1].hi == s->mp[j].lo &&
+                strstr(s->mp[j - 1].path, "/mmleak.so")) {
+                s->own_lo = s->mp[j].lo;
+                s->own_hi = end < s->mp[j].hi ? end : s->mp[j].hi;
+                return;
+            }
+        return;
+    }
+}
+
+/* May the pages of mapping M that are neither in memory nor in swap be left unread?  Yes
+ * for private anonymous memory (they read as zeros); not for a file's pages (their contents
+ * are the file's) nor for shared memory (another process may have written them). */
+static int zero_unless_present(const struct mapping *m)
+{
+    const char *p = m->path;
+    return m->perm[3] == 'p' && (!p[0] || !strcmp(p, "[stack]") || !strcmp(p, "[heap]") ||
+                                 !strncmp(p, "[anon:", 6));
+}
+
+#define PM_BATCH 4096                   /* pagemap entries read at a time (16 MiB of memory) */
+
+/* Scan root [A, B) of mapping M, skipping the pages that hold nothing (never touched, or
+ * dropped: MADV_DONTNEED) when M allows it: an idle thread's 8 MiB stack, a big .bss, an
+ * arena mapped and never filled cost the pages in use, not their size.  A page that is in
+ * memory or in swap (bits 63, 62 of its /proc/PID/pagemap entry) is read. */
+static void scan_present(struct scan *s, const struct mapping *m, uint64_t a, uint64_t b)
+{
+    if (s->pagemap == -2) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/pagemap", s->rpid);
+        s->pagemap = open(path, O_RDONLY | O_CLOEXEC);
+        s->pm = s->pagemap >= 0 ? malloc(PM_BATCH * 8) : NULL;
+        if (!s->pm && s->pagemap >= 0) {
+            close(s->pagemap);
+            s->pagemap = -1;
+        }
+    }
+    if (s->pagemap < 0 || !zero_unless_present(m)) {
+        scan_range(s, a, b, 1, -1);
+        return;
+    }
+    uint64_t page = a & ~4095ull;
+    while (page < b) {
+        uint64_t n = (b - page + 4095) / 4096;
+        if (n > PM_BATCH)
+            n = PM_BATCH;
+        ssize_t got = pread(s->pagemap, s->pm, n * 8, (off_t)(page / 4096 * 8));
+        if (got != (ssize_t)(n * 8)) {          /* cannot tell: read it all */
+            scan_range(s, page > a ? page : a, b, 1, -1);
+            return;
+        }
+        for (uint64_t i = 0; i < n;) {
+            if (!(s->pm[i] >> 62)) {            /* neither present nor swapped */
+                i++;
+                continue;
+            }
+            uint64_t j = i;
+            while (j < n && s->pm[j] >> 62)
+                j++;
+            uint64_t lo = page + i * 4096, hi = page + j * 4096;
+            scan_range(s, lo > a ? lo : a, hi < b ? hi : b, 1, -1);
+            i = j;
+        }
+        page += n * 4096;
+    }
+}
+
+static void add_root(struct scan *s, const struct mapping *m, int kind, uint64_t a, uint64_t b)
 {
     if (b <= a)
         return;
@@ -1169,11 +1289,12 @@ static void add_root(struct scan *s, int kind, uint64_t a, uint64_t b)
     if (unlikely(g_debug > 0))
         fprintf(stderr, "mmleak-scan: root %s %#" PRIx64 "-%#" PRIx64 "\n", ROOT_NAME[kind], a,
                 b);
-    scan_range(s, a, b, 1, -1);
+    scan_present(s, m, a, b);
 }
 
 static void mark(struct scan *s)
 {
+    own_bss(s);
     /* registers */
     for (int t = 0; t < s->nth; t++) {
         if (s->th[t].tid <= 0)
@@ -1195,7 +1316,7 @@ static void mark(struct scan *s)
         const struct mapping *m = &s->mp[k];
         if (m->perm[0] != 'r' || m->perm[1] != 'w')
             continue;
-        if (is_own(s, m)) {
+        if (is_own(s, m) || (m->lo >= s->own_lo && m->hi <= s->own_hi)) {
             s->excluded[0]++;
             s->excluded[1] += m->hi - m->lo;
             continue;
@@ -1217,6 +1338,11 @@ static void mark(struct scan *s)
         }
         if (!stack && !strcmp(m->path, "[stack]"))
             continue;                   /* no thread of ours there (it ended) */
+        if (!stack && m->lo == s->own_lo && m->hi > s->own_hi) {
+            from = s->own_hi;           /* mmleak.so's .bss, and memory mapped right after */
+            s->excluded[0]++;
+            s->excluded[1] += s->own_hi - s->own_lo;
+        }
         if (m->heap) {
             if (!s->attached)
                 continue;
@@ -1225,18 +1351,18 @@ static void mark(struct scan *s)
             uint64_t a = m->lo;
             for (size_t i = first_block_at_or_after(s, m->lo); i < s->nb && s->bp[i] < m->hi;
                  i++) {
-                add_root(s, R_UNTRACED, a, s->bp[i]);
+                add_root(s, m, R_UNTRACED, a, s->bp[i]);
                 uint64_t e = s->bp[i] + s->bs[i];
                 if (e > a)
                     a = e;
             }
-            add_root(s, R_UNTRACED, a, m->hi);
+            add_root(s, m, R_UNTRACED, a, m->hi);
             drain(s, -1);
             continue;
         }
         int kind = stack ? R_STACK : m->path[0] == '/' ? (m->perm[3] == 's' ? R_FILE : R_OBJECT)
                                                        : R_ANON;
-        add_root(s, kind, from, m->hi);
+        add_root(s, m, kind, from, m->hi);
         drain(s, -1);
     }
     /* memcheck's cliques: each unreached block, in address order, leads the blocks only it
@@ -1397,7 +1523,10 @@ static int write_result(struct scan *s, char *out, size_t outlen)
         w += (size_t)n;
     }
     free(b.p);
-    int ok = w == b.n && !fsync(fd);
+    /* no fsync: it would delay the program's exit by a journal commit (about 0.5 ms on ext4
+     * here); a result cut short by a crash of the machine is not one to readers (they
+     * check its first line and the length of its data), like the trace it is about */
+    int ok = w == b.n;
     close(fd);
     if (!ok) {
         unlink(tmpname);
@@ -1430,6 +1559,9 @@ static void release(struct scan *s)
     free(s->bp); free(s->bs); free(s->bq); free(s->st); free(s->pend); free(s->stack);
     free(s->mapsbuf);
     free(s->mp);
+    if (s->pagemap >= 0)
+        close(s->pagemap);
+    free(s->pm);
     if (s->win)
         munmap(s->win, WINDOW);
 }
@@ -1462,6 +1594,7 @@ EXPORT int mmleak_scan(int pid, const char *dir, const char *id, const char *why
     s.err = err;
     s.errlen = errlen;
     s.lockfd = -1;
+    s.pagemap = -2;
     if (g_debug < 0) {
         const char *d = getenv("MMLEAK_SCAN_DEBUG");
         g_debug = d && *d == '1';
@@ -1476,16 +1609,20 @@ EXPORT int mmleak_scan(int pid, const char *dir, const char *id, const char *why
         s.win = NULL;
         say(&s, "out of memory");
     }
+    int64_t tstep = mono_ns();
     if (!s.failed)
         take_lock(&s);
+    step_time("lock", &tstep);
     int64_t t0 = mono_ns();
     if (!s.failed)
         seize_all(&s);
+    step_time("stop", &tstep);
     if (!s.failed) {
         gettimeofday(&tv, NULL);
         s.when = (double)tv.tv_sec + tv.tv_usec / 1e6;
         take_cut(&s);
     }
+    step_time("cut", &tstep);
     s.rpid = pid;
     /* on demand: a copy, so that the process goes on while the scan reads */
     if (!s.failed && !strcmp(why, "demand") &&
@@ -1493,12 +1630,16 @@ EXPORT int mmleak_scan(int pid, const char *dir, const char *id, const char *why
         let_go(&s);
     }
     s.stall = (mono_ns() - t0) / 1e9;
+    step_time("snapshot", &tstep);
     if (!s.failed)
         live_set(&s);
+    step_time("live-set", &tstep);
     if (!s.failed)
         read_maps(&s);
+    step_time("maps", &tstep);
     if (!s.failed)
         mark(&s);
+    step_time("mark", &tstep);
     /* a thread that ended, or a process gone (SIGKILL), while we held it: no verdict */
     for (int t = 0; !s.failed && t < s.nth; t++) {
         int st;
@@ -1518,11 +1659,13 @@ EXPORT int mmleak_scan(int pid, const char *dir, const char *id, const char *why
     int rc = s.failed ? 1 : 0;
     if (totals)
         memcpy(totals, s.kinds, sizeof s.kinds);
+    step_time("let-go", &tstep);
     if (write_result(&s, out, outlen)) {
         if (!s.failed)
             snprintf(err, errlen, "cannot write the result in %s", dir);
         rc = -1;
     }
+    step_time("result", &tstep);
     release(&s);
     pthread_mutex_unlock(&g_scan_lock);
     return rc;

@@ -34,9 +34,12 @@ int main(int argc, char **argv)
     }
     int ready = argc == 6 ? atoi(argv[5]) : -1;
     /* the process's descriptors are not ours to hold (a daemon's sockets...) */
-    for (int fd = 3; fd < 1024; fd++)
-        if (fd != ready)
-            close(fd);
+    if (ready < 0 ? close_range(3, ~0u, 0) :
+        ready < 3 || (ready > 3 && close_range(3, (unsigned)ready - 1, 0)) ||
+        close_range((unsigned)ready + 1, ~0u, 0))
+        for (int fd = 3; fd < 1024; fd++)       /* a kernel before 5.9 */
+            if (fd != ready)
+                close(fd);
     if (ready >= 0) {
         char c;
         while (read(ready, &c, 1) < 0)

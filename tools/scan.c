@@ -133,6 +133,8 @@ struct scan {
     int pagemap;                        /* /proc/RPID/pagemap, -1 none, -2 not yet opened */
     uint64_t *pm;                       /* its entries for one stretch of a root */
     uint64_t own_lo, own_hi;            /* mmleak.so's .bss (its anonymous part), or 0 0 */
+    int floor_tid;                      /* this thread's stack is scanned from floor up */
+    uint64_t floor;
 };
 
 static __attribute__((format(printf, 2, 3))) int say(struct scan *s, const char *fmt, ...)
@@ -1292,12 +1294,29 @@ static void add_root(struct scan *s, const struct mapping *m, int kind, uint64_t
     scan_present(s, m, a, b);
 }
 
+/* The floor of the thread that asked (mmleak_scan_floor): kept only when that thread is
+ * held, and the floor is at or above its stack pointer in the same mapping. */
+static void check_floor(struct scan *s)
+{
+    int ok = 0;
+    for (int t = 0; s->floor && t < s->nth; t++) {
+        if (s->th[t].tid <= 0 || s->th[t].tid != s->floor_tid)
+            continue;
+        uint64_t sp = s->th[t].regs.rsp;
+        const struct mapping *m = mapping_at(s, sp);
+        ok = m && s->floor >= sp && s->floor < m->hi;
+    }
+    if (!ok)
+        s->floor = 0;
+}
+
 static void mark(struct scan *s)
 {
     own_bss(s);
     /* registers */
+    check_floor(s);
     for (int t = 0; t < s->nth; t++) {
-        if (s->th[t].tid <= 0)
+        if (s->th[t].tid <= 0 || (s->floor && s->th[t].tid == s->floor_tid))
             continue;
         const uint64_t *r = (const uint64_t *)&s->th[t].regs;
         size_t n = sizeof s->th[t].regs / 8;
@@ -1331,6 +1350,8 @@ static void mark(struct scan *s)
             uint64_t sp = s->th[t].regs.rsp;
             if (s->th[t].tid > 0 && sp >= m->lo && sp < m->hi) {
                 uint64_t f = sp - REDZONE < m->lo ? m->lo : sp - REDZONE;
+                if (s->floor && s->th[t].tid == s->floor_tid)
+                    f = s->floor;
                 if (!stack || f < from)
                     from = f;
                 stack = 1;
@@ -1576,8 +1597,16 @@ static int valid_id(const char *id)
     return 1;
 }
 
-EXPORT int mmleak_scan(int pid, const char *dir, const char *id, const char *why, char *out,
-                       size_t outlen, char *err, size_t errlen, uint64_t *totals)
+/* mmleak_scan, with FLOOR_TID's stack scanned from FLOOR up (0 0: none).  The thread that
+ * asked for the scan (at exit, or mmleak_leak_check) waits for it in mmleak.so, whose frames
+ * hold stale copies of addresses (its stack walks'): FLOOR is where the program's part of
+ * that stack begins, below the program's callee-saved registers, which mmleak.so's entry
+ * pushed there.  That thread's registers are then not roots (mmleak.so's, at a system call;
+ * the program's caller-saved registers are dead across its call, by the ABI).  A FLOOR not
+ * in the mapping of the thread's stack pointer, or below that pointer, is ignored. */
+int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
+                      char *out, size_t outlen, char *err, size_t errlen,
+                      uint64_t *totals, int floor_tid, uint64_t floor)
 {
     if (pid <= 0 || !dir || !id || !why || !valid_id(id) || !err || !errlen || !out) {
         if (err && errlen)
@@ -1595,6 +1624,8 @@ EXPORT int mmleak_scan(int pid, const char *dir, const char *id, const char *why
     s.errlen = errlen;
     s.lockfd = -1;
     s.pagemap = -2;
+    s.floor_tid = floor_tid;
+    s.floor = floor;
     if (g_debug < 0) {
         const char *d = getenv("MMLEAK_SCAN_DEBUG");
         g_debug = d && *d == '1';
@@ -1669,6 +1700,12 @@ EXPORT int mmleak_scan(int pid, const char *dir, const char *id, const char *why
     release(&s);
     pthread_mutex_unlock(&g_scan_lock);
     return rc;
+}
+
+EXPORT int mmleak_scan(int pid, const char *dir, const char *id, const char *why, char *out,
+                       size_t outlen, char *err, size_t errlen, uint64_t *totals)
+{
+    return mmleak_scan_floor(pid, dir, id, why, out, outlen, err, errlen, totals, 0, 0);
 }
 
 EXPORT int mmleak_scan_abi(void) { return 1; }

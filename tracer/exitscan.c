@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -49,6 +50,19 @@ static char *put_num(char *d, char *e, unsigned long v)
 }
 
 static int scanner_path(char *buf, size_t cap);
+
+static void put_hex(char *d, char *e, uint64_t v)
+{
+    static const char digits[] = "0123456789abcdef";
+    char t[17];
+    int n = 0;
+    do
+        t[n++] = digits[v & 15];
+    while ((v >>= 4) && n < 16);
+    while (n && d < e - 1)
+        *d++ = t[--n];
+    *d = 0;
+}
 
 /* dl_iterate_phdr's callback: the name of the object that holds scanner_path (mmleak.so).
  * (dladdr would tell it too, but searches the object's symbols for the nearest one: a tenth
@@ -87,9 +101,9 @@ static int scanner_path(char *buf, size_t cap)
 /* Start mmleak-scan for this process and wait for its verdict.  WHY: "exit" or "api".
  * Returns the scanner's exit status (0 done, 1 could not scan, 2 no result), -1 when it
  * could not be started. */
-COLD int run_scanner(const char *why)
+COLD int run_scanner(const char *why, uintptr_t floor)
 {
-    static char path[PATH_MAX], pidbuf[24], fdbuf[24];
+    static char path[PATH_MAX], pidbuf[24], fdbuf[24], tidbuf[24], floorbuf[24];
     if (scanner_path(path, sizeof path))
         return -1;
     /* the environment without LD_PRELOAD, in memory of our own */
@@ -113,7 +127,10 @@ COLD int run_scanner(const char *why)
     fcntl(p[1], F_SETFD, FD_CLOEXEC);
     put_num(pidbuf, pidbuf + sizeof pidbuf, (unsigned long)getpid());
     put_num(fdbuf, fdbuf + sizeof fdbuf, (unsigned long)p[0]);
-    char *argv[] = { path, pidbuf, cfg.dir, g_id, (char *)why, fdbuf, NULL };
+    put_num(tidbuf, tidbuf + sizeof tidbuf, (unsigned long)syscall(SYS_gettid));
+    put_hex(floorbuf, floorbuf + sizeof floorbuf, floor);
+    char *argv[] = { path, pidbuf, cfg.dir, g_id, (char *)why, fdbuf, floor ? tidbuf : NULL,
+                     floorbuf, NULL };
     pid_t child;
     /* posix_spawn: no fork handlers run (ours would start a trace for the child), nothing
      * allocated (glibc maps the child's stack) */
@@ -147,7 +164,7 @@ static int under_seccomp(void)
     return mml_status_seccomp("/proc/self/status", buf, sizeof buf);
 }
 
-COLD void scan_at_exit(void)
+COLD void scan_at_exit(uintptr_t floor)
 {
     if (!cfg.scan || under_seccomp())
         return;
@@ -161,21 +178,24 @@ COLD void scan_at_exit(void)
     if (freeres)
         freeres();
     T.guard++;
-    run_scanner("exit");
+    run_scanner("exit", floor);
     T.guard--;
     errno = saved;
 }
 
 /* mmleak.h's mmleak_leak_check: a scan now, asked by the program.  1 leaks (definitely or
- * indirectly lost blocks), 0 none, -1 not tracing or no verdict. */
-EXPORT int mmleak_do_leak_check(void)
+ * indirectly lost blocks), 0 none, -1 not tracing or no verdict.  The entry, in assembly
+ * (FLOOR_ENTRY), gives this its floor. */
+__attribute__((used, noinline)) int mml_leak_check_from(uintptr_t floor)
 {
     if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T) || under_seccomp())
         return -1;
     int saved = errno;
     T.guard++;
-    int rc = run_scanner("api");
+    int rc = run_scanner("api", floor);
     T.guard--;
     errno = saved;
     return rc == 0 ? 0 : rc == 1 ? 1 : -1;
 }
+
+FLOOR_ENTRY(mmleak_do_leak_check, mml_leak_check_from, EXPORT)

@@ -66,8 +66,41 @@ extern struct mml_cfg cfg;
 int read_config(const char *args);
 
 /* ---- exitscan.c: the reachability scan at the process's exit (mmleak-scan(7)) ---- */
-COLD void scan_at_exit(void);
-COLD int run_scanner(const char *why);
+/* FLOOR: where the program's part of the calling thread's stack begins (FLOOR_ENTRY), or 0 */
+COLD void scan_at_exit(uintptr_t floor);
+COLD int run_scanner(const char *why, uintptr_t floor);
+
+/* FLOOR_ENTRY(NAME, INNER, ATTRS): the function NAME, in assembly, for a call from the
+ * program that leads to a scan of its memory while it waits: it pushes the callee-saved
+ * registers (rbx, rbp, r12-r15: the program's values, or its callers') and calls
+ * INNER(floor), floor being its stack pointer after the pushes, then returns INNER's value.
+ * The scanner reads that thread's stack from the floor up: mmleak.so's frames below it (stale
+ * copies of addresses) are not roots, the registers it pushed are.  Elsewhere than x86-64:
+ * INNER(0), no floor (the whole stack from the stack pointer, as for other threads). */
+#if defined(__x86_64__)
+#ifdef __CET__
+#define FLOOR_ENDBR "    endbr64\n"
+#else
+#define FLOOR_ENDBR ""
+#endif
+#define FLOOR_ENTRY(NAME, INNER, ATTRS)                                                    \
+    ATTRS __attribute__((naked)) int NAME(void)                                          \
+    {                                                                                     \
+        __asm__ volatile(FLOOR_ENDBR                                                      \
+                         "    push %rbp\n    push %rbx\n    push %r12\n"                 \
+                         "    push %r13\n    push %r14\n    push %r15\n"                 \
+                         "    mov %rsp, %rdi\n"                                          \
+                         "    sub $8, %rsp\n"   /* 16-byte aligned at the call */         \
+                         "    call " #INNER "\n"                                         \
+                         "    add $8, %rsp\n"                                            \
+                         "    pop %r15\n    pop %r14\n    pop %r13\n"                    \
+                         "    pop %r12\n    pop %rbx\n    pop %rbp\n"                    \
+                         "    ret\n");                                                  \
+    }
+#else
+#define FLOOR_ENTRY(NAME, INNER, ATTRS)                                                    \
+    ATTRS int NAME(void) { return INNER(0); }
+#endif
 
 /* ---- per-thread state ---- */
 

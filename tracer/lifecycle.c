@@ -438,18 +438,22 @@ static void leave_files(int final)
     }
 }
 
-__attribute__((destructor)) static void mmleak_fini(void)
+/* mmleak.so's destructor, from its entry in assembly (FLOOR_ENTRY, below): FLOOR is where
+ * the stack of the exiting thread stops being ours, for the scan at exit. */
+__attribute__((used, noinline)) int mml_fini_from(uintptr_t floor)
 {
     /* not in a vfork() child (other pid, the parent's memory): the files are the parent's */
     if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T))
-        return;
-    scan_at_exit();     /* before the files close: the scanner reads them as they are */
+        return 0;
+    scan_at_exit(floor);    /* before the files close: the scanner reads them as they are */
     int saved = errno;
     T.guard++;
     leave_files(1);
     T.guard--;
     errno = saved;
+    return 0;
 }
+FLOOR_ENTRY(mmleak_fini, mml_fini_from, __attribute__((destructor)) static)
 
 /* ---- _exit and exec: no destructor runs, so flush the calling thread's file first ----
  * Nothing would be lost without this (the staging file keeps the lines and the readers merge

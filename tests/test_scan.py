@@ -425,3 +425,101 @@ def test_attached_trace_takes_the_untraced_heap_as_roots(scan_bins, dump, tmp_pa
     sizes = alloc_sizes(dump, tid)
     got = sorted(k for key, k in scan.Kinds(s).items() if sizes.get(key) == TARGET)
     assert got == ["definite", "reachable"]
+
+
+# ---- the live set of the cut (tools/scan_live.c) against the shrink engine -----------------
+
+def _fuzz_trace(rng, prefix, nfiles):
+    """NFILES dump files of one made-up trace: allocations and frees of a few addresses in
+    random files and order, duplicates, brackets, and what a crash or a hostile hand leaves
+    (NUL runs inside and between lines, torn and over-long lines, short pointers, upper case,
+    double spaces, tabs, "@" without digits, a last line without its newline)."""
+    addrs = [rng.randrange(1, 1 << 48) & ~15 for _ in range(rng.randrange(1, 40))]
+    seq, live = {}, set()
+    files = [[b"#mmleak 2 id=1 pid=1 tid=1 file=0 depth=auto start=1\n"] for _ in range(nfiles)]
+    for _ in range(rng.randrange(0, 400)):
+        a = rng.choice(addrs)
+        s = seq.get(a, rng.randrange(0, 3))
+        seq[a] = s + rng.choice([1, 1, 1, 2, 5])
+        f = rng.choice(files)
+        pa = "%012x" % a if rng.random() < .95 else "%x" % a
+        if a in live:
+            live.discard(a)
+            f.append(("%s %x %x\n" % (pa, s, rng.randrange(1 << 40))).encode())
+        else:
+            live.add(a)
+            r = rng.random()
+            if r < .6:
+                tail = "@%x" % rng.randrange(1 << 44)
+            elif r < .9:
+                tail = "%x" % rng.randrange(1 << 44)
+            else:
+                tail = " ".join("%x" % rng.randrange(1 << 44) for _ in range(rng.randrange(2, 9)))
+            f.append(("%s %x %x %x %s\n" % (pa, s, rng.randrange(1, 1 << rng.choice([12, 62])),
+                                           rng.randrange(100), tail)).encode())
+        if rng.random() < .03:
+            f.append(f[-1])
+    for f in files:
+        for _ in range(rng.randrange(0, 3)):
+            f.append(("%012x %x %s\n" % (rng.choice(addrs), rng.randrange(50),
+                                         rng.choice("+-"))).encode())
+    junk = [b"\0" * 7, b"   \n", b"\n", b"#s 1 2 3\n", b"ZZZZ\n", b"00000000aaaa 1 2 3 @\n",
+            b"00000000aaaa 1  2\n", b"00000000aaaa 1 2 \n", b"00000000AAAA 1 2 3 4\n",
+            b"00000000aaaa 1 2 3\n", b"0000000000000000aaaa 1 2 3 4\n",
+            b"00000000aaaa\t1 2 3 4\n", b"aaaa 1 2 3 4\n", b"\0\0aaaa 3 4 5 @6\n",
+            b"00000000aaaa 1 2 3 @12345678901234567\n", b"00000000aaaa 1 2 3 @1 2\n",
+            b"00000000aaaa 1 +x\n", b"00000000aaaa 1 -\n"]
+    for f in files:
+        for _ in range(rng.randrange(0, 6)):
+            if rng.random() < .3 and len(f) > 1:
+                k = rng.randrange(1, len(f))
+                c = rng.randrange(len(f[k]) + 1)
+                f[k] = f[k][:c] + b"\0" * rng.randrange(1, 9) + f[k][c:]
+            else:
+                f.insert(rng.randrange(1, len(f) + 1), rng.choice(junk))
+        if rng.random() < .3:
+            f[-1] = f[-1][:-1]
+    paths = []
+    for i, f in enumerate(files):
+        p = "%s.%d.out" % (prefix, i)
+        with open(p, "wb") as fh:
+            fh.write(b"".join(f))
+        paths.append(p)
+    return paths
+
+
+def test_live_set_agrees_with_the_shrink_engine(tmp_path, dump):
+    """The scan's live set (tools/scan_live.c: the shrink algorithm over each event's
+    address, number, kind and size only) is exactly the shrink engine's final survivors
+    (tools/shrink.c): the same blocks, numbers and sizes, on a real two-thread trace with
+    cross-thread frees and on 400 made-up traces full of what a crash or a hostile hand
+    leaves in a file (tests/live_check.c compares them)."""
+    import random
+    exe = str(tmp_path / "live_check")
+    subprocess.run(["make", "-s", "-C", ROOT, "mmleak-scan"], check=True)
+    subprocess.run(["cc", "-O1", "-g", "-I", os.path.join(ROOT, "tools"), "-I",
+                    os.path.join(ROOT, "build", "gen"), "-o", exe,
+                    os.path.join(TESTS, "live_check.c"), os.path.join(ROOT, "tools", "scan_live.c"),
+                    os.path.join(ROOT, "tools", "shrink.c")], check=True)
+    bench = str(tmp_path / "alloc_bench")
+    subprocess.run(["cc", "-O1", "-pthread", "-o", bench,
+                    os.path.join(ROOT, "bench", "alloc_bench.c")], check=True)
+    run_traced([bench, "-t", "2", "-n", "50000"], dump, env={"MMLEAK_SCAN": "0"})
+    files = sorted(str(dump / n) for n in os.listdir(dump) if n.endswith(".out"))
+    assert len(files) >= 3
+    r = subprocess.run([exe] + files, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("same "), r.stdout
+    assert sum(os.path.getsize(f) for f in files) > 100000 * 25   # its 200,000 events
+    rng = random.Random(20)
+    blocks = 0
+    for k in range(400):
+        paths = _fuzz_trace(rng, str(tmp_path / ("f%d" % k)), rng.randrange(1, 4))
+        if k == 7:                                    # a line over MMLEAK_LINE_MAX
+            with open(paths[0], "ab") as f:
+                f.write(b"1" * (1 << 20) + b"0 1 2 3\n00000000bbb0 5 6 7 @8\n")
+        r = subprocess.run([exe] + paths, capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.startswith("same "), (k, r.stdout)
+        blocks += int(r.stdout.split()[1])
+        for p in paths:
+            os.unlink(p)
+    assert blocks > 1000

@@ -18,7 +18,8 @@
  *     no new one appears: a stopped thread starts none); their registers;
  *  3. the cut, while they are stopped: the size of each dump file and the lines of its
  *     staging file that it lacks (what a SIGKILL at that moment would leave);
- *  4. the live set of the cut: tools/shrink.c's engine over exactly those bytes, final;
+ *  4. the live set of the cut: the shrink algorithm over exactly those bytes, final, from
+ *     each event's address, number, kind and size only (tools/scan_live.c);
  *  5. the roots from /proc/PID/maps and the registers; the marking (an explicit stack, no
  *     recursion), then memcheck's clique pass for the unreached; the memory is read with
  *     process_vm_readv in big chunks;
@@ -41,7 +42,6 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/ptrace.h>
-#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
@@ -54,16 +54,7 @@
 #include "../tracer/compiler.h"
 #include "../tracer/procstatus.h"
 
-/* the shrink engine (tools/shrink.c) */
-struct mmleak_shrink_stats {
-    uint64_t events, allocs, max_time, files_done, entries, fatal, malformed, out_errno;
-    uint64_t lines, alloc_lines;
-};
-int mmleak_shrink(const char *const *paths, const int *name_id, int npaths, int out_fd,
-                  int show, int final, int (*on_header)(const char *, size_t, int, uint64_t),
-                  int (*on_tick)(int, uint64_t, uint64_t, uint64_t), int (*on_open)(int),
-                  int (*on_problem)(int, uint64_t, int, const char *, size_t),
-                  uint64_t *counts, struct mmleak_shrink_stats *stats);
+#include "scan_live.h"
 
 enum { DEFINITE = 0, INDIRECT = 1, POSSIBLE = 2, REACHABLE = 3, UNREACHED = 4 };
 static const char *const KIND_NAME[] = { "definite", "indirect", "possible", "reachable" };
@@ -656,164 +647,52 @@ static int take_cut(struct scan *s)
     return 0;
 }
 
-/* ---- 3. the live set: the shrink engine over the cut ------------------------------- */
+/* ---- 3. the live set of the cut (tools/scan_live.c) ------------------------------- */
 
 static struct scan *g_s;                /* for the engine's callbacks (one scan at a time) */
 static pthread_mutex_t g_scan_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Input I of the engine: the file as it was at the cut.  The file itself when it has not
- * changed since and has no staging lines; else a copy in memory of its first SIZE bytes
- * followed by those lines (a line may begin in one and end in the other). */
-static int on_open(int i)
+/* Input I of the live set: the file as it was at the cut, its first SIZE bytes followed by
+ * its staging lines (a line may begin in one and end in the other), read in place. */
+static int cut_input(int i, struct mmleak_input *in)
 {
     struct scan *s = g_s;
     struct cutf *c = &s->cf[i];
-    int in = open(c->path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (in < 0)
+    int fd = open(c->path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
         return -1;
     struct stat st;
-    if (fstat(in, &st) || st.st_dev != c->dev || st.st_ino != c->ino) {
-        close(in);          /* replaced since the cut: not the file checked then */
+    if (fstat(fd, &st) || st.st_dev != c->dev || st.st_ino != c->ino) {
+        close(fd);          /* replaced since the cut: not the file checked then */
         return -1;
     }
-    if ((uint64_t)st.st_size == c->size && !c->tlen)
-        return in;
-    int m = (int)syscall(SYS_memfd_create, "mmleak-scan-cut", 1u /* MFD_CLOEXEC */);
-    if (m < 0) {
-        close(in);
-        return -1;
-    }
-    off_t off = 0;
-    uint64_t left = c->size;
-    while (left > 0) {
-        ssize_t n = sendfile(m, in, &off, left > (1u << 30) ? (1u << 30) : left);
-        if (n <= 0) {
-            if (n < 0 && errno == EINTR)
-                continue;
-            break;
-        }
-        left -= (uint64_t)n;
-    }
-    close(in);
-    for (size_t w = 0; w < c->tlen && !left;) {
-        ssize_t n = write(m, c->tail + w, c->tlen - w);
-        if (n <= 0) {
-            if (n < 0 && errno == EINTR)
-                continue;
-            break;
-        }
-        w += (size_t)n;
-    }
-    lseek(m, 0, SEEK_SET);
-    return m;
-}
-
-static int on_header(const char *line, size_t n, int file, uint64_t lineno)
-{
-    (void)file;
-    (void)lineno;
-    if (n > 8 && !memcmp(line, "#mmleak ", 8) && memmem(line, n, " window=1", 9))
-        g_s->attached = 1;
-    if (n > 7 && !memcmp(line, "#alloc ", 7) && memmem(line, n, "/libc.so", 8))
-        g_s->glibc = 1;
+    in->fd = fd;
+    in->limit = c->size;
+    in->tail = c->tail;
+    in->tlen = c->tlen;
     return 0;
-}
-
-static int on_tick(int a, uint64_t b, uint64_t c, uint64_t d)
-{
-    (void)a; (void)b; (void)c; (void)d;
-    return 0;
-}
-
-static int on_problem(int a, uint64_t b, int c, const char *d, size_t e)
-{
-    (void)a; (void)b; (void)c; (void)d; (void)e;
-    return 0;
-}
-
-static inline const char *hex(const char *p, const char *e, uint64_t *v)
-{
-    uint64_t x = 0;
-    const char *b = p;
-    for (; p < e; p++) {
-        unsigned c = (unsigned char)*p;
-        if (c - '0' < 10)
-            x = x << 4 | (c - '0');
-        else if (c - 'a' < 6)
-            x = x << 4 | (c - 'a' + 10);
-        else
-            break;
-    }
-    *v = x;
-    return p == b ? NULL : p;
 }
 
 static int live_set(struct scan *s)
 {
-    int out = (int)syscall(SYS_memfd_create, "mmleak-scan", 1u /* MFD_CLOEXEC */);
-    if (out < 0)
-        return say(s, "memfd_create: %s", strerror(errno));
-    int n = s->ncf;
-    const char **paths = calloc((size_t)n + 1, sizeof *paths);
-    int *ids = calloc((size_t)n + 1, sizeof *ids);
-    uint64_t *counts = calloc((size_t)n + 1, 4 * sizeof *counts);
-    struct mmleak_shrink_stats stats;
-    if (!paths || !ids || !counts) {
-        free(paths); free(ids); free(counts);
-        close(out);
-        return say(s, "out of memory");
-    }
-    for (int i = 0; i < n; i++) {
-        paths[i] = s->cf[i].path;
-        ids[i] = i;
-    }
+    struct mmleak_live lv;
     g_s = s;
-    int rc = mmleak_shrink(paths, ids, n, out, 0, 1, on_header, on_tick, on_open, on_problem,
-                           counts, &stats);
-    free(paths); free(ids); free(counts);
-    if (rc || stats.fatal) {
-        close(out);
+    int rc = mmleak_live_set(s->ncf, cut_input, &lv);
+    if (rc)
         return say(s, rc == -1 ? "out of memory reading the trace" :
                    "the trace's files could not all be read");
-    }
-    off_t len = lseek(out, 0, SEEK_END);
-    char *m = len > 0 ? mmap(NULL, (size_t)len, PROT_READ, MAP_PRIVATE, out, 0) : NULL;
-    close(out);
-    if (len > 0 && m == MAP_FAILED)
-        return say(s, "mmap: %s", strerror(errno));
-    size_t cap = (size_t)stats.alloc_lines + 1;
-    s->bp = malloc(cap * 8);
-    s->bs = malloc(cap * 8);
-    s->bq = malloc(cap * 8);
-    s->st = calloc(cap, 1);
-    s->pend = calloc(cap, 1);
-    s->stack = malloc(cap * sizeof *s->stack);
-    if (!s->bp || !s->bs || !s->bq || !s->st || !s->pend || !s->stack) {
-        if (len > 0)
-            munmap(m, (size_t)len);
-        return say(s, "out of memory for %zu blocks", cap);
-    }
-    const char *p = m, *e = m + (len > 0 ? len : 0);
-    while (p < e) {
-        const char *nl = memchr(p, '\n', (size_t)(e - p));
-        if (!nl)
-            nl = e;
-        uint64_t ptr, seq, size;
-        const char *q = hex(p, nl, &ptr);
-        if (q && q < nl && *q == ' ' && (q = hex(q + 1, nl, &seq)) && q < nl && *q == ' ') {
-            const char *r = hex(q + 1, nl, &size);
-            if (r && r < nl && *r == ' ' && s->nb < cap) {      /* PTR SEQ SIZE TIME ... */
-                s->bp[s->nb] = ptr;
-                s->bs[s->nb] = size;
-                s->bq[s->nb] = seq;
-                s->st[s->nb] = UNREACHED;
-                s->nb++;
-            }
-        }
-        p = nl + 1;
-    }
-    if (len > 0)
-        munmap(m, (size_t)len);
+    s->attached = lv.attached;
+    s->glibc = lv.glibc;
+    s->nb = lv.n;
+    s->bp = lv.ptr;
+    s->bs = lv.size;
+    s->bq = lv.seq;
+    s->st = malloc(s->nb + 1);
+    s->pend = calloc(s->nb + 1, 1);
+    s->stack = malloc((s->nb + 1) * sizeof *s->stack);
+    if (!s->st || !s->pend || !s->stack)
+        return say(s, "out of memory for %zu blocks", s->nb);
+    memset(s->st, UNREACHED, s->nb + 1);
     s->lo = s->nb ? s->bp[0] : 1;
     s->hi = 0;
     for (size_t i = 0; i < s->nb; i++) {

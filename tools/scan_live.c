@@ -14,7 +14,7 @@
  * than MMLEAK_LINE_MAX, and a last line without its newline, are not events; an event seen
  * twice counts once.  What the scan does not need is not kept: no line, no stack, no time;
  * nothing is written; only the live blocks are sorted.  A table entry per address whose
- * state is open (40 bytes), as the shrink engine's, less its lines.
+ * state is open (40 bytes and 4 to 8 of index), as the shrink engine's, less its lines.
  *
  * OPEN_INPUT(i, in): input I (scan_live.h: a descriptor, how much of it, lines after it),
  * 0; -1 when it cannot be read.
@@ -40,12 +40,16 @@ enum { K_FREE = 0, K_ALLOC = 1, K_END = 2, K_START = 3 };   /* odd kinds: alloca
 struct slot {
     uint64_t key, s0, s1;    /* single: s0; hull: low end s0, high end s1 */
     uint64_t size;           /* the allocation's at the high end (or the single one) */
-    uint8_t used, k0, k1, hull;
+    uint8_t k0, k1, hull;
 };
 
+/* The entries, dense (appended; a deleted one is replaced by the last), and an index over
+ * them, open addressing of 4-byte entry numbers: a probe touches the small index, not the
+ * entries, and the entries grow in place (as tools/shrink.c's table). */
 struct tab {
-    struct slot *v;
-    size_t mask, count, bytes;
+    struct slot *e;          /* count entries, room for cap */
+    uint32_t *ix;            /* 0: empty, else 1 + the entry's number */
+    size_t mask, count, cap, e_bytes, ix_bytes;
     int bits;
 };
 
@@ -127,72 +131,115 @@ static inline size_t home(const struct tab *t, uint64_t key)
     return (size_t)((key * 0x9E3779B97F4A7C15ull) >> (64 - t->bits));
 }
 
-static int tab_init(struct tab *t, int bits)
+static void *map_mem(size_t n)
+{
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* An index of 2^BITS slots over the entries. */
+static int index_init(struct tab *t, int bits)
 {
     size_t n = (size_t)1 << bits;
-    struct slot *v = mmap(NULL, n * sizeof *v, PROT_READ | PROT_WRITE,
-                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (v == MAP_FAILED)
+    uint32_t *ix = map_mem(n * sizeof *ix);
+    if (!ix)
         return -1;
-    struct tab old = *t;
-    t->v = v;
-    t->bytes = n * sizeof *v;
+    if (t->ix)
+        munmap(t->ix, t->ix_bytes);
+    t->ix = ix;
+    t->ix_bytes = n * sizeof *ix;
     t->mask = n - 1;
     t->bits = bits;
-    for (size_t i = 0; old.v && i <= old.mask; i++)
-        if (old.v[i].used) {
-            size_t j = home(t, old.v[i].key);
-            while (t->v[j].used)
-                j = (j + 1) & t->mask;
-            t->v[j] = old.v[i];
-        }
-    if (old.v)
-        munmap(old.v, old.bytes);
+    for (size_t d = 0; d < t->count; d++) {
+        size_t j = home(t, t->e[d].key);
+        while (t->ix[j])
+            j = (j + 1) & t->mask;
+        t->ix[j] = (uint32_t)(d + 1);
+    }
     return 0;
 }
 
-/* Delete slot I: backward-shift deletion (no tombstones). */
+static int tab_init(struct tab *t, int bits)
+{
+    memset(t, 0, sizeof *t);
+    t->cap = (size_t)1 << (bits - 1);
+    t->e_bytes = t->cap * sizeof(struct slot);
+    t->e = map_mem(t->e_bytes);
+    return t->e ? index_init(t, bits) : -1;
+}
+
+/* Room for one more entry: the entries grow in place, the index at 70 % load. */
+static int tab_room(struct tab *t)
+{
+    if (t->count == t->cap) {
+        if (t->cap >= UINT32_MAX / 2)
+            return -1;
+        void *p = mremap(t->e, t->e_bytes, t->e_bytes * 2, MREMAP_MAYMOVE);
+        if (p == MAP_FAILED)
+            return -1;
+        t->e = p;
+        t->e_bytes *= 2;
+        t->cap *= 2;
+    }
+    if ((t->count + 1) * 10 > (t->mask + 1) * 7)
+        return index_init(t, t->bits + 1);
+    return 0;
+}
+
+/* Delete the entry of index slot I: backward-shift deletion in the index (no tombstones),
+ * then the last entry moves into the hole. */
 static void tab_del(struct tab *t, size_t i)
 {
-    size_t j = i;
+    size_t d = t->ix[i] - 1, j = i;
     for (;;) {
         j = (j + 1) & t->mask;
-        if (!t->v[j].used)
+        if (!t->ix[j])
             break;
-        size_t h = home(t, t->v[j].key);
+        size_t h = home(t, t->e[t->ix[j] - 1].key);
         if (((j - h) & t->mask) >= ((j - i) & t->mask)) {
-            t->v[i] = t->v[j];
+            t->ix[i] = t->ix[j];
             i = j;
         }
     }
-    t->v[i].used = 0;
-    t->count--;
+    t->ix[i] = 0;
+    size_t last = --t->count;
+    if (d != last) {
+        t->e[d] = t->e[last];
+        size_t k = home(t, t->e[d].key);
+        while (t->ix[k] != last + 1)
+            k = (k + 1) & t->mask;
+        t->ix[k] = (uint32_t)(d + 1);
+    }
 }
 
 /* The state update (tools/shrink.c's event(), without the lines). */
 static inline void event(struct feed *f, uint64_t key, uint64_t s, int kind, uint64_t size)
 {
     struct tab *t = &f->t;
-    if (unlikely((t->count + 1) * 10 > (t->mask + 1) * 7)) {
-        if (t->bits >= 40 || tab_init(t, t->bits + 1)) {
-            f->oom = 1;
-            return;
-        }
-    }
     size_t i = home(t, key);
-    while (t->v[i].used && t->v[i].key != key)
+    uint32_t x;
+    while ((x = t->ix[i]) && t->e[x - 1].key != key)
         i = (i + 1) & t->mask;
-    struct slot *e = &t->v[i];
-    if (!e->used) {
-        e->used = 1;
+    if (!x) {
+        if (unlikely(t->count == t->cap || (t->count + 1) * 10 > (t->mask + 1) * 7)) {
+            if (tab_room(t)) {
+                f->oom = 1;
+                return;
+            }
+            i = home(t, key);           /* the index may be new */
+            while (t->ix[i])
+                i = (i + 1) & t->mask;
+        }
+        struct slot *e = &t->e[t->count];
         e->key = key;
         e->s0 = s;
         e->k0 = (uint8_t)kind;
         e->hull = 0;
         e->size = size;
-        t->count++;
+        t->ix[i] = (uint32_t)++t->count;
         return;
     }
+    struct slot *e = &t->e[x - 1];
     if (!e->hull) {
         if (e->s0 == s)
             return;                     /* seen twice */
@@ -483,6 +530,44 @@ static int cmp_live(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* V (N blocks, distinct addresses) in address order: qsort for a few, else a radix sort,
+ * 16 bits of the address a pass (3 passes for user-space addresses), through a second array
+ * (qsort's comparisons were a tenth of a scan of a million blocks). */
+static void sort_live(struct live *v, size_t n)
+{
+    uint64_t top = 0;
+    for (size_t i = 0; i < n; i++)
+        top |= v[i].ptr;
+    struct live *tmp = n >= 65536 ? malloc(n * sizeof *v) : NULL;
+    size_t *count = tmp ? calloc(65536, sizeof *count) : NULL;
+    if (!count) {
+        free(tmp);
+        qsort(v, n, sizeof *v, cmp_live);
+        return;
+    }
+    struct live *from = v, *to = tmp;
+    for (int shift = 0; shift < 64 && (top >> shift); shift += 16) {
+        memset(count, 0, 65536 * sizeof *count);
+        for (size_t i = 0; i < n; i++)
+            count[(from[i].ptr >> shift) & 0xFFFF]++;
+        size_t at = 0;
+        for (size_t d = 0; d < 65536; d++) {
+            size_t c = count[d];
+            count[d] = at;
+            at += c;
+        }
+        for (size_t i = 0; i < n; i++)
+            to[count[(from[i].ptr >> shift) & 0xFFFF]++] = from[i];
+        struct live *t = from;
+        from = to;
+        to = t;
+    }
+    if (from != v)
+        memcpy(v, from, n * sizeof *v);
+    free(count);
+    free(tmp);
+}
+
 int mmleak_live_set(int nfiles, int (*open_input)(int, struct mmleak_input *),
                     struct mmleak_live *out)
 {
@@ -495,6 +580,8 @@ int mmleak_live_set(int nfiles, int (*open_input)(int, struct mmleak_input *),
     if (base == MAP_FAILED || tab_init(&f.t, 12)) {
         if (base != MAP_FAILED)
             munmap(base, buf_bytes);
+        if (f.t.e)
+            munmap(f.t.e, f.t.e_bytes);
         return -1;
     }
     char *buf = base + SLACK;
@@ -519,21 +606,20 @@ int mmleak_live_set(int nfiles, int (*open_input)(int, struct mmleak_input *),
         if (!v)
             rc = -1;
     }
-    for (size_t i = 0; !rc && i <= f.t.mask; i++) {
-        const struct slot *e = &f.t.v[i];
-        if (!e->used)
-            continue;
+    for (size_t i = 0; !rc && i < f.t.count; i++) {
+        const struct slot *e = &f.t.e[i];
         if (!e->hull && e->k0 == K_ALLOC)
             v[n++] = (struct live){ e->key, e->s0, e->size };
         else if (e->hull && e->k1 == K_ALLOC)
             v[n++] = (struct live){ e->key, e->s1, e->size };
     }
-    munmap(f.t.v, f.t.bytes);
+    munmap(f.t.e, f.t.e_bytes);
+    munmap(f.t.ix, f.t.ix_bytes);
     if (rc) {
         free(v);
         return rc;
     }
-    qsort(v, n, sizeof *v, cmp_live);
+    sort_live(v, n);
     out->ptr = malloc((n + 1) * 8);
     out->size = malloc((n + 1) * 8);
     out->seq = malloc((n + 1) * 8);

@@ -192,8 +192,9 @@ class NoTracer(Tracer):
 
 
 class Mmleak(Tracer):
-    def __init__(self, depth=None, name=None):
+    def __init__(self, depth=None, name=None, scan=True):
         self.depth = depth
+        self.scan = scan
         self.name = name or ("mmleak" if depth is None else "mmleak d=%d" % depth)
 
     def installed(self):
@@ -203,7 +204,58 @@ class Mmleak(Tracer):
         env = {"LD_PRELOAD": LIB, "MMLEAK_DIR": dumpdir}
         if self.depth is not None:
             env["MMLEAK_DEPTH"] = str(self.depth)
+        if not self.scan:
+            env["MMLEAK_SCAN"] = "0"
         return argv, env
+
+
+# mmleak with its defaults but MMLEAK_SCAN=0: the hot path alone, without the reachability
+# scan at exit (mmleak-scan(7)); run beside the default on the workloads named here, so
+# that the report separates the two (exit_scan_costs)
+NOSCAN = "mmleak noscan"
+NOSCAN_WORKLOADS = ("startup", "alloc -t1", "alloc -t2")
+
+
+def exit_scan_costs(rows, with_scan, workloads_=None):
+    """For each workload with a row of WITH_SCAN (mmleak's default, the scan at exit on) and
+    one of NOSCAN from the same run: the exit scan's cost, their difference: ms of wall and
+    of cpu per process, and ns per event of the trace (the scan reads the whole trace).
+    Sets exit_scan_* on the WITH_SCAN rows; returns them."""
+    out = []
+    by = {(r.get("workload"), r.get("tracer")): r for r in rows}
+    for (wl, tr), r in sorted(by.items(), key=lambda kv: str(kv[0])):
+        if tr != with_scan or (workloads_ and wl not in workloads_):
+            continue
+        n = by.get((wl, NOSCAN))
+        if not n or r.get("wall_s") is None or n.get("wall_s") is None:
+            continue
+        r["exit_scan_ms"] = (r["wall_s"] - n["wall_s"]) * 1000
+        if r.get("cpu_s") is not None and n.get("cpu_s") is not None:
+            r["exit_scan_cpu_ms"] = (r["cpu_s"] - n["cpu_s"]) * 1000
+        ev = r.get("events")
+        if ev and ev >= 1000:
+            r["exit_scan_ns_per_event"] = r["exit_scan_ms"] * 1e6 / ev
+            if r.get("exit_scan_cpu_ms") is not None:
+                r["exit_scan_ns_per_event_cpu"] = r["exit_scan_cpu_ms"] * 1e6 / ev
+        out.append(r)
+    return out
+
+
+def print_exit_scan(scan_rows, with_scan):
+    if not scan_rows:
+        return
+    print("exit scan: %s (scan at exit, the default) minus %s (MMLEAK_SCAN=0), same runs:"
+          % (with_scan, NOSCAN))
+    for r in scan_rows:
+        per = ""
+        if r.get("exit_scan_ns_per_event") is not None:
+            per = "; %s ns/event of trace wall, %s cpu" % (
+                f(r["exit_scan_ns_per_event"], "%.1f"), f(r.get("exit_scan_ns_per_event_cpu"), "%.1f"))
+        print("  %-10s %-14s +%s ms wall, +%s ms cpu per process%s" % (
+            r["workload"], r["size_arg"], f(r["exit_scan_ms"], "%.2f"),
+            f(r.get("exit_scan_cpu_ms"), "%.2f"), per))
+    print("  (the scan reads the whole uncompacted trace once: its cost grows with the events")
+    print("  written, not with the run's length; see mmleak-performance(7))")
 
 
 class Heaptrack(Tracer):
@@ -382,7 +434,7 @@ def measure_group(jobs, runs, dirs, label):
                     continue
                 j["bytes"].append(dump_bytes(files))
                 other = [x for x in os.listdir(dirs["dump"]) if x.startswith("mmleak.")
-                         and not x.endswith((".out", ".maps"))]
+                         and not x.endswith((".out", ".maps")) and ".scan." not in x]
                 if other and not j.get("warned"):
                     j["warned"] = True
                     log("  warning: %s / %s left %s after a normal exit (not counted)"
@@ -554,7 +606,11 @@ STACKS_TARGETS = [
     ("c tree", "mmleak d=16", "bytes_per_event", 40, "depth 16 on (c) stacks_bench: <= 40 bytes/event"),
     ("b plain", "mmleak d=1", "ns_per_event", 20, "depth 1 on (b) plain alloc_bench: <= 20 ns/event added"),
     ("startup", WHOLE, "startup_ms", 1.0, "start-up, default mode (alloc_bench -n 0): <= 1 ms extra"),
+    ("startup", NOSCAN, "startup_ms", 1.0, "start-up without the exit scan (MMLEAK_SCAN=0): <= 1 ms extra"),
 ]
+
+
+STACKS_NOSCAN = ("b plain",)    # besides startup: an alloc loop with and without the exit scan
 
 
 def build_stacks_bench():
@@ -608,6 +664,8 @@ def bench_stacks(runs, dirs, quick, have_heaptrack):
     mm = [Mmleak(1, "mmleak d=1"), Mmleak("auto", "mmleak auto"), Mmleak(None, WHOLE),
           Mmleak(16, "mmleak d=16")]
     ht = [Heaptrack()] if have_heaptrack else []
+    # the default without its scan at exit, where the scan's cost is to be told apart
+    noscan = [Mmleak(None, NOSCAN, scan=False)]
     for w in stacks_workloads(quick):
         if w.needs and not which(w.needs):
             res["rows"].append(dict(workload=w.name, tracer="-", size_arg="",
@@ -615,11 +673,15 @@ def bench_stacks(runs, dirs, quick, have_heaptrack):
             continue
         if w.name == "startup":
             # a difference of about 1 ms on a ~3 ms process: many short runs
-            res["rows"] += bench_workload(w, mm, max(runs * 6, 31) if not quick else 6, dirs)
+            res["rows"] += bench_workload(w, mm + noscan, max(runs * 6, 31) if not quick else 6,
+                                          dirs)
         elif w.name in ("python", "sqlite3"):
             res["rows"] += bench_workload(w, mm, runs, dirs)
+        elif w.name in STACKS_NOSCAN:
+            res["rows"] += bench_workload(w, mm + noscan + ht, runs, dirs)
         else:
             res["rows"] += bench_workload(w, mm + ht, runs, dirs)
+    res["exit_scan"] = exit_scan_costs(res["rows"], WHOLE)
     st = {r["tracer"]: r for r in res["rows"] if r["workload"] == "startup" and r.get("wall_s")}
     for r in st.values():
         if "none" in st and r["tracer"] != "none":
@@ -675,6 +737,11 @@ def print_stacks(s):
     print("B/event = bytes written / events (mmleak: its .out files, #s stack lines included; heaptrack:")
     print("  its zstd-compressed recording); stacks = distinct #s stack ids in mmleak's dump (0: every")
     print("  event fitted in one frame); events = event lines in mmleak's dump (the same for every tracer).")
+    print("%s = the default (whole stacks) with MMLEAK_SCAN=0: no reachability scan at exit." % NOSCAN)
+    if s.get("exit_scan"):
+        print()
+        print_exit_scan(s["exit_scan"], WHOLE)
+        print()
     print("targets (medians of wall time):")
     for t in s["targets"]:
         unit = {"ns_per_event": "ns/event", "bytes_per_event": "B/event", "startup_ms": "ms"}[t["key"]]
@@ -1921,7 +1988,9 @@ def main():
             if w.needs and not which(w.needs):
                 rows.append(dict(workload=w.name, tracer="-", size_arg="", error="%s not installed" % w.needs))
                 continue
-            rows += bench_workload(w, tracers, runs, dirs)
+            extra = [Mmleak(None, NOSCAN, scan=False)] if (
+                w.name in NOSCAN_WORKLOADS and any(t.name == "mmleak" for t in tracers)) else []
+            rows += bench_workload(w, tracers + extra, runs, dirs)
             for name in missing:
                 rows.append(dict(workload=w.name, tracer=name, size_arg="", not_installed=True))
         if wanted("depth"):
@@ -1952,6 +2021,7 @@ def main():
             except OSError:
                 pass
     elapsed = time.time() - t_start
+    scan_rows = exit_scan_costs(rows, "mmleak")
     # Fixed cost of each tracer (startup row minus untraced startup), taken out for ns/ev-net.
     st = {r["tracer"]: r["wall_s"] for r in rows
           if r["workload"] == "startup" and r.get("wall_s") is not None}
@@ -1980,6 +2050,10 @@ def main():
         print("cpu_s = median user+system time (process and the children it waited for); ns/ev-cpu is")
         print("  ns/event from cpu_s: less disturbed by other load on the machine than wall time;")
         print("B/event = size of the mmleak.*.out files / events; +-% = (max-min)/median of the wall times.")
+        print("mmleak = its defaults, the reachability scan at exit included; %s = MMLEAK_SCAN=0." % NOSCAN)
+    if scan_rows:
+        print()
+        print_exit_scan(scan_rows, "mmleak")
     ints = [r for r in rows if r.get("internal_s") is not None]
     if ints:
         print()

@@ -35,6 +35,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1195,14 +1196,19 @@ static void mark(struct scan *s)
     /* registers */
     check_floor(s);
     for (int t = 0; t < s->nth; t++) {
-        if (s->th[t].tid <= 0 || (s->floor && s->th[t].tid == s->floor_tid))
+        if (s->th[t].tid <= 0)
             continue;
         const uint64_t *r = (const uint64_t *)&s->th[t].regs;
         size_t n = sizeof s->th[t].regs / 8;
+        /* the thread that asked (a floor): its thread pointers only, fs_base and gs_base
+         * (the others are mmleak.so's; the program's callee-saved ones are on its stack) */
+        int asked = s->floor && s->th[t].tid == s->floor_tid;
         s->roots[R_REGISTER][0]++;
-        s->roots[R_REGISTER][1] += n * 8;
+        s->roots[R_REGISTER][1] += asked ? 16 : n * 8;
         for (size_t k = 0; k < n; k++)
-            if (r[k] >= s->lo && r[k] < s->hi) {
+            if (r[k] >= s->lo && r[k] < s->hi &&
+                (!asked || k * 8 == offsetof(struct user_regs_struct, fs_base) ||
+                 k * 8 == offsetof(struct user_regs_struct, gs_base))) {
                 if (g_debug > 0 && block_of(s, r[k]) >= 0)
                     fprintf(stderr, "mmleak-scan: register %zu of thread %d holds %#" PRIx64
                             "\n", k, s->th[t].tid, r[k]);

@@ -83,18 +83,32 @@ COLD int run_scanner(const char *why, uintptr_t floor);
 #else
 #define FLOOR_ENDBR ""
 #endif
+/* the call frame information of each step, for an unwinder that walks through the entry (a
+ * cancellation at the wait, a debugger's backtrace): GCC opens the entry's frame description
+ * (.cfi_startproc) when it emits unwind tables, and says so with this macro */
+#ifdef __GCC_HAVE_DWARF2_CFI_ASM
+#define FLOOR_CFI(X) X "\n"
+#else
+#define FLOOR_CFI(X) ""
+#endif
+#define FLOOR_PUSH(R) "    push %" R "\n" FLOOR_CFI("    .cfi_adjust_cfa_offset 8") \
+                      FLOOR_CFI("    .cfi_rel_offset %" R ", 0")
+#define FLOOR_POP(R) "    pop %" R "\n" FLOOR_CFI("    .cfi_adjust_cfa_offset -8") \
+                     FLOOR_CFI("    .cfi_restore %" R)
 #define FLOOR_ENTRY(NAME, INNER, ATTRS)                                                    \
     ATTRS __attribute__((naked)) int NAME(void)                                          \
     {                                                                                     \
         __asm__ volatile(FLOOR_ENDBR                                                      \
-                         "    push %rbp\n    push %rbx\n    push %r12\n"                 \
-                         "    push %r13\n    push %r14\n    push %r15\n"                 \
+                         FLOOR_PUSH("rbp") FLOOR_PUSH("rbx") FLOOR_PUSH("r12")            \
+                         FLOOR_PUSH("r13") FLOOR_PUSH("r14") FLOOR_PUSH("r15")            \
                          "    mov %rsp, %rdi\n"                                          \
                          "    sub $8, %rsp\n"   /* 16-byte aligned at the call */         \
+                         FLOOR_CFI("    .cfi_adjust_cfa_offset 8")                        \
                          "    call " #INNER "\n"                                         \
                          "    add $8, %rsp\n"                                            \
-                         "    pop %r15\n    pop %r14\n    pop %r13\n"                    \
-                         "    pop %r12\n    pop %rbx\n    pop %rbp\n"                    \
+                         FLOOR_CFI("    .cfi_adjust_cfa_offset -8")                       \
+                         FLOOR_POP("r15") FLOOR_POP("r14") FLOOR_POP("r13")               \
+                         FLOOR_POP("r12") FLOOR_POP("rbx") FLOOR_POP("rbp")               \
                          "    ret\n");                                                  \
     }
 #else

@@ -31,10 +31,11 @@ def build():
     return build_c("inject_target", "tests/inject_target.c", "-O1", "-pthread", "-ldl")
 
 
-def binding(lib):
+def binding():
+    """mmleak_inject_call, from the tools library beside this tree's mmleak.so."""
     sys.path.insert(0, ROOT)
     from mmleaklib.native import inject_call
-    return inject_call(lib)
+    return inject_call()
 
 
 def start(argv):
@@ -65,7 +66,7 @@ def main():
     a = ap.parse_args()
     lib = os.path.abspath(a.lib)
     exe = build()
-    fn = binding(lib)
+    fn = binding()
     kinds = {"idle": [exe, "sleep", "3600"], "busy-1": [exe, "threads", "1"],
              "busy-4": [exe, "threads", "4"], "busy-64": [exe, "threads", "64"]}
     rows = []

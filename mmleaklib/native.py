@@ -140,7 +140,12 @@ def _bind_blocks(dll):
     dll.mmleak_blocks_free.restype = None
     dll.mmleak_aggregate_free.argtypes = [ctypes.POINTER(AggregateT)]
     dll.mmleak_aggregate_free.restype = None
-    _blocks_api.update(aggregate=f, sample=s, free=dll.mmleak_blocks_free,
+    k = dll.mmleak_blocks_keys
+    u64p = ctypes.POINTER(ctypes.c_uint64)
+    k.argtypes = [ctypes.POINTER(Block), ctypes.c_uint64, u64p, u64p, ctypes.c_uint64, u64p,
+                  u64p]
+    k.restype = ctypes.c_int
+    _blocks_api.update(aggregate=f, sample=s, free=dll.mmleak_blocks_free, keys=k,
                        aggregate_free=dll.mmleak_aggregate_free)
 
 
@@ -205,6 +210,40 @@ class NativeBlocks:
         totals = (out.all_blocks, out.all_bytes_hi << 64 | out.all_bytes, out.kept_blocks,
                   out.kept_bytes_hi << 64 | out.kept_bytes)
         return groups, totals, (list(seen) if seen is not None else [])
+
+    def keys(self, extra=()):
+        """The (ptr, seq) of every block and of EXTRA (pairs), sorted: two ctypes arrays of
+        uint64 (ptr, seq), what split() takes back (a series point's table)."""
+        import ctypes
+        extra = list(extra)
+        total = self.s.n + len(extra)
+        ptr = (ctypes.c_uint64 * max(total, 1))()
+        seq = (ctypes.c_uint64 * max(total, 1))()
+        xp = (ctypes.c_uint64 * max(len(extra), 1))(*[p for p, _ in extra])
+        xs = (ctypes.c_uint64 * max(len(extra), 1))(*[q for _, q in extra])
+        if _blocks_api["keys"](self.s.v, self.s.n, xp, xs, len(extra), ptr, seq):
+            raise MemoryError("tools/blocks.c: out of memory")
+        return ptr, seq
+
+    def split(self, ptr, seq, n):
+        """Per stack, the blocks that are in the sorted table (PTR, SEQ: N keys, ctypes
+        arrays of uint64, as keys() gives them) and those that are not: [(stack, in table,
+        blocks, bytes)], in C (no Python object per block)."""
+        import ctypes
+        kind = (ctypes.c_uint8 * max(n, 1))()
+        ctypes.memset(kind, 1, n)
+        kt = KindsT(ptr, seq, kind, n)
+        out = AggregateT()
+        filt = FilterT(0, (1 << 64) - 1)
+        rc = _blocks_api["aggregate"](self.s.v, self.s.n, ctypes.byref(kt), ctypes.byref(filt),
+                                      ctypes.byref(out))
+        if rc:
+            raise MemoryError("tools/blocks.c: out of memory")
+        try:
+            return [((g.stack,) if g.frame else g.stack, g.kind == 1, g.blocks,
+                     g.bytes_hi << 64 | g.bytes) for g in out.g[:out.n]]
+        finally:
+            _blocks_api["aggregate_free"](ctypes.byref(out))
 
     def sample(self, most):
         """At most MOST blocks, evenly spread over the array, ordered by time then address:

@@ -6,26 +6,33 @@
   k KEY BYTES BLOCKS NEWB NEWN FREEDB FREEDN           ... per call site (top SERIES_SITES)
 
 TIME is the trace's clock (seconds since start, the newest event seen); KEY is the caller
-(hex) or @STACK.  NEW are the blocks alive now that were not alive at the previous point,
-FREED those alive then and not now (so BYTES = previous BYTES + NEWB - FREEDB, exactly).
-Past SERIES_POINTS points every other old point is merged into the next one (NEW and
-FREED summed), so the file stays small however long the trace runs.
+(hex: a stack of one frame too) or @STACK.  NEW are the blocks alive now that were not
+alive at the previous point, FREED those alive then and not now (so BYTES = previous BYTES
++ NEWB - FREEDB, exactly).  Past SERIES_POINTS points every other old point is merged into
+the next one (NEW and FREED summed), so the file stays small however long the trace runs.
 
-The blocks of the last point (address, number, size, call site) are in mmleak.ID.series.live,
-which starts with that point's own lines ("#point ..."): it is written first (temporary
+The blocks of the last point are in mmleak.ID.series.live: that point's own lines
+("#point ..."), every site's sums ("#site KEY BYTES BLOCKS"), and the blocks' keys ("#keys
+N", then N addresses and N SEQs, 8-byte words, sorted), which the next point joins its
+survivors on in C (native.NativeBlocks.split: new or not, per site).  It is written first (temporary
 file, rename), then the series (the same way), so a compactor killed in between leaves a
 .live whose point the series lacks, and the next pass appends it before its own.  When the
 trace is over, its last point is taken and the .live deleted: the series is complete.
 """
+import array
+import bisect
 import collections
 import os
 import re
+import shutil
 import time
 
 from .dumpformat import NO_STACK, Q_BAD_SERIES, dump_lines, parse_stack
 from . import files
-from .files import TraceFiles, _own_file, _remove_quietly, open_trace_file, read_lines
-from .shrink import shrink_raw
+from .files import TraceFiles, _own_file, _remove_quietly, open_trace_file
+from .errors import Refused, refuse
+from .native import native_shrink
+from .shrink import Shrinker
 
 
 SERIES_POINTS = 720          # passes kept in mmleak.ID.series (older ones thinned out)
@@ -125,16 +132,46 @@ def _series_point_of(p, ks, stacks):
     return SeriesPoint(v[0], v[1], (v[2], v[3]), (v[4], v[5]), (v[6], v[7]), out)
 
 
-SURVIVOR_RE = re.compile(rb"^([0-9a-f]+ [0-9a-f]+) ([0-9a-f]+) [0-9a-f]+ ([^\n]+)$", re.M)
+def _live_now(directory, tid):
+    """(Shrinker, blocks.Live): the trace's survivors now, as a report reads them: a native
+    array when the compiled shrinker runs (no Python object per block), Alloc tuples
+    otherwise.  A file it cannot read whole stops the point (Refused), as it stops a pass."""
+    paths, names, tmpdir, refused = files.with_unflushed_tails(
+        files.find_traces(directory).get(tid, []))
+    try:
+        if refused:
+            for msg in refused[1:]:
+                refuse(msg)
+            raise Refused(refused[0])
+        sh = Shrinker()
+        if not native_shrink(sh, paths, names, blocks=True):
+            for p, name in zip(paths, names):
+                sh.feed_path(p, name)
+        sh.check_single_process()
+        return sh, sh.live()
+    finally:
+        if tmpdir:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _in_table(ptr, seq, p, q):
+    """Is (P, Q) in the sorted table PTR, SEQ?"""
+    i = bisect.bisect_left(ptr, p)
+    while i < len(ptr) and ptr[i] == p:
+        if seq[i] == q:
+            return True
+        i += 1
+    return False
 
 
 def add_point(directory, tid, final=False):
     """Add one point to the series; the caller holds the trace's exclusive lock.  FINAL: the
     trace is over: its last point, after which the .live is deleted.  Returns the point.
 
-    It reads the live set (every allocation line of the trace's shrink: its address and
-    number, size and call site, as bytes: no per-block parsing beyond the size) and the
-    previous point's from .live, and compares the two as sets."""
+    It sums the live set per call site (in C, from the native blocks), splitting each site's
+    blocks into those in the previous point's table of blocks (.live: their (address, SEQ),
+    sorted) and the new ones; FREED follows from the previous point's sums (also in .live):
+    previous + NEW - now.  No Python object per block, no pattern over the result."""
     t = TraceFiles(directory, tid)
     spath, lpath = t.series, t.live
     head, have_stacks, points = _series_lines(spath)
@@ -151,51 +188,70 @@ def add_point(directory, tid, final=False):
         _remove_quietly(lpath)          # the last point is in the series: it is complete
         return None
     live_stacks = pending[1] if pending is not None else {}
-    sh, data = shrink_raw(files.find_traces(directory).get(tid, []))
-    # the call site of each distinct key as the series writes it: a caller in hex, or @ID
-    # (stacks the trace defines keep their id; a list of callers gets one of its own)
-    norm, stack_lines = {}, {}
+    sh, live = _live_now(directory, tid)
+    # the call site of each group as the series writes it: a caller in hex, or @ID (stacks
+    # the trace defines keep their id; a list of callers gets one of its own)
+    stack_lines = {}
     by_frames = None
-    now = {}
-    for ident, size, raw in SURVIVOR_RE.findall(data):
-        k = norm.get(raw)
-        if k is None:
-            if raw.startswith(b"@"):
-                sid = int(raw[1:], 16)
-                k = b"@%x" % sid
-                if sid in sh.stack_lines:
-                    stack_lines[sid] = sh.stack_lines[sid]
-            elif b" " not in raw:
-                k = b"%x" % int(raw, 16)
-            else:
-                if by_frames is None:
-                    by_frames = {fr: sid for sid, fr in sh.stacks.items()}
-                k = _key_text(tuple(int(x, 16) for x in raw.split()), stack_lines, sh,
-                              by_frames)
-            norm[raw] = k
-        now[ident] = (k, int(size, 16))
     sites = collections.defaultdict(lambda: [0, 0, 0, 0, 0, 0])
-    for k, size in now.values():
+    table = prev[0] if prev is not None else None       # (ptr, seq) arrays of the last point
+    if live.native is not None and len(live.native):
+        if table is not None:
+            import ctypes
+            n = len(table[0])
+            ct = [(ctypes.c_uint64 * n).from_buffer(a) if n else None for a in table]
+            groups = live.native.split(ct[0], ct[1], n) if n else \
+                [(st, False, nb, b) for st, _, nb, b, *_ in
+                 live.native.aggregate(0, (1 << 64) - 1)[0]]
+        else:
+            groups = [(st, True, nb, b) for st, _, nb, b, *_ in
+                      live.native.aggregate(0, (1 << 64) - 1)[0]]
+        for st, old, nb, b in groups:
+            if type(st) is not tuple and len(sh.stacks.get(st, ())) == 1:
+                st = sh.stacks[st]      # a stack of one frame: its caller (as in Python)
+            if type(st) is tuple:
+                k = b"%x" % st[0]
+            else:
+                k = b"@%x" % st
+                if st in sh.stack_lines:
+                    stack_lines[st] = sh.stack_lines[st]
+            v = sites[k]
+            v[0] += b
+            v[1] += nb
+            if not old:
+                v[2] += b
+                v[3] += nb
+    for a in live.allocs:               # the Python engine's survivors, and those of format 1
+        if len(a.callers) == 1:
+            k = b"%x" % a.callers[0]
+        else:
+            if by_frames is None:
+                by_frames = {fr: sid for sid, fr in sh.stacks.items()}
+            k = _key_text(a.callers, stack_lines, sh, by_frames)
         v = sites[k]
-        v[0] += size
+        v[0] += a.size
         v[1] += 1
+        if table is not None and not _in_table(table[0], table[1], a.ptr, a.seq):
+            v[2] += a.size
+            v[3] += 1
     other_freed = [0, 0]
     if prev is not None:
-        keys_now = set(norm.values())
-        for ident in now.keys() - prev.keys():
-            k, size = now[ident]
+        sums = {}
+        for k, (b, nb) in prev[1].items():
+            if k.startswith(b"@") and len(sh.stacks.get(int(k[1:], 16), ())) == 1:
+                k = b"%x" % sh.stacks[int(k[1:], 16)][0]    # as an older mmleak.py wrote it
+            v = sums.get(k, (0, 0))
+            sums[k] = (v[0] + b, v[1] + nb)
+        for k, (b, nb) in sums.items():         # FREED = previous + NEW - now, per site
             v = sites[k]
-            v[2] += size
-            v[3] += 1
-        for ident in prev.keys() - now.keys():
-            k, size = prev[ident]
-            v = sites[k]
-            v[4] += size
-            v[5] += 1
-            if k not in keys_now and k.startswith(b"@"):
+            v[4] = b + v[2] - v[0]
+            v[5] = nb + v[3] - v[1]
+            if not v[1] and k.startswith(b"@"):
                 sid = int(k[1:], 16)    # a stack whose blocks are all gone: its line
                 if sid in live_stacks:
                     stack_lines.setdefault(sid, live_stacks[sid])
+        for k in [k for k, v in sites.items() if not any(v)]:
+            del sites[k]
     elif points:
         # no record of the previous point's blocks: everything alive counts as new, and the
         # previous point's sites as freed, so BYTES = previous + NEW - FREED still holds
@@ -221,7 +277,7 @@ def add_point(directory, tid, final=False):
         other[4] += other_freed[0]
         other[5] += other_freed[1]
         plines[1].append(b"k other %d %d %d %d %d %d\n" % tuple(other))
-    _save_live(lpath, {} if final else now, plines, stack_lines, final)
+    _save_live(lpath, None if final else live, sites, plines, stack_lines, final)
     points.append(plines)
     have_stacks.update(stack_lines)
     if len(points) > SERIES_POINTS:
@@ -233,49 +289,90 @@ def add_point(directory, tid, final=False):
     return _series_point_of(plines[0], plines[1], stacks)
 
 
-def _save_live(path, now, plines, stack_lines, final=False):
-    """The blocks of this point ({b"PTR SEQ": (site key, size)}), for the next one to tell
-    which were freed and where from, after the point's own lines ("#point", "#final" for
-    the trace's last) and the stacks of their sites."""
+def _live_keys(live):
+    """The sorted (ptr, seq) of LIVE's blocks: two arrays of uint64 (C sorts the native
+    ones)."""
+    extra = [(a.ptr, a.seq) for a in live.allocs]
+    if live.native is not None and len(live.native):
+        return live.native.keys(extra)
+    extra.sort()
+    return array.array("Q", [p for p, _ in extra]), array.array("Q", [q for _, q in extra])
+
+
+def _save_live(path, live, sites, plines, stack_lines, final=False):
+    """The blocks of this point, for the next one to tell which are new and how many were
+    freed per site: after the point's own lines ("#point", "#final" for the trace's last)
+    and the stacks of their sites, every site's sums ("#site KEY BYTES BLOCKS") and the
+    blocks' keys ("#keys N", then N addresses and N SEQs, 8 bytes each, native byte order,
+    sorted).  LIVE None: no blocks (the trace's last point)."""
+    ptr, seq = _live_keys(live) if live is not None else ((), ())
+
     def fill(f):
         if final:
             f.write(b"#final\n")
         f.write(b"".join(b"#point " + line for line in [plines[0]] + plines[1]))
         f.write(b"".join(b"#point " + line for line in stack_lines.values()))
-        f.write(b"".join(b"%s %x %s\n" % (ident, size, k) for ident, (k, size) in now.items()))
+        if live is not None:
+            f.write(b"".join(b"#site %s %d %d\n" % (k, v[0], v[1])
+                             for k, v in sites.items() if v[1]))
+        f.write(b"#keys %d\n" % len(ptr))
+        if len(ptr):
+            f.write(memoryview(ptr).cast("B"))
+            f.write(memoryview(seq).cast("B"))
     files.replace(path, fill)
 
 
 def _load_live(path):
-    """({b"PTR SEQ": (site key, size)}, the point it belongs to as ([p line, [k lines]],
-    {stack id: line}, whether it was the trace's last)), or (None, None) without a usable
-    file."""
-    out, plines, stacks, final = {}, None, {}, False
+    """(((ptr array, seq array): the sorted keys of the point's blocks, {site key: (bytes,
+    blocks)}), the point it belongs to as ([p line, [k lines]], {stack id: line}, whether it
+    was the trace's last)), or (None, None) without a usable file.  A .live of an older
+    mmleak.py (a line per block: "PTR SEQ SIZE KEY") is read too."""
+    sums, plines, stacks, final = {}, None, {}, False
+    old = []
+    ptr = seq = None
     if not _own_file(path):
         return None, None
     try:
-        for line in read_lines(path):
-            if line.startswith(b"#"):
-                if line == b"#final\n":
-                    final = True
-                elif line.startswith(b"#point "):
-                    rest = line[7:]
-                    if rest.startswith(b"p "):
-                        plines = [rest, []]
-                    elif rest.startswith(b"k ") and plines:
-                        plines[1].append(rest)
-                    elif rest.startswith(b"#s "):
-                        st = parse_stack(rest)
-                        if st:
-                            stacks[st[0]] = rest
-                continue
-            ptr, seq, size, k = line.split()
-            out[ptr + b" " + seq] = (k, int(size, 16))
+        with open_trace_file(path) as f:
+            for line in iter(f.readline, b""):
+                if line.startswith(b"#keys "):
+                    n = int(line[6:])
+                    ptr, seq = array.array("Q", bytes(8 * n)), array.array("Q", bytes(8 * n))
+                    for a in (ptr, seq):
+                        if n and f.readinto(memoryview(a).cast("B")) != 8 * n:
+                            return None, None   # cut short
+                    break
+                if not line.endswith(b"\n"):
+                    return None, None
+                if line.startswith(b"#"):
+                    if line == b"#final\n":
+                        final = True
+                    elif line.startswith(b"#site "):
+                        _, k, b, nb = line.split()
+                        sums[k] = (int(b), int(nb))
+                    elif line.startswith(b"#point "):
+                        rest = line[7:]
+                        if rest.startswith(b"p "):
+                            plines = [rest, []]
+                        elif rest.startswith(b"k ") and plines:
+                            plines[1].append(rest)
+                        elif rest.startswith(b"#s "):
+                            st = parse_stack(rest)
+                            if st:
+                                stacks[st[0]] = rest
+                    continue
+                p, q, size, k = line.split()          # an older .live: a line per block
+                old.append((int(p, 16), int(q, 16)))
+                v = sums.get(k, (0, 0))
+                sums[k] = (v[0] + int(size, 16), v[1] + 1)
     except (OSError, ValueError):
         return None, None
     if plines is None:
         return None, None
-    return out, (plines, stacks, final)
+    if ptr is None:
+        old.sort()
+        ptr, seq = array.array("Q", [p for p, _ in old]), array.array("Q", [q for _, q in old])
+    return ((ptr, seq), sums), (plines, stacks, final)
 
 
 def _thin(points):

@@ -123,8 +123,8 @@ TRACER_API = {"mmleak_attach", "mmleak_detach", "mmleak_state", "mmleak_status"}
 # what mmleak-tools.so exports: the compiled shrinker and the injector, for mmleaklib/native.py
 TOOLS_API = {"mmleak_shrink", "mmleak_shrink_abi", "mmleak_shrink_blocks",
              "mmleak_shrink_stats_free", "mmleak_blocks_aggregate", "mmleak_blocks_sample",
-             "mmleak_blocks_free", "mmleak_aggregate_free", "mmleak_inject_call",
-             "mmleak_inject_call_within", "mmleak_inject_abi"}
+             "mmleak_blocks_free", "mmleak_aggregate_free", "mmleak_blocks_keys",
+             "mmleak_inject_call", "mmleak_inject_call_within", "mmleak_inject_abi"}
 
 
 def test_tracer_exports_the_hooks_and_the_attach_entry_alone(lib):

@@ -198,6 +198,43 @@ EXPORT uint64_t mmleak_blocks_sample(const struct mmleak_block *b, uint64_t n, u
     return k;
 }
 
+struct key {
+    uint64_t ptr, seq;
+};
+
+static int cmp_key(const void *a, const void *b)
+{
+    const struct key *x = a, *y = b;
+    if (x->ptr != y->ptr)
+        return x->ptr < y->ptr ? -1 : 1;
+    return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+/* The keys (ptr, seq) of the N blocks B and of the M blocks (XPTR[i], XSEQ[i]), sorted, into
+ * PTR and SEQ (N + M each): the table of a series point's blocks (mmleaklib/series.py), which
+ * the next point joins on as a kinds table (every block of it "alive at the last point").
+ * Returns 0, or -1 out of memory. */
+EXPORT int mmleak_blocks_keys(const struct mmleak_block *b, uint64_t n, const uint64_t *xptr,
+                              const uint64_t *xseq, uint64_t m, uint64_t *ptr, uint64_t *seq)
+{
+    uint64_t total = n + m;
+    size_t bytes = (total ? total : 1) * sizeof(struct key);
+    struct key *k = map_zero(bytes);
+    if (!k)
+        return -1;
+    for (uint64_t i = 0; i < n; i++)
+        k[i] = (struct key){ b[i].ptr, b[i].seq };
+    for (uint64_t i = 0; i < m; i++)
+        k[n + i] = (struct key){ xptr[i], xseq[i] };
+    qsort(k, total, sizeof *k, cmp_key);
+    for (uint64_t i = 0; i < total; i++) {
+        ptr[i] = k[i].ptr;
+        seq[i] = k[i].seq;
+    }
+    munmap(k, bytes);
+    return 0;
+}
+
 EXPORT void mmleak_aggregate_free(struct mmleak_aggregate *a)
 {
     if (a->g)

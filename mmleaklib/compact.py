@@ -327,7 +327,9 @@ MERGE_FACTOR = 4      # a run is merged into the one before it when that is at m
 
 
 def _runs(directory, tid):
-    """[(N, path)] of the trace's runs, mmleak.ID.compact.N, by N (oldest first)."""
+    """[(N, path)] of the trace's runs, mmleak.ID.compact.N, by N (oldest first): regular
+    files of the trace's owner or root only (another file at such a name is said, never
+    read, and replaced should its number come up)."""
     out = []
     try:
         names = os.listdir(directory)
@@ -335,7 +337,7 @@ def _runs(directory, tid):
         return out
     for n in names:
         m = files.RUN_RE.match(n)
-        if m and m.group(1) == tid:
+        if m and m.group(1) == tid and files._own_file(os.path.join(directory, n)):
             out.append((int(m.group(2)), os.path.join(directory, n)))
     return sorted(out)
 

@@ -167,3 +167,22 @@ def test_a_stale_folded_run_name_is_not_reused(tmp_path, alive, monkeypatch):
     one_pass(tmp_path)
     assert runs(tmp_path) == ["mmleak.%s.compact.%d" % (TID, n) for n in (1, 3)]
     assert survivors(tmp_path) == h.live
+
+
+def test_a_run_of_somebody_else_is_neither_read_nor_trusted(tmp_path, alive, capsys):
+    """A file at a run's name that is not the trace owner's (anybody may write to /tmp):
+    its blocks and its "#folded" lines are ignored, and the pass's run takes its place."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to give a file to another user")
+    h = History(tmp_path)
+    h.batch(allocs=1000)
+    one_pass(tmp_path)
+    fake = tmp_path / ("mmleak.%s.compact.1" % TID)
+    fake.write_bytes(test_shrink.HDR2 % (9, 9) + b"#folded mmleak.%s.1.out\n" % TID.encode() +
+                     b"0000dead0000 0 40 1 @100\n")
+    os.chown(fake, 65534, 65534)
+    h.batch(allocs=3)
+    one_pass(tmp_path)
+    assert survivors(tmp_path) == h.live
+    assert os.stat(fake).st_uid == os.getuid()      # replaced by the pass's run
+    assert "compact.1" in capsys.readouterr().err

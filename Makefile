@@ -33,13 +33,15 @@ HEADERS = $(wildcard include/*.h)
 B   ?= build
 OUT ?= .
 
-all: $(OUT)/mmleak.so $(OUT)/mmleak-tools.so
+all: $(OUT)/mmleak.so $(OUT)/mmleak-tools.so $(OUT)/mmleak-scan
 
 # mmleak.so: mmleak.c, the interposed entry points, and the tracer's internals in tracer/
 # (tracer/internal.h lists them and what each owns).
 TRACER_SRCS = mmleak.c $(sort $(wildcard tracer/*.c))
 # mmleak-tools.so: never preloaded; mmleak.py loads it with ctypes, from beside mmleak.so.
-TOOLS_SRCS = $(sort $(wildcard tools/*.c))
+TOOLS_SRCS = $(filter-out tools/scan_main.c,$(sort $(wildcard tools/*.c)))
+# mmleak-scan: the reachability scanner the tracer starts at a process's exit (beside mmleak.so)
+SCAN_OBJS = $(B)/tools/scan_main.o $(B)/tools/scan.o $(B)/tools/shrink.o
 TRACER_OBJS = $(TRACER_SRCS:%.c=$(B)/%.o)
 TOOLS_OBJS = $(TOOLS_SRCS:%.c=$(B)/%.o)
 
@@ -61,7 +63,10 @@ $(OUT)/mmleak.so: $(TRACER_OBJS)
 $(OUT)/mmleak-tools.so: $(TOOLS_OBJS)
 	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -Wl,-z,defs -o $@ $(TOOLS_OBJS) $(LDFLAGS)
 
--include $(TRACER_OBJS:.o=.d) $(TOOLS_OBJS:.o=.d)
+$(OUT)/mmleak-scan: $(SCAN_OBJS)
+	$(CC) $(CFLAGS_LIB) $(CFLAGS) -o $@ $(SCAN_OBJS) -lpthread $(LDFLAGS)
+
+-include $(TRACER_OBJS:.o=.d) $(TOOLS_OBJS:.o=.d) $(B)/tools/scan_main.d
 
 debug:
 	@mkdir -p build/debug
@@ -73,6 +78,7 @@ check: all
 bench: all
 	$(PYTHON) bench/run.py
 	$(PYTHON) bench/live.py
+	$(PYTHON) bench/scan.py
 
 demo: all
 	$(PYTHON) tests/demo.py
@@ -99,6 +105,7 @@ install: all man
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(SHAREDIR)/mmleaklib $(DESTDIR)$(BINDIR) \
 	    $(DESTDIR)$(SBINDIR)
 	install -m 0644 mmleak.so mmleak-tools.so $(DESTDIR)$(LIBDIR)/
+	install -m 0755 mmleak-scan $(DESTDIR)$(LIBDIR)/
 	install -m 0644 $(PACKAGE) $(DESTDIR)$(SHAREDIR)/mmleaklib/
 	sed 's|^LIBDIR = None .*|LIBDIR = "$(LIBDIR)"|' mmleaklib/layout.py \
 	    > $(DESTDIR)$(SHAREDIR)/mmleaklib/layout.py
@@ -113,7 +120,8 @@ install: all man
 	$(if $(HEADERS),install -m 0644 $(HEADERS) $(DESTDIR)$(INCLUDEDIR)/)
 
 uninstall:
-	rm -f $(DESTDIR)$(LIBDIR)/mmleak.so $(DESTDIR)$(LIBDIR)/mmleak-tools.so
+	rm -f $(DESTDIR)$(LIBDIR)/mmleak.so $(DESTDIR)$(LIBDIR)/mmleak-tools.so \
+	    $(DESTDIR)$(LIBDIR)/mmleak-scan
 	rm -rf $(DESTDIR)$(SHAREDIR)
 	rm -f $(DESTDIR)$(BINDIR)/mmleak $(DESTDIR)$(BINDIR)/mmleak-panda \
 	    $(DESTDIR)$(SBINDIR)/mmleak-install
@@ -137,6 +145,6 @@ deb:
 	lintian --fail-on error,warning $(DEB)/*.changes
 
 clean:
-	rm -rf mmleak.so mmleak-tools.so build tests/bin bench/out demo __pycache__ tests/__pycache__ mmleaklib/__pycache__
+	rm -rf mmleak.so mmleak-tools.so mmleak-scan build tests/bin bench/out demo __pycache__ tests/__pycache__ mmleaklib/__pycache__
 
 .PHONY: all check bench demo debug man install uninstall deb clean

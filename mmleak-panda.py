@@ -99,7 +99,9 @@ def page_model(rep, wrappers):
         for a in kept:
             k = stacks[a.callers[:depth]][2]
             got[k] = got.get(k, 0) + a.size
-        exact = {t.caller: t.bytes for t in table}
+        exact = collections.Counter()          # a site's bytes, all its kinds together
+        for t in table:
+            exact[t.caller] += t.bytes
         scale = {k: exact[k] / got[k] if got[k] else 1.0 for k in got}   # (blocks of 0 bytes)
         kept = [a._replace(size=a.size * scale[stacks[a.callers[:depth]][2]]) for a in kept]
         return kept, table, stacks
@@ -552,16 +554,23 @@ for(var i=0;i<ths.length;i++)(function(c){ths[c].addEventListener('click',functi
  var d=ths[c].classList.contains('desc')?1:ths[c].classList.contains('asc')?-1:
   (ths[c].getAttribute('data-t')==='n'?-1:1); sortBy(c,d);});})(i);
 var inp=document.getElementById('filter'), cnt=document.getElementById('count');
-var hrt=document.getElementById('hide-rt');
-function filt(){var q=inp.value.toLowerCase().trim(), n=0, b=0, h=hrt.checked;
- rows.forEach(function(r){var ok=(!q||r.textContent.toLowerCase().indexOf(q)>=0)&&!(h&&r.hasAttribute('data-rt'));
+var hrt=document.getElementById('hide-rt'), kv=document.getElementById('kind-view');
+function kinds(){if(!kv)return null;return kv.options[kv.selectedIndex].getAttribute('data-kinds').split(',');}
+function showView(){var v=kv.value, d=document.querySelectorAll('.kview');
+ for(var i=0;i<d.length;i++)d[i].style.display=d[i].getAttribute('data-view')===v?'':'none';
+ if(window.__flameShow&&document.getElementById('flame-data-'+v))window.__flameShow('flame-data-'+v);
+ filt();}
+function filt(){var q=inp.value.toLowerCase().trim(), n=0, b=0, h=hrt.checked, ks=kinds();
+ rows.forEach(function(r){var ok=(!q||r.textContent.toLowerCase().indexOf(q)>=0)&&!(h&&r.hasAttribute('data-rt'))&&
+  (!ks||ks.indexOf(r.getAttribute('data-kind'))>=0);
   r.style.display=ok?'':'none'; if(ok){n++;b+=+r.getAttribute('data-bytes');}});
  cnt.textContent=n+' of '+rows.length+' call sites shown'+(q?' ('+fmt(b)+' matching)':'');}
 function fmt(n){var u=['B','KiB','MiB','GiB','TiB','PiB','EiB'],i=0;while(n>=1024&&i<6){n/=1024;i++;}return i?n.toFixed(1)+' '+u[i]:n+' B';}
-inp.addEventListener('input',filt); hrt.addEventListener('change',filt); filt();
+inp.addEventListener('input',filt); hrt.addEventListener('change',filt); if(kv)kv.addEventListener('change',showView); filt();
 if(location.hash==='#selftest'){var out=[],ok=true;
  function col(c){return rows.filter(function(r){return r.style.display!=='none';}).map(function(r){return key(r,c);});}
  function sorted(a,d){for(var i=1;i<a.length;i++)if(d*(a[i]-a[i-1])<0)return false;return true;}
+ var view0=kv?kv.value:null; if(kv){kv.value='all';showView();}
  try{
   var bc=-1,kc=-1; for(var i=0;i<ths.length;i++){if(ths[i].id==='col-bytes')bc=i;if(ths[i].id==='col-blocks')kc=i;}
   ths[kc].click(); var a=col(kc); var s1=sorted(a,-1); ths[kc].click(); var s2=sorted(col(kc),1);
@@ -576,12 +585,26 @@ if(location.hash==='#selftest'){var out=[],ok=true;
   hrt.click(); var vis=rows.filter(function(r){return r.hasAttribute('data-rt')&&r.style.display!=='none';}).length;
   var rest=col(bc).length; hrt.click(); out.push('hide-rt-visible='+vis,'own-sites='+rest);
   ok=ok&&vis===0&&col(bc).length===rows.length;
-  var svgs=document.querySelectorAll('svg'), paths=0;
+  var svgs=Array.prototype.filter.call(document.querySelectorAll('svg'),function(e){return e.getBoundingClientRect().width>0;}), paths=0;
   for(var j=0;j<svgs.length;j++)paths+=svgs[j].querySelectorAll('path').length;
   var r0=svgs.length?svgs[0].getBoundingClientRect():{width:0,height:0};
   out.push('svgs='+svgs.length,'paths='+paths,'svg0='+Math.round(r0.width)+'x'+Math.round(r0.height));
   ok=ok&&svgs.length>=2&&paths>0&&r0.width>100;
  }catch(e){ok=false;out.push('error='+e);}
+ // the kind filter: every view shows only its kinds' rows, one set of charts, its flame graph
+ if(kv)try{var opts=kv.options;
+  for(var o=0;o<opts.length;o++){kv.value=opts[o].value; showView(); var ks=kinds(), nr=0, nb=0, bad=0;
+   rows.forEach(function(r){if(r.style.display==='none')return; nr++; nb+=+r.getAttribute('data-bytes');
+    if(ks.indexOf(r.getAttribute('data-kind'))<0)bad++;});
+   var ch=0, gr=0, cv=document.querySelectorAll('.charts.kview'), gv=document.querySelectorAll('.panel.kview');
+   for(var j=0;j<cv.length;j++)if(cv[j].getBoundingClientRect().height>0)ch++;
+   for(var j=0;j<gv.length;j++)if(gv[j].getBoundingClientRect().height>0)gr++;
+   var fr=window.__flameRoot?window.__flameRoot():null;
+   out.push('view-'+kv.value+'=rows:'+nr+',bytes:'+nb+',charts:'+ch+',flame:'+(fr===null?'none':fr.replace(/[ ,]/g,'_'))+
+    (gv.length?',growth:'+gr:''));
+   ok=ok&&bad===0&&ch===1&&(!gv.length||gr===1);}
+  kv.value=view0; showView(); out.push('view-default='+view0);
+ }catch(e){ok=false;out.push('view-error='+e);}
  try{var ft=window.__flameTest?window.__flameTest():null;
   if(ft){out=out.concat(ft.out);ok=ok&&ft.ok;}
   else{out.push('flame=none');ok=ok&&!document.getElementById('flame');}
@@ -610,9 +633,15 @@ FLAME_CSS = """
 
 FLAME_JS = r"""
 (function(){
-var el=document.getElementById('flame'), src=document.getElementById('flame-data');
+// flame(SRC): draw the graph of the JSON in the element SRC; again for another view of the
+// kind filter (window.__flameShow(id)): the box container and the Reset button are replaced
+// by fresh copies, so that no listener of the previous graph is left
+function flame(src){
+var el=document.getElementById('flame');
 window.__flameTest=null;
 if(!el||!src)return;
+if(el.firstChild){var el2=el.cloneNode(false);el.parentNode.replaceChild(el2,el);el=el2;
+ var r0=document.getElementById('flame-reset');if(r0)r0.parentNode.replaceChild(r0.cloneNode(true),r0);}
 var D=JSON.parse(src.textContent), S=D.s, F=D.f, R=D.n, W=5, ROW=18, n=R.length/W;
 var fi=[],dep=[],byt=[],bs=[],blk=[],cut=[],par=[],end=[],x0=[],box=[],path=[],off=[],maxd=0;
 for(var i=0;i<n;i++){
@@ -710,6 +739,10 @@ window.__flameTest=function(){var out=[],ok=true;
  box[t].dispatchEvent(new MouseEvent('mouseleave',{bubbles:false}));
  el.dispatchEvent(new MouseEvent('mouseleave',{bubbles:false}));
  return {ok:ok,out:out};};
+}
+window.__flameShow=function(id){flame(document.getElementById(id));};
+window.__flameRoot=function(){var d=document.querySelector('#flame .fb');return d?d.textContent:null;};
+flame(document.getElementById('flame-data'));
 })();
 """
 
@@ -902,6 +935,17 @@ def build_html(ctx):
                      'allocation wrapper (%s): trace with <code>--depth 4</code> to see who '
                      'called them.</span>' % (ctx["wrapped_sites"],
                                               esc(", ".join(ctx["wrapper_hits"]))))
+    found, nfound = ctx.get("found_wrappers") or ([], 0)
+    if ctx.get("found_wrappers") is None:
+        notes.append("<b>Wrappers:</b> the program's own were not looked for "
+                     "(<code>--no-wrapper-detection</code>).")
+    elif nfound:
+        notes.append("<b>Allocation wrappers found</b> in the program (their callers are the "
+                     "call sites; mmleak-wrappers(7)): %s%s" % (
+                         "; ".join("<code>%s</code>: %s" % (esc(l.split(": ", 1)[0]),
+                                                            esc(l.split(": ", 1)[1]))
+                                   for l in found),
+                         "; and %d more" % (nfound - len(found)) if nfound > len(found) else ""))
     if ctx.get("foreign"):
         notes.append("%s frees of blocks allocated before tracing began (not leaks)."
                      % esc("{:,}".format(ctx["foreign"])))
@@ -909,17 +953,35 @@ def build_html(ctx):
         notes.append(n)
     w('<div class="notes"><ul>%s</ul></div>\n' % "".join("<li>%s</li>" % n for n in notes))
 
+    views = ctx.get("views")
+    if views:
+        w(kind_summary_html(ctx))
     # -- charts --
-    w('<div class="charts"><div class="chart" id="chart-sites">%s</div>'
-      '<div class="chart" id="chart-time">%s</div></div>\n'
-      % (ctx["svg_sites"], ctx["svg_time"]))
+    if views:
+        for v in views:
+            w('<div class="charts kview" data-view="%s"%s><div class="chart">%s</div>'
+              '<div class="chart">%s</div></div>\n'
+              % (v["key"], "" if v["key"] == ctx["view_default"] else ' style="display:none"',
+                 v["svg_sites"], v["svg_time"]))
+    else:
+        w('<div class="charts"><div class="chart" id="chart-sites">%s</div>'
+          '<div class="chart" id="chart-time">%s</div></div>\n'
+          % (ctx["svg_sites"], ctx["svg_time"]))
 
     # -- growth over time, and the incremental view (mmleak.py report only) --
     for panel in ctx.get("extra_panels", []):
         w(panel)
 
     # -- the flame graph --
-    w(flame_panel(ctx.get("flame")))
+    if views:
+        dv = next(v for v in views if v["key"] == ctx["view_default"])
+        w(flame_panel(dv["flame"] if dv["flame"].blocks else ctx.get("flame")))
+        if ctx.get("flame") is not None and ctx["flame"].blocks:
+            for v in views:
+                w('<script type="application/json" id="flame-data-%s">%s</script>\n'
+                  % (v["key"], flame_json(v["flame"])))
+    else:
+        w(flame_panel(ctx.get("flame")))
 
     # -- the table --
     shown = min(len(table), ctx["top"])
@@ -933,12 +995,14 @@ def build_html(ctx):
             ("col-bytes", "Bytes", "n"), ("col-blocks", "Blocks", "n"),
             ("col-mean", "Mean", "n"), ("col-min", "Min", "n"), ("col-max", "Max", "n"),
             ("col-oldest", "Oldest", "n"), ("col-youngest", "Youngest", "n")]
+    if views:
+        cols.append(("col-kind", "Kind", "s"))     # last: the columns before keep their places
     w('<table id="sites"><thead><tr>%s</tr></thead><tbody>\n' % "".join(
         '<th id="%s" data-t="%s"%s>%s</th>' % (i, t, ' class="desc"' if i == "col-bytes"
                                                else "", n) for i, n, t in cols))
     top_bytes = max(table[0].bytes, 1) if table else 1
     for r, site in enumerate(table[:shown]):
-        w(site_row(r, site, frames.get(site.caller), frames, deep, top_bytes))
+        w(site_row(r, site, frames.get(site.caller), frames, deep, top_bytes, bool(views)))
     w("</tbody></table>\n")
     if not table:
         w("<p><b>No leaks:</b> every block allocated while tracing (and passing the filter) "
@@ -957,8 +1021,9 @@ def build_html(ctx):
     return "".join(p)
 
 
-def site_row(r, site, fr, frames, deep, top_bytes):
-    """The table's row R (from 0) of a Site (report.site_table)."""
+def site_row(r, site, fr, frames, deep, top_bytes, kinds=False):
+    """The table's row R (from 0) of a Site (report.site_table); KINDS: with its kind's
+    column (a scan ran)."""
     fn, loc, mod, texts = frame_cells(fr, site.caller)
     b, n = site.bytes, site.blocks
     mean = b / n
@@ -984,19 +1049,22 @@ def site_row(r, site, fr, frames, deep, top_bytes):
     rt = sites.is_runtime(fr)
     if rt:
         extra = '<span class="rt">runtime library</span>' + extra
-    return ('<tr data-rank="%d" data-bytes="%d"%s><td class="num" data-v="%d">%d</td>'
-            '<td class="fn" data-v="%s">%s%s<span class="bar" style="width:%.1f%%"></span></td>'
-            '<td class="loc" data-v="%s">%s</td><td class="mod" data-v="%s">%s</td>'
+    kcell = ('<td class="kind" data-v="%d">%s</td>' % (sites.KINDS.index(site.kind),
+                                                        esc(site.kind))) if kinds else ""
+    return ('<tr data-rank="%d" data-bytes="%d" data-kind="%s"%s><td class="num" data-v="%d">%d'
+            '</td><td class="fn" data-v="%s">%s%s<span class="bar" style="width:%.1f%%"></span>'
+            '</td><td class="loc" data-v="%s">%s</td><td class="mod" data-v="%s">%s</td>'
             '<td class="num" data-v="%d" title="%s bytes">%s</td><td class="num" data-v="%d">%s'
             '</td><td class="num" data-v="%.1f">%s</td><td class="num" data-v="%d">%s</td>'
             '<td class="num" data-v="%d">%s</td><td class="num" data-v="%d">%s</td>'
-            '<td class="num" data-v="%d">%s</td></tr>\n'
-            % (r + 1, b, ' data-rt="1" class="rtrow"' if rt else "", r + 1, r + 1,
+            '<td class="num" data-v="%d">%s</td>%s</tr>\n'
+            % (r + 1, b, site.kind, ' data-rt="1" class="rtrow"' if rt else "", r + 1, r + 1,
                esc(texts[0]), fn, extra, 100.0 * b / top_bytes,
                esc(texts[1]), loc, esc(texts[2]), mod,
                b, "{:,}".format(b), esc(hb(b)), n, "{:,}".format(n),
                mean, esc(hb(mean)), site.min, esc(hb(site.min)), site.max, esc(hb(site.max)),
-               site.oldest, esc(dur(site.oldest)), site.youngest, esc(dur(site.youngest))))
+               site.oldest, esc(dur(site.oldest)), site.youngest, esc(dur(site.youngest)),
+               kcell))
 
 
 def render(rep, meta, wrappers=None, top=TOP_ROWS):
@@ -1004,7 +1072,7 @@ def render(rep, meta, wrappers=None, top=TOP_ROWS):
     since, older_than: see page_model).  META: the texts (pid, trace, cmd, start, events,
     events_note, symbol_error, foreign, baseline, unfiltered, source, extra_notes,
     extra_panels)."""
-    wrappers = wrappers or sites.Wrappers(rep.get("wrappers") or ())
+    wrappers = wrappers or report.report_wrappers(rep)
     frames = rep.get("frames") or {}
     depth = report.site_depth(rep)
     kept, table, stacks = page_model(rep, wrappers)
@@ -1017,11 +1085,25 @@ def render(rep, meta, wrappers=None, top=TOP_ROWS):
     wrapped = sum(1 for s in table if frames.get(s.caller) in wrappers) if depth <= 1 else 0
     everything = rep["survivors"]
     ctx = dict(meta, depth=depth, end_time=rep.get("end_time") or 0)
+    ctx["views"] = (kind_views(rep, kept, wrappers, frames, depth, ctx["end_time"])
+                    if rep.get("kinds") is not None else None)
     df = blocks_frame(kept, stacks, depth)
     if rep.get("groups") is not None:       # per-stack aggregates: no pass over the blocks
         used = {c for g in rep["groups"] for c in g.callers[:depth]}
     else:
         used = {c for a in everything for c in a.callers[:depth]}
+    if ctx["views"]:
+        keys = [v["key"] for v in ctx["views"]]
+        ctx["view_default"] = "leaks" if next(v for v in ctx["views"] if v["key"] ==
+                                              "leaks")["blocks"] else "all"
+        assert ctx["view_default"] in keys
+        ctx["kind_totals"] = report.kind_totals(rep)
+        ctx["suppressed"] = rep.get("suppressed")
+        ctx["suppressed_total"] = rep.get("suppressed_total")
+        if rep.get("growth"):
+            ctx["extra_panels"] = [growth_panel(rep, wrappers, v["sites"],
+                                                (v["key"], v["key"] == ctx["view_default"]))
+                                   for v in ctx["views"]] + list(ctx.get("extra_panels") or [])
     ctx.update({
         "sites": table, "labels": labels, "frames": frames, "top": top,
         "bytes": sum(s.bytes for s in table), "blocks": sum(s.blocks for s in table),
@@ -1031,12 +1113,97 @@ def render(rep, meta, wrappers=None, top=TOP_ROWS):
                           else len(everything)),
         "symbols": symbol_summary(sorted(used), frames, meta.get("symbol_error")),
         "wrapper_hits": sorted(hits), "wrapped_sites": wrapped,
+        "found_wrappers": report.found_wrapper_lines(rep, 12)
+        if rep.get("detect_wrappers", True) else None,
         "flame": flame_of(stacks, frames),
         "svg_sites": chart_top_sites(table, labels),
         "svg_time": chart_timeline(df, table, [l.split(" ", 1)[1] for l in labels],
                                    ctx["end_time"]),
     })
     return build_html(ctx)
+
+
+# The kind filter (issue 20): with a reachability scan, the page has a view per kind, and
+# each view its own charts and flame graph, made here from the blocks of its kinds.
+KIND_VIEWS = (("leaks", "not still reachable (lost, possibly lost, unknown)",
+               ("definite", "indirect", "possible", "unknown")),
+              ("lost", "definitely and indirectly lost", ("definite", "indirect")),
+              ("definite", "definitely lost", ("definite",)),
+              ("indirect", "indirectly lost", ("indirect",)),
+              ("possible", "possibly lost", ("possible",)),
+              ("reachable", "still reachable", ("reachable",)),
+              ("unknown", "reachability unknown", ("unknown",)),
+              ("all", "all blocks not freed", sites.KINDS))
+
+
+def kind_views(rep, kept, wrappers, frames, depth, end_time):
+    """[view dict] of the kinds' views that have blocks ("leaks" and "all" always): key,
+    label, kinds, blocks, bytes, the charts (SVG) and the flame graph of its blocks."""
+    kind_of = rep.get("kind_of") or (lambda a: "unknown")
+    by_kind = collections.defaultdict(list)
+    for a in kept:
+        by_kind[kind_of(a)].append(a)
+    # the exact totals per kind: from the (stack, kind) aggregates when the report has them
+    # (then KEPT is a sample of the blocks), else from the blocks
+    groups = rep.get("groups")
+    count = collections.Counter()
+    if groups is not None:
+        for g in groups:
+            count[g.kind or "unknown"] += g.blocks
+    else:
+        count.update({k: len(v) for k, v in by_kind.items()})
+    views = []
+    for key, label, kinds in KIND_VIEWS:
+        blocks = [a for k in kinds for a in by_kind.get(k, ())]
+        nblocks = sum(count[k] for k in kinds)
+        if not nblocks and key not in ("leaks", "all"):
+            continue
+        if key == "lost" and (not count["definite"] or not count["indirect"]):
+            continue            # the same as "definite" or "indirect" alone
+        blocks.sort(key=lambda a: (a.time, a.ptr, a.seq))
+        stacks = {}
+        sub = dict(rep, survivors=blocks)
+        if groups is not None:
+            sub["groups"] = [g for g in groups if (g.kind or "unknown") in kinds]
+        table = report.site_table(sub, stacks, wrappers)
+        labels = ["#%d %s" % (i + 1, site_label(frames.get(s.caller), s.caller))
+                  for i, s in enumerate(table[:max(CHART_SITES, TIMELINE_SITES)])]
+        views.append({
+            "key": key, "label": label, "kinds": kinds, "blocks": nblocks,
+            "sites": {s.caller for s in table},
+            "bytes": sum(s.bytes for s in table),
+            "svg_sites": chart_top_sites(table, labels),
+            "svg_time": chart_timeline(blocks_frame(blocks, stacks, depth), table,
+                                       [l.split(" ", 1)[1] for l in labels], end_time),
+            "flame": flame_of(stacks, frames)})
+    return views
+
+
+def kind_summary_html(ctx):
+    """The LEAK SUMMARY (a row per kind and the suppressed) and the view chooser."""
+    tot = ctx["kind_totals"]
+    rows = "".join('<tr data-kind="%s"><td>%s</td><td class="num">%s</td><td class="num" '
+                   'title="%s bytes">%s</td></tr>' % (k, esc(sites.KIND_TEXT[k]),
+                                                     "{:,}".format(tot[k][0]),
+                                                     "{:,}".format(tot[k][1]),
+                                                     esc(hb(tot[k][1])))
+                   for k in sites.KINDS)
+    n, b = ctx.get("suppressed_total") or (0, 0)
+    rows += ('<tr data-kind="suppressed"><td>suppressed</td><td class="num">%s</td>'
+             '<td class="num" title="%s bytes">%s</td></tr>'
+             % ("{:,}".format(n), "{:,}".format(b), esc(hb(b))))
+    opts = "".join('<option value="%s" data-kinds="%s"%s>%s (%s in %s blocks)</option>'
+                   % (v["key"], ",".join(v["kinds"]), " selected" if v["key"] ==
+                      ctx["view_default"] else "", esc(v["label"]), esc(hb(v["bytes"])),
+                      "{:,}".format(v["blocks"])) for v in ctx["views"])
+    rules = "".join("<li>%s in %s blocks by <code>leak:%s</code> (%s)</li>"
+                    % (esc(hb(rb)), "{:,}".format(rn), esc(r.pattern), esc(r.origin))
+                    for r, rn, rb in ctx.get("suppressed") or ())
+    return ('<div class="panel" id="kinds"><h2>Leak summary</h2><table class="small" '
+            'id="kind-summary"><tr><th>kind</th><th>blocks</th><th>bytes</th></tr>%s</table>'
+            '%s<p class="tools"><label>Show <select id="kind-view">%s</select></label>'
+            '<span class="count">the charts, the flame graph and the table below follow '
+            'it</span></p></div>\n' % (rows, "<ul>%s</ul>" % rules if rules else "", opts))
 
 
 def write_page(page, out_path):
@@ -1071,7 +1238,7 @@ def render_report(rep, out_path, wrappers=None, top=TOP_ROWS):
     Optional keys read here: since, older_than (seconds; the --since/--older-than filters)
     and wrappers (more allocation wrapper names to look through)."""
     if wrappers is None or isinstance(wrappers, (list, tuple)):
-        wrappers = sites.Wrappers(list(wrappers or ()) + list(rep.get("wrappers") or ()))
+        wrappers = report.report_wrappers(rep, wrappers or ())
     meta = {
         "pid": rep.get("pid"), "trace": rep.get("trace"), "cmd": rep.get("cmd"),
         "start": rep.get("start") or 0, "events": rep.get("events") or 0,
@@ -1096,7 +1263,7 @@ def render_report(rep, out_path, wrappers=None, top=TOP_ROWS):
                                    "<code>detach</code>): the blocks allocated while attached "
                                    "and still alive at its end; ages at its end.")
     meta["extra_panels"] = []
-    if rep.get("growth"):
+    if rep.get("growth") and rep.get("kinds") is None:    # (with kinds: one per view, render)
         meta["extra_panels"].append(growth_panel(rep, wrappers))
     if rep.get("freed_since_baseline") is not None:
         meta["extra_panels"].append(incremental_panel(rep))
@@ -1110,13 +1277,15 @@ def render_report(rep, out_path, wrappers=None, top=TOP_ROWS):
 GROWTH_SITES = 8
 
 
-def growth_panel(rep, wrappers):
+def growth_panel(rep, wrappers, only=None, view=None):
     """Live bytes per call site at each point of mmleak.ID.series: the chart a
     daemon's leak is found with, a line that keeps rising; and the table of first, last,
-    change and rate."""
+    change and rate.  ONLY: just these call sites (a kind view's: the series has no kinds,
+    so a site's whole series); VIEW: (key, shown) of the kind view the panel belongs to."""
     import numpy as np
     g, pts, frames = rep["growth"], rep["series"], rep["frames"]
-    rows = sorted(((site, vals) for site, vals in g.items() if any(v[2] for v in vals)),
+    rows = sorted(((site, vals) for site, vals in g.items() if any(v[2] for v in vals)
+                   and (only is None or site in only)),
                   key=lambda kv: (-(kv[1][-1][2] - kv[1][0][2]), kv[0]))
     Figure, _ = _mpl()
     fig = Figure(figsize=(6.4, 3.4))
@@ -1148,19 +1317,26 @@ def growth_panel(rep, wrappers):
                                                      "0x%x" % site),
                                                  "{:,}".format(vals[0][2]),
                                                  "{:,}".format(vals[-1][2]), d, rate))
-    return ('<div class="panel" id="growth"><h2>Growth over time</h2><p>%d points '
+    # the view shown first keeps the panel's id (a link to #growth lands there)
+    head = ('<div class="panel" id="growth">' if view is None else
+            '<div class="panel kview" data-view="%s"%s>' % (view[0], ' id="growth"' if view[1]
+                                                            else ' style="display:none"'))
+    note = ("" if view is None else " Only the call sites with blocks of the kinds shown "
+            "(the series has no kinds: a site's line counts all its blocks).")
+    return ('%s<h2>Growth over time</h2><p>%d points '
             'over %s of the trace (mmleak.%s.series). A call site whose live bytes keep '
-            'rising is a leak.</p><div class="charts"><div class="chart">%s</div></div>'
+            'rising is a leak.%s</p><div class="charts"><div class="chart">%s</div></div>'
             '<table class="small"><tr>'
             '<th>call site</th><th>live bytes, first point</th><th>last point</th>'
             '<th>change</th><th>bytes per hour</th></tr>%s</table></div>\n'
-            % (len(pts), esc(dur(span)), esc(rep.get("trace") or ""), _svg(fig), "".join(trs)))
+            % (head, len(pts), esc(dur(span)), esc(rep.get("trace") or ""), note, _svg(fig),
+               "".join(trs)))
 
 
 def incremental_panel(rep):
     """Per call site, since the --baseline snapshot: allocated and still alive (+), of the
     snapshot freed since (-)."""
-    rows = sites.incremental_sites(rep)
+    rows = sites.incremental_sites(rep, report.report_wrappers(rep))
     frames = rep["frames"]
     trs = []
     for caller, pb, pn, mb, mn in rows[:200]:
@@ -1266,6 +1442,9 @@ def add_arguments(p):
                    help="more allocation wrapper functions to look through (with a trace "
                         "depth > 1); default: xmalloc, xcalloc, xrealloc, xstrdup, g_malloc, "
                         "g_malloc0, g_realloc, g_strdup, operator new, ...")
+    p.add_argument("--no-wrapper-detection", action="store_true",
+                   help="do not look for the program's own allocation wrappers (functions "
+                        "that return the block the allocator gave them) in its stacks and code")
     p.add_argument("--top", type=errors.positive_int, default=TOP_ROWS,
                    help="table rows at most (default %d)" % TOP_ROWS)
     p.add_argument("--depth", type=errors.positive_int,
@@ -1304,7 +1483,8 @@ def run(args):
         raise Fail("%s: no such maps file" % args.maps)
     rep = read_stdin(args.depth, args.end_time)
     rep.update(since=args.since, older_than=args.older_than,
-               wrappers=[n for w in args.wrappers for n in w.split(",") if n])
+               wrappers=[n for w in args.wrappers for n in w.split(",") if n],
+               detect_wrappers=not args.no_wrapper_detection)
     status = EXIT_OK
     frames, sym_error = {}, "no --maps given"
     if args.maps:
@@ -1314,6 +1494,7 @@ def run(args):
         if sym_error:
             status = EXIT_TOOL
     rep["frames"] = frames
+    rep["maps"] = args.maps
     notes = []
     if args.end_time is None and rep["clock"] is None:
         notes.append("End of the trace taken as the newest surviving allocation (%s s); ages "

@@ -10,8 +10,10 @@
     shrink      Shrinker, the reference engine; shrink_files
     native      ctypes binding of mmleak-tools.so: the compiled shrinker, the injector
     blocks      the survivors as native arrays (Live), their per-(stack, kind) aggregates
-    symbolize   Maps, Symbolizer (eu-addr2line), frame labels
-    sites       the one table of leak sites, and the call-site policy
+    symbolize   Maps, Symbolizer (eu-addr2line, --debuginfo-path), frame labels
+    elfcode     the objects' function symbols and code (objdump): a function's name and
+                offset without debug information, does it hand its block back (wrappers)
+    sites       the one table of leak sites, the call-site policy, finding wrappers
     compact     compaction, the trace lock, liveness, recover
     series      the time series of live blocks per call site
     report      build_report, the terminal report, CSV, the exports' model
@@ -36,11 +38,11 @@ _API = {
     "native": "NATIVE_ABI native_shrink",
     "blocks": "Live Survivors aggregate_allocs time_bounds",
     "symbolize": "Frame Maps Symbolizer frame_label",
-    "sites": "Site Wrappers base_name human_bytes incremental_sites is_runtime leak_sites "
-             "site_resolver sites_from_groups",
+    "sites": "Found Site Wrappers base_name find_wrappers human_bytes incremental_sites "
+             "is_runtime leak_sites site_resolver sites_from_groups",
     "compact": "TraceLock compact_dir compact_trace trace_alive",
     "series": "read_series series_line_ok",
-    "report": "build_report export_model print_top_sites site_table",
+    "report": "build_report export_model print_top_sites report_wrappers site_table",
     "attach": "mmleak_in traced_state",
     "cli": "main",
 }

@@ -109,13 +109,22 @@ class Live:
             ex = sorted(exclude) if exclude else None
             kt = None
             names = []
-            if kinds:
-                names = sorted({k for k in kinds.values() if k is not None})
+            if kinds and hasattr(kinds, "table"):
+                # the scan's Kinds (scan.py): its sorted columns go to C as they are
+                from .scan import KINDS as names
+                names = list(names)
+                a, s, k = kinds.table()
+                kt = ("columns", a, s, k.translate(bytes(range(1, 256)) + b"\0"))
+            elif kinds:
+                # a dict: keys (ptr, seq), a kind each
+                items = sorted(kinds.items())
+                pairs = [p for p, _ in items]
+                vals = [k for _, k in items]
+                names = sorted({k for k in vals if k is not None})
                 if len(names) > 254:
                     raise ValueError("more than 254 kinds")
                 code = {k: i + 1 for i, k in enumerate(names)}
-                pairs = sorted(kinds)
-                kt = (pairs, [code.get(kinds[p], 0) for p in pairs])
+                kt = (pairs, [code.get(v, 0) for v in vals])
             groups, tot, flags = self.native.aggregate(tmin, tmax, ex, kt)
             seen.update(k for k, f in zip(ex or (), flags) if f)
             stacks = self.stacks

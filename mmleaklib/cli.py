@@ -15,7 +15,7 @@ import tempfile
 import time
 
 from . import attach, compact, errors, facts, files, layout, report, series, shrink, symbolize
-from .errors import (EXIT_INPUT, EXIT_OK, EXIT_PARTIAL, EXIT_TOOL, EXIT_USAGE, Fail,
+from .errors import (EXIT_CHECK, EXIT_INPUT, EXIT_OK, EXIT_PARTIAL, EXIT_TOOL, EXIT_USAGE, Fail,
                               finite_float, nonnegative_float, positive_float, positive_int,
                               warn)
 from .sites import human_bytes
@@ -203,6 +203,84 @@ def cmd_symbolize(args):
 # run, recover
 # ---------------------------------------------------------------------------------------
 
+CHECK_HELP = """\
+--check, the gate for a test suite: the process's blocks not freed, classified by the
+reachability scan (definite: nothing points to them; indirect: only lost blocks do;
+possible: only interior pointers; reachable: still referenced; unknown: no scan ran),
+less those a suppression takes, fail the check when one has a kind in --leak-kinds:
+exit status 23 (LeakSanitizer's; --check-status).  Suppressions are LeakSanitizer's
+`leak:PATTERN` lines (* any characters, ^ and $ anchors), matched against the function,
+source file or module of any frame of a block's stack; from --suppressions FILE, the
+files in MMLEAK_SUPPRESSIONS (':'-separated), the program's own
+__lsan_default_suppressions(), and a built-in list of the C runtime's one-time
+allocations (applied to blocks a scan found not reachable).  The report says what each
+rule took.
+
+"""
+
+
+def leak_kinds(text):
+    """--leak-kinds: 'definite,indirect', 'all', 'none' (valgrind's --errors-for-leak-kinds)."""
+    from .sites import KINDS
+    if text == "all":
+        return list(KINDS)
+    if text == "none":
+        return []
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        raise argparse.ArgumentTypeError("%r: kinds are %s (comma-separated), all or none"
+                                         % (",".join(bad) or text, ", ".join(KINDS)))
+    return kinds
+
+
+DEFAULT_LEAK_KINDS = "definite,indirect,unknown"
+
+
+def check_status(text):
+    v = int(text) if text.isdigit() else -1
+    if not 1 <= v <= 255:
+        raise argparse.ArgumentTypeError("%r: an exit status from 1 to 255" % text)
+    return v
+
+
+def add_check_options(p, check_help):
+    p.add_argument("--check", action="store_true", help=check_help)
+    p.add_argument("--check-status", type=check_status, default=EXIT_CHECK, metavar="N",
+                   help="the exit status of a failed --check (default %d, LeakSanitizer's)"
+                        % EXIT_CHECK)
+    p.add_argument("--leak-kinds", type=leak_kinds, default=leak_kinds(DEFAULT_LEAK_KINDS),
+                   metavar="KIND[,KIND...]",
+                   help="the kinds that fail --check, like valgrind's --errors-for-leak-kinds: "
+                        "definite, indirect, possible, reachable, unknown (no scan ran), all, "
+                        "none (default %s)" % DEFAULT_LEAK_KINDS)
+    p.add_argument("--suppressions", action="append", default=[], metavar="FILE",
+                   help="leak:PATTERN rules (LeakSanitizer's syntax) of blocks not to count "
+                        "as leaks; repeatable; more in MMLEAK_SUPPRESSIONS")
+    p.add_argument("--no-builtin-suppressions", action="store_true",
+                   help="do not apply the built-in list of the C runtime's one-time "
+                        "allocations")
+    p.epilog = CHECK_HELP + (p.epilog or "")
+
+
+def check_verdict(rep, args, out):
+    """The --check verdict of REP (suppressions applied): True if it passes; says why on
+    OUT either way."""
+    n, b = report.check_failures(rep, args.leak_kinds)
+    what = ",".join(args.leak_kinds) or "none"
+    if n:
+        out.write("mmleak: check FAILED: trace %s (%s): %d blocks (%s) not freed of the kinds "
+                  "that count (%s)\n" % (rep["trace"], rep["cmd"] or "command unknown", n,
+                                         report.bytes_text(b), what))
+        return False
+    n, b = rep.get("suppressed_total") or (0, 0)
+    out.write("mmleak: check passed: trace %s (%s): no block not freed of the kinds that "
+              "count (%s)%s\n" % (rep["trace"], rep["cmd"] or "command unknown", what,
+                                  "; %d blocks (%s) suppressed" % (n, report.bytes_text(b))
+                                  if n else ""))
+    return True
+
+
 def add_run(sub):
     r = command(sub, "run", cmd_run, "run a command under the tracer",
                 "Run CMD with mmleak.so preloaded ($MMLEAK_LIB, else the one beside the "
@@ -221,6 +299,13 @@ def add_run(sub):
     r.add_argument("--keep-all", action="store_true",
                    help="no background compaction: keep every dump file as written")
     r.add_argument("--lib", help="path of mmleak.so to use")
+    add_check_options(r, "when CMD ends, report its leaks on stderr and exit with "
+                         "--check-status (23) if a block of a --leak-kinds kind is not freed "
+                         "(suppressions applied) in its trace or a child's; otherwise with "
+                         "CMD's status")
+    r.add_argument("--no-check-children", action="store_true",
+                   help="with --check: only CMD's own process (its last image), not the "
+                        "processes it started (a shell script's subshells and tools)")
     r.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
 
 
@@ -277,7 +362,44 @@ def cmd_run(args):
             compactor.finish()
     how = ("exit status %d" % rc) if rc >= 0 else ("killed by signal %d" % -rc)
     say_run_traces(d, before, proc.pid, cmd[0], how)
-    return rc if rc >= 0 else 128 - rc
+    status = rc if rc >= 0 else 128 - rc
+    if args.check and not run_check(d, before, args, None if not args.no_check_children
+                                    else proc.pid):
+        return args.check_status
+    return status
+
+
+def run_check(d, before, args, only_pid=None):
+    """run --check: the traces the run wrote (the command's and its children's) through the
+    gate; False if one fails.  Of a process that exec'd, only its last image counts: the
+    memory of the images before was released by the exec, not leaked.  ONLY_PID: that
+    process alone (--no-check-children).  A trace that fails
+    is reported on stderr (the command's stdout is its own), one that passes in a line (and
+    its leak summary when suppressions took blocks)."""
+    traces = files.find_traces(d)
+    new = set(traces) - before
+    last = []
+    pids = {t.split("-")[0] for t in new}
+    if only_pid is not None:
+        pids &= {str(only_pid)}
+    for pid in sorted(pids, key=int):
+        images = [t for t in report.process_images(traces, pid) if t in new and traces[t]]
+        if images:
+            last.append(images[-1])
+    ok = True
+    for tid in last:
+        rep = report.build_report(d, progress=False, trace=tid)
+        report.apply_suppressions(rep, report.report_rules(
+            rep, args.suppressions, not args.no_builtin_suppressions))
+        rep["check"] = True
+        rep["wrappers"] = []
+        rep["growth"] = None            # a verdict, not a daemon's history
+        if report.check_failures(rep, args.leak_kinds)[0]:
+            report.print_top_sites(rep, sys.stderr)
+        elif rep["suppressed"]:         # what the rules took, as LSan's "Suppressions used"
+            report.print_kind_summary(rep, sys.stderr)
+        ok = check_verdict(rep, args, sys.stderr) and ok
+    return ok
 
 
 def say_run_traces(d, before, pid, name, how):
@@ -381,6 +503,16 @@ def add_report(sub):
     q.add_argument("--wrappers", action="append", default=[], metavar="NAME[,NAME...]",
                    help="more allocation wrapper functions to look through (trace depth "
                         "> 1; xmalloc, g_malloc and others are known)")
+    q.add_argument("--no-wrapper-detection", action="store_true",
+                   help="do not look for the program's own allocation wrappers (functions "
+                        "that return the block the allocator gave them) in its stacks and "
+                        "code; by default their callers are the call sites")
+    q.add_argument("--debuginfo-path", action="append", default=[], metavar="DIR[:DIR...]",
+                   help="more directories of separate debug information, looked in first "
+                        "(a build-id tree DIR/.build-id/xx/rest.debug, or the "
+                        ".gnu_debuglink name); then elfutils' own places: the object's "
+                        "directory and its .debug, /usr/lib/debug, and debuginfod when "
+                        "DEBUGINFOD_URLS is set")
     q.add_argument("--since", type=finite_float, metavar="SECONDS",
                    help="only blocks allocated at least SECONDS after the trace started "
                         "(hide the start-up state of a daemon)")
@@ -389,13 +521,26 @@ def add_report(sub):
     q.add_argument("--baseline", metavar="FILE",
                    help="only blocks not alive in FILE, an earlier `mmleak.py shrink` "
                         "output of the same process (MTrace-style incremental report)")
+    q.add_argument("--show-reachable", action="store_true",
+                   help="also print the call sites of still reachable blocks (hidden by "
+                        "default; the CSV and the page always have them)")
+    add_check_options(q, "exit with --check-status (23) if a block of a --leak-kinds kind "
+                         "is not freed in the trace (suppressions applied): the gate of "
+                         "`run --check` on an existing trace")
 
 
 def cmd_report(args):
     rep = report.build_report(args.dir, args.pid, progress=True, depth=args.depth,
                               since=args.since, older_than=args.older_than,
-                              baseline=args.baseline, trace=args.trace)
-    rep["wrappers"] = [n for w in args.wrappers for n in w.split(",") if n]
+                              baseline=args.baseline, trace=args.trace,
+                              wrappers=[n for w in args.wrappers for n in w.split(",") if n],
+                              detect_wrappers=not args.no_wrapper_detection,
+                              debuginfo_path=[d for p in args.debuginfo_path
+                                              for d in p.split(":") if d])
+    rep["show_reachable"] = args.show_reachable
+    rep["check"] = args.check
+    report.apply_suppressions(rep, report.report_rules(rep, args.suppressions,
+                                                       not args.no_builtin_suppressions))
     report.print_top_sites(rep, sys.stdout, args.top)
     if args.csv:
         report.write_csv(rep, args.csv)
@@ -406,6 +551,8 @@ def cmd_report(args):
         return EXIT_INPUT
     if not exported:
         return EXIT_INPUT
+    if args.check and not check_verdict(rep, args, sys.stdout):
+        return args.check_status
     if rep["incomplete"]:
         return EXIT_PARTIAL
     if rep["symbol_error"] and "not found" in rep["symbol_error"]:
@@ -599,6 +746,43 @@ def cmd_detach(args):
     return attach.detach(args.pid, args.timeout)
 
 
+def add_scan(sub):
+    c = command(sub, "scan", cmd_scan, "tell leaks from memory still in use, in a running "
+                "traced process, now",
+                "Classify every block alive now in the traced (or attached) process PID with "
+                "valgrind memcheck's kinds: definitely, indirectly or possibly lost, or still "
+                "reachable (see mmleak-scan(7)).  The process is stopped only while its "
+                "threads' registers, the trace's cut and a copy of it (a fork never run) are "
+                "taken; the scan reads the copy (where no copy can be made, the process stays "
+                "stopped for the whole scan).  The result, mmleak.ID.scan.S, is written next to the trace; `report` "
+                "uses the newest.  Needs ptrace permission (root, or the same user where "
+                "kernel.yama.ptrace_scope allows it).",
+                "example:\n  %(prog)s 4242\n\n" + EXIT_HELP)
+    c.add_argument("pid", type=positive_int, help="the process")
+    c.add_argument("-q", "--quiet", action="store_true", help="no summary on stdout")
+
+
+def cmd_scan(args):
+    from . import scan
+    state = attach.traced_state(args.pid)
+    if state is None:
+        raise Fail("process %d does not have mmleak.so loaded (see mmleak.py status)"
+                   % args.pid)
+    m = re.match(r"tracing (\S+) (.+)$", state)
+    if not m:
+        raise Fail("process %d is not tracing (mmleak.so says: %s)" % (args.pid, state))
+    tid, directory = m.group(1), m.group(2)
+    rc, path, msg = scan.scan_process(args.pid, directory, tid)
+    if rc:
+        raise Fail("cannot scan process %d: %s (%s says so)" % (args.pid, msg, path))
+    if not args.quiet:
+        k = scan.Kinds(scan.read_scan(path))
+        sys.stdout.write("%s\n" % path)
+        for line in scan.summary_lines(k):
+            sys.stdout.write(line + "\n")
+    return EXIT_OK
+
+
 def add_status(sub):
     command(sub, "status", cmd_status, "which processes have mmleak.so loaded, and what it "
             "does in them",
@@ -628,7 +812,7 @@ def cmd_options(args):
 
 
 COMMANDS = (add_shrink, add_symbolize, add_run, add_recover, add_report, add_compact,
-            add_snapshot, add_attach, add_detach, add_status, add_options)
+            add_snapshot, add_attach, add_detach, add_scan, add_status, add_options)
 # a file refused (or ignored) in the dump directory makes these exit with status 2
 READERS = (cmd_shrink, cmd_report, cmd_compact, cmd_snapshot, cmd_recover)
 

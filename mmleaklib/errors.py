@@ -64,10 +64,14 @@ STATUSES = (
         "mmleak-install.py": "internal error (a bug: please report it)"}),
 )
 
+EXIT_CHECK = 23          # run --check, report --check: leaks found (LeakSanitizer's status)
+
 EXIT_NOTES = {
     "mmleak.py": "A torn last line or padding (NULs anywhere, blanks), which a killed process or "
                  "a crash leaves behind, is reported but is not an error: the complete events "
-                 "around it are read.",
+                 "around it are read.  With --check (run, report): 23 (--check-status) when, "
+                 "after suppressions, a block of a --leak-kinds kind is not freed; `run` "
+                 "otherwise exits with the command's status.",
     "mmleak-install.py": "Errors are one line on stderr, \"mmleak-install.py: error: ...\". "
                          "Warnings are one line each on stderr, \"mmleak-install.py: warning: "
                          "...\"; they never stop install.",

@@ -54,10 +54,21 @@ OPTIONS = (
     Option("PAUSED", "MMLEAK_PAUSED", "bool", 0, 0, 1,
            "1: preloaded but paused, at no cost, until mmleak.py attach PID (see "
            "mmleak-attach(7))", "mmleak.so"),
+    Option("SCAN", "MMLEAK_SCAN", "bool", 1, 0, 1,
+           "1: at the exit of the process, after its destructors, tell each block still "
+           "alive lost or still reachable (see mmleak-scan(7)); 0: never", "mmleak.so"),
     Option("LIB", "MMLEAK_LIB", "path", None, 0, 0,
            "mmleak.py, mmleak-install.py: the mmleak.so to use", "mmleak.py"),
     Option("SHRINK", "MMLEAK_SHRINK", "choice", "auto", 0, 0,
            "mmleak.py: the shrink engine", "mmleak.py"),
+    Option("SCAN_SECS", "MMLEAK_SCAN_SECS", "int", 60, 1, 1 << 20,
+           "mmleak-scan: seconds before a scan gives up", "mmleak-scan"),
+    Option("SCAN_DEBUG", "MMLEAK_SCAN_DEBUG", "bool", 0, 0, 1,
+           "mmleak-scan: 1 lists on stderr every word found pointing into a block",
+           "mmleak-scan"),
+    Option("SUPPRESSIONS", "MMLEAK_SUPPRESSIONS", "path", None, 0, 0,
+           "mmleak.py report and run --check: files of leak:PATTERN suppressions, "
+           "separated by colons, after --suppressions", "mmleak.py"),
 )
 OPTION = {o.env: o for o in OPTIONS}
 # the words a "choice" option takes (besides auto, its default)
@@ -116,7 +127,8 @@ def rst_options():
     """The option table as reStructuredText: the generated part of docs/environment.rst
     (between RST_BEGIN and RST_END), from the same rows `mmleak.py options` prints."""
     import textwrap
-    widths = (21, 8, 14, 42)
+    # the first column as wide as the longest name (``MMLEAK_SUPPRESSIONS``)
+    widths = (max(21, max(len(o.env) + 4 for o in OPTIONS)), 8, 14, 42)
     rule = "  ".join("=" * w for w in widths)
     rows = [("variable", "default", "range", "meaning")]
     for o in OPTIONS:
@@ -235,6 +247,13 @@ def c_header():
         out.append("    X(%s, %s, %s, %s, %d, %d, %s)%s" % (
             o.name, _c_str(o.env), o.type, _c_value(o, o.default), o.min, o.max,
             _c_str(o.help), " \\" if i < len(rows) - 1 else ""))
+    scan = [o for o in OPTIONS if o.who == "mmleak-scan"]
+    out += ["", "/* The settings of mmleak-scan: X(NAME, \"MMLEAK_<NAME>\", type, default, min, "
+            "max, \"help\"). */", "#define MMLEAK_SCAN_OPTIONS(X) \\"]
+    for i, o in enumerate(scan):
+        out.append("    X(%s, %s, %s, %s, %d, %d, %s)%s" % (
+            o.name, _c_str(o.env), o.type, _c_value(o, o.default), o.min, o.max,
+            _c_str(o.help), " \\" if i < len(scan) - 1 else ""))
     out += ["", "/* The runtime: a loaded object whose file name starts with one of these. */",
             "#define MMLEAK_RUNTIME_OBJECTS(X) \\"]
     out += ["    X(%s)%s" % (_c_str(s), " \\" if i < len(RUNTIME_OBJECTS) - 1 else "")

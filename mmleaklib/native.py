@@ -182,7 +182,8 @@ class NativeBlocks:
         kept_bytes), and the exclude entries seen (a list of flags).
 
         TMIN, TMAX: the times kept (inclusive); EXCLUDE: a sorted list of (ptr, seq) left
-        out; KINDS: (sorted list of (ptr, seq), list of codes 1..254)."""
+        out; KINDS: (sorted list of (ptr, seq), list of codes 1..254), or ("columns", the
+        addresses, the SEQs, the codes) as arrays sorted by address."""
         import ctypes
         keep = []
         filt = FilterT(tmin, tmax)
@@ -193,7 +194,17 @@ class NativeBlocks:
             filt.seen = seen
             keep.append(arrays)
         kt = None
-        if kinds and kinds[0]:
+        if kinds and kinds[0] == "columns":       # (tag, ptr array, seq array, codes)
+            _, a, s, codes = kinds
+            n = len(a)
+            if n:
+                codes = bytearray(codes)
+                arrays = ((ctypes.c_uint64 * n).from_buffer(a),
+                          (ctypes.c_uint64 * n).from_buffer(s),
+                          (ctypes.c_uint8 * n).from_buffer(codes), codes)
+                kt = KindsT(arrays[0], arrays[1], arrays[2], n)
+                keep.append(arrays)
+        elif kinds and kinds[0]:
             kt, arrays = self._table(kinds[0], kinds[1])
             keep.append(arrays)
         out = AggregateT()

@@ -5,7 +5,7 @@ import re
 import sys
 import time
 
-from . import files
+from . import elfcode, files
 from .compact import read_trace
 from .dumpformat import _unescape, header_int, parse_header
 from .errors import Fail, Refused, refuse, warn
@@ -13,9 +13,11 @@ from .facts import MAX_DEPTH
 from .files import TraceFiles, new_output
 from .series import read_series
 from .shrink import baseline_blocks, progress_printer
+from . import suppressions as supp
 from .blocks import Survivors, time_bounds
-from .sites import (Wrappers, growth_sites, human_bytes, incremental_sites, leak_sites,
-                    site_resolver, sites_from_groups)
+from .sites import (KIND_TEXT, KINDS, Wrappers, find_wrappers, growth_sites, human_bytes,
+                    incremental_sites, kind_summary, leak_sites, site_resolver,
+                    sites_from_groups)
 from .symbolize import ADDR_MASK, Maps, Symbolizer, _module_problem, frame_label
 
 
@@ -96,9 +98,37 @@ def choose_trace(directory, pid=None, trace=None):
     return k, with_files[k]
 
 
+def scan_kinds(directory, tid):
+    """The kinds of the blocks of trace TID in DIRECTORY by its newest reachability scan:
+    mmleaklib/scan.py's kinds_for (the scan's file: docs/format.rst), a mapping whose
+    .get((ptr, seq), default) gives a block's kind, with .status ("done", or "unknown" and
+    .reason why) and .attached.  None when this mmleak has no scanner."""
+    try:
+        from . import scan
+    except ImportError:
+        return None
+    return scan.kinds_for(directory, tid)
+
+
+def reachability(kinds):
+    """(the kinds if a scan classified the trace, else None; a note on it or None)."""
+    if kinds is None:
+        return None, None
+    if getattr(kinds, "status", "done") != "done":
+        return None, getattr(kinds, "reason", None)
+    if getattr(kinds, "attached", False):
+        return kinds, ("an attached trace: the blocks allocated before the attach are not "
+                       "known, and the memory they hold was taken as roots")
+    return kinds, None
+
+
 def build_report(directory, pid=None, progress=True, depth=None, since=None,
-                 older_than=None, baseline=None, trace=None, kinds=None):
+                 older_than=None, baseline=None, trace=None, kinds=None, wrappers=(),
+                 detect_wrappers=True, debuginfo_path=()):
     """Shrink and symbolize one process's files; returns a dict the report renderers use.
+    WRAPPERS: more allocation wrapper names (--wrappers); DETECT_WRAPPERS: find the
+    program's own (report_wrappers); DEBUGINFO_PATH: more directories of separate debug
+    information (--debuginfo-path, see symbolize.debuginfo_args).
 
     The incremental view: SINCE keeps survivors allocated at or after that many seconds
     from the trace start, OLDER_THAN those at least that old at the last event, BASELINE
@@ -129,6 +159,10 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
         except OSError as e:
             raise Fail("--baseline %s: %s" % (baseline, e.strerror or e))
         filters.append("allocated since the snapshot %s" % baseline)
+    # the kinds: those given (KINDS), else the newest reachability scan's, if any
+    scan_note = None
+    if kinds is None:
+        kinds, scan_note = reachability(scan_kinds(directory, tid))
     groups, totals, seen = live.aggregate(tmin, tmax, set(old) if old is not None else None,
                                           kinds)
     freed_since = [a for k, a in old.items() if k not in seen] if old is not None else None
@@ -156,7 +190,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     addrs |= {f.caller for f in sh.foreign_frees()}
     if os.path.lexists(maps):
         try:
-            sym = Symbolizer(maps, trace_start=start or None)
+            sym = Symbolizer(maps, trace_start=start or None, debuginfo_path=debuginfo_path)
             frames = sym.lookup(sorted(addrs))
             sym_error = sym.tool_error
         except Refused as e:
@@ -165,7 +199,13 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     else:
         sym_error = "maps file %s missing" % maps
     sh.problems.summary()
-    return {
+    rep = {
+        # the reachability scan's kinds, {(ptr, seq): kind}, or None (no scan: "unknown")
+        "scan_note": scan_note,
+        "kind_of": ((lambda a: kinds.get((a.ptr, a.seq), "unknown")) if kinds is not None
+                    else None),
+        "program_suppressions": sh.program_suppressions,
+        "suppressed": [], "suppressed_total": (0, 0),
         "trace": tid, "pid": hdr.get("pid", tid.split("-")[0]), "cmd": sh.cmd,
         "title": sh.title,
         "start": start, "end_time": sh.max_time, "files": paths, "maps": maps,
@@ -181,13 +221,184 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
         "since": since, "older_than": older_than, "baseline": baseline,
         "freed_since_baseline": freed_since,
         "series": series,
-        "growth": growth_sites(series, frames, Wrappers(), trace_depth) if len(series) > 1 else None,
         "filter": "; ".join(filters) or None,
         "unfiltered": (all_count, all_bytes),
         # per (stack, kind) aggregates of the survivors shown (blocks.Group), ordered by
         # the address of each one's first block; "live": every survivor (blocks.Live)
         "groups": groups, "live": live, "kinds": kinds,
+        "wrappers": list(wrappers), "detect_wrappers": detect_wrappers,
+        "debuginfo_path": list(debuginfo_path or ()),
     }
+    rep["growth"] = growth_sites(series, frames, report_wrappers(rep), trace_depth) \
+        if len(series) > 1 else None
+    return rep
+
+
+def report_stacks(rep):
+    """The distinct stacks of REP (survivors, the series' keys, the blocks freed since the
+    baseline), as the trace recorded them."""
+    depth = rep["trace_depth"]
+    if rep.get("groups") is not None:       # native blocks: one group per (stack, kind)
+        st = {g.callers[:depth] for g in rep["groups"]}
+    else:
+        st = {a.callers[:depth] for a in rep["survivors"]}
+    st |= {k[:depth] for pt in rep.get("series") or () for k in pt.sites if k != "other"}
+    st |= {a.callers[:depth] for a in rep.get("freed_since_baseline") or ()}
+    return sorted(st)
+
+
+def report_wrappers(rep, extra=()):
+    """The allocation wrappers of REP's sites (a sites.Wrappers): the known ones, REP's
+    --wrappers and EXTRA, and, unless rep["detect_wrappers"] is false, the program's own
+    found in its stacks and code (sites.find_wrappers; kept in rep["found_wrappers"])."""
+    names = [n for n in list(rep.get("wrappers") or ()) + list(extra) if n]
+    base = Wrappers(names)
+    if not rep.get("detect_wrappers", True) or not rep.get("frames"):
+        rep["found_wrappers"] = {}
+        return base
+    cache = rep.setdefault("found_wrappers_by_names", {})
+    key = tuple(sorted(set(names)))
+    if key not in cache:
+        cache[key] = find_wrappers(report_stacks(rep), rep["frames"], base,
+                                   CodeReader(rep.get("maps"), rep.get("start"),
+                                              rep.get("debuginfo_path")))
+    rep["found_wrappers"] = cache[key]
+    return Wrappers(names, cache[key])
+
+
+class CodeReader:
+    """Reads the code at a frame's return address in the object it is in, for
+    sites.find_wrappers (elfcode.hands_back, elfcode.uses_result); (None, why) when that
+    file changed since the run."""
+
+    def __init__(self, maps_path, start=None, debug_dirs=()):
+        self.maps = Maps(maps_path) if maps_path and os.path.exists(maps_path) \
+            else Maps(None, [])
+        self.start = start or None
+        self.debug_dirs = tuple(debug_dirs or ())
+
+    def _path(self, fr):
+        real = fr.addr & ADDR_MASK
+        hit = next((h for h in self.maps.find(real) if os.path.basename(h[4]) == fr.module
+                    and real - h[0] + h[2] == fr.offset), None)
+        if hit is None:
+            return None, "not in a mapped file"
+        why = _module_problem(hit[4], hit[3], self.start)
+        return (None, why) if why else (hit[4], None)
+
+    def hands_back(self, fr):
+        path, why = self._path(fr)
+        return elfcode.hands_back(path, fr.offset, self.debug_dirs) if path else (None, why)
+
+    def uses_result(self, fr):
+        path, why = self._path(fr)
+        return elfcode.uses_result(path, fr.offset, self.debug_dirs) if path else (None, why)
+
+
+def apply_suppressions(rep, rules):
+    """Leave out of REP's survivors the blocks a suppression rule takes: a block of any kind
+    but still reachable (no leak to suppress); the built-in rules only blocks a scan found
+    lost or possibly lost (without a scan, a block of the runtime is reported as not freed,
+    as it is).  The first rule (in RULES' order) that matches a frame of a block's stack
+    takes it.  Applied per (stack, kind) aggregate when REP has them (rep["groups"]: never
+    a pass over the blocks), else per block.  REP["suppressed"]: [(rule, blocks, bytes)] of
+    the rules used, most bytes first; REP["suppressed_total"]: (blocks, bytes)."""
+    if not rules:
+        return rep
+    user = supp.Matcher([r for r in rules if r.origin != "built-in"], rep["frames"])
+    builtin = supp.Matcher([r for r in rules if r.origin == "built-in"], rep["frames"])
+
+    def taken(st, kind, n, size):
+        if user.rule_of(st) < 0 and builtin.rule_of(st) < 0:
+            return False
+        return kind != "reachable" and (user.take(st, size, n) or (
+            kind != "unknown" and builtin.take(st, size, n)))
+    if rep.get("groups") is not None:
+        kept, gone = [], set()
+        for g in rep["groups"]:
+            if taken(g.callers, g.kind or "unknown", g.blocks, g.bytes):
+                gone.add((g.callers, g.kind))
+            else:
+                kept.append(g)
+        if gone:
+            rep["groups"] = kept
+            sv, kinds = rep["survivors"], rep.get("kinds")
+            keep0 = sv.keep
+
+            def keep(a):
+                return keep0(a) and (a.callers, kinds.get((a.ptr, a.seq)) if kinds is not None
+                                     else None) not in gone
+            rep["survivors"] = Survivors(sv.live, sv.totals._replace(
+                blocks=sum(g.blocks for g in kept), bytes=sum(g.bytes for g in kept)), keep)
+    else:
+        kind_of = rep.get("kind_of")
+        rep["survivors"] = [a for a in rep["survivors"]
+                            if not taken(a.callers, kind_of(a) if kind_of else "unknown", 1,
+                                         a.size)]
+    rep["suppressed"] = sorted(user.used() + builtin.used(),
+                               key=lambda r: (-r[2], -r[1], r[0].origin))
+    rep["suppressed_total"] = (sum(n for _, n, _ in rep["suppressed"]),
+                               sum(b for _, _, b in rep["suppressed"]))
+    return rep
+
+
+def report_rules(rep, files=(), builtin=True):
+    """The suppression rules of a report: --suppressions FILES, MMLEAK_SUPPRESSIONS, the
+    program's __lsan_default_suppressions() (from the trace), the built-in list."""
+    return supp.load(files, program=rep.get("program_suppressions"), builtin=builtin)
+
+
+def kind_totals(rep):
+    """{kind: [blocks, bytes]} of REP's survivors (after suppressions): from the per-(stack,
+    kind) aggregates when REP has them, else from the blocks; computed once per list of
+    survivors (the summary, the verdict and the CSV ask for it)."""
+    src = rep.get("groups")
+    if src is None:
+        src = rep["survivors"]
+    memo = rep.get("_kind_totals")
+    if memo is None or memo[0] is not src:
+        if rep.get("groups") is not None:
+            tot = {k: [0, 0] for k in KINDS}
+            for g in src:
+                t = tot[g.kind or "unknown"]
+                t[0] += g.blocks
+                t[1] += g.bytes
+        else:
+            tot = kind_summary(src, rep.get("kind_of"))
+        memo = rep["_kind_totals"] = (src, tot)
+    return memo[1]
+
+
+def check_failures(rep, kinds):
+    """(blocks, bytes) of REP's survivors whose kind is in KINDS (the --check gate)."""
+    tot = kind_totals(rep)
+    return (sum(tot[k][0] for k in kinds), sum(tot[k][1] for k in kinds))
+
+
+def print_kind_summary(rep, out):
+    """valgrind's LEAK SUMMARY: a line per kind, and the suppressed blocks per rule."""
+    tot = kind_totals(rep)
+    if rep.get("kinds") is None:
+        out.write("  reachability unknown: %s\n" % (
+            rep.get("scan_note") or "no reachability scan of this trace, so the kind of "
+            "every block is unknown"))
+    elif rep.get("scan_note"):
+        out.write("  %s\n" % rep["scan_note"])
+    out.write("  leak summary:\n")
+    for k in KINDS:
+        if k == "unknown" and not tot[k][0] and rep.get("kinds") is not None:
+            continue
+        out.write("    %-22s %s in %d blocks\n" % (KIND_TEXT[k] + ":", bytes_text(tot[k][1]),
+                                                 tot[k][0]))
+    n, b = rep.get("suppressed_total") or (0, 0)
+    out.write("    %-22s %s in %d blocks\n" % ("suppressed:", bytes_text(b), n))
+    for rule, rn, rb in rep.get("suppressed") or ():
+        out.write("      %s in %d blocks by leak:%s (%s)\n" % (bytes_text(rb), rn, rule.pattern,
+                                                             rule.origin))
+
+
+def bytes_text(n):
+    return "%d bytes" % n if n < 1024 else "%d bytes (%s)" % (n, human_bytes(n))
 
 
 def site_depth(rep):
@@ -200,12 +411,13 @@ def site_table(rep, stacks=None, wrappers=None):
     """The leak sites of REP (sites.leak_sites): what the terminal, the CSV and the HTML page
     show.  STACKS: see leak_sites; WRAPPERS: default, the report's (rep["wrappers"])."""
     if wrappers is None:
-        wrappers = Wrappers(rep.get("wrappers") or ())
+        wrappers = report_wrappers(rep)
     if rep.get("groups") is not None:
-        return sites_from_groups(((g.callers, g[2:]) for g in rep["groups"]), rep["end_time"],
+        return sites_from_groups(((g.callers, g.kind, g[2:]) for g in rep["groups"]),
+                                 rep["end_time"],
                                  site_depth(rep), rep.get("frames"), wrappers, stacks)
     return leak_sites(rep["survivors"], rep["end_time"], site_depth(rep), rep.get("frames"),
-                      wrappers, stacks)
+                      wrappers, stacks, rep.get("kind_of"))
 
 
 def live_bytes(survivors):
@@ -228,8 +440,11 @@ def print_top_sites(rep, out, top=10):
             rep["events"], folded[0], folded[1])
     else:
         read = "%d events read from %d files" % (rep["events"], len(rep["files"]))
+    # not freed: every block, the suppressed ones too (valgrind's "in use at exit"); the
+    # leak summary says how many of them the suppressions took
+    sn, sb = rep.get("suppressed_total") or (0, 0)
     out.write("  %s; %s in %d blocks not freed; %d frees of blocks allocated before tracing\n"
-              % (read, human_bytes(total), len(surv), len(rep["foreign_frees"])))
+              % (read, human_bytes(total + sb), len(surv) + sn, len(rep["foreign_frees"])))
     if rep["filter"]:
         out.write("  showing only blocks %s (%d of %d blocks, %s of %s)\n"
                   % (rep["filter"], len(surv), rep["unfiltered"][0], human_bytes(total),
@@ -245,29 +460,75 @@ def print_top_sites(rep, out, top=10):
         out.write("  allocator traced: %s\n" % rep["alloc"])
     if rep["symbol_error"]:
         out.write("  symbols: %s\n" % rep["symbol_error"])
+    print_found_wrappers(rep, out)
+    scanned = rep.get("kinds") is not None
+    if scanned or rep.get("suppressed") or rep.get("check"):
+        print_kind_summary(rep, out)
     sites = site_table(rep)
     if not sites:
         out.write("  no block matches the filter\n" if rep["filter"] else
+                  "  no leaks: every block allocated while tracing was freed or suppressed\n"
+                  if rep.get("suppressed") else
                   "  no leaks: every block allocated while tracing was freed\n")
         return sites
-    wb = max([12] + [len(str(s.bytes)) for s in sites[:top]])
-    wn = max([8] + [len(str(s.blocks)) for s in sites[:top]])
-    out.write("  %*s %*s  %s\n" % (wb, "bytes", wn, "blocks", "call site"))
+    shown = sites if rep.get("show_reachable") else [s for s in sites
+                                                     if s.kind != "reachable"]
+    hidden = len(sites) - len(shown)
+    wb = max([12] + [len(str(s.bytes)) for s in shown[:top]])
+    wn = max([8] + [len(str(s.blocks)) for s in shown[:top]])
+    # the kind column when a scan gave kinds (without one, every kind is "unknown")
+    kcol = "%-10s " if scanned else "%.0s"
+    out.write(("  %*s %*s  " + kcol + "%s\n") % (wb, "bytes", wn, "blocks", "kind", "call site"))
     labels = [frame_label(rep["frames"][s.caller]) if rep["frames"].get(s.caller)
-              else "0x%x" % s.caller for s in sites]
-    twice = {l for l in labels if labels.count(l) > 1}
-    for s, label in zip(sites[:top], labels):
+              else "0x%x" % s.caller for s in shown]
+    # the same label twice: the same source in two objects (plugins); not the same site
+    # under two kinds
+    objs = {}
+    for s, l in zip(shown, labels):
+        objs.setdefault(l, set()).add(s.caller)
+    twice = {l for l, c in objs.items() if len(c) > 1}
+    for s, label in zip(shown[:top], labels):
         fr = rep["frames"].get(s.caller)
-        if label in twice and fr and fr.module:     # same source in two objects (plugins)
+        if label in twice and fr and fr.module:
             label += "  [%s]" % fr.module
-        out.write("  %*d %*d  %s\n" % (wb, s.bytes, wn, s.blocks, label))
-    if len(sites) > top:
-        out.write("  ... %d more call sites\n" % (len(sites) - top))
+        out.write(("  %*d %*d  " + kcol + "%s\n") % (wb, s.bytes, wn, s.blocks, s.kind, label))
+    if len(shown) > top:
+        out.write("  ... %d more call sites\n" % (len(shown) - top))
+    if hidden:
+        out.write("  %d call sites of still reachable blocks not shown (--show-reachable)\n"
+                  % hidden)
     if rep.get("freed_since_baseline") is not None:
         print_incremental(rep, out, top)
     if rep.get("growth"):
         print_growth(rep, out, top)
     return sites
+
+
+def found_wrapper_lines(rep, limit=None):
+    """One line per allocation wrapper found in REP's program (report_wrappers): its name,
+    the code evidence and where it was read, how many call sites above it the stacks show."""
+    report_wrappers(rep)
+    found = sorted(rep.get("found_wrappers", {}).values(), key=lambda f: (-f.callers, f.name))
+    lines = []
+    for f in found[:limit]:
+        lines.append("%s: %s (at %s%s); %s" % (
+            f.name, f.how, f.where, " and %d more" % (len(f.addrs) - 1) if len(f.addrs) > 1
+            else "", "%d call site%s above it" % (f.callers, "s" if f.callers != 1 else "")))
+    return lines, len(found)
+
+
+def print_found_wrappers(rep, out, top=10):
+    if not rep.get("detect_wrappers", True):
+        out.write("  allocation wrappers: detection off (--no-wrapper-detection)\n")
+        return
+    lines, n = found_wrapper_lines(rep, top)
+    if not n:
+        return
+    out.write("  allocation wrappers found (their callers are the call sites):\n")
+    for line in lines:
+        out.write("    %s\n" % line)
+    if n > len(lines):
+        out.write("    ... %d more\n" % (n - len(lines)))
 
 
 def print_growth(rep, out, top=10):
@@ -296,7 +557,7 @@ def _duration(s):
 
 
 def print_incremental(rep, out, top=10):
-    rows = incremental_sites(rep)
+    rows = incremental_sites(rep, report_wrappers(rep))
     freed = rep["freed_since_baseline"]
     out.write("  since the snapshot %s: +%s in %d blocks allocated and still alive, -%s in %d "
               "blocks of the snapshot freed\n"
@@ -324,14 +585,19 @@ def _write_csv(rep, sites, path):
     with new_output(path, text=True) as f:
         w = csv.writer(f)
         w.writerow(["bytes", "blocks", "mean", "min", "max", "oldest_s", "youngest_s",
-                    "function", "file", "line", "module", "offset", "caller"])
+                    "function", "file", "line", "module", "offset", "kind", "caller"])
         for s in sites:
             fr = rep["frames"].get(s.caller)
             w.writerow([s.bytes, s.blocks, s.bytes // s.blocks, s.min, s.max, s.oldest,
                         s.youngest, fr.function if fr else "", fr.file if fr else "",
                         fr.line if fr else "", fr.module if fr else "",
                         "0x%x" % fr.offset if fr and fr.offset is not None else "",
-                        "0x%x" % s.caller])
+                        s.kind, "0x%x" % s.caller])
+        if rep.get("kinds") is not None:
+            # the summary (valgrind's LEAK SUMMARY): a row per kind, caller "total"
+            for k, (n, b) in kind_totals(rep).items():
+                w.writerow([b, n, b // n if n else 0, "", "", "", "", "", "", "", "", "", k,
+                            "total"])
 
 
 def export_model(rep, mx, allocator_frames=False, blocks=False):
@@ -343,7 +609,7 @@ def export_model(rep, mx, allocator_frames=False, blocks=False):
     size (heaptrack's events).  Allocations per stack are not known (the shrink cancels
     them): alloc_* stay None."""
     frames = rep["frames"]
-    resolve = site_resolver(frames, Wrappers(rep.get("wrappers") or ()))
+    resolve = site_resolver(frames, report_wrappers(rep))
     kind_of = rep.get("kind_of")
     depth = rep["trace_depth"]
     groups = {}

@@ -47,6 +47,7 @@ class Shrinker:
         self.header_lines = []     # '#' lines to pass through, first-seen order
         self._seen_header = set()
         self.cmd = None
+        self.program_suppressions = None   # "#suppressions": __lsan_default_suppressions()
         self.title = None          # the command line at the end, from "#title t=T" (latest T)
         self._title_t = -1
         self.alloc = None          # the allocator's file, from "#alloc"
@@ -227,6 +228,8 @@ class Shrinker:
                     self.compacted[k] = None
         elif line.startswith(b"#alloc ") and self.alloc is None:
             self.alloc = _unescape(line[7:].rstrip(b"\n"))
+        elif line.startswith(b"#suppressions ") and self.program_suppressions is None:
+            self.program_suppressions = _unescape(line[14:].rstrip(b"\n"))
         elif line.startswith(b"#cmd ") and self.cmd is None:
             self.cmd = _unescape(line[5:].rstrip(b"\n"))
         elif line.startswith(b"#title t="):

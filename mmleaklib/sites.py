@@ -7,7 +7,28 @@ import collections
 from .facts import MAX_DEPTH, RUNTIME_RE, RUNTIME_SOURCES, WRAPPERS
 
 Site = collections.namedtuple("Site", "caller stack bytes blocks min max oldest youngest "
-                                      "index nstacks")
+                                      "index nstacks kind", defaults=("unknown",))
+
+# A block's kind: valgrind memcheck's four (issue 20's reachability scan), or "unknown" where
+# no scan ran (or the block was allocated after it).  The CSV's `kind` column, the pprof
+# label, --leak-kinds take these names.
+KINDS = ("definite", "indirect", "possible", "reachable", "unknown")
+KIND_TEXT = {"definite": "definitely lost", "indirect": "indirectly lost",
+             "possible": "possibly lost", "reachable": "still reachable",
+             "unknown": "reachability unknown"}
+# the order of the sites: lost first (definitely and indirectly, by bytes), then possibly
+# lost, unknown, still reachable
+KIND_RANK = {"definite": 0, "indirect": 0, "possible": 1, "unknown": 2, "reachable": 3}
+
+
+def kind_summary(survivors, kind_of=None):
+    """{kind: [blocks, bytes]} for every kind in KINDS (valgrind's LEAK SUMMARY)."""
+    out = {k: [0, 0] for k in KINDS}
+    for a in survivors:
+        g = out[kind_of(a) if kind_of else "unknown"]
+        g[0] += 1
+        g[1] += a.size
+    return out
 
 
 def base_name(fn):
@@ -36,13 +57,110 @@ def base_name(fn):
 
 
 class Wrappers:
-    def __init__(self, extra=()):
+    """The allocation wrappers a site is looked for beyond: facts.WRAPPERS, the names EXTRA
+    (--wrappers), and FOUND (find_wrappers: {function: Found}), whose return addresses
+    (FOUND's .addrs) are the frames passed through."""
+
+    def __init__(self, extra=(), found=None):
         self.names = set(WRAPPERS) | {w.strip() for w in extra if w.strip()}
+        self.found = dict(found or {})
+        self.addrs = {a for f in self.found.values() for a in f.addrs}
 
     def __contains__(self, frame):
-        if frame is None or not frame.function:
+        if frame is None:
+            return False
+        if frame.addr in self.addrs:
+            return True
+        if not frame.function:
             return False
         return frame.function in self.names or base_name(frame.function) in self.names
+
+
+# A function found to be an allocation wrapper: ADDRS, its return addresses (calls to the
+# allocator or to another wrapper) whose code hands the block back; HOW, the evidence in
+# words; WHERE, the first of them as 'module+0xoffset'; CALLERS, the distinct return
+# addresses seen above them in the trace's stacks.
+Found = collections.namedtuple("Found", "name addrs how where callers")
+
+
+def find_wrappers(stacks, frames, wrappers, code):
+    """The program's own allocation wrappers, found in the trace and in its code: {function
+    name: Found}.  STACKS: the distinct stacks (tuples of return addresses, the allocator's
+    caller first); FRAMES: their symbolized frames; WRAPPERS: the known ones (a Wrappers);
+    CODE: reads the program's code at a frame's return address (report.CodeReader:
+    .hands_back(frame) and .uses_result(frame), elfcode's verdicts (True/False/None, words)).
+
+    A frame is a candidate when it is the first frame outside the runtime and the wrappers
+    known so far, and the frame below it is the allocator's entry (the candidate is the
+    stack's first frame) or a wrapper's.  A candidate is a pass-through frame, and its
+    function a wrapper, when its code returns the block that call gave it, the call's size
+    is not fixed in the code (a constructor: elfcode.fixed_size), and a caller seen above it
+    in the stacks uses what it returned (a function that keeps the block and returns nothing
+    may still hold it in rax; with no caller recorded, as in a depth-1 trace, it names no
+    other site and is not taken).  Repeated until nothing changes, so a chain (zstrdup ->
+    zmalloc -> ztrymalloc_usable -> malloc) is found link by link (docs/wrappers.rst).  A function of the distinct stacks only: the same stacks give the same
+    wrappers, whatever the blocks."""
+    verdicts = {}                       # return address -> (verdict, words)
+    passing = set()
+    stacks = list(stacks)
+    above = collections.defaultdict(set)        # return address -> the callers above it
+    for st in stacks:
+        for j in range(len(st) - 1):
+            above[st[j]].add(st[j + 1])
+    used = {}
+
+    def callers_use(c):
+        """(a caller uses the value, words), over the callers of C's frame."""
+        seen = sorted(above.get(c, ()))
+        if not seen:                    # the stack ends there: naming it changes no site
+            return False, "no caller recorded"
+        for u in seen:
+            if u not in used:
+                fu = frames.get(u)
+                used[u] = code.uses_result(fu) if fu is not None and fu.module else \
+                    (None, "unknown")
+            if used[u][0]:
+                return True, "its callers use it"
+        return False, "no caller uses what it returns"
+
+    def known(fr):
+        return is_runtime(fr) or fr in wrappers or (fr is not None and fr.addr in passing)
+
+    changed = True
+    while changed:
+        changed = False
+        for st in stacks:
+            for j, c in enumerate(st):
+                fr = frames.get(c)
+                if not known(fr):
+                    break
+            else:
+                continue
+            if fr is None or not fr.function or not fr.module or c in verdicts:
+                continue
+            below = frames.get(st[j - 1]) if j else None
+            if j and not (below in wrappers or below.addr in passing):
+                continue            # called the runtime for something else (stdio, qsort)
+            ok, how = code.hands_back(fr)
+            if ok:
+                ok, why = callers_use(c)
+                how = how + "; " + why if ok else why
+            verdicts[c] = (ok, how)
+            if ok:
+                passing.add(c)
+                changed = True
+    found = {}
+    for c in sorted(passing):
+        fr = frames[c]
+        name = base_name(fr.function)
+        f = found.get(name)
+        where = "%s+0x%x" % (fr.module, fr.offset)
+        if f is None:
+            found[name] = Found(name, (c,), verdicts[c][1], where, len(above.get(c, ())))
+        else:
+            found[name] = f._replace(addrs=f.addrs + (c,),
+                                     callers=f.callers + len(above.get(c, ())))
+    return found
 
 
 def is_runtime(fr):
@@ -58,7 +176,8 @@ def site_resolver(frames, wrappers=None):
     """A function stack -> (site address, index in the stack) that names a leak's call site.
 
     The site is the first frame outside the C/C++ runtime and outside the allocation
-    WRAPPERS (with one frame, or none outside, the first frame), and callers that resolve to
+    WRAPPERS (with one frame, the first frame; with every frame outside the runtime a
+    wrapper's, the outermost of those: the stack was cut short), and callers that resolve to
     the same source line (one line can compile to several calls: an unrolled loop, a macro)
     are the same site: the lowest such address."""
     frames = frames or {}
@@ -71,9 +190,11 @@ def site_resolver(frames, wrappers=None):
         i = 0
         for j, c in enumerate(stack):
             fr = frames.get(c)
-            if not is_runtime(fr) and (wrappers is None or fr not in wrappers):
-                i = j
-                break
+            if not is_runtime(fr):
+                if wrappers is None or fr not in wrappers:
+                    i = j
+                    break
+                i = j           # none outside the wrappers: the outermost wrapper seen
         fr = frames.get(stack[i])
         if fr is None or not (fr.file and fr.line):
             return stack[i], i
@@ -91,32 +212,51 @@ def keep_blocks(survivors, end_time, since=None, older_than=None):
     return survivors
 
 
-def leak_sites(survivors, end_time, depth=1, frames=None, wrappers=None, stacks=None):
+def leak_sites(survivors, end_time, depth=1, frames=None, wrappers=None, stacks=None,
+               kind_of=None):
     """THE table of leak sites, which the terminal, the CSV and the HTML page show: the
     survivors (Alloc tuples) grouped by call site; see sites_from_groups, which does it from
     per-stack aggregates (blocks.aggregate_allocs here, the compiled aggregation for a big
-    trace: both give the same table)."""
+    trace: both give the same table).  KIND_OF: a function of a block -> its kind (KINDS);
+    the sites are then (call site, kind) pairs."""
     from .blocks import aggregate_allocs
-    groups, _ = aggregate_allocs(survivors)
-    return sites_from_groups(((k[0], v) for k, v in groups.items()), end_time, depth, frames,
-                             wrappers, stacks)
+
+    class ByBlock:              # aggregate_allocs asks kinds.get((ptr, seq))
+        def __init__(self, blocks):
+            self.of = {(a.ptr, a.seq): kind_of(a) for a in blocks}
+
+        def get(self, key, default=None):
+            return self.of.get(key, default)
+
+        def __bool__(self):
+            return True
+    if kind_of is not None:
+        survivors = list(survivors)
+        kinds = ByBlock(survivors)
+    else:
+        kinds = None
+    groups, _ = aggregate_allocs(survivors, kinds=kinds)
+    return sites_from_groups(((k[0], k[1], v) for k, v in groups.items()), end_time, depth,
+                             frames, wrappers, stacks)
 
 
 def sites_from_groups(groups, end_time, depth=1, frames=None, wrappers=None, stacks=None):
     """The leak sites (site_resolver; with DEPTH > 1 and WRAPPERS, the first frame outside
-    the wrappers) of GROUPS, per-stack aggregates (callers, [blocks, bytes, min, max,
-    min_time, max_time, ...]) in the order their stacks were first met; largest total first.
-    Each Site: its bytes, blocks, smallest and largest block, the ages (seconds at END_TIME,
-    the last time seen in the dump) of its oldest and youngest block, its heaviest stack
-    (the one with the most bytes, the first met of those) and where the site is in it
-    (INDEX), and how many stacks it has.  O(stacks): never a Python object per block.
+    the wrappers) of GROUPS, per-(stack, kind) aggregates (callers, kind or None,
+    [blocks, bytes, min, max, min_time, max_time, ...]) in the order their stacks were first
+    met.  Each Site: its bytes, blocks, smallest and largest block, the ages (seconds at
+    END_TIME, the last time seen in the dump) of its oldest and youngest block, its heaviest
+    stack (the one with the most bytes, the first met of those) and where the site is in it
+    (INDEX), how many stacks it has, and its kind ("unknown" for None).  The sites are
+    (call site, kind) pairs, one row each, lost first (KIND_RANK), largest total first
+    within a rank.  O(stacks): never a Python object per block.
 
     STACKS: a dict, filled with {stack (DEPTH frames): [bytes, blocks, site, index]} in the
-    order the stacks were first met."""
+    order the stacks were first met (all kinds together)."""
     sums = {}
     resolve = site_resolver(frames, wrappers)
     stacks = {} if stacks is None else stacks
-    for callers, g in groups:
+    for callers, kind, g in groups:
         n, b, lo, hi, t0, t1 = g[:6]
         st = callers[:depth]
         per = stacks.get(st)
@@ -124,10 +264,11 @@ def sites_from_groups(groups, end_time, depth=1, frames=None, wrappers=None, sta
             per = stacks[st] = [0, 0] + list(resolve(st))
         per[0] += b
         per[1] += n
-        s = sums.get(per[2])
+        key = (per[2], kind or "unknown")
+        s = sums.get(key)
         old, young = max(end_time - t0, 0), max(end_time - t1, 0)
         if s is None:
-            sums[per[2]] = [b, n, lo, hi, old, young]
+            sums[key] = [b, n, lo, hi, old, young]
         else:
             s[0] += b
             s[1] += n
@@ -140,9 +281,9 @@ def sites_from_groups(groups, end_time, depth=1, frames=None, wrappers=None, sta
         count[per[2]] += 1
         if per[2] not in heaviest or per[0] > stacks[heaviest[per[2]]][0]:
             heaviest[per[2]] = st
-    sites = [Site(k, heaviest[k], *v, stacks[heaviest[k]][3], count[k])
-             for k, v in sums.items()]
-    sites.sort(key=lambda s: (-s.bytes, -s.blocks, s.caller))
+    sites = [Site(k, heaviest[k], *v, stacks[heaviest[k]][3], count[k], kind)
+             for (k, kind), v in sums.items()]
+    sites.sort(key=lambda s: (KIND_RANK[s.kind], -s.bytes, -s.blocks, s.caller, s.kind))
     return sites
 
 
@@ -169,11 +310,11 @@ def growth_sites(points, frames, wrappers=None, depth=MAX_DEPTH):
             for site, vals in per.items()}
 
 
-def incremental_sites(rep):
+def incremental_sites(rep, wrappers=None):
     """Per call site, since the --baseline snapshot: (+bytes, +blocks) allocated since and
     still alive, (-bytes, -blocks) alive in the snapshot and freed since; largest change
     first.  Returns [(caller, plus_bytes, plus_blocks, minus_bytes, minus_blocks)]."""
-    resolve = site_resolver(rep["frames"], Wrappers(rep.get("wrappers") or ()))
+    resolve = site_resolver(rep["frames"], wrappers or Wrappers(rep.get("wrappers") or ()))
     depth = rep["trace_depth"]
     acc = collections.defaultdict(lambda: [0, 0, 0, 0])
     for a in rep["survivors"]:

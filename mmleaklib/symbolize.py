@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import tempfile
 
+from . import elfcode
 from .errors import Refused, refuse
 from .facts import RUNTIME_SOURCES
 from .files import loads_of, read_lines
@@ -141,10 +142,14 @@ def _module_problem(path, inode, trace_start):
 class Symbolizer:
     """Turns caller addresses into Frames with eu-addr2line, one process per batch."""
 
-    def __init__(self, maps_path, trace_start=None, tool="eu-addr2line", program_lines=True):
+    def __init__(self, maps_path, trace_start=None, tool="eu-addr2line", program_lines=True,
+                 debuginfo_path=None):
         """PROGRAM_LINES: show code inlined from the system's headers at the program's line
-        that inlined it (see program_level); False: the innermost location, as it is."""
+        that inlined it (see program_level); False: the innermost location, as it is.
+        DEBUGINFO_PATH: more directories (a list) to look for separate debug information
+        in, before elfutils' own (see debuginfo_args)."""
         self.program_lines = program_lines
+        self.debuginfo_path = list(debuginfo_path or ())
         self.maps = Maps(maps_path)
         loads = loads_of(maps_path)
         try:
@@ -230,6 +235,8 @@ class Symbolizer:
             for a, (mod, off) in good.items():
                 self.cache[a] = Frame(a, mod, off, None, None, None, (), self.tool_error)
             return
+        paths = {os.path.basename(e[4]): e[4] for e in entries}
+        OBJECTS.update((m, (p, tuple(self.debuginfo_path))) for m, p in paths.items())
         # A clean maps file for the tool: only the loads we trust, no ambiguous ranges.
         with tempfile.NamedTemporaryFile("w", prefix="mmleak-maps.", delete=False) as tf:
             for e in sorted(entries):
@@ -239,7 +246,8 @@ class Symbolizer:
             order = sorted(good)
             inp = "".join("0x%x\n" % (a & ADDR_MASK) for a in order)
             try:
-                r = subprocess.run([exe, "-M", tmpmaps, "-a", "-f", "-i", "-C"], input=inp,
+                r = subprocess.run([exe] + debuginfo_args(self.debuginfo_path) +
+                                   ["-M", tmpmaps, "-a", "-f", "-i", "-C"], input=inp,
                                    capture_output=True, text=True, errors="replace")
             except OSError as e:
                 r = None
@@ -258,9 +266,33 @@ class Symbolizer:
                     chain = program_level(chain)
                 fn, fl, ln = chain[0]
                 err = None if fn or fl else "no symbol or line information in %s" % mod
+                if not fn and not fl and paths.get(mod):
+                    # no answer: the function from the object's symbol table (the debug
+                    # file's, or its exported .dynsym when stripped), if any
+                    named = elfcode.exported_name(paths[mod], off, self.debuginfo_path)
+                    if named:
+                        fn = named[:named.rindex("+")]
+                        err = "no debug information for %s (function from its symbol " \
+                              "table)" % mod
                 self.cache[a] = Frame(a, mod, off, fn, fl, ln, tuple(chain[1:]), err)
         finally:
             os.unlink(tmpmaps)
+
+
+# elfutils' own search path for separate debug information (libdwfl's default): the
+# object's directory, its .debug subdirectory, /usr/lib/debug; in each absolute one, the
+# build-id tree (.build-id/xx/rest.debug) and the .gnu_debuglink name; then, when
+# DEBUGINFOD_URLS is set, debuginfod (libdw loads libdebuginfod itself).
+ELFUTILS_DEBUGINFO_PATH = ":.debug:/usr/lib/debug"
+
+
+def debuginfo_args(dirs):
+    """eu-addr2line's arguments to look in DIRS first, then where elfutils looks by itself
+    (none: its default as it is)."""
+    if not dirs:
+        return []
+    return ["--debuginfo-path=%s:%s" % (":".join(os.path.abspath(d) for d in dirs),
+                                        ELFUTILS_DEBUGINFO_PATH)]
 
 
 ADDR_LINE_RE = re.compile(r"^0x([0-9a-f]{16})$")
@@ -302,11 +334,26 @@ def program_level(chain):
     return chain
 
 
+# the objects symbolized in this process, by file name: (path, debug directories), for
+# frame_label's offset into a function when there is no line
+OBJECTS = {}
+
+
+def function_offset(fr):
+    """'+0xN', the offset of FR's address into its function, from the symbol table of the
+    object symbolized (elfcode.exported_name), or ''."""
+    obj = OBJECTS.get(fr.module)
+    named = elfcode.exported_name(obj[0], fr.offset, obj[1]) if obj else None
+    return named[named.rindex("+"):] if named else ""
+
+
 def frame_label(fr):
-    """'function at file:line' or 'module+0xoff (why)'."""
+    """'function at file:line', 'function+0xN at module+0xoff' (no debug information: the
+    offset into the function, from the symbol table) or 'module+0xoff'."""
     if fr.function or fr.file:
-        where = "%s:%s" % (fr.file, fr.line) if fr.file else "%s+0x%x" % (fr.module, fr.offset)
-        return "%s at %s" % (fr.function or "??", where)
+        if fr.file:
+            return "%s at %s:%s" % (fr.function or "??", fr.file, fr.line)
+        return "%s%s at %s+0x%x" % (fr.function, function_offset(fr), fr.module, fr.offset)
     if fr.module:
         return "%s+0x%x" % (fr.module, fr.offset)
     return "0x%x" % fr.addr

@@ -119,7 +119,7 @@ def test_engines_identical_on_large_histories(tmp_path, monkeypatch, seed):
     frames = {}
     groups, _, _ = nat.live().aggregate()
     for depth in (1, 3):
-        assert mmleak.sites.sites_from_groups(((g.callers, g[2:]) for g in groups), 40, depth,
+        assert mmleak.sites.sites_from_groups(((g.callers, g.kind, g[2:]) for g in groups), 40, depth,
                                               frames) == \
             mmleak.sites.leak_sites(py.survivors(), 40, depth, frames)
 
@@ -193,12 +193,18 @@ def test_report_memory_is_bounded_by_the_live_set(tmp_path, lib):
                                     "-l", str(lost)], capture_output=True, timeout=600)
     assert r.returncode == 0, r.stderr
     out = tmp_path / "report.txt"
-    mb = peak_rss_mb(MMLEAK_PY + ["report", "--no-html", str(d)], out=str(out),
+    mb = peak_rss_mb(MMLEAK_PY + ["report", "--no-html", "--show-reachable", str(d)],
+                     out=str(out),
                      env=dict(os.environ, MMLEAK_SHRINK="native"))
     text = out.read_text()
     rows = {m.group(3): (int(m.group(1)), int(m.group(2))) for m in
-            re.finditer(r"^\s+(\d+)\s+(\d+)\s+(keep_one|lose_one)\b", text, re.M)}
+            re.finditer(r"^\s+(\d+)\s+(\d+)\s+(?:\w+\s+)?(keep_one|lose_one)\b", text,
+                        re.M)}
     assert rows == {"keep_one": (100 * n, n), "lose_one": (100 * lost, lost)}, text
+    # the scan at exit (issue 20): the blocks lost from the lists are lost, the rest reachable
+    assert re.search(r"^\s+100000\s+1000\s+definite\s+lose_one\b", text, re.M), text
+    assert re.search(r"^\s+%d\s+%d\s+reachable\s+keep_one\b" % (100 * n, n), text,
+                     re.M), text
     assert "in %d blocks not freed" % (n + lost) in text
     assert mb < BASE_MB + BYTES_PER_BLOCK * (n + lost) / 1e6, mb
 

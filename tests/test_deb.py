@@ -136,12 +136,20 @@ def test_install_run_the_demo_purge_in_a_box(deb, box):
                                    capture_output=True, text=True, check=True).stdout.strip()
         assert "/usr/lib/%s/mmleak/mmleak.so" % multiarch in maps   # the installed tracer
         html = SCRATCH + "/report.html"
-        r = box.run(["mmleak", "report", SCRATCH + "/dumps", "--pid", pid, "-o", html],
-                    timeout=300)
+        r = box.run(["mmleak", "report", SCRATCH + "/dumps", "--pid", pid, "-o", html,
+                     "--show-reachable"], timeout=300)
+        # the installed mmleak-scan ran at exit: a row per site and kind; each planted leak's
+        # blocks not freed, whatever kind the scan gave them (a stale pointer on a stack may
+        # keep one or two reachable, as in valgrind), are exact
+        assert re.search(r"^\s+definitely lost:\s+\d+ bytes", r.stdout, re.M), r.stdout
+        per_site = {}
+        for m in re.finditer(r"^\s+(\d+)\s+(\d+)\s+(?:definite|indirect|possible|reachable|"
+                             r"unknown)\s+(.+?) at \S*demo_leaky\.cpp:\d+$", r.stdout, re.M):
+            got = per_site.setdefault(m.group(3), [0, 0])
+            got[0] += int(m.group(1))
+            got[1] += int(m.group(2))
         for nbytes, blocks, fn in DEMO_LEAKS:
-            assert re.search(r"^\s+%d\s+%d\s+%s at \S*demo_leaky\.cpp:\d+$"
-                             % (nbytes, blocks, re.escape(fn)), r.stdout, re.M), \
-                (fn, r.stdout)
+            assert per_site.get(fn) == [nbytes, blocks], (fn, r.stdout)
         assert "Worker::handle" in box.run(["cat", html]).stdout
     finally:
         box.run(["rm", "-rf", SCRATCH])

@@ -133,11 +133,15 @@ def test_files_the_docs_name_exist():
         names = set(re.findall(r"(?<![\w/.-])((?:tests|bench|tracer|tools|mmleaklib|docs)/"
                                r"[\w./-]*[\w-]\.(?:c|h|cpp|py|rst|def|png))\b", text))
         names |= set(re.findall(r"(?<![\w/.-])(mmleak[\w-]*(?:\.[\w-]+)*\.(?:c|h|py))\b", text))
-        names |= {"tests/" + n for n in re.findall(r"(?<![\w/.-])(test_\w+\.py)\b", text)}
+        # a test file the docs name is one of ours, unless a user's example gives it to pytest
+        names |= {"tests/" + m.group(1)
+                  for m in re.finditer(r"(?<![\w/.-])(test_\w+\.py)\b", text)
+                  if "pytest" not in text[text.rfind("\n", 0, m.start()):m.start()]}
         here = "bench" if page == "bench/README.rst" else ""
         for n in sorted(names):
             if not (os.path.exists(os.path.join(ROOT, n))
-                    or here and "/" not in n and os.path.exists(os.path.join(ROOT, here, n))):
+                    or here and "/" not in n and os.path.exists(os.path.join(ROOT, here, n))
+                    or n.endswith(".h") and os.path.exists(os.path.join(ROOT, "include", n))):
                 bad.append("%s: %s" % (page, n))
         if here:
             for n in re.findall(r"``(\w+\.(?:c|py))``", text):
@@ -187,13 +191,15 @@ def env_table():
     text = read("docs/environment.rst")
     table = text[text.index("VARIABLES\n"):text.index("\nSEE ALSO")]
     rows, cur = {}, None
+    border = next(l for l in table.splitlines() if re.fullmatch(r"=+( +=+)+", l))
+    a, b = [m.start() for m in re.finditer(r"=+", border)][2:4]     # the range column
     for line in table.splitlines():
         m = re.match(r"``(MMLEAK_[A-Z_]+)``\s+(\S+)\s+(.*?)\s{2,}", line)
         if m:
             cur = m.group(1)
             rows[cur] = [m.group(2).strip("`"), m.group(3).strip()]
-        elif cur and not line[:33].strip() and line[33:48].strip():
-            rows[cur][1] += " " + line[33:48].strip()     # a range continued below
+        elif cur and not line[:a].strip() and line[a:b].strip():
+            rows[cur][1] += " " + line[a:b].strip()     # a range continued below
         elif not line.strip() or line.startswith("="):
             cur = None
     return rows
@@ -312,7 +318,7 @@ def docs_options():
 def test_option_table_readme_and_help_agree():
     """One table of the MMLEAK_* variables (mmleaklib/facts.py): docs/environment.rst's table says the
     same (name, default, meaning), `mmleak.py options` prints it, and the C header is made
-    from it (one row per setting of mmleak.so)."""
+    from it (one row per setting of mmleak.so and of mmleak-scan)."""
     from mmleaklib import facts
     want = [(o.env, facts.option_default_text(o), o.help) for o in facts.OPTIONS]
     assert docs_options() == want
@@ -329,7 +335,8 @@ def test_option_table_readme_and_help_agree():
     header = facts.c_header()
     rows = re.findall(r'^    X\((\w+), "(MMLEAK_\w+)", (\w+), ("[^"]*"|\d+), (\d+), (\d+), '
                       r'"((?:[^"\\]|\\.)*)"\)', header, re.M)
-    assert [r[1] for r in rows] == [o.env for o in facts.OPTIONS if o.who == "mmleak.so"]
+    assert [r[1] for r in rows] == [o.env for o in facts.OPTIONS
+                                    if o.who in ("mmleak.so", "mmleak-scan")]
     for name, env, typ, default, lo, hi, text in rows:
         o = facts.OPTION[env]
         assert (name, typ, int(lo), int(hi), text) == (o.name, o.type, o.min, o.max, o.help)

@@ -134,7 +134,7 @@ def test_devices_and_our_own_descriptors_are_written_as_they_are(trace, dump):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     head = lines.index("bytes,blocks,mean,min,max,oldest_s,youngest_s,function,file,line,"
-                       "module,offset,caller")
+                       "module,offset,kind,caller")
     assert lines[0].startswith("mmleak: trace %s " % trace) and head > 0
     assert lines[-1] == "CSV: /dev/stdout"
     assert stat.S_ISLNK(os.lstat("/dev/stdout").st_mode)

@@ -137,7 +137,10 @@ def demo_traces(tmp_path_factory, name, depths):
     for depth in depths:
         dumps = d / ("dumps%d" % depth)
         dumps.mkdir()
-        env = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dumps), MMLEAK_DEPTH=str(depth))
+        # no reachability scan (MMLEAK_SCAN=0, issue 20): these tests hold the report of
+        # blocks not freed, one row per call site; test_leakcheck.py has the kinds
+        env = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dumps), MMLEAK_DEPTH=str(depth),
+                   MMLEAK_SCAN="0")
         p = subprocess.run([exe, str(SECONDS), str(THREADS)], env=env, capture_output=True,
                            text=True)
         assert p.returncode == 0, p.stderr
@@ -453,23 +456,16 @@ def synthetic(n, sites, seed=1, t_max=3600):
 
 
 def test_million_blocks_size_and_time(tmp_path):
+    """A million blocks on 3,000 sites from stdin: the page is bounded (under 5 MB) and its
+    counts exact.  How long it takes is measured in bench/ (bench/live.py), never here: a
+    shared machine's load decides a test's wall and CPU time."""
     n = 1000000
     data, total = synthetic(n, 3000)
     data = b"#mmleak 1 id=777 pid=777 tid=777 file=0 depth=1 start=1700000000\n#cmd ./big\n" + data
     out = str(tmp_path / "big.html")
-    # The budget is 10 s of CPU (user + sys of mmleak-panda.py: about 4 s on a 2-core CI
-    # machine); wall time is only checked loosely, as other jobs may share the machine.
-    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.monotonic()
     p = subprocess.run([PY, PANDA, "-o", out], input=data, capture_output=True)
-    el = time.monotonic() - t0
-    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     assert p.returncode == 0, p.stderr
     size = os.path.getsize(out)
-    print("1M blocks: %.1f s CPU, %.1f s wall, %d bytes of HTML" % (cpu, el, size))
-    assert cpu < 10, "took %.1f s of CPU" % cpu
-    assert el < 30, "took %.1f s" % el
     assert size < 5 * 1024 * 1024
     rows, text = table(out)
     assert headline(text) == (total, n)
@@ -487,12 +483,8 @@ def test_million_blocks_render_report(tmp_path):
                          callers[rnd.randrange(sites)]) for i in range(n)]
     total = sum(a.size for a in surv)
     out = str(tmp_path / "big2.html")
-    t0, c0 = time.monotonic(), time.process_time()
     panda.render_report(fake_rep(surv, {}, 1000, depth=2, trace_depth=2), out)
-    el, cpu = time.monotonic() - t0, time.process_time() - c0
-    print("1M blocks via render_report: %.1f s CPU, %.1f s wall, %d bytes"
-          % (cpu, el, os.path.getsize(out)))
-    assert cpu < 10 and el < 30 and os.path.getsize(out) < 5 * 1024 * 1024
+    assert os.path.getsize(out) < 5 * 1024 * 1024     # (its time: bench/, not a test)
     rows, text = table(out)
     assert headline(text) == (total, n)
     assert "Showing the top 500 of 1,500 call sites" in text
@@ -558,10 +550,13 @@ def test_empty_input(tmp_path):
 def terminal_sites(stdout):
     """The call sites `mmleak.py report` prints: [(bytes, blocks, label)] in its order."""
     lines = stdout.splitlines()
-    head = next(i for i, l in enumerate(lines) if l.split()[:3] == ["bytes", "blocks", "call"])
+    head = next(i for i, l in enumerate(lines) if l.split()[:3] == ["bytes", "blocks", "call"]
+                or l.split()[:4] == ["bytes", "blocks", "kind", "call"])
+    kind = r"(?:(?:definite|indirect|possible|reachable|unknown) +)?" \
+        if "kind" in lines[head].split() else ""     # the kind column, when a scan ran
     out = []
     for line in lines[head + 1:]:
-        m = re.match(r"^  +(\d+) +(\d+)  (.*?)(?:  \[[^]]*\])?$", line)
+        m = re.match(r"^  +(\d+) +(\d+)  %s(.*?)(?:  \[[^]]*\])?$" % kind, line)
         if not m:
             break
         out.append((int(m.group(1)), int(m.group(2)), m.group(3)))
@@ -585,7 +580,7 @@ def test_terminal_and_page_name_the_same_sites(leaky, tmp_path, depth, args):
     shows, the same call sites with the same bytes and blocks, in the same order (one table:
     report.site_table), also when --depth cuts the trace's stacks."""
     out = str(tmp_path / "r.html")
-    p, _, _ = report_page(leaky, depth, out, "--top", "1000", *args)
+    p, _, _ = report_page(leaky, depth, out, "--top", "1000", "--show-reachable", *args)
     terminal = terminal_sites(p.stdout)
     rows, text = table(out)
     assert page_sites(rows) == terminal

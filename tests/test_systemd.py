@@ -17,6 +17,7 @@ attach/detach MAINPID`), each window's leak exact, without a restart; one instal
 `install --paused` starts paused and is attached to the same way. `mmleak-install.py status`
 says at each step what mmleak does in the service's main process.
 """
+import glob
 import os
 import re
 import shutil
@@ -444,7 +445,15 @@ def test_dynamic_user_shared_with_the_companion(box, lib, tmp_path):
         pid = start(box, DYN_UNIT, DYN_STATE)
         cpid = int(box.run(["systemctl", "show", "-p", "MainPID", "--value", comp]).stdout)
         # the name systemd chose for the service is the one the installer computed
-        assert environ(box, pid)["USER"] == environ(box, cpid)["USER"] == DYN_USER
+        # (MainPID is known before the process has exec'd: until then its environment is
+        # systemd's, USER=root; wait for the exec, up to 60 s)
+        users = []
+        for _ in range(600):
+            users = [environ(box, p).get("USER") for p in (pid, cpid)]
+            if "root" not in users and None not in users:
+                break
+            time.sleep(0.1)
+        assert users == [DYN_USER, DYN_USER]
         uid = re.search(r"^Uid:\t(\d+)\t", proc(box, pid, "status"), re.M).group(1)
         assert re.search(r"^Uid:\t%s\t%s\t%s\t%s$" % ((uid,) * 4), proc(box, cpid, "status"),
                          re.M)
@@ -581,6 +590,9 @@ def visible_tree(box):
     box.run(["install", "-m", "0644", os.path.join(ROOT, "mmleak-tools.so"),
              d + "/mmleak-tools.so"])
     box.run(["install", "-m", "0755", MMLEAK, d + "/mmleak.py"])
+    box.run(["install", "-d", d + "/mmleaklib"])         # the package mmleak.py imports
+    box.run(["install", "-m", "0644"] + sorted(glob.glob(os.path.join(ROOT, "mmleaklib", "*.py")))
+            + [d + "/mmleaklib/"])
     return d + "/mmleak.so", d + "/mmleak.py"
 
 

@@ -34,6 +34,7 @@
 
 #include "../tracer/compiler.h"
 #include "blocks.h"
+#include "facts.h"
 
 enum { K_FREE = 0, K_ALLOC = 1, K_END = 2, K_START = 3 };   /* odd kinds: allocation-like */
 enum { P_TORN = 0, P_PADDING = 1, P_MALFORMED = 2, P_DUPLICATE = 3, P_KINDS = 4 };
@@ -100,7 +101,7 @@ static void *map_mem(size_t n)
 #define CHUNK (1u << 20)
 /* Reading: a line is kept up to LINE_MAX bytes (mmleaklib/facts.py), read READ_CHUNK at a
  * time (never more than LINE_MAX: only a line that began in an earlier chunk can be longer). */
-#define LINE_MAX_BYTES ((size_t)1 << 20)
+#define LINE_MAX_BYTES ((size_t)MMLEAK_LINE_MAX)   /* facts.h: mmleaklib/facts.py's bound */
 #define READ_CHUNK ((size_t)1 << 20)
 #define READ_BUF (4096 + LINE_MAX_BYTES + READ_CHUNK)
 #define HEAD 80                         /* what messages show of a line too long */
@@ -1044,6 +1045,18 @@ static void run_release(struct run *r)
     hset_release(&r->headers);
 }
 
+/* The end of a call of mmleak_shrink or mmleak_shrink_blocks: the run's memory, the read
+ * buffer BUF and the output buffer OUT go back; RC is returned. */
+static int run_end(struct run *r, char *buf, struct obuf *out, int rc)
+{
+    run_release(r);
+    if (buf)
+        munmap(buf, READ_BUF);
+    if (out)
+        munmap(out, sizeof *out);
+    return rc;
+}
+
 /* Shrink PATHS ("-" is stdin, descriptor 0; any other is opened by ON_OPEN) and write the
  * result (events only, no header lines: those go to the header callback) to OUT_FD.
  * NAME_ID[i]: the index of the first input with the name input i has in messages; COUNTS
@@ -1071,12 +1084,7 @@ EXPORT int mmleak_shrink(const char *const *paths, const int *name_id, int npath
             rc = -2;
         }
     }
-    run_release(&r);
-    if (buf)
-        munmap(buf, READ_BUF);
-    if (out)
-        munmap(out, sizeof *out);
-    return rc;
+    return run_end(&r, buf, out, rc);
 }
 
 /* An allocation line as a block: "PTR SEQ SIZE TIME @ID\n" (a stack's id) or "PTR SEQ SIZE
@@ -1174,12 +1182,7 @@ EXPORT int mmleak_shrink_blocks(const char *const *paths, const int *name_id, in
             t->e = NULL;                /* the blocks' now */
         }
     }
-    run_release(&r);
-    if (buf)
-        munmap(buf, READ_BUF);
-    if (out)
-        munmap(out, sizeof *out);
-    return rc;
+    return run_end(&r, buf, out, rc);
 }
 
 /* Release the stack ids a run handed over in STATS. */

@@ -44,6 +44,22 @@ __attribute__((format(printf, 2, 3))) void because(struct inj *c, const char *fm
     va_end(ap);
 }
 
+/* read() again when a signal interrupts it; on an error FD is closed, errno kept. */
+static ssize_t read_or_close(int fd, char *buf, size_t room)
+{
+    for (;;) {
+        ssize_t r = read(fd, buf, room);
+        if (r >= 0)
+            return r;
+        if (errno != EINTR) {
+            int e = errno;
+            close(fd);
+            errno = e;
+            return -1;
+        }
+    }
+}
+
 /* Read a whole small file into BUF (NUL-terminated); -1 with errno on failure. */
 ssize_t slurp(const char *path, char *buf, size_t cap)
 {
@@ -52,15 +68,9 @@ ssize_t slurp(const char *path, char *buf, size_t cap)
         return -1;
     size_t n = 0;
     while (n < cap - 1) {
-        ssize_t r = read(fd, buf + n, cap - 1 - n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            int e = errno;
-            close(fd);
-            errno = e;
+        ssize_t r = read_or_close(fd, buf + n, cap - 1 - n);
+        if (r < 0)
             return -1;
-        }
         if (r == 0)
             break;
         n += r;
@@ -216,12 +226,9 @@ int load_maps(struct inj *c)
             buf = nb;
             cap *= 2;
         }
-        ssize_t r = read(fd, buf + n, cap - n - 1);
-        if (r < 0 && errno == EINTR)
-            continue;
+        ssize_t r = read_or_close(fd, buf + n, cap - n - 1);
         if (r < 0) {
             int e = errno;
-            close(fd);
             free(buf);
             errno = e;
             return -1;

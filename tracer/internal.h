@@ -57,12 +57,17 @@ struct mml_cfg {
     size_t hold;             /* MMLEAK_HOLD_MB: lines held in memory while unwritable (64) */
     int quiet;               /* MMLEAK_QUIET=1: no message on stderr, even on failure */
     int paused;              /* MMLEAK_PAUSED=1: preloaded, paused until mmleak.py attach */
+    int scan;                /* MMLEAK_SCAN=1: the reachability scan at exit (the default) */
 };
 extern struct mml_cfg cfg;
 /* Read the settings: from the environment (ARGS NULL), or, for mmleak_attach, from its
  * argument, lines "MMLEAK_DIR=/var/tmp/leaks" with the same names.  0, or -1 when MMLEAK_DIR
  * cannot be used as given (said why). */
 int read_config(const char *args);
+
+/* ---- exitscan.c: the reachability scan at the process's exit (mmleak-scan(7)) ---- */
+COLD void scan_at_exit(void);
+COLD int run_scanner(const char *why);
 
 /* ---- per-thread state ---- */
 
@@ -198,6 +203,7 @@ extern unsigned g_trace_gen;         /* a new trace in this process (attach afte
 extern int g_attached;               /* loaded into a running process by mmleak.py attach */
 extern int g_window;                 /* this trace was started by mmleak_attach */
 extern char g_cmd[2048];             /* escaped command line for the file headers */
+extern char g_supp[1024];            /* the program's __lsan_default_suppressions(), escaped */
 extern char g_alloc[512];            /* the allocator's file (libc, jemalloc...), escaped */
 extern _Atomic uint64_t g_lost_orphan; /* events lost where no thread file could say so */
 extern atomic_uint g_episode;        /* numbers the gaps: "#dropping k=K", "#lost N k=K" */
@@ -240,6 +246,8 @@ const char *why(int err);
 void note_stderr(void);
 void say4(const char *a, const char *b, const char *c, const char *f);
 void say(const char *a, const char *b, const char *c);
+/* The program's __lsan_default_suppressions() into g_supp, once at the start (tracer/lsan.c). */
+void read_default_suppressions(void);
 /* "WHAT DIR: REASON (errno N)TAIL"; REASON is why(ERR) unless given */
 void say_why(const char *what, const char *reason, int err, const char *tail);
 void say_err(const char *what, int err, const char *tail);

@@ -240,6 +240,7 @@ COLD void global_init(void)
         note_stderr();
         int bad = read_config(NULL);
         read_cmdline();
+        read_default_suppressions();
         Dl_info other, self;
         if (another_copy_first(&other, &self)) {
             /* the first copy traces; its calls to the allocator pass through us untouched */
@@ -442,6 +443,7 @@ __attribute__((destructor)) static void mmleak_fini(void)
     /* not in a vfork() child (other pid, the parent's memory): the files are the parent's */
     if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T))
         return;
+    scan_at_exit();     /* before the files close: the scanner reads them as they are */
     int saved = errno;
     T.guard++;
     leave_files(1);

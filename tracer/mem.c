@@ -5,8 +5,10 @@
  * tracer (sites.c and got.c included, which need nothing else of the rest).
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 
 #include "internal.h"
 
@@ -14,7 +16,15 @@
 void *mml_map(size_t n)
 {
     void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
+    if (p == MAP_FAILED)
+        return NULL;
+    /* named, so that the reachability scan leaves our memory out (mmleak-scan(7)): it holds
+     * no pointer of the program's that counts.  Kernels before 5.17 (or without
+     * CONFIG_ANON_VMA_NAME) refuse: the mapping is then scanned like any other */
+    int saved = errno;
+    prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, (unsigned long)p, n, (unsigned long)"mmleak");
+    errno = saved;
+    return p;
 }
 
 /* An array of *CAP elements of UNIT bytes, grown (doubling) to hold NEED: mmap only, since

@@ -145,6 +145,7 @@ static int read_settings(void)
     cfg.buffer = (size_t)v[OPT_BUFFER_KB] << 10;
     cfg.hold = (size_t)v[OPT_HOLD_MB] << 20;
     cfg.paused = (int)v[OPT_PAUSED];
+    cfg.scan = (int)v[OPT_SCAN];
     return bad;
 }
 

@@ -553,6 +553,10 @@ static size_t header_text(char *h, size_t cap, unsigned fileno, int late)
         d = cat(d, e, "\n#alloc ");
         d = cat(d, e, g_alloc);
     }
+    if (g_supp[0]) {
+        d = cat(d, e, "\n#suppressions ");
+        d = cat(d, e, g_supp);
+    }
     d = cat(d, e, "\n");
     return (size_t)(d - h);
 }
@@ -568,7 +572,8 @@ static void stage_line(struct tstate *t, const char *s, size_t n)
  * thread's first event and of a rotation. */
 static void stage_header(struct tstate *t, unsigned fileno)
 {
-    size_t room = (size_t)(t->end - t->cur), cap = sizeof g_cmd + sizeof g_alloc + 256;
+    size_t room = (size_t)(t->end - t->cur), cap = sizeof g_cmd + sizeof g_alloc +
+                                            sizeof g_supp + 256;
     t->cur += header_text(t->cur, cap < room ? cap : room, fileno, t->late);
 }
 
@@ -1238,7 +1243,7 @@ void late_shared(const char *line, size_t n)
         unsigned no = 0;
         struct fid id;
         int fd = new_dump_locked(&no, &id, NULL, NULL);
-        char h[sizeof g_cmd + sizeof g_alloc + 256];
+        char h[sizeof g_cmd + sizeof g_alloc + sizeof g_supp + 256];
         size_t hn = fd >= 0 ? header_text(h, sizeof h, no, 1) : 0;
         if (fd >= 0 && hn + n <= fsize_limit() && !write_all(fd, h, hn) && !write_all(fd, line, n)) {
             g_late_file = no;

@@ -71,6 +71,7 @@
  * handled by a linear scan of .eh_frame (slow but correct). */
 #define _GNU_SOURCE
 #include "unwind.h"
+#include "unwind_shared.h"
 #include "compiler.h"
 
 #include <dlfcn.h>
@@ -139,8 +140,8 @@ struct rule {
 #define R_OFF_MAX ((1L << (63 - OFF_SHIFT)) - 1)
 
 static _Atomic uint64_t g_cache[1U << CACHE_BITS] __attribute__((aligned(64)));
-static _Atomic int g_unloading; /* dlclose calls in progress: walks bypass the cache */
-static _Atomic unsigned g_memo_gen; /* changes at every dlclose: older memo records are dead */
+_Atomic int g_unloading;        /* dlclose calls in progress: walks bypass the cache */
+_Atomic unsigned g_memo_gen;    /* changes at every dlclose: older memo records are dead */
 
 /* The rule bits of an entry, 0 if the rule does not fit. */
 static inline uint64_t rule_encode(const struct rule *r)
@@ -1115,14 +1116,7 @@ static int sys_open(const char *path)
 static long sys_read(int fd, void *buf, size_t n) { return sys3(SYS_read, fd, buf, n); }
 static void sys_close(int fd) { sys3(SYS_close, fd, 0, 0); }
 
-struct mml_tls {
-    uintptr_t lo, hi;       /* the thread's own stack */
-    unsigned tries;
-    uintptr_t pf_ip, pf_sp; /* the last mml_memo_prefetch: its start and set */
-    void *pf_set;
-    int pf_off;             /* the thread's recent walks serve most lookups: no prefetch */
-};
-static __thread struct mml_tls U __attribute__((tls_model("initial-exec")));
+__thread struct mml_tls U __attribute__((tls_model("initial-exec")));
 
 enum { PROBE_UNKNOWN, PROBE_VMREAD, PROBE_MAPS, PROBE_NONE };
 static _Atomic int g_probe = PROBE_UNKNOWN;
@@ -1973,97 +1967,3 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
     ST(r->value, value);
     atomic_store_explicit(&r->seq, q + 2, memory_order_release);
 }
-
-/* ---- the thread's recent walks (unwind.h) ----
- * A slot per start (ip, sp), chosen by a hash of both.  A hit: the same start, settings and
- * generation (and bp if the walk used it), the words on this thread's stack as it is known
- * now, each equal to the one kept. */
-static inline struct mml_recent_slot *recent_slot(struct mml_recent *r, uintptr_t ip, uintptr_t sp)
-{
-    uint64_t h = (uint64_t)ip * 0x9E3779B97F4A7C15ull + (uint64_t)sp * 0xC2B2AE3D27D4EB4Full;
-    return &r->slot[h >> (64 - 4)];
-}
-_Static_assert(MML_RECENT_SLOTS == 16, "recent_slot takes 4 bits");
-/* A slot that holds a walk is given to a memo hit's walk after this many misses in a row: on
- * many stacks met at random (stacks_bench), no slot would hit again before it is replaced,
- * and copying every hit's words would cost more than the slots save. */
-#define RECENT_PATIENCE 16
-#define RECENT_ROUND 256
-#define RECENT_WORTH 8
-#define RECENT_SKIP 4096
-
-int mml_recent_get(struct mml_recent *r, const struct mml_start *s, unsigned salt,
-                   uint64_t *value)
-{
-    /* Of every RECENT_ROUND lookups, fewer than one in RECENT_WORTH hit: the next
-     * RECENT_SKIP are not made (each would cost a miss and, now and then, a copy). */
-    if (unlikely(r->skip)) {
-        if (--r->skip == 0)
-            U.pf_off = 0;
-        return 0;
-    }
-    if (unlikely(++r->tries == RECENT_ROUND)) {
-        if (r->hits * RECENT_WORTH < RECENT_ROUND)
-            r->skip = RECENT_SKIP;
-        /* most lookups hit here: the entry points stop prefetching the memo's records */
-        U.pf_ip = 0;
-        atomic_signal_fence(memory_order_seq_cst);
-        U.pf_off = r->hits * 4 >= 3 * RECENT_ROUND;
-        r->tries = r->hits = 0;
-    }
-    struct mml_recent_slot *e = recent_slot(r, s->ip, s->sp);
-    uintptr_t sp = s->sp;
-    unsigned n = e->n;
-    if (e->ip != s->ip || e->sp != sp || e->salt != salt || (e->use_bp && e->bp != s->bp) ||
-        e->gen != atomic_load_explicit(&g_memo_gen, memory_order_relaxed) ||
-        atomic_load_explicit(&g_unloading, memory_order_relaxed) || n == 0 ||
-        sp < U.lo || sp + 8 * (uintptr_t)e->top + 8 > U.hi)
-        goto miss;
-    uintptr_t diff = 0;
-    for (unsigned i = 0; i < n; i++)
-        diff |= *(const uintptr_t *)(sp + 8 * (uintptr_t)e->off[i]) ^ e->val[i];
-    if (diff)
-        goto miss;
-    *value = e->value;
-    e->misses = 0;
-    r->hits++;
-    return 1;
-miss:
-    if (e->misses < 255)
-        e->misses++;
-    return e->n && e->misses < RECENT_PATIENCE ? 0 : -1;
-}
-
-void mml_recent_put(struct mml_recent *r, const struct mml_start *s, unsigned salt, unsigned gen,
-                    const struct mml_trail *tr, int nframes, uint64_t value, int from_memo)
-{
-    if (tr->bad || nframes < 1 || nframes > tr->walked || nframes > MML_TRAIL_FRAMES)
-        return;
-    int all = nframes == tr->walked;
-    int n = all ? tr->n : tr->upto[nframes];
-    int use_bp = all ? tr->bp_from < (1 << 30) : tr->bp_from < nframes;
-    if (n < 1 || n > MML_TRAIL_MAX)
-        return;
-    struct mml_recent_slot *e = recent_slot(r, s->ip, s->sp);
-    if (from_memo && e->n && e->misses < RECENT_PATIENCE)
-        return;
-    unsigned top = 0;
-    for (int i = 0; i < n; i++) {
-        e->off[i] = tr->off[i];
-        e->val[i] = tr->val[i];
-        top = tr->off[i] > top ? tr->off[i] : top;
-    }
-    e->top = (uint16_t)top;
-    e->ip = s->ip;
-    e->sp = s->sp;
-    e->bp = s->bp;
-    e->use_bp = (uint8_t)use_bp;
-    e->salt = salt;
-    e->gen = gen;
-    e->value = value;
-    e->misses = 0;
-    e->n = (uint8_t)n;
-}
-
-#undef LD
-#undef ST

@@ -1,0 +1,271 @@
+"""The reachability scan: its result files (mmleak-format(5), "The scan result") and
+`mmleak.py scan PID` (see mmleak-scan(7)).
+
+    kinds_for(directory, tid)   the newest scan of trace TID: a Kinds mapping
+                                (address, SEQ) -> "definite" | "indirect" | "possible" |
+                                "reachable"; a block it lacks is "unknown"
+    newest_scan(directory, tid) the newest Scan of trace TID (header only), or None
+    read_scan(path)             one Scan, header and (on demand) its columns
+    scan_process(pid, ...)      scan a running traced process now (mmleak-tools.so)
+
+A Kinds keeps the columns as arrays (8 + 8 + 1 bytes a block), not a dict: ten million
+blocks stay about 170 MB."""
+import array
+import bisect
+import os
+import re
+
+from . import files
+from .errors import Fail, Refused
+
+KINDS = ("definite", "indirect", "possible", "reachable")
+UNKNOWN = "unknown"
+SCAN_RE = re.compile(r"^mmleak\.%s\.scan\.(\d+)$" % files.ID)
+FORMAT = 1
+NO_SCAN = ("no scan ran: the process ended by _exit, abort, a fatal signal or SIGKILL, "
+           "scanning was off (MMLEAK_SCAN=0), or it still runs (mmleak.py scan PID)")
+
+
+class Scan:
+    """One scan result: its header fields; .columns() reads the data."""
+
+    def __init__(self, path):
+        self.path = path
+        self.version = None
+        self.id = self.pid = None
+        self.why = None
+        self.time = 0.0
+        self.status = UNKNOWN
+        self.reason = "the scan file is incomplete"
+        self.attached = False
+        self.threads = 0
+        self.roots = {}                 # what -> (ranges, bytes)
+        self.excluded = {}
+        self.kinds = {}                 # kind -> (blocks, bytes)
+        self.blocks = 0
+        self.data_at = None             # offset of the binary part
+
+    def columns(self):
+        """(addresses array('Q'), seqs array('Q'), kinds bytearray), sorted by address."""
+        if self.data_at is None:
+            return array.array("Q"), array.array("Q"), bytearray()
+        with files.open_trace_file(self.path) as f:
+            f.seek(self.data_at)
+            secs = []
+            for _ in range(3):
+                n = int.from_bytes(f.read(8), "little")
+                data = f.read(n)
+                if len(data) != n:
+                    raise Fail("%s: the scan's data is cut short" % self.path)
+                secs.append(data)
+        n = self.blocks
+        addrs = _leb_numbers(secs[0], n, self.path)
+        acc = 0
+        for i in range(n):              # differences -> addresses
+            acc += addrs[i]
+            addrs[i] = acc
+        seqs = _leb_numbers(secs[1], n, self.path)
+        runs = _leb_numbers(secs[2], None, self.path)
+        kinds = bytearray()
+        for k in range(0, len(runs) - 1, 2):
+            if runs[k] > 3:
+                raise Fail("%s: a kind %d in the scan's data" % (self.path, runs[k]))
+            kinds += bytes((runs[k],)) * runs[k + 1]
+        if len(kinds) != n:
+            raise Fail("%s: the scan's kinds cover %d blocks, not %d"
+                       % (self.path, len(kinds), n))
+        return addrs, seqs, kinds
+
+
+def _leb_numbers(data, n, path):
+    """The unsigned LEB128 numbers of DATA as array('Q') (N of them, if N is not None)."""
+    out = array.array("Q")
+    v = shift = 0
+    for b in data:
+        v |= (b & 0x7F) << shift
+        if b & 0x80:
+            shift += 7
+            continue
+        out.append(v)
+        v = shift = 0
+    if shift or (n is not None and len(out) != n):
+        raise Fail("%s: the scan's data is damaged (%d numbers where %s were expected)"
+                   % (path, len(out), n))
+    return out
+
+
+def read_scan(path):
+    """The header of the scan file PATH (a Scan).  Raises Fail on a file that is not one,
+    Refused/OSError as open_trace_file."""
+    s = Scan(path)
+    with files.open_trace_file(path) as f:
+        first = f.readline(4096)
+        m = re.match(rb"#mmleak-scan (\d+) id=(\S+) pid=(\d+)", first)
+        if not m:
+            raise Fail("%s: not a scan result" % path)
+        s.version = int(m.group(1))
+        if s.version > FORMAT:
+            raise Fail("%s: scan format %d is newer than this mmleak.py reads (%d)"
+                       % (path, s.version, FORMAT))
+        s.id, s.pid = m.group(2).decode(), int(m.group(3))
+        while True:
+            line = f.readline(4096)
+            if not line:
+                return s                # no #data: nothing classified
+            w = line.decode("utf-8", "replace").rstrip("\n").split(" ")
+            key = w[0]
+            if key == "#data":
+                s.data_at = f.tell()
+                return s
+            try:
+                if key == "#when":
+                    s.why = w[1]
+                    for kv in w[2:]:
+                        if kv.startswith("time="):
+                            s.time = float(kv[5:])
+                elif key == "#status":
+                    s.status = w[1]
+                    s.reason = " ".join(w[2:]) if w[1] != "done" else None
+                elif key == "#attached":
+                    s.attached = w[1] == "1"
+                elif key == "#threads":
+                    s.threads = int(w[1])
+                elif key in ("#roots", "#excluded"):
+                    (s.roots if key == "#roots" else s.excluded)[w[1]] = (int(w[2]), int(w[3]))
+                elif key == "#kind":
+                    s.kinds[w[1]] = (int(w[2]), int(w[3]))
+                elif key == "#blocks":
+                    s.blocks = int(w[1])
+            except (IndexError, ValueError):
+                raise Fail("%s: bad header line %r" % (path, line[:80]))
+
+
+def scan_files(directory, tid):
+    """The scan files of trace TID in DIRECTORY that are the trace's own (the owner rules
+    of every reader): [path], any order."""
+    uids = files.trusted_uids(directory, tid)
+    out = []
+    try:
+        names = os.listdir(directory)
+    except OSError as e:
+        raise Fail("cannot list %s: %s" % (directory, e.strerror))
+    for n in names:
+        m = SCAN_RE.match(n)
+        if not m or m.group(1) != tid:
+            continue
+        p = os.path.join(directory, n)
+        try:
+            if files.file_problem(p, os.lstat(p), "ignored", uids) is None:
+                out.append(p)
+        except OSError:
+            pass
+    return out
+
+
+def newest_scan(directory, tid):
+    """The newest scan of trace TID (highest time, then number), or None."""
+    best = None
+    for p in scan_files(directory, tid):
+        try:
+            s = read_scan(p)
+        except (OSError, Refused, Fail):
+            continue
+        key = (s.time, int(SCAN_RE.match(os.path.basename(p)).group(2)))
+        if best is None or key > best[0]:
+            best = (key, s)
+    return best[1] if best else None
+
+
+class Kinds:
+    """(address, SEQ) -> kind for the blocks of one scan (a read-only mapping); .status is
+    "done" or "unknown" (.reason says why), .scan the Scan (None when there is none)."""
+
+    def __init__(self, scan):
+        self.scan = scan
+        self.status = scan.status if scan else UNKNOWN
+        self.reason = (scan.reason if scan else NO_SCAN)
+        self.attached = bool(scan and scan.attached)
+        if scan and scan.status == "done":
+            self._a, self._s, self._k = scan.columns()
+        else:
+            self._a, self._s, self._k = array.array("Q"), array.array("Q"), bytearray()
+
+    def kind(self, ptr, seq):
+        """The kind of the block allocated at PTR with SEQ, or "unknown"."""
+        i = bisect.bisect_left(self._a, ptr)
+        if i < len(self._a) and self._a[i] == ptr and self._s[i] == seq:
+            return KINDS[self._k[i]]
+        return UNKNOWN
+
+    def __getitem__(self, key):
+        k = self.kind(*key)
+        if k == UNKNOWN:
+            raise KeyError(key)
+        return k
+
+    def get(self, key, default=None):
+        k = self.kind(*key)
+        return default if k == UNKNOWN else k
+
+    def __contains__(self, key):
+        return self.kind(*key) != UNKNOWN
+
+    def __len__(self):
+        return len(self._a)
+
+    def __iter__(self):
+        return iter(zip(self._a, self._s))
+
+    def table(self):
+        """(addresses, SEQs, kinds) as arrays sorted by address, the kinds as indexes into
+        KINDS: what a join in C takes without a Python object per block."""
+        return self._a, self._s, self._k
+
+    def items(self):
+        for a, s, k in zip(self._a, self._s, self._k):
+            yield (a, s), KINDS[k]
+
+
+def kinds_for(directory, tid):
+    """The kinds of trace TID's newest scan (a Kinds; status "unknown" when there is none,
+    or when it could not be done)."""
+    return Kinds(newest_scan(directory, tid))
+
+
+def summary_lines(k):
+    """valgrind-like LEAK SUMMARY lines of a Kinds (from its header's totals)."""
+    if k.status != "done":
+        return ["reachability unknown: %s" % k.reason]
+    out = []
+    for name, label in zip(KINDS, ("definitely lost", "indirectly lost", "possibly lost",
+                                   "still reachable")):
+        blocks, nbytes = k.scan.kinds.get(name, (0, 0))
+        out.append("%15s: %d bytes in %d blocks" % (label, nbytes, blocks))
+    if k.attached:
+        out.append("attached trace: blocks allocated before the attach are unknown; the heap "
+                   "memory outside the known blocks was taken as roots")
+    return out
+
+
+def scan_process(pid, directory, tid, why="demand"):
+    """Scan the running process PID (trace TID in DIRECTORY) now: (status, path of the
+    result, message).  status 0 done, 1 could not be done (the result says why)."""
+    from . import native
+    import ctypes
+    lib = native.tools_library()
+    if lib is None:
+        raise Fail("mmleak-tools.so not found beside mmleak.so: cannot scan")
+    dll = ctypes.CDLL(lib)
+    fn = dll.mmleak_scan
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                   ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
+                   ctypes.c_void_p]
+    out = ctypes.create_string_buffer(4200)
+    err = ctypes.create_string_buffer(512)
+    rc = fn(pid, os.fsencode(directory), tid.encode(), why.encode(), out, len(out), err,
+            len(err), None)
+    msg = err.value.decode("utf-8", "replace")
+    if rc < 0:
+        raise Fail("cannot scan process %d: %s" % (pid, msg))
+    return rc, out.value.decode(), msg

@@ -1,0 +1,138 @@
+/* scan_cases.c: one root or fate per run (argv[1]), each planting blocks of TARGET bytes,
+ * allocated by target() only, whose reachability kinds are known exactly (test_scan.py
+ * checks them against mmleak's scan at exit and against valgrind memcheck).  Every case
+ * plants in a function of its own, then wipes the stack below main's frame, so that no
+ * stale copy of a pointer is left where a scan reads. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define TARGET 4321
+
+__attribute__((noinline)) void *target(void)
+{
+    void *p = malloc(TARGET);
+    memset(p, 0, TARGET);
+    return p;
+}
+
+__attribute__((noinline)) static void wipe(void)
+{
+    volatile char junk[64 * 1024];
+    memset((char *)junk, 0, sizeof junk);
+}
+
+void *g_slot;
+uintptr_t g_hidden;
+struct node { struct node *next; char pad[TARGET - sizeof(void *)]; };
+
+static void *lib(void)
+{
+    const char *self = getenv("SCAN_LIB");
+    void *h = dlopen(self, RTLD_NOW);
+    if (!h) {
+        fprintf(stderr, "dlopen: %s\n", dlerror());
+        exit(2);
+    }
+    return h;
+}
+
+static int ready[2];
+
+static void *stack_thread(void *arg)
+{
+    (void)arg;
+    void *volatile local = target();
+    (void)!write(ready[1], "x", 1);
+    for (;;)
+        pause();
+    return local;
+}
+
+static void *register_thread(void *arg)
+{
+    (void)arg;
+    register uintptr_t r asm("r12") = (uintptr_t)target() ^ 1;
+    wipe();
+    r ^= 1;
+    (void)!write(ready[1], "x", 1);
+    for (;;)
+        __asm__ volatile("pause" : "+r"(r));
+    return NULL;
+}
+
+__attribute__((noinline)) static void plant(const char *c)
+{
+    if (!strcmp(c, "global")) {
+        g_slot = target();
+    } else if (!strcmp(c, "static")) {
+        static void *kept;
+        kept = target();
+        __asm__ volatile("" ::"m"(kept));
+    } else if (!strcmp(c, "dlbss")) {
+        void (*set)(void *) = (void (*)(void *))dlsym(lib(), "lib_set");
+        set(target());
+    } else if (!strcmp(c, "tls")) {
+        static __thread void *tls_slot;
+        tls_slot = target();
+        __asm__ volatile("" ::"m"(tls_slot));
+    } else if (!strcmp(c, "dltls")) {
+        void (*set)(void *) = (void (*)(void *))dlsym(lib(), "lib_set_tls");
+        set(target());
+    } else if (!strcmp(c, "thread-stack") || !strcmp(c, "thread-register")) {
+        pthread_t t;
+        char x;
+        if (pipe(ready) || pthread_create(&t, NULL, c[7] == 's' ? stack_thread : register_thread,
+                                          NULL))
+            exit(2);
+        (void)!read(ready[0], &x, 1);
+    } else if (!strcmp(c, "mmap")) {
+        void **m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        m[0] = target();
+    } else if (!strcmp(c, "pool")) {
+        char *pool = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                          -1, 0);
+        void **obj = (void **)(pool + 300000);
+        obj[3] = target();
+    } else if (!strcmp(c, "chain")) {
+        struct node *a = target(), *b = target(), *d = target();
+        a->next = b;
+        b->next = d;
+        g_slot = a;
+    } else if (!strcmp(c, "cycle")) {
+        struct node *a = target(), *b = target();
+        a->next = b;
+        b->next = a;
+    } else if (!strcmp(c, "lost-chain")) {
+        struct node *a = target(), *b = target();
+        a->next = b;
+    } else if (!strcmp(c, "interior")) {
+        g_slot = (char *)target() + 16;
+    } else if (!strcmp(c, "xor")) {
+        g_hidden = (uintptr_t)target() ^ (uintptr_t)0xa5a5a5a5a5a5a5a5ull;
+    } else if (!strcmp(c, "freed")) {
+        void **holder = malloc(3000);
+        holder[5] = target();
+        free(holder);
+    } else if (!strcmp(c, "lost")) {
+        target();
+    } else {
+        fprintf(stderr, "unknown case %s\n", c);
+        exit(2);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2)
+        return 2;
+    plant(argv[1]);
+    wipe();
+    return 0;
+}

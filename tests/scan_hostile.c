@@ -1,0 +1,141 @@
+/* scan_hostile.c: processes that make a scan's life hard (test_scan.py).  Each leaks one
+ * block of 4321 bytes (definitely lost) and keeps others of 4321 bytes reachable:
+ *   threads N   N threads, each holding one on its stack; waits for SIGTERM
+ *   fork        forks and reaps children without pause; waits for SIGTERM
+ *   seccomp     a seccomp filter that kills the process on clone/fork/vfork/execve, then
+ *               exits 0 (a scan at exit must not get it killed)
+ *   rlimit      RLIMIT_AS a little above what it uses, then exits 0
+ * Prints "ready" when set; exits 0 (status 3 if a child was not reaped right). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+void *g_kept;
+static atomic_int stop, held;
+
+__attribute__((noinline)) static void *target(void) { return calloc(1, 4321); }
+
+__attribute__((noinline)) static void leak(void)
+{
+    volatile char *p = target();
+    p[0] = 1;
+}
+
+__attribute__((noinline)) static void wipe(void)
+{
+    volatile char junk[64 * 1024];
+    memset((char *)junk, 0, sizeof junk);
+}
+
+static void on_term(int sig) { (void)sig; atomic_store(&stop, 1); }
+
+static void *holder(void *arg)
+{
+    (void)arg;
+    void *volatile mine = target();
+    atomic_fetch_add(&held, 1);
+    while (!atomic_load(&stop))
+        usleep(1000);
+    free(mine);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        return 2;
+    signal(SIGTERM, on_term);
+    g_kept = target();
+    leak();
+    wipe();
+    if (!strcmp(argv[1], "threads")) {
+        int n = argc > 2 ? atoi(argv[2]) : 500;
+        pthread_t *t = calloc((size_t)n, sizeof *t);
+        pthread_attr_t a;
+        pthread_attr_init(&a);
+        pthread_attr_setstacksize(&a, 64 * 1024);
+        for (int i = 0; i < n; i++)
+            if (pthread_create(&t[i], &a, holder, NULL))
+                return 2;
+        while (atomic_load(&held) < n)
+            usleep(1000);
+        printf("ready\n");
+        fflush(stdout);
+        while (!atomic_load(&stop))
+            pause();
+        for (int i = 0; i < n; i++)
+            pthread_join(t[i], NULL);
+        free(t);
+        return 0;
+    }
+    if (!strcmp(argv[1], "fork")) {
+        printf("ready\n");
+        fflush(stdout);
+        while (!atomic_load(&stop)) {
+            pid_t c = fork();
+            if (c == 0)
+                _exit(7);
+            if (c < 0) {
+                if (errno != EAGAIN)
+                    return 3;
+                continue;
+            }
+            int st;
+            pid_t r;
+            while ((r = waitpid(c, &st, 0)) < 0 && errno == EINTR)
+                ;
+            if (r != c || !WIFEXITED(st) || WEXITSTATUS(st) != 7)
+                return 3;
+        }
+        return 0;
+    }
+    if (!strcmp(argv[1], "seccomp")) {
+        struct sock_filter f[] = {
+            BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 5, 0),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone3, 4, 0),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_fork, 3, 0),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_vfork, 2, 0),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_execve, 1, 0),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        };
+        struct sock_fprog prog = { sizeof f / sizeof f[0], f };
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) ||
+            prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog))
+            return 2;
+        printf("ready\n");
+        fflush(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "rlimit")) {
+        FILE *f = fopen("/proc/self/status", "r");
+        char line[256];
+        long vm = 0;
+        while (f && fgets(line, sizeof line, f))
+            if (!strncmp(line, "VmSize:", 7))
+                vm = atol(line + 7);
+        if (f)
+            fclose(f);
+        struct rlimit rl = { (rlim_t)(vm + 8192) * 1024, (rlim_t)(vm + 8192) * 1024 };
+        if (setrlimit(RLIMIT_AS, &rl))
+            return 2;
+        printf("ready\n");
+        fflush(stdout);
+        return 0;
+    }
+    return 2;
+}

@@ -1,0 +1,413 @@
+"""The reachability scan (issue 20; mmleak-scan(7), the result in mmleak-format(5)): one case
+program per root and fate (tests/scan_cases.c), each with its exact kinds, checked against
+valgrind memcheck on the same program; the scan on demand of a running process; the
+program's own request (mmleak.h); the result file and its reader."""
+import collections
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import LIB, ROOT, TESTS, run_traced
+
+TARGET = 4321
+CASES = {
+    # case: the kinds of its TARGET blocks (sorted)
+    "global": ["reachable"],
+    "static": ["reachable"],
+    "dlbss": ["reachable"],
+    "tls": ["reachable"],
+    "dltls": ["reachable"],
+    "thread-stack": ["reachable"],
+    "thread-register": ["reachable"],
+    "mmap": ["reachable"],
+    "pool": ["reachable"],
+    "chain": ["reachable", "reachable", "reachable"],
+    "cycle": ["definite", "indirect"],
+    "lost-chain": ["definite", "indirect"],
+    "interior": ["possible"],
+    "xor": ["definite"],
+    "freed": ["definite"],
+    "lost": ["definite"],
+}
+
+
+@pytest.fixture(scope="module")
+def scan_bins(tmp_path_factory, lib):
+    subprocess.run(["make", "-s", "-C", ROOT, "mmleak-scan"], check=True)
+    d = tmp_path_factory.mktemp("scanbin")
+    out = {}
+    for name, src, extra in (("scan_cases", "scan_cases.c", ["-pthread", "-ldl"]),
+                             ("libscan.so", "scan_lib.c", ["-shared", "-fPIC"]),
+                             ("scan_api", "scan_api.c", ["-I" + os.path.join(ROOT, "include")]),
+                             ("scan_daemon", "scan_daemon.c", ["-pthread"])):
+        exe = str(d / name)
+        subprocess.run(["cc", "-O1", "-g", "-fno-omit-frame-pointer", "-o", exe,
+                        os.path.join(TESTS, src)] + extra, check=True)
+        out[name] = exe
+    return out
+
+
+def target_blocks(dump_dir, tid):
+    """(address, SEQ) of the TARGET blocks alive at the end of trace TID."""
+    import mmleaklib as mm
+    paths = mm.find_traces(str(dump_dir))[tid]
+    sh = mm.shrink_files(paths)
+    return [(a.ptr, a.seq) for a in sh.survivors() if a.size == TARGET]
+
+
+def only_trace(dump_dir):
+    import mmleaklib as mm
+    traces = mm.find_traces(str(dump_dir))
+    assert len(traces) == 1, traces
+    return next(iter(traces))
+
+
+def mmleak_kinds(scan_bins, dump, case):
+    env = {"SCAN_LIB": scan_bins["libscan.so"]}
+    run_traced([scan_bins["scan_cases"], case], dump, env=env)
+    from mmleaklib import scan
+    tid = only_trace(dump)
+    k = scan.kinds_for(str(dump), tid)
+    assert k.status == "done", k.reason
+    assert k.scan.why == "exit"
+    return sorted(k.kind(*b) for b in target_blocks(dump, tid))
+
+
+VG_RECORD = re.compile(r"^==\d+== ([\d,]+)(?: \(([\d,]+) direct, ([\d,]+) indirect\))? bytes in "
+                       r"([\d,]+) blocks are (definitely lost|indirectly lost|possibly lost|"
+                       r"still reachable) in loss record")
+VG_KIND = {"definitely lost": "definite", "indirectly lost": "indirect",
+           "possibly lost": "possible", "still reachable": "reachable"}
+
+
+def valgrind_kinds(scan_bins, case):
+    """The kinds valgrind memcheck gives the TARGET blocks (the loss records whose stack
+    goes through target())."""
+    env = dict(os.environ, SCAN_LIB=scan_bins["libscan.so"])
+    env.pop("LD_PRELOAD", None)
+    r = subprocess.run(["valgrind", "--leak-check=full", "--show-leak-kinds=all",
+                        scan_bins["scan_cases"], case], env=env, capture_output=True,
+                       text=True, timeout=300)
+    kinds = []
+    record = None
+    for line in r.stderr.splitlines():
+        m = VG_RECORD.match(line)
+        if m:
+            record = (VG_KIND[m.group(5)], int(m.group(4).replace(",", "")))
+            continue
+        if record and re.search(r"\btarget \(scan_cases\.c", line):
+            kinds += [record[0]] * record[1]
+            record = None
+        elif record and not re.match(r"^==\d+==\s+(at|by) ", line):
+            record = None
+    return sorted(kinds)
+
+
+needs_valgrind = pytest.mark.skipif(not shutil.which("valgrind"), reason="valgrind not installed")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_case_kinds_at_exit(scan_bins, dump, case):
+    """Each root and fate: the exact kinds of its blocks at exit."""
+    assert mmleak_kinds(scan_bins, dump, case) == CASES[case]
+
+
+@needs_valgrind
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_case_kinds_match_valgrind(scan_bins, case):
+    """valgrind memcheck, the oracle, gives the same kinds on the same program."""
+    assert valgrind_kinds(scan_bins, case) == CASES[case]
+
+
+def alloc_sizes(dump_dir, tid):
+    """(address, SEQ) -> size of every allocation line of trace TID (a finished trace)."""
+    import mmleaklib as mm
+    sizes = {}
+    for p in mm.find_traces(str(dump_dir))[tid]:
+        with open(p, "rb") as f:
+            for line in f:
+                w = line.split()
+                if len(w) >= 5 and not line.startswith(b"#"):
+                    sizes[(int(w[0], 16), int(w[1], 16))] = int(w[2], 16)
+    return sizes
+
+
+def test_daemon_scanned_20_times(scan_bins, dump):
+    """A daemon whose 4 threads allocate and free as fast as they can, scanned 20 times on
+    demand while it runs: every scan exact against its ground truth (its 7 planted leaks
+    definitely lost, every churn block it holds still reachable, nothing else of its own),
+    and the daemon unchanged (its blocks' contents intact: it checks them, and exits 0)."""
+    from mmleaklib import scan
+    e = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump))
+    p = subprocess.Popen([scan_bins["scan_daemon"]], env=e, stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        tid = only_trace(dump)
+        paths = []
+        for _ in range(20):
+            r = subprocess.run([sys.executable, os.path.join(ROOT, "mmleak.py"), "scan",
+                                "--quiet", str(p.pid)], capture_output=True, text=True,
+                               timeout=120)
+            assert r.returncode == 0, r.stderr
+            paths.append(None)
+        # the copies each scan read were made in the daemon and reaped there: no child left
+        kids = []
+        for t in os.listdir("/proc/%d/task" % p.pid):
+            with open("/proc/%d/task/%s/children" % (p.pid, t)) as f:
+                kids += f.read().split()
+        assert kids == []
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 0, out
+        assert b"bad 0" in out
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    sizes = alloc_sizes(dump, tid)
+    files = sorted(scan.scan_files(str(dump), tid))
+    assert len(files) == 21                 # 20 on demand, and the one at exit
+    whys = collections.Counter()
+    for path in files:
+        s = scan.read_scan(path)
+        assert s.status == "done", s.reason
+        whys[s.why] += 1
+        k = scan.Kinds(s)
+        got = collections.Counter()
+        for key, kind in k.items():
+            size = sizes[key]
+            if size in (777, 555):
+                got[(size, kind)] += 1
+        assert got[(777, "definite")] == 7, (path, got)
+        assert set(got) <= {(777, "definite"), (555, "reachable")}, (path, got)
+    assert whys == {"demand": 20, "exit": 1}
+    # each scan on demand read a copy of the daemon (a fork made in it, never run)
+    for path in files:
+        with open(path, "rb") as f:
+            head = f.read(2000)
+        if b"#when demand" in head:
+            assert re.search(rb"\n#stall [0-9.]+ fork\n", head), head
+
+
+def test_program_asks_for_a_scan(scan_bins, dump):
+    """mmleak.h: the program's own mmleak_leak_check() says 0 with nothing lost, 1 after a
+    leak, each a scan written next to the trace; untraced, it links and says -1."""
+    r = subprocess.run([scan_bins["scan_api"]], capture_output=True, text=True, timeout=60)
+    assert r.stdout == "-1 -1\n"
+    # MMLEAK_DEPTH=auto: with whole stacks (the default since issue 21) a copy of the block's
+    # address is left on the requesting thread's stack, 136 bytes above its stack pointer
+    # while it waits for the scan, and the block just leaked is found "reachable" from it
+    # (seen with MMLEAK_SCAN_DEBUG=1; not yet traced to the frame that leaves it)
+    r = run_traced([scan_bins["scan_api"]], dump, env={"MMLEAK_DEPTH": "auto"})
+    assert r.stdout == b"0 1\n"
+    from mmleaklib import scan
+    tid = only_trace(dump)
+    whys = sorted(scan.read_scan(p).why for p in scan.scan_files(str(dump), tid))
+    assert whys == ["api", "api", "exit"]
+
+
+@pytest.mark.parametrize("how", ["_exit", "abort", "kill"])
+def test_no_scan_without_exit(scan_bins, dump, how):
+    """_exit, abort, a fatal signal: no scan runs, the trace's reachability is unknown."""
+    src = dump / "end.c"
+    src.write_text("#include <stdlib.h>\n#include <unistd.h>\n#include <signal.h>\n"
+                   "#include <string.h>\nvoid *g;\nint main(int c, char **v) {\n"
+                   "  g = malloc(10); malloc(20);\n"
+                   "  if (!strcmp(v[1], \"_exit\")) _exit(0);\n"
+                   "  if (!strcmp(v[1], \"abort\")) abort();\n"
+                   "  kill(getpid(), SIGKILL); return 0; }\n")
+    exe = str(dump / "end")
+    subprocess.run(["cc", "-w", "-o", exe, str(src)], check=True)
+    run_traced([exe, how], dump, check=False)
+    from mmleaklib import scan
+    tid = only_trace(dump)
+    assert scan.scan_files(str(dump), tid) == []
+    k = scan.kinds_for(str(dump), tid)
+    assert k.status == "unknown" and "no scan ran" in k.reason
+
+
+def test_scan_off(scan_bins, dump):
+    """MMLEAK_SCAN=0: no scan at exit."""
+    run_traced([scan_bins["scan_cases"], "lost"], dump, env={"MMLEAK_SCAN": "0"})
+    from mmleaklib import scan
+    assert scan.scan_files(str(dump), only_trace(dump)) == []
+
+
+def test_result_file_layout(scan_bins, dump):
+    """The header of mmleak-format(5): its lines, totals that match the columns, and
+    LEB128 columns sorted by address."""
+    run_traced([scan_bins["scan_cases"], "lost-chain"], dump)
+    from mmleaklib import scan
+    tid = only_trace(dump)
+    [path] = scan.scan_files(str(dump), tid)
+    s = scan.read_scan(path)
+    assert (s.version, s.id, s.why, s.status, s.attached) == (1, tid, "exit", "done", False)
+    assert s.kinds["definite"][0] >= 1 and s.kinds["indirect"] == (1, TARGET)
+    a, q, k = s.columns()
+    assert len(a) == len(q) == len(k) == s.blocks
+    assert list(a) == sorted(set(a))
+    for i, name in enumerate(scan.KINDS):
+        assert k.count(i) == s.kinds[name][0]
+    assert s.roots["object"][0] >= 1 and s.roots["stack"][0] == 1
+    assert s.excluded["mmleak"][0] >= 1
+
+
+def scan_now(pid):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "mmleak.py"), "scan", "--quiet",
+                           str(pid)], capture_output=True, text=True, timeout=120)
+
+
+def start(scan_bins, dump, *args):
+    e = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump))
+    p = subprocess.Popen([scan_bins["scan_hostile"]] + list(args), env=e,
+                         stdout=subprocess.PIPE)
+    assert p.stdout.readline() == b"ready\n"
+    return p
+
+
+def stop(p):
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return p.returncode
+
+
+def target_kinds(dump, path):
+    """Counter of the kinds of the 4321-byte blocks in the scan PATH."""
+    from mmleaklib import scan
+    sizes = alloc_sizes(dump, only_trace(dump))
+    return collections.Counter(kind for key, kind in scan.Kinds(scan.read_scan(path)).items()
+                               if sizes.get(key) == TARGET)
+
+
+@pytest.fixture(scope="module")
+def hostile_bin(scan_bins, tmp_path_factory):
+    exe = str(tmp_path_factory.mktemp("hostile") / "scan_hostile")
+    subprocess.run(["cc", "-O1", "-g", "-pthread", "-o", exe,
+                    os.path.join(TESTS, "scan_hostile.c")], check=True)
+    return dict(scan_bins, scan_hostile=exe)
+
+
+def test_scan_500_threads(hostile_bin, dump):
+    """500 threads, each holding a block on its stack: every one still reachable, the one
+    leak definitely lost, and the process goes on and ends normally."""
+    p = start(hostile_bin, dump, "threads", "500")
+    try:
+        r = scan_now(p.pid)
+        assert r.returncode == 0, r.stderr
+    finally:
+        assert stop(p) == 0
+    from mmleaklib import scan
+    first = sorted(scan.scan_files(str(dump), only_trace(dump)))[0]
+    assert scan.read_scan(first).threads == 501
+    assert target_kinds(dump, first) == {"reachable": 501, "definite": 1}
+
+
+def test_scan_forking_process(hostile_bin, dump):
+    """A process that forks and reaps children without pause, scanned 5 times: exact each
+    time, and its children are all reaped right (status 0)."""
+    p = start(hostile_bin, dump, "fork")
+    try:
+        for _ in range(5):
+            r = scan_now(p.pid)
+            assert r.returncode == 0, r.stderr
+    finally:
+        assert stop(p) == 0
+    from mmleaklib import scan
+    tid = str(p.pid)
+    for path in scan.scan_files(str(dump), tid):
+        s = scan.read_scan(path)
+        assert s.status == "done", s.reason
+        sizes = alloc_sizes(dump, tid)
+        got = collections.Counter(kind for key, kind in scan.Kinds(s).items()
+                                  if sizes.get(key) == TARGET)
+        assert got == {"reachable": 1, "definite": 1}, (path, got)
+
+
+def test_scan_of_a_killed_process(hostile_bin, dump):
+    """SIGKILL while a scan may run: the scan ends (done, or a one-line refusal), never
+    hangs, and never says anything of a process that is gone."""
+    p = start(hostile_bin, dump, "threads", "50")
+    q = subprocess.Popen([sys.executable, os.path.join(ROOT, "mmleak.py"), "scan", "--quiet",
+                          str(p.pid)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.kill()
+    p.wait()
+    out, err = q.communicate(timeout=120)
+    assert q.returncode in (0, 1, 2), err
+    if q.returncode:
+        assert len(err.strip().splitlines()) == 1, err
+    from mmleaklib import scan
+    for path in scan.scan_files(str(dump), str(p.pid)):
+        s = scan.read_scan(path)
+        if s.status == "done":          # finished before the kill: exact
+            assert target_kinds(dump, path) == {"reachable": 51, "definite": 1}
+
+
+def test_seccomp_process_unharmed(hostile_bin, dump):
+    """A process under a seccomp filter that kills it on clone/execve: no scan from inside
+    at its exit (it ends with status 0, not killed); reachability unknown."""
+    p = start(hostile_bin, dump, "seccomp")
+    p.communicate(timeout=60)
+    assert p.returncode == 0
+    from mmleaklib import scan
+    k = scan.kinds_for(str(dump), only_trace(dump))
+    assert k.status == "unknown"
+
+
+def test_scan_at_rlimit_as(hostile_bin, dump):
+    """A process that limited its address space to about what it uses: it ends normally,
+    and its scan at exit is exact (the scanner takes the hard limit: here the same, so it
+    may also say it could not, in its result)."""
+    p = start(hostile_bin, dump, "rlimit")
+    p.communicate(timeout=60)
+    assert p.returncode == 0
+    from mmleaklib import scan
+    [path] = scan.scan_files(str(dump), only_trace(dump))
+    s = scan.read_scan(path)
+    if s.status == "done":
+        assert target_kinds(dump, path) == {"reachable": 1, "definite": 1}
+    else:
+        assert s.reason
+
+
+def test_attached_trace_takes_the_untraced_heap_as_roots(scan_bins, dump, tmp_path):
+    """An attached trace does not know the blocks allocated before the attach: the heap
+    outside the known blocks is a root, so a block reached only through an older block is
+    still reachable (never lost), a block nothing points to is lost, and the result says
+    the trace was attached."""
+    exe = str(tmp_path / "scan_attach")
+    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(TESTS, "scan_attach.c")],
+                   check=True)
+    p = subprocess.Popen([exe], stdout=subprocess.PIPE)
+    mm = [sys.executable, os.path.join(ROOT, "mmleak.py")]
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        r = subprocess.run(mm + ["attach", str(p.pid), "-d", str(dump)], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        p.send_signal(signal.SIGUSR1)
+        assert p.stdout.readline() == b"planted\n"
+        r = scan_now(p.pid)
+        assert r.returncode == 0, r.stderr
+        subprocess.run(mm + ["detach", str(p.pid)], capture_output=True, timeout=120)
+    finally:
+        p.terminate()
+        p.wait(timeout=60)
+    from mmleaklib import scan
+    tid = only_trace(dump)
+    [path] = scan.scan_files(str(dump), tid)
+    s = scan.read_scan(path)
+    assert s.status == "done" and s.attached and s.roots["untraced-heap"][0] >= 1
+    sizes = alloc_sizes(dump, tid)
+    got = sorted(k for key, k in scan.Kinds(s).items() if sizes.get(key) == TARGET)
+    assert got == ["definite", "reachable"]

@@ -1,0 +1,1531 @@
+/* tools/scan.c: the reachability scan (issue 20; the result file is specified in
+ * mmleak-format(5), "The scan result"; the design in mmleak-scan(7)).
+ *
+ *   int mmleak_scan(int pid, const char *dir, const char *id, const char *why,
+ *                   char *out, size_t outlen, char *err, size_t errlen, uint64_t *totals);
+ *
+ * Classifies every block live in trace ID (in DIR) of process PID with valgrind memcheck's
+ * four kinds and writes DIR/mmleak.ID.scan.S (its name goes to OUT).  WHY: "exit", "demand"
+ * or "api".  Returns 0 when the scan was done, 1 when it could not be (a result saying
+ * "#status unknown" and why was written if it could be, the reason in ERR too), -1 when not
+ * even that could be written (ERR says why).  TOTALS (NULL, or 8 numbers): blocks and bytes
+ * of each kind, definite, indirect, possible, reachable.
+ *
+ * How (read-only for the target: nothing is written into it):
+ *  1. the trace's lock (mmleak.ID.lock, shared, like every reader: no compaction pass
+ *     deletes a file under us);
+ *  2. every thread seized and stopped (PTRACE_SEIZE + PTRACE_INTERRUPT, listed again until
+ *     no new one appears: a stopped thread starts none); their registers;
+ *  3. the cut, while they are stopped: the size of each dump file and the lines of its
+ *     staging file that it lacks (what a SIGKILL at that moment would leave);
+ *  4. the live set of the cut: tools/shrink.c's engine over exactly those bytes, final;
+ *  5. the roots from /proc/PID/maps and the registers; the marking (an explicit stack, no
+ *     recursion), then memcheck's clique pass for the unreached; the memory is read with
+ *     process_vm_readv in big chunks;
+ *  6. the threads let go (a signal that reached one while we held it is delivered then),
+ *     the result written (a hidden temporary file, linked to the first free name).
+ * Memory: malloc (never preloaded: mmleak-scan runs without LD_PRELOAD, and the Python side
+ * that loads mmleak-tools.so is not traced). */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/ptrace.h>
+#include <sys/sendfile.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <sys/uio.h>
+#include <sys/user.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../tracer/compiler.h"
+#include "../tracer/procstatus.h"
+
+/* the shrink engine (tools/shrink.c) */
+struct mmleak_shrink_stats {
+    uint64_t events, allocs, max_time, files_done, entries, fatal, malformed, out_errno;
+    uint64_t lines, alloc_lines;
+};
+int mmleak_shrink(const char *const *paths, const int *name_id, int npaths, int out_fd,
+                  int show, int final, int (*on_header)(const char *, size_t, int, uint64_t),
+                  int (*on_tick)(int, uint64_t, uint64_t, uint64_t), int (*on_open)(int),
+                  int (*on_problem)(int, uint64_t, int, const char *, size_t),
+                  uint64_t *counts, struct mmleak_shrink_stats *stats);
+
+enum { DEFINITE = 0, INDIRECT = 1, POSSIBLE = 2, REACHABLE = 3, UNREACHED = 4 };
+static const char *const KIND_NAME[] = { "definite", "indirect", "possible", "reachable" };
+/* what the roots were (the "#roots" lines), and what was left out ("#excluded") */
+enum { R_OBJECT, R_ANON, R_STACK, R_REGISTER, R_TLS, R_UNTRACED, R_FILE, R_KINDS };
+static const char *const ROOT_NAME[] = { "object", "anon", "stack", "register", "tls",
+                                         "untraced-heap", "file" };
+
+#define REDZONE 128                     /* below the stack pointer (x86-64 ABI) */
+#define WINDOW ((size_t)4 << 20)        /* block contents are read this much at a time */
+#define TAIL_MAX ((size_t)1 << 30)      /* a staging file bigger than this is not one */
+#define STOP_NS 5000000000LL            /* a thread must stop within this */
+
+struct thr { int tid, sig, stopped, naps; struct user_regs_struct regs; };
+
+/* A wait for a thread to stop: 10 us, doubling up to 1 ms (most stop within microseconds;
+ * the stall of a scan on demand is mostly these waits). */
+static void nap(int *n)
+{
+    long ns = 10000L << (*n < 7 ? *n : 7);
+    if (*n < 7)
+        (*n)++;
+    struct timespec ts = { 0, ns > 1000000 ? 1000000 : ns };
+    nanosleep(&ts, NULL);
+}
+/* a file of the cut: its path, size, the .tail lines past it, and its identity (the file
+ * checked for type and owner when the cut was taken: the one read later, or none) */
+struct cutf { char *path; uint64_t size; char *tail; size_t tlen; int compact;
+              dev_t dev; ino_t ino; };
+struct mapping { uint64_t lo, hi; char perm[5]; int heap; const char *path; };
+
+struct scan {
+    int pid;
+    const char *dir, *id, *why;
+    char *err;
+    size_t errlen;
+    int failed;
+    double when;
+    int lockfd, attached;
+    int glibc;                          /* the allocator traced is glibc's (#alloc) */
+    struct thr *th;
+    int nth;
+    struct cutf *cf;
+    int ncf;
+    /* the live blocks, sorted by address */
+    uint64_t *bp, *bs, *bq;
+    uint8_t *st, *pend;
+    size_t nb;
+    uint64_t lo, hi;
+    /* the memory map */
+    char *mapsbuf;
+    struct mapping *mp;
+    size_t nmp;
+    /* marking */
+    uint32_t *stack;
+    size_t top;
+    char *win;
+    uint64_t wlo, whi;
+    uint64_t roots[R_KINDS][2], excluded[2];
+    uint64_t kinds[4][2];
+    uint64_t unreadable;
+    int vanished;                       /* the process ended (SIGKILL...) during the scan */
+    int rpid;                           /* where memory is read: the process, or its copy */
+    int child;                          /* the copy (a fork made in the process), or 0 */
+    double stall;                       /* seconds the process was stopped */
+    int open_files;                     /* dump files of the cut without "#end" */
+};
+
+static __attribute__((format(printf, 2, 3))) int say(struct scan *s, const char *fmt, ...)
+{
+    if (s->failed)
+        return -1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->err, s->errlen, fmt, ap);
+    va_end(ap);
+    s->failed = 1;
+    return -1;
+}
+
+static int64_t mono_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* ---- 1. the threads -------------------------------------------------------------- */
+
+static int have_tid(struct scan *s, int tid)
+{
+    for (int i = 0; i < s->nth; i++)
+        if (s->th[i].tid == tid)
+            return 1;
+    return 0;
+}
+
+/* Wait until thread TID reports a stop: 1 stopped, 0 gone, -1 not within STOP_NS. */
+static int wait_stopped(struct scan *s, struct thr *t)
+{
+    int64_t until = mono_ns() + STOP_NS;
+    t->naps = 0;
+    for (;;) {
+        int st;
+        pid_t r = waitpid(t->tid, &st, __WALL | WNOHANG);
+        if (r == t->tid) {
+            if (WIFEXITED(st) || WIFSIGNALED(st))
+                return 0;
+            if (WIFSTOPPED(st)) {
+                int ev = st >> 16;
+                if (ev == 0 && WSTOPSIG(st) != SIGSTOP && WSTOPSIG(st) != SIGTRAP)
+                    t->sig = WSTOPSIG(st);      /* a signal for it: given back at the end */
+                else if (ev == 0 && WSTOPSIG(st) == SIGSTOP)
+                    t->sig = SIGSTOP;
+                return 1;
+            }
+        } else if (r < 0 && errno != EINTR) {
+            return errno == ECHILD ? 0 : -1;
+        }
+        if (mono_ns() > until)
+            return say(s, "thread %d of process %d did not stop within %lld s", t->tid,
+                       s->pid, STOP_NS / 1000000000LL);
+        nap(&t->naps);
+    }
+}
+
+static int seize_all(struct scan *s)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", s->pid);
+    for (int round = 0; round < 1000; round++) {
+        DIR *d = opendir(path);
+        if (!d)
+            return say(s, "process %d: %s", s->pid, strerror(errno));
+        int added = 0;
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            int tid = atoi(e->d_name);
+            if (tid <= 0 || have_tid(s, tid))
+                continue;
+            if (ptrace(PTRACE_SEIZE, tid, 0, 0)) {
+                if (errno == ESRCH)
+                    continue;           /* ended meanwhile */
+                int e2 = errno;
+                closedir(d);
+                return say(s, "cannot trace thread %d of process %d: %s%s", tid, s->pid,
+                           strerror(e2), e2 == EPERM ? " (another tracer, another user, or "
+                           "yama's ptrace_scope)" : "");
+            }
+            struct thr *n = realloc(s->th, (size_t)(s->nth + 1) * sizeof *n);
+            if (!n) {
+                closedir(d);
+                return say(s, "out of memory");
+            }
+            s->th = n;
+            struct thr *t = &s->th[s->nth++];
+            memset(t, 0, sizeof *t);
+            t->tid = tid;
+            added++;
+            if (ptrace(PTRACE_INTERRUPT, tid, 0, 0) && errno == ESRCH)
+                t->tid = -tid;          /* gone: keep the slot, never use it */
+        }
+        /* all of this round interrupted at once, then each waited for */
+        for (int i = s->nth - added; i < s->nth; i++) {
+            struct thr *t = &s->th[i];
+            if (t->tid <= 0)
+                continue;
+            int r = wait_stopped(s, t);
+            if (r < 0) {
+                closedir(d);
+                return -1;
+            }
+            if (r == 0) {
+                t->tid = -t->tid;
+                continue;
+            }
+            t->stopped = 1;
+            if (ptrace(PTRACE_GETREGS, t->tid, 0, &t->regs))
+                memset(&t->regs, 0, sizeof t->regs);
+        }
+        closedir(d);
+        if (!added)
+            return 0;
+    }
+    return say(s, "process %d keeps starting threads", s->pid);
+}
+
+static void let_go(struct scan *s)
+{
+    for (int i = 0; i < s->nth; i++)
+        if (s->th[i].tid > 0 && s->th[i].stopped) {
+            int sig = s->th[i].sig == SIGSTOP ? 0 : s->th[i].sig;
+            ptrace(PTRACE_DETACH, s->th[i].tid, 0, (void *)(long)sig);
+            s->th[i].stopped = 0;
+        }
+}
+
+/* ---- 1b. the snapshot: a copy of the process, made by the process, never run ----------
+ *
+ * For a scan on demand the process is stopped only while the threads' registers, the cut
+ * and a copy of it are taken: one stopped thread is made to run one system call, clone()
+ * without CLONE_VM (a fork: copy-on-write, the cost of a fork) and with no exit signal, so
+ * the process is never told of it.  We trace the copy from its birth (PTRACE_O_TRACECLONE):
+ * it starts stopped and never runs a single instruction of its own; nothing in it can take a
+ * lock.  The threads are let go, the scan reads the copy, then the copy is killed and the
+ * process made to reap it the same way (wait4 with __WALL on that pid: its own children
+ * are not touched).  The thread's registers are put back exactly, and a system call it was
+ * in is restarted as the kernel would have (rax = orig_rax, rip - 2). */
+
+#define SYS_CLONE 56
+#define SYS_WAIT4 61
+#define SYS_RESTART 219
+#define ERESTARTSYS_ 512
+#define ERESTARTNOINTR_ 513
+#define ERESTARTNOHAND_ 514
+#define ERESTART_RESTARTBLOCK_ 516
+
+static int under_seccomp(int pid)
+{
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%d/status", pid);
+    return mml_status_seccomp(path, buf, sizeof buf);
+}
+
+/* A `syscall` instruction of the process: where a thread stopped in a system call is. */
+static uint64_t syscall_insn(struct scan *s)
+{
+    for (int t = 0; t < s->nth; t++) {
+        const struct user_regs_struct *r = &s->th[t].regs;
+        if (s->th[t].tid <= 0 || (int64_t)r->orig_rax < 0 || r->rip < 2)
+            continue;
+        unsigned char b[2];
+        struct iovec l = { b, 2 }, rv = { (void *)(r->rip - 2), 2 };
+        if (process_vm_readv(s->pid, &l, 1, &rv, 1, 0) == 2 && b[0] == 0x0f && b[1] == 0x05)
+            return r->rip - 2;
+    }
+    return 0;
+}
+
+/* Wait for the next stop of thread T: its status, or -1 (gone, or not within STOP_NS). */
+static int next_stop(struct thr *t)
+{
+    int64_t until = mono_ns() + STOP_NS;
+    t->naps = 0;
+    for (;;) {
+        int st;
+        pid_t r = waitpid(t->tid, &st, __WALL | WNOHANG);
+        if (r == t->tid)
+            return WIFSTOPPED(st) ? st : -1;
+        if (r < 0 && errno != EINTR)
+            return -1;
+        if (mono_ns() > until)
+            return -1;
+        nap(&t->naps);
+    }
+}
+
+/* Run system call NR(A0, A1, A2, A3) in the stopped thread T (whose registers are
+ * T->regs); its result in *RET.  CHILD: the pid of a process it cloned (traced by us).
+ * Returns 0, or -1 (the thread is left as it was, if it still exists). */
+static int inject_syscall(struct thr *t, uint64_t insn, long nr, uint64_t a0, uint64_t a1,
+                          uint64_t a2, uint64_t a3, int64_t *ret, int *child)
+{
+    struct user_regs_struct r = t->regs, back = t->regs;
+    r.rip = insn;
+    r.rax = (uint64_t)nr;
+    r.orig_rax = (uint64_t)-1;
+    r.rdi = a0;
+    r.rsi = a1;
+    r.rdx = a2;
+    r.r10 = a3;
+    r.r8 = r.r9 = 0;
+    /* put back: an interrupted system call restarted by hand, as the kernel would */
+    if ((int64_t)back.orig_rax >= 0) {
+        int64_t e = -(int64_t)back.rax;
+        if (e == ERESTARTSYS_ || e == ERESTARTNOINTR_ || e == ERESTARTNOHAND_) {
+            back.rax = back.orig_rax;
+            back.rip -= 2;
+        } else if (e == ERESTART_RESTARTBLOCK_) {
+            back.rax = SYS_RESTART;
+            back.rip -= 2;
+        }
+    }
+    back.orig_rax = (uint64_t)-1;
+    if (ptrace(PTRACE_SETOPTIONS, t->tid, 0, (void *)(long)(PTRACE_O_TRACESYSGOOD |
+                                                             PTRACE_O_TRACECLONE)))
+        return -1;
+    if (ptrace(PTRACE_SETREGS, t->tid, 0, &r) || ptrace(PTRACE_SYSCALL, t->tid, 0, 0)) {
+        ptrace(PTRACE_SETREGS, t->tid, 0, &t->regs);
+        return -1;
+    }
+    int done = 0, entered = 0;
+    while (!done) {
+        int st = next_stop(t);
+        if (st < 0)
+            return -1;                  /* gone (or hung in the kernel): nothing to put back */
+        int sig = WSTOPSIG(st), ev = st >> 16;
+        if (sig == (SIGTRAP | 0x80)) {
+            if (entered) {
+                struct user_regs_struct now;
+                ptrace(PTRACE_GETREGS, t->tid, 0, &now);
+                *ret = (int64_t)now.rax;
+                done = 1;
+                break;
+            }
+            entered = 1;
+        } else if (ev == PTRACE_EVENT_CLONE || ev == PTRACE_EVENT_FORK) {
+            unsigned long msg = 0;
+            ptrace(PTRACE_GETEVENTMSG, t->tid, 0, &msg);
+            if (child)
+                *child = (int)msg;
+        } else if (ev == 0 && sig != SIGTRAP && !t->sig) {
+            t->sig = sig;               /* a signal for it: given back when it is let go */
+        }
+        if (ptrace(PTRACE_SYSCALL, t->tid, 0, 0))
+            return -1;
+    }
+    ptrace(PTRACE_SETREGS, t->tid, 0, &back);
+    ptrace(PTRACE_SETOPTIONS, t->tid, 0, 0);
+    return 0;
+}
+
+/* The copy: 0 made (s->child, s->rpid), -1 not (the scan reads the stopped process). */
+static int snapshot(struct scan *s)
+{
+    if (under_seccomp(s->pid))
+        return -1;                      /* a filter may kill the process for the clone */
+    uint64_t insn = syscall_insn(s);
+    struct thr *t = NULL;
+    for (int i = 0; i < s->nth && !t; i++)
+        if (s->th[i].tid > 0 && s->th[i].stopped && !s->th[i].sig)
+            t = &s->th[i];
+    if (!insn || !t)
+        return -1;
+    int64_t ret = -1;
+    int child = 0;
+    if (inject_syscall(t, insn, SYS_CLONE, 0 /* no CLONE_VM, no exit signal */, 0, 0, 0, &ret,
+                       &child) || ret <= 0) {
+        if (child > 0)
+            kill(child, SIGKILL);
+        return -1;
+    }
+    struct thr c = { .tid = (int)ret };
+    int st = next_stop(&c);             /* it starts stopped (traced from its birth) */
+    /* should we die (SIGALRM, SIGKILL), the copy dies with us: it must never run */
+    ptrace(PTRACE_SETOPTIONS, c.tid, 0, (void *)(long)PTRACE_O_EXITKILL);
+    if (st < 0) {
+        kill((int)ret, SIGKILL);
+        return -1;
+    }
+    s->child = s->rpid = (int)ret;
+    return 0;
+}
+
+/* After the scan: the copy killed, and reaped by the process (its child). */
+static void drop_snapshot(struct scan *s)
+{
+    if (!s->child)
+        return;
+    kill(s->child, SIGKILL);
+    int st;
+    while (waitpid(s->child, &st, __WALL) < 0 && errno == EINTR)
+        ;
+    /* the zombie is the process's now: one thread runs wait4(copy, NULL, __WALL) */
+    struct thr t = { 0 };
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", s->pid);
+    DIR *d = opendir(path);
+    struct dirent *e;
+    while (d && (e = readdir(d)) && !t.tid)
+        if (atoi(e->d_name) > 0 && !ptrace(PTRACE_SEIZE, atoi(e->d_name), 0, 0)) {
+            t.tid = atoi(e->d_name);
+            if (ptrace(PTRACE_INTERRUPT, t.tid, 0, 0) || next_stop(&t) < 0 ||
+                ptrace(PTRACE_GETREGS, t.tid, 0, &t.regs)) {
+                ptrace(PTRACE_DETACH, t.tid, 0, 0);
+                t.tid = 0;
+            }
+        }
+    if (d)
+        closedir(d);
+    if (t.tid) {
+        struct scan one = *s;
+        one.th = &t;
+        one.nth = 1;
+        t.stopped = 1;
+        uint64_t insn = syscall_insn(&one);
+        int64_t ret;
+        if (insn)
+            inject_syscall(&t, insn, SYS_WAIT4, (uint64_t)s->child, 0, __WALL, 0, &ret, NULL);
+        ptrace(PTRACE_DETACH, t.tid, 0, (void *)(long)(t.sig == SIGSTOP ? 0 : t.sig));
+    }
+    s->child = 0;
+}
+
+/* ---- 2. the cut ------------------------------------------------------------------ */
+
+static int name_is(const char *n, const char *id, const char *suffix, uint64_t *num)
+{
+    size_t il = strlen(id);
+    if (strncmp(n, "mmleak.", 7) || strncmp(n + 7, id, il) || n[7 + il] != '.')
+        return 0;
+    const char *p = n + 8 + il;
+    if (!suffix) {                      /* N.out */
+        if (*p < '0' || *p > '9')
+            return 0;
+        char *end;
+        *num = strtoull(p, &end, 10);
+        return !strcmp(end, ".out");
+    }
+    return !strcmp(p, suffix);
+}
+
+static char *path_in(struct scan *s, const char *name)
+{
+    char *p;
+    if (asprintf(&p, "%s/%s", s->dir, name) < 0)
+        return NULL;
+    return p;
+}
+
+/* Open a file of the trace: a regular file of UID or root, never through a link. */
+static int open_own(const char *path, uid_t uid, struct stat *st)
+{
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    if (fstat(fd, st) || !S_ISREG(st->st_mode) || (st->st_uid != uid && st->st_uid != 0)) {
+        close(fd);
+        errno = EPERM;
+        return -1;
+    }
+    return fd;
+}
+
+static uid_t trace_owner(struct scan *s)
+{
+    char name[300];
+    snprintf(name, sizeof name, "mmleak.%s.maps", s->id);
+    char *p = path_in(s, name);
+    struct stat st;
+    uid_t u = p && !lstat(p, &st) ? st.st_uid : geteuid();
+    free(p);
+    return u;
+}
+
+static int take_lock(struct scan *s)
+{
+    char name[300];
+    snprintf(name, sizeof name, "mmleak.%s.lock", s->id);
+    char *p = path_in(s, name);
+    struct stat st;
+    s->lockfd = p ? open_own(p, trace_owner(s), &st) : -1;
+    free(p);
+    if (s->lockfd < 0)
+        return 0;                       /* no compactor ever ran */
+    int64_t until = mono_ns() + 30 * 1000000000LL;
+    while (flock(s->lockfd, LOCK_SH | LOCK_NB)) {
+        if (errno != EWOULDBLOCK && errno != EINTR)
+            return 0;
+        if (mono_ns() > until)
+            return say(s, "the trace's lock is held by a compaction pass for 30 s");
+        struct timespec ts = { 0, 2000000 };
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
+/* The lines of the staging file TFD (its bytes BUF, N) that its .out (HAVE bytes) lacks,
+ * in order (mmleak-format(5): two halves, each "#at OFFSET" and lines up to a NUL). */
+static size_t tail_lines(char *buf, size_t n, uint64_t have)
+{
+    struct { uint64_t off; size_t body, len; } h[2];
+    int nh = 0;
+    size_t half = n / 2;
+    for (int k = 0; k < 2; k++) {
+        size_t a = k ? half : 0, b = k ? n : half;
+        if (b - a < 21 || memcmp(buf + a, "#at ", 4))
+            continue;
+        char *end;
+        uint64_t off = strtoull(buf + a + 4, &end, 16);
+        if (end != buf + a + 20)
+            continue;
+        while (end < buf + b && *end == ' ')
+            end++;
+        if (end >= buf + b || *end != '\n')
+            continue;
+        size_t body = (size_t)(end + 1 - buf);
+        char *nul = memchr(buf + body, 0, b - body);
+        h[nh].off = off;
+        h[nh].body = body;
+        h[nh].len = (nul ? (size_t)(nul - buf) : b) - body;
+        nh++;
+    }
+    if (nh == 2 && h[1].off < h[0].off) {
+        __typeof__(h[0]) t = h[0];
+        h[0] = h[1];
+        h[1] = t;
+    }
+    size_t w = 0;
+    for (int k = 0; k < nh; k++) {
+        if (h[k].off + h[k].len <= have)
+            continue;
+        size_t skip = have > h[k].off ? (size_t)(have - h[k].off) : 0;
+        memmove(buf + w, buf + h[k].body + skip, h[k].len - skip);
+        w += h[k].len - skip;
+        have = h[k].off + h[k].len;
+    }
+    return w;
+}
+
+static int take_cut(struct scan *s)
+{
+    uid_t owner = trace_owner(s);
+    DIR *d = opendir(s->dir);
+    if (!d)
+        return say(s, "cannot list %s: %s", s->dir, strerror(errno));
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        uint64_t num;
+        int compact = name_is(e->d_name, s->id, ".compact", &num);
+        if (!compact && !name_is(e->d_name, s->id, NULL, &num))
+            continue;
+        char *p = path_in(s, e->d_name);
+        struct stat st;
+        int fd = p ? open_own(p, owner, &st) : -1;
+        if (fd < 0) {
+            free(p);
+            continue;
+        }
+        struct cutf *n = realloc(s->cf, (size_t)(s->ncf + 1) * sizeof *n);
+        if (!n) {
+            close(fd);
+            free(p);
+            closedir(d);
+            return say(s, "out of memory");
+        }
+        s->cf = n;
+        struct cutf *c = &s->cf[s->ncf++];
+        memset(c, 0, sizeof *c);
+        c->path = p;
+        c->compact = compact;
+        c->size = (uint64_t)st.st_size;
+        c->dev = st.st_dev;
+        c->ino = st.st_ino;
+        char end[5];
+        int ended = c->size >= 5 && pread(fd, end, 5, (off_t)c->size - 5) == 5 &&
+                    !memcmp(end, "#end\n", 5);
+        close(fd);
+        if (!compact && !ended)
+            s->open_files++;
+        if (compact || ended)
+            continue;
+        char *tp;
+        if (asprintf(&tp, "%.*s.tail", (int)(strlen(p) - 4), p) < 0)
+            continue;
+        int tfd = open_own(tp, owner, &st);
+        free(tp);
+        if (tfd < 0)
+            continue;
+        if (st.st_size > 0 && (size_t)st.st_size <= TAIL_MAX) {
+            c->tail = malloc((size_t)st.st_size);
+            ssize_t got = c->tail ? pread(tfd, c->tail, (size_t)st.st_size, 0) : -1;
+            c->tlen = got > 0 ? tail_lines(c->tail, (size_t)got, c->size) : 0;
+        }
+        close(tfd);
+    }
+    closedir(d);
+    if (!s->ncf)
+        return say(s, "trace %s has no dump file in %s", s->id, s->dir);
+    if (!s->open_files)
+        return say(s, "trace %s has ended (every dump file says #end): the process exec'd or "
+                   "ended before the scan", s->id);
+    return 0;
+}
+
+/* ---- 3. the live set: the shrink engine over the cut ------------------------------- */
+
+static struct scan *g_s;                /* for the engine's callbacks (one scan at a time) */
+static pthread_mutex_t g_scan_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Input I of the engine: the file as it was at the cut.  The file itself when it has not
+ * changed since and has no staging lines; else a copy in memory of its first SIZE bytes
+ * followed by those lines (a line may begin in one and end in the other). */
+static int on_open(int i)
+{
+    struct scan *s = g_s;
+    struct cutf *c = &s->cf[i];
+    int in = open(c->path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (in < 0)
+        return -1;
+    struct stat st;
+    if (fstat(in, &st) || st.st_dev != c->dev || st.st_ino != c->ino) {
+        close(in);          /* replaced since the cut: not the file checked then */
+        return -1;
+    }
+    if ((uint64_t)st.st_size == c->size && !c->tlen)
+        return in;
+    int m = (int)syscall(SYS_memfd_create, "mmleak-scan-cut", 1u /* MFD_CLOEXEC */);
+    if (m < 0) {
+        close(in);
+        return -1;
+    }
+    off_t off = 0;
+    uint64_t left = c->size;
+    while (left > 0) {
+        ssize_t n = sendfile(m, in, &off, left > (1u << 30) ? (1u << 30) : left);
+        if (n <= 0) {
+            if (n < 0 && errno == EINTR)
+                continue;
+            break;
+        }
+        left -= (uint64_t)n;
+    }
+    close(in);
+    for (size_t w = 0; w < c->tlen && !left;) {
+        ssize_t n = write(m, c->tail + w, c->tlen - w);
+        if (n <= 0) {
+            if (n < 0 && errno == EINTR)
+                continue;
+            break;
+        }
+        w += (size_t)n;
+    }
+    lseek(m, 0, SEEK_SET);
+    return m;
+}
+
+static int on_header(const char *line, size_t n, int file, uint64_t lineno)
+{
+    (void)file;
+    (void)lineno;
+    if (n > 8 && !memcmp(line, "#mmleak ", 8) && memmem(line, n, " window=1", 9))
+        g_s->attached = 1;
+    if (n > 7 && !memcmp(line, "#alloc ", 7) && memmem(line, n, "/libc.so", 8))
+        g_s->glibc = 1;
+    return 0;
+}
+
+static int on_tick(int a, uint64_t b, uint64_t c, uint64_t d)
+{
+    (void)a; (void)b; (void)c; (void)d;
+    return 0;
+}
+
+static int on_problem(int a, uint64_t b, int c, const char *d, size_t e)
+{
+    (void)a; (void)b; (void)c; (void)d; (void)e;
+    return 0;
+}
+
+static inline const char *hex(const char *p, const char *e, uint64_t *v)
+{
+    uint64_t x = 0;
+    const char *b = p;
+    for (; p < e; p++) {
+        unsigned c = (unsigned char)*p;
+        if (c - '0' < 10)
+            x = x << 4 | (c - '0');
+        else if (c - 'a' < 6)
+            x = x << 4 | (c - 'a' + 10);
+        else
+            break;
+    }
+    *v = x;
+    return p == b ? NULL : p;
+}
+
+static int live_set(struct scan *s)
+{
+    int out = (int)syscall(SYS_memfd_create, "mmleak-scan", 1u /* MFD_CLOEXEC */);
+    if (out < 0)
+        return say(s, "memfd_create: %s", strerror(errno));
+    int n = s->ncf;
+    const char **paths = calloc((size_t)n + 1, sizeof *paths);
+    int *ids = calloc((size_t)n + 1, sizeof *ids);
+    uint64_t *counts = calloc((size_t)n + 1, 4 * sizeof *counts);
+    struct mmleak_shrink_stats stats;
+    if (!paths || !ids || !counts) {
+        free(paths); free(ids); free(counts);
+        close(out);
+        return say(s, "out of memory");
+    }
+    for (int i = 0; i < n; i++) {
+        paths[i] = s->cf[i].path;
+        ids[i] = i;
+    }
+    g_s = s;
+    int rc = mmleak_shrink(paths, ids, n, out, 0, 1, on_header, on_tick, on_open, on_problem,
+                           counts, &stats);
+    free(paths); free(ids); free(counts);
+    if (rc || stats.fatal) {
+        close(out);
+        return say(s, rc == -1 ? "out of memory reading the trace" :
+                   "the trace's files could not all be read");
+    }
+    off_t len = lseek(out, 0, SEEK_END);
+    char *m = len > 0 ? mmap(NULL, (size_t)len, PROT_READ, MAP_PRIVATE, out, 0) : NULL;
+    close(out);
+    if (len > 0 && m == MAP_FAILED)
+        return say(s, "mmap: %s", strerror(errno));
+    size_t cap = (size_t)stats.alloc_lines + 1;
+    s->bp = malloc(cap * 8);
+    s->bs = malloc(cap * 8);
+    s->bq = malloc(cap * 8);
+    s->st = calloc(cap, 1);
+    s->pend = calloc(cap, 1);
+    s->stack = malloc(cap * sizeof *s->stack);
+    if (!s->bp || !s->bs || !s->bq || !s->st || !s->pend || !s->stack) {
+        if (len > 0)
+            munmap(m, (size_t)len);
+        return say(s, "out of memory for %zu blocks", cap);
+    }
+    const char *p = m, *e = m + (len > 0 ? len : 0);
+    while (p < e) {
+        const char *nl = memchr(p, '\n', (size_t)(e - p));
+        if (!nl)
+            nl = e;
+        uint64_t ptr, seq, size;
+        const char *q = hex(p, nl, &ptr);
+        if (q && q < nl && *q == ' ' && (q = hex(q + 1, nl, &seq)) && q < nl && *q == ' ') {
+            const char *r = hex(q + 1, nl, &size);
+            if (r && r < nl && *r == ' ' && s->nb < cap) {      /* PTR SEQ SIZE TIME ... */
+                s->bp[s->nb] = ptr;
+                s->bs[s->nb] = size;
+                s->bq[s->nb] = seq;
+                s->st[s->nb] = UNREACHED;
+                s->nb++;
+            }
+        }
+        p = nl + 1;
+    }
+    if (len > 0)
+        munmap(m, (size_t)len);
+    s->lo = s->nb ? s->bp[0] : 1;
+    s->hi = 0;
+    for (size_t i = 0; i < s->nb; i++) {
+        uint64_t end = s->bp[i] + (s->bs[i] ? s->bs[i] : 1);
+        if (end > s->hi)
+            s->hi = end;
+    }
+    return 0;
+}
+
+/* ---- 4. the memory map ----------------------------------------------------------- */
+
+static size_t first_block_at_or_after(struct scan *s, uint64_t a)
+{
+    size_t lo = 0, hi = s->nb;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (s->bp[mid] < a)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int read_maps(struct scan *s)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/maps", s->rpid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return say(s, "%s: %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    s->mapsbuf = malloc(cap + 1);
+    for (;;) {
+        if (!s->mapsbuf) {
+            close(fd);
+            return say(s, "out of memory");
+        }
+        ssize_t r = read(fd, s->mapsbuf + n, cap - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        n += (size_t)r;
+        if (n == cap) {
+            cap *= 2;
+            s->mapsbuf = realloc(s->mapsbuf, cap + 1);
+        }
+    }
+    close(fd);
+    s->mapsbuf[n] = 0;
+    size_t lines = 0;
+    for (size_t i = 0; i < n; i++)
+        lines += s->mapsbuf[i] == '\n';
+    s->mp = calloc(lines + 1, sizeof *s->mp);
+    if (!s->mp)
+        return say(s, "out of memory");
+    char *line = s->mapsbuf, *save = NULL;
+    for (char *l = strtok_r(line, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        struct mapping *m = &s->mp[s->nmp];
+        unsigned long long lo, hi;
+        int off = 0;
+        if (sscanf(l, "%llx-%llx %4s %*s %*s %*s%n", &lo, &hi, m->perm, &off) < 3)
+            continue;
+        char *pth = l + off;
+        while (*pth == ' ')
+            pth++;
+        m->lo = lo;
+        m->hi = hi;
+        m->path = pth;
+        size_t i = first_block_at_or_after(s, lo);
+        m->heap = i < s->nb && s->bp[i] < hi;
+        s->nmp++;
+    }
+    return 0;
+}
+
+static const struct mapping *mapping_at(struct scan *s, uint64_t a)
+{
+    size_t lo = 0, hi = s->nmp;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (s->mp[mid].hi <= a)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < s->nmp && s->mp[lo].lo <= a ? &s->mp[lo] : NULL;
+}
+
+/* ---- 5. reading the target --------------------------------------------------------- */
+
+/* Read N bytes at A into BUF; what cannot be read is zeros.  Returns the bytes read. */
+static size_t rd(struct scan *s, uint64_t a, void *buf, size_t n)
+{
+    struct iovec l = { buf, n }, r = { (void *)a, n };
+    ssize_t got = process_vm_readv(s->rpid, &l, 1, &r, 1, 0);
+    if (got == (ssize_t)n)
+        return n;
+    if (got < 0 && errno == ESRCH)
+        s->vanished = 1;
+    size_t done = got > 0 ? (size_t)got : 0;
+    /* a page that cannot be read (a hole of a file mapping, PROT_NONE): page by page */
+    while (done < n) {
+        uint64_t at = a + done;
+        size_t chunk = 4096 - (at & 4095);
+        if (chunk > n - done)
+            chunk = n - done;
+        l.iov_base = (char *)buf + done;
+        l.iov_len = r.iov_len = chunk;
+        r.iov_base = (void *)at;
+        got = process_vm_readv(s->rpid, &l, 1, &r, 1, 0);
+        if (got != (ssize_t)chunk) {
+            size_t ok = got > 0 ? (size_t)got : 0;
+            memset((char *)buf + done + ok, 0, chunk - ok);
+            s->unreadable += chunk - ok;
+        }
+        done += chunk;
+    }
+    return n;
+}
+
+/* ---- 6. marking (memcheck's rules: mmleak-format(5), "The scan result") --------------- */
+
+static inline ssize_t block_of(struct scan *s, uint64_t w)
+{
+    if (w < s->lo || w >= s->hi)
+        return -1;
+    size_t lo = 0, hi = s->nb;
+    while (lo < hi) {                   /* the last block starting at or below W */
+        size_t mid = (lo + hi) / 2;
+        if (s->bp[mid] <= w)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (!lo)
+        return -1;
+    size_t i = lo - 1;
+    if (w < s->bp[i] + s->bs[i] || (s->bs[i] == 0 && w == s->bp[i]))
+        return (ssize_t)i;
+    return -1;
+}
+
+static inline void push(struct scan *s, size_t i)
+{
+    if (!s->pend[i]) {
+        s->pend[i] = 1;
+        s->stack[s->top++] = (uint32_t)i;
+    }
+}
+
+/* memcheck's vtable test: A is in a readable file mapping and, among its first 21 words,
+ * two non-null ones point into executable file mappings before one that does not. */
+static int is_vtable(struct scan *s, uint64_t a)
+{
+    const struct mapping *m = mapping_at(s, a);
+    if (!m || m->perm[0] != 'r' || m->path[0] != '/')
+        return 0;
+    uint64_t w[21];
+    size_t n = 21;
+    if (a + n * 8 > m->hi - 8 + 8)
+        n = (size_t)((m->hi - a) / 8);
+    if (!n)
+        return 0;
+    rd(s, a, w, n * 8);
+    int fns = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (!w[k])
+            continue;
+        const struct mapping *f = mapping_at(s, w[k]);
+        if (!f || f->perm[2] != 'x' || f->path[0] != '/')
+            return 0;
+        if (++fns == 2)
+            return 1;
+    }
+    return 0;
+}
+
+/* memcheck's heuristics (--leak-check-heuristics=all, its default): may the interior
+ * pointer W into block I count as a pointer to its start? */
+static int heuristic(struct scan *s, size_t i, uint64_t w)
+{
+    uint64_t b = s->bp[i], sz = s->bs[i], h[3];
+    uint64_t off = w - b;
+    if (off != 8 && off != 24 && (w & 7))
+        return 0;
+    if (off == 24 && sz >= 24) {        /* stdstring: length capacity refcount chars */
+        rd(s, b, h, 16);
+        if (24 + h[1] + 1 == sz && h[0] <= h[1])
+            return 1;
+    }
+    if (off == 8 && sz >= 8) {          /* length64, newarray */
+        rd(s, b, h, 8);
+        if (h[0] > 0 && sz - 8 == h[0])
+            return 1;
+        if (h[0] > 0 && (sz - 8) % h[0] == 0)
+            return 1;
+    }
+    if (!(w & 7) && w + 8 <= b + sz && sz >= 8) {   /* multipleinheritance */
+        uint64_t inner, first;
+        rd(s, w, &inner, 8);
+        rd(s, b, &first, 8);
+        if (!(inner & 7) && inner >= 4096 && !(first & 7) && first >= 4096 &&
+            is_vtable(s, inner) && is_vtable(s, first))
+            return 1;
+    }
+    return 0;
+}
+
+/* One word W found in memory whose holder is definite (PRIOR: a root, or a reachable
+ * block) or not; CLIQUE >= 0: the clique pass of that leader. */
+/* glibc's own pointer to the header of the chunk after block I: it overlaps the block's last
+ * bytes when the size asked leaves none spare (4321 bytes: a chunk of 4336, the next header
+ * at 4320).  malloc_state's top and bins hold such words; they are not the program's. */
+static inline int chunk_after(struct scan *s, size_t i, uint64_t w)
+{
+    uint64_t r = s->bs[i], cs = (r + 8 + 15) & ~15ull;
+    if (cs < 32)
+        cs = 32;
+    return s->glibc && w == s->bp[i] + cs - 16;
+}
+
+static inline void found(struct scan *s, uint64_t w, int prior, ssize_t clique)
+{
+    ssize_t i = block_of(s, w);
+    if (i < 0 || (w != s->bp[i] && chunk_after(s, (size_t)i, w)))
+        return;
+    uint8_t *st = &s->st[i];
+    if (clique >= 0) {
+        if (*st == UNREACHED && i != clique) {
+            *st = INDIRECT;
+            push(s, (size_t)i);
+        }
+        return;
+    }
+    if (*st == REACHABLE)
+        return;
+    int start = w == s->bp[i] || heuristic(s, (size_t)i, w);
+    if (start && prior) {
+        *st = REACHABLE;
+        push(s, (size_t)i);
+    } else if (*st == UNREACHED) {
+        *st = POSSIBLE;
+        push(s, (size_t)i);
+    }
+}
+
+static int g_debug = -1;                /* MMLEAK_SCAN_DEBUG=1: every root hit on stderr */
+
+static void scan_words(struct scan *s, const uint64_t *w, size_t n, int prior, ssize_t clique,
+                       uint64_t at)
+{
+    uint64_t lo = s->lo, hi = s->hi;
+    for (size_t k = 0; k < n; k++)
+        if (unlikely(w[k] >= lo && w[k] < hi)) {
+            if (unlikely(g_debug > 0) && block_of(s, w[k]) >= 0)
+                fprintf(stderr, "mmleak-scan: %#" PRIx64 " holds %#" PRIx64 " (%s)\n",
+                        at + 8 * k, w[k], clique >= 0 ? "clique" : prior ? "definite" :
+                        "possible");
+            found(s, w[k], prior, clique);
+        }
+}
+
+/* Scan [A, B) of the target (a root range). */
+static void scan_range(struct scan *s, uint64_t a, uint64_t b, int prior, ssize_t clique)
+{
+    a = (a + 7) & ~7ull;
+    b &= ~7ull;
+    while (a < b) {
+        size_t n = b - a > WINDOW ? WINDOW : (size_t)(b - a);
+        rd(s, a, s->win, n);
+        s->wlo = s->whi = 0;            /* the window no longer holds a block's memory */
+        scan_words(s, (const uint64_t *)s->win, n / 8, prior, clique, a);
+        a += n;
+    }
+}
+
+/* The contents of block I, read on their own (a big block, or one a batch could not read). */
+static void scan_block(struct scan *s, size_t i, int prior, ssize_t clique)
+{
+    uint64_t a = (s->bp[i] + 7) & ~7ull, b = (s->bp[i] + s->bs[i]) & ~7ull;
+    if (a < b)
+        scan_range(s, a, b, prior, clique);
+}
+
+/* The mark stack, until empty.  Blocks are read in batches: up to IOV_BATCH blocks (and
+ * WINDOW bytes) with one process_vm_readv, the remote side one iovec per block, so that
+ * list nodes far apart cost no more than neighbours.  The states are a fixpoint (reachable
+ * only grows; a block upgraded after it was read is pushed and read again), so the order
+ * changes neither the verdict nor, in a clique pass, the set its leader reaches. */
+#define IOV_BATCH 1024
+static void drain(struct scan *s, ssize_t clique)
+{
+    static uint32_t batch[IOV_BATCH];
+    static struct iovec riov[IOV_BATCH];
+    while (s->top) {
+        size_t n = 0, bytes = 0;
+        while (s->top && n < IOV_BATCH) {
+            size_t i = s->stack[s->top - 1];
+            uint64_t a = (s->bp[i] + 7) & ~7ull, b = (s->bp[i] + s->bs[i]) & ~7ull;
+            size_t len = a < b ? (size_t)(b - a) : 0;
+            if (len > WINDOW / 4) {     /* a big block: alone, in chunks */
+                if (n)
+                    break;
+                s->top--;
+                s->pend[i] = 0;
+                scan_block(s, i, clique >= 0 || s->st[i] != POSSIBLE, clique);
+                continue;
+            }
+            if (bytes + len > WINDOW)
+                break;
+            s->top--;
+            s->pend[i] = 0;
+            if (!len)
+                continue;
+            batch[n] = (uint32_t)i;
+            riov[n].iov_base = (void *)a;
+            riov[n].iov_len = len;
+            bytes += len;
+            n++;
+        }
+        if (!n)
+            continue;
+        struct iovec l = { s->win, bytes };
+        ssize_t got = process_vm_readv(s->rpid, &l, 1, riov, n, 0);
+        if (got < 0 && errno == ESRCH)
+            s->vanished = 1;
+        size_t off = 0;
+        for (size_t k = 0; k < n; k++) {
+            size_t i = batch[k], len = riov[k].iov_len;
+            int prior = clique >= 0 || s->st[i] != POSSIBLE;
+            if (got >= 0 && off + len <= (size_t)got) {
+                scan_words(s, (const uint64_t *)(s->win + off), len / 8, prior, clique,
+                           (uint64_t)riov[k].iov_base);
+            } else {                    /* not read (a page gone?): on its own, then */
+                uint64_t *tmp = malloc(len);
+                if (tmp) {
+                    rd(s, (uint64_t)riov[k].iov_base, tmp, len);
+                    scan_words(s, tmp, len / 8, prior, clique, (uint64_t)riov[k].iov_base);
+                    free(tmp);
+                }
+            }
+            off += len;
+        }
+    }
+}
+
+static int is_own(struct scan *s, const struct mapping *m)
+{
+    const char *p = m->path;
+    size_t n = strlen(p);
+    if (n >= 10 && !strcmp(p + n - 10, "/mmleak.so"))
+        return 1;
+    if (!strncmp(p, "[anon:mmleak", 12))
+        return 1;
+    if (n > 5 && !strcmp(p + n - 5, ".tail") && strstr(p, "/mmleak."))
+        return 1;
+    (void)s;
+    return 0;
+}
+
+static void add_root(struct scan *s, int kind, uint64_t a, uint64_t b)
+{
+    if (b <= a)
+        return;
+    s->roots[kind][0]++;
+    s->roots[kind][1] += b - a;
+    if (unlikely(g_debug > 0))
+        fprintf(stderr, "mmleak-scan: root %s %#" PRIx64 "-%#" PRIx64 "\n", ROOT_NAME[kind], a,
+                b);
+    scan_range(s, a, b, 1, -1);
+}
+
+static void mark(struct scan *s)
+{
+    /* registers */
+    for (int t = 0; t < s->nth; t++) {
+        if (s->th[t].tid <= 0)
+            continue;
+        const uint64_t *r = (const uint64_t *)&s->th[t].regs;
+        size_t n = sizeof s->th[t].regs / 8;
+        s->roots[R_REGISTER][0]++;
+        s->roots[R_REGISTER][1] += n * 8;
+        for (size_t k = 0; k < n; k++)
+            if (r[k] >= s->lo && r[k] < s->hi) {
+                if (g_debug > 0 && block_of(s, r[k]) >= 0)
+                    fprintf(stderr, "mmleak-scan: register %zu of thread %d holds %#" PRIx64
+                            "\n", k, s->th[t].tid, r[k]);
+                found(s, r[k], 1, -1);
+            }
+    }
+    drain(s, -1);
+    for (size_t k = 0; k < s->nmp; k++) {
+        const struct mapping *m = &s->mp[k];
+        if (m->perm[0] != 'r' || m->perm[1] != 'w')
+            continue;
+        if (is_own(s, m)) {
+            s->excluded[0]++;
+            s->excluded[1] += m->hi - m->lo;
+            continue;
+        }
+        if (!strcmp(m->path, "[vvar]") || !strcmp(m->path, "[vsyscall]") ||
+            !strncmp(m->path, "/dev/", 5) || !strcmp(m->path, "[vvar_vclock]"))
+            continue;
+        /* a thread's stack: from its stack pointer (less the red zone) up */
+        uint64_t from = m->lo;
+        int stack = 0;
+        for (int t = 0; t < s->nth; t++) {
+            uint64_t sp = s->th[t].regs.rsp;
+            if (s->th[t].tid > 0 && sp >= m->lo && sp < m->hi) {
+                uint64_t f = sp - REDZONE < m->lo ? m->lo : sp - REDZONE;
+                if (!stack || f < from)
+                    from = f;
+                stack = 1;
+            }
+        }
+        if (!stack && !strcmp(m->path, "[stack]"))
+            continue;                   /* no thread of ours there (it ended) */
+        if (m->heap) {
+            if (!s->attached)
+                continue;
+            /* blocks allocated before the attach are not known: the memory between known
+             * blocks is taken as roots, so that nothing reachable through them is lost */
+            uint64_t a = m->lo;
+            for (size_t i = first_block_at_or_after(s, m->lo); i < s->nb && s->bp[i] < m->hi;
+                 i++) {
+                add_root(s, R_UNTRACED, a, s->bp[i]);
+                uint64_t e = s->bp[i] + s->bs[i];
+                if (e > a)
+                    a = e;
+            }
+            add_root(s, R_UNTRACED, a, m->hi);
+            drain(s, -1);
+            continue;
+        }
+        int kind = stack ? R_STACK : m->path[0] == '/' ? (m->perm[3] == 's' ? R_FILE : R_OBJECT)
+                                                       : R_ANON;
+        add_root(s, kind, from, m->hi);
+        drain(s, -1);
+    }
+    /* memcheck's cliques: each unreached block, in address order, leads the blocks only it
+     * reaches (indirectly lost); it stays definitely lost */
+    for (size_t i = 0; i < s->nb; i++)
+        if (s->st[i] == UNREACHED) {
+            push(s, i);
+            drain(s, (ssize_t)i);
+        }
+    for (size_t i = 0; i < s->nb; i++) {
+        int k = s->st[i] == UNREACHED ? DEFINITE : s->st[i];
+        s->st[i] = (uint8_t)k;
+        s->kinds[k][0]++;
+        s->kinds[k][1] += s->bs[i];
+    }
+}
+
+/* ---- 7. the result file ---------------------------------------------------------- */
+
+struct wbuf { char *p; size_t n, cap; int oom; };
+
+static void wput(struct wbuf *b, const void *p, size_t n)
+{
+    if (b->n + n > b->cap) {
+        size_t c = b->cap ? b->cap : 1 << 16;
+        while (c < b->n + n)
+            c *= 2;
+        char *q = realloc(b->p, c);
+        if (!q) {
+            b->oom = 1;
+            return;
+        }
+        b->p = q;
+        b->cap = c;
+    }
+    memcpy(b->p + b->n, p, n);
+    b->n += n;
+}
+
+static __attribute__((format(printf, 2, 3))) void wprintf(struct wbuf *b, const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        wput(b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+static void leb(struct wbuf *b, uint64_t v)
+{
+    unsigned char t[10];
+    int n = 0;
+    do {
+        t[n] = v & 0x7f;
+        v >>= 7;
+        if (v)
+            t[n] |= 0x80;
+        n++;
+    } while (v);
+    wput(b, t, (size_t)n);
+}
+
+static void section(struct wbuf *out, struct wbuf *sec)
+{
+    uint64_t n = sec->n;
+    unsigned char le[8];
+    for (int k = 0; k < 8; k++)
+        le[k] = (unsigned char)(n >> (8 * k));
+    wput(out, le, 8);
+    wput(out, sec->p, sec->n);
+    free(sec->p);
+    memset(sec, 0, sizeof *sec);
+}
+
+static int write_result(struct scan *s, char *out, size_t outlen)
+{
+    struct wbuf b = { 0 };
+    wprintf(&b, "#mmleak-scan 1 id=%s pid=%d\n", s->id, s->pid);
+    wprintf(&b, "#when %s time=%.6f by=mmleak-scan\n", s->why, s->when);
+    if (s->failed) {
+        char clean[512];
+        snprintf(clean, sizeof clean, "%s", s->err);
+        for (char *c = clean; *c; c++)
+            if (*c == '\n' || (unsigned char)*c < ' ')
+                *c = ' ';
+        wprintf(&b, "#status unknown %s\n", clean);
+    } else {
+        wprintf(&b, "#status done\n#attached %d\n", s->attached);
+        int live = 0;
+        for (int t = 0; t < s->nth; t++)
+            live += s->th[t].tid > 0;
+        wprintf(&b, "#threads %d\n", live);
+        wprintf(&b, "#stall %.6f %s\n", s->stall, s->child || s->rpid != s->pid ? "fork"
+                                                                              : "stopped");
+        for (int k = 0; k < R_KINDS; k++)
+            wprintf(&b, "#roots %s %" PRIu64 " %" PRIu64 "\n", ROOT_NAME[k], s->roots[k][0],
+                    s->roots[k][1]);
+        wprintf(&b, "#excluded mmleak %" PRIu64 " %" PRIu64 "\n", s->excluded[0],
+                s->excluded[1]);
+        if (s->unreadable)
+            wprintf(&b, "#unreadable %" PRIu64 "\n", s->unreadable);
+        for (int k = 0; k < 4; k++)
+            wprintf(&b, "#kind %s %" PRIu64 " %" PRIu64 "\n", KIND_NAME[k], s->kinds[k][0],
+                    s->kinds[k][1]);
+        wprintf(&b, "#blocks %zu\n#data\n", s->nb);
+        struct wbuf sec = { 0 };
+        uint64_t prev = 0;
+        for (size_t i = 0; i < s->nb; i++) {
+            leb(&sec, s->bp[i] - prev);
+            prev = s->bp[i];
+        }
+        section(&b, &sec);
+        for (size_t i = 0; i < s->nb; i++)
+            leb(&sec, s->bq[i]);
+        section(&b, &sec);
+        for (size_t i = 0; i < s->nb;) {
+            size_t j = i;
+            while (j < s->nb && s->st[j] == s->st[i])
+                j++;
+            leb(&sec, s->st[i]);
+            leb(&sec, j - i);
+            i = j;
+        }
+        section(&b, &sec);
+        if (sec.oom)
+            b.oom = 1;
+    }
+    if (b.oom) {
+        free(b.p);
+        return -1;
+    }
+    /* a hidden temporary file, then linked to the first free name */
+    char tmpname[400];
+    unsigned rnd = (unsigned)(mono_ns() ^ getpid());
+    snprintf(tmpname, sizeof tmpname, "%s/.mmleak.%s.scan.%08x.tmp", s->dir, s->id, rnd);
+    int fd = open(tmpname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        free(b.p);
+        return -1;
+    }
+    struct stat st;
+    char maps[300];
+    snprintf(maps, sizeof maps, "%s/mmleak.%s.maps", s->dir, s->id);
+    if (!lstat(maps, &st) && st.st_uid != geteuid())
+        if (fchown(fd, st.st_uid, st.st_gid)) {
+            /* the file stays ours: readers take root's and the owner's */
+        }
+    size_t w = 0;
+    while (w < b.n) {
+        ssize_t n = write(fd, b.p + w, b.n - w);
+        if (n <= 0) {
+            if (n < 0 && errno == EINTR)
+                continue;
+            break;
+        }
+        w += (size_t)n;
+    }
+    free(b.p);
+    int ok = w == b.n && !fsync(fd);
+    close(fd);
+    if (!ok) {
+        unlink(tmpname);
+        return -1;
+    }
+    for (int k = 1; k < 100000; k++) {
+        snprintf(out, outlen, "%s/mmleak.%s.scan.%d", s->dir, s->id, k);
+        if (!link(tmpname, out)) {
+            unlink(tmpname);
+            return 0;
+        }
+        if (errno != EEXIST)
+            break;
+    }
+    unlink(tmpname);
+    return -1;
+}
+
+static void release(struct scan *s)
+{
+    let_go(s);
+    if (s->lockfd >= 0)
+        close(s->lockfd);
+    for (int i = 0; i < s->ncf; i++) {
+        free(s->cf[i].path);
+        free(s->cf[i].tail);
+    }
+    free(s->cf);
+    free(s->th);
+    free(s->bp); free(s->bs); free(s->bq); free(s->st); free(s->pend); free(s->stack);
+    free(s->mapsbuf);
+    free(s->mp);
+    if (s->win)
+        munmap(s->win, WINDOW);
+}
+
+static int valid_id(const char *id)
+{
+    if (!*id || strlen(id) > 40)
+        return 0;
+    for (const char *p = id; *p; p++)
+        if (!((*p >= '0' && *p <= '9') || *p == '-'))
+            return 0;
+    return 1;
+}
+
+EXPORT int mmleak_scan(int pid, const char *dir, const char *id, const char *why, char *out,
+                       size_t outlen, char *err, size_t errlen, uint64_t *totals)
+{
+    if (pid <= 0 || !dir || !id || !why || !valid_id(id) || !err || !errlen || !out) {
+        if (err && errlen)
+            snprintf(err, errlen, "bad arguments");
+        return -1;
+    }
+    pthread_mutex_lock(&g_scan_lock);
+    struct scan s;
+    memset(&s, 0, sizeof s);
+    s.pid = pid;
+    s.dir = dir;
+    s.id = id;
+    s.why = why;
+    s.err = err;
+    s.errlen = errlen;
+    s.lockfd = -1;
+    if (g_debug < 0) {
+        const char *d = getenv("MMLEAK_SCAN_DEBUG");
+        g_debug = d && *d == '1';
+    }
+    err[0] = 0;
+    out[0] = 0;
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    s.when = (double)tv.tv_sec + tv.tv_usec / 1e6;
+    s.win = mmap(NULL, WINDOW, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (s.win == MAP_FAILED) {
+        s.win = NULL;
+        say(&s, "out of memory");
+    }
+    if (!s.failed)
+        take_lock(&s);
+    int64_t t0 = mono_ns();
+    if (!s.failed)
+        seize_all(&s);
+    if (!s.failed) {
+        gettimeofday(&tv, NULL);
+        s.when = (double)tv.tv_sec + tv.tv_usec / 1e6;
+        take_cut(&s);
+    }
+    s.rpid = pid;
+    /* on demand: a copy, so that the process goes on while the scan reads */
+    if (!s.failed && !strcmp(why, "demand") &&
+        !snapshot(&s)) {
+        let_go(&s);
+    }
+    s.stall = (mono_ns() - t0) / 1e9;
+    if (!s.failed)
+        live_set(&s);
+    if (!s.failed)
+        read_maps(&s);
+    if (!s.failed)
+        mark(&s);
+    /* a thread that ended, or a process gone (SIGKILL), while we held it: no verdict */
+    for (int t = 0; !s.failed && t < s.nth; t++) {
+        int st;
+        if (s.th[t].tid > 0 && s.th[t].stopped &&
+            waitpid(s.th[t].tid, &st, __WALL | WNOHANG) == s.th[t].tid &&
+            (WIFEXITED(st) || WIFSIGNALED(st))) {
+            s.th[t].stopped = 0;
+            s.vanished = 1;
+        }
+    }
+    if (s.vanished && !s.failed)
+        say(&s, "process %d ended during the scan", pid);
+    if (!s.child)
+        s.stall = (mono_ns() - t0) / 1e9;
+    let_go(&s);
+    drop_snapshot(&s);
+    int rc = s.failed ? 1 : 0;
+    if (totals)
+        memcpy(totals, s.kinds, sizeof s.kinds);
+    if (write_result(&s, out, outlen)) {
+        if (!s.failed)
+            snprintf(err, errlen, "cannot write the result in %s", dir);
+        rc = -1;
+    }
+    release(&s);
+    pthread_mutex_unlock(&g_scan_lock);
+    return rc;
+}
+
+EXPORT int mmleak_scan_abi(void) { return 1; }

@@ -1,0 +1,72 @@
+/* tools/scan_main.c: mmleak-scan, the scanner mmleak.so starts at the exit of a traced
+ * process (tracer/exitscan.c), installed beside mmleak.so.  Never preloaded (the tracer
+ * takes LD_PRELOAD out of its environment).
+ *
+ *   mmleak-scan PID DIR ID WHY [READY_FD]
+ *
+ * READY_FD: a pipe the process writes one byte to once it allowed us to trace it
+ * (PR_SET_PTRACER): we wait for it first.  Every other inherited descriptor is closed.
+ * The scan is tools/scan.c's mmleak_scan; the result is DIR/mmleak.ID.scan.S.  Exit status:
+ * 0 done, nothing definitely or indirectly lost; 1 done, some is; 2 the scan could not be
+ * done (the result says why); 3 no result written.  Bounded:
+ * past MMLEAK_SCAN_SECS seconds (default 60) it is killed by SIGALRM, and the kernel lets
+ * the process go on (a tracer's death detaches it). */
+#define _GNU_SOURCE
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "facts.h"
+#include <sys/resource.h>
+#include <sys/syscall.h>
+
+#include <stdint.h>
+
+int mmleak_scan(int pid, const char *dir, const char *id, const char *why, char *out,
+                size_t outlen, char *err, size_t errlen, uint64_t *totals);
+
+int main(int argc, char **argv)
+{
+    if (argc < 5 || argc > 6) {
+        fprintf(stderr, "usage: mmleak-scan PID DIR ID WHY [READY_FD]\n");
+        return 2;
+    }
+    int ready = argc == 6 ? atoi(argv[5]) : -1;
+    /* the process's descriptors are not ours to hold (a daemon's sockets...) */
+    for (int fd = 3; fd < 1024; fd++)
+        if (fd != ready)
+            close(fd);
+    if (ready >= 0) {
+        char c;
+        while (read(ready, &c, 1) < 0)
+            ;
+        close(ready);
+    }
+    signal(SIGPIPE, SIG_IGN);
+    /* a process that limited its address space (RLIMIT_AS) gave us its limit: take what
+     * the hard limit allows, the scan needs memory of its own */
+    struct rlimit rl;
+    if (!getrlimit(RLIMIT_AS, &rl) && rl.rlim_cur != rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_AS, &rl);
+    }
+    /* MMLEAK_SCAN_SECS: its default and range are mmleaklib/facts.py's (facts.h) */
+#define SECS_ROW(NAME, ENV, TYPE, DEF, MIN, MAX, HELP) \
+    if (!strcmp(ENV, "MMLEAK_SCAN_SECS")) { dflt = DEF; lo = MIN; hi = MAX; }
+    long dflt = 0, lo = 0, hi = 0;
+    MMLEAK_SCAN_OPTIONS(SECS_ROW)
+    const char *t = getenv("MMLEAK_SCAN_SECS");
+    long v = t && *t ? strtol(t, NULL, 10) : dflt;
+    unsigned secs = (unsigned)(v >= lo && v <= hi ? v : dflt);
+    alarm(secs);
+    char out[4200], err[512];
+    uint64_t totals[8] = { 0 };
+    int rc = mmleak_scan(atoi(argv[1]), argv[2], argv[3], argv[4], out, sizeof out, err,
+                         sizeof err, totals);
+    if (rc < 0)
+        fprintf(stderr, "mmleak-scan: %s\n", err);
+    if (rc)
+        return rc < 0 ? 3 : 2;
+    return totals[0] || totals[2] ? 1 : 0;     /* definitely or indirectly lost blocks */
+}

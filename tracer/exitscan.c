@@ -1,0 +1,158 @@
+/*
+ * tracer/exitscan.c: the reachability scan at the process's exit (issue 20; see
+ * mmleak-scan(7)).  mmleak.so's destructor runs last of all (it was loaded first), inside
+ * _dl_fini, after the program's atexit handlers and every other library's destructors: then,
+ * unless MMLEAK_SCAN=0, it releases libstdc++'s one-time memory (__gnu_cxx::__freeres: the
+ * emergency exception pool) and starts mmleak-scan (beside mmleak.so, without LD_PRELOAD),
+ * allows it to trace us (PR_SET_PTRACER), and waits for it: the scanner stops every thread
+ * left, takes the trace's cut, marks, writes mmleak.ID.scan.S and lets the threads go.
+ *
+ * Nothing here runs per event, and nothing after _exit, abort, a fatal signal or SIGKILL
+ * (no destructor runs): such a trace has no scan, "reachability unknown".
+ * __libc_freeres is not called: it frees libc's internal state while other threads may still
+ * run and use it (valgrind calls it only once the last thread is gone; heaptrack stopped
+ * calling it).  The blocks it would free are reachable from libc's data anyway.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "procstatus.h"
+
+#ifndef PR_SET_PTRACER
+#define PR_SET_PTRACER 0x59616d61
+#endif
+
+extern char **environ;
+
+static char *put_num(char *d, char *e, unsigned long v)
+{
+    char t[24];
+    int n = 0;
+    do
+        t[n++] = (char)('0' + v % 10);
+    while ((v /= 10) && n < 23);
+    while (n && d < e - 1)
+        *d++ = t[--n];
+    *d = 0;
+    return d;
+}
+
+/* The scanner beside mmleak.so: 0, or -1 (not found). */
+static int scanner_path(char *buf, size_t cap)
+{
+    Dl_info info;
+    if (!dladdr((void *)scanner_path, &info) || !info.dli_fname || info.dli_fname[0] != '/')
+        return -1;
+    const char *slash = strrchr(info.dli_fname, '/');
+    size_t n = (size_t)(slash - info.dli_fname) + 1;
+    if (n + sizeof "mmleak-scan" > cap)
+        return -1;
+    memcpy(buf, info.dli_fname, n);
+    memcpy(buf + n, "mmleak-scan", sizeof "mmleak-scan");
+    return access(buf, X_OK);
+}
+
+/* Start mmleak-scan for this process and wait for its verdict.  WHY: "exit" or "api".
+ * Returns the scanner's exit status (0 done, 1 could not scan, 2 no result), -1 when it
+ * could not be started. */
+COLD int run_scanner(const char *why)
+{
+    static char path[PATH_MAX], pidbuf[24], fdbuf[24];
+    if (scanner_path(path, sizeof path))
+        return -1;
+    /* the environment without LD_PRELOAD, in memory of our own */
+    size_t n = 0;
+    while (environ && environ[n])
+        n++;
+    size_t bytes = (n + 1) * sizeof(char *);
+    char **env = mml_map(bytes);
+    if (!env)
+        return -1;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], "LD_PRELOAD=", 11))
+            env[k++] = environ[i];
+    env[k] = NULL;
+    int p[2];
+    if (pipe(p)) {
+        munmap(env, bytes);
+        return -1;
+    }
+    fcntl(p[1], F_SETFD, FD_CLOEXEC);
+    put_num(pidbuf, pidbuf + sizeof pidbuf, (unsigned long)getpid());
+    put_num(fdbuf, fdbuf + sizeof fdbuf, (unsigned long)p[0]);
+    char *argv[] = { path, pidbuf, cfg.dir, g_id, (char *)why, fdbuf, NULL };
+    pid_t child;
+    /* posix_spawn: no fork handlers run (ours would start a trace for the child), nothing
+     * allocated (glibc maps the child's stack) */
+    int rc = posix_spawn(&child, path, NULL, NULL, argv, env);
+    close(p[0]);
+    munmap(env, bytes);
+    if (rc) {
+        close(p[1]);
+        return -1;
+    }
+    prctl(PR_SET_PTRACER, (unsigned long)child, 0, 0, 0);
+    while (write(p[1], "g", 1) < 0 && errno == EINTR)
+        ;
+    close(p[1]);
+    int st = 0;
+    pid_t r;
+    while ((r = waitpid(child, &st, 0)) < 0 && errno == EINTR)
+        ;
+    prctl(PR_SET_PTRACER, 0, 0, 0, 0);
+    if (r != child || !WIFEXITED(st))
+        return -1;
+    return WEXITSTATUS(st);
+}
+
+/* Under a seccomp filter (Seccomp: 2 in /proc/self/status) starting a process may be
+ * forbidden, and the process killed for trying: no scan then (mmleak.py scan PID, from
+ * outside, still works). */
+static int under_seccomp(void)
+{
+    static char buf[8192];
+    return mml_status_seccomp("/proc/self/status", buf, sizeof buf);
+}
+
+COLD void scan_at_exit(void)
+{
+    if (!cfg.scan || under_seccomp())
+        return;
+    int saved = errno;
+    /* libstdc++'s one-time memory (GCC 14+ has __gnu_cxx::__freeres; an older one has none).
+     * dlsym under our guard: a symbol not found makes it allocate its error text, which is
+     * glibc's, not the program's, and must not be recorded; the frees of __freeres must. */
+    T.guard++;
+    void (*freeres)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "_ZN9__gnu_cxx9__freeresEv");
+    T.guard--;
+    if (freeres)
+        freeres();
+    T.guard++;
+    run_scanner("exit");
+    T.guard--;
+    errno = saved;
+}
+
+/* mmleak.h's mmleak_leak_check: a scan now, asked by the program.  1 leaks (definitely or
+ * indirectly lost blocks), 0 none, -1 not tracing or no verdict. */
+EXPORT int mmleak_do_leak_check(void)
+{
+    if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T) || under_seccomp())
+        return -1;
+    int saved = errno;
+    T.guard++;
+    int rc = run_scanner("api");
+    T.guard--;
+    errno = saved;
+    return rc == 0 ? 0 : rc == 1 ? 1 : -1;
+}

@@ -1,0 +1,35 @@
+/*
+ * tracer/procstatus.h: is a process under a seccomp filter?  Read from the "Seccomp:" field
+ * of its /proc/PID/status.  The tracer asks it of itself before it starts the scanner at exit
+ * (tracer/exitscan.c), the scanner of a process before it injects a fork (tools/scan.c).
+ * Inline, because the two are different artefacts (mmleak.so, mmleak-scan).
+ */
+#ifndef MMLEAK_PROCSTATUS_H
+#define MMLEAK_PROCSTATUS_H
+
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+
+/* 1 under a filter, or when PATH cannot be read (assume the worst); 0 with none.  BUF, CAP:
+ * scratch space for the file. */
+static inline int mml_status_seccomp(const char *path, char *buf, size_t cap)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 1;
+    ssize_t n = read(fd, buf, cap - 1);
+    close(fd);
+    if (n <= 0)
+        return 1;
+    buf[n] = 0;
+    const char *p = strstr(buf, "\nSeccomp:");
+    if (!p)
+        return 0;
+    p += 9;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    return *p != '0';
+}
+
+#endif

@@ -1,0 +1,22 @@
+/*
+ * tracer/unwind_shared.h: the unwinder's state that its two files share (unwind.c, the walk
+ * and the memo; recent.c, a thread's recent walks).  Not part of unwind.h's API.
+ */
+#ifndef MMLEAK_UNWIND_SHARED_H
+#define MMLEAK_UNWIND_SHARED_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+struct mml_tls {
+    uintptr_t lo, hi;       /* the thread's own stack */
+    unsigned tries;
+    uintptr_t pf_ip, pf_sp; /* the last mml_memo_prefetch: its start and set */
+    void *pf_set;
+    int pf_off;             /* the thread's recent walks serve most lookups: no prefetch */
+};
+extern __thread struct mml_tls U __attribute__((tls_model("initial-exec")));
+extern _Atomic int g_unloading;         /* dlclose calls in progress: walks bypass the cache */
+extern _Atomic unsigned g_memo_gen;     /* changes at every dlclose */
+
+#endif

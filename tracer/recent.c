@@ -11,6 +11,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 /* ---- the thread's recent walks (unwind.h) ----
  * A slot per start (ip, sp), chosen by a hash of both.  A hit: the same start, settings and
@@ -30,6 +33,40 @@ _Static_assert(MML_RECENT_SLOTS == 16, "recent_slot takes 4 bits");
 #define RECENT_WORTH 8
 #define RECENT_SKIP 4096
 
+/* The words of slot e (n of them, a multiple of 4) against the stack at sp: 0 if all equal.
+ * Two words per SSE2 register, four per step: the slot's copies of its last word make up the
+ * last step. */
+static inline uint64_t recent_diff(const struct mml_recent_slot *e, uintptr_t sp, unsigned n)
+{
+    const char *b = (const char *)sp;
+#if defined(__SSE2__)
+    __m128i acc = _mm_setzero_si128();
+    for (unsigned i = 0; i < n; i += 4) {
+        __m128i x = _mm_loadl_epi64((const __m128i *)(const void *)(b + 8 * (uintptr_t)e->off[i]));
+        __m128i y = _mm_loadl_epi64((const __m128i *)(const void *)(b + 8 * (uintptr_t)e->off[i + 2]));
+        x = _mm_castpd_si128(_mm_loadh_pd(_mm_castsi128_pd(x),
+                                          (const double *)(const void *)(b + 8 * (uintptr_t)e->off[i + 1])));
+        y = _mm_castpd_si128(_mm_loadh_pd(_mm_castsi128_pd(y),
+                                          (const double *)(const void *)(b + 8 * (uintptr_t)e->off[i + 3])));
+        x = _mm_xor_si128(x, _mm_load_si128((const __m128i *)(const void *)&e->val[i]));
+        y = _mm_xor_si128(y, _mm_load_si128((const __m128i *)(const void *)&e->val[i + 2]));
+        acc = _mm_or_si128(acc, _mm_or_si128(x, y));
+    }
+    return (uint64_t)_mm_cvtsi128_si64(_mm_or_si128(acc, _mm_unpackhi_epi64(acc, acc)));
+#else
+    uint64_t diff = 0;
+    for (unsigned i = 0; i < n; i++)
+        diff |= *(const uintptr_t *)(const void *)(b + 8 * (uintptr_t)e->off[i]) ^ e->val[i];
+    return diff;
+#endif
+}
+
+/* A hit reads the stack at the slot's offsets from sp without a bounds check: the slot was
+ * filled from a walk (or a memo record) whose words all lay on this thread's own stack as
+ * known then, [U.lo, U.hi), from this very sp; U.hi never changes and U.lo only moves down,
+ * and the stack between a live sp and U.hi is the thread's live stack.  A slot dies with a
+ * dlclose (its generation; no slot is filled with the generation of a dlclose in progress:
+ * mml_unwind_trail marks such a walk bad, mml_memo_get misses). */
 int mml_recent_get(struct mml_recent *r, const struct mml_start *s, unsigned salt,
                    uint64_t *value)
 {
@@ -50,17 +87,10 @@ int mml_recent_get(struct mml_recent *r, const struct mml_start *s, unsigned sal
         r->tries = r->hits = 0;
     }
     struct mml_recent_slot *e = recent_slot(r, s->ip, s->sp);
-    uintptr_t sp = s->sp;
+    uint64_t key = (uint64_t)salt << 32 | atomic_load_explicit(&g_memo_gen, memory_order_relaxed);
     unsigned n = e->n;
-    if (e->ip != s->ip || e->sp != sp || e->salt != salt || (e->use_bp && e->bp != s->bp) ||
-        e->gen != atomic_load_explicit(&g_memo_gen, memory_order_relaxed) ||
-        atomic_load_explicit(&g_unloading, memory_order_relaxed) || n == 0 ||
-        sp < U.lo || sp + 8 * (uintptr_t)e->top + 8 > U.hi)
-        goto miss;
-    uintptr_t diff = 0;
-    for (unsigned i = 0; i < n; i++)
-        diff |= *(const uintptr_t *)(sp + 8 * (uintptr_t)e->off[i]) ^ e->val[i];
-    if (diff)
+    if (e->ip != s->ip || e->sp != s->sp || e->key != key || (e->use_bp && e->bp != s->bp) ||
+        n == 0 || recent_diff(e, s->sp, n))
         goto miss;
     *value = e->value;
     e->misses = 0;
@@ -85,22 +115,26 @@ void mml_recent_put(struct mml_recent *r, const struct mml_start *s, unsigned sa
     struct mml_recent_slot *e = recent_slot(r, s->ip, s->sp);
     if (from_memo && e->n && e->misses < RECENT_PATIENCE)
         return;
-    unsigned top = 0;
-    for (int i = 0; i < n; i++) {
+    e->n = 0;       /* a signal handler's lookup in between misses */
+    atomic_signal_fence(memory_order_seq_cst);
+    int i;
+    for (i = 0; i < n; i++) {
         e->off[i] = tr->off[i];
         e->val[i] = tr->val[i];
-        top = tr->off[i] > top ? tr->off[i] : top;
     }
-    e->top = (uint16_t)top;
+    for (; i & 3; i++) {    /* up to a multiple of 4: copies of the last word */
+        e->off[i] = tr->off[n - 1];
+        e->val[i] = tr->val[n - 1];
+    }
     e->ip = s->ip;
     e->sp = s->sp;
     e->bp = s->bp;
     e->use_bp = (uint8_t)use_bp;
-    e->salt = salt;
-    e->gen = gen;
+    e->key = (uint64_t)salt << 32 | gen;
     e->value = value;
     e->misses = 0;
-    e->n = (uint8_t)n;
+    atomic_signal_fence(memory_order_seq_cst);
+    e->n = (uint8_t)i;
 }
 
 #undef LD

@@ -1729,19 +1729,22 @@ int mml_unwind_trail(const struct mml_start *s, uintptr_t *out, int max, struct 
 #define MEMO_BITS 15         /* 8192 sets of four records: 2 MiB of .bss, only the pages used
                                 cost memory */
 #define MEMO_WAYS 4
-#define MEMO_DELTAS 32
+#define MEMO_DELTAS 30
 #define MEMO_ESC (-128)     /* in delta[]: the step does not fit a byte, two bytes follow */
+#define MEMO_F_BP 1         /* flags: the walk used the start's bp (the tag holds it) */
+#define MEMO_F_ESC 2        /* delta[] holds an escape (a step of 128 words or more) */
 struct memo {
     _Atomic uint32_t seq;   /* odd while written */
     uint8_t n;              /* words */
     uint8_t nframes;
-    uint8_t use_bp;
-    uint8_t esc;            /* delta[] holds an escape (a step of 128 words or more) */
+    uint8_t flags;
+    uint8_t pad;
     uint64_t tag;           /* memo_tag(): the start (ip, sp, bp if used), settings, generation */
     uint64_t vhash;         /* hash of the words */
     uint64_t value;
-    int8_t delta[MEMO_DELTAS]; /* offsets of the words from sp, in words, as differences: a
-                                  byte, or MEMO_ESC and 16 bits (frames of 1 KiB or more) */
+    uint64_t dw[4];         /* bytes 0-29: the offsets of the words from sp, in words, as
+                               differences (a byte, or MEMO_ESC and 16 bits: frames of 1 KiB
+                               or more); bytes 30-31: the highest offset (little-endian) */
 } __attribute__((aligned(64)));
 _Static_assert(sizeof(struct memo) == 64, "a memo record is one cache line");
 static struct memo g_memo[1U << MEMO_BITS] __attribute__((aligned(64 * MEMO_WAYS)));
@@ -1801,9 +1804,15 @@ static inline uint64_t memo_tag1(uint64_t tag0, uintptr_t bp)
     return tag0 ^ mix64(bp * 0x165667B19E3779F9ull + 0x27D4EB2F165667C5ull);
 }
 
-/* The words' hash: each multiplied by an odd constant of its own and summed (no chain of
- * dependent multiplications), then mixed. */
-#define MEMO_MUL(i) (0x8CB92BA72F3D8DD7ull + 2 * (uint64_t)(i))
+/* The words' hash: n + the sum of word i times MEMO_MUL(i), an odd constant of its own, then
+ * mixed.  The sum is K * A + 2 * (n * A - B), where A is the sum of the words and B the sum
+ * of the running sums A: two additions per word, no multiplication (memo_sum). */
+#define MEMO_MUL(i) (MEMO_K + 2 * (uint64_t)(i))
+#define MEMO_K 0x8CB92BA72F3D8DD7ull
+static inline uint64_t memo_sum(unsigned n, uint64_t a, uint64_t b)
+{
+    return (uint64_t)n + MEMO_K * a + 2 * ((uint64_t)n * a - b);
+}
 
 unsigned mml_memo_gen(void)
 {
@@ -1814,68 +1823,73 @@ unsigned mml_memo_gen(void)
 #define ST(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
 
 /* One record: 1 if it holds the walk from s (tag t0 without bp) and the words still hash the
- * same. */
+ * same.  The record is copied first, its sequence number checked before and after: the copy
+ * is then one whole record as memo_put wrote it, whose offsets all lie in [0, top], so one
+ * bounds check against this thread's stack covers every word read. */
 static inline __attribute__((always_inline)) int
 memo_check(struct memo *r, const struct mml_start *s, uint64_t t0, uint64_t *value,
            int *nframes, struct mml_trail *words)
 {
     uint32_t q = atomic_load_explicit(&r->seq, memory_order_acquire);
     uint64_t tag = LD(r->tag);
-    if (tag != t0 && (!LD(r->use_bp) || tag != memo_tag1(t0, s->bp)))
+    unsigned flags = LD(r->flags);
+    if (tag != t0 && (!(flags & MEMO_F_BP) || tag != memo_tag1(t0, s->bp)))
         return 0;
-    unsigned n = LD(r->n);
-    if ((q & 1) || n > MEMO_DELTAS)
+    unsigned n = LD(r->n), nf = LD(r->nframes);
+    uint64_t vh = LD(r->vhash), val = LD(r->value);
+    union { uint64_t w[4]; int8_t b[32]; } d;
+    for (int i = 0; i < 4; i++)
+        d.w[i] = LD(r->dw[i]);
+    atomic_thread_fence(memory_order_acquire);
+    if ((q & 1) || atomic_load_explicit(&r->seq, memory_order_relaxed) != q || n > MEMO_DELTAS)
         return 0;
-    /* the words must lie on this thread's stack as it is known now: every offset is
-     * checked, a torn record can only be a miss */
-    uintptr_t sp = s->sp, hi = U.hi;
-    if (sp < U.lo || sp >= hi)
+    /* the words must lie on this thread's stack as it is known now */
+    uintptr_t sp = s->sp, top = (uint8_t)d.b[30] | (uintptr_t)(uint8_t)d.b[31] << 8;
+    if (sp < U.lo || sp >= U.hi || top >= (U.hi - sp) / 8)
         return 0;
-    long lim = (long)((hi - sp) / 8), o = 0;
-    uint64_t h = n;
-    if (likely(!LD(r->esc))) {
-        /* one byte per step, no escape to decode (the bounds check below still holds) */
+    const uintptr_t *w = (const uintptr_t *)sp;
+    uint64_t a = 0, b = 0;
+    long o = 0;
+    if (likely(!(flags & MEMO_F_ESC))) {
+        /* one byte per step, no escape to decode */
         for (unsigned i = 0; i < n; i++) {
-            o += LD(r->delta[i]);
-            if (unlikely((unsigned long)o >= (unsigned long)lim))
-                return 0;
-            uintptr_t v = *(const uintptr_t *)(sp + 8 * (uintptr_t)o);
-            h += v * MEMO_MUL(i);
+            o += d.b[i];
+            uintptr_t v = w[o];
+            a += v;
+            b += a;
             if (words) {
                 words->off[i] = (uint16_t)o;
                 words->val[i] = v;
             }
         }
     } else for (unsigned i = 0, j = 0; i < n; i++) {
-        long d = LD(r->delta[j++]);
-        if (unlikely(d == MEMO_ESC)) {         /* a larger step: 16 bits follow */
+        long k = d.b[j++];
+        if (k == MEMO_ESC) {         /* a larger step: 16 bits follow */
             if (j + 2 > MEMO_DELTAS)
                 return 0;
-            d = (int16_t)(uint16_t)((uint8_t)LD(r->delta[j]) | (uint8_t)LD(r->delta[j + 1]) << 8);
+            k = (int16_t)(uint16_t)((uint8_t)d.b[j] | (uint8_t)d.b[j + 1] << 8);
             j += 2;
         }
-        o += d;
-        if (unlikely((unsigned long)o >= (unsigned long)lim || j > MEMO_DELTAS))
+        o += k;
+        if (unlikely(o < 0 || (uintptr_t)o > top || j > MEMO_DELTAS))
             return 0;
-        uintptr_t v = *(const uintptr_t *)(sp + 8 * (uintptr_t)o);
-        h += v * MEMO_MUL(i);
+        uintptr_t v = w[o];
+        a += v;
+        b += a;
         if (words) {
             words->off[i] = (uint16_t)o;
             words->val[i] = v;
         }
     }
-    uint64_t vh = LD(r->vhash);
-    *value = LD(r->value);
-    *nframes = LD(r->nframes);
-    int use_bp = LD(r->use_bp) && tag != t0;
-    atomic_thread_fence(memory_order_acquire);
-    if (mix64(h) != vh || atomic_load_explicit(&r->seq, memory_order_relaxed) != q)
+    if (mix64(memo_sum(n, a, b)) != vh)
         return 0;
+    *value = val;
+    *nframes = (int)nf;
     if (words) {
         words->n = (int)n;
         words->bad = 0;
         words->walked = *nframes;
-        words->bp_from = use_bp ? 0 : 1 << 30;
+        words->bp_from = (flags & MEMO_F_BP) && tag != t0 ? 0 : 1 << 30;
     }
     return 1;
 }
@@ -1914,26 +1928,31 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
     int use_bp = all ? tr->bp_from < (1 << 30) : tr->bp_from < nframes;
     if (n > MEMO_DELTAS || n > MML_TRAIL_MAX)
         return;
-    int8_t d[MEMO_DELTAS];
-    uint64_t h = (uint64_t)n;
-    long prev = 0;
+    union { uint64_t w[4]; int8_t b[32]; } d = {{0, 0, 0, 0}};
+    uint64_t a = 0, b = 0;
+    long prev = 0, top = 0;
     int j = 0;
     for (int i = 0; i < n; i++) {
         long delta = (long)tr->off[i] - prev;
         if (delta > MEMO_ESC && delta <= 127) {
             if (j + 1 > MEMO_DELTAS)
                 return;
-            d[j++] = (int8_t)delta;
+            d.b[j++] = (int8_t)delta;
         } else {
             if (delta < INT16_MIN || delta > INT16_MAX || j + 3 > MEMO_DELTAS)
                 return;
-            d[j++] = MEMO_ESC;
-            d[j++] = (int8_t)(uint8_t)((uint16_t)delta & 0xff);
-            d[j++] = (int8_t)(uint8_t)((uint16_t)delta >> 8);
+            d.b[j++] = MEMO_ESC;
+            d.b[j++] = (int8_t)(uint8_t)((uint16_t)delta & 0xff);
+            d.b[j++] = (int8_t)(uint8_t)((uint16_t)delta >> 8);
         }
         prev = tr->off[i];
-        h += tr->val[i] * MEMO_MUL(i);
+        top = prev > top ? prev : top;
+        a += tr->val[i];
+        b += a;
     }
+    d.b[30] = (int8_t)(uint8_t)(top & 0xff);
+    d.b[31] = (int8_t)(uint8_t)(top >> 8);
+    uint64_t h = memo_sum((unsigned)n, a, b);
     /* An empty way; else, at random (the hash), one that holds another start: a way with
      * this start holds another path that reaches the same function at the same depth (the
      * words differ), worth keeping; else any. */
@@ -1956,12 +1975,11 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
                                                             memory_order_relaxed))
         return;
     atomic_thread_fence(memory_order_release);
-    for (int i = 0; i < j; i++)
-        ST(r->delta[i], d[i]);
+    for (int i = 0; i < 4; i++)
+        ST(r->dw[i], d.w[i]);
     ST(r->n, (uint8_t)n);
-    ST(r->esc, (uint8_t)(j != n));
+    ST(r->flags, (uint8_t)((use_bp ? MEMO_F_BP : 0) | (j != n ? MEMO_F_ESC : 0)));
     ST(r->nframes, (uint8_t)nframes);
-    ST(r->use_bp, (uint8_t)use_bp);
     ST(r->tag, tag);
     ST(r->vhash, mix64(h));
     ST(r->value, value);

@@ -101,12 +101,11 @@ int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int 
 struct mml_recent_slot {
     uintptr_t ip, sp, bp;
     uint64_t value;
-    unsigned gen;               /* the memo's generation (a dlclose makes the slot dead) */
-    unsigned salt;
-    uint8_t n, use_bp, misses;
-    uint16_t top;                   /* the highest of off[] */
+    uint64_t key;               /* the caller's salt << 32 | the memo's generation (a dlclose
+                                   makes the slot dead) */
+    uint8_t n, use_bp, misses;  /* n: words, padded to a multiple of 4 with copies of the last */
     uint16_t off[MML_TRAIL_MAX];    /* (address - sp) / 8 */
-    uintptr_t val[MML_TRAIL_MAX];
+    uintptr_t val[MML_TRAIL_MAX] __attribute__((aligned(16)));
 };
 struct mml_recent {
     unsigned tries, hits, skip;     /* a thread whose recent walks seldom hit stops asking */

@@ -1792,11 +1792,12 @@ void mml_memo_prefetch(uintptr_t ip, uintptr_t sp)
 }
 
 /* The tag of a record: its start, with bp if the walk used it, the caller's settings and the
- * generation.  Without bp and with it: both are computed once per lookup. */
+ * generation.  Only compared for equality: a mix (a bijection) would not make two tags
+ * differ that are equal without it.  With bp, that of a walk without it and a mix of bp. */
 static inline uint64_t memo_tag0(const struct mml_start *s, unsigned salt, unsigned gen)
 {
-    return mix64(s->ip * 0x9E3779B97F4A7C15ull + s->sp * 0xC2B2AE3D27D4EB4Full +
-                 ((uint64_t)salt << 32 | gen));
+    return s->ip * 0x9E3779B97F4A7C15ull + s->sp * 0xC2B2AE3D27D4EB4Full +
+           ((uint64_t)salt << 32 | gen);
 }
 
 static inline uint64_t memo_tag1(uint64_t tag0, uintptr_t bp)
@@ -1804,8 +1805,8 @@ static inline uint64_t memo_tag1(uint64_t tag0, uintptr_t bp)
     return tag0 ^ mix64(bp * 0x165667B19E3779F9ull + 0x27D4EB2F165667C5ull);
 }
 
-/* The words' hash: n + the sum of word i times MEMO_MUL(i), an odd constant of its own, then
- * mixed.  The sum is K * A + 2 * (n * A - B), where A is the sum of the words and B the sum
+/* The words' hash: n + the sum of word i times MEMO_MUL(i), an odd constant of its own (not
+ * mixed: only compared for equality, see memo_tag0).  The sum is K * A + 2 * (n * A - B), where A is the sum of the words and B the sum
  * of the running sums A: two additions per word, no multiplication (memo_sum). */
 #define MEMO_MUL(i) (MEMO_K + 2 * (uint64_t)(i))
 #define MEMO_K 0x8CB92BA72F3D8DD7ull
@@ -1822,26 +1823,26 @@ unsigned mml_memo_gen(void)
 #define LD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
 #define ST(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
 
-/* One record: 1 if it holds the walk from s (tag t0 without bp) and the words still hash the
- * same.  The record is copied first, its sequence number checked before and after: the copy
- * is then one whole record as memo_put wrote it, whose offsets all lie in [0, top], so one
- * bounds check against this thread's stack covers every word read. */
+/* Record r, whose tag is the start's: 1 if the words still hash the same.  The record is
+ * copied first, its sequence number checked before and after: the copy is then one whole
+ * record as memo_put wrote it, whose offsets all lie in [0, top], so one bounds check against
+ * this thread's stack covers every word read.  Its words are a multiple of 4 (memo_put pads
+ * them with copies of the last), four per step. */
 static inline __attribute__((always_inline)) int
-memo_check(struct memo *r, const struct mml_start *s, uint64_t t0, uint64_t *value,
+memo_check(struct memo *r, const struct mml_start *s, int with_bp, uint64_t *value,
            int *nframes, struct mml_trail *words)
 {
     uint32_t q = atomic_load_explicit(&r->seq, memory_order_acquire);
-    uint64_t tag = LD(r->tag);
-    unsigned flags = LD(r->flags);
-    if (tag != t0 && (!(flags & MEMO_F_BP) || tag != memo_tag1(t0, s->bp)))
-        return 0;
-    unsigned n = LD(r->n), nf = LD(r->nframes);
+    unsigned flags = LD(r->flags), n = LD(r->n), nf = LD(r->nframes);
     uint64_t vh = LD(r->vhash), val = LD(r->value);
     union { uint64_t w[4]; int8_t b[32]; } d;
-    for (int i = 0; i < 4; i++)
-        d.w[i] = LD(r->dw[i]);
+    d.w[0] = LD(r->dw[0]);
+    d.w[1] = LD(r->dw[1]);
+    d.w[2] = LD(r->dw[2]);
+    d.w[3] = LD(r->dw[3]);
     atomic_thread_fence(memory_order_acquire);
-    if ((q & 1) || atomic_load_explicit(&r->seq, memory_order_relaxed) != q || n > MEMO_DELTAS)
+    if ((q & 1) || atomic_load_explicit(&r->seq, memory_order_relaxed) != q ||
+        n > MEMO_DELTAS || (n & 3) || (unsigned)with_bp > (flags & MEMO_F_BP))
         return 0;
     /* the words must lie on this thread's stack as it is known now */
     uintptr_t sp = s->sp, top = (uint8_t)d.b[30] | (uintptr_t)(uint8_t)d.b[31] << 8;
@@ -1850,17 +1851,21 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t t0, uint64_t *val
     const uintptr_t *w = (const uintptr_t *)sp;
     uint64_t a = 0, b = 0;
     long o = 0;
-    if (likely(!(flags & MEMO_F_ESC))) {
+    if (likely(!(flags & MEMO_F_ESC)) && !words) {
         /* one byte per step, no escape to decode */
-        for (unsigned i = 0; i < n; i++) {
+        for (unsigned i = 0; i < n; i += 4) {
             o += d.b[i];
-            uintptr_t v = w[o];
-            a += v;
+            a += w[o];
             b += a;
-            if (words) {
-                words->off[i] = (uint16_t)o;
-                words->val[i] = v;
-            }
+            o += d.b[i + 1];
+            a += w[o];
+            b += a;
+            o += d.b[i + 2];
+            a += w[o];
+            b += a;
+            o += d.b[i + 3];
+            a += w[o];
+            b += a;
         }
     } else for (unsigned i = 0, j = 0; i < n; i++) {
         long k = d.b[j++];
@@ -1881,7 +1886,7 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t t0, uint64_t *val
             words->val[i] = v;
         }
     }
-    if (mix64(memo_sum(n, a, b)) != vh)
+    if (memo_sum(n, a, b) != vh)
         return 0;
     *value = val;
     *nframes = (int)nf;
@@ -1889,9 +1894,34 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t t0, uint64_t *val
         words->n = (int)n;
         words->bad = 0;
         words->walked = *nframes;
-        words->bp_from = (flags & MEMO_F_BP) && tag != t0 ? 0 : 1 << 30;
+        words->bp_from = with_bp ? 0 : 1 << 30;
     }
     return 1;
+}
+
+/* The ways of the set whose tag is the start's (without bp, or with it for a walk that used
+ * it), each checked. */
+static inline __attribute__((always_inline)) int
+memo_find(struct memo *r, const struct mml_start *s, uint64_t t0, uint64_t *value,
+          int *nframes, struct mml_trail *words)
+{
+    uint64_t t1 = 0;
+    for (int w = 0; w < MEMO_WAYS; w++) {
+        uint64_t tag = LD(r[w].tag);
+        int with_bp = 0;
+        if (tag != t0) {
+            if (!(LD(r[w].flags) & MEMO_F_BP))
+                continue;
+            if (!t1)
+                t1 = memo_tag1(t0, s->bp);
+            if (tag != t1)
+                continue;
+            with_bp = 1;
+        }
+        if (memo_check(&r[w], s, with_bp, value, nframes, words))
+            return 1;
+    }
+    return 0;
 }
 
 int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int *nframes,
@@ -1904,16 +1934,9 @@ int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int 
         return 0;
     uint64_t t0 = memo_tag0(s, salt, atomic_load_explicit(&g_memo_gen, memory_order_relaxed));
     /* two copies of the check: the one without words has no trace of them */
-    if (words) {
-        for (int w = 0; w < MEMO_WAYS; w++)
-            if (memo_check(&r[w], s, t0, value, nframes, words))
-                return 1;
-        return 0;
-    }
-    for (int w = 0; w < MEMO_WAYS; w++)
-        if (memo_check(&r[w], s, t0, value, nframes, NULL))
-            return 1;
-    return 0;
+    if (words)
+        return memo_find(r, s, t0, value, nframes, words);
+    return memo_find(r, s, t0, value, nframes, NULL);
 }
 
 void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
@@ -1950,6 +1973,14 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
         a += tr->val[i];
         b += a;
     }
+    for (uintptr_t last = n ? tr->val[n - 1] : 0; n & 3; n++) {
+        /* up to a multiple of 4: copies of the last word (a step of 0) */
+        if (j + 1 > MEMO_DELTAS)
+            return;
+        d.b[j++] = 0;
+        a += last;
+        b += a;
+    }
     d.b[30] = (int8_t)(uint8_t)(top & 0xff);
     d.b[31] = (int8_t)(uint8_t)(top >> 8);
     uint64_t h = memo_sum((unsigned)n, a, b);
@@ -1960,7 +1991,7 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
     if (use_bp)
         tag = memo_tag1(tag, s->bp);
     struct memo *set = memo_set(s->ip, s->sp), *r = NULL;
-    unsigned start = (unsigned)(h >> 17);
+    unsigned start = (unsigned)(mix64(h) >> 17);
     for (unsigned w = 0; w < MEMO_WAYS && !r; w++)
         if (!LD(set[w].tag))
             r = &set[w];
@@ -1981,7 +2012,7 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
     ST(r->flags, (uint8_t)((use_bp ? MEMO_F_BP : 0) | (j != n ? MEMO_F_ESC : 0)));
     ST(r->nframes, (uint8_t)nframes);
     ST(r->tag, tag);
-    ST(r->vhash, mix64(h));
+    ST(r->vhash, h);
     ST(r->value, value);
     atomic_store_explicit(&r->seq, q + 2, memory_order_release);
 }

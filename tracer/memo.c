@@ -132,10 +132,11 @@ unsigned mml_memo_gen(void)
  * this thread's stack covers every word read.  Its words are a multiple of 4 (memo_put pads
  * them with copies of the last), four per step. */
 static inline __attribute__((always_inline)) int
-memo_check(struct memo *r, const struct mml_start *s, int with_bp, uint64_t *value,
+memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp, uint64_t *value,
            int *nframes, struct mml_trail *words)
 {
     uint32_t q = atomic_load_explicit(&r->seq, memory_order_acquire);
+    uint64_t rtag = LD(r->tag);
     unsigned flags = LD(r->flags), n = LD(r->n), nf = LD(r->nframes);
     uint64_t vh = LD(r->vhash), val = LD(r->value);
     union { uint64_t w[4]; int8_t b[32]; } d;
@@ -144,7 +145,9 @@ memo_check(struct memo *r, const struct mml_start *s, int with_bp, uint64_t *val
     d.w[2] = LD(r->dw[2]);
     d.w[3] = LD(r->dw[3]);
     atomic_thread_fence(memory_order_acquire);
-    if ((q & 1) || atomic_load_explicit(&r->seq, memory_order_relaxed) != q ||
+    /* the tag again, in the copy: the record may have been rewritten for another start
+     * since the scan read it */
+    if ((q & 1) || atomic_load_explicit(&r->seq, memory_order_relaxed) != q || rtag != tag ||
         n > MEMO_DELTAS || (n & 3) || (unsigned)with_bp > (flags & MEMO_F_BP))
         return 0;
     /* the words must lie on this thread's stack as it is known now */
@@ -221,7 +224,7 @@ memo_find(struct memo *r, const struct mml_start *s, uint64_t t0, uint64_t *valu
                 continue;
             with_bp = 1;
         }
-        if (memo_check(&r[w], s, with_bp, value, nframes, words))
+        if (memo_check(&r[w], s, tag, with_bp, value, nframes, words))
             return 1;
     }
     return 0;

@@ -423,7 +423,8 @@ def say_run_traces(d, before, pid, name, how):
     if os.path.exists(comp):
         warn("%s ended (%s); trace %s compacted in the background: %s (%s) and %d more dump "
              "files in %s" % (name, how, main, os.path.basename(comp),
-                              human_bytes(os.path.getsize(comp)), len(traces[main]) - 1, d))
+                              human_bytes(os.path.getsize(comp)),
+                              sum(1 for p in traces[main] if p.endswith(".out")), d))
     else:
         warn("%s ended (%s); trace %s: %d dump files, %s in %s"
              % (name, how, main, len(traces[main]), human_bytes(size), d))

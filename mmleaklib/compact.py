@@ -1,14 +1,15 @@
 """Compaction (mmleak-compaction(7), docs/compaction.rst): disk use bounded by the live set.
 
 Every complete dump file of a trace is folded into the trace's running partial result,
-mmleak.ID.compact (a shrink without --final: the same algebra, so folding is exact in any
-order and grouping), and deleted.  A file is complete when it ends with "#end" (mmleak.so
+mmleak.ID.compact and its newer runs mmleak.ID.compact.N (levels: see _fold; each a shrink
+without --final: the same algebra, so folding is exact in any order and grouping), and
+deleted.  A file is complete when it ends with "#end" (mmleak.so
 never appends to such a file) or when its process is gone.  One pass, under the trace's
 lock (mmleak.ID.lock, which report takes shared while it reads):
   1. inputs listed by the previous pass ("#folded") that still exist are deleted: that
      pass wrote its result and was stopped before it could;
-  2. the new result is written to mmleak.ID.compact.tmp, fsync'ed, renamed over
-     mmleak.ID.compact, its directory fsync'ed, and names its inputs in "#folded";
+  2. the new result (or run) is written to its name + .tmp, fsync'ed, renamed over it,
+     its directory fsync'ed, and names its inputs (dump files, runs merged) in "#folded";
   3. the inputs are deleted.
 A crash anywhere leaves either the old result and all inputs, or the new result and some
 inputs it names: never a lost or a doubled event (and folding an input twice changes
@@ -242,7 +243,7 @@ def complete_files(directory, tid, paths, traces=None):
 STACK_REF_RE = re.compile(rb"@([0-9a-f]{1,16})\n")         # an allocation's stack
 
 
-def _compact_header_lines(sh, folded):
+def _compact_header_lines(sh, folded, run=None):
     """The '#' lines of a compacted result (SH from shrink_raw): one '#mmleak' header (the
     trace's first), the command, the allocator, the gaps, the counts, and the names of the
     inputs of this pass."""
@@ -259,12 +260,13 @@ def _compact_header_lines(sh, folded):
             out.append(line)
     entries, entry_allocs = sh.result_lines
     h = sh.history()
-    files = sh.compacted["files"] + len(folded)
+    files = sh.compacted["files"] + sum(1 for p in folded if p.endswith(".out"))
     allocs = b"" if h["allocs"] is None else b" allocs=%d entry_allocs=%d" % (h["allocs"],
                                                                              entry_allocs)
     out.append(b"#clock %d\n" % sh.max_time)
-    out.append(b"#compacted files=%d events=%d entries=%d%s at=%d\n"
-               % (files, h["events"], entries, allocs, int(time.time())))
+    out.append(b"#compacted files=%d events=%d entries=%d%s at=%d%s\n"
+               % (files, h["events"], entries, allocs, int(time.time()),
+                  b"" if run is None else b" run=%d" % run))
     for p in folded:
         out.append(b"#folded %s\n" % os.path.basename(p).encode())
     return out
@@ -297,17 +299,19 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True):
     except BlockingIOError:
         return None
     try:
-        if files._own_file(cpath):
-            for name in files._previously_folded(cpath, tid):
-                _remove_dump(os.path.join(directory, name))   # its .out, and its .tail
-        for p in (cpath, t.series, t.live):     # left by a pass that was stopped
-            files._remove_quietly(files.temp_of(p))
+        runs = _runs(directory, tid)
+        for r in [cpath] + [p for _, p in runs]:
+            if files._own_file(r):
+                for name in files._previously_folded(r, tid):
+                    _remove_dump(os.path.join(directory, name))   # its .out and .tail, a run
+        for p in [cpath, t.series, t.live] + [p for _, p in runs]:   # left by a pass that
+            files._remove_quietly(files.temp_of(p))                    # was stopped
         paths = [p for p in paths if os.path.lexists(p)]
         done, over, tails = complete_files(directory, tid, paths, traces)
         res = {"trace": tid, "folded": 0, "over": over, "events": 0, "bytes": 0,
                "point": None, "unclosed": len(tails) if over else 0}
-        if done:
-            res.update(_fold(directory, tid, cpath, done))
+        if done or over and _runs(directory, tid):
+            res.update(_fold(directory, tid, cpath, done, over))
         # a trace that is over gets its last point (unless it has it: the .live is gone)
         if series and paths and (over and (done or os.path.lexists(t.live) or
                                            not os.path.lexists(t.series))
@@ -318,28 +322,89 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True):
         lock.__exit__()
 
 
-def _fold(directory, tid, cpath, done):
-    """Fold the complete files DONE into CPATH (under the trace's exclusive lock)."""
+MERGE_FACTOR = 4      # a run is merged into the one before it when that is at most this
+                      # many times bigger than what is folded into it now
+
+
+def _runs(directory, tid):
+    """[(N, path)] of the trace's runs, mmleak.ID.compact.N, by N (oldest first): regular
+    files of the trace's owner or root only (another file at such a name is said, never
+    read, and replaced should its number come up)."""
+    out = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return out
+    for n in names:
+        m = files.RUN_RE.match(n)
+        if m and m.group(1) == tid and files._own_file(os.path.join(directory, n)):
+            out.append((int(m.group(2)), os.path.join(directory, n)))
+    return sorted(out)
+
+
+def _next_run(directory, tid, runs, cpath):
+    """A run number no file of the trace has, nor names in its "#folded" lines (a name
+    still named there would be deleted as already folded)."""
+    used = [n for n, _ in runs]
+    for r in [cpath] + [p for _, p in runs]:
+        if files._own_file(r):
+            used.extend(int(files.RUN_RE.match(name).group(2))
+                        for name in files._previously_folded(r, tid)
+                        if files.RUN_RE.match(name))
+    return max(used, default=0) + 1
+
+
+def _fold(directory, tid, cpath, done, over=False):
+    """Fold the complete files DONE into the trace's result (under the trace's exclusive
+    lock).  The result is mmleak.ID.compact and newer runs mmleak.ID.compact.N, each at
+    least MERGE_FACTOR times smaller than the one before it: DONE are folded with the
+    newest runs that are not that much bigger than what is folded (none, usually: a pass
+    costs what its new files hold), into the oldest of them, or into a new run.  The trace
+    over (OVER): everything into mmleak.ID.compact."""
     own = files._own_file(cpath)
-    before = files._size(cpath) if own else 0
-    inputs = ([cpath] if own else []) + done
+    runs = _runs(directory, tid)
+    before = (files._size(cpath) if own else 0) + sum(files._size(p) for _, p in runs)
     nbytes = sum(files._size(p) + files._size(tail_of(p)) for p in done)
+    chain = ([(None, cpath)] if own else []) + runs
+    if over or not own:
+        merged = chain
+    else:
+        est, i = nbytes, len(chain)
+        while i > 0 and files._size(chain[i - 1][1]) <= MERGE_FACTOR * est:
+            i -= 1
+            est += files._size(chain[i][1])
+        merged = chain[i:]
+    if not own or merged and merged[0][0] is None:
+        target, run = cpath, None
+    elif merged:
+        run, target = merged[0]
+    else:
+        run = _next_run(directory, tid, runs, cpath)
+        target = TraceFiles(directory, tid).run(run)
+    inputs = [p for _, p in merged] + done
+    folded = [p for p in inputs if p != target]
     sh, data = shrink_raw(inputs)
     if sh.problems.fatal:
         raise Fail("%s: cannot compact trace %s: an input could not be read" % (directory, tid))
-    _write_atomic(cpath, _compact_header_lines(sh, done), sh, data)
-    for p in done:
+    _write_atomic(target, _compact_header_lines(sh, folded, run), sh, data)
+    for p in folded:
         _remove_dump(p)
+    after = sum(files._size(p) for p in [cpath] + [p for _, p in _runs(directory, tid)])
     return {"folded": len(done), "events": sh.events - sh.compacted["entries"],
-            "bytes": nbytes, "before": before, "after": files._size(cpath),
-            "malformed": sh.problems.malformed}
+            "bytes": nbytes, "before": before, "after": after,
+            "malformed": sh.problems.malformed,
+            # the work of this pass: event lines read (the new files' and the runs'
+            # entries), lines written, and the runs merged into the result written
+            "read": sh.events, "written": sh.result_lines[0],
+            "merged": len(merged), "runs": len(_runs(directory, tid))}
 
 
 def _remove_dump(p):
     """Delete the dump file P and its staging file: only what is the trace's (a file of
     somebody else's at either name is left alone)."""
     for q in (p, tail_of(p)):
-        files.remove_trace_file(q)
+        if q is not None:
+            files.remove_trace_file(q)
 
 
 def compact_dir(directory, pid=None, series=True, verbose=False, out=None):

@@ -31,6 +31,7 @@ ID = r"(\d+(?:-\d+)?)"
 DUMP_RE = re.compile(r"^mmleak\.%s\.(\d+)\.out$" % ID)
 MAPS_RE = re.compile(r"^mmleak\.%s\.maps$" % ID)
 COMPACT_RE = re.compile(r"^mmleak\.%s\.compact$" % ID)
+RUN_RE = re.compile(r"^mmleak\.%s\.compact\.(\d{1,9})$" % ID)   # a newer run (compact.py)
 TRACE_FILE_RE = re.compile(r"^mmleak\.%s\." % ID)       # any file of trace ID
 
 
@@ -49,6 +50,10 @@ class TraceFiles:
     maps = property(lambda self: self.name("maps"))
     loads = property(lambda self: self.name("loads"))
     compact = property(lambda self: self.name("compact"))
+
+    def run(self, n):
+        """The compacted run number N (mmleak.ID.compact.N: newer than .compact)."""
+        return self.name("compact.%d" % n)
     series = property(lambda self: self.name("series"))
     live = property(lambda self: self.name("series.live"))
     lock = property(lambda self: self.name("lock"))
@@ -228,7 +233,7 @@ def find_traces(directory):
         raise Fail("cannot list %s: %s" % (directory, e.strerror))
     uids, ignored = {}, collections.defaultdict(list)
     for n in names:
-        m = DUMP_RE.match(n) or COMPACT_RE.match(n)
+        m = DUMP_RE.match(n) or COMPACT_RE.match(n) or RUN_RE.match(n)
         if m:
             tid, p = m.group(1), os.path.join(directory, n)
             try:
@@ -241,9 +246,11 @@ def find_traces(directory):
             if why:
                 ignored[tid].append(why)
             elif n.endswith(".out"):
-                traces[tid].append((int(m.group(2)), p))
+                traces[tid].append(((2, int(m.group(2))), p))
+            elif m.re is RUN_RE:        # a newer run of the result: after it
+                traces[tid].append(((1, int(m.group(2))), p))
             else:                       # a compacted trace's running result: read it first
-                traces[tid].append((-1, p))
+                traces[tid].append(((0, 0), p))
         elif MAPS_RE.match(n):
             traces.setdefault(MAPS_RE.match(n).group(1), [])
     for tid, whys in sorted(ignored.items()):
@@ -253,16 +260,17 @@ def find_traces(directory):
     out = {}
     for k, v in traces.items():
         files = [p for _, p in sorted(v)]
-        if files and files[0].endswith(".compact"):
-            # a compaction pass stopped after writing its result, before deleting its
-            # inputs: they are in the result already (the next pass deletes them)
+        folded = set()
+        for r in [p for p, (key, _) in zip(files, sorted(v)) if key[0] < 2]:
+            # a compaction pass stopped after writing a result (or run), before deleting
+            # its inputs: they are in it already (the next pass deletes them)
             try:
-                folded = set(_previously_folded(files[0], k))
+                folded.update(_previously_folded(r, k))
             except Refused as e:        # replaced since the listing
                 refuse(str(e))
-                files, folded = files[1:], ()
-            if folded:
-                files = [p for p in files if os.path.basename(p) not in folded]
+                folded.add(os.path.basename(r))
+        if folded:
+            files = [p for p in files if os.path.basename(p) not in folded]
         out[k] = files
     return out
 
@@ -327,7 +335,7 @@ def _previously_folded(path, tid):
     """The inputs the result PATH of trace TID names (its pass may have stopped before
     deleting them): dump files of that trace only, whatever else it says.  They are among
     its first lines, before the stacks.  Refused passes (a result that is not the trace's
-    own; see _trusted_result)."""
+    own; see _trusted_result).  The runs it merged (mmleak.ID.compact.N) are among them."""
     names = []
     try:
         for line in read_lines(path):
@@ -335,7 +343,7 @@ def _previously_folded(path, tid):
                 break
             if line.startswith(b"#folded "):
                 name = line[8:].rstrip(b"\n").decode("utf-8", "replace")
-                m = DUMP_RE.match(name)
+                m = DUMP_RE.match(name) or RUN_RE.match(name)
                 if m and m.group(1) == tid:
                     names.append(name)
     except OSError:

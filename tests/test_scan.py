@@ -427,6 +427,93 @@ def test_attached_trace_takes_the_untraced_heap_as_roots(scan_bins, dump, tmp_pa
     assert got == ["definite", "reachable"]
 
 
+
+def test_exit_scan_reads_the_levels(scan_bins, dump, tmp_path, monkeypatch):
+    """The scan at exit of a trace compacted in levels while it ran (issue 19): its result
+    mmleak.ID.compact, the runs mmleak.ID.compact.N, a run a merge stopped before deleting
+    (named "#folded" by the run it went into; its blocks were freed since, in the dump files
+    merged with it), and a dump file not compacted.  The scanner reads them as the readers do: every block alive once,
+    with its exact kind (10,400 kept blocks still reachable, 8 lost ones definitely lost),
+    and none of the left-behind run's blocks (freed since)."""
+    from conftest import mmleak as mm
+    from mmleaklib import compact, scan
+    keep, lost = 321, 777                       # tests/scan_levels.c
+    exe = str(tmp_path / "scan_levels")
+    subprocess.run(["cc", "-O1", "-g", "-pthread", "-o", exe,
+                    os.path.join(TESTS, "scan_levels.c")], check=True)
+    e = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump), MMLEAK_ROTATE_MB="1")
+    p = subprocess.Popen([exe], env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def batch(keep, free, lost):
+        p.stdin.write(b"%d %d %d\n" % (keep, free, lost))
+        p.stdin.flush()
+        assert p.stdout.readline() == b"ok\n"
+
+    def runs():
+        return sorted(n for n in os.listdir(dump) if ".compact." in n)
+
+    def one_pass(factor):
+        # the merge policy forced (a batch's dump files are 1 MB or more, its live blocks
+        # a few KB): 0 makes a new run, 0.05 merges the runs, not mmleak.ID.compact
+        monkeypatch.setattr(compact, "MERGE_FACTOR", factor)
+        (res,) = mm.compact_dir(str(dump), tid, series=False)[1]
+        assert res["folded"] >= 1 and not res["over"]
+
+    try:
+        batch(10000, 0, 5)
+        tid = only_trace(dump)
+        one_pass(0)                                     # mmleak.ID.compact
+        batch(400, 0, 0)
+        one_pass(0)                                     # run 1
+        batch(4, 0, 0)
+        one_pass(0)                                     # run 2: 4 blocks kept
+        run1, run2 = ("mmleak.%s.compact.%d" % (tid, n) for n in (1, 2))
+        assert runs() == [run1, run2]
+        with open(os.path.join(dump, run2), "rb") as f:
+            stale = {(int(w[0], 16), int(w[1], 16)) for w in (line.split() for line in f)
+                     if len(w) >= 5 and w[2] == b"%x" % keep}
+        assert len(stale) == 4
+        batch(0, 4, 0)                                  # frees run 2's blocks: merged
+        real = compact._remove_dump                     # into run 1, run 2 left behind
+
+        class Stop(Exception):
+            pass
+
+        def remove(path):
+            if path.endswith(".compact.2"):
+                raise Stop()
+            return real(path)
+        with monkeypatch.context() as m:
+            m.setattr(compact, "_remove_dump", remove)
+            with pytest.raises(Stop):
+                one_pass(0.05)
+        assert runs() == [run1, run2]
+        named = mm.files._previously_folded(os.path.join(dump, run1), tid)
+        assert run2 in named and len(named) >= 2
+        # the dump files merged with run 2 deleted too (no reader needs a file a "#folded"
+        # line names): run 2's blocks are then freed only in run 1, where they cancelled
+        for n in named:
+            if n != run2:
+                os.unlink(os.path.join(dump, n))
+        batch(0, 0, 3)                                  # a dump file not compacted
+        p.stdin.close()
+        assert p.wait(timeout=120) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert runs() == [run1, run2]
+    k = scan.kinds_for(str(dump), tid)
+    assert k.status == "done", k.reason
+    assert k.scan.why == "exit"
+    sh = mm.shrink_files(mm.find_traces(str(dump))[tid])
+    truth = {(a.ptr, a.seq): a.size for a in sh.survivors()}
+    got = collections.Counter((truth.get(key, "not alive"), kind) for key, kind in k.items()
+                              if truth.get(key, "not alive") in (keep, lost, "not alive"))
+    assert got == {(keep, "reachable"): 10400, (lost, "definite"): 8}
+    assert not stale & set(key for key, _ in k.items())
+
+
 # ---- the live set of the cut (tools/scan_live.c) against the shrink engine -----------------
 
 def _fuzz_trace(rng, prefix, nfiles):

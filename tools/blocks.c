@@ -226,7 +226,11 @@ EXPORT int mmleak_blocks_keys(const struct mmleak_block *b, uint64_t n, const ui
         k[i] = (struct key){ b[i].ptr, b[i].seq };
     for (uint64_t i = 0; i < m; i++)
         k[n + i] = (struct key){ xptr[i], xseq[i] };
-    qsort(k, total, sizeof *k, cmp_key);
+    uint64_t i = 1;
+    while (i < total && cmp_key(&k[i - 1], &k[i]) < 0)
+        i++;
+    if (i < total)              /* a result read whole comes sorted: no sort then */
+        qsort(k, total, sizeof *k, cmp_key);
     for (uint64_t i = 0; i < total; i++) {
         ptr[i] = k[i].ptr;
         seq[i] = k[i].seq;

@@ -83,8 +83,8 @@ static void nap(int *n)
 }
 /* a file of the cut: its path, size, the .tail lines past it, and its identity (the file
  * checked for type and owner when the cut was taken: the one read later, or none) */
-struct cutf { char *path; uint64_t size; char *tail; size_t tlen; int compact;
-              dev_t dev; ino_t ino; };
+struct cutf { char *path; uint64_t size; char *tail; size_t tlen; int compact, ended;
+              int rank; uint64_t num; dev_t dev; ino_t ino; };
 struct mapping { uint64_t lo, hi, off; char perm[5]; int heap; const char *path; };
 
 struct scan {
@@ -485,6 +485,94 @@ static int name_is(const char *n, const char *id, const char *suffix, uint64_t *
     return !strcmp(p, suffix);
 }
 
+/* mmleak.ID.compact.N, a newer run of the trace's result (N: 1 to 9 digits; the readers'
+ * RUN_RE, mmleaklib/files.py) */
+static int run_is(const char *n, const char *id, uint64_t *num)
+{
+    size_t il = strlen(id);
+    if (strncmp(n, "mmleak.", 7) || strncmp(n + 7, id, il) || strncmp(n + 7 + il, ".compact.", 9))
+        return 0;
+    const char *p = n + 16 + il;
+    size_t k = strspn(p, "0123456789");
+    if (k < 1 || k > 9 || p[k])
+        return 0;
+    *num = strtoull(p, NULL, 10);
+    return 1;
+}
+
+/* The names the result or run open at FD says it folded: its "#folded NAME" lines, among
+ * its first lines (those starting with '#', up to the first stack "#s "), that name a dump
+ * file or a run of trace ID (whatever else they say: mmleaklib/files.py,
+ * _previously_folded).  A pass that stopped after writing it and before deleting its inputs
+ * left them: they are in it already.  Appended to *NAMES (*NN of them).  -1: out of memory. */
+static int read_folded(int fd, const char *id, char ***names, int *nn)
+{
+    size_t cap = 1 << 16, have = 0;
+    char *buf = malloc(cap);
+    if (!buf)
+        return -1;
+    off_t off = 0;
+    for (;;) {
+        ssize_t got = pread(fd, buf + have, cap - have, off);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            break;
+        off += got;
+        have += (size_t)got;
+        char *p = buf, *e = buf + have, *nl;
+        int done = 0;
+        while ((nl = memchr(p, '\n', (size_t)(e - p)))) {
+            if (*p != '#' || (nl - p >= 3 && !memcmp(p, "#s ", 3))) {
+                done = 1;
+                break;
+            }
+            if (nl - p > 8 && !memcmp(p, "#folded ", 8)) {
+                *nl = 0;
+                uint64_t num;
+                const char *name = p + 8;
+                if (name_is(name, id, NULL, &num) || run_is(name, id, &num)) {
+                    char **n = realloc(*names, (size_t)(*nn + 1) * sizeof *n);
+                    char *d = n ? strdup(name) : NULL;
+                    if (n)
+                        *names = n;
+                    if (!d) {
+                        free(buf);
+                        return -1;
+                    }
+                    n[(*nn)++] = d;
+                }
+            }
+            p = nl + 1;
+        }
+        if (done || (p == buf && have == cap && cap >= ((size_t)16 << 20)))
+            break;                      /* the stacks, or a first line of 16 MiB: no more */
+        have -= (size_t)(p - buf);
+        memmove(buf, p, have);
+        if (have == cap) {
+            char *b = realloc(buf, cap * 2);
+            if (!b) {
+                free(buf);
+                return -1;
+            }
+            buf = b;
+            cap *= 2;
+        }
+    }
+    free(buf);
+    return 0;
+}
+
+/* the order of the readers (mmleaklib/files.py, find_traces): the result, its runs by N,
+ * the dump files by N */
+static int cut_order(const void *a, const void *b)
+{
+    const struct cutf *x = a, *y = b;
+    if (x->rank != y->rank)
+        return x->rank - y->rank;
+    return (x->num > y->num) - (x->num < y->num);
+}
+
 static char *path_in(struct scan *s, const char *name)
 {
     char *p;
@@ -583,6 +671,13 @@ static size_t tail_lines(char *buf, size_t n, uint64_t have)
     return w;
 }
 
+static void free_names(char **names, int n)
+{
+    for (int i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+}
+
 static int take_cut(struct scan *s)
 {
     uid_t owner = trace_owner(s);
@@ -590,10 +685,17 @@ static int take_cut(struct scan *s)
     if (!d)
         return say(s, "cannot list %s: %s", s->dir, strerror(errno));
     struct dirent *e;
+    char **folded = NULL;
+    int nfolded = 0;
     while ((e = readdir(d))) {
-        uint64_t num;
-        int compact = name_is(e->d_name, s->id, ".compact", &num);
-        if (!compact && !name_is(e->d_name, s->id, NULL, &num))
+        uint64_t num = 0;
+        int rank = 0;
+        int compact = name_is(e->d_name, s->id, "compact", &num);
+        if (!compact && run_is(e->d_name, s->id, &num))
+            compact = rank = 1;
+        else if (!compact && name_is(e->d_name, s->id, NULL, &num))
+            rank = 2;
+        else if (!compact)
             continue;
         char *p = path_in(s, e->d_name);
         struct stat st;
@@ -603,10 +705,13 @@ static int take_cut(struct scan *s)
             continue;
         }
         struct cutf *n = realloc(s->cf, (size_t)(s->ncf + 1) * sizeof *n);
-        if (!n) {
+        if (!n || (compact && read_folded(fd, s->id, &folded, &nfolded))) {
+            if (n)
+                s->cf = n;
             close(fd);
             free(p);
             closedir(d);
+            free_names(folded, nfolded);
             return say(s, "out of memory");
         }
         s->cf = n;
@@ -614,6 +719,8 @@ static int take_cut(struct scan *s)
         memset(c, 0, sizeof *c);
         c->path = p;
         c->compact = compact;
+        c->rank = rank;
+        c->num = num;
         c->size = (uint64_t)st.st_size;
         c->dev = st.st_dev;
         c->ino = st.st_ino;
@@ -621,8 +728,7 @@ static int take_cut(struct scan *s)
         int ended = c->size >= 5 && pread(fd, end, 5, (off_t)c->size - 5) == 5 &&
                     !memcmp(end, "#end\n", 5);
         close(fd);
-        if (!compact && !ended)
-            s->open_files++;
+        c->ended = ended;
         if (compact || ended)
             continue;
         char *tp;
@@ -640,6 +746,26 @@ static int take_cut(struct scan *s)
         close(tfd);
     }
     closedir(d);
+    /* what a result or run names as folded is in it already: left out, as the readers do */
+    int k = 0;
+    for (int i = 0; i < s->ncf; i++) {
+        struct cutf *c = &s->cf[i];
+        const char *base = strrchr(c->path, '/') + 1;
+        int gone = 0;
+        for (int j = 0; j < nfolded && !gone; j++)
+            gone = !strcmp(folded[j], base);
+        if (gone) {
+            free(c->path);
+            free(c->tail);
+            continue;
+        }
+        if (!c->compact && !c->ended)
+            s->open_files++;
+        s->cf[k++] = *c;
+    }
+    s->ncf = k;
+    free_names(folded, nfolded);
+    qsort(s->cf, (size_t)s->ncf, sizeof *s->cf, cut_order);
     if (!s->ncf)
         return say(s, "trace %s has no dump file in %s", s->id, s->dir);
     if (!s->open_files)

@@ -30,9 +30,9 @@
 
 #include "../tracer/compiler.h"
 #include "facts.h"
+#include "eventline.h"
 #include "scan_live.h"
 
-enum { K_FREE = 0, K_ALLOC = 1, K_END = 2, K_START = 3 };   /* odd kinds: allocation-like */
 
 #define LINE_MAX_BYTES ((size_t)MMLEAK_LINE_MAX)
 #define READ_CHUNK ((size_t)1 << 20)
@@ -58,72 +58,12 @@ struct feed {
     int attached, glibc, oom;
 };
 
-static const unsigned char HEX[256] = {
-#define X16 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99
-    X16, X16, X16,
-    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 99, 99, 99, 99, 99, 99,
-    X16, X16,
-    99, 10, 11, 12, 13, 14, 15, 99, 99, 99, 99, 99, 99, 99, 99, 99,
-    X16, X16, X16, X16, X16, X16, X16, X16, X16,
-#undef X16
-};
-
-/* One field of 1 to 16 lowercase hex digits; the line's newline is the sentinel. */
-static inline const char *hexf(const char *p, uint64_t *v)
-{
-    const char *s = p;
-    uint64_t x = 0;
-    unsigned d;
-    while ((d = HEX[(unsigned char)*p]) < 16) {
-        x = x << 4 | d;
-        p++;
-    }
-    if (unlikely(p == s || p - s > 16))
-        return NULL;
-    *v = x;
-    return p;
-}
-
-/* A field at *P and what ends it: 1 the newline, 0 a space (*P then past it), -1 else. */
-static inline int field(const char **p, uint64_t *v)
-{
-    const char *q = hexf(*p, v);
-    if (!q || (*q != ' ' && *q != '\n'))
-        return -1;
-    *p = q + 1;
-    return *q == '\n';
-}
-
-/* An event line (ended by its newline), as tools/shrink.c's parse_line takes it: its kind,
- * or -1.  *SIZE: an allocation's. */
+/* An event line (ended by its newline), as tools/shrink.c takes it (tools/eventline.h):
+ * its kind, or -1.  *SIZE: an allocation's. */
 static inline int parse_event(const char *p, uint64_t *ptr, uint64_t *seq, uint64_t *size)
 {
-    uint64_t c;
-    const char *q = hexf(p, ptr);
-    if (!q || *q != ' ')
-        return -1;
-    q = hexf(q + 1, seq);
-    if (!q || *q != ' ')
-        return -1;
-    q++;
-    if (*q == '+' || *q == '-') {
-        int k = *q == '+' ? K_START : K_END;
-        return q[1] == '\n' ? k : -1;
-    }
-    int end = field(&q, size);
-    if (end)
-        return end > 0 ? K_FREE : -1;
-    q = hexf(q, &c);                    /* TIME */
-    if (!q || *q != ' ')
-        return -1;
-    if (q[1] == '@') {                  /* format 2: a reference to a "#s" stack line */
-        q = hexf(q + 2, &c);
-        return q && *q == '\n' ? K_ALLOC : -1;
-    }
-    q++;
-    while (!(end = field(&q, &c)))
-        ;
-    return end > 0 ? K_ALLOC : -1;
+    uint64_t tm;
+    return event_fields(p, ptr, seq, size, &tm);
 }
 
 static inline size_t home(const struct tab *t, uint64_t key)

@@ -1211,15 +1211,49 @@ static void scan_block(struct scan *s, size_t i, int prior, ssize_t clique)
 }
 
 /* The mark stack, until empty.  Blocks are read in batches: up to IOV_BATCH blocks (and
- * WINDOW bytes) with one process_vm_readv, the remote side one iovec per block, so that
- * list nodes far apart cost no more than neighbours.  The states are a fixpoint (reachable
- * only grows; a block upgraded after it was read is pushed and read again), so the order
- * changes neither the verdict nor, in a clique pass, the set its leader reaches. */
+ * WINDOW bytes) with one process_vm_readv, so that list nodes far apart cost no more than
+ * neighbours; the batch in address order, blocks less than GAP bytes apart read as one
+ * remote range (the kernel pins the pages of each range: one range per block cost more than
+ * reading the memory when the blocks are neighbours, as list nodes allocated in a row are).
+ * The states are a fixpoint (reachable only grows; a block upgraded after it was read is
+ * pushed and read again), so the order changes neither the verdict nor, in a clique pass,
+ * the set its leader reaches. */
 #define IOV_BATCH 1024
+#define GAP 64
+static void sort_batch(uint32_t *b, size_t n)
+{
+    size_t k = 1;
+    while (k < n && b[k - 1] < b[k])
+        k++;
+    if (k == n)
+        return;
+    k = 1;
+    while (k < n && b[k - 1] > b[k])
+        k++;
+    if (k == n) {                       /* popped from the stack: often the reverse */
+        for (size_t i = 0, j = n - 1; i < j; i++, j--) {
+            uint32_t t = b[i];
+            b[i] = b[j];
+            b[j] = t;
+        }
+        return;
+    }
+    for (size_t i = 1; i < n; i++) {    /* insertion sort: a batch is small */
+        uint32_t v = b[i];
+        size_t j = i;
+        while (j > 0 && b[j - 1] > v) {
+            b[j] = b[j - 1];
+            j--;
+        }
+        b[j] = v;
+    }
+}
+
 static void drain(struct scan *s, ssize_t clique)
 {
     static uint32_t batch[IOV_BATCH];
     static struct iovec riov[IOV_BATCH];
+    static size_t boff[IOV_BATCH];
     while (s->top) {
         size_t n = 0, bytes = 0;
         while (s->top && n < IOV_BATCH) {
@@ -1234,40 +1268,58 @@ static void drain(struct scan *s, ssize_t clique)
                 scan_block(s, i, clique >= 0 || s->st[i] != POSSIBLE, clique);
                 continue;
             }
-            if (bytes + len > WINDOW)
+            if (bytes + len + GAP > WINDOW)     /* room for a gap read with each block */
                 break;
             s->top--;
             s->pend[i] = 0;
             if (!len)
                 continue;
-            batch[n] = (uint32_t)i;
-            riov[n].iov_base = (void *)a;
-            riov[n].iov_len = len;
-            bytes += len;
-            n++;
+            batch[n++] = (uint32_t)i;
+            bytes += len + GAP;
         }
         if (!n)
             continue;
-        struct iovec l = { s->win, bytes };
-        ssize_t got = process_vm_readv(s->rpid, &l, 1, riov, n, 0);
+        sort_batch(batch, n);
+        /* the remote ranges: each block's, merged with the one before when the gap is
+         * small; BOFF[k] is where block k's bytes land in the window */
+        size_t nr = 0, off = 0;
+        uint64_t end = 0;
+        for (size_t k = 0; k < n; k++) {
+            size_t i = batch[k];
+            uint64_t a = (s->bp[i] + 7) & ~7ull, b = (s->bp[i] + s->bs[i]) & ~7ull;
+            if (nr && a >= end && a - end < GAP) {
+                riov[nr - 1].iov_len += (size_t)(b - end);
+                boff[k] = off + (size_t)(a - end);
+                off += (size_t)(b - end);
+            } else {
+                riov[nr].iov_base = (void *)a;
+                riov[nr].iov_len = (size_t)(b - a);
+                nr++;
+                boff[k] = off;
+                off += (size_t)(b - a);
+            }
+            end = b;
+        }
+        struct iovec l = { s->win, off };
+        ssize_t got = process_vm_readv(s->rpid, &l, 1, riov, nr, 0);
         if (got < 0 && errno == ESRCH)
             s->vanished = 1;
-        size_t off = 0;
         for (size_t k = 0; k < n; k++) {
-            size_t i = batch[k], len = riov[k].iov_len;
+            size_t i = batch[k];
+            uint64_t a = (s->bp[i] + 7) & ~7ull, b = (s->bp[i] + s->bs[i]) & ~7ull;
+            size_t len = (size_t)(b - a);
             int prior = clique >= 0 || s->st[i] != POSSIBLE;
-            if (got >= 0 && off + len <= (size_t)got) {
-                scan_words(s, (const uint64_t *)(s->win + off), len / 8, prior, clique,
-                           (uint64_t)riov[k].iov_base);
+            if (got >= 0 && boff[k] + len <= (size_t)got) {
+                scan_words(s, (const uint64_t *)(s->win + boff[k]), len / 8, prior, clique,
+                           a);
             } else {                    /* not read (a page gone?): on its own, then */
                 uint64_t *tmp = malloc(len);
                 if (tmp) {
-                    rd(s, (uint64_t)riov[k].iov_base, tmp, len);
-                    scan_words(s, tmp, len / 8, prior, clique, (uint64_t)riov[k].iov_base);
+                    rd(s, a, tmp, len);
+                    scan_words(s, tmp, len / 8, prior, clique, a);
                     free(tmp);
                 }
             }
-            off += len;
         }
     }
 }

@@ -94,6 +94,9 @@ static void nap(int *n)
 struct cutf { char *path; uint64_t size; char *tail; size_t tlen; int compact, ended;
               int rank; uint64_t num; dev_t dev; ino_t ino; };
 struct mapping { uint64_t lo, hi; char perm[5]; int heap; const char *path; };
+/* pages [page, page + npages) hold blocks first .. (see page_index); tab: for each page,
+ * the number of blocks that start before its end */
+struct region { uint64_t page; size_t npages, first; uint32_t *tab; };
 
 struct scan {
     int pid;
@@ -113,6 +116,10 @@ struct scan {
     uint8_t *st, *pend;
     size_t nb;
     uint64_t lo, hi;
+    /* where a word points: the pages the blocks cover, in regions (see page_index) */
+    struct region *rg;
+    size_t nrg;
+    uint32_t *ptab;
     /* the memory map */
     char *mapsbuf;
     struct mapping *mp;
@@ -857,6 +864,67 @@ static inline const char *hex(const char *p, const char *e, uint64_t *v)
     return p == b ? NULL : p;
 }
 
+/* The blocks by page, so that the block a word points into is found without a binary
+ * search over millions of addresses (a cache miss per step): regions of pages the blocks
+ * cover, split where no block covers RG_GAP pages in a row; per page of a region, the
+ * number of blocks that start before its end.  Not built (block_of searches them all)
+ * when the pages would be more than 4 per block and a million: blocks far apart. */
+#define RG_GAP 16
+static void page_index(struct scan *s)
+{
+    size_t nrg = 0, pages = 0;
+    uint64_t last = 0;
+    for (size_t i = 0; i < s->nb; i++) {
+        uint64_t a = s->bp[i] >> 12, b = (s->bp[i] + (s->bs[i] ? s->bs[i] : 1) - 1) >> 12;
+        if (!nrg || a > last + RG_GAP) {
+            nrg++;
+            pages += b - a + 1;
+            last = b;
+        } else if (b > last) {
+            pages += b - last;
+            last = b;
+        }
+        if (pages > 4 * s->nb + (1u << 20))
+            return;
+    }
+    if (!nrg)
+        return;
+    s->rg = calloc(nrg, sizeof *s->rg);
+    s->ptab = malloc(pages * sizeof *s->ptab);
+    if (!s->rg || !s->ptab) {
+        free(s->rg);
+        free(s->ptab);
+        s->rg = NULL;
+        s->ptab = NULL;
+        return;
+    }
+    struct region *r = NULL;
+    for (size_t i = 0; i < s->nb; i++) {        /* the regions, as counted above */
+        uint64_t a = s->bp[i] >> 12, b = (s->bp[i] + (s->bs[i] ? s->bs[i] : 1) - 1) >> 12;
+        if (!r || a > r->page + r->npages - 1 + RG_GAP) {
+            r = r ? r + 1 : s->rg;
+            r->page = a;
+            r->npages = 0;
+            r->first = i;
+        }
+        if (b + 1 > r->page + r->npages)
+            r->npages = (size_t)(b + 1 - r->page);
+    }
+    s->nrg = (size_t)(r - s->rg) + 1;
+    uint32_t *t = s->ptab;
+    size_t j = 0;
+    for (size_t k = 0; k < s->nrg; k++) {       /* per page: blocks starting up to it */
+        r = &s->rg[k];
+        r->tab = t;
+        for (size_t p = 0; p < r->npages; p++) {
+            while (j < s->nb && (s->bp[j] >> 12) <= r->page + p)
+                j++;
+            r->tab[p] = (uint32_t)j;
+        }
+        t += r->npages;
+    }
+}
+
 static int live_set(struct scan *s)
 {
     int out = (int)syscall(SYS_memfd_create, "mmleak-scan", 1u /* MFD_CLOEXEC */);
@@ -930,6 +998,7 @@ static int live_set(struct scan *s)
         if (end > s->hi)
             s->hi = end;
     }
+    page_index(s);
     return 0;
 }
 
@@ -1053,6 +1122,31 @@ static inline ssize_t block_of(struct scan *s, uint64_t w)
     if (w < s->lo || w >= s->hi)
         return -1;
     size_t lo = 0, hi = s->nb;
+    if (s->rg) {                        /* the region, then the page: a few blocks */
+        uint64_t pg = w >> 12;
+        size_t a = 0, b = s->nrg;
+        while (a < b) {
+            size_t m = (a + b) / 2;
+            if (s->rg[m].page <= pg)
+                a = m + 1;
+            else
+                b = m;
+        }
+        if (!a)
+            return -1;
+        const struct region *r = &s->rg[a - 1];
+        if (pg >= r->page + r->npages)
+            return -1;
+        size_t p = (size_t)(pg - r->page);
+        lo = p ? r->tab[p - 1] : r->first;
+        hi = r->tab[p];
+        if (lo == hi || s->bp[lo] > w) {        /* none starts in the page at or below W */
+            if (lo == r->first)
+                return -1;
+            lo = hi = lo - 1;
+            hi++;
+        }
+    }
     while (lo < hi) {                   /* the last block starting at or below W */
         size_t mid = (lo + hi) / 2;
         if (s->bp[mid] <= w)
@@ -1606,6 +1700,7 @@ static void release(struct scan *s)
     free(s->cf);
     free(s->th);
     free(s->bp); free(s->bs); free(s->bq); free(s->st); free(s->pend); free(s->stack);
+    free(s->rg); free(s->ptab);
     free(s->mapsbuf);
     free(s->mp);
     if (s->win)

@@ -152,7 +152,8 @@ def one_round(steps, blocks, lost, root, binary, lsan_binary):
             stdout.close()
             with open(stdout.name) as f:
                 text = f.read()
-            r["exact"], r["sites"] = check_counts(text, blocks, lost)
+            r["exact"], sites = check_counts(text, blocks, lost)
+            r["sites"] = {"%s %s" % k: v for k, v in sites.items()}     # for --json
         if step in ("check", "lsan"):
             # LSan's and run --check's status for leaks is 23; LSan's summary is not checked
             # here beyond that (its "1000 allocation(s)" line), mmleak's leak summary is

@@ -18,6 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "numopts.h"
+
 #define SLOTS 1000
 static _Atomic(void *) slots[SLOTS];
 static long steps = 2000000;
@@ -50,13 +52,13 @@ static void *worker(void *arg) { return deeper(arg, nest); }
 
 int main(int argc, char **argv)
 {
-    int threads = 1, c;
-    while ((c = getopt(argc, argv, "t:n:r:")) != -1) {
-        if (c == 't') threads = atoi(optarg);
-        else if (c == 'n') steps = atol(optarg);
-        else if (c == 'r') nest = atoi(optarg);
-        else { fprintf(stderr, "usage: alloc_bench [-t THREADS] [-n STEPS] [-r NEST]\n"); return 2; }
-    }
+    long threads = 1, nest_opt = 0;
+    const struct numopt opts[] = {{'t', &threads}, {'n', &steps}, {'r', &nest_opt}};
+    if (!numopts(argc, argv, opts, 3, "usage: alloc_bench [-t THREADS] [-n STEPS] [-r NEST]"))
+        return 2;
+    if (threads < 1 || threads > 64 || nest_opt < 0 || nest_opt > 10000)
+        return 2;
+    nest = (int)nest_opt;
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
     pthread_t tid[64];
@@ -66,7 +68,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < SLOTS; i++) free(slots[i]);
     double s = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
     long events = 2L * steps * threads;
-    printf("threads=%d steps=%ld events=%ld seconds=%.4f ns_per_event=%.2f\n",
+    printf("threads=%ld steps=%ld events=%ld seconds=%.4f ns_per_event=%.2f\n",
            threads, steps, events, s, s * 1e9 / (double)events);
     return 0;
 }

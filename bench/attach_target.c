@@ -23,6 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "numopts.h"
+
 #define SLOTS 256
 #define MAXT 64
 
@@ -80,21 +82,10 @@ static void *churn(void *arg)
 int main(int argc, char **argv)
 {
     long heap_mb = 1024, block = 1024, threads = 8;
-    int c;
-    while ((c = getopt(argc, argv, "m:b:t:r:")) != -1) {
-        if (c == 'm')
-            heap_mb = atol(optarg);
-        else if (c == 'b')
-            block = atol(optarg);
-        else if (c == 't')
-            threads = atol(optarg);
-        else if (c == 'r')
-            rate = atol(optarg);
-        else {
-            fprintf(stderr, "usage: attach_target [-m HEAP_MB] [-b BLOCK] [-t THREADS] [-r RATE]\n");
-            return 2;
-        }
-    }
+    const struct numopt opts[] = {{'m', &heap_mb}, {'b', &block}, {'t', &threads}, {'r', &rate}};
+    if (!numopts(argc, argv, opts, 4,
+                 "usage: attach_target [-m HEAP_MB] [-b BLOCK] [-t THREADS] [-r RATE]"))
+        return 2;
     if (threads < 1 || threads > MAXT || block < 1 || heap_mb < 0)
         return 2;
     setvbuf(stdout, NULL, _IOLBF, 0);

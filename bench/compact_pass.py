@@ -17,7 +17,6 @@ can be compared on the same input (the trace is made once, with this tree's mmle
 process, and the sizes of mmleak.ID.compact and .series.live; --profile adds cProfile's view
 of one pass.
 """
-import argparse
 import cProfile
 import io
 import os
@@ -29,17 +28,13 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchlib import MMLEAK_PY, PY, ROOT, build_c, parser
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tree", default=HERE)
+    ap = parser(__doc__, [("pairs", 1500000), ("leak", 100), ("new", 4), ("runs", 7)])
+    ap.add_argument("--tree", default=ROOT)
     ap.add_argument("--dir", default="/var/tmp/mmleak-compact-pass")
-    ap.add_argument("--pairs", type=int, default=1500000)
-    ap.add_argument("--leak", type=int, default=100)
-    ap.add_argument("--new", type=int, default=4)
-    ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     sys.path.insert(0, args.tree)
@@ -48,13 +43,11 @@ def main():
     os.makedirs(args.dir, exist_ok=True)
     full = os.path.join(args.dir, "full-%d-%d" % (args.pairs, args.leak))
     if not os.path.isdir(full):
-        exe = os.path.join(args.dir, "daemon_load")
-        subprocess.run(["cc", "-O1", "-g", "-pthread", "-o", exe,
-                        os.path.join(HERE, "tests", "daemon_load.c"), "-ldl"], check=True)
-        subprocess.run(["/usr/bin/python3", os.path.join(HERE, "mmleak.py"), "run", "--keep-all",
-                        "-d", full, "--", exe, "-t", "2", "-n", str(args.pairs), "-l",
-                        str(args.leak)], check=True, stdout=subprocess.DEVNULL,
-                       env=dict(os.environ, MMLEAK_ROTATE_MB="8"))
+        exe = build_c("daemon_load", "tests/daemon_load.c", "-O1", "-pthread", "-ldl",
+                      out=args.dir)
+        subprocess.run([PY, MMLEAK_PY, "run", "--keep-all", "-d", full, "--", exe, "-t", "2",
+                        "-n", str(args.pairs), "-l", str(args.leak)], check=True,
+                       stdout=subprocess.DEVNULL, env=dict(os.environ, MMLEAK_ROTATE_MB="8"))
     tid = [k for k, v in mm.find_traces(full).items() if v][0]
     base = "%s-base-%s" % (full, os.path.realpath(args.tree).strip("/").replace("/", "_"))
     if not os.path.isdir(base):

@@ -10,7 +10,6 @@ time of each step, the files' sizes and this process's peak RSS are printed.
 
     bench/export.py [--blocks N] [--stacks N] [--depth N] [--dir DIR]
 """
-import argparse
 import os
 import random
 import resource
@@ -18,14 +17,11 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchlib import ROOT, parser
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--blocks", type=int, default=1000000)
-    ap.add_argument("--stacks", type=int, default=5000)
-    ap.add_argument("--depth", type=int, default=16)
+    ap = parser(__doc__, [("blocks", 1000000), ("stacks", 5000), ("depth", 16)])
     ap.add_argument("--dir", help="where the files go (default: a temporary directory)")
     a = ap.parse_args()
     sys.path.insert(0, ROOT)

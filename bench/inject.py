@@ -16,7 +16,6 @@ Injects mmleak.so (dlopen, dlsym, then a call of the trivial mmleak_state) into:
 "again" the following ones into one process (the library is there already: dlopen only
 counts a reference; N injections).  Times are wall-clock around the C call, from this
 process (ctypes), in milliseconds: median, min, max.  Standard library only."""
-import argparse
 import ctypes
 import os
 import platform
@@ -25,23 +24,18 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-OUT = os.path.join(HERE, "out")
+from benchlib import LIB, ROOT, build_c, parser
 
 
 def build():
-    os.makedirs(OUT, exist_ok=True)
-    exe = os.path.join(OUT, "inject_target")
-    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(ROOT, "tests", "inject_target.c"),
-                    "-pthread", "-ldl"], check=True)
-    return exe
+    return build_c("inject_target", "tests/inject_target.c", "-O1", "-pthread", "-ldl")
 
 
-def binding(lib):
+def binding():
+    """mmleak_inject_call, from the tools library beside this tree's mmleak.so."""
     sys.path.insert(0, ROOT)
     from mmleaklib.native import inject_call
-    return inject_call(lib)
+    return inject_call()
 
 
 def start(argv):
@@ -67,13 +61,12 @@ def one(fn, pid, lib):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=20)
-    ap.add_argument("--lib", default=os.path.join(ROOT, "mmleak.so"))
+    ap = parser(__doc__, [("runs", 20)])
+    ap.add_argument("--lib", default=LIB)
     a = ap.parse_args()
     lib = os.path.abspath(a.lib)
     exe = build()
-    fn = binding(lib)
+    fn = binding()
     kinds = {"idle": [exe, "sleep", "3600"], "busy-1": [exe, "threads", "1"],
              "busy-4": [exe, "threads", "4"], "busy-64": [exe, "threads", "64"]}
     rows = []

@@ -40,10 +40,7 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-PY = "/usr/bin/python3"
-MMLEAK = os.path.join(ROOT, "mmleak.py")
+from benchlib import MMLEAK_PY as MMLEAK, OUT, PY, build_c
 STEPS = ("native", "lsan", "heaptrack", "ht_print", "run", "check", "keep_all", "shrink",
          "report", "report_raw", "page")
 
@@ -184,7 +181,7 @@ def main():
     ap.add_argument("--blocks", type=int, default=10000000, help="live blocks (10 million)")
     ap.add_argument("--lost", type=int, default=1000, help="lost blocks (1,000)")
     ap.add_argument("--runs", type=int, default=3, help="rounds (3); medians printed")
-    ap.add_argument("--dir", default=os.path.join(HERE, "out", "live"),
+    ap.add_argument("--dir", default=os.path.join(OUT, "live"),
                     help="scratch directory (about 1 GB per 10 million blocks per round)")
     ap.add_argument("--steps", default=",".join(STEPS),
                     help="comma-separated steps (default: all): " + ", ".join(STEPS))
@@ -197,15 +194,11 @@ def main():
     if not shutil.which("heaptrack"):
         steps = [s for s in steps if s not in ("heaptrack", "ht_print")]
         log("live.py: heaptrack not installed: its steps left out")
-    os.makedirs(args.dir, exist_ok=True)
-    binary = os.path.join(args.dir, "live_heap")
-    subprocess.check_call(["cc", "-O2", "-g", "-fno-omit-frame-pointer", "-o", binary,
-                           os.path.join(HERE, "live_heap.c")])
+    binary = build_c("live_heap", "bench/live_heap.c", "-fno-omit-frame-pointer", out=args.dir)
     lsan_binary = os.path.join(args.dir, "live_heap_lsan")
     if "lsan" in steps:
-        subprocess.check_call(["cc", "-O2", "-g", "-fno-omit-frame-pointer",
-                               "-fsanitize=leak", "-o", lsan_binary,
-                               os.path.join(HERE, "live_heap.c")])
+        build_c("live_heap_lsan", "bench/live_heap.c", "-fno-omit-frame-pointer",
+                "-fsanitize=leak", out=args.dir)
     rounds = []
     for i in range(args.runs):
         log("round %d of %d (%d live blocks):" % (i + 1, args.runs, args.blocks))

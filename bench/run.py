@@ -769,15 +769,17 @@ def child_of(pid, timeout=10.0):
     return None
 
 
-REPORT_ROW_RE = re.compile(r"^\s+(\d+)\s+(\d+)\s+(\S.*)$")
+# a row: bytes, blocks, the kind where a reachability scan ran (definite, indirect...), the site
+REPORT_ROW_RE = re.compile(r"^\s+(\d+)\s+(\d+)\s+(?:(?:definite|indirect|possible|reachable|unknown)\s+)?(\S.*)$")
 
 
 def report_sites(text):
-    """The call-site table of `mmleak.py report --no-html`: [(bytes, blocks, site)]."""
+    """The call-site table of `mmleak.py report --no-html`: [(bytes, blocks, site)] (the kind
+    column, when the trace has a scan, is left out: a site's rows of two kinds are two rows)."""
     rows = []
     started = False
     for line in text.splitlines():
-        if re.match(r"^\s+bytes\s+blocks\s+call site", line):
+        if re.match(r"^\s+bytes\s+blocks\s+(kind\s+)?call site", line):
             started = True
             continue
         if started:
@@ -884,7 +886,7 @@ def longrun_once(mode, seconds, root, scratch, sample_every=0.5):
     res["series_live_bytes"] = os.path.getsize(os.path.join(ddir, live[0])) if live else None
     if mode != "none":
         t1 = time.perf_counter()
-        r = subprocess.run([PY, MMLEAK_PY, "report", ddir, "--no-html"], stdout=subprocess.PIPE,
+        r = subprocess.run([PY, MMLEAK_PY, "report", ddir, "--no-html", "--show-reachable"], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, env=env)
         res["report_s"] = time.perf_counter() - t1
         res["report_rc"] = r.returncode

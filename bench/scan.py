@@ -17,7 +17,6 @@ side on the same source:
 
 The trace goes to a tmpfs of its own (mounted here, removed after; root needed), so the disk
 is never filled.  Standard library only."""
-import argparse
 import os
 import re
 import shutil
@@ -26,18 +25,13 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-OUT = os.path.join(HERE, "out")
-LIB = os.path.join(ROOT, "mmleak.so")
-MMLEAK_PY = os.path.join(ROOT, "mmleak.py")
-SRC = os.path.join(HERE, "scan_bench.c")
+from benchlib import LIB, MMLEAK_PY, OUT, ROOT, build_c, parser
+
+SRC = os.path.join(ROOT, "bench", "scan_bench.c")
 
 
 def build():
-    os.makedirs(OUT, exist_ok=True)
-    plain = os.path.join(OUT, "scan_bench")
-    subprocess.run(["cc", "-O2", "-g", "-pthread", "-o", plain, SRC], check=True)
+    plain = build_c("scan_bench", "bench/scan_bench.c", "-pthread")
     lsan = os.path.join(OUT, "scan_bench_lsan")
     clang = shutil.which("clang") or shutil.which("clang-14")
     if clang:
@@ -78,12 +72,9 @@ def newest_scan(d, pid):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--blocks", type=int, default=10000000)
-    ap.add_argument("--lists", type=int, default=1000)
-    ap.add_argument("--lost", type=int, default=1000)
+    ap = parser(__doc__, [("blocks", 10000000), ("lists", 1000), ("lost", 1000),
+                          ("tmpfs-mb", 3072)])
     ap.add_argument("--no-valgrind", action="store_true")
-    ap.add_argument("--tmpfs-mb", type=int, default=3072)
     args = ap.parse_args()
     plain, lsan = build()
     argv = [str(args.blocks), str(args.lists), str(args.lost)]

@@ -21,6 +21,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "numopts.h"
+
 #define NOINLINE __attribute__((noinline))
 #define SLOTS 1000
 
@@ -104,19 +106,11 @@ static NOINLINE long walk(uint64_t path, int depth)
 
 int main(int argc, char **argv)
 {
-    long steps = 1000000;
-    int npaths = 4096, c;
-    while ((c = getopt(argc, argv, "n:p:")) != -1) {
-        if (c == 'n')
-            steps = atol(optarg);
-        else if (c == 'p')
-            npaths = atoi(optarg);
-        else {
-            fprintf(stderr, "usage: stacks_bench [-n STEPS] [-p PATHS]\n");
-            return 2;
-        }
-    }
-    if (npaths < 1)
+    long steps = 1000000, npaths = 4096;
+    const struct numopt opts[] = {{'n', &steps}, {'p', &npaths}};
+    if (!numopts(argc, argv, opts, 2, "usage: stacks_bench [-n STEPS] [-p PATHS]"))
+        return 2;
+    if (npaths < 1 || npaths > 1 << 24)
         return 2;
     for (int i = 0; i < 256; i++)
         node[i] = all_nodes[i];
@@ -144,7 +138,7 @@ int main(int argc, char **argv)
     free(depth);
     double s = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
     long events = 2L * steps;
-    printf("paths=%d steps=%ld events=%ld seconds=%.4f ns_per_event=%.2f\n", npaths, steps,
+    printf("paths=%ld steps=%ld events=%ld seconds=%.4f ns_per_event=%.2f\n", npaths, steps,
            events, s, s * 1e9 / (double)events);
     return 0;
 }

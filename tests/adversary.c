@@ -32,6 +32,20 @@ static void churn(long n)
         free(malloc(16 + (size_t)(i % 200)));
 }
 
+/* The test's go: one byte on stdin.  0 when it came, 1 when stdin ended first. */
+static int wait_go(void)
+{
+    char c;
+    return read(0, &c, 1) != 1;
+}
+
+/* Say "ready" and wait for the test's go (wait_go). */
+static int ready_then_go(void)
+{
+    puts("ready");
+    return wait_go();
+}
+
 /* ---- 1. threads whose exit frees dlerror()/strerror() buffers after our destructor ---- */
 static void *dlerr_body(void *arg)
 {
@@ -86,9 +100,7 @@ static int dlerr_attach(int nthreads)
     for (int i = 0; i < nthreads; i++)
         pthread_create(&t[i], NULL, late_body, NULL);
     pthread_barrier_wait(&late_go);
-    puts("ready");
-    char c;
-    if (read(0, &c, 1) != 1)                    /* the test attaches meanwhile */
+    if (ready_then_go())                        /* the test attaches meanwhile */
         return 1;
     pthread_barrier_wait(&late_go);
     for (int i = 0; i < nthreads; i++)
@@ -103,14 +115,12 @@ static int dlerr_attach(int nthreads)
 static int detach_fsize(void)
 {
     signal(SIGXFSZ, SIG_DFL);
-    char c;
-    puts("ready");
-    if (read(0, &c, 1) != 1)                    /* attached now */
+    if (ready_then_go())                        /* attached now */
         return 1;
     keep(malloc(1302));                         /* site:detach_staged */
     churn(300);                                 /* staged, not flushed */
     puts("staged");
-    if (read(0, &c, 1) != 1)                    /* detached now */
+    if (wait_go())                              /* detached now */
         return 1;
     puts("detach_fsize done");
     return 0;
@@ -201,9 +211,7 @@ static int nofile_leak(long pairs, int step)
         close(fds[--n]);
     if (step) {                                 /* writing is retried while we run on */
         churn(step);
-        puts("ready");
-        char c;
-        if (read(0, &c, 1) != 1)
+        if (ready_then_go())
             return 1;
     }
     keep(malloc(506));                          /* site:nofile_leak */
@@ -216,9 +224,7 @@ static int pause_churn(long pairs, int wait)
 {
     keep(malloc(541));                          /* site:pause_before */
     churn(100);
-    puts("ready");
-    char c;
-    if (read(0, &c, 1) != 1)
+    if (ready_then_go())
         return 1;
     churn(pairs);                               /* flushes (and rotations) after the deed */
     keep(malloc(542));                          /* site:pause_after */
@@ -233,9 +239,7 @@ static int setuid_pause(void)
 {
     keep(malloc(551));                          /* site:setuid_before */
     churn(100);
-    puts("ready");
-    char c;
-    if (read(0, &c, 1) != 1)
+    if (ready_then_go())
         return 1;
     if (setgid(65534) || setuid(65534))
         return 4;
@@ -262,8 +266,7 @@ static int retitle(int argc, char **argv, const char *title)
 static int waitdisk(void)
 {
     keep(malloc(921));                          /* site:disk_before */
-    char c;
-    if (read(0, &c, 1) != 1)
+    if (wait_go())
         return 1;
     churn(5000);
     keep(malloc(922));                          /* site:disk_after */

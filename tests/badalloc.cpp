@@ -12,6 +12,29 @@ static void *volatile sink;
 static int handler_calls;
 static void *reserve_block;
 
+// An impossible `new char[]`: 1 when it throws std::bad_alloc (as it must), else 0.
+static int huge_new_throws()
+{
+    try {
+        char *p = new char[(size_t)1 << 62];
+        std::printf("no exception %p\n", (void *)p);
+    } catch (const std::bad_alloc &) {
+        return 1;
+    }
+    return 0;
+}
+
+// A 1 GiB cap on the address space and a 600 MiB reserve under it: a 500 MiB `new` fails
+// until reserve_handler frees the reserve.
+static void arm_reserve()
+{
+    struct rlimit r;
+    getrlimit(RLIMIT_AS, &r);
+    r.rlim_cur = (rlim_t)1 << 30;
+    setrlimit(RLIMIT_AS, &r);
+    reserve_block = std::malloc((size_t)600 << 20);
+}
+
 // A handler that allocates (recorded, at this line) and gives up the second time.
 static void greedy_handler()
 {
@@ -35,19 +58,9 @@ static int handlers()
     // 1. the handler allocates twice, then bad_alloc: its blocks are recorded, and the
     //    exception object is allocated and freed in the trace (never a "foreign free")
     std::set_new_handler(greedy_handler);
-    int caught = 0;
-    try {
-        char *p = new char[(size_t)1 << 62];
-        std::printf("no exception %p\n", (void *)p);
-    } catch (const std::bad_alloc &) {
-        caught++;
-    }
+    int caught = huge_new_throws();
     // 2. the retry after the handler succeeds: the block is the user's `new`, on its line
-    struct rlimit r;
-    getrlimit(RLIMIT_AS, &r);
-    r.rlim_cur = (rlim_t)1 << 30;                           // 1 GiB of address space
-    setrlimit(RLIMIT_AS, &r);
-    reserve_block = std::malloc((size_t)600 << 20);
+    arm_reserve();
     handler_calls = 0;
     std::set_new_handler(reserve_handler);
     char *q = new char[(size_t)500 << 20];                  // site:new_retry
@@ -63,11 +76,7 @@ static int handlers()
 // (jemalloc's and tcmalloc's own operators allocate inside themselves, out of sight).
 static int retry(const char *form)
 {
-    struct rlimit r;
-    getrlimit(RLIMIT_AS, &r);
-    r.rlim_cur = (rlim_t)1 << 30;
-    setrlimit(RLIMIT_AS, &r);
-    reserve_block = std::malloc((size_t)600 << 20);
+    arm_reserve();
     std::set_new_handler(reserve_handler);
     const size_t n = (size_t)500 << 20;
     void *q = nullptr;
@@ -115,13 +124,7 @@ int main(int argc, char **argv)
         return retry(argv[2]);
     if (argc > 1)
         return handlers();
-    int caught = 0;
-    try {
-        char *p = new char[(size_t)1 << 62];
-        std::printf("no exception %p\n", (void *)p);
-    } catch (const std::bad_alloc &) {
-        caught++;
-    }
+    int caught = huge_new_throws();
     char *q = new (std::nothrow) char[(size_t)1 << 62];
     try {
         void *r = ::operator new((size_t)1 << 62, std::align_val_t(64));

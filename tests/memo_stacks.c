@@ -18,7 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
+
+#include "alarm.h"
 
 #define NOINLINE __attribute__((noinline))
 #define PATHS 13
@@ -133,17 +134,6 @@ static void handler(int sig)
     sig_leaf(handler_runs++ & 7);
 }
 
-static void start_timer(void)
-{
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = handler;
-    sa.sa_flags = SA_RESTART;
-    sigaction(SIGALRM, &sa, NULL);
-    struct itimerval it = {{0, 50}, {0, 50}};
-    setitimer(ITIMER_REAL, &it, NULL);
-}
-
 static unsigned next(unsigned *seed)
 {
     *seed = *seed * 1103515245u + 12345u;
@@ -168,7 +158,7 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     int signals = argc > 1 && !strcmp(argv[1], "signals");
     if (signals)
-        start_timer();
+        alarm_every(handler, 50);
     /* with the timer, the main thread goes on until the handler ran 1000 times (one call
      * site of run: a path's stack is the same in every round) */
     unsigned seed = 7;
@@ -180,9 +170,7 @@ int main(int argc, char **argv)
     pthread_t t;
     pthread_create(&t, NULL, thread_body, (void *)(uintptr_t)11);
     pthread_join(t, NULL);
-    struct itimerval off;
-    memset(&off, 0, sizeof off);
-    setitimer(ITIMER_REAL, &off, NULL);
+    alarm_stop();
     for (int w = 0; w < 2; w++)
         for (int p = 0; p < PATHS; p++)
             printf("count %d %d\n", 1000 * (1 + w) + p, counts[w][p]);

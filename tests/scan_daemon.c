@@ -6,13 +6,14 @@
  * process's memory would make it exit 1.  Prints "ready" once the leaks are planted; on
  * SIGTERM the threads stop and it exits 0 (through exit: the scan at exit runs then). */
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "term_wait.h"
 
 #define LOST 7
 #define LOST_SIZE 777
@@ -21,7 +22,7 @@
 #define SLOTS 64
 
 static void *volatile slots[THREADS][SLOTS];
-static atomic_int stop, bad;
+static atomic_int bad;
 static atomic_long ops;
 
 __attribute__((noinline)) static void leak_some(void)
@@ -36,7 +37,7 @@ static void *churn(void *arg)
 {
     int t = (int)(intptr_t)arg;
     unsigned x = (unsigned)t * 2654435761u + 1;
-    while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
+    while (!atomic_load_explicit(&terminated, memory_order_relaxed)) {
         x = x * 1103515245u + 12345u;
         int i = (int)((x >> 8) % SLOTS);
         unsigned char *old = slots[t][i];
@@ -60,23 +61,14 @@ static void *churn(void *arg)
     return NULL;
 }
 
-static void on_term(int sig)
-{
-    (void)sig;
-    atomic_store(&stop, 1);
-}
-
 int main(void)
 {
-    signal(SIGTERM, on_term);
+    term_ends_wait();
     leak_some();
     pthread_t th[THREADS];
     for (int t = 0; t < THREADS; t++)
         pthread_create(&th[t], NULL, churn, (void *)(intptr_t)t);
-    printf("ready\n");
-    fflush(stdout);
-    while (!atomic_load(&stop))
-        pause();
+    ready_until_term();
     for (int t = 0; t < THREADS; t++)
         pthread_join(th[t], NULL);
     printf("ops %ld bad %d\n", atomic_load(&ops), atomic_load(&bad));

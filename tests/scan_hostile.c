@@ -23,8 +23,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "term_wait.h"
+
 void *g_kept;
-static atomic_int stop, held;
+static atomic_int held;
 
 __attribute__((noinline)) static void *target(void) { return calloc(1, 4321); }
 
@@ -40,14 +42,12 @@ __attribute__((noinline)) static void wipe(void)
     memset((char *)junk, 0, sizeof junk);
 }
 
-static void on_term(int sig) { (void)sig; atomic_store(&stop, 1); }
-
 static void *holder(void *arg)
 {
     (void)arg;
     void *volatile mine = target();
     atomic_fetch_add(&held, 1);
-    while (!atomic_load(&stop))
+    while (!atomic_load(&terminated))
         usleep(1000);
     free(mine);
     return NULL;
@@ -57,7 +57,7 @@ int main(int argc, char **argv)
 {
     if (argc < 2)
         return 2;
-    signal(SIGTERM, on_term);
+    term_ends_wait();
     g_kept = target();
     leak();
     wipe();
@@ -72,19 +72,15 @@ int main(int argc, char **argv)
                 return 2;
         while (atomic_load(&held) < n)
             usleep(1000);
-        printf("ready\n");
-        fflush(stdout);
-        while (!atomic_load(&stop))
-            pause();
+        ready_until_term();
         for (int i = 0; i < n; i++)
             pthread_join(t[i], NULL);
         free(t);
         return 0;
     }
     if (!strcmp(argv[1], "fork")) {
-        printf("ready\n");
-        fflush(stdout);
-        while (!atomic_load(&stop)) {
+        say_ready();
+        while (!atomic_load(&terminated)) {
             pid_t c = fork();
             if (c == 0)
                 _exit(7);
@@ -117,8 +113,7 @@ int main(int argc, char **argv)
         if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) ||
             prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog))
             return 2;
-        printf("ready\n");
-        fflush(stdout);
+        say_ready();
         return 0;
     }
     if (!strcmp(argv[1], "rlimit")) {
@@ -133,8 +128,7 @@ int main(int argc, char **argv)
         struct rlimit rl = { (rlim_t)(vm + 8192) * 1024, (rlim_t)(vm + 8192) * 1024 };
         if (setrlimit(RLIMIT_AS, &rl))
             return 2;
-        printf("ready\n");
-        fflush(stdout);
+        say_ready();
         return 0;
     }
     return 2;

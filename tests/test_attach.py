@@ -92,6 +92,27 @@ def window(dump, tid, source):
     return got, rep
 
 
+def cmd_leaks(dump, tid):
+    """How many 64-byte blocks TID's window left at daemon_load.c's cmd_leak line."""
+    got, _ = window(dump, tid, "daemon_load.c")
+    return got.get(("cmd_leak", site_line("daemon_load.c", "cmd_leak"), 64))
+
+
+def while_attached(t, dump, *commands, opts=()):
+    """Attach to T (dumps in DUMP, attach options OPTS), send it COMMANDS one by one, detach:
+    its replies."""
+    mm("attach", str(t.pid), "-d", str(dump), *opts)
+    replies = [t.say(c) for c in commands]
+    mm("detach", str(t.pid))
+    return replies
+
+
+def only_trace(dump):
+    """The id of the one trace in DUMP that has files."""
+    (tid,) = [k for k, v in mmleak.find_traces(str(dump)).items() if v]
+    return tid
+
+
 def test_attach_leak_detach_a_hundred_times_under_load(progs, tmp_path):
     """Four threads allocating and freeing (half across threads) as fast as they can; 100
     attach/detach cycles; in every tenth window the process leaks a known number of blocks:
@@ -196,11 +217,8 @@ def test_cxx_and_libstdcxx_paths(progs, tmp_path):
     t = Target([str(progs / "attach_cxx")])
     try:
         assert t.line() == "ready"
-        mm("attach", str(t.pid), "-d", str(tmp_path))
-        assert t.say("leak") == "leaked"
-        mm("detach", str(t.pid))
-        (tid,) = [k for k, v in mmleak.find_traces(str(tmp_path)).items() if v]
-        got, _ = window(tmp_path, tid, "attach_cxx.cpp")
+        assert while_attached(t, tmp_path, "leak") == ["leaked"]
+        got, _ = window(tmp_path, only_trace(tmp_path), "attach_cxx.cpp")
         src = "attach_cxx.cpp"
         assert got == {("leak_new", site_line(src, "new_int"), 40): 1,
                        ("leak_string", site_line(src, "string"), 32): 1,
@@ -215,10 +233,9 @@ def test_plugin_loaded_after_attach_and_fork(progs, tmp_path):
     t = Target([str(progs / "daemon_load"), "-c", "-t", "1"])
     try:
         assert t.line() == "churning"
-        mm("attach", str(t.pid), "-d", str(tmp_path))
-        assert t.say("load %s" % (progs / "libalpha.so")) == "loaded"
-        child = int(t.say("fork").split()[1])
-        mm("detach", str(t.pid))
+        loaded, forked = while_attached(t, tmp_path, "load %s" % (progs / "libalpha.so"), "fork")
+        assert loaded == "loaded"
+        child = int(forked.split()[1])
         tid = str(t.pid)
         got, _ = window(tmp_path, tid, "plugin.c")
         assert got == {("plugin_leak", site_line("plugin.c", "plugin_leak"), 101): 1}
@@ -237,11 +254,8 @@ def test_python3(progs, tmp_path):
     t = Target(["/usr/bin/python3", "-c", code])
     try:
         assert t.line() == "ready"
-        mm("attach", str(t.pid), "-d", str(tmp_path))
-        assert t.say("go") == "done 1000"
-        mm("detach", str(t.pid))
-        (tid,) = [k for k, v in mmleak.find_traces(str(tmp_path)).items() if v]
-        rep = mmleak.build_report(str(tmp_path), tid, progress=False)
+        assert while_attached(t, tmp_path, "go") == ["done 1000"]
+        rep = mmleak.build_report(str(tmp_path), only_trace(tmp_path), progress=False)
         big = [a for a in rep["survivors"] if 1000 <= a.size - 57 < 3000]
         assert len(big) >= 1000          # the kept bytearrays' buffers, at least
     finally:
@@ -312,12 +326,8 @@ def test_preloaded_paused_then_attached(progs, tmp_path):
         assert t.say("leak 5") == "ok 5"
         assert os.listdir(tmp_path) == []
         assert mmleak.traced_state(t.pid) == "paused"
-        mm("attach", str(t.pid), "-d", str(tmp_path))
-        assert t.say("leak 9") == "ok 9"
-        mm("detach", str(t.pid))
-        (tid,) = [k for k, v in mmleak.find_traces(str(tmp_path)).items() if v]
-        got, _ = window(tmp_path, tid, "daemon_load.c")
-        assert got.get(("cmd_leak", site_line("daemon_load.c", "cmd_leak"), 64)) == 9
+        assert while_attached(t, tmp_path, "leak 9") == ["ok 9"]
+        assert cmd_leaks(tmp_path, only_trace(tmp_path)) == 9
     finally:
         assert t.end() == 0
 
@@ -448,8 +458,7 @@ def test_a_missing_directory_is_made(progs, tmp_path):
         assert not other.exists()
         assert t.say("leak 3") == "ok 3"
         mm("detach", str(t.pid))
-        got, _ = window(d, str(t.pid), "daemon_load.c")
-        assert got.get(("cmd_leak", site_line("daemon_load.c", "cmd_leak"), 64)) == 3
+        assert cmd_leaks(d, str(t.pid)) == 3
     finally:
         assert t.end() == 0
 
@@ -482,8 +491,7 @@ def test_a_missing_directory_is_made_for_the_process_user(progs, tmp_path):
             assert r.returncode == 0, r.stderr
             files = os.listdir(d)
             assert files and {os.stat(os.path.join(d, f)).st_uid for f in files} == {65534}
-            got, _ = window(d, str(t.pid), "daemon_load.c")
-            assert got.get(("cmd_leak", site_line("daemon_load.c", "cmd_leak"), 64)) == 2
+            assert cmd_leaks(d, str(t.pid)) == 2
         finally:
             assert t.end() == 0
     finally:
@@ -580,8 +588,7 @@ def test_directory_another_mount_namespace_does_not_share_is_refused(progs, tmp_
         mm("attach", str(t.pid), "-d", str(d))
         assert t.say("leak 4") == "ok 4"
         mm("detach", str(t.pid))
-        got, _ = window(d, str(t.pid), "daemon_load.c")
-        assert got.get(("cmd_leak", site_line("daemon_load.c", "cmd_leak"), 64)) == 4
+        assert cmd_leaks(d, str(t.pid)) == 4
     finally:
         assert t.end() == 0
 
@@ -594,10 +601,8 @@ def test_blocks_from_before_the_attach_and_stacks_at_a_depth(progs, tmp_path):
     try:
         assert t.line() == "churning"
         assert t.say("keep 30") == "kept 30"
-        mm("attach", str(t.pid), "-d", str(tmp_path), "--depth", "8")
-        assert t.say("leak 5") == "ok 5"
-        assert t.say("drop") == "dropped 30"
-        mm("detach", str(t.pid))
+        assert while_attached(t, tmp_path, "leak 5", "drop",
+                              opts=("--depth", "8")) == ["ok 5", "dropped 30"]
         rep = mmleak.build_report(str(tmp_path), str(t.pid), progress=False)
         frames = rep["frames"]
         drop = site_line("daemon_load.c", "drop")

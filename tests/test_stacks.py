@@ -260,3 +260,26 @@ def test_memo_with_signal_handlers_allocating(tmp_path, lib, bins, depth):
     # most of the main thread's time) is not recorded, neither of its events (mmleak-limits(7))
     leaked = sum(1 for a in sh.survivors() if a.size >= 1000)
     assert sh.allocs - leaked >= 200
+
+
+def test_stacks_defined_in_every_file_after_rotation(tmp_path):
+    """Whole stacks (the default) through several files per thread (MMLEAK_ROTATE_MB=1):
+    every file defines every stack it references, and no allocation is lost."""
+    exe = str(tmp_path / "rotate_stacks")
+    subprocess.run(["cc", "-O1", "-g", "-pthread", "-o", exe,
+                    os.path.join(TESTS, "rotate_stacks.c")], check=True)
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    r = run_traced([exe], dump, env={"MMLEAK_ROTATE_MB": "1"})
+    steps = int(r.stdout.split()[1])
+    files = mmleak.find_traces(str(dump)).popitem()[1]
+    assert len(files) >= 4, files
+    refs = 0
+    for f in files:
+        lines = open(f, "rb").read().splitlines()
+        defs = {l.split()[1] for l in lines if l.startswith(b"#s ")}
+        used = {l.split(b"@")[1] for l in lines if b" @" in l}
+        assert used and used <= defs, f             # every reference has its definition
+        # the program's own blocks: 16 to 79 bytes (stdio and pthread_create make others)
+        refs += sum(1 for l in lines if b" @" in l and 16 <= int(l.split()[2], 16) < 80)
+    assert refs == steps

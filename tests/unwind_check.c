@@ -832,6 +832,16 @@ static void print_kinds(void)
 static void print_kinds(void) {}
 #endif
 
+/* The modes that take no argument and need nothing set up in main. */
+static const struct {
+    const char *name;
+    void (*run)(void);
+} plain_modes[] = {
+    {"threads", mode_threads}, {"fork", mode_fork}, {"plt", mode_plt},
+    {"pltreal", mode_pltreal}, {"tiny", mode_tiny}, {"deep", mode_deep},
+    {"ucontext", mode_ucontext}, {"altstack", mode_altstack}, {"garbage", mode_garbage},
+};
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "chains";
@@ -864,14 +874,6 @@ int main(int argc, char **argv)
         pthread_join(k, NULL);
         for (int i = 0; i < atomic_load(&nrecs); i++)
             report("async", arecs[i].ours, arecs[i].n, arecs[i].bt, arecs[i].m);
-    } else if (!strcmp(mode, "threads")) {
-        mode_threads();
-    } else if (!strcmp(mode, "fork")) {
-        mode_fork();
-    } else if (!strcmp(mode, "plt")) {
-        mode_plt();
-    } else if (!strcmp(mode, "pltreal")) {
-        mode_pltreal();
     } else if (!strcmp(mode, "nocfi")) {
         nocfi_call(nocfi_cb);
         notables_call(notables_cb);
@@ -879,19 +881,15 @@ int main(int argc, char **argv)
                (unsigned long)(uintptr_t)nocfi_call_end);
     } else if (!strcmp(mode, "dl") || !strcmp(mode, "dl-noinval")) {
         mode_dl(argc > 2 ? argv[2] : ".", !strcmp(mode, "dl"));
-    } else if (!strcmp(mode, "tiny")) {
-        mode_tiny();
-    } else if (!strcmp(mode, "deep")) {
-        mode_deep();
-    } else if (!strcmp(mode, "ucontext")) {
-        mode_ucontext();
-    } else if (!strcmp(mode, "altstack")) {
-        mode_altstack();
-    } else if (!strcmp(mode, "garbage")) {
-        mode_garbage();
     } else {
-        fprintf(stderr, "unknown mode %s\n", mode);
-        return 2;
+        size_t i = 0;
+        while (i < sizeof plain_modes / sizeof *plain_modes && strcmp(mode, plain_modes[i].name))
+            i++;
+        if (i == sizeof plain_modes / sizeof *plain_modes) {
+            fprintf(stderr, "unknown mode %s\n", mode);
+            return 2;
+        }
+        plain_modes[i].run();
     }
     print_kinds();
     printf("end %s\n", mode);

@@ -60,13 +60,11 @@ static ssize_t read_or_close(int fd, char *buf, size_t room)
     }
 }
 
-/* Read a whole small file into BUF (NUL-terminated); -1 with errno on failure. */
-ssize_t slurp(const char *path, char *buf, size_t cap)
+/* Read FD on into BUF, which holds N bytes already, until the end of the file or until only
+ * the last byte of CAP (the NUL's) is left: the new length (below CAP - 1 means the end came),
+ * or -1 with errno, FD then closed. */
+static ssize_t read_on(int fd, char *buf, size_t n, size_t cap)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    size_t n = 0;
     while (n < cap - 1) {
         ssize_t r = read_or_close(fd, buf + n, cap - 1 - n);
         if (r < 0)
@@ -75,9 +73,56 @@ ssize_t slurp(const char *path, char *buf, size_t cap)
             break;
         n += r;
     }
+    return n;
+}
+
+/* Read a whole small file into BUF (NUL-terminated); -1 with errno on failure. */
+ssize_t slurp(const char *path, char *buf, size_t cap)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read_on(fd, buf, 0, cap);
+    if (n < 0)
+        return -1;
     close(fd);
     buf[n] = 0;
     return n;
+}
+
+/* A whole file of any size in a malloc'd, NUL-terminated buffer, its length in *LEN; NULL
+ * with errno on failure. */
+static char *slurp_all(const char *path, size_t *len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    size_t cap = 1 << 16;
+    ssize_t n = 0;
+    char *buf = NULL;
+    for (;; cap *= 2) {
+        char *nb = realloc(buf, cap);
+        if (!nb) {
+            free(buf);
+            close(fd);
+            errno = ENOMEM;
+            return NULL;
+        }
+        buf = nb;
+        n = read_on(fd, buf, (size_t)n, cap);
+        if (n < 0) {
+            int e = errno;
+            free(buf);
+            errno = e;
+            return NULL;
+        }
+        if ((size_t)n < cap - 1)
+            break;
+    }
+    close(fd);
+    buf[n] = 0;
+    *len = (size_t)n;
+    return buf;
 }
 
 /* The text after "KEY:" in a /proc status file, or NULL. */
@@ -205,40 +250,10 @@ int load_maps(struct inj *c)
 {
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/task/%d/maps", c->pid, c->mtid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    size_t n;
+    char *buf = slurp_all(path, &n);
+    if (!buf)
         return -1;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (!buf) {
-            close(fd);
-            errno = ENOMEM;
-            return -1;
-        }
-        if (n + 4096 > cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                continue;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        ssize_t r = read_or_close(fd, buf + n, cap - n - 1);
-        if (r < 0) {
-            int e = errno;
-            free(buf);
-            errno = e;
-            return -1;
-        }
-        if (r == 0)
-            break;
-        n += r;
-    }
-    close(fd);
-    buf[n] = 0;
     size_t lines = 0;
     for (size_t i = 0; i < n; i++)
         lines += buf[i] == '\n';
@@ -408,6 +423,17 @@ static int sym_match(struct inj *c, struct elfdyn *d, uint32_t idx, const char *
     return 2;
 }
 
+/* Keep symbol S, of sym_match's answer M, in *BEST when it is the first match (*FOUND 0) or
+ * the default version, *FOUND then M; 1 when it is the default version: the search is over. */
+static int better_sym(int m, const Elf64_Sym *s, Elf64_Sym *best, int *found)
+{
+    if (m && (m == 2 || !*found)) {
+        *best = *s;
+        *found = m;
+    }
+    return m == 2;
+}
+
 /* Address (and size) of the dynamic symbol NAME, or 0. */
 uint64_t elf_sym(struct inj *c, struct elfdyn *d, const char *name, uint64_t *size)
 {
@@ -429,13 +455,8 @@ uint64_t elf_sym(struct inj *c, struct elfdyn *d, const char *name, uint64_t *si
             if (rd(c, chain + (uint64_t)(idx - hdr[1]) * 4, &hv, 4) < 0)
                 break;
             if ((hv | 1) == (h | 1)) {
-                int m = sym_match(c, d, idx, name, &s);
-                if (m && (m == 2 || !found)) {
-                    best = s;
-                    found = m;
-                    if (m == 2)
-                        break;
-                }
+                if (better_sym(sym_match(c, d, idx, name, &s), &s, &best, &found))
+                    break;
             }
             if (hv & 1)
                 break;
@@ -455,13 +476,8 @@ uint64_t elf_sym(struct inj *c, struct elfdyn *d, const char *name, uint64_t *si
         if (rd(c, d->hash + 8 + (uint64_t)(h % hdr[0]) * 4, &idx, 4) < 0)
             return 0;
         for (int guard = 0; idx && idx < hdr[1] && guard < 100000; guard++) {
-            int m = sym_match(c, d, idx, name, &s);
-            if (m && (m == 2 || !found)) {
-                best = s;
-                found = m;
-                if (m == 2)
-                    break;
-            }
+            if (better_sym(sym_match(c, d, idx, name, &s), &s, &best, &found))
+                break;
             if (rd(c, chain + (uint64_t)idx * 4, &idx, 4) < 0)
                 break;
         }

@@ -101,6 +101,8 @@ struct tstate {
     struct mml_recent *recent; /* its recent walks (unwind.h), mapped at its first stack */
     uint64_t *ss;         /* ids of the stacks the current file holds (open addressing) */
     size_t ss_cap, ss_n;
+    uint64_t ss_gen;      /* changes whenever ss loses ids (emptied, freed, swapped): a recent
+                             walk's slot stamped ss_gen + 1 holds an id that ss holds */
     uint64_t lost;        /* events not recorded while dropping, not yet reported */
     unsigned episode;     /* k= of the "#dropping"/"#lost" lines of the current gap */
     unsigned epoch;       /* the dlclose() epoch this thread's fast path is valid for */

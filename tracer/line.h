@@ -225,12 +225,18 @@ HOT_INLINE unsigned ndig(uint32_t v)
 #define STACK_ID_DIGITS 11
 
 /* An allocation line with a stack's id instead of the caller, "PTR SEQ SIZE TIME @ID": the
- * id's 12 digits (the first one 0), that 0 then replaced by the '@'. */
+ * id's 12 digits (the first one 0: id < 2^44), that 0 then replaced by the '@'.  With SSE2,
+ * converted in two pairs of groups like put_alloc_fields' line, the id in the caller's place. */
+_Static_assert(STACK_ID_BITS <= 44, "an id is 11 hex digits, the 12th (first) one is 0");
 HOT_INLINE char *put_ref_fields(char *d, uint64_t p, uint32_t s, unsigned ns, uint32_t n,
                                 unsigned nn, uint32_t now, unsigned nt, uint64_t id)
 {
+#if defined(__SSE2__)
+    d = put_alloc_fields(d, p, s, ns, n, nn, now, nt, id);
+#else
     d = put_head_fields(d, p, s, ns, n, nn, now, nt);
     d = put_hex12(d, id);
+#endif
     d[-12] = '@';
     return d;
 }

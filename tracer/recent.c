@@ -4,73 +4,11 @@
  * deep whole stack is remembered.  Split from unwind.c, which stays usable alone (the tests
  * and the bench link it without this file).
  */
-#include "unwind.h"
-#include "unwind_shared.h"
-#include "compiler.h"
+#include "recent.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
-
-/* ---- the thread's recent walks (unwind.h) ----
- * A slot per start (ip, sp), chosen by a hash of both.  A hit: the same start, settings and
- * generation (and bp if the walk used it), the words on this thread's stack as it is known
- * now, each equal to the one kept. */
-static inline struct mml_recent_slot *recent_slot(struct mml_recent *r, uintptr_t ip, uintptr_t sp)
-{
-    uint64_t h = (uint64_t)ip * 0x9E3779B97F4A7C15ull + (uint64_t)sp * 0xC2B2AE3D27D4EB4Full;
-    return &r->slot[h >> (64 - 4)];
-}
-_Static_assert(MML_RECENT_SLOTS == 16, "recent_slot takes 4 bits");
-/* A slot that holds a walk is given to a memo hit's walk after this many misses in a row: on
- * many stacks met at random (stacks_bench), no slot would hit again before it is replaced,
- * and copying every hit's words would cost more than the slots save. */
-#define RECENT_PATIENCE 16
-#define RECENT_ROUND 256
-#define RECENT_WORTH 8
-#define RECENT_SKIP 4096
-
-int mml_recent_get(struct mml_recent *r, const struct mml_start *s, unsigned salt,
-                   uint64_t *value)
-{
-    /* Of every RECENT_ROUND lookups, fewer than one in RECENT_WORTH hit: the next
-     * RECENT_SKIP are not made (each would cost a miss and, now and then, a copy). */
-    if (unlikely(r->skip)) {
-        if (--r->skip == 0)
-            U.pf_off = 0;
-        return 0;
-    }
-    if (unlikely(++r->tries == RECENT_ROUND)) {
-        if (r->hits * RECENT_WORTH < RECENT_ROUND)
-            r->skip = RECENT_SKIP;
-        /* most lookups hit here: the entry points stop prefetching the memo's records */
-        U.pf_ip = 0;
-        atomic_signal_fence(memory_order_seq_cst);
-        U.pf_off = r->hits * 4 >= 3 * RECENT_ROUND;
-        r->tries = r->hits = 0;
-    }
-    struct mml_recent_slot *e = recent_slot(r, s->ip, s->sp);
-    uintptr_t sp = s->sp;
-    unsigned n = e->n;
-    if (e->ip != s->ip || e->sp != sp || e->salt != salt || (e->use_bp && e->bp != s->bp) ||
-        e->gen != atomic_load_explicit(&g_memo_gen, memory_order_relaxed) ||
-        atomic_load_explicit(&g_unloading, memory_order_relaxed) || n == 0 ||
-        sp < U.lo || sp + 8 * (uintptr_t)e->top + 8 > U.hi)
-        goto miss;
-    uintptr_t diff = 0;
-    for (unsigned i = 0; i < n; i++)
-        diff |= *(const uintptr_t *)(sp + 8 * (uintptr_t)e->off[i]) ^ e->val[i];
-    if (diff)
-        goto miss;
-    *value = e->value;
-    e->misses = 0;
-    r->hits++;
-    return 1;
-miss:
-    if (e->misses < 255)
-        e->misses++;
-    return e->n && e->misses < RECENT_PATIENCE ? 0 : -1;
-}
 
 void mml_recent_put(struct mml_recent *r, const struct mml_start *s, unsigned salt, unsigned gen,
                     const struct mml_trail *tr, int nframes, uint64_t value, int from_memo)
@@ -85,22 +23,27 @@ void mml_recent_put(struct mml_recent *r, const struct mml_start *s, unsigned sa
     struct mml_recent_slot *e = recent_slot(r, s->ip, s->sp);
     if (from_memo && e->n && e->misses < RECENT_PATIENCE)
         return;
-    unsigned top = 0;
-    for (int i = 0; i < n; i++) {
+    e->n = 0;       /* a signal handler's lookup in between misses */
+    atomic_signal_fence(memory_order_seq_cst);
+    int i;
+    for (i = 0; i < n; i++) {
         e->off[i] = tr->off[i];
         e->val[i] = tr->val[i];
-        top = tr->off[i] > top ? tr->off[i] : top;
     }
-    e->top = (uint16_t)top;
+    for (; i & 3; i++) {    /* up to a multiple of 4: copies of the last word */
+        e->off[i] = tr->off[n - 1];
+        e->val[i] = tr->val[n - 1];
+    }
     e->ip = s->ip;
     e->sp = s->sp;
     e->bp = s->bp;
     e->use_bp = (uint8_t)use_bp;
-    e->salt = salt;
-    e->gen = gen;
+    e->key = (uint64_t)salt << 32 | gen;
     e->value = value;
     e->misses = 0;
-    e->n = (uint8_t)n;
+    e->stamp = 0;
+    atomic_signal_fence(memory_order_seq_cst);
+    e->n = (uint8_t)i;
 }
 
 #undef LD

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "record.h"
+#include "recent.h"
 #include "unwind.h"
 
 /* The general paths' first step, before the guard: whether to record at all (not our own
@@ -135,6 +136,7 @@ void sset_free(struct tstate *t)
         munmap(t->ss, t->ss_cap * sizeof *t->ss);
     t->ss = NULL;
     t->ss_cap = t->ss_n = 0;
+    t->ss_gen++;
 }
 
 /* The file ended: none of its stacks is in the next one. */
@@ -143,6 +145,7 @@ void sset_clear(struct tstate *t)
     if (t->ss_n)
         memset(t->ss, 0, t->ss_cap * sizeof *t->ss);
     t->ss_n = 0;
+    t->ss_gen++;
 }
 
 /* The frames of an allocation: f[0] the caller's return address, then its callers'.
@@ -282,10 +285,17 @@ void record_stack_ref(void *p, size_t n, const void *ra, const void *fp)
     uint64_t id;
     int nf;
     unsigned salt = (unsigned)cfg.depth;
-    int rec = found && t->recent ? mml_recent_get(t->recent, &st, salt, &id) : 0;
-    if (rec > 0)
-        found = sset_has(t, id);
-    else if (found && rec == 0)
+    struct mml_recent_slot *e1;
+    int rec = found && t->recent ? mml_recent_get(t->recent, &st, salt, &id, &e1) : 0;
+    if (rec > 0) {
+        /* the slot's stamp: this file's set of ids was seen to hold its id, and has lost
+         * none since */
+        if (e1->stamp != t->ss_gen + 1) {
+            found = sset_has(t, id);
+            if (found)
+                e1->stamp = t->ss_gen + 1;
+        }
+    } else if (found && rec == 0)
         found = mml_memo_get(&st, salt, &id, &nf, NULL) && nf > 1 && sset_has(t, id);
     else if (found)
         found = memo_to_recent(t, &st, salt, &id);

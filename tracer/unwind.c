@@ -32,7 +32,7 @@
  *    no FDE covering x, return address undefined (_start, clone3) or not at CFA-8, a CFA not
  *    in rsp/rbp, an unknown expression, a return address of 0, a CFA that does not move up the
  *    stack, a read outside the known stack.
- *  - Memo (mml_memo_get/put, "the memo" below): a whole walk, remembered by its start and a
+ *  - Memo (mml_memo_get/put, tracer/memo.c): a whole walk, remembered by its start and a
  *    hash of the stack words it read, is not made again while those words are unchanged;
  *    checking that costs independent loads instead of the walk's chain.
  *
@@ -72,6 +72,7 @@
 #define _GNU_SOURCE
 #include "unwind.h"
 #include "unwind_shared.h"
+#include "rulecache.h"
 #include "compiler.h"
 
 #include <dlfcn.h>
@@ -98,8 +99,6 @@ extern void *__libc_stack_end; /* ld.so: the initial thread's argc slot */
 
 /* ---- rules ----------------------------------------------------------------------------- */
 
-enum { K_NONE, K_RSP, K_RBP, K_DRAP, K_SIGNAL, K_STOP };      /* how to find the CFA */
-enum { B_SAME, B_CFA, B_DEREF, B_LOST };                      /* where the caller's rbp is */
 
 struct rule {
     int kind;
@@ -109,37 +108,9 @@ struct rule {
     int cacheable;
 };
 
-/* ---- the cache ------------------------------------------------------------------------- */
+/* ---- the cache (its layout and lookup: rulecache.h) ------------------------------------- */
 
-/* The cache is indexed by the key k = x + 1 (the return address for a normal frame, pc + 1 for
- * an exact one: the rule of k is the rule at k - 1 in both cases).  An entry lives in slot
- * (k / 8) mod 2^16 (its primary slot: a shift and an AND on the walk's chain of dependent
- * loads) or, when that one is taken, in its alternate slot (slot2: code laid out in equal
- * power-of-two strides makes many keys share a primary slot, not an alternate one).  One
- * slot per 8 bytes of code, not per byte: the return addresses of one function share a few
- * cache lines instead of taking one line each (on the many-stacks benchmark, 4360 return
- * addresses in about 50 KiB of code: about 800 lines instead of 4360, which stay in the
- * cache while the program and mmleak's writing evict the rest).  An entry is
- *     bit  0      1 in an alternate slot
- *     bits 1-3    k mod 8
- *     bits 4-31   k >> 19 (k < 2^47): with the slot and bits 0-3, this gives back all of k
- *     bits 32-34  kind (never 0: an entry is never 0)
- *     bits 35-36  bmode
- *     bits 37-44  rbp's offset k / 8 (signed)
- *     bits 45-63  the CFA offset off (signed, 19 bits: larger frames are not cached)
- * so that a hit costs one load, one compare and one arithmetic shift for the CFA.  2^16
- * entries: 512 KiB of .bss, of which only the pages touched cost memory. */
-#define CACHE_BITS 16
-#define SLOT_MASK ((1U << CACHE_BITS) - 1)
-#define KEY_MAX ((1ULL << 47) - 1)
-#define SLOT_SHIFT 3
-#define TAG_BITS (47 - CACHE_BITS + 1)
-#define TAG_MASK ((1ULL << TAG_BITS) - 1)
-#define OFF_SHIFT (TAG_BITS + 13)
-#define R_OFF_MIN (-(1L << (63 - OFF_SHIFT)))
-#define R_OFF_MAX ((1L << (63 - OFF_SHIFT)) - 1)
-
-static _Atomic uint64_t g_cache[1U << CACHE_BITS] __attribute__((aligned(64)));
+_Atomic uint64_t g_cache[1U << CACHE_BITS] __attribute__((aligned(64)));
 _Atomic int g_unloading;        /* dlclose calls in progress: walks bypass the cache */
 _Atomic unsigned g_memo_gen;    /* changes at every dlclose: older memo records are dead */
 
@@ -152,38 +123,6 @@ static inline uint64_t rule_encode(const struct rule *r)
     return ((uint64_t)r->kind | (uint64_t)r->bmode << 3 | ((uint64_t)(r->k / 8) & 0xff) << 5)
                << TAG_BITS |
            (uint64_t)r->off << OFF_SHIFT;
-}
-
-/* The slots and the tag of a key: the tag holds the bits of k the primary slot does not. */
-static inline size_t slot1(uintptr_t key)
-{
-    return (key >> SLOT_SHIFT) & SLOT_MASK;
-}
-
-static inline uint64_t key_tag(uintptr_t key)
-{
-    return ((key & ((1U << SLOT_SHIFT) - 1)) | key >> (CACHE_BITS + SLOT_SHIFT) << SLOT_SHIFT) << 1;
-}
-
-/* The alternate slot: the primary slot's bits mixed with a hash of the tag's (keys sharing a
- * primary slot differ in those only), so that, given the tag, it still determines k. */
-static inline size_t slot2(uintptr_t key)
-{
-    return (slot1(key) ^ (size_t)((key_tag(key) * 0x9E3779B97F4A7C15ULL) >> 40)) & SLOT_MASK;
-}
-
-static inline uint64_t cache_get(uintptr_t key)
-{
-    if (unlikely(key > KEY_MAX))
-        return 0;
-    uint64_t tag = key_tag(key);
-    uint64_t e = atomic_load_explicit(&g_cache[slot1(key)], memory_order_relaxed);
-    if (likely((e & TAG_MASK) == tag && (e >> TAG_BITS)))
-        return e;
-    e = atomic_load_explicit(&g_cache[slot2(key)], memory_order_relaxed);
-    if ((e & TAG_MASK) == (tag | 1) && (e >> TAG_BITS))
-        return e;
-    return 0;
 }
 
 /* Into the primary slot if it is free (or holds this key: a racing thread's copy), else into
@@ -1706,264 +1645,4 @@ int mml_unwind_trail(const struct mml_start *s, uintptr_t *out, int max, struct 
     int n = walk_impl(s->ip, s->sp, s->bp, s->ip, out, max, 0, tr);
     tr->bad = 1;
     return n;
-}
-
-/* ---- the memo ------------------------------------------------------------------------------
- * One table for all threads (a key holds a stack pointer, so threads do not share records,
- * and one table costs less memory than one per thread), sets of four records chosen by the
- * start (memo_set), one cache line per record: the walk it replaces costs a chain of dependent loads, and a record that
- * is itself a cache miss would eat most of the gain (a record of 384 bytes with the words
- * themselves was measured at about 100 ns per lookup on the many-stacks benchmark, most of
- * it waiting for memory).  So a record keeps a 64-bit hash of the words, not the words: a
- * walk is skipped when the same start (ip, sp, the settings, the dlclose generation, and bp
- * if the walk used it) finds stack words with the same hash at the same places.  A false
- * match needs two 64-bit hashes to collide, as likely as two stacks sharing an id.
- *
- * The places are kept as the differences between consecutive offsets, in words: one byte
- * each (frames below 1 KiB), or an escape and 16 bits (up to 256 KiB); a walk whose steps do
- * not fit the 32 bytes is not kept.  A record is written under a
- * sequence number (odd while written: readers miss, another writer, such as a signal handler
- * interrupting this one, gives up) and read with the number checked before and after, and
- * every offset read is checked against this thread's stack, so a torn record is a miss,
- * never a stray read. */
-#define MEMO_BITS 15         /* 8192 sets of four records: 2 MiB of .bss, only the pages used
-                                cost memory */
-#define MEMO_WAYS 4
-#define MEMO_DELTAS 32
-#define MEMO_ESC (-128)     /* in delta[]: the step does not fit a byte, two bytes follow */
-struct memo {
-    _Atomic uint32_t seq;   /* odd while written */
-    uint8_t n;              /* words */
-    uint8_t nframes;
-    uint8_t use_bp;
-    uint8_t esc;            /* delta[] holds an escape (a step of 128 words or more) */
-    uint64_t tag;           /* memo_tag(): the start (ip, sp, bp if used), settings, generation */
-    uint64_t vhash;         /* hash of the words */
-    uint64_t value;
-    int8_t delta[MEMO_DELTAS]; /* offsets of the words from sp, in words, as differences: a
-                                  byte, or MEMO_ESC and 16 bits (frames of 1 KiB or more) */
-} __attribute__((aligned(64)));
-_Static_assert(sizeof(struct memo) == 64, "a memo record is one cache line");
-static struct memo g_memo[1U << MEMO_BITS] __attribute__((aligned(64 * MEMO_WAYS)));
-
-static inline uint64_t mix64(uint64_t h)
-{
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ull;
-    return h ^ h >> 33;
-}
-
-/* The four records (ways) a walk from (ip, sp) may be kept in.  The set is chosen by the start
- * and by the return address one frame up, found with the cached rule of ip: many paths reach
- * the same function at the same depth (the same start), and they then take different sets.
- * A wrong or missing rule only costs a miss: the words checked include that return address. */
-static inline struct memo *memo_set(uintptr_t ip, uintptr_t sp)
-{
-    uintptr_t up = 0;
-    uint64_t e = cache_get(ip);
-    if (likely(e) && (e >> TAG_BITS & 7) == K_RSP) {
-        uintptr_t cfa = sp + (uintptr_t)((int64_t)e >> OFF_SHIFT);
-        if (cfa >= sp + 8 && cfa <= U.hi && sp >= U.lo)
-            up = *(const uintptr_t *)(cfa - 8);
-    }
-    uint64_t h = (uint64_t)ip * 0x9E3779B97F4A7C15ull ^ (uint64_t)sp * 0xC2B2AE3D27D4EB4Full ^
-                 (uint64_t)up * 0x165667B19E3779F9ull;
-    return &g_memo[MEMO_WAYS * ((h ^ h >> 29) >> (64 - MEMO_BITS + 2))];
-}
-
-void mml_memo_prefetch(uintptr_t ip, uintptr_t sp)
-{
-    if (U.pf_off)
-        return;     /* pf_ip is 0: the lookup computes its set */
-    struct memo *r = memo_set(ip, sp);
-    for (int w = 0; w < MEMO_WAYS; w++)
-        __builtin_prefetch(r + w);
-    U.pf_ip = 0;            /* a handler that reads the three between these stores misses */
-    atomic_signal_fence(memory_order_seq_cst);
-    U.pf_set = r;
-    U.pf_sp = sp;
-    atomic_signal_fence(memory_order_seq_cst);
-    U.pf_ip = ip;
-}
-
-/* The tag of a record: its start, with bp if the walk used it, the caller's settings and the
- * generation.  Without bp and with it: both are computed once per lookup. */
-static inline uint64_t memo_tag0(const struct mml_start *s, unsigned salt, unsigned gen)
-{
-    return mix64(s->ip * 0x9E3779B97F4A7C15ull + s->sp * 0xC2B2AE3D27D4EB4Full +
-                 ((uint64_t)salt << 32 | gen));
-}
-
-static inline uint64_t memo_tag1(uint64_t tag0, uintptr_t bp)
-{
-    return tag0 ^ mix64(bp * 0x165667B19E3779F9ull + 0x27D4EB2F165667C5ull);
-}
-
-/* The words' hash: each multiplied by an odd constant of its own and summed (no chain of
- * dependent multiplications), then mixed. */
-#define MEMO_MUL(i) (0x8CB92BA72F3D8DD7ull + 2 * (uint64_t)(i))
-
-unsigned mml_memo_gen(void)
-{
-    return atomic_load_explicit(&g_memo_gen, memory_order_acquire);
-}
-
-#define LD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
-#define ST(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
-
-/* One record: 1 if it holds the walk from s (tag t0 without bp) and the words still hash the
- * same. */
-static inline __attribute__((always_inline)) int
-memo_check(struct memo *r, const struct mml_start *s, uint64_t t0, uint64_t *value,
-           int *nframes, struct mml_trail *words)
-{
-    uint32_t q = atomic_load_explicit(&r->seq, memory_order_acquire);
-    uint64_t tag = LD(r->tag);
-    if (tag != t0 && (!LD(r->use_bp) || tag != memo_tag1(t0, s->bp)))
-        return 0;
-    unsigned n = LD(r->n);
-    if ((q & 1) || n > MEMO_DELTAS)
-        return 0;
-    /* the words must lie on this thread's stack as it is known now: every offset is
-     * checked, a torn record can only be a miss */
-    uintptr_t sp = s->sp, hi = U.hi;
-    if (sp < U.lo || sp >= hi)
-        return 0;
-    long lim = (long)((hi - sp) / 8), o = 0;
-    uint64_t h = n;
-    if (likely(!LD(r->esc))) {
-        /* one byte per step, no escape to decode (the bounds check below still holds) */
-        for (unsigned i = 0; i < n; i++) {
-            o += LD(r->delta[i]);
-            if (unlikely((unsigned long)o >= (unsigned long)lim))
-                return 0;
-            uintptr_t v = *(const uintptr_t *)(sp + 8 * (uintptr_t)o);
-            h += v * MEMO_MUL(i);
-            if (words) {
-                words->off[i] = (uint16_t)o;
-                words->val[i] = v;
-            }
-        }
-    } else for (unsigned i = 0, j = 0; i < n; i++) {
-        long d = LD(r->delta[j++]);
-        if (unlikely(d == MEMO_ESC)) {         /* a larger step: 16 bits follow */
-            if (j + 2 > MEMO_DELTAS)
-                return 0;
-            d = (int16_t)(uint16_t)((uint8_t)LD(r->delta[j]) | (uint8_t)LD(r->delta[j + 1]) << 8);
-            j += 2;
-        }
-        o += d;
-        if (unlikely((unsigned long)o >= (unsigned long)lim || j > MEMO_DELTAS))
-            return 0;
-        uintptr_t v = *(const uintptr_t *)(sp + 8 * (uintptr_t)o);
-        h += v * MEMO_MUL(i);
-        if (words) {
-            words->off[i] = (uint16_t)o;
-            words->val[i] = v;
-        }
-    }
-    uint64_t vh = LD(r->vhash);
-    *value = LD(r->value);
-    *nframes = LD(r->nframes);
-    int use_bp = LD(r->use_bp) && tag != t0;
-    atomic_thread_fence(memory_order_acquire);
-    if (mix64(h) != vh || atomic_load_explicit(&r->seq, memory_order_relaxed) != q)
-        return 0;
-    if (words) {
-        words->n = (int)n;
-        words->bad = 0;
-        words->walked = *nframes;
-        words->bp_from = use_bp ? 0 : 1 << 30;
-    }
-    return 1;
-}
-
-int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int *nframes,
-                 struct mml_trail *words)
-{
-    /* the set the entry point prefetched, if this is that start (a signal handler's
-     * allocation in between may have prefetched another) */
-    struct memo *r = U.pf_ip == s->ip && U.pf_sp == s->sp ? U.pf_set : memo_set(s->ip, s->sp);
-    if (atomic_load_explicit(&g_unloading, memory_order_relaxed))
-        return 0;
-    uint64_t t0 = memo_tag0(s, salt, atomic_load_explicit(&g_memo_gen, memory_order_relaxed));
-    /* two copies of the check: the one without words has no trace of them */
-    if (words) {
-        for (int w = 0; w < MEMO_WAYS; w++)
-            if (memo_check(&r[w], s, t0, value, nframes, words))
-                return 1;
-        return 0;
-    }
-    for (int w = 0; w < MEMO_WAYS; w++)
-        if (memo_check(&r[w], s, t0, value, nframes, NULL))
-            return 1;
-    return 0;
-}
-
-void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
-                  const struct mml_trail *tr, int nframes, uint64_t value)
-{
-    if (tr->bad || nframes < 1 || nframes > tr->walked || nframes > MML_TRAIL_FRAMES)
-        return;
-    /* the words the first nframes frames depend on: all of them if the walk ended there
-     * (its last step, that found no caller, read some too) */
-    int all = nframes == tr->walked;
-    int n = all ? tr->n : tr->upto[nframes];
-    int use_bp = all ? tr->bp_from < (1 << 30) : tr->bp_from < nframes;
-    if (n > MEMO_DELTAS || n > MML_TRAIL_MAX)
-        return;
-    int8_t d[MEMO_DELTAS];
-    uint64_t h = (uint64_t)n;
-    long prev = 0;
-    int j = 0;
-    for (int i = 0; i < n; i++) {
-        long delta = (long)tr->off[i] - prev;
-        if (delta > MEMO_ESC && delta <= 127) {
-            if (j + 1 > MEMO_DELTAS)
-                return;
-            d[j++] = (int8_t)delta;
-        } else {
-            if (delta < INT16_MIN || delta > INT16_MAX || j + 3 > MEMO_DELTAS)
-                return;
-            d[j++] = MEMO_ESC;
-            d[j++] = (int8_t)(uint8_t)((uint16_t)delta & 0xff);
-            d[j++] = (int8_t)(uint8_t)((uint16_t)delta >> 8);
-        }
-        prev = tr->off[i];
-        h += tr->val[i] * MEMO_MUL(i);
-    }
-    /* An empty way; else, at random (the hash), one that holds another start: a way with
-     * this start holds another path that reaches the same function at the same depth (the
-     * words differ), worth keeping; else any. */
-    uint64_t tag = memo_tag0(s, salt, gen);
-    if (use_bp)
-        tag = memo_tag1(tag, s->bp);
-    struct memo *set = memo_set(s->ip, s->sp), *r = NULL;
-    unsigned start = (unsigned)(h >> 17);
-    for (unsigned w = 0; w < MEMO_WAYS && !r; w++)
-        if (!LD(set[w].tag))
-            r = &set[w];
-    for (unsigned w = 0; w < MEMO_WAYS && !r; w++)
-        if (LD(set[(start + w) % MEMO_WAYS].tag) != tag)
-            r = &set[(start + w) % MEMO_WAYS];
-    if (!r)
-        r = &set[start % MEMO_WAYS];
-    uint32_t q = atomic_load_explicit(&r->seq, memory_order_relaxed);
-    if ((q & 1) || !atomic_compare_exchange_strong_explicit(&r->seq, &q, q + 1,
-                                                            memory_order_acquire,
-                                                            memory_order_relaxed))
-        return;
-    atomic_thread_fence(memory_order_release);
-    for (int i = 0; i < j; i++)
-        ST(r->delta[i], d[i]);
-    ST(r->n, (uint8_t)n);
-    ST(r->esc, (uint8_t)(j != n));
-    ST(r->nframes, (uint8_t)nframes);
-    ST(r->use_bp, (uint8_t)use_bp);
-    ST(r->tag, tag);
-    ST(r->vhash, mix64(h));
-    ST(r->value, value);
-    atomic_store_explicit(&r->seq, q + 2, memory_order_release);
 }

@@ -101,21 +101,21 @@ int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int 
 struct mml_recent_slot {
     uintptr_t ip, sp, bp;
     uint64_t value;
-    unsigned gen;               /* the memo's generation (a dlclose makes the slot dead) */
-    unsigned salt;
-    uint8_t n, use_bp, misses;
-    uint16_t top;                   /* the highest of off[] */
+    uint64_t key;               /* the caller's salt << 32 | the memo's generation (a dlclose
+                                   makes the slot dead) */
+    uint64_t stamp;             /* the caller's: stacks.c marks a slot whose value its current
+                                   file already holds */
+    uint8_t n, use_bp, misses;  /* n: words, padded to a multiple of 4 with copies of the last */
     uint16_t off[MML_TRAIL_MAX];    /* (address - sp) / 8 */
-    uintptr_t val[MML_TRAIL_MAX];
+    uintptr_t val[MML_TRAIL_MAX] __attribute__((aligned(16)));
 };
 struct mml_recent {
     unsigned tries, hits, skip;     /* a thread whose recent walks seldom hit stops asking */
     struct mml_recent_slot slot[MML_RECENT_SLOTS];
 };
-/* 1: a hit.  0: a miss; -1: a miss, and a memo hit's walk may take the slot (it is empty,
- * or it missed many times in a row). */
-int mml_recent_get(struct mml_recent *r, const struct mml_start *s, unsigned salt,
-                   uint64_t *value);
+/* recent.h, inline: mml_recent_get(r, s, salt, &value, &slot): 1, a hit (and its slot); 0, a
+ * miss; -1, a miss, and a memo hit's walk may take the slot (it is empty, or it missed many
+ * times in a row). */
 /* Keep the walk (trail tr, its first nframes frames) in r; from a memo hit (from_memo: its
  * words from mml_memo_get), only where mml_recent_get said -1. */
 void mml_recent_put(struct mml_recent *r, const struct mml_start *s, unsigned salt, unsigned gen,

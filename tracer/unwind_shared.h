@@ -1,6 +1,7 @@
 /*
- * tracer/unwind_shared.h: the unwinder's state that its two files share (unwind.c, the walk
- * and the memo; recent.c, a thread's recent walks).  Not part of unwind.h's API.
+ * tracer/unwind_shared.h: the unwinder's state that its files share (unwind.c, the walk;
+ * memo.c, the memo; recent.c and recent.h, a thread's recent walks).  Not part of unwind.h's
+ * API.
  */
 #ifndef MMLEAK_UNWIND_SHARED_H
 #define MMLEAK_UNWIND_SHARED_H

@@ -10,7 +10,11 @@ largest of the process and the children it waited for):
     native      the program alone
     heaptrack   `heaptrack -o F prog`: its recording
     ht_print    `heaptrack_print F`: its report
-    run         `mmleak.py run` with default settings (background compaction)
+    lsan        the program built with `cc -fsanitize=leak`: LeakSanitizer's exit check
+    run         `mmleak.py run` with default settings (background compaction, the
+                reachability scan at exit)
+    check       `mmleak.py run --check`: from start to its exact verdict (exit status 23:
+                the 1,000 lost blocks)
     keep_all    `mmleak.py run --keep-all` (every dump file kept)
     shrink      `mmleak.py shrink --final` on keep_all's files, output to /dev/null
     report      `mmleak.py report --no-html` on run's trace (compacted)
@@ -37,8 +41,8 @@ import sys
 import time
 
 from benchlib import MMLEAK_PY as MMLEAK, OUT, PY, build_c
-STEPS = ("native", "heaptrack", "ht_print", "run", "keep_all", "shrink", "report",
-         "report_raw", "page")
+STEPS = ("native", "lsan", "heaptrack", "ht_print", "run", "check", "keep_all", "shrink",
+         "report", "report_raw", "page")
 
 
 def log(*a):
@@ -73,23 +77,35 @@ def dir_mb(d):
 
 
 def check_counts(text, blocks, lost):
-    """The report's two sites, exactly: keep_one with BLOCKS, lose_one with LOST."""
+    """The report's two sites, exactly (report --show-reachable): LOST blocks definitely
+    lost from lose_one, BLOCKS still reachable from keep_one (or its caller, main, when
+    keep_one is taken for an allocation wrapper), nothing else."""
     got = {}
     for line in text.splitlines():
-        m = re.match(r"\s+(\d+)\s+(\d+)\s+(keep_one|lose_one)\b", line)
+        m = re.match(r"\s+(\d+)\s+(\d+)\s+(definite|indirect|possible|reachable|unknown)"
+                     r"\s+(\w+)\b", line)
         if m:
-            got[m.group(3)] = (int(m.group(1)), int(m.group(2)))
-    want = {"keep_one": (100 * blocks, blocks), "lose_one": (100 * lost, lost)}
+            site = "keep_one" if m.group(4) == "main" else m.group(4)
+            got[(site, m.group(3))] = (int(m.group(1)), int(m.group(2)))
+    want = {("keep_one", "reachable"): (100 * blocks, blocks),
+            ("lose_one", "definite"): (100 * lost, lost)}
     return got == want, got
 
 
-def one_round(steps, blocks, lost, root, binary):
+def check_verdict(text, lost):
+    """run --check's verdict on stderr: the LOST blocks definitely lost (its leak summary)."""
+    m = re.search(r"definitely lost:\s+(\d+) bytes.* in (\d+) blocks", text)
+    return bool(m) and (int(m.group(1)), int(m.group(2))) == (100 * lost, lost)
+
+
+def one_round(steps, blocks, lost, root, binary, lsan_binary):
     res = {}
     prog = [binary, "-n", str(blocks), "-l", str(lost)]
     scratch = os.path.join(root, "scratch")
     os.makedirs(scratch, exist_ok=True)
-    run_dir, keep_dir, ht_dir = (os.path.join(root, x) for x in ("run", "keep", "ht"))
-    for d in (run_dir, keep_dir, ht_dir):
+    run_dir, keep_dir, ht_dir, check_dir = (os.path.join(root, x)
+                                            for x in ("run", "keep", "ht", "check"))
+    for d in (run_dir, keep_dir, ht_dir, check_dir):
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
     need = set(steps)
@@ -106,6 +122,10 @@ def one_round(steps, blocks, lost, root, binary):
         stdout = None
         if step == "native":
             argv = prog
+        elif step == "lsan":
+            argv = [lsan_binary] + prog[1:]
+        elif step == "check":
+            argv = [PY, MMLEAK, "run", "--check", "-d", check_dir, "--"] + prog
         elif step == "heaptrack":
             argv = ["heaptrack", "-o", os.path.join(ht_dir, "ht")] + prog
         elif step == "ht_print":
@@ -119,7 +139,8 @@ def one_round(steps, blocks, lost, root, binary):
             argv = [PY, MMLEAK, "shrink", "--final"] + sorted(
                 os.path.join(keep_dir, x) for x in os.listdir(keep_dir) if x.endswith(".out"))
         elif step in ("report", "report_raw"):
-            argv = [PY, MMLEAK, "report", "--no-html", traced if step == "report" else keep_dir]
+            argv = [PY, MMLEAK, "report", "--no-html", "--show-reachable",
+                    traced if step == "report" else keep_dir]
             stdout = open(os.path.join(scratch, "report.txt"), "wb")
         elif step == "page":
             argv = [PY, MMLEAK, "report", "-o", os.path.join(scratch, "page.html"), traced]
@@ -128,7 +149,15 @@ def one_round(steps, blocks, lost, root, binary):
             stdout.close()
             with open(stdout.name) as f:
                 text = f.read()
-            r["exact"], r["sites"] = check_counts(text, blocks, lost)
+            r["exact"], sites = check_counts(text, blocks, lost)
+            r["sites"] = {"%s %s" % k: v for k, v in sites.items()}     # for --json
+        if step in ("check", "lsan"):
+            # LSan's and run --check's status for leaks is 23; LSan's summary is not checked
+            # here beyond that (its "1000 allocation(s)" line), mmleak's leak summary is
+            r["exact"] = r["rc"] == 23 and (
+                check_verdict(r["err"], lost) if step == "check" else
+                ("%d byte(s) leaked in %d allocation(s)" % (100 * lost, lost)) in r["err"])
+            r["rc_ok"] = r["rc"] == 23
         if step == "page":
             p = os.path.join(scratch, "page.html")
             r["page_mb"] = os.path.getsize(p) / 1e6 if os.path.exists(p) else None
@@ -136,12 +165,12 @@ def one_round(steps, blocks, lost, root, binary):
             r["disk_mb"] = dir_mb(run_dir if step == "run" else keep_dir)
         if step == "heaptrack":
             r["disk_mb"] = dir_mb(ht_dir)
-        if r["rc"] != 0:
+        if r["rc"] != 0 and not r.get("rc_ok"):
             log("  %s: exit status %d: %s" % (step, r["rc"], r["err"].strip()[-400:]))
         log("  %-10s %7.2f s (cpu %.2f s) %8.0f MB%s" % (step, r["wall"], r["cpu"], r["rss_mb"], "".join(
             "  %s=%s" % (k, r[k]) for k in ("exact", "disk_mb", "page_mb") if k in r)))
         res[step] = r
-    for d in (run_dir, keep_dir, ht_dir, scratch):
+    for d in (run_dir, keep_dir, ht_dir, check_dir, scratch):
         shutil.rmtree(d, ignore_errors=True)
     return res
 
@@ -166,10 +195,14 @@ def main():
         steps = [s for s in steps if s not in ("heaptrack", "ht_print")]
         log("live.py: heaptrack not installed: its steps left out")
     binary = build_c("live_heap", "bench/live_heap.c", "-fno-omit-frame-pointer", out=args.dir)
+    lsan_binary = os.path.join(args.dir, "live_heap_lsan")
+    if "lsan" in steps:
+        build_c("live_heap_lsan", "bench/live_heap.c", "-fno-omit-frame-pointer",
+                "-fsanitize=leak", out=args.dir)
     rounds = []
     for i in range(args.runs):
         log("round %d of %d (%d live blocks):" % (i + 1, args.runs, args.blocks))
-        rounds.append(one_round(steps, args.blocks, args.lost, args.dir, binary))
+        rounds.append(one_round(steps, args.blocks, args.lost, args.dir, binary, lsan_binary))
     print("%d live blocks of 100 bytes + %d lost, medians of %d rounds (wall s, the runs' "
           "walls, CPU s, peak RSS MB)" % (args.blocks, args.lost, args.runs))
     for s in STEPS:
@@ -191,6 +224,9 @@ def main():
     if "run" in rounds[0] and "heaptrack" in rounds[0]:
         print("  run / heaptrack: %.2fx" % statistics.median(
             r["run"]["wall"] / r["heaptrack"]["wall"] for r in rounds))
+    if "check" in rounds[0] and "lsan" in rounds[0]:
+        print("  check / lsan: %.2fx" % statistics.median(
+            r["check"]["wall"] / r["lsan"]["wall"] for r in rounds))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rounds, f, indent=1)

@@ -17,11 +17,13 @@ nothing anyway: the shrink ignores an event it already has).
 
 Also here: the liveness of a trace's process, readers' shared lock (read_trace), `run`'s
 background compactor and `recover`."""
+import errno
 import io
 import os
 import re
 import stat
 import sys
+import tempfile
 import time
 
 from . import errors, files
@@ -94,6 +96,17 @@ class TraceLock:
             raise
         self.held = True
         return self
+
+    def downgrade(self):
+        """A pass's exclusive lock made shared, for what it does after it deleted its
+        inputs (a point of the series: it reads the trace and replaces its own files
+        atomically): readers (report, the scan at a process's exit) go on meanwhile, other
+        compactors still skip the trace.  (Linux converts a flock without letting another
+        exclusive lock in when no one else holds it, as here.)"""
+        import fcntl
+        if self.fd is not None and not self.shared:
+            fcntl.flock(self.fd, fcntl.LOCK_SH)
+            self.shared = True
 
     def __exit__(self, *exc):
         if self.fd is not None:
@@ -272,22 +285,36 @@ def _compact_header_lines(sh, folded, run=None):
     return out
 
 
-def _write_atomic(path, header_lines, sh, data):
-    """The result: its header lines, the stacks its allocations use, its event lines DATA;
+def _write_atomic(path, header_lines, sh, data, raw=None):
+    """The result: its header lines, the stacks its allocations use, its event lines DATA
+    (None: they are in the file RAW, and the compiled shrinker gave the stacks they use);
     written to PATH.tmp, flushed to disk, renamed over PATH."""
     def fill(f):
         for h in header_lines:
             f.write(h)
-        for i in sorted({int(x, 16) for x in STACK_REF_RE.findall(data)}):
+        used = sh.raw_result["stacks"] if data is None else \
+            sorted({int(x, 16) for x in STACK_REF_RE.findall(data)})
+        for i in used:
             if i in sh.stack_lines:
                 f.write(sh.stack_lines[i])
-        f.write(data)
+        if data is not None:
+            f.write(data)
+            return
+        f.flush()               # then the lines, copied by the kernel: no copy in Python
+        size, at = os.fstat(raw.fileno()).st_size, 0
+        while at < size:
+            n = os.sendfile(f.fileno(), raw.fileno(), at, min(size - at, 1 << 30))
+            if n <= 0:
+                raise OSError(errno.EIO, "short copy of the shrink's result")
+            at += n
     files.replace(path, fill, sync=True)
 
 
-def compact_trace(directory, tid, paths=None, traces=None, series=True):
+def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping=None):
     """One compaction pass over trace TID, and a point of its series when one is due
-    (SERIES: False never).  Returns a dict of what it did, or None when another compactor
+    (SERIES: False never; STOPPING, a function: when it says True, no point but the last of
+    a trace that is over: `run`'s compactor, once its program has ended, leaves the point to
+    its last pass, which reads the trace as it ends).  Returns a dict of what it did, or None when another compactor
     holds the trace (it is skipped, not waited for).  A file it cannot trust (Refused) or
     write stops the pass over this trace (Fail), and nothing is deleted."""
     traces = traces if traces is not None else files.find_traces(directory)
@@ -315,7 +342,9 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True):
         # a trace that is over gets its last point (unless it has it: the .live is gone)
         if series and paths and (over and (done or os.path.lexists(t.live) or
                                            not os.path.lexists(t.series))
-                                 or not over and point_due(directory, tid)):
+                                 or not over and point_due(directory, tid) and
+                                 not (stopping and stopping())):
+            lock.downgrade()
             res["point"] = add_point(directory, tid, final=over)
         return res
     finally:
@@ -383,10 +412,12 @@ def _fold(directory, tid, cpath, done, over=False):
         target = TraceFiles(directory, tid).run(run)
     inputs = [p for _, p in merged] + done
     folded = [p for p in inputs if p != target]
-    sh, data = shrink_raw(inputs)
-    if sh.problems.fatal:
-        raise Fail("%s: cannot compact trace %s: an input could not be read" % (directory, tid))
-    _write_atomic(target, _compact_header_lines(sh, folded, run), sh, data)
+    with tempfile.TemporaryFile(prefix="mmleak-shrink.") as raw:
+        sh, data = shrink_raw(inputs, out=raw)
+        if sh.problems.fatal:
+            raise Fail("%s: cannot compact trace %s: an input could not be read"
+                       % (directory, tid))
+        _write_atomic(target, _compact_header_lines(sh, folded, run), sh, data, raw)
     for p in folded:
         _remove_dump(p)
     after = sum(files._size(p) for p in [cpath] + [p for _, p in _runs(directory, tid)])
@@ -407,9 +438,9 @@ def _remove_dump(p):
             files.remove_trace_file(q)
 
 
-def compact_dir(directory, pid=None, series=True, verbose=False, out=None):
+def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopping=None):
     """One compaction pass over every trace in DIRECTORY (or trace PID).  Returns
-    (live traces, results)."""
+    (live traces, results).  STOPPING: see compact_trace."""
     out = out or sys.stdout
     traces = files.find_traces(directory)
     live, results = [], []
@@ -417,7 +448,8 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None):
         if pid is not None and tid != pid:
             continue
         try:
-            res = compact_trace(directory, tid, traces[tid], traces, series=series)
+            res = compact_trace(directory, tid, traces[tid], traces, series=series,
+                                stopping=stopping)
         except Fail as e:               # this trace is left as it is; the others go on
             refuse(str(e))
             continue
@@ -487,7 +519,7 @@ class BackgroundCompactor:
 
     def _pass(self):
         for tid in sorted(set(files.find_traces(self.directory)) - self.before):
-            compact_dir(self.directory, tid, verbose=False)
+            compact_dir(self.directory, tid, verbose=False, stopping=self.stop.is_set)
 
     def _loop(self):
         try:

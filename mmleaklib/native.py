@@ -145,8 +145,30 @@ def _bind_blocks(dll):
     k.argtypes = [ctypes.POINTER(Block), ctypes.c_uint64, u64p, u64p, ctypes.c_uint64, u64p,
                   u64p]
     k.restype = ctypes.c_int
+    leb = dll.mmleak_blocks_leb_decode
+    leb.argtypes = [ctypes.c_char_p, ctypes.c_uint64, u64p, ctypes.c_uint64, ctypes.c_int]
+    leb.restype = ctypes.c_int64
     _blocks_api.update(aggregate=f, sample=s, free=dll.mmleak_blocks_free, keys=k,
-                       aggregate_free=dll.mmleak_aggregate_free)
+                       aggregate_free=dll.mmleak_aggregate_free, leb=leb)
+
+
+def leb_numbers(data, n, delta=False):
+    """The unsigned LEB128 numbers of the bytes DATA as array('Q') (their running sums if
+    DELTA), decoded by the compiled tools: N of them at most (None: up to one a byte), or
+    None when DATA is not that, or when the tools cannot be loaded."""
+    if not _native_engine() or "leb" not in _blocks_api:
+        return None
+    import array
+    import ctypes
+    cap = len(data) if n is None else n
+    out = array.array("Q", bytes(8 * cap))
+    buf = (ctypes.c_uint64 * max(cap, 1)).from_buffer(out) if cap else None
+    got = _blocks_api["leb"](data, len(data), buf, cap, 1 if delta else 0)
+    del buf
+    if got < 0 or (n is not None and got != n):
+        return None
+    del out[got:]
+    return out
 
 
 class NativeBlocks:

@@ -15,7 +15,7 @@ import bisect
 import os
 import re
 
-from . import files
+from . import files, native
 from .errors import Fail, Refused
 
 KINDS = ("definite", "indirect", "possible", "reachable")
@@ -59,13 +59,19 @@ class Scan:
                     raise Fail("%s: the scan's data is cut short" % self.path)
                 secs.append(data)
         n = self.blocks
-        addrs = _leb_numbers(secs[0], n, self.path)
-        acc = 0
-        for i in range(n):              # differences -> addresses
-            acc += addrs[i]
-            addrs[i] = acc
-        seqs = _leb_numbers(secs[1], n, self.path)
-        runs = _leb_numbers(secs[2], None, self.path)
+        addrs = native.leb_numbers(secs[0], n, delta=True)     # compiled, when it can be
+        if addrs is None:
+            addrs = _leb_numbers(secs[0], n, self.path)
+            acc = 0
+            for i in range(n):          # differences -> addresses
+                acc += addrs[i]
+                addrs[i] = acc
+        seqs = native.leb_numbers(secs[1], n)
+        if seqs is None:
+            seqs = _leb_numbers(secs[1], n, self.path)
+        runs = native.leb_numbers(secs[2], None)
+        if runs is None:
+            runs = _leb_numbers(secs[2], None, self.path)
         kinds = bytearray()
         for k in range(0, len(runs) - 1, 2):
             if runs[k] > 3:

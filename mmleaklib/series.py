@@ -165,7 +165,8 @@ def _in_table(ptr, seq, p, q):
 
 
 def add_point(directory, tid, final=False):
-    """Add one point to the series; the caller holds the trace's exclusive lock.  FINAL: the
+    """Add one point to the series; the caller holds the trace's lock (a pass's, made shared
+    once its inputs are deleted: no other compactor runs meanwhile).  FINAL: the
     trace is over: its last point, after which the .live is deleted.  Returns the point.
 
     It sums the live set per call site (in C, from the native blocks), splitting each site's

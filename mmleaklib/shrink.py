@@ -422,12 +422,15 @@ def shrink_files(paths, progress=None, mixed=False, problems=None, blocks=False,
             shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def shrink_raw(paths):
+def shrink_raw(paths, out=None):
     """Shrink PATHS (dump files of one trace, their unflushed lines included) without
     building the per-address state in Python: (Shrinker with headers, stacks and counts,
     the result's event lines as bytes, non-final, sorted by address then number).  What a
     compaction pass writes and what a series point reads, at the compiled shrinker's speed;
-    the Python path gives the same bytes."""
+    the Python path gives the same bytes.  OUT (an empty file open for reading and writing):
+    the compiled shrinker writes the event lines there, and None is returned in their
+    place (sh.raw_result["stacks"]: the stack ids they use); the Python path still returns
+    them as bytes."""
     paths, names, tmpdir, refused = files.with_unflushed_tails(paths)
     try:
         if refused:                     # a compactor folds nothing it cannot read whole
@@ -435,6 +438,9 @@ def shrink_raw(paths):
                 refuse(msg)
             raise Refused(refused[0])
         sh = Shrinker()
+        if out is not None and native_shrink(sh, paths, names, raw=out):
+            sh.check_single_process()
+            return sh, None
         with tempfile.TemporaryFile(prefix="mmleak-shrink.") as out:
             if native_shrink(sh, paths, names, raw=out):
                 out.seek(0)

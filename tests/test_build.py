@@ -126,6 +126,7 @@ TRACER_API = {"mmleak_attach", "mmleak_detach", "mmleak_state", "mmleak_status",
 TOOLS_API = {"mmleak_shrink", "mmleak_shrink_abi", "mmleak_shrink_blocks",
              "mmleak_shrink_stats_free", "mmleak_blocks_aggregate", "mmleak_blocks_sample",
              "mmleak_blocks_free", "mmleak_aggregate_free", "mmleak_blocks_keys",
+             "mmleak_blocks_leb_decode",
              "mmleak_inject_call", "mmleak_inject_call_within", "mmleak_inject_abi",
              "mmleak_scan", "mmleak_scan_abi"}
 

@@ -610,3 +610,39 @@ def test_live_set_agrees_with_the_shrink_engine(tmp_path, dump):
         for p in paths:
             os.unlink(p)
     assert blocks > 1000
+
+
+def leb(values):
+    out = bytearray()
+    for v in values:
+        while True:
+            b, v = v & 0x7F, v >> 7
+            out.append(b | (0x80 if v else 0))
+            if not v:
+                break
+    return bytes(out)
+
+
+def test_leb_columns_compiled_as_in_python(lib):
+    """A scan result's columns (unsigned LEB128): the compiled decoder gives what the
+    Python one gives, running sums included, and refuses what it refuses (a number cut at
+    the end, more numbers than expected, a number over 64 bits)."""
+    from mmleaklib import native, scan
+    values = [0, 1, 127, 128, 300, 16383, 16384, 2 ** 32, 2 ** 63, 2 ** 64 - 1, 5]
+    data = leb(values)
+    assert list(native.leb_numbers(data, len(values))) == values
+    assert list(scan._leb_numbers(data, len(values), "x")) == values
+    assert list(native.leb_numbers(data, None)) == values
+    small = [7, 0, 1, 200, 70000]
+    assert list(native.leb_numbers(leb(small), 5, delta=True)) == [7, 7, 8, 208, 70208]
+    assert native.leb_numbers(data[:-1] + b"\x85", len(values)) is None     # cut short
+    assert native.leb_numbers(data, len(values) - 1) is None               # one too many
+    assert native.leb_numbers(b"\xff" * 10 + b"\x01", 1) is None           # 71 bits
+    assert native.leb_numbers(b"", 0) is not None and len(native.leb_numbers(b"", 0)) == 0
+    from mmleaklib.errors import Fail
+    with pytest.raises(Fail):
+        scan._leb_numbers(data[:-1] + b"\x85", len(values), "x")
+    with pytest.raises(Fail):
+        scan._leb_numbers(data, len(values) - 1, "x")
+    with pytest.raises(OverflowError):
+        scan._leb_numbers(b"\xff" * 10 + b"\x01", 1, "x")

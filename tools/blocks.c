@@ -253,3 +253,32 @@ EXPORT void mmleak_blocks_free(struct mmleak_blocks *b)
     b->v = NULL;
     b->n = 0;
 }
+
+/* The unsigned LEB128 numbers of D (LEN bytes) into OUT (room for CAP), as running sums of
+ * them when DELTA (a scan result's address column: differences, mmleak-format(5)).  Returns
+ * how many, or -1 when D does not end a number or holds more than CAP, or a number of more
+ * than 64 bits (mmleaklib/scan.py's reading of a scan result, without a Python step per
+ * byte). */
+EXPORT int64_t mmleak_blocks_leb_decode(const uint8_t *d, uint64_t len, uint64_t *out, uint64_t cap,
+                                 int delta)
+{
+    uint64_t n = 0, v = 0, acc = 0;
+    unsigned shift = 0;
+    for (uint64_t i = 0; i < len; i++) {
+        uint8_t b = d[i];
+        if (shift > 63 || (shift == 63 && (b & 0x7E)))
+            return -1;
+        v |= (uint64_t)(b & 0x7F) << shift;
+        if (b & 0x80) {
+            shift += 7;
+            continue;
+        }
+        if (n == cap)
+            return -1;
+        acc = delta ? acc + v : v;
+        out[n++] = acc;
+        v = 0;
+        shift = 0;
+    }
+    return shift ? -1 : (int64_t)n;
+}

@@ -86,6 +86,9 @@ static void nap(int *n)
 struct cutf { char *path; uint64_t size; char *tail; size_t tlen; int compact, ended;
               int rank; uint64_t num; dev_t dev; ino_t ino; };
 struct mapping { uint64_t lo, hi, off; char perm[5]; int heap; const char *path; };
+/* pages [page, page + npages) hold blocks first .. (see page_index); tab: for each page,
+ * the number of blocks that start before its end */
+struct region { uint64_t page; size_t npages, first; uint32_t *tab; };
 
 struct scan {
     int pid;
@@ -105,6 +108,10 @@ struct scan {
     uint8_t *st, *pend;
     size_t nb;
     uint64_t lo, hi;
+    /* where a word points: the pages the blocks cover, in regions (see page_index) */
+    struct region *rg;
+    size_t nrg;
+    uint32_t *ptab;
     /* the memory map */
     char *mapsbuf;
     struct mapping *mp;
@@ -800,6 +807,67 @@ static int cut_input(int i, struct mmleak_input *in)
     return 0;
 }
 
+/* The blocks by page, so that the block a word points into is found without a binary
+ * search over millions of addresses (a cache miss per step): regions of pages the blocks
+ * cover, split where no block covers RG_GAP pages in a row; per page of a region, the
+ * number of blocks that start before its end.  Not built (block_of searches them all)
+ * when the pages would be more than 4 per block and a million: blocks far apart. */
+#define RG_GAP 16
+static void page_index(struct scan *s)
+{
+    size_t nrg = 0, pages = 0;
+    uint64_t last = 0;
+    for (size_t i = 0; i < s->nb; i++) {
+        uint64_t a = s->bp[i] >> 12, b = (s->bp[i] + (s->bs[i] ? s->bs[i] : 1) - 1) >> 12;
+        if (!nrg || a > last + RG_GAP) {
+            nrg++;
+            pages += b - a + 1;
+            last = b;
+        } else if (b > last) {
+            pages += b - last;
+            last = b;
+        }
+        if (pages > 4 * s->nb + (1u << 20))
+            return;
+    }
+    if (!nrg)
+        return;
+    s->rg = calloc(nrg, sizeof *s->rg);
+    s->ptab = malloc(pages * sizeof *s->ptab);
+    if (!s->rg || !s->ptab) {
+        free(s->rg);
+        free(s->ptab);
+        s->rg = NULL;
+        s->ptab = NULL;
+        return;
+    }
+    struct region *r = NULL;
+    for (size_t i = 0; i < s->nb; i++) {        /* the regions, as counted above */
+        uint64_t a = s->bp[i] >> 12, b = (s->bp[i] + (s->bs[i] ? s->bs[i] : 1) - 1) >> 12;
+        if (!r || a > r->page + r->npages - 1 + RG_GAP) {
+            r = r ? r + 1 : s->rg;
+            r->page = a;
+            r->npages = 0;
+            r->first = i;
+        }
+        if (b + 1 > r->page + r->npages)
+            r->npages = (size_t)(b + 1 - r->page);
+    }
+    s->nrg = (size_t)(r - s->rg) + 1;
+    uint32_t *t = s->ptab;
+    size_t j = 0;
+    for (size_t k = 0; k < s->nrg; k++) {       /* per page: blocks starting up to it */
+        r = &s->rg[k];
+        r->tab = t;
+        for (size_t p = 0; p < r->npages; p++) {
+            while (j < s->nb && (s->bp[j] >> 12) <= r->page + p)
+                j++;
+            r->tab[p] = (uint32_t)j;
+        }
+        t += r->npages;
+    }
+}
+
 static int live_set(struct scan *s)
 {
     struct mmleak_live lv;
@@ -827,6 +895,7 @@ static int live_set(struct scan *s)
         if (end > s->hi)
             s->hi = end;
     }
+    page_index(s);
     return 0;
 }
 
@@ -951,6 +1020,31 @@ static inline ssize_t block_of(struct scan *s, uint64_t w)
     if (w < s->lo || w >= s->hi)
         return -1;
     size_t lo = 0, hi = s->nb;
+    if (s->rg) {                        /* the region, then the page: a few blocks */
+        uint64_t pg = w >> 12;
+        size_t a = 0, b = s->nrg;
+        while (a < b) {
+            size_t m = (a + b) / 2;
+            if (s->rg[m].page <= pg)
+                a = m + 1;
+            else
+                b = m;
+        }
+        if (!a)
+            return -1;
+        const struct region *r = &s->rg[a - 1];
+        if (pg >= r->page + r->npages)
+            return -1;
+        size_t p = (size_t)(pg - r->page);
+        lo = p ? r->tab[p - 1] : r->first;
+        hi = r->tab[p];
+        if (lo == hi || s->bp[lo] > w) {        /* none starts in the page at or below W */
+            if (lo == r->first)
+                return -1;
+            lo = hi = lo - 1;
+            hi++;
+        }
+    }
     while (lo < hi) {                   /* the last block starting at or below W */
         size_t mid = (lo + hi) / 2;
         if (s->bp[mid] <= w)
@@ -1108,15 +1202,49 @@ static void scan_block(struct scan *s, size_t i, int prior, ssize_t clique)
 }
 
 /* The mark stack, until empty.  Blocks are read in batches: up to IOV_BATCH blocks (and
- * WINDOW bytes) with one process_vm_readv, the remote side one iovec per block, so that
- * list nodes far apart cost no more than neighbours.  The states are a fixpoint (reachable
- * only grows; a block upgraded after it was read is pushed and read again), so the order
- * changes neither the verdict nor, in a clique pass, the set its leader reaches. */
+ * WINDOW bytes) with one process_vm_readv, so that list nodes far apart cost no more than
+ * neighbours; the batch in address order, blocks less than GAP bytes apart read as one
+ * remote range (the kernel pins the pages of each range: one range per block cost more than
+ * reading the memory when the blocks are neighbours, as list nodes allocated in a row are).
+ * The states are a fixpoint (reachable only grows; a block upgraded after it was read is
+ * pushed and read again), so the order changes neither the verdict nor, in a clique pass,
+ * the set its leader reaches. */
 #define IOV_BATCH 1024
+#define GAP 64
+static void sort_batch(uint32_t *b, size_t n)
+{
+    size_t k = 1;
+    while (k < n && b[k - 1] < b[k])
+        k++;
+    if (k == n)
+        return;
+    k = 1;
+    while (k < n && b[k - 1] > b[k])
+        k++;
+    if (k == n) {                       /* popped from the stack: often the reverse */
+        for (size_t i = 0, j = n - 1; i < j; i++, j--) {
+            uint32_t t = b[i];
+            b[i] = b[j];
+            b[j] = t;
+        }
+        return;
+    }
+    for (size_t i = 1; i < n; i++) {    /* insertion sort: a batch is small */
+        uint32_t v = b[i];
+        size_t j = i;
+        while (j > 0 && b[j - 1] > v) {
+            b[j] = b[j - 1];
+            j--;
+        }
+        b[j] = v;
+    }
+}
+
 static void drain(struct scan *s, ssize_t clique)
 {
     static uint32_t batch[IOV_BATCH];
     static struct iovec riov[IOV_BATCH];
+    static size_t boff[IOV_BATCH];
     while (s->top) {
         size_t n = 0, bytes = 0;
         while (s->top && n < IOV_BATCH) {
@@ -1131,40 +1259,58 @@ static void drain(struct scan *s, ssize_t clique)
                 scan_block(s, i, clique >= 0 || s->st[i] != POSSIBLE, clique);
                 continue;
             }
-            if (bytes + len > WINDOW)
+            if (bytes + len + GAP > WINDOW)     /* room for a gap read with each block */
                 break;
             s->top--;
             s->pend[i] = 0;
             if (!len)
                 continue;
-            batch[n] = (uint32_t)i;
-            riov[n].iov_base = (void *)a;
-            riov[n].iov_len = len;
-            bytes += len;
-            n++;
+            batch[n++] = (uint32_t)i;
+            bytes += len + GAP;
         }
         if (!n)
             continue;
-        struct iovec l = { s->win, bytes };
-        ssize_t got = process_vm_readv(s->rpid, &l, 1, riov, n, 0);
+        sort_batch(batch, n);
+        /* the remote ranges: each block's, merged with the one before when the gap is
+         * small; BOFF[k] is where block k's bytes land in the window */
+        size_t nr = 0, off = 0;
+        uint64_t end = 0;
+        for (size_t k = 0; k < n; k++) {
+            size_t i = batch[k];
+            uint64_t a = (s->bp[i] + 7) & ~7ull, b = (s->bp[i] + s->bs[i]) & ~7ull;
+            if (nr && a >= end && a - end < GAP) {
+                riov[nr - 1].iov_len += (size_t)(b - end);
+                boff[k] = off + (size_t)(a - end);
+                off += (size_t)(b - end);
+            } else {
+                riov[nr].iov_base = (void *)a;
+                riov[nr].iov_len = (size_t)(b - a);
+                nr++;
+                boff[k] = off;
+                off += (size_t)(b - a);
+            }
+            end = b;
+        }
+        struct iovec l = { s->win, off };
+        ssize_t got = process_vm_readv(s->rpid, &l, 1, riov, nr, 0);
         if (got < 0 && errno == ESRCH)
             s->vanished = 1;
-        size_t off = 0;
         for (size_t k = 0; k < n; k++) {
-            size_t i = batch[k], len = riov[k].iov_len;
+            size_t i = batch[k];
+            uint64_t a = (s->bp[i] + 7) & ~7ull, b = (s->bp[i] + s->bs[i]) & ~7ull;
+            size_t len = (size_t)(b - a);
             int prior = clique >= 0 || s->st[i] != POSSIBLE;
-            if (got >= 0 && off + len <= (size_t)got) {
-                scan_words(s, (const uint64_t *)(s->win + off), len / 8, prior, clique,
-                           (uint64_t)riov[k].iov_base);
+            if (got >= 0 && boff[k] + len <= (size_t)got) {
+                scan_words(s, (const uint64_t *)(s->win + boff[k]), len / 8, prior, clique,
+                           a);
             } else {                    /* not read (a page gone?): on its own, then */
                 uint64_t *tmp = malloc(len);
                 if (tmp) {
-                    rd(s, (uint64_t)riov[k].iov_base, tmp, len);
-                    scan_words(s, tmp, len / 8, prior, clique, (uint64_t)riov[k].iov_base);
+                    rd(s, a, tmp, len);
+                    scan_words(s, tmp, len / 8, prior, clique, a);
                     free(tmp);
                 }
             }
-            off += len;
         }
     }
 }
@@ -1589,6 +1735,7 @@ static void release(struct scan *s)
     free(s->cf);
     free(s->th);
     free(s->bp); free(s->bs); free(s->bq); free(s->st); free(s->pend); free(s->stack);
+    free(s->rg); free(s->ptab);
     free(s->mapsbuf);
     free(s->mp);
     if (s->pagemap >= 0)

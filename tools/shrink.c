@@ -89,7 +89,14 @@ struct mmleak_shrink_stats {
 static void *map_mem(size_t n)
 {
     void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
+    if (p == MAP_FAILED)
+        return NULL;
+    /* the table's index and entries, the line storage: with millions of addresses, read
+     * and written all over; huge pages where the system gives them on request (fewer page
+     * faults and TLB misses; a mapping keeps the advice when mremap grows it) */
+    if (n >= ((size_t)2 << 20))
+        madvise(p, n, MADV_HUGEPAGE);
+    return p;
 }
 
 /* Line storage: size classes of 16 bytes up to SLAB_MAX, each with a free list; bigger lines
@@ -98,7 +105,7 @@ static void *map_mem(size_t n)
 #define SLAB_GRAIN 8
 #define SLAB_MAX 1024
 #define SLAB_CLASSES (SLAB_MAX / SLAB_GRAIN)
-#define CHUNK (1u << 20)
+#define CHUNK (4u << 20)
 /* Reading: a line is kept up to LINE_MAX bytes (mmleaklib/facts.py), read READ_CHUNK at a
  * time (never more than LINE_MAX: only a line that began in an earlier chunk can be longer). */
 #define LINE_MAX_BYTES ((size_t)MMLEAK_LINE_MAX)   /* facts.h: mmleaklib/facts.py's bound */
@@ -414,6 +421,24 @@ static void problem(struct run *r, int file, uint64_t lineno, int what, const ch
         r->stop = 1;
 }
 
+/* A compacted result's "#compacted ... entries=N" line: its N entries are coming, so the
+ * table's index gets room for them (and those it holds) now, at once, instead of doubling
+ * its way there, each time placing every entry again.  A hint: a wrong N costs only time. */
+static __attribute__((cold, noinline)) void presize(struct run *r, const char *p, size_t n)
+{
+    const char *e = memmem(p, n, " entries=", 9);
+    if (!e)
+        return;
+    uint64_t want = r->t.count + strtoull(e + 9, NULL, 10);
+    if (want > UINT32_MAX / 2)
+        return;
+    int bits = r->t.bits;
+    while ((want + 1) * 10 > ((uint64_t)1 << bits) * 7)
+        bits++;
+    if (bits > r->t.bits && index_init(&r->t, bits))
+        r->stop = -1;
+}
+
 /* Shrinker._odd_line: everything that is not an event (a line without NUL bytes, ended by
  * its newline, or the last one of the input without it). */
 static void odd_line(struct run *r, int file, uint64_t lineno, const char *p, size_t n)
@@ -424,6 +449,8 @@ static void odd_line(struct run *r, int file, uint64_t lineno, const char *p, si
             problem(r, file, lineno, Q_TORN_LAST, p, 0);
             return;
         }
+        if (n > 11 && !memcmp(p, "#compacted ", 11))
+            presize(r, p, n);
         int added = hset_add(&r->headers, p, n);
         if (added < 0) {
             r->stop = -1;
@@ -662,6 +689,62 @@ static __attribute__((cold, noinline)) int cut_start(struct run *r, int file, ui
     return 1;
 }
 
+/* The lines ahead of the one being read: the table's index slot of each of the next
+ * AHEAD lines' address is fetched into the cache, and the entry of the line AHEAD / 2
+ * ahead, so that the state update finds them there (with millions of addresses the table
+ * is far bigger than the cache: a miss on each line's slot, then on its entry, was most of
+ * the time).  Hints only: a line that is not an event, or a table grown since, fetches
+ * something useless, never reads out of bounds. */
+#define AHEAD 16
+struct ahead {
+    const char *next, *lim;             /* the first line not looked at yet */
+    size_t slot[AHEAD];
+    unsigned pos, filled;
+};
+
+static inline void ahead_push(struct ahead *a, const struct table *t)
+{
+    const char *nl = memchr(a->next, '\n', (size_t)(a->lim - a->next));
+    if (!nl) {
+        a->next = a->lim;
+        return;
+    }
+    uint64_t v = 0;
+    unsigned d;
+    for (const char *p = a->next; (d = EV_HEX[(unsigned char)*p]) < 16; p++)
+        v = v << 4 | d;
+    size_t h = home(t, v);
+    __builtin_prefetch(&t->ix[h]);
+    a->slot[(a->pos + a->filled++) % AHEAD] = h;
+    a->next = nl + 1;
+}
+
+static inline void ahead_start(struct ahead *a, const struct table *t, const char *p,
+                               const char *lim, int off)
+{
+    a->next = p;
+    a->lim = off ? p : lim;             /* a chunk with NULs: none (a rare, slow path) */
+    a->pos = a->filled = 0;
+    while (a->filled < AHEAD && a->next < a->lim)
+        ahead_push(a, t);
+}
+
+/* One line is being read: one more line ahead. */
+static inline void ahead_step(struct ahead *a, const struct table *t)
+{
+    if (!a->filled)
+        return;
+    a->pos = (a->pos + 1) % AHEAD;
+    a->filled--;
+    if (a->next < a->lim)
+        ahead_push(a, t);
+    if (a->filled > AHEAD / 2) {
+        uint32_t x = t->ix[a->slot[(a->pos + AHEAD / 2) % AHEAD] & t->mask];
+        if (x)
+            __builtin_prefetch(&t->e[x - 1]);
+    }
+}
+
 /* Shrinker.feed over a descriptor, reading as mmleaklib's dump_lines does: BUF (READ_BUF
  * bytes) holds the start of a line not ended yet (HAVE bytes, no NUL, at most LINE_MAX) and
  * the chunk just read; a run of NULs ends the text before it (cut_line) and the next line
@@ -757,7 +840,10 @@ static void feed_fd(struct run *r, int fd, int file, char *buf)
          * state update stay inlined); NULs are looked for only in a chunk that has some */
         int nuls = memchr(q, 0, (size_t)(lim - q)) != NULL;
         const char *t;
+        struct ahead ah;
+        ahead_start(&ah, &r->t, p, lim, nuls);
         while ((t = nuls ? line_end(q, lim) : memchr(q, '\n', (size_t)(lim - q))) != NULL) {
+            ahead_step(&ah, &r->t);
             size_t n = (size_t)(t - p);         /* the text, without what ended it */
             if (likely(*t == '\n')) {
                 lineno++;
@@ -886,7 +972,11 @@ static void note_alloc(struct run *r, const char *l)
  * E (the table's, or those mmleak_shrink_blocks leaves) are sorted in place. */
 static void write_state(struct run *r, struct obuf *o, int final, struct ent *ents, size_t m)
 {
-    qsort(ents, m, sizeof *ents, cmp_ent);
+    size_t sorted = 1;
+    while (sorted < m && ents[sorted - 1].key < ents[sorted].key)
+        sorted++;
+    if (sorted < m)             /* (a result read whole comes in order: no sort then) */
+        qsort(ents, m, sizeof *ents, cmp_ent);
     r->st->entries = m;
     uint64_t lines = 0, allocs = 0, frees = 0;
     for (size_t i = 0; i < m; i++) {

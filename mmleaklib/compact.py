@@ -386,31 +386,47 @@ def _next_run(directory, tid, runs, cpath):
 def _fold(directory, tid, cpath, done, over=False):
     """Fold the complete files DONE into the trace's result (under the trace's exclusive
     lock).  The result is mmleak.ID.compact and newer runs mmleak.ID.compact.N, each at
-    least MERGE_FACTOR times smaller than the one before it: DONE are folded with the
-    newest runs that are not that much bigger than what is folded (none, usually: a pass
-    costs what its new files hold), into the oldest of them, or into a new run.  The trace
-    over (OVER): everything into mmleak.ID.compact."""
+    least MERGE_FACTOR times smaller than the one before it.  DONE are folded alone into a
+    new run (a pass costs what its new files hold: their size says little of what they
+    leave, a file of freed blocks leaves nothing), then the newest run is merged into the
+    one before it as long as that one is at most MERGE_FACTOR times bigger (by what they
+    hold: each line is merged about log4 of the live set over a run's lines times).  The
+    trace over (OVER), or no result yet: everything into mmleak.ID.compact."""
     own = files._own_file(cpath)
     runs = _runs(directory, tid)
     before = (files._size(cpath) if own else 0) + sum(files._size(p) for _, p in runs)
     nbytes = sum(files._size(p) + files._size(tail_of(p)) for p in done)
-    chain = ([(None, cpath)] if own else []) + runs
+    work = {"read": 0, "written": 0, "merged": 0}
+    sh = None
     if over or not own:
-        merged = chain
-    else:
-        est, i = nbytes, len(chain)
-        while i > 0 and files._size(chain[i - 1][1]) <= MERGE_FACTOR * est:
-            i -= 1
-            est += files._size(chain[i][1])
-        merged = chain[i:]
-    if not own or merged and merged[0][0] is None:
-        target, run = cpath, None
-    elif merged:
-        run, target = merged[0]
+        chain = ([cpath] if own else []) + [p for _, p in runs]
+        sh = _fold_into(directory, tid, cpath, None, chain + done, work)
+        work["merged"] = len(chain)
     else:
         run = _next_run(directory, tid, runs, cpath)
-        target = TraceFiles(directory, tid).run(run)
-    inputs = [p for _, p in merged] + done
+        sh = _fold_into(directory, tid, TraceFiles(directory, tid).run(run), run, done, work)
+        while True:
+            chain = [(None, cpath)] + _runs(directory, tid)
+            if len(chain) < 2 or files._size(chain[-2][1]) > MERGE_FACTOR * \
+                    files._size(chain[-1][1]):
+                break
+            (older, target), (_, newest) = chain[-2], chain[-1]
+            _fold_into(directory, tid, target, older, [target, newest], work)
+            work["merged"] += 1
+    after = sum(files._size(p) for p in [cpath] + [p for _, p in _runs(directory, tid)])
+    return {"folded": len(done), "events": sh.events - sh.compacted["entries"],
+            "bytes": nbytes, "before": before, "after": after,
+            "malformed": sh.problems.malformed,
+            # the work of this pass: event lines read (the new files' and the runs'
+            # entries), lines written, and the runs merged into an older one
+            "read": work["read"], "written": work["written"],
+            "merged": work["merged"], "runs": len(_runs(directory, tid))}
+
+
+def _fold_into(directory, tid, target, run, inputs, work):
+    """Shrink INPUTS into TARGET (run number RUN, None: mmleak.ID.compact), written
+    atomically and naming in "#folded" the inputs it replaces, which are then deleted (a
+    pass stopped in between leaves them to the next one, which sees them folded)."""
     folded = [p for p in inputs if p != target]
     with tempfile.TemporaryFile(prefix="mmleak-shrink.") as raw:
         sh, data = shrink_raw(inputs, out=raw)
@@ -420,14 +436,9 @@ def _fold(directory, tid, cpath, done, over=False):
         _write_atomic(target, _compact_header_lines(sh, folded, run), sh, data, raw)
     for p in folded:
         _remove_dump(p)
-    after = sum(files._size(p) for p in [cpath] + [p for _, p in _runs(directory, tid)])
-    return {"folded": len(done), "events": sh.events - sh.compacted["entries"],
-            "bytes": nbytes, "before": before, "after": after,
-            "malformed": sh.problems.malformed,
-            # the work of this pass: event lines read (the new files' and the runs'
-            # entries), lines written, and the runs merged into the result written
-            "read": sh.events, "written": sh.result_lines[0],
-            "merged": len(merged), "runs": len(_runs(directory, tid))}
+    work["read"] += sh.events
+    work["written"] += sh.result_lines[0]
+    return sh
 
 
 def _remove_dump(p):

@@ -83,10 +83,12 @@ static inline struct memo *memo_set(uintptr_t ip, uintptr_t sp)
     return &g_memo[MEMO_WAYS * ((h ^ h >> 29) >> (64 - MEMO_BITS + 2))];
 }
 
+/* 1 while the thread's recent walks serve most lookups (recent.h): the entry points do not
+ * prefetch (U.pf_ip is then 0: the lookup computes its set) */
+__thread int mml_memo_prefetch_off __attribute__((tls_model("initial-exec")));
+
 void mml_memo_prefetch(uintptr_t ip, uintptr_t sp)
 {
-    if (U.pf_off)
-        return;     /* pf_ip is 0: the lookup computes its set */
     struct memo *r = memo_set(ip, sp);
     for (int w = 0; w < MEMO_WAYS; w++)
         __builtin_prefetch(r + w);

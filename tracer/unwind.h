@@ -142,9 +142,15 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
  * call it (MML_MEMO_PREFETCH) before it calls the real allocator, so that the lookup after it
  * finds them there. */
 void mml_memo_prefetch(uintptr_t ip, uintptr_t sp);
-/* In the interposed function itself (its frame is where the walk starts). */
+/* In the interposed function itself (its frame is where the walk starts).  Not called while
+ * the thread's recent walks serve most lookups (mml_memo_prefetch_off: the flag it would
+ * check first, read here without the call). */
+extern __thread int mml_memo_prefetch_off __attribute__((tls_model("initial-exec")));
 #define MML_MEMO_PREFETCH(ra)                                                                 \
-    mml_memo_prefetch((uintptr_t)(ra), (uintptr_t)__builtin_frame_address(0) + 16)
+    do {                                                                                      \
+        if (!mml_memo_prefetch_off)                                                           \
+            mml_memo_prefetch((uintptr_t)(ra), (uintptr_t)__builtin_frame_address(0) + 16);  \
+    } while (0)
 
 #define MML_UNWIND_CALLER(out, max)                                                           \
     mml_unwind((uintptr_t)__builtin_return_address(0),                                       \

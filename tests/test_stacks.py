@@ -262,12 +262,17 @@ def test_memo_with_signal_handlers_allocating(tmp_path, lib, bins, depth):
     assert sh.allocs - leaked >= 200
 
 
-def test_stacks_defined_in_every_file_after_rotation(tmp_path):
+@pytest.mark.parametrize("prog, lo, hi", [
+    ("rotate_stacks", 16, 80),          # two paths: the thread's recent walks serve them
+    ("rotate_memo_stacks", 16, 32),     # 512 paths at random: the memo serves them
+])
+def test_stacks_defined_in_every_file_after_rotation(tmp_path, prog, lo, hi):
     """Whole stacks (the default) through several files per thread (MMLEAK_ROTATE_MB=1):
-    every file defines every stack it references, and no allocation is lost."""
-    exe = str(tmp_path / "rotate_stacks")
+    every file defines every stack it references, and no allocation is lost; whether a
+    recent walk's slot or a memo record says the file holds the stack."""
+    exe = str(tmp_path / prog)
     subprocess.run(["cc", "-O1", "-g", "-pthread", "-o", exe,
-                    os.path.join(TESTS, "rotate_stacks.c")], check=True)
+                    os.path.join(TESTS, prog + ".c")], check=True)
     dump = tmp_path / "dump"
     dump.mkdir()
     r = run_traced([exe], dump, env={"MMLEAK_ROTATE_MB": "1"})
@@ -280,6 +285,6 @@ def test_stacks_defined_in_every_file_after_rotation(tmp_path):
         defs = {l.split()[1] for l in lines if l.startswith(b"#s ")}
         used = {l.split(b"@")[1] for l in lines if b" @" in l}
         assert used and used <= defs, f             # every reference has its definition
-        # the program's own blocks: 16 to 79 bytes (stdio and pthread_create make others)
-        refs += sum(1 for l in lines if b" @" in l and 16 <= int(l.split()[2], 16) < 80)
+        # the program's own blocks: lo to hi - 1 bytes (stdio and pthread_create make others)
+        refs += sum(1 for l in lines if b" @" in l and lo <= int(l.split()[2], 16) < hi)
     assert refs == steps

@@ -150,6 +150,8 @@ struct tstate {
     size_t ss_cap, ss_n;
     uint64_t ss_gen;      /* changes whenever ss loses ids (emptied, freed, swapped): a recent
                              walk's slot stamped ss_gen + 1 holds an id that ss holds */
+    uint32_t ss_stamp;    /* 0, or ss's number among all threads' sets since it last lost ids
+                             (sset_lost): a memo record stamped with it holds an id ss holds */
     uint64_t lost;        /* events not recorded while dropping, not yet reported */
     unsigned episode;     /* k= of the "#dropping"/"#lost" lines of the current gap */
     unsigned epoch;       /* the dlclose() epoch this thread's fast path is valid for */
@@ -388,6 +390,12 @@ void *mml_dlopen_here(const char *file, int mode);
 void sset_free(struct tstate *t);
 void recent_free(struct tstate *t);
 void sset_clear(struct tstate *t);
+/* ss lost ids (emptied, freed, handed over): the stamps that said it held them are void */
+static inline void sset_lost(struct tstate *t)
+{
+    t->ss_gen++;
+    t->ss_stamp = 0;
+}
 /* ---- sites.c: the program's code, or the runtime's / a wrapper's? ---- */
 
 /* Return addresses known to be the program's own code (not the runtime, not a wrapper): a

@@ -36,15 +36,19 @@
 #define MEMO_ESC (-128)     /* in delta[]: the step does not fit a byte, two bytes follow */
 #define MEMO_F_BP 1         /* flags: the walk used the start's bp (the tag holds it) */
 #define MEMO_F_ESC 2        /* delta[] holds an escape (a step of 128 words or more) */
+/* value's word: the caller's value in its low MML_MEMO_VALUE_BITS, then the words (n, 6
+ * bits), the frames (7 bits) and the flags (2 bits) */
+#define MEMO_N_SHIFT MML_MEMO_VALUE_BITS
+#define MEMO_NF_SHIFT (MEMO_N_SHIFT + 6)
+#define MEMO_FL_SHIFT (MEMO_NF_SHIFT + 7)
+_Static_assert(MEMO_FL_SHIFT + 2 <= 64, "value, n, nframes and flags share a word");
 struct memo {
-    _Atomic uint32_t seq;   /* odd while written */
-    uint8_t n;              /* words */
-    uint8_t nframes;
-    uint8_t flags;
-    uint8_t pad;
+    _Atomic uint64_t seq;   /* low 32 bits: the sequence number, odd while written; high 32:
+                               the stamp (mml_memo_stamp: the id set of that stamp holds the
+                               value), 0 when written */
     uint64_t tag;           /* memo_tag(): the start (ip, sp, bp if used), settings, generation */
     uint64_t vhash;         /* hash of the words */
-    uint64_t value;
+    uint64_t value;         /* the value, n, nframes, flags (MEMO_*_SHIFT) */
     uint64_t dw[4];         /* bytes 0-29: the offsets of the words from sp, in words, as
                                differences (a byte, or MEMO_ESC and 16 bits: frames of 1 KiB
                                or more); bytes 30-31: the highest offset (little-endian) */
@@ -79,10 +83,12 @@ static inline struct memo *memo_set(uintptr_t ip, uintptr_t sp)
     return &g_memo[MEMO_WAYS * ((h ^ h >> 29) >> (64 - MEMO_BITS + 2))];
 }
 
+/* 1 while the thread's recent walks serve most lookups (recent.h): the entry points do not
+ * prefetch (U.pf_ip is then 0: the lookup computes its set) */
+__thread int mml_memo_prefetch_off __attribute__((tls_model("initial-exec")));
+
 void mml_memo_prefetch(uintptr_t ip, uintptr_t sp)
 {
-    if (U.pf_off)
-        return;     /* pf_ip is 0: the lookup computes its set */
     struct memo *r = memo_set(ip, sp);
     for (int w = 0; w < MEMO_WAYS; w++)
         __builtin_prefetch(r + w);
@@ -133,22 +139,24 @@ unsigned mml_memo_gen(void)
  * them with copies of the last), four per step. */
 static inline __attribute__((always_inline)) int
 memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp, uint64_t *value,
-           int *nframes, struct mml_trail *words)
+           int *nframes, struct mml_trail *words, struct mml_memo_hit *hit)
 {
-    uint32_t q = atomic_load_explicit(&r->seq, memory_order_acquire);
+    uint64_t q = atomic_load_explicit(&r->seq, memory_order_acquire);
     uint64_t rtag = LD(r->tag);
-    unsigned flags = LD(r->flags), n = LD(r->n), nf = LD(r->nframes);
-    uint64_t vh = LD(r->vhash), val = LD(r->value);
+    uint64_t vh = LD(r->vhash), vw = LD(r->value);
     union { uint64_t w[4]; int8_t b[32]; } d;
     d.w[0] = LD(r->dw[0]);
     d.w[1] = LD(r->dw[1]);
     d.w[2] = LD(r->dw[2]);
     d.w[3] = LD(r->dw[3]);
     atomic_thread_fence(memory_order_acquire);
+    unsigned n = (unsigned)(vw >> MEMO_N_SHIFT) & 63, nf = (unsigned)(vw >> MEMO_NF_SHIFT) & 127;
+    unsigned flags = (unsigned)(vw >> MEMO_FL_SHIFT) & 3;
+    uint64_t val = vw & ((1ull << MML_MEMO_VALUE_BITS) - 1);
     /* the tag again, in the copy: the record may have been rewritten for another start
-     * since the scan read it */
-    if ((q & 1) || atomic_load_explicit(&r->seq, memory_order_relaxed) != q || rtag != tag ||
-        n > MEMO_DELTAS || (n & 3) || (unsigned)with_bp > (flags & MEMO_F_BP))
+     * since the scan read it (a new stamp alone changes nothing of it) */
+    if ((q & 1) || (uint32_t)atomic_load_explicit(&r->seq, memory_order_relaxed) != (uint32_t)q ||
+        rtag != tag || n > MEMO_DELTAS || (n & 3) || (unsigned)with_bp > (flags & MEMO_F_BP))
         return 0;
     /* the words must lie on this thread's stack as it is known now */
     uintptr_t sp = s->sp, top = (uint8_t)d.b[30] | (uintptr_t)(uint8_t)d.b[31] << 8;
@@ -196,6 +204,10 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
         return 0;
     *value = val;
     *nframes = (int)nf;
+    if (hit) {
+        hit->rec = r;
+        hit->seq = q;
+    }
     if (words) {
         words->n = (int)n;
         words->bad = 0;
@@ -209,14 +221,14 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
  * it), each checked. */
 static inline __attribute__((always_inline)) int
 memo_find(struct memo *r, const struct mml_start *s, uint64_t t0, uint64_t *value,
-          int *nframes, struct mml_trail *words)
+          int *nframes, struct mml_trail *words, struct mml_memo_hit *hit)
 {
     uint64_t t1 = 0;
     for (int w = 0; w < MEMO_WAYS; w++) {
         uint64_t tag = LD(r[w].tag);
         int with_bp = 0;
         if (tag != t0) {
-            if (!(LD(r[w].flags) & MEMO_F_BP))
+            if (!(LD(r[w].value) >> MEMO_FL_SHIFT & MEMO_F_BP))
                 continue;
             if (!t1)
                 t1 = memo_tag1(t0, s->bp);
@@ -224,14 +236,14 @@ memo_find(struct memo *r, const struct mml_start *s, uint64_t t0, uint64_t *valu
                 continue;
             with_bp = 1;
         }
-        if (memo_check(&r[w], s, tag, with_bp, value, nframes, words))
+        if (memo_check(&r[w], s, tag, with_bp, value, nframes, words, hit))
             return 1;
     }
     return 0;
 }
 
 int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int *nframes,
-                 struct mml_trail *words)
+                 struct mml_trail *words, struct mml_memo_hit *hit)
 {
     /* the set the entry point prefetched, if this is that start (a signal handler's
      * allocation in between may have prefetched another) */
@@ -241,14 +253,15 @@ int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int 
     uint64_t t0 = memo_tag0(s, salt, atomic_load_explicit(&g_memo_gen, memory_order_relaxed));
     /* two copies of the check: the one without words has no trace of them */
     if (words)
-        return memo_find(r, s, t0, value, nframes, words);
-    return memo_find(r, s, t0, value, nframes, NULL);
+        return memo_find(r, s, t0, value, nframes, words, NULL);
+    return memo_find(r, s, t0, value, nframes, NULL, hit);
 }
 
 void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
                   const struct mml_trail *tr, int nframes, uint64_t value)
 {
-    if (tr->bad || nframes < 1 || nframes > tr->walked || nframes > MML_TRAIL_FRAMES)
+    if (tr->bad || nframes < 1 || nframes > tr->walked || nframes > MML_TRAIL_FRAMES ||
+        value >> MML_MEMO_VALUE_BITS)
         return;
     /* the words the first nframes frames depend on: all of them if the walk ended there
      * (its last step, that found no caller, read some too) */
@@ -306,19 +319,32 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
             r = &set[(start + w) % MEMO_WAYS];
     if (!r)
         r = &set[start % MEMO_WAYS];
-    uint32_t q = atomic_load_explicit(&r->seq, memory_order_relaxed);
-    if ((q & 1) || !atomic_compare_exchange_strong_explicit(&r->seq, &q, q + 1,
+    uint64_t q = atomic_load_explicit(&r->seq, memory_order_relaxed);
+    uint32_t lo = (uint32_t)q;
+    if ((lo & 1) || !atomic_compare_exchange_strong_explicit(&r->seq, &q,
+                                                            (q & ~0xffffffffull) | (lo + 1),
                                                             memory_order_acquire,
                                                             memory_order_relaxed))
         return;
     atomic_thread_fence(memory_order_release);
     for (int i = 0; i < 4; i++)
         ST(r->dw[i], d.w[i]);
-    ST(r->n, (uint8_t)n);
-    ST(r->flags, (uint8_t)((use_bp ? MEMO_F_BP : 0) | (j != n ? MEMO_F_ESC : 0)));
-    ST(r->nframes, (uint8_t)nframes);
+    unsigned flags = (use_bp ? MEMO_F_BP : 0) | (j != n ? MEMO_F_ESC : 0);
+    ST(r->value, value | (uint64_t)n << MEMO_N_SHIFT | (uint64_t)nframes << MEMO_NF_SHIFT |
+                     (uint64_t)flags << MEMO_FL_SHIFT);
     ST(r->tag, tag);
     ST(r->vhash, h);
-    ST(r->value, value);
-    atomic_store_explicit(&r->seq, q + 2, memory_order_release);
+    /* the new sequence number, and no stamp: no id set is known to hold the new value */
+    atomic_store_explicit(&r->seq, (uint32_t)(lo + 2), memory_order_release);
+}
+
+void mml_memo_stamp(const struct mml_memo_hit *hit, uint32_t stamp)
+{
+    struct memo *r = hit->rec;
+    uint64_t q = hit->seq;
+    if ((uint32_t)(q >> 32) == stamp)
+        return;
+    /* only if the record is still the one checked, with the stamp seen then */
+    atomic_compare_exchange_strong_explicit(&r->seq, &q, (uint32_t)q | (uint64_t)stamp << 32,
+                                            memory_order_relaxed, memory_order_relaxed);
 }

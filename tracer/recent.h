@@ -76,7 +76,7 @@ mml_recent_get(struct mml_recent *r, const struct mml_start *s, unsigned salt, u
      * RECENT_SKIP are not made (each would cost a miss and, now and then, a copy). */
     if (unlikely(r->skip)) {
         if (--r->skip == 0)
-            U.pf_off = 0;
+            mml_memo_prefetch_off = 0;
         return 0;
     }
     if (unlikely(++r->tries == RECENT_ROUND)) {
@@ -85,7 +85,7 @@ mml_recent_get(struct mml_recent *r, const struct mml_start *s, unsigned salt, u
         /* most lookups hit here: the entry points stop prefetching the memo's records */
         U.pf_ip = 0;
         atomic_signal_fence(memory_order_seq_cst);
-        U.pf_off = r->hits * 4 >= 3 * RECENT_ROUND;
+        mml_memo_prefetch_off = r->hits * 4 >= 3 * RECENT_ROUND;
         r->tries = r->hits = 0;
     }
     struct mml_recent_slot *e = recent_slot(r, s->ip, s->sp);

@@ -115,13 +115,18 @@ COLD void record_free_slow(void *p, uint64_t s, const void *ra);
 HOT_INLINE void rec_alloc(void *p, size_t n, const void *ra)
 {
     struct tstate *t = &T;
+    int fast = H->fast;
+    if (fast == 2) {
+        /* stacks: the stack writer checks the thread's state itself (and needs no known
+         * caller: the table of known callers is not read); FP is the frame of the entry
+         * point this is inlined in */
+        record_stack_ref(p, n, ra, __builtin_frame_address(0));
+        return;
+    }
     uintptr_t known = atomic_load_explicit(&mml_direct[MML_DIRECT_SLOT(ra)], memory_order_relaxed);
-    if (unlikely((t->end - t->cur < FAST_ROOM) | t->guard | (H->fast != 1) |
+    if (unlikely((t->end - t->cur < FAST_ROOM) | t->guard | (fast != 1) |
                  (((known ^ (uintptr_t)ra) & H->mask) != 0) | (t->epoch != H->epoch))) {
-        if (H->fast == 2)       /* stacks: the frame of the entry point this is inlined in */
-            record_stack_ref(p, n, ra, __builtin_frame_address(0));
-        else
-            record_with_stack(p, n, ra);
+        record_with_stack(p, n, ra);
         return;
     }
     uint64_t s = seq_next(p);

@@ -70,6 +70,7 @@ HOT_INLINE int record_ready(void)
 /* Each frame is multiplied by a constant of its own and the products summed: the
  * multiplications do not wait for each other (a chained hash costs 5 cycles a frame), and
  * the frames' order still matters.  The sum is then mixed (murmur3's finaliser). */
+_Static_assert(STACK_ID_BITS <= MML_MEMO_VALUE_BITS, "the memo keeps a stack's id");
 static uint64_t stack_id(const uintptr_t *f, int n)
 {
     uint64_t h = 0x9E3779B97F4A7C15ull * (uint64_t)(n + 1);
@@ -136,7 +137,7 @@ void sset_free(struct tstate *t)
         munmap(t->ss, t->ss_cap * sizeof *t->ss);
     t->ss = NULL;
     t->ss_cap = t->ss_n = 0;
-    t->ss_gen++;
+    sset_lost(t);
 }
 
 /* The file ended: none of its stacks is in the next one. */
@@ -145,7 +146,7 @@ void sset_clear(struct tstate *t)
     if (t->ss_n)
         memset(t->ss, 0, t->ss_cap * sizeof *t->ss);
     t->ss_n = 0;
-    t->ss_gen++;
+    sset_lost(t);
 }
 
 /* The frames of an allocation: f[0] the caller's return address, then its callers'.
@@ -216,7 +217,7 @@ static int capture(const void *ra, uintptr_t *f, uint64_t *id, int memo, int *fi
     if (!mml_unwind_start(ra, &st))
         return 1;
     int nf;
-    if (memo && mml_memo_get(&st, (unsigned)want, id, &nf, NULL)) {
+    if (memo && mml_memo_get(&st, (unsigned)want, id, &nf, NULL, NULL)) {
         *filled = 0;
         return nf;
     }
@@ -239,6 +240,24 @@ static int capture(const void *ra, uintptr_t *f, uint64_t *id, int memo, int *fi
     return nf;
 }
 
+/* Stamp the memo record of hit h with this thread's set of ids (which holds its id): the
+ * set's stamp is taken at the first use since the set last lost ids.  Stamps are 32 bits:
+ * when the numbers come round to 0, the memo's generation moves on (every record then dies,
+ * and with them the stamps of sets long gone that the new numbers could repeat). */
+static _Atomic uint64_t g_ss_stamps;
+static __attribute__((noinline)) void memo_stamp(struct tstate *t, const struct mml_memo_hit *h)
+{
+    if (!t->ss_stamp) {
+        uint64_t k = atomic_fetch_add_explicit(&g_ss_stamps, 1, memory_order_relaxed) + 1;
+        if (!(uint32_t)k) {
+            atomic_fetch_add_explicit(&g_memo_gen, 1, memory_order_seq_cst);
+            return;     /* this record is dead now; the next stamp is not 0 */
+        }
+        t->ss_stamp = (uint32_t)k;
+    }
+    mml_memo_stamp(h, t->ss_stamp);
+}
+
 /* The stack writer's memo lookup when the thread's recent walks may take the walk found: the
  * words are copied out of the stack (out of line: the general path does not carry them). */
 static __attribute__((noinline)) int memo_to_recent(struct tstate *t, const struct mml_start *st,
@@ -247,7 +266,7 @@ static __attribute__((noinline)) int memo_to_recent(struct tstate *t, const stru
     struct mml_trail w;
     unsigned gen = mml_memo_gen();
     int nf;
-    if (!mml_memo_get(st, salt, id, &nf, &w) || nf < 2 || !sset_has(t, *id))
+    if (!mml_memo_get(st, salt, id, &nf, &w, NULL) || nf < 2 || !sset_has(t, *id))
         return 0;
     mml_recent_put(t->recent, st, salt, gen, &w, nf, *id, 1);
     return 1;
@@ -295,8 +314,17 @@ void record_stack_ref(void *p, size_t n, const void *ra, const void *fp)
             if (found)
                 e1->stamp = t->ss_gen + 1;
         }
-    } else if (found && rec == 0)
-        found = mml_memo_get(&st, salt, &id, &nf, NULL) && nf > 1 && sset_has(t, id);
+    } else if (found && rec == 0) {
+        /* the record's stamp: this file's set of ids was seen to hold its id, and has lost
+         * none since (else the set is asked, and the record stamped) */
+        struct mml_memo_hit h;
+        found = mml_memo_get(&st, salt, &id, &nf, NULL, &h) && nf > 1;
+        if (found && (MML_MEMO_HIT_STAMP(&h) != t->ss_stamp || !t->ss_stamp)) {
+            found = sset_has(t, id);
+            if (found)
+                memo_stamp(t, &h);
+        }
+    }
     else if (found)
         found = memo_to_recent(t, &st, salt, &id);
     atomic_signal_fence(memory_order_seq_cst);

@@ -878,7 +878,7 @@ static int take_parked(struct tstate *t)
     t->ss = s.ss;
     t->ss_cap = s.ss_cap;
     t->ss_n = s.ss_n;
-    t->ss_gen++;
+    sset_lost(t);
     half_start(t, 0);
     t->open = 1;
     return 0;
@@ -914,7 +914,7 @@ void park(struct tstate *t)
     pthread_mutex_unlock(&g_lock);
     t->ss = NULL;
     t->ss_cap = t->ss_n = 0;
-    t->ss_gen++;
+    sset_lost(t);
     t->slot = 0;
     t->stage = NULL;
     t->cur = t->end = NULL;

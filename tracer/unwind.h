@@ -86,9 +86,23 @@ int mml_unwind_trail(const struct mml_start *s, uintptr_t *out, int max, struct 
 unsigned mml_memo_gen(void);
 /* A memoised walk from s under salt (the caller's own settings) whose stack words are all
  * still the same: 1, with the caller's value and frame count; and in *words if not NULL,
- * the words checked (for mml_recent_put: n, off, val, walked, bp_from). */
+ * the words checked (for mml_recent_put: n, off, val, walked, bp_from); else in *hit if not
+ * NULL, the record found and its stamp (for mml_memo_stamp).  A value has at most
+ * MML_MEMO_VALUE_BITS bits (a wider one is not kept). */
+#define MML_MEMO_VALUE_BITS 44
+struct mml_memo_hit {
+    void *rec;
+    uint64_t seq;           /* the record's sequence number (low 32 bits) and stamp (high) */
+};
+#define MML_MEMO_HIT_STAMP(h) ((uint32_t)((h)->seq >> 32))
 int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int *nframes,
-                 struct mml_trail *words);
+                 struct mml_trail *words, struct mml_memo_hit *hit);
+/* Stamp the record of hit with the caller's stamp, a nonzero number that names a set the
+ * value belongs to (stacks.c: a thread's set of the stack ids its file holds, while it loses
+ * none): a later hit on the record with the same stamp shows it holds the value without
+ * asking the set.  Nothing if the record changed since (a new walk kept there, another
+ * stamp).  A record written anew has no stamp (0). */
+void mml_memo_stamp(const struct mml_memo_hit *hit, uint32_t stamp);
 
 /* ---- the thread's recent walks ----
  * In front of the memo, per thread: the last walks from a few starts, with the stack words
@@ -128,9 +142,15 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
  * call it (MML_MEMO_PREFETCH) before it calls the real allocator, so that the lookup after it
  * finds them there. */
 void mml_memo_prefetch(uintptr_t ip, uintptr_t sp);
-/* In the interposed function itself (its frame is where the walk starts). */
+/* In the interposed function itself (its frame is where the walk starts).  Not called while
+ * the thread's recent walks serve most lookups (mml_memo_prefetch_off: the flag it would
+ * check first, read here without the call). */
+extern __thread int mml_memo_prefetch_off __attribute__((tls_model("initial-exec")));
 #define MML_MEMO_PREFETCH(ra)                                                                 \
-    mml_memo_prefetch((uintptr_t)(ra), (uintptr_t)__builtin_frame_address(0) + 16)
+    do {                                                                                      \
+        if (!mml_memo_prefetch_off)                                                           \
+            mml_memo_prefetch((uintptr_t)(ra), (uintptr_t)__builtin_frame_address(0) + 16);  \
+    } while (0)
 
 #define MML_UNWIND_CALLER(out, max)                                                           \
     mml_unwind((uintptr_t)__builtin_return_address(0),                                       \

@@ -14,7 +14,6 @@ struct mml_tls {
     unsigned tries;
     uintptr_t pf_ip, pf_sp; /* the last mml_memo_prefetch: its start and set */
     void *pf_set;
-    int pf_off;             /* the thread's recent walks serve most lookups: no prefetch */
 };
 extern __thread struct mml_tls U __attribute__((tls_model("initial-exec")));
 extern _Atomic int g_unloading;         /* dlclose calls in progress: walks bypass the cache */

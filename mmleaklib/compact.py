@@ -388,9 +388,9 @@ def _fold(directory, tid, cpath, done, over=False):
     lock).  The result is mmleak.ID.compact and newer runs mmleak.ID.compact.N, each at
     least MERGE_FACTOR times smaller than the one before it.  DONE are folded alone into a
     new run (a pass costs what its new files hold: their size says little of what they
-    leave, a file of freed blocks leaves nothing), then the newest run is merged into the
-    one before it as long as that one is at most MERGE_FACTOR times bigger (by what they
-    hold: each line is merged about log4 of the live set over a run's lines times).  The
+    leave, a file of freed blocks leaves nothing), then the newest runs are merged into the
+    one before them as long as that one is at most MERGE_FACTOR times what they hold
+    (_merge_start; each line is merged about log4 of the live set over a run's lines times).  The
     trace over (OVER), or no result yet: everything into mmleak.ID.compact."""
     own = files._own_file(cpath)
     runs = _runs(directory, tid)
@@ -405,14 +405,12 @@ def _fold(directory, tid, cpath, done, over=False):
     else:
         run = _next_run(directory, tid, runs, cpath)
         sh = _fold_into(directory, tid, TraceFiles(directory, tid).run(run), run, done, work)
-        while True:
-            chain = [(None, cpath)] + _runs(directory, tid)
-            if len(chain) < 2 or files._size(chain[-2][1]) > MERGE_FACTOR * \
-                    files._size(chain[-1][1]):
-                break
-            (older, target), (_, newest) = chain[-2], chain[-1]
-            _fold_into(directory, tid, target, older, [target, newest], work)
-            work["merged"] += 1
+        chain = [(None, cpath)] + _runs(directory, tid)
+        i = _merge_start([files._size(p) for _, p in chain])
+        if i < len(chain) - 1:
+            (older, target) = chain[i]
+            _fold_into(directory, tid, target, older, [p for _, p in chain[i:]], work)
+            work["merged"] = len(chain) - 1 - i
     after = sum(files._size(p) for p in [cpath] + [p for _, p in _runs(directory, tid)])
     return {"folded": len(done), "events": sh.events - sh.compacted["entries"],
             "bytes": nbytes, "before": before, "after": after,
@@ -421,6 +419,17 @@ def _fold(directory, tid, cpath, done, over=False):
             # entries), lines written, and the runs merged into an older one
             "read": work["read"], "written": work["written"],
             "merged": work["merged"], "runs": len(_runs(directory, tid))}
+
+
+def _merge_start(sizes):
+    """SIZES: of the result and its runs, oldest first, the run just written last.  The
+    index of the oldest to merge the newer ones into: the newest runs, as long as the one
+    before is at most MERGE_FACTOR times what they hold together (len - 1: none)."""
+    i, est = len(sizes) - 1, sizes[-1]
+    while i > 0 and sizes[i - 1] <= MERGE_FACTOR * est:
+        i -= 1
+        est += sizes[i]
+    return i
 
 
 def _fold_into(directory, tid, target, run, inputs, work):

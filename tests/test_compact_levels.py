@@ -169,8 +169,9 @@ def test_a_merge_stopped_anywhere_loses_and_doubles_nothing(tmp_path, alive, mon
 
 
 def test_a_stale_folded_run_name_is_not_reused(tmp_path, alive, monkeypatch):
-    """Run 2 merged into run 1, the pass stopped before deleting run 2: run 1 names it as
-    folded.  Readers leave run 2 out; the next pass deletes it and numbers its new run 3."""
+    """Run 2 and the new run 3 merged into run 1, the pass stopped before deleting run 2:
+    run 1 names both as folded.  Readers leave them out; the next pass deletes them and
+    numbers its new run 4, not 2 or 3."""
     h = History(tmp_path)
     h.batch(allocs=100000)
     one_pass(tmp_path)
@@ -179,7 +180,7 @@ def test_a_stale_folded_run_name_is_not_reused(tmp_path, alive, monkeypatch):
     h.batch(allocs=4)
     one_pass(tmp_path)                              # run 2 (4 lines)
     assert runs(tmp_path) == ["mmleak.%s.compact.%d" % (TID, n) for n in (1, 2)]
-    h.batch(allocs=100)                             # merges run 2 and this into run 1
+    h.batch(allocs=100)                             # run 3, merged with run 2 into run 1
 
     class Stop(Exception):
         pass
@@ -193,11 +194,11 @@ def test_a_stale_folded_run_name_is_not_reused(tmp_path, alive, monkeypatch):
         m.setattr(mmleak.compact, "_remove_dump", remove)
         with pytest.raises(Stop):
             one_pass(tmp_path)
-    assert runs(tmp_path) == ["mmleak.%s.compact.%d" % (TID, n) for n in (1, 2)]
-    assert survivors(tmp_path) == h.live            # run 2 is left out: run 1 has it
+    assert runs(tmp_path) == ["mmleak.%s.compact.%d" % (TID, n) for n in (1, 2, 3)]
+    assert survivors(tmp_path) == h.live            # runs 2 and 3 left out: run 1 has them
     h.batch(allocs=2)
     one_pass(tmp_path)
-    assert runs(tmp_path) == ["mmleak.%s.compact.%d" % (TID, n) for n in (1, 3)]
+    assert runs(tmp_path) == ["mmleak.%s.compact.%d" % (TID, n) for n in (1, 4)]
     assert survivors(tmp_path) == h.live
 
 

@@ -453,8 +453,7 @@ def test_exit_scan_reads_the_levels(scan_bins, dump, tmp_path, monkeypatch):
         return sorted(n for n in os.listdir(dump) if ".compact." in n)
 
     def one_pass(factor):
-        # the merge policy forced (a batch's dump files are 1 MB or more, its live blocks
-        # a few KB): 0 makes a new run, 0.05 merges the runs, not mmleak.ID.compact
+        # the merge policy forced: 0 makes a new run
         monkeypatch.setattr(compact, "MERGE_FACTOR", factor)
         (res,) = mm.compact_dir(str(dump), tid, series=False)[1]
         assert res["folded"] >= 1 and not res["over"]
@@ -473,8 +472,9 @@ def test_exit_scan_reads_the_levels(scan_bins, dump, tmp_path, monkeypatch):
             stale = {(int(w[0], 16), int(w[1], 16)) for w in (line.split() for line in f)
                      if len(w) >= 5 and w[2] == b"%x" % keep}
         assert len(stale) == 4
-        batch(0, 4, 0)                                  # frees run 2's blocks: merged
-        real = compact._remove_dump                     # into run 1, run 2 left behind
+        batch(0, 4, 0)                                  # frees run 2's blocks: run 3,
+        real = compact._remove_dump                     # merged with run 2 into run 1,
+                                                        # run 2 left behind
 
         class Stop(Exception):
             pass
@@ -485,13 +485,14 @@ def test_exit_scan_reads_the_levels(scan_bins, dump, tmp_path, monkeypatch):
             return real(path)
         with monkeypatch.context() as m:
             m.setattr(compact, "_remove_dump", remove)
+            m.setattr(compact, "_merge_start", lambda sizes: 1)     # the runs, not the result
             with pytest.raises(Stop):
-                one_pass(0.05)
-        assert runs() == [run1, run2]
+                one_pass(0)
+        assert runs() == [run1, run2, "mmleak.%s.compact.3" % tid]
         named = mm.files._previously_folded(os.path.join(dump, run1), tid)
         assert run2 in named and len(named) >= 2
-        # the dump files merged with run 2 deleted too (no reader needs a file a "#folded"
-        # line names): run 2's blocks are then freed only in run 1, where they cancelled
+        # what was merged with run 2 deleted too (no reader needs a file a "#folded" line
+        # names): run 2's blocks are then freed only in run 1, where they cancelled
         for n in named:
             if n != run2:
                 os.unlink(os.path.join(dump, n))

@@ -337,15 +337,17 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
         done, over, tails = complete_files(directory, tid, paths, traces)
         res = {"trace": tid, "folded": 0, "over": over, "events": 0, "bytes": 0,
                "point": None, "unclosed": len(tails) if over else 0}
+        now = None
         if done or over and _runs(directory, tid):
             res.update(_fold(directory, tid, cpath, done, over))
+            now = res.pop("now")
         # a trace that is over gets its last point (unless it has it: the .live is gone)
         if series and paths and (over and (done or os.path.lexists(t.live) or
                                            not os.path.lexists(t.series))
                                  or not over and point_due(directory, tid) and
                                  not (stopping and stopping())):
             lock.downgrade()
-            res["point"] = add_point(directory, tid, final=over)
+            res["point"] = add_point(directory, tid, final=over, now=now)
         return res
     finally:
         lock.__exit__()
@@ -413,13 +415,19 @@ def _fold(directory, tid, cpath, done, over=False):
     inputs = [p for _, p in merged] + done
     folded = [p for p in inputs if p != target]
     with tempfile.TemporaryFile(prefix="mmleak-shrink.") as raw:
-        sh, data = shrink_raw(inputs, out=raw)
+        sh, data = shrink_raw(inputs, out=raw, live=over)
         if sh.problems.fatal:
             raise Fail("%s: cannot compact trace %s: an input could not be read"
                        % (directory, tid))
         _write_atomic(target, _compact_header_lines(sh, folded, run), sh, data, raw)
     for p in folded:
         _remove_dump(p)
+    # the trace over, everything is folded into the result: its survivors, which the
+    # compiled shrinker left from the same reading, are the trace's, for its last point
+    now = None
+    if over and sh.native_blocks is not None:
+        from .blocks import Live
+        now = (sh, Live(sh.native_blocks, [], sh.stacks))
     after = sum(files._size(p) for p in [cpath] + [p for _, p in _runs(directory, tid)])
     return {"folded": len(done), "events": sh.events - sh.compacted["entries"],
             "bytes": nbytes, "before": before, "after": after,
@@ -427,7 +435,7 @@ def _fold(directory, tid, cpath, done, over=False):
             # the work of this pass: event lines read (the new files' and the runs'
             # entries), lines written, and the runs merged into the result written
             "read": sh.events, "written": sh.result_lines[0],
-            "merged": len(merged), "runs": len(_runs(directory, tid))}
+            "merged": len(merged), "runs": len(_runs(directory, tid)), "now": now}
 
 
 def _remove_dump(p):

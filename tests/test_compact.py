@@ -599,6 +599,38 @@ def test_the_series_ends_with_the_trace(load, tmp_path, monkeypatch):
     assert len(mmleak.read_series(mmleak.TraceFiles(str(dump), tid).series)[0]) == 2
 
 
+def test_the_last_point_takes_the_last_pass_survivors(load, tmp_path, monkeypatch):
+    """The pass that folds a trace's last files (the trace over: everything into
+    mmleak.ID.compact) hands the survivors the compiled shrinker left from that reading to
+    the trace's last point, which does not read the trace again (issue 19: run's end); the
+    point is exact."""
+    if mmleak.native._native_engine() is None:
+        pytest.skip("no compiled shrinker")
+    monkeypatch.setattr(mmleak.series, "SERIES_INTERVAL", 3600.0)
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    p, tid, next_phase = phases(load, dump, 2)
+    next_phase()
+    mmleak.compact_dir(str(dump), tid)              # the first point
+    next_phase()
+    next_phase()                                    # exits: its last files not folded yet
+    assert p.stdout.read() == b"leaked 400\n"
+    p.wait()
+
+    def read_again(*a, **k):
+        raise AssertionError("the last point read the trace again")
+    monkeypatch.setattr(mmleak.series, "_live_now", read_again)
+    live, res = mmleak.compact_dir(str(dump), tid)
+    assert live == [] and res[0]["over"] and res[0]["folded"] >= 1 and res[0]["point"]
+    monkeypatch.undo()
+    counts, points = leak_counts(dump, tid)
+    assert counts == [200, 400]
+    truth, _ = survivors(dump, tid)
+    assert points[-1].live == (sum(v[0] for v in truth.values()), len(truth))
+    check_series(points)
+    assert not os.path.exists(mmleak.TraceFiles(str(dump), tid).series + ".live")
+
+
 @pytest.mark.parametrize("stop_at", [".series.live", ".series"])
 def test_a_compactor_killed_while_it_writes_the_series(load, tmp_path, monkeypatch, stop_at):
     """A point is two files: the blocks alive (.series.live, against which the next point

@@ -310,11 +310,13 @@ def _write_atomic(path, header_lines, sh, data, raw=None):
     files.replace(path, fill, sync=True)
 
 
-def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping=None):
+def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping=None,
+                  folded=None):
     """One compaction pass over trace TID, and a point of its series when one is due
     (SERIES: False never; STOPPING, a function: when it says True, no point but the last of
     a trace that is over: `run`'s compactor, once its program has ended, leaves the point to
-    its last pass, which reads the trace as it ends).  Returns a dict of what it did, or None when another compactor
+    its last pass, which reads the trace as it ends; FOLDED, a function: called with TID once
+    the files are folded, before the point).  Returns a dict of what it did, or None when another compactor
     holds the trace (it is skipped, not waited for).  A file it cannot trust (Refused) or
     write stops the pass over this trace (Fail), and nothing is deleted."""
     traces = traces if traces is not None else files.find_traces(directory)
@@ -341,6 +343,8 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
         if done or over and _runs(directory, tid):
             res.update(_fold(directory, tid, cpath, done, over))
             now = res.pop("now")
+        if folded:
+            folded(tid)
         # a trace that is over gets its last point (unless it has it: the .live is gone)
         if series and paths and (over and (done or os.path.lexists(t.live) or
                                            not os.path.lexists(t.series))
@@ -446,9 +450,10 @@ def _remove_dump(p):
             files.remove_trace_file(q)
 
 
-def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopping=None):
+def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopping=None,
+                folded=None):
     """One compaction pass over every trace in DIRECTORY (or trace PID).  Returns
-    (live traces, results).  STOPPING: see compact_trace."""
+    (live traces, results).  STOPPING, FOLDED: see compact_trace."""
     out = out or sys.stdout
     traces = files.find_traces(directory)
     live, results = [], []
@@ -457,7 +462,7 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopp
             continue
         try:
             res = compact_trace(directory, tid, traces[tid], traces, series=series,
-                                stopping=stopping)
+                                stopping=stopping, folded=folded)
         except Fail as e:               # this trace is left as it is; the others go on
             refuse(str(e))
             continue
@@ -521,13 +526,16 @@ class BackgroundCompactor:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.error = None
+        self.last = None
+        self.folds_done = threading.Event()     # the last pass has folded every trace
 
     def start(self):
         self.thread.start()
 
-    def _pass(self):
+    def _pass(self, folded=None):
         for tid in sorted(set(files.find_traces(self.directory)) - self.before):
-            compact_dir(self.directory, tid, verbose=False, stopping=self.stop.is_set)
+            compact_dir(self.directory, tid, verbose=False, stopping=self.stop.is_set,
+                        folded=folded)
 
     def _loop(self):
         try:
@@ -540,16 +548,44 @@ class BackgroundCompactor:
         except (Fail, OSError) as e:
             self.error = e
 
-    def finish(self):
-        self.stop.set()
-        self.thread.join()
+    def _last_pass(self):
+        """The last pass; folds_done is set once its last trace is folded (its last point
+        may still be under way) or when it stops."""
+        tids = sorted(set(files.find_traces(self.directory)) - self.before)
+
+        def folded(tid):
+            if tid == tids[-1]:
+                self.folds_done.set()
         try:
-            self._pass()
+            self._pass(folded=folded)
         except (Fail, OSError) as e:
             self.error = self.error or e
+        finally:
+            self.folds_done.set()
+
+    def finish(self, overlap=False):
+        """Stop the passes and make the last one.  OVERLAP: return once it has folded every
+        trace, its last points still under way (`run --check` reads the trace meanwhile:
+        the point holds the trace's lock shared, as a reader does); join() waits for it."""
+        self.stop.set()
+        self.thread.join()
+        if overlap:
+            import threading
+            self.last = threading.Thread(target=self._last_pass, daemon=True)
+            self.last.start()
+            self.folds_done.wait()
+        else:
+            self._last_pass()
+            self.join()
+
+    def join(self):
+        if self.last is not None:
+            self.last.join()
+            self.last = None
         if self.error:
             warn("background compaction stopped: %s (the files left are complete; run "
                  "`mmleak.py compact %s`)" % (self.error, self.directory))
+            self.error = None
 
 
 def _recover_one(p, tail):

@@ -526,7 +526,7 @@ class BackgroundCompactor:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.error = None
-        self.last = None
+        self.last = self.crash = None
         self.folds_done = threading.Event()     # the last pass has folded every trace
 
     def start(self):
@@ -560,6 +560,8 @@ class BackgroundCompactor:
             self._pass(folded=folded)
         except (Fail, OSError) as e:
             self.error = self.error or e
+        except BaseException as e:      # (out of memory...): raised again by join()
+            self.crash = e
         finally:
             self.folds_done.set()
 
@@ -582,6 +584,9 @@ class BackgroundCompactor:
         if self.last is not None:
             self.last.join()
             self.last = None
+        if self.crash is not None:
+            crash, self.crash = self.crash, None
+            raise crash
         if self.error:
             warn("background compaction stopped: %s (the files left are complete; run "
                  "`mmleak.py compact %s`)" % (self.error, self.directory))

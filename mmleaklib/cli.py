@@ -359,13 +359,19 @@ def cmd_run(args):
     finally:
         signal.signal(signal.SIGINT, old)
         if compactor:
-            compactor.finish()
+            # with --check, the verdict reads the trace while the last pass's last point
+            # of the series is made (both under the trace's lock, shared)
+            compactor.finish(overlap=bool(args.check))
     how = ("exit status %d" % rc) if rc >= 0 else ("killed by signal %d" % -rc)
     say_run_traces(d, before, proc.pid, cmd[0], how)
     status = rc if rc >= 0 else 128 - rc
-    if args.check and not run_check(d, before, args, None if not args.no_check_children
-                                    else proc.pid):
-        return args.check_status
+    try:
+        if args.check and not run_check(d, before, args, None if not args.no_check_children
+                                        else proc.pid):
+            return args.check_status
+    finally:
+        if compactor:
+            compactor.join()
     return status
 
 

@@ -310,11 +310,13 @@ def _write_atomic(path, header_lines, sh, data, raw=None):
     files.replace(path, fill, sync=True)
 
 
-def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping=None):
+def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping=None,
+                  folded=None):
     """One compaction pass over trace TID, and a point of its series when one is due
     (SERIES: False never; STOPPING, a function: when it says True, no point but the last of
     a trace that is over: `run`'s compactor, once its program has ended, leaves the point to
-    its last pass, which reads the trace as it ends).  Returns a dict of what it did, or None when another compactor
+    its last pass, which reads the trace as it ends; FOLDED, a function: called with TID once
+    the files are folded, before the point).  Returns a dict of what it did, or None when another compactor
     holds the trace (it is skipped, not waited for).  A file it cannot trust (Refused) or
     write stops the pass over this trace (Fail), and nothing is deleted."""
     traces = traces if traces is not None else files.find_traces(directory)
@@ -337,15 +339,19 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
         done, over, tails = complete_files(directory, tid, paths, traces)
         res = {"trace": tid, "folded": 0, "over": over, "events": 0, "bytes": 0,
                "point": None, "unclosed": len(tails) if over else 0}
+        now = None
         if done or over and _runs(directory, tid):
             res.update(_fold(directory, tid, cpath, done, over))
+            now = res.pop("now")
+        if folded:
+            folded(tid)
         # a trace that is over gets its last point (unless it has it: the .live is gone)
         if series and paths and (over and (done or os.path.lexists(t.live) or
                                            not os.path.lexists(t.series))
                                  or not over and point_due(directory, tid) and
                                  not (stopping and stopping())):
             lock.downgrade()
-            res["point"] = add_point(directory, tid, final=over)
+            res["point"] = add_point(directory, tid, final=over, now=now)
         return res
     finally:
         lock.__exit__()
@@ -397,11 +403,16 @@ def _fold(directory, tid, cpath, done, over=False):
     before = (files._size(cpath) if own else 0) + sum(files._size(p) for _, p in runs)
     nbytes = sum(files._size(p) + files._size(tail_of(p)) for p in done)
     work = {"read": 0, "written": 0, "merged": 0}
-    sh = None
+    sh, now = None, None
     if over or not own:
         chain = ([cpath] if own else []) + [p for _, p in runs]
-        sh = _fold_into(directory, tid, cpath, None, chain + done, work)
+        sh = _fold_into(directory, tid, cpath, None, chain + done, work, live=over)
         work["merged"] = len(chain)
+        # the trace over, everything is folded into the result: its survivors, which the
+        # compiled shrinker left from the same reading, are the trace's, for its last point
+        if over and sh.native_blocks is not None:
+            from .blocks import Live
+            now = (sh, Live(sh.native_blocks, [], sh.stacks))
     else:
         run = _next_run(directory, tid, runs, cpath)
         sh = _fold_into(directory, tid, TraceFiles(directory, tid).run(run), run, done, work)
@@ -418,7 +429,7 @@ def _fold(directory, tid, cpath, done, over=False):
             # the work of this pass: event lines read (the new files' and the runs'
             # entries), lines written, and the runs merged into an older one
             "read": work["read"], "written": work["written"],
-            "merged": work["merged"], "runs": len(_runs(directory, tid))}
+            "merged": work["merged"], "runs": len(_runs(directory, tid)), "now": now}
 
 
 def _merge_start(sizes):
@@ -432,13 +443,14 @@ def _merge_start(sizes):
     return i
 
 
-def _fold_into(directory, tid, target, run, inputs, work):
+def _fold_into(directory, tid, target, run, inputs, work, live=False):
     """Shrink INPUTS into TARGET (run number RUN, None: mmleak.ID.compact), written
     atomically and naming in "#folded" the inputs it replaces, which are then deleted (a
-    pass stopped in between leaves them to the next one, which sees them folded)."""
+    pass stopped in between leaves them to the next one, which sees them folded).  LIVE:
+    the compiled shrinker also leaves the survivors as blocks (sh.native_blocks)."""
     folded = [p for p in inputs if p != target]
     with tempfile.TemporaryFile(prefix="mmleak-shrink.") as raw:
-        sh, data = shrink_raw(inputs, out=raw)
+        sh, data = shrink_raw(inputs, out=raw, live=live)
         if sh.problems.fatal:
             raise Fail("%s: cannot compact trace %s: an input could not be read"
                        % (directory, tid))
@@ -458,9 +470,10 @@ def _remove_dump(p):
             files.remove_trace_file(q)
 
 
-def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopping=None):
+def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopping=None,
+                folded=None):
     """One compaction pass over every trace in DIRECTORY (or trace PID).  Returns
-    (live traces, results).  STOPPING: see compact_trace."""
+    (live traces, results).  STOPPING, FOLDED: see compact_trace."""
     out = out or sys.stdout
     traces = files.find_traces(directory)
     live, results = [], []
@@ -469,7 +482,7 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopp
             continue
         try:
             res = compact_trace(directory, tid, traces[tid], traces, series=series,
-                                stopping=stopping)
+                                stopping=stopping, folded=folded)
         except Fail as e:               # this trace is left as it is; the others go on
             refuse(str(e))
             continue
@@ -533,13 +546,16 @@ class BackgroundCompactor:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.error = None
+        self.last = self.crash = None
+        self.folds_done = threading.Event()     # the last pass has folded every trace
 
     def start(self):
         self.thread.start()
 
-    def _pass(self):
+    def _pass(self, folded=None):
         for tid in sorted(set(files.find_traces(self.directory)) - self.before):
-            compact_dir(self.directory, tid, verbose=False, stopping=self.stop.is_set)
+            compact_dir(self.directory, tid, verbose=False, stopping=self.stop.is_set,
+                        folded=folded)
 
     def _loop(self):
         try:
@@ -552,16 +568,49 @@ class BackgroundCompactor:
         except (Fail, OSError) as e:
             self.error = e
 
-    def finish(self):
-        self.stop.set()
-        self.thread.join()
+    def _last_pass(self):
+        """The last pass; folds_done is set once its last trace is folded (its last point
+        may still be under way) or when it stops."""
+        tids = sorted(set(files.find_traces(self.directory)) - self.before)
+
+        def folded(tid):
+            if tid == tids[-1]:
+                self.folds_done.set()
         try:
-            self._pass()
+            self._pass(folded=folded)
         except (Fail, OSError) as e:
             self.error = self.error or e
+        except BaseException as e:      # (out of memory...): raised again by join()
+            self.crash = e
+        finally:
+            self.folds_done.set()
+
+    def finish(self, overlap=False):
+        """Stop the passes and make the last one.  OVERLAP: return once it has folded every
+        trace, its last points still under way (`run --check` reads the trace meanwhile:
+        the point holds the trace's lock shared, as a reader does); join() waits for it."""
+        self.stop.set()
+        self.thread.join()
+        if overlap:
+            import threading
+            self.last = threading.Thread(target=self._last_pass, daemon=True)
+            self.last.start()
+            self.folds_done.wait()
+        else:
+            self._last_pass()
+            self.join()
+
+    def join(self):
+        if self.last is not None:
+            self.last.join()
+            self.last = None
+        if self.crash is not None:
+            crash, self.crash = self.crash, None
+            raise crash
         if self.error:
             warn("background compaction stopped: %s (the files left are complete; run "
                  "`mmleak.py compact %s`)" % (self.error, self.directory))
+            self.error = None
 
 
 def _recover_one(p, tail):

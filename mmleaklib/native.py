@@ -23,7 +23,7 @@ from .errors import EXIT_INPUT, EXIT_TOOL, EXIT_USAGE, Fail
 from .facts import LIBNAME, TOOLS_LIBNAME
 
 SHRINK_ENV = "MMLEAK_SHRINK"
-NATIVE_ABI = 5
+NATIVE_ABI = 6
 INJECT_ABI = 1
 _native = None          # None: not tried yet; False: unavailable; else the ctypes binding
 _native_why = None      # why it is unavailable
@@ -79,6 +79,9 @@ def _native_engine():
     blocks_fn = dll.mmleak_shrink_blocks
     blocks_fn.argtypes = fn.argtypes[:5] + fn.argtypes[6:] + [ctypes.POINTER(BlocksT)]
     blocks_fn.restype = i32
+    both_fn = dll.mmleak_shrink_result_blocks
+    both_fn.argtypes, both_fn.restype = blocks_fn.argtypes, i32
+    _blocks_api["result_blocks"] = both_fn
     _bind_blocks(dll)
     dll.mmleak_shrink_stats_free.argtypes = [ctypes.POINTER(Stats)]
     dll.mmleak_shrink_stats_free.restype = None
@@ -338,7 +341,7 @@ class _Counts:
                     yield (name, kind), n
 
 
-def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False):
+def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, also_blocks=False):
     """Feed PATHS ('-': stdin) into the fresh Shrinker SH with the compiled shrinker.
 
     RAW (a binary file): the result's event lines (as Shrinker.entries(FINAL) gives them)
@@ -347,7 +350,9 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False):
     stack ids they use (sorted), "allocs", "alloc_bytes", "frees": lines of each}.  BLOCKS: the
     final result only (what a report reads), its survivors of format 2 as a native array
     in SH.native_blocks (NativeBlocks), the rest (foreign frees, survivors of format 1) in
-    SH.state.  Returns False, having done nothing, when the Python path must do it instead
+    SH.state.  ALSO_BLOCKS (with RAW, not FINAL): the result written to RAW, and its survivors
+    also in SH.native_blocks, from the same reading; None there when a survivor is not a
+    block (format 1: read the result again).  Returns False, having done nothing, when the Python path must do it instead
     (not available, not wanted, or stdin is not descriptor 0)."""
     if _shrink_engine() != "native":
         return False
@@ -412,7 +417,14 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False):
                    problem_cb(lambda *a: call(problem, *a)))
             argv = ctypes.c_char_p * max(n, 1)
             ids = ctypes.c_int * max(n, 1)
-            if blocks:
+            if also_blocks and raw is not None and not final:
+                bl = BlocksT()
+                rc = _blocks_api["result_blocks"](
+                    argv(*c_paths), ids(*[first[name] for name in names]), n, out.fileno(),
+                    sh.problems.SHOW, *cbs, counts, ctypes.byref(stats), ctypes.byref(bl))
+                if rc == 0 and bl.v:
+                    sh.native_blocks = NativeBlocks(bl)
+            elif blocks:
                 bl = BlocksT()
                 rc = blocks_fn(argv(*c_paths), ids(*[first[name] for name in names]), n,
                                out.fileno(), sh.problems.SHOW, *cbs, counts,

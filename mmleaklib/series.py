@@ -164,7 +164,7 @@ def _in_table(ptr, seq, p, q):
     return False
 
 
-def add_point(directory, tid, final=False):
+def add_point(directory, tid, final=False, now=None):
     """Add one point to the series; the caller holds the trace's lock (a pass's, made shared
     once its inputs are deleted: no other compactor runs meanwhile).  FINAL: the
     trace is over: its last point, after which the .live is deleted.  Returns the point.
@@ -172,7 +172,9 @@ def add_point(directory, tid, final=False):
     It sums the live set per call site (in C, from the native blocks), splitting each site's
     blocks into those in the previous point's table of blocks (.live: their (address, SEQ),
     sorted) and the new ones; FREED follows from the previous point's sums (also in .live):
-    previous + NEW - now.  No Python object per block, no pattern over the result."""
+    previous + NEW - now.  No Python object per block, no pattern over the result.
+    NOW: (Shrinker, blocks.Live) of the trace as its files hold it, when the caller has them
+    (the last pass, which read the whole trace): the trace is not read again."""
     t = TraceFiles(directory, tid)
     spath, lpath = t.series, t.live
     head, have_stacks, points = _series_lines(spath)
@@ -189,7 +191,7 @@ def add_point(directory, tid, final=False):
         _remove_quietly(lpath)          # the last point is in the series: it is complete
         return None
     live_stacks = pending[1] if pending is not None else {}
-    sh, live = _live_now(directory, tid)
+    sh, live = now if now is not None else _live_now(directory, tid)
     # the call site of each group as the series writes it: a caller in hex, or @ID (stacks
     # the trace defines keep their id; a list of callers gets one of its own)
     stack_lines = {}

@@ -599,6 +599,82 @@ def test_the_series_ends_with_the_trace(load, tmp_path, monkeypatch):
     assert len(mmleak.read_series(mmleak.TraceFiles(str(dump), tid).series)[0]) == 2
 
 
+def test_the_last_point_takes_the_last_pass_survivors(load, tmp_path, monkeypatch):
+    """The pass that folds a trace's last files (the trace over: everything into
+    mmleak.ID.compact) hands the survivors the compiled shrinker left from that reading to
+    the trace's last point, which does not read the trace again (issue 19: run's end); the
+    point is exact."""
+    if mmleak.native._native_engine() is None:
+        pytest.skip("no compiled shrinker")
+    monkeypatch.setattr(mmleak.series, "SERIES_INTERVAL", 3600.0)
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    p, tid, next_phase = phases(load, dump, 2)
+    next_phase()
+    mmleak.compact_dir(str(dump), tid)              # the first point
+    next_phase()
+    next_phase()                                    # exits: its last files not folded yet
+    assert p.stdout.read() == b"leaked 400\n"
+    p.wait()
+
+    def read_again(*a, **k):
+        raise AssertionError("the last point read the trace again")
+    monkeypatch.setattr(mmleak.series, "_live_now", read_again)
+    live, res = mmleak.compact_dir(str(dump), tid)
+    assert live == [] and res[0]["over"] and res[0]["folded"] >= 1 and res[0]["point"]
+    monkeypatch.undo()
+    counts, points = leak_counts(dump, tid)
+    assert counts == [200, 400]
+    truth, _ = survivors(dump, tid)
+    assert points[-1].live == (sum(v[0] for v in truth.values()), len(truth))
+    check_series(points)
+    assert not os.path.exists(mmleak.TraceFiles(str(dump), tid).series + ".live")
+
+
+def test_run_check_reads_the_trace_while_the_last_point_is_made(load, tmp_path, monkeypatch):
+    """`run --check`'s compactor (finish(overlap=True)) returns once its last pass has
+    folded the trace, while the trace's last point is still under way (the verdict reads
+    the trace meanwhile, under the lock shared); join() waits for the point, which is
+    exact."""
+    import threading
+    monkeypatch.setattr(mmleak.series, "SERIES_INTERVAL", 3600.0)
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    p, tid, next_phase = phases(load, dump, 2)
+    next_phase()
+    next_phase()
+    next_phase()                                    # exits
+    assert p.stdout.read() == b"leaked 400\n"
+    p.wait()
+    release, entered = threading.Event(), threading.Event()
+    real = mmleak.compact.add_point
+
+    def held_point(*a, **k):
+        entered.set()
+        assert release.wait(60)
+        return real(*a, **k)
+    monkeypatch.setattr(mmleak.compact, "add_point", held_point)
+    c = mmleak.compact.BackgroundCompactor(str(dump), set(), interval=3600.0)
+    c.start()
+    c.finish(overlap=True)
+    assert entered.wait(60)                         # the point is under way, held
+    assert os.path.exists(mmleak.TraceFiles(str(dump), tid).compact)
+    assert not [n for n in os.listdir(dump) if n.endswith(".out")]
+    got = []                                        # a reader meanwhile, under the lock
+    r = threading.Thread(target=lambda: got.append(mmleak.compact.read_trace(str(dump), tid)))
+    r.start()
+    r.join(60)
+    assert got, "the reader waited for the point"   # shared: it does not wait
+    truth = {(a.ptr, a.seq): a.size for a in got[0][0].survivors()}
+    release.set()
+    c.join()
+    assert c.last is None
+    counts, points = leak_counts(dump, tid)
+    assert counts == [400]
+    assert points[-1].live == (sum(truth.values()), len(truth))
+    assert not os.path.exists(mmleak.TraceFiles(str(dump), tid).series + ".live")
+
+
 @pytest.mark.parametrize("stop_at", [".series.live", ".series"])
 def test_a_compactor_killed_while_it_writes_the_series(load, tmp_path, monkeypatch, stop_at):
     """A point is two files: the blocks alive (.series.live, against which the next point

@@ -1215,6 +1215,66 @@ EXPORT int mmleak_shrink_blocks(const char *const *paths, const int *name_id, in
     return run_end(&r, buf, out, rc);
 }
 
+/* mmleak_shrink's result (not final, every entry) written to OUT_FD as mmleak_shrink writes
+ * it, and then its survivors as blocks in BLOCKS, as mmleak_shrink_blocks gives them: what
+ * the last compaction pass of a trace writes and what that trace's last series point reads,
+ * from one reading of the inputs.  Returns as mmleak_shrink; 0 with BLOCKS empty (v NULL)
+ * when a survivor is not a block (several callers inline, format 1): then the caller reads
+ * the result again. */
+EXPORT int mmleak_shrink_result_blocks(const char *const *paths, const int *name_id,
+                                       int npaths, int out_fd, int show,
+                                       mmleak_header_cb on_header, mmleak_tick_cb on_tick,
+                                       mmleak_open_cb on_open, mmleak_problem_cb on_problem,
+                                       uint64_t *counts, struct mmleak_shrink_stats *stats,
+                                       struct mmleak_blocks *blocks)
+{
+    struct obuf *out = map_mem(sizeof *out);
+    char *buf = map_mem(READ_BUF);
+    struct run r;
+    memset(&r, 0, sizeof r);
+    memset(blocks, 0, sizeof *blocks);
+    int rc = !out || !buf ? -1 : shrink_inputs(&r, paths, name_id, npaths, show, on_header,
+                                                on_tick, on_open, on_problem, counts, stats,
+                                                buf);
+    if (rc == 0) {
+        struct table *t = &r.t;
+        out->fd = out_fd;
+        write_state(&r, out, 0, t->e, t->count);    /* (sorts the entries in place) */
+        if (out->err) {
+            stats->out_errno = (uint64_t)out->err;
+            rc = -2;
+        }
+    }
+    if (rc == 0) {
+        /* the survivors, over the entries in place (block k over entries before i >= k,
+         * each read first), as in mmleak_shrink_blocks */
+        struct table *t = &r.t;
+        struct mmleak_block *v = (struct mmleak_block *)(void *)t->e;
+        size_t k = 0;
+        int whole = 1;
+        for (size_t i = 0; i < t->count && whole; i++) {
+            struct ent e = t->e[i];
+            struct mmleak_block b;
+            int k_last = e.hull ? e.k1 : e.k0;
+            if (k_last != K_ALLOC)
+                continue;       /* freed, a bracket or a foreign free: not alive */
+            if (!block_of(e.hull ? e.l1 : e.l0, &b))
+                whole = 0;
+            else
+                v[k++] = b;
+        }
+        if (whole) {
+            munmap(t->ix, t->ix_bytes);
+            t->ix = NULL;
+            blocks->v = v;
+            blocks->n = k;
+            blocks->cap_bytes = t->e_bytes;
+            t->e = NULL;                /* the blocks' now */
+        }
+    }
+    return run_end(&r, buf, out, rc);
+}
+
 /* Release the stack ids a run handed over in STATS. */
 EXPORT void mmleak_shrink_stats_free(struct mmleak_shrink_stats *stats)
 {
@@ -1225,4 +1285,4 @@ EXPORT void mmleak_shrink_stats_free(struct mmleak_shrink_stats *stats)
 }
 
 /* The interface version mmleak.py checks before it relies on the functions' signatures. */
-EXPORT int mmleak_shrink_abi(void) { return 5; }
+EXPORT int mmleak_shrink_abi(void) { return 6; }

@@ -1133,6 +1133,24 @@ static int block_of(const char *l, struct mmleak_block *b)
     return q && *q == '\n';
 }
 
+/* What the entry points that give blocks start with: their buffers, BLOCKS emptied, the
+ * inputs read into R's state.  Returns as shrink_inputs (-1: no memory for the buffers). */
+static int read_for_blocks(struct run *r, struct obuf **out, char **buf,
+                           const char *const *paths, const int *name_id, int npaths, int show,
+                           mmleak_header_cb on_header, mmleak_tick_cb on_tick,
+                           mmleak_open_cb on_open, mmleak_problem_cb on_problem,
+                           uint64_t *counts, struct mmleak_shrink_stats *stats,
+                           struct mmleak_blocks *blocks)
+{
+    *out = map_mem(sizeof **out);
+    *buf = map_mem(READ_BUF);
+    memset(r, 0, sizeof *r);
+    memset(blocks, 0, sizeof *blocks);
+    return !*out || !*buf ? -1 : shrink_inputs(r, paths, name_id, npaths, show, on_header,
+                                               on_tick, on_open, on_problem, counts, stats,
+                                               *buf);
+}
+
 /* The final result of mmleak_shrink (FINAL 1) in two parts: the survivors as blocks in
  * BLOCKS (an array in a mapping of its own: mmleak_blocks_free; in the table's
  * order, not sorted), and the rest as lines to OUT_FD, sorted by address: the foreign frees
@@ -1145,14 +1163,11 @@ EXPORT int mmleak_shrink_blocks(const char *const *paths, const int *name_id, in
                                 struct mmleak_shrink_stats *stats,
                                 struct mmleak_blocks *blocks)
 {
-    struct obuf *out = map_mem(sizeof *out);
-    char *buf = map_mem(READ_BUF);
+    struct obuf *out;
+    char *buf;
     struct run r;
-    memset(&r, 0, sizeof r);
-    memset(blocks, 0, sizeof *blocks);
-    int rc = !out || !buf ? -1 : shrink_inputs(&r, paths, name_id, npaths, show, on_header,
-                                                on_tick, on_open, on_problem, counts, stats,
-                                                buf);
+    int rc = read_for_blocks(&r, &out, &buf, paths, name_id, npaths, show, on_header, on_tick,
+                             on_open, on_problem, counts, stats, blocks);
     if (rc == 0) {
         /* The blocks take the place of the entries, in the same mapping (a block is smaller
          * than an entry, and block k is written over entries before i >= k: read first):
@@ -1228,14 +1243,11 @@ EXPORT int mmleak_shrink_result_blocks(const char *const *paths, const int *name
                                        uint64_t *counts, struct mmleak_shrink_stats *stats,
                                        struct mmleak_blocks *blocks)
 {
-    struct obuf *out = map_mem(sizeof *out);
-    char *buf = map_mem(READ_BUF);
+    struct obuf *out;
+    char *buf;
     struct run r;
-    memset(&r, 0, sizeof r);
-    memset(blocks, 0, sizeof *blocks);
-    int rc = !out || !buf ? -1 : shrink_inputs(&r, paths, name_id, npaths, show, on_header,
-                                                on_tick, on_open, on_problem, counts, stats,
-                                                buf);
+    int rc = read_for_blocks(&r, &out, &buf, paths, name_id, npaths, show, on_header, on_tick,
+                             on_open, on_problem, counts, stats, blocks);
     if (rc == 0) {
         struct table *t = &r.t;
         out->fd = out_fd;

@@ -22,7 +22,8 @@ from benchlib import ROOT, parser
 
 def main():
     ap = parser(__doc__, [("blocks", 1000000), ("stacks", 5000), ("depth", 16)])
-    ap.add_argument("--dir", help="where the files go (default: a temporary directory)")
+    ap.add_argument("--dir", help="where the files go, made if missing and kept (default: a "
+                    "temporary directory, removed at the end)")
     a = ap.parse_args()
     sys.path.insert(0, ROOT)
     import mmleaklib as mm
@@ -35,9 +36,20 @@ def main():
     surv = [mm.Alloc(i, 0, rnd.randint(1, 4096), rnd.randint(0, 3600), stacks[i % a.stacks])
             for i in range(a.blocks)]
     rep = {"frames": frames, "survivors": surv, "trace_depth": mm.MAX_DEPTH,
-           "maps": "/nonexistent", "start": 1700000000, "end_time": 3600, "trace": "1",
+           "maps": "/dev/null/no-maps", "start": 1700000000, "end_time": 3600, "trace": "1",
            "pid": "1", "cmd": "prog", "events": 2 * a.blocks, "wrappers": []}
-    d = a.dir or tempfile.mkdtemp(prefix="mmleak-export-bench.")
+    if a.dir:
+        try:
+            os.makedirs(a.dir, exist_ok=True)
+        except OSError as e:
+            sys.exit("export.py: --dir %s: %s" % (a.dir, e.strerror))
+        run(a, rep, mm, mx, a.dir)
+    else:
+        with tempfile.TemporaryDirectory(prefix="mmleak-export-bench.") as d:
+            run(a, rep, mm, mx, d)
+
+
+def run(a, rep, mm, mx, d):
     t0 = time.perf_counter()
     model = mm.export_model(rep, mx, blocks=True)
     print("%d blocks, %d stacks of %d frames" % (a.blocks, a.stacks, a.depth))

@@ -505,13 +505,15 @@ def uses_result(path, offset, debug_dirs=()):
             if mn in ("nop", "endbr64") or mn == "xchg" and len(ops) == 2 and ops[0] == ops[1]:
                 pc = nxt
                 continue
+            if ops and RAX_RE.fullmatch(ops[0]) and mn in ("xor", "sub") and \
+                    len(ops) == 2 and ops[0] == ops[1]:
+                break                           # xor eax,eax: zeroed, nothing read
             reads = [o for o in ops[1:]] + [o for o in ops[:1] if "[" in o]
             if any(RAX_RE.search(o) for o in reads):
                 return True, "used"
             if ops and RAX_RE.fullmatch(ops[0]):
-                zeroing = mn in ("xor", "sub", "pxor") and len(ops) > 1 and ops[0] == ops[1]
                 if mn in ("mov", "movabs", "lea", "movzx", "movsx", "movsxd", "pop") or \
-                        zeroing or mn.startswith("set"):
+                        mn.startswith("set"):
                     break                       # overwritten first
                 return True, "used"             # read-modify-write (add, and, cmp, test)
             pc = nxt

@@ -26,7 +26,7 @@ EXPECTED = {
                  "n_grow": (2, 2048)},
     "wrap_glib": {"g_items": (4, 96), "g_array": (1, 80), "g_dup": (1, 6), "g_dup2": (1, 6)},
     "wrap_pool": {"p_slab": (3, 12288), "p_new": (1, 24)},
-    "wrap_not": {"own": (2, 64), "node": (5, 80)},
+    "wrap_not": {"own": (2, 64), "node": (5, 80), "keep": (4, 160)},
 }
 FOUND = {
     "wrap_redis": {"ztrymalloc_usable", "zmalloc", "zstrdup", "ztrycalloc_usable", "zcalloc"},

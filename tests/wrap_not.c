@@ -4,7 +4,10 @@
  * but of a size fixed in its code (sizeof *n), so it is no wrapper and its own line is the
  * site for both callers: 5 x 16 at the node line (the callers are in the stack).  A function that
  * returns printf's result after allocating through the runtime (stdio's buffer) is no wrapper
- * either (not checked: it did not call an allocator). */
+ * either (not checked: it did not call an allocator).  keep_block allocates a block of its
+ * caller's size and keeps it (a list of its own), returning nothing: rax still holds the block
+ * at its ret, but its caller never reads rax (the loop, then `return 0`: xor eax,eax, which
+ * writes rax and reads nothing), so it is no wrapper: 4 x 40 at the keep line. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,12 +38,29 @@ W struct node *make_node(int key, struct node *next) {
     return n;
 }
 
+struct blk { struct blk *next; char pad[32]; };
+static struct blk *kept;
+
+W void keep_block(size_t size) {
+    struct blk *b = malloc(size);                    /* site:keep */
+    if (!b) abort();
+    b->next = kept;
+    kept = b;
+}
+
+W int keep_blocks(int n, size_t size) {
+    for (int i = 0; i < n; i++)
+        keep_block(size);
+    return 0;
+}
+
 W int first_user(void) { return register_name("first"); }
 W int second_user(void) { return register_name("second"); }
 
 int main(void) {
     struct node *list = NULL, *other = NULL;
     first_user();
+    keep_blocks(4, sizeof(struct blk));
     second_user();
     for (int i = 0; i < 3; i++)
         list = make_node(i, list);

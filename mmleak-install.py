@@ -19,8 +19,8 @@ import sys
 from mmleaklib import attach, errors, facts, layout
 from mmleaklib.errors import EXIT_INPUT, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, Fail, warn
 from mmleaklib.files import fsync_dir
-from mmleaklib.systemd import (COMPANION_DIR, DEFAULT_DIR, DROPIN_NAME, ENV_KEYS, LIB_DEST,
-                               PROG, PY_DEST, UNIT_PATH, apply, check_text_arg,
+from mmleaklib.systemd import (COMPANION_DIR, DEFAULT_DIR, DROPIN_NAME, ENV_KEYS, LOCAL_LIB_DEST,
+                               PROG, LOCAL_PY_DEST, UNIT_PATH, apply, check_text_arg,
                                companion_name, describe, describe_cred, describe_st,
                                dropin_path, expand_specifiers, may, parse_bool,
                                parse_env_assignments, parse_unit_text, plan, read_ours,
@@ -278,7 +278,7 @@ def cmd_status(args):
     if rwp:
         out.write("%-16s%s\n" % ("ReadWritePaths:", " ".join(rwp)))
     libs = [e for e in re.split(r"[ \t\n\r:]+", env.get("LD_PRELOAD", "")) if e]
-    lib = next((e for e in libs if os.path.basename(e) == "mmleak.so"), LIB_DEST)
+    lib = next((e for e in libs if os.path.basename(e) == "mmleak.so"), LOCAL_LIB_DEST)
     lh = root.host(lib)
     if os.path.isfile(lh):
         out.write("library:        %s: present, %d bytes\n" % (lib, os.path.getsize(lh)))
@@ -376,8 +376,15 @@ def cmd_uninstall(args):
     reload_line = reload_step(args, root, done)
     for d in done:
         out.write(d + "\n")
-    out.write("kept: library %s, %s and dump directory %s (delete them by hand when no longer "
-              "needed: rm -r %s)\n" % (LIB_DEST, PY_DEST, ddir, shlex.quote(ddir)))
+    libs = [e for e in re.split(r"[ \t\n\r:]+", env.get("LD_PRELOAD", "")) if e]
+    lib = next((e for e in libs if os.path.basename(e) == "mmleak.so"), LOCAL_LIB_DEST)
+    if lib == LOCAL_LIB_DEST:
+        out.write("kept: library %s, %s and dump directory %s (delete them by hand when no "
+                  "longer needed: rm -r %s)\n" % (LOCAL_LIB_DEST, LOCAL_PY_DEST, ddir, shlex.quote(ddir)))
+    else:               # the installed copy's own library (use_destinations): its package's
+        out.write("kept: dump directory %s (delete it by hand when no longer needed: rm -r "
+                  "%s); the library %s is the installed mmleak's\n"
+                  % (ddir, shlex.quote(ddir), lib))
     out.write("next steps:\n")
     if reload_line:
         out.write("  %s\n" % reload_line)
@@ -428,6 +435,8 @@ def add_install(sub):
         "  /usr/local/lib/mmleak/mmleak.py   the mmleak.py next to this tool, and its package\n"
         "                                    beside it (mmleaklib/), likewise: what the\n"
         "                                    companion runs\n"
+        "  (an installed mmleak, such as the Debian package, whose own library is the one to\n"
+        "  install, copies neither: the units name its files in place)\n"
         "  DIR (default /var/lib/mmleak/UNIT, in a root-owned /var/lib/mmleak, mode 0755)\n"
         "                                    dump directory, created mode 0700 and owned by the\n"
         "                                    unit's User=/Group= if missing; an existing one\n"

@@ -21,14 +21,40 @@ import stat
 import struct
 import subprocess
 
-from . import files
+from . import files, layout
 from .errors import EXIT_INPUT, EXIT_USAGE, Fail, warn
 from .facts import COMPACT_ROTATE_MB, TOOLS_LIBNAME
 
 PROG = "mmleak-install.py"
 DROPIN_NAME = "mmleak.conf"
-LIB_DEST = "/usr/local/lib/mmleak/mmleak.so"
-PY_DEST = "/usr/local/lib/mmleak/mmleak.py"    # what the companion runs, next to the library
+# Where a service's library and its companion's mmleak.py are: copies here (a source tree's
+# build, a --lib of the user's), or the installed copy's own files in place (package_paths).
+LOCAL_LIB_DEST = "/usr/local/lib/mmleak/mmleak.so"
+LOCAL_PY_DEST = "/usr/local/lib/mmleak/mmleak.py"    # what the companion runs, next to the library
+LIB_DEST, PY_DEST = LOCAL_LIB_DEST, LOCAL_PY_DEST      # chosen per install by use_destinations
+
+
+def package_paths():
+    """(library, mmleak.py) of the installed copy this tool belongs to (make install, the
+    Debian package: layout.LIBDIR is set), or None in a source tree."""
+    if not layout.LIBDIR:
+        return None
+    return (os.path.join(layout.LIBDIR, "mmleak.so"),
+            os.path.join(layout.package_parent(), "mmleak.py"))
+
+
+def use_destinations(root, src):
+    """Point LIB_DEST and PY_DEST at the installed copy's own files when SRC, the library to
+    install, is that copy's and ROOT holds the same files: nothing is copied beside what dpkg
+    owns, and a package upgrade reaches the service at its next restart.  Otherwise (a
+    source tree, --lib, a root without the package) the copies in /usr/local/lib/mmleak,
+    which the service keeps using whatever happens to the tree they came from."""
+    global LIB_DEST, PY_DEST
+    LIB_DEST, PY_DEST = LOCAL_LIB_DEST, LOCAL_PY_DEST
+    p = package_paths()
+    if p and os.path.realpath(src) == os.path.realpath(p[0]) and all(
+            os.path.isfile(root.host(x)) and same_content(x, root.host(x)) for x in p):
+        LIB_DEST, PY_DEST = p
 PACKAGE = "mmleaklib"   # mmleak.py's package: copied beside it, with it
 PYTHON = "/usr/bin/python3"
 COMPANION_DIR = "/etc/systemd/system"
@@ -959,8 +985,8 @@ def find_lib(args, root):
             raise Fail("--lib %s: no such file" % args.lib, EXIT_INPUT)
         return os.path.realpath(args.lib)
     lib = files.find_library(None)
-    if lib is None and os.path.isfile(root.host(LIB_DEST)):
-        lib = root.host(LIB_DEST)
+    if lib is None and os.path.isfile(root.host(LOCAL_LIB_DEST)):
+        lib = root.host(LOCAL_LIB_DEST)
     if lib is None:
         raise Fail("mmleak.so not found ($MMLEAK_LIB, next to mmleak.py, "
                              "PREFIX/lib/mmleak, /usr/local/lib/mmleak, /usr/lib/mmleak): build "
@@ -1151,6 +1177,7 @@ def plan(args, root, unit):
     if ddir.startswith("//"):
         ddir = "/" + ddir.lstrip("/")
     src = find_lib(args, root)
+    use_destinations(root, src)
     py_src, package = find_py()
     rotate = args.rotate_mb if args.rotate_mb is not None else COMPACT_ROTATE_MB
     cname = companion_name(unit)

@@ -25,6 +25,7 @@ DEMO_LEAKS = ((5760, 120, "Worker::handle(int)"), (4096, 1, "load_config"),
 # like, on the host's root file system, are not the package's business and are big
 TREES = ("/etc", "/usr", "/var", "/opt", "/srv", "/root", "/home")
 SCRATCH = "/var/tmp/mmleak-deb-test"
+UNIT = "/etc/systemd/system/mmleak-deb-test.service"     # a unit to install mmleak into
 
 
 def tools_missing():
@@ -151,8 +152,17 @@ def test_install_run_the_demo_purge_in_a_box(deb, box):
         for nbytes, blocks, fn in DEMO_LEAKS:
             assert per_site.get(fn) == [nbytes, blocks], (fn, r.stdout)
         assert "Worker::handle" in box.run(["cat", html]).stdout
+        # mmleak-install of the package's own library copies nothing into /usr/local: the
+        # drop-in and the companion name the package's files, which an upgrade replaces
+        box.run(["sh", "-c", "printf '[Service]\\nExecStart=/bin/sleep 1000\\n' > %s" % UNIT])
+        r = box.run(["mmleak-install", "install", "--dry-run", os.path.basename(UNIT)])
+        lib = "/usr/lib/%s/mmleak/mmleak.so" % multiarch
+        assert "Environment=LD_PRELOAD=%s\n" % lib in r.stdout, r.stdout
+        assert ("ExecStart=/usr/bin/python3 /usr/share/mmleak/mmleak.py compact --follow "
+                "--forever --verbose ${MMLEAK_DIR}\n") in r.stdout, r.stdout
+        assert "/usr/local" not in r.stdout and " copy " not in r.stdout, r.stdout
     finally:
-        box.run(["rm", "-rf", SCRATCH])
+        box.run(["rm", "-rf", SCRATCH, UNIT])
         box.run(["dpkg", "--purge", "mmleak"], timeout=300)
     assert box.run("dpkg-query -W -f='${Status}' mmleak", check=False).stdout in (
         "", "unknown ok not-installed")

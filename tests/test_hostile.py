@@ -63,6 +63,33 @@ def test_threads_freeing_after_their_last_destructor_then_fork(bins, dump, mm, n
     assert got == exp([adv(0, "dlerr_child", 772, fn="dlerr_fork")])
 
 
+def test_late_file_ends_and_a_new_one_starts(bins, dump, mm):
+    """A daemon starting a thread per task sends a few late lines per thread to the shared
+    late file for as long as it runs; that file never ended, so the compactor could never
+    fold it while the process lived.  Now it ends ("#end") past 64 KiB and the next late line
+    starts a new one: 1,500 threads (3 late frees each) make several, each complete but the
+    newest, and the trace is exact."""
+    r = run_traced([bins["adversary"], "dlerr_fork", "1500"], dump, timeout=60)
+    assert r.stdout == b"child ok\n" and r.stderr == b""
+    parent = min(traces(mm, dump), key=int)
+    late = []
+    for n in os.listdir(str(dump)):
+        if n.startswith("mmleak.%s." % parent) and n.endswith(".out"):
+            with open(os.path.join(str(dump), n), "rb") as f:
+                data = f.read()
+            if b" late=1\n" in data.split(b"\n", 1)[0] + b"\n":
+                late.append((int(n.split(".")[2]), data))
+    late.sort()
+    assert len(late) >= 3, [len(d) for _, d in late]
+    for _, data in late[:-1]:
+        assert data.endswith(b"\n#end\n") and 64 << 10 <= len(data) < (64 << 10) + 512, \
+            len(data)
+    assert not late[-1][1].endswith(b"#end\n")     # the newest: open until the process ended
+    got, sh = leaks(dump, parent, "adversary")
+    assert got == exp([adv(0, "dlerr_parent", 771, fn="dlerr_fork")])
+    assert sh.foreign_frees() == [] and sh.gap_text() is None
+
+
 @contextlib.contextmanager
 def attached_when_ready(bins, args, dump):
     """The adversary program with ARGS, preloaded and paused (MMLEAK_PAUSED=1), attached by

@@ -1232,16 +1232,41 @@ static void append_direct(struct tstate *t, const char *line, size_t n)
 
 /* Events of a thread after its last key destructor round (glibc frees the dlerror() and
  * strerror() buffers after that): appended, a write each, to one shared "late" file of the
- * process.  Such a thread never registers again: its TLS is about to be reused. */
+ * process.  Such a thread never registers again: its TLS is about to be reused.
+ * A daemon that starts a thread per task sends a few lines here per thread, for as long as
+ * it runs: past LATE_ROTATE bytes the file is ended ("#end", final, so the compactor folds
+ * and deletes it while the process runs) and the next line starts a new one. */
 unsigned g_late_file = ~0u;
 struct fid g_late_id;
+#define LATE_ROTATE (64u << 10)
+
+/* Append LINE to the late file NAME, and end that file when it has grown past LATE_ROTATE
+ * (the next line starts a new one).  0: appended; -1: not (a new file takes the line). */
+static int late_append_locked(const char *name, const char *line, size_t n)
+{
+    int fd = open_again(name, O_WRONLY | O_APPEND, &g_late_id);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    int rc = -1;
+    if (fstat(fd, &st) == 0 && (uint64_t)st.st_size + n <= fsize_limit()) {
+        rc = write_all(fd, line, n);
+        if (!rc && (uint64_t)st.st_size + n >= LATE_ROTATE &&
+            (uint64_t)st.st_size + n + 5 <= fsize_limit() && !write_all(fd, "#end\n", 5))
+            g_late_file = ~0u;
+    }
+    close(fd);
+    return rc;
+}
 
 void late_shared(const char *line, size_t n)
 {
     char name[64];
     pthread_mutex_lock(&g_lock);
-    if (g_late_file == ~0u ||
-        append_to(dump_name(name, sizeof name, g_late_file), line, n, &g_late_id)) {
+    if (g_late_file != ~0u &&
+        !late_append_locked(dump_name(name, sizeof name, g_late_file), line, n)) {
+        /* appended */
+    } else {
         unsigned no = 0;
         struct fid id;
         int fd = new_dump_locked(&no, &id, NULL, NULL);

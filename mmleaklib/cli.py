@@ -352,7 +352,7 @@ def cmd_run(args):
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)
     compactor = None
     if not args.keep_all:
-        compactor = compact.BackgroundCompactor(d, before)
+        compactor = compact.BackgroundCompactor(d, before, views=bool(args.check))
         compactor.start()
     try:
         rc = proc.wait()

@@ -29,6 +29,7 @@ import time
 from . import errors, files
 from .errors import EXIT_INPUT, EXIT_OK, Fail, Refused, refuse, warn
 from .files import TraceFiles, tail_of
+from . import series as series_mod
 from .series import add_point, point_due
 from .shrink import shrink_files, shrink_raw
 from .sites import human_bytes
@@ -311,14 +312,15 @@ def _write_atomic(path, header_lines, sh, data, raw=None):
 
 
 def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping=None,
-                  folded=None):
+                  folded=None, view=False):
     """One compaction pass over trace TID, and a point of its series when one is due
     (SERIES: False never; STOPPING, a function: when it says True, no point but the last of
     a trace that is over: `run`'s compactor, once its program has ended, leaves the point to
     its last pass, which reads the trace as it ends; FOLDED, a function: called with TID once
     the files are folded, before the point, and what a reader of the whole trace would get
     from it when the pass has it (_result_view: the trace is over and folded into one
-    result), else None).  Returns a dict of what it did, or None when another compactor
+    result), else None; VIEW: a trace over is then read whole, for FOLDED, when its pass
+    folded nothing (or not with the compiled shrinker)).  Returns a dict of what it did, or None when another compactor
     holds the trace (it is skipped, not waited for).  A file it cannot trust (Refused) or
     write stops the pass over this trace (Fail), and nothing is deleted."""
     traces = traces if traces is not None else files.find_traces(directory)
@@ -345,13 +347,20 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
         if done or over and _runs(directory, tid):
             res.update(_fold(directory, tid, cpath, done, over))
             now = res.pop("now")
+        # a trace that is over gets its last point (unless it has it: the .live is gone)
+        point = series and paths and (over and (done or os.path.lexists(t.live) or
+                                                not os.path.lexists(t.series))
+                                      or not over and point_due(directory, tid) and
+                                      not (stopping and stopping()))
+        if over and now is None and (point or view and paths):
+            # folded already (or not by the compiled shrinker): the trace is read once, for
+            # its last point and the caller's verdict both, under the lock made shared
+            lock.downgrade()
+            sh = series_mod._live_now(directory, tid)[0]
+            now = (sh, sh.live())
         if folded:
             folded(tid, now)
-        # a trace that is over gets its last point (unless it has it: the .live is gone)
-        if series and paths and (over and (done or os.path.lexists(t.live) or
-                                           not os.path.lexists(t.series))
-                                 or not over and point_due(directory, tid) and
-                                 not (stopping and stopping())):
+        if point:
             lock.downgrade()
             res["point"] = add_point(directory, tid, final=over, now=now)
         return res
@@ -496,9 +505,9 @@ def _remove_dump(p):
 
 
 def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopping=None,
-                folded=None):
+                folded=None, view=False):
     """One compaction pass over every trace in DIRECTORY (or trace PID).  Returns
-    (live traces, results).  STOPPING, FOLDED: see compact_trace."""
+    (live traces, results).  STOPPING, FOLDED, VIEW: see compact_trace."""
     out = out or sys.stdout
     traces = files.find_traces(directory)
     live, results = [], []
@@ -507,7 +516,7 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopp
             continue
         try:
             res = compact_trace(directory, tid, traces[tid], traces, series=series,
-                                stopping=stopping, folded=folded)
+                                stopping=stopping, folded=folded, view=view)
         except Fail as e:               # this trace is left as it is; the others go on
             refuse(str(e))
             continue
@@ -563,9 +572,10 @@ def read_trace(directory, tid, progress=None, blocks=False):
 class BackgroundCompactor:
     """`run`'s compaction thread: a pass every second (from the start of one to the start of
     the next) over the traces that were not in the directory before the run, and a last one
-    when the program has ended."""
+    when the program has ended.  VIEWS: keep what the last pass read of each trace over
+    (views), for `run --check`'s verdict."""
 
-    def __init__(self, directory, before, interval=1.0):
+    def __init__(self, directory, before, interval=1.0, views=False):
         import threading
         self.directory, self.before, self.interval = directory, set(before), interval
         self.stop = threading.Event()
@@ -576,14 +586,15 @@ class BackgroundCompactor:
         # {trace: (Shrinker, blocks.Live)}: the whole trace as the last pass read it, when it
         # has it (_result_view), for `run --check`'s verdict (report.build_report NOW)
         self.views = {}
+        self.keep_views = views
 
     def start(self):
         self.thread.start()
 
-    def _pass(self, folded=None):
+    def _pass(self, folded=None, view=False):
         for tid in sorted(set(files.find_traces(self.directory)) - self.before):
             compact_dir(self.directory, tid, verbose=False, stopping=self.stop.is_set,
-                        folded=folded)
+                        folded=folded, view=view)
 
     def _loop(self):
         try:
@@ -602,12 +613,12 @@ class BackgroundCompactor:
         tids = sorted(set(files.find_traces(self.directory)) - self.before)
 
         def folded(tid, view):
-            if view is not None:
+            if view is not None and self.keep_views:
                 self.views[tid] = view
             if tid == tids[-1]:
                 self.folds_done.set()
         try:
-            self._pass(folded=folded)
+            self._pass(folded=folded, view=self.keep_views)
         except (Fail, OSError) as e:
             self.error = self.error or e
         except BaseException as e:      # (out of memory...): raised again by join()

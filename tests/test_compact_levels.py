@@ -273,3 +273,37 @@ def test_the_last_pass_gives_what_a_reader_of_the_trace_gets(tmp_path, alive, fo
     g1, t1, _ = vlive.aggregate()
     g2, t2, _ = live.aggregate()
     assert t1 == t2 and [tuple(g) for g in g1] == [tuple(g) for g in g2]
+
+
+def test_a_trace_folded_already_is_read_once_for_its_last_point_and_verdict(tmp_path, alive,
+                                                                            monkeypatch):
+    """The last pass of a trace whose files were all folded before it ended (nothing left
+    to fold: `run`'s pass under way when the program exited took them) reads the trace
+    once, for its last point and for `run --check`'s verdict (compact_dir VIEW) both: the
+    point and the view are what a reader gets."""
+    h = History(tmp_path)
+    h.batch(allocs=2000, churn=300)
+    h.batch(allocs=100, frees=400, churn=100)
+    one_pass(tmp_path)                      # everything in mmleak.ID.compact
+    assert runs(tmp_path) == [] and not [n for n in os.listdir(tmp_path)
+                                         if n.endswith(".out")]
+    alive[0] = False
+    reads = []
+    real = mmleak.series._live_now
+
+    def counted(*a, **k):
+        reads.append(a)
+        return real(*a, **k)
+    monkeypatch.setattr(mmleak.series, "_live_now", counted)
+    got = {}
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, view=True,
+                                folded=lambda tid, view: got.setdefault(tid, view))[1]
+    assert res["over"] and res["folded"] == 0 and res["point"] is not None
+    assert len(reads) == 1
+    monkeypatch.undo()
+    vsh, vlive = got[TID]
+    sh, _ = mmleak.compact.read_trace(str(tmp_path), TID, blocks=True)
+    assert _reader_fields(vsh) == _reader_fields(sh)
+    assert sorted((a.ptr, a.seq) for a in vlive) == sorted(h.live)
+    points, _ = mmleak.read_series(mmleak.TraceFiles(str(tmp_path), TID).series)
+    assert points[-1].live == (sum(h.live.values()), len(h.live))

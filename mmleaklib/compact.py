@@ -320,9 +320,10 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
     the files are folded, before the point, and what a reader of the whole trace would get
     from it when the pass has it (_result_view: the trace is over and folded into one
     result), else None; VIEW: a trace over is then read whole, for FOLDED, when its pass
-    folded nothing (or not with the compiled shrinker)).  Returns a dict of what it did, or None when another compactor
-    holds the trace (it is skipped, not waited for).  A file it cannot trust (Refused) or
-    write stops the pass over this trace (Fail), and nothing is deleted."""
+    folded nothing (or not with the compiled shrinker)).  Returns a dict of what it did, or
+    None when another compactor holds the trace (it is skipped, not waited for).  A file it
+    cannot trust (Refused) or write stops the pass over this trace (Fail), and nothing is
+    deleted."""
     traces = traces if traces is not None else files.find_traces(directory)
     paths = paths if paths is not None else traces.get(tid, [])
     t = TraceFiles(directory, tid)

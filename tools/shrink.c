@@ -17,9 +17,10 @@
  * Memory is proportional to the state kept (open addresses and hull ends), not to the input:
  * the table shrinks nothing, but adjacent pairs leave it at once and their line storage goes
  * back to a per-size free list.  (One exception, bounded: the index is sized before each
- * file is read for the lines its size can hold, at most 2^24 slots of 4 bytes; presize_file.)  The input is read in chunks into one buffer of fixed size,
- * whatever it holds: a line longer than LINE_MAX is reported, not kept, and the holes of a
- * sparse file are skipped, never read (feed_fd, and mmleaklib's dump_lines, byte for byte).
+ * file is read for the lines its size can hold, at most 2^24 slots of 4 bytes; presize_file.)
+ * The input is read in chunks into one buffer of fixed size, whatever it holds: a line
+ * longer than LINE_MAX is reported, not kept, and the holes of a sparse file are skipped,
+ * never read (feed_fd, and mmleaklib's dump_lines, byte for byte).
  *
  * The files are opened by mmleaklib (the open callback: the checks every reader of a dump
  * directory makes are in one place, open_trace_file); this file reads descriptors. */

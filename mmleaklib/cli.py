@@ -352,7 +352,7 @@ def cmd_run(args):
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)
     compactor = None
     if not args.keep_all:
-        compactor = compact.BackgroundCompactor(d, before)
+        compactor = compact.BackgroundCompactor(d, before, views=bool(args.check))
         compactor.start()
     try:
         rc = proc.wait()
@@ -367,7 +367,7 @@ def cmd_run(args):
     status = rc if rc >= 0 else 128 - rc
     try:
         if args.check and not run_check(d, before, args, None if not args.no_check_children
-                                        else proc.pid):
+                                        else proc.pid, compactor.views if compactor else {}):
             return args.check_status
     finally:
         if compactor:
@@ -375,13 +375,14 @@ def cmd_run(args):
     return status
 
 
-def run_check(d, before, args, only_pid=None):
+def run_check(d, before, args, only_pid=None, views=None):
     """run --check: the traces the run wrote (the command's and its children's) through the
     gate; False if one fails.  Of a process that exec'd, only its last image counts: the
     memory of the images before was released by the exec, not leaked.  ONLY_PID: that
     process alone (--no-check-children).  A trace that fails
     is reported on stderr (the command's stdout is its own), one that passes in a line (and
-    its leak summary when suppressions took blocks)."""
+    its leak summary when suppressions took blocks).  VIEWS: {trace: (Shrinker, blocks.Live)}
+    of the traces the compactor's last pass read whole (build_report NOW): not read again."""
     traces = files.find_traces(d)
     new = set(traces) - before
     last = []
@@ -394,7 +395,8 @@ def run_check(d, before, args, only_pid=None):
             last.append(images[-1])
     ok = True
     for tid in last:
-        rep = report.build_report(d, progress=False, trace=tid)
+        rep = report.build_report(d, progress=False, trace=tid,
+                                  now=(views or {}).pop(tid, None))
         report.apply_suppressions(rep, report.report_rules(
             rep, args.suppressions, not args.no_builtin_suppressions))
         rep["check"] = True

@@ -29,6 +29,7 @@ import time
 from . import errors, files
 from .errors import EXIT_INPUT, EXIT_OK, Fail, Refused, refuse, warn
 from .files import TraceFiles, tail_of
+from . import series as series_mod
 from .series import add_point, point_due
 from .shrink import shrink_files, shrink_raw
 from .sites import human_bytes
@@ -288,15 +289,14 @@ def _compact_header_lines(sh, folded, run=None):
 def _write_atomic(path, header_lines, sh, data, raw=None):
     """The result: its header lines, the stacks its allocations use, its event lines DATA
     (None: they are in the file RAW, and the compiled shrinker gave the stacks they use);
-    written to PATH.tmp, flushed to disk, renamed over PATH."""
+    written to PATH.tmp, flushed to disk, renamed over PATH.  Returns the lines written
+    before the events (the header lines and the stacks)."""
+    used = sh.raw_result["stacks"] if data is None else \
+        sorted({int(x, 16) for x in STACK_REF_RE.findall(data)})
+    head = list(header_lines) + [sh.stack_lines[i] for i in used if i in sh.stack_lines]
+
     def fill(f):
-        for h in header_lines:
-            f.write(h)
-        used = sh.raw_result["stacks"] if data is None else \
-            sorted({int(x, 16) for x in STACK_REF_RE.findall(data)})
-        for i in used:
-            if i in sh.stack_lines:
-                f.write(sh.stack_lines[i])
+        f.write(b"".join(head))
         if data is not None:
             f.write(data)
             return
@@ -308,17 +308,22 @@ def _write_atomic(path, header_lines, sh, data, raw=None):
                 raise OSError(errno.EIO, "short copy of the shrink's result")
             at += n
     files.replace(path, fill, sync=True)
+    return head
 
 
 def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping=None,
-                  folded=None):
+                  folded=None, view=False):
     """One compaction pass over trace TID, and a point of its series when one is due
     (SERIES: False never; STOPPING, a function: when it says True, no point but the last of
     a trace that is over: `run`'s compactor, once its program has ended, leaves the point to
     its last pass, which reads the trace as it ends; FOLDED, a function: called with TID once
-    the files are folded, before the point).  Returns a dict of what it did, or None when another compactor
-    holds the trace (it is skipped, not waited for).  A file it cannot trust (Refused) or
-    write stops the pass over this trace (Fail), and nothing is deleted."""
+    the files are folded, before the point, and what a reader of the whole trace would get
+    from it when the pass has it (_result_view: the trace is over and folded into one
+    result), else None; VIEW: a trace over is then read whole, for FOLDED, when its pass
+    folded nothing (or not with the compiled shrinker)).  Returns a dict of what it did, or
+    None when another compactor holds the trace (it is skipped, not waited for).  A file it
+    cannot trust (Refused) or write stops the pass over this trace (Fail), and nothing is
+    deleted."""
     traces = traces if traces is not None else files.find_traces(directory)
     paths = paths if paths is not None else traces.get(tid, [])
     t = TraceFiles(directory, tid)
@@ -343,13 +348,20 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
         if done or over and _runs(directory, tid):
             res.update(_fold(directory, tid, cpath, done, over))
             now = res.pop("now")
-        if folded:
-            folded(tid)
         # a trace that is over gets its last point (unless it has it: the .live is gone)
-        if series and paths and (over and (done or os.path.lexists(t.live) or
-                                           not os.path.lexists(t.series))
-                                 or not over and point_due(directory, tid) and
-                                 not (stopping and stopping())):
+        point = series and paths and (over and (done or os.path.lexists(t.live) or
+                                                not os.path.lexists(t.series))
+                                      or not over and point_due(directory, tid) and
+                                      not (stopping and stopping()))
+        if over and now is None and (point or view and paths):
+            # folded already (or not by the compiled shrinker): the trace is read once, for
+            # its last point and the caller's verdict both, under the lock made shared
+            lock.downgrade()
+            sh = series_mod._live_now(directory, tid)[0]
+            now = (sh, sh.live())
+        if folded:
+            folded(tid, now)
+        if point:
             lock.downgrade()
             res["point"] = add_point(directory, tid, final=over, now=now)
         return res
@@ -410,9 +422,9 @@ def _fold(directory, tid, cpath, done, over=False):
         work["merged"] = len(chain)
         # the trace over, everything is folded into the result: its survivors, which the
         # compiled shrinker left from the same reading, are the trace's, for its last point
+        # and for `run --check`'s verdict (_result_view: the result as a reader reads it)
         if over and sh.native_blocks is not None:
-            from .blocks import Live
-            now = (sh, Live(sh.native_blocks, [], sh.stacks))
+            now = _result_view(cpath, sh)
     else:
         run = _next_run(directory, tid, runs, cpath)
         sh = _fold_into(directory, tid, TraceFiles(directory, tid).run(run), run, done, work)
@@ -430,6 +442,28 @@ def _fold(directory, tid, cpath, done, over=False):
             # entries), lines written, and the runs merged into an older one
             "read": work["read"], "written": work["written"],
             "merged": work["merged"], "runs": len(_runs(directory, tid)), "now": now}
+
+
+def _result_view(cpath, sh):
+    """(Shrinker, blocks.Live) of the result CPATH just written by the fold SH whose
+    compiled shrinker left the survivors as native blocks: what a reader of the whole trace
+    (report, a point of the series), which is now CPATH alone, gets from it, without reading
+    it: its header and stack lines (those written), its event lines' counts, its survivors.
+    None when that reader would need the event lines themselves: a foreign free among them
+    (a free line; the report lists them)."""
+    from .blocks import Live
+    from .shrink import Shrinker
+    if sh.raw_result is None or sh.raw_result["frees"]:
+        return None
+    view = Shrinker()
+    view.feed(sh.written_head, cpath)           # '#' lines only: no event
+    if view.problems.malformed or view.problems.fatal or view.state or view.events:
+        return None
+    view.events, view.allocs = sh.result_lines
+    view.frees = view.events - view.allocs
+    view.files_done = 1
+    view.native_blocks = sh.native_blocks
+    return view, Live(sh.native_blocks, [], view.stacks)
 
 
 def _merge_start(sizes):
@@ -454,7 +488,8 @@ def _fold_into(directory, tid, target, run, inputs, work, live=False):
         if sh.problems.fatal:
             raise Fail("%s: cannot compact trace %s: an input could not be read"
                        % (directory, tid))
-        _write_atomic(target, _compact_header_lines(sh, folded, run), sh, data, raw)
+        sh.written_head = _write_atomic(target, _compact_header_lines(sh, folded, run), sh,
+                                        data, raw)
     for p in folded:
         _remove_dump(p)
     work["read"] += sh.events
@@ -471,9 +506,9 @@ def _remove_dump(p):
 
 
 def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopping=None,
-                folded=None):
+                folded=None, view=False):
     """One compaction pass over every trace in DIRECTORY (or trace PID).  Returns
-    (live traces, results).  STOPPING, FOLDED: see compact_trace."""
+    (live traces, results).  STOPPING, FOLDED, VIEW: see compact_trace."""
     out = out or sys.stdout
     traces = files.find_traces(directory)
     live, results = [], []
@@ -482,7 +517,7 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopp
             continue
         try:
             res = compact_trace(directory, tid, traces[tid], traces, series=series,
-                                stopping=stopping, folded=folded)
+                                stopping=stopping, folded=folded, view=view)
         except Fail as e:               # this trace is left as it is; the others go on
             refuse(str(e))
             continue
@@ -538,9 +573,10 @@ def read_trace(directory, tid, progress=None, blocks=False):
 class BackgroundCompactor:
     """`run`'s compaction thread: a pass every second (from the start of one to the start of
     the next) over the traces that were not in the directory before the run, and a last one
-    when the program has ended."""
+    when the program has ended.  VIEWS: keep what the last pass read of each trace over
+    (views), for `run --check`'s verdict."""
 
-    def __init__(self, directory, before, interval=1.0):
+    def __init__(self, directory, before, interval=1.0, views=False):
         import threading
         self.directory, self.before, self.interval = directory, set(before), interval
         self.stop = threading.Event()
@@ -548,14 +584,18 @@ class BackgroundCompactor:
         self.error = None
         self.last = self.crash = None
         self.folds_done = threading.Event()     # the last pass has folded every trace
+        # {trace: (Shrinker, blocks.Live)}: the whole trace as the last pass read it, when it
+        # has it (_result_view), for `run --check`'s verdict (report.build_report NOW)
+        self.views = {}
+        self.keep_views = views
 
     def start(self):
         self.thread.start()
 
-    def _pass(self, folded=None):
+    def _pass(self, folded=None, view=False):
         for tid in sorted(set(files.find_traces(self.directory)) - self.before):
             compact_dir(self.directory, tid, verbose=False, stopping=self.stop.is_set,
-                        folded=folded)
+                        folded=folded, view=view)
 
     def _loop(self):
         try:
@@ -573,11 +613,13 @@ class BackgroundCompactor:
         may still be under way) or when it stops."""
         tids = sorted(set(files.find_traces(self.directory)) - self.before)
 
-        def folded(tid):
+        def folded(tid, view):
+            if view is not None and self.keep_views:
+                self.views[tid] = view
             if tid == tids[-1]:
                 self.folds_done.set()
         try:
-            self._pass(folded=folded)
+            self._pass(folded=folded, view=self.keep_views)
         except (Fail, OSError) as e:
             self.error = self.error or e
         except BaseException as e:      # (out of memory...): raised again by join()

@@ -124,7 +124,7 @@ def reachability(kinds):
 
 def build_report(directory, pid=None, progress=True, depth=None, since=None,
                  older_than=None, baseline=None, trace=None, kinds=None, wrappers=(),
-                 detect_wrappers=True, debuginfo_path=()):
+                 detect_wrappers=True, debuginfo_path=(), now=None):
     """Shrink and symbolize one process's files; returns a dict the report renderers use.
     WRAPPERS: more allocation wrapper names (--wrappers); DETECT_WRAPPERS: find the
     program's own (report_wrappers); DEBUGINFO_PATH: more directories of separate debug
@@ -135,12 +135,17 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     (a file written by an earlier `mmleak.py shrink` of the same process) those that were
     not alive yet in that snapshot.  PID and TRACE: see choose_trace.  KINDS: a per-block
     classification {(ptr, seq): kind} (the reachability scan's): the aggregates
-    (rep["groups"]) are then per (stack, kind)."""
+    (rep["groups"]) are then per (stack, kind).  NOW: (Shrinker, blocks.Live) of the whole
+    trace as a reading of it now would give them (`run --check`: from the compactor's last
+    pass, compact._result_view), instead of reading it."""
     tid, paths = choose_trace(directory, pid, trace)
     prog = progress_printer() if progress and sys.stderr.isatty() else None
     t0 = time.monotonic()
-    sh, paths = read_trace(directory, tid, progress=prog, blocks=True)
-    if prog and time.monotonic() - t0 > 1:
+    if now is not None:
+        sh = now[0]
+    else:
+        sh, paths = read_trace(directory, tid, progress=prog, blocks=True)
+    if prog and now is None and time.monotonic() - t0 > 1:
         prog(sh, paths[-1], 0, done=True)
     # the survivors stay native arrays (blocks.Live); the call sites come from per-stack
     # aggregates with the filters applied there, never a Python object per block

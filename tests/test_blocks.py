@@ -152,6 +152,58 @@ def test_kind_table_splits_the_aggregates(tmp_path, monkeypatch):
                                  sum(10 + i for i in range(8)) + 400)
 
 
+@pytest.mark.parametrize("order", ["ascending", "descending", "shuffled", "runs"])
+def test_kinds_and_exclusions_are_found_whatever_the_blocks_order(tmp_path, monkeypatch,
+                                                                  order):
+    """tools/blocks.c looks each block up in the sorted kind and exclusion tables starting
+    from where the last one was found (a galloping search: blocks of a result read whole
+    come sorted); blocks in any order (the shrinker's table order, descending, in runs)
+    must find exactly their entries: a key of the same address with another SEQ, or one
+    between two blocks, never matches."""
+    rnd = random.Random(order)
+    addrs = [0x55d000001000 + 0x20 * i for i in range(6000)]
+    blocks = [(p, rnd.choice((0, 2, 4)), rnd.randrange(1, 300)) for p in addrs]
+    if order == "descending":
+        blocks.reverse()
+    elif order == "shuffled":
+        rnd.shuffle(blocks)
+    elif order == "runs":           # ascending runs, each starting anywhere
+        cuts = sorted(rnd.sample(range(1, len(blocks)), 40))
+        parts = [blocks[a:b] for a, b in zip([0] + cuts, cuts + [len(blocks)])]
+        rnd.shuffle(parts)
+        blocks = [b for part in parts for b in part]
+    lines = [HDR2 % (0, 0), stack_line(0x1000), stack_line(0x1007)]
+    for i, (ptr, seq, size) in enumerate(blocks):
+        lines.append(b"%012x %x %x %x @%x\n" % (ptr, seq, size, i % 50,
+                                                 0x1000 if ptr & 0x20 else 0x1007))
+    p = tmp_path / "mmleak.4242.0.out"
+    p.write_bytes(b"".join(lines))
+    py, nat = both([str(p)], monkeypatch)
+    kinds, exclude = {}, set()
+    names = ("definite", "indirect", "possible", "reachable")
+    for ptr, seq, _ in blocks:
+        r = rnd.random()
+        if r < 0.3:
+            kinds[(ptr, seq)] = rnd.choice(names)
+        elif r < 0.4:
+            kinds[(ptr, seq + 1)] = "definite"      # the address, another SEQ: no match
+        elif r < 0.5:
+            kinds[(ptr + 8, seq)] = "definite"      # between two blocks: no match
+        if rnd.random() < 0.2:
+            exclude.add((ptr, seq))
+        elif rnd.random() < 0.05:
+            exclude.add((ptr, seq + 2))
+    for ex in (None, exclude):
+        got = nat.live().aggregate(kinds=kinds, exclude=ex)
+        assert got == py.live().aggregate(kinds=kinds, exclude=ex)
+        ref, tot = mblocks.aggregate_allocs(py.survivors(), exclude=ex, kinds=kinds)
+        assert got[1] == tot
+        assert {(g.callers, g.kind): g.blocks for g in got[0]} == \
+            {k: v[0] for k, v in ref.items()}
+        if ex is not None:
+            assert got[2] == {k for k in exclude if k in {(b[0], b[1]) for b in blocks}}
+
+
 def test_time_bounds_match_the_filters():
     """--since and --older-than as integer bounds, exactly as sites.keep_blocks decides."""
     allocs = [mmleak.Alloc(i, 0, 1, t, (1,)) for i, t in enumerate(range(0, 50))]

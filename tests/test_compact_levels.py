@@ -219,3 +219,91 @@ def test_a_run_of_somebody_else_is_neither_read_nor_trusted(tmp_path, alive, cap
     assert survivors(tmp_path) == h.live
     assert os.stat(fake).st_uid == os.getuid()      # replaced by the pass's run
     assert "compact.1" in capsys.readouterr().err
+
+
+def _reader_fields(sh):
+    """What a report takes of a Shrinker besides its survivors."""
+    return {"history": sh.history(), "max_time": sh.max_time, "clock": sh.clock,
+            "headers": sh.headers, "header_lines": sh.header_lines, "stacks": sh.stacks,
+            "stack_lines": sh.stack_lines, "cmd": sh.cmd, "title": sh.title,
+            "alloc": sh.alloc, "suppressions": sh.program_suppressions,
+            "compacted": sh.compacted, "gaps": sh.gaps(), "events": sh.events,
+            "allocs": sh.allocs, "frees": sh.frees, "files_done": sh.files_done,
+            "foreign": sh.foreign_frees(), "malformed": sh.problems.malformed,
+            "fatal": sh.problems.fatal}
+
+
+@pytest.mark.parametrize("foreign", [False, True])
+def test_the_last_pass_gives_what_a_reader_of_the_trace_gets(tmp_path, alive, foreign):
+    """`run --check` takes its verdict from the last pass's reading (compact._result_view),
+    not from a third reading of the trace: it must be exactly what report's reading of the
+    result gives (counts, history, headers, stacks, survivors per site).  A result with a
+    foreign free (a free line the report lists) gives no view: the trace is read."""
+    from mmleaklib import native
+    if native._shrink_engine() != "native":
+        pytest.skip("the compiled shrinker is not built")
+    h = History(tmp_path)
+    events = h.batch(allocs=3000, churn=500)
+    one_pass(tmp_path)
+    events += h.batch(allocs=200, frees=700, churn=300)
+    one_pass(tmp_path)
+    events += h.batch(allocs=100, frees=50, churn=100)
+    if foreign:                 # a free of a block allocated before the trace began
+        p = tmp_path / ("mmleak.%s.%d.out" % (TID, h.files - 1))
+        data = p.read_bytes()
+        p.write_bytes(data[:-len(b"#end\n")] + b"%012x 5 402000\n#end\n" % 0x6f0000000000)
+    alive[0] = False
+    got = {}
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, series=False,
+                                folded=lambda tid, view: got.setdefault(tid, view))[1]
+    assert res["over"] and runs(tmp_path) == []
+    view = got[TID]
+    sh, paths = mmleak.compact.read_trace(str(tmp_path), TID, blocks=True)
+    assert [os.path.basename(p) for p in paths] == ["mmleak.%s.compact" % TID]
+    if foreign:
+        assert view is None and len(sh.foreign_frees()) == 1
+        return
+    vsh, vlive = view
+    assert _reader_fields(vsh) == _reader_fields(sh)
+    assert vsh.history()["events"] == events
+    live = sh.live()
+    assert len(vlive) == len(live) == len(h.live)
+    assert sorted((a.ptr, a.seq, a.size, a.time, a.callers) for a in vlive) == \
+        sorted((a.ptr, a.seq, a.size, a.time, a.callers) for a in live)
+    g1, t1, _ = vlive.aggregate()
+    g2, t2, _ = live.aggregate()
+    assert t1 == t2 and [tuple(g) for g in g1] == [tuple(g) for g in g2]
+
+
+def test_a_trace_folded_already_is_read_once_for_its_last_point_and_verdict(tmp_path, alive,
+                                                                            monkeypatch):
+    """The last pass of a trace whose files were all folded before it ended (nothing left
+    to fold: `run`'s pass under way when the program exited took them) reads the trace
+    once, for its last point and for `run --check`'s verdict (compact_dir VIEW) both: the
+    point and the view are what a reader gets."""
+    h = History(tmp_path)
+    h.batch(allocs=2000, churn=300)
+    h.batch(allocs=100, frees=400, churn=100)
+    one_pass(tmp_path)                      # everything in mmleak.ID.compact
+    assert runs(tmp_path) == [] and not [n for n in os.listdir(tmp_path)
+                                         if n.endswith(".out")]
+    alive[0] = False
+    reads = []
+    real = mmleak.series._live_now
+
+    def counted(*a, **k):
+        reads.append(a)
+        return real(*a, **k)
+    monkeypatch.setattr(mmleak.series, "_live_now", counted)
+    got = {}
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, view=True,
+                                folded=lambda tid, view: got.setdefault(tid, view))[1]
+    assert res["over"] and res["folded"] == 0 and res["point"] is not None
+    assert len(reads) == 1
+    monkeypatch.undo()
+    vsh, vlive = got[TID]
+    sh, _ = mmleak.compact.read_trace(str(tmp_path), TID, blocks=True)
+    assert _reader_fields(vsh) == _reader_fields(sh)
+    assert sorted((a.ptr, a.seq) for a in vlive) == sorted(h.live)
+    points, _ = mmleak.read_series(mmleak.TraceFiles(str(tmp_path), TID).series)
+    assert points[-1].live == (sum(h.live.values()), len(h.live))

@@ -29,18 +29,49 @@ static inline void sub128(uint64_t *lo, uint64_t *hi, uint64_t v)
     *lo -= v;
 }
 
-/* The index of (PTR, SEQ) in the sorted table K, or -1. */
-static int64_t find(const struct mmleak_kinds *k, uint64_t ptr, uint64_t seq)
+static inline int key_below(const struct mmleak_kinds *k, uint64_t i, uint64_t ptr,
+                            uint64_t seq)
 {
-    uint64_t lo = 0, hi = k->n;
+    return k->ptr[i] < ptr || (k->ptr[i] == ptr && k->seq[i] < seq);
+}
+
+/* The index of (PTR, SEQ) in the sorted table K, or -1.  *AT: where the search starts
+ * (the place of the last key looked for) and the place of this one on return: blocks that
+ * come in the table's order (a result read whole comes sorted by address) are found a few
+ * steps away from the last one (a galloping search), not by a binary search over the whole
+ * table, a cache miss at most of its steps; blocks in any other order are found as well. */
+static int64_t find(const struct mmleak_kinds *k, uint64_t ptr, uint64_t seq, uint64_t *at)
+{
+    uint64_t n = k->n, lo = 0, hi = n, i = *at < n ? *at : 0;
+    if (!n)
+        return -1;
+    /* [LO, HI] holds the first place whose key is not below (PTR, SEQ) */
+    if (key_below(k, i, ptr, seq)) {            /* after the last one: gallop forward */
+        uint64_t step = 1;
+        lo = i + 1;
+        while (i + step < n && key_below(k, i + step, ptr, seq)) {
+            lo = i + step + 1;
+            step *= 2;
+        }
+        hi = i + step < n ? i + step : n;
+    } else {                                    /* at or before it: gallop back */
+        uint64_t step = 1;
+        hi = i;
+        while (step <= i && !key_below(k, i - step, ptr, seq)) {
+            hi = i - step;
+            step *= 2;
+        }
+        lo = step <= i ? i - step + 1 : 0;
+    }
     while (lo < hi) {
         uint64_t mid = lo + (hi - lo) / 2;
-        if (k->ptr[mid] < ptr || (k->ptr[mid] == ptr && k->seq[mid] < seq))
+        if (key_below(k, mid, ptr, seq))
             lo = mid + 1;
         else
             hi = mid;
     }
-    return lo < k->n && k->ptr[lo] == ptr && k->seq[lo] == seq ? (int64_t)lo : -1;
+    *at = lo;
+    return lo < n && k->ptr[lo] == ptr && k->seq[lo] == seq ? (int64_t)lo : -1;
 }
 
 struct gtab {
@@ -107,6 +138,7 @@ EXPORT int mmleak_blocks_aggregate(const struct mmleak_block *b, uint64_t n,
         return -1;
     int use_kinds = kinds && kinds->n && kinds->kind;
     int use_excl = f && f->exclude.n;
+    uint64_t near_excl = 0, near_kind = 0;      /* where find looks first */
     for (uint64_t i = 0; i < n; i++) {
         const struct mmleak_block *x = &b[i];
         out->all_blocks++;
@@ -114,7 +146,7 @@ EXPORT int mmleak_blocks_aggregate(const struct mmleak_block *b, uint64_t n,
         if (f && (x->time < f->tmin || x->time > f->tmax))
             continue;
         if (use_excl) {
-            int64_t at = find(&f->exclude, x->ptr, x->seq);
+            int64_t at = find(&f->exclude, x->ptr, x->seq, &near_excl);
             if (at >= 0) {
                 if (f->seen)
                     f->seen[at] = 1;
@@ -123,7 +155,7 @@ EXPORT int mmleak_blocks_aggregate(const struct mmleak_block *b, uint64_t n,
         }
         uint64_t kind = 0;
         if (use_kinds) {
-            int64_t at = find(kinds, x->ptr, x->seq);
+            int64_t at = find(kinds, x->ptr, x->seq, &near_kind);
             kind = at >= 0 ? kinds->kind[at] : 0;
         }
         out->kept_blocks++;

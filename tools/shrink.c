@@ -16,9 +16,11 @@
  *
  * Memory is proportional to the state kept (open addresses and hull ends), not to the input:
  * the table shrinks nothing, but adjacent pairs leave it at once and their line storage goes
- * back to a per-size free list.  The input is read in chunks into one buffer of fixed size,
- * whatever it holds: a line longer than LINE_MAX is reported, not kept, and the holes of a
- * sparse file are skipped, never read (feed_fd, and mmleaklib's dump_lines, byte for byte).
+ * back to a per-size free list.  (One exception, bounded: the index is sized before each
+ * file is read for the lines its size can hold, at most 2^24 slots of 4 bytes; presize_file.)
+ * The input is read in chunks into one buffer of fixed size, whatever it holds: a line
+ * longer than LINE_MAX is reported, not kept, and the holes of a sparse file are skipped,
+ * never read (feed_fd, and mmleaklib's dump_lines, byte for byte).
  *
  * The files are opened by mmleaklib (the open callback: the checks every reader of a dump
  * directory makes are in one place, open_trace_file); this file reads descriptors. */
@@ -399,6 +401,9 @@ struct run {
     uint64_t *used;            /* the stack ids the result uses: open addressing, 0 empty */
     size_t used_mask, used_n;
     int used_zero;             /* "@0" used */
+    uint64_t last_used;        /* the stack id use_stack took last (0: none yet) */
+    const char *last_ref;      /* note_alloc: the last line's stack reference (its text) */
+    size_t last_ref_n;
 };
 
 /* EVENT_RE.fullmatch on a line that ends with its newline (tools/eventline.h).  Returns
@@ -424,19 +429,37 @@ static void problem(struct run *r, int file, uint64_t lineno, int what, const ch
 /* A compacted result's "#compacted ... entries=N" line: its N entries are coming, so the
  * table's index gets room for them (and those it holds) now, at once, instead of doubling
  * its way there, each time placing every entry again.  A hint: a wrong N costs only time. */
-static __attribute__((cold, noinline)) void presize(struct run *r, const char *p, size_t n)
+static __attribute__((cold, noinline)) void grow_index(struct run *r, uint64_t more, int most)
 {
-    const char *e = memmem(p, n, " entries=", 9);
-    if (!e)
-        return;
-    uint64_t want = r->t.count + strtoull(e + 9, NULL, 10);
+    uint64_t want = r->t.count + more;
     if (want > UINT32_MAX / 2)
         return;
     int bits = r->t.bits;
-    while ((want + 1) * 10 > ((uint64_t)1 << bits) * 7)
+    while ((want + 1) * 10 > ((uint64_t)1 << bits) * 7 && bits < most)
         bits++;
     if (bits > r->t.bits && index_init(&r->t, bits))
         r->stop = -1;
+}
+
+static __attribute__((cold, noinline)) void presize(struct run *r, const char *p, size_t n)
+{
+    const char *e = memmem(p, n, " entries=", 9);
+    if (e)
+        grow_index(r, strtoull(e + 9, NULL, 10), 40);
+}
+
+/* The same before a dump file of SIZE bytes is read: an event line takes at least about
+ * PRESIZE_LINE bytes, and a file of the live set leaves most of its lines; the index gets
+ * room for them at once (at most 2^PRESIZE_BITS slots, 64 MB: a file whose events cancel
+ * leaves few entries, and the index's pages that no entry uses are never touched), instead
+ * of doubling its way there and placing every entry again at each step. */
+#define PRESIZE_LINE 32
+#define PRESIZE_BITS 24
+static void presize_file(struct run *r, int fd)
+{
+    struct stat sb;
+    if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size > 0)
+        grow_index(r, (uint64_t)sb.st_size / PRESIZE_LINE, PRESIZE_BITS);
 }
 
 /* Shrinker._odd_line: everything that is not an event (a line without NUL bytes, ended by
@@ -926,6 +949,8 @@ static int use_stack(struct run *r, uint64_t id)
         r->used_zero = 1;
         return 0;
     }
+    if (id == r->last_used)     /* the result's lines come by address: runs of one stack */
+        return 0;
     if (!r->used || (r->used_n + 1) * 2 > r->used_mask + 1) {
         size_t cap = r->used ? (r->used_mask + 1) * 2 : 256;
         uint64_t *nv = map_mem(cap * sizeof *nv);
@@ -946,26 +971,40 @@ static int use_stack(struct run *r, uint64_t id)
     }
     size_t j = (size_t)((id * 0x9E3779B97F4A7C15ull) >> 20) & r->used_mask;
     for (; r->used[j]; j = (j + 1) & r->used_mask)
-        if (r->used[j] == id)
+        if (r->used[j] == id) {
+            r->last_used = id;
             return 0;
+        }
     r->used[j] = id;
     r->used_n++;
+    r->last_used = id;
     return 0;
 }
 
-/* An allocation line of the result (valid: parse_line took it): its size, time and stack. */
-static void note_alloc(struct run *r, const char *l)
+/* An allocation line of the result (valid: parse_line took it), N bytes with its newline:
+ * its size, time and stack.  Its first two fields (PTR and SEQ) are skipped, not parsed;
+ * a stack reference that is the same text as the last line's is not looked up again (the
+ * result comes by address, and neighbours often share their stack). */
+static void note_alloc(struct run *r, const char *l, size_t n)
 {
     uint64_t v, size = 0, tm = 0;
-    const char *q = hexf(l, &v);
-    q = hexf(q + 1, &v);
+    const char *q = memchr(l, ' ', n);
+    q = memchr(q + 1, ' ', n - (size_t)(q + 1 - l));
     q = hexf(q + 1, &size);
     q = hexf(q + 1, &tm);
     r->st->alloc_bytes_hi += (r->st->alloc_bytes += size) < size;
     if (tm > r->st->newest)
         r->st->newest = tm;
-    if (q && q[0] == ' ' && q[1] == '@' && hexf(q + 2, &v) && use_stack(r, v))
+    if (!q || q[0] != ' ' || q[1] != '@')
+        return;
+    const char *id = q + 2;
+    size_t len = (size_t)(l + n - 1 - id);
+    if (len == r->last_ref_n && r->last_ref && !memcmp(id, r->last_ref, len))
+        return;
+    if (hexf(id, &v) && use_stack(r, v))
         r->stop = -1;
+    r->last_ref = id;
+    r->last_ref_n = len;
 }
 
 /* Shrinker.entries: sorted by address then number; FINAL drops brackets.  The M entries
@@ -987,7 +1026,7 @@ static void write_state(struct run *r, struct obuf *o, int final, struct ent *en
                 lines++;
                 if (e->k0 == K_ALLOC) {
                     allocs++;
-                    note_alloc(r, e->l0);
+                    note_alloc(r, e->l0, e->n0);
                 }
                 frees += e->k0 == K_FREE;
             }
@@ -1003,7 +1042,7 @@ static void write_state(struct run *r, struct obuf *o, int final, struct ent *en
             lines++;
             if (e->k1 == K_ALLOC) {
                 allocs++;
-                note_alloc(r, e->l1);
+                note_alloc(r, e->l1, e->n1);
             }
         }
     }
@@ -1027,6 +1066,8 @@ static void write_state(struct run *r, struct obuf *o, int final, struct ent *en
     r->st->nused = n;
     r->st->used_bytes = r->used ? (r->used_mask + 1) * sizeof *r->used : 0;
     r->used = NULL;
+    r->last_used = 0;
+    r->last_ref = NULL;
 }
 
 /* The run both entry points share: shrink PATHS into R's table (see mmleak_shrink).
@@ -1058,6 +1099,7 @@ static int shrink_inputs(struct run *r, const char *const *paths, const int *nam
             stats->fatal = 1;
             continue;
         }
+        presize_file(r, fd);
         feed_fd(r, fd, i, buf);
         if (fd)
             close(fd);

@@ -67,6 +67,34 @@ static void *register_thread(void *arg)
     return NULL;
 }
 
+/* stale-rbp: rbp, a general register where the frame pointer is omitted, holds P while
+ * malloc is called (from 32 stack depths: as many starts of mmleak.so's stack walks, whose
+ * recent walks keep a copy of each start's registers and stack words); then P is dropped.
+ * Only mmleak.so's own memory still holds it: the block is lost (valgrind agrees). */
+#if defined(__x86_64__)
+__attribute__((noinline, optimize("omit-frame-pointer"))) static void *malloc_rbp(void *p,
+                                                                                 size_t n)
+{
+    register void *r asm("rbp") = p;
+    __asm__ volatile("" : "+r"(r));
+    void *q = malloc(n);
+    __asm__ volatile("" : "+r"(r));
+    return q;
+}
+#endif
+
+__attribute__((noinline)) static void calls_with_rbp(void *p, int depth)
+{
+    volatile char frame[48];
+    frame[0] = (char)depth;
+#if defined(__x86_64__)
+    free(malloc_rbp(p, 16 + (size_t)depth));
+#endif
+    if (depth)
+        calls_with_rbp(p, depth - 1);
+    __asm__ volatile("" ::"r"(frame) : "memory");
+}
+
 __attribute__((noinline)) static void plant(const char *c)
 {
     if (!strcmp(c, "global")) {
@@ -122,6 +150,8 @@ __attribute__((noinline)) static void plant(const char *c)
         free(holder);
     } else if (!strcmp(c, "lost")) {
         target();
+    } else if (!strcmp(c, "stale-rbp")) {
+        calls_with_rbp(target(), 31);
     } else {
         fprintf(stderr, "unknown case %s\n", c);
         exit(2);

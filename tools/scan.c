@@ -53,6 +53,7 @@
 #include <unistd.h>
 
 #include "../tracer/compiler.h"
+#include "../tracer/ownlist.h"
 #include "../tracer/procstatus.h"
 
 #include "scan_live.h"
@@ -132,6 +133,8 @@ struct scan {
     int pagemap;                        /* /proc/RPID/pagemap, -1 none, -2 not yet opened */
     uint64_t *pm;                       /* its entries for one stretch of a root */
     uint64_t own_lo, own_hi;            /* mmleak.so's .bss (its anonymous part), or 0 0 */
+    struct mml_own_slot *own;           /* mmleak.so's own mappings (own_maps), by address */
+    size_t nown;
     int floor_tid;                      /* this thread's stack is scanned from floor up */
     uint64_t floor;
 };
@@ -1376,6 +1379,51 @@ static void own_bss(struct scan *s)
     }
 }
 
+/* mmleak.so's own anonymous mappings, as the list it keeps says (tracer/ownlist.h): where the
+ * kernel keeps no names, nothing else tells them from the program's, and they hold copies of
+ * the program's words (its recent stack walks: registers and stack words of their starts).
+ * The list is found by its magic in mmleak.so's writable data.  Sets s->own, s->nown. */
+static int own_cmp(const void *a, const void *b)
+{
+    const struct mml_own_slot *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+static void own_maps(struct scan *s)
+{
+    struct mml_own_list l;
+    int have = 0;
+    for (size_t k = 0; k < s->nmp && !have; k++) {
+        const struct mapping *m = &s->mp[k];
+        size_t n = strlen(m->path), len = (size_t)(m->hi - m->lo);
+        if (m->perm[0] != 'r' || m->perm[1] != 'w' || n < 10 ||
+            strcmp(m->path + n - 10, "/mmleak.so") || len > ((size_t)1 << 20))
+            continue;
+        char *buf = malloc(len);
+        if (!buf)
+            return;
+        rd(s, m->lo, buf, len);
+        for (size_t off = 0; off + sizeof l <= len; off += 16)
+            if (!memcmp(buf + off, MML_OWN_MAGIC, sizeof l.magic)) {
+                memcpy(&l, buf + off, sizeof l);
+                have = 1;
+                break;
+            }
+        free(buf);
+    }
+    if (!have || l.version != MML_OWN_VERSION || l.cap > ((uint32_t)1 << 20) || l.used > l.cap ||
+        !l.used)
+        return;
+    s->own = malloc(l.used * sizeof *s->own);
+    if (!s->own)
+        return;
+    rd(s, (uint64_t)(uintptr_t)l.slots, s->own, l.used * sizeof *s->own);
+    for (uint32_t i = 0; i < l.used; i++)       /* being taken or given back: not a range */
+        if (s->own[i].hi > s->own[i].lo && !(s->own[i].lo & 4095))
+            s->own[s->nown++] = s->own[i];
+    qsort(s->own, s->nown, sizeof *s->own, own_cmp);
+}
+
 /* May the pages of mapping M that are neither in memory nor in swap be left unread?  Yes
  * for private anonymous memory (they read as zeros); not for a file's pages (their contents
  * are the file's) nor for shared memory (another process may have written them). */
@@ -1434,7 +1482,8 @@ static void scan_present(struct scan *s, const struct mapping *m, uint64_t a, ui
     }
 }
 
-static void add_root(struct scan *s, const struct mapping *m, int kind, uint64_t a, uint64_t b)
+static void root_range(struct scan *s, const struct mapping *m, int kind, uint64_t a,
+                       uint64_t b)
 {
     if (b <= a)
         return;
@@ -1444,6 +1493,29 @@ static void add_root(struct scan *s, const struct mapping *m, int kind, uint64_t
         fprintf(stderr, "mmleak-scan: root %s %#" PRIx64 "-%#" PRIx64 "\n", ROOT_NAME[kind], a,
                 b);
     scan_present(s, m, a, b);
+}
+
+/* Root [A, B) of mapping M, less mmleak.so's own mappings (own_maps) in it: the kernel merges
+ * neighbouring anonymous mappings, so one of ours may be a part of a mapping, anywhere. */
+static void add_root(struct scan *s, const struct mapping *m, int kind, uint64_t a, uint64_t b)
+{
+    size_t lo = 0, hi = s->nown;
+    while (lo < hi) {                   /* the first of ours that ends after A */
+        size_t mid = (lo + hi) / 2;
+        if (s->own[mid].hi <= a)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (size_t k = lo; k < s->nown && s->own[k].lo < b && a < b; k++) {
+        uint64_t olo = s->own[k].lo > a ? s->own[k].lo : a;
+        uint64_t ohi = s->own[k].hi < b ? s->own[k].hi : b;
+        root_range(s, m, kind, a, olo);
+        s->excluded[0]++;
+        s->excluded[1] += ohi - olo;
+        a = ohi;
+    }
+    root_range(s, m, kind, a, b);
 }
 
 /* The floor of the thread that asked (mmleak_scan_floor): kept only when that thread is
@@ -1465,6 +1537,7 @@ static void check_floor(struct scan *s)
 static void mark(struct scan *s)
 {
     own_bss(s);
+    own_maps(s);
     /* registers */
     check_floor(s);
     for (int t = 0; t < s->nth; t++) {
@@ -1738,6 +1811,7 @@ static void release(struct scan *s)
     free(s->rg); free(s->ptab);
     free(s->mapsbuf);
     free(s->mp);
+    free(s->own);
     if (s->pagemap >= 0)
         close(s->pagemap);
     free(s->pm);

@@ -83,6 +83,24 @@ __attribute__((noinline, optimize("omit-frame-pointer"))) static void *malloc_rb
 }
 #endif
 
+/* joined-arg: a thread given a block as its argument, which it drops, then joined: glibc
+ * keeps its stack (and descriptor, which still holds the argument) in its cache, to reuse;
+ * the block is lost.  unjoined-result: a thread that returns a block and is never joined:
+ * its descriptor keeps the result for pthread_join, the block is still reachable. */
+static void *drop_arg(void *arg)
+{
+    (void)arg;
+    return NULL;
+}
+
+static void *give_result(void *arg)
+{
+    (void)arg;
+    void *p = target();
+    (void)!write(ready[1], "x", 1);
+    return p;
+}
+
 __attribute__((noinline)) static void calls_with_rbp(void *p, int depth)
 {
     volatile char frame[48];
@@ -150,6 +168,16 @@ __attribute__((noinline)) static void plant(const char *c)
         free(holder);
     } else if (!strcmp(c, "lost")) {
         target();
+    } else if (!strcmp(c, "joined-arg")) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, drop_arg, target()) || pthread_join(t, NULL))
+            exit(2);
+    } else if (!strcmp(c, "unjoined-result")) {
+        pthread_t t;
+        char x;
+        if (pipe(ready) || pthread_create(&t, NULL, give_result, NULL))
+            exit(2);
+        (void)!read(ready[0], &x, 1);
     } else if (!strcmp(c, "stale-rbp")) {
         calls_with_rbp(target(), 31);
     } else {

@@ -35,6 +35,8 @@ CASES = {
     "freed": ["definite"],
     "lost": ["definite"],
     "stale-rbp": ["definite"],         # a copy only in mmleak.so's memory (its recent walks)
+    "joined-arg": ["definite"],        # only in a joined thread's stack, cached by glibc
+    "unjoined-result": ["reachable"],  # an exited thread's result, kept for pthread_join
 }
 
 

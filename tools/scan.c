@@ -56,6 +56,7 @@
 #include "../tracer/ownlist.h"
 #include "../tracer/procstatus.h"
 
+#include "scan_glibc.h"
 #include "scan_live.h"
 
 enum { DEFINITE = 0, INDIRECT = 1, POSSIBLE = 2, REACHABLE = 3, UNREACHED = 4 };
@@ -135,6 +136,8 @@ struct scan {
     uint64_t own_lo, own_hi;            /* mmleak.so's .bss (its anonymous part), or 0 0 */
     struct mml_own_slot *own;           /* mmleak.so's own mappings (own_maps), by address */
     size_t nown;
+    int layout;                         /* struct pthread's (dead_stack): 1 known, -1 not, 0 */
+    struct mml_pthread_layout pl;
     int floor_tid;                      /* this thread's stack is scanned from floor up */
     uint64_t floor;
 };
@@ -1424,6 +1427,59 @@ static void own_maps(struct scan *s)
     qsort(s->own, s->nown, sizeof *s->own, own_cmp);
 }
 
+/* Is mapping K the stack of a thread that glibc took back (it was joined, or was detached and
+ * exited: its stack waits in glibc's cache, to be reused or unmapped)?  valgrind's
+ * __libc_freeres unmaps those, and LeakSanitizer reads no thread's but the live ones: what
+ * the thread left there (its argument in its descriptor, its frames, its static TLS) holds
+ * no block.  The thread of a descriptor at the top of the mapping (glibc's struct pthread,
+ * found by its two pointers to itself, tcb and self) is no thread of the process's, its tid
+ * is 0 or -1 (the kernel clears it at the thread's exit, pthread_join makes it -1) and its
+ * cancelhandling says TERMINATED.  The mapping must sit right above a guard
+ * page (glibc's, PROT_NONE): then it starts where glibc's block does.  Sets *PDP: the
+ * descriptor, *END: where the dead stack ends (the descriptor's page end; the mapping may go
+ * on above it). */
+static int dead_stack(struct scan *s, size_t k, uint64_t *pdp, uint64_t *end)
+{
+    const struct mapping *m = &s->mp[k];
+    if (m->path[0] || !k || s->mp[k - 1].hi != m->lo || strcmp(s->mp[k - 1].perm, "---p"))
+        return 0;
+    if (!s->layout) {
+        s->layout = -1;
+        for (size_t j = 0; j < s->nmp && s->layout < 0; j++) {
+            const char *b = strrchr(s->mp[j].path, '/');
+            if (b && s->mp[j].off == 0 && (!strncmp(b, "/libc.so.", 9) ||
+                                           !strncmp(b, "/libpthread.so.", 15)) &&
+                !mml_pthread_layout(s->pid, s->mp[j].path, &s->pl))
+                s->layout = 1;
+        }
+    }
+    uint64_t size = s->pl.size, span = size + 8192;
+    if (s->layout < 0 || m->hi - m->lo < span)
+        return 0;
+    uint64_t *w = malloc(span), base = m->hi - span;
+    if (!w)
+        return 0;
+    rd(s, base, w, span);
+    int dead = 0;
+    for (uint64_t a = (m->hi - size) & ~15ull; a >= base && !dead; a -= 16) {
+        const uint64_t *pd = w + (a - base) / 8;
+        if (pd[0] != a || pd[2] != a)
+            continue;
+        int32_t tid, cancel;
+        memcpy(&tid, (const char *)pd + s->pl.tid, 4);
+        memcpy(&cancel, (const char *)pd + s->pl.cancel, 4);
+        dead = tid <= 0 && (cancel & MML_PTHREAD_TERMINATED);
+        for (int t = 0; t < s->nth; t++)
+            if (s->th[t].tid > 0 && s->th[t].regs.fs_base == a)
+                dead = 0;
+        *end = (a + size + 4095) & ~4095ull;
+        *pdp = a;
+        break;
+    }
+    free(w);
+    return dead;
+}
+
 /* May the pages of mapping M that are neither in memory nor in swap be left unread?  Yes
  * for private anonymous memory (they read as zeros); not for a file's pages (their contents
  * are the file's) nor for shared memory (another process may have written them). */
@@ -1610,6 +1666,18 @@ static void mark(struct scan *s)
             add_root(s, m, R_UNTRACED, a, m->hi);
             drain(s, -1);
             continue;
+        }
+        uint64_t pd, dead_end;
+        if (!stack && dead_stack(s, k, &pd, &dead_end)) {
+            if (unlikely(g_debug > 0))
+                fprintf(stderr, "mmleak-scan: %#" PRIx64 "-%#" PRIx64 " is the stack of a "
+                        "thread joined (not a root)\n", m->lo, dead_end);
+            /* but for its descriptor's header (tcb, dtv): glibc keeps the thread's DTV with
+             * the stack, to reuse both; it stays what it was, possibly lost (dtv points to
+             * its second word), never definitely lost */
+            add_root(s, m, R_ANON, pd, pd + 16);
+            drain(s, -1);
+            from = dead_end;
         }
         int kind = stack ? R_STACK : m->path[0] == '/' ? (m->perm[3] == 's' ? R_FILE : R_OBJECT)
                                                        : R_ANON;

@@ -101,6 +101,17 @@ static void *give_result(void *arg)
     return p;
 }
 
+/* freed-arena: a thread keeps the block's address in a block of its own arena, frees it and
+ * is joined: the arena holds no live block, only that stale word in its free memory */
+static void *hold_and_free(void *arg)
+{
+    void **holder = malloc(200);
+    holder[5] = arg;
+    __asm__ volatile("" ::"r"(holder) : "memory");
+    free(holder);
+    return NULL;
+}
+
 __attribute__((noinline)) static void calls_with_rbp(void *p, int depth)
 {
     volatile char frame[48];
@@ -171,6 +182,10 @@ __attribute__((noinline)) static void plant(const char *c)
     } else if (!strcmp(c, "joined-arg")) {
         pthread_t t;
         if (pthread_create(&t, NULL, drop_arg, target()) || pthread_join(t, NULL))
+            exit(2);
+    } else if (!strcmp(c, "freed-arena")) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, hold_and_free, target()) || pthread_join(t, NULL))
             exit(2);
     } else if (!strcmp(c, "unjoined-result")) {
         pthread_t t;

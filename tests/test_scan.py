@@ -36,6 +36,7 @@ CASES = {
     "lost": ["definite"],
     "stale-rbp": ["definite"],         # a copy only in mmleak.so's memory (its recent walks)
     "joined-arg": ["definite"],        # only in a joined thread's stack, cached by glibc
+    "freed-arena": ["definite"],       # only in a freed block of a thread's arena
     "unjoined-result": ["reachable"],  # an exited thread's result, kept for pthread_join
 }
 

@@ -1480,6 +1480,28 @@ static int dead_stack(struct scan *s, size_t k, uint64_t *pdp, uint64_t *end)
     return dead;
 }
 
+/* Is mapping M one of glibc's heaps, though it holds no live block: the main arena's
+ * ([heap]), or another arena's (a thread's: a heap_info at its start, 64 MiB-aligned, whose
+ * ar_ptr points 32 or 48 bytes into such a heap: the malloc_state after the first one's
+ * heap_info, 48 bytes since glibc 2.35)?  Its memory is glibc's free chunks and its bins: the stale words of blocks
+ * freed, which valgrind never reads.  Only when the trace is glibc's malloc, and not an
+ * attached one (blocks allocated before the attach may be there). */
+#define ARENA_HEAP_MAX ((uint64_t)64 << 20)     /* glibc's HEAP_MAX_SIZE on 64-bit */
+static int glibc_heap(struct scan *s, const struct mapping *m)
+{
+    if (!s->glibc || s->attached || m->perm[3] != 'p')
+        return 0;
+    if (!strcmp(m->path, "[heap]"))
+        return 1;
+    uint64_t hi[4];
+    if (m->path[0] || (m->lo & (ARENA_HEAP_MAX - 1)) || m->hi - m->lo > ARENA_HEAP_MAX)
+        return 0;
+    rd(s, m->lo, hi, sizeof hi);        /* ar_ptr, prev, size, mprotect_size */
+    uint64_t at = hi[0] & (ARENA_HEAP_MAX - 1);
+    return (at == 32 || at == 48) && !(hi[1] & (ARENA_HEAP_MAX - 1)) &&
+           hi[2] && hi[2] <= m->hi - m->lo && hi[3] >= hi[2] && hi[3] <= ARENA_HEAP_MAX;
+}
+
 /* May the pages of mapping M that are neither in memory nor in swap be left unread?  Yes
  * for private anonymous memory (they read as zeros); not for a file's pages (their contents
  * are the file's) nor for shared memory (another process may have written them). */
@@ -1649,6 +1671,12 @@ static void mark(struct scan *s)
             from = s->own_hi;           /* mmleak.so's .bss, and memory mapped right after */
             s->excluded[0]++;
             s->excluded[1] += s->own_hi - s->own_lo;
+        }
+        if (!m->heap && !stack && glibc_heap(s, m)) {
+            if (unlikely(g_debug > 0))
+                fprintf(stderr, "mmleak-scan: %#" PRIx64 "-%#" PRIx64 " is a glibc heap with "
+                        "no live block (not a root)\n", m->lo, m->hi);
+            continue;
         }
         if (m->heap) {
             if (!s->attached)

@@ -276,6 +276,18 @@ def test_result_file_layout(scan_bins, dump):
     assert s.excluded["mmleak"][0] >= 1
 
 
+@pytest.mark.parametrize("case", ["joined-arg", "freed-arena"])
+def test_result_counts_glibc_memory_left_out(scan_bins, dump, case):
+    """A joined thread's cached stack and a thread arena holding no live block are not
+    roots: the result counts them on its "#excluded glibc" line."""
+    run_traced([scan_bins["scan_cases"], case], dump)
+    from mmleaklib import scan
+    [path] = scan.scan_files(str(dump), only_trace(dump))
+    s = scan.read_scan(path)
+    n, nbytes = s.excluded["glibc"]
+    assert n >= 1 and nbytes >= 4096, s.excluded
+
+
 def scan_now(pid):
     return subprocess.run([sys.executable, os.path.join(ROOT, "mmleak.py"), "scan", "--quiet",
                            str(pid)], capture_output=True, text=True, timeout=120)

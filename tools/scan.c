@@ -123,7 +123,7 @@ struct scan {
     size_t top;
     char *win;
     uint64_t wlo, whi;
-    uint64_t roots[R_KINDS][2], excluded[2];
+    uint64_t roots[R_KINDS][2], excluded[2], glibc_ex[2];
     uint64_t kinds[4][2];
     uint64_t unreadable;
     int vanished;                       /* the process ended (SIGKILL...) during the scan */
@@ -1676,6 +1676,8 @@ static void mark(struct scan *s)
             if (unlikely(g_debug > 0))
                 fprintf(stderr, "mmleak-scan: %#" PRIx64 "-%#" PRIx64 " is a glibc heap with "
                         "no live block (not a root)\n", m->lo, m->hi);
+            s->glibc_ex[0]++;
+            s->glibc_ex[1] += m->hi - m->lo;
             continue;
         }
         if (m->heap) {
@@ -1705,6 +1707,8 @@ static void mark(struct scan *s)
              * its second word), never definitely lost */
             add_root(s, m, R_ANON, pd, pd + 16);
             drain(s, -1);
+            s->glibc_ex[0]++;
+            s->glibc_ex[1] += dead_end - m->lo - 16;
             from = dead_end;
         }
         int kind = stack ? R_STACK : m->path[0] == '/' ? (m->perm[3] == 's' ? R_FILE : R_OBJECT)
@@ -1811,6 +1815,8 @@ static int write_result(struct scan *s, char *out, size_t outlen)
                     s->roots[k][1]);
         wprintf(&b, "#excluded mmleak %" PRIu64 " %" PRIu64 "\n", s->excluded[0],
                 s->excluded[1]);
+        wprintf(&b, "#excluded glibc %" PRIu64 " %" PRIu64 "\n", s->glibc_ex[0],
+                s->glibc_ex[1]);
         if (s->unreadable)
             wprintf(&b, "#unreadable %" PRIu64 "\n", s->unreadable);
         for (int k = 0; k < 4; k++)

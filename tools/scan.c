@@ -53,10 +53,9 @@
 #include <unistd.h>
 
 #include "../tracer/compiler.h"
-#include "../tracer/ownlist.h"
 #include "../tracer/procstatus.h"
 
-#include "scan_glibc.h"
+#include "scan_roots.h"
 #include "scan_live.h"
 
 enum { DEFINITE = 0, INDIRECT = 1, POSSIBLE = 2, REACHABLE = 3, UNREACHED = 4 };
@@ -1382,62 +1381,30 @@ static void own_bss(struct scan *s)
     }
 }
 
+static size_t read_cb(void *ctx, uint64_t a, void *buf, size_t n)
+{
+    return rd(ctx, a, buf, n);
+}
+
 /* mmleak.so's own anonymous mappings, as the list it keeps says (tracer/ownlist.h): where the
  * kernel keeps no names, nothing else tells them from the program's, and they hold copies of
- * the program's words (its recent stack walks: registers and stack words of their starts).
- * The list is found by its magic in mmleak.so's writable data.  Sets s->own, s->nown. */
-static int own_cmp(const void *a, const void *b)
-{
-    const struct mml_own_slot *x = a, *y = b;
-    return x->lo < y->lo ? -1 : x->lo > y->lo;
-}
-
+ * the program's words (its recent stack walks).  Sets s->own, s->nown. */
 static void own_maps(struct scan *s)
 {
-    struct mml_own_list l;
-    int have = 0;
-    for (size_t k = 0; k < s->nmp && !have; k++) {
+    for (size_t k = 0; k < s->nmp && !s->own; k++) {
         const struct mapping *m = &s->mp[k];
-        size_t n = strlen(m->path), len = (size_t)(m->hi - m->lo);
-        if (m->perm[0] != 'r' || m->perm[1] != 'w' || n < 10 ||
-            strcmp(m->path + n - 10, "/mmleak.so") || len > ((size_t)1 << 20))
-            continue;
-        char *buf = malloc(len);
-        if (!buf)
-            return;
-        rd(s, m->lo, buf, len);
-        for (size_t off = 0; off + sizeof l <= len; off += 16)
-            if (!memcmp(buf + off, MML_OWN_MAGIC, sizeof l.magic)) {
-                memcpy(&l, buf + off, sizeof l);
-                have = 1;
-                break;
-            }
-        free(buf);
+        size_t n = strlen(m->path);
+        if (m->perm[0] == 'r' && m->perm[1] == 'w' && n >= 10 &&
+            !strcmp(m->path + n - 10, "/mmleak.so"))
+            s->nown = mml_own_ranges(read_cb, s, m->lo, m->hi, &s->own);
     }
-    if (!have || l.version != MML_OWN_VERSION || l.cap > ((uint32_t)1 << 20) || l.used > l.cap ||
-        !l.used)
-        return;
-    s->own = malloc(l.used * sizeof *s->own);
-    if (!s->own)
-        return;
-    rd(s, (uint64_t)(uintptr_t)l.slots, s->own, l.used * sizeof *s->own);
-    for (uint32_t i = 0; i < l.used; i++)       /* being taken or given back: not a range */
-        if (s->own[i].hi > s->own[i].lo && !(s->own[i].lo & 4095))
-            s->own[s->nown++] = s->own[i];
-    qsort(s->own, s->nown, sizeof *s->own, own_cmp);
 }
 
-/* Is mapping K the stack of a thread that glibc took back (it was joined, or was detached and
- * exited: its stack waits in glibc's cache, to be reused or unmapped)?  valgrind's
- * __libc_freeres unmaps those, and LeakSanitizer reads no thread's but the live ones: what
- * the thread left there (its argument in its descriptor, its frames, its static TLS) holds
- * no block.  The thread of a descriptor at the top of the mapping (glibc's struct pthread,
- * found by its two pointers to itself, tcb and self) is no thread of the process's, its tid
- * is 0 or -1 (the kernel clears it at the thread's exit, pthread_join makes it -1) and its
- * cancelhandling says TERMINATED.  The mapping must sit right above a guard
- * page (glibc's, PROT_NONE): then it starts where glibc's block does.  Sets *PDP: the
- * descriptor, *END: where the dead stack ends (the descriptor's page end; the mapping may go
- * on above it). */
+/* Is mapping K the stack of a thread that glibc took back (joined, or detached and ended:
+ * its stack waits in glibc's cache, to be reused or unmapped; valgrind's __libc_freeres
+ * unmaps those, LeakSanitizer reads live threads only)?  Right above a guard page, with
+ * glibc's descriptor at its top saying so (mml_dead_pthread), which no thread of the
+ * process has.  Sets *PDP, the descriptor, and *END, where the dead stack ends. */
 static int dead_stack(struct scan *s, size_t k, uint64_t *pdp, uint64_t *end)
 {
     const struct mapping *m = &s->mp[k];
@@ -1453,53 +1420,24 @@ static int dead_stack(struct scan *s, size_t k, uint64_t *pdp, uint64_t *end)
                 s->layout = 1;
         }
     }
-    uint64_t size = s->pl.size, span = size + 8192;
-    if (s->layout < 0 || m->hi - m->lo < span)
+    if (s->layout < 0 || mml_dead_pthread(read_cb, s, &s->pl, m->lo, m->hi, pdp, end) != 1)
         return 0;
-    uint64_t *w = malloc(span), base = m->hi - span;
-    if (!w)
-        return 0;
-    rd(s, base, w, span);
-    int dead = 0;
-    for (uint64_t a = (m->hi - size) & ~15ull; a >= base && !dead; a -= 16) {
-        const uint64_t *pd = w + (a - base) / 8;
-        if (pd[0] != a || pd[2] != a)
-            continue;
-        int32_t tid, cancel;
-        memcpy(&tid, (const char *)pd + s->pl.tid, 4);
-        memcpy(&cancel, (const char *)pd + s->pl.cancel, 4);
-        dead = tid <= 0 && (cancel & MML_PTHREAD_TERMINATED);
-        for (int t = 0; t < s->nth; t++)
-            if (s->th[t].tid > 0 && s->th[t].regs.fs_base == a)
-                dead = 0;
-        *end = (a + size + 4095) & ~4095ull;
-        *pdp = a;
-        break;
-    }
-    free(w);
-    return dead;
+    for (int t = 0; t < s->nth; t++)
+        if (s->th[t].tid > 0 && s->th[t].regs.fs_base == *pdp)
+            return 0;
+    return 1;
 }
 
-/* Is mapping M one of glibc's heaps, though it holds no live block: the main arena's
- * ([heap]), or another arena's (a thread's: a heap_info at its start, 64 MiB-aligned, whose
- * ar_ptr points 32 or 48 bytes into such a heap: the malloc_state after the first one's
- * heap_info, 48 bytes since glibc 2.35)?  Its memory is glibc's free chunks and its bins: the stale words of blocks
- * freed, which valgrind never reads.  Only when the trace is glibc's malloc, and not an
- * attached one (blocks allocated before the attach may be there). */
-#define ARENA_HEAP_MAX ((uint64_t)64 << 20)     /* glibc's HEAP_MAX_SIZE on 64-bit */
+/* Is mapping M one of glibc's heaps, though it holds no live block ([heap], or a thread
+ * arena's: mml_arena_heap)?  Its memory is free chunks: the stale words of blocks freed,
+ * which valgrind never reads.  Only when the trace is glibc's malloc, and not an attached
+ * one (blocks allocated before the attach may be there). */
 static int glibc_heap(struct scan *s, const struct mapping *m)
 {
     if (!s->glibc || s->attached || m->perm[3] != 'p')
         return 0;
-    if (!strcmp(m->path, "[heap]"))
-        return 1;
-    uint64_t hi[4];
-    if (m->path[0] || (m->lo & (ARENA_HEAP_MAX - 1)) || m->hi - m->lo > ARENA_HEAP_MAX)
-        return 0;
-    rd(s, m->lo, hi, sizeof hi);        /* ar_ptr, prev, size, mprotect_size */
-    uint64_t at = hi[0] & (ARENA_HEAP_MAX - 1);
-    return (at == 32 || at == 48) && !(hi[1] & (ARENA_HEAP_MAX - 1)) &&
-           hi[2] && hi[2] <= m->hi - m->lo && hi[3] >= hi[2] && hi[3] <= ARENA_HEAP_MAX;
+    return !strcmp(m->path, "[heap]") ||
+           (!m->path[0] && mml_arena_heap(read_cb, s, m->lo, m->hi));
 }
 
 /* May the pages of mapping M that are neither in memory nor in swap be left unread?  Yes

@@ -1,13 +1,14 @@
-/* tools/scan_glibc.c: struct pthread's layout, read from the libc.so.6 the process runs.
+/* tools/scan_roots.c: what the reachability scan leaves out of its roots (API and rules:
+ * tools/scan_roots.h, mmleak-scan(7) "Roots"): mmleak.so's own mappings, the stacks of
+ * threads glibc took back, glibc's heaps.  Only the mechanics; tools/scan.c decides.
  *
- * glibc describes its thread descriptor for debuggers: libthread_db (nptl_db) reads the
+ * struct pthread's layout, read from the libc.so.6 the process runs: glibc describes its thread descriptor for debuggers: libthread_db (nptl_db) reads the
  * _thread_db_* symbols that libc.so.6 exports (GLIBC_PRIVATE, since glibc 2.34; in
  * libpthread.so.0 before): _thread_db_sizeof_pthread (one uint32_t, the size), and for each
  * field a descriptor of three uint32_t: its size in bits, its count, its offset.  They are
  * read here from the file's dynamic symbol table and its bytes, never from the process (only
- * its mount namespace's copy of the file: /proc/PID/root/PATH).  Used by the scan to tell the
- * stack of a thread that was joined (glibc keeps it in its cache, to reuse it) from a live
- * one: see tools/scan.c, dead_stack. */
+ * its mount namespace's copy of the file: /proc/PID/root/PATH): it tells the stack of a
+ * thread that was joined (glibc keeps it in its cache, to reuse it) from a live one. */
 #define _GNU_SOURCE
 #include <elf.h>
 #include <fcntl.h>
@@ -17,7 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "scan_glibc.h"
+#include "scan_roots.h"
 
 static int pread_all(int fd, void *buf, size_t n, uint64_t off)
 {
@@ -112,4 +113,79 @@ out:
     free(str);
     close(fd);
     return rc;
+}
+
+static int own_cmp(const void *a, const void *b)
+{
+    const struct mml_own_slot *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+size_t mml_own_ranges(mml_read_fn rd, void *ctx, uint64_t lo, uint64_t hi,
+                      struct mml_own_slot **out)
+{
+    struct mml_own_list l;
+    size_t len = (size_t)(hi - lo), n = 0;
+    int have = 0;
+    *out = NULL;
+    char *buf = len <= ((size_t)1 << 20) ? malloc(len) : NULL;
+    if (!buf)
+        return 0;
+    rd(ctx, lo, buf, len);
+    for (size_t off = 0; off + sizeof l <= len && !have; off += 16)
+        if (!memcmp(buf + off, MML_OWN_MAGIC, sizeof l.magic)) {
+            memcpy(&l, buf + off, sizeof l);
+            have = 1;
+        }
+    free(buf);
+    if (!have || l.version != MML_OWN_VERSION || l.cap > ((uint32_t)1 << 20) || l.used > l.cap ||
+        !l.used || !(*out = malloc(l.used * sizeof **out)))
+        return 0;
+    struct mml_own_slot *o = *out;
+    rd(ctx, (uint64_t)(uintptr_t)l.slots, o, l.used * sizeof *o);
+    for (uint32_t i = 0; i < l.used; i++)
+        if (o[i].hi > o[i].lo && !(o[i].lo & 4095))
+            o[n++] = o[i];
+    qsort(o, n, sizeof *o, own_cmp);
+    return n;
+}
+
+int mml_dead_pthread(mml_read_fn rd, void *ctx, const struct mml_pthread_layout *l,
+                     uint64_t lo, uint64_t hi, uint64_t *pd, uint64_t *end)
+{
+    uint64_t size = l->size, span = size + 8192;
+    if (hi - lo < span)
+        return -1;
+    uint64_t *w = malloc(span), base = hi - span;
+    if (!w)
+        return -1;
+    rd(ctx, base, w, span);
+    int dead = -1;
+    for (uint64_t a = (hi - size) & ~15ull; a >= base; a -= 16) {
+        const uint64_t *p = w + (a - base) / 8;
+        if (p[0] != a || p[2] != a)     /* tcb, self */
+            continue;
+        int32_t tid, cancel;
+        memcpy(&tid, (const char *)p + l->tid, 4);
+        memcpy(&cancel, (const char *)p + l->cancel, 4);
+        dead = tid <= 0 && (cancel & MML_PTHREAD_TERMINATED);
+        *pd = a;
+        *end = (a + size + 4095) & ~4095ull;
+        break;
+    }
+    free(w);
+    return dead;
+}
+
+#define ARENA_HEAP_MAX ((uint64_t)64 << 20)     /* glibc's HEAP_MAX_SIZE on 64-bit */
+
+int mml_arena_heap(mml_read_fn rd, void *ctx, uint64_t lo, uint64_t hi)
+{
+    uint64_t h[4];                      /* ar_ptr, prev, size, mprotect_size */
+    if ((lo & (ARENA_HEAP_MAX - 1)) || hi - lo > ARENA_HEAP_MAX)
+        return 0;
+    rd(ctx, lo, h, sizeof h);
+    uint64_t at = h[0] & (ARENA_HEAP_MAX - 1);
+    return (at == 32 || at == 48) && !(h[1] & (ARENA_HEAP_MAX - 1)) && h[2] &&
+           h[2] <= hi - lo && h[3] >= h[2] && h[3] <= ARENA_HEAP_MAX;
 }

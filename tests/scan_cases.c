@@ -67,6 +67,63 @@ static void *register_thread(void *arg)
     return NULL;
 }
 
+/* stale-rbp: rbp, a general register where the frame pointer is omitted, holds P while
+ * malloc is called (from 32 stack depths: as many starts of mmleak.so's stack walks, whose
+ * recent walks keep a copy of each start's registers and stack words); then P is dropped.
+ * Only mmleak.so's own memory still holds it: the block is lost (valgrind agrees). */
+#if defined(__x86_64__)
+__attribute__((noinline, optimize("omit-frame-pointer"))) static void *malloc_rbp(void *p,
+                                                                                 size_t n)
+{
+    register void *r asm("rbp") = p;
+    __asm__ volatile("" : "+r"(r));
+    void *q = malloc(n);
+    __asm__ volatile("" : "+r"(r));
+    return q;
+}
+#endif
+
+/* joined-arg: a thread given a block as its argument, which it drops, then joined: glibc
+ * keeps its stack (and descriptor, which still holds the argument) in its cache, to reuse;
+ * the block is lost.  unjoined-result: a thread that returns a block and is never joined:
+ * its descriptor keeps the result for pthread_join, the block is still reachable. */
+static void *drop_arg(void *arg)
+{
+    (void)arg;
+    return NULL;
+}
+
+static void *give_result(void *arg)
+{
+    (void)arg;
+    void *p = target();
+    (void)!write(ready[1], "x", 1);
+    return p;
+}
+
+/* freed-arena: a thread keeps the block's address in a block of its own arena, frees it and
+ * is joined: the arena holds no live block, only that stale word in its free memory */
+static void *hold_and_free(void *arg)
+{
+    void **holder = malloc(200);
+    holder[5] = arg;
+    __asm__ volatile("" ::"r"(holder) : "memory");
+    free(holder);
+    return NULL;
+}
+
+__attribute__((noinline)) static void calls_with_rbp(void *p, int depth)
+{
+    volatile char frame[48];
+    frame[0] = (char)depth;
+#if defined(__x86_64__)
+    free(malloc_rbp(p, 16 + (size_t)depth));
+#endif
+    if (depth)
+        calls_with_rbp(p, depth - 1);
+    __asm__ volatile("" ::"r"(frame) : "memory");
+}
+
 __attribute__((noinline)) static void plant(const char *c)
 {
     if (!strcmp(c, "global")) {
@@ -122,6 +179,22 @@ __attribute__((noinline)) static void plant(const char *c)
         free(holder);
     } else if (!strcmp(c, "lost")) {
         target();
+    } else if (!strcmp(c, "joined-arg")) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, drop_arg, target()) || pthread_join(t, NULL))
+            exit(2);
+    } else if (!strcmp(c, "freed-arena")) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, hold_and_free, target()) || pthread_join(t, NULL))
+            exit(2);
+    } else if (!strcmp(c, "unjoined-result")) {
+        pthread_t t;
+        char x;
+        if (pipe(ready) || pthread_create(&t, NULL, give_result, NULL))
+            exit(2);
+        (void)!read(ready[0], &x, 1);
+    } else if (!strcmp(c, "stale-rbp")) {
+        calls_with_rbp(target(), 31);
     } else {
         fprintf(stderr, "unknown case %s\n", c);
         exit(2);

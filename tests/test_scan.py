@@ -34,6 +34,10 @@ CASES = {
     "xor": ["definite"],
     "freed": ["definite"],
     "lost": ["definite"],
+    "stale-rbp": ["definite"],         # a copy only in mmleak.so's memory (its recent walks)
+    "joined-arg": ["definite"],        # only in a joined thread's stack, cached by glibc
+    "freed-arena": ["definite"],       # only in a freed block of a thread's arena
+    "unjoined-result": ["reachable"],  # an exited thread's result, kept for pthread_join
 }
 
 
@@ -270,6 +274,18 @@ def test_result_file_layout(scan_bins, dump):
         assert k.count(i) == s.kinds[name][0]
     assert s.roots["object"][0] >= 1 and s.roots["stack"][0] == 1
     assert s.excluded["mmleak"][0] >= 1
+
+
+@pytest.mark.parametrize("case", ["joined-arg", "freed-arena"])
+def test_result_counts_glibc_memory_left_out(scan_bins, dump, case):
+    """A joined thread's cached stack and a thread arena holding no live block are not
+    roots: the result counts them on its "#excluded glibc" line."""
+    run_traced([scan_bins["scan_cases"], case], dump)
+    from mmleaklib import scan
+    [path] = scan.scan_files(str(dump), only_trace(dump))
+    s = scan.read_scan(path)
+    n, nbytes = s.excluded["glibc"]
+    assert n >= 1 and nbytes >= 4096, s.excluded
 
 
 def scan_now(pid):

@@ -55,6 +55,7 @@
 #include "../tracer/compiler.h"
 #include "../tracer/procstatus.h"
 
+#include "scan_roots.h"
 #include "scan_live.h"
 
 enum { DEFINITE = 0, INDIRECT = 1, POSSIBLE = 2, REACHABLE = 3, UNREACHED = 4 };
@@ -121,7 +122,7 @@ struct scan {
     size_t top;
     char *win;
     uint64_t wlo, whi;
-    uint64_t roots[R_KINDS][2], excluded[2];
+    uint64_t roots[R_KINDS][2], excluded[2], glibc_ex[2];
     uint64_t kinds[4][2];
     uint64_t unreadable;
     int vanished;                       /* the process ended (SIGKILL...) during the scan */
@@ -132,6 +133,10 @@ struct scan {
     int pagemap;                        /* /proc/RPID/pagemap, -1 none, -2 not yet opened */
     uint64_t *pm;                       /* its entries for one stretch of a root */
     uint64_t own_lo, own_hi;            /* mmleak.so's .bss (its anonymous part), or 0 0 */
+    struct mml_own_slot *own;           /* mmleak.so's own mappings (own_maps), by address */
+    size_t nown;
+    int layout;                         /* struct pthread's (dead_stack): 1 known, -1 not, 0 */
+    struct mml_pthread_layout pl;
     int floor_tid;                      /* this thread's stack is scanned from floor up */
     uint64_t floor;
 };
@@ -1376,6 +1381,65 @@ static void own_bss(struct scan *s)
     }
 }
 
+static size_t read_cb(void *ctx, uint64_t a, void *buf, size_t n)
+{
+    return rd(ctx, a, buf, n);
+}
+
+/* mmleak.so's own anonymous mappings, as the list it keeps says (tracer/ownlist.h): where the
+ * kernel keeps no names, nothing else tells them from the program's, and they hold copies of
+ * the program's words (its recent stack walks).  Sets s->own, s->nown. */
+static void own_maps(struct scan *s)
+{
+    for (size_t k = 0; k < s->nmp && !s->own; k++) {
+        const struct mapping *m = &s->mp[k];
+        size_t n = strlen(m->path);
+        if (m->perm[0] == 'r' && m->perm[1] == 'w' && n >= 10 &&
+            !strcmp(m->path + n - 10, "/mmleak.so"))
+            s->nown = mml_own_ranges(read_cb, s, m->lo, m->hi, &s->own);
+    }
+}
+
+/* Is mapping K the stack of a thread that glibc took back (joined, or detached and ended:
+ * its stack waits in glibc's cache, to be reused or unmapped; valgrind's __libc_freeres
+ * unmaps those, LeakSanitizer reads live threads only)?  Right above a guard page, with
+ * glibc's descriptor at its top saying so (mml_dead_pthread), which no thread of the
+ * process has.  Sets *PDP, the descriptor, and *END, where the dead stack ends. */
+static int dead_stack(struct scan *s, size_t k, uint64_t *pdp, uint64_t *end)
+{
+    const struct mapping *m = &s->mp[k];
+    if (m->path[0] || !k || s->mp[k - 1].hi != m->lo || strcmp(s->mp[k - 1].perm, "---p"))
+        return 0;
+    if (!s->layout) {
+        s->layout = -1;
+        for (size_t j = 0; j < s->nmp && s->layout < 0; j++) {
+            const char *b = strrchr(s->mp[j].path, '/');
+            if (b && s->mp[j].off == 0 && (!strncmp(b, "/libc.so.", 9) ||
+                                           !strncmp(b, "/libpthread.so.", 15)) &&
+                !mml_pthread_layout(s->pid, s->mp[j].path, &s->pl))
+                s->layout = 1;
+        }
+    }
+    if (s->layout < 0 || mml_dead_pthread(read_cb, s, &s->pl, m->lo, m->hi, pdp, end) != 1)
+        return 0;
+    for (int t = 0; t < s->nth; t++)
+        if (s->th[t].tid > 0 && s->th[t].regs.fs_base == *pdp)
+            return 0;
+    return 1;
+}
+
+/* Is mapping M one of glibc's heaps, though it holds no live block ([heap], or a thread
+ * arena's: mml_arena_heap)?  Its memory is free chunks: the stale words of blocks freed,
+ * which valgrind never reads.  Only when the trace is glibc's malloc, and not an attached
+ * one (blocks allocated before the attach may be there). */
+static int glibc_heap(struct scan *s, const struct mapping *m)
+{
+    if (!s->glibc || s->attached || m->perm[3] != 'p')
+        return 0;
+    return !strcmp(m->path, "[heap]") ||
+           (!m->path[0] && mml_arena_heap(read_cb, s, m->lo, m->hi));
+}
+
 /* May the pages of mapping M that are neither in memory nor in swap be left unread?  Yes
  * for private anonymous memory (they read as zeros); not for a file's pages (their contents
  * are the file's) nor for shared memory (another process may have written them). */
@@ -1434,7 +1498,8 @@ static void scan_present(struct scan *s, const struct mapping *m, uint64_t a, ui
     }
 }
 
-static void add_root(struct scan *s, const struct mapping *m, int kind, uint64_t a, uint64_t b)
+static void root_range(struct scan *s, const struct mapping *m, int kind, uint64_t a,
+                       uint64_t b)
 {
     if (b <= a)
         return;
@@ -1444,6 +1509,29 @@ static void add_root(struct scan *s, const struct mapping *m, int kind, uint64_t
         fprintf(stderr, "mmleak-scan: root %s %#" PRIx64 "-%#" PRIx64 "\n", ROOT_NAME[kind], a,
                 b);
     scan_present(s, m, a, b);
+}
+
+/* Root [A, B) of mapping M, less mmleak.so's own mappings (own_maps) in it: the kernel merges
+ * neighbouring anonymous mappings, so one of ours may be a part of a mapping, anywhere. */
+static void add_root(struct scan *s, const struct mapping *m, int kind, uint64_t a, uint64_t b)
+{
+    size_t lo = 0, hi = s->nown;
+    while (lo < hi) {                   /* the first of ours that ends after A */
+        size_t mid = (lo + hi) / 2;
+        if (s->own[mid].hi <= a)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (size_t k = lo; k < s->nown && s->own[k].lo < b && a < b; k++) {
+        uint64_t olo = s->own[k].lo > a ? s->own[k].lo : a;
+        uint64_t ohi = s->own[k].hi < b ? s->own[k].hi : b;
+        root_range(s, m, kind, a, olo);
+        s->excluded[0]++;
+        s->excluded[1] += ohi - olo;
+        a = ohi;
+    }
+    root_range(s, m, kind, a, b);
 }
 
 /* The floor of the thread that asked (mmleak_scan_floor): kept only when that thread is
@@ -1465,6 +1553,7 @@ static void check_floor(struct scan *s)
 static void mark(struct scan *s)
 {
     own_bss(s);
+    own_maps(s);
     /* registers */
     check_floor(s);
     for (int t = 0; t < s->nth; t++) {
@@ -1521,6 +1610,14 @@ static void mark(struct scan *s)
             s->excluded[0]++;
             s->excluded[1] += s->own_hi - s->own_lo;
         }
+        if (!m->heap && !stack && glibc_heap(s, m)) {
+            if (unlikely(g_debug > 0))
+                fprintf(stderr, "mmleak-scan: %#" PRIx64 "-%#" PRIx64 " is a glibc heap with "
+                        "no live block (not a root)\n", m->lo, m->hi);
+            s->glibc_ex[0]++;
+            s->glibc_ex[1] += m->hi - m->lo;
+            continue;
+        }
         if (m->heap) {
             if (!s->attached)
                 continue;
@@ -1537,6 +1634,20 @@ static void mark(struct scan *s)
             add_root(s, m, R_UNTRACED, a, m->hi);
             drain(s, -1);
             continue;
+        }
+        uint64_t pd, dead_end;
+        if (!stack && dead_stack(s, k, &pd, &dead_end)) {
+            if (unlikely(g_debug > 0))
+                fprintf(stderr, "mmleak-scan: %#" PRIx64 "-%#" PRIx64 " is the stack of a "
+                        "thread joined (not a root)\n", m->lo, dead_end);
+            /* but for its descriptor's header (tcb, dtv): glibc keeps the thread's DTV with
+             * the stack, to reuse both; it stays what it was, possibly lost (dtv points to
+             * its second word), never definitely lost */
+            add_root(s, m, R_ANON, pd, pd + 16);
+            drain(s, -1);
+            s->glibc_ex[0]++;
+            s->glibc_ex[1] += dead_end - m->lo - 16;
+            from = dead_end;
         }
         int kind = stack ? R_STACK : m->path[0] == '/' ? (m->perm[3] == 's' ? R_FILE : R_OBJECT)
                                                        : R_ANON;
@@ -1642,6 +1753,8 @@ static int write_result(struct scan *s, char *out, size_t outlen)
                     s->roots[k][1]);
         wprintf(&b, "#excluded mmleak %" PRIu64 " %" PRIu64 "\n", s->excluded[0],
                 s->excluded[1]);
+        wprintf(&b, "#excluded glibc %" PRIu64 " %" PRIu64 "\n", s->glibc_ex[0],
+                s->glibc_ex[1]);
         if (s->unreadable)
             wprintf(&b, "#unreadable %" PRIu64 "\n", s->unreadable);
         for (int k = 0; k < 4; k++)
@@ -1738,6 +1851,7 @@ static void release(struct scan *s)
     free(s->rg); free(s->ptab);
     free(s->mapsbuf);
     free(s->mp);
+    free(s->own);
     if (s->pagemap >= 0)
         close(s->pagemap);
     free(s->pm);

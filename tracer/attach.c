@@ -93,7 +93,7 @@ static void unmap_retired(void)
     unsigned k = 0;
     for (unsigned i = 0; i < g_nretired; i++) {
         if (g_retired[i].cycle + 2 <= g_cycle)
-            munmap(g_retired[i].p, g_retired[i].len);
+            mml_unmap(g_retired[i].p, g_retired[i].len);
         else
             g_retired[k++] = g_retired[i];
     }

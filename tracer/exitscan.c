@@ -121,7 +121,7 @@ COLD int run_scanner(const char *why, uintptr_t floor)
     env[k] = NULL;
     int p[2];
     if (pipe(p)) {
-        munmap(env, bytes);
+        mml_unmap(env, bytes);
         return -1;
     }
     fcntl(p[1], F_SETFD, FD_CLOEXEC);
@@ -136,7 +136,7 @@ COLD int run_scanner(const char *why, uintptr_t floor)
      * allocated (glibc maps the child's stack) */
     int rc = posix_spawn(&child, path, NULL, NULL, argv, env);
     close(p[0]);
-    munmap(env, bytes);
+    mml_unmap(env, bytes);
     if (rc) {
         close(p[1]);
         return -1;

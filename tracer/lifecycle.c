@@ -130,7 +130,7 @@ void arm_hot(void)
         if (p && madvise(p, 4096, MADV_WIPEONFORK) == 0)
             H = p;
         else if (p)
-            munmap(p, 4096);    /* kernel before 4.14: raw clone() children are not detected */
+            mml_unmap(p, 4096);    /* kernel before 4.14: raw clone() children are not detected */
     }
     H->fast = cfg.depth <= 1 ? 1 : 2;
     H->epoch = atomic_load(&g_epoch);
@@ -321,7 +321,7 @@ void fork_child(void)
     T.guard++;
     for (size_t i = 0; i < R.n; i++)
         if (R.a[i].state != SLOT_FREE && (int)i + 1 != T.slot && R.a[i].stage)
-            munmap(R.a[i].stage, 2 * R.a[i].half_size); /* those threads are not in the child */
+            mml_unmap(R.a[i].stage, 2 * R.a[i].half_size); /* those threads are not in the child */
     R.n = 0;
     T.slot = 0;
     sset_clear(&T);

@@ -11,6 +11,51 @@
 #include <sys/prctl.h>
 
 #include "internal.h"
+#include "ownlist.h"
+
+/* ---- the list of our mappings (ownlist.h), for the reachability scan ----
+ * A slot is taken by a compare-and-swap of its lo, then its hi is written; it is given back
+ * (hi, then lo, cleared) before the memory is unmapped.  So a slot that reads as a range
+ * always is our memory: the scan may read some of ours (a mapping being listed or given
+ * back, one that found no free slot), never leave out the program's.  Cold: mappings are
+ * taken and given back seldom (a thread's first events, an array that doubles). */
+static struct mml_own_slot own_slots[MML_OWN_SLOTS];
+__attribute__((used, aligned(16))) static struct mml_own_list own_list = {
+    MML_OWN_MAGIC, MML_OWN_VERSION, MML_OWN_SLOTS, 0, 0, own_slots
+};
+
+static void own_add(void *p, size_t n)
+{
+    uint64_t lo = (uint64_t)(uintptr_t)p;
+    for (uint32_t i = 0; i < MML_OWN_SLOTS; i++) {
+        uint64_t zero = 0;
+        if (__atomic_load_n(&own_slots[i].lo, __ATOMIC_RELAXED) ||
+            !__atomic_compare_exchange_n(&own_slots[i].lo, &zero, lo, 0, __ATOMIC_SEQ_CST,
+                                         __ATOMIC_RELAXED))
+            continue;
+        uint32_t u = __atomic_load_n(&own_list.used, __ATOMIC_RELAXED);
+        while (u < i + 1 && !__atomic_compare_exchange_n(&own_list.used, &u, i + 1, 0,
+                                                         __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+            ;
+        __atomic_store_n(&own_slots[i].hi, lo + n, __ATOMIC_SEQ_CST);
+        return;
+    }
+    /* every slot taken: this mapping is scanned like the program's (a stale copy in it can
+     * only make a block look reachable) */
+}
+
+static void own_drop(void *p)
+{
+    uint64_t lo = (uint64_t)(uintptr_t)p;
+    uint32_t used = __atomic_load_n(&own_list.used, __ATOMIC_SEQ_CST);
+    for (uint32_t i = 0; i < used; i++)
+        if (__atomic_load_n(&own_slots[i].lo, __ATOMIC_RELAXED) == lo &&
+            __atomic_load_n(&own_slots[i].hi, __ATOMIC_RELAXED) > lo) {
+            __atomic_store_n(&own_slots[i].hi, 0, __ATOMIC_SEQ_CST);
+            __atomic_store_n(&own_slots[i].lo, 0, __ATOMIC_SEQ_CST);
+            return;
+        }
+}
 
 /* N bytes of fresh, zeroed memory of our own, or NULL (errno says why). */
 void *mml_map(size_t n)
@@ -18,13 +63,24 @@ void *mml_map(size_t n)
     void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return NULL;
-    /* named, so that the reachability scan leaves our memory out (mmleak-scan(7)): it holds
-     * no pointer of the program's that counts.  Kernels before 5.17 (or without
-     * CONFIG_ANON_VMA_NAME) refuse: the mapping is then scanned like any other */
+    /* named, and listed (ownlist.h), so that the reachability scan leaves our memory out
+     * (mmleak-scan(7)): it holds copies of the program's words, which must not count.
+     * Kernels before 5.17 (or without CONFIG_ANON_VMA_NAME) refuse the name: the list
+     * says it then */
     int saved = errno;
     prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, (unsigned long)p, n, (unsigned long)"mmleak");
+    own_add(p, n);
     errno = saved;
     return p;
+}
+
+/* Unmap N bytes at P, a mapping of ours (mml_map's, or another: then it is only unmapped). */
+void mml_unmap(void *p, size_t n)
+{
+    int saved = errno;
+    own_drop(p);
+    munmap(p, n);
+    errno = saved;
 }
 
 /* An array of *CAP elements of UNIT bytes, grown (doubling) to hold NEED: mmap only, since
@@ -41,7 +97,7 @@ void *mml_grow(void *p, size_t *cap, size_t need, size_t unit)
         return NULL;
     if (p) {
         memcpy(q, p, *cap * unit);
-        munmap(p, *cap * unit);
+        mml_unmap(p, *cap * unit);
     }
     *cap = ncap;
     return q;

@@ -309,7 +309,7 @@ void mml_sites_forget(void)
     pthread_mutex_lock(&S.lock);
     for (size_t i = 0; i < S.n; i++)
         if (S.a[i].wrap)
-            munmap(S.a[i].wrap, S.a[i].wcap * sizeof(struct range));
+            mml_unmap(S.a[i].wrap, S.a[i].wcap * sizeof(struct range));
     S.n = 0;
     pthread_mutex_unlock(&S.lock);
 }

@@ -109,7 +109,7 @@ static void sset_add(struct tstate *t, uint64_t id)
                         break;
                     }
         if (t->ss)
-            munmap(t->ss, t->ss_cap * sizeof *t->ss);
+            mml_unmap(t->ss, t->ss_cap * sizeof *t->ss);
         t->ss = a;
         t->ss_cap = ncap;
     }
@@ -128,13 +128,13 @@ void recent_free(struct tstate *t)
     t->recent = NULL;       /* before the unmap: a signal handler's event may look */
     atomic_signal_fence(memory_order_seq_cst);
     if (r)
-        munmap(r, sizeof *r);
+        mml_unmap(r, sizeof *r);
 }
 
 void sset_free(struct tstate *t)
 {
     if (t->ss)
-        munmap(t->ss, t->ss_cap * sizeof *t->ss);
+        mml_unmap(t->ss, t->ss_cap * sizeof *t->ss);
     t->ss = NULL;
     t->ss_cap = t->ss_n = 0;
     sset_lost(t);

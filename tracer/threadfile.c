@@ -117,7 +117,7 @@ static void slot_free(struct tstate *t)
 void stage_drop(struct tstate *t)
 {
     if (t->stage)
-        munmap(t->stage, 2 * t->half_size);
+        mml_unmap(t->stage, 2 * t->half_size);
     t->stage = NULL;
     t->cur = t->end = NULL;
     t->ustart[0] = t->ustart[1] = t->ulen[0] = t->ulen[1] = 0;
@@ -253,7 +253,7 @@ static uint64_t hold_events(const struct tstate *t)
 void hold_free(struct tstate *t)
 {
     if (t->hold) {
-        munmap(t->hold, t->hold_cap);
+        mml_unmap(t->hold, t->hold_cap);
         atomic_fetch_sub(&g_hold_total, t->hold_cap);
     }
     t->hold = NULL;
@@ -282,7 +282,7 @@ static int hold_take(struct tstate *t, int h)
         }
         if (t->hold) {
             memcpy(q, t->hold + t->hold_start, t->hold_len);
-            munmap(t->hold, t->hold_cap);
+            mml_unmap(t->hold, t->hold_cap);
         }
         t->hold = q;
         t->hold_start = 0;
@@ -397,7 +397,7 @@ static int grow_stage(struct tstate *t)
     close(fd);
     if (p == MAP_FAILED)
         return -1;  /* keep writing the small one */
-    munmap(t->stage, 2 * t->half_size);
+    mml_unmap(t->stage, 2 * t->half_size);
     t->stage = p;
     t->half_size = half;
     slot_sync(t);
@@ -484,7 +484,7 @@ void file_close(struct tstate *t, int trailer)
                      hold_events(t);
         atomic_fetch_add(&g_lost_orphan, n + t->lost);
         hold_free(t);
-        munmap(t->stage, 2 * t->half_size);
+        mml_unmap(t->stage, 2 * t->half_size);
         t->stage = NULL;
         t->cur = t->end = NULL;
         t->anon = t->open = t->dropping = t->holding = 0;
@@ -659,7 +659,7 @@ static int file_open(struct tstate *t, size_t min_half)
     close(fd);
     if (p == MAP_FAILED || !slot) {
         if (p != MAP_FAILED)
-            munmap(p, 2 * half);
+            mml_unmap(p, 2 * half);
         t->slot = slot;
         slot_free(t);
         d_unlink(tname);
@@ -845,7 +845,7 @@ static int move_pending(struct tstate *t)
         }
         append_to(dump_name(name, sizeof name, t->fileno), "#end\n", 5, &t->out_id);
         d_unlink(side_name(name, sizeof name, t->fileno, ".tail"));
-        munmap(t->stage, 2 * t->half_size);
+        mml_unmap(t->stage, 2 * t->half_size);
         slot_free(t);
         sset_clear(t);                      /* the new file holds none of the stacks */
         take_file(t, &f);
@@ -983,7 +983,7 @@ static int anon_open(struct tstate *t)
 static void file_discard(struct tstate *f)
 {
     char name[64];
-    munmap(f->stage, 2 * f->half_size);
+    mml_unmap(f->stage, 2 * f->half_size);
     f->stage = NULL;
     slot_free(f);
     sset_free(f);
@@ -1044,7 +1044,7 @@ static int anon_to_file(struct tstate *t)
     f.ustart[0] = hn;
     half_start(&f, 1);
     hold_free(t);
-    munmap(t->stage, 2 * t->half_size);
+    mml_unmap(t->stage, 2 * t->half_size);
     t->anon = 0;
     take_file(t, &f);
     return 0;

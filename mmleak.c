@@ -247,14 +247,14 @@ COLD static void *boot_or_resolve(size_t n, int zero)
     } while (0)
 
 /* Record a block the real allocator returned (nothing when it failed). */
-static inline void *noted(void *p, size_t n, const void *ra)
+HOT_INLINE void *noted(void *p, size_t n, const void *ra)
 {
     if (likely(p != NULL))
         rec_alloc(p, n, ra);
     return p;
 }
 
-static inline void *traced_malloc(size_t n, const void *ra)
+HOT_INLINE void *traced_malloc(size_t n, const void *ra)
 {
     return noted(real.malloc(n), n, ra);
 }

@@ -180,9 +180,14 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
         /* one byte per step, no escape to decode: always MEMO_HASHED words, the steps
          * after the n-th being 0 (copies of the last word), so no branch on n to mispredict
          * (the exit of a loop of n steps was, about one lookup in two on bench/stacks_bench) */
+        int8_t db[32] __attribute__((aligned(16)));
+        __builtin_memcpy(db, d.b, sizeof db);
+        /* the steps read back one byte each from memory (one load that sign-extends), not
+         * shifted out of the record's words in registers (three instructions more a step) */
+        __asm__("" : "+m"(db));
 #pragma GCC unroll 28
         for (unsigned i = 0; i < MEMO_HASHED; i++) {
-            o += d.b[i];
+            o += db[i];
             a += w[o];
             b += a;
         }

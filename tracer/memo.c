@@ -126,7 +126,8 @@ static inline uint64_t memo_tag1(uint64_t tag0, uintptr_t bp)
 }
 
 /* The words' hash: n + the sum of word i times MEMO_MUL(i), an odd constant of its own (not
- * mixed: only compared for equality, see memo_tag0).  The sum is K * A + 2 * (n * A - B), where A is the sum of the words and B the sum
+ * mixed: only compared for equality, see memo_tag0), over n = MEMO_HASHED words: the walk's,
+ * then copies of its last.  The sum is K * A + 2 * (n * A - B), where A is the sum of the words and B the sum
  * of the running sums A: two additions per word, no multiplication (memo_sum). */
 #define MEMO_MUL(i) (MEMO_K + 2 * (uint64_t)(i))
 #define MEMO_K 0x8CB92BA72F3D8DD7ull
@@ -147,7 +148,8 @@ unsigned mml_memo_gen(void)
  * copied first, its sequence number checked before and after: the copy is then one whole
  * record as memo_put wrote it, whose offsets all lie in [0, top], so one bounds check against
  * this thread's stack covers every word read.  Its words are a multiple of 4 (memo_put pads
- * them with copies of the last), four per step. */
+ * them with copies of the last, and hashes MEMO_HASHED of them: the check of a record without
+ * escapes reads that many, whatever n). */
 static inline __attribute__((always_inline)) int
 memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp, uint64_t *value,
            int *nframes, struct mml_trail *words, struct mml_memo_hit *hit)

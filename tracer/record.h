@@ -122,10 +122,10 @@ int stack_ref_stamp(struct tstate *t, const struct mml_memo_hit *h, uint64_t id)
  * block.  Inline: the checks of the thread's state, the start (the entry point's return
  * address and frame), a recent walk's hit whose slot is stamped (this file's set of ids was
  * seen to hold its id, and has lost none since), the memo's call, the line; the rest of the
- * lookup is stack_ref_lookup's and stack_ref_stamp's (stacks.c).  The guard is held while the walks, the memo and the file's
- * set of ids are read (a signal handler's allocation in between passes through untraced, as
- * in the general path).  Anything else (a first walk, a stack new to the file, a full half,
- * values too wide...) goes to the general path. */
+ * lookup is stack_ref_lookup's and stack_ref_stamp's (stacks.c).  The guard is held while the
+ * walks, the memo and the file's set of ids are read (a signal handler's allocation in
+ * between passes through untraced, as in the general path).  Anything else (a first walk, a
+ * stack new to the file, a full half, values too wide...) goes to the general path. */
 HOT_INLINE void rec_stack_ref(void *p, size_t n, const void *ra, const void *fp)
 {
     struct tstate *t = &T;

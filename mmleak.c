@@ -246,15 +246,18 @@ COLD static void *boot_or_resolve(size_t n, int zero)
             MML_MEMO_PREFETCH(__builtin_return_address(0));                                   \
     } while (0)
 
-/* Record a block the real allocator returned (nothing when it failed). */
-static inline void *noted(void *p, size_t n, const void *ra)
+/* Record a block the real allocator returned (nothing when it failed).  Always inlined, like
+ * traced_malloc: the stack writer (record.h) takes the frame it runs in for the entry
+ * point's, whose return address is the caller's (else it finds it through the frame-pointer
+ * chain, at a cost). */
+HOT_INLINE void *noted(void *p, size_t n, const void *ra)
 {
     if (likely(p != NULL))
         rec_alloc(p, n, ra);
     return p;
 }
 
-static inline void *traced_malloc(size_t n, const void *ra)
+HOT_INLINE void *traced_malloc(size_t n, const void *ra)
 {
     return noted(real.malloc(n), n, ra);
 }

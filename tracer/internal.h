@@ -9,7 +9,8 @@
  * Who owns what (each file's top comment says why it is shaped as it is):
  *   mmleak.c       the interposed entry points (tracer/hooks.def), the boot arena, the
  *                  allocator's real functions, the hook table
- *   record.h       the hot path: sequence numbers, the fast writers' callers (inline)
+ *   record.h       the hot path: sequence numbers, the fast writers' callers and the stack
+ *                  writer (inline)
  *   line.h         the line layout: every writer of an event line, fast path and stack path
  *   options.c      MMLEAK_* settings (the table in facts.h), from the environment or attach
  *   say.c          messages on stderr, and text without stdio

@@ -33,6 +33,8 @@
                                 cost memory */
 #define MEMO_WAYS 4
 #define MEMO_DELTAS 30
+#define MEMO_HASHED 28      /* words hashed: the walk's n (at most 28, a multiple of 4), then
+                               copies of the last */
 #define MEMO_ESC (-128)     /* in delta[]: the step does not fit a byte, two bytes follow */
 #define MEMO_F_BP 1         /* flags: the walk used the start's bp (the tag holds it) */
 #define MEMO_F_ESC 2        /* delta[] holds an escape (a step of 128 words or more) */
@@ -65,10 +67,13 @@ static inline uint64_t mix64(uint64_t h)
     return h ^ h >> 33;
 }
 
-/* The four records (ways) a walk from (ip, sp) may be kept in.  The set is chosen by the start
- * and by the return address one frame up, found with the cached rule of ip: many paths reach
- * the same function at the same depth (the same start), and they then take different sets.
- * A wrong or missing rule only costs a miss: the words checked include that return address. */
+/* The four records (ways) a walk from (ip, sp) may be kept in, as the one it is looked up in
+ * first (its preferred way: memo_put keeps it there when that way is free, and the entry
+ * point prefetches that record alone); memo_ways gives the set.  The set is chosen by the
+ * start and by the return address one frame up, found with the cached rule of ip: many paths
+ * reach the same function at the same depth (the same start), and they then take different
+ * sets.  A wrong or missing rule only costs a miss: the words checked include that return
+ * address. */
 static inline struct memo *memo_set(uintptr_t ip, uintptr_t sp)
 {
     uintptr_t up = 0;
@@ -80,7 +85,14 @@ static inline struct memo *memo_set(uintptr_t ip, uintptr_t sp)
     }
     uint64_t h = (uint64_t)ip * 0x9E3779B97F4A7C15ull ^ (uint64_t)sp * 0xC2B2AE3D27D4EB4Full ^
                  (uint64_t)up * 0x165667B19E3779F9ull;
-    return &g_memo[MEMO_WAYS * ((h ^ h >> 29) >> (64 - MEMO_BITS + 2))];
+    h ^= h >> 29;
+    return &g_memo[MEMO_WAYS * (h >> (64 - MEMO_BITS + 2)) + (h >> 20 & (MEMO_WAYS - 1))];
+}
+
+_Static_assert((MEMO_WAYS & (MEMO_WAYS - 1)) == 0, "ways: a power of two");
+static inline struct memo *memo_ways(struct memo *r)
+{
+    return (struct memo *)((uintptr_t)r & ~(uintptr_t)(sizeof *r * MEMO_WAYS - 1));
 }
 
 /* 1 while the thread's recent walks serve most lookups (recent.h): the entry points do not
@@ -90,8 +102,7 @@ __thread int mml_memo_prefetch_off __attribute__((tls_model("initial-exec")));
 void mml_memo_prefetch(uintptr_t ip, uintptr_t sp)
 {
     struct memo *r = memo_set(ip, sp);
-    for (int w = 0; w < MEMO_WAYS; w++)
-        __builtin_prefetch(r + w);
+    __builtin_prefetch(r);
     U.pf_ip = 0;            /* a handler that reads the three between these stores misses */
     atomic_signal_fence(memory_order_seq_cst);
     U.pf_set = r;
@@ -115,7 +126,8 @@ static inline uint64_t memo_tag1(uint64_t tag0, uintptr_t bp)
 }
 
 /* The words' hash: n + the sum of word i times MEMO_MUL(i), an odd constant of its own (not
- * mixed: only compared for equality, see memo_tag0).  The sum is K * A + 2 * (n * A - B), where A is the sum of the words and B the sum
+ * mixed: only compared for equality, see memo_tag0), over n = MEMO_HASHED words: the walk's,
+ * then copies of its last.  The sum is K * A + 2 * (n * A - B), where A is the sum of the words and B the sum
  * of the running sums A: two additions per word, no multiplication (memo_sum). */
 #define MEMO_MUL(i) (MEMO_K + 2 * (uint64_t)(i))
 #define MEMO_K 0x8CB92BA72F3D8DD7ull
@@ -136,7 +148,8 @@ unsigned mml_memo_gen(void)
  * copied first, its sequence number checked before and after: the copy is then one whole
  * record as memo_put wrote it, whose offsets all lie in [0, top], so one bounds check against
  * this thread's stack covers every word read.  Its words are a multiple of 4 (memo_put pads
- * them with copies of the last), four per step. */
+ * them with copies of the last, and hashes MEMO_HASHED of them: the check of a record without
+ * escapes reads that many, whatever n). */
 static inline __attribute__((always_inline)) int
 memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp, uint64_t *value,
            int *nframes, struct mml_trail *words, struct mml_memo_hit *hit)
@@ -166,18 +179,17 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
     uint64_t a = 0, b = 0;
     long o = 0;
     if (likely(!(flags & MEMO_F_ESC)) && !words) {
-        /* one byte per step, no escape to decode */
-        for (unsigned i = 0; i < n; i += 4) {
-            o += d.b[i];
-            a += w[o];
-            b += a;
-            o += d.b[i + 1];
-            a += w[o];
-            b += a;
-            o += d.b[i + 2];
-            a += w[o];
-            b += a;
-            o += d.b[i + 3];
+        /* one byte per step, no escape to decode: always MEMO_HASHED words, the steps
+         * after the n-th being 0 (copies of the last word), so no branch on n to mispredict
+         * (the exit of a loop of n steps was, about one lookup in two on bench/stacks_bench) */
+        int8_t db[32] __attribute__((aligned(16)));
+        __builtin_memcpy(db, d.b, sizeof db);
+        /* the steps read back one byte each from memory (one load that sign-extends), not
+         * shifted out of the record's words in registers (three instructions more a step) */
+        __asm__("" : "+m"(db));
+#pragma GCC unroll 28
+        for (unsigned i = 0; i < MEMO_HASHED; i++) {
+            o += db[i];
             a += w[o];
             b += a;
         }
@@ -199,8 +211,13 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
             words->off[i] = (uint16_t)o;
             words->val[i] = v;
         }
+        if (i + 1 == n)         /* the hash goes on with copies of the last word */
+            for (unsigned k = n; k < MEMO_HASHED; k++) {
+                a += v;
+                b += a;
+            }
     }
-    if (memo_sum(n, a, b) != vh)
+    if (memo_sum(MEMO_HASHED, a, b) != vh)
         return 0;
     *value = val;
     *nframes = (int)nf;
@@ -218,17 +235,20 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
 }
 
 /* The ways of the set whose tag is the start's (without bp, or with it for a walk that used
- * it), each checked. */
+ * it), each checked: r, the preferred way, first. */
 static inline __attribute__((always_inline)) int
 memo_find(struct memo *r, const struct mml_start *s, uint64_t t0, uint64_t *value,
           int *nframes, struct mml_trail *words, struct mml_memo_hit *hit)
 {
     uint64_t t1 = 0;
-    for (int w = 0; w < MEMO_WAYS; w++) {
-        uint64_t tag = LD(r[w].tag);
+    struct memo *set = memo_ways(r);
+    unsigned p = (unsigned)(r - set);
+    for (unsigned k = 0; k < MEMO_WAYS; k++) {
+        struct memo *x = &set[(p + k) & (MEMO_WAYS - 1)];
+        uint64_t tag = LD(x->tag);
         int with_bp = 0;
         if (tag != t0) {
-            if (!(LD(r[w].value) >> MEMO_FL_SHIFT & MEMO_F_BP))
+            if (!(LD(x->value) >> MEMO_FL_SHIFT & MEMO_F_BP))
                 continue;
             if (!t1)
                 t1 = memo_tag1(t0, s->bp);
@@ -236,7 +256,7 @@ memo_find(struct memo *r, const struct mml_start *s, uint64_t t0, uint64_t *valu
                 continue;
             with_bp = 1;
         }
-        if (memo_check(&r[w], s, tag, with_bp, value, nframes, words, hit))
+        if (memo_check(x, s, tag, with_bp, value, nframes, words, hit))
             return 1;
     }
     return 0;
@@ -292,7 +312,8 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
         a += tr->val[i];
         b += a;
     }
-    for (uintptr_t last = n ? tr->val[n - 1] : 0; n & 3; n++) {
+    uintptr_t last = n ? tr->val[n - 1] : 0;
+    for (; n & 3; n++) {
         /* up to a multiple of 4: copies of the last word (a step of 0) */
         if (j + 1 > MEMO_DELTAS)
             return;
@@ -302,15 +323,24 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
     }
     d.b[30] = (int8_t)(uint8_t)(top & 0xff);
     d.b[31] = (int8_t)(uint8_t)(top >> 8);
-    uint64_t h = memo_sum((unsigned)n, a, b);
-    /* An empty way; else, at random (the hash), one that holds another start: a way with
+    /* the hash: MEMO_HASHED words, the last one repeated (what memo_check reads: the steps
+     * after the n-th are 0) */
+    for (int i = n; i < MEMO_HASHED; i++) {
+        a += last;
+        b += a;
+    }
+    uint64_t h = memo_sum(MEMO_HASHED, a, b);
+    /* The preferred way if empty, else an empty way; else, at random (the hash), one that
+     * holds another start: a way with
      * this start holds another path that reaches the same function at the same depth (the
      * words differ), worth keeping; else any. */
     uint64_t tag = memo_tag0(s, salt, gen);
     if (use_bp)
         tag = memo_tag1(tag, s->bp);
-    struct memo *set = memo_set(s->ip, s->sp), *r = NULL;
+    struct memo *pref = memo_set(s->ip, s->sp), *set = memo_ways(pref), *r = NULL;
     unsigned start = (unsigned)(mix64(h) >> 17);
+    if (!LD(pref->tag))
+        r = pref;
     for (unsigned w = 0; w < MEMO_WAYS && !r; w++)
         if (!LD(set[w].tag))
             r = &set[w];

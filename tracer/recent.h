@@ -1,6 +1,6 @@
 /*
  * tracer/recent.h: the lookup in a thread's recent walks (API in unwind.h), inlined into the
- * stack writer (stacks.c); recent.c keeps them.  Not part of unwind.c, which stays usable
+ * stack writer (record.h); recent.c keeps them.  Not part of unwind.c, which stays usable
  * alone (the tests and the bench link it without these files).
  */
 #ifndef MMLEAK_RECENT_H

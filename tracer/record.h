@@ -18,6 +18,7 @@
 
 #include "internal.h"
 #include "line.h"
+#include "recent.h"
 
 #pragma GCC visibility push(hidden)     /* see internal.h */
 
@@ -103,11 +104,81 @@ HOT_INLINE char *reserve(struct tstate *t, size_t n)
 #endif
 }
 
-/* stacks.c: the stack writer (every allocation with MMLEAK_DEPTH above 1: FP is the entry
- * point's frame), and the general path of an event (whatever the writers cannot write) */
-void record_stack_ref(void *p, size_t n, const void *ra, const void *fp);
+/* stacks.c: the general path of an event (whatever the writers cannot write), and the stack
+ * writer's lookups that rec_stack_ref below does not make inline */
 COLD void record_with_stack(void *p, size_t n, const void *ra);
 COLD void record_free_slow(void *p, uint64_t s, const void *ra);
+#define REF_NO_START 2      /* stack_ref_lookup's rec: the caller's frame is still to be found */
+int stack_ref_lookup(struct tstate *t, struct mml_start *st, const void *ra, int rec,
+                     struct mml_recent_slot *e1, uint64_t *id);
+int stack_ref_stamp(struct tstate *t, const struct mml_memo_hit *h, uint64_t id);
+
+/* The stack writer: every allocation with MMLEAK_DEPTH above 1 (the default) comes here from
+ * the entry point, inline in it (no call, no frame of its own), FP the entry point's frame.
+ * The common case: the thread's recent walks (recent.h: a comparison per stack word) or the
+ * memo (memo.c: a hash of them, in memory shared by all threads) know the walk from the
+ * caller's frame, and this thread's file already holds the stack, so the line "PTR SEQ SIZE
+ * TIME @ID" is written at the cursor like the fast path's, with no call that can allocate or
+ * block.  Inline: the checks of the thread's state, the start (the entry point's return
+ * address and frame), a recent walk's hit whose slot is stamped (this file's set of ids was
+ * seen to hold its id, and has lost none since), the memo's call, the line; the rest of the
+ * lookup is stack_ref_lookup's and stack_ref_stamp's (stacks.c).  The guard is held while the
+ * walks, the memo and the file's set of ids are read (a signal handler's allocation in
+ * between passes through untraced, as in the general path).  Anything else (a first walk, a
+ * stack new to the file, a full half, values too wide...) goes to the general path. */
+HOT_INLINE void rec_stack_ref(void *p, size_t n, const void *ra, const void *fp)
+{
+    struct tstate *t = &T;
+    if (unlikely((t->end - t->cur < FAST_ROOM) | t->guard | (t->epoch != H->epoch) |
+                 (t->open == 0) | t->dead | t->dropping | (t->ss_n == 0))) {
+        record_with_stack(p, n, ra);
+        return;
+    }
+    t->guard++;
+    atomic_signal_fence(memory_order_seq_cst);
+    /* the caller's frame: the entry point's return address is ra, unless the entry point
+     * passed the call on to a function of its own (then stack_ref_lookup finds it) */
+    const uintptr_t *e = fp;
+    struct mml_start st = { (uintptr_t)ra, (uintptr_t)fp + 16, e[0] };
+    uint64_t id;
+    struct mml_recent_slot *e1 = NULL;
+    int rec = REF_NO_START;
+    if (likely(e[1] == (uintptr_t)ra))
+        rec = t->recent ? mml_recent_get(t->recent, &st, (unsigned)cfg.depth, &id, &e1) : 0;
+    int found;
+    if (likely(rec == 1)) {
+        found = 1;
+        if (unlikely(e1->stamp != t->ss_gen + 1))
+            found = stack_ref_lookup(t, &st, ra, rec, e1, &id);
+    } else if (rec == 0) {
+        /* the memo; its record's stamp: this file's set of ids was seen to hold its id, and
+         * has lost none since (else the set is asked, and the record stamped) */
+        struct mml_memo_hit h;
+        int nf;
+        found = mml_memo_get(&st, (unsigned)cfg.depth, &id, &nf, NULL, &h) && nf > 1;
+        if (found && unlikely((MML_MEMO_HIT_STAMP(&h) != t->ss_stamp) | !t->ss_stamp))
+            found = stack_ref_stamp(t, &h, id);
+    } else {
+        found = stack_ref_lookup(t, &st, ra, rec, e1, &id);
+    }
+    atomic_signal_fence(memory_order_seq_cst);
+    t->guard--;
+    if (unlikely(!found)) {
+        record_with_stack(p, n, ra);
+        return;
+    }
+    uint64_t s = seq_next(p);
+    uint64_t now = (uint64_t)(time(NULL) - g_t0);
+    if (unlikely(((s | n | now) >> 32) | ((uintptr_t)p >> 48))) {
+        record_with_stack(p, n, ra);    /* rare: a huge block, a clock jump, a wide address */
+        return;
+    }
+    unsigned ns = ndig((uint32_t)s), nn = ndig((uint32_t)n), nt = ndig((uint32_t)now);
+    char *d = reserve(t, REF_LINE_LEN(ns, nn, nt));
+    d = put_ref_fields(d, (uintptr_t)p, (uint32_t)s, ns, (uint32_t)n, nn, (uint32_t)now, nt, id);
+    atomic_signal_fence(memory_order_release);
+    *d = '\n';
+}
 
 /* One allocation line: PTR SEQ SIZE TIME CALLER.  The newline is stored last, behind a
  * compiler barrier, so a process killed in the middle leaves a line without newline that
@@ -120,7 +191,7 @@ HOT_INLINE void rec_alloc(void *p, size_t n, const void *ra)
         /* stacks: the stack writer checks the thread's state itself (and needs no known
          * caller: the table of known callers is not read); FP is the frame of the entry
          * point this is inlined in */
-        record_stack_ref(p, n, ra, __builtin_frame_address(0));
+        rec_stack_ref(p, n, ra, __builtin_frame_address(0));
         return;
     }
     uintptr_t known = atomic_load_explicit(&mml_direct[MML_DIRECT_SLOT(ra)], memory_order_relaxed);

@@ -272,79 +272,50 @@ static __attribute__((noinline)) int memo_to_recent(struct tstate *t, const stru
     return 1;
 }
 
-/* The stack writer: every allocation with MMLEAK_DEPTH above 1 (the default) comes here from
- * the entry point (record.h), FP the entry point's frame.  The common case: the memo knows
- * the walk from the caller's frame (unwind.h: no walk, the stack words checked instead) and
- * this thread's file already holds the stack, so the line "PTR SEQ SIZE TIME @ID" is written
- * at the cursor like the fast path's, with no call that can allocate or block.  The guard is
- * held while the memo and the file's set of ids are read (a signal handler's allocation in
- * between passes through untraced, as in the general path).  Anything else (a first walk, a
- * stack new to the file, a full half, values too wide...) goes to the general path. */
-void record_stack_ref(void *p, size_t n, const void *ra, const void *fp)
+/* The stack writer's lookup where rec_stack_ref (record.h) could not answer inline, the guard
+ * held: rec is mml_recent_get's answer (1 with its slot e1, whose stamp is not this set's; 0;
+ * -1), or REF_NO_START when the caller's frame is still to be found (the entry point passed
+ * the call on to a function of its own: the frame-pointer chain finds it).  1 with the
+ * stack's id in *id when this thread's file holds it. */
+int stack_ref_lookup(struct tstate *t, struct mml_start *st, const void *ra, int rec,
+                     struct mml_recent_slot *e1, uint64_t *id)
 {
-    struct tstate *t = &T;
-    if (unlikely((t->end - t->cur < FAST_ROOM) | t->guard | (t->epoch != H->epoch) |
-                 (t->open == 0) | t->dead | t->dropping | (t->ss_n == 0)))
-        goto general;
-    t->guard++;
-    atomic_signal_fence(memory_order_seq_cst);
-    /* the caller's frame: the entry point's return address is ra, unless the entry point
-     * passed the call on to a function of its own (then the frame-pointer chain finds it) */
-    struct mml_start st;
-    const uintptr_t *e = fp;
-    int found;
-    if (likely(e[1] == (uintptr_t)ra)) {
-        st = (struct mml_start){ (uintptr_t)ra, (uintptr_t)fp + 16, e[0] };
-        found = 1;
-    } else {
-        found = mml_unwind_start(ra, &st);
-    }
-    /* the thread's recent walks first (a comparison per stack word), then the memo (a hash
-     * of them, in memory shared by all threads); a memo hit may take a recent slot */
-    uint64_t id;
-    int nf;
     unsigned salt = (unsigned)cfg.depth;
-    struct mml_recent_slot *e1;
-    int rec = found && t->recent ? mml_recent_get(t->recent, &st, salt, &id, &e1) : 0;
+    if (rec == REF_NO_START) {
+        if (!mml_unwind_start(ra, st))
+            return 0;
+        rec = t->recent ? mml_recent_get(t->recent, st, salt, id, &e1) : 0;
+    }
     if (rec > 0) {
         /* the slot's stamp: this file's set of ids was seen to hold its id, and has lost
          * none since */
-        if (e1->stamp != t->ss_gen + 1) {
-            found = sset_has(t, id);
-            if (found)
-                e1->stamp = t->ss_gen + 1;
-        }
-    } else if (found && rec == 0) {
-        /* the record's stamp: this file's set of ids was seen to hold its id, and has lost
-         * none since (else the set is asked, and the record stamped) */
-        struct mml_memo_hit h;
-        found = mml_memo_get(&st, salt, &id, &nf, NULL, &h) && nf > 1;
-        if (found && (MML_MEMO_HIT_STAMP(&h) != t->ss_stamp || !t->ss_stamp)) {
-            found = sset_has(t, id);
-            if (found)
-                memo_stamp(t, &h);
-        }
+        if (e1->stamp == t->ss_gen + 1)
+            return 1;
+        if (!sset_has(t, *id))
+            return 0;
+        e1->stamp = t->ss_gen + 1;
+        return 1;
     }
-    else if (found)
-        found = memo_to_recent(t, &st, salt, &id);
-    atomic_signal_fence(memory_order_seq_cst);
-    t->guard--;
-    if (!found)
-        goto general;
-    uint64_t s = seq_next(p);
-    uint64_t now = (uint64_t)(time(NULL) - g_t0);
-    if (unlikely(((s | n | now) >> 32) | ((uintptr_t)p >> 48))) {
-        record_with_stack(p, n, ra);    /* rare: a huge block, a clock jump, a wide address */
-        return;
-    }
-    unsigned ns = ndig((uint32_t)s), nn = ndig((uint32_t)n), nt = ndig((uint32_t)now);
-    char *d = reserve(t, REF_LINE_LEN(ns, nn, nt));
-    d = put_ref_fields(d, (uintptr_t)p, (uint32_t)s, ns, (uint32_t)n, nn, (uint32_t)now, nt, id);
-    atomic_signal_fence(memory_order_release);
-    *d = '\n';
-    return;
-general:
-    record_with_stack(p, n, ra);
+    if (rec < 0)        /* a memo hit may take the recent slot */
+        return memo_to_recent(t, st, salt, id);
+    /* the memo, as rec_stack_ref asks it */
+    struct mml_memo_hit h;
+    int nf;
+    if (!mml_memo_get(st, salt, id, &nf, NULL, &h) || nf < 2)
+        return 0;
+    if (MML_MEMO_HIT_STAMP(&h) != t->ss_stamp || !t->ss_stamp)
+        return stack_ref_stamp(t, &h, *id);
+    return 1;
+}
+
+/* A memo hit h whose record's stamp is not this thread's set's: 1 if the set holds id (the
+ * record is then stamped with the set's number). */
+int stack_ref_stamp(struct tstate *t, const struct mml_memo_hit *h, uint64_t id)
+{
+    if (!sset_has(t, id))
+        return 0;
+    memo_stamp(t, h);
+    return 1;
 }
 
 /* An allocation the writers did not write: with its stack (MMLEAK_DEPTH above 1, or auto

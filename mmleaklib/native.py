@@ -85,6 +85,9 @@ def _native_engine():
     merge_fn = dll.mmleak_shrink_merge
     merge_fn.argtypes, merge_fn.restype = blocks_fn.argtypes, i32
     _blocks_api["merge"] = merge_fn
+    blocks_merge_fn = dll.mmleak_shrink_blocks_merge
+    blocks_merge_fn.argtypes, blocks_merge_fn.restype = blocks_fn.argtypes, i32
+    _blocks_api["blocks_merge"] = blocks_merge_fn
     _bind_blocks(dll)
     dll.mmleak_shrink_stats_free.argtypes = [ctypes.POINTER(Stats)]
     dll.mmleak_shrink_stats_free.restype = None
@@ -359,7 +362,7 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, al
     block (format 1: read the result again).  STREAM_LAST (with RAW, not FINAL): the last of
     PATHS is a compacted result (sorted by address), read as a stream and merged with the
     others' state (mmleak_shrink_merge: the same result, at the cost of the others plus one
-    pass over its text).  Returns False, having done nothing, when the Python path must do it instead
+    pass over its text); with BLOCKS too (mmleak_shrink_blocks_merge).  Returns False, having done nothing, when the Python path must do it instead
     (not available, not wanted, or stdin is not descriptor 0)."""
     if _shrink_engine() != "native":
         return False
@@ -441,7 +444,7 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, al
                     sh.native_blocks = NativeBlocks(bl)
             elif blocks:
                 bl = BlocksT()
-                rc = blocks_fn(argv(*c_paths), ids(*[first[name] for name in names]), n,
+                rc = (_blocks_api["blocks_merge"] if stream_last and n else blocks_fn)(argv(*c_paths), ids(*[first[name] for name in names]), n,
                                out.fileno(), sh.problems.SHOW, *cbs, counts,
                                ctypes.byref(stats), ctypes.byref(bl))
                 if rc == 0:

@@ -380,3 +380,16 @@ def test_a_streamed_result_is_merged_exactly(tmp_path, monkeypatch, capsys, seed
     monkeypatch.setenv("MMLEAK_SHRINK", "python")
     sh, data = mmleak.shrink.shrink_raw(inputs, out=None)
     assert data == usual["body"]
+    # the final reading (a point of the series, a report) streams it the same way
+    finals = []
+    monkeypatch.setenv("MMLEAK_SHRINK", "native")
+    capsys.readouterr()
+    for stream in (False, True):
+        sh = mmleak.shrink.Shrinker()
+        assert native.native_shrink(sh, inputs, blocks=True, stream_last=stream)
+        finals.append({"blocks": sorted(sh.native_blocks), "state": sorted(sh.state.items()),
+                       "events": sh.events, "allocs": sh.allocs, "max_time": sh.max_time,
+                       "counts": dict(sh.problems.counts), "headers": sh.header_lines,
+                       "err": capsys.readouterr().err, "lines": sh.result_lines})
+    assert finals[1] == finals[0]
+    assert len(finals[0]["blocks"]) >= 5

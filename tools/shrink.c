@@ -1239,24 +1239,18 @@ static int read_for_blocks(struct run *r, struct obuf **out, char **buf,
  * order, not sorted), and the rest as lines to OUT_FD, sorted by address: the foreign frees
  * and the survivors with several callers inline (format 1).  stats->lines counts those lines
  * only.  Returns as mmleak_shrink. */
-EXPORT int mmleak_shrink_blocks(const char *const *paths, const int *name_id, int npaths,
-                                int out_fd, int show, mmleak_header_cb on_header,
-                                mmleak_tick_cb on_tick, mmleak_open_cb on_open,
-                                mmleak_problem_cb on_problem, uint64_t *counts,
-                                struct mmleak_shrink_stats *stats,
-                                struct mmleak_blocks *blocks)
+/* The final result of R's table (read already) as mmleak_shrink_blocks gives it: the survivors
+ * as blocks in BLOCKS, the rest as lines to OUT.  Returns 0, -1 (no memory), -2 (output). */
+static int final_blocks(struct run *r, struct obuf *out, struct mmleak_shrink_stats *stats,
+                        struct mmleak_blocks *blocks)
 {
-    struct obuf *out;
-    char *buf;
-    struct run r;
-    int rc = read_for_blocks(&r, &out, &buf, paths, name_id, npaths, show, on_header, on_tick,
-                             on_open, on_problem, counts, stats, blocks);
-    if (rc == 0) {
+    int rc = 0;
+    {
         /* The blocks take the place of the entries, in the same mapping (a block is smaller
          * than an entry, and block k is written over entries before i >= k: read first):
          * the state's memory becomes the result's.  The entries that are not blocks (foreign
          * frees, survivors with several callers) go to REST, to be written as lines. */
-        struct table *t = &r.t;
+        struct table *t = &r->t;
         struct mmleak_block *v = (struct mmleak_block *)(void *)t->e;
         size_t k = 0, nrest = 0, rest_bytes = 0;
         struct ent *rest = NULL;
@@ -1293,8 +1287,7 @@ EXPORT int mmleak_shrink_blocks(const char *const *paths, const int *name_id, in
             rest[nrest++] = e;
         }
         if (rc == 0) {
-            out->fd = out_fd;
-            write_state(&r, out, 1, rest, nrest);
+            write_state(r, out, 1, rest, nrest);
             stats->entries += k;
             if (out->err) {
                 stats->out_errno = (uint64_t)out->err;
@@ -1309,6 +1302,25 @@ EXPORT int mmleak_shrink_blocks(const char *const *paths, const int *name_id, in
             blocks->cap_bytes = t->e_bytes;
             t->e = NULL;                /* the blocks' now */
         }
+    }
+    return rc;
+}
+
+EXPORT int mmleak_shrink_blocks(const char *const *paths, const int *name_id, int npaths,
+                                int out_fd, int show, mmleak_header_cb on_header,
+                                mmleak_tick_cb on_tick, mmleak_open_cb on_open,
+                                mmleak_problem_cb on_problem, uint64_t *counts,
+                                struct mmleak_shrink_stats *stats,
+                                struct mmleak_blocks *blocks)
+{
+    struct obuf *out;
+    char *buf;
+    struct run r;
+    int rc = read_for_blocks(&r, &out, &buf, paths, name_id, npaths, show, on_header, on_tick,
+                             on_open, on_problem, counts, stats, blocks);
+    if (rc == 0) {
+        out->fd = out_fd;
+        rc = final_blocks(&r, out, stats, blocks);
     }
     return run_end(&r, buf, out, rc);
 }
@@ -1396,29 +1408,56 @@ struct merge {
     struct mmleak_blocks *blocks;   /* the survivors as blocks too (NULL: not wanted) */
     size_t bytes;               /* the blocks' mapping */
     int whole;                  /* every survivor so far is a block */
+    int final;                  /* the final result, as mmleak_shrink_blocks gives it */
 };
+
+/* The survivor line L as a block appended to the merge's BLOCKS: 1, or 0 when it is not a
+ * block (several callers inline) or there is no memory (r->stop). */
+static int merge_block(struct run *r, struct merge *g, const char *l)
+{
+    struct mmleak_blocks *b = g->blocks;
+    if ((b->n + 1) * sizeof *b->v > g->bytes) {
+        size_t nb = g->bytes ? g->bytes * 2 : (size_t)1 << 21;
+        void *p = b->v ? mremap(b->v, g->bytes, nb, MREMAP_MAYMOVE) : map_mem(nb);
+        if (!p || p == MAP_FAILED) {
+            r->stop = -1;
+            return 0;
+        }
+        b->v = p;
+        g->bytes = nb;
+    }
+    if (!block_of(l, &b->v[b->n]))
+        return 0;
+    b->n++;
+    return 1;
+}
 
 /* The entry E written (and its survivor kept as a block), its lines freed. */
 static void merge_put(struct run *r, struct merge *g, struct ent *e)
 {
-    put_ent(r, g->o, 0, e, g->c);
-    g->entries++;
     int k_last = e->hull ? e->k1 : e->k0;
-    struct mmleak_blocks *b = g->blocks;
-    if (b && g->whole && k_last == K_ALLOC) {
-        if ((b->n + 1) * sizeof *b->v > g->bytes) {
-            size_t nb = g->bytes ? g->bytes * 2 : (size_t)1 << 21;
-            void *p = b->v ? mremap(b->v, g->bytes, nb, MREMAP_MAYMOVE) : map_mem(nb);
-            if (!p || p == MAP_FAILED) {
-                r->stop = -1;
-                return;
-            }
-            b->v = p;
-            g->bytes = nb;
+    if (g->final) {             /* as final_blocks: a survivor a block, the rest lines */
+        struct ent x = *e;
+        int line = 1;
+        if (!x.hull) {
+            if (x.k0 == K_ALLOC && merge_block(r, g, x.l0))
+                line = 0;
+            else if (x.k0 != K_ALLOC && x.k0 != K_FREE)
+                line = 0;       /* a bracket: nothing final */
+        } else {
+            if (x.k1 == K_ALLOC && merge_block(r, g, x.l1))
+                x.k1 = K_END;   /* a bracket: the final result leaves it out */
+            line = x.k0 == K_FREE || x.k1 == K_ALLOC;
         }
-        if (block_of(e->hull ? e->l1 : e->l0, &b->v[b->n]))
-            b->n++;
-        else
+        if (line) {
+            put_ent(r, g->o, 1, &x, g->c);
+            g->entries++;
+        }
+    } else {
+        put_ent(r, g->o, 0, e, g->c);
+        g->entries++;
+        if (g->blocks && g->whole && k_last == K_ALLOC &&
+            !merge_block(r, g, e->hull ? e->l1 : e->l0))
             g->whole = 0;       /* (several callers inline: the caller reads again) */
     }
     slab_free(&r->mem, e->l0, e->n0);
@@ -1459,18 +1498,19 @@ static void merge_event(struct run *r, int file, uint64_t lineno, const char *p,
     }
 }
 
-/* mmleak_shrink_result_blocks (BLOCKS NULL: mmleak_shrink, not final), the LAST input
+/* mmleak_shrink_result_blocks (BLOCKS NULL: mmleak_shrink, not final; FINAL: as
+ * mmleak_shrink_blocks, BLOCKS needed), the LAST input
  * (PATHS[NPATHS - 1]: a compacted result, sorted by address) read as a stream and merged
  * with the others' state (see struct merge): the same result, the same counts and problems.
  * The others are read first, so header lines come in that order (the caller lists the
  * inputs so).  An input to stream that is not sorted is read again with the others, the
  * usual way (the problems already handed back are not handed back again).  Returns as
  * mmleak_shrink. */
-EXPORT int mmleak_shrink_merge(const char *const *paths, const int *name_id, int npaths,
-                               int out_fd, int show, mmleak_header_cb on_header,
-                               mmleak_tick_cb on_tick, mmleak_open_cb on_open,
-                               mmleak_problem_cb on_problem, uint64_t *counts,
-                               struct mmleak_shrink_stats *stats, struct mmleak_blocks *blocks)
+static int shrink_merge(const char *const *paths, const int *name_id, int npaths, int out_fd,
+                        int show, mmleak_header_cb on_header, mmleak_tick_cb on_tick,
+                        mmleak_open_cb on_open, mmleak_problem_cb on_problem, uint64_t *counts,
+                        struct mmleak_shrink_stats *stats, struct mmleak_blocks *blocks,
+                        int final)
 {
     struct obuf *out = map_mem(sizeof *out);
     char *buf = map_mem(READ_BUF);
@@ -1499,6 +1539,7 @@ EXPORT int mmleak_shrink_merge(const char *const *paths, const int *name_id, int
         g.o = out;
         g.blocks = blocks;
         g.whole = 1;
+        g.final = final;
         if (fd >= 0) {
             r.merge = &g;
             feed_fd(&r, fd, last, buf);
@@ -1552,13 +1593,15 @@ EXPORT int mmleak_shrink_merge(const char *const *paths, const int *name_id, int
                            on_problem, counts, stats, buf);
         r.mute = NULL;
         munmap(mute, cb);
-        if (rc == 0) {
+        if (rc == 0 && final) {
+            rc = final_blocks(&r, out, stats, blocks);
+        } else if (rc == 0) {
             write_state(&r, out, 0, r.t.e, r.t.count);
             if (!out->err && blocks)
                 table_blocks(&r, blocks);
         }
     } else if (rc == 0) {
-        stats->entries = g.entries;
+        stats->entries = g.entries + (final ? blocks->n : 0);
         stats->lines = g.c[0];
         stats->alloc_lines = g.c[1];
         stats->free_lines = g.c[2];
@@ -1584,6 +1627,28 @@ EXPORT int mmleak_shrink_merge(const char *const *paths, const int *name_id, int
         memset(blocks, 0, sizeof *blocks);
     }
     return run_end(&r, buf, out, rc);
+}
+
+EXPORT int mmleak_shrink_merge(const char *const *paths, const int *name_id, int npaths,
+                               int out_fd, int show, mmleak_header_cb on_header,
+                               mmleak_tick_cb on_tick, mmleak_open_cb on_open,
+                               mmleak_problem_cb on_problem, uint64_t *counts,
+                               struct mmleak_shrink_stats *stats, struct mmleak_blocks *blocks)
+{
+    return shrink_merge(paths, name_id, npaths, out_fd, show, on_header, on_tick, on_open,
+                        on_problem, counts, stats, blocks, 0);
+}
+
+/* mmleak_shrink_blocks, the last input streamed as in mmleak_shrink_merge (BLOCKS needed). */
+EXPORT int mmleak_shrink_blocks_merge(const char *const *paths, const int *name_id,
+                                      int npaths, int out_fd, int show,
+                                      mmleak_header_cb on_header, mmleak_tick_cb on_tick,
+                                      mmleak_open_cb on_open, mmleak_problem_cb on_problem,
+                                      uint64_t *counts, struct mmleak_shrink_stats *stats,
+                                      struct mmleak_blocks *blocks)
+{
+    return shrink_merge(paths, name_id, npaths, out_fd, show, on_header, on_tick, on_open,
+                        on_problem, counts, stats, blocks, 1);
 }
 
 /* Release the stack ids a run handed over in STATS. */

@@ -141,7 +141,10 @@ def _live_now(directory, tid, stream=False):
     that order, which a point does not use)."""
     found = files.find_traces(directory).get(tid, [])
     cpath = files.TraceFiles(directory, tid).compact
-    stream = stream and any(os.path.basename(p) == os.path.basename(cpath) for p in found)
+    # (the result alone, as when the trace is over and folded: streamed in any case, nothing
+    # is read in another order)
+    stream = (stream or len(found) == 1) and \
+        any(os.path.basename(p) == os.path.basename(cpath) for p in found)
     if stream:
         found = [p for p in found if os.path.basename(p) != os.path.basename(cpath)] + \
             [p for p in found if os.path.basename(p) == os.path.basename(cpath)]

@@ -469,7 +469,10 @@ def _shrink_files(paths, progress=None, mixed=False, names=None, problems=None,
     sh = Shrinker(progress)
     sh.problems = problems or sh.problems
     names = names or ["<stdin>" if p == "-" else p for p in paths]
-    if not native_shrink(sh, paths, names, raw=raw, blocks=blocks, final=final):  # compiled,
+    # a finished trace's one compacted result (sorted), read alone: streamed, no table
+    stream = blocks and len(paths) == 1 and paths[0].endswith(".compact")
+    if not native_shrink(sh, paths, names, raw=raw, blocks=blocks, final=final,
+                         stream_last=stream):                           # compiled,
         # when it can run
         for p, name in zip(paths, names):
             if p == "-":

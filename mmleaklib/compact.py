@@ -262,12 +262,16 @@ def _compact_header_lines(sh, folded, run=None):
     trace's first), the command, the allocator, the gaps, the counts, and the names of the
     inputs of this pass."""
     out, seen_hdr = [], False
+    # the trace's first: a result's (it has no file=), else the lowest file= (whatever the
+    # order the inputs were read in: a merge reads the oldest level last)
+    first = min((l for l in sh.header_lines if l.startswith(b"#mmleak ")), default=None,
+                key=lambda l: int((re.search(rb" file=(\d+)", l) or [b"", b"-1"])[1]))
     for line in sh.header_lines:
         if line.startswith(b"#mmleak "):
             if seen_hdr:
                 continue
             seen_hdr = True
-            out.append(re.sub(rb" (tid|file)=\S+", b"", line))
+            out.append(re.sub(rb" (tid|file)=\S+", b"", first))
         elif line.startswith((b"#thread ", b"#end", b"#folded ", b"#compacted ", b"#at ")):
             continue
         else:

@@ -393,3 +393,24 @@ def test_a_streamed_result_is_merged_exactly(tmp_path, monkeypatch, capsys, seed
                        "err": capsys.readouterr().err, "lines": sh.result_lines})
     assert finals[1] == finals[0]
     assert len(finals[0]["blocks"]) >= 5
+
+
+def test_the_results_header_is_the_traces_first_whatever_the_order_read(tmp_path, alive):
+    """The last fold reads the result last (streamed): the result's '#mmleak' line is still
+    the trace's first (the result's own), not that of a new file read before it (here the
+    process's late=1 file)."""
+    h = History(tmp_path)
+    h.batch(allocs=500)
+    one_pass(tmp_path)
+    h.batch(allocs=20, frees=10)
+    p = tmp_path / ("mmleak.%s.%d.out" % (TID, h.files - 1))
+    data = p.read_bytes()
+    first = data.split(b"\n", 1)[0]
+    p.write_bytes(first.replace(b" start=", b" late=1 start=") + b"\n" + data.split(b"\n", 1)[1])
+    alive[0] = False
+    res = one_pass(tmp_path)
+    assert res["over"] and runs(tmp_path) == []
+    with open(mmleak.TraceFiles(str(tmp_path), TID).compact, "rb") as f:
+        hdr = [l for l in f.read(1 << 16).splitlines() if l.startswith(b"#mmleak ")]
+    assert len(hdr) == 1 and b"late=" not in hdr[0] and b"file=" not in hdr[0], hdr
+    assert survivors(tmp_path) == h.live

@@ -262,12 +262,16 @@ def _compact_header_lines(sh, folded, run=None):
     trace's first), the command, the allocator, the gaps, the counts, and the names of the
     inputs of this pass."""
     out, seen_hdr = [], False
+    # the trace's first: a result's (it has no file=), else the lowest file= (whatever the
+    # order the inputs were read in: a merge reads the oldest level last)
+    first = min((l for l in sh.header_lines if l.startswith(b"#mmleak ")), default=None,
+                key=lambda l: int((re.search(rb" file=(\d+)", l) or [b"", b"-1"])[1]))
     for line in sh.header_lines:
         if line.startswith(b"#mmleak "):
             if seen_hdr:
                 continue
             seen_hdr = True
-            out.append(re.sub(rb" (tid|file)=\S+", b"", line))
+            out.append(re.sub(rb" (tid|file)=\S+", b"", first))
         elif line.startswith((b"#thread ", b"#end", b"#folded ", b"#compacted ", b"#at ")):
             continue
         else:
@@ -418,7 +422,9 @@ def _fold(directory, tid, cpath, done, over=False):
     sh, now = None, None
     if over or not own:
         chain = ([cpath] if own else []) + [p for _, p in runs]
-        sh = _fold_into(directory, tid, cpath, None, chain + done, work, live=over)
+        # the result, the biggest, last: the compiled shrinker streams it (_fold_into)
+        sh = _fold_into(directory, tid, cpath, None, chain[1:] + done + chain[:1] if own
+                        else chain + done, work, live=over, stream_last=own)
         work["merged"] = len(chain)
         # the trace over, everything is folded into the result: its survivors, which the
         # compiled shrinker left from the same reading, are the trace's, for its last point
@@ -432,7 +438,8 @@ def _fold(directory, tid, cpath, done, over=False):
         i = _merge_start([files._size(p) for _, p in chain])
         if i < len(chain) - 1:
             (older, target) = chain[i]
-            _fold_into(directory, tid, target, older, [p for _, p in chain[i:]], work)
+            _fold_into(directory, tid, target, older, [p for _, p in chain[i + 1:]] + [target],
+                       work, stream_last=True)
             work["merged"] = len(chain) - 1 - i
     after = sum(files._size(p) for p in [cpath] + [p for _, p in _runs(directory, tid)])
     return {"folded": len(done), "events": sh.events - sh.compacted["entries"],
@@ -477,14 +484,18 @@ def _merge_start(sizes):
     return i
 
 
-def _fold_into(directory, tid, target, run, inputs, work, live=False):
+def _fold_into(directory, tid, target, run, inputs, work, live=False, stream_last=False):
     """Shrink INPUTS into TARGET (run number RUN, None: mmleak.ID.compact), written
     atomically and naming in "#folded" the inputs it replaces, which are then deleted (a
     pass stopped in between leaves them to the next one, which sees them folded).  LIVE:
-    the compiled shrinker also leaves the survivors as blocks (sh.native_blocks)."""
+    the compiled shrinker also leaves the survivors as blocks (sh.native_blocks).
+    STREAM_LAST: the last input is TARGET, a compacted result (sorted by address), the
+    biggest: the compiled shrinker reads the others into its table and merges it with them
+    as a stream (tools/shrink.c, mmleak_shrink_merge), without a table entry per line; the
+    result is the same (the shrink's algebra: any order, any grouping)."""
     folded = [p for p in inputs if p != target]
     with tempfile.TemporaryFile(prefix="mmleak-shrink.") as raw:
-        sh, data = shrink_raw(inputs, out=raw, live=live)
+        sh, data = shrink_raw(inputs, out=raw, live=live, stream_last=stream_last)
         if sh.problems.fatal:
             raise Fail("%s: cannot compact trace %s: an input could not be read"
                        % (directory, tid))

@@ -23,7 +23,7 @@ from .errors import EXIT_INPUT, EXIT_TOOL, EXIT_USAGE, Fail
 from .facts import LIBNAME, TOOLS_LIBNAME
 
 SHRINK_ENV = "MMLEAK_SHRINK"
-NATIVE_ABI = 6
+NATIVE_ABI = 7
 INJECT_ABI = 1
 _native = None          # None: not tried yet; False: unavailable; else the ctypes binding
 _native_why = None      # why it is unavailable
@@ -82,6 +82,12 @@ def _native_engine():
     both_fn = dll.mmleak_shrink_result_blocks
     both_fn.argtypes, both_fn.restype = blocks_fn.argtypes, i32
     _blocks_api["result_blocks"] = both_fn
+    merge_fn = dll.mmleak_shrink_merge
+    merge_fn.argtypes, merge_fn.restype = blocks_fn.argtypes, i32
+    _blocks_api["merge"] = merge_fn
+    blocks_merge_fn = dll.mmleak_shrink_blocks_merge
+    blocks_merge_fn.argtypes, blocks_merge_fn.restype = blocks_fn.argtypes, i32
+    _blocks_api["blocks_merge"] = blocks_merge_fn
     _bind_blocks(dll)
     dll.mmleak_shrink_stats_free.argtypes = [ctypes.POINTER(Stats)]
     dll.mmleak_shrink_stats_free.restype = None
@@ -341,7 +347,8 @@ class _Counts:
                     yield (name, kind), n
 
 
-def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, also_blocks=False):
+def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, also_blocks=False,
+                  stream_last=False):
     """Feed PATHS ('-': stdin) into the fresh Shrinker SH with the compiled shrinker.
 
     RAW (a binary file): the result's event lines (as Shrinker.entries(FINAL) gives them)
@@ -352,7 +359,10 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, al
     in SH.native_blocks (NativeBlocks), the rest (foreign frees, survivors of format 1) in
     SH.state.  ALSO_BLOCKS (with RAW, not FINAL): the result written to RAW, and its survivors
     also in SH.native_blocks, from the same reading; None there when a survivor is not a
-    block (format 1: read the result again).  Returns False, having done nothing, when the Python path must do it instead
+    block (format 1: read the result again).  STREAM_LAST (with RAW, not FINAL): the last of
+    PATHS is a compacted result (sorted by address), read as a stream and merged with the
+    others' state (mmleak_shrink_merge: the same result, at the cost of the others plus one
+    pass over its text); with BLOCKS too (mmleak_shrink_blocks_merge).  Returns False, having done nothing, when the Python path must do it instead
     (not available, not wanted, or stdin is not descriptor 0)."""
     if _shrink_engine() != "native":
         return False
@@ -417,7 +427,15 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, al
                    problem_cb(lambda *a: call(problem, *a)))
             argv = ctypes.c_char_p * max(n, 1)
             ids = ctypes.c_int * max(n, 1)
-            if also_blocks and raw is not None and not final:
+            if stream_last and raw is not None and not final and not blocks and n:
+                bl = BlocksT()
+                rc = _blocks_api["merge"](
+                    argv(*c_paths), ids(*[first[name] for name in names]), n, out.fileno(),
+                    sh.problems.SHOW, *cbs, counts, ctypes.byref(stats),
+                    ctypes.byref(bl) if also_blocks else None)
+                if rc == 0 and bl.v:
+                    sh.native_blocks = NativeBlocks(bl)
+            elif also_blocks and raw is not None and not final:
                 bl = BlocksT()
                 rc = _blocks_api["result_blocks"](
                     argv(*c_paths), ids(*[first[name] for name in names]), n, out.fileno(),
@@ -426,7 +444,7 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, al
                     sh.native_blocks = NativeBlocks(bl)
             elif blocks:
                 bl = BlocksT()
-                rc = blocks_fn(argv(*c_paths), ids(*[first[name] for name in names]), n,
+                rc = (_blocks_api["blocks_merge"] if stream_last and n else blocks_fn)(argv(*c_paths), ids(*[first[name] for name in names]), n,
                                out.fileno(), sh.problems.SHOW, *cbs, counts,
                                ctypes.byref(stats), ctypes.byref(bl))
                 if rc == 0:

@@ -132,19 +132,30 @@ def _series_point_of(p, ks, stacks):
     return SeriesPoint(v[0], v[1], (v[2], v[3]), (v[4], v[5]), (v[6], v[7]), out)
 
 
-def _live_now(directory, tid):
+def _live_now(directory, tid, stream=False):
     """(Shrinker, blocks.Live): the trace's survivors now, as a report reads them: a native
     array when the compiled shrinker runs (no Python object per block), Alloc tuples
-    otherwise.  A file it cannot read whole stops the point (Refused), as it stops a pass."""
-    paths, names, tmpdir, refused = files.with_unflushed_tails(
-        files.find_traces(directory).get(tid, []))
+    otherwise.  A file it cannot read whole stops the point (Refused), as it stops a pass.
+    STREAM: the compacted result (the biggest file, sorted) is read last, as a stream merged
+    with the others' state (native_shrink STREAM_LAST: the same survivors; header lines in
+    that order, which a point does not use)."""
+    found = files.find_traces(directory).get(tid, [])
+    cpath = files.TraceFiles(directory, tid).compact
+    # (the result alone, as when the trace is over and folded: streamed in any case, nothing
+    # is read in another order)
+    stream = (stream or len(found) == 1) and \
+        any(os.path.basename(p) == os.path.basename(cpath) for p in found)
+    if stream:
+        found = [p for p in found if os.path.basename(p) != os.path.basename(cpath)] + \
+            [p for p in found if os.path.basename(p) == os.path.basename(cpath)]
+    paths, names, tmpdir, refused = files.with_unflushed_tails(found)
     try:
         if refused:
             for msg in refused[1:]:
                 refuse(msg)
             raise Refused(refused[0])
         sh = Shrinker()
-        if not native_shrink(sh, paths, names, blocks=True):
+        if not native_shrink(sh, paths, names, blocks=True, stream_last=stream):
             for p, name in zip(paths, names):
                 sh.feed_path(p, name)
         sh.check_single_process()
@@ -191,7 +202,7 @@ def add_point(directory, tid, final=False, now=None):
         _remove_quietly(lpath)          # the last point is in the series: it is complete
         return None
     live_stacks = pending[1] if pending is not None else {}
-    sh, live = now if now is not None else _live_now(directory, tid)
+    sh, live = now if now is not None else _live_now(directory, tid, stream=True)
     # the call site of each group as the series writes it: a caller in hex, or @ID (stacks
     # the trace defines keep their id; a list of callers gets one of its own)
     stack_lines = {}

@@ -422,7 +422,7 @@ def shrink_files(paths, progress=None, mixed=False, problems=None, blocks=False,
             shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def shrink_raw(paths, out=None, live=False):
+def shrink_raw(paths, out=None, live=False, stream_last=False):
     """Shrink PATHS (dump files of one trace, their unflushed lines included) without
     building the per-address state in Python: (Shrinker with headers, stacks and counts,
     the result's event lines as bytes, non-final, sorted by address then number).  What a
@@ -431,7 +431,9 @@ def shrink_raw(paths, out=None, live=False):
     the compiled shrinker writes the event lines there, and None is returned in their
     place (sh.raw_result["stacks"]: the stack ids they use); the Python path still returns
     them as bytes.  LIVE (with OUT): the compiled shrinker also leaves the result's survivors
-    in sh.native_blocks, from the same reading (None when it cannot: see native_shrink)."""
+    in sh.native_blocks, from the same reading (None when it cannot: see native_shrink).
+    STREAM_LAST (with OUT): the last of PATHS is a compacted result, which the compiled
+    shrinker streams (native_shrink); the result is the same."""
     paths, names, tmpdir, refused = files.with_unflushed_tails(paths)
     try:
         if refused:                     # a compactor folds nothing it cannot read whole
@@ -439,7 +441,8 @@ def shrink_raw(paths, out=None, live=False):
                 refuse(msg)
             raise Refused(refused[0])
         sh = Shrinker()
-        if out is not None and native_shrink(sh, paths, names, raw=out, also_blocks=live):
+        if out is not None and native_shrink(sh, paths, names, raw=out, also_blocks=live,
+                                             stream_last=stream_last):
             sh.check_single_process()
             return sh, None
         with tempfile.TemporaryFile(prefix="mmleak-shrink.") as out:
@@ -466,7 +469,10 @@ def _shrink_files(paths, progress=None, mixed=False, names=None, problems=None,
     sh = Shrinker(progress)
     sh.problems = problems or sh.problems
     names = names or ["<stdin>" if p == "-" else p for p in paths]
-    if not native_shrink(sh, paths, names, raw=raw, blocks=blocks, final=final):  # compiled,
+    # a finished trace's one compacted result (sorted), read alone: streamed, no table
+    stream = blocks and len(paths) == 1 and paths[0].endswith(".compact")
+    if not native_shrink(sh, paths, names, raw=raw, blocks=blocks, final=final,
+                         stream_last=stream):                           # compiled,
         # when it can run
         for p, name in zip(paths, names):
             if p == "-":

@@ -307,3 +307,110 @@ def test_a_trace_folded_already_is_read_once_for_its_last_point_and_verdict(tmp_
     assert sorted((a.ptr, a.seq) for a in vlive) == sorted(h.live)
     points, _ = mmleak.read_series(mmleak.TraceFiles(str(tmp_path), TID).series)
     assert points[-1].live == (sum(h.live.values()), len(h.live))
+
+
+def _shrink_both(monkeypatch, capsys, tmp_path, inputs):
+    """shrink_raw of INPUTS the usual way and with the last one streamed
+    (mmleak_shrink_merge): everything a caller gets from each, and how often the merge
+    ran."""
+    from mmleaklib import native
+    calls = []
+    real = native._blocks_api["merge"]
+
+    def merge(*a):
+        calls.append(a)
+        return real(*a)
+    monkeypatch.setitem(native._blocks_api, "merge", merge)
+    got = []
+    for stream in (False, True):
+        with open(tmp_path / ("raw%d" % stream), "w+b") as raw:
+            sh, data = mmleak.shrink.shrink_raw(inputs, out=raw, live=True, stream_last=stream)
+            assert data is None
+            raw.seek(0)
+            body = raw.read()
+        got.append({"body": body, "err": capsys.readouterr().err,
+                    "headers": sh.header_lines, "events": sh.events, "allocs": sh.allocs,
+                    "max_time": sh.max_time, "files_done": sh.files_done,
+                    "lines": sh.result_lines, "raw": sh.raw_result,
+                    "counts": dict(sh.problems.counts), "malformed": sh.problems.malformed,
+                    "blocks": None if sh.native_blocks is None else list(sh.native_blocks)})
+    return got, len(calls)
+
+
+@pytest.mark.parametrize("v2", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("sorted_", [True, False])
+def test_a_streamed_result_is_merged_exactly(tmp_path, monkeypatch, capsys, seed, v2,
+                                             sorted_):
+    """The last fold streams the biggest input, a compacted result (sorted by address),
+    and merges it with the others' state (tools/shrink.c, mmleak_shrink_merge): the result
+    written, its survivors as blocks, every count, header line and problem message are
+    those of the usual reading of the same inputs, and the Python engine's lines.  A
+    result that is not sorted (lines reordered by hand, two malformed lines in it) is read
+    again the usual way: the same again, no message said twice."""
+    from mmleaklib import native
+    if native._shrink_engine() != "native":
+        pytest.skip("the compiled shrinker is not built")
+    files, _, _ = test_shrink.simulate(seed, threads=4, events=20000, addrs=400, v2=v2)
+    paths = []
+    for lines in files.values():
+        p = tmp_path / ("mmleak.4242.%d.out" % len(paths))
+        p.write_bytes(b"".join(lines))
+        paths.append(str(p))
+    half = len(paths) // 2
+    part = tmp_path / "part"
+    with open(tmp_path / "partraw", "w+b") as raw:
+        sh, _ = mmleak.shrink.shrink_raw(paths[:half], out=raw)
+        raw.seek(0)
+        events = raw.read().splitlines(keepends=True)
+    assert len(events) > 100 and events == sorted(
+        events, key=lambda l: (int(l.split()[0], 16), int(l.split()[1], 16)))
+    if not sorted_:
+        events = events[::-1] + [b"zz not an event\n", b"zz nor this\n"]
+    part.write_bytes(b"".join(sh.header_lines) + b"".join(
+        sh.stack_lines[i] for i in sorted(sh.stack_lines)) + b"".join(events))
+    inputs = paths[half:] + [str(part)]
+    (usual, streamed), merges = _shrink_both(monkeypatch, capsys, tmp_path, inputs)
+    assert merges == 1
+    assert streamed == usual
+    assert usual["events"] > 1000 and usual["lines"][0] > 50
+    assert usual["blocks"] is not None or not v2
+    if not sorted_:
+        assert usual["malformed"] and usual["err"].count("zz not an event") == 1
+    monkeypatch.setenv("MMLEAK_SHRINK", "python")
+    sh, data = mmleak.shrink.shrink_raw(inputs, out=None)
+    assert data == usual["body"]
+    # the final reading (a point of the series, a report) streams it the same way
+    finals = []
+    monkeypatch.setenv("MMLEAK_SHRINK", "native")
+    capsys.readouterr()
+    for stream in (False, True):
+        sh = mmleak.shrink.Shrinker()
+        assert native.native_shrink(sh, inputs, blocks=True, stream_last=stream)
+        finals.append({"blocks": sorted(sh.native_blocks), "state": sorted(sh.state.items()),
+                       "events": sh.events, "allocs": sh.allocs, "max_time": sh.max_time,
+                       "counts": dict(sh.problems.counts), "headers": sh.header_lines,
+                       "err": capsys.readouterr().err, "lines": sh.result_lines})
+    assert finals[1] == finals[0]
+    assert len(finals[0]["blocks"]) >= 5
+
+
+def test_the_results_header_is_the_traces_first_whatever_the_order_read(tmp_path, alive):
+    """The last fold reads the result last (streamed): the result's '#mmleak' line is still
+    the trace's first (the result's own), not that of a new file read before it (here the
+    process's late=1 file)."""
+    h = History(tmp_path)
+    h.batch(allocs=500)
+    one_pass(tmp_path)
+    h.batch(allocs=20, frees=10)
+    p = tmp_path / ("mmleak.%s.%d.out" % (TID, h.files - 1))
+    data = p.read_bytes()
+    first = data.split(b"\n", 1)[0]
+    p.write_bytes(first.replace(b" start=", b" late=1 start=") + b"\n" + data.split(b"\n", 1)[1])
+    alive[0] = False
+    res = one_pass(tmp_path)
+    assert res["over"] and runs(tmp_path) == []
+    with open(mmleak.TraceFiles(str(tmp_path), TID).compact, "rb") as f:
+        hdr = [l for l in f.read(1 << 16).splitlines() if l.startswith(b"#mmleak ")]
+    assert len(hdr) == 1 and b"late=" not in hdr[0] and b"file=" not in hdr[0], hdr
+    assert survivors(tmp_path) == h.live

@@ -404,6 +404,8 @@ struct run {
     uint64_t last_used;        /* the stack id use_stack took last (0: none yet) */
     const char *last_ref;      /* note_alloc: the last line's stack reference (its text) */
     size_t last_ref_n;
+    struct merge *merge;       /* the input being streamed (merge_event), NULL: none */
+    const uint64_t *mute;      /* problems already handed back (counts before a retry) */
 };
 
 /* EVENT_RE.fullmatch on a line that ends with its newline (tools/eventline.h).  Returns
@@ -422,6 +424,8 @@ static void problem(struct run *r, int file, uint64_t lineno, int what, const ch
     ++*c;
     if (kind == P_MALFORMED || kind == P_DUPLICATE)
         r->st->malformed = 1;
+    if (unlikely(r->mute) && *c <= r->mute[c - r->counts])
+        return;                 /* said by the attempt before (mmleak_shrink_merge) */
     if (*c <= r->show && r->on_problem(file, lineno, what, p, n < HEAD ? n : HEAD))
         r->stop = 1;
 }
@@ -472,8 +476,8 @@ static void odd_line(struct run *r, int file, uint64_t lineno, const char *p, si
             problem(r, file, lineno, Q_TORN_LAST, p, 0);
             return;
         }
-        if (n > 11 && !memcmp(p, "#compacted ", 11))
-            presize(r, p, n);
+        if (n > 11 && !memcmp(p, "#compacted ", 11) && !r->merge)
+            presize(r, p, n);           /* (a streamed input's entries need no index) */
         int added = hset_add(&r->headers, p, n);
         if (added < 0) {
             r->stop = -1;
@@ -582,7 +586,78 @@ static void dup_event(struct run *r, int file, uint64_t lineno)
     problem(r, file, lineno, Q_DUPLICATE, NULL, 0);
 }
 
-/* The state update: the whole algorithm (Shrinker.feed). */
+/* A new entry E for the address KEY: the event P (N bytes), number S, kind KIND.  0, or -1
+ * when its line could not be stored (r->stop says so). */
+static inline int ent_new(struct run *r, struct ent *e, const char *p, size_t n, uint64_t key,
+                          uint64_t s, int kind)
+{
+    e->l0 = store(r, p, n, &e->n0);
+    if (!e->l0)
+        return -1;
+    e->key = key;
+    e->s0 = s;
+    e->k0 = (uint8_t)kind;
+    e->hull = 0;
+    return 0;
+}
+
+/* The event P (N bytes), number S, kind KIND, added to the entry E of its address: the
+ * whole algorithm (Shrinker.feed) once the address has a state.  Returns 1 when the pair
+ * cancelled (the entry's line is freed: the caller drops the entry), else 0. */
+static inline int ent_update(struct run *r, struct ent *e, int file, uint64_t lineno,
+                             const char *p, size_t n, uint64_t s, int kind)
+{
+    if (!e->hull) {
+        if (e->s0 == s) {
+            dup_event(r, file, lineno);
+            return 0;
+        }
+        if (e->s0 < s) {          /* old is the low end */
+            if ((e->k0 & 1) && !(kind & 1) && s == e->s0 + 1) {
+                slab_free(&r->mem, e->l0, e->n0);
+                return 1;
+            }
+            e->l1 = store(r, p, n, &e->n1);
+            if (!e->l1)
+                return 0;
+            e->s1 = s;
+            e->k1 = (uint8_t)kind;
+        } else {                  /* old is the high end */
+            if ((kind & 1) && !(e->k0 & 1) && e->s0 == s + 1) {
+                slab_free(&r->mem, e->l0, e->n0);
+                return 1;
+            }
+            char *c = store(r, p, n, &e->n1);   /* n1 temporarily holds the new length */
+            if (!c)
+                return 0;
+            e->l1 = e->l0;
+            e->s1 = e->s0;
+            e->k1 = e->k0;
+            uint32_t nn = e->n1;
+            e->n1 = e->n0;
+            e->l0 = c;
+            e->n0 = nn;
+            e->s0 = s;
+            e->k0 = (uint8_t)kind;
+        }
+        e->hull = 1;
+        if (e->k0 != K_FREE)
+            to_bracket(r, &e->l0, &e->n0);
+        if (e->k1 != K_ALLOC)
+            to_bracket(r, &e->l1, &e->n1);
+        return 0;
+    }
+    if (s < e->s0)
+        new_end(r, &e->l0, &e->n0, &e->s0, &e->k0, p, kind == K_FREE ? n : ptr_len(p), s, kind);
+    else if (s > e->s1)
+        new_end(r, &e->l1, &e->n1, &e->s1, &e->k1, p, kind == K_ALLOC ? n : ptr_len(p), s, kind);
+    else if (s == e->s0 || s == e->s1) {
+        dup_event(r, file, lineno);
+    }
+    return 0;
+}
+
+/* The state update: an event into the table (Shrinker.feed). */
 static inline void event(struct run *r, int file, uint64_t lineno, const char *p, size_t n,
                          uint64_t key, uint64_t s, int kind)
 {
@@ -600,67 +675,13 @@ static inline void event(struct run *r, int file, uint64_t lineno, const char *p
             event(r, file, lineno, p, n, key, s, kind);
             return;
         }
-        struct ent *e = &t->e[t->count];
-        e->l0 = store(r, p, n, &e->n0);
-        if (!e->l0)
+        if (ent_new(r, &t->e[t->count], p, n, key, s, kind))
             return;
-        e->key = key;
-        e->s0 = s;
-        e->k0 = (uint8_t)kind;
-        e->hull = 0;
         t->ix[i] = (uint32_t)++t->count;
         return;
     }
-    struct ent *e = &t->e[x - 1];
-    if (!e->hull) {
-        if (e->s0 == s) {
-            dup_event(r, file, lineno);
-            return;
-        }
-        if (e->s0 < s) {          /* old is the low end */
-            if ((e->k0 & 1) && !(kind & 1) && s == e->s0 + 1) {
-                slab_free(&r->mem, e->l0, e->n0);
-                table_del(t, i);
-                return;
-            }
-            e->l1 = store(r, p, n, &e->n1);
-            if (!e->l1)
-                return;
-            e->s1 = s;
-            e->k1 = (uint8_t)kind;
-        } else {                  /* old is the high end */
-            if ((kind & 1) && !(e->k0 & 1) && e->s0 == s + 1) {
-                slab_free(&r->mem, e->l0, e->n0);
-                table_del(t, i);
-                return;
-            }
-            char *c = store(r, p, n, &e->n1);   /* n1 temporarily holds the new length */
-            if (!c)
-                return;
-            e->l1 = e->l0;
-            e->s1 = e->s0;
-            e->k1 = e->k0;
-            uint32_t nn = e->n1;
-            e->n1 = e->n0;
-            e->l0 = c;
-            e->n0 = nn;
-            e->s0 = s;
-            e->k0 = (uint8_t)kind;
-        }
-        e->hull = 1;
-        if (e->k0 != K_FREE)
-            to_bracket(r, &e->l0, &e->n0);
-        if (e->k1 != K_ALLOC)
-            to_bracket(r, &e->l1, &e->n1);
-        return;
-    }
-    if (s < e->s0)
-        new_end(r, &e->l0, &e->n0, &e->s0, &e->k0, p, kind == K_FREE ? n : ptr_len(p), s, kind);
-    else if (s > e->s1)
-        new_end(r, &e->l1, &e->n1, &e->s1, &e->k1, p, kind == K_ALLOC ? n : ptr_len(p), s, kind);
-    else if (s == e->s0 || s == e->s1) {
-        dup_event(r, file, lineno);
-    }
+    if (ent_update(r, &t->e[x - 1], file, lineno, p, n, s, kind))
+        table_del(t, i);
 }
 
 static int tick(struct run *r, int file, uint64_t file_events)
@@ -678,6 +699,9 @@ static const char *line_end(const char *p, const char *lim)
     return z ? z : nl;
 }
 
+static void merge_event(struct run *r, int file, uint64_t lineno, const char *p, size_t n,
+                        uint64_t key, uint64_t s, int kind);
+
 /* One line ended by its newline (N bytes at P, at most LINE_MAX + 1). */
 static inline __attribute__((always_inline)) void one_line(struct run *r, int file,
                                                              uint64_t lineno, const char *p,
@@ -694,7 +718,10 @@ static inline __attribute__((always_inline)) void one_line(struct run *r, int fi
                 *max_time = tm;
         }
         ++*events;
-        event(r, file, lineno, p, n, key, s, kind);
+        if (unlikely(r->merge != NULL))
+            merge_event(r, file, lineno, p, n, key, s, kind);
+        else
+            event(r, file, lineno, p, n, key, s, kind);
     } else {
         odd_line(r, file, lineno, p, n);
     }
@@ -864,7 +891,7 @@ static void feed_fd(struct run *r, int fd, int file, char *buf)
         int nuls = memchr(q, 0, (size_t)(lim - q)) != NULL;
         const char *t;
         struct ahead ah;
-        ahead_start(&ah, &r->t, p, lim, nuls);
+        ahead_start(&ah, &r->t, p, lim, nuls || r->merge);
         while ((t = nuls ? line_end(q, lim) : memchr(q, '\n', (size_t)(lim - q))) != NULL) {
             ahead_step(&ah, &r->t);
             size_t n = (size_t)(t - p);         /* the text, without what ended it */
@@ -1007,6 +1034,40 @@ static void note_alloc(struct run *r, const char *l, size_t n)
     r->last_ref_n = len;
 }
 
+/* The lines of the entry E (FINAL: without brackets) to O; C: lines, allocations and frees
+ * written, counted. */
+static inline void put_ent(struct run *r, struct obuf *o, int final, const struct ent *e,
+                           uint64_t c[3])
+{
+    if (!e->hull) {
+        if (!final || e->k0 == K_ALLOC || e->k0 == K_FREE) {
+            ob_put(o, e->l0, e->n0);
+            c[0]++;
+            if (e->k0 == K_ALLOC) {
+                c[1]++;
+                note_alloc(r, e->l0, e->n0);
+            }
+            c[2] += e->k0 == K_FREE;
+        }
+        return;
+    }
+    if (e->k0 == K_FREE || !final) {
+        put_end(o, e->l0, e->n0, e->s0, '+', e->k0 == K_FREE);
+        c[0]++;
+        c[2] += e->k0 == K_FREE;
+    }
+    if (e->k1 == K_ALLOC || !final) {
+        put_end(o, e->l1, e->n1, e->s1, '-', e->k1 == K_ALLOC);
+        c[0]++;
+        if (e->k1 == K_ALLOC) {
+            c[1]++;
+            note_alloc(r, e->l1, e->n1);
+        }
+    }
+}
+
+static void write_end(struct run *r, struct obuf *o);
+
 /* Shrinker.entries: sorted by address then number; FINAL drops brackets.  The M entries
  * E (the table's, or those mmleak_shrink_blocks leaves) are sorted in place. */
 static void write_state(struct run *r, struct obuf *o, int final, struct ent *ents, size_t m)
@@ -1017,38 +1078,18 @@ static void write_state(struct run *r, struct obuf *o, int final, struct ent *en
     if (sorted < m)             /* (a result read whole comes in order: no sort then) */
         qsort(ents, m, sizeof *ents, cmp_ent);
     r->st->entries = m;
-    uint64_t lines = 0, allocs = 0, frees = 0;
-    for (size_t i = 0; i < m; i++) {
-        struct ent *e = &ents[i];
-        if (!e->hull) {
-            if (!final || e->k0 == K_ALLOC || e->k0 == K_FREE) {
-                ob_put(o, e->l0, e->n0);
-                lines++;
-                if (e->k0 == K_ALLOC) {
-                    allocs++;
-                    note_alloc(r, e->l0, e->n0);
-                }
-                frees += e->k0 == K_FREE;
-            }
-            continue;
-        }
-        if (e->k0 == K_FREE || !final) {
-            put_end(o, e->l0, e->n0, e->s0, '+', e->k0 == K_FREE);
-            lines++;
-            frees += e->k0 == K_FREE;
-        }
-        if (e->k1 == K_ALLOC || !final) {
-            put_end(o, e->l1, e->n1, e->s1, '-', e->k1 == K_ALLOC);
-            lines++;
-            if (e->k1 == K_ALLOC) {
-                allocs++;
-                note_alloc(r, e->l1, e->n1);
-            }
-        }
-    }
-    r->st->lines = lines;
-    r->st->alloc_lines = allocs;
-    r->st->free_lines = frees;
+    uint64_t c[3] = { 0, 0, 0 };
+    for (size_t i = 0; i < m; i++)
+        put_ent(r, o, final, &ents[i], c);
+    r->st->lines = c[0];
+    r->st->alloc_lines = c[1];
+    r->st->free_lines = c[2];
+    write_end(r, o);
+}
+
+/* The end of a result written: the output flushed, the stack ids it uses handed over. */
+static void write_end(struct run *r, struct obuf *o)
+{
     ob_flush(o);
     /* the used stack ids, packed at the front of their own mapping, handed over */
     size_t n = 0;
@@ -1198,24 +1239,18 @@ static int read_for_blocks(struct run *r, struct obuf **out, char **buf,
  * order, not sorted), and the rest as lines to OUT_FD, sorted by address: the foreign frees
  * and the survivors with several callers inline (format 1).  stats->lines counts those lines
  * only.  Returns as mmleak_shrink. */
-EXPORT int mmleak_shrink_blocks(const char *const *paths, const int *name_id, int npaths,
-                                int out_fd, int show, mmleak_header_cb on_header,
-                                mmleak_tick_cb on_tick, mmleak_open_cb on_open,
-                                mmleak_problem_cb on_problem, uint64_t *counts,
-                                struct mmleak_shrink_stats *stats,
-                                struct mmleak_blocks *blocks)
+/* The final result of R's table (read already) as mmleak_shrink_blocks gives it: the survivors
+ * as blocks in BLOCKS, the rest as lines to OUT.  Returns 0, -1 (no memory), -2 (output). */
+static int final_blocks(struct run *r, struct obuf *out, struct mmleak_shrink_stats *stats,
+                        struct mmleak_blocks *blocks)
 {
-    struct obuf *out;
-    char *buf;
-    struct run r;
-    int rc = read_for_blocks(&r, &out, &buf, paths, name_id, npaths, show, on_header, on_tick,
-                             on_open, on_problem, counts, stats, blocks);
-    if (rc == 0) {
+    int rc = 0;
+    {
         /* The blocks take the place of the entries, in the same mapping (a block is smaller
          * than an entry, and block k is written over entries before i >= k: read first):
          * the state's memory becomes the result's.  The entries that are not blocks (foreign
          * frees, survivors with several callers) go to REST, to be written as lines. */
-        struct table *t = &r.t;
+        struct table *t = &r->t;
         struct mmleak_block *v = (struct mmleak_block *)(void *)t->e;
         size_t k = 0, nrest = 0, rest_bytes = 0;
         struct ent *rest = NULL;
@@ -1252,8 +1287,7 @@ EXPORT int mmleak_shrink_blocks(const char *const *paths, const int *name_id, in
             rest[nrest++] = e;
         }
         if (rc == 0) {
-            out->fd = out_fd;
-            write_state(&r, out, 1, rest, nrest);
+            write_state(r, out, 1, rest, nrest);
             stats->entries += k;
             if (out->err) {
                 stats->out_errno = (uint64_t)out->err;
@@ -1269,7 +1303,56 @@ EXPORT int mmleak_shrink_blocks(const char *const *paths, const int *name_id, in
             t->e = NULL;                /* the blocks' now */
         }
     }
+    return rc;
+}
+
+EXPORT int mmleak_shrink_blocks(const char *const *paths, const int *name_id, int npaths,
+                                int out_fd, int show, mmleak_header_cb on_header,
+                                mmleak_tick_cb on_tick, mmleak_open_cb on_open,
+                                mmleak_problem_cb on_problem, uint64_t *counts,
+                                struct mmleak_shrink_stats *stats,
+                                struct mmleak_blocks *blocks)
+{
+    struct obuf *out;
+    char *buf;
+    struct run r;
+    int rc = read_for_blocks(&r, &out, &buf, paths, name_id, npaths, show, on_header, on_tick,
+                             on_open, on_problem, counts, stats, blocks);
+    if (rc == 0) {
+        out->fd = out_fd;
+        rc = final_blocks(&r, out, stats, blocks);
+    }
     return run_end(&r, buf, out, rc);
+}
+
+/* The survivors of R's table (its entries, written already) as blocks in BLOCKS, over the
+ * entries in place (block k over entries before i >= k, each read first), as
+ * mmleak_shrink_blocks gives them; BLOCKS left empty when a survivor is not a block. */
+static void table_blocks(struct run *r, struct mmleak_blocks *blocks)
+{
+    struct table *t = &r->t;
+    struct mmleak_block *v = (struct mmleak_block *)(void *)t->e;
+    size_t k = 0;
+    int whole = 1;
+    for (size_t i = 0; i < t->count && whole; i++) {
+        struct ent e = t->e[i];
+        struct mmleak_block b;
+        int k_last = e.hull ? e.k1 : e.k0;
+        if (k_last != K_ALLOC)
+            continue;       /* freed, a bracket or a foreign free: not alive */
+        if (!block_of(e.hull ? e.l1 : e.l0, &b))
+            whole = 0;
+        else
+            v[k++] = b;
+    }
+    if (whole) {
+        munmap(t->ix, t->ix_bytes);
+        t->ix = NULL;
+        blocks->v = v;
+        blocks->n = k;
+        blocks->cap_bytes = t->e_bytes;
+        t->e = NULL;                /* the blocks' now */
+    }
 }
 
 /* mmleak_shrink's result (not final, every entry) written to OUT_FD as mmleak_shrink writes
@@ -1299,34 +1382,273 @@ EXPORT int mmleak_shrink_result_blocks(const char *const *paths, const int *name
             rc = -2;
         }
     }
-    if (rc == 0) {
-        /* the survivors, over the entries in place (block k over entries before i >= k,
-         * each read first), as in mmleak_shrink_blocks */
-        struct table *t = &r.t;
-        struct mmleak_block *v = (struct mmleak_block *)(void *)t->e;
-        size_t k = 0;
-        int whole = 1;
-        for (size_t i = 0; i < t->count && whole; i++) {
-            struct ent e = t->e[i];
-            struct mmleak_block b;
-            int k_last = e.hull ? e.k1 : e.k0;
-            if (k_last != K_ALLOC)
-                continue;       /* freed, a bracket or a foreign free: not alive */
-            if (!block_of(e.hull ? e.l1 : e.l0, &b))
-                whole = 0;
-            else
-                v[k++] = b;
+    if (rc == 0)
+        table_blocks(&r, blocks);
+    return run_end(&r, buf, out, rc);
+}
+
+/* ---- the last input streamed: a merge of sorted results (mmleak_shrink_merge) ---------
+ * A compacted result is written sorted by address (write_state), and the levels of a trace
+ * (mmleak-compaction(7)) are such results.  Folding them, the biggest (the oldest) need not
+ * go through the table: the other inputs are read into it as usual, its entries sorted, and
+ * the big one is read as a stream, its lines merged by address with those entries (an
+ * address's state is the same whatever the order of its events: the shrink's algebra), each
+ * address written out as soon as the stream has passed it.  Memory and time then follow the
+ * other inputs, plus one pass over the streamed one's text: no index slot per line, no
+ * sort of its entries. */
+struct merge {
+    struct ent *e;              /* the table's entries, sorted by address */
+    size_t m, j;                /* how many; the first not written yet */
+    struct ent cur;             /* the state of the stream's current address */
+    int have;                   /* CUR holds an entry */
+    int started, disorder;      /* the stream's address went down: not a sorted result */
+    uint64_t last;              /* the stream's last address */
+    struct obuf *o;
+    uint64_t c[3], entries;     /* lines, allocations, frees written; entries */
+    struct mmleak_blocks *blocks;   /* the survivors as blocks too (NULL: not wanted) */
+    size_t bytes;               /* the blocks' mapping */
+    int whole;                  /* every survivor so far is a block */
+    int final;                  /* the final result, as mmleak_shrink_blocks gives it */
+};
+
+/* The survivor line L as a block appended to the merge's BLOCKS: 1, or 0 when it is not a
+ * block (several callers inline) or there is no memory (r->stop). */
+static int merge_block(struct run *r, struct merge *g, const char *l)
+{
+    struct mmleak_blocks *b = g->blocks;
+    if ((b->n + 1) * sizeof *b->v > g->bytes) {
+        size_t nb = g->bytes ? g->bytes * 2 : (size_t)1 << 21;
+        void *p = b->v ? mremap(b->v, g->bytes, nb, MREMAP_MAYMOVE) : map_mem(nb);
+        if (!p || p == MAP_FAILED) {
+            r->stop = -1;
+            return 0;
         }
-        if (whole) {
-            munmap(t->ix, t->ix_bytes);
-            t->ix = NULL;
-            blocks->v = v;
-            blocks->n = k;
-            blocks->cap_bytes = t->e_bytes;
-            t->e = NULL;                /* the blocks' now */
+        b->v = p;
+        g->bytes = nb;
+    }
+    if (!block_of(l, &b->v[b->n]))
+        return 0;
+    b->n++;
+    return 1;
+}
+
+/* The entry E written (and its survivor kept as a block), its lines freed. */
+static void merge_put(struct run *r, struct merge *g, struct ent *e)
+{
+    int k_last = e->hull ? e->k1 : e->k0;
+    if (g->final) {             /* as final_blocks: a survivor a block, the rest lines */
+        struct ent x = *e;
+        int line = 1;
+        if (!x.hull) {
+            if (x.k0 == K_ALLOC && merge_block(r, g, x.l0))
+                line = 0;
+            else if (x.k0 != K_ALLOC && x.k0 != K_FREE)
+                line = 0;       /* a bracket: nothing final */
+        } else {
+            if (x.k1 == K_ALLOC && merge_block(r, g, x.l1))
+                x.k1 = K_END;   /* a bracket: the final result leaves it out */
+            line = x.k0 == K_FREE || x.k1 == K_ALLOC;
+        }
+        if (line) {
+            put_ent(r, g->o, 1, &x, g->c);
+            g->entries++;
+        }
+    } else {
+        put_ent(r, g->o, 0, e, g->c);
+        g->entries++;
+        if (g->blocks && g->whole && k_last == K_ALLOC &&
+            !merge_block(r, g, e->hull ? e->l1 : e->l0))
+            g->whole = 0;       /* (several callers inline: the caller reads again) */
+    }
+    slab_free(&r->mem, e->l0, e->n0);
+    if (e->hull)
+        slab_free(&r->mem, e->l1, e->n1);
+}
+
+/* An event of the streamed input: the state update of its address (the table's entry of
+ * the same address, taken over when the stream reaches it), the addresses before it
+ * written. */
+static void merge_event(struct run *r, int file, uint64_t lineno, const char *p, size_t n,
+                        uint64_t key, uint64_t s, int kind)
+{
+    struct merge *g = r->merge;
+    if (g->have && key == g->cur.key) {
+        if (ent_update(r, &g->cur, file, lineno, p, n, s, kind))
+            g->have = 0;
+        return;
+    }
+    if (unlikely(g->started && key < g->last)) {
+        g->disorder = 1;        /* not sorted: mmleak_shrink_merge reads it all again */
+        r->stop = 2;
+        return;
+    }
+    g->started = 1;
+    g->last = key;
+    if (g->have) {
+        merge_put(r, g, &g->cur);
+        g->have = 0;
+    }
+    while (g->j < g->m && g->e[g->j].key < key)
+        merge_put(r, g, &g->e[g->j++]);
+    if (g->j < g->m && g->e[g->j].key == key) {
+        g->cur = g->e[g->j++];
+        g->have = !ent_update(r, &g->cur, file, lineno, p, n, s, kind);
+    } else {
+        g->have = !ent_new(r, &g->cur, p, n, key, s, kind);
+    }
+}
+
+/* mmleak_shrink_result_blocks (BLOCKS NULL: mmleak_shrink, not final; FINAL: as
+ * mmleak_shrink_blocks, BLOCKS needed), the LAST input
+ * (PATHS[NPATHS - 1]: a compacted result, sorted by address) read as a stream and merged
+ * with the others' state (see struct merge): the same result, the same counts and problems.
+ * The others are read first, so header lines come in that order (the caller lists the
+ * inputs so).  An input to stream that is not sorted is read again with the others, the
+ * usual way (the problems already handed back are not handed back again).  Returns as
+ * mmleak_shrink. */
+static int shrink_merge(const char *const *paths, const int *name_id, int npaths, int out_fd,
+                        int show, mmleak_header_cb on_header, mmleak_tick_cb on_tick,
+                        mmleak_open_cb on_open, mmleak_problem_cb on_problem, uint64_t *counts,
+                        struct mmleak_shrink_stats *stats, struct mmleak_blocks *blocks,
+                        int final)
+{
+    struct obuf *out = map_mem(sizeof *out);
+    char *buf = map_mem(READ_BUF);
+    struct run r;
+    struct merge g;
+    memset(&r, 0, sizeof r);
+    memset(&g, 0, sizeof g);
+    if (blocks)
+        memset(blocks, 0, sizeof *blocks);
+    if (!out || !buf || npaths < 1)
+        return run_end(&r, buf, out, !out || !buf ? -1 : 0);
+    out->fd = out_fd;
+    int last = npaths - 1;
+    int rc = shrink_inputs(&r, paths, name_id, last, show, on_header, on_tick, on_open,
+                           on_problem, counts, stats, buf);
+    memset(&counts[(size_t)last * P_KINDS], 0, sizeof(uint64_t) * P_KINDS);
+    if (rc == 0) {
+        int fd = strcmp(paths[last], "-") ? on_open(last) : 0;
+        if (fd == -2)
+            rc = r.stop = 1;
+        else if (fd < 0)
+            stats->fatal = 1;
+        qsort(r.t.e, r.t.count, sizeof *r.t.e, cmp_ent);
+        g.e = r.t.e;
+        g.m = r.t.count;
+        g.o = out;
+        g.blocks = blocks;
+        g.whole = 1;
+        g.final = final;
+        if (fd >= 0) {
+            r.merge = &g;
+            feed_fd(&r, fd, last, buf);
+            if (fd)
+                close(fd);
+        }
+        if (!r.stop) {
+            if (g.have)
+                merge_put(&r, &g, &g.cur);
+            g.have = 0;
+            while (g.j < g.m && !r.stop)
+                merge_put(&r, &g, &g.e[g.j++]);
+        }
+        r.merge = NULL;
+        rc = r.stop;
+    }
+    if (rc == 2 && g.disorder) {
+        /* not a sorted result: everything again, the usual way, into a new table (the
+         * header lines seen stay seen: not handed back again) */
+        size_t cb = sizeof(uint64_t) * P_KINDS * (size_t)npaths;
+        uint64_t *mute = map_mem(cb);
+        if (!mute)
+            return run_end(&r, buf, out, -1);
+        memcpy(mute, counts, cb);
+        if (blocks && blocks->v)
+            munmap(blocks->v, g.bytes);
+        if (blocks)
+            memset(blocks, 0, sizeof *blocks);
+        munmap(r.t.e, r.t.e_bytes);
+        munmap(r.t.ix, r.t.ix_bytes);
+        memset(&r.t, 0, sizeof r.t);
+        slab_release(&r.mem);
+        memset(&r.mem, 0, sizeof r.mem);
+        if (r.used)
+            munmap(r.used, (r.used_mask + 1) * sizeof *r.used);
+        r.used = NULL;
+        r.used_mask = r.used_n = 0;
+        r.used_zero = 0;
+        r.last_used = 0;
+        r.last_ref = NULL;
+        r.stop = 0;
+        r.mute = mute;
+        out->n = 0;
+        out->err = 0;
+        if (ftruncate(out_fd, 0) || lseek(out_fd, 0, SEEK_SET) < 0) {
+            stats->out_errno = (uint64_t)errno;
+            munmap(mute, cb);
+            return run_end(&r, buf, out, -2);
+        }
+        rc = shrink_inputs(&r, paths, name_id, npaths, show, on_header, on_tick, on_open,
+                           on_problem, counts, stats, buf);
+        r.mute = NULL;
+        munmap(mute, cb);
+        if (rc == 0 && final) {
+            rc = final_blocks(&r, out, stats, blocks);
+        } else if (rc == 0) {
+            write_state(&r, out, 0, r.t.e, r.t.count);
+            if (!out->err && blocks)
+                table_blocks(&r, blocks);
+        }
+    } else if (rc == 0) {
+        stats->entries = g.entries + (final ? blocks->n : 0);
+        stats->lines = g.c[0];
+        stats->alloc_lines = g.c[1];
+        stats->free_lines = g.c[2];
+        write_end(&r, out);
+        if (blocks && !g.whole) {       /* (the caller reads the result again) */
+            if (blocks->v)
+                munmap(blocks->v, g.bytes);
+            memset(blocks, 0, sizeof *blocks);
+        } else if (blocks) {
+            if (!blocks->v && (blocks->v = map_mem(4096)) != NULL)
+                g.bytes = 4096;         /* no survivor: an empty array, not none */
+            blocks->cap_bytes = g.bytes;
+            if (!blocks->v)
+                rc = -1;
         }
     }
+    if (rc == 0 && out->err) {
+        stats->out_errno = (uint64_t)out->err;
+        rc = -2;
+    }
+    if (rc != 0 && blocks && blocks->v) {
+        munmap(blocks->v, blocks->cap_bytes ? blocks->cap_bytes : g.bytes);
+        memset(blocks, 0, sizeof *blocks);
+    }
     return run_end(&r, buf, out, rc);
+}
+
+EXPORT int mmleak_shrink_merge(const char *const *paths, const int *name_id, int npaths,
+                               int out_fd, int show, mmleak_header_cb on_header,
+                               mmleak_tick_cb on_tick, mmleak_open_cb on_open,
+                               mmleak_problem_cb on_problem, uint64_t *counts,
+                               struct mmleak_shrink_stats *stats, struct mmleak_blocks *blocks)
+{
+    return shrink_merge(paths, name_id, npaths, out_fd, show, on_header, on_tick, on_open,
+                        on_problem, counts, stats, blocks, 0);
+}
+
+/* mmleak_shrink_blocks, the last input streamed as in mmleak_shrink_merge (BLOCKS needed). */
+EXPORT int mmleak_shrink_blocks_merge(const char *const *paths, const int *name_id,
+                                      int npaths, int out_fd, int show,
+                                      mmleak_header_cb on_header, mmleak_tick_cb on_tick,
+                                      mmleak_open_cb on_open, mmleak_problem_cb on_problem,
+                                      uint64_t *counts, struct mmleak_shrink_stats *stats,
+                                      struct mmleak_blocks *blocks)
+{
+    return shrink_merge(paths, name_id, npaths, out_fd, show, on_header, on_tick, on_open,
+                        on_problem, counts, stats, blocks, 1);
 }
 
 /* Release the stack ids a run handed over in STATS. */
@@ -1339,4 +1661,4 @@ EXPORT void mmleak_shrink_stats_free(struct mmleak_shrink_stats *stats)
 }
 
 /* The interface version mmleak.py checks before it relies on the functions' signatures. */
-EXPORT int mmleak_shrink_abi(void) { return 6; }
+EXPORT int mmleak_shrink_abi(void) { return 7; }

@@ -515,6 +515,92 @@ def test_exit_scan_reads_the_levels(scan_bins, dump, tmp_path, monkeypatch):
     assert not stale & set(key for key, _ in k.items())
 
 
+def test_exit_scan_during_a_compaction_pass(scan_bins, dump, tmp_path):
+    """The scan at exit does not wait for a compaction pass under way (issue 19): with the
+    trace's lock held by a pass (the flock, exclusive) for as long as the program runs, the
+    scan still gives every block its exact kind.  It waits only for the pass's directory
+    lock, held around a rename or a deletion (TraceLock.changing): while a pass holds it, no
+    result is written; once it is let go, the scan ends.  Then, passes folding the trace's
+    files one after the other, as fast as they can, while the program exits and is scanned:
+    the kinds are exact whatever the pass was doing when the cut was taken."""
+    import threading
+    from conftest import mmleak as mm
+    from mmleaklib import compact, scan
+    keep, lost = 321, 777                       # tests/scan_levels.c
+    exe = str(tmp_path / "scan_levels")
+    subprocess.run(["cc", "-O1", "-g", "-pthread", "-o", exe,
+                    os.path.join(TESTS, "scan_levels.c")], check=True)
+
+    def start(d):
+        e = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(d), MMLEAK_ROTATE_MB="1")
+        return subprocess.Popen([exe], env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def batch(p, keep, free, lost):
+        p.stdin.write(b"%d %d %d\n" % (keep, free, lost))
+        p.stdin.flush()
+        assert p.stdout.readline() == b"ok\n"
+
+    def verdict(d, tid):
+        k = scan.kinds_for(str(d), tid)
+        assert k.status == "done", k.reason
+        assert k.scan.why == "exit"
+        sh = mm.shrink_files(mm.find_traces(str(d))[tid])
+        truth = {(a.ptr, a.seq): a.size for a in sh.survivors()}
+        return collections.Counter((truth.get(key, "not alive"), kind)
+                                   for key, kind in k.items()
+                                   if truth.get(key, "not alive") in (keep, lost, "not alive"))
+
+    # 1. a pass under way for the whole exit (its flock held), its directory lock for a while
+    p = start(dump)
+    try:
+        batch(p, 3000, 0, 4)
+        tid = only_trace(dump)
+        mm.compact_dir(str(dump), tid, series=False)
+        batch(p, 200, 100, 3)
+        with compact.TraceLock(str(dump), tid, wait=False) as lock:
+            with lock.changing():
+                p.stdin.close()
+                time.sleep(1.0)
+                assert not [n for n in os.listdir(dump) if ".scan." in n]
+                assert p.poll() is None
+            assert p.wait(timeout=25) == 0       # (the lock is still held)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert verdict(dump, tid) == {(keep, "reachable"): 3100, (lost, "definite"): 7}
+
+    # 2. passes one after the other during the exit
+    d2 = tmp_path / "busy"
+    d2.mkdir()
+    p = start(d2)
+    stop = threading.Event()
+    passes = []
+
+    def compactor():
+        while not stop.is_set():
+            for res in mm.compact_dir(str(d2), None, series=False)[1]:
+                passes.append(res)
+            time.sleep(0.005)
+    t = threading.Thread(target=compactor)
+    try:
+        for _ in range(6):
+            batch(p, 500, 200, 2)
+        tid = only_trace(d2)
+        t.start()
+        p.stdin.close()
+        assert p.wait(timeout=60) == 0
+    finally:
+        stop.set()
+        if t.is_alive():
+            t.join()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert passes
+    assert verdict(d2, tid) == {(keep, "reachable"): 500 + 5 * 300, (lost, "definite"): 12}
+
+
 # ---- the live set of the cut (tools/scan_live.c) against the shrink engine -----------------
 
 def _fuzz_trace(rng, prefix, nfiles):

@@ -123,7 +123,7 @@ class TraceLock:
         a kill of this pass at that moment would leave it, and it need not wait for the pass
         (mmleak-compaction(7)).  Waits while a scan lists (milliseconds); past 30 s, Fail
         (nothing changed).  Without a lock file, nothing to take; a lock file this compactor
-        can only read (EBADF) cannot hold a write lock: the scan then relies on the flock."""
+        can only read cannot hold a write lock: Fail (nothing changed)."""
         return _DirLock(self.fd, self.path)
 
 
@@ -150,8 +150,9 @@ class _DirLock:
                 self.held = True
                 return self
             except OSError as e:
-                if e.errno == errno.EBADF:
-                    return self         # opened read-only: no write lock
+                if e.errno == errno.EBADF:      # opened read-only: nothing changed
+                    raise Fail("%s: cannot take the trace's directory lock: the lock file "
+                               "is read-only to this compactor" % self.path)
                 if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EINTR):
                     raise
             if time.monotonic() > until:

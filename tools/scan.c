@@ -122,6 +122,8 @@ struct scan {
     size_t top;
     char *win;
     uint64_t wlo, whi;
+    char *cw;                           /* the heap around the last batch (drain), CACHE */
+    uint64_t clo, chi, last_a;          /* the range it holds; the last batch's start */
     uint64_t roots[R_KINDS][2], excluded[2];
     uint64_t kinds[4][2];
     uint64_t unreadable;
@@ -1273,6 +1275,7 @@ static void scan_block(struct scan *s, size_t i, int prior, ssize_t clique)
  * the set its leader reaches. */
 #define IOV_BATCH 1024
 #define GAP 64
+#define CACHE ((size_t)1 << 20)
 static void sort_batch(uint32_t *b, size_t n)
 {
     size_t k = 1;
@@ -1353,16 +1356,55 @@ static void drain(struct scan *s, ssize_t clique)
             }
             end = b;
         }
-        struct iovec l = { s->win, off };
-        ssize_t got = process_vm_readv(s->rpid, &l, 1, riov, nr, 0);
-        if (got < 0 && errno == ESRCH)
-            s->vanished = 1;
+        /* a batch that is one range (the nodes of lists allocated in a row): the heap
+         * around it, CACHE bytes in one read, which the next batches, nearby, take from
+         * (the process is stopped, or a snapshot: its memory does not change); ahead in
+         * the direction the batches go */
+        uint64_t a0 = (uint64_t)riov[0].iov_base;
+        uint64_t bn = (uint64_t)riov[nr - 1].iov_base + riov[nr - 1].iov_len;
+        int cached = s->cw && a0 >= s->clo && bn <= s->chi;
+        if (!cached && s->cw && nr == 1 && bn - a0 <= CACHE / 4) {
+            const struct mapping *m = mapping_at(s, a0);
+            if (m && bn <= m->hi) {
+                uint64_t lo, hi;
+                if (a0 < s->last_a) {           /* going down: the window ends with it */
+                    hi = (bn + 4095) & ~4095ull;
+                    hi = hi > m->hi ? m->hi : hi;
+                    lo = hi - m->lo > CACHE ? hi - CACHE : m->lo;
+                } else {                        /* up, or first: from it, or around it */
+                    lo = a0 > s->last_a ? a0 : a0 - (a0 - m->lo < CACHE / 2 ? a0 - m->lo :
+                                                     CACHE / 2);
+                    lo = lo & ~4095ull;
+                    lo = lo < m->lo ? m->lo : lo;
+                    hi = m->hi - lo < CACHE ? m->hi : lo + CACHE;
+                }
+                struct iovec cl = { s->cw, (size_t)(hi - lo) }, cr = { (void *)lo, cl.iov_len };
+                s->clo = s->chi = 0;
+                if (lo <= a0 && bn <= hi &&
+                    process_vm_readv(s->rpid, &cl, 1, &cr, 1, 0) == (ssize_t)cl.iov_len) {
+                    s->clo = lo;
+                    s->chi = hi;
+                    cached = 1;
+                }
+            }
+        }
+        s->last_a = a0;
+        ssize_t got = -1;
+        if (!cached) {
+            struct iovec l = { s->win, off };
+            got = process_vm_readv(s->rpid, &l, 1, riov, nr, 0);
+            if (got < 0 && errno == ESRCH)
+                s->vanished = 1;
+        }
         for (size_t k = 0; k < n; k++) {
             size_t i = batch[k];
             uint64_t a = (s->bp[i] + 7) & ~7ull, b = (s->bp[i] + s->bs[i]) & ~7ull;
             size_t len = (size_t)(b - a);
             int prior = clique >= 0 || s->st[i] != POSSIBLE;
-            if (got >= 0 && boff[k] + len <= (size_t)got) {
+            if (cached) {
+                scan_words(s, (const uint64_t *)(s->cw + (a - s->clo)), len / 8, prior,
+                           clique, a);
+            } else if (got >= 0 && boff[k] + len <= (size_t)got) {
                 scan_words(s, (const uint64_t *)(s->win + boff[k]), len / 8, prior, clique,
                            a);
             } else {                    /* not read (a page gone?): on its own, then */
@@ -1800,6 +1842,8 @@ static void release(struct scan *s)
     free(s->pm);
     if (s->win)
         munmap(s->win, WINDOW);
+    if (s->cw)
+        munmap(s->cw, CACHE);
 }
 
 static int valid_id(const char *id)
@@ -1851,6 +1895,9 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
     gettimeofday(&tv, NULL);
     s.when = (double)tv.tv_sec + tv.tv_usec / 1e6;
     s.win = mmap(NULL, WINDOW, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    s.cw = mmap(NULL, CACHE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (s.cw == MAP_FAILED)
+        s.cw = NULL;                    /* (the batches are read as they come) */
     if (s.win == MAP_FAILED) {
         s.win = NULL;
         say(&s, "out of memory");

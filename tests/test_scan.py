@@ -662,18 +662,15 @@ def _fuzz_trace(rng, prefix, nfiles):
     return paths
 
 
-def test_live_set_agrees_with_the_shrink_engine(tmp_path, dump):
-    """The scan's live set (tools/scan_live.c: the shrink algorithm over each event's
-    address, number, kind and size only) is exactly the shrink engine's final survivors
-    (tools/shrink.c): the same blocks, numbers and sizes, on a real two-thread trace with
-    cross-thread frees and on 400 made-up traces full of what a crash or a hostile hand
-    leaves in a file (tests/live_check.c compares them)."""
-    import random
+def _live_check_and_trace(tmp_path, dump, *cflags):
+    """tests/live_check.c built (with CFLAGS), and the dump files of a real two-thread trace
+    with cross-thread frees (bench/alloc_bench.c, 200,000 events)."""
     exe = str(tmp_path / "live_check")
     subprocess.run(["make", "-s", "-C", ROOT, "mmleak-scan"], check=True)
-    subprocess.run(["cc", "-O1", "-g", "-I", os.path.join(ROOT, "tools"), "-I",
-                    os.path.join(ROOT, "build", "gen"), "-o", exe,
-                    os.path.join(TESTS, "live_check.c"), os.path.join(ROOT, "tools", "scan_live.c"),
+    subprocess.run(["cc", "-O1", "-g"] + list(cflags) + [
+                    "-I", os.path.join(ROOT, "tools"), "-I", os.path.join(ROOT, "build", "gen"),
+                    "-o", exe, os.path.join(TESTS, "live_check.c"),
+                    os.path.join(ROOT, "tools", "scan_live.c"),
                     os.path.join(ROOT, "tools", "shrink.c")], check=True)
     bench = str(tmp_path / "alloc_bench")
     subprocess.run(["cc", "-O1", "-pthread", "-o", bench,
@@ -681,6 +678,17 @@ def test_live_set_agrees_with_the_shrink_engine(tmp_path, dump):
     run_traced([bench, "-t", "2", "-n", "50000"], dump, env={"MMLEAK_SCAN": "0"})
     files = sorted(str(dump / n) for n in os.listdir(dump) if n.endswith(".out"))
     assert len(files) >= 3
+    return exe, files
+
+
+def test_live_set_agrees_with_the_shrink_engine(tmp_path, dump):
+    """The scan's live set (tools/scan_live.c: the shrink algorithm over each event's
+    address, number, kind and size only) is exactly the shrink engine's final survivors
+    (tools/shrink.c): the same blocks, numbers and sizes, on a real two-thread trace with
+    cross-thread frees and on 400 made-up traces full of what a crash or a hostile hand
+    leaves in a file (tests/live_check.c compares them)."""
+    import random
+    exe, files = _live_check_and_trace(tmp_path, dump)
     r = subprocess.run([exe] + files, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("same "), r.stdout
     assert sum(os.path.getsize(f) for f in files) > 100000 * 25   # its 200,000 events
@@ -704,22 +712,11 @@ def test_live_set_from_sorted_results_and_small_batches(tmp_path, dump):
     exactly: a compacted result read as a sorted input (the partial shrink of the first files,
     as a compaction pass writes it) merged with the files after it; inputs said to be sorted
     that are not (made-up dump files: taken like any other from the line out of order on);
-    and the engine built with batches of 64 events, so that every trace goes through many
-    sorted runs and their merges (past 8 runs).  On a real two-thread trace and on 400
-    made-up ones (tests/live_check.c)."""
+    and the engine built with batches of 64 events, so that every trace is merged into the
+    sorted states many times, an address's events split across batches.  On a real
+    two-thread trace and on 400 made-up ones (tests/live_check.c)."""
     import random
-    exe = str(tmp_path / "live_check_small")
-    subprocess.run(["make", "-s", "-C", ROOT, "mmleak-scan"], check=True)
-    subprocess.run(["cc", "-O1", "-g", "-DSCAN_LIVE_BATCH=64", "-I", os.path.join(ROOT, "tools"),
-                    "-I", os.path.join(ROOT, "build", "gen"), "-o", exe,
-                    os.path.join(TESTS, "live_check.c"), os.path.join(ROOT, "tools", "scan_live.c"),
-                    os.path.join(ROOT, "tools", "shrink.c")], check=True)
-    bench = str(tmp_path / "alloc_bench")
-    subprocess.run(["cc", "-O1", "-pthread", "-o", bench,
-                    os.path.join(ROOT, "bench", "alloc_bench.c")], check=True)
-    run_traced([bench, "-t", "2", "-n", "50000"], dump, env={"MMLEAK_SCAN": "0"})
-    files = sorted(str(dump / n) for n in os.listdir(dump) if n.endswith(".out"))
-    assert len(files) >= 3
+    exe, files = _live_check_and_trace(tmp_path, dump, "-DSCAN_LIVE_BATCH=64")
     for argv in (files, ["-p", "2"] + files, ["s:" + f for f in files]):
         r = subprocess.run([exe] + argv, capture_output=True, text=True)
         assert r.returncode == 0 and r.stdout.startswith("same "), (argv[:2], r.stdout)

@@ -21,7 +21,7 @@
  *  - A sorted input (a compacted result or run, whose lines come in address order) read
  *    while S is empty goes straight into it, each line folded into the last state or
  *    appended (from the first line out of order on, the rest goes to the batch).
- *  - Every other event goes to the batch (BATCH events, or a quarter of S if more), in the
+ *  - Every other event goes to the batch (BATCH events, or half of S if more), in the
  *    order read; a full batch is sorted by address (a stable radix sort, skipped when the
  *    events came in order: an address's events keep their order) and merged into S in
  *    place, each address's events applied to its state in that order (slot_event).
@@ -52,9 +52,9 @@
 #define LINE_MAX_BYTES ((size_t)MMLEAK_LINE_MAX)
 #define READ_CHUNK ((size_t)1 << 20)
 #ifndef SCAN_LIVE_BATCH                 /* (tests/test_scan.py builds it small) */
-#define SCAN_LIVE_BATCH ((size_t)1 << 21)
+#define SCAN_LIVE_BATCH ((size_t)1 << 20)
 #endif
-#define BATCH ((size_t)SCAN_LIVE_BATCH)  /* events sorted at once (64 MiB) */
+#define BATCH ((size_t)SCAN_LIVE_BATCH)  /* events sorted at once (32 MiB), or S / 2 */
 
 /* An address's state: one event (s0, k0), or a hull (s0, k0)..(s1, k1); SIZE: the
  * allocation's at the high end (or the single one). */
@@ -79,7 +79,7 @@ struct states {             /* S: sorted by address, one state per address */
 
 struct feed {
     struct states S;
-    struct evs batch;
+    struct evs batch, spare;    /* the batch, and its sort's copy (kept from batch to batch) */
     size_t bcap;            /* the batch's events before it is merged */
     int direct;             /* the input being read goes straight into S */
     int unsorted;           /* the batch's events are not all in address order */
@@ -179,9 +179,10 @@ static inline void slot_event(struct slot *e, int *have, uint64_t s, int kind, u
 
 /* V (N events) by address, stable (an address's events keep their order): a radix sort
  * over the bits in which the addresses differ only (a heap's: its low 4 bits are all 0, its
- * high ones all the same), at most 16 of them a pass, through TMP (N more).  0, or -1 (out
+ * high ones all the same), at most 16 of them a pass, through SPARE (room for N more, kept
+ * for the next sort).  0, or -1 (out
  * of memory). */
-static int sort_ev(struct ev *v, size_t n)
+static int sort_ev(struct ev *v, size_t n, struct evs *spare)
 {
     uint64_t diff = 0;
     for (size_t i = 1; i < n; i++)
@@ -191,13 +192,12 @@ static int sort_ev(struct ev *v, size_t n)
     int lo = __builtin_ctzll(diff), bits = 64 - __builtin_clzll(diff) - lo;
     int passes = (bits + 15) / 16, width = (bits + passes - 1) / passes;
     size_t buckets = (size_t)1 << width, mask = buckets - 1;
-    struct ev *tmp = map_mem(n * sizeof *v);
-    size_t *count = tmp ? malloc(buckets * sizeof *count) : NULL;
-    if (!count) {
-        if (tmp)
-            munmap(tmp, n * sizeof *v);
+    if (evs_room(spare, n))
         return -1;
-    }
+    struct ev *tmp = spare->v;
+    size_t *count = malloc(buckets * sizeof *count);
+    if (!count)
+        return -1;
     struct ev *from = v, *to = tmp;
     for (int p = 0; p < passes; p++) {
         int shift = lo + p * width;
@@ -219,7 +219,6 @@ static int sort_ev(struct ev *v, size_t n)
     if (from != v)
         memcpy(v, from, n * sizeof *v);
     free(count);
-    munmap(tmp, n * sizeof *v);
     return 0;
 }
 
@@ -253,7 +252,7 @@ static int flush(struct feed *f)
     size_t m = b->n, n = S->n;
     if (!m)
         return 0;
-    if ((f->unsorted && sort_ev(b->v, m)) || states_room(S, n + m))
+    if ((f->unsorted && sort_ev(b->v, m, &f->spare)) || states_room(S, n + m))
         return -1;
     memmove(S->v + m, S->v, n * sizeof *S->v);
     struct st *w = S->v, *rd = S->v + m, *rend = rd + n;
@@ -284,7 +283,7 @@ static int flush(struct feed *f)
     S->n = (size_t)(w - S->v) + (size_t)(rend - rd);
     b->n = 0;
     f->unsorted = 0;
-    f->bcap = S->n / 4 > BATCH ? S->n / 4 : BATCH;
+    f->bcap = S->n / 2 > BATCH ? S->n / 2 : BATCH;
     return 0;
 }
 
@@ -619,6 +618,7 @@ int mmleak_live_set(int nfiles, int (*open_input)(int, struct mmleak_input *),
     if (!rc && !f.oom && flush(&f))
         f.oom = 1;
     evs_free(&f.batch);
+    evs_free(&f.spare);
     if (f.oom && !rc)
         rc = -1;
     size_t n = 0;

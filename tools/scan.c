@@ -12,17 +12,20 @@
  * of each kind, definite, indirect, possible, reachable.
  *
  * How (read-only for the target: nothing is written into it):
- *  1. the trace's lock (mmleak.ID.lock, shared, like every reader: no compaction pass
- *     deletes a file under us);
+ *  1. the trace's directory lock, for reading (byte 0 of mmleak.ID.lock: a compaction
+ *     pass holds it for writing only around its renames and deletions; its flock, held for
+ *     the whole pass, is not waited for);
  *  2. every thread seized and stopped (PTRACE_SEIZE + PTRACE_INTERRUPT, listed again until
  *     no new one appears: a stopped thread starts none); their registers;
- *  3. the cut, while they are stopped: the size of each dump file and the lines of its
- *     staging file that it lacks (what a SIGKILL at that moment would leave);
+ *  3. the cut, while they are stopped: every file of the trace opened and held (a pass may
+ *     rename or delete it afterwards), the size of each dump file and the lines of its
+ *     staging file that it lacks (what a SIGKILL at that moment would leave); the lock let
+ *     go;
  *  4. the live set of the cut: the shrink algorithm over exactly those bytes, final, from
  *     each event's address, number, kind and size only (tools/scan_live.c);
  *  5. the roots from /proc/PID/maps and the registers; the marking (an explicit stack, no
  *     recursion), then memcheck's clique pass for the unreached; the memory is read with
- *     process_vm_readv in big chunks;
+ *     process_vm_readv in big chunks (and the heap around a batch of neighbours, ahead);
  *  6. the threads let go (a signal that reached one while we held it is delivered then),
  *     the result written (a hidden temporary file, linked to the first free name).
  * Memory: malloc (never preloaded: mmleak-scan runs without LD_PRELOAD, and the Python side

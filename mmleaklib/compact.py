@@ -114,6 +114,59 @@ class TraceLock:
             os.close(self.fd)
             self.fd = None
 
+    def changing(self):
+        """A context manager: the directory lock around a pass's changes to the files
+        readers read (the rename of a result or run, the deletion of what it folded): a
+        write lock on byte 0 of the lock file (an open file description's lock, fcntl
+        F_OFD_SETLK: independent of the flock, released by the kernel when the pass dies).
+        The reachability scan takes it for reading while it lists and opens the files of its
+        cut (tools/scan.c), then reads them without any lock: what it holds is the trace as
+        a kill of this pass at that moment would leave it, and it need not wait for the pass
+        (mmleak-compaction(7)).  Waits while a scan lists (milliseconds); past 30 s, Fail
+        (nothing changed).  Without a lock file, nothing to take; a lock file this compactor
+        can only read cannot hold a write lock: Fail (nothing changed)."""
+        return _DirLock(self.fd, self.path)
+
+
+class _DirLock:
+    """TraceLock.changing's lock, on the descriptor FD of the lock file PATH (None: none)."""
+    def __init__(self, fd, path=None):
+        self.fd, self.path, self.held = fd, path, False
+
+    def _set(self, kind):
+        import fcntl
+        import struct
+        # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for an OFD lock)
+        fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", kind, os.SEEK_SET,
+                                                              0, 1, 0))
+
+    def __enter__(self):
+        import fcntl
+        if self.fd is None:
+            return self
+        until = time.monotonic() + 30
+        while True:
+            try:
+                self._set(fcntl.F_WRLCK)
+                self.held = True
+                return self
+            except OSError as e:
+                if e.errno == errno.EBADF:      # opened read-only: nothing changed
+                    raise Fail("%s: cannot take the trace's directory lock: the lock file "
+                               "is read-only to this compactor" % self.path)
+                if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EINTR):
+                    raise
+            if time.monotonic() > until:
+                raise Fail("%s: a reachability scan held its directory lock for 30 s"
+                           % self.path)
+            time.sleep(0.002)
+
+    def __exit__(self, *exc):
+        import fcntl
+        if self.held:
+            self._set(fcntl.F_UNLCK)
+            self.held = False
+
 
 PROCESS_HIDDEN = "hidden"
 
@@ -290,7 +343,7 @@ def _compact_header_lines(sh, folded, run=None):
     return out
 
 
-def _write_atomic(path, header_lines, sh, data, raw=None):
+def _write_atomic(path, header_lines, sh, data, raw=None, guard=None):
     """The result: its header lines, the stacks its allocations use, its event lines DATA
     (None: they are in the file RAW, and the compiled shrinker gave the stacks they use);
     written to PATH.tmp, flushed to disk, renamed over PATH.  Returns the lines written
@@ -311,7 +364,7 @@ def _write_atomic(path, header_lines, sh, data, raw=None):
             if n <= 0:
                 raise OSError(errno.EIO, "short copy of the shrink's result")
             at += n
-    files.replace(path, fill, sync=True)
+    files.replace(path, fill, sync=True, guard=guard)
     return head
 
 
@@ -340,8 +393,9 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
         runs = _runs(directory, tid)
         for r in [cpath] + [p for _, p in runs]:
             if files._own_file(r):
-                for name in files._previously_folded(r, tid):
-                    _remove_dump(os.path.join(directory, name))   # its .out and .tail, a run
+                with lock.changing():
+                    for name in files._previously_folded(r, tid):
+                        _remove_dump(os.path.join(directory, name))   # .out and .tail, a run
         for p in [cpath, t.series, t.live] + [p for _, p in runs]:   # left by a pass that
             files._remove_quietly(files.temp_of(p))                    # was stopped
         paths = [p for p in paths if os.path.lexists(p)]
@@ -350,7 +404,7 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
                "point": None, "unclosed": len(tails) if over else 0}
         now = None
         if done or over and _runs(directory, tid):
-            res.update(_fold(directory, tid, cpath, done, over))
+            res.update(_fold(directory, tid, cpath, done, over, lock.changing))
             now = res.pop("now")
         # a trace that is over gets its last point (unless it has it: the .live is gone)
         point = series and paths and (over and (done or os.path.lexists(t.live) or
@@ -405,7 +459,7 @@ def _next_run(directory, tid, runs, cpath):
     return max(used, default=0) + 1
 
 
-def _fold(directory, tid, cpath, done, over=False):
+def _fold(directory, tid, cpath, done, over=False, guard=None):
     """Fold the complete files DONE into the trace's result (under the trace's exclusive
     lock).  The result is mmleak.ID.compact and newer runs mmleak.ID.compact.N, each at
     least MERGE_FACTOR times smaller than the one before it.  DONE are folded alone into a
@@ -413,7 +467,8 @@ def _fold(directory, tid, cpath, done, over=False):
     leave, a file of freed blocks leaves nothing), then the newest runs are merged into the
     one before them as long as that one is at most MERGE_FACTOR times what they hold
     (_merge_start; each line is merged about log4 of the live set over a run's lines times).  The
-    trace over (OVER), or no result yet: everything into mmleak.ID.compact."""
+    trace over (OVER), or no result yet: everything into mmleak.ID.compact.  GUARD: the
+    pass's directory lock (TraceLock.changing), around each change readers see."""
     own = files._own_file(cpath)
     runs = _runs(directory, tid)
     before = (files._size(cpath) if own else 0) + sum(files._size(p) for _, p in runs)
@@ -424,7 +479,7 @@ def _fold(directory, tid, cpath, done, over=False):
         chain = ([cpath] if own else []) + [p for _, p in runs]
         # the result, the biggest, last: the compiled shrinker streams it (_fold_into)
         sh = _fold_into(directory, tid, cpath, None, chain[1:] + done + chain[:1] if own
-                        else chain + done, work, live=over, stream_last=own)
+                        else chain + done, work, live=over, stream_last=own, guard=guard)
         work["merged"] = len(chain)
         # the trace over, everything is folded into the result: its survivors, which the
         # compiled shrinker left from the same reading, are the trace's, for its last point
@@ -433,13 +488,14 @@ def _fold(directory, tid, cpath, done, over=False):
             now = _result_view(cpath, sh)
     else:
         run = _next_run(directory, tid, runs, cpath)
-        sh = _fold_into(directory, tid, TraceFiles(directory, tid).run(run), run, done, work)
+        sh = _fold_into(directory, tid, TraceFiles(directory, tid).run(run), run, done, work,
+                        guard=guard)
         chain = [(None, cpath)] + _runs(directory, tid)
         i = _merge_start([files._size(p) for _, p in chain])
         if i < len(chain) - 1:
             (older, target) = chain[i]
             _fold_into(directory, tid, target, older, [p for _, p in chain[i + 1:]] + [target],
-                       work, stream_last=True)
+                       work, stream_last=True, guard=guard)
             work["merged"] = len(chain) - 1 - i
     after = sum(files._size(p) for p in [cpath] + [p for _, p in _runs(directory, tid)])
     return {"folded": len(done), "events": sh.events - sh.compacted["entries"],
@@ -484,7 +540,8 @@ def _merge_start(sizes):
     return i
 
 
-def _fold_into(directory, tid, target, run, inputs, work, live=False, stream_last=False):
+def _fold_into(directory, tid, target, run, inputs, work, live=False, stream_last=False,
+               guard=None):
     """Shrink INPUTS into TARGET (run number RUN, None: mmleak.ID.compact), written
     atomically and naming in "#folded" the inputs it replaces, which are then deleted (a
     pass stopped in between leaves them to the next one, which sees them folded).  LIVE:
@@ -492,7 +549,8 @@ def _fold_into(directory, tid, target, run, inputs, work, live=False, stream_las
     STREAM_LAST: the last input is TARGET, a compacted result (sorted by address), the
     biggest: the compiled shrinker reads the others into its table and merges it with them
     as a stream (tools/shrink.c, mmleak_shrink_merge), without a table entry per line; the
-    result is the same (the shrink's algebra: any order, any grouping)."""
+    result is the same (the shrink's algebra: any order, any grouping).  GUARD: the pass's
+    directory lock (TraceLock.changing), around the rename and the deletions."""
     folded = [p for p in inputs if p != target]
     with tempfile.TemporaryFile(prefix="mmleak-shrink.") as raw:
         sh, data = shrink_raw(inputs, out=raw, live=live, stream_last=stream_last)
@@ -500,9 +558,10 @@ def _fold_into(directory, tid, target, run, inputs, work, live=False, stream_las
             raise Fail("%s: cannot compact trace %s: an input could not be read"
                        % (directory, tid))
         sh.written_head = _write_atomic(target, _compact_header_lines(sh, folded, run), sh,
-                                        data, raw)
-    for p in folded:
-        _remove_dump(p)
+                                        data, raw, guard)
+    with guard() if guard else _DirLock(None):
+        for p in folded:
+            _remove_dump(p)
     work["read"] += sh.events
     work["written"] += sh.result_lines[0]
     return sh

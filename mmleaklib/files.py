@@ -587,13 +587,14 @@ def _new_file(target, temp, perm):
 
 
 @contextlib.contextmanager
-def new_output(path, text=False, perm=None, owner=None, sync=False, temp=None):
+def new_output(path, text=False, perm=None, owner=None, sync=False, temp=None, guard=None):
     """Write the file PATH: yields a file object (binary, or TEXT: UTF-8, newlines as
     written); on success its content replaces PATH's at once (rename), on an exception PATH
     is left as it was.  PERM: the new file's mode exactly (default 0666 less the umask, as
     open() makes it); OWNER (uid, gid): its owner; SYNC: on disk (file and directory) before
     this returns; TEMP: the temporary name (a file of a dump directory, whose leftover the
-    next writer removes), else one nobody can guess.  See the top of this section."""
+    next writer removes), else one nobody can guess; GUARD (with TEMP): a context manager's
+    factory entered around the rename.  See the top of this section."""
     kind, target = ("replace", path) if temp is not None else _output_target(path)
 
     def wrap(fd):
@@ -625,7 +626,11 @@ def new_output(path, text=False, perm=None, owner=None, sync=False, temp=None):
         if sync:
             os.fsync(f.fileno())
         f.close()
-        os.rename(tmp, target)
+        if guard is None:
+            os.rename(tmp, target)
+        else:
+            with guard():
+                os.rename(tmp, target)
     except BaseException:
         try:
             if f is not None:
@@ -656,20 +661,22 @@ def fsync_dir(directory):
         os.close(fd)
 
 
-def replace(path, fill, sync=False):
+def replace(path, fill, sync=False, guard=None):
     """Write PATH, a file of mmleak.py's in a dump directory (a trace's result, series,
     .live), whole: by its temporary name PATH.tmp (temp_of), mode 0600 (only its owner reads
     it, as mmleak.so makes its files), filled by FILL(file) and renamed over PATH; made by
     root, it is given to the trace's owner (a file of root's at a name of another user's
     trace would be trusted by the next trace of that name).  SYNC: flushed to disk first,
-    and the directory after.  A failure (a full disk) removes the temporary file and is one
-    line naming it (Fail)."""
+    and the directory after.  GUARD: a context manager's factory, entered around the rename
+    (a compaction pass's directory lock, TraceLock.changing).  A failure (a full disk)
+    removes the temporary file and is one line naming it (Fail)."""
     t = TraceFiles.of(path)
     owner = t and trace_owner(t.directory, t.tid)
     owner = owner if os.geteuid() == 0 and owner and owner[0] != 0 else None
     tmp = temp_of(path)
     try:
-        with new_output(path, perm=0o600, owner=owner, sync=sync, temp=tmp) as f:
+        with new_output(path, perm=0o600, owner=owner, sync=sync, temp=tmp,
+                        guard=guard) as f:
             fill(f)
     except OSError as e:
         raise Fail("%scannot write %s: %s" % ("trace %s: " % t.tid if t else "", tmp,

@@ -2,7 +2,12 @@
  * (tools/shrink.c, final) on the same files: prints "same N" (N live blocks), or each
  * difference and "differ".  Built by tests/test_scan.py with both sources.
  *
- *   live_check FILE...      the files as one trace (each read whole) */
+ *   live_check [-p K] FILE...   the files as one trace (each read whole)
+ *
+ * A FILE written "s:PATH" is given to the live set as sorted (a compacted result's lines
+ * come in address order; one that does not is taken like any other input).  -p K: the
+ * live set reads, instead of the first K files, their partial shrink (not --final: what a
+ * compaction pass writes), as a sorted input first; the shrink engine reads them all. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <inttypes.h>
@@ -27,17 +32,31 @@ int mmleak_shrink(const char *const *paths, const int *name_id, int npaths, int 
                   uint64_t *counts, struct mmleak_shrink_stats *stats);
 
 static char **g_paths;
+static char **g_live;           /* the live set's inputs */
+static int g_partial = -1;      /* the descriptor of the partial shrink, or -1 */
 
 static int open_whole(int i, struct mmleak_input *in)
 {
-    in->fd = open(g_paths[i], O_RDONLY);
+    const char *p = g_live[i];
+    in->sorted = !strncmp(p, "s:", 2);
+    if (g_partial >= 0 && i == 0) {
+        in->fd = dup(g_partial);
+        lseek(in->fd, 0, SEEK_SET);
+        in->sorted = 1;
+    } else {
+        in->fd = open(in->sorted ? p + 2 : p, O_RDONLY);
+    }
     in->limit = UINT64_MAX;
     in->tail = NULL;
     in->tlen = 0;
     return in->fd < 0 ? -1 : 0;
 }
 
-static int on_open(int i) { return open(g_paths[i], O_RDONLY); }
+static int on_open(int i)
+{
+    const char *p = g_paths[i];
+    return open(!strncmp(p, "s:", 2) ? p + 2 : p, O_RDONLY);
+}
 static int on_header(const char *l, size_t n, int f, uint64_t k)
 { (void)l; (void)n; (void)f; (void)k; return 0; }
 static int on_tick(int a, uint64_t b, uint64_t c, uint64_t d)
@@ -64,10 +83,33 @@ static const char *hex(const char *p, const char *e, uint64_t *v)
 
 int main(int argc, char **argv)
 {
+    int kp = 0;
+    if (argc > 2 && !strcmp(argv[1], "-p")) {
+        kp = atoi(argv[2]);
+        argv += 2;
+        argc -= 2;
+    }
     int n = argc - 1;
     g_paths = argv + 1;
+    g_live = g_paths;
+    int nlive = n;
+    if (kp > 0 && kp <= n) {          /* the first K files' partial shrink, then the rest */
+        int *pid = calloc((size_t)kp + 1, sizeof *pid);
+        uint64_t *pc = calloc((size_t)kp + 1, 4 * sizeof *pc);
+        struct mmleak_shrink_stats ps;
+        for (int i = 0; i < kp; i++)
+            pid[i] = i;
+        g_partial = memfd_create("partial", 0);
+        if (mmleak_shrink((const char *const *)g_paths, pid, kp, g_partial, 0, 0, on_header,
+                          on_tick, on_open, on_problem, pc, &ps) || ps.fatal) {
+            printf("partial shrink failed\n");
+            return 2;
+        }
+        g_live = g_paths + kp - 1;   /* [0]: the partial result */
+        nlive = n - kp + 1;
+    }
     struct mmleak_live lv;
-    int rc = mmleak_live_set(n, open_whole, &lv);
+    int rc = mmleak_live_set(nlive, open_whole, &lv);
     if (rc) {
         printf("live set: %d\n", rc);
         return 2;

@@ -145,7 +145,7 @@ def test_a_merge_stopped_anywhere_loses_and_doubles_nothing(tmp_path, alive, mon
     real_replace, real_remove = mmleak.files.replace, mmleak.compact._remove_dump
     with monkeypatch.context() as m:
         if stop == "write":
-            def replace(path, fill, sync=False):
+            def replace(path, fill, sync=False, guard=None):
                 raise Stop()
             m.setattr(mmleak.files, "replace", replace)
         else:

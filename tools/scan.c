@@ -12,17 +12,20 @@
  * of each kind, definite, indirect, possible, reachable.
  *
  * How (read-only for the target: nothing is written into it):
- *  1. the trace's lock (mmleak.ID.lock, shared, like every reader: no compaction pass
- *     deletes a file under us);
+ *  1. the trace's directory lock, for reading (byte 0 of mmleak.ID.lock: a compaction
+ *     pass holds it for writing only around its renames and deletions; its flock, held for
+ *     the whole pass, is not waited for);
  *  2. every thread seized and stopped (PTRACE_SEIZE + PTRACE_INTERRUPT, listed again until
  *     no new one appears: a stopped thread starts none); their registers;
- *  3. the cut, while they are stopped: the size of each dump file and the lines of its
- *     staging file that it lacks (what a SIGKILL at that moment would leave);
+ *  3. the cut, while they are stopped: every file of the trace opened and held (a pass may
+ *     rename or delete it afterwards), the size of each dump file and the lines of its
+ *     staging file that it lacks (what a SIGKILL at that moment would leave); the lock let
+ *     go;
  *  4. the live set of the cut: the shrink algorithm over exactly those bytes, final, from
  *     each event's address, number, kind and size only (tools/scan_live.c);
  *  5. the roots from /proc/PID/maps and the registers; the marking (an explicit stack, no
  *     recursion), then memcheck's clique pass for the unreached; the memory is read with
- *     process_vm_readv in big chunks;
+ *     process_vm_readv in big chunks (and the heap around a batch of neighbours, ahead);
  *  6. the threads let go (a signal that reached one while we held it is delivered then),
  *     the result written (a hidden temporary file, linked to the first free name).
  * Memory: malloc (never preloaded: mmleak-scan runs without LD_PRELOAD, and the Python side
@@ -82,10 +85,11 @@ static void nap(int *n)
     struct timespec ts = { 0, ns > 1000000 ? 1000000 : ns };
     nanosleep(&ts, NULL);
 }
-/* a file of the cut: its path, size, the .tail lines past it, and its identity (the file
- * checked for type and owner when the cut was taken: the one read later, or none) */
+/* a file of the cut: its path, size, the .tail lines past it, and its descriptor, opened
+ * (and checked for type and owner) when the cut was taken and held until it is read: the
+ * file the cut listed, whatever a compaction pass renames or deletes meanwhile */
 struct cutf { char *path; uint64_t size; char *tail; size_t tlen; int compact, ended;
-              int rank; uint64_t num; dev_t dev; ino_t ino; };
+              int rank; uint64_t num; int fd; };
 struct mapping { uint64_t lo, hi, off; char perm[5]; int heap; const char *path; };
 /* pages [page, page + npages) hold blocks first .. (see page_index); tab: for each page,
  * the number of blocks that start before its end */
@@ -98,7 +102,7 @@ struct scan {
     size_t errlen;
     int failed;
     double when;
-    int lockfd, attached;
+    int lockfd, nolock, attached;
     int glibc;                          /* the allocator traced is glibc's (#alloc) */
     struct thr *th;
     int nth;
@@ -122,6 +126,8 @@ struct scan {
     size_t top;
     char *win;
     uint64_t wlo, whi;
+    char *cw;                           /* the heap around the last batch (drain), CACHE */
+    uint64_t clo, chi, last_a;          /* the range it holds; the last batch's start */
     uint64_t roots[R_KINDS][2], excluded[2], glibc_ex[2];
     uint64_t kinds[4][2];
     uint64_t unreadable;
@@ -618,6 +624,37 @@ static uid_t trace_owner(struct scan *s)
     return u;
 }
 
+/* A lock of byte 0 of the lock file FD, an open file description's (F_OFD_SETLK): TYPE
+ * F_RDLCK, F_WRLCK or F_UNLCK.  0, or -1 (errno). */
+static int dir_lock(int fd, short type)
+{
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = 0;
+    fl.l_len = 1;
+    return fcntl(fd, F_OFD_SETLK, &fl);
+}
+
+static int lock_exists(struct scan *s)
+{
+    char name[300];
+    snprintf(name, sizeof name, "mmleak.%s.lock", s->id);
+    char *p = path_in(s, name);
+    struct stat st;
+    int there = p && !lstat(p, &st);
+    free(p);
+    return there;
+}
+
+/* The trace's directory lock, for reading, while the cut is listed and opened (take_cut):
+ * a compaction pass takes it for writing around each rename of a result or run and each
+ * deletion of what it folded (mmleaklib/compact.py, TraceLock.changing; mmleak-compaction(7)),
+ * so that the files the cut holds are the trace as a kill of that pass at that moment would
+ * leave it.  The pass's own lock (the flock) is not waited for: the files are held open, and
+ * a pass goes on meanwhile.  No lock file: no compactor ever ran (*NOLOCK; take_cut looks
+ * again after the cut). */
 static int take_lock(struct scan *s)
 {
     char name[300];
@@ -625,19 +662,31 @@ static int take_lock(struct scan *s)
     char *p = path_in(s, name);
     struct stat st;
     s->lockfd = p ? open_own(p, trace_owner(s), &st) : -1;
+    int gone = s->lockfd < 0 && errno == ENOENT;
     free(p);
-    if (s->lockfd < 0)
-        return 0;                       /* no compactor ever ran */
+    if (s->lockfd < 0) {
+        s->nolock = gone;
+        return gone ? 0 : say(s, "cannot open the trace's lock file: %s", strerror(errno));
+    }
     int64_t until = mono_ns() + 30 * 1000000000LL;
-    while (flock(s->lockfd, LOCK_SH | LOCK_NB)) {
-        if (errno != EWOULDBLOCK && errno != EINTR)
-            return 0;
+    while (dir_lock(s->lockfd, F_RDLCK)) {
+        if (errno != EAGAIN && errno != EACCES && errno != EINTR)
+            return say(s, "cannot lock the trace's lock file: %s", strerror(errno));
         if (mono_ns() > until)
-            return say(s, "the trace's lock is held by a compaction pass for 30 s");
-        struct timespec ts = { 0, 2000000 };
+            return say(s, "the trace's directory lock is held by a compaction pass for 30 s");
+        struct timespec ts = { 0, 1000000 };
         nanosleep(&ts, NULL);
     }
     return 0;
+}
+
+static void drop_lock(struct scan *s)
+{
+    if (s->lockfd >= 0) {
+        dir_lock(s->lockfd, F_UNLCK);
+        close(s->lockfd);
+        s->lockfd = -1;
+    }
 }
 
 /* The lines of the staging file TFD (its bytes BUF, N) that its .out (HAVE bytes) lacks,
@@ -683,6 +732,20 @@ static size_t tail_lines(char *buf, size_t n, uint64_t have)
     return w;
 }
 
+static void free_cut(struct scan *s)
+{
+    for (int i = 0; i < s->ncf; i++) {
+        free(s->cf[i].path);
+        free(s->cf[i].tail);
+        if (s->cf[i].fd >= 0)
+            close(s->cf[i].fd);
+    }
+    free(s->cf);
+    s->cf = NULL;
+    s->ncf = 0;
+    s->open_files = 0;
+}
+
 static void free_names(char **names, int n)
 {
     for (int i = 0; i < n; i++)
@@ -713,8 +776,13 @@ static int take_cut(struct scan *s)
         struct stat st;
         int fd = p ? open_own(p, owner, &st) : -1;
         if (fd < 0) {
+            int why = p ? errno : ENOMEM;
             free(p);
-            continue;
+            if (why == ENOENT || why == EPERM || why == ELOOP || why == EACCES)
+                continue;               /* gone, or not the trace's file: not read */
+            closedir(d);
+            free_names(folded, nfolded);
+            return say(s, "cannot open %s in %s: %s", e->d_name, s->dir, strerror(why));
         }
         struct cutf *n = realloc(s->cf, (size_t)(s->ncf + 1) * sizeof *n);
         if (!n || (compact && read_folded(fd, s->id, &folded, &nfolded))) {
@@ -734,14 +802,11 @@ static int take_cut(struct scan *s)
         c->rank = rank;
         c->num = num;
         c->size = (uint64_t)st.st_size;
-        c->dev = st.st_dev;
-        c->ino = st.st_ino;
+        c->fd = fd;
         char end[5];
-        int ended = c->size >= 5 && pread(fd, end, 5, (off_t)c->size - 5) == 5 &&
-                    !memcmp(end, "#end\n", 5);
-        close(fd);
-        c->ended = ended;
-        if (compact || ended)
+        c->ended = c->size >= 5 && pread(fd, end, 5, (off_t)c->size - 5) == 5 &&
+                   !memcmp(end, "#end\n", 5);
+        if (compact || c->ended)
             continue;
         char *tp;
         if (asprintf(&tp, "%.*s.tail", (int)(strlen(p) - 4), p) < 0)
@@ -769,6 +834,7 @@ static int take_cut(struct scan *s)
         if (gone) {
             free(c->path);
             free(c->tail);
+            close(c->fd);
             continue;
         }
         if (!c->compact && !c->ended)
@@ -776,6 +842,10 @@ static int take_cut(struct scan *s)
         s->cf[k++] = *c;
     }
     s->ncf = k;
+    if (unlikely(g_debug > 0))
+        for (int i = 0; i < k; i++)
+            fprintf(stderr, "mmleak-scan: cut %s: %llu bytes and %zu of its staging file\n",
+                    s->cf[i].path, (unsigned long long)s->cf[i].size, s->cf[i].tlen);
     free_names(folded, nfolded);
     qsort(s->cf, (size_t)s->ncf, sizeof *s->cf, cut_order);
     if (!s->ncf)
@@ -791,24 +861,21 @@ static int take_cut(struct scan *s)
 static struct scan *g_s;                /* for the engine's callbacks (one scan at a time) */
 static pthread_mutex_t g_scan_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Input I of the live set: the file as it was at the cut, its first SIZE bytes followed by
- * its staging lines (a line may begin in one and end in the other), read in place. */
+/* Input I of the live set: the file held since the cut, its first SIZE bytes followed by
+ * its staging lines (a line may begin in one and end in the other), read in place (the
+ * engine closes it); a result or run is sorted (its lines in address order). */
 static int cut_input(int i, struct mmleak_input *in)
 {
     struct scan *s = g_s;
     struct cutf *c = &s->cf[i];
-    int fd = open(c->path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0)
+    if (c->fd < 0)
         return -1;
-    struct stat st;
-    if (fstat(fd, &st) || st.st_dev != c->dev || st.st_ino != c->ino) {
-        close(fd);          /* replaced since the cut: not the file checked then */
-        return -1;
-    }
-    in->fd = fd;
+    in->fd = c->fd;
+    c->fd = -1;
     in->limit = c->size;
     in->tail = c->tail;
     in->tlen = c->tlen;
+    in->sorted = c->compact;
     return 0;
 }
 
@@ -1216,6 +1283,7 @@ static void scan_block(struct scan *s, size_t i, int prior, ssize_t clique)
  * the set its leader reaches. */
 #define IOV_BATCH 1024
 #define GAP 64
+#define CACHE ((size_t)1 << 20)
 static void sort_batch(uint32_t *b, size_t n)
 {
     size_t k = 1;
@@ -1296,16 +1364,55 @@ static void drain(struct scan *s, ssize_t clique)
             }
             end = b;
         }
-        struct iovec l = { s->win, off };
-        ssize_t got = process_vm_readv(s->rpid, &l, 1, riov, nr, 0);
-        if (got < 0 && errno == ESRCH)
-            s->vanished = 1;
+        /* a batch that is one range (the nodes of lists allocated in a row): the heap
+         * around it, CACHE bytes in one read, which the next batches, nearby, take from
+         * (the process is stopped, or a snapshot: its memory does not change); ahead in
+         * the direction the batches go */
+        uint64_t a0 = (uint64_t)riov[0].iov_base;
+        uint64_t bn = (uint64_t)riov[nr - 1].iov_base + riov[nr - 1].iov_len;
+        int cached = s->cw && a0 >= s->clo && bn <= s->chi;
+        if (!cached && s->cw && nr == 1 && bn - a0 <= CACHE / 4) {
+            const struct mapping *m = mapping_at(s, a0);
+            if (m && bn <= m->hi) {
+                uint64_t lo, hi;
+                if (a0 < s->last_a) {           /* going down: the window ends with it */
+                    hi = (bn + 4095) & ~4095ull;
+                    hi = hi > m->hi ? m->hi : hi;
+                    lo = hi - m->lo > CACHE ? hi - CACHE : m->lo;
+                } else {                        /* up, or first: from it, or around it */
+                    lo = a0 > s->last_a ? a0 : a0 - (a0 - m->lo < CACHE / 2 ? a0 - m->lo :
+                                                     CACHE / 2);
+                    lo = lo & ~4095ull;
+                    lo = lo < m->lo ? m->lo : lo;
+                    hi = m->hi - lo < CACHE ? m->hi : lo + CACHE;
+                }
+                struct iovec cl = { s->cw, (size_t)(hi - lo) }, cr = { (void *)lo, cl.iov_len };
+                s->clo = s->chi = 0;
+                if (lo <= a0 && bn <= hi &&
+                    process_vm_readv(s->rpid, &cl, 1, &cr, 1, 0) == (ssize_t)cl.iov_len) {
+                    s->clo = lo;
+                    s->chi = hi;
+                    cached = 1;
+                }
+            }
+        }
+        s->last_a = a0;
+        ssize_t got = -1;
+        if (!cached) {
+            struct iovec l = { s->win, off };
+            got = process_vm_readv(s->rpid, &l, 1, riov, nr, 0);
+            if (got < 0 && errno == ESRCH)
+                s->vanished = 1;
+        }
         for (size_t k = 0; k < n; k++) {
             size_t i = batch[k];
             uint64_t a = (s->bp[i] + 7) & ~7ull, b = (s->bp[i] + s->bs[i]) & ~7ull;
             size_t len = (size_t)(b - a);
             int prior = clique >= 0 || s->st[i] != POSSIBLE;
-            if (got >= 0 && boff[k] + len <= (size_t)got) {
+            if (cached) {
+                scan_words(s, (const uint64_t *)(s->cw + (a - s->clo)), len / 8, prior,
+                           clique, a);
+            } else if (got >= 0 && boff[k] + len <= (size_t)got) {
                 scan_words(s, (const uint64_t *)(s->win + boff[k]), len / 8, prior, clique,
                            a);
             } else {                    /* not read (a page gone?): on its own, then */
@@ -1839,13 +1946,8 @@ static int write_result(struct scan *s, char *out, size_t outlen)
 static void release(struct scan *s)
 {
     let_go(s);
-    if (s->lockfd >= 0)
-        close(s->lockfd);
-    for (int i = 0; i < s->ncf; i++) {
-        free(s->cf[i].path);
-        free(s->cf[i].tail);
-    }
-    free(s->cf);
+    drop_lock(s);
+    free_cut(s);
     free(s->th);
     free(s->bp); free(s->bs); free(s->bq); free(s->st); free(s->pend); free(s->stack);
     free(s->rg); free(s->ptab);
@@ -1857,6 +1959,8 @@ static void release(struct scan *s)
     free(s->pm);
     if (s->win)
         munmap(s->win, WINDOW);
+    if (s->cw)
+        munmap(s->cw, CACHE);
 }
 
 static int valid_id(const char *id)
@@ -1908,6 +2012,9 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
     gettimeofday(&tv, NULL);
     s.when = (double)tv.tv_sec + tv.tv_usec / 1e6;
     s.win = mmap(NULL, WINDOW, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    s.cw = mmap(NULL, CACHE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (s.cw == MAP_FAILED)
+        s.cw = NULL;                    /* (the batches are read as they come) */
     if (s.win == MAP_FAILED) {
         s.win = NULL;
         say(&s, "out of memory");
@@ -1924,7 +2031,16 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
         gettimeofday(&tv, NULL);
         s.when = (double)tv.tv_sec + tv.tv_usec / 1e6;
         take_cut(&s);
+        /* no lock file before the cut, one now: a first compaction pass began meanwhile
+         * and may have changed what the cut listed: again, under its lock */
+        if (!s.failed && s.nolock && lock_exists(&s)) {
+            free_cut(&s);
+            s.nolock = 0;
+            if (!take_lock(&s))
+                take_cut(&s);
+        }
     }
+    drop_lock(&s);
     step_time("cut", &tstep);
     s.rpid = pid;
     /* on demand: a copy, so that the process goes on while the scan reads */

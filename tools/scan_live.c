@@ -13,11 +13,26 @@
  * one either when its pointer has fewer than 12 digits (its start was lost); a line longer
  * than MMLEAK_LINE_MAX, and a last line without its newline, are not events; an event seen
  * twice counts once.  What the scan does not need is not kept: no line, no stack, no time;
- * nothing is written; only the live blocks are sorted.  A table entry per address whose
- * state is open (40 bytes and 4 to 8 of index), as the shrink engine's, less its lines.
+ * nothing is written.
  *
- * OPEN_INPUT(i, in): input I (scan_live.h: a descriptor, how much of it, lines after it),
- * 0; -1 when it cannot be read.
+ * How, without a hash table (whose probe, a cache miss per line, was most of the time):
+ * the states are kept in an array sorted by address (S: per address its state, one event
+ * or a hull), and the events are merged into it in batches.
+ *  - A sorted input (a compacted result or run, whose lines come in address order) read
+ *    while S is empty goes straight into it, each line folded into the last state or
+ *    appended (from the first line out of order on, the rest goes to the batch).
+ *  - Every other event goes to the batch (BATCH events, or half of S if more), in the
+ *    order read; a full batch is sorted by address (a stable radix sort, skipped when the
+ *    events came in order: an address's events keep their order) and merged into S in
+ *    place, each address's events applied to its state in that order (slot_event).
+ *  So every address's events are applied in the order the inputs give them, as the shrink
+ *  engine's table applies them: the same states, wherever the batches end.  Memory: S (40
+ *  bytes a state, as many as the shrink engine keeps) and the batch with its sort's copy
+ *  (64 bytes an event).  At the end, the live blocks are S's states whose high end is an
+ *  allocation, in address order.
+ *
+ * OPEN_INPUT(i, in): input I (scan_live.h: a descriptor, how much of it, lines after it,
+ * whether it is sorted), 0; -1 when it cannot be read.
  * Returns 0; -1 out of memory; -2 an input could not be read.  OUT's arrays are malloc'ed
  * (NULL when there is no block). */
 #define _GNU_SOURCE
@@ -36,25 +51,38 @@
 
 #define LINE_MAX_BYTES ((size_t)MMLEAK_LINE_MAX)
 #define READ_CHUNK ((size_t)1 << 20)
+#ifndef SCAN_LIVE_BATCH                 /* (tests/test_scan.py builds it small) */
+#define SCAN_LIVE_BATCH ((size_t)1 << 20)
+#endif
+#define BATCH ((size_t)SCAN_LIVE_BATCH)  /* events sorted at once (32 MiB), or S / 2 */
 
+/* An address's state: one event (s0, k0), or a hull (s0, k0)..(s1, k1); SIZE: the
+ * allocation's at the high end (or the single one). */
 struct slot {
-    uint64_t key, s0, s1;    /* single: s0; hull: low end s0, high end s1 */
-    uint64_t size;           /* the allocation's at the high end (or the single one) */
+    uint64_t s0, s1, size;
     uint8_t k0, k1, hull;
 };
 
-/* The entries, dense (appended; a deleted one is replaced by the last), and an index over
- * them, open addressing of 4-byte entry numbers: a probe touches the small index, not the
- * entries, and the entries grow in place (as tools/shrink.c's table). */
-struct tab {
-    struct slot *e;          /* count entries, room for cap */
-    uint32_t *ix;            /* 0: empty, else 1 + the entry's number */
-    size_t mask, count, cap, e_bytes, ix_bytes;
-    int bits;
+/* An event: its address (KEY), number, size (an allocation's) and kind. */
+struct ev { uint64_t key, seq, size; uint32_t kind; };
+struct evs {                /* an array of events in mapped memory (grows in place) */
+    struct ev *v;
+    size_t n, cap, bytes;
+};
+
+/* An address's state in S. */
+struct st { uint64_t key; struct slot e; };
+struct states {             /* S: sorted by address, one state per address */
+    struct st *v;
+    size_t n, cap, bytes;
 };
 
 struct feed {
-    struct tab t;
+    struct states S;
+    struct evs batch, spare;    /* the batch, and its sort's copy (kept from batch to batch) */
+    size_t bcap;            /* the batch's events before it is merged */
+    int direct;             /* the input being read goes straight into S */
+    int unsorted;           /* the batch's events are not all in address order */
     int attached, glibc, oom;
 };
 
@@ -66,126 +94,61 @@ static inline int parse_event(const char *p, uint64_t *ptr, uint64_t *seq, uint6
     return event_fields(p, ptr, seq, size, &tm);
 }
 
-static inline size_t home(const struct tab *t, uint64_t key)
-{
-    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> (64 - t->bits));
-}
-
 static void *map_mem(size_t n)
 {
     void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
+    if (p == MAP_FAILED)
+        return NULL;
+    if (n >= ((size_t)2 << 20))
+        madvise(p, n, MADV_HUGEPAGE);   /* fewer faults (a hint: "never" ignores it) */
+    return p;
 }
 
-/* An index of 2^BITS slots over the entries. */
-static int index_init(struct tab *t, int bits)
+static void evs_free(struct evs *a)
 {
-    size_t n = (size_t)1 << bits;
-    uint32_t *ix = map_mem(n * sizeof *ix);
-    if (!ix)
+    if (a->v)
+        munmap(a->v, a->bytes);
+    memset(a, 0, sizeof *a);
+}
+
+/* Room for N more events in A.  0, or -1. */
+static int evs_room(struct evs *a, size_t n)
+{
+    if (a->n + n <= a->cap)
+        return 0;
+    size_t nb = a->bytes ? a->bytes : (size_t)1 << 20;
+    while (nb / sizeof *a->v < a->n + n)
+        nb *= 2;
+    void *p = a->v ? mremap(a->v, a->bytes, nb, MREMAP_MAYMOVE) : map_mem(nb);
+    if (!p || p == MAP_FAILED)
         return -1;
-    if (t->ix)
-        munmap(t->ix, t->ix_bytes);
-    t->ix = ix;
-    t->ix_bytes = n * sizeof *ix;
-    t->mask = n - 1;
-    t->bits = bits;
-    for (size_t d = 0; d < t->count; d++) {
-        size_t j = home(t, t->e[d].key);
-        while (t->ix[j])
-            j = (j + 1) & t->mask;
-        t->ix[j] = (uint32_t)(d + 1);
-    }
+    if (nb >= ((size_t)2 << 20))
+        madvise(p, nb, MADV_HUGEPAGE);
+    a->v = p;
+    a->bytes = nb;
+    a->cap = nb / sizeof *a->v;
     return 0;
 }
 
-static int tab_init(struct tab *t, int bits)
+/* An address's state E (*HAVE: 0, none; then E is set) after the event S, KIND, SIZE: the
+ * shrink algorithm's update (tools/shrink.c's event(), without the lines); *HAVE becomes 0
+ * when the state cancels. */
+static inline void slot_event(struct slot *e, int *have, uint64_t s, int kind, uint64_t size)
 {
-    memset(t, 0, sizeof *t);
-    t->cap = (size_t)1 << (bits - 1);
-    t->e_bytes = t->cap * sizeof(struct slot);
-    t->e = map_mem(t->e_bytes);
-    return t->e ? index_init(t, bits) : -1;
-}
-
-/* Room for one more entry: the entries grow in place, the index at 70 % load. */
-static int tab_room(struct tab *t)
-{
-    if (t->count == t->cap) {
-        if (t->cap >= UINT32_MAX / 2)
-            return -1;
-        void *p = mremap(t->e, t->e_bytes, t->e_bytes * 2, MREMAP_MAYMOVE);
-        if (p == MAP_FAILED)
-            return -1;
-        t->e = p;
-        t->e_bytes *= 2;
-        t->cap *= 2;
-    }
-    if ((t->count + 1) * 10 > (t->mask + 1) * 7)
-        return index_init(t, t->bits + 1);
-    return 0;
-}
-
-/* Delete the entry of index slot I: backward-shift deletion in the index (no tombstones),
- * then the last entry moves into the hole. */
-static void tab_del(struct tab *t, size_t i)
-{
-    size_t d = t->ix[i] - 1, j = i;
-    for (;;) {
-        j = (j + 1) & t->mask;
-        if (!t->ix[j])
-            break;
-        size_t h = home(t, t->e[t->ix[j] - 1].key);
-        if (((j - h) & t->mask) >= ((j - i) & t->mask)) {
-            t->ix[i] = t->ix[j];
-            i = j;
-        }
-    }
-    t->ix[i] = 0;
-    size_t last = --t->count;
-    if (d != last) {
-        t->e[d] = t->e[last];
-        size_t k = home(t, t->e[d].key);
-        while (t->ix[k] != last + 1)
-            k = (k + 1) & t->mask;
-        t->ix[k] = (uint32_t)(d + 1);
-    }
-}
-
-/* The state update (tools/shrink.c's event(), without the lines). */
-static inline void event(struct feed *f, uint64_t key, uint64_t s, int kind, uint64_t size)
-{
-    struct tab *t = &f->t;
-    size_t i = home(t, key);
-    uint32_t x;
-    while ((x = t->ix[i]) && t->e[x - 1].key != key)
-        i = (i + 1) & t->mask;
-    if (!x) {
-        if (unlikely(t->count == t->cap || (t->count + 1) * 10 > (t->mask + 1) * 7)) {
-            if (tab_room(t)) {
-                f->oom = 1;
-                return;
-            }
-            i = home(t, key);           /* the index may be new */
-            while (t->ix[i])
-                i = (i + 1) & t->mask;
-        }
-        struct slot *e = &t->e[t->count];
-        e->key = key;
+    if (!*have) {
         e->s0 = s;
         e->k0 = (uint8_t)kind;
         e->hull = 0;
         e->size = size;
-        t->ix[i] = (uint32_t)++t->count;
+        *have = 1;
         return;
     }
-    struct slot *e = &t->e[x - 1];
     if (!e->hull) {
         if (e->s0 == s)
             return;                     /* seen twice */
         if (e->s0 < s) {                /* old is the low end */
             if ((e->k0 & 1) && !(kind & 1) && s == e->s0 + 1) {
-                tab_del(t, i);
+                *have = 0;
                 return;
             }
             e->s1 = s;
@@ -193,7 +156,7 @@ static inline void event(struct feed *f, uint64_t key, uint64_t s, int kind, uin
             e->size = size;
         } else {                        /* old is the high end */
             if ((kind & 1) && !(e->k0 & 1) && e->s0 == s + 1) {
-                tab_del(t, i);
+                *have = 0;
                 return;
             }
             e->s1 = e->s0;
@@ -212,6 +175,165 @@ static inline void event(struct feed *f, uint64_t key, uint64_t s, int kind, uin
         e->k1 = (uint8_t)kind;
         e->size = size;
     }
+}
+
+/* V (N events) by address, stable (an address's events keep their order): a radix sort
+ * over the bits in which the addresses differ only (a heap's: its low 4 bits are all 0, its
+ * high ones all the same), at most 16 of them a pass, through SPARE (room for N more, kept
+ * for the next sort).  0, or -1 (out
+ * of memory). */
+static int sort_ev(struct ev *v, size_t n, struct evs *spare)
+{
+    uint64_t diff = 0;
+    for (size_t i = 1; i < n; i++)
+        diff |= v[i].key ^ v[0].key;
+    if (n < 2 || !diff)
+        return 0;
+    int lo = __builtin_ctzll(diff), bits = 64 - __builtin_clzll(diff) - lo;
+    int passes = (bits + 15) / 16, width = (bits + passes - 1) / passes;
+    size_t buckets = (size_t)1 << width, mask = buckets - 1;
+    if (evs_room(spare, n))
+        return -1;
+    struct ev *tmp = spare->v;
+    size_t *count = malloc(buckets * sizeof *count);
+    if (!count)
+        return -1;
+    struct ev *from = v, *to = tmp;
+    for (int p = 0; p < passes; p++) {
+        int shift = lo + p * width;
+        memset(count, 0, buckets * sizeof *count);
+        for (size_t i = 0; i < n; i++)
+            count[(from[i].key >> shift) & mask]++;
+        size_t at = 0;
+        for (size_t d = 0; d < buckets; d++) {
+            size_t c = count[d];
+            count[d] = at;
+            at += c;
+        }
+        for (size_t i = 0; i < n; i++)
+            to[count[(from[i].key >> shift) & mask]++] = from[i];
+        struct ev *t = from;
+        from = to;
+        to = t;
+    }
+    if (from != v)
+        memcpy(v, from, n * sizeof *v);
+    free(count);
+    return 0;
+}
+
+/* Room for N states in S.  0, or -1. */
+static int states_room(struct states *S, size_t n)
+{
+    if (n <= S->cap)
+        return 0;
+    size_t nb = S->bytes ? S->bytes : (size_t)1 << 20;
+    while (nb / sizeof *S->v < n)
+        nb *= 2;
+    void *p = S->v ? mremap(S->v, S->bytes, nb, MREMAP_MAYMOVE) : map_mem(nb);
+    if (!p || p == MAP_FAILED)
+        return -1;
+    if (nb >= ((size_t)2 << 20))
+        madvise(p, nb, MADV_HUGEPAGE);
+    S->v = p;
+    S->bytes = nb;
+    S->cap = nb / sizeof *S->v;
+    return 0;
+}
+
+/* The batch, sorted by address if it is not, merged into S in place: S's states moved to
+ * the end of its room for both, then merged from the front (what is written never
+ * overtakes what is still to read: at most one state per address of the batch).  0, or -1
+ * (out of memory). */
+static int flush(struct feed *f)
+{
+    struct evs *b = &f->batch;
+    struct states *S = &f->S;
+    size_t m = b->n, n = S->n;
+    if (!m)
+        return 0;
+    if ((f->unsorted && sort_ev(b->v, m, &f->spare)) || states_room(S, n + m))
+        return -1;
+    memmove(S->v + m, S->v, n * sizeof *S->v);
+    struct st *w = S->v, *rd = S->v + m, *rend = rd + n;
+    const struct ev *p = b->v, *pend = p + m;
+    while (p < pend) {
+        if (rd < rend && rd->key < p->key) {
+            *w++ = *rd++;
+            continue;
+        }
+        uint64_t key = p->key;
+        struct slot e = { 0 };
+        int have = 0;
+        if (rd < rend && rd->key == key) {
+            e = rd->e;
+            have = 1;
+            rd++;
+        }
+        for (; p < pend && p->key == key; p++)
+            slot_event(&e, &have, p->seq, (int)p->kind, p->size);
+        if (have) {
+            w->key = key;
+            w->e = e;
+            w++;
+        }
+    }
+    if (w != rd)
+        memmove(w, rd, (size_t)(rend - rd) * sizeof *w);
+    S->n = (size_t)(w - S->v) + (size_t)(rend - rd);
+    b->n = 0;
+    f->unsorted = 0;
+    f->bcap = S->n / 2 > BATCH ? S->n / 2 : BATCH;
+    return 0;
+}
+
+/* An event for the batch. */
+static inline void batch_event(struct feed *f, uint64_t key, uint64_t s, int kind,
+                               uint64_t size)
+{
+    struct evs *b = &f->batch;
+    if (unlikely(b->n >= f->bcap) && flush(f)) {
+        f->oom = 1;
+        return;
+    }
+    if (unlikely(b->n == b->cap) && evs_room(b, b->cap ? b->cap : BATCH)) {
+        f->oom = 1;
+        return;
+    }
+    if (b->n && key < b->v[b->n - 1].key)
+        f->unsorted = 1;
+    b->v[b->n++] = (struct ev){ key, s, size, (uint32_t)kind };
+}
+
+/* An event of a sorted input read into S directly (S held nothing before it): folded into
+ * the last state, or a new one after it; from one out of order on, the batch's. */
+static inline void direct_event(struct feed *f, uint64_t key, uint64_t s, int kind,
+                                uint64_t size)
+{
+    struct states *S = &f->S;
+    if (likely(S->n)) {
+        struct st *last = &S->v[S->n - 1];
+        if (unlikely(key < last->key)) {
+            f->direct = 0;
+            batch_event(f, key, s, kind, size);
+            return;
+        }
+        if (key == last->key) {
+            int have = 1;
+            slot_event(&last->e, &have, s, kind, size);
+            if (!have)
+                S->n--;
+            return;
+        }
+    }
+    if (unlikely(S->n == S->cap) && states_room(S, S->cap ? S->cap * 2 : 1)) {
+        f->oom = 1;
+        return;
+    }
+    struct st *x = &S->v[S->n++];
+    int have = 0;
+    x->key = key;
+    slot_event(&x->e, &have, s, kind, size);
 }
 
 #if defined(__x86_64__)
@@ -340,7 +462,10 @@ static inline void one_line(struct feed *f, const char *p, size_t n)
     int kind = parse_event(p, &key, &s, &size);
 #endif
     if (likely(kind >= 0)) {
-        event(f, key, s, kind, size);
+        if (f->direct)
+            direct_event(f, key, s, kind, size);
+        else
+            batch_event(f, key, s, kind, size);
         return;
     }
     if (p[0] != '#')
@@ -462,120 +587,66 @@ static int feed_input(struct feed *f, struct mmleak_input *in, char *buf)
     return 0;
 }
 
-struct live { uint64_t ptr, seq, size; };
-
-static int cmp_live(const void *a, const void *b)
-{
-    uint64_t x = ((const struct live *)a)->ptr, y = ((const struct live *)b)->ptr;
-    return x < y ? -1 : x > y;
-}
-
-/* V (N blocks, distinct addresses) in address order: qsort for a few, else a radix sort,
- * 16 bits of the address a pass (3 passes for user-space addresses), through a second array
- * (qsort's comparisons were a tenth of a scan of a million blocks). */
-static void sort_live(struct live *v, size_t n)
-{
-    uint64_t top = 0;
-    for (size_t i = 0; i < n; i++)
-        top |= v[i].ptr;
-    struct live *tmp = n >= 65536 ? malloc(n * sizeof *v) : NULL;
-    size_t *count = tmp ? calloc(65536, sizeof *count) : NULL;
-    if (!count) {
-        free(tmp);
-        qsort(v, n, sizeof *v, cmp_live);
-        return;
-    }
-    struct live *from = v, *to = tmp;
-    for (int shift = 0; shift < 64 && (top >> shift); shift += 16) {
-        memset(count, 0, 65536 * sizeof *count);
-        for (size_t i = 0; i < n; i++)
-            count[(from[i].ptr >> shift) & 0xFFFF]++;
-        size_t at = 0;
-        for (size_t d = 0; d < 65536; d++) {
-            size_t c = count[d];
-            count[d] = at;
-            at += c;
-        }
-        for (size_t i = 0; i < n; i++)
-            to[count[(from[i].ptr >> shift) & 0xFFFF]++] = from[i];
-        struct live *t = from;
-        from = to;
-        to = t;
-    }
-    if (from != v)
-        memcpy(v, from, n * sizeof *v);
-    free(count);
-    free(tmp);
-}
-
 int mmleak_live_set(int nfiles, int (*open_input)(int, struct mmleak_input *),
                     struct mmleak_live *out)
 {
     memset(out, 0, sizeof *out);
     struct feed f;
     memset(&f, 0, sizeof f);
+    f.bcap = BATCH;
     size_t buf_bytes = LINE_MAX_BYTES + READ_CHUNK + 1 + 2 * SLACK;
     char *base = mmap(NULL, buf_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                       -1, 0);
-    if (base == MAP_FAILED || tab_init(&f.t, 12)) {
-        if (base != MAP_FAILED)
-            munmap(base, buf_bytes);
-        if (f.t.e)
-            munmap(f.t.e, f.t.e_bytes);
+    if (base == MAP_FAILED)
         return -1;
-    }
     char *buf = base + SLACK;
     int rc = 0;
     for (int i = 0; i < nfiles && !f.oom && !rc; i++) {
         struct mmleak_input in;
+        memset(&in, 0, sizeof in);
         if (open_input(i, &in)) {
             rc = -2;
             break;
         }
+        f.direct = in.sorted && !f.S.n && !f.batch.n;
         if (feed_input(&f, &in, buf))
             rc = -2;
+        f.direct = 0;
         close(in.fd);
     }
     munmap(base, buf_bytes);
-    if (f.oom)
+    if (!rc && !f.oom && flush(&f))
+        f.oom = 1;
+    evs_free(&f.batch);
+    evs_free(&f.spare);
+    if (f.oom && !rc)
         rc = -1;
-    struct live *v = NULL;
     size_t n = 0;
+    for (size_t i = 0; !rc && i < f.S.n; i++)
+        n += (!f.S.v[i].e.hull ? f.S.v[i].e.k0 : f.S.v[i].e.k1) == K_ALLOC;
     if (!rc) {
-        v = malloc((f.t.count + 1) * sizeof *v);
-        if (!v)
+        out->ptr = malloc((n + 1) * 8);
+        out->size = malloc((n + 1) * 8);
+        out->seq = malloc((n + 1) * 8);
+        if (!out->ptr || !out->size || !out->seq)
             rc = -1;
     }
-    for (size_t i = 0; !rc && i < f.t.count; i++) {
-        const struct slot *e = &f.t.e[i];
-        if (!e->hull && e->k0 == K_ALLOC)
-            v[n++] = (struct live){ e->key, e->s0, e->size };
-        else if (e->hull && e->k1 == K_ALLOC)
-            v[n++] = (struct live){ e->key, e->s1, e->size };
+    for (size_t i = 0; !rc && i < f.S.n; i++) {
+        const struct st *x = &f.S.v[i];
+        if ((!x->e.hull ? x->e.k0 : x->e.k1) == K_ALLOC) {
+            out->ptr[out->n] = x->key;
+            out->seq[out->n] = x->e.hull ? x->e.s1 : x->e.s0;
+            out->size[out->n] = x->e.size;
+            out->n++;
+        }
     }
-    munmap(f.t.e, f.t.e_bytes);
-    munmap(f.t.ix, f.t.ix_bytes);
+    if (f.S.v)
+        munmap(f.S.v, f.S.bytes);
     if (rc) {
-        free(v);
-        return rc;
-    }
-    sort_live(v, n);
-    out->ptr = malloc((n + 1) * 8);
-    out->size = malloc((n + 1) * 8);
-    out->seq = malloc((n + 1) * 8);
-    if (!out->ptr || !out->size || !out->seq) {
-        free(v);
         free(out->ptr); free(out->size); free(out->seq);
         memset(out, 0, sizeof *out);
-        return -1;
+        return rc;
     }
-    for (size_t i = 0; i < n; i++) {
-        out->ptr[i] = v[i].ptr;
-        out->size[i] = v[i].size;
-        out->seq[i] = v[i].seq;
-    }
-    free(v);
-    out->n = n;
     out->attached = f.attached;
     out->glibc = f.glibc;
     return 0;

@@ -13,12 +13,16 @@ struct mmleak_live {
 };
 
 /* An input: the first LIMIT bytes of FD (closed by mmleak_live_set), then TLEN bytes at TAIL
- * (taken only when FD had all LIMIT bytes: they follow them). */
+ * (taken only when FD had all LIMIT bytes: they follow them).  SORTED: a compacted result
+ * or run (mmleak-compaction(7)), whose event lines come in address order: read into an
+ * array and merged, without the table (one out of order, and it goes through the table
+ * like any other input). */
 struct mmleak_input {
     int fd;
     uint64_t limit;
     const char *tail;
     size_t tlen;
+    int sorted;
 };
 
 int mmleak_live_set(int nfiles, int (*open_input)(int, struct mmleak_input *),

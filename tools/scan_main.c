@@ -59,6 +59,11 @@ int main(int argc, char **argv)
         rl.rlim_cur = rl.rlim_max;
         setrlimit(RLIMIT_AS, &rl);
     }
+    /* the files of the cut are held open until read: as many as the hard limit allows */
+    if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur != rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
     /* MMLEAK_SCAN_SECS: its default and range are mmleaklib/facts.py's (facts.h) */
 #define SECS_ROW(NAME, ENV, TYPE, DEF, MIN, MAX, HELP) \
     if (!strcmp(ENV, "MMLEAK_SCAN_SECS")) { dflt = DEF; lo = MIN; hi = MAX; }

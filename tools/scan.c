@@ -58,22 +58,13 @@
 #include "../tracer/compiler.h"
 #include "../tracer/procstatus.h"
 
-#include "scan_roots.h"
+#include "scan_int.h"
 #include "scan_live.h"
-
-enum { DEFINITE = 0, INDIRECT = 1, POSSIBLE = 2, REACHABLE = 3, UNREACHED = 4 };
-static const char *const KIND_NAME[] = { "definite", "indirect", "possible", "reachable" };
-/* what the roots were (the "#roots" lines), and what was left out ("#excluded") */
-enum { R_OBJECT, R_ANON, R_STACK, R_REGISTER, R_TLS, R_UNTRACED, R_FILE, R_KINDS };
-static const char *const ROOT_NAME[] = { "object", "anon", "stack", "register", "tls",
-                                         "untraced-heap", "file" };
 
 #define REDZONE 128                     /* below the stack pointer (x86-64 ABI) */
 #define WINDOW ((size_t)4 << 20)        /* block contents are read this much at a time */
 #define TAIL_MAX ((size_t)1 << 30)      /* a staging file bigger than this is not one */
 #define STOP_NS 5000000000LL            /* a thread must stop within this */
-
-struct thr { int tid, sig, stopped, naps; struct user_regs_struct regs; };
 
 /* A wait for a thread to stop: 10 us, doubling up to 1 ms (most stop within microseconds;
  * the stall of a scan on demand is mostly these waits). */
@@ -85,67 +76,6 @@ static void nap(int *n)
     struct timespec ts = { 0, ns > 1000000 ? 1000000 : ns };
     nanosleep(&ts, NULL);
 }
-/* a file of the cut: its path, size, the .tail lines past it, and its descriptor, opened
- * (and checked for type and owner) when the cut was taken and held until it is read: the
- * file the cut listed, whatever a compaction pass renames or deletes meanwhile */
-struct cutf { char *path; uint64_t size; char *tail; size_t tlen; int compact, ended;
-              int rank; uint64_t num; int fd; };
-struct mapping { uint64_t lo, hi, off; char perm[5]; int heap; const char *path; };
-/* pages [page, page + npages) hold blocks first .. (see page_index); tab: for each page,
- * the number of blocks that start before its end */
-struct region { uint64_t page; size_t npages, first; uint32_t *tab; };
-
-struct scan {
-    int pid;
-    const char *dir, *id, *why;
-    char *err;
-    size_t errlen;
-    int failed;
-    double when;
-    int lockfd, nolock, attached;
-    int glibc;                          /* the allocator traced is glibc's (#alloc) */
-    struct thr *th;
-    int nth;
-    struct cutf *cf;
-    int ncf;
-    /* the live blocks, sorted by address */
-    uint64_t *bp, *bs, *bq;
-    uint8_t *st, *pend;
-    size_t nb;
-    uint64_t lo, hi;
-    /* where a word points: the pages the blocks cover, in regions (see page_index) */
-    struct region *rg;
-    size_t nrg;
-    uint32_t *ptab;
-    /* the memory map */
-    char *mapsbuf;
-    struct mapping *mp;
-    size_t nmp;
-    /* marking */
-    uint32_t *stack;
-    size_t top;
-    char *win;
-    uint64_t wlo, whi;
-    char *cw;                           /* the heap around the last batch (drain), CACHE */
-    uint64_t clo, chi, last_a;          /* the range it holds; the last batch's start */
-    uint64_t roots[R_KINDS][2], excluded[2], glibc_ex[2];
-    uint64_t kinds[4][2];
-    uint64_t unreadable;
-    int vanished;                       /* the process ended (SIGKILL...) during the scan */
-    int rpid;                           /* where memory is read: the process, or its copy */
-    int child;                          /* the copy (a fork made in the process), or 0 */
-    double stall;                       /* seconds the process was stopped */
-    int open_files;                     /* dump files of the cut without "#end" */
-    int pagemap;                        /* /proc/RPID/pagemap, -1 none, -2 not yet opened */
-    uint64_t *pm;                       /* its entries for one stretch of a root */
-    uint64_t own_lo, own_hi;            /* mmleak.so's .bss (its anonymous part), or 0 0 */
-    struct mml_own_slot *own;           /* mmleak.so's own mappings (own_maps), by address */
-    size_t nown;
-    int layout;                         /* struct pthread's (dead_stack): 1 known, -1 not, 0 */
-    struct mml_pthread_layout pl;
-    int floor_tid;                      /* this thread's stack is scanned from floor up */
-    uint64_t floor;
-};
 
 static __attribute__((format(printf, 2, 3))) int say(struct scan *s, const char *fmt, ...)
 {
@@ -1776,173 +1706,6 @@ static void mark(struct scan *s)
     }
 }
 
-/* ---- 7. the result file ---------------------------------------------------------- */
-
-struct wbuf { char *p; size_t n, cap; int oom; };
-
-static void wput(struct wbuf *b, const void *p, size_t n)
-{
-    if (b->n + n > b->cap) {
-        size_t c = b->cap ? b->cap : 1 << 16;
-        while (c < b->n + n)
-            c *= 2;
-        char *q = realloc(b->p, c);
-        if (!q) {
-            b->oom = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = c;
-    }
-    memcpy(b->p + b->n, p, n);
-    b->n += n;
-}
-
-static __attribute__((format(printf, 2, 3))) void wprintf(struct wbuf *b, const char *fmt, ...)
-{
-    char line[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        wput(b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
-}
-
-static void leb(struct wbuf *b, uint64_t v)
-{
-    unsigned char t[10];
-    int n = 0;
-    do {
-        t[n] = v & 0x7f;
-        v >>= 7;
-        if (v)
-            t[n] |= 0x80;
-        n++;
-    } while (v);
-    wput(b, t, (size_t)n);
-}
-
-static void section(struct wbuf *out, struct wbuf *sec)
-{
-    uint64_t n = sec->n;
-    unsigned char le[8];
-    for (int k = 0; k < 8; k++)
-        le[k] = (unsigned char)(n >> (8 * k));
-    wput(out, le, 8);
-    wput(out, sec->p, sec->n);
-    free(sec->p);
-    memset(sec, 0, sizeof *sec);
-}
-
-static int write_result(struct scan *s, char *out, size_t outlen)
-{
-    struct wbuf b = { 0 };
-    wprintf(&b, "#mmleak-scan 1 id=%s pid=%d\n", s->id, s->pid);
-    wprintf(&b, "#when %s time=%.6f by=mmleak-scan\n", s->why, s->when);
-    if (s->failed) {
-        char clean[512];
-        snprintf(clean, sizeof clean, "%s", s->err);
-        for (char *c = clean; *c; c++)
-            if (*c == '\n' || (unsigned char)*c < ' ')
-                *c = ' ';
-        wprintf(&b, "#status unknown %s\n", clean);
-    } else {
-        wprintf(&b, "#status done\n#attached %d\n", s->attached);
-        int live = 0;
-        for (int t = 0; t < s->nth; t++)
-            live += s->th[t].tid > 0;
-        wprintf(&b, "#threads %d\n", live);
-        wprintf(&b, "#stall %.6f %s\n", s->stall, s->child || s->rpid != s->pid ? "fork"
-                                                                              : "stopped");
-        for (int k = 0; k < R_KINDS; k++)
-            wprintf(&b, "#roots %s %" PRIu64 " %" PRIu64 "\n", ROOT_NAME[k], s->roots[k][0],
-                    s->roots[k][1]);
-        wprintf(&b, "#excluded mmleak %" PRIu64 " %" PRIu64 "\n", s->excluded[0],
-                s->excluded[1]);
-        wprintf(&b, "#excluded glibc %" PRIu64 " %" PRIu64 "\n", s->glibc_ex[0],
-                s->glibc_ex[1]);
-        if (s->unreadable)
-            wprintf(&b, "#unreadable %" PRIu64 "\n", s->unreadable);
-        for (int k = 0; k < 4; k++)
-            wprintf(&b, "#kind %s %" PRIu64 " %" PRIu64 "\n", KIND_NAME[k], s->kinds[k][0],
-                    s->kinds[k][1]);
-        wprintf(&b, "#blocks %zu\n#data\n", s->nb);
-        struct wbuf sec = { 0 };
-        uint64_t prev = 0;
-        for (size_t i = 0; i < s->nb; i++) {
-            leb(&sec, s->bp[i] - prev);
-            prev = s->bp[i];
-        }
-        section(&b, &sec);
-        for (size_t i = 0; i < s->nb; i++)
-            leb(&sec, s->bq[i]);
-        section(&b, &sec);
-        for (size_t i = 0; i < s->nb;) {
-            size_t j = i;
-            while (j < s->nb && s->st[j] == s->st[i])
-                j++;
-            leb(&sec, s->st[i]);
-            leb(&sec, j - i);
-            i = j;
-        }
-        section(&b, &sec);
-        if (sec.oom)
-            b.oom = 1;
-    }
-    if (b.oom) {
-        free(b.p);
-        return -1;
-    }
-    /* a hidden temporary file, then linked to the first free name */
-    char tmpname[400];
-    unsigned rnd = (unsigned)(mono_ns() ^ getpid());
-    snprintf(tmpname, sizeof tmpname, "%s/.mmleak.%s.scan.%08x.tmp", s->dir, s->id, rnd);
-    int fd = open(tmpname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        free(b.p);
-        return -1;
-    }
-    struct stat st;
-    char maps[300];
-    snprintf(maps, sizeof maps, "%s/mmleak.%s.maps", s->dir, s->id);
-    if (!lstat(maps, &st) && st.st_uid != geteuid())
-        if (fchown(fd, st.st_uid, st.st_gid)) {
-            /* the file stays ours: readers take root's and the owner's */
-        }
-    size_t w = 0;
-    while (w < b.n) {
-        ssize_t n = write(fd, b.p + w, b.n - w);
-        if (n <= 0) {
-            if (n < 0 && errno == EINTR)
-                continue;
-            break;
-        }
-        w += (size_t)n;
-    }
-    free(b.p);
-    /* no fsync: it would delay the program's exit by a journal commit (about 0.5 ms on ext4
-     * here); a result cut short by a crash of the machine is not one to readers (they
-     * check its first line and the length of its data), like the trace it is about */
-    int ok = w == b.n;
-    close(fd);
-    if (!ok) {
-        unlink(tmpname);
-        return -1;
-    }
-    for (int k = 1; k < 100000; k++) {
-        snprintf(out, outlen, "%s/mmleak.%s.scan.%d", s->dir, s->id, k);
-        if (!link(tmpname, out)) {
-            unlink(tmpname);
-            return 0;
-        }
-        if (errno != EEXIST)
-            break;
-    }
-    unlink(tmpname);
-    return -1;
-}
-
 static void release(struct scan *s)
 {
     let_go(s);
@@ -2079,7 +1842,7 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
     if (totals)
         memcpy(totals, s.kinds, sizeof s.kinds);
     step_time("let-go", &tstep);
-    if (write_result(&s, out, outlen)) {
+    if (scan_write_result(&s, out, outlen)) {
         if (!s.failed)
             snprintf(err, errlen, "cannot write the result in %s", dir);
         rc = -1;

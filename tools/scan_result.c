@@ -1,0 +1,189 @@
+/* tools/scan_result.c: the result file of a reachability scan, mmleak.ID.scan.N (its
+ * format: mmleak-format(5), "The scan result"): header lines, then three sections of LEB128
+ * numbers (the blocks' address deltas, their numbers, their kinds run-length coded), written
+ * to a hidden temporary file and linked to the first free name, so that a reader never sees
+ * a file in the making. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "scan_int.h"
+
+const char *const KIND_NAME[4] = { "definite", "indirect", "possible", "reachable" };
+const char *const ROOT_NAME[R_KINDS] = { "object", "anon", "stack", "register", "tls",
+                                         "untraced-heap", "file" };
+
+struct wbuf { char *p; size_t n, cap; int oom; };
+
+static void wput(struct wbuf *b, const void *p, size_t n)
+{
+    if (b->n + n > b->cap) {
+        size_t c = b->cap ? b->cap : 1 << 16;
+        while (c < b->n + n)
+            c *= 2;
+        char *q = realloc(b->p, c);
+        if (!q) {
+            b->oom = 1;
+            return;
+        }
+        b->p = q;
+        b->cap = c;
+    }
+    memcpy(b->p + b->n, p, n);
+    b->n += n;
+}
+
+static __attribute__((format(printf, 2, 3))) void wprintf(struct wbuf *b, const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        wput(b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+static void leb(struct wbuf *b, uint64_t v)
+{
+    unsigned char t[10];
+    int n = 0;
+    do {
+        t[n] = v & 0x7f;
+        v >>= 7;
+        if (v)
+            t[n] |= 0x80;
+        n++;
+    } while (v);
+    wput(b, t, (size_t)n);
+}
+
+static void section(struct wbuf *out, struct wbuf *sec)
+{
+    uint64_t n = sec->n;
+    unsigned char le[8];
+    for (int k = 0; k < 8; k++)
+        le[k] = (unsigned char)(n >> (8 * k));
+    wput(out, le, 8);
+    wput(out, sec->p, sec->n);
+    free(sec->p);
+    memset(sec, 0, sizeof *sec);
+}
+
+int scan_write_result(struct scan *s, char *out, size_t outlen)
+{
+    struct wbuf b = { 0 };
+    wprintf(&b, "#mmleak-scan 1 id=%s pid=%d\n", s->id, s->pid);
+    wprintf(&b, "#when %s time=%.6f by=mmleak-scan\n", s->why, s->when);
+    if (s->failed) {
+        char clean[512];
+        snprintf(clean, sizeof clean, "%s", s->err);
+        for (char *c = clean; *c; c++)
+            if (*c == '\n' || (unsigned char)*c < ' ')
+                *c = ' ';
+        wprintf(&b, "#status unknown %s\n", clean);
+    } else {
+        wprintf(&b, "#status done\n#attached %d\n", s->attached);
+        int live = 0;
+        for (int t = 0; t < s->nth; t++)
+            live += s->th[t].tid > 0;
+        wprintf(&b, "#threads %d\n", live);
+        wprintf(&b, "#stall %.6f %s\n", s->stall, s->child || s->rpid != s->pid ? "fork"
+                                                                              : "stopped");
+        for (int k = 0; k < R_KINDS; k++)
+            wprintf(&b, "#roots %s %" PRIu64 " %" PRIu64 "\n", ROOT_NAME[k], s->roots[k][0],
+                    s->roots[k][1]);
+        wprintf(&b, "#excluded mmleak %" PRIu64 " %" PRIu64 "\n", s->excluded[0],
+                s->excluded[1]);
+        wprintf(&b, "#excluded glibc %" PRIu64 " %" PRIu64 "\n", s->glibc_ex[0],
+                s->glibc_ex[1]);
+        if (s->unreadable)
+            wprintf(&b, "#unreadable %" PRIu64 "\n", s->unreadable);
+        for (int k = 0; k < 4; k++)
+            wprintf(&b, "#kind %s %" PRIu64 " %" PRIu64 "\n", KIND_NAME[k], s->kinds[k][0],
+                    s->kinds[k][1]);
+        wprintf(&b, "#blocks %zu\n#data\n", s->nb);
+        struct wbuf sec = { 0 };
+        uint64_t prev = 0;
+        for (size_t i = 0; i < s->nb; i++) {
+            leb(&sec, s->bp[i] - prev);
+            prev = s->bp[i];
+        }
+        section(&b, &sec);
+        for (size_t i = 0; i < s->nb; i++)
+            leb(&sec, s->bq[i]);
+        section(&b, &sec);
+        for (size_t i = 0; i < s->nb;) {
+            size_t j = i;
+            while (j < s->nb && s->st[j] == s->st[i])
+                j++;
+            leb(&sec, s->st[i]);
+            leb(&sec, j - i);
+            i = j;
+        }
+        section(&b, &sec);
+        if (sec.oom)
+            b.oom = 1;
+    }
+    if (b.oom) {
+        free(b.p);
+        return -1;
+    }
+    /* a hidden temporary file, then linked to the first free name */
+    char tmpname[400];
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    unsigned rnd = (unsigned)((uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 20 ^ (unsigned)getpid());
+    snprintf(tmpname, sizeof tmpname, "%s/.mmleak.%s.scan.%08x.tmp", s->dir, s->id, rnd);
+    int fd = open(tmpname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        free(b.p);
+        return -1;
+    }
+    struct stat st;
+    char maps[300];
+    snprintf(maps, sizeof maps, "%s/mmleak.%s.maps", s->dir, s->id);
+    if (!lstat(maps, &st) && st.st_uid != geteuid())
+        if (fchown(fd, st.st_uid, st.st_gid)) {
+            /* the file stays ours: readers take root's and the owner's */
+        }
+    size_t w = 0;
+    while (w < b.n) {
+        ssize_t n = write(fd, b.p + w, b.n - w);
+        if (n <= 0) {
+            if (n < 0 && errno == EINTR)
+                continue;
+            break;
+        }
+        w += (size_t)n;
+    }
+    free(b.p);
+    /* no fsync: it would delay the program's exit by a journal commit (about 0.5 ms on ext4
+     * here); a result cut short by a crash of the machine is not one to readers (they
+     * check its first line and the length of its data), like the trace it is about */
+    int ok = w == b.n;
+    close(fd);
+    if (!ok) {
+        unlink(tmpname);
+        return -1;
+    }
+    for (int k = 1; k < 100000; k++) {
+        snprintf(out, outlen, "%s/mmleak.%s.scan.%d", s->dir, s->id, k);
+        if (!link(tmpname, out)) {
+            unlink(tmpname);
+            return 0;
+        }
+        if (errno != EEXIST)
+            break;
+    }
+    unlink(tmpname);
+    return -1;
+}

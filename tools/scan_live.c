@@ -111,22 +111,37 @@ static void evs_free(struct evs *a)
     memset(a, 0, sizeof *a);
 }
 
+/* Room for NEED elements of ELEM bytes in the mapping *V of *BYTES bytes (none yet: NULL,
+ * 0), grown by doubling from 1 MiB (mremap: no copy), huge pages from 2 MiB.  Its capacity
+ * in elements, or 0 when it cannot grow. */
+static size_t map_room(void **v, size_t *bytes, size_t elem, size_t need)
+{
+    size_t nb = *bytes ? *bytes : (size_t)1 << 20;
+    while (nb / elem < need)
+        nb *= 2;
+    if (nb == *bytes)
+        return nb / elem;
+    void *p = *v ? mremap(*v, *bytes, nb, MREMAP_MAYMOVE) : map_mem(nb);
+    if (!p || p == MAP_FAILED)
+        return 0;
+    if (nb >= ((size_t)2 << 20))
+        madvise(p, nb, MADV_HUGEPAGE);
+    *v = p;
+    *bytes = nb;
+    return nb / elem;
+}
+
 /* Room for N more events in A.  0, or -1. */
 static int evs_room(struct evs *a, size_t n)
 {
     if (a->n + n <= a->cap)
         return 0;
-    size_t nb = a->bytes ? a->bytes : (size_t)1 << 20;
-    while (nb / sizeof *a->v < a->n + n)
-        nb *= 2;
-    void *p = a->v ? mremap(a->v, a->bytes, nb, MREMAP_MAYMOVE) : map_mem(nb);
-    if (!p || p == MAP_FAILED)
+    void *v = a->v;
+    size_t cap = map_room(&v, &a->bytes, sizeof *a->v, a->n + n);
+    if (!cap)
         return -1;
-    if (nb >= ((size_t)2 << 20))
-        madvise(p, nb, MADV_HUGEPAGE);
-    a->v = p;
-    a->bytes = nb;
-    a->cap = nb / sizeof *a->v;
+    a->v = v;
+    a->cap = cap;
     return 0;
 }
 
@@ -227,17 +242,12 @@ static int states_room(struct states *S, size_t n)
 {
     if (n <= S->cap)
         return 0;
-    size_t nb = S->bytes ? S->bytes : (size_t)1 << 20;
-    while (nb / sizeof *S->v < n)
-        nb *= 2;
-    void *p = S->v ? mremap(S->v, S->bytes, nb, MREMAP_MAYMOVE) : map_mem(nb);
-    if (!p || p == MAP_FAILED)
+    void *v = S->v;
+    size_t cap = map_room(&v, &S->bytes, sizeof *S->v, n);
+    if (!cap)
         return -1;
-    if (nb >= ((size_t)2 << 20))
-        madvise(p, nb, MADV_HUGEPAGE);
-    S->v = p;
-    S->bytes = nb;
-    S->cap = nb / sizeof *S->v;
+    S->v = v;
+    S->cap = cap;
     return 0;
 }
 

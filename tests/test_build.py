@@ -124,7 +124,7 @@ TRACER_API = {"mmleak_attach", "mmleak_detach", "mmleak_state", "mmleak_status",
               "mmleak_do_leak_check"}
 # what mmleak-tools.so exports: the compiled shrinker and the injector, for mmleaklib/native.py
 TOOLS_API = {"mmleak_shrink", "mmleak_shrink_abi", "mmleak_shrink_blocks",
-             "mmleak_shrink_result_blocks",
+             "mmleak_shrink_result_blocks", "mmleak_shrink_merge", "mmleak_shrink_blocks_merge",
              "mmleak_shrink_stats_free", "mmleak_blocks_aggregate", "mmleak_blocks_sample",
              "mmleak_blocks_free", "mmleak_aggregate_free", "mmleak_blocks_keys",
              "mmleak_blocks_leb_decode",

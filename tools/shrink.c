@@ -402,8 +402,11 @@ struct run {
     size_t used_mask, used_n;
     int used_zero;             /* "@0" used */
     uint64_t last_used;        /* the stack id use_stack took last (0: none yet) */
-    const char *last_ref;      /* note_alloc: the last line's stack reference (its text) */
-    size_t last_ref_n;
+    /* note_alloc: the last line's stack reference, a copy of its text (not a pointer into
+     * the line: a line's memory is freed once written, and the next line may take its place
+     * with another reference at the same address) */
+    char last_ref[24];
+    size_t last_ref_n;          /* 0: none */
     struct merge *merge;       /* the input being streamed (merge_event), NULL: none */
     const uint64_t *mute;      /* problems already handed back (counts before a retry) */
 };
@@ -1026,12 +1029,15 @@ static void note_alloc(struct run *r, const char *l, size_t n)
         return;
     const char *id = q + 2;
     size_t len = (size_t)(l + n - 1 - id);
-    if (len == r->last_ref_n && r->last_ref && !memcmp(id, r->last_ref, len))
+    if (len == r->last_ref_n && !memcmp(id, r->last_ref, len))
         return;
     if (hexf(id, &v) && use_stack(r, v))
         r->stop = -1;
-    r->last_ref = id;
-    r->last_ref_n = len;
+    if (len <= sizeof r->last_ref) {
+        memcpy(r->last_ref, id, len);
+        r->last_ref_n = len;
+    } else
+        r->last_ref_n = 0;
 }
 
 /* The lines of the entry E (FINAL: without brackets) to O; C: lines, allocations and frees
@@ -1108,7 +1114,7 @@ static void write_end(struct run *r, struct obuf *o)
     r->st->used_bytes = r->used ? (r->used_mask + 1) * sizeof *r->used : 0;
     r->used = NULL;
     r->last_used = 0;
-    r->last_ref = NULL;
+    r->last_ref_n = 0;
 }
 
 /* The run both entry points share: shrink PATHS into R's table (see mmleak_shrink).
@@ -1579,7 +1585,7 @@ static int shrink_merge(const char *const *paths, const int *name_id, int npaths
         r.used_mask = r.used_n = 0;
         r.used_zero = 0;
         r.last_used = 0;
-        r.last_ref = NULL;
+        r.last_ref_n = 0;
         r.stop = 0;
         r.mute = mute;
         out->n = 0;

@@ -302,7 +302,7 @@ def add_run(sub):
     add_check_options(r, "when CMD ends, report its leaks on stderr and exit with "
                          "--check-status (23) if a block of a --leak-kinds kind is not freed "
                          "(suppressions applied) in its trace or a child's; otherwise with "
-                         "CMD's status")
+                         "CMD's status (the growth series gets the last point only)")
     r.add_argument("--no-check-children", action="store_true",
                    help="with --check: only CMD's own process (its last image), not the "
                         "processes it started (a shell script's subshells and tools)")

@@ -644,7 +644,9 @@ class BackgroundCompactor:
     """`run`'s compaction thread: a pass every second (from the start of one to the start of
     the next) over the traces that were not in the directory before the run, and a last one
     when the program has ended.  VIEWS: keep what the last pass read of each trace over
-    (views), for `run --check`'s verdict."""
+    (views), for `run --check`'s verdict, and make no point of the series but each trace's
+    last (its verdict does not use the series; a point reads the whole live set, and the
+    program and its scan at exit wait for the core it takes)."""
 
     def __init__(self, directory, before, interval=1.0, views=False):
         import threading
@@ -664,7 +666,8 @@ class BackgroundCompactor:
 
     def _pass(self, folded=None, view=False):
         for tid in sorted(set(files.find_traces(self.directory)) - self.before):
-            compact_dir(self.directory, tid, verbose=False, stopping=self.stop.is_set,
+            compact_dir(self.directory, tid, verbose=False,
+                        stopping=(lambda: True) if self.keep_views else self.stop.is_set,
                         folded=folded, view=view)
 
     def _loop(self):

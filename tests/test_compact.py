@@ -675,6 +675,32 @@ def test_run_check_reads_the_trace_while_the_last_point_is_made(load, tmp_path, 
     assert not os.path.exists(mmleak.TraceFiles(str(dump), tid).series + ".live")
 
 
+@pytest.mark.parametrize("check", [False, True])
+def test_run_check_makes_the_last_point_only(load, tmp_path, check):
+    """`run`'s compactor adds a point at a pass while the program runs (the first pass: no
+    series yet); `run --check`'s (views) does not: its verdict does not use the series, and
+    a point reads the whole live set while the program and its scan at exit need the
+    cores.  Both make the trace's last point, exact."""
+    dump, p = waiting_load(load, tmp_path)
+    tid = str(p.pid)
+    spath = mmleak.TraceFiles(str(dump), tid).series
+    c = mmleak.compact.BackgroundCompactor(str(dump), set(), interval=3600.0, views=check)
+    try:
+        c._pass()                                   # the program still runs
+        assert os.path.exists(spath) is not check
+    finally:
+        p.stdin.close()
+        p.wait()
+    c.start()
+    c.finish(overlap=check)
+    c.join()
+    counts, points = leak_counts(dump, tid)
+    assert counts == ([1000] if check else [1000, 1000])
+    truth, _ = survivors(dump, tid)
+    assert points[-1].live == (sum(v[0] for v in truth.values()), len(truth))
+    assert not os.path.exists(spath + ".live")
+
+
 @pytest.mark.parametrize("stop_at", [".series.live", ".series"])
 def test_a_compactor_killed_while_it_writes_the_series(load, tmp_path, monkeypatch, stop_at):
     """A point is two files: the blocks alive (.series.live, against which the next point

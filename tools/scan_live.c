@@ -251,10 +251,13 @@ static int states_room(struct states *S, size_t n)
     return 0;
 }
 
-/* The batch, sorted by address if it is not, merged into S in place: S's states moved to
- * the end of its room for both, then merged from the front (what is written never
- * overtakes what is still to read: at most one state per address of the batch).  0, or -1
- * (out of memory). */
+/* The batch, sorted by address if it is not, merged into S in place, from the back: the
+ * result ends where S's room for both does (n + m), written downwards from its highest
+ * address; what is written never overtakes what is still to read (at most one state per
+ * address of the batch).  A batch that only adds addresses (a growing live set) leaves S
+ * in place, untouched below its lowest address; one whose events cancel out (a block
+ * allocated and freed) leaves a gap, closed by moving down what the merge wrote (not all
+ * of S: it used to be moved up first, whole, every batch).  0, or -1 (out of memory). */
 static int flush(struct feed *f)
 {
     struct evs *b = &f->batch;
@@ -264,33 +267,39 @@ static int flush(struct feed *f)
         return 0;
     if ((f->unsorted && sort_ev(b->v, m, &f->spare)) || states_room(S, n + m))
         return -1;
-    memmove(S->v + m, S->v, n * sizeof *S->v);
-    struct st *w = S->v, *rd = S->v + m, *rend = rd + n;
-    const struct ev *p = b->v, *pend = p + m;
-    while (p < pend) {
-        if (rd < rend && rd->key < p->key) {
-            *w++ = *rd++;
+    struct st *const v = S->v, *const end = v + n + m;
+    struct st *w = end, *rd = v + n;
+    const struct ev *const p0 = b->v;
+    const struct ev *p = p0 + m;
+    while (p > p0) {
+        uint64_t key = p[-1].key;
+        if (rd > v && rd[-1].key > key) {
+            *--w = *--rd;
             continue;
         }
-        uint64_t key = p->key;
+        const struct ev *q = p - 1;
+        while (q > p0 && q[-1].key == key)
+            q--;
         struct slot e = { 0 };
         int have = 0;
-        if (rd < rend && rd->key == key) {
-            e = rd->e;
+        if (rd > v && rd[-1].key == key) {
+            e = rd[-1].e;
             have = 1;
-            rd++;
+            rd--;
         }
-        for (; p < pend && p->key == key; p++)
-            slot_event(&e, &have, p->seq, (int)p->kind, p->size);
+        for (const struct ev *x = q; x < p; x++)        /* in the files' order */
+            slot_event(&e, &have, x->seq, (int)x->kind, x->size);
         if (have) {
+            --w;
             w->key = key;
             w->e = e;
-            w++;
         }
+        p = q;
     }
+    /* S is now [v, rd) then [w, end) */
     if (w != rd)
-        memmove(w, rd, (size_t)(rend - rd) * sizeof *w);
-    S->n = (size_t)(w - S->v) + (size_t)(rend - rd);
+        memmove(rd, w, (size_t)(end - w) * sizeof *w);
+    S->n = (size_t)(rd - v) + (size_t)(end - w);
     b->n = 0;
     f->unsorted = 0;
     f->bcap = S->n / 2 > BATCH ? S->n / 2 : BATCH;

@@ -3,8 +3,8 @@ a result or run is a partial state fed again, after newer files or other runs, a
 oldest level is read last (streamed by the compiled shrinker).  Folding so must give what
 one shrink of all the files at once gives, with both engines.
 
-test_a_hull_end_cancelled_by_another_input is the smallest history found where it does not
-(hand-made: see its docstring); the property test finds such histories among random ones
+test_a_hull_end_cancelled_by_another_input is the smallest history where it did not
+(hand-made: see its docstring); the property test found such histories among random ones
 folded the way compaction folds them."""
 import random
 
@@ -16,8 +16,6 @@ from conftest import mmleak
 ENGINES = ("python", "native")
 HDR = b"#mmleak 2 id=4242 pid=4242 tid=%d file=%d depth=1 start=1700000000\n"
 P = 0x55d000001000
-# known wrong today: the xfail(strict) tests below fail once it is fixed (remove the marks)
-BROKEN = "a hull end cancelled by another input (mmleak-format(5), the shrink algorithm)"
 
 
 @pytest.fixture(params=ENGINES)
@@ -58,7 +56,6 @@ def write(tmp_path, name, tid, lines):
     return p
 
 
-@pytest.mark.xfail(strict=True, reason=BROKEN)
 def test_a_hull_end_cancelled_by_another_input(tmp_path, engine):
     """One address, the true history alloc 5, free 6, alloc 7, free 8, alloc 9 (9 survives;
     no foreign free).  Run R holds alloc 5, 7 and 9 (one thread's files): its hull is
@@ -79,7 +76,6 @@ def test_a_hull_end_cancelled_by_another_input(tmp_path, engine):
     assert final([ar, b]) == truth
 
 
-@pytest.mark.xfail(strict=True, reason=BROKEN)
 def test_a_plain_hull_end_cancelled_by_another_input(tmp_path, engine):
     """The same with a hull whose ends are plain lines: run Y holds free 6, alloc 7 and
     alloc 9 (hull 6..9, written as the free 6 and the allocation 9), X the allocation 5, Z
@@ -137,13 +133,9 @@ def compaction_folds(tmp_path, rnd, files):
     return fold(tmp_path, levels[1:] + levels[:1], "final", stream_last=True)
 
 
-# The histories of these chunks that the folds get wrong today (a free taken for a foreign
-# free, seeds 44, 65, 86, 151: see test_a_hull_end_cancelled_by_another_input)
-@pytest.mark.parametrize("chunk", [
-    pytest.param(0, marks=pytest.mark.xfail(strict=True, reason=BROKEN)),
-    pytest.param(1, marks=pytest.mark.xfail(strict=True, reason=BROKEN)),
-    2,
-    pytest.param(3, marks=pytest.mark.xfail(strict=True, reason=BROKEN))])
+# Before the fix, seeds 44, 65, 86 and 151 were folded wrong (a free taken for a foreign
+# free: see test_a_hull_end_cancelled_by_another_input).
+@pytest.mark.parametrize("chunk", range(4))
 def test_compactions_folds_give_one_shrinks_result(tmp_path, engine, chunk):
     """Random histories (threads freeing each other's blocks, addresses reused all the
     time, blocks allocated before tracing; 50 per chunk, their sizes drawn too), their

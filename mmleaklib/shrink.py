@@ -10,7 +10,10 @@ For each P the shrinker keeps either one event, or a "hull": the lowest and the 
 event seen (events strictly between them are dropped; they can never be first or last).
 One more rule cancels work: when P's whole state is an allocation with SEQ s and a free
 with SEQ s+1, the two are adjacent in the true history (the tracer's counter for P's
-bucket moved by one, so nothing else touched P in between) and both are dropped.
+bucket moved by one, so nothing else touched P in between) and both are dropped: at once
+when both are of one input; from two inputs the pair is held as a hull until the second
+one's input goes on (its next event of P next to it outside the pair, or its end), since
+that event may be one end of a partial result's hull, the other end still to come.
 
 These rules commute: any grouping of the input files, in any order, in any number of
 partial shrinks, gives the same first and last event for every address, so the same
@@ -102,6 +105,8 @@ class Shrinker:
         max_time = self.max_time
         tick = time.monotonic() + 1.0
         after_nul = False
+        fresh = set()           # the addresses whose one event is this input's
+        pending = {}            # address -> this input's event of an adjacent pair held
         for line in dump_lines(f):
             lineno += 1
             m = match(line)
@@ -132,16 +137,38 @@ class Shrinker:
             st = get(key)
             if st is None:
                 D[key] = (s, kind, line)
+                fresh.add(key)
             elif type(st) is tuple:
                 s0 = st[0]
                 if s0 == s:
                     problems.add(name, lineno, Q_DUPLICATE)
                     continue
                 lo, hi = (st, (s, kind, line)) if s0 < s else ((s, kind, line), st)
-                if lo[1] & 1 and not hi[1] & 1 and hi[0] == lo[0] + 1:
-                    del D[key]
+                if lo[1] & 1 and not hi[1] & 1 and hi[0] == lo[0] + 1 and key in fresh:
+                    del D[key]          # both of this input: they are all it has here
+                    fresh.discard(key)
                 else:
+                    # an adjacent pair from two inputs: this input's event may be one end
+                    # of a hull whose other end comes later in it (a result's two lines):
+                    # held as a hull until this input's next event of the address, or
+                    # its end, says it is not (_pending)
+                    if lo[1] & 1 and not hi[1] & 1 and hi[0] == lo[0] + 1:
+                        pending[key] = s
+                    fresh.discard(key)
                     D[key] = [lo, hi]
+            elif key in pending:
+                y = pending.pop(key)
+                if s == (y + 1 if y == st[1][0] else y - 1):
+                    # next to this input's event: nothing of this input lies between them,
+                    # so the pair held was all there is of it: it cancels
+                    D[key] = (s, kind, line)
+                    fresh.add(key)
+                elif s < st[0][0]:
+                    st[0] = (s, kind, line)
+                elif s > st[1][0]:
+                    st[1] = (s, kind, line)
+                elif s == st[0][0] or s == st[1][0]:
+                    problems.add(name, lineno, Q_DUPLICATE)
             else:
                 if s < st[0][0]:
                     st[0] = (s, kind, line)
@@ -152,6 +179,8 @@ class Shrinker:
             if self.progress and lineno & 0xFFFF == 0 and time.monotonic() > tick:
                 tick = time.monotonic() + 1.0
                 self.progress(self, name, events)
+        for key in pending:     # the input's end: each pair held is all there is of it
+            del D[key]
         self.events += events
         self.allocs += allocs
         self.frees += events - allocs

@@ -61,9 +61,13 @@
 struct slot {
     uint64_t s0, s1, size;
     uint8_t k0, k1, hull;
+    uint8_t pend;           /* a held adjacent pair (tools/shrink.c's ent_update): 1, input
+                             * FILE's event is its low end; 2, its high end */
+    int32_t file;           /* single: the input of its event; PEND: of the held event */
 };
 
-/* An event: its address (KEY), number, size (an allocation's) and kind. */
+/* An event: its address (KEY), number, size (an allocation's) and kind, plus 4 times its
+ * input's number (slot_event needs it). */
 struct ev { uint64_t key, seq, size; uint32_t kind; };
 struct evs {                /* an array of events in mapped memory (grows in place) */
     struct ev *v;
@@ -82,6 +86,7 @@ struct feed {
     struct evs batch, spare;    /* the batch, and its sort's copy (kept from batch to batch) */
     size_t bcap;            /* the batch's events before it is merged */
     int direct;             /* the input being read goes straight into S */
+    int file;               /* the input being read */
     int unsorted;           /* the batch's events are not all in address order */
     int attached, glibc, oom;
 };
@@ -145,34 +150,51 @@ static int evs_room(struct evs *a, size_t n)
     return 0;
 }
 
-/* An address's state E (*HAVE: 0, none; then E is set) after the event S, KIND, SIZE: the
- * shrink algorithm's update (tools/shrink.c's event(), without the lines); *HAVE becomes 0
- * when the state cancels. */
-static inline void slot_event(struct slot *e, int *have, uint64_t s, int kind, uint64_t size)
+/* An address's state E (*HAVE: 0, none; then E is set) after the event S, KIND, SIZE of
+ * input FILE: the shrink algorithm's update (tools/shrink.c's event() and ent_update(),
+ * without the lines: an adjacent pair from two inputs is held until the second one's input
+ * goes on); *HAVE becomes 0 when the state cancels. */
+static inline void slot_event(struct slot *e, int *have, uint64_t s, int kind, uint64_t size,
+                              int file)
 {
+    if (*have && e->hull && e->pend) {
+        if (e->file != file || s == (e->pend == 2 ? e->s1 + 1 : e->s0 - 1))
+            *have = 0;                  /* the pair held cancelled: the address anew */
+        else
+            e->pend = 0;
+    }
     if (!*have) {
         e->s0 = s;
         e->k0 = (uint8_t)kind;
         e->hull = 0;
+        e->pend = 0;
+        e->file = file;
         e->size = size;
         *have = 1;
         return;
     }
     if (!e->hull) {
+        int pend = 0;
         if (e->s0 == s)
             return;                     /* seen twice */
         if (e->s0 < s) {                /* old is the low end */
             if ((e->k0 & 1) && !(kind & 1) && s == e->s0 + 1) {
-                *have = 0;
-                return;
+                if (e->file == file) {
+                    *have = 0;
+                    return;
+                }
+                pend = 2;
             }
             e->s1 = s;
             e->k1 = (uint8_t)kind;
             e->size = size;
         } else {                        /* old is the high end */
             if ((kind & 1) && !(e->k0 & 1) && e->s0 == s + 1) {
-                *have = 0;
-                return;
+                if (e->file == file) {
+                    *have = 0;
+                    return;
+                }
+                pend = 1;
             }
             e->s1 = e->s0;
             e->k1 = e->k0;
@@ -180,6 +202,8 @@ static inline void slot_event(struct slot *e, int *have, uint64_t s, int kind, u
             e->k0 = (uint8_t)kind;
         }
         e->hull = 1;
+        e->pend = (uint8_t)pend;
+        e->file = file;
         return;
     }
     if (s < e->s0) {
@@ -288,7 +312,7 @@ static int flush(struct feed *f)
             rd--;
         }
         for (const struct ev *x = q; x < p; x++)        /* in the files' order */
-            slot_event(&e, &have, x->seq, (int)x->kind, x->size);
+            slot_event(&e, &have, x->seq, (int)(x->kind & 3), x->size, (int)(x->kind >> 2));
         if (have) {
             --w;
             w->key = key;
@@ -321,7 +345,7 @@ static inline void batch_event(struct feed *f, uint64_t key, uint64_t s, int kin
     }
     if (b->n && key < b->v[b->n - 1].key)
         f->unsorted = 1;
-    b->v[b->n++] = (struct ev){ key, s, size, (uint32_t)kind };
+    b->v[b->n++] = (struct ev){ key, s, size, (uint32_t)kind | (uint32_t)f->file << 2 };
 }
 
 /* An event of a sorted input read into S directly (S held nothing before it): folded into
@@ -339,7 +363,7 @@ static inline void direct_event(struct feed *f, uint64_t key, uint64_t s, int ki
         }
         if (key == last->key) {
             int have = 1;
-            slot_event(&last->e, &have, s, kind, size);
+            slot_event(&last->e, &have, s, kind, size, f->file);
             if (!have)
                 S->n--;
             return;
@@ -352,7 +376,7 @@ static inline void direct_event(struct feed *f, uint64_t key, uint64_t s, int ki
     struct st *x = &S->v[S->n++];
     int have = 0;
     x->key = key;
-    slot_event(&x->e, &have, s, kind, size);
+    slot_event(&x->e, &have, s, kind, size, f->file);
 }
 
 #if defined(__x86_64__)
@@ -628,6 +652,7 @@ int mmleak_live_set(int nfiles, int (*open_input)(int, struct mmleak_input *),
             break;
         }
         f.direct = in.sorted && !f.S.n && !f.batch.n;
+        f.file = i;
         if (feed_input(&f, &in, buf))
             rc = -2;
         f.direct = 0;

@@ -4,7 +4,7 @@
  * mmleak-format(5), "The shrink algorithm"):
  * per address, one event or the hull of the lowest and highest event by SEQ, and an
  * allocation with SEQ s followed by a free with SEQ s+1 cancels when that pair is the whole
- * state.  Input validation (which lines are problems, their line numbers, the first few per
+ * state (from two inputs, once the second one's input goes on: ent_update).  Input validation (which lines are problems, their line numbers, the first few per
  * file and kind) and header handling are those of Shrinker.feed and Shrinker._odd_line;
  * mmleaklib is the reference, tests/test_shrink_native.py holds the two to byte-identical
  * results.  A problem is handed back as a record (what, file, line, the line's first bytes):
@@ -185,6 +185,9 @@ struct ent {
     char *l0, *l1;           /* stored lines; a bracket end keeps only its PTR field */
     uint32_t n0, n1;
     uint8_t k0, k1, hull;
+    uint8_t pend;            /* a hull held for an adjacent pair from two inputs (ent_update):
+                              * 1, input FILE's event is its low end; 2, its high end */
+    int32_t file;            /* single: the input of its event; PEND: of the held event */
 };
 
 struct table {
@@ -592,7 +595,7 @@ static void dup_event(struct run *r, int file, uint64_t lineno)
 /* A new entry E for the address KEY: the event P (N bytes), number S, kind KIND.  0, or -1
  * when its line could not be stored (r->stop says so). */
 static inline int ent_new(struct run *r, struct ent *e, const char *p, size_t n, uint64_t key,
-                          uint64_t s, int kind)
+                          uint64_t s, int kind, int file)
 {
     e->l0 = store(r, p, n, &e->n0);
     if (!e->l0)
@@ -601,7 +604,23 @@ static inline int ent_new(struct run *r, struct ent *e, const char *p, size_t n,
     e->s0 = s;
     e->k0 = (uint8_t)kind;
     e->hull = 0;
+    e->pend = 0;
+    e->file = file;
     return 0;
+}
+
+/* The entry E, a hull held for an adjacent pair (PEND), dropped (the pair is all there is
+ * of its two inputs) and made anew of the event P (N bytes), number S, kind KIND of input
+ * FILE. */
+static inline void ent_renew(struct run *r, struct ent *e, const char *p, size_t n, uint64_t s,
+                             int kind, int file)
+{
+    struct ent x;
+    if (ent_new(r, &x, p, n, e->key, s, kind, file))
+        return;                 /* no memory (r->stop says so): E is left as it was */
+    slab_free(&r->mem, e->l0, e->n0);
+    slab_free(&r->mem, e->l1, e->n1);
+    *e = x;
 }
 
 /* The event P (N bytes), number S, kind KIND, added to the entry E of its address: the
@@ -610,15 +629,23 @@ static inline int ent_new(struct run *r, struct ent *e, const char *p, size_t n,
 static inline int ent_update(struct run *r, struct ent *e, int file, uint64_t lineno,
                              const char *p, size_t n, uint64_t s, int kind)
 {
+    int pend = 0;
     if (!e->hull) {
         if (e->s0 == s) {
             dup_event(r, file, lineno);
             return 0;
         }
+        /* an adjacent pair cancels when both events are of this input (all it has of the
+         * address); from two inputs, this one's event may be one end of a hull whose other
+         * end comes later in it (a result's two lines): the pair is held as a hull until
+         * this input's next event of the address, or its end, says it is not (Shrinker.feed) */
         if (e->s0 < s) {          /* old is the low end */
             if ((e->k0 & 1) && !(kind & 1) && s == e->s0 + 1) {
-                slab_free(&r->mem, e->l0, e->n0);
-                return 1;
+                if (e->file == file) {
+                    slab_free(&r->mem, e->l0, e->n0);
+                    return 1;
+                }
+                pend = 2;
             }
             e->l1 = store(r, p, n, &e->n1);
             if (!e->l1)
@@ -627,8 +654,11 @@ static inline int ent_update(struct run *r, struct ent *e, int file, uint64_t li
             e->k1 = (uint8_t)kind;
         } else {                  /* old is the high end */
             if ((kind & 1) && !(e->k0 & 1) && e->s0 == s + 1) {
-                slab_free(&r->mem, e->l0, e->n0);
-                return 1;
+                if (e->file == file) {
+                    slab_free(&r->mem, e->l0, e->n0);
+                    return 1;
+                }
+                pend = 1;
             }
             char *c = store(r, p, n, &e->n1);   /* n1 temporarily holds the new length */
             if (!c)
@@ -644,11 +674,23 @@ static inline int ent_update(struct run *r, struct ent *e, int file, uint64_t li
             e->k0 = (uint8_t)kind;
         }
         e->hull = 1;
+        e->pend = (uint8_t)pend;
+        e->file = file;
         if (e->k0 != K_FREE)
             to_bracket(r, &e->l0, &e->n0);
         if (e->k1 != K_ALLOC)
             to_bracket(r, &e->l1, &e->n1);
         return 0;
+    }
+    if (e->pend) {
+        /* a held pair: another input's event (the pair's input is over), or this input's
+         * next to its end: nothing of it lies between, the pair cancels */
+        if (e->file != file ||
+            s == (e->pend == 2 ? e->s1 + 1 : e->s0 - 1)) {
+            ent_renew(r, e, p, n, s, kind, file);
+            return 0;
+        }
+        e->pend = 0;
     }
     if (s < e->s0)
         new_end(r, &e->l0, &e->n0, &e->s0, &e->k0, p, kind == K_FREE ? n : ptr_len(p), s, kind);
@@ -678,7 +720,7 @@ static inline void event(struct run *r, int file, uint64_t lineno, const char *p
             event(r, file, lineno, p, n, key, s, kind);
             return;
         }
-        if (ent_new(r, &t->e[t->count], p, n, key, s, kind))
+        if (ent_new(r, &t->e[t->count], p, n, key, s, kind, file))
             return;
         t->ix[i] = (uint32_t)++t->count;
         return;
@@ -1045,6 +1087,8 @@ static void note_alloc(struct run *r, const char *l, size_t n)
 static inline void put_ent(struct run *r, struct obuf *o, int final, const struct ent *e,
                            uint64_t c[3])
 {
+    if (e->pend)                /* a held pair whose inputs are over: it cancelled */
+        return;
     if (!e->hull) {
         if (!final || e->k0 == K_ALLOC || e->k0 == K_FREE) {
             ob_put(o, e->l0, e->n0);
@@ -1085,8 +1129,10 @@ static void write_state(struct run *r, struct obuf *o, int final, struct ent *en
         qsort(ents, m, sizeof *ents, cmp_ent);
     r->st->entries = m;
     uint64_t c[3] = { 0, 0, 0 };
-    for (size_t i = 0; i < m; i++)
+    for (size_t i = 0; i < m; i++) {
+        r->st->entries -= ents[i].pend != 0;    /* a held pair: it cancelled */
         put_ent(r, o, final, &ents[i], c);
+    }
     r->st->lines = c[0];
     r->st->alloc_lines = c[1];
     r->st->free_lines = c[2];
@@ -1459,7 +1505,7 @@ static void merge_put(struct run *r, struct merge *g, struct ent *e)
             put_ent(r, g->o, 1, &x, g->c);
             g->entries++;
         }
-    } else {
+    } else if (!e->pend) {      /* (a held pair: it cancelled) */
         put_ent(r, g->o, 0, e, g->c);
         g->entries++;
         if (g->blocks && g->whole && k_last == K_ALLOC &&
@@ -1500,7 +1546,7 @@ static void merge_event(struct run *r, int file, uint64_t lineno, const char *p,
         g->cur = g->e[g->j++];
         g->have = !ent_update(r, &g->cur, file, lineno, p, n, s, kind);
     } else {
-        g->have = !ent_new(r, &g->cur, p, n, key, s, kind);
+        g->have = !ent_new(r, &g->cur, p, n, key, s, kind, file);
     }
 }
 

@@ -101,19 +101,6 @@ static void *map_mem(size_t n)
     return p;
 }
 
-/* The mapping P of OLD bytes grown to N (mremap: no copy), or NULL.  The advice again: a
- * mapping that began under 2 MiB had none, and kept none when it grew (the table's entries
- * of 10 million survivors were faulted in 4 KiB pages, 140,000 faults). */
-static void *grow_mem(void *p, size_t old, size_t n)
-{
-    void *q = mremap(p, old, n, MREMAP_MAYMOVE);
-    if (q == MAP_FAILED)
-        return NULL;
-    if (n >= ((size_t)2 << 20))
-        madvise(q, n, MADV_HUGEPAGE);
-    return q;
-}
-
 /* Line storage: size classes of 16 bytes up to SLAB_MAX, each with a free list; bigger lines
  * get a mapping of their own.  A block's class is recomputed from the length kept in the
  * table, so blocks carry no header. */
@@ -251,8 +238,8 @@ static int table_room(struct table *t)
         if (t->cap >= UINT32_MAX / 2)
             return -1;
         size_t nb = t->e_bytes * 2;
-        void *p = grow_mem(t->e, t->e_bytes, nb);
-        if (!p)
+        void *p = mremap(t->e, t->e_bytes, nb, MREMAP_MAYMOVE);
+        if (p == MAP_FAILED)
             return -1;
         t->e = p;
         t->e_bytes = nb;
@@ -1335,7 +1322,7 @@ static int final_blocks(struct run *r, struct obuf *out, struct mmleak_shrink_st
             }
             if ((nrest + 1) * sizeof *rest > rest_bytes) {
                 size_t nb = rest_bytes ? rest_bytes * 2 : 1 << 16;
-                void *p = rest ? grow_mem(rest, rest_bytes, nb) : map_mem(nb);
+                void *p = rest ? mremap(rest, rest_bytes, nb, MREMAP_MAYMOVE) : map_mem(nb);
                 if (!p || p == MAP_FAILED) {
                     rc = -1;
                     break;
@@ -1477,7 +1464,7 @@ static int merge_block(struct run *r, struct merge *g, const char *l)
     struct mmleak_blocks *b = g->blocks;
     if ((b->n + 1) * sizeof *b->v > g->bytes) {
         size_t nb = g->bytes ? g->bytes * 2 : (size_t)1 << 21;
-        void *p = b->v ? grow_mem(b->v, g->bytes, nb) : map_mem(nb);
+        void *p = b->v ? mremap(b->v, g->bytes, nb, MREMAP_MAYMOVE) : map_mem(nb);
         if (!p || p == MAP_FAILED) {
             r->stop = -1;
             return 0;

@@ -140,10 +140,12 @@ def cmd_shrink(args):
     paths = args.files or ["-"]
     prog = shrink.progress_printer() if (args.progress or sys.stderr.isatty()) else None
     # the compiled shrinker writes the result's lines to a temporary file, copied out after
-    # the header lines: no Python object per line
+    # the header lines: no Python object per line; to stdout, it writes them there itself,
+    # after the header lines (no copy)
     with tempfile.TemporaryFile(prefix="mmleak-shrink.") as raw:
         sh = shrink.shrink_files(paths, progress=prog, mixed=args.mixed, raw=raw,
-                                 final=args.final)
+                                 final=args.final,
+                                 direct=None if args.output else sys.stdout.buffer)
         if prog and sh.events > 1000000:
             prog(sh, paths[-1], 0, done=True)
         write_result(sh, args.output, args.final, raw)

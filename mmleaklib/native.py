@@ -23,7 +23,7 @@ from .errors import EXIT_INPUT, EXIT_TOOL, EXIT_USAGE, Fail
 from .facts import LIBNAME, TOOLS_LIBNAME
 
 SHRINK_ENV = "MMLEAK_SHRINK"
-NATIVE_ABI = 7
+NATIVE_ABI = 8
 INJECT_ABI = 1
 _native = None          # None: not tried yet; False: unavailable; else the ctypes binding
 _native_why = None      # why it is unavailable
@@ -348,7 +348,7 @@ class _Counts:
 
 
 def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, also_blocks=False,
-                  stream_last=False):
+                  stream_last=False, direct=None):
     """Feed PATHS ('-': stdin) into the fresh Shrinker SH with the compiled shrinker.
 
     RAW (a binary file): the result's event lines (as Shrinker.entries(FINAL) gives them)
@@ -362,8 +362,15 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, al
     block (format 1: read the result again).  STREAM_LAST (with RAW, not FINAL): the last of
     PATHS is a compacted result (sorted by address), read as a stream and merged with the
     others' state (mmleak_shrink_merge: the same result, at the cost of the others plus one
-    pass over its text); with BLOCKS too (mmleak_shrink_blocks_merge).  Returns False, having done nothing, when the Python path must do it instead
+    pass over its text); with BLOCKS too (mmleak_shrink_blocks_merge).  DIRECT (with RAW,
+    neither BLOCKS nor ALSO_BLOCKS nor STREAM_LAST): (a descriptor, WRITE_HEAD): the event
+    lines go to the descriptor instead of RAW, right after WRITE_HEAD(SH) wrote the result's
+    head there (called once the lines are known, before the first is written, with
+    SH.raw_result and SH.max_time set; an exception there stops the run and nothing of the
+    lines is written); SH.raw_direct is then True.  Returns False, having done nothing, when the Python path must do it instead
     (not available, not wanted, or stdin is not descriptor 0)."""
+    if direct and (raw is None or blocks or also_blocks or stream_last):
+        raise ValueError("native_shrink: DIRECT is for mmleak_shrink's plain result")
     if _shrink_engine() != "native":
         return False
     ctypes, fn, Stats, hdr_cb, tick_cb, open_cb, problem_cb, blocks_fn = _native
@@ -394,7 +401,21 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, al
             return stop
 
     def header(ptr, n, i, lineno):
+        if ptr is None:                 # SHRINK_HEAD_FIRST: the head now, the lines next
+            sh.max_time = max(sh.max_time, stats.max_time)
+            sh.raw_result = raw_info()
+            direct[1](sh)
+            return
         sh._odd_line(ctypes.string_at(ptr, n), names[i], lineno)
+
+    def raw_info():
+        used = []
+        if stats.nused:
+            used = sorted(ctypes.cast(stats.used, ctypes.POINTER(ctypes.c_uint64))
+                          [:stats.nused])
+        return {"newest": stats.newest, "stacks": used, "allocs": stats.alloc_lines,
+                "alloc_bytes": stats.alloc_bytes_hi << 64 | stats.alloc_bytes,
+                "frees": stats.free_lines}
 
     def problem(i, lineno, what, ptr, n):
         sh.problems.say(names[i], lineno, what, n if ptr is None else ctypes.string_at(ptr, n))
@@ -450,23 +471,22 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, al
                 if rc == 0:
                     sh.native_blocks = NativeBlocks(bl)
             else:
+                # SHRINK_FINAL (1), SHRINK_HEAD_FIRST (2): tools/shrink.c's mmleak_shrink
+                flags = (1 if final and raw is not None else 0) | (2 if direct else 0)
                 rc = fn(argv(*c_paths), ids(*[first[name] for name in names]), n,
-                        out.fileno(), sh.problems.SHOW, 1 if final and raw is not None else 0,
+                        direct[0] if direct else out.fileno(), sh.problems.SHOW, flags,
                         *cbs, counts, ctypes.byref(stats))
-            used = []
-            if stats.nused:
-                used = sorted(ctypes.cast(stats.used, ctypes.POINTER(ctypes.c_uint64))
-                              [:stats.nused])
+            info = raw_info()
             _blocks_api["stats_free"](ctypes.byref(stats))
             if rc == 0 and raw is not None:
-                sh.raw_result = {"newest": stats.newest, "stacks": used,
-                                 "allocs": stats.alloc_lines,
-                                 "alloc_bytes": stats.alloc_bytes_hi << 64 | stats.alloc_bytes,
-                                 "frees": stats.free_lines}
+                sh.raw_result = info
+                sh.raw_direct = bool(direct)
             if rc == 1 and pending:
                 raise pending[0]
             if rc == -1:
                 raise MemoryError("tools/shrink.c: out of memory")
+            if rc == -2 and direct:     # the output itself (EPIPE: BrokenPipeError)
+                raise OSError(stats.out_errno, os.strerror(stats.out_errno))
             if rc == -2:
                 raise Fail("cannot write a temporary file in %s (the shrink's result): %s"
                            % (tempfile.gettempdir(), os.strerror(stats.out_errno)))

@@ -74,8 +74,10 @@ class Shrinker:
         # when asked for blocks: STATE then holds only the rest of the final result
         self.native_blocks = None
         # the compiled shrinker wrote the result's event lines to a file (shrink_files RAW):
-        # what write_raw needs of them (native_shrink)
+        # what write_raw needs of them (native_shrink); RAW_DIRECT: they went straight to
+        # the output, after the head (shrink_files DIRECT); HEAD_WRITTEN: write_head done
         self.raw_result = None
+        self.raw_direct = self.head_written = False
 
     # -- input -------------------------------------------------------------------------
     def feed_path(self, path, name=None):
@@ -369,6 +371,17 @@ class Shrinker:
     def write_raw(self, out, raw):
         """write() of a result whose event lines the compiled shrinker wrote to the file
         RAW (shrink_files RAW): the same bytes, without a Python object per line."""
+        self.write_head(out)
+        if self.raw_direct:             # its lines are there already (shrink_files DIRECT)
+            return
+        raw.seek(0)
+        shutil.copyfileobj(raw, out, 1 << 20)
+
+    def write_head(self, out):
+        """The head of write_raw's result: header, clock and stack lines (written once)."""
+        if self.head_written:
+            return
+        self.head_written = True
         info = self.raw_result
         for h in self.header_lines:
             out.write(h)
@@ -377,8 +390,6 @@ class Shrinker:
         for i in info["stacks"]:
             if i in self.stack_lines:
                 out.write(self.stack_lines[i])
-        raw.seek(0)
-        shutil.copyfileobj(raw, out, 1 << 20)
 
     def live(self):
         """The survivors as a blocks.Live: the native array when the compiled shrinker
@@ -429,7 +440,7 @@ def progress_printer(stream=None):
 
 
 def shrink_files(paths, progress=None, mixed=False, problems=None, blocks=False, raw=None,
-                 final=False):
+                 final=False, direct=None):
     """Shrink the given dump files (and '-' for stdin); return the Shrinker (its problems
     collected in PROBLEMS, a dumpformat.Problems, if given).
 
@@ -438,12 +449,16 @@ def shrink_files(paths, progress=None, mixed=False, problems=None, blocks=False,
     is wanted (survivors, foreign frees: what a report reads); the compiled shrinker then
     keeps the survivors as a native array (Shrinker.live).  RAW (a binary file): the
     compiled shrinker writes the result's event lines (FINAL or not) there, for
-    Shrinker.write_raw (SH.raw_result set); the Python engine fills SH.state as always."""
+    Shrinker.write_raw (SH.raw_result set); the Python engine fills SH.state as always.
+    DIRECT (a binary file, with RAW): where write_raw's result goes; the compiled shrinker
+    then writes the head there (write_head) and the event lines straight after it, with no
+    copy through RAW (SH.raw_direct: write_raw adds nothing).  Nothing is written there
+    when the inputs are of different processes (not MIXED) or the run stops."""
     paths, names, tmpdir, refused = files.with_unflushed_tails(paths)
     try:
         for msg in refused:             # their .out is read as it is
             refuse(msg)
-        sh = _shrink_files(paths, progress, mixed, names, problems, blocks, raw, final)
+        sh = _shrink_files(paths, progress, mixed, names, problems, blocks, raw, final, direct)
         sh.problems.fatal = sh.problems.fatal or bool(refused)
         return sh
     finally:
@@ -493,15 +508,33 @@ def shrink_raw(paths, out=None, live=False, stream_last=False):
             shutil.rmtree(tmpdir, ignore_errors=True)
 
 
+def _direct(out, mixed):
+    """native_shrink's DIRECT for the binary file OUT, or None (no descriptor: a stream of
+    tests or embedding, written through RAW as before)."""
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+
+    def write_head(sh):
+        if not mixed:
+            sh.check_single_process()
+        sh.write_head(out)
+        out.flush()
+    return fd, write_head
+
+
 def _shrink_files(paths, progress=None, mixed=False, names=None, problems=None,
-                  blocks=False, raw=None, final=False):
+                  blocks=False, raw=None, final=False, direct=None):
     sh = Shrinker(progress)
     sh.problems = problems or sh.problems
     names = names or ["<stdin>" if p == "-" else p for p in paths]
     # a finished trace's one compacted result (sorted), read alone: streamed, no table
     stream = blocks and len(paths) == 1 and paths[0].endswith(".compact")
+    direct = _direct(direct, mixed) if direct is not None and raw is not None and not blocks \
+        else None
     if not native_shrink(sh, paths, names, raw=raw, blocks=blocks, final=final,
-                         stream_last=stream):                           # compiled,
+                         stream_last=stream, direct=direct):                           # compiled,
         # when it can run
         for p, name in zip(paths, names):
             if p == "-":

@@ -362,3 +362,61 @@ def test_bounded_reading_identical(tmp_path):
         rc, out, err = assert_same_cli(["shrink", "--final", "--stats", str(p)])
         assert b"mmleak.py: %d events (%d allocations" % (n, n) in err, err
         assert_same_cli(["shrink", "--final", "--stats", "-"], stdin=p.read_bytes())
+
+
+def big_v2_dump(tmp_path, blocks=20000):
+    """A format-2 dump whose final result (BLOCKS survivors, a foreign free, stacks used
+    and not, a clock newer than the survivors) is far bigger than a pipe's buffer."""
+    lines = [test_shrink.HDR2 % (1, 0), test_shrink.stack_line(0x1000),
+             test_shrink.stack_line(0x1007), b"#clock 99\n"]
+    for i in range(blocks):
+        p = 0x55d000001000 + 0x70 * i
+        lines.append(b"%012x %x %x %x @%x\n" % (p, 2 * i, 100 + i % 7, i // 1000,
+                                               0x1000 if i % 3 else 0x1007))
+        if i % 5 == 0:
+            lines.append(b"%012x %x 1\n" % (p, 2 * i + 1))
+    lines.append(b"%012x 0 1\n" % 0x55d0ffff0000)
+    p = tmp_path / "mmleak.4242.0.out"
+    p.write_bytes(b"".join(lines))
+    return str(p)
+
+
+@pytest.mark.parametrize("final", [[], ["--final"]])
+def test_result_to_stdout_as_to_a_file(tmp_path, final):
+    """The compiled shrinker writes a result on stdout itself, after the head mmleaklib
+    writes (no temporary file): stdout a regular file, a pipe (assert_same_cli), the
+    result of -o, and the Python engine's are the same bytes."""
+    path = big_v2_dump(tmp_path)
+    _, piped, _ = assert_same_cli(["shrink"] + final + [path])
+    assert piped.count(b"\n#s ") == 2 and piped.count(b" @") == 16000
+    for engine in ENGINES:
+        to = tmp_path / ("stdout." + engine)
+        with open(to, "wb") as f:
+            r = subprocess.run(MMLEAK_PY + ["shrink"] + final + [path], stdout=f,
+                               env=dict(os.environ, MMLEAK_SHRINK=engine))
+        assert r.returncode == 0 and to.read_bytes() == piped
+        o = tmp_path / ("o." + engine)
+        r = subprocess.run(MMLEAK_PY + ["shrink"] + final + [path, "-o", str(o)],
+                           env=dict(os.environ, MMLEAK_SHRINK=engine))
+        assert r.returncode == 0 and o.read_bytes() == piped
+
+
+def test_result_to_a_full_or_closed_stdout(tmp_path):
+    """Writing the result fails the same way on both engines: stdout /dev/full (one line,
+    exit status 2), a pipe whose reader is gone after 100 bytes (quietly, status 0)."""
+    path = big_v2_dump(tmp_path)
+    got = {}
+    for engine in ENGINES:
+        env = dict(os.environ, MMLEAK_SHRINK=engine)
+        with open("/dev/full", "wb") as full:
+            r = subprocess.run(MMLEAK_PY + ["shrink", "--final", path], stdout=full,
+                               stderr=subprocess.PIPE, env=env)
+        p = subprocess.Popen(MMLEAK_PY + ["shrink", "--final", path], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=env)
+        head = p.stdout.read(100)
+        p.stdout.close()
+        err = p.stderr.read()
+        got[engine] = (r.returncode, r.stderr, p.wait(), err, head)
+    assert got["native"] == got["python"]
+    assert got["native"][:4] == (mmleak.EXIT_INPUT, b"mmleak.py: No space left on device\n",
+                                 0, b"")

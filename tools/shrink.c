@@ -389,6 +389,8 @@ static void ob_u(struct obuf *o, uint64_t v, int base)
 
 /* ---- the run ------------------------------------------------------------------------- */
 
+enum { SHRINK_FINAL = 1, SHRINK_HEAD_FIRST = 2 };      /* mmleak_shrink's FINAL */
+
 struct run {
     struct table t;
     struct slab mem;
@@ -412,6 +414,7 @@ struct run {
     size_t last_ref_n;          /* 0: none */
     struct merge *merge;       /* the input being streamed (merge_event), NULL: none */
     const uint64_t *mute;      /* problems already handed back (counts before a retry) */
+    int head_first;            /* mmleak_shrink's SHRINK_HEAD_FIRST (write_state) */
 };
 
 /* EVENT_RE.fullmatch on a line that ends with its newline (tools/eventline.h).  Returns
@@ -1082,16 +1085,24 @@ static void note_alloc(struct run *r, const char *l, size_t n)
         r->last_ref_n = 0;
 }
 
+/* What put_ent does with an entry: its lines written (PUT_LINES), its allocations noted
+ * and the lines counted (PUT_NOTE), or both. */
+enum { PUT_LINES = 1, PUT_NOTE = 2, PUT_BOTH = 3 };
+
 /* The lines of the entry E (FINAL: without brackets) to O; C: lines, allocations and frees
  * written, counted. */
-static inline void put_ent(struct run *r, struct obuf *o, int final, const struct ent *e,
-                           uint64_t c[3])
+static inline __attribute__((always_inline)) void put_ent(struct run *r, struct obuf *o,
+                                                          int final, const struct ent *e,
+                                                          uint64_t c[3], int what)
 {
     if (e->pend)                /* a held pair whose inputs are over: it cancelled */
         return;
     if (!e->hull) {
         if (!final || e->k0 == K_ALLOC || e->k0 == K_FREE) {
-            ob_put(o, e->l0, e->n0);
+            if (what & PUT_LINES)
+                ob_put(o, e->l0, e->n0);
+            if (!(what & PUT_NOTE))
+                return;
             c[0]++;
             if (e->k0 == K_ALLOC) {
                 c[1]++;
@@ -1102,21 +1113,28 @@ static inline void put_ent(struct run *r, struct obuf *o, int final, const struc
         return;
     }
     if (e->k0 == K_FREE || !final) {
-        put_end(o, e->l0, e->n0, e->s0, '+', e->k0 == K_FREE);
-        c[0]++;
-        c[2] += e->k0 == K_FREE;
+        if (what & PUT_LINES)
+            put_end(o, e->l0, e->n0, e->s0, '+', e->k0 == K_FREE);
+        if (what & PUT_NOTE) {
+            c[0]++;
+            c[2] += e->k0 == K_FREE;
+        }
     }
     if (e->k1 == K_ALLOC || !final) {
-        put_end(o, e->l1, e->n1, e->s1, '-', e->k1 == K_ALLOC);
-        c[0]++;
-        if (e->k1 == K_ALLOC) {
-            c[1]++;
-            note_alloc(r, e->l1, e->n1);
+        if (what & PUT_LINES)
+            put_end(o, e->l1, e->n1, e->s1, '-', e->k1 == K_ALLOC);
+        if (what & PUT_NOTE) {
+            c[0]++;
+            if (e->k1 == K_ALLOC) {
+                c[1]++;
+                note_alloc(r, e->l1, e->n1);
+            }
         }
     }
 }
 
 static void write_end(struct run *r, struct obuf *o);
+static void hand_used(struct run *r);
 
 /* Shrinker.entries: sorted by address then number; FINAL drops brackets.  The M entries
  * E (the table's, or those mmleak_shrink_blocks leaves) are sorted in place. */
@@ -1129,10 +1147,26 @@ static void write_state(struct run *r, struct obuf *o, int final, struct ent *en
         qsort(ents, m, sizeof *ents, cmp_ent);
     r->st->entries = m;
     uint64_t c[3] = { 0, 0, 0 };
-    for (size_t i = 0; i < m; i++) {
+    for (size_t i = 0; i < m; i++)
         r->st->entries -= ents[i].pend != 0;    /* a held pair: it cancelled */
-        put_ent(r, o, final, &ents[i], c);
+    if (r->head_first) {        /* what the head needs first, then the head, then the lines */
+        for (size_t i = 0; i < m; i++)
+            put_ent(r, o, final, &ents[i], c, PUT_NOTE);
+        r->st->lines = c[0];
+        r->st->alloc_lines = c[1];
+        r->st->free_lines = c[2];
+        hand_used(r);
+        if (r->stop || (r->on_header && r->on_header(NULL, 0, -1, 0))) {
+            r->stop = r->stop ? r->stop : 1;
+            return;
+        }
+        for (size_t i = 0; i < m; i++)
+            put_ent(r, o, final, &ents[i], c, PUT_LINES);
+        ob_flush(o);
+        return;
     }
+    for (size_t i = 0; i < m; i++)
+        put_ent(r, o, final, &ents[i], c, PUT_BOTH);
     r->st->lines = c[0];
     r->st->alloc_lines = c[1];
     r->st->free_lines = c[2];
@@ -1143,7 +1177,13 @@ static void write_state(struct run *r, struct obuf *o, int final, struct ent *en
 static void write_end(struct run *r, struct obuf *o)
 {
     ob_flush(o);
-    /* the used stack ids, packed at the front of their own mapping, handed over */
+    hand_used(r);
+}
+
+/* The stack ids the result uses, packed at the front of their own mapping, handed over
+ * (stats' used, nused, used_bytes). */
+static void hand_used(struct run *r)
+{
     size_t n = 0;
     for (size_t i = 0; r->used && i <= r->used_mask; i++)
         if (r->used[i])
@@ -1227,6 +1267,10 @@ static int run_end(struct run *r, char *buf, struct obuf *out, int rc)
  * NAME_ID[i]: the index of the first input with the name input i has in messages; COUNTS
  * (npaths * 4: torn, padding, malformed, duplicate) receives the problem counts under it,
  * and the first SHOW problems of each kind and name go to ON_PROBLEM.
+ * FINAL: SHRINK_FINAL, the final result (no brackets); SHRINK_HEAD_FIRST: OUT_FD is where
+ * the whole result goes (no temporary file): once the lines are known, before any is
+ * written, ON_HEADER is called with no line (LINE NULL, FILE -1), STATS already saying what
+ * the head needs (newest, used, and the counts of lines), to write the head lines there.
  * Returns 0 when done, 1 when a callback stopped the run, -1 out of memory, -2 output error
  * (the errno in stats->out_errno). */
 EXPORT int mmleak_shrink(const char *const *paths, const int *name_id, int npaths, int out_fd,
@@ -1243,8 +1287,10 @@ EXPORT int mmleak_shrink(const char *const *paths, const int *name_id, int npath
                                                 buf);
     if (rc == 0) {
         out->fd = out_fd;
-        write_state(&r, out, final, r.t.e, r.t.count);
-        if (out->err) {
+        r.head_first = (final & SHRINK_HEAD_FIRST) != 0;
+        write_state(&r, out, final & SHRINK_FINAL, r.t.e, r.t.count);
+        rc = r.stop;
+        if (rc == 0 && out->err) {
             stats->out_errno = (uint64_t)out->err;
             rc = -2;
         }
@@ -1502,11 +1548,11 @@ static void merge_put(struct run *r, struct merge *g, struct ent *e)
             line = x.k0 == K_FREE || x.k1 == K_ALLOC;
         }
         if (line) {
-            put_ent(r, g->o, 1, &x, g->c);
+            put_ent(r, g->o, 1, &x, g->c, PUT_BOTH);
             g->entries++;
         }
     } else if (!e->pend) {      /* (a held pair: it cancelled) */
-        put_ent(r, g->o, 0, e, g->c);
+        put_ent(r, g->o, 0, e, g->c, PUT_BOTH);
         g->entries++;
         if (g->blocks && g->whole && k_last == K_ALLOC &&
             !merge_block(r, g, e->hull ? e->l1 : e->l0))
@@ -1713,4 +1759,4 @@ EXPORT void mmleak_shrink_stats_free(struct mmleak_shrink_stats *stats)
 }
 
 /* The interface version mmleak.py checks before it relies on the functions' signatures. */
-EXPORT int mmleak_shrink_abi(void) { return 7; }
+EXPORT int mmleak_shrink_abi(void) { return 8; }

@@ -693,7 +693,9 @@ def _live_check_and_trace(tmp_path, dump, *cflags):
                     os.path.join(ROOT, "bench", "alloc_bench.c")], check=True)
     run_traced([bench, "-t", "2", "-n", "50000"], dump, env={"MMLEAK_SCAN": "0"})
     files = sorted(str(dump / n) for n in os.listdir(dump) if n.endswith(".out"))
-    assert len(files) >= 3
+    # the main thread's file and the workers': 3, or 2 when the second worker started after
+    # the first had ended and took its parked file (the scheduler's choice, not ours)
+    assert len(files) >= 2
     return exe, files
 
 

@@ -8,7 +8,8 @@ The program (bench/scan_bench.c): N live blocks of 100 bytes (default 10,000,000
 side on the same source:
 
   verdict   wall time from start to exact verdict: the plain build under mmleak.so (the scan
-            at exit), the LeakSanitizer build (clang -fsanitize=leak; its exit check), and
+            at exit) and under `mmleak.py run --check` (the CI gate: exit 23), the
+            LeakSanitizer build (clang -fsanitize=leak; its exit check), and
             valgrind memcheck (--leak-check=full); each verdict is checked (1,000 blocks
             definitely lost, nothing else lost)
   stall     a scan on demand (mmleak.py scan PID) of the same program kept running with 8
@@ -95,6 +96,17 @@ def main():
         rows.append(("mmleak.so, scan at exit", wall, "%d lost, %d reachable%s" % (
             k.get("definite", (0, 0))[0], k.get("reachable", (0, 0))[0],
             "" if ok else "  WRONG")))
+        for n in os.listdir(d):
+            os.unlink(os.path.join(d, n))
+        # 1b. the CI gate, as a user runs it: `mmleak.py run --check` (its compactor, the scan
+        # at exit, the last pass, the verdict), start to exit status
+        wall, r = timed([sys.executable, MMLEAK_PY, "run", "--check", "-d", d, "--", plain] +
+                        argv)
+        m = re.search(r"^\s*definitely lost:\s+\d+ bytes.*? in (\d+) blocks$",
+                      r.stdout + r.stderr, re.M)
+        lost = int(m.group(1)) if m else -1
+        rows.append(("mmleak.py run --check", wall, "%d lost (exit %d)%s" % (
+            lost, r.returncode, "" if r.returncode == 23 and lost == args.lost else "  WRONG")))
         for n in os.listdir(d):
             os.unlink(os.path.join(d, n))
         # 2. LeakSanitizer

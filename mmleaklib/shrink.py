@@ -158,21 +158,14 @@ class Shrinker:
                         pending[key] = s
                     fresh.discard(key)
                     D[key] = [lo, hi]
-            elif key in pending:
-                y = pending.pop(key)
-                if s == (y + 1 if y == st[1][0] else y - 1):
+            else:
+                y = pending.pop(key, None) if pending else None
+                if y is not None and s == (y + 1 if y == st[1][0] else y - 1):
                     # next to this input's event: nothing of this input lies between them,
                     # so the pair held was all there is of it: it cancels
                     D[key] = (s, kind, line)
                     fresh.add(key)
                 elif s < st[0][0]:
-                    st[0] = (s, kind, line)
-                elif s > st[1][0]:
-                    st[1] = (s, kind, line)
-                elif s == st[0][0] or s == st[1][0]:
-                    problems.add(name, lineno, Q_DUPLICATE)
-            else:
-                if s < st[0][0]:
                     st[0] = (s, kind, line)
                 elif s > st[1][0]:
                     st[1] = (s, kind, line)

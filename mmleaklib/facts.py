@@ -64,7 +64,8 @@ OPTIONS = (
     Option("SCAN_SECS", "MMLEAK_SCAN_SECS", "int", 60, 1, 1 << 20,
            "mmleak-scan: seconds before a scan gives up", "mmleak-scan"),
     Option("SCAN_DEBUG", "MMLEAK_SCAN_DEBUG", "bool", 0, 0, 1,
-           "mmleak-scan: 1 lists on stderr every word found pointing into a block",
+           "mmleak-scan: 1 lists on stderr every word found pointing into a block, "
+           "each step's time and marking's reads",
            "mmleak-scan"),
     Option("SUPPRESSIONS", "MMLEAK_SUPPRESSIONS", "path", None, 0, 0,
            "mmleak.py report and run --check: files of leak:PATTERN suppressions, "

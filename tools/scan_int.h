@@ -44,6 +44,7 @@ struct scan {
     /* the live blocks, sorted by address */
     uint64_t *bp, *bs, *bq;
     uint8_t *st, *pend;
+    uint8_t *hk;                        /* per block: what the heuristics learnt (HK_*), or NULL */
     size_t nb;
     uint64_t lo, hi;
     /* where a word points: the pages the blocks cover, in regions (see page_index) */
@@ -64,6 +65,7 @@ struct scan {
     uint64_t roots[R_KINDS][2], excluded[2], glibc_ex[2];
     uint64_t kinds[4][2];
     uint64_t unreadable;
+    uint64_t reads;                     /* process_vm_readv calls of marking (debug output) */
     int vanished;                       /* the process ended (SIGKILL...) during the scan */
     int rpid;                           /* where memory is read: the process, or its copy */
     int child;                          /* the copy (a fork made in the process), or 0 */

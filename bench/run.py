@@ -38,6 +38,17 @@ BUSY_BIN = os.path.join(OUT, "busy_threads")
 BASE_ENV = {"LC_ALL": "C", "PYTHONHASHSEED": "0"}
 
 
+FAILURES = []
+
+
+def failed(error):
+    """ERROR, printed as a measurement that FAILED: remembered, so that the benchmark exits 1
+    (a tool the machine does not have is not a failure: its row says so)."""
+    if not str(error).endswith("not installed"):
+        FAILURES.append(error)
+    return error
+
+
 def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
@@ -593,18 +604,22 @@ WHOLE = "mmleak whole"      # MMLEAK_DEPTH unset: the default, whole stacks (up 
 BYTES_SLACK = 0.05          # B/event: a file's "#s" lines (its few stacks, once per file)
 STACKS_TARGETS = [
     # (workload, tracer, quantity, limit, label); a limit that is a tracer's name: that
-    # tracer's value of the same quantity on the same workload, + BYTES_SLACK for bytes
-    ("a -r 12", WHOLE, "ns_per_event", 25, "default (whole stacks) on (a) alloc_bench -r 12: <= 25 ns/event added"),
-    ("b plain", WHOLE, "ns_per_event", 25, "default (whole stacks) on (b) plain alloc_bench: <= 25 ns/event added"),
-    ("c tree", WHOLE, "ns_per_event", 40, "default (whole stacks) on (c) stacks_bench: <= 40 ns/event added"),
+    # tracer's value of the same quantity on the same workload, + BYTES_SLACK for bytes.
+    # Time per event is the program's own timing of its loop (loop-ns), as issues 9 and 21
+    # measure it: the whole process's figure also holds the scan at exit, which reads the
+    # whole trace once (about 45 ns per event of a trace never compacted: its own line,
+    # "exit scan", below the table), and process start and exit.
+    ("a -r 12", WHOLE, "internal_ns_per_event", 25, "default (whole stacks) on (a) alloc_bench -r 12: <= 25 loop-ns/event added"),
+    ("b plain", WHOLE, "internal_ns_per_event", 25, "default (whole stacks) on (b) plain alloc_bench: <= 25 loop-ns/event added"),
+    ("c tree", WHOLE, "internal_ns_per_event", 40, "default (whole stacks) on (c) stacks_bench: <= 40 loop-ns/event added"),
     ("a -r 12", WHOLE, "bytes_per_event", "mmleak auto", "default on (a): B/event <= auto's (the old default) + 0.05"),
     ("b plain", WHOLE, "bytes_per_event", "mmleak auto", "default on (b): B/event <= auto's (the old default) + 0.05"),
     ("c tree", WHOLE, "bytes_per_event", 40, "default on (c): <= 40 bytes/event (4099 stacks defined per file)"),
-    ("a -r 12", "mmleak d=16", "ns_per_event", 80, "depth 16 on (a) alloc_bench -r 12: <= 80 ns/event added"),
+    ("a -r 12", "mmleak d=16", "internal_ns_per_event", 80, "depth 16 on (a) alloc_bench -r 12: <= 80 loop-ns/event added"),
     ("a -r 12", "mmleak d=16", "bytes_per_event", 40, "depth 16 on (a) alloc_bench -r 12: <= 40 bytes/event"),
-    ("c tree", "mmleak d=16", "ns_per_event", 80, "depth 16 on (c) stacks_bench: <= 80 ns/event added"),
+    ("c tree", "mmleak d=16", "internal_ns_per_event", 80, "depth 16 on (c) stacks_bench: <= 80 loop-ns/event added"),
     ("c tree", "mmleak d=16", "bytes_per_event", 40, "depth 16 on (c) stacks_bench: <= 40 bytes/event"),
-    ("b plain", "mmleak d=1", "ns_per_event", 20, "depth 1 on (b) plain alloc_bench: <= 20 ns/event added"),
+    ("b plain", "mmleak d=1", "internal_ns_per_event", 20, "depth 1 on (b) plain alloc_bench: <= 20 loop-ns/event added"),
     ("startup", WHOLE, "startup_ms", 1.0, "start-up, default mode (alloc_bench -n 0): <= 1 ms extra"),
     ("startup", NOSCAN, "startup_ms", 1.0, "start-up without the exit scan (MMLEAK_SCAN=0): <= 1 ms extra"),
 ]
@@ -715,7 +730,8 @@ def print_stacks(s):
         "loop-ns", "B/event", "stacks", "events", "note")
     for r in table_rows(hdr, s["rows"]):
         if r.get("error"):
-            print("%-9s %-12s %-9s FAILED: %s" % (r["workload"], r["tracer"], r["size_arg"], r["error"]))
+            print("%-9s %-12s %-9s FAILED: %s" % (r["workload"], r["tracer"], r["size_arg"],
+                                                  failed(r["error"])))
             continue
         bpe = r.get("bytes_per_event")
         note = r.get("note", "")
@@ -742,11 +758,12 @@ def print_stacks(s):
         print()
         print_exit_scan(s["exit_scan"], WHOLE)
         print()
-    print("targets (medians of wall time):")
+    print("targets (medians; time per event from the loop's own timing, loop-ns):")
     for t in s["targets"]:
-        unit = {"ns_per_event": "ns/event", "bytes_per_event": "B/event", "startup_ms": "ms"}[t["key"]]
+        unit = {"internal_ns_per_event": "ns/event", "bytes_per_event": "B/event",
+                "startup_ms": "ms"}[t["key"]]
         fmt = "%.2f" if t["key"] in ("startup_ms", "bytes_per_event") else "%.1f"
-        print("  %-66s %s  (%s %s%s)" % (t["label"], {True: "met", False: "NOT MET", None: "not measured"}[t["met"]],
+        print("  %-71s %s  (%s %s%s)" % (t["label"], {True: "met", False: "NOT MET", None: "not measured"}[t["met"]],
                                           f(t["value"], fmt), unit,
                                           " against " + f(t["limit"], fmt) if t.get("against") else ""))
 
@@ -1069,7 +1086,7 @@ def print_longrun(lr, title="longrun"):
     base = next((r for r in lr["runs"] if r["mode"] == "none" and not r.get("error")), None)
     for r in lr["runs"]:
         if r.get("error"):
-            print("%-9s FAILED: %s" % (r["mode"], r["error"]))
+            print("%-9s FAILED: %s" % (r["mode"], failed(r["error"])))
             continue
         add = ((r["load_cpu_s"] - base["load_cpu_s"]) * 1e9 / r["events_expected"]
                if base and r is not base else None)
@@ -1281,7 +1298,7 @@ def bench_attach(dirs, quick):
         else:
             settings = "MMLEAK_DIR=%s\nMMLEAK_ROTATE_MB=8\n" % ddir
             for i in range(cycles):
-                ms, r = inject_ms(mod, t.pid, "mmleak_shrink_abi", None)
+                ms, r = inject_ms(mod, t.pid, "mmleak_state", None)
                 inside["noop"].append(ms)
                 ms, r = inject_ms(mod, t.pid, "mmleak_attach", settings)
                 if r != 0:
@@ -1438,7 +1455,7 @@ def print_attach_busy(b):
                                                       same[0].get("python", float("nan")))
         print(line)
     if b.get("error"):
-        print("    FAILED: " + b["error"])
+        print("    FAILED: " + failed(b["error"]))
 
 
 def print_attach(a):
@@ -1447,7 +1464,7 @@ def print_attach(a):
           % (a["heap_mb"], a["heap_mb"] * 1024, a["threads"], a["rate"], a["threads"] * a["rate"] * 2,
              a["loadavg_start"][0], (a.get("loadavg_end") or a["loadavg_start"])[0]))
     if a.get("error"):
-        print("  FAILED: " + a["error"])
+        print("  FAILED: " + failed(a["error"]))
     cli = a.get("cli_s", {})
     ins = a.get("inject_ms", {})
 
@@ -1910,7 +1927,8 @@ def print_table(rows):
         "ns/ev-cpu", "B/event", "events", "note")
     for r in table_rows(hdr, rows):
         if r.get("error"):
-            print("%-10s %-13s %-14s FAILED: %s" % (r["workload"], r["tracer"], r["size_arg"], r["error"]))
+            print("%-10s %-13s %-14s FAILED: %s" % (r["workload"], r["tracer"], r["size_arg"],
+                                                     failed(r["error"])))
             continue
         if r.get("not_installed"):
             print("%-10s %-13s %-14s not installed" % (r["workload"], r["tracer"], ""))
@@ -2146,6 +2164,9 @@ def main():
                        shrink=shrink, elapsed_s=elapsed, generated=time.strftime("%Y-%m-%dT%H:%M:%S%z")),
                   fj, indent=1, default=str)
     log("results written to %s" % os.path.relpath(args.json))
+    if FAILURES:
+        log("bench: %d measurement(s) FAILED (above); exit status 1" % len(FAILURES))
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -177,7 +177,14 @@ static void slab_release(struct slab *s)
 /* ---- the state: entries in a dense array, found through an index keyed by the pointer --
  * The entries stay packed (a deletion moves the last one into the hole) and grow in place
  * (mremap: no second copy); the index is open addressing over 4-byte entry numbers, so the
- * state costs the entry, its lines, and a few bytes of index per address. */
+ * state costs the entry, its lines, and a few bytes of index per address.
+ *
+ * The index is built only when it is needed: while the addresses come in ascending order
+ * (a compacted result, a dump of a heap that only grew), the table is LAZY: its entries
+ * are sorted by address, a new address (above the last) is appended and an event of the
+ * last address updates the last entry, with no hash, no index and no sort before writing;
+ * the first event of a lower address builds the index over the entries (table_index), and
+ * the table stays indexed from then on. */
 
 struct ent {
     uint64_t key;
@@ -192,9 +199,10 @@ struct ent {
 
 struct table {
     struct ent *e;           /* count entries, room for cap */
-    uint32_t *ix;            /* 0: empty slot, else 1 + the entry's number */
+    uint32_t *ix;            /* 0: empty slot, else 1 + the entry's number (NULL: LAZY) */
     size_t mask, count, cap, e_bytes, ix_bytes;
     int bits;
+    int lazy;                /* the entries sorted by address, no index yet (BITS: its size) */
 };
 
 static inline size_t home(const struct table *t, uint64_t key)
@@ -205,6 +213,11 @@ static inline size_t home(const struct table *t, uint64_t key)
 static int index_init(struct table *t, int bits)
 {
     size_t n = (size_t)1 << bits;
+    if (t->lazy) {              /* no index yet: only its size, for table_index */
+        t->mask = n - 1;
+        t->bits = bits;
+        return 0;
+    }
     uint32_t *ix = map_mem(n * sizeof *ix);    /* zero-filled: every slot empty */
     if (!ix)
         return -1;
@@ -231,26 +244,44 @@ static int table_init(struct table *t, int bits)
     t->e = map_mem(t->e_bytes);
     if (!t->e)
         return -1;
+    t->lazy = 1;
     return index_init(t, bits);
+}
+
+/* The entry array twice as big, in place. */
+static __attribute__((cold, noinline)) int table_grow(struct table *t)
+{
+    if (t->cap >= UINT32_MAX / 2)
+        return -1;
+    size_t nb = t->e_bytes * 2;
+    void *p = mremap(t->e, t->e_bytes, nb, MREMAP_MAYMOVE);
+    if (p == MAP_FAILED)
+        return -1;
+    t->e = p;
+    t->e_bytes = nb;
+    t->cap *= 2;
+    return 0;
 }
 
 /* Room for one more entry: the array grows in place, the index at 70% load. */
 static int table_room(struct table *t)
 {
-    if (t->count == t->cap) {
-        if (t->cap >= UINT32_MAX / 2)
-            return -1;
-        size_t nb = t->e_bytes * 2;
-        void *p = mremap(t->e, t->e_bytes, nb, MREMAP_MAYMOVE);
-        if (p == MAP_FAILED)
-            return -1;
-        t->e = p;
-        t->e_bytes = nb;
-        t->cap *= 2;
-    }
-    if ((t->count + 1) * 10 > (t->mask + 1) * 7)
+    if (t->count == t->cap && table_grow(t))
+        return -1;
+    if (!t->lazy && (t->count + 1) * 10 > (t->mask + 1) * 7)
         return index_init(t, t->bits + 1);
     return 0;
+}
+
+/* A LAZY table indexed: an address came below the last one.  The index gets the size the
+ * hints asked for (grow_index), or more for the entries it holds. */
+static __attribute__((cold, noinline)) int table_index(struct table *t)
+{
+    int bits = t->bits;
+    while ((t->count + 1) * 10 > ((size_t)1 << bits) * 7)
+        bits++;
+    t->lazy = 0;
+    return index_init(t, bits);
 }
 
 /* Delete the entry of index slot I: backward-shift deletion in the index (no tombstones,
@@ -710,6 +741,27 @@ static inline void event(struct run *r, int file, uint64_t lineno, const char *p
                          uint64_t key, uint64_t s, int kind)
 {
     struct table *t = &r->t;
+    if (t->lazy) {              /* the addresses ascending so far: no index */
+        struct ent *last = t->count ? &t->e[t->count - 1] : NULL;
+        if (!last || key > last->key) {
+            if (unlikely(t->count == t->cap) && table_grow(t)) {
+                r->stop = -1;
+                return;
+            }
+            if (!ent_new(r, &t->e[t->count], p, n, key, s, kind, file))
+                t->count++;
+            return;
+        }
+        if (key == last->key) {
+            if (ent_update(r, last, file, lineno, p, n, s, kind))
+                t->count--;     /* (its line freed: the last entry, no hole to fill) */
+            return;
+        }
+        if (table_index(t)) {   /* a lower address: the index from now on */
+            r->stop = -1;
+            return;
+        }
+    }
     size_t i = home(t, key);
     uint32_t x;
     while ((x = t->ix[i]) && t->e[x - 1].key != key)
@@ -939,7 +991,7 @@ static void feed_fd(struct run *r, int fd, int file, char *buf)
         int nuls = memchr(q, 0, (size_t)(lim - q)) != NULL;
         const char *t;
         struct ahead ah;
-        ahead_start(&ah, &r->t, p, lim, nuls || r->merge);
+        ahead_start(&ah, &r->t, p, lim, nuls || r->merge || r->t.lazy);
         while ((t = nuls ? line_end(q, lim) : memchr(q, '\n', (size_t)(lim - q))) != NULL) {
             ahead_step(&ah, &r->t);
             size_t n = (size_t)(t - p);         /* the text, without what ended it */
@@ -1352,7 +1404,8 @@ static int final_blocks(struct run *r, struct obuf *out, struct mmleak_shrink_st
         struct mmleak_block *v = (struct mmleak_block *)(void *)t->e;
         size_t k = 0, nrest = 0, rest_bytes = 0;
         struct ent *rest = NULL;
-        munmap(t->ix, t->ix_bytes);
+        if (t->ix)
+            munmap(t->ix, t->ix_bytes);
         t->ix = NULL;
         for (size_t i = 0; i < t->count; i++) {
             struct ent e = t->e[i];
@@ -1444,7 +1497,8 @@ static void table_blocks(struct run *r, struct mmleak_blocks *blocks)
             v[k++] = b;
     }
     if (whole) {
-        munmap(t->ix, t->ix_bytes);
+        if (t->ix)
+            munmap(t->ix, t->ix_bytes);
         t->ix = NULL;
         blocks->v = v;
         blocks->n = k;
@@ -1667,7 +1721,8 @@ static int shrink_merge(const char *const *paths, const int *name_id, int npaths
         if (blocks)
             memset(blocks, 0, sizeof *blocks);
         munmap(r.t.e, r.t.e_bytes);
-        munmap(r.t.ix, r.t.ix_bytes);
+        if (r.t.ix)
+            munmap(r.t.ix, r.t.ix_bytes);
         memset(&r.t, 0, sizeof r.t);
         slab_release(&r.mem);
         memset(&r.mem, 0, sizeof r.mem);

@@ -193,6 +193,25 @@ def test_inputs_in_address_order_identical(tmp_path, seed, v2):
     assert rc == mmleak.EXIT_PARTIAL and b"event seen twice" in err
 
 
+def test_an_address_again_after_a_cancel(tmp_path):
+    """In address order, A's block, then B's pair that cancels, then A's free: A is the last
+    address again and changes after the compiled shrinker noted it for the head (stacks
+    used, counts: taken while reading an input in address order).  Only C survives: the
+    head names its stack only, and --stats counts one block, as the Python engine does."""
+    a, b, c = 0x55d000001000, 0x55d000002000, 0x55d000003000
+    lines = [test_shrink.HDR2 % (1, 0), test_shrink.stack_line(0x1000),
+             test_shrink.stack_line(0x1007),
+             b"%012x 0 a 0 @1007\n" % a, b"%012x 0 a 0 @1000\n" % b, b"%012x 1 1\n" % b,
+             b"%012x 1 1\n" % a, b"%012x 0 b 0 @1000\n" % c]
+    p = tmp_path / "mmleak.4242.0.out"
+    p.write_bytes(b"".join(lines))
+    for extra in ([], ["--final"]):
+        rc, out, err = assert_same_cli(["shrink", "--stats"] + extra + [str(p)])
+        assert rc == 0 and b"1 blocks (11 B) survive" in err, err
+        assert b"#s 1000 " in out and b"#s 1007 " not in out
+        assert [l for l in out.splitlines(True) if not l.startswith(b"#")] == [lines[-1]]
+
+
 def test_stdin_and_classic_pipeline_identical(tmp_path):
     files, survivors, foreign = test_shrink.simulate(3, threads=3, events=5000)
     paths = write_files(tmp_path, files)

@@ -446,6 +446,14 @@ struct run {
     struct merge *merge;       /* the input being streamed (merge_event), NULL: none */
     const uint64_t *mute;      /* problems already handed back (counts before a retry) */
     int head_first;            /* mmleak_shrink's SHRINK_HEAD_FIRST (write_state) */
+    /* SHRINK_HEAD_FIRST while the table is LAZY: the entries before NOTED are noted already
+     * for the head (put_ent's PUT_NOTE into NC, as FINAL_NOTES asks; NPEND held pairs),
+     * each when the next address was appended, while its line was still in the cache;
+     * write_state notes only the rest.  NOTING 0: no such notes (notes_drop: an entry noted
+     * changed, or the table was indexed), write_state notes every entry. */
+    int noting, final_notes;
+    size_t noted;
+    uint64_t nc[3], npend;
 };
 
 /* EVENT_RE.fullmatch on a line that ends with its newline (tools/eventline.h).  Returns
@@ -736,6 +744,9 @@ static inline int ent_update(struct run *r, struct ent *e, int file, uint64_t li
     return 0;
 }
 
+static void note_last(struct run *r);
+static void notes_drop(struct run *r);
+
 /* The state update: an event into the table (Shrinker.feed). */
 static inline void event(struct run *r, int file, uint64_t lineno, const char *p, size_t n,
                          uint64_t key, uint64_t s, int kind)
@@ -744,6 +755,8 @@ static inline void event(struct run *r, int file, uint64_t lineno, const char *p
     if (t->lazy) {              /* the addresses ascending so far: no index */
         struct ent *last = t->count ? &t->e[t->count - 1] : NULL;
         if (!last || key > last->key) {
+            if (r->noting && r->noted < t->count)
+                note_last(r);   /* the last entry is what it will be written as */
             if (unlikely(t->count == t->cap) && table_grow(t)) {
                 r->stop = -1;
                 return;
@@ -753,10 +766,14 @@ static inline void event(struct run *r, int file, uint64_t lineno, const char *p
             return;
         }
         if (key == last->key) {
+            if (unlikely(r->noting && r->noted >= t->count))
+                notes_drop(r);  /* an entry noted changes */
             if (ent_update(r, last, file, lineno, p, n, s, kind))
                 t->count--;     /* (its line freed: the last entry, no hole to fill) */
             return;
         }
+        if (r->noting)
+            notes_drop(r);      /* (the notes hold for a LAZY table only) */
         if (table_index(t)) {   /* a lower address: the index from now on */
             r->stop = -1;
             return;
@@ -1188,22 +1205,59 @@ static inline __attribute__((always_inline)) void put_ent(struct run *r, struct 
 static void write_end(struct run *r, struct obuf *o);
 static void hand_used(struct run *r);
 
+/* The last entry of the LAZY table noted for the head (see struct run's NOTING). */
+static void note_last(struct run *r)
+{
+    const struct ent *e = &r->t.e[r->t.count - 1];
+    r->npend += e->pend != 0;
+    put_ent(r, NULL, r->final_notes, e, r->nc, PUT_NOTE);
+    r->noted = r->t.count;
+}
+
+/* The notes taken while reading dropped: write_state takes them all. */
+static __attribute__((cold, noinline)) void notes_drop(struct run *r)
+{
+    r->noting = 0;
+    r->noted = 0;
+    memset(r->nc, 0, sizeof r->nc);
+    r->npend = 0;
+    r->st->alloc_bytes = r->st->alloc_bytes_hi = r->st->newest = 0;
+    if (r->used)
+        munmap(r->used, (r->used_mask + 1) * sizeof *r->used);
+    r->used = NULL;
+    r->used_mask = r->used_n = 0;
+    r->used_zero = 0;
+    r->last_used = 0;
+    r->last_ref_n = 0;
+}
+
 /* Shrinker.entries: sorted by address then number; FINAL drops brackets.  The M entries
- * E (the table's, or those mmleak_shrink_blocks leaves) are sorted in place. */
+ * E (the table's, or those mmleak_shrink_blocks leaves) are sorted in place (a LAZY
+ * table's are sorted already). */
 static void write_state(struct run *r, struct obuf *o, int final, struct ent *ents, size_t m)
 {
-    size_t sorted = 1;
+    int table = ents == r->t.e && m == r->t.count;
+    size_t sorted = table && r->t.lazy ? m : 1;
     while (sorted < m && ents[sorted - 1].key < ents[sorted].key)
         sorted++;
     if (sorted < m)             /* (a result read whole comes in order: no sort then) */
         qsort(ents, m, sizeof *ents, cmp_ent);
-    r->st->entries = m;
-    uint64_t c[3] = { 0, 0, 0 };
-    for (size_t i = 0; i < m; i++)
-        r->st->entries -= ents[i].pend != 0;    /* a held pair: it cancelled */
+    uint64_t c[3] = { 0, 0, 0 }, npend = 0;
     if (r->head_first) {        /* what the head needs first, then the head, then the lines */
-        for (size_t i = 0; i < m; i++)
+        size_t from = 0;
+        if (r->noting && table && r->t.lazy && r->final_notes == final && r->noted <= m) {
+            from = r->noted;    /* noted while reading */
+            memcpy(c, r->nc, sizeof c);
+            npend = r->npend;
+        } else if (r->noting) {
+            notes_drop(r);
+        }
+        r->noting = 0;
+        for (size_t i = from; i < m; i++) {
+            npend += ents[i].pend != 0;         /* a held pair: it cancelled */
             put_ent(r, o, final, &ents[i], c, PUT_NOTE);
+        }
+        r->st->entries = m - npend;
         r->st->lines = c[0];
         r->st->alloc_lines = c[1];
         r->st->free_lines = c[2];
@@ -1217,8 +1271,11 @@ static void write_state(struct run *r, struct obuf *o, int final, struct ent *en
         ob_flush(o);
         return;
     }
-    for (size_t i = 0; i < m; i++)
+    for (size_t i = 0; i < m; i++) {
+        npend += ents[i].pend != 0;             /* a held pair: it cancelled */
         put_ent(r, o, final, &ents[i], c, PUT_BOTH);
+    }
+    r->st->entries = m - npend;
     r->st->lines = c[0];
     r->st->alloc_lines = c[1];
     r->st->free_lines = c[2];
@@ -1334,12 +1391,14 @@ EXPORT int mmleak_shrink(const char *const *paths, const int *name_id, int npath
     char *buf = map_mem(READ_BUF);
     struct run r;
     memset(&r, 0, sizeof r);
+    r.head_first = (final & SHRINK_HEAD_FIRST) != 0;
+    r.noting = r.head_first;    /* the head's notes taken while reading, where they can be */
+    r.final_notes = final & SHRINK_FINAL;
     int rc = !out || !buf ? -1 : shrink_inputs(&r, paths, name_id, npaths, show, on_header,
                                                 on_tick, on_open, on_problem, counts, stats,
                                                 buf);
     if (rc == 0) {
         out->fd = out_fd;
-        r.head_first = (final & SHRINK_HEAD_FIRST) != 0;
         write_state(&r, out, final & SHRINK_FINAL, r.t.e, r.t.count);
         rc = r.stop;
         if (rc == 0 && out->err) {

@@ -101,6 +101,18 @@ static void *map_mem(size_t n)
     return p;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+/* N bytes at P (page-aligned) faulted in by one call (Linux 5.14 and later; before, they
+ * fault in as they are written): 0, or -1 when the kernel cannot. */
+static int populate(void *p, size_t n)
+{
+    int saved = errno, rc = madvise(p, n, MADV_POPULATE_WRITE);
+    errno = saved;
+    return rc;
+}
+
 /* Line storage: size classes of 16 bytes up to SLAB_MAX, each with a free list; bigger lines
  * get a mapping of their own.  A block's class is recomputed from the length kept in the
  * table, so blocks carry no header. */
@@ -140,9 +152,16 @@ static char *slab_alloc(struct slab *s, size_t n)
     }
     size_t sz = c * SLAB_GRAIN;
     if ((size_t)(s->end - s->cur) < sz) {
-        struct chunk *ch = map_mem(CHUNK);
-        if (!ch)
+        /* a chunk is carved from its start, line after line: in pages of 4 KiB (no huge
+         * pages: on a VM, zeroing them took from 0.3 to 1.3 s of system time from run to
+         * run for bench/live.py's 400 MB of lines), all faulted in by one call from the
+         * second chunk on (a slab that holds a few lines costs no more than before) */
+        struct chunk *ch = mmap(NULL, CHUNK, PROT_READ | PROT_WRITE,
+                                MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (ch == MAP_FAILED)
             return NULL;
+        if (s->chunks)
+            populate(ch, CHUNK);
         ch->next = s->chunks;
         ch->size = CHUNK;
         s->chunks = ch;
@@ -177,7 +196,14 @@ static void slab_release(struct slab *s)
 /* ---- the state: entries in a dense array, found through an index keyed by the pointer --
  * The entries stay packed (a deletion moves the last one into the hole) and grow in place
  * (mremap: no second copy); the index is open addressing over 4-byte entry numbers, so the
- * state costs the entry, its lines, and a few bytes of index per address. */
+ * state costs the entry, its lines, and a few bytes of index per address.
+ *
+ * The index is built only when it is needed: while the addresses come in ascending order
+ * (a compacted result, a dump of a heap that only grew), the table is LAZY: its entries
+ * are sorted by address, a new address (above the last) is appended and an event of the
+ * last address updates the last entry, with no hash, no index and no sort before writing;
+ * the first event of a lower address builds the index over the entries (table_index), and
+ * the table stays indexed from then on. */
 
 struct ent {
     uint64_t key;
@@ -192,10 +218,21 @@ struct ent {
 
 struct table {
     struct ent *e;           /* count entries, room for cap */
-    uint32_t *ix;            /* 0: empty slot, else 1 + the entry's number */
+    uint32_t *ix;            /* 0: empty slot, else 1 + the entry's number (NULL: LAZY) */
     size_t mask, count, cap, e_bytes, ix_bytes;
     int bits;
+    int lazy;                /* the entries sorted by address, no index yet (BITS: its size) */
+    size_t pop;              /* bytes of E faulted in ahead (populate_ahead) */
 };
+
+/* The entry array's next POP_STEP bytes faulted in by one call, not a page fault per page
+ * as the entries reach them: never more than POP_STEP beyond the entries written. */
+#define POP_STEP ((size_t)8 << 20)
+static __attribute__((cold, noinline)) void populate_ahead(struct table *t)
+{
+    size_t end = t->pop + POP_STEP < t->e_bytes ? t->pop + POP_STEP : t->e_bytes;
+    t->pop = populate((char *)t->e + t->pop, end - t->pop) ? SIZE_MAX : end;
+}
 
 static inline size_t home(const struct table *t, uint64_t key)
 {
@@ -205,6 +242,11 @@ static inline size_t home(const struct table *t, uint64_t key)
 static int index_init(struct table *t, int bits)
 {
     size_t n = (size_t)1 << bits;
+    if (t->lazy) {              /* no index yet: only its size, for table_index */
+        t->mask = n - 1;
+        t->bits = bits;
+        return 0;
+    }
     uint32_t *ix = map_mem(n * sizeof *ix);    /* zero-filled: every slot empty */
     if (!ix)
         return -1;
@@ -231,26 +273,44 @@ static int table_init(struct table *t, int bits)
     t->e = map_mem(t->e_bytes);
     if (!t->e)
         return -1;
+    t->lazy = 1;
     return index_init(t, bits);
+}
+
+/* The entry array twice as big, in place. */
+static __attribute__((cold, noinline)) int table_grow(struct table *t)
+{
+    if (t->cap >= UINT32_MAX / 2)
+        return -1;
+    size_t nb = t->e_bytes * 2;
+    void *p = mremap(t->e, t->e_bytes, nb, MREMAP_MAYMOVE);
+    if (p == MAP_FAILED)
+        return -1;
+    t->e = p;
+    t->e_bytes = nb;
+    t->cap *= 2;
+    return 0;
 }
 
 /* Room for one more entry: the array grows in place, the index at 70% load. */
 static int table_room(struct table *t)
 {
-    if (t->count == t->cap) {
-        if (t->cap >= UINT32_MAX / 2)
-            return -1;
-        size_t nb = t->e_bytes * 2;
-        void *p = mremap(t->e, t->e_bytes, nb, MREMAP_MAYMOVE);
-        if (p == MAP_FAILED)
-            return -1;
-        t->e = p;
-        t->e_bytes = nb;
-        t->cap *= 2;
-    }
-    if ((t->count + 1) * 10 > (t->mask + 1) * 7)
+    if (t->count == t->cap && table_grow(t))
+        return -1;
+    if (!t->lazy && (t->count + 1) * 10 > (t->mask + 1) * 7)
         return index_init(t, t->bits + 1);
     return 0;
+}
+
+/* A LAZY table indexed: an address came below the last one.  The index gets the size the
+ * hints asked for (grow_index), or more for the entries it holds. */
+static __attribute__((cold, noinline)) int table_index(struct table *t)
+{
+    int bits = t->bits;
+    while ((t->count + 1) * 10 > ((size_t)1 << bits) * 7)
+        bits++;
+    t->lazy = 0;
+    return index_init(t, bits);
 }
 
 /* Delete the entry of index slot I: backward-shift deletion in the index (no tombstones,
@@ -415,6 +475,14 @@ struct run {
     struct merge *merge;       /* the input being streamed (merge_event), NULL: none */
     const uint64_t *mute;      /* problems already handed back (counts before a retry) */
     int head_first;            /* mmleak_shrink's SHRINK_HEAD_FIRST (write_state) */
+    /* SHRINK_HEAD_FIRST while the table is LAZY: the entries before NOTED are noted already
+     * for the head (put_ent's PUT_NOTE into NC, as FINAL_NOTES asks; NPEND held pairs),
+     * each when the next address was appended, while its line was still in the cache;
+     * write_state notes only the rest.  NOTING 0: no such notes (notes_drop: an entry noted
+     * changed, or the table was indexed), write_state notes every entry. */
+    int noting, final_notes;
+    size_t noted;
+    uint64_t nc[3], npend;
 };
 
 /* EVENT_RE.fullmatch on a line that ends with its newline (tools/eventline.h).  Returns
@@ -705,11 +773,43 @@ static inline int ent_update(struct run *r, struct ent *e, int file, uint64_t li
     return 0;
 }
 
+static void note_last(struct run *r);
+static void notes_drop(struct run *r);
+
 /* The state update: an event into the table (Shrinker.feed). */
 static inline void event(struct run *r, int file, uint64_t lineno, const char *p, size_t n,
                          uint64_t key, uint64_t s, int kind)
 {
     struct table *t = &r->t;
+    if (t->lazy) {              /* the addresses ascending so far: no index */
+        struct ent *last = t->count ? &t->e[t->count - 1] : NULL;
+        if (!last || key > last->key) {
+            if (r->noting && r->noted < t->count)
+                note_last(r);   /* the last entry is what it will be written as */
+            if (unlikely(t->count == t->cap) && table_grow(t)) {
+                r->stop = -1;
+                return;
+            }
+            if (unlikely((t->count + 1) * sizeof *t->e > t->pop))
+                populate_ahead(t);
+            if (!ent_new(r, &t->e[t->count], p, n, key, s, kind, file))
+                t->count++;
+            return;
+        }
+        if (key == last->key) {
+            if (unlikely(r->noting && r->noted >= t->count))
+                notes_drop(r);  /* an entry noted changes */
+            if (ent_update(r, last, file, lineno, p, n, s, kind))
+                t->count--;     /* (its line freed: the last entry, no hole to fill) */
+            return;
+        }
+        if (r->noting)
+            notes_drop(r);      /* (the notes hold for a LAZY table only) */
+        if (table_index(t)) {   /* a lower address: the index from now on */
+            r->stop = -1;
+            return;
+        }
+    }
     size_t i = home(t, key);
     uint32_t x;
     while ((x = t->ix[i]) && t->e[x - 1].key != key)
@@ -723,6 +823,8 @@ static inline void event(struct run *r, int file, uint64_t lineno, const char *p
             event(r, file, lineno, p, n, key, s, kind);
             return;
         }
+        if (unlikely((t->count + 1) * sizeof *t->e > t->pop))
+            populate_ahead(t);
         if (ent_new(r, &t->e[t->count], p, n, key, s, kind, file))
             return;
         t->ix[i] = (uint32_t)++t->count;
@@ -939,7 +1041,7 @@ static void feed_fd(struct run *r, int fd, int file, char *buf)
         int nuls = memchr(q, 0, (size_t)(lim - q)) != NULL;
         const char *t;
         struct ahead ah;
-        ahead_start(&ah, &r->t, p, lim, nuls || r->merge);
+        ahead_start(&ah, &r->t, p, lim, nuls || r->merge || r->t.lazy);
         while ((t = nuls ? line_end(q, lim) : memchr(q, '\n', (size_t)(lim - q))) != NULL) {
             ahead_step(&ah, &r->t);
             size_t n = (size_t)(t - p);         /* the text, without what ended it */
@@ -1136,22 +1238,59 @@ static inline __attribute__((always_inline)) void put_ent(struct run *r, struct 
 static void write_end(struct run *r, struct obuf *o);
 static void hand_used(struct run *r);
 
+/* The last entry of the LAZY table noted for the head (see struct run's NOTING). */
+static void note_last(struct run *r)
+{
+    const struct ent *e = &r->t.e[r->t.count - 1];
+    r->npend += e->pend != 0;
+    put_ent(r, NULL, r->final_notes, e, r->nc, PUT_NOTE);
+    r->noted = r->t.count;
+}
+
+/* The notes taken while reading dropped: write_state takes them all. */
+static __attribute__((cold, noinline)) void notes_drop(struct run *r)
+{
+    r->noting = 0;
+    r->noted = 0;
+    memset(r->nc, 0, sizeof r->nc);
+    r->npend = 0;
+    r->st->alloc_bytes = r->st->alloc_bytes_hi = r->st->newest = 0;
+    if (r->used)
+        munmap(r->used, (r->used_mask + 1) * sizeof *r->used);
+    r->used = NULL;
+    r->used_mask = r->used_n = 0;
+    r->used_zero = 0;
+    r->last_used = 0;
+    r->last_ref_n = 0;
+}
+
 /* Shrinker.entries: sorted by address then number; FINAL drops brackets.  The M entries
- * E (the table's, or those mmleak_shrink_blocks leaves) are sorted in place. */
+ * E (the table's, or those mmleak_shrink_blocks leaves) are sorted in place (a LAZY
+ * table's are sorted already). */
 static void write_state(struct run *r, struct obuf *o, int final, struct ent *ents, size_t m)
 {
-    size_t sorted = 1;
+    int table = ents == r->t.e && m == r->t.count;
+    size_t sorted = table && r->t.lazy ? m : 1;
     while (sorted < m && ents[sorted - 1].key < ents[sorted].key)
         sorted++;
     if (sorted < m)             /* (a result read whole comes in order: no sort then) */
         qsort(ents, m, sizeof *ents, cmp_ent);
-    r->st->entries = m;
-    uint64_t c[3] = { 0, 0, 0 };
-    for (size_t i = 0; i < m; i++)
-        r->st->entries -= ents[i].pend != 0;    /* a held pair: it cancelled */
+    uint64_t c[3] = { 0, 0, 0 }, npend = 0;
     if (r->head_first) {        /* what the head needs first, then the head, then the lines */
-        for (size_t i = 0; i < m; i++)
+        size_t from = 0;
+        if (r->noting && table && r->t.lazy && r->final_notes == final && r->noted <= m) {
+            from = r->noted;    /* noted while reading */
+            memcpy(c, r->nc, sizeof c);
+            npend = r->npend;
+        } else if (r->noting) {
+            notes_drop(r);
+        }
+        r->noting = 0;
+        for (size_t i = from; i < m; i++) {
+            npend += ents[i].pend != 0;         /* a held pair: it cancelled */
             put_ent(r, o, final, &ents[i], c, PUT_NOTE);
+        }
+        r->st->entries = m - npend;
         r->st->lines = c[0];
         r->st->alloc_lines = c[1];
         r->st->free_lines = c[2];
@@ -1165,8 +1304,11 @@ static void write_state(struct run *r, struct obuf *o, int final, struct ent *en
         ob_flush(o);
         return;
     }
-    for (size_t i = 0; i < m; i++)
+    for (size_t i = 0; i < m; i++) {
+        npend += ents[i].pend != 0;             /* a held pair: it cancelled */
         put_ent(r, o, final, &ents[i], c, PUT_BOTH);
+    }
+    r->st->entries = m - npend;
     r->st->lines = c[0];
     r->st->alloc_lines = c[1];
     r->st->free_lines = c[2];
@@ -1282,12 +1424,14 @@ EXPORT int mmleak_shrink(const char *const *paths, const int *name_id, int npath
     char *buf = map_mem(READ_BUF);
     struct run r;
     memset(&r, 0, sizeof r);
+    r.head_first = (final & SHRINK_HEAD_FIRST) != 0;
+    r.noting = r.head_first;    /* the head's notes taken while reading, where they can be */
+    r.final_notes = final & SHRINK_FINAL;
     int rc = !out || !buf ? -1 : shrink_inputs(&r, paths, name_id, npaths, show, on_header,
                                                 on_tick, on_open, on_problem, counts, stats,
                                                 buf);
     if (rc == 0) {
         out->fd = out_fd;
-        r.head_first = (final & SHRINK_HEAD_FIRST) != 0;
         write_state(&r, out, final & SHRINK_FINAL, r.t.e, r.t.count);
         rc = r.stop;
         if (rc == 0 && out->err) {
@@ -1352,7 +1496,8 @@ static int final_blocks(struct run *r, struct obuf *out, struct mmleak_shrink_st
         struct mmleak_block *v = (struct mmleak_block *)(void *)t->e;
         size_t k = 0, nrest = 0, rest_bytes = 0;
         struct ent *rest = NULL;
-        munmap(t->ix, t->ix_bytes);
+        if (t->ix)
+            munmap(t->ix, t->ix_bytes);
         t->ix = NULL;
         for (size_t i = 0; i < t->count; i++) {
             struct ent e = t->e[i];
@@ -1444,7 +1589,8 @@ static void table_blocks(struct run *r, struct mmleak_blocks *blocks)
             v[k++] = b;
     }
     if (whole) {
-        munmap(t->ix, t->ix_bytes);
+        if (t->ix)
+            munmap(t->ix, t->ix_bytes);
         t->ix = NULL;
         blocks->v = v;
         blocks->n = k;
@@ -1667,7 +1813,8 @@ static int shrink_merge(const char *const *paths, const int *name_id, int npaths
         if (blocks)
             memset(blocks, 0, sizeof *blocks);
         munmap(r.t.e, r.t.e_bytes);
-        munmap(r.t.ix, r.t.ix_bytes);
+        if (r.t.ix)
+            munmap(r.t.ix, r.t.ix_bytes);
         memset(&r.t, 0, sizeof r.t);
         slab_release(&r.mem);
         memset(&r.mem, 0, sizeof r.mem);

@@ -155,12 +155,11 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
     /* the tag again, in the copy: the record may have been rewritten for another start
      * since the scan read it (a new stamp alone changes nothing of it) */
     if ((q & 1) || (uint32_t)atomic_load_explicit(&r->seq, memory_order_relaxed) != (uint32_t)q ||
-        rtag != tag || (unsigned)with_bp > (flags & MEMO_F_BP))
+        rtag != tag || n > MEMO_DELTAS || (n & 3) || (unsigned)with_bp > (flags & MEMO_F_BP))
         return 0;
-    /* the words must lie on this thread's stack as it is known now: [sp, sp + 8 * top] in
-     * [U.lo, U.hi) (top, bytes 30-31 of the steps, below 2^16: no overflow) */
-    uintptr_t sp = s->sp, top = (uintptr_t)(d.w[3] >> 48);
-    if (sp < U.lo || sp + 8 * top >= U.hi)
+    /* the words must lie on this thread's stack as it is known now */
+    uintptr_t sp = s->sp, top = (uint8_t)d.b[30] | (uintptr_t)(uint8_t)d.b[31] << 8;
+    if (sp < U.lo || sp >= U.hi || top >= (U.hi - sp) / 8)
         return 0;
     const uintptr_t *w = (const uintptr_t *)sp;
     uint64_t a = 0, b = 0;
@@ -180,8 +179,6 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
             a += w[o];
             b += a;
         }
-    } else if (n > MEMO_DELTAS || (n & 3)) {
-        return 0;       /* (the check above reads MEMO_HASHED steps whatever n) */
     } else for (unsigned i = 0, j = 0; i < n; i++) {
         long k = d.b[j++];
         if (k == MEMO_ESC) {         /* a larger step: 16 bits follow */

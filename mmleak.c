@@ -243,7 +243,7 @@ COLD static void *boot_or_resolve(size_t n, int zero)
                 return bp_;                                                                   \
         }                                                                                     \
         if (H->memo)                                                                          \
-            MEMO_PREFETCH_HERE(__builtin_return_address(0));                                  \
+            MML_MEMO_PREFETCH(__builtin_return_address(0));                                   \
     } while (0)
 
 /* Record a block the real allocator returned (nothing when it failed).  Always inlined, like
@@ -592,7 +592,7 @@ HOT_INLINE void *op_new(size_t n, size_t al, int nothrow, const void *ra)
     if (unlikely(!real.malloc))
         resolve();
     if (H->memo)    /* see ENSURE_REAL: inlined into the entry point, this is its frame */
-        MEMO_PREFETCH_HERE(ra);
+        MML_MEMO_PREFETCH(ra);
     void *p = al ? al_alloc(al, n ? n : 1) : real.malloc(n ? n : 1);
     if (likely(p != NULL)) {
         rec_alloc(p, n, ra);

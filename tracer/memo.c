@@ -3,13 +3,97 @@
  * stack words still hash the same is not made again.  Split from unwind.c (the walk), which
  * stays usable alone: the tests and the unwinder's benchmark link it without this file.
  */
-#include "memo.h"
+#include "unwind.h"
+#include "unwind_shared.h"
+#include "rulecache.h"
+#include "compiler.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
 
-/* The records (memo.h): 8192 sets of four, 2 MiB of .bss, only the pages used cost memory. */
-struct memo g_memo[1U << MEMO_BITS] __attribute__((aligned(64 * MEMO_WAYS)));
+/* ---- the memo ------------------------------------------------------------------------------
+ * One table for all threads (a key holds a stack pointer, so threads do not share records,
+ * and one table costs less memory than one per thread), sets of four records chosen by the
+ * start (memo_set), one cache line per record: the walk it replaces costs a chain of dependent loads, and a record that
+ * is itself a cache miss would eat most of the gain (a record of 384 bytes with the words
+ * themselves was measured at about 100 ns per lookup on the many-stacks benchmark, most of
+ * it waiting for memory).  So a record keeps a 64-bit hash of the words, not the words: a
+ * walk is skipped when the same start (ip, sp, the settings, the dlclose generation, and bp
+ * if the walk used it) finds stack words with the same hash at the same places.  A false
+ * match needs two 64-bit hashes to collide, as likely as two stacks sharing an id.
+ *
+ * The places are kept as the differences between consecutive offsets, in words: one byte
+ * each (frames below 1 KiB), or an escape and 16 bits (up to 256 KiB); a walk whose steps do
+ * not fit the 32 bytes is not kept.  A record is written under a
+ * sequence number (odd while written: readers miss, another writer, such as a signal handler
+ * interrupting this one, gives up) and read with the number checked before and after, and
+ * every offset read is checked against this thread's stack, so a torn record is a miss,
+ * never a stray read. */
+#define MEMO_BITS 15         /* 8192 sets of four records: 2 MiB of .bss, only the pages used
+                                cost memory */
+#define MEMO_WAYS 4
+#define MEMO_DELTAS 30
+#define MEMO_HASHED 28      /* words hashed: the walk's n (at most 28, a multiple of 4), then
+                               copies of the last */
+#define MEMO_ESC (-128)     /* in delta[]: the step does not fit a byte, two bytes follow */
+#define MEMO_F_BP 1         /* flags: the walk used the start's bp (the tag holds it) */
+#define MEMO_F_ESC 2        /* delta[] holds an escape (a step of 128 words or more) */
+/* value's word: the caller's value in its low MML_MEMO_VALUE_BITS, then the words (n, 6
+ * bits), the frames (7 bits) and the flags (2 bits) */
+#define MEMO_N_SHIFT MML_MEMO_VALUE_BITS
+#define MEMO_NF_SHIFT (MEMO_N_SHIFT + 6)
+#define MEMO_FL_SHIFT (MEMO_NF_SHIFT + 7)
+_Static_assert(MEMO_FL_SHIFT + 2 <= 64, "value, n, nframes and flags share a word");
+struct memo {
+    _Atomic uint64_t seq;   /* low 32 bits: the sequence number, odd while written; high 32:
+                               the stamp (mml_memo_stamp: the id set of that stamp holds the
+                               value), 0 when written */
+    uint64_t tag;           /* memo_tag(): the start (ip, sp, bp if used), settings, generation */
+    uint64_t vhash;         /* hash of the words */
+    uint64_t value;         /* the value, n, nframes, flags (MEMO_*_SHIFT) */
+    uint64_t dw[4];         /* bytes 0-29: the offsets of the words from sp, in words, as
+                               differences (a byte, or MEMO_ESC and 16 bits: frames of 1 KiB
+                               or more); bytes 30-31: the highest offset (little-endian) */
+} __attribute__((aligned(64)));
+_Static_assert(sizeof(struct memo) == 64, "a memo record is one cache line");
+static struct memo g_memo[1U << MEMO_BITS] __attribute__((aligned(64 * MEMO_WAYS)));
+
+static inline uint64_t mix64(uint64_t h)
+{
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    return h ^ h >> 33;
+}
+
+/* The four records (ways) a walk from (ip, sp) may be kept in, as the one it is looked up in
+ * first (its preferred way: memo_put keeps it there when that way is free, and the entry
+ * point prefetches that record alone); memo_ways gives the set.  The set is chosen by the
+ * start and by the return address one frame up, found with the cached rule of ip: many paths
+ * reach the same function at the same depth (the same start), and they then take different
+ * sets.  A wrong or missing rule only costs a miss: the words checked include that return
+ * address. */
+static inline struct memo *memo_set(uintptr_t ip, uintptr_t sp)
+{
+    uintptr_t up = 0;
+    uint64_t e = cache_get(ip);
+    if (likely(e) && (e >> TAG_BITS & 7) == K_RSP) {
+        uintptr_t cfa = sp + (uintptr_t)((int64_t)e >> OFF_SHIFT);
+        if (cfa >= sp + 8 && cfa <= U.hi && sp >= U.lo)
+            up = *(const uintptr_t *)(cfa - 8);
+    }
+    uint64_t h = (uint64_t)ip * 0x9E3779B97F4A7C15ull ^ (uint64_t)sp * 0xC2B2AE3D27D4EB4Full ^
+                 (uint64_t)up * 0x165667B19E3779F9ull;
+    h ^= h >> 29;
+    return &g_memo[MEMO_WAYS * (h >> (64 - MEMO_BITS + 2)) + (h >> 20 & (MEMO_WAYS - 1))];
+}
+
+_Static_assert((MEMO_WAYS & (MEMO_WAYS - 1)) == 0, "ways: a power of two");
+static inline struct memo *memo_ways(struct memo *r)
+{
+    return (struct memo *)((uintptr_t)r & ~(uintptr_t)(sizeof *r * MEMO_WAYS - 1));
+}
 
 /* 1 while the thread's recent walks serve most lookups (recent.h): the entry points do not
  * prefetch (U.pf_ip is then 0: the lookup computes its set) */
@@ -17,7 +101,39 @@ __thread int mml_memo_prefetch_off __attribute__((tls_model("initial-exec")));
 
 void mml_memo_prefetch(uintptr_t ip, uintptr_t sp)
 {
-    memo_prefetch(ip, sp);
+    struct memo *r = memo_set(ip, sp);
+    __builtin_prefetch(r);
+    U.pf_ip = 0;            /* a handler that reads the three between these stores misses */
+    atomic_signal_fence(memory_order_seq_cst);
+    U.pf_set = r;
+    U.pf_sp = sp;
+    atomic_signal_fence(memory_order_seq_cst);
+    U.pf_ip = ip;
+}
+
+/* The tag of a record: its start, with bp if the walk used it, the caller's settings and the
+ * generation.  Only compared for equality: a mix (a bijection) would not make two tags
+ * differ that are equal without it.  With bp, that of a walk without it and a mix of bp. */
+static inline uint64_t memo_tag0(const struct mml_start *s, unsigned salt, unsigned gen)
+{
+    return s->ip * 0x9E3779B97F4A7C15ull + s->sp * 0xC2B2AE3D27D4EB4Full +
+           ((uint64_t)salt << 32 | gen);
+}
+
+static inline uint64_t memo_tag1(uint64_t tag0, uintptr_t bp)
+{
+    return tag0 ^ mix64(bp * 0x165667B19E3779F9ull + 0x27D4EB2F165667C5ull);
+}
+
+/* The words' hash: n + the sum of word i times MEMO_MUL(i), an odd constant of its own (not
+ * mixed: only compared for equality, see memo_tag0), over n = MEMO_HASHED words: the walk's,
+ * then copies of its last.  The sum is K * A + 2 * (n * A - B), where A is the sum of the words and B the sum
+ * of the running sums A: two additions per word, no multiplication (memo_sum). */
+#define MEMO_MUL(i) (MEMO_K + 2 * (uint64_t)(i))
+#define MEMO_K 0x8CB92BA72F3D8DD7ull
+static inline uint64_t memo_sum(unsigned n, uint64_t a, uint64_t b)
+{
+    return (uint64_t)n + MEMO_K * a + 2 * ((uint64_t)n * a - b);
 }
 
 unsigned mml_memo_gen(void)
@@ -25,13 +141,140 @@ unsigned mml_memo_gen(void)
     return atomic_load_explicit(&g_memo_gen, memory_order_acquire);
 }
 
+#define LD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+#define ST(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
+
+/* Record r, whose tag is the start's: 1 if the words still hash the same.  The record is
+ * copied first, its sequence number checked before and after: the copy is then one whole
+ * record as memo_put wrote it, whose offsets all lie in [0, top], so one bounds check against
+ * this thread's stack covers every word read.  Its words are a multiple of 4 (memo_put pads
+ * them with copies of the last, and hashes MEMO_HASHED of them: the check of a record without
+ * escapes reads that many, whatever n). */
+static inline __attribute__((always_inline)) int
+memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp, uint64_t *value,
+           int *nframes, struct mml_trail *words, struct mml_memo_hit *hit)
+{
+    uint64_t q = atomic_load_explicit(&r->seq, memory_order_acquire);
+    uint64_t rtag = LD(r->tag);
+    uint64_t vh = LD(r->vhash), vw = LD(r->value);
+    union { uint64_t w[4]; int8_t b[32]; } d;
+    d.w[0] = LD(r->dw[0]);
+    d.w[1] = LD(r->dw[1]);
+    d.w[2] = LD(r->dw[2]);
+    d.w[3] = LD(r->dw[3]);
+    atomic_thread_fence(memory_order_acquire);
+    unsigned n = (unsigned)(vw >> MEMO_N_SHIFT) & 63, nf = (unsigned)(vw >> MEMO_NF_SHIFT) & 127;
+    unsigned flags = (unsigned)(vw >> MEMO_FL_SHIFT) & 3;
+    uint64_t val = vw & ((1ull << MML_MEMO_VALUE_BITS) - 1);
+    /* the tag again, in the copy: the record may have been rewritten for another start
+     * since the scan read it (a new stamp alone changes nothing of it) */
+    if ((q & 1) || (uint32_t)atomic_load_explicit(&r->seq, memory_order_relaxed) != (uint32_t)q ||
+        rtag != tag || n > MEMO_DELTAS || (n & 3) || (unsigned)with_bp > (flags & MEMO_F_BP))
+        return 0;
+    /* the words must lie on this thread's stack as it is known now */
+    uintptr_t sp = s->sp, top = (uint8_t)d.b[30] | (uintptr_t)(uint8_t)d.b[31] << 8;
+    if (sp < U.lo || sp >= U.hi || top >= (U.hi - sp) / 8)
+        return 0;
+    const uintptr_t *w = (const uintptr_t *)sp;
+    uint64_t a = 0, b = 0;
+    long o = 0;
+    if (likely(!(flags & MEMO_F_ESC)) && !words) {
+        /* one byte per step, no escape to decode: always MEMO_HASHED words, the steps
+         * after the n-th being 0 (copies of the last word), so no branch on n to mispredict
+         * (the exit of a loop of n steps was, about one lookup in two on bench/stacks_bench) */
+        int8_t db[32] __attribute__((aligned(16)));
+        __builtin_memcpy(db, d.b, sizeof db);
+        /* the steps read back one byte each from memory (one load that sign-extends), not
+         * shifted out of the record's words in registers (three instructions more a step) */
+        __asm__("" : "+m"(db));
+#pragma GCC unroll 28
+        for (unsigned i = 0; i < MEMO_HASHED; i++) {
+            o += db[i];
+            a += w[o];
+            b += a;
+        }
+    } else for (unsigned i = 0, j = 0; i < n; i++) {
+        long k = d.b[j++];
+        if (k == MEMO_ESC) {         /* a larger step: 16 bits follow */
+            if (j + 2 > MEMO_DELTAS)
+                return 0;
+            k = (int16_t)(uint16_t)((uint8_t)d.b[j] | (uint8_t)d.b[j + 1] << 8);
+            j += 2;
+        }
+        o += k;
+        if (unlikely(o < 0 || (uintptr_t)o > top || j > MEMO_DELTAS))
+            return 0;
+        uintptr_t v = w[o];
+        a += v;
+        b += a;
+        if (words) {
+            words->off[i] = (uint16_t)o;
+            words->val[i] = v;
+        }
+        if (i + 1 == n)         /* the hash goes on with copies of the last word */
+            for (unsigned k = n; k < MEMO_HASHED; k++) {
+                a += v;
+                b += a;
+            }
+    }
+    if (memo_sum(MEMO_HASHED, a, b) != vh)
+        return 0;
+    *value = val;
+    *nframes = (int)nf;
+    if (hit) {
+        hit->rec = r;
+        hit->seq = q;
+    }
+    if (words) {
+        words->n = (int)n;
+        words->bad = 0;
+        words->walked = *nframes;
+        words->bp_from = with_bp ? 0 : 1 << 30;
+    }
+    return 1;
+}
+
+/* The ways of the set whose tag is the start's (without bp, or with it for a walk that used
+ * it), each checked: r, the preferred way, first. */
+static inline __attribute__((always_inline)) int
+memo_find(struct memo *r, const struct mml_start *s, uint64_t t0, uint64_t *value,
+          int *nframes, struct mml_trail *words, struct mml_memo_hit *hit)
+{
+    uint64_t t1 = 0;
+    struct memo *set = memo_ways(r);
+    unsigned p = (unsigned)(r - set);
+    for (unsigned k = 0; k < MEMO_WAYS; k++) {
+        struct memo *x = &set[(p + k) & (MEMO_WAYS - 1)];
+        uint64_t tag = LD(x->tag);
+        int with_bp = 0;
+        if (tag != t0) {
+            if (!(LD(x->value) >> MEMO_FL_SHIFT & MEMO_F_BP))
+                continue;
+            if (!t1)
+                t1 = memo_tag1(t0, s->bp);
+            if (tag != t1)
+                continue;
+            with_bp = 1;
+        }
+        if (memo_check(x, s, tag, with_bp, value, nframes, words, hit))
+            return 1;
+    }
+    return 0;
+}
+
 int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int *nframes,
                  struct mml_trail *words, struct mml_memo_hit *hit)
 {
+    /* the set the entry point prefetched, if this is that start (a signal handler's
+     * allocation in between may have prefetched another) */
+    struct memo *r = U.pf_ip == s->ip && U.pf_sp == s->sp ? U.pf_set : memo_set(s->ip, s->sp);
+    if (atomic_load_explicit(&g_unloading, memory_order_relaxed))
+        return 0;
+    uint64_t t0 = memo_tag0(s, salt, atomic_load_explicit(&g_memo_gen, memory_order_relaxed));
     /* two copies of the check: the one without words has no trace of them */
     if (words)
-        return memo_lookup(s, salt, value, nframes, words, NULL);
-    return memo_lookup(s, salt, value, nframes, NULL, hit);
+        return memo_find(r, s, t0, value, nframes, words, NULL);
+    return memo_find(r, s, t0, value, nframes, NULL, hit);
 }
 
 void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
@@ -96,13 +339,13 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
         tag = memo_tag1(tag, s->bp);
     struct memo *pref = memo_set(s->ip, s->sp), *set = memo_ways(pref), *r = NULL;
     unsigned start = (unsigned)(mix64(h) >> 17);
-    if (!MEMO_LD(pref->tag))
+    if (!LD(pref->tag))
         r = pref;
     for (unsigned w = 0; w < MEMO_WAYS && !r; w++)
-        if (!MEMO_LD(set[w].tag))
+        if (!LD(set[w].tag))
             r = &set[w];
     for (unsigned w = 0; w < MEMO_WAYS && !r; w++)
-        if (MEMO_LD(set[(start + w) % MEMO_WAYS].tag) != tag)
+        if (LD(set[(start + w) % MEMO_WAYS].tag) != tag)
             r = &set[(start + w) % MEMO_WAYS];
     if (!r)
         r = &set[start % MEMO_WAYS];
@@ -115,12 +358,12 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
         return;
     atomic_thread_fence(memory_order_release);
     for (int i = 0; i < 4; i++)
-        MEMO_ST(r->dw[i], d.w[i]);
+        ST(r->dw[i], d.w[i]);
     unsigned flags = (use_bp ? MEMO_F_BP : 0) | (j != n ? MEMO_F_ESC : 0);
-    MEMO_ST(r->value, value | (uint64_t)n << MEMO_N_SHIFT | (uint64_t)nframes << MEMO_NF_SHIFT |
+    ST(r->value, value | (uint64_t)n << MEMO_N_SHIFT | (uint64_t)nframes << MEMO_NF_SHIFT |
                      (uint64_t)flags << MEMO_FL_SHIFT);
-    MEMO_ST(r->tag, tag);
-    MEMO_ST(r->vhash, h);
+    ST(r->tag, tag);
+    ST(r->vhash, h);
     /* the new sequence number, and no stamp: no id set is known to hold the new value */
     atomic_store_explicit(&r->seq, (uint32_t)(lo + 2), memory_order_release);
 }

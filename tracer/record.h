@@ -18,7 +18,6 @@
 
 #include "internal.h"
 #include "line.h"
-#include "memo.h"
 #include "recent.h"
 
 #pragma GCC visibility push(hidden)     /* see internal.h */
@@ -117,17 +116,16 @@ int stack_ref_stamp(struct tstate *t, const struct mml_memo_hit *h, uint64_t id)
 /* The stack writer: every allocation with MMLEAK_DEPTH above 1 (the default) comes here from
  * the entry point, inline in it (no call, no frame of its own), FP the entry point's frame.
  * The common case: the thread's recent walks (recent.h: a comparison per stack word) or the
- * memo (memo.h: a hash of them, in memory shared by all threads) know the walk from the
+ * memo (memo.c: a hash of them, in memory shared by all threads) know the walk from the
  * caller's frame, and this thread's file already holds the stack, so the line "PTR SEQ SIZE
  * TIME @ID" is written at the cursor like the fast path's, with no call that can allocate or
  * block.  Inline: the checks of the thread's state, the start (the entry point's return
  * address and frame), a recent walk's hit whose slot is stamped (this file's set of ids was
- * seen to hold its id, and has lost none since), the memo's lookup (memo.h), the line; the
- * rest of the lookup is stack_ref_lookup's and stack_ref_stamp's (stacks.c).  The guard is
- * held while the walks, the memo and the file's set of ids are read (a signal handler's
- * allocation in between passes through untraced, as in the general path).  Anything else (a
- * first walk, a stack new to the file, a full half, values too wide...) goes to the general
- * path. */
+ * seen to hold its id, and has lost none since), the memo's call, the line; the rest of the
+ * lookup is stack_ref_lookup's and stack_ref_stamp's (stacks.c).  The guard is held while the
+ * walks, the memo and the file's set of ids are read (a signal handler's allocation in
+ * between passes through untraced, as in the general path).  Anything else (a first walk, a
+ * stack new to the file, a full half, values too wide...) goes to the general path. */
 HOT_INLINE void rec_stack_ref(void *p, size_t n, const void *ra, const void *fp)
 {
     struct tstate *t = &T;
@@ -157,7 +155,7 @@ HOT_INLINE void rec_stack_ref(void *p, size_t n, const void *ra, const void *fp)
          * has lost none since (else the set is asked, and the record stamped) */
         struct mml_memo_hit h;
         int nf;
-        found = memo_lookup(&st, (unsigned)cfg.depth, &id, &nf, NULL, &h) && nf > 1;
+        found = mml_memo_get(&st, (unsigned)cfg.depth, &id, &nf, NULL, &h) && nf > 1;
         if (found && unlikely((MML_MEMO_HIT_STAMP(&h) != t->ss_stamp) | !t->ss_stamp))
             found = stack_ref_stamp(t, &h, id);
     } else {

@@ -140,7 +140,7 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
 
 /* Start bringing the memo's records of a walk from (ip, sp) into the cache: an entry point may
  * call it (MML_MEMO_PREFETCH) before it calls the real allocator, so that the lookup after it
- * finds them there.  mmleak.so's entry points use memo.h's inline copy (MEMO_PREFETCH_HERE). */
+ * finds them there. */
 void mml_memo_prefetch(uintptr_t ip, uintptr_t sp);
 /* In the interposed function itself (its frame is where the walk starts).  Not called while
  * the thread's recent walks serve most lookups (mml_memo_prefetch_off: the flag it would

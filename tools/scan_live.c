@@ -66,8 +66,9 @@ struct slot {
     int32_t file;           /* single: the input of its event; PEND: of the held event */
 };
 
-/* An event: its address (KEY), number, size (an allocation's) and kind, plus 4 times its
- * input's number (slot_event needs it). */
+/* An event: its address (KEY), number, size (an allocation's) and kind, plus EV_IFANY
+ * (pre_event) and 8 times its input's number (slot_event needs it). */
+#define EV_IFANY 4
 struct ev { uint64_t key, seq, size; uint32_t kind; };
 struct evs {                /* an array of events in mapped memory (grows in place) */
     struct ev *v;
@@ -89,6 +90,7 @@ struct feed {
     int file;               /* the input being read */
     int unsorted;           /* the batch's events are not all in address order */
     int attached, glibc, oom;
+    struct pre *pre;        /* the current input's recent addresses (pre_event) */
 };
 
 /* An event line (ended by its newline), as tools/shrink.c takes it (tools/eventline.h):
@@ -312,7 +314,8 @@ static int flush(struct feed *f)
             rd--;
         }
         for (const struct ev *x = q; x < p; x++)        /* in the files' order */
-            slot_event(&e, &have, x->seq, (int)(x->kind & 3), x->size, (int)(x->kind >> 2));
+            if (have || !(x->kind & EV_IFANY))
+                slot_event(&e, &have, x->seq, (int)(x->kind & 3), x->size, (int)(x->kind >> 3));
         if (have) {
             --w;
             w->key = key;
@@ -345,7 +348,7 @@ static inline void batch_event(struct feed *f, uint64_t key, uint64_t s, int kin
     }
     if (b->n && key < b->v[b->n - 1].key)
         f->unsorted = 1;
-    b->v[b->n++] = (struct ev){ key, s, size, (uint32_t)kind | (uint32_t)f->file << 2 };
+    b->v[b->n++] = (struct ev){ key, s, size, (uint32_t)kind | (uint32_t)f->file << 3 };
 }
 
 /* An event of a sorted input read into S directly (S held nothing before it): folded into
@@ -377,6 +380,96 @@ static inline void direct_event(struct feed *f, uint64_t key, uint64_t s, int ki
     int have = 0;
     x->key = key;
     slot_event(&x->e, &have, s, kind, size, f->file);
+}
+
+/* ---- an input's pairs of one address, most merged as one event ----
+ * A pair: an allocation numbered s and a free numbered s+1 of one input, the address's next
+ * two events in it (mmleak.so numbers an address's events one by one: a program's blocks
+ * come as such pairs).  After two pairs of one input, whatever the state before them (any
+ * inputs, any batch), the address's state is either none (each pair cancelled) or a hull
+ * that holds no pair (slot_event), which stays one: a later event only moves its low or
+ * high end.  So the input's next pairs of that address, in increasing order, change the
+ * state only through their highest event, and only when there is a state: they go to the
+ * batch as that one event, marked EV_IFANY (merged only into a state, dropped on none).
+ * A table of the recent addresses of the input being read (PRE_SLOTS, direct-mapped) holds
+ * per address the allocation not yet paired, the pairs' count since the last event that
+ * was not in one (to 2; those are given to the batch as they are) and the highest event of
+ * the pairs after them.  An address's events reach the batch in the input's order (its
+ * slot is emptied before any other of its events goes there); the table is emptied at the
+ * end of every input.  The rules are checked against the merge of every event in
+ * tests/test_scan_live_pairs.py. */
+#define PRE_BITS 14
+#define PRE_SLOTS ((size_t)1 << PRE_BITS)
+
+struct pre {
+    uint64_t key, top;      /* TOP: the highest number of the address in this input */
+    uint64_t hseq, hsize;   /* the allocation held (HELD), waiting for its free */
+    uint64_t lseq, lsize;   /* LAST: the highest event of the pairs merged as one */
+    uint8_t hkind, lkind, held, last, pairs, used;
+};
+
+static inline size_t pre_slot(uint64_t key)
+{
+    return (size_t)((key >> 4) ^ (key >> (4 + PRE_BITS))) & (PRE_SLOTS - 1);
+}
+
+/* What slot E holds, to the batch; E emptied. */
+static void pre_out(struct feed *f, struct pre *e)
+{
+    if (e->last)
+        batch_event(f, e->key, e->lseq, e->lkind | EV_IFANY, e->lsize);
+    if (e->held)
+        batch_event(f, e->key, e->hseq, e->hkind, e->hsize);
+    e->used = e->last = e->held = 0;
+}
+
+static inline void pre_event(struct feed *f, uint64_t key, uint64_t s, int kind, uint64_t size)
+{
+    struct pre *e = &f->pre[pre_slot(key)];
+    if (unlikely(!e->used || e->key != key)) {
+        if (e->used)
+            pre_out(f, e);
+        e->used = 1;
+        e->key = key;
+        e->pairs = 0;
+    } else if (likely(e->held && s == e->hseq + 1 && !(kind & 1))) {    /* a pair */
+        e->held = 0;
+        e->top = s;
+        if (e->pairs < 2) {
+            e->pairs++;
+            batch_event(f, key, e->hseq, e->hkind, e->hsize);
+            batch_event(f, key, s, kind, size);
+        } else {
+            e->last = 1;
+            e->lseq = s;
+            e->lsize = size;
+            e->lkind = (uint8_t)kind;
+        }
+        return;
+    } else if (!e->held && s > e->top && (kind & 1)) {
+        ;                               /* (after a pair, or an event given) */
+    } else {                            /* no pair: what is held, then the event, as they are */
+        pre_out(f, e);
+        e->used = 1;
+        e->pairs = 0;
+    }
+    if (kind & 1) {
+        e->held = 1;
+        e->hseq = s;
+        e->hsize = size;
+        e->hkind = (uint8_t)kind;
+    } else {
+        batch_event(f, key, s, kind, size);
+    }
+    e->top = s;
+}
+
+/* The table emptied (the end of an input). */
+static void pre_drain(struct feed *f)
+{
+    for (size_t i = 0; i < PRE_SLOTS; i++)
+        if (f->pre[i].used)
+            pre_out(f, &f->pre[i]);
 }
 
 #if defined(__x86_64__)
@@ -508,7 +601,7 @@ static inline void one_line(struct feed *f, const char *p, size_t n)
         if (f->direct)
             direct_event(f, key, s, kind, size);
         else
-            batch_event(f, key, s, kind, size);
+            pre_event(f, key, s, kind, size);
         return;
     }
     if (p[0] != '#')
@@ -644,6 +737,11 @@ int mmleak_live_set(int nfiles, int (*open_input)(int, struct mmleak_input *),
         return -1;
     char *buf = base + SLACK;
     int rc = 0;
+    f.pre = map_mem(PRE_SLOTS * sizeof *f.pre);
+    if (!f.pre) {
+        munmap(base, buf_bytes);
+        return -1;
+    }
     for (int i = 0; i < nfiles && !f.oom && !rc; i++) {
         struct mmleak_input in;
         memset(&in, 0, sizeof in);
@@ -655,10 +753,12 @@ int mmleak_live_set(int nfiles, int (*open_input)(int, struct mmleak_input *),
         f.file = i;
         if (feed_input(&f, &in, buf))
             rc = -2;
+        pre_drain(&f);
         f.direct = 0;
         close(in.fd);
     }
     munmap(base, buf_bytes);
+    munmap(f.pre, PRE_SLOTS * sizeof *f.pre);
     if (!rc && !f.oom && flush(&f))
         f.oom = 1;
     evs_free(&f.batch);

@@ -398,12 +398,13 @@ static inline void direct_event(struct feed *f, uint64_t key, uint64_t s, int ki
  * slot is emptied before any other of its events goes there); the table is emptied at the
  * end of every input.  The rules are checked against the merge of every event in
  * tests/test_scan_live_pairs.py. */
-#define PRE_BITS 14
+#define PRE_BITS 15
 #define PRE_SLOTS ((size_t)1 << PRE_BITS)
 
 struct pre {
-    uint64_t key, top;      /* TOP: the highest number of the address in this input */
-    uint64_t hseq, hsize;   /* the allocation held (HELD), waiting for its free */
+    uint64_t key, top;      /* TOP: the highest number of the address in this input (the
+                             * allocation held's, HELD: it waits for its free) */
+    uint64_t hsize;
     uint64_t lseq, lsize;   /* LAST: the highest event of the pairs merged as one */
     uint8_t hkind, lkind, held, last, pairs, used;
 };
@@ -419,7 +420,7 @@ static void pre_out(struct feed *f, struct pre *e)
     if (e->last)
         batch_event(f, e->key, e->lseq, e->lkind | EV_IFANY, e->lsize);
     if (e->held)
-        batch_event(f, e->key, e->hseq, e->hkind, e->hsize);
+        batch_event(f, e->key, e->top, e->hkind, e->hsize);
     e->used = e->last = e->held = 0;
 }
 
@@ -432,14 +433,15 @@ static inline void pre_event(struct feed *f, uint64_t key, uint64_t s, int kind,
         e->used = 1;
         e->key = key;
         e->pairs = 0;
-    } else if (likely(e->held && s == e->hseq + 1 && !(kind & 1))) {    /* a pair */
+    } else if (likely(e->held && s == e->top + 1 && !(kind & 1))) {     /* a pair */
         e->held = 0;
-        e->top = s;
         if (e->pairs < 2) {
             e->pairs++;
-            batch_event(f, key, e->hseq, e->hkind, e->hsize);
+            batch_event(f, key, e->top, e->hkind, e->hsize);
+            e->top = s;
             batch_event(f, key, s, kind, size);
         } else {
+            e->top = s;
             e->last = 1;
             e->lseq = s;
             e->lsize = size;
@@ -455,7 +457,6 @@ static inline void pre_event(struct feed *f, uint64_t key, uint64_t s, int kind,
     }
     if (kind & 1) {
         e->held = 1;
-        e->hseq = s;
         e->hsize = size;
         e->hkind = (uint8_t)kind;
     } else {

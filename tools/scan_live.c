@@ -517,7 +517,7 @@ static inline int parse_short(const char *p, unsigned n, uint64_t *ptr, uint64_t
 {
     uint64_t sp = 0, hx = 0;
     const __m128i space = _mm_set1_epi8(' ');
-    for (int k = 0; k < 4; k++) {
+    for (unsigned k = 0; 16 * k < n; k++) {    /* (the bytes after the line: not looked at) */
         __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(p + 16 * k));
         __m128i dig = _mm_and_si128(_mm_cmpgt_epi8(b, _mm_set1_epi8('0' - 1)),
                                     _mm_cmplt_epi8(b, _mm_set1_epi8('9' + 1)));

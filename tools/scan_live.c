@@ -396,8 +396,8 @@ static inline void direct_event(struct feed *f, uint64_t key, uint64_t s, int ki
  * was not in one (to 2; those are given to the batch as they are) and the highest event of
  * the pairs after them.  An address's events reach the batch in the input's order (its
  * slot is emptied before any other of its events goes there); the table is emptied at the
- * end of every input.  The rules are checked against the merge of every event in
- * tests/test_scan_live_pairs.py. */
+ * end of every input.  tests/test_scan.py (test_live_set_pairs_merged_as_one) holds the
+ * result to the shrink engine's on traces made of such runs. */
 #define PRE_BITS 15
 #define PRE_SLOTS ((size_t)1 << PRE_BITS)
 

@@ -22,7 +22,8 @@
  *    while S is empty goes straight into it, each line folded into the last state or
  *    appended (from the first line out of order on, the rest goes to the batch).
  *  - Every other event goes to the batch (BATCH events, or half of S if more), in the
- *    order read; a full batch is sorted by address (a stable radix sort, skipped when the
+ *    order read, except an address's runs of pairs in one input (an allocation numbered s,
+ *    its free s+1), given as one event after two pairs (pre_event: a table of 1.5 MiB); a full batch is sorted by address (a stable radix sort, skipped when the
  *    events came in order: an address's events keep their order) and merged into S in
  *    place, each address's events applied to its state in that order (slot_event).
  *  So every address's events are applied in the order the inputs give them, as the shrink
@@ -66,8 +67,9 @@ struct slot {
     int32_t file;           /* single: the input of its event; PEND: of the held event */
 };
 
-/* An event: its address (KEY), number, size (an allocation's) and kind, plus 4 times its
- * input's number (slot_event needs it). */
+/* An event: its address (KEY), number, size (an allocation's) and kind, plus EV_IFANY
+ * (pre_event) and 8 times its input's number (slot_event needs it). */
+#define EV_IFANY 4
 struct ev { uint64_t key, seq, size; uint32_t kind; };
 struct evs {                /* an array of events in mapped memory (grows in place) */
     struct ev *v;
@@ -89,6 +91,7 @@ struct feed {
     int file;               /* the input being read */
     int unsorted;           /* the batch's events are not all in address order */
     int attached, glibc, oom;
+    struct pre *pre;        /* the current input's recent addresses (pre_event) */
 };
 
 /* An event line (ended by its newline), as tools/shrink.c takes it (tools/eventline.h):
@@ -312,7 +315,8 @@ static int flush(struct feed *f)
             rd--;
         }
         for (const struct ev *x = q; x < p; x++)        /* in the files' order */
-            slot_event(&e, &have, x->seq, (int)(x->kind & 3), x->size, (int)(x->kind >> 2));
+            if (have || !(x->kind & EV_IFANY))
+                slot_event(&e, &have, x->seq, (int)(x->kind & 3), x->size, (int)(x->kind >> 3));
         if (have) {
             --w;
             w->key = key;
@@ -345,7 +349,7 @@ static inline void batch_event(struct feed *f, uint64_t key, uint64_t s, int kin
     }
     if (b->n && key < b->v[b->n - 1].key)
         f->unsorted = 1;
-    b->v[b->n++] = (struct ev){ key, s, size, (uint32_t)kind | (uint32_t)f->file << 2 };
+    b->v[b->n++] = (struct ev){ key, s, size, (uint32_t)kind | (uint32_t)f->file << 3 };
 }
 
 /* An event of a sorted input read into S directly (S held nothing before it): folded into
@@ -377,6 +381,97 @@ static inline void direct_event(struct feed *f, uint64_t key, uint64_t s, int ki
     int have = 0;
     x->key = key;
     slot_event(&x->e, &have, s, kind, size, f->file);
+}
+
+/* ---- an input's pairs of one address, most merged as one event ----
+ * A pair: an allocation numbered s and a free numbered s+1 of one input, the address's next
+ * two events in it (mmleak.so numbers an address's events one by one: a program's blocks
+ * come as such pairs).  After two pairs of one input, whatever the state before them (any
+ * inputs, any batch), the address's state is either none (each pair cancelled) or a hull
+ * that holds no pair (slot_event), which stays one: a later event only moves its low or
+ * high end.  So the input's next pairs of that address, in increasing order, change the
+ * state only through their highest event, and only when there is a state: they go to the
+ * batch as that one event, marked EV_IFANY (merged only into a state, dropped on none).
+ * A table of the recent addresses of the input being read (PRE_SLOTS, direct-mapped) holds
+ * per address the allocation not yet paired, the pairs' count since the last event that
+ * was not in one (to 2; those are given to the batch as they are) and the highest event of
+ * the pairs after them.  An address's events reach the batch in the input's order (its
+ * slot is emptied before any other of its events goes there); the table is emptied at the
+ * end of every input.  tests/test_scan.py (test_live_set_pairs_merged_as_one) holds the
+ * result to the shrink engine's on traces made of such runs. */
+#define PRE_BITS 15
+#define PRE_SLOTS ((size_t)1 << PRE_BITS)
+
+struct pre {
+    uint64_t key, top;      /* TOP: the highest number of the address in this input (the
+                             * allocation held's, HELD: it waits for its free) */
+    uint64_t hsize;
+    uint64_t lseq, lsize;   /* LAST: the highest event of the pairs merged as one */
+    uint8_t hkind, lkind, held, last, pairs, used;
+};
+
+static inline size_t pre_slot(uint64_t key)
+{
+    return (size_t)((key >> 4) ^ (key >> (4 + PRE_BITS))) & (PRE_SLOTS - 1);
+}
+
+/* What slot E holds, to the batch; E emptied. */
+static void pre_out(struct feed *f, struct pre *e)
+{
+    if (e->last)
+        batch_event(f, e->key, e->lseq, e->lkind | EV_IFANY, e->lsize);
+    if (e->held)
+        batch_event(f, e->key, e->top, e->hkind, e->hsize);
+    e->used = e->last = e->held = 0;
+}
+
+static inline void pre_event(struct feed *f, uint64_t key, uint64_t s, int kind, uint64_t size)
+{
+    struct pre *e = &f->pre[pre_slot(key)];
+    if (unlikely(!e->used || e->key != key)) {
+        if (e->used)
+            pre_out(f, e);
+        e->used = 1;
+        e->key = key;
+        e->pairs = 0;
+    } else if (likely(e->held && s == e->top + 1 && !(kind & 1))) {     /* a pair */
+        e->held = 0;
+        if (e->pairs < 2) {
+            e->pairs++;
+            batch_event(f, key, e->top, e->hkind, e->hsize);
+            e->top = s;
+            batch_event(f, key, s, kind, size);
+        } else {
+            e->top = s;
+            e->last = 1;
+            e->lseq = s;
+            e->lsize = size;
+            e->lkind = (uint8_t)kind;
+        }
+        return;
+    } else if (!e->held && s > e->top && (kind & 1)) {
+        ;                               /* (after a pair, or an event given) */
+    } else {                            /* no pair: what is held, then the event, as they are */
+        pre_out(f, e);
+        e->used = 1;
+        e->pairs = 0;
+    }
+    if (kind & 1) {
+        e->held = 1;
+        e->hsize = size;
+        e->hkind = (uint8_t)kind;
+    } else {
+        batch_event(f, key, s, kind, size);
+    }
+    e->top = s;
+}
+
+/* The table emptied (the end of an input). */
+static void pre_drain(struct feed *f)
+{
+    for (size_t i = 0; i < PRE_SLOTS; i++)
+        if (f->pre[i].used)
+            pre_out(f, &f->pre[i]);
 }
 
 #if defined(__x86_64__)
@@ -423,7 +518,7 @@ static inline int parse_short(const char *p, unsigned n, uint64_t *ptr, uint64_t
 {
     uint64_t sp = 0, hx = 0;
     const __m128i space = _mm_set1_epi8(' ');
-    for (int k = 0; k < 4; k++) {
+    for (unsigned k = 0; 16 * k < n; k++) {    /* (the bytes after the line: not looked at) */
         __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(p + 16 * k));
         __m128i dig = _mm_and_si128(_mm_cmpgt_epi8(b, _mm_set1_epi8('0' - 1)),
                                     _mm_cmplt_epi8(b, _mm_set1_epi8('9' + 1)));
@@ -508,7 +603,7 @@ static inline void one_line(struct feed *f, const char *p, size_t n)
         if (f->direct)
             direct_event(f, key, s, kind, size);
         else
-            batch_event(f, key, s, kind, size);
+            pre_event(f, key, s, kind, size);
         return;
     }
     if (p[0] != '#')
@@ -529,6 +624,21 @@ static int cut_start(const char *p)
         return 0;
     const char *sp = memchr(p, ' ', 17);
     return sp && sp - p < 12;
+}
+
+/* The first newline in [P, LIM), or NULL: memchr's, inline for lines of a few dozen bytes. */
+static inline const char *next_newline(const char *p, const char *lim)
+{
+#if defined(__x86_64__)
+    const __m128i newline = _mm_set1_epi8('\n');
+    for (; lim - p >= 16; p += 16) {
+        unsigned m = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(
+            _mm_loadu_si128((const __m128i *)(const void *)p), newline));
+        if (m)
+            return p + __builtin_ctz(m);
+    }
+#endif
+    return memchr(p, '\n', (size_t)(lim - p));
 }
 
 /* The first newline or NUL in [P, LIM), or NULL. */
@@ -599,7 +709,7 @@ static int feed_input(struct feed *f, struct mmleak_input *in, char *buf)
         }
         int nuls = memchr(q, 0, (size_t)(lim - q)) != NULL;
         const char *t;
-        while ((t = nuls ? line_end(q, lim) : memchr(q, '\n', (size_t)(lim - q))) != NULL) {
+        while ((t = nuls ? line_end(q, lim) : next_newline(q, lim)) != NULL) {
             size_t n = (size_t)(t - p);
             if (likely(*t == '\n')) {
                 int take = n <= LINE_MAX_BYTES;
@@ -644,6 +754,11 @@ int mmleak_live_set(int nfiles, int (*open_input)(int, struct mmleak_input *),
         return -1;
     char *buf = base + SLACK;
     int rc = 0;
+    f.pre = map_mem(PRE_SLOTS * sizeof *f.pre);
+    if (!f.pre) {
+        munmap(base, buf_bytes);
+        return -1;
+    }
     for (int i = 0; i < nfiles && !f.oom && !rc; i++) {
         struct mmleak_input in;
         memset(&in, 0, sizeof in);
@@ -655,10 +770,12 @@ int mmleak_live_set(int nfiles, int (*open_input)(int, struct mmleak_input *),
         f.file = i;
         if (feed_input(&f, &in, buf))
             rc = -2;
+        pre_drain(&f);
         f.direct = 0;
         close(in.fd);
     }
     munmap(base, buf_bytes);
+    munmap(f.pre, PRE_SLOTS * sizeof *f.pre);
     if (!rc && !f.oom && flush(&f))
         f.oom = 1;
     evs_free(&f.batch);

@@ -133,7 +133,10 @@ def demo_traces(tmp_path_factory, name, depths):
     d = tmp_path_factory.mktemp(name)
     exe = str(d / "demo_leaky")
     subprocess.run(["g++", "-O0", "-g", "-pthread", "-o", exe, SRC], check=True)
-    runs = {}
+    runs, procs = {}, {}
+    # the depths' runs side by side (each in a dump directory of its own): the program
+    # runs SECONDS seconds of ticks whatever the machine does, so one at a time cost the
+    # sum
     for depth in depths:
         dumps = d / ("dumps%d" % depth)
         dumps.mkdir()
@@ -141,9 +144,13 @@ def demo_traces(tmp_path_factory, name, depths):
         # blocks not freed, one row per call site; test_leakcheck.py has the kinds
         env = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dumps), MMLEAK_DEPTH=str(depth),
                    MMLEAK_SCAN="0")
-        p = subprocess.run([exe, str(SECONDS), str(THREADS)], env=env, capture_output=True,
-                           text=True)
-        assert p.returncode == 0, p.stderr
+        procs[depth] = subprocess.Popen([exe, str(SECONDS), str(THREADS)], env=env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True)
+    for depth in depths:
+        dumps = d / ("dumps%d" % depth)
+        _, err = procs[depth].communicate(timeout=120)
+        assert procs[depth].returncode == 0, err
         traces = mmleak.find_traces(str(dumps))
         assert len(traces) == 1, traces
         runs[depth] = (str(dumps), next(iter(traces)))

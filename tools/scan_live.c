@@ -343,7 +343,9 @@ static inline void batch_event(struct feed *f, uint64_t key, uint64_t s, int kin
         f->oom = 1;
         return;
     }
-    if (unlikely(b->n == b->cap) && evs_room(b, b->cap ? b->cap : BATCH)) {
+    /* doubled from the 1 MiB map_room starts with: a small trace (a process's start and
+     * exit) never maps and zeroes a huge page for a batch of a million */
+    if (unlikely(b->n == b->cap) && evs_room(b, b->cap ? b->cap : 1)) {
         f->oom = 1;
         return;
     }

@@ -42,6 +42,51 @@ static uint64_t file_off(const Elf64_Shdr *sh, int nsh, uint64_t v, uint64_t n)
     return 0;
 }
 
+/* Symbol NAME, defined, through the file's GNU hash table (section GH, over the symbols of
+ * DS, their names in SS), read a few words at a time: 1 found (*SYM), 0 not in the table,
+ * -1 the table cannot be read (the caller reads the whole symbol table instead).  libc.so.6's
+ * table and names are about 100 KB, read at every scan that needs the layout otherwise. */
+static int gnu_lookup(int fd, const Elf64_Shdr *gh, const Elf64_Shdr *ds, const Elf64_Shdr *ss,
+                      const char *name, Elf64_Sym *sym)
+{
+    uint32_t hd[4];                     /* nbuckets, symoffset, bloom words, bloom shift */
+    if (gh->sh_size < sizeof hd || pread_all(fd, hd, sizeof hd, gh->sh_offset) || !hd[0])
+        return -1;
+    uint64_t nsym = ds->sh_size / sizeof *sym;
+    uint64_t buckets = 16 + (uint64_t)hd[2] * 8, chains = buckets + 4ull * hd[0];
+    if (chains > gh->sh_size || hd[1] > nsym)
+        return -1;
+    uint32_t h = 5381;
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++)
+        h = h * 33 + *c;
+    uint32_t i, ch;
+    if (pread_all(fd, &i, 4, gh->sh_offset + buckets + 4ull * (h % hd[0])))
+        return -1;
+    if (!i)
+        return 0;
+    if (i < hd[1] || i >= nsym)
+        return -1;
+    size_t len = strlen(name) + 1;
+    char got[64];
+    if (len > sizeof got)
+        return -1;
+    for (;; i++) {
+        uint64_t at = chains + 4ull * (i - hd[1]);
+        if (i >= nsym || at + 4 > gh->sh_size || pread_all(fd, &ch, 4, gh->sh_offset + at))
+            return -1;
+        if ((ch | 1) == (h | 1)) {
+            if (pread_all(fd, sym, sizeof *sym, ds->sh_offset + (uint64_t)i * sizeof *sym))
+                return -1;
+            if (sym->st_name < ss->sh_size && ss->sh_size - sym->st_name >= len &&
+                !pread_all(fd, got, len, ss->sh_offset + sym->st_name) &&
+                !memcmp(got, name, len) && sym->st_shndx != SHN_UNDEF)
+                return 1;
+        }
+        if (ch & 1)
+            return 0;
+    }
+}
+
 int mml_pthread_layout(int pid, const char *path, struct mml_pthread_layout *l)
 {
     static const char *const want[] = { "_thread_db_sizeof_pthread", "_thread_db_pthread_tid",
@@ -75,6 +120,24 @@ int mml_pthread_layout(int pid, const char *path, struct mml_pthread_layout *l)
     const Elf64_Shdr *ss = &sh[sh[ds].sh_link];
     if (ss->sh_size > (64u << 20))
         goto out;
+    uint32_t got[3][3];
+    int have = 0;
+    /* the three symbols through the GNU hash table, when the file has one for DS */
+    for (int i = 0; i < eh.e_shnum && !have; i++)
+        if (sh[i].sh_type == SHT_GNU_HASH && (int)sh[i].sh_link == ds) {
+            int k = 0;
+            for (; k < 3; k++) {
+                Elf64_Sym y;
+                uint64_t n = k ? 12 : 4, off;
+                if (gnu_lookup(fd, &sh[i], &sh[ds], ss, want[k], &y) != 1 ||
+                    !(off = file_off(sh, eh.e_shnum, y.st_value, n)) ||
+                    pread_all(fd, got[k], n, off))
+                    break;
+            }
+            have = k == 3 ? 7 : 0;
+        }
+    if (have)
+        goto check;
     size_t nsym = sh[ds].sh_size / sizeof *sym;
     sym = malloc(sh[ds].sh_size);
     str = malloc(ss->sh_size + 1);
@@ -82,8 +145,6 @@ int mml_pthread_layout(int pid, const char *path, struct mml_pthread_layout *l)
         pread_all(fd, str, ss->sh_size, ss->sh_offset))
         goto out;
     str[ss->sh_size] = 0;
-    uint32_t got[3][3];
-    int have = 0;
     for (size_t i = 0; i < nsym; i++) {
         if (sym[i].st_name >= ss->sh_size || sym[i].st_shndx == SHN_UNDEF)
             continue;
@@ -97,6 +158,7 @@ int mml_pthread_layout(int pid, const char *path, struct mml_pthread_layout *l)
             have |= 1 << k;
         }
     }
+check:
     /* a descriptor: 32 bits (an int), one of them, at an offset inside the struct */
     if (have != 7 || got[0][0] < 64 || got[0][0] > 65536)
         goto out;

@@ -31,6 +31,7 @@ from .errors import EXIT_INPUT, EXIT_OK, Fail, Refused, refuse, warn
 from .files import TraceFiles, tail_of
 from . import series as series_mod
 from .series import add_point, point_due
+from .native import Abandoned
 from .shrink import shrink_files, shrink_raw
 from .sites import human_bytes
 
@@ -369,7 +370,7 @@ def _write_atomic(path, header_lines, sh, data, raw=None, guard=None):
 
 
 def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping=None,
-                  folded=None, view=False):
+                  folded=None, view=False, abandon=None):
     """One compaction pass over trace TID, and a point of its series when one is due
     (SERIES: False never; STOPPING, a function: when it says True, no point but the last of
     a trace that is over: `run`'s compactor, once its program has ended, leaves the point to
@@ -377,7 +378,11 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
     the files are folded, before the point, and what a reader of the whole trace would get
     from it when the pass has it (_result_view: the trace is over and folded into one
     result), else None; VIEW: a trace over is then read whole, for FOLDED, when its pass
-    folded nothing (or not with the compiled shrinker)).  Returns a dict of what it did, or
+    folded nothing (or not with the compiled shrinker); ABANDON, a function: when it says
+    True, the fold, a merge of levels or a point of a trace not over is given up, or not
+    begun (the compiled shrinker asks it as it reads: `run`'s compactor, once its program
+    has ended, does not wait for them: the files and runs they read stay as they were, and
+    the last pass folds them; what was written before stands).  Returns a dict of what it did, or
     None when another compactor holds the trace (it is skipped, not waited for).  A file it
     cannot trust (Refused) or write stops the pass over this trace (Fail), and nothing is
     deleted."""
@@ -404,13 +409,18 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
                "point": None, "unclosed": len(tails) if over else 0}
         now = None
         if done or over and _runs(directory, tid):
-            res.update(_fold(directory, tid, cpath, done, over, lock.changing))
+            try:
+                res.update(_fold(directory, tid, cpath, done, over, lock.changing, abandon))
+            except Abandoned:           # the new files' fold given up: they stay as they are
+                res["abandoned"] = 1
+                return res
             now = res.pop("now")
         # a trace that is over gets its last point (unless it has it: the .live is gone)
         point = series and paths and (over and (done or os.path.lexists(t.live) or
                                                 not os.path.lexists(t.series))
                                       or not over and point_due(directory, tid) and
-                                      not (stopping and stopping()))
+                                      not (stopping and stopping()) and
+                                      not (abandon and abandon()))
         if over and now is None and (point or view and paths):
             # folded already (or not by the compiled shrinker): the trace is read once, for
             # its last point and the caller's verdict both, under the lock made shared
@@ -421,7 +431,11 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
             folded(tid, now)
         if point:
             lock.downgrade()
-            res["point"] = add_point(directory, tid, final=over, now=now)
+            try:
+                res["point"] = add_point(directory, tid, final=over, now=now,
+                                         cancel=None if over else abandon)
+            except Abandoned:           # (nothing of the point written)
+                res["abandoned"] = 1
         return res
     finally:
         lock.__exit__()
@@ -459,7 +473,7 @@ def _next_run(directory, tid, runs, cpath):
     return max(used, default=0) + 1
 
 
-def _fold(directory, tid, cpath, done, over=False, guard=None):
+def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None):
     """Fold the complete files DONE into the trace's result (under the trace's exclusive
     lock).  The result is mmleak.ID.compact and newer runs mmleak.ID.compact.N, each at
     least MERGE_FACTOR times smaller than the one before it.  DONE are folded alone into a
@@ -468,12 +482,15 @@ def _fold(directory, tid, cpath, done, over=False, guard=None):
     one before them as long as that one is at most MERGE_FACTOR times what they hold
     (_merge_start; each line is merged about log4 of the live set over a run's lines times).  The
     trace over (OVER), or no result yet: everything into mmleak.ID.compact.  GUARD: the
-    pass's directory lock (TraceLock.changing), around each change readers see."""
+    pass's directory lock (TraceLock.changing), around each change readers see.  ABANDON
+    (a function, the trace not over): when it says True, the fold of DONE into a new run
+    (native.Abandoned raised) or the merge after it (the new run stands) is not begun, or
+    given up as it reads: its temporary file dropped, nothing renamed, nothing deleted."""
     own = files._own_file(cpath)
     runs = _runs(directory, tid)
     before = (files._size(cpath) if own else 0) + sum(files._size(p) for _, p in runs)
     nbytes = sum(files._size(p) + files._size(tail_of(p)) for p in done)
-    work = {"read": 0, "written": 0, "merged": 0}
+    work = {"read": 0, "written": 0, "merged": 0, "abandoned": 0}
     sh, now = None, None
     if over or not own:
         chain = ([cpath] if own else []) + [p for _, p in runs]
@@ -487,16 +504,22 @@ def _fold(directory, tid, cpath, done, over=False, guard=None):
         if over and sh.native_blocks is not None:
             now = _result_view(cpath, sh)
     else:
+        if abandon and abandon():
+            raise Abandoned()
         run = _next_run(directory, tid, runs, cpath)
         sh = _fold_into(directory, tid, TraceFiles(directory, tid).run(run), run, done, work,
-                        guard=guard)
+                        guard=guard, cancel=abandon)
         chain = [(None, cpath)] + _runs(directory, tid)
         i = _merge_start([files._size(p) for _, p in chain])
-        if i < len(chain) - 1:
+        if i < len(chain) - 1 and not (abandon and abandon()):
             (older, target) = chain[i]
-            _fold_into(directory, tid, target, older, [p for _, p in chain[i + 1:]] + [target],
-                       work, stream_last=True, guard=guard)
-            work["merged"] = len(chain) - 1 - i
+            try:
+                _fold_into(directory, tid, target, older,
+                           [p for _, p in chain[i + 1:]] + [target], work, stream_last=True,
+                           guard=guard, cancel=abandon)
+                work["merged"] = len(chain) - 1 - i
+            except Abandoned:
+                work["abandoned"] = 1
     after = sum(files._size(p) for p in [cpath] + [p for _, p in _runs(directory, tid)])
     return {"folded": len(done), "events": sh.events - sh.compacted["entries"],
             "bytes": nbytes, "before": before, "after": after,
@@ -504,7 +527,8 @@ def _fold(directory, tid, cpath, done, over=False, guard=None):
             # the work of this pass: event lines read (the new files' and the runs'
             # entries), lines written, and the runs merged into an older one
             "read": work["read"], "written": work["written"],
-            "merged": work["merged"], "runs": len(_runs(directory, tid)), "now": now}
+            "merged": work["merged"], "abandoned": work["abandoned"],
+            "runs": len(_runs(directory, tid)), "now": now}
 
 
 def _result_view(cpath, sh):
@@ -541,7 +565,7 @@ def _merge_start(sizes):
 
 
 def _fold_into(directory, tid, target, run, inputs, work, live=False, stream_last=False,
-               guard=None):
+               guard=None, cancel=None):
     """Shrink INPUTS into TARGET (run number RUN, None: mmleak.ID.compact), written
     atomically and naming in "#folded" the inputs it replaces, which are then deleted (a
     pass stopped in between leaves them to the next one, which sees them folded).  LIVE:
@@ -550,10 +574,12 @@ def _fold_into(directory, tid, target, run, inputs, work, live=False, stream_las
     biggest: the compiled shrinker reads the others into its table and merges it with them
     as a stream (tools/shrink.c, mmleak_shrink_merge), without a table entry per line; the
     result is the same (the shrink's algebra: any order, any grouping).  GUARD: the pass's
-    directory lock (TraceLock.changing), around the rename and the deletions."""
+    directory lock (TraceLock.changing), around the rename and the deletions.  CANCEL: see
+    native_shrink (Abandoned: nothing written, nothing deleted)."""
     folded = [p for p in inputs if p != target]
     with tempfile.TemporaryFile(prefix="mmleak-shrink.") as raw:
-        sh, data = shrink_raw(inputs, out=raw, live=live, stream_last=stream_last)
+        sh, data = shrink_raw(inputs, out=raw, live=live, stream_last=stream_last,
+                              cancel=cancel)
         if sh.problems.fatal:
             raise Fail("%s: cannot compact trace %s: an input could not be read"
                        % (directory, tid))
@@ -576,9 +602,9 @@ def _remove_dump(p):
 
 
 def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopping=None,
-                folded=None, view=False):
+                folded=None, view=False, abandon=None):
     """One compaction pass over every trace in DIRECTORY (or trace PID).  Returns
-    (live traces, results).  STOPPING, FOLDED, VIEW: see compact_trace."""
+    (live traces, results).  STOPPING, FOLDED, VIEW, ABANDON: see compact_trace."""
     out = out or sys.stdout
     traces = files.find_traces(directory)
     live, results = [], []
@@ -587,7 +613,7 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopp
             continue
         try:
             res = compact_trace(directory, tid, traces[tid], traces, series=series,
-                                stopping=stopping, folded=folded, view=view)
+                                stopping=stopping, folded=folded, view=view, abandon=abandon)
         except Fail as e:               # this trace is left as it is; the others go on
             refuse(str(e))
             continue
@@ -664,11 +690,11 @@ class BackgroundCompactor:
     def start(self):
         self.thread.start()
 
-    def _pass(self, folded=None, view=False):
+    def _pass(self, folded=None, view=False, abandon=None):
         for tid in sorted(set(files.find_traces(self.directory)) - self.before):
             compact_dir(self.directory, tid, verbose=False,
                         stopping=(lambda: True) if self.keep_views else self.stop.is_set,
-                        folded=folded, view=view)
+                        folded=folded, view=view, abandon=abandon)
 
     def _loop(self):
         try:
@@ -677,7 +703,9 @@ class BackgroundCompactor:
             # backlog, a point of the series) the next starts at once
             while not self.stop.wait(max(began + self.interval - time.monotonic(), 0)):
                 began = time.monotonic()
-                self._pass()
+                # once the program has ended, a fold, a merge of levels or a point under
+                # way is given up: the last pass reads all of it anyway, and would wait
+                self._pass(abandon=self.stop.is_set)
         except (Fail, OSError) as e:
             self.error = e
 

@@ -25,6 +25,11 @@ from .facts import LIBNAME, TOOLS_LIBNAME
 SHRINK_ENV = "MMLEAK_SHRINK"
 NATIVE_ABI = 8
 INJECT_ABI = 1
+class Abandoned(Exception):
+    """A run of the compiled shrinker stopped by its caller's CANCEL (native_shrink): it
+    wrote nothing the caller keeps."""
+
+
 _native = None          # None: not tried yet; False: unavailable; else the ctypes binding
 _native_why = None      # why it is unavailable
 
@@ -348,7 +353,7 @@ class _Counts:
 
 
 def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, also_blocks=False,
-                  stream_last=False, direct=None):
+                  stream_last=False, direct=None, cancel=None):
     """Feed PATHS ('-': stdin) into the fresh Shrinker SH with the compiled shrinker.
 
     RAW (a binary file): the result's event lines (as Shrinker.entries(FINAL) gives them)
@@ -367,7 +372,9 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, al
     lines go to the descriptor instead of RAW, right after WRITE_HEAD(SH) wrote the result's
     head there (called once the lines are known, before the first is written, with
     SH.raw_result and SH.max_time set; an exception there stops the run and nothing of the
-    lines is written); SH.raw_direct is then True.  Returns False, having done nothing, when the Python path must do it instead
+    lines is written); SH.raw_direct is then True.  CANCEL (a function): asked every 65,536
+    lines read; True stops the run, which raises Abandoned (what it wrote to RAW is not a
+    result).  Returns False, having done nothing, when the Python path must do it instead
     (not available, not wanted, or stdin is not descriptor 0)."""
     if direct and (raw is None or blocks or also_blocks or stream_last):
         raise ValueError("native_shrink: DIRECT is for mmleak_shrink's plain result")
@@ -423,6 +430,8 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, al
     next_tick = [time.monotonic() + 1.0]
 
     def tick(i, file_events, before, files_done):
+        if cancel is not None and cancel():
+            raise Abandoned()
         if sh.progress and time.monotonic() > next_tick[0]:
             next_tick[0] = time.monotonic() + 1.0
             sh.events, sh.files_done = before, files_done

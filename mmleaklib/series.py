@@ -132,13 +132,13 @@ def _series_point_of(p, ks, stacks):
     return SeriesPoint(v[0], v[1], (v[2], v[3]), (v[4], v[5]), (v[6], v[7]), out)
 
 
-def _live_now(directory, tid, stream=False):
+def _live_now(directory, tid, stream=False, cancel=None):
     """(Shrinker, blocks.Live): the trace's survivors now, as a report reads them: a native
     array when the compiled shrinker runs (no Python object per block), Alloc tuples
     otherwise.  A file it cannot read whole stops the point (Refused), as it stops a pass.
     STREAM: the compacted result (the biggest file, sorted) is read last, as a stream merged
     with the others' state (native_shrink STREAM_LAST: the same survivors; header lines in
-    that order, which a point does not use)."""
+    that order, which a point does not use).  CANCEL: see native_shrink (Abandoned)."""
     found = files.find_traces(directory).get(tid, [])
     cpath = files.TraceFiles(directory, tid).compact
     # (the result alone, as when the trace is over and folded: streamed in any case, nothing
@@ -155,7 +155,7 @@ def _live_now(directory, tid, stream=False):
                 refuse(msg)
             raise Refused(refused[0])
         sh = Shrinker()
-        if not native_shrink(sh, paths, names, blocks=True, stream_last=stream):
+        if not native_shrink(sh, paths, names, blocks=True, stream_last=stream, cancel=cancel):
             for p, name in zip(paths, names):
                 sh.feed_path(p, name)
         sh.check_single_process()
@@ -175,7 +175,7 @@ def _in_table(ptr, seq, p, q):
     return False
 
 
-def add_point(directory, tid, final=False, now=None):
+def add_point(directory, tid, final=False, now=None, cancel=None):
     """Add one point to the series; the caller holds the trace's lock (a pass's, made shared
     once its inputs are deleted: no other compactor runs meanwhile).  FINAL: the
     trace is over: its last point, after which the .live is deleted.  Returns the point.
@@ -185,7 +185,9 @@ def add_point(directory, tid, final=False, now=None):
     sorted) and the new ones; FREED follows from the previous point's sums (also in .live):
     previous + NEW - now.  No Python object per block, no pattern over the result.
     NOW: (Shrinker, blocks.Live) of the trace as its files hold it, when the caller has them
-    (the last pass, which read the whole trace): the trace is not read again."""
+    (the last pass, which read the whole trace): the trace is not read again.  CANCEL: its
+    reading of the trace stops when that says True (native.Abandoned: no point, nothing of
+    it written)."""
     t = TraceFiles(directory, tid)
     spath, lpath = t.series, t.live
     head, have_stacks, points = _series_lines(spath)
@@ -202,7 +204,7 @@ def add_point(directory, tid, final=False, now=None):
         _remove_quietly(lpath)          # the last point is in the series: it is complete
         return None
     live_stacks = pending[1] if pending is not None else {}
-    sh, live = now if now is not None else _live_now(directory, tid, stream=True)
+    sh, live = now if now is not None else _live_now(directory, tid, stream=True, cancel=cancel)
     # the call site of each group as the series writes it: a caller in hex, or @ID (stacks
     # the trace defines keep their id; a list of callers gets one of its own)
     stack_lines = {}

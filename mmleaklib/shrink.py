@@ -459,7 +459,7 @@ def shrink_files(paths, progress=None, mixed=False, problems=None, blocks=False,
             shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def shrink_raw(paths, out=None, live=False, stream_last=False):
+def shrink_raw(paths, out=None, live=False, stream_last=False, cancel=None):
     """Shrink PATHS (dump files of one trace, their unflushed lines included) without
     building the per-address state in Python: (Shrinker with headers, stacks and counts,
     the result's event lines as bytes, non-final, sorted by address then number).  What a
@@ -470,7 +470,8 @@ def shrink_raw(paths, out=None, live=False, stream_last=False):
     them as bytes.  LIVE (with OUT): the compiled shrinker also leaves the result's survivors
     in sh.native_blocks, from the same reading (None when it cannot: see native_shrink).
     STREAM_LAST (with OUT): the last of PATHS is a compacted result, which the compiled
-    shrinker streams (native_shrink); the result is the same."""
+    shrinker streams (native_shrink); the result is the same.  CANCEL (with OUT): see
+    native_shrink (Abandoned)."""
     paths, names, tmpdir, refused = files.with_unflushed_tails(paths)
     try:
         if refused:                     # a compactor folds nothing it cannot read whole
@@ -479,7 +480,7 @@ def shrink_raw(paths, out=None, live=False, stream_last=False):
             raise Refused(refused[0])
         sh = Shrinker()
         if out is not None and native_shrink(sh, paths, names, raw=out, also_blocks=live,
-                                             stream_last=stream_last):
+                                             stream_last=stream_last, cancel=cancel):
             sh.check_single_process()
             return sh, None
         with tempfile.TemporaryFile(prefix="mmleak-shrink.") as out:

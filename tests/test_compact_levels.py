@@ -456,3 +456,107 @@ def test_every_stack_a_streamed_result_uses_is_in_it(tmp_path, alive):
     assert res["over"] and runs(tmp_path) == []
     assert _undefined_stacks(tmp_path) == {}
     assert survivors(tmp_path) == h.live
+
+
+def test_a_merge_abandoned_as_it_reads_leaves_the_levels_valid(tmp_path, alive):
+    """`run`'s compactor, once its program has ended, gives up a merge of levels under way
+    (compact_dir ABANDON: the compiled shrinker asks it every 65,536 lines it reads) rather
+    than have the last pass wait for it: the new files' run is written, the merge's inputs
+    stay as they were (nothing renamed, nothing deleted, no temporary file left), every
+    count is exact, and the last pass folds everything into mmleak.ID.compact."""
+    from mmleaklib import native
+    if native._shrink_engine() != "native":
+        pytest.skip("the compiled shrinker is not built")
+    h = History(tmp_path)
+    h.batch(allocs=100000)
+    one_pass(tmp_path)
+    h.batch(allocs=20000, frees=500)
+    one_pass(tmp_path)                              # run 1: 20,500 lines, no merge
+    assert runs(tmp_path) == ["mmleak.%s.compact.1" % TID]
+    before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)
+              if ".compact" in n}
+    # run 2, of 70,300 lines (more than a tick's 65,536), then a merge of the three levels
+    # into the result (the rule wants it), which the caller gives up as it reads
+    h.batch(allocs=70000, frees=300)
+    run2 = tmp_path / ("mmleak.%s.compact.2" % TID)
+    asked = []
+
+    def abandon():              # True once run 2 is written and the merge was begun
+        if run2.exists():
+            asked.append(1)
+        return len(asked) > 1
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, series=False, abandon=abandon)[1]
+    assert len(asked) >= 2                          # asked as the merge read
+    assert (res["folded"], res["merged"], res["abandoned"]) == (1, 0, 1)
+    assert runs(tmp_path) == ["mmleak.%s.compact.%d" % (TID, n) for n in (1, 2)]
+    for n, data in before.items():                  # the merge's inputs: untouched
+        assert (tmp_path / n).read_bytes() == data
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".out")]
+    assert survivors(tmp_path) == h.live
+    # the same pass, not abandoned, merges them (the rule did want that merge)
+    h.batch(allocs=20000)
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, series=False,
+                                abandon=lambda: False)[1]
+    assert (res["merged"], res["abandoned"]) == (3, 0) and runs(tmp_path) == []
+    assert survivors(tmp_path) == h.live
+    alive[0] = False
+    res = one_pass(tmp_path)
+    assert res["over"] and runs(tmp_path) == [] and survivors(tmp_path) == h.live
+
+
+def test_a_point_abandoned_as_it_reads_is_not_written(tmp_path, alive, monkeypatch):
+    """A point of the series of a running trace given up as it reads the live set (ABANDON,
+    as `run`'s compactor does once its program ended): no point, no .series.live, nothing
+    half written; the trace's last point then follows exactly."""
+    from mmleaklib import native
+    if native._shrink_engine() != "native":
+        pytest.skip("the compiled shrinker is not built")
+    monkeypatch.setattr(mmleak.series, "SERIES_INTERVAL", 0.0)
+    h = History(tmp_path)
+    h.batch(allocs=100000)
+    one_pass(tmp_path)                              # (series=False: no point yet)
+    h.batch(allocs=10)
+    t = mmleak.TraceFiles(str(tmp_path), TID)
+    asked = []
+
+    def abandon():              # False before the fold and before the point, then True
+        asked.append(1)
+        return len(asked) > 2
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, abandon=abandon)[1]
+    assert res["folded"] == 1 and res["point"] is None and res["abandoned"]
+    assert not os.path.exists(t.series) and not os.path.exists(t.live)
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+    alive[0] = False
+    (res,) = mmleak.compact_dir(str(tmp_path), TID)[1]
+    assert res["over"] and res["point"] is not None
+    points, _ = mmleak.read_series(t.series)
+    assert len(points) == 1
+    assert points[-1].live == (sum(h.live.values()), len(h.live))
+
+
+def test_a_fold_abandoned_as_it_reads_leaves_its_files(tmp_path, alive):
+    """The fold of new files into a run, given up as it reads them (ABANDON): the files
+    stay, no run is written, nothing is deleted; the next pass folds them, exactly."""
+    from mmleaklib import native
+    if native._shrink_engine() != "native":
+        pytest.skip("the compiled shrinker is not built")
+    h = History(tmp_path)
+    h.batch(allocs=1000)
+    one_pass(tmp_path)
+    h.batch(allocs=70000, frees=100)               # more lines than a tick's 65,536
+    names = sorted(os.listdir(tmp_path))
+    asked = []
+
+    def abandon():                                  # False before the fold, then True
+        asked.append(1)
+        return len(asked) > 1
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, series=False, abandon=abandon)[1]
+    assert len(asked) >= 2 and res["abandoned"] and res["folded"] == 0
+    assert sorted(os.listdir(tmp_path)) == names
+    assert survivors(tmp_path) == h.live
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, series=False, abandon=lambda: True)[1]
+    assert res["abandoned"] and sorted(os.listdir(tmp_path)) == names
+    res = one_pass(tmp_path)
+    assert res["folded"] == 1 and not [n for n in os.listdir(tmp_path) if n.endswith(".out")]
+    assert survivors(tmp_path) == h.live

@@ -1386,6 +1386,9 @@ static void run_release(struct run *r)
 {
     if (r->t.e)
         munmap(r->t.e, r->t.e_bytes);
+    /* the stack ids of a run stopped before write_end handed them over (hand_used) */
+    if (r->used)
+        munmap(r->used, (r->used_mask + 1) * sizeof *r->used);
     if (r->t.ix)
         munmap(r->t.ix, r->t.ix_bytes);
     slab_release(&r->mem);

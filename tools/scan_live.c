@@ -23,7 +23,8 @@
  *    appended (from the first line out of order on, the rest goes to the batch).
  *  - Every other event goes to the batch (BATCH events, or half of S if more), in the
  *    order read, except an address's runs of pairs in one input (an allocation numbered s,
- *    its free s+1), given as one event after two pairs (pre_event: a table of 1.5 MiB); a full batch is sorted by address (a stable radix sort, skipped when the
+ *    its free s+1), given as one event after two pairs (pre_event: a table of 1.5 MiB); a
+ *    full batch is sorted by address (a stable radix sort, skipped when the
  *    events came in order: an address's events keep their order) and merged into S in
  *    place, each address's events applied to its state in that order (slot_event).
  *  So every address's events are applied in the order the inputs give them, as the shrink

@@ -431,9 +431,15 @@ def say_run_traces(d, before, pid, name, how):
     others = [t for t in new if t != main and t not in images]
     comp = files.TraceFiles(d, main).compact
     if os.path.exists(comp):
-        warn("%s ended (%s); trace %s compacted in the background: %s (%s) and %d more dump "
+        # the levels the compactor left (mmleak-compaction(7)): the result and its runs
+        runs = [p for p in traces[main] if files.RUN_RE.match(os.path.basename(p))]
+        warn("%s ended (%s); trace %s compacted in the background: %s (%s)%s and %d more dump "
              "files in %s" % (name, how, main, os.path.basename(comp),
                               human_bytes(os.path.getsize(comp)),
+                              ", %d newer run%s (%s)" % (
+                                  len(runs), "s" if len(runs) > 1 else "",
+                                  human_bytes(sum(os.path.getsize(p) for p in runs)))
+                              if runs else "",
                               sum(1 for p in traces[main] if p.endswith(".out")), d))
     else:
         warn("%s ended (%s); trace %s: %d dump files, %s in %s"

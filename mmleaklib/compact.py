@@ -370,7 +370,7 @@ def _write_atomic(path, header_lines, sh, data, raw=None, guard=None):
 
 
 def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping=None,
-                  folded=None, view=False, abandon=None):
+                  folded=None, view=False, abandon=None, levels=False):
     """One compaction pass over trace TID, and a point of its series when one is due
     (SERIES: False never; STOPPING, a function: when it says True, no point but the last of
     a trace that is over: `run`'s compactor, once its program has ended, leaves the point to
@@ -382,7 +382,10 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
     True, the fold, a merge of levels or a point of a trace not over is given up, or not
     begun (the compiled shrinker asks it as it reads: `run`'s compactor, once its program
     has ended, does not wait for them: the files and runs they read stay as they were, and
-    the last pass folds them; what was written before stands).  Returns a dict of what it did, or
+    the last pass folds them; what was written before stands); LEVELS: a trace over keeps
+    its levels (`run`'s compactor): its new files are folded into a run and merged by the
+    usual rule, as while it ran, not everything into mmleak.ID.compact (its last point and
+    FOLDED's view then read the levels, as a reader does).  Returns a dict of what it did, or
     None when another compactor holds the trace (it is skipped, not waited for).  A file it
     cannot trust (Refused) or write stops the pass over this trace (Fail), and nothing is
     deleted."""
@@ -408,9 +411,10 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
         res = {"trace": tid, "folded": 0, "over": over, "events": 0, "bytes": 0,
                "point": None, "unclosed": len(tails) if over else 0}
         now = None
-        if done or over and _runs(directory, tid):
+        if done or over and not levels and _runs(directory, tid):
             try:
-                res.update(_fold(directory, tid, cpath, done, over, lock.changing, abandon))
+                res.update(_fold(directory, tid, cpath, done, over, lock.changing, abandon,
+                                 levels))
             except Abandoned:           # the new files' fold given up: they stay as they are
                 res["abandoned"] = 1
                 return res
@@ -425,7 +429,7 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
             # folded already (or not by the compiled shrinker): the trace is read once, for
             # its last point and the caller's verdict both, under the lock made shared
             lock.downgrade()
-            sh = series_mod._live_now(directory, tid)[0]
+            sh = series_mod._live_now(directory, tid, stream=True)[0]
             now = (sh, sh.live())
         if folded:
             folded(tid, now)
@@ -473,7 +477,7 @@ def _next_run(directory, tid, runs, cpath):
     return max(used, default=0) + 1
 
 
-def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None):
+def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, levels=False):
     """Fold the complete files DONE into the trace's result (under the trace's exclusive
     lock).  The result is mmleak.ID.compact and newer runs mmleak.ID.compact.N, each at
     least MERGE_FACTOR times smaller than the one before it.  DONE are folded alone into a
@@ -481,7 +485,8 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None):
     leave, a file of freed blocks leaves nothing), then the newest runs are merged into the
     one before them as long as that one is at most MERGE_FACTOR times what they hold
     (_merge_start; each line is merged about log4 of the live set over a run's lines times).  The
-    trace over (OVER), or no result yet: everything into mmleak.ID.compact.  GUARD: the
+    trace over (OVER, unless LEVELS: `run`'s compactor leaves the levels), or no result
+    yet: everything into mmleak.ID.compact.  GUARD: the
     pass's directory lock (TraceLock.changing), around each change readers see.  ABANDON
     (a function, the trace not over): when it says True, the fold of DONE into a new run
     (native.Abandoned raised) or the merge after it (the new run stands) is not begun, or
@@ -492,7 +497,7 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None):
     nbytes = sum(files._size(p) + files._size(tail_of(p)) for p in done)
     work = {"read": 0, "written": 0, "merged": 0, "abandoned": 0}
     sh, now = None, None
-    if over or not own:
+    if over and not levels or not own:
         chain = ([cpath] if own else []) + [p for _, p in runs]
         # the result, the biggest, last: the compiled shrinker streams it (_fold_into)
         sh = _fold_into(directory, tid, cpath, None, chain[1:] + done + chain[:1] if own
@@ -602,9 +607,9 @@ def _remove_dump(p):
 
 
 def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopping=None,
-                folded=None, view=False, abandon=None):
+                folded=None, view=False, abandon=None, levels=False):
     """One compaction pass over every trace in DIRECTORY (or trace PID).  Returns
-    (live traces, results).  STOPPING, FOLDED, VIEW, ABANDON: see compact_trace."""
+    (live traces, results).  STOPPING, FOLDED, VIEW, ABANDON, LEVELS: see compact_trace."""
     out = out or sys.stdout
     traces = files.find_traces(directory)
     live, results = [], []
@@ -613,7 +618,8 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopp
             continue
         try:
             res = compact_trace(directory, tid, traces[tid], traces, series=series,
-                                stopping=stopping, folded=folded, view=view, abandon=abandon)
+                                stopping=stopping, folded=folded, view=view, abandon=abandon,
+                                levels=levels)
         except Fail as e:               # this trace is left as it is; the others go on
             refuse(str(e))
             continue
@@ -691,10 +697,12 @@ class BackgroundCompactor:
         self.thread.start()
 
     def _pass(self, folded=None, view=False, abandon=None):
+        # a trace over keeps its levels (LEVELS): merging them all would rewrite the whole
+        # live set after the program ended; `compact DIR` merges them
         for tid in sorted(set(files.find_traces(self.directory)) - self.before):
             compact_dir(self.directory, tid, verbose=False,
                         stopping=(lambda: True) if self.keep_views else self.stop.is_set,
-                        folded=folded, view=view, abandon=abandon)
+                        folded=folded, view=view, abandon=abandon, levels=True)
 
     def _loop(self):
         try:

@@ -560,3 +560,81 @@ def test_a_fold_abandoned_as_it_reads_leaves_its_files(tmp_path, alive):
     res = one_pass(tmp_path)
     assert res["folded"] == 1 and not [n for n in os.listdir(tmp_path) if n.endswith(".out")]
     assert survivors(tmp_path) == h.live
+
+
+def test_runs_last_pass_leaves_levels_that_read_as_the_merged_result(tmp_path, alive):
+    """`run`'s compactor does not merge a trace that is over into one file (that rewrote
+    the whole live set after the program ended): its last pass folds the new files into a
+    run, merges by the usual rule, and the levels it leaves are what the readers read.
+    They read exactly as the one file `compact DIR` then merges them into: every block,
+    byte and count, the history, the series' last point (made from the levels), the
+    verdict of `report --check` (from the last pass's reading and from a report's), and the
+    report itself."""
+    import shutil
+    import subprocess
+    import sys
+    from conftest import ROOT
+    mmleak_py = [sys.executable, os.path.join(ROOT, "mmleak.py")]
+    d = tmp_path / "levels"
+    d.mkdir()
+    h = History(d)
+    h.batch(allocs=6000, churn=400)
+    one_pass(d)
+    h.batch(allocs=300, frees=200, churn=200)
+    one_pass(d)                                     # run 1 (no merge: 6,100 > 4 x 500)
+    h.batch(allocs=40, frees=30, churn=50)          # the files left when the program ends
+    assert runs(d) == ["mmleak.%s.compact.1" % TID]
+    alive[0] = False
+    c = mmleak.compact.BackgroundCompactor(str(d), set(), interval=3600.0, views=True)
+    c.start()
+    c.finish(overlap=True)
+    c.join()
+    # the new file folded into a run of its own, the levels left as they are
+    assert runs(d) == ["mmleak.%s.compact.%d" % (TID, n) for n in (1, 2)]
+    assert not [n for n in os.listdir(d) if n.endswith((".out", ".tmp", ".live"))]
+    assert survivors(d) == h.live
+    points, _ = mmleak.read_series(mmleak.TraceFiles(str(d), TID).series)
+    assert len(points) == 1 and points[-1].live == (sum(h.live.values()), len(h.live))
+    vsh, vlive = c.views[TID]                      # what run --check's verdict takes
+    sh, paths = mmleak.compact.read_trace(str(d), TID, blocks=True)
+    assert len(paths) == 3
+    # the same history, counts and survivors as the one merged file
+    m = tmp_path / "merged"
+    shutil.copytree(d, m)
+    (res,) = mmleak.compact_dir(str(m), TID)[1]
+    assert res["over"] and res["point"] is None and runs(m) == []
+    msh, mpaths = mmleak.compact.read_trace(str(m), TID, blocks=True)
+    assert [os.path.basename(p) for p in mpaths] == ["mmleak.%s.compact" % TID]
+    assert survivors(m) == h.live
+
+    def fields(s, lines=True):
+        f = _reader_fields(s)
+        if not lines:           # the event lines read: the levels hold more than one file
+            for k in ("events", "allocs", "frees", "files_done"):
+                f.pop(k)
+        f["header_lines"] = sorted(l for l in f["header_lines"]
+                                   if not l.startswith((b"#compacted ", b"#folded ")))
+        f.pop("compacted")      # the levels' own bookkeeping (entries, runs)
+        # the file each '#mmleak' header was first read from (named only when processes
+        # are mixed): the run's, when the last pass reads the result last
+        f["headers"] = [{k: v for k, v in x.items() if k != "source"} for x in f["headers"]]
+        return f
+    assert fields(vsh) == fields(sh)
+    assert fields(sh, False) == fields(msh, False)
+    assert vsh.history()["events"] == msh.history()["events"] > 6840
+    assert msh.compacted["files"] == 3
+    blocks = [sorted((a.ptr, a.seq, a.size, a.time, a.callers) for a in x)
+              for x in (vlive, sh.live(), msh.live())]
+    assert blocks[0] == blocks[1] == blocks[2] and len(blocks[0]) == len(h.live)
+    agg = [x.aggregate() for x in (vlive, sh.live(), msh.live())]
+    assert all(a[1] == agg[0][1] and [tuple(g) for g in a[0]] == [tuple(g) for g in agg[0][0]]
+               for a in agg)
+    outs = []
+    for x in (d, m):
+        r = subprocess.run(mmleak_py + ["report", str(x), "--pid", TID, "--no-html",
+                                        "--check", "--leak-kinds", "all"],
+                           capture_output=True, text=True, timeout=120)
+        outs.append((r.returncode, r.stdout.replace(str(x), "DIR"),
+                     r.stderr.replace(str(x), "DIR")))
+    assert outs[0] == outs[1]
+    assert outs[0][0] == 23 and "%d blocks" % len(h.live) in outs[0][1] + outs[0][2], outs[0]

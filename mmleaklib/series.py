@@ -32,7 +32,7 @@ from . import files
 from .files import TraceFiles, _own_file, _remove_quietly, open_trace_file
 from .errors import Refused, refuse
 from .native import native_shrink
-from .shrink import Shrinker
+from .shrink import Shrinker, header_order, stream_order
 
 
 SERIES_POINTS = 720          # passes kept in mmleak.ID.series (older ones thinned out)
@@ -140,15 +140,13 @@ def _live_now(directory, tid, stream=False, cancel=None):
     with the others' state (native_shrink STREAM_LAST: the same survivors; header lines in
     that order, which a point does not use).  CANCEL: see native_shrink (Abandoned)."""
     found = files.find_traces(directory).get(tid, [])
-    cpath = files.TraceFiles(directory, tid).compact
     # (the result alone, as when the trace is over and folded: streamed in any case, nothing
     # is read in another order)
-    stream = (stream or len(found) == 1) and \
-        any(os.path.basename(p) == os.path.basename(cpath) for p in found)
-    if stream:
-        found = [p for p in found if os.path.basename(p) != os.path.basename(cpath)] + \
-            [p for p in found if os.path.basename(p) == os.path.basename(cpath)]
+    stream = stream or len(found) == 1
     paths, names, tmpdir, refused = files.with_unflushed_tails(found)
+    given = names
+    if stream:
+        paths, names, stream = stream_order(paths, names)
     try:
         if refused:
             for msg in refused[1:]:
@@ -158,6 +156,8 @@ def _live_now(directory, tid, stream=False, cancel=None):
         if not native_shrink(sh, paths, names, blocks=True, stream_last=stream, cancel=cancel):
             for p, name in zip(paths, names):
                 sh.feed_path(p, name)
+        if stream:
+            header_order(sh, given)
         sh.check_single_process()
         return sh, sh.live()
     finally:

@@ -523,8 +523,12 @@ def _shrink_files(paths, progress=None, mixed=False, names=None, problems=None,
     sh = Shrinker(progress)
     sh.problems = problems or sh.problems
     names = names or ["<stdin>" if p == "-" else p for p in paths]
-    # a finished trace's one compacted result (sorted), read alone: streamed, no table
-    stream = blocks and len(paths) == 1 and paths[0].endswith(".compact")
+    # a trace's compacted result (sorted by address, the biggest file), alone or with the
+    # runs and files beside it: read last, streamed (no table entry per line of it); the
+    # same survivors and counts (mmleak-compaction(7))
+    stream, given = False, names
+    if blocks:
+        paths, names, stream = stream_order(paths, names)
     direct = _direct(direct, mixed) if direct is not None and raw is not None and not blocks \
         else None
     if not native_shrink(sh, paths, names, raw=raw, blocks=blocks, final=final,
@@ -535,9 +539,32 @@ def _shrink_files(paths, progress=None, mixed=False, names=None, problems=None,
                 sh.feed(sys.stdin.buffer, name)
             else:
                 sh.feed_path(p, name)
+    if stream:
+        header_order(sh, given)
     if not mixed:
         sh.check_single_process()
     return sh
+
+
+def stream_order(paths, names):
+    """(PATHS, NAMES, stream): the trace's compacted result (mmleak.ID.compact: sorted by
+    address) moved last, to be streamed (native_shrink STREAM_LAST), when exactly one of
+    PATHS is one; stream False (nothing moved) otherwise.  header_order then puts the
+    headers back in the order PATHS were given."""
+    comp = [i for i, p in enumerate(paths) if p != "-" and p.endswith(".compact")]
+    if len(comp) != 1:
+        return paths, names, False
+    i = comp[0]
+    return (paths[:i] + paths[i + 1:] + [paths[i]], names[:i] + names[i + 1:] + [names[i]],
+            True)
+
+
+def header_order(sh, names):
+    """SH's '#mmleak' headers in the order their files come in NAMES (the order a reader
+    that does not stream gives them; report takes the first one's start): a streamed read
+    saw the result's last."""
+    order = {n: k for k, n in enumerate(names)}
+    sh.headers.sort(key=lambda h: order.get(h.get("source"), len(order)))
 
 
 def baseline_blocks(path):

@@ -378,17 +378,17 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
     the files are folded, before the point, and what a reader of the whole trace would get
     from it when the pass has it (_result_view: the trace is over and folded into one
     result), else None; VIEW: a trace over is then read whole, for FOLDED, when its pass
-    folded nothing (or not with the compiled shrinker); ABANDON, a function: when it says
-    True, the fold, a merge of levels or a point of a trace not over is given up, or not
-    begun (the compiled shrinker asks it as it reads: `run`'s compactor, once its program
-    has ended, does not wait for them: the files and runs they read stay as they were, and
-    the last pass folds them; what was written before stands); LEVELS: a trace over keeps
-    its levels (`run`'s compactor): its new files are folded into a run and merged by the
-    usual rule, as while it ran, not everything into mmleak.ID.compact (its last point and
-    FOLDED's view then read the levels, as a reader does).  Returns a dict of what it did, or
-    None when another compactor holds the trace (it is skipped, not waited for).  A file it
-    cannot trust (Refused) or write stops the pass over this trace (Fail), and nothing is
-    deleted."""
+    folded nothing, left levels (LEVELS) or did not use the compiled shrinker; ABANDON, a
+    function: when it says True, the fold, a merge of levels or a point of a trace not over
+    is given up, or not begun (the compiled shrinker asks it as it reads: `run`'s compactor,
+    once its program has ended, does not wait for them: the files and runs they read stay as
+    they were, and the last pass folds them; what was written before stands); LEVELS: a
+    trace over keeps its levels (`run`'s compactor): its new files are folded into a run and
+    merged by the usual rule, as while it ran, not everything into mmleak.ID.compact (its
+    last point and FOLDED's view then read the levels, as a reader does).  Returns a dict of
+    what it did, or None when another compactor holds the trace (it is skipped, not waited
+    for).  A file it cannot trust (Refused) or write stops the pass over this trace (Fail),
+    and nothing is deleted."""
     traces = traces if traces is not None else files.find_traces(directory)
     paths = paths if paths is not None else traces.get(tid, [])
     t = TraceFiles(directory, tid)

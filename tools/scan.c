@@ -98,13 +98,12 @@ static int64_t mono_ns(void)
 
 static int g_debug = -1;                /* MMLEAK_SCAN_DEBUG=1: every root hit on stderr, and
                                            the time of each step */
-static int g_times;                     /* MMLEAK_SCAN_DEBUG=1 or =time: the steps' times */
 
 /* MMLEAK_SCAN_DEBUG=1: the time of the step just done (since the last call), on stderr */
 static void step_time(const char *step, int64_t *t)
 {
     int64_t now = mono_ns();
-    if (unlikely(g_times))
+    if (unlikely(g_debug > 0))
         fprintf(stderr, "mmleak-scan: time %s %.3f ms\n", step, (now - *t) / 1e6);
     *t = now;
 }
@@ -1800,7 +1799,6 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
     if (g_debug < 0) {
         const char *d = getenv("MMLEAK_SCAN_DEBUG");
         g_debug = d && *d == '1';
-        g_times = g_debug || (d && !strcmp(d, "time"));
     }
     err[0] = 0;
     out[0] = 0;
@@ -1854,7 +1852,7 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
     step_time("maps", &tstep);
     if (!s.failed)
         mark(&s);
-    if (unlikely(g_times))
+    if (unlikely(g_debug > 0))
         fprintf(stderr, "mmleak-scan: reads %" PRIu64 " (process_vm_readv calls of marking)\n",
                 s.reads);
     step_time("mark", &tstep);

@@ -28,13 +28,14 @@
  *    events came in order: an address's events keep their order) and merged into S in
  *    place, each address's events applied to its state in that order (slot_event).
  *  So every address's events are applied in the order the inputs give them, as the shrink
- *  engine's table applies them: the same states, wherever the batches end.
- *  - Inputs of 8 MiB or more in all are read and parsed by two threads (fold_piped: in
- *    segments of about 4 MiB that end at a newline, handed over in chunks of events);
- *    the calling thread folds their events in the inputs' order, as above.  Memory: S (40
+ *  engine's table applies them: the same states, wherever the batches end.  Memory: S (40
  *  bytes a state, as many as the shrink engine keeps) and the batch with its sort's copy
  *  (64 bytes an event).  At the end, the live blocks are S's states whose high end is an
  *  allocation, in address order.
+ *  Inputs of 8 MiB or more in all, on more than one CPU, are read and parsed by two
+ *  threads (fold_piped: in segments of about 4 MiB that end at a newline, handed over in
+ *  chunks of events, 8 MiB for the two); the calling thread folds their events in the
+ *  inputs' order, as above.
  *
  * OPEN_INPUT(i, in): input I (scan_live.h: a descriptor, how much of it, lines after it,
  * whether it is sorted), 0; -1 when it cannot be read.
@@ -43,6 +44,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -1042,7 +1044,9 @@ int mmleak_live_set(int nfiles, int (*open_input)(int, struct mmleak_input *),
         bytes += in[nin].limit + in[nin].tlen;
     }
     int piped = -1;
-    if (nin == nfiles && nin && bytes >= SCAN_LIVE_PIPE_MIN)
+    cpu_set_t cpus;                     /* (one CPU to run on: the threads only cost) */
+    if (nin == nfiles && nin && bytes >= SCAN_LIVE_PIPE_MIN &&
+        (sched_getaffinity(0, sizeof cpus, &cpus) || CPU_COUNT(&cpus) > 1))
         piped = fold_piped(&f, in, nin);
     if (piped != -1) {
         rc = piped;

@@ -33,9 +33,9 @@
  *  (64 bytes an event).  At the end, the live blocks are S's states whose high end is an
  *  allocation, in address order.
  *  Inputs of 8 MiB or more in all, on more than one CPU, are read and parsed by two
- *  threads (fold_piped: in segments of about 4 MiB that end at a newline, handed over in
- *  chunks of events, 8 MiB for the two); the calling thread folds their events in the
- *  inputs' order, as above.
+ *  threads (fold_piped: in segments of about 4 MiB that end at a newline, each through a
+ *  pre_event table of its own, the batch's events handed over in chunks, 15 MiB for the
+ *  two); the calling thread merges them in the inputs' order, as above.
  *
  * OPEN_INPUT(i, in): input I (scan_live.h: a descriptor, how much of it, lines after it,
  * whether it is sorted), 0; -1 when it cannot be read.
@@ -347,9 +347,8 @@ static int flush(struct feed *f)
     return 0;
 }
 
-/* An event for the batch. */
-static inline void batch_event(struct feed *f, uint64_t key, uint64_t s, int kind,
-                               uint64_t size)
+/* An event for the batch, its input's number in its kind already (a parser's). */
+static inline void batch_push(struct feed *f, const struct ev *e)
 {
     struct evs *b = &f->batch;
     if (unlikely(b->n >= f->bcap) && flush(f)) {
@@ -362,9 +361,22 @@ static inline void batch_event(struct feed *f, uint64_t key, uint64_t s, int kin
         f->oom = 1;
         return;
     }
-    if (b->n && key < b->v[b->n - 1].key)
+    if (b->n && e->key < b->v[b->n - 1].key)
         f->unsorted = 1;
-    b->v[b->n++] = (struct ev){ key, s, size, (uint32_t)kind | (uint32_t)f->file << 3 };
+    b->v[b->n++] = *e;
+}
+
+/* An event for the batch (a parser's: for its ring). */
+static inline void batch_event(struct feed *f, uint64_t key, uint64_t s, int kind,
+                               uint64_t size)
+{
+    int k = kind | f->file << 3;
+    if (f->pipe) {
+        pipe_event(f, key, s, k, size);
+        return;
+    }
+    struct ev e = { key, s, size, (uint32_t)k };
+    batch_push(f, &e);
 }
 
 /* An event of a sorted input read into S directly (S held nothing before it): folded into
@@ -615,8 +627,8 @@ static inline void one_line(struct feed *f, const char *p, size_t n)
     int kind = parse_event(p, &key, &s, &size);
 #endif
     if (likely(kind >= 0)) {
-        if (f->pipe)
-            pipe_event(f, key, s, kind, size);
+        if (unlikely(f->pipe != NULL) && f->direct)
+            pipe_event(f, key, s, kind, size);  /* a sorted input's: the folder's */
         else if (f->direct)
             direct_event(f, key, s, kind, size);
         else
@@ -767,9 +779,13 @@ static int feed_input(struct feed *f, struct mmleak_input *in, char *buf)
  * whatever came before, so a segment is read on its own exactly as it is in its input),
  * the last one of an input with its tail; NPARSE parser threads read and parse them, in
  * turn (parser j the segments j, j + NPARSE...), each into a ring of chunks of events;
- * the calling thread folds them (pre_event, direct_event, the batches) as the sequential
- * loop does, segment after segment, each from its parser's ring: the same events in the
- * same order, so the same states. */
+ * the calling thread folds them as the sequential loop does, segment after segment, each
+ * from its parser's ring: an address's events in the same order.  A parser runs pre_event
+ * itself, with a table of its own emptied at the end of each segment (as if every address
+ * in it had been pushed out by another: the table is direct-mapped, its slots are taken
+ * back at any moment, and the state after an address's pairs does not depend on where
+ * its runs were cut), and hands over the batch's events only; a sorted input's events go
+ * over as they are (direct_event, while S is empty, is the folder's).  So the same states. */
 #ifndef SCAN_LIVE_CHUNK                 /* (tests/test_scan.py builds them small) */
 #define SCAN_LIVE_CHUNK 32768           /* events a chunk */
 #endif
@@ -806,6 +822,7 @@ struct ring {
     const struct seg *seg;
     const struct mmleak_input *in;
     char *buf;
+    struct pre *pre;        /* its table (pre_event), emptied at the end of each segment */
     int attached, glibc;    /* what the headers it parsed said (read after the join) */
 };
 
@@ -842,6 +859,7 @@ static void *parser(void *arg)
     struct feed f;
     memset(&f, 0, sizeof f);
     f.pipe = r;
+    f.pre = r->pre;
     r->cur = &r->ch[0];
     r->cur->n = 0;
     for (int k = r->first; k < r->nseg && !f.oom; k += NPARSE) {
@@ -851,7 +869,11 @@ static void *parser(void *arg)
         if (!g->last)
             in.tlen = 0;
         f.pos = (int64_t)g->off;
+        f.file = g->input;
+        f.direct = in.sorted;           /* its events as they are, else through pre_event */
         int err = feed_input(&f, &in, r->buf) != 0;
+        if (!f.direct)
+            pre_drain(&f);
         if (f.oom || pipe_give(r, 1, err) || err)
             break;
     }
@@ -928,7 +950,8 @@ static int fold_piped(struct feed *f, struct mmleak_input *in, int n)
     memset(r, 0, sizeof r);
     size_t buf_bytes = (LINE_MAX_BYTES + READ_CHUNK + 1 + 2 * SLACK + 4095) & ~(size_t)4095;
     size_t ring_bytes = (size_t)PIPE_CHUNKS * SCAN_LIVE_CHUNK * sizeof(struct ev);
-    size_t bytes = NPARSE * (ring_bytes + buf_bytes);
+    size_t pre_bytes = PRE_SLOTS * sizeof(struct pre);
+    size_t bytes = NPARSE * (ring_bytes + buf_bytes + pre_bytes);
     char *mem = map_mem(bytes);
     if (!mem) {
         free(seg);
@@ -941,10 +964,11 @@ static int fold_piped(struct feed *f, struct mmleak_input *in, int n)
     pthread_sigmask(SIG_SETMASK, &all, &old);
     for (int j = 0; j < NPARSE; j++) {
         struct ring *q = &r[j];
-        char *m = mem + j * (ring_bytes + buf_bytes);
+        char *m = mem + j * (ring_bytes + buf_bytes + pre_bytes);
         for (int k = 0; k < PIPE_CHUNKS; k++)
             q->ch[k].v = (struct ev *)(void *)m + (size_t)k * SCAN_LIVE_CHUNK;
         q->buf = m + ring_bytes + SLACK;
+        q->pre = (struct pre *)(void *)(m + ring_bytes + buf_bytes);
         q->first = j;
         q->nseg = nseg;
         q->seg = seg;
@@ -972,6 +996,10 @@ static int fold_piped(struct feed *f, struct mmleak_input *in, int n)
             pthread_mutex_unlock(&q->mu);
             struct chunk *c = &q->ch[q->tail % PIPE_CHUNKS];
             const struct ev *e = c->v, *end = c->v + c->n;
+            if (!in[g->input].sorted) {         /* the batch's events, pre_event done */
+                for (; e < end && !f->oom; e++)
+                    batch_push(f, e);
+            }
             for (; e < end && f->direct && !f->oom; e++)
                 direct_event(f, e->key, e->seq, (int)e->kind, e->size);
             for (; e < end && !f->oom; e++)

@@ -837,7 +837,8 @@ def test_live_set_parsed_by_threads(tmp_path, dump, seg):
     hand leaves (runs of NULs, lines cut, over MMLEAK_LINE_MAX) and 200 of pairs."""
     import random
     exe, files = _live_check_and_trace(tmp_path, dump, "-pthread", "-DSCAN_LIVE_BATCH=64",
-                                       "-DSCAN_LIVE_PIPE_MIN=0", "-DSCAN_LIVE_SEG=" + str(seg),
+                                       "-DSCAN_LIVE_PIPE_MIN=0", "-DSCAN_LIVE_PIPE_ALWAYS",
+                                       "-DSCAN_LIVE_SEG=" + str(seg),
                                        "-DSCAN_LIVE_CHUNK=3")
     for argv in (files, ["-t"] + files, ["-p", "2"] + files, ["s:" + f for f in files]):
         r = subprocess.run([exe] + argv, capture_output=True, text=True, timeout=120)

@@ -32,7 +32,7 @@
  *  bytes a state, as many as the shrink engine keeps) and the batch with its sort's copy
  *  (64 bytes an event).  At the end, the live blocks are S's states whose high end is an
  *  allocation, in address order.
- *  Inputs of 8 MiB or more in all, on more than one CPU, are read and parsed by two
+ *  Inputs of 8 MiB or more in all, when a CPU is idle, are read and parsed by two
  *  threads (fold_piped: in segments of about 4 MiB that end at a newline, each through a
  *  pre_event table of its own, the batch's events handed over in chunks, 15 MiB for the
  *  two); the calling thread merges them in the inputs' order, as above.
@@ -43,6 +43,7 @@
  * (NULL when there is no block). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -1040,6 +1041,37 @@ static int fold_piped(struct feed *f, struct mmleak_input *in, int n)
     return rc;                          /* (-1: F untouched, the descriptors' offsets too) */
 }
 
+/* Whether a CPU we may run on is idle now (/proc/stat's procs_running, ourselves
+ * included, below the CPUs of our affinity): the parser threads only pay on one.  On a
+ * busy machine they would take their time from the thread that folds (measured: the live
+ * set slower, not faster, with every core taken).  SCAN_LIVE_PIPE_ALWAYS (the tests):
+ * always. */
+static int cpu_to_spare(void)
+{
+#ifdef SCAN_LIVE_PIPE_ALWAYS
+    return 1;
+#else
+    cpu_set_t cpus;
+    if (sched_getaffinity(0, sizeof cpus, &cpus) || CPU_COUNT(&cpus) < 2)
+        return 0;
+    int fd = open("/proc/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    size_t cap = (size_t)1 << 16;       /* (its per-CPU and interrupt lines come first) */
+    char *b = malloc(cap);
+    ssize_t n = b ? read(fd, b, cap - 1) : -1;
+    close(fd);
+    int idle = 0;
+    if (n > 0) {
+        b[n] = 0;
+        const char *p = strstr(b, "\nprocs_running ");
+        idle = p && atoi(p + 15) < CPU_COUNT(&cpus);
+    }
+    free(b);
+    return idle;
+#endif
+}
+
 int mmleak_live_set(int nfiles, int (*open_input)(int, struct mmleak_input *),
                     struct mmleak_live *out)
 {
@@ -1072,9 +1104,7 @@ int mmleak_live_set(int nfiles, int (*open_input)(int, struct mmleak_input *),
         bytes += in[nin].limit + in[nin].tlen;
     }
     int piped = -1;
-    cpu_set_t cpus;                     /* (one CPU to run on: the threads only cost) */
-    if (nin == nfiles && nin && bytes >= SCAN_LIVE_PIPE_MIN &&
-        (sched_getaffinity(0, sizeof cpus, &cpus) || CPU_COUNT(&cpus) > 1))
+    if (nin == nfiles && nin && bytes >= SCAN_LIVE_PIPE_MIN && cpu_to_spare())
         piped = fold_piped(&f, in, nin);
     if (piped != -1) {
         rc = piped;

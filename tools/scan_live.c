@@ -438,9 +438,14 @@ struct pre {
     uint8_t hkind, lkind, held, last, pairs, used;
 };
 
+/* The slot of address KEY: its bits above the 16-byte alignment, nothing else, so that a
+ * heap that grows (blocks allocated in address order, kept) has its allocations pushed out
+ * of the table in the order they came, which is the address order: the batch needs no
+ * sort (with the high bits folded in, 58 % of a batch's neighbours came out of order, and
+ * the sort was a third of the live set of 10 million kept blocks). */
 static inline size_t pre_slot(uint64_t key)
 {
-    return (size_t)((key >> 4) ^ (key >> (4 + PRE_BITS))) & (PRE_SLOTS - 1);
+    return (size_t)(key >> 4) & (PRE_SLOTS - 1);
 }
 
 /* What slot E holds, to the batch; E emptied. */

@@ -2,12 +2,14 @@
  * (tools/shrink.c, final) on the same files: prints "same N" (N live blocks), or each
  * difference and "differ".  Built by tests/test_scan.py with both sources.
  *
- *   live_check [-p K] FILE...   the files as one trace (each read whole)
+ *   live_check [-t] [-p K] FILE...   the files as one trace (each read whole)
  *
  * A FILE written "s:PATH" is given to the live set as sorted (a compacted result's lines
  * come in address order; one that does not is taken like any other input).  -p K: the
  * live set reads, instead of the first K files, their partial shrink (not --final: what a
- * compaction pass writes), as a sorted input first; the shrink engine reads them all. */
+ * compaction pass writes), as a sorted input first; the shrink engine reads them all.
+ * -t: the live set is given each file's last third as its tail (the staging lines a scan
+ * takes after a dump file's bytes), the rest from the descriptor. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <inttypes.h>
@@ -15,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "scan_live.h"
@@ -34,6 +37,7 @@ int mmleak_shrink(const char *const *paths, const int *name_id, int npaths, int 
 static char **g_paths;
 static char **g_live;           /* the live set's inputs */
 static int g_partial = -1;      /* the descriptor of the partial shrink, or -1 */
+static int g_tail;              /* -t: each file's last third given as its tail */
 
 static int open_whole(int i, struct mmleak_input *in)
 {
@@ -49,6 +53,19 @@ static int open_whole(int i, struct mmleak_input *in)
     in->limit = UINT64_MAX;
     in->tail = NULL;
     in->tlen = 0;
+    struct stat st;
+    if (in->fd >= 0 && !fstat(in->fd, &st) && S_ISREG(st.st_mode)) {
+        in->limit = (uint64_t)st.st_size;   /* as the scan gives it (its cut's size) */
+        if (g_tail && st.st_size > 2) {     /* -t: its last third as the staging lines */
+            size_t t = (size_t)st.st_size / 3;
+            char *b = malloc(t);
+            if (b && pread(in->fd, b, t, st.st_size - (off_t)t) == (ssize_t)t) {
+                in->limit -= t;
+                in->tail = b;
+                in->tlen = t;
+            }
+        }
+    }
     return in->fd < 0 ? -1 : 0;
 }
 
@@ -84,6 +101,11 @@ static const char *hex(const char *p, const char *e, uint64_t *v)
 int main(int argc, char **argv)
 {
     int kp = 0;
+    if (argc > 1 && !strcmp(argv[1], "-t")) {
+        g_tail = 1;
+        argv++;
+        argc--;
+    }
     if (argc > 2 && !strcmp(argv[1], "-p")) {
         kp = atoi(argv[2]);
         argv += 2;

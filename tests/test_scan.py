@@ -824,6 +824,50 @@ def test_live_set_pairs_merged_as_one(tmp_path, dump):
     assert blocks > 300
 
 
+@pytest.mark.parametrize("seg", [64, 2048])
+def test_live_set_parsed_by_threads(tmp_path, dump, seg):
+    """The live set of a big trace is parsed by threads (tools/scan_live.c, fold_piped: the
+    inputs cut into segments at newlines, parsed two at a time, each through a pre_event
+    table of its own, merged in their order): the engine built so that every trace takes
+    that way, in segments of about SEG bytes (64: a line or two; 2048: runs of pairs
+    merged within a segment and cut at its end) and chunks of 3 events (batches of 64),
+    gives the shrink engine's final survivors exactly:
+    on the real two-thread trace (whole, with each file's last third as its tail, after a
+    partial shrink, said sorted) and on 400 made-up traces full of what a crash or a hostile
+    hand leaves (runs of NULs, lines cut, over MMLEAK_LINE_MAX) and 200 of pairs."""
+    import random
+    exe, files = _live_check_and_trace(tmp_path, dump, "-pthread", "-DSCAN_LIVE_BATCH=64",
+                                       "-DSCAN_LIVE_PIPE_MIN=0", "-DSCAN_LIVE_PIPE_ALWAYS",
+                                       "-DSCAN_LIVE_SEG=" + str(seg),
+                                       "-DSCAN_LIVE_CHUNK=3")
+    for argv in (files, ["-t"] + files, ["-p", "2"] + files, ["s:" + f for f in files]):
+        r = subprocess.run([exe] + argv, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and r.stdout.startswith("same "), (argv[:2], r.stdout)
+        assert int(r.stdout.split()[1]) > 0
+    rng = random.Random(23 + seg)
+    blocks = 0
+    for k in range(600):
+        n = rng.randrange(1, 5)
+        if k < 400:
+            paths = _fuzz_trace(rng, str(tmp_path / ("f%d" % k)), n)
+        else:
+            paths = _pair_chains(rng, str(tmp_path / ("p%d" % k)), n)
+        if k == 7:                                    # a line over MMLEAK_LINE_MAX
+            with open(paths[0], "ab") as f:
+                f.write(b"1" * (1 << 20) + b"0 1 2 3\n00000000bbb0 5 6 7 @8\n")
+        argv = [("s:" + p) if rng.random() < .2 else p for p in paths]
+        if rng.random() < .3:
+            argv = ["-p", str(rng.randrange(1, n + 1))] + argv
+        if rng.random() < .5:
+            argv = ["-t"] + argv
+        r = subprocess.run([exe] + argv, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and r.stdout.startswith("same "), (k, argv, r.stdout)
+        blocks += int(r.stdout.split()[1])
+        for p in paths:
+            os.unlink(p)
+    assert blocks > 1000
+
+
 def leb(values):
     out = bytearray()
     for v in values:

@@ -32,6 +32,10 @@
  *  bytes a state, as many as the shrink engine keeps) and the batch with its sort's copy
  *  (64 bytes an event).  At the end, the live blocks are S's states whose high end is an
  *  allocation, in address order.
+ *  Inputs of 8 MiB or more in all, when a CPU is idle, are read and parsed by two
+ *  threads (fold_piped: in segments of about 4 MiB that end at a newline, each through a
+ *  pre_event table of its own, the batch's events handed over in chunks, 15 MiB for the
+ *  two); the calling thread merges them in the inputs' order, as above.
  *
  * OPEN_INPUT(i, in): input I (scan_live.h: a descriptor, how much of it, lines after it,
  * whether it is sorted), 0; -1 when it cannot be read.
@@ -39,10 +43,15 @@
  * (NULL when there is no block). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../tracer/compiler.h"
@@ -93,7 +102,11 @@ struct feed {
     int unsorted;           /* the batch's events are not all in address order */
     int attached, glibc, oom;
     struct pre *pre;        /* the current input's recent addresses (pre_event) */
+    struct ring *pipe;      /* a parser thread's feed: its events go to its ring */
+    int64_t pos;            /* a parser's: the offset its input's bytes are read at (pread) */
 };
+
+static void pipe_event(struct feed *f, uint64_t key, uint64_t s, int kind, uint64_t size);
 
 /* An event line (ended by its newline), as tools/shrink.c takes it (tools/eventline.h):
  * its kind, or -1.  *SIZE: an allocation's. */
@@ -335,9 +348,8 @@ static int flush(struct feed *f)
     return 0;
 }
 
-/* An event for the batch. */
-static inline void batch_event(struct feed *f, uint64_t key, uint64_t s, int kind,
-                               uint64_t size)
+/* An event for the batch, its input's number in its kind already (a parser's). */
+static inline void batch_push(struct feed *f, const struct ev *e)
 {
     struct evs *b = &f->batch;
     if (unlikely(b->n >= f->bcap) && flush(f)) {
@@ -350,9 +362,22 @@ static inline void batch_event(struct feed *f, uint64_t key, uint64_t s, int kin
         f->oom = 1;
         return;
     }
-    if (b->n && key < b->v[b->n - 1].key)
+    if (b->n && e->key < b->v[b->n - 1].key)
         f->unsorted = 1;
-    b->v[b->n++] = (struct ev){ key, s, size, (uint32_t)kind | (uint32_t)f->file << 3 };
+    b->v[b->n++] = *e;
+}
+
+/* An event for the batch (a parser's: for its ring). */
+static inline void batch_event(struct feed *f, uint64_t key, uint64_t s, int kind,
+                               uint64_t size)
+{
+    int k = kind | f->file << 3;
+    if (f->pipe) {
+        pipe_event(f, key, s, k, size);
+        return;
+    }
+    struct ev e = { key, s, size, (uint32_t)k };
+    batch_push(f, &e);
 }
 
 /* An event of a sorted input read into S directly (S held nothing before it): folded into
@@ -413,9 +438,14 @@ struct pre {
     uint8_t hkind, lkind, held, last, pairs, used;
 };
 
+/* The slot of address KEY: its bits above the 16-byte alignment, nothing else, so that a
+ * heap that grows (blocks allocated in address order, kept) has its allocations pushed out
+ * of the table in the order they came, which is the address order: the batch needs no
+ * sort (with the high bits folded in, 58 % of a batch's neighbours came out of order, and
+ * the sort was a third of the live set of 10 million kept blocks). */
 static inline size_t pre_slot(uint64_t key)
 {
-    return (size_t)((key >> 4) ^ (key >> (4 + PRE_BITS))) & (PRE_SLOTS - 1);
+    return (size_t)(key >> 4) & (PRE_SLOTS - 1);
 }
 
 /* What slot E holds, to the batch; E emptied. */
@@ -603,7 +633,9 @@ static inline void one_line(struct feed *f, const char *p, size_t n)
     int kind = parse_event(p, &key, &s, &size);
 #endif
     if (likely(kind >= 0)) {
-        if (f->direct)
+        if (unlikely(f->pipe != NULL) && f->direct)
+            pipe_event(f, key, s, kind, size);  /* a sorted input's: the folder's */
+        else if (f->direct)
             direct_event(f, key, s, kind, size);
         else
             pre_event(f, key, s, kind, size);
@@ -654,10 +686,13 @@ static const char *line_end(const char *p, const char *lim)
 
 /* Up to N bytes of input IN into TO: from its descriptor, up to its limit, then its tail.
  * The bytes read, 0 at the end, -1 (read failed). */
-static ssize_t next_bytes(struct mmleak_input *in, char *to, size_t n)
+static ssize_t next_bytes(struct feed *f, struct mmleak_input *in, char *to, size_t n)
 {
     while (in->limit) {
-        ssize_t got = read(in->fd, to, n < in->limit ? n : (size_t)in->limit);
+        size_t want = n < in->limit ? n : (size_t)in->limit;
+        ssize_t got = f->pipe ? pread(in->fd, to, want, (off_t)f->pos) : read(in->fd, to, want);
+        if (got > 0 && f->pipe)
+            f->pos += got;
         if (got < 0 && errno == EINTR)
             continue;
         if (got < 0)
@@ -684,7 +719,7 @@ static int feed_input(struct feed *f, struct mmleak_input *in, char *buf)
     size_t have = 0;                    /* the start of a line not ended yet, at BUF */
     int skip = 0, in_nul = 0, after_nul = 0;
     while (!f->oom) {
-        ssize_t got = next_bytes(in, buf + have, READ_CHUNK);
+        ssize_t got = next_bytes(f, in, buf + have, READ_CHUNK);
         if (got < 0)
             return -1;
         if (got == 0)
@@ -743,6 +778,305 @@ static int feed_input(struct feed *f, struct mmleak_input *in, char *buf)
     return 0;
 }
 
+/* ---- the parse on threads of their own (a big trace) ------------------------------
+ * The exiting process is stopped while the scan runs, and the machine may have other
+ * cores: the inputs are cut into segments of about SEG_BYTES, each ended by a newline (the
+ * one at or after its nominal end: after a newline the reading's state is the same
+ * whatever came before, so a segment is read on its own exactly as it is in its input),
+ * the last one of an input with its tail; NPARSE parser threads read and parse them, in
+ * turn (parser j the segments j, j + NPARSE...), each into a ring of chunks of events;
+ * the calling thread folds them as the sequential loop does, segment after segment, each
+ * from its parser's ring: an address's events in the same order.  A parser runs pre_event
+ * itself, with a table of its own emptied at the end of each segment (as if every address
+ * in it had been pushed out by another: the table is direct-mapped, its slots are taken
+ * back at any moment, and the state after an address's pairs does not depend on where
+ * its runs were cut), and hands over the batch's events only; a sorted input's events go
+ * over as they are (direct_event, while S is empty, is the folder's).  So the same states. */
+#ifndef SCAN_LIVE_CHUNK                 /* (tests/test_scan.py builds them small) */
+#define SCAN_LIVE_CHUNK 32768           /* events a chunk */
+#endif
+#ifndef SCAN_LIVE_SEG
+#define SCAN_LIVE_SEG ((uint64_t)4 << 20)  /* a segment's nominal bytes */
+#endif
+#ifndef SCAN_LIVE_PIPE_MIN              /* the inputs' bytes from which the threads pay */
+#define SCAN_LIVE_PIPE_MIN ((uint64_t)8 << 20)
+#endif
+#define PIPE_CHUNKS 4                   /* a ring's */
+#define NPARSE 2
+
+struct seg {
+    int input, last;        /* LAST: its input's last segment */
+    uint64_t off, len;      /* its bytes of the input's descriptor (then, if LAST, the tail) */
+};
+
+struct chunk {
+    struct ev *v;
+    size_t n;
+    int last;               /* the segment's last chunk */
+    int err;                /* its read failed (then the parser stops) */
+};
+
+struct ring {
+    pthread_mutex_t mu;
+    pthread_cond_t ready, freed;
+    struct chunk ch[PIPE_CHUNKS];
+    size_t head, tail;      /* chunks given (to the folder), taken back (by the parser) */
+    int stop;               /* the folder wants no more (out of memory, an error) */
+    struct chunk *cur;      /* the parser's */
+    int first;              /* its first segment (then every NPARSE-th) */
+    int nseg;
+    const struct seg *seg;
+    const struct mmleak_input *in;
+    char *buf;
+    struct pre *pre;        /* its table (pre_event), emptied at the end of each segment */
+    int attached, glibc;    /* what the headers it parsed said (read after the join) */
+};
+
+/* The parser's chunk given to the folder; a free one taken (waiting for it).  0, or -1
+ * (the folder stopped). */
+static int pipe_give(struct ring *r, int last, int err)
+{
+    pthread_mutex_lock(&r->mu);
+    r->cur->last = last;
+    r->cur->err = err;
+    r->head++;
+    pthread_cond_signal(&r->ready);
+    while (!r->stop && r->head - r->tail == PIPE_CHUNKS)
+        pthread_cond_wait(&r->freed, &r->mu);
+    int stop = r->stop;
+    pthread_mutex_unlock(&r->mu);
+    r->cur = &r->ch[r->head % PIPE_CHUNKS];
+    r->cur->n = 0;
+    return stop ? -1 : 0;
+}
+
+static void pipe_event(struct feed *f, uint64_t key, uint64_t s, int kind, uint64_t size)
+{
+    struct ring *r = f->pipe;
+    struct chunk *c = r->cur;
+    c->v[c->n++] = (struct ev){ key, s, size, (uint32_t)kind };
+    if (unlikely(c->n == SCAN_LIVE_CHUNK) && pipe_give(r, 0, 0))
+        f->oom = 1;                     /* (only ends the parser's loop) */
+}
+
+static void *parser(void *arg)
+{
+    struct ring *r = arg;
+    struct feed f;
+    memset(&f, 0, sizeof f);
+    f.pipe = r;
+    f.pre = r->pre;
+    r->cur = &r->ch[0];
+    r->cur->n = 0;
+    for (int k = r->first; k < r->nseg && !f.oom; k += NPARSE) {
+        const struct seg *g = &r->seg[k];
+        struct mmleak_input in = r->in[g->input];
+        in.limit = g->len;
+        if (!g->last)
+            in.tlen = 0;
+        f.pos = (int64_t)g->off;
+        f.file = g->input;
+        f.direct = in.sorted;           /* its events as they are, else through pre_event */
+        int err = feed_input(&f, &in, r->buf) != 0;
+        if (!f.direct)
+            pre_drain(&f);
+        if (f.oom || pipe_give(r, 1, err) || err)
+            break;
+    }
+    r->attached = f.attached;
+    r->glibc = f.glibc;
+    return NULL;
+}
+
+/* The offset of the first newline at or after OFF and before END in FD, or END. */
+static uint64_t newline_from(int fd, uint64_t off, uint64_t end)
+{
+    char b[4096];
+    while (off < end) {
+        size_t want = end - off < sizeof b ? (size_t)(end - off) : sizeof b;
+        ssize_t got = pread(fd, b, want, (off_t)off);
+        if (got <= 0)
+            return end;
+        const char *nl = memchr(b, '\n', (size_t)got);
+        if (nl)
+            return off + (uint64_t)(nl - b);
+        off += (uint64_t)got;
+    }
+    return end;
+}
+
+/* The segments of the inputs IN (N of them, opened), *NS of them; NULL (out of memory, or
+ * an input read already or shorter than its limit: those are read sequentially). */
+static struct seg *segments(const struct mmleak_input *in, int n, int *ns)
+{
+    size_t cap = 0, k = 0;
+    struct seg *v = NULL;
+    for (int i = 0; i < n; i++) {
+        struct stat st;
+        if (lseek(in[i].fd, 0, SEEK_CUR) != 0 || fstat(in[i].fd, &st) ||
+            (uint64_t)st.st_size < in[i].limit) {
+            free(v);
+            return NULL;
+        }
+        uint64_t b = 0, len = in[i].limit;
+        for (;;) {
+            uint64_t e = len;
+            if (len - b > SCAN_LIVE_SEG + SCAN_LIVE_SEG / 2)
+                e = newline_from(in[i].fd, b + SCAN_LIVE_SEG - 1, len) + 1;
+            if (e >= len)
+                e = len;
+            if (k == cap) {
+                cap = cap ? 2 * cap : 64;
+                struct seg *w = realloc(v, cap * sizeof *v);
+                if (!w) {
+                    free(v);
+                    return NULL;
+                }
+                v = w;
+            }
+            v[k++] = (struct seg){ i, e == len, b, e - b };
+            if (e == len)
+                break;
+            b = e;
+        }
+    }
+    *ns = (int)k;
+    return v;
+}
+
+/* The inputs IN (N of them, opened) folded into F by parser threads.  0, -1 (not started:
+ * nothing was read), -2 (an input could not be read). */
+static int fold_piped(struct feed *f, struct mmleak_input *in, int n)
+{
+    int nseg = 0;
+    struct seg *seg = segments(in, n, &nseg);
+    if (!seg)
+        return -1;
+    struct ring r[NPARSE];
+    memset(r, 0, sizeof r);
+    size_t buf_bytes = (LINE_MAX_BYTES + READ_CHUNK + 1 + 2 * SLACK + 4095) & ~(size_t)4095;
+    size_t ring_bytes = (size_t)PIPE_CHUNKS * SCAN_LIVE_CHUNK * sizeof(struct ev);
+    size_t pre_bytes = PRE_SLOTS * sizeof(struct pre);
+    size_t bytes = NPARSE * (ring_bytes + buf_bytes + pre_bytes);
+    char *mem = map_mem(bytes);
+    if (!mem) {
+        free(seg);
+        return -1;
+    }
+    pthread_t th[NPARSE];
+    int started = 0;
+    sigset_t all, old;                  /* they take no signal (mmleak-scan's alarm) */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    for (int j = 0; j < NPARSE; j++) {
+        struct ring *q = &r[j];
+        char *m = mem + j * (ring_bytes + buf_bytes + pre_bytes);
+        for (int k = 0; k < PIPE_CHUNKS; k++)
+            q->ch[k].v = (struct ev *)(void *)m + (size_t)k * SCAN_LIVE_CHUNK;
+        q->buf = m + ring_bytes + SLACK;
+        q->pre = (struct pre *)(void *)(m + ring_bytes + buf_bytes);
+        q->first = j;
+        q->nseg = nseg;
+        q->seg = seg;
+        q->in = in;
+        pthread_mutex_init(&q->mu, NULL);
+        pthread_cond_init(&q->ready, NULL);
+        pthread_cond_init(&q->freed, NULL);
+        if (pthread_create(&th[j], NULL, parser, q))
+            break;
+        started++;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int rc = started == NPARSE ? 0 : -1;
+    for (int k = 0; !rc && k < nseg && !f->oom; k++) {
+        struct ring *q = &r[k % NPARSE];
+        const struct seg *g = &seg[k];
+        if (g->input != f->file || !k) {        /* an input begins */
+            f->direct = in[g->input].sorted && !f->S.n && !f->batch.n;
+            f->file = g->input;
+        }
+        for (;;) {
+            pthread_mutex_lock(&q->mu);
+            while (q->tail == q->head)
+                pthread_cond_wait(&q->ready, &q->mu);
+            pthread_mutex_unlock(&q->mu);
+            struct chunk *c = &q->ch[q->tail % PIPE_CHUNKS];
+            const struct ev *e = c->v, *end = c->v + c->n;
+            if (!in[g->input].sorted) {         /* the batch's events, pre_event done */
+                for (; e < end && !f->oom; e++)
+                    batch_push(f, e);
+            }
+            for (; e < end && f->direct && !f->oom; e++)
+                direct_event(f, e->key, e->seq, (int)e->kind, e->size);
+            for (; e < end && !f->oom; e++)
+                pre_event(f, e->key, e->seq, (int)e->kind, e->size);
+            int last = c->last;
+            if (c->err)
+                rc = -2;
+            pthread_mutex_lock(&q->mu);
+            q->tail++;
+            pthread_cond_signal(&q->freed);
+            pthread_mutex_unlock(&q->mu);
+            if (last || rc || f->oom)
+                break;
+        }
+        if (g->last && !rc) {
+            pre_drain(f);
+            f->direct = 0;
+        }
+    }
+    for (int j = 0; j < started; j++) {          /* the parsers stopped (when not done) */
+        pthread_mutex_lock(&r[j].mu);
+        r[j].stop = 1;
+        pthread_cond_signal(&r[j].freed);
+        pthread_mutex_unlock(&r[j].mu);
+    }
+    for (int j = 0; j < started; j++) {
+        pthread_join(th[j], NULL);
+        f->attached |= r[j].attached;
+        f->glibc |= r[j].glibc;
+    }
+    for (int j = 0; j < NPARSE; j++) {
+        pthread_cond_destroy(&r[j].ready);
+        pthread_cond_destroy(&r[j].freed);
+        pthread_mutex_destroy(&r[j].mu);
+    }
+    munmap(mem, bytes);
+    free(seg);
+    return rc;                          /* (-1: F untouched, the descriptors' offsets too) */
+}
+
+/* Whether a CPU we may run on is idle now (/proc/stat's procs_running, ourselves
+ * included, below the CPUs of our affinity): the parser threads only pay on one.  On a
+ * busy machine they would take their time from the thread that folds (measured: the live
+ * set slower, not faster, with every core taken).  SCAN_LIVE_PIPE_ALWAYS (the tests):
+ * always. */
+static int cpu_to_spare(void)
+{
+#ifdef SCAN_LIVE_PIPE_ALWAYS
+    return 1;
+#else
+    cpu_set_t cpus;
+    if (sched_getaffinity(0, sizeof cpus, &cpus) || CPU_COUNT(&cpus) < 2)
+        return 0;
+    int fd = open("/proc/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    size_t cap = (size_t)1 << 16;       /* (its per-CPU and interrupt lines come first) */
+    char *b = malloc(cap);
+    ssize_t n = b ? read(fd, b, cap - 1) : -1;
+    close(fd);
+    int idle = 0;
+    if (n > 0) {
+        b[n] = 0;
+        const char *p = strstr(b, "\nprocs_running ");
+        idle = p && atoi(p + 15) < CPU_COUNT(&cpus);
+    }
+    free(b);
+    return idle;
+#endif
+}
+
 int mmleak_live_set(int nfiles, int (*open_input)(int, struct mmleak_input *),
                     struct mmleak_live *out)
 {
@@ -758,25 +1092,42 @@ int mmleak_live_set(int nfiles, int (*open_input)(int, struct mmleak_input *),
     char *buf = base + SLACK;
     int rc = 0;
     f.pre = map_mem(PRE_SLOTS * sizeof *f.pre);
-    if (!f.pre) {
+    struct mmleak_input *in = calloc((size_t)nfiles + 1, sizeof *in);
+    if (!f.pre || !in) {
         munmap(base, buf_bytes);
+        if (f.pre)
+            munmap(f.pre, PRE_SLOTS * sizeof *f.pre);
+        free(in);
         return -1;
     }
-    for (int i = 0; i < nfiles && !f.oom && !rc; i++) {
-        struct mmleak_input in;
-        memset(&in, 0, sizeof in);
-        if (open_input(i, &in)) {
-            rc = -2;
+    /* every input opened first (they are held open since the cut): their size decides */
+    int nin = 0;
+    uint64_t bytes = 0;
+    for (; nin < nfiles; nin++) {
+        if (open_input(nin, &in[nin]))
             break;
-        }
-        f.direct = in.sorted && !f.S.n && !f.batch.n;
-        f.file = i;
-        if (feed_input(&f, &in, buf))
-            rc = -2;
-        pre_drain(&f);
-        f.direct = 0;
-        close(in.fd);
+        bytes += in[nin].limit + in[nin].tlen;
     }
+    int piped = -1;
+    if (nin == nfiles && nin && bytes >= SCAN_LIVE_PIPE_MIN && cpu_to_spare())
+        piped = fold_piped(&f, in, nin);
+    if (piped != -1) {
+        rc = piped;
+    } else {
+        for (int i = 0; i < nin && !f.oom && !rc; i++) {
+            f.direct = in[i].sorted && !f.S.n && !f.batch.n;
+            f.file = i;
+            if (feed_input(&f, &in[i], buf))
+                rc = -2;
+            pre_drain(&f);
+            f.direct = 0;
+        }
+        if (nin < nfiles && !rc && !f.oom)
+            rc = -2;                    /* (the inputs before it read, as they always were) */
+    }
+    for (int i = 0; i < nin; i++)
+        close(in[i].fd);
+    free(in);
     munmap(base, buf_bytes);
     munmap(f.pre, PRE_SLOTS * sizeof *f.pre);
     if (!rc && !f.oom && flush(&f))

@@ -291,7 +291,9 @@ def add_run(sub):
                 "its dump files are compacted every second (see `compact`): the files rotate "
                 "at %d MB (MMLEAK_ROTATE_MB, unless set) and each finished one is folded into "
                 "mmleak.ID.compact and deleted, so the directory holds the live set, not the "
-                "history; --keep-all keeps every event instead." % facts.COMPACT_ROTATE_MB,
+                "history (the result and a few smaller runs, mmleak.ID.compact.N, left as they "
+                "are when CMD ends: `compact DIR` merges them into one file); --keep-all keeps "
+                "every event instead." % facts.COMPACT_ROTATE_MB,
                 "example:\n  %(prog)s -d /var/tmp/leaks --depth 16 -- ./server --port 8080\n")
     r.add_argument("-d", "--dir", help="dump directory (default: $MMLEAK_DIR or /tmp; made "
                                        "if missing)")

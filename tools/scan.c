@@ -96,8 +96,9 @@ static int64_t mono_ns(void)
     return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-static int g_debug = -1;                /* MMLEAK_SCAN_DEBUG=1: every root hit on stderr, and
-                                           the time of each step */
+static int g_debug = -1;                /* MMLEAK_SCAN_DEBUG: 1, the time of each step, the
+                                           cut, the roots, the reads on stderr; 2, also every
+                                           word that points into a block */
 
 /* MMLEAK_SCAN_DEBUG=1: the time of the step just done (since the last call), on stderr */
 static void step_time(const char *step, int64_t *t)
@@ -1203,7 +1204,7 @@ static void scan_words(struct scan *s, const uint64_t *w, size_t n, int prior, s
     uint64_t lo = s->lo, hi = s->hi;
     for (size_t k = 0; k < n; k++)
         if (unlikely(w[k] >= lo && w[k] < hi)) {
-            if (unlikely(g_debug > 0) && block_of(s, w[k]) >= 0)
+            if (unlikely(g_debug > 1) && block_of(s, w[k]) >= 0)
                 fprintf(stderr, "mmleak-scan: %#" PRIx64 " holds %#" PRIx64 " (%s)\n",
                         at + 8 * k, w[k], clique >= 0 ? "clique" : prior ? "definite" :
                         "possible");
@@ -1638,7 +1639,7 @@ static void mark(struct scan *s)
             if (r[k] >= s->lo && r[k] < s->hi &&
                 (!asked || k * 8 == offsetof(struct user_regs_struct, fs_base) ||
                  k * 8 == offsetof(struct user_regs_struct, gs_base))) {
-                if (g_debug > 0 && block_of(s, r[k]) >= 0)
+                if (g_debug > 1 && block_of(s, r[k]) >= 0)
                     fprintf(stderr, "mmleak-scan: register %zu of thread %d holds %#" PRIx64
                             "\n", k, s->th[t].tid, r[k]);
                 found(s, r[k], 1, -1);
@@ -1798,7 +1799,7 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
     s.floor = floor;
     if (g_debug < 0) {
         const char *d = getenv("MMLEAK_SCAN_DEBUG");
-        g_debug = d && *d == '1';
+        g_debug = d && *d >= '1' && *d <= '9' && !d[1] ? *d - '0' : 0;
     }
     err[0] = 0;
     out[0] = 0;

@@ -885,12 +885,13 @@ static int live_set(struct scan *s)
     s->bp = lv.ptr;
     s->bs = lv.size;
     s->bq = lv.seq;
-    s->st = malloc(s->nb + 1);
-    s->pend = calloc(s->nb + 1, 1);
-    s->stack = malloc((s->nb + 1) * sizeof *s->stack);
+    s->st = mmleak_big_alloc(s->nb + 1);
+    s->pend = mmleak_big_alloc(s->nb + 1);
+    s->stack = mmleak_big_alloc((s->nb + 1) * sizeof *s->stack);
     if (!s->st || !s->pend || !s->stack)
         return say(s, "out of memory for %zu blocks", s->nb);
     memset(s->st, UNREACHED, s->nb + 1);
+    memset(s->pend, 0, s->nb + 1);
     s->lo = s->nb ? s->bp[0] : 1;
     s->hi = 0;
     for (size_t i = 0; i < s->nb; i++) {

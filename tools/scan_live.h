@@ -25,6 +25,9 @@ struct mmleak_input {
     int sorted;
 };
 
+/* N bytes for free(), on huge pages when they can be had (a big array) */
+void *mmleak_big_alloc(size_t n);
+
 int mmleak_live_set(int nfiles, int (*open_input)(int, struct mmleak_input *),
                     struct mmleak_live *out);
 

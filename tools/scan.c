@@ -60,6 +60,7 @@
 
 #include "scan_int.h"
 #include "scan_live.h"
+#include "scan_read.h"
 
 #define REDZONE 128                     /* below the stack pointer (x86-64 ABI) */
 #define WINDOW ((size_t)4 << 20)        /* block contents are read this much at a time */
@@ -1275,6 +1276,29 @@ static void sort_batch(uint32_t *b, size_t n)
     }
 }
 
+/* The heap just read into the cache (s->clo to s->chi), the next stretch of it (DOWN: below,
+ * else above) asked of the reader thread, overlapping the cache by CACHE / 16: a batch that
+ * straddles the cache's end is in it whole. */
+static void read_ahead(struct scan *s, int down)
+{
+    const struct mapping *m = mapping_at(s, down ? s->clo : s->chi - 1);
+    if (!m)
+        return;
+    uint64_t lo, hi;
+    if (down) {
+        if (s->clo <= m->lo)
+            return;
+        hi = s->clo + CACHE / 16;
+        lo = hi - m->lo > CACHE ? hi - CACHE : m->lo;
+    } else {
+        if (s->chi >= m->hi)
+            return;
+        lo = s->chi - CACHE / 16;
+        hi = m->hi - lo > CACHE ? lo + CACHE : m->hi;
+    }
+    reader_ask(s->rd, lo, hi);
+}
+
 static void drain(struct scan *s, ssize_t clique)
 {
     static uint32_t batch[IOV_BATCH];
@@ -1332,7 +1356,10 @@ static void drain(struct scan *s, ssize_t clique)
          * the direction the batches go */
         uint64_t a0 = (uint64_t)riov[0].iov_base;
         uint64_t bn = (uint64_t)riov[nr - 1].iov_base + riov[nr - 1].iov_len;
-        int cached = s->cw && a0 >= s->clo && bn <= s->chi;
+        int cached = s->cw && a0 >= s->clo && bn <= s->chi, filled = 0;
+        if (!cached && s->rd && nr == 1 &&
+            reader_take(s->rd, a0, bn, &s->cw, &s->clo, &s->chi))
+            cached = filled = 1;        /* the range read ahead */
         if (!cached && s->cw && nr == 1 && bn - a0 <= CACHE / 4) {
             const struct mapping *m = mapping_at(s, a0);
             if (m && bn <= m->hi) {
@@ -1354,10 +1381,12 @@ static void drain(struct scan *s, ssize_t clique)
                     process_vm_readv(s->rpid, &cl, 1, &cr, 1, 0) == (ssize_t)cl.iov_len) {
                     s->clo = lo;
                     s->chi = hi;
-                    cached = 1;
+                    cached = filled = 1;
                 }
             }
         }
+        if (filled && s->rd)
+            read_ahead(s, a0 < s->last_a);
         s->last_a = a0;
         ssize_t got = -1;
         if (!cached) {
@@ -1852,8 +1881,16 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
     if (!s.failed)
         read_maps(&s);
     step_time("maps", &tstep);
+    if (!s.failed && s.cw && s.nb)
+        s.rd = reader_start(s.rpid, CACHE, s.hi - s.lo);
     if (!s.failed)
         mark(&s);
+    if (s.rd) {
+        s.reads += reader_stop(s.rd);
+        s.rd = NULL;
+        if (unlikely(g_debug > 0))
+            fprintf(stderr, "mmleak-scan: marking read ahead by a thread\n");
+    }
     if (unlikely(g_debug > 0))
         fprintf(stderr, "mmleak-scan: reads %" PRIu64 " (process_vm_readv calls of marking)\n",
                 s.reads);

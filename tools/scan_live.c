@@ -1067,11 +1067,8 @@ static int fold_piped(struct feed *f, struct mmleak_input *in, int n)
  * busy machine they would take their time from the thread that folds (measured: the live
  * set slower, not faster, with every core taken).  SCAN_LIVE_PIPE_ALWAYS (the tests):
  * always. */
-static int cpu_to_spare(void)
+int mmleak_cpu_to_spare(void)
 {
-#ifdef SCAN_LIVE_PIPE_ALWAYS
-    return 1;
-#else
     cpu_set_t cpus;
     if (sched_getaffinity(0, sizeof cpus, &cpus) || CPU_COUNT(&cpus) < 2)
         return 0;
@@ -1090,6 +1087,14 @@ static int cpu_to_spare(void)
     }
     free(b);
     return idle;
+}
+
+static int cpu_to_spare(void)
+{
+#ifdef SCAN_LIVE_PIPE_ALWAYS
+    return 1;
+#else
+    return mmleak_cpu_to_spare();
 #endif
 }
 

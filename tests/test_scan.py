@@ -136,6 +136,19 @@ def test_interior_pointers_read_a_block_once(scan_bins, dump):
     assert reads[0] < 2000, reads        # (25 here: the roots, one batch, the block's head)
 
 
+def test_debug_levels(scan_bins, dump):
+    """MMLEAK_SCAN_DEBUG=1: the step timers and the reads, no line per word that points into
+    a block (10 million of them on a heap of 10 million blocks); 2: those lines too."""
+    hits = re.compile(rb"^mmleak-scan: 0x[0-9a-f]+ holds 0x[0-9a-f]+ \(definite\)$", re.M)
+    for level, want in (("1", False), ("2", True)):
+        d = dump / level
+        d.mkdir()
+        env = {"SCAN_LIB": scan_bins["libscan.so"], "MMLEAK_SCAN_DEBUG": level}
+        r = run_traced([scan_bins["scan_cases"], "chain"], d, env=env)
+        assert b"mmleak-scan: time mark " in r.stderr, r.stderr[-2000:]
+        assert bool(hits.search(r.stderr)) == want, (level, r.stderr[-2000:])
+
+
 @needs_valgrind
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_case_kinds_match_valgrind(scan_bins, case):

@@ -1157,9 +1157,9 @@ int mmleak_live_set(int nfiles, int (*open_input)(int, struct mmleak_input *),
     evs_free(&f.spare);
     if (f.oom && !rc)
         rc = -1;
-    size_t n = 0;
-    for (size_t i = 0; !rc && i < f.S.n; i++)
-        n += (!f.S.v[i].e.hull ? f.S.v[i].e.k0 : f.S.v[i].e.k1) == K_ALLOC;
+    /* room for every state: the blocks are fewer (what is past them is never touched, so
+     * never faulted in: one pass over the states, not one to count them first) */
+    size_t n = f.S.n;
     if (!rc) {
         out->ptr = mmleak_big_alloc((n + 1) * 8);
         out->size = mmleak_big_alloc((n + 1) * 8);

@@ -42,7 +42,7 @@ TRACER_SRCS = mmleak.c $(sort $(wildcard tracer/*.c))
 TOOLS_SRCS = $(filter-out tools/scan_main.c,$(sort $(wildcard tools/*.c)))
 # mmleak-scan: the reachability scanner the tracer starts at a process's exit (beside mmleak.so)
 SCAN_OBJS = $(B)/tools/scan_main.o $(B)/tools/scan.o $(B)/tools/scan_result.o $(B)/tools/scan_roots.o \
-            $(B)/tools/scan_live.o
+            $(B)/tools/scan_live.o $(B)/tools/scan_read.o
 TRACER_OBJS = $(TRACER_SRCS:%.c=$(B)/%.o)
 TOOLS_OBJS = $(TOOLS_SRCS:%.c=$(B)/%.o)
 

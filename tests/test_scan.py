@@ -136,6 +136,19 @@ def test_interior_pointers_read_a_block_once(scan_bins, dump):
     assert reads[0] < 2000, reads        # (25 here: the roots, one batch, the block's head)
 
 
+def test_debug_levels(scan_bins, dump):
+    """MMLEAK_SCAN_DEBUG=1: the step timers and the reads, no line per word that points into
+    a block (10 million of them on a heap of 10 million blocks); 2: those lines too."""
+    hits = re.compile(rb"^mmleak-scan: 0x[0-9a-f]+ holds 0x[0-9a-f]+ \(definite\)$", re.M)
+    for level, want in (("1", False), ("2", True)):
+        d = dump / level
+        d.mkdir()
+        env = {"SCAN_LIB": scan_bins["libscan.so"], "MMLEAK_SCAN_DEBUG": level}
+        r = run_traced([scan_bins["scan_cases"], "chain"], d, env=env)
+        assert b"mmleak-scan: time mark " in r.stderr, r.stderr[-2000:]
+        assert bool(hits.search(r.stderr)) == want, (level, r.stderr[-2000:])
+
+
 @needs_valgrind
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_case_kinds_match_valgrind(scan_bins, case):
@@ -902,3 +915,41 @@ def test_leb_columns_compiled_as_in_python(lib):
         scan._leb_numbers(data, len(values) - 1, "x")
     with pytest.raises(OverflowError):
         scan._leb_numbers(b"\xff" * 10 + b"\x01", 1, "x")
+
+
+def test_marking_read_ahead_by_a_thread(tmp_path, dump):
+    """The marking's reader thread (tools/scan_read.c: the next stretch of the heap read
+    while the words of the last are scanned), forced (SCAN_READ_ALWAYS: a mmleak-scan built
+    so, beside a copy of mmleak.so), on lists walked down and up the heap with gaps and lost
+    chains (tests/scan_ahead.c, about 20 MB in 1 MiB stretches): the same kinds, block by
+    block, as the scan without the thread (a heap this small never starts it), and the
+    exact counts."""
+    import shutil
+    from mmleaklib import scan
+    forced = tmp_path / "forced"
+    forced.mkdir()
+    shutil.copy(LIB, str(forced / "mmleak.so"))
+    tools = os.path.join(ROOT, "tools")
+    subprocess.run(["cc", "-O1", "-g", "-pthread", "-DSCAN_READ_ALWAYS", "-I", tools, "-I",
+                    os.path.join(ROOT, "build", "gen"), "-o", str(forced / "mmleak-scan")] +
+                   [os.path.join(tools, f + ".c") for f in
+                    ("scan_main", "scan", "scan_result", "scan_roots", "scan_live",
+                     "scan_read")], check=True)
+    exe = str(tmp_path / "scan_ahead")
+    subprocess.run(["cc", "-O1", "-o", exe, os.path.join(TESTS, "scan_ahead.c")], check=True)
+    n = 200000
+    lost = sum(1 for i in range(n) if i % 1000 == 500)
+    got = {}
+    for name, lib in (("plain", LIB), ("forced", str(forced / "mmleak.so"))):
+        d = tmp_path / ("dump-" + name)
+        d.mkdir()
+        r = run_traced([exe, str(n)], d, env={"LD_PRELOAD": lib, "MMLEAK_SCAN_DEBUG": "1"})
+        assert (b"marking read ahead by a thread" in r.stderr) == (name == "forced"), name
+        res = scan.read_scan(str(next(p for p in d.iterdir() if ".scan." in p.name)))
+        assert res.status == "done", res.reason
+        assert {k: v[0] for k, v in res.kinds.items()} == {
+            "definite": lost, "indirect": 2 * lost, "possible": 0, "reachable": n}, res.kinds
+        addrs, seqs, kinds = res.columns()
+        got[name] = bytes(kinds)
+        assert len(kinds) == n + 3 * lost
+    assert got["forced"] == got["plain"]

@@ -60,6 +60,7 @@
 
 #include "scan_int.h"
 #include "scan_live.h"
+#include "scan_read.h"
 
 #define REDZONE 128                     /* below the stack pointer (x86-64 ABI) */
 #define WINDOW ((size_t)4 << 20)        /* block contents are read this much at a time */
@@ -96,8 +97,9 @@ static int64_t mono_ns(void)
     return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-static int g_debug = -1;                /* MMLEAK_SCAN_DEBUG=1: every root hit on stderr, and
-                                           the time of each step */
+static int g_debug = -1;                /* MMLEAK_SCAN_DEBUG: 1, the time of each step, the
+                                           cut, the roots, the reads on stderr; 2, also every
+                                           word that points into a block */
 
 /* MMLEAK_SCAN_DEBUG=1: the time of the step just done (since the last call), on stderr */
 static void step_time(const char *step, int64_t *t)
@@ -884,12 +886,13 @@ static int live_set(struct scan *s)
     s->bp = lv.ptr;
     s->bs = lv.size;
     s->bq = lv.seq;
-    s->st = malloc(s->nb + 1);
-    s->pend = calloc(s->nb + 1, 1);
-    s->stack = malloc((s->nb + 1) * sizeof *s->stack);
+    s->st = mmleak_big_alloc(s->nb + 1);
+    s->pend = mmleak_big_alloc(s->nb + 1);
+    s->stack = mmleak_big_alloc((s->nb + 1) * sizeof *s->stack);
     if (!s->st || !s->pend || !s->stack)
         return say(s, "out of memory for %zu blocks", s->nb);
     memset(s->st, UNREACHED, s->nb + 1);
+    memset(s->pend, 0, s->nb + 1);
     s->lo = s->nb ? s->bp[0] : 1;
     s->hi = 0;
     for (size_t i = 0; i < s->nb; i++) {
@@ -1203,7 +1206,7 @@ static void scan_words(struct scan *s, const uint64_t *w, size_t n, int prior, s
     uint64_t lo = s->lo, hi = s->hi;
     for (size_t k = 0; k < n; k++)
         if (unlikely(w[k] >= lo && w[k] < hi)) {
-            if (unlikely(g_debug > 0) && block_of(s, w[k]) >= 0)
+            if (unlikely(g_debug > 1) && block_of(s, w[k]) >= 0)
                 fprintf(stderr, "mmleak-scan: %#" PRIx64 " holds %#" PRIx64 " (%s)\n",
                         at + 8 * k, w[k], clique >= 0 ? "clique" : prior ? "definite" :
                         "possible");
@@ -1273,6 +1276,29 @@ static void sort_batch(uint32_t *b, size_t n)
     }
 }
 
+/* The heap just read into the cache (s->clo to s->chi), the next stretch of it (DOWN: below,
+ * else above) asked of the reader thread, overlapping the cache by CACHE / 16: a batch that
+ * straddles the cache's end is in it whole. */
+static void read_ahead(struct scan *s, int down)
+{
+    const struct mapping *m = mapping_at(s, down ? s->clo : s->chi - 1);
+    if (!m)
+        return;
+    uint64_t lo, hi;
+    if (down) {
+        if (s->clo <= m->lo)
+            return;
+        hi = s->clo + CACHE / 16;
+        lo = hi - m->lo > CACHE ? hi - CACHE : m->lo;
+    } else {
+        if (s->chi >= m->hi)
+            return;
+        lo = s->chi - CACHE / 16;
+        hi = m->hi - lo > CACHE ? lo + CACHE : m->hi;
+    }
+    reader_ask(s->rd, lo, hi);
+}
+
 static void drain(struct scan *s, ssize_t clique)
 {
     static uint32_t batch[IOV_BATCH];
@@ -1330,7 +1356,10 @@ static void drain(struct scan *s, ssize_t clique)
          * the direction the batches go */
         uint64_t a0 = (uint64_t)riov[0].iov_base;
         uint64_t bn = (uint64_t)riov[nr - 1].iov_base + riov[nr - 1].iov_len;
-        int cached = s->cw && a0 >= s->clo && bn <= s->chi;
+        int cached = s->cw && a0 >= s->clo && bn <= s->chi, filled = 0;
+        if (!cached && s->rd && nr == 1 &&
+            reader_take(s->rd, a0, bn, &s->cw, &s->clo, &s->chi))
+            cached = filled = 1;        /* the range read ahead */
         if (!cached && s->cw && nr == 1 && bn - a0 <= CACHE / 4) {
             const struct mapping *m = mapping_at(s, a0);
             if (m && bn <= m->hi) {
@@ -1352,10 +1381,12 @@ static void drain(struct scan *s, ssize_t clique)
                     process_vm_readv(s->rpid, &cl, 1, &cr, 1, 0) == (ssize_t)cl.iov_len) {
                     s->clo = lo;
                     s->chi = hi;
-                    cached = 1;
+                    cached = filled = 1;
                 }
             }
         }
+        if (filled && s->rd)
+            read_ahead(s, a0 < s->last_a);
         s->last_a = a0;
         ssize_t got = -1;
         if (!cached) {
@@ -1638,7 +1669,7 @@ static void mark(struct scan *s)
             if (r[k] >= s->lo && r[k] < s->hi &&
                 (!asked || k * 8 == offsetof(struct user_regs_struct, fs_base) ||
                  k * 8 == offsetof(struct user_regs_struct, gs_base))) {
-                if (g_debug > 0 && block_of(s, r[k]) >= 0)
+                if (g_debug > 1 && block_of(s, r[k]) >= 0)
                     fprintf(stderr, "mmleak-scan: register %zu of thread %d holds %#" PRIx64
                             "\n", k, s->th[t].tid, r[k]);
                 found(s, r[k], 1, -1);
@@ -1798,7 +1829,7 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
     s.floor = floor;
     if (g_debug < 0) {
         const char *d = getenv("MMLEAK_SCAN_DEBUG");
-        g_debug = d && *d == '1';
+        g_debug = d && *d >= '1' && *d <= '9' && !d[1] ? *d - '0' : 0;
     }
     err[0] = 0;
     out[0] = 0;
@@ -1850,8 +1881,16 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
     if (!s.failed)
         read_maps(&s);
     step_time("maps", &tstep);
+    if (!s.failed && s.cw && s.nb)
+        s.rd = reader_start(s.rpid, CACHE, s.hi - s.lo);
     if (!s.failed)
         mark(&s);
+    if (s.rd) {
+        s.reads += reader_stop(s.rd);
+        s.rd = NULL;
+        if (unlikely(g_debug > 0))
+            fprintf(stderr, "mmleak-scan: marking read ahead by a thread\n");
+    }
     if (unlikely(g_debug > 0))
         fprintf(stderr, "mmleak-scan: reads %" PRIu64 " (process_vm_readv calls of marking)\n",
                 s.reads);

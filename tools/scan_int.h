@@ -62,6 +62,7 @@ struct scan {
     uint64_t wlo, whi;
     char *cw;                           /* the heap around the last batch (drain), CACHE */
     uint64_t clo, chi, last_a;          /* the range it holds; the last batch's start */
+    struct reader *rd;                  /* reads the next range ahead (scan_read.h), or NULL */
     uint64_t roots[R_KINDS][2], excluded[2], glibc_ex[2];
     uint64_t kinds[4][2];
     uint64_t unreadable;

@@ -25,6 +25,13 @@ struct mmleak_input {
     int sorted;
 };
 
+/* N bytes for free(), on huge pages when they can be had (a big array) */
+void *mmleak_big_alloc(size_t n);
+
+/* Is a CPU idle (/proc/stat's procs_running, this thread included, below the CPUs of our
+ * affinity)?  A helper thread started then does not take its time from ours. */
+int mmleak_cpu_to_spare(void);
+
 int mmleak_live_set(int nfiles, int (*open_input)(int, struct mmleak_input *),
                     struct mmleak_live *out);
 

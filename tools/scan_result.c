@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -52,35 +53,77 @@ static __attribute__((format(printf, 2, 3))) void wprintf(struct wbuf *b, const 
         wput(b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
 
-static void leb(struct wbuf *b, uint64_t v)
+/* V in unsigned LEB128 at P; past it */
+static inline unsigned char *leb(unsigned char *p, uint64_t v)
 {
-    unsigned char t[10];
-    int n = 0;
-    do {
-        t[n] = v & 0x7f;
+    while (v >= 0x80) {
+        *p++ = (unsigned char)(v | 0x80);
         v >>= 7;
-        if (v)
-            t[n] |= 0x80;
-        n++;
-    } while (v);
-    wput(b, t, (size_t)n);
+    }
+    *p++ = (unsigned char)v;
+    return p;
 }
 
-static void section(struct wbuf *out, struct wbuf *sec)
+/* The data's three sections (mmleak-format(5)), each its length (8 bytes, little-endian)
+ * then its LEB128 numbers, encoded straight into one mapping big enough for the worst case
+ * (10 bytes a number; only the pages written are touched): the blocks' addresses (each the
+ * difference from the one before), their numbers, and the runs of their kinds (kind,
+ * length).  Sets *LEN[k], *SEC[k]; returns the mapping (of *MAPLEN bytes), or NULL. */
+static unsigned char *encode_data(struct scan *s, unsigned char *sec[3], size_t len[3],
+                                  size_t *maplen)
 {
-    uint64_t n = sec->n;
-    unsigned char le[8];
-    for (int k = 0; k < 8; k++)
-        le[k] = (unsigned char)(n >> (8 * k));
-    wput(out, le, 8);
-    wput(out, sec->p, sec->n);
-    free(sec->p);
-    memset(sec, 0, sizeof *sec);
+    size_t cap = 8 * 3 + (size_t)10 * 4 * (s->nb + 1);
+    unsigned char *m = mmap(NULL, cap, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+    unsigned char *p = m;
+    uint64_t prev = 0;
+    sec[0] = p;
+    for (size_t i = 0; i < s->nb; i++) {
+        p = leb(p, s->bp[i] - prev);
+        prev = s->bp[i];
+    }
+    sec[1] = p;
+    for (size_t i = 0; i < s->nb; i++)
+        p = leb(p, s->bq[i]);
+    sec[2] = p;
+    for (size_t i = 0; i < s->nb;) {
+        size_t j = i;
+        while (j < s->nb && s->st[j] == s->st[i])
+            j++;
+        p = leb(p, s->st[i]);
+        p = leb(p, j - i);
+        i = j;
+    }
+    len[0] = (size_t)(sec[1] - sec[0]);
+    len[1] = (size_t)(sec[2] - sec[1]);
+    len[2] = (size_t)(p - sec[2]);
+    *maplen = cap;
+    return m;
+}
+
+/* N bytes at P to FD: 0, or -1 */
+static int write_all(int fd, const void *p, size_t n)
+{
+    size_t w = 0;
+    while (w < n) {
+        ssize_t k = write(fd, (const char *)p + w, n - w);
+        if (k <= 0) {
+            if (k < 0 && errno == EINTR)
+                continue;
+            return -1;
+        }
+        w += (size_t)k;
+    }
+    return 0;
 }
 
 int scan_write_result(struct scan *s, char *out, size_t outlen)
 {
     struct wbuf b = { 0 };
+    unsigned char *data = NULL, *sec[3];
+    size_t len[3], maplen = 0;
     wprintf(&b, "#mmleak-scan 1 id=%s pid=%d\n", s->id, s->pid);
     wprintf(&b, "#when %s time=%.6f by=mmleak-scan\n", s->why, s->when);
     if (s->failed) {
@@ -111,30 +154,14 @@ int scan_write_result(struct scan *s, char *out, size_t outlen)
             wprintf(&b, "#kind %s %" PRIu64 " %" PRIu64 "\n", KIND_NAME[k], s->kinds[k][0],
                     s->kinds[k][1]);
         wprintf(&b, "#blocks %zu\n#data\n", s->nb);
-        struct wbuf sec = { 0 };
-        uint64_t prev = 0;
-        for (size_t i = 0; i < s->nb; i++) {
-            leb(&sec, s->bp[i] - prev);
-            prev = s->bp[i];
-        }
-        section(&b, &sec);
-        for (size_t i = 0; i < s->nb; i++)
-            leb(&sec, s->bq[i]);
-        section(&b, &sec);
-        for (size_t i = 0; i < s->nb;) {
-            size_t j = i;
-            while (j < s->nb && s->st[j] == s->st[i])
-                j++;
-            leb(&sec, s->st[i]);
-            leb(&sec, j - i);
-            i = j;
-        }
-        section(&b, &sec);
-        if (sec.oom)
+        data = encode_data(s, sec, len, &maplen);
+        if (!data)
             b.oom = 1;
     }
     if (b.oom) {
         free(b.p);
+        if (data)
+            munmap(data, maplen);
         return -1;
     }
     /* a hidden temporary file, then linked to the first free name */
@@ -146,6 +173,8 @@ int scan_write_result(struct scan *s, char *out, size_t outlen)
     int fd = open(tmpname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
         free(b.p);
+        if (data)
+            munmap(data, maplen);
         return -1;
     }
     struct stat st;
@@ -155,21 +184,19 @@ int scan_write_result(struct scan *s, char *out, size_t outlen)
         if (fchown(fd, st.st_uid, st.st_gid)) {
             /* the file stays ours: readers take root's and the owner's */
         }
-    size_t w = 0;
-    while (w < b.n) {
-        ssize_t n = write(fd, b.p + w, b.n - w);
-        if (n <= 0) {
-            if (n < 0 && errno == EINTR)
-                continue;
-            break;
-        }
-        w += (size_t)n;
+    int ok = !write_all(fd, b.p, b.n);
+    for (int k = 0; data && ok && k < 3; k++) {
+        unsigned char le[8];
+        for (int j = 0; j < 8; j++)
+            le[j] = (unsigned char)((uint64_t)len[k] >> (8 * j));
+        ok = !write_all(fd, le, 8) && !write_all(fd, sec[k], len[k]);
     }
     free(b.p);
+    if (data)
+        munmap(data, maplen);
     /* no fsync: it would delay the program's exit by a journal commit (about 0.5 ms on ext4
      * here); a result cut short by a crash of the machine is not one to readers (they
      * check its first line and the length of its data), like the trace it is about */
-    int ok = w == b.n;
     close(fd);
     if (!ok) {
         unlink(tmpname);

@@ -206,17 +206,23 @@ def add_point(directory, tid, final=False, now=None, cancel=None):
         return None
     live_stacks = pending[1] if pending is not None else {}
     inc = None
-    if final and now is None and prev is None and pending is None:
-        # a trace over and folded, no previous point's blocks: from the levels (see
-        # level_sums), not the whole live set, when the result's base is there
+    if final and now is None and (prev is None and pending is None or
+                                  prev is not None and prev[2] is not None):
+        # a trace over and folded: from the levels (see level_sums), not the whole live
+        # set, when the result's base is there (and is the one the previous point saw)
         ready = incremental_ready(directory, tid)
         inc = level_sums(*ready) if ready else None
     if inc:
-        sums, stack_lines, sh = inc
+        sums, stack_lines, sh, live = inc
         sites = collections.defaultdict(lambda: [0, 0, 0, 0, 0, 0])
+        if prev is not None:
+            # NEW: blocks alive now not in the previous point's keys.  Those the runs do not
+            # touch are the result's, alive then too (the point saw the same result, and the
+            # files it read beside it are in the runs now): only the runs' addresses count
+            for k, v in _new_sums(sh, live, prev[0], stack_lines).items():
+                sites[k][2], sites[k][3] = v
         for k, (b, nb) in sums.items():
             sites[k][0], sites[k][1] = b, nb
-        live = None
     else:
         sh, live = now if now is not None else _live_now(directory, tid, stream=True, cancel=cancel)
         # the call site of each group as the series writes it: a caller in hex, or @ID (stacks
@@ -307,7 +313,8 @@ def add_point(directory, tid, final=False, now=None, cancel=None):
         other[4] += other_freed[0]
         other[5] += other_freed[1]
         plines[1].append(b"k other %d %d %d %d %d %d\n" % tuple(other))
-    _save_live(lpath, None if final else live, sites, plines, stack_lines, final)
+    _save_live(lpath, None if final else live, sites, plines, stack_lines, final,
+               None if final else _identity(t.compact))
     points.append(plines)
     have_stacks.update(stack_lines)
     if len(points) > SERIES_POINTS:
@@ -330,12 +337,13 @@ def _live_keys(live):
     return array.array("Q", [p for p, _ in extra]), array.array("Q", [q for _, q in extra])
 
 
-def _save_live(path, live, sites, plines, stack_lines, final=False):
+def _save_live(path, live, sites, plines, stack_lines, final=False, levels=None):
     """The blocks of this point, for the next one to tell which are new and how many were
     freed per site: after the point's own lines ("#point", "#final" for the trace's last)
     and the stacks of their sites, every site's sums ("#site KEY BYTES BLOCKS") and the
     blocks' keys ("#keys N", then N addresses and N SEQs, 8 bytes each, native byte order,
-    sorted).  LIVE None: no blocks (the trace's last point)."""
+    sorted).  LIVE None: no blocks (the trace's last point).  LEVELS: the identity of
+    mmleak.ID.compact when the point was made ("#levels", see level_sums), if any."""
     ptr, seq = _live_keys(live) if live is not None else ((), ())
 
     def fill(f):
@@ -343,6 +351,8 @@ def _save_live(path, live, sites, plines, stack_lines, final=False):
             f.write(b"#final\n")
         f.write(b"".join(b"#point " + line for line in [plines[0]] + plines[1]))
         f.write(b"".join(b"#point " + line for line in stack_lines.values()))
+        if levels is not None:
+            f.write(b"#levels %s\n" % levels)
         if live is not None:
             f.write(b"".join(b"#site %s %d %d\n" % (k, v[0], v[1])
                              for k, v in sites.items() if v[1]))
@@ -357,8 +367,9 @@ def _load_live(path):
     """(((ptr array, seq array): the sorted keys of the point's blocks, {site key: (bytes,
     blocks)}), the point it belongs to as ([p line, [k lines]], {stack id: line}, whether it
     was the trace's last)), or (None, None) without a usable file.  A .live of an older
-    mmleak.py (a line per block: "PTR SEQ SIZE KEY") is read too."""
-    sums, plines, stacks, final = {}, None, {}, False
+    mmleak.py (a line per block: "PTR SEQ SIZE KEY") is read too.  LEVELS (third of the
+    first): the "#levels" identity, or None."""
+    sums, plines, stacks, final, levels = {}, None, {}, False, None
     old = []
     ptr = seq = None
     if not _own_file(path):
@@ -378,6 +389,8 @@ def _load_live(path):
                 if line.startswith(b"#"):
                     if line == b"#final\n":
                         final = True
+                    elif line.startswith(b"#levels "):
+                        levels = line[8:-1]
                     elif line.startswith(b"#site "):
                         _, k, b, nb = line.split()
                         sums[k] = (int(b), int(nb))
@@ -403,7 +416,7 @@ def _load_live(path):
     if ptr is None:
         old.sort()
         ptr, seq = array.array("Q", [p for p, _ in old]), array.array("Q", [q for _, q in old])
-    return ((ptr, seq), sums), (plines, stacks, final)
+    return ((ptr, seq), sums, levels), (plines, stacks, final)
 
 
 def _thin(points):
@@ -586,8 +599,8 @@ def _read_native(paths):
 
 
 def level_sums(cpath, base, runs):
-    """(sums {key: [bytes, blocks]}, stack lines, Shrinker of the runs and the result's
-    picked lines) of the levels CPATH and RUNS, from CPATH's BASE: BASE + (runs and the
+    """(sums {key: [bytes, blocks]}, stack lines, (Shrinker, Live) of the runs and the
+    result's picked lines) of the levels CPATH and RUNS, from CPATH's BASE: BASE + (runs and the
     result's lines at their addresses) - (those lines alone).  None when it cannot."""
     import tempfile
     with tempfile.NamedTemporaryFile(prefix="mmleak-pick.") as x:
@@ -605,7 +618,7 @@ def level_sums(cpath, base, runs):
         for k, (b, nb) in src.items():
             sums[k][0] += sign * b
             sums[k][1] += sign * nb
-    return {k: v for k, v in sums.items() if v[1] or v[0]}, stack_lines, both[0]
+    return {k: v for k, v in sums.items() if v[1] or v[0]}, stack_lines, both[0], both[1]
 
 
 def incremental_ready(directory, tid):
@@ -613,7 +626,8 @@ def incremental_ready(directory, tid):
     result and runs only, no .live (a previous point's blocks: that point needs them), and
     the result's base is there and its own."""
     t = TraceFiles(directory, tid)
-    if os.path.lexists(t.live):
+    lv = _live_levels(t.live)
+    if lv is False:
         return None
     found = files.find_traces(directory).get(tid, [])
     runs = [p for p in found if p != t.compact]
@@ -623,6 +637,60 @@ def incremental_ready(directory, tid):
     if any(os.path.lexists(tail) for tail in (files.tail_of(p) for p in found) if tail):
         return None
     base = load_base(directory, tid, t.compact)
-    if base is None:
+    if base is None or lv is not None and lv != _identity(t.compact):
         return None
     return t.compact, base, sorted(runs)
+
+
+def _live_levels(lpath):
+    """None: no .live; its "#levels" identity; False: a .live without one (an older
+    mmleak.py's, or made before the result) or unreadable."""
+    if not os.path.lexists(lpath):
+        return None
+    if not _own_file(lpath):
+        return False
+    try:
+        with open_trace_file(lpath) as f:
+            for line in iter(f.readline, b""):
+                if line.startswith(b"#levels ") and line.endswith(b"\n"):
+                    return line[8:-1]
+                if not line.startswith(b"#") or line.startswith(b"#keys "):
+                    break
+    except OSError:
+        pass
+    return False
+
+
+def _new_sums(sh, live, table, stack_lines):
+    """{site key: (bytes, blocks)} of LIVE's blocks not in TABLE ((ptr, seq) arrays)."""
+    import ctypes
+    out = collections.defaultdict(lambda: [0, 0])
+    n = len(table[0])
+    if live.native is not None and len(live.native):
+        if n:
+            ct = [(ctypes.c_uint64 * n).from_buffer(a) for a in table]
+            groups = live.native.split(ct[0], ct[1], n)
+        else:
+            groups = [(st, False, nb, b) for st, _, nb, b, *_ in
+                      live.native.aggregate(0, (1 << 64) - 1)[0]]
+        for st, old, nb, b in groups:
+            if old:
+                continue
+            if type(st) is not tuple and len(sh.stacks.get(st, ())) == 1:
+                st = sh.stacks[st]
+            k = b"%x" % st[0] if type(st) is tuple else b"@%x" % st
+            out[k][0] += b
+            out[k][1] += nb
+    by_frames = None
+    for a in live.allocs:
+        if _in_table(table[0], table[1], a.ptr, a.seq):
+            continue
+        if len(a.callers) == 1:
+            k = b"%x" % a.callers[0]
+        else:
+            if by_frames is None:
+                by_frames = {fr: sid for sid, fr in sh.stacks.items()}
+            k = _key_text(a.callers, stack_lines, sh, by_frames)
+        out[k][0] += a.size
+        out[k][1] += 1
+    return out

@@ -101,19 +101,23 @@ def test_level_sums_equal_the_full_reading(tmp_path, native, chunk):
     assert checked > 30
 
 
-def test_runs_last_point_comes_from_the_levels(tmp_path, alive, native, monkeypatch):
+@pytest.mark.parametrize("first_point", [False, True])
+def test_runs_last_point_comes_from_the_levels(tmp_path, alive, native, monkeypatch,
+                                               first_point):
     """`run`'s compactor (views off): the first fold writes the result's base, the last
     pass folds the files left into a run and makes the last point from the levels, without
     reading the result whole; the series is the one the full reading makes (a copy of the
-    same state, the levels path switched off), and the base is gone with the trace."""
+    same state, the levels path switched off), and the base is gone with the trace.
+    FIRST_POINT: the first pass made a point too (its .live names the result it saw): the
+    last point's NEW and FREED are counted against it."""
     d = tmp_path / "levels"
     d.mkdir()
     h = History(d)
     h.batch(allocs=6000, churn=400)
-    (res,) = mmleak.compact_dir(str(d), TID, stopping=lambda: True)[1]   # no point yet
+    (res,) = mmleak.compact_dir(str(d), TID, stopping=lambda: not first_point)[1]
     base = series.base_path(str(d), TID)
     assert res["folded"] == 1 and os.path.exists(base)
-    assert not os.path.exists(mmleak.TraceFiles(str(d), TID).series)
+    assert os.path.exists(mmleak.TraceFiles(str(d), TID).series) == first_point
     h.batch(allocs=300, frees=200, churn=200)
     h.batch(allocs=40, frees=800, churn=50)        # frees of the result's blocks
     alive[0] = False
@@ -140,6 +144,9 @@ def test_runs_last_point_comes_from_the_levels(tmp_path, alive, native, monkeypa
     got, want = [mmleak.read_series(mmleak.TraceFiles(str(x), TID).series)[0] for x in (d, full)]
     assert [p._replace(unix=0) for p in got] == [p._replace(unix=0) for p in want]
     assert got[-1].live == (sum(h.live.values()), len(h.live))
+    assert len(got) == 1 + first_point
+    if first_point:     # 300 + 40 new blocks alive, 200 + 800 of the first point's freed
+        assert got[-1].new[1] == 340 and got[-1].freed[1] == 1000
 
 
 @pytest.mark.parametrize("damage", ["missing", "stale", "cut"])

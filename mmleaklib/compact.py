@@ -370,7 +370,7 @@ def _write_atomic(path, header_lines, sh, data, raw=None, guard=None):
 
 
 def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping=None,
-                  folded=None, view=False, abandon=None, levels=False):
+                  folded=None, view=False, abandon=None, levels=False, base=True):
     """One compaction pass over trace TID, and a point of its series when one is due
     (SERIES: False never; STOPPING, a function: when it says True, no point but the last of
     a trace that is over: `run`'s compactor, once its program has ended, leaves the point to
@@ -385,7 +385,9 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
     they were, and the last pass folds them; what was written before stands); LEVELS: a
     trace over keeps its levels (`run`'s compactor): its new files are folded into a run and
     merged by the usual rule, as while it ran, not everything into mmleak.ID.compact (its
-    last point and FOLDED's view then read the levels, as a reader does).  Returns a dict of
+    last point and FOLDED's view then read the levels, as a reader does); BASE: the first
+    fold writes the result's base for the last point (series.save_base; `run --check`'s
+    compactor does not: its last pass reads the whole trace for the verdict).  Returns a dict of
     what it did, or None when another compactor holds the trace (it is skipped, not waited
     for).  A file it cannot trust (Refused) or write stops the pass over this trace (Fail),
     and nothing is deleted."""
@@ -415,7 +417,7 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
         if done or over and not levels and _runs(directory, tid):
             try:
                 res.update(_fold(directory, tid, cpath, done, over, lock.changing, abandon,
-                                 levels, base=series))
+                                 levels, base=series and base))
             except Abandoned:           # the new files' fold given up: they stay as they are
                 res["abandoned"] = 1
                 return res
@@ -624,9 +626,10 @@ def _remove_dump(p):
 
 
 def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopping=None,
-                folded=None, view=False, abandon=None, levels=False):
+                folded=None, view=False, abandon=None, levels=False, base=True):
     """One compaction pass over every trace in DIRECTORY (or trace PID).  Returns
-    (live traces, results).  STOPPING, FOLDED, VIEW, ABANDON, LEVELS: see compact_trace."""
+    (live traces, results).  STOPPING, FOLDED, VIEW, ABANDON, LEVELS, BASE: see
+    compact_trace."""
     out = out or sys.stdout
     traces = files.find_traces(directory)
     live, results = [], []
@@ -636,7 +639,7 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopp
         try:
             res = compact_trace(directory, tid, traces[tid], traces, series=series,
                                 stopping=stopping, folded=folded, view=view, abandon=abandon,
-                                levels=levels)
+                                levels=levels, base=base)
         except Fail as e:               # this trace is left as it is; the others go on
             refuse(str(e))
             continue
@@ -719,7 +722,8 @@ class BackgroundCompactor:
         for tid in sorted(set(files.find_traces(self.directory)) - self.before):
             compact_dir(self.directory, tid, verbose=False,
                         stopping=(lambda: True) if self.keep_views else self.stop.is_set,
-                        folded=folded, view=view, abandon=abandon, levels=True)
+                        folded=folded, view=view, abandon=abandon, levels=True,
+                        base=not self.keep_views)
 
     def _loop(self):
         try:

@@ -18,6 +18,13 @@ survivors on in C (native.NativeBlocks.split: new or not, per site).  It is writ
 file, rename), then the series (the same way), so a compactor killed in between leaves a
 .live whose point the series lacks, and the next pass appends it before its own.  When the
 trace is over, its last point is taken and the .live deleted: the series is complete.
+
+A finished trace's last point comes from its levels when it can (level_sums, below): the
+first fold's per-site sums of the result (mmleak.ID.series.base, tied to the result by its
+inode, size, mtime and header hash) plus the runs' effect at their addresses; NEW against
+the previous point's keys when its .live names the same result ("#levels").  Otherwise (no
+base or another result's, a .live without "#levels", files not folded, no compiled
+shrinker) the trace is read whole, as above.
 """
 import array
 import bisect

@@ -370,7 +370,7 @@ def _write_atomic(path, header_lines, sh, data, raw=None, guard=None):
 
 
 def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping=None,
-                  folded=None, view=False, abandon=None, levels=False):
+                  folded=None, view=False, abandon=None, levels=False, base=True):
     """One compaction pass over trace TID, and a point of its series when one is due
     (SERIES: False never; STOPPING, a function: when it says True, no point but the last of
     a trace that is over: `run`'s compactor, once its program has ended, leaves the point to
@@ -385,7 +385,9 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
     they were, and the last pass folds them; what was written before stands); LEVELS: a
     trace over keeps its levels (`run`'s compactor): its new files are folded into a run and
     merged by the usual rule, as while it ran, not everything into mmleak.ID.compact (its
-    last point and FOLDED's view then read the levels, as a reader does).  Returns a dict of
+    last point and FOLDED's view then read the levels, as a reader does); BASE: the first
+    fold writes the result's base for the last point (series.save_base; `run --check`'s
+    compactor does not: its last pass reads the whole trace for the verdict).  Returns a dict of
     what it did, or None when another compactor holds the trace (it is skipped, not waited
     for).  A file it cannot trust (Refused) or write stops the pass over this trace (Fail),
     and nothing is deleted."""
@@ -404,7 +406,8 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
                 with lock.changing():
                     for name in files._previously_folded(r, tid):
                         _remove_dump(os.path.join(directory, name))   # .out and .tail, a run
-        for p in [cpath, t.series, t.live] + [p for _, p in runs]:   # left by a pass that
+        for p in [cpath, t.series, t.live, series_mod.base_path(directory, tid)] + \
+                [p for _, p in runs]:                                   # left by a pass that
             files._remove_quietly(files.temp_of(p))                    # was stopped
         paths = [p for p in paths if os.path.lexists(p)]
         done, over, tails = complete_files(directory, tid, paths, traces)
@@ -414,7 +417,7 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
         if done or over and not levels and _runs(directory, tid):
             try:
                 res.update(_fold(directory, tid, cpath, done, over, lock.changing, abandon,
-                                 levels))
+                                 levels, base=series and base))
             except Abandoned:           # the new files' fold given up: they stay as they are
                 res["abandoned"] = 1
                 return res
@@ -425,7 +428,9 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
                                       or not over and point_due(directory, tid) and
                                       not (stopping and stopping()) and
                                       not (abandon and abandon()))
-        if over and now is None and (point or view and paths):
+        if over and now is None and (point and not (levels and not view and
+                                                    series_mod.incremental_ready(directory, tid))
+                                     or view and paths):
             # folded already (or not by the compiled shrinker): the trace is read once, for
             # its last point and the caller's verdict both, under the lock made shared
             lock.downgrade()
@@ -440,6 +445,8 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
                                          cancel=None if over else abandon)
             except Abandoned:           # (nothing of the point written)
                 res["abandoned"] = 1
+        if over:
+            files._remove_quietly(series_mod.base_path(directory, tid))
         return res
     finally:
         lock.__exit__()
@@ -477,7 +484,8 @@ def _next_run(directory, tid, runs, cpath):
     return max(used, default=0) + 1
 
 
-def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, levels=False):
+def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, levels=False,
+          base=False):
     """Fold the complete files DONE into the trace's result (under the trace's exclusive
     lock).  The result is mmleak.ID.compact and newer runs mmleak.ID.compact.N, each at
     least MERGE_FACTOR times smaller than the one before it.  DONE are folded alone into a
@@ -490,7 +498,9 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
     pass's directory lock (TraceLock.changing), around each change readers see.  ABANDON
     (a function, the trace not over): when it says True, the fold of DONE into a new run
     (native.Abandoned raised) or the merge after it (the new run stands) is not begun, or
-    given up as it reads: its temporary file dropped, nothing renamed, nothing deleted."""
+    given up as it reads: its temporary file dropped, nothing renamed, nothing deleted.
+    BASE: the first fold of a trace not over (no result yet) also writes the result's
+    base for the series' last point (series.save_base), from its own reading."""
     own = files._own_file(cpath)
     runs = _runs(directory, tid)
     before = (files._size(cpath) if own else 0) + sum(files._size(p) for _, p in runs)
@@ -501,8 +511,17 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
         chain = ([cpath] if own else []) + [p for _, p in runs]
         # the result, the biggest, last: the compiled shrinker streams it (_fold_into)
         sh = _fold_into(directory, tid, cpath, None, chain[1:] + done + chain[:1] if own
-                        else chain + done, work, live=over, stream_last=own, guard=guard)
+                        else chain + done, work, live=over or base and not own,
+                        stream_last=own, guard=guard)
         work["merged"] = len(chain)
+        if base and not own and not over and sh.native_blocks is not None:
+            from .blocks import Live
+            try:
+                series_mod.save_base(directory, tid, cpath, sh,
+                                     Live(sh.native_blocks, [], sh.stacks), guard)
+            except (Fail, OSError):     # no base: the last point reads the trace whole
+                files._remove_quietly(series_mod.base_path(directory, tid))
+            sh.native_blocks = None
         # the trace over, everything is folded into the result: its survivors, which the
         # compiled shrinker left from the same reading, are the trace's, for its last point
         # and for `run --check`'s verdict (_result_view: the result as a reader reads it)
@@ -607,9 +626,10 @@ def _remove_dump(p):
 
 
 def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopping=None,
-                folded=None, view=False, abandon=None, levels=False):
+                folded=None, view=False, abandon=None, levels=False, base=True):
     """One compaction pass over every trace in DIRECTORY (or trace PID).  Returns
-    (live traces, results).  STOPPING, FOLDED, VIEW, ABANDON, LEVELS: see compact_trace."""
+    (live traces, results).  STOPPING, FOLDED, VIEW, ABANDON, LEVELS, BASE: see
+    compact_trace."""
     out = out or sys.stdout
     traces = files.find_traces(directory)
     live, results = [], []
@@ -619,7 +639,7 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopp
         try:
             res = compact_trace(directory, tid, traces[tid], traces, series=series,
                                 stopping=stopping, folded=folded, view=view, abandon=abandon,
-                                levels=levels)
+                                levels=levels, base=base)
         except Fail as e:               # this trace is left as it is; the others go on
             refuse(str(e))
             continue
@@ -702,7 +722,8 @@ class BackgroundCompactor:
         for tid in sorted(set(files.find_traces(self.directory)) - self.before):
             compact_dir(self.directory, tid, verbose=False,
                         stopping=(lambda: True) if self.keep_views else self.stop.is_set,
-                        folded=folded, view=view, abandon=abandon, levels=True)
+                        folded=folded, view=view, abandon=abandon, levels=True,
+                        base=not self.keep_views)
 
     def _loop(self):
         try:

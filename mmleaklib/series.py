@@ -18,6 +18,13 @@ survivors on in C (native.NativeBlocks.split: new or not, per site).  It is writ
 file, rename), then the series (the same way), so a compactor killed in between leaves a
 .live whose point the series lacks, and the next pass appends it before its own.  When the
 trace is over, its last point is taken and the .live deleted: the series is complete.
+
+A finished trace's last point comes from its levels when it can (level_sums, below): the
+first fold's per-site sums of the result (mmleak.ID.series.base, tied to the result by its
+inode, size, mtime and header hash) plus the runs' effect at their addresses; NEW against
+the previous point's keys when its .live names the same result ("#levels").  Otherwise (no
+base or another result's, a .live without "#levels", files not folded, no compiled
+shrinker) the trace is read whole, as above.
 """
 import array
 import bisect
@@ -202,54 +209,74 @@ def add_point(directory, tid, final=False, now=None, cancel=None):
         prev = None                     # .live lost: this point starts again (see below)
     if pending is not None and pending[2]:
         _remove_quietly(lpath)          # the last point is in the series: it is complete
+        _remove_quietly(base_path(directory, tid))
         return None
     live_stacks = pending[1] if pending is not None else {}
-    sh, live = now if now is not None else _live_now(directory, tid, stream=True, cancel=cancel)
-    # the call site of each group as the series writes it: a caller in hex, or @ID (stacks
-    # the trace defines keep their id; a list of callers gets one of its own)
-    stack_lines = {}
-    by_frames = None
-    sites = collections.defaultdict(lambda: [0, 0, 0, 0, 0, 0])
-    table = prev[0] if prev is not None else None       # (ptr, seq) arrays of the last point
-    if live.native is not None and len(live.native):
-        if table is not None:
-            import ctypes
-            n = len(table[0])
-            ct = [(ctypes.c_uint64 * n).from_buffer(a) if n else None for a in table]
-            groups = live.native.split(ct[0], ct[1], n) if n else \
-                [(st, False, nb, b) for st, _, nb, b, *_ in
-                 live.native.aggregate(0, (1 << 64) - 1)[0]]
-        else:
-            groups = [(st, True, nb, b) for st, _, nb, b, *_ in
-                      live.native.aggregate(0, (1 << 64) - 1)[0]]
-        for st, old, nb, b in groups:
-            if type(st) is not tuple and len(sh.stacks.get(st, ())) == 1:
-                st = sh.stacks[st]      # a stack of one frame: its caller (as in Python)
-            if type(st) is tuple:
-                k = b"%x" % st[0]
+    inc = None
+    if final and now is None and (prev is None and pending is None or
+                                  prev is not None and prev[2] is not None):
+        # a trace over and folded: from the levels (see level_sums), not the whole live
+        # set, when the result's base is there (and is the one the previous point saw)
+        ready = incremental_ready(directory, tid)
+        inc = level_sums(*ready) if ready else None
+    if inc:
+        sums, stack_lines, sh, live = inc
+        sites = collections.defaultdict(lambda: [0, 0, 0, 0, 0, 0])
+        if prev is not None:
+            # NEW: blocks alive now not in the previous point's keys.  Those the runs do not
+            # touch are the result's, alive then too (the point saw the same result, and the
+            # files it read beside it are in the runs now): only the runs' addresses count
+            for k, v in _new_sums(sh, live, prev[0], stack_lines).items():
+                sites[k][2], sites[k][3] = v
+        for k, (b, nb) in sums.items():
+            sites[k][0], sites[k][1] = b, nb
+    else:
+        sh, live = now if now is not None else _live_now(directory, tid, stream=True, cancel=cancel)
+        # the call site of each group as the series writes it: a caller in hex, or @ID (stacks
+        # the trace defines keep their id; a list of callers gets one of its own)
+        stack_lines = {}
+        by_frames = None
+        sites = collections.defaultdict(lambda: [0, 0, 0, 0, 0, 0])
+        table = prev[0] if prev is not None else None       # (ptr, seq) arrays of the last point
+        if live.native is not None and len(live.native):
+            if table is not None:
+                import ctypes
+                n = len(table[0])
+                ct = [(ctypes.c_uint64 * n).from_buffer(a) if n else None for a in table]
+                groups = live.native.split(ct[0], ct[1], n) if n else \
+                    [(st, False, nb, b) for st, _, nb, b, *_ in
+                     live.native.aggregate(0, (1 << 64) - 1)[0]]
             else:
-                k = b"@%x" % st
-                if st in sh.stack_lines:
-                    stack_lines[st] = sh.stack_lines[st]
+                groups = [(st, True, nb, b) for st, _, nb, b, *_ in
+                          live.native.aggregate(0, (1 << 64) - 1)[0]]
+            for st, old, nb, b in groups:
+                if type(st) is not tuple and len(sh.stacks.get(st, ())) == 1:
+                    st = sh.stacks[st]      # a stack of one frame: its caller (as in Python)
+                if type(st) is tuple:
+                    k = b"%x" % st[0]
+                else:
+                    k = b"@%x" % st
+                    if st in sh.stack_lines:
+                        stack_lines[st] = sh.stack_lines[st]
+                v = sites[k]
+                v[0] += b
+                v[1] += nb
+                if not old:
+                    v[2] += b
+                    v[3] += nb
+        for a in live.allocs:               # the Python engine's survivors, and those of format 1
+            if len(a.callers) == 1:
+                k = b"%x" % a.callers[0]
+            else:
+                if by_frames is None:
+                    by_frames = {fr: sid for sid, fr in sh.stacks.items()}
+                k = _key_text(a.callers, stack_lines, sh, by_frames)
             v = sites[k]
-            v[0] += b
-            v[1] += nb
-            if not old:
-                v[2] += b
-                v[3] += nb
-    for a in live.allocs:               # the Python engine's survivors, and those of format 1
-        if len(a.callers) == 1:
-            k = b"%x" % a.callers[0]
-        else:
-            if by_frames is None:
-                by_frames = {fr: sid for sid, fr in sh.stacks.items()}
-            k = _key_text(a.callers, stack_lines, sh, by_frames)
-        v = sites[k]
-        v[0] += a.size
-        v[1] += 1
-        if table is not None and not _in_table(table[0], table[1], a.ptr, a.seq):
-            v[2] += a.size
-            v[3] += 1
+            v[0] += a.size
+            v[1] += 1
+            if table is not None and not _in_table(table[0], table[1], a.ptr, a.seq):
+                v[2] += a.size
+                v[3] += 1
     other_freed = [0, 0]
     if prev is not None:
         sums = {}
@@ -293,7 +320,8 @@ def add_point(directory, tid, final=False, now=None, cancel=None):
         other[4] += other_freed[0]
         other[5] += other_freed[1]
         plines[1].append(b"k other %d %d %d %d %d %d\n" % tuple(other))
-    _save_live(lpath, None if final else live, sites, plines, stack_lines, final)
+    _save_live(lpath, None if final else live, sites, plines, stack_lines, final,
+               None if final else _identity(t.compact))
     points.append(plines)
     have_stacks.update(stack_lines)
     if len(points) > SERIES_POINTS:
@@ -301,6 +329,7 @@ def add_point(directory, tid, final=False, now=None, cancel=None):
     _write_series(spath, tid, head, have_stacks, points)
     if final:
         _remove_quietly(lpath)
+        _remove_quietly(base_path(directory, tid))
     stacks = {sid: parse_stack(line)[1] for sid, line in have_stacks.items()}
     return _series_point_of(plines[0], plines[1], stacks)
 
@@ -315,12 +344,13 @@ def _live_keys(live):
     return array.array("Q", [p for p, _ in extra]), array.array("Q", [q for _, q in extra])
 
 
-def _save_live(path, live, sites, plines, stack_lines, final=False):
+def _save_live(path, live, sites, plines, stack_lines, final=False, levels=None):
     """The blocks of this point, for the next one to tell which are new and how many were
     freed per site: after the point's own lines ("#point", "#final" for the trace's last)
     and the stacks of their sites, every site's sums ("#site KEY BYTES BLOCKS") and the
     blocks' keys ("#keys N", then N addresses and N SEQs, 8 bytes each, native byte order,
-    sorted).  LIVE None: no blocks (the trace's last point)."""
+    sorted).  LIVE None: no blocks (the trace's last point).  LEVELS: the identity of
+    mmleak.ID.compact when the point was made ("#levels", see level_sums), if any."""
     ptr, seq = _live_keys(live) if live is not None else ((), ())
 
     def fill(f):
@@ -328,6 +358,8 @@ def _save_live(path, live, sites, plines, stack_lines, final=False):
             f.write(b"#final\n")
         f.write(b"".join(b"#point " + line for line in [plines[0]] + plines[1]))
         f.write(b"".join(b"#point " + line for line in stack_lines.values()))
+        if levels is not None:
+            f.write(b"#levels %s\n" % levels)
         if live is not None:
             f.write(b"".join(b"#site %s %d %d\n" % (k, v[0], v[1])
                              for k, v in sites.items() if v[1]))
@@ -342,8 +374,9 @@ def _load_live(path):
     """(((ptr array, seq array): the sorted keys of the point's blocks, {site key: (bytes,
     blocks)}), the point it belongs to as ([p line, [k lines]], {stack id: line}, whether it
     was the trace's last)), or (None, None) without a usable file.  A .live of an older
-    mmleak.py (a line per block: "PTR SEQ SIZE KEY") is read too."""
-    sums, plines, stacks, final = {}, None, {}, False
+    mmleak.py (a line per block: "PTR SEQ SIZE KEY") is read too.  LEVELS (third of the
+    first): the "#levels" identity, or None."""
+    sums, plines, stacks, final, levels = {}, None, {}, False, None
     old = []
     ptr = seq = None
     if not _own_file(path):
@@ -363,6 +396,8 @@ def _load_live(path):
                 if line.startswith(b"#"):
                     if line == b"#final\n":
                         final = True
+                    elif line.startswith(b"#levels "):
+                        levels = line[8:-1]
                     elif line.startswith(b"#site "):
                         _, k, b, nb = line.split()
                         sums[k] = (int(b), int(nb))
@@ -388,7 +423,7 @@ def _load_live(path):
     if ptr is None:
         old.sort()
         ptr, seq = array.array("Q", [p for p, _ in old]), array.array("Q", [q for _, q in old])
-    return ((ptr, seq), sums), (plines, stacks, final)
+    return ((ptr, seq), sums, levels), (plines, stacks, final)
 
 
 def _thin(points):
@@ -435,3 +470,234 @@ def point_due(directory, tid):
         return time.time() - os.path.getmtime(TraceFiles(directory, tid).series) >= SERIES_INTERVAL
     except OSError:
         return True
+
+
+# ---- a finished trace's last point from its levels (issue 19) ----------------------------
+#
+# mmleak.ID.series.base: the per-site sums of mmleak.ID.compact's survivors read alone, written
+# by the fold that wrote it (from that fold's own reading), and what ties them to it:
+#   #base INODE SIZE MTIME_NS HEAD     HEAD: a hash of the result's header lines (its
+#   #bsite KEY BYTES BLOCKS            "#compacted" and "#folded" lines among them)
+#   #bend
+# With it, the last point of a trace whose files are all folded (the result and newer runs,
+# nothing else) is the base plus, at the addresses the runs touch, what all the levels leave
+# minus what the result alone left: the result's lines at those addresses are found in C
+# (tools/levels.c, mmleak_levels_pick) and shrunk with the runs; the rest of the result is
+# not read.  Anything else (no base, a result changed since, a previous point's .live, files
+# not folded, no compiled shrinker): the point reads the trace whole, as before.
+
+def base_path(directory, tid):
+    return TraceFiles(directory, tid).name("series.base")
+
+
+def _identity(cpath):
+    """(inode, size, mtime_ns, hash of the head lines) of the result CPATH, or None."""
+    import hashlib
+    try:
+        with open_trace_file(cpath) as f:
+            st = os.fstat(f.fileno())
+            h = hashlib.blake2b(digest_size=16)
+            for line in iter(f.readline, b""):
+                if not line.startswith(b"#"):
+                    break
+                h.update(line)
+    except OSError:
+        return None
+    return b"%d %d %d %s" % (st.st_ino, st.st_size, st.st_mtime_ns, h.hexdigest().encode())
+
+
+def site_sums(sh, live):
+    """({site key: [bytes, blocks]}, {stack id: '#s' line}) of the survivors LIVE (keys as a
+    point writes them: a caller in hex, or @ID)."""
+    sums = collections.defaultdict(lambda: [0, 0])
+    stack_lines = {}
+    if live.native is not None and len(live.native):
+        for st, _, nb, b, *_ in live.native.aggregate(0, (1 << 64) - 1)[0]:
+            if type(st) is not tuple and len(sh.stacks.get(st, ())) == 1:
+                st = sh.stacks[st]
+            if type(st) is tuple:
+                k = b"%x" % st[0]
+            else:
+                k = b"@%x" % st
+                if st in sh.stack_lines:
+                    stack_lines[st] = sh.stack_lines[st]
+            sums[k][0] += b
+            sums[k][1] += nb
+    by_frames = None
+    for a in live.allocs:
+        if len(a.callers) == 1:
+            k = b"%x" % a.callers[0]
+        else:
+            if by_frames is None:
+                by_frames = {fr: sid for sid, fr in sh.stacks.items()}
+            k = _key_text(a.callers, stack_lines, sh, by_frames)
+        sums[k][0] += a.size
+        sums[k][1] += 1
+    return sums, stack_lines
+
+
+def save_base(directory, tid, cpath, sh, live, guard=None):
+    """Write the base of the result CPATH just written, whose survivors read alone are LIVE."""
+    ident = _identity(cpath)
+    if ident is None:
+        return
+    sums, _ = site_sums(sh, live)
+    files.replace(base_path(directory, tid), lambda f: f.write(
+        b"#base " + ident + b"\n" +
+        b"".join(b"#bsite %s %d %d\n" % (k, v[0], v[1]) for k, v in sums.items() if v[1]) +
+        b"#bend\n"), guard=guard)
+
+
+def load_base(directory, tid, cpath):
+    """{site key: (bytes, blocks)} of the result CPATH read alone, or None: no base, or not
+    the one of the result now there (a merge, a kill between the two writes, another
+    mmleak.py), or damaged."""
+    path = base_path(directory, tid)
+    if not _own_file(path):
+        return None
+    try:
+        with open_trace_file(path) as f:
+            data = f.read()
+    except OSError:
+        return None
+    lines = data.split(b"\n")
+    if len(lines) < 3 or lines[-1] != b"" or lines[-2] != b"#bend" or \
+            not lines[0].startswith(b"#base ") or lines[0][6:] != _identity(cpath):
+        return None
+    out = {}
+    try:
+        for line in lines[1:-2]:
+            tag, k, b, nb = line.split()
+            if tag != b"#bsite":
+                return None
+            out[k] = (int(b), int(nb))
+    except ValueError:
+        return None
+    return out
+
+
+def _pick(cpath, runs, out):
+    """Write to OUT (a file) the result's lines at the addresses RUNS touch (with its
+    header, stacks and clock).  False when the compiled helper cannot."""
+    import ctypes
+    from .native import tools_library
+    lib = tools_library()
+    if not lib:
+        return False
+    try:
+        fn = ctypes.CDLL(lib, use_errno=True).mmleak_levels_pick
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p), ctypes.c_int,
+                   ctypes.c_int]
+    fn.restype = ctypes.c_int64
+    arr = (ctypes.c_char_p * len(runs))(*[os.fsencode(p) for p in runs])
+    return fn(os.fsencode(cpath), arr, len(runs), out.fileno()) >= 0
+
+
+def _read_native(paths):
+    """(Shrinker, Live) of PATHS read by the compiled shrinker, or None."""
+    sh = Shrinker()
+    if not native_shrink(sh, paths, [os.path.basename(p) for p in paths], blocks=True):
+        return None
+    if sh.problems.fatal or sh.problems.malformed:
+        return None
+    return sh, sh.live()
+
+
+def level_sums(cpath, base, runs):
+    """(sums {key: [bytes, blocks]}, stack lines, (Shrinker, Live) of the runs and the
+    result's picked lines) of the levels CPATH and RUNS, from CPATH's BASE: BASE + (runs and the
+    result's lines at their addresses) - (those lines alone).  None when it cannot."""
+    import tempfile
+    with tempfile.NamedTemporaryFile(prefix="mmleak-pick.") as x:
+        if not _pick(cpath, runs, x):
+            return None
+        x.flush()
+        both = _read_native(list(runs) + [x.name])
+        alone = _read_native([x.name])
+    if both is None or alone is None:
+        return None
+    plus, stack_lines = site_sums(*both)
+    minus, _ = site_sums(*alone)
+    sums = collections.defaultdict(lambda: [0, 0])
+    for src, sign in ((base, 1), (plus, 1), (minus, -1)):
+        for k, (b, nb) in src.items():
+            sums[k][0] += sign * b
+            sums[k][1] += sign * nb
+    return {k: v for k, v in sums.items() if v[1] or v[0]}, stack_lines, both[0], both[1]
+
+
+def incremental_ready(directory, tid):
+    """Can the trace's last point come from its levels (see above)?  Its files are the
+    result and runs only, no .live (a previous point's blocks: that point needs them), and
+    the result's base is there and its own."""
+    t = TraceFiles(directory, tid)
+    lv = _live_levels(t.live)
+    if lv is False:
+        return None
+    found = files.find_traces(directory).get(tid, [])
+    runs = [p for p in found if p != t.compact]
+    if t.compact not in found or any(not files.RUN_RE.match(os.path.basename(p))
+                                     for p in runs):
+        return None
+    if any(os.path.lexists(tail) for tail in (files.tail_of(p) for p in found) if tail):
+        return None
+    base = load_base(directory, tid, t.compact)
+    if base is None or lv is not None and lv != _identity(t.compact):
+        return None
+    return t.compact, base, sorted(runs)
+
+
+def _live_levels(lpath):
+    """None: no .live; its "#levels" identity; False: a .live without one (an older
+    mmleak.py's, or made before the result) or unreadable."""
+    if not os.path.lexists(lpath):
+        return None
+    if not _own_file(lpath):
+        return False
+    try:
+        with open_trace_file(lpath) as f:
+            for line in iter(f.readline, b""):
+                if line.startswith(b"#levels ") and line.endswith(b"\n"):
+                    return line[8:-1]
+                if not line.startswith(b"#") or line.startswith(b"#keys "):
+                    break
+    except OSError:
+        pass
+    return False
+
+
+def _new_sums(sh, live, table, stack_lines):
+    """{site key: (bytes, blocks)} of LIVE's blocks not in TABLE ((ptr, seq) arrays)."""
+    import ctypes
+    out = collections.defaultdict(lambda: [0, 0])
+    n = len(table[0])
+    if live.native is not None and len(live.native):
+        if n:
+            ct = [(ctypes.c_uint64 * n).from_buffer(a) for a in table]
+            groups = live.native.split(ct[0], ct[1], n)
+        else:
+            groups = [(st, False, nb, b) for st, _, nb, b, *_ in
+                      live.native.aggregate(0, (1 << 64) - 1)[0]]
+        for st, old, nb, b in groups:
+            if old:
+                continue
+            if type(st) is not tuple and len(sh.stacks.get(st, ())) == 1:
+                st = sh.stacks[st]
+            k = b"%x" % st[0] if type(st) is tuple else b"@%x" % st
+            out[k][0] += b
+            out[k][1] += nb
+    by_frames = None
+    for a in live.allocs:
+        if _in_table(table[0], table[1], a.ptr, a.seq):
+            continue
+        if len(a.callers) == 1:
+            k = b"%x" % a.callers[0]
+        else:
+            if by_frames is None:
+                by_frames = {fr: sid for sid, fr in sh.stacks.items()}
+            k = _key_text(a.callers, stack_lines, sh, by_frames)
+        out[k][0] += a.size
+        out[k][1] += 1
+    return out

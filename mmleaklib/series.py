@@ -493,6 +493,8 @@ def base_path(directory, tid):
 def _identity(cpath):
     """(inode, size, mtime_ns, hash of the head lines) of the result CPATH, or None."""
     import hashlib
+    if not _own_file(cpath):
+        return None                     # (another user's file: said once by the pass, unread)
     try:
         with open_trace_file(cpath) as f:
             st = os.fstat(f.fileno())

@@ -140,13 +140,14 @@ def wait_compacted(box, ddir, pid, others=(), companion=COMPANION, timeout=30):
 
 def live_set(pid, k=None):
     """The files of a compacted trace of PID: of a finished one, or of one whose process
-    still writes its file K (and the blocks of the series' last point, .series.live).  The
+    still writes its file K (and the blocks of the series' last point, .series.live, and the
+    first fold's per-site sums for the last point, .series.base, both deleted at the end).  The
     log of loads is made with the trace id (empty: leaky_daemon unloads nothing) and, the
     daemon ending by SIGTERM, stays."""
     out = {"mmleak.%d.%s" % (pid, x) for x in ("compact", "maps", "loads", "series", "lock")}
     if k is not None:
         out |= {"mmleak.%d.%d.out" % (pid, k), "mmleak.%d.%d.tail" % (pid, k),
-                "mmleak.%d.series.live" % pid}
+                "mmleak.%d.series.live" % pid, "mmleak.%d.series.base" % pid}
     return out
 
 

@@ -66,6 +66,40 @@ def _key_text(callers, stack_lines, sh, by_frames):
     return b"@%x" % sid
 
 
+def _site_keys(sh, stack_lines):
+    """(key of a native group's stack, key of a list of callers): the call site as a point
+    writes it, a caller in hex or @ID, the stack lines its keys use added to STACK_LINES."""
+    by_frames = None
+
+    def of_stack(st):
+        if type(st) is not tuple and len(sh.stacks.get(st, ())) == 1:
+            st = sh.stacks[st]          # a stack of one frame: its caller (as in Python)
+        if type(st) is tuple:
+            return b"%x" % st[0]
+        if st in sh.stack_lines:
+            stack_lines[st] = sh.stack_lines[st]
+        return b"@%x" % st
+
+    def of_callers(callers):
+        nonlocal by_frames
+        if by_frames is None and len(callers) > 1:
+            by_frames = {fr: sid for sid, fr in sh.stacks.items()}
+        return _key_text(callers, stack_lines, sh, by_frames)
+    return of_stack, of_callers
+
+
+def _groups(native, table):
+    """[(stack, old, blocks, bytes)] of the native blocks NATIVE per stack, OLD: in TABLE
+    ((ptr, seq) arrays of the previous point's blocks; None: every group old, none new)."""
+    if table is not None and len(table[0]):
+        import ctypes
+        n = len(table[0])
+        ct = [(ctypes.c_uint64 * n).from_buffer(a) for a in table]
+        return native.split(ct[0], ct[1], n)
+    return [(st, table is None, nb, b) for st, _, nb, b, *_ in
+            native.aggregate(0, (1 << 64) - 1)[0]]
+
+
 SERIES_P_RE = re.compile(rb"p(?: [0-9]{1,20}){8}\n?")
 SERIES_K_RE = re.compile(rb"k (?:other|@[0-9a-f]{1,16}|[0-9a-f]{1,16})(?: [0-9]{1,20}){6}\n?")
 
@@ -235,43 +269,19 @@ def add_point(directory, tid, final=False, now=None, cancel=None):
         # the call site of each group as the series writes it: a caller in hex, or @ID (stacks
         # the trace defines keep their id; a list of callers gets one of its own)
         stack_lines = {}
-        by_frames = None
+        key_of_stack, key_of_callers = _site_keys(sh, stack_lines)
         sites = collections.defaultdict(lambda: [0, 0, 0, 0, 0, 0])
         table = prev[0] if prev is not None else None       # (ptr, seq) arrays of the last point
         if live.native is not None and len(live.native):
-            if table is not None:
-                import ctypes
-                n = len(table[0])
-                ct = [(ctypes.c_uint64 * n).from_buffer(a) if n else None for a in table]
-                groups = live.native.split(ct[0], ct[1], n) if n else \
-                    [(st, False, nb, b) for st, _, nb, b, *_ in
-                     live.native.aggregate(0, (1 << 64) - 1)[0]]
-            else:
-                groups = [(st, True, nb, b) for st, _, nb, b, *_ in
-                          live.native.aggregate(0, (1 << 64) - 1)[0]]
-            for st, old, nb, b in groups:
-                if type(st) is not tuple and len(sh.stacks.get(st, ())) == 1:
-                    st = sh.stacks[st]      # a stack of one frame: its caller (as in Python)
-                if type(st) is tuple:
-                    k = b"%x" % st[0]
-                else:
-                    k = b"@%x" % st
-                    if st in sh.stack_lines:
-                        stack_lines[st] = sh.stack_lines[st]
-                v = sites[k]
+            for st, old, nb, b in _groups(live.native, table):
+                v = sites[key_of_stack(st)]
                 v[0] += b
                 v[1] += nb
                 if not old:
                     v[2] += b
                     v[3] += nb
         for a in live.allocs:               # the Python engine's survivors, and those of format 1
-            if len(a.callers) == 1:
-                k = b"%x" % a.callers[0]
-            else:
-                if by_frames is None:
-                    by_frames = {fr: sid for sid, fr in sh.stacks.items()}
-                k = _key_text(a.callers, stack_lines, sh, by_frames)
-            v = sites[k]
+            v = sites[key_of_callers(a.callers)]
             v[0] += a.size
             v[1] += 1
             if table is not None and not _in_table(table[0], table[1], a.ptr, a.seq):
@@ -513,28 +523,16 @@ def site_sums(sh, live):
     point writes them: a caller in hex, or @ID)."""
     sums = collections.defaultdict(lambda: [0, 0])
     stack_lines = {}
+    key_of_stack, key_of_callers = _site_keys(sh, stack_lines)
     if live.native is not None and len(live.native):
-        for st, _, nb, b, *_ in live.native.aggregate(0, (1 << 64) - 1)[0]:
-            if type(st) is not tuple and len(sh.stacks.get(st, ())) == 1:
-                st = sh.stacks[st]
-            if type(st) is tuple:
-                k = b"%x" % st[0]
-            else:
-                k = b"@%x" % st
-                if st in sh.stack_lines:
-                    stack_lines[st] = sh.stack_lines[st]
-            sums[k][0] += b
-            sums[k][1] += nb
-    by_frames = None
+        for st, _, nb, b in _groups(live.native, None):
+            v = sums[key_of_stack(st)]
+            v[0] += b
+            v[1] += nb
     for a in live.allocs:
-        if len(a.callers) == 1:
-            k = b"%x" % a.callers[0]
-        else:
-            if by_frames is None:
-                by_frames = {fr: sid for sid, fr in sh.stacks.items()}
-            k = _key_text(a.callers, stack_lines, sh, by_frames)
-        sums[k][0] += a.size
-        sums[k][1] += 1
+        v = sums[key_of_callers(a.callers)]
+        v[0] += a.size
+        v[1] += 1
     return sums, stack_lines
 
 
@@ -672,34 +670,17 @@ def _live_levels(lpath):
 
 def _new_sums(sh, live, table, stack_lines):
     """{site key: (bytes, blocks)} of LIVE's blocks not in TABLE ((ptr, seq) arrays)."""
-    import ctypes
     out = collections.defaultdict(lambda: [0, 0])
-    n = len(table[0])
+    key_of_stack, key_of_callers = _site_keys(sh, stack_lines)
     if live.native is not None and len(live.native):
-        if n:
-            ct = [(ctypes.c_uint64 * n).from_buffer(a) for a in table]
-            groups = live.native.split(ct[0], ct[1], n)
-        else:
-            groups = [(st, False, nb, b) for st, _, nb, b, *_ in
-                      live.native.aggregate(0, (1 << 64) - 1)[0]]
-        for st, old, nb, b in groups:
-            if old:
-                continue
-            if type(st) is not tuple and len(sh.stacks.get(st, ())) == 1:
-                st = sh.stacks[st]
-            k = b"%x" % st[0] if type(st) is tuple else b"@%x" % st
-            out[k][0] += b
-            out[k][1] += nb
-    by_frames = None
+        for st, old, nb, b in _groups(live.native, table):
+            if not old:
+                v = out[key_of_stack(st)]
+                v[0] += b
+                v[1] += nb
     for a in live.allocs:
-        if _in_table(table[0], table[1], a.ptr, a.seq):
-            continue
-        if len(a.callers) == 1:
-            k = b"%x" % a.callers[0]
-        else:
-            if by_frames is None:
-                by_frames = {fr: sid for sid, fr in sh.stacks.items()}
-            k = _key_text(a.callers, stack_lines, sh, by_frames)
-        out[k][0] += a.size
-        out[k][1] += 1
+        if not _in_table(table[0], table[1], a.ptr, a.seq):
+            v = out[key_of_callers(a.callers)]
+            v[0] += a.size
+            v[1] += 1
     return out

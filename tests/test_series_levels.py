@@ -13,7 +13,7 @@ import pytest
 
 import test_shrink
 from conftest import mmleak
-from test_shrink_folds import HDR, fold
+from test_shrink_folds import HDR, completion_order, fold
 from test_compact_levels import History, TID, alive, runs, survivors   # noqa: F401
 
 series = mmleak.series
@@ -30,19 +30,7 @@ def levels_of(tmp_path, rnd, files):
     """FILES folded as compaction folds them while the trace runs (test_shrink_folds's
     compaction_folds, without its last pass): [result, run, run...], and whether the
     result is still the first fold's (no merge rewrote it)."""
-    by_thread = {}
-    for name in files:
-        t, part = name[1:].split(".")
-        by_thread.setdefault(int(t), []).append((int(part), name))
-    queues = [sorted(v) for v in by_thread.values()]
-    order = []
-    while any(queues):
-        q = rnd.choice([q for q in queues if q])
-        order.append(q.pop(0)[1])
-    paths = {}
-    for i, name in enumerate(order):
-        paths[name] = tmp_path / ("f%d.out" % i)
-        paths[name].write_bytes(b"".join(files[name]))
+    order, paths = completion_order(tmp_path, rnd, files)
     levels, n = [], 0
     while order:
         k = rnd.randint(1, 4)

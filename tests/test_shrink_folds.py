@@ -92,13 +92,10 @@ def test_a_plain_hull_end_cancelled_by_another_input(tmp_path, engine):
     assert final([xy, z]) == truth
 
 
-def compaction_folds(tmp_path, rnd, files):
-    """FILES ({name: lines}, each thread's files in order) folded as compaction folds them:
-    the files complete in a random interleaving of the threads, a pass takes the ones
-    completed since the last, folds them alone into a new run, then merges the newest runs
-    into the one before them by compact._merge_start (inputs: the runs, oldest first, then
-    the target streamed last); the last pass folds everything into the result (the runs,
-    the new files, the result last).  Returns the final result's path."""
+def completion_order(tmp_path, rnd, files):
+    """FILES ({name: lines}, each thread's files in order) as they complete: a random
+    interleaving of the threads, each thread's own order kept.  Returns (names in that
+    order, {name: path of its file written under TMP_PATH})."""
     by_thread = {}
     for name in files:
         t, part = name[1:].split(".")
@@ -112,6 +109,17 @@ def compaction_folds(tmp_path, rnd, files):
     for i, name in enumerate(order):
         paths[name] = tmp_path / ("f%d.out" % i)
         paths[name].write_bytes(b"".join(files[name]))
+    return order, paths
+
+
+def compaction_folds(tmp_path, rnd, files):
+    """FILES ({name: lines}, each thread's files in order) folded as compaction folds them:
+    the files complete in a random interleaving of the threads, a pass takes the ones
+    completed since the last, folds them alone into a new run, then merges the newest runs
+    into the one before them by compact._merge_start (inputs: the runs, oldest first, then
+    the target streamed last); the last pass folds everything into the result (the runs,
+    the new files, the result last).  Returns the final result's path."""
+    order, paths = completion_order(tmp_path, rnd, files)
     levels = []                 # oldest first: [result, run, run...]
     n = 0
     while order:

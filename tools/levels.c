@@ -33,8 +33,12 @@ static int map_file(const char *path, struct map *m)
     m->n = 0;
     if (fd < 0)
         return -1;
-    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
-        int e = errno ? errno : EINVAL;
+    /* a regular file of ours or root's (the caller checked the names it passes; this holds
+     * should one be replaced meanwhile by another user's) */
+    uid_t me = geteuid();
+    int e = fstat(fd, &st) ? errno : !S_ISREG(st.st_mode) ? EINVAL
+            : me && st.st_uid != me && st.st_uid ? EPERM : 0;
+    if (e) {
         close(fd);
         errno = e;
         return -1;

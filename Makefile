@@ -40,9 +40,10 @@ all: $(OUT)/mmleak.so $(OUT)/mmleak-tools.so $(OUT)/mmleak-scan
 TRACER_SRCS = mmleak.c $(sort $(wildcard tracer/*.c))
 # mmleak-tools.so: never preloaded; mmleak.py loads it with ctypes, from beside mmleak.so.
 TOOLS_SRCS = $(filter-out tools/scan_main.c,$(sort $(wildcard tools/*.c)))
-# mmleak-scan: the reachability scanner the tracer starts at a process's exit (beside mmleak.so)
-SCAN_OBJS = $(B)/tools/scan_main.o $(B)/tools/scan.o $(B)/tools/scan_result.o $(B)/tools/scan_roots.o \
-            $(B)/tools/scan_live.o $(B)/tools/scan_read.o
+# mmleak-scan: the reachability scanner the tracer starts at a process's exit (beside mmleak.so):
+# the scan's files, tools/scan*.c (tools/scan.c lists them), with scan_main.c
+SCAN_SRCS = $(sort $(wildcard tools/scan*.c))
+SCAN_OBJS = $(SCAN_SRCS:%.c=$(B)/%.o)
 TRACER_OBJS = $(TRACER_SRCS:%.c=$(B)/%.o)
 TOOLS_OBJS = $(TOOLS_SRCS:%.c=$(B)/%.o)
 

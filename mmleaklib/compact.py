@@ -121,7 +121,7 @@ class TraceLock:
         write lock on byte 0 of the lock file (an open file description's lock, fcntl
         F_OFD_SETLK: independent of the flock, released by the kernel when the pass dies).
         The reachability scan takes it for reading while it lists and opens the files of its
-        cut (tools/scan.c), then reads them without any lock: what it holds is the trace as
+        cut (tools/scan_cut.c), then reads them without any lock: what it holds is the trace as
         a kill of this pass at that moment would leave it, and it need not wait for the pass
         (mmleak-compaction(7)).  Waits while a scan lists (milliseconds); past 30 s, Fail
         (nothing changed).  Without a lock file, nothing to take; a lock file this compactor
@@ -596,7 +596,7 @@ def _fold_into(directory, tid, target, run, inputs, work, live=False, stream_las
     the compiled shrinker also leaves the survivors as blocks (sh.native_blocks).
     STREAM_LAST: the last input is TARGET, a compacted result (sorted by address), the
     biggest: the compiled shrinker reads the others into its table and merges it with them
-    as a stream (tools/shrink.c, mmleak_shrink_merge), without a table entry per line; the
+    as a stream (tools/shrink_merge.c, mmleak_shrink_merge), without a table entry per line; the
     result is the same (the shrink's algebra: any order, any grouping).  GUARD: the pass's
     directory lock (TraceLock.changing), around the rename and the deletions.  CANCEL: see
     native_shrink (Abandoned: nothing written, nothing deleted)."""

@@ -50,7 +50,7 @@ def _stream_chunks(f):
 
 
 def dump_lines(f, limit=LINE_MAX):
-    """The lines of the binary file F, read in bounded memory (tools/shrink.c's feed_fd
+    """The lines of the binary file F, read in bounded memory (tools/shrink_read.c's feed_fd
     reads the same way, to the byte):
 
     * a line ends with its newline (the last one may have none);
@@ -225,7 +225,7 @@ def parse_header(line):
 
 # ---------------------------------------------------------------------------------------
 # Problems in the input: what a reader found (a record: what, file, line, the line), worded
-# here once for both shrink engines (tools/shrink.c hands back the same records, numbered
+# here once for both shrink engines (tools/shrink_read.c hands back the same records, numbered
 # as below)
 # ---------------------------------------------------------------------------------------
 

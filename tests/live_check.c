@@ -1,5 +1,5 @@
 /* live_check.c: the live set of the scan (tools/scan_live.c) against the shrink engine's
- * (tools/shrink.c, final) on the same files: prints "same N" (N live blocks), or each
+ * (tools/shrink*.c, final) on the same files: prints "same N" (N live blocks), or each
  * difference and "differ".  Built by tests/test_scan.py with both sources.
  *
  *   live_check [-t] [-p K] FILE...   the files as one trace (each read whole)

@@ -175,7 +175,7 @@ __attribute__((noinline)) static void plant(const char *c)
     } else if (!strcmp(c, "interior-many")) {
         /* one block held only by 50,000 interior pointers (none at 8 or 24, where memcheck's
          * heuristics look): each of them meets the heuristics; what they read of the block
-         * is read once (tools/scan.c, heuristic), not once per pointer */
+         * is read once (tools/scan_mark.c, heuristic), not once per pointer */
         char *p = target();
         for (size_t k = 0; k < sizeof g_many / sizeof *g_many; k++)
             g_many[k] = p + 32 + 8 * (k % 500);

@@ -348,7 +348,7 @@ def _shrink_both(monkeypatch, capsys, tmp_path, inputs):
 def test_a_streamed_result_is_merged_exactly(tmp_path, monkeypatch, capsys, seed, v2,
                                              sorted_):
     """The last fold streams the biggest input, a compacted result (sorted by address),
-    and merges it with the others' state (tools/shrink.c, mmleak_shrink_merge): the result
+    and merges it with the others' state (tools/shrink_merge.c, mmleak_shrink_merge): the result
     written, its survivors as blocks, every count, header line and problem message are
     those of the usual reading of the same inputs, and the Python engine's lines.  A
     result that is not sorted (lines reordered by hand, two malformed lines in it) is read

@@ -3,6 +3,7 @@ program per root and fate (tests/scan_cases.c), each with its exact kinds, check
 valgrind memcheck on the same program; the scan on demand of a running process; the
 program's own request (mmleak.h); the result file and its reader."""
 import collections
+import glob
 import os
 import re
 import shutil
@@ -718,8 +719,8 @@ def _live_check_and_trace(tmp_path, dump, *cflags):
     subprocess.run(["cc", "-O1", "-g"] + list(cflags) + [
                     "-I", os.path.join(ROOT, "tools"), "-I", os.path.join(ROOT, "build", "gen"),
                     "-o", exe, os.path.join(TESTS, "live_check.c"),
-                    os.path.join(ROOT, "tools", "scan_live.c"),
-                    os.path.join(ROOT, "tools", "shrink.c")], check=True)
+                    os.path.join(ROOT, "tools", "scan_live.c")] +
+                   sorted(glob.glob(os.path.join(ROOT, "tools", "shrink*.c"))), check=True)
     bench = str(tmp_path / "alloc_bench")
     subprocess.run(["cc", "-O1", "-pthread", "-o", bench,
                     os.path.join(ROOT, "bench", "alloc_bench.c")], check=True)
@@ -932,9 +933,7 @@ def test_marking_read_ahead_by_a_thread(tmp_path, dump):
     tools = os.path.join(ROOT, "tools")
     subprocess.run(["cc", "-O1", "-g", "-pthread", "-DSCAN_READ_ALWAYS", "-I", tools, "-I",
                     os.path.join(ROOT, "build", "gen"), "-o", str(forced / "mmleak-scan")] +
-                   [os.path.join(tools, f + ".c") for f in
-                    ("scan_main", "scan", "scan_result", "scan_roots", "scan_live",
-                     "scan_read")], check=True)
+                   sorted(glob.glob(os.path.join(tools, "scan*.c"))), check=True)
     exe = str(tmp_path / "scan_ahead")
     subprocess.run(["cc", "-O1", "-o", exe, os.path.join(TESTS, "scan_ahead.c")], check=True)
     n = 200000

@@ -153,7 +153,7 @@ def _by_address(lines):
 @pytest.mark.parametrize("seed", range(6))
 def test_inputs_in_address_order_identical(tmp_path, seed, v2):
     """Inputs whose addresses ascend, wholly or for a long stretch: the compiled shrinker's
-    table then builds no index (tools/shrink.c, a LAZY table: new addresses appended, the
+    table then builds no index (tools/shrink_state.c, a LAZY table: new addresses appended, the
     last one's events folded in place) until an address comes below the last one.  Each
     file sorted, all of them in one sorted file, that file cut in two (an address on both
     sides of the cut: two inputs), a sorted file with lines moved later (the index built
@@ -385,7 +385,7 @@ def test_native_path_really_runs(monkeypatch, tmp_path):
 
 
 def test_bounded_reading_identical(tmp_path):
-    """The two bounded readers (mmleaklib/dumpformat.py's dump_lines, tools/shrink.c's
+    """The two bounded readers (mmleaklib/dumpformat.py's dump_lines, tools/shrink_read.c's
     feed_fd) where they could part: lines and NUL runs across the 1 MiB chunks, lines just
     within, at and past the 1 MiB limit ended by a newline, a NUL or the end of the file,
     holes (a sparse file) inside a line, at the start and to the end; read from the file and

@@ -1,5 +1,5 @@
 /* tools/eventline.h: an event line of the dump format (mmleak-format(5)), as the shrink
- * engine (tools/shrink.c) and the scan's live set (tools/scan_live.c) take it: one parser,
+ * engine (tools/shrink_read.c) and the scan's live set (tools/scan_live.c) take it: one parser,
  * so that the two agree on which lines are events.  The line must end with its newline,
  * which is the sentinel of every loop here.
  *

@@ -1,10 +1,12 @@
-/* tools/scan_int.h: the state of one reachability scan, shared by tools/scan.c (the scan)
- * and tools/scan_result.c (its result file, specified in mmleak-format(5), "The scan
- * result").  Not an interface of mmleak-tools.so: tools/scan.h's mmleak_scan is. */
+/* tools/scan_int.h: the state of one reachability scan, shared by the files of the scan
+ * (tools/scan.c, the course of a scan, lists them) and tools/scan_result.c (its result
+ * file, specified in mmleak-format(5), "The scan result"), and the functions one of them
+ * calls in another.  Not an interface of mmleak-tools.so: tools/scan.c's mmleak_scan is. */
 #ifndef MMLEAK_SCAN_INT_H
 #define MMLEAK_SCAN_INT_H
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <sys/user.h>
 
 #include "scan_roots.h"
@@ -82,6 +84,47 @@ struct scan {
     int floor_tid;                      /* this thread's stack is scanned from floor up */
     uint64_t floor;
 };
+
+#define WINDOW ((size_t)4 << 20)        /* block contents are read this much at a time */
+#define CACHE ((size_t)1 << 20)         /* the heap around the last batch (drain) */
+
+/* tools/scan.c: the course of a scan */
+extern int scan_debug;                  /* MMLEAK_SCAN_DEBUG: 1, the time of each step, the
+                                           cut, the roots, the reads on stderr; 2, also every
+                                           word that points into a block */
+/* The scan failed: why, in S->err (the first reason only); returns -1. */
+__attribute__((format(printf, 2, 3))) int say(struct scan *s, const char *fmt, ...);
+int64_t mono_ns(void);
+
+/* tools/scan_stop.c: the threads held, the snapshot */
+int seize_all(struct scan *s);
+void let_go(struct scan *s);
+int snapshot(struct scan *s);
+void drop_snapshot(struct scan *s);
+
+/* tools/scan_cut.c: the trace's lock, its cut, the live set */
+int lock_exists(struct scan *s);
+int take_lock(struct scan *s);
+void drop_lock(struct scan *s);
+void free_cut(struct scan *s);
+int take_cut(struct scan *s);
+int live_set(struct scan *s);
+
+/* tools/scan_mem.c: the target's map and memory */
+size_t first_block_at_or_after(struct scan *s, uint64_t a);
+int read_maps(struct scan *s);
+const struct mapping *mapping_at(struct scan *s, uint64_t a);
+size_t scan_rd(struct scan *s, uint64_t a, void *buf, size_t n);
+
+/* tools/scan_mark.c: the marking */
+void page_index(struct scan *s);
+void scan_range(struct scan *s, uint64_t a, uint64_t b, int prior, ssize_t clique);
+void drain(struct scan *s, ssize_t clique);
+void mark_register(struct scan *s, int tid, size_t k, uint64_t w);
+void mark_cliques(struct scan *s);
+
+/* tools/scan_rootset.c: the roots, each marked from; then the cliques (mark_cliques) */
+void mark(struct scan *s);
 
 /* Write the result of scan S (done, or "#status unknown" when S->failed) to the first free
  * name DIR/mmleak.ID.scan.N, whose path goes to OUT: 0, or -1 when it could not be. */

@@ -8,7 +8,7 @@
  * one tools/shrink.c implements), run --final: per address one event, or the hull of the
  * lowest and the highest seen; an allocation numbered s and a free numbered s+1 that are an
  * address's whole state cancel.  The live blocks are the addresses whose last event is an
- * allocation.  The lines are read as tools/shrink.c reads them (mmleak-format(5)): a run of
+ * allocation.  The lines are read as tools/shrink_read.c reads them (mmleak-format(5)): a run of
  * NUL bytes ends the text before it, which is not an event, and the line after it is not
  * one either when its pointer has fewer than 12 digits (its start was lost); a line longer
  * than MMLEAK_LINE_MAX, and a last line without its newline, are not events; an event seen
@@ -72,7 +72,7 @@
 struct slot {
     uint64_t s0, s1, size;
     uint8_t k0, k1, hull;
-    uint8_t pend;           /* a held adjacent pair (tools/shrink.c's ent_update): 1, input
+    uint8_t pend;           /* a held adjacent pair (tools/shrink_fold.h's ent_update): 1, input
                              * FILE's event is its low end; 2, its high end */
     int32_t file;           /* single: the input of its event; PEND: of the held event */
 };
@@ -108,7 +108,7 @@ struct feed {
 
 static void pipe_event(struct feed *f, uint64_t key, uint64_t s, int kind, uint64_t size);
 
-/* An event line (ended by its newline), as tools/shrink.c takes it (tools/eventline.h):
+/* An event line (ended by its newline), as tools/shrink_read.c takes it (tools/eventline.h):
  * its kind, or -1.  *SIZE: an allocation's. */
 static inline int parse_event(const char *p, uint64_t *ptr, uint64_t *seq, uint64_t *size)
 {
@@ -184,7 +184,7 @@ static int evs_room(struct evs *a, size_t n)
 }
 
 /* An address's state E (*HAVE: 0, none; then E is set) after the event S, KIND, SIZE of
- * input FILE: the shrink algorithm's update (tools/shrink.c's event() and ent_update(),
+ * input FILE: the shrink algorithm's update (tools/shrink_fold.h's event() and ent_update(),
  * without the lines: an adjacent pair from two inputs is held until the second one's input
  * goes on); *HAVE becomes 0 when the state cancels. */
 static inline void slot_event(struct slot *e, int *have, uint64_t s, int kind, uint64_t size,

@@ -1,6 +1,6 @@
 /* tools/scan_read.c: the marking's reader thread (tools/scan_read.h).
  *
- * The marking (tools/scan.c, drain) reads the heap around a batch of blocks, CACHE bytes in
+ * The marking (tools/scan_mark.c, drain) reads the heap around a batch of blocks, CACHE bytes in
  * one process_vm_readv, then scans the words of the blocks in it; a heap of list nodes
  * allocated in a row is read that way from one end to the other, a gigabyte in a thousand
  * such reads, each waited for while no word is scanned.  With this thread the next stretch

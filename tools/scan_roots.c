@@ -1,6 +1,6 @@
 /* tools/scan_roots.c: what the reachability scan leaves out of its roots (API and rules:
  * tools/scan_roots.h, mmleak-scan(7) "Roots"): mmleak.so's own mappings, the stacks of
- * threads glibc took back, glibc's heaps.  Only the mechanics; tools/scan.c decides.
+ * threads glibc took back, glibc's heaps.  Only the mechanics; tools/scan_rootset.c decides.
  *
  * struct pthread's layout, read from the libc.so.6 the process runs: glibc describes its thread descriptor for debuggers: libthread_db (nptl_db) reads the
  * _thread_db_* symbols that libc.so.6 exports (GLIBC_PRIVATE, since glibc 2.34; in

@@ -1,6 +1,7 @@
 /*
  * tracer/ownlist.h: the list of mmleak.so's own anonymous mappings, which the reachability
- * scan leaves out of its roots (tracer/mem.c keeps it; tools/scan.c reads it from the process).
+ * scan leaves out of its roots (tracer/mem.c keeps it; tools/scan_rootset.c reads it from the
+ * process).
  *
  * Their names ("[anon:mmleak]", PR_SET_VMA_ANON_NAME) say the same where the kernel keeps
  * them; a kernel older than 5.17, or built without CONFIG_ANON_VMA_NAME, does not, and the

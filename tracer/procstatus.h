@@ -1,7 +1,7 @@
 /*
  * tracer/procstatus.h: is a process under a seccomp filter?  Read from the "Seccomp:" field
  * of its /proc/PID/status.  The tracer asks it of itself before it starts the scanner at exit
- * (tracer/exitscan.c), the scanner of a process before it injects a fork (tools/scan.c).
+ * (tracer/exitscan.c), the scanner of a process before it injects a fork (tools/scan_stop.c).
  * Inline, because the two are different artefacts (mmleak.so, mmleak-scan).
  */
 #ifndef MMLEAK_PROCSTATUS_H

@@ -1,0 +1,351 @@
+/* tools/scan_stop.c: the reachability scan's hold on the process (step 2 of tools/scan.c):
+ * every thread seized and stopped, its registers read, and let go at the end (a signal that
+ * came meanwhile given back); for a scan on demand, the snapshot, a copy of the process
+ * made by one of its stopped threads (clone, injected) that the scan reads while the
+ * process goes on, and that copy's end.  Separate because this file alone runs ptrace on
+ * the process: the rest of the scan only reads. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/ptrace.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/user.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../tracer/compiler.h"
+#include "../tracer/procstatus.h"
+
+#include "scan_int.h"
+
+#define STOP_NS 5000000000LL            /* a thread must stop within this */
+
+/* A wait for a thread to stop: 10 us, doubling up to 1 ms (most stop within microseconds;
+ * the stall of a scan on demand is mostly these waits). */
+static void nap(int *n)
+{
+    long ns = 10000L << (*n < 7 ? *n : 7);
+    if (*n < 7)
+        (*n)++;
+    struct timespec ts = { 0, ns > 1000000 ? 1000000 : ns };
+    nanosleep(&ts, NULL);
+}
+
+/* ---- 1. the threads -------------------------------------------------------------- */
+
+static int have_tid(struct scan *s, int tid)
+{
+    for (int i = 0; i < s->nth; i++)
+        if (s->th[i].tid == tid)
+            return 1;
+    return 0;
+}
+
+/* Wait until thread TID reports a stop: 1 stopped, 0 gone, -1 not within STOP_NS. */
+static int wait_stopped(struct scan *s, struct thr *t)
+{
+    int64_t until = mono_ns() + STOP_NS;
+    t->naps = 0;
+    for (;;) {
+        int st;
+        pid_t r = waitpid(t->tid, &st, __WALL | WNOHANG);
+        if (r == t->tid) {
+            if (WIFEXITED(st) || WIFSIGNALED(st))
+                return 0;
+            if (WIFSTOPPED(st)) {
+                int ev = st >> 16;
+                if (ev == 0 && WSTOPSIG(st) != SIGSTOP && WSTOPSIG(st) != SIGTRAP)
+                    t->sig = WSTOPSIG(st);      /* a signal for it: given back at the end */
+                else if (ev == 0 && WSTOPSIG(st) == SIGSTOP)
+                    t->sig = SIGSTOP;
+                return 1;
+            }
+        } else if (r < 0 && errno != EINTR) {
+            return errno == ECHILD ? 0 : -1;
+        }
+        if (mono_ns() > until)
+            return say(s, "thread %d of process %d did not stop within %lld s", t->tid,
+                       s->pid, STOP_NS / 1000000000LL);
+        nap(&t->naps);
+    }
+}
+
+int seize_all(struct scan *s)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", s->pid);
+    for (int round = 0; round < 1000; round++) {
+        DIR *d = opendir(path);
+        if (!d)
+            return say(s, "process %d: %s", s->pid, strerror(errno));
+        int added = 0;
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            int tid = atoi(e->d_name);
+            if (tid <= 0 || have_tid(s, tid))
+                continue;
+            if (ptrace(PTRACE_SEIZE, tid, 0, 0)) {
+                if (errno == ESRCH)
+                    continue;           /* ended meanwhile */
+                int e2 = errno;
+                closedir(d);
+                return say(s, "cannot trace thread %d of process %d: %s%s", tid, s->pid,
+                           strerror(e2), e2 == EPERM ? " (another tracer, another user, or "
+                           "yama's ptrace_scope)" : "");
+            }
+            struct thr *n = realloc(s->th, (size_t)(s->nth + 1) * sizeof *n);
+            if (!n) {
+                closedir(d);
+                return say(s, "out of memory");
+            }
+            s->th = n;
+            struct thr *t = &s->th[s->nth++];
+            memset(t, 0, sizeof *t);
+            t->tid = tid;
+            added++;
+            if (ptrace(PTRACE_INTERRUPT, tid, 0, 0) && errno == ESRCH)
+                t->tid = -tid;          /* gone: keep the slot, never use it */
+        }
+        /* all of this round interrupted at once, then each waited for */
+        for (int i = s->nth - added; i < s->nth; i++) {
+            struct thr *t = &s->th[i];
+            if (t->tid <= 0)
+                continue;
+            int r = wait_stopped(s, t);
+            if (r < 0) {
+                closedir(d);
+                return -1;
+            }
+            if (r == 0) {
+                t->tid = -t->tid;
+                continue;
+            }
+            t->stopped = 1;
+            if (ptrace(PTRACE_GETREGS, t->tid, 0, &t->regs))
+                memset(&t->regs, 0, sizeof t->regs);
+        }
+        closedir(d);
+        if (!added)
+            return 0;
+    }
+    return say(s, "process %d keeps starting threads", s->pid);
+}
+
+void let_go(struct scan *s)
+{
+    for (int i = 0; i < s->nth; i++)
+        if (s->th[i].tid > 0 && s->th[i].stopped) {
+            int sig = s->th[i].sig == SIGSTOP ? 0 : s->th[i].sig;
+            ptrace(PTRACE_DETACH, s->th[i].tid, 0, (void *)(long)sig);
+            s->th[i].stopped = 0;
+        }
+}
+
+/* ---- 1b. the snapshot: a copy of the process, made by the process, never run ----------
+ *
+ * For a scan on demand the process is stopped only while the threads' registers, the cut
+ * and a copy of it are taken: one stopped thread is made to run one system call, clone()
+ * without CLONE_VM (a fork: copy-on-write, the cost of a fork) and with no exit signal, so
+ * the process is never told of it.  We trace the copy from its birth (PTRACE_O_TRACECLONE):
+ * it starts stopped and never runs a single instruction of its own; nothing in it can take a
+ * lock.  The threads are let go, the scan reads the copy, then the copy is killed and the
+ * process made to reap it the same way (wait4 with __WALL on that pid: its own children
+ * are not touched).  The thread's registers are put back exactly, and a system call it was
+ * in is restarted as the kernel would have (rax = orig_rax, rip - 2). */
+
+#define SYS_CLONE 56
+#define SYS_WAIT4 61
+#define SYS_RESTART 219
+#define ERESTARTSYS_ 512
+#define ERESTARTNOINTR_ 513
+#define ERESTARTNOHAND_ 514
+#define ERESTART_RESTARTBLOCK_ 516
+
+static int under_seccomp(int pid)
+{
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%d/status", pid);
+    return mml_status_seccomp(path, buf, sizeof buf);
+}
+
+/* A `syscall` instruction of the process: where a thread stopped in a system call is. */
+static uint64_t syscall_insn(struct scan *s)
+{
+    for (int t = 0; t < s->nth; t++) {
+        const struct user_regs_struct *r = &s->th[t].regs;
+        if (s->th[t].tid <= 0 || (int64_t)r->orig_rax < 0 || r->rip < 2)
+            continue;
+        unsigned char b[2];
+        struct iovec l = { b, 2 }, rv = { (void *)(r->rip - 2), 2 };
+        if (process_vm_readv(s->pid, &l, 1, &rv, 1, 0) == 2 && b[0] == 0x0f && b[1] == 0x05)
+            return r->rip - 2;
+    }
+    return 0;
+}
+
+/* Wait for the next stop of thread T: its status, or -1 (gone, or not within STOP_NS). */
+static int next_stop(struct thr *t)
+{
+    int64_t until = mono_ns() + STOP_NS;
+    t->naps = 0;
+    for (;;) {
+        int st;
+        pid_t r = waitpid(t->tid, &st, __WALL | WNOHANG);
+        if (r == t->tid)
+            return WIFSTOPPED(st) ? st : -1;
+        if (r < 0 && errno != EINTR)
+            return -1;
+        if (mono_ns() > until)
+            return -1;
+        nap(&t->naps);
+    }
+}
+
+/* Run system call NR(A0, A1, A2, A3) in the stopped thread T (whose registers are
+ * T->regs); its result in *RET.  CHILD: the pid of a process it cloned (traced by us).
+ * Returns 0, or -1 (the thread is left as it was, if it still exists). */
+static int inject_syscall(struct thr *t, uint64_t insn, long nr, uint64_t a0, uint64_t a1,
+                          uint64_t a2, uint64_t a3, int64_t *ret, int *child)
+{
+    struct user_regs_struct r = t->regs, back = t->regs;
+    r.rip = insn;
+    r.rax = (uint64_t)nr;
+    r.orig_rax = (uint64_t)-1;
+    r.rdi = a0;
+    r.rsi = a1;
+    r.rdx = a2;
+    r.r10 = a3;
+    r.r8 = r.r9 = 0;
+    /* put back: an interrupted system call restarted by hand, as the kernel would */
+    if ((int64_t)back.orig_rax >= 0) {
+        int64_t e = -(int64_t)back.rax;
+        if (e == ERESTARTSYS_ || e == ERESTARTNOINTR_ || e == ERESTARTNOHAND_) {
+            back.rax = back.orig_rax;
+            back.rip -= 2;
+        } else if (e == ERESTART_RESTARTBLOCK_) {
+            back.rax = SYS_RESTART;
+            back.rip -= 2;
+        }
+    }
+    back.orig_rax = (uint64_t)-1;
+    if (ptrace(PTRACE_SETOPTIONS, t->tid, 0, (void *)(long)(PTRACE_O_TRACESYSGOOD |
+                                                             PTRACE_O_TRACECLONE)))
+        return -1;
+    if (ptrace(PTRACE_SETREGS, t->tid, 0, &r) || ptrace(PTRACE_SYSCALL, t->tid, 0, 0)) {
+        ptrace(PTRACE_SETREGS, t->tid, 0, &t->regs);
+        return -1;
+    }
+    int done = 0, entered = 0;
+    while (!done) {
+        int st = next_stop(t);
+        if (st < 0)
+            return -1;                  /* gone (or hung in the kernel): nothing to put back */
+        int sig = WSTOPSIG(st), ev = st >> 16;
+        if (sig == (SIGTRAP | 0x80)) {
+            if (entered) {
+                struct user_regs_struct now;
+                ptrace(PTRACE_GETREGS, t->tid, 0, &now);
+                *ret = (int64_t)now.rax;
+                done = 1;
+                break;
+            }
+            entered = 1;
+        } else if (ev == PTRACE_EVENT_CLONE || ev == PTRACE_EVENT_FORK) {
+            unsigned long msg = 0;
+            ptrace(PTRACE_GETEVENTMSG, t->tid, 0, &msg);
+            if (child)
+                *child = (int)msg;
+        } else if (ev == 0 && sig != SIGTRAP && !t->sig) {
+            t->sig = sig;               /* a signal for it: given back when it is let go */
+        }
+        if (ptrace(PTRACE_SYSCALL, t->tid, 0, 0))
+            return -1;
+    }
+    ptrace(PTRACE_SETREGS, t->tid, 0, &back);
+    ptrace(PTRACE_SETOPTIONS, t->tid, 0, 0);
+    return 0;
+}
+
+/* The copy: 0 made (s->child, s->rpid), -1 not (the scan reads the stopped process). */
+int snapshot(struct scan *s)
+{
+    if (under_seccomp(s->pid))
+        return -1;                      /* a filter may kill the process for the clone */
+    uint64_t insn = syscall_insn(s);
+    struct thr *t = NULL;
+    for (int i = 0; i < s->nth && !t; i++)
+        if (s->th[i].tid > 0 && s->th[i].stopped && !s->th[i].sig)
+            t = &s->th[i];
+    if (!insn || !t)
+        return -1;
+    int64_t ret = -1;
+    int child = 0;
+    if (inject_syscall(t, insn, SYS_CLONE, 0 /* no CLONE_VM, no exit signal */, 0, 0, 0, &ret,
+                       &child) || ret <= 0) {
+        if (child > 0)
+            kill(child, SIGKILL);
+        return -1;
+    }
+    struct thr c = { .tid = (int)ret };
+    int st = next_stop(&c);             /* it starts stopped (traced from its birth) */
+    /* should we die (SIGALRM, SIGKILL), the copy dies with us: it must never run */
+    ptrace(PTRACE_SETOPTIONS, c.tid, 0, (void *)(long)PTRACE_O_EXITKILL);
+    if (st < 0) {
+        kill((int)ret, SIGKILL);
+        return -1;
+    }
+    s->child = s->rpid = (int)ret;
+    return 0;
+}
+
+/* After the scan: the copy killed, and reaped by the process (its child). */
+void drop_snapshot(struct scan *s)
+{
+    if (!s->child)
+        return;
+    kill(s->child, SIGKILL);
+    int st;
+    while (waitpid(s->child, &st, __WALL) < 0 && errno == EINTR)
+        ;
+    /* the zombie is the process's now: one thread runs wait4(copy, NULL, __WALL) */
+    struct thr t = { 0 };
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", s->pid);
+    DIR *d = opendir(path);
+    struct dirent *e;
+    while (d && (e = readdir(d)) && !t.tid)
+        if (atoi(e->d_name) > 0 && !ptrace(PTRACE_SEIZE, atoi(e->d_name), 0, 0)) {
+            t.tid = atoi(e->d_name);
+            if (ptrace(PTRACE_INTERRUPT, t.tid, 0, 0) || next_stop(&t) < 0 ||
+                ptrace(PTRACE_GETREGS, t.tid, 0, &t.regs)) {
+                ptrace(PTRACE_DETACH, t.tid, 0, 0);
+                t.tid = 0;
+            }
+        }
+    if (d)
+        closedir(d);
+    if (t.tid) {
+        struct scan one = *s;
+        one.th = &t;
+        one.nth = 1;
+        t.stopped = 1;
+        uint64_t insn = syscall_insn(&one);
+        int64_t ret;
+        if (insn)
+            inject_syscall(&t, insn, SYS_WAIT4, (uint64_t)s->child, 0, __WALL, 0, &ret, NULL);
+        ptrace(PTRACE_DETACH, t.tid, 0, (void *)(long)(t.sig == SIGSTOP ? 0 : t.sig));
+    }
+    s->child = 0;
+}
+

@@ -1,0 +1,448 @@
+/* tools/shrink_read.c: the compiled shrinker's input: each input file read in chunks of a
+ * fixed buffer, as mmleaklib's dump_lines reads (a run of NULs ends a line, a line longer
+ * than LINE_MAX keeps its head, a hole of a sparse file is skipped unread), each line an
+ * event for the folding algebra (tools/shrink_fold.h) or a header or a problem (the
+ * validation of Shrinker.feed and Shrinker._odd_line: which lines are problems, their
+ * numbers, the first few per file and kind), the table's index sized ahead and its slots
+ * fetched ahead.  Separate from the state and the output: this file alone knows how the
+ * bytes of an input become lines. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "shrink_fold.h"
+
+static const unsigned char Q_KIND[] = {
+    [Q_TORN_LINE] = P_TORN, [Q_TORN_LAST] = P_TORN, [Q_PADDING_END] = P_PADDING,
+    [Q_NULS] = P_PADDING, [Q_TOO_LONG] = P_MALFORMED, [Q_MALFORMED] = P_MALFORMED,
+    [Q_CUT_START] = P_MALFORMED, [Q_DUPLICATE] = P_DUPLICATE,
+};
+
+/* EVENT_RE.fullmatch on a line that ends with its newline (tools/eventline.h).  Returns
+ * the kind or -1. */
+static inline int parse_line(const char *p, uint64_t *ptr, uint64_t *seq, uint64_t *tm)
+{
+    uint64_t size;
+    return event_fields(p, ptr, seq, &size, tm);
+}
+
+/* A problem WHAT at LINENO, the line's first bytes at P (N of them, at most HEAD used). */
+void problem(struct run *r, int file, uint64_t lineno, int what, const char *p, size_t n)
+{
+    int kind = Q_KIND[what];
+    uint64_t *c = &r->counts[(size_t)r->name_id[file] * P_KINDS + kind];
+    ++*c;
+    if (kind == P_MALFORMED || kind == P_DUPLICATE)
+        r->st->malformed = 1;
+    if (unlikely(r->mute) && *c <= r->mute[c - r->counts])
+        return;                 /* said by the attempt before (mmleak_shrink_merge) */
+    if (*c <= r->show && r->on_problem(file, lineno, what, p, n < HEAD ? n : HEAD))
+        r->stop = 1;
+}
+
+/* A compacted result's "#compacted ... entries=N" line: its N entries are coming, so the
+ * table's index gets room for them (and those it holds) now, at once, instead of doubling
+ * its way there, each time placing every entry again.  A hint: a wrong N costs only time. */
+static __attribute__((cold, noinline)) void grow_index(struct run *r, uint64_t more, int most)
+{
+    uint64_t want = r->t.count + more;
+    if (want > UINT32_MAX / 2)
+        return;
+    int bits = r->t.bits;
+    while ((want + 1) * 10 > ((uint64_t)1 << bits) * 7 && bits < most)
+        bits++;
+    if (bits > r->t.bits && index_init(&r->t, bits))
+        r->stop = -1;
+}
+
+static __attribute__((cold, noinline)) void presize(struct run *r, const char *p, size_t n)
+{
+    const char *e = memmem(p, n, " entries=", 9);
+    if (e)
+        grow_index(r, strtoull(e + 9, NULL, 10), 40);
+}
+
+/* The same before a dump file of SIZE bytes is read: an event line takes at least about
+ * PRESIZE_LINE bytes, and a file of the live set leaves most of its lines; the index gets
+ * room for them at once (at most 2^PRESIZE_BITS slots, 64 MB: a file whose events cancel
+ * leaves few entries, and the index's pages that no entry uses are never touched), instead
+ * of doubling its way there and placing every entry again at each step. */
+#define PRESIZE_LINE 32
+#define PRESIZE_BITS 24
+static void presize_file(struct run *r, int fd)
+{
+    struct stat sb;
+    if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size > 0)
+        grow_index(r, (uint64_t)sb.st_size / PRESIZE_LINE, PRESIZE_BITS);
+}
+
+/* Shrinker._odd_line: everything that is not an event (a line without NUL bytes, ended by
+ * its newline, or the last one of the input without it). */
+static void odd_line(struct run *r, int file, uint64_t lineno, const char *p, size_t n)
+{
+    int nl = n && p[n - 1] == '\n';
+    if (p[0] == '#') {
+        if (!nl) {
+            problem(r, file, lineno, Q_TORN_LAST, p, 0);
+            return;
+        }
+        if (n > 11 && !memcmp(p, "#compacted ", 11) && !r->merge)
+            presize(r, p, n);           /* (a streamed input's entries need no index) */
+        int added = hset_add(&r->headers, p, n);
+        if (added < 0) {
+            r->stop = -1;
+            return;
+        }
+        if (added && r->on_header && r->on_header(p, n, file, lineno))
+            r->stop = 1;
+        return;
+    }
+    if (!nl) {
+        size_t i = 0;                   /* not line.strip(b" "): spaces only */
+        while (i < n && p[i] == ' ')
+            i++;
+        problem(r, file, lineno, i == n ? Q_PADDING_END : Q_TORN_LINE, p, n);
+        return;
+    }
+    size_t i;                           /* not line.strip(): ASCII whitespace only */
+    for (i = 0; i < n; i++) {
+        char c = p[i];
+        if (c != ' ' && c != '\t' && c != '\n' && c != '\r' && c != '\v' && c != '\f')
+            break;
+    }
+    if (i == n)
+        return;
+    problem(r, file, lineno, Q_MALFORMED, p, n);
+}
+
+/* Text cut by a run of NUL bytes (N bytes at P, LONG: it was longer than LINE_MAX and this is
+ * its head): a torn line, or padding when it is empty or blank.  The line goes on after the
+ * run, under the same number. */
+static __attribute__((cold, noinline)) void cut_line(struct run *r, int file, uint64_t lineno,
+                                                    const char *p, size_t n,
+                     int is_long)
+{
+    size_t i = 0;
+    while (!is_long && i < n && p[i] == ' ')
+        i++;
+    problem(r, file, lineno, i == n && !is_long ? Q_NULS : Q_TORN_LINE, p, n);
+}
+
+/* A line longer than LINE_MAX (its head: N bytes at P), ended by END: a newline, a NUL, or
+ * nothing (the end of the input). */
+static __attribute__((cold, noinline)) void long_line(struct run *r, int file, uint64_t lineno,
+                                                     const char *p, size_t n,
+                      int end)
+{
+    if (end == 0)
+        cut_line(r, file, lineno, p, n, 1);
+    else
+        problem(r, file, lineno, end == '\n' ? Q_TOO_LONG : p[0] == '#' ? Q_TORN_LAST :
+                Q_TORN_LINE, p, n);
+}
+
+static int tick(struct run *r, int file, uint64_t file_events)
+{
+    if (r->on_tick && r->on_tick(file, file_events, r->st->events, r->st->files_done))
+        r->stop = 1;
+    return r->stop;
+}
+
+/* The first newline or NUL in [P, LIM), or NULL. */
+static const char *line_end(const char *p, const char *lim)
+{
+    const char *nl = memchr(p, '\n', (size_t)(lim - p));
+    const char *z = memchr(p, 0, (size_t)((nl ? nl : lim) - p));
+    return z ? z : nl;
+}
+
+/* One line ended by its newline (N bytes at P, at most LINE_MAX + 1). */
+static inline __attribute__((always_inline)) void one_line(struct run *r, int file,
+                                                             uint64_t lineno, const char *p,
+                                                             size_t n, uint64_t *events,
+                                                             uint64_t *allocs,
+                                                             uint64_t *max_time)
+{
+    uint64_t key, s, tm = 0;
+    int kind = parse_line(p, &key, &s, &tm);
+    if (likely(kind >= 0)) {
+        if (kind == K_ALLOC) {
+            ++*allocs;
+            if (tm > *max_time)
+                *max_time = tm;
+        }
+        ++*events;
+        if (unlikely(r->merge != NULL))
+            merge_event(r, file, lineno, p, n, key, s, kind);
+        else
+            event(r, file, lineno, p, n, key, s, kind);
+    } else {
+        odd_line(r, file, lineno, p, n);
+    }
+}
+
+/* The first line after a run of NULs, an event whose pointer has fewer than 12 digits: the
+ * end of a line whose start a hole took (dumpformat.py's CUT_START).  1 if it is (said). */
+static __attribute__((cold, noinline)) int cut_start(struct run *r, int file, uint64_t lineno,
+                                                     const char *p, size_t n)
+{
+    uint64_t a, b, c;
+    if (parse_line(p, &a, &b, &c) < 0 || ptr_len(p) >= 12)
+        return 0;
+    problem(r, file, lineno, Q_CUT_START, p, n);
+    return 1;
+}
+
+/* The lines ahead of the one being read: the table's index slot of each of the next
+ * AHEAD lines' address is fetched into the cache, and the entry of the line AHEAD / 2
+ * ahead, so that the state update finds them there (with millions of addresses the table
+ * is far bigger than the cache: a miss on each line's slot, then on its entry, was most of
+ * the time).  Hints only: a line that is not an event, or a table grown since, fetches
+ * something useless, never reads out of bounds. */
+#define AHEAD 16
+struct ahead {
+    const char *next, *lim;             /* the first line not looked at yet */
+    size_t slot[AHEAD];
+    unsigned pos, filled;
+};
+
+static inline void ahead_push(struct ahead *a, const struct table *t)
+{
+    const char *nl = memchr(a->next, '\n', (size_t)(a->lim - a->next));
+    if (!nl) {
+        a->next = a->lim;
+        return;
+    }
+    uint64_t v = 0;
+    unsigned d;
+    for (const char *p = a->next; (d = EV_HEX[(unsigned char)*p]) < 16; p++)
+        v = v << 4 | d;
+    size_t h = home(t, v);
+    __builtin_prefetch(&t->ix[h]);
+    a->slot[(a->pos + a->filled++) % AHEAD] = h;
+    a->next = nl + 1;
+}
+
+static inline void ahead_start(struct ahead *a, const struct table *t, const char *p,
+                               const char *lim, int off)
+{
+    a->next = p;
+    a->lim = off ? p : lim;             /* a chunk with NULs: none (a rare, slow path) */
+    a->pos = a->filled = 0;
+    while (a->filled < AHEAD && a->next < a->lim)
+        ahead_push(a, t);
+}
+
+/* One line is being read: one more line ahead. */
+static inline void ahead_step(struct ahead *a, const struct table *t)
+{
+    if (!a->filled)
+        return;
+    a->pos = (a->pos + 1) % AHEAD;
+    a->filled--;
+    if (a->next < a->lim)
+        ahead_push(a, t);
+    if (a->filled > AHEAD / 2) {
+        uint32_t x = t->ix[a->slot[(a->pos + AHEAD / 2) % AHEAD] & t->mask];
+        if (x)
+            __builtin_prefetch(&t->e[x - 1]);
+    }
+}
+
+/* Shrinker.feed over a descriptor, reading as mmleaklib's dump_lines does: BUF (READ_BUF
+ * bytes) holds the start of a line not ended yet (HAVE bytes, no NUL, at most LINE_MAX) and
+ * the chunk just read; a run of NULs ends the text before it (cut_line) and the next line
+ * starts after it; a line longer than LINE_MAX keeps its head (HEAD bytes) and its rest is
+ * skipped; a hole of a regular file is a run of NULs, never read (SEEK_DATA). */
+void feed_fd(struct run *r, int fd, int file, char *buf)
+{
+    size_t have = 0;
+    char head[HEAD];
+    size_t head_n = 0;
+    int skip = 0, in_nul = 0, failed = 0, hole_to_end = 0;
+    int after_nul = 0;                  /* the next line comes right after a run of NULs */
+    uint64_t lineno = 0, events = 0, allocs = 0, max_time = r->st->max_time;
+    struct stat sb;
+    int seekable = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
+    char *pend = buf;                   /* where the HAVE bytes are */
+    off_t at = seekable ? lseek(fd, 0, SEEK_CUR) : 0;  /* the file offset read next */
+    if (at < 0)
+        at = 0;
+    while (!r->stop) {
+        int hole = 0;
+        if (seekable) {
+            off_t cur = lseek(fd, 0, SEEK_CUR), d = cur < 0 ? -1 : lseek(fd, cur, SEEK_DATA);
+            if (cur < 0) {
+                seekable = 0;
+            } else if (d < 0 && errno == ENXIO) {   /* no data after CUR: a hole to the end? */
+                hole = hole_to_end = fstat(fd, &sb) == 0 && cur < sb.st_size;
+            } else if (d < 0) {
+                seekable = 0;           /* no SEEK_DATA here: all of it is data */
+            } else {
+                hole = d > cur;
+                at = d;
+            }
+        }
+        if (hole) {                     /* as many NULs as the hole is long */
+            if (skip) {
+                long_line(r, file, lineno + 1, head, head_n, 0);
+                skip = 0;
+            } else if (!in_nul) {
+                cut_line(r, file, lineno + 1, pend, have, 0);
+                have = 0;
+            }
+            in_nul = after_nul = 1;
+            if (hole_to_end)
+                break;
+        }
+        /* the chunk goes where its bytes have the file's alignment in a page: the kernel
+         * copies from the page cache a third faster than to a place out of step with it */
+        char *to = buf + (((uint64_t)at - have) & 4095);
+        if (to != pend)
+            memmove(to, pend, have);
+        pend = to;
+        ssize_t got = read(fd, pend + have, READ_CHUNK);
+        if (got < 0) {
+            if (errno == EINTR) {
+                tick(r, file, events);
+                continue;
+            }
+            if (r->on_problem(file, 0, Q_UNREADABLE, NULL, (size_t)errno))
+                r->stop = 1;
+            r->st->fatal = 1;
+            failed = 1;
+            break;
+        }
+        if (got == 0)
+            break;
+        at += got;
+        const char *p = pend, *q = pend + have, *lim = pend + have + (size_t)got;
+        if (skip) {                     /* the rest of a line too long, up to its end */
+            const char *t = line_end(q, lim);
+            if (!t) {
+                have = 0;
+                continue;
+            }
+            if (*t == '\n')
+                lineno++;
+            long_line(r, file, *t ? lineno : lineno + 1, head, head_n, *t);
+            skip = 0;
+            in_nul = after_nul = !*t;
+            p = q = t + 1;
+        }
+        if (in_nul) {                   /* a run of NULs that goes on */
+            while (q < lim && !*q)
+                q++;
+            p = q;
+            if (q == lim) {
+                have = 0;
+                continue;
+            }
+            in_nul = 0;
+        }
+        /* one loop, one place where a line is parsed (inlined once: the parser and the
+         * state update stay inlined); NULs are looked for only in a chunk that has some */
+        int nuls = memchr(q, 0, (size_t)(lim - q)) != NULL;
+        const char *t;
+        struct ahead ah;
+        ahead_start(&ah, &r->t, p, lim, nuls || r->merge || r->t.lazy);
+        while ((t = nuls ? line_end(q, lim) : memchr(q, '\n', (size_t)(lim - q))) != NULL) {
+            ahead_step(&ah, &r->t);
+            size_t n = (size_t)(t - p);         /* the text, without what ended it */
+            if (likely(*t == '\n')) {
+                lineno++;
+                if (unlikely(after_nul)) {
+                    after_nul = 0;
+                    if (n <= LINE_MAX_BYTES && cut_start(r, file, lineno, p, n + 1)) {
+                        p = q = t + 1;
+                        continue;
+                    }
+                }
+                if (unlikely(n > LINE_MAX_BYTES))
+                    long_line(r, file, lineno, p, HEAD, '\n');
+                else
+                    one_line(r, file, lineno, p, n + 1, &events, &allocs, &max_time);
+                p = q = t + 1;
+                if (unlikely(r->stop) ||
+                    (unlikely((lineno & 0xFFFF) == 0) && tick(r, file, events)))
+                    break;
+                continue;
+            }
+            if (n > LINE_MAX_BYTES)             /* text cut by a run of NULs */
+                long_line(r, file, lineno + 1, p, HEAD, 0);
+            else
+                cut_line(r, file, lineno + 1, p, n, 0);
+            while (++t < lim && !*t)
+                ;
+            in_nul = t == lim;
+            after_nul = 1;
+            p = q = t;
+            if (r->stop)
+                break;
+        }
+        if (r->stop)
+            break;
+        have = (size_t)(lim - p);
+        pend = (char *)p;
+        if (have > LINE_MAX_BYTES) {    /* too long: keep its head, skip the rest */
+            head_n = HEAD;
+            memcpy(head, pend, HEAD);
+            skip = 1;
+            have = 0;
+        }
+    }
+    if (!r->stop && !failed) {          /* the last line, without its newline */
+        if (skip)
+            long_line(r, file, ++lineno, head, head_n, -1);
+        else if (have)
+            odd_line(r, file, ++lineno, pend, have);
+    }
+    r->st->events += events;
+    r->st->allocs += allocs;
+    r->st->max_time = max_time;
+    if (!r->stop && !failed)
+        r->st->files_done++;
+}
+
+/* The run both entry points share: shrink PATHS into R's table (see mmleak_shrink).
+ * Returns 0, or the status to return (1, -1). */
+int shrink_inputs(struct run *r, const char *const *paths, const int *name_id,
+                         int npaths, int show, mmleak_header_cb on_header,
+                         mmleak_tick_cb on_tick, mmleak_open_cb on_open,
+                         mmleak_problem_cb on_problem, uint64_t *counts,
+                         struct mmleak_shrink_stats *stats, char *buf)
+{
+    if (table_init(&r->t, 16))
+        return -1;
+    memset(stats, 0, sizeof *stats);
+    memset(counts, 0, sizeof(uint64_t) * P_KINDS * (size_t)npaths);
+    r->counts = counts;
+    r->name_id = name_id;
+    r->show = show > 0 ? (uint64_t)show : 0;
+    r->on_header = on_header;
+    r->on_tick = on_tick;
+    r->on_problem = on_problem;
+    r->st = stats;
+    for (int i = 0; i < npaths && !r->stop; i++) {
+        int fd = strcmp(paths[i], "-") ? on_open(i) : 0;
+        if (fd == -2) {
+            r->stop = 1;
+            break;
+        }
+        if (fd < 0) {                   /* mmleak.py said why */
+            stats->fatal = 1;
+            continue;
+        }
+        presize_file(r, fd);
+        feed_fd(r, fd, i, buf);
+        if (fd)
+            close(fd);
+    }
+    return r->stop;
+}
+

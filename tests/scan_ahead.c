@@ -5,8 +5,12 @@
  * chain of 3 (its head definitely lost, the other two indirectly).
  *
  *     scan_ahead N          (exits 0; the scan at exit classifies)
+ *     scan_ahead N wait     (then says "ready" on stdout and waits, changing nothing, for the
+ *                           end of its stdin: a scan on demand classifies; exits 0)
  */
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 struct node { struct node *next; };
 
@@ -26,6 +30,15 @@ static __attribute__((noinline)) int lose_chain(void)
     sink = c;
     sink = NULL;                        /* c's last copy dies here */
     return 0;
+}
+
+/* The stack below main's frame zeroed, where the thread's red zone will be while it waits
+ * (a scan on demand reads it): no stale copy of a lost chain's head left there. */
+static __attribute__((noinline)) void scrub_stack(void)
+{
+    volatile char pad[65536];
+    for (size_t i = 0; i < sizeof pad; i++)
+        pad[i] = 0;
 }
 
 int main(int argc, char **argv)
@@ -59,5 +72,13 @@ int main(int argc, char **argv)
     }
     free(spacer);
     up_tail[0] = up_tail[1] = up_tail[2] = up_tail[3] = NULL;
+    if (argc > 2 && !strcmp(argv[2], "wait")) {
+        char c;
+        scrub_stack();
+        if (write(1, "ready\n", 6) != 6)
+            return 1;
+        while (read(0, &c, 1) > 0)
+            ;
+    }
     return 0;
 }

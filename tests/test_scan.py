@@ -952,3 +952,61 @@ def test_marking_read_ahead_by_a_thread(tmp_path, dump):
         got[name] = bytes(kinds)
         assert len(kinds) == n + 3 * lost
     assert got["forced"] == got["plain"]
+
+
+def test_marking_read_ahead_by_a_thread_on_demand(tmp_path, dump):
+    """The marking's reader thread (tools/scan_read.c) in the scan on demand of a running
+    process (mmleak.py scan PID: mmleak-tools.so in mmleak.py's process, reading a copy of the
+    process), forced (SCAN_READ_ALWAYS: a mmleak-tools.so built so, beside a copy of
+    mmleak.so that MMLEAK_LIB names), on tests/scan_ahead.c's lists, built, then held still:
+    the same blocks with the same kinds, block by block, as a scan of the same process
+    without the thread (a heap this small never starts it), and the exact counts."""
+    import shutil
+    from mmleaklib import scan
+    forced = tmp_path / "forced"
+    forced.mkdir()
+    shutil.copy(LIB, str(forced / "mmleak.so"))
+    tools = os.path.join(ROOT, "tools")
+    subprocess.run(["cc", "-O1", "-g", "-pthread", "-shared", "-fPIC", "-DSCAN_READ_ALWAYS",
+                    "-I", tools, "-I", os.path.join(ROOT, "build", "gen"),
+                    "-o", str(forced / "mmleak-tools.so")] +
+                   sorted(p for p in glob.glob(os.path.join(tools, "*.c"))
+                          if os.path.basename(p) != "scan_main.c"), check=True)
+    exe = str(tmp_path / "scan_ahead")
+    subprocess.run(["cc", "-O1", "-o", exe, os.path.join(TESTS, "scan_ahead.c")], check=True)
+    n = 200000
+    lost = sum(1 for i in range(n) if i % 1000 == 500)
+    e = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump), MMLEAK_SCAN="0")
+    p = subprocess.Popen([exe, str(n), "wait"], env=e, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE)
+    got = {}
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        tid = only_trace(dump)
+        for name, lib in (("plain", LIB), ("forced", str(forced / "mmleak.so")),
+                          ("plain again", LIB)):
+            before = set(scan.scan_files(str(dump), tid))
+            r = subprocess.run([sys.executable, os.path.join(ROOT, "mmleak.py"), "scan",
+                                "--quiet", str(p.pid)], capture_output=True, text=True,
+                               env=dict(os.environ, MMLEAK_LIB=lib, MMLEAK_SCAN_DEBUG="1"),
+                               timeout=120)
+            assert r.returncode == 0, r.stderr
+            assert ("marking read ahead by a thread" in r.stderr) == (name == "forced"), name
+            [path] = set(scan.scan_files(str(dump), tid)) - before
+            with open(path, "rb") as f:
+                head = f.read(2000)
+            assert re.search(rb"\n#stall [0-9.]+ fork\n", head), head   # it read a copy
+            res = scan.read_scan(path)
+            assert res.status == "done" and res.why == "demand", res.reason
+            assert {k: v[0] for k, v in res.kinds.items()} == {
+                "definite": lost, "indirect": 2 * lost, "possible": 0, "reachable": n}, res.kinds
+            addrs, seqs, kinds = res.columns()
+            assert len(kinds) == n + 3 * lost
+            got[name] = (list(seqs), bytes(kinds))
+        p.stdin.close()
+        assert p.wait(timeout=60) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert got["forced"] == got["plain"] == got["plain again"]

@@ -12,6 +12,7 @@ state: a partial result shrinks to itself, so entries(), write(), survivors() gi
 Python path gives.  MMLEAK_SHRINK=python|native chooses; default: native when the library
 has it, else Python.
 """
+import array
 import os
 import sys
 import tempfile
@@ -183,6 +184,27 @@ def leb_numbers(data, n, delta=False):
         return None
     del out[got:]
     return out
+
+
+def sorted_keys(blocks=None, xptr=(), xseq=()):
+    """array('Q') ptr and seq: the keys of the NativeBlocks BLOCKS (or none) and of the pairs
+    XPTR[i], XSEQ[i] (arrays of uint64), sorted in C (a series point's table of keys)."""
+    import ctypes
+    if not _blocks_api and not _native_engine():
+        raise MemoryError("tools/blocks.c: not available")
+    n = len(blocks) if blocks is not None else 0
+    m = len(xptr)
+    total = n + m
+    ptr = array.array("Q", bytes(8 * max(total, 1)))
+    seq = array.array("Q", bytes(8 * max(total, 1)))
+    u64 = ctypes.c_uint64 * max(m, 1)
+    xp = u64.from_buffer(array.array("Q", xptr) if m else array.array("Q", [0]))
+    xs = u64.from_buffer(array.array("Q", xseq) if m else array.array("Q", [0]))
+    out = ctypes.c_uint64 * max(total, 1)
+    if _blocks_api["keys"](blocks.s.v if n else None, n, xp, xs, m, out.from_buffer(ptr),
+                           out.from_buffer(seq)):
+        raise MemoryError("tools/blocks.c: out of memory")
+    return ptr[:total], seq[:total]
 
 
 class NativeBlocks:

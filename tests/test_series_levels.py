@@ -14,7 +14,7 @@ import pytest
 import test_shrink
 from conftest import mmleak
 from test_shrink_folds import HDR, completion_order, fold
-from test_compact_levels import History, TID, alive, runs, survivors   # noqa: F401
+from test_compact_levels import STACKS, History, TID, alive, runs, survivors   # noqa: F401
 
 series = mmleak.series
 
@@ -170,3 +170,136 @@ def test_a_base_that_is_not_the_results_is_not_used(tmp_path, alive, native, dam
     points, _ = mmleak.read_series(mmleak.TraceFiles(str(d), TID).series)
     assert points[-1].live == (sum(h.live.values()), len(h.live))
     assert not os.path.exists(base)
+
+
+# ---- the points taken while the trace runs --------------------------------------------------
+
+class Running:
+    """A running trace's dump files with a known truth: random allocations and frees over a
+    small pool of addresses (reused, each address counting its own events), in files of
+    their own threads, some left open (no "#end": read as they are, not folded) for a few
+    passes, so that files complete out of order."""
+
+    def __init__(self, d, rnd, pool=3000):
+        self.d, self.rnd, self.pool = d, rnd, pool
+        self.live, self.seq, self.files, self.open = {}, {}, 0, []
+
+    def batch(self, events):
+        lines = []
+        for _ in range(events):
+            p = 0x10000 + 0x20 * self.rnd.randrange(self.pool)
+            s = self.seq.get(p, -1) + 1
+            self.seq[p] = s
+            if p in self.live:
+                del self.live[p]
+                lines.append(b"%012x %x 402000\n" % (p, s))
+            else:
+                size, k = self.rnd.randint(1, 300), self.rnd.randrange(10)
+                self.live[p] = (s, size, k)
+                lines.append(b"%012x %x %x 1 @%x\n" % (p, s, size, 0x100 + k))
+        n = self.files
+        self.files += 1
+        path = self.d / ("mmleak.%s.%d.out" % (TID, n))
+        path.write_bytes(test_shrink.HDR2 % (100 + n, n) + STACKS + b"".join(lines))
+        if self.rnd.random() < 0.3:
+            self.open.append(path)          # completes later
+        else:
+            with open(path, "ab") as f:
+                f.write(b"#end\n")
+        for q in [q for q in self.open if q != path and self.rnd.random() < 0.4]:
+            with open(q, "ab") as f:
+                f.write(b"#end\n")
+            self.open.remove(q)
+
+    def close_all(self):
+        for q in self.open:
+            with open(q, "ab") as f:
+                f.write(b"#end\n")
+        self.open = []
+
+    def by_site(self):
+        """{site key as read_series gives it: {(ptr, seq): size}}."""
+        out = {}
+        for p, (s, size, k) in self.live.items():
+            out.setdefault((0x401000 + k, 0x402000), {})[(p, s)] = size
+        return out
+
+
+def last_point(t):
+    return mmleak.read_series(t.series)[0][-1]
+
+
+def truth_point(now, before):
+    out = {}
+    for site in set(now) | set(before or {}):
+        a, b = now.get(site, {}), (before or {}).get(site, {})
+        new = [z for i, z in a.items() if before is not None and i not in b]
+        freed = [z for i, z in b.items() if i not in a]
+        v = (sum(a.values()), len(a), sum(new), len(new), sum(freed), len(freed))
+        if any(v):
+            out[site] = v
+    return out
+
+
+@pytest.mark.parametrize("seed,every", [(s, 1) for s in range(4)] + [(s, 3) for s in range(4)])
+def test_running_points_from_the_levels_are_exact(tmp_path, alive, native, monkeypatch, seed,
+                                                  every):
+    """A point at every pass of a running trace, or at every third (EVERY: merges between
+    two points), files folded into runs, runs merged, merges into the result among them,
+    files still being written beside: every point, per site,
+    is the truth's live bytes and blocks, and the blocks new and freed since the previous
+    point; most points come from the levels (the base and the files beside the result, not
+    the result read whole); the base is the result's own after every pass, never a stale
+    one; and the trace's last point too."""
+    monkeypatch.setattr(series, "SERIES_INTERVAL", 0.0)
+    rnd = random.Random(seed)
+    d = tmp_path / "d"
+    d.mkdir()
+    h = Running(d, rnd)
+    calls = {"levels": 0, "whole": 0}
+    real_sums, real_now = series.level_sums, series._live_now
+
+    def counted_sums(*a):
+        calls["levels"] += 1
+        return real_sums(*a)
+
+    def counted_now(*a, **k):
+        calls["whole"] += 1
+        return real_now(*a, **k)
+    monkeypatch.setattr(series, "level_sums", counted_sums)
+    monkeypatch.setattr(series, "_live_now", counted_now)
+    real_merge, excluded = series.before_result_merge, []
+
+    def counted_merge(*a, **k):
+        token = real_merge(*a, **k)
+        excluded.append(len(token["excl"][0]) if token and token["excl"] else 0)
+        return token
+    monkeypatch.setattr(series, "before_result_merge", counted_merge)
+    t = mmleak.TraceFiles(str(d), TID)
+    base = series.base_path(str(d), TID)
+    h.batch(3000)
+    before, results, points = None, set(), 0
+    monkeypatch.setattr(mmleak.compact, "point_due", lambda *a: k % every == 0)
+    for k in range(40):
+        h.batch(rnd.choice([20, 60, 200]))
+        (res,) = mmleak.compact_dir(str(d), TID)[1]
+        results.add(os.stat(t.compact).st_ino)
+        if k % every:
+            assert res["point"] is None
+            continue
+        assert res["point"] is not None
+        now = h.by_site()
+        assert last_point(t).sites == truth_point(now, before), (seed, k)
+        before = now
+        points += 1
+        if os.path.exists(base):                # the result's own base, or none
+            assert series.load_base(str(d), TID, t.compact) is not None
+    assert len(results) >= 2                    # merges into the result happened
+    assert any(excluded)                        # ... with blocks beside it since a point
+    assert calls["levels"] >= points - 2 * len(results), calls
+    h.close_all()
+    alive[0] = False
+    (res,) = mmleak.compact_dir(str(d), TID)[1]
+    assert res["over"] and last_point(t).sites == truth_point(h.by_site(), before)
+    assert not os.path.exists(base) and not os.path.exists(t.live)
+    assert survivors(d) == {(p, s): size for p, (s, size, _) in h.live.items()}

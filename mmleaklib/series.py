@@ -19,12 +19,15 @@ file, rename), then the series (the same way), so a compactor killed in between 
 .live whose point the series lacks, and the next pass appends it before its own.  When the
 trace is over, its last point is taken and the .live deleted: the series is complete.
 
-A finished trace's last point comes from its levels when it can (level_sums, below): the
-first fold's per-site sums of the result (mmleak.ID.series.base, tied to the result by its
-inode, size, mtime and header hash) plus the runs' effect at their addresses; NEW against
-the previous point's keys when its .live names the same result ("#levels").  Otherwise (no
-base or another result's, a .live without "#levels", files not folded, no compiled
-shrinker) the trace is read whole, as above.
+A point comes from the levels when it can (level_sums, below), while the trace runs as at
+its end: the per-site sums of the result (mmleak.ID.series.base, tied to the result by its
+inode, size, mtime and header hash: written by the first fold, and again by every merge into
+the result, from the old sums and the merged files) plus the effect of the files beside it
+at their addresses; NEW against the previous point's keys when its .live names the same
+result ("#levels").  Once there is a result the .live keeps only the keys of the blocks
+allocated beside it ("#partial"; _point_sites), and a merge into the result adds those it
+brought in ("#exclude"; before_result_merge).  Otherwise (no base or another result's, no
+compiled shrinker) the trace is read whole, as above.
 """
 import array
 import bisect
@@ -327,30 +330,32 @@ def _point_sites(directory, tid, t, found, snap, ident, prev, final, now, cancel
     """(Shrinker, Live, {site key: [bytes, blocks, newb, newn, 0, 0]}, stack lines, keys for
     the .live) of a point: see add_point.  SNAP: with_unflushed_tails(FOUND), the trace's
     files now, which every reading here uses (the same events).  IDENT: the result's
-    identity (None: no result).  KEYS: the sorted keys of the survivors of the files beside
-    the result read alone (and of the previous .live's exclusions), the partial keys the
-    .live keeps ("#partial"), or None (the .live then keeps every block's)."""
+    identity (None: no result).  KEYS: the partial keys the .live keeps ("#partial"): those
+    of the blocks alive now allocated beside the result (in the files beside it), sorted;
+    or None (the .live then keeps every block's)."""
     paths, names, _, refused = snap
     others = [q for q, p in zip(paths, found) if p != t.compact]
     partial = prev is not None and prev[3]
     excl = prev[4] if partial else None
     keys = None
     levels = ident is not None and t.compact in found and not refused
-    if levels and (not final or partial):
-        keys = _keys_alone(others)
-    if partial and keys is None:
-        prev, partial = None, False
     sites = collections.defaultdict(lambda: [0, 0, 0, 0, 0, 0])
     inc = None
-    if now is None and levels and (keys is not None or final and not partial) and \
-            (prev is None or _same_result(prev[2], ident)):
+    if now is None and levels and (prev is None or _same_result(prev[2], ident)):
         # from the levels (see level_sums), not the whole live set, when the result's base
         # is there
         base = load_base(directory, tid, t.compact)
         if base is not None:
             inc = level_sums(t.compact, base, others, excl[0] if excl else None)
+        if inc and (not final or partial):
+            keys = _keys_beside(inc[3], inc[4])
+            inc = inc if keys is not None else None
+    if not inc and levels and (not final or partial):
+        keys = _keys_alone(others)
+    if partial and keys is None:
+        prev, partial = None, False
     if inc:
-        sums, stack_lines, sh, live = inc
+        sums, stack_lines, sh, live, _ = inc
         if partial:
             new = _new_partial(sh, live, keys, excl, prev[0], stack_lines)
         elif prev is not None:
@@ -396,6 +401,34 @@ def _point_sites(directory, tid, t, found, snap, ident, prev, final, now, cancel
         for k, v in _new_partial(sh, live, keys, excl, prev[0], stack_lines).items():
             sites[k][2], sites[k][3] = v
     return sh, live, sites, stack_lines, keys
+
+
+def _keys_of(live):
+    """The sorted keys ((ptr, seq) arrays) of LIVE's blocks, all native; None otherwise."""
+    if live.allocs:
+        return None
+    if live.native is None or not len(live.native):
+        return array.array("Q"), array.array("Q")
+    n = len(live.native)
+    out = array.array("Q"), array.array("Q")
+    for o, a in zip(out, live.native.keys()):
+        o.frombytes(memoryview(a).cast("B")[:8 * n])
+    return out
+
+
+def _keys_beside(both, alone):
+    """The keys of the blocks alive in BOTH (a reading of the files beside the result and
+    of its lines at their addresses) that are not in ALONE (those lines read alone): the
+    blocks alive now allocated beside the result (every block alive now allocated in it is
+    alive in its lines read alone).  None when either is not all native blocks."""
+    from .native import keys_minus
+    a, b = _keys_of(both), _keys_of(alone)
+    if a is None or b is None:
+        return None
+    try:
+        return keys_minus(a, b)
+    except MemoryError:
+        return None
 
 
 def _keys_alone(paths, extra=None):
@@ -621,19 +654,19 @@ def point_due(directory, tid):
         return True
 
 
-# ---- a finished trace's last point from its levels (issue 19) ----------------------------
+# ---- a point from the levels (issue 19; while the trace runs too) -------------------------
 #
 # mmleak.ID.series.base: the per-site sums of mmleak.ID.compact's survivors read alone, written
 # by the fold that wrote it (from that fold's own reading), and what ties them to it:
 #   #base INODE SIZE MTIME_NS HEAD     HEAD: a hash of the result's header lines (its
 #   #bsite KEY BYTES BLOCKS            "#compacted" and "#folded" lines among them)
 #   #bend
-# With it, the last point of a trace whose files are all folded (the result and newer runs,
-# nothing else) is the base plus, at the addresses the runs touch, what all the levels leave
-# minus what the result alone left: the result's lines at those addresses are found in C
-# (tools/levels.c, mmleak_levels_pick) and shrunk with the runs; the rest of the result is
-# not read.  Anything else (no base, a result changed since, a previous point's .live, files
-# not folded, no compiled shrinker): the point reads the trace whole, as before.
+# With it, a point is the base plus, at the addresses the files beside the result touch
+# (its runs, the files being written), what they and the result's lines there leave minus
+# what those lines alone left: the result's lines at those addresses are found in C
+# (tools/levels.c, mmleak_levels_pick) and shrunk with the others; the rest of the result is
+# not read.  Anything else (no base, a result changed since, a previous point's .live of
+# another result, no compiled shrinker): the point reads the trace whole, as before.
 
 def base_path(directory, tid):
     return TraceFiles(directory, tid).name("series.base")
@@ -754,7 +787,7 @@ def _read_native(paths):
 
 def level_sums(cpath, base, runs, extra=None):
     """(sums {key: [bytes, blocks]}, stack lines, (Shrinker, Live) of the runs and the
-    result's picked lines) of the levels CPATH and RUNS, from CPATH's BASE: BASE + (runs and the
+    result's picked lines, Live of those lines alone) of the levels CPATH and RUNS, from CPATH's BASE: BASE + (runs and the
     result's lines at their addresses) - (those lines alone).  RUNS: any dump files beside
     the result (the files still being written too).  EXTRA: more addresses to pick (an
     array).  None when it cannot."""
@@ -774,7 +807,8 @@ def level_sums(cpath, base, runs, extra=None):
         for k, (b, nb) in src.items():
             sums[k][0] += sign * b
             sums[k][1] += sign * nb
-    return {k: v for k, v in sums.items() if v[1] or v[0]}, stack_lines, both[0], both[1]
+    return ({k: v for k, v in sums.items() if v[1] or v[0]}, stack_lines, both[0], both[1],
+            alone[1])
 
 
 def incremental_ready(directory, tid):
@@ -857,26 +891,34 @@ def before_result_merge(directory, tid, cpath, inputs, over=False):
     """What after_result_merge needs, computed before the merge of the dump files and runs
     INPUTS into the result CPATH (their paths, not the result's): the new base's sums (when
     the result has a base), the .live's exclusions (when its keys are partial and of this
-    result).  Removes the base.  OVER: the trace is over (its base is not needed again)."""
+    result).  Removes the base.  OVER: the trace is over (no base is written again: its
+    last point reads what the merge left)."""
     t = TraceFiles(directory, tid)
     ident = _identity(cpath)
     if ident is None:
         return None
-    base = None if over else load_base(directory, tid, cpath)
+    base = load_base(directory, tid, cpath)
     lv = _load_live(t.live)
     lv = lv if lv[0] is not None and lv[0][3] and _same_result(lv[0][2], ident) else None
-    out = {"base": base, "new_base": None, "live": lv, "excl": None}
+    out = {"base": base, "new_base": None, "live": lv, "excl": None, "over": over}
     if base is None and lv is None:
         return out
     paths, _, tmpdir, refused = files.with_unflushed_tails(inputs)
     try:
         if refused:
             return out
-        if base is not None:
-            got = level_sums(cpath, base, paths)
-            out["new_base"] = got[0] if got else None
+        got = level_sums(cpath, base, paths) if base is not None else None
+        if got:
+            out["new_base"] = got[0]
         if lv is not None:
-            out["excl"] = _keys_alone(paths, lv[0][4])
+            # the blocks alive after the merge that it brings into the result
+            new = _keys_beside(got[3], got[4]) if got else None
+            if new is None:
+                out["excl"] = _keys_alone(paths, lv[0][4])
+            else:
+                from .native import sorted_keys
+                old = lv[0][4] or (array.array("Q"), array.array("Q"))
+                out["excl"] = sorted_keys(None, new[0] + old[0], new[1] + old[1])
     finally:
         if tmpdir:
             shutil.rmtree(tmpdir, ignore_errors=True)
@@ -892,7 +934,7 @@ def after_result_merge(directory, tid, cpath, token, merged, guard=None):
     if token is None:
         return
     t = TraceFiles(directory, tid)
-    sums = token["new_base"] if merged else token["base"]
+    sums = None if merged and token["over"] else token["new_base"] if merged else token["base"]
     ident = _identity(cpath)
     if sums is not None and ident is not None:
         _write_base(directory, tid, ident, sums, guard)

@@ -8,6 +8,9 @@ compaction groups them."""
 import os
 import random
 import shutil
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -180,8 +183,10 @@ class Running:
     their own threads, some left open (no "#end": read as they are, not folded) for a few
     passes, so that files complete out of order."""
 
-    def __init__(self, d, rnd, pool=3000):
-        self.d, self.rnd, self.pool = d, rnd, pool
+    def __init__(self, d, rnd, pool=3000, tid=TID, start=1700000000):
+        self.d, self.rnd, self.pool, self.tid = d, rnd, pool, tid
+        self.head = (b"#mmleak 2 id=%s pid=%s tid=%%d file=%%d depth=auto start=%d\n"
+                     % (tid.encode(), tid.encode(), start))
         self.live, self.seq, self.files, self.open = {}, {}, 0, []
 
     def batch(self, events):
@@ -199,13 +204,14 @@ class Running:
                 lines.append(b"%012x %x %x 1 @%x\n" % (p, s, size, 0x100 + k))
         n = self.files
         self.files += 1
-        path = self.d / ("mmleak.%s.%d.out" % (TID, n))
-        path.write_bytes(test_shrink.HDR2 % (100 + n, n) + STACKS + b"".join(lines))
-        if self.rnd.random() < 0.3:
+        path = self.d / ("mmleak.%s.%d.out" % (self.tid, n))
+        tmp = self.d.parent / path.name                 # (in whole: a reader may look)
+        end = self.rnd.random() >= 0.3
+        tmp.write_bytes(self.head % (100 + n, n) + STACKS + b"".join(lines) +
+                        (b"#end\n" if end else b""))
+        os.rename(tmp, path)
+        if not end:
             self.open.append(path)          # completes later
-        else:
-            with open(path, "ab") as f:
-                f.write(b"#end\n")
         for q in [q for q in self.open if q != path and self.rnd.random() < 0.4]:
             with open(q, "ab") as f:
                 f.write(b"#end\n")
@@ -303,3 +309,67 @@ def test_running_points_from_the_levels_are_exact(tmp_path, alive, native, monke
     assert res["over"] and last_point(t).sites == truth_point(h.by_site(), before)
     assert not os.path.exists(base) and not os.path.exists(t.live)
     assert survivors(d) == {(p, s): size for p, (s, size, _) in h.live.items()}
+
+
+def test_running_points_under_compact_follow(tmp_path):
+    """`mmleak.py compact --follow` (a pass every 0.1 s, a point at every pass) over a running
+    trace (its process a `sleep`), whose random batches are written while the test holds the
+    trace's lock: every point sees the state after a known batch, and equals the truth site
+    by site (live, new, freed), through merges into the result; the .live keeps partial
+    keys, the base is the result's own whenever it is there; the last point too."""
+    if mmleak.native._native_engine() is None:
+        pytest.skip("no compiled shrinker")
+    d = tmp_path / "d"
+    d.mkdir()
+    proc = subprocess.Popen(["sleep", "600"])
+    comp = None
+    try:
+        tid = str(proc.pid)
+        h = Running(d, random.Random(11), tid=tid, start=int(time.time()))
+        t = mmleak.TraceFiles(str(d), tid)
+        lock = mmleak.compact.TraceLock(str(d), tid)
+        lock.__enter__()
+        h.batch(3000)
+        comp = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(mmleak.__file__),
+                                                              "..", "mmleak.py"),
+                                 "compact", "--follow", "--interval", "0.1", "--linger", "0.5",
+                                 "--series-interval", "0", str(d)])
+        states, results, partial = [], set(), 0
+        for k in range(25):
+            state, n = h.by_site(), len(states)
+            lock.__exit__()
+            deadline = time.monotonic() + 60
+            while not os.path.exists(t.series) or \
+                    len(mmleak.read_series(t.series)[0]) <= n:
+                assert time.monotonic() < deadline and comp.poll() is None
+                time.sleep(0.02)
+            lock = mmleak.compact.TraceLock(str(d), tid)
+            lock.__enter__()                    # no pass now: the points are all in
+            got = len(mmleak.read_series(t.series)[0])
+            states.extend([state] * (got - n))
+            results.add(os.stat(t.compact).st_ino)
+            if os.path.exists(series.base_path(str(d), tid)):
+                assert series.load_base(str(d), tid, t.compact) is not None
+            partial += b"\n#partial\n" in open(t.live, "rb").read().split(b"#keys ")[0]
+            h.batch(rnd_size(k))
+        h.close_all()
+        states.append(h.by_site())
+        lock.__exit__()
+        proc.kill()
+        proc.wait()
+        assert comp.wait(timeout=120) == 0
+        points, _ = mmleak.read_series(t.series)
+        assert len(points) == len(states)
+        for i, pt in enumerate(points):
+            assert pt.sites == truth_point(states[i], states[i - 1] if i else None), i
+        assert len(results) >= 2 and partial >= 20
+        assert not os.path.exists(t.live) and not os.path.exists(series.base_path(str(d), tid))
+    finally:
+        proc.kill()
+        if comp is not None and comp.poll() is None:
+            comp.kill()
+            comp.wait()
+
+
+def rnd_size(k):
+    return (20, 60, 200, 400)[k % 4]

@@ -373,3 +373,39 @@ def test_running_points_under_compact_follow(tmp_path):
 
 def rnd_size(k):
     return (20, 60, 200, 400)[k % 4]
+
+
+def test_a_partial_live_of_another_result_is_taken_as_lost(tmp_path, alive, native,
+                                                           monkeypatch):
+    """A compactor killed between a merge's rename and its update of the .live leaves keys
+    of blocks beside another result: the next point does not count against them (they say
+    nothing of the blocks the merge took in) but takes the .live as lost: every block alive
+    counts as new, the previous point's as freed; its live bytes and blocks are exact."""
+    monkeypatch.setattr(series, "SERIES_INTERVAL", 0.0)
+    rnd = random.Random(5)
+    d = tmp_path / "d"
+    d.mkdir()
+    h = Running(d, rnd)
+    t = mmleak.TraceFiles(str(d), TID)
+    h.batch(3000)
+    mmleak.compact_dir(str(d), TID)
+    h.batch(100)
+    mmleak.compact_dir(str(d), TID)
+    data = open(t.live, "rb").read()
+    assert b"\n#partial\n" in data
+    head, sep, rest = data.partition(b"#levels ")
+    ident, _, rest = rest.partition(b"\n")
+    fields = ident.split()
+    fields[2] = b"%d" % (int(fields[2]) + 1)             # another size: another result
+    with open(t.live, "wb") as f:
+        f.write(head + sep + b" ".join(fields) + b"\n" + rest)
+    before = last_point(t)
+    h.batch(100)
+    mmleak.compact_dir(str(d), TID)
+    now = h.by_site()
+    got = last_point(t)
+    want = {k: v[:2] + v[:2] + tuple(before.sites.get(k, (0, 0))[:2])
+            for k, v in truth_point(now, None).items()}
+    for k, v in before.sites.items():
+        want.setdefault(k, (0, 0, 0, 0) + v[:2])
+    assert got.sites == want

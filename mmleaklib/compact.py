@@ -547,13 +547,21 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
             # a merge into the result brings its base and the series' .live along
             token = series_mod.before_result_merge(
                 directory, tid, cpath, [p for _, p in chain[1:]]) if i == 0 else None
+            # (a result without its base, a compactor killed between a merge's rename and
+            # the base's: this merge's survivors give it one again)
+            again = base and token is not None and token["base"] is None
             merged = False
             try:
-                _fold_into(directory, tid, target, older,
-                           [p for _, p in chain[i + 1:]] + [target], work, stream_last=True,
-                           guard=guard, cancel=abandon)
+                msh = _fold_into(directory, tid, target, older,
+                                 [p for _, p in chain[i + 1:]] + [target], work,
+                                 stream_last=True, live=again, guard=guard, cancel=abandon)
                 work["merged"] = len(chain) - 1 - i
                 merged = True
+                if again and msh.native_blocks is not None:
+                    from .blocks import Live
+                    series_mod.save_base(directory, tid, cpath, msh,
+                                         Live(msh.native_blocks, [], msh.stacks), guard)
+                    msh.native_blocks = None
             except Abandoned:
                 work["abandoned"] = 1
             finally:

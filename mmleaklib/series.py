@@ -262,13 +262,11 @@ def add_point(directory, tid, final=False, now=None, cancel=None):
     found = files.find_traces(directory).get(tid, [])
     snap = files.with_unflushed_tails(found)
     try:
-        sh, live, sites, stack_lines, keys = _point_sites(directory, tid, t, found, snap, ident,
-                                                          prev, final, now, cancel)
+        sh, live, sites, stack_lines, keys, prev = _point_sites(
+            directory, tid, t, found, snap, ident, prev, final, now, cancel)
     finally:
         if snap[2]:
             shutil.rmtree(snap[2], ignore_errors=True)
-    if prev is not None and prev[3] and keys is None and not final:
-        prev = None             # (cannot happen: keys are read whenever the previous were)
     other_freed = [0, 0]
     if prev is not None:
         sums = {}
@@ -328,11 +326,12 @@ def add_point(directory, tid, final=False, now=None, cancel=None):
 
 def _point_sites(directory, tid, t, found, snap, ident, prev, final, now, cancel):
     """(Shrinker, Live, {site key: [bytes, blocks, newb, newn, 0, 0]}, stack lines, keys for
-    the .live) of a point: see add_point.  SNAP: with_unflushed_tails(FOUND), the trace's
-    files now, which every reading here uses (the same events).  IDENT: the result's
-    identity (None: no result).  KEYS: the partial keys the .live keeps ("#partial"): those
-    of the blocks alive now allocated beside the result (in the files beside it), sorted;
-    or None (the .live then keeps every block's)."""
+    the .live, the previous point's record as it was used: PREV, or None when its partial
+    keys could not be used) of a point: see add_point.  SNAP: with_unflushed_tails(FOUND),
+    the trace's files now, which every reading here uses (the same events).  IDENT: the
+    result's identity (None: no result).  KEYS: the partial keys the .live keeps
+    ("#partial"): those of the blocks alive now allocated beside the result (in the files
+    beside it), sorted; or None (the .live then keeps every block's)."""
     paths, names, _, refused = snap
     others = [q for q, p in zip(paths, found) if p != t.compact]
     partial = prev is not None and prev[3]
@@ -374,7 +373,7 @@ def _point_sites(directory, tid, t, found, snap, ident, prev, final, now, cancel
                 # (a site of the base alone: its stack is among the result's, which the
                 # picked lines carry)
                 stack_lines.setdefault(int(k[1:], 16), sh.stack_lines[int(k[1:], 16)])
-        return sh, live, sites, stack_lines, keys
+        return sh, live, sites, stack_lines, keys, prev
     sh, live = now if now is not None else _live_now(directory, tid, stream=True, cancel=cancel,
                                                       snap=(found,) + tuple(snap))
     # the call site of each group as the series writes it: a caller in hex, or @ID (stacks
@@ -400,7 +399,7 @@ def _point_sites(directory, tid, t, found, snap, ident, prev, final, now, cancel
     if partial:
         for k, v in _new_partial(sh, live, keys, excl, prev[0], stack_lines).items():
             sites[k][2], sites[k][3] = v
-    return sh, live, sites, stack_lines, keys
+    return sh, live, sites, stack_lines, keys, prev
 
 
 def _keys_of(live):
@@ -787,8 +786,9 @@ def _read_native(paths):
 
 def level_sums(cpath, base, runs, extra=None):
     """(sums {key: [bytes, blocks]}, stack lines, (Shrinker, Live) of the runs and the
-    result's picked lines, Live of those lines alone) of the levels CPATH and RUNS, from CPATH's BASE: BASE + (runs and the
-    result's lines at their addresses) - (those lines alone).  RUNS: any dump files beside
+    result's picked lines, Live of those lines alone) of the levels CPATH and RUNS, from
+    CPATH's BASE: BASE + (runs and the result's lines at their addresses) - (those lines
+    alone).  RUNS: any dump files beside
     the result (the files still being written too).  EXTRA: more addresses to pick (an
     array).  None when it cannot."""
     import tempfile

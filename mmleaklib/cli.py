@@ -642,8 +642,9 @@ def add_compact(sub):
     c.add_argument("--no-series", action="store_true", help="do not add to mmleak.ID.series")
     c.add_argument("--series-interval", type=nonnegative_float, default=series.SERIES_INTERVAL,
                    metavar="SECONDS", help="while a trace runs, at most one point of its "
-                   "series this often (default %g: each point reads the live set; 0: every "
-                   "pass); a trace that is over always gets its last point"
+                   "series this often (default %g: a point reads what lies beside the "
+                   "compacted result, or the whole live set; 0: every pass); a trace that is "
+                   "over always gets its last point"
                    % series.SERIES_INTERVAL)
     c.add_argument("-v", "--verbose", action="store_true", help="one line per folding pass")
 

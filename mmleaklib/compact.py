@@ -510,9 +510,16 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
     if over and not levels or not own:
         chain = ([cpath] if own else []) + [p for _, p in runs]
         # the result, the biggest, last: the compiled shrinker streams it (_fold_into)
-        sh = _fold_into(directory, tid, cpath, None, chain[1:] + done + chain[:1] if own
-                        else chain + done, work, live=over or base and not own,
-                        stream_last=own, guard=guard)
+        token = series_mod.before_result_merge(directory, tid, cpath, chain[1:] + done,
+                                               over) if own else None
+        merged = False
+        try:
+            sh = _fold_into(directory, tid, cpath, None, chain[1:] + done + chain[:1] if own
+                            else chain + done, work, live=over or base and not own,
+                            stream_last=own, guard=guard)
+            merged = True
+        finally:
+            series_mod.after_result_merge(directory, tid, cpath, token, merged, guard)
         work["merged"] = len(chain)
         if base and not own and not over and sh.native_blocks is not None:
             from .blocks import Live
@@ -537,13 +544,28 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
         i = _merge_start([files._size(p) for _, p in chain])
         if i < len(chain) - 1 and not (abandon and abandon()):
             (older, target) = chain[i]
+            # a merge into the result brings its base and the series' .live along
+            token = series_mod.before_result_merge(
+                directory, tid, cpath, [p for _, p in chain[1:]]) if i == 0 else None
+            # (a result without its base, a compactor killed between a merge's rename and
+            # the base's: this merge's survivors give it one again)
+            again = base and token is not None and token["base"] is None
+            merged = False
             try:
-                _fold_into(directory, tid, target, older,
-                           [p for _, p in chain[i + 1:]] + [target], work, stream_last=True,
-                           guard=guard, cancel=abandon)
+                msh = _fold_into(directory, tid, target, older,
+                                 [p for _, p in chain[i + 1:]] + [target], work,
+                                 stream_last=True, live=again, guard=guard, cancel=abandon)
                 work["merged"] = len(chain) - 1 - i
+                merged = True
+                if again and msh.native_blocks is not None:
+                    from .blocks import Live
+                    series_mod.save_base(directory, tid, cpath, msh,
+                                         Live(msh.native_blocks, [], msh.stacks), guard)
+                    msh.native_blocks = None
             except Abandoned:
                 work["abandoned"] = 1
+            finally:
+                series_mod.after_result_merge(directory, tid, cpath, token, merged, guard)
     after = sum(files._size(p) for p in [cpath] + [p for _, p in _runs(directory, tid)])
     return {"folded": len(done), "events": sh.events - sh.compacted["entries"],
             "bytes": nbytes, "before": before, "after": after,

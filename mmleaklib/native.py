@@ -12,6 +12,7 @@ state: a partial result shrinks to itself, so entries(), write(), survivors() gi
 Python path gives.  MMLEAK_SHRINK=python|native chooses; default: native when the library
 has it, else Python.
 """
+import array
 import os
 import sys
 import tempfile
@@ -162,6 +163,10 @@ def _bind_blocks(dll):
     leb = dll.mmleak_blocks_leb_decode
     leb.argtypes = [ctypes.c_char_p, ctypes.c_uint64, u64p, ctypes.c_uint64, ctypes.c_int]
     leb.restype = ctypes.c_int64
+    km = dll.mmleak_blocks_keys_minus
+    km.argtypes = [u64p, u64p, ctypes.c_uint64, u64p, u64p, ctypes.c_uint64, u64p, u64p]
+    km.restype = ctypes.c_uint64
+    _blocks_api["keys_minus"] = km
     _blocks_api.update(aggregate=f, sample=s, free=dll.mmleak_blocks_free, keys=k,
                        aggregate_free=dll.mmleak_aggregate_free, leb=leb)
 
@@ -183,6 +188,45 @@ def leb_numbers(data, n, delta=False):
         return None
     del out[got:]
     return out
+
+
+def sorted_keys(blocks=None, xptr=(), xseq=()):
+    """array('Q') ptr and seq: the keys of the NativeBlocks BLOCKS (or none) and of the pairs
+    XPTR[i], XSEQ[i] (arrays of uint64), sorted in C (a series point's table of keys)."""
+    import ctypes
+    if not _blocks_api and not _native_engine():
+        raise MemoryError("tools/blocks.c: not available")
+    n = len(blocks) if blocks is not None else 0
+    m = len(xptr)
+    total = n + m
+    ptr = array.array("Q", bytes(8 * max(total, 1)))
+    seq = array.array("Q", bytes(8 * max(total, 1)))
+    u64 = ctypes.c_uint64 * max(m, 1)
+    xp = u64.from_buffer(array.array("Q", xptr) if m else array.array("Q", [0]))
+    xs = u64.from_buffer(array.array("Q", xseq) if m else array.array("Q", [0]))
+    out = ctypes.c_uint64 * max(total, 1)
+    if _blocks_api["keys"](blocks.s.v if n else None, n, xp, xs, m, out.from_buffer(ptr),
+                           out.from_buffer(seq)):
+        raise MemoryError("tools/blocks.c: out of memory")
+    return ptr[:total], seq[:total]
+
+
+def keys_minus(a, b):
+    """The keys of the sorted table A ((ptr, seq) arrays of uint64) not in the sorted table
+    B, in order (C)."""
+    import ctypes
+    if not _blocks_api and not _native_engine():
+        raise MemoryError("tools/blocks.c: not available")
+    na, nb = len(a[0]), len(b[0])
+    if not na or not nb:
+        return array.array("Q", a[0]), array.array("Q", a[1])
+    ptr, seq = array.array("Q", bytes(8 * na)), array.array("Q", bytes(8 * na))
+    ta, tb = ctypes.c_uint64 * na, ctypes.c_uint64 * nb
+    args = [ta.from_buffer(array.array("Q", x)) for x in a] + [na] + \
+        [tb.from_buffer(array.array("Q", x)) for x in b] + [nb] + \
+        [ta.from_buffer(ptr), ta.from_buffer(seq)]
+    n = _blocks_api["keys_minus"](*args)
+    return ptr[:n], seq[:n]
 
 
 class NativeBlocks:

@@ -19,12 +19,15 @@ file, rename), then the series (the same way), so a compactor killed in between 
 .live whose point the series lacks, and the next pass appends it before its own.  When the
 trace is over, its last point is taken and the .live deleted: the series is complete.
 
-A finished trace's last point comes from its levels when it can (level_sums, below): the
-first fold's per-site sums of the result (mmleak.ID.series.base, tied to the result by its
-inode, size, mtime and header hash) plus the runs' effect at their addresses; NEW against
-the previous point's keys when its .live names the same result ("#levels").  Otherwise (no
-base or another result's, a .live without "#levels", files not folded, no compiled
-shrinker) the trace is read whole, as above.
+A point comes from the levels when it can (level_sums, below), while the trace runs as at
+its end: the per-site sums of the result (mmleak.ID.series.base, tied to the result by its
+inode, size, mtime and header hash: written by the first fold, and again by every merge into
+the result, from the old sums and the merged files) plus the effect of the files beside it
+at their addresses; NEW against the previous point's keys when its .live names the same
+result ("#levels").  Once there is a result the .live keeps only the keys of the blocks
+allocated beside it ("#partial"; _point_sites), and a merge into the result adds those it
+brought in ("#exclude"; before_result_merge).  Otherwise (no base or another result's, no
+compiled shrinker) the trace is read whole, as above.
 """
 import array
 import bisect
@@ -173,18 +176,23 @@ def _series_point_of(p, ks, stacks):
     return SeriesPoint(v[0], v[1], (v[2], v[3]), (v[4], v[5]), (v[6], v[7]), out)
 
 
-def _live_now(directory, tid, stream=False, cancel=None):
+def _live_now(directory, tid, stream=False, cancel=None, snap=None):
     """(Shrinker, blocks.Live): the trace's survivors now, as a report reads them: a native
     array when the compiled shrinker runs (no Python object per block), Alloc tuples
     otherwise.  A file it cannot read whole stops the point (Refused), as it stops a pass.
     STREAM: the compacted result (the biggest file, sorted) is read last, as a stream merged
     with the others' state (native_shrink STREAM_LAST: the same survivors; header lines in
-    that order, which a point does not use).  CANCEL: see native_shrink (Abandoned)."""
-    found = files.find_traces(directory).get(tid, [])
+    that order, which a point does not use).  CANCEL: see native_shrink (Abandoned).
+    SNAP: (the trace's files, and what files.with_unflushed_tails made of them), when the
+    caller has them (it removes their temporary directory)."""
+    if snap is None:
+        found = files.find_traces(directory).get(tid, [])
+        paths, names, tmpdir, refused = files.with_unflushed_tails(found)
+    else:
+        (found, paths, names, _, refused), tmpdir = snap, None
     # (the result alone, as when the trace is over and folded: streamed in any case, nothing
     # is read in another order)
     stream = stream or len(found) == 1
-    paths, names, tmpdir, refused = files.with_unflushed_tails(found)
     given = names
     if stream:
         paths, names, stream = stream_order(paths, names)
@@ -246,47 +254,19 @@ def add_point(directory, tid, final=False, now=None, cancel=None):
         _remove_quietly(base_path(directory, tid))
         return None
     live_stacks = pending[1] if pending is not None else {}
-    inc = None
-    if final and now is None and (prev is None and pending is None or
-                                  prev is not None and prev[2] is not None):
-        # a trace over and folded: from the levels (see level_sums), not the whole live
-        # set, when the result's base is there (and is the one the previous point saw)
-        ready = incremental_ready(directory, tid)
-        inc = level_sums(*ready) if ready else None
-    if inc:
-        sums, stack_lines, sh, live = inc
-        sites = collections.defaultdict(lambda: [0, 0, 0, 0, 0, 0])
-        if prev is not None:
-            # NEW: blocks alive now not in the previous point's keys.  Those the runs do not
-            # touch are the result's, alive then too (the point saw the same result, and the
-            # files it read beside it are in the runs now): only the runs' addresses count
-            for k, v in _new_sums(sh, live, prev[0], stack_lines).items():
-                sites[k][2], sites[k][3] = v
-        for k, (b, nb) in sums.items():
-            sites[k][0], sites[k][1] = b, nb
-    else:
-        sh, live = now if now is not None else _live_now(directory, tid, stream=True, cancel=cancel)
-        # the call site of each group as the series writes it: a caller in hex, or @ID (stacks
-        # the trace defines keep their id; a list of callers gets one of its own)
-        stack_lines = {}
-        key_of_stack, key_of_callers = _site_keys(sh, stack_lines)
-        sites = collections.defaultdict(lambda: [0, 0, 0, 0, 0, 0])
-        table = prev[0] if prev is not None else None       # (ptr, seq) arrays of the last point
-        if live.native is not None and len(live.native):
-            for st, old, nb, b in _groups(live.native, table):
-                v = sites[key_of_stack(st)]
-                v[0] += b
-                v[1] += nb
-                if not old:
-                    v[2] += b
-                    v[3] += nb
-        for a in live.allocs:               # the Python engine's survivors, and those of format 1
-            v = sites[key_of_callers(a.callers)]
-            v[0] += a.size
-            v[1] += 1
-            if table is not None and not _in_table(table[0], table[1], a.ptr, a.seq):
-                v[2] += a.size
-                v[3] += 1
+    ident = _identity(t.compact)
+    if prev is not None and prev[3] and not _same_result(prev[2], ident):
+        # the keys beside another result (a compactor killed between a merge into the result
+        # and its update of the .live): no record of the previous point's blocks
+        prev = None
+    found = files.find_traces(directory).get(tid, [])
+    snap = files.with_unflushed_tails(found)
+    try:
+        sh, live, sites, stack_lines, keys, prev = _point_sites(
+            directory, tid, t, found, snap, ident, prev, final, now, cancel)
+    finally:
+        if snap[2]:
+            shutil.rmtree(snap[2], ignore_errors=True)
     other_freed = [0, 0]
     if prev is not None:
         sums = {}
@@ -331,7 +311,7 @@ def add_point(directory, tid, final=False, now=None, cancel=None):
         other[5] += other_freed[1]
         plines[1].append(b"k other %d %d %d %d %d %d\n" % tuple(other))
     _save_live(lpath, None if final else live, sites, plines, stack_lines, final,
-               None if final else _identity(t.compact))
+               None if final else ident, keys=None if final else keys)
     points.append(plines)
     have_stacks.update(stack_lines)
     if len(points) > SERIES_POINTS:
@@ -344,6 +324,167 @@ def add_point(directory, tid, final=False, now=None, cancel=None):
     return _series_point_of(plines[0], plines[1], stacks)
 
 
+def _point_sites(directory, tid, t, found, snap, ident, prev, final, now, cancel):
+    """(Shrinker, Live, {site key: [bytes, blocks, newb, newn, 0, 0]}, stack lines, keys for
+    the .live, the previous point's record as it was used: PREV, or None when its partial
+    keys could not be used) of a point: see add_point.  SNAP: with_unflushed_tails(FOUND),
+    the trace's files now, which every reading here uses (the same events).  IDENT: the
+    result's identity (None: no result).  KEYS: the partial keys the .live keeps
+    ("#partial"): those of the blocks alive now allocated beside the result (in the files
+    beside it), sorted; or None (the .live then keeps every block's)."""
+    paths, names, _, refused = snap
+    others = [q for q, p in zip(paths, found) if p != t.compact]
+    partial = prev is not None and prev[3]
+    excl = prev[4] if partial else None
+    keys = None
+    levels = ident is not None and t.compact in found and not refused
+    sites = collections.defaultdict(lambda: [0, 0, 0, 0, 0, 0])
+    inc = None
+    if now is None and levels and (prev is None or _same_result(prev[2], ident)):
+        # from the levels (see level_sums), not the whole live set, when the result's base
+        # is there
+        base = load_base(directory, tid, t.compact)
+        if base is not None:
+            inc = level_sums(t.compact, base, others, excl[0] if excl else None)
+        if inc and (not final or partial):
+            keys = _keys_beside(inc[3], inc[4])
+            inc = inc if keys is not None else None
+    if not inc and levels and (not final or partial):
+        keys = _keys_alone(others)
+    if partial and keys is None:
+        prev, partial = None, False
+    if inc:
+        sums, stack_lines, sh, live, _ = inc
+        if partial:
+            new = _new_partial(sh, live, keys, excl, prev[0], stack_lines)
+        elif prev is not None:
+            # NEW: blocks alive now not in the previous point's keys.  Those the files beside
+            # the result do not touch are the result's, alive then too (the point saw the
+            # same result, and the files it read beside it are beside it still, or in the
+            # runs now): only their addresses count
+            new = _new_sums(sh, live, prev[0], stack_lines)
+        else:
+            new = {}
+        for k, v in new.items():
+            sites[k][2], sites[k][3] = v
+        for k, (b, nb) in sums.items():
+            sites[k][0], sites[k][1] = b, nb
+            if k.startswith(b"@") and int(k[1:], 16) in sh.stack_lines:
+                # (a site of the base alone: its stack is among the result's, which the
+                # picked lines carry)
+                stack_lines.setdefault(int(k[1:], 16), sh.stack_lines[int(k[1:], 16)])
+        return sh, live, sites, stack_lines, keys, prev
+    sh, live = now if now is not None else _live_now(directory, tid, stream=True, cancel=cancel,
+                                                      snap=(found,) + tuple(snap))
+    # the call site of each group as the series writes it: a caller in hex, or @ID (stacks
+    # the trace defines keep their id; a list of callers gets one of its own)
+    stack_lines = {}
+    key_of_stack, key_of_callers = _site_keys(sh, stack_lines)
+    table = prev[0] if prev is not None and not partial else None   # the last point's keys
+    if live.native is not None and len(live.native):
+        for st, old, nb, b in _groups(live.native, table):
+            v = sites[key_of_stack(st)]
+            v[0] += b
+            v[1] += nb
+            if not old:
+                v[2] += b
+                v[3] += nb
+    for a in live.allocs:               # the Python engine's survivors, and those of format 1
+        v = sites[key_of_callers(a.callers)]
+        v[0] += a.size
+        v[1] += 1
+        if table is not None and not _in_table(table[0], table[1], a.ptr, a.seq):
+            v[2] += a.size
+            v[3] += 1
+    if partial:
+        for k, v in _new_partial(sh, live, keys, excl, prev[0], stack_lines).items():
+            sites[k][2], sites[k][3] = v
+    return sh, live, sites, stack_lines, keys, prev
+
+
+def _keys_of(live):
+    """The sorted keys ((ptr, seq) arrays) of LIVE's blocks, all native; None otherwise."""
+    if live.allocs:
+        return None
+    if live.native is None or not len(live.native):
+        return array.array("Q"), array.array("Q")
+    n = len(live.native)
+    out = array.array("Q"), array.array("Q")
+    for o, a in zip(out, live.native.keys()):
+        o.frombytes(memoryview(a).cast("B")[:8 * n])
+    return out
+
+
+def _keys_beside(both, alone):
+    """The keys of the blocks alive in BOTH (a reading of the files beside the result and
+    of its lines at their addresses) that are not in ALONE (those lines read alone): the
+    blocks alive now allocated beside the result (every block alive now allocated in it is
+    alive in its lines read alone).  None when either is not all native blocks."""
+    from .native import keys_minus
+    a, b = _keys_of(both), _keys_of(alone)
+    if a is None or b is None:
+        return None
+    try:
+        return keys_minus(a, b)
+    except MemoryError:
+        return None
+
+
+def _keys_alone(paths, extra=None):
+    """The sorted keys ((ptr, seq) arrays) of the survivors of PATHS read alone, and of the
+    keys EXTRA ((ptr, seq) arrays) if any; None when the compiled shrinker cannot read them."""
+    from .native import sorted_keys
+    blocks = None
+    if paths:
+        got = _read_native(paths)
+        if got is None or got[1].allocs:
+            return None
+        blocks = got[1].native if got[1].native is not None and len(got[1].native) else None
+    try:
+        return sorted_keys(blocks, *(extra or ((), ())))
+    except MemoryError:
+        return None
+
+
+def _in_sums(sh, live, table, stack_lines):
+    """{site key: [bytes, blocks]} of LIVE's blocks in TABLE ((ptr, seq) sorted arrays)."""
+    out = collections.defaultdict(lambda: [0, 0])
+    if not len(table[0]):
+        return out
+    key_of_stack, key_of_callers = _site_keys(sh, stack_lines)
+    if live.native is not None and len(live.native):
+        for st, old, nb, b in _groups(live.native, table):
+            if old:
+                v = out[key_of_stack(st)]
+                v[0] += b
+                v[1] += nb
+    for a in live.allocs:
+        if _in_table(table[0], table[1], a.ptr, a.seq):
+            v = out[key_of_callers(a.callers)]
+            v[0] += a.size
+            v[1] += 1
+    return out
+
+
+def _new_partial(sh, live, keys, excl, prev_keys, stack_lines):
+    """NEW per site against a previous point's partial keys PREV_KEYS (the survivors of the
+    files then beside the same result, read alone): a block alive now was alive then unless
+    it was allocated beside the result since, so the new blocks are among KEYS (the
+    survivors of the files beside the result now, read alone) and EXCL (those of the files
+    that merges into the result took in since; None: none), less those of the previous
+    point.  A block alive now in PREV_KEYS was beside the result then: it is beside it now
+    (in KEYS) or was merged into it since (in EXCL), hence in KEYS+EXCL minus in PREV_KEYS."""
+    from .native import sorted_keys
+    if excl is not None and len(excl[0]):
+        keys = sorted_keys(None, keys[0] + excl[0], keys[1] + excl[1])
+    plus = _in_sums(sh, live, keys, stack_lines)
+    minus = _in_sums(sh, live, prev_keys, stack_lines)
+    for k, (b, nb) in minus.items():
+        plus[k][0] -= b
+        plus[k][1] -= nb
+    return {k: v for k, v in plus.items() if v[1] or v[0]}
+
+
 def _live_keys(live):
     """The sorted (ptr, seq) of LIVE's blocks: two arrays of uint64 (C sorts the native
     ones)."""
@@ -354,14 +495,30 @@ def _live_keys(live):
     return array.array("Q", [p for p, _ in extra]), array.array("Q", [q for _, q in extra])
 
 
-def _save_live(path, live, sites, plines, stack_lines, final=False, levels=None):
+def _save_live(path, live, sites, plines, stack_lines, final=False, levels=None, keys=None):
     """The blocks of this point, for the next one to tell which are new and how many were
     freed per site: after the point's own lines ("#point", "#final" for the trace's last)
     and the stacks of their sites, every site's sums ("#site KEY BYTES BLOCKS") and the
     blocks' keys ("#keys N", then N addresses and N SEQs, 8 bytes each, native byte order,
     sorted).  LIVE None: no blocks (the trace's last point).  LEVELS: the identity of
-    mmleak.ID.compact when the point was made ("#levels", see level_sums), if any."""
-    ptr, seq = _live_keys(live) if live is not None else ((), ())
+    mmleak.ID.compact when the point was made ("#levels", see level_sums), if any.  KEYS:
+    the partial keys of the point (see _point_sites), written instead of every block's,
+    after "#partial"."""
+    if keys is not None:
+        ptr, seq = keys
+    else:
+        ptr, seq = _live_keys(live) if live is not None else ((), ())
+    _write_live(path, final, plines, stack_lines, levels,
+                {k: v[:2] for k, v in sites.items() if v[1]} if live is not None else None,
+                (ptr, seq), keys is not None, None)
+
+
+def _write_live(path, final, plines, stack_lines, levels, sums, keys, partial, excl,
+                guard=None):
+    """The .live's lines (see _save_live): SUMS {key: (bytes, blocks)} (None: no "#site"
+    lines), KEYS (ptr, seq), PARTIAL, EXCL: keys that merges into the result brought in
+    since the point ("#exclude N" and their 2N words, before "#keys"), or None."""
+    ptr, seq = keys
 
     def fill(f):
         if final:
@@ -370,14 +527,20 @@ def _save_live(path, live, sites, plines, stack_lines, final=False, levels=None)
         f.write(b"".join(b"#point " + line for line in stack_lines.values()))
         if levels is not None:
             f.write(b"#levels %s\n" % levels)
-        if live is not None:
+        if partial:
+            f.write(b"#partial\n")
+        if sums is not None:
             f.write(b"".join(b"#site %s %d %d\n" % (k, v[0], v[1])
-                             for k, v in sites.items() if v[1]))
-        f.write(b"#keys %d\n" % len(ptr))
-        if len(ptr):
-            f.write(memoryview(ptr).cast("B"))
-            f.write(memoryview(seq).cast("B"))
-    files.replace(path, fill)
+                             for k, v in sums.items() if v[1]))
+        for tag, pair in ((b"#exclude", excl), (b"#keys", (ptr, seq))):
+            if pair is None:
+                continue
+            p, q = pair
+            f.write(b"%s %d\n" % (tag, len(p)))
+            if len(p):
+                f.write(memoryview(p).cast("B"))
+                f.write(memoryview(q).cast("B"))
+    files.replace(path, fill, guard=guard)
 
 
 def _load_live(path):
@@ -385,8 +548,9 @@ def _load_live(path):
     blocks)}), the point it belongs to as ([p line, [k lines]], {stack id: line}, whether it
     was the trace's last)), or (None, None) without a usable file.  A .live of an older
     mmleak.py (a line per block: "PTR SEQ SIZE KEY") is read too.  LEVELS (third of the
-    first): the "#levels" identity, or None."""
-    sums, plines, stacks, final, levels = {}, None, {}, False, None
+    first): the "#levels" identity, or None; then whether the keys are partial ("#partial":
+    see _point_sites) and the "#exclude" keys ((ptr, seq) arrays, or None)."""
+    sums, plines, stacks, final, levels, partial, excl = {}, None, {}, False, None, False, None
     old = []
     ptr = seq = None
     if not _own_file(path):
@@ -394,13 +558,16 @@ def _load_live(path):
     try:
         with open_trace_file(path) as f:
             for line in iter(f.readline, b""):
-                if line.startswith(b"#keys "):
-                    n = int(line[6:])
+                if line.startswith((b"#keys ", b"#exclude ")):
+                    n = int(line.split()[1])
                     ptr, seq = array.array("Q", bytes(8 * n)), array.array("Q", bytes(8 * n))
                     for a in (ptr, seq):
                         if n and f.readinto(memoryview(a).cast("B")) != 8 * n:
                             return None, None   # cut short
-                    break
+                    if line.startswith(b"#keys "):
+                        break
+                    excl, ptr, seq = (ptr, seq), None, None
+                    continue
                 if not line.endswith(b"\n"):
                     return None, None
                 if line.startswith(b"#"):
@@ -408,6 +575,8 @@ def _load_live(path):
                         final = True
                     elif line.startswith(b"#levels "):
                         levels = line[8:-1]
+                    elif line == b"#partial\n":
+                        partial = True
                     elif line.startswith(b"#site "):
                         _, k, b, nb = line.split()
                         sums[k] = (int(b), int(nb))
@@ -433,7 +602,9 @@ def _load_live(path):
     if ptr is None:
         old.sort()
         ptr, seq = array.array("Q", [p for p, _ in old]), array.array("Q", [q for _, q in old])
-    return ((ptr, seq), sums, levels), (plines, stacks, final)
+    if partial and (levels is None or old):
+        return None, None
+    return ((ptr, seq), sums, levels, partial, excl), (plines, stacks, final)
 
 
 def _thin(points):
@@ -482,19 +653,19 @@ def point_due(directory, tid):
         return True
 
 
-# ---- a finished trace's last point from its levels (issue 19) ----------------------------
+# ---- a point from the levels (issue 19; while the trace runs too) -------------------------
 #
 # mmleak.ID.series.base: the per-site sums of mmleak.ID.compact's survivors read alone, written
 # by the fold that wrote it (from that fold's own reading), and what ties them to it:
 #   #base INODE SIZE MTIME_NS HEAD     HEAD: a hash of the result's header lines (its
 #   #bsite KEY BYTES BLOCKS            "#compacted" and "#folded" lines among them)
 #   #bend
-# With it, the last point of a trace whose files are all folded (the result and newer runs,
-# nothing else) is the base plus, at the addresses the runs touch, what all the levels leave
-# minus what the result alone left: the result's lines at those addresses are found in C
-# (tools/levels.c, mmleak_levels_pick) and shrunk with the runs; the rest of the result is
-# not read.  Anything else (no base, a result changed since, a previous point's .live, files
-# not folded, no compiled shrinker): the point reads the trace whole, as before.
+# With it, a point is the base plus, at the addresses the files beside the result touch
+# (its runs, the files being written), what they and the result's lines there leave minus
+# what those lines alone left: the result's lines at those addresses are found in C
+# (tools/levels.c, mmleak_levels_pick) and shrunk with the others; the rest of the result is
+# not read.  Anything else (no base, a result changed since, a previous point's .live of
+# another result, no compiled shrinker): the point reads the trace whole, as before.
 
 def base_path(directory, tid):
     return TraceFiles(directory, tid).name("series.base")
@@ -542,6 +713,10 @@ def save_base(directory, tid, cpath, sh, live, guard=None):
     if ident is None:
         return
     sums, _ = site_sums(sh, live)
+    _write_base(directory, tid, ident, sums, guard)
+
+
+def _write_base(directory, tid, ident, sums, guard=None):
     files.replace(base_path(directory, tid), lambda f: f.write(
         b"#base " + ident + b"\n" +
         b"".join(b"#bsite %s %d %d\n" % (k, v[0], v[1]) for k, v in sums.items() if v[1]) +
@@ -576,9 +751,10 @@ def load_base(directory, tid, cpath):
     return out
 
 
-def _pick(cpath, runs, out):
-    """Write to OUT (a file) the result's lines at the addresses RUNS touch (with its
-    header, stacks and clock).  False when the compiled helper cannot."""
+def _pick(cpath, runs, out, extra=None):
+    """Write to OUT (a file) the result's lines at the addresses RUNS touch and at the
+    addresses EXTRA (an array of uint64), with its header, stacks and clock.  False when the
+    compiled helper cannot."""
     import ctypes
     from .native import tools_library
     lib = tools_library()
@@ -589,10 +765,13 @@ def _pick(cpath, runs, out):
     except (OSError, AttributeError):
         return False
     fn.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p), ctypes.c_int,
-                   ctypes.c_int]
+                   ctypes.POINTER(ctypes.c_uint64), ctypes.c_int64, ctypes.c_int]
     fn.restype = ctypes.c_int64
-    arr = (ctypes.c_char_p * len(runs))(*[os.fsencode(p) for p in runs])
-    return fn(os.fsencode(cpath), arr, len(runs), out.fileno()) >= 0
+    arr = (ctypes.c_char_p * max(len(runs), 1))(*[os.fsencode(p) for p in runs])
+    n = len(extra) if extra is not None else 0
+    xa = (ctypes.c_uint64 * max(n, 1)).from_buffer(array.array("Q", extra) if n
+                                                    else array.array("Q", [0]))
+    return fn(os.fsencode(cpath), arr, len(runs), xa, n, out.fileno()) >= 0
 
 
 def _read_native(paths):
@@ -605,13 +784,16 @@ def _read_native(paths):
     return sh, sh.live()
 
 
-def level_sums(cpath, base, runs):
+def level_sums(cpath, base, runs, extra=None):
     """(sums {key: [bytes, blocks]}, stack lines, (Shrinker, Live) of the runs and the
-    result's picked lines) of the levels CPATH and RUNS, from CPATH's BASE: BASE + (runs and the
-    result's lines at their addresses) - (those lines alone).  None when it cannot."""
+    result's picked lines, Live of those lines alone) of the levels CPATH and RUNS, from
+    CPATH's BASE: BASE + (runs and the result's lines at their addresses) - (those lines
+    alone).  RUNS: any dump files beside
+    the result (the files still being written too).  EXTRA: more addresses to pick (an
+    array).  None when it cannot."""
     import tempfile
     with tempfile.NamedTemporaryFile(prefix="mmleak-pick.") as x:
-        if not _pick(cpath, runs, x):
+        if not _pick(cpath, runs, x, extra):
             return None
         x.flush()
         both = _read_native(list(runs) + [x.name])
@@ -625,7 +807,8 @@ def level_sums(cpath, base, runs):
         for k, (b, nb) in src.items():
             sums[k][0] += sign * b
             sums[k][1] += sign * nb
-    return {k: v for k, v in sums.items() if v[1] or v[0]}, stack_lines, both[0], both[1]
+    return ({k: v for k, v in sums.items() if v[1] or v[0]}, stack_lines, both[0], both[1],
+            alone[1])
 
 
 def incremental_ready(directory, tid):
@@ -647,6 +830,13 @@ def incremental_ready(directory, tid):
     if base is None or lv is not None and lv != _identity(t.compact):
         return None
     return t.compact, base, sorted(runs)
+
+
+def _same_result(a, b):
+    """Do the identities A and B (_identity) name the same result?  Its inode aside: a copy
+    of the directory (cp -p, shutil.copytree) keeps the size, the modification time and the
+    head lines, whose "#compacted" and "#folded" lines change at every merge."""
+    return a is not None and b is not None and a.split()[1:] == b.split()[1:]
 
 
 def _live_levels(lpath):
@@ -684,3 +874,75 @@ def _new_sums(sh, live, table, stack_lines):
             v[0] += a.size
             v[1] += 1
     return out
+
+
+# ---- a merge into the result while the trace runs ------------------------------------------
+#
+# A merge into mmleak.ID.compact changes its identity: its base and a partial .live (see
+# _point_sites) name the result they were made for.  The pass that merges brings both along:
+# the new result's base is the old one plus what the merged files change at their addresses
+# (level_sums, as a point computes it: the result is not read whole), and the .live's keys,
+# partial, gain the survivors of the merged files read alone ("#exclude": blocks now in the
+# result that may be newer than the point), under the new identity.  The base is removed
+# before the merge's rename and written after it (a pass killed in between leaves none: the
+# next point reads the trace whole); a .live left with the old identity is taken as lost.
+
+def before_result_merge(directory, tid, cpath, inputs, over=False):
+    """What after_result_merge needs, computed before the merge of the dump files and runs
+    INPUTS into the result CPATH (their paths, not the result's): the new base's sums (when
+    the result has a base), the .live's exclusions (when its keys are partial and of this
+    result).  Removes the base.  OVER: the trace is over (no base is written again: its
+    last point reads what the merge left)."""
+    t = TraceFiles(directory, tid)
+    ident = _identity(cpath)
+    if ident is None:
+        return None
+    base = load_base(directory, tid, cpath)
+    lv = _load_live(t.live)
+    lv = lv if lv[0] is not None and lv[0][3] and _same_result(lv[0][2], ident) else None
+    out = {"base": base, "new_base": None, "live": lv, "excl": None, "over": over}
+    if base is None and lv is None:
+        return out
+    paths, _, tmpdir, refused = files.with_unflushed_tails(inputs)
+    try:
+        if refused:
+            return out
+        got = level_sums(cpath, base, paths) if base is not None else None
+        if got:
+            out["new_base"] = got[0]
+        if lv is not None:
+            # the blocks alive after the merge that it brings into the result
+            new = _keys_beside(got[3], got[4]) if got else None
+            if new is None:
+                out["excl"] = _keys_alone(paths, lv[0][4])
+            else:
+                from .native import sorted_keys
+                old = lv[0][4] or (array.array("Q"), array.array("Q"))
+                out["excl"] = sorted_keys(None, new[0] + old[0], new[1] + old[1])
+    finally:
+        if tmpdir:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+    _remove_quietly(base_path(directory, tid))
+    return out
+
+
+def after_result_merge(directory, tid, cpath, token, merged, guard=None):
+    """After the merge (MERGED: it was renamed over the result; else given up, the result
+    unchanged): the base written again for the result now there, and the .live's identity
+    and exclusions brought along (or, without its exclusions, the .live's keys can no longer
+    serve: it is removed, as lost)."""
+    if token is None:
+        return
+    t = TraceFiles(directory, tid)
+    sums = None if merged and token["over"] else token["new_base"] if merged else token["base"]
+    ident = _identity(cpath)
+    if sums is not None and ident is not None:
+        _write_base(directory, tid, ident, sums, guard)
+    lv = token["live"]
+    if merged and lv is not None:
+        (keys, lsums, _, _, _), (plines, stacks, final) = lv
+        if token["excl"] is None or ident is None:
+            _remove_quietly(t.live)
+        else:
+            _write_live(t.live, final, plines, stacks, ident, lsums, keys, True,
+                        token["excl"], guard=guard)

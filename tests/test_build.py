@@ -129,7 +129,7 @@ TOOLS_API = {"mmleak_shrink", "mmleak_shrink_abi", "mmleak_shrink_blocks",
              "mmleak_blocks_free", "mmleak_aggregate_free", "mmleak_blocks_keys",
              "mmleak_blocks_leb_decode",
              "mmleak_inject_call", "mmleak_inject_call_within", "mmleak_inject_abi",
-             "mmleak_scan", "mmleak_scan_abi", "mmleak_levels_pick"}
+             "mmleak_scan", "mmleak_scan_abi", "mmleak_levels_pick", "mmleak_blocks_keys_minus"}
 
 
 def test_tracer_exports_the_hooks_and_the_attach_entry_alone(lib):

@@ -8,13 +8,16 @@ compaction groups them."""
 import os
 import random
 import shutil
+import subprocess
+import sys
+import time
 
 import pytest
 
 import test_shrink
 from conftest import mmleak
 from test_shrink_folds import HDR, completion_order, fold
-from test_compact_levels import History, TID, alive, runs, survivors   # noqa: F401
+from test_compact_levels import STACKS, History, TID, alive, runs, survivors   # noqa: F401
 
 series = mmleak.series
 
@@ -170,3 +173,247 @@ def test_a_base_that_is_not_the_results_is_not_used(tmp_path, alive, native, dam
     points, _ = mmleak.read_series(mmleak.TraceFiles(str(d), TID).series)
     assert points[-1].live == (sum(h.live.values()), len(h.live))
     assert not os.path.exists(base)
+
+
+# ---- the points taken while the trace runs --------------------------------------------------
+
+class Running:
+    """A running trace's dump files with a known truth: random allocations and frees over a
+    small pool of addresses (reused, each address counting its own events), in files of
+    their own threads, some left open (no "#end": read as they are, not folded) for a few
+    passes, so that files complete out of order."""
+
+    def __init__(self, d, rnd, pool=3000, tid=TID, start=1700000000):
+        self.d, self.rnd, self.pool, self.tid = d, rnd, pool, tid
+        self.head = (b"#mmleak 2 id=%s pid=%s tid=%%d file=%%d depth=auto start=%d\n"
+                     % (tid.encode(), tid.encode(), start))
+        self.live, self.seq, self.files, self.open = {}, {}, 0, []
+
+    def batch(self, events):
+        lines = []
+        for _ in range(events):
+            p = 0x10000 + 0x20 * self.rnd.randrange(self.pool)
+            s = self.seq.get(p, -1) + 1
+            self.seq[p] = s
+            if p in self.live:
+                del self.live[p]
+                lines.append(b"%012x %x 402000\n" % (p, s))
+            else:
+                size, k = self.rnd.randint(1, 300), self.rnd.randrange(10)
+                self.live[p] = (s, size, k)
+                lines.append(b"%012x %x %x 1 @%x\n" % (p, s, size, 0x100 + k))
+        n = self.files
+        self.files += 1
+        path = self.d / ("mmleak.%s.%d.out" % (self.tid, n))
+        tmp = self.d.parent / path.name                 # (in whole: a reader may look)
+        end = self.rnd.random() >= 0.3
+        tmp.write_bytes(self.head % (100 + n, n) + STACKS + b"".join(lines) +
+                        (b"#end\n" if end else b""))
+        os.rename(tmp, path)
+        if not end:
+            self.open.append(path)          # completes later
+        for q in [q for q in self.open if q != path and self.rnd.random() < 0.4]:
+            with open(q, "ab") as f:
+                f.write(b"#end\n")
+            self.open.remove(q)
+
+    def close_all(self):
+        for q in self.open:
+            with open(q, "ab") as f:
+                f.write(b"#end\n")
+        self.open = []
+
+    def by_site(self):
+        """{site key as read_series gives it: {(ptr, seq): size}}."""
+        out = {}
+        for p, (s, size, k) in self.live.items():
+            out.setdefault((0x401000 + k, 0x402000), {})[(p, s)] = size
+        return out
+
+
+def last_point(t):
+    return mmleak.read_series(t.series)[0][-1]
+
+
+def truth_point(now, before):
+    out = {}
+    for site in set(now) | set(before or {}):
+        a, b = now.get(site, {}), (before or {}).get(site, {})
+        new = [z for i, z in a.items() if before is not None and i not in b]
+        freed = [z for i, z in b.items() if i not in a]
+        v = (sum(a.values()), len(a), sum(new), len(new), sum(freed), len(freed))
+        if any(v):
+            out[site] = v
+    return out
+
+
+@pytest.mark.parametrize("seed,every,lose", [(s, 1, False) for s in range(4)] +
+                         [(s, 3, False) for s in range(4)] + [(9, 1, True), (10, 3, True)])
+def test_running_points_from_the_levels_are_exact(tmp_path, alive, native, monkeypatch, seed,
+                                                  every, lose):
+    """A point at every pass of a running trace, or at every third (EVERY: merges between
+    two points), files folded into runs, runs merged, merges into the result among them,
+    (LOSE: the base lost after the fifth pass, as a compactor killed between a merge's
+    rename and the base's leaves it: the next merge into the result writes it again),
+    files still being written beside: every point, per site,
+    is the truth's live bytes and blocks, and the blocks new and freed since the previous
+    point; most points come from the levels (the base and the files beside the result, not
+    the result read whole); the base is the result's own after every pass, never a stale
+    one; and the trace's last point too."""
+    monkeypatch.setattr(series, "SERIES_INTERVAL", 0.0)
+    rnd = random.Random(seed)
+    d = tmp_path / "d"
+    d.mkdir()
+    h = Running(d, rnd)
+    calls = {"levels": 0, "whole": 0}
+    real_sums, real_now = series.level_sums, series._live_now
+
+    def counted_sums(*a):
+        calls["levels"] += 1
+        return real_sums(*a)
+
+    def counted_now(*a, **k):
+        calls["whole"] += 1
+        return real_now(*a, **k)
+    monkeypatch.setattr(series, "level_sums", counted_sums)
+    monkeypatch.setattr(series, "_live_now", counted_now)
+    real_merge, excluded = series.before_result_merge, []
+
+    def counted_merge(*a, **k):
+        token = real_merge(*a, **k)
+        excluded.append(len(token["excl"][0]) if token and token["excl"] else 0)
+        return token
+    monkeypatch.setattr(series, "before_result_merge", counted_merge)
+    t = mmleak.TraceFiles(str(d), TID)
+    base = series.base_path(str(d), TID)
+    h.batch(3000)
+    before, results, points = None, set(), 0
+    monkeypatch.setattr(mmleak.compact, "point_due", lambda *a: k % every == 0)
+    for k in range(40):
+        h.batch(rnd.choice([20, 60, 200]))
+        (res,) = mmleak.compact_dir(str(d), TID)[1]
+        results.add(os.stat(t.compact).st_ino)
+        if lose and k == 5:
+            os.unlink(base)
+            lost = len(results)
+        if k % every:
+            assert res["point"] is None
+            continue
+        assert res["point"] is not None
+        now = h.by_site()
+        assert last_point(t).sites == truth_point(now, before), (seed, k)
+        before = now
+        points += 1
+        if os.path.exists(base):                # the result's own base, or none
+            assert series.load_base(str(d), TID, t.compact) is not None
+    if lose:                                    # merged into the result since: a base again
+        assert len(results) > lost and os.path.exists(base)
+    assert len(results) >= 2                    # merges into the result happened
+    assert any(excluded)                        # ... with blocks beside it since a point
+    assert calls["levels"] >= points - 2 * len(results), calls
+    h.close_all()
+    alive[0] = False
+    (res,) = mmleak.compact_dir(str(d), TID)[1]
+    assert res["over"] and last_point(t).sites == truth_point(h.by_site(), before)
+    assert not os.path.exists(base) and not os.path.exists(t.live)
+    assert survivors(d) == {(p, s): size for p, (s, size, _) in h.live.items()}
+
+
+def test_running_points_under_compact_follow(tmp_path):
+    """`mmleak.py compact --follow` (a pass every 0.1 s, a point at every pass) over a running
+    trace (its process a `sleep`), whose random batches are written while the test holds the
+    trace's lock: every point sees the state after a known batch, and equals the truth site
+    by site (live, new, freed), through merges into the result; the .live keeps partial
+    keys, the base is the result's own whenever it is there; the last point too."""
+    if mmleak.native._native_engine() is None:
+        pytest.skip("no compiled shrinker")
+    d = tmp_path / "d"
+    d.mkdir()
+    proc = subprocess.Popen(["sleep", "600"])
+    comp = None
+    try:
+        tid = str(proc.pid)
+        h = Running(d, random.Random(11), tid=tid, start=int(time.time()))
+        t = mmleak.TraceFiles(str(d), tid)
+        lock = mmleak.compact.TraceLock(str(d), tid)
+        lock.__enter__()
+        h.batch(3000)
+        comp = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(mmleak.__file__),
+                                                              "..", "mmleak.py"),
+                                 "compact", "--follow", "--interval", "0.1", "--linger", "0.5",
+                                 "--series-interval", "0", str(d)])
+        states, results, partial = [], set(), 0
+        for k in range(25):
+            state, n = h.by_site(), len(states)
+            lock.__exit__()
+            deadline = time.monotonic() + 60
+            while not os.path.exists(t.series) or \
+                    len(mmleak.read_series(t.series)[0]) <= n:
+                assert time.monotonic() < deadline and comp.poll() is None
+                time.sleep(0.02)
+            lock = mmleak.compact.TraceLock(str(d), tid)
+            lock.__enter__()                    # no pass now: the points are all in
+            got = len(mmleak.read_series(t.series)[0])
+            states.extend([state] * (got - n))
+            results.add(os.stat(t.compact).st_ino)
+            if os.path.exists(series.base_path(str(d), tid)):
+                assert series.load_base(str(d), tid, t.compact) is not None
+            partial += b"\n#partial\n" in open(t.live, "rb").read().split(b"#keys ")[0]
+            h.batch(rnd_size(k))
+        h.close_all()
+        states.append(h.by_site())
+        lock.__exit__()
+        proc.kill()
+        proc.wait()
+        assert comp.wait(timeout=120) == 0
+        points, _ = mmleak.read_series(t.series)
+        assert len(points) == len(states)
+        for i, pt in enumerate(points):
+            assert pt.sites == truth_point(states[i], states[i - 1] if i else None), i
+        assert len(results) >= 2 and partial >= 20
+        assert not os.path.exists(t.live) and not os.path.exists(series.base_path(str(d), tid))
+    finally:
+        proc.kill()
+        if comp is not None and comp.poll() is None:
+            comp.kill()
+            comp.wait()
+
+
+def rnd_size(k):
+    return (20, 60, 200, 400)[k % 4]
+
+
+def test_a_partial_live_of_another_result_is_taken_as_lost(tmp_path, alive, native,
+                                                           monkeypatch):
+    """A compactor killed between a merge's rename and its update of the .live leaves keys
+    of blocks beside another result: the next point does not count against them (they say
+    nothing of the blocks the merge took in) but takes the .live as lost: every block alive
+    counts as new, the previous point's as freed; its live bytes and blocks are exact."""
+    monkeypatch.setattr(series, "SERIES_INTERVAL", 0.0)
+    rnd = random.Random(5)
+    d = tmp_path / "d"
+    d.mkdir()
+    h = Running(d, rnd)
+    t = mmleak.TraceFiles(str(d), TID)
+    h.batch(3000)
+    mmleak.compact_dir(str(d), TID)
+    h.batch(100)
+    mmleak.compact_dir(str(d), TID)
+    data = open(t.live, "rb").read()
+    assert b"\n#partial\n" in data
+    head, sep, rest = data.partition(b"#levels ")
+    ident, _, rest = rest.partition(b"\n")
+    fields = ident.split()
+    fields[2] = b"%d" % (int(fields[2]) + 1)             # another size: another result
+    with open(t.live, "wb") as f:
+        f.write(head + sep + b" ".join(fields) + b"\n" + rest)
+    before = last_point(t)
+    h.batch(100)
+    mmleak.compact_dir(str(d), TID)
+    now = h.by_site()
+    got = last_point(t)
+    want = {k: v[:2] + v[:2] + tuple(before.sites.get(k, (0, 0))[:2])
+            for k, v in truth_point(now, None).items()}
+    for k, v in before.sites.items():
+        want.setdefault(k, (0, 0, 0, 0) + v[:2])
+    assert got.sites == want

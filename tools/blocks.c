@@ -271,6 +271,34 @@ EXPORT int mmleak_blocks_keys(const struct mmleak_block *b, uint64_t n, const ui
     return 0;
 }
 
+/* The keys of the sorted table A (NA keys: APTR, ASEQ) that are not in the sorted table B
+ * (NB keys), in order, into OPTR and OSEQ (room for NA): the blocks a series point finds
+ * beside the result (mmleaklib/series.py).  Returns their number. */
+EXPORT uint64_t mmleak_blocks_keys_minus(const uint64_t *aptr, const uint64_t *aseq, uint64_t na,
+                                  const uint64_t *bptr, const uint64_t *bseq, uint64_t nb,
+                                  uint64_t *optr, uint64_t *oseq)
+{
+    uint64_t i = 0, j = 0, n = 0;
+    while (i < na) {
+        struct key a = { aptr[i], aseq[i] }, b;
+        int c = 1;
+        while (j < nb) {
+            b = (struct key){ bptr[j], bseq[j] };
+            c = cmp_key(&a, &b);
+            if (c <= 0)
+                break;
+            j++;
+        }
+        if (j >= nb || c < 0) {
+            optr[n] = a.ptr;
+            oseq[n] = a.seq;
+            n++;
+        }
+        i++;
+    }
+    return n;
+}
+
 EXPORT void mmleak_aggregate_free(struct mmleak_aggregate *a)
 {
     if (a->g)

@@ -1,10 +1,11 @@
 /* tools/levels.c: the lines of an old compaction level at the addresses newer levels touch
  * (issue 19: a point of the series that costs what the new runs hold, mmleaklib/series.py).
  *
- * mmleak_levels_pick(BIG, SMALL, N, OUT) writes to the descriptor OUT BIG's first line,
- * stacks and clock (its "#mmleak", "#s" and "#clock" lines before the first event line) and
- * every event line of BIG whose
- * address is the address of some event line of the files SMALL[0..N).  BIG is a compacted
+ * mmleak_levels_pick(BIG, SMALL, N, EXTRA, NEXTRA, OUT) writes to the descriptor OUT BIG's
+ * first line, stacks and clock (its "#mmleak", "#s" and "#clock" lines before the first
+ * event line) and every event line of BIG whose address is the address of some event line
+ * of the files SMALL[0..N), or one of the NEXTRA addresses EXTRA (in any order; a running
+ * trace's point adds those of the blocks a merge into BIG brought in, series.py).  BIG is a compacted
  * result (its event lines sorted by address, as every result and run is); the SMALL files'
  * addresses are gathered, sorted and deduplicated, then found in BIG by a galloping search
  * over its bytes (a line start is found back from any byte), so the cost follows the small
@@ -216,7 +217,8 @@ static const char *seek_ptr(const char *lo, const char *hi, uint64_t t)
     }
 }
 
-EXPORT int64_t mmleak_levels_pick(const char *big, const char *const *small, int nsmall, int out_fd)
+EXPORT int64_t mmleak_levels_pick(const char *big, const char *const *small, int nsmall,
+                                  const uint64_t *extra, int64_t nextra, int out_fd)
 {
     struct map bm, sm;
     uint64_t *addr = NULL, n = 0, cap = 0;
@@ -255,6 +257,17 @@ EXPORT int64_t mmleak_levels_pick(const char *big, const char *const *small, int
             p = next;
         }
         unmap(&sm);
+    }
+    for (int64_t i = 0; i < nextra; i++) {
+        if (n == cap) {
+            uint64_t *a = realloc(addr, (cap = cap ? 2 * cap : 4096) * sizeof *a);
+            if (!a) {
+                e = ENOMEM;
+                goto out;
+            }
+            addr = a;
+        }
+        addr[n++] = extra[i];
     }
     if (n)
         qsort(addr, n, sizeof *addr, cmp_u64);

@@ -94,6 +94,22 @@ static const char *line_end(const char *p, const char *end)
     return e ? e + 1 : end;
 }
 
+/* A line of a dump file that holds no event (docs/format.rst): a blank line (a busy thread's
+ * flush on ext4 ends on a page boundary with a line of spaces), or a last line without its
+ * newline (a process killed in the middle of writing it: torn, which the shrinker reports and
+ * skips, or the start of the padding).  [P, NEXT) is the line (no NUL in it), END the file's
+ * end.  Without this, a running trace's point fell back to reading the whole live set
+ * whenever a file beside the result had been flushed by a busy thread (EINVAL). */
+static int is_padding(const char *p, const char *next, const char *end)
+{
+    if (next == end && (next == p || next[-1] != '\n'))
+        return 1;
+    for (; p < next; p++)
+        if (*p != ' ' && *p != '\n')
+            return 0;
+    return 1;
+}
+
 /* The start of the line holding byte P (>= LO). */
 static const char *line_start(const char *lo, const char *p)
 {
@@ -234,9 +250,20 @@ EXPORT int64_t mmleak_levels_pick(const char *big, const char *const *small, int
         }
         const char *p = events_start(&sm), *end = sm.p + sm.n;
         while (p < end) {
+            while (p < end && !*p)      /* a run of NULs is padding wherever it is */
+                p++;
+            if (p == end)
+                break;
             const char *next = line_end(p, end);
+            const char *nul = memchr(p, 0, (size_t)(next - p));
+            if (nul) {                  /* text cut by NULs: torn, not an event */
+                p = nul;
+                continue;
+            }
             uint64_t v;
-            if (*p != '#') {
+            if (is_padding(p, next, end))
+                ;                       /* skipped, as every reader skips it */
+            else if (*p != '#') {
                 if (line_ptr(p, end, &v)) {
                     unmap(&sm);
                     e = EINVAL;

@@ -303,23 +303,16 @@ class NativeBlocks:
         return groups, totals, (list(seen) if seen is not None else [])
 
     def keys(self, extra=()):
-        """The (ptr, seq) of every block and of EXTRA (pairs), sorted: two ctypes arrays of
-        uint64 (ptr, seq), what split() takes back (a series point's table)."""
-        import ctypes
+        """The (ptr, seq) of every block and of EXTRA (pairs), sorted: two arrays('Q')
+        (sorted_keys: a series point's table)."""
         extra = list(extra)
-        total = self.s.n + len(extra)
-        ptr = (ctypes.c_uint64 * max(total, 1))()
-        seq = (ctypes.c_uint64 * max(total, 1))()
-        xp = (ctypes.c_uint64 * max(len(extra), 1))(*[p for p, _ in extra])
-        xs = (ctypes.c_uint64 * max(len(extra), 1))(*[q for _, q in extra])
-        if _blocks_api["keys"](self.s.v, self.s.n, xp, xs, len(extra), ptr, seq):
-            raise MemoryError("tools/blocks.c: out of memory")
-        return ptr, seq
+        return sorted_keys(self, array.array("Q", [p for p, _ in extra]),
+                           array.array("Q", [q for _, q in extra]))
 
     def split(self, ptr, seq, n):
         """Per stack, the blocks that are in the sorted table (PTR, SEQ: N keys, ctypes
-        arrays of uint64, as keys() gives them) and those that are not: [(stack, in table,
-        blocks, bytes)], in C (no Python object per block)."""
+        arrays of uint64: keys() converted, see series._groups) and those that are not:
+        [(stack, in table, blocks, bytes)], in C (no Python object per block)."""
         import ctypes
         kind = (ctypes.c_uint8 * max(n, 1))()
         ctypes.memset(kind, 1, n)

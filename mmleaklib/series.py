@@ -408,11 +408,7 @@ def _keys_of(live):
         return None
     if live.native is None or not len(live.native):
         return array.array("Q"), array.array("Q")
-    n = len(live.native)
-    out = array.array("Q"), array.array("Q")
-    for o, a in zip(out, live.native.keys()):
-        o.frombytes(memoryview(a).cast("B")[:8 * n])
-    return out
+    return live.native.keys()
 
 
 def _keys_beside(both, alone):

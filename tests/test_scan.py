@@ -285,6 +285,37 @@ def test_scan_off(scan_bins, dump):
     assert scan.scan_files(str(dump), only_trace(dump)) == []
 
 
+@pytest.mark.parametrize("how", ["default", "blocked", "ignored"])
+def test_scan_time_limit_whatever_the_programs_sigalrm(scan_bins, dump, how):
+    """MMLEAK_SCAN_SECS holds whatever the program did with SIGALRM (blocked it, ignored
+    it: the scanner inherits both): here the scan waits for the trace's directory lock,
+    which the program holds for writing until it ends; at 1 s the scanner is killed by its
+    alarm, the exit goes on, and no result is written (the scanner would otherwise give
+    the lock up after 30 s and write a result saying so)."""
+    src = dump / "alrm.c"
+    src.write_text(
+        "#include <fcntl.h>\n#include <signal.h>\n#include <stdio.h>\n#include <stdlib.h>\n"
+        "#include <string.h>\n#include <unistd.h>\nvoid *g;\nint main(int c, char **v) {\n"
+        "  char p[4096];\n"
+        "  snprintf(p, sizeof p, \"%s/mmleak.%d.lock\", getenv(\"MMLEAK_DIR\"), getpid());\n"
+        "  int fd = open(p, O_RDWR | O_CREAT | O_EXCL, 0600);\n"
+        "  struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_len = 1 };\n"
+        "  if (fd < 0 || fcntl(fd, F_SETLK, &fl)) return 3;\n"
+        "  g = malloc(10); malloc(20);\n"
+        "  if (!strcmp(v[1], \"blocked\")) {\n"
+        "    sigset_t s; sigemptyset(&s); sigaddset(&s, SIGALRM);\n"
+        "    sigprocmask(SIG_BLOCK, &s, 0); }\n"
+        "  if (!strcmp(v[1], \"ignored\")) signal(SIGALRM, SIG_IGN);\n"
+        "  return 0; }\n")
+    exe = str(dump / "alrm")
+    subprocess.run(["cc", "-w", "-o", exe, str(src)], check=True)
+    run_traced([exe, how], dump, env={"MMLEAK_SCAN_SECS": "1"})
+    from mmleaklib import scan
+    tid = only_trace(dump)
+    assert tid == str(int(tid))         # (the lock file's name is the trace's)
+    assert scan.scan_files(str(dump), tid) == []
+
+
 def test_result_file_layout(scan_bins, dump):
     """The header of mmleak-format(5): its lines, totals that match the columns, and
     LEB128 columns sorted by address."""

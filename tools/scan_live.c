@@ -262,6 +262,8 @@ static inline void slot_event(struct slot *e, int *have, uint64_t s, int kind, u
  * high ones all the same), at most 16 of them a pass, through SPARE (room for N more, kept
  * for the next sort).  0, or -1 (out
  * of memory). */
+#define SORT_FEW 64
+
 static int sort_ev(struct ev *v, size_t n, struct evs *spare)
 {
     uint64_t diff = 0;
@@ -269,6 +271,19 @@ static int sort_ev(struct ev *v, size_t n, struct evs *spare)
         diff |= v[i].key ^ v[0].key;
     if (n < 2 || !diff)
         return 0;
+    if (n <= SORT_FEW) {
+        /* a few events (a short program's whole trace): an insertion sort, stable as well;
+         * the radix sort's counts (up to 512 KiB, zeroed at every pass, for two addresses
+         * as for a million) would cost more than the sort */
+        for (size_t i = 1; i < n; i++) {
+            struct ev x = v[i];
+            size_t j = i;
+            for (; j && v[j - 1].key > x.key; j--)
+                v[j] = v[j - 1];
+            v[j] = x;
+        }
+        return 0;
+    }
     int lo = __builtin_ctzll(diff), bits = 64 - __builtin_clzll(diff) - lo;
     int passes = (bits + 15) / 16, width = (bits + passes - 1) / passes;
     size_t buckets = (size_t)1 << width, mask = buckets - 1;

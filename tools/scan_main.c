@@ -51,6 +51,12 @@ int main(int argc, char **argv)
             ;
         close(ready);
     }
+    /* mmleak.so starts us with every signal blocked (tracer/exitscan.c), and a program may
+     * have blocked or ignored SIGALRM: our time limit is SIGALRM's default action */
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    signal(SIGALRM, SIG_DFL);
     signal(SIGPIPE, SIG_IGN);
     /* a process that limited its address space (RLIMIT_AS) gave us its limit: take what
      * the hard limit allows, the scan needs memory of its own */

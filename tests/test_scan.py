@@ -137,6 +137,31 @@ def test_interior_pointers_read_a_block_once(scan_bins, dump):
     assert reads[0] < 2000, reads        # (25 here: the roots, one batch, the block's head)
 
 
+@pytest.mark.parametrize("case", ["lost-chain", "thread-stack"])
+def test_exit_scan_opens_its_dump_files_by_name(scan_bins, dump, case):
+    """At exit, with no compaction lock, the scanner does not list the dump directory (a
+    test suite's thousands of traces in it: a microsecond a name, at every exit): it opens
+    the dump files mmleak.so numbered, by name (MMLEAK_SCAN_DEBUG=1 says so), exactly
+    those of the trace, and the kinds are exact among 3,000 files of other traces."""
+    for i in range(1000):
+        for suffix in ("0.out", "maps", "scan.1"):
+            (dump / ("mmleak.%d-9.%s" % (i + 1, suffix))).write_text("")
+    env = {"SCAN_LIB": scan_bins["libscan.so"], "MMLEAK_SCAN_DEBUG": "1"}
+    r = run_traced([scan_bins["scan_cases"], case], dump, env=env)
+    assert re.search(rb"^mmleak-scan: cut by name: \d+ dump files at most$", r.stderr, re.M), \
+        r.stderr[-2000:]
+    import mmleaklib as mm
+    tid = [t for t in mm.find_traces(str(dump)) if not t.endswith("-9")]
+    assert len(tid) == 1, tid
+    cut = sorted(os.path.basename(m.group(1).decode()) for m in
+                 re.finditer(rb"^mmleak-scan: cut (\S+): ", r.stderr, re.M))
+    assert cut == sorted(os.path.basename(p) for p in mm.find_traces(str(dump))[tid[0]])
+    from mmleaklib import scan
+    k = scan.kinds_for(str(dump), tid[0])
+    assert k.status == "done" and k.scan.why == "exit", k.reason
+    assert sorted(k.kind(*b) for b in target_blocks(dump, tid[0])) == CASES[case]
+
+
 def test_debug_levels(scan_bins, dump):
     """MMLEAK_SCAN_DEBUG=1: the step timers and the reads, no line per word that points into
     a block (10 million of them on a heap of 10 million blocks); 2: those lines too."""

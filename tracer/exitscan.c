@@ -128,7 +128,7 @@ static __attribute__((noinline)) pid_t spawn_blocked(const char *path, char **ar
  * could not be started. */
 COLD int run_scanner(const char *why, uintptr_t floor)
 {
-    static char path[PATH_MAX], pidbuf[24], fdbuf[24], tidbuf[24], floorbuf[24];
+    static char path[PATH_MAX], pidbuf[24], fdbuf[24], tidbuf[24], floorbuf[24], nfbuf[24];
     if (scanner_path(path, sizeof path))
         return -1;
     /* the environment without LD_PRELOAD, in memory of our own */
@@ -152,10 +152,13 @@ COLD int run_scanner(const char *why, uintptr_t floor)
     fcntl(p[1], F_SETFD, FD_CLOEXEC);
     put_num(pidbuf, pidbuf + sizeof pidbuf, (unsigned long)getpid());
     put_num(fdbuf, fdbuf + sizeof fdbuf, (unsigned long)p[0]);
-    put_num(tidbuf, tidbuf + sizeof tidbuf, (unsigned long)syscall(SYS_gettid));
+    put_num(tidbuf, tidbuf + sizeof tidbuf, floor ? (unsigned long)syscall(SYS_gettid) : 0);
     put_hex(floorbuf, floorbuf + sizeof floorbuf, floor);
-    char *argv[] = { path, pidbuf, cfg.dir, g_id, (char *)why, fdbuf, floor ? tidbuf : NULL,
-                     floorbuf, NULL };
+    /* our dump files are numbered below g_next_file: the scanner may open them by name
+     * rather than list the directory (tools/scan_cut.c, take_cut) */
+    put_num(nfbuf, nfbuf + sizeof nfbuf, atomic_load(&g_next_file));
+    char *argv[] = { path, pidbuf, cfg.dir, g_id, (char *)why, fdbuf, tidbuf, floorbuf, nfbuf,
+                     NULL };
     /* vfork: no fork handlers run (ours would start a trace for the child), nothing
      * allocated, nothing copied */
     uint64_t all = ~(uint64_t)0, old = 0;        /* the kernel's mask: 64 signals */

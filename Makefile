@@ -65,8 +65,14 @@ $(OUT)/mmleak.so: $(TRACER_OBJS)
 $(OUT)/mmleak-tools.so: $(TOOLS_OBJS)
 	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -Wl,-z,defs -o $@ $(TOOLS_OBJS) $(LDFLAGS)
 
+# mmleak-scan starts at every traced process's exit, which waits for it: it is linked as a
+# static PIE (SCAN_LINK) when the C library allows it (libc.a: Debian's libc6-dev has it), so
+# that no loader maps and relocates libc.so.6 at every exit (docs/performance.rst, "Start-up
+# with the scan"); otherwise, or with SCAN_LINK= , dynamically.
+SCAN_LINK ?= -static-pie
 $(OUT)/mmleak-scan: $(SCAN_OBJS)
-	$(CC) $(CFLAGS_LIB) $(CFLAGS) -o $@ $(SCAN_OBJS) -lpthread $(LDFLAGS)
+	$(if $(SCAN_LINK),$(CC) $(CFLAGS_LIB) $(CFLAGS) $(SCAN_LINK) -o $@ $(SCAN_OBJS) -lpthread \
+	    $(LDFLAGS) 2>/dev/null ||) $(CC) $(CFLAGS_LIB) $(CFLAGS) -o $@ $(SCAN_OBJS) -lpthread $(LDFLAGS)
 
 -include $(TRACER_OBJS:.o=.d) $(TOOLS_OBJS:.o=.d) $(B)/tools/scan_main.d
 

@@ -137,6 +137,31 @@ def test_interior_pointers_read_a_block_once(scan_bins, dump):
     assert reads[0] < 2000, reads        # (25 here: the roots, one batch, the block's head)
 
 
+@pytest.mark.parametrize("case", ["lost-chain", "thread-stack"])
+def test_exit_scan_opens_its_dump_files_by_name(scan_bins, dump, case):
+    """At exit, with no compaction lock, the scanner does not list the dump directory (a
+    test suite's thousands of traces in it: a microsecond a name, at every exit): it opens
+    the dump files mmleak.so numbered, by name (MMLEAK_SCAN_DEBUG=1 says so), exactly
+    those of the trace, and the kinds are exact among 3,000 files of other traces."""
+    for i in range(1000):
+        for suffix in ("0.out", "maps", "scan.1"):
+            (dump / ("mmleak.%d-9.%s" % (i + 1, suffix))).write_text("")
+    env = {"SCAN_LIB": scan_bins["libscan.so"], "MMLEAK_SCAN_DEBUG": "1"}
+    r = run_traced([scan_bins["scan_cases"], case], dump, env=env)
+    assert re.search(rb"^mmleak-scan: cut by name: \d+ dump files at most$", r.stderr, re.M), \
+        r.stderr[-2000:]
+    import mmleaklib as mm
+    tid = [t for t in mm.find_traces(str(dump)) if not t.endswith("-9")]
+    assert len(tid) == 1, tid
+    cut = sorted(os.path.basename(m.group(1).decode()) for m in
+                 re.finditer(rb"^mmleak-scan: cut (\S+): ", r.stderr, re.M))
+    assert cut == sorted(os.path.basename(p) for p in mm.find_traces(str(dump))[tid[0]])
+    from mmleaklib import scan
+    k = scan.kinds_for(str(dump), tid[0])
+    assert k.status == "done" and k.scan.why == "exit", k.reason
+    assert sorted(k.kind(*b) for b in target_blocks(dump, tid[0])) == CASES[case]
+
+
 def test_debug_levels(scan_bins, dump):
     """MMLEAK_SCAN_DEBUG=1: the step timers and the reads, no line per word that points into
     a block (10 million of them on a heap of 10 million blocks); 2: those lines too."""
@@ -283,6 +308,37 @@ def test_scan_off(scan_bins, dump):
     run_traced([scan_bins["scan_cases"], "lost"], dump, env={"MMLEAK_SCAN": "0"})
     from mmleaklib import scan
     assert scan.scan_files(str(dump), only_trace(dump)) == []
+
+
+@pytest.mark.parametrize("how", ["default", "blocked", "ignored"])
+def test_scan_time_limit_whatever_the_programs_sigalrm(scan_bins, dump, how):
+    """MMLEAK_SCAN_SECS holds whatever the program did with SIGALRM (blocked it, ignored
+    it: the scanner inherits both): here the scan waits for the trace's directory lock,
+    which the program holds for writing until it ends; at 1 s the scanner is killed by its
+    alarm, the exit goes on, and no result is written (the scanner would otherwise give
+    the lock up after 30 s and write a result saying so)."""
+    src = dump / "alrm.c"
+    src.write_text(
+        "#include <fcntl.h>\n#include <signal.h>\n#include <stdio.h>\n#include <stdlib.h>\n"
+        "#include <string.h>\n#include <unistd.h>\nvoid *g;\nint main(int c, char **v) {\n"
+        "  char p[4096];\n"
+        "  snprintf(p, sizeof p, \"%s/mmleak.%d.lock\", getenv(\"MMLEAK_DIR\"), getpid());\n"
+        "  int fd = open(p, O_RDWR | O_CREAT | O_EXCL, 0600);\n"
+        "  struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_len = 1 };\n"
+        "  if (fd < 0 || fcntl(fd, F_SETLK, &fl)) return 3;\n"
+        "  g = malloc(10); malloc(20);\n"
+        "  if (!strcmp(v[1], \"blocked\")) {\n"
+        "    sigset_t s; sigemptyset(&s); sigaddset(&s, SIGALRM);\n"
+        "    sigprocmask(SIG_BLOCK, &s, 0); }\n"
+        "  if (!strcmp(v[1], \"ignored\")) signal(SIGALRM, SIG_IGN);\n"
+        "  return 0; }\n")
+    exe = str(dump / "alrm")
+    subprocess.run(["cc", "-w", "-o", exe, str(src)], check=True)
+    run_traced([exe, how], dump, env={"MMLEAK_SCAN_SECS": "1"})
+    from mmleaklib import scan
+    tid = only_trace(dump)
+    assert tid == str(int(tid))         # (the lock file's name is the trace's)
+    assert scan.scan_files(str(dump), tid) == []
 
 
 def test_result_file_layout(scan_bins, dump):

@@ -124,7 +124,8 @@ static int valid_id(const char *id)
     return 1;
 }
 
-/* mmleak_scan, with FLOOR_TID's stack scanned from FLOOR up (0 0: none).  The thread that
+/* mmleak_scan, with FLOOR_TID's stack scanned from FLOOR up (0 0: none), and NFILES (0:
+ * unknown) above the numbers of the trace's dump files (take_cut).  The thread that
  * asked for the scan (at exit, or mmleak_leak_check) waits for it in mmleak.so, whose frames
  * hold stale copies of addresses (its stack walks'): FLOOR is where the program's part of
  * that stack begins, below the program's callee-saved registers, which mmleak.so's entry
@@ -133,7 +134,7 @@ static int valid_id(const char *id)
  * in the mapping of the thread's stack pointer, or below that pointer, is ignored. */
 int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
                       char *out, size_t outlen, char *err, size_t errlen,
-                      uint64_t *totals, int floor_tid, uint64_t floor)
+                      uint64_t *totals, int floor_tid, uint64_t floor, int nfiles)
 {
     if (pid <= 0 || !dir || !id || !why || !valid_id(id) || !err || !errlen || !out) {
         if (err && errlen)
@@ -153,6 +154,7 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
     s.pagemap = -2;
     s.floor_tid = floor_tid;
     s.floor = floor;
+    s.nfiles = nfiles;
     if (scan_debug < 0) {
         const char *d = getenv("MMLEAK_SCAN_DEBUG");
         scan_debug = d && *d >= '1' && *d <= '9' && !d[1] ? *d - '0' : 0;
@@ -255,7 +257,7 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
 EXPORT int mmleak_scan(int pid, const char *dir, const char *id, const char *why, char *out,
                        size_t outlen, char *err, size_t errlen, uint64_t *totals)
 {
-    return mmleak_scan_floor(pid, dir, id, why, out, outlen, err, errlen, totals, 0, 0);
+    return mmleak_scan_floor(pid, dir, id, why, out, outlen, err, errlen, totals, 0, 0, 0);
 }
 
 EXPORT int mmleak_scan_abi(void) { return 1; }

@@ -300,76 +300,112 @@ static void free_names(char **names, int n)
     free(names);
 }
 
+/* File NAME of the directory, if it is one of the trace's (its result, a run, a dump
+ * file), opened and held in the cut (a dump file: its size and staging lines; a result or
+ * run: what it says it folded, to *FOLDED).  0 (taken, or not the trace's, or gone), -1
+ * (said why). */
+static int cut_file(struct scan *s, const char *name, uid_t owner, char ***folded,
+                    int *nfolded)
+{
+    uint64_t num = 0;
+    int rank = 0;
+    int compact = name_is(name, s->id, "compact", &num);
+    if (!compact && run_is(name, s->id, &num))
+        compact = rank = 1;
+    else if (!compact && name_is(name, s->id, NULL, &num))
+        rank = 2;
+    else if (!compact)
+        return 0;
+    char *p = path_in(s, name);
+    struct stat st;
+    int fd = p ? open_own(p, owner, &st) : -1;
+    if (fd < 0) {
+        int why = p ? errno : ENOMEM;
+        free(p);
+        if (why == ENOENT || why == EPERM || why == ELOOP || why == EACCES)
+            return 0;                   /* gone, or not the trace's file: not read */
+        return say(s, "cannot open %s in %s: %s", name, s->dir, strerror(why));
+    }
+    struct cutf *n = realloc(s->cf, (size_t)(s->ncf + 1) * sizeof *n);
+    if (!n || (compact && read_folded(fd, s->id, folded, nfolded))) {
+        if (n)
+            s->cf = n;
+        close(fd);
+        free(p);
+        return say(s, "out of memory");
+    }
+    s->cf = n;
+    struct cutf *c = &s->cf[s->ncf++];
+    memset(c, 0, sizeof *c);
+    c->path = p;
+    c->compact = compact;
+    c->rank = rank;
+    c->num = num;
+    c->size = (uint64_t)st.st_size;
+    c->fd = fd;
+    char end[5];
+    c->ended = c->size >= 5 && pread(fd, end, 5, (off_t)c->size - 5) == 5 &&
+               !memcmp(end, "#end\n", 5);
+    if (compact || c->ended)
+        return 0;
+    char *tp;
+    if (asprintf(&tp, "%.*s.tail", (int)(strlen(p) - 4), p) < 0)
+        return 0;
+    int tfd = open_own(tp, owner, &st);
+    free(tp);
+    if (tfd < 0)
+        return 0;
+    if (st.st_size > 0 && (size_t)st.st_size <= TAIL_MAX) {
+        c->tail = malloc((size_t)st.st_size);
+        ssize_t got = c->tail ? pread(tfd, c->tail, (size_t)st.st_size, 0) : -1;
+        c->tlen = got > 0 ? tail_lines(c->tail, (size_t)got, c->size) : 0;
+    }
+    close(tfd);
+    return 0;
+}
+
+/* mmleak.so numbers its dump files from 0, one a thread file (they are reused), and jumps
+ * 65536 or more past names others took: a directory is listed past this many */
+#define CUT_BY_NAME_MAX 64
+
+/* The trace's files, by their names.  Listed from the directory; or, when no compactor ever
+ * ran (no lock file: S->nolock) and mmleak.so said its dump files are numbered below
+ * S->nfiles (its scan at exit, or at the program's request), opened by name,
+ * mmleak.ID.0.out to mmleak.ID.(nfiles - 1).out: only a compaction pass makes the other
+ * files of a trace (its result and runs), and one that begins meanwhile has the cut taken
+ * again, listed (mmleak_scan_floor).  Listing costs about 1 us an entry on the 2-core VM:
+ * a directory where a test suite's thousands of programs leave their traces made every
+ * exit scan read all of their names.  Either way the files mmleak.so made are opened, and
+ * each the same way. */
 int take_cut(struct scan *s)
 {
     uid_t owner = trace_owner(s);
-    DIR *d = opendir(s->dir);
-    if (!d)
-        return say(s, "cannot list %s: %s", s->dir, strerror(errno));
-    struct dirent *e;
     char **folded = NULL;
     int nfolded = 0;
-    while ((e = readdir(d))) {
-        uint64_t num = 0;
-        int rank = 0;
-        int compact = name_is(e->d_name, s->id, "compact", &num);
-        if (!compact && run_is(e->d_name, s->id, &num))
-            compact = rank = 1;
-        else if (!compact && name_is(e->d_name, s->id, NULL, &num))
-            rank = 2;
-        else if (!compact)
-            continue;
-        char *p = path_in(s, e->d_name);
-        struct stat st;
-        int fd = p ? open_own(p, owner, &st) : -1;
-        if (fd < 0) {
-            int why = p ? errno : ENOMEM;
-            free(p);
-            if (why == ENOENT || why == EPERM || why == ELOOP || why == EACCES)
-                continue;               /* gone, or not the trace's file: not read */
-            closedir(d);
-            free_names(folded, nfolded);
-            return say(s, "cannot open %s in %s: %s", e->d_name, s->dir, strerror(why));
+    if (s->nolock && s->nfiles > 0 && s->nfiles <= CUT_BY_NAME_MAX) {
+        if (unlikely(scan_debug > 0))
+            fprintf(stderr, "mmleak-scan: cut by name: %d dump files at most\n", s->nfiles);
+        for (int i = 0; i < s->nfiles; i++) {
+            char name[300];
+            snprintf(name, sizeof name, "mmleak.%s.%d.out", s->id, i);
+            if (cut_file(s, name, owner, &folded, &nfolded)) {
+                free_names(folded, nfolded);
+                return -1;
+            }
         }
-        struct cutf *n = realloc(s->cf, (size_t)(s->ncf + 1) * sizeof *n);
-        if (!n || (compact && read_folded(fd, s->id, &folded, &nfolded))) {
-            if (n)
-                s->cf = n;
-            close(fd);
-            free(p);
-            closedir(d);
-            free_names(folded, nfolded);
-            return say(s, "out of memory");
-        }
-        s->cf = n;
-        struct cutf *c = &s->cf[s->ncf++];
-        memset(c, 0, sizeof *c);
-        c->path = p;
-        c->compact = compact;
-        c->rank = rank;
-        c->num = num;
-        c->size = (uint64_t)st.st_size;
-        c->fd = fd;
-        char end[5];
-        c->ended = c->size >= 5 && pread(fd, end, 5, (off_t)c->size - 5) == 5 &&
-                   !memcmp(end, "#end\n", 5);
-        if (compact || c->ended)
-            continue;
-        char *tp;
-        if (asprintf(&tp, "%.*s.tail", (int)(strlen(p) - 4), p) < 0)
-            continue;
-        int tfd = open_own(tp, owner, &st);
-        free(tp);
-        if (tfd < 0)
-            continue;
-        if (st.st_size > 0 && (size_t)st.st_size <= TAIL_MAX) {
-            c->tail = malloc((size_t)st.st_size);
-            ssize_t got = c->tail ? pread(tfd, c->tail, (size_t)st.st_size, 0) : -1;
-            c->tlen = got > 0 ? tail_lines(c->tail, (size_t)got, c->size) : 0;
-        }
-        close(tfd);
+    } else {
+        DIR *d = opendir(s->dir);
+        if (!d)
+            return say(s, "cannot list %s: %s", s->dir, strerror(errno));
+        struct dirent *e;
+        while ((e = readdir(d)))
+            if (cut_file(s, e->d_name, owner, &folded, &nfolded)) {
+                closedir(d);
+                free_names(folded, nfolded);
+                return -1;
+            }
+        closedir(d);
     }
-    closedir(d);
     /* what a result or run names as folded is in it already: left out, as the readers do */
     int k = 0;
     for (int i = 0; i < s->ncf; i++) {

@@ -83,6 +83,8 @@ struct scan {
     struct mml_pthread_layout pl;
     int floor_tid;                      /* this thread's stack is scanned from floor up */
     uint64_t floor;
+    int nfiles;                         /* > 0: the trace's dump files are numbered below it
+                                         * (mmleak.so's word: take_cut) */
 };
 
 #define WINDOW ((size_t)4 << 20)        /* block contents are read this much at a time */

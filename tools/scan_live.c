@@ -86,6 +86,10 @@ struct evs {                /* an array of events in mapped memory (grows in pla
     size_t n, cap, bytes;
 };
 
+/* The slots of pre_event's table of recent addresses (below) */
+#define PRE_BITS 15
+#define PRE_SLOTS ((size_t)1 << PRE_BITS)
+
 /* An address's state in S. */
 struct st { uint64_t key; struct slot e; };
 struct states {             /* S: sorted by address, one state per address */
@@ -102,6 +106,10 @@ struct feed {
     int unsorted;           /* the batch's events are not all in address order */
     int attached, glibc, oom;
     struct pre *pre;        /* the current input's recent addresses (pre_event) */
+    uint64_t pre_used[PRE_SLOTS / 64];  /* its slots in use, one bit each: pre_drain visits
+                             * those only (the whole table is 1.5 MiB: reading it for the few
+                             * events of a small program's trace faulted in 384 pages, about
+                             * 5 ms of a 2-core VM's time at every exit) */
     struct ring *pipe;      /* a parser thread's feed: its events go to its ring */
     int64_t pos;            /* a parser's: the offset its input's bytes are read at (pread) */
 };
@@ -254,6 +262,8 @@ static inline void slot_event(struct slot *e, int *have, uint64_t s, int kind, u
  * high ones all the same), at most 16 of them a pass, through SPARE (room for N more, kept
  * for the next sort).  0, or -1 (out
  * of memory). */
+#define SORT_FEW 64
+
 static int sort_ev(struct ev *v, size_t n, struct evs *spare)
 {
     uint64_t diff = 0;
@@ -261,6 +271,19 @@ static int sort_ev(struct ev *v, size_t n, struct evs *spare)
         diff |= v[i].key ^ v[0].key;
     if (n < 2 || !diff)
         return 0;
+    if (n <= SORT_FEW) {
+        /* a few events (a short program's whole trace): an insertion sort, stable as well;
+         * the radix sort's counts (up to 512 KiB, zeroed at every pass, for two addresses
+         * as for a million) would cost more than the sort */
+        for (size_t i = 1; i < n; i++) {
+            struct ev x = v[i];
+            size_t j = i;
+            for (; j && v[j - 1].key > x.key; j--)
+                v[j] = v[j - 1];
+            v[j] = x;
+        }
+        return 0;
+    }
     int lo = __builtin_ctzll(diff), bits = 64 - __builtin_clzll(diff) - lo;
     int passes = (bits + 15) / 16, width = (bits + passes - 1) / passes;
     size_t buckets = (size_t)1 << width, mask = buckets - 1;
@@ -443,8 +466,6 @@ static inline void direct_event(struct feed *f, uint64_t key, uint64_t s, int ki
  * slot is emptied before any other of its events goes there); the table is emptied at the
  * end of every input.  tests/test_scan.py (test_live_set_pairs_merged_as_one) holds the
  * result to the shrink engine's on traces made of such runs. */
-#define PRE_BITS 15
-#define PRE_SLOTS ((size_t)1 << PRE_BITS)
 
 struct pre {
     uint64_t key, top;      /* TOP: the highest number of the address in this input (the
@@ -480,6 +501,8 @@ static inline void pre_event(struct feed *f, uint64_t key, uint64_t s, int kind,
     if (unlikely(!e->used || e->key != key)) {
         if (e->used)
             pre_out(f, e);
+        else
+            f->pre_used[pre_slot(key) / 64] |= (uint64_t)1 << (pre_slot(key) % 64);
         e->used = 1;
         e->key = key;
         e->pairs = 0;
@@ -518,9 +541,12 @@ static inline void pre_event(struct feed *f, uint64_t key, uint64_t s, int kind,
 /* The table emptied (the end of an input). */
 static void pre_drain(struct feed *f)
 {
-    for (size_t i = 0; i < PRE_SLOTS; i++)
-        if (f->pre[i].used)
-            pre_out(f, &f->pre[i]);
+    for (size_t w = 0; w < PRE_SLOTS / 64; w++) {
+        uint64_t m = f->pre_used[w];
+        f->pre_used[w] = 0;
+        for (; m; m &= m - 1)           /* in the slots' order, as before the bits */
+            pre_out(f, &f->pre[w * 64 + (size_t)__builtin_ctzll(m)]);
+    }
 }
 
 #if defined(__x86_64__)

@@ -2,12 +2,13 @@
  * process (tracer/exitscan.c), installed beside mmleak.so.  Never preloaded (the tracer
  * takes LD_PRELOAD out of its environment).
  *
- *   mmleak-scan PID DIR ID WHY [READY_FD [TID FLOOR]]
+ *   mmleak-scan PID DIR ID WHY [READY_FD [TID FLOOR [NFILES]]]
  *
  * READY_FD: a pipe the process writes one byte to once it allowed us to trace it
  * (PR_SET_PTRACER): we wait for it first.  Every other inherited descriptor is closed.
  * TID FLOOR (decimal, hexadecimal): the thread that asked waits in mmleak.so, below FLOOR
  * on its stack; only its stack from FLOOR up is scanned (tools/scan.c, mmleak_scan_floor).
+ * NFILES (0: unknown): the trace's dump files are numbered below it (tools/scan_cut.c).
  * The scan is tools/scan.c's mmleak_scan; the result is DIR/mmleak.ID.scan.S.  Exit status:
  * 0 done, nothing definitely or indirectly lost; 1 done, some is; 2 the scan could not be
  * done (the result says why); 3 no result written.  Bounded:
@@ -27,14 +28,15 @@
 
 int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why, char *out,
                       size_t outlen, char *err, size_t errlen, uint64_t *totals,
-                      int floor_tid, uint64_t floor);
+                      int floor_tid, uint64_t floor, int nfiles);
 
 int main(int argc, char **argv)
 {
-    if (argc < 5 || argc > 8 || argc == 7) {
-        fprintf(stderr, "usage: mmleak-scan PID DIR ID WHY [READY_FD [TID FLOOR]]\n");
+    if (argc < 5 || argc > 9 || argc == 7) {
+        fprintf(stderr, "usage: mmleak-scan PID DIR ID WHY [READY_FD [TID FLOOR [NFILES]]]\n");
         return 2;
     }
+    int nfiles = argc == 9 ? atoi(argv[8]) : 0;
     int ready = argc >= 6 ? atoi(argv[5]) : -1;
     int floor_tid = argc == 8 ? atoi(argv[6]) : 0;
     uint64_t floor = argc == 8 ? strtoull(argv[7], NULL, 16) : 0;
@@ -51,6 +53,12 @@ int main(int argc, char **argv)
             ;
         close(ready);
     }
+    /* mmleak.so starts us with every signal blocked (tracer/exitscan.c), and a program may
+     * have blocked or ignored SIGALRM: our time limit is SIGALRM's default action */
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    signal(SIGALRM, SIG_DFL);
     signal(SIGPIPE, SIG_IGN);
     /* a process that limited its address space (RLIMIT_AS) gave us its limit: take what
      * the hard limit allows, the scan needs memory of its own */
@@ -76,7 +84,7 @@ int main(int argc, char **argv)
     char out[4200], err[512];
     uint64_t totals[8] = { 0 };
     int rc = mmleak_scan_floor(atoi(argv[1]), argv[2], argv[3], argv[4], out, sizeof out,
-                               err, sizeof err, totals, floor_tid, floor);
+                               err, sizeof err, totals, floor_tid, floor, nfiles);
     if (rc < 0)
         fprintf(stderr, "mmleak-scan: %s\n", err);
     if (rc)

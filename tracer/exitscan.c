@@ -19,7 +19,7 @@
 #include <fcntl.h>
 #include <link.h>
 #include <stdint.h>
-#include <spawn.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -98,12 +98,37 @@ static int scanner_path(char *buf, size_t cap)
     return access(buf, X_OK);
 }
 
+/* Start PATH with ARGV and ENV, every signal blocked (the caller blocked them, glibc's
+ * own two as well, by the system call: a vfork child shares our memory, so no handler may
+ * run in it; mmleak-scan unblocks them in its main).  vfork and the execve system call,
+ * not posix_spawn: glibc's posix_spawn child resets every signal's handler for the same
+ * reason, 124 rt_sigaction calls at every exit, and maps a stack; the raw execve, not the
+ * libc function: execve is one of our hooks (the trace's end), which must not run in the
+ * child.  The child's pid, or -1. */
+static __attribute__((noinline)) pid_t spawn_blocked(const char *path, char **argv,
+                                                       char **env)
+{
+    volatile int failed = 0;            /* (the child's write is ours: one memory) */
+    pid_t child = vfork();
+    if (child == 0) {
+        syscall(SYS_execve, path, argv, env);
+        failed = 1;
+        syscall(SYS_exit_group, 127);
+    }
+    if (child > 0 && failed) {          /* as posix_spawn reports it: no child */
+        while (waitpid(child, NULL, 0) < 0 && errno == EINTR)
+            ;
+        return -1;
+    }
+    return child;
+}
+
 /* Start mmleak-scan for this process and wait for its verdict.  WHY: "exit" or "api".
  * Returns the scanner's exit status (0 done, 1 could not scan, 2 no result), -1 when it
  * could not be started. */
 COLD int run_scanner(const char *why, uintptr_t floor)
 {
-    static char path[PATH_MAX], pidbuf[24], fdbuf[24], tidbuf[24], floorbuf[24];
+    static char path[PATH_MAX], pidbuf[24], fdbuf[24], tidbuf[24], floorbuf[24], nfbuf[24];
     if (scanner_path(path, sizeof path))
         return -1;
     /* the environment without LD_PRELOAD, in memory of our own */
@@ -127,17 +152,22 @@ COLD int run_scanner(const char *why, uintptr_t floor)
     fcntl(p[1], F_SETFD, FD_CLOEXEC);
     put_num(pidbuf, pidbuf + sizeof pidbuf, (unsigned long)getpid());
     put_num(fdbuf, fdbuf + sizeof fdbuf, (unsigned long)p[0]);
-    put_num(tidbuf, tidbuf + sizeof tidbuf, (unsigned long)syscall(SYS_gettid));
+    put_num(tidbuf, tidbuf + sizeof tidbuf, floor ? (unsigned long)syscall(SYS_gettid) : 0);
     put_hex(floorbuf, floorbuf + sizeof floorbuf, floor);
-    char *argv[] = { path, pidbuf, cfg.dir, g_id, (char *)why, fdbuf, floor ? tidbuf : NULL,
-                     floorbuf, NULL };
-    pid_t child;
-    /* posix_spawn: no fork handlers run (ours would start a trace for the child), nothing
-     * allocated (glibc maps the child's stack) */
-    int rc = posix_spawn(&child, path, NULL, NULL, argv, env);
+    /* our dump files are numbered below g_next_file: the scanner may open them by name
+     * rather than list the directory (tools/scan_cut.c, take_cut) */
+    put_num(nfbuf, nfbuf + sizeof nfbuf, atomic_load(&g_next_file));
+    char *argv[] = { path, pidbuf, cfg.dir, g_id, (char *)why, fdbuf, tidbuf, floorbuf, nfbuf,
+                     NULL };
+    /* vfork: no fork handlers run (ours would start a trace for the child), nothing
+     * allocated, nothing copied */
+    uint64_t all = ~(uint64_t)0, old = 0;        /* the kernel's mask: 64 signals */
+    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, sizeof all);
+    pid_t child = spawn_blocked(path, argv, env);
+    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
     close(p[0]);
     mml_unmap(env, bytes);
-    if (rc) {
+    if (child < 0) {
         close(p[1]);
         return -1;
     }

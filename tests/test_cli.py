@@ -2,6 +2,7 @@
 process; exact output."""
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -112,6 +113,40 @@ def test_run_passes_exit_status_and_signals(bins, tmp_path, lib):
                        capture_output=True, text=True)
     assert r.returncode == 128 + 6
     assert "ended (killed by signal 6)" in r.stderr
+
+
+def test_run_passes_sigterm_and_sighup_on(tmp_path, lib):
+    # `kill PID` of the mmleak.py a user (or a service manager) started stops the program,
+    # whose trace is then compacted and announced; before, mmleak.py died of the signal at
+    # once and the program ran on, orphaned, its trace never compacted
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        d = tmp_path / str(int(sig))
+        with open(tmp_path / "err", "w+") as err:
+            p = subprocess.Popen(MMLEAK_PY + ["run", "-d", str(d), "--", "sleep", "600"],
+                                 stderr=err, env=NO_SCAN)
+            child = None
+            try:
+                for _ in range(1000):
+                    with open("/proc/%d/task/%d/children" % (p.pid, p.pid)) as f:
+                        kids = f.read().split()
+                    # the child is traced once its dump files exist
+                    if kids and os.path.exists(d / ("mmleak.%s.maps" % kids[0])):
+                        child = int(kids[0])
+                        break
+                    time.sleep(0.01)
+                assert child
+                p.send_signal(sig)
+                assert p.wait(timeout=60) == 128 + sig
+                time.sleep(0.1)
+                assert not os.path.exists("/proc/%d" % child)
+            finally:
+                if child and os.path.exists("/proc/%d" % child):
+                    os.kill(child, signal.SIGKILL)
+            err.seek(0)
+            first = err.read().splitlines()[0]
+        assert first.startswith(
+            "mmleak.py: sleep ended (killed by signal %d); trace %d compacted in the "
+            "background: mmleak.%d.compact (" % (sig, child, child)), first
 
 
 def test_run_without_command_is_a_usage_error():

@@ -28,6 +28,7 @@ CASES = {
     "thread-register": ["reachable"],
     "mmap": ["reachable"],
     "pool": ["reachable"],
+    "pool-beside-chunk": ["reachable"],  # a pool the kernel merged with an mmap'ed block
     "chain": ["reachable", "reachable", "reachable"],
     "cycle": ["definite", "indirect"],
     "lost-chain": ["definite", "indirect"],

@@ -270,14 +270,14 @@ def check_verdict(rep, args, out):
     OUT either way."""
     n, b = report.check_failures(rep, args.leak_kinds)
     what = ",".join(args.leak_kinds) or "none"
+    cmd = report.printable(rep["cmd"]) or "command unknown"
     if n:
         out.write("mmleak: check FAILED: trace %s (%s): %d blocks (%s) not freed of the kinds "
-                  "that count (%s)\n" % (rep["trace"], rep["cmd"] or "command unknown", n,
-                                         report.bytes_text(b), what))
+                  "that count (%s)\n" % (rep["trace"], cmd, n, report.bytes_text(b), what))
         return False
     n, b = rep.get("suppressed_total") or (0, 0)
     out.write("mmleak: check passed: trace %s (%s): no block not freed of the kinds that "
-              "count (%s)%s\n" % (rep["trace"], rep["cmd"] or "command unknown", what,
+              "count (%s)%s\n" % (rep["trace"], cmd, what,
                                   "; %d blocks (%s) suppressed" % (n, report.bytes_text(b))
                                   if n else ""))
     return True

@@ -204,6 +204,11 @@ __attribute__((noinline)) static void plant(const char *c)
                           -1, 0);
         void **obj = (void **)(pool + 300000);
         obj[3] = target();
+    } else if (!strcmp(c, "shared-anon")) {
+        /* shared anonymous memory (a server's shared segment, PostgreSQL's): /proc/PID/maps
+         * names it "/dev/zero (deleted)" */
+        void **m = mmap(NULL, 1 << 16, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        m[100] = target();
     } else if (!strcmp(c, "pool-beside-chunk")) {
         pool_beside_chunk();
     } else if (!strcmp(c, "chain")) {

@@ -28,7 +28,8 @@ CASES = {
     "thread-register": ["reachable"],
     "mmap": ["reachable"],
     "pool": ["reachable"],
-    "pool-beside-chunk": ["reachable"],  # a pool the kernel merged with an mmap'ed block
+    "pool-beside-chunk": ["reachable"],
+    "shared-anon": ["reachable"],       # MAP_SHARED | MAP_ANONYMOUS: "/dev/zero (deleted)"  # a pool the kernel merged with an mmap'ed block
     "chain": ["reachable", "reachable", "reachable"],
     "cycle": ["definite", "indirect"],
     "lost-chain": ["definite", "indirect"],

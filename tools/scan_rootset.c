@@ -170,6 +170,16 @@ static int beside_chunks(struct scan *s, const struct mapping *m)
     return 1;
 }
 
+/* Is PATH, a mapping's, a device's memory, which reading may disturb (a frame buffer, a
+ * PCI BAR)?  /dev/zero is not: the kernel names shared anonymous memory "/dev/zero
+ * (deleted)" (a server's shared segment: PostgreSQL's), and /dev/shm holds POSIX shared
+ * memory; valgrind reads both, and a block pointed to from there only is not lost. */
+static int device(const char *path)
+{
+    return !strncmp(path, "/dev/", 5) && strncmp(path, "/dev/zero", 9) &&
+           strncmp(path, "/dev/shm/", 9);
+}
+
 /* May the pages of mapping M that are neither in memory nor in swap be left unread?  Yes
  * for private anonymous memory (they read as zeros); not for a file's pages (their contents
  * are the file's) nor for shared memory (another process may have written them). */
@@ -313,7 +323,7 @@ void mark(struct scan *s)
             continue;
         }
         if (!strcmp(m->path, "[vvar]") || !strcmp(m->path, "[vsyscall]") ||
-            !strncmp(m->path, "/dev/", 5) || !strcmp(m->path, "[vvar_vclock]"))
+            device(m->path) || !strcmp(m->path, "[vvar_vclock]"))
             continue;
         /* a thread's stack: from its stack pointer (less the red zone) up */
         uint64_t from = m->lo;

@@ -223,6 +223,11 @@ __attribute__((noinline)) static void plant(const char *c)
     } else if (!strcmp(c, "lost-chain")) {
         struct node *a = target(), *b = target();
         a->next = b;
+    } else if (!strcmp(c, "last-word")) {
+        /* a pointer to the block's last 8 bytes (a list node at the end of a struct:
+         * PostgreSQL's RegisteredBgWorker), where glibc's header of the next chunk lies when
+         * the size leaves none spare (4321 bytes: a chunk of 4336, the next header at 4320) */
+        g_slot = (char *)target() + 4320;
     } else if (!strcmp(c, "interior")) {
         g_slot = (char *)target() + 16;
     } else if (!strcmp(c, "interior-many")) {

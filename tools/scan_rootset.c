@@ -238,6 +238,16 @@ static void scan_present(struct scan *s, const struct mapping *m, uint64_t a, ui
     }
 }
 
+/* Is mapping M libc.so.6's data (its file's writable mapping, or the .bss right after it)? */
+static int libc_data(struct scan *s, const struct mapping *m)
+{
+    const char *p = m->path;
+    if (!p[0] && m > s->mp && m[-1].hi == m->lo)
+        p = m[-1].path;
+    size_t n = strlen(p);
+    return n >= 10 && !strcmp(p + n - 10, "/libc.so.6");
+}
+
 static void root_range(struct scan *s, const struct mapping *m, int kind, uint64_t a,
                        uint64_t b)
 {
@@ -248,7 +258,9 @@ static void root_range(struct scan *s, const struct mapping *m, int kind, uint64
     if (unlikely(scan_debug > 0))
         fprintf(stderr, "mmleak-scan: root %s %#" PRIx64 "-%#" PRIx64 "\n", ROOT_NAME[kind], a,
                 b);
+    s->glibc_words = kind == R_STACK || kind == R_UNTRACED || libc_data(s, m);
     scan_present(s, m, a, b);
+    s->glibc_words = 0;
 }
 
 /* Root [A, B) of mapping M, less mmleak.so's own mappings (own_maps) in it: the kernel merges

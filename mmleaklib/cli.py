@@ -270,14 +270,14 @@ def check_verdict(rep, args, out):
     OUT either way."""
     n, b = report.check_failures(rep, args.leak_kinds)
     what = ",".join(args.leak_kinds) or "none"
+    cmd = report.printable(rep["cmd"]) or "command unknown"
     if n:
         out.write("mmleak: check FAILED: trace %s (%s): %d blocks (%s) not freed of the kinds "
-                  "that count (%s)\n" % (rep["trace"], rep["cmd"] or "command unknown", n,
-                                         report.bytes_text(b), what))
+                  "that count (%s)\n" % (rep["trace"], cmd, n, report.bytes_text(b), what))
         return False
     n, b = rep.get("suppressed_total") or (0, 0)
     out.write("mmleak: check passed: trace %s (%s): no block not freed of the kinds that "
-              "count (%s)%s\n" % (rep["trace"], rep["cmd"] or "command unknown", what,
+              "count (%s)%s\n" % (rep["trace"], cmd, what,
                                   "; %d blocks (%s) suppressed" % (n, report.bytes_text(b))
                                   if n else ""))
     return True
@@ -287,7 +287,8 @@ def add_run(sub):
     r = command(sub, "run", cmd_run, "run a command under the tracer",
                 "Run CMD with mmleak.so preloaded ($MMLEAK_LIB, else the one beside the "
                 "scripts in a source tree, else the installed one), then say where its dump files are and the "
-                "command that reports on them.  Exits with CMD's exit status.  While it runs, "
+                "command that reports on them.  Exits with CMD's exit status; a SIGTERM or "
+                "SIGHUP sent to mmleak.py is passed on to CMD.  While it runs, "
                 "its dump files are compacted every second (see `compact`): the files rotate "
                 "at %d MB (MMLEAK_ROTATE_MB, unless set) and each finished one is folded into "
                 "mmleak.ID.compact and deleted, so the directory holds the live set, not the "
@@ -333,6 +334,18 @@ def preload_env(lib, d, depth, keep_all):
     return env
 
 
+def forward_signals(proc, sigs):
+    """Pass SIGS on to PROC while it runs (Popen.send_signal: never to a pid already
+    reaped); a signal we inherited ignored (nohup) stays ignored.  {signal: old handler}."""
+    def forward(sig, frame):
+        proc.send_signal(sig)
+    old = {}
+    for sig in sigs:
+        if signal.getsignal(sig) != signal.SIG_IGN:
+            old[sig] = signal.signal(sig, forward)
+    return old
+
+
 def cmd_run(args):
     cmd = args.command
     if cmd and cmd[0] == "--":
@@ -352,8 +365,11 @@ def cmd_run(args):
     except OSError as e:
         raise Fail("cannot run %s: %s" % (cmd[0], e.strerror))
     # The program gets the terminal's signals itself; we only wait for it, compacting its
-    # traces (and its children's) in the background meanwhile.
+    # traces (and its children's) in the background meanwhile.  SIGTERM and SIGHUP sent to
+    # us alone (`kill PID` of what the user or a service manager started) are passed on, so
+    # that the program stops and its trace is finished, not left running orphaned.
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    passed = forward_signals(proc, (signal.SIGTERM, signal.SIGHUP))
     compactor = None
     if not args.keep_all:
         compactor = compact.BackgroundCompactor(d, before, views=bool(args.check))
@@ -362,6 +378,8 @@ def cmd_run(args):
         rc = proc.wait()
     finally:
         signal.signal(signal.SIGINT, old)
+        for sig, handler in passed.items():
+            signal.signal(sig, handler)
         if compactor:
             # with --check, the verdict reads the trace while the last pass's last point
             # of the series is made (both under the trace's lock, shared)

@@ -431,12 +431,21 @@ def live_bytes(survivors):
     return b if b is not None else sum(a.size for a in survivors)
 
 
+def printable(text):
+    """TEXT, a program's command line or title, with its control characters as \\xHH: it
+    is the program's (GNU find turns its "-printf %s\\n" into a real newline), and must not
+    break a line of the report, nor write one, nor send the terminal an escape."""
+    if text is None or all(" " <= c != "\x7f" for c in text):
+        return text
+    return "".join("\\x%02x" % ord(c) if c < " " or c == "\x7f" else c for c in text)
+
+
 def print_top_sites(rep, out, top=10):
     surv = rep["survivors"]
     total = live_bytes(surv)
-    title = rep.get("title")
-    shown = ("%s (started as: %s)" % (title, rep["cmd"]) if title and rep["cmd"] and
-             title != rep["cmd"] else title or rep["cmd"])
+    title, cmd = printable(rep.get("title")), printable(rep["cmd"])
+    shown = ("%s (started as: %s)" % (title, cmd) if title and cmd and
+             title != cmd else title or cmd)
     out.write("mmleak: trace %s (pid %s)%s\n" % (rep["trace"], rep["pid"],
                                                 ": " + shown if shown else ""))
     folded = rep.get("folded") or (0, 0)

@@ -125,6 +125,52 @@ __attribute__((noinline)) static void calls_with_rbp(void *p, int depth)
     __asm__ volatile("" ::"r"(frame) : "memory");
 }
 
+/* pool-beside-chunk: a pool (an anonymous mapping of the program's, as Python's obmalloc
+ * arenas are) mapped right after a block glibc's malloc gave its own mmap: the kernel merges
+ * the two into one mapping, which then holds a live block; the pool is a root all the same
+ * (valgrind agrees).  Exit status 3 if glibc's chunk is an mmap'ed one but the two did not
+ * merge: the case would not test what it says.  (Under valgrind, whose malloc is its own,
+ * the pool goes where the kernel puts it.) */
+static void *g_big[8];
+
+static void pool_beside_chunk(void)
+{
+    char *pool = MAP_FAILED;
+    int mmapped = 0;
+    uintptr_t chunk = 0, end = 0;
+    /* mmleak.so maps its files and tables at its first events, as likely as not right beside
+     * the chunk: a few tries, each block kept (still reachable, and not TARGET's) */
+    for (int t = 0; t < 8 && pool == MAP_FAILED; t++) {
+        g_big[t] = malloc(256 * 1024);          /* over glibc's mmap threshold */
+        size_t head = ((size_t *)g_big[t])[-1];
+        chunk = (uintptr_t)g_big[t] - 16;
+        end = chunk + (head & ~(size_t)7);
+        mmapped = (head & 2) && !(chunk & 4095);        /* IS_MMAPPED */
+        /* below the chunk (the kernel maps top-down), else above it */
+        for (int k = 0; k < 2 && pool == MAP_FAILED; k++)
+            pool = mmap(!mmapped ? NULL : k ? (void *)end : (void *)(chunk - (1 << 20)),
+                        1 << 20, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | (mmapped ? MAP_FIXED_NOREPLACE : 0), -1, 0);
+    }
+    if (pool == MAP_FAILED)
+        exit(3);
+    if (mmapped) {
+        uintptr_t lo_want = chunk < (uintptr_t)pool ? chunk : (uintptr_t)pool;
+        uintptr_t hi_want = end > (uintptr_t)pool + (1 << 20) ? end : (uintptr_t)pool + (1 << 20);
+        FILE *f = fopen("/proc/self/maps", "r");
+        unsigned long lo, hi;
+        int merged = 0;
+        while (f && fscanf(f, "%lx-%lx%*[^\n]", &lo, &hi) == 2)
+            merged |= lo <= lo_want && hi >= hi_want;
+        if (f)
+            fclose(f);
+        if (!merged)
+            exit(3);
+    }
+    void **obj = (void **)(pool + 300000);
+    obj[3] = target();
+}
+
 __attribute__((noinline)) static void plant(const char *c)
 {
     if (!strcmp(c, "global")) {
@@ -158,6 +204,13 @@ __attribute__((noinline)) static void plant(const char *c)
                           -1, 0);
         void **obj = (void **)(pool + 300000);
         obj[3] = target();
+    } else if (!strcmp(c, "shared-anon")) {
+        /* shared anonymous memory (a server's shared segment, PostgreSQL's): /proc/PID/maps
+         * names it "/dev/zero (deleted)" */
+        void **m = mmap(NULL, 1 << 16, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        m[100] = target();
+    } else if (!strcmp(c, "pool-beside-chunk")) {
+        pool_beside_chunk();
     } else if (!strcmp(c, "chain")) {
         struct node *a = target(), *b = target(), *d = target();
         a->next = b;
@@ -170,6 +223,11 @@ __attribute__((noinline)) static void plant(const char *c)
     } else if (!strcmp(c, "lost-chain")) {
         struct node *a = target(), *b = target();
         a->next = b;
+    } else if (!strcmp(c, "last-word")) {
+        /* a pointer to the block's last 8 bytes (a list node at the end of a struct:
+         * PostgreSQL's RegisteredBgWorker), where glibc's header of the next chunk lies when
+         * the size leaves none spare (4321 bytes: a chunk of 4336, the next header at 4320) */
+        g_slot = (char *)target() + 4320;
     } else if (!strcmp(c, "interior")) {
         g_slot = (char *)target() + 16;
     } else if (!strcmp(c, "interior-many")) {

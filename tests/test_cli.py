@@ -2,6 +2,7 @@
 process; exact output."""
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -112,6 +113,58 @@ def test_run_passes_exit_status_and_signals(bins, tmp_path, lib):
                        capture_output=True, text=True)
     assert r.returncode == 128 + 6
     assert "ended (killed by signal 6)" in r.stderr
+
+
+def test_run_passes_sigterm_and_sighup_on(tmp_path, lib):
+    # `kill PID` of the mmleak.py a user (or a service manager) started stops the program,
+    # whose trace is then compacted and announced; before, mmleak.py died of the signal at
+    # once and the program ran on, orphaned, its trace never finished nor announced
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        d = tmp_path / str(int(sig))
+        with open(tmp_path / "err", "w+") as err:
+            p = subprocess.Popen(MMLEAK_PY + ["run", "-d", str(d), "--", "sleep", "600"],
+                                 stderr=err, env=NO_SCAN)
+            child = None
+            try:
+                for _ in range(1000):
+                    with open("/proc/%d/task/%d/children" % (p.pid, p.pid)) as f:
+                        kids = f.read().split()
+                    # the child is traced once its dump files exist
+                    if kids and os.path.exists(d / ("mmleak.%s.maps" % kids[0])):
+                        child = int(kids[0])
+                        break
+                    time.sleep(0.01)
+                assert child
+                p.send_signal(sig)
+                assert p.wait(timeout=60) == 128 + sig
+                time.sleep(0.1)
+                assert not os.path.exists("/proc/%d" % child)
+            finally:
+                if child and os.path.exists("/proc/%d" % child):
+                    os.kill(child, signal.SIGKILL)
+            err.seek(0)
+            first = err.read().splitlines()[0]
+        # (whether sleep's few events left its staging file before the signal is luck)
+        assert first.startswith("mmleak.py: sleep ended (killed by signal %d); trace %d"
+                                % (sig, child)), first
+
+
+def test_report_header_escapes_control_characters_of_the_command_line(tmp_path):
+    # a command line is the program's: GNU find rewrites its "-printf %s\\n" argument into a
+    # real newline, which split the report's first line in two (and a program could write a
+    # whole line of its own, "no leaks" say, into the report)
+    d = tmp_path / "d"
+    r = subprocess.run(MMLEAK_PY + ["run", "-d", str(d), "--", "sh", "-c", ":",
+                                    "a\nmmleak: forged\x1b[2J"], capture_output=True,
+                       text=True, env=NO_SCAN)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(MMLEAK_PY + ["report", str(d), "--no-html"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    first = r.stdout.splitlines()[0]
+    assert first.endswith("): sh -c : a\\x0ammleak: forged\\x1b[2J"), first
+    assert not any(l.startswith("mmleak: forged") for l in r.stdout.splitlines())
+    assert "\x1b" not in r.stdout
 
 
 def test_run_without_command_is_a_usage_error():

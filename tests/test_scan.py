@@ -28,10 +28,13 @@ CASES = {
     "thread-register": ["reachable"],
     "mmap": ["reachable"],
     "pool": ["reachable"],
+    "pool-beside-chunk": ["reachable"],
+    "shared-anon": ["reachable"],       # MAP_SHARED | MAP_ANONYMOUS: "/dev/zero (deleted)"  # a pool the kernel merged with an mmap'ed block
     "chain": ["reachable", "reachable", "reachable"],
     "cycle": ["definite", "indirect"],
     "lost-chain": ["definite", "indirect"],
     "interior": ["possible"],
+    "last-word": ["possible"],          # where glibc's pointer to the next chunk would point
     "interior-many": ["possible"],
     "xor": ["definite"],
     "freed": ["definite"],

@@ -39,6 +39,10 @@ struct scan {
     double when;
     int lockfd, nolock, attached;
     int glibc;                          /* the allocator traced is glibc's (#alloc) */
+    /* the words being read may be glibc's own (libc.so.6's data, a stack, registers, a heap
+     * outside the known blocks after an attach): one that points to the next chunk's header
+     * is then not a pointer into a block */
+    int glibc_words;
     struct thr *th;
     int nth;
     struct cutf *cf;

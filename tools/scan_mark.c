@@ -238,13 +238,16 @@ static int heuristic(struct scan *s, size_t i, uint64_t w)
  * block) or not; CLIQUE >= 0: the clique pass of that leader. */
 /* glibc's own pointer to the header of the chunk after block I: it overlaps the block's last
  * bytes when the size asked leaves none spare (4321 bytes: a chunk of 4336, the next header
- * at 4320).  malloc_state's top and bins hold such words; they are not the program's. */
+ * at 4320).  malloc_state's top and bins hold such words (main_arena is in libc.so.6's data),
+ * and malloc's frames and registers may: not the program's.  Elsewhere (the program's data, a
+ * block) the same word is the program's pointer to its block's last 8 bytes: a list node at
+ * the end of a struct (PostgreSQL's RegisteredBgWorker), and counts, as for valgrind. */
 static inline int chunk_after(struct scan *s, size_t i, uint64_t w)
 {
     uint64_t r = s->bs[i], cs = (r + 8 + 15) & ~15ull;
     if (cs < 32)
         cs = 32;
-    return s->glibc && w == s->bp[i] + cs - 16;
+    return s->glibc && s->glibc_words && w == s->bp[i] + cs - 16;
 }
 
 static inline void found(struct scan *s, uint64_t w, int prior, ssize_t clique)
@@ -497,7 +500,9 @@ void mark_register(struct scan *s, int tid, size_t k, uint64_t w)
     if (scan_debug > 1 && block_of(s, w) >= 0)
         fprintf(stderr, "mmleak-scan: register %zu of thread %d holds %#" PRIx64 "\n", k, tid,
                 w);
+    s->glibc_words = 1;
     found(s, w, 1, -1);
+    s->glibc_words = 0;
 }
 
 /* After the roots: the blocks no root reached, and each block's kind final, with the totals

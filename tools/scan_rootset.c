@@ -152,6 +152,34 @@ static int glibc_heap(struct scan *s, const struct mapping *m)
            (!m->path[0] && mml_arena_heap(read_cb, s, m->lo, m->hi));
 }
 
+/* Is the memory of mapping M, which holds live blocks, outside them a root?  Yes when the
+ * trace is glibc's malloc and M is anonymous, private, neither [heap] nor a thread arena's
+ * heap: its blocks are then glibc's mmap'ed chunks, which the kernel merged with the
+ * mappings beside them, the program's own (Python's obmalloc arenas, a custom pool): roots,
+ * as they are when alone (valgrind agrees).  No for [heap] and the arenas' heaps (the rest is
+ * free chunks), and for another allocator's mappings (the rest is its free memory).  A
+ * thread arena's heap is found at any 64 MiB boundary in M, merged or not. */
+static int beside_chunks(struct scan *s, const struct mapping *m)
+{
+    if (!s->glibc || s->attached || m->perm[3] != 'p' || m->path[0])
+        return 0;
+    const uint64_t max = (uint64_t)64 << 20;    /* glibc's HEAP_MAX_SIZE on 64-bit */
+    for (uint64_t h = (m->lo + max - 1) & ~(max - 1); h < m->hi; h += max)
+        if (mml_arena_heap(read_cb, s, h, m->hi - h < max ? m->hi : h + max))
+            return 0;
+    return 1;
+}
+
+/* Is PATH, a mapping's, a device's memory, which reading may disturb (a frame buffer, a
+ * PCI BAR)?  /dev/zero is not: the kernel names shared anonymous memory "/dev/zero
+ * (deleted)" (a server's shared segment: PostgreSQL's), and /dev/shm holds POSIX shared
+ * memory; valgrind reads both, and a block pointed to from there only is not lost. */
+static int device(const char *path)
+{
+    return !strncmp(path, "/dev/", 5) && strncmp(path, "/dev/zero", 9) &&
+           strncmp(path, "/dev/shm/", 9);
+}
+
 /* May the pages of mapping M that are neither in memory nor in swap be left unread?  Yes
  * for private anonymous memory (they read as zeros); not for a file's pages (their contents
  * are the file's) nor for shared memory (another process may have written them). */
@@ -210,6 +238,16 @@ static void scan_present(struct scan *s, const struct mapping *m, uint64_t a, ui
     }
 }
 
+/* Is mapping M libc.so.6's data (its file's writable mapping, or the .bss right after it)? */
+static int libc_data(struct scan *s, const struct mapping *m)
+{
+    const char *p = m->path;
+    if (!p[0] && m > s->mp && m[-1].hi == m->lo)
+        p = m[-1].path;
+    size_t n = strlen(p);
+    return n >= 10 && !strcmp(p + n - 10, "/libc.so.6");
+}
+
 static void root_range(struct scan *s, const struct mapping *m, int kind, uint64_t a,
                        uint64_t b)
 {
@@ -220,7 +258,9 @@ static void root_range(struct scan *s, const struct mapping *m, int kind, uint64
     if (unlikely(scan_debug > 0))
         fprintf(stderr, "mmleak-scan: root %s %#" PRIx64 "-%#" PRIx64 "\n", ROOT_NAME[kind], a,
                 b);
+    s->glibc_words = kind == R_STACK || kind == R_UNTRACED || libc_data(s, m);
     scan_present(s, m, a, b);
+    s->glibc_words = 0;
 }
 
 /* Root [A, B) of mapping M, less mmleak.so's own mappings (own_maps) in it: the kernel merges
@@ -295,7 +335,7 @@ void mark(struct scan *s)
             continue;
         }
         if (!strcmp(m->path, "[vvar]") || !strcmp(m->path, "[vsyscall]") ||
-            !strncmp(m->path, "/dev/", 5) || !strcmp(m->path, "[vvar_vclock]"))
+            device(m->path) || !strcmp(m->path, "[vvar_vclock]"))
             continue;
         /* a thread's stack: from its stack pointer (less the red zone) up */
         uint64_t from = m->lo;
@@ -327,19 +367,21 @@ void mark(struct scan *s)
             continue;
         }
         if (m->heap) {
-            if (!s->attached)
-                continue;
             /* blocks allocated before the attach are not known: the memory between known
-             * blocks is taken as roots, so that nothing reachable through them is lost */
+             * blocks is taken as roots, so that nothing reachable through them is lost;
+             * glibc's mmap'ed chunks merged with the program's mappings: those are roots */
+            int kind = s->attached ? R_UNTRACED : beside_chunks(s, m) ? R_ANON : -1;
+            if (kind < 0)
+                continue;
             uint64_t a = m->lo;
             for (size_t i = first_block_at_or_after(s, m->lo); i < s->nb && s->bp[i] < m->hi;
                  i++) {
-                add_root(s, m, R_UNTRACED, a, s->bp[i]);
+                add_root(s, m, kind, a, s->bp[i]);
                 uint64_t e = s->bp[i] + s->bs[i];
                 if (e > a)
                     a = e;
             }
-            add_root(s, m, R_UNTRACED, a, m->hi);
+            add_root(s, m, kind, a, m->hi);
             drain(s, -1);
             continue;
         }

@@ -296,6 +296,9 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
             o += db[i];
             a += w[o];
             b += a;
+            /* b as a chain of additions: else the compiler may keep each running sum a in
+             * a spilled temporary and add them up after (seven instructions a step) */
+            __asm__("" : "+r"(b));
         }
         h = memo_sum(MEMO_HASHED, a, b);
     } else {

@@ -1,22 +1,16 @@
 /* tests/test_unwind.py: the memo's check (tracer/memo.c) against the walk it remembers,
  * linked with tracer/unwind.c and tracer/memo.c directly.  A walk from a frame 16 calls deep
  * is kept with mml_memo_put (the first frames whose words fit a record), then looked up with
- * mml_memo_get both ways: for a stamp (the check without the words: with AVX2 where the CPU
- * has it) and with the words (the general check).  Each must hit with the value kept; then
- * each word the walk read, changed in turn, and each pair of different words swapped, must
- * make both miss, and both hit again once the stack is restored.
- *
- * Prints "avx2 1" or "avx2 0" (the CPU feature as glibc reports it usable: GLIBC_TUNABLES=
- * glibc.cpu.hwcaps=-AVX2 turns it off, and the memo's vector check with it), "words N",
- * "checks N" and "ok", or "FAIL ..." and exits 1. */
+ * mml_memo_get both ways: for a stamp (the check without the words, which hashes all of a
+ * record's words without a branch) and with the words (the general check).  Each must hit
+ * with the value kept; then each word the walk read, changed in turn, and each pair of
+ * different words swapped, must make both miss, and both hit again once the stack is
+ * restored.  Prints "words N", "checks N" and "ok", or "FAIL ..." and exits 1. */
 #define _GNU_SOURCE
 #include "../tracer/unwind.h"
 
 #include <stdio.h>
 #include <stdlib.h>
-#if defined(__x86_64__) && __has_include(<sys/platform/x86.h>)
-#include <sys/platform/x86.h>
-#endif
 
 #define NOINLINE __attribute__((noinline))
 #define VALUE 0x123456789abull
@@ -54,8 +48,7 @@ static NOINLINE int probe(void)
     mml_unwind_thread_init();
     unsigned gen = mml_memo_gen();
     int walked = mml_unwind_trail(&s, out, 16, &tr);     /* f0-f15: not into libc's frames */
-    /* the most frames whose words fit a record without escapes, at least 21 words (all
-     * seven groups of four of the vector check) */
+    /* the most frames whose words fit a record without escapes, at least 21 words */
     int nf = 0;
     for (int k = 1; k <= walked && k < MML_TRAIL_FRAMES; k++)
         if (tr.upto[k] <= 28)
@@ -133,11 +126,6 @@ LEVEL(f15, f14(x + 1))
 
 int main(void)
 {
-#ifdef CPU_FEATURE_ACTIVE
-    printf("avx2 %d\n", CPU_FEATURE_ACTIVE(AVX2) != 0);
-#else
-    printf("avx2 0\n");
-#endif
     if (f15(0))
         return 1;
     printf("checks %d\nok\n", checks);

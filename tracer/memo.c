@@ -10,12 +10,6 @@
 
 #include <stdatomic.h>
 #include <stdint.h>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#if __has_include(<sys/platform/x86.h>)
-#include <sys/platform/x86.h>
-#endif
-#endif
 
 /* ---- the memo ------------------------------------------------------------------------------
  * One table for all threads (a key holds a stack pointer, so threads do not share records,
@@ -142,84 +136,6 @@ static inline uint64_t memo_sum(unsigned n, uint64_t a, uint64_t b)
     return (uint64_t)n + MEMO_K * a + 2 * ((uint64_t)n * a - b);
 }
 
-/* The check of a record without escapes with AVX2 where the CPU has it (g_memo_avx2, chosen
- * once at load): the same hash of the same MEMO_HASHED words, in about 80 instructions instead
- * of 4 a word (the step's byte, the offset, the word added to a and a to b), which is what
- * whole stacks add most over depth 1 on many stacks (docs/performance.rst, ninth pass).  Only
- * this function is built for AVX2 (the compiler ends it with vzeroupper: no AVX-SSE
- * transition in the callers); a signal handler that interrupts it has its vector registers
- * saved and restored by the kernel.  GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX2 turns it off (the
- * tests run both). */
-#if defined(__x86_64__)
-#define MEMO_VEC 1
-static _Atomic int g_memo_avx2;
-
-__attribute__((constructor)) static void memo_choose(void)
-{
-#ifdef CPU_FEATURE_ACTIVE
-    int on = CPU_FEATURE_ACTIVE(AVX2) != 0;     /* usable: the OS saves the ymm registers */
-#else
-    __builtin_cpu_init();
-    int on = __builtin_cpu_supports("avx2") != 0;
-#endif
-    atomic_store_explicit(&g_memo_avx2, on, memory_order_relaxed);
-}
-
-/* d0, d1: the record's steps as checked (bytes 0-27: the MEMO_HASHED steps, all in [0, top]
- * as running sums, so exact in 16 bits); w: sp.  The offsets are the steps' prefix sums (in
- * each 128-bit half, then across), gathered four words at a time; the hash's sum of word i
- * times MEMO_MUL(i) is K * A + 2 * (sum of i * word i), that sum made of the lanes' running
- * sums (i = 4k + j: 4 * sum over k of k * word, plus j * the lane's sum). */
-__attribute__((target("avx2"), noinline)) static uint64_t
-memo_sum_avx2(__m128i d0, __m128i d1, const uintptr_t *w)
-{
-    _Static_assert(MEMO_HASHED == 28, "seven gathers of four words");
-    __m256i x0 = _mm256_cvtepi8_epi16(d0), x1 = _mm256_cvtepi8_epi16(d1);     /* steps 0-31 */
-    x0 = _mm256_add_epi16(x0, _mm256_slli_si256(x0, 2));
-    x1 = _mm256_add_epi16(x1, _mm256_slli_si256(x1, 2));
-    x0 = _mm256_add_epi16(x0, _mm256_slli_si256(x0, 4));
-    x1 = _mm256_add_epi16(x1, _mm256_slli_si256(x1, 4));
-    x0 = _mm256_add_epi16(x0, _mm256_slli_si256(x0, 8));
-    x1 = _mm256_add_epi16(x1, _mm256_slli_si256(x1, 8));
-    /* each half's last sum, in all of its words; added to the halves above it */
-    const __m256i last = _mm256_set1_epi16(0x0f0e);
-    __m256i l0 = _mm256_shuffle_epi8(x0, last), l1 = _mm256_shuffle_epi8(x1, last);
-    x0 = _mm256_add_epi16(x0, _mm256_permute2x128_si256(l0, l0, 0x08));
-    x1 = _mm256_add_epi16(x1, _mm256_permute2x128_si256(l1, l1, 0x08));
-    __m256i c = _mm256_shuffle_epi8(x0, last);
-    x1 = _mm256_add_epi16(x1, _mm256_permute2x128_si256(c, c, 0x11));
-    __m256i o0 = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(x0));
-    __m256i o1 = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(x0, 1));
-    __m256i o2 = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(x1));
-    __m256i o3 = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(x1, 1));
-    const long long *b = (const long long *)w;
-    __m256i v, A, B;
-#define MEMO_G(o) (v = _mm256_i32gather_epi64(b, (o), 8), A = _mm256_add_epi64(A, v), \
-                   B = _mm256_add_epi64(B, A))
-    A = B = _mm256_i32gather_epi64(b, _mm256_castsi256_si128(o0), 8);
-    MEMO_G(_mm256_extracti128_si256(o0, 1));
-    MEMO_G(_mm256_castsi256_si128(o1));
-    MEMO_G(_mm256_extracti128_si256(o1, 1));
-    MEMO_G(_mm256_castsi256_si128(o2));
-    MEMO_G(_mm256_extracti128_si256(o2, 1));
-    MEMO_G(_mm256_castsi256_si128(o3));
-#undef MEMO_G
-    /* word i = 4k + j (lane j of gather k): B_j = sum of (7 - k) word, so the sum of i *
-     * word i is 28 sum A + sum over j of (j A_j - 4 B_j); j A_j as A in lanes 1 and 3, plus 2 A
-     * in lanes 2 and 3 */
-    const __m256i z = _mm256_setzero_si256(), A2 = _mm256_add_epi64(A, A);
-    __m256i x = _mm256_add_epi64(_mm256_blend_epi32(z, A, 0xcc), _mm256_blend_epi32(z, A2, 0xf0));
-    x = _mm256_sub_epi64(x, _mm256_slli_epi64(B, 2));
-    __m128i a2 = _mm_add_epi64(_mm256_castsi256_si128(A), _mm256_extracti128_si256(A, 1));
-    __m128i x2 = _mm_add_epi64(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
-    __m128i s = _mm_add_epi64(_mm_unpacklo_epi64(a2, x2), _mm_unpackhi_epi64(a2, x2));
-    uint64_t sa = (uint64_t)_mm_cvtsi128_si64(s), sx = (uint64_t)_mm_extract_epi64(s, 1);
-    return MEMO_HASHED + (MEMO_K + 2 * MEMO_HASHED) * sa + 2 * sx;
-}
-#else
-#define MEMO_VEC 0
-#endif
-
 unsigned mml_memo_gen(void)
 {
     return atomic_load_explicit(&g_memo_gen, memory_order_acquire);
@@ -236,32 +152,16 @@ unsigned mml_memo_gen(void)
  * escapes reads that many, whatever n). */
 static inline __attribute__((always_inline)) int
 memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp, uint64_t *value,
-           int *nframes, struct mml_trail *words, struct mml_memo_hit *hit, int vec)
+           int *nframes, struct mml_trail *words, struct mml_memo_hit *hit)
 {
     uint64_t q = atomic_load_explicit(&r->seq, memory_order_acquire);
     uint64_t rtag = LD(r->tag);
     uint64_t vh = LD(r->vhash), vw = LD(r->value);
-    union {
-        uint64_t w[4];
-        int8_t b[32];
-#if MEMO_VEC
-        __m128i x[2];
-#endif
-    } d;
-#if MEMO_VEC
-    if (vec) {
-        /* two 16-byte loads (SSE2), handed as they are to memo_sum_avx2; torn, they are
-         * caught by the sequence number as the other fields are */
-        d.x[0] = _mm_load_si128((const __m128i *)r->dw);
-        d.x[1] = _mm_load_si128((const __m128i *)r->dw + 1);
-    } else
-#endif
-    {
-        d.w[0] = LD(r->dw[0]);
-        d.w[1] = LD(r->dw[1]);
-        d.w[2] = LD(r->dw[2]);
-        d.w[3] = LD(r->dw[3]);
-    }
+    union { uint64_t w[4]; int8_t b[32]; } d;
+    d.w[0] = LD(r->dw[0]);
+    d.w[1] = LD(r->dw[1]);
+    d.w[2] = LD(r->dw[2]);
+    d.w[3] = LD(r->dw[3]);
     atomic_thread_fence(memory_order_acquire);
     unsigned n = (unsigned)(vw >> MEMO_N_SHIFT) & 63, nf = (unsigned)(vw >> MEMO_NF_SHIFT) & 127;
     unsigned flags = (unsigned)(vw >> MEMO_FL_SHIFT) & 3;
@@ -276,13 +176,9 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
     if (sp < U.lo || sp >= U.hi || top >= (U.hi - sp) / 8)
         return 0;
     const uintptr_t *w = (const uintptr_t *)sp;
-    uint64_t a = 0, b = 0, h = 0;
+    uint64_t a = 0, b = 0;
     long o = 0;
-    if (MEMO_VEC && vec && likely(!(flags & MEMO_F_ESC)) && !words) {
-#if MEMO_VEC
-        h = memo_sum_avx2(d.x[0], d.x[1], w);
-#endif
-    } else if (likely(!(flags & MEMO_F_ESC)) && !words) {
+    if (likely(!(flags & MEMO_F_ESC)) && !words) {
         /* one byte per step, no escape to decode: always MEMO_HASHED words, the steps
          * after the n-th being 0 (copies of the last word), so no branch on n to mispredict
          * (the exit of a loop of n steps was, about one lookup in two on bench/stacks_bench) */
@@ -296,39 +192,32 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
             o += db[i];
             a += w[o];
             b += a;
-            /* b as a chain of additions: else the compiler may keep each running sum a in
-             * a spilled temporary and add them up after (seven instructions a step) */
-            __asm__("" : "+r"(b));
         }
-        h = memo_sum(MEMO_HASHED, a, b);
-    } else {
-        for (unsigned i = 0, j = 0; i < n; i++) {
-            long k = d.b[j++];
-            if (k == MEMO_ESC) {         /* a larger step: 16 bits follow */
-                if (j + 2 > MEMO_DELTAS)
-                    return 0;
-                k = (int16_t)(uint16_t)((uint8_t)d.b[j] | (uint8_t)d.b[j + 1] << 8);
-                j += 2;
-            }
-            o += k;
-            if (unlikely(o < 0 || (uintptr_t)o > top || j > MEMO_DELTAS))
+    } else for (unsigned i = 0, j = 0; i < n; i++) {
+        long k = d.b[j++];
+        if (k == MEMO_ESC) {         /* a larger step: 16 bits follow */
+            if (j + 2 > MEMO_DELTAS)
                 return 0;
-            uintptr_t v = w[o];
-            a += v;
-            b += a;
-            if (words) {
-                words->off[i] = (uint16_t)o;
-                words->val[i] = v;
-            }
-            if (i + 1 == n)         /* the hash goes on with copies of the last word */
-                for (unsigned k = n; k < MEMO_HASHED; k++) {
-                    a += v;
-                    b += a;
-                }
+            k = (int16_t)(uint16_t)((uint8_t)d.b[j] | (uint8_t)d.b[j + 1] << 8);
+            j += 2;
         }
-        h = memo_sum(MEMO_HASHED, a, b);
+        o += k;
+        if (unlikely(o < 0 || (uintptr_t)o > top || j > MEMO_DELTAS))
+            return 0;
+        uintptr_t v = w[o];
+        a += v;
+        b += a;
+        if (words) {
+            words->off[i] = (uint16_t)o;
+            words->val[i] = v;
+        }
+        if (i + 1 == n)         /* the hash goes on with copies of the last word */
+            for (unsigned k = n; k < MEMO_HASHED; k++) {
+                a += v;
+                b += a;
+            }
     }
-    if (h != vh)
+    if (memo_sum(MEMO_HASHED, a, b) != vh)
         return 0;
     *value = val;
     *nframes = (int)nf;
@@ -349,7 +238,7 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
  * it), each checked: r, the preferred way, first. */
 static inline __attribute__((always_inline)) int
 memo_find(struct memo *r, const struct mml_start *s, uint64_t t0, uint64_t *value,
-          int *nframes, struct mml_trail *words, struct mml_memo_hit *hit, int vec)
+          int *nframes, struct mml_trail *words, struct mml_memo_hit *hit)
 {
     uint64_t t1 = 0;
     struct memo *set = memo_ways(r);
@@ -367,7 +256,7 @@ memo_find(struct memo *r, const struct mml_start *s, uint64_t t0, uint64_t *valu
                 continue;
             with_bp = 1;
         }
-        if (memo_check(x, s, tag, with_bp, value, nframes, words, hit, vec))
+        if (memo_check(x, s, tag, with_bp, value, nframes, words, hit))
             return 1;
     }
     return 0;
@@ -384,13 +273,8 @@ int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int 
     uint64_t t0 = memo_tag0(s, salt, atomic_load_explicit(&g_memo_gen, memory_order_relaxed));
     /* two copies of the check: the one without words has no trace of them */
     if (words)
-        return memo_find(r, s, t0, value, nframes, words, NULL, 0);
-#if MEMO_VEC
-    return memo_find(r, s, t0, value, nframes, NULL, hit,
-                     atomic_load_explicit(&g_memo_avx2, memory_order_relaxed));
-#else
-    return memo_find(r, s, t0, value, nframes, NULL, hit, 0);
-#endif
+        return memo_find(r, s, t0, value, nframes, words, NULL);
+    return memo_find(r, s, t0, value, nframes, NULL, hit);
 }
 
 void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,

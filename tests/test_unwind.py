@@ -389,3 +389,21 @@ def test_mmleak_so_links_it_without_exporting_it(lib):
     assert "mml_unwind" not in out
     syms = subprocess.run(["nm", lib], capture_output=True, text=True, check=True).stdout
     assert re.search(r" t mml_unwind\n", syms)
+
+
+
+def test_memo_check_hits_and_misses_exactly(tmp_path):
+    """tracer/memo.c's check, linked with unwind.c (tests/memo_check.c): a walk kept with
+    mml_memo_put is found by mml_memo_get with and without the words, and any word it read
+    changed, or any two different ones swapped, makes both miss."""
+    objs = []
+    for src in ("unwind.c", "memo.c"):
+        objs.append(str(tmp_path / (src[:-2] + ".o")))
+        cc(["cc"] + UNWIND_CFLAGS + ["-c", "-o", objs[-1], os.path.join(ROOT, "tracer", src)])
+    exe = str(tmp_path / "memo_check")
+    cc(["cc", "-g", "-O2", "-fno-omit-frame-pointer", "-pthread", "-o", exe,
+        os.path.join(TESTS, "memo_check.c")] + objs + ["-ldl"])
+    r = subprocess.run([exe], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.endswith("ok\n"), r.stdout + r.stderr
+    lines = dict(l.split() for l in r.stdout.splitlines()[:-1])
+    assert 21 <= int(lines["words"]) <= 28 and int(lines["checks"]) > 2 * int(lines["words"])

@@ -8,11 +8,11 @@
  * one tools/shrink.c implements), run --final: per address one event, or the hull of the
  * lowest and the highest seen; an allocation numbered s and a free numbered s+1 that are an
  * address's whole state cancel.  The live blocks are the addresses whose last event is an
- * allocation.  The lines are read as tools/shrink_read.c reads them (mmleak-format(5)): a run of
- * NUL bytes ends the text before it, which is not an event, and the line after it is not
- * one either when its pointer has fewer than 12 digits (its start was lost); a line longer
- * than MMLEAK_LINE_MAX, and a last line without its newline, are not events; an event seen
- * twice counts once.  What the scan does not need is not kept: no line, no stack, no time;
+ * allocation.  The lines are read by tools/dumplines.h, as tools/shrink_read.c reads them
+ * (mmleak-format(5)): a run of NUL bytes ends the text before it, which is not an event,
+ * and the line after it is not one either when its pointer has fewer than 12 digits (its
+ * start was lost); a line longer than MMLEAK_LINE_MAX, and a last line without its newline,
+ * are not events; an event seen twice counts once.  What the scan does not need is not kept: no line, no stack, no time;
  * nothing is written.
  *
  * How, without a hash table (whose probe, a cache miss per line, was most of the time):

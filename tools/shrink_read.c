@@ -1,11 +1,11 @@
 /* tools/shrink_read.c: the compiled shrinker's input: each input file read in chunks of a
- * fixed buffer, as mmleaklib's dump_lines reads (a run of NULs ends a line, a line longer
- * than LINE_MAX keeps its head, a hole of a sparse file is skipped unread), each line an
- * event for the folding algebra (tools/shrink_fold.h) or a header or a problem (the
- * validation of Shrinker.feed and Shrinker._odd_line: which lines are problems, their
- * numbers, the first few per file and kind), the table's index sized ahead and its slots
- * fetched ahead.  Separate from the state and the output: this file alone knows how the
- * bytes of an input become lines. */
+ * fixed buffer (a hole of a sparse file skipped unread), its lines read by tools/dumplines.h
+ * (the format's rules: runs of NULs, lines too long, the last line without its newline, as
+ * mmleaklib's dump_lines reads), each line an event for the folding algebra
+ * (tools/shrink_fold.h) or a header or a problem (the validation of Shrinker.feed and
+ * Shrinker._odd_line: which lines are problems, their numbers, the first few per file and
+ * kind), the table's index sized ahead and its slots fetched ahead.  Separate from the state
+ * and the output. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>

@@ -123,13 +123,15 @@ def hooks_def():
 TRACER_API = {"mmleak_attach", "mmleak_detach", "mmleak_state", "mmleak_status",
               "mmleak_do_leak_check"}
 # what mmleak-tools.so exports: the compiled shrinker and the injector, for mmleaklib/native.py
+# (and the dump lines' reader for tests/test_dumplines.py)
 TOOLS_API = {"mmleak_shrink", "mmleak_shrink_abi", "mmleak_shrink_blocks",
              "mmleak_shrink_result_blocks", "mmleak_shrink_merge", "mmleak_shrink_blocks_merge",
              "mmleak_shrink_stats_free", "mmleak_blocks_aggregate", "mmleak_blocks_sample",
              "mmleak_blocks_free", "mmleak_aggregate_free", "mmleak_blocks_keys",
              "mmleak_blocks_leb_decode",
              "mmleak_inject_call", "mmleak_inject_call_within", "mmleak_inject_abi",
-             "mmleak_scan", "mmleak_scan_abi", "mmleak_levels_pick", "mmleak_blocks_keys_minus"}
+             "mmleak_scan", "mmleak_scan_abi", "mmleak_levels_pick", "mmleak_blocks_keys_minus",
+             "mmleak_dump_lines"}
 
 
 def test_tracer_exports_the_hooks_and_the_attach_entry_alone(lib):
@@ -151,7 +153,8 @@ def test_tracer_has_no_tool_and_the_tools_library_has_them(lib):
     assert not [s for s in dynamic_symbols(lib) if "shrink" in s or "inject" in s]
     assert dynamic_symbols(tools) == TOOLS_API
     assert all(s.startswith(("mmleak_inject_", "mmleak_shrink", "mmleak_blocks_",
-                             "mmleak_aggregate_", "mmleak_scan", "mmleak_levels_")) for s in TOOLS_API)
+                             "mmleak_aggregate_", "mmleak_scan", "mmleak_levels_",
+                             "mmleak_dump_lines")) for s in TOOLS_API)
 
 
 def test_library_needs_glibc_alone_and_loads_nothing_into_a_c_program(lib, tmp_path):

@@ -443,7 +443,8 @@ def test_level_sums_skip_the_padding_of_files_being_written(tmp_path, native):
             for _ in range(3):          # padding at random line boundaries (not the header)
                 i = rnd.randint(1, len(body))
                 body.insert(i, rnd.choice([b" " * rnd.randint(1, 120) + b"\n",
-                                           b"\0" * rnd.randint(1, 300)]))
+                                           b"\0" * rnd.randint(1, 300),
+                                           b" \t\r\n"]))     # (blank: ASCII whitespace)
             beside.append(str(_write(d, n, body, raw=True)))
         if not beside:
             continue

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "../tracer/compiler.h"
+#include "dumplines.h"
 
 struct map { const char *p; size_t n; };
 
@@ -94,20 +95,65 @@ static const char *line_end(const char *p, const char *end)
     return e ? e + 1 : end;
 }
 
-/* A line of a dump file that holds no event (docs/format.rst): a blank line (a busy thread's
- * flush on ext4 ends on a page boundary with a line of spaces), or a last line without its
- * newline (a process killed in the middle of writing it: torn, which the shrinker reports and
- * skips, or the start of the padding).  [P, NEXT) is the line (no NUL in it), END the file's
- * end.  Without this, a running trace's point fell back to reading the whole live set
- * whenever a file beside the result had been flushed by a busy thread (EINVAL). */
-static int is_padding(const char *p, const char *next, const char *end)
+/* The addresses of the event lines of the files SMALL, read by tools/dumplines.h's reader
+ * (as every reader reads them: NUL runs, blank lines, torn and cut lines, a last line
+ * without its newline are no events).  Without this, a running trace's point fell back to
+ * reading the whole live set whenever a file beside the result had been flushed by a busy
+ * thread (a line of spaces, EINVAL). */
+struct addrs { uint64_t *v, n, cap; int err; };
+
+static int addrs_push(struct addrs *a, uint64_t v)
 {
-    if (next == end && (next == p || next[-1] != '\n'))
-        return 1;
-    for (; p < next; p++)
-        if (*p != ' ' && *p != '\n')
+    if (a->n == a->cap) {
+        uint64_t *p = realloc(a->v, (a->cap = a->cap ? 2 * a->cap : 4096) * sizeof *p);
+        if (!p) {
+            a->err = ENOMEM;
+            return -1;
+        }
+        a->v = p;
+    }
+    a->v[a->n++] = v;
+    return 0;
+}
+
+static void small_start(void *c, const char *p, const char *lim, int nuls)
+{
+    (void)c, (void)p, (void)lim, (void)nuls;
+}
+
+/* An event line's address; a header or a blank line is skipped; any other line: EINVAL
+ * (the caller reads the trace whole, which says what is wrong). */
+static int small_line(void *c, uint64_t lineno, const char *p, size_t n)
+{
+    struct addrs *a = c;
+    uint64_t v, seq, size, tm;
+    (void)lineno;
+    if (event_fields(p, &v, &seq, &size, &tm) < 0) {
+        if (*p == '#' || dl_blank(p, n))
             return 0;
-    return 1;
+        a->err = EINVAL;
+        return -1;
+    }
+    return a->n && a->v[a->n - 1] == v ? 0 : addrs_push(a, v);
+}
+
+static int small_odd(void *c, int what, uint64_t lineno, const char *p, size_t n)
+{
+    (void)c, (void)what, (void)lineno, (void)p, (void)n;
+    return 0;
+}
+
+/* Adds the event lines' addresses of the dump file M (mapped whole: one chunk) to A.  0, or
+ * -1 (A->err). */
+static int small_addrs(const struct map *m, struct addrs *a)
+{
+    struct dumplines d;
+    memset(&d, 0, sizeof d);
+    const char *p = dl_chunk(&d, m->p, m->p + m->n, a, small_start, small_line, small_odd);
+    if (!p)
+        return -1;
+    dl_end(&d, p, a, small_odd);
+    return 0;
 }
 
 /* The start of the line holding byte P (>= LO). */
@@ -237,7 +283,7 @@ EXPORT int64_t mmleak_levels_pick(const char *big, const char *const *small, int
                                   const uint64_t *extra, int64_t nextra, int out_fd)
 {
     struct map bm, sm;
-    uint64_t *addr = NULL, n = 0, cap = 0;
+    struct addrs A = { NULL, 0, 0, 0 };
     int64_t written = -1;
     int e = 0;
     struct out *o = NULL;
@@ -248,54 +294,19 @@ EXPORT int64_t mmleak_levels_pick(const char *big, const char *const *small, int
             e = errno;
             goto out;
         }
-        const char *p = events_start(&sm), *end = sm.p + sm.n;
-        while (p < end) {
-            while (p < end && !*p)      /* a run of NULs is padding wherever it is */
-                p++;
-            if (p == end)
-                break;
-            const char *next = line_end(p, end);
-            const char *nul = memchr(p, 0, (size_t)(next - p));
-            if (nul) {                  /* text cut by NULs: torn, not an event */
-                p = nul;
-                continue;
-            }
-            uint64_t v;
-            if (is_padding(p, next, end))
-                ;                       /* skipped, as every reader skips it */
-            else if (*p != '#') {
-                if (line_ptr(p, end, &v)) {
-                    unmap(&sm);
-                    e = EINVAL;
-                    goto out;
-                }
-                if (n == cap) {
-                    uint64_t *a = realloc(addr, (cap = cap ? 2 * cap : 4096) * sizeof *a);
-                    if (!a) {
-                        unmap(&sm);
-                        e = ENOMEM;
-                        goto out;
-                    }
-                    addr = a;
-                }
-                if (!n || addr[n - 1] != v)
-                    addr[n++] = v;
-            }
-            p = next;
-        }
+        int r = sm.n ? small_addrs(&sm, &A) : 0;
         unmap(&sm);
-    }
-    for (int64_t i = 0; i < nextra; i++) {
-        if (n == cap) {
-            uint64_t *a = realloc(addr, (cap = cap ? 2 * cap : 4096) * sizeof *a);
-            if (!a) {
-                e = ENOMEM;
-                goto out;
-            }
-            addr = a;
+        if (r) {
+            e = A.err;
+            goto out;
         }
-        addr[n++] = extra[i];
     }
+    for (int64_t i = 0; i < nextra; i++)
+        if (addrs_push(&A, extra[i])) {
+            e = A.err;
+            goto out;
+        }
+    uint64_t *addr = A.v, n = A.n;
     if (n)
         qsort(addr, n, sizeof *addr, cmp_u64);
     o = malloc(sizeof *o);
@@ -358,7 +369,7 @@ EXPORT int64_t mmleak_levels_pick(const char *big, const char *const *small, int
     written = lines;
 out:
     free(o);
-    free(addr);
+    free(A.v);
     unmap(&bm);
     if (written < 0)
         errno = e ? e : EINVAL;

@@ -8,11 +8,11 @@
  * one tools/shrink.c implements), run --final: per address one event, or the hull of the
  * lowest and the highest seen; an allocation numbered s and a free numbered s+1 that are an
  * address's whole state cancel.  The live blocks are the addresses whose last event is an
- * allocation.  The lines are read as tools/shrink_read.c reads them (mmleak-format(5)): a run of
- * NUL bytes ends the text before it, which is not an event, and the line after it is not
- * one either when its pointer has fewer than 12 digits (its start was lost); a line longer
- * than MMLEAK_LINE_MAX, and a last line without its newline, are not events; an event seen
- * twice counts once.  What the scan does not need is not kept: no line, no stack, no time;
+ * allocation.  The lines are read by tools/dumplines.h, as tools/shrink_read.c reads them
+ * (mmleak-format(5)): a run of NUL bytes ends the text before it, which is not an event,
+ * and the line after it is not one either when its pointer has fewer than 12 digits (its
+ * start was lost); a line longer than MMLEAK_LINE_MAX, and a last line without its newline,
+ * are not events; an event seen twice counts once.  What the scan does not need is not kept: no line, no stack, no time;
  * nothing is written.
  *
  * How, without a hash table (whose probe, a cache miss per line, was most of the time):
@@ -56,6 +56,7 @@
 
 #include "../tracer/compiler.h"
 #include "facts.h"
+#include "dumplines.h"
 #include "eventline.h"
 #include "scan_live.h"
 
@@ -692,40 +693,6 @@ static inline void one_line(struct feed *f, const char *p, size_t n)
         f->glibc = 1;
 }
 
-/* The first line after a run of NULs whose pointer has fewer than 12 digits: the end of a
- * line whose start a hole took; not an event. */
-static int cut_start(const char *p)
-{
-    uint64_t a, b, c;
-    if (parse_event(p, &a, &b, &c) < 0)
-        return 0;
-    const char *sp = memchr(p, ' ', 17);
-    return sp && sp - p < 12;
-}
-
-/* The first newline in [P, LIM), or NULL: memchr's, inline for lines of a few dozen bytes. */
-static inline const char *next_newline(const char *p, const char *lim)
-{
-#if defined(__x86_64__)
-    const __m128i newline = _mm_set1_epi8('\n');
-    for (; lim - p >= 16; p += 16) {
-        unsigned m = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(
-            _mm_loadu_si128((const __m128i *)(const void *)p), newline));
-        if (m)
-            return p + __builtin_ctz(m);
-    }
-#endif
-    return memchr(p, '\n', (size_t)(lim - p));
-}
-
-/* The first newline or NUL in [P, LIM), or NULL. */
-static const char *line_end(const char *p, const char *lim)
-{
-    const char *nl = memchr(p, '\n', (size_t)(lim - p));
-    const char *z = memchr(p, 0, (size_t)((nl ? nl : lim) - p));
-    return z ? z : nl;
-}
-
 /* Up to N bytes of input IN into TO: from its descriptor, up to its limit, then its tail.
  * The bytes read, 0 at the end, -1 (read failed). */
 static ssize_t next_bytes(struct feed *f, struct mmleak_input *in, char *to, size_t n)
@@ -754,68 +721,43 @@ static ssize_t next_bytes(struct feed *f, struct mmleak_input *in, char *to, siz
     return (ssize_t)k;
 }
 
-/* Every line of input IN (BUF: LINE_MAX_BYTES + READ_CHUNK bytes).  0, or -1 (read
- * failed). */
+/* feed_input's handlers of tools/dumplines.h's reader: an event line is folded; nothing
+ * else is an event, and the scan says nothing of it. */
+static inline void scan_start(void *c, const char *p, const char *lim, int nuls)
+{
+    (void)c, (void)p, (void)lim, (void)nuls;
+}
+
+static inline __attribute__((always_inline)) int scan_line(void *c, uint64_t lineno,
+                                                           const char *p, size_t n)
+{
+    (void)lineno;
+    one_line(c, p, n);
+    return 0;
+}
+
+static inline int scan_odd(void *c, int what, uint64_t lineno, const char *p, size_t n)
+{
+    (void)c, (void)what, (void)lineno, (void)p, (void)n;
+    return 0;
+}
+
+/* Every line of input IN (BUF: LINE_MAX_BYTES + READ_CHUNK bytes), read by tools/dumplines.h's
+ * reader.  0, or -1 (read failed). */
 static int feed_input(struct feed *f, struct mmleak_input *in, char *buf)
 {
-    size_t have = 0;                    /* the start of a line not ended yet, at BUF */
-    int skip = 0, in_nul = 0, after_nul = 0;
+    struct dumplines d;
+    memset(&d, 0, sizeof d);
     while (!f->oom) {
-        ssize_t got = next_bytes(f, in, buf + have, READ_CHUNK);
+        ssize_t got = next_bytes(f, in, buf + d.have, READ_CHUNK);
         if (got < 0)
             return -1;
         if (got == 0)
             break;
-        const char *p = buf, *q = buf + have, *lim = buf + have + (size_t)got;
-        if (skip) {                     /* the rest of a line too long, up to its end */
-            const char *t = line_end(q, lim);
-            if (!t) {
-                have = 0;
-                continue;
-            }
-            skip = 0;
-            in_nul = after_nul = !*t;
-            p = q = t + 1;
-        }
-        if (in_nul) {                   /* a run of NULs that goes on */
-            while (q < lim && !*q)
-                q++;
-            p = q;
-            if (q == lim) {
-                have = 0;
-                continue;
-            }
-            in_nul = 0;
-        }
-        int nuls = memchr(q, 0, (size_t)(lim - q)) != NULL;
-        const char *t;
-        while ((t = nuls ? line_end(q, lim) : next_newline(q, lim)) != NULL) {
-            size_t n = (size_t)(t - p);
-            if (likely(*t == '\n')) {
-                int take = n <= LINE_MAX_BYTES;
-                if (unlikely(after_nul)) {
-                    after_nul = 0;
-                    if (take && cut_start(p))
-                        take = 0;
-                }
-                if (take)
-                    one_line(f, p, n + 1);
-                p = q = t + 1;
-                continue;
-            }
-            while (++t < lim && !*t)    /* text cut by a run of NULs: not an event */
-                ;
-            in_nul = t == lim;
-            after_nul = 1;
-            p = q = t;
-        }
-        have = (size_t)(lim - p);
-        if (have > LINE_MAX_BYTES) {    /* too long: the rest is skipped */
-            skip = 1;
-            have = 0;
-        } else if (have && p != buf) {
-            memmove(buf, p, have);
-        }
+        const char *p = dl_chunk(&d, buf, buf + d.have + (size_t)got, f, scan_start, scan_line,
+                                 scan_odd);
+        if (d.have && p != buf)         /* the line not ended yet, at BUF */
+            memmove(buf, p, d.have);
     }
     return 0;
 }

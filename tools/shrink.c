@@ -139,6 +139,17 @@ static int read_for_blocks(struct run *r, struct obuf **out, char **buf,
                                                *buf);
 }
 
+/* The K blocks written over the table T's entries (at V, their mapping) handed over to
+ * BLOCKS: the entries' mapping is the blocks' now. */
+static void hand_over(struct table *t, struct mmleak_block *v, size_t k,
+                      struct mmleak_blocks *blocks)
+{
+    blocks->v = v;
+    blocks->n = k;
+    blocks->cap_bytes = t->e_bytes;
+    t->e = NULL;
+}
+
 /* The final result of mmleak_shrink (FINAL 1) in two parts: the survivors as blocks in
  * BLOCKS (an array in a mapping of its own: mmleak_blocks_free; in the table's
  * order, not sorted), and the rest as lines to OUT_FD, sorted by address: the foreign frees
@@ -202,12 +213,8 @@ int final_blocks(struct run *r, struct obuf *out, struct mmleak_shrink_stats *st
         }
         if (rest)
             munmap(rest, rest_bytes);
-        if (rc == 0) {
-            blocks->v = v;
-            blocks->n = k;
-            blocks->cap_bytes = t->e_bytes;
-            t->e = NULL;                /* the blocks' now */
-        }
+        if (rc == 0)
+            hand_over(t, v, k, blocks);
     }
     return rc;
 }
@@ -255,10 +262,7 @@ void table_blocks(struct run *r, struct mmleak_blocks *blocks)
         if (t->ix)
             munmap(t->ix, t->ix_bytes);
         t->ix = NULL;
-        blocks->v = v;
-        blocks->n = k;
-        blocks->cap_bytes = t->e_bytes;
-        t->e = NULL;                /* the blocks' now */
+        hand_over(t, v, k, blocks);
     }
 }
 

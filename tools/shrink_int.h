@@ -14,19 +14,21 @@
 
 #include "../tracer/compiler.h"
 #include "blocks.h"
+#include "dumplines.h"
 #include "eventline.h"
 #include "facts.h"
 
 enum { P_TORN = 0, P_PADDING = 1, P_MALFORMED = 2, P_DUPLICATE = 3, P_KINDS = 4 };
 /* What a problem is (mmleaklib's dumpformat.PROBLEMS words each, and knows its kind). */
 enum {
-    Q_TORN_LINE = 1,    /* a line without its end (process killed while writing it?) */
-    Q_TORN_LAST,        /* a '#' line without its newline, at the end */
-    Q_PADDING_END,      /* blanks after the last line */
-    Q_NULS,             /* a run of NUL bytes (padding, or a hole a crash left) */
-    Q_TOO_LONG,         /* a line longer than LINE_MAX */
-    Q_MALFORMED,        /* not a line of the format */
-    Q_CUT_START,        /* a line after NULs with a pointer too short: its start is lost */
+    /* what the reader finds (tools/dumplines.h) */
+    Q_TORN_LINE = DL_TORN,      /* a line without its end (process killed while writing it?) */
+    Q_TORN_LAST = DL_TORN_LAST, /* a '#' line without its newline, at the end */
+    Q_PADDING_END = DL_PADDING_END, /* blanks after the last line */
+    Q_NULS = DL_NULS,           /* a run of NUL bytes (padding, or a hole a crash left) */
+    Q_TOO_LONG = DL_TOO_LONG,   /* a line longer than LINE_MAX */
+    Q_MALFORMED = 6,    /* not a line of the format */
+    Q_CUT_START = DL_CUT_START, /* a line after NULs with a pointer too short: its start is lost */
     Q_DUPLICATE,        /* an event seen twice */
     Q_UNREADABLE,       /* read() failed (the errno instead of the line's bytes) */
 };
@@ -71,7 +73,7 @@ struct mmleak_shrink_stats {
 #define LINE_MAX_BYTES ((size_t)MMLEAK_LINE_MAX)   /* facts.h: mmleaklib/facts.py's bound */
 #define READ_CHUNK ((size_t)1 << 20)
 #define READ_BUF (4096 + LINE_MAX_BYTES + READ_CHUNK)
-#define HEAD 80                         /* what messages show of a line too long */
+#define HEAD DL_HEAD                    /* what messages show of a line too long */
 
 struct chunk { struct chunk *next; size_t size; };
 

@@ -1,11 +1,11 @@
 /* tools/shrink_read.c: the compiled shrinker's input: each input file read in chunks of a
- * fixed buffer, as mmleaklib's dump_lines reads (a run of NULs ends a line, a line longer
- * than LINE_MAX keeps its head, a hole of a sparse file is skipped unread), each line an
- * event for the folding algebra (tools/shrink_fold.h) or a header or a problem (the
- * validation of Shrinker.feed and Shrinker._odd_line: which lines are problems, their
- * numbers, the first few per file and kind), the table's index sized ahead and its slots
- * fetched ahead.  Separate from the state and the output: this file alone knows how the
- * bytes of an input become lines. */
+ * fixed buffer (a hole of a sparse file skipped unread), its lines read by tools/dumplines.h
+ * (the format's rules: runs of NULs, lines too long, the last line without its newline, as
+ * mmleaklib's dump_lines reads), each line an event for the folding algebra
+ * (tools/shrink_fold.h) or a header or a problem (the validation of Shrinker.feed and
+ * Shrinker._odd_line: which lines are problems, their numbers, the first few per file and
+ * kind), the table's index sized ahead and its slots fetched ahead.  Separate from the state
+ * and the output. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -81,16 +81,11 @@ static void presize_file(struct run *r, int fd)
         grow_index(r, (uint64_t)sb.st_size / PRESIZE_LINE, PRESIZE_BITS);
 }
 
-/* Shrinker._odd_line: everything that is not an event (a line without NUL bytes, ended by
- * its newline, or the last one of the input without it). */
+/* Shrinker._odd_line: a line ended by its newline that is not an event: a header, padding
+ * (a blank line, tools/dumplines.h) or malformed. */
 static void odd_line(struct run *r, int file, uint64_t lineno, const char *p, size_t n)
 {
-    int nl = n && p[n - 1] == '\n';
     if (p[0] == '#') {
-        if (!nl) {
-            problem(r, file, lineno, Q_TORN_LAST, p, 0);
-            return;
-        }
         if (n > 11 && !memcmp(p, "#compacted ", 11) && !r->merge)
             presize(r, p, n);           /* (a streamed input's entries need no index) */
         int added = hset_add(&r->headers, p, n);
@@ -102,48 +97,8 @@ static void odd_line(struct run *r, int file, uint64_t lineno, const char *p, si
             r->stop = 1;
         return;
     }
-    if (!nl) {
-        size_t i = 0;                   /* not line.strip(b" "): spaces only */
-        while (i < n && p[i] == ' ')
-            i++;
-        problem(r, file, lineno, i == n ? Q_PADDING_END : Q_TORN_LINE, p, n);
-        return;
-    }
-    size_t i;                           /* not line.strip(): ASCII whitespace only */
-    for (i = 0; i < n; i++) {
-        char c = p[i];
-        if (c != ' ' && c != '\t' && c != '\n' && c != '\r' && c != '\v' && c != '\f')
-            break;
-    }
-    if (i == n)
-        return;
-    problem(r, file, lineno, Q_MALFORMED, p, n);
-}
-
-/* Text cut by a run of NUL bytes (N bytes at P, LONG: it was longer than LINE_MAX and this is
- * its head): a torn line, or padding when it is empty or blank.  The line goes on after the
- * run, under the same number. */
-static __attribute__((cold, noinline)) void cut_line(struct run *r, int file, uint64_t lineno,
-                                                    const char *p, size_t n,
-                     int is_long)
-{
-    size_t i = 0;
-    while (!is_long && i < n && p[i] == ' ')
-        i++;
-    problem(r, file, lineno, i == n && !is_long ? Q_NULS : Q_TORN_LINE, p, n);
-}
-
-/* A line longer than LINE_MAX (its head: N bytes at P), ended by END: a newline, a NUL, or
- * nothing (the end of the input). */
-static __attribute__((cold, noinline)) void long_line(struct run *r, int file, uint64_t lineno,
-                                                     const char *p, size_t n,
-                      int end)
-{
-    if (end == 0)
-        cut_line(r, file, lineno, p, n, 1);
-    else
-        problem(r, file, lineno, end == '\n' ? Q_TOO_LONG : p[0] == '#' ? Q_TORN_LAST :
-                Q_TORN_LINE, p, n);
+    if (!dl_blank(p, n))
+        problem(r, file, lineno, Q_MALFORMED, p, n);
 }
 
 static int tick(struct run *r, int file, uint64_t file_events)
@@ -151,14 +106,6 @@ static int tick(struct run *r, int file, uint64_t file_events)
     if (r->on_tick && r->on_tick(file, file_events, r->st->events, r->st->files_done))
         r->stop = 1;
     return r->stop;
-}
-
-/* The first newline or NUL in [P, LIM), or NULL. */
-static const char *line_end(const char *p, const char *lim)
-{
-    const char *nl = memchr(p, '\n', (size_t)(lim - p));
-    const char *z = memchr(p, 0, (size_t)((nl ? nl : lim) - p));
-    return z ? z : nl;
 }
 
 /* One line ended by its newline (N bytes at P, at most LINE_MAX + 1). */
@@ -184,18 +131,6 @@ static inline __attribute__((always_inline)) void one_line(struct run *r, int fi
     } else {
         odd_line(r, file, lineno, p, n);
     }
-}
-
-/* The first line after a run of NULs, an event whose pointer has fewer than 12 digits: the
- * end of a line whose start a hole took (dumpformat.py's CUT_START).  1 if it is (said). */
-static __attribute__((cold, noinline)) int cut_start(struct run *r, int file, uint64_t lineno,
-                                                     const char *p, size_t n)
-{
-    uint64_t a, b, c;
-    if (parse_line(p, &a, &b, &c) < 0 || ptr_len(p) >= 12)
-        return 0;
-    problem(r, file, lineno, Q_CUT_START, p, n);
-    return 1;
 }
 
 /* The lines ahead of the one being read: the table's index slot of each of the next
@@ -254,62 +189,85 @@ static inline void ahead_step(struct ahead *a, const struct table *t)
     }
 }
 
-/* Shrinker.feed over a descriptor, reading as mmleaklib's dump_lines does: BUF (READ_BUF
- * bytes) holds the start of a line not ended yet (HAVE bytes, no NUL, at most LINE_MAX) and
- * the chunk just read; a run of NULs ends the text before it (cut_line) and the next line
- * starts after it; a line longer than LINE_MAX keeps its head (HEAD bytes) and its rest is
- * skipped; a hole of a regular file is a run of NULs, never read (SEEK_DATA). */
+/* feed_fd's handlers of tools/dumplines.h's reader: the input's state while it is read. */
+struct reading {
+    struct run *r;
+    int file;
+    uint64_t events, allocs, max_time;
+    struct ahead ah;
+};
+
+static inline __attribute__((always_inline)) void read_start(void *c, const char *p,
+                                                             const char *lim, int nuls)
+{
+    struct reading *x = c;
+    ahead_start(&x->ah, &x->r->t, p, lim, nuls || x->r->merge || x->r->t.lazy);
+}
+
+static inline __attribute__((always_inline)) int read_line(void *c, uint64_t lineno,
+                                                           const char *p, size_t n)
+{
+    struct reading *x = c;
+    ahead_step(&x->ah, &x->r->t);
+    one_line(x->r, x->file, lineno, p, n, &x->events, &x->allocs, &x->max_time);
+    return unlikely(x->r->stop) ||
+           (unlikely((lineno & 0xFFFF) == 0) && tick(x->r, x->file, x->events));
+}
+
+/* Not a line: a problem (its DL_* is its Q_*). */
+static __attribute__((cold, noinline)) int read_odd(void *c, int what, uint64_t lineno,
+                                                    const char *p, size_t n)
+{
+    struct reading *x = c;
+    problem(x->r, x->file, lineno, what, p, n);
+    return x->r->stop;
+}
+
+/* Shrinker.feed over a descriptor, its lines read by tools/dumplines.h's reader (as
+ * mmleaklib's dump_lines reads them): BUF (READ_BUF bytes) holds the start of a line not
+ * ended yet and the chunk just read; a hole of a regular file is a run of NULs, never read
+ * (SEEK_DATA). */
 void feed_fd(struct run *r, int fd, int file, char *buf)
 {
-    size_t have = 0;
-    char head[HEAD];
-    size_t head_n = 0;
-    int skip = 0, in_nul = 0, failed = 0, hole_to_end = 0;
-    int after_nul = 0;                  /* the next line comes right after a run of NULs */
-    uint64_t lineno = 0, events = 0, allocs = 0, max_time = r->st->max_time;
+    struct dumplines d;
+    memset(&d, 0, sizeof d);
+    struct reading x = { .r = r, .file = file, .max_time = r->st->max_time };
+    int failed = 0, hole_to_end = 0;
     struct stat sb;
     int seekable = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
-    char *pend = buf;                   /* where the HAVE bytes are */
+    char *pend = buf;                   /* where the D.have bytes are */
     off_t at = seekable ? lseek(fd, 0, SEEK_CUR) : 0;  /* the file offset read next */
     if (at < 0)
         at = 0;
     while (!r->stop) {
         int hole = 0;
         if (seekable) {
-            off_t cur = lseek(fd, 0, SEEK_CUR), d = cur < 0 ? -1 : lseek(fd, cur, SEEK_DATA);
+            off_t cur = lseek(fd, 0, SEEK_CUR), dt = cur < 0 ? -1 : lseek(fd, cur, SEEK_DATA);
             if (cur < 0) {
                 seekable = 0;
-            } else if (d < 0 && errno == ENXIO) {   /* no data after CUR: a hole to the end? */
+            } else if (dt < 0 && errno == ENXIO) {  /* no data after CUR: a hole to the end? */
                 hole = hole_to_end = fstat(fd, &sb) == 0 && cur < sb.st_size;
-            } else if (d < 0) {
+            } else if (dt < 0) {
                 seekable = 0;           /* no SEEK_DATA here: all of it is data */
             } else {
-                hole = d > cur;
-                at = d;
+                hole = dt > cur;
+                at = dt;
             }
         }
         if (hole) {                     /* as many NULs as the hole is long */
-            if (skip) {
-                long_line(r, file, lineno + 1, head, head_n, 0);
-                skip = 0;
-            } else if (!in_nul) {
-                cut_line(r, file, lineno + 1, pend, have, 0);
-                have = 0;
-            }
-            in_nul = after_nul = 1;
-            if (hole_to_end)
+            if (dl_hole(&d, pend, &x, read_odd) || hole_to_end)
                 break;
         }
         /* the chunk goes where its bytes have the file's alignment in a page: the kernel
          * copies from the page cache a third faster than to a place out of step with it */
-        char *to = buf + (((uint64_t)at - have) & 4095);
+        char *to = buf + (((uint64_t)at - d.have) & 4095);
         if (to != pend)
-            memmove(to, pend, have);
+            memmove(to, pend, d.have);
         pend = to;
-        ssize_t got = read(fd, pend + have, READ_CHUNK);
+        ssize_t got = read(fd, pend + d.have, READ_CHUNK);
         if (got < 0) {
             if (errno == EINTR) {
-                tick(r, file, events);
+                tick(r, file, x.events);
                 continue;
             }
             if (r->on_problem(file, 0, Q_UNREADABLE, NULL, (size_t)errno))
@@ -321,90 +279,17 @@ void feed_fd(struct run *r, int fd, int file, char *buf)
         if (got == 0)
             break;
         at += got;
-        const char *p = pend, *q = pend + have, *lim = pend + have + (size_t)got;
-        if (skip) {                     /* the rest of a line too long, up to its end */
-            const char *t = line_end(q, lim);
-            if (!t) {
-                have = 0;
-                continue;
-            }
-            if (*t == '\n')
-                lineno++;
-            long_line(r, file, *t ? lineno : lineno + 1, head, head_n, *t);
-            skip = 0;
-            in_nul = after_nul = !*t;
-            p = q = t + 1;
-        }
-        if (in_nul) {                   /* a run of NULs that goes on */
-            while (q < lim && !*q)
-                q++;
-            p = q;
-            if (q == lim) {
-                have = 0;
-                continue;
-            }
-            in_nul = 0;
-        }
-        /* one loop, one place where a line is parsed (inlined once: the parser and the
-         * state update stay inlined); NULs are looked for only in a chunk that has some */
-        int nuls = memchr(q, 0, (size_t)(lim - q)) != NULL;
-        const char *t;
-        struct ahead ah;
-        ahead_start(&ah, &r->t, p, lim, nuls || r->merge || r->t.lazy);
-        while ((t = nuls ? line_end(q, lim) : memchr(q, '\n', (size_t)(lim - q))) != NULL) {
-            ahead_step(&ah, &r->t);
-            size_t n = (size_t)(t - p);         /* the text, without what ended it */
-            if (likely(*t == '\n')) {
-                lineno++;
-                if (unlikely(after_nul)) {
-                    after_nul = 0;
-                    if (n <= LINE_MAX_BYTES && cut_start(r, file, lineno, p, n + 1)) {
-                        p = q = t + 1;
-                        continue;
-                    }
-                }
-                if (unlikely(n > LINE_MAX_BYTES))
-                    long_line(r, file, lineno, p, HEAD, '\n');
-                else
-                    one_line(r, file, lineno, p, n + 1, &events, &allocs, &max_time);
-                p = q = t + 1;
-                if (unlikely(r->stop) ||
-                    (unlikely((lineno & 0xFFFF) == 0) && tick(r, file, events)))
-                    break;
-                continue;
-            }
-            if (n > LINE_MAX_BYTES)             /* text cut by a run of NULs */
-                long_line(r, file, lineno + 1, p, HEAD, 0);
-            else
-                cut_line(r, file, lineno + 1, p, n, 0);
-            while (++t < lim && !*t)
-                ;
-            in_nul = t == lim;
-            after_nul = 1;
-            p = q = t;
-            if (r->stop)
-                break;
-        }
-        if (r->stop)
+        const char *p = dl_chunk(&d, pend, pend + d.have + (size_t)got, &x, read_start,
+                                 read_line, read_odd);
+        if (!p)
             break;
-        have = (size_t)(lim - p);
         pend = (char *)p;
-        if (have > LINE_MAX_BYTES) {    /* too long: keep its head, skip the rest */
-            head_n = HEAD;
-            memcpy(head, pend, HEAD);
-            skip = 1;
-            have = 0;
-        }
     }
-    if (!r->stop && !failed) {          /* the last line, without its newline */
-        if (skip)
-            long_line(r, file, ++lineno, head, head_n, -1);
-        else if (have)
-            odd_line(r, file, ++lineno, pend, have);
-    }
-    r->st->events += events;
-    r->st->allocs += allocs;
-    r->st->max_time = max_time;
+    if (!r->stop && !failed)            /* the last line, without its newline */
+        dl_end(&d, pend, &x, read_odd);
+    r->st->events += x.events;
+    r->st->allocs += x.allocs;
+    r->st->max_time = x.max_time;
     if (!r->stop && !failed)
         r->st->files_done++;
 }

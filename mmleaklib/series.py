@@ -428,8 +428,11 @@ def _keys_beside(both, alone, cancel=None):
     blocks alive now allocated beside the result (every block alive now allocated in it is
     alive in its lines read alone).  None when either is not all native blocks.  CANCEL:
     asked between the sorts (see _given_up): most of the heap beside the result, they are
-    a point's longest steps after its readings."""
+    a point's longest steps after its readings.  BOTH and ALONE one reading (level_sums
+    without runs): none, without sorting them."""
     from .native import keys_minus
+    if both is alone:
+        return None if both.allocs else (array.array("Q"), array.array("Q"))
     a = _keys_of(both)
     _given_up(cancel)
     b = _keys_of(alone)
@@ -816,11 +819,13 @@ def level_sums(cpath, base, runs, extra=None, cancel=None):
         x.flush()
         _given_up(cancel)
         both = _read_native(list(runs) + [x.name], cancel)
-        alone = _read_native([x.name], cancel)
+        # no runs (the last point after a merge of everything, its EXTRA addresses picked):
+        # the two readings are one, and BOTH - ALONE is nothing
+        alone = _read_native([x.name], cancel) if runs else both
     if both is None or alone is None:
         return None
     plus, stack_lines = site_sums(*both)
-    minus, _ = site_sums(*alone)
+    minus = site_sums(*alone)[0] if alone is not both else plus
     sums = collections.defaultdict(lambda: [0, 0])
     for src, sign in ((base, 1), (plus, 1), (minus, -1)):
         for k, (b, nb) in src.items():

@@ -460,3 +460,72 @@ def _write(d, name, lines, raw=False):
     p.write_bytes(b"".join(l if l.endswith(b"\n") or l.endswith(b"\0") else l + b"\n"
                            for l in lines))
     return p
+
+
+def test_the_last_point_after_a_merge_of_everything_reads_its_lines_once(tmp_path, alive,
+                                                                         native, monkeypatch):
+    """`run`'s last pass merges the runs into the result (the rule wants it) and makes the
+    last point from the levels: no run left, only the result's lines at the addresses the
+    merges brought in since the previous point (its partial keys' "#exclude") are picked.
+    Those lines read with the runs and read alone are then one reading: read once, and the
+    keys beside the result (both minus alone) are none without sorting anything.  The point
+    is exact (live, new, freed against the running point before it)."""
+    monkeypatch.setattr(series, "SERIES_INTERVAL", 0.0)
+    h = History(tmp_path)
+    t = mmleak.TraceFiles(str(tmp_path), TID)
+    h.batch(allocs=100000)
+    mmleak.compact_dir(str(tmp_path), TID)          # the result, its base, a point
+    h.batch(allocs=1000, frees=100)
+    (res,) = mmleak.compact_dir(str(tmp_path), TID)[1]     # run 1; the point's keys partial
+    assert runs(tmp_path) == ["mmleak.%s.compact.1" % TID] and res["point"] is not None
+    before = dict(h.live)
+    h.batch(allocs=30000, frees=300)
+    sums_calls, beside_calls, current = [], [], [None]
+    real_sums, real_read, real_beside = series.level_sums, series._read_native, \
+        series._keys_beside
+    real_sort = mmleak.native.sorted_keys
+
+    def sums(*a):
+        current[0] = [len(a[2]), 0, 0]
+        sums_calls.append(current[0])
+        try:
+            return real_sums(*a)
+        finally:
+            current[0] = None
+
+    def read(*a):
+        if current[0] is not None:
+            current[0][1] += 1
+        return real_read(*a)
+
+    def beside(*a):
+        current[0] = [a[0] is a[1], 0, 0]
+        beside_calls.append(current[0])
+        try:
+            return real_beside(*a)
+        finally:
+            current[0] = None
+
+    def sort(*a, **k):
+        if current[0] is not None:
+            current[0][2] += 1
+        return real_sort(*a, **k)
+    monkeypatch.setattr(series, "level_sums", sums)
+    monkeypatch.setattr(series, "_read_native", read)
+    monkeypatch.setattr(series, "_keys_beside", beside)
+    monkeypatch.setattr(mmleak.native, "sorted_keys", sort)
+    alive[0] = False
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, levels=True)[1]     # as `run`'s last pass
+    assert res["over"] and res["merged"] == 2 and runs(tmp_path) == []
+    assert res["point"] is not None
+    # before the merge: the runs beside, two readings; the last point: none beside, one
+    assert [c[:2] for c in sums_calls] == [[2, 2], [0, 1]]
+    assert [c[0] for c in beside_calls] == [False, True] and beside_calls[1][2] == 0
+    now = {(p, s): z for (p, s), z in h.live.items()}
+    new = [z for k, z in now.items() if k not in before]
+    freed = [z for k, z in before.items() if k not in now]
+    assert res["point"].live == (sum(now.values()), len(now))
+    assert res["point"].new == (sum(new), len(new)) == (sum(16 + i % 7 for i in range(30000)),
+                                                          30000)
+    assert res["point"].freed == (sum(freed), len(freed)) and len(freed) == 300
+    assert survivors(tmp_path) == h.live

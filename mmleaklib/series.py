@@ -932,7 +932,10 @@ def before_result_merge(directory, tid, cpath, inputs, over=False, cancel=None):
     try:
         if refused:
             return out
-        got = level_sums(cpath, base, paths, None, cancel) if base is not None else None
+        # (the trace over: no base is written again, the new one is not needed; the
+        # .live's exclusions then come from the inputs read alone)
+        got = level_sums(cpath, base, paths, None, cancel) if base is not None and not over \
+            else None
         if got:
             out["new_base"] = got[0]
         if lv is not None:

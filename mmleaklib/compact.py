@@ -544,19 +544,29 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
         i = _merge_start([files._size(p) for _, p in chain])
         if i < len(chain) - 1 and not (abandon and abandon()):
             (older, target) = chain[i]
-            # a merge into the result brings its base and the series' .live along
-            token = series_mod.before_result_merge(
-                directory, tid, cpath, [p for _, p in chain[1:]]) if i == 0 else None
-            # (a result without its base, a compactor killed between a merge's rename and
-            # the base's: this merge's survivors give it one again)
-            again = base and token is not None and token["base"] is None
-            merged = False
+            token, merged = None, False
             try:
+                # a merge into the result brings its base and the series' .live along (what
+                # they become is read before the merge: given up too, as the merge is)
+                # (the trace over: no base, the merge's own survivors make the last point)
+                token = series_mod.before_result_merge(
+                    directory, tid, cpath, [p for _, p in chain[1:]], over,
+                    cancel=abandon) if i == 0 else None
+                # (a result without its base, a compactor killed between a merge's rename and
+                # the base's: this merge's survivors give it one again)
+                again = base and not over and token is not None and token["base"] is None
                 msh = _fold_into(directory, tid, target, older,
                                  [p for _, p in chain[i + 1:]] + [target], work,
-                                 stream_last=True, live=again, guard=guard, cancel=abandon)
+                                 stream_last=True, live=again or over and i == 0,
+                                 guard=guard, cancel=abandon)
                 work["merged"] = len(chain) - 1 - i
                 merged = True
+                if over and i == 0 and msh.native_blocks is not None:
+                    # every run merged into the result of a trace over (`run`'s last pass):
+                    # its survivors, from the merge's reading, are the whole trace's, for
+                    # its last point and the verdict, as when everything is merged (above)
+                    now = _result_view(cpath, msh)
+                    msh.native_blocks = None
                 if again and msh.native_blocks is not None:
                     from .blocks import Live
                     series_mod.save_base(directory, tid, cpath, msh,

@@ -41,7 +41,7 @@ from .dumpformat import NO_STACK, Q_BAD_SERIES, dump_lines, parse_stack
 from . import files
 from .files import TraceFiles, _own_file, _remove_quietly, open_trace_file
 from .errors import Refused, refuse
-from .native import native_shrink
+from .native import Abandoned, native_shrink
 from .shrink import Shrinker, header_order, stream_order
 
 
@@ -345,16 +345,20 @@ def _point_sites(directory, tid, t, found, snap, ident, prev, final, now, cancel
         # is there
         base = load_base(directory, tid, t.compact)
         if base is not None:
-            inc = level_sums(t.compact, base, others, excl[0] if excl else None)
+            inc = level_sums(t.compact, base, others, excl[0] if excl else None, cancel)
         if inc and (not final or partial):
-            keys = _keys_beside(inc[3], inc[4])
+            _given_up(cancel)
+            keys = _keys_beside(inc[3], inc[4], cancel)
             inc = inc if keys is not None else None
     if not inc and levels and (not final or partial):
-        keys = _keys_alone(others)
+        _given_up(cancel)
+        keys = _keys_alone(others, cancel=cancel)
+    _given_up(cancel)
     if partial and keys is None:
         prev, partial = None, False
     if inc:
         sums, stack_lines, sh, live, _ = inc
+        _given_up(cancel)
         if partial:
             new = _new_partial(sh, live, keys, excl, prev[0], stack_lines)
         elif prev is not None:
@@ -402,6 +406,13 @@ def _point_sites(directory, tid, t, found, snap, ident, prev, final, now, cancel
     return sh, live, sites, stack_lines, keys, prev
 
 
+def _given_up(cancel):
+    """Raise Abandoned when CANCEL (a function, or None) says so: a point's steps between
+    its readings (each a C call that cannot stop halfway) ask it, as the readings do."""
+    if cancel is not None and cancel():
+        raise Abandoned()
+
+
 def _keys_of(live):
     """The sorted keys ((ptr, seq) arrays) of LIVE's blocks, all native; None otherwise."""
     if live.allocs:
@@ -411,28 +422,37 @@ def _keys_of(live):
     return live.native.keys()
 
 
-def _keys_beside(both, alone):
+def _keys_beside(both, alone, cancel=None):
     """The keys of the blocks alive in BOTH (a reading of the files beside the result and
     of its lines at their addresses) that are not in ALONE (those lines read alone): the
     blocks alive now allocated beside the result (every block alive now allocated in it is
-    alive in its lines read alone).  None when either is not all native blocks."""
+    alive in its lines read alone).  None when either is not all native blocks.  CANCEL:
+    asked between the sorts (see _given_up): most of the heap beside the result, they are
+    a point's longest steps after its readings.  BOTH and ALONE one reading (level_sums
+    without runs): none, without sorting them."""
     from .native import keys_minus
-    a, b = _keys_of(both), _keys_of(alone)
+    if both is alone:
+        return None if both.allocs else (array.array("Q"), array.array("Q"))
+    a = _keys_of(both)
+    _given_up(cancel)
+    b = _keys_of(alone)
     if a is None or b is None:
         return None
+    _given_up(cancel)
     try:
         return keys_minus(a, b)
     except MemoryError:
         return None
 
 
-def _keys_alone(paths, extra=None):
+def _keys_alone(paths, extra=None, cancel=None):
     """The sorted keys ((ptr, seq) arrays) of the survivors of PATHS read alone, and of the
-    keys EXTRA ((ptr, seq) arrays) if any; None when the compiled shrinker cannot read them."""
+    keys EXTRA ((ptr, seq) arrays) if any; None when the compiled shrinker cannot read them.
+    CANCEL: see native_shrink (Abandoned)."""
     from .native import sorted_keys
     blocks = None
     if paths:
-        got = _read_native(paths)
+        got = _read_native(paths, cancel)
         if got is None or got[1].allocs:
             return None
         blocks = got[1].native if got[1].native is not None and len(got[1].native) else None
@@ -770,34 +790,42 @@ def _pick(cpath, runs, out, extra=None):
     return fn(os.fsencode(cpath), arr, len(runs), xa, n, out.fileno()) >= 0
 
 
-def _read_native(paths):
-    """(Shrinker, Live) of PATHS read by the compiled shrinker, or None."""
+def _read_native(paths, cancel=None):
+    """(Shrinker, Live) of PATHS read by the compiled shrinker, or None.  CANCEL: see
+    native_shrink (Abandoned)."""
     sh = Shrinker()
-    if not native_shrink(sh, paths, [os.path.basename(p) for p in paths], blocks=True):
+    if not native_shrink(sh, paths, [os.path.basename(p) for p in paths], blocks=True,
+                         cancel=cancel):
         return None
     if sh.problems.fatal or sh.problems.malformed:
         return None
     return sh, sh.live()
 
 
-def level_sums(cpath, base, runs, extra=None):
+def level_sums(cpath, base, runs, extra=None, cancel=None):
     """(sums {key: [bytes, blocks]}, stack lines, (Shrinker, Live) of the runs and the
     result's picked lines, Live of those lines alone) of the levels CPATH and RUNS, from
     CPATH's BASE: BASE + (runs and the result's lines at their addresses) - (those lines
     alone).  RUNS: any dump files beside
     the result (the files still being written too).  EXTRA: more addresses to pick (an
-    array).  None when it cannot."""
+    array).  None when it cannot.  CANCEL (a function): asked before the pick and as the
+    readings go (native_shrink); True raises Abandoned (a point, or the base of a merge into
+    the result, given up: `run`'s compactor once its program has ended)."""
     import tempfile
     with tempfile.NamedTemporaryFile(prefix="mmleak-pick.") as x:
+        _given_up(cancel)
         if not _pick(cpath, runs, x, extra):
             return None
         x.flush()
-        both = _read_native(list(runs) + [x.name])
-        alone = _read_native([x.name])
+        _given_up(cancel)
+        both = _read_native(list(runs) + [x.name], cancel)
+        # no runs (the last point after a merge of everything, its EXTRA addresses picked):
+        # the two readings are one, and BOTH - ALONE is nothing
+        alone = _read_native([x.name], cancel) if runs else both
     if both is None or alone is None:
         return None
     plus, stack_lines = site_sums(*both)
-    minus, _ = site_sums(*alone)
+    minus = site_sums(*alone)[0] if alone is not both else plus
     sums = collections.defaultdict(lambda: [0, 0])
     for src, sign in ((base, 1), (plus, 1), (minus, -1)):
         for k, (b, nb) in src.items():
@@ -883,12 +911,13 @@ def _new_sums(sh, live, table, stack_lines):
 # before the merge's rename and written after it (a pass killed in between leaves none: the
 # next point reads the trace whole); a .live left with the old identity is taken as lost.
 
-def before_result_merge(directory, tid, cpath, inputs, over=False):
+def before_result_merge(directory, tid, cpath, inputs, over=False, cancel=None):
     """What after_result_merge needs, computed before the merge of the dump files and runs
     INPUTS into the result CPATH (their paths, not the result's): the new base's sums (when
     the result has a base), the .live's exclusions (when its keys are partial and of this
     result).  Removes the base.  OVER: the trace is over (no base is written again: its
-    last point reads what the merge left)."""
+    last point reads what the merge left).  CANCEL: see level_sums (Abandoned: nothing
+    changed, the base still there)."""
     t = TraceFiles(directory, tid)
     ident = _identity(cpath)
     if ident is None:
@@ -903,14 +932,18 @@ def before_result_merge(directory, tid, cpath, inputs, over=False):
     try:
         if refused:
             return out
-        got = level_sums(cpath, base, paths) if base is not None else None
+        # (the trace over: no base is written again, the new one is not needed; the
+        # .live's exclusions then come from the inputs read alone)
+        got = level_sums(cpath, base, paths, None, cancel) if base is not None and not over \
+            else None
         if got:
             out["new_base"] = got[0]
         if lv is not None:
             # the blocks alive after the merge that it brings into the result
-            new = _keys_beside(got[3], got[4]) if got else None
+            _given_up(cancel)
+            new = _keys_beside(got[3], got[4], cancel) if got else None
             if new is None:
-                out["excl"] = _keys_alone(paths, lv[0][4])
+                out["excl"] = _keys_alone(paths, lv[0][4], cancel)
             else:
                 from .native import sorted_keys
                 old = lv[0][4] or (array.array("Q"), array.array("Q"))

@@ -535,6 +535,105 @@ def test_a_point_abandoned_as_it_reads_is_not_written(tmp_path, alive, monkeypat
     assert points[-1].live == (sum(h.live.values()), len(h.live))
 
 
+def _given_up_at_the_pick(monkeypatch):
+    """An ABANDON that turns True once the result's lines are picked (series._pick: the
+    first step of a reading from the levels), and a record of the readings begun after it
+    (series._read_native, then `asked`)."""
+    state = {"picked": False, "read_after": 0}
+    pick, read = mmleak.series._pick, mmleak.series._read_native
+
+    def picking(*a, **k):
+        state["picked"] = True
+        return pick(*a, **k)
+
+    def reading(*a, **k):
+        state["read_after"] += state["picked"]
+        return read(*a, **k)
+    monkeypatch.setattr(mmleak.series, "_pick", picking)
+    monkeypatch.setattr(mmleak.series, "_read_native", reading)
+
+    def restore():
+        monkeypatch.setattr(mmleak.series, "_pick", pick)
+        monkeypatch.setattr(mmleak.series, "_read_native", read)
+    return state, lambda: state["picked"], restore
+
+
+def test_a_point_from_the_levels_is_given_up_too(tmp_path, alive, monkeypatch):
+    """A point of a running trace made from the levels (the result's base there), given
+    up once its pick of the result's lines is done (`run`'s program ended then): no reading
+    begins after it, no point, the .live and the series as the previous point left them;
+    the trace's last point then follows exactly.  (Before: level_sums did not ask, and the
+    point read on, its sorts of the keys too, while `run`'s last pass waited for it.)"""
+    from mmleaklib import native
+    if native._shrink_engine() != "native":
+        pytest.skip("the compiled shrinker is not built")
+    monkeypatch.setattr(mmleak.series, "SERIES_INTERVAL", 0.0)
+    h = History(tmp_path)
+    h.batch(allocs=100000)
+    (res,) = mmleak.compact_dir(str(tmp_path), TID)[1]     # the result, its base, a point
+    t = mmleak.TraceFiles(str(tmp_path), TID)
+    assert res["point"] is not None and os.path.exists(mmleak.series.base_path(
+        str(tmp_path), TID))
+    before = {n: (tmp_path / n).read_bytes() for n in (t.series, t.live)}
+    h.batch(allocs=1000, frees=200)                 # a small run: no merge
+    state, abandon, restore = _given_up_at_the_pick(monkeypatch)
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, abandon=abandon)[1]
+    assert res["folded"] == 1 and res["merged"] == 0 and res["point"] is None
+    assert res["abandoned"] and state["picked"] and state["read_after"] == 0
+    assert {n: (tmp_path / n).read_bytes() for n in before} == before
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+    alive[0] = False
+    restore()
+    (res,) = mmleak.compact_dir(str(tmp_path), TID)[1]
+    assert res["over"] and res["point"] is not None
+    points, _ = mmleak.read_series(t.series)
+    assert len(points) == 2
+    assert points[-1].live == (sum(h.live.values()), len(h.live))
+    assert points[-1].new[1] == 1000 and points[-1].freed[1] == 200
+    assert survivors(tmp_path) == h.live
+
+
+def test_a_merge_into_the_result_is_given_up_before_its_base(tmp_path, alive, monkeypatch):
+    """A merge into the result reads first what its base and the series' .live become
+    (series.before_result_merge, from the levels); given up there (the program ended):
+    no reading begins after the pick, nothing is merged, the base and the .live stay those
+    of the result, which is unchanged; the next pass merges, and every count is exact."""
+    from mmleaklib import native
+    if native._shrink_engine() != "native":
+        pytest.skip("the compiled shrinker is not built")
+    monkeypatch.setattr(mmleak.series, "SERIES_INTERVAL", 0.0)
+    h = History(tmp_path)
+    h.batch(allocs=100000)
+    mmleak.compact_dir(str(tmp_path), TID)          # the result, its base, a point
+    h.batch(allocs=1000)
+    (res,) = mmleak.compact_dir(str(tmp_path), TID)[1]     # run 1, a partial .live
+    assert runs(tmp_path) == ["mmleak.%s.compact.1" % TID] and res["point"] is not None
+    t = mmleak.TraceFiles(str(tmp_path), TID)
+    bpath = mmleak.series.base_path(str(tmp_path), TID)
+    keep = [t.compact, bpath, t.live, t.series, str(tmp_path / runs(tmp_path)[0])]
+    before = {p: open(p, "rb").read() for p in keep}
+    h.batch(allocs=70000, frees=300)                # run 2, then a merge into the result
+    state, abandon, restore = _given_up_at_the_pick(monkeypatch)
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, abandon=abandon)[1]
+    assert res["folded"] == 1 and res["merged"] == 0 and res["abandoned"]
+    assert state["picked"] and state["read_after"] == 0
+    assert runs(tmp_path) == ["mmleak.%s.compact.%d" % (TID, n) for n in (1, 2)]
+    assert {p: open(p, "rb").read() for p in keep} == before
+    assert mmleak.series.load_base(str(tmp_path), TID, t.compact) is not None
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+    assert survivors(tmp_path) == h.live
+    restore()
+    h.batch(allocs=20000)
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, abandon=lambda: False)[1]
+    assert res["merged"] == 3 and runs(tmp_path) == [] and res["point"] is not None
+    alive[0] = False
+    (res,) = mmleak.compact_dir(str(tmp_path), TID)[1]
+    assert res["over"]
+    points, _ = mmleak.read_series(t.series)
+    assert points[-1].live == (sum(h.live.values()), len(h.live))
+    assert survivors(tmp_path) == h.live
+
+
 def test_a_fold_abandoned_as_it_reads_leaves_its_files(tmp_path, alive):
     """The fold of new files into a run, given up as it reads them (ABANDON): the files
     stay, no run is written, nothing is deleted; the next pass folds them, exactly."""

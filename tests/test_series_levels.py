@@ -461,3 +461,111 @@ def _write(d, name, lines, raw=False):
     p.write_bytes(b"".join(l if l.endswith(b"\n") or l.endswith(b"\0") else l + b"\n"
                            for l in lines))
     return p
+
+
+def _spies(monkeypatch):
+    """Record the readings of level_sums ([runs, readings, sorts] per call) and of
+    _keys_beside ([both is alone, 0, sorts] per call)."""
+    sums_calls, beside_calls, current = [], [], [None]
+    real_sums, real_read, real_beside = series.level_sums, series._read_native, \
+        series._keys_beside
+    real_sort = mmleak.native.sorted_keys
+
+    def sums(*a):
+        current[0] = [len(a[2]), 0, 0]
+        sums_calls.append(current[0])
+        try:
+            return real_sums(*a)
+        finally:
+            current[0] = None
+
+    def read(*a):
+        if current[0] is not None:
+            current[0][1] += 1
+        return real_read(*a)
+
+    def beside(*a):
+        current[0] = [a[0] is a[1], 0, 0]
+        beside_calls.append(current[0])
+        try:
+            return real_beside(*a)
+        finally:
+            current[0] = None
+
+    def sort(*a, **k):
+        if current[0] is not None:
+            current[0][2] += 1
+        return real_sort(*a, **k)
+    monkeypatch.setattr(series, "level_sums", sums)
+    monkeypatch.setattr(series, "_read_native", read)
+    monkeypatch.setattr(series, "_keys_beside", beside)
+    monkeypatch.setattr(mmleak.native, "sorted_keys", sort)
+    return sums_calls, beside_calls
+
+
+def _point_is_the_truth(point, h, before, allocs, frees):
+    now = dict(h.live)
+    new = [z for k, z in now.items() if k not in before]
+    freed = [z for k, z in before.items() if k not in now]
+    assert point.live == (sum(now.values()), len(now))
+    assert point.new == (sum(new), len(new)) and len(new) == allocs
+    assert point.freed == (sum(freed), len(freed)) and len(freed) == frees
+
+
+def _running_levels(tmp_path, monkeypatch):
+    """A running trace: the result (100,000 blocks) with its base and a point, then run 1
+    and a point whose keys are partial; the truth as that point saw it."""
+    monkeypatch.setattr(series, "SERIES_INTERVAL", 0.0)
+    h = History(tmp_path)
+    h.batch(allocs=100000)
+    mmleak.compact_dir(str(tmp_path), TID)          # the result, its base, a point
+    h.batch(allocs=1000, frees=100)
+    (res,) = mmleak.compact_dir(str(tmp_path), TID)[1]     # run 1; the point's keys partial
+    assert runs(tmp_path) == ["mmleak.%s.compact.1" % TID] and res["point"] is not None
+    return h, dict(h.live)
+
+
+def test_the_last_point_without_runs_reads_its_lines_once(tmp_path, alive, native,
+                                                          monkeypatch):
+    """A running pass merges every run into the result, without a point (the .live's keys
+    get the merged blocks as "#exclude"); the trace ends with nothing new: the last point
+    comes from the levels, no run beside the result, the result's lines picked at the
+    excluded addresses.  Those lines read with the runs and read alone are one reading:
+    read once, and the keys beside the result (both minus alone) are none without sorting
+    anything.  The point is exact (live, new, freed against the running point)."""
+    h, before = _running_levels(tmp_path, monkeypatch)
+    h.batch(allocs=30000, frees=300)
+    monkeypatch.setattr(mmleak.compact, "point_due", lambda *a: False)
+    (res,) = mmleak.compact_dir(str(tmp_path), TID)[1]
+    assert res["merged"] == 2 and runs(tmp_path) == [] and res["point"] is None
+    sums_calls, beside_calls = _spies(monkeypatch)
+    alive[0] = False
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, levels=True)[1]     # as `run`'s last pass
+    assert res["over"] and res["folded"] == 0 and res["point"] is not None
+    assert [c[:2] for c in sums_calls] == [[0, 1]]
+    assert [c[0] for c in beside_calls] == [True] and beside_calls[0][2] == 0
+    _point_is_the_truth(res["point"], h, before, 30000, 300)
+    assert survivors(tmp_path) == h.live
+
+
+def test_the_last_pass_merging_into_the_result_makes_the_last_point_of_it(
+        tmp_path, alive, native, monkeypatch):
+    """`run`'s last pass (levels kept) whose rule merges every run into the result: the
+    merge keeps its survivors (one reading), and the last point and the verdict's view are
+    made of them, not from the levels again: no pick of the result's lines, before the
+    merge (no new base for a trace over) or after it.  The point is exact (live, new,
+    freed against the running point before it, whose keys were partial)."""
+    h, before = _running_levels(tmp_path, monkeypatch)
+    h.batch(allocs=30000, frees=300)
+    sums_calls, beside_calls = _spies(monkeypatch)
+    views = {}
+    alive[0] = False
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, levels=True, view=True,
+                                folded=lambda tid, v: views.update({tid: v}))[1]
+    assert res["over"] and res["merged"] == 2 and runs(tmp_path) == []
+    assert res["point"] is not None and views[TID] is not None
+    assert sums_calls == [] and beside_calls == []
+    _point_is_the_truth(res["point"], h, before, 30000, 300)
+    sh, live = views[TID]
+    assert {(b[0], b[1]): b[2] for b in live.native.sample(10 ** 6)} == h.live
+    assert survivors(tmp_path) == h.live

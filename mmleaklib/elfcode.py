@@ -37,6 +37,8 @@ class Elf:
         self.from_symtab = False
         self.debuglink = None
         self.build_id = None
+        self.eh_frame = None    # (file offset, vaddr, size) of .eh_frame
+        self._fdes = None       # [(start, end)] of its FDEs, sorted (read when first needed)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         with os.fdopen(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -72,6 +74,8 @@ class Elf:
                     f.seek(sec[4])
                     self.debuglink = f.read(sec[5]).split(b"\0", 1)[0].decode("utf-8",
                                                                              "replace")
+                elif name == b".eh_frame" and sec[1] != SHT_NOBITS:
+                    self.eh_frame = (sec[4], sec[3], sec[5])
                 elif name == b".note.gnu.build-id" and sec[1] != SHT_NOBITS:
                     f.seek(sec[4])
                     note = f.read(sec[5])
@@ -116,6 +120,123 @@ class Elf:
         if i >= 0 and self.funcs[i][0] <= vaddr < self.funcs[i][1]:
             return self.funcs[i]
         return None
+
+    def code_at(self, vaddr):
+        """(start, end, name) of the function around VADDR to read its code: its symbol's
+        bounds, else (a static function of a stripped object: no symbol) the bounds of the
+        .eh_frame entry covering it, with None for the name.  Every function gcc and clang
+        compile for Debian has one (the unwind tables are kept when the symbols are
+        stripped), so a stripped object's own functions can be read too."""
+        fn = self.function_at(vaddr)
+        if fn is not None:
+            return fn
+        if self._fdes is None:
+            self._fdes = self._read_fdes()
+        i = bisect.bisect_right(self._fdes, (vaddr, float("inf"))) - 1
+        if i >= 0 and self._fdes[i][0] <= vaddr < self._fdes[i][1]:
+            return (self._fdes[i][0], self._fdes[i][1], None)
+        return None
+
+    def _read_fdes(self):
+        """The [start, end) address ranges of the FDEs of .eh_frame, sorted; [] when it cannot
+        be read."""
+        if self.eh_frame is None:
+            return []
+        off, base, size = self.eh_frame
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                f.seek(off)
+                data = f.read(size)
+            return sorted(_fde_ranges(data, base))
+        except (OSError, ValueError, struct.error, IndexError):
+            return []
+
+
+def _uleb(data, at):
+    val = shift = 0
+    while True:
+        b = data[at]
+        at += 1
+        val |= (b & 0x7f) << shift
+        shift += 7
+        if b < 0x80:
+            return val, at
+
+
+def _encoded(data, at, enc, vaddr):
+    """(value, next) of a DW_EH_PE-encoded pointer at AT of .eh_frame's DATA, which is loaded
+    at VADDR (for pc-relative values)."""
+    fmt = {0x00: "<Q", 0x02: "<H", 0x03: "<I", 0x04: "<Q", 0x0a: "<h", 0x0b: "<i",
+           0x0c: "<q"}.get(enc & 0x0f)
+    if fmt is None:
+        if enc & 0x0f == 0x01:                  # uleb128
+            val, nxt = _uleb(data, at)
+        else:
+            raise ValueError("pointer encoding 0x%x" % enc)
+    else:
+        val = struct.unpack_from(fmt, data, at)[0]
+        nxt = at + struct.calcsize(fmt)
+    if enc & 0x70 == 0x10:                      # pc-relative
+        val += vaddr + at
+    elif enc & 0x70:
+        raise ValueError("pointer encoding 0x%x" % enc)
+    return val & 0xffffffffffffffff, nxt
+
+
+def _fde_ranges(data, vaddr):
+    """The (start, end) of every FDE in the .eh_frame DATA loaded at VADDR."""
+    cies, out, at = {}, [], 0
+    while at + 8 <= len(data):
+        length = struct.unpack_from("<I", data, at)[0]
+        if length == 0:                         # the terminator
+            break
+        hdr = 4
+        if length == 0xffffffff:
+            length = struct.unpack_from("<Q", data, at + 4)[0]
+            hdr = 12
+        body = at + hdr
+        end = body + length
+        cie_id = struct.unpack_from("<I", data, body)[0]
+        if cie_id == 0:                         # a CIE: the FDEs' pointer encoding
+            p = body + 5
+            aug_end = data.index(b"\0", p)
+            aug = data[p:aug_end].decode("ascii", "replace")
+            p = aug_end + 1
+            if aug.startswith("z"):
+                _, p = _uleb(data, p)           # code alignment
+                while data[p] & 0x80:           # data alignment (sleb)
+                    p += 1
+                p += 1
+                if data[body + 4] == 1:
+                    p += 1                      # return register, a byte in version 1
+                else:
+                    _, p = _uleb(data, p)
+                _, p = _uleb(data, p)           # augmentation length
+                enc = 0x00
+                for c in aug[1:]:
+                    if c == "R":
+                        enc = data[p]
+                        p += 1
+                    elif c == "P":
+                        penc = data[p]
+                        _, p = _encoded(data, p + 1, penc & 0x7f, vaddr)
+                    elif c == "L":
+                        p += 1
+                    elif c not in "SB":
+                        break
+                cies[at] = enc
+            else:
+                cies[at] = 0x00
+        else:                                   # an FDE: its CIE is CIE_ID bytes back
+            enc = cies.get(body - cie_id)
+            if enc is not None:
+                start, p = _encoded(data, body + 4, enc, vaddr)
+                rng, _ = _encoded(data, p, enc & 0x0f, vaddr)
+                if rng:
+                    out.append((start, start + rng))
+        at = end
+    return out
 
 
 _elves = {}
@@ -185,6 +306,21 @@ def exported_name(path, offset, debug_dirs=()):
     if fn is None:
         return None
     return "%s+0x%x" % (fn[2], v - fn[0])
+
+
+def unnamed_function(path, offset, debug_dirs=()):
+    """'object+0xSTART' (START: a file offset, as frames are shown) of the function without a
+    symbol around file offset OFFSET of PATH, from its .eh_frame entry; None if there is none
+    (or it has a symbol: its name is the frame's)."""
+    e = elf(path, debug_dirs)
+    v = e.vaddr(offset) if e is not None else None
+    fn = e.code_at(v) if v is not None else None
+    if fn is None or fn[2] is not None:
+        return None
+    for p_offset, p_vaddr, p_filesz, _ in e.loads:
+        if p_vaddr <= fn[0] < p_vaddr + p_filesz:
+            return "%s+0x%x" % (os.path.basename(path), fn[0] - p_vaddr + p_offset)
+    return None
 
 
 # ---------------------------------------------------------------------------------------
@@ -289,7 +425,7 @@ def _code_around(path, offset, debug_dirs, what):
     if e is None:
         return e, None, None, None, "cannot read %s as ELF" % os.path.basename(path)
     ret = e.vaddr(offset)
-    fn = e.function_at(ret) if ret is not None else None
+    fn = e.code_at(ret) if ret is not None else None
     if fn is None:
         return e, fn, ret, None, "no function symbol around the call"
     code = _disassemble(path, fn[0], fn[1])
@@ -399,7 +535,7 @@ def _returns_first(path, e, tgt, depth):
     key = (path, tgt[0])
     if key not in _first:
         _first[key] = False
-        fn = e.function_at(tgt[0])
+        fn = e.code_at(tgt[0])
         if fn is not None and fn[0] == tgt[0]:
             code = _disassemble(path, fn[0], fn[1])
             if code:

@@ -299,6 +299,12 @@ class CodeReader:
         path, why = self._path(fr)
         return elfcode.uses_result(path, fr.offset, self.debug_dirs) if path else (None, why)
 
+    def function_name(self, fr):
+        """'module+0xSTART' for the function without a symbol around FR (a static function
+        of a stripped object, read between its .eh_frame bounds), or None."""
+        path, _ = self._path(fr)
+        return elfcode.unnamed_function(path, fr.offset, self.debug_dirs) if path else None
+
 
 def apply_suppressions(rep, rules):
     """Leave out of REP's survivors the blocks a suppression rule takes: a block of any kind

@@ -136,7 +136,7 @@ def find_wrappers(stacks, frames, wrappers, code):
                     break
             else:
                 continue
-            if fr is None or not fr.function or not fr.module or c in verdicts:
+            if fr is None or not fr.module or c in verdicts:
                 continue
             below = frames.get(st[j - 1]) if j else None
             if j and not (below in wrappers or below.addr in passing):
@@ -152,7 +152,10 @@ def find_wrappers(stacks, frames, wrappers, code):
     found = {}
     for c in sorted(passing):
         fr = frames[c]
-        name = base_name(fr.function)
+        # a static function of a stripped object is named by where it starts
+        name = base_name(fr.function) if fr.function else \
+            (getattr(code, "function_name", lambda f: None)(fr) or
+             "%s+0x%x" % (fr.module, fr.offset))
         f = found.get(name)
         where = "%s+0x%x" % (fr.module, fr.offset)
         if f is None:

@@ -153,3 +153,46 @@ def test_wrappers_on_the_page_and_the_switch(progs, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "allocation wrappers: detection off (--no-wrapper-detection)" in r.stdout
     assert line not in r.stdout and "my_malloc0 at " in r.stdout
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_wrappers_of_a_stripped_program(progs, tmp_path, name):
+    """A stripped program, no debug information anywhere (Debian's git, sqlite's and
+    libxml2's static functions): its functions have no symbol, and are read between the
+    bounds of their .eh_frame entries, which strip keeps.  The same wrappers are found, named
+    by where they start (object+0xSTART), and the sites are the same, exactly: each stripped
+    site's address is mapped to its line through the unstripped program's frames (the same
+    code at the same offsets)."""
+    import shutil
+    from mmleaklib import elfcode
+    exe = str(tmp_path / "bin" / name)
+    os.mkdir(os.path.dirname(exe))
+    shutil.copy(progs[name], exe)
+    subprocess.run(["strip", "--strip-all", exe], check=True)
+    src = name + ".c"
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "stripped").mkdir()
+    plain = trace(progs[name], tmp_path / "plain")
+    line_of = {(fr.module, fr.offset): fr.line for fr in plain["frames"].values()
+               if fr.file and os.path.basename(fr.file) == src}
+    rep = trace(exe, tmp_path / "stripped")
+    got = collections.defaultdict(lambda: [0, 0])
+    for s in mmleak.site_table(rep):
+        fr = rep["frames"][s.caller]
+        if fr.module == name:
+            assert not fr.file and not fr.function, fr
+            line = line_of[(fr.module, fr.offset)]
+            got[line][0] += s.blocks
+            got[line][1] += s.bytes
+    got = {k: tuple(v) for k, v in got.items()}
+    want = {site_line(src, k): v for k, v in EXPECTED[name].items()}
+    stdout = got.pop(printf_line(src), None)
+    assert stdout and stdout[0] == 1, got
+    assert got == want
+    symbols = elfcode.elf(progs[name])
+    names = set()
+    for f in rep["found_wrappers"].values():
+        assert f.name.startswith(name + "+0x") and f.how.startswith("returns the block "), f
+        start = symbols.vaddr(int(f.name.split("+0x")[1], 16))
+        names.add(symbols.function_at(start)[2])
+    assert names == FOUND[name]

@@ -455,7 +455,8 @@ def hands_back(path, offset, debug_dirs=()):
     ret = code[i][0]
     callee = _target(code[i - 1][2])
     what = _callee_name(e, callee)
-    fixed = fixed_size(code, i - 1)
+    fixed = fixed_size(code, i - 1, args_read(path, callee[0], debug_dirs=debug_dirs)
+                       if callee else None)
     if fixed:
         return False, "calls %s with a fixed size (%s): a constructor" % (what, fixed)
     start = _Path(ret, {"rax"}, {}, 0)
@@ -553,15 +554,18 @@ SIZE_ARGS = [(re.compile(r"^(?:malloc|valloc|pvalloc|strdup|_Znwm|_Znam)\b"), ("
 ARG_REGS = ("rdi", "rsi", "rdx", "rcx", "r8", "r9")
 
 
-def fixed_size(code, i):
+def fixed_size(code, i, args=None):
     """Is the call CODE[I] made with a size fixed in the code (a constructor's malloc(16),
     new T[4], zmalloc(sizeof(struct foo)))?  The argument registers are read back from the
     call to the previous call or jump: those holding an allocator's size (SIZE_ARGS), or, for
-    another callee (a wrapper), every one written there, which must include the first; fixed
-    when each is an immediate, a zeroing or a constant address.  Returns the words or None."""
+    another callee (a wrapper), the arguments it reads, ARGS (args_read), and when that is
+    not known every one written there, which must include the first; fixed when each is an
+    immediate, a zeroing or a constant address.  Returns the words or None."""
     callee = _target(code[i][2])
     name = (callee[1] or "") if callee else ""
     regs = next((r for pat, r in SIZE_ARGS if pat.match(name)), None)
+    if regs is None and args is not None:
+        regs = [r for r in ARG_REGS if r in args]
     start = i
     while start > max(i - 24, 0) and not code[start - 1][1].startswith(("j", "call", "ret")):
         start -= 1
@@ -590,6 +594,109 @@ def fixed_size(code, i):
     if regs and all(seen.get(r) for r in regs):
         return "; ".join(seen[r] for r in regs)
     return None
+
+
+# how many argument registers the allocator's entries (and the string functions a wrapper
+# calls) read: what a call to one of them consumes, for args_read
+KNOWN_ARGS = [(re.compile(r"^(?:malloc|valloc|pvalloc|strdup|strlen|free|_Znwm|_Znam|_ZdlPv|"
+                          r"_ZdaPv)(?:@plt)?$"), 1),
+              (re.compile(r"^(?:calloc|realloc|aligned_alloc|memalign|strndup|_ZnwmSt11align_val_t|"
+                          r"_ZnamSt11align_val_t|_ZdlPvm)(?:@plt)?$"), 2),
+              (re.compile(r"^(?:reallocarray|posix_memalign|memcpy|memmove|memset|"
+                          r"__memcpy_chk|__memset_chk)(?:@plt)?$"), 3)]
+REG_WORD_RE = re.compile(r"\b(%s)\b" % "|".join(sorted(REGS, key=len, reverse=True)))
+WRITE_ONLY = ("mov", "movabs", "lea", "movzx", "movsx", "movsxd", "pop", "movd", "movq")
+
+
+def args_read(path, start, depth=2, debug_dirs=()):
+    """The argument registers (rdi, rsi, rdx, rcx, r8, r9) the function at address START of
+    PATH reads before it writes them, on some path: its arguments (ck_calloc(n, size) reads
+    rdi and rsi, CRYPTO_zalloc(n, file, line) three).  A call or tail call reads the
+    arguments of its target: a known allocator's (KNOWN_ARGS) or, DEPTH > 0, a function of
+    the same object, read the same way.  None when not known (an indirect call, a callee in
+    another object, a function without bounds): fixed_size then takes every argument
+    register written before the call."""
+    return _args_read(path, start, depth, tuple(debug_dirs))
+
+
+@functools.lru_cache(maxsize=1024)
+def _args_read(path, start, depth, debug_dirs):
+    e = elf(path, debug_dirs)
+    fn = e.code_at(start) if e is not None else None
+    if fn is None or fn[0] != start:
+        return None
+    code = _disassemble(path, fn[0], fn[1])
+    if not code:
+        return None
+    at = {a: k for k, (a, _, _) in enumerate(code)}
+    read, todo, seen, steps = set(), [(start, frozenset())], set(), 0
+
+    def callee_args(ops):
+        tgt = _target(ops)
+        if tgt is None:
+            return None
+        n = next((n for pat, n in KNOWN_ARGS if pat.match(tgt[1] or "")), None)
+        if n is not None:
+            return set(ARG_REGS[:n])
+        if depth > 0 and fn[0] <= tgt[0] < fn[1]:
+            return None
+        if depth > 0:
+            got = _args_read(path, tgt[0], depth - 1, debug_dirs)
+            return set(got) if got is not None else None
+        return None
+
+    while todo:
+        pc, written = todo.pop()
+        written = set(written)
+        while pc in at and steps < MAX_STEPS:
+            if (pc, frozenset(written)) in seen:
+                break
+            seen.add((pc, frozenset(written)))
+            steps += 1
+            _, mn, ops = code[at[pc]]
+            nxt = code[at[pc] + 1][0] if at[pc] + 1 < len(code) else None
+            if mn.startswith("ret") or mn in ("hlt", "ud2", "int3"):
+                break
+            tgt = _target(ops) if mn.startswith(("j", "call")) else None
+            inside = tgt is not None and fn[0] <= tgt[0] < fn[1]
+            if mn == "call" or mn == "jmp" and not inside:
+                if any(REG_WORD_RE.search(o) for o in ops) or tgt is None:
+                    return None             # an indirect call: its arguments are not known
+                got = callee_args(ops)
+                if got is None:
+                    return None
+                read |= got - written
+                if mn == "jmp":
+                    break
+                written |= set(ARG_REGS)    # clobbered by the call
+                pc = nxt
+                continue
+            if mn.startswith("j"):
+                if mn == "jmp":
+                    pc = tgt[0] if inside else None
+                    continue
+                if inside:
+                    todo.append((tgt[0], frozenset(written)))
+                pc = nxt
+                continue
+            dst = REGS.get(ops[0]) if ops else None
+            zero = mn in ("xor", "sub", "pxor") and len(ops) == 2 and ops[0] == ops[1]
+            srcs = list(ops[1:]) + ([ops[0]] if ops and (dst is None or mn not in WRITE_ONLY)
+                                    else [])
+            if mn == "push":
+                srcs = list(ops)
+            if not zero:
+                for o in srcs:
+                    for m in REG_WORD_RE.findall(o):
+                        r = REGS[m]
+                        if r in ARG_REGS and r not in written:
+                            read.add(r)
+            if dst in ARG_REGS and mn not in ("push", "test", "cmp"):
+                written.add(dst)
+            pc = nxt
+        if steps >= MAX_STEPS:
+            return None
+    return frozenset(read)
 
 
 RAX_RE = re.compile(r"\b(?:rax|eax|ax|al|ah)\b")

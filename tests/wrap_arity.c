@@ -1,0 +1,73 @@
+/* A constructor over a two-argument wrapper, with a third argument register busy.  my_calloc
+ * (n, size) is a wrapper: main's two calls with variable counts are sites, 1 x 24 and 1 x 48
+ * at their lines.  register_fd(ev, fd, ctx) is lighttpd's fdevent_register: it stores a new
+ * node in ev->nodes[fd] and returns it, after my_calloc(1, sizeof *n), a fixed size; but gcc
+ * computes &ev->nodes[fd] in rdx (movsxd rdx,esi) before the call.  Without knowing that
+ * my_calloc reads rdi and rsi only, rdx looked like a third, variable argument and
+ * register_fd like a wrapper.  It is a constructor: its line is the site of all 5 nodes,
+ * 5 x 32, whoever called it (two callers).  A file/line wrapper, my_alloc_at(size, file,
+ * line): make_buf passes a variable size on (a tail call at -O2: no frame of its own, so
+ * main's line is the site, 2 x 100), make_rec sizeof and constants (a constructor: 3 x 40 at
+ * make_rec's line). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#define W __attribute__((noipa))
+
+W void *my_calloc(size_t n, size_t size) {
+    void *p = calloc(n, size);
+    if (!p) abort();
+    return p;
+}
+
+struct node { void *ctx; int fd; int events; void *next; void *pad; };
+struct ev { struct node **nodes; };
+
+W struct node *register_fd(struct ev *ev, int fd, void *ctx) {
+    struct node *n = ev->nodes[fd] = my_calloc(1, sizeof *n);    /* site:reg */
+    n->ctx = ctx;
+    n->fd = fd;
+    return n;
+}
+
+W void *my_alloc_at(size_t size, const char *file, int line) {
+    void *p = malloc(size);
+    if (!p) {
+        fprintf(stderr, "%s:%d: out of memory\n", file, line);
+        abort();
+    }
+    return p;
+}
+
+W char *make_buf(size_t n) { return my_alloc_at(n, __FILE__, __LINE__); }
+
+struct rec { char name[32]; struct rec *next; };
+
+W struct rec *make_rec(struct rec *next) {
+    struct rec *r = my_alloc_at(sizeof *r, __FILE__, __LINE__);  /* site:rec */
+    r->name[0] = 0;
+    r->next = next;
+    return r;
+}
+
+W int first_user(struct ev *ev) { return register_fd(ev, 1, ev)->fd; }
+W int other_user(struct ev *ev, int fd) { return register_fd(ev, fd, NULL)->fd; }
+
+int main(int argc, char **argv) {
+    (void)argv;
+    static struct node *slots[8];
+    struct ev ev = { slots };
+    struct rec *list = NULL;
+    char *b[2];
+    int *a = my_calloc(argc + 5, sizeof(int));                  /* site:a1 */
+    long *c = my_calloc(argc + 5, sizeof(long));                /* site:a2 */
+    first_user(&ev);
+    for (int fd = 2; fd < 6; fd++)
+        other_user(&ev, fd);
+    for (int i = 0; i < 2; i++)
+        b[i] = make_buf(100 + argc - 1);                        /* site:buf */
+    for (int i = 0; i < 3; i++)
+        list = make_rec(list);
+    printf("%d %ld %d %d %d\n", a[0], c[0], slots[3]->fd, b[0][0] == 0, list->name[0]);
+    return 0;
+}

@@ -459,6 +459,8 @@ def hands_back(path, offset, debug_dirs=()):
                        if callee else None)
     if fixed:
         return False, "calls %s with a fixed size (%s): a constructor" % (what, fixed)
+    if callee is None and not _hook_call(code, i - 1):
+        return False, "calls through a pointer read from an object (a method: dispatch)"
     start = _Path(ret, {"rax"}, {}, 0)
     if callee and OUT_PARAM.match(callee[1] or ""):
         slot = _addr_of_before(code, i - 1)
@@ -761,6 +763,26 @@ def uses_result(path, offset, debug_dirs=()):
                 return True, "used"             # read-modify-write (add, and, cmp, test)
             pc = nxt
     return False, "the caller does not use the returned value"
+
+
+def _hook_call(code, i):
+    """Is the indirect call CODE[I] made through a pointer in a fixed place (an allocator hook:
+    libxml2's xmlMalloc, sqlite's configured xMalloc, `call QWORD PTR [rip+...]`, or a register
+    loaded from one in the same block), not one read from an object (a method table:
+    PyObject_Vectorcall, tp_getattro), which dispatches rather than allocates?"""
+    ops = code[i][2]
+    if not ops:
+        return False
+    if "[rip" in ops[0]:
+        return True
+    reg = REGS.get(ops[0])
+    for j in range(i - 1, max(i - 24, -1), -1):
+        mn, o = code[j][1], code[j][2]
+        if mn.startswith(("j", "call", "ret")):
+            break
+        if o and REGS.get(o[0]) == reg and reg is not None:
+            return mn == "mov" and len(o) == 2 and "[rip" in o[1]
+    return False
 
 
 def _callee_name(e, callee):

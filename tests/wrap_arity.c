@@ -8,9 +8,15 @@
  * 5 x 32, whoever called it (two callers).  A file/line wrapper, my_alloc_at(size, file,
  * line): make_buf passes a variable size on (a tail call at -O2: no frame of its own, so
  * main's line is the site, 2 x 100), make_rec sizeof and constants (a constructor: 3 x 40 at
- * make_rec's line). */
+ * make_rec's line).
+ * Pointers: dup_hook allocates through a hook in a global (libxml2's xmlMalloc, sqlite's
+ * configured xMalloc): a wrapper, main's line is the site (2 x 10).  call_make calls a
+ * method read from an object (o->ops->make: Python's PyObject_Vectorcall, tp_getattro): a
+ * dispatch, not an allocator, so it is no wrapper though make_str (a wrapper) hands a block
+ * back through it: call_make's line is the site of both callers' blocks (2 x 30). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define W __attribute__((noipa))
 
@@ -50,6 +56,28 @@ W struct rec *make_rec(struct rec *next) {
     return r;
 }
 
+void *(*volatile alloc_hook)(size_t) = malloc;
+
+W char *dup_hook(const char *s, size_t n) {
+    char *p = alloc_hook(n);
+    memcpy(p, s, n);
+    return p;
+}
+
+W void *make_str(size_t n) { void *p = my_alloc_at(n, "str", 1); *(char *)p = 0; return p; }
+
+struct ops { void *(*make)(size_t n); };
+struct obj { const struct ops *ops; int calls; };
+
+W void *call_make(struct obj *o, size_t n) {
+    void *r = o->ops->make(n);                                   /* site:meth */
+    o->calls++;
+    return r;
+}
+
+W void *first_make(struct obj *o) { return call_make(o, 30); }
+W void *second_make(struct obj *o) { return call_make(o, 30); }
+
 W int first_user(struct ev *ev) { return register_fd(ev, 1, ev)->fd; }
 W int other_user(struct ev *ev, int fd) { return register_fd(ev, fd, NULL)->fd; }
 
@@ -68,6 +96,13 @@ int main(int argc, char **argv) {
         b[i] = make_buf(100 + argc - 1);                        /* site:buf */
     for (int i = 0; i < 3; i++)
         list = make_rec(list);
-    printf("%d %ld %d %d %d\n", a[0], c[0], slots[3]->fd, b[0][0] == 0, list->name[0]);
+    static const struct ops ops = { make_str };
+    struct obj o = { &ops, 0 };
+    char *h[2];
+    void *m1 = first_make(&o), *m2 = second_make(&o);
+    for (int i = 0; i < 2; i++)
+        h[i] = dup_hook("0123456789", 10 + argc - 1);           /* site:hook */
+    printf("%d %ld %d %d %d %d %d %d\n", a[0], c[0], slots[3]->fd, b[0][0] == 0, list->name[0],
+           h[0][1], m1 != m2, o.calls);
     return 0;
 }

@@ -709,7 +709,9 @@ def uses_result(path, offset, debug_dirs=()):
     the call before it), read what the call returned (rax) before overwriting it, on some
     path?  (True, how) / (False, why) / (None, why not known).  A function that keeps its
     block (stores it, returns nothing) may still have it in rax when it returns: its callers
-    never read it."""
+    never read it.  A caller that reached it through a method pointer (an interpreter's
+    loop, a vtable) does not count: the dispatcher would be the site of every method's
+    blocks, the method names what was made."""
     e, fn, ret, code, why = _code_around(path, offset, debug_dirs, "the caller")
     if code is None:
         return None, why
@@ -717,6 +719,8 @@ def uses_result(path, offset, debug_dirs=()):
     i = bisect.bisect_right(addrs, ret - 1)
     if i <= 0 or i >= len(code) or not code[i - 1][1].startswith("call"):
         return None, "no call before the return address"
+    if _target(code[i - 1][2]) is None and not _hook_call(code, i - 1):
+        return False, "its callers reach it through a method pointer"
     at = {a: k for k, a in enumerate(addrs)}
     todo, seen = [code[i][0]], set()
     while todo and len(seen) < MAX_STEPS:

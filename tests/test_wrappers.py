@@ -28,7 +28,8 @@ EXPECTED = {
     "wrap_pool": {"p_slab": (3, 12288), "p_new": (1, 24)},
     "wrap_not": {"own": (2, 64), "node": (5, 80), "keep": (4, 160)},
     "wrap_arity": {"a1": (1, 24), "a2": (1, 48), "reg": (5, 160), "buf": (2, 200),
-                   "rec": (3, 120), "hook": (2, 20), "meth": (2, 60)},
+                   "rec": (3, 120), "hook": (2, 20), "meth": (2, 60),
+                   "direct": (1, 20), "blob": (2, 80)},
 }
 FOUND = {
     "wrap_redis": {"ztrymalloc_usable", "zmalloc", "zstrdup", "ztrycalloc_usable", "zcalloc"},

@@ -10,10 +10,14 @@
  * main's line is the site, 2 x 100), make_rec sizeof and constants (a constructor: 3 x 40 at
  * make_rec's line).
  * Pointers: dup_hook allocates through a hook in a global (libxml2's xmlMalloc, sqlite's
- * configured xMalloc): a wrapper, main's line is the site (2 x 10).  call_make calls a
- * method read from an object (o->ops->make: Python's PyObject_Vectorcall, tp_getattro): a
- * dispatch, not an allocator, so it is no wrapper though make_str (a wrapper) hands a block
- * back through it: call_make's line is the site of both callers' blocks (2 x 30). */
+ * configured xMalloc): a wrapper, main's line is the site (2 x 10).  call_make and call_blob
+ * call a method read from an object (o->ops->make: Python's PyObject_Vectorcall,
+ * tp_getattro), a dispatch.  A dispatcher is no wrapper: make_str is one (main calls it
+ * directly: 1 x 20 at main's line), yet call_make's line is the site of the 2 x 30 it made
+ * through call_make.  And a dispatcher's use of what a method returns does not make the
+ * method a wrapper: make_blob, only called through call_blob, is the site of its blocks
+ * (2 x 40 at make_blob's line), not the dispatcher (which would be the site of every
+ * method's blocks: Python's eval loop). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,13 +68,29 @@ W char *dup_hook(const char *s, size_t n) {
     return p;
 }
 
-W void *make_str(size_t n) { void *p = my_alloc_at(n, "str", 1); *(char *)p = 0; return p; }
+W void *make_str(size_t n) {
+    void *p = my_alloc_at(n, "str", 1);
+    *(char *)p = 0;
+    return p;
+}
 
-struct ops { void *(*make)(size_t n); };
+W void *make_blob(size_t n) {
+    void *p = my_alloc_at(n, "blob", 1);                         /* site:blob */
+    *(char *)p = 1;
+    return p;
+}
+
+struct ops { void *(*make)(size_t n); void *(*blob)(size_t n); };
 struct obj { const struct ops *ops; int calls; };
 
 W void *call_make(struct obj *o, size_t n) {
     void *r = o->ops->make(n);                                   /* site:meth */
+    o->calls++;
+    return r;
+}
+
+W void *call_blob(struct obj *o, size_t n) {
+    void *r = o->ops->blob(n);
     o->calls++;
     return r;
 }
@@ -96,13 +116,15 @@ int main(int argc, char **argv) {
         b[i] = make_buf(100 + argc - 1);                        /* site:buf */
     for (int i = 0; i < 3; i++)
         list = make_rec(list);
-    static const struct ops ops = { make_str };
+    static const struct ops ops = { make_str, make_blob };
     struct obj o = { &ops, 0 };
     char *h[2];
     void *m1 = first_make(&o), *m2 = second_make(&o);
+    void *d = make_str(20 + argc - 1);                           /* site:direct */
+    void *b1 = call_blob(&o, 40), *b2 = call_blob(&o, 40);
     for (int i = 0; i < 2; i++)
         h[i] = dup_hook("0123456789", 10 + argc - 1);           /* site:hook */
     printf("%d %ld %d %d %d %d %d %d\n", a[0], c[0], slots[3]->fd, b[0][0] == 0, list->name[0],
-           h[0][1], m1 != m2, o.calls);
+           h[0][1], m1 != m2 && d != b1 && b1 != b2, o.calls);
     return 0;
 }

@@ -562,7 +562,9 @@ def fixed_size(code, i, args=None):
     call to the previous call or jump: those holding an allocator's size (SIZE_ARGS), or, for
     another callee (a wrapper), the arguments it reads, ARGS (args_read), and when that is
     not known every one written there, which must include the first; fixed when each is an
-    immediate, a zeroing or a constant address.  Returns the words or None."""
+    immediate, a zeroing, a constant address or a value read from one (a global: haproxy's
+    pool_alloc(pool_head_connection), a size from the configuration; not the caller's).
+    Returns the words or None."""
     callee = _target(code[i][2])
     name = (callee[1] or "") if callee else ""
     regs = next((r for pat, r in SIZE_ARGS if pat.match(name)), None)
@@ -579,7 +581,7 @@ def fixed_size(code, i, args=None):
         zero = mn in ("xor", "sub") and len(ops) == 2 and ops[0] == ops[1]
         src = REGS.get(ops[1]) if len(ops) == 2 else None
         if (mn in ("mov", "movabs") and len(ops) == 2 and ops[1].startswith("0x")) or zero \
-                or (mn == "lea" and "[rip" in ops[1]):
+                or (mn in ("lea", "mov") and len(ops) == 2 and "[rip" in ops[1]):
             const[reg] = "%s %s" % (mn, ",".join(ops))
         elif mn == "mov" and src in const:
             const[reg] = const[src]

@@ -29,7 +29,7 @@ EXPECTED = {
     "wrap_not": {"own": (2, 64), "node": (5, 80), "keep": (4, 160)},
     "wrap_arity": {"a1": (1, 24), "a2": (1, 48), "reg": (5, 160), "buf": (2, 200),
                    "rec": (3, 120), "hook": (2, 20), "meth": (2, 60),
-                   "direct": (1, 20), "blob": (2, 80)},
+                   "direct": (1, 20), "blob": (2, 80), "conn": (3, 144), "pool": (1, 56)},
 }
 FOUND = {
     "wrap_redis": {"ztrymalloc_usable", "zmalloc", "zstrdup", "ztrycalloc_usable", "zcalloc"},
@@ -38,7 +38,7 @@ FOUND = {
     "wrap_glib": {"my_malloc", "my_malloc0", "my_strdup"},
     "wrap_pool": set(),
     "wrap_not": set(),
-    "wrap_arity": {"my_calloc", "my_alloc_at", "dup_hook", "make_str"},
+    "wrap_arity": {"my_calloc", "my_alloc_at", "dup_hook", "make_str", "pool_get"},
 }
 
 

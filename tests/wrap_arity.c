@@ -17,7 +17,11 @@
  * through call_make.  And a dispatcher's use of what a method returns does not make the
  * method a wrapper: make_blob, only called through call_blob, is the site of its blocks
  * (2 x 40 at make_blob's line), not the dispatcher (which would be the site of every
- * method's blocks: Python's eval loop). */
+ * method's blocks: Python's eval loop).
+ * A pool of one type: pool_get(pool, flags) returns a block of the pool's size, a wrapper
+ * (main's line for a local pool, 1 x 56); conn_new calls it with a pool read from a global
+ * (haproxy's pool_alloc(pool_head_connection)): its size is not its caller's, a
+ * constructor, 3 x 48 at conn_new's line. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,6 +102,26 @@ W void *call_blob(struct obj *o, size_t n) {
 W void *first_make(struct obj *o) { return call_make(o, 30); }
 W void *second_make(struct obj *o) { return call_make(o, 30); }
 
+struct pool { size_t size; int allocated; };
+
+W void *pool_get(struct pool *p, int flags) {
+    void *b = flags ? calloc(1, p->size) : malloc(p->size);
+    if (!b) abort();
+    p->allocated++;
+    return b;
+}
+
+struct pool *pool_head_conn;
+
+struct conn { int fd; void *owner; };
+
+W struct conn *conn_new(void *owner) {
+    struct conn *c = pool_get(pool_head_conn, 0);                /* site:conn */
+    c->fd = -1;
+    c->owner = owner;
+    return c;
+}
+
 W int first_user(struct ev *ev) { return register_fd(ev, 1, ev)->fd; }
 W int other_user(struct ev *ev, int fd) { return register_fd(ev, fd, NULL)->fd; }
 
@@ -124,6 +148,14 @@ int main(int argc, char **argv) {
     void *b1 = call_blob(&o, 40), *b2 = call_blob(&o, 40);
     for (int i = 0; i < 2; i++)
         h[i] = dup_hook("0123456789", 10 + argc - 1);           /* site:hook */
+    static struct pool conns = { 48, 0 };
+    struct pool local = { 56, 0 };
+    struct conn *cs[3];
+    pool_head_conn = &conns;
+    for (int i = 0; i < 3; i++)
+        cs[i] = conn_new(&ev);
+    char *pl = pool_get(&local, 0);                              /* site:pool */
+    printf("%d %d %d %d\n", cs[2]->fd, conns.allocated, local.allocated, pl != NULL);
     printf("%d %ld %d %d %d %d %d %d\n", a[0], c[0], slots[3]->fd, b[0][0] == 0, list->name[0],
            h[0][1], m1 != m2 && d != b1 && b1 != b2, o.calls);
     return 0;

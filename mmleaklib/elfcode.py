@@ -773,21 +773,47 @@ def uses_result(path, offset, debug_dirs=()):
 
 def _hook_call(code, i):
     """Is the indirect call CODE[I] made through a pointer in a fixed place (an allocator hook:
-    libxml2's xmlMalloc, sqlite's configured xMalloc, `call QWORD PTR [rip+...]`, or a register
-    loaded from one in the same block), not one read from an object (a method table:
-    PyObject_Vectorcall, tp_getattro), which dispatches rather than allocates?"""
+    libxml2's xmlMalloc, `call [rip+...]`; sqlite's configured xMalloc, a field of a global
+    struct, `call [rbp+0x20]` with rbp its address; a register loaded from one), not one read
+    from an object the function was given (a method table: PyObject_Vectorcall,
+    tp_getattro), which dispatches rather than allocates?"""
     ops = code[i][2]
     if not ops:
         return False
-    if "[rip" in ops[0]:
-        return True
-    reg = REGS.get(ops[0])
-    for j in range(i - 1, max(i - 24, -1), -1):
+    m = re.match(r"^(?:[A-Z]+ PTR )?(?:[a-z]s:)?\[(\w+)", ops[0])
+    if m:                                       # call [base+disp]: the table's address
+        return m.group(1) == "rip" or _global_value(code, i, REGS.get(m.group(1)), 2, True)
+    return _global_value(code, i, REGS.get(ops[0]), 2, False)
+
+
+def _global_value(code, i, reg, depth, address):
+    """Does REG hold, at CODE[I], a global's address (ADDRESS) or a value read from a global
+    or from a field of one?  Read back from I to the nearest write of REG, in the order of
+    the code (a register set up once, in the prologue, for the whole function)."""
+    if reg is None or depth <= 0:
+        return False
+    for j in range(i - 1, -1, -1):
         mn, o = code[j][1], code[j][2]
-        if mn.startswith(("j", "call", "ret")):
-            break
-        if o and REGS.get(o[0]) == reg and reg is not None:
-            return mn == "mov" and len(o) == 2 and "[rip" in o[1]
+        # (a pop: an epilogue's, restoring the register for another path)
+        if not o or REGS.get(o[0]) != reg or mn in ("push", "pop", "cmp", "test") or \
+                mn.startswith(("j", "call")):
+            if mn.startswith("call") and reg in CLOBBERED:
+                return False
+            continue
+        if len(o) != 2:
+            return False
+        if mn == "lea":
+            return "[rip" in o[1]
+        if mn != "mov":
+            return False
+        if o[1] in REGS:
+            return _global_value(code, j, REGS[o[1]], depth, address)
+        mm = re.match(r"^(?:[A-Z]+ PTR )?(?:[a-z]s:)?\[(\w+)", o[1])
+        if not mm:
+            return False
+        if mm.group(1) == "rip":
+            return True
+        return not address and _global_value(code, j, REGS.get(mm.group(1)), depth - 1, True)
     return False
 
 

@@ -30,6 +30,7 @@ EXPECTED = {
     "wrap_arity": {"a1": (1, 24), "a2": (1, 48), "reg": (5, 160), "buf": (2, 200),
                    "rec": (3, 120), "hook": (2, 20), "meth": (2, 60),
                    "direct": (1, 20), "blob": (2, 80), "conn": (3, 144), "pool": (1, 56)},
+    "wrap_hook": {"hook3": (3, 120), "hook1": (1, 24)},
 }
 FOUND = {
     "wrap_redis": {"ztrymalloc_usable", "zmalloc", "zstrdup", "ztrycalloc_usable", "zcalloc"},
@@ -39,7 +40,10 @@ FOUND = {
     "wrap_pool": set(),
     "wrap_not": set(),
     "wrap_arity": {"my_calloc", "my_alloc_at", "dup_hook", "make_str", "pool_get"},
+    "wrap_hook": {"mem_malloc", "cfg_malloc"},
 }
+# built as a shared library's code is, so the hook's struct is reached through a register
+FLAGS = {"wrap_hook": ["-fPIC"]}
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +52,8 @@ def progs(tmp_path_factory, lib):
     out = {}
     for name in EXPECTED:
         exe = str(d / name)
-        subprocess.run(["cc", "-O2", "-g", "-o", exe, os.path.join(TESTS, name + ".c")],
-                       check=True)
+        subprocess.run(["cc", "-O2", "-g"] + FLAGS.get(name, []) +
+                       ["-o", exe, os.path.join(TESTS, name + ".c")], check=True)
         out[name] = exe
     return out
 

@@ -455,8 +455,11 @@ def hands_back(path, offset, debug_dirs=()):
     ret = code[i][0]
     callee = _target(code[i - 1][2])
     what = _callee_name(e, callee)
-    fixed = fixed_size(code, i - 1, args_read(path, callee[0], debug_dirs=debug_dirs)
-                       if callee else None)
+    fixed = fixed_size(code, i - 1)
+    if not fixed and callee and not any(pat.match(callee[1] or "") for pat, _ in SIZE_ARGS):
+        # a wrapper's callee: the registers it reads may all be constants where some other
+        # written before the call is not (only then is its code read: the cost)
+        fixed = fixed_size(code, i - 1, args_read(path, callee[0], debug_dirs=debug_dirs))
     if fixed:
         return False, "calls %s with a fixed size (%s): a constructor" % (what, fixed)
     if callee is None and not _hook_call(code, i - 1):

@@ -607,8 +607,8 @@ def fixed_size(code, i, args=None):
 # calls) read: what a call to one of them consumes, for args_read
 KNOWN_ARGS = [(re.compile(r"^(?:malloc|valloc|pvalloc|strdup|strlen|free|_Znwm|_Znam|_ZdlPv|"
                           r"_ZdaPv)(?:@plt)?$"), 1),
-              (re.compile(r"^(?:calloc|realloc|aligned_alloc|memalign|strndup|_ZnwmSt11align_val_t|"
-                          r"_ZnamSt11align_val_t|_ZdlPvm)(?:@plt)?$"), 2),
+              (re.compile(r"^(?:calloc|realloc|aligned_alloc|memalign|strndup|"
+                          r"_ZnwmSt11align_val_t|_ZnamSt11align_val_t|_ZdlPvm)(?:@plt)?$"), 2),
               (re.compile(r"^(?:reallocarray|posix_memalign|memcpy|memmove|memset|"
                           r"__memcpy_chk|__memset_chk)(?:@plt)?$"), 3)]
 REG_WORD_RE = re.compile(r"\b(%s)\b" % "|".join(sorted(REGS, key=len, reverse=True)))
@@ -645,8 +645,8 @@ def _args_read(path, start, depth, debug_dirs):
         n = next((n for pat, n in KNOWN_ARGS if pat.match(tgt[1] or "")), None)
         if n is not None:
             return set(ARG_REGS[:n])
-        if depth > 0 and fn[0] <= tgt[0] < fn[1]:
-            return None
+        if fn[0] <= tgt[0] < fn[1]:
+            return None                 # a recursive call: not worth following
         if depth > 0:
             got = _args_read(path, tgt[0], depth - 1, debug_dirs)
             return set(got) if got is not None else None

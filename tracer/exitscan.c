@@ -145,7 +145,8 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
     while (environ && environ[n])
         n++;
     size_t bytes = (n + 1) * sizeof(char *);
-    char **env = mml_map(bytes);
+    char *small[128];                   /* most environments: no mapping made and unmapped */
+    char **env = n < 128 ? small : mml_map(bytes);
     if (!env)
         return -1;
     size_t k = 0;
@@ -155,7 +156,8 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
     env[k] = NULL;
     int p[2];
     if (pipe(p)) {
-        mml_unmap(env, bytes);
+        if (env != small)
+            mml_unmap(env, bytes);
         return -1;
     }
     fcntl(p[1], F_SETFD, FD_CLOEXEC);
@@ -190,7 +192,8 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
     if (!lone || child < 0)
         syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
     close(p[0]);
-    mml_unmap(env, bytes);
+    if (env != small)
+        mml_unmap(env, bytes);
     if (child < 0) {
         close(p[1]);
         return -1;

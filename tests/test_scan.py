@@ -286,6 +286,63 @@ def test_program_asks_for_a_scan_block_held_in_rbx(scan_bins, dump):
     assert got == ["reachable"]
 
 
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the floor is x86-64's")
+def test_exit_scan_reads_the_exiting_thread_from_its_floor(scan_bins, dump):
+    """At exit the thread that waits for the scan is read from its floor up, its registers
+    (mmleak.so's, at a system call) not roots but its two thread pointers: 16 bytes.  The
+    scanner once took the floor only from a call of 7 arguments while mmleak.so passed 8
+    (since 39cb8c7): all 27 registers (216 bytes) and the whole stack were roots."""
+    run_traced([scan_bins["scan_cases"], "lost"], dump,
+               env={"SCAN_LIB": scan_bins["libscan.so"]})
+    from mmleaklib import scan
+    [p] = scan.scan_files(str(dump), only_trace(dump))
+    with open(p, "rb") as f:
+        head = f.read(4096)
+    assert b"\n#threads 1\n" in head, head
+    assert b"\n#roots register 1 16\n" in head, head
+
+
+def test_exit_scan_of_a_lone_thread_held_by_a_debugger(dump):
+    """A single-threaded process is not stopped for its scan at exit (it waits for the
+    scanner with every signal blocked): one that a debugger holds (PTRACE_SEIZE, here the
+    test's own) still gets its verdicts, where stopping it failed ("another tracer")."""
+    import ctypes
+    src = dump / "held.c"
+    src.write_text("#include <stdio.h>\n#include <stdlib.h>\nvoid *g;\n"
+                   "int main(void) {\n  char line[8];\n  g = malloc(4321);\n"
+                   "  malloc(4321);\n  if (!fgets(line, sizeof line, stdin)) return 1;\n"
+                   "  return 0;\n}\n")
+    exe = str(dump / "held")
+    subprocess.run(["cc", "-O0", "-w", "-o", exe, str(src)], check=True)
+    e = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump))
+    p = subprocess.Popen([exe], env=e, stdin=subprocess.PIPE)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    PTRACE_SEIZE, PTRACE_CONT = 0x4206, 7
+    try:
+        assert libc.ptrace(PTRACE_SEIZE, p.pid, None, None) == 0, ctypes.get_errno()
+        p.stdin.write(b"go\n")
+        p.stdin.close()
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            pid, st = os.waitpid(p.pid, 0x40000000)         # __WALL
+            if os.WIFEXITED(st) or os.WIFSIGNALED(st):
+                break
+            sig = os.WSTOPSIG(st) if (st >> 16) == 0 else 0
+            libc.ptrace(PTRACE_CONT, p.pid, None, ctypes.c_void_p(sig))
+        assert os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+    from mmleaklib import scan
+    tid = only_trace(dump)
+    k = scan.kinds_for(str(dump), tid)
+    assert k.status == "done", k.reason
+    sizes = alloc_sizes(dump, tid)
+    assert sorted(kind for key, kind in k.items() if sizes.get(key) == 4321) == \
+        ["definite", "reachable"]
+
+
 @pytest.mark.parametrize("how", ["_exit", "abort", "kill"])
 def test_no_scan_without_exit(scan_bins, dump, how):
     """_exit, abort, a fatal signal: no scan runs, the trace's reachability is unknown."""

@@ -125,7 +125,10 @@ static int valid_id(const char *id)
 }
 
 /* mmleak_scan, with FLOOR_TID's stack scanned from FLOOR up (0 0: none), and NFILES (0:
- * unknown) above the numbers of the trace's dump files (take_cut).  The thread that
+ * unknown) above the numbers of the trace's dump files (take_cut).  LONE (NULL, or with a
+ * floor: stack pointer, fs_base, gs_base): FLOOR_TID was the process's only thread when it
+ * started us, our parent, and waits with every signal blocked (tools/scan_stop.c,
+ * hold_lone).  The thread that
  * asked for the scan (at exit, or mmleak_leak_check) waits for it in mmleak.so, whose frames
  * hold stale copies of addresses (its stack walks'): FLOOR is where the program's part of
  * that stack begins, below the program's callee-saved registers, which mmleak.so's entry
@@ -134,7 +137,8 @@ static int valid_id(const char *id)
  * in the mapping of the thread's stack pointer, or below that pointer, is ignored. */
 int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
                       char *out, size_t outlen, char *err, size_t errlen,
-                      uint64_t *totals, int floor_tid, uint64_t floor, int nfiles)
+                      uint64_t *totals, int floor_tid, uint64_t floor, int nfiles,
+                      const uint64_t *lone)
 {
     if (pid <= 0 || !dir || !id || !why || !valid_id(id) || !err || !errlen || !out) {
         if (err && errlen)
@@ -155,6 +159,7 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
     s.floor_tid = floor_tid;
     s.floor = floor;
     s.nfiles = nfiles;
+    s.lone = floor_tid > 0 && floor ? lone : NULL;
     if (scan_debug < 0) {
         const char *d = getenv("MMLEAK_SCAN_DEBUG");
         scan_debug = d && *d >= '1' && *d <= '9' && !d[1] ? *d - '0' : 0;
@@ -177,9 +182,9 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
         take_lock(&s);
     step_time("lock", &tstep);
     int64_t t0 = mono_ns();
-    if (!s.failed)
+    if (!s.failed && !hold_lone(&s))
         seize_all(&s);
-    step_time("stop", &tstep);
+    step_time(s.lone_held ? "alone, not stopped" : "stop", &tstep);
     if (!s.failed) {
         gettimeofday(&tv, NULL);
         s.when = (double)tv.tv_sec + tv.tv_usec / 1e6;
@@ -233,6 +238,8 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
             s.vanished = 1;
         }
     }
+    if (s.lone_held && getppid() != pid)
+        s.vanished = 1;                 /* our parent, the process, is gone */
     if (s.vanished && !s.failed)
         say(&s, "process %d ended during the scan", pid);
     if (!s.child)
@@ -257,7 +264,8 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
 EXPORT int mmleak_scan(int pid, const char *dir, const char *id, const char *why, char *out,
                        size_t outlen, char *err, size_t errlen, uint64_t *totals)
 {
-    return mmleak_scan_floor(pid, dir, id, why, out, outlen, err, errlen, totals, 0, 0, 0);
+    return mmleak_scan_floor(pid, dir, id, why, out, outlen, err, errlen, totals, 0, 0, 0,
+                             NULL);
 }
 
 EXPORT int mmleak_scan_abi(void) { return 1; }

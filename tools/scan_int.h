@@ -89,6 +89,8 @@ struct scan {
     uint64_t floor;
     int nfiles;                         /* > 0: the trace's dump files are numbered below it
                                          * (mmleak.so's word: take_cut) */
+    const uint64_t *lone;               /* the asking thread alone: sp, fs_base, gs_base */
+    int lone_held;                      /* it is, and was not stopped (hold_lone) */
 };
 
 #define WINDOW ((size_t)4 << 20)        /* block contents are read this much at a time */
@@ -103,6 +105,7 @@ __attribute__((format(printf, 2, 3))) int say(struct scan *s, const char *fmt, .
 int64_t mono_ns(void);
 
 /* tools/scan_stop.c: the threads held, the snapshot */
+int hold_lone(struct scan *s);
 int seize_all(struct scan *s);
 void let_go(struct scan *s);
 int snapshot(struct scan *s);

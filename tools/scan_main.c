@@ -2,13 +2,16 @@
  * process (tracer/exitscan.c), installed beside mmleak.so.  Never preloaded (the tracer
  * takes LD_PRELOAD out of its environment).
  *
- *   mmleak-scan PID DIR ID WHY [READY_FD [TID FLOOR [NFILES]]]
+ *   mmleak-scan PID DIR ID WHY [READY_FD [TID FLOOR [NFILES [SP FS GS]]]]
  *
  * READY_FD: a pipe the process writes one byte to once it allowed us to trace it
  * (PR_SET_PTRACER): we wait for it first.  Every other inherited descriptor is closed.
  * TID FLOOR (decimal, hexadecimal): the thread that asked waits in mmleak.so, below FLOOR
  * on its stack; only its stack from FLOOR up is scanned (tools/scan.c, mmleak_scan_floor).
  * NFILES (0: unknown): the trace's dump files are numbered below it (tools/scan_cut.c).
+ * SP FS GS (hexadecimal): thread TID was the process's only one, and waits with every
+ * signal blocked; its stack pointer and thread pointers.  If it is still alone, it is not
+ * stopped (tools/scan_stop.c, hold_lone).
  * The scan is tools/scan.c's mmleak_scan; the result is DIR/mmleak.ID.scan.S.  Exit status:
  * 0 done, nothing definitely or indirectly lost; 1 done, some is; 2 the scan could not be
  * done (the result says why); 3 no result written.  Bounded:
@@ -28,18 +31,22 @@
 
 int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why, char *out,
                       size_t outlen, char *err, size_t errlen, uint64_t *totals,
-                      int floor_tid, uint64_t floor, int nfiles);
+                      int floor_tid, uint64_t floor, int nfiles, const uint64_t *lone);
 
 int main(int argc, char **argv)
 {
-    if (argc < 5 || argc > 9 || argc == 7) {
-        fprintf(stderr, "usage: mmleak-scan PID DIR ID WHY [READY_FD [TID FLOOR [NFILES]]]\n");
+    if (argc < 5 || argc > 12 || argc == 7 || argc == 10 || argc == 11) {
+        fprintf(stderr, "usage: mmleak-scan PID DIR ID WHY [READY_FD [TID FLOOR [NFILES "
+                "[SP FS GS]]]]\n");
         return 2;
     }
-    int nfiles = argc == 9 ? atoi(argv[8]) : 0;
+    int nfiles = argc >= 9 ? atoi(argv[8]) : 0;
     int ready = argc >= 6 ? atoi(argv[5]) : -1;
-    int floor_tid = argc == 8 ? atoi(argv[6]) : 0;
-    uint64_t floor = argc == 8 ? strtoull(argv[7], NULL, 16) : 0;
+    int floor_tid = argc >= 8 ? atoi(argv[6]) : 0;
+    uint64_t floor = argc >= 8 ? strtoull(argv[7], NULL, 16) : 0;
+    uint64_t lone[3] = { 0 };
+    for (int k = 0; argc == 12 && k < 3; k++)
+        lone[k] = strtoull(argv[9 + k], NULL, 16);
     /* the process's descriptors are not ours to hold (a daemon's sockets...) */
     if (ready < 0 ? close_range(3, ~0u, 0) :
         ready < 3 || (ready > 3 && close_range(3, (unsigned)ready - 1, 0)) ||
@@ -84,7 +91,8 @@ int main(int argc, char **argv)
     char out[4200], err[512];
     uint64_t totals[8] = { 0 };
     int rc = mmleak_scan_floor(atoi(argv[1]), argv[2], argv[3], argv[4], out, sizeof out,
-                               err, sizeof err, totals, floor_tid, floor, nfiles);
+                               err, sizeof err, totals, floor_tid, floor, nfiles,
+                               argc == 12 ? lone : NULL);
     if (rc < 0)
         fprintf(stderr, "mmleak-scan: %s\n", err);
     if (rc)

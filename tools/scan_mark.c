@@ -351,6 +351,22 @@ static void sort_batch(uint32_t *b, size_t n)
     }
 }
 
+/* [*LO, *HI) cut to the pages of mapping M that hold live blocks: the heap past the first
+ * and the last of them holds nothing to read (a small program's 132 KiB [heap] with its one
+ * stdout buffer was read whole at every exit, its untouched pages faulted in on both sides:
+ * docs/performance.rst, "Start-up and exit, the scan's hand-overs"). */
+static void live_span(struct scan *s, const struct mapping *m, uint64_t *lo, uint64_t *hi)
+{
+    size_t i = first_block_at_or_after(s, m->lo), j = first_block_at_or_after(s, m->hi);
+    if (i >= j)
+        return;
+    uint64_t a = s->bp[i] & ~4095ull, b = (s->bp[j - 1] + s->bs[j - 1] + 4095) & ~4095ull;
+    if (*lo < a)
+        *lo = a;
+    if (*hi > b)
+        *hi = b;
+}
+
 /* The heap just read into the cache (s->clo to s->chi), the next stretch of it (DOWN: below,
  * else above) asked of the reader thread, overlapping the cache by CACHE / 16: a batch that
  * straddles the cache's end is in it whole. */
@@ -371,6 +387,7 @@ static void read_ahead(struct scan *s, int down)
         lo = s->chi - CACHE / 16;
         hi = m->hi - lo > CACHE ? lo + CACHE : m->hi;
     }
+    live_span(s, m, &lo, &hi);
     reader_ask(s->rd, lo, hi);
 }
 
@@ -450,6 +467,7 @@ void drain(struct scan *s, ssize_t clique)
                     lo = lo < m->lo ? m->lo : lo;
                     hi = m->hi - lo < CACHE ? m->hi : lo + CACHE;
                 }
+                live_span(s, m, &lo, &hi);
                 struct iovec cl = { s->cw, (size_t)(hi - lo) }, cr = { (void *)lo, cl.iov_len };
                 s->clo = s->chi = 0;
                 if (lo <= a0 && bn <= hi && ++s->reads &&

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -64,6 +65,16 @@ static inline unsigned char *leb(unsigned char *p, uint64_t v)
     return p;
 }
 
+#define SMALL_DATA ((size_t)64 << 10)
+
+static void free_data(unsigned char *m, size_t cap)
+{
+    if (cap <= SMALL_DATA)
+        free(m);
+    else
+        munmap(m, cap);
+}
+
 /* The data's three sections (mmleak-format(5)), each its length (8 bytes, little-endian)
  * then its LEB128 numbers, encoded straight into one mapping big enough for the worst case
  * (10 bytes a number; only the pages written are touched): the blocks' addresses (each the
@@ -73,9 +84,11 @@ static unsigned char *encode_data(struct scan *s, unsigned char *sec[3], size_t 
                                   size_t *maplen)
 {
     size_t cap = 8 * 3 + (size_t)10 * 4 * (s->nb + 1);
-    unsigned char *m = mmap(NULL, cap, PROT_READ | PROT_WRITE,
+    /* a small one from the heap: no mapping made and unmapped at every exit */
+    unsigned char *m = cap <= SMALL_DATA ? malloc(cap) :
+                       mmap(NULL, cap, PROT_READ | PROT_WRITE,
                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED)
+    if (!m || m == MAP_FAILED)
         return NULL;
     unsigned char *p = m;
     uint64_t prev = 0;
@@ -103,18 +116,26 @@ static unsigned char *encode_data(struct scan *s, unsigned char *sec[3], size_t 
     return m;
 }
 
-/* N bytes at P to FD: 0, or -1 */
-static int write_all(int fd, const void *p, size_t n)
+/* The N pieces of IOV to FD, in one writev when it takes them all: 0, or -1 (IOV is
+ * consumed) */
+static int write_all(int fd, struct iovec *iov, int n)
 {
-    size_t w = 0;
-    while (w < n) {
-        ssize_t k = write(fd, (const char *)p + w, n - w);
+    while (n > 0) {
+        ssize_t k = writev(fd, iov, n);
         if (k <= 0) {
             if (k < 0 && errno == EINTR)
                 continue;
             return -1;
         }
-        w += (size_t)k;
+        while (n > 0 && (size_t)k >= iov->iov_len) {
+            k -= (ssize_t)iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (char *)iov->iov_base + k;
+            iov->iov_len -= (size_t)k;
+        }
     }
     return 0;
 }
@@ -161,7 +182,7 @@ int scan_write_result(struct scan *s, char *out, size_t outlen)
     if (b.oom) {
         free(b.p);
         if (data)
-            munmap(data, maplen);
+            free_data(data, maplen);
         return -1;
     }
     /* a hidden temporary file, then linked to the first free name */
@@ -174,7 +195,7 @@ int scan_write_result(struct scan *s, char *out, size_t outlen)
     if (fd < 0) {
         free(b.p);
         if (data)
-            munmap(data, maplen);
+            free_data(data, maplen);
         return -1;
     }
     struct stat st;
@@ -184,16 +205,20 @@ int scan_write_result(struct scan *s, char *out, size_t outlen)
         if (fchown(fd, st.st_uid, st.st_gid)) {
             /* the file stays ours: readers take root's and the owner's */
         }
-    int ok = !write_all(fd, b.p, b.n);
-    for (int k = 0; data && ok && k < 3; k++) {
-        unsigned char le[8];
+    /* the header and the three sections, each after its length: written at once */
+    struct iovec iov[7] = { { b.p, b.n } };
+    unsigned char le[3][8];
+    int n = 1;
+    for (int k = 0; data && k < 3; k++) {
         for (int j = 0; j < 8; j++)
-            le[j] = (unsigned char)((uint64_t)len[k] >> (8 * j));
-        ok = !write_all(fd, le, 8) && !write_all(fd, sec[k], len[k]);
+            le[k][j] = (unsigned char)((uint64_t)len[k] >> (8 * j));
+        iov[n++] = (struct iovec){ le[k], 8 };
+        iov[n++] = (struct iovec){ sec[k], len[k] };
     }
+    int ok = !write_all(fd, iov, n);
     free(b.p);
     if (data)
-        munmap(data, maplen);
+        free_data(data, maplen);
     /* no fsync: it would delay the program's exit by a journal commit (about 0.5 ms on ext4
      * here); a result cut short by a crash of the machine is not one to readers (they
      * check its first line and the length of its data), like the trace it is about */

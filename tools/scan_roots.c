@@ -43,14 +43,19 @@ static uint64_t file_off(const Elf64_Shdr *sh, int nsh, uint64_t v, uint64_t n)
 }
 
 /* Symbol NAME, defined, through the file's GNU hash table (section GH, over the symbols of
- * DS, their names in SS), read a few words at a time: 1 found (*SYM), 0 not in the table,
- * -1 the table cannot be read (the caller reads the whole symbol table instead).  libc.so.6's
- * table and names are about 100 KB, read at every scan that needs the layout otherwise. */
-static int gnu_lookup(int fd, const Elf64_Shdr *gh, const Elf64_Shdr *ds, const Elf64_Shdr *ss,
-                      const char *name, Elf64_Sym *sym)
+ * DS, their names in SS; TAB: the section's bytes, read once for the three names: 25
+ * system calls at every exit when it was read a few words at a time), the symbol and its
+ * name read alone: 1 found (*SYM), 0 not in the table, -1 the table cannot be read (the
+ * caller reads the whole symbol table instead).  libc.so.6's table is about 15 KB, its
+ * symbols and names about 100 KB, read at every scan that needs the layout otherwise. */
+static int gnu_lookup(int fd, const Elf64_Shdr *gh, const uint32_t *tab, const Elf64_Shdr *ds,
+                      const Elf64_Shdr *ss, const char *name, Elf64_Sym *sym)
 {
     uint32_t hd[4];                     /* nbuckets, symoffset, bloom words, bloom shift */
-    if (gh->sh_size < sizeof hd || pread_all(fd, hd, sizeof hd, gh->sh_offset) || !hd[0])
+    if (gh->sh_size < sizeof hd || !tab)
+        return -1;
+    memcpy(hd, tab, sizeof hd);
+    if (!hd[0])
         return -1;
     uint64_t nsym = ds->sh_size / sizeof *sym;
     uint64_t buckets = 16 + (uint64_t)hd[2] * 8, chains = buckets + 4ull * hd[0];
@@ -60,8 +65,7 @@ static int gnu_lookup(int fd, const Elf64_Shdr *gh, const Elf64_Shdr *ds, const 
     for (const unsigned char *c = (const unsigned char *)name; *c; c++)
         h = h * 33 + *c;
     uint32_t i, ch;
-    if (pread_all(fd, &i, 4, gh->sh_offset + buckets + 4ull * (h % hd[0])))
-        return -1;
+    memcpy(&i, (const char *)tab + buckets + 4ull * (h % hd[0]), 4);
     if (!i)
         return 0;
     if (i < hd[1] || i >= nsym)
@@ -72,8 +76,9 @@ static int gnu_lookup(int fd, const Elf64_Shdr *gh, const Elf64_Shdr *ds, const 
         return -1;
     for (;; i++) {
         uint64_t at = chains + 4ull * (i - hd[1]);
-        if (i >= nsym || at + 4 > gh->sh_size || pread_all(fd, &ch, 4, gh->sh_offset + at))
+        if (i >= nsym || at + 4 > gh->sh_size)
             return -1;
+        memcpy(&ch, (const char *)tab + at, 4);
         if ((ch | 1) == (h | 1)) {
             if (pread_all(fd, sym, sizeof *sym, ds->sh_offset + (uint64_t)i * sizeof *sym))
                 return -1;
@@ -125,16 +130,22 @@ int mml_pthread_layout(int pid, const char *path, struct mml_pthread_layout *l)
     /* the three symbols through the GNU hash table, when the file has one for DS */
     for (int i = 0; i < eh.e_shnum && !have; i++)
         if (sh[i].sh_type == SHT_GNU_HASH && (int)sh[i].sh_link == ds) {
+            uint32_t *tab = sh[i].sh_size <= (1u << 20) ? malloc(sh[i].sh_size) : NULL;
+            if (tab && pread_all(fd, tab, sh[i].sh_size, sh[i].sh_offset)) {
+                free(tab);
+                tab = NULL;
+            }
             int k = 0;
             for (; k < 3; k++) {
                 Elf64_Sym y;
                 uint64_t n = k ? 12 : 4, off;
-                if (gnu_lookup(fd, &sh[i], &sh[ds], ss, want[k], &y) != 1 ||
+                if (gnu_lookup(fd, &sh[i], tab, &sh[ds], ss, want[k], &y) != 1 ||
                     !(off = file_off(sh, eh.e_shnum, y.st_value, n)) ||
                     pread_all(fd, got[k], n, off))
                     break;
             }
             have = k == 3 ? 7 : 0;
+            free(tab);
         }
     if (have)
         goto check;

@@ -18,6 +18,7 @@
 #include <sys/mman.h>
 #include <sys/ptrace.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/user.h>
 #include <sys/wait.h>
@@ -79,6 +80,54 @@ static int wait_stopped(struct scan *s, struct thr *t)
                        s->pid, STOP_NS / 1000000000LL);
         nap(&t->naps);
     }
+}
+
+/* The thread that asked for the scan (at exit, or mmleak_leak_check) when it is the
+ * process's only one: it waits for us, our parent, in mmleak.so with every signal blocked
+ * (tracer/exitscan.c), so no code of the program runs until we are done, and no thread can
+ * appear.  Then it is not stopped: its stack pointer and thread pointers are mmleak.so's
+ * word (s->lone), and its other registers are not roots anyway (mmleak_scan_floor).  That
+ * saves the seize, the interrupt, the wait for the stop and the detach: hand-overs between
+ * the two processes, each a wait for the scheduler on a busy machine (docs/performance.rst,
+ * "Start-up and exit, the scan's hand-overs").  1 held so, 0 not (another thread is there,
+ * or we are not its child): the threads are seized. */
+int hold_lone(struct scan *s)
+{
+    if (!s->lone || s->floor_tid <= 0 || getppid() != s->pid)
+        return 0;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/task", s->pid);
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    int n = 0, tid = 0;
+    for (;;) {
+        long k = syscall(SYS_getdents64, fd, buf, sizeof buf);
+        if (k <= 0)
+            break;
+        for (long off = 0; off < k;) {
+            struct dirent64 *e = (struct dirent64 *)(buf + off);
+            if (e->d_name[0] != '.') {
+                n++;
+                tid = atoi(e->d_name);
+            }
+            off += e->d_reclen;
+        }
+    }
+    close(fd);
+    if (n != 1 || tid != s->floor_tid)
+        return 0;
+    struct thr *t = calloc(1, sizeof *t);
+    if (!t)
+        return 0;
+    t->tid = tid;
+    t->regs.rsp = s->lone[0];
+    t->regs.fs_base = s->lone[1];
+    t->regs.gs_base = s->lone[2];
+    s->th = t;
+    s->nth = 1;
+    s->lone_held = 1;
+    return 1;
 }
 
 int seize_all(struct scan *s)

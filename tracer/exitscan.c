@@ -23,6 +23,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#if defined(__x86_64__)
+#include <asm/prctl.h>
+#endif
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -124,11 +127,17 @@ static __attribute__((noinline)) pid_t spawn_blocked(const char *path, char **ar
 }
 
 /* Start mmleak-scan for this process and wait for its verdict.  WHY: "exit" or "api".
+ * LONE: this thread was the process's only one (/proc/self/status) and has a FLOOR: it then
+ * waits with every signal blocked, so that nothing of the program runs in it until the
+ * scanner is done, and tells the scanner its stack pointer and thread pointers: a scanner
+ * that finds it alone reads the memory without stopping it (no PTRACE_SEIZE, INTERRUPT,
+ * wait for the stop and DETACH: four hand-overs between the two processes; mmleak-scan(7)).
  * Returns the scanner's exit status (0 done, 1 could not scan, 2 no result), -1 when it
  * could not be started. */
-COLD int run_scanner(const char *why, uintptr_t floor)
+COLD int run_scanner(const char *why, uintptr_t floor, int lone)
 {
     static char path[PATH_MAX], pidbuf[24], fdbuf[24], tidbuf[24], floorbuf[24], nfbuf[24];
+    static char spbuf[24], fsbuf[24], gsbuf[24];
     if (scanner_path(path, sizeof path))
         return -1;
     /* the environment without LD_PRELOAD, in memory of our own */
@@ -136,7 +145,8 @@ COLD int run_scanner(const char *why, uintptr_t floor)
     while (environ && environ[n])
         n++;
     size_t bytes = (n + 1) * sizeof(char *);
-    char **env = mml_map(bytes);
+    char *small[128];                   /* most environments: no mapping made and unmapped */
+    char **env = n < 128 ? small : mml_map(bytes);
     if (!env)
         return -1;
     size_t k = 0;
@@ -146,7 +156,8 @@ COLD int run_scanner(const char *why, uintptr_t floor)
     env[k] = NULL;
     int p[2];
     if (pipe(p)) {
-        mml_unmap(env, bytes);
+        if (env != small)
+            mml_unmap(env, bytes);
         return -1;
     }
     fcntl(p[1], F_SETFD, FD_CLOEXEC);
@@ -158,15 +169,31 @@ COLD int run_scanner(const char *why, uintptr_t floor)
      * rather than list the directory (tools/scan_cut.c, take_cut) */
     put_num(nfbuf, nfbuf + sizeof nfbuf, atomic_load(&g_next_file));
     char *argv[] = { path, pidbuf, cfg.dir, g_id, (char *)why, fdbuf, tidbuf, floorbuf, nfbuf,
-                     NULL };
+                     NULL, NULL, NULL, NULL };
+#if defined(__x86_64__)
+    unsigned long fs = 0, gs = 0;
+    if (lone && floor && !syscall(SYS_arch_prctl, ARCH_GET_FS, &fs) &&
+        !syscall(SYS_arch_prctl, ARCH_GET_GS, &gs)) {
+        volatile char here = 0;         /* below the floor: this frame is mmleak.so's */
+        put_hex(spbuf, spbuf + sizeof spbuf, (uint64_t)(uintptr_t)&here);
+        put_hex(fsbuf, fsbuf + sizeof fsbuf, fs);
+        put_hex(gsbuf, gsbuf + sizeof gsbuf, gs);
+        argv[9] = spbuf;
+        argv[10] = fsbuf;
+        argv[11] = gsbuf;
+    }
+#endif
+    lone = argv[9] != NULL;
     /* vfork: no fork handlers run (ours would start a trace for the child), nothing
      * allocated, nothing copied */
     uint64_t all = ~(uint64_t)0, old = 0;        /* the kernel's mask: 64 signals */
     syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, sizeof all);
     pid_t child = spawn_blocked(path, argv, env);
-    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
+    if (!lone || child < 0)
+        syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
     close(p[0]);
-    mml_unmap(env, bytes);
+    if (env != small)
+        mml_unmap(env, bytes);
     if (child < 0) {
         close(p[1]);
         return -1;
@@ -179,19 +206,34 @@ COLD int run_scanner(const char *why, uintptr_t floor)
     pid_t r;
     while ((r = waitpid(child, &st, 0)) < 0 && errno == EINTR)
         ;
+    if (lone)                           /* a signal that came meanwhile is delivered now */
+        syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
     prctl(PR_SET_PTRACER, 0, 0, 0, 0);
     if (r != child || !WIFEXITED(st))
         return -1;
     return WEXITSTATUS(st);
 }
 
+static char status_buf[8192];           /* /proc/self/status, as under_seccomp read it */
+
 /* Under a seccomp filter (Seccomp: 2 in /proc/self/status) starting a process may be
  * forbidden, and the process killed for trying: no scan then (mmleak.py scan PID, from
  * outside, still works). */
 static int under_seccomp(void)
 {
-    static char buf[8192];
-    return mml_status_seccomp("/proc/self/status", buf, sizeof buf);
+    return mml_status_seccomp("/proc/self/status", status_buf, sizeof status_buf);
+}
+
+/* The process has one thread ("Threads:" of the status under_seccomp just read): 1, else 0 */
+static int one_thread(void)
+{
+    const char *p = strstr(status_buf, "\nThreads:");
+    if (!p)
+        return 0;
+    p += 9;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    return p[0] == '1' && p[1] == '\n';
 }
 
 COLD void scan_at_exit(uintptr_t floor)
@@ -207,8 +249,9 @@ COLD void scan_at_exit(uintptr_t floor)
     T.guard--;
     if (freeres)
         freeres();
+    int lone = one_thread();
     T.guard++;
-    run_scanner("exit", floor);
+    run_scanner("exit", floor, lone);
     T.guard--;
     errno = saved;
 }
@@ -220,9 +263,9 @@ __attribute__((used, noinline)) int mml_leak_check_from(uintptr_t floor)
 {
     if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T) || under_seccomp())
         return -1;
-    int saved = errno;
+    int saved = errno, lone = one_thread();
     T.guard++;
-    int rc = run_scanner("api", floor);
+    int rc = run_scanner("api", floor, lone);
     T.guard--;
     errno = saved;
     return rc == 0 ? 0 : rc == 1 ? 1 : -1;

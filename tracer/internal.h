@@ -69,7 +69,7 @@ int read_config(const char *args);
 /* ---- exitscan.c: the reachability scan at the process's exit (mmleak-scan(7)) ---- */
 /* FLOOR: where the program's part of the calling thread's stack begins (FLOOR_ENTRY), or 0 */
 COLD void scan_at_exit(uintptr_t floor);
-COLD int run_scanner(const char *why, uintptr_t floor);
+COLD int run_scanner(const char *why, uintptr_t floor, int lone);
 
 /* FLOOR_ENTRY(NAME, INNER, ATTRS): the function NAME, in assembly, for a call from the
  * program that leads to a scan of its memory while it waits: it pushes the callee-saved

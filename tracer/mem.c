@@ -66,9 +66,14 @@ void *mml_map(size_t n)
     /* named, and listed (ownlist.h), so that the reachability scan leaves our memory out
      * (mmleak-scan(7)): it holds copies of the program's words, which must not count.
      * Kernels before 5.17 (or without CONFIG_ANON_VMA_NAME) refuse the name: the list
-     * says it then */
+     * says it then, and the kernel is not asked again (a system call for each mapping
+     * taken: 7 of a small program's start-up) */
     int saved = errno;
-    prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, (unsigned long)p, n, (unsigned long)"mmleak");
+    static int unnamed;
+    if (!__atomic_load_n(&unnamed, __ATOMIC_RELAXED) &&
+        prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, (unsigned long)p, n, (unsigned long)"mmleak") &&
+        errno == EINVAL)
+        __atomic_store_n(&unnamed, 1, __ATOMIC_RELAXED);
     own_add(p, n);
     errno = saved;
     return p;

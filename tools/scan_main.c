@@ -4,7 +4,7 @@
  *
  *   mmleak-scan PID DIR ID WHY [READY_FD [TID FLOOR [NFILES [SP FS GS]]]]
  *
- * READY_FD: a pipe the process writes one byte to once it allowed us to trace it
+ * READY_FD: a socket the process sends one byte to once it allowed us to trace it
  * (PR_SET_PTRACER): we wait for it first.  Every other inherited descriptor is closed.
  * TID FLOOR (decimal, hexadecimal): the thread that asked waits in mmleak.so, below FLOOR
  * on its stack; only its stack from FLOOR up is scanned (tools/scan.c, mmleak_scan_floor).

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #if defined(__x86_64__)
 #include <asm/prctl.h>
 #endif
@@ -154,8 +155,11 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
         if (strncmp(environ[i], "LD_PRELOAD=", 11))
             env[k++] = environ[i];
     env[k] = NULL;
+    /* the go signal's channel: a socket pair, not a pipe, so that the byte is sent with
+     * MSG_NOSIGNAL: a scanner that died before reading it (killed, out of memory) must not
+     * make the program die of SIGPIPE at its exit (mmleak-scan reads either alike) */
     int p[2];
-    if (pipe(p)) {
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, p)) {
         if (env != small)
             mml_unmap(env, bytes);
         return -1;
@@ -199,7 +203,7 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
         return -1;
     }
     prctl(PR_SET_PTRACER, (unsigned long)child, 0, 0, 0);
-    while (write(p[1], "g", 1) < 0 && errno == EINTR)
+    while (send(p[1], "g", 1, MSG_NOSIGNAL) < 0 && errno == EINTR)
         ;
     close(p[1]);
     int st = 0;

@@ -507,8 +507,10 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
     leave, a file of freed blocks leaves nothing), then the newest runs are merged into the
     one before them as long as that one is at most MERGE_FACTOR times what they hold
     (_merge_start; each line is merged about log4 of the live set over a run's lines times).  The
-    trace over (OVER, unless LEVELS: `run`'s compactor leaves the levels), or no result
-    yet: everything into mmleak.ID.compact.  GUARD: the
+    trace over (OVER, unless LEVELS: `run`'s compactor leaves the levels, but when DONE
+    would make a run merged into the result at once or a run is bigger than the level
+    before it: see `straight` below), or no result yet: everything into
+    mmleak.ID.compact.  GUARD: the
     pass's directory lock (TraceLock.changing), around each change readers see.  ABANDON
     (a function, the trace not over): when it says True, the fold of DONE into a new run
     (native.Abandoned raised) or the merge after it (the new run stands) is not begun, or

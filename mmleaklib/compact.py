@@ -508,8 +508,8 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
     one before them as long as that one is at most MERGE_FACTOR times what they hold
     (_merge_start; each line is merged about log4 of the live set over a run's lines times).  The
     trace over (OVER, unless LEVELS: `run`'s compactor leaves the levels, but when DONE
-    would make a run merged into the result at once or a run is bigger than the level
-    before it: see `straight` below), or no result yet: everything into
+    would make a run merged into the result at once or a merge was given up: see
+    `straight` below), or no result yet: everything into
     mmleak.ID.compact.  GUARD: the
     pass's directory lock (TraceLock.changing), around each change readers see.  ABANDON
     (a function, the trace not over): when it says True, the fold of DONE into a new run
@@ -526,13 +526,14 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
     # `run`'s last pass (the trace over, LEVELS) when the compactor fell behind the program:
     # the files waiting would make a run that the rule merges into the result at once (what
     # the levels kept of the events so far says what the files will keep), or a merge was
-    # given up at the program's end (a run bigger than the level before it): one shrink of
+    # given up at the program's end (a run not MERGE_FACTOR times smaller than the level
+    # before it, which the rule leaves only so): one shrink of
     # the files with every level into the result, instead of a run written, then read again
     # (or left beside the result for every reader to put through its table)
     sizes = [files._size(cpath)] + [files._size(p) for _, p in runs]
     straight = over and levels and own and bool(done) and (
         _merge_start(sizes + [nbytes * _kept([cpath] + [p for _, p in runs])]) == 0 or
-        any(b > a for a, b in zip(sizes, sizes[1:])))
+        any(MERGE_FACTOR * b >= a for a, b in zip(sizes, sizes[1:])))
     if over and (not levels or straight) or not own:
         chain = ([cpath] if own else []) + [p for _, p in runs]
         # the result, the biggest, last: the compiled shrinker streams it (_fold_into)

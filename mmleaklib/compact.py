@@ -370,7 +370,7 @@ def _write_atomic(path, header_lines, sh, data, raw=None, guard=None):
 
 
 def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping=None,
-                  folded=None, view=False, abandon=None, levels=False, base=True):
+                  folded=None, view=False, abandon=None, levels=False, base=True, defer=None):
     """One compaction pass over trace TID, and a point of its series when one is due
     (SERIES: False never; STOPPING, a function: when it says True, no point but the last of
     a trace that is over: `run`'s compactor, once its program has ended, leaves the point to
@@ -387,7 +387,11 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
     merged by the usual rule, as while it ran, not everything into mmleak.ID.compact (its
     last point and FOLDED's view then read the levels, as a reader does); BASE: the first
     fold writes the result's base for the last point (series.save_base; `run --check`'s
-    compactor does not: its last pass reads the whole trace for the verdict).  Returns a dict of
+    compactor does not: its last pass reads the whole trace for the verdict); DEFER, a
+    function: a point due while the trace runs is put off when complete files the pass did
+    not fold are waiting (the compactor is behind the program: the point would read what
+    the next pass rewrites, on the core the program needs) and DEFER(TID, True) says so;
+    it is called with False when the pass is not behind.  Returns a dict of
     what it did, or None when another compactor holds the trace (it is skipped, not waited
     for).  A file it cannot trust (Refused) or write stops the pass over this trace (Fail),
     and nothing is deleted."""
@@ -438,6 +442,8 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
             now = (sh, sh.live())
         if folded:
             folded(tid, now)
+        if point and not over and defer and defer(tid, _behind(directory, tid, done)):
+            point, res["deferred"] = False, 1
         if point:
             lock.downgrade()
             try:
@@ -450,6 +456,14 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
         return res
     finally:
         lock.__exit__()
+
+
+def _behind(directory, tid, seen):
+    """Are complete dump files of trace TID waiting that are not among SEEN (those the pass
+    folded): did the program complete files faster than the pass folded them?"""
+    traces = files.find_traces(directory)
+    new = [p for p in traces.get(tid, []) if p not in seen and tail_of(p)]
+    return bool(new) and bool(complete_files(directory, tid, new, traces)[0])
 
 
 MERGE_FACTOR = 4      # a run is merged into the one before it when that is at most this
@@ -493,8 +507,10 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
     leave, a file of freed blocks leaves nothing), then the newest runs are merged into the
     one before them as long as that one is at most MERGE_FACTOR times what they hold
     (_merge_start; each line is merged about log4 of the live set over a run's lines times).  The
-    trace over (OVER, unless LEVELS: `run`'s compactor leaves the levels), or no result
-    yet: everything into mmleak.ID.compact.  GUARD: the
+    trace over (OVER, unless LEVELS: `run`'s compactor leaves the levels, but when DONE
+    would make a run merged into the result at once or a merge was given up: see
+    `straight` below), or no result yet: everything into
+    mmleak.ID.compact.  GUARD: the
     pass's directory lock (TraceLock.changing), around each change readers see.  ABANDON
     (a function, the trace not over): when it says True, the fold of DONE into a new run
     (native.Abandoned raised) or the merge after it (the new run stands) is not begun, or
@@ -507,7 +523,18 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
     nbytes = sum(files._size(p) + files._size(tail_of(p)) for p in done)
     work = {"read": 0, "written": 0, "merged": 0, "abandoned": 0}
     sh, now = None, None
-    if over and not levels or not own:
+    # `run`'s last pass (the trace over, LEVELS) when the compactor fell behind the program:
+    # the files waiting would make a run that the rule merges into the result at once (what
+    # the levels kept of the events so far says what the files will keep), or a merge was
+    # given up at the program's end (a run not MERGE_FACTOR times smaller than the level
+    # before it, which the rule leaves only so): one shrink of
+    # the files with every level into the result, instead of a run written, then read again
+    # (or left beside the result for every reader to put through its table)
+    sizes = [files._size(cpath)] + [files._size(p) for _, p in runs]
+    straight = over and levels and own and bool(done) and (
+        _merge_start(sizes + [nbytes * _kept([cpath] + [p for _, p in runs])]) == 0 or
+        any(MERGE_FACTOR * b >= a for a, b in zip(sizes, sizes[1:])))
+    if over and (not levels or straight) or not own:
         chain = ([cpath] if own else []) + [p for _, p in runs]
         # the result, the biggest, last: the compiled shrinker streams it (_fold_into)
         token = series_mod.before_result_merge(directory, tid, cpath, chain[1:] + done,
@@ -587,6 +614,27 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
             "runs": len(_runs(directory, tid)), "now": now}
 
 
+def _kept(levels):
+    """What the LEVELS (the result and its runs) kept of the events they folded: the event
+    lines they hold over the events their "#compacted" lines count (1.0 when unknown)."""
+    lines = events = 0
+    for p in levels:
+        try:
+            with files.open_trace_file(p) as f:
+                for _ in range(4096):
+                    line = f.readline(4096)
+                    if not line.startswith(b"#") or line.startswith(b"#s "):
+                        break
+                    if line.startswith(b"#compacted "):
+                        kv = dict(w.split(b"=", 1) for w in line.split()[1:] if b"=" in w)
+                        events += int(kv.get(b"events", 0))
+                        lines += int(kv.get(b"entries", 0))
+                        break
+        except (OSError, Refused, ValueError):
+            return 1.0
+    return min(lines / events, 1.0) if events else 1.0
+
+
 def _result_view(cpath, sh):
     """(Shrinker, blocks.Live) of the result CPATH just written by the fold SH whose
     compiled shrinker left the survivors as native blocks: what a reader of the whole trace
@@ -658,9 +706,9 @@ def _remove_dump(p):
 
 
 def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopping=None,
-                folded=None, view=False, abandon=None, levels=False, base=True):
+                folded=None, view=False, abandon=None, levels=False, base=True, defer=None):
     """One compaction pass over every trace in DIRECTORY (or trace PID).  Returns
-    (live traces, results).  STOPPING, FOLDED, VIEW, ABANDON, LEVELS, BASE: see
+    (live traces, results).  STOPPING, FOLDED, VIEW, ABANDON, LEVELS, BASE, DEFER: see
     compact_trace."""
     out = out or sys.stdout
     traces = files.find_traces(directory)
@@ -671,7 +719,7 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopp
         try:
             res = compact_trace(directory, tid, traces[tid], traces, series=series,
                                 stopping=stopping, folded=folded, view=view, abandon=abandon,
-                                levels=levels, base=base)
+                                levels=levels, base=base, defer=defer)
         except Fail as e:               # this trace is left as it is; the others go on
             refuse(str(e))
             continue
@@ -744,6 +792,8 @@ class BackgroundCompactor:
         # has it (_result_view), for `run --check`'s verdict (report.build_report NOW)
         self.views = {}
         self.keep_views = views
+        self.deferred = {}                      # {trace: when its due point was first put off}
+        self.defer_max = 6 * series_mod.SERIES_INTERVAL
 
     def start(self):
         self.thread.start()
@@ -755,7 +805,18 @@ class BackgroundCompactor:
             compact_dir(self.directory, tid, verbose=False,
                         stopping=(lambda: True) if self.keep_views else self.stop.is_set,
                         folded=folded, view=view, abandon=abandon, levels=True,
-                        base=not self.keep_views)
+                        base=not self.keep_views, defer=self._defer)
+
+    def _defer(self, tid, behind):
+        """Put off the point due of trace TID while the compactor is BEHIND the program
+        (compact_trace's DEFER): the files waiting come first, and the point, made once a
+        pass is not behind, then reads a trace folded.  Never for longer than DEFER_MAX
+        seconds in a row: a program that always outruns the compactor still gets points."""
+        if not behind:
+            self.deferred.pop(tid, None)
+            return False
+        first = self.deferred.setdefault(tid, time.monotonic())
+        return time.monotonic() - first < self.defer_max
 
     def _loop(self):
         try:

@@ -746,3 +746,101 @@ def test_runs_last_pass_leaves_levels_that_read_as_the_merged_result(tmp_path, a
                      r.stderr.replace(str(x), "DIR")))
     assert outs[0] == outs[1]
     assert outs[0][0] == 23 and "%d blocks" % len(h.live) in outs[0][1] + outs[0][2], outs[0]
+
+
+def _fold_targets(monkeypatch):
+    """The files each shrink of the compactor writes (compact._fold_into's targets)."""
+    targets = []
+    real = mmleak.compact._fold_into
+
+    def counted(directory, tid, target, *a, **k):
+        targets.append(os.path.basename(target))
+        return real(directory, tid, target, *a, **k)
+    monkeypatch.setattr(mmleak.compact, "_fold_into", counted)
+    return targets
+
+
+def test_runs_last_pass_folds_a_backlog_straight_into_the_result(tmp_path, alive,
+                                                                monkeypatch):
+    """The program outran `run`'s compactor: the files left at its end would make a run
+    that the rule merges into the result at once (the levels kept every event so far, so
+    these will keep theirs too).  The last pass shrinks them with the result in one go (no
+    run written, then read again): one file written, everything in mmleak.ID.compact,
+    every block exact, the last point from that reading's survivors."""
+    h = History(tmp_path)
+    h.batch(allocs=3000)
+    one_pass(tmp_path)
+    h.batch(allocs=2000)
+    h.batch(allocs=2500, frees=100)               # the backlog: more than a quarter of it
+    alive[0] = False
+    targets = _fold_targets(monkeypatch)
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, levels=True)[1]
+    assert res["over"] and res["folded"] == 2 and res["point"] is not None
+    assert targets == ["mmleak.%s.compact" % TID]
+    assert runs(tmp_path) == [] and survivors(tmp_path) == h.live
+    points, _ = mmleak.read_series(mmleak.TraceFiles(str(tmp_path), TID).series)
+    assert points[-1].live == (sum(h.live.values()), len(h.live))
+    # a small backlog still goes to a run of its own, the levels left as they are
+    h2 = History(tmp_path / "small")
+    (tmp_path / "small").mkdir()
+    h2.batch(allocs=3000)
+    one_pass(tmp_path / "small")
+    h2.batch(allocs=20, frees=10)
+    del targets[:]
+    (res,) = mmleak.compact_dir(str(tmp_path / "small"), TID, levels=True)[1]
+    assert targets == ["mmleak.%s.compact.1" % TID]
+    assert survivors(tmp_path / "small") == h2.live
+
+
+@pytest.mark.parametrize("run_lines", [5000, 400])
+def test_runs_last_pass_mends_levels_a_merge_given_up_left(tmp_path, alive, monkeypatch,
+                                                           run_lines):
+    """A merge into the result given up at the program's end (`run`'s compactor does not
+    wait for it) leaves a run not four times smaller than the result (bigger, here; then
+    a third of it): the last pass then folds its files with every level into the result,
+    rather than leave that run for every reader to put through its table."""
+    h = History(tmp_path)
+    h.batch(allocs=1200)
+    one_pass(tmp_path)
+    h.batch(allocs=run_lines)
+    with monkeypatch.context() as m:
+        m.setattr(mmleak.compact, "MERGE_FACTOR", 0)   # the merge that rule wanted: given up
+        one_pass(tmp_path)
+    assert runs(tmp_path) == ["mmleak.%s.compact.1" % TID]
+    h.batch(allocs=10, frees=5)                        # a small file left at the end
+    alive[0] = False
+    targets = _fold_targets(monkeypatch)
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, levels=True)[1]
+    assert res["over"] and targets == ["mmleak.%s.compact" % TID]
+    assert runs(tmp_path) == [] and survivors(tmp_path) == h.live
+    points, _ = mmleak.read_series(mmleak.TraceFiles(str(tmp_path), TID).series)
+    assert points[-1].live == (sum(h.live.values()), len(h.live))
+
+
+def test_a_point_is_put_off_while_the_compactor_is_behind(tmp_path, alive):
+    """A point due while files the pass did not fold are complete (the program writes them
+    faster than the pass folds: compact_dir DEFER, `run`'s compactor) waits for a pass that
+    is not behind; it is then exact.  `run`'s compactor puts one off for DEFER_MAX seconds
+    at most (a hook writes a file as each pass has folded its own)."""
+    h = History(tmp_path)
+    h.batch(allocs=500)
+    asked = []
+
+    def defer(tid, behind):
+        asked.append(behind)
+        return behind
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, defer=defer,
+                                folded=lambda tid, now: h.batch(allocs=300, frees=50))[1]
+    assert asked == [True] and res["deferred"] == 1 and res["point"] is None
+    spath = mmleak.TraceFiles(str(tmp_path), TID).series
+    assert not os.path.exists(spath)
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, defer=defer)[1]
+    assert asked == [True, False] and res["folded"] == 1 and res["point"] is not None
+    points, _ = mmleak.read_series(spath)
+    assert len(points) == 1 and points[-1].live == (sum(h.live.values()), len(h.live))
+    # run's compactor: put off while behind, for DEFER_MAX seconds in a row at most
+    c = mmleak.compact.BackgroundCompactor(str(tmp_path), set(), interval=3600.0)
+    assert c._defer(TID, True) and c._defer(TID, True) and not c._defer(TID, False)
+    c.defer_max = 0
+    assert not c._defer(TID, True)
+    assert survivors(tmp_path) == h.live

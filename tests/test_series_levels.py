@@ -110,8 +110,8 @@ def test_runs_last_point_comes_from_the_levels(tmp_path, alive, native, monkeypa
     assert res["folded"] == 1 and os.path.exists(base)
     assert os.path.exists(mmleak.TraceFiles(str(d), TID).series) == first_point
     h.batch(allocs=300, frees=200, churn=200)
-    h.batch(allocs=40, frees=800, churn=50)        # frees of the result's blocks
-    alive[0] = False
+    h.batch(allocs=40, frees=300, churn=50)        # frees of the result's blocks
+    alive[0] = False                               # (a backlog the rule leaves in a run)
     full = tmp_path / "full"
     shutil.copytree(d, full)
     used, read_whole = [], []
@@ -136,8 +136,8 @@ def test_runs_last_point_comes_from_the_levels(tmp_path, alive, native, monkeypa
     assert [p._replace(unix=0) for p in got] == [p._replace(unix=0) for p in want]
     assert got[-1].live == (sum(h.live.values()), len(h.live))
     assert len(got) == 1 + first_point
-    if first_point:     # 300 + 40 new blocks alive, 200 + 800 of the first point's freed
-        assert got[-1].new[1] == 340 and got[-1].freed[1] == 1000
+    if first_point:     # 300 + 40 new blocks alive, 200 + 300 of the first point's freed
+        assert got[-1].new[1] == 340 and got[-1].freed[1] == 500
 
 
 @pytest.mark.parametrize("damage", ["missing", "stale", "cut"])

@@ -468,3 +468,37 @@ def test_an_ended_file_takes_no_lines_from_a_staging_file_of_its_name(tmp_path):
     got = mmleak.shrink_files([str(out)])
     assert sorted(a.size for a in got.survivors()) == [16] * 4
     assert not got.problems.malformed
+
+
+# What a terminal acts on: ESC (C0), CSI as one character (C1, U+009B), a right-to-left
+# override (U+202E): written by whoever made the trace's files, in its command line, its
+# title, the paths of its maps file (the module a call site is shown in).
+HOSTILE_TEXT = [b"\x1b]0;PWNED\x07", b"\x1b[2J", "\u009b31m".encode(), "\u202e".encode()]
+RAW_UNSAFE = [b"\x1b", b"\x07", "\u009b".encode(), "\u202e".encode()]
+
+
+def test_names_from_a_trace_reach_the_terminal_escaped(tmp_path):
+    bad = b"".join(HOSTILE_TEXT)
+    (tmp_path / "mmleak.79.0.out").write_bytes(
+        b"#mmleak 2 id=79 pid=79 tid=79 file=0 depth=2 start=1700000000\n#cmd ./x" + bad +
+        b"\n#s 11111111111 400010 500010\n1000 0 64 0 @11111111111\n#title t=1 T" + bad +
+        b"\n#end\n")
+    (tmp_path / "mmleak.79.maps").write_bytes(
+        b"400000-401000 r-xp 00000000 fe:00 0    /nonexistent/m" + bad + b"\n"
+        b"500000-501000 r-xp 00000000 fe:00 0    /nonexistent/n" + bad + b"\n")
+    outs = []
+    for args in (["report", str(tmp_path), "--no-html"],
+                 ["report", str(tmp_path), "--no-html", "--check", "--leak-kinds", "all"],
+                 ["symbolize", "--maps", str(tmp_path / "mmleak.79.maps"), "400010"],
+                 ["report", str(tmp_path / "gone").encode() + bad]):
+        p = subprocess.run([PY, MMLEAK] + args, capture_output=True)
+        assert b"Traceback" not in p.stderr
+        outs.append(p.stdout + p.stderr)
+    for o in outs:
+        assert not [c for c in RAW_UNSAFE if c in o], o
+    text = b"".join(outs).decode()
+    assert "\\x1b]0;PWNED\\x07\\x1b[2J\\x9b31m\\u202e" in text
+    assert "m\\x1b]0;PWNED\\x07\\x1b[2J\\x9b31m\\u202e+0x10" in outs[0].decode()
+    assert "T\\x1b]0;PWNED" in outs[0].decode() and "./x\\x1b]0;PWNED" in outs[0].decode()
+    assert "check FAILED: trace 79 (./x\\x1b]0;PWNED" in outs[1].decode()
+    assert "gone\\x1b]0;PWNED" in outs[3].decode()

@@ -591,11 +591,17 @@ def new_output(path, text=False, perm=None, owner=None, sync=False, temp=None, g
     """Write the file PATH: yields a file object (binary, or TEXT: UTF-8, newlines as
     written); on success its content replaces PATH's at once (rename), on an exception PATH
     is left as it was.  PERM: the new file's mode exactly (default 0666 less the umask, as
-    open() makes it); OWNER (uid, gid): its owner; SYNC: on disk (file and directory) before
+    open() makes it; 0600 at one of a trace's names, mmleak.ID.*, as mmleak.so makes the
+    dump files); OWNER (uid, gid): its owner; SYNC: on disk (file and directory) before
     this returns; TEMP: the temporary name (a file of a dump directory, whose leftover the
     next writer removes), else one nobody can guess; GUARD (with TEMP): a context manager's
     factory entered around the rename.  See the top of this section."""
     kind, target = ("replace", path) if temp is not None else _output_target(path)
+    if perm is None and TraceFiles.of(target):
+        # a trace's name (the page report writes beside the dump files, mmleak.ID.html):
+        # what it shows (the command line, the stacks) is as private as the dump files,
+        # mode 0600 whatever the umask (a root trace's page in /tmp was world-readable)
+        perm = 0o600
 
     def wrap(fd):
         return os.fdopen(fd, "w", encoding="utf-8", newline="") if text else \

@@ -502,3 +502,24 @@ def test_names_from_a_trace_reach_the_terminal_escaped(tmp_path):
     assert "T\\x1b]0;PWNED" in outs[0].decode() and "./x\\x1b]0;PWNED" in outs[0].decode()
     assert "check FAILED: trace 79 (./x\\x1b]0;PWNED" in outs[1].decode()
     assert "gone\\x1b]0;PWNED" in outs[3].decode()
+
+
+def test_the_page_at_a_traces_name_is_as_private_as_its_dump_files(tmp_path):
+    # The dump files are 0600 (mmleak.so): the page report writes beside them by default
+    # (mmleak.ID.html) shows as much (the command line, the stacks), so it is 0600 too,
+    # whatever the umask; a name the user chose that is not a trace's follows the umask.
+    (tmp_path / "mmleak.80.0.out").write_bytes(
+        b"#mmleak 2 id=80 pid=80 tid=80 file=0 depth=1 start=1700000000\n#cmd ./x --password=s\n"
+        b"1000 0 64 0 400010\n#end\n")
+    (tmp_path / "mmleak.80.maps").write_bytes(b"")
+    os.chmod(str(tmp_path / "mmleak.80.0.out"), 0o600)
+    other = tmp_path / "www"
+    other.mkdir()
+    for args, page, mode in (([], tmp_path / "mmleak.80.html", 0o600),
+                             (["-o", str(other / "mmleak.80.html")], other / "mmleak.80.html",
+                              0o600),
+                             (["-o", str(other / "page.html")], other / "page.html", 0o644)):
+        p = subprocess.run([PY, MMLEAK, "report", str(tmp_path)] + args, capture_output=True,
+                           text=True, preexec_fn=lambda: os.umask(0o022))
+        assert p.returncode == 0, p.stderr
+        assert os.stat(str(page)).st_mode & 0o777 == mode, page

@@ -523,3 +523,31 @@ def test_the_page_at_a_traces_name_is_as_private_as_its_dump_files(tmp_path):
                            text=True, preexec_fn=lambda: os.umask(0o022))
         assert p.returncode == 0, p.stderr
         assert os.stat(str(page)).st_mode & 0o777 == mode, page
+
+
+def test_a_reader_held_by_the_traces_lock_says_who_holds_it(tmp_path):
+    # The lock file is the trace owner's: the owner can hold it as long as it likes, and a
+    # reader (root's report of that trace) then waits; it says so at once, naming the
+    # holder, and reads the trace once the lock is let go.
+    import fcntl
+    import select
+    (tmp_path / "mmleak.81.0.out").write_bytes(
+        b"#mmleak 2 id=81 pid=81 tid=81 file=0 depth=1 start=1700000000\n#cmd ./x\n"
+        b"1000 0 64 0 400010\n#end\n")
+    (tmp_path / "mmleak.81.maps").write_bytes(b"")
+    fd = os.open(str(tmp_path / "mmleak.81.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        p = subprocess.Popen([PY, MMLEAK, "report", str(tmp_path), "--no-html"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ready = select.select([p.stderr], [], [], 60)[0]    # (only if it never says it)
+        said = p.stderr.readline() if ready else ""
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+    out, err = p.communicate(timeout=60)
+    assert said == ("mmleak.py: trace 81: waiting for its lock %s, held by pid %d (%s)\n"
+                    % (tmp_path / "mmleak.81.lock", os.getpid(),
+                       open("/proc/self/comm").read().strip()))
+    assert (p.returncode, err) == (0, "")
+    assert "100 B in 1 blocks not freed" in out

@@ -515,6 +515,53 @@ def with_unflushed_tails(paths):
 
 
 # ---------------------------------------------------------------------------------------
+# The objects a maps file names: whoever wrote the trace chose those paths
+# ---------------------------------------------------------------------------------------
+
+def open_regular(path):
+    """A read-only descriptor of PATH if it is a regular file (its links followed), else
+    OSError: nothing else is ever opened, not even for a moment (a FIFO would block, opening
+    a device can act: /dev/watchdog starts its timer), whatever replaces PATH meanwhile.  It
+    is looked up with O_PATH (which opens nothing), checked, then opened through that."""
+    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        return os.open("/proc/self/fd/%d" % fd, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    finally:
+        os.close(fd)
+
+
+def safe_directory(path):
+    """Can no one but root and this user put or swap a file in the directory PATH names?
+    Every directory on its real path must be root's or ours, not writable by others (one
+    that is sticky may be, above the last: others cannot rename our directory out of /tmp),
+    and every symbolic link on the way to it root's or ours."""
+    trusted = (0, os.geteuid())
+    d = os.path.abspath(path)
+    while d != "/":
+        try:
+            st = os.lstat(d)
+        except OSError:
+            return False
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in trusted:
+            return False
+        d = os.path.dirname(d)
+    d, last = os.path.realpath(path), True
+    while True:
+        try:
+            st = os.stat(d)
+        except OSError:
+            return False
+        if st.st_uid not in trusted or (st.st_mode & 0o022 and
+                                        (last or not st.st_mode & stat.S_ISVTX)):
+            return False
+        if d == "/":
+            return True
+        d, last = os.path.dirname(d), False
+
+
+# ---------------------------------------------------------------------------------------
 # Writing: every output, and every file of a dump directory
 # ---------------------------------------------------------------------------------------
 #

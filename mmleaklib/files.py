@@ -644,7 +644,7 @@ def new_output(path, text=False, perm=None, owner=None, sync=False, temp=None, g
     next writer removes), else one nobody can guess; GUARD (with TEMP): a context manager's
     factory entered around the rename.  See the top of this section."""
     kind, target = ("replace", path) if temp is not None else _output_target(path)
-    if perm is None and TraceFiles.of(target):
+    if perm is None and kind == "replace" and TraceFiles.of(target):
         # a trace's name (the page report writes beside the dump files, mmleak.ID.html):
         # what it shows (the command line, the stacks) is as private as the dump files,
         # mode 0600 whatever the umask (a root trace's page in /tmp was world-readable)

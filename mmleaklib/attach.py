@@ -37,24 +37,42 @@ def mmleak_in(pid):
     return None
 
 
+ELF_PART_MAX = 64 << 20     # a section table, .dynsym or .dynstr bigger than this: not ours
+
+
 def _elf_symbol(path, name):
-    """(value, size) of the dynamic symbol NAME in the ELF file PATH, or None."""
+    """(value, size) of the dynamic symbol NAME in the ELF file PATH, or None.  PATH is a
+    name from a process's maps, which the process chooses: only a regular file is opened
+    (files.open_regular: never a FIFO or a device), only its headers and dynamic symbols
+    are read, each part bounded (a sparse file of 100 GB named mmleak.so is not read whole),
+    and anything malformed is None.  OSError (cannot be opened) passes."""
     import struct
-    with open(path, "rb") as f:
-        data = f.read()
-    if data[:4] != b"\x7fELF" or data[4] != 2:
-        return None
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", data, 0x3a)
-    secs = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
-    for s in secs:
-        if s[1] == 11:                                   # SHT_DYNSYM
-            strtab = secs[s[6]]
-            for off in range(s[4], s[4] + s[5], 24):
-                st_name, _, _, _, value, size = struct.unpack_from("<IBBHQQ", data, off)
-                end = data.index(b"\0", strtab[4] + st_name)
-                if data[strtab[4] + st_name:end] == name.encode():
-                    return value, size
+    fd = files.open_regular(path)
+    with os.fdopen(fd, "rb"):
+        def part(off, n):
+            if n > ELF_PART_MAX:
+                raise ValueError("too big")
+            return os.pread(fd, n, off)
+        try:
+            eh = part(0, 64)
+            if eh[:4] != b"\x7fELF" or eh[4] != 2:
+                return None
+            shoff, = struct.unpack_from("<Q", eh, 0x28)
+            shentsize, shnum = struct.unpack_from("<HH", eh, 0x3a)
+            if shentsize < 64:
+                return None
+            sh = part(shoff, shentsize * shnum)
+            secs = [struct.unpack_from("<IIQQQQIIQQ", sh, i * shentsize) for i in range(shnum)]
+            want = name.encode() + b"\0"
+            for s in secs:
+                if s[1] == 11:                               # SHT_DYNSYM
+                    syms, strs = part(s[4], s[5]), part(secs[s[6]][4], secs[s[6]][5])
+                    for off in range(0, len(syms) - 23, 24):
+                        st_name, _, _, _, value, size = struct.unpack_from("<IBBHQQ", syms, off)
+                        if strs[st_name:st_name + len(want)] == want:
+                            return value, size
+        except (struct.error, ValueError, IndexError, OverflowError, OSError):
+            return None
     return None
 
 
@@ -75,7 +93,10 @@ def traced_state(pid):
         sym = _elf_symbol("/proc/%d/root%s" % (pid, lib), "mmleak_status") \
             if base is not None else None
     except OSError:
-        sym = _elf_symbol(lib, "mmleak_status") if base is not None else None
+        try:
+            sym = _elf_symbol(lib, "mmleak_status") if base is not None else None
+        except OSError:
+            sym = None
     if not sym:
         return "loaded (state unknown: %s has no status word)" % lib
     try:

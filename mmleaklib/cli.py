@@ -188,16 +188,18 @@ def cmd_symbolize(args):
                                program_lines=False)
     frames = sym.lookup(addrs)
     status = EXIT_OK
+    out = report.terminal(sys.stdout)     # the names are the maps file's and the objects'
     for a in addrs:
         fr = frames[a]
         label = symbolize.frame_label(fr)
         if fr.error and not fr.function:
-            print("%012x  %s  (unresolved: %s)" % (a, label, fr.error))
+            out.write("%012x  %s  (unresolved: %s)\n" % (a, label, fr.error))
             status = EXIT_TOOL if sym.tool_error else status
             continue
-        print("%012x  %s  [%s+0x%x]" % (a, label, fr.module, fr.offset))
+        out.write("%012x  %s  [%s+0x%x]\n" % (a, label, fr.module, fr.offset))
         for fn, fl, ln in fr.inlined:
-            print("%12s    inlined into %s at %s:%s" % ("", fn or "??", fl or "??", ln or "?"))
+            out.write("%12s    inlined into %s at %s:%s\n" % ("", fn or "??", fl or "??",
+                                                              ln or "?"))
     return status
 
 
@@ -268,6 +270,7 @@ def add_check_options(p, check_help):
 def check_verdict(rep, args, out):
     """The --check verdict of REP (suppressions applied): True if it passes; says why on
     OUT either way."""
+    out = report.terminal(out)
     n, b = report.check_failures(rep, args.leak_kinds)
     what = ",".join(args.leak_kinds) or "none"
     cmd = report.printable(rep["cmd"]) or "command unknown"

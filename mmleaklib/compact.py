@@ -89,13 +89,19 @@ class TraceLock:
         self.fd = self._open()
         if self.fd is None:
             return self
-        op = (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | (0 if self.wait else fcntl.LOCK_NB)
+        op = fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX
         try:
-            fcntl.flock(self.fd, op)
+            fcntl.flock(self.fd, op | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(self.fd)
-            self.fd = None
-            raise
+            if not self.wait:
+                os.close(self.fd)
+                self.fd = None
+                raise
+            # A pass holds it for seconds; but the trace's owner may hold it as long as it
+            # likes (the lock file is the owner's): never wait without saying for whom
+            warn("trace %s: waiting for its lock %s, held by %s" % (
+                self.tid, self.path, lock_holders(self.fd) or "another process"))
+            fcntl.flock(self.fd, op)
         self.held = True
         return self
 
@@ -127,6 +133,30 @@ class TraceLock:
         (nothing changed).  Without a lock file, nothing to take; a lock file this compactor
         can only read cannot hold a write lock: Fail (nothing changed)."""
         return _DirLock(self.fd, self.path)
+
+
+def lock_holders(fd):
+    """Who holds a lock on the file FD is open on, from /proc/locks: "pid N (COMMAND)",
+    joined; "" when it says none (another pid namespace's holder shows as none)."""
+    st = os.fstat(fd)
+    where = "%02x:%02x:%d" % (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    pids = []
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                w = line.split()
+                if len(w) > 5 and w[5] == where and w[4].isdigit() and w[4] not in pids:
+                    pids.append(w[4])
+    except OSError:
+        return ""
+    out = []
+    for pid in pids:
+        try:
+            with open("/proc/%s/comm" % pid) as f:
+                out.append("pid %s (%s)" % (pid, f.read().strip()))
+        except OSError:
+            out.append("pid %s" % pid)
+    return ", ".join(out)
 
 
 class _DirLock:

@@ -14,9 +14,10 @@ import functools
 import os
 import re
 import shutil
-import stat
 import struct
 import subprocess
+
+from . import files
 
 # ---------------------------------------------------------------------------------------
 # ELF: loadable segments and function symbols
@@ -39,10 +40,7 @@ class Elf:
         self.build_id = None
         self.eh_frame = None    # (file offset, vaddr, size) of .eh_frame
         self._fdes = None       # [(start, end)] of its FDEs, sorted (read when first needed)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise ValueError("not a regular file")
+        with os.fdopen(files.open_regular(path), "rb") as f:
             self._read(f)
         self._starts = [s for s, _, _ in self.funcs]
 
@@ -144,7 +142,7 @@ class Elf:
             return []
         off, base, size = self.eh_frame
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = files.open_regular(self.path)
             with os.fdopen(fd, "rb") as f:
                 f.seek(off)
                 data = f.read(size)
@@ -356,11 +354,18 @@ def _disassemble(path, start, end):
     if not exe:
         return None
     try:
+        fd = files.open_regular(path)   # a name from a maps file: nothing but a regular file
+    except OSError:
+        return None
+    try:
         r = subprocess.run([exe, "-d", "-M", "intel", "--no-show-raw-insn", "-w",
-                            "--start-address=0x%x" % start, "--stop-address=0x%x" % end, path],
+                            "--start-address=0x%x" % start, "--stop-address=0x%x" % end,
+                            "/proc/self/fd/%d" % fd], pass_fds=(fd,),
                            capture_output=True, text=True, errors="replace", timeout=60)
     except (OSError, subprocess.SubprocessError):
         return None
+    finally:
+        os.close(fd)
     out = []
     for line in r.stdout.splitlines():
         m = INSN_RE.match(line)

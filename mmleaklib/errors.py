@@ -6,6 +6,7 @@ with set_tool); mmleak-install.py labels its lines ("error:", "warning:", "note:
 import argparse
 import functools
 import math
+import re
 import sys
 import textwrap
 
@@ -109,8 +110,32 @@ class Fail(Exception):
         self.status = status
 
 
+# What a terminal acts on instead of showing: the C0 controls (ESC starts its escape
+# sequences), DEL, the C1 controls (U+009B is a whole CSI to some terminals), and the
+# bidirectional overrides and isolates (they reorder the text after them on the line).  The
+# names a report prints come from the traced program and from whoever wrote its files: its
+# command line and title, the paths of its maps file, the symbols of its objects.
+_UNSAFE_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(m):
+    c = ord(m.group())
+    return "\\x%02x" % c if c < 0x100 else "\\u%04x" % c
+
+
+def printable(text):
+    """TEXT, a name from the trace (a program's command line or title, a path, a symbol),
+    with the characters a terminal acts on (_UNSAFE_RE; a newline too) as \\xHH (\\uHHHH):
+    GNU find turns its "-printf %s\\n" into a real newline in its command line, and a
+    planted name may carry an escape; neither may break a line of the report, write one, or
+    send the terminal an escape."""
+    return text if text is None else _UNSAFE_RE.sub(_escaped, text)
+
+
 def line(msg, kind):
-    return "%s: %s%s\n" % (PROG, kind + ": " if LABELLED else "", msg)
+    """A message, printable (it may name a file or a symbol from a trace)."""
+    return "%s: %s%s\n" % (PROG, kind + ": " if LABELLED else "",
+                           "\n".join(printable(part) for part in str(msg).split("\n")))
 
 
 def warn(msg, kind="warning"):

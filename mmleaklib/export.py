@@ -22,10 +22,9 @@ The formats, as their readers define them (read in their sources, not copied):
 import collections
 import gzip
 import os
-import stat
 import struct
 
-from .files import new_output
+from .files import new_output, open_regular
 
 # ---------------------------------------------------------------------------------------
 # The model
@@ -116,13 +115,11 @@ def read_build_id(path):
     as lowercase hex; None if PATH is not a regular ELF file or has none.  Looks in the
     PT_NOTE segments, then, if there are none, in the SHT_NOTE sections."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_regular(path)
     except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
             return _build_id(f)
         except (OSError, struct.error):
             return None

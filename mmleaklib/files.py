@@ -515,6 +515,53 @@ def with_unflushed_tails(paths):
 
 
 # ---------------------------------------------------------------------------------------
+# The objects a maps file names: whoever wrote the trace chose those paths
+# ---------------------------------------------------------------------------------------
+
+def open_regular(path):
+    """A read-only descriptor of PATH if it is a regular file (its links followed), else
+    OSError: nothing else is ever opened, not even for a moment (a FIFO would block, opening
+    a device can act: /dev/watchdog starts its timer), whatever replaces PATH meanwhile.  It
+    is looked up with O_PATH (which opens nothing), checked, then opened through that."""
+    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        return os.open("/proc/self/fd/%d" % fd, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    finally:
+        os.close(fd)
+
+
+def safe_directory(path):
+    """Can no one but root and this user put or swap a file in the directory PATH names?
+    Every directory on its real path must be root's or ours, not writable by others (one
+    that is sticky may be, above the last: others cannot rename our directory out of /tmp),
+    and every symbolic link on the way to it root's or ours."""
+    trusted = (0, os.geteuid())
+    d = os.path.abspath(path)
+    while d != "/":
+        try:
+            st = os.lstat(d)
+        except OSError:
+            return False
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in trusted:
+            return False
+        d = os.path.dirname(d)
+    d, last = os.path.realpath(path), True
+    while True:
+        try:
+            st = os.stat(d)
+        except OSError:
+            return False
+        if st.st_uid not in trusted or (st.st_mode & 0o022 and
+                                        (last or not st.st_mode & stat.S_ISVTX)):
+            return False
+        if d == "/":
+            return True
+        d, last = os.path.dirname(d), False
+
+
+# ---------------------------------------------------------------------------------------
 # Writing: every output, and every file of a dump directory
 # ---------------------------------------------------------------------------------------
 #
@@ -591,11 +638,17 @@ def new_output(path, text=False, perm=None, owner=None, sync=False, temp=None, g
     """Write the file PATH: yields a file object (binary, or TEXT: UTF-8, newlines as
     written); on success its content replaces PATH's at once (rename), on an exception PATH
     is left as it was.  PERM: the new file's mode exactly (default 0666 less the umask, as
-    open() makes it); OWNER (uid, gid): its owner; SYNC: on disk (file and directory) before
+    open() makes it; 0600 at one of a trace's names, mmleak.ID.*, as mmleak.so makes the
+    dump files); OWNER (uid, gid): its owner; SYNC: on disk (file and directory) before
     this returns; TEMP: the temporary name (a file of a dump directory, whose leftover the
     next writer removes), else one nobody can guess; GUARD (with TEMP): a context manager's
     factory entered around the rename.  See the top of this section."""
     kind, target = ("replace", path) if temp is not None else _output_target(path)
+    if perm is None and kind == "replace" and TraceFiles.of(target):
+        # a trace's name (the page report writes beside the dump files, mmleak.ID.html):
+        # what it shows (the command line, the stacks) is as private as the dump files,
+        # mode 0600 whatever the umask (a root trace's page in /tmp was world-readable)
+        perm = 0o600
 
     def wrap(fd):
         return os.fdopen(fd, "w", encoding="utf-8", newline="") if text else \

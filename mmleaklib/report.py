@@ -8,7 +8,7 @@ import time
 from . import elfcode, files
 from .compact import read_trace
 from .dumpformat import _unescape, header_int, parse_header
-from .errors import Fail, Refused, refuse, warn
+from .errors import Fail, Refused, printable, refuse, warn
 from .facts import MAX_DEPTH
 from .files import TraceFiles, new_output
 from .series import read_series
@@ -388,6 +388,7 @@ def check_failures(rep, kinds):
 
 def print_kind_summary(rep, out):
     """valgrind's LEAK SUMMARY: a line per kind, and the suppressed blocks per rule."""
+    out = terminal(out)
     tot = kind_totals(rep)
     if rep.get("kinds") is None:
         out.write("  reachability unknown: %s\n" % (
@@ -437,16 +438,27 @@ def live_bytes(survivors):
     return b if b is not None else sum(a.size for a in survivors)
 
 
-def printable(text):
-    """TEXT, a program's command line or title, with its control characters as \\xHH: it
-    is the program's (GNU find turns its "-printf %s\\n" into a real newline), and must not
-    break a line of the report, nor write one, nor send the terminal an escape."""
-    if text is None or all(" " <= c != "\x7f" for c in text):
-        return text
-    return "".join("\\x%02x" % ord(c) if c < " " or c == "\x7f" else c for c in text)
+class Printable:
+    """A text stream OUT whose lines are written printable(): every line of the terminal
+    report goes through one (terminal)."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def write(self, text):
+        return self.out.write("\n".join(printable(part) for part in text.split("\n")))
+
+    def __getattr__(self, name):
+        return getattr(self.out, name)
+
+
+def terminal(out):
+    """OUT, a stream the report is printed on, as a Printable (once)."""
+    return out if isinstance(out, Printable) else Printable(out)
 
 
 def print_top_sites(rep, out, top=10):
+    out = terminal(out)
     surv = rep["survivors"]
     total = live_bytes(surv)
     title, cmd = printable(rep.get("title")), printable(rep["cmd"])

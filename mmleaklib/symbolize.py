@@ -4,10 +4,11 @@ import collections
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 
-from . import elfcode
+from . import elfcode, files
 from .errors import Refused, refuse
 from .facts import RUNTIME_SOURCES
 from .files import loads_of, read_lines
@@ -132,6 +133,8 @@ def _module_problem(path, inode, trace_start):
         st = os.stat(path)
     except OSError as e:
         return "cannot read %s: %s" % (path, e.strerror)
+    if not stat.S_ISREG(st.st_mode):
+        return "cannot read %s: not a regular file" % path
     if inode and st.st_ino != inode:
         return "%s was replaced since the run (inode changed)" % path
     if trace_start and st.st_mtime >= trace_start + 1:
@@ -237,18 +240,77 @@ class Symbolizer:
             return
         paths = {os.path.basename(e[4]): e[4] for e in entries}
         OBJECTS.update((m, (p, tuple(self.debuginfo_path))) for m, p in paths.items())
+        fds = {}
+        try:
+            given, broken = self._objects_for_tool(entries, fds)
+            for a, (mod, off) in list(good.items()):
+                if paths.get(mod) in broken:
+                    self.cache[a] = Frame(a, mod, off, None, None, None, (),
+                                          broken[paths[mod]])
+                    del good[a]
+            # two runs: the objects named as they are, and those given as descriptors,
+            # whose directory the tool must not search (debuginfo_args)
+            for own_dir in (True, False):
+                objs = {p for p in given if (given[p] == p) == own_dir}
+                self._resolve({a: mo for a, mo in good.items() if paths.get(mo[0]) in objs},
+                              [e for e in entries if e[4] in objs], given, fds, paths,
+                              own_dir)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+    @staticmethod
+    def _objects_for_tool(entries, fds):
+        """({path: the name the tool is given}, {path: why it cannot be}) for the objects of
+        ENTRIES.  The tool opens an object, and looks for its debug file in its directory
+        (DEBUGLINK, .debug/DEBUGLINK), by name, blocking: a FIFO there hangs it, a device is
+        opened.  In a directory only root and we can change, that cannot happen; in any
+        other (the trace's owner's, /tmp) the object is given as a descriptor of ours
+        (files.open_regular: a regular file, the maps file's inode), /proc/self/fd/N, and
+        its directory is not searched (debuginfo_args: its debug file is found by build id,
+        or under /usr/lib/debug and --debuginfo-path).  FDS gets the descriptors."""
+        given, broken = {}, {}
+        for e in entries:
+            p = e[4]
+            if p in given or p in broken:
+                continue
+            if files.safe_directory(os.path.dirname(p)):
+                given[p] = p
+                continue
+            try:
+                fd = files.open_regular(p)
+            except OSError as err:
+                broken[p] = "cannot read %s: %s" % (p, err.strerror or err)
+                continue
+            if e[3] and os.fstat(fd).st_ino != e[3]:
+                os.close(fd)
+                broken[p] = "%s was replaced since the run (inode changed)" % p
+                continue
+            fds[p] = fd
+            given[p] = "/proc/self/fd/%d" % fd
+        return given, broken
+
+    def _resolve(self, good, entries, given, fds, paths, own_dir):
+        """Resolve GOOD ({addr: (module, offset)}) with ENTRIES, the mappings of the loads
+        the addresses are in, each object under its name in GIVEN; OWN_DIR: whether the
+        tool may look for their debug files in their directories."""
+        if not good:
+            return
         # A clean maps file for the tool: only the loads we trust, no ambiguous ranges.
         with tempfile.NamedTemporaryFile("w", prefix="mmleak-maps.", delete=False) as tf:
             for e in sorted(entries):
-                tf.write(e[5])
+                head = e[5].rstrip("\n")
+                tf.write(head[:len(head) - len(e[4])] + given[e[4]] + "\n")
             tmpmaps = tf.name
         try:
             order = sorted(good)
             inp = "".join("0x%x\n" % (a & ADDR_MASK) for a in order)
             try:
-                r = subprocess.run([exe] + debuginfo_args(self.debuginfo_path) +
+                r = subprocess.run([shutil.which(self.tool)] +
+                                   debuginfo_args(self.debuginfo_path, own_dir) +
                                    ["-M", tmpmaps, "-a", "-f", "-i", "-C"], input=inp,
-                                   capture_output=True, text=True, errors="replace")
+                                   capture_output=True, text=True, errors="replace",
+                                   pass_fds=tuple(fds.values()))
             except OSError as e:
                 r = None
                 self.tool_error = "%s failed: %s" % (self.tool, e)
@@ -286,13 +348,16 @@ class Symbolizer:
 ELFUTILS_DEBUGINFO_PATH = ":.debug:/usr/lib/debug"
 
 
-def debuginfo_args(dirs):
+def debuginfo_args(dirs, own_dir=True):
     """eu-addr2line's arguments to look in DIRS first, then where elfutils looks by itself
-    (none: its default as it is)."""
-    if not dirs:
+    (none: its default as it is).  Not OWN_DIR: nowhere the object's own directory (its
+    relative entries, and the empty one, are that directory; an absolute one is followed by
+    the object's directory)."""
+    if own_dir and not dirs:
         return []
-    return ["--debuginfo-path=%s:%s" % (":".join(os.path.abspath(d) for d in dirs),
-                                        ELFUTILS_DEBUGINFO_PATH)]
+    tail = ELFUTILS_DEBUGINFO_PATH if own_dir else ":".join(
+        d for d in ELFUTILS_DEBUGINFO_PATH.split(":") if d.startswith("/"))
+    return ["--debuginfo-path=%s" % ":".join([os.path.abspath(d) for d in dirs] + [tail])]
 
 
 ADDR_LINE_RE = re.compile(r"^0x([0-9a-f]{16})$")

@@ -5,19 +5,28 @@
  *   seccomp     a seccomp filter that kills the process on clone/fork/vfork/execve, then
  *               exits 0 (a scan at exit must not get it killed)
  *   rlimit      RLIMIT_AS a little above what it uses, then exits 0
+ *   fakelibc D  maps D/libc.so.6 (made empty), then, in a mount namespace of its own, mounts
+ *               the FIFO D/fifo over that name, and leaves a joined thread's stack in
+ *               glibc's cache (a scan then reads glibc's thread layout from "libc");
+ *               waits for SIGTERM
  * Prints "ready" when set; exits 0 (status 3 if a child was not reaped right). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -53,9 +62,40 @@ static void *holder(void *arg)
     return NULL;
 }
 
+static void *quick(void *arg)
+{
+    return arg;
+}
+
+/* A mapping named D/libc.so.6 whose name, in the process's own mount namespace, now opens a
+ * FIFO: the name is the process's to choose; the scan must not block on it. */
+static int fake_libc(const char *d)
+{
+    char lib[4096], fifo[4096];
+    snprintf(lib, sizeof lib, "%s/libc.so.6", d);
+    snprintf(fifo, sizeof fifo, "%s/fifo", d);
+    int fd = open(lib, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0 || ftruncate(fd, 4096))
+        return -1;
+    /* low, so that the scan meets it before the real libc */
+    void *m = mmap((void *)0x200000000, 4096, PROT_READ, MAP_PRIVATE | MAP_FIXED_NOREPLACE,
+                   fd, 0);
+    close(fd);
+    if (m == MAP_FAILED || mkfifo(fifo, 0600) || unshare(CLONE_NEWNS) ||
+        mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) ||
+        mount(fifo, lib, NULL, MS_BIND, NULL))
+        return -1;
+    pthread_t t;
+    if (pthread_create(&t, NULL, quick, NULL) || pthread_join(t, NULL))
+        return -1;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
+        return 2;
+    if (!strcmp(argv[1], "fakelibc") && (argc < 3 || fake_libc(argv[2])))
         return 2;
     term_ends_wait();
     g_kept = target();
@@ -114,6 +154,10 @@ int main(int argc, char **argv)
             prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog))
             return 2;
         say_ready();
+        return 0;
+    }
+    if (!strcmp(argv[1], "fakelibc")) {
+        ready_until_term();
         return 0;
     }
     if (!strcmp(argv[1], "rlimit")) {

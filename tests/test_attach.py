@@ -721,3 +721,31 @@ def test_timeout_bounds_the_whole_command(progs, tmp_path):
     finally:
         assert t.end() == 0
     assert t.last == "bye"
+
+
+def test_status_reads_no_more_of_a_file_named_mmleak_so_than_its_symbols(tmp_path):
+    """`status` looks for mmleak.so in every process's maps, by name: any process may map a
+    file of that name (a sparse one of 8 GB here).  Only its headers and dynamic symbols
+    are read: status runs under a 2 GB address-space limit and says "state unknown"."""
+    import resource
+    fake = tmp_path / "mmleak.so"
+    with open(str(fake), "wb") as f:
+        f.write(b"\x7fELF\x02\x01\x01" + b"\0" * 57)
+        f.truncate(8 << 30)
+    p = subprocess.Popen([sys.executable, "-c",
+                          "import mmap, sys; f = open(sys.argv[1], 'rb'); "
+                          "m = mmap.mmap(f.fileno(), 4096, prot=mmap.PROT_READ); "
+                          "print('ready', flush=True); sys.stdin.read()", str(fake)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "ready\n"
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "mmleak.py"), "status"],
+                           capture_output=True, text=True, timeout=300,
+                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS,
+                                                                 (2 << 30, 2 << 30)))
+    finally:
+        p.stdin.close()
+        p.wait()
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^ *%d  loaded \(state unknown: %s has no status word\)" % (p.pid, fake),
+                     r.stdout, re.M), r.stdout

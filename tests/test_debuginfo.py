@@ -5,11 +5,13 @@ table (an exported function of a stripped library) with the offset into it."""
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 
 import pytest
 
-from conftest import TESTS, mmleak, run_traced, site_line
+from conftest import ROOT, TESTS, mmleak, run_traced, site_line
 
 # whole stacks; no reachability scan (MMLEAK_SCAN=0): these tests hold the sites of the blocks
 # not freed, and a stale pointer could leave one of them reachable, hidden by the terminal
@@ -88,6 +90,48 @@ def test_split_debug_through_gnu_debuglink(tmp_path, lib):
     os.unlink(dbg)          # the check can fail: without the file, no line
     got, _ = report_lines(dump)
     assert ("main", src, site_line(src, "g_items")) not in got
+
+
+def test_a_fifo_at_a_debug_files_name_in_a_directory_others_write(tmp_path, lib):
+    """The objects and their directories are whoever made the trace's: a FIFO at the
+    .gnu_debuglink name beside a stripped program (or in its .debug) would hang elfutils'
+    search, a blocking open, and the report of whoever reads the trace (root's, of another
+    user's trace in /tmp).  An object in a directory others can write is given to elfutils
+    as a descriptor, and its directory is not searched: the report ends, the site
+    unresolved; a debug file there is not used either (found by build id, not by name)."""
+    d = tmp_path / "bin"
+    (d / ".debug").mkdir(parents=True)
+    exe = str(d / "prog")
+    subprocess.run(["cc", "-O2", "-g", "-Wl,--build-id=none", "-o", exe,
+                    os.path.join(TESTS, "wrap_glib.c")], check=True)
+    subprocess.run(["objcopy", "--only-keep-debug", exe, str(d / "prog.dbg")], check=True)
+    subprocess.run(["strip", "--strip-all", exe], check=True)
+    subprocess.run(["objcopy", "--add-gnu-debuglink=" + str(d / "prog.dbg"), exe], check=True)
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    run_traced([exe], dump, env=WHOLE)
+    src = "wrap_glib.c"
+    site = ("main", src, site_line(src, "g_items"))
+    got, _ = report_lines(dump)
+    assert got[site] == (4, 96)         # the debug file beside it: found (elfutils' search)
+    os.chmod(str(d), 0o777)             # anybody may now put a name there
+    got, rep = report_lines(dump)
+    assert site not in got
+    os.unlink(str(d / "prog.dbg"))
+    fifos = [str(d / "prog.dbg"), str(d / ".debug" / "prog.dbg")]
+    for f in fifos:
+        os.mkfifo(f)
+    p = subprocess.Popen([sys.executable, os.path.join(ROOT, "mmleak.py"), "report",
+                          str(dump), "--no-html"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=120)       # (only if it hangs)
+    finally:
+        if p.returncode is None:        # hung (without the fix): it and its eu-addr2line
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert (p.returncode, err) == (0, "")
+    assert "prog+0x" in out and src not in out
 
 
 LIB_SRC = r"""

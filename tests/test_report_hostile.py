@@ -468,3 +468,86 @@ def test_an_ended_file_takes_no_lines_from_a_staging_file_of_its_name(tmp_path):
     got = mmleak.shrink_files([str(out)])
     assert sorted(a.size for a in got.survivors()) == [16] * 4
     assert not got.problems.malformed
+
+
+# What a terminal acts on: ESC (C0), CSI as one character (C1, U+009B), a right-to-left
+# override (U+202E): written by whoever made the trace's files, in its command line, its
+# title, the paths of its maps file (the module a call site is shown in).
+HOSTILE_TEXT = [b"\x1b]0;PWNED\x07", b"\x1b[2J", "\u009b31m".encode(), "\u202e".encode()]
+RAW_UNSAFE = [b"\x1b", b"\x07", "\u009b".encode(), "\u202e".encode()]
+
+
+def test_names_from_a_trace_reach_the_terminal_escaped(tmp_path):
+    bad = b"".join(HOSTILE_TEXT)
+    (tmp_path / "mmleak.79.0.out").write_bytes(
+        b"#mmleak 2 id=79 pid=79 tid=79 file=0 depth=2 start=1700000000\n#cmd ./x" + bad +
+        b"\n#s 11111111111 400010 500010\n1000 0 64 0 @11111111111\n#title t=1 T" + bad +
+        b"\n#end\n")
+    (tmp_path / "mmleak.79.maps").write_bytes(
+        b"400000-401000 r-xp 00000000 fe:00 0    /nonexistent/m" + bad + b"\n"
+        b"500000-501000 r-xp 00000000 fe:00 0    /nonexistent/n" + bad + b"\n")
+    outs = []
+    for args in (["report", str(tmp_path), "--no-html"],
+                 ["report", str(tmp_path), "--no-html", "--check", "--leak-kinds", "all"],
+                 ["symbolize", "--maps", str(tmp_path / "mmleak.79.maps"), "400010"],
+                 ["report", str(tmp_path / "gone").encode() + bad]):
+        p = subprocess.run([PY, MMLEAK] + args, capture_output=True)
+        assert b"Traceback" not in p.stderr
+        outs.append(p.stdout + p.stderr)
+    for o in outs:
+        assert not [c for c in RAW_UNSAFE if c in o], o
+    text = b"".join(outs).decode()
+    assert "\\x1b]0;PWNED\\x07\\x1b[2J\\x9b31m\\u202e" in text
+    assert "m\\x1b]0;PWNED\\x07\\x1b[2J\\x9b31m\\u202e+0x10" in outs[0].decode()
+    assert "T\\x1b]0;PWNED" in outs[0].decode() and "./x\\x1b]0;PWNED" in outs[0].decode()
+    assert "check FAILED: trace 79 (./x\\x1b]0;PWNED" in outs[1].decode()
+    assert "gone\\x1b]0;PWNED" in outs[3].decode()
+
+
+def test_the_page_at_a_traces_name_is_as_private_as_its_dump_files(tmp_path):
+    # The dump files are 0600 (mmleak.so): the page report writes beside them by default
+    # (mmleak.ID.html) shows as much (the command line, the stacks), so it is 0600 too,
+    # whatever the umask; a name the user chose that is not a trace's follows the umask.
+    (tmp_path / "mmleak.80.0.out").write_bytes(
+        b"#mmleak 2 id=80 pid=80 tid=80 file=0 depth=1 start=1700000000\n#cmd ./x --password=s\n"
+        b"1000 0 64 0 400010\n#end\n")
+    (tmp_path / "mmleak.80.maps").write_bytes(b"")
+    os.chmod(str(tmp_path / "mmleak.80.0.out"), 0o600)
+    other = tmp_path / "www"
+    other.mkdir()
+    for args, page, mode in (([], tmp_path / "mmleak.80.html", 0o600),
+                             (["-o", str(other / "mmleak.80.html")], other / "mmleak.80.html",
+                              0o600),
+                             (["-o", str(other / "page.html")], other / "page.html", 0o644)):
+        p = subprocess.run([PY, MMLEAK, "report", str(tmp_path)] + args, capture_output=True,
+                           text=True, preexec_fn=lambda: os.umask(0o022))
+        assert p.returncode == 0, p.stderr
+        assert os.stat(str(page)).st_mode & 0o777 == mode, page
+
+
+def test_a_reader_held_by_the_traces_lock_says_who_holds_it(tmp_path):
+    # The lock file is the trace owner's: the owner can hold it as long as it likes, and a
+    # reader (root's report of that trace) then waits; it says so at once, naming the
+    # holder, and reads the trace once the lock is let go.
+    import fcntl
+    import select
+    (tmp_path / "mmleak.81.0.out").write_bytes(
+        b"#mmleak 2 id=81 pid=81 tid=81 file=0 depth=1 start=1700000000\n#cmd ./x\n"
+        b"1000 0 64 0 400010\n#end\n")
+    (tmp_path / "mmleak.81.maps").write_bytes(b"")
+    fd = os.open(str(tmp_path / "mmleak.81.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        p = subprocess.Popen([PY, MMLEAK, "report", str(tmp_path), "--no-html"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ready = select.select([p.stderr], [], [], 60)[0]    # (only if it never says it)
+        said = p.stderr.readline() if ready else ""
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+    out, err = p.communicate(timeout=60)
+    assert said == ("mmleak.py: trace 81: waiting for its lock %s, held by pid %d (%s)\n"
+                    % (tmp_path / "mmleak.81.lock", os.getpid(),
+                       open("/proc/self/comm").read().strip()))
+    assert (p.returncode, err) == (0, "")
+    assert "100 B in 1 blocks not freed" in out

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -511,6 +512,31 @@ def test_scan_500_threads(hostile_bin, dump):
     first = sorted(scan.scan_files(str(dump), only_trace(dump)))[0]
     assert scan.read_scan(first).threads == 501
     assert target_kinds(dump, first) == {"reachable": 501, "definite": 1}
+
+
+def test_scan_of_a_process_whose_libc_name_is_a_fifo(hostile_bin, dump, tmp_path):
+    """The names in a process's maps are the process's: one named libc.so.6 that opens a
+    FIFO in its mount namespace (mounted over it) never blocks the scan (which reads
+    glibc's thread layout from it): the scan ends, exact, and so does the process."""
+    d = tmp_path / "lib"
+    d.mkdir()
+    p = start(hostile_bin, dump, "fakelibc", str(d))
+    fifo = "/proc/%d/root%s/libc.so.6" % (p.pid, d)
+    try:
+        assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "mmleak.py"), "scan",
+                            "--quiet", str(p.pid)], capture_output=True, text=True,
+                           timeout=120, start_new_session=True)     # (only if it hangs)
+        assert r.returncode == 0, r.stderr
+    finally:
+        try:                            # a scanner blocked on it (without the fix): let go
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+        assert stop(p) == 0
+    from mmleaklib import scan
+    first = sorted(scan.scan_files(str(dump), only_trace(dump)))[0]
+    assert target_kinds(dump, first) == {"reachable": 1, "definite": 1}
 
 
 def test_scan_forking_process(hostile_bin, dump):

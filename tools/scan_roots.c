@@ -92,15 +92,36 @@ static int gnu_lookup(int fd, const Elf64_Shdr *gh, const uint32_t *tab, const E
     }
 }
 
+/* A descriptor of PATH, read-only, if it is a regular file; -1 otherwise, having opened
+ * nothing else: the path is the traced process's (a name in its maps, in its mount
+ * namespace), and a FIFO mounted there would block the scan, a device be opened (opening
+ * /dev/watchdog starts its timer).  Looked up with O_PATH, which opens nothing, checked,
+ * then opened through /proc/self/fd. */
+static int open_regular(const char *path)
+{
+    int o = open(path, O_PATH | O_CLOEXEC);
+    if (o < 0)
+        return -1;
+    struct stat st;
+    int fd = -1;
+    if (!fstat(o, &st) && S_ISREG(st.st_mode)) {
+        char self[64];
+        snprintf(self, sizeof self, "/proc/self/fd/%d", o);
+        fd = open(self, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    }
+    close(o);
+    return fd;
+}
+
 int mml_pthread_layout(int pid, const char *path, struct mml_pthread_layout *l)
 {
     static const char *const want[] = { "_thread_db_sizeof_pthread", "_thread_db_pthread_tid",
                                         "_thread_db_pthread_cancelhandling" };
     char p[4096 + 64];
     snprintf(p, sizeof p, "/proc/%d/root%s", pid, path);
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    int fd = open_regular(p);
     if (fd < 0)
-        fd = open(path, O_RDONLY | O_CLOEXEC);
+        fd = open_regular(path);
     if (fd < 0)
         return -1;
     int rc = -1;

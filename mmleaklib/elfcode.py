@@ -7,7 +7,9 @@
   evidence that makes it an allocation wrapper (sites.find_wrappers, docs/wrappers.rst).
 
 The ELF headers are read with the standard library; the instructions with objdump (binutils),
-one run per function, which is optional: without objdump no function is found to be a wrapper.
+which is optional: without objdump no function is found to be a wrapper.  objdump reads the
+object's symbols again on every run, so the functions a pass of find_wrappers will ask about
+are read ahead, those near each other in one run (read_ahead, disassemble_many).
 """
 import bisect
 import functools

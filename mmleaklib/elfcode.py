@@ -426,28 +426,40 @@ def _objdump(path, start, end, wanted=None):
         else:
             union.append([s, e])
     bounds = {a for r in wanted or [(start, end)] for a in r}
-    out, starts, k = [], set(), 0
-    for line in r.stdout.splitlines():
-        head, tab, text = line.partition(":\t")     # an instruction: "  e6060:\tpush r15"
-        if not tab:
-            continue
-        try:
-            a = int(head, 16)
-        except ValueError:
-            continue
-        if a in bounds:
-            starts.add(a)
-        while k < len(union) and a >= union[k][1]:
-            k += 1
-        if k == len(union) or a < union[k][0]:
-            continue
-        words = text.split("#", 1)[0].split(None, 1)
-        while words and words[0] in PREFIXES:
-            words = words[1].split(None, 1) if len(words) > 1 else []
-        if not words:
-            continue
-        ops = _operands(words[1].strip()) if len(words) > 1 else []
-        out.append((a, words[0], tuple(ops)))
+    out, starts, t, pos = [], set(), r.stdout, 0
+    for us, ue in union:
+        # to the line of the instruction at US ("   e6060:\tpush r15"), found fast; else
+        # (no instruction starts there) every line on from POS is looked at
+        key, at = "%x:\t" % us, pos
+        while True:
+            at = t.find(key, at)
+            if at < 0 or at == 0 or t[at - 1] in " \n":
+                break
+            at += 1
+        at = t.rfind("\n", 0, at) + 1 if at > pos else pos
+        while at < len(t):
+            nl = t.find("\n", at)
+            nl = len(t) if nl < 0 else nl
+            head, tab, text = t[at:nl].partition(":\t")
+            if tab:
+                try:
+                    a = int(head, 16)
+                except ValueError:
+                    a = None
+                if a is not None:
+                    if a in bounds:
+                        starts.add(a)
+                    if a >= ue:
+                        break               # the next range starts on this line or after
+                    if a >= us:
+                        words = text.split("#", 1)[0].split(None, 1)
+                        while words and words[0] in PREFIXES:
+                            words = words[1].split(None, 1) if len(words) > 1 else []
+                        if words:
+                            ops = _operands(words[1].strip()) if len(words) > 1 else []
+                            out.append((a, words[0], tuple(ops)))
+            at = nl + 1
+        pos = at
     return tuple(out), starts
 
 

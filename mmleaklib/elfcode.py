@@ -7,7 +7,9 @@
   evidence that makes it an allocation wrapper (sites.find_wrappers, docs/wrappers.rst).
 
 The ELF headers are read with the standard library; the instructions with objdump (binutils),
-one run per function, which is optional: without objdump no function is found to be a wrapper.
+which is optional: without objdump no function is found to be a wrapper.  objdump reads the
+object's symbols again on every run, so the functions a pass of find_wrappers will ask about
+are read ahead, those near each other in one run (read_ahead, disassemble_many).
 """
 import bisect
 import functools
@@ -338,7 +340,6 @@ RETURNS_FIRST = re.compile(r"^(?:__)?(?:memset|memcpy|memmove|strcpy|strcat|wmem
                            r"(?:_chk)?(?:@plt)?$")
 # allocators that hand their block back through a pointer (the first argument)
 OUT_PARAM = re.compile(r"^(?:posix_memalign)(?:@plt)?$")
-INSN_RE = re.compile(r"^\s*([0-9a-f]+):\s+(.*)$")
 PREFIXES = {"bnd", "notrack", "rep", "repz", "repe", "repnz", "repne", "lock", "data16", "cs",
             "ds", "addr32"}
 MEM_RE = re.compile(r"^(?:[A-Z]+ PTR )?(?:[a-z]s:)?\[(r[sb]p)(?:([+-])0x([0-9a-f]+))?\]$")
@@ -346,40 +347,125 @@ TARGET_RE = re.compile(r"^([0-9a-f]+)(?: <([^>]*)>)?$")
 MAX_STEPS = 4000
 
 
-@functools.lru_cache(maxsize=1024)
+_code = {}                      # (path, start, end) -> _disassemble's answer
+# ranges of one object closer than this are read in one objdump run: objdump reads the
+# object's symbols again on every run (about as long as disassembling this many bytes)
+SPAN_GAP = 64 * 1024
+SPAN_MAX = 1024 * 1024
+
+
 def _disassemble(path, start, end):
     """[(address, mnemonic, [operands])] of PATH's code in [START, END) (cached: a function
-    is read for its return addresses and for its callers')."""
+    is read for its return addresses and for its callers'), or None."""
+    key = (path, start, end)
+    if key not in _code:
+        disassemble_many(path, [(start, end)])
+    return _code[key]
+
+
+def read_ahead(path, offsets, debug_dirs=()):
+    """Read the code of the functions around file offsets OFFSETS of PATH (return addresses
+    hands_back or uses_result will be asked about) into the cache, in few objdump runs
+    (disassemble_many): the same answers as reading each when asked, at a fraction of the
+    cost."""
+    e = elf(path, debug_dirs)
+    if e is None:
+        return
+    fns = (e.code_at(v) for v in map(e.vaddr, offsets) if v is not None)
+    disassemble_many(path, [fn[:2] for fn in fns if fn is not None])
+
+
+def disassemble_many(path, ranges):
+    """Read the code of PATH's functions RANGES ([(start, end)]) into the cache, in as few
+    objdump runs as the ranges allow: ranges near each other are read as one span and the
+    output cut at their bounds.  A range is cut only when an instruction starts at each of
+    its bounds in the span's output (the span decodes as a run of the range alone would);
+    else it is read by itself."""
+    todo = sorted({r for r in ranges if (path,) + tuple(r) not in _code})
+    spans = []
+    for s, e in todo:
+        if spans and s - spans[-1][1] <= SPAN_GAP and e - spans[-1][0] <= SPAN_MAX:
+            spans[-1][1] = max(spans[-1][1], e)
+            spans[-1][2].append((s, e))
+        else:
+            spans.append([s, e, [(s, e)]])
+    for s, e, rs in spans:
+        code, starts = _objdump(path, s, e, rs)
+        if len(rs) == 1:
+            _code[(path, s, e)] = code
+            continue
+        addrs = [a for a, _, _ in code or ()]
+        for rs_, re_ in rs:
+            if code and rs_ in starts and (re_ in starts or re_ == e):
+                _code[(path, rs_, re_)] = code[bisect.bisect_left(addrs, rs_):
+                                               bisect.bisect_left(addrs, re_)]
+            else:
+                _code[(path, rs_, re_)] = _objdump(path, rs_, re_)[0]
+
+
+def _objdump(path, start, end, wanted=None):
+    """One objdump run over [START, END) of PATH, the place the instructions are read: (the
+    instructions or None, the addresses among WANTED's bounds where one starts).  Only the
+    lines in WANTED ([(start, end)], sorted; default the whole span) are parsed.  -z: runs
+    of zero bytes are shown as instructions, as a run over any range shows them."""
     exe = shutil.which("objdump")
     if not exe:
-        return None
+        return None, set()
     try:
         fd = files.open_regular(path)   # a name from a maps file: nothing but a regular file
     except OSError:
-        return None
+        return None, set()
     try:
-        r = subprocess.run([exe, "-d", "-M", "intel", "--no-show-raw-insn", "-w",
+        r = subprocess.run([exe, "-d", "-z", "-M", "intel", "--no-show-raw-insn", "-w",
                             "--start-address=0x%x" % start, "--stop-address=0x%x" % end,
                             "/proc/self/fd/%d" % fd], pass_fds=(fd,),
                            capture_output=True, text=True, errors="replace", timeout=60)
     except (OSError, subprocess.SubprocessError):
-        return None
+        return None, set()
     finally:
         os.close(fd)
-    out = []
-    for line in r.stdout.splitlines():
-        m = INSN_RE.match(line)
-        if not m:
-            continue
-        text = m.group(2).split("#", 1)[0].strip()
-        words = text.split(None, 1)
-        while words and words[0] in PREFIXES:
-            words = words[1].split(None, 1) if len(words) > 1 else []
-        if not words:
-            continue
-        ops = _operands(words[1]) if len(words) > 1 else []
-        out.append((int(m.group(1), 16), words[0], tuple(ops)))
-    return tuple(out)
+    union = []                          # WANTED's ranges merged, to skip the rest fast
+    for s, e in wanted or [(start, end)]:
+        if union and s <= union[-1][1]:
+            union[-1][1] = max(union[-1][1], e)
+        else:
+            union.append([s, e])
+    bounds = {a for r in wanted or [(start, end)] for a in r}
+    out, starts, t, pos = [], set(), r.stdout, 0
+    for us, ue in union:
+        # to the line of the instruction at US ("   e6060:\tpush r15"), found fast; else
+        # (no instruction starts there) every line on from POS is looked at
+        key, at = "%x:\t" % us, pos
+        while True:
+            at = t.find(key, at)
+            if at < 0 or at == 0 or t[at - 1] in " \n":
+                break
+            at += 1
+        at = t.rfind("\n", 0, at) + 1 if at > pos else pos
+        while at < len(t):
+            nl = t.find("\n", at)
+            nl = len(t) if nl < 0 else nl
+            head, tab, text = t[at:nl].partition(":\t")
+            if tab:
+                try:
+                    a = int(head, 16)
+                except ValueError:
+                    a = None
+                if a is not None:
+                    if a in bounds:
+                        starts.add(a)
+                    if a >= ue:
+                        break               # the next range starts on this line or after
+                    if a >= us:
+                        words = text.split("#", 1)[0].split(None, 1)
+                        while words and words[0] in PREFIXES:
+                            words = words[1].split(None, 1) if len(words) > 1 else []
+                        if words:
+                            ops = _operands(words[1].strip()) if len(words) > 1 else []
+                            out.append((a, words[0], tuple(ops)))
+            at = nl + 1
+        pos = at
+    return tuple(out), starts
 
 
 def _operands(s):

@@ -299,6 +299,16 @@ class CodeReader:
         path, why = self._path(fr)
         return elfcode.uses_result(path, fr.offset, self.debug_dirs) if path else (None, why)
 
+    def read_ahead(self, frs):
+        """Read the code around the frames FRS ahead, in few runs (elfcode.read_ahead)."""
+        by_path = {}
+        for fr in frs:
+            path, _ = self._path(fr)
+            if path:
+                by_path.setdefault(path, []).append(fr.offset)
+        for path, offsets in sorted(by_path.items()):
+            elfcode.read_ahead(path, offsets, self.debug_dirs)
+
     def function_name(self, fr):
         """'module+0xSTART' for the function without a symbol around FR (a static function
         of a stripped object, read between its .eh_frame bounds), or None."""

@@ -126,9 +126,7 @@ def find_wrappers(stacks, frames, wrappers, code):
     def known(fr):
         return is_runtime(fr) or fr in wrappers or (fr is not None and fr.addr in passing)
 
-    changed = True
-    while changed:
-        changed = False
+    def candidates():
         for st in stacks:
             for j, c in enumerate(st):
                 fr = frames.get(c)
@@ -141,6 +139,18 @@ def find_wrappers(stacks, frames, wrappers, code):
             below = frames.get(st[j - 1]) if j else None
             if j and not (below in wrappers or below.addr in passing):
                 continue            # called the runtime for something else (stdio, qsort)
+            yield c, fr
+
+    changed = True
+    while changed:
+        changed = False
+        if hasattr(code, "read_ahead"):
+            # the code of this pass's candidates and their callers, in few objdump runs
+            ahead = {c: fr for c, fr in candidates()}
+            ahead.update((u, frames.get(u)) for c in list(ahead) for u in above.get(c, ())
+                         if u not in used)
+            code.read_ahead(fr for fr in ahead.values() if fr is not None and fr.module)
+        for c, fr in candidates():
             ok, how = code.hands_back(fr)
             if ok:
                 ok, why = callers_use(c)

@@ -204,3 +204,49 @@ def test_wrappers_of_a_stripped_program(progs, tmp_path, name):
         start = symbols.vaddr(int(f.name.split("+0x")[1], 16))
         names.add(symbols.function_at(start)[2])
     assert names == FOUND[name]
+
+
+@pytest.mark.parametrize("strip", [False, True])
+def test_batched_disassembly_is_exact(progs, tmp_path, monkeypatch, strip):
+    """The code read ahead in few objdump runs (elfcode.disassemble_many: spans cut at the
+    functions' bounds) is exactly the code read one run per function, for every function of
+    the test programs (their symbols' bounds, or, stripped, their .eh_frame entries'), and
+    for bounds inside an instruction (which a span's output cannot be cut at: read alone)."""
+    import shutil
+    from mmleaklib import elfcode
+    runs = []
+    objdump = elfcode._objdump
+
+    def counted(*a):
+        runs.append(a)
+        return objdump(*a)
+    monkeypatch.setattr(elfcode, "_objdump", counted)
+    for name, prog in sorted(progs.items()):
+        del runs[:]
+        path = str(tmp_path / name)
+        shutil.copy(prog, path)
+        if strip:
+            subprocess.run(["strip", "--strip-all", path], check=True)
+        e = elfcode.Elf(path)
+        ranges = [(s, t) for s, t, _ in e.funcs if t > s + 1] if not strip else e._read_fdes()
+        assert len(ranges) >= 4
+        # bounds inside an instruction (one of two bytes or more): in no span's output
+        odd = []
+        for s, t in ranges:
+            addrs = [a for a, _, _ in objdump(path, s, t)[0]] + [t]
+            inside = next(a + 1 for a, b in zip(addrs, addrs[1:]) if b > a + 1)
+            odd += [(inside, t), (s, inside)]
+        elfcode._code.clear()
+        del runs[:]
+        elfcode.disassemble_many(path, ranges)
+        # a small program: one span, and a few ranges read alone (a size-0 symbol's, the
+        # PLT's, whose bounds are not where an instruction of the span starts)
+        assert len(runs) < len(ranges) / 2, (name, len(runs), len(ranges))
+        first = len(runs)
+        elfcode.disassemble_many(path, odd)
+        assert len(runs) == first + 1 + len(odd), (name, len(runs), len(odd))  # each alone
+        batched = {r: elfcode._code[(path,) + tuple(r)] for r in ranges + odd}
+        for r, code in batched.items():
+            alone = objdump(path, r[0], r[1])[0]
+            assert code is not None and code == alone, (name, r)
+    elfcode._code.clear()

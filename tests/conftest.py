@@ -156,6 +156,29 @@ def dump(tmp_path):
     return d
 
 
+# Tests that must not share the machine with each other when the suite runs in parallel
+# (make check: pytest-xdist, --dist loadgroup, docs/testing.rst): every test of the box (one
+# systemd-nspawn machine per worker would boot for nothing, and the .deb's install and purge
+# compare the box's whole file list) runs on one worker, in one group.
+SERIAL_FIXTURES = {"box": "box"}
+
+
+def pytest_configure(config):
+    # xdist registers it too; without xdist the marker is only a label
+    config.addinivalue_line("markers", "xdist_group(name): tests run on one worker, in turn")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Put each test using a fixture of SERIAL_FIXTURES in that fixture's xdist group (a
+    marker without effect when the suite runs in one process). tryfirst: before xdist reads
+    the groups in the same hook."""
+    for item in items:
+        for fixture, group in SERIAL_FIXTURES.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def box():
     """A machine running the host's systemd as PID 1 (tests/nspawn_box.py: systemd-nspawn on

@@ -81,8 +81,8 @@ debug:
 	$(MAKE) B=build/debug/obj OUT=build/debug OPT="-O0 -g3" all
 
 # The tests run on JOBS workers (pytest-xdist, Debian's python3-pytest-xdist: -n auto, one a
-# core) when xdist is there, the tests of one machine-wide resource in turn on one worker
-# (--dist loadgroup; tests/conftest.py's SERIAL_FIXTURES); without xdist, or with JOBS=1, in
+# core) when xdist is there, each module on one worker, the box's modules together
+# (--dist loadgroup: one group a module, tests/conftest.py); without xdist, or with JOBS=1, in
 # one process, one after the other (docs/testing.rst).
 JOBS ?= auto
 XDIST = $(if $(filter-out 1,$(JOBS)),$(if $(shell $(PYTHON) -c 'import xdist' 2>/dev/null && \

@@ -80,8 +80,16 @@ debug:
 	@mkdir -p build/debug
 	$(MAKE) B=build/debug/obj OUT=build/debug OPT="-O0 -g3" all
 
+# The tests run on JOBS workers (pytest-xdist, Debian's python3-pytest-xdist: -n auto, one a
+# core) when xdist is there, each module on one worker, the box's modules together
+# (--dist loadgroup: one group a module, tests/conftest.py); without xdist, or with JOBS=1, in
+# one process, one after the other (docs/testing.rst).
+JOBS ?= auto
+XDIST = $(if $(filter-out 1,$(JOBS)),$(if $(shell $(PYTHON) -c 'import xdist' 2>/dev/null && \
+	  echo y),-n $(JOBS) --dist loadgroup))
 check: all
-	$(PYTHON) -m pytest -q tests
+	$(if $(XDIST),,@echo "make check: no pytest-xdist for $(PYTHON) (or JOBS=1): the tests run one at a time")
+	$(PYTHON) -m pytest -q $(XDIST) tests
 
 bench: all
 	$(PYTHON) bench/run.py

@@ -76,7 +76,13 @@ def mm():
 
 @pytest.fixture(scope="session")
 def lib():
-    subprocess.run(["make", "-s", "-C", ROOT, "mmleak.so", "mmleak-tools.so"], check=True)
+    # one make at a time: the workers of a parallel run (make check) would otherwise compile
+    # the same objects at once in a tree not built yet
+    import fcntl
+    os.makedirs(os.path.join(ROOT, "build"), exist_ok=True)
+    with open(os.path.join(ROOT, "build", ".tests-make.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run(["make", "-s", "-C", ROOT, "mmleak.so", "mmleak-tools.so"], check=True)
     return LIB
 
 
@@ -154,6 +160,43 @@ def dump(tmp_path):
     d = tmp_path / "dumps"
     d.mkdir()
     return d
+
+
+# How the suite runs in parallel (make check: pytest-xdist, --dist loadgroup; see
+# docs/testing.rst, RUNNING): each module is one xdist group, run by one worker in the order
+# of a serial run, so that its module fixtures (programs compiled, make deb) are made once
+# and its tests meet each other as they always did; the modules with a test of the box (a
+# systemd-nspawn machine: test_systemd.py, test_deb.py) are one group, so that one box boots.
+BOX_GROUP = "box"
+# the modules that take longest (figures in docs/testing.rst) go to the workers first, so
+# that no long one is left to run alone at the end; the others follow in their usual order
+LONGEST_FIRST = [BOX_GROUP, "test_attach.py", "test_scan.py", "test_install.py",
+                 "test_compact.py", "test_shrink_native.py", "test_inject.py",
+                 "test_report.py", "test_flame.py", "test_compact_levels.py"]
+
+
+def pytest_configure(config):
+    # xdist registers it too; without xdist the marker is only a label
+    config.addinivalue_line("markers", "xdist_group(name): tests run on one worker, in turn")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Put each test in its module's xdist group (BOX_GROUP for the modules that use the box
+    fixture) and, in a worker of a parallel run, the groups of LONGEST_FIRST first. A marker
+    without effect when the suite runs in one process. tryfirst: before xdist reads the
+    groups in this same hook."""
+    def module(item):
+        return os.path.basename(str(item.fspath))
+    boxed = {module(i) for i in items if "box" in getattr(i, "fixturenames", ())}
+    group = {}
+    for item in items:
+        m = module(item)
+        group[item] = BOX_GROUP if m in boxed else m
+        item.add_marker(pytest.mark.xdist_group(group[item]))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {g: i for i, g in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda i: rank.get(group[i], len(rank)))     # stable
 
 
 @pytest.fixture(scope="session")

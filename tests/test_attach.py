@@ -113,28 +113,66 @@ def only_trace(dump):
     return tid
 
 
-def test_attach_leak_detach_a_hundred_times_under_load(progs, tmp_path):
-    """Four threads allocating and freeing (half across threads) as fast as they can; 100
+def mm_here(*args):
+    """mmleak.py ARGS run in this process (mmleaklib.cli.main, made to run more than once in
+    one process), no interpreter to start: its stdout (its exit status asserted 0)."""
+    import contextlib
+    import io
+    import mmleaklib.cli
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = mmleaklib.cli.main(list(args))
+    assert rc == 0, out.getvalue()
+    return out.getvalue()
+
+
+def open_files(pid):
+    """What the descriptors of process PID lead to, sorted."""
+    fd = "/proc/%d/fd" % pid
+    return sorted(os.readlink(os.path.join(fd, n)) for n in os.listdir(fd))
+
+
+def test_attach_leak_detach_thirty_times_under_load(progs, tmp_path):
+    """Four threads allocating and freeing (half across threads) as fast as they can; 30
     attach/detach cycles; in every tenth window the process leaks a known number of blocks:
-    each window reports exactly those, no event is lost or doubled, and the process ends
-    normally."""
+    each window reports exactly those, no event is lost or doubled, after every detach the
+    process holds the descriptors it had before the first attach (none of mmleak's stays
+    open), and the process ends normally.
+
+    Why 30 cycles (there were 100, the suite's slowest test at 88 s on an idle machine): no
+    state of the tracer outlives a cycle but what this test checks at every detach (its
+    files, closed and named by the cycle's trace id) and the staging mappings a detach
+    retires, unmapped at the second attach after (tracer/attach.c, unmap_retired): from the
+    third cycle on every cycle starts from the same state, so 30 give that state 28 times
+    and 3 exact windows (cycles 3, 13, 23), as 100 gave it 98 times. What more cycles would
+    add is only more draws of the same races (a thread inside mmleak at the attach or the
+    detach); those are hunted by the tests made for them (200 threads, a thread that forks
+    all the time, 300 busy threads, below).
+
+    attach and detach are mmleak.py's commands run in this process (mm_here), not a new
+    interpreter each: the window from attach to detach is where the four threads write their
+    events, hundreds of MB a second; with an interpreter to start for the detach the window
+    lasted seconds on a loaded machine (800 MB of dump a window, written and removed 30
+    times). The commands as a user types them are the other tests' (mm)."""
     t = Target([str(progs / "daemon_load"), "-c", "-t", "4"])
     try:
         assert t.line() == "churning"
+        before = open_files(t.pid)
         dump = tmp_path / "d"
         dump.mkdir()
         cmd_line = site_line("daemon_load.c", "cmd_leak")
         checked = 0
-        for cycle in range(100):
-            r = mm("attach", str(t.pid), "-d", str(dump))
-            tid = r.stdout.split("(trace ")[1].split(")")[0]
+        for cycle in range(30):
+            out = mm_here("attach", str(t.pid), "-d", str(dump))
+            tid = out.split("(trace ")[1].split(")")[0]
             if cycle % 10 == 3:
                 n = 10 + cycle
                 assert t.say("leak %d" % n) == "ok %d" % n
-            r = mm("detach", str(t.pid))
-            assert "is no longer traced (trace %s in %s)" % (tid, dump) in r.stdout
+            out = mm_here("detach", str(t.pid))
+            assert "is no longer traced (trace %s in %s)" % (tid, dump) in out
             names = [f for f in os.listdir(dump) if f.startswith("mmleak.%s." % tid)]
             assert not [f for f in names if f.endswith(".tail")], names   # closed
+            assert open_files(t.pid) == before, cycle
             if cycle % 10 == 3:
                 got, rep = window(dump, tid, "daemon_load.c")
                 sh = rep["shrinker"]
@@ -148,7 +186,7 @@ def test_attach_leak_detach_a_hundred_times_under_load(progs, tmp_path):
                 checked += 1
             shutil.rmtree(dump)
             dump.mkdir()
-        assert checked == 10
+        assert checked == 3
         assert mmleak.traced_state(t.pid) == "paused"
     finally:
         assert t.end() == 0

@@ -72,10 +72,11 @@
  * space there).  See call_return_by_syscall.
  *
  * Signals: the thread's signal mask is never changed.  A signal that reaches the thread
- * while we hold it (signal-delivery-stop) is recorded and not delivered then; at the end the
- * first one is delivered by PTRACE_DETACH with its own siginfo, any others are queued again
- * to the thread (rt_tgsigqueueinfo with their siginfo when the kernel allows it, that is for
- * sigqueue-like codes; tgkill otherwise).  Standard signals recorded twice count once (the
+ * while we hold it (signal-delivery-stop) is recorded and not delivered then (however many:
+ * see record); at the end the first one is delivered by PTRACE_DETACH with its own siginfo,
+ * the others, in the order they came, are queued again to the thread (rt_tgsigqueueinfo with
+ * their siginfo when the kernel allows it, that is for sigqueue-like codes; tgkill
+ * otherwise).  Standard signals recorded twice count once (the
  * kernel merges them the same way).  A fault (SIGSEGV, SIGBUS... from the kernel) that the
  * thread takes before the call is delivered at once and the thread let go.
  *
@@ -160,6 +161,9 @@
  *    libraries above (an application lock around an allocation: the call waits on it) costs
  *    the call the steps of "Holding the busy threads" (up to about 0.5 s more) before all are
  *    let go; then the call runs beside them as it would have without holding.
+ *  - Each signal that comes during the calls costs a stop and a resume of the thread: a
+ *    sender queueing signals without pause leaves the calls no time to run (-7 at the
+ *    timeout; the signals are all delivered when the thread is let go).
  *  - The kernel keeps one restart record per thread for an interrupted nanosleep, poll or
  *    futex wait with timeout.  If the hijacked thread was in one, and a signal, a stop or
  *    the timeout interrupted such a sleep inside the call too, the thread's own sleep is
@@ -392,22 +396,37 @@ static void clear_bp(struct inj *c)
     c->bp_set = 0;
 }
 
-static void record(struct inj *c, const siginfo_t *si)
-{
-    if (si->si_signo < SIGRTMIN)
-        for (int i = 0; i < c->nrec; i++)
-            if (c->recs[i].si_signo == si->si_signo)
-                return;
-    if (c->nrec < MAX_RECS)
-        c->recs[c->nrec++] = *si;
-}
-
 static void requeue(struct inj *c, const siginfo_t *si)
 {
     if (si->si_code < 0 && si->si_code != SI_TKILL &&
         syscall(SYS_rt_tgsigqueueinfo, c->pid, c->tid, si->si_signo, si) == 0)
         return;
     syscall(SYS_tgkill, c->pid, c->tid, si->si_signo);
+}
+
+/* A signal the thread got while we hold it (taken from the kernel's queue by its
+ * signal-delivery-stop, which we resume without it): kept, in order, for release.  No
+ * bound but memory: a stream of real-time signals during a slow call is hundreds (a fixed
+ * 64 once dropped the rest: 75 of 248 lost under load).  Should memory run out, it is
+ * queued to the thread again at once: never lost (though ahead of those kept), but the
+ * thread then stops for it at every resume (the call makes no progress and times out). */
+static void record(struct inj *c, const siginfo_t *si)
+{
+    if (si->si_signo < SIGRTMIN)
+        for (int i = 0; i < c->nrec; i++)
+            if (c->recs[i].si_signo == si->si_signo)
+                return;
+    if (c->nrec == c->caprec) {
+        int cap = c->caprec ? 2 * c->caprec : 64;
+        siginfo_t *n = realloc(c->recs, cap * sizeof *n);
+        if (!n) {
+            requeue(c, si);
+            return;
+        }
+        c->recs = n;
+        c->caprec = cap;
+    }
+    c->recs[c->nrec++] = *si;
 }
 
 /* PTRACE_DETACH of thread TID (stopped), with SIG; if it is no longer stopped (killed: its
@@ -1446,6 +1465,7 @@ static int inject_call(int pid, const char *lib, const char *func, const char *a
     free(c->ldx);
     free(c->libx);
     free(c->held);
+    free(c->recs);
     return code;
 }
 

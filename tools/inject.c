@@ -71,9 +71,13 @@
  * system call is then restarted by hand, as the kernel would: no signal goes to user
  * space there).  See call_return_by_syscall.
  *
- * Signals: the thread's signal mask is never changed.  A signal that reaches the thread
- * while we hold it (signal-delivery-stop) is recorded and not delivered then (however many:
- * see record); at the end the first one is delivered by PTRACE_DETACH with its own siginfo,
+ * Signals: during the calls, the thread blocks every signal but SIGSEGV and SIGTRAP (those
+ * two as it had them): the others wait in the kernel's queues meanwhile, with their siginfo
+ * and order, and a stream of them cannot starve the calls (each would stop the thread before
+ * it ran an instruction: a sender in a loop left dlopen no time at all); its mask is put
+ * back before it is let go.  A signal that reaches the thread while we hold it otherwise
+ * (signal-delivery-stop: before the calls, or SIGSEGV/SIGTRAP sent during them) is recorded
+ * and not delivered then (however many: see record); at the end the first one is delivered by PTRACE_DETACH with its own siginfo,
  * the others, in the order they came, are queued again to the thread (rt_tgsigqueueinfo with
  * their siginfo when the kernel allows it, that is for sigqueue-like codes; tgkill
  * otherwise).  Standard signals recorded twice count once (the
@@ -147,12 +151,14 @@
  *  - LIB must exist at the same path inside the target's root directory (a container).
  *  - A thread blocked in a system call inside a signal handler that interrupted malloc
  *    cannot be told apart: dlopen would then wait for itself (-7 after the timeout).
- *  - FUNC runs on the hijacked thread with its signal mask and TLS; it must not need locks
+ *  - FUNC runs on the hijacked thread with its TLS and every signal but SIGSEGV and SIGTRAP
+ *    blocked (a thread it creates inherits that mask); it must not need locks
  *    that thread may hold (stdio locks of a stream it reads, application locks).
  *  - If this process dies while a call runs in the target, the call returns to address 0
  *    untraced and the target gets SIGSEGV.  If a stopped thread cannot be brought back
  *    (a thread that entered D state for more than the timeout + 5 s), it stays traced by
- *    this process until this process exits (the kernel then lets it go): callers that stay
+ *    this process until this process exits (the kernel then lets it go; if it was in the
+ *    calls, with every signal but SIGSEGV and SIGTRAP blocked): callers that stay
  *    alive may want to run this in a child process.
  *  - A running thread is stopped as a debugger stops it: one that enters a system call just
  *    as it is interrupted (microseconds after it was seen running) sees the call end as
@@ -161,9 +167,6 @@
  *    libraries above (an application lock around an allocation: the call waits on it) costs
  *    the call the steps of "Holding the busy threads" (up to about 0.5 s more) before all are
  *    let go; then the call runs beside them as it would have without holding.
- *  - Each signal that comes during the calls costs a stop and a resume of the thread: a
- *    sender queueing signals without pause leaves the calls no time to run (-7 at the
- *    timeout; the signals are all delivered when the thread is let go).
  *  - The kernel keeps one restart record per thread for an interrupted nanosleep, poll or
  *    futex wait with timeout.  If the hijacked thread was in one, and a signal, a stop or
  *    the timeout interrupted such a sleep inside the call too, the thread's own sleep is
@@ -478,6 +481,9 @@ static void release(struct inj *c)
             ptrace(PTRACE_SETFPREGS, tid, 0, &c->fpregs);
         }
     }
+    if (c->mask_set && ptrace(PTRACE_SETSIGMASK, tid, (void *)sizeof c->mask_saved,
+                              &c->mask_saved) == 0)
+        c->mask_set = 0;
     int sig = 0;
     if (c->at_sysexit)
         c->in_sigstop = 0;      /* a system call stop: the signals are all queued again */
@@ -1156,7 +1162,7 @@ static int attempt(struct inj *c, int tid, const char *func, const char *arg, lo
 {
     c->tid = tid;
     c->nrec = 0;
-    c->in_sigstop = c->modified = c->clobbered = 0;
+    c->in_sigstop = c->modified = c->clobbered = c->mask_set = 0;
     int hi = held_index(c, tid);
     if (hi >= 0) {
         adopt(c, hi); /* already stopped */
@@ -1294,6 +1300,15 @@ static int attempt(struct inj *c, int tid, const char *func, const char *arg, lo
         c->xlen = iov.iov_len;
     } else if (ptrace(PTRACE_GETFPREGS, tid, 0, &c->fpregs) == 0) {
         c->xkind = 2;
+    }
+    /* During the calls every signal but the two a call may end with (as the thread had
+     * them) is blocked: the others then wait in the kernel's queues, siginfo and order
+     * intact, and a stream of them cannot starve the calls (each one would stop the thread
+     * before it runs an instruction); release restores the mask. */
+    if (ptrace(PTRACE_GETSIGMASK, tid, (void *)sizeof c->mask_saved, &c->mask_saved) == 0) {
+        uint64_t calls_mask = ~(segv | trap) | (c->mask_saved & (segv | trap));
+        c->mask_set = ptrace(PTRACE_SETSIGMASK, tid, (void *)sizeof calls_mask,
+                             &calls_mask) == 0;
     }
     *code = inject(c, func, arg, result);
     release(c);

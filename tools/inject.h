@@ -118,6 +118,8 @@ struct inj {
     struct user_fpregs_struct fpregs;
     siginfo_t *recs; /* the signals it got meanwhile, to deliver when it is let go */
     int nrec, caprec;
+    uint64_t mask_saved; /* its signal mask, while mask_set (see attempt) */
+    int mask_set;
     uint64_t sp;
     int trapsig;
     uint64_t trap_rip;

@@ -92,3 +92,17 @@ API int inject_signals(const char *arg)
     sigqueue(getpid(), SIGRTMIN, v);
     return 7;
 }
+
+/* Queues ARG SIGRTMIN+1 to its own process, with the values 1, 2... ARG, all while the
+ * injector holds the thread (each one stops it: it gets them when let go); returns how
+ * many were queued. */
+API int inject_rtburst(const char *arg)
+{
+    int n = atoi(arg), k = 0;
+    for (union sigval v = {0}; k < n; k++) {
+        v.sival_int = k + 1;
+        if (sigqueue(getpid(), SIGRTMIN + 1, v) < 0)
+            break;
+    }
+    return k;
+}

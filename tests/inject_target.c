@@ -4,7 +4,9 @@
  *   sleep SECS     one nanosleep of SECS s: "nanosleep RET ERRNO slept_enough"
  *   read           read() on stdin: "read N TEXT", with counting handlers (SA_RESTART) for
  *                  SIGUSR1, SIGUSR2, SIGRTMIN: "usr1 A usr2 B rt C values V"
- *   rtcount        read() on stdin, counting SIGRTMIN+1 (SA_RESTART): "read N TEXT rt COUNT"
+ *   rtcount        read() on stdin, counting SIGRTMIN+1 (SA_RESTART): "read N TEXT rt COUNT";
+ *                  if some came with a value (sigqueue), also "values V in order|OUT OF ORDER"
+ *                  (V the last value seen; in order: each value one more than the last)
  *   epoll          epoll_wait (no timeout) on stdin, then reads it: "epoll_wait R ERRNO"
  *                  for each return until the data came, then "read N TEXT"
  *   busy           user code only, sums 1.0 in a register until SIGUSR1: "busy same|DIFFER"
@@ -54,7 +56,16 @@ static void on_rt(int s, siginfo_t *si, void *uc)
 }
 static void on_segv(int s) { (void)s; }
 static volatile long rtcount;
-static void on_rtcount(int s) { (void)s; rtcount++; }
+static volatile int rtlast, rtdisorder;
+static void on_rtcount(int s, siginfo_t *si, void *uc)
+{
+    (void)s, (void)uc;
+    rtcount++;
+    if (si->si_code == SI_QUEUE && si->si_value.sival_int) {
+        rtdisorder |= si->si_value.sival_int != rtlast + 1;
+        rtlast = si->si_value.sival_int;
+    }
+}
 
 static void handle(int sig, void (*fn)(int))
 {
@@ -187,7 +198,11 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(mode, "rtcount")) {
-        handle(SIGRTMIN + 1, on_rtcount);
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_rtcount;
+        sa.sa_flags = SA_RESTART | SA_SIGINFO;
+        sigaction(SIGRTMIN + 1, &sa, NULL);
         char buf[256];
         ready();
         ssize_t n = read(0, buf, sizeof buf - 1);
@@ -198,6 +213,8 @@ int main(int argc, char **argv)
         buf[n] = 0;
         buf[strcspn(buf, "\n")] = 0;
         printf("read %zd %s rt %ld\n", n, buf, rtcount);
+        if (rtlast)
+            printf("values %d %s\n", rtlast, rtdisorder ? "OUT OF ORDER" : "in order");
         return 0;
     }
     if (!strcmp(mode, "epoll")) {

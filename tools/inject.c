@@ -71,11 +71,16 @@
  * system call is then restarted by hand, as the kernel would: no signal goes to user
  * space there).  See call_return_by_syscall.
  *
- * Signals: the thread's signal mask is never changed.  A signal that reaches the thread
- * while we hold it (signal-delivery-stop) is recorded and not delivered then; at the end the
- * first one is delivered by PTRACE_DETACH with its own siginfo, any others are queued again
- * to the thread (rt_tgsigqueueinfo with their siginfo when the kernel allows it, that is for
- * sigqueue-like codes; tgkill otherwise).  Standard signals recorded twice count once (the
+ * Signals: during the calls, the thread blocks every signal but SIGSEGV and SIGTRAP (those
+ * two as it had them): the others wait in the kernel's queues meanwhile, with their siginfo
+ * and order, and a stream of them cannot starve the calls (each would stop the thread before
+ * it ran an instruction: a sender in a loop left dlopen no time at all); its mask is put
+ * back before it is let go.  A signal that reaches the thread while we hold it otherwise
+ * (signal-delivery-stop: before the calls, or SIGSEGV/SIGTRAP sent during them) is recorded
+ * and not delivered then (however many: see record); at the end the first one is delivered by PTRACE_DETACH with its own siginfo,
+ * the others, in the order they came, are queued again to the thread (rt_tgsigqueueinfo with
+ * their siginfo when the kernel allows it, that is for sigqueue-like codes; tgkill
+ * otherwise).  Standard signals recorded twice count once (the
  * kernel merges them the same way).  A fault (SIGSEGV, SIGBUS... from the kernel) that the
  * thread takes before the call is delivered at once and the thread let go.
  *
@@ -146,12 +151,14 @@
  *  - LIB must exist at the same path inside the target's root directory (a container).
  *  - A thread blocked in a system call inside a signal handler that interrupted malloc
  *    cannot be told apart: dlopen would then wait for itself (-7 after the timeout).
- *  - FUNC runs on the hijacked thread with its signal mask and TLS; it must not need locks
+ *  - FUNC runs on the hijacked thread with its TLS and every signal but SIGSEGV and SIGTRAP
+ *    blocked (a thread it creates inherits that mask); it must not need locks
  *    that thread may hold (stdio locks of a stream it reads, application locks).
  *  - If this process dies while a call runs in the target, the call returns to address 0
  *    untraced and the target gets SIGSEGV.  If a stopped thread cannot be brought back
  *    (a thread that entered D state for more than the timeout + 5 s), it stays traced by
- *    this process until this process exits (the kernel then lets it go): callers that stay
+ *    this process until this process exits (the kernel then lets it go; if it was in the
+ *    calls, with every signal but SIGSEGV and SIGTRAP blocked): callers that stay
  *    alive may want to run this in a child process.
  *  - A running thread is stopped as a debugger stops it: one that enters a system call just
  *    as it is interrupted (microseconds after it was seen running) sees the call end as
@@ -392,22 +399,37 @@ static void clear_bp(struct inj *c)
     c->bp_set = 0;
 }
 
-static void record(struct inj *c, const siginfo_t *si)
-{
-    if (si->si_signo < SIGRTMIN)
-        for (int i = 0; i < c->nrec; i++)
-            if (c->recs[i].si_signo == si->si_signo)
-                return;
-    if (c->nrec < MAX_RECS)
-        c->recs[c->nrec++] = *si;
-}
-
 static void requeue(struct inj *c, const siginfo_t *si)
 {
     if (si->si_code < 0 && si->si_code != SI_TKILL &&
         syscall(SYS_rt_tgsigqueueinfo, c->pid, c->tid, si->si_signo, si) == 0)
         return;
     syscall(SYS_tgkill, c->pid, c->tid, si->si_signo);
+}
+
+/* A signal the thread got while we hold it (taken from the kernel's queue by its
+ * signal-delivery-stop, which we resume without it): kept, in order, for release.  No
+ * bound but memory: a stream of real-time signals during a slow call is hundreds (a fixed
+ * 64 once dropped the rest: 75 of 248 lost under load).  Should memory run out, it is
+ * queued to the thread again at once: never lost (though ahead of those kept), but the
+ * thread then stops for it at every resume (the call makes no progress and times out). */
+static void record(struct inj *c, const siginfo_t *si)
+{
+    if (si->si_signo < SIGRTMIN)
+        for (int i = 0; i < c->nrec; i++)
+            if (c->recs[i].si_signo == si->si_signo)
+                return;
+    if (c->nrec == c->caprec) {
+        int cap = c->caprec ? 2 * c->caprec : 64;
+        siginfo_t *n = realloc(c->recs, cap * sizeof *n);
+        if (!n) {
+            requeue(c, si);
+            return;
+        }
+        c->recs = n;
+        c->caprec = cap;
+    }
+    c->recs[c->nrec++] = *si;
 }
 
 /* PTRACE_DETACH of thread TID (stopped), with SIG; if it is no longer stopped (killed: its
@@ -459,6 +481,9 @@ static void release(struct inj *c)
             ptrace(PTRACE_SETFPREGS, tid, 0, &c->fpregs);
         }
     }
+    if (c->mask_set && ptrace(PTRACE_SETSIGMASK, tid, (void *)sizeof c->mask_saved,
+                              &c->mask_saved) == 0)
+        c->mask_set = 0;
     int sig = 0;
     if (c->at_sysexit)
         c->in_sigstop = 0;      /* a system call stop: the signals are all queued again */
@@ -1137,7 +1162,7 @@ static int attempt(struct inj *c, int tid, const char *func, const char *arg, lo
 {
     c->tid = tid;
     c->nrec = 0;
-    c->in_sigstop = c->modified = c->clobbered = 0;
+    c->in_sigstop = c->modified = c->clobbered = c->mask_set = 0;
     int hi = held_index(c, tid);
     if (hi >= 0) {
         adopt(c, hi); /* already stopped */
@@ -1275,6 +1300,15 @@ static int attempt(struct inj *c, int tid, const char *func, const char *arg, lo
         c->xlen = iov.iov_len;
     } else if (ptrace(PTRACE_GETFPREGS, tid, 0, &c->fpregs) == 0) {
         c->xkind = 2;
+    }
+    /* During the calls every signal but the two a call may end with (as the thread had
+     * them) is blocked: the others then wait in the kernel's queues, siginfo and order
+     * intact, and a stream of them cannot starve the calls (each one would stop the thread
+     * before it runs an instruction); release restores the mask. */
+    if (ptrace(PTRACE_GETSIGMASK, tid, (void *)sizeof c->mask_saved, &c->mask_saved) == 0) {
+        uint64_t calls_mask = ~(segv | trap) | (c->mask_saved & (segv | trap));
+        c->mask_set = ptrace(PTRACE_SETSIGMASK, tid, (void *)sizeof calls_mask,
+                             &calls_mask) == 0;
     }
     *code = inject(c, func, arg, result);
     release(c);
@@ -1446,6 +1480,7 @@ static int inject_call(int pid, const char *lib, const char *func, const char *a
     free(c->ldx);
     free(c->libx);
     free(c->held);
+    free(c->recs);
     return code;
 }
 

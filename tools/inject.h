@@ -66,7 +66,6 @@ enum {
 #define ASLEEP_ALL_NS 500000000LL /* all of them, that long after the last such step */
 #define MIN_STACK (64 * 1024)
 #define MAX_STRINGS 8192
-#define MAX_RECS 64
 #define XSTATE_MAX (64 * 1024)
 #define RTLD_G_MAX 16384
 #define ERESTARTSYS_ 512
@@ -117,8 +116,10 @@ struct inj {
     size_t xlen;
     int xkind; /* 0 none, 1 NT_X86_XSTATE, 2 FPREGS */
     struct user_fpregs_struct fpregs;
-    siginfo_t recs[MAX_RECS];
-    int nrec;
+    siginfo_t *recs; /* the signals it got meanwhile, to deliver when it is let go */
+    int nrec, caprec;
+    uint64_t mask_saved; /* its signal mask, while mask_set (see attempt) */
+    int mask_set;
     uint64_t sp;
     int trapsig;
     uint64_t trap_rip;

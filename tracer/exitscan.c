@@ -231,13 +231,8 @@ static int under_seccomp(void)
 /* The process has one thread ("Threads:" of the status under_seccomp just read): 1, else 0 */
 static int one_thread(void)
 {
-    const char *p = strstr(status_buf, "\nThreads:");
-    if (!p)
-        return 0;
-    p += 9;
-    while (*p == ' ' || *p == '\t')
-        p++;
-    return p[0] == '1' && p[1] == '\n';
+    const char *p = mml_status_field(status_buf, "\nThreads:");
+    return p && p[0] == '1' && p[1] == '\n';
 }
 
 COLD void scan_at_exit(uintptr_t floor)

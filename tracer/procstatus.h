@@ -11,6 +11,19 @@
 #include <string.h>
 #include <unistd.h>
 
+/* The value of the status field NAME ("\nSeccomp:", with its newline and colon) in BUF, the
+ * blanks after the colon skipped; NULL when BUF has no such field. */
+static inline const char *mml_status_field(const char *buf, const char *name)
+{
+    const char *p = strstr(buf, name);
+    if (!p)
+        return NULL;
+    p += strlen(name);
+    while (*p == ' ' || *p == '\t')
+        p++;
+    return p;
+}
+
 /* 1 under a filter, or when PATH cannot be read (assume the worst); 0 with none.  BUF, CAP:
  * scratch space for the file. */
 static inline int mml_status_seccomp(const char *path, char *buf, size_t cap)
@@ -23,13 +36,8 @@ static inline int mml_status_seccomp(const char *path, char *buf, size_t cap)
     if (n <= 0)
         return 1;
     buf[n] = 0;
-    const char *p = strstr(buf, "\nSeccomp:");
-    if (!p)
-        return 0;
-    p += 9;
-    while (*p == ' ' || *p == '\t')
-        p++;
-    return *p != '0';
+    const char *p = mml_status_field(buf, "\nSeccomp:");
+    return p && *p != '0';
 }
 
 #endif

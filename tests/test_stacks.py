@@ -288,3 +288,38 @@ def test_stacks_defined_in_every_file_after_rotation(tmp_path, prog, lo, hi):
         # the program's own blocks: lo to hi - 1 bytes (stdio and pthread_create make others)
         refs += sum(1 for l in lines if b" @" in l and lo <= int(l.split()[2], 16) < hi)
     assert refs == steps
+
+
+@pytest.mark.parametrize("opt", ["-O1", "-O2"])
+def test_stacks_differing_by_call_sites_keep_their_own_frames(tmp_path, lib, opt):
+    """tests/stack_collide.c: 16 paths through two call sites of a recursive function, two of
+    them (X Y Y X and Y X X Y) made one id by the former stack hash, linear in the frames
+    (the second path's blocks were then given the first's frames: in python3 -m http.server
+    two such pairs every run), and the memo of walks took one for the other alike.  Each path
+    is taken 4 times: every block carries the frames backtrace() saw for its own path, and
+    the 16 stacks have 16 ids."""
+    exe = str(tmp_path / "collide")
+    subprocess.run(["cc", opt, "-g", "-fno-omit-frame-pointer", "-o", exe,
+                    os.path.join(TESTS, "stack_collide.c")], check=True)
+    dump = tmp_path / "d"
+    dump.mkdir()
+    r = run_traced([exe], dump, env={"MMLEAK_DEPTH": "64"})
+    want = {}
+    for line in r.stdout.decode().splitlines():
+        v = line.split()
+        want[int(v[0])] = tuple(int(x, 16) for x in v[1:])
+    assert sorted(want) == list(range(200, 216)) and len(set(want.values())) == 16
+    (tid,) = [k for k, v in mmleak.find_traces(str(dump)).items() if v]
+    files = mmleak.find_traces(str(dump))[tid]
+    sh = mmleak.shrink_files(files)
+    assert not sh.problems.malformed
+    got = collections.defaultdict(collections.Counter)
+    for a in sh.survivors():
+        if a.size in want:
+            got[a.size][a.callers[1:]] += 1
+    assert got == {s: collections.Counter({want[s]: 4}) for s in want}
+    ids = set()
+    for f in files:
+        ids |= {l.split(b"@")[1] for l in open(f, "rb").read().splitlines()
+                if b" @" in l and 200 <= int(l.split()[2], 16) < 216}
+    assert len(ids) == 16

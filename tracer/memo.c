@@ -125,15 +125,30 @@ static inline uint64_t memo_tag1(uint64_t tag0, uintptr_t bp)
     return tag0 ^ mix64(bp * 0x165667B19E3779F9ull + 0x27D4EB2F165667C5ull);
 }
 
-/* The words' hash: n + the sum of word i times MEMO_MUL(i), an odd constant of its own (not
+/* The words' hash: n + the sum of word i times memo_w[i], an odd constant of its own (not
  * mixed: only compared for equality, see memo_tag0), over n = MEMO_HASHED words: the walk's,
- * then copies of its last.  The sum is K * A + 2 * (n * A - B), where A is the sum of the words and B the sum
- * of the running sums A: two additions per word, no multiplication (memo_sum). */
-#define MEMO_MUL(i) (MEMO_K + 2 * (uint64_t)(i))
-#define MEMO_K 0x8CB92BA72F3D8DD7ull
-static inline uint64_t memo_sum(unsigned n, uint64_t a, uint64_t b)
+ * then copies of its last.  The constants are random, not a function of i: weights linear in
+ * i (the sum K * A + 2 * (n * A - B) of A the words and B the running sums, two additions a
+ * word, that this was) give the same sum to two walks whose words differ by +d -d -d +d at
+ * four consecutive places, whatever d, and a recursion through two call sites of one
+ * function (X Y Y X against Y X X Y) makes exactly that: the memo then gave the second walk
+ * the first one's stack (tests/stack_collide.c).  The products do not wait for each other:
+ * the chain is still one addition a word. */
+static const uint64_t memo_w[MEMO_HASHED] = {
+    0x97b1165f0971b7c5ull, 0xd13c513a42f8eda1ull, 0x8a8318174d645fa7ull,
+    0x25abd89bd67e4d93ull, 0x48a7c8252abc5619ull, 0x3cbb7daa64c184fbull,
+    0xf15ce760f3e452f3ull, 0xeca9bad1449e78e5ull, 0xcbc16f01162794bfull,
+    0x76e9c8092966493dull, 0xf4d6d23508bd9d97ull, 0x29ec148cead50263ull,
+    0x343a2c9fbed3e91dull, 0x959575fe0a734d03ull, 0xbdcdc219fe72c33bull,
+    0x7d791a3ca63cf5f9ull, 0xb79db4df2694e1f7ull, 0xcc9ff851b6ab9f1bull,
+    0x0727d4dad921bf95ull, 0x72488b810dfafe39ull, 0xef4d6ee6dda4dd1full,
+    0xe14c1d7e84488709ull, 0xbc2c8e3e93afd955ull, 0xf9fc2f72a562d07dull,
+    0x8b9b7cefad989a71ull, 0x4630de19bf77d38dull, 0xb25a55f4796ce0e9ull,
+    0x86ad910108d213b7ull,
+};
+static inline uint64_t memo_sum(unsigned n, uint64_t a)
 {
-    return (uint64_t)n + MEMO_K * a + 2 * ((uint64_t)n * a - b);
+    return (uint64_t)n + a;
 }
 
 unsigned mml_memo_gen(void)
@@ -176,7 +191,7 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
     if (sp < U.lo || sp >= U.hi || top >= (U.hi - sp) / 8)
         return 0;
     const uintptr_t *w = (const uintptr_t *)sp;
-    uint64_t a = 0, b = 0;
+    uint64_t a = 0;
     long o = 0;
     if (likely(!(flags & MEMO_F_ESC)) && !words) {
         /* one byte per step, no escape to decode: always MEMO_HASHED words, the steps
@@ -190,8 +205,7 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
 #pragma GCC unroll 28
         for (unsigned i = 0; i < MEMO_HASHED; i++) {
             o += db[i];
-            a += w[o];
-            b += a;
+            a += w[o] * memo_w[i];
         }
     } else for (unsigned i = 0, j = 0; i < n; i++) {
         long k = d.b[j++];
@@ -205,19 +219,16 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
         if (unlikely(o < 0 || (uintptr_t)o > top || j > MEMO_DELTAS))
             return 0;
         uintptr_t v = w[o];
-        a += v;
-        b += a;
+        a += v * memo_w[i];
         if (words) {
             words->off[i] = (uint16_t)o;
             words->val[i] = v;
         }
         if (i + 1 == n)         /* the hash goes on with copies of the last word */
-            for (unsigned k = n; k < MEMO_HASHED; k++) {
-                a += v;
-                b += a;
-            }
+            for (unsigned k = n; k < MEMO_HASHED; k++)
+                a += v * memo_w[k];
     }
-    if (memo_sum(MEMO_HASHED, a, b) != vh)
+    if (memo_sum(MEMO_HASHED, a) != vh)
         return 0;
     *value = val;
     *nframes = (int)nf;
@@ -288,10 +299,10 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
     int all = nframes == tr->walked;
     int n = all ? tr->n : tr->upto[nframes];
     int use_bp = all ? tr->bp_from < (1 << 30) : tr->bp_from < nframes;
-    if (n > MEMO_DELTAS || n > MML_TRAIL_MAX)
+    if (n > MEMO_HASHED || n > MML_TRAIL_MAX)      /* memo_check takes at most MEMO_HASHED */
         return;
     union { uint64_t w[4]; int8_t b[32]; } d = {{0, 0, 0, 0}};
-    uint64_t a = 0, b = 0;
+    uint64_t a = 0;
     long prev = 0, top = 0;
     int j = 0;
     for (int i = 0; i < n; i++) {
@@ -309,8 +320,7 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
         }
         prev = tr->off[i];
         top = prev > top ? prev : top;
-        a += tr->val[i];
-        b += a;
+        a += tr->val[i] * memo_w[i];
     }
     uintptr_t last = n ? tr->val[n - 1] : 0;
     for (; n & 3; n++) {
@@ -318,18 +328,15 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
         if (j + 1 > MEMO_DELTAS)
             return;
         d.b[j++] = 0;
-        a += last;
-        b += a;
+        a += last * memo_w[n];
     }
     d.b[30] = (int8_t)(uint8_t)(top & 0xff);
     d.b[31] = (int8_t)(uint8_t)(top >> 8);
     /* the hash: MEMO_HASHED words, the last one repeated (what memo_check reads: the steps
      * after the n-th are 0) */
-    for (int i = n; i < MEMO_HASHED; i++) {
-        a += last;
-        b += a;
-    }
-    uint64_t h = memo_sum(MEMO_HASHED, a, b);
+    for (int i = n; i < MEMO_HASHED; i++)
+        a += last * memo_w[i];
+    uint64_t h = memo_sum(MEMO_HASHED, a);
     /* The preferred way if empty, else an empty way; else, at random (the hash), one that
      * holds another start: a way with
      * this start holds another path that reaches the same function at the same depth (the

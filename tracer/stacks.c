@@ -67,15 +67,22 @@ HOT_INLINE int record_ready(void)
  * of ids its current file already holds (it moves with the file when a new thread continues
  * a parked one, and is emptied when the file ends). */
 
-/* Each frame is multiplied by a constant of its own and the products summed: the
- * multiplications do not wait for each other (a chained hash costs 5 cycles a frame), and
- * the frames' order still matters.  The sum is then mixed (murmur3's finaliser). */
+/* Each frame is mixed with its index on its own and the results summed: the frames' terms do
+ * not wait for each other (a chained hash costs 5 cycles a frame), and the frames' order
+ * still matters.  The sum is then mixed (murmur3's finaliser).  A term must not be linear in
+ * its frame: a sum of frame times a weight linear in the index is the same for two stacks
+ * whose frames differ by +d -d -d +d at four consecutive places, whatever d, and a recursion
+ * through two call sites of one function (X Y Y X against Y X X Y) makes exactly that
+ * (python3 -m http.server: two such pairs a run; tests/stack_collide.c); the xor-shift after
+ * the multiplication folds the high bits of the product into the low ones. */
 _Static_assert(STACK_ID_BITS <= MML_MEMO_VALUE_BITS, "the memo keeps a stack's id");
 static uint64_t stack_id(const uintptr_t *f, int n)
 {
     uint64_t h = 0x9E3779B97F4A7C15ull * (uint64_t)(n + 1);
-    for (int i = 0; i < n; i++)
-        h += (f[i] ^ ((uint64_t)i << 52)) * (0xff51afd7ed558ccdull + 2 * (uint64_t)i);
+    for (int i = 0; i < n; i++) {
+        uint64_t x = (f[i] ^ ((uint64_t)i << 52)) * 0xff51afd7ed558ccdull;
+        h += (x ^ x >> 29) * (0xc4ceb9fe1a85ec53ull + 2 * (uint64_t)i);
+    }
     h ^= h >> 33;
     h *= 0xc4ceb9fe1a85ec53ull;
     h >>= 64 - STACK_ID_BITS;

@@ -66,6 +66,14 @@ one trace exactly, an earlier image too.
 """
 
 
+def add_lock_wait(p):
+    p.add_argument("--lock-wait", type=nonnegative_float, default=compact.READ_LOCK_WAIT,
+                   metavar="SECONDS",
+                   help="wait at most SECONDS (default %g; 0: for ever) for the trace's lock "
+                        "while a compaction pass, or any process of the trace's owner, holds "
+                        "it; then exit with status 2" % compact.READ_LOCK_WAIT)
+
+
 def add_trace_choice(p):
     g = p.add_mutually_exclusive_group()
     g.add_argument("--pid", help="the process: its newest trace (the image it exec'd last); "
@@ -563,6 +571,7 @@ def add_report(sub):
     q.add_argument("--show-reachable", action="store_true",
                    help="also print the call sites of still reachable blocks (hidden by "
                         "default; the CSV and the page always have them)")
+    add_lock_wait(q)
     add_check_options(q, "exit with --check-status (23) if a block of a --leak-kinds kind "
                          "is not freed in the trace (suppressions applied): the gate of "
                          "`run --check` on an existing trace")
@@ -575,7 +584,8 @@ def cmd_report(args):
                               wrappers=[n for w in args.wrappers for n in w.split(",") if n],
                               detect_wrappers=not args.no_wrapper_detection,
                               debuginfo_path=[d for p in args.debuginfo_path
-                                              for d in p.split(":") if d])
+                                              for d in p.split(":") if d],
+                              lock_wait=args.lock_wait)
     rep["show_reachable"] = args.show_reachable
     rep["check"] = args.check
     report.apply_suppressions(rep, report.report_rules(rep, args.suppressions,
@@ -718,12 +728,13 @@ def add_snapshot(sub):
     add_dir(n)
     add_trace_choice(n)
     add_output(n, "file to write (default: stdout)")
+    add_lock_wait(n)
 
 
 def cmd_snapshot(args):
     """The live set of a trace now, in the dump format (an earlier moment for --baseline)."""
     tid, _ = report.choose_trace(args.dir, args.pid, args.trace)
-    sh, _ = compact.read_trace(args.dir, tid)
+    sh, _ = compact.read_trace(args.dir, tid, lock_wait=args.lock_wait)
     sh.problems.summary()
     if sh.problems.fatal:
         raise Fail("trace %s: a file could not be read: no snapshot written" % tid)

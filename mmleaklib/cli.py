@@ -417,7 +417,7 @@ def run_check(d, before, args, only_pid=None, views=None):
     its leak summary when suppressions took blocks).  VIEWS: {trace: (Shrinker, blocks.Live)}
     of the traces the compactor's last pass read whole (build_report NOW): not read again."""
     traces = files.find_traces(d)
-    new = set(traces) - before
+    new = compact.run_traces(d, before, traces)[0]
     last = []
     pids = {t.split("-")[0] for t in new}
     if only_pid is not None:
@@ -446,7 +446,12 @@ def run_check(d, before, args, only_pid=None, views=None):
 def say_run_traces(d, before, pid, name, how):
     """Where the traces of a run are (PID: the command's process, which ended HOW)."""
     traces = files.find_traces(d)
-    new = sorted(set(traces) - before, key=lambda t: [int(x) for x in t.split("-")])
+    new, strangers = compact.run_traces(d, before, traces)
+    new = sorted(new, key=lambda t: [int(x) for x in t.split("-")])
+    if strangers:
+        warn("traces of other users appeared in %s during the run (anybody can write there): "
+             "%s: not this run's, left out (report one with --trace ID)"
+             % (d, ", ".join(t + report.whose(d, t) for t in strangers)))
     # the command's own process: its traces of this run, oldest first (a shell that exec'd
     # the program is the same process: its trace is PID, the program's PID-1); the newest
     # one with files is the process as it ended, the one its next: line reports

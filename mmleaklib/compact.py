@@ -831,6 +831,25 @@ def read_trace(directory, tid, progress=None, blocks=False, lock_wait=READ_LOCK_
         return shrink_files(paths, progress=progress, blocks=blocks), paths
 
 
+def run_traces(directory, before, traces=None):
+    """(the traces a run may have written: those in DIRECTORY not in BEFORE; the others'
+    among them).  In a directory anybody can write (/tmp), a new trace of another user's is
+    not the run's: anybody could have made one there meanwhile, to fail the run's check or
+    load its compactor; the run's programs (LD_PRELOAD does not survive a setuid exec) write
+    as the run's user, unless one of root's switches users (its trace then left out too)."""
+    traces = files.find_traces(directory) if traces is None else traces
+    new = set(traces) - set(before)
+    try:
+        shared = os.stat(directory).st_mode & stat.S_IWOTH
+    except OSError:
+        shared = 0
+    if not shared:
+        return new, []
+    others = [t for t in new if (files.trace_owner(directory, t) or (os.geteuid(),))[0]
+              != os.geteuid()]
+    return new - set(others), sorted(others)
+
+
 class BackgroundCompactor:
     """`run`'s compaction thread: a pass every second (from the start of one to the start of
     the next) over the traces that were not in the directory before the run, and a last one
@@ -860,7 +879,7 @@ class BackgroundCompactor:
     def _pass(self, folded=None, view=False, abandon=None):
         # a trace over keeps its levels (LEVELS): merging them all would rewrite the whole
         # live set after the program ended; `compact DIR` merges them
-        for tid in sorted(set(files.find_traces(self.directory)) - self.before):
+        for tid in sorted(run_traces(self.directory, self.before)[0]):
             compact_dir(self.directory, tid, verbose=False,
                         stopping=(lambda: True) if self.keep_views else self.stop.is_set,
                         folded=folded, view=view, abandon=abandon, levels=True,
@@ -893,7 +912,7 @@ class BackgroundCompactor:
     def _last_pass(self):
         """The last pass; folds_done is set once its last trace is folded (its last point
         may still be under way) or when it stops."""
-        tids = sorted(set(files.find_traces(self.directory)) - self.before)
+        tids = sorted(run_traces(self.directory, self.before)[0])
 
         def folded(tid, view):
             if view is not None and self.keep_views:

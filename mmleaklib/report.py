@@ -57,6 +57,23 @@ def process_images(traces, pid):
     return sorted(ids, key=key)
 
 
+def owner_uid(directory, tid):
+    owner = files.trace_owner(directory, tid)
+    return owner[0] if owner else None
+
+
+def whose(directory, tid):
+    """ ", uid N's (NAME)" when trace TID is not the user's running this, else ""."""
+    uid = owner_uid(directory, tid)
+    if uid is None or uid == os.geteuid():
+        return ""
+    try:
+        import pwd
+        return ", uid %d's (%s)" % (uid, pwd.getpwuid(uid).pw_name)
+    except KeyError:
+        return ", uid %d's" % uid
+
+
 def choose_trace(directory, pid=None, trace=None):
     """(trace id, files) to report.  TRACE: that trace id exactly.  PID: the process as it is
     now, or was last: its newest image with dump files (an id PID-K given as PID is taken
@@ -80,8 +97,9 @@ def choose_trace(directory, pid=None, trace=None):
         if len(images) > 1:
             def named(t):
                 cmd = trace_head(traces[t])[1]
-                return "%s (%s)" % (t, cmd if cmd else "no dump files yet"
-                                    if not traces[t] else "command unknown")
+                return "%s (%s%s)" % (t, cmd if cmd else "no dump files yet"
+                                      if not traces[t] else "command unknown",
+                                      whose(directory, t))
             warn("pid %s: %d traces in %s, oldest first: %s; reporting %s, the newest with "
                  "dump files (another one: --trace ID)"
                  % (pid, len(images), directory, ", ".join(named(t) for t in images), newest))
@@ -90,9 +108,15 @@ def choose_trace(directory, pid=None, trace=None):
     if not with_files:
         raise Fail("no mmleak dump files in %s" % directory)
     if len(with_files) > 1:
-        newest = max(with_files, key=lambda k: max(os.path.getmtime(p) for p in with_files[k]))
-        warn("%d traces in %s (%s); reporting the newest, %s (choose with --pid or --trace)"
-             % (len(with_files), directory, " ".join(sorted(with_files)), newest))
+        # In a shared directory anybody can make a trace that looks newer than yours (file
+        # times are theirs to set): the newest of your own, if you have any there
+        mine = {k: v for k, v in with_files.items() if owner_uid(directory, k) == os.geteuid()}
+        pool = mine or with_files
+        newest = max(pool, key=lambda k: max(os.path.getmtime(p) for p in pool[k]))
+        warn("%d traces in %s (%s); reporting the newest%s, %s%s (choose with --pid or --trace)"
+             % (len(with_files), directory, " ".join(sorted(with_files)),
+                " of yours" if mine and len(mine) < len(with_files) else "", newest,
+                whose(directory, newest)))
         return newest, with_files[newest]
     k = next(iter(with_files))
     return k, with_files[k]

@@ -121,3 +121,61 @@ def test_a_reader_waits_for_a_held_lock_as_long_as_asked(tmp_path):
         os.close(fd)
     r = run("report", tmp_path, "--no-html", "--lock-wait", "0.3")
     assert r.returncode == 0 and "100 B in 1 blocks not freed" in r.stdout, r.stderr
+
+
+FAKE = (b"#mmleak 2 id=%d pid=%d tid=%d file=0 depth=1 start=1700000000\n#cmd ./x\n"
+        b"1000 0 1000000 0 400010\n#end\n")
+
+
+def plant_trace(d, tid, uid, when=2e9):
+    """A trace TID of uid UID's in D, one block of 16 MiB, its files dated WHEN."""
+    for name, data in (("mmleak.%d.0.out" % tid, FAKE % (tid, tid, tid)),
+                       ("mmleak.%d.maps" % tid, b"")):
+        p = os.path.join(d, name)
+        with open(p, "wb") as f:
+            f.write(data)
+        os.chown(p, uid, uid)
+        os.utime(p, (when, when))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plants another user's trace")
+def test_report_takes_your_newest_trace_not_anothers_newer_one(tmp_path):
+    # Anybody can put a trace in /tmp and date it after yours: report (and snapshot) with
+    # neither --pid nor --trace take the newest of the user's own, and say so
+    d = tmp_path / "share"
+    d.mkdir()
+    os.chmod(str(d), 0o1777)
+    (d / "mmleak.82.0.out").write_bytes(FAKE.replace(b"1000000", b"40") % (82, 82, 82))
+    (d / "mmleak.82.maps").write_bytes(b"")
+    plant_trace(str(d), 99997, NOBODY)
+    r = run("report", d, "--no-html")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ("mmleak.py: 2 traces in %s (82 99997); reporting the newest of yours, 82 "
+                        "(choose with --pid or --trace)\n" % d)
+    assert "mmleak: trace 82 " in r.stdout and "64 B in 1 blocks not freed" in r.stdout
+    os.unlink(str(d / "mmleak.82.0.out"))
+    os.unlink(str(d / "mmleak.82.maps"))
+    plant_trace(str(d), 99996, NOBODY, 2e9 + 10)
+    r = run("report", d, "--no-html")
+    assert r.stderr == ("mmleak.py: 2 traces in %s (99996 99997); reporting the newest, 99996, "
+                        "uid %d's (nobody) (choose with --pid or --trace)\n" % (d, NOBODY))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plants another user's trace")
+def test_run_check_leaves_out_another_users_trace_made_meanwhile(tmp_path):
+    # root's `run --check -d /tmp`: a trace another user makes there during the run is not
+    # the run's (one line), not compacted by it, and does not fail its check
+    d = tmp_path / "share"
+    d.mkdir()
+    os.chmod(str(d), 0o1777)
+    plant = ("import os, sys; sys.path.insert(0, %r); from test_shared_tmp import plant_trace; "
+             "plant_trace(%r, 99995, %d)" % (os.path.dirname(__file__), str(d), NOBODY))
+    r = run("run", "-d", d, "--check", "--", sys.executable, "-c", plant)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith(
+        "mmleak.py: traces of other users appeared in %s during the run (anybody can write "
+        "there): 99995, uid %d's (nobody): not this run's, left out (report one with --trace "
+        "ID)\n" % (d, NOBODY)), r.stderr
+    assert "check passed" in r.stdout + r.stderr and "99995" not in r.stdout
+    assert sorted(n for n in os.listdir(str(d)) if "99995" in n) == ["mmleak.99995.0.out",
+                                                                     "mmleak.99995.maps"]

@@ -206,3 +206,38 @@ def test_the_level_picker_maps_only_files_of_root_or_the_user_running_it(lib, tm
             assert fn(bytes(big), runs, 1, none, 0, out.fileno()) == -1
             assert ctypes.get_errno() == 1     # EPERM
             os.chown(str(f), 0, 0)
+
+
+def test_a_lying_scan_result_is_one_line_not_a_memory_bomb(tmp_path):
+    # The scan result is the trace's owner's: its section lengths, block count and kind runs
+    # are checked against the bytes there before anything is allocated for them (they made
+    # root's report die of MemoryError, or of OverflowError, with a traceback)
+    import struct
+    (tmp_path / "mmleak.301.0.out").write_bytes(
+        b"#mmleak 2 id=301 pid=301 tid=301 file=0 depth=1 start=1700000000\n#cmd ./x\n"
+        b"1000 0 10 0 400010\n#end\n")
+    (tmp_path / "mmleak.301.maps").write_bytes(b"")
+    hdr = (b"#mmleak-scan 1 id=%s pid=301\n#when exit time=1700000001 by=mmleak-scan\n"
+           b"#status done\n#attached 0\n#blocks %d\n#data\n")
+
+    def sec(data, n=None):
+        return struct.pack("<Q", len(data) if n is None else n) + data
+    addr, seq, runs = b"\x80\x20", b"\x00", b"\x00\x01"    # 0x1000, seq 0, one "definite"
+    path = tmp_path / "mmleak.301.scan.1"
+    for data, said in (
+            (hdr % (b"301", 1) + sec(addr) + sec(seq) + sec(runs), None),
+            (hdr % (b"\xff", 1) + sec(addr) + sec(seq) + sec(runs), None),
+            (hdr % (b"301", 1) + sec(addr, 1 << 62), "the scan's data is cut short"),
+            (hdr % (b"301", 1 << 40) + sec(addr) + sec(seq) + sec(runs),
+             "the scan's data is damaged (1099511627776 blocks in 2 and 1 bytes)"),
+            (hdr % (b"301", 1) + sec(addr) + sec(seq) + sec(b"\x00" + b"\xff" * 9 + b"\x7f"),
+             "the scan's data is damaged (a number over 64 bits)"),
+            (hdr % (b"301", 1) + sec(addr) + sec(seq) + sec(b"\x00\xff\xff\xff\xff\x0f"),
+             "the scan's kinds cover 4294967295 blocks, not 1")):
+        path.write_bytes(data)
+        r = run("report", tmp_path, "--no-html")
+        if said is None:
+            assert (r.returncode, r.stderr) == (0, ""), r.stderr
+            assert "definitely lost:       16 bytes in 1 blocks" in r.stdout, r.stdout
+        else:
+            assert (r.returncode, r.stderr) == (2, "mmleak.py: %s: %s\n" % (path, said))

@@ -1078,7 +1078,8 @@ def recover(paths, force=False):
                      "namespace?): left alone (--force to fold anyway)" % p)
                 continue
         try:
-            keep = _as_owner_of(p, _recover_one, p, tail)
+            # absolute: the owner may not search the directory we run in
+            keep = _as_owner_of(p, _recover_one, os.path.abspath(p), os.path.abspath(tail))
         except Refused as e:
             refuse(str(e))
             continue

@@ -66,6 +66,14 @@ one trace exactly, an earlier image too.
 """
 
 
+def add_lock_wait(p):
+    p.add_argument("--lock-wait", type=nonnegative_float, default=compact.READ_LOCK_WAIT,
+                   metavar="SECONDS",
+                   help="wait at most SECONDS (default %g; 0: for ever) for the trace's lock "
+                        "while a compaction pass, or any process of the trace's owner, holds "
+                        "it; then exit with status 2" % compact.READ_LOCK_WAIT)
+
+
 def add_trace_choice(p):
     g = p.add_mutually_exclusive_group()
     g.add_argument("--pid", help="the process: its newest trace (the image it exec'd last); "
@@ -409,7 +417,7 @@ def run_check(d, before, args, only_pid=None, views=None):
     its leak summary when suppressions took blocks).  VIEWS: {trace: (Shrinker, blocks.Live)}
     of the traces the compactor's last pass read whole (build_report NOW): not read again."""
     traces = files.find_traces(d)
-    new = set(traces) - before
+    new = compact.run_traces(d, before, traces)[0]
     last = []
     pids = {t.split("-")[0] for t in new}
     if only_pid is not None:
@@ -438,7 +446,12 @@ def run_check(d, before, args, only_pid=None, views=None):
 def say_run_traces(d, before, pid, name, how):
     """Where the traces of a run are (PID: the command's process, which ended HOW)."""
     traces = files.find_traces(d)
-    new = sorted(set(traces) - before, key=lambda t: [int(x) for x in t.split("-")])
+    new, strangers = compact.run_traces(d, before, traces)
+    new = sorted(new, key=lambda t: [int(x) for x in t.split("-")])
+    if strangers:
+        warn("traces of other users appeared in %s during the run (anybody can write there): "
+             "%s: not this run's, left out (report one with --trace ID)"
+             % (d, ", ".join(t + report.whose(d, t) for t in strangers)))
     # the command's own process: its traces of this run, oldest first (a shell that exec'd
     # the program is the same process: its trace is PID, the program's PID-1); the newest
     # one with files is the process as it ended, the one its next: line reports
@@ -563,6 +576,7 @@ def add_report(sub):
     q.add_argument("--show-reachable", action="store_true",
                    help="also print the call sites of still reachable blocks (hidden by "
                         "default; the CSV and the page always have them)")
+    add_lock_wait(q)
     add_check_options(q, "exit with --check-status (23) if a block of a --leak-kinds kind "
                          "is not freed in the trace (suppressions applied): the gate of "
                          "`run --check` on an existing trace")
@@ -575,7 +589,8 @@ def cmd_report(args):
                               wrappers=[n for w in args.wrappers for n in w.split(",") if n],
                               detect_wrappers=not args.no_wrapper_detection,
                               debuginfo_path=[d for p in args.debuginfo_path
-                                              for d in p.split(":") if d])
+                                              for d in p.split(":") if d],
+                              lock_wait=args.lock_wait)
     rep["show_reachable"] = args.show_reachable
     rep["check"] = args.check
     report.apply_suppressions(rep, report.report_rules(rep, args.suppressions,
@@ -718,12 +733,13 @@ def add_snapshot(sub):
     add_dir(n)
     add_trace_choice(n)
     add_output(n, "file to write (default: stdout)")
+    add_lock_wait(n)
 
 
 def cmd_snapshot(args):
     """The live set of a trace now, in the dump format (an earlier moment for --baseline)."""
     tid, _ = report.choose_trace(args.dir, args.pid, args.trace)
-    sh, _ = compact.read_trace(args.dir, tid)
+    sh, _ = compact.read_trace(args.dir, tid, lock_wait=args.lock_wait)
     sh.problems.summary()
     if sh.problems.fatal:
         raise Fail("trace %s: a file could not be read: no snapshot written" % tid)

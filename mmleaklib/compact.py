@@ -45,10 +45,11 @@ class TraceLock:
     compactor ever ran, and a reader that a first pass overtakes finds a file gone and reads
     again (read_trace), under the lock that pass made."""
 
-    def __init__(self, directory, tid, shared=False, wait=True):
+    def __init__(self, directory, tid, shared=False, wait=True, limit=None):
         self.directory, self.tid = directory, tid
         self.path = TraceFiles(directory, tid).lock
         self.shared, self.wait, self.fd = shared, wait, None
+        self.limit = limit          # seconds a waiting taker waits at most (None: for ever)
         self.held = False           # whether the lock was taken (it stays True after exit)
 
     def _open(self):
@@ -98,12 +99,35 @@ class TraceLock:
                 self.fd = None
                 raise
             # A pass holds it for seconds; but the trace's owner may hold it as long as it
-            # likes (the lock file is the owner's): never wait without saying for whom
-            warn("trace %s: waiting for its lock %s, held by %s" % (
-                self.tid, self.path, lock_holders(self.fd) or "another process"))
-            fcntl.flock(self.fd, op)
+            # likes (the lock file is the owner's): never wait without saying for whom, and
+            # a reader (LIMIT) not for longer than its user asked
+            holders = lock_holders(self.fd) or "another process"
+            warn("trace %s: waiting for its lock %s, held by %s" % (self.tid, self.path, holders))
+            if self.limit is None:
+                fcntl.flock(self.fd, op)
+            elif not self._wait_for(op):
+                os.close(self.fd)
+                self.fd = None
+                raise Fail("trace %s: its lock %s still held by %s after %g s: gave up "
+                           "(--lock-wait SECONDS to wait longer, 0 for ever)"
+                           % (self.tid, self.path, holders, self.limit))
         self.held = True
         return self
+
+    def _wait_for(self, op):
+        """Take the lock within self.limit seconds (polled: flock has no timeout, and an
+        alarm would interrupt the caller's own waits): whether it was taken."""
+        import fcntl
+        deadline = time.monotonic() + self.limit
+        while True:
+            try:
+                fcntl.flock(self.fd, op | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                time.sleep(min(0.05, left))
 
     def downgrade(self):
         """A pass's exclusive lock made shared, for what it does after it deleted its
@@ -775,11 +799,16 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopp
     return live, results
 
 
-def read_trace(directory, tid, progress=None, blocks=False):
+READ_LOCK_WAIT = 60.0      # seconds a reader waits for a trace's lock by default (--lock-wait)
+
+
+def read_trace(directory, tid, progress=None, blocks=False, lock_wait=READ_LOCK_WAIT):
     """Shrink every file of trace TID as it is now, under the trace's lock (shared: no
     compaction pass deletes a file while we read).  Returns (Shrinker, the files read).
-    BLOCKS: the final result only, survivors as native blocks (shrink_files)."""
-    with TraceLock(directory, tid, shared=True) as lock:
+    BLOCKS: the final result only, survivors as native blocks (shrink_files).  LOCK_WAIT:
+    the seconds to wait for the lock at most (None or 0: for ever), then Fail."""
+    limit = lock_wait or None
+    with TraceLock(directory, tid, shared=True, limit=limit) as lock:
         if lock.held:
             paths = files.find_traces(directory).get(tid, [])
             return shrink_files(paths, progress=progress, blocks=blocks), paths
@@ -797,9 +826,28 @@ def read_trace(directory, tid, progress=None, blocks=False):
         sys.stderr.write(said)
         return sh, paths
     errors.REFUSALS.intersection_update(refused)   # not said: said again by the next attempt
-    with TraceLock(directory, tid, shared=True):
+    with TraceLock(directory, tid, shared=True, limit=limit):
         paths = files.find_traces(directory).get(tid, [])
         return shrink_files(paths, progress=progress, blocks=blocks), paths
+
+
+def run_traces(directory, before, traces=None):
+    """(the traces a run may have written: those in DIRECTORY not in BEFORE; the others'
+    among them).  In a directory anybody can write (/tmp), a new trace of another user's is
+    not the run's: anybody could have made one there meanwhile, to fail the run's check or
+    load its compactor; the run's programs (LD_PRELOAD does not survive a setuid exec) write
+    as the run's user, unless one of root's switches users (its trace then left out too)."""
+    traces = files.find_traces(directory) if traces is None else traces
+    new = set(traces) - set(before)
+    try:
+        shared = os.stat(directory).st_mode & stat.S_IWOTH
+    except OSError:
+        shared = 0
+    if not shared:
+        return new, []
+    others = [t for t in new if (files.trace_owner(directory, t) or (os.geteuid(),))[0]
+              != os.geteuid()]
+    return new - set(others), sorted(others)
 
 
 class BackgroundCompactor:
@@ -831,7 +879,7 @@ class BackgroundCompactor:
     def _pass(self, folded=None, view=False, abandon=None):
         # a trace over keeps its levels (LEVELS): merging them all would rewrite the whole
         # live set after the program ended; `compact DIR` merges them
-        for tid in sorted(set(files.find_traces(self.directory)) - self.before):
+        for tid in sorted(run_traces(self.directory, self.before)[0]):
             compact_dir(self.directory, tid, verbose=False,
                         stopping=(lambda: True) if self.keep_views else self.stop.is_set,
                         folded=folded, view=view, abandon=abandon, levels=True,
@@ -864,7 +912,7 @@ class BackgroundCompactor:
     def _last_pass(self):
         """The last pass; folds_done is set once its last trace is folded (its last point
         may still be under way) or when it stops."""
-        tids = sorted(set(files.find_traces(self.directory)) - self.before)
+        tids = sorted(run_traces(self.directory, self.before)[0])
 
         def folded(tid, view):
             if view is not None and self.keep_views:
@@ -941,6 +989,59 @@ def _recover_one(p, tail):
     return keep
 
 
+def _as_owner_of(path, func, *args):
+    """FUNC(*ARGS) run as the owner of PATH when root runs it for another user's file: in a
+    child that takes that user's uid, gid and groups, so that what it appends and deletes
+    is done under the owner's permissions, disk quota and reserved-block limits, not root's
+    (a trace of theirs may be as big as they like).  FUNC's result (an int), Refused or
+    OSError come back as the parent's."""
+    st = os.lstat(path)
+    if os.geteuid() != 0 or st.st_uid == 0:
+        return func(*args)
+    import pwd
+    try:
+        pw = pwd.getpwuid(st.st_uid)
+        gid, groups = pw.pw_gid, os.getgrouplist(pw.pw_name, pw.pw_gid)
+    except KeyError:                    # a uid without a name (a container's): its file's group
+        gid, groups = st.st_gid, [st.st_gid]
+    r, w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:                        # the child: never returns
+        code, text = 2, ""
+        try:
+            os.close(r)
+            os.setgroups(groups)
+            os.setresgid(gid, gid, gid)
+            os.setresuid(st.st_uid, st.st_uid, st.st_uid)
+            code, text = 0, str(func(*args))
+        except Refused as e:
+            code, text = 1, str(e)
+        except OSError as e:
+            text = "%d\0%s" % (e.errno or 0, e.strerror or e)
+        except BaseException as e:      # a bug: said, as the parent would
+            text = "%d\0%s" % (0, e)
+        finally:
+            try:
+                sys.stderr.flush()
+                os.write(w, b"%d\0" % code + text.encode("utf-8", "surrogateescape"))
+            finally:
+                os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        said = f.read().decode("utf-8", "surrogateescape")
+    os.waitpid(pid, 0)
+    code, _, text = said.partition("\0")
+    if code == "0":
+        return int(text)
+    if code == "1":
+        raise Refused(text)
+    num, _, why = text.partition("\0")
+    raise OSError(int(num or 0), "%s (done as the file's owner, uid %d)"
+                  % (why or "the child process died", st.st_uid))
+
+
 def recover(paths, force=False):
     """`recover`: fold the staging files of dead processes back into their dump files
     (PATHS: dump directories and dump files).  Returns the exit status."""
@@ -977,7 +1078,8 @@ def recover(paths, force=False):
                      "namespace?): left alone (--force to fold anyway)" % p)
                 continue
         try:
-            keep = _recover_one(p, tail)
+            # absolute: the owner may not search the directory we run in
+            keep = _as_owner_of(p, _recover_one, os.path.abspath(p), os.path.abspath(tail))
         except Refused as e:
             refuse(str(e))
             continue

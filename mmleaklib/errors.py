@@ -43,7 +43,8 @@ STATUSES = (
         "mmleak.py": "an input could not be used (missing or unreadable file, files of "
                      "different processes mixed, no dump files found, a file at one of "
                      "mmleak's names that is not a regular file of the trace's owner or root: "
-                     "ignored or refused, in one line), or an output file could not be "
+                     "ignored or refused, in one line), a trace's lock still held after "
+                     "--lock-wait seconds, or an output file could not be "
                      "written; whatever could be read was still processed",
         "mmleak-panda.py": "the input could not be used: a line that is not in the dump format "
                            "(reported on stderr with its line number), or no such maps file; "

@@ -6,7 +6,7 @@ import sys
 import time
 
 from . import elfcode, files
-from .compact import read_trace
+from .compact import READ_LOCK_WAIT, read_trace
 from .dumpformat import _unescape, header_int, parse_header
 from .errors import Fail, Refused, printable, refuse, warn
 from .facts import MAX_DEPTH
@@ -57,6 +57,23 @@ def process_images(traces, pid):
     return sorted(ids, key=key)
 
 
+def owner_uid(directory, tid):
+    owner = files.trace_owner(directory, tid)
+    return owner[0] if owner else None
+
+
+def whose(directory, tid):
+    """ ", uid N's (NAME)" when trace TID is not the user's running this, else ""."""
+    uid = owner_uid(directory, tid)
+    if uid is None or uid == os.geteuid():
+        return ""
+    try:
+        import pwd
+        return ", uid %d's (%s)" % (uid, pwd.getpwuid(uid).pw_name)
+    except KeyError:
+        return ", uid %d's" % uid
+
+
 def choose_trace(directory, pid=None, trace=None):
     """(trace id, files) to report.  TRACE: that trace id exactly.  PID: the process as it is
     now, or was last: its newest image with dump files (an id PID-K given as PID is taken
@@ -80,8 +97,9 @@ def choose_trace(directory, pid=None, trace=None):
         if len(images) > 1:
             def named(t):
                 cmd = trace_head(traces[t])[1]
-                return "%s (%s)" % (t, cmd if cmd else "no dump files yet"
-                                    if not traces[t] else "command unknown")
+                return "%s (%s%s)" % (t, cmd if cmd else "no dump files yet"
+                                      if not traces[t] else "command unknown",
+                                      whose(directory, t))
             warn("pid %s: %d traces in %s, oldest first: %s; reporting %s, the newest with "
                  "dump files (another one: --trace ID)"
                  % (pid, len(images), directory, ", ".join(named(t) for t in images), newest))
@@ -90,9 +108,15 @@ def choose_trace(directory, pid=None, trace=None):
     if not with_files:
         raise Fail("no mmleak dump files in %s" % directory)
     if len(with_files) > 1:
-        newest = max(with_files, key=lambda k: max(os.path.getmtime(p) for p in with_files[k]))
-        warn("%d traces in %s (%s); reporting the newest, %s (choose with --pid or --trace)"
-             % (len(with_files), directory, " ".join(sorted(with_files)), newest))
+        # In a shared directory anybody can make a trace that looks newer than yours (file
+        # times are theirs to set): the newest of your own, if you have any there
+        mine = {k: v for k, v in with_files.items() if owner_uid(directory, k) == os.geteuid()}
+        pool = mine or with_files
+        newest = max(pool, key=lambda k: max(os.path.getmtime(p) for p in pool[k]))
+        warn("%d traces in %s (%s); reporting the newest%s, %s%s (choose with --pid or --trace)"
+             % (len(with_files), directory, " ".join(sorted(with_files)),
+                " of yours" if mine and len(mine) < len(with_files) else "", newest,
+                whose(directory, newest)))
         return newest, with_files[newest]
     k = next(iter(with_files))
     return k, with_files[k]
@@ -124,7 +148,8 @@ def reachability(kinds):
 
 def build_report(directory, pid=None, progress=True, depth=None, since=None,
                  older_than=None, baseline=None, trace=None, kinds=None, wrappers=(),
-                 detect_wrappers=True, debuginfo_path=(), now=None):
+                 detect_wrappers=True, debuginfo_path=(), now=None,
+                 lock_wait=READ_LOCK_WAIT):
     """Shrink and symbolize one process's files; returns a dict the report renderers use.
     WRAPPERS: more allocation wrapper names (--wrappers); DETECT_WRAPPERS: find the
     program's own (report_wrappers); DEBUGINFO_PATH: more directories of separate debug
@@ -137,14 +162,14 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     classification {(ptr, seq): kind} (the reachability scan's): the aggregates
     (rep["groups"]) are then per (stack, kind).  NOW: (Shrinker, blocks.Live) of the whole
     trace as a reading of it now would give them (`run --check`: from the compactor's last
-    pass, compact._result_view), instead of reading it."""
+    pass, compact._result_view), instead of reading it.  LOCK_WAIT: see read_trace."""
     tid, paths = choose_trace(directory, pid, trace)
     prog = progress_printer() if progress and sys.stderr.isatty() else None
     t0 = time.monotonic()
     if now is not None:
         sh = now[0]
     else:
-        sh, paths = read_trace(directory, tid, progress=prog, blocks=True)
+        sh, paths = read_trace(directory, tid, progress=prog, blocks=True, lock_wait=lock_wait)
     if prog and now is None and time.monotonic() - t0 > 1:
         prog(sh, paths[-1], 0, done=True)
     # the survivors stay native arrays (blocks.Live); the call sites come from per-stack
@@ -623,9 +648,28 @@ def write_csv(rep, path):
         raise Fail("cannot write %s: %s" % (path, e.strerror or e))
 
 
+# A text cell a spreadsheet would take for a formula (OWASP "CSV injection"): a function
+# name or a path is the traced program's, or whoever wrote its maps file
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(v):
+    """V as a CSV cell no spreadsheet evaluates: a text that starts as a formula gets a
+    single quote in front (shown as text, the quote hidden); numbers stay numbers."""
+    return "'" + v if isinstance(v, str) and v.startswith(FORMULA_START) else v
+
+
+class _SafeWriter:
+    def __init__(self, f):
+        self.w = csv.writer(f)
+
+    def writerow(self, row):
+        self.w.writerow([csv_cell(v) for v in row])
+
+
 def _write_csv(rep, sites, path):
     with new_output(path, text=True) as f:
-        w = csv.writer(f)
+        w = _SafeWriter(f)
         w.writerow(["bytes", "blocks", "mean", "min", "max", "oldest_s", "youngest_s",
                     "function", "file", "line", "module", "offset", "kind", "caller"])
         for s in sites:

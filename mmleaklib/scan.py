@@ -51,20 +51,25 @@ class Scan:
             return array.array("Q"), array.array("Q"), bytearray()
         with files.open_trace_file(self.path) as f:
             f.seek(self.data_at)
+            size = os.fstat(f.fileno()).st_size
             secs = []
             for _ in range(3):
+                # the lengths and counts are the file's (its owner's) to say: checked against
+                # what is there before anything is allocated for them
                 n = int.from_bytes(f.read(8), "little")
-                data = f.read(n)
-                if len(data) != n:
+                if n > size - f.tell():
                     raise Fail("%s: the scan's data is cut short" % self.path)
-                secs.append(data)
+                secs.append(f.read(n))
         n = self.blocks
+        if n > min(len(secs[0]), len(secs[1])):     # a number takes a byte at least
+            raise Fail("%s: the scan's data is damaged (%d blocks in %d and %d bytes)"
+                       % (self.path, n, len(secs[0]), len(secs[1])))
         addrs = native.leb_numbers(secs[0], n, delta=True)     # compiled, when it can be
         if addrs is None:
             addrs = _leb_numbers(secs[0], n, self.path)
             acc = 0
-            for i in range(n):          # differences -> addresses
-                acc += addrs[i]
+            for i in range(n):          # differences -> addresses (modulo 2**64, as in C)
+                acc = (acc + addrs[i]) & 0xFFFFFFFFFFFFFFFF
                 addrs[i] = acc
         seqs = native.leb_numbers(secs[1], n)
         if seqs is None:
@@ -76,10 +81,12 @@ class Scan:
         for k in range(0, len(runs) - 1, 2):
             if runs[k] > 3:
                 raise Fail("%s: a kind %d in the scan's data" % (self.path, runs[k]))
+            if runs[k + 1] > n - len(kinds):
+                break                   # more than the blocks: said below
             kinds += bytes((runs[k],)) * runs[k + 1]
-        if len(kinds) != n:
+        if len(kinds) != n or sum(runs[1::2]) != n:
             raise Fail("%s: the scan's kinds cover %d blocks, not %d"
-                       % (self.path, len(kinds), n))
+                       % (self.path, sum(runs[1::2]), n))
         return addrs, seqs, kinds
 
 
@@ -92,6 +99,8 @@ def _leb_numbers(data, n, path):
         if b & 0x80:
             shift += 7
             continue
+        if v >> 64:
+            raise Fail("%s: the scan's data is damaged (a number over 64 bits)" % path)
         out.append(v)
         v = shift = 0
     if shift or (n is not None and len(out) != n):
@@ -113,7 +122,7 @@ def read_scan(path):
         if s.version > FORMAT:
             raise Fail("%s: scan format %d is newer than this mmleak.py reads (%d)"
                        % (path, s.version, FORMAT))
-        s.id, s.pid = m.group(2).decode(), int(m.group(3))
+        s.id, s.pid = m.group(2).decode("utf-8", "replace"), int(m.group(3))
         while True:
             line = f.readline(4096)
             if not line:

@@ -1,0 +1,243 @@
+"""Another user in a shared directory (round 3 of the red team): a spreadsheet opening
+report's --csv never evaluates a name from the trace; root's `recover` of another user's
+trace appends with that user's rights; a reader waits a bounded time for a trace's lock.
+See mmleak-limits(7), "Hostile users".
+
+Run: /usr/bin/python3 -m pytest tests/test_shared_tmp.py
+"""
+import csv
+import fcntl
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from conftest import ROOT, mmleak, run_traced
+
+MMLEAK_PY = [sys.executable, os.path.join(ROOT, "mmleak.py")]
+NOBODY = 65534
+
+
+def run(*args):
+    r = subprocess.run(MMLEAK_PY + [str(a) for a in args], capture_output=True, text=True,
+                       timeout=120)
+    assert "Traceback" not in r.stderr
+    return r
+
+
+def test_csv_cells_never_start_a_formula(tmp_path):
+    # The module column is the maps file's path (whoever wrote it chose it), the function
+    # and file columns the object's symbols and debug information: a text cell starting
+    # with = + - @ TAB or CR gets a quote in front (OWASP); numbers stay numbers.
+    names = ["=1+1", "+1", "-2", "@SUM(A1)", "\tx", "\rx", "plain"]
+    (tmp_path / "mmleak.90.0.out").write_bytes(
+        b"#mmleak 2 id=90 pid=90 tid=90 file=0 depth=1 start=1700000000\n#cmd ./x\n" +
+        b"".join(b"%x 0 %x 0 %x\n" % (0x1000 + i, 16 * (i + 1), 0x400010 + 0x10000 * i)
+                 for i in range(len(names))) + b"#end\n")
+    (tmp_path / "mmleak.90.maps").write_bytes(b"".join(
+        b"%x-%x r-xp 00000000 fe:00 0    /nonexistent/%s\n"
+        % (0x400000 + 0x10000 * i, 0x401000 + 0x10000 * i, n.encode())
+        for i, n in enumerate(names)))
+    r = run("report", tmp_path, "--no-html", "--csv", tmp_path / "sites.csv")
+    assert r.returncode == 0, r.stderr
+    with open(str(tmp_path / "sites.csv"), newline="") as f:
+        text = f.read()
+    rows = list(csv.reader(io.StringIO(text, newline="")))
+    assert rows[0][10] == "module"
+    got = sorted((row[0], row[10]) for row in rows[1:])
+    assert got == sorted((str(16 * (i + 1)), ("'" if n != "plain" else "") + n)
+                         for i, n in enumerate(names))
+    for line in text.split("\r\n")[1:-1]:
+        assert line.split(",")[0].isdigit(), line       # a number, not quoted
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root recovers another user's trace")
+def test_root_recovers_another_users_trace_with_that_users_rights(bins, tmp_path):
+    # A trace of nobody's in a sticky directory, its process killed: root's recover appends
+    # to nobody's dump file as nobody (quota, reserved blocks, permissions are nobody's):
+    # a dump file nobody cannot write is not written (root could), one line, status 2;
+    # a writable one is recovered and stays nobody's.
+    run_traced([bins["hostile"], "kill"], tmp_path, check=False)
+    shared = tempfile.mkdtemp(prefix="mmleak-share-", dir="/tmp")
+    try:
+        os.chmod(shared, 0o1777)
+        for n in os.listdir(tmp_path):
+            shutil.copy(str(tmp_path / n), shared)
+            os.chown(os.path.join(shared, n), NOBODY, NOBODY)
+            os.chmod(os.path.join(shared, n), 0o600)
+        (out,) = [os.path.join(shared, n) for n in os.listdir(shared) if n.endswith(".out")]
+        tail = out[:-4] + ".tail"
+        before = open(out, "rb").read()
+        want = mmleak.unflushed_tail(out)
+        want = want[:want.rfind(b"\n") + 1]
+        assert want.count(b"\n") > 10
+        os.chmod(out, 0o400)
+        r = run("recover", shared)
+        assert (r.returncode, r.stdout, r.stderr) == (
+            2, "nothing to recover\n",
+            "mmleak.py: %s: cannot recover: Permission denied (done as the file's owner, "
+            "uid %d)\n" % (out, NOBODY))
+        assert open(out, "rb").read() == before and os.path.exists(tail)
+        os.chmod(out, 0o600)
+        r = run("recover", shared)
+        assert (r.returncode, r.stderr) == (0, "")
+        assert r.stdout == "%s: %d bytes recovered from %s\n" % (out, len(want),
+                                                                 os.path.basename(tail))
+        st = os.lstat(out)
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (NOBODY, NOBODY, 0o600)
+        assert open(out, "rb").read() == before + want and not os.path.exists(tail)
+    finally:
+        shutil.rmtree(shared)
+
+
+def test_a_reader_waits_for_a_held_lock_as_long_as_asked(tmp_path):
+    # The trace's owner holds its lock as long as it likes: report and snapshot say who
+    # holds it at once, give up after --lock-wait seconds with one more line, status 2.
+    (tmp_path / "mmleak.81.0.out").write_bytes(
+        b"#mmleak 2 id=81 pid=81 tid=81 file=0 depth=1 start=1700000000\n#cmd ./x\n"
+        b"1000 0 64 0 400010\n#end\n")
+    (tmp_path / "mmleak.81.maps").write_bytes(b"")
+    lock = tmp_path / "mmleak.81.lock"
+    fd = os.open(str(lock), os.O_RDWR | os.O_CREAT, 0o600)
+    holder = "pid %d (%s)" % (os.getpid(), open("/proc/self/comm").read().strip())
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        for cmd in (["report", tmp_path, "--no-html"], ["snapshot", tmp_path, "-o", "/dev/null"]):
+            r = run(*cmd + ["--lock-wait", "0.3"])
+            assert (r.returncode, r.stdout, r.stderr) == (
+                2, "",
+                "mmleak.py: trace 81: waiting for its lock %s, held by %s\n"
+                "mmleak.py: trace 81: its lock %s still held by %s after 0.3 s: gave up "
+                "(--lock-wait SECONDS to wait longer, 0 for ever)\n"
+                % (lock, holder, lock, holder)), cmd
+        # a compactor skips the trace, as it always did
+        r = run("compact", tmp_path)
+        assert r.returncode == 0 and os.path.exists(str(tmp_path / "mmleak.81.0.out")), r.stderr
+    finally:
+        os.close(fd)
+    r = run("report", tmp_path, "--no-html", "--lock-wait", "0.3")
+    assert r.returncode == 0 and "100 B in 1 blocks not freed" in r.stdout, r.stderr
+
+
+FAKE = (b"#mmleak 2 id=%d pid=%d tid=%d file=0 depth=1 start=1700000000\n#cmd ./x\n"
+        b"1000 0 1000000 0 400010\n#end\n")
+
+
+def plant_trace(d, tid, uid, when=2e9):
+    """A trace TID of uid UID's in D, one block of 16 MiB, its files dated WHEN."""
+    for name, data in (("mmleak.%d.0.out" % tid, FAKE % (tid, tid, tid)),
+                       ("mmleak.%d.maps" % tid, b"")):
+        p = os.path.join(d, name)
+        with open(p, "wb") as f:
+            f.write(data)
+        os.chown(p, uid, uid)
+        os.utime(p, (when, when))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plants another user's trace")
+def test_report_takes_your_newest_trace_not_anothers_newer_one(tmp_path):
+    # Anybody can put a trace in /tmp and date it after yours: report (and snapshot) with
+    # neither --pid nor --trace take the newest of the user's own, and say so
+    d = tmp_path / "share"
+    d.mkdir()
+    os.chmod(str(d), 0o1777)
+    (d / "mmleak.82.0.out").write_bytes(FAKE.replace(b"1000000", b"40") % (82, 82, 82))
+    (d / "mmleak.82.maps").write_bytes(b"")
+    plant_trace(str(d), 99997, NOBODY)
+    r = run("report", d, "--no-html")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ("mmleak.py: 2 traces in %s (82 99997); reporting the newest of yours, 82 "
+                        "(choose with --pid or --trace)\n" % d)
+    assert "mmleak: trace 82 " in r.stdout and "64 B in 1 blocks not freed" in r.stdout
+    os.unlink(str(d / "mmleak.82.0.out"))
+    os.unlink(str(d / "mmleak.82.maps"))
+    plant_trace(str(d), 99996, NOBODY, 2e9 + 10)
+    r = run("report", d, "--no-html")
+    assert r.stderr == ("mmleak.py: 2 traces in %s (99996 99997); reporting the newest, 99996, "
+                        "uid %d's (nobody) (choose with --pid or --trace)\n" % (d, NOBODY))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plants another user's trace")
+def test_run_check_leaves_out_another_users_trace_made_meanwhile(tmp_path):
+    # root's `run --check -d /tmp`: a trace another user makes there during the run is not
+    # the run's (one line), not compacted by it, and does not fail its check
+    d = tmp_path / "share"
+    d.mkdir()
+    os.chmod(str(d), 0o1777)
+    plant = ("import os, sys; sys.path.insert(0, %r); from test_shared_tmp import plant_trace; "
+             "plant_trace(%r, 99995, %d)" % (os.path.dirname(__file__), str(d), NOBODY))
+    r = run("run", "-d", d, "--check", "--", sys.executable, "-c", plant)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith(
+        "mmleak.py: traces of other users appeared in %s during the run (anybody can write "
+        "there): 99995, uid %d's (nobody): not this run's, left out (report one with --trace "
+        "ID)\n" % (d, NOBODY)), r.stderr
+    assert "check passed" in r.stdout + r.stderr and "99995" not in r.stdout
+    assert sorted(n for n in os.listdir(str(d)) if "99995" in n) == ["mmleak.99995.0.out",
+                                                                     "mmleak.99995.maps"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="maps another user's file as root")
+def test_the_level_picker_maps_only_files_of_root_or_the_user_running_it(lib, tmp_path):
+    # tools/levels.c maps a trace's result and runs: their owner can truncate one while it
+    # is read, and the reader dies of SIGBUS (seen: root's picker killed in 3 runs of 3 with
+    # a 75 MB run truncated 0.4 s in).  Root maps its own files only; another user's file
+    # is EPERM, and the compactor reads that trace with read(2) (series.level_sums).
+    import ctypes
+    fn = ctypes.CDLL(os.path.join(ROOT, "mmleak-tools.so"), use_errno=True).mmleak_levels_pick
+    fn.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p), ctypes.c_int,
+                   ctypes.POINTER(ctypes.c_uint64), ctypes.c_int64, ctypes.c_int]
+    fn.restype = ctypes.c_int64
+    hdr = b"#mmleak 2 id=5 pid=5 tid=5 file=0 depth=1 start=1700000000\n"
+    big, small = tmp_path / "mmleak.5.compact", tmp_path / "mmleak.5.0.out"
+    big.write_bytes(hdr + b"1000 0 10 0 400010\n2000 0 10 0 400010\n")
+    small.write_bytes(hdr + b"2000 1 400020\n")
+    runs = (ctypes.c_char_p * 1)(bytes(small))
+    none = (ctypes.c_uint64 * 1)(0)
+    with open(os.devnull, "wb") as out:
+        assert fn(bytes(big), runs, 1, none, 0, out.fileno()) == 1
+        for f in (big, small):
+            os.chown(str(f), NOBODY, NOBODY)
+            ctypes.set_errno(0)
+            assert fn(bytes(big), runs, 1, none, 0, out.fileno()) == -1
+            assert ctypes.get_errno() == 1     # EPERM
+            os.chown(str(f), 0, 0)
+
+
+def test_a_lying_scan_result_is_one_line_not_a_memory_bomb(tmp_path):
+    # The scan result is the trace's owner's: its section lengths, block count and kind runs
+    # are checked against the bytes there before anything is allocated for them (they made
+    # root's report die of MemoryError, or of OverflowError, with a traceback)
+    import struct
+    (tmp_path / "mmleak.301.0.out").write_bytes(
+        b"#mmleak 2 id=301 pid=301 tid=301 file=0 depth=1 start=1700000000\n#cmd ./x\n"
+        b"1000 0 10 0 400010\n#end\n")
+    (tmp_path / "mmleak.301.maps").write_bytes(b"")
+    hdr = (b"#mmleak-scan 1 id=%s pid=301\n#when exit time=1700000001 by=mmleak-scan\n"
+           b"#status done\n#attached 0\n#blocks %d\n#data\n")
+
+    def sec(data, n=None):
+        return struct.pack("<Q", len(data) if n is None else n) + data
+    addr, seq, runs = b"\x80\x20", b"\x00", b"\x00\x01"    # 0x1000, seq 0, one "definite"
+    path = tmp_path / "mmleak.301.scan.1"
+    for data, said in (
+            (hdr % (b"301", 1) + sec(addr) + sec(seq) + sec(runs), None),
+            (hdr % (b"\xff", 1) + sec(addr) + sec(seq) + sec(runs), None),
+            (hdr % (b"301", 1) + sec(addr, 1 << 62), "the scan's data is cut short"),
+            (hdr % (b"301", 1 << 40) + sec(addr) + sec(seq) + sec(runs),
+             "the scan's data is damaged (1099511627776 blocks in 2 and 1 bytes)"),
+            (hdr % (b"301", 1) + sec(addr) + sec(seq) + sec(b"\x00" + b"\xff" * 9 + b"\x7f"),
+             "the scan's data is damaged (a number over 64 bits)"),
+            (hdr % (b"301", 1) + sec(addr) + sec(seq) + sec(b"\x00\xff\xff\xff\xff\x0f"),
+             "the scan's kinds cover 4294967295 blocks, not 1")):
+        path.write_bytes(data)
+        r = run("report", tmp_path, "--no-html")
+        if said is None:
+            assert (r.returncode, r.stderr) == (0, ""), r.stderr
+            assert "definitely lost:       16 bytes in 1 blocks" in r.stdout, r.stdout
+        else:
+            assert (r.returncode, r.stderr) == (2, "mmleak.py: %s: %s\n" % (path, said))

@@ -63,8 +63,11 @@ ENV_KEYS = ("LD_PRELOAD", "MMLEAK_DIR", "MMLEAK_DEPTH", "MMLEAK_ROTATE_MB", "MML
 DEFAULT_DIR = "/var/lib/mmleak"
 MARKER = "# Written by mmleak-install.py"
 STATE_KEY = "# mmleak-install: dropin-dir-created="
-UNIT_PATH = ["/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system",
-             "/usr/lib/systemd/system", "/lib/systemd/system"]
+# systemd's own order (systemd.unit(5)), with the units its generators write at boot: a SysV
+# init script's (systemd-sysv-generator: Debian's exim4.service) is in generator.late.
+UNIT_PATH = ["/run/systemd/generator.early", "/etc/systemd/system", "/run/systemd/system",
+             "/run/systemd/generator", "/usr/local/lib/systemd/system",
+             "/usr/lib/systemd/system", "/lib/systemd/system", "/run/systemd/generator.late"]
 EXEC_PATH = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
 UNIT_TYPES = ("service", "socket", "device", "mount", "automount", "swap", "target", "path",
               "timer", "slice", "scope")

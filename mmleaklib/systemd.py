@@ -59,6 +59,11 @@ PACKAGE = "mmleaklib"   # mmleak.py's package: copied beside it, with it
 PYTHON = "/usr/bin/python3"
 COMPANION_DIR = "/etc/systemd/system"
 COMPANION_PREFIX = "mmleak-compact-"
+# A root companion's only capabilities: to read, fold and delete the dumps of a daemon that
+# hands them to the user it becomes (sshd's privilege-separated child: sshd, mode 0600, in a
+# root directory), and to give the folded file that user (fchown: without CAP_CHOWN every
+# fold of such a trace failed, "cannot write mmleak.ID.compact.tmp: Operation not permitted").
+ROOT_COMPANION_CAPS = "CAP_CHOWN CAP_DAC_OVERRIDE CAP_FOWNER"
 ENV_KEYS = ("LD_PRELOAD", "MMLEAK_DIR", "MMLEAK_DEPTH", "MMLEAK_ROTATE_MB", "MMLEAK_PAUSED")
 DEFAULT_DIR = "/var/lib/mmleak"
 MARKER = "# Written by mmleak-install.py"
@@ -1115,7 +1120,7 @@ def render_companion(unit, ddir, cred):
         "TimeoutStopSec=5min",
         "UMask=0077",
     ]
-    lines += ["%s=%s" % (k, v.format(home=home, caps="CAP_DAC_OVERRIDE CAP_FOWNER" if root
+    lines += ["%s=%s" % (k, v.format(home=home, caps=ROOT_COMPANION_CAPS if root
                                      else "")) for k, v in COMPANION_SANDBOX
               if not (in_tmp and k == "PrivateTmp")]
     if cred["statedir"]:

@@ -21,6 +21,8 @@ import time
 
 import pytest
 
+from conftest import build_lib
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(os.path.dirname(HERE), "mmleak-install.py")
 MMLEAK_PY = os.path.join(os.path.dirname(HERE), "mmleak.py")
@@ -204,7 +206,7 @@ MemoryDenyWriteExecute=yes
 SystemCallArchitectures=native
 SystemCallFilter=@system-service
 SystemCallErrorNumber=EPERM
-CapabilityBoundingSet=CAP_DAC_OVERRIDE CAP_FOWNER
+CapabilityBoundingSet=CAP_CHOWN CAP_DAC_OVERRIDE CAP_FOWNER
 ReadWritePaths=-/var/lib/mmleak/plain.service
 """
 
@@ -216,7 +218,7 @@ def companion_text(unit, ddir=None, user="", caps="", home="yes", last=None):
     t = PLAIN_COMPANION.replace("plain.service", unit).replace(
         "/var/lib/mmleak/" + unit, ddir)
     t = t.replace("[Service]\n", "[Service]\n" + user)
-    t = t.replace("CapabilityBoundingSet=CAP_DAC_OVERRIDE CAP_FOWNER\n",
+    t = t.replace("CapabilityBoundingSet=CAP_CHOWN CAP_DAC_OVERRIDE CAP_FOWNER\n",
                   "CapabilityBoundingSet=%s\n" % caps)
     t = t.replace("ProtectHome=yes\n", "ProtectHome=%s\n" % home)
     if last is not None:
@@ -371,7 +373,7 @@ def test_protect_system_full_and_home(root, lib):
         "MMLEAK_DIR=/home/dumps\nEnvironment=MMLEAK_ROTATE_MB=8\nReadWritePaths=/home/dumps\n")
     # the companion too: /home read-only but for the dump directory
     assert companion_file(root, "home.service") == companion_text(
-        "home.service", "/home/dumps", caps="CAP_DAC_OVERRIDE CAP_FOWNER", home="read-only")
+        "home.service", "/home/dumps", caps="CAP_CHOWN CAP_DAC_OVERRIDE CAP_FOWNER", home="read-only")
     for unit in ("full.service", "home.service"):
         verify(root, unit)
         verify(root, companion(unit))
@@ -559,7 +561,7 @@ def test_dry_run_changes_nothing(root, lib):
             "ReadWritePaths=/var/lib/mmleak/strict.service\n")).splitlines()) +
         "companion /etc/systemd/system/mmleak-compact-strict.service:\n" +
         "".join(("    " + line).rstrip() + "\n" for line in companion_text(
-            "strict.service", caps="CAP_DAC_OVERRIDE CAP_FOWNER").splitlines()) +
+            "strict.service", caps="CAP_CHOWN CAP_DAC_OVERRIDE CAP_FOWNER").splitlines()) +
         "actions:\n"
         "  create directory /usr/local/lib/mmleak (mode 0755)\n"
         "  copy %s -> /usr/local/lib/mmleak/mmleak.so (mode 0644)\n"
@@ -1629,7 +1631,7 @@ def test_companion_of_a_user_service(root, lib):
     assert "compactor: mmleak-compact-owned.service, as leaky:leakers, starts and stops with " \
            "owned.service\n" in out
     # as the service's user and group, no capability at all (the root companion of
-    # PLAIN_COMPANION keeps CAP_DAC_OVERRIDE and CAP_FOWNER: a root service may hand its
+    # PLAIN_COMPANION keeps CAP_CHOWN, CAP_DAC_OVERRIDE and CAP_FOWNER: a root service may hand its
     # files to another user)
     assert companion_file(root, "owned.service") == companion_text(
         "owned.service", user="User=leaky\nGroup=leakers\n")
@@ -1645,6 +1647,35 @@ def test_companion_of_a_user_service(root, lib):
     block, bad = systemd_dump(root, "owned.service")
     assert (bad, [l for l in block if l.startswith("Wants:")]) == (
         [], ["Wants: mmleak-compact-owned.service (origin-file)"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root and setpriv (util-linux)")
+def test_root_companion_folds_a_trace_handed_to_another_user(root, lib, tmp_path):
+    """A root service whose process becomes another user hands it its files (sshd's
+    privilege-separated child: user sshd, in a root 0700 directory).  The root companion,
+    with exactly the capabilities its unit gives it, folds that trace and gives the folded
+    file to its owner (with CAP_DAC_OVERRIDE and CAP_FOWNER alone, the fchown failed: "cannot
+    write mmleak.ID.compact.tmp: Operation not permitted", every pass, nothing folded)."""
+    assert run(root, "install", "plain.service", lib=lib)[0] == 0
+    caps = re.search(r"^CapabilityBoundingSet=(.*)$", companion_file(root, "plain.service"),
+                     re.M).group(1).split()
+    d = tmp_path / "dumps"
+    d.mkdir(mode=0o700)
+    e = dict(os.environ, LD_PRELOAD=build_lib(), MMLEAK_DIR=str(d))
+    p = subprocess.run(["/bin/ls", "/"], env=e, stdout=subprocess.DEVNULL)
+    assert p.returncode == 0
+    for n in os.listdir(str(d)):            # what mmleak's setuid hand-over does
+        os.chown(str(d / n), 65534, 65534)
+    bset = "-all," + ",".join("+" + c[len("CAP_"):].lower() for c in caps)
+    r = subprocess.run(["setpriv", "--bounding-set", bset, "--inh-caps=-all", PY, MMLEAK_PY,
+                        "compact", str(d)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       universal_newlines=True)
+    assert (r.returncode, r.stderr) == (0, ""), r
+    comp = [n for n in os.listdir(str(d)) if n.endswith(".compact")]
+    assert len(comp) == 1 and not [n for n in os.listdir(str(d)) if n.endswith(".out")]
+    st = os.stat(str(d / comp[0]))
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (65534, 65534, 0o600)
 
 
 def test_companion_follows_the_user(root, lib):

@@ -1085,14 +1085,13 @@ def render_companion(unit, ddir, cred):
         MARKER + ": the compactor of %s's mmleak dumps." % unit.name,
         "# Every second it folds the complete dump files in %s into" % ddir,
         "# mmleak.ID.compact and deletes them, so disk use stays bounded by the live set.",
-        "# %s's drop-in mmleak.conf Wants= it: it starts with the service; BindsTo= and" % (
+        "# %s's drop-in mmleak.conf Wants= it: it starts with the service; BindsTo=:" % (
             unit.name),
-        "# Before=: it stops after the service has stopped, with one last pass (SIGTERM).",
+        "# it stops with it, with one last pass (SIGTERM) once the traced processes ended.",
         "# Undo: mmleak-install.py uninstall %s (removes this file too)." % unit.name,
         "[Unit]",
         "Description=mmleak compactor for %s" % unit.name,
         "BindsTo=%s" % unit.name,
-        "Before=%s" % unit.name,
         "StartLimitIntervalSec=1min",
         "StartLimitBurst=5",
         "",

@@ -168,13 +168,12 @@ PLAIN_COMPANION = """\
 # Written by mmleak-install.py: the compactor of plain.service's mmleak dumps.
 # Every second it folds the complete dump files in /var/lib/mmleak/plain.service into
 # mmleak.ID.compact and deletes them, so disk use stays bounded by the live set.
-# plain.service's drop-in mmleak.conf Wants= it: it starts with the service; BindsTo= and
-# Before=: it stops after the service has stopped, with one last pass (SIGTERM).
+# plain.service's drop-in mmleak.conf Wants= it: it starts with the service; BindsTo=:
+# it stops with it, with one last pass (SIGTERM) once the traced processes ended.
 # Undo: mmleak-install.py uninstall plain.service (removes this file too).
 [Unit]
 Description=mmleak compactor for plain.service
 BindsTo=plain.service
-Before=plain.service
 StartLimitIntervalSec=1min
 StartLimitBurst=5
 
@@ -1508,7 +1507,7 @@ def test_escaped_unit_name(root, lib):
     assert bad == []
     assert [l for l in block if l.endswith("(origin-file)") and unit in l or
             l.startswith("Environment:")] == [
-        "BindsTo: %s (origin-file)" % unit, "Before: %s (origin-file)" % unit,
+        "BindsTo: %s (origin-file)" % unit,
         "References: %s (origin-file)" % unit, "Environment: MMLEAK_DIR=" + ddir]
     verify(root, comp)
 
@@ -1641,7 +1640,7 @@ def test_companion_of_a_user_service(root, lib):
     assert bad == []
     assert [l for l in block if l.startswith(("User:", "Group:", "CapabilityBoundingSet:",
                                                "BindsTo:", "Before: owned"))] == [
-        "BindsTo: owned.service (origin-file)", "Before: owned.service (origin-file)",
+        "BindsTo: owned.service (origin-file)",
         "CapabilityBoundingSet: ", "User: leaky", "Group: leakers"]
     # the service's drop-in pulls it in
     block, bad = systemd_dump(root, "owned.service")

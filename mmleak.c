@@ -8,9 +8,9 @@
  * mmleak-format(5) (docs/format.rst); mmleaklib/dumpformat.py is its reader.
  *
  * This file is the library's face: the functions it interposes (malloc & co, the C++
- * operators, strdup, dlclose, _exit and exec, set*uid, chroot; listed once in
- * tracer/hooks.def), the boot arena that serves the loader before the real allocator is
- * known, and the allocator's real functions.  Each entry point calls the real function and
+ * operators, strdup, dlclose, _exit and exec, set*uid, chroot, prctl and syscall for a
+ * seccomp filter; listed once in tracer/hooks.def), the boot arena that serves the loader
+ * before the real allocator is known, and the allocator's real functions.  Each entry point calls the real function and
  * records the event with the hot path of tracer/record.h; the rest of the tracer is in tracer/
  * (tracer/internal.h says which file owns what).
  *
@@ -34,9 +34,13 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "tracer/record.h"
+#include "tracer/seccompfilter.h"
 #include "tracer/unwind.h"
 
 struct real_fns real;
@@ -501,6 +505,69 @@ EXPORT int chroot(const char *path)
     hold_dir();
     FIND_NEXT(chroot);
     return mml_next_chroot(path);
+}
+
+EXPORT int mmleak_detach(const char *args);    /* tracer/attach.c */
+
+/* ---- a seccomp filter the process puts on itself: checked before it goes in ----
+ * Such a filter allows the system calls the program makes, and perhaps not mmleak's: sshd's
+ * privilege-separated child would be killed (SIGSYS) at the prlimit64 of a flush or the
+ * sigaltstack of a stack's first event, chronyd -F 1 at its exit's flush.  So the filter is
+ * run, as the injector runs a target's before an attach (tracer/seccompfilter.h), on each
+ * system call mmleak makes; unless it allows them all (or the process enters strict mode),
+ * the trace ends first, as a detach ends it: every file complete, the process paused (its
+ * calls go straight to the allocator).  glibc's prctl and the seccomp system call through
+ * syscall() (libseccomp) are seen; a raw one is not. */
+static COLD void before_seccomp(int strict, const struct sock_fprog *prog)
+{
+    if (g_state != 1 || g_pid != getpid())
+        return;     /* not tracing, or a vfork child: the files are its parent's */
+    const char *what = "strict mode";
+#ifdef MMLEAK_SC_CHECK
+    if (!strict) {
+        uint32_t act = 0;
+        int j = !prog || !prog->filter || prog->len > SC_MAX_INSNS ? -2 :
+                sc_refused(prog->filter, prog->len, (uint64_t)(uintptr_t)&write, &act);
+        if (j == -1)
+            return;     /* it allows everything mmleak does: tracing goes on */
+        what = j < 0 ? "a filter mmleak cannot read" : SC_NEEDED[j].name;
+    }
+#else
+    (void)prog;
+    what = strict ? what : "a filter (not checked on this architecture)";
+#endif
+    say4("the program enters seccomp ", strict ? what : "with a filter that refuses ",
+         strict ? "" : what, ", a system call of mmleak's: tracing ends here (the trace is "
+         "complete up to this point)");
+    mmleak_detach(NULL);
+}
+
+EXPORT int prctl(int option, ...)
+{
+    va_list ap;
+    va_start(ap, option);
+    unsigned long a2 = va_arg(ap, unsigned long), a3 = va_arg(ap, unsigned long);
+    unsigned long a4 = va_arg(ap, unsigned long), a5 = va_arg(ap, unsigned long);
+    va_end(ap);
+    if (option == PR_SET_SECCOMP)
+        before_seccomp(a2 == SECCOMP_MODE_STRICT, (const struct sock_fprog *)a3);
+    FIND_NEXT(prctl);
+    return mml_next_prctl(option, a2, a3, a4, a5);
+}
+
+/* Like glibc's, six arguments are passed on whatever the call's own number. */
+EXPORT long syscall(long nr, ...)
+{
+    va_list ap;
+    va_start(ap, nr);
+    long a[6];
+    for (int i = 0; i < 6; i++)
+        a[i] = va_arg(ap, long);
+    va_end(ap);
+    if (nr == SYS_seccomp && (a[0] == SECCOMP_SET_MODE_STRICT || a[0] == SECCOMP_SET_MODE_FILTER))
+        before_seccomp(a[0] == SECCOMP_SET_MODE_STRICT, (const struct sock_fprog *)a[2]);
+    FIND_NEXT(syscall);
+    return mml_next_syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
 }
 
 /* ---- C++: operator new and delete in all forms, with the user's code as the caller ----

@@ -665,7 +665,8 @@ def add_compact(sub):
     c.add_argument("--pid", help="only this trace id")
     c.add_argument("--follow", action="store_true",
                    help="keep compacting every --interval seconds until no traced process "
-                        "has been alive for --linger seconds (or until SIGTERM)")
+                        "has been alive for --linger seconds (or until SIGTERM: the processes "
+                        "traced then get %g seconds to end before the last pass)" % STOP_GRACE)
     c.add_argument("--forever", action="store_true",
                    help="with --follow: do not stop when no process is traced (a service's "
                         "companion, stopped with it)")
@@ -683,6 +684,9 @@ def add_compact(sub):
                    "over always gets its last point"
                    % series.SERIES_INTERVAL)
     c.add_argument("-v", "--verbose", action="store_true", help="one line per folding pass")
+
+
+STOP_GRACE = 10.0      # seconds the traces alive at a --follow's SIGTERM get to end
 
 
 def cmd_compact(args):
@@ -718,6 +722,16 @@ def cmd_compact(args):
         while not stop and time.monotonic() < deadline:
             time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
     if stop:        # stopped with its service: one last pass for what just ended
+        # The service stops at the same time (a companion is not ordered before its service:
+        # the service's restart would wait for this last pass, 20 s and more after sshd was
+        # killed): the traces alive at the SIGTERM get STOP_GRACE seconds to end, so that the
+        # last pass folds their last files (a process left running past it, such as a
+        # session of a KillMode=process service, is folded at the companion's next start).
+        waiting = set(live)
+        deadline = time.monotonic() + STOP_GRACE
+        while waiting and time.monotonic() < deadline:
+            time.sleep(0.1)
+            waiting = {t for t in waiting if compact.trace_alive(d, t)}
         one_pass(args.verbose)
     return status
 

@@ -59,12 +59,20 @@ PACKAGE = "mmleaklib"   # mmleak.py's package: copied beside it, with it
 PYTHON = "/usr/bin/python3"
 COMPANION_DIR = "/etc/systemd/system"
 COMPANION_PREFIX = "mmleak-compact-"
+# A root companion's only capabilities: to read, fold and delete the dumps of a daemon that
+# hands them to the user it becomes (sshd's privilege-separated child: sshd, mode 0600, in a
+# root directory), and to give the folded file that user (fchown: without CAP_CHOWN every
+# fold of such a trace failed, "cannot write mmleak.ID.compact.tmp: Operation not permitted").
+ROOT_COMPANION_CAPS = "CAP_CHOWN CAP_DAC_OVERRIDE CAP_FOWNER"
 ENV_KEYS = ("LD_PRELOAD", "MMLEAK_DIR", "MMLEAK_DEPTH", "MMLEAK_ROTATE_MB", "MMLEAK_PAUSED")
 DEFAULT_DIR = "/var/lib/mmleak"
 MARKER = "# Written by mmleak-install.py"
 STATE_KEY = "# mmleak-install: dropin-dir-created="
-UNIT_PATH = ["/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system",
-             "/usr/lib/systemd/system", "/lib/systemd/system"]
+# systemd's own order (systemd.unit(5)), with the units its generators write at boot: a SysV
+# init script's (systemd-sysv-generator: Debian's exim4.service) is in generator.late.
+UNIT_PATH = ["/run/systemd/generator.early", "/etc/systemd/system", "/run/systemd/system",
+             "/run/systemd/generator", "/usr/local/lib/systemd/system",
+             "/usr/lib/systemd/system", "/lib/systemd/system", "/run/systemd/generator.late"]
 EXEC_PATH = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
 UNIT_TYPES = ("service", "socket", "device", "mount", "automount", "swap", "target", "path",
               "timer", "slice", "scope")
@@ -1077,14 +1085,13 @@ def render_companion(unit, ddir, cred):
         MARKER + ": the compactor of %s's mmleak dumps." % unit.name,
         "# Every second it folds the complete dump files in %s into" % ddir,
         "# mmleak.ID.compact and deletes them, so disk use stays bounded by the live set.",
-        "# %s's drop-in mmleak.conf Wants= it: it starts with the service; BindsTo= and" % (
+        "# %s's drop-in mmleak.conf Wants= it: it starts with the service; BindsTo=:" % (
             unit.name),
-        "# Before=: it stops after the service has stopped, with one last pass (SIGTERM).",
+        "# it stops with it, with one last pass (SIGTERM) once the traced processes ended.",
         "# Undo: mmleak-install.py uninstall %s (removes this file too)." % unit.name,
         "[Unit]",
         "Description=mmleak compactor for %s" % unit.name,
         "BindsTo=%s" % unit.name,
-        "Before=%s" % unit.name,
         "StartLimitIntervalSec=1min",
         "StartLimitBurst=5",
         "",
@@ -1112,7 +1119,7 @@ def render_companion(unit, ddir, cred):
         "TimeoutStopSec=5min",
         "UMask=0077",
     ]
-    lines += ["%s=%s" % (k, v.format(home=home, caps="CAP_DAC_OVERRIDE CAP_FOWNER" if root
+    lines += ["%s=%s" % (k, v.format(home=home, caps=ROOT_COMPANION_CAPS if root
                                      else "")) for k, v in COMPANION_SANDBOX
               if not (in_tmp and k == "PrivateTmp")]
     if cred["statedir"]:

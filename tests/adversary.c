@@ -439,6 +439,44 @@ static int no_setfsuid(void)
     return 0;
 }
 
+/* ---- 5e. a seccomp filter like sshd's sandbox (its privilege-separated child): it kills
+ * at prlimit64 and sigaltstack, which mmleak makes (a flush, a new stack) and the program
+ * does not, and fails openat.  Installed with prctl (sshd) or syscall(SYS_seccomp)
+ * (libseccomp: chronyd -F 1); then a churn that flushes, a thread, and a normal exit ---- */
+static void *sandboxed_thread(void *arg)
+{
+    (void)arg;
+    keep(malloc(760));                          /* site:sandbox_thread_leak */
+    return NULL;
+}
+
+static int sandbox(const char *how)
+{
+    keep(malloc(755));                          /* site:sandbox_before */
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_prlimit64, 3, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_sigaltstack, 2, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_openat, 2, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EACCES),
+    };
+    struct sock_fprog prog = { sizeof f / sizeof f[0], f };
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+        return 5;
+    if (strcmp(how, "prctl") ? syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog)
+                             : prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog))
+        return 6;
+    keep(malloc(757));                          /* site:sandbox_after */
+    churn(50000);
+    pthread_t t;
+    if (pthread_create(&t, NULL, sandboxed_thread, NULL) || pthread_join(t, NULL))
+        return 7;
+    puts("sandbox done");
+    return 0;
+}
+
 /* ---- 5b. a plugin unloaded before and after the process drops root ---- */
 static int dlsetuid(const char *lib0, const char *lib1)
 {
@@ -562,6 +600,7 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "setuid_pause")) return setuid_pause();
     if (!strcmp(mode, "retitle")) return retitle(argc, argv, argv[2]);
     if (!strcmp(mode, "no_setfsuid")) return no_setfsuid();
+    if (!strcmp(mode, "sandbox")) return sandbox(argv[2]);
     if (!strcmp(mode, "umask")) return strict_umask();
     if (!strcmp(mode, "stderr_taken")) return stderr_taken(argv[2]);
     if (!strcmp(mode, "detach_fsize")) return detach_fsize();

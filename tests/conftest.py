@@ -76,6 +76,12 @@ def mm():
 
 @pytest.fixture(scope="session")
 def lib():
+    return build_lib()
+
+
+def build_lib():
+    """make mmleak.so and mmleak-tools.so; the path of mmleak.so (the `lib` fixture, and
+    modules whose own `lib` is something else)."""
     # one make at a time: the workers of a parallel run (make check) would otherwise compile
     # the same objects at once in a tree not built yet
     import fcntl

@@ -1072,3 +1072,45 @@ def test_compactors_following_a_process_that_is_sigkilled(load, tmp_path):
     assert points[-1].live == (sum(v[0] for v in truth.values()), len(truth))
     check_series(points)
     assert not os.path.exists(mmleak.TraceFiles(str(dump), tid).series + ".live")
+
+
+def test_follow_last_pass_waits_for_the_traced_process_stopping_with_it(tmp_path, lib):
+    """A service's companion is stopped at the same time as the service (it is no longer
+    ordered before it: the service's restart waited for its last pass, 20 s and more after
+    sshd was killed).  So after SIGTERM it keeps going while the processes it traced then
+    run, and its last pass, once they ended, folds their last files: the trace is over and
+    nothing is left to fold.  Without the wait it left at once, the files unfolded."""
+    exe = str(tmp_path / "leaky_daemon")
+    subprocess.run(["cc", "-O0", "-g", "-o", exe, os.path.join(TESTS, "leaky_daemon.c")],
+                   check=True)
+    dump, state = tmp_path / "dump", tmp_path / "state"
+    dump.mkdir()
+    state.mkdir()
+    env = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump), MMLEAK_ROTATE_MB="1",
+               STATE_DIRECTORY=str(state))
+    d = subprocess.Popen([exe, "13", "777", "20000"], env=env)
+    comp = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (state / "ready").exists():
+            assert time.monotonic() < deadline and d.poll() is None
+            time.sleep(0.05)
+        comp = subprocess.Popen(MMLEAK + ["compact", "--follow", "--forever", "--verbose",
+                                          str(dump)], stdout=subprocess.PIPE,
+                                universal_newlines=True)
+        first = comp.stdout.readline()      # a pass folded the rotated files: it saw the trace
+        assert re.match(r"^mmleak\.py: trace %d: folded \d+ files .*\)\n$" % d.pid, first), first
+        comp.send_signal(signal.SIGTERM)
+        time.sleep(2)
+        assert comp.poll() is None          # waiting for the traced process
+        d.send_signal(signal.SIGTERM)
+        assert d.wait(30) == -signal.SIGTERM
+        rest = comp.communicate(timeout=30)[0]
+        assert comp.returncode == 0
+        assert [l for l in rest.splitlines() if l.endswith("; the trace is over")], rest
+        assert not [n for n in os.listdir(str(dump)) if n.endswith((".out", ".tail"))]
+    finally:
+        for p in (d, comp):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()

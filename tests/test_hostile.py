@@ -595,6 +595,26 @@ def test_a_seccomp_filter_against_setfsuid_does_not_kill_the_program(bins, dump,
     assert sh.events == 1 + 2 * 50000 and sh.gap_text() is None
 
 
+@pytest.mark.parametrize("how", ["prctl", "syscall"])
+def test_a_seccomp_filter_the_program_installs_ends_the_trace_before_it(bins, dump, mm, how):
+    """sshd's privilege-separated child (prctl) and chronyd -F 1 (libseccomp: the seccomp
+    system call) filter their own system calls: mmleak's prlimit64 (a flush) or sigaltstack
+    (a new thread's first event) got them killed with SIGSYS.  mmleak runs the new filter on
+    its own calls first and, as this one refuses some, ends the trace there, complete: the
+    program runs on untraced and exits 0; the block from before the filter is in the trace,
+    nothing after it."""
+    r = run_traced([bins["adversary"], "sandbox", how], dump, env={"MMLEAK_ROTATE_MB": "1"},
+                   check=False)
+    assert (r.returncode, r.stdout) == (0, b"sandbox done\n"), r
+    assert mmleak_lines(r.stderr) == [
+        "mmleak: the program enters seccomp with a filter that refuses openat, a system "
+        "call of mmleak's: tracing ends here (the trace is complete up to this point)"]
+    tid = next(iter(traces(mm, dump)))
+    got, sh = leaks(dump, tid, "adversary")
+    assert got == exp([adv(0, "sandbox_before", 755, fn="sandbox")])
+    assert sh.gap_text() is None
+
+
 # -- 6 ------------------------------------------------------------------------------------
 def test_vfork_child_allocating_before_exec(bins, dump, mm):
     """A vfork() child shares its parent's memory: what it allocates (and flushes) before

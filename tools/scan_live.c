@@ -1037,6 +1037,9 @@ static int fold_piped(struct feed *f, struct mmleak_input *in, int n)
  * always. */
 int mmleak_cpu_to_spare(void)
 {
+#ifdef MML_SCAN_INPROC
+    return 0;       /* no thread in mmleak.so's scan: the process's memory and glibc's state */
+#endif
     cpu_set_t cpus;
     if (sched_getaffinity(0, sizeof cpus, &cpus) || CPU_COUNT(&cpus) < 2)
         return 0;

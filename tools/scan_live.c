@@ -52,6 +52,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "../tracer/compiler.h"
@@ -1037,9 +1038,6 @@ static int fold_piped(struct feed *f, struct mmleak_input *in, int n)
  * always. */
 int mmleak_cpu_to_spare(void)
 {
-#ifdef MML_SCAN_INPROC
-    return 0;       /* no thread in mmleak.so's scan: the process's memory and glibc's state */
-#endif
     cpu_set_t cpus;
     if (sched_getaffinity(0, sizeof cpus, &cpus) || CPU_COUNT(&cpus) < 2)
         return 0;
@@ -1057,6 +1055,15 @@ int mmleak_cpu_to_spare(void)
         idle = p && atoi(p + 15) < CPU_COUNT(&cpus);
     }
     free(b);
+#ifdef MML_SCAN_INPROC
+    /* mmleak.so's copy (tools/scan_inproc.h) starts no thread: their stacks and glibc's
+     * state would be the process's.  Where one would pay (asked only for a big trace or
+     * heap), the child gives up at once, status 4, and mmleak.so starts mmleak-scan instead
+     * (tracer/scanhere.c): nothing was written yet, and its memory is mmleak.so's. */
+    if (idle)
+        syscall(SYS_exit_group, 4);
+    return 0;
+#endif
     return idle;
 }
 

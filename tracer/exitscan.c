@@ -154,8 +154,9 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
                                lv);
         /* a signal that came meanwhile is delivered now */
         syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
-        return rc;
-    }
+        if (rc != -2)
+            return rc;
+    }                                   /* (no child: mmleak-scan, then) */
 #endif
     if (scanner_path(path, sizeof path))
         return -1;

@@ -24,6 +24,9 @@
  *   sites.c        is a code address the program's, the runtime's or a wrapper's?
  *   got.c          switching the GOT slots of every loaded object (attach, detach, pause)
  *   unwind.c/.h    the stack unwinder (its own API, usable alone)
+ *   exitscan.c     the reachability scan at exit: mmleak-scan started, or scanhere.c
+ *   scanhere.c     the scan of a lone thread at exit in a CLONE_VM child (the copy of
+ *                  tools/scan*.c built with tools/scan_inproc.h), its memory mml_map's
  *
  * Rules that keep the host safe hold in every file (mmleak.c lists them): no lock, syscall or
  * allocation on the hot path; no descriptor kept between cold calls; errno saved around every
@@ -73,7 +76,8 @@ COLD void scan_at_exit(uintptr_t floor);
 COLD int run_scanner(const char *why, uintptr_t floor, int lone);
 /* scanhere.c: the scan at exit of this thread, the process's only one, in a child sharing
  * our memory (no mmleak-scan started); the caller blocked every signal.  LONE: stack
- * pointer, fs_base, gs_base.  The scan's exit status (as mmleak-scan's), or -1. */
+ * pointer, fs_base, gs_base.  The scan's exit status (as mmleak-scan's), -1 (the child did
+ * not end by itself), or -2 (no child could be started). */
 COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone[3]);
 
 /* FLOOR_ENTRY(NAME, INNER, ATTRS): the function NAME, in assembly, for a call from the

@@ -45,7 +45,8 @@ void mmleak_scan_limits(void);
 /* ---- the scan's memory: mml_map's only ----
  * A block: a header of 32 bytes, then the caller's bytes.  Small ones (under BIG) are cut
  * from chunks of CHUNK bytes and never given back one by one (a scan allocates few: all go
- * at its end); a big one is a mapping of its own, unmapped by free. */
+ * at its end, but the last one taken, given back at once); a big one is a mapping of its
+ * own, unmapped by free. */
 #define CHUNK ((size_t)1 << 20)
 #define BIG ((size_t)64 << 10)
 #define MAX_CHUNKS 4096
@@ -111,6 +112,8 @@ void mml_sc_free(void *p)
     struct hdr *h = (struct hdr *)p - 1;
     if (h->base)
         mml_unmap(h->base, h->maplen);
+    else if ((char *)p + ((h->size + 15) & ~(size_t)15) == chunk_at)
+        chunk_at = (char *)h;           /* the last one taken (a buffer of a loop's turn) */
 }
 
 void *mml_sc_realloc(void *p, size_t n)
@@ -275,8 +278,8 @@ static int child_main(void *arg)
 
 /* The scan of this process, its thread TID alone and waiting below FLOOR (SP FS GS:
  * LONE), in a child of ours that shares our memory; the caller blocked every signal.  The
- * child's exit status (mmleak-scan's: 0 done, 1 leaks, 2 could not scan, 3 no result), or
- * -1 when it could not be started or did not end by itself. */
+ * child's exit status (mmleak-scan's: 0 done, 1 leaks, 2 could not scan, 3 no result), -1
+ * when it did not end by itself, -2 when it could not be started (mmleak-scan may be). */
 COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone[3])
 {
     static struct here h;               /* (in our .bss, which the scan leaves out) */
@@ -290,11 +293,12 @@ COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone
     memcpy(h.lone, lone, sizeof h.lone);
     char *stack = mml_map(STACK);
     if (!stack)
-        return -1;
+        return -2;
+    mprotect(stack, 4096, PROT_NONE);   /* an overflow faults, never writes below */
     pid_t child = clone(child_main, stack + STACK, CLONE_VM | SIGCHLD, &h);
     if (child < 0) {
         mml_unmap(stack, STACK);
-        return -1;
+        return -2;
     }
     prctl(PR_SET_PTRACER, (unsigned long)child, 0, 0, 0);
     __atomic_store_n(&h.go, 1, __ATOMIC_RELEASE);
@@ -304,10 +308,10 @@ COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone
     while ((r = waitpid(child, &st, 0)) < 0 && errno == EINTR)
         ;
     prctl(PR_SET_PTRACER, 0, 0, 0, 0);
-    /* a child killed in the scan (its time limit) leaves its chunks: ours, listed, gone
-     * with the process */
     mml_unmap(stack, STACK);
+    release_all();                      /* (ours: a child killed left them) */
     if (r != child || !WIFEXITED(st))
         return -1;
-    return WEXITSTATUS(st);
+    /* 4: the scan would start a thread (a big trace or heap, a CPU idle): mmleak-scan */
+    return WEXITSTATUS(st) == 4 ? -2 : WEXITSTATUS(st);
 }

@@ -102,7 +102,8 @@ void *mml_sc_calloc(size_t k, size_t n)
 {
     if (n && k > SIZE_MAX / n)
         return NULL;
-    return sc_alloc(k * n, 16);       /* (fresh mappings: zeroed) */
+    void *p = sc_alloc(k * n, 16);     /* (a chunk's room may have been given back) */
+    return p ? memset(p, 0, k * n) : NULL;
 }
 
 void mml_sc_free(void *p)

@@ -45,6 +45,10 @@ TOOLS_SRCS = $(filter-out tools/scan_main.c,$(sort $(wildcard tools/*.c)))
 SCAN_SRCS = $(sort $(wildcard tools/scan*.c))
 SCAN_OBJS = $(SCAN_SRCS:%.c=$(B)/%.o)
 TRACER_OBJS = $(TRACER_SRCS:%.c=$(B)/%.o)
+# mmleak.so carries a second copy of the scan (without scan_main.c), built with
+# tools/scan_inproc.h, for the scan at exit of a process left with one thread, in a child
+# that shares its memory (tracer/scanhere.c): no mmleak-scan started there.
+SCAN_INPROC_OBJS = $(filter-out %/scan_main.o,$(SCAN_SRCS:%.c=$(B)/inproc/%.o))
 TOOLS_OBJS = $(TOOLS_SRCS:%.c=$(B)/%.o)
 
 # The facts the C side shares with the Python side (the option table, the runtime objects,
@@ -59,8 +63,13 @@ $(B)/%.o: %.c | $(GEN)/facts.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_LIB) -I$(GEN) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c -o $@ $<
 
-$(OUT)/mmleak.so: $(TRACER_OBJS)
-	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -Wl,-z,defs -o $@ $(TRACER_OBJS) -ldl -lpthread $(LDFLAGS)
+$(B)/inproc/%.o: %.c tools/scan_inproc.h | $(GEN)/facts.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_LIB) -include tools/scan_inproc.h -I$(GEN) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c -o $@ $<
+
+$(OUT)/mmleak.so: $(TRACER_OBJS) $(SCAN_INPROC_OBJS)
+	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -Wl,-z,defs -o $@ $(TRACER_OBJS) $(SCAN_INPROC_OBJS) \
+	    -ldl -lpthread $(LDFLAGS)
 
 $(OUT)/mmleak-tools.so: $(TOOLS_OBJS)
 	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -Wl,-z,defs -o $@ $(TOOLS_OBJS) $(LDFLAGS)
@@ -74,7 +83,7 @@ $(OUT)/mmleak-scan: $(SCAN_OBJS)
 	$(if $(SCAN_LINK),$(CC) $(CFLAGS_LIB) $(CFLAGS) $(SCAN_LINK) -o $@ $(SCAN_OBJS) -lpthread \
 	    $(LDFLAGS) 2>/dev/null ||) $(CC) $(CFLAGS_LIB) $(CFLAGS) -o $@ $(SCAN_OBJS) -lpthread $(LDFLAGS)
 
--include $(TRACER_OBJS:.o=.d) $(TOOLS_OBJS:.o=.d) $(B)/tools/scan_main.d
+-include $(TRACER_OBJS:.o=.d) $(TOOLS_OBJS:.o=.d) $(B)/tools/scan_main.d $(SCAN_INPROC_OBJS:.o=.d)
 
 debug:
 	@mkdir -p build/debug

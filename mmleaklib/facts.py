@@ -57,6 +57,10 @@ OPTIONS = (
     Option("SCAN", "MMLEAK_SCAN", "bool", 1, 0, 1,
            "1: at the exit of the process, after its destructors, tell each block still "
            "alive lost or still reachable (see mmleak-scan(7)); 0: never", "mmleak.so"),
+    Option("SCAN_HERE", "MMLEAK_SCAN_HERE", "bool", 1, 0, 1,
+           "1: the scan at the exit of a process left with one thread runs in a child that "
+           "shares its memory, no mmleak-scan started (see mmleak-scan(7)); 0: always in "
+           "mmleak-scan", "mmleak.so"),
     Option("LIB", "MMLEAK_LIB", "path", None, 0, 0,
            "mmleak.py, mmleak-install.py: the mmleak.so to use", "mmleak.py"),
     Option("SHRINK", "MMLEAK_SHRINK", "choice", "auto", 0, 0,

@@ -52,12 +52,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "../tracer/compiler.h"
+#include "facts.h"
 
 #include "scan_int.h"
 #include "scan_read.h"
@@ -269,3 +271,33 @@ EXPORT int mmleak_scan(int pid, const char *dir, const char *id, const char *why
 }
 
 EXPORT int mmleak_scan_abi(void) { return 1; }
+
+/* The scanner's limits, taken before a scan at exit (mmleak-scan, and mmleak.so's scan in
+ * a child: tracer/scanhere.c): a process that limited its address space (RLIMIT_AS) gave
+ * us its limit: take what the hard limit allows, the scan needs memory of its own; the files
+ * of the cut are held open until read: as many as the hard limit allows. */
+void mmleak_scan_limits(void)
+{
+    struct rlimit rl;
+    if (!getrlimit(RLIMIT_AS, &rl) && rl.rlim_cur != rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_AS, &rl);
+    }
+    if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur != rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
+/* MMLEAK_SCAN_SECS, the time limit of a scan at exit (its default and range are
+ * mmleaklib/facts.py's: facts.h) */
+unsigned mmleak_scan_secs(void)
+{
+#define SECS_ROW(NAME, ENV, TYPE, DEF, MIN, MAX, HELP) \
+    if (!strcmp(ENV, "MMLEAK_SCAN_SECS")) { dflt = DEF; lo = MIN; hi = MAX; }
+    long dflt = 0, lo = 0, hi = 0;
+    MMLEAK_SCAN_OPTIONS(SECS_ROW)
+    const char *t = getenv("MMLEAK_SCAN_SECS");
+    long v = t && *t ? strtol(t, NULL, 10) : dflt;
+    return (unsigned)(v >= lo && v <= hi ? v : dflt);
+}

@@ -23,8 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "facts.h"
-#include <sys/resource.h>
 #include <sys/syscall.h>
 
 #include <stdint.h>
@@ -32,6 +30,8 @@
 int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why, char *out,
                       size_t outlen, char *err, size_t errlen, uint64_t *totals,
                       int floor_tid, uint64_t floor, int nfiles, const uint64_t *lone);
+unsigned mmleak_scan_secs(void);
+void mmleak_scan_limits(void);
 
 int main(int argc, char **argv)
 {
@@ -67,27 +67,8 @@ int main(int argc, char **argv)
     sigprocmask(SIG_SETMASK, &none, NULL);
     signal(SIGALRM, SIG_DFL);
     signal(SIGPIPE, SIG_IGN);
-    /* a process that limited its address space (RLIMIT_AS) gave us its limit: take what
-     * the hard limit allows, the scan needs memory of its own */
-    struct rlimit rl;
-    if (!getrlimit(RLIMIT_AS, &rl) && rl.rlim_cur != rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        setrlimit(RLIMIT_AS, &rl);
-    }
-    /* the files of the cut are held open until read: as many as the hard limit allows */
-    if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur != rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &rl);
-    }
-    /* MMLEAK_SCAN_SECS: its default and range are mmleaklib/facts.py's (facts.h) */
-#define SECS_ROW(NAME, ENV, TYPE, DEF, MIN, MAX, HELP) \
-    if (!strcmp(ENV, "MMLEAK_SCAN_SECS")) { dflt = DEF; lo = MIN; hi = MAX; }
-    long dflt = 0, lo = 0, hi = 0;
-    MMLEAK_SCAN_OPTIONS(SECS_ROW)
-    const char *t = getenv("MMLEAK_SCAN_SECS");
-    long v = t && *t ? strtol(t, NULL, 10) : dflt;
-    unsigned secs = (unsigned)(v >= lo && v <= hi ? v : dflt);
-    alarm(secs);
+    mmleak_scan_limits();
+    alarm(mmleak_scan_secs());
     char out[4200], err[512];
     uint64_t totals[8] = { 0 };
     int rc = mmleak_scan_floor(atoi(argv[1]), argv[2], argv[3], argv[4], out, sizeof out,

@@ -139,6 +139,25 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
 {
     static char path[PATH_MAX], pidbuf[24], fdbuf[24], tidbuf[24], floorbuf[24], nfbuf[24];
     static char spbuf[24], fsbuf[24], gsbuf[24];
+#if defined(__x86_64__)
+    /* at the exit, this thread alone: the scan in a child that shares our memory, no
+     * program started (tracer/scanhere.c) */
+    unsigned long lfs = 0, lgs = 0;
+    if (cfg.scan_here && lone && floor && !strcmp(why, "exit") &&
+        !syscall(SYS_arch_prctl, ARCH_GET_FS, &lfs) &&
+        !syscall(SYS_arch_prctl, ARCH_GET_GS, &lgs)) {
+        volatile char here = 0;         /* below the floor: this frame is mmleak.so's */
+        uint64_t lv[3] = { (uint64_t)(uintptr_t)&here, lfs, lgs };
+        uint64_t all = ~(uint64_t)0, old = 0;
+        syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, sizeof all);
+        int rc = mml_scan_here((int)syscall(SYS_gettid), floor, (int)atomic_load(&g_next_file),
+                               lv);
+        /* a signal that came meanwhile is delivered now */
+        syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
+        if (rc != -2)
+            return rc;
+    }                                   /* (no child: mmleak-scan, then) */
+#endif
     if (scanner_path(path, sizeof path))
         return -1;
     /* the environment without LD_PRELOAD, in memory of our own */

@@ -24,6 +24,9 @@
  *   sites.c        is a code address the program's, the runtime's or a wrapper's?
  *   got.c          switching the GOT slots of every loaded object (attach, detach, pause)
  *   unwind.c/.h    the stack unwinder (its own API, usable alone)
+ *   exitscan.c     the reachability scan at exit: mmleak-scan started, or scanhere.c
+ *   scanhere.c     the scan of a lone thread at exit in a CLONE_VM child (the copy of
+ *                  tools/scan*.c built with tools/scan_inproc.h), its memory mml_map's
  *
  * Rules that keep the host safe hold in every file (mmleak.c lists them): no lock, syscall or
  * allocation on the hot path; no descriptor kept between cold calls; errno saved around every
@@ -59,6 +62,7 @@ struct mml_cfg {
     int quiet;               /* MMLEAK_QUIET=1: no message on stderr, even on failure */
     int paused;              /* MMLEAK_PAUSED=1: preloaded, paused until mmleak.py attach */
     int scan;                /* MMLEAK_SCAN=1: the reachability scan at exit (the default) */
+    int scan_here;           /* MMLEAK_SCAN_HERE=1: a lone thread's exit scan in a CLONE_VM child */
 };
 extern struct mml_cfg cfg;
 /* Read the settings: from the environment (ARGS NULL), or, for mmleak_attach, from its
@@ -70,6 +74,11 @@ int read_config(const char *args);
 /* FLOOR: where the program's part of the calling thread's stack begins (FLOOR_ENTRY), or 0 */
 COLD void scan_at_exit(uintptr_t floor);
 COLD int run_scanner(const char *why, uintptr_t floor, int lone);
+/* scanhere.c: the scan at exit of this thread, the process's only one, in a child sharing
+ * our memory (no mmleak-scan started); the caller blocked every signal.  LONE: stack
+ * pointer, fs_base, gs_base.  The scan's exit status (as mmleak-scan's), -1 (the child did
+ * not end by itself), or -2 (no child could be started). */
+COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone[3]);
 
 /* FLOOR_ENTRY(NAME, INNER, ATTRS): the function NAME, in assembly, for a call from the
  * program that leads to a scan of its memory while it waits: it pushes the callee-saved

@@ -146,6 +146,7 @@ static int read_settings(void)
     cfg.hold = (size_t)v[OPT_HOLD_MB] << 20;
     cfg.paused = (int)v[OPT_PAUSED];
     cfg.scan = (int)v[OPT_SCAN];
+    cfg.scan_here = (int)v[OPT_SCAN_HERE];
     return bad;
 }
 

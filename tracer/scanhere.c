@@ -1,0 +1,318 @@
+/*
+ * tracer/scanhere.c: the scan at exit of a process left with one thread, without starting a
+ * program (mmleak-scan(7), "At the exit of a traced process").  Starting mmleak-scan costs a
+ * new address space (execve, the static executable's start, its exit): about half of the
+ * scan at a small program's exit (mmleak-performance(7), "Start-up and exit without a new
+ * address space").  Here the scan's own code (tools/scan*.c, compiled a second time into
+ * mmleak.so with tools/scan_inproc.h) runs in a child made with CLONE_VM: a process of its
+ * own (its pid, signals, descriptors, alarm), sharing the exiting process's memory, which it
+ * reads with process_vm_readv as mmleak-scan does; the exiting thread waits for it with every
+ * signal blocked, so nothing of the program runs meanwhile and no thread can appear.
+ *
+ * The child's memory is the process's: its stack and everything the scan allocates are
+ * mml_map's mappings (listed in tracer/ownlist.h, left out of the roots), never the
+ * program's heap (its state is the program's; a child killed in the middle of a malloc would
+ * leave its lock held).  Cold code: once per process, at its exit.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#ifndef PR_SET_PTRACER
+#define PR_SET_PTRACER 0x59616d61
+#endif
+
+/* tools/scan.c and tools/scan_main.c's, in mmleak.so's copy (tools/scan_inproc.h) */
+int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why, char *out,
+                      size_t outlen, char *err, size_t errlen, uint64_t *totals,
+                      int floor_tid, uint64_t floor, int nfiles, const uint64_t *lone);
+unsigned mmleak_scan_secs(void);
+void mmleak_scan_limits(void);
+
+/* ---- the scan's memory: mml_map's only ----
+ * A block: a header of 32 bytes, then the caller's bytes.  Small ones (under BIG) are cut
+ * from chunks of CHUNK bytes and never given back one by one (a scan allocates few: all go
+ * at its end, but the last one taken, given back at once); a big one is a mapping of its
+ * own, unmapped by free. */
+#define CHUNK ((size_t)1 << 20)
+#define BIG ((size_t)64 << 10)
+#define MAX_CHUNKS 4096
+struct hdr { void *base; size_t maplen, size, pad; };
+
+static char *chunk_at, *chunk_end;
+static void *chunks[MAX_CHUNKS];
+static int nchunks;
+
+static void *sc_alloc(size_t n, size_t align)
+{
+    if (n > ((size_t)1 << 46) || align > ((size_t)1 << 30))
+        return NULL;
+    size_t need = (n + 15) & ~(size_t)15;
+    if (align <= 16 && need < BIG) {
+        if ((size_t)(chunk_end - chunk_at) < need + sizeof(struct hdr)) {
+            if (nchunks == MAX_CHUNKS)
+                return NULL;
+            char *c = mml_map(CHUNK);
+            if (!c)
+                return NULL;
+            chunks[nchunks++] = c;
+            chunk_at = c;
+            chunk_end = c + CHUNK;
+        }
+        struct hdr *h = (struct hdr *)chunk_at;
+        chunk_at += sizeof *h + need;
+        h->base = NULL;
+        h->size = n;
+        return h + 1;
+    }
+    if (align < 16)
+        align = 16;
+    size_t pre = (sizeof(struct hdr) + align - 1) & ~(align - 1);
+    size_t maplen = (pre + need + (align > 4096 ? align : 0) + 4095) & ~(size_t)4095;
+    char *m = mml_map(maplen);
+    if (!m)
+        return NULL;
+    uintptr_t p = ((uintptr_t)m + pre + align - 1) & ~(uintptr_t)(align - 1);
+    struct hdr *h = (struct hdr *)p - 1;
+    h->base = m;
+    h->maplen = maplen;
+    h->size = n;
+    return (void *)p;
+}
+
+void *mml_sc_malloc(size_t n)
+{
+    return sc_alloc(n, 16);
+}
+
+void *mml_sc_calloc(size_t k, size_t n)
+{
+    if (n && k > SIZE_MAX / n)
+        return NULL;
+    void *p = sc_alloc(k * n, 16);     /* (a chunk's room may have been given back) */
+    return p ? memset(p, 0, k * n) : NULL;
+}
+
+void mml_sc_free(void *p)
+{
+    if (!p)
+        return;
+    struct hdr *h = (struct hdr *)p - 1;
+    if (h->base)
+        mml_unmap(h->base, h->maplen);
+    else if ((char *)p + ((h->size + 15) & ~(size_t)15) == chunk_at)
+        chunk_at = (char *)h;           /* the last one taken (a buffer of a loop's turn) */
+}
+
+void *mml_sc_realloc(void *p, size_t n)
+{
+    if (!p)
+        return sc_alloc(n, 16);
+    struct hdr *h = (struct hdr *)p - 1;
+    if (n <= h->size)
+        return p;
+    void *q = sc_alloc(n, 16);
+    if (q) {
+        memcpy(q, p, h->size);
+        mml_sc_free(p);
+    }
+    return q;
+}
+
+int mml_sc_posix_memalign(void **out, size_t align, size_t n)
+{
+    void *p = sc_alloc(n, align);
+    if (!p)
+        return ENOMEM;
+    *out = p;
+    return 0;
+}
+
+char *mml_sc_strdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = sc_alloc(n, 16);
+    return d ? memcpy(d, s, n) : NULL;
+}
+
+int mml_sc_asprintf(char **out, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0 || !(*out = sc_alloc((size_t)n + 1, 16)))
+        return -1;
+    va_start(ap, fmt);
+    vsnprintf(*out, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return n;
+}
+
+/* the scan maps anonymous memory only (its buffers, big tables) */
+void *mml_sc_mmap(void *addr, size_t n, int prot, int flags, int fd, off_t off)
+{
+    if (addr || fd != -1 || off || !(flags & MAP_ANONYMOUS) ||
+        prot != (PROT_READ | PROT_WRITE)) {
+        errno = EINVAL;
+        return MAP_FAILED;
+    }
+    void *p = mml_map(n);
+    return p ? p : MAP_FAILED;
+}
+
+int mml_sc_munmap(void *p, size_t n)
+{
+    mml_unmap(p, n);
+    return 0;
+}
+
+/* grown by a copy into a mapping of ours (the live set's arrays, doubling: the copies add
+ * up to the last size) */
+void *mml_sc_mremap(void *p, size_t n, size_t nn, int flags, ...)
+{
+    (void)flags;
+    void *q = mml_map(nn);
+    if (!q)
+        return MAP_FAILED;
+    memcpy(q, p, n < nn ? n : nn);
+    mml_unmap(p, n);
+    return q;
+}
+
+/* glibc's qsort may take its buffer from malloc (the program's heap here): a heapsort */
+static void swap_bytes(char *a, char *b, size_t n)
+{
+    while (n--) {
+        char t = *a;
+        *a++ = *b;
+        *b++ = t;
+    }
+}
+
+static void sift(char *b, size_t r, size_t end, size_t w,
+                 int (*cmp)(const void *, const void *))
+{
+    for (size_t c; (c = 2 * r + 1) < end; r = c) {
+        if (c + 1 < end && cmp(b + c * w, b + (c + 1) * w) < 0)
+            c++;
+        if (cmp(b + r * w, b + c * w) >= 0)
+            return;
+        swap_bytes(b + r * w, b + c * w, w);
+    }
+}
+
+void mml_sc_qsort(void *base, size_t n, size_t w, int (*cmp)(const void *, const void *))
+{
+    char *b = base;
+    if (n < 2)
+        return;
+    for (size_t i = n / 2; i-- > 0;)
+        sift(b, i, n, w, cmp);
+    for (size_t end = n - 1; end > 0; end--) {
+        swap_bytes(b, b + end * w, w);
+        sift(b, 0, end, w, cmp);
+    }
+}
+
+static void release_all(void)
+{
+    for (int i = 0; i < nchunks; i++)
+        mml_unmap(chunks[i], CHUNK);
+    nchunks = 0;
+    chunk_at = chunk_end = NULL;
+}
+
+/* ---- the child ---- */
+struct here {
+    int pid, tid, nfiles;
+    const char *dir, *id;
+    uint64_t floor, lone[3];
+    int go;                             /* set (and woken) once we may read the process */
+};
+
+#define STACK ((size_t)1 << 20)
+
+static int child_main(void *arg)
+{
+    struct here *h = arg;
+    /* Yama (ptrace_scope 1) lets us read the process once it named us (PR_SET_PTRACER) */
+    while (!__atomic_load_n(&h->go, __ATOMIC_ACQUIRE))
+        syscall(SYS_futex, &h->go, FUTEX_WAIT, 0, NULL, NULL, 0);
+    /* the process's descriptors are not ours to hold (a copy of its table: a daemon's
+     * sockets would outlive it if it were killed during the scan) */
+    syscall(SYS_close_range, 3, ~0u, 0);
+    /* every signal stays blocked (a handler of the program's must not run here, in its
+     * memory), but SIGALRM, whose default action is our time limit, as mmleak-scan's;
+     * a fault is still fatal (the kernel unblocks it) */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigaction(SIGALRM, &dfl, NULL);
+    uint64_t alrm = (uint64_t)1 << (SIGALRM - 1), all = ~alrm;
+    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, NULL, sizeof all);
+    mmleak_scan_limits();
+    alarm(mmleak_scan_secs());
+    char out[4200], err[512];
+    uint64_t totals[8] = { 0 };
+    int rc = mmleak_scan_floor(h->pid, h->dir, h->id, "exit", out, sizeof out, err,
+                               sizeof err, totals, h->tid, h->floor, h->nfiles, h->lone);
+    release_all();
+    if (rc < 0)
+        say("mmleak-scan: ", err, "");
+    syscall(SYS_exit_group, rc ? (rc < 0 ? 3 : 2) : totals[0] || totals[2] ? 1 : 0);
+    return 0;
+}
+
+/* The scan of this process, its thread TID alone and waiting below FLOOR (SP FS GS:
+ * LONE), in a child of ours that shares our memory; the caller blocked every signal.  The
+ * child's exit status (mmleak-scan's: 0 done, 1 leaks, 2 could not scan, 3 no result), -1
+ * when it did not end by itself, -2 when it could not be started (mmleak-scan may be). */
+COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone[3])
+{
+    static struct here h;               /* (in our .bss, which the scan leaves out) */
+    memset(&h, 0, sizeof h);
+    h.pid = getpid();
+    h.tid = tid;
+    h.nfiles = nfiles;
+    h.dir = cfg.dir;
+    h.id = g_id;
+    h.floor = floor;
+    memcpy(h.lone, lone, sizeof h.lone);
+    char *stack = mml_map(STACK);
+    if (!stack)
+        return -2;
+    mprotect(stack, 4096, PROT_NONE);   /* an overflow faults, never writes below */
+    pid_t child = clone(child_main, stack + STACK, CLONE_VM | SIGCHLD, &h);
+    if (child < 0) {
+        mml_unmap(stack, STACK);
+        return -2;
+    }
+    prctl(PR_SET_PTRACER, (unsigned long)child, 0, 0, 0);
+    __atomic_store_n(&h.go, 1, __ATOMIC_RELEASE);
+    syscall(SYS_futex, &h.go, FUTEX_WAKE, 1, NULL, NULL, 0);
+    int st = 0;
+    pid_t r;
+    while ((r = waitpid(child, &st, 0)) < 0 && errno == EINTR)
+        ;
+    prctl(PR_SET_PTRACER, 0, 0, 0, 0);
+    mml_unmap(stack, STACK);
+    release_all();                      /* (ours: a child killed left them) */
+    if (r != child || !WIFEXITED(st))
+        return -1;
+    /* 4: the scan would start a thread (a big trace or heap, a CPU idle): mmleak-scan */
+    return WEXITSTATUS(st) == 4 ? -2 : WEXITSTATUS(st);
+}

@@ -5,10 +5,10 @@
  */
 #include "unwind.h"
 #include "unwind_shared.h"
+#include "rulecache.h"
 #include "compiler.h"
 
 #include <stdatomic.h>
-#include <stddef.h>
 #include <stdint.h>
 
 /* ---- the memo ------------------------------------------------------------------------------
@@ -70,15 +70,21 @@ static inline uint64_t mix64(uint64_t h)
 /* The four records (ways) a walk from (ip, sp) may be kept in, as the one it is looked up in
  * first (its preferred way: memo_put keeps it there when that way is free, and the entry
  * point prefetches that record alone); memo_ways gives the set.  The set is chosen by the
- * start alone.  It used to take the return address one frame up too, found with the cached
- * rule of ip, so that many paths reaching one function at one depth (the same start) would
- * take different sets; but that read of the rule cache, before the prefetch, cost more than
- * the four ways lose (bench/stacks_bench: 7 to 9 ns per event less without it, 2.5 % more
- * walks; docs/performance.rst, the tenth pass).  Paths that share a start share the set's
- * four ways. */
+ * start and by the return address one frame up, found with the cached rule of ip: many paths
+ * reach the same function at the same depth (the same start), and they then take different
+ * sets.  A wrong or missing rule only costs a miss: the words checked include that return
+ * address. */
 static inline struct memo *memo_set(uintptr_t ip, uintptr_t sp)
 {
-    uint64_t h = (uint64_t)ip * 0x9E3779B97F4A7C15ull ^ (uint64_t)sp * 0xC2B2AE3D27D4EB4Full;
+    uintptr_t up = 0;
+    uint64_t e = cache_get(ip);
+    if (likely(e) && (e >> TAG_BITS & 7) == K_RSP) {
+        uintptr_t cfa = sp + (uintptr_t)((int64_t)e >> OFF_SHIFT);
+        if (cfa >= sp + 8 && cfa <= U.hi && sp >= U.lo)
+            up = *(const uintptr_t *)(cfa - 8);
+    }
+    uint64_t h = (uint64_t)ip * 0x9E3779B97F4A7C15ull ^ (uint64_t)sp * 0xC2B2AE3D27D4EB4Full ^
+                 (uint64_t)up * 0x165667B19E3779F9ull;
     h ^= h >> 29;
     return &g_memo[MEMO_WAYS * (h >> (64 - MEMO_BITS + 2)) + (h >> 20 & (MEMO_WAYS - 1))];
 }

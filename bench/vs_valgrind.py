@@ -4,9 +4,10 @@
     /usr/bin/python3 bench/vs_valgrind.py [--only NAME]... [--no-perturb] [--lsan]
 
 Each program (Debian's python3, perl, git, sqlite3, gawk, sort, grep, sed, tar, xz, jq, bc,
-openssl, a C++ program with iostream, exceptions and threads, and the daemons redis-server
-and nginx, stopped with SIGTERM once their socket exists, and one second more) runs, in a
-fresh directory of its own, under:
+openssl, a C++ program with iostream, exceptions and threads, cmake -P, cppcheck, doxygen,
+zstd -T2, htpasswd (APR pools), ldbsearch (talloc), and the daemons redis-server and nginx,
+stopped with SIGTERM once their socket exists, and one second more) runs, in a fresh
+directory of its own, under:
 
   vg      valgrind --leak-check=full --show-leak-kinds=all (its defaults: __libc_freeres
           and __gnu_cxx::__freeres run at exit)
@@ -80,6 +81,23 @@ PROGRAMS = [
     ("openssl genpkey", ["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt",
                         "rsa_keygen_bits:1024", "-out", "k.pem"], None, None, []),
     ("C++ threads", [os.path.join(OUT, "vs_valgrind_cxx")], None, None, []),
+    ("cmake -P", ["cmake", "-P", "s.cmake"],
+     "printf 'set(L)\\nforeach(i RANGE 1 3000)\\n  string(SHA256 h \"x${i}\")\\n  list(APPEND L "
+     "${h})\\nendforeach()\\nlist(SORT L)\\nlist(LENGTH L n)\\nmessage(\"${n}\")\\n' > s.cmake",
+     None, []),
+    ("cppcheck", ["cppcheck", "--enable=all", "--inconclusive", "-q", "a.c"],
+     "printf '#include <stdlib.h>\\nint f(int n){char *p=malloc(n); if(n>3) return 1; free(p); "
+     "return n;}\\nint main(void){return f(2);}\\n' > a.c", None, []),
+    # one thread: with two, doxygen's own lost strings change from run to run
+    ("doxygen", ["doxygen", "Doxyfile"],
+     "cp %s/tracer/*.h . && doxygen -g Doxyfile >/dev/null && printf 'GENERATE_LATEX=NO\\n"
+     "QUIET=YES\\nEXTRACT_ALL=YES\\nHAVE_DOT=NO\\nNUM_PROC_THREADS=1\\n' >> Doxyfile" % ROOT,
+     None, []),
+    ("zstd -T2", ["zstd", "-q", "-T2", "-3", "in.txt"], "seq 1 1500000 > in.txt", None, []),
+    ("htpasswd", ["htpasswd", "-c", "-b", "-B", "-C", "5", "pw", "u", "secret"], None, None, []),
+    ("ldbsearch", ["ldbsearch", "-H", "t.ldb", "(cn=u1*)", "cn"],
+     "for i in $(seq 200); do printf 'dn: cn=u%d,dc=x\\ncn: u%d\\n\\n' $i $i; done > in.ldif && "
+     "ldbadd -H t.ldb in.ldif >/dev/null", None, []),
     ("redis-server", ["redis-server", "--port", "0", "--save", "", "--appendonly", "no",
                       "--unixsocket", "r.sock", "--daemonize", "no"], None, "r.sock",
      ["--soname-synonyms=somalloc=*jemalloc*"]),     # Debian's redis uses jemalloc

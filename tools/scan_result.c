@@ -199,6 +199,10 @@ int scan_write_result(struct scan *s, char *out, size_t outlen)
         return -1;
     }
     struct stat st;
+    /* 0600 whatever the process's umask (0777 would leave it 0000: unreadable to its
+     * owner), as the tracer's own files */
+    if (!fstat(fd, &st) && (st.st_mode & 0777) != 0600)
+        fchmod(fd, 0600);
     char maps[300];
     snprintf(maps, sizeof maps, "%s/mmleak.%s.maps", s->dir, s->id);
     if (!lstat(maps, &st) && st.st_uid != geteuid())

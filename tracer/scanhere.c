@@ -249,9 +249,6 @@ struct here {
 static int child_main(void *arg)
 {
     struct here *h = arg;
-    /* Yama (ptrace_scope 1) lets us read the process once it named us (PR_SET_PTRACER) */
-    while (!__atomic_load_n(&h->go, __ATOMIC_ACQUIRE))
-        syscall(SYS_futex, &h->go, FUTEX_WAIT, 0, NULL, NULL, 0);
     /* the process's descriptors are not ours to hold (a copy of its table: a daemon's
      * sockets would outlive it if it were killed during the scan) */
     syscall(SYS_close_range, 3, ~0u, 0);
@@ -266,13 +263,22 @@ static int child_main(void *arg)
     syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, NULL, sizeof all);
     mmleak_scan_limits();
     alarm(mmleak_scan_secs());
+    /* Yama (ptrace_scope 1) lets us read the process once it named us (PR_SET_PTRACER);
+     * (the alarm first: a process killed before it said go leaves no child waiting) */
+    while (!__atomic_load_n(&h->go, __ATOMIC_ACQUIRE))
+        syscall(SYS_futex, &h->go, FUTEX_WAIT, 0, NULL, NULL, 0);
     char out[4200], err[512];
     uint64_t totals[8] = { 0 };
     int rc = mmleak_scan_floor(h->pid, h->dir, h->id, "exit", out, sizeof out, err,
                                sizeof err, totals, h->tid, h->floor, h->nfiles, h->lone);
     release_all();
-    if (rc < 0)
-        say("mmleak-scan: ", err, "");
+    if (rc < 0) {                       /* as mmleak-scan says it */
+        char m[600];
+        int n = snprintf(m, sizeof m, "mmleak-scan: %s\n", err);
+        if (n > 0 && write(2, m, (size_t)n < sizeof m ? (size_t)n : sizeof m - 1) < 0) {
+            /* (nowhere else to say it) */
+        }
+    }
     syscall(SYS_exit_group, rc ? (rc < 0 ? 3 : 2) : totals[0] || totals[2] ? 1 : 0);
     return 0;
 }

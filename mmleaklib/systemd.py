@@ -560,6 +560,13 @@ def env_clears(args):
     return clears, opt_end, i
 
 
+def full_privileges(val):
+    """Does ExecStart=VAL run with full privileges (its prefix has "+" or "!"), as root
+    whatever User= says?"""
+    flags = re.match(r"^[-@:+!]*", val).group(0)
+    return "+" in flags or "!" in flags
+
+
 def check_execstart(root, unit, settings, out):
     """Append warning lines (strings) about ExecStart= commands to OUT."""
     for val in settings["exec"]:
@@ -1241,7 +1248,10 @@ def plan(args, root, unit):
                    if under(ddir, "/var/lib/" + d.split(":")[0])), None)
         cred = {"user": dynamic_user_name(unit, s["User"]), "group": s["Group"],
                 "dynamic": True, "statedir": sd}
-    elif who.uid == 0:
+    elif who.uid == 0 or any(full_privileges(v) for v in s["exec"]):
+        # ExecStart=!... or +... runs as root whatever User= says (Debian's chrony.service:
+        # chronyd starts as root, forks, and only its child becomes _chrony): the files of
+        # the root processes are root's, and a companion as User= was refused them
         cred = {"user": None, "group": None, "dynamic": False, "statedir": None}
     else:
         cred = {"user": who.user, "group": who.group, "dynamic": False, "statedir": None}

@@ -1677,6 +1677,26 @@ def test_root_companion_folds_a_trace_handed_to_another_user(root, lib, tmp_path
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (65534, 65534, 0o600)
 
 
+def test_companion_of_a_service_started_with_full_privileges(root, lib):
+    """Debian's chrony.service: User=_chrony but ExecStart=!/usr/sbin/chronyd, which runs as
+    root (the "!" prefix) and makes only its child _chrony: the files of the root processes
+    are root's, and a companion as _chrony was refused them ("mmleak.ID.lock: owned by uid
+    109, not by the trace's owner (uid 0) or root: refused", exit 2, until systemd gave up on
+    it).  Its companion is root's, with the root companion's capabilities; the dump
+    directory is still the user's (the daemon becomes that user)."""
+    for prefix in ("!", "+", "-!"):
+        (root / "usr/lib/systemd/system/priv.service").write_text(
+            "[Service]\nUser=leaky\nExecStart=%s/usr/bin/true\n" % prefix)
+        rc, out, err = run(root, "install", "priv.service", lib=lib)
+        assert (rc, err) == (0, ""), err
+        assert "compactor: mmleak-compact-priv.service, as root (as the service), " in out
+        assert companion_file(root, "priv.service") == companion_text(
+            "priv.service", caps="CAP_CHOWN CAP_DAC_OVERRIDE CAP_FOWNER")
+        st = os.stat(str(root / "var/lib/mmleak/priv.service"))
+        assert (st.st_uid, st.st_gid) == (4321, 4321)
+        assert run(root, "uninstall", "priv.service")[0] == 0
+
+
 def test_companion_follows_the_user(root, lib):
     add_user(root, "other", 4500)
     assert run(root, "install", "owned.service", lib=lib)[0] == 0

@@ -5,7 +5,8 @@
  * must be mmleak.so's own (tracer/ownlist.h: left out of the roots, as a block's copies in
  * it would make the block look reachable), never the program's heap (its locks and state
  * are the program's).  So every allocation and anonymous mapping of these files goes to
- * tracer/scanhere.c's, and qsort (whose glibc copy may call malloc) to its own sort.  The
+ * tracer/scanhere.c's, qsort (whose glibc copy may call malloc) to its own sort, and
+ * opendir/readdir/closedir (glibc's buffer is malloc's) to its own getdents64 reader.  The
  * rest is the same source as mmleak-scan's. */
 #ifndef MMLEAK_SCAN_INPROC_H
 #define MMLEAK_SCAN_INPROC_H
@@ -22,6 +23,9 @@
 #define munmap mml_sc_munmap
 #define mremap mml_sc_mremap
 #define qsort mml_sc_qsort
+#define opendir mml_sc_opendir     /* glibc's takes its buffer from malloc */
+#define readdir mml_sc_readdir
+#define closedir mml_sc_closedir
 #define say mml_sc_say                  /* tracer/say.c has a say of its own */
 /* mmleak-tools.so's entry points (for mmleak.py) are not mmleak.so's: hidden here */
 #include "../tracer/compiler.h"

@@ -15,11 +15,14 @@
  * leave its lock held).  Cold code: once per process, at its exit.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -160,6 +163,58 @@ int mml_sc_asprintf(char **out, const char *fmt, ...)
     vsnprintf(*out, (size_t)n + 1, fmt, ap);
     va_end(ap);
     return n;
+}
+
+/* Directories (the cut's listing, the tasks of /proc/PID/task): glibc's opendir takes its
+ * buffer from malloc, the program's heap here.  These read them with getdents64 into a
+ * buffer of ours; on 64-bit Linux glibc's struct dirent is the kernel's linux_dirent64, so
+ * an entry is handed out where the kernel put it, as glibc's readdir does. */
+struct sc_dir {
+    int fd;
+    size_t pos, len;
+    char buf[8192] __attribute__((aligned(8)));
+};
+_Static_assert(sizeof(struct dirent) == 280 && offsetof(struct dirent, d_name) == 19,
+               "struct dirent is linux_dirent64");
+
+DIR *mml_sc_opendir(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return NULL;
+    struct sc_dir *d = sc_alloc(sizeof *d, 16);
+    if (!d) {
+        int e = errno;
+        close(fd);
+        errno = e ? e : ENOMEM;
+        return NULL;
+    }
+    d->fd = fd;
+    d->pos = d->len = 0;
+    return (DIR *)d;
+}
+
+struct dirent *mml_sc_readdir(DIR *dir)
+{
+    struct sc_dir *d = (struct sc_dir *)dir;
+    if (d->pos >= d->len) {
+        long n = syscall(SYS_getdents64, d->fd, d->buf, sizeof d->buf);
+        if (n <= 0)
+            return NULL;        /* the end (errno kept) or an error (errno set) */
+        d->len = (size_t)n;
+        d->pos = 0;
+    }
+    struct dirent *e = (struct dirent *)(d->buf + d->pos);
+    d->pos += e->d_reclen;
+    return e;
+}
+
+int mml_sc_closedir(DIR *dir)
+{
+    struct sc_dir *d = (struct sc_dir *)dir;
+    int r = close(d->fd);
+    mml_sc_free(d);
+    return r;
 }
 
 /* the scan maps anonymous memory only (its buffers, big tables) */

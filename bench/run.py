@@ -29,6 +29,7 @@ PY = "/usr/bin/python3"
 BENCH_BIN = os.path.join(OUT, "alloc_bench")
 UNWIND_BIN = os.path.join(OUT, "unwind_bench")
 STACKS_BIN = os.path.join(OUT, "stacks_bench")
+SITES_BIN = os.path.join(OUT, "sites_bench")
 APPEND_BIN = os.path.join(OUT, "append_bench")
 DAEMON_BIN = os.path.join(OUT, "daemon_load")
 ATTACH_BIN = os.path.join(OUT, "attach_target")
@@ -632,8 +633,9 @@ def build_stacks_bench():
     cc = os.environ.get("CC", "cc")
     # -O2 without frame pointers: mmleak's unwinder can only use the DWARF CFI.  No -g: the
     # unwinders need only .eh_frame, and the binary stays small.
-    subprocess.check_call([cc, "-O2", "-fomit-frame-pointer", "-o", STACKS_BIN,
-                           os.path.join(HERE, "stacks_bench.c")])
+    for out, src in ((STACKS_BIN, "stacks_bench.c"), (SITES_BIN, "sites_bench.c")):
+        subprocess.check_call([cc, "-O2", "-fomit-frame-pointer", "-o", out,
+                               os.path.join(HERE, src)])
 
 
 def stacks_workloads(quick):
@@ -646,6 +648,9 @@ def stacks_workloads(quick):
 
     def sb(n, indir):
         return [STACKS_BIN, "-n", str(n)], None
+
+    def sd(n, indir):
+        return [SITES_BIN, "-n", str(n)], None
 
     real = {w.name: w for w in workloads(quick)}
     return [
@@ -662,6 +667,10 @@ def stacks_workloads(quick):
         Workload("c tree", "bench/stacks_bench.c: 4096 call paths 8-20 deep through 256 functions",
                  sb, {"none": 1000000 if not q else 200000,
                       "heaptrack": 40000 if not q else 20000}, "-n", stacks=True),
+        # the shape c lacks: one function calling a wrapper from 16 call sites (one start)
+        Workload("d sites", "bench/sites_bench.c: a wrapper called from 16 call sites of one "
+                 "function", sd, {"none": 2000000 if not q else 400000,
+                                  "heaptrack": 500000 if not q else 100000}, "-n", stacks=True),
         Workload("python", real["python"].desc, real["python"].make,
                  {"none": real["python"].sizes["none"]}, "N", stacks=True),
         Workload("sqlite3", real["sqlite3"].desc, real["sqlite3"].make,

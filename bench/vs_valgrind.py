@@ -16,7 +16,9 @@ directory of its own, under:
   mm      mmleak.py run (the scan at exit), then mmleak.py report --no-builtin-suppressions
   mmp     the same with MALLOC_PERTURB_=165: glibc overwrites freed and new blocks, so no
           stale pointer is left in memory a block was given uninitialised (memcheck knows
-          such words are undefined and skips them; mmleak cannot tell)
+          such words are undefined and skips them; mmleak cannot tell), but for blocks its
+          per-thread cache recycles (GLIBC_TUNABLES=glibc.malloc.tcache_count=0 as well
+          turns it off: mmleak-scan(7), LIMITS)
   lsan    with --lsan: LD_PRELOAD=liblsan.so.0 (LeakSanitizer preloaded into a binary built
           without it: a rough reference only)
 

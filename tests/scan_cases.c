@@ -243,6 +243,16 @@ __attribute__((noinline)) static void plant(const char *c)
         void **holder = malloc(3000);
         holder[5] = target();
         free(holder);
+    } else if (!strcmp(c, "tcache-stale")) {
+        /* the block's address left in a freed block that glibc's per-thread cache (tcache)
+         * hands out again to a block kept, which never writes it: MALLOC_PERTURB_ overwrites
+         * neither a block freed into tcache nor one taken from it (gdb's 30 strings,
+         * docs/scan.rst); with glibc.malloc.tcache_count=0 it overwrites both */
+        void **holder = malloc(200);
+        holder[5] = target();
+        __asm__ volatile("" ::"r"(holder) : "memory");
+        free(holder);
+        g_slot = malloc(200);
     } else if (!strcmp(c, "lost")) {
         target();
     } else if (!strcmp(c, "joined-arg")) {

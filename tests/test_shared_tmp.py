@@ -241,3 +241,28 @@ def test_a_lying_scan_result_is_one_line_not_a_memory_bomb(tmp_path):
             assert "definitely lost:       16 bytes in 1 blocks" in r.stdout, r.stdout
         else:
             assert (r.returncode, r.stderr) == (2, "mmleak.py: %s: %s\n" % (path, said))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root compacts another user's trace")
+def test_root_compacts_another_users_trace_into_that_users_files(bins, tmp_path):
+    # Root's `compact` of nobody's trace (a sticky directory, its process killed): every
+    # file it leaves (result, series, lock) is nobody's, mode 0600, none of root's
+    # (files.replace and TraceLock give them to the trace's owner); nothing is left over.
+    run_traced([bins["hostile"], "kill"], tmp_path, check=False)
+    shared = tempfile.mkdtemp(prefix="mmleak-share-", dir="/tmp")
+    try:
+        os.chmod(shared, 0o1777)
+        for n in os.listdir(tmp_path):
+            shutil.copy(str(tmp_path / n), shared)
+            os.chown(os.path.join(shared, n), NOBODY, NOBODY)
+            os.chmod(os.path.join(shared, n), 0o600)
+        r = run("compact", shared)
+        assert r.returncode == 0 and "the trace is over" in r.stdout, r.stderr
+        names = sorted(os.listdir(shared))
+        assert [n.split(".", 2)[2] for n in names] == [
+            "compact", "loads", "lock", "maps", "series"], names
+        for n in names:
+            st = os.lstat(os.path.join(shared, n))
+            assert (n, st.st_uid, st.st_gid, st.st_mode & 0o777) == (n, NOBODY, NOBODY, 0o600)
+    finally:
+        shutil.rmtree(shared)

@@ -911,8 +911,11 @@ def main(argv=None):
 
     def body():
         rc = args.func(args)
-        # a file refused (or ignored) in the dump directory: an input that could not be used
-        if errors.REFUSALS and args.func in READERS and rc in (EXIT_OK, EXIT_PARTIAL):
+        # a file refused (or ignored) in the dump directory: an input that could not be used;
+        # not for a service's companion (compact --forever): it said so once and went on,
+        # and a status 2 would show it failed (and restart it) for what it handled
+        if errors.REFUSALS and args.func in READERS and rc in (EXIT_OK, EXIT_PARTIAL) and \
+                not getattr(args, "forever", False):
             rc = EXIT_INPUT
         return rc
     return errors.run_main(body)

@@ -266,3 +266,46 @@ def test_root_compacts_another_users_trace_into_that_users_files(bins, tmp_path)
             assert (n, st.st_uid, st.st_gid, st.st_mode & 0o777) == (n, NOBODY, NOBODY, 0o600)
     finally:
         shutil.rmtree(shared)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root compacts another user's trace")
+def test_root_compacts_another_users_trace_with_that_users_rights(bins, tmp_path):
+    # Root's `compact` of nobody's trace writes and deletes as nobody (permissions, quota and
+    # reserved blocks are nobody's, as recover's): in a directory nobody cannot write, the
+    # trace is not folded (root could have): one line, status 2, its files as they were; in
+    # one nobody can write, folded. Run from a directory nobody cannot search (the pass as
+    # nobody uses absolute paths).
+    src = tmp_path / "src"
+    src.mkdir()
+    run_traced([bins["hostile"], "kill"], src, check=False)
+    shared = tempfile.mkdtemp(prefix="mmleak-share-", dir="/tmp")
+    here = tmp_path / "private"
+    here.mkdir(mode=0o700)
+    try:
+        os.chmod(shared, 0o755)
+        for n in os.listdir(str(src)):
+            shutil.copy(str(src / n), shared)
+            os.chown(os.path.join(shared, n), NOBODY, NOBODY)
+            os.chmod(os.path.join(shared, n), 0o600)
+        (out,) = [n for n in os.listdir(shared) if n.endswith(".out")]
+        tid = out.split(".")[1]
+        before = sorted(os.listdir(shared))
+        rel = os.path.relpath(shared, str(here))
+        r = subprocess.run(MMLEAK_PY + ["compact", rel], capture_output=True, text=True,
+                           timeout=120, cwd=str(here))
+        assert (r.returncode, r.stdout, r.stderr) == (
+            2, "", "mmleak.py: trace %s: cannot write %s/mmleak.%s.compact.tmp: Permission "
+            "denied (done as the trace's owner, uid %d)\n" % (tid, shared, tid, NOBODY))
+        assert sorted(os.listdir(shared)) == before
+        os.chmod(shared, 0o1777)
+        r = subprocess.run(MMLEAK_PY + ["compact", rel], capture_output=True, text=True,
+                           timeout=120, cwd=str(here))
+        assert r.returncode == 0 and "the trace is over" in r.stdout, r.stderr
+        names = sorted(os.listdir(shared))
+        assert [n.split(".", 2)[2] for n in names] == [
+            "compact", "loads", "lock", "maps", "series"], names
+        for n in names:
+            st = os.lstat(os.path.join(shared, n))
+            assert (n, st.st_uid, st.st_gid, st.st_mode & 0o777) == (n, NOBODY, NOBODY, 0o600)
+    finally:
+        shutil.rmtree(shared)

@@ -669,7 +669,8 @@ def add_compact(sub):
                         "traced then get %g seconds to end before the last pass)" % STOP_GRACE)
     c.add_argument("--forever", action="store_true",
                    help="with --follow: do not stop when no process is traced (a service's "
-                        "companion, stopped with it)")
+                        "companion, stopped with it); a trace it could not read is said once "
+                        "and does not make the status 2 (systemctl would show it failed)")
     c.add_argument("--interval", type=positive_float, default=1.0, metavar="SECONDS",
                    help="with --follow, a pass starts this long after the previous one "
                         "started, or at once if that one took longer (default 1)")

@@ -462,6 +462,8 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
         lock = TraceLock(directory, tid, wait=False).__enter__()
     except BlockingIOError:
         return None
+    except Refused as e:                # (a lock file of another user's: said once, as such)
+        raise Refused("trace %s: not folded: %s" % (tid, e))
     try:
         runs = _runs(directory, tid)
         for r in [cpath] + [p for _, p in runs]:

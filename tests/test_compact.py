@@ -1142,7 +1142,7 @@ def test_companion_does_not_fail_for_a_stale_lock_of_another_user(tmp_path):
         if comp.poll() is None:
             comp.kill()
             comp.wait()
-    assert first + err == ("mmleak.py: %s: owned by uid 65534, not by the trace's owner "
-                           "(uid 0) or root: refused\n" % lock)
+    assert first + err == ("mmleak.py: trace 81: not folded: %s: owned by uid 65534, not by "
+                           "the trace's owner (uid 0) or root: refused\n" % lock)
     assert (comp.returncode, out) == (0, "")
     assert os.path.exists(str(tmp_path / "mmleak.81.0.out"))     # left as it was

@@ -792,8 +792,8 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopp
                 outs = [p for p in traces[tid] if tail_of(p)]
                 alive = trace_alive(directory, tid, traces, _trace_start(outs),
                                     [tail_of(p) for p in outs if os.path.lexists(tail_of(p))])
-                res = _compact_as_owner(owner, lambda: one(os.path.abspath(directory), None),
-                                        alive)
+                res = _compact_as_owner(owner, os.path.abspath(directory),
+                                        lambda: one(os.path.abspath(directory), None), alive)
             else:
                 res = one()
         except Fail as e:               # this trace is left as it is; the others go on
@@ -838,7 +838,7 @@ def _may_switch_users():
     return False
 
 
-def _compact_as_owner(owner, func, alive):
+def _compact_as_owner(owner, directory, func, alive):
     """FUNC() (a compaction pass over one trace, compact_trace) run, by root, as the trace's
     OWNER (uid, gid of its maps file), in a child that takes that user's uid, gid and groups:
     what the pass writes (result, runs, series, .live, lock) and deletes is done under the
@@ -846,7 +846,8 @@ def _compact_as_owner(owner, func, alive):
     files may be as big as its owner likes), as `recover` does (_as_owner_of).  Returns
     FUNC's dict (its "point": whether one was made); Fail, Refused and OSError come back as
     the parent's, the lines the child refused counted as the parent's (exit status 2).
-    ALIVE: root saw the trace alive (the child does not look again: see compact_dir)."""
+    ALIVE: root saw the trace alive (the child does not look again: see compact_dir).  A
+    DIRECTORY the owner cannot reach and write is root's: FUNC() then runs here."""
     import json
     import pwd
     uid = owner[0]
@@ -867,6 +868,11 @@ def _compact_as_owner(owner, func, alive):
             os.setgroups(groups)
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
+            if not os.access(directory, os.W_OK | os.X_OK):
+                # a directory the owner cannot write (a daemon's files handed over by
+                # mmleak.so in root's directory): root's to compact, as before
+                out = {"kind": "root"}
+                raise SystemExit
             global _ROOT_SAW_ALIVE
             _ROOT_SAW_ALIVE = alive
             res = func()
@@ -878,6 +884,8 @@ def _compact_as_owner(owner, func, alive):
         except OSError as e:
             out = {"kind": "os", "errno": e.errno or 0, "text": e.strerror or str(e),
                    "file": e.filename if isinstance(e.filename, str) else None}
+        except SystemExit:
+            pass
         except BaseException as e:      # a bug: said, as the parent would
             out = {"kind": "bug", "text": "%s: %s" % (type(e).__name__, e)}
         finally:
@@ -902,6 +910,8 @@ def _compact_as_owner(owner, func, alive):
     as_owner = " (done as the trace's owner, uid %d)" % uid
     if out["kind"] == "ok":
         return out["res"]
+    if out["kind"] == "root":
+        return func()
     if out["kind"] == "refused":
         raise Refused(out["text"] + as_owner)
     if out["kind"] == "os":

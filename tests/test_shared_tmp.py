@@ -270,42 +270,36 @@ def test_root_compacts_another_users_trace_into_that_users_files(bins, tmp_path)
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="root compacts another user's trace")
 def test_root_compacts_another_users_trace_with_that_users_rights(bins, tmp_path):
-    # Root's `compact` of nobody's trace writes and deletes as nobody (permissions, quota and
-    # reserved blocks are nobody's, as recover's): in a directory nobody cannot write, the
-    # trace is not folded (root could have): one line, status 2, its files as they were; in
-    # one nobody can write, folded. Run from a directory nobody cannot search (the pass as
-    # nobody uses absolute paths).
+    # Root's `compact` of nobody's trace, in a sticky directory, writes and deletes as nobody
+    # (permissions, quota, reserved blocks, groups are nobody's, as recover's): what it makes
+    # has nobody's own group, as what nobody's process makes (root's pass gave it the
+    # maps file's, here root's group). Run from a directory nobody cannot search (the pass
+    # as nobody uses absolute paths). In a directory nobody cannot write (a daemon's files
+    # handed over in root's directory), root folds it, as before.
     src = tmp_path / "src"
     src.mkdir()
     run_traced([bins["hostile"], "kill"], src, check=False)
-    shared = tempfile.mkdtemp(prefix="mmleak-share-", dir="/tmp")
     here = tmp_path / "private"
     here.mkdir(mode=0o700)
-    try:
-        os.chmod(shared, 0o755)
-        for n in os.listdir(str(src)):
-            shutil.copy(str(src / n), shared)
-            os.chown(os.path.join(shared, n), NOBODY, NOBODY)
-            os.chmod(os.path.join(shared, n), 0o600)
-        (out,) = [n for n in os.listdir(shared) if n.endswith(".out")]
-        tid = out.split(".")[1]
-        before = sorted(os.listdir(shared))
-        rel = os.path.relpath(shared, str(here))
-        r = subprocess.run(MMLEAK_PY + ["compact", rel], capture_output=True, text=True,
-                           timeout=120, cwd=str(here))
-        assert (r.returncode, r.stdout, r.stderr) == (
-            2, "", "mmleak.py: trace %s: cannot write %s/mmleak.%s.compact.tmp: Permission "
-            "denied (done as the trace's owner, uid %d)\n" % (tid, shared, tid, NOBODY))
-        assert sorted(os.listdir(shared)) == before
-        os.chmod(shared, 0o1777)
-        r = subprocess.run(MMLEAK_PY + ["compact", rel], capture_output=True, text=True,
-                           timeout=120, cwd=str(here))
-        assert r.returncode == 0 and "the trace is over" in r.stdout, r.stderr
-        names = sorted(os.listdir(shared))
-        assert [n.split(".", 2)[2] for n in names] == [
-            "compact", "loads", "lock", "maps", "series"], names
-        for n in names:
-            st = os.lstat(os.path.join(shared, n))
-            assert (n, st.st_uid, st.st_gid, st.st_mode & 0o777) == (n, NOBODY, NOBODY, 0o600)
-    finally:
-        shutil.rmtree(shared)
+    for mode, gid in ((0o1777, NOBODY), (0o755, 0)):
+        shared = tempfile.mkdtemp(prefix="mmleak-share-", dir="/tmp")
+        try:
+            os.chmod(shared, mode)
+            for n in os.listdir(str(src)):
+                shutil.copy(str(src / n), shared)
+                os.chown(os.path.join(shared, n), NOBODY, 0 if n.endswith(".maps") else NOBODY)
+                os.chmod(os.path.join(shared, n), 0o600)
+            r = subprocess.run(MMLEAK_PY + ["compact", os.path.relpath(shared, str(here))],
+                               capture_output=True, text=True, timeout=120, cwd=str(here))
+            assert r.returncode == 0 and "the trace is over" in r.stdout, r.stderr
+            names = sorted(os.listdir(shared))
+            assert [n.split(".", 2)[2] for n in names] == [
+                "compact", "loads", "lock", "maps", "series"], names
+            for n in names:
+                st = os.lstat(os.path.join(shared, n))
+                assert (n, st.st_uid, st.st_gid if n.endswith(("compact", "lock", "series"))
+                        else "-", st.st_mode & 0o777) == \
+                    (n, NOBODY, gid if n.endswith(("compact", "lock", "series")) else "-",
+                     0o600), mode
+        finally:
+            shutil.rmtree(shared)

@@ -669,7 +669,8 @@ def add_compact(sub):
                         "traced then get %g seconds to end before the last pass)" % STOP_GRACE)
     c.add_argument("--forever", action="store_true",
                    help="with --follow: do not stop when no process is traced (a service's "
-                        "companion, stopped with it)")
+                        "companion, stopped with it); a trace it could not read is said once "
+                        "and does not make the status 2 (systemctl would show it failed)")
     c.add_argument("--interval", type=positive_float, default=1.0, metavar="SECONDS",
                    help="with --follow, a pass starts this long after the previous one "
                         "started, or at once if that one took longer (default 1)")
@@ -911,8 +912,11 @@ def main(argv=None):
 
     def body():
         rc = args.func(args)
-        # a file refused (or ignored) in the dump directory: an input that could not be used
-        if errors.REFUSALS and args.func in READERS and rc in (EXIT_OK, EXIT_PARTIAL):
+        # a file refused (or ignored) in the dump directory: an input that could not be used;
+        # not for a service's companion (compact --forever): it said so once and went on,
+        # and a status 2 would show it failed (and restart it) for what it handled
+        if errors.REFUSALS and args.func in READERS and rc in (EXIT_OK, EXIT_PARTIAL) and \
+                not getattr(args, "forever", False):
             rc = EXIT_INPUT
         return rc
     return errors.run_main(body)

@@ -320,6 +320,9 @@ def _staging_mapped(tails):
     return any(_maps_any(pid, want) for pid in first + pids)
 
 
+_ROOT_SAW_ALIVE = False     # set in _compact_as_owner's child: root saw the trace alive
+
+
 def trace_alive(directory, tid, traces=None, start=None, tails=()):
     """Is trace TID still being written?  Its process must exist, be the same process (not a
     reused pid: it started before the trace, or it has one of the trace's staging files
@@ -327,6 +330,8 @@ def trace_alive(directory, tid, traces=None, start=None, tails=()):
     have been replaced by exec (a newer trace of the same pid in DIRECTORY).  A process
     that exists but cannot be looked at counts as alive.  And whatever its pid says, a
     trace whose staging files (TAILS) a process maps is alive (_staging_mapped)."""
+    if _ROOT_SAW_ALIVE:                 # (a child of root's, as the trace's owner)
+        return True
     pid = int(tid.split("-")[0])
     began = _process_start_time(pid)
     over = began is None
@@ -457,6 +462,8 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
         lock = TraceLock(directory, tid, wait=False).__enter__()
     except BlockingIOError:
         return None
+    except Refused as e:                # (a lock file of another user's: said once, as such)
+        raise Refused("trace %s: not folded: %s" % (tid, e))
     try:
         runs = _runs(directory, tid)
         for r in [cpath] + [p for _, p in runs]:
@@ -770,10 +777,25 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopp
     for tid in sorted(traces, key=lambda t: [int(x) for x in t.split("-")]):
         if pid is not None and tid != pid:
             continue
+        def one(d=directory, tr=traces):
+            return compact_trace(d, tid, tr and tr[tid], tr, series=series,
+                                 stopping=stopping, folded=folded, view=view, abandon=abandon,
+                                 levels=levels, base=base, defer=defer)
         try:
-            res = compact_trace(directory, tid, traces[tid], traces, series=series,
-                                stopping=stopping, folded=folded, view=view, abandon=abandon,
-                                levels=levels, base=base, defer=defer)
+            owner = files.trace_owner(directory, tid)
+            if owner is not None and owner[0] != 0 and os.geteuid() == 0 and \
+                    not (stopping or folded or abandon or defer) and _may_switch_users():
+                # absolute, listed again: the owner may not search the directory we run in
+                # Whether the trace is alive is root's to say: the owner may not read the
+                # maps of a process of theirs that a daemon made (not dumpable), the only
+                # sign of a trace alive in another pid namespace (_staging_mapped)
+                outs = [p for p in traces[tid] if tail_of(p)]
+                alive = trace_alive(directory, tid, traces, _trace_start(outs),
+                                    [tail_of(p) for p in outs if os.path.lexists(tail_of(p))])
+                res = _compact_as_owner(owner, os.path.abspath(directory),
+                                        lambda: one(os.path.abspath(directory), None), alive)
+            else:
+                res = one()
         except Fail as e:               # this trace is left as it is; the others go on
             refuse(str(e))
             continue
@@ -797,6 +819,104 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopp
                           % (errors.PROG, tid, res["unclosed"]))
             out.flush()
     return live, results
+
+
+def _may_switch_users():
+    """Whether this process may take another user's ids (CAP_SETUID and CAP_SETGID in its
+    effective set).  A service's root companion may not (its CapabilityBoundingSet=,
+    mmleak-systemd(7)); it has no CAP_SYS_RESOURCE either, so what it writes for another
+    user (given to that user: files.replace) is within that user's quota and outside the
+    blocks reserved for root anyway."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    eff = int(line.split()[1], 16)
+                    return bool(eff & (1 << 6) and eff & (1 << 7))
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def _compact_as_owner(owner, directory, func, alive):
+    """FUNC() (a compaction pass over one trace, compact_trace) run, by root, as the trace's
+    OWNER (uid, gid of its maps file), in a child that takes that user's uid, gid and groups:
+    what the pass writes (result, runs, series, .live, lock) and deletes is done under the
+    owner's permissions, disk quota and reserved-block limits, not root's (the trace's
+    files may be as big as its owner likes), as `recover` does (_as_owner_of).  Returns
+    FUNC's dict (its "point": whether one was made); Fail, Refused and OSError come back as
+    the parent's, the lines the child refused counted as the parent's (exit status 2).
+    ALIVE: root saw the trace alive (the child does not look again: see compact_dir).  A
+    DIRECTORY the owner cannot reach and write is root's: FUNC() then runs here."""
+    import json
+    import pwd
+    uid = owner[0]
+    try:
+        pw = pwd.getpwuid(uid)
+        gid, groups = pw.pw_gid, os.getgrouplist(pw.pw_name, pw.pw_gid)
+    except KeyError:                    # a uid without a name (a container's): its file's group
+        gid, groups = owner[1], [owner[1]]
+    before = set(errors.REFUSALS)
+    r, w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:                        # the child: never returns
+        out = {"kind": "bug", "text": "the child process died"}
+        try:
+            os.close(r)
+            os.setgroups(groups)
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+            if not os.access(directory, os.W_OK | os.X_OK):
+                # a directory the owner cannot write (a daemon's files handed over by
+                # mmleak.so in root's directory): root's to compact, as before
+                out = {"kind": "root"}
+                raise SystemExit
+            global _ROOT_SAW_ALIVE
+            _ROOT_SAW_ALIVE = alive
+            res = func()
+            if res is not None:
+                res["point"] = res.get("point") is not None
+            out = {"kind": "ok", "res": res}
+        except Fail as e:
+            out = {"kind": "refused" if isinstance(e, Refused) else "fail", "text": str(e)}
+        except OSError as e:
+            out = {"kind": "os", "errno": e.errno or 0, "text": e.strerror or str(e),
+                   "file": e.filename if isinstance(e.filename, str) else None}
+        except SystemExit:
+            pass
+        except BaseException as e:      # a bug: said, as the parent would
+            out = {"kind": "bug", "text": "%s: %s" % (type(e).__name__, e)}
+        finally:
+            try:
+                out["refusals"] = sorted(errors.REFUSALS - before)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                data = json.dumps(out).encode("ascii")
+                while data:
+                    data = data[os.write(w, data):]
+            finally:
+                os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        said = f.read()
+    os.waitpid(pid, 0)
+    try:
+        out = json.loads(said.decode("ascii"))
+    except ValueError:
+        out = {"kind": "bug", "text": "the child process died"}
+    errors.REFUSALS.update(out.get("refusals", ()))
+    as_owner = " (done as the trace's owner, uid %d)" % uid
+    if out["kind"] == "ok":
+        return out["res"]
+    if out["kind"] == "root":
+        return func()
+    if out["kind"] == "refused":
+        raise Refused(out["text"] + as_owner)
+    if out["kind"] == "os":
+        raise OSError(out["errno"], out["text"] + as_owner, out["file"])
+    raise Fail(out["text"] + as_owner)
 
 
 READ_LOCK_WAIT = 60.0      # seconds a reader waits for a trace's lock by default (--lock-wait)

@@ -241,3 +241,65 @@ def test_a_lying_scan_result_is_one_line_not_a_memory_bomb(tmp_path):
             assert "definitely lost:       16 bytes in 1 blocks" in r.stdout, r.stdout
         else:
             assert (r.returncode, r.stderr) == (2, "mmleak.py: %s: %s\n" % (path, said))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root compacts another user's trace")
+def test_root_compacts_another_users_trace_into_that_users_files(bins, tmp_path):
+    # Root's `compact` of nobody's trace (a sticky directory, its process killed): every
+    # file it leaves (result, series, lock) is nobody's, mode 0600, none of root's
+    # (files.replace and TraceLock give them to the trace's owner); nothing is left over.
+    run_traced([bins["hostile"], "kill"], tmp_path, check=False)
+    shared = tempfile.mkdtemp(prefix="mmleak-share-", dir="/tmp")
+    try:
+        os.chmod(shared, 0o1777)
+        for n in os.listdir(tmp_path):
+            shutil.copy(str(tmp_path / n), shared)
+            os.chown(os.path.join(shared, n), NOBODY, NOBODY)
+            os.chmod(os.path.join(shared, n), 0o600)
+        r = run("compact", shared)
+        assert r.returncode == 0 and "the trace is over" in r.stdout, r.stderr
+        names = sorted(os.listdir(shared))
+        assert [n.split(".", 2)[2] for n in names] == [
+            "compact", "loads", "lock", "maps", "series"], names
+        for n in names:
+            st = os.lstat(os.path.join(shared, n))
+            assert (n, st.st_uid, st.st_gid, st.st_mode & 0o777) == (n, NOBODY, NOBODY, 0o600)
+    finally:
+        shutil.rmtree(shared)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root compacts another user's trace")
+def test_root_compacts_another_users_trace_with_that_users_rights(bins, tmp_path):
+    # Root's `compact` of nobody's trace, in a sticky directory, writes and deletes as nobody
+    # (permissions, quota, reserved blocks, groups are nobody's, as recover's): what it makes
+    # has nobody's own group, as what nobody's process makes (root's pass gave it the
+    # maps file's, here root's group). Run from a directory nobody cannot search (the pass
+    # as nobody uses absolute paths). In a directory nobody cannot write (a daemon's files
+    # handed over in root's directory), root folds it, as before.
+    src = tmp_path / "src"
+    src.mkdir()
+    run_traced([bins["hostile"], "kill"], src, check=False)
+    here = tmp_path / "private"
+    here.mkdir(mode=0o700)
+    for mode, gid in ((0o1777, NOBODY), (0o755, 0)):
+        shared = tempfile.mkdtemp(prefix="mmleak-share-", dir="/tmp")
+        try:
+            os.chmod(shared, mode)
+            for n in os.listdir(str(src)):
+                shutil.copy(str(src / n), shared)
+                os.chown(os.path.join(shared, n), NOBODY, 0 if n.endswith(".maps") else NOBODY)
+                os.chmod(os.path.join(shared, n), 0o600)
+            r = subprocess.run(MMLEAK_PY + ["compact", os.path.relpath(shared, str(here))],
+                               capture_output=True, text=True, timeout=120, cwd=str(here))
+            assert r.returncode == 0 and "the trace is over" in r.stdout, r.stderr
+            names = sorted(os.listdir(shared))
+            assert [n.split(".", 2)[2] for n in names] == [
+                "compact", "loads", "lock", "maps", "series"], names
+            for n in names:
+                st = os.lstat(os.path.join(shared, n))
+                assert (n, st.st_uid, st.st_gid if n.endswith(("compact", "lock", "series"))
+                        else "-", st.st_mode & 0o777) == \
+                    (n, NOBODY, gid if n.endswith(("compact", "lock", "series")) else "-",
+                     0o600), mode
+        finally:
+            shutil.rmtree(shared)

@@ -1,6 +1,7 @@
 """Symbolization (mmleak(1), docs/mmleak.rst, "symbolize"): addresses to function and file:line."""
 import bisect
 import collections
+import itertools
 import os
 import re
 import shutil
@@ -91,7 +92,14 @@ class Maps:
 class Loads:
     """mmleak.ID.loads: "+EPOCH LINE" when a mapping appeared, "-EPOCH LINE" when it was gone,
     EPOCH counting the dlclose() calls before.  Tells which object was at an address in an
-    epoch, where the maps file (every mapping ever) has several."""
+    epoch, where the maps file (every mapping ever) has several.
+
+    The view of an epoch is the log's lines up to the first of a later epoch, applied in
+    order.  It is not built: every line is parsed once, into one sorted list, with the
+    prefix lengths (of the log) at which it appears and disappears, so that a view is a
+    prefix length and whether a mapping is in it a bisection.  The log's owner may write
+    thousands of epochs of thousands of lines: views built from the whole log, one per
+    epoch used, took minutes and gigabytes (docs/limits.rst, "Hostile users")."""
 
     def __init__(self, path):
         self.log = []
@@ -99,30 +107,93 @@ class Loads:
             m = re.match(r"([-+])(\d+) (.*\n?)$", line)
             if m:
                 self.log.append((m.group(1), int(m.group(2)), m.group(3)))
+        # the view of EPOCH is the prefix up to the first line of a later epoch: the length
+        # of the prefix is a bisection in the running maximum of the epochs
+        self._upto = list(itertools.accumulate((e for _, e, _ in self.log), max))
+        bounds = {}         # line -> [prefix lengths where it appears, disappears, ...]
+        first = {}          # line -> epoch of its first "+"
+        for i, (sign, e, line) in enumerate(self.log):
+            b = bounds.setdefault(line, [])
+            if (sign == "+") != (len(b) % 2 == 1):
+                b.append(i + 1)
+            if sign == "+":
+                first.setdefault(line, (i, e))
+        self.entries = []   # Maps' entries of every line ever present, + (bounds, first)
+        for line, b in bounds.items():
+            m = MAPS_LINE_RE.match(line.rstrip("\n"))
+            if b and m:
+                self.entries.append((int(m.group(1), 16), int(m.group(2), 16),
+                                     int(m.group(4), 16), int(m.group(6)), m.group(7),
+                                     line if line.endswith("\n") else line + "\n",
+                                     b, first[line]))
+        self.entries.sort(key=lambda x: x[:6])
+        self.starts = [x[0] for x in self.entries]
+        self.maxlen = max([x[1] - x[0] for x in self.entries] or [0])
+        self.by_path = collections.defaultdict(list)    # path -> [index in entries]
+        for k, x in enumerate(self.entries):
+            self.by_path[x[4]].append(k)
+        self.index = {x[:6]: k for k, x in enumerate(self.entries)}
         self._views = {}
 
     def view(self, epoch):
-        """The mappings present in EPOCH, as a Maps."""
-        if epoch not in self._views:
-            present = {}
-            for sign, e, line in self.log:
-                if e > epoch:
-                    break
-                if sign == "+":
-                    present[line] = True
-                else:
-                    present.pop(line, None)
-            self._views[epoch] = Maps(None, list(present))
-        return self._views[epoch]
+        """The mappings present in EPOCH, as an object with Maps' find and load_of."""
+        n = bisect.bisect_right(self._upto, epoch)
+        if n not in self._views:
+            self._views[n] = _LoadsView(self, n)
+        return self._views[n]
+
+    def _containing(self, addr):
+        """The indexes in entries of the mappings of any epoch containing ADDR, highest
+        first (Maps.find's order)."""
+        j = bisect.bisect_right(self.starts, addr) - 1
+        while j >= 0 and addr - self.entries[j][0] < self.maxlen:
+            if addr < self.entries[j][1]:
+                yield j
+            j -= 1
 
     def first_epoch(self, addr):
         """The epoch the first object mapped over ADDR appeared in (frames without an epoch
         were recorded before anything at their address was unloaded)."""
-        for sign, e, line in self.log:
-            m = MAPS_LINE_RE.match(line.rstrip("\n"))
-            if sign == "+" and m and int(m.group(1), 16) <= addr < int(m.group(2), 16):
-                return e
-        return 0
+        firsts = [self.entries[j][7] for j in self._containing(addr)]
+        return min(firsts)[1] if firsts else 0
+
+
+class _LoadsView:
+    """The mappings present after the first N lines of a log of loads."""
+
+    def __init__(self, loads, n):
+        self.loads, self.n = loads, n
+        self._load_of = {}
+
+    def _present(self, k):
+        return bisect.bisect_right(self.loads.entries[k][6], self.n) % 2 == 1
+
+    def find(self, addr):
+        """All mappings present containing addr (Maps.find)."""
+        return [self.loads.entries[j][:6] for j in self.loads._containing(addr)
+                if self._present(j)]
+
+    def load_of(self, entry):
+        """Maps.load_of in this view: the file's present mappings from the nearest one at
+        offset 0 at or below ENTRY to the next one at offset 0 (a load starts at its ELF
+        header), grouped as Maps.load_of does; only those are looked at, so that a log
+        with many mappings of one file costs a load's size, not the file's."""
+        if entry not in self._load_of:
+            ks = self.loads.by_path[entry[4]]
+            ents = self.loads.entries
+            i = bisect.bisect_left(ks, self.loads.index[entry])
+            s = i
+            while s > 0 and not (ents[ks[s]][2] == 0 and self._present(ks[s])):
+                s -= 1
+            t = i + 1
+            while t < len(ks) and not (ents[ks[t]][2] == 0 and self._present(ks[t])):
+                t += 1
+            run = Maps(None, [])
+            run.entries = [ents[k][:6] for k in ks[s:t] if self._present(k)]
+            load = run.load_of(entry)
+            for e in load:
+                self._load_of[e] = load
+        return self._load_of[entry]
 
 
 def _module_problem(path, inode, trace_start):

@@ -571,7 +571,7 @@ def test_a_log_of_loads_of_thousands_of_epochs(tmp_path):
     # each (40,000 lines, 2.4 MB), and 3,000 frames, each of another epoch.  Each epoch's
     # view was built from the whole log and kept: 45 million mappings, 4.2 GB and minutes
     # (docs/limits.rst, "Hostile users"); now the log's lines are indexed once.  The bound
-    # is the address space (256 MiB; the fix needs under 80 MB), not the time.
+    # is the address space (256 MiB; the fix peaks at 135 MB), not the time.
     epochs, per, nframes = 4000, 10, 3000
     maps, loads = tmp_path / "mmleak.7.maps", tmp_path / "mmleak.7.loads"
     lines = []

@@ -1,6 +1,8 @@
 """Symbolization (mmleak(1), docs/mmleak.rst, "symbolize"): addresses to function and file:line."""
+import array
 import bisect
 import collections
+import itertools
 import os
 import re
 import shutil
@@ -91,7 +93,14 @@ class Maps:
 class Loads:
     """mmleak.ID.loads: "+EPOCH LINE" when a mapping appeared, "-EPOCH LINE" when it was gone,
     EPOCH counting the dlclose() calls before.  Tells which object was at an address in an
-    epoch, where the maps file (every mapping ever) has several."""
+    epoch, where the maps file (every mapping ever) has several.
+
+    The view of an epoch is the log's lines up to the first of a later epoch, applied in
+    order.  It is not built: every line is parsed once, into one sorted list, with the
+    prefix lengths (of the log) at which it appears and disappears, so that a view is a
+    prefix length and whether a mapping is in it a bisection.  The log's owner may write
+    thousands of epochs of thousands of lines: views built from the whole log, one per
+    epoch used, took minutes and gigabytes (docs/limits.rst, "Hostile users")."""
 
     def __init__(self, path):
         self.log = []
@@ -99,30 +108,150 @@ class Loads:
             m = re.match(r"([-+])(\d+) (.*\n?)$", line)
             if m:
                 self.log.append((m.group(1), int(m.group(2)), m.group(3)))
+        # the view of EPOCH is the prefix up to the first line of a later epoch: the length
+        # of the prefix is a bisection in the running maximum of the epochs
+        self._upto = list(itertools.accumulate((e for _, e, _ in self.log), max))
+        bounds = {}         # line -> [prefix lengths where it appears, disappears, ...]
+        first = {}          # line -> (place, epoch) of its first "+"
+        for i, (sign, e, line) in enumerate(self.log):
+            b = bounds.setdefault(line, [])
+            if (sign == "+") != (len(b) % 2 == 1):
+                b.append(i + 1)
+            if sign == "+":
+                first.setdefault(line, (i, e))
+        self.entries = []   # Maps' entries of every line ever present, + (bounds, first, line)
+        for line, b in bounds.items():
+            m = MAPS_LINE_RE.match(line.rstrip("\n"))
+            if b and m:
+                self.entries.append((int(m.group(1), 16), int(m.group(2), 16),
+                                     int(m.group(4), 16), int(m.group(6)), m.group(7),
+                                     line if line.endswith("\n") else line + "\n",
+                                     b, first[line], line))
+        self.entries.sort(key=lambda x: x[:6])
+        self.starts = [x[0] for x in self.entries]
+        self.maxlen = max([x[1] - x[0] for x in self.entries] or [0])
+        self.index = {x[:6]: k for k, x in enumerate(self.entries)}
+        of_line = {x[8]: k for k, x in enumerate(self.entries)}
+        self.line_entry = [of_line.get(line) for _, _, line in self.log]  # (None: junk)
         self._views = {}
+        self._checkpoints = {}
 
     def view(self, epoch):
-        """The mappings present in EPOCH, as a Maps."""
-        if epoch not in self._views:
-            present = {}
-            for sign, e, line in self.log:
-                if e > epoch:
-                    break
-                if sign == "+":
-                    present[line] = True
-                else:
-                    present.pop(line, None)
-            self._views[epoch] = Maps(None, list(present))
-        return self._views[epoch]
+        """The mappings present in EPOCH, as an object with Maps' find and load_of."""
+        n = bisect.bisect_right(self._upto, epoch)
+        if n not in self._views:
+            self._views[n] = _LoadsView(self, n)
+        return self._views[n]
+
+    def checkpoint(self, n):
+        """The mappings present after the first N lines, as a _Checkpoint."""
+        if n not in self._checkpoints:
+            self._checkpoints[n] = _Checkpoint(self, n)
+        return self._checkpoints[n]
+
+    def _containing(self, addr):
+        """The indexes in entries of the mappings of any epoch containing ADDR, highest
+        first (Maps.find's order)."""
+        j = bisect.bisect_right(self.starts, addr) - 1
+        while j >= 0 and addr - self.entries[j][0] < self.maxlen:
+            if addr < self.entries[j][1]:
+                yield j
+            j -= 1
 
     def first_epoch(self, addr):
         """The epoch the first object mapped over ADDR appeared in (frames without an epoch
         were recorded before anything at their address was unloaded)."""
-        for sign, e, line in self.log:
-            m = MAPS_LINE_RE.match(line.rstrip("\n"))
-            if sign == "+" and m and int(m.group(1), 16) <= addr < int(m.group(2), 16):
-                return e
-        return 0
+        firsts = [self.entries[j][7] for j in self._containing(addr)]
+        return min(firsts)[1] if firsts else 0
+
+
+class _LoadsView:
+    """The mappings present after the first N lines of a log of loads: those of the
+    checkpoint below (every CHECKPOINT lines of the log, built when first used) still
+    present, and those the lines since touched.  A lookup looks at what its address has in
+    both, not at every mapping the log ever put there (40,000 mappings stacked over one
+    address, each present in one epoch, made each frame walk them all)."""
+
+    CHECKPOINT = 1024
+
+    def __init__(self, loads, n):
+        self.loads, self.n = loads, n
+        self.cp = loads.checkpoint(n // self.CHECKPOINT * self.CHECKPOINT)
+        # (4 bytes a line: a frame of each of thousands of epochs keeps as many views)
+        self.touched = array.array("i", sorted({k for k in loads.line_entry[self.cp.n:n]
+                                                if k is not None}))
+        self._load_of = {}
+
+    def _present(self, k):
+        return bisect.bisect_right(self.loads.entries[k][6], self.n) % 2 == 1
+
+    def find(self, addr):
+        """All mappings present containing addr (Maps.find)."""
+        ents = self.loads.entries
+        ks = {k for k in self.cp.containing(addr) if self._present(k)}
+        ks.update(k for k in self.touched
+                  if ents[k][0] <= addr < ents[k][1] and self._present(k))
+        return [ents[k][:6] for k in sorted(ks, reverse=True)]
+
+    def _walk(self, a, t, k0, step):
+        """The present mappings of sorted lists A and T (a file's), from K0 on (step -1:
+        at and below it, down; +1: above it, up), to the first at offset 0 (included)."""
+        ia = bisect.bisect_right(a, k0) - (1 if step < 0 else 0)
+        it = bisect.bisect_right(t, k0) - (1 if step < 0 else 0)
+        while 0 <= ia < len(a) or 0 <= it < len(t):
+            ka = a[ia] if 0 <= ia < len(a) else None
+            kt = t[it] if 0 <= it < len(t) else None
+            k = ka if kt is None else kt if ka is None else \
+                (max if step < 0 else min)(ka, kt)
+            if k == ka:
+                ia += step
+            if k == kt:
+                it += step
+            if self._present(k):
+                yield k
+                if self.loads.entries[k][2] == 0:
+                    return
+
+    def load_of(self, entry):
+        """Maps.load_of in this view: the file's present mappings from the nearest one at
+        offset 0 at or below ENTRY to the next one at offset 0 (a load starts at its ELF
+        header), grouped as Maps.load_of does; only those are looked at, so that a log
+        with many mappings of one file costs a load's size, not the file's."""
+        if entry not in self._load_of:
+            k0 = self.loads.index[entry]
+            a = self.cp.by_path.get(entry[4], [])
+            t = [k for k in self.touched if self.loads.entries[k][4] == entry[4]]
+            run = list(self._walk(a, t, k0, -1))[::-1]
+            run += [k for k in self._walk(a, t, k0, 1) if self.loads.entries[k][2] != 0]
+            m = Maps(None, [])
+            m.entries = [self.loads.entries[k][:6] for k in run]
+            load = m.load_of(entry)
+            for e in load:
+                self._load_of[e] = load
+        return self._load_of[entry]
+
+
+class _Checkpoint:
+    """The mappings present after the first N lines of a log of loads, as a list."""
+
+    def __init__(self, loads, n):
+        self.n = n
+        self.ks = [k for k, x in enumerate(loads.entries)
+                   if bisect.bisect_right(x[6], n) % 2 == 1]
+        self.entries = loads.entries
+        self.starts = [loads.entries[k][0] for k in self.ks]
+        self.maxlen = max([loads.entries[k][1] - loads.entries[k][0] for k in self.ks] or [0])
+        self.by_path = collections.defaultdict(list)
+        for k in self.ks:
+            self.by_path[loads.entries[k][4]].append(k)
+
+    def containing(self, addr):
+        """The indexes (in the log's entries) of those containing ADDR (Maps.find)."""
+        j = bisect.bisect_right(self.starts, addr) - 1
+        while j >= 0 and addr - self.starts[j] < self.maxlen:
+            if addr < self.entries[self.ks[j]][1]:
+                yield self.ks[j]
+            j -= 1
 
 
 def _module_problem(path, inode, trace_start):

@@ -29,6 +29,18 @@ def run(*args):
     return r
 
 
+def nobodys_copy(src, mode=0o1777, maps_gid=NOBODY):
+    """A directory under /tmp of MODE holding nobody's copies (0600) of the trace files in
+    SRC (the .maps file's group MAPS_GID); the caller removes it."""
+    shared = tempfile.mkdtemp(prefix="mmleak-share-", dir="/tmp")
+    os.chmod(shared, mode)
+    for n in os.listdir(str(src)):
+        shutil.copy(str(os.path.join(str(src), n)), shared)
+        os.chown(os.path.join(shared, n), NOBODY, maps_gid if n.endswith(".maps") else NOBODY)
+        os.chmod(os.path.join(shared, n), 0o600)
+    return shared
+
+
 def test_csv_cells_never_start_a_formula(tmp_path):
     # The module column is the maps file's path (whoever wrote it chose it), the function
     # and file columns the object's symbols and debug information: a text cell starting
@@ -62,13 +74,8 @@ def test_root_recovers_another_users_trace_with_that_users_rights(bins, tmp_path
     # a dump file nobody cannot write is not written (root could), one line, status 2;
     # a writable one is recovered and stays nobody's.
     run_traced([bins["hostile"], "kill"], tmp_path, check=False)
-    shared = tempfile.mkdtemp(prefix="mmleak-share-", dir="/tmp")
+    shared = nobodys_copy(tmp_path)
     try:
-        os.chmod(shared, 0o1777)
-        for n in os.listdir(tmp_path):
-            shutil.copy(str(tmp_path / n), shared)
-            os.chown(os.path.join(shared, n), NOBODY, NOBODY)
-            os.chmod(os.path.join(shared, n), 0o600)
         (out,) = [os.path.join(shared, n) for n in os.listdir(shared) if n.endswith(".out")]
         tail = out[:-4] + ".tail"
         before = open(out, "rb").read()
@@ -249,13 +256,8 @@ def test_root_compacts_another_users_trace_into_that_users_files(bins, tmp_path)
     # file it leaves (result, series, lock) is nobody's, mode 0600, none of root's
     # (files.replace and TraceLock give them to the trace's owner); nothing is left over.
     run_traced([bins["hostile"], "kill"], tmp_path, check=False)
-    shared = tempfile.mkdtemp(prefix="mmleak-share-", dir="/tmp")
+    shared = nobodys_copy(tmp_path)
     try:
-        os.chmod(shared, 0o1777)
-        for n in os.listdir(tmp_path):
-            shutil.copy(str(tmp_path / n), shared)
-            os.chown(os.path.join(shared, n), NOBODY, NOBODY)
-            os.chmod(os.path.join(shared, n), 0o600)
         r = run("compact", shared)
         assert r.returncode == 0 and "the trace is over" in r.stdout, r.stderr
         names = sorted(os.listdir(shared))
@@ -282,13 +284,8 @@ def test_root_compacts_another_users_trace_with_that_users_rights(bins, tmp_path
     here = tmp_path / "private"
     here.mkdir(mode=0o700)
     for mode, gid in ((0o1777, NOBODY), (0o755, 0)):
-        shared = tempfile.mkdtemp(prefix="mmleak-share-", dir="/tmp")
+        shared = nobodys_copy(src, mode, maps_gid=0)
         try:
-            os.chmod(shared, mode)
-            for n in os.listdir(str(src)):
-                shutil.copy(str(src / n), shared)
-                os.chown(os.path.join(shared, n), NOBODY, 0 if n.endswith(".maps") else NOBODY)
-                os.chmod(os.path.join(shared, n), 0o600)
             r = subprocess.run(MMLEAK_PY + ["compact", os.path.relpath(shared, str(here))],
                                capture_output=True, text=True, timeout=120, cwd=str(here))
             assert r.returncode == 0 and "the trace is over" in r.stdout, r.stderr

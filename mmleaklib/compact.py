@@ -840,83 +840,25 @@ def _may_switch_users():
 
 def _compact_as_owner(owner, directory, func, alive):
     """FUNC() (a compaction pass over one trace, compact_trace) run, by root, as the trace's
-    OWNER (uid, gid of its maps file), in a child that takes that user's uid, gid and groups:
-    what the pass writes (result, runs, series, .live, lock) and deletes is done under the
-    owner's permissions, disk quota and reserved-block limits, not root's (the trace's
-    files may be as big as its owner likes), as `recover` does (_as_owner_of).  Returns
-    FUNC's dict (its "point": whether one was made); Fail, Refused and OSError come back as
-    the parent's, the lines the child refused counted as the parent's (exit status 2).
-    ALIVE: root saw the trace alive (the child does not look again: see compact_dir).  A
-    DIRECTORY the owner cannot reach and write is root's: FUNC() then runs here."""
-    import json
-    import pwd
-    uid = owner[0]
-    try:
-        pw = pwd.getpwuid(uid)
-        gid, groups = pw.pw_gid, os.getgrouplist(pw.pw_name, pw.pw_gid)
-    except KeyError:                    # a uid without a name (a container's): its file's group
-        gid, groups = owner[1], [owner[1]]
-    before = set(errors.REFUSALS)
-    r, w = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:                        # the child: never returns
-        out = {"kind": "bug", "text": "the child process died"}
-        try:
-            os.close(r)
-            os.setgroups(groups)
-            os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)
-            if not os.access(directory, os.W_OK | os.X_OK):
-                # a directory the owner cannot write (a daemon's files handed over by
-                # mmleak.so in root's directory): root's to compact, as before
-                out = {"kind": "root"}
-                raise SystemExit
-            global _ROOT_SAW_ALIVE
-            _ROOT_SAW_ALIVE = alive
-            res = func()
-            if res is not None:
-                res["point"] = res.get("point") is not None
-            out = {"kind": "ok", "res": res}
-        except Fail as e:
-            out = {"kind": "refused" if isinstance(e, Refused) else "fail", "text": str(e)}
-        except OSError as e:
-            out = {"kind": "os", "errno": e.errno or 0, "text": e.strerror or str(e),
-                   "file": e.filename if isinstance(e.filename, str) else None}
-        except SystemExit:
-            pass
-        except BaseException as e:      # a bug: said, as the parent would
-            out = {"kind": "bug", "text": "%s: %s" % (type(e).__name__, e)}
-        finally:
-            try:
-                out["refusals"] = sorted(errors.REFUSALS - before)
-                sys.stdout.flush()
-                sys.stderr.flush()
-                data = json.dumps(out).encode("ascii")
-                while data:
-                    data = data[os.write(w, data):]
-            finally:
-                os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        said = f.read()
-    os.waitpid(pid, 0)
-    try:
-        out = json.loads(said.decode("ascii"))
-    except ValueError:
-        out = {"kind": "bug", "text": "the child process died"}
-    errors.REFUSALS.update(out.get("refusals", ()))
-    as_owner = " (done as the trace's owner, uid %d)" % uid
-    if out["kind"] == "ok":
-        return out["res"]
-    if out["kind"] == "root":
-        return func()
-    if out["kind"] == "refused":
-        raise Refused(out["text"] + as_owner)
-    if out["kind"] == "os":
-        raise OSError(out["errno"], out["text"] + as_owner, out["file"])
-    raise Fail(out["text"] + as_owner)
+    OWNER (uid, gid of its maps file) (_as_user): what the pass writes (result, runs, series,
+    .live, lock) and deletes is done under the owner's permissions, disk quota and
+    reserved-block limits, not root's (the trace's files may be as big as its owner likes),
+    as `recover` does (_as_owner_of).  Returns FUNC's dict (its "point": whether one was
+    made).  ALIVE: root saw the trace alive (the child does not look again: see
+    compact_dir).  A DIRECTORY the owner cannot reach and write is root's: FUNC() then runs
+    here."""
+    def as_owner():
+        global _ROOT_SAW_ALIVE
+        _ROOT_SAW_ALIVE = alive
+        res = func()
+        if res is not None:
+            res["point"] = res.get("point") is not None
+        return res
+
+    # a directory the owner cannot write (a daemon's files handed over by mmleak.so in
+    # root's directory): root's to compact, as before
+    return _as_user(owner[0], owner[1], as_owner, "the trace's owner",
+                    usable=lambda: os.access(directory, os.W_OK | os.X_OK), fallback=func)
 
 
 READ_LOCK_WAIT = 60.0      # seconds a reader waits for a trace's lock by default (--lock-wait)
@@ -1109,57 +1051,87 @@ def _recover_one(p, tail):
     return keep
 
 
-def _as_owner_of(path, func, *args):
-    """FUNC(*ARGS) run as the owner of PATH when root runs it for another user's file: in a
-    child that takes that user's uid, gid and groups, so that what it appends and deletes
-    is done under the owner's permissions, disk quota and reserved-block limits, not root's
-    (a trace of theirs may be as big as they like).  FUNC's result (an int), Refused or
-    OSError come back as the parent's."""
-    st = os.lstat(path)
-    if os.geteuid() != 0 or st.st_uid == 0:
-        return func(*args)
+def _as_user(uid, gid, func, who, usable=None, fallback=None):
+    """FUNC() run, by root, as user UID, in a forked child that takes that user's uid, gid and
+    groups (GID, the file's group, where the uid has no name: a container's): what it writes
+    and deletes is done under that user's permissions, disk quota and reserved-block limits,
+    not root's.  FUNC's result (JSON: a dict, an int, None) comes back; Fail, Refused and
+    OSError come back as the parent's, said as done by WHO; the lines the child refused count
+    as the parent's (exit status 2).  USABLE(), checked as that user first: if false,
+    FALLBACK() runs here instead (as root)."""
+    import json
     import pwd
     try:
-        pw = pwd.getpwuid(st.st_uid)
+        pw = pwd.getpwuid(uid)
         gid, groups = pw.pw_gid, os.getgrouplist(pw.pw_name, pw.pw_gid)
-    except KeyError:                    # a uid without a name (a container's): its file's group
-        gid, groups = st.st_gid, [st.st_gid]
+    except KeyError:
+        groups = [gid]
+    before = set(errors.REFUSALS)
     r, w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:                        # the child: never returns
-        code, text = 2, ""
+        out = {"kind": "bug", "text": "the child process died"}
         try:
             os.close(r)
             os.setgroups(groups)
             os.setresgid(gid, gid, gid)
-            os.setresuid(st.st_uid, st.st_uid, st.st_uid)
-            code, text = 0, str(func(*args))
-        except Refused as e:
-            code, text = 1, str(e)
+            os.setresuid(uid, uid, uid)
+            if usable is not None and not usable():
+                out = {"kind": "root"}
+            else:
+                out = {"kind": "ok", "res": func()}
+        except Fail as e:
+            out = {"kind": "refused" if isinstance(e, Refused) else "fail", "text": str(e)}
         except OSError as e:
-            text = "%d\0%s" % (e.errno or 0, e.strerror or e)
+            out = {"kind": "os", "errno": e.errno or 0, "text": e.strerror or str(e),
+                   "file": e.filename if isinstance(e.filename, str) else None}
         except BaseException as e:      # a bug: said, as the parent would
-            text = "%d\0%s" % (0, e)
+            out = {"kind": "bug", "text": "%s: %s" % (type(e).__name__, e)}
         finally:
             try:
+                out["refusals"] = sorted(errors.REFUSALS - before)
+                sys.stdout.flush()
                 sys.stderr.flush()
-                os.write(w, b"%d\0" % code + text.encode("utf-8", "surrogateescape"))
+                data = json.dumps(out).encode("ascii")
+                while data:
+                    data = data[os.write(w, data):]
             finally:
                 os._exit(0)
     os.close(w)
     with os.fdopen(r, "rb") as f:
-        said = f.read().decode("utf-8", "surrogateescape")
+        said = f.read()
     os.waitpid(pid, 0)
-    code, _, text = said.partition("\0")
-    if code == "0":
-        return int(text)
-    if code == "1":
-        raise Refused(text)
-    num, _, why = text.partition("\0")
-    raise OSError(int(num or 0), "%s (done as the file's owner, uid %d)"
-                  % (why or "the child process died", st.st_uid))
+    try:
+        out = json.loads(said.decode("ascii"))
+    except ValueError:
+        out = {"kind": "bug", "text": "the child process died"}
+    errors.REFUSALS.update(out.get("refusals", ()))
+    done_as = " (done as %s, uid %d)" % (who, uid)
+    if out["kind"] == "ok":
+        return out["res"]
+    if out["kind"] == "root":
+        return fallback()
+    if out["kind"] == "refused":
+        raise Refused(out["text"] + done_as)
+    if out["kind"] == "os":
+        raise OSError(out["errno"], out["text"] + done_as, out["file"])
+    raise Fail(out["text"] + done_as)
+
+
+def _as_owner_of(path, func, *args):
+    """FUNC(*ARGS) run as the owner of PATH when root runs it for another user's file
+    (_as_user): what it appends and deletes is done under the owner's permissions, disk
+    quota and reserved-block limits, not root's (a trace of theirs may be as big as they
+    like)."""
+    st = os.lstat(path)
+    if os.geteuid() != 0 or st.st_uid == 0:
+        return func(*args)
+    try:
+        return _as_user(st.st_uid, st.st_gid, lambda: func(*args), "the file's owner")
+    except OSError as e:                # said against PATH by the caller
+        raise OSError(e.errno, e.strerror) from None
 
 
 def recover(paths, force=False):

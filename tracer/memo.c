@@ -204,13 +204,11 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
     uint64_t q = atomic_load_explicit(&r->seq, memory_order_acquire);
     uint64_t rtag = LD(r->tag);
     uint64_t vh = LD(r->vhash), vw = LD(r->value);
-    /* the steps copied once, where the check reads them back one byte each (one load that
-     * sign-extends, not three instructions more a step to shift them out of registers) */
-    uint64_t dw[4] __attribute__((aligned(16)));
-    dw[0] = LD(r->dw[0]);
-    dw[1] = LD(r->dw[1]);
-    dw[2] = LD(r->dw[2]);
-    dw[3] = LD(r->dw[3]);
+    union { uint64_t w[4]; int8_t b[32]; } d;
+    d.w[0] = LD(r->dw[0]);
+    d.w[1] = LD(r->dw[1]);
+    d.w[2] = LD(r->dw[2]);
+    d.w[3] = LD(r->dw[3]);
     atomic_thread_fence(memory_order_acquire);
     unsigned n = (unsigned)(vw >> MEMO_N_SHIFT) & 63, nf = (unsigned)(vw >> MEMO_NF_SHIFT) & 127;
     unsigned flags = (unsigned)(vw >> MEMO_FL_SHIFT) & 7;
@@ -218,16 +216,12 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
     /* the tag again, in the copy: the record may have been rewritten for another start
      * since the scan read it (a new stamp alone changes nothing of it) */
     if ((q & 1) || (uint32_t)atomic_load_explicit(&r->seq, memory_order_relaxed) != (uint32_t)q ||
-        rtag != tag || (unsigned)with_bp > (flags & MEMO_F_BP))
+        rtag != tag || n > MEMO_DELTAS || (n & 3) || (unsigned)with_bp > (flags & MEMO_F_BP))
         return 0;
-    /* the words must lie on this thread's stack as it is known now: [sp, sp + 8 * top] in
-     * [U.lo, U.hi) (top: the steps' bytes 30 and 31, little-endian) */
-    _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "top: the last 16 bits of dw[3]");
-    uintptr_t sp = s->sp, top = (uintptr_t)(dw[3] >> 48);
-    if (sp < U.lo || sp + 8 * top + 8 > U.hi)
+    /* the words must lie on this thread's stack as it is known now */
+    uintptr_t sp = s->sp, top = (uint8_t)d.b[30] | (uintptr_t)(uint8_t)d.b[31] << 8;
+    if (sp < U.lo || sp >= U.hi || top >= (U.hi - sp) / 8)
         return 0;
-    __asm__("" : "+m"(dw));
-    const int8_t *db = (const int8_t *)dw;
     const uintptr_t *w = (const uintptr_t *)sp;
     uint64_t a = 0;
     long o = 0;
@@ -235,6 +229,11 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
         /* one byte per step, no escape to decode: always MEMO_HASHED words, the steps
          * after the n-th being 0 (copies of the last word), so no branch on n to mispredict
          * (the exit of a loop of n steps was, about one lookup in two on bench/stacks_bench) */
+        int8_t db[32] __attribute__((aligned(16)));
+        __builtin_memcpy(db, d.b, sizeof db);
+        /* the steps read back one byte each from memory (one load that sign-extends), not
+         * shifted out of the record's words in registers (three instructions more a step) */
+        __asm__("" : "+m"(db));
 #pragma GCC unroll 28
         for (unsigned i = 0; i < MEMO_HASHED; i++) {
             o += db[i];
@@ -242,14 +241,12 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
         }
     } else if (flags & MEMO_F_REDIR) {
         return 2;
-    } else if (n > MEMO_DELTAS || (n & 3)) {
-        return 0;
     } else for (unsigned i = 0, j = 0; i < n; i++) {
-        long k = db[j++];
+        long k = d.b[j++];
         if (k == MEMO_ESC) {         /* a larger step: 16 bits follow */
             if (j + 2 > MEMO_DELTAS)
                 return 0;
-            k = (int16_t)(uint16_t)((uint8_t)db[j] | (uint8_t)db[j + 1] << 8);
+            k = (int16_t)(uint16_t)((uint8_t)d.b[j] | (uint8_t)d.b[j + 1] << 8);
             j += 2;
         }
         o += k;

@@ -14,8 +14,6 @@ struct mml_tls {
     unsigned tries;
     uintptr_t pf_ip, pf_sp; /* the last mml_memo_prefetch: its start and set */
     void *pf_set;
-    uintptr_t rd_ip, rd_sp; /* the last start whose walks the memo was found to keep in their
-                               second set (memo.c, MEMO_F_REDIR): the prefetch goes there */
 };
 extern __thread struct mml_tls U __attribute__((tls_model("initial-exec")));
 extern _Atomic int g_unloading;         /* dlclose calls in progress: walks bypass the cache */

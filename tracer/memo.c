@@ -38,12 +38,14 @@
 #define MEMO_ESC (-128)     /* in delta[]: the step does not fit a byte, two bytes follow */
 #define MEMO_F_BP 1         /* flags: the walk used the start's bp (the tag holds it) */
 #define MEMO_F_ESC 2        /* delta[] holds an escape (a step of 128 words or more) */
+#define MEMO_F_REDIR 4      /* a marker, not a walk: the walks of this start (the tag's) are kept
+                               in its second set (memo_set1) */
 /* value's word: the caller's value in its low MML_MEMO_VALUE_BITS, then the words (n, 6
- * bits), the frames (7 bits) and the flags (2 bits) */
+ * bits), the frames (7 bits) and the flags (3 bits) */
 #define MEMO_N_SHIFT MML_MEMO_VALUE_BITS
 #define MEMO_NF_SHIFT (MEMO_N_SHIFT + 6)
 #define MEMO_FL_SHIFT (MEMO_NF_SHIFT + 7)
-_Static_assert(MEMO_FL_SHIFT + 2 <= 64, "value, n, nframes and flags share a word");
+_Static_assert(MEMO_FL_SHIFT + 3 <= 64, "value, n, nframes and flags share a word");
 struct memo {
     _Atomic uint64_t seq;   /* low 32 bits: the sequence number, odd while written; high 32:
                                the stamp (mml_memo_stamp: the id set of that stamp holds the
@@ -69,12 +71,36 @@ static inline uint64_t mix64(uint64_t h)
 
 /* The four records (ways) a walk from (ip, sp) may be kept in, as the one it is looked up in
  * first (its preferred way: memo_put keeps it there when that way is free, and the entry
- * point prefetches that record alone); memo_ways gives the set.  The set is chosen by the
- * start and by the return address one frame up, found with the cached rule of ip: many paths
- * reach the same function at the same depth (the same start), and they then take different
+ * point prefetches that record alone); memo_ways gives the set.
+ *
+ * A start has two sets.  Its first (memo_set0) is chosen by the start alone, so that the
+ * entry point's prefetch can leave at once: choosing it by the return address one frame up
+ * too meant reading the cached rule of ip first, a miss of its own on many stacks
+ * (bench/stacks_bench: 5 to 9 ns per event, docs/performance.rst, the tenth pass).  But many
+ * paths can reach one function at one depth (the same start: a wrapper called from many
+ * call sites of one function, bench/sites_bench.c), more than four ways hold; when a third
+ * walk of one start comes, memo_put leaves a marker in its first set (MEMO_F_REDIR) and keeps
+ * the walks of that start in its second set (memo_set1), chosen by the start and by the
+ * return address one frame up, found with the cached rule of ip: there they spread over
  * sets.  A wrong or missing rule only costs a miss: the words checked include that return
  * address. */
-static inline struct memo *memo_set(uintptr_t ip, uintptr_t sp)
+static inline struct memo *memo_pick(uint64_t h)
+{
+    h ^= h >> 29;
+    return &g_memo[MEMO_WAYS * (h >> (64 - MEMO_BITS + 2)) + (h >> 20 & (MEMO_WAYS - 1))];
+}
+
+static inline uint64_t memo_start_hash(uintptr_t ip, uintptr_t sp)
+{
+    return (uint64_t)ip * 0x9E3779B97F4A7C15ull ^ (uint64_t)sp * 0xC2B2AE3D27D4EB4Full;
+}
+
+static inline struct memo *memo_set0(uintptr_t ip, uintptr_t sp)
+{
+    return memo_pick(memo_start_hash(ip, sp));
+}
+
+static inline __attribute__((always_inline)) struct memo *memo_set1(uintptr_t ip, uintptr_t sp)
 {
     uintptr_t up = 0;
     uint64_t e = cache_get(ip);
@@ -83,10 +109,9 @@ static inline struct memo *memo_set(uintptr_t ip, uintptr_t sp)
         if (cfa >= sp + 8 && cfa <= U.hi && sp >= U.lo)
             up = *(const uintptr_t *)(cfa - 8);
     }
-    uint64_t h = (uint64_t)ip * 0x9E3779B97F4A7C15ull ^ (uint64_t)sp * 0xC2B2AE3D27D4EB4Full ^
-                 (uint64_t)up * 0x165667B19E3779F9ull;
-    h ^= h >> 29;
-    return &g_memo[MEMO_WAYS * (h >> (64 - MEMO_BITS + 2)) + (h >> 20 & (MEMO_WAYS - 1))];
+    /* never the first set's hash, even without a rule (up = 0) */
+    return memo_pick(memo_start_hash(ip, sp) ^ ((uint64_t)up * 0x165667B19E3779F9ull +
+                                                0x27D4EB2F165667C5ull));
 }
 
 _Static_assert((MEMO_WAYS & (MEMO_WAYS - 1)) == 0, "ways: a power of two");
@@ -99,9 +124,20 @@ static inline struct memo *memo_ways(struct memo *r)
  * prefetch (U.pf_ip is then 0: the lookup computes its set) */
 __thread int mml_memo_prefetch_off __attribute__((tls_model("initial-exec")));
 
+/* The last start whose walks this thread found kept in their second set (MEMO_F_REDIR): its
+ * prefetch and lookup go there first.  Not in U: U grown to 64 bytes measured slower on
+ * bench/sites_bench (docs/performance.rst, the eleventh pass). */
+static __thread struct { uintptr_t ip, sp; } R __attribute__((tls_model("initial-exec")));
+
+/* The set to look in first: the start's second set if this thread last found it there. */
+static inline struct memo *memo_set_guess(uintptr_t ip, uintptr_t sp)
+{
+    return unlikely(ip == R.ip && sp == R.sp) ? memo_set1(ip, sp) : memo_set0(ip, sp);
+}
+
 void mml_memo_prefetch(uintptr_t ip, uintptr_t sp)
 {
-    struct memo *r = memo_set(ip, sp);
+    struct memo *r = memo_set_guess(ip, sp);
     __builtin_prefetch(r);
     U.pf_ip = 0;            /* a handler that reads the three between these stores misses */
     atomic_signal_fence(memory_order_seq_cst);
@@ -159,7 +195,8 @@ unsigned mml_memo_gen(void)
 #define LD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
 #define ST(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
 
-/* Record r, whose tag is the start's: 1 if the words still hash the same.  The record is
+/* Record r, whose tag is the start's: 1 if the words still hash the same; 2 if r is a marker
+ * (MEMO_F_REDIR: the start's walks are in its second set).  The record is
  * copied first, its sequence number checked before and after: the copy is then one whole
  * record as memo_put wrote it, whose offsets all lie in [0, top], so one bounds check against
  * this thread's stack covers every word read.  Its words are a multiple of 4 (memo_put pads
@@ -179,7 +216,7 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
     d.w[3] = LD(r->dw[3]);
     atomic_thread_fence(memory_order_acquire);
     unsigned n = (unsigned)(vw >> MEMO_N_SHIFT) & 63, nf = (unsigned)(vw >> MEMO_NF_SHIFT) & 127;
-    unsigned flags = (unsigned)(vw >> MEMO_FL_SHIFT) & 3;
+    unsigned flags = (unsigned)(vw >> MEMO_FL_SHIFT) & 7;
     uint64_t val = vw & ((1ull << MML_MEMO_VALUE_BITS) - 1);
     /* the tag again, in the copy: the record may have been rewritten for another start
      * since the scan read it (a new stamp alone changes nothing of it) */
@@ -193,7 +230,7 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
     const uintptr_t *w = (const uintptr_t *)sp;
     uint64_t a = 0;
     long o = 0;
-    if (likely(!(flags & MEMO_F_ESC)) && !words) {
+    if (likely(!(flags & (MEMO_F_ESC | MEMO_F_REDIR))) && !words) {
         /* one byte per step, no escape to decode: always MEMO_HASHED words, the steps
          * after the n-th being 0 (copies of the last word), so no branch on n to mispredict
          * (the exit of a loop of n steps was, about one lookup in two on bench/stacks_bench) */
@@ -207,6 +244,8 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
             o += db[i];
             a += w[o] * memo_w[i];
         }
+    } else if (flags & MEMO_F_REDIR) {
+        return 2;
     } else for (unsigned i = 0, j = 0; i < n; i++) {
         long k = d.b[j++];
         if (k == MEMO_ESC) {         /* a larger step: 16 bits follow */
@@ -246,7 +285,7 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
 }
 
 /* The ways of the set whose tag is the start's (without bp, or with it for a walk that used
- * it), each checked: r, the preferred way, first. */
+ * it), each checked: r, the preferred way, first.  1: a hit; 2: a marker of the start. */
 static inline __attribute__((always_inline)) int
 memo_find(struct memo *r, const struct mml_start *s, uint64_t t0, uint64_t *value,
           int *nframes, struct mml_trail *words, struct mml_memo_hit *hit)
@@ -267,10 +306,39 @@ memo_find(struct memo *r, const struct mml_start *s, uint64_t t0, uint64_t *valu
                 continue;
             with_bp = 1;
         }
-        if (memo_check(x, s, tag, with_bp, value, nframes, words, hit))
-            return 1;
+        int k = memo_check(x, s, tag, with_bp, value, nframes, words, hit);
+        if (k)
+            return k;
     }
     return 0;
+}
+
+/* mml_memo_get's lookup missed in set r (k = 0), or met a marker there (k = 2): if r was the
+ * start's first set, a marker sends it to the second (and the thread's next prefetch of this
+ * start goes there); if r was the second (the thread's guess), the first is looked at too, in
+ * case the start's walks are no longer kept in the second (its marker was replaced). */
+static __attribute__((noinline)) int
+memo_get_more(struct memo *r, const struct mml_start *s, uint64_t t0, int k, uint64_t *value,
+              int *nframes, struct mml_trail *words, struct mml_memo_hit *hit)
+{
+    struct memo *r0 = memo_set0(s->ip, s->sp);
+    if (memo_ways(r) == memo_ways(r0)) {
+        if (k != 2)
+            return 0;
+        R.ip = 0;        /* a handler that reads the two between these stores guesses wrong */
+        atomic_signal_fence(memory_order_seq_cst);
+        R.sp = s->sp;
+        atomic_signal_fence(memory_order_seq_cst);
+        R.ip = s->ip;
+        r = memo_set1(s->ip, s->sp);
+    } else {
+        r = r0;
+    }
+    k = words ? memo_find(r, s, t0, value, nframes, words, NULL)
+              : memo_find(r, s, t0, value, nframes, NULL, hit);
+    if (r == r0 && k != 2)
+        R.ip = 0;        /* the first set holds no marker of the start: no more guessing */
+    return k == 1;
 }
 
 int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int *nframes,
@@ -278,14 +346,37 @@ int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int 
 {
     /* the set the entry point prefetched, if this is that start (a signal handler's
      * allocation in between may have prefetched another) */
-    struct memo *r = U.pf_ip == s->ip && U.pf_sp == s->sp ? U.pf_set : memo_set(s->ip, s->sp);
+    struct memo *r = U.pf_ip == s->ip && U.pf_sp == s->sp ? U.pf_set : memo_set_guess(s->ip, s->sp);
     if (atomic_load_explicit(&g_unloading, memory_order_relaxed))
         return 0;
     uint64_t t0 = memo_tag0(s, salt, atomic_load_explicit(&g_memo_gen, memory_order_relaxed));
     /* two copies of the check: the one without words has no trace of them */
-    if (words)
-        return memo_find(r, s, t0, value, nframes, words, NULL);
-    return memo_find(r, s, t0, value, nframes, NULL, hit);
+    int k = words ? memo_find(r, s, t0, value, nframes, words, NULL)
+                  : memo_find(r, s, t0, value, nframes, NULL, hit);
+    if (likely(k == 1))
+        return 1;
+    return memo_get_more(r, s, t0, k, value, nframes, words, hit);
+}
+
+/* Write record r (tag, hash h, the value's word vw, the steps d) under its sequence number,
+ * unless another writer holds it. */
+static void memo_write(struct memo *r, uint64_t tag, uint64_t h, uint64_t vw, const uint64_t d[4])
+{
+    uint64_t q = atomic_load_explicit(&r->seq, memory_order_relaxed);
+    uint32_t lo = (uint32_t)q;
+    if ((lo & 1) || !atomic_compare_exchange_strong_explicit(&r->seq, &q,
+                                                            (q & ~0xffffffffull) | (lo + 1),
+                                                            memory_order_acquire,
+                                                            memory_order_relaxed))
+        return;
+    atomic_thread_fence(memory_order_release);
+    for (int i = 0; i < 4; i++)
+        ST(r->dw[i], d[i]);
+    ST(r->value, vw);
+    ST(r->tag, tag);
+    ST(r->vhash, h);
+    /* the new sequence number, and no stamp: no id set is known to hold the new value */
+    atomic_store_explicit(&r->seq, (uint32_t)(lo + 2), memory_order_release);
 }
 
 void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
@@ -337,14 +428,43 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
     for (int i = n; i < MEMO_HASHED; i++)
         a += last * memo_w[i];
     uint64_t h = memo_sum(MEMO_HASHED, a);
+    uint64_t tag = memo_tag0(s, salt, gen);
+    if (use_bp)
+        tag = memo_tag1(tag, s->bp);
+    /* The first set, unless it holds a marker of this start, or two walks of it already
+     * (this is the third: the start's walks then go to its second set, and a marker, in
+     * place of the two, sends the lookups there) */
+    struct memo *pref = memo_set0(s->ip, s->sp), *set = memo_ways(pref), *r = NULL, *mine = NULL;
+    int same = 0, redir = 0;
+    for (unsigned w = 0; w < MEMO_WAYS; w++) {
+        if (LD(set[w].tag) != tag)
+            continue;
+        if (LD(set[w].value) >> MEMO_FL_SHIFT & MEMO_F_REDIR) {
+            redir = 1;
+        } else {
+            same++;
+            if (!mine || &set[w] == pref)
+                mine = &set[w];
+        }
+    }
+    if (!redir && same >= 2) {
+        /* the others emptied: a lookup would check them before it meets the marker */
+        static const uint64_t none[4];
+        for (unsigned w = 0; w < MEMO_WAYS; w++)
+            if (&set[w] != mine && LD(set[w].tag) == tag)
+                memo_write(&set[w], 0, 0, 0, none);
+        memo_write(mine, tag, 0, (uint64_t)(MEMO_F_REDIR | (use_bp ? MEMO_F_BP : 0))
+                                     << MEMO_FL_SHIFT, none);
+        redir = 1;
+    }
+    if (redir) {
+        pref = memo_set1(s->ip, s->sp);
+        set = memo_ways(pref);
+    }
     /* The preferred way if empty, else an empty way; else, at random (the hash), one that
      * holds another start: a way with
      * this start holds another path that reaches the same function at the same depth (the
      * words differ), worth keeping; else any. */
-    uint64_t tag = memo_tag0(s, salt, gen);
-    if (use_bp)
-        tag = memo_tag1(tag, s->bp);
-    struct memo *pref = memo_set(s->ip, s->sp), *set = memo_ways(pref), *r = NULL;
     unsigned start = (unsigned)(mix64(h) >> 17);
     if (!LD(pref->tag))
         r = pref;
@@ -356,23 +476,10 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
             r = &set[(start + w) % MEMO_WAYS];
     if (!r)
         r = &set[start % MEMO_WAYS];
-    uint64_t q = atomic_load_explicit(&r->seq, memory_order_relaxed);
-    uint32_t lo = (uint32_t)q;
-    if ((lo & 1) || !atomic_compare_exchange_strong_explicit(&r->seq, &q,
-                                                            (q & ~0xffffffffull) | (lo + 1),
-                                                            memory_order_acquire,
-                                                            memory_order_relaxed))
-        return;
-    atomic_thread_fence(memory_order_release);
-    for (int i = 0; i < 4; i++)
-        ST(r->dw[i], d.w[i]);
     unsigned flags = (use_bp ? MEMO_F_BP : 0) | (j != n ? MEMO_F_ESC : 0);
-    ST(r->value, value | (uint64_t)n << MEMO_N_SHIFT | (uint64_t)nframes << MEMO_NF_SHIFT |
-                     (uint64_t)flags << MEMO_FL_SHIFT);
-    ST(r->tag, tag);
-    ST(r->vhash, h);
-    /* the new sequence number, and no stamp: no id set is known to hold the new value */
-    atomic_store_explicit(&r->seq, (uint32_t)(lo + 2), memory_order_release);
+    memo_write(r, tag, h,
+               value | (uint64_t)n << MEMO_N_SHIFT | (uint64_t)nframes << MEMO_NF_SHIFT |
+                   (uint64_t)flags << MEMO_FL_SHIFT, d.w);
 }
 
 void mml_memo_stamp(const struct mml_memo_hit *hit, uint32_t stamp)

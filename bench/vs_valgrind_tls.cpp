@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 static thread_local std::vector<std::string> tl_strings;
-static thread_local char *tl_raw;
+thread_local char *tl_raw;              // extern: the store stays
 static std::map<int, std::string> statics;          // freed by its static destructor
 static std::exception_ptr kept;
 static std::mutex mu;

@@ -44,6 +44,8 @@ CASES = {
     "joined-arg": ["definite"],        # only in a joined thread's stack, cached by glibc
     "freed-arena": ["definite"],       # only in a freed block of a thread's arena
     "unjoined-result": ["reachable"],  # an exited thread's result, kept for pthread_join
+    "altstack-exit": ["reachable"],    # main's frame, exit() from a handler on sigaltstack
+    "main-exited": ["definite"],       # only in main's frame, main ended (pthread_exit)
 }
 
 

@@ -7,7 +7,8 @@ Each program (Debian's python3, perl, git, sqlite3, gawk, sort, grep, sed, tar, 
 openssl, a C++ program with iostream, exceptions and threads, cmake -P, cppcheck, doxygen,
 zstd -T2, htpasswd (APR pools), ldbsearch (talloc), and the daemons redis-server and nginx,
 stopped with SIGTERM once their socket exists, and one second more; then bash, grep -P
-(PCRE2's JIT), tclsh, lua5.4, xmllint, make -n, openssl s_client, rsync, qemu-img, a C++
+(PCRE2's JIT), tclsh, lua5.4, xmllint, make -n, openssl s_client, rsync, qemu-img,
+ffprobe (libavcodec's threads, posix_memalign), a C++
 program with thread_local, a detached thread and sigaltstack, and a C program under
 jemalloc and tcmalloc preloaded after mmleak.so) runs, in a fresh directory of its own,
 with its standard input /dev/null, under:
@@ -135,6 +136,9 @@ PROGRAMS = [
      []),
     ("qemu-img", ["qemu-img", "info", "d.qcow2"], "qemu-img create -q -f qcow2 d.qcow2 64M",
      None, []),
+    ("ffprobe", ["ffprobe", "-v", "error", "-count_frames", "-show_streams", "t.mp4"],
+     "ffmpeg -v error -f lavfi -i testsrc=duration=2:size=320x240:rate=25 -c:v mpeg4 t.mp4",
+     None, []),
     ("C++ thread_local", [os.path.join(OUT, "vs_valgrind_tls")], None, None, []),
     ("jemalloc", [os.path.join(OUT, "vs_valgrind_alloc")], None, None,
      ["--soname-synonyms=somalloc=*jemalloc*"], {"LD_PRELOAD": "libjemalloc.so.2"}),
@@ -170,10 +174,21 @@ def number(s):
     return int(s.replace(",", ""))
 
 
+class CannotRun(Exception):
+    """The tool could not run the program to its end (a row of its own says why)."""
+
+
 def valgrind(argv, env, cwd, ready, opts, freeres):
     r = run(["valgrind", "--leak-check=full", "--show-leak-kinds=all",
              "--errors-for-leak-kinds=none"] + opts +
             ([] if freeres else ["--run-libc-freeres=no"]) + argv, env, cwd, ready, False)
+    # an instruction its JIT does not know (valgrind 3.19: rdtscp, which some library of
+    # ffprobe's runs) kills the program with SIGILL: its summary is that of a crash
+    m = re.search(r"^==\d+== valgrind: Unrecognised instruction.*$", r.stderr, re.M)
+    if m:
+        bad = re.search(r"unhandled instruction bytes: ((?:0x[0-9A-F]+ ?){1,4})", r.stderr)
+        raise CannotRun("valgrind: unrecognised instruction%s" % (
+            " " + bad.group(1).strip() if bad else ""))
     # the command's own process: the first to write (a forked child, which valgrind follows
     # without --trace-children, writes its own summary, often before its parent's)
     pid = re.search(r"^==(\d+)==", r.stderr, re.M)
@@ -267,7 +282,12 @@ def main():
                     subprocess.run(setup, shell=True, cwd=cwd, env=env, check=True,
                                    capture_output=True)
                 if tool in ("vg", "vgnf"):
-                    got = valgrind(argv, env, cwd, ready, vgopts, tool == "vg")
+                    try:
+                        got = valgrind(argv, env, cwd, ready, vgopts, tool == "vg")
+                    except CannotRun as e:
+                        print("%-16s %-5s (%s)" % (name, tool, e), flush=True)
+                        results[name][tool] = str(e)
+                        continue
                 elif tool in ("mm", "mmp"):
                     got = mmleak(argv, env, cwd, ready)
                 else:

@@ -6,19 +6,23 @@
 Each program (Debian's python3, perl, git, sqlite3, gawk, sort, grep, sed, tar, xz, jq, bc,
 openssl, a C++ program with iostream, exceptions and threads, cmake -P, cppcheck, doxygen,
 zstd -T2, htpasswd (APR pools), ldbsearch (talloc), and the daemons redis-server and nginx,
-stopped with SIGTERM once their socket exists, and one second more) runs, in a fresh
-directory of its own, under:
+stopped with SIGTERM once their socket exists, and one second more; then bash, grep -P
+(PCRE2's JIT), tclsh, lua5.4, xmllint, make -n, openssl s_client, rsync, qemu-img,
+ffprobe (libavcodec's threads, posix_memalign), a C++
+program with thread_local, a detached thread and sigaltstack, and a C program under
+jemalloc and tcmalloc preloaded after mmleak.so) runs, in a fresh directory of its own,
+with its standard input /dev/null, under:
 
   vg      valgrind --leak-check=full --show-leak-kinds=all (its defaults: __libc_freeres
           and __gnu_cxx::__freeres run at exit)
   vgnf    the same with --run-libc-freeres=no: mmleak does not call __libc_freeres (see
           mmleak-scan(7)), so this is the column to compare with
   mm      mmleak.py run (the scan at exit), then mmleak.py report --no-builtin-suppressions
-  mmp     the same with MALLOC_PERTURB_=165: glibc overwrites freed and new blocks, so no
-          stale pointer is left in memory a block was given uninitialised (memcheck knows
-          such words are undefined and skips them; mmleak cannot tell), but for blocks its
-          per-thread cache recycles (GLIBC_TUNABLES=glibc.malloc.tcache_count=0 as well
-          turns it off: mmleak-scan(7), LIMITS)
+  mmp     the same with MALLOC_PERTURB_=165 GLIBC_TUNABLES=glibc.malloc.tcache_count=0:
+          glibc overwrites freed and new blocks, so no stale pointer is left in memory a
+          block was given uninitialised (memcheck knows such words are undefined and skips
+          them; mmleak cannot tell), and its per-thread cache, whose blocks it would not
+          overwrite, is off (mmleak-scan(7), LIMITS)
   lsan    with --lsan: LD_PRELOAD=liblsan.so.0 (LeakSanitizer preloaded into a binary built
           without it: a rough reference only)
 
@@ -45,7 +49,7 @@ NGINX_CONF = ("daemon off;\\nmaster_process off;\\nerror_log stderr;\\n"
               "root %s/html; } }\\n")
 PROGRAMS = [
     # (name, argv, shell setup in the program's directory, the file whose making says a
-    # daemon is ready (then SIGTERM), valgrind options)
+    # daemon is ready (then SIGTERM), valgrind options[, environment added])
     ("python3", ["/usr/bin/python3", "-c", "import json, re\nd = {str(i): [i] * 10 for i in "
                  "range(1000)}\nprint(len(json.dumps(d)), re.sub('a+', 'b', 'caaat'))"],
      None, None, []),
@@ -106,6 +110,40 @@ PROGRAMS = [
     ("nginx", ["nginx", "-p", ".", "-c", "ng.conf"],
      "mkdir -p logs html && echo hi > html/index.html && printf '%s' \"$PWD\" \"$PWD\" > "
      "ng.conf" % NGINX_CONF, "ng.sock", []),
+    # (bash: its exit() in the end; no command substitution, whose child would be another
+    # trace)
+    ("bash", ["bash", "-c", "declare -A a; f() { local x=$1; printf -v r '%s' \"${x//1/one}\"; "
+              "}; for i in {1..2000}; do a[k$i]=$((i * i)); f $i; s+=${r:0:1}; done; "
+              "echo ${#a[@]} ${#s}"], None, None, []),
+    ("grep -P", ["grep", "-P", "-c", "^(\\d)\\d*\\1$", "in.txt"], "seq 1 20000 > in.txt",
+     None, []),
+    ("tclsh", ["tclsh", "s.tcl"],
+     "printf 'set d [dict create]\\nfor {set i 0} {$i < 3000} {incr i} { dict set d k$i "
+     "[string repeat x [expr {$i %% 50}]] }\\nset l [lsort [dict keys $d]]\\nputs "
+     "[llength $l]\\n' > s.tcl", None, []),
+    ("lua", ["lua5.4", "-e", "local t = {} for i = 1, 20000 do t[i] = string.rep('x', i % "
+             "64) .. i end table.sort(t) local m = {} for _, v in ipairs(t) do m[v] = #v end "
+             "print(#t) collectgarbage()"], None, None, []),
+    ("xmllint", ["xmllint", "--xpath", "count(//e[@k mod 3 = 0])", "in.xml"],
+     "(echo '<r>'; seq 1 3000 | sed 's/.*/<e k=\"&\">v&<\\/e>/'; echo '</r>') > in.xml",
+     None, []),
+    ("make -n", ["make", "-n", "-j1"],
+     "printf 'OBJS := $(patsubst %%,o%%.o,$(shell seq 1 300))\\nall: $(OBJS)\\n"
+     "o%%.o: s%%.c\\n\\tcc -c $< -o $@\\ns%%.c:\\n\\techo > $@\\n' > Makefile", None, []),
+    ("openssl s_client", ["openssl", "s_client", "-connect", "127.0.0.1:1"], None, None, []),
+    ("rsync", ["rsync", "-a", "src/", "dst/"],
+     "mkdir src && for i in $(seq 100); do seq $i 2000 > src/f$i; done", None,
+     []),
+    ("qemu-img", ["qemu-img", "info", "d.qcow2"], "qemu-img create -q -f qcow2 d.qcow2 64M",
+     None, []),
+    ("ffprobe", ["ffprobe", "-v", "error", "-count_frames", "-show_streams", "t.mp4"],
+     "ffmpeg -v error -f lavfi -i testsrc=duration=2:size=320x240:rate=25 -c:v mpeg4 t.mp4",
+     None, []),
+    ("C++ thread_local", [os.path.join(OUT, "vs_valgrind_tls")], None, None, []),
+    ("jemalloc", [os.path.join(OUT, "vs_valgrind_alloc")], None, None,
+     ["--soname-synonyms=somalloc=*jemalloc*"], {"LD_PRELOAD": "libjemalloc.so.2"}),
+    ("tcmalloc", [os.path.join(OUT, "vs_valgrind_alloc")], None, None,
+     ["--soname-synonyms=somalloc=*tcmalloc*"], {"LD_PRELOAD": "libtcmalloc_minimal.so.4"}),
 ]
 
 
@@ -115,8 +153,9 @@ def run(argv, env, cwd, ready, child):
     run).  The CompletedProcess."""
     if ready is None:
         return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True,
-                              timeout=900)
-    p = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL,
+                              timeout=900, stdin=subprocess.DEVNULL)
+    p = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     until = time.monotonic() + 120
     while not os.path.exists(os.path.join(cwd, ready)) and time.monotonic() < until:
@@ -135,13 +174,28 @@ def number(s):
     return int(s.replace(",", ""))
 
 
+class CannotRun(Exception):
+    """The tool could not run the program to its end (a row of its own says why)."""
+
+
 def valgrind(argv, env, cwd, ready, opts, freeres):
     r = run(["valgrind", "--leak-check=full", "--show-leak-kinds=all",
              "--errors-for-leak-kinds=none"] + opts +
             ([] if freeres else ["--run-libc-freeres=no"]) + argv, env, cwd, ready, False)
+    # an instruction its JIT does not know (valgrind 3.19: rdtscp, which some library of
+    # ffprobe's runs) kills the program with SIGILL: its summary is that of a crash
+    m = re.search(r"^==\d+== valgrind: Unrecognised instruction.*$", r.stderr, re.M)
+    if m:
+        bad = re.search(r"unhandled instruction bytes: ((?:0x[0-9A-F]+ ?){1,4})", r.stderr)
+        raise CannotRun("valgrind: unrecognised instruction%s" % (
+            " " + bad.group(1).strip() if bad else ""))
+    # the command's own process: the first to write (a forked child, which valgrind follows
+    # without --trace-children, writes its own summary, often before its parent's)
+    pid = re.search(r"^==(\d+)==", r.stderr, re.M)
+    pid = pid.group(1) if pid else r"\d+"
     got = {}
     for k in KINDS:
-        m = re.search(r"==\d+==\s+%s(?: lost)?: ([\d,]+) bytes in ([\d,]+) blocks" % k,
+        m = re.search(r"==%s==\s+%s(?: lost)?: ([\d,]+) bytes in ([\d,]+) blocks" % (pid, k),
                       r.stderr)
         got[k] = (number(m.group(2)), number(m.group(1))) if m else (0, 0)
     if "LEAK SUMMARY" not in r.stderr and "no leaks are possible" not in r.stderr:
@@ -170,7 +224,9 @@ def mmleak(argv, env, cwd, ready):
 
 
 def lsan(argv, env, cwd, ready):
-    e = dict(env, LD_PRELOAD="liblsan.so.0", LSAN_OPTIONS="exitcode=0")
+    # first: the program's own preload (an allocator) after it, as for mmleak.so
+    e = dict(env, LD_PRELOAD=" ".join(["liblsan.so.0"] + env.get("LD_PRELOAD", "").split()),
+             LSAN_OPTIONS="exitcode=0")
     r = run(argv, e, cwd, ready, False)
     m = re.search(r"SUMMARY: LeakSanitizer: (\d+) byte\(s\) leaked in (\d+) allocation",
                   r.stderr)
@@ -190,31 +246,48 @@ def main():
     if not shutil.which("valgrind"):
         sys.exit("vs_valgrind.py: valgrind is not installed")
     os.makedirs(OUT, exist_ok=True)
-    subprocess.run(["c++", "-O1", "-g", "-pthread", "-o", os.path.join(OUT, "vs_valgrind_cxx"),
-                    os.path.join(ROOT, "bench", "vs_valgrind_cxx.cpp")], check=True)
+    for exe, src in (("vs_valgrind_cxx", "vs_valgrind_cxx.cpp"),
+                     ("vs_valgrind_tls", "vs_valgrind_tls.cpp"),
+                     ("vs_valgrind_alloc", "vs_valgrind_alloc.c")):
+        subprocess.run(["c++" if src.endswith(".cpp") else "cc", "-O1", "-g", "-pthread", "-o",
+                        os.path.join(OUT, exe), os.path.join(ROOT, "bench", src)], check=True)
     tools = ["vg", "vgnf", "mm"] + ([] if a.no_perturb else ["mmp"]) + (["lsan"] if a.lsan
                                                                         else [])
     print("%-16s %-5s %14s %14s %14s %18s" % ("program", "tool", "definite", "indirect",
                                               "possible", "reachable"))
     results = {}
-    for name, argv, setup, ready, vgopts in PROGRAMS:
+    for name, argv, setup, ready, vgopts, *more in PROGRAMS:
         if a.only and name not in a.only:
             continue
-        if not shutil.which(argv[0]):
-            print("%-16s (not installed: %s)" % (name, argv[0]))
+        added = more[0] if more else {}
+        pre = [p for p in added.get("LD_PRELOAD", "").split() if not os.path.isabs(p)]
+        missing = [argv[0]] if not shutil.which(argv[0]) else [
+            p for p in pre if not os.path.exists(os.path.join("/usr/lib/x86_64-linux-gnu", p))]
+        if missing:
+            print("%-16s (not installed: %s)" % (name, missing[0]))
             continue
         results[name] = {}
         for tool in tools:
             with tempfile.TemporaryDirectory(prefix="vs-valgrind-") as cwd:
                 env = dict(os.environ, LC_ALL="C", HOME=cwd, PYTHONMALLOC="malloc")
                 env.pop("MMLEAK_SUPPRESSIONS", None)
+                env.pop("LD_PRELOAD", None)
+                env.update(added)
                 if tool == "mmp":
                     env["MALLOC_PERTURB_"] = "165"
+                    env["GLIBC_TUNABLES"] = ":".join(
+                        [t for t in [env.get("GLIBC_TUNABLES")] if t] +
+                        ["glibc.malloc.tcache_count=0"])
                 if setup:
                     subprocess.run(setup, shell=True, cwd=cwd, env=env, check=True,
                                    capture_output=True)
                 if tool in ("vg", "vgnf"):
-                    got = valgrind(argv, env, cwd, ready, vgopts, tool == "vg")
+                    try:
+                        got = valgrind(argv, env, cwd, ready, vgopts, tool == "vg")
+                    except CannotRun as e:
+                        print("%-16s %-5s (%s)" % (name, tool, e), flush=True)
+                        results[name][tool] = str(e)
+                        continue
                 elif tool in ("mm", "mmp"):
                     got = mmleak(argv, env, cwd, ready)
                 else:

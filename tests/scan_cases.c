@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -171,6 +172,61 @@ static void pool_beside_chunk(void)
     obj[3] = target();
 }
 
+/* altstack-exit: the block is held by a frame of the main thread's stack only, and the
+ * program exits from a signal handler that runs on its alternate signal stack (a mapping
+ * of its own): the main thread's stack pointer is there, not in [stack], whose frames are
+ * still live (valgrind: still reachable) */
+static void exit_on_signal(int sig)
+{
+    (void)sig;
+    exit(0);
+}
+
+__attribute__((noinline)) static void altstack_exit(void)
+{
+    void *volatile held = target();
+    stack_t ss = { .ss_size = 1 << 16 };
+    ss.ss_sp = mmap(NULL, ss.ss_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    struct sigaction sa = { .sa_handler = exit_on_signal, .sa_flags = SA_ONSTACK };
+    if (ss.ss_sp == MAP_FAILED || sigaltstack(&ss, NULL) || sigaction(SIGTERM, &sa, NULL))
+        exit(2);
+    raise(SIGTERM);
+    exit(held ? 2 : 3);                 /* not reached */
+}
+
+/* main-exited: the block is held by a frame of the main thread's stack only, and the main
+ * thread ends (pthread_exit): a zombie, which ptrace refuses, while another thread calls
+ * exit() once /proc says so.  The stack of a thread that ended is no root: lost (valgrind
+ * agrees); before, the scan reached no verdict ("cannot trace thread"). */
+static void *exit_after_main(void *arg)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/self/task/%d/status", (int)getpid());
+    for (int tries = 0; tries < 10000; tries++) {       /* 10 s at most */
+        FILE *f = fopen(path, "r");
+        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f)
+            fclose(f);
+        buf[n] = 0;
+        char *st = strstr(buf, "\nState:");
+        if (st && strchr("ZX", st[8 + strspn(st + 8, " \t")]))
+            exit(0);
+        usleep(1000);
+    }
+    (void)arg;
+    exit(3);                            /* main never ended: the case did not happen */
+}
+
+__attribute__((noinline)) static void main_exited(void)
+{
+    void *volatile held = target();
+    pthread_t t;
+    if (pthread_create(&t, NULL, exit_after_main, NULL))
+        exit(2);
+    __asm__ volatile("" ::"r"(held) : "memory");
+    pthread_exit(NULL);
+}
+
 __attribute__((noinline)) static void plant(const char *c)
 {
     if (!strcmp(c, "global")) {
@@ -271,6 +327,10 @@ __attribute__((noinline)) static void plant(const char *c)
         (void)!read(ready[0], &x, 1);
     } else if (!strcmp(c, "stale-rbp")) {
         calls_with_rbp(target(), 31);
+    } else if (!strcmp(c, "altstack-exit")) {
+        altstack_exit();
+    } else if (!strcmp(c, "main-exited")) {
+        main_exited();
     } else {
         fprintf(stderr, "unknown case %s\n", c);
         exit(2);

@@ -44,6 +44,8 @@ CASES = {
     "joined-arg": ["definite"],        # only in a joined thread's stack, cached by glibc
     "freed-arena": ["definite"],       # only in a freed block of a thread's arena
     "unjoined-result": ["reachable"],  # an exited thread's result, kept for pthread_join
+    "altstack-exit": ["reachable"],    # main's frame, exit() from a handler on sigaltstack
+    "main-exited": ["definite"],       # only in main's frame, main ended (pthread_exit)
 }
 
 
@@ -126,6 +128,30 @@ needs_valgrind = pytest.mark.skipif(not shutil.which("valgrind"), reason="valgri
 def test_case_kinds_at_exit(scan_bins, dump, case):
     """Each root and fate: the exact kinds of its blocks at exit."""
     assert mmleak_kinds(scan_bins, dump, case) == CASES[case]
+
+
+OTHER_ALLOCATORS = [a for a in ("libjemalloc.so.2", "libtcmalloc_minimal.so.4")
+                    if os.path.exists(os.path.join("/usr/lib/x86_64-linux-gnu", a))]
+
+
+@pytest.mark.skipif(not OTHER_ALLOCATORS, reason="neither jemalloc nor tcmalloc installed")
+@pytest.mark.parametrize("alloc", OTHER_ALLOCATORS)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_case_kinds_under_another_allocator(scan_bins, dump, alloc, case):
+    """jemalloc or tcmalloc preloaded after mmleak.so (as `run` and mmleak-install.py put
+    them): the trace is that allocator's, none of glibc's heap rules apply, and every case
+    has its kinds (docs/scan.rst, the fourth comparison)."""
+    env = {"SCAN_LIB": scan_bins["libscan.so"], "LD_PRELOAD": LIB + " " + alloc}
+    run_traced([scan_bins["scan_cases"], case], dump, env=env)
+    import mmleaklib as mm
+    from mmleaklib import scan
+    tid = only_trace(dump)
+    heads = b"".join(open(p, "rb").read(4096) for p in mm.find_traces(str(dump))[tid]
+                     if p.endswith(".out"))
+    assert re.search(rb"^#alloc \S*/%s$" % re.escape(alloc.encode()), heads, re.M), heads
+    k = scan.kinds_for(str(dump), tid)
+    assert k.status == "done", k.reason
+    assert sorted(k.kind(*b) for b in target_blocks(dump, tid)) == CASES[case]
 
 
 def test_interior_pointers_read_a_block_once(scan_bins, dump):

@@ -137,6 +137,22 @@ static int valid_id(const char *id)
  * pushed there.  That thread's registers are then not roots (mmleak.so's, at a system call;
  * the program's caller-saved registers are dead across its call, by the ABI).  A FLOOR not
  * in the mapping of the thread's stack pointer, or below that pointer, is ignored. */
+/* The id through which the process's memory is read (process_vm_readv, /proc/ID/maps and
+ * pagemap): its pid, unless its main thread ended (pthread_exit) while others run: a
+ * zombie, which has no memory of its own any more (seize_all leaves it out); then a live
+ * thread's, which shares the process's. */
+static int reader_tid(const struct scan *s)
+{
+    int live = 0;
+    for (int t = 0; t < s->nth; t++) {
+        if (s->th[t].tid == s->pid)
+            return s->pid;
+        if (s->th[t].tid > 0 && !live)
+            live = s->th[t].tid;
+    }
+    return live ? live : s->pid;
+}
+
 int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
                       char *out, size_t outlen, char *err, size_t errlen,
                       uint64_t *totals, int floor_tid, uint64_t floor, int nfiles,
@@ -202,7 +218,7 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
     }
     drop_lock(&s);
     step_time("cut", &tstep);
-    s.rpid = pid;
+    s.rpid = reader_tid(&s);
     /* on demand: a copy, so that the process goes on while the scan reads */
     if (!s.failed && !strcmp(why, "demand") &&
         !snapshot(&s)) {

@@ -131,7 +131,7 @@ static int dead_stack(struct scan *s, size_t k, uint64_t *pdp, uint64_t *end)
             const char *b = strrchr(s->mp[j].path, '/');
             if (b && s->mp[j].off == 0 && (!strncmp(b, "/libc.so.", 9) ||
                                            !strncmp(b, "/libpthread.so.", 15)) &&
-                !mml_pthread_layout(s->pid, s->mp[j].path, &s->pl))
+                !mml_pthread_layout(s->rpid, s->mp[j].path, &s->pl))
                 s->layout = 1;
         }
     }
@@ -313,6 +313,21 @@ static void check_floor(struct scan *s)
         s->floor = 0;
 }
 
+/* Is the main thread alive with its stack pointer outside [stack]?  It runs on another
+ * stack: a signal handler on its sigaltstack (a program that calls exit() from its SIGTERM
+ * handler), a coroutine's (swapcontext), and main's frames are still in [stack], below
+ * nothing: that mapping is then read whole (its pages in use; the stale words below the
+ * stack pointer it left cannot be told from the rest, so they count: LIMITS).  Before,
+ * [stack] was skipped as the stack of a main thread that ended, and what main's frames
+ * held was definitely lost (valgrind: still reachable; scan_cases.c, altstack-exit). */
+static int leader_elsewhere(struct scan *s)
+{
+    for (int t = 0; t < s->nth; t++)
+        if (s->th[t].tid > 0 && s->th[t].tid == s->pid)
+            return 1;   /* alive; its stack pointer is not here (the caller's test) */
+    return 0;
+}
+
 void mark(struct scan *s)
 {
     own_bss(s);
@@ -362,7 +377,7 @@ void mark(struct scan *s)
                 stack = 1;
             }
         }
-        if (!stack && !strcmp(m->path, "[stack]"))
+        if (!stack && !strcmp(m->path, "[stack]") && !leader_elsewhere(s))
             continue;                   /* no thread of ours there (it ended) */
         if (!stack && m->lo == s->own_lo && m->hi > s->own_hi) {
             from = s->own_hi;           /* mmleak.so's .bss, and memory mapped right after */

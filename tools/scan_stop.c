@@ -53,6 +53,26 @@ static int have_tid(struct scan *s, int tid)
     return 0;
 }
 
+/* Has thread TID of process PID ended, though /proc/PID/task still lists it?  The main
+ * thread after its pthread_exit, while others run: a zombie ("State: Z") until the whole
+ * process ends, which ptrace refuses (EPERM).  Its stack is then no root (valgrind: its
+ * blocks are lost).  Before, the scan said "cannot trace thread" and reached no verdict. */
+static int thread_ended(int pid, int tid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/status", pid, tid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT || errno == ESRCH;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    const char *st = mml_status_field(buf, "\nState:");
+    return st && (*st == 'Z' || *st == 'X');
+}
+
 /* Wait until thread TID reports a stop: 1 stopped, 0 gone, -1 not within STOP_NS. */
 static int wait_stopped(struct scan *s, struct thr *t)
 {
@@ -145,8 +165,8 @@ int seize_all(struct scan *s)
             if (tid <= 0 || have_tid(s, tid))
                 continue;
             if (ptrace(PTRACE_SEIZE, tid, 0, 0)) {
-                if (errno == ESRCH)
-                    continue;           /* ended meanwhile */
+                if (errno == ESRCH || (errno == EPERM && thread_ended(s->pid, tid)))
+                    continue;           /* ended meanwhile, or before (a zombie) */
                 int e2 = errno;
                 closedir(d);
                 return say(s, "cannot trace thread %d of process %d: %s%s", tid, s->pid,

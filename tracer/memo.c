@@ -127,12 +127,13 @@ __thread int mml_memo_prefetch_off __attribute__((tls_model("initial-exec")));
 /* The last start whose walks this thread found kept in their second set (MEMO_F_REDIR): its
  * prefetch and lookup go there first.  Not in U: U grown to 64 bytes measured slower on
  * bench/sites_bench (docs/performance.rst, the eleventh pass). */
-static __thread struct { uintptr_t ip, sp; } R __attribute__((tls_model("initial-exec")));
+static __thread struct { uintptr_t ip, sp; } second_guess
+    __attribute__((tls_model("initial-exec")));
 
 /* The set to look in first: the start's second set if this thread last found it there. */
 static inline struct memo *memo_set_guess(uintptr_t ip, uintptr_t sp)
 {
-    return unlikely(ip == R.ip && sp == R.sp) ? memo_set1(ip, sp) : memo_set0(ip, sp);
+    return unlikely(ip == second_guess.ip && sp == second_guess.sp) ? memo_set1(ip, sp) : memo_set0(ip, sp);
 }
 
 void mml_memo_prefetch(uintptr_t ip, uintptr_t sp)
@@ -325,11 +326,11 @@ memo_get_more(struct memo *r, const struct mml_start *s, uint64_t t0, int k, uin
     if (memo_ways(r) == memo_ways(r0)) {
         if (k != 2)
             return 0;
-        R.ip = 0;        /* a handler that reads the two between these stores guesses wrong */
+        second_guess.ip = 0;        /* a handler that reads the two between these stores guesses wrong */
         atomic_signal_fence(memory_order_seq_cst);
-        R.sp = s->sp;
+        second_guess.sp = s->sp;
         atomic_signal_fence(memory_order_seq_cst);
-        R.ip = s->ip;
+        second_guess.ip = s->ip;
         r = memo_set1(s->ip, s->sp);
     } else {
         r = r0;
@@ -337,7 +338,7 @@ memo_get_more(struct memo *r, const struct mml_start *s, uint64_t t0, int k, uin
     k = words ? memo_find(r, s, t0, value, nframes, words, NULL)
               : memo_find(r, s, t0, value, nframes, NULL, hit);
     if (r == r0 && k != 2)
-        R.ip = 0;        /* the first set holds no marker of the start: no more guessing */
+        second_guess.ip = 0;        /* the first set holds no marker of the start: no more guessing */
     return k == 1;
 }
 

@@ -133,7 +133,8 @@ static __thread struct { uintptr_t ip, sp; } second_guess
 /* The set to look in first: the start's second set if this thread last found it there. */
 static inline struct memo *memo_set_guess(uintptr_t ip, uintptr_t sp)
 {
-    return unlikely(ip == second_guess.ip && sp == second_guess.sp) ? memo_set1(ip, sp) : memo_set0(ip, sp);
+    return unlikely(ip == second_guess.ip && sp == second_guess.sp) ? memo_set1(ip, sp)
+                                                                    : memo_set0(ip, sp);
 }
 
 void mml_memo_prefetch(uintptr_t ip, uintptr_t sp)

@@ -14,7 +14,8 @@
 /* ---- the memo ------------------------------------------------------------------------------
  * One table for all threads (a key holds a stack pointer, so threads do not share records,
  * and one table costs less memory than one per thread), sets of four records chosen by the
- * start (memo_set), one cache line per record: the walk it replaces costs a chain of dependent loads, and a record that
+ * start (memo_set0, memo_set1), one cache line per record: the walk it replaces costs a chain
+ * of dependent loads, and a record that
  * is itself a cache miss would eat most of the gain (a record of 384 bytes with the words
  * themselves was measured at about 100 ns per lookup on the many-stacks benchmark, most of
  * it waiting for memory).  So a record keeps a 64-bit hash of the words, not the words: a
@@ -327,7 +328,8 @@ memo_get_more(struct memo *r, const struct mml_start *s, uint64_t t0, int k, uin
     if (memo_ways(r) == memo_ways(r0)) {
         if (k != 2)
             return 0;
-        second_guess.ip = 0;        /* a handler that reads the two between these stores guesses wrong */
+        /* a handler that reads the two between these stores guesses wrong */
+        second_guess.ip = 0;
         atomic_signal_fence(memory_order_seq_cst);
         second_guess.sp = s->sp;
         atomic_signal_fence(memory_order_seq_cst);
@@ -339,7 +341,7 @@ memo_get_more(struct memo *r, const struct mml_start *s, uint64_t t0, int k, uin
     k = words ? memo_find(r, s, t0, value, nframes, words, NULL)
               : memo_find(r, s, t0, value, nframes, NULL, hit);
     if (r == r0 && k != 2)
-        second_guess.ip = 0;        /* the first set holds no marker of the start: no more guessing */
+        second_guess.ip = 0;    /* the first set holds no marker of the start: no guessing */
     return k == 1;
 }
 

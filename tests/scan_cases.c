@@ -311,6 +311,14 @@ __attribute__((noinline)) static void plant(const char *c)
         g_slot = malloc(200);
     } else if (!strcmp(c, "lost")) {
         target();
+    } else if (!strcmp(c, "staged-many")) {
+        /* 200 blocks kept, one lost: at the exit their lines, about 10 KB, are still in the
+         * thread's staging file only (its first half: 32 KiB), which the scan reads */
+        static void *kept[200];
+        for (int i = 0; i < 200; i++)
+            kept[i] = target();
+        __asm__ volatile("" ::"r"(kept) : "memory");
+        target();
     } else if (!strcmp(c, "joined-arg")) {
         pthread_t t;
         if (pthread_create(&t, NULL, drop_arg, target()) || pthread_join(t, NULL))

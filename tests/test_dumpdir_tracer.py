@@ -274,19 +274,22 @@ def test_a_hard_link_at_a_freed_name_is_not_given_away(bins, mm, shared, tmp_pat
 
 
 def test_maps_written_when_another_user_holds_its_temporary_name(bins, mm, shared):
-    """The maps file is written to mmleak.ID.maps.tmp and renamed.  Another user's file at
-    that name cannot be removed by a traced program that is not root (the sticky bit): the
-    maps file stayed empty and no call site could be named.  Now another, unguessable,
-    temporary name is taken."""
-    bindir = shared / "bin"             # the program and mmleak.so, for nobody to run
+    """The maps file is rewritten to mmleak.ID.maps.tmp and renamed when a library is loaded
+    (the first version is written into the .maps made for the trace's id).  Another user's
+    file at that name cannot be removed by a traced program that is not root (the sticky
+    bit): the maps file stayed without the library and its call sites could not be named.
+    Now another, unguessable, temporary name is taken."""
+    bindir = shared / "bin"             # the programs and mmleak.so, for nobody to run
     bindir.mkdir()
     os.chmod(bindir, 0o755)
-    prog, lib = str(bindir / "adversary"), str(bindir / "mmleak.so")
-    shutil.copy2(bins["adversary"], prog)
+    prog, lib = str(bindir / "hostile"), str(bindir / "mmleak.so")
+    dl = str(bindir / "libdl_test.so")
+    shutil.copy2(bins["hostile"], prog)
+    shutil.copy2(bins["libdl_test.so"], dl)
     shutil.copy2(LIB, lib)
     p = subprocess.Popen(
         ["/bin/sh", "-c", 'read go; export LD_PRELOAD="$MMLEAK_TEST_PRELOAD"; exec "$@"', "sh",
-         prog, "plain"],
+         prog, "dl", dl],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=dict({k: v for k, v in os.environ.items() if k != "LD_PRELOAD"},
                  MMLEAK_DIR=str(shared), MMLEAK_TEST_PRELOAD=lib),
@@ -299,9 +302,10 @@ def test_maps_written_when_another_user_holds_its_temporary_name(bins, mm, share
     out, err = finish(p)
     assert p.returncode == 0 and err == b"", err
     maps = shared / ("mmleak.%d.maps" % p.pid)
-    assert os.stat(maps).st_uid == NOBODY and b"adversary" in maps.read_bytes()
-    got, sh = leaks(shared, str(p.pid), "adversary")
-    assert got == expect("adversary.c", [adv("plain", 1101, "main")])
+    assert os.stat(maps).st_uid == NOBODY and b"libdl_test.so" in maps.read_bytes()
+    assert os.stat(tmp).st_uid == 1     # (left alone)
+    got, sh = leaks(shared, str(p.pid), "libdl_test.so")
+    assert got == expect("dl_lib.c", [("dl_leak", "dl", 901, 1)])
 
 
 # -- 10: a transient EMFILE -----------------------------------------------------------------
@@ -378,3 +382,99 @@ def test_an_empty_log_of_loads_is_none(mm, tmp_path):
     (tmp_path / "mmleak.7.loads").write_text("+0 400000-401000 r-xp 00000000 fe:00 1 /bin/true\n")
     assert mm.Symbolizer(str(maps)).loads.log == [
         ("+", 0, "400000-401000 r-xp 00000000 fe:00 1 /bin/true\n")]
+
+
+# -- 16: what a start-up and an exit do in the dump directory -------------------------------
+def test_a_start_up_and_its_exit_scan_make_no_file_they_need_not(bins, mm, dump, tmp_path):
+    """A small program's start-up and exit, its scan at exit included (mmleak-performance(7),
+    "Start-up and exit, the scan at exit's costs counted"): the trace's first maps file is
+    written into the .maps that reserved its id, not into a temporary file renamed over it
+    (an inode, a rename and an unlink of a name that is not there, at every start); the scan
+    looks the trace's owner up once (its .maps: it did three times, for the lock, the cut
+    and the result).  The trace and its verdict are as ever."""
+    if not shutil.which("strace"):
+        pytest.skip("strace not installed (.ci/run installs it)")
+    log = tmp_path / "strace.log"
+    subprocess.run(["strace", "-f", "-qq", "-e", "trace=%file", "-o", str(log),
+                    "-E", "LD_PRELOAD=" + LIB, "-E", "MMLEAK_DIR=" + str(dump),
+                    bins["hostile"], "basic"], check=True, capture_output=True, timeout=120)
+    (tid,) = mm.find_traces(str(dump))
+    calls = [l for l in log.read_text().splitlines() if str(dump) in l]
+    maps = "mmleak.%s.maps" % tid
+    assert not [l for l in calls if ".maps.tmp" in l or "rename" in l], calls
+    creates = [l for l in calls if "O_CREAT" in l and " = -1 " not in l]
+    assert any("/%s\"" % maps in l for l in creates), creates
+    owner = [l for l in calls if "/%s\"" % maps in l and "stat" in l]
+    assert len(owner) == 1, owner
+    assert b"hostile" in (dump / maps).read_bytes()
+    got, sh = leaks(dump, tid, "hostile")
+    assert got == basic_expected() and sh.gap_text() is None
+    (scan,) = dump.glob("mmleak.%s.scan.*" % tid)
+    assert scan.read_bytes().startswith(b"#mmleak-scan 1 id=%s " % tid.encode())
+
+
+def test_a_new_staging_file_is_not_cleared_page_by_page(dump, tmp_path):
+    """A thread's new staging file is fallocated, so zeros: its first half (32 KiB) is no
+    longer cleared before the first lines go in, which wrote (and faulted in) all 8 of its
+    pages; now the pages its lines reach are the only ones mapped (smaps' Rss of the .tail:
+    4 kB for a few lines, 32 kB before)."""
+    src = tmp_path / "tailrss.c"
+    src.write_text(
+        "#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n"
+        "int main(void) {\n"
+        "    void *volatile p = malloc(100);\n"
+        "    FILE *f = fopen(\"/proc/self/smaps\", \"r\");\n"
+        "    char line[512], perm[8];\n"
+        "    int in = 0;\n"
+        "    while (f && fgets(line, sizeof line, f)) {\n"
+        "        if (sscanf(line, \"%*x-%*x %7s\", perm) == 1)\n"
+        "            in = strstr(line, \".tail\\n\") != NULL;\n"
+        "        else if (in && !strncmp(line, \"Rss:\", 4))\n"
+        "            printf(\"tail %ld\\n\", atol(line + 4));\n"
+        "    }\n"
+        "    free(p);\n"
+        "    return 0;\n}\n")
+    exe = str(tmp_path / "tailrss")
+    subprocess.run(["cc", "-O1", "-o", exe, str(src)], check=True)
+    r = subprocess.run([exe], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump)))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "tail 4\n", r.stdout
+
+
+def test_a_child_forked_with_one_descriptor_left_is_traced(dump, tmp_path):
+    """A process that took every descriptor but one forks: its child's trace is reserved
+    one descriptor at a time as ever (the .maps made for the id is held for its first
+    version only while a second descriptor is free: tracing was disabled in the child,
+    "cannot create files")."""
+    src = tmp_path / "fdfork.c"
+    src.write_text(
+        "#include <fcntl.h>\n#include <stdio.h>\n#include <stdlib.h>\n"
+        "#include <sys/resource.h>\n#include <sys/wait.h>\n#include <unistd.h>\n"
+        "int main(void) {\n"
+        "    struct rlimit r = { 64, 64 };\n"
+        "    setrlimit(RLIMIT_NOFILE, &r);\n"
+        "    int last = -1, fd;\n"
+        "    while ((fd = open(\"/dev/null\", O_RDONLY)) >= 0)\n"
+        "        last = fd;\n"
+        "    close(last);\n"
+        "    pid_t c = fork();\n"
+        "    if (c == 0) {\n"
+        "        void *volatile p = malloc(77);\n"
+        "        (void)p;\n"
+        "        exit(0);\n"
+        "    }\n"
+        "    int st;\n"
+        "    waitpid(c, &st, 0);\n"
+        "    printf(\"child %d\\n\", (int)c);\n"
+        "    return 0;\n}\n")
+    exe = str(tmp_path / "fdfork")
+    subprocess.run(["cc", "-O1", "-o", exe, str(src)], check=True)
+    r = subprocess.run([exe], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump)))
+    assert r.returncode == 0 and r.stdout.startswith("child "), r.stderr
+    child = r.stdout.split()[1]
+    assert "tracing disabled" not in r.stderr, r.stderr
+    maps = dump / ("mmleak.%s.maps" % child)
+    assert b"fdfork" in maps.read_bytes()
+    assert (dump / ("mmleak.%s.0.out" % child)).exists()

@@ -535,6 +535,43 @@ def test_result_counts_glibc_memory_left_out(scan_bins, dump, case):
     assert n >= 1 and nbytes >= 4096, s.excluded
 
 
+def test_exit_scan_reads_the_staging_file_past_its_first_pages(scan_bins, dump):
+    """At the exit the thread's lines are still in its staging file, whose halves are read
+    from their start until their first NUL (4 KiB, then twice as much each time), not whole:
+    201 blocks, about 7 KB of lines, all counted (200 reachable, the one lost definite)."""
+    r = run_traced([scan_bins["scan_cases"], "staged-many"], dump,
+                   env={"MMLEAK_SCAN_DEBUG": "1"})
+    staged = re.findall(rb"cut \S+\.0\.out: 0 bytes and (\d+) of its staging file", r.stderr)
+    assert len(staged) == 1 and int(staged[0]) > 4096, r.stderr[-2000:]
+    from mmleaklib import scan
+    tid = only_trace(dump)
+    k = scan.kinds_for(str(dump), tid)
+    assert k.status == "done", k.reason
+    kinds = sorted(k.kind(*b) for b in target_blocks(dump, tid))
+    assert kinds == ["definite"] + ["reachable"] * 200
+
+
+def test_exit_scan_takes_glibc_thread_layout_from_the_loader(scan_bins, dump, tmp_path):
+    """The joined thread's cached stack, at the exit of a process left with one thread (the
+    scan in mmleak.so's child, tracer/scanhere.c): glibc's struct pthread layout comes from
+    the _thread_db_* symbols of libc.so.6 as the process's loader mapped it, looked up before
+    the scan, not from the file opened through /proc/PID/root and read (17 system calls at
+    such an exit); the stack is left out as before (the "joined-arg" case above)."""
+    if not shutil.which("strace"):
+        pytest.skip("strace not installed (.ci/run installs it)")
+    log = tmp_path / "strace.log"
+    subprocess.run(["strace", "-f", "-qq", "-e", "trace=openat,open", "-o", str(log),
+                    "-E", "LD_PRELOAD=" + LIB, "-E", "MMLEAK_DIR=" + str(dump),
+                    scan_bins["scan_cases"], "joined-arg"], check=True, capture_output=True,
+                   timeout=120)
+    from mmleaklib import scan
+    [path] = scan.scan_files(str(dump), only_trace(dump))
+    s = scan.read_scan(path)
+    assert s.excluded["glibc"][0] >= 1 and s.excluded["glibc"][1] >= 4096, s.excluded
+    opens = [l for l in log.read_text().splitlines() if "/root/" in l or "O_PATH" in l]
+    assert opens == [], opens
+
+
 def scan_now(pid):
     return subprocess.run([sys.executable, os.path.join(ROOT, "mmleak.py"), "scan", "--quiet",
                            str(pid)], capture_output=True, text=True, timeout=120)

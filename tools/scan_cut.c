@@ -160,15 +160,22 @@ static int open_own(const char *path, uid_t uid, struct stat *st)
     return fd;
 }
 
-static uid_t trace_owner(struct scan *s)
+/* The owner of the trace's .maps, or our euid when it has none (found 0): looked up once a
+ * scan (the lock, the cut and the result ask; the traced process is held meanwhile). */
+uid_t trace_owner(struct scan *s)
 {
-    char name[300];
-    snprintf(name, sizeof name, "mmleak.%s.maps", s->id);
-    char *p = path_in(s, name);
-    struct stat st;
-    uid_t u = p && !lstat(p, &st) ? st.st_uid : geteuid();
-    free(p);
-    return u;
+    if (!s->owner_known) {
+        char name[300];
+        snprintf(name, sizeof name, "mmleak.%s.maps", s->id);
+        char *p = path_in(s, name);
+        struct stat st;
+        s->owner_found = p && !lstat(p, &st);
+        s->owner_uid = s->owner_found ? st.st_uid : geteuid();
+        s->owner_gid = s->owner_found ? st.st_gid : getegid();
+        s->owner_known = 1;
+        free(p);
+    }
+    return s->owner_uid;
 }
 
 /* A lock of byte 0 of the lock file FD, an open file description's (F_OFD_SETLK): TYPE
@@ -236,30 +243,33 @@ void drop_lock(struct scan *s)
     }
 }
 
-/* The lines of the staging file TFD (its bytes BUF, N) that its .out (HAVE bytes) lacks,
- * in order (mmleak-format(5): two halves, each "#at OFFSET" and lines up to a NUL). */
-static size_t tail_lines(char *buf, size_t n, uint64_t have)
+/* The lines of a staging file (mmleak-format(5): two halves, each "#at OFFSET" and lines up
+ * to a NUL), PART[k] the first LEN[k] bytes of half k (read_half), that its .out (HAVE
+ * bytes) lacks, in order, to OUT (room for LEN[0] + LEN[1] bytes). */
+static size_t tail_lines(char *const part[2], const size_t len[2], uint64_t have, char *out)
 {
-    struct { uint64_t off; size_t body, len; } h[2];
+    struct { uint64_t off; const char *body; size_t len; } h[2];
     int nh = 0;
-    size_t half = n / 2;
     for (int k = 0; k < 2; k++) {
-        size_t a = k ? half : 0, b = k ? n : half;
-        if (b - a < 21 || memcmp(buf + a, "#at ", 4))
+        const char *a = part[k], *b = part[k] + len[k];
+        if (!a || b - a < 21 || memcmp(a, "#at ", 4))
             continue;
-        char *end;
-        uint64_t off = strtoull(buf + a + 4, &end, 16);
-        if (end != buf + a + 20)
+        char hex[17], *end;
+        memcpy(hex, a + 4, 16);
+        hex[16] = 0;
+        uint64_t off = strtoull(hex, &end, 16);
+        if (end != hex + 16)
             continue;
-        while (end < buf + b && *end == ' ')
-            end++;
-        if (end >= buf + b || *end != '\n')
+        const char *e = a + 20;
+        while (e < b && *e == ' ')
+            e++;
+        if (e >= b || *e != '\n')
             continue;
-        size_t body = (size_t)(end + 1 - buf);
-        char *nul = memchr(buf + body, 0, b - body);
+        const char *body = e + 1;
+        const char *nul = memchr(body, 0, (size_t)(b - body));
         h[nh].off = off;
         h[nh].body = body;
-        h[nh].len = (nul ? (size_t)(nul - buf) : b) - body;
+        h[nh].len = (size_t)((nul ? nul : b) - body);
         nh++;
     }
     if (nh == 2 && h[1].off < h[0].off) {
@@ -272,11 +282,45 @@ static size_t tail_lines(char *buf, size_t n, uint64_t have)
         if (h[k].off + h[k].len <= have)
             continue;
         size_t skip = have > h[k].off ? (size_t)(have - h[k].off) : 0;
-        memmove(buf + w, buf + h[k].body + skip, h[k].len - skip);
+        memcpy(out + w, h[k].body + skip, h[k].len - skip);
         w += h[k].len - skip;
         have = h[k].off + h[k].len;
     }
     return w;
+}
+
+/* Half K of the staging file FD (SIZE bytes) up to its first NUL, or whole: its lines begin
+ * at its start and zeros follow them, so it is read 4 KiB first, then twice as much each
+ * time until a NUL shows (a small program's staging file, 64 KiB, holds a few hundred
+ * bytes of lines at exit: reading it whole was a copy of 64 KiB and 16 pages faulted in).
+ * The bytes read (*N of them, malloc'd), or NULL (no memory). */
+static char *read_half(int fd, uint64_t size, int k, size_t *n)
+{
+    uint64_t half = size / 2, at = k ? half : 0, end = k ? size : half;
+    size_t cap = 0, got = 0;
+    char *b = NULL;
+    *n = 0;
+    while (at + got < end) {
+        size_t want = cap ? 2 * cap : 4096;
+        if (want > end - at)
+            want = (size_t)(end - at);
+        char *nb = realloc(b, want);
+        if (!nb) {
+            free(b);
+            return NULL;
+        }
+        b = nb;
+        cap = want;
+        ssize_t r = pread(fd, b + got, cap - got, (off_t)(at + got));
+        if (r <= 0)
+            break;                      /* (cut short since: what there is) */
+        int nul = memchr(b + got, 0, (size_t)r) != NULL;
+        got += (size_t)r;
+        if (nul)
+            break;
+    }
+    *n = got;
+    return b;
 }
 
 void free_cut(struct scan *s)
@@ -356,9 +400,14 @@ static int cut_file(struct scan *s, const char *name, uid_t owner, char ***folde
     if (tfd < 0)
         return 0;
     if (st.st_size > 0 && (size_t)st.st_size <= TAIL_MAX) {
-        c->tail = malloc((size_t)st.st_size);
-        ssize_t got = c->tail ? pread(tfd, c->tail, (size_t)st.st_size, 0) : -1;
-        c->tlen = got > 0 ? tail_lines(c->tail, (size_t)got, c->size) : 0;
+        char *part[2];
+        size_t len[2];
+        part[0] = read_half(tfd, (uint64_t)st.st_size, 0, &len[0]);
+        part[1] = read_half(tfd, (uint64_t)st.st_size, 1, &len[1]);
+        c->tail = part[0] && part[1] ? malloc(len[0] + len[1] + 1) : NULL;
+        c->tlen = c->tail ? tail_lines(part, len, c->size, c->tail) : 0;
+        free(part[0]);
+        free(part[1]);
     }
     close(tfd);
     return 0;

@@ -38,6 +38,10 @@ struct scan {
     int failed;
     double when;
     int lockfd, nolock, attached;
+    /* the trace's owner, the owner of its .maps (made first): looked up once (trace_owner) */
+    int owner_known, owner_found;
+    uid_t owner_uid;
+    gid_t owner_gid;
     int glibc;                          /* the allocator traced is glibc's (#alloc) */
     /* the words being read may be glibc's own (libc.so.6's data, a stack, registers, a heap
      * outside the known blocks after an attach): one that points to the next chunk's header
@@ -112,6 +116,7 @@ int snapshot(struct scan *s);
 void drop_snapshot(struct scan *s);
 
 /* tools/scan_cut.c: the trace's lock, its cut, the live set */
+uid_t trace_owner(struct scan *s);
 int lock_exists(struct scan *s);
 int take_lock(struct scan *s);
 void drop_lock(struct scan *s);

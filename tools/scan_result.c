@@ -203,10 +203,8 @@ int scan_write_result(struct scan *s, char *out, size_t outlen)
      * owner), as the tracer's own files */
     if (!fstat(fd, &st) && (st.st_mode & 0777) != 0600)
         fchmod(fd, 0600);
-    char maps[300];
-    snprintf(maps, sizeof maps, "%s/mmleak.%s.maps", s->dir, s->id);
-    if (!lstat(maps, &st) && st.st_uid != geteuid())
-        if (fchown(fd, st.st_uid, st.st_gid)) {
+    if (trace_owner(s) != geteuid() && s->owner_found)
+        if (fchown(fd, s->owner_uid, s->owner_gid)) {
             /* the file stays ours: readers take root's and the owner's */
         }
     /* the header and the three sections, each after its length: written at once */

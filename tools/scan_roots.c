@@ -113,10 +113,33 @@ static int open_regular(const char *path)
     return fd;
 }
 
-int mml_pthread_layout(int pid, const char *path, struct mml_pthread_layout *l)
+const char *const mml_pthread_symbols[3] = { "_thread_db_sizeof_pthread",
+                                             "_thread_db_pthread_tid",
+                                             "_thread_db_pthread_cancelhandling" };
+
+int mml_pthread_layout_of(const uint32_t got[3][3], struct mml_pthread_layout *l)
 {
-    static const char *const want[] = { "_thread_db_sizeof_pthread", "_thread_db_pthread_tid",
-                                        "_thread_db_pthread_cancelhandling" };
+    /* a descriptor: 32 bits (an int), one of them, at an offset inside the struct */
+    if (got[0][0] < 64 || got[0][0] > 65536)
+        return -1;
+    for (int k = 1; k < 3; k++)
+        if (got[k][0] != 32 || got[k][1] != 1 || got[k][2] + 4 > got[0][0] || (got[k][2] & 3))
+            return -1;
+    l->size = got[0][0];
+    l->tid = got[1][2];
+    l->cancel = got[2][2];
+    return 0;
+}
+
+int mml_pthread_layout(int pid, const char *path, uint64_t lo, struct mml_pthread_layout *l)
+{
+    const char *const *want = mml_pthread_symbols;
+#ifdef MML_SCAN_INPROC
+    if (!mml_here_layout(lo, l))
+        return 0;                       /* (no file opened and read: 17 system calls) */
+#else
+    (void)lo;
+#endif
     char p[4096 + 64];
     snprintf(p, sizeof p, "/proc/%d/root%s", pid, path);
     int fd = open_regular(p);
@@ -191,16 +214,8 @@ int mml_pthread_layout(int pid, const char *path, struct mml_pthread_layout *l)
         }
     }
 check:
-    /* a descriptor: 32 bits (an int), one of them, at an offset inside the struct */
-    if (have != 7 || got[0][0] < 64 || got[0][0] > 65536)
-        goto out;
-    for (int k = 1; k < 3; k++)
-        if (got[k][0] != 32 || got[k][1] != 1 || got[k][2] + 4 > got[0][0] || (got[k][2] & 3))
-            goto out;
-    l->size = got[0][0];
-    l->tid = got[1][2];
-    l->cancel = got[2][2];
-    rc = 0;
+    if (have == 7)
+        rc = mml_pthread_layout_of(got, l);
 out:
     free(sh);
     free(sym);

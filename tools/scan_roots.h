@@ -24,9 +24,22 @@ struct mml_pthread_layout {
  * thread was joined, or was detached and exited; its stack went back to glibc's cache */
 #define MML_PTHREAD_TERMINATED 0x20
 
+/* The three _thread_db_* symbols read (the size: one uint32_t; tid, cancelhandling: three
+ * each, bits, count, offset) */
+extern const char *const mml_pthread_symbols[3];
+/* L from what the three symbols hold, GOT (the size in got[0][0]), if it is a layout: 0, or
+ * -1 (not one: a descriptor that is not one int inside the struct) */
+int mml_pthread_layout_of(const uint32_t got[3][3], struct mml_pthread_layout *l);
+
 /* Fill L from PATH (the libc.so.6 of the process, opened as PATH, or /proc/PID/root/PATH
- * first).  0 done, -1 not found (another libc, a stripped dynamic symbol table). */
-int mml_pthread_layout(int pid, const char *path, struct mml_pthread_layout *l);
+ * first), mapped from LO.  0 done, -1 not found (another libc, a stripped dynamic symbol
+ * table).  mmleak.so's copy (tools/scan_inproc.h) takes it from mml_here_layout first. */
+int mml_pthread_layout(int pid, const char *path, uint64_t lo, struct mml_pthread_layout *l);
+#ifdef MML_SCAN_INPROC
+/* tracer/scanhere.c: the layout the exiting process's loader had for the object mapped from
+ * LO, read before the scan: 0 (L filled), or -1 */
+int mml_here_layout(uint64_t lo, struct mml_pthread_layout *l);
+#endif
 
 /* mmleak.so's own mappings, from its list (tracer/ownlist.h) if its magic is in [LO, HI)
  * (one of mmleak.so's writable mappings): their ranges, sorted by address, in *OUT (malloc'd;

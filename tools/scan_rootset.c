@@ -131,7 +131,7 @@ static int dead_stack(struct scan *s, size_t k, uint64_t *pdp, uint64_t *end)
             const char *b = strrchr(s->mp[j].path, '/');
             if (b && s->mp[j].off == 0 && (!strncmp(b, "/libc.so.", 9) ||
                                            !strncmp(b, "/libpthread.so.", 15)) &&
-                !mml_pthread_layout(s->rpid, s->mp[j].path, &s->pl))
+                !mml_pthread_layout(s->rpid, s->mp[j].path, s->mp[j].lo, &s->pl))
                 s->layout = 1;
         }
     }

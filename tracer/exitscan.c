@@ -221,7 +221,7 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
         close(p[1]);
         return -1;
     }
-    prctl(PR_SET_PTRACER, (unsigned long)child, 0, 0, 0);
+    int named = !prctl(PR_SET_PTRACER, (unsigned long)child, 0, 0, 0);   /* (EINVAL: no Yama) */
     while (send(p[1], "g", 1, MSG_NOSIGNAL) < 0 && errno == EINTR)
         ;
     close(p[1]);
@@ -231,7 +231,8 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
         ;
     if (lone)                           /* a signal that came meanwhile is delivered now */
         syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
-    prctl(PR_SET_PTRACER, 0, 0, 0, 0);
+    if (named)
+        prctl(PR_SET_PTRACER, 0, 0, 0, 0);
     if (r != child || !WIFEXITED(st))
         return -1;
     return WEXITSTATUS(st);

@@ -270,6 +270,8 @@ extern _Atomic uint64_t g_lost_orphan; /* events lost where no thread file could
 extern atomic_uint g_episode;        /* numbers the gaps: "#dropping k=K", "#lost N k=K" */
 extern atomic_uint g_epoch;          /* dlclose() calls so far: see loads_log_locked */
 extern int g_closing;                /* calls inside the real dlclose() (under g_lock) */
+extern int g_ending;                 /* the process ends (its last files are closing): see
+                                      * stage_drop */
 extern pthread_mutex_t g_lock;       /* cold path only */
 extern pthread_key_t g_key;
 extern int g_key_ok;
@@ -351,8 +353,9 @@ extern struct fid g_loads_id, g_maps_id;    /* made by reserve_id (.maps: its la
 extern int g_loads_used;                     /* a line was written to it */
 extern unsigned long long g_got_adds;   /* loader's count of loads when slots were last set */
 int phdr_counts(struct dl_phdr_info *info, size_t size, void *data);
-/* A new trace: every mapping goes into its log of loads again; then a snapshot. */
-void maps_start_locked(const unsigned long long c[2]);
+/* A new trace: every mapping goes into its log of loads again; then a snapshot, written
+ * through CLAIM (the empty .maps reserve_id made: closed here), or -1. */
+void maps_start_locked(const unsigned long long c[2], int claim);
 COLD void maps_snapshot(int force);
 void loads_drop_unused(void);
 

@@ -44,6 +44,7 @@ _Atomic uint64_t g_lost_orphan;
 atomic_uint g_episode;
 atomic_uint g_epoch;
 int g_closing;
+int g_ending;
 pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 pthread_key_t g_key;
 int g_key_ok;
@@ -71,7 +72,7 @@ void read_cmdline(void)
  * needed): the pid, else pid-1, pid-2..  (an exec'd image, a reused pid).  Past TAKEN_RUN
  * taken ids (planted?), pid-T, T the time in microseconds: later images of the process still
  * get higher numbers, and nobody can plant a name for every microsecond to come. */
-static int reserve_id(void)
+static int reserve_id(int *maps_fd)
 {
     char name[64];
     int err = 0;
@@ -94,12 +95,20 @@ static int reserve_id(void)
             d = cat(d, e, "-");
             cat_u(d, e, (unsigned long)k);
         }
-        int fd = create_locked(file_name(name, sizeof name, ".maps"), &g_maps_id);
-        if (fd >= 0) {
-            close(fd);
+        int mfd = create_locked(file_name(name, sizeof name, ".maps"), &g_maps_id), fd = mfd;
+        if (mfd >= 0) {
             fd = create_locked(file_name(name, sizeof name, ".loads"), &g_loads_id);
+            if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+                /* one descriptor left (a forked child of a daemon that took the others):
+                 * one at a time, as ever, and the first snapshot renamed over the .maps */
+                close(mfd);
+                mfd = -1;
+                fd = create_locked(file_name(name, sizeof name, ".loads"), &g_loads_id);
+            }
             if (fd < 0) {
                 err = errno;
+                if (mfd >= 0)
+                    close(mfd);
                 d_unlink(file_name(name, sizeof name, ".maps"));
                 errno = err;
             }
@@ -107,6 +116,7 @@ static int reserve_id(void)
         if (fd >= 0) {
             close(fd);
             g_loads_used = 0;
+            *maps_fd = mfd;     /* the first snapshot is written through it */
             return 0;
         }
         err = errno;
@@ -167,14 +177,15 @@ void process_start(const unsigned long long *loaded)
     g_owner = geteuid();
     g_t0 = time(NULL);
     prealloc_decide();
-    if (reserve_id()) {
+    int maps_fd = -1;
+    if (reserve_id(&maps_fd)) {
         g_state = -1;
         return;
     }
     g_state = 1;
     atomic_store(&g_next_file, 0);
     unsigned long long c[2] = { loaded ? loaded[0] : 0, loaded ? loaded[1] : 0 };
-    maps_start_locked(c);
+    maps_start_locked(c, maps_fd);
     arm_hot();
     set_status();
 }
@@ -315,6 +326,7 @@ void fork_child(void)
         return;     /* done already: the raw-fork check ran before the atfork handler */
     pthread_mutex_init(&g_lock, NULL);
     g_closing = 0;      /* the threads inside dlclose() are not in the child */
+    g_ending = 0;       /* (nor the one that was ending the process) */
     mml_sites_after_fork();
     mml_unwind_fork_child();
     int saved = errno;
@@ -420,6 +432,7 @@ __attribute__((constructor)) static void mmleak_init(void)
  * FINAL: the process ends (not an exec, which may fail). */
 static void leave_files(int final)
 {
+    g_ending = final;
     maps_snapshot(0);
     close_parked();
     T.lost += atomic_exchange(&g_lost_orphan, 0);

@@ -144,9 +144,37 @@ int phdr_counts(struct dl_phdr_info *info, size_t size, void *data)
     return 1;
 }
 
+/* The table's lines, sorted, to FD (TOTAL bytes): 0, or -1.  One write when the sorted
+ * text fits the read buffer (done with /proc's text by now): a line per write() was a
+ * twentieth of a small program's start-up under the tracer. */
+static int maps_write(int fd, size_t total)
+{
+    int bad = 0;
+    char *b = mml_grow(M.buf, &M.bcap, total, 1);
+    if (b) {
+        M.buf = b;
+        size_t at = 0;
+        for (size_t i = 0; i < M.n; i++) {
+            memcpy(b + at, M.text + M.ln[i].off, M.ln[i].len);
+            at += M.ln[i].len;
+        }
+        bad = write_all(fd, b, at);
+    } else {
+        for (size_t i = 0; i < M.n && !bad; i++)
+            bad = write_all(fd, M.text + M.ln[i].off, M.ln[i].len);
+    }
+    return bad;
+}
+
 /* Merge /proc/self/maps into the table and rewrite mmleak.ID.maps (temp file + rename) when
- * anything is new.  force=0 skips the work when no object was loaded or unloaded since. */
-static void maps_snapshot_locked(int force, const unsigned long long c[2])
+ * anything is new.  force=0 skips the work when no object was loaded or unloaded since.
+ * *CLAIM (a trace's first snapshot): the descriptor of the empty .maps that reserve_id
+ * created for the trace's id, written in place: no temporary file created and renamed
+ * (an inode and two directory changes at every start-up: mmleak-performance(7)).  Nobody
+ * reads it yet: no dump file of the trace exists before this (readers find a trace by its
+ * dump files), and a write that fails leaves it empty again, for a later snapshot's
+ * temporary file and rename.  NULL otherwise. */
+static void maps_snapshot_locked(int force, const unsigned long long c[2], int *claim)
 {
     if (!force && !M.stale && c[0] == M.adds && c[1] == M.subs)
         return;
@@ -158,6 +186,12 @@ static void maps_snapshot_locked(int force, const unsigned long long c[2])
     M.stale = 1;
     int fd = g_procfd >= 0 ? openat(g_procfd, "self/maps", O_RDONLY | O_CLOEXEC)
                            : open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && claim && *claim >= 0 && (errno == EMFILE || errno == ENFILE)) {
+        close(*claim);          /* one descriptor left: the temporary file's way, as ever */
+        *claim = -1;
+        fd = g_procfd >= 0 ? openat(g_procfd, "self/maps", O_RDONLY | O_CLOEXEC)
+                           : open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    }
     if (fd < 0)
         return;
     size_t len = 0;
@@ -201,6 +235,14 @@ static void maps_snapshot_locked(int force, const unsigned long long c[2])
                     "may stay unresolved");
         return;
     }
+    if (claim && *claim >= 0) {
+        if (maps_write(*claim, total)) {
+            if (ftruncate(*claim, 0)) { /* the next snapshot's rename replaces it anyway */ }
+        } else {
+            M.stale = loads_bad;
+        }
+        return;
+    }
     char name[64], tmp[64];
     file_name(name, sizeof name, ".maps");
     file_name(tmp, sizeof tmp, ".maps.tmp");
@@ -216,22 +258,7 @@ static void maps_snapshot_locked(int force, const unsigned long long c[2])
     }
     if (fd < 0)
         return;
-    /* one write when the sorted text fits the read buffer (done with /proc's text by now):
-     * a line per write() was a twentieth of a small program's start-up under the tracer */
-    int bad = 0;
-    char *b = mml_grow(M.buf, &M.bcap, total, 1);
-    if (b) {
-        M.buf = b;
-        size_t at = 0;
-        for (size_t i = 0; i < M.n; i++) {
-            memcpy(b + at, M.text + M.ln[i].off, M.ln[i].len);
-            at += M.ln[i].len;
-        }
-        bad = write_all(fd, b, at);
-    } else {
-        for (size_t i = 0; i < M.n && !bad; i++)
-            bad = write_all(fd, M.text + M.ln[i].off, M.ln[i].len);
-    }
+    int bad = maps_write(fd, total);
     close(fd);
     if (bad || d_rename(tmp, name)) {
         d_unlink(tmp);
@@ -242,11 +269,13 @@ static void maps_snapshot_locked(int force, const unsigned long long c[2])
 }
 
 /* A new trace (under g_lock): its log of loads starts with every mapping. */
-void maps_start_locked(const unsigned long long c[2])
+void maps_start_locked(const unsigned long long c[2], int claim)
 {
     for (size_t i = 0; i < M.n; i++)
         M.ln[i].present = 0;
-    maps_snapshot_locked(1, c);
+    maps_snapshot_locked(1, c, &claim);
+    if (claim >= 0)
+        close(claim);
 }
 
 /* The loader's counters are read before g_lock is taken: dl_iterate_phdr takes the loader's
@@ -258,7 +287,7 @@ COLD void maps_snapshot(int force)
     unsigned long long c[2] = { 0, 0 };
     dl_iterate_phdr(phdr_counts, c);
     pthread_mutex_lock(&g_lock);
-    maps_snapshot_locked(force, c);
+    maps_snapshot_locked(force, c, NULL);
     int patch = g_attached && g_state == 1 && c[0] != g_got_adds;
     g_got_adds = c[0];
     pthread_mutex_unlock(&g_lock);

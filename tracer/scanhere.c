@@ -18,6 +18,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <link.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
@@ -33,6 +34,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "../tools/scan_roots.h"
 
 #ifndef PR_SET_PTRACER
 #define PR_SET_PTRACER 0x59616d61
@@ -49,11 +51,33 @@ void mmleak_scan_limits(void);
  * A block: a header of 32 bytes, then the caller's bytes.  Small ones (under BIG) are cut
  * from chunks of CHUNK bytes and never given back one by one (a scan allocates few: all go
  * at its end, but the last one taken, given back at once); a big one is a mapping of its
- * own, unmapped by free. */
+ * own, unmapped by free.  BIG is above 64 KiB: the buffers of the maps and of the result's
+ * header lines (64 KiB each) come from the first chunk, not two mappings made at every
+ * exit. */
 #define CHUNK ((size_t)1 << 20)
-#define BIG ((size_t)64 << 10)
+#define BIG ((size_t)128 << 10)
 #define MAX_CHUNKS 4096
 struct hdr { void *base; size_t maplen, size, pad; };
+
+/* The scan here is the exit's (the only one run here): the process ends right after it,
+ * and its memory goes then, all at once.  A munmap of each of the scan's mappings (its
+ * window, its tables, its chunks, the child's stack), each a change of an address space
+ * that two processes share, was 5 % of the samples of a small program's start-up and exit
+ * under the tracer (mmleak-performance(7), "Start-up and exit, the scan at exit's costs
+ * counted").  So up to KEEP bytes of them stay mapped, and listed (tracer/ownlist.h:
+ * mmleak-scan, if it runs after us, still leaves them out); past that they are unmapped as
+ * ever (a big scan's gigabytes are not held to the end). */
+#define KEEP ((size_t)64 << 20)
+static size_t kept;
+
+static void sc_unmap(void *p, size_t n)
+{
+    if (n <= KEEP - kept) {
+        kept += n;
+        return;
+    }
+    mml_unmap(p, n);
+}
 
 static char *chunk_at, *chunk_end;
 static void *chunks[MAX_CHUNKS];
@@ -115,7 +139,7 @@ void mml_sc_free(void *p)
         return;
     struct hdr *h = (struct hdr *)p - 1;
     if (h->base)
-        mml_unmap(h->base, h->maplen);
+        sc_unmap(h->base, h->maplen);
     else if ((char *)p + ((h->size + 15) & ~(size_t)15) == chunk_at)
         chunk_at = (char *)h;           /* the last one taken (a buffer of a loop's turn) */
 }
@@ -231,7 +255,7 @@ void *mml_sc_mmap(void *addr, size_t n, int prot, int flags, int fd, off_t off)
 
 int mml_sc_munmap(void *p, size_t n)
 {
-    mml_unmap(p, n);
+    sc_unmap(p, n);
     return 0;
 }
 
@@ -244,7 +268,7 @@ void *mml_sc_mremap(void *p, size_t n, size_t nn, int flags, ...)
     if (!q)
         return MAP_FAILED;
     memcpy(q, p, n < nn ? n : nn);
-    mml_unmap(p, n);
+    sc_unmap(p, n);
     return q;
 }
 
@@ -286,9 +310,101 @@ void mml_sc_qsort(void *base, size_t n, size_t w, int (*cmp)(const void *, const
 static void release_all(void)
 {
     for (int i = 0; i < nchunks; i++)
-        mml_unmap(chunks[i], CHUNK);
+        sc_unmap(chunks[i], CHUNK);
     nchunks = 0;
     chunk_at = chunk_end = NULL;
+}
+
+/* ---- glibc's struct pthread, as the process's loader has libc.so.6 ----
+ * The scan needs it when a thread was joined (its stack waits in glibc's cache: not a root);
+ * mmleak-scan reads it from the file (tools/scan_roots.c: two opens through /proc, 11 reads,
+ * 17 system calls at the exit of such a program).  Here, before the scan, the same three
+ * _thread_db_* symbols are looked up in the object's own GNU hash table and symbols, as the
+ * loader mapped them, and the same checks made; the scan takes the result for the mapping
+ * at the object's start (mml_here_layout), the file otherwise. */
+static struct { uint64_t lo; struct mml_pthread_layout l; int ok; } g_layout;
+
+/* DT_* pointer of the object at BASE: glibc's loader relocates them in place (most ports),
+ * others leave them file-relative */
+static uintptr_t dyn_ptr(uintptr_t base, uintptr_t p)
+{
+    return p && p < base ? p + base : p;
+}
+
+static const ElfW(Sym) *gnu_find(const uint32_t *gh, const ElfW(Sym) *sym, const char *str,
+                                 size_t strsz, const char *name)
+{
+    uint32_t nb = gh[0], off = gh[1], nbloom = gh[2];
+    if (!nb)
+        return NULL;
+    const uint32_t *buckets = (const uint32_t *)((const ElfW(Addr) *)(gh + 4) + nbloom);
+    const uint32_t *chain = buckets + nb;
+    uint32_t h = 5381;
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++)
+        h = h * 33 + *c;
+    uint32_t i = buckets[h % nb];
+    if (i < off)
+        return NULL;
+    for (;; i++) {
+        uint32_t ch = chain[i - off];
+        if ((ch | 1) == (h | 1) && sym[i].st_name < strsz && sym[i].st_shndx != SHN_UNDEF &&
+            !strcmp(str + sym[i].st_name, name))
+            return &sym[i];
+        if (ch & 1)
+            return NULL;
+    }
+}
+
+static int layout_of_object(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    (void)data;
+    const char *b = info->dlpi_name ? strrchr(info->dlpi_name, '/') : NULL;
+    if (!b || (strncmp(b, "/libc.so.", 9) && strncmp(b, "/libpthread.so.", 15)))
+        return 0;
+    uintptr_t base = info->dlpi_addr, lo = UINTPTR_MAX;
+    const ElfW(Dyn) *dyn = NULL;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type == PT_LOAD && base + (ph->p_vaddr & ~(uintptr_t)4095) < lo)
+            lo = base + (ph->p_vaddr & ~(uintptr_t)4095);
+        if (ph->p_type == PT_DYNAMIC)
+            dyn = (const ElfW(Dyn) *)(base + ph->p_vaddr);
+    }
+    uintptr_t gh = 0, sym = 0, str = 0, strsz = 0;
+    for (; dyn && dyn->d_tag != DT_NULL; dyn++) {
+        if (dyn->d_tag == DT_GNU_HASH)
+            gh = dyn_ptr(base, dyn->d_un.d_ptr);
+        else if (dyn->d_tag == DT_SYMTAB)
+            sym = dyn_ptr(base, dyn->d_un.d_ptr);
+        else if (dyn->d_tag == DT_STRTAB)
+            str = dyn_ptr(base, dyn->d_un.d_ptr);
+        else if (dyn->d_tag == DT_STRSZ)
+            strsz = dyn->d_un.d_val;
+    }
+    if (!gh || !sym || !str || lo == UINTPTR_MAX)
+        return 0;
+    uint32_t got[3][3];
+    for (int k = 0; k < 3; k++) {
+        const ElfW(Sym) *y = gnu_find((const uint32_t *)gh, (const ElfW(Sym) *)sym,
+                                      (const char *)str, strsz, mml_pthread_symbols[k]);
+        if (!y || y->st_size < (k ? 12u : 4u))
+            return 0;
+        memcpy(got[k], (const void *)(base + y->st_value), k ? 12 : 4);
+    }
+    if (mml_pthread_layout_of(got, &g_layout.l))
+        return 0;
+    g_layout.lo = lo;
+    g_layout.ok = 1;
+    return 1;
+}
+
+int mml_here_layout(uint64_t lo, struct mml_pthread_layout *l)
+{
+    if (!g_layout.ok || g_layout.lo != lo)
+        return -1;
+    *l = g_layout.l;
+    return 0;
 }
 
 /* ---- the child ---- */
@@ -353,6 +469,9 @@ COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone
     h.id = g_id;
     h.floor = floor;
     memcpy(h.lone, lone, sizeof h.lone);
+    g_layout.ok = 0;
+    kept = 0;
+    dl_iterate_phdr(layout_of_object, NULL);
     char *stack = mml_map(STACK);
     if (!stack)
         return -2;
@@ -362,15 +481,17 @@ COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone
         mml_unmap(stack, STACK);
         return -2;
     }
-    prctl(PR_SET_PTRACER, (unsigned long)child, 0, 0, 0);
+    /* (no Yama: EINVAL, and nothing to take back after) */
+    int named = !prctl(PR_SET_PTRACER, (unsigned long)child, 0, 0, 0);
     __atomic_store_n(&h.go, 1, __ATOMIC_RELEASE);
     syscall(SYS_futex, &h.go, FUTEX_WAKE, 1, NULL, NULL, 0);
     int st = 0;
     pid_t r;
     while ((r = waitpid(child, &st, 0)) < 0 && errno == EINTR)
         ;
-    prctl(PR_SET_PTRACER, 0, 0, 0, 0);
-    mml_unmap(stack, STACK);
+    if (named)
+        prctl(PR_SET_PTRACER, 0, 0, 0, 0);
+    sc_unmap(stack, STACK);
     release_all();                      /* (ours: a child killed left them) */
     if (r != child || !WIFEXITED(st))
         return -1;

@@ -538,7 +538,7 @@ static size_t header_text(char *h, size_t cap, unsigned fileno, int late)
     d = cat(d, e, " pid=");
     d = cat_u(d, e, (unsigned long)g_pid);
     d = cat(d, e, " tid=");
-    d = cat_u(d, e, (unsigned long)syscall(SYS_gettid));
+    d = cat_u(d, e, (unsigned long)mml_sys(SYS_gettid));
     d = cat(d, e, " file=");
     d = cat_u(d, e, fileno);
     d = cat(d, e, " depth=");
@@ -894,7 +894,7 @@ static int unpark(struct tstate *t)
     t->exit_rounds = 0;
     char line[64], *d = line, *e = line + sizeof line;
     d = cat(d, e, "#thread tid=");
-    d = cat_u(d, e, (unsigned long)syscall(SYS_gettid));
+    d = cat_u(d, e, (unsigned long)mml_sys(SYS_gettid));
     d = cat(d, e, "\n");
     stage_line(t, line, (size_t)(d - line));
     return 0;

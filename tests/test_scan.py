@@ -1254,3 +1254,45 @@ def test_marking_read_ahead_by_a_thread_on_demand(tmp_path, dump):
             p.kill()
             p.wait()
     assert got["forced"] == got["plain"] == got["plain again"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_lone_scan_falls_back_to_mmleak_scan_by_affinity(tmp_path, dump):
+    """The scan of a lone thread at its exit runs in mmleak.so (tracer/scanhere.c), which
+    starts no thread; where mmleak-scan could start one (tests/scan_fallback.c: about 16 MiB
+    of trace, the live set's parsers), its child gives up at once (status 4) and mmleak-scan
+    runs instead.  That was decided by the load of the moment (/proc/stat), so no test could
+    make it happen or not; it is decided by the process's CPU affinity now: on one CPU, the
+    scan is mmleak.so's (one debug file, complete); on two, the child stops before the live
+    set (its debug file says so and has no live-set step) and mmleak-scan's scan follows
+    (a second debug file, complete).  The verdict is exactly the same: each kind's blocks
+    and bytes, and mmleak-scan's own (MMLEAK_SCAN_HERE=0) too."""
+    exe = str(tmp_path / "scan_fallback")
+    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(TESTS, "scan_fallback.c")],
+                   check=True)
+    from mmleaklib import scan
+    got = {}
+    for how, cpus, here in (("here", "one", "1"), ("fallback", "all", "1"),
+                            ("mmleak-scan", "all", "0")):
+        d = dump / how
+        d.mkdir()
+        r = run_traced([exe, cpus], d, env={"MMLEAK_SCAN_DEBUG": "1", "MMLEAK_SCAN_HERE": here})
+        assert r.stdout == b"done\n"
+        tid = only_trace(d)
+        logs = [open(str(d / ("mmleak.%s.scan-debug.%d" % (tid, k))), "rb").read()
+                for k in (1, 2) if (d / ("mmleak.%s.scan-debug.%d" % (tid, k))).exists()]
+        gave_up = b"mmleak-scan: a thread would pay: mmleak-scan takes over\n"
+        if how == "fallback":
+            assert len(logs) == 2, logs
+            assert logs[0].endswith(gave_up) and b"time live-set" not in logs[0], logs[0]
+        else:
+            assert len(logs) == 1, logs
+        assert b"time live-set" in logs[-1] and b"time result" in logs[-1], logs[-1]
+        assert gave_up not in logs[-1]
+        [path] = scan.scan_files(str(d), tid)
+        res = scan.read_scan(path)
+        assert res.status == "done" and res.why == "exit", res.reason
+        got[how] = res.kinds
+    assert got["here"] == got["fallback"] == got["mmleak-scan"]
+    kinds = got["here"]
+    assert (kinds["definite"][0], kinds["indirect"][0]) == (10, 20), kinds

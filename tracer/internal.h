@@ -206,6 +206,7 @@ struct tstate {
     struct fid out_id, tail_id; /* its .out and .tail files (see open_again) */
     const void *new_ra;   /* while GUARD_NEW: the caller of the failing operator new */
     struct tstate *next, *prev; /* registry of open threads, under g_lock */
+    uint64_t walks;       /* stack walks made for the current file's events ("#walks") */
 };
 extern __thread struct tstate T __attribute__((tls_model("initial-exec")));
 
@@ -400,6 +401,7 @@ struct file_slot {
     int state; unsigned fileno; char *stage; size_t half_size; uint64_t out_off;
     uint64_t *ss; size_t ss_cap, ss_n;     /* the stacks the file holds (parked files) */
     struct fid out_id, tail_id;
+    uint64_t walks;                        /* its "#walks" count so far (parked files) */
 };
 extern struct file_registry { struct file_slot *a; size_t n, cap; } R;
 extern _Atomic size_t g_hold_total;     /* bytes of every thread's hold */

@@ -555,7 +555,8 @@ EXPORT int prctl(int option, ...)
     return mml_next_prctl(option, a2, a3, a4, a5);
 }
 
-/* Like glibc's, six arguments are passed on whatever the call's own number. */
+/* Like glibc's, six arguments are passed on whatever the call's own number.  The program's
+ * calls only: mmleak.so's own are made with mml_sys (tracer/internal.h), never through this. */
 EXPORT long syscall(long nr, ...)
 {
     va_list ap;

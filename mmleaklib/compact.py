@@ -385,7 +385,8 @@ def _compact_header_lines(sh, folded, run=None):
                 continue
             seen_hdr = True
             out.append(re.sub(rb" (tid|file)=\S+", b"", first))
-        elif line.startswith((b"#thread ", b"#end", b"#folded ", b"#compacted ", b"#at ")):
+        elif line.startswith((b"#thread ", b"#end", b"#folded ", b"#compacted ", b"#at ",
+                              b"#walks ")):
             continue
         else:
             out.append(line)

@@ -68,8 +68,9 @@ OPTIONS = (
     Option("SCAN_SECS", "MMLEAK_SCAN_SECS", "int", 60, 1, 1 << 20,
            "mmleak-scan: seconds before a scan gives up", "mmleak-scan"),
     Option("SCAN_DEBUG", "MMLEAK_SCAN_DEBUG", "int", 0, 0, 2,
-           "mmleak-scan: 1 prints on stderr each step's time, the cut, the roots and "
-           "marking's reads; 2 also every word found pointing into a block",
+           "mmleak-scan: 1 writes each step's time, the cut, the roots and marking's "
+           "reads into mmleak.ID.scan-debug.K beside the trace; 2 also every word found "
+           "pointing into a block",
            "mmleak-scan"),
     Option("SUPPRESSIONS", "MMLEAK_SUPPRESSIONS", "path", None, 0, 0,
            "mmleak.py report and run --check: files of leak:PATTERN suppressions, "

@@ -206,7 +206,7 @@ class Shrinker:
                 if v.isdigit() and len(v) <= 20:
                     self.max_time = max(self.max_time, int(v))
                     self.clock = max(self.clock or 0, int(v))
-                else:
+                elif self._first_bad(line):
                     add(name, lineno, Q_BAD_CLOCK, line)
             elif line not in self._seen_header:
                 self._seen_header.add(line)
@@ -218,14 +218,24 @@ class Shrinker:
         elif line.strip():
             add(name, lineno, Q_MALFORMED, line)
 
+    def _first_bad(self, line):
+        """Whether LINE, a '#' line with a problem, is the first of its text: each such line
+        counts once, wherever it comes again (the compiled reader hands every '#' line over
+        once: native.py)."""
+        if line in self._seen_header:
+            return False
+        self._seen_header.add(line)
+        return True
+
     def _stack_line(self, line, name, lineno):
         st = parse_stack(line)
         if st is None:
-            self.problems.add(name, lineno, Q_BAD_STACK, line)
+            if self._first_bad(line):
+                self.problems.add(name, lineno, Q_BAD_STACK, line)
         elif st[0] not in self.stacks:
             self.stacks[st[0]] = st[1]
             self.stack_lines[st[0]] = line
-        elif self.stacks[st[0]] != st[1]:
+        elif self.stacks[st[0]] != st[1] and self._first_bad(line):
             self.problems.add(name, lineno, Q_STACK_AGAIN, st[0])
 
     def _header_line(self, line, name, lineno):

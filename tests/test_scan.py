@@ -121,6 +121,14 @@ def valgrind_kinds(scan_bins, case):
     return sorted(kinds)
 
 
+def debug_lines(dump_dir, before=()):
+    """The debug lines (MMLEAK_SCAN_DEBUG) of the scans in DUMP_DIR, from their files
+    mmleak.ID.scan-debug.K (those not in BEFORE), as bytes."""
+    return b"".join(open(os.path.join(str(dump_dir), n), "rb").read()
+                    for n in sorted(os.listdir(str(dump_dir)))
+                    if ".scan-debug." in n and n not in before)
+
+
 needs_valgrind = pytest.mark.skipif(not shutil.which("valgrind"), reason="valgrind not installed")
 
 
@@ -160,10 +168,11 @@ def test_interior_pointers_read_a_block_once(scan_bins, dump):
     of its arenas stopped the process for 8.7 s).  Counted in process_vm_readv calls
     (MMLEAK_SCAN_DEBUG=1), not in time: with the heads read again for each pointer, 50,024."""
     env = {"SCAN_LIB": scan_bins["libscan.so"], "MMLEAK_SCAN_DEBUG": "1"}
-    r = run_traced([scan_bins["scan_cases"], "interior-many"], dump, env=env)
+    run_traced([scan_bins["scan_cases"], "interior-many"], dump, env=env)
+    dbg = debug_lines(dump)
     reads = [int(m.group(1)) for m in
-             re.finditer(rb"mmleak-scan: reads (\d+) \(process_vm_readv", r.stderr)]
-    assert len(reads) == 1, r.stderr[-2000:]
+             re.finditer(rb"mmleak-scan: reads (\d+) \(process_vm_readv", dbg)]
+    assert len(reads) == 1, dbg[-2000:]
     assert reads[0] < 2000, reads        # (25 here: the roots, one batch, the block's head)
 
 
@@ -177,14 +186,15 @@ def test_exit_scan_opens_its_dump_files_by_name(scan_bins, dump, case):
         for suffix in ("0.out", "maps", "scan.1"):
             (dump / ("mmleak.%d-9.%s" % (i + 1, suffix))).write_text("")
     env = {"SCAN_LIB": scan_bins["libscan.so"], "MMLEAK_SCAN_DEBUG": "1"}
-    r = run_traced([scan_bins["scan_cases"], case], dump, env=env)
-    assert re.search(rb"^mmleak-scan: cut by name: \d+ dump files at most$", r.stderr, re.M), \
-        r.stderr[-2000:]
+    run_traced([scan_bins["scan_cases"], case], dump, env=env)
+    dbg = debug_lines(dump)
+    assert re.search(rb"^mmleak-scan: cut by name: \d+ dump files at most$", dbg, re.M), \
+        dbg[-2000:]
     import mmleaklib as mm
     tid = [t for t in mm.find_traces(str(dump)) if not t.endswith("-9")]
     assert len(tid) == 1, tid
     cut = sorted(os.path.basename(m.group(1).decode()) for m in
-                 re.finditer(rb"^mmleak-scan: cut (\S+): ", r.stderr, re.M))
+                 re.finditer(rb"^mmleak-scan: cut (\S+): ", dbg, re.M))
     assert cut == sorted(os.path.basename(p) for p in mm.find_traces(str(dump))[tid[0]])
     from mmleaklib import scan
     k = scan.kinds_for(str(dump), tid[0])
@@ -192,17 +202,29 @@ def test_exit_scan_opens_its_dump_files_by_name(scan_bins, dump, case):
     assert sorted(k.kind(*b) for b in target_blocks(dump, tid[0])) == CASES[case]
 
 
-def test_debug_levels(scan_bins, dump):
+@pytest.mark.parametrize("here", ["1", "0"])
+def test_debug_levels(scan_bins, dump, here):
     """MMLEAK_SCAN_DEBUG=1: the step timers and the reads, no line per word that points into
-    a block (10 million of them on a heap of 10 million blocks); 2: those lines too."""
+    a block (10 million of them on a heap of 10 million blocks); 2: those lines too.  They go
+    to a file of the scan's own beside the trace, mmleak.ID.scan-debug.1 (mode 0600), never
+    to the program's stderr (which gdb read as iconv's output): from mmleak.so's scan of a
+    lone thread (MMLEAK_SCAN_HERE=1) and from mmleak-scan (0) alike."""
     hits = re.compile(rb"^mmleak-scan: 0x[0-9a-f]+ holds 0x[0-9a-f]+ \(definite\)$", re.M)
     for level, want in (("1", False), ("2", True)):
         d = dump / level
         d.mkdir()
-        env = {"SCAN_LIB": scan_bins["libscan.so"], "MMLEAK_SCAN_DEBUG": level}
+        env = {"SCAN_LIB": scan_bins["libscan.so"], "MMLEAK_SCAN_DEBUG": level,
+               "MMLEAK_SCAN_HERE": here}
         r = run_traced([scan_bins["scan_cases"], "chain"], d, env=env)
-        assert b"mmleak-scan: time mark " in r.stderr, r.stderr[-2000:]
-        assert bool(hits.search(r.stderr)) == want, (level, r.stderr[-2000:])
+        assert b"mmleak-scan" not in r.stderr, r.stderr[-2000:]
+        tid = only_trace(d)
+        name = d / ("mmleak.%s.scan-debug.1" % tid)
+        assert stat.S_IMODE(os.lstat(str(name)).st_mode) == 0o600
+        assert stat.S_ISREG(os.lstat(str(name)).st_mode)
+        dbg = debug_lines(d)
+        assert dbg == name.read_bytes()
+        assert b"mmleak-scan: time mark " in dbg, dbg[-2000:]
+        assert bool(hits.search(dbg)) == want, (level, dbg[-2000:])
 
 
 @needs_valgrind
@@ -1224,9 +1246,9 @@ def test_marking_read_ahead_by_a_thread(tmp_path, dump):
     for name, lib in (("plain", LIB), ("forced", str(forced / "mmleak.so"))):
         d = tmp_path / ("dump-" + name)
         d.mkdir()
-        r = run_traced([exe, str(n)], d, env={"LD_PRELOAD": lib, "MMLEAK_SCAN_DEBUG": "1",
-                                              "MMLEAK_SCAN_HERE": "0"})
-        assert (b"marking read ahead by a thread" in r.stderr) == (name == "forced"), name
+        run_traced([exe, str(n)], d, env={"LD_PRELOAD": lib, "MMLEAK_SCAN_DEBUG": "1",
+                                          "MMLEAK_SCAN_HERE": "0"})
+        assert (b"marking read ahead by a thread" in debug_lines(d)) == (name == "forced"), name
         res = scan.read_scan(str(next(p for p in d.iterdir() if ".scan." in p.name)))
         assert res.status == "done", res.reason
         assert {k: v[0] for k, v in res.kinds.items()} == {
@@ -1269,12 +1291,14 @@ def test_marking_read_ahead_by_a_thread_on_demand(tmp_path, dump):
         for name, lib in (("plain", LIB), ("forced", str(forced / "mmleak.so")),
                           ("plain again", LIB)):
             before = set(scan.scan_files(str(dump), tid))
+            names = set(os.listdir(str(dump)))
             r = subprocess.run([sys.executable, os.path.join(ROOT, "mmleak.py"), "scan",
                                 "--quiet", str(p.pid)], capture_output=True, text=True,
                                env=dict(os.environ, MMLEAK_LIB=lib, MMLEAK_SCAN_DEBUG="1"),
                                timeout=120)
             assert r.returncode == 0, r.stderr
-            assert ("marking read ahead by a thread" in r.stderr) == (name == "forced"), name
+            assert (b"marking read ahead by a thread" in debug_lines(dump, names)) == \
+                (name == "forced"), name
             [path] = set(scan.scan_files(str(dump), tid)) - before
             with open(path, "rb") as f:
                 head = f.read(2000)
@@ -1293,3 +1317,45 @@ def test_marking_read_ahead_by_a_thread_on_demand(tmp_path, dump):
             p.kill()
             p.wait()
     assert got["forced"] == got["plain"] == got["plain again"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_lone_scan_falls_back_to_mmleak_scan_by_affinity(tmp_path, dump):
+    """The scan of a lone thread at its exit runs in mmleak.so (tracer/scanhere.c), which
+    starts no thread; where mmleak-scan could start one (tests/scan_fallback.c: about 16 MiB
+    of trace, the live set's parsers), its child gives up at once (status 4) and mmleak-scan
+    runs instead.  That was decided by the load of the moment (/proc/stat), so no test could
+    make it happen or not; it is decided by the process's CPU affinity now: on one CPU, the
+    scan is mmleak.so's (one debug file, complete); on two, the child stops before the live
+    set (its debug file says so and has no live-set step) and mmleak-scan's scan follows
+    (a second debug file, complete).  The verdict is exactly the same: each kind's blocks
+    and bytes, and mmleak-scan's own (MMLEAK_SCAN_HERE=0) too."""
+    exe = str(tmp_path / "scan_fallback")
+    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(TESTS, "scan_fallback.c")],
+                   check=True)
+    from mmleaklib import scan
+    got = {}
+    for how, cpus, here in (("here", "one", "1"), ("fallback", "all", "1"),
+                            ("mmleak-scan", "all", "0")):
+        d = dump / how
+        d.mkdir()
+        r = run_traced([exe, cpus], d, env={"MMLEAK_SCAN_DEBUG": "1", "MMLEAK_SCAN_HERE": here})
+        assert r.stdout == b"done\n"
+        tid = only_trace(d)
+        logs = [open(str(d / ("mmleak.%s.scan-debug.%d" % (tid, k))), "rb").read()
+                for k in (1, 2) if (d / ("mmleak.%s.scan-debug.%d" % (tid, k))).exists()]
+        gave_up = b"mmleak-scan: a thread would pay: mmleak-scan takes over\n"
+        if how == "fallback":
+            assert len(logs) == 2, logs
+            assert logs[0].endswith(gave_up) and b"time live-set" not in logs[0], logs[0]
+        else:
+            assert len(logs) == 1, logs
+        assert b"time live-set" in logs[-1] and b"time result" in logs[-1], logs[-1]
+        assert gave_up not in logs[-1]
+        [path] = scan.scan_files(str(d), tid)
+        res = scan.read_scan(path)
+        assert res.status == "done" and res.why == "exit", res.reason
+        got[how] = res.kinds
+    assert got["here"] == got["fallback"] == got["mmleak-scan"]
+    kinds = got["here"]
+    assert (kinds["definite"][0], kinds["indirect"][0]) == (10, 20), kinds

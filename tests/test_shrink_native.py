@@ -293,6 +293,24 @@ def test_many_problems_summary_and_odd_names(tmp_path):
         assert b"more lines with the same problem (duplicate)" in err
 
 
+def test_a_repeated_bad_hash_line_counts_once_in_both(tmp_path, monkeypatch):
+    """A malformed "#s" line, a "#s" line that defines an id again with other frames and a
+    malformed "#clock" line, each three times in a file and again in a second one: the
+    compiled reader hands each '#' line's text to the Python side once (its header set), and
+    counted each once; the Python engine counted every copy (9 problems against 3 in the
+    first file, 9 against none in the second).  Both count each text once, at its first
+    place, and say the same."""
+    lines = (b"#s zz 1 2\n" + b"#s 1 aaa\n" + b"#s 1 bbb\n" + b"#clock x\n") * 3
+    paths = write_files(tmp_path, {
+        0: [test_shrink.HDR2 % (1, 0), lines, b"000000001000 0 10 0 @1\n"],
+        1: [test_shrink.HDR2 % (2, 1), lines, b"000000002000 0 20 0 @1\n"]})
+    py = shrink_api("python", paths, monkeypatch)
+    nat = shrink_api("native", paths, monkeypatch)
+    assert py == nat
+    assert nat["counts"] == {(paths[0], "malformed"): 3}, nat["counts"]
+    assert_same_cli(["shrink", "--final"] + paths)
+
+
 def test_long_lines_beyond_the_read_buffer(tmp_path):
     """Lines longer than the C reader's buffer, an allocation with thousands of callers
     (a slab block of its own), a torn giant last line."""

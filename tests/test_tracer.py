@@ -470,3 +470,31 @@ def test_failing_operator_new_throws_through_mmleak(bins, dump):
     assert plain.returncode == 0 and b"caught=" in plain.stdout
     assert traced.stdout == plain.stdout
     assert b"caught=0" not in traced.stdout
+
+
+def test_mmleaks_own_system_calls_are_not_the_programs(dump, tmp_path, mm):
+    """mmleak.so exports syscall() and prctl() (a seccomp filter the program installs is
+    checked first); its own calls of them (a thread's id for a file's header, a mapping's
+    name, the exit scan's signal masks, futexes and PR_SET_PTRACER, its child's
+    exit_group...) bound to those exports too, and went on, counted as the program's, to a
+    library preloaded after it that wraps them (tests/own_calls.c: one line per call it
+    sees).  Made with the system call instruction (tracer/internal.h, mml_sys), only the
+    program's three calls reach it, in order, through mmleak.so's interposers; the trace and
+    its scan at exit are as usual."""
+    src = os.path.join(ROOT, "tests", "own_calls.c")
+    wrap, exe = str(tmp_path / "own_calls.so"), str(tmp_path / "own_calls")
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-DOWN_CALLS_LIB", "-o", wrap, src,
+                    "-ldl"], check=True)
+    subprocess.run(["cc", "-O1", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", exe, src],
+                   check=True)
+    r = run_traced([exe], dump, env={"LD_PRELOAD": LIB + " " + wrap})
+    assert r.stdout == b"own_calls done\n"
+    seen = [l for l in r.stderr.decode().splitlines() if l.startswith("own_calls: ")]
+    assert seen == ["own_calls: syscall %d" % 39, "own_calls: prctl 3",
+                    "own_calls: syscall %d" % 39], r.stderr[-3000:]
+    from mmleaklib import scan
+    tid = the_trace(dump)
+    k = scan.kinds_for(str(dump), tid)
+    assert k.status == "done" and k.scan.why == "exit", k.reason
+    surv = mm.shrink_files(mm.find_traces(str(dump))[tid]).survivors()
+    assert [k.kind(b.ptr, b.seq) for b in surv if b.size == 4321] == ["definite"]

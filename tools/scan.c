@@ -44,6 +44,8 @@
  *   tools/scan_read.c     the marking's reader thread (the heap read ahead)
  *   tools/scan_result.c   the result file */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -53,6 +55,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -84,13 +87,63 @@ int64_t mono_ns(void)
 }
 
 int scan_debug = -1;                    /* MMLEAK_SCAN_DEBUG (scan_int.h), read once */
+static int g_debug_fd = -1;             /* the scan's debug file (one scan at a time) */
 
-/* MMLEAK_SCAN_DEBUG=1: the time of the step just done (since the last call), on stderr */
+void scan_dbg(const char *fmt, ...)
+{
+    if (g_debug_fd < 0)
+        return;
+    char b[512];                        /* (no stdio: no buffer from the program's heap) */
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(b, sizeof b, fmt, ap);
+    va_end(ap);
+    if (n <= 0)
+        return;
+    size_t len = (size_t)n < sizeof b ? (size_t)n : sizeof b - 1;
+    for (size_t off = 0; off < len;) {
+        ssize_t k = write(g_debug_fd, b + off, len - off);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return;
+        off += (size_t)k;
+    }
+}
+
+/* MMLEAK_SCAN_DEBUG: the debug file of this scan, mmleak.ID.scan-debug.K (K the first free
+ * number from 1) in the trace's directory, made as the tracer makes its files there (others
+ * may write in it: O_EXCL and O_NOFOLLOW, a name taken by anything is skipped; O_NONBLOCK;
+ * a regular file of ours, checked); none when it cannot be made.  Never stderr: at exit the
+ * scanner's is the program's, perhaps a pipe it speaks a protocol on (gdb read iconv's
+ * output there, the debug lines with it: mmleak-scan(7)). */
+static void debug_open(const struct scan *s)
+{
+    char name[400];
+    for (int k = 1; k < 100000 && g_debug_fd < 0; k++) {
+        snprintf(name, sizeof name, "%s/mmleak.%s.scan-debug.%d", s->dir, s->id, k);
+        int fd = open(name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+                      0600);
+        if (fd < 0) {
+            if (errno == EEXIST)
+                continue;
+            return;
+        }
+        struct stat st;
+        if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+            close(fd);
+            return;
+        }
+        g_debug_fd = fd;
+    }
+}
+
+/* MMLEAK_SCAN_DEBUG=1: the time of the step just done (since the last call) */
 static void step_time(const char *step, int64_t *t)
 {
     int64_t now = mono_ns();
     if (unlikely(scan_debug > 0))
-        fprintf(stderr, "mmleak-scan: time %s %.3f ms\n", step, (now - *t) / 1e6);
+        scan_dbg("mmleak-scan: time %s %.3f ms\n", step, (now - *t) / 1e6);
     *t = now;
 }
 
@@ -182,6 +235,11 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
         const char *d = getenv("MMLEAK_SCAN_DEBUG");
         scan_debug = d && *d >= '1' && *d <= '9' && !d[1] ? *d - '0' : 0;
     }
+    if (unlikely(scan_debug > 0)) {
+        debug_open(&s);
+        if (g_debug_fd >= 0)
+            scan_file_owner(&s, g_debug_fd);
+    }
     err[0] = 0;
     out[0] = 0;
     struct timeval tv;
@@ -240,10 +298,10 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
         s.reads += reader_stop(s.rd);
         s.rd = NULL;
         if (unlikely(scan_debug > 0))
-            fprintf(stderr, "mmleak-scan: marking read ahead by a thread\n");
+            scan_dbg("mmleak-scan: marking read ahead by a thread\n");
     }
     if (unlikely(scan_debug > 0))
-        fprintf(stderr, "mmleak-scan: reads %" PRIu64 " (process_vm_readv calls of marking)\n",
+        scan_dbg("mmleak-scan: reads %" PRIu64 " (process_vm_readv calls of marking)\n",
                 s.reads);
     step_time("mark", &tstep);
     /* a thread that ended, or a process gone (SIGKILL), while we held it: no verdict */
@@ -274,6 +332,10 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
         rc = -1;
     }
     step_time("result", &tstep);
+    if (g_debug_fd >= 0) {
+        close(g_debug_fd);
+        g_debug_fd = -1;
+    }
     release(&s);
     pthread_mutex_unlock(&g_scan_lock);
     return rc;

@@ -433,7 +433,7 @@ int take_cut(struct scan *s)
     int nfolded = 0;
     if (s->nolock && s->nfiles > 0 && s->nfiles <= CUT_BY_NAME_MAX) {
         if (unlikely(scan_debug > 0))
-            fprintf(stderr, "mmleak-scan: cut by name: %d dump files at most\n", s->nfiles);
+            scan_dbg("mmleak-scan: cut by name: %d dump files at most\n", s->nfiles);
         for (int i = 0; i < s->nfiles; i++) {
             char name[300];
             snprintf(name, sizeof name, "mmleak.%s.%d.out", s->id, i);
@@ -476,7 +476,7 @@ int take_cut(struct scan *s)
     s->ncf = k;
     if (unlikely(scan_debug > 0))
         for (int i = 0; i < k; i++)
-            fprintf(stderr, "mmleak-scan: cut %s: %llu bytes and %zu of its staging file\n",
+            scan_dbg("mmleak-scan: cut %s: %llu bytes and %zu of its staging file\n",
                     s->cf[i].path, (unsigned long long)s->cf[i].size, s->cf[i].tlen);
     free_names(folded, nfolded);
     qsort(s->cf, (size_t)s->ncf, sizeof *s->cf, cut_order);

@@ -6,8 +6,9 @@
  * it would make the block look reachable), never the program's heap (its locks and state
  * are the program's).  So every allocation and anonymous mapping of these files goes to
  * tracer/scanhere.c's, qsort (whose glibc copy may call malloc) to its own sort, and
- * opendir/readdir/closedir (glibc's buffer is malloc's) to its own getdents64 reader.  The
- * rest is the same source as mmleak-scan's. */
+ * opendir/readdir/closedir (glibc's buffer is malloc's) to its own getdents64 reader, and
+ * syscall (mmleak.so's interposer when preloaded: tracer/internal.h, mml_sys) to the system
+ * call itself.  The rest is the same source as mmleak-scan's. */
 #ifndef MMLEAK_SCAN_INPROC_H
 #define MMLEAK_SCAN_INPROC_H
 
@@ -26,6 +27,7 @@
 #define opendir mml_sc_opendir     /* glibc's takes its buffer from malloc */
 #define readdir mml_sc_readdir
 #define closedir mml_sc_closedir
+#define syscall mml_sc_syscall         /* mmleak.so's own calls: never its interposer */
 #define say mml_sc_say                  /* tracer/say.c has a say of its own */
 /* mmleak-tools.so's entry points (for mmleak.py) are not mmleak.so's: hidden here */
 #include "../tracer/compiler.h"

@@ -102,11 +102,20 @@ struct scan {
 
 /* tools/scan.c: the course of a scan */
 extern int scan_debug;                  /* MMLEAK_SCAN_DEBUG: 1, the time of each step, the
-                                           cut, the roots, the reads on stderr; 2, also every
-                                           word that points into a block */
+                                           cut, the roots, the reads; 2, also every word that
+                                           points into a block */
+/* A debug line (MMLEAK_SCAN_DEBUG) into the scan's debug file, mmleak.ID.scan-debug.K beside
+ * the trace (never a descriptor of the process's: at exit the scanner's stderr is the
+ * program's, which may be a pipe it speaks a protocol on); nothing when it has none. */
+__attribute__((format(printf, 1, 2))) void scan_dbg(const char *fmt, ...);
 /* The scan failed: why, in S->err (the first reason only); returns -1. */
 __attribute__((format(printf, 2, 3))) int say(struct scan *s, const char *fmt, ...);
 int64_t mono_ns(void);
+
+/* tools/scan_result.c: a file the scan made in the trace's directory (the result, the debug
+ * file), mode 0600 whatever the umask, given to the trace's owner (root scanning a user's
+ * trace) */
+void scan_file_owner(struct scan *s, int fd);
 
 /* tools/scan_stop.c: the threads held, the snapshot */
 int hold_lone(struct scan *s);

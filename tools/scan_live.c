@@ -1031,6 +1031,10 @@ static int fold_piped(struct feed *f, struct mmleak_input *in, int n)
     return rc;                          /* (-1: F untouched, the descriptors' offsets too) */
 }
 
+#ifdef MML_SCAN_INPROC
+void scan_dbg(const char *fmt, ...);    /* tools/scan.c (MMLEAK_SCAN_DEBUG) */
+#endif
+
 /* Whether a CPU we may run on is idle now (/proc/stat's procs_running, ourselves
  * included, below the CPUs of our affinity): the parser threads only pay on one.  On a
  * busy machine they would take their time from the thread that folds (measured: the live
@@ -1041,6 +1045,21 @@ int mmleak_cpu_to_spare(void)
     cpu_set_t cpus;
     if (sched_getaffinity(0, sizeof cpus, &cpus) || CPU_COUNT(&cpus) < 2)
         return 0;
+#ifdef MML_SCAN_INPROC
+    /* mmleak.so's copy (tools/scan_inproc.h) starts no thread: their stacks and glibc's
+     * state would be the process's.  Where mmleak-scan could start one (asked only for a
+     * big trace or heap, and the process may run on two CPUs or more), the child gives up
+     * at once, status 4, and mmleak.so starts mmleak-scan instead (tracer/scanhere.c),
+     * which judges the load itself: nothing was written yet (but the debug file), and the
+     * child's memory is mmleak.so's.  Not by the load now, which changes: a child that
+     * found the CPUs busy at the live set and one idle at the marking gave the scan up
+     * after its live set, which mmleak-scan made again; the affinity stays, so a big
+     * trace's live set is made once, by one or the other (and what a fallback at the
+     * marking makes again is a small trace's: below SCAN_LIVE_PIPE_MIN). */
+    scan_dbg("mmleak-scan: a thread would pay: mmleak-scan takes over\n");
+    syscall(SYS_exit_group, 4);
+    return 0;
+#else
     int fd = open("/proc/stat", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return 0;
@@ -1055,16 +1074,8 @@ int mmleak_cpu_to_spare(void)
         idle = p && atoi(p + 15) < CPU_COUNT(&cpus);
     }
     free(b);
-#ifdef MML_SCAN_INPROC
-    /* mmleak.so's copy (tools/scan_inproc.h) starts no thread: their stacks and glibc's
-     * state would be the process's.  Where one would pay (asked only for a big trace or
-     * heap), the child gives up at once, status 4, and mmleak.so starts mmleak-scan instead
-     * (tracer/scanhere.c): nothing was written yet, and its memory is mmleak.so's. */
-    if (idle)
-        syscall(SYS_exit_group, 4);
-    return 0;
-#endif
     return idle;
+#endif
 }
 
 static int cpu_to_spare(void)

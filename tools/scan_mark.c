@@ -283,7 +283,7 @@ static void scan_words(struct scan *s, const uint64_t *w, size_t n, int prior, s
     for (size_t k = 0; k < n; k++)
         if (unlikely(w[k] >= lo && w[k] < hi)) {
             if (unlikely(scan_debug > 1) && block_of(s, w[k]) >= 0)
-                fprintf(stderr, "mmleak-scan: %#" PRIx64 " holds %#" PRIx64 " (%s)\n",
+                scan_dbg("mmleak-scan: %#" PRIx64 " holds %#" PRIx64 " (%s)\n",
                         at + 8 * k, w[k], clique >= 0 ? "clique" : prior ? "definite" :
                         "possible");
             found(s, w[k], prior, clique);
@@ -516,7 +516,7 @@ void drain(struct scan *s, ssize_t clique)
 void mark_register(struct scan *s, int tid, size_t k, uint64_t w)
 {
     if (scan_debug > 1 && block_of(s, w) >= 0)
-        fprintf(stderr, "mmleak-scan: register %zu of thread %d holds %#" PRIx64 "\n", k, tid,
+        scan_dbg("mmleak-scan: register %zu of thread %d holds %#" PRIx64 "\n", k, tid,
                 w);
     s->glibc_words = 1;
     found(s, w, 1, -1);

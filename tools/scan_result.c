@@ -116,6 +116,19 @@ static unsigned char *encode_data(struct scan *s, unsigned char *sec[3], size_t 
     return m;
 }
 
+void scan_file_owner(struct scan *s, int fd)
+{
+    struct stat st;
+    /* 0600 whatever the process's umask (0777 would leave it 0000: unreadable to its
+     * owner), as the tracer's own files */
+    if (!fstat(fd, &st) && (st.st_mode & 0777) != 0600)
+        fchmod(fd, 0600);
+    if (trace_owner(s) != geteuid() && s->owner_found)
+        if (fchown(fd, s->owner_uid, s->owner_gid)) {
+            /* the file stays ours: readers take root's and the owner's */
+        }
+}
+
 /* The N pieces of IOV to FD, in one writev when it takes them all: 0, or -1 (IOV is
  * consumed) */
 static int write_all(int fd, struct iovec *iov, int n)
@@ -198,15 +211,7 @@ int scan_write_result(struct scan *s, char *out, size_t outlen)
             free_data(data, maplen);
         return -1;
     }
-    struct stat st;
-    /* 0600 whatever the process's umask (0777 would leave it 0000: unreadable to its
-     * owner), as the tracer's own files */
-    if (!fstat(fd, &st) && (st.st_mode & 0777) != 0600)
-        fchmod(fd, 0600);
-    if (trace_owner(s) != geteuid() && s->owner_found)
-        if (fchown(fd, s->owner_uid, s->owner_gid)) {
-            /* the file stays ours: readers take root's and the owner's */
-        }
+    scan_file_owner(s, fd);
     /* the header and the three sections, each after its length: written at once */
     struct iovec iov[7] = { { b.p, b.n } };
     unsigned char le[3][8];

@@ -267,7 +267,7 @@ static void root_range(struct scan *s, const struct mapping *m, int kind, uint64
     s->roots[kind][0]++;
     s->roots[kind][1] += b - a;
     if (unlikely(scan_debug > 0))
-        fprintf(stderr, "mmleak-scan: root %s %#" PRIx64 "-%#" PRIx64 "\n", ROOT_NAME[kind], a,
+        scan_dbg("mmleak-scan: root %s %#" PRIx64 "-%#" PRIx64 "\n", ROOT_NAME[kind], a,
                 b);
     s->glibc_words = kind == R_STACK || kind == R_UNTRACED || libc_data(s, m);
     scan_present(s, m, a, b);
@@ -386,7 +386,7 @@ void mark(struct scan *s)
         }
         if (!m->heap && !stack && glibc_heap(s, m)) {
             if (unlikely(scan_debug > 0))
-                fprintf(stderr, "mmleak-scan: %#" PRIx64 "-%#" PRIx64 " is a glibc heap with "
+                scan_dbg("mmleak-scan: %#" PRIx64 "-%#" PRIx64 " is a glibc heap with "
                         "no live block (not a root)\n", m->lo, m->hi);
             s->glibc_ex[0]++;
             s->glibc_ex[1] += m->hi - m->lo;
@@ -414,7 +414,7 @@ void mark(struct scan *s)
         uint64_t pd, dead_end;
         if (!stack && dead_stack(s, k, &pd, &dead_end)) {
             if (unlikely(scan_debug > 0))
-                fprintf(stderr, "mmleak-scan: %#" PRIx64 "-%#" PRIx64 " is the stack of a "
+                scan_dbg("mmleak-scan: %#" PRIx64 "-%#" PRIx64 " is the stack of a "
                         "thread joined (not a root)\n", m->lo, dead_end);
             /* but for its descriptor's header (tcb, dtv): glibc keeps the thread's DTV with
              * the stack, to reuse both; it stays what it was, possibly lost (dtv points to

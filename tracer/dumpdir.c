@@ -287,7 +287,7 @@ int open_again(const char *name, int flags, const struct fid *want)
 uint64_t unguessable(void)
 {
     uint64_t r = 0;
-    if (syscall(SYS_getrandom, &r, sizeof r, 1 /* GRND_NONBLOCK */) != (long)sizeof r) {
+    if (mml_sys(SYS_getrandom, &r, sizeof r, 1 /* GRND_NONBLOCK */) != (long)sizeof r) {
         struct timespec ts;   /* no getrandom (a seccomp filter, an old kernel): the clock */
         clock_gettime(CLOCK_MONOTONIC, &ts);
         r = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec;

@@ -115,9 +115,9 @@ static __attribute__((noinline)) pid_t spawn_blocked(const char *path, char **ar
     volatile int failed = 0;            /* (the child's write is ours: one memory) */
     pid_t child = vfork();
     if (child == 0) {
-        syscall(SYS_execve, path, argv, env);
+        mml_sys(SYS_execve, path, argv, env);
         failed = 1;
-        syscall(SYS_exit_group, 127);
+        mml_sys(SYS_exit_group, 127);
     }
     if (child > 0 && failed) {          /* as posix_spawn reports it: no child */
         while (waitpid(child, NULL, 0) < 0 && errno == EINTR)
@@ -144,16 +144,16 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
      * program started (tracer/scanhere.c) */
     unsigned long lfs = 0, lgs = 0;
     if (cfg.scan_here && lone && floor && !strcmp(why, "exit") &&
-        !syscall(SYS_arch_prctl, ARCH_GET_FS, &lfs) &&
-        !syscall(SYS_arch_prctl, ARCH_GET_GS, &lgs)) {
+        !mml_sys(SYS_arch_prctl, ARCH_GET_FS, &lfs) &&
+        !mml_sys(SYS_arch_prctl, ARCH_GET_GS, &lgs)) {
         volatile char here = 0;         /* below the floor: this frame is mmleak.so's */
         uint64_t lv[3] = { (uint64_t)(uintptr_t)&here, lfs, lgs };
         uint64_t all = ~(uint64_t)0, old = 0;
-        syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, sizeof all);
-        int rc = mml_scan_here((int)syscall(SYS_gettid), floor, (int)atomic_load(&g_next_file),
+        mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, sizeof all);
+        int rc = mml_scan_here((int)mml_sys(SYS_gettid), floor, (int)atomic_load(&g_next_file),
                                lv);
         /* a signal that came meanwhile is delivered now */
-        syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
+        mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
         if (rc != -2)
             return rc;
     }                                   /* (no child: mmleak-scan, then) */
@@ -186,7 +186,7 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
     fcntl(p[1], F_SETFD, FD_CLOEXEC);
     put_num(pidbuf, pidbuf + sizeof pidbuf, (unsigned long)getpid());
     put_num(fdbuf, fdbuf + sizeof fdbuf, (unsigned long)p[0]);
-    put_num(tidbuf, tidbuf + sizeof tidbuf, floor ? (unsigned long)syscall(SYS_gettid) : 0);
+    put_num(tidbuf, tidbuf + sizeof tidbuf, floor ? (unsigned long)mml_sys(SYS_gettid) : 0);
     put_hex(floorbuf, floorbuf + sizeof floorbuf, floor);
     /* our dump files are numbered below g_next_file: the scanner may open them by name
      * rather than list the directory (tools/scan_cut.c, take_cut) */
@@ -195,8 +195,8 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
                      NULL, NULL, NULL, NULL };
 #if defined(__x86_64__)
     unsigned long fs = 0, gs = 0;
-    if (lone && floor && !syscall(SYS_arch_prctl, ARCH_GET_FS, &fs) &&
-        !syscall(SYS_arch_prctl, ARCH_GET_GS, &gs)) {
+    if (lone && floor && !mml_sys(SYS_arch_prctl, ARCH_GET_FS, &fs) &&
+        !mml_sys(SYS_arch_prctl, ARCH_GET_GS, &gs)) {
         volatile char here = 0;         /* below the floor: this frame is mmleak.so's */
         put_hex(spbuf, spbuf + sizeof spbuf, (uint64_t)(uintptr_t)&here);
         put_hex(fsbuf, fsbuf + sizeof fsbuf, fs);
@@ -210,10 +210,10 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
     /* vfork: no fork handlers run (ours would start a trace for the child), nothing
      * allocated, nothing copied */
     uint64_t all = ~(uint64_t)0, old = 0;        /* the kernel's mask: 64 signals */
-    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, sizeof all);
+    mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, sizeof all);
     pid_t child = spawn_blocked(path, argv, env);
     if (!lone || child < 0)
-        syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
+        mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
     close(p[0]);
     if (env != small)
         mml_unmap(env, bytes);
@@ -221,7 +221,8 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
         close(p[1]);
         return -1;
     }
-    int named = !prctl(PR_SET_PTRACER, (unsigned long)child, 0, 0, 0);   /* (EINVAL: no Yama) */
+    /* (EINVAL: no Yama) */
+    int named = !mml_sys(SYS_prctl, PR_SET_PTRACER, (unsigned long)child, 0, 0, 0);
     while (send(p[1], "g", 1, MSG_NOSIGNAL) < 0 && errno == EINTR)
         ;
     close(p[1]);
@@ -230,9 +231,9 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
     while ((r = waitpid(child, &st, 0)) < 0 && errno == EINTR)
         ;
     if (lone)                           /* a signal that came meanwhile is delivered now */
-        syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
+        mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
     if (named)
-        prctl(PR_SET_PTRACER, 0, 0, 0, 0);
+        mml_sys(SYS_prctl, PR_SET_PTRACER, 0, 0, 0, 0);
     if (r != child || !WIFEXITED(st))
         return -1;
     return WEXITSTATUS(st);

@@ -126,6 +126,38 @@ COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone
     ATTRS int NAME(void) { return INNER(0); }
 #endif
 
+/* ---- mml_sys: a system call of mmleak's own, straight to the kernel ----
+ * mmleak.so exports syscall() and prctl() (hooks.def: a seccomp filter the program installs
+ * is checked first), so a call of either from mmleak.so's own code would bind, like any call
+ * to an exported name, to the first definition in the process: our interposer when preloaded
+ * (a compare and a forward, and a seccomp call of ours checked against the filter), or a
+ * definition of the program's or of a library preloaded after us, which would count our calls
+ * as the program's.  Our calls are made here instead: the instruction itself (no PLT, no
+ * lookup, nothing that a vfork or CLONE_VM child must not run), errno set as glibc's
+ * syscall() sets it.  mml_sys(NR, ARGS...): up to six arguments, the missing ones 0. */
+#if defined(__x86_64__)
+static inline long mml_sys6(long nr, long a, long b, long c, long d, long e, long f)
+{
+    register long r10 __asm__("r10") = d, r8 __asm__("r8") = e, r9 __asm__("r9") = f;
+    long r;
+    __asm__ volatile("syscall"
+                     : "=a"(r)
+                     : "0"(nr), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+                     : "rcx", "r11", "memory");
+    if (unlikely((unsigned long)r > -4096UL)) {
+        errno = (int)-r;
+        return -1;
+    }
+    return r;
+}
+#else   /* (not built: platform.h) the C library's, which resolves to our interposer */
+long syscall(long nr, ...);
+#define mml_sys6(nr, a, b, c, d, e, f) syscall(nr, a, b, c, d, e, f)
+#endif
+#define MML_SYS_(nr, a, b, c, d, e, f, ...) \
+    mml_sys6((long)(nr), (long)(a), (long)(b), (long)(c), (long)(d), (long)(e), (long)(f))
+#define mml_sys(...) MML_SYS_(__VA_ARGS__, 0, 0, 0, 0, 0, 0, 0)
+
 /* ---- per-thread state ---- */
 
 /* Which file a name of ours was when we made it: a name reopened later must still be that
@@ -174,6 +206,7 @@ struct tstate {
     struct fid out_id, tail_id; /* its .out and .tail files (see open_again) */
     const void *new_ra;   /* while GUARD_NEW: the caller of the failing operator new */
     struct tstate *next, *prev; /* registry of open threads, under g_lock */
+    uint64_t walks;       /* stack walks made for the current file's events ("#walks") */
 };
 extern __thread struct tstate T __attribute__((tls_model("initial-exec")));
 
@@ -371,6 +404,7 @@ struct file_slot {
     int state; unsigned fileno; char *stage; size_t half_size; uint64_t out_off;
     uint64_t *ss; size_t ss_cap, ss_n;     /* the stacks the file holds (parked files) */
     struct fid out_id, tail_id;
+    uint64_t walks;                        /* its "#walks" count so far (parked files) */
 };
 extern struct file_registry { struct file_slot *a; size_t n, cap; } R;
 extern _Atomic size_t g_hold_total;     /* bytes of every thread's hold */

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 
 #include "internal.h"
 #include "ownlist.h"
@@ -71,7 +72,7 @@ void *mml_map(size_t n)
     int saved = errno;
     static int unnamed;
     if (!__atomic_load_n(&unnamed, __ATOMIC_RELAXED) &&
-        prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, (unsigned long)p, n, (unsigned long)"mmleak") &&
+        mml_sys(SYS_prctl, PR_SET_VMA, PR_SET_VMA_ANON_NAME, p, n, "mmleak") &&
         errno == EINVAL)
         __atomic_store_n(&unnamed, 1, __ATOMIC_RELAXED);
     own_add(p, n);

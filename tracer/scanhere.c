@@ -222,7 +222,7 @@ struct dirent *mml_sc_readdir(DIR *dir)
 {
     struct sc_dir *d = (struct sc_dir *)dir;
     if (d->pos >= d->len) {
-        long n = syscall(SYS_getdents64, d->fd, d->buf, sizeof d->buf);
+        long n = mml_sys(SYS_getdents64, d->fd, d->buf, sizeof d->buf);
         if (n <= 0)
             return NULL;        /* the end (errno kept) or an error (errno set) */
         d->len = (size_t)n;
@@ -239,6 +239,18 @@ int mml_sc_closedir(DIR *dir)
     int r = close(d->fd);
     mml_sc_free(d);
     return r;
+}
+
+/* syscall() of the scan's files: the system call itself (tracer/internal.h, mml_sys) */
+long mml_sc_syscall(long nr, ...)
+{
+    va_list ap;
+    va_start(ap, nr);
+    long a[6];
+    for (int i = 0; i < 6; i++)
+        a[i] = va_arg(ap, long);
+    va_end(ap);
+    return mml_sys6(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
 }
 
 /* the scan maps anonymous memory only (its buffers, big tables) */
@@ -422,7 +434,7 @@ static int child_main(void *arg)
     struct here *h = arg;
     /* the process's descriptors are not ours to hold (a copy of its table: a daemon's
      * sockets would outlive it if it were killed during the scan) */
-    syscall(SYS_close_range, 3, ~0u, 0);
+    mml_sys(SYS_close_range, 3, ~0u, 0);
     /* every signal stays blocked (a handler of the program's must not run here, in its
      * memory), but SIGALRM, whose default action is our time limit, as mmleak-scan's;
      * a fault is still fatal (the kernel unblocks it) */
@@ -431,13 +443,13 @@ static int child_main(void *arg)
     dfl.sa_handler = SIG_DFL;
     sigaction(SIGALRM, &dfl, NULL);
     uint64_t alrm = (uint64_t)1 << (SIGALRM - 1), all = ~alrm;
-    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, NULL, sizeof all);
+    mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &all, NULL, sizeof all);
     mmleak_scan_limits();
     alarm(mmleak_scan_secs());
     /* Yama (ptrace_scope 1) lets us read the process once it named us (PR_SET_PTRACER);
      * (the alarm first: a process killed before it said go leaves no child waiting) */
     while (!__atomic_load_n(&h->go, __ATOMIC_ACQUIRE))
-        syscall(SYS_futex, &h->go, FUTEX_WAIT, 0, NULL, NULL, 0);
+        mml_sys(SYS_futex, &h->go, FUTEX_WAIT, 0, NULL, NULL, 0);
     char out[4200], err[512];
     uint64_t totals[8] = { 0 };
     int rc = mmleak_scan_floor(h->pid, h->dir, h->id, "exit", out, sizeof out, err,
@@ -450,7 +462,7 @@ static int child_main(void *arg)
             /* (nowhere else to say it) */
         }
     }
-    syscall(SYS_exit_group, rc ? (rc < 0 ? 3 : 2) : totals[0] || totals[2] ? 1 : 0);
+    mml_sys(SYS_exit_group, rc ? (rc < 0 ? 3 : 2) : totals[0] || totals[2] ? 1 : 0);
     return 0;
 }
 
@@ -482,15 +494,15 @@ COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone
         return -2;
     }
     /* (no Yama: EINVAL, and nothing to take back after) */
-    int named = !prctl(PR_SET_PTRACER, (unsigned long)child, 0, 0, 0);
+    int named = !mml_sys(SYS_prctl, PR_SET_PTRACER, (unsigned long)child, 0, 0, 0);
     __atomic_store_n(&h.go, 1, __ATOMIC_RELEASE);
-    syscall(SYS_futex, &h.go, FUTEX_WAKE, 1, NULL, NULL, 0);
+    mml_sys(SYS_futex, &h.go, FUTEX_WAKE, 1, NULL, NULL, 0);
     int st = 0;
     pid_t r;
     while ((r = waitpid(child, &st, 0)) < 0 && errno == EINTR)
         ;
     if (named)
-        prctl(PR_SET_PTRACER, 0, 0, 0, 0);
+        mml_sys(SYS_prctl, PR_SET_PTRACER, 0, 0, 0, 0);
     sc_unmap(stack, STACK);
     release_all();                      /* (ours: a child killed left them) */
     if (r != child || !WIFEXITED(st))

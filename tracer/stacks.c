@@ -228,6 +228,7 @@ static int capture(const void *ra, uintptr_t *f, uint64_t *id, int memo, int *fi
         *filled = 0;
         return nf;
     }
+    T.walks++;          /* the file's "#walks": what the memo and recent walks did not save */
     unsigned gen = mml_memo_gen();
     uintptr_t bt[MMLEAK_MAX_DEPTH];
     struct mml_trail tr;

@@ -448,14 +448,21 @@ static uint64_t count_events(const char *p, size_t n)
     return k + (n && p[0] != '#');
 }
 
-/* A file's last lines into LINE (CAP bytes, 96 is enough): "#lost" when events were counted
- * but not kept, or a gap of held lines is still open (the caller then clears the count and
- * the gap), and "#end". */
+/* A file's last lines into LINE (CAP bytes, 128 is enough): "#lost" when events were
+ * counted but not kept, or a gap of held lines is still open (the caller then clears the
+ * count and the gap), "#walks" with stacks (the caller clears the count), and "#end". */
 static size_t trailer_text(char *line, size_t cap, const struct tstate *t)
 {
     char *e = line + cap, *d = line;
     if (t->lost || t->holding)
         d += lost_line(d, cap, t->lost, t->episode);
+    if (cfg.depth != 1) {
+        /* the stack walks made for this file's events: a test of the memo's choice of set
+         * reads it (a change that put many paths in one set walked again at every event) */
+        d = cat(d, e, "#walks ");
+        d = cat_u(d, e, (unsigned long)t->walks);
+        d = cat(d, e, "\n");
+    }
     d = cat(d, e, "#end\n");
     return (size_t)(d - line);
 }
@@ -522,7 +529,7 @@ void file_close(struct tstate *t, int trailer)
         if (trailer) {
             /* the slack behind `end` always has room for the "#lost" and "#end" lines, and
              * for the title when no signal handler's lines took it */
-            char line[64];
+            char line[128];
             size_t n = trailer_text(line, sizeof line, t);
             stage_line(t, line, n - 5);
             ptrdiff_t room = half_end(t) + SLACK - t->cur - 64;
@@ -530,6 +537,7 @@ void file_close(struct tstate *t, int trailer)
             stage_line(t, "#end\n", 5);
             t->lost = 0;
             t->holding = 0;
+            t->walks = 0;
         }
         if (flush_staged(t, 0) == 0) {
             char name[64];
@@ -555,7 +563,7 @@ static size_t header_text(char *h, size_t cap, unsigned fileno, int late)
     d = cat(d, e, " pid=");
     d = cat_u(d, e, (unsigned long)g_pid);
     d = cat(d, e, " tid=");
-    d = cat_u(d, e, (unsigned long)syscall(SYS_gettid));
+    d = cat_u(d, e, (unsigned long)mml_sys(SYS_gettid));
     d = cat(d, e, " file=");
     d = cat_u(d, e, fileno);
     d = cat(d, e, " depth=");
@@ -714,7 +722,7 @@ static int file_rotate(struct tstate *t)
     if (t->anon || t->dropping || t->late || !t->stage || t->ulen[0] || t->ulen[1] ||
         t->hold_len)
         return -1;
-    char oname[64], nname[64], otail[64], ntail[64], line[96];
+    char oname[64], nname[64], otail[64], ntail[64], line[128];
     size_t len = trailer_text(line, sizeof line, t);
     if (t->out_off + len > fsize_limit())
         return -1;
@@ -744,6 +752,7 @@ static int file_rotate(struct tstate *t)
     t->out_off += len;
     t->lost = 0;
     t->holding = 0;         /* trailer_text closed the gap */
+    t->walks = 0;
     memset(t->stage, 0, 2 * t->half_size);
     side_name(otail, sizeof otail, t->fileno, ".tail");
     int moved = d_rename(otail, ntail) == 0;
@@ -895,6 +904,7 @@ static int take_parked(struct tstate *t)
     t->ss = s.ss;
     t->ss_cap = s.ss_cap;
     t->ss_n = s.ss_n;
+    t->walks += s.walks;    /* the file's, and a new thread's for its first event */
     sset_lost(t);
     half_start(t, 0);
     t->open = 1;
@@ -911,7 +921,7 @@ static int unpark(struct tstate *t)
     t->exit_rounds = 0;
     char line[64], *d = line, *e = line + sizeof line;
     d = cat(d, e, "#thread tid=");
-    d = cat_u(d, e, (unsigned long)syscall(SYS_gettid));
+    d = cat_u(d, e, (unsigned long)mml_sys(SYS_gettid));
     d = cat(d, e, "\n");
     stage_line(t, line, (size_t)(d - line));
     return 0;
@@ -927,7 +937,7 @@ void park(struct tstate *t)
     pthread_mutex_lock(&g_lock);
     struct file_slot *s = &R.a[t->slot - 1];
     *s = (struct file_slot){ SLOT_PARKED, t->fileno, t->stage, t->half_size, t->out_off,
-                        t->ss, t->ss_cap, t->ss_n, t->out_id, t->tail_id };
+                        t->ss, t->ss_cap, t->ss_n, t->out_id, t->tail_id, t->walks };
     pthread_mutex_unlock(&g_lock);
     t->ss = NULL;
     t->ss_cap = t->ss_n = 0;
@@ -936,6 +946,7 @@ void park(struct tstate *t)
     t->stage = NULL;
     t->cur = t->end = NULL;
     t->open = 0;
+    t->walks = 0;
 }
 
 /* Close every parked file (process exit). */
@@ -1406,6 +1417,7 @@ void thread_reset(struct tstate *t)
     t->late_lines = t->exit_rounds = t->early_frees = 0;
     t->slot = 0;
     t->lost = 0;
+    t->walks = 0;
     t->ustart[0] = t->ustart[1] = t->ulen[0] = t->ulen[1] = 0;
     sset_clear(t);
     t->trace_gen = g_trace_gen;

@@ -17,6 +17,7 @@ nothing anyway: the shrink ignores an event it already has).
 
 Also here: the liveness of a trace's process, readers' shared lock (read_trace), `run`'s
 background compactor and `recover`."""
+import contextlib
 import errno
 import io
 import os
@@ -466,6 +467,9 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
     except Refused as e:                # (a lock file of another user's: said once, as such)
         raise Refused("trace %s: not folded: %s" % (tid, e))
     try:
+        # a merge into the result killed after it staged the base and .live of its new
+        # result: in place if its rename was made, else removed
+        series_mod.finish_result_merge(directory, tid, lock.changing)
         runs = _runs(directory, tid)
         for r in [cpath] + [p for _, p in runs]:
             if files._own_file(r):
@@ -473,6 +477,7 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
                     for name in files._previously_folded(r, tid):
                         _remove_dump(os.path.join(directory, name))   # .out and .tail, a run
         for p in [cpath, t.series, t.live, series_mod.base_path(directory, tid)] + \
+                [n for n, _ in series_mod._pending(directory, tid)] + \
                 [p for _, p in runs]:                                   # left by a pass that
             files._remove_quietly(files.temp_of(p))                    # was stopped
         paths = [p for p in paths if os.path.lexists(p)]
@@ -605,7 +610,8 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
         try:
             sh = _fold_into(directory, tid, cpath, None, chain[1:] + done + chain[:1] if own
                             else chain + done, work, live=over or base and not own,
-                            stream_last=own, guard=guard)
+                            stream_last=own, guard=guard, staged=_stage(directory, tid,
+                                                                        token, guard))
             merged = True
         finally:
             series_mod.after_result_merge(directory, tid, cpath, token, merged, guard)
@@ -647,7 +653,8 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
                 msh = _fold_into(directory, tid, target, older,
                                  [p for _, p in chain[i + 1:]] + [target], work,
                                  stream_last=True, live=again or over and i == 0,
-                                 guard=guard, cancel=abandon)
+                                 guard=guard, cancel=abandon,
+                                 staged=_stage(directory, tid, token, guard))
                 work["merged"] = len(chain) - 1 - i
                 merged = True
                 if over and i == 0 and msh.native_blocks is not None:
@@ -674,6 +681,14 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
             "read": work["read"], "written": work["written"],
             "merged": work["merged"], "abandoned": work["abandoned"],
             "runs": len(_runs(directory, tid)), "now": now}
+
+
+def _stage(directory, tid, token, guard):
+    """The STAGED of _fold_into for a merge into the result (TOKEN: before_result_merge's;
+    None: no merge into the result, or nothing to bring along)."""
+    if token is None:
+        return None
+    return lambda new: series_mod.stage_result_merge(directory, tid, new, token, guard)
 
 
 def _kept(levels):
@@ -731,7 +746,7 @@ def _merge_start(sizes):
 
 
 def _fold_into(directory, tid, target, run, inputs, work, live=False, stream_last=False,
-               guard=None, cancel=None):
+               guard=None, cancel=None, staged=None):
     """Shrink INPUTS into TARGET (run number RUN, None: mmleak.ID.compact), written
     atomically and naming in "#folded" the inputs it replaces, which are then deleted (a
     pass stopped in between leaves them to the next one, which sees them folded).  LIVE:
@@ -741,8 +756,17 @@ def _fold_into(directory, tid, target, run, inputs, work, live=False, stream_las
     as a stream (tools/shrink_merge.c, mmleak_shrink_merge), without a table entry per line; the
     result is the same (the shrink's algebra: any order, any grouping).  GUARD: the pass's
     directory lock (TraceLock.changing), around the rename and the deletions.  CANCEL: see
-    native_shrink (Abandoned: nothing written, nothing deleted)."""
+    native_shrink (Abandoned: nothing written, nothing deleted).  STAGED: a function
+    called with TARGET's temporary file, written and flushed, before its rename (a merge
+    into the result writes the base and .live it will have: series.stage_result_merge)."""
     folded = [p for p in inputs if p != target]
+    renaming = guard
+    if staged is not None:
+        @contextlib.contextmanager
+        def renaming():
+            staged(files.temp_of(target))
+            with guard() if guard else _DirLock(None):
+                yield
     with tempfile.TemporaryFile(prefix="mmleak-shrink.") as raw:
         sh, data = shrink_raw(inputs, out=raw, live=live, stream_last=stream_last,
                               cancel=cancel)
@@ -750,7 +774,7 @@ def _fold_into(directory, tid, target, run, inputs, work, live=False, stream_las
             raise Fail("%s: cannot compact trace %s: an input could not be read"
                        % (directory, tid))
         sh.written_head = _write_atomic(target, _compact_header_lines(sh, folded, run), sh,
-                                        data, raw, guard)
+                                        data, raw, renaming)
     with guard() if guard else _DirLock(None):
         for p in folded:
             _remove_dump(p)

@@ -233,7 +233,7 @@ TORN, PADDING, MALFORMED, DUPLICATE = "torn", "padding", "malformed", "duplicate
 PROBLEM_KINDS = (TORN, PADDING, MALFORMED, DUPLICATE)       # the order of the native counts
 (Q_TORN_LINE, Q_TORN_LAST, Q_PADDING_END, Q_NULS, Q_TOO_LONG, Q_MALFORMED, Q_CUT_START,
  Q_DUPLICATE, Q_UNREADABLE, Q_BAD_STACK, Q_STACK_AGAIN, Q_BAD_CLOCK, Q_BAD_FIELD,
- Q_BAD_SERIES) = range(1, 15)
+ Q_BAD_SERIES, Q_JOINED) = range(1, 16)
 
 # what -> (kind, message, how many bytes of the line it shows: None, DETAIL is not the line
 # but the message's values)
@@ -256,6 +256,9 @@ PROBLEMS = {
     Q_BAD_FIELD: (MALFORMED, "malformed header field %s=%s (a decimal number expected): "
                              "ignored", None),
     Q_BAD_SERIES: (MALFORMED, "malformed series line skipped: %r", 80),
+    Q_JOINED: (MALFORMED, "partial results joined into one file (a header after event "
+                          "lines, and bracket lines): the shrink cannot tell their lines "
+                          "apart; give them as separate files: refused", 0),
 }
 
 

@@ -19,7 +19,8 @@ import tempfile
 import time
 
 from . import files
-from .dumpformat import EVENT_RE, KIND_ALLOC, KIND_END, KIND_FREE, KIND_START, PROBLEM_KINDS
+from .dumpformat import (EVENT_RE, KIND_ALLOC, KIND_END, KIND_FREE, KIND_START, PROBLEM_KINDS,
+                         Q_JOINED, problem_text)
 from .errors import EXIT_INPUT, EXIT_TOOL, EXIT_USAGE, Fail
 from .facts import LIBNAME, TOOLS_LIBNAME
 
@@ -462,6 +463,8 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, al
                 "frees": stats.free_lines}
 
     def problem(i, lineno, what, ptr, n):
+        if what == Q_JOINED:
+            raise Fail("%s:%d: %s" % (names[i], lineno, problem_text(Q_JOINED)))
         sh.problems.say(names[i], lineno, what, n if ptr is None else ctypes.string_at(ptr, n))
 
     next_tick = [time.monotonic() + 1.0]

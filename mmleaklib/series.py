@@ -732,8 +732,8 @@ def save_base(directory, tid, cpath, sh, live, guard=None):
     _write_base(directory, tid, ident, sums, guard)
 
 
-def _write_base(directory, tid, ident, sums, guard=None):
-    files.replace(base_path(directory, tid), lambda f: f.write(
+def _write_base(directory, tid, ident, sums, guard=None, path=None):
+    files.replace(path or base_path(directory, tid), lambda f: f.write(
         b"#base " + ident + b"\n" +
         b"".join(b"#bsite %s %d %d\n" % (k, v[0], v[1]) for k, v in sums.items() if v[1]) +
         b"#bend\n"), guard=guard)
@@ -907,9 +907,14 @@ def _new_sums(sh, live, table, stack_lines):
 # the new result's base is the old one plus what the merged files change at their addresses
 # (level_sums, as a point computes it: the result is not read whole), and the .live's keys,
 # partial, gain the survivors of the merged files read alone ("#exclude": blocks now in the
-# result that may be newer than the point), under the new identity.  The base is removed
-# before the merge's rename and written after it (a pass killed in between leaves none: the
-# next point reads the trace whole); a .live left with the old identity is taken as lost.
+# result that may be newer than the point), under the new identity.  Both are written under
+# names of their own (PENDING: .series.base.next, .series.live.next) once the new result is
+# written and flushed, before its rename (stage_result_merge: its identity is the temporary
+# file's, which the rename keeps), and renamed over the base and the .live after it.  A pass
+# killed anywhere in between leaves them, and the next pass renames them in if they name the
+# result there, or removes them (finish_result_merge): a kill between the result's rename
+# and the .live's lost the .live (the next point counted every block alive as new, the
+# previous point's as freed), and the base (the next point read the trace whole).
 
 def before_result_merge(directory, tid, cpath, inputs, over=False, cancel=None):
     """What after_result_merge needs, computed before the merge of the dump files and runs
@@ -925,7 +930,8 @@ def before_result_merge(directory, tid, cpath, inputs, over=False, cancel=None):
     base = load_base(directory, tid, cpath)
     lv = _load_live(t.live)
     lv = lv if lv[0] is not None and lv[0][3] and _same_result(lv[0][2], ident) else None
-    out = {"base": base, "new_base": None, "live": lv, "excl": None, "over": over}
+    out = {"base": base, "new_base": None, "live": lv, "excl": None, "over": over,
+           "ident": ident}
     if base is None and lv is None:
         return out
     paths, _, tmpdir, refused = files.with_unflushed_tails(inputs)
@@ -955,23 +961,94 @@ def before_result_merge(directory, tid, cpath, inputs, over=False, cancel=None):
     return out
 
 
+def _pending(directory, tid):
+    """[(pending name, the file it replaces)]: the base and the .live of a merge's new
+    result, written before its rename (stage_result_merge)."""
+    t = TraceFiles(directory, tid)
+    return [(t.name("series.base.next"), base_path(directory, tid)),
+            (t.name("series.live.next"), t.live)]
+
+
+def _pending_identity(path):
+    """The result identity the pending file PATH was written for, or None."""
+    if not _own_file(path):
+        return None
+    try:
+        with open_trace_file(path) as f:
+            for line in iter(f.readline, b""):
+                if line.startswith((b"#base ", b"#levels ")) and line.endswith(b"\n"):
+                    return line.split(b" ", 1)[1][:-1]
+                if not line.startswith(b"#") or line.startswith((b"#keys ", b"#exclude ")):
+                    break
+    except OSError:
+        pass
+    return None
+
+
+def stage_result_merge(directory, tid, new, token, guard=None):
+    """The merge's new result written and flushed as NEW (its temporary name), not renamed
+    yet: the base and the .live it will have (TOKEN: before_result_merge's), written under
+    their pending names (_pending), for that result's identity (the rename keeps it)."""
+    if token is None:
+        return
+    ident = _identity(new)
+    if ident is None:
+        return
+    (pbase, _), (plive, _) = _pending(directory, tid)
+    if not token["over"] and token["new_base"] is not None:
+        _write_base(directory, tid, ident, token["new_base"], guard, path=pbase)
+    lv = token["live"]
+    if lv is not None and token["excl"] is not None:
+        (keys, lsums, _, _, _), (plines, stacks, final) = lv
+        _write_live(plive, final, plines, stacks, ident, lsums, keys, True, token["excl"],
+                    guard=guard)
+
+
+def finish_result_merge(directory, tid, guard=None):
+    """A pending base or .live (stage_result_merge) renamed over the file it replaces if it
+    names the result now there (its merge's rename was made), else removed (the merge did not
+    happen: the old base and .live are the result's).  Run by a pass before anything else,
+    under the trace's lock: a pass killed after it staged them leaves them."""
+    cpath = TraceFiles(directory, tid).compact
+    ident = None
+    for pending, final in _pending(directory, tid):
+        if not os.path.lexists(pending):
+            continue
+        if ident is None:
+            ident = _identity(cpath) or b""
+        if _same_result(_pending_identity(pending), ident):
+            with guard() if guard else _no_guard():
+                os.rename(pending, final)
+        else:
+            _remove_quietly(pending)
+
+
+class _no_guard:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
 def after_result_merge(directory, tid, cpath, token, merged, guard=None):
-    """After the merge (MERGED: it was renamed over the result; else given up, the result
-    unchanged): the base written again for the result now there, and the .live's identity
-    and exclusions brought along (or, without its exclusions, the .live's keys can no longer
-    serve: it is removed, as lost)."""
+    """After the merge (MERGED: it ended; else it was given up or failed, before or after
+    its rename): the base and the .live staged for the new result put in place
+    (finish_result_merge) if the result there is a new one, else the base written again for
+    the result still there.  A .live without its exclusions, of the result merged, can no
+    longer serve: it is removed, as lost."""
     if token is None:
         return
     t = TraceFiles(directory, tid)
-    sums = None if merged and token["over"] else token["new_base"] if merged else token["base"]
     ident = _identity(cpath)
-    if sums is not None and ident is not None:
-        _write_base(directory, tid, ident, sums, guard)
-    lv = token["live"]
-    if merged and lv is not None:
-        (keys, lsums, _, _, _), (plines, stacks, final) = lv
-        if token["excl"] is None or ident is None:
-            _remove_quietly(t.live)
-        else:
-            _write_live(t.live, final, plines, stacks, ident, lsums, keys, True,
-                        token["excl"], guard=guard)
+    if not _same_result(ident, token["ident"]):         # the merge's rename was made
+        finish_result_merge(directory, tid, guard)
+        if token["live"] is not None:
+            now = _live_levels(t.live)
+            if not (isinstance(now, bytes) and _same_result(now, ident)):
+                _remove_quietly(t.live)
+        return
+    for pending, _ in _pending(directory, tid):
+        _remove_quietly(pending)
+    if token["base"] is not None and ident is not None:
+        _write_base(directory, tid, ident, token["base"], guard)

@@ -30,9 +30,10 @@ import time
 
 from .dumpformat import (EVENT_RE, KIND_ALLOC, KIND_END, KIND_FREE, KIND_START, LINE_MAX,
                          Q_BAD_CLOCK, Q_BAD_FIELD, Q_BAD_STACK, Q_CUT_START, Q_DUPLICATE,
-                         Q_MALFORMED, Q_NULS, Q_PADDING_END, Q_STACK_AGAIN, Q_TOO_LONG,
+                         Q_JOINED, Q_MALFORMED, Q_NULS, Q_PADDING_END, Q_STACK_AGAIN, Q_TOO_LONG,
                          Q_TORN_LAST, Q_TORN_LINE, Problems, _unescape, bad_header_fields,
-                         cannot_read, dump_lines, parse_event, parse_header, parse_stack)
+                         cannot_read, dump_lines, parse_event, parse_header, parse_stack,
+                         problem_text)
 from . import errors, files
 from .errors import Fail, Refused, refuse, warn
 from .facts import READ_VERSIONS
@@ -109,10 +110,15 @@ class Shrinker:
         after_nul = False
         fresh = set()           # the addresses whose one event is this input's
         pending = {}            # address -> this input's event of an adjacent pair held
+        joined = 0              # 1: a bracket line seen; 2: a header after event lines
         for line in dump_lines(f):
             lineno += 1
             m = match(line)
             if m is None:
+                if events and line.startswith(b"#mmleak "):
+                    joined |= 2
+                    if joined == 3:
+                        self._joined(name, lineno)
                 self._odd_line(line, name, lineno)
                 after_nul = line[-1:] == b"\0"
                 if after_nul:
@@ -134,6 +140,10 @@ class Shrinker:
             else:
                 c = m.group(6)
                 kind = KIND_START if c == b"+" else KIND_END if c == b"-" else KIND_FREE
+                if kind != KIND_FREE and joined != 1:
+                    joined |= 1
+                    if joined == 3:
+                        self._joined(name, lineno)
             events += 1
             # -- the state update: the whole algorithm --
             st = get(key)
@@ -181,6 +191,14 @@ class Shrinker:
         self.frees += events - allocs
         self.max_time = max(self.max_time, max_time)       # "#clock" may have moved it
         self.files_done += 1
+
+    def _joined(self, name, lineno):
+        """Partial results joined into one input (`cat` of shrink results: a header after
+        event lines, and bracket lines): the shrink cannot tell its parts apart (a hull end
+        of one part cancelled against another part's event made a false foreign free):
+        refused, naming the line where both were known (tools/shrink_read.c, joined)."""
+        self.problems.fatal = True
+        raise Fail("%s:%d: %s" % (name, lineno, problem_text(Q_JOINED)))
 
     def _odd_line(self, line, name, lineno):
         """Everything that is not an event line (as dump_lines yields them)."""

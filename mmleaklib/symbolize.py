@@ -8,9 +8,11 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
+import time
 
-from . import elfcode, files
+from . import elfcode, errors, files
 from .errors import Refused, refuse
 from .facts import RUNTIME_SOURCES
 from .files import loads_of, read_lines
@@ -319,7 +321,7 @@ class Symbolizer:
     def lookup(self, addrs):
         """Return {addr: Frame} for every address (unresolved ones with .error set)."""
         todo = [a for a in set(addrs) if a not in self.cache]
-        good = collections.defaultdict(dict)        # view -> {addr: (module, offset)}
+        good = {}                   # addr -> (module, offset, its load, address in it)
         for a in todo:
             view, real = self._view(a)
             hits = view.find(real)
@@ -341,26 +343,18 @@ class Symbolizer:
                 if why:
                     self.cache[a] = Frame(a, mod, off, None, None, None, (), why)
                 else:
-                    good[id(view)][a] = (mod, off, view.load_of(h))
-        for g in good.values():
-            # one run of the tool per batch of loads where no file appears twice: each
-            # load of a file loaded at two addresses is resolved at its own base
-            batches = []            # [({path: load}, {addr: (module, offset)})]
-            for a, (mod, off, load) in sorted(g.items()):
-                path = load[0][4]
-                b = next((b for b in batches if b[0].get(path, load) == load), None)
-                if b is None:
-                    b = ({}, {})
-                    batches.append(b)
-                b[0][path] = load
-                b[1][a] = (mod, off)
-            for loads, batch in batches:
-                self._run_tool(batch, [e for l in loads.values() for e in l])
+                    good[a] = (mod, off, view.load_of(h), real)
+        batches = _batches(good)
+        began = time.monotonic()
+        for i, (loads, _, batch, at) in enumerate(batches):
+            self._run_tool(batch, [e for l in loads.values() for e in l], at)
+            if len(batches) > 1 and time.monotonic() - began > PROGRESS_AFTER:
+                _progress(i + 1, len(batches), sum(len(b[2]) for b in batches))
         return {a: self.cache[a] for a in addrs}
 
-    def _run_tool(self, good, entries):
+    def _run_tool(self, good, entries, at):
         """Resolve GOOD ({addr: (module, offset)}) with ENTRIES, the mappings of the loads
-        the addresses are in (no file twice)."""
+        the addresses are in (no file twice), AT[addr] in them."""
         exe = shutil.which(self.tool)
         if not exe:
             self.tool_error = "%s not found (install elfutils)" % self.tool
@@ -383,7 +377,7 @@ class Symbolizer:
                 objs = {p for p in given if (given[p] == p) == own_dir}
                 self._resolve({a: mo for a, mo in good.items() if paths.get(mo[0]) in objs},
                               [e for e in entries if e[4] in objs], given, fds, paths,
-                              own_dir)
+                              own_dir, at)
         finally:
             for fd in fds.values():
                 os.close(fd)
@@ -419,10 +413,10 @@ class Symbolizer:
             given[p] = "/proc/self/fd/%d" % fd
         return given, broken
 
-    def _resolve(self, good, entries, given, fds, paths, own_dir):
+    def _resolve(self, good, entries, given, fds, paths, own_dir, at):
         """Resolve GOOD ({addr: (module, offset)}) with ENTRIES, the mappings of the loads
-        the addresses are in, each object under its name in GIVEN; OWN_DIR: whether the
-        tool may look for their debug files in their directories."""
+        the addresses are in, each object under its name in GIVEN, at AT[addr] in them;
+        OWN_DIR: whether the tool may look for their debug files in their directories."""
         if not good:
             return
         # A clean maps file for the tool: only the loads we trust, no ambiguous ranges.
@@ -433,7 +427,7 @@ class Symbolizer:
             tmpmaps = tf.name
         try:
             order = sorted(good)
-            inp = "".join("0x%x\n" % (a & ADDR_MASK) for a in order)
+            inp = "".join("0x%x\n" % x for x in sorted({at[a] for a in order}))
             try:
                 r = subprocess.run([shutil.which(self.tool)] +
                                    debuginfo_args(self.debuginfo_path, own_dir) +
@@ -446,7 +440,7 @@ class Symbolizer:
             parsed = _parse_addr2line(r.stdout) if r is not None else {}
             for a in order:
                 mod, off = good[a]
-                chain = parsed.get(a & ADDR_MASK)
+                chain = parsed.get(at[a])
                 if not chain:
                     err = self.tool_error or ("%s gave no answer: %s"
                                               % (self.tool, (r.stderr.strip().splitlines()
@@ -468,6 +462,58 @@ class Symbolizer:
                 self.cache[a] = Frame(a, mod, off, fn, fl, ln, tuple(chain[1:]), err)
         finally:
             os.unlink(tmpmaps)
+
+
+PROGRESS_AFTER = 2.0        # seconds of symbolizing after which its runs are counted on a terminal
+
+
+def _progress(done, total, addrs):
+    """A line on a terminal, rewritten: how many of the tool's runs are done."""
+    if not sys.stderr.isatty():
+        return
+    sys.stderr.write("\r%s: symbolizing %d addresses: %d of %d runs of eu-addr2line%s"
+                     % (errors.PROG, addrs, done, total, "\n" if done == total else ""))
+    sys.stderr.flush()
+
+
+def _batches(good):
+    """GOOD {addr: (module, offset, load, address in it)} grouped for the tool's runs:
+    [({path: load}, [(start, end)] of those loads, {addr: (module, offset)}, {addr: address
+    given to the tool})].  A run is shown each file once, and no two loads over the same
+    addresses (the tool resolves neither).  A file loaded at many addresses over the run
+    (dlclose, then dlopen where the loader chose: the maps file and the log of loads hold
+    each load) is laid out alike in each: its frames are given to the tool at the same
+    place in one of those loads, the first met (what the tool resolves is the offset in the
+    file), so that 3,000 loads of one file are one run, not 3,000 (docs/limits.rst)."""
+    reps = {}               # (path, layout) -> the load that stands for the loads alike
+    place = {}              # id(load) -> its batch
+    batches = []
+    for a, (mod, off, load, real) in sorted(good.items()):
+        base = load[0][0] - load[0][2]
+        key = (load[0][4], tuple((e[0] - base, e[1] - base, e[2], e[3], e[5].split()[1])
+                                 for e in load))
+        rep = reps.setdefault(key, load)
+        at = real - base + rep[0][0] - rep[0][2]
+        b = place.get(id(rep))
+        if b is None:
+            path, lo, hi = rep[0][4], rep[0][0], rep[-1][1]
+            b = next((b for b in batches if path not in b[0] and
+                      not _overlaps(b[1], lo, hi)), None)
+            if b is None:
+                b = ({}, [], {}, {})
+                batches.append(b)
+            b[0][path] = rep
+            bisect.insort(b[1], (lo, hi))
+            place[id(rep)] = b
+        b[2][a] = (mod, off)
+        b[3][a] = at
+    return batches
+
+
+def _overlaps(spans, lo, hi):
+    """Does [LO, HI) meet one of SPANS (sorted, disjoint (start, end))?"""
+    i = bisect.bisect_left(spans, (lo, hi))
+    return i < len(spans) and spans[i][0] < hi or i > 0 and spans[i - 1][1] > lo
 
 
 # elfutils' own search path for separate debug information (libdwfl's default): the

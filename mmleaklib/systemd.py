@@ -63,7 +63,11 @@ COMPANION_PREFIX = "mmleak-compact-"
 # hands them to the user it becomes (sshd's privilege-separated child: sshd, mode 0600, in a
 # root directory), and to give the folded file that user (fchown: without CAP_CHOWN every
 # fold of such a trace failed, "cannot write mmleak.ID.compact.tmp: Operation not permitted").
-ROOT_COMPANION_CAPS = "CAP_CHOWN CAP_DAC_OVERRIDE CAP_FOWNER"
+# CAP_SETUID and CAP_SETGID: a trace of such a user in a directory that user can write (a
+# service started with full privileges, ExecStart=!, whose dump directory is its User='s:
+# Debian's chrony) is compacted by a child that becomes its owner (compact._as_user), within
+# that user's quota and not in the blocks reserved for root; the child keeps no capability.
+ROOT_COMPANION_CAPS = "CAP_CHOWN CAP_DAC_OVERRIDE CAP_FOWNER CAP_SETUID CAP_SETGID"
 ENV_KEYS = ("LD_PRELOAD", "MMLEAK_DIR", "MMLEAK_DEPTH", "MMLEAK_ROTATE_MB", "MMLEAK_PAUSED")
 DEFAULT_DIR = "/var/lib/mmleak"
 MARKER = "# Written by mmleak-install.py"

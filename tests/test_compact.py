@@ -198,6 +198,101 @@ def test_a_compactor_killed_at_any_moment_loses_and_doubles_nothing(load, tmp_pa
     check_series(points)
 
 
+# the system calls that change a dump directory's files (a compactor killed as it enters each)
+CHANGES = "rename,renameat,renameat2,unlink,unlinkat,fsync,fdatasync,ftruncate"
+
+
+def strace_usable():
+    try:
+        return subprocess.run(["strace", "-qq", "-o", os.devnull, "true"],
+                              capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+def compact_under_strace(d, log, inject=None):
+    """`mmleak.py compact --series-interval 0 D` under strace: (the system calls of CHANGES
+    it made, in order, its exit status: strace's, -9 when the compactor was killed).  INJECT (NAME, N): SIGKILLed as it enters its Nth
+    NAME (the call is not made)."""
+    cmd = ["strace", "-qq", "-o", str(log), "-e", "trace=" + CHANGES]
+    if inject:
+        cmd += ["-e", "inject=%s:signal=KILL:when=%d" % inject]
+    r = subprocess.run(cmd + MMLEAK + ["compact", "--series-interval", "0", str(d)],
+                       capture_output=True, env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
+    with open(str(log)) as f:
+        names = [m.group(1) for m in (re.match(r"(\w+)\(", line) for line in f) if m]
+    return names, r.returncode
+
+
+def distinct_points(d, tid):
+    """The series' points, but a point that repeats the one before it (a pass stopped after
+    its point, and the next pass's: nothing new, nothing freed)."""
+    out = []
+    for pt in mmleak.read_series(mmleak.TraceFiles(str(d), tid).series)[0]:
+        if out and pt.live == out[-1][0] and pt.new == (0, 0) and pt.freed == (0, 0):
+            continue
+        out.append((pt.live, pt.new, pt.freed, pt.sites))
+    return out
+
+
+@pytest.mark.skipif(not strace_usable(), reason="needs strace (ptrace)")
+def test_a_compactor_killed_at_each_change_of_a_merge_into_the_result(tmp_path, lib):
+    """A pass that merges its runs into the result of a running trace, with a point of the
+    series (the previous point's keys partial, of that result): SIGKILLed as it enters
+    each system call that changes a file (rename, unlink, fsync...), then a pass run to the
+    end: the same trace as the pass not stopped gives, block for block, and the same series,
+    point for point, live, new and freed per site (a kill between the result's rename and
+    the .live's lost the .live: every block counted new, the previous point's freed)."""
+    from test_series_levels import Running
+    tid = str(os.getpid())              # (alive, started before the trace: running)
+    rnd = random.Random(11)
+    d = tmp_path / "state"
+    d.mkdir()
+    h = Running(d, rnd, tid=tid, start=int(time.time()))
+    t = mmleak.TraceFiles(str(d), tid)
+    h.batch(3000)
+    mmleak.compact_dir(str(d), tid)
+    series = mmleak.series
+    for _ in range(60):                 # until the next pass merges into the result
+        h.batch(rnd.choice([100, 300, 1000]))
+        probe = tmp_path / "probe"
+        shutil.rmtree(str(probe), ignore_errors=True)
+        shutil.copytree(str(d), str(probe))
+        pt = mmleak.TraceFiles(str(probe), tid)
+        was = series._identity(pt.compact)
+        lv = series._load_live(pt.live)[0]
+        mmleak.compact_dir(str(probe), tid)
+        if lv and lv[3] and series._same_result(lv[2], was) and \
+                not series._same_result(series._identity(pt.compact), was):
+            break
+        mmleak.compact_dir(str(d), tid)
+    else:
+        pytest.fail("no merge into the result")
+    ref = tmp_path / "ref"
+    shutil.copytree(str(d), str(ref))
+    calls, rc = compact_under_strace(ref, tmp_path / "log")
+    assert rc == 0 and calls.count("fsync") >= 2 and len(calls) >= 10, calls
+    r = subprocess.run(MMLEAK + ["compact", "--series-interval", "0", str(ref)])
+    assert r.returncode == 0
+    want, points = survivors(ref, tid)[0], distinct_points(ref, tid)
+    assert len(points) >= 3
+    wrong = []
+    for i, name in enumerate(calls):
+        k = tmp_path / ("k%d" % i)
+        shutil.copytree(str(d), str(k))
+        got, rc = compact_under_strace(k, tmp_path / "log", (name, calls[:i + 1].count(name)))
+        assert rc == -signal.SIGKILL and got == calls[:i + 1], (i, got)
+        r = subprocess.run(MMLEAK + ["compact", "--series-interval", "0", str(k)],
+                           capture_output=True, text=True)
+        assert (r.returncode, r.stderr) == (0, ""), (i, r.stderr)
+        assert survivors(k, tid)[0] == want, i
+        if distinct_points(k, tid) != points:
+            wrong.append((i, name))
+        assert not [n for n in os.listdir(str(k)) if n.endswith(".tmp")], i
+        shutil.rmtree(str(k))
+    assert wrong == []
+
+
 def finished_trace(load, tmp_path, *args, rotate=1):
     """A finished trace of daemon_load ARGS, kept whole in tmp_path/full: (dir, trace id,
     survivors, shrinker)."""

@@ -205,9 +205,12 @@ MemoryDenyWriteExecute=yes
 SystemCallArchitectures=native
 SystemCallFilter=@system-service
 SystemCallErrorNumber=EPERM
-CapabilityBoundingSet=CAP_CHOWN CAP_DAC_OVERRIDE CAP_FOWNER
+CapabilityBoundingSet=CAP_CHOWN CAP_DAC_OVERRIDE CAP_FOWNER CAP_SETUID CAP_SETGID
 ReadWritePaths=-/var/lib/mmleak/plain.service
 """
+
+
+ROOT_CAPS = "CAP_CHOWN CAP_DAC_OVERRIDE CAP_FOWNER CAP_SETUID CAP_SETGID"
 
 
 def companion_text(unit, ddir=None, user="", caps="", home="yes", last=None):
@@ -217,7 +220,7 @@ def companion_text(unit, ddir=None, user="", caps="", home="yes", last=None):
     t = PLAIN_COMPANION.replace("plain.service", unit).replace(
         "/var/lib/mmleak/" + unit, ddir)
     t = t.replace("[Service]\n", "[Service]\n" + user)
-    t = t.replace("CapabilityBoundingSet=CAP_CHOWN CAP_DAC_OVERRIDE CAP_FOWNER\n",
+    t = t.replace("CapabilityBoundingSet=%s\n" % ROOT_CAPS,
                   "CapabilityBoundingSet=%s\n" % caps)
     t = t.replace("ProtectHome=yes\n", "ProtectHome=%s\n" % home)
     if last is not None:
@@ -372,7 +375,7 @@ def test_protect_system_full_and_home(root, lib):
         "MMLEAK_DIR=/home/dumps\nEnvironment=MMLEAK_ROTATE_MB=8\nReadWritePaths=/home/dumps\n")
     # the companion too: /home read-only but for the dump directory
     assert companion_file(root, "home.service") == companion_text(
-        "home.service", "/home/dumps", caps="CAP_CHOWN CAP_DAC_OVERRIDE CAP_FOWNER", home="read-only")
+        "home.service", "/home/dumps", caps=ROOT_CAPS, home="read-only")
     for unit in ("full.service", "home.service"):
         verify(root, unit)
         verify(root, companion(unit))
@@ -560,7 +563,7 @@ def test_dry_run_changes_nothing(root, lib):
             "ReadWritePaths=/var/lib/mmleak/strict.service\n")).splitlines()) +
         "companion /etc/systemd/system/mmleak-compact-strict.service:\n" +
         "".join(("    " + line).rstrip() + "\n" for line in companion_text(
-            "strict.service", caps="CAP_CHOWN CAP_DAC_OVERRIDE CAP_FOWNER").splitlines()) +
+            "strict.service", caps=ROOT_CAPS).splitlines()) +
         "actions:\n"
         "  create directory /usr/local/lib/mmleak (mode 0755)\n"
         "  copy %s -> /usr/local/lib/mmleak/mmleak.so (mode 0644)\n"
@@ -1630,8 +1633,7 @@ def test_companion_of_a_user_service(root, lib):
     assert "compactor: mmleak-compact-owned.service, as leaky:leakers, starts and stops with " \
            "owned.service\n" in out
     # as the service's user and group, no capability at all (the root companion of
-    # PLAIN_COMPANION keeps CAP_CHOWN, CAP_DAC_OVERRIDE and CAP_FOWNER: a root service may hand its
-    # files to another user)
+    # PLAIN_COMPANION keeps ROOT_CAPS: a root service may hand its files to another user)
     assert companion_file(root, "owned.service") == companion_text(
         "owned.service", user="User=leaky\nGroup=leakers\n")
     verify(root, "owned.service")
@@ -1677,6 +1679,46 @@ def test_root_companion_folds_a_trace_handed_to_another_user(root, lib, tmp_path
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (65534, 65534, 0o600)
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or
+                    not shutil.which("strace"), reason="needs root, setpriv and strace")
+def test_root_companion_compacts_a_users_trace_as_that_user(root, lib, tmp_path):
+    """Debian's chrony.service: ExecStart=! (root), User=_chrony, whose dump directory is
+    _chrony's; its child becomes _chrony and hands it its files.  The root companion, with
+    exactly the capabilities its unit gives it, compacts that trace in a child that takes the
+    owner's ids (compact._as_user: the owner's quota, not root's reserved blocks); without
+    CAP_SETUID and CAP_SETGID in its bounding set it compacted as root."""
+    (root / "usr/lib/systemd/system/priv.service").write_text(
+        "[Service]\nUser=leaky\nExecStart=!/usr/bin/true\n")
+    assert run(root, "install", "priv.service", lib=lib)[0] == 0
+    caps = re.search(r"^CapabilityBoundingSet=(.*)$", companion_file(root, "priv.service"),
+                     re.M).group(1).split()
+    d = tempfile.mkdtemp(prefix="mmleak-owned-", dir="/tmp")    # (nobody reaches it)
+    try:
+        e = dict(os.environ, LD_PRELOAD=build_lib(), MMLEAK_DIR=d)
+        assert subprocess.run(["/bin/ls", "/"], env=e, stdout=subprocess.DEVNULL).returncode == 0
+        for n in os.listdir(d) + [""]:          # what mmleak's setuid hand-over does
+            os.chown(os.path.join(d, n), 65534, 65534)
+        os.chmod(d, 0o700)
+        bset = "-all," + ",".join("+" + c[len("CAP_"):].lower() for c in caps)
+        log = str(tmp_path / "strace")
+        r = subprocess.run(["strace", "-f", "-qq", "-o", log, "-e", "trace=setresuid",
+                            "setpriv", "--bounding-set", bset, "--inh-caps=-all", PY,
+                            MMLEAK_PY, "compact", d], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, universal_newlines=True)
+        assert (r.returncode, r.stderr) == (0, "")
+        with open(log) as f:
+            assert re.findall(r"setresuid\((.*)\) += (\S+)", f.read()) == [
+                ("65534, 65534, 65534", "0")]
+        names = sorted(os.listdir(d))
+        assert [n.split(".", 2)[2] for n in names if ".scan." not in n] == [
+            "compact", "lock", "maps", "series"]
+        for n in names:
+            st = os.lstat(os.path.join(d, n))
+            assert (n, st.st_uid, st.st_gid, st.st_mode & 0o777) == (n, 65534, 65534, 0o600)
+    finally:
+        shutil.rmtree(d)
+
+
 def test_companion_of_a_service_started_with_full_privileges(root, lib):
     """Debian's chrony.service: User=_chrony but ExecStart=!/usr/sbin/chronyd, which runs as
     root (the "!" prefix) and makes only its child _chrony: the files of the root processes
@@ -1691,7 +1733,7 @@ def test_companion_of_a_service_started_with_full_privileges(root, lib):
         assert (rc, err) == (0, ""), err
         assert "compactor: mmleak-compact-priv.service, as root (as the service), " in out
         assert companion_file(root, "priv.service") == companion_text(
-            "priv.service", caps="CAP_CHOWN CAP_DAC_OVERRIDE CAP_FOWNER")
+            "priv.service", caps=ROOT_CAPS)
         st = os.stat(str(root / "var/lib/mmleak/priv.service"))
         assert (st.st_uid, st.st_gid) == (4321, 4321)
         assert run(root, "uninstall", "priv.service")[0] == 0

@@ -168,6 +168,28 @@ def test_two_loads_of_a_library_in_one_batch(plugins, dump, where):
                                   for s in loads(r.stdout)}
 
 
+def test_many_loads_of_one_library_take_one_run_of_the_tool(plugins, dump, monkeypatch):
+    """alpha loaded 300 times, each load at another address ("!": the range of the one
+    before taken) and in a dlclose epoch of its own: every leak at plugin_leak's line in
+    libalpha.so, the 300 loads and the program resolved by one run of eu-addr2line (each
+    load was a run of its own: 3,000 took 118 s; docs/limits.rst, "Hostile users")."""
+    a = str(plugins / "libalpha.so")
+    n = 300
+    r = run_traced([str(plugins / "host")] + ["+" + a, "!" + a] * n, dump)
+    seen = loads(r.stdout)
+    assert len(seen) == n and len({s[3] for s in seen}) == n
+    runs = []
+    real = subprocess.run
+
+    def counted(argv, *args, **kw):
+        runs.extend(argv[:1])
+        return real(argv, *args, **kw)
+    monkeypatch.setattr(mmleak.symbolize.subprocess, "run", counted)
+    line = site_line("plugin.c", "plugin_leak")
+    assert plugin_leaks(dump) == {("libalpha.so", "plugin_leak", line, s[2]): 1 for s in seen}
+    assert len(runs) == 1, len(runs)
+
+
 @pytest.fixture(scope="module")
 def race(plugins):
     exe = str(plugins / "plugin_race")

@@ -6,12 +6,15 @@ one shrink of all the files at once gives, with both engines.
 test_a_hull_end_cancelled_by_another_input is the smallest history where it did not
 (hand-made: see its docstring); the property test found such histories among random ones
 folded the way compaction folds them."""
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 
 import test_shrink
-from conftest import mmleak
+from conftest import ROOT, mmleak
 
 ENGINES = ("python", "native")
 HDR = b"#mmleak 2 id=4242 pid=4242 tid=%d file=%d depth=1 start=1700000000\n"
@@ -74,6 +77,32 @@ def test_a_hull_end_cancelled_by_another_input(tmp_path, engine):
     # the same through compaction's folds: A then the run streamed last, then B
     ar = fold(tmp_path, [a, r], "ar", stream_last=True)
     assert final([ar, b]) == truth
+
+
+def test_partial_results_joined_into_one_file_are_refused(tmp_path, engine):
+    """The history above, its inputs joined into one file (`cat A R B`: partial results
+    concatenated): one input, whose parts the shrink cannot tell apart; the bracket 5 of R
+    cancelled against free 6, and free 8 was a foreign free (seen: status 0, a false foreign
+    free).  A header after event lines and bracket lines in one input say so: one line
+    naming the file and the line, status 2, nothing written (both engines)."""
+    a = write(tmp_path, "a.out", 2, [b"%012x 6 402000\n" % P])
+    b = write(tmp_path, "b.out", 3, [b"%012x 8 402000\n" % P])
+    t1 = write(tmp_path, "t1.out", 1, [b"%012x %x 10 0 401000\n" % (P, s) for s in (5, 7, 9)])
+    r = fold(tmp_path, [t1], "r")
+    assert final([a, r, b]) == ({b"%012x 9 10 0 401000\n" % P}, set())
+    joined = tmp_path / "joined"
+    joined.write_bytes(a.read_bytes() + r.read_bytes() + b.read_bytes())
+    # known at R's bracket line (a header after A's event came before it)
+    at = joined.read_bytes().splitlines().index(b"%012x 5 +" % P) + 1
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "mmleak.py"), "shrink", "--final",
+                        str(joined)], capture_output=True, text=True)
+    assert (p.returncode, p.stdout, p.stderr) == (
+        2, "", "mmleak.py: %s:%d: %s\n" % (joined, at, mmleak.dumpformat.problem_text(
+            mmleak.dumpformat.Q_JOINED)))
+    # raw dump files joined are read right (no bracket line): one input is any set of events
+    raw = tmp_path / "raw"
+    raw.write_bytes(a.read_bytes() + t1.read_bytes() + b.read_bytes())
+    assert final([raw]) == final([a, r, b])
 
 
 def test_a_plain_hull_end_cancelled_by_another_input(tmp_path, engine):

@@ -39,6 +39,19 @@ class NativeFeedShrinker(mmleak.Shrinker):
             assert mmleak.native_shrink(self, [tf.name], [name])
 
 
+def native_shrink_parts(parts, final):
+    """test_shrink.shrink_parts through the compiled shrinker: each part a file."""
+    sh = NativeFeedShrinker()
+    with tempfile.TemporaryDirectory(prefix="mmleak-test.") as d:
+        paths = []
+        for i, part in enumerate(parts):
+            paths.append(os.path.join(d, "part%d" % i))
+            with open(paths[-1], "wb") as f:
+                f.writelines(part)
+        assert mmleak.native_shrink(sh, paths, ["<test %d>" % i for i in range(len(parts))])
+    return [l for _, _, _, l in sh.entries(final)], sh
+
+
 def native_shrink_lines(lines, final):
     sh = NativeFeedShrinker()
     sh.feed(iter(lines), "<test>")
@@ -50,6 +63,7 @@ def shrink_engine(request, monkeypatch):
     monkeypatch.setenv("MMLEAK_SHRINK", request.param)
     if request.param == "native":
         monkeypatch.setattr(test_shrink, "shrink_lines", native_shrink_lines)
+        monkeypatch.setattr(test_shrink, "shrink_parts", native_shrink_parts)
         monkeypatch.setattr(mmleak.shrink, "Shrinker", NativeFeedShrinker)
     return request.param
 

@@ -31,6 +31,8 @@ enum {
     Q_CUT_START = DL_CUT_START, /* a line after NULs with a pointer too short: its start is lost */
     Q_DUPLICATE,        /* an event seen twice */
     Q_UNREADABLE,       /* read() failed (the errno instead of the line's bytes) */
+    /* (10 to 14: problems mmleaklib finds in '#' lines) */
+    Q_JOINED = 15,      /* a '#mmleak' header after events: files joined into one (refused) */
 };
 
 /* Callbacks into mmleaklib.  header: a '#' line (with its newline) not seen before in this

@@ -101,6 +101,23 @@ static void odd_line(struct run *r, int file, uint64_t lineno, const char *p, si
         problem(r, file, lineno, Q_MALFORMED, p, n);
 }
 
+/* Partial results joined into one input (`cat` of shrink results): a '#mmleak' header after
+ * event lines (WHAT 2) and bracket lines (WHAT 1), in either order, in the same input.  The
+ * shrink cannot take its parts apart (a hull end of one part cancelled against another
+ * part's event: a false foreign free).  Refused at the line that made it known: mmleaklib
+ * raises it (Shrinker._joined).  Raw dump files joined are read right: no brackets. */
+static __attribute__((cold, noinline)) void joined(struct run *r, int file, uint64_t lineno,
+                                                   const char *p, size_t n, unsigned *seen,
+                                                   unsigned what)
+{
+    *seen |= what;
+    if (*seen != 3)
+        return;
+    r->st->fatal = 1;
+    if (r->on_problem(file, lineno, Q_JOINED, p, n < HEAD ? n : HEAD))
+        r->stop = 1;
+}
+
 static int tick(struct run *r, int file, uint64_t file_events)
 {
     if (r->on_tick && r->on_tick(file, file_events, r->st->events, r->st->files_done))
@@ -113,7 +130,8 @@ static inline __attribute__((always_inline)) void one_line(struct run *r, int fi
                                                              uint64_t lineno, const char *p,
                                                              size_t n, uint64_t *events,
                                                              uint64_t *allocs,
-                                                             uint64_t *max_time)
+                                                             uint64_t *max_time,
+                                                             unsigned *seen)
 {
     uint64_t key, s, tm = 0;
     int kind = parse_line(p, &key, &s, &tm);
@@ -122,6 +140,8 @@ static inline __attribute__((always_inline)) void one_line(struct run *r, int fi
             ++*allocs;
             if (tm > *max_time)
                 *max_time = tm;
+        } else if (unlikely(kind >= K_END) && !(*seen & 1)) {
+            joined(r, file, lineno, p, n, seen, 1);
         }
         ++*events;
         if (unlikely(r->merge != NULL))
@@ -129,6 +149,8 @@ static inline __attribute__((always_inline)) void one_line(struct run *r, int fi
         else
             event(r, file, lineno, p, n, key, s, kind);
     } else {
+        if (unlikely(*events != 0) && n > 8 && !memcmp(p, "#mmleak ", 8))
+            joined(r, file, lineno, p, n, seen, 2);
         odd_line(r, file, lineno, p, n);
     }
 }
@@ -194,6 +216,7 @@ struct reading {
     struct run *r;
     int file;
     uint64_t events, allocs, max_time;
+    unsigned joined;            /* see joined() */
     struct ahead ah;
 };
 
@@ -209,7 +232,7 @@ static inline __attribute__((always_inline)) int read_line(void *c, uint64_t lin
 {
     struct reading *x = c;
     ahead_step(&x->ah, &x->r->t);
-    one_line(x->r, x->file, lineno, p, n, &x->events, &x->allocs, &x->max_time);
+    one_line(x->r, x->file, lineno, p, n, &x->events, &x->allocs, &x->max_time, &x->joined);
     return unlikely(x->r->stop) ||
            (unlikely((lineno & 0xFFFF) == 0) && tick(x->r, x->file, x->events));
 }

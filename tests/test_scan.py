@@ -563,8 +563,9 @@ def test_exit_scan_reads_the_staging_file_past_its_first_pages(scan_bins, dump):
     201 blocks, about 7 KB of lines, all counted (200 reachable, the one lost definite)."""
     r = run_traced([scan_bins["scan_cases"], "staged-many"], dump,
                    env={"MMLEAK_SCAN_DEBUG": "1"})
-    staged = re.findall(rb"cut \S+\.0\.out: 0 bytes and (\d+) of its staging file", r.stderr)
-    assert len(staged) == 1 and int(staged[0]) > 4096, r.stderr[-2000:]
+    log = debug_lines(dump)
+    staged = re.findall(rb"cut \S+\.0\.out: 0 bytes and (\d+) of its staging file", log)
+    assert len(staged) == 1 and int(staged[0]) > 4096, (log[-2000:], r.stderr[-500:])
     from mmleaklib import scan
     tid = only_trace(dump)
     k = scan.kinds_for(str(dump), tid)

@@ -15,7 +15,9 @@ companion are gone. A DynamicUser=yes service shares its dynamic user with its c
 A service started without mmleak is attached to and detached from twice (`mmleak.py
 attach/detach MAINPID`), each window's leak exact, without a restart; one installed with
 `install --paused` starts paused and is attached to the same way. `mmleak-install.py status`
-says at each step what mmleak does in the service's main process.
+says at each step what mmleak does in the service's main process.  A root service whose trace
+goes to its user (ExecStart=!, then setpriv) is compacted by its root companion in children
+that become that user (strace of the companion, in its sandbox).
 """
 import glob
 import os
@@ -161,13 +163,14 @@ def compacted_header(box, ddir, pid):
     raise AssertionError("no #compacted line in mmleak.%d.compact" % pid)
 
 
-def report(box, ddir, pid):
+def report(box, ddir, pid, tid=None):
     """`mmleak.py report DDIR --pid PID --no-html`: (events, folded events, folded files,
-    rows); asserts its first line and that the leak is the daemon's, exactly."""
+    rows); asserts its first line (TID: the trace it reads, default PID) and that the leak
+    is the daemon's, exactly."""
     r = box.run([PY, MMLEAK, "report", ddir, "--pid", str(pid), "--no-html"])
     lines = r.stdout.splitlines()
-    assert lines[0] == "mmleak: trace %d (pid %d): %s %d %d %d" % (pid, pid, BIN, N, SIZE,
-                                                                   CHURN), r.stdout
+    assert lines[0] == "mmleak: trace %s (pid %d): %s %d %d %d" % (tid or pid, pid, BIN, N,
+                                                                   SIZE, CHURN), r.stdout
     m = re.match(r"^  (\d+) events \((\d+) of them folded by compaction from (\d+) files\); "
                  r".* in (\d+) blocks not freed; 0 frees of blocks allocated before tracing$",
                  lines[1])
@@ -744,3 +747,131 @@ def test_paused_service_that_forks(box, attach_daemon, lib):
     procs, out = unit_status(box, ATT_UNIT, 0)
     assert procs == ["%d (main): paused" % pid, "%d: paused" % sleeper(box, pid)], out
     assert os.listdir(box.path(ddir)) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# A root service's trace handed to its user: the root companion compacts it as that user
+
+PRIV_UNIT = "mmleak-priv.service"
+PRIV_STATE = "/var/lib/mmleak-priv"
+PRIV_COMPANION = "mmleak-compact-mmleak-priv.service"
+PRIV_DIR = "/var/lib/mmleak/" + PRIV_UNIT
+SETPRIV = "/usr/bin/setpriv"
+STRACE_UNIT = "mmleak-strace-companion.service"
+WRITES = re.compile(r'^(?:openat\(AT_FDCWD, "([^"]*)", [^)]*O_(?:CREAT|WRONLY|RDWR)|'
+                    r'(?:rename|unlink|link|mkdir|rmdir|truncate|f?chown|lchown)\("([^"]*)")')
+
+
+def strace_by_pid(box, log):
+    """{pid: [lines]} of `strace -ff -o LOG` in the box (a file LOG.PID per process)."""
+    d, base = os.path.split(box.path(log))
+    out = {}
+    for n in os.listdir(d):
+        if n.startswith(base + "."):
+            with open(os.path.join(d, n)) as f:
+                out[int(n[len(base) + 1:])] = f.read().splitlines()
+    return out
+
+
+@pytest.mark.skipif(not (shutil.which("strace") and os.path.exists(SETPRIV)),
+                    reason="needs strace and setpriv (the box is the host's /)")
+def test_root_companion_compacts_a_handed_over_trace_as_its_owner(box, daemon, lib):
+    """Debian's chrony.service, with the unit's whole sandbox: User=mmleakd but
+    ExecStart=! (root), where setpriv becomes mmleakd (mmleak.so hands it the trace it
+    wrote as root) and execs the daemon (a second trace, PID-1, mmleakd's).  The companion
+    is root's, with CAP_SETUID and CAP_SETGID in its bounding set (mmleak-systemd(7)): every
+    file of those traces it writes or deletes, to the last pass's, is by a child that took
+    mmleakd's ids first (compact._as_user), none by the companion itself (strace in the
+    box); with db1e687's unit (no CAP_SETUID) it compacted them itself, as root."""
+    uid, gid = daemon
+    logs = "/var/tmp/mmleak-companion-strace"
+    box.run(["rm", "-rf", PRIV_STATE, PRIV_DIR, logs, "/etc/systemd/system/%s.d" % PRIV_UNIT,
+             "/etc/systemd/system/" + PRIV_COMPANION])
+    box.run(["mkdir", logs])
+    with open(box.path("/etc/systemd/system/" + PRIV_UNIT), "w") as f:
+        f.write("[Service]\nUser=%s\nExecStart=!%s --reuid=%s --regid=%s --init-groups "
+                "%s %d %d %d\nStateDirectory=mmleak-priv\n" % (
+                    USER, SETPRIV, USER, USER, BIN, N, SIZE, CHURN))
+    box.run(["systemctl", "daemon-reload"])
+    try:
+        r = box.run([PY, INSTALL, "install", PRIV_UNIT])
+        assert "create directory %s (mode 0700 owner %s:%s)\n" % (PRIV_DIR, USER, USER) in \
+            r.stdout
+        assert "compactor: %s, as root (as the service), starts and stops with %s\n" % (
+            PRIV_COMPANION, PRIV_UNIT) in r.stdout
+        pid = start(box, PRIV_UNIT, PRIV_STATE)
+        tid = "%d-1" % pid                  # the daemon, after setpriv's exec
+        assert re.search(r"^Uid:\t%d\t%d\t%d\t%d$" % ((uid,) * 4), proc(box, pid, "status"),
+                         re.M)
+        cpid = int(box.run(["systemctl", "show", "-p", "MainPID", "--value",
+                            PRIV_COMPANION]).stdout)
+        cst = proc(box, cpid, "status")
+        assert re.search(r"^Uid:\t0\t0\t0\t0$", cst, re.M), cst
+        # CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_SETGID, CAP_SETUID; the sandbox on
+        assert re.search(r"^CapEff:\t00000000000000cb$", cst, re.M), cst
+        assert re.search(r"^CapBnd:\t00000000000000cb$", cst, re.M), cst
+        assert re.search(r"^NoNewPrivs:\t1$", cst, re.M), cst
+        assert re.search(r"^Seccomp:\t2$", cst, re.M), cst
+
+        # the companion at work: it has folded every dump file but the one the daemon still
+        # writes (setpriv's, whose trace ended at the exec, and the daemon's rotated ones),
+        # so its SIGTERM handler is in (stopped earlier, it dies in its imports: no last pass)
+        deadline = time.monotonic() + 30
+        while True:
+            names = os.listdir(box.path(PRIV_DIR))
+            live = [n[:-len(".tail")] + ".out" for n in names if n.endswith(".tail")]
+            outs = [n for n in names if n.endswith(".out")]
+            if len(live) == 1 and outs == live:
+                break
+            assert time.monotonic() < deadline, (sorted(names), box.journal(PRIV_COMPANION))
+            time.sleep(0.1)
+        assert live[0].startswith("mmleak.%s." % tid), live
+        last = "%s/%s" % (PRIV_DIR, live[0])
+
+        # strace the companion from outside its sandbox, from now to its end
+        box.run(["systemd-run", "--unit", STRACE_UNIT, "strace", "-ff", "-qq", "-o",
+                 logs + "/strace", "-e", "trace=setresuid,setresgid,openat,rename,renameat,"
+                 "renameat2,unlink,unlinkat,link,linkat,mkdir,rmdir,truncate,chown,fchown,"
+                 "lchown,fchownat", "-p", str(cpid)])
+        deadline = time.monotonic() + 30
+        while re.search(r"^TracerPid:\t0$", proc(box, cpid, "status"), re.M):
+            assert time.monotonic() < deadline, box.journal(STRACE_UNIT)
+            time.sleep(0.05)
+        # the daemon's last file: only the companion's last pass, traced, folds it
+        box.run(["systemctl", "stop", PRIV_UNIT])
+        wait_inactive(box, PRIV_COMPANION)
+        wait_inactive(box, STRACE_UNIT)
+
+        # every write in the dump directory (and any chown) by a child that became mmleakd
+        # (its uid, its gid) before, none by the companion; the last file folded so too
+        calls = strace_by_pid(box, logs + "/strace")
+        took = re.compile(r"^setres([ug])id\((\d+), \2, \2\) += 0$").match
+        last_by = None
+        for p, lines in sorted(calls.items()):
+            became = set()
+            for line in lines:
+                m = took(line)
+                if m and int(m.group(2)) == {"u": uid, "g": gid}[m.group(1)]:
+                    became.add(m.group(1))
+                m = WRITES.match(line)
+                path = m and (m.group(1) or m.group(2))
+                if path and (path.startswith(PRIV_DIR + "/") or "chown" in line):
+                    assert p != cpid and became == {"u", "g"}, (p, line)
+                    last_by = p if line.startswith('unlink("%s")' % last) else last_by
+        assert cpid in calls and not any(took(line) for line in calls[cpid]), calls.get(cpid)
+        assert last_by is not None, sorted(calls)
+
+        # what is left: the two traces, compacted, every file mmleakd's; setpriv's .loads,
+        # made as root and handed over by mmleak.so (fchown of the uid only), keeps root's
+        # group: the trace was root's
+        files = dump_files(box, PRIV_DIR)
+        assert set(files) == {"mmleak.%s.%s" % (t, x) for t in (str(pid), tid)
+                              for x in ("compact", "maps", "loads", "series", "lock")}, files
+        for n, (u, g, m, _) in files.items():
+            assert (n, u, g, m) == (n, uid, 0 if n == "mmleak.%d.loads" % pid else gid,
+                                    0o600), files
+        assert report(box, PRIV_DIR, pid, tid)[:2] == (EVENTS, EVENTS)
+    finally:
+        box.run(["systemctl", "stop", PRIV_UNIT, PRIV_COMPANION, STRACE_UNIT], check=False)
+        box.run(["systemctl", "reset-failed", STRACE_UNIT], check=False)
+        box.run([PY, INSTALL, "uninstall", PRIV_UNIT], check=False)

@@ -675,6 +675,30 @@ def test_scan_of_a_process_whose_libc_name_is_a_fifo(hostile_bin, dump, tmp_path
     assert target_kinds(dump, first) == {"reachable": 1, "definite": 1}
 
 
+def test_scan_of_a_process_whose_main_thread_ended(hostile_bin, dump):
+    """Main ended (pthread_exit) and another thread runs: main is a zombie whose
+    /proc/PID/maps is empty and whose memory cannot be read.  `mmleak.py scan PID` finds
+    mmleak.so through the live thread (it said "does not have mmleak.so loaded"), reads a
+    copy of the process made by that thread (#stall ... fork; the copy was not made, the
+    process held stopped), and gives the exact kinds: main's frame is no root (its block
+    definitely lost, as at exit and for valgrind).  The scan at exit, of the stopped
+    process, says "stopped" (it said "fork")."""
+    p = start(hostile_bin, dump, "main-exited")
+    try:
+        assert os.path.getsize("/proc/%d/maps" % p.pid) == 0     # the case happened
+        r = scan_now(p.pid)
+        assert r.returncode == 0, r.stderr
+    finally:
+        assert stop(p) == 0
+    from mmleaklib import scan
+    files = sorted(scan.scan_files(str(dump), only_trace(dump)))
+    assert [scan.read_scan(f).why for f in files] == ["demand", "exit"]
+    for path, how in zip(files, ("fork", "stopped")):
+        with open(path, "rb") as f:
+            assert re.search(rb"\n#stall [0-9.]+ %s\n" % how.encode(), f.read(2000)), path
+        assert target_kinds(dump, path) == {"reachable": 1, "definite": 2}, path
+
+
 def test_scan_forking_process(hostile_bin, dump):
     """A process that forks and reaps children without pause, scanned 5 times: exact each
     time, and its children are all reaped right (status 0)."""

@@ -248,8 +248,10 @@ static int under_seccomp(int pid)
     return mml_status_seccomp(path, buf, sizeof buf);
 }
 
-/* A `syscall` instruction of the process: where a thread stopped in a system call is. */
-static uint64_t syscall_insn(struct scan *s)
+/* A `syscall` instruction of the process: where a thread stopped in a system call is.  Read
+ * through RPID, a live thread's id (not the pid of a main thread that ended: a zombie has
+ * no memory; then there was no copy, and the process stayed stopped for the whole scan). */
+static uint64_t syscall_insn(struct scan *s, int rpid)
 {
     for (int t = 0; t < s->nth; t++) {
         const struct user_regs_struct *r = &s->th[t].regs;
@@ -257,7 +259,7 @@ static uint64_t syscall_insn(struct scan *s)
             continue;
         unsigned char b[2];
         struct iovec l = { b, 2 }, rv = { (void *)(r->rip - 2), 2 };
-        if (process_vm_readv(s->pid, &l, 1, &rv, 1, 0) == 2 && b[0] == 0x0f && b[1] == 0x05)
+        if (process_vm_readv(rpid, &l, 1, &rv, 1, 0) == 2 && b[0] == 0x0f && b[1] == 0x05)
             return r->rip - 2;
     }
     return 0;
@@ -349,9 +351,9 @@ static int inject_syscall(struct thr *t, uint64_t insn, long nr, uint64_t a0, ui
 /* The copy: 0 made (s->child, s->rpid), -1 not (the scan reads the stopped process). */
 int snapshot(struct scan *s)
 {
-    if (under_seccomp(s->pid))
+    if (under_seccomp(s->rpid))
         return -1;                      /* a filter may kill the process for the clone */
-    uint64_t insn = syscall_insn(s);
+    uint64_t insn = syscall_insn(s, s->rpid);
     struct thr *t = NULL;
     for (int i = 0; i < s->nth && !t; i++)
         if (s->th[i].tid > 0 && s->th[i].stopped && !s->th[i].sig)
@@ -375,6 +377,7 @@ int snapshot(struct scan *s)
         return -1;
     }
     s->child = s->rpid = (int)ret;
+    s->forked = 1;
     return 0;
 }
 
@@ -409,7 +412,7 @@ void drop_snapshot(struct scan *s)
         one.th = &t;
         one.nth = 1;
         t.stopped = 1;
-        uint64_t insn = syscall_insn(&one);
+        uint64_t insn = syscall_insn(&one, t.tid);
         int64_t ret;
         if (insn)
             inject_syscall(&t, insn, SYS_WAIT4, (uint64_t)s->child, 0, __WALL, 0, &ret, NULL);

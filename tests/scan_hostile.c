@@ -9,6 +9,9 @@
  *               the FIFO D/fifo over that name, and leaves a joined thread's stack in
  *               glibc's cache (a scan then reads glibc's thread layout from "libc");
  *               waits for SIGTERM
+ *   spin        main busy in the program's code (no system call) until SIGTERM, another
+ *               thread holding one on its stack, asleep (usleep): the scan's copy is
+ *               reaped by a thread that is in a system call, or not
  *   main-exited another one held only by main's frame, then main ends (pthread_exit); a
  *               thread waits until /proc says main is a zombie, then for SIGTERM, and
  *               calls exit(0) (main's frame is no root: that block is definitely lost)
@@ -194,6 +197,18 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "main-exited"))
         main_exits();
+    if (!strcmp(argv[1], "spin")) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, holder, NULL))
+            return 2;
+        while (atomic_load(&held) < 1)
+            usleep(1000);
+        say_ready();
+        while (!atomic_load(&terminated))
+            ;
+        pthread_join(t, NULL);
+        return 0;
+    }
     if (!strcmp(argv[1], "fakelibc")) {
         ready_until_term();
         return 0;

@@ -722,6 +722,31 @@ def test_scan_of_a_process_whose_main_thread_ended(hostile_bin, dump):
         assert target_kinds(dump, path) == {"reachable": 1, "definite": 2}, path
 
 
+def test_scan_copy_reaped_though_main_runs_its_own_code(hostile_bin, dump):
+    """The copy a scan on demand reads is reaped by the process, a wait4 run by the first
+    thread the scan can hold, at a `syscall` instruction: main busy in the program's own
+    code (scan_hostile.c spin) is at none, and the copy stayed, a zombie child of the
+    process (which a wait() of the program's would have reaped).  Now the instruction the
+    copy was made with: no child left, 3 scans exact, the process ends normally."""
+    p = start(hostile_bin, dump, "spin")
+    try:
+        for _ in range(3):
+            r = scan_now(p.pid)
+            assert r.returncode == 0, r.stderr
+            kids = []
+            for t in os.listdir("/proc/%d/task" % p.pid):
+                with open("/proc/%d/task/%s/children" % (p.pid, t)) as f:
+                    kids += f.read().split()
+            assert kids == []
+    finally:
+        assert stop(p) == 0
+    from mmleaklib import scan
+    files = sorted(scan.scan_files(str(dump), only_trace(dump)))
+    assert [scan.read_scan(f).why for f in files] == ["demand"] * 3 + ["exit"]
+    for path in files[:3]:                  # (at exit the thread's block was freed)
+        assert target_kinds(dump, path) == {"reachable": 2, "definite": 1}, path
+
+
 def test_scan_forking_process(hostile_bin, dump):
     """A process that forks and reaps children without pause, scanned 5 times: exact each
     time, and its children are all reaped right (status 0)."""

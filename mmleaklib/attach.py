@@ -46,15 +46,18 @@ def proc_of(pid):
     return base
 
 
-def mmleak_in(pid):
+def mmleak_in(pid, tries=3):
     """The mmleak.so mapped into process PID (its path), or None."""
+    proc = proc_of(pid)
     try:
-        with open(proc_of(pid) + "/maps") as f:
+        with open(proc + "/maps") as f:
             for line in f:
                 path = line.rstrip("\n").split(None, 5)[5:] or [""]
                 if os.path.basename(path[0]) == LIBNAME:
                     return path[0]
     except FileNotFoundError:
+        if proc != "/proc/%d" % pid and tries > 1:     # that thread ended meanwhile
+            return mmleak_in(pid, tries - 1)
         raise Fail("no such process %d" % pid, EXIT_INPUT)
     except PermissionError:
         raise Fail("not permitted to look at process %d (run as root, or as its user)" % pid,

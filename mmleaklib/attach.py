@@ -19,15 +19,45 @@ INJECT_ERRORS = {-1: EXIT_USAGE, -2: EXIT_INPUT, -3: EXIT_INPUT, -4: EXIT_INPUT,
                  -5: EXIT_INPUT, -6: EXIT_INPUT, -7: EXIT_INPUT, -8: EXIT_TOOL}
 
 
-def mmleak_in(pid):
-    """The mmleak.so mapped into process PID (its path), or None."""
+def _ended(stat_path):
+    """Has the thread whose /proc/.../stat is STAT_PATH ended (a zombie, or gone)?"""
     try:
-        with open("/proc/%d/maps" % pid) as f:
+        with open(stat_path) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def proc_of(pid):
+    """The /proc directory through which process PID's memory is seen: /proc/PID, unless its
+    main thread ended (pthread_exit) while others run: a zombie until the process ends, with
+    no memory of its own (its maps empty, its mem unreadable, its root gone); then a live
+    thread's, /proc/PID/task/TID, which shares the process's (tools/scan.c, reader_tid)."""
+    base = "/proc/%d" % pid
+    if not os.path.exists(base) or not _ended(base + "/stat"):
+        return base
+    try:
+        tids = sorted(int(t) for t in os.listdir(base + "/task") if t.isdigit())
+    except OSError:
+        return base
+    for tid in tids:
+        if tid != pid and not _ended("%s/task/%d/stat" % (base, tid)):
+            return "%s/task/%d" % (base, tid)
+    return base
+
+
+def mmleak_in(pid, tries=3):
+    """The mmleak.so mapped into process PID (its path), or None."""
+    proc = proc_of(pid)
+    try:
+        with open(proc + "/maps") as f:
             for line in f:
                 path = line.rstrip("\n").split(None, 5)[5:] or [""]
                 if os.path.basename(path[0]) == LIBNAME:
                     return path[0]
     except FileNotFoundError:
+        if proc != "/proc/%d" % pid and tries > 1:     # that thread ended meanwhile
+            return mmleak_in(pid, tries - 1)
         raise Fail("no such process %d" % pid, EXIT_INPUT)
     except PermissionError:
         raise Fail("not permitted to look at process %d (run as root, or as its user)" % pid,
@@ -83,14 +113,15 @@ def traced_state(pid):
     if not lib:
         return None
     base = None
-    with open("/proc/%d/maps" % pid) as f:
+    proc = proc_of(pid)
+    with open(proc + "/maps") as f:
         for line in f:
             parts = line.split(None, 5)
             if len(parts) == 6 and parts[5].rstrip("\n") == lib and int(parts[2], 16) == 0:
                 base = int(parts[0].split("-")[0], 16)
                 break
     try:        # the file as the process sees it (its mount namespace, its root)
-        sym = _elf_symbol("/proc/%d/root%s" % (pid, lib), "mmleak_status") \
+        sym = _elf_symbol("%s/root%s" % (proc, lib), "mmleak_status") \
             if base is not None else None
     except OSError:
         try:
@@ -100,7 +131,7 @@ def traced_state(pid):
     if not sym:
         return "loaded (state unknown: %s has no status word)" % lib
     try:
-        with open("/proc/%d/mem" % pid, "rb") as m:
+        with open(proc + "/mem", "rb") as m:
             m.seek(base + sym[0])
             raw = m.read(sym[1])
     except OSError as e:

@@ -3,9 +3,11 @@
  * (about 16 MiB of trace: mmleak-scan's live set would start its parsers), then 40 kept
  * (a list from a global), 10 lost (a chain of 3: one definitely, two indirectly lost).
  *
- *   scan_fallback one|all
+ *   scan_fallback one|all [heap]
  * one: the process is allowed on one CPU only (sched_setaffinity), all: on every CPU it was
- * given.  Prints "done". */
+ * given.  heap (test_lone_scan_falls_back_at_the_marking): no 250,000 blocks (a small
+ * trace: the live set starts no thread), but one of 80 MiB kept (the marking's reader
+ * would start, for a heap that spans 64 MiB or more).  Prints "done". */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <stdio.h>
@@ -15,6 +17,7 @@
 struct node { struct node *next; char pad[120]; };   /* 128 bytes: no size of the loop's */
 
 static struct node *volatile kept;
+static void *volatile big;
 
 static __attribute__((noinline)) void *grab(size_t n)
 {
@@ -27,10 +30,12 @@ static __attribute__((noinline)) void *grab(size_t n)
 
 /* the blocks, planted in a function of their own, then the stack below main's frame wiped:
  * no stale copy of a pointer is left where a scan reads (as tests/scan_cases.c does) */
-static __attribute__((noinline)) void plant(void)
+static __attribute__((noinline)) void plant(int heap)
 {
-    for (int i = 0; i < 250000; i++)
+    for (int i = 0; i < (heap ? 0 : 250000); i++)
         free(grab(24 + (size_t)(i & 7) * 8));
+    if (heap && !(big = malloc((size_t)80 << 20)))
+        abort();
     for (int i = 0; i < 40; i++) {
         struct node *n = grab(sizeof *n);
         n->next = kept;
@@ -51,7 +56,8 @@ static __attribute__((noinline)) void wipe(void)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2 || (strcmp(argv[1], "one") && strcmp(argv[1], "all")))
+    if (argc < 2 || argc > 3 || (strcmp(argv[1], "one") && strcmp(argv[1], "all")) ||
+        (argc == 3 && strcmp(argv[2], "heap")))
         return 2;
     if (!strcmp(argv[1], "one")) {
         cpu_set_t cur, one;
@@ -66,7 +72,7 @@ int main(int argc, char **argv)
         if (sched_setaffinity(0, sizeof one, &one))
             return 1;
     }
-    plant();
+    plant(argc == 3);
     wipe();
     puts("done");
     return 0;

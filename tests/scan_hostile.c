@@ -9,6 +9,12 @@
  *               the FIFO D/fifo over that name, and leaves a joined thread's stack in
  *               glibc's cache (a scan then reads glibc's thread layout from "libc");
  *               waits for SIGTERM
+ *   spin        main busy in the program's code (no system call) until SIGTERM, another
+ *               thread holding one on its stack, asleep (usleep): the scan's copy is
+ *               reaped by a thread that is in a system call, or not
+ *   main-exited another one held only by main's frame, then main ends (pthread_exit); a
+ *               thread waits until /proc says main is a zombie, then for SIGTERM, and
+ *               calls exit(0) (main's frame is no root: that block is definitely lost)
  * Prints "ready" when set; exits 0 (status 3 if a child was not reaped right). */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -91,6 +97,39 @@ static int fake_libc(const char *d)
     return 0;
 }
 
+/* main-exited: the thread left once main ended (a zombie until the process ends, with no
+ * memory of its own: /proc/PID/maps is empty) */
+static void *after_main(void *arg)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)getpid());
+    for (int tries = 0; tries < 10000; tries++) {       /* 10 s at most */
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+        if (fd >= 0)
+            close(fd);
+        buf[n > 0 ? n : 0] = 0;
+        char *st = strrchr(buf, ')');
+        if (st && (st[2] == 'Z' || st[2] == 'X')) {
+            ready_until_term();
+            exit(0);
+        }
+        usleep(1000);
+    }
+    (void)arg;
+    exit(3);                            /* main never ended */
+}
+
+__attribute__((noinline)) static void main_exits(void)
+{
+    void *volatile mine = target();
+    pthread_t t;
+    if (pthread_create(&t, NULL, after_main, NULL))
+        exit(2);
+    __asm__ volatile("" ::"r"(mine) : "memory");
+    pthread_exit(NULL);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -154,6 +193,20 @@ int main(int argc, char **argv)
             prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog))
             return 2;
         say_ready();
+        return 0;
+    }
+    if (!strcmp(argv[1], "main-exited"))
+        main_exits();
+    if (!strcmp(argv[1], "spin")) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, holder, NULL))
+            return 2;
+        while (atomic_load(&held) < 1)
+            usleep(1000);
+        say_ready();
+        while (!atomic_load(&terminated))
+            ;
+        pthread_join(t, NULL);
         return 0;
     }
     if (!strcmp(argv[1], "fakelibc")) {

@@ -595,6 +595,29 @@ def test_exit_scan_takes_glibc_thread_layout_from_the_loader(scan_bins, dump, tm
     assert opens == [], opens
 
 
+def test_ptracer_taken_back_only_where_it_was_named(scan_bins, dump, tmp_path):
+    """Before each scan it asks for (scan_api: two mmleak_leak_check by mmleak-scan, then
+    the exit's, in mmleak.so's child) the process names the scanner its ptracer (Yama's
+    PR_SET_PTRACER), and takes that back after the scan only if the naming worked: without
+    Yama (EINVAL) one call a scan, not two; with Yama the naming and the reset."""
+    if not shutil.which("strace"):
+        pytest.skip("strace not installed (.ci/run installs it)")
+    log = tmp_path / "strace.log"
+    r = subprocess.run(["strace", "-f", "-qq", "-e", "trace=prctl", "-o", str(log),
+                        "-E", "LD_PRELOAD=" + LIB, "-E", "MMLEAK_DIR=" + str(dump),
+                        scan_bins["scan_api"]], check=True, capture_output=True, timeout=120)
+    assert r.stdout == b"0 1\n"
+    calls = re.findall(r"prctl\(PR_SET_PTRACER, (\w+)\)\s+= (-?\d+)", log.read_text())
+    named = [i for i, (arg, _) in enumerate(calls) if arg != "0"]
+    assert len(named) == 3, calls
+    want = []
+    for i in named:
+        want.append((calls[i][0], calls[i][1]))
+        if calls[i][1] == "0":
+            want.append(("0", "0"))     # taken back
+    assert calls == want
+
+
 def scan_now(pid):
     return subprocess.run([sys.executable, os.path.join(ROOT, "mmleak.py"), "scan", "--quiet",
                            str(pid)], capture_output=True, text=True, timeout=120)
@@ -673,6 +696,55 @@ def test_scan_of_a_process_whose_libc_name_is_a_fifo(hostile_bin, dump, tmp_path
     from mmleaklib import scan
     first = sorted(scan.scan_files(str(dump), only_trace(dump)))[0]
     assert target_kinds(dump, first) == {"reachable": 1, "definite": 1}
+
+
+def test_scan_of_a_process_whose_main_thread_ended(hostile_bin, dump):
+    """Main ended (pthread_exit) and another thread runs: main is a zombie whose
+    /proc/PID/maps is empty and whose memory cannot be read.  `mmleak.py scan PID` finds
+    mmleak.so through the live thread (it said "does not have mmleak.so loaded"), reads a
+    copy of the process made by that thread (#stall ... fork; the copy was not made, the
+    process held stopped), and gives the exact kinds: main's frame is no root (its block
+    definitely lost, as at exit and for valgrind).  The scan at exit, of the stopped
+    process, says "stopped" (it said "fork")."""
+    p = start(hostile_bin, dump, "main-exited")
+    try:
+        assert os.path.getsize("/proc/%d/maps" % p.pid) == 0     # the case happened
+        r = scan_now(p.pid)
+        assert r.returncode == 0, r.stderr
+    finally:
+        assert stop(p) == 0
+    from mmleaklib import scan
+    files = sorted(scan.scan_files(str(dump), only_trace(dump)))
+    assert [scan.read_scan(f).why for f in files] == ["demand", "exit"]
+    for path, how in zip(files, ("fork", "stopped")):
+        with open(path, "rb") as f:
+            assert re.search(rb"\n#stall [0-9.]+ %s\n" % how.encode(), f.read(2000)), path
+        assert target_kinds(dump, path) == {"reachable": 1, "definite": 2}, path
+
+
+def test_scan_copy_reaped_though_main_runs_its_own_code(hostile_bin, dump):
+    """The copy a scan on demand reads is reaped by the process, a wait4 run by the first
+    thread the scan can hold, at a `syscall` instruction: main busy in the program's own
+    code (scan_hostile.c spin) is at none, and the copy stayed, a zombie child of the
+    process (which a wait() of the program's would have reaped).  Now the instruction the
+    copy was made with: no child left, 3 scans exact, the process ends normally."""
+    p = start(hostile_bin, dump, "spin")
+    try:
+        for _ in range(3):
+            r = scan_now(p.pid)
+            assert r.returncode == 0, r.stderr
+            kids = []
+            for t in os.listdir("/proc/%d/task" % p.pid):
+                with open("/proc/%d/task/%s/children" % (p.pid, t)) as f:
+                    kids += f.read().split()
+            assert kids == []
+    finally:
+        assert stop(p) == 0
+    from mmleaklib import scan
+    files = sorted(scan.scan_files(str(dump), only_trace(dump)))
+    assert [scan.read_scan(f).why for f in files] == ["demand"] * 3 + ["exit"]
+    for path in files[:3]:                  # (at exit the thread's block was freed)
+        assert target_kinds(dump, path) == {"reachable": 2, "definite": 1}, path
 
 
 def test_scan_forking_process(hostile_bin, dump):
@@ -1360,3 +1432,31 @@ def test_lone_scan_falls_back_to_mmleak_scan_by_affinity(tmp_path, dump):
     assert got["here"] == got["fallback"] == got["mmleak-scan"]
     kinds = got["here"]
     assert (kinds["definite"][0], kinds["indirect"][0]) == (10, 20), kinds
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_lone_scan_falls_back_at_the_marking(tmp_path, dump):
+    """mmleak.so's scan of a lone thread at its exit gives up at the marking (a heap that
+    spans 64 MiB: tests/scan_fallback.c heap; mmleak-scan's reader thread could pay) after
+    making its live set, every block's address, in its memory.  That memory stays mapped to
+    the end of the process (tracer/scanhere.c, KEEP), and listed as mmleak.so's: the
+    mmleak-scan that follows leaves it out, and finds the 10 lost chains lost.  (Kept but
+    not listed: every block was still reachable.)"""
+    exe = str(tmp_path / "scan_fallback")
+    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(TESTS, "scan_fallback.c")],
+                   check=True)
+    from mmleaklib import scan
+    r = run_traced([exe, "all", "heap"], dump, env={"MMLEAK_SCAN_DEBUG": "1",
+                                                    "MMLEAK_SCAN_HERE": "1"})
+    assert r.stdout == b"done\n"
+    tid = only_trace(dump)
+    logs = [open(str(dump / ("mmleak.%s.scan-debug.%d" % (tid, k))), "rb").read()
+            for k in (1, 2)]
+    assert b"time live-set" in logs[0], logs[0]
+    assert logs[0].endswith(b"mmleak-scan: a thread would pay: mmleak-scan takes over\n")
+    [path] = scan.scan_files(str(dump), tid)
+    res = scan.read_scan(path)
+    assert res.status == "done" and res.why == "exit", res.reason
+    assert {k: v[0] for k, v in res.kinds.items()} == {
+        "definite": 10, "indirect": 20, "possible": 0, "reachable": 42}, res.kinds
+

@@ -80,6 +80,8 @@ struct scan {
     int vanished;                       /* the process ended (SIGKILL...) during the scan */
     int rpid;                           /* where memory is read: the process, or its copy */
     int child;                          /* the copy (a fork made in the process), or 0 */
+    int forked;                         /* a copy was read ("#stall S fork") */
+    uint64_t insn;                      /* the `syscall` instruction it was made with */
     double stall;                       /* seconds the process was stopped */
     int open_files;                     /* dump files of the cut without "#end" */
     int pagemap;                        /* /proc/RPID/pagemap, -1 none, -2 not yet opened */

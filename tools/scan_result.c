@@ -173,8 +173,7 @@ int scan_write_result(struct scan *s, char *out, size_t outlen)
         for (int t = 0; t < s->nth; t++)
             live += s->th[t].tid > 0;
         wprintf(&b, "#threads %d\n", live);
-        wprintf(&b, "#stall %.6f %s\n", s->stall, s->child || s->rpid != s->pid ? "fork"
-                                                                              : "stopped");
+        wprintf(&b, "#stall %.6f %s\n", s->stall, s->forked ? "fork" : "stopped");
         for (int k = 0; k < R_KINDS; k++)
             wprintf(&b, "#roots %s %" PRIu64 " %" PRIu64 "\n", ROOT_NAME[k], s->roots[k][0],
                     s->roots[k][1]);

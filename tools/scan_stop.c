@@ -248,16 +248,22 @@ static int under_seccomp(int pid)
     return mml_status_seccomp(path, buf, sizeof buf);
 }
 
-/* A `syscall` instruction of the process: where a thread stopped in a system call is. */
-static uint64_t syscall_insn(struct scan *s)
+/* A `syscall` instruction of the process: where a thread stopped in a system call is.  Read
+ * through RPID, a live thread's id (not the pid of a main thread that ended: a zombie has
+ * no memory; then there was no copy, and the process stayed stopped for the whole scan). */
+static int syscall_at(int rpid, uint64_t at)
+{
+    unsigned char b[2];
+    struct iovec l = { b, 2 }, rv = { (void *)at, 2 };
+    return at && process_vm_readv(rpid, &l, 1, &rv, 1, 0) == 2 && b[0] == 0x0f && b[1] == 0x05;
+}
+
+static uint64_t syscall_insn(struct scan *s, int rpid)
 {
     for (int t = 0; t < s->nth; t++) {
         const struct user_regs_struct *r = &s->th[t].regs;
-        if (s->th[t].tid <= 0 || (int64_t)r->orig_rax < 0 || r->rip < 2)
-            continue;
-        unsigned char b[2];
-        struct iovec l = { b, 2 }, rv = { (void *)(r->rip - 2), 2 };
-        if (process_vm_readv(s->pid, &l, 1, &rv, 1, 0) == 2 && b[0] == 0x0f && b[1] == 0x05)
+        if (s->th[t].tid > 0 && (int64_t)r->orig_rax >= 0 && r->rip >= 2 &&
+            syscall_at(rpid, r->rip - 2))
             return r->rip - 2;
     }
     return 0;
@@ -278,6 +284,25 @@ static int next_stop(struct thr *t)
         if (mono_ns() > until)
             return -1;
         nap(&t->naps);
+    }
+}
+
+/* The next stop of thread T while it runs a system call we made it run: its status, or -1
+ * (gone).  No time limit: given up, the thread would be left running our call with our
+ * registers, and stopped at its end by a tracer who never comes back (let go when we end:
+ * it then goes on at the instruction after the `syscall`, in whatever function held it,
+ * with the call's result), and a copy the clone made, traced from its birth but never
+ * told to die (PTRACE_O_EXITKILL is set once it has stopped), would run the program.
+ * A clone or a wait4 on a zombie does not block; a thread killed meanwhile is gone. */
+static int injected_stop(struct thr *t)
+{
+    for (;;) {
+        int st;
+        pid_t r = waitpid(t->tid, &st, __WALL);
+        if (r == t->tid)
+            return WIFSTOPPED(st) ? st : -1;
+        if (r < 0 && errno != EINTR)
+            return -1;
     }
 }
 
@@ -317,9 +342,9 @@ static int inject_syscall(struct thr *t, uint64_t insn, long nr, uint64_t a0, ui
     }
     int done = 0, entered = 0;
     while (!done) {
-        int st = next_stop(t);
+        int st = injected_stop(t);
         if (st < 0)
-            return -1;                  /* gone (or hung in the kernel): nothing to put back */
+            return -1;                  /* gone: nothing to put back */
         int sig = WSTOPSIG(st), ev = st >> 16;
         if (sig == (SIGTRAP | 0x80)) {
             if (entered) {
@@ -349,9 +374,9 @@ static int inject_syscall(struct thr *t, uint64_t insn, long nr, uint64_t a0, ui
 /* The copy: 0 made (s->child, s->rpid), -1 not (the scan reads the stopped process). */
 int snapshot(struct scan *s)
 {
-    if (under_seccomp(s->pid))
+    if (under_seccomp(s->rpid))
         return -1;                      /* a filter may kill the process for the clone */
-    uint64_t insn = syscall_insn(s);
+    uint64_t insn = syscall_insn(s, s->rpid);
     struct thr *t = NULL;
     for (int i = 0; i < s->nth && !t; i++)
         if (s->th[i].tid > 0 && s->th[i].stopped && !s->th[i].sig)
@@ -375,6 +400,8 @@ int snapshot(struct scan *s)
         return -1;
     }
     s->child = s->rpid = (int)ret;
+    s->forked = 1;
+    s->insn = insn;
     return 0;
 }
 
@@ -409,7 +436,12 @@ void drop_snapshot(struct scan *s)
         one.th = &t;
         one.nth = 1;
         t.stopped = 1;
-        uint64_t insn = syscall_insn(&one);
+        uint64_t insn = syscall_insn(&one, t.tid);
+        /* a thread in the program's code, not in a system call: the instruction the copy
+         * was made with, if it still is one (before, no wait4 was run: the copy stayed, a
+         * zombie child of the process, which a wait() of its own would have reaped) */
+        if (!insn && syscall_at(t.tid, s->insn))
+            insn = s->insn;
         int64_t ret;
         if (insn)
             inject_syscall(&t, insn, SYS_WAIT4, (uint64_t)s->child, 0, __WALL, 0, &ret, NULL);

@@ -498,3 +498,22 @@ def test_mmleaks_own_system_calls_are_not_the_programs(dump, tmp_path, mm):
     assert k.status == "done" and k.scan.why == "exit", k.reason
     surv = mm.shrink_files(mm.find_traces(str(dump))[tid]).survivors()
     assert [k.kind(b.ptr, b.seq) for b in surv if b.size == 4321] == ["definite"]
+
+
+@pytest.mark.xfail(strict=True, reason="known bug, not fixed yet: mmleak.so's maps check in a "
+                   "forked child calls dl_iterate_phdr, whose lock another thread of the "
+                   "parent held at the fork (tracer/maps.c maps_snapshot); see the test")
+def test_fork_while_the_loader_lock_is_held(dump, tmp_path):
+    """A thread of the program inside dl_iterate_phdr's callback (the loader's lock held)
+    while another forks (tests/fork_phdr.c): untraced, the child allocates and ends; traced,
+    mmleak.so's first check of the loaded objects in the child (maps_snapshot, from
+    make_room) called dl_iterate_phdr, and the lock fork copied held was never released:
+    the child hung (found as a hung child of attach_hostile's forker, whose own thread was
+    in mmleak's maps check at the fork). Strict xfail until fixed."""
+    exe = str(tmp_path / "fork_phdr")
+    subprocess.run(["cc", "-O1", "-g", "-pthread", "-o", exe,
+                    os.path.join(ROOT, "tests", "fork_phdr.c")], check=True)
+    plain = subprocess.run([exe], capture_output=True, timeout=60)
+    assert (plain.returncode, plain.stdout) == (0, b"child ok\nchild status 0\n")
+    r = run_traced([exe], dump, check=False, timeout=60)
+    assert (r.returncode, r.stdout) == (0, b"child ok\nchild status 0\n"), r.stdout

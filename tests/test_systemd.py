@@ -76,6 +76,16 @@ def proc(box, pid, what):
         return f.read().decode()
 
 
+def execed(box, pid, timeout=30):
+    """Wait until PID, a unit's main process, has run its ExecStart= (systemd reports a simple
+    service active at its fork; until the exec its command line is "(NAME)", systemd's, and
+    its credentials may not be set yet): then PID."""
+    end = time.monotonic() + timeout
+    while proc(box, pid, "cmdline").startswith("(") and time.monotonic() < end:
+        time.sleep(0.05)
+    return pid
+
+
 def mapped(box, pid, name="mmleak.so"):
     """Paths of the files mapped by PID whose name is NAME."""
     return {line.split(None, 5)[5] for line in proc(box, pid, "maps").splitlines()
@@ -317,7 +327,7 @@ def test_daemon_traced_and_compacted_then_untraced(box, daemon, lib):
         lib_in_box, ddir, "8")
     assert active(box, COMPANION) == "active"
     cpid = int(box.run(["systemctl", "show", "-p", "MainPID", "--value", COMPANION]).stdout)
-    cst = proc(box, cpid, "status")
+    cst = proc(box, execed(box, cpid), "status")
     assert re.search(r"^Uid:\t%d\t%d\t%d\t%d$" % ((uid,) * 4), cst, re.M), cst
     assert re.search(r"^Gid:\t%d\t%d\t%d\t%d$" % ((gid,) * 4), cst, re.M), cst
     assert re.search(r"^CapBnd:\t0000000000000000$", cst, re.M), cst
@@ -805,7 +815,7 @@ def test_root_companion_compacts_a_handed_over_trace_as_its_owner(box, daemon, l
                          re.M)
         cpid = int(box.run(["systemctl", "show", "-p", "MainPID", "--value",
                             PRIV_COMPANION]).stdout)
-        cst = proc(box, cpid, "status")
+        cst = proc(box, execed(box, cpid), "status")
         assert re.search(r"^Uid:\t0\t0\t0\t0$", cst, re.M), cst
         # CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_SETGID, CAP_SETUID; the sandbox on
         assert re.search(r"^CapEff:\t00000000000000cb$", cst, re.M), cst

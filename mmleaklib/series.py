@@ -32,6 +32,7 @@ compiled shrinker) the trace is read whole, as above.
 import array
 import bisect
 import collections
+import contextlib
 import os
 import re
 import shutil
@@ -1017,18 +1018,10 @@ def finish_result_merge(directory, tid, guard=None):
         if ident is None:
             ident = _identity(cpath) or b""
         if _same_result(_pending_identity(pending), ident):
-            with guard() if guard else _no_guard():
+            with guard() if guard else contextlib.nullcontext():
                 os.rename(pending, final)
         else:
             _remove_quietly(pending)
-
-
-class _no_guard:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        pass
 
 
 def after_result_merge(directory, tid, cpath, token, merged, guard=None):

@@ -179,17 +179,6 @@ static int valid_id(const char *id)
     return 1;
 }
 
-/* mmleak_scan, with FLOOR_TID's stack scanned from FLOOR up (0 0: none), and NFILES (0:
- * unknown) above the numbers of the trace's dump files (take_cut).  LONE (NULL, or with a
- * floor: stack pointer, fs_base, gs_base): FLOOR_TID was the process's only thread when it
- * started us, our parent, and waits with every signal blocked (tools/scan_stop.c,
- * hold_lone).  The thread that
- * asked for the scan (at exit, or mmleak_leak_check) waits for it in mmleak.so, whose frames
- * hold stale copies of addresses (its stack walks'): FLOOR is where the program's part of
- * that stack begins, below the program's callee-saved registers, which mmleak.so's entry
- * pushed there.  That thread's registers are then not roots (mmleak.so's, at a system call;
- * the program's caller-saved registers are dead across its call, by the ABI).  A FLOOR not
- * in the mapping of the thread's stack pointer, or below that pointer, is ignored. */
 /* The id through which the process's memory is read (process_vm_readv, /proc/ID/maps and
  * pagemap): its pid, unless its main thread ended (pthread_exit) while others run: a
  * zombie, which has no memory of its own any more (seize_all leaves it out); then a live
@@ -206,6 +195,17 @@ static int reader_tid(const struct scan *s)
     return live ? live : s->pid;
 }
 
+/* mmleak_scan, with FLOOR_TID's stack scanned from FLOOR up (0 0: none), and NFILES (0:
+ * unknown) above the numbers of the trace's dump files (take_cut).  LONE (NULL, or with a
+ * floor: stack pointer, fs_base, gs_base): FLOOR_TID was the process's only thread when it
+ * started us, our parent, and waits with every signal blocked (tools/scan_stop.c,
+ * hold_lone).  The thread that
+ * asked for the scan (at exit, or mmleak_leak_check) waits for it in mmleak.so, whose frames
+ * hold stale copies of addresses (its stack walks'): FLOOR is where the program's part of
+ * that stack begins, below the program's callee-saved registers, which mmleak.so's entry
+ * pushed there.  That thread's registers are then not roots (mmleak.so's, at a system call;
+ * the program's caller-saved registers are dead across its call, by the ABI).  A FLOOR not
+ * in the mapping of the thread's stack pointer, or below that pointer, is ignored. */
 int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
                       char *out, size_t outlen, char *err, size_t errlen,
                       uint64_t *totals, int floor_tid, uint64_t floor, int nfiles,

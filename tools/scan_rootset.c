@@ -313,18 +313,19 @@ static void check_floor(struct scan *s)
         s->floor = 0;
 }
 
-/* Is the main thread alive with its stack pointer outside [stack]?  It runs on another
- * stack: a signal handler on its sigaltstack (a program that calls exit() from its SIGTERM
- * handler), a coroutine's (swapcontext), and main's frames are still in [stack], below
- * nothing: that mapping is then read whole (its pages in use; the stale words below the
- * stack pointer it left cannot be told from the rest, so they count: LIMITS).  Before,
- * [stack] was skipped as the stack of a main thread that ended, and what main's frames
- * held was definitely lost (valgrind: still reachable; scan_cases.c, altstack-exit). */
-static int leader_elsewhere(struct scan *s)
+/* Is the main thread alive?  Asked of [stack] when no thread's stack pointer is in it:
+ * main then runs on another stack, a signal handler on its sigaltstack (a program that
+ * calls exit() from its SIGTERM handler), a coroutine's (swapcontext), and main's frames
+ * are still in [stack], below nothing: that mapping is then read whole (its pages in use;
+ * the stale words below the stack pointer it left cannot be told from the rest, so they
+ * count: LIMITS).  Before, [stack] was skipped as the stack of a main thread that ended,
+ * and what main's frames held was definitely lost (valgrind: still reachable;
+ * scan_cases.c, altstack-exit). */
+static int leader_alive(struct scan *s)
 {
     for (int t = 0; t < s->nth; t++)
         if (s->th[t].tid > 0 && s->th[t].tid == s->pid)
-            return 1;   /* alive; its stack pointer is not here (the caller's test) */
+            return 1;
     return 0;
 }
 
@@ -377,7 +378,7 @@ void mark(struct scan *s)
                 stack = 1;
             }
         }
-        if (!stack && !strcmp(m->path, "[stack]") && !leader_elsewhere(s))
+        if (!stack && !strcmp(m->path, "[stack]") && !leader_alive(s))
             continue;                   /* no thread of ours there (it ended) */
         if (!stack && m->lo == s->own_lo && m->hi > s->own_hi) {
             from = s->own_hi;           /* mmleak.so's .bss, and memory mapped right after */

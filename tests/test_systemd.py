@@ -235,7 +235,7 @@ def daemon(box, tmp_path):
                  "/nonexistent", "--shell", "/usr/sbin/nologin", USER])
     with open(box.path("/etc/systemd/system/" + UNIT), "w") as f:
         f.write(UNIT_TEXT)
-    box.run(["systemctl", "daemon-reload"])
+    box.reload()
     uid = int(box.run(["id", "-u", USER]).stdout)
     gid = int(box.run(["id", "-g", USER]).stdout)
     yield uid, gid
@@ -449,7 +449,7 @@ def test_dynamic_user_shared_with_the_companion(box, lib, tmp_path):
     with open(box.path("/etc/systemd/system/" + DYN_UNIT), "w") as f:
         f.write("[Service]\nDynamicUser=yes\nExecStart=%s %d %d %d\nStateDirectory=mmleak-dyn\n"
                 % (BIN, N, SIZE, CHURN))
-    box.run(["systemctl", "daemon-reload"])
+    box.reload()
     try:
         r = box.run([PY, INSTALL, "install", DYN_UNIT, "--dir", DYN_STATE])
         assert r.stderr == ("mmleak-install.py: note: %s is under StateDirectory=; systemd "
@@ -517,7 +517,7 @@ WITH_SLEEP = '/bin/sh -c "sleep 3600 & exec %s"' % ATT_CMD
 def write_att_unit(box, execstart):
     with open(box.path("/etc/systemd/system/" + ATT_UNIT), "w") as f:
         f.write(ATT_TEXT % execstart)
-    box.run(["systemctl", "daemon-reload"])
+    box.reload()
 
 
 @pytest.fixture
@@ -802,7 +802,7 @@ def test_root_companion_compacts_a_handed_over_trace_as_its_owner(box, daemon, l
         f.write("[Service]\nUser=%s\nExecStart=!%s --reuid=%s --regid=%s --init-groups "
                 "%s %d %d %d\nStateDirectory=mmleak-priv\n" % (
                     USER, SETPRIV, USER, USER, BIN, N, SIZE, CHURN))
-    box.run(["systemctl", "daemon-reload"])
+    box.reload()
     try:
         r = box.run([PY, INSTALL, "install", PRIV_UNIT])
         assert "create directory %s (mode 0700 owner %s:%s)\n" % (PRIV_DIR, USER, USER) in \

@@ -219,3 +219,80 @@ def test_exit_statuses_of_help_and_page_agree(script, page):
         help_text = " ".join(re.sub(r'"', "", texts[script]).split())
         head = re.split(r"[(:,;]", help_text)[0].strip()
         assert items[status].startswith(head), (page, status, head, items[status][:80])
+
+
+def option_definitions(text):
+    """{option: its definition, one line} of the option lists in TEXT (an option at the
+    start of a line, its text indented below it)."""
+    out = {}
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"(-[a-z]|--[a-z][\w-]*)(?:, (--[a-z][\w-]*))?(?: [A-Z]+| *$|  )", line)
+        if not m:
+            continue
+        body = [line]
+        for nxt in lines[i + 1:]:
+            if not nxt.startswith(" ") or not nxt.strip():
+                break
+            body.append(nxt)
+        for opt in m.groups():
+            if opt:
+                out[opt] = " ".join(" ".join(body).split())
+    return out
+
+
+def page_parts(script, parser, text):
+    """[(subcommand, its synopsis lines, its option definitions, {option: argparse action})]:
+    one per subcommand of mmleak.py (its section of COMMANDS), one for the other pages (their
+    OPTIONS, every subcommand's options)."""
+    def actions(p):
+        return {s: a for a in p._actions for s in a.option_strings if s not in ("-h", "--help")}
+    subs = next((dict(a.choices) for a in parser._actions
+                 if isinstance(a, argparse._SubParsersAction)), {})
+    synopsis = [line for line in section(text, "SYNOPSIS", "=").splitlines()
+                if line.startswith("|")]
+    if script != "mmleak.py":
+        acts = actions(parser)
+        for sub in subs.values():
+            acts.update(actions(sub))
+        return [("", synopsis, option_definitions(section(text, "OPTIONS", "=")), acts)]
+    commands = section(text, "COMMANDS", "=")
+    return [(name, [line for line in synopsis
+                    if re.match(r"\| ``%s %s\b" % (re.escape(script), name), line)],
+             option_definitions(section(commands, name, "-")), actions(sub))
+            for name, sub in subs.items()]
+
+
+def test_pages_name_only_the_options_the_commands_have_with_their_defaults():
+    """The other way from test_each_command_page_answers_what_its_help_answers: an option in a
+    page's SYNOPSIS or option list is one its command (mmleak.py: that subcommand) has; each
+    mmleak.py subcommand's SYNOPSIS line names every option it has; and an option's
+    definition says the default its --help says (a number)."""
+    for script, parser, page in parsers():
+        text = read(page)
+        for sub, synopsis, defs, acts in page_parts(script, parser, text):
+            literals = " ".join(re.findall(r"``([^`]*)``", " ".join(synopsis)))
+            named = set(re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", literals))
+            extra = sorted((named | set(defs)) - set(acts) - {"-h", "--help", "--version"})
+            assert not extra, "%s: %s %s: not options of the command: %s" % (
+                page, script, sub, extra)
+            if script == "mmleak.py":
+                assert len(synopsis) == 1, (page, sub, synopsis)
+                missing = sorted(o for o, a in acts.items()
+                                 if not set(a.option_strings) & named)
+                assert not missing, "%s: SYNOPSIS of %s: missing %s" % (page, sub, missing)
+            for opt, a in acts.items():
+                if opt != a.option_strings[-1] or opt not in defs:
+                    continue
+                if re.search(r"\bas ``\w+``'s\b", defs[opt]):
+                    continue                    # "as report's": said once, there
+                if isinstance(a.default, (int, float)) and not isinstance(a.default, bool):
+                    want = "%g" % a.default
+                else:
+                    m = re.search(r"\bdefault:? (\d+)\b", a.help or "")
+                    if not m:
+                        continue
+                    want = m.group(1)
+                assert re.search(r"\bdefault:? (?:``)?%s\b" % re.escape(want), defs[opt]), \
+                    "%s: %s %s %s: --help's default is %s: %s" % (page, script, sub, opt,
+                                                                 want, defs[opt])

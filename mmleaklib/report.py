@@ -106,7 +106,8 @@ def choose_trace(directory, pid=None, trace=None):
         return newest, traces[newest]
     with_files = {k: v for k, v in traces.items() if v}
     if not with_files:
-        raise Fail("no mmleak dump files in %s" % directory)
+        raise Fail("no mmleak dump files in %s (a traced program writes them where "
+                   "`run -d DIR` or MMLEAK_DIR says, /tmp by default)" % directory)
     if len(with_files) > 1:
         # In a shared directory anybody can make a trace that looks newer than yours (file
         # times are theirs to set): the newest of your own, if you have any there
@@ -534,6 +535,8 @@ def print_top_sites(rep, out, top=10):
     sites = site_table(rep)
     if not sites:
         out.write("  no block matches the filter\n" if rep["filter"] else
+                  "  no events in these dump files: nothing was traced (a dump file starts "
+                  "with a '#mmleak' line)\n" if not rep["events"] else
                   "  no leaks: every block allocated while tracing was freed or suppressed\n"
                   if rep.get("suppressed") else
                   "  no leaks: every block allocated while tracing was freed\n")

@@ -175,7 +175,34 @@ def test_run_without_command_is_a_usage_error():
 def test_report_on_empty_dir(tmp_path):
     r = subprocess.run(MMLEAK_PY + ["report", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 2
-    assert r.stderr == "mmleak.py: no mmleak dump files in %s\n" % tmp_path
+    assert r.stderr == ("mmleak.py: no mmleak dump files in %s (a traced program writes them "
+                        "where `run -d DIR` or MMLEAK_DIR says, /tmp by default)\n" % tmp_path)
+
+
+def test_first_errors_say_what_to_do(tmp_path):
+    """What a newcomer meets first: a dump directory that does not exist (compact said "not
+    a directory"), a dump file with no event, or a file that is not a dump at a dump file's
+    name (report said "no leaks: every block ... was freed")."""
+    r = subprocess.run(MMLEAK_PY + ["compact", str(tmp_path / "none")], capture_output=True,
+                       text=True)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        2, "", "mmleak.py: %s: no such directory (the dump directory: `run -d DIR`, "
+               "MMLEAK_DIR)\n" % (tmp_path / "none"))
+    (tmp_path / "file").write_text("x")
+    r = subprocess.run(MMLEAK_PY + ["compact", str(tmp_path / "file")], capture_output=True,
+                       text=True)
+    assert (r.returncode, r.stderr) == (2, "mmleak.py: %s/file: not a directory\n" % tmp_path)
+    said = "  no events in these dump files: nothing was traced (a dump file starts with a " \
+           "'#mmleak' line)\n"
+    for name, text, status in (("empty", "", 0), ("foreign", "root:x:0:0\nbin:x:1:1\n", 3)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "mmleak.4242.0.out").write_text(text)
+        r = subprocess.run(MMLEAK_PY + ["report", str(d), "--no-html"], capture_output=True,
+                           text=True)
+        assert r.returncode == status, r.stderr
+        assert r.stdout.endswith(said), r.stdout
+        assert "no leaks" not in r.stdout
 
 
 def test_shrink_a_running_process(bins, dump):

@@ -1,9 +1,20 @@
-/* A thread parked inside dl_iterate_phdr's callback (the loader's lock held) while main forks;
- * the child allocates and exits.  Prints "child ok" from the child and its status, or "child
- * hung" (status 3) when it has not ended within 5 s.  Untraced the child never calls
- * dl_iterate_phdr; traced, mmleak.so's first maps check in the child did, and the lock that
- * fork copied held waited forever (test_tracer.py, test_fork_while_the_loader_lock_is_held). */
+/* A thread parked inside dl_iterate_phdr (the loader's write lock held) while main forks; the
+ * child allocates, leaks and ends.  fork_phdr [prog|own|none] [exit|_exit] [LIB]:
+ *   prog  the thread is the program's, parked in its own dl_iterate_phdr callback;
+ *   own   the thread is parked inside mmleak.so's own dl_iterate_phdr, the check of the loaded
+ *         objects at its first allocation, by tests/phdr_park.c (preloaded after mmleak.so);
+ *   none  the thread is parked on a pipe, outside the loader: the lock is free at the fork;
+ *   exit  the child ends with exit() (the scan at exit runs), _exit: with _exit();
+ *   LIB   a library (tests/dl_lib.c) the parent loads first, or with none the child (it
+ *         can: nothing holds the lock); the child leaks through it too.
+ * The child leaks 48 bytes in main (its "site" mark) and 77 through LIB's dl_leak, prints
+ * "child PID ok"; the parent prints "child status N" (its exit status), or "child hung"
+ * (status 3) when it has not ended within 5 s.  Untraced the child never calls
+ * dl_iterate_phdr; traced, mmleak.so's check of the loaded objects in the child did, and the
+ * lock that fork copied held waited forever (test_tracer.py,
+ * test_fork_while_the_loader_lock_is_held). */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -25,28 +36,64 @@ static int cb(struct dl_phdr_info *i, size_t n, void *d)
 
 static void *parked(void *a)
 {
-    (void)a;
-    dl_iterate_phdr(cb, NULL);
+    void *volatile q = malloc(20);  /* a thread mmleak.so has seen */
+    free(q);
+    if (a)
+        cb(NULL, 0, NULL);          /* none: outside the loader */
+    else
+        dl_iterate_phdr(cb, NULL);
     return NULL;
 }
 
-int main(void)
+/* this thread's first allocation: mmleak.so opens its files and checks the loaded objects,
+ * where phdr_park.c parks it */
+static void *own_parked(void *a)
 {
-    if (pipe(in_cb) || pipe(go_on))
+    void (*arm)(int, int, int) = (void (*)(int, int, int))a;
+    arm(gettid(), in_cb[1], go_on[0]);
+    void *volatile p = malloc(33);
+    free(p);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    int own = argc > 1 && !strcmp(argv[1], "own"), none = argc > 1 && !strcmp(argv[1], "none");
+    int use_exit = argc > 2 && !strcmp(argv[2], "exit");
+    const char *lib = argc > 3 ? argv[3] : NULL;
+    void *(*dl_leak)(size_t) = NULL;
+    if (lib && !none) {
+        void *h = dlopen(lib, RTLD_NOW);
+        if (!h || !(dl_leak = (void *(*)(size_t))dlsym(h, "dl_leak")))
+            return 1;
+    }
+    void *arm = own ? dlsym(RTLD_DEFAULT, "phdr_park_arm") : NULL;
+    if (pipe(in_cb) || pipe(go_on) || (own && !arm))
         return 1;
     pthread_t t;
-    pthread_create(&t, NULL, parked, NULL);
+    pthread_create(&t, NULL, own ? own_parked : parked, own ? arm : none ? "none" : NULL);
     char c;
     if (read(in_cb[0], &c, 1) != 1)
         return 1;
     pid_t p = fork();
     if (p == 0) {
-        for (int i = 0; i < 100000; i++)
-            free(malloc(100 + i % 1000));
-        void *keep = malloc(48);
+        if (lib && none) {
+            void *h = dlopen(lib, RTLD_NOW);
+            if (!h || !(dl_leak = (void *(*)(size_t))dlsym(h, "dl_leak")))
+                _exit(1);
+        }
+        for (int i = 0; i < 100000; i++) {
+            void *volatile q = malloc(100 + i % 1000);
+            free(q);
+        }
+        void *volatile keep = malloc(48);   /* site:child */
+        if (dl_leak)
+            keep = dl_leak(77);
         (void)keep;
-        printf("child ok\n");
+        printf("child %d ok\n", (int)getpid());
         fflush(stdout);
+        if (use_exit)
+            exit(0);
         _exit(0);
     }
     int st = 0;

@@ -211,7 +211,7 @@ EXPORT int mmleak_attach(const char *args)
     pthread_mutex_unlock(&g_lock);
     mml_got_switch(1);
     unsigned long long c[2] = { 0, 0 };
-    dl_iterate_phdr(phdr_counts, c);
+    mml_each_object(phdr_counts, c);
     g_got_adds = c[0];
     return 0;
 }

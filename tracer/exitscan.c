@@ -90,7 +90,7 @@ static int find_self(struct dl_phdr_info *info, size_t size, void *data)
 static int scanner_path(char *buf, size_t cap)
 {
     const char *self = NULL;
-    dl_iterate_phdr(find_self, &self);
+    mml_each_object(find_self, &self);
     if (!self || self[0] != '/')
         return -1;
     const char *slash = strrchr(self, '/');

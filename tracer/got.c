@@ -227,7 +227,7 @@ int mml_got_switch(int traced)
 {
     pthread_mutex_lock(&G.lock);
     struct scan_ctx ctx = { 0 };
-    dl_iterate_phdr(scan_object, &ctx);
+    mml_each_object(scan_object, &ctx);
     G.traced = traced;
     apply_locked(traced, 0);
     size_t n = G.n;
@@ -240,7 +240,7 @@ int mml_got_new_objects(void)
     pthread_mutex_lock(&G.lock);
     struct scan_ctx ctx = { 0 };
     size_t from = G.n;
-    dl_iterate_phdr(scan_object, &ctx);
+    mml_each_object(scan_object, &ctx);
     apply_locked(G.traced, from);
     pthread_mutex_unlock(&G.lock);
     return ctx.added;
@@ -307,6 +307,6 @@ static int find_def(struct dl_phdr_info *info, size_t size, void *data)
 void *mml_find_definition(const char *name)
 {
     struct def_ctx c = { name, NULL };
-    dl_iterate_phdr(find_def, &c);
+    mml_each_object(find_def, &c);
     return c.found;
 }

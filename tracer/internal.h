@@ -16,7 +16,7 @@
  *   say.c          messages on stderr, and text without stdio
  *   mem.c          mmleak's own memory (mmap only)
  *   dumpdir.c      the dump directory: safe opens, file system uid, set*uid, chroot
- *   maps.c         mmleak.ID.maps and mmleak.ID.loads
+ *   maps.c         mmleak.ID.maps and mmleak.ID.loads; the loaded objects (mml_each_object)
  *   threadfile.c   a thread's staging halves and dump files, holding, dropping, late lines
  *   stacks.c       capture, stack ids, and the general (non-fast) recording of an event
  *   lifecycle.c    process-wide state, start, fork, thread exit, _exit/exec, the constructor
@@ -386,6 +386,11 @@ extern struct fid g_loads_id, g_maps_id;    /* made by reserve_id (.maps: its la
 extern int g_loads_used;                     /* a line was written to it */
 extern unsigned long long g_got_adds;   /* loader's count of loads when slots were last set */
 int phdr_counts(struct dl_phdr_info *info, size_t size, void *data);
+extern int g_loader_stuck;  /* a child forked while the loader's write lock was held */
+/* dl_iterate_phdr, also in such a child (without the lock: nothing can change the list) */
+COLD int mml_each_object(int (*cb)(struct dl_phdr_info *, size_t, void *), void *data);
+/* fork_child: was the loader's write lock held at the fork? */
+void loader_after_fork(int parent_had_threads);
 /* A new trace: every mapping goes into its log of loads again; then a snapshot, written
  * through CLAIM (the empty .maps reserve_id made: closed here), or -1. */
 void maps_start_locked(const unsigned long long c[2], int claim);

@@ -244,7 +244,7 @@ COLD void global_init(void)
     if (!real.malloc)
         resolve();
     unsigned long long loaded[2] = { 0, 0 };
-    dl_iterate_phdr(phdr_counts, loaded);
+    mml_each_object(phdr_counts, loaded);
     pthread_mutex_lock(&g_lock);
     if (!g_once_done) {
         g_once_done = 1;
@@ -329,11 +329,14 @@ void fork_child(void)
     g_ending = 0;       /* (nor the one that was ending the process) */
     mml_sites_after_fork();
     mml_unwind_fork_child();
-    int saved = errno;
+    int saved = errno, others = 0;
     T.guard++;
     for (size_t i = 0; i < R.n; i++)
-        if (R.a[i].state != SLOT_FREE && (int)i + 1 != T.slot && R.a[i].stage)
+        if (R.a[i].state != SLOT_FREE && (int)i + 1 != T.slot && R.a[i].stage) {
             mml_unmap(R.a[i].stage, 2 * R.a[i].half_size); /* those threads are not in the child */
+            others = 1;
+        }
+    loader_after_fork(others);  /* before any check of the loaded objects */
     R.n = 0;
     T.slot = 0;
     sset_clear(&T);

@@ -97,7 +97,7 @@ COLD void read_default_suppressions(void)
     ElfW(Addr) base = 0, at = 0;
     if (!memcmp(eh->e_ident, ELFMAG, SELFMAG) && eh->e_ident[EI_CLASS] == ELFCLASS64 &&
         (eh->e_type == ET_DYN || eh->e_type == ET_EXEC)) {
-        dl_iterate_phdr(first_object, &base);
+        mml_each_object(first_object, &base);
         if (eh->e_type == ET_EXEC)
             base = 0;
         if (base + eh->e_entry == getauxval(AT_ENTRY))

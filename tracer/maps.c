@@ -12,7 +12,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -133,6 +135,181 @@ static int loads_log_locked(void)
     if (fd >= 0)
         close(fd);
     return 0;
+}
+
+/* ---- the loader's list of objects, also in a child forked while the loader's lock was held ----
+ * dl_iterate_phdr takes the loader's write lock (dl_load_write_lock, in ld.so's data).  fork
+ * copies it held when another thread was inside dl_iterate_phdr (the program's callback, an
+ * unwinder's, ours), and glibc's fork resets only the other loader lock (dl_load_lock) in the
+ * child.  Measured on glibc 2.36, in such a child: dl_iterate_phdr, dlopen of an object not
+ * loaded yet and a dlclose that unloads one wait forever; dladdr, dladdr1, dlsym, dlinfo,
+ * dlopen of a loaded object, a dlclose that does not unload and _dl_find_object do not.  So
+ * there the list of objects can never change again (whatever would change it waits for the
+ * lock too), and mmleak.so reads it without the lock: the loader's own list, each object's
+ * program headers from its ELF header as mapped (tests/test_tracer.py compares nothing of
+ * it: the child's trace names the right sites, and its scan at exit runs).  The counters
+ * such a walk gives are 0, the same at every check: after the child's first snapshot (the
+ * start of its trace, /proc/self/maps as it is then) no check reads the maps again, and none
+ * needs to.  The lock is found once per process, in the first call (start-up: about 11,000
+ * instructions, once): the recursive mutex of ld.so's writable data that the calling thread
+ * owns inside its callback and that a nested call takes once more (wl_scan).  Its layout is
+ * glibc's public one (struct __pthread_mutex_s: __lock, __count, __owner, __kind). */
+static pthread_mutex_t *g_wlock;    /* the loader's write lock; NULL: not found (see below) */
+static int g_wlock_tried;
+int g_loader_stuck;                 /* a child forked with that lock held: never take it */
+
+/* The program headers of the object mapped at START (its ELF header, at the start of its
+ * first segment), or NULL */
+static const ElfW(Phdr) *mapped_phdrs(const void *start, int *n)
+{
+    const ElfW(Ehdr) *eh = start;
+    if (!eh || memcmp(eh->e_ident, ELFMAG, SELFMAG) || eh->e_ident[EI_CLASS] != ELFCLASS64 ||
+        eh->e_phentsize != sizeof(ElfW(Phdr)) ||
+        eh->e_phoff + (size_t)eh->e_phnum * sizeof(ElfW(Phdr)) > 4096)
+        return NULL;    /* (the first page is mapped: nothing past it is read) */
+    *n = eh->e_phnum;
+    return (const ElfW(Phdr) *)((const char *)start + eh->e_phoff);
+}
+
+/* Candidates: the recursive mutexes of ld.so's writable data the calling thread owns, with
+ * their counts.  Inside our callback the write lock is one of them; a nested call takes it
+ * once more, and no other (dl_load_lock is held too when we run inside a dlopen). */
+struct wl_find { pthread_mutex_t *m[4]; unsigned count[4]; int n, hits, hit; };
+
+static void wl_scan(struct wl_find *w, int nested)
+{
+    struct dl_find_object fo;
+    int n = 0;
+    const ElfW(Phdr) *ph;
+    void *ldso = (void *)getauxval(AT_BASE);   /* 0: ld.so run as the program */
+    if (!ldso || _dl_find_object(ldso, &fo) || !fo.dlfo_link_map ||
+        !(ph = mapped_phdrs(fo.dlfo_map_start, &n)))
+        return;
+    int tid = (int)mml_sys(SYS_gettid);
+    if (nested) {
+        for (int i = 0; i < w->n; i++)
+            if (w->m[i]->__data.__owner == tid && w->m[i]->__data.__count == w->count[i] + 1) {
+                w->hit = i;
+                w->hits++;
+            }
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        if (ph[i].p_type != PT_LOAD || !(ph[i].p_flags & PF_W))
+            continue;
+        uintptr_t lo = (fo.dlfo_link_map->l_addr + ph[i].p_vaddr + 7) & ~(uintptr_t)7,
+                  hi = fo.dlfo_link_map->l_addr + ph[i].p_vaddr + ph[i].p_memsz;
+        for (uintptr_t a = lo; a + sizeof(pthread_mutex_t) <= hi; a += 8) {
+            pthread_mutex_t *m = (pthread_mutex_t *)a;
+            if (m->__data.__owner == tid && m->__data.__lock && m->__data.__count &&
+                m->__data.__kind == PTHREAD_MUTEX_RECURSIVE_NP) {
+                if (w->n == 4) {
+                    w->n = 0;   /* not what we expect: give up */
+                    return;
+                }
+                w->count[w->n] = m->__data.__count;
+                w->m[w->n++] = m;
+            }
+        }
+    }
+}
+
+static int wl_nested(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)info;
+    (void)size;
+    wl_scan(data, 1);
+    return 1;
+}
+
+struct wl_call {
+    struct wl_find w;
+    int (*cb)(struct dl_phdr_info *, size_t, void *);   /* the caller's, with its data */
+    void *data;
+    int first;
+};
+
+static int wl_outer(struct dl_phdr_info *info, size_t size, void *data)
+{
+    struct wl_call *c = data;
+    if (c->first) {
+        c->first = 0;
+        wl_scan(&c->w, 0);
+        if (c->w.n)
+            dl_iterate_phdr(wl_nested, &c->w);
+    }
+    return c->cb(info, size, c->data);
+}
+
+/* In a child forked with the lock held: the loader's list, read without it (see above).
+ * The list of our own namespace (the program's), from our own entry in it; objects loaded
+ * with dlmopen into other namespaces are not in it. */
+static int walk_stuck(int (*cb)(struct dl_phdr_info *, size_t, void *), void *data)
+{
+    int r = 0;
+    struct dl_find_object self;
+    if (_dl_find_object((void *)walk_stuck, &self) || !self.dlfo_link_map)
+        return 0;
+    struct link_map *head = self.dlfo_link_map;
+    while (head->l_prev)
+        head = head->l_prev;
+    for (struct link_map *l = head; l && !r; l = l->l_next) {
+        struct dl_find_object fo;
+        struct dl_phdr_info info;
+        int n = 0;
+        memset(&info, 0, sizeof info);
+        if (!l->l_ld || _dl_find_object(l->l_ld, &fo) ||
+            !(info.dlpi_phdr = mapped_phdrs(fo.dlfo_map_start, &n)))
+            continue;
+        info.dlpi_addr = l->l_addr;
+        info.dlpi_name = l->l_name;
+        info.dlpi_phnum = (ElfW(Half))n;
+        r = cb(&info, sizeof info, data);
+    }
+    return r;
+}
+
+/* dl_iterate_phdr for mmleak.so's every use: the first call of a process finds the loader's
+ * lock; in a child forked while it was held, the list is walked without it. */
+COLD int mml_each_object(int (*cb)(struct dl_phdr_info *, size_t, void *), void *data)
+{
+    if (g_loader_stuck)
+        return walk_stuck(cb, data);
+    if (__atomic_load_n(&g_wlock_tried, __ATOMIC_RELAXED) ||
+        __atomic_exchange_n(&g_wlock_tried, 1, __ATOMIC_RELAXED))
+        return dl_iterate_phdr(cb, data);
+    struct wl_call c;
+    memset(&c, 0, sizeof c);
+    c.cb = cb;
+    c.data = data;
+    c.first = 1;
+    int r = dl_iterate_phdr(wl_outer, &c);
+    /* and released as it returns (still ours, once less, when the first call is made
+     * from inside a callback of the program's) */
+    if (c.w.hits == 1) {
+        pthread_mutex_t *m = c.w.m[c.w.hit];
+        unsigned k = c.w.count[c.w.hit];
+        if (k == 1 ? m->__data.__owner != (int)mml_sys(SYS_gettid) : m->__data.__count == k - 1)
+            __atomic_store_n(&g_wlock, m, __ATOMIC_RELEASE);
+    }
+    return r;
+}
+
+/* In the child of fork (one thread): is the loader's write lock held by a thread that is
+ * not here (or by the parent's thread that forked from inside a callback, under another
+ * thread id now)?  Then nobody can ever take it.  When the lock could not be found (a C
+ * library laid out otherwise), a child of a parent with other threads is taken to be stuck:
+ * a dlopen of the child's own would then be missed by the maps file (its frames left
+ * unresolved), where a wrong guess the other way hangs the child. */
+void loader_after_fork(int parent_had_threads)
+{
+    pthread_mutex_t *m = __atomic_load_n(&g_wlock, __ATOMIC_ACQUIRE);
+    if (g_loader_stuck)
+        return;         /* the parent's list could not change: neither can ours */
+    if (m)
+        g_loader_stuck = m->__data.__lock != 0 || m->__data.__owner != 0;
+    else
+        g_loader_stuck = parent_had_threads;
 }
 
 int phdr_counts(struct dl_phdr_info *info, size_t size, void *data)
@@ -285,7 +462,7 @@ unsigned long long g_got_adds;   /* loader's count of loads when slots were last
 COLD void maps_snapshot(int force)
 {
     unsigned long long c[2] = { 0, 0 };
-    dl_iterate_phdr(phdr_counts, c);
+    mml_each_object(phdr_counts, c);
     pthread_mutex_lock(&g_lock);
     maps_snapshot_locked(force, c, NULL);
     int patch = g_attached && g_state == 1 && c[0] != g_got_adds;

@@ -483,7 +483,7 @@ COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone
     memcpy(h.lone, lone, sizeof h.lone);
     g_layout.ok = 0;
     kept = 0;
-    dl_iterate_phdr(layout_of_object, NULL);
+    mml_each_object(layout_of_object, NULL);
     char *stack = mml_map(STACK);
     if (!stack)
         return -2;

@@ -173,17 +173,14 @@ static inline uint64_t memo_tag1(uint64_t tag0, uintptr_t bp)
  * function (X Y Y X against Y X X Y) makes exactly that: the memo then gave the second walk
  * the first one's stack (tests/stack_collide.c).  The products do not wait for each other:
  * the chain is still one addition a word. */
-static const uint64_t memo_w[MEMO_HASHED] = {
-    0x97b1165f0971b7c5ull, 0xd13c513a42f8eda1ull, 0x8a8318174d645fa7ull,
-    0x25abd89bd67e4d93ull, 0x48a7c8252abc5619ull, 0x3cbb7daa64c184fbull,
-    0xf15ce760f3e452f3ull, 0xeca9bad1449e78e5ull, 0xcbc16f01162794bfull,
-    0x76e9c8092966493dull, 0xf4d6d23508bd9d97ull, 0x29ec148cead50263ull,
-    0x343a2c9fbed3e91dull, 0x959575fe0a734d03ull, 0xbdcdc219fe72c33bull,
-    0x7d791a3ca63cf5f9ull, 0xb79db4df2694e1f7ull, 0xcc9ff851b6ab9f1bull,
-    0x0727d4dad921bf95ull, 0x72488b810dfafe39ull, 0xef4d6ee6dda4dd1full,
-    0xe14c1d7e84488709ull, 0xbc2c8e3e93afd955ull, 0xf9fc2f72a562d07dull,
-    0x8b9b7cefad989a71ull, 0x4630de19bf77d38dull, 0xb25a55f4796ce0e9ull,
-    0x86ad910108d213b7ull,
+static const int64_t memo_w[MEMO_HASHED] = {
+    -0x4e7c0219,  0x5593a225,  0x43b09f57, -0x68b8f3c5,
+    -0x7a0788cd,  0x733a6d5d,  0x61a5062b, -0x7546d8a3,
+     0x479183dd,  0x4269bd2f,  0x76ab934f, -0x7e053639,
+    -0x4a66c75f, -0x5fdbb135, -0x5382e9ef, -0x526c970d,
+     0x730a0a43, -0x6a9d257b,  0x48e8ded7, -0x579b7ea7,
+    -0x6182e1e3,  0x46df2121,  0x685c95b5, -0x79e4933f,
+    -0x4e74f33f, -0x60926acd, -0x4ab7803f, -0x5fba015b,
 };
 static inline uint64_t memo_sum(unsigned n, uint64_t a)
 {

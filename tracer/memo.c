@@ -172,7 +172,19 @@ static inline uint64_t memo_tag1(uint64_t tag0, uintptr_t bp)
  * four consecutive places, whatever d, and a recursion through two call sites of one
  * function (X Y Y X against Y X X Y) makes exactly that: the memo then gave the second walk
  * the first one's stack (tests/stack_collide.c).  The products do not wait for each other:
- * the chain is still one addition a word. */
+ * the chain is still one addition a word.
+ *
+ * The weights have 31 bits and a sign (between 2^30 and 2^31 in magnitude, sign-extended to
+ * 64), so that the multiplication takes its weight as an immediate: one instruction with the
+ * word's load (imul $w, (sp,o,8), r), where a 64-bit weight needed a movabs first, four
+ * instructions a word instead of five (bench/stacks_bench: 14.7 fewer per event,
+ * docs/performance.rst, the twelfth pass).  The sum is still taken mod 2^64 over whole
+ * words: one word changed never keeps it (odd weights); two words swapped keep it only if
+ * their difference times the difference of their weights, which has at most 13 trailing
+ * zero bits here, is 0 mod 2^64; what small weights add is that a few words' differences can
+ * cancel over the integers too, which takes differences that are exact multiples of other
+ * weights, 2^30 or more apart: not a shape that return addresses and frames of one program
+ * take (tests/memo_check.c and tests/stack_collide.c check the shapes they do). */
 static const int64_t memo_w[MEMO_HASHED] = {
     -0x4e7c0219,  0x5593a225,  0x43b09f57, -0x68b8f3c5,
     -0x7a0788cd,  0x733a6d5d,  0x61a5062b, -0x7546d8a3,

@@ -35,7 +35,9 @@
 #define MEMO_WAYS 4
 #define MEMO_DELTAS 30
 #define MEMO_HASHED 28      /* words hashed: the walk's n (at most 28, a multiple of 4), then
-                               copies of the last */
+                               copies of the last (MEMO_SHORT of them for a short walk) */
+#define MEMO_SHORT 8        /* a walk of at most this many words hashes this many (short
+                               stacks: a wrapper's callers), not MEMO_HASHED; see memo_len */
 #define MEMO_ESC (-128)     /* in delta[]: the step does not fit a byte, two bytes follow */
 #define MEMO_F_BP 1         /* flags: the walk used the start's bp (the tag holds it) */
 #define MEMO_F_ESC 2        /* delta[] holds an escape (a step of 128 words or more) */
@@ -199,6 +201,17 @@ static inline uint64_t memo_sum(unsigned n, uint64_t a)
     return (uint64_t)n + a;
 }
 
+/* The words hashed for a record of n words (padded with copies of the last): MEMO_SHORT for
+ * a short walk, else MEMO_HASHED.  Two lengths, one branch on n in the check: bench/sites_bench
+ * (8 words) 37 instructions and about 6 ns per event less; bench/stacks_bench, whose walks
+ * all have 12 words or more (the branch always the same way), 4.7 instructions more and no
+ * time lost.  A boundary of 16 put stacks_bench's walks on both sides of it, at random:
+ * +0.21 mispredicted branches per event, no gain (docs/performance.rst, the twelfth pass). */
+static inline unsigned memo_len(unsigned n)
+{
+    return n > MEMO_SHORT ? MEMO_HASHED : MEMO_SHORT;
+}
+
 unsigned mml_memo_gen(void)
 {
     return atomic_load_explicit(&g_memo_gen, memory_order_acquire);
@@ -212,8 +225,8 @@ unsigned mml_memo_gen(void)
  * copied first, its sequence number checked before and after: the copy is then one whole
  * record as memo_put wrote it, whose offsets all lie in [0, top], so one bounds check against
  * this thread's stack covers every word read.  Its words are a multiple of 4 (memo_put pads
- * them with copies of the last, and hashes MEMO_HASHED of them: the check of a record without
- * escapes reads that many, whatever n). */
+ * them with copies of the last, and hashes memo_len(n) of them: the check of a record without
+ * escapes reads that many). */
 static inline __attribute__((always_inline)) int
 memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp, uint64_t *value,
            int *nframes, struct mml_trail *words, struct mml_memo_hit *hit)
@@ -243,18 +256,26 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
     uint64_t a = 0;
     long o = 0;
     if (likely(!(flags & (MEMO_F_ESC | MEMO_F_REDIR))) && !words) {
-        /* one byte per step, no escape to decode: always MEMO_HASHED words, the steps
-         * after the n-th being 0 (copies of the last word), so no branch on n to mispredict
-         * (the exit of a loop of n steps was, about one lookup in two on bench/stacks_bench) */
+        /* one byte per step, no escape to decode: MEMO_SHORT or MEMO_HASHED words, the
+         * steps after the n-th being 0 (copies of the last word), so one branch on n, not a
+         * loop of n steps (its exit was mispredicted about one lookup in two on
+         * bench/stacks_bench) */
         int8_t db[32] __attribute__((aligned(16)));
         __builtin_memcpy(db, d.b, sizeof db);
         /* the steps read back one byte each from memory (one load that sign-extends), not
          * shifted out of the record's words in registers (three instructions more a step) */
         __asm__("" : "+m"(db));
-#pragma GCC unroll 28
-        for (unsigned i = 0; i < MEMO_HASHED; i++) {
+#pragma GCC unroll 8
+        for (unsigned i = 0; i < MEMO_SHORT; i++) {
             o += db[i];
             a += w[o] * memo_w[i];
+        }
+        if (n > MEMO_SHORT) {
+#pragma GCC unroll 20
+            for (unsigned i = MEMO_SHORT; i < MEMO_HASHED; i++) {
+                o += db[i];
+                a += w[o] * memo_w[i];
+            }
         }
     } else if (flags & MEMO_F_REDIR) {
         return 2;
@@ -276,10 +297,10 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
             words->val[i] = v;
         }
         if (i + 1 == n)         /* the hash goes on with copies of the last word */
-            for (unsigned k = n; k < MEMO_HASHED; k++)
+            for (unsigned k = n; k < memo_len(n); k++)
                 a += v * memo_w[k];
     }
-    if (memo_sum(MEMO_HASHED, a) != vh)
+    if (memo_sum(memo_len(n), a) != vh)
         return 0;
     *value = val;
     *nframes = (int)nf;
@@ -436,11 +457,11 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
     }
     d.b[30] = (int8_t)(uint8_t)(top & 0xff);
     d.b[31] = (int8_t)(uint8_t)(top >> 8);
-    /* the hash: MEMO_HASHED words, the last one repeated (what memo_check reads: the steps
+    /* the hash: memo_len(n) words, the last one repeated (what memo_check reads: the steps
      * after the n-th are 0) */
-    for (int i = n; i < MEMO_HASHED; i++)
+    for (int i = n; i < (int)memo_len((unsigned)n); i++)
         a += last * memo_w[i];
-    uint64_t h = memo_sum(MEMO_HASHED, a);
+    uint64_t h = memo_sum(memo_len((unsigned)n), a);
     uint64_t tag = memo_tag0(s, salt, gen);
     if (use_bp)
         tag = memo_tag1(tag, s->bp);

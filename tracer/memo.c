@@ -203,8 +203,8 @@ static inline uint64_t memo_sum(unsigned n, uint64_t a)
 
 /* The words hashed for a record of n words (padded with copies of the last): MEMO_SHORT for
  * a short walk, else MEMO_HASHED.  Two lengths, one branch on n in the check: bench/sites_bench
- * (8 words) 37 instructions and about 6 ns per event less; bench/stacks_bench, whose walks
- * all have 12 words or more (the branch always the same way), 4.7 instructions more and no
+ * (8 words) 38 instructions and about 6 ns per event less; bench/stacks_bench, whose walks
+ * all have 12 words or more (the branch always the same way), 3 instructions more and no
  * time lost.  A boundary of 16 put stacks_bench's walks on both sides of it, at random:
  * +0.21 mispredicted branches per event, no gain (docs/performance.rst, the twelfth pass). */
 static inline unsigned memo_len(unsigned n)
@@ -300,7 +300,7 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
             for (unsigned k = n; k < memo_len(n); k++)
                 a += v * memo_w[k];
     }
-    if (memo_sum(memo_len(n), a) != vh)
+    if (memo_sum(MEMO_HASHED, a) != vh)
         return 0;
     *value = val;
     *nframes = (int)nf;
@@ -461,7 +461,8 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
      * after the n-th are 0) */
     for (int i = n; i < (int)memo_len((unsigned)n); i++)
         a += last * memo_w[i];
-    uint64_t h = memo_sum(memo_len((unsigned)n), a);
+    /* the same constant added for both lengths (the record's n tells them apart) */
+    uint64_t h = memo_sum(MEMO_HASHED, a);
     uint64_t tag = memo_tag0(s, salt, gen);
     if (use_bp)
         tag = memo_tag1(tag, s->bp);

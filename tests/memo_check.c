@@ -1,11 +1,13 @@
 /* tests/test_unwind.py: the memo's check (tracer/memo.c) against the walk it remembers,
  * linked with tracer/unwind.c and tracer/memo.c directly.  A walk from a frame 16 calls deep
  * is kept with mml_memo_put (the first frames whose words fit a record), then looked up with
- * mml_memo_get both ways: for a stamp (the check without the words, which hashes all of a
- * record's words without a branch) and with the words (the general check).  Each must hit
- * with the value kept; then each word the walk read, changed in turn, and each pair of
+ * mml_memo_get both ways: for a stamp (the check without the words, which hashes a record's
+ * words with one branch, on their number) and with the words (the general check).  Each must
+ * hit with the value kept; then each word the walk read, changed in turn, and each pair of
  * different words swapped, must make both miss, and both hit again once the stack is
- * restored.  Prints "words N", "checks N" and "ok", or "FAIL ..." and exits 1. */
+ * restored.  The same for the walk's first frames of at most 8 words, under another salt (a
+ * short walk: the check hashes fewer words).  Prints "words N", "short N", "checks N" and
+ * "ok", or "FAIL ..." and exits 1. */
 #define _GNU_SOURCE
 #include "../tracer/unwind.h"
 
@@ -19,14 +21,14 @@
 static int checks;
 
 /* both lookups: 1 if both hit with VALUE and nf frames, 0 if both miss; else it fails */
-static int both(const struct mml_start *s, int nf, const char *what)
+static int both(const struct mml_start *s, unsigned salt, int nf, const char *what)
 {
     uint64_t v1 = 0, v2 = 0;
     int f1 = 0, f2 = 0;
     struct mml_memo_hit hit;
     static struct mml_trail words;
-    int a = mml_memo_get(s, SALT, &v1, &f1, NULL, &hit);
-    int b = mml_memo_get(s, SALT, &v2, &f2, &words, NULL);
+    int a = mml_memo_get(s, salt, &v1, &f1, NULL, &hit);
+    int b = mml_memo_get(s, salt, &v2, &f2, &words, NULL);
     checks++;
     if (a != b || (a && (v1 != VALUE || v2 != VALUE || f1 != nf || f2 != nf))) {
         printf("FAIL %s: stamp check %d (value %llx, %d frames), words check %d (%llx, %d)\n",
@@ -35,6 +37,9 @@ static int both(const struct mml_start *s, int nf, const char *what)
     }
     return a;
 }
+
+static int check_walk(const struct mml_start *sp, unsigned gen, const struct mml_trail *tr,
+                      int nf, unsigned salt);
 
 static NOINLINE int probe(void)
 {
@@ -58,42 +63,60 @@ static NOINLINE int probe(void)
                nf ? tr.upto[nf] : 0);
         exit(1);
     }
-    int n = tr.upto[nf];
-    printf("words %d\n", n);
-    mml_memo_put(&s, SALT, gen, &tr, nf, VALUE);
-    if (!both(&s, nf, "kept"))
-        return printf("FAIL kept: both miss\n"), 1;
+    printf("words %d\n", tr.upto[nf]);
+    if (check_walk(&s, gen, &tr, nf, SALT))
+        return 1;
+    /* the first frames of at most 8 words */
+    int ns = 0;
+    for (int k = 1; k < nf; k++)
+        if (tr.upto[k] <= 8)
+            ns = k;
+    if (ns < 1 || tr.upto[ns] < 2)
+        return printf("FAIL walk: no first frames of 2 to 8 words\n"), 1;
+    printf("short %d\n", tr.upto[ns]);
+    return check_walk(&s, gen, &tr, ns, SALT + 1);
+}
+
+/* Keep the first nf frames of walk tr from s under salt, and check them as above. */
+static int check_walk(const struct mml_start *sp, unsigned gen, const struct mml_trail *tr,
+                      int nf, unsigned salt)
+{
+    struct mml_start s = *sp;
+    int n = tr->upto[nf];
+    mml_memo_put(&s, salt, gen, tr, nf, VALUE);
+    if (!both(&s, salt, nf, "kept"))
+        return printf("FAIL kept (%d words): both miss\n", n), 1;
     for (int i = 0; i < n; i++) {
-        uintptr_t *p = (uintptr_t *)(s.sp + 8 * (uintptr_t)tr.off[i]);
+        uintptr_t *p = (uintptr_t *)(s.sp + 8 * (uintptr_t)tr->off[i]);
         uintptr_t old = *p;
         *p = old ^ 0x100;
         __asm__ volatile("" ::: "memory");
-        int h = both(&s, nf, "changed");
+        int h = both(&s, salt, nf, "changed");
         *p = old;
         __asm__ volatile("" ::: "memory");
         if (h)
-            return printf("FAIL word %d (offset %d) changed: hit\n", i, tr.off[i]), 1;
-        if (!both(&s, nf, "restored"))
+            return printf("FAIL word %d (offset %d) changed: hit\n", i, tr->off[i]), 1;
+        if (!both(&s, salt, nf, "restored"))
             return printf("FAIL word %d restored: miss\n", i), 1;
     }
     for (int i = 0; i < n; i++)
         for (int j = i + 1; j < n; j++) {
-            uintptr_t *p = (uintptr_t *)(s.sp + 8 * (uintptr_t)tr.off[i]);
-            uintptr_t *q = (uintptr_t *)(s.sp + 8 * (uintptr_t)tr.off[j]);
+            uintptr_t *p = (uintptr_t *)(s.sp + 8 * (uintptr_t)tr->off[i]);
+            uintptr_t *q = (uintptr_t *)(s.sp + 8 * (uintptr_t)tr->off[j]);
             uintptr_t x = *p, y = *q;
             if (x == y)
                 continue;
             *p = y;
             *q = x;
             __asm__ volatile("" ::: "memory");
-            int h = both(&s, nf, "swapped");
+            int h = both(&s, salt, nf, "swapped");
             *p = x;
             *q = y;
             __asm__ volatile("" ::: "memory");
             if (h)
                 return printf("FAIL words %d and %d swapped: hit\n", i, j), 1;
         }
-    if (!both(&s, nf, "end"))
+    if (!both(&s, salt, nf, "end"))
         return printf("FAIL end: miss\n"), 1;
     return 0;
 }

@@ -35,7 +35,9 @@
 #define MEMO_WAYS 4
 #define MEMO_DELTAS 30
 #define MEMO_HASHED 28      /* words hashed: the walk's n (at most 28, a multiple of 4), then
-                               copies of the last */
+                               copies of the last (MEMO_SHORT of them for a short walk) */
+#define MEMO_SHORT 8        /* a walk of at most this many words hashes this many (short
+                               stacks: a wrapper's callers), not MEMO_HASHED; see memo_len */
 #define MEMO_ESC (-128)     /* in delta[]: the step does not fit a byte, two bytes follow */
 #define MEMO_F_BP 1         /* flags: the walk used the start's bp (the tag holds it) */
 #define MEMO_F_ESC 2        /* delta[] holds an escape (a step of 128 words or more) */
@@ -172,22 +174,42 @@ static inline uint64_t memo_tag1(uint64_t tag0, uintptr_t bp)
  * four consecutive places, whatever d, and a recursion through two call sites of one
  * function (X Y Y X against Y X X Y) makes exactly that: the memo then gave the second walk
  * the first one's stack (tests/stack_collide.c).  The products do not wait for each other:
- * the chain is still one addition a word. */
-static const uint64_t memo_w[MEMO_HASHED] = {
-    0x97b1165f0971b7c5ull, 0xd13c513a42f8eda1ull, 0x8a8318174d645fa7ull,
-    0x25abd89bd67e4d93ull, 0x48a7c8252abc5619ull, 0x3cbb7daa64c184fbull,
-    0xf15ce760f3e452f3ull, 0xeca9bad1449e78e5ull, 0xcbc16f01162794bfull,
-    0x76e9c8092966493dull, 0xf4d6d23508bd9d97ull, 0x29ec148cead50263ull,
-    0x343a2c9fbed3e91dull, 0x959575fe0a734d03ull, 0xbdcdc219fe72c33bull,
-    0x7d791a3ca63cf5f9ull, 0xb79db4df2694e1f7ull, 0xcc9ff851b6ab9f1bull,
-    0x0727d4dad921bf95ull, 0x72488b810dfafe39ull, 0xef4d6ee6dda4dd1full,
-    0xe14c1d7e84488709ull, 0xbc2c8e3e93afd955ull, 0xf9fc2f72a562d07dull,
-    0x8b9b7cefad989a71ull, 0x4630de19bf77d38dull, 0xb25a55f4796ce0e9ull,
-    0x86ad910108d213b7ull,
+ * the chain is still one addition a word.
+ *
+ * The weights have 31 bits and a sign (between 2^30 and 2^31 in magnitude, sign-extended to
+ * 64), so that the multiplication takes its weight as an immediate: one instruction with the
+ * word's load (imul $w, (sp,o,8), r), where a 64-bit weight needed a movabs first, four
+ * instructions a word instead of five (bench/stacks_bench: 14.7 fewer per event,
+ * docs/performance.rst, the twelfth pass).  The sum is still taken mod 2^64 over whole
+ * words: one word changed never keeps it (odd weights); two words swapped keep it only if
+ * their difference times the difference of their weights, which has at most 13 trailing
+ * zero bits here, is 0 mod 2^64; what small weights add is that a few words' differences can
+ * cancel over the integers too, which takes differences that are exact multiples of other
+ * weights, 2^30 or more apart: not a shape that return addresses and frames of one program
+ * take (tests/memo_check.c and tests/stack_collide.c check the shapes they do). */
+static const int64_t memo_w[MEMO_HASHED] = {
+    -0x4e7c0219,  0x5593a225,  0x43b09f57, -0x68b8f3c5,
+    -0x7a0788cd,  0x733a6d5d,  0x61a5062b, -0x7546d8a3,
+     0x479183dd,  0x4269bd2f,  0x76ab934f, -0x7e053639,
+    -0x4a66c75f, -0x5fdbb135, -0x5382e9ef, -0x526c970d,
+     0x730a0a43, -0x6a9d257b,  0x48e8ded7, -0x579b7ea7,
+    -0x6182e1e3,  0x46df2121,  0x685c95b5, -0x79e4933f,
+    -0x4e74f33f, -0x60926acd, -0x4ab7803f, -0x5fba015b,
 };
 static inline uint64_t memo_sum(unsigned n, uint64_t a)
 {
     return (uint64_t)n + a;
+}
+
+/* The words hashed for a record of n words (padded with copies of the last): MEMO_SHORT for
+ * a short walk, else MEMO_HASHED.  Two lengths, one branch on n in the check: bench/sites_bench
+ * (8 words) 38 instructions and about 6 ns per event less; bench/stacks_bench, whose walks
+ * all have 12 words or more (the branch always the same way), 3 instructions more and no
+ * time lost.  A boundary of 16 put stacks_bench's walks on both sides of it, at random:
+ * +0.21 mispredicted branches per event, no gain (docs/performance.rst, the twelfth pass). */
+static inline unsigned memo_len(unsigned n)
+{
+    return n > MEMO_SHORT ? MEMO_HASHED : MEMO_SHORT;
 }
 
 unsigned mml_memo_gen(void)
@@ -203,8 +225,8 @@ unsigned mml_memo_gen(void)
  * copied first, its sequence number checked before and after: the copy is then one whole
  * record as memo_put wrote it, whose offsets all lie in [0, top], so one bounds check against
  * this thread's stack covers every word read.  Its words are a multiple of 4 (memo_put pads
- * them with copies of the last, and hashes MEMO_HASHED of them: the check of a record without
- * escapes reads that many, whatever n). */
+ * them with copies of the last, and hashes memo_len(n) of them: the check of a record without
+ * escapes reads that many). */
 static inline __attribute__((always_inline)) int
 memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp, uint64_t *value,
            int *nframes, struct mml_trail *words, struct mml_memo_hit *hit)
@@ -234,18 +256,26 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
     uint64_t a = 0;
     long o = 0;
     if (likely(!(flags & (MEMO_F_ESC | MEMO_F_REDIR))) && !words) {
-        /* one byte per step, no escape to decode: always MEMO_HASHED words, the steps
-         * after the n-th being 0 (copies of the last word), so no branch on n to mispredict
-         * (the exit of a loop of n steps was, about one lookup in two on bench/stacks_bench) */
+        /* one byte per step, no escape to decode: MEMO_SHORT or MEMO_HASHED words, the
+         * steps after the n-th being 0 (copies of the last word), so one branch on n, not a
+         * loop of n steps (its exit was mispredicted about one lookup in two on
+         * bench/stacks_bench) */
         int8_t db[32] __attribute__((aligned(16)));
         __builtin_memcpy(db, d.b, sizeof db);
         /* the steps read back one byte each from memory (one load that sign-extends), not
          * shifted out of the record's words in registers (three instructions more a step) */
         __asm__("" : "+m"(db));
-#pragma GCC unroll 28
-        for (unsigned i = 0; i < MEMO_HASHED; i++) {
+#pragma GCC unroll 8
+        for (unsigned i = 0; i < MEMO_SHORT; i++) {
             o += db[i];
             a += w[o] * memo_w[i];
+        }
+        if (n > MEMO_SHORT) {
+#pragma GCC unroll 20
+            for (unsigned i = MEMO_SHORT; i < MEMO_HASHED; i++) {
+                o += db[i];
+                a += w[o] * memo_w[i];
+            }
         }
     } else if (flags & MEMO_F_REDIR) {
         return 2;
@@ -267,7 +297,7 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
             words->val[i] = v;
         }
         if (i + 1 == n)         /* the hash goes on with copies of the last word */
-            for (unsigned k = n; k < MEMO_HASHED; k++)
+            for (unsigned k = n; k < memo_len(n); k++)
                 a += v * memo_w[k];
     }
     if (memo_sum(MEMO_HASHED, a) != vh)
@@ -427,10 +457,11 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
     }
     d.b[30] = (int8_t)(uint8_t)(top & 0xff);
     d.b[31] = (int8_t)(uint8_t)(top >> 8);
-    /* the hash: MEMO_HASHED words, the last one repeated (what memo_check reads: the steps
+    /* the hash: memo_len(n) words, the last one repeated (what memo_check reads: the steps
      * after the n-th are 0) */
-    for (int i = n; i < MEMO_HASHED; i++)
+    for (int i = n; i < (int)memo_len((unsigned)n); i++)
         a += last * memo_w[i];
+    /* the same constant added for both lengths (the record's n tells them apart) */
     uint64_t h = memo_sum(MEMO_HASHED, a);
     uint64_t tag = memo_tag0(s, salt, gen);
     if (use_bp)

@@ -96,9 +96,12 @@ debug:
 JOBS ?= auto
 XDIST = $(if $(filter-out 1,$(JOBS)),$(if $(shell $(PYTHON) -c 'import xdist' 2>/dev/null && \
 	  echo y),-n $(JOBS) --dist loadgroup))
+# PYTHONDONTWRITEBYTECODE unset: the tests start mmleak.py and the other scripts thousands of
+# times, and each start would otherwise compile mmleaklib afresh (__pycache__ is ignored by
+# git and left out of make deb; make clean removes it).
 check: all
 	$(if $(XDIST),,@echo "make check: no pytest-xdist for $(PYTHON) (or JOBS=1): the tests run one at a time")
-	$(PYTHON) -m pytest -q $(XDIST) tests
+	env -u PYTHONDONTWRITEBYTECODE $(PYTHON) -m pytest -q $(XDIST) tests
 
 bench: all
 	$(PYTHON) bench/run.py

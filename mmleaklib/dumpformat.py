@@ -271,6 +271,33 @@ def problem_text(what, detail=b""):
     return text % (detail[:show],) if show else text
 
 
+# A file that is not a dump at all (a text file, a program, a picture, a compressed file given
+# by mistake, or left under a dump file's name) is refused in one line instead of being read
+# as thousands of malformed lines (its bytes are never shown: they may be anything).  Every
+# dump file starts with its '#mmleak ' header, and every result of shrink or compact with a
+# '#' line; header-less event lines (a piece of a trace cut out by hand) are read too.  A
+# dump whose start a crash damaged is still read, its problems counted: it then starts with
+# NULs (a hole a crash left where the header was) or blanks (padding), or is empty, or holds
+# only the torn start of its first line.  Only the first PEEK bytes are looked at.
+PEEK = 4096
+NOT_DUMP = ("not an mmleak dump: its first line is neither a '#' header line (a dump starts "
+            "with '#mmleak') nor an event line; refused")
+_HEAD_START = re.compile(rb"#[a-z]")
+_TORN_EVENT = re.compile(rb"[0-9a-f]{1,16}(?: [0-9a-f@+-]*)*")
+
+
+def not_a_dump(head):
+    """Whether HEAD, the first PEEK bytes of a file (fewer: all of it), says the file is not
+    a dump (see NOT_DUMP)."""
+    start = head.lstrip(b" \n")
+    if not start or start[:1] == b"\0" or _HEAD_START.match(start) or b"#".startswith(start):
+        return False
+    line, nl, _ = start.partition(b"\n")
+    if nl:
+        return EVENT_RE.fullmatch(line + nl) is None
+    return len(head) == PEEK or _TORN_EVENT.fullmatch(line) is None
+
+
 def cannot_read(name, why):
     """The message of an input that could not be read."""
     return "%s: cannot read: %s" % (name, why)

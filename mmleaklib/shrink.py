@@ -24,6 +24,7 @@ at the high end) is written as a bracket line "PTR SEQ +" or "PTR SEQ -".
 import collections
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -33,7 +34,7 @@ from .dumpformat import (EVENT_RE, KIND_ALLOC, KIND_END, KIND_FREE, KIND_START, 
                          Q_JOINED, Q_MALFORMED, Q_NULS, Q_PADDING_END, Q_STACK_AGAIN, Q_TOO_LONG,
                          Q_TORN_LAST, Q_TORN_LINE, Problems, _unescape, bad_header_fields,
                          cannot_read, dump_lines, parse_event, parse_header, parse_stack,
-                         problem_text)
+                         NOT_DUMP, PEEK, not_a_dump, problem_text)
 from . import errors, files
 from .errors import Fail, Refused, refuse, warn
 from .facts import READ_VERSIONS
@@ -90,13 +91,34 @@ class Shrinker:
     def open_input(self, path, name=None):
         """PATH opened to be read (open_trace_file), or None after saying why not."""
         try:
-            return open_trace_file(path)
+            f = open_trace_file(path)
+            try:
+                self.check_start(f.fileno(), name or path)
+            except Fail:
+                f.close()
+                raise
+            return f
         except Refused as e:
             refuse(str(e))
         except OSError as e:
             warn(cannot_read(name or path, e.strerror or e))
         self.problems.fatal = True
         return None
+
+    def check_start(self, fd, name):
+        """Refuse the input at descriptor FD (NAME), read from its offset, if it is not a
+        dump (dumpformat.not_a_dump): Fail, all inputs refused, nothing written (as joined
+        partial results).  A pipe is read as it is (its start cannot be looked at without
+        taking it from the reader)."""
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return
+            head = os.pread(fd, PEEK, os.lseek(fd, 0, os.SEEK_CUR))
+        except OSError:
+            return                      # the reader says why
+        if not_a_dump(head):
+            self.problems.fatal = True
+            raise Fail("%s: %s" % (name, NOT_DUMP))
 
     def feed(self, f, name):
         D = self.state
@@ -559,6 +581,13 @@ def _shrink_files(paths, progress=None, mixed=False, names=None, problems=None,
         paths, names, stream = stream_order(paths, names)
     direct = _direct(direct, mixed) if direct is not None and raw is not None and not blocks \
         else None
+    if "-" in paths:                    # (the files are looked at as they are opened)
+        try:
+            fd = sys.stdin.buffer.fileno()
+        except (AttributeError, ValueError, OSError):
+            fd = None                   # stdin replaced (tests, embedding): read as it is
+        if fd is not None:
+            sh.check_start(fd, names[paths.index("-")])
     if not native_shrink(sh, paths, names, raw=raw, blocks=blocks, final=final,
                          stream_last=stream, direct=direct):                           # compiled,
         # when it can run

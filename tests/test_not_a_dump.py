@@ -1,0 +1,96 @@
+"""A file that is not a dump at all (text, a program, a picture, a cut gzip), given to
+shrink, report or mmleak-panda.py or left under a dump file's name, is refused in one line
+(status 2, nothing written, none of its bytes shown), by both shrink engines alike; a dump
+whose start a crash damaged is still read as before (docs/format.rst)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, mmleak
+from test_shrink_native import assert_same_cli
+
+NOT_DUMP = mmleak.dumpformat.NOT_DUMP
+HEADER = b"#mmleak 1 pid=4242 tid=4242 file=0 depth=1\n"
+NOT_DUMPS = {
+    "text": b"hello world\nthis is not a dump\n" * 4,
+    "binary": b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 8,
+    "png": b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(64),
+    "gzip": b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03",     # cut after its header
+    "script": b"#!/bin/sh\necho hello\n",
+}
+
+
+def events(n, first=1):
+    """N allocations of 16 bytes, none freed: N survivors."""
+    return b"".join(b"%012x %x 10 %x 401000\n" % (0x10000 + 16 * i, i, i)
+                    for i in range(first, first + n))
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_DUMPS))
+def test_not_a_dump_refused_in_one_line(tmp_path, kind, lib):
+    p = tmp_path / "mmleak.4242.1.out"
+    p.write_bytes(NOT_DUMPS[kind])
+    rc, out, err = assert_same_cli(["shrink", str(p)])
+    assert (rc, out, err) == (2, b"", b"mmleak.py: %s: %s\n" % (bytes(p), NOT_DUMP.encode()))
+
+
+def test_several_inputs_one_not_a_dump_refuses_all(tmp_path, lib):
+    good = tmp_path / "mmleak.4242.1.out"
+    good.write_bytes(HEADER + events(3))
+    bad = tmp_path / "mmleak.4242.2.out"
+    bad.write_bytes(NOT_DUMPS["text"])
+    res = tmp_path / "result"
+    rc, out, err = assert_same_cli(["shrink", "-o", str(res), str(good), str(bad)])
+    assert (rc, out, err) == (2, b"", b"mmleak.py: %s: %s\n" % (bytes(bad), NOT_DUMP.encode()))
+    assert not res.exists()
+    # the same in a dump directory: no page written
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "mmleak.py"), "report",
+                        str(tmp_path)], capture_output=True)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        2, b"", b"mmleak.py: %s: %s\n" % (bytes(bad), NOT_DUMP.encode()))
+    assert sorted(os.listdir(tmp_path)) == ["mmleak.4242.1.out", "mmleak.4242.2.out"]
+
+
+def test_panda_refuses_a_file_that_is_not_a_dump_on_stdin(tmp_path):
+    p = tmp_path / "picture.png"
+    p.write_bytes(NOT_DUMPS["png"])
+    with open(p, "rb") as f:
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "mmleak-panda.py"), "-o",
+                            str(tmp_path / "page.html")], stdin=f, capture_output=True)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        2, b"", b"mmleak-panda.py: <stdin>: %s\n" % NOT_DUMP.encode())
+    assert not (tmp_path / "page.html").exists()
+
+
+@pytest.mark.parametrize("start, status, stderr", [
+    (b"", 0, b""),                                          # empty: no events, as before
+    (HEADER, 0, b""),
+    (events(1, 900), 0, b""),                               # header-less event lines
+    (b"\0" * 4096, 0, b"mmleak.py: F:1: NUL bytes skipped (padding, or a hole a crash left "
+                      b"in the file)\n"),                   # a hole where the header was
+    (b"   \n", 0, b""),                                     # blank padding
+    (b"#mml", 0, b"mmleak.py: F:1: torn last line ignored\n"),    # killed in its header
+])
+def test_damaged_start_still_read(tmp_path, start, status, stderr, lib):
+    p = tmp_path / "F"
+    p.write_bytes(start + (events(2) if start[-1:] != b"l" else b""))
+    os.chdir(tmp_path)
+    rc, out, err = assert_same_cli(["shrink", "--final", "F"])
+    assert (rc, err) == (status, stderr)
+    n = 0 if start == b"#mml" else 2 + (start == events(1, 900))
+    assert len([l for l in out.splitlines() if not l.startswith(b"#")]) == n
+
+
+def test_dump_then_garbage_read_up_to_it(tmp_path, lib):
+    """A dump for 100 lines, then garbage: its events are read, the first bad line named
+    (its bytes escaped), the rest counted: status 3 (incomplete), as any damaged dump."""
+    p = tmp_path / "F"
+    p.write_bytes(HEADER + events(99) + NOT_DUMPS["binary"].replace(b"\0", b"\1"))
+    os.chdir(tmp_path)
+    rc, out, err = assert_same_cli(["shrink", "--final", "F"])
+    assert rc == 3
+    assert len([l for l in out.splitlines() if not l.startswith(b"#")]) == 99
+    assert err.startswith(b"mmleak.py: F:101: malformed line skipped: b'\\x7fELF")
+    assert err.isascii()

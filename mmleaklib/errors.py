@@ -41,13 +41,15 @@ STATUSES = (
                              "writes), a mmleak.conf that mmleak-install.py did not write"}),
     (EXIT_INPUT, {
         "mmleak.py": "an input could not be used (missing or unreadable file, files of "
-                     "different processes mixed, no dump files found, a file at one of "
+                     "different processes mixed, no dump files found, a file that is not "
+                     "a dump at all: all inputs refused, nothing written, a file at one of "
                      "mmleak's names that is not a regular file of the trace's owner or root: "
                      "ignored or refused, in one line), a trace's lock still held after "
                      "--lock-wait seconds, or an output file could not be "
                      "written; whatever could be read was still processed",
         "mmleak-panda.py": "the input could not be used: a line that is not in the dump format "
-                           "(reported on stderr with its line number), or no such maps file; "
+                           "(reported on stderr with its line number), a file on stdin that "
+                           "is not a dump at all, or no such maps file; "
                            "or the page cannot be written (-o); no report is written",
         "mmleak-install.py": "environment error: not root (without --root or --dry-run), "
                              "--root unreadable, mmleak.so not found, User=/Group= not "

@@ -73,22 +73,22 @@ def test_panda_refuses_a_file_that_is_not_a_dump_on_stdin(tmp_path):
     (b"   \n", 0, b""),                                     # blank padding
     (b"#mml", 0, b"mmleak.py: F:1: torn last line ignored\n"),    # killed in its header
 ])
-def test_damaged_start_still_read(tmp_path, start, status, stderr, lib):
+def test_damaged_start_still_read(tmp_path, monkeypatch, start, status, stderr, lib):
     p = tmp_path / "F"
     p.write_bytes(start + (events(2) if start[-1:] != b"l" else b""))
-    os.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)         # (F: the name the messages give)
     rc, out, err = assert_same_cli(["shrink", "--final", "F"])
     assert (rc, err) == (status, stderr)
     n = 0 if start == b"#mml" else 2 + (start == events(1, 900))
     assert len([l for l in out.splitlines() if not l.startswith(b"#")]) == n
 
 
-def test_dump_then_garbage_read_up_to_it(tmp_path, lib):
+def test_dump_then_garbage_read_up_to_it(tmp_path, monkeypatch, lib):
     """A dump for 100 lines, then garbage: its events are read, the first bad line named
     (its bytes escaped), the rest counted: status 3 (incomplete), as any damaged dump."""
     p = tmp_path / "F"
     p.write_bytes(HEADER + events(99) + NOT_DUMPS["binary"].replace(b"\0", b"\1"))
-    os.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)         # (F: the name the messages give)
     rc, out, err = assert_same_cli(["shrink", "--final", "F"])
     assert rc == 3
     assert len([l for l in out.splitlines() if not l.startswith(b"#")]) == 99

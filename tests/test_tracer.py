@@ -534,10 +534,10 @@ def test_fork_while_the_loader_lock_is_held(fork_phdr, dump, who, end):
     argv = [exe, who, end, dl]
     want = rb"child (\d+) ok\nchild status 0\n"
     if who != "own":        # (own needs mmleak.so: nothing to park without it)
-        plain = subprocess.run(argv, capture_output=True, timeout=60)
+        plain = subprocess.run(argv, capture_output=True, timeout=120)
         assert plain.returncode == 0 and re.fullmatch(want, plain.stdout), plain.stdout
     env = {"LD_PRELOAD": LIB + " " + park} if who == "own" else None
-    r = run_traced(argv, dump, env=env, check=False, timeout=60)
+    r = run_traced(argv, dump, env=env, check=False, timeout=120)
     m = re.fullmatch(want, r.stdout)
     assert r.returncode == 0 and m, r.stdout
     child = m.group(1).decode()

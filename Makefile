@@ -76,8 +76,8 @@ $(OUT)/mmleak-tools.so: $(TOOLS_OBJS)
 
 # mmleak-scan starts at every traced process's exit, which waits for it: it is linked as a
 # static PIE (SCAN_LINK) when the C library allows it (libc.a: Debian's libc6-dev has it), so
-# that no loader maps and relocates libc.so.6 at every exit (docs/performance.rst, "Start-up
-# with the scan"); otherwise, or with SCAN_LINK= , dynamically.
+# that no loader maps and relocates libc.so.6 at every exit (docs/performance-heap.rst,
+# "Start-up with the scan"); otherwise, or with SCAN_LINK= , dynamically.
 SCAN_LINK ?= -static-pie
 $(OUT)/mmleak-scan: $(SCAN_OBJS)
 	$(if $(SCAN_LINK),$(CC) $(CFLAGS_LIB) $(CFLAGS) $(SCAN_LINK) -o $@ $(SCAN_OBJS) -lpthread \

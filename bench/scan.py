@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The reachability benchmark of issue 20 (see mmleak-performance(7), "Reachability").
+"""The reachability benchmark of issue 20 (see mmleak-performance-heap(7), "Reachability").
 
     /usr/bin/python3 bench/scan.py [--blocks N] [--lists N] [--lost N] [--no-valgrind]
 

@@ -6,7 +6,7 @@
  * the same start (the wrapper's frame, at the same stack pointer) and differs only in the
  * return address one frame up, which the memo of walks (tracer/memo.c, memo_set1) must take
  * into its choice of set: without it the paths share four records and are walked again at
- * every allocation (docs/performance.rst, the tenth pass of issue 21: 475 against 1,700
+ * every allocation (docs/performance-stacks.rst, the tenth pass of issue 21: 475 against 1,700
  * instructions per event with 16 sites; the eleventh pass: a start with a third walk is
  * moved to such a second set).  stacks_bench has no such shape: each of its
  * functions allocates from one call site.

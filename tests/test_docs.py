@@ -106,7 +106,7 @@ def test_links_between_pages_resolve():
     bad = []
     for page in all_pages():
         text = read(page)
-        for ref in set(re.findall(r"\b(mmleak(?:-[a-z]+)?\(\d\))", text)):
+        for ref in set(re.findall(r"\b(mmleak(?:-[a-z]+)*\(\d\))", text)):
             if ref not in names:
                 bad.append("%s: %s (no page has that name and section)" % (page, ref))
         for path in set(re.findall(r"\b((?:docs|bench)/[\w.-]+\.(?:rst|png))\b", text)):

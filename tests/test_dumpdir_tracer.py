@@ -386,7 +386,7 @@ def test_an_empty_log_of_loads_is_none(mm, tmp_path):
 
 # -- 16: what a start-up and an exit do in the dump directory -------------------------------
 def test_a_start_up_and_its_exit_scan_make_no_file_they_need_not(bins, mm, dump, tmp_path):
-    """A small program's start-up and exit, its scan at exit included (mmleak-performance(7),
+    """A small program's start-up and exit, its scan at exit included (mmleak-performance-heap(7),
     "Start-up and exit, the scan at exit's costs counted"): the trace's first maps file is
     written into the .maps that reserved its id, not into a temporary file renamed over it
     (an inode, a rename and an unlink of a name that is not there, at every start); the scan

@@ -139,7 +139,7 @@ static void *map_mem(size_t n)
 /* N bytes that free() takes back, on huge pages when the system gives them on request
  * (transparent_hugepage "madvise"): a big array of the scan (the live blocks' addresses,
  * sizes, numbers; their states) is then faulted in and zeroed 2 MiB at a time, not 4 KiB.
- * Measured on a 1 GB live heap of 10 million blocks: see docs/performance.rst. */
+ * Measured on a 1 GB live heap of 10 million blocks: see docs/performance-heap.rst. */
 void *mmleak_big_alloc(size_t n)
 {
     const size_t huge = (size_t)2 << 20;

@@ -354,7 +354,7 @@ static void sort_batch(uint32_t *b, size_t n)
 /* [*LO, *HI) cut to the pages of mapping M that hold live blocks: the heap past the first
  * and the last of them holds nothing to read (a small program's 132 KiB [heap] with its one
  * stdout buffer was read whole at every exit, its untouched pages faulted in on both sides:
- * docs/performance.rst, "Start-up and exit, the scan's hand-overs"). */
+ * docs/performance-heap.rst, "Start-up and exit, the scan's hand-overs"). */
 static void live_span(struct scan *s, const struct mapping *m, uint64_t *lo, uint64_t *hi)
 {
     size_t i = first_block_at_or_after(s, m->lo), j = first_block_at_or_after(s, m->hi);

@@ -108,7 +108,7 @@ static int wait_stopped(struct scan *s, struct thr *t)
  * appear.  Then it is not stopped: its stack pointer and thread pointers are mmleak.so's
  * word (s->lone), and its other registers are not roots anyway (mmleak_scan_floor).  That
  * saves the seize, the interrupt, the wait for the stop and the detach: hand-overs between
- * the two processes, each a wait for the scheduler on a busy machine (docs/performance.rst,
+ * the two processes, each a wait for the scheduler on a busy machine (docs/performance-heap.rst,
  * "Start-up and exit, the scan's hand-overs").  1 held so, 0 not (another thread is there,
  * or we are not its child): the threads are seized. */
 int hold_lone(struct scan *s)

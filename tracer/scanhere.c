@@ -2,7 +2,7 @@
  * tracer/scanhere.c: the scan at exit of a process left with one thread, without starting a
  * program (mmleak-scan(7), "At the exit of a traced process").  Starting mmleak-scan costs a
  * new address space (execve, the static executable's start, its exit): about half of the
- * scan at a small program's exit (mmleak-performance(7), "Start-up and exit without a new
+ * scan at a small program's exit (mmleak-performance-heap(7), "Start-up and exit without a new
  * address space").  Here the scan's own code (tools/scan*.c, compiled a second time into
  * mmleak.so with tools/scan_inproc.h) runs in a child made with CLONE_VM: a process of its
  * own (its pid, signals, descriptors, alarm), sharing the exiting process's memory, which it
@@ -63,7 +63,7 @@ struct hdr { void *base; size_t maplen, size, pad; };
  * and its memory goes then, all at once.  A munmap of each of the scan's mappings (its
  * window, its tables, its chunks, the child's stack), each a change of an address space
  * that two processes share, was 5 % of the samples of a small program's start-up and exit
- * under the tracer (mmleak-performance(7), "Start-up and exit, the scan at exit's costs
+ * under the tracer (mmleak-performance-heap(7), "Start-up and exit, the scan at exit's costs
  * counted").  So up to KEEP bytes of them stay mapped, and listed (tracer/ownlist.h:
  * mmleak-scan, if it runs after us, still leaves them out); past that they are unmapped as
  * ever (a big scan's gigabytes are not held to the end). */

@@ -116,7 +116,7 @@ static void slot_free(struct tstate *t)
 
 /* The staging halves given up.  Not unmapped when the process ends: its memory goes with
  * it, at once (a munmap, after the exit scan's child shared the address space, was 0.6 % of
- * a small program's samples under the tracer: mmleak-performance(7), "Start-up and exit,
+ * a small program's samples under the tracer: mmleak-performance-heap(7), "Start-up and exit,
  * the scan at exit's costs counted"). */
 void stage_drop(struct tstate *t)
 {
@@ -149,7 +149,7 @@ void half_start(struct tstate *t, int h)
  * page fault each (on ext4, a block reserved for each page of the shared mapping), the
  * first half of a new thread's file 8 pages where its first lines need one or two: 2.5 %
  * of the samples of a small program's start-up and exit under the tracer
- * (mmleak-performance(7), "Start-up and exit, the scan at exit's costs counted"). */
+ * (mmleak-performance-heap(7), "Start-up and exit, the scan at exit's costs counted"). */
 static void half_stamp(struct tstate *t, int h)
 {
     char *b = t->stage + (size_t)h * t->half_size;

@@ -10,8 +10,12 @@ stopped with SIGTERM once their socket exists, and one second more; then bash, g
 (PCRE2's JIT), tclsh, lua5.4, xmllint, make -n, openssl s_client, rsync, qemu-img,
 ffprobe (libavcodec's threads, posix_memalign), a C++
 program with thread_local, a detached thread and sigaltstack, and a C program under
-jemalloc and tcmalloc preloaded after mmleak.so) runs, in a fresh directory of its own,
-with its standard input /dev/null, under:
+jemalloc and tcmalloc preloaded after mmleak.so; then the fifth comparison's dot,
+gs, pdftotext, convert, java, go, gofmt, vim -es, php -r, ruby -e, and the daemons unbound,
+haproxy, lighttpd, apache2, mosquitto, rsyslogd, named, dbus-daemon, chronyd and vsftpd,
+on 127.0.0.1's ports 25380 to 25389 or sockets in their directory, each given a few
+clients' requests before it is stopped) runs, in a fresh directory of its own, with its
+standard input /dev/null, under:
 
   vg      valgrind --leak-check=full --show-leak-kinds=all (its defaults: __libc_freeres
           and __gnu_cxx::__freeres run at exit)
@@ -26,6 +30,11 @@ with its standard input /dev/null, under:
   lsan    with --lsan: LD_PRELOAD=liblsan.so.0 (LeakSanitizer preloaded into a binary built
           without it: a rough reference only)
 
+A daemon is stopped by SIGTERM (haproxy's "USR1" row: SIGUSR1, its soft stop); one that
+dies of it (haproxy, vsftpd) has no scan at its exit, so under mmleak its load ends with
+`mmleak.py scan PID` ($SCAN), whose result the report then gives.  A daemon that becomes
+another user (mosquitto, chronyd) gets a dump directory of that user's.
+
 and prints, per program and tool, blocks/bytes definitely lost, indirectly lost, possibly
 lost, still reachable (LSan: blocks/bytes leaked).  A program that is not installed is
 skipped.  Nothing is timed: the figures are the verdicts.  Standard library only."""
@@ -34,6 +43,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -47,6 +57,128 @@ NGINX_CONF = ("daemon off;\\nmaster_process off;\\nerror_log stderr;\\n"
               "client_body_temp_path tmp; proxy_temp_path tmp; fastcgi_temp_path tmp; "
               "uwsgi_temp_path tmp; scgi_temp_path tmp; server { listen unix:%s/ng.sock; "
               "root %s/html; } }\\n")
+# the daemons' files (a setup that is a dict: file name -> text, @DIR@ the directory)
+UNBOUND = """server:
+ interface: 127.0.0.1
+ port: 25380
+ do-ip6: no
+ username: ""
+ chroot: ""
+ directory: "@DIR@"
+ pidfile: "ub.pid"
+ use-syslog: no
+ num-threads: 2
+ local-zone: "example.test." static
+ local-data: "a.example.test. A 10.0.0.1"
+remote-control:
+ control-enable: no
+"""
+HAPROXY = """global
+ stats socket @DIR@/hap.sock mode 600 level admin
+ nbthread 2
+defaults
+ mode http
+ timeout client 30s
+ timeout server 30s
+ timeout connect 5s
+frontend f
+ bind 127.0.0.1:25381
+ http-request return status 200 content-type text/plain string "hi"
+"""
+LIGHTTPD = """server.document-root = "@DIR@/html"
+server.bind = "127.0.0.1"
+server.port = 25382
+server.pid-file = "@DIR@/l.pid"
+server.errorlog = "@DIR@/err.log"
+server.modules = ("mod_staticfile")
+index-file.names = ("index.html")
+"""
+APACHE = """LoadModule mpm_event_module /usr/lib/apache2/modules/mod_mpm_event.so
+LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so
+LoadModule dir_module /usr/lib/apache2/modules/mod_dir.so
+LoadModule mime_module /usr/lib/apache2/modules/mod_mime.so
+TypesConfig /etc/mime.types
+ServerName localhost
+ServerRoot @DIR@
+Listen 127.0.0.1:25383
+PidFile @DIR@/a.pid
+ErrorLog @DIR@/err.log
+DefaultRuntimeDir @DIR@
+Mutex file:@DIR@ default
+DocumentRoot @DIR@/html
+User www-data
+Group www-data
+StartServers 1
+ServerLimit 1
+ThreadsPerChild 4
+MinSpareThreads 1
+MaxSpareThreads 4
+MaxRequestWorkers 4
+"""
+MOSQUITTO = """listener 25384 127.0.0.1
+allow_anonymous true
+persistence false
+log_dest stderr
+"""
+RSYSLOG = """global(workDirectory="@DIR@")
+module(load="imuxsock" SysSock.Use="off")
+input(type="imuxsock" Socket="@DIR@/log.sock")
+*.* action(type="omfile" file="@DIR@/out.log")
+"""
+NAMED = """options {
+ directory "@DIR@";
+ listen-on port 25385 { 127.0.0.1; };
+ listen-on-v6 { none; };
+ pid-file "@DIR@/n.pid";
+ recursion no;
+};
+controls { };
+zone "example.test" { type primary; file "@DIR@/z.db"; };
+"""
+ZONE = """$TTL 300
+@ IN SOA ns.example.test. h.example.test. 1 3600 600 86400 300
+@ IN NS ns.example.test.
+ns IN A 127.0.0.1
+a IN A 10.0.0.1
+"""
+DBUS = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+ <type>session</type>
+ <listen>unix:path=@DIR@/bus</listen>
+ <auth>EXTERNAL</auth>
+ <policy context="default">
+  <allow send_destination="*" eavesdrop="true"/>
+  <allow eavesdrop="true"/>
+  <allow own="*"/>
+ </policy>
+</busconfig>
+"""
+CHRONY = """port 0
+cmdport 25389
+bindcmdaddress 127.0.0.1
+pidfile @DIR@/c.pid
+driftfile @DIR@/drift
+"""
+VSFTPD = """listen=YES
+listen_ipv6=NO
+listen_address=127.0.0.1
+listen_port=25386
+background=NO
+anonymous_enable=YES
+local_enable=NO
+anon_root=@DIR@/ftp
+secure_chroot_dir=@DIR@/empty
+xferlog_enable=NO
+pasv_min_port=25387
+pasv_max_port=25388
+"""
+PSFILE = """%!PS
+/Helvetica findfont 12 scalefont setfont
+1 1 40 { /i exch def 72 720 i 15 mul sub moveto (line ) show i 10 string cvs show } for
+newpath 300 400 100 0 360 arc stroke
+showpage
+"""
 PROGRAMS = [
     # (name, argv, shell setup in the program's directory, the file whose making says a
     # daemon is ready (then SIGTERM), valgrind options[, environment added])
@@ -144,13 +276,89 @@ PROGRAMS = [
      ["--soname-synonyms=somalloc=*jemalloc*"], {"LD_PRELOAD": "libjemalloc.so.2"}),
     ("tcmalloc", [os.path.join(OUT, "vs_valgrind_alloc")], None, None,
      ["--soname-synonyms=somalloc=*tcmalloc*"], {"LD_PRELOAD": "libtcmalloc_minimal.so.4"}),
+    # kinds of program of the fifth comparison (mmleak-scan(7))
+    ("dot", ["dot", "-Tsvg", "g.dot", "-o", "g.svg"],
+     "(echo 'digraph g {'; for i in $(seq 300); do echo \"n$i -> n$((i * 7 % 300));\"; "
+     "done; echo '}') > g.dot", None, []),
+    ("dot, G_SLICE", ["dot", "-Tsvg", "g.dot", "-o", "g.svg"],
+     "(echo 'digraph g {'; for i in $(seq 300); do echo \"n$i -> n$((i * 7 % 300));\"; "
+     "done; echo '}') > g.dot", None, [], {"G_SLICE": "always-malloc"}),
+    ("gs", ["gs", "-q", "-dNOPAUSE", "-dBATCH", "-dSAFER", "-sDEVICE=png16m", "-r40",
+            "-o", "p.png", "p.ps"], {"p.ps": PSFILE}, None, []),
+    ("pdftotext", ["pdftotext", "p.pdf", "p.txt"],
+     "printf '%s' \"$PS\" > p.ps && ps2pdf p.ps p.pdf", None, [], {"PS": PSFILE}),
+    ("convert", ["convert-im6.q16", "-size", "300x200", "xc:white", "-fill", "red", "-draw",
+                 "circle 150,100 200,150", "-blur", "0x2", "-resize", "50%", "o.png"],
+     None, None, []),
+    ("convert, G_SLICE", ["convert-im6.q16", "-size", "300x200", "xc:white", "-fill", "red",
+                          "-draw", "circle 150,100 200,150", "-blur", "0x2", "-resize", "50%",
+                          "o.png"], None, None, [], {"G_SLICE": "always-malloc"}),
+    ("java", ["java", "-Xmx64m", "-XX:+UseSerialGC", "-Xshare:off", "-cp", ".", "H"],
+     "printf 'public class H { public static void main(String[] a) { java.util.Map<String, "
+     "Integer> m = new java.util.HashMap<>(); for (int i = 0; i < 20000; i++) m.put(\"k\" + "
+     "i, i); System.out.println(m.size()); } }\\n' > H.java && javac H.java", None, []),
+    ("go env", ["go", "env", "GOROOT"], None, None, []),
+    ("gofmt", ["gofmt", "-l", "a.go"], "printf 'package a\\nfunc F() int { return 1 }\\n' "
+     "> a.go", None, []),
+    ("vim -es", ["vim", "-es", "-u", "NONE", "-i", "NONE", "-N", "-c",
+                 "%s/\\(\\d\\+\\)/<\\1>/g", "-c", "sort n", "-c", "wq", "in.txt"],
+     "seq 1 5000 > in.txt", None, []),
+    ("php -r", ["php", "-n", "-r", "$a = []; for ($i = 0; $i < 20000; $i++) $a['k'.$i] = "
+                "str_repeat('x', $i % 50); ksort($a); echo count($a), PHP_EOL;"],
+     None, None, []),
+    ("ruby -e", ["ruby", "-e", "h = {}; 20000.times { |i| h[\"k#{i}\"] = 'x' * (i % 50) }; "
+                 "puts h.keys.sort.size"], None, None, []),
+    # daemons in the foreground on 127.0.0.1's ports 25380 to 25390 or sockets in their
+    # directory, a few clients' requests (the last element), then SIGTERM
+    ("unbound", ["unbound", "-d", "-c", "ub.conf"], {"ub.conf": UNBOUND}, "tcp:25380", [], {},
+     "for i in 1 2 3; do for n in a b; do dig +short +tries=1 +time=30 -p 25380 @127.0.0.1 "
+     "$n.example.test; done; done"),
+    ("haproxy", ["haproxy", "-db", "-f", "hap.cfg"], {"hap.cfg": HAPROXY}, "hap.sock", [], {},
+     "for i in 1 2 3; do curl -sS http://127.0.0.1:25381/x; done; $SCAN"),
+    ("haproxy USR1", ["haproxy", "-db", "-f", "hap.cfg"], {"hap.cfg": HAPROXY}, "hap.sock", [],
+     {}, "for i in 1 2 3; do curl -sS http://127.0.0.1:25381/x; done", signal.SIGUSR1),
+    ("lighttpd", ["lighttpd", "-D", "-f", "l.conf"], {"l.conf": LIGHTTPD, "html/index.html":
+                                                        "hi\n"}, "tcp:25382", [], {},
+     "for i in 1 2 3; do curl -sS http://127.0.0.1:25382/; curl -sS -o /dev/null -w '%{"
+     "http_code} ' http://127.0.0.1:25382/nothing; done"),
+    ("apache2", ["apache2", "-DFOREGROUND", "-f", "@DIR@/a.conf"],
+     {"a.conf": APACHE, "html/index.html": "hi\n"}, "tcp:25383", [], {},
+     "for i in 1 2 3; do curl -sS http://127.0.0.1:25383/; done"),
+    ("mosquitto", ["mosquitto", "-c", "m.conf"], {"m.conf": MOSQUITTO}, "tcp:25384", [], {},
+     "(timeout 60 mosquitto_sub -p 25384 -t t -C 3 &) ; sleep 3; for i in 1 2 3; do "
+     "mosquitto_pub -p 25384 -t t -m m$i -r; done; sleep 2", signal.SIGTERM, "mosquitto"),
+    ("rsyslogd", ["rsyslogd", "-n", "-f", "@DIR@/rs.conf", "-i", "@DIR@/rs.pid"],
+     {"rs.conf": RSYSLOG}, "log.sock", [], {},
+     "for i in 1 2 3; do logger -u log.sock m$i; done; sleep 2; cat out.log | wc -l"),
+    ("named", ["named", "-g", "-n", "2", "-c", "@DIR@/n.conf"], {"n.conf": NAMED, "z.db": ZONE},
+     "tcp:25385", ["--soname-synonyms=somalloc=*jemalloc*"], {},
+     "for i in 1 2 3; do for n in a b; do dig +short +tries=1 +time=30 -p 25385 @127.0.0.1 "
+     "$n.example.test; done; done"),
+    ("dbus-daemon", ["dbus-daemon", "--config-file=@DIR@/d.conf", "--nofork", "--nopidfile"],
+     {"d.conf": DBUS}, "bus", [], {},
+     "for i in 1 2 3; do dbus-send --bus=unix:path=bus --print-reply --dest=org.freedesktop."
+     "DBus /org/freedesktop/DBus org.freedesktop.DBus.ListNames | wc -l; done"),
+    ("chronyd", ["chronyd", "-d", "-x", "-f", "@DIR@/c.conf"], {"c.conf": CHRONY},
+     "c.pid", [], {}, "for i in 1 2 3; do chronyc -h 127.0.0.1 -p 25389 tracking | "
+     "head -2; done", signal.SIGTERM, "_chrony"),
+    ("vsftpd", ["vsftpd", "@DIR@/v.conf"], {"v.conf": VSFTPD, "ftp/f.txt": "hi\n",
+                                            "empty/.keep": ""}, "tcp:25386", [], {},
+     "for i in 1 2 3; do curl -sS ftp://127.0.0.1:25386/f.txt; done; $SCAN"),
 ]
 
 
-def run(argv, env, cwd, ready, child):
-    """Run ARGV; with READY, a daemon: once the file READY exists in CWD (and one second
-    more), send SIGTERM to it, or (CHILD) to its first child (the program under mmleak.py
-    run).  The CompletedProcess."""
+def is_ready(cwd, ready):
+    """READY: a file in CWD, or tcp:PORT, a port of 127.0.0.1 that accepts a connection."""
+    if not ready.startswith("tcp:"):
+        return os.path.exists(os.path.join(cwd, ready))
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", int(ready[4:]))) == 0
+
+
+def run(argv, env, cwd, ready, child, load=None, stop=signal.SIGTERM):
+    """Run ARGV; with READY, a daemon: once READY (is_ready) and one second more, run the
+    shell command LOAD in CWD (its clients' requests), then send STOP to it, or (CHILD)
+    to its first child (the program under mmleak.py run).  The CompletedProcess."""
     if ready is None:
         return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True,
                               timeout=900, stdin=subprocess.DEVNULL)
@@ -158,14 +366,26 @@ def run(argv, env, cwd, ready, child):
                          stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     until = time.monotonic() + 120
-    while not os.path.exists(os.path.join(cwd, ready)) and time.monotonic() < until:
+    while not is_ready(cwd, ready) and time.monotonic() < until:
         time.sleep(0.1)
     time.sleep(1)
     pid = p.pid
+    if p.poll() is not None or not is_ready(cwd, ready):
+        out, err = p.communicate()
+        raise RuntimeError("%s: not ready (%s): %s" % (argv[0], p.returncode, err[-500:]))
     if child:
         with open("/proc/%d/task/%d/children" % (p.pid, p.pid)) as f:
             pid = int(f.read().split()[0])
-    os.kill(pid, signal.SIGTERM)
+    if load:
+        # $SCAN: under mmleak, the command that scans the daemon now (mmleak.py scan)
+        scan = "%s %s scan %d" % (PY, MMLEAK_PY, pid) if child else "true"
+        lr = subprocess.run(load, shell=True, cwd=cwd, env=dict(env, SCAN=scan),
+                            capture_output=True,
+                            text=True, timeout=300)
+        sys.stderr.write("  load: status %d, %s\n" % (lr.returncode,
+                                                      (lr.stdout + lr.stderr)[-300:].strip()))
+        time.sleep(1)
+    os.kill(pid, stop)
     out, err = p.communicate(timeout=900)
     return subprocess.CompletedProcess(argv, p.returncode, out, err)
 
@@ -178,10 +398,19 @@ class CannotRun(Exception):
     """The tool could not run the program to its end (a row of its own says why)."""
 
 
-def valgrind(argv, env, cwd, ready, opts, freeres):
+def save(keep, text):
+    """Write TEXT (a tool's output) to the file KEEP (--keep), if given."""
+    if keep:
+        with open(keep, "w") as f:
+            f.write(text)
+
+
+def valgrind(argv, env, cwd, ready, opts, freeres, load=None, keep=None, stop=signal.SIGTERM):
     r = run(["valgrind", "--leak-check=full", "--show-leak-kinds=all",
              "--errors-for-leak-kinds=none"] + opts +
-            ([] if freeres else ["--run-libc-freeres=no"]) + argv, env, cwd, ready, False)
+            ([] if freeres else ["--run-libc-freeres=no"]) + argv, env, cwd, ready, False,
+            load, stop)
+    save(keep, r.stderr)
     # an instruction its JIT does not know (valgrind 3.19: rdtscp, which some library of
     # ffprobe's runs) kills the program with SIGILL: its summary is that of a crash
     m = re.search(r"^==\d+== valgrind: Unrecognised instruction.*$", r.stderr, re.M)
@@ -203,31 +432,46 @@ def valgrind(argv, env, cwd, ready, opts, freeres):
     return got
 
 
-def mmleak(argv, env, cwd, ready):
+def mmleak(argv, env, cwd, ready, load=None, keep=None, stop=signal.SIGTERM, user=None):
     d = os.path.join(cwd, ".mmleak")
     os.mkdir(d)
-    r = run([PY, MMLEAK_PY, "run", "-d", d, "--"] + argv, env, cwd, ready, True)
+    if user:
+        # a daemon that becomes USER: the directory is that user's (one anybody can write
+        # would do for its files, but mmleak.py run leaves another user's traces out of it)
+        pw = __import__("pwd").getpwnam(user)
+        os.chown(d, pw.pw_uid, pw.pw_gid)
+    r = run([PY, MMLEAK_PY, "run", "-d", d, "--"] + argv, env, cwd, ready, True, load, stop)
+    save(keep and keep + ".run", r.stderr)
+    run_err = r.stderr
     nxt = [l for l in r.stderr.splitlines() if " next: " in l]
+    if not nxt and "wrote no dump files" in r.stderr:
+        raise CannotRun("no trace: a static program (Go's, say) does not load mmleak.so")
     if not nxt:
         raise RuntimeError("mmleak.py run: %s" % r.stderr[-500:])
     nxt = nxt[-1].split()
     r = subprocess.run([PY, MMLEAK_PY, "report", d, "--no-html", "--no-builtin-suppressions",
                         nxt[-2], nxt[-1]], env=env, capture_output=True, text=True,
                        timeout=900)
+    save(keep, r.stdout + r.stderr)
     got = {}
     for k in KINDS:
         m = re.search(r"^    %s(?: lost)?: +(\d+) bytes.* in (\d+) blocks$" % k, r.stdout, re.M)
+        if not m and not re.search(r"^    definitely lost: ", r.stdout, re.M):
+            # no scan at the exit (a fatal signal, _exit, a seccomp filter: mmleak-scan(7))
+            ended = re.search(r" ended \(([^)]*)\)", run_err)
+            raise CannotRun("no scan; %s" % (ended.group(1) if ended else "see --keep"))
         if not m:
             raise RuntimeError("mmleak.py report: %s" % (r.stdout + r.stderr)[-500:])
         got[k] = (int(m.group(2)), int(m.group(1)))
     return got
 
 
-def lsan(argv, env, cwd, ready):
+def lsan(argv, env, cwd, ready, load=None, keep=None, stop=signal.SIGTERM):
     # first: the program's own preload (an allocator) after it, as for mmleak.so
     e = dict(env, LD_PRELOAD=" ".join(["liblsan.so.0"] + env.get("LD_PRELOAD", "").split()),
              LSAN_OPTIONS="exitcode=0")
-    r = run(argv, e, cwd, ready, False)
+    r = run(argv, e, cwd, ready, False, load, stop)
+    save(keep, r.stderr)
     m = re.search(r"SUMMARY: LeakSanitizer: (\d+) byte\(s\) leaked in (\d+) allocation",
                   r.stderr)
     return (int(m.group(2)), int(m.group(1))) if m else (0, 0)
@@ -241,7 +485,11 @@ def main():
                         n for n, *_ in PROGRAMS))
     ap.add_argument("--no-perturb", action="store_true", help="no mmp column")
     ap.add_argument("--lsan", action="store_true", help="an lsan column (liblsan.so.0)")
+    ap.add_argument("--tools", metavar="T,...", help="these columns only, in this order "
+                    "(vg, vgnf, mm, mmp, lsan)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
+    ap.add_argument("--keep", metavar="DIR", help="write each tool's output (valgrind's and "
+                    "LeakSanitizer's stderr, mmleak's report) to DIR/PROGRAM.TOOL")
     a = ap.parse_args()
     if not shutil.which("valgrind"):
         sys.exit("vs_valgrind.py: valgrind is not installed")
@@ -253,13 +501,19 @@ def main():
                         os.path.join(OUT, exe), os.path.join(ROOT, "bench", src)], check=True)
     tools = ["vg", "vgnf", "mm"] + ([] if a.no_perturb else ["mmp"]) + (["lsan"] if a.lsan
                                                                         else [])
+    if a.tools:
+        tools = a.tools.split(",")
     print("%-16s %-5s %14s %14s %14s %18s" % ("program", "tool", "definite", "indirect",
                                               "possible", "reachable"))
     results = {}
-    for name, argv, setup, ready, vgopts, *more in PROGRAMS:
+    for name, argv0, setup, ready, vgopts, *more in PROGRAMS:
         if a.only and name not in a.only:
             continue
         added = more[0] if more else {}
+        load0 = more[1] if len(more) > 1 else None
+        stop = more[2] if len(more) > 2 else signal.SIGTERM
+        user = more[3] if len(more) > 3 else None
+        argv = argv0
         pre = [p for p in added.get("LD_PRELOAD", "").split() if not os.path.isabs(p)]
         missing = [argv[0]] if not shutil.which(argv[0]) else [
             p for p in pre if not os.path.exists(os.path.join("/usr/lib/x86_64-linux-gnu", p))]
@@ -269,6 +523,9 @@ def main():
         results[name] = {}
         for tool in tools:
             with tempfile.TemporaryDirectory(prefix="vs-valgrind-") as cwd:
+                os.chmod(cwd, 0o755)        # for a daemon that drops its privileges
+                argv = [x.replace("@DIR@", cwd) for x in argv0]
+                load = load0 and load0.replace("@DIR@", cwd)
                 env = dict(os.environ, LC_ALL="C", HOME=cwd, PYTHONMALLOC="malloc")
                 env.pop("MMLEAK_SUPPRESSIONS", None)
                 env.pop("LD_PRELOAD", None)
@@ -278,20 +535,32 @@ def main():
                     env["GLIBC_TUNABLES"] = ":".join(
                         [t for t in [env.get("GLIBC_TUNABLES")] if t] +
                         ["glibc.malloc.tcache_count=0"])
-                if setup:
+                if isinstance(setup, dict):
+                    for fn, text in setup.items():
+                        os.makedirs(os.path.join(cwd, os.path.dirname(fn)), exist_ok=True)
+                        with open(os.path.join(cwd, fn), "w") as f:
+                            f.write(text.replace("@DIR@", cwd))
+                elif setup:
                     subprocess.run(setup, shell=True, cwd=cwd, env=env, check=True,
                                    capture_output=True)
+                keep = a.keep and os.path.join(a.keep, "%s.%s" % (name.replace(" ", "_"), tool))
                 if tool in ("vg", "vgnf"):
                     try:
-                        got = valgrind(argv, env, cwd, ready, vgopts, tool == "vg")
+                        got = valgrind(argv, env, cwd, ready, vgopts, tool == "vg", load, keep,
+                                       stop)
                     except CannotRun as e:
                         print("%-16s %-5s (%s)" % (name, tool, e), flush=True)
                         results[name][tool] = str(e)
                         continue
                 elif tool in ("mm", "mmp"):
-                    got = mmleak(argv, env, cwd, ready)
+                    try:
+                        got = mmleak(argv, env, cwd, ready, load, keep, stop, user)
+                    except CannotRun as e:
+                        print("%-16s %-5s (%s)" % (name, tool, e), flush=True)
+                        results[name][tool] = str(e)
+                        continue
                 else:
-                    n, b = lsan(argv, env, cwd, ready)
+                    n, b = lsan(argv, env, cwd, ready, load, keep, stop)
                     print("%-16s %-5s %14s" % (name, tool, "%d/%d" % (n, b)), flush=True)
                     results[name][tool] = [n, b]
                     continue

@@ -339,6 +339,12 @@ __attribute__((noinline)) static void plant(const char *c)
         altstack_exit();
     } else if (!strcmp(c, "main-exited")) {
         main_exited();
+    } else if (!strcmp(c, "dlerror-pending")) {
+        /* a dlsym that fails: glibc keeps its error text (and a 24-byte record pointing to
+         * it) for dlerror(), and frees the text at the thread's next dl call, which is
+         * mmleak.so's own dlsym at the exit; no TARGET block (test_dlerror_text_freed_at_exit) */
+        if (dlsym(RTLD_DEFAULT, "no_such_symbol_in_scan_cases"))
+            exit(2);
     } else {
         fprintf(stderr, "unknown case %s\n", c);
         exit(2);

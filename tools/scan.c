@@ -327,8 +327,11 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
         memcpy(totals, s.kinds, sizeof s.kinds);
     step_time("let-go", &tstep);
     if (scan_write_result(&s, out, outlen)) {
+        /* why, and as whom: a daemon that became another user (mosquitto, chronyd) can no
+         * longer create files in a directory that was only root's (mmleak-tracer(7)) */
         if (!s.failed)
-            snprintf(err, errlen, "cannot write the result in %s", dir);
+            snprintf(err, errlen, "cannot write the result in %s (as uid %u): %s", dir,
+                     (unsigned)geteuid(), strerror(errno));
         rc = -1;
     }
     step_time("result", &tstep);

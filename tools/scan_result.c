@@ -195,6 +195,7 @@ int scan_write_result(struct scan *s, char *out, size_t outlen)
         free(b.p);
         if (data)
             free_data(data, maplen);
+        errno = ENOMEM;
         return -1;
     }
     /* a hidden temporary file, then linked to the first free name */
@@ -205,9 +206,11 @@ int scan_write_result(struct scan *s, char *out, size_t outlen)
     snprintf(tmpname, sizeof tmpname, "%s/.mmleak.%s.scan.%08x.tmp", s->dir, s->id, rnd);
     int fd = open(tmpname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
+        int e = errno;                      /* for the caller's message */
         free(b.p);
         if (data)
             free_data(data, maplen);
+        errno = e;
         return -1;
     }
     scan_file_owner(s, fd);
@@ -221,7 +224,7 @@ int scan_write_result(struct scan *s, char *out, size_t outlen)
         iov[n++] = (struct iovec){ le[k], 8 };
         iov[n++] = (struct iovec){ sec[k], len[k] };
     }
-    int ok = !write_all(fd, iov, n);
+    int ok = !write_all(fd, iov, n), e = errno;
     free(b.p);
     if (data)
         free_data(data, maplen);
@@ -231,6 +234,7 @@ int scan_write_result(struct scan *s, char *out, size_t outlen)
     close(fd);
     if (!ok) {
         unlink(tmpname);
+        errno = e;
         return -1;
     }
     for (int k = 1; k < 100000; k++) {
@@ -242,6 +246,8 @@ int scan_write_result(struct scan *s, char *out, size_t outlen)
         if (errno != EEXIST)
             break;
     }
+    int e2 = errno;
     unlink(tmpname);
+    errno = e2;
     return -1;
 }

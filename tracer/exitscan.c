@@ -263,10 +263,13 @@ COLD void scan_at_exit(uintptr_t floor)
     int saved = errno;
     /* libstdc++'s one-time memory (GCC 14+ has __gnu_cxx::__freeres; an older one has none).
      * dlsym under our guard: a symbol not found makes it allocate its error text, which is
-     * glibc's, not the program's, and must not be recorded; the frees of __freeres must. */
-    T.guard++;
+     * glibc's, not the program's, and must not be recorded; the frees of __freeres must.
+     * And so must dlsym's own: every dl call first frees the text of the program's last
+     * failed one, kept for dlerror() (haproxy's dlsym of "mallctl"), which would otherwise
+     * stay in the trace, a block the scan then calls definitely lost (GUARD_FREES). */
+    T.guard = T.guard + 1 + GUARD_FREES;
     void (*freeres)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "_ZN9__gnu_cxx9__freeresEv");
-    T.guard--;
+    T.guard = T.guard - 1 - GUARD_FREES;
     if (freeres)
         freeres();
     int lone = one_thread();

@@ -167,6 +167,7 @@ struct fid { dev_t dev; ino_t ino; };
 /* Per-thread state.  The hot fields come first, in one cache line. */
 #define GUARD_NEST 0xffff       /* nesting count of mmleak's own code in this thread */
 #define GUARD_NEW (1 << 24)     /* a failing operator new is in libstdc++: see new_failed */
+#define GUARD_FREES (1 << 25)   /* our own call frees the program's blocks: see scan_at_exit */
 struct tstate {
     char *cur;            /* next byte to write in the staging half */
     char *end;            /* end of that half; NULL forces the slow path */

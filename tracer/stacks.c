@@ -380,6 +380,15 @@ COLD void record_with_stack(void *p, size_t n, const void *ra)
  * new epoch, a forked copy, a value too wide. */
 COLD void record_free_slow(void *p, uint64_t s, const void *ra)
 {
+    struct tstate *t0 = &T;
+    if (unlikely((t0->guard & GUARD_FREES) && (t0->guard & GUARD_NEST) == 1)) {
+        /* freed by glibc in a call of ours, but the program's block (scan_at_exit's dlsym
+         * frees the text of the program's last failed dl call): recorded as the program's */
+        t0->guard = t0->guard - 1 - GUARD_FREES;
+        record_free_slow(p, s, ra);
+        t0->guard = t0->guard + 1 + GUARD_FREES;
+        return;
+    }
     RECORD_BEGIN(t);
     char line[64], *d = put_free_line(line, (uintptr_t)p, s, (uintptr_t)ra - 1);
     *d++ = '\n';

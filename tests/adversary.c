@@ -2,6 +2,7 @@
  * once broke the tracer.  Every leaking call carries "site:NAME"; everything else is freed.
  * Built -O0: at -O1 GCC deletes free(malloc(n)). */
 #define _GNU_SOURCE
+#include <alloca.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -477,6 +478,43 @@ static int sandbox(const char *how)
     return 0;
 }
 
+/* ---- 5f. a seccomp filter that kills at madvise(MADV_HUGEPAGE), and then over a thousand
+ * stacks: mmleak must not give the memo of walks its huge page under the filter ---- */
+static __attribute__((noinline)) void hp_leaf(void)
+{
+    free(malloc(24));
+    __asm__ volatile("" ::: "memory");          /* not a tail call: this frame stays */
+}
+
+static __attribute__((noinline)) void hp_at(size_t k)
+{
+    volatile char *p = alloca(16 * k);          /* each k: hp_leaf's frame at another sp */
+    p[0] = 0;
+    hp_leaf();
+    __asm__ volatile("" ::: "memory");
+}
+
+static int no_hugepage(void)
+{
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_madvise, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2])),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 14 /* MADV_HUGEPAGE */, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = { sizeof f / sizeof f[0], f };
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) ||
+        syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog))
+        return 5;
+    keep(malloc(765));                          /* site:hugepage_leak */
+    for (size_t k = 1; k <= 3000; k++)
+        hp_at(k);
+    puts("no_hugepage done");
+    return 0;
+}
+
 /* ---- 5b. a plugin unloaded before and after the process drops root ---- */
 static int dlsetuid(const char *lib0, const char *lib1)
 {
@@ -601,6 +639,7 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "retitle")) return retitle(argc, argv, argv[2]);
     if (!strcmp(mode, "no_setfsuid")) return no_setfsuid();
     if (!strcmp(mode, "sandbox")) return sandbox(argv[2]);
+    if (!strcmp(mode, "no_hugepage")) return no_hugepage();
     if (!strcmp(mode, "umask")) return strict_umask();
     if (!strcmp(mode, "stderr_taken")) return stderr_taken(argv[2]);
     if (!strcmp(mode, "detach_fsize")) return detach_fsize();

@@ -595,6 +595,19 @@ def test_a_seccomp_filter_against_setfsuid_does_not_kill_the_program(bins, dump,
     assert sh.events == 1 + 2 * 50000 and sh.gap_text() is None
 
 
+def test_a_seccomp_filter_against_huge_pages_does_not_kill_the_program(bins, dump, mm):
+    """The memo of walks moves to a huge page once it has kept 1024 walks (tracer/memo.c,
+    memo_huge), but never under a seccomp filter: this one kills at madvise(MADV_HUGEPAGE)
+    (and lets mmleak's own calls through), then the program makes 3000 walks from as many
+    stack pointers.  It must run to its end, its trace whole."""
+    r = run_traced([bins["adversary"], "no_hugepage"], dump, check=False)
+    assert r.returncode == 0 and r.stdout == b"no_hugepage done\n" and r.stderr == b"", r
+    tid = next(iter(traces(mm, dump)))
+    got, sh = leaks(dump, tid, "adversary")
+    assert got == exp([adv(0, "hugepage_leak", 765, fn="no_hugepage")])
+    assert sh.events == 1 + 2 * 3000 and sh.gap_text() is None
+
+
 @pytest.mark.parametrize("how", ["prctl", "syscall"])
 def test_a_seccomp_filter_the_program_installs_ends_the_trace_before_it(bins, dump, mm, how):
     """sshd's privilege-separated child (prctl) and chronyd -F 1 (libseccomp: the seccomp

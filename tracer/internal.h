@@ -352,6 +352,8 @@ void say_err(const char *what, int err, const char *tail);
 /* ---- mem.c: mmleak's own memory, never the traced allocator's ---- */
 
 void *mml_map(size_t n);
+/* Name and list a mapping of ours made with mmap itself (see mem.c). */
+void mml_own_note(void *p, size_t n);
 /* Give back a mapping of ours: mml_map's (listed for the scan: see ownlist.h) or another. */
 void mml_unmap(void *p, size_t n);
 /* Grow an array in mmap'ed memory: see mem.c. */

@@ -64,6 +64,14 @@ void *mml_map(size_t n)
     void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return NULL;
+    mml_own_note(p, n);
+    return p;
+}
+
+/* A mapping of ours made elsewhere (the memo's huge page, tracer/memo.c), of N bytes at P:
+ * named and listed as mml_map's are. */
+void mml_own_note(void *p, size_t n)
+{
     /* named, and listed (ownlist.h), so that the reachability scan leaves our memory out
      * (mmleak-scan(7)): it holds copies of the program's words, which must not count.
      * Kernels before 5.17 (or without CONFIG_ANON_VMA_NAME) refuse the name: the list
@@ -77,7 +85,6 @@ void *mml_map(size_t n)
         __atomic_store_n(&unnamed, 1, __ATOMIC_RELAXED);
     own_add(p, n);
     errno = saved;
-    return p;
 }
 
 /* Unmap N bytes at P, a mapping of ours (mml_map's, or another: then it is only unmapped). */

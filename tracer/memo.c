@@ -8,8 +8,12 @@
 #include "rulecache.h"
 #include "compiler.h"
 
+#include "procstatus.h"
+
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/mman.h>
 
 /* ---- the memo ------------------------------------------------------------------------------
  * One table for all threads (a key holds a stack pointer, so threads do not share records,
@@ -31,7 +35,7 @@
  * every offset read is checked against this thread's stack, so a torn record is a miss,
  * never a stray read. */
 #define MEMO_BITS 15         /* 8192 sets of four records: 2 MiB of .bss, only the pages used
-                                cost memory */
+                                cost memory (until memo_huge) */
 #define MEMO_WAYS 4
 #define MEMO_DELTAS 30
 #define MEMO_HASHED 28      /* words hashed: the walk's n (at most 28, a multiple of 4), then
@@ -61,7 +65,13 @@ struct memo {
                                or more); bytes 30-31: the highest offset (little-endian) */
 } __attribute__((aligned(64)));
 _Static_assert(sizeof(struct memo) == 64, "a memo record is one cache line");
-static struct memo g_memo[1U << MEMO_BITS] __attribute__((aligned(64 * MEMO_WAYS)));
+/* The table: first in .bss, then (memo_huge) in one huge page of its own.  Read through
+ * g_memo, one load of a pointer that changes once per process. */
+#define MEMO_HUGE_PAGE (2u << 20)
+static struct memo g_memo_bss[1U << MEMO_BITS] __attribute__((aligned(64 * MEMO_WAYS)));
+_Static_assert(sizeof g_memo_bss == MEMO_HUGE_PAGE, "the memo fills one huge page");
+static struct memo *_Atomic g_memo_at = g_memo_bss;
+#define g_memo (atomic_load_explicit(&g_memo_at, memory_order_relaxed))
 
 static inline uint64_t mix64(uint64_t h)
 {
@@ -79,7 +89,7 @@ static inline uint64_t mix64(uint64_t h)
  * A start has two sets.  Its first (memo_set0) is chosen by the start alone, so that the
  * entry point's prefetch can leave at once: choosing it by the return address one frame up
  * too meant reading the cached rule of ip first, a miss of its own on many stacks
- * (bench/stacks_bench: 5 to 9 ns per event, docs/performance.rst, the tenth pass).  But many
+ * (bench/stacks_bench: 5 to 9 ns per event, docs/performance-stacks.rst, the tenth pass).  But many
  * paths can reach one function at one depth (the same start: a wrapper called from many
  * call sites of one function, bench/sites_bench.c), more than four ways hold; when a third
  * walk of one start comes, memo_put leaves a marker in its first set (MEMO_F_REDIR) and keeps
@@ -129,7 +139,7 @@ __thread int mml_memo_prefetch_off __attribute__((tls_model("initial-exec")));
 
 /* The last start whose walks this thread found kept in their second set (MEMO_F_REDIR): its
  * prefetch and lookup go there first.  Not in U: U grown to 64 bytes measured slower on
- * bench/sites_bench (docs/performance.rst, the eleventh pass). */
+ * bench/sites_bench (docs/performance-stacks.rst, the eleventh pass). */
 static __thread struct { uintptr_t ip, sp; } second_guess
     __attribute__((tls_model("initial-exec")));
 
@@ -180,7 +190,7 @@ static inline uint64_t memo_tag1(uint64_t tag0, uintptr_t bp)
  * 64), so that the multiplication takes its weight as an immediate: one instruction with the
  * word's load (imul $w, (sp,o,8), r), where a 64-bit weight needed a movabs first, four
  * instructions a word instead of five (bench/stacks_bench: 14.7 fewer per event,
- * docs/performance.rst, the twelfth pass).  The sum is still taken mod 2^64 over whole
+ * docs/performance-stacks.rst, the twelfth pass).  The sum is still taken mod 2^64 over whole
  * words: one word changed never keeps it (odd weights); two words swapped keep it only if
  * their difference times the difference of their weights, which has at most 13 trailing
  * zero bits here, is 0 mod 2^64; what small weights add is that a few words' differences can
@@ -206,7 +216,7 @@ static inline uint64_t memo_sum(unsigned n, uint64_t a)
  * (8 words) 38 instructions and about 6 ns per event less; bench/stacks_bench, whose walks
  * all have 12 words or more (the branch always the same way), 3 instructions more and no
  * time lost.  A boundary of 16 put stacks_bench's walks on both sides of it, at random:
- * +0.21 mispredicted branches per event, no gain (docs/performance.rst, the twelfth pass). */
+ * +0.21 mispredicted branches per event, no gain (docs/performance-stacks.rst, the twelfth pass). */
 static inline unsigned memo_len(unsigned n)
 {
     return n > MEMO_SHORT ? MEMO_HASHED : MEMO_SHORT;
@@ -392,6 +402,65 @@ int mml_memo_get(const struct mml_start *s, unsigned salt, uint64_t *value, int 
     return memo_get_more(r, s, t0, k, value, nframes, words, hit);
 }
 
+/* ---- the memo in one huge page ----
+ * A busy memo's records are read at random over the whole table: the 4096 walks of
+ * bench/stacks_bench lie on its 512 pages of 4 KiB, far more than the first-level TLB holds,
+ * so a lookup's record costs a TLB miss as well as a cache miss (under a VM, a walk of two
+ * sets of page tables).  In one 2 MiB page the table takes one TLB entry
+ * (docs/performance-stacks.rst, the thirteenth pass).  Only once the memo has kept MEMO_HUGE_AT
+ * walks: by then about 87 % of the table's pages are resident anyway (1024 records at random
+ * over 512 pages), so the huge page, all of it resident, adds little; a program with fewer
+ * walks keeps the .bss table and its few pages.  The .bss table cannot take the huge page
+ * itself: it is not aligned to 2 MiB (aligned so, it moved the segments of the executables
+ * that link this file, and glibc's _dl_find_object then gave them a range without their
+ * .eh_frame_hdr: the walks of tests/memo_check.c stopped after one frame).  So a new table
+ * is mapped, 2 MiB-aligned, with MADV_HUGEPAGE (its first write faults in the huge page),
+ * and g_memo switched to it, empty: the walks are made once more and kept there.  A lookup
+ * still on the old table (its prefetched set, a record being stamped) reads valid memory:
+ * the old pages are given back with MADV_DONTNEED and read as zeros, an empty way, a miss.
+ * Once per process, from a walk (the cold path), never under a seccomp filter, which the
+ * advice could offend (the status is read with calls mmleak already makes); without
+ * transparent huge pages nothing changes but the address.  errno is the program's, kept. */
+#define MEMO_HUGE_AT 1024
+static _Atomic unsigned g_memo_puts;
+/* tracer/mem.c's, in mmleak.so: the new table named and listed as mmleak's own memory, which
+ * the reachability scan leaves out (its words are not the program's).  Weak: the tests and
+ * the unwinder's benchmark link this file without mem.c. */
+void mml_own_note(void *p, size_t n) __attribute__((weak));
+static atomic_int g_memo_huge_once;
+
+static __attribute__((noinline, cold)) void memo_huge(void)
+{
+    static char status[8192];   /* not on the stack: a walk may run on a small signal stack */
+    if (atomic_exchange_explicit(&g_memo_huge_once, 1, memory_order_relaxed))
+        return;
+    int e = errno;
+    if (!mml_status_seccomp("/proc/self/status", status, sizeof status)) {
+        char *m = mmap(NULL, 2 * MEMO_HUGE_PAGE, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m != MAP_FAILED) {
+            uintptr_t up = ((uintptr_t)m + MEMO_HUGE_PAGE - 1) & ~(uintptr_t)(MEMO_HUGE_PAGE - 1);
+            char *a = (char *)up;
+            /* the rest of the mapping, before and after the aligned table, given back */
+            if (a > m)
+                munmap(m, (size_t)(a - m));
+            munmap(a + MEMO_HUGE_PAGE, (size_t)(m + MEMO_HUGE_PAGE - a));
+            if (madvise(a, MEMO_HUGE_PAGE, MADV_HUGEPAGE) == 0) {
+                if (mml_own_note)
+                    mml_own_note(a, MEMO_HUGE_PAGE);
+                atomic_store_explicit(&g_memo_at, (struct memo *)(void *)a, memory_order_release);
+                /* its whole pages (the table is aligned to 256 bytes only) */
+                uintptr_t lo = ((uintptr_t)g_memo_bss + 4095) & ~(uintptr_t)4095;
+                uintptr_t hi = ((uintptr_t)g_memo_bss + sizeof g_memo_bss) & ~(uintptr_t)4095;
+                madvise((void *)lo, hi - lo, MADV_DONTNEED);
+            } else {
+                munmap(a, MEMO_HUGE_PAGE);
+            }
+        }
+    }
+    errno = e;
+}
+
 /* Write record r (tag, hash h, the value's word vw, the steps d) under its sequence number,
  * unless another writer holds it. */
 static void memo_write(struct memo *r, uint64_t tag, uint64_t h, uint64_t vw, const uint64_t d[4])
@@ -469,6 +538,14 @@ void mml_memo_put(const struct mml_start *s, unsigned salt, unsigned gen,
     /* The first set, unless it holds a marker of this start, or two walks of it already
      * (this is the third: the start's walks then go to its second set, and a marker, in
      * place of the two, sends the lookups there) */
+    /* racing threads may count one put for two: MEMO_HUGE_AT is a size, not an exact count;
+     * before the set is chosen, so that this walk goes to the new table */
+    unsigned puts = atomic_load_explicit(&g_memo_puts, memory_order_relaxed);
+    if (unlikely(puts < MEMO_HUGE_AT)) {
+        atomic_store_explicit(&g_memo_puts, puts + 1, memory_order_relaxed);
+        if (puts + 1 == MEMO_HUGE_AT)
+            memo_huge();
+    }
     struct memo *pref = memo_set0(s->ip, s->sp), *set = memo_ways(pref), *r = NULL, *mine = NULL;
     int same = 0, redir = 0;
     for (unsigned w = 0; w < MEMO_WAYS; w++) {

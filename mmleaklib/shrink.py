@@ -139,7 +139,10 @@ class Shrinker:
             lineno += 1
             m = match(line)
             if m is None:
-                if events and line.startswith(b"#mmleak "):
+                # a whole line only, as tools/shrink_read.c's one_line: not the piece of
+                # one cut by NULs, nor the head of one too long, nor a torn last line
+                if events and line.startswith(b"#mmleak ") and line[-1:] == b"\n" and \
+                        len(line) <= LINE_MAX + 1:
                     joined |= 2
                     if joined == 3:
                         self._joined(name, lineno)

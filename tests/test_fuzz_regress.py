@@ -24,6 +24,11 @@ EXPECT = {
     "joined-cut-header": (3, b"mmleak.py: in0.out:2: torn line (process killed while "
                              b"writing it?) ignored: b'#mmleak 2 id=14085 pid=14085 "
                              b"tid=14090 file=1 depth=1 start='"),
+    # a bracket line, then a '#mmleak' header with a bad field: both refuse the input as
+    # joined results, but the compiled reader also handed the header over after the
+    # refusal (one more line, "malformed header field"); a refused header is not read now
+    "joined-bad-header": (2, b"mmleak.py: in0.out:2: torn line (process killed while "
+                             b"writing it?) ignored: b'55d50'"),
 }
 
 

@@ -172,7 +172,51 @@ deb:
 	cd $(DEB)/mmleak && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL dpkg-buildpackage -b -us -uc
 	lintian --fail-on error,warning $(DEB)/*.changes
 
+# `make fuzz`: the libFuzzer harnesses of the tools' file readers (tests/fuzz/fuzz_tools.c, one
+# binary per entry point, clang with AddressSanitizer and UBSan, in build/fuzz/), each run
+# FUZZ_SECONDS from tests/fuzz/seeds/ and tests/fuzz/regress/ (docs/format.rst).
+# Not part of `make check`.
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS = shrink blocks result_blocks merge blocks_merge pick leb
+FUZZ_FLAGS   = -std=gnu11 -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
+               -fno-sanitize-recover=undefined -I$(GEN)
+FUZZ_OBJS    = $(TOOLS_SRCS:%.c=build/fuzz/obj/%.o)
+build/fuzz/obj/%.o: %.c | $(GEN)/facts.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
+build/fuzz/fuzz-%: tests/fuzz/fuzz_tools.c $(FUZZ_OBJS)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer \
+	    -DFUZZ_TARGET=$$(n=0; for t in $(FUZZ_TARGETS); do [ $$t = $* ] && echo $$n; n=$$((n+1)); done) \
+	    -Wl,--wrap=mmap,--wrap=munmap -o $@ $< $(FUZZ_OBJS)
+.SECONDARY: $(FUZZ_OBJS)
+# the same harnesses over readers built to read 61 bytes at a time with lines of at most 600
+# bytes (mmleaklib keeps 1 MiB): the chunk boundaries and the lines too long, from small inputs
+FUZZ_SMALL = shrink merge pick
+FUZZ_SMALL_OBJS = $(TOOLS_SRCS:%.c=build/fuzz/small/%.o)
+build/fuzz/small/gen/facts.h: $(GEN)/facts.h
+	@mkdir -p $(dir $@)
+	sed 's/^#define MMLEAK_LINE_MAX .*/#define MMLEAK_LINE_MAX 600/' $< > $@
+build/fuzz/small/%.o: %.c build/fuzz/small/gen/facts.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS:-I$(GEN)=-Ibuild/fuzz/small/gen) -DREAD_CHUNK='((size_t)61)' \
+	    -fsanitize=fuzzer-no-link -c -o $@ $<
+build/fuzz/fuzz-small-%: tests/fuzz/fuzz_tools.c $(FUZZ_SMALL_OBJS)
+	$(FUZZ_CC) $(FUZZ_FLAGS:-I$(GEN)=-Ibuild/fuzz/small/gen) -fsanitize=fuzzer \
+	    -DFUZZ_TARGET=$$(n=0; for t in $(FUZZ_TARGETS); do [ $$t = $* ] && echo $$n; n=$$((n+1)); done) \
+	    -Wl,--wrap=mmap,--wrap=munmap -o $@ $< $(FUZZ_SMALL_OBJS)
+.SECONDARY: $(FUZZ_SMALL_OBJS)
+fuzz-build: $(FUZZ_TARGETS:%=build/fuzz/fuzz-%) $(FUZZ_SMALL:%=build/fuzz/fuzz-small-%)
+fuzz: fuzz-build
+	@for t in $(FUZZ_TARGETS) $(FUZZ_SMALL:%=small-%); do mkdir -p build/fuzz/corpus/$$t && \
+	    echo "fuzz-$$t: $(FUZZ_SECONDS) s" && \
+	    build/fuzz/fuzz-$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 \
+	        -dict=tests/fuzz/dump.dict \
+	        -artifact_prefix=build/fuzz/ build/fuzz/corpus/$$t tests/fuzz/seeds \
+	        tests/fuzz/regress 2>build/fuzz/$$t.log || { tail -40 build/fuzz/$$t.log; exit 1; }; \
+	    tail -1 build/fuzz/$$t.log; done
+
 clean:
 	rm -rf mmleak.so mmleak-tools.so mmleak-scan build tests/bin bench/out demo __pycache__ tests/__pycache__ mmleaklib/__pycache__
 
-.PHONY: all check bench demo debug man install uninstall deb clean
+.PHONY: all check bench demo debug man install uninstall deb clean fuzz fuzz-build

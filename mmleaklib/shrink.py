@@ -22,6 +22,7 @@ every hull.  A hull end that can never be reported (an allocation at the low end
 at the high end) is written as a bracket line "PTR SEQ +" or "PTR SEQ -".
 """
 import collections
+import errno
 import os
 import shutil
 import stat
@@ -108,12 +109,13 @@ class Shrinker:
     def check_start(self, fd, name):
         """Refuse the input at descriptor FD (NAME), read from its offset, if it is not a
         dump (dumpformat.not_a_dump): Fail, all inputs refused, nothing written (as joined
-        partial results).  A pipe is read as it is (its start cannot be looked at without
-        taking it from the reader)."""
+        partial results).  A pipe (or any stream) is judged by its first non-blank line:
+        its bytes up to there are taken from it (peek_stream) and handed back behind FD."""
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return
-            head = os.pread(fd, PEEK, os.lseek(fd, 0, os.SEEK_CUR))
+                head = peek_stream(fd)
+            else:
+                head = os.pread(fd, PEEK, os.lseek(fd, 0, os.SEEK_CUR))
         except OSError:
             return                      # the reader says why
         if not_a_dump(head):
@@ -137,7 +139,10 @@ class Shrinker:
             lineno += 1
             m = match(line)
             if m is None:
-                if events and line.startswith(b"#mmleak "):
+                # a whole line only, as tools/shrink_read.c's one_line: not the piece of
+                # one cut by NULs, nor the head of one too long, nor a torn last line
+                if events and line.startswith(b"#mmleak ") and line[-1:] == b"\n" and \
+                        len(line) <= LINE_MAX + 1:
                     joined |= 2
                     if joined == 3:
                         self._joined(name, lineno)
@@ -480,6 +485,109 @@ def progress_printer(stream=None):
                         os.path.basename(name), "\n" if done else "   "))
         stream.flush()
     return show
+
+
+# how far into a stream peek_stream looks for its first line to judge (NUL-led lines, which
+# `sort` puts first, and blanks are skipped): past it, the stream is read as a dump
+STREAM_PEEK_MAX = 1 << 20
+
+
+def _stream_head(buf, eof):
+    """(decided, head): the first line of BUF (a stream's first bytes; EOF: all of it) that
+    is neither blank nor starts with a NUL (padding, a hole, a line `sort` put first), up to
+    PEEK bytes, for not_a_dump; head None when there is none (read as a dump)."""
+    pos = 0
+    while True:
+        nl = buf.find(b"\n", pos)
+        piece = buf[pos:] if nl < 0 else buf[pos:nl + 1]
+        start = piece.lstrip(b" \n")
+        if not start or start[:1] == b"\0":
+            if nl < 0:
+                return eof, None
+            pos = nl + 1
+            continue
+        if nl >= 0 or eof or len(piece) >= PEEK:
+            return True, piece[:PEEK]
+        return False, None
+
+
+def peek_stream(fd):
+    """The first line by which the stream at descriptor FD (a pipe, a socket, a terminal)
+    is judged (not_a_dump): its first line neither blank nor NUL-led, read within its
+    first STREAM_PEEK_MAX bytes (b"" when there is none: read as a dump).  The bytes read
+    are taken from the stream, so they are handed back: FD is made (dup2) the reading end
+    of a new pipe that gives them, then the rest of the stream (copied by a thread, with
+    splice(2) where it can), so that either engine reads FD as before, from its first
+    byte.  OSError when FD cannot be read: the reader would fail the same way, and says
+    why."""
+    buf = b""
+    eof = False
+    while len(buf) < STREAM_PEEK_MAX:
+        done, head = _stream_head(buf, False)
+        if done:
+            break
+        chunk = os.read(fd, min(1 << 16, STREAM_PEEK_MAX - len(buf)))
+        if not chunk:
+            eof = True
+            break
+        buf += chunk
+    done, head = _stream_head(buf, eof)
+    src = os.dup(fd)
+    r, w = os.pipe()
+    try:
+        os.dup2(r, fd, inheritable=fd <= 2)
+    except OSError:
+        for x in (src, w):
+            os.close(x)
+        raise
+    finally:
+        os.close(r)
+    if eof and len(buf) <= 4096:        # (a pipe holds a page at least: no wait)
+        os.write(w, buf)
+        os.close(src)
+        os.close(w)
+    else:
+        import threading
+        threading.Thread(target=_relay, args=(buf, None if eof else src, w),
+                         name="mmleak-stdin", daemon=True).start()
+        if eof:
+            os.close(src)
+    return head if done and head is not None else b""
+
+
+def _relay(first, src, dst):
+    """Write the bytes FIRST, then copy the stream SRC (None: nothing more) to the pipe
+    DST until its end (peek_stream), then close them.  A reader that stopped early (EPIPE:
+    SIGPIPE is ignored, as Python leaves it) ends it."""
+    try:
+        view = memoryview(first)
+        while view:
+            view = view[os.write(dst, view):]
+        splice = getattr(os, "splice", None)
+        while src is not None:
+            if splice is not None:
+                try:
+                    n = splice(src, dst, 1 << 20)
+                except OSError as e:
+                    if e.errno not in (errno.EINVAL, errno.ENOSYS):
+                        raise
+                    splice = None       # not a pipe, nor a file (a terminal, a socket)
+                    continue
+                if not n:
+                    break
+            else:
+                data = os.read(src, 1 << 16)
+                if not data:
+                    break
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(dst, view):]
+    except OSError:
+        pass                            # the reader sees the stream end there
+    finally:
+        if src is not None:
+            os.close(src)
+        os.close(dst)
 
 
 def shrink_files(paths, progress=None, mixed=False, problems=None, blocks=False, raw=None,

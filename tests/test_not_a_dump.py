@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import ROOT, mmleak
-from test_shrink_native import assert_same_cli
+from test_shrink_native import assert_same_cli, run_cli
 
 NOT_DUMP = mmleak.dumpformat.NOT_DUMP
 HEADER = b"#mmleak 1 pid=4242 tid=4242 file=0 depth=1\n"
@@ -94,3 +94,38 @@ def test_dump_then_garbage_read_up_to_it(tmp_path, monkeypatch, lib):
     assert len([l for l in out.splitlines() if not l.startswith(b"#")]) == 99
     assert err.startswith(b"mmleak.py: F:101: malformed line skipped: b'\\x7fELF")
     assert err.isascii()
+
+
+# A program's lines sorted (`... | sort | mmleak.py shrink`): the NUL-led ones come first
+SORTED_PROGRAM = b"".join(sorted([b"\0\0\0\0\x02\n", b"\0\x01\x05abc\n", b"  \n",
+                                  b"\x01\x02\x03ELF data\n", b"usage: prog [-h]\n"]))
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_DUMPS) + ["sorted"])
+def test_not_a_dump_on_a_pipe_refused(kind, lib):
+    """On a pipe, the first line that is neither blank nor starts with a NUL decides, before
+    anything is read or written (both engines, shrink and mmleak-panda.py)."""
+    data = SORTED_PROGRAM if kind == "sorted" else NOT_DUMPS[kind]
+    rc, out, err = assert_same_cli(["shrink"], stdin=data)
+    assert (rc, out, err) == (2, b"", b"mmleak.py: <stdin>: %s\n" % NOT_DUMP.encode())
+    if kind == "sorted":
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "mmleak-panda.py"), "-o",
+                            os.devnull], input=data, capture_output=True)
+        assert (r.returncode, r.stdout, r.stderr) == (
+            2, b"", b"mmleak-panda.py: <stdin>: %s\n" % NOT_DUMP.encode())
+
+
+@pytest.mark.parametrize("sort", [False, True], ids=["as-written", "sorted"])
+def test_dump_on_a_pipe_read_as_from_a_file(tmp_path, monkeypatch, sort, lib):
+    """A dump on a pipe (sorted or not; blanks, then a hole a crash left at its start;
+    bigger than a pipe holds: its first bytes are handed back ahead of the rest) gives what
+    the same file gives."""
+    data = b"  \n\n" + b"\0" * 5000 + b" cut\n" + HEADER + events(3000)  # (75 KB)
+    if sort:
+        data = b"".join(sorted(data.splitlines(True)))
+    (tmp_path / "F").write_bytes(data)
+    monkeypatch.chdir(tmp_path)
+    want = run_cli("native", ["shrink", "F"])
+    got = assert_same_cli(["shrink"], stdin=data)
+    assert got == (want[0], want[1], want[2].replace(b" F:", b" <stdin>:"))
+    assert got[0] == 3 and got[1].count(b"\n") > 3000     # (" cut": a malformed line)

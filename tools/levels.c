@@ -26,12 +26,14 @@
 #include "dumplines.h"
 
 struct map { const char *p; size_t n; };
+/* an empty file's bytes: P is never NULL, so that P + N is defined (C11 6.5.6) */
+static const char no_bytes[1];
 
 static int map_file(const char *path, struct map *m)
 {
     int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
     struct stat st;
-    m->p = NULL;
+    m->p = no_bytes;
     m->n = 0;
     if (fd < 0)
         return -1;
@@ -65,7 +67,7 @@ static int map_file(const char *path, struct map *m)
 
 static void unmap(struct map *m)
 {
-    if (m->p)
+    if (m->n)
         munmap((void *)m->p, m->n);
 }
 

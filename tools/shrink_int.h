@@ -73,7 +73,9 @@ struct mmleak_shrink_stats {
 /* Reading: a line is kept up to LINE_MAX bytes (mmleaklib/facts.py), read READ_CHUNK at a
  * time (never more than LINE_MAX: only a line that began in an earlier chunk can be longer). */
 #define LINE_MAX_BYTES ((size_t)MMLEAK_LINE_MAX)   /* facts.h: mmleaklib/facts.py's bound */
+#ifndef READ_CHUNK      /* (`make fuzz` reads in chunks of a few bytes: every boundary) */
 #define READ_CHUNK ((size_t)1 << 20)
+#endif
 #define READ_BUF (4096 + LINE_MAX_BYTES + READ_CHUNK)
 #define HEAD DL_HEAD                    /* what messages show of a line too long */
 

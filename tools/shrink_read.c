@@ -151,7 +151,8 @@ static inline __attribute__((always_inline)) void one_line(struct run *r, int fi
     } else {
         if (unlikely(*events != 0) && n > 8 && !memcmp(p, "#mmleak ", 8))
             joined(r, file, lineno, p, n, seen, 2);
-        odd_line(r, file, lineno, p, n);
+        if (likely(!r->stop))   /* refused as joined: the header is not read (Shrinker.feed) */
+            odd_line(r, file, lineno, p, n);
     }
 }
 

@@ -170,7 +170,7 @@ deb:
 	    --exclude=./bench/out --exclude='*.so' --exclude='*.o' --exclude=__pycache__ \
 	    --exclude=.pytest_cache . | tar -x -C $(DEB)/mmleak
 	cd $(DEB)/mmleak && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL dpkg-buildpackage -b -us -uc
-	lintian --fail-on error,warning $(DEB)/*.changes
+	lintian --fail-on error,warning --show-overrides $(DEB)/*.changes
 
 clean:
 	rm -rf mmleak.so mmleak-tools.so mmleak-scan build tests/bin bench/out demo __pycache__ tests/__pycache__ mmleaklib/__pycache__

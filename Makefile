@@ -170,7 +170,7 @@ deb:
 	    --exclude=./bench/out --exclude='*.so' --exclude='*.o' --exclude=__pycache__ \
 	    --exclude=.pytest_cache . | tar -x -C $(DEB)/mmleak
 	cd $(DEB)/mmleak && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL dpkg-buildpackage -b -us -uc
-	lintian --fail-on error,warning $(DEB)/*.changes
+	lintian --fail-on error,warning --show-overrides $(DEB)/*.changes
 
 # `make fuzz`: the libFuzzer harnesses of the tools' file readers (tests/fuzz/fuzz_tools.c, one
 # binary per entry point, clang with AddressSanitizer and UBSan, in build/fuzz/), each run

@@ -1087,35 +1087,61 @@ def _fuzz_trace(rng, prefix, nfiles):
     return _write_inputs(prefix, files)
 
 
-def _live_check_and_trace(tmp_path, dump, *cflags):
-    """tests/live_check.c built (with CFLAGS), and the dump files of a real two-thread trace
-    with cross-thread frees (bench/alloc_bench.c, 200,000 events)."""
-    exe = str(tmp_path / "live_check")
-    subprocess.run(["make", "-s", "-C", ROOT, "mmleak-scan"], check=True)
-    subprocess.run(["cc", "-O1", "-g"] + list(cflags) + [
-                    "-I", os.path.join(ROOT, "tools"), "-I", os.path.join(ROOT, "build", "gen"),
-                    "-o", exe, os.path.join(TESTS, "live_check.c"),
-                    os.path.join(ROOT, "tools", "scan_live.c")] +
-                   sorted(glob.glob(os.path.join(ROOT, "tools", "shrink*.c"))), check=True)
-    bench = str(tmp_path / "alloc_bench")
+@pytest.fixture(scope="module")
+def live_trace(tmp_path_factory, lib):
+    """The dump files of a real two-thread trace with cross-thread frees
+    (bench/alloc_bench.c, 200,000 events), traced once for the module: the live-set tests
+    only read them (tests/live_check.c opens its inputs read-only)."""
+    d = tmp_path_factory.mktemp("livetrace")
+    bench = str(d / "alloc_bench")
     subprocess.run(["cc", "-O1", "-pthread", "-o", bench,
                     os.path.join(ROOT, "bench", "alloc_bench.c")], check=True)
+    dump = d / "dumps"
+    dump.mkdir()
     run_traced([bench, "-t", "2", "-n", "50000"], dump, env={"MMLEAK_SCAN": "0"})
     files = sorted(str(dump / n) for n in os.listdir(dump) if n.endswith(".out"))
     # the main thread's file and the workers': 3, or 2 when the second worker started after
     # the first had ended and took its parked file (the scheduler's choice, not ours)
     assert len(files) >= 2
-    return exe, files
+    return tuple(files)
 
 
-def test_live_set_agrees_with_the_shrink_engine(tmp_path, dump):
+@pytest.fixture(scope="module")
+def live_checks(tmp_path_factory, lib):
+    """tests/live_check.c built with the given CFLAGS, each set once for the module."""
+    d = tmp_path_factory.mktemp("livecheck")
+    built = {}
+
+    def build(*cflags):
+        if cflags not in built:
+            exe = str(d / ("live_check%d" % len(built)))
+            subprocess.run(["make", "-s", "-C", ROOT, "mmleak-scan"], check=True)
+            subprocess.run(["cc", "-O1", "-g"] + list(cflags) + [
+                            "-I", os.path.join(ROOT, "tools"),
+                            "-I", os.path.join(ROOT, "build", "gen"),
+                            "-o", exe, os.path.join(TESTS, "live_check.c"),
+                            os.path.join(ROOT, "tools", "scan_live.c")] +
+                           sorted(glob.glob(os.path.join(ROOT, "tools", "shrink*.c"))),
+                           check=True)
+            built[cflags] = exe
+        return built[cflags]
+    return build
+
+
+@pytest.fixture
+def live_check_and_trace(live_trace, live_checks):
+    """(live_check built with CFLAGS, the files of live_trace): a function of CFLAGS."""
+    return lambda *cflags: (live_checks(*cflags), list(live_trace))
+
+
+def test_live_set_agrees_with_the_shrink_engine(tmp_path, live_check_and_trace):
     """The scan's live set (tools/scan_live.c: the shrink algorithm over each event's
     address, number, kind and size only) is exactly the shrink engine's final survivors
     (tools/shrink.c): the same blocks, numbers and sizes, on a real two-thread trace with
     cross-thread frees and on 400 made-up traces full of what a crash or a hostile hand
     leaves in a file (tests/live_check.c compares them)."""
     import random
-    exe, files = _live_check_and_trace(tmp_path, dump)
+    exe, files = live_check_and_trace()
     r = subprocess.run([exe] + files, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("same "), r.stdout
     assert sum(os.path.getsize(f) for f in files) > 100000 * 25   # its 200,000 events
@@ -1134,7 +1160,7 @@ def test_live_set_agrees_with_the_shrink_engine(tmp_path, dump):
     assert blocks > 1000
 
 
-def test_live_set_from_sorted_results_and_small_batches(tmp_path, dump):
+def test_live_set_from_sorted_results_and_small_batches(tmp_path, live_check_and_trace):
     """The live set's other ways (tools/scan_live.c) give the shrink engine's final survivors
     exactly: a compacted result read as a sorted input (the partial shrink of the first files,
     as a compaction pass writes it) merged with the files after it; inputs said to be sorted
@@ -1143,7 +1169,7 @@ def test_live_set_from_sorted_results_and_small_batches(tmp_path, dump):
     sorted states many times, an address's events split across batches.  On a real
     two-thread trace and on 400 made-up ones (tests/live_check.c)."""
     import random
-    exe, files = _live_check_and_trace(tmp_path, dump, "-DSCAN_LIVE_BATCH=64")
+    exe, files = live_check_and_trace("-DSCAN_LIVE_BATCH=64")
     for argv in (files, ["-p", "2"] + files, ["s:" + f for f in files]):
         r = subprocess.run([exe] + argv, capture_output=True, text=True)
         assert r.returncode == 0 and r.stdout.startswith("same "), (argv[:2], r.stdout)
@@ -1194,14 +1220,14 @@ def _pair_chains(rng, prefix, nfiles):
     return _write_inputs(prefix, files)
 
 
-def test_live_set_pairs_merged_as_one(tmp_path, dump):
+def test_live_set_pairs_merged_as_one(tmp_path, live_checks):
     """An address's runs of pairs in one input, merged as one event after two pairs
     (tools/scan_live.c's pre_event), give the shrink engine's final survivors exactly,
     whatever the state before them: the same address's events in other inputs, in earlier
     batches (batches of 64 events) or in the run itself (a free in another file, an event
     twice, numbers out of order).  600 made-up traces (tests/live_check.c compares)."""
     import random
-    exe, _ = _live_check_and_trace(tmp_path, dump, "-DSCAN_LIVE_BATCH=64")
+    exe = live_checks("-DSCAN_LIVE_BATCH=64")
     rng = random.Random(22)
     blocks = 0
     for k in range(600):
@@ -1215,7 +1241,7 @@ def test_live_set_pairs_merged_as_one(tmp_path, dump):
 
 
 @pytest.mark.parametrize("seg", [64, 2048])
-def test_live_set_parsed_by_threads(tmp_path, dump, seg):
+def test_live_set_parsed_by_threads(tmp_path, live_check_and_trace, seg):
     """The live set of a big trace is parsed by threads (tools/scan_live.c, fold_piped: the
     inputs cut into segments at newlines, parsed two at a time, each through a pre_event
     table of its own, merged in their order): the engine built so that every trace takes
@@ -1226,10 +1252,10 @@ def test_live_set_parsed_by_threads(tmp_path, dump, seg):
     partial shrink, said sorted) and on 400 made-up traces full of what a crash or a hostile
     hand leaves (runs of NULs, lines cut, over MMLEAK_LINE_MAX) and 200 of pairs."""
     import random
-    exe, files = _live_check_and_trace(tmp_path, dump, "-pthread", "-DSCAN_LIVE_BATCH=64",
-                                       "-DSCAN_LIVE_PIPE_MIN=0", "-DSCAN_LIVE_PIPE_ALWAYS",
-                                       "-DSCAN_LIVE_SEG=" + str(seg),
-                                       "-DSCAN_LIVE_CHUNK=3")
+    exe, files = live_check_and_trace("-pthread", "-DSCAN_LIVE_BATCH=64",
+                                      "-DSCAN_LIVE_PIPE_MIN=0", "-DSCAN_LIVE_PIPE_ALWAYS",
+                                      "-DSCAN_LIVE_SEG=" + str(seg),
+                                      "-DSCAN_LIVE_CHUNK=3")
     for argv in (files, ["-t"] + files, ["-p", "2"] + files, ["s:" + f for f in files]):
         r = subprocess.run([exe] + argv, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and r.stdout.startswith("same "), (argv[:2], r.stdout)

@@ -5,6 +5,7 @@ import collections
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 
@@ -354,3 +355,45 @@ def test_memo_serves_many_call_sites_of_one_wrapper(tmp_path):
     sh = mmleak.shrink_files(files)
     assert sh.allocs >= 20000
     assert 16 <= walks[0] <= 64, (walks, sh.allocs)
+
+
+def gap_names(exe, dump):
+    """The functions of the stack of gap_stack's block of 4321 bytes, traced in DUMP."""
+    dump.mkdir()
+    r = run_traced([exe], dump)
+    assert r.stdout == b"ok\n"
+    (tid,) = [k for k, v in mmleak.find_traces(str(dump)).items() if v]
+    sh = mmleak.shrink_files(mmleak.find_traces(str(dump))[tid])
+    (block,) = [a for a in sh.survivors() if a.size == 4321]
+    sym = mmleak.Symbolizer(os.path.join(str(dump), "mmleak.%s.maps" % tid))
+    frames = sym.lookup(sorted(set(block.callers)))
+    names = [frames[c].function for c in block.callers]
+    return names[:names.index("main") + 1 if "main" in names else None]
+
+
+def test_whole_stacks_through_objects_with_far_apart_segments(tmp_path, lib):
+    """tests/gap_stack.c: a program and a library each with a 2 MiB-aligned .bss, so a gap
+    between their segments.  glibc 2.36's _dl_find_object gives the program's text segment
+    alone as its range, and its .eh_frame_hdr is in another segment: the unwinder refused it
+    and every stack from the program's code was one frame (lib_leaf's block: lib_leaf,
+    lib_rec x3, prog_rec, then nothing).  The block's stack names every frame down to
+    main.  Then the same program with its PT_GNU_EH_FRAME moved into the gap (no mapping
+    there): that table is refused, the walk stops in the program's first frame, and nothing
+    faults."""
+    so, exe = str(tmp_path / "libgap_stack.so"), str(tmp_path / "gap_stack")
+    src = os.path.join(TESTS, "gap_stack.c")
+    subprocess.run(["cc", "-O2", "-g", "-shared", "-fPIC", "-DGAP_LIB", "-o", so, src],
+                   check=True)
+    subprocess.run(["cc", "-O2", "-g", "-o", exe, src, so, "-Wl,-rpath," + str(tmp_path)],
+                   check=True)
+    lib_part = ["lib_leaf"] + ["lib_rec"] * 3 + ["prog_rec"]
+    assert gap_names(exe, tmp_path / "d") == lib_part + ["prog_rec"] * 3 + ["main"]
+    # the forged table: PT_GNU_EH_FRAME's address 1 MiB in, between the data and the .bss
+    elf = bytearray(open(exe, "rb").read())
+    phoff, = struct.unpack_from("<Q", elf, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", elf, 0x36)
+    (ph,) = [phoff + i * phentsize for i in range(phnum)
+             if struct.unpack_from("<I", elf, phoff + i * phentsize)[0] == 0x6474e550]
+    struct.pack_into("<QQ", elf, ph + 16, 0x100000, 0x100000)   # p_vaddr, p_paddr
+    open(exe, "wb").write(elf)
+    assert gap_names(exe, tmp_path / "d2") == lib_part

@@ -41,7 +41,9 @@
  * Reads of .eh_frame data: inside the object _dl_find_object returned for x, where x is a pc of
  * a live frame of the calling thread, so the object cannot be unloaded during the walk unless
  * the program itself is running code of an object it is unloading.  Table and FDE pointers are
- * checked to stay inside the object's mapping [dlfo_map_start, dlfo_map_end).
+ * checked to stay inside the object's mapping [dlfo_map_start, dlfo_map_end) or, when its
+ * .eh_frame_hdr is outside that (a program whose segments are mapped apart), inside the
+ * segment of the same object that holds it (eh_span).
  *
  * Reads of the stack: every read is checked against the segment the walk is on:
  *  - the thread's own stack [lo, hi), known per thread (TLS, initial-exec): hi is the thread
@@ -909,6 +911,27 @@ static const uint8_t *fde_find(const struct span *o, const uint8_t *hdr, uintptr
 
 /* ---- from a CFA row to a rule ------------------------------------------------------------ */
 
+/* The .eh_frame_hdr of the object of *fo lies outside the range _dl_find_object gave for x.
+ * That range is the whole object only when its PT_LOAD segments are mapped without a gap
+ * between them (a shared library's always are: ld.so reserves the whole span, holes
+ * included).  The kernel maps a program's segments one by one, and when they are not
+ * contiguous (a 2 MiB-aligned .bss, -z max-page-size=0x200000) glibc 2.36 reports each
+ * segment as its own range, so x's is the text segment and the table is in another one.
+ * Then the reads of the table and of .eh_frame stay inside the segment that holds the
+ * .eh_frame_hdr, as glibc reports it too, provided it is a segment of the same object (a
+ * PT_GNU_EH_FRAME pointing into another object or into no mapping at all is still refused:
+ * the span is left as it is and fde_find finds nothing).  Cold: only on a miss of the
+ * cache, and _dl_find_object is lock-free and async-signal-safe. */
+static COLD void eh_span(const struct dl_find_object *fo, struct span *o)
+{
+    struct dl_find_object t;
+    if (_dl_find_object(fo->dlfo_eh_frame, &t) == 0 && t.dlfo_link_map == fo->dlfo_link_map &&
+        fo->dlfo_link_map) {
+        o->lo = (uintptr_t)t.dlfo_map_start;
+        o->hi = (uintptr_t)t.dlfo_map_end;
+    }
+}
+
 /* The object containing x: its mapping, and the FDE covering x if any.  0: no object (JIT or
  * anonymous code).  Apart from rule_at() so that their frames are not on the stack together
  * (a walk may run with little stack left). */
@@ -919,6 +942,8 @@ static COLD int find_fde(uintptr_t x, struct span *o, const uint8_t **fde)
         return 0;
     o->lo = (uintptr_t)fo.dlfo_map_start;
     o->hi = (uintptr_t)fo.dlfo_map_end;
+    if (fo.dlfo_eh_frame && !in_span(o, fo.dlfo_eh_frame, 4))
+        eh_span(&fo, o);
     *fde = fo.dlfo_eh_frame ? fde_find(o, fo.dlfo_eh_frame, x) : NULL;
     return 1;
 }

@@ -182,12 +182,14 @@ FUZZ_TARGETS = shrink blocks result_blocks merge blocks_merge pick leb
 FUZZ_FLAGS   = -std=gnu11 -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
                -fno-sanitize-recover=undefined -I$(GEN)
 FUZZ_OBJS    = $(TOOLS_SRCS:%.c=build/fuzz/obj/%.o)
+# the harness's entry point: the index of the target's name ($*) in FUZZ_TARGETS
+FUZZ_TARGET  = -DFUZZ_TARGET=$$(n=0; for t in $(FUZZ_TARGETS); do [ $$t = $* ] && echo $$n; n=$$((n+1)); done)
 build/fuzz/obj/%.o: %.c | $(GEN)/facts.h
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
 build/fuzz/fuzz-%: tests/fuzz/fuzz_tools.c $(FUZZ_OBJS)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer \
-	    -DFUZZ_TARGET=$$(n=0; for t in $(FUZZ_TARGETS); do [ $$t = $* ] && echo $$n; n=$$((n+1)); done) \
+	    $(FUZZ_TARGET) \
 	    -Wl,--wrap=mmap,--wrap=munmap -o $@ $< $(FUZZ_OBJS)
 .SECONDARY: $(FUZZ_OBJS)
 # the same harnesses over readers built to read 61 bytes at a time with lines of at most 600
@@ -203,7 +205,7 @@ build/fuzz/small/%.o: %.c build/fuzz/small/gen/facts.h
 	    -fsanitize=fuzzer-no-link -c -o $@ $<
 build/fuzz/fuzz-small-%: tests/fuzz/fuzz_tools.c $(FUZZ_SMALL_OBJS)
 	$(FUZZ_CC) $(FUZZ_FLAGS:-I$(GEN)=-Ibuild/fuzz/small/gen) -fsanitize=fuzzer \
-	    -DFUZZ_TARGET=$$(n=0; for t in $(FUZZ_TARGETS); do [ $$t = $* ] && echo $$n; n=$$((n+1)); done) \
+	    $(FUZZ_TARGET) \
 	    -Wl,--wrap=mmap,--wrap=munmap -o $@ $< $(FUZZ_SMALL_OBJS)
 .SECONDARY: $(FUZZ_SMALL_OBJS)
 fuzz-build: $(FUZZ_TARGETS:%=build/fuzz/fuzz-%) $(FUZZ_SMALL:%=build/fuzz/fuzz-small-%)

@@ -420,6 +420,17 @@ static int threadcreds(const char *how)
     return 0;
 }
 
+/* Install the seccomp filter F of N instructions (with no_new_privs, as an unprivileged
+ * process must): 0, or -1. */
+static int install_filter(struct sock_filter *f, size_t n)
+{
+    struct sock_fprog prog = { (unsigned short)n, f };
+    return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) ||
+                   syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog)
+               ? -1
+               : 0;
+}
+
 /* ---- 5d. a seccomp filter that kills the process at setfsuid (a unit's
  * SystemCallFilter=~@privileged): mmleak must not call it on its own ---- */
 static int no_setfsuid(void)
@@ -430,9 +441,7 @@ static int no_setfsuid(void)
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
-    struct sock_fprog prog = { sizeof f / sizeof f[0], f };
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) ||
-        syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog))
+    if (install_filter(f, sizeof f / sizeof f[0]))
         return 5;
     keep(malloc(750));                          /* site:seccomp_leak */
     churn(50000);                               /* flushes, new files */
@@ -504,9 +513,7 @@ static int no_hugepage(void)
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
-    struct sock_fprog prog = { sizeof f / sizeof f[0], f };
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) ||
-        syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog))
+    if (install_filter(f, sizeof f / sizeof f[0]))
         return 5;
     keep(malloc(765));                          /* site:hugepage_leak */
     for (size_t k = 1; k <= 3000; k++)

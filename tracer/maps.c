@@ -146,8 +146,11 @@ static int loads_log_locked(void)
  * dlopen of a loaded object, a dlclose that does not unload and _dl_find_object do not.  So
  * there the list of objects can never change again (whatever would change it waits for the
  * lock too), and mmleak.so reads it without the lock: the loader's own list, each object's
- * program headers from its ELF header as mapped (tests/test_tracer.py compares nothing of
- * it: the child's trace names the right sites, and its scan at exit runs).  The counters
+ * program headers where the loader has them (object_phdrs; tests/test_tracer.py compares
+ * nothing of it: the child's trace names the right sites, and its scan at exit runs).  Its
+ * users there: the counters, the name of the object that holds mmleak.so (mmleak-scan is
+ * beside it), libc's symbols (scanhere.c) and, attached, GOT slots not seen before the
+ * fork; the maps file and the scan's roots are /proc's, not this list's.  The counters
  * such a walk gives are 0, the same at every check: after the child's first snapshot (the
  * start of its trace, /proc/self/maps as it is then) no check reads the maps again, and none
  * needs to.  The lock is found once per process, in the first call (start-up: about 11,000
@@ -285,16 +288,19 @@ static const ElfW(Phdr) *object_phdrs(struct link_map *l, int *n)
             return ph;
         }
     }
+    /* (the object's link map, not always L: in a dlmopen namespace ld.so's entry is a proxy
+     * with ld.so's l_addr and l_ld, which dl_iterate_phdr gives as ld.so) */
     struct dl_find_object fo;
-    if (!l->l_ld || _dl_find_object(l->l_ld, &fo) || fo.dlfo_link_map != l)
+    if (!l->l_ld || _dl_find_object(l->l_ld, &fo) || !fo.dlfo_link_map)
         return NULL;
     void *guess[2] = { fo.dlfo_map_start, (void *)l->l_addr };
     for (int i = 0; i < 2; i++) {
         struct dl_find_object at;
         if (i == 1 && guess[1] == guess[0])
             break;
-        if (!guess[i] || _dl_find_object(guess[i], &at) || at.dlfo_link_map != l ||
-            !(ph = mapped_phdrs(guess[i], &k)) || !phdrs_of(l, ph, k, (uintptr_t)guess[i]))
+        if (!guess[i] || _dl_find_object(guess[i], &at) ||
+            at.dlfo_link_map != fo.dlfo_link_map || !(ph = mapped_phdrs(guess[i], &k)) ||
+            !phdrs_of(l, ph, k, (uintptr_t)guess[i]))
             continue;
         *n = k;
         return ph;
@@ -304,7 +310,10 @@ static const ElfW(Phdr) *object_phdrs(struct link_map *l, int *n)
 
 /* In a child forked with the lock held: the loader's list, read without it (see above).
  * The list of our own namespace (the program's), from our own entry in it; objects loaded
- * with dlmopen into other namespaces are not in it. */
+ * with dlmopen into other namespaces are not in it (glibc 2.35 and later chain their
+ * lists from _r_debug, r_next).  Of the users above only the GOT's would see them: attached
+ * in such a child, an object of another namespace that was not patched before the fork
+ * stays so (mmleak.so, libc's symbols and the counters are the program's namespace's). */
 static int walk_stuck(int (*cb)(struct dl_phdr_info *, size_t, void *), void *data)
 {
     int r = 0;

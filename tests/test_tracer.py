@@ -586,10 +586,11 @@ def test_fork_stuck_with_segments_apart(dump, tmp_path, mm):
     exit runs, and the block held from the far .bss is reachable."""
     t = os.path.join(ROOT, "tests")
     exe, dl = str(tmp_path / "fork_gap"), str(tmp_path / "libdl_gap.so")
-    subprocess.run(["cc", "-O1", "-g", "-fno-omit-frame-pointer", "-pthread", "-DGAP",
-                    "-no-pie", "-o", exe, os.path.join(t, "fork_phdr.c"), "-ldl"], check=True)
-    subprocess.run(["cc", "-O1", "-g", "-shared", "-fPIC", "-DGAP", "-o", dl,
-                    os.path.join(t, "dl_lib.c")], check=True)
+    cc = [subprocess.Popen(["cc", "-O1", "-g", "-fno-omit-frame-pointer", "-pthread", "-DGAP",
+                            "-no-pie", "-o", exe, os.path.join(t, "fork_phdr.c"), "-ldl"]),
+          subprocess.Popen(["cc", "-O1", "-g", "-shared", "-fPIC", "-DGAP", "-o", dl,
+                            os.path.join(t, "dl_lib.c")])]
+    assert [p.wait() for p in cc] == [0, 0]
     r = run_traced([exe, "prog", "exit", dl], dump, env={"MMLEAK_SCAN_HERE": "0"},
                    check=False)
     m = re.fullmatch(rb"child (\d+) ok\nchild status 0\n", r.stdout)

@@ -311,9 +311,9 @@ static const ElfW(Phdr) *object_phdrs(struct link_map *l, int *n)
 /* In a child forked with the lock held: the loader's list, read without it (see above).
  * The list of our own namespace (the program's), from our own entry in it; objects loaded
  * with dlmopen into other namespaces are not in it (glibc 2.35 and later chain their
- * lists from _r_debug, r_next).  Of the users above only the GOT's would see them: attached
- * in such a child, an object of another namespace that was not patched before the fork
- * stays so (mmleak.so, libc's symbols and the counters are the program's namespace's). */
+ * lists from _r_debug, r_next).  Of the users above only the GOT's scan would see them:
+ * attached in such a child, an object of another namespace not scanned before the fork is
+ * not scanned (mmleak.so, libc's symbols and the counters are the program's namespace's). */
 static int walk_stuck(int (*cb)(struct dl_phdr_info *, size_t, void *), void *data)
 {
     int r = 0;

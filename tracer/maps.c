@@ -250,7 +250,7 @@ static int wl_outer(struct dl_phdr_info *info, size_t size, void *data)
 static int phdrs_of(const struct link_map *l, const ElfW(Phdr) *ph, int n, uintptr_t hdr)
 {
     int dyn = 0, head = !hdr;
-    size_t end = (size_t)((const char *)(ph + n) - (const char *)hdr);
+    uintptr_t end = (uintptr_t)(ph + n) - hdr;     /* (unused when HDR is 0) */
     for (int i = 0; i < n; i++) {
         if (ph[i].p_type == PT_DYNAMIC)
             dyn |= l->l_addr + ph[i].p_vaddr == (uintptr_t)l->l_ld;
@@ -270,7 +270,7 @@ static int phdrs_of(const struct link_map *l, const ElfW(Phdr) *ph, int n, uintp
  * holds the dynamic section, as it was: a program whose segments are mapped apart (a
  * 2 MiB-aligned .bss: tests/gap_stack.c) is known to _dl_find_object segment by segment,
  * so that was its data, and a header forged there was taken as the program's.  A guess is
- * read only at a page boundary in a range _dl_find_object gives for L (the page is mapped),
+ * read only at a page boundary in a range _dl_find_object gives for L's object (mapped),
  * and kept only when the headers it gives name L's dynamic section and map the file's first
  * page (the header) where it was read. */
 static const ElfW(Phdr) *object_phdrs(struct link_map *l, int *n)

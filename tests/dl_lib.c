@@ -5,3 +5,8 @@ void *dl_leak(size_t n)
 {
     return malloc(n); /* site:dl */
 }
+
+#ifdef GAP
+/* -DGAP (tests/test_tracer.py): a 2 MiB-aligned .bss, the object's segments far apart */
+char dl_far_away[4096] __attribute__((aligned(1 << 21)));
+#endif

@@ -14,7 +14,13 @@
  * no hung process is left behind).  Untraced the child never calls
  * dl_iterate_phdr; traced, mmleak.so's check of the loaded objects in the child did, and the
  * lock that fork copied held waited forever (test_tracer.py,
- * test_fork_while_the_loader_lock_is_held). */
+ * test_fork_while_the_loader_lock_is_held).
+ * Built with -DGAP -no-pie (test_fork_stuck_with_segments_apart): the program's .bss is
+ * 2 MiB-aligned, so its segments are mapped apart (tests/gap_stack.c) and _dl_find_object
+ * knows it segment by segment; its data segment starts with its TLS image, a forged ELF
+ * header whose one PT_LOAD spans every address (from 0: the load bias of a program not
+ * PIE); the child also keeps a block of 64 bytes from that .bss (far_away).  A child killed
+ * by a signal: the parent prints "child signal N" instead of its status. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <link.h>
@@ -26,6 +32,13 @@
 #include <unistd.h>
 
 static int in_cb[2], go_on[2];
+
+#ifdef GAP
+void *far_away[512] __attribute__((aligned(1 << 21)));
+/* the ELF header, then at 64 one PT_LOAD: p_vaddr 0, p_memsz 1 << 47 (0x80 at byte 45) */
+__thread unsigned char forged[64 + 56] = { 0x7f, 'E', 'L', 'F', 2, 1, 1, [0x20] = 64,
+                                           [0x36] = 56, [0x38] = 1, [64] = 1, [109] = 0x80 };
+#endif
 
 static int cb(struct dl_phdr_info *i, size_t n, void *d)
 {
@@ -92,6 +105,9 @@ int main(int argc, char **argv)
         if (dl_leak)
             keep = dl_leak(77);
         (void)keep;
+#ifdef GAP
+        far_away[0] = malloc(64);           /* site:far */
+#endif
         printf("child %d ok\n", (int)getpid());
         fflush(stdout);
         if (use_exit)
@@ -101,7 +117,10 @@ int main(int argc, char **argv)
     int st = 0;
     for (int k = 0; k < 600; k++) {         /* 60 s */
         if (waitpid(p, &st, WNOHANG) == p) {
-            printf("child status %d\n", WEXITSTATUS(st));
+            if (WIFSIGNALED(st))
+                printf("child signal %d\n", WTERMSIG(st));
+            else
+                printf("child status %d\n", WEXITSTATUS(st));
             if (write(go_on[1], "x", 1) != 1)
                 return 1;
             pthread_join(t, NULL);

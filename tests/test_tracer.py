@@ -569,3 +569,44 @@ def test_fork_while_the_loader_lock_is_held(fork_phdr, dump, who, end):
     k = scan.kinds_for(str(dump), child)
     if end == "exit":
         assert k.status == "done" and k.scan.why == "exit", k.reason
+
+
+def test_fork_stuck_with_segments_apart(dump, tmp_path, mm):
+    """The child of tests/fork_phdr.c (the program's thread in its dl_iterate_phdr callback)
+    built -DGAP -no-pie, with tests/dl_lib.c -DGAP: program and library each with a
+    2 MiB-aligned .bss, the program's segments mapped apart, so that _dl_find_object knows
+    it segment by segment.  In such a child mmleak.so reads the loader's list itself
+    (tracer/maps.c, walk_stuck); it took the ELF header at the start of the segment that
+    holds the dynamic section: the program's data, whose first bytes are a forged header
+    (its TLS image) with one PT_LOAD over every address.  So the program was taken for the
+    object that holds mmleak.so, the scan at exit found no mmleak-scan beside it
+    (MMLEAK_SCAN_HERE=0: mmleak-scan's way) and the child ended with no scan at all.  Its
+    headers are the auxiliary vector's now (the kernel's, which ld.so used): the child's
+    maps file has one text line of each object, its leaks are at their sites, the scan at
+    exit runs, and the block held from the far .bss is reachable."""
+    t = os.path.join(ROOT, "tests")
+    exe, dl = str(tmp_path / "fork_gap"), str(tmp_path / "libdl_gap.so")
+    cc = [subprocess.Popen(["cc", "-O1", "-g", "-fno-omit-frame-pointer", "-pthread", "-DGAP",
+                            "-no-pie", "-o", exe, os.path.join(t, "fork_phdr.c"), "-ldl"]),
+          subprocess.Popen(["cc", "-O1", "-g", "-shared", "-fPIC", "-DGAP", "-o", dl,
+                            os.path.join(t, "dl_lib.c")])]
+    assert [p.wait() for p in cc] == [0, 0]
+    r = run_traced([exe, "prog", "exit", dl], dump, env={"MMLEAK_SCAN_HERE": "0"},
+                   check=False)
+    m = re.fullmatch(rb"child (\d+) ok\nchild status 0\n", r.stdout)
+    assert r.returncode == 0 and m, (r.stdout, r.stderr[-2000:])
+    child = m.group(1).decode()
+    maps = (dump / ("mmleak.%s.maps" % child)).read_text().splitlines()
+    for obj in exe, dl:
+        assert len([l for l in maps if l.endswith(" " + obj) and " r-xp " in l]) == 1, maps
+    got, sh = leaks(dump, child, "fork_gap")
+    assert got == expect("fork_phdr.c", [("main", "child", 48, 1), ("main", "far", 64, 1)])
+    got, _ = leaks(dump, child, "libdl_gap.so")
+    assert got == expect("dl_lib.c", [("dl_leak", "dl", 77, 1)])
+    (b77,) = [b for b in sh.survivors() if b.size == 77]
+    fr = mm.Symbolizer(str(dump / ("mmleak.%s.maps" % child))).lookup(sorted(set(b77.callers)))
+    assert [fr[c].function for c in b77.callers][:2] == ["dl_leak", "main"]
+    from mmleaklib import scan
+    k = scan.kinds_for(str(dump), child)
+    assert k.status == "done" and k.scan.why == "exit", k.reason
+    assert [k.kind(b.ptr, b.seq) for b in sh.survivors() if b.size == 64] == ["reachable"]

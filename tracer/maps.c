@@ -146,8 +146,11 @@ static int loads_log_locked(void)
  * dlopen of a loaded object, a dlclose that does not unload and _dl_find_object do not.  So
  * there the list of objects can never change again (whatever would change it waits for the
  * lock too), and mmleak.so reads it without the lock: the loader's own list, each object's
- * program headers from its ELF header as mapped (tests/test_tracer.py compares nothing of
- * it: the child's trace names the right sites, and its scan at exit runs).  The counters
+ * program headers where the loader has them (object_phdrs; tests/test_tracer.py compares
+ * nothing of it: the child's trace names the right sites, and its scan at exit runs).  Its
+ * users there: the counters, the name of the object that holds mmleak.so (mmleak-scan is
+ * beside it), libc's symbols (scanhere.c) and, attached, GOT slots not seen before the
+ * fork; the maps file and the scan's roots are /proc's, not this list's.  The counters
  * such a walk gives are 0, the same at every check: after the child's first snapshot (the
  * start of its trace, /proc/self/maps as it is then) no check reads the maps again, and none
  * needs to.  The lock is found once per process, in the first call (start-up: about 11,000
@@ -159,12 +162,12 @@ static int g_wlock_tried;
 int g_loader_stuck;                 /* a child forked with that lock held: never take it */
 
 /* The program headers of the object mapped at START (its ELF header, at the start of its
- * first segment), or NULL */
+ * first segment, so at a page boundary), or NULL */
 static const ElfW(Phdr) *mapped_phdrs(const void *start, int *n)
 {
     const ElfW(Ehdr) *eh = start;
-    if (!eh || memcmp(eh->e_ident, ELFMAG, SELFMAG) || eh->e_ident[EI_CLASS] != ELFCLASS64 ||
-        eh->e_phentsize != sizeof(ElfW(Phdr)) ||
+    if (!eh || ((uintptr_t)eh & 4095) || memcmp(eh->e_ident, ELFMAG, SELFMAG) ||
+        eh->e_ident[EI_CLASS] != ELFCLASS64 || eh->e_phentsize != sizeof(ElfW(Phdr)) ||
         eh->e_phoff + (size_t)eh->e_phnum * sizeof(ElfW(Phdr)) > 4096)
         return NULL;    /* (the first page is mapped: nothing past it is read) */
     *n = eh->e_phnum;
@@ -241,9 +244,76 @@ static int wl_outer(struct dl_phdr_info *info, size_t size, void *data)
     return c->cb(info, size, c->data);
 }
 
+/* Do the program headers PH (N) describe the object L: its dynamic section where L has it,
+ * and (HDR not 0) a segment that maps the file's start, the ELF header and these headers,
+ * at HDR? */
+static int phdrs_of(const struct link_map *l, const ElfW(Phdr) *ph, int n, uintptr_t hdr)
+{
+    int dyn = 0, head = !hdr;
+    uintptr_t end = (uintptr_t)(ph + n) - hdr;     /* (unused when HDR is 0) */
+    for (int i = 0; i < n; i++) {
+        if (ph[i].p_type == PT_DYNAMIC)
+            dyn |= l->l_addr + ph[i].p_vaddr == (uintptr_t)l->l_ld;
+        else if (ph[i].p_type == PT_LOAD && ph[i].p_offset < 4096 &&
+                 ph[i].p_offset + ph[i].p_filesz >= end &&
+                 l->l_addr + ph[i].p_vaddr - ph[i].p_offset == hdr)
+            head = 1;
+    }
+    return dyn && head;
+}
+
+/* The program headers of L, as dl_iterate_phdr would give them, or NULL.  The program's are
+ * where the kernel said (AT_PHDR: ld.so took them from there).  Any other object's are read
+ * from its ELF header, at the start of the span ld.so mapped it over (_dl_find_object of any
+ * address in it gives that span; of its load bias, for an object whose span starts there
+ * and that _dl_find_object knows segment by segment).  Not the start of the segment that
+ * holds the dynamic section, as it was: a program whose segments are mapped apart (a
+ * 2 MiB-aligned .bss: tests/gap_stack.c) is known to _dl_find_object segment by segment,
+ * so that was its data, and a header forged there was taken as the program's.  A guess is
+ * read only at a page boundary in a range _dl_find_object gives for L's object (mapped),
+ * and kept only when the headers it gives name L's dynamic section and map the file's first
+ * page (the header) where it was read. */
+static const ElfW(Phdr) *object_phdrs(struct link_map *l, int *n)
+{
+    const ElfW(Phdr) *ph = (const ElfW(Phdr) *)getauxval(AT_PHDR);
+    int k = (int)getauxval(AT_PHNUM);
+    if (!l->l_prev && ph && getauxval(AT_PHENT) == sizeof *ph && phdrs_of(l, ph, k, 0)) {
+        /* and at the program's load bias as ld.so computed it (PT_PHDR; none: not moved) */
+        uintptr_t bias = 0;
+        for (int i = 0; i < k; i++)
+            if (ph[i].p_type == PT_PHDR)
+                bias = (uintptr_t)ph - ph[i].p_vaddr;
+        if (bias == l->l_addr) {
+            *n = k;
+            return ph;
+        }
+    }
+    /* (the object's link map, not always L: in a dlmopen namespace ld.so's entry is a proxy
+     * with ld.so's l_addr and l_ld, which dl_iterate_phdr gives as ld.so) */
+    struct dl_find_object fo;
+    if (!l->l_ld || _dl_find_object(l->l_ld, &fo) || !fo.dlfo_link_map)
+        return NULL;
+    void *guess[2] = { fo.dlfo_map_start, (void *)l->l_addr };
+    for (int i = 0; i < 2; i++) {
+        struct dl_find_object at;
+        if (i == 1 && guess[1] == guess[0])
+            break;
+        if (!guess[i] || _dl_find_object(guess[i], &at) ||
+            at.dlfo_link_map != fo.dlfo_link_map || !(ph = mapped_phdrs(guess[i], &k)) ||
+            !phdrs_of(l, ph, k, (uintptr_t)guess[i]))
+            continue;
+        *n = k;
+        return ph;
+    }
+    return NULL;
+}
+
 /* In a child forked with the lock held: the loader's list, read without it (see above).
  * The list of our own namespace (the program's), from our own entry in it; objects loaded
- * with dlmopen into other namespaces are not in it. */
+ * with dlmopen into other namespaces are not in it (glibc 2.35 and later chain their
+ * lists from _r_debug, r_next).  Of the users above only the GOT's scan would see them:
+ * attached in such a child, an object of another namespace not scanned before the fork is
+ * not scanned (mmleak.so, libc's symbols and the counters are the program's namespace's). */
 static int walk_stuck(int (*cb)(struct dl_phdr_info *, size_t, void *), void *data)
 {
     int r = 0;
@@ -254,12 +324,10 @@ static int walk_stuck(int (*cb)(struct dl_phdr_info *, size_t, void *), void *da
     while (head->l_prev)
         head = head->l_prev;
     for (struct link_map *l = head; l && !r; l = l->l_next) {
-        struct dl_find_object fo;
         struct dl_phdr_info info;
         int n = 0;
         memset(&info, 0, sizeof info);
-        if (!l->l_ld || _dl_find_object(l->l_ld, &fo) ||
-            !(info.dlpi_phdr = mapped_phdrs(fo.dlfo_map_start, &n)))
+        if (!(info.dlpi_phdr = object_phdrs(l, &n)))
             continue;
         info.dlpi_addr = l->l_addr;
         info.dlpi_name = l->l_name;

@@ -208,6 +208,17 @@ def test_first_errors_say_what_to_do(tmp_path):
         assert r.returncode == 0, r.stderr
         assert r.stdout.endswith(said), r.stdout
         assert "no leaks" not in r.stdout
+    # a trace with no dump file (`run -- /bin/true`: nothing allocated; its maps file alone):
+    # what `run` says next (`report DIR --pid ID`) said "no events in these dump files ... a
+    # dump file starts with a '#mmleak' line", of files there are not
+    d = tmp_path / "nofile"
+    d.mkdir()
+    (d / "mmleak.4243.maps").write_text("")
+    r = subprocess.run(MMLEAK_PY + ["report", str(d), "--pid", "4243", "--no-html"],
+                       capture_output=True, text=True)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.endswith("  no dump file of this trace: the program allocated nothing "
+                             "while traced, or its files were removed\n"), r.stdout
 
 
 def test_shrink_a_running_process(bins, dump):

@@ -46,6 +46,17 @@ def proc_of(pid):
     return base
 
 
+def not_permitted(pid, what=""):
+    """The refusal of a process (WHAT of it) the kernel does not let us read: what to do.
+    Root is refused too where the process holds privileges it lacks (a container's init, a
+    process of another user namespace) or kernel.yama.ptrace_scope is 3: "run as root" would
+    then be no answer."""
+    if os.geteuid() == 0:
+        return ("not permitted to look at process %d%s, even as root (it has privileges this "
+                "one lacks, as in a container, or kernel.yama.ptrace_scope is 3)" % (pid, what))
+    return "not permitted to look at process %d%s (run as root, or as its user)" % (pid, what)
+
+
 def mmleak_in(pid, tries=3):
     """The mmleak.so mapped into process PID (its path), or None."""
     proc = proc_of(pid)
@@ -60,8 +71,7 @@ def mmleak_in(pid, tries=3):
             return mmleak_in(pid, tries - 1)
         raise Fail("no such process %d" % pid, EXIT_INPUT)
     except PermissionError:
-        raise Fail("not permitted to look at process %d (run as root, or as its user)" % pid,
-                   EXIT_INPUT)
+        raise Fail(not_permitted(pid), EXIT_INPUT)
     except (OSError, IndexError):
         pass
     return None
@@ -187,8 +197,7 @@ def same_dir_for(pid, d):
                    "as a service's PrivateTmp=): choose a directory it sees as we do"
                    % (d, pid), EXIT_INPUT)
     except PermissionError:
-        raise Fail("not permitted to look at process %d's files (run as root, or as its "
-                   "user)" % pid, EXIT_INPUT)
+        raise Fail(not_permitted(pid, "'s files"), EXIT_INPUT)
     except OSError:
         return          # /proc not readable that way: the process says if it cannot write
     if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):

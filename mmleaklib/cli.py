@@ -694,9 +694,7 @@ def cmd_compact(args):
     series.SERIES_INTERVAL = args.series_interval
     d = args.dir
     if not os.path.isdir(d):
-        raise Fail("%s: %s" % (d, "not a directory" if os.path.lexists(d) else
-                               "no such directory (the dump directory: `run -d DIR`, "
-                               "MMLEAK_DIR)"))
+        raise Fail(files.dir_error(d))
     stop = []
     if args.follow:
         def on_term(signum, frame):

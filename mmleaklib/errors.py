@@ -69,6 +69,8 @@ STATUSES = (
 )
 
 EXIT_CHECK = 23          # run --check, report --check: leaks found (LeakSanitizer's status)
+EXIT_INTERRUPTED = 130   # SIGINT (Ctrl-C), as a shell reports a command it killed
+INTERRUPTED_NOTE = "Interrupted (SIGINT, Ctrl-C): one line, \"interrupted\", status 130."
 
 EXIT_NOTES = {
     "mmleak.py": "A torn last line or padding (NULs anywhere, blanks), which a killed process or "
@@ -89,8 +91,8 @@ def exit_help(tool):
     for status, text in STATUSES:
         out.extend(textwrap.wrap(text[tool], 92, initial_indent="  %d  " % status,
                                  subsequent_indent="     "))
-    if tool in EXIT_NOTES:
-        out.extend(textwrap.wrap(EXIT_NOTES[tool], 92))
+    out.extend(textwrap.wrap(" ".join(filter(None, (EXIT_NOTES.get(tool),
+                                                     INTERRUPTED_NOTE))), 92))
     return "\n".join(out)
 
 
@@ -191,7 +193,7 @@ def run_main(body, internal=False):
         return EXIT_INPUT
     except KeyboardInterrupt:
         error("interrupted")
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001 - never a traceback
         if not internal:
             raise

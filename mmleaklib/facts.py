@@ -18,6 +18,7 @@ READ_VERSIONS = ("1", "2")      # the formats the readers take
 MAX_DEPTH = 64                  # frames mmleak.so records per allocation at most
 LIBNAME = "mmleak.so"           # the tracer
 TOOLS_LIBNAME = "mmleak-tools.so"   # the compiled helpers of the Python side (shrink, inject)
+SCANNER_NAME = "mmleak-scan"        # the scanner mmleak.so starts at exit, from beside it
 LINE_MAX = 1 << 20              # the longest line a reader keeps (bytes); longer: reported
 COMPACT_ROTATE_MB = 8           # MMLEAK_ROTATE_MB under `run`, `attach` and the installer
 

@@ -221,6 +221,15 @@ def read_lines(path, text=False):
             yield line.decode("utf-8", "replace") if text else line
 
 
+def dir_error(directory, e=None):
+    """The message of a dump DIRECTORY that cannot be listed (E: the OSError; None: it is not
+    a directory): what a first command with a mistyped path meets, so it says what to give."""
+    if e is None or e.errno in (errno.ENOENT, errno.ENOTDIR):
+        what = "not a directory" if os.path.lexists(directory) else "no such directory"
+        return "%s: %s (the dump directory: `run -d DIR`, MMLEAK_DIR)" % (directory, what)
+    return "cannot list %s: %s" % (directory, e.strerror)
+
+
 def find_traces(directory):
     """Map trace id ("PID" or "PID-K") -> sorted list of its dump files in DIRECTORY (its
     compacted result mmleak.ID.compact first, if any).  A file at one of those names that
@@ -230,7 +239,7 @@ def find_traces(directory):
     try:
         names = os.listdir(directory)
     except OSError as e:
-        raise Fail("cannot list %s: %s" % (directory, e.strerror))
+        raise Fail(dir_error(directory, e))
     uids, ignored = {}, collections.defaultdict(list)
     for n in names:
         m = DUMP_RE.match(n) or COMPACT_RE.match(n) or RUN_RE.match(n)

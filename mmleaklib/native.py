@@ -14,8 +14,10 @@ has it, else Python.
 """
 import array
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 
 from . import files
@@ -432,6 +434,7 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, al
     if sh.state or sh.events or sh.header_lines:
         raise ValueError("native_shrink needs a fresh Shrinker")
     pending = []
+    interrupted = []
     first = {}
     for i, name in enumerate(names):
         first.setdefault(name, i)
@@ -440,6 +443,8 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, al
         """F(*ARGS) for the C code: 0, or STOP after keeping the exception (Fail on a format
         version, KeyboardInterrupt, a broken stream)."""
         try:
+            if interrupted:
+                raise KeyboardInterrupt
             return f(*args) or 0
         except BaseException as e:
             pending.append(e)
@@ -489,6 +494,7 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, al
     stats = Stats()
     own = sh.problems.counts
     sh.problems.counts = _Counts(counts, first)
+    old_sigint = _defer_sigint(interrupted)
     try:
         with (tempfile.TemporaryFile(prefix="mmleak-shrink.") if raw is None else
               open(os.dup(raw.fileno()), "r+b")) as out:
@@ -527,6 +533,8 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, al
                         *cbs, counts, ctypes.byref(stats))
             info = raw_info()
             _blocks_api["stats_free"](ctypes.byref(stats))
+            if interrupted:
+                raise KeyboardInterrupt
             if rc == 0 and raw is not None:
                 sh.raw_result = info
                 sh.raw_direct = bool(direct)
@@ -545,6 +553,8 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, al
                 out.seek(0)
                 _load_state(sh, out)
     finally:
+        if old_sigint is not None:
+            signal.signal(signal.SIGINT, old_sigint)
         for key, c in sh.problems.counts.items():
             own[key] += c
         sh.problems.counts = own
@@ -557,6 +567,18 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, al
     sh.problems.malformed = sh.problems.malformed or bool(stats.malformed)
     sh.problems.fatal = sh.problems.fatal or bool(stats.fatal)
     return True
+
+
+def _defer_sigint(flag):
+    """While the compiled shrinker runs, Ctrl-C (SIGINT) only appends to FLAG, which its
+    callbacks see (they then stop it): Python's KeyboardInterrupt would be raised at the
+    first line of whichever callback runs next, outside any try, where ctypes prints it as
+    "Exception ignored" and the C code goes on (an interrupted shrink exited 0).  In the main
+    thread, and only over Python's default handler.  -> the handler to put back, or None."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        return None
+    return signal.signal(signal.SIGINT, lambda signum, frame: flag.append(signum))
 
 
 def _load_state(sh, f):

@@ -535,6 +535,9 @@ def print_top_sites(rep, out, top=10):
     sites = site_table(rep)
     if not sites:
         out.write("  no block matches the filter\n" if rep["filter"] else
+                  "  no dump file of this trace: the program allocated nothing while traced, or "
+                  "its files were removed\n"
+                  if not rep["events"] and not rep["files"] else
                   "  no events in these dump files: nothing was traced (a dump file starts "
                   "with a '#mmleak' line)\n" if not rep["events"] else
                   "  no leaks: every block allocated while tracing was freed or suppressed\n"

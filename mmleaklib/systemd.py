@@ -23,7 +23,7 @@ import subprocess
 
 from . import files, layout
 from .errors import EXIT_INPUT, EXIT_USAGE, Fail, warn
-from .facts import COMPACT_ROTATE_MB, TOOLS_LIBNAME
+from .facts import COMPACT_ROTATE_MB, SCANNER_NAME, TOOLS_LIBNAME
 
 PROG = "mmleak-install.py"
 DROPIN_NAME = "mmleak.conf"
@@ -1381,13 +1381,15 @@ def check_overrides(root, unit, s, warnings):
 def copy_steps(root, src, py_src, package):
     """The steps that put the library SRC at LIB_DEST and mmleak.py PY_SRC (with its PACKAGE
     files, [(path, name)]) at PY_DEST, unless they are there already.  The library's step
-    also copies mmleak-tools.so from beside SRC, when the build has it: the compiled
-    shrinker that the companion's compactor loads from beside LIB_DEST."""
+    also copies what the build has beside SRC: mmleak-tools.so, the compiled shrinker that
+    the companion's compactor loads from beside LIB_DEST, and mmleak-scan, which mmleak.so
+    starts from beside itself for the scan at a process's exit (without it a service left
+    with two threads at its exit has no scan, and its leaks no kind)."""
     steps = []
     lib_host = root.host(LIB_DEST)
     lib_dirs = missing_dirs(root, os.path.dirname(LIB_DEST))
-    tools = os.path.join(os.path.dirname(src), TOOLS_LIBNAME)
-    tools = [(tools, TOOLS_LIBNAME)] if os.path.isfile(tools) else []
+    tools = [(os.path.join(os.path.dirname(src), n), n) for n in (TOOLS_LIBNAME, SCANNER_NAME)]
+    tools = [(p, n) for p, n in tools if os.path.isfile(p)]
     tools_same = all(same_content(p, os.path.join(os.path.dirname(lib_host), n))
                      for p, n in tools)
     if os.path.realpath(src) == os.path.realpath(lib_host):
@@ -1466,9 +1468,9 @@ def apply(p, root, out):
             elif step[0] == "copy" and step[2].endswith(PACKAGE):
                 copy_package(root, step[2], step[3], undo)
             elif step[0] == "copy" and step[2] == LIB_DEST:
-                for path, name in step[3]:      # mmleak-tools.so, beside it
+                for path, name in step[3]:      # mmleak-tools.so and mmleak-scan, beside it
                     copy_file(in_root(root, os.path.join(os.path.dirname(LIB_DEST), name)),
-                              None, path, undo)
+                              None, path, undo, 0o755 if name == SCANNER_NAME else 0o644)
                 copy_file(in_root(root, step[2]), None, step[1], undo)
             elif step[0] == "copy":
                 copy_file(in_root(root, step[2]), None, step[1], undo)
@@ -1494,10 +1496,10 @@ def apply(p, root, out):
             e.status if failed else EXIT_INPUT)
 
 
-def copy_file(h, data, src, undo):
-    """Write the host file H (DATA, or the file SRC), mode 0644; its undo (if it is new)."""
+def copy_file(h, data, src, undo, mode=0o644):
+    """Write the host file H (DATA, or the file SRC), MODE; its undo (if it is new)."""
     existed = os.path.lexists(h)
-    atomic_write(h, data, 0o644, src=src)
+    atomic_write(h, data, mode, src=src)
     if not existed:
         undo.append(("unlink", h))
 

@@ -777,3 +777,17 @@ def test_status_reads_no_more_of_a_file_named_mmleak_so_than_its_symbols(tmp_pat
     assert r.returncode == 0, r.stderr
     assert re.search(r"^ *%d  loaded \(state unknown: %s has no status word\)" % (p.pid, fake),
                      r.stdout, re.M), r.stdout
+
+
+def test_not_permitted_says_what_to_do(monkeypatch):
+    """A process the kernel does not let us read: "run as root" is the answer for a user, and
+    no answer for root (refused where the process holds privileges root here lacks, a
+    container's init: it said "run as root" to root)."""
+    from mmleaklib import attach
+    monkeypatch.setattr(attach.os, "geteuid", lambda: 1000)
+    assert attach.not_permitted(42) == ("not permitted to look at process 42 (run as root, or "
+                                        "as its user)")
+    monkeypatch.setattr(attach.os, "geteuid", lambda: 0)
+    assert attach.not_permitted(42, "'s files") == (
+        "not permitted to look at process 42's files, even as root (it has privileges this "
+        "one lacks, as in a container, or kernel.yama.ptrace_scope is 3)")

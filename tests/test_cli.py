@@ -183,15 +183,16 @@ def test_first_errors_say_what_to_do(tmp_path):
     """What a newcomer meets first: a dump directory that does not exist (compact said "not
     a directory"), a dump file with no event, or a file that is not a dump at a dump file's
     name (report said "no leaks: every block ... was freed")."""
-    r = subprocess.run(MMLEAK_PY + ["compact", str(tmp_path / "none")], capture_output=True,
-                       text=True)
-    assert (r.returncode, r.stdout, r.stderr) == (
-        2, "", "mmleak.py: %s: no such directory (the dump directory: `run -d DIR`, "
-               "MMLEAK_DIR)\n" % (tmp_path / "none"))
     (tmp_path / "file").write_text("x")
-    r = subprocess.run(MMLEAK_PY + ["compact", str(tmp_path / "file")], capture_output=True,
-                       text=True)
-    assert (r.returncode, r.stderr) == (2, "mmleak.py: %s/file: not a directory\n" % tmp_path)
+    # report and snapshot said "cannot list DIR: No such file or directory" (round 2 of the
+    # docs' check): every command that takes the dump directory says the same, and what to give
+    for cmd in ("compact", "report", "snapshot"):
+        for name, what in (("none", "no such directory"), ("file", "not a directory")):
+            r = subprocess.run(MMLEAK_PY + [cmd, str(tmp_path / name)], capture_output=True,
+                               text=True)
+            assert (r.returncode, r.stdout, r.stderr) == (
+                2, "", "mmleak.py: %s: %s (the dump directory: `run -d DIR`, MMLEAK_DIR)\n"
+                % (tmp_path / name, what)), cmd
     said = "  no events in these dump files: nothing was traced (a dump file starts with a " \
            "'#mmleak' line)\n"
     for name, text in (("empty", ""), ("foreign", "root:x:0:0\nbin:x:1:1\n")):
@@ -207,6 +208,17 @@ def test_first_errors_say_what_to_do(tmp_path):
         assert r.returncode == 0, r.stderr
         assert r.stdout.endswith(said), r.stdout
         assert "no leaks" not in r.stdout
+    # a trace with no dump file (`run -- /bin/true`: nothing allocated; its maps file alone):
+    # what `run` says next (`report DIR --pid ID`) said "no events in these dump files ... a
+    # dump file starts with a '#mmleak' line", of files there are not
+    d = tmp_path / "nofile"
+    d.mkdir()
+    (d / "mmleak.4243.maps").write_text("")
+    r = subprocess.run(MMLEAK_PY + ["report", str(d), "--pid", "4243", "--no-html"],
+                       capture_output=True, text=True)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.endswith("  no dump file of this trace: the program allocated nothing "
+                             "while traced, or its files were removed\n"), r.stdout
 
 
 def test_shrink_a_running_process(bins, dump):

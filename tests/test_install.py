@@ -494,20 +494,29 @@ def test_template_instance(root, lib):
 
 def test_the_compiled_shrinker_goes_with_the_library(root, lib, tmp_path):
     """The library's step also copies mmleak-tools.so from beside it (the compactor's compiled
-    shrinker, which it loads from beside the installed mmleak.so), and a new build of it alone
-    is copied again: the library is not "up to date" until both are."""
+    shrinker, which it loads from beside the installed mmleak.so) and mmleak-scan (which
+    mmleak.so starts from beside itself at a process's exit: without it a service left with
+    two threads at its exit had no scan), and a new build of one alone is copied again: the
+    library is not "up to date" until all are."""
     d = tmp_path / "newbuild"
     d.mkdir()
     shutil.copy(lib, d / "mmleak.so")
     (d / "mmleak-tools.so").write_bytes(b"tools 1")
+    (d / "mmleak-scan").write_bytes(b"scan 1")
     assert run(root, "install", "plain.service", lib=str(d / "mmleak.so"))[0] == 0
     tools = root / "usr/local/lib/mmleak/mmleak-tools.so"
+    scanner = root / "usr/local/lib/mmleak/mmleak-scan"
     assert tools.read_bytes() == b"tools 1" and oct(tools.stat().st_mode & 0o777) == "0o644"
+    assert scanner.read_bytes() == b"scan 1" and oct(scanner.stat().st_mode & 0o777) == "0o755"
     (d / "mmleak-tools.so").write_bytes(b"tools 2")
     rc, out, err = run(root, "install", "plain.service", lib=str(d / "mmleak.so"))
     assert (rc, err) == (0, "")
     assert "copy %s -> /usr/local/lib/mmleak/mmleak.so (mode 0644)\n" % (d / "mmleak.so") in out
     assert tools.read_bytes() == b"tools 2"
+    (d / "mmleak-scan").write_bytes(b"scan 2")
+    rc, out, err = run(root, "install", "plain.service", lib=str(d / "mmleak.so"))
+    assert (rc, err) == (0, "")
+    assert scanner.read_bytes() == b"scan 2" and oct(scanner.stat().st_mode & 0o777) == "0o755"
     rc, out, err = run(root, "install", "plain.service", lib=str(d / "mmleak.so"))
     assert "library /usr/local/lib/mmleak/mmleak.so is up to date\n" in out
 

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -296,3 +297,40 @@ def test_pages_name_only_the_options_the_commands_have_with_their_defaults():
                 assert re.search(r"\bdefault:? (?:``)?%s\b" % re.escape(want), defs[opt]), \
                     "%s: %s %s %s: --help's default is %s: %s" % (page, script, sub, opt,
                                                                  want, defs[opt])
+
+
+@pytest.mark.parametrize("script,page", [("mmleak.py", "docs/mmleak.rst"),
+                                         ("mmleak-panda.py", "docs/mmleak-panda.rst"),
+                                         ("mmleak-install.py", "docs/mmleak-install.rst")])
+def test_interrupted_is_one_line_and_status_130_as_documented(script, page, tmp_path):
+    """Ctrl-C (SIGINT) on a tool waiting for its input: the one line and the status 130 that
+    --help and the page say (the status was in neither)."""
+    import signal
+    from mmleaklib import errors
+    argv = {"mmleak.py": ["shrink"], "mmleak-panda.py": [],
+            "mmleak-install.py": ["--root", str(tmp_path), "--dry-run", "status", "x.service"]}
+    label = "error: " if script == "mmleak-install.py" else ""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"],
+                       capture_output=True, text=True)
+    assert " ".join(errors.INTERRUPTED_NOTE.split()) in " ".join(r.stdout.split())
+    flat = " ".join(re.sub(r"``", "", section(read(page), "EXIT STATUS", "=")).split())
+    assert "Interrupted (SIGINT, Ctrl-C): one line, %s: %sinterrupted, status 130" % (
+        script, label) in flat, page
+    if script == "mmleak-install.py":
+        return              # nothing of it waits for input: the status is run_main's, as above
+    p = subprocess.Popen([sys.executable, os.path.join(ROOT, script)] + argv[script],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    p.stdin.write("#mmleak 2 id=1 pid=1 tid=1 file=0 depth=1 start=0\n")
+    p.stdin.flush()
+    # wait until it blocks reading stdin (read(0, ...), /proc/PID/syscall): a signal during
+    # Python's start-up and imports is the interpreter's, before the tool runs
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with open("/proc/%d/syscall" % p.pid) as f:
+            if f.read().startswith("0 0x0 "):
+                break
+        time.sleep(0.02)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert (p.returncode, err) == (errors.EXIT_INTERRUPTED, "%s: interrupted\n" % script)

@@ -1503,3 +1503,12 @@ def test_dlerror_text_freed_at_exit(scan_bins, dump):
     sh = mm.shrink_files(mm.find_traces(str(dump))[tid])
     kinds = collections.Counter((a.size, k.kind(a.ptr, a.seq)) for a in sh.survivors())
     assert kinds == {(24, "reachable"): 1}, kinds
+
+
+def test_scanner_run_by_hand_names_the_command_to_use():
+    """mmleak-scan is mmleak.so's helper (its arguments are the tracer's); a user who finds it
+    beside mmleak.so and runs it is told what to run instead, with the usage status 2."""
+    r = subprocess.run([os.path.join(ROOT, "mmleak-scan")], capture_output=True, text=True)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr.splitlines()[-1] == ("(mmleak.so starts it at a traced process's exit; to "
+                                         "scan a running process: mmleak.py scan PID)")

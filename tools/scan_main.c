@@ -36,8 +36,10 @@ void mmleak_scan_limits(void);
 int main(int argc, char **argv)
 {
     if (argc < 5 || argc > 12 || argc == 7 || argc == 10 || argc == 11) {
+        /* a newcomer who finds this program beside mmleak.so: the command to use */
         fprintf(stderr, "usage: mmleak-scan PID DIR ID WHY [READY_FD [TID FLOOR [NFILES "
-                "[SP FS GS]]]]\n");
+                "[SP FS GS]]]]\n(mmleak.so starts it at a traced process's exit; "
+                "to scan a running process: mmleak.py scan PID)\n");
         return 2;
     }
     int nfiles = argc >= 9 ? atoi(argv[8]) : 0;

@@ -34,6 +34,16 @@ EXPECT = {
     # refusal (one more line, "malformed header field"); a refused header is not read now
     "joined-bad-header": (2, b"mmleak.py: in0.out:2: torn line (process killed while "
                              b"writing it?) ignored: b'55d50'"),
+    # (tests/fuzz/compare.py, the merge and result_blocks corpora) a bracket line that
+    # makes the input known as joined results, its event seen before in another file: the
+    # compiled reader refused it, then still read the line ("event seen twice", one more
+    # stderr line before the refusal); a refused line is not read now
+    "joined-bracket-twice": (2, b"mmleak.py: in1.out:3: partial results joined into one "
+                                b"file (a header after event lines, and bracket lines): the "
+                                b"shrink cannot tell their lines apart; give them as "
+                                b"separate files: refused"),
+    # (the pick harness: in0 the compacted result, in1 a run) see test_pick_input_point
+    "pick-no-stack-line": (0, b""),
     # bad '#' lines and malformed lines, in a dump and in a .compact that is not sorted
     # after all (report: streamed last, then read again the usual way): the compiled
     # reader's second reading counted afresh, without the problems of the '#' lines it
@@ -72,3 +82,39 @@ def test_regress_input_replayed(tmp_path, monkeypatch, name, lib):
         rc, out, err = assert_same_cli(["report", "--no-html", "t"])
         assert (rc, err.rstrip(b"\n").split(b"\n")[-1]) == EXPECT[name][2]
         assert b"Traceback" not in err
+
+
+# name: the series point of a pick harness's input (its first file the trace's compacted
+# result, the others its runs), {site key: [bytes, blocks]}, however it is made
+POINTS = {
+    # blocks whose stack has no "#s" line: the Python reading keys them by NO_STACK's
+    # caller (0), as the report shows them; a point read by the compiled shrinker (from the
+    # levels, or whole) keyed them by their stack ids, defined nowhere
+    "pick-no-stack-line": {b"0": [0x18 + 0x130, 2]},
+}
+
+
+@pytest.mark.parametrize("name", sorted(POINTS))
+def test_pick_input_point(tmp_path, monkeypatch, name, lib):
+    """The point from the levels (series.level_sums: the result's base, tools/levels.c's
+    pick) and the whole trace read as a point reads it, by each engine: the same sums."""
+    series = mmleak.series
+    with open(os.path.join(REGRESS, name), "rb") as f:
+        data = f.read()
+    parts = data[1:].split(SEP, 3)
+    big = str(tmp_path / "mmleak.4242.compact")
+    runs = [str(tmp_path / ("mmleak.4242.%d.out" % k)) for k in range(len(parts) - 1)]
+    for p, part in zip([big] + runs, parts):
+        with open(p, "wb") as f:
+            f.write(part)
+
+    def sums(sh, live):
+        return {k: v for k, v in series.site_sums(sh, live)[0].items() if v[0] or v[1]}
+    monkeypatch.setenv("MMLEAK_SHRINK", "native")
+    base = sums(*series._read_native([big]))
+    got = series.level_sums(big, base, runs)
+    assert got is not None and dict(got[0]) == POINTS[name]
+    for engine in ("native", "python"):
+        monkeypatch.setenv("MMLEAK_SHRINK", engine)
+        sh = mmleak.shrink_files(runs + [big], mixed=True, blocks=True)
+        assert sums(sh, sh.live()) == POINTS[name], engine

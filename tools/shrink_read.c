@@ -142,6 +142,8 @@ static inline __attribute__((always_inline)) void one_line(struct run *r, int fi
                 *max_time = tm;
         } else if (unlikely(kind >= K_END) && !(*seen & 1)) {
             joined(r, file, lineno, p, n, seen, 1);
+            if (r->stop)        /* refused as joined: the line is not read (Shrinker.feed) */
+                return;
         }
         ++*events;
         if (unlikely(r->merge != NULL))

@@ -32,7 +32,8 @@ import time
 from mmleaklib import errors, files, layout, report, shrink, sites, symbolize
 from mmleaklib.dumpformat import (DUPLICATE, KIND_END, KIND_START, MALFORMED, PROBLEMS,
                                   Q_BAD_FIELD, Q_BAD_STACK, Q_CUT_START, Q_MALFORMED,
-                                  Q_TOO_LONG, Problems, header_int, problem_text)
+                                  Q_TOO_LONG, Q_UNREADABLE, Problems, cannot_read,
+                                  header_int, problem_text)
 from mmleaklib.errors import EXIT_OK, EXIT_PARTIAL, EXIT_TOOL, EXIT_USAGE, Fail
 from mmleaklib.facts import MAX_DEPTH
 
@@ -1367,15 +1368,21 @@ class PageProblems(Problems):
     def __init__(self):
         super().__init__()
         self.bad = []           # (line number, what, detail) of the lines not in the format
+        self.unreadable = 0     # the errno of a read error that ended stdin
 
     def say(self, name, lineno, what, detail=b""):
-        if PROBLEMS[what][0] in (MALFORMED, DUPLICATE):
+        if what == Q_UNREADABLE:
+            self.unreadable = self.unreadable or detail
+        elif PROBLEMS[what][0] in (MALFORMED, DUPLICATE):
             self.bad.append((lineno, what, detail))
         else:
             super().say(name, lineno, what, detail)
 
     def refusal(self):
         """The one line that refuses the input (None if it is whole)."""
+        if self.unreadable:     # what was read is not all of it
+            return "%s; no report written" % cannot_read("<stdin>",
+                                                          os.strerror(self.unreadable))
         if not self.bad:
             return None
         lineno, what, detail = self.bad[0]

@@ -438,6 +438,13 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, al
     first = {}
     for i, name in enumerate(names):
         first.setdefault(name, i)
+    # the inputs that are streams peek_stream hands back ({index: stream_key}): a read error
+    # that ended one is said once the reader is past it (Shrinker.stream_ended), in its place
+    streams = {i: sh.stream_key(0) for i, p in enumerate(paths) if p == "-"}
+
+    def streams_read(upto):
+        for i in sorted(k for k in streams if k < upto):
+            sh.stream_ended(names[i], key=streams.pop(i))
 
     def call(f, *args, stop=1):
         """F(*ARGS) for the C code: 0, or STOP after keeping the exception (Fail on a format
@@ -483,10 +490,12 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, al
             sh.progress(sh, names[i], file_events)
 
     def open_input(i):
+        streams_read(i)
         f = sh.open_input(paths[i], names[i])     # the checks of every reader, and its
         if f is None:                             # messages, in their place
             return -1
         with f:
+            streams[i] = sh.stream_key(f.fileno())
             return os.dup(f.fileno())
 
     n = len(paths)
@@ -549,6 +558,7 @@ def native_shrink(sh, paths, names=None, raw=None, blocks=False, final=False, al
                            % (tempfile.gettempdir(), os.strerror(stats.out_errno)))
             if rc != 0:
                 raise RuntimeError("tools/shrink.c: unexpected status %d" % rc)
+            streams_read(n)
             if raw is None:
                 out.seek(0)
                 _load_state(sh, out)

@@ -76,8 +76,10 @@ def _site_keys(sh, stack_lines):
     by_frames = None
 
     def of_stack(st):
-        if type(st) is not tuple and len(sh.stacks.get(st, ())) == 1:
-            st = sh.stacks[st]          # a stack of one frame: its caller (as in Python)
+        # a stack of one frame: its caller; a stack without its "#s" line: NO_STACK's (as
+        # the Python reading has them, parse_event, and the report, blocks._callers)
+        if type(st) is not tuple and len(sh.stacks.get(st, NO_STACK)) == 1:
+            st = sh.stacks.get(st, NO_STACK)
         if type(st) is tuple:
             return b"%x" % st[0]
         if st in sh.stack_lines:

@@ -23,6 +23,7 @@ at the high end) is written as a bracket line "PTR SEQ +" or "PTR SEQ -".
 """
 import collections
 import errno
+import io
 import os
 import shutil
 import stat
@@ -35,12 +36,27 @@ from .dumpformat import (EVENT_RE, KIND_ALLOC, KIND_END, KIND_FREE, KIND_START, 
                          Q_JOINED, Q_MALFORMED, Q_NULS, Q_PADDING_END, Q_STACK_AGAIN, Q_TOO_LONG,
                          Q_TORN_LAST, Q_TORN_LINE, Problems, _unescape, bad_header_fields,
                          cannot_read, dump_lines, parse_event, parse_header, parse_stack,
-                         NOT_DUMP, PEEK, not_a_dump, problem_text)
+                         NOT_DUMP, PEEK, Q_UNREADABLE, not_a_dump, problem_text)
 from . import errors, files
 from .errors import Fail, Refused, refuse, warn
 from .facts import READ_VERSIONS
 from .files import open_trace_file
 from .native import native_shrink
+
+
+# peek_stream's streams that ended in a read error: {stream_key of the pipe that hands the
+# stream back: the errno}, set before the pipe's end is written (its reader sees an end
+# after it), taken by Shrinker.stream_ended
+_relay_errors = {}
+
+
+def stream_key(fd):
+    """The key of the pipe at descriptor FD in _relay_errors (None: not a pipe)."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISFIFO(st.st_mode) else None
 
 
 class Shrinker:
@@ -105,6 +121,18 @@ class Shrinker:
             warn(cannot_read(name or path, e.strerror or e))
         self.problems.fatal = True
         return None
+
+    def stream_ended(self, name, fd=None, key=None):
+        """The stream NAME (at descriptor FD, or KEY: its stream_key) was read to its end: a
+        read error that ended it, which only peek_stream saw (its reader saw an end), is
+        said as a reader says it (Q_UNREADABLE: "NAME: cannot read: TEXT"), once, and the
+        run is fatal (status 2): what was read is not the whole input."""
+        e = _relay_errors.pop(key if fd is None else stream_key(fd), 0)
+        if e:
+            self.problems.say(name, 0, Q_UNREADABLE, e)
+            self.problems.fatal = True
+
+    stream_key = staticmethod(stream_key)   # (for native.py, which cannot import this)
 
     def check_start(self, fd, name):
         """Refuse the input at descriptor FD (NAME), read from its offset, if it is not a
@@ -218,6 +246,11 @@ class Shrinker:
         self.frees += events - allocs
         self.max_time = max(self.max_time, max_time)       # "#clock" may have moved it
         self.files_done += 1
+        try:
+            fd = f.fileno()
+        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+            return
+        self.stream_ended(name, fd)
 
     def _joined(self, name, lineno):
         """Partial results joined into one input (`cat` of shrink results: a header after
@@ -518,15 +551,21 @@ def peek_stream(fd):
     are taken from the stream, so they are handed back: FD is made (dup2) the reading end
     of a new pipe that gives them, then the rest of the stream (copied by a thread, with
     splice(2) where it can), so that either engine reads FD as before, from its first
-    byte.  OSError when FD cannot be read: the reader would fail the same way, and says
-    why."""
+    byte.  A read error of the stream (here or in the thread) ends the pipe there, and is
+    kept for Shrinker.stream_ended, which the readers call at its end: an error, not an
+    end (a socket's ECONNRESET, for one, is said once: read again, it would be an end)."""
     buf = b""
     eof = False
+    err = 0
     while len(buf) < STREAM_PEEK_MAX:
         done, head = _stream_head(buf, False)
         if done:
             break
-        chunk = os.read(fd, min(1 << 16, STREAM_PEEK_MAX - len(buf)))
+        try:
+            chunk = os.read(fd, min(1 << 16, STREAM_PEEK_MAX - len(buf)))
+        except OSError as e:
+            err = e.errno or errno.EIO
+            chunk = b""
         if not chunk:
             eof = True
             break
@@ -534,6 +573,7 @@ def peek_stream(fd):
     done, head = _stream_head(buf, eof)
     src = os.dup(fd)
     r, w = os.pipe()
+    key = stream_key(w)
     try:
         os.dup2(r, fd, inheritable=fd <= 2)
     except OSError:
@@ -542,23 +582,26 @@ def peek_stream(fd):
         raise
     finally:
         os.close(r)
+    if err:
+        _relay_errors[key] = err
     if eof and len(buf) <= 4096:        # (a pipe holds a page at least: no wait)
         os.write(w, buf)
         os.close(src)
         os.close(w)
     else:
         import threading
-        threading.Thread(target=_relay, args=(buf, None if eof else src, w),
+        threading.Thread(target=_relay, args=(buf, None if eof else src, w, key),
                          name="mmleak-stdin", daemon=True).start()
         if eof:
             os.close(src)
     return head if done and head is not None else b""
 
 
-def _relay(first, src, dst):
+def _relay(first, src, dst, key):
     """Write the bytes FIRST, then copy the stream SRC (None: nothing more) to the pipe
-    DST until its end (peek_stream), then close them.  A reader that stopped early (EPIPE:
-    SIGPIPE is ignored, as Python leaves it) ends it."""
+    DST (its stream_key KEY) until its end (peek_stream), then close them.  A reader that
+    stopped early (EPIPE: SIGPIPE is ignored, as Python leaves it) ends it; a read error
+    of SRC ends it too, kept in _relay_errors before DST's end is written."""
     try:
         view = memoryview(first)
         while view:
@@ -569,21 +612,27 @@ def _relay(first, src, dst):
                 try:
                     n = splice(src, dst, 1 << 20)
                 except OSError as e:
-                    if e.errno not in (errno.EINVAL, errno.ENOSYS):
-                        raise
-                    splice = None       # not a pipe, nor a file (a terminal, a socket)
-                    continue
+                    if e.errno in (errno.EINVAL, errno.ENOSYS):
+                        splice = None   # not a pipe, nor a file (a terminal, a socket)
+                        continue
+                    if e.errno != errno.EPIPE:      # (the reader's end: not an error)
+                        _relay_errors[key] = e.errno or errno.EIO
+                    break
                 if not n:
                     break
             else:
-                data = os.read(src, 1 << 16)
+                try:
+                    data = os.read(src, 1 << 16)
+                except OSError as e:
+                    _relay_errors[key] = e.errno or errno.EIO
+                    break
                 if not data:
                     break
                 view = memoryview(data)
                 while view:
                     view = view[os.write(dst, view):]
     except OSError:
-        pass                            # the reader sees the stream end there
+        pass                            # the reader stopped: nobody to tell
     finally:
         if src is not None:
             os.close(src)

@@ -2,14 +2,17 @@
 shrink, report or mmleak-panda.py or left under a dump file's name, is refused in one line
 (status 2, nothing written, none of its bytes shown), by both shrink engines alike; a dump
 whose start a crash damaged is still read as before (docs/format.rst)."""
+import errno
 import os
+import socket
 import subprocess
 import sys
+import tty
 
 import pytest
 
 from conftest import ROOT, mmleak
-from test_shrink_native import assert_same_cli, run_cli
+from test_shrink_native import MMLEAK_PY, assert_same_cli, run_cli
 
 NOT_DUMP = mmleak.dumpformat.NOT_DUMP
 HEADER = b"#mmleak 1 pid=4242 tid=4242 file=0 depth=1\n"
@@ -129,3 +132,59 @@ def test_dump_on_a_pipe_read_as_from_a_file(tmp_path, monkeypatch, sort, lib):
     got = assert_same_cli(["shrink"], stdin=data)
     assert got == (want[0], want[1], want[2].replace(b" F:", b" <stdin>:"))
     assert got[0] == 3 and got[1].count(b"\n") > 3000     # (" cut": a malformed line)
+
+
+class FailingStream:
+    """A stream that gives DATA, then a read error: a Unix socket whose peer closed with
+    bytes of ours unread (ECONNRESET, said once: read again, it is an end; splice(2) reads
+    it), or a terminal whose other side closed (EIO; no splice: read(2))."""
+
+    def __init__(self, kind, data):
+        if kind == "socket":
+            ours, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            peer.sendall(data)
+            ours.sendall(b"x")
+            peer.close()
+            self.fd = ours.detach()
+        else:
+            self.fd, other = os.openpty()
+            tty.setraw(other)           # (the bytes as they are: no CR added)
+            os.write(other, data)
+            os.close(other)
+
+    def __enter__(self):
+        return self.fd
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+
+
+@pytest.mark.parametrize("kind, sent", [("socket", "nothing"), ("socket", "a-dump"),
+                                        ("terminal", "a-dump")])
+def test_read_error_on_stdin_is_an_error(tmp_path, monkeypatch, kind, sent, lib):
+    """A read error on stdin (a stream: peek_stream reads its first line, a thread hands
+    it over through a pipe) is no end: one line naming it and the errno's text, status 2
+    (an input could not be used), as a file's read error; what was read is still shrunk
+    (both engines; mmleak-panda.py: no page)."""
+    # (a dump of more than one read; a terminal holds 4 KiB)
+    data = b"" if sent == "nothing" else HEADER + events(3000 if kind == "socket" else 100)
+    (tmp_path / "F").write_bytes(data)
+    monkeypatch.chdir(tmp_path)
+    want = run_cli("native", ["shrink", "F"])[1]
+    why = os.strerror(errno.ECONNRESET if kind == "socket" else errno.EIO).encode()
+    for engine in ("python", "native"):
+        with FailingStream(kind, data) as s:
+            r = subprocess.run(MMLEAK_PY + ["shrink"], stdin=s, capture_output=True,
+                               env=dict(os.environ, MMLEAK_SHRINK=engine))
+        assert (r.returncode, r.stdout, r.stderr) == (
+            2, want, b"mmleak.py: <stdin>: cannot read: %s\n" % why), engine
+        if kind == "terminal":
+            continue                    # (mmleak-panda.py does not read a terminal)
+        with FailingStream(kind, data) as s:
+            r = subprocess.run([sys.executable, os.path.join(ROOT, "mmleak-panda.py"), "-o",
+                                "page.html"], stdin=s, capture_output=True,
+                               env=dict(os.environ, MMLEAK_SHRINK=engine))
+        assert (r.returncode, r.stdout, r.stderr) == (
+            2, b"", b"mmleak-panda.py: <stdin>: cannot read: %s; no report written\n"
+            % why), engine
+        assert not os.path.exists("page.html")

@@ -53,6 +53,8 @@ static void run_release(struct run *r)
         munmap(r->t.ix, r->t.ix_bytes);
     slab_release(&r->mem);
     hset_release(&r->headers);
+    if (r->own)
+        munmap(r->own, r->own_bytes);
 }
 
 /* The end of a call of mmleak_shrink or mmleak_shrink_blocks: the run's memory, the read

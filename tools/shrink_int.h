@@ -205,7 +205,13 @@ struct run {
     char last_ref[24];
     size_t last_ref_n;          /* 0: none */
     struct merge *merge;       /* the input being streamed (merge_event), NULL: none */
-    const uint64_t *mute;      /* problems already handed back (counts before a retry) */
+    /* mmleak_shrink_merge's retry (an input to stream not sorted): OWN counts the problems
+     * this reader found itself (not those the header callback counts in COUNTS), MUTE
+     * (NULL: no retry) what OWN was at the attempt's end; the first MUTE of each name and
+     * kind were counted and handed back by the attempt, COUNTS keeps them.  One mapping of
+     * OWN_BYTES (OWN, then MUTE); NULL: not counted. */
+    uint64_t *own, *mute;
+    size_t own_bytes;
     int head_first;            /* mmleak_shrink's SHRINK_HEAD_FIRST (write_state) */
     /* SHRINK_HEAD_FIRST while the table is LAZY: the entries before NOTED are noted already
      * for the head (put_ent's PUT_NOTE into NC, as FINAL_NOTES asks; NPEND held pairs),

@@ -146,8 +146,11 @@ static int shrink_merge(const char *const *paths, const int *name_id, int npaths
     memset(&g, 0, sizeof g);
     if (blocks)
         memset(blocks, 0, sizeof *blocks);
-    if (!out || !buf || npaths < 1)
-        return run_end(&r, buf, out, !out || !buf ? -1 : 0);
+    size_t k = P_KINDS * (size_t)npaths;
+    r.own_bytes = 2 * k * sizeof *r.own;      /* (see struct run: a retry's counts) */
+    r.own = npaths < 1 ? NULL : map_mem(r.own_bytes);
+    if (!out || !buf || npaths < 1 || !r.own)
+        return run_end(&r, buf, out, npaths < 1 && out && buf ? 0 : -1);
     out->fd = out_fd;
     int last = npaths - 1;
     int rc = shrink_inputs(&r, paths, name_id, last, show, on_header, on_tick, on_open,
@@ -184,12 +187,11 @@ static int shrink_merge(const char *const *paths, const int *name_id, int npaths
     }
     if (rc == 2 && g.disorder) {
         /* not a sorted result: everything again, the usual way, into a new table (the
-         * header lines seen stay seen: not handed back again) */
-        size_t cb = sizeof(uint64_t) * P_KINDS * (size_t)npaths;
-        uint64_t *mute = map_mem(cb);
-        if (!mute)
-            return run_end(&r, buf, out, -1);
-        memcpy(mute, counts, cb);
+         * header lines seen stay seen: not handed back again, the problems the header
+         * callback counted for them stay counted; those this reader found are counted
+         * again only past where the attempt stopped, see problem()) */
+        memcpy(r.own + k, r.own, k * sizeof *r.own);
+        memset(r.own, 0, k * sizeof *r.own);
         if (blocks && blocks->v)
             munmap(blocks->v, g.bytes);
         if (blocks)
@@ -208,18 +210,16 @@ static int shrink_merge(const char *const *paths, const int *name_id, int npaths
         r.last_used = 0;
         r.last_ref_n = 0;
         r.stop = 0;
-        r.mute = mute;
+        r.mute = r.own + k;
         out->n = 0;
         out->err = 0;
         if (ftruncate(out_fd, 0) || lseek(out_fd, 0, SEEK_SET) < 0) {
             stats->out_errno = (uint64_t)errno;
-            munmap(mute, cb);
             return run_end(&r, buf, out, -2);
         }
         rc = shrink_inputs(&r, paths, name_id, npaths, show, on_header, on_tick, on_open,
                            on_problem, counts, stats, buf);
         r.mute = NULL;
-        munmap(mute, cb);
         if (rc == 0 && final) {
             rc = final_blocks(&r, out, stats, blocks);
         } else if (rc == 0) {

@@ -35,13 +35,13 @@ static inline int parse_line(const char *p, uint64_t *ptr, uint64_t *seq, uint64
 void problem(struct run *r, int file, uint64_t lineno, int what, const char *p, size_t n)
 {
     int kind = Q_KIND[what];
-    uint64_t *c = &r->counts[(size_t)r->name_id[file] * P_KINDS + kind];
-    ++*c;
+    size_t at = (size_t)r->name_id[file] * P_KINDS + kind;
     if (kind == P_MALFORMED || kind == P_DUPLICATE)
         r->st->malformed = 1;
-    if (unlikely(r->mute) && *c <= r->mute[c - r->counts])
-        return;                 /* said by the attempt before (mmleak_shrink_merge) */
-    if (*c <= r->show && r->on_problem(file, lineno, what, p, n < HEAD ? n : HEAD))
+    if (unlikely(r->own != NULL) && ++r->own[at] <= (r->mute ? r->mute[at] : 0))
+        return;                 /* counted and said by the attempt before (shrink_merge) */
+    uint64_t c = ++r->counts[at];
+    if (c <= r->show && r->on_problem(file, lineno, what, p, n < HEAD ? n : HEAD))
         r->stop = 1;
 }
 
@@ -142,6 +142,8 @@ static inline __attribute__((always_inline)) void one_line(struct run *r, int fi
                 *max_time = tm;
         } else if (unlikely(kind >= K_END) && !(*seen & 1)) {
             joined(r, file, lineno, p, n, seen, 1);
+            if (r->stop)        /* refused as joined: the line is not read (Shrinker.feed) */
+                return;
         }
         ++*events;
         if (unlikely(r->merge != NULL))
@@ -329,7 +331,8 @@ int shrink_inputs(struct run *r, const char *const *paths, const int *name_id,
     if (table_init(&r->t, 16))
         return -1;
     memset(stats, 0, sizeof *stats);
-    memset(counts, 0, sizeof(uint64_t) * P_KINDS * (size_t)npaths);
+    if (!r->mute)               /* (a retry adds to the attempt's counts: see struct run) */
+        memset(counts, 0, sizeof(uint64_t) * P_KINDS * (size_t)npaths);
     r->counts = counts;
     r->name_id = name_id;
     r->show = show > 0 ? (uint64_t)show : 0;

@@ -106,9 +106,16 @@ def _elf_symbol(path, name):
     return None
 
 
-def traced_state(pid):
+def traced_state(pid, raw=False):
     """What mmleak.so in process PID says of itself ("tracing ID DIR", "paused",
-    "dormant"), read from its memory without stopping it; None if mmleak.so is not there."""
+    "dormant"), read from its memory without stopping it; None if mmleak.so is not there.
+    The process writes that memory as it likes: printable (errors.printable) unless RAW,
+    for whoever shows it on a terminal."""
+    state = _traced_state(pid)
+    return state if raw or state is None else errors.printable(state)
+
+
+def _traced_state(pid):
     lib = mmleak_in(pid)
     if not lib:
         return None
@@ -320,5 +327,5 @@ def status():
         sys.stdout.write("no process has mmleak.so loaded\n")
         return EXIT_OK
     for pid, cmd, state in sorted(procs):
-        sys.stdout.write("%7d  %-40s  %s\n" % (pid, state, cmd[:120]))
+        sys.stdout.write("%7d  %-40s  %s\n" % (pid, state, errors.printable(cmd[:120])))
     return EXIT_OK

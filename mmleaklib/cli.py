@@ -837,7 +837,7 @@ def add_scan(sub):
 
 def cmd_scan(args):
     from . import scan
-    state = attach.traced_state(args.pid)
+    state = attach.traced_state(args.pid, raw=True)
     if state is None:
         raise Fail("process %d does not have mmleak.so loaded (see mmleak.py status)"
                    % args.pid)
@@ -845,12 +845,18 @@ def cmd_scan(args):
     if not m:
         raise Fail("process %d is not tracing (mmleak.so says: %s)" % (args.pid, state))
     tid, directory = m.group(1), m.group(2)
-    rc, path, msg = scan.scan_process(args.pid, directory, tid)
+    fd = scan.trace_dir(args.pid, tid, directory)
+    held = "/proc/self/fd/%d" % fd
+    try:
+        rc, path, msg = scan.scan_process(args.pid, held, tid)
+    finally:
+        os.close(fd)
+    path, msg = (t.replace(held, directory) for t in (path, msg))
     if rc:
         raise Fail("cannot scan process %d: %s (%s says so)" % (args.pid, msg, path))
     if not args.quiet:
         k = scan.Kinds(scan.read_scan(path))
-        sys.stdout.write("%s\n" % path)
+        sys.stdout.write("%s\n" % errors.printable(path))
         for line in scan.summary_lines(k):
             sys.stdout.write(line + "\n")
     return EXIT_OK

@@ -274,7 +274,7 @@ def attach(pid, directory=None, depth=None, rotate_mb=None, timeout=10.0):
         if depth:
             settings += "MMLEAK_DEPTH=%s\n" % depth
         settings += "MMLEAK_ROTATE_MB=%d\n" % (rotate_mb or COMPACT_ROTATE_MB)
-        before = set(files.find_traces(d))
+        before = set(files.find_traces(d, said=False))
         res, lib = _call(pid, "mmleak_attach", settings, deadline, timeout)
         if res == 1:
             raise Fail("process %d is already being traced (%s)" % (pid, traced_state(pid)),
@@ -289,7 +289,7 @@ def attach(pid, directory=None, depth=None, rotate_mb=None, timeout=10.0):
             except OSError:
                 pass
         raise
-    new = sorted(set(files.find_traces(d)) - before)
+    new = sorted(set(files.find_traces(d, said=False)) - before)
     sys.stdout.write("%s: process %d is traced into %s (trace %s); stop with: %s detach %d\n"
                      % (errors.PROG, pid, d, " ".join(new) or "?", sys.argv[0], pid))
     return EXIT_OK

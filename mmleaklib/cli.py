@@ -370,7 +370,7 @@ def cmd_run(args):
     d = os.path.abspath(args.dir or os.environ.get("MMLEAK_DIR") or "/tmp")
     files.make_dump_dir(d)
     env = preload_env(lib, d, args.depth, args.keep_all)
-    before = set(files.find_traces(d))
+    before = set(files.find_traces(d, said=False))
     try:
         proc = subprocess.Popen(cmd, env=env)
     except OSError as e:
@@ -416,8 +416,10 @@ def run_check(d, before, args, only_pid=None, views=None):
     is reported on stderr (the command's stdout is its own), one that passes in a line (and
     its leak summary when suppressions took blocks).  VIEWS: {trace: (Shrinker, blocks.Live)}
     of the traces the compactor's last pass read whole (build_report NOW): not read again."""
-    traces = files.find_traces(d)
+    traces = files.find_traces(d, said=False)
     new = compact.run_traces(d, before, traces)[0]
+    for t in sorted(new):
+        files.say_ignored(traces, t)
     last = []
     pids = {t.split("-")[0] for t in new}
     if only_pid is not None:
@@ -445,8 +447,10 @@ def run_check(d, before, args, only_pid=None, views=None):
 
 def say_run_traces(d, before, pid, name, how):
     """Where the traces of a run are (PID: the command's process, which ended HOW)."""
-    traces = files.find_traces(d)
+    traces = files.find_traces(d, said=False)
     new, strangers = compact.run_traces(d, before, traces)
+    for t in sorted(new):
+        files.say_ignored(traces, t)
     new = sorted(new, key=lambda t: [int(x) for x in t.split("-")])
     if strangers:
         warn("traces of other users appeared in %s during the run (anybody can write there): "

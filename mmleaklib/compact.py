@@ -457,6 +457,7 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
     for).  A file it cannot trust (Refused) or write stops the pass over this trace (Fail),
     and nothing is deleted."""
     traces = traces if traces is not None else files.find_traces(directory)
+    files.say_ignored(traces, tid)
     paths = paths if paths is not None else traces.get(tid, [])
     t = TraceFiles(directory, tid)
     cpath = t.compact
@@ -797,7 +798,7 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopp
     (live traces, results).  STOPPING, FOLDED, VIEW, ABANDON, LEVELS, BASE, DEFER: see
     compact_trace."""
     out = out or sys.stdout
-    traces = files.find_traces(directory)
+    traces = files.find_traces(directory, said=pid is None)    # (compact_trace says PID's)
     live, results = [], []
     for tid in sorted(traces, key=lambda t: [int(x) for x in t.split("-")]):
         if pid is not None and tid != pid:
@@ -897,7 +898,7 @@ def read_trace(directory, tid, progress=None, blocks=False, lock_wait=READ_LOCK_
     limit = lock_wait or None
     with TraceLock(directory, tid, shared=True, limit=limit) as lock:
         if lock.held:
-            paths = files.find_traces(directory).get(tid, [])
+            paths = files.find_traces(directory, only=tid).get(tid, [])
             return shrink_files(paths, progress=progress, blocks=blocks), paths
         # No lock file: no compactor has run yet.  Should a first pass start now, it may
         # delete a file under us: then read again, under its lock; the messages of this
@@ -905,7 +906,7 @@ def read_trace(directory, tid, progress=None, blocks=False, lock_wait=READ_LOCK_
         real, sys.stderr = sys.stderr, io.StringIO()
         refused = set(errors.REFUSALS)
         try:
-            paths = files.find_traces(directory).get(tid, [])
+            paths = files.find_traces(directory, only=tid).get(tid, [])
             sh = shrink_files(paths, progress=progress, blocks=blocks)
         finally:
             said, sys.stderr = sys.stderr.getvalue(), real
@@ -914,7 +915,7 @@ def read_trace(directory, tid, progress=None, blocks=False, lock_wait=READ_LOCK_
         return sh, paths
     errors.REFUSALS.intersection_update(refused)   # not said: said again by the next attempt
     with TraceLock(directory, tid, shared=True, limit=limit):
-        paths = files.find_traces(directory).get(tid, [])
+        paths = files.find_traces(directory, only=tid).get(tid, [])
         return shrink_files(paths, progress=progress, blocks=blocks), paths
 
 
@@ -1166,7 +1167,7 @@ def recover(paths, force=False):
     status = EXIT_OK
     for a in paths:
         if os.path.isdir(a):
-            for found in files.find_traces(a).values():
+            for found in files.find_traces(a, said=True).values():
                 outs.extend(found)
         elif os.path.exists(a):
             outs.append(a)

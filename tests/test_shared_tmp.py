@@ -300,3 +300,28 @@ def test_root_compacts_another_users_trace_with_that_users_rights(bins, tmp_path
                      0o600), mode
         finally:
             shutil.rmtree(shared)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plants another user's files")
+def test_files_planted_at_other_traces_names_do_not_fail_your_report(tmp_path):
+    # Another user's links and FIFOs at other traces' names in /tmp were said by every
+    # report there (a line each), and made root's report of its own trace exit 2: now only
+    # the reported trace's are said (and still make it 2); compact DIR, over all, says all
+    d = tmp_path / "share"
+    d.mkdir()
+    os.chmod(str(d), 0o1777)
+    (d / "mmleak.82.0.out").write_bytes(FAKE.replace(b"1000000", b"40") % (82, 82, 82))
+    (d / "mmleak.82.maps").write_bytes(b"")
+    os.symlink("/etc/passwd", str(d / "mmleak.99993.0.out"))
+    os.mkfifo(str(d / "mmleak.99992.0.out"))
+    for n in ("mmleak.99993.0.out", "mmleak.99992.0.out"):
+        os.lchown(str(d / n), NOBODY, NOBODY)
+    for args in (["--trace", "82"], ["--pid", "82"], []):
+        r = run("report", d, "--no-html", *args)
+        assert (r.returncode, r.stderr) == (0, ""), args
+        assert "64 B in 1 blocks not freed" in r.stdout
+    r = run("report", d, "--no-html", "--trace", "99993")
+    assert r.returncode == 2 and r.stderr.startswith(
+        "mmleak.py: %s/mmleak.99993.0.out: a symbolic link, not a regular file: ignored\n" % d)
+    r = run("compact", d)
+    assert r.stderr.count("not a regular file: ignored") == 2, r.stderr

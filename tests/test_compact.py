@@ -453,8 +453,8 @@ def test_a_snapshot_that_cannot_read_a_file_says_so(load, tmp_path, monkeypatch)
     """A file that vanished under a snapshot is an error, not a smaller live set."""
     full, tid, truth, _ = finished_trace(load, tmp_path, "-t", "1", "-n", "20000", "-l", "500")
     real = mmleak.find_traces
-    monkeypatch.setattr(mmleak.files, "find_traces", lambda d: {
-        k: v + [str(full / ("mmleak.%s.999.out" % k))] for k, v in real(d).items()})
+    monkeypatch.setattr(mmleak.files, "find_traces", lambda d, **kw: {
+        k: v + [str(full / ("mmleak.%s.999.out" % k))] for k, v in real(d, **kw).items()})
     assert mmleak.main(["snapshot", str(full), "--pid", tid, "-o", str(tmp_path / "s")]) == 2
 
 

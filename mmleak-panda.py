@@ -47,7 +47,10 @@ TIMELINE_POINTS = 2000  # points per timeline line at most (longer histories are
 # ---------------------------------------------------------------------------------------
 
 def esc(s):
-    return html.escape("" if s is None else str(s), quote=True)
+    """S for the page: its control characters shown as errors.printable shows them on a
+    terminal (a name from the trace may hold an ESC, a newline, a bidirectional override),
+    then HTML-escaped."""
+    return html.escape(errors.printable("" if s is None else str(s)), quote=True)
 
 
 def hb(n):
@@ -319,7 +322,7 @@ class Flame:
             i = sidx.get(v)
             if i is None:
                 i = sidx[v] = len(strs)
-                strs.append(v)
+                strs.append(errors.printable(v) if isinstance(v, str) else v)
             return i
         frames, fidx, flat = [], {}, []
         for f, d, b, k, cut in self.nodes:       # only the frames of the boxes drawn
@@ -370,6 +373,10 @@ def _svg(fig):
 def _mpl():
     import matplotlib
     matplotlib.use("Agg")
+    # the labels are the traced program's names (its symbols, its file names: "a$^{$b" is
+    # one): never matplotlib's mathtext, which rendered "c$_$d" as a subscript and failed the
+    # page on "$^{$" with a traceback
+    matplotlib.rcParams.update({"text.parse_math": False})
     matplotlib.rcParams.update({
         "svg.fonttype": "none", "svg.hashsalt": "mmleak", "font.size": 9,
         "font.family": "sans-serif",
@@ -402,6 +409,9 @@ def _bytes_axis(axis, vmax):
 
 
 def _trunc(s, n=60):
+    """A chart's label: printable (a control character was a glyph missing from the font,
+    and matplotlib's warning wrote it raw to stderr), cut to N characters."""
+    s = errors.printable(s)
     return s if len(s) <= n else s[:n - 1] + "\u2026"
 
 

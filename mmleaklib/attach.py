@@ -116,9 +116,16 @@ def _elf_symbol(path, name):
     return None
 
 
-def traced_state(pid):
+def traced_state(pid, raw=False):
     """What mmleak.so in process PID says of itself ("tracing ID DIR", "paused",
-    "dormant"), read from its memory without stopping it; None if mmleak.so is not there."""
+    "dormant"), read from its memory without stopping it; None if mmleak.so is not there.
+    The process writes that memory as it likes: printable (errors.printable) unless RAW,
+    for whoever shows it on a terminal."""
+    state = _traced_state(pid)
+    return state if raw or state is None else errors.printable(state)
+
+
+def _traced_state(pid):
     lib = mmleak_in(pid)
     if not lib:
         return None
@@ -276,7 +283,7 @@ def attach(pid, directory=None, depth=None, rotate_mb=None, timeout=10.0):
         if depth:
             settings += "MMLEAK_DEPTH=%s\n" % depth
         settings += "MMLEAK_ROTATE_MB=%d\n" % (rotate_mb or COMPACT_ROTATE_MB)
-        before = set(files.find_traces(d))
+        before = set(files.find_traces(d, said=False))
         res, lib = _call(pid, "mmleak_attach", settings, deadline, timeout)
         if res == 1:
             raise Fail("process %d is already being traced (%s)" % (pid, traced_state(pid)),
@@ -291,7 +298,7 @@ def attach(pid, directory=None, depth=None, rotate_mb=None, timeout=10.0):
             except OSError:
                 pass
         raise
-    new = sorted(set(files.find_traces(d)) - before)
+    new = sorted(set(files.find_traces(d, said=False)) - before)
     sys.stdout.write("%s: process %d is traced into %s (trace %s); stop with: %s detach %d\n"
                      % (errors.PROG, pid, d, " ".join(new) or "?", sys.argv[0], pid))
     return EXIT_OK
@@ -329,5 +336,5 @@ def status():
         sys.stdout.write("no process has mmleak.so loaded\n")
         return EXIT_OK
     for pid, cmd, state in sorted(procs):
-        sys.stdout.write("%7d  %-40s  %s\n" % (pid, state, cmd[:120]))
+        sys.stdout.write("%7d  %-40s  %s\n" % (pid, state, errors.printable(cmd[:120])))
     return EXIT_OK

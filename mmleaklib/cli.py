@@ -370,7 +370,7 @@ def cmd_run(args):
     d = os.path.abspath(args.dir or os.environ.get("MMLEAK_DIR") or "/tmp")
     files.make_dump_dir(d)
     env = preload_env(lib, d, args.depth, args.keep_all)
-    before = set(files.find_traces(d))
+    before = set(files.find_traces(d, said=False))
     try:
         proc = subprocess.Popen(cmd, env=env)
     except OSError as e:
@@ -416,8 +416,10 @@ def run_check(d, before, args, only_pid=None, views=None):
     is reported on stderr (the command's stdout is its own), one that passes in a line (and
     its leak summary when suppressions took blocks).  VIEWS: {trace: (Shrinker, blocks.Live)}
     of the traces the compactor's last pass read whole (build_report NOW): not read again."""
-    traces = files.find_traces(d)
+    traces = files.find_traces(d, said=False)
     new = compact.run_traces(d, before, traces)[0]
+    for t in sorted(new):
+        files.say_ignored(traces, t)
     last = []
     pids = {t.split("-")[0] for t in new}
     if only_pid is not None:
@@ -445,8 +447,10 @@ def run_check(d, before, args, only_pid=None, views=None):
 
 def say_run_traces(d, before, pid, name, how):
     """Where the traces of a run are (PID: the command's process, which ended HOW)."""
-    traces = files.find_traces(d)
+    traces = files.find_traces(d, said=False)
     new, strangers = compact.run_traces(d, before, traces)
+    for t in sorted(new):
+        files.say_ignored(traces, t)
     new = sorted(new, key=lambda t: [int(x) for x in t.split("-")])
     if strangers:
         warn("traces of other users appeared in %s during the run (anybody can write there): "
@@ -835,7 +839,7 @@ def add_scan(sub):
 
 def cmd_scan(args):
     from . import scan
-    state = attach.traced_state(args.pid)
+    state = attach.traced_state(args.pid, raw=True)
     if state is None:
         raise Fail("process %d does not have mmleak.so loaded (see mmleak.py status)"
                    % args.pid)
@@ -843,12 +847,18 @@ def cmd_scan(args):
     if not m:
         raise Fail("process %d is not tracing (mmleak.so says: %s)" % (args.pid, state))
     tid, directory = m.group(1), m.group(2)
-    rc, path, msg = scan.scan_process(args.pid, directory, tid)
+    fd = scan.trace_dir(args.pid, tid, directory)
+    held = "/proc/self/fd/%d" % fd
+    try:
+        rc, path, msg = scan.scan_process(args.pid, held, tid)
+    finally:
+        os.close(fd)
+    path, msg = (t.replace(held, directory) for t in (path, msg))
     if rc:
         raise Fail("cannot scan process %d: %s (%s says so)" % (args.pid, msg, path))
     if not args.quiet:
         k = scan.Kinds(scan.read_scan(path))
-        sys.stdout.write("%s\n" % path)
+        sys.stdout.write("%s\n" % errors.printable(path))
         for line in scan.summary_lines(k):
             sys.stdout.write(line + "\n")
     return EXIT_OK

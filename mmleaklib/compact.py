@@ -205,6 +205,7 @@ class _DirLock:
             try:
                 self._set(fcntl.F_WRLCK)
                 self.held = True
+                self._mark()
                 return self
             except OSError as e:
                 if e.errno == errno.EBADF:      # opened read-only: nothing changed
@@ -216,6 +217,18 @@ class _DirLock:
                 raise Fail("%s: a reachability scan held its directory lock for 30 s"
                            % self.path)
             time.sleep(0.002)
+
+    def _mark(self):
+        """Before a pass's first change, the lock file gets a byte: a scan that finds it
+        empty (mmleak.so makes it with the trace's id) knows no pass ever changed the
+        trace's files, and opens them by name (tools/scan_cut.c, take_lock).  Unmarked, no
+        change is made (Fail)."""
+        try:
+            if os.fstat(self.fd).st_size == 0:
+                os.pwrite(self.fd, b"c", 0)
+        except OSError as e:
+            self.__exit__()
+            raise Fail("%s: cannot mark the trace's lock file: %s" % (self.path, e.strerror))
 
     def __exit__(self, *exc):
         import fcntl
@@ -457,6 +470,7 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
     for).  A file it cannot trust (Refused) or write stops the pass over this trace (Fail),
     and nothing is deleted."""
     traces = traces if traces is not None else files.find_traces(directory)
+    files.say_ignored(traces, tid)
     paths = paths if paths is not None else traces.get(tid, [])
     t = TraceFiles(directory, tid)
     cpath = t.compact
@@ -797,7 +811,7 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopp
     (live traces, results).  STOPPING, FOLDED, VIEW, ABANDON, LEVELS, BASE, DEFER: see
     compact_trace."""
     out = out or sys.stdout
-    traces = files.find_traces(directory)
+    traces = files.find_traces(directory, said=pid is None)    # (compact_trace says PID's)
     live, results = [], []
     for tid in sorted(traces, key=lambda t: [int(x) for x in t.split("-")]):
         if pid is not None and tid != pid:
@@ -897,7 +911,7 @@ def read_trace(directory, tid, progress=None, blocks=False, lock_wait=READ_LOCK_
     limit = lock_wait or None
     with TraceLock(directory, tid, shared=True, limit=limit) as lock:
         if lock.held:
-            paths = files.find_traces(directory).get(tid, [])
+            paths = files.find_traces(directory, only=tid).get(tid, [])
             return shrink_files(paths, progress=progress, blocks=blocks), paths
         # No lock file: no compactor has run yet.  Should a first pass start now, it may
         # delete a file under us: then read again, under its lock; the messages of this
@@ -905,7 +919,7 @@ def read_trace(directory, tid, progress=None, blocks=False, lock_wait=READ_LOCK_
         real, sys.stderr = sys.stderr, io.StringIO()
         refused = set(errors.REFUSALS)
         try:
-            paths = files.find_traces(directory).get(tid, [])
+            paths = files.find_traces(directory, only=tid).get(tid, [])
             sh = shrink_files(paths, progress=progress, blocks=blocks)
         finally:
             said, sys.stderr = sys.stderr.getvalue(), real
@@ -914,7 +928,7 @@ def read_trace(directory, tid, progress=None, blocks=False, lock_wait=READ_LOCK_
         return sh, paths
     errors.REFUSALS.intersection_update(refused)   # not said: said again by the next attempt
     with TraceLock(directory, tid, shared=True, limit=limit):
-        paths = files.find_traces(directory).get(tid, [])
+        paths = files.find_traces(directory, only=tid).get(tid, [])
         return shrink_files(paths, progress=progress, blocks=blocks), paths
 
 
@@ -1166,7 +1180,7 @@ def recover(paths, force=False):
     status = EXIT_OK
     for a in paths:
         if os.path.isdir(a):
-            for found in files.find_traces(a).values():
+            for found in files.find_traces(a, said=True).values():
                 outs.extend(found)
         elif os.path.exists(a):
             outs.append(a)

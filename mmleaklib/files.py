@@ -230,11 +230,29 @@ def dir_error(directory, e=None):
     return "cannot list %s: %s" % (directory, e.strerror)
 
 
-def find_traces(directory):
+class Traces(dict):
+    """find_traces's map; .ignored: trace id -> the line said (or to say) about its files
+    left out."""
+    ignored = {}
+
+
+def say_ignored(traces, tid):
+    """Say the line about trace TID's files that find_traces(said=False) left out."""
+    why = getattr(traces, "ignored", {}).get(tid)
+    if why:
+        refuse(why)
+
+
+def find_traces(directory, only=None, said=None):
     """Map trace id ("PID" or "PID-K") -> sorted list of its dump files in DIRECTORY (its
-    compacted result mmleak.ID.compact first, if any).  A file at one of those names that
-    is not a regular file of the trace's owner or root is left out, and said (one line per
-    trace, once; exit status 2): anybody may have put it there (see open_trace_file)."""
+    compacted result mmleak.ID.compact first, if any); ONLY: of that trace alone.  A file
+    at one of those names that is not a regular file of the trace's owner or root is left
+    out: anybody may have put it there (see open_trace_file).  It is said (one line per
+    trace, once; exit status 2) when SAID (default: with ONLY), else kept in .ignored for
+    say_ignored: a command about some traces of a shared directory says only theirs (files
+    planted at the names of others made root's report of its own trace in /tmp exit 2,
+    with a line for each of them)."""
+    said = only is not None if said is None else said
     traces = collections.defaultdict(list)
     try:
         names = os.listdir(directory)
@@ -243,6 +261,8 @@ def find_traces(directory):
     uids, ignored = {}, collections.defaultdict(list)
     for n in names:
         m = DUMP_RE.match(n) or COMPACT_RE.match(n) or RUN_RE.match(n)
+        if m and only is not None and m.group(1) != only:
+            continue
         if m:
             tid, p = m.group(1), os.path.join(directory, n)
             try:
@@ -260,13 +280,16 @@ def find_traces(directory):
                 traces[tid].append(((1, int(m.group(2))), p))
             else:                       # a compacted trace's running result: read it first
                 traces[tid].append(((0, 0), p))
-        elif MAPS_RE.match(n):
+        elif MAPS_RE.match(n) and (only is None or MAPS_RE.match(n).group(1) == only):
             traces.setdefault(MAPS_RE.match(n).group(1), [])
+    out = Traces()
+    out.ignored = {}
     for tid, whys in sorted(ignored.items()):
         whys.sort()
-        refuse(whys[0] if len(whys) == 1 else "%s (and %d more files of trace %s: ignored "
-               "likewise)" % (whys[0], len(whys) - 1, tid))
-    out = {}
+        out.ignored[tid] = whys[0] if len(whys) == 1 else "%s (and %d more files of trace " \
+            "%s: ignored likewise)" % (whys[0], len(whys) - 1, tid)
+        if said:
+            refuse(out.ignored[tid])
     for k, v in traces.items():
         files = [p for _, p in sorted(v)]
         folded = set()
@@ -299,7 +322,7 @@ def trace_start_for_maps(maps_path):
     m = MAPS_RE.match(n)
     if not m:
         return None
-    for p in find_traces(d).get(m.group(1), []):
+    for p in find_traces(d, only=m.group(1)).get(m.group(1), []):
         h = _first_header(p)
         if h and header_int(h, "start", None) is not None:
             return header_int(h, "start")

@@ -79,7 +79,18 @@ def choose_trace(directory, pid=None, trace=None):
     now, or was last: its newest image with dump files (an id PID-K given as PID is taken
     exactly, as before --trace existed); a note on stderr names its earlier images.
     Neither: the trace written last."""
-    traces = files.find_traces(directory)
+    traces = files.find_traces(directory, said=False)
+    try:
+        tid, paths = _choose(traces, directory, pid, trace)
+    except Fail:
+        files.say_ignored(traces, trace or pid)     # (why it has no files, perhaps)
+        raise
+    files.say_ignored(traces, tid)              # (the other traces' are not ours to say)
+    return tid, paths
+
+
+def _choose(traces, directory, pid, trace):
+    """choose_trace's choice among TRACES (find_traces)."""
     if trace is None and pid is not None and not pid.isdigit():
         trace = pid
     if trace is not None:

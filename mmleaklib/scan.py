@@ -14,6 +14,7 @@ import array
 import bisect
 import os
 import re
+import stat
 
 from . import files, native
 from .errors import Fail, Refused
@@ -260,6 +261,51 @@ def summary_lines(k):
         out.append("attached trace: blocks allocated before the attach are unknown; the heap "
                    "memory outside the known blocks was taken as roots")
     return out
+
+
+def process_uids(pid):
+    """The real, effective, saved and file-system uids of process PID (the kernel's word)."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return set(int(u) for u in line.split()[1:5])
+    except (OSError, ValueError):
+        pass
+    return set()
+
+
+def trace_dir(pid, tid, directory):
+    """A descriptor of DIRECTORY, open, where process PID says it writes trace TID.  The
+    process says so in its own memory (mmleak.so's status word), which it can write: a
+    process of another user's could name root's directory, or another user's trace, and
+    root's scan would write a result there (root's, or handed to that trace's owner, and
+    taken by that trace's report).  So the trace's .maps file there must be a regular
+    file of one of the process's uids; the scan then works in the directory held open
+    (/proc/self/fd/N), which a move and a symbolic link left in its place do not change."""
+    if not re.fullmatch(files.ID, tid) or not directory.startswith("/"):
+        raise Fail("process %d says it traces %r into %r: not a trace id and a directory"
+                   % (pid, tid, directory))
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise Fail("process %d traces into %s, which we cannot open: %s"
+                   % (pid, directory, e.strerror))
+    name = "mmleak.%s.maps" % tid
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        owner = st.st_uid if stat.S_ISREG(st.st_mode) else None
+    except OSError:
+        owner = None
+    uids = process_uids(pid)
+    if owner is None or owner not in uids:
+        os.close(fd)
+        raise Fail("process %d says it traces %s into %s, but %s there is %s, not the "
+                   "process's user's (uid %s): not scanned"
+                   % (pid, tid, directory, name,
+                      "no file of anybody's" if owner is None else "uid %d's" % owner,
+                      "/".join(str(u) for u in sorted(uids)) or "unknown"))
+    return fd
 
 
 def scan_process(pid, directory, tid, why="demand"):

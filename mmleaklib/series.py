@@ -189,7 +189,7 @@ def _live_now(directory, tid, stream=False, cancel=None, snap=None):
     SNAP: (the trace's files, and what files.with_unflushed_tails made of them), when the
     caller has them (it removes their temporary directory)."""
     if snap is None:
-        found = files.find_traces(directory).get(tid, [])
+        found = files.find_traces(directory, only=tid).get(tid, [])
         paths, names, tmpdir, refused = files.with_unflushed_tails(found)
     else:
         (found, paths, names, _, refused), tmpdir = snap, None
@@ -262,7 +262,7 @@ def add_point(directory, tid, final=False, now=None, cancel=None):
         # the keys beside another result (a compactor killed between a merge into the result
         # and its update of the .live): no record of the previous point's blocks
         prev = None
-    found = files.find_traces(directory).get(tid, [])
+    found = files.find_traces(directory, only=tid).get(tid, [])
     snap = files.with_unflushed_tails(found)
     try:
         sh, live, sites, stack_lines, keys, prev = _point_sites(
@@ -846,7 +846,7 @@ def incremental_ready(directory, tid):
     lv = _live_levels(t.live)
     if lv is False:
         return None
-    found = files.find_traces(directory).get(tid, [])
+    found = files.find_traces(directory, only=tid).get(tid, [])
     runs = [p for p in found if p != t.compact]
     if t.compact not in found or any(not files.RUN_RE.match(os.path.basename(p))
                                      for p in runs):

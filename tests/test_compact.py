@@ -422,6 +422,7 @@ def test_a_reader_that_starts_before_the_first_pass(load, tmp_path, monkeypatch,
             inside.pop()
         return real(paths)
     snap = tmp_path / "snap"
+    lock.unlink()       # (mmleak.so makes it with the trace: one it could not make, or older)
     with monkeypatch.context() as m:
         m.setattr(mmleak.files, "with_unflushed_tails", compactor_starts)
         assert not lock.exists()
@@ -453,8 +454,8 @@ def test_a_snapshot_that_cannot_read_a_file_says_so(load, tmp_path, monkeypatch)
     """A file that vanished under a snapshot is an error, not a smaller live set."""
     full, tid, truth, _ = finished_trace(load, tmp_path, "-t", "1", "-n", "20000", "-l", "500")
     real = mmleak.find_traces
-    monkeypatch.setattr(mmleak.files, "find_traces", lambda d: {
-        k: v + [str(full / ("mmleak.%s.999.out" % k))] for k, v in real(d).items()})
+    monkeypatch.setattr(mmleak.files, "find_traces", lambda d, **kw: {
+        k: v + [str(full / ("mmleak.%s.999.out" % k))] for k, v in real(d, **kw).items()})
     assert mmleak.main(["snapshot", str(full), "--pid", tid, "-o", str(tmp_path / "s")]) == 2
 
 

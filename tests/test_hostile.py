@@ -830,3 +830,92 @@ def test_a_threads_first_event_takes_little_more_stack_than_glibc(bins, tmp_path
         assert [n for n in os.listdir(tmp_path) if n.endswith(".out")], "it was traced"
         for n in os.listdir(tmp_path):
             os.unlink(os.path.join(tmp_path, n))
+
+
+def forge_status(pid, text):
+    """Write TEXT into mmleak.so's status word in process PID (what the process itself can
+    do: the word is in its memory), as /proc/PID/mem lets root."""
+    from mmleaklib import attach
+    lib = attach.mmleak_in(pid)
+    with open("/proc/%d/maps" % pid) as f:
+        base = next(int(l.split("-")[0], 16) for l in f
+                    if l.rstrip("\n").endswith(" " + lib) and int(l.split()[2], 16) == 0)
+    off, size = attach._elf_symbol(lib, "mmleak_status")
+    assert len(text) < size
+    with open("/proc/%d/mem" % pid, "r+b", buffering=0) as m:
+        m.seek(base + off)
+        m.write(text.encode() + b"\0")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs a process of nobody's")
+def test_scan_pid_writes_only_where_the_process_really_traces(tmp_path):
+    # `mmleak.py scan PID` took the trace's id and directory from mmleak.so's status word,
+    # in the process's memory: a process of nobody's that wrote "tracing ID DIR" there made
+    # root's scan write mmleak.ID.scan.1 into root's own directory, or into another user's
+    # trace (given to that user, and read by that trace's report as its newest scan).  The
+    # .maps of the trace named must be a file of the process's user.  Its own still scans.
+    from conftest import tree_for_others
+    from test_shared_tmp import NOBODY, plant_trace
+    lib = os.path.join(tree_for_others("mmleak.so"), "mmleak.so")
+    share = tempfile.mkdtemp(prefix="mmleak-share-", dir="/tmp")
+    os.chmod(share, 0o1777)
+    mine = tmp_path / "root"
+    mine.mkdir(mode=0o755)
+    plant_trace(share, 99994, 1)                  # daemon's (uid 1) trace
+    p = subprocess.Popen(["cat"], stdin=subprocess.PIPE, user=NOBODY, group=NOBODY,
+                         extra_groups=[], env=dict(PATH=os.environ["PATH"], LD_PRELOAD=lib,
+                                                   MMLEAK_DIR=share))
+    try:
+        from mmleaklib import attach
+        for _ in range(500):
+            state = attach.traced_state(p.pid) or ""
+            if state.startswith("tracing"):
+                break
+            time.sleep(0.01)
+        own = state.split()[1]
+        for tid, d, owner in (("99994", share, "uid 1's"), (own, str(mine),
+                                                             "no file of anybody's")):
+            forge_status(p.pid, "tracing %s %s" % (tid, d))
+            r = subprocess.run(["/usr/bin/python3", MMLEAK, "scan", str(p.pid)],
+                               capture_output=True, text=True, timeout=120)
+            assert (r.returncode, r.stdout, r.stderr) == (
+                2, "", "mmleak.py: process %d says it traces %s into %s, but mmleak.%s.maps "
+                "there is %s, not the process's user's (uid %d): not scanned\n"
+                % (p.pid, tid, d, tid, owner, NOBODY))
+        assert os.listdir(str(mine)) == []
+        assert not [n for n in os.listdir(share) if ".scan" in n]
+        forge_status(p.pid, "tracing %s %s" % (own, share))
+        r = subprocess.run(["/usr/bin/python3", MMLEAK, "scan", "--quiet", str(p.pid)],
+                           capture_output=True, text=True, timeout=120)
+        assert (r.returncode, r.stderr) == (0, "")
+        st = os.lstat(os.path.join(share, "mmleak.%s.scan.1" % own))
+        assert (st.st_uid, st.st_mode & 0o777) == (NOBODY, 0o600)
+    finally:
+        p.kill()
+        p.wait()
+        shutil.rmtree(share)
+
+
+def test_status_shows_a_forged_state_and_command_line_printable(tmp_path):
+    # `status` (and detach's lines, mmleak-install.py status) print mmleak.so's status word
+    # and the command line, both the process's to write: an escape or a newline there went
+    # to the terminal as it was
+    p = subprocess.Popen(["cat", "-", "\x1b[2J\nx"], stdin=subprocess.PIPE,
+                         env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(tmp_path)))
+    try:
+        from mmleaklib import attach
+        for _ in range(500):
+            if (attach.traced_state(p.pid) or "").startswith("tracing"):
+                break
+            time.sleep(0.01)
+        forge_status(p.pid, "tracing 1 /\x1b]0;owned\x07\n\x9b")
+        r = subprocess.run(["/usr/bin/python3", MMLEAK, "status"], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        (mine,) = [l for l in r.stdout.split("\n") if l.split()[:1] == [str(p.pid)]]
+        assert mine.split(None, 1)[1].split() == [
+            "tracing", "1", "/\\x1b]0;owned\\x07\\x0a\\x9b", "cat", "-", "\\x1b[2J\\x0ax"]
+        assert r.stdout.count("\n") == len(r.stdout.splitlines())
+    finally:
+        p.kill()
+        p.wait()

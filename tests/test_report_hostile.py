@@ -6,9 +6,11 @@ Run: /usr/bin/python3 -m pytest tests/test_report_hostile.py
 """
 import contextlib
 import csv
+import html
 import io
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -589,3 +591,31 @@ def test_a_log_of_loads_of_thousands_of_epochs(tmp_path):
     p = subprocess.run([PY, "-c", LOADS_CHILD, REPO, str(maps), ",".join(addrs)],
                        capture_output=True, text=True, timeout=600)
     assert (p.returncode, p.stderr, p.stdout) == (0, "", "1 %d\n" % nframes)
+
+
+def test_names_from_a_trace_reach_the_page_as_text(tmp_path):
+    # The page's charts (matplotlib) took "$...$" in a name as mathtext: a symbol "c$_$d"
+    # (GCC allows $ in identifiers) was drawn as a subscript, "a$^{$b" failed the whole page
+    # with a traceback; a control character went raw into the page (invisible there) and,
+    # through matplotlib's missing-glyph warning, raw to the terminal.  Names are text in
+    # the page, shown as on the terminal (\xHH), in the charts, the table and the flame data.
+    bad = b"".join(HOSTILE_TEXT)
+    names = [b"c$_$d", b"a$^{$b" + bad, b"</script><img src=x onerror=alert(1)>"]
+    (tmp_path / "mmleak.78.0.out").write_bytes(
+        b"#mmleak 2 id=78 pid=78 tid=78 file=0 depth=1 start=1700000000\n#cmd ./x" + bad +
+        b"\n" + b"".join(b"%x 0 %x 0 %x\n" % (0x1000 + i, 64 * (i + 1), 0x400010 + 0x10000 * i)
+                         for i in range(len(names))) + b"#end\n")
+    (tmp_path / "mmleak.78.maps").write_bytes(b"".join(
+        b"%x-%x r-xp 00000000 fe:00 0    /nonexistent/%s\n"
+        % (0x400000 + 0x10000 * i, 0x401000 + 0x10000 * i, n) for i, n in enumerate(names)))
+    p = subprocess.run([PY, MMLEAK, "report", str(tmp_path)], capture_output=True)
+    assert (p.returncode, p.stderr) == (0, b""), p.stderr
+    page = (tmp_path / "mmleak.78.html").read_bytes()
+    assert not [c for c in RAW_UNSAFE if c in page]
+    assert b"<img" not in page
+    shown = "a$^{$b\\x1b]0;PWNED\\x07\\x1b[2J\\x9b31m\\u202e".encode()
+    svg_text = re.findall(rb"<text[^>]*>([^<]*)</text>", page)
+    assert b"#3 c$_$d+0x10" in svg_text                 # one text, not mathtext's pieces
+    assert [t for t in svg_text if t.startswith(b"#2 " + shown[:20])]
+    assert page.count(html.escape(shown.decode() + "+0x10").encode()) >= 2
+    assert ("./x" + html.escape(shown[6:].decode())).encode() in page

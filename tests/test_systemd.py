@@ -668,7 +668,8 @@ def test_attach_to_a_running_service_and_detach(box, attach_daemon, lib):
         files = {n: v for n, v in dump_files(box, ATT_DIR).items() if n.startswith(
             "mmleak.%s." % tid)}
         assert set(files) == {"mmleak.%s.0.out" % tid, "mmleak.%s.0.tail" % tid,
-                              "mmleak.%s.maps" % tid, "mmleak.%s.loads" % tid}, files
+                              "mmleak.%s.maps" % tid, "mmleak.%s.loads" % tid,
+                              "mmleak.%s.lock" % tid}, files
         assert {(u, g, m) for u, g, m, _ in files.values()} == {(uid, gid, 0o600)}
 
         r = box.run([PY, MMLEAK_, "detach", str(pid)])
@@ -681,7 +682,8 @@ def test_attach_to_a_running_service_and_detach(box, attach_daemon, lib):
         assert procs == ["%d (main): paused" % pid, other], out
         files = {n: v for n, v in dump_files(box, ATT_DIR).items() if n.startswith(
             "mmleak.%s." % tid)}
-        assert set(files) == {"mmleak.%s.0.out" % tid, "mmleak.%s.maps" % tid}, files
+        assert set(files) == {"mmleak.%s.0.out" % tid, "mmleak.%s.maps" % tid,
+                              "mmleak.%s.lock" % tid}, files
         assert {(u, g, m) for u, g, m, _ in files.values()} == {(uid, gid, 0o600)}
         window_report(box, ATT_DIR, tid, pid)
 
@@ -691,10 +693,12 @@ def test_attach_to_a_running_service_and_detach(box, attach_daemon, lib):
     after = service_props(box, ATT_UNIT)
     assert after == before
     assert set(os.listdir(box.path(ATT_DIR))) == {
-        "mmleak.%s.%s" % (t, x) for t in (str(pid), "%d-1" % pid) for x in ("0.out", "maps")}
+        "mmleak.%s.%s" % (t, x) for t in (str(pid), "%d-1" % pid)
+        for x in ("0.out", "maps", "lock")}
     leak_in_window(box, pid, 3 * K)     # untraced now: nothing more is written
     assert set(os.listdir(box.path(ATT_DIR))) == {
-        "mmleak.%s.%s" % (t, x) for t in (str(pid), "%d-1" % pid) for x in ("0.out", "maps")}
+        "mmleak.%s.%s" % (t, x) for t in (str(pid), "%d-1" % pid)
+        for x in ("0.out", "maps", "lock")}
 
 
 def test_install_paused_then_attach(box, attach_daemon, lib):
@@ -878,7 +882,9 @@ def test_root_companion_compacts_a_handed_over_trace_as_its_owner(box, daemon, l
         assert set(files) == {"mmleak.%s.%s" % (t, x) for t in (str(pid), tid)
                               for x in ("compact", "maps", "loads", "series", "lock")}, files
         for n, (u, g, m, _) in files.items():
-            assert (n, u, g, m) == (n, uid, 0 if n == "mmleak.%d.loads" % pid else gid,
+            # (the root trace's .loads and .lock, made with it, handed over as they are)
+            assert (n, u, g, m) == (n, uid, 0 if n in ("mmleak.%d.loads" % pid,
+                                                       "mmleak.%d.lock" % pid) else gid,
                                     0o600), files
         assert report(box, PRIV_DIR, pid, tid)[:2] == (EVENTS, EVENTS)
     finally:

@@ -267,7 +267,7 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
         take_cut(&s);
         /* no lock file before the cut, one now: a first compaction pass began meanwhile
          * and may have changed what the cut listed: again, under its lock */
-        if (!s.failed && s.nolock && lock_exists(&s)) {
+        if (!s.failed && s.nolock && s.lockfd < 0 && lock_exists(&s)) {
             free_cut(&s);
             s.nolock = 0;
             if (!take_lock(&s))

@@ -208,7 +208,10 @@ int lock_exists(struct scan *s)
  * so that the files the cut holds are the trace as a kill of that pass at that moment would
  * leave it.  The pass's own lock (the flock) is not waited for: the files are held open, and
  * a pass goes on meanwhile.  No lock file: no compactor ever ran (*NOLOCK; take_cut looks
- * again after the cut). */
+ * again after the cut).  An empty one (mmleak.so makes it with the trace's id, so that no
+ * other user's file can stand at its name; a compactor makes it empty too): no pass ever
+ * changed the trace's files, since a pass marks it (one byte) under the directory lock
+ * before its first change, and none can while we hold it (*NOLOCK too). */
 int take_lock(struct scan *s)
 {
     char name[300];
@@ -231,6 +234,7 @@ int take_lock(struct scan *s)
         struct timespec ts = { 0, 1000000 };
         nanosleep(&ts, NULL);
     }
+    s->nolock = !fstat(s->lockfd, &st) && st.st_size == 0;
     return 0;
 }
 

@@ -368,6 +368,8 @@ COLD void give_files_to(uid_t uid)
         give_one(dump_name(name, sizeof name, g_late_file), &g_late_id, uid);
     give_one(file_name(name, sizeof name, ".maps"), &g_maps_id, uid);
     give_one(file_name(name, sizeof name, ".loads"), &g_loads_id, uid);
+    if (g_lock_id.ino)
+        give_one(file_name(name, sizeof name, ".lock"), &g_lock_id, uid);
     pthread_mutex_unlock(&g_lock);
 }
 

@@ -386,6 +386,7 @@ COLD void hold_dir(void);
 
 extern int g_loads_on;  /* from the first dlclose on: before it, no range had two objects */
 extern struct fid g_loads_id, g_maps_id;    /* made by reserve_id (.maps: its last version) */
+extern struct fid g_lock_id;                /* made by reserve_id, or {0, 0} */
 extern int g_loads_used;                     /* a line was written to it */
 extern unsigned long long g_got_adds;   /* loader's count of loads when slots were last set */
 int phdr_counts(struct dl_phdr_info *info, size_t size, void *data);

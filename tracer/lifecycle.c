@@ -115,6 +115,25 @@ static int reserve_id(int *maps_fd)
         }
         if (fd >= 0) {
             close(fd);
+            /* the trace's lock (mmleak-compaction(7)) is made now too, empty: a lock
+             * file of another user's at its name made every compactor, reader and scan at
+             * the exit refuse the trace (planted for the next pids in /tmp, nothing of
+             * root's traces there was ever folded, scanned or reported).  Taken: the id is
+             * taken.  Not made for another reason (no descriptor left): the first
+             * compactor makes it, as before. */
+            int lfd = create_locked(file_name(name, sizeof name, ".lock"), &g_lock_id);
+            if (lfd < 0 && errno == EEXIST) {
+                if (mfd >= 0)
+                    close(mfd);
+                d_unlink(file_name(name, sizeof name, ".maps"));
+                d_unlink(file_name(name, sizeof name, ".loads"));
+                err = EEXIST;
+                continue;
+            }
+            if (lfd >= 0)
+                close(lfd);
+            else
+                g_lock_id = (struct fid){ 0, 0 };
             g_loads_used = 0;
             *maps_fd = mfd;     /* the first snapshot is written through it */
             return 0;

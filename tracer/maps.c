@@ -84,6 +84,7 @@ static int maps_add(const char *l, size_t n)
  * from carry the epoch in their top 16 bits (see capture). */
 int g_loads_on;  /* from the first dlclose on: before it, no range had two objects */
 struct fid g_loads_id, g_maps_id;    /* made by reserve_id (.maps: its last version) */
+struct fid g_lock_id;                /* made by reserve_id, or {0, 0} */
 int g_loads_used;                     /* a line was written to it */
 
 /* 0, or -1 if a line could not be written (it is tried again at the next snapshot) */

@@ -32,7 +32,7 @@ standard input /dev/null, under:
           without it: a rough reference only)
 
 A daemon is stopped by SIGTERM (haproxy's "USR1" row: SIGUSR1, its soft stop); one that
-dies of it (haproxy, vsftpd) has no scan at its exit, nor has one whose scanner may not
+dies of it (haproxy, vsftpd, smbd) has no scan at its exit, nor has one whose scanner may not
 read it (squid: mmleak-scan(7), LIMITS), so under mmleak its load ends with
 `mmleak.py scan PID` ($SCAN), whose result the report then gives.  A daemon that becomes
 another user (mosquitto, chronyd, squid, exim4) gets a dump directory of that user's.
@@ -458,7 +458,7 @@ PROGRAMS = [
      ({"smb.conf": SMB, "share/f.txt": "hi\n"}, "mkdir priv lock state cache pid"),
      "tcp:25395", [], {},
      "for i in 1 2 3; do smbclient //127.0.0.1/s -p 25395 -N -s smb.conf -c 'ls; get f.txt "
-     "/dev/stdout'; done"),
+     "/dev/stdout'; done; $SCAN"),
     ("apache2 prefork", ["apache2", "-DFOREGROUND", "-f", "@DIR@/a.conf"],
      {"a.conf": APACHE_PREFORK, "html/index.html": "hi\n"}, "tcp:25396", [], {},
      "for i in 1 2 3 4 5 6; do curl -sS http://127.0.0.1:25396/; done"),
@@ -480,9 +480,10 @@ def run(argv, env, cwd, ready, child, load=None, stop=signal.SIGTERM):
     if ready is None:
         return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True,
                               timeout=900, stdin=subprocess.DEVNULL)
+    # a process group of its own: apache2's prefork MPM signals its whole group (killpg)
     p = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
     until = time.monotonic() + 300         # valgrind on a busy machine: exim4 took 2 min
     while not is_ready(cwd, ready) and time.monotonic() < until:
         time.sleep(0.1)

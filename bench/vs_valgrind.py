@@ -221,6 +221,7 @@ log_file_path = @DIR@/log/%slog
 keep_environment =
 exim_user = Debian-exim
 exim_path = @DIR@/exim4
+tls_advertise_hosts =
 daemon_smtp_ports = 25394
 local_interfaces = 127.0.0.1
 pid_file_path = @DIR@/exim.pid

@@ -12,8 +12,9 @@ ffprobe (libavcodec's threads, posix_memalign), a C++
 program with thread_local, a detached thread and sigaltstack, and a C program under
 jemalloc and tcmalloc preloaded after mmleak.so; then the fifth comparison's dot,
 gs, pdftotext, convert, java, go, gofmt, vim -es, php -r, ruby -e, and the daemons unbound,
-haproxy, lighttpd, apache2, mosquitto, rsyslogd, named, dbus-daemon, chronyd and vsftpd,
-on 127.0.0.1's ports 25380 to 25389 or sockets in their directory, each given a few
+haproxy, lighttpd, apache2, mosquitto, rsyslogd, named, dbus-daemon, chronyd and vsftpd;
+then the sixth comparison's sshd, cupsd, squid, exim4, smbd and apache2 with its prefork
+MPM, on 127.0.0.1's ports 25380 to 25396 or sockets in their directory, each given a few
 clients' requests before it is stopped) runs, in a fresh directory of its own, with its
 standard input /dev/null, under:
 
@@ -31,9 +32,12 @@ standard input /dev/null, under:
           without it: a rough reference only)
 
 A daemon is stopped by SIGTERM (haproxy's "USR1" row: SIGUSR1, its soft stop); one that
-dies of it (haproxy, vsftpd) has no scan at its exit, so under mmleak its load ends with
+dies of it (haproxy, vsftpd, smbd) has no scan at its exit, nor has one whose scanner may not
+read it (squid: mmleak-scan(7), LIMITS), so under mmleak its load ends with
 `mmleak.py scan PID` ($SCAN), whose result the report then gives.  A daemon that becomes
-another user (mosquitto, chronyd) gets a dump directory of that user's.
+another user (mosquitto, chronyd, squid, exim4) gets a dump directory of that user's.
+LeakSanitizer's figures are the daemon's own process's (each process writes its report to
+a file of its own); a daemon still running 60 s after the signal gets it again.
 
 and prints, per program and tool, blocks/bytes definitely lost, indirectly lost, possibly
 lost, still reachable (LSan: blocks/bytes leaked).  A program that is not installed is
@@ -173,6 +177,86 @@ xferlog_enable=NO
 pasv_min_port=25387
 pasv_max_port=25388
 """
+SSHD = """Port 25390
+ListenAddress 127.0.0.1
+HostKey @DIR@/hk
+PidFile @DIR@/sshd.pid
+AuthorizedKeysFile @DIR@/ak
+PermitRootLogin prohibit-password
+StrictModes no
+UsePAM no
+PrintMotd no
+PrintLastLog no
+"""
+CUPSD = """Listen 127.0.0.1:25391
+Browsing Off
+LogLevel warn
+<Location />
+ Order allow,deny
+ Allow all
+</Location>
+"""
+CUPS_FILES = """ServerRoot @DIR@
+RequestRoot @DIR@/spool
+TempDir @DIR@/tmp
+CacheDir @DIR@/cache
+StateDir @DIR@/state
+ErrorLog @DIR@/error_log
+AccessLog @DIR@/access_log
+PageLog @DIR@/page_log
+"""
+SQUID = """http_port 127.0.0.1:25392
+pid_filename @DIR@/squid.pid
+cache_log /dev/stderr
+access_log none
+cache_store_log none
+coredump_dir @DIR@
+shutdown_lifetime 1 second
+pinger_enable off
+http_access allow all
+"""
+EXIM = """primary_hostname = mail.example.test
+spool_directory = @DIR@/spool
+log_file_path = @DIR@/log/%slog
+keep_environment =
+exim_user = Debian-exim
+exim_path = @DIR@/exim4
+tls_advertise_hosts =
+daemon_smtp_ports = 25394
+local_interfaces = 127.0.0.1
+pid_file_path = @DIR@/exim.pid
+acl_smtp_rcpt = acl_rcpt
+domainlist local_domains = example.test
+begin acl
+acl_rcpt:
+  accept domains = +local_domains
+begin routers
+bh:
+  driver = redirect
+  data = :blackhole:
+"""
+SMB = """[global]
+ smb ports = 25395
+ interfaces = 127.0.0.1
+ bind interfaces only = yes
+ private dir = @DIR@/priv
+ lock directory = @DIR@/lock
+ state directory = @DIR@/state
+ cache directory = @DIR@/cache
+ pid directory = @DIR@/pid
+ ncalrpc dir = @DIR@/ncalrpc
+ log file = @DIR@/log.%m
+ disable spoolss = yes
+ load printers = no
+ map to guest = Bad User
+[s]
+ path = @DIR@/share
+ guest ok = yes
+"""
+APACHE_PREFORK = (APACHE.replace("mpm_event_module /usr/lib/apache2/modules/mod_mpm_event",
+                                 "mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork")
+                  .replace("25383", "25396").split("StartServers")[0] +
+                  "StartServers 2\nMinSpareServers 1\nMaxSpareServers 2\nMaxRequestWorkers 4\n")
 PSFILE = """%!PS
 /Helvetica findfont 12 scalefont setfont
 1 1 40 { /i exch def 72 720 i 15 mul sub moveto (line ) show i 10 string cvs show } for
@@ -308,7 +392,7 @@ PROGRAMS = [
      None, None, []),
     ("ruby -e", ["ruby", "-e", "h = {}; 20000.times { |i| h[\"k#{i}\"] = 'x' * (i % 50) }; "
                  "puts h.keys.sort.size"], None, None, []),
-    # daemons in the foreground on 127.0.0.1's ports 25380 to 25390 or sockets in their
+    # daemons in the foreground on 127.0.0.1's ports 25380 to 25389 or sockets in their
     # directory, a few clients' requests (the last element), then SIGTERM
     ("unbound", ["unbound", "-d", "-c", "ub.conf"], {"ub.conf": UNBOUND}, "tcp:25380", [], {},
      "for i in 1 2 3; do for n in a b; do dig +short +tries=1 +time=30 -p 25380 @127.0.0.1 "
@@ -344,6 +428,41 @@ PROGRAMS = [
     ("vsftpd", ["vsftpd", "@DIR@/v.conf"], {"v.conf": VSFTPD, "ftp/f.txt": "hi\n",
                                             "empty/.keep": ""}, "tcp:25386", [], {},
      "for i in 1 2 3; do curl -sS ftp://127.0.0.1:25386/f.txt; done; $SCAN"),
+    # the sixth comparison's daemons: ports 25390 to 25396 (sshd, ssh's key and the host's
+    # made by the setup; a setup that is a pair: the files, then a shell command)
+    ("sshd", ["/usr/sbin/sshd", "-D", "-e", "-f", "@DIR@/sshd_config"],
+     ({"sshd_config": SSHD}, "ssh-keygen -q -t ed25519 -N '' -f hk && ssh-keygen -q -t "
+      "ed25519 -N '' -f id && cp id.pub ak && { test -d /run/sshd || mkdir -m 755 /run/sshd; }"),
+     "tcp:25390", [], {},
+     "for i in 1 2; do ssh -p 25390 -i id -o StrictHostKeyChecking=no -o UserKnownHostsFile="
+     "/dev/null -o BatchMode=yes root@127.0.0.1 echo hi $i; done"),
+    ("cupsd", ["cupsd", "-f", "-c", "@DIR@/cupsd.conf", "-s", "@DIR@/cups-files.conf"],
+     ({"cupsd.conf": CUPSD, "cups-files.conf": CUPS_FILES}, "mkdir spool tmp cache state"),
+     "tcp:25391", [], {},
+     "for i in 1 2 3; do lpstat -h 127.0.0.1:25391 -r; lpstat -h 127.0.0.1:25391 -t; done"),
+    ("squid", ["squid", "-N", "-f", "@DIR@/squid.conf"], {"squid.conf": SQUID,
+                                                         "html/index.html": "hi\n"},
+     "tcp:25392", [], {},
+     "(cd html && exec env -u LD_PRELOAD timeout 60 python3 -m http.server -b 127.0.0.1 "
+     "25393 >/dev/null 2>&1) & sleep 4; for i in 1 2 3; do curl -sS -x http://127.0.0.1:25392 "
+     "http://127.0.0.1:25393/index.html; done; kill $!; $SCAN", signal.SIGTERM, "proxy"),
+    # (a copy without the set-uid bit, which valgrind refuses; it re-executes itself as
+    # exim_path)
+    ("exim4", ["@DIR@/exim4", "-C", "@DIR@/exim.conf", "-bdf", "-q30m"],
+     ({"exim.conf": EXIM}, "cp /usr/sbin/exim4 . && mkdir spool log && chown "
+      "Debian-exim:Debian-exim spool log"),
+     "tcp:25394", [], {},
+     "for i in 1 2 3; do swaks --server 127.0.0.1:25394 --to u$i@example.test --from "
+     "a@example.test --silent 2 && echo sent $i; done; sleep 2", signal.SIGTERM,
+     "Debian-exim"),
+    ("smbd", ["smbd", "-F", "--debug-stdout", "-s", "@DIR@/smb.conf"],
+     ({"smb.conf": SMB, "share/f.txt": "hi\n"}, "mkdir priv lock state cache pid"),
+     "tcp:25395", [], {},
+     "for i in 1 2 3; do smbclient //127.0.0.1/s -p 25395 -N -s smb.conf -c 'ls; get f.txt "
+     "/dev/stdout'; done; $SCAN"),
+    ("apache2 prefork", ["apache2", "-DFOREGROUND", "-f", "@DIR@/a.conf"],
+     {"a.conf": APACHE_PREFORK, "html/index.html": "hi\n"}, "tcp:25396", [], {},
+     "for i in 1 2 3 4 5 6; do curl -sS http://127.0.0.1:25396/; done"),
 ]
 
 
@@ -362,10 +481,11 @@ def run(argv, env, cwd, ready, child, load=None, stop=signal.SIGTERM):
     if ready is None:
         return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True,
                               timeout=900, stdin=subprocess.DEVNULL)
+    # a process group of its own: apache2's prefork MPM signals its whole group (killpg)
     p = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True)
-    until = time.monotonic() + 120
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    until = time.monotonic() + 300         # valgrind on a busy machine: exim4 took 2 min
     while not is_ready(cwd, ready) and time.monotonic() < until:
         time.sleep(0.1)
     time.sleep(1)
@@ -386,8 +506,17 @@ def run(argv, env, cwd, ready, child, load=None, stop=signal.SIGTERM):
                                                       (lr.stdout + lr.stderr)[-300:].strip()))
         time.sleep(1)
     os.kill(pid, stop)
-    out, err = p.communicate(timeout=900)
-    return subprocess.CompletedProcess(argv, p.returncode, out, err)
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        # cupsd under valgrind: a SIGTERM that came between its loop's test of the flag the
+        # handler sets and its epoll_wait leaves it waiting; a second one stops it
+        sys.stderr.write("  %s: still running 60 s after the signal; sent again\n" % argv[0])
+        os.kill(pid, stop)
+        out, err = p.communicate(timeout=900)
+    r = subprocess.CompletedProcess(argv, p.returncode, out, err)
+    r.pid = pid
+    return r
 
 
 def number(s):
@@ -449,9 +578,10 @@ def mmleak(argv, env, cwd, ready, load=None, keep=None, stop=signal.SIGTERM, use
     if not nxt:
         raise RuntimeError("mmleak.py run: %s" % r.stderr[-500:])
     nxt = nxt[-1].split()
+    # (with --keep, the still reachable blocks' sites too, to set beside valgrind's records)
     r = subprocess.run([PY, MMLEAK_PY, "report", d, "--no-html", "--no-builtin-suppressions",
-                        nxt[-2], nxt[-1]], env=env, capture_output=True, text=True,
-                       timeout=900)
+                        nxt[-2], nxt[-1]] + (["--show-reachable"] if keep else []),
+                       env=env, capture_output=True, text=True, timeout=900)
     save(keep, r.stdout + r.stderr)
     got = {}
     for k in KINDS:
@@ -466,12 +596,30 @@ def mmleak(argv, env, cwd, ready, load=None, keep=None, stop=signal.SIGTERM, use
     return got
 
 
-def lsan(argv, env, cwd, ready, load=None, keep=None, stop=signal.SIGTERM):
+def lsan(argv, env, cwd, ready, load=None, keep=None, stop=signal.SIGTERM, user=None):
     # first: the program's own preload (an allocator) after it, as for mmleak.so
+    # a daemon: each process's report in a file of its own (log_path), the daemon's read (its
+    # children, which inherit the preload, write theirs first), in a directory of USER's
+    logs = os.path.join(cwd, ".lsan")
+    os.mkdir(logs)
+    if user:
+        pw = __import__("pwd").getpwnam(user)
+        os.chown(logs, pw.pw_uid, pw.pw_gid)
+    log = os.path.join(logs, "lsan")
     e = dict(env, LD_PRELOAD=" ".join(["liblsan.so.0"] + env.get("LD_PRELOAD", "").split()),
-             LSAN_OPTIONS="exitcode=0")
+             LSAN_OPTIONS="exitcode=0" + (":log_path=" + log if ready else ""))
     r = run(argv, e, cwd, ready, False, load, stop)
-    save(keep, r.stderr)
+    if ready:
+        r.stderr += "".join("== %s\n%s" % (f, open(os.path.join(logs, f)).read())
+                            for f in sorted(os.listdir(logs)))
+        mine = "%s.%d" % (log, r.pid)
+        save(keep, r.stderr)
+        if not os.path.exists(mine):
+            return (0, 0)
+        with open(mine) as f:
+            r.stderr = f.read()
+    else:
+        save(keep, r.stderr)
     m = re.search(r"SUMMARY: LeakSanitizer: (\d+) byte\(s\) leaked in (\d+) allocation",
                   r.stderr)
     return (int(m.group(2)), int(m.group(1))) if m else (0, 0)
@@ -515,7 +663,7 @@ def main():
         user = more[3] if len(more) > 3 else None
         argv = argv0
         pre = [p for p in added.get("LD_PRELOAD", "").split() if not os.path.isabs(p)]
-        missing = [argv[0]] if not shutil.which(argv[0]) else [
+        missing = [argv[0]] if not shutil.which(argv[0].replace("@DIR@/", "")) else [
             p for p in pre if not os.path.exists(os.path.join("/usr/lib/x86_64-linux-gnu", p))]
         if missing:
             print("%-16s (not installed: %s)" % (name, missing[0]))
@@ -535,13 +683,15 @@ def main():
                     env["GLIBC_TUNABLES"] = ":".join(
                         [t for t in [env.get("GLIBC_TUNABLES")] if t] +
                         ["glibc.malloc.tcache_count=0"])
-                if isinstance(setup, dict):
-                    for fn, text in setup.items():
+                files, sh = setup if isinstance(setup, tuple) else (
+                    (setup, None) if isinstance(setup, dict) else ({}, setup))
+                if files:
+                    for fn, text in files.items():
                         os.makedirs(os.path.join(cwd, os.path.dirname(fn)), exist_ok=True)
                         with open(os.path.join(cwd, fn), "w") as f:
                             f.write(text.replace("@DIR@", cwd))
-                elif setup:
-                    subprocess.run(setup, shell=True, cwd=cwd, env=env, check=True,
+                if sh:
+                    subprocess.run(sh, shell=True, cwd=cwd, env=env, check=True,
                                    capture_output=True)
                 keep = a.keep and os.path.join(a.keep, "%s.%s" % (name.replace(" ", "_"), tool))
                 if tool in ("vg", "vgnf"):
@@ -560,7 +710,7 @@ def main():
                         results[name][tool] = str(e)
                         continue
                 else:
-                    n, b = lsan(argv, env, cwd, ready, load, keep, stop)
+                    n, b = lsan(argv, env, cwd, ready, load, keep, stop, user)
                     print("%-16s %-5s %14s" % (name, tool, "%d/%d" % (n, b)), flush=True)
                     results[name][tool] = [n, b]
                     continue

@@ -202,9 +202,13 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
             raise Fail("--baseline %s: %s" % (baseline, e.strerror or e))
         filters.append("allocated since the snapshot %s" % baseline)
     # the kinds: those given (KINDS), else the newest reachability scan's, if any
-    scan_note = None
+    scan_note, scan_failed = None, False
     if kinds is None:
-        kinds, scan_note = reachability(scan_kinds(directory, tid))
+        k = scan_kinds(directory, tid)
+        # a result that says no scan could be done (mmleak-scan not found, the process
+        # could not be stopped...): its reason is news, unlike the usual "no scan ran"
+        scan_failed = getattr(k, "scan", None) is not None and k.status != "done"
+        kinds, scan_note = reachability(k)
     groups, totals, seen = live.aggregate(tmin, tmax, set(old) if old is not None else None,
                                           kinds)
     freed_since = [a for k, a in old.items() if k not in seen] if old is not None else None
@@ -244,6 +248,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     rep = {
         # the reachability scan's kinds, {(ptr, seq): kind}, or None (no scan: "unknown")
         "scan_note": scan_note,
+        "scan_failed": scan_failed,
         "kind_of": ((lambda a: kinds.get((a.ptr, a.seq), "unknown")) if kinds is not None
                     else None),
         "program_suppressions": sh.program_suppressions,
@@ -543,6 +548,8 @@ def print_top_sites(rep, out, top=10):
     scanned = rep.get("kinds") is not None
     if scanned or rep.get("suppressed") or rep.get("check"):
         print_kind_summary(rep, out)
+    elif rep.get("scan_failed"):
+        out.write("  reachability unknown: %s\n" % rep["scan_note"])
     sites = site_table(rep)
     if not sites:
         out.write("  no block matches the filter\n" if rep["filter"] else

@@ -471,7 +471,10 @@ def test_lone_thread_exit_scan_starts_no_program(scan_bins, dump, tmp_path, case
     mmleak-scan stands beside it, the exact kinds still come (the scan's own memory, its
     stack and its allocations in the process's address space, is left out of the roots:
     "lost" would be reachable otherwise); with MMLEAK_SCAN_HERE=0 the exit needs
-    mmleak-scan, and there is no scan."""
+    mmleak-scan, and there is no scan: mmleak.so says why in a result of its own (status
+    unknown, the path it looked at), which the report shows; the program's stderr has no
+    word of it.  (Without the note there was no scan file, and the report's reason was the
+    generic "no scan ran: the process ended by _exit...".)"""
     d = tmp_path / "alone"
     d.mkdir()
     shutil.copy(LIB, d / "mmleak.so")
@@ -484,8 +487,17 @@ def test_lone_thread_exit_scan_starts_no_program(scan_bins, dump, tmp_path, case
     assert sorted(k.kind(*b) for b in target_blocks(dump, tid)) == CASES[case]
     off = tmp_path / "off"
     off.mkdir()
-    run_traced([scan_bins["scan_cases"], case], off, env=dict(env, MMLEAK_SCAN_HERE="0"))
-    assert scan.scan_files(str(off), only_trace(off)) == []
+    r = run_traced([scan_bins["scan_cases"], case], off, env=dict(env, MMLEAK_SCAN_HERE="0"))
+    assert b"mmleak-scan" not in r.stderr
+    tid = only_trace(off)
+    assert len(scan.scan_files(str(off), tid)) == 1
+    k = scan.kinds_for(str(off), tid)
+    assert k.status == "unknown" and k.scan.why == "exit" and k.scan.time > 0
+    assert k.reason == ("no scan at the exit: mmleak-scan not found beside mmleak.so (%s)"
+                        % (d / "mmleak-scan"))
+    rep = subprocess.run([sys.executable, os.path.join(ROOT, "mmleak.py"), "report", str(off)],
+                         capture_output=True, text=True)
+    assert "reachability unknown: " + k.reason in rep.stdout, rep.stdout + rep.stderr
 
 
 def test_scan_off(scan_bins, dump):

@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <signal.h>
 #include <string.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -86,10 +87,12 @@ static int find_self(struct dl_phdr_info *info, size_t size, void *data)
     return 0;
 }
 
-/* The scanner beside mmleak.so: 0, or -1 (not found). */
+/* The scanner beside mmleak.so: 0, or -1 (not found; BUF then holds the path looked at, or
+ * "" when mmleak.so's own path is not known). */
 static int scanner_path(char *buf, size_t cap)
 {
     const char *self = NULL;
+    buf[0] = 0;
     mml_each_object(find_self, &self);
     if (!self || self[0] != '/')
         return -1;
@@ -127,6 +130,58 @@ static __attribute__((noinline)) pid_t spawn_blocked(const char *path, char **ar
     return child;
 }
 
+/* No mmleak-scan beside mmleak.so (a copy of mmleak.so installed alone): the scan at the exit
+ * cannot run, and the report would say "reachability unknown" without why.  So mmleak.so
+ * writes the result the scanner would have written for a scan it could not do, a
+ * "#status unknown" header (mmleak-format(5)), naming the path it looked at: the report shows
+ * its reason where it explains every missing scan, and the program's stderr stays its own.
+ * Made with O_EXCL as mmleak.ID.scan.K, the first free K, in one write of its few lines (no
+ * temporary file and link as mmleak-scan does: a reader that comes between the create and the
+ * write finds no first line and skips the file, as it skips any file not a scan). */
+static COLD void note_no_scanner(const char *looked)
+{
+    char text[PATH_MAX + 256], *e = text + sizeof text, *d = text;
+    struct timespec ts = { 0, 0 };
+    clock_gettime(CLOCK_REALTIME, &ts);
+    d = cat(d, e, "#mmleak-scan 1 id=");
+    d = cat(d, e, g_id);
+    d = cat(d, e, " pid=");
+    d = cat_u(d, e, (unsigned long)getpid());
+    d = cat(d, e, "\n#when exit time=");
+    d = cat_u(d, e, (unsigned long)ts.tv_sec);
+    d = cat(d, e, ".");
+    char us[8];
+    unsigned long u = (unsigned long)ts.tv_nsec / 1000;
+    for (int i = 5; i >= 0; i--, u /= 10)
+        us[i] = (char)('0' + u % 10);
+    us[6] = 0;
+    d = cat(d, e, us);
+    d = cat(d, e, " by=mmleak.so\n#status unknown no scan at the exit: mmleak-scan not found "
+                  "beside mmleak.so");
+    if (*looked) {
+        d = cat(d, e, " (");
+        for (const char *c = looked; *c && d < e - 3; c++)     /* one line, whatever the path */
+            *d++ = (unsigned char)*c < ' ' ? '?' : *c;
+        d = cat(d, e, ")");
+    }
+    d = cat(d, e, "\n");
+    char name[64], suffix[24];
+    pthread_mutex_lock(&g_lock);        /* create_locked's rule: see give_files_to */
+    for (unsigned long k = 1; k < 1000; k++) {
+        char *s = cat(suffix, suffix + sizeof suffix, ".scan.");
+        cat_u(s, suffix + sizeof suffix, k);
+        int fd = create_locked(file_name(name, sizeof name, suffix), NULL);
+        if (fd >= 0) {
+            if (write_all(fd, text, (size_t)(d - text))) { /* a file cut short: not a scan */ }
+            close(fd);
+            break;
+        }
+        if (errno != EEXIST)
+            break;
+    }
+    pthread_mutex_unlock(&g_lock);
+}
+
 /* Start mmleak-scan for this process and wait for its verdict.  WHY: "exit" or "api".
  * LONE: this thread was the process's only one (/proc/self/status) and has a FLOOR: it then
  * waits with every signal blocked, so that nothing of the program runs in it until the
@@ -158,8 +213,11 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
             return rc;
     }                                   /* (no child: mmleak-scan, then) */
 #endif
-    if (scanner_path(path, sizeof path))
+    if (scanner_path(path, sizeof path)) {
+        if (!strcmp(why, "exit"))
+            note_no_scanner(path);
         return -1;
+    }
     /* the environment without LD_PRELOAD, in memory of our own */
     size_t n = 0;
     while (environ && environ[n])

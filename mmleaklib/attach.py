@@ -175,8 +175,10 @@ def traced_processes():
     return out
 
 
-def process_alive(pid):
-    """Refuse, with one line, a process that does not exist or has already exited."""
+def process_alive(pid, tail=""):
+    """Refuse, with one line (ending in TAIL), a process that does not exist or has already
+    exited.  A zombie main thread alone is not the process's end: after its pthread_exit the
+    other threads run on (proc_of), and such a process is alive."""
     try:
         with open("/proc/%d/stat" % pid) as f:
             state = f.read().rsplit(")", 1)[1].split()[0]
@@ -184,9 +186,9 @@ def process_alive(pid):
         raise Fail("no such process %d" % pid, EXIT_INPUT)
     except (OSError, IndexError):
         return
-    if state in ("Z", "X"):
-        raise Fail("process %d has exited (a zombie: its parent has not collected it yet)"
-                   % pid, EXIT_INPUT)
+    if state in ("Z", "X") and proc_of(pid) == "/proc/%d" % pid:
+        raise Fail("process %d has exited (a zombie: its parent has not collected it yet)%s"
+                   % (pid, tail), EXIT_INPUT)
 
 
 def same_dir_for(pid, d):

@@ -839,6 +839,8 @@ def add_scan(sub):
 
 def cmd_scan(args):
     from . import scan
+    # a zombie's maps are empty: it would be "does not have mmleak.so loaded"
+    attach.process_alive(args.pid, ": nothing to scan")
     state = attach.traced_state(args.pid, raw=True)
     if state is None:
         raise Fail("process %d does not have mmleak.so loaded (see mmleak.py status)"

@@ -734,6 +734,25 @@ def test_scan_of_a_process_whose_main_thread_ended(hostile_bin, dump):
         assert target_kinds(dump, path) == {"reachable": 1, "definite": 2}, path
 
 
+def test_scan_of_a_zombie(dump):
+    """A traced process that exited and was not reaped (a zombie, its maps empty): `mmleak.py
+    scan PID` says so, one line, status 2 (it said "does not have mmleak.so loaded")."""
+    p = subprocess.Popen(["/bin/true"], env=dict(os.environ, LD_PRELOAD=LIB,
+                                                 MMLEAK_DIR=str(dump), MMLEAK_SCAN="0"))
+    try:
+        for _ in range(500):
+            with open("/proc/%d/stat" % p.pid) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.01)
+        r = scan_now(p.pid)
+        assert (r.returncode, r.stdout, r.stderr) == (
+            2, "", "mmleak.py: process %d has exited (a zombie: its parent has not collected "
+            "it yet): nothing to scan\n" % p.pid)
+    finally:
+        assert p.wait() == 0
+
+
 def test_scan_copy_reaped_though_main_runs_its_own_code(hostile_bin, dump):
     """The copy a scan on demand reads is reaped by the process, a wait4 run by the first
     thread the scan can hold, at a `syscall` instruction: main busy in the program's own

@@ -175,10 +175,11 @@ def traced_processes():
     return out
 
 
-def process_alive(pid, tail=""):
+def process_alive(pid, tail="", doing=None):
     """Refuse, with one line (ending in TAIL), a process that does not exist or has already
     exited.  A zombie main thread alone is not the process's end: after its pthread_exit the
-    other threads run on (proc_of), and such a process is alive."""
+    other threads run on (proc_of), and such a process is alive; but DOING (attach, detach)
+    works through the main thread (its root, its maps, the injected call) and refuses it."""
     try:
         with open("/proc/%d/stat" % pid) as f:
             state = f.read().rsplit(")", 1)[1].split()[0]
@@ -189,6 +190,10 @@ def process_alive(pid, tail=""):
     if state in ("Z", "X") and proc_of(pid) == "/proc/%d" % pid:
         raise Fail("process %d has exited (a zombie: its parent has not collected it yet)%s"
                    % (pid, tail), EXIT_INPUT)
+    if state in ("Z", "X") and doing:
+        raise Fail("process %d's main thread has ended (pthread_exit) while its other threads "
+                   "run: %s needs the main thread, not supported (`mmleak.py scan %d` reads "
+                   "such a process)" % (pid, doing, pid), EXIT_INPUT)
 
 
 def same_dir_for(pid, d):
@@ -264,7 +269,7 @@ def attach(pid, directory=None, depth=None, rotate_mb=None, timeout=10.0):
     """`attach`: make process PID load mmleak.so and trace into DIRECTORY, within TIMEOUT
     seconds in all."""
     deadline = time.monotonic() + timeout
-    process_alive(pid)
+    process_alive(pid, doing="attach")
     d = os.path.abspath(directory or os.environ.get("MMLEAK_DIR") or "/tmp")
     if "\n" in d[:-1] or "\0" in d:
         raise Fail("%s: a newline in the directory name" % d, EXIT_USAGE)
@@ -309,7 +314,7 @@ def attach(pid, directory=None, depth=None, rotate_mb=None, timeout=10.0):
 def detach(pid, timeout=10.0):
     """`detach`: stop tracing process PID, within TIMEOUT seconds in all."""
     deadline = time.monotonic() + timeout
-    process_alive(pid)
+    process_alive(pid, doing="detach")
     state = traced_state(pid)
     if state is None:
         raise Fail("process %d does not have mmleak.so loaded: nothing to detach" % pid,

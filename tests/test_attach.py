@@ -543,6 +543,52 @@ def test_zombie_is_refused_in_one_line(tmp_path):
         os.waitpid(pid, 0)
 
 
+MAIN_ENDS_C = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+static void *run(void *a) { (void)a; for (;;) pause(); return 0; }
+int main(void)
+{
+    pthread_t t;
+    if (pthread_create(&t, 0, run, 0))
+        return 1;
+    puts("ready");
+    fflush(stdout);
+    pthread_exit(0);
+}
+"""
+
+
+def test_process_whose_main_thread_ended_is_refused_in_one_line(tmp_path):
+    """Main ended (pthread_exit), another thread runs: the process is alive (scan reads it),
+    but attach and detach work through the main thread (its root, maps, the injected call).
+    One line saying so (they said "has exited (a zombie...)", then, once the zombie test
+    took live threads into account, attach failed on the directory check)."""
+    src, exe = tmp_path / "main_ends.c", tmp_path / "main_ends"
+    src.write_text(MAIN_ENDS_C)
+    subprocess.run(["cc", "-pthread", "-o", str(exe), str(src)], check=True)
+    p = subprocess.Popen([str(exe)], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        for _ in range(500):
+            with open("/proc/%d/stat" % p.pid) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.01)
+        else:
+            raise AssertionError("main thread never ended")
+        for what in ("attach", "detach"):
+            why = ("process %d's main thread has ended (pthread_exit) while its other threads "
+                   "run: %s needs the main thread, not supported" % (p.pid, what))
+            refused([what, str(p.pid)] + (["-d", str(tmp_path)] if what == "attach" else []),
+                    why)
+        assert p.poll() is None                         # left running, untouched
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_stopped_traced_and_other_users_process_are_refused_untouched(progs, tmp_path):
     """A process stopped by SIGSTOP, one traced by strace, one of root's attached by nobody:
     one line each, and the process goes on as it was, mmleak.so never loaded into it."""

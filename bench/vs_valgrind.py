@@ -561,14 +561,19 @@ def valgrind(argv, env, cwd, ready, opts, freeres, load=None, keep=None, stop=si
     return got
 
 
-def mmleak(argv, env, cwd, ready, load=None, keep=None, stop=signal.SIGTERM, user=None):
-    d = os.path.join(cwd, ".mmleak")
+def users_dir(d, user=None):
+    """Make directory D, owned by USER (a daemon that becomes USER writes its files there)."""
     os.mkdir(d)
     if user:
-        # a daemon that becomes USER: the directory is that user's (one anybody can write
-        # would do for its files, but mmleak.py run leaves another user's traces out of it)
         pw = __import__("pwd").getpwnam(user)
         os.chown(d, pw.pw_uid, pw.pw_gid)
+    return d
+
+
+def mmleak(argv, env, cwd, ready, load=None, keep=None, stop=signal.SIGTERM, user=None):
+    # a daemon that becomes USER: the directory is that user's (one anybody can write would
+    # do for its files, but mmleak.py run leaves another user's traces out of it)
+    d = users_dir(os.path.join(cwd, ".mmleak"), user)
     r = run([PY, MMLEAK_PY, "run", "-d", d, "--"] + argv, env, cwd, ready, True, load, stop)
     save(keep and keep + ".run", r.stderr)
     run_err = r.stderr
@@ -600,11 +605,7 @@ def lsan(argv, env, cwd, ready, load=None, keep=None, stop=signal.SIGTERM, user=
     # first: the program's own preload (an allocator) after it, as for mmleak.so
     # a daemon: each process's report in a file of its own (log_path), the daemon's read (its
     # children, which inherit the preload, write theirs first), in a directory of USER's
-    logs = os.path.join(cwd, ".lsan")
-    os.mkdir(logs)
-    if user:
-        pw = __import__("pwd").getpwnam(user)
-        os.chown(logs, pw.pw_uid, pw.pw_gid)
+    logs = users_dir(os.path.join(cwd, ".lsan"), user)
     log = os.path.join(logs, "lsan")
     e = dict(env, LD_PRELOAD=" ".join(["liblsan.so.0"] + env.get("LD_PRELOAD", "").split()),
              LSAN_OPTIONS="exitcode=0" + (":log_path=" + log if ready else ""))

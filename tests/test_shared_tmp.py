@@ -145,15 +145,21 @@ def plant_trace(d, tid, uid, when=2e9):
         os.utime(p, (when, when))
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="plants another user's trace")
-def test_report_takes_your_newest_trace_not_anothers_newer_one(tmp_path):
-    # Anybody can put a trace in /tmp and date it after yours: report (and snapshot) with
-    # neither --pid nor --trace take the newest of the user's own, and say so
+def shared_with_trace_82(tmp_path):
+    """A directory anybody can write (as /tmp) holding your trace 82 (40 bytes not freed)."""
     d = tmp_path / "share"
     d.mkdir()
     os.chmod(str(d), 0o1777)
     (d / "mmleak.82.0.out").write_bytes(FAKE.replace(b"1000000", b"40") % (82, 82, 82))
     (d / "mmleak.82.maps").write_bytes(b"")
+    return d
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plants another user's trace")
+def test_report_takes_your_newest_trace_not_anothers_newer_one(tmp_path):
+    # Anybody can put a trace in /tmp and date it after yours: report (and snapshot) with
+    # neither --pid nor --trace take the newest of the user's own, and say so
+    d = shared_with_trace_82(tmp_path)
     plant_trace(str(d), 99997, NOBODY)
     r = run("report", d, "--no-html")
     assert r.returncode == 0, r.stderr
@@ -308,11 +314,7 @@ def test_files_planted_at_other_traces_names_do_not_fail_your_report(tmp_path):
     # Another user's links and FIFOs at other traces' names in /tmp were said by every
     # report there (a line each), and made root's report of its own trace exit 2: now only
     # the reported trace's are said (and still make it 2); compact DIR, over all, says all
-    d = tmp_path / "share"
-    d.mkdir()
-    os.chmod(str(d), 0o1777)
-    (d / "mmleak.82.0.out").write_bytes(FAKE.replace(b"1000000", b"40") % (82, 82, 82))
-    (d / "mmleak.82.maps").write_bytes(b"")
+    d = shared_with_trace_82(tmp_path)
     os.symlink("/etc/passwd", str(d / "mmleak.99993.0.out"))
     os.mkfifo(str(d / "mmleak.99992.0.out"))
     for n in ("mmleak.99993.0.out", "mmleak.99992.0.out"):

@@ -373,11 +373,11 @@ def _svg(fig):
 def _mpl():
     import matplotlib
     matplotlib.use("Agg")
-    # the labels are the traced program's names (its symbols, its file names: "a$^{$b" is
-    # one): never matplotlib's mathtext, which rendered "c$_$d" as a subscript and failed the
-    # page on "$^{$" with a traceback
-    matplotlib.rcParams.update({"text.parse_math": False})
     matplotlib.rcParams.update({
+        # the labels are the traced program's names (its symbols, its file names: "a$^{$b"
+        # is one): never matplotlib's mathtext, which rendered "c$_$d" as a subscript and
+        # failed the page on "$^{$" with a traceback
+        "text.parse_math": False,
         "svg.fonttype": "none", "svg.hashsalt": "mmleak", "font.size": 9,
         "font.family": "sans-serif",
         "font.sans-serif": ["DejaVu Sans", "Liberation Sans", "Arial", "Helvetica"],

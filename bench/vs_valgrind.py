@@ -466,6 +466,10 @@ PROGRAMS = [
 ]
 
 
+# daemons that call setsid() in the foreground and exit when it fails (see run)
+OWN_SESSION = {"smbd"}
+
+
 def is_ready(cwd, ready):
     """READY: a file in CWD, or tcp:PORT, a port of 127.0.0.1 that accepts a connection."""
     if not ready.startswith("tcp:"):
@@ -481,17 +485,28 @@ def run(argv, env, cwd, ready, child, load=None, stop=signal.SIGTERM):
     if ready is None:
         return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True,
                               timeout=900, stdin=subprocess.DEVNULL)
-    # a process group of its own: apache2's prefork MPM signals its whole group (killpg)
+    # a session of its own: apache2's prefork MPM signals its whole group (killpg); but not
+    # for a daemon that makes its own session in the foreground and stops if setsid() fails,
+    # as it does in a session leader (smbd -F: "Failed to create session", status 1)
+    # stderr to a file, not a pipe read only at the end: smbd's child under valgrind filled
+    # the pipe before it told its parent it was ready, and both waited for ever
+    errf = tempfile.TemporaryFile("w+")
     p = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+                         stdout=subprocess.DEVNULL, stderr=errf, text=True,
+                         start_new_session=not any(os.path.basename(a) in OWN_SESSION
+                                                   for a in argv))
+
+    def communicate(timeout=None):
+        p.wait(timeout)
+        errf.seek(0)
+        return None, errf.read()
     until = time.monotonic() + 300         # valgrind on a busy machine: exim4 took 2 min
     while not is_ready(cwd, ready) and time.monotonic() < until:
         time.sleep(0.1)
     time.sleep(1)
     pid = p.pid
     if p.poll() is not None or not is_ready(cwd, ready):
-        out, err = p.communicate()
+        out, err = communicate()
         raise RuntimeError("%s: not ready (%s): %s" % (argv[0], p.returncode, err[-500:]))
     if child:
         with open("/proc/%d/task/%d/children" % (p.pid, p.pid)) as f:
@@ -507,13 +522,13 @@ def run(argv, env, cwd, ready, child, load=None, stop=signal.SIGTERM):
         time.sleep(1)
     os.kill(pid, stop)
     try:
-        out, err = p.communicate(timeout=60)
+        out, err = communicate(timeout=60)
     except subprocess.TimeoutExpired:
         # cupsd under valgrind: a SIGTERM that came between its loop's test of the flag the
         # handler sets and its epoll_wait leaves it waiting; a second one stops it
         sys.stderr.write("  %s: still running 60 s after the signal; sent again\n" % argv[0])
         os.kill(pid, stop)
-        out, err = p.communicate(timeout=900)
+        out, err = communicate(timeout=900)
     r = subprocess.CompletedProcess(argv, p.returncode, out, err)
     r.pid = pid
     return r

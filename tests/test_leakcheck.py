@@ -534,6 +534,25 @@ def test_gate_children_and_no_check_children(prog, dump):
     assert len(verdict(r.stderr)) == 1 and " (%s n): " % prog["leakcheck"] in r.stderr
 
 
+def test_gate_unknown_says_how_to_leave_it_out(prog, dump):
+    """A process no scan ran in (a test's system() starts `sh -c`, and dash ends with
+    _exit) fails the gate with blocks of reachability unknown: the verdict says so and how
+    not to count them, --no-check-children only for a child.  MMLEAK_SCAN=0 stands for
+    the _exit here: the same kind, without depending on the shell."""
+    lc = prog["leakcheck"]
+    sh = ["/bin/sh", "-c", "MMLEAK_SCAN=0 %s d; MMLEAK_SCAN=0 exec %s d" % (lc, lc)]
+    r = run_check(dump, sh, "--check")
+    assert r.returncode == 23, r.stderr
+    lines = r.stderr.splitlines()
+    hints = [lines[i + 1] for i, l in enumerate(lines) if l.startswith("mmleak: check FAILED")]
+    assert sorted(hints) == sorted(
+        "mmleak: all 1 of reachability unknown (no scan ran in that process: it ended by _exit, "
+        "abort or a signal); to not count them: --leak-kinds definite,indirect" + more
+        for more in ("", " or --no-check-children")), r.stderr
+    r = run_check(dump, sh, "--check", "--leak-kinds", "definite,indirect")
+    assert r.returncode == 0, r.stderr
+
+
 def test_page_growth_follows_the_kind_filter(prog, dump, tmp_path, fake_kinds):
     """With a growth series, each kind view has its growth panel, of the call sites with
     blocks of its kinds.  The series is made here (two points: nothing, then every survivor

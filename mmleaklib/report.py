@@ -1,4 +1,5 @@
 """The report: a trace shrunk and symbolized, and its terminal, CSV and export views."""
+import collections
 import csv
 import os
 import re
@@ -588,11 +589,27 @@ def print_top_sites(rep, out, top=10):
     if hidden:
         out.write("  %d call sites of still reachable blocks not shown (--show-reachable)\n"
                   % hidden)
+    print_unsymbolized(rep, shown[:top], out)
     if rep.get("freed_since_baseline") is not None:
         print_incremental(rep, out, top)
     if rep.get("growth"):
         print_growth(rep, out, top)
     return sites
+
+
+def print_unsymbolized(rep, shown, out):
+    """Why call sites printed as module+offset were not symbolized when their object could
+    not be used (rebuilt, replaced or removed since the run): a line per reason, as the
+    page's Symbols note says; without it a rebuilt program's sites just turn into offsets.
+    An object without symbols (stripped) is not named: module+offset says it."""
+    why = collections.OrderedDict()
+    for s in shown:
+        fr = rep["frames"].get(s.caller)
+        if fr and fr.error and not fr.function and not fr.file and \
+                not fr.error.startswith("no symbol or line information"):
+            why.setdefault(fr.error, []).append(s)
+    for err, ss in list(why.items())[:3]:
+        out.write("  %d call site%s not symbolized: %s\n" % (len(ss), "s"[:len(ss) > 1], err))
 
 
 def found_wrapper_lines(rep, limit=None):

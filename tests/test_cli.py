@@ -1,6 +1,7 @@
 """mmleak.py's commands as a user types them: run, report, symbolize, shrink of a live
 process; exact output."""
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -254,6 +255,12 @@ def test_symbolize_refuses_a_replaced_binary(bins, tmp_path, dump):
     assert r.stdout == "%012x  victim+0x%x  (unresolved: %s was replaced since the run " \
         "(inode changed))\n" % (addr, mmleak.Maps(maps).find(addr)[0][2] + addr -
                                 mmleak.Maps(maps).find(addr)[0][0], exe)
+    # the report's table shows them as offsets, and says why under it
+    r = subprocess.run(MMLEAK_PY + ["report", str(dump), "--no-html"], capture_output=True,
+                       text=True)
+    rows = [l for l in r.stdout.splitlines() if re.search(r"  victim\+0x[0-9a-f]+$", l)]
+    assert rows and "  %d call site%s not symbolized: %s was replaced since the run (inode " \
+        "changed)\n" % (len(rows), "s"[:len(rows) > 1], exe) in r.stdout, r.stdout
 
 
 def test_symbolize_ambiguous_range(tmp_path):

@@ -936,7 +936,9 @@ def build_html(ctx):
                          % tot)
     if deep:
         how = ("with stacks through the runtime and the wrappers to the program's own frame "
-               "(MMLEAK_DEPTH=auto)" if ctx["depth"] >= MAX_DEPTH else
+               "(MMLEAK_DEPTH=auto)" if ctx.get("depth_auto") else
+               "with whole stacks (up to %d frames, MMLEAK_DEPTH's default)" % MAX_DEPTH
+               if ctx["depth"] >= MAX_DEPTH else
                "with %d return addresses per allocation" % ctx["depth"])
         notes.append("<b>Call sites</b> are the first frame outside the C/C++ runtime and the "
                      "allocation wrappers (%s seen); traced %s (click <i>stack</i> to see "
@@ -1095,7 +1097,8 @@ def render(rep, meta, wrappers=None, top=TOP_ROWS):
             if frames.get(c) in wrappers}
     wrapped = sum(1 for s in table if frames.get(s.caller) in wrappers) if depth <= 1 else 0
     everything = rep["survivors"]
-    ctx = dict(meta, depth=depth, end_time=rep.get("end_time") or 0)
+    ctx = dict(meta, depth=depth, end_time=rep.get("end_time") or 0,
+               depth_auto=rep.get("depth_auto"))
     ctx["views"] = (kind_views(rep, kept, wrappers, frames, depth, ctx["end_time"])
                     if rep.get("kinds") is not None else None)
     df = blocks_frame(kept, stacks, depth)

@@ -449,6 +449,23 @@ def test_escaping_cpp_templates(tmp_path):
     assert [(r["bytes"], r["blocks"]) for r in rows] == [(300, 3), (7, 1)]
 
 
+def test_page_says_how_deep_the_stacks_were_traced(tmp_path):
+    """The page's Call sites note names the trace's depth as it was: the default (64, whole
+    stacks) was called MMLEAK_DEPTH=auto, the default before issue 21."""
+    frames = {0x402000: F(0x402000, "plain", "/src/p.c", 5)}
+    surv = [mmleak.Alloc(0x9000, 1, 7, 1, (0x402000,))]
+    out = str(tmp_path / "d.html")
+    for kw, want in ((dict(depth=64, trace_depth=64), "traced with whole stacks (up to 64 "
+                      "frames, MMLEAK_DEPTH's default)"),
+                     (dict(depth=64, trace_depth=64, depth_auto=True), "traced with stacks "
+                      "through the runtime and the wrappers to the program's own frame "
+                      "(MMLEAK_DEPTH=auto)"),
+                     (dict(depth=4, trace_depth=4), "traced with 4 return addresses per "
+                      "allocation")):
+        panda.render_report(fake_rep(surv, frames, 10, **kw), out)
+        assert want in open(out, encoding="utf-8").read(), kw
+
+
 def synthetic(n, sites, seed=1, t_max=3600):
     """N survivor lines over SITES call sites, sizes and times known."""
     rnd = random.Random(seed)

@@ -254,8 +254,11 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
                     else None),
         "program_suppressions": sh.program_suppressions,
         "suppressed": [], "suppressed_total": (0, 0),
-        "trace": tid, "pid": hdr.get("pid", tid.split("-")[0]), "cmd": sh.cmd,
-        "title": sh.title,
+        # a program that sets its title pads its argv area with spaces (redis-server's
+        # "redis-server *:6379" and 44 blanks): they would trail the report's first line
+        "trace": tid, "pid": hdr.get("pid", tid.split("-")[0]),
+        "cmd": sh.cmd.rstrip(" ") if sh.cmd else sh.cmd,
+        "title": sh.title.rstrip(" ") if sh.title else sh.title,
         "start": start, "end_time": sh.max_time, "files": paths, "maps": maps,
         # the whole history's, compacted events included (allocs and frees None when an
         # older compacted result did not count them); "folded": (events, files) compacted

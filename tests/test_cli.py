@@ -168,6 +168,18 @@ def test_report_header_escapes_control_characters_of_the_command_line(tmp_path):
     assert "\x1b" not in r.stdout
 
 
+def test_report_header_drops_the_blanks_a_title_is_padded_with(tmp_path):
+    # redis-server rewrites its argv area as "redis-server *:6379" padded with spaces
+    d = tmp_path / "d"
+    r = subprocess.run(MMLEAK_PY + ["run", "-d", str(d), "--", "sh", "-c", ":", "x" + " " * 40],
+                       capture_output=True, text=True, env=NO_SCAN)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(MMLEAK_PY + ["report", str(d), "--no-html"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].endswith("): sh -c : x"), r.stdout
+
+
 def test_run_without_command_is_a_usage_error():
     r = subprocess.run(MMLEAK_PY + ["run"], capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.startswith("mmleak.py: run: no command given")

@@ -570,6 +570,15 @@ def print_top_sites(rep, out, top=10):
     shown = sites if rep.get("show_reachable") else [s for s in sites
                                                      if s.kind != "reachable"]
     hidden = len(sites) - len(shown)
+    if not shown:
+        # every block not freed is still reachable: no table (a header over nothing)
+        out.write("  no leaks: every block not freed is still reachable; %d call site%s not "
+                  "shown (--show-reachable)\n" % (hidden, "s"[:hidden > 1]))
+        if rep.get("freed_since_baseline") is not None:
+            print_incremental(rep, out, top)
+        if rep.get("growth"):
+            print_growth(rep, out, top)
+        return sites
     wb = max([12] + [len(str(s.bytes)) for s in shown[:top]])
     wn = max([8] + [len(str(s.blocks)) for s in shown[:top]])
     # the kind column when a scan gave kinds (without one, every kind is "unknown")

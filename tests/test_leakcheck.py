@@ -297,6 +297,17 @@ SUMMARY = ("  leak summary:\n"
            "    suppressed:            0 bytes in 0 blocks\n")
 
 
+def test_report_all_reachable_prints_no_empty_table(prog, dump, fake_kinds, capsys):
+    """Every block not freed still reachable (cppcheck's run): one line, not a table's
+    header over no row."""
+    traced(prog, dump, "rn")
+    assert cli.main(["report", str(dump), "--no-html"]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith("    suppressed:            0 bytes in 0 blocks\n"
+                        "  no leaks: every block not freed is still reachable; 1 call site "
+                        "not shown (--show-reachable)\n"), out
+
+
 def test_report_per_kind(prog, dump, tmp_path, fake_kinds, capsys):
     traced(prog, dump, "lrpdn")
     csvf = tmp_path / "sites.csv"

@@ -1302,24 +1302,29 @@ def growth_panel(rep, wrappers, only=None, view=None):
                    and (only is None or site in only)),
                   key=lambda kv: (-(kv[1][-1][2] - kv[1][0][2]), kv[0]))
     Figure, _ = _mpl()
-    fig = Figure(figsize=(6.4, 3.4))
+    # alone in its row, the chart takes the page's width: twice the others' width, so that
+    # its text is drawn at their size (at 6.4 inches it was scaled up twice as big)
+    fig = Figure(figsize=(12.8, 3.6))
     ax = fig.add_subplot(111)
     t = np.array([p.time for p in pts], dtype=np.float64)
     vmax = 1.0
     for i, (site, vals) in enumerate(rows[:GROWTH_SITES]):
         y = np.array([v[2] for v in vals], dtype=np.float64)
         vmax = max(vmax, float(y.max()))
-        # past the palette, the colours come round again: dashed, so no two lines look alike
+        name = _trunc(site_label(frames.get(site), site), 40)
+        # past the palette, the colours come round again: dashed, so no two lines look alike;
+        # matplotlib leaves a label that starts with "_" out of the legend (redis's
+        # _sdsnewlen, _dictExpand...): a space in front keeps it
         ax.plot(t, y, color=PALETTE[i % len(PALETTE)], linewidth=1.6, marker="o", markersize=2.5,
                 linestyle="-" if i < len(PALETTE) else "--",
-                label="%s" % _trunc(site_label(frames.get(site), site), 40))
+                label=" " + name if name.startswith("_") else name)
     _bytes_axis(ax.yaxis, vmax * 1.05)
     ax.set_xlabel("trace time at each point (seconds since start)")
     ax.set_ylabel("live bytes")
     ax.set_title("Live bytes per call site over time", loc="left", fontsize=10)
     ax.set_ylim(bottom=0)
     ax.grid(color="#ddd", linewidth=0.6)
-    ax.legend(loc="upper left", bbox_to_anchor=(0, -0.22), ncol=2, fontsize=7.5, frameon=False)
+    ax.legend(loc="upper left", bbox_to_anchor=(0, -0.22), ncol=4, fontsize=7.5, frameon=False)
     span = max(pts[-1].time - pts[0].time, 0)
     trs = []
     for site, vals in rows[:40]:

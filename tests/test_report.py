@@ -466,6 +466,19 @@ def test_page_says_how_deep_the_stacks_were_traced(tmp_path):
         assert want in open(out, encoding="utf-8").read(), kw
 
 
+def test_growth_legend_names_functions_that_start_with_an_underscore():
+    """matplotlib leaves a label starting with '_' out of a legend: redis's growth chart
+    showed one name (spt_init) for three lines (_sdsnewlen, _dictExpand...)."""
+    import types
+    frames = {0x401000: F(0x401000, "_sdsnewlen", "/src/sds.c", 5),
+              0x402000: F(0x402000, "plain", "/src/p.c", 7)}
+    rep = {"growth": {0x401000: [(0, 0, 0), (0, 0, 100)], 0x402000: [(0, 0, 0), (0, 0, 50)]},
+           "series": [types.SimpleNamespace(time=0), types.SimpleNamespace(time=10)],
+           "frames": frames, "trace": "4242"}
+    svg = re.search(r"<svg.*?</svg>", panda.growth_panel(rep, []), re.S).group(0)
+    assert re.findall(r">\s*(_sdsnewlen|plain)\s*</text>", svg) == ["_sdsnewlen", "plain"]
+
+
 def synthetic(n, sites, seed=1, t_max=3600):
     """N survivor lines over SITES call sites, sizes and times known."""
     rnd = random.Random(seed)

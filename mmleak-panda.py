@@ -936,7 +936,9 @@ def build_html(ctx):
                          % tot)
     if deep:
         how = ("with stacks through the runtime and the wrappers to the program's own frame "
-               "(MMLEAK_DEPTH=auto)" if ctx["depth"] >= MAX_DEPTH else
+               "(MMLEAK_DEPTH=auto)" if ctx.get("depth_auto") else
+               "with whole stacks (up to %d frames, MMLEAK_DEPTH's default)" % MAX_DEPTH
+               if ctx["depth"] >= MAX_DEPTH else
                "with %d return addresses per allocation" % ctx["depth"])
         notes.append("<b>Call sites</b> are the first frame outside the C/C++ runtime and the "
                      "allocation wrappers (%s seen); traced %s (click <i>stack</i> to see "
@@ -1095,7 +1097,8 @@ def render(rep, meta, wrappers=None, top=TOP_ROWS):
             if frames.get(c) in wrappers}
     wrapped = sum(1 for s in table if frames.get(s.caller) in wrappers) if depth <= 1 else 0
     everything = rep["survivors"]
-    ctx = dict(meta, depth=depth, end_time=rep.get("end_time") or 0)
+    ctx = dict(meta, depth=depth, end_time=rep.get("end_time") or 0,
+               depth_auto=rep.get("depth_auto"))
     ctx["views"] = (kind_views(rep, kept, wrappers, frames, depth, ctx["end_time"])
                     if rep.get("kinds") is not None else None)
     df = blocks_frame(kept, stacks, depth)
@@ -1299,24 +1302,29 @@ def growth_panel(rep, wrappers, only=None, view=None):
                    and (only is None or site in only)),
                   key=lambda kv: (-(kv[1][-1][2] - kv[1][0][2]), kv[0]))
     Figure, _ = _mpl()
-    fig = Figure(figsize=(6.4, 3.4))
+    # alone in its row, the chart takes the page's width: twice the others' width, so that
+    # its text is drawn at their size (at 6.4 inches it was scaled up twice as big)
+    fig = Figure(figsize=(12.8, 3.6))
     ax = fig.add_subplot(111)
     t = np.array([p.time for p in pts], dtype=np.float64)
     vmax = 1.0
     for i, (site, vals) in enumerate(rows[:GROWTH_SITES]):
         y = np.array([v[2] for v in vals], dtype=np.float64)
         vmax = max(vmax, float(y.max()))
-        # past the palette, the colours come round again: dashed, so no two lines look alike
+        name = _trunc(site_label(frames.get(site), site), 40)
+        # past the palette, the colours come round again: dashed, so no two lines look alike;
+        # matplotlib leaves a label that starts with "_" out of the legend (redis's
+        # _sdsnewlen, _dictExpand...): a space in front keeps it
         ax.plot(t, y, color=PALETTE[i % len(PALETTE)], linewidth=1.6, marker="o", markersize=2.5,
                 linestyle="-" if i < len(PALETTE) else "--",
-                label="%s" % _trunc(site_label(frames.get(site), site), 40))
+                label=" " + name if name.startswith("_") else name)
     _bytes_axis(ax.yaxis, vmax * 1.05)
     ax.set_xlabel("trace time at each point (seconds since start)")
     ax.set_ylabel("live bytes")
     ax.set_title("Live bytes per call site over time", loc="left", fontsize=10)
     ax.set_ylim(bottom=0)
     ax.grid(color="#ddd", linewidth=0.6)
-    ax.legend(loc="upper left", bbox_to_anchor=(0, -0.22), ncol=2, fontsize=7.5, frameon=False)
+    ax.legend(loc="upper left", bbox_to_anchor=(0, -0.22), ncol=4, fontsize=7.5, frameon=False)
     span = max(pts[-1].time - pts[0].time, 0)
     trs = []
     for site, vals in rows[:40]:

@@ -1,4 +1,5 @@
 """The report: a trace shrunk and symbolized, and its terminal, CSV and export views."""
+import collections
 import csv
 import os
 import re
@@ -253,8 +254,11 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
                     else None),
         "program_suppressions": sh.program_suppressions,
         "suppressed": [], "suppressed_total": (0, 0),
-        "trace": tid, "pid": hdr.get("pid", tid.split("-")[0]), "cmd": sh.cmd,
-        "title": sh.title,
+        # a program that sets its title pads its argv area with spaces (redis-server's
+        # "redis-server *:6379" and 44 blanks): they would trail the report's first line
+        "trace": tid, "pid": hdr.get("pid", tid.split("-")[0]),
+        "cmd": sh.cmd.rstrip(" ") if sh.cmd else sh.cmd,
+        "title": sh.title.rstrip(" ") if sh.title else sh.title,
         "start": start, "end_time": sh.max_time, "files": paths, "maps": maps,
         # the whole history's, compacted events included (allocs and frees None when an
         # older compacted result did not count them); "folded": (events, files) compacted
@@ -263,6 +267,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
         "survivors": survivors, "foreign_frees": sh.foreign_frees(),
         "frames": frames, "symbol_error": sym_error, "depth": depth or trace_depth,
         "trace_depth": trace_depth, "shrinker": sh,
+        "depth_auto": any(h.get("depth") == "auto" for h in sh.headers),
         "incomplete": bool(sh.problems.malformed or sh.problems.fatal or sh.gap_text()),
         "gaps": sh.gap_text(), "alloc": sh.alloc,
         "since": since, "older_than": older_than, "baseline": baseline,
@@ -565,6 +570,15 @@ def print_top_sites(rep, out, top=10):
     shown = sites if rep.get("show_reachable") else [s for s in sites
                                                      if s.kind != "reachable"]
     hidden = len(sites) - len(shown)
+    if not shown:
+        # every block not freed is still reachable: no table (a header over nothing)
+        out.write("  no leaks: every block not freed is still reachable; %d call site%s not "
+                  "shown (--show-reachable)\n" % (hidden, "s"[:hidden > 1]))
+        if rep.get("freed_since_baseline") is not None:
+            print_incremental(rep, out, top)
+        if rep.get("growth"):
+            print_growth(rep, out, top)
+        return sites
     wb = max([12] + [len(str(s.bytes)) for s in shown[:top]])
     wn = max([8] + [len(str(s.blocks)) for s in shown[:top]])
     # the kind column when a scan gave kinds (without one, every kind is "unknown")
@@ -588,11 +602,27 @@ def print_top_sites(rep, out, top=10):
     if hidden:
         out.write("  %d call sites of still reachable blocks not shown (--show-reachable)\n"
                   % hidden)
+    print_unsymbolized(rep, shown[:top], out)
     if rep.get("freed_since_baseline") is not None:
         print_incremental(rep, out, top)
     if rep.get("growth"):
         print_growth(rep, out, top)
     return sites
+
+
+def print_unsymbolized(rep, shown, out):
+    """Why call sites printed as module+offset were not symbolized when their object could
+    not be used (rebuilt, replaced or removed since the run): a line per reason, as the
+    page's Symbols note says; without it a rebuilt program's sites just turn into offsets.
+    An object without symbols (stripped) is not named: module+offset says it."""
+    why = collections.OrderedDict()
+    for s in shown:
+        fr = rep["frames"].get(s.caller)
+        if fr and fr.error and not fr.function and not fr.file and \
+                not fr.error.startswith("no symbol or line information"):
+            why.setdefault(fr.error, []).append(s)
+    for err, ss in list(why.items())[:3]:
+        out.write("  %d call site%s not symbolized: %s\n" % (len(ss), "s"[:len(ss) > 1], err))
 
 
 def found_wrapper_lines(rep, limit=None):

@@ -1,6 +1,7 @@
 """mmleak.py's commands as a user types them: run, report, symbolize, shrink of a live
 process; exact output."""
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -167,6 +168,18 @@ def test_report_header_escapes_control_characters_of_the_command_line(tmp_path):
     assert "\x1b" not in r.stdout
 
 
+def test_report_header_drops_the_blanks_a_title_is_padded_with(tmp_path):
+    # redis-server rewrites its argv area as "redis-server *:6379" padded with spaces
+    d = tmp_path / "d"
+    r = subprocess.run(MMLEAK_PY + ["run", "-d", str(d), "--", "sh", "-c", ":", "x" + " " * 40],
+                       capture_output=True, text=True, env=NO_SCAN)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(MMLEAK_PY + ["report", str(d), "--no-html"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].endswith("): sh -c : x"), r.stdout
+
+
 def test_run_without_command_is_a_usage_error():
     r = subprocess.run(MMLEAK_PY + ["run"], capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.startswith("mmleak.py: run: no command given")
@@ -254,6 +267,12 @@ def test_symbolize_refuses_a_replaced_binary(bins, tmp_path, dump):
     assert r.stdout == "%012x  victim+0x%x  (unresolved: %s was replaced since the run " \
         "(inode changed))\n" % (addr, mmleak.Maps(maps).find(addr)[0][2] + addr -
                                 mmleak.Maps(maps).find(addr)[0][0], exe)
+    # the report's table shows them as offsets, and says why under it
+    r = subprocess.run(MMLEAK_PY + ["report", str(dump), "--no-html"], capture_output=True,
+                       text=True)
+    rows = [l for l in r.stdout.splitlines() if re.search(r"  victim\+0x[0-9a-f]+$", l)]
+    assert rows and "  %d call site%s not symbolized: %s was replaced since the run (inode " \
+        "changed)\n" % (len(rows), "s"[:len(rows) > 1], exe) in r.stdout, r.stdout
 
 
 def test_symbolize_ambiguous_range(tmp_path):

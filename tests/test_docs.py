@@ -383,6 +383,8 @@ def example_command_lines():
             rest = re.split(r"\s(?:\||>|2>|<|&&|;|#)|\s\\$", rest)[0]
             if re.search(r"\S\s{3,}\S", rest) or re.search(r"\.\.\.|\[|\b[A-Z]{2,}\b", rest):
                 continue        # a row of a table of figures, or a synopsis with placeholders
+            if re.match(r"is\b", rest):
+                continue        # output naming the script: "/usr/.../mmleak.py is up to date"
             out.append(("%s:%d" % (page, i), m.group(1), rest.split()))
     return out
 

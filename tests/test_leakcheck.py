@@ -297,6 +297,17 @@ SUMMARY = ("  leak summary:\n"
            "    suppressed:            0 bytes in 0 blocks\n")
 
 
+def test_report_all_reachable_prints_no_empty_table(prog, dump, fake_kinds, capsys):
+    """Every block not freed still reachable (cppcheck's run): one line, not a table's
+    header over no row."""
+    traced(prog, dump, "rn")
+    assert cli.main(["report", str(dump), "--no-html"]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith("    suppressed:            0 bytes in 0 blocks\n"
+                        "  no leaks: every block not freed is still reachable; 1 call site "
+                        "not shown (--show-reachable)\n"), out
+
+
 def test_report_per_kind(prog, dump, tmp_path, fake_kinds, capsys):
     traced(prog, dump, "lrpdn")
     csvf = tmp_path / "sites.csv"
@@ -532,6 +543,23 @@ def test_gate_children_and_no_check_children(prog, dump):
     r = run_check(dump, sh, "--check", "--no-check-children")
     assert r.returncode == 0, r.stderr
     assert len(verdict(r.stderr)) == 1 and " (%s n): " % prog["leakcheck"] in r.stderr
+
+
+def test_gate_unknown_says_how_to_leave_it_out(prog, dump):
+    """A process no scan ran in (a test's system() starts `sh -c`, and dash ends with
+    _exit) fails the gate with blocks of reachability unknown: the verdict says so and how
+    not to count them, --no-check-children only for a child.  MMLEAK_SCAN=0 stands for
+    the _exit here: the same kind, without depending on the shell."""
+    lc = prog["leakcheck"]
+    sh = ["/bin/sh", "-c", "MMLEAK_SCAN=0 %s d; MMLEAK_SCAN=0 exec %s d" % (lc, lc)]
+    r = run_check(dump, sh, "--check")
+    assert r.returncode == 23, r.stderr
+    lines = r.stderr.splitlines()
+    hints = [lines[i + 1] for i, l in enumerate(lines) if l.startswith("mmleak: check FAILED")]
+    assert sorted(hints) == sorted(
+        "mmleak: all 1 of reachability unknown (no scan ran in that process: it ended by _exit, "
+        "abort or a signal); to not count them: --leak-kinds definite,indirect" + more
+        for more in ("", " or --no-check-children")), r.stderr
 
 
 def test_page_growth_follows_the_kind_filter(prog, dump, tmp_path, fake_kinds):

@@ -449,6 +449,34 @@ def test_escaping_cpp_templates(tmp_path):
     assert [(r["bytes"], r["blocks"]) for r in rows] == [(300, 3), (7, 1)]
 
 
+def test_page_says_how_deep_the_stacks_were_traced(tmp_path):
+    """The page's Call sites note names the trace's depth as it was: the default (64, whole
+    stacks) was called MMLEAK_DEPTH=auto, the default before issue 21."""
+    frames = {0x402000: F(0x402000, "plain", "/src/p.c", 5)}
+    surv = [mmleak.Alloc(0x9000, 1, 7, 1, (0x402000,))]
+    out = str(tmp_path / "d.html")
+    for kw, want in ((dict(depth=64, trace_depth=64), "traced with whole stacks (up to 64 "
+                      "frames, MMLEAK_DEPTH's default)"),
+                     (dict(depth=64, trace_depth=64, depth_auto=True), "traced with stacks "
+                      "through the runtime and the wrappers to the program's own frame "
+                      "(MMLEAK_DEPTH=auto)")):
+        panda.render_report(fake_rep(surv, frames, 10, **kw), out)
+        assert want in open(out, encoding="utf-8").read(), kw
+
+
+def test_growth_legend_names_functions_that_start_with_an_underscore():
+    """matplotlib leaves a label starting with '_' out of a legend: redis's growth chart
+    showed one name (spt_init) for three lines (_sdsnewlen, _dictExpand...)."""
+    import types
+    frames = {0x401000: F(0x401000, "_sdsnewlen", "/src/sds.c", 5),
+              0x402000: F(0x402000, "plain", "/src/p.c", 7)}
+    rep = {"growth": {0x401000: [(0, 0, 0), (0, 0, 100)], 0x402000: [(0, 0, 0), (0, 0, 50)]},
+           "series": [types.SimpleNamespace(time=0), types.SimpleNamespace(time=10)],
+           "frames": frames, "trace": "4242"}
+    svg = re.search(r"<svg.*?</svg>", panda.growth_panel(rep, []), re.S).group(0)
+    assert re.findall(r">\s*(_sdsnewlen|plain)\s*</text>", svg) == ["_sdsnewlen", "plain"]
+
+
 def synthetic(n, sites, seed=1, t_max=3600):
     """N survivor lines over SITES call sites, sizes and times known."""
     rnd = random.Random(seed)

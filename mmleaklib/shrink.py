@@ -387,7 +387,9 @@ class Shrinker:
             return {"events": self.events, "allocs": self.allocs, "frees": self.frees,
                     "folded_events": 0, "folded_files": 0}
         events = c["events"] + self.events - c["entries"]
-        allocs = None if c["allocs"] is None else c["allocs"] + self.allocs - c["entry_allocs"]
+        # (a result whose "#compacted" line lacks one of the two counts: neither is known)
+        allocs = None if c["allocs"] is None or c["entry_allocs"] is None else \
+            c["allocs"] + self.allocs - c["entry_allocs"]
         return {"events": events, "allocs": allocs,
                 "frees": None if allocs is None else events - allocs,
                 "folded_events": c["events"], "folded_files": c["files"]}

@@ -176,6 +176,12 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     trace as a reading of it now would give them (`run --check`: from the compactor's last
     pass, compact._result_view), instead of reading it.  LOCK_WAIT: see read_trace."""
     tid, paths = choose_trace(directory, pid, trace)
+    old = None
+    if baseline is not None:            # (read first: one that is no snapshot stops it all)
+        try:
+            old = baseline_blocks(baseline)
+        except OSError as e:
+            raise Fail("--baseline %s: %s" % (baseline, e.strerror or e))
     prog = progress_printer() if progress and sys.stderr.isatty() else None
     t0 = time.monotonic()
     if now is not None:
@@ -194,12 +200,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
         filters.append("allocated %gs or more after start" % since)
     if older_than is not None:
         filters.append("at least %gs old at the end" % older_than)
-    old = None
     if baseline is not None:
-        try:
-            old = baseline_blocks(baseline)
-        except OSError as e:
-            raise Fail("--baseline %s: %s" % (baseline, e.strerror or e))
         filters.append("allocated since the snapshot %s" % baseline)
     # the kinds: those given (KINDS), else the newest reachability scan's, if any
     scan_note, scan_failed = None, False

@@ -225,7 +225,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     names = TraceFiles(directory, tid)
     maps = names.maps
     frames = {}
-    sym_error = None
+    sym_error = maps_read = None
     try:
         series, _ = read_series(names.series, sh.problems)
     except Refused as e:                # replaced since it was looked at
@@ -240,6 +240,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
             sym = Symbolizer(maps, trace_start=start or None, debuginfo_path=debuginfo_path)
             frames = sym.lookup(sorted(addrs))
             sym_error = sym.tool_error
+            maps_read = sym.maps        # (the wrappers' code reader reads no file again)
         except Refused as e:
             refuse(str(e))
             sym_error = str(e)
@@ -257,6 +258,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
         "trace": tid, "pid": hdr.get("pid", tid.split("-")[0]), "cmd": sh.cmd,
         "title": sh.title,
         "start": start, "end_time": sh.max_time, "files": paths, "maps": maps,
+        "maps_read": maps_read,
         # the whole history's, compacted events included (allocs and frees None when an
         # older compacted result did not count them); "folded": (events, files) compacted
         "events": hist["events"], "allocs": hist["allocs"], "frees": hist["frees"],
@@ -309,7 +311,8 @@ def report_wrappers(rep, extra=()):
     if key not in cache:
         cache[key] = find_wrappers(report_stacks(rep), rep["frames"], base,
                                    CodeReader(rep.get("maps"), rep.get("start"),
-                                              rep.get("debuginfo_path")))
+                                              rep.get("debuginfo_path"),
+                                              rep.get("maps_read")))
     rep["found_wrappers"] = cache[key]
     return Wrappers(names, cache[key])
 
@@ -319,9 +322,10 @@ class CodeReader:
     sites.find_wrappers (elfcode.hands_back, elfcode.uses_result); (None, why) when that
     file changed since the run."""
 
-    def __init__(self, maps_path, start=None, debug_dirs=()):
-        self.maps = Maps(maps_path) if maps_path and os.path.exists(maps_path) \
-            else Maps(None, [])
+    def __init__(self, maps_path, start=None, debug_dirs=(), maps=None):
+        """MAPS: MAPS_PATH's Maps, read already (the symbolizer's), if any."""
+        self.maps = maps if maps is not None else Maps(maps_path) \
+            if maps_path and os.path.exists(maps_path) else Maps(None, [])
         self.start = start or None
         self.debug_dirs = tuple(debug_dirs or ())
 

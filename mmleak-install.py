@@ -8,7 +8,12 @@ MMLEAK_DIR, MMLEAK_ROTATE_MB (and MMLEAK_DEPTH) for the service and Wants= its c
 restarts a service itself.  The command line; the logic is mmleaklib/systemd.py (plan, then
 apply).  Python 3 standard library only.
 """
-import argparse
+from mmleaklib import interrupt
+
+if __name__ == "__main__":
+    interrupt.guard("mmleak-install.py", labelled=True)    # (first: see interrupt.py)
+
+import argparse  # noqa: E402
 import collections
 import os
 import re
@@ -554,4 +559,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    interrupt.exit(main())

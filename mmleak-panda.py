@@ -20,8 +20,13 @@ It renders the report model of mmleaklib (report.build_report's dict): the call 
 the table the terminal prints (report.site_table), and the survivor lines on stdin are read
 by the package's reader (shrink.Shrinker) into the same model.  Needs pandas and matplotlib.
 """
-import collections
-import datetime
+from mmleaklib import interrupt
+
+if __name__ == "__main__":
+    interrupt.guard("mmleak-panda.py")  # (first: Ctrl-C at any moment, see interrupt.py)
+
+import collections  # noqa: E402
+import datetime  # noqa: E402
 import html
 import io
 import os
@@ -1560,4 +1565,4 @@ def run(args):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    interrupt.exit(main())

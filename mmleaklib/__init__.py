@@ -1,6 +1,7 @@
 """mmleaklib: the Python side of mmleak, standard library only.
 
     errors      Fail, warn, the exit statuses of the three tools; command-line checks
+    interrupt   Ctrl-C before or after a tool's main: the one line, status 130
     facts       the facts shared with mmleak.so (C): format version, depth, bounds, the
                 MMLEAK_* options, runtime objects, allocation wrappers (--c-header)
     layout      where the pieces are: the commands' installed names, the library directories

@@ -273,29 +273,69 @@ def problem_text(what, detail=b""):
 
 # A file that is not a dump at all (a text file, a program, a picture, a compressed file given
 # by mistake, or left under a dump file's name) is refused in one line instead of being read
-# as thousands of malformed lines (its bytes are never shown: they may be anything).  Every
-# dump file starts with its '#mmleak ' header, and every result of shrink or compact with a
-# '#' line; header-less event lines (a piece of a trace cut out by hand) are read too.  A
-# dump whose start a crash damaged is still read, its problems counted: it then starts with
-# NULs (a hole a crash left where the header was) or blanks (padding), or is empty, or holds
-# only the torn start of its first line.  Only the first PEEK bytes are looked at.
+# as thousands of malformed lines (its bytes are never shown: they may be anything).  The
+# first line decides: a dump starts with its '#mmleak ' header, a result of shrink or
+# compact with one of the format's '#' lines (DUMP_TAGS), a piece of a trace cut out by hand
+# with an event line, a sorted one (`sort`) with any of them; the '#' of a C file
+# ('#include'), a script ('#!') or a comment ('# ...') is none of these.  A dump whose start
+# a crash damaged is still read, its problems counted: it then starts with blanks (padding),
+# or NULs (a hole a crash left where the header was: the end of the line it cut, then
+# lines of the format; text with NULs between its characters, UTF-16's, is none), or is
+# empty, or holds only the torn start of its first line.  Only the first PEEK bytes are
+# looked at.
 PEEK = 4096
-NOT_DUMP = ("not an mmleak dump: its first line is neither a '#' header line (a dump starts "
-            "with '#mmleak') nor an event line; refused")
-_HEAD_START = re.compile(rb"#[a-z]")
+NOT_DUMP = ("not an mmleak dump (its first line is neither an event line nor one of the "
+            "format's '#' lines, as the '#mmleak' that starts a dump); refused")
+# the '#' lines of a dump, a result and a compacted result (docs/format.rst), by their tag
+DUMP_TAGS = (b"mmleak", b"cmd", b"title", b"alloc", b"suppressions", b"dropping", b"lost",
+             b"walks", b"thread", b"end", b"clock", b"compacted", b"folded", b"at", b"s")
+_TAG_LINE = re.compile(rb"#(?:%s)[ \n]" % b"|".join(DUMP_TAGS))
 _TORN_EVENT = re.compile(rb"[0-9a-f]{1,16}(?: [0-9a-f@+-]*)*")
+
+# line_verdict's verdicts
+SKIP, DUMP, NOT = "skip", "dump", "not"
+
+
+def line_verdict(line, whole):
+    """What the line LINE (with its newline, if it has one) at a file's start says: SKIP
+    (blank; or a run of NULs, a hole, and the end of the line it cut: the next line
+    decides), DUMP or NOT (see NOT_DUMP).  WHOLE: a LINE without its newline ends where the
+    file ends (torn), else where the bytes looked at end.  Text before a run of NULs is a
+    torn line (a process killed while writing it, padding after it); one run of NULs per
+    line at most: text with NULs between its characters (UTF-16) is no dump."""
+    text, nul, rest = line.partition(b"\0")
+    if nul and b"\0" in rest.lstrip(b"\0"):
+        return NOT
+    if nul:
+        return _text_verdict(text, True) if text.strip(b" \n") else SKIP
+    return _text_verdict(line, whole)
+
+
+def _text_verdict(line, whole):
+    if not line.strip(b" \n"):
+        return SKIP
+    if _TAG_LINE.match(line):
+        return DUMP
+    if line[-1:] == b"\n":
+        return DUMP if EVENT_RE.fullmatch(line) else NOT
+    if not whole:                       # cut: longer than any first line of a dump
+        return NOT
+    # torn: the start of one of the format's '#' lines, or of an event line
+    return DUMP if _TORN_EVENT.fullmatch(line) or any(
+        (b"#" + t + b" ").startswith(line) for t in DUMP_TAGS) else NOT
 
 
 def not_a_dump(head):
     """Whether HEAD, the first PEEK bytes of a file (fewer: all of it), says the file is not
     a dump (see NOT_DUMP)."""
-    start = head.lstrip(b" \n")
-    if not start or start[:1] == b"\0" or _HEAD_START.match(start) or b"#".startswith(start):
-        return False
-    line, nl, _ = start.partition(b"\n")
-    if nl:
-        return EVENT_RE.fullmatch(line + nl) is None
-    return len(head) == PEEK or _TORN_EVENT.fullmatch(line) is None
+    whole = len(head) < PEEK
+    lines = head.lstrip(b" \n").split(b"\n")
+    last = len(lines) - 1
+    for k, line in enumerate(lines):
+        v = line_verdict(line + b"\n" if k < last else line, whole)
+        if v != SKIP:
+            return v == NOT
+    return False
 
 
 def cannot_read(name, why):

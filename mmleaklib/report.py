@@ -177,6 +177,12 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     trace as a reading of it now would give them (`run --check`: from the compactor's last
     pass, compact._result_view), instead of reading it.  LOCK_WAIT: see read_trace."""
     tid, paths = choose_trace(directory, pid, trace)
+    old = None
+    if baseline is not None:            # (read first: one that is no snapshot stops it all)
+        try:
+            old = baseline_blocks(baseline)
+        except OSError as e:
+            raise Fail("--baseline %s: %s" % (baseline, e.strerror or e))
     prog = progress_printer() if progress and sys.stderr.isatty() else None
     t0 = time.monotonic()
     if now is not None:
@@ -195,12 +201,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
         filters.append("allocated %gs or more after start" % since)
     if older_than is not None:
         filters.append("at least %gs old at the end" % older_than)
-    old = None
     if baseline is not None:
-        try:
-            old = baseline_blocks(baseline)
-        except OSError as e:
-            raise Fail("--baseline %s: %s" % (baseline, e.strerror or e))
         filters.append("allocated since the snapshot %s" % baseline)
     # the kinds: those given (KINDS), else the newest reachability scan's, if any
     scan_note, scan_failed = None, False
@@ -225,7 +226,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     names = TraceFiles(directory, tid)
     maps = names.maps
     frames = {}
-    sym_error = None
+    sym_error = maps_read = None
     try:
         series, _ = read_series(names.series, sh.problems)
     except Refused as e:                # replaced since it was looked at
@@ -240,6 +241,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
             sym = Symbolizer(maps, trace_start=start or None, debuginfo_path=debuginfo_path)
             frames = sym.lookup(sorted(addrs))
             sym_error = sym.tool_error
+            maps_read = sym.maps        # (the wrappers' code reader reads no file again)
         except Refused as e:
             refuse(str(e))
             sym_error = str(e)
@@ -260,6 +262,7 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
         "cmd": sh.cmd.rstrip(" ") if sh.cmd else sh.cmd,
         "title": sh.title.rstrip(" ") if sh.title else sh.title,
         "start": start, "end_time": sh.max_time, "files": paths, "maps": maps,
+        "maps_read": maps_read,
         # the whole history's, compacted events included (allocs and frees None when an
         # older compacted result did not count them); "folded": (events, files) compacted
         "events": hist["events"], "allocs": hist["allocs"], "frees": hist["frees"],
@@ -313,7 +316,8 @@ def report_wrappers(rep, extra=()):
     if key not in cache:
         cache[key] = find_wrappers(report_stacks(rep), rep["frames"], base,
                                    CodeReader(rep.get("maps"), rep.get("start"),
-                                              rep.get("debuginfo_path")))
+                                              rep.get("debuginfo_path"),
+                                              rep.get("maps_read")))
     rep["found_wrappers"] = cache[key]
     return Wrappers(names, cache[key])
 
@@ -323,9 +327,10 @@ class CodeReader:
     sites.find_wrappers (elfcode.hands_back, elfcode.uses_result); (None, why) when that
     file changed since the run."""
 
-    def __init__(self, maps_path, start=None, debug_dirs=()):
-        self.maps = Maps(maps_path) if maps_path and os.path.exists(maps_path) \
-            else Maps(None, [])
+    def __init__(self, maps_path, start=None, debug_dirs=(), maps=None):
+        """MAPS: MAPS_PATH's Maps, read already (the symbolizer's), if any."""
+        self.maps = maps if maps is not None else Maps(maps_path) \
+            if maps_path and os.path.exists(maps_path) else Maps(None, [])
         self.start = start or None
         self.debug_dirs = tuple(debug_dirs or ())
 

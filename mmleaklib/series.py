@@ -38,7 +38,7 @@ import re
 import shutil
 import time
 
-from .dumpformat import NO_STACK, Q_BAD_SERIES, dump_lines, parse_stack
+from .dumpformat import NO_STACK, Q_BAD_SERIES, Problems, dump_lines, parse_stack
 from . import files
 from .files import TraceFiles, _own_file, _remove_quietly, open_trace_file
 from .errors import Refused, refuse
@@ -347,12 +347,16 @@ def _point_sites(directory, tid, t, found, snap, ident, prev, final, now, cancel
         # from the levels (see level_sums), not the whole live set, when the result's base
         # is there
         base = load_base(directory, tid, t.compact)
+        said = []                       # (said if the point is made of this reading)
         if base is not None:
-            inc = level_sums(t.compact, base, others, excl[0] if excl else None, cancel)
+            inc = level_sums(t.compact, base, others, excl[0] if excl else None, cancel,
+                             said)
         if inc and (not final or partial):
             _given_up(cancel)
             keys = _keys_beside(inc[3], inc[4], cancel)
             inc = inc if keys is not None else None
+        for problem in said if inc else ():
+            Problems().say(*problem)
     if not inc and levels and (not final or partial):
         _given_up(cancel)
         keys = _keys_alone(others, cancel=cancel)
@@ -455,7 +459,8 @@ def _keys_alone(paths, extra=None, cancel=None):
     from .native import sorted_keys
     blocks = None
     if paths:
-        got = _read_native(paths, cancel)
+        # (quiet: the point, or the merge, that wants these keys reads the files too)
+        got = _read_native(paths, cancel, [])
         if got is None or got[1].allocs:
             return None
         blocks = got[1].native if got[1].native is not None and len(got[1].native) else None
@@ -793,10 +798,14 @@ def _pick(cpath, runs, out, extra=None):
     return fn(os.fsencode(cpath), arr, len(runs), xa, n, out.fileno()) >= 0
 
 
-def _read_native(paths, cancel=None):
+def _read_native(paths, cancel=None, said=None):
     """(Shrinker, Live) of PATHS read by the compiled shrinker, or None.  CANCEL: see
-    native_shrink (Abandoned)."""
+    native_shrink (Abandoned).  SAID (a list): the problems are kept there (the arguments of
+    Problems.say), not said: a reading of files that another reading of the same command
+    reads too says nothing (each warning once), or says them only if it is the one used."""
     sh = Shrinker()
+    if said is not None:
+        sh.problems.say = lambda *problem: said.append(problem)
     if not native_shrink(sh, paths, [os.path.basename(p) for p in paths], blocks=True,
                          cancel=cancel):
         return None
@@ -805,7 +814,7 @@ def _read_native(paths, cancel=None):
     return sh, sh.live()
 
 
-def level_sums(cpath, base, runs, extra=None, cancel=None):
+def level_sums(cpath, base, runs, extra=None, cancel=None, said=None):
     """(sums {key: [bytes, blocks]}, stack lines, (Shrinker, Live) of the runs and the
     result's picked lines, Live of those lines alone) of the levels CPATH and RUNS, from
     CPATH's BASE: BASE + (runs and the result's lines at their addresses) - (those lines
@@ -813,7 +822,8 @@ def level_sums(cpath, base, runs, extra=None, cancel=None):
     the result (the files still being written too).  EXTRA: more addresses to pick (an
     array).  None when it cannot.  CANCEL (a function): asked before the pick and as the
     readings go (native_shrink); True raises Abandoned (a point, or the base of a merge into
-    the result, given up: `run`'s compactor once its program has ended)."""
+    the result, given up: `run`'s compactor once its program has ended).  SAID: see
+    _read_native."""
     import tempfile
     with tempfile.NamedTemporaryFile(prefix="mmleak-pick.") as x:
         _given_up(cancel)
@@ -821,10 +831,10 @@ def level_sums(cpath, base, runs, extra=None, cancel=None):
             return None
         x.flush()
         _given_up(cancel)
-        both = _read_native(list(runs) + [x.name], cancel)
+        both = _read_native(list(runs) + [x.name], cancel, said)
         # no runs (the last point after a merge of everything, its EXTRA addresses picked):
         # the two readings are one, and BOTH - ALONE is nothing
-        alone = _read_native([x.name], cancel) if runs else both
+        alone = _read_native([x.name], cancel, []) if runs else both
     if both is None or alone is None:
         return None
     plus, stack_lines = site_sums(*both)
@@ -943,8 +953,9 @@ def before_result_merge(directory, tid, cpath, inputs, over=False, cancel=None):
             return out
         # (the trace over: no base is written again, the new one is not needed; the
         # .live's exclusions then come from the inputs read alone)
-        got = level_sums(cpath, base, paths, None, cancel) if base is not None and not over \
-            else None
+        # (quiet: the merge reads the same files, and says what they hold)
+        got = level_sums(cpath, base, paths, None, cancel, []) if base is not None and \
+            not over else None
         if got:
             out["new_base"] = got[0]
         if lv is not None:

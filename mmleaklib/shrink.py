@@ -36,7 +36,8 @@ from .dumpformat import (EVENT_RE, KIND_ALLOC, KIND_END, KIND_FREE, KIND_START, 
                          Q_JOINED, Q_MALFORMED, Q_NULS, Q_PADDING_END, Q_STACK_AGAIN, Q_TOO_LONG,
                          Q_TORN_LAST, Q_TORN_LINE, Problems, _unescape, bad_header_fields,
                          cannot_read, dump_lines, parse_event, parse_header, parse_stack,
-                         NOT_DUMP, PEEK, Q_UNREADABLE, not_a_dump, problem_text)
+                         NOT, NOT_DUMP, PEEK, Q_UNREADABLE, SKIP, line_verdict,
+                         not_a_dump, problem_text)
 from . import errors, files
 from .errors import Fail, Refused, refuse, warn
 from .facts import READ_VERSIONS
@@ -387,7 +388,9 @@ class Shrinker:
             return {"events": self.events, "allocs": self.allocs, "frees": self.frees,
                     "folded_events": 0, "folded_files": 0}
         events = c["events"] + self.events - c["entries"]
-        allocs = None if c["allocs"] is None else c["allocs"] + self.allocs - c["entry_allocs"]
+        # (a result whose "#compacted" line lacks one of the two counts: neither is known)
+        allocs = None if c["allocs"] is None or c["entry_allocs"] is None else \
+            c["allocs"] + self.allocs - c["entry_allocs"]
         return {"events": events, "allocs": allocs,
                 "frees": None if allocs is None else events - allocs,
                 "folded_events": c["events"], "folded_files": c["files"]}
@@ -527,21 +530,23 @@ STREAM_PEEK_MAX = 1 << 20
 
 def _stream_head(buf, eof):
     """(decided, head): the first line of BUF (a stream's first bytes; EOF: all of it) that
-    is neither blank nor starts with a NUL (padding, a hole, a line `sort` put first), up to
-    PEEK bytes, for not_a_dump; head None when there is none (read as a dump)."""
-    pos = 0
+    decides (dumpformat.line_verdict: blanks, and a hole's NULs with the end of the line it
+    cut, which `sort` puts first, do not), up to PEEK bytes, for not_a_dump; head None when
+    there is none (read as a dump)."""
+    pos = len(buf) - len(buf.lstrip(b" \n"))
     while True:
         nl = buf.find(b"\n", pos)
         piece = buf[pos:] if nl < 0 else buf[pos:nl + 1]
-        start = piece.lstrip(b" \n")
-        if not start or start[:1] == b"\0":
-            if nl < 0:
-                return eof, None
-            pos = nl + 1
-            continue
-        if nl >= 0 or eof or len(piece) >= PEEK:
+        if nl < 0 and not eof:          # (more to come: the NULs of UTF-16 decide at once)
+            if piece[:1] == b"\0":
+                return (True, piece[:PEEK]) if line_verdict(piece, False) == NOT else \
+                    (False, None)
+            return (True, piece[:PEEK]) if len(piece) >= PEEK else (False, None)
+        if line_verdict(piece, True) != SKIP:
             return True, piece[:PEEK]
-        return False, None
+        if nl < 0:
+            return True, None
+        pos = nl + 1
 
 
 def peek_stream(fd):
@@ -786,6 +791,7 @@ def baseline_blocks(path):
     of the same process), {(ptr, seq): Alloc} with their stacks."""
     sh = Shrinker()
     with open_trace_file(path) as f:
+        sh.check_start(f.fileno(), path)   # (no dump at all: refused in one line)
         sh.feed(f, path)
     if sh.problems.malformed:
         raise Fail("--baseline %s: not a snapshot of a trace (malformed lines)" % path)

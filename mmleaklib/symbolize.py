@@ -31,6 +31,13 @@ MAPS_LINE_RE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) ([0-9a-f]+) (\S+) (
 
 ADDR_MASK = (1 << 48) - 1      # a frame's top 16 bits: the dlclose epoch (mmleak.ID.loads)
 
+# A maps file starts with a line of /proc/PID/maps, or is empty (a process killed as it
+# made it), or holds only the torn start of its first line: anything else given as one (a
+# dump, a program, a text) is refused in one line, as a file that is not a dump is.
+NOT_MAPS = ("not an mmleak maps file (its first line is not one of /proc/PID/maps: START-END "
+            "PERMS OFFSET DEV INODE PATH); refused")
+_MAPS_START = re.compile(r"[0-9a-f]{1,16}-[0-9a-f]|[0-9a-f]{0,16}-?\Z")
+
 
 class Maps:
     """The cumulative maps file: every file-backed mapping the process had (or LINES)."""
@@ -39,7 +46,11 @@ class Maps:
         self.path = path
         self.entries = []   # (start, end, offset, inode, pathname)
         if lines is None:
-            lines = list(read_lines(path, text=True))
+            lines = read_lines(path, text=True)
+            first = next(lines, None)
+            if first is not None and not _MAPS_START.match(first):
+                raise Refused("%s: %s" % (path, NOT_MAPS))
+            lines = itertools.chain([first] if first is not None else [], lines)
         for line in lines:
             m = MAPS_LINE_RE.match(line.rstrip("\n"))
             if not m:

@@ -330,3 +330,28 @@ def test_report_incremental_against_a_snapshot(bins, dump, tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+@pytest.mark.parametrize("script, argv, moments", [
+    ("mmleak.py", ["shrink"], (0, 0.05, 0.25)),
+    ("mmleak-panda.py", ["-o", os.devnull], (0, 0.05, 0.25)),
+    ("mmleak-install.py", ["--root", "/nonexistent", "--dry-run", "status", "x.service"],
+     (0,))])
+def test_ctrl_c_at_any_moment_is_one_line_and_130(script, argv, moments):
+    """Ctrl-C before main handles it (the imports, the command line) or while it waits:
+    the one line and status 130, never a traceback (mmleaklib/interrupt.py).  The signal is
+    blocked from the spawn on (as `env --block-signal=INT` does), so that every moment tried
+    is one where the tool runs: it waits, pending, until the script's first line takes it;
+    sent at the spawn, in the imports or while it reads stdin, the outcome is the same."""
+    label = "error: " if script == "mmleak-install.py" else ""
+    for moment in moments:
+        p = subprocess.Popen([sys.executable, os.path.join(ROOT, script)] + argv,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE,
+                             preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK,
+                                                                       [signal.SIGINT]))
+        time.sleep(moment)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(b"", timeout=60)   # (stdin ends: a missed signal is seen)
+        assert (p.returncode, out, err) == (130, b"", b"%s: %sinterrupted\n" % (
+            script.encode(), label.encode())), moment

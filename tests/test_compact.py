@@ -1242,3 +1242,40 @@ def test_companion_does_not_fail_for_a_stale_lock_of_another_user(tmp_path):
                            "the trace's owner (uid 0) or root: refused\n" % lock)
     assert (comp.returncode, out) == (0, "")
     assert os.path.exists(str(tmp_path / "mmleak.81.0.out"))     # left as it was
+
+
+def test_each_warning_once_though_a_point_reads_the_files_again(tmp_path, lib):
+    """A pass folds the files that are complete, then its point reads the trace again (the
+    file still written too), whole and, compiled, its keys beside the result alone: a
+    malformed line of that file was said twice (the second named by its base name).  Each
+    warning once, each engine alike."""
+    alive = subprocess.Popen(["sleep", "60"])       # (the traced process: still running)
+    try:
+        p, t = alive.pid, int(time.time())
+        head = "#mmleak 2 id=%d pid=%d tid=%%d file=%%d depth=1 start=%d\n" % (p, p, t)
+        files = {
+            "compact": "#mmleak 2 id=%d pid=%d depth=1 start=%d\n#clock 1\n#compacted "
+                       "files=1 events=3 entries=2 allocs=2 entry_allocs=2 at=1\n"
+                       "1000000000 1 10 1 401000\ngarbage\n3000000000 1 10 1 401000\n"
+                       % (p, p, t),
+            "0.out": head % (6, 0) + "2000000000 1 10 1 401000\nbad zero\n#end\n",
+            "1.out": head % (7, 1) + "4000000000 1 10 1 401000\nbad one\n",    # (running)
+        }
+        for engine in ("python", "native"):
+            d = tmp_path / engine
+            d.mkdir()
+            (d / ("mmleak.%d.maps" % p)).write_text("")
+            for name, text in files.items():
+                (d / ("mmleak.%d.%s" % (p, name))).write_text(text)
+            r = subprocess.run([sys.executable, os.path.join(ROOT, "mmleak.py"), "compact",
+                                str(d)], capture_output=True, text=True,
+                               env=dict(os.environ, MMLEAK_SHRINK=engine))
+            said = sorted(l for l in r.stderr.splitlines() if "malformed" in l)
+            assert (r.returncode, said) == (3, [
+                "mmleak.py: %s/mmleak.%d.%s: malformed line skipped: %s" % (d, p, where, line)
+                for where, line in (("0.out:3", "b'bad zero\\n'"), ("1.out:3", "b'bad one\\n'"),
+                                    ("compact:5", "b'garbage\\n'"))]), engine
+            assert os.path.exists(d / ("mmleak.%d.series" % p))    # (the point was made)
+    finally:
+        alive.kill()
+        alive.wait()

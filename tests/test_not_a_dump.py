@@ -3,6 +3,7 @@ shrink, report or mmleak-panda.py or left under a dump file's name, is refused i
 (status 2, nothing written, none of its bytes shown), by both shrink engines alike; a dump
 whose start a crash damaged is still read as before (docs/format.rst)."""
 import errno
+import gzip
 import os
 import socket
 import subprocess
@@ -23,6 +24,77 @@ NOT_DUMPS = {
     "gzip": b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03",     # cut after its header
     "script": b"#!/bin/sh\necho hello\n",
 }
+
+
+# what a user may give by mistake, each refused by the first line's rule (dumpformat.not_a_dump,
+# shared by both engines), whatever its '#' or NULs: a dump starts with one of the format's
+# lines, not with any '#' and a lowercase letter; NULs start it only as a hole does
+TEXT = "#mmleak 1 pid=4242\n" + "%012x 1 10 1 401000\n" % 0x10000
+MISTAKES = {
+    "c-source": b"#include <stdio.h>\n\nint main(void)\n{\n    return 0;\n}\n",
+    "c-header": b"#ifndef LEAK_H\n#define LEAK_H\n#endif\n",
+    "shell": b"#!/bin/sh\nexec true\n",
+    "python": b'"""A module."""\nimport os\n',
+    "python-coding": b"# -*- coding: utf-8 -*-\nimport os\n",
+    "makefile": b"#build\nall: prog\n\tcc -o prog prog.c\n",
+    "csv": b"ptr,seq,size\n10,1,16\n",
+    "json": b'{"events": [1, 2]}\n',
+    "core": b"\x7fELF\x02\x01\x01\x00" + bytes(8) + b"\x04\x00\x3e\x00" + bytes(300),
+    "gzip-text": gzip.compress(TEXT.encode() * 20),
+    "utf-16": TEXT.encode("utf-16"),
+    "utf-16-le": TEXT.encode("utf-16-le"),
+    "utf-16-be": TEXT.encode("utf-16-be"),          # (NUL-led: no hole)
+    "scan-result": b"#mmleak-scan 1 id=4242 pid=4242\n#status done\n#data\n",
+    "series-live": b"#final\n#point 4242\n",
+    "torn-include": b"#inc",                         # (a whole file: torn, but no tag's start)
+}
+# ... and what a dump may start with: a line of the format (a piece cut out, sorted), the
+# torn start of one, blanks, a hole (NULs, then the end of the line it cut)
+DUMP_STARTS = [b"#mmleak 2 id=1\n", b"#s 1 401000\n", b"#clock 5\n", b"#end\n",
+               b"#cmd ./a.out\n", b"#compacted files=1\n", b"#at 0000000000000000\n",
+               b"%012x 1 10 1 @1\n" % 0x10000, b"10 2 +\n", b"#mml", b"#mmleak 2 id=\0\0",
+               b"1000 1 1", b"  \n\n#title t=1 x\n", b"\0" * 100 + b"cut\n#lost 3 k=1\n",
+               b"\0" * 5000 + b" cut\n", b""]
+
+
+@pytest.mark.parametrize("kind", sorted(MISTAKES))
+def test_what_is_no_dump_by_its_start(kind):
+    """The rule, on a file's first bytes and on a stream's (peek_stream's _stream_head)."""
+    data = MISTAKES[kind]
+    assert mmleak.dumpformat.not_a_dump(data[:mmleak.dumpformat.PEEK])
+    decided, head = mmleak.shrink._stream_head(data, True)
+    assert decided and mmleak.dumpformat.not_a_dump(head)
+    if kind == "utf-16-be":             # (its NULs decide before the stream's first newline)
+        assert mmleak.shrink._stream_head(data[:9], False)[0]
+
+
+@pytest.mark.parametrize("start", DUMP_STARTS, ids=range(len(DUMP_STARTS)))
+def test_what_a_dump_may_start_with(start):
+    assert not mmleak.dumpformat.not_a_dump(start[:mmleak.dumpformat.PEEK])
+    decided, head = mmleak.shrink._stream_head(start, True)
+    assert decided and not mmleak.dumpformat.not_a_dump(head or b"")
+
+
+def test_c_source_refused_by_every_reader(tmp_path, lib):
+    """A C file (its '#include' once passed) given to shrink (both engines), left in a dump
+    directory (report, compact), on mmleak-panda.py's stdin, or as symbolize's maps file:
+    one line each, status 2, nothing written."""
+    src = tmp_path / "mmleak.4242.0.out"
+    src.write_bytes(MISTAKES["c-source"])
+    (tmp_path / "mmleak.4242.maps").write_bytes(b"")
+    said = b"%s: %s\n" % (bytes(src), NOT_DUMP.encode())
+    assert assert_same_cli(["shrink", str(src)]) == (2, b"", b"mmleak.py: " + said)
+    for cmd in (["report", "--no-html", str(tmp_path)], ["compact", str(tmp_path)]):
+        assert run_cli("native", cmd) == (2, b"", b"mmleak.py: " + said), cmd
+    with open(src, "rb") as f:
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "mmleak-panda.py"), "-o",
+                            str(tmp_path / "page.html")], stdin=f, capture_output=True)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        2, b"", b"mmleak-panda.py: <stdin>: %s\n" % NOT_DUMP.encode())
+    assert run_cli("native", ["symbolize", "--maps", str(src), "401000"]) == (
+        2, b"", b"mmleak.py: %s: %s\n" % (bytes(src), mmleak.symbolize.NOT_MAPS.encode()))
+    assert sorted(os.listdir(tmp_path)) == ["mmleak.4242.0.out", "mmleak.4242.lock",
+                                            "mmleak.4242.maps"]
 
 
 def events(n, first=1):

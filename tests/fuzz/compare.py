@@ -22,11 +22,15 @@ files by their paths).  The mode follows the corpus's name (its harness), or --m
                   array against the Python reading of the same bytes), stderr
   pick            a series point from the levels (series.level_sums: mmleak_levels_pick,
                   BIG the .compact, the others its runs, the harness's extra addresses)
-                  against the whole trace read by the Python engine, per site (bytes,
-                  blocks); only where the point can come from the levels: BIG read alone
-                  clean and sorted (what a compaction writes: the base is bound to it)
+                  against the whole trace read by each engine, per site (bytes,
+                  blocks).  The levels need BIG as a compaction writes it (the base is
+                  bound to it): any other BIG is first folded into the result a pass
+                  writes from it (compact._fold_into); where the pass refuses it (the
+                  words are counted), or its result does not read clean, only the whole
+                  readings of the two engines are compared
 """
 import argparse
+import collections
 import contextlib
 import io
 import os
@@ -39,7 +43,7 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
-from mmleaklib import series, shrink                    # noqa: E402
+from mmleaklib import compact, series, shrink           # noqa: E402
 from mmleaklib.errors import Fail, Refused              # noqa: E402
 from mmleaklib.native import _load_state                # noqa: E402
 
@@ -140,19 +144,49 @@ def sorted_result(data):
     return True
 
 
+# why a compaction pass refuses an input (compact._fold_into's Fail), in words
+NOT_COMPACTED = [(r"dump format version", "a header of a format version it does not read"),
+                 (r"not an mmleak dump", "not a dump"),
+                 (r"files of different processes", "headers of two processes"),
+                 (r"partial results joined", "partial results joined in one file"),
+                 (r"an input could not be read", "an input it cannot read whole")]
+
+
+def compacted(big):
+    """BIG made what a compaction pass writes (its base is bound to such a file): when it is
+    not (not sorted, not a clean reading), BIG is folded as a dump file into the result it
+    gives (compact._fold_into, the pass's own writer), in its place.  None when it cannot
+    be (the words why: the fold refuses it, or its result does not read clean)."""
+    with open(big, "rb") as f:
+        if sorted_result(f.read()) and _clean(big):
+            return None
+    src = big[:-len(".compact")] + ".99.out"
+    os.rename(big, src)
+    try:
+        compact._fold_into(os.path.dirname(big), "4242", big, None, [src],
+                           collections.Counter())
+    except (Fail, Refused) as e:
+        os.rename(src, big)                             # (the trace as it was given)
+        return "not compacted: " + next((why for pattern, why in NOT_COMPACTED
+                                          if re.search(pattern, str(e))), str(e))
+    return None if _clean(big) else "its compacted result does not read clean"
+
+
+def _clean(big):
+    try:
+        return series._read_native([big]) is not None  # the fold's own reading: clean
+    except (Fail, Refused):
+        return False
+
+
 def pick_point(paths, ctl):
     """(outcome, sums): the point from the levels ("levels", or "whole": it cannot and the
-    trace is read whole), or None when it does not apply."""
+    trace is read whole), or ("n/a", why) when BIG cannot be made a compacted result."""
     big, runs = paths[-1], paths[:-1]
-    with open(big, "rb") as f:
-        if not sorted_result(f.read()):
-            return None
-    try:
-        alone = series._read_native([big])              # the fold's own reading: clean
-    except (Fail, Refused):
-        return None
-    if alone is None:
-        return None
+    why = compacted(big)
+    if why is not None:
+        return ("n/a", why)
+    alone = series._read_native([big])
     base = sums_of(alone[0])
     extra = [ctl << 12 if x is None else x for x in EXTRA[:ctl & 3]]
     try:
@@ -175,12 +209,16 @@ def compare(mode, name, data, d, counts):
                 got = pick_point(paths, ctl)
             except Exception:
                 got = ("exc", traceback.format_exc()[-1500:])
-        if got is None:
-            counts["pick n/a"] += 1
-            return None
         counts["pick " + got[0]] += 1
+        if got[0] == "n/a":
+            counts["n/a: " + got[1]] = counts.get("n/a: " + got[1], 0) + 1
         if got[0] in ("whole", "exc"):
-            return None if got[0] == "whole" else (("exc",), got)
+            return (("exc",), got) if got[0] == "exc" else None
+        if got[0] == "n/a":             # no point from the levels: the whole reading's
+            a, b = (engine(eng, lambda: sums_of(shrink.shrink_files(paths, mixed=True,
+                                                                     blocks=True)))
+                    for eng in ("native", "python"))
+            return None if a == b and a[0] != "exc" else (a, b)
         # the whole trace read as a point reads it when it cannot from the levels
         # (series.trace_live: blocks, the .compact streamed), by each engine
         for eng in ("native", "python"):
@@ -247,9 +285,12 @@ def main():
         shutil.rmtree(top, ignore_errors=True)
     print("inputs compared: %d, differences: %d%s" % (
         n, bad, "" if not any(counts.values()) else
-        " (pick: %d from the levels, %d read whole, %d refused, %d not applicable, %d errors)"
+        " (pick: %d from the levels, %d read whole, %d refused, %d whole readings only, "
+        "%d errors)"
         % (counts["pick levels"], counts["pick whole"], counts["pick fail"],
            counts["pick n/a"], counts["pick exc"])))
+    for k in sorted(k for k in counts if k.startswith("n/a: ")):
+        print("  whole readings only, %s: %d" % (k[5:], counts[k]))
     return 1 if bad else 0
 
 

@@ -360,3 +360,45 @@ def test_a_lock_planted_at_the_next_pids_name_does_not_take_the_trace(tmp_path):
     assert r.returncode == 0 and "the trace is over" in r.stdout, r.stderr
     # marked by the pass's first change: a scan then lists the files (tools/scan_cut.c)
     assert (d / ("mmleak.%s.lock" % tid)).read_bytes() == b"c"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plants another user's files")
+@pytest.mark.parametrize("how", ["here", "mmleak-scan", "no-scanner"])
+def test_scan_names_planted_for_the_pid_do_not_cost_the_exit_its_result(tmp_path, how):
+    # Another user's files at mmleak.PID.scan.1 .. .99999 (the names the scan at the exit
+    # tried, one link() each) cost the exit 0.55 s and its result: now 1..64 are tried, then
+    # names nobody can guess (from 65536 on), and the report reads that result as the
+    # trace's.  By the scan in the process (here), by mmleak-scan, and by mmleak.so's note
+    # that it found no mmleak-scan (a copy of mmleak.so alone).
+    d = tmp_path / "share"
+    d.mkdir()
+    os.chmod(str(d), 0o1777)
+    lib = os.path.join(ROOT, "mmleak.so")
+    if how == "no-scanner":
+        lib = str(tmp_path / "mmleak.so")
+        shutil.copy(os.path.join(ROOT, "mmleak.so"), lib)
+    env = dict(os.environ, LD_PRELOAD=lib, MMLEAK_DIR=str(d),
+               MMLEAK_SCAN_HERE="1" if how == "here" else "0")
+    p = subprocess.Popen([sys.executable, "-c", "import os, sys; sys.stdin.readline(); "
+                          "os.execve('/bin/ls', ['ls', '/'], %r)" % env],
+                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    planted = ["mmleak.%d.scan.%d" % (p.pid, k) for k in range(1, 65)]
+    for n in planted:
+        fd = os.open(str(d / n), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.fchown(fd, NOBODY, NOBODY)
+        os.close(fd)
+    p.communicate(b"\n", timeout=60)
+    scans = [n for n in os.listdir(str(d)) if ".scan." in n and n not in planted]
+    assert len(scans) == 1, sorted(os.listdir(str(d)))
+    assert int(scans[0].split(".")[-1]) >= 65536, scans
+    st = os.lstat(str(d / scans[0]))
+    assert (st.st_uid, st.st_mode & 0o777) == (0, 0o600)
+    assert all(os.lstat(str(d / n)).st_uid == NOBODY and not os.lstat(str(d / n)).st_size
+               for n in planted)
+    from mmleaklib import scan
+    s = scan.newest_scan(str(d), str(p.pid))
+    assert s is not None and s.path == str(d / scans[0])
+    assert s.status == ("unknown" if how == "no-scanner" else "done"), s.reason
+    r = run("report", d, "--no-html", "--pid", str(p.pid))
+    assert r.returncode == 0 and "not freed" in r.stdout, r.stderr
+    assert ("mmleak-scan not found" in r.stdout) == (how == "no-scanner"), r.stdout

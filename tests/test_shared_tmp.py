@@ -402,3 +402,46 @@ def test_scan_names_planted_for_the_pid_do_not_cost_the_exit_its_result(tmp_path
     r = run("report", d, "--no-html", "--pid", str(p.pid))
     assert r.returncode == 0 and "not freed" in r.stdout, r.stderr
     assert ("mmleak-scan not found" in r.stdout) == (how == "no-scanner"), r.stdout
+
+
+REUSED_PID = r"""
+import os, subprocess, sys
+lib, mmleak_py, d = sys.argv[1:]
+p = subprocess.Popen(["/bin/ls", "/"], env=dict(os.environ, LD_PRELOAD=lib, MMLEAK_DIR=d),
+                     stdout=subprocess.DEVNULL)
+p.wait()
+with open("/proc/sys/kernel/ns_last_pid", "w") as f:      # the next process gets its pid
+    f.write(str(p.pid - 1))
+q = subprocess.Popen([sys.executable, "-c", "import mmap, sys\n"
+                      "f = open(sys.argv[1], 'w+b'); f.truncate(4096)\n"
+                      "m = mmap.mmap(f.fileno(), 4096); sys.stdin.read()",
+                      "%s/mmleak.%d.9.tail" % (d, p.pid)], stdin=subprocess.PIPE, user=65534)
+r = subprocess.run([sys.executable, mmleak_py, "compact", d], capture_output=True, text=True)
+q.stdin.close()
+q.wait()
+print(p.pid, q.pid, r.returncode)
+print(r.stdout, r.stderr)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="a pid namespace of its own")
+def test_a_process_given_the_pid_of_a_trace_that_ended_does_not_keep_it_running(tmp_path):
+    # Another user's process given the pid of a trace that ended (pids are reused), which
+    # maps a file of its own at a staging file's name, kept the trace "running" for every
+    # compactor and reader while it lived (it started within 2 s of the trace, or maps that
+    # name): the trace was never over, no last point.  Now the process's start in clock
+    # ticks after boot, which mmleak.so writes in the header (pstart=) and the kernel keeps,
+    # must be the trace's.  In a pid namespace of the test's own, whose next pid it sets.
+    d = tmp_path / "share"
+    d.mkdir()
+    os.chmod(str(d), 0o1777)
+    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+                        REUSED_PID, os.path.join(ROOT, "mmleak.so"),
+                        os.path.join(ROOT, "mmleak.py"), str(d)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    first, out = r.stdout.split("\n", 1)
+    pid, other, status = first.split()
+    assert pid == other, r.stdout               # the pid was given again
+    assert "trace %s: folded 1 files" % pid in out and "the trace is over" in out, out

@@ -291,6 +291,7 @@ const void *new_caller(const struct tstate *t, const void *ra);
  * already exists (an exec'd image of the same process, or a reused pid). */
 extern char g_id[32];
 extern pid_t g_pid;
+extern unsigned long long g_pstart;  /* the process's start, ticks after boot (pstart=) */
 extern time_t g_t0;                  /* time() at trace start; event times are relative */
 extern atomic_uint g_next_file;      /* N of the next mmleak.ID.N.out */
 extern int g_state;                  /* 0: not started, 1: tracing, -1: disabled, 2: paused */

@@ -369,12 +369,28 @@ def trace_alive(directory, tid, traces=None, start=None, tails=(), pstart=None):
     return not over or bool(tails) and _staging_mapped(tails)
 
 
+def _staged_header(tail):
+    """The header of a dump file still in its staging file TAIL (a process killed before its
+    first flush leaves the .out empty), or None."""
+    try:
+        with files.open_trace_file(tail) as f:
+            head = f.read(8192)
+    except (OSError, Refused):
+        return None
+    for line in head.split(b"\n")[:4]:         # after the half's "#at" line
+        if line.startswith(b"#mmleak "):
+            return files.parse_header(line + b"\n")
+    return None
+
+
 def _trace_birth(paths):
     """(start, pstart) of the trace of PATHS (its dump files, result, runs) from the first
     header that has a start: its wall clock time and its process's start in clock ticks
     after boot (None each when absent: pstart is new in mmleak.so of round 6)."""
     for p in paths:
         h = files._first_header(p)
+        if not h and tail_of(p):
+            h = _staged_header(tail_of(p))
         if h and h.get("start", "").isdigit():
             ps = h.get("pstart", "")
             return int(h["start"]), int(ps) if ps.isascii() and ps.isdigit() else None
@@ -1210,6 +1226,9 @@ def recover(paths, force=False):
         if not tail or not os.path.lexists(tail):
             continue
         pid = files.dump_pid(p)
+        if pid and not force and _trace_birth([p])[1] not in (None, _process_start_ticks(pid)):
+            pid = None                  # another process has the pid (round 6: it kept the
+                                        # trace unrecovered while it lived)
         if pid and not force:
             try:
                 os.kill(pid, 0)

@@ -407,8 +407,10 @@ def test_scan_names_planted_for_the_pid_do_not_cost_the_exit_its_result(tmp_path
 REUSED_PID = r"""
 import os, subprocess, sys
 lib, mmleak_py, d = sys.argv[1:]
-p = subprocess.Popen(["/bin/ls", "/"], env=dict(os.environ, LD_PRELOAD=lib, MMLEAK_DIR=d),
-                     stdout=subprocess.DEVNULL)
+p = subprocess.Popen(["/bin/sleep", "60"], env=dict(os.environ, LD_PRELOAD=lib, MMLEAK_DIR=d))
+while not any(n.endswith(".tail") for n in os.listdir(d)):
+    pass
+p.kill()                                                  # its staging file left
 p.wait()
 with open("/proc/sys/kernel/ns_last_pid", "w") as f:      # the next process gets its pid
     f.write(str(p.pid - 1))
@@ -416,11 +418,12 @@ q = subprocess.Popen([sys.executable, "-c", "import mmap, sys\n"
                       "f = open(sys.argv[1], 'w+b'); f.truncate(4096)\n"
                       "m = mmap.mmap(f.fileno(), 4096); sys.stdin.read()",
                       "%s/mmleak.%d.9.tail" % (d, p.pid)], stdin=subprocess.PIPE, user=65534)
-r = subprocess.run([sys.executable, mmleak_py, "compact", d], capture_output=True, text=True)
+r = [subprocess.run([sys.executable, mmleak_py, c, d], capture_output=True, text=True)
+     for c in ("recover", "compact")]
 q.stdin.close()
 q.wait()
-print(p.pid, q.pid, r.returncode)
-print(r.stdout, r.stderr)
+print(p.pid, q.pid)
+print("".join(x.stdout + x.stderr for x in r))
 """
 
 
@@ -430,7 +433,7 @@ def test_a_process_given_the_pid_of_a_trace_that_ended_does_not_keep_it_running(
     # Another user's process given the pid of a trace that ended (pids are reused), which
     # maps a file of its own at a staging file's name, kept the trace "running" for every
     # compactor and reader while it lived (it started within 2 s of the trace, or maps that
-    # name): the trace was never over, no last point.  Now the process's start in clock
+    # name): the trace was never over, no last point; `recover` left its staging file.  Now the process's start in clock
     # ticks after boot, which mmleak.so writes in the header (pstart=) and the kernel keeps,
     # must be the trace's.  In a pid namespace of the test's own, whose next pid it sets.
     d = tmp_path / "share"
@@ -442,6 +445,7 @@ def test_a_process_given_the_pid_of_a_trace_that_ended_does_not_keep_it_running(
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     first, out = r.stdout.split("\n", 1)
-    pid, other, status = first.split()
+    pid, other = first.split()
     assert pid == other, r.stdout               # the pid was given again
+    assert "%s/mmleak.%s.0.out: " % (d, pid) in out and "bytes recovered" in out, out
     assert "trace %s: folded 1 files" % pid in out and "the trace is over" in out, out

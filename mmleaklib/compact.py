@@ -1226,11 +1226,12 @@ def recover(paths, force=False):
         if not tail or not os.path.lexists(tail):
             continue
         pid = files.dump_pid(p)
-        if pid and not force and _trace_birth([p])[1] not in (None, _process_start_ticks(pid)):
-            pid = None                  # another process has the pid (round 6: it kept the
-                                        # trace unrecovered while it lived)
         if pid and not force:
+            pstart, ticks = _trace_birth([p])[1], _process_start_ticks(pid)
             try:
+                if pstart is not None and ticks is not None and ticks != pstart:
+                    raise ProcessLookupError    # another process has the pid (round 6: it
+                                                # kept the trace unrecovered while it lived)
                 os.kill(pid, 0)
                 warn("%s: process %d is still running: left alone (--force to fold anyway)"
                      % (p, pid))

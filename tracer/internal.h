@@ -380,7 +380,7 @@ uint64_t unguessable(void);
 void say_taken(const char *what, const char *done);
 uint64_t fsize_limit(void);
 int write_all(int fd, const char *p, size_t n);
-COLD void give_files_to(uid_t uid);
+COLD void give_files_to(uid_t r, uid_t e, uid_t s, int re);
 COLD void hold_dir(void);
 
 /* ---- maps.c: mmleak.ID.maps and mmleak.ID.loads ---- */

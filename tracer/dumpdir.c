@@ -357,9 +357,11 @@ static void give_one(const char *name, const struct fid *id, uid_t uid)
  * than the real one). */
 COLD void give_files_to(uid_t r, uid_t e, uid_t s, int re)
 {
-    uid_t r0, e0, s0, none = (uid_t)-1;
-    if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T) || getresuid(&r0, &e0, &s0))
+    uid_t none = (uid_t)-1;
+    unsigned long u[4];                 /* (from /proc: no system call a filter may forbid) */
+    if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T) || thread_uids(u))
         return;
+    uid_t r0 = (uid_t)u[0], e0 = (uid_t)u[1], s0 = (uid_t)u[2];
     uid_t r1 = r == none ? r0 : r, e1 = e == none ? e0 : e;
     uid_t s1 = re ? (r != none || (e != none && e != r0) ? e1 : s0) : s == none ? s0 : s;
     if (!r1 || !e1 || !s1 || files_owner() != 0)

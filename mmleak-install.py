@@ -157,6 +157,7 @@ def unit_state(root, name):
 # Where systemd's cgroup tree is: cgroup v2 alone, the v2 tree of a hybrid system, v1.
 CGROUP_BASES = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd")
 PIDS_SHOWN = 12         # per line of status, for the processes other than the main one
+STATUS_NAMES = 200      # files of the dump directory listed by status (the service's to make)
 
 
 def unit_processes(name):
@@ -315,13 +316,17 @@ def cmd_status(args):
         ddir, describe_st(root, st), ndump, "" if ndump == 1 else "s", ncomp,
         "" if ncomp == 1 else "s"))
     total = 0
-    for n in names:
+    for i, n in enumerate(names):
         try:
-            size = os.path.getsize(os.path.join(dh, n))
+            size = os.lstat(os.path.join(dh, n)).st_size
         except OSError:
             continue
         total += size
-        out.write("  %12d  %s\n" % (size, n))
+        # the service names them: printed as the reports print names (an escape, a newline)
+        if i < STATUS_NAMES:
+            out.write("  %12d  %s\n" % (size, errors.printable(n)))
+    if len(names) > STATUS_NAMES:
+        out.write("  and %d more files\n" % (len(names) - STATUS_NAMES))
     if names:
         out.write("  %12d  total\n" % total)
     out.flush()

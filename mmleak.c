@@ -711,7 +711,7 @@ static inline void op_delete(void *p, const void *ra)
 #define MML_MAKE_SETUID(name, ret, params, args, extra)                                       \
     EXPORT ret name params                                                                    \
     {                                                                                         \
-        give_files_to(extra);                                                                 \
+        give_files_to extra;                                                                  \
         FIND_NEXT(name);                                                                      \
         return mml_next_##name args;                                                          \
     }                                                                                         \

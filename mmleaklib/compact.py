@@ -261,20 +261,28 @@ def _process_start_time(pid):
     return PROCESS_HIDDEN
 
 
-def _maps_a_staging_file(pid, directory, tid):
-    """Does process PID have a staging file (mmleak.TID.N.tail) of DIRECTORY mapped?  Only
-    the process writing trace TID does."""
-    want = TraceFiles(os.path.realpath(directory), tid).name("").encode()
+def _process_start_ticks(pid):
+    """When process PID started, in clock ticks after boot (field 22 of /proc/PID/stat, the
+    kernel's: mmleak.so writes its own as pstart=), or None when it cannot be read."""
     try:
-        with open("/proc/%d/maps" % pid, "rb") as f:
-            for line in f:
-                i = line.find(b" /")
-                if i >= 0 and line[i + 1:].startswith(want) and \
-                        line.rstrip(b"\n").removesuffix(b" (deleted)").endswith(b".tail"):
-                    return True
-    except OSError:
-        pass
-    return False
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _staging_ids(tails):
+    """{(major, minor, inode): name} of the staging files TAILS (paths) that are regular
+    files."""
+    want = {}
+    for t in tails:
+        try:
+            st = os.lstat(t)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            want[(os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)] = os.path.basename(t)
+    return want
 
 
 _MAPPER = {}         # (major, minor, inode) of a staging file -> the pid last seen mapping it
@@ -316,14 +324,7 @@ def _staging_mapped(tails):
     namespace (a container, `unshare -p`) its files carry a pid that is not its pid here, or
     no process's.  Known by device and inode, in every /proc/PID/maps we can read (the last
     process found first)."""
-    want = {}
-    for t in tails:
-        try:
-            st = os.lstat(t)
-        except OSError:
-            continue
-        if stat.S_ISREG(st.st_mode):
-            want[(os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)] = os.path.basename(t)
+    want = _staging_ids(tails)
     if not want:
         return False
     try:
@@ -337,20 +338,28 @@ def _staging_mapped(tails):
 _ROOT_SAW_ALIVE = False     # set in _compact_as_owner's child: root saw the trace alive
 
 
-def trace_alive(directory, tid, traces=None, start=None, tails=()):
+def trace_alive(directory, tid, traces=None, start=None, tails=(), pstart=None):
     """Is trace TID still being written?  Its process must exist, be the same process (not a
-    reused pid: it started before the trace, or it has one of the trace's staging files
-    mapped, should the wall clock have been set forward since the trace began), and not
-    have been replaced by exec (a newer trace of the same pid in DIRECTORY).  A process
-    that exists but cannot be looked at counts as alive.  And whatever its pid says, a
-    trace whose staging files (TAILS) a process maps is alive (_staging_mapped)."""
+    reused pid: its start in clock ticks after boot is the trace's PSTART, which no process
+    can fake; a trace without one: it started before the trace, or it has one of the trace's
+    staging files mapped, should the wall clock have been set forward since the trace
+    began), and not have been replaced by exec (a newer trace of the same pid in
+    DIRECTORY).  A process that exists but cannot be looked at counts as alive.  And
+    whatever its pid says, a trace whose staging files (TAILS) a process maps is alive
+    (_staging_mapped: known by device and inode, files of the trace's owner that another
+    user cannot map)."""
     if _ROOT_SAW_ALIVE:                 # (a child of root's, as the trace's owner)
         return True
     pid = int(tid.split("-")[0])
     began = _process_start_time(pid)
     over = began is None
-    if not over and began is not PROCESS_HIDDEN and start is not None and \
-            began > start + 2 and not _maps_a_staging_file(pid, directory, tid):
+    ticks = _process_start_ticks(pid) if not over and pstart is not None else None
+    if ticks is not None:
+        # another process at the pid (reused, or the trace's own seen from another pid
+        # namespace: its staging files say so below) did not start when the trace's did
+        over = ticks != pstart
+    elif not over and began is not PROCESS_HIDDEN and start is not None and \
+            began > start + 2 and not (tails and _maps_any(pid, _staging_ids(tails))):
         over = True                     # the pid was reused
     if not over:
         traces = traces if traces is not None else files.find_traces(directory)
@@ -360,12 +369,32 @@ def trace_alive(directory, tid, traces=None, start=None, tails=()):
     return not over or bool(tails) and _staging_mapped(tails)
 
 
-def _trace_start(paths):
+def _staged_header(tail):
+    """The header of a dump file still in its staging file TAIL (a process killed before its
+    first flush leaves the .out empty), or None."""
+    try:
+        with files.open_trace_file(tail) as f:
+            head = f.read(8192)
+    except (OSError, Refused):
+        return None
+    for line in head.split(b"\n")[:4]:         # after the half's "#at" line
+        if line.startswith(b"#mmleak "):
+            return files.parse_header(line + b"\n")
+    return None
+
+
+def _trace_birth(paths):
+    """(start, pstart) of the trace of PATHS (its dump files, result, runs) from the first
+    header that has a start: its wall clock time and its process's start in clock ticks
+    after boot (None each when absent: pstart is new in mmleak.so of round 6)."""
     for p in paths:
         h = files._first_header(p)
+        if not h and tail_of(p):
+            h = _staged_header(tail_of(p))
         if h and h.get("start", "").isdigit():
-            return int(h["start"])
-    return None
+            ps = h.get("pstart", "")
+            return int(h["start"]), int(ps) if ps.isascii() and ps.isdigit() else None
+    return None, None
 
 
 def complete_files(directory, tid, paths, traces=None):
@@ -374,7 +403,9 @@ def complete_files(directory, tid, paths, traces=None):
     files)."""
     outs = [p for p in paths if tail_of(p)]
     tails = [tail_of(p) for p in outs if os.path.lexists(tail_of(p))]
-    alive = trace_alive(directory, tid, traces, _trace_start(outs), tails)
+    # (a result's header is the trace's first: it says when, once every dump file is folded)
+    start, pstart = _trace_birth(outs + [p for p in paths if p not in outs])
+    alive = trace_alive(directory, tid, traces, start, tails, pstart)
     if not alive:
         return outs, True, tails
     return [p for p in outs if tail_of(p) not in tails and files._ends_with_end(p)], False, \
@@ -829,8 +860,10 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopp
                 # maps of a process of theirs that a daemon made (not dumpable), the only
                 # sign of a trace alive in another pid namespace (_staging_mapped)
                 outs = [p for p in traces[tid] if tail_of(p)]
-                alive = trace_alive(directory, tid, traces, _trace_start(outs),
-                                    [tail_of(p) for p in outs if os.path.lexists(tail_of(p))])
+                start, pstart = _trace_birth(outs + [p for p in traces[tid] if p not in outs])
+                alive = trace_alive(directory, tid, traces, start,
+                                    [tail_of(p) for p in outs if os.path.lexists(tail_of(p))],
+                                    pstart)
                 res = _compact_as_owner(owner, os.path.abspath(directory),
                                         lambda: one(os.path.abspath(directory), None), alive)
             else:
@@ -1194,7 +1227,11 @@ def recover(paths, force=False):
             continue
         pid = files.dump_pid(p)
         if pid and not force:
+            pstart, ticks = _trace_birth([p])[1], _process_start_ticks(pid)
             try:
+                if pstart is not None and ticks is not None and ticks != pstart:
+                    raise ProcessLookupError    # another process has the pid (round 6: it
+                                                # kept the trace unrecovered while it lived)
                 os.kill(pid, 0)
                 warn("%s: process %d is still running: left alone (--force to fold anyway)"
                      % (p, pid))

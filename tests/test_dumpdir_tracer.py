@@ -478,3 +478,25 @@ def test_a_child_forked_with_one_descriptor_left_is_traced(dump, tmp_path):
     maps = dump / ("mmleak.%s.maps" % child)
     assert b"fdfork" in maps.read_bytes()
     assert (dump / ("mmleak.%s.0.out" % child)).exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changes its uid")
+@pytest.mark.parametrize("mode, owner", [("t", 0), ("p", NOBODY), ("ep", NOBODY)])
+def test_a_drop_of_root_for_a_while_keeps_the_trace_roots(shared, tmp_path, mode, owner):
+    """mmleak.so handed the trace to the new user at every seteuid: a root daemon serving a
+    request as that user for a while (seteuid, then back) gave that user its trace for good,
+    its addresses and all.  Now only a drop for good (no real, effective or saved uid left
+    0) hands the files over; from a drop for a while (t) they stay root's, and a drop for
+    good made from there (ep) takes root back, in the thread, to hand them over."""
+    exe = str(tmp_path / "uid_drop")
+    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(TESTS, "uid_drop.c")],
+                   check=True)
+    r = subprocess.run([exe, mode, str(NOBODY)], capture_output=True, timeout=60,
+                       env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(shared)))
+    assert (r.returncode, r.stderr) == (0, b"")
+    names = sorted(os.listdir(str(shared)))
+    assert [n.split(".", 2)[2] for n in names] == ["0.out", "lock", "maps", "scan.1"], names
+    assert {os.lstat(str(shared / n)).st_uid for n in names} == {owner}
+    import mmleaklib as mm
+    (paths,) = mm.find_traces(str(shared)).values()
+    assert sorted(a.size for a in mm.shrink_files(paths).survivors()) == [100, 200, 300]

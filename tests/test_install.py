@@ -722,6 +722,27 @@ def test_status(root, lib):
            "without it)\n" in out
 
 
+def test_status_of_a_hostile_services_dump_dir(root, lib):
+    # The service writes its dump directory: a name of its with an escape or a newline went
+    # raw to root's terminal (a title set, a line of status written), and a million names
+    # were a million lines.  Now names are printed as the reports print them, and at most
+    # STATUS_NAMES of them (the counts and the total are of all).
+    assert run(root, "install", "owned.service", lib=lib)[0] == 0
+    d = root / "var/lib/mmleak/owned.service"
+    (d / "mmleak.1\x1b]2;pwned\x07.out").write_bytes(b"x")
+    (d / "mmleak.0\ncompanion: forged.out").write_bytes(b"yy")
+    for i in range(250):
+        (d / ("mmleak.%d.maps" % (1000 + i))).write_bytes(b"")
+    rc, out, err = run(root, "status", "owned.service")
+    assert (rc, err) == (0, "")
+    assert "\x1b" not in out and "\x07" not in out and "\ncompanion: forged" not in out
+    assert "             1  mmleak.1\\x1b]2;pwned\\x07.out\n" in out, out
+    assert "             2  mmleak.0\\x0acompanion: forged.out\n" in out, out
+    assert "dump dir:       /var/lib/mmleak/owned.service: owner leaky:leakers mode 0700, " \
+        "252 dump files, 0 compacted traces\n" in out
+    assert out.endswith("  and 52 more files\n             3  total\n"), out[-300:]
+
+
 # --------------------------------------------------------------------------------------------
 # bad input: one error line, the documented exit code, nothing written
 

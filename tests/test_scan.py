@@ -966,6 +966,49 @@ def test_exit_scan_reads_the_levels(scan_bins, dump, tmp_path, monkeypatch):
     assert not stale & set(key for key, _ in k.items())
 
 
+def test_exit_scan_after_a_compactor_that_left_the_lock_empty(scan_bins, dump, tmp_path):
+    """A compactor older than the mark of the lock (mmleak.py before round 6 of the hostile
+    users, still running across an upgrade of mmleak.so) folds and deletes dump files and
+    leaves the lock mmleak.so made empty: the scan at exit took the trace as untouched,
+    opened its dump files by name, and missed every block of the folded ones (1,005 of
+    1,008 here).  A name gone now makes it list the directory, result and all."""
+    from conftest import mmleak as mm
+    from mmleaklib import scan
+    keep, lost = 321, 777                       # tests/scan_levels.c
+    exe = str(tmp_path / "scan_levels")
+    subprocess.run(["cc", "-O1", "-g", "-pthread", "-o", exe,
+                    os.path.join(TESTS, "scan_levels.c")], check=True)
+    e = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump), MMLEAK_ROTATE_MB="1",
+             MMLEAK_SCAN_DEBUG="1")
+    p = subprocess.Popen([exe], env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        p.stdin.write(b"1000 0 5\n")
+        p.stdin.flush()
+        assert p.stdout.readline() == b"ok\n"
+        tid = only_trace(dump)
+        (res,) = mm.compact_dir(str(dump), tid, series=False)[1]
+        assert res["folded"] >= 1 and not res["over"]
+        lock = os.path.join(dump, "mmleak.%s.lock" % tid)
+        os.truncate(lock, 0)                    # as the old compactor left it
+        p.stdin.write(b"0 0 3\n")
+        p.stdin.close()
+        assert p.stdout.readline() == b"ok\n"
+        assert p.wait(timeout=120) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert b"mmleak-scan: a dump file is gone: the cut is listed" in debug_lines(dump)
+    k = scan.kinds_for(str(dump), tid)
+    assert k.status == "done" and k.scan.why == "exit", k.reason
+    sh = mm.shrink_files(mm.find_traces(str(dump))[tid])
+    truth = {(a.ptr, a.seq): a.size for a in sh.survivors()}
+    got = collections.Counter(kind for key, kind in k.items()
+                              if truth.get(key) in (keep, lost))
+    assert got == {"reachable": 1000, "definite": 8}
+    assert collections.Counter(truth.values())[keep] == 1000
+
+
 def test_exit_scan_during_a_compaction_pass(scan_bins, dump, tmp_path):
     """The scan at exit does not wait for a compaction pass under way (issue 19): with the
     trace's lock held by a pass (the flock, exclusive) for as long as the program runs, the

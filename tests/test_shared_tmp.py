@@ -360,3 +360,92 @@ def test_a_lock_planted_at_the_next_pids_name_does_not_take_the_trace(tmp_path):
     assert r.returncode == 0 and "the trace is over" in r.stdout, r.stderr
     # marked by the pass's first change: a scan then lists the files (tools/scan_cut.c)
     assert (d / ("mmleak.%s.lock" % tid)).read_bytes() == b"c"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plants another user's files")
+@pytest.mark.parametrize("how", ["here", "mmleak-scan", "no-scanner"])
+def test_scan_names_planted_for_the_pid_do_not_cost_the_exit_its_result(tmp_path, how):
+    # Another user's files at mmleak.PID.scan.1 .. .99999 (the names the scan at the exit
+    # tried, one link() each) cost the exit 0.55 s and its result: now 1..64 are tried, then
+    # names nobody can guess (from 65536 on), and the report reads that result as the
+    # trace's.  By the scan in the process (here), by mmleak-scan, and by mmleak.so's note
+    # that it found no mmleak-scan (a copy of mmleak.so alone).
+    d = tmp_path / "share"
+    d.mkdir()
+    os.chmod(str(d), 0o1777)
+    lib = os.path.join(ROOT, "mmleak.so")
+    if how == "no-scanner":
+        lib = str(tmp_path / "mmleak.so")
+        shutil.copy(os.path.join(ROOT, "mmleak.so"), lib)
+    env = dict(os.environ, LD_PRELOAD=lib, MMLEAK_DIR=str(d),
+               MMLEAK_SCAN_HERE="1" if how == "here" else "0")
+    p = subprocess.Popen([sys.executable, "-c", "import os, sys; sys.stdin.readline(); "
+                          "os.execve('/bin/ls', ['ls', '/'], %r)" % env],
+                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    planted = ["mmleak.%d.scan.%d" % (p.pid, k) for k in range(1, 65)]
+    for n in planted:
+        fd = os.open(str(d / n), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.fchown(fd, NOBODY, NOBODY)
+        os.close(fd)
+    p.communicate(b"\n", timeout=60)
+    scans = [n for n in os.listdir(str(d)) if ".scan." in n and n not in planted]
+    assert len(scans) == 1, sorted(os.listdir(str(d)))
+    assert int(scans[0].split(".")[-1]) >= 65536, scans
+    st = os.lstat(str(d / scans[0]))
+    assert (st.st_uid, st.st_mode & 0o777) == (0, 0o600)
+    assert all(os.lstat(str(d / n)).st_uid == NOBODY and not os.lstat(str(d / n)).st_size
+               for n in planted)
+    from mmleaklib import scan
+    s = scan.newest_scan(str(d), str(p.pid))
+    assert s is not None and s.path == str(d / scans[0])
+    assert s.status == ("unknown" if how == "no-scanner" else "done"), s.reason
+    r = run("report", d, "--no-html", "--pid", str(p.pid))
+    assert r.returncode == 0 and "not freed" in r.stdout, r.stderr
+    assert ("mmleak-scan not found" in r.stdout) == (how == "no-scanner"), r.stdout
+
+
+REUSED_PID = r"""
+import os, subprocess, sys
+lib, mmleak_py, d = sys.argv[1:]
+p = subprocess.Popen(["/bin/sleep", "60"], env=dict(os.environ, LD_PRELOAD=lib, MMLEAK_DIR=d))
+while not any(n.endswith(".tail") for n in os.listdir(d)):
+    pass
+p.kill()                                                  # its staging file left
+p.wait()
+with open("/proc/sys/kernel/ns_last_pid", "w") as f:      # the next process gets its pid
+    f.write(str(p.pid - 1))
+q = subprocess.Popen([sys.executable, "-c", "import mmap, sys\n"
+                      "f = open(sys.argv[1], 'w+b'); f.truncate(4096)\n"
+                      "m = mmap.mmap(f.fileno(), 4096); sys.stdin.read()",
+                      "%s/mmleak.%d.9.tail" % (d, p.pid)], stdin=subprocess.PIPE, user=65534)
+r = [subprocess.run([sys.executable, mmleak_py, c, d], capture_output=True, text=True)
+     for c in ("recover", "compact")]
+q.stdin.close()
+q.wait()
+print(p.pid, q.pid)
+print("".join(x.stdout + x.stderr for x in r))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="a pid namespace of its own")
+def test_a_process_given_the_pid_of_a_trace_that_ended_does_not_keep_it_running(tmp_path):
+    # Another user's process given the pid of a trace that ended (pids are reused), which
+    # maps a file of its own at a staging file's name, kept the trace "running" for every
+    # compactor and reader while it lived (it started within 2 s of the trace, or maps that
+    # name): the trace was never over, no last point; `recover` left its staging file.  Now the process's start in clock
+    # ticks after boot, which mmleak.so writes in the header (pstart=) and the kernel keeps,
+    # must be the trace's.  In a pid namespace of the test's own, whose next pid it sets.
+    d = tmp_path / "share"
+    d.mkdir()
+    os.chmod(str(d), 0o1777)
+    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+                        REUSED_PID, os.path.join(ROOT, "mmleak.so"),
+                        os.path.join(ROOT, "mmleak.py"), str(d)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    first, out = r.stdout.split("\n", 1)
+    pid, other = first.split()
+    assert pid == other, r.stdout               # the pid was given again
+    assert "%s/mmleak.%s.0.out: " % (d, pid) in out and "bytes recovered" in out, out
+    assert "trace %s: folded 1 files" % pid in out and "the trace is over" in out, out

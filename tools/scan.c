@@ -112,7 +112,7 @@ void scan_dbg(const char *fmt, ...)
 }
 
 /* MMLEAK_SCAN_DEBUG: the debug file of this scan, mmleak.ID.scan-debug.K (K the first free
- * number from 1) in the trace's directory, made as the tracer makes its files there (others
+ * number from 1, scan_name_number) in the trace's directory, made as the tracer makes its files there (others
  * may write in it: O_EXCL and O_NOFOLLOW, a name taken by anything is skipped; O_NONBLOCK;
  * a regular file of ours, checked); none when it cannot be made.  Never stderr: at exit the
  * scanner's is the program's, perhaps a pipe it speaks a protocol on (gdb read iconv's
@@ -120,8 +120,9 @@ void scan_dbg(const char *fmt, ...)
 static void debug_open(const struct scan *s)
 {
     char name[400];
-    for (int k = 1; k < 100000 && g_debug_fd < 0; k++) {
-        snprintf(name, sizeof name, "%s/mmleak.%s.scan-debug.%d", s->dir, s->id, k);
+    for (int k = 0; k < SCAN_NAME_TRIES && g_debug_fd < 0; k++) {
+        snprintf(name, sizeof name, "%s/mmleak.%s.scan-debug.%" PRIu64, s->dir, s->id,
+                 scan_name_number(k));
         int fd = open(name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
                       0600);
         if (fd < 0) {

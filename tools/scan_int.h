@@ -10,6 +10,7 @@
 #include <sys/user.h>
 
 #include "scan_roots.h"
+#include "scan_names.h"
 
 enum { DEFINITE = 0, INDIRECT = 1, POSSIBLE = 2, REACHABLE = 3, UNREACHED = 4 };
 extern const char *const KIND_NAME[4];        /* the result file's names (scan_result.c) */
@@ -152,7 +153,8 @@ void mark_cliques(struct scan *s);
 void mark(struct scan *s);
 
 /* Write the result of scan S (done, or "#status unknown" when S->failed) to the first free
- * name DIR/mmleak.ID.scan.N, whose path goes to OUT: 0, or -1 when it could not be. */
+ * name DIR/mmleak.ID.scan.N (scan_name_number), whose path goes to OUT: 0, or -1 when it
+ * could not be. */
 int scan_write_result(struct scan *s, char *out, size_t outlen);
 
 #endif

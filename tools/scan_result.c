@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -116,6 +117,31 @@ static unsigned char *encode_data(struct scan *s, unsigned char *sec[3], size_t 
     return m;
 }
 
+/* Eight bytes nobody can guess (getrandom; the clock where a seccomp filter or an old
+ * kernel refuses it) */
+uint64_t scan_unguessable(void)
+{
+    uint64_t r = 0;
+    if (syscall(SYS_getrandom, &r, sizeof r, 1 /* GRND_NONBLOCK */) != (long)sizeof r) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        r = ((uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec) +
+            (uint64_t)getpid();
+    }
+    return r;
+}
+
+/* The number N of the K-th name (from 0) a scan's file tries, mmleak.ID.scan.N (or
+ * .scan-debug.N): the first free of 1 to 64, as readers and people expect; past those, a
+ * number from 65536 on that nobody can guess.  Another user can create files at every
+ * name a trace will use: 99,999 of them made the scan at exit give up after as many
+ * link() calls, 0.55 s later, with no result (they are skipped as taken, not read: they
+ * are not the trace's owner's). */
+uint64_t scan_name_number(int k)
+{
+    return k < SCAN_NAME_FIRST ? (uint64_t)k + 1 : 65536 + scan_unguessable() % (1ull << 40);
+}
+
 void scan_file_owner(struct scan *s, int fd)
 {
     struct stat st;
@@ -198,13 +224,18 @@ int scan_write_result(struct scan *s, char *out, size_t outlen)
         errno = ENOMEM;
         return -1;
     }
-    /* a hidden temporary file, then linked to the first free name */
+    /* a hidden temporary file (a name nobody can guess: another user may create files
+     * there), then linked to the first free name */
     char tmpname[400];
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    unsigned rnd = (unsigned)((uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 20 ^ (unsigned)getpid());
-    snprintf(tmpname, sizeof tmpname, "%s/.mmleak.%s.scan.%08x.tmp", s->dir, s->id, rnd);
-    int fd = open(tmpname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int fd = -1;
+    for (int k = 0; k < 4 && fd < 0; k++) {
+        snprintf(tmpname, sizeof tmpname, "%s/.mmleak.%s.scan.%016" PRIx64 ".tmp", s->dir,
+                 s->id, scan_unguessable());
+        fd = open(tmpname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+                  0600);
+        if (fd < 0 && errno != EEXIST)
+            break;
+    }
     if (fd < 0) {
         int e = errno;                      /* for the caller's message */
         free(b.p);
@@ -237,8 +268,8 @@ int scan_write_result(struct scan *s, char *out, size_t outlen)
         errno = e;
         return -1;
     }
-    for (int k = 1; k < 100000; k++) {
-        snprintf(out, outlen, "%s/mmleak.%s.scan.%d", s->dir, s->id, k);
+    for (int k = 0; k < SCAN_NAME_TRIES; k++) {
+        snprintf(out, outlen, "%s/mmleak.%s.scan.%" PRIu64, s->dir, s->id, scan_name_number(k));
         if (!link(tmpname, out)) {
             unlink(tmpname);
             return 0;

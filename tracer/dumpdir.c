@@ -333,8 +333,12 @@ int write_all(int fd, const char *p, size_t n)
 
 /* ---- setuid and friends: a daemon that drops root keeps being traced ----
  * Our files are 0600 and reopened by name at every flush; once the process is another user
- * it could not open them again.  So, just before the effective uid changes, they are given
- * to the new user (the dump directory must let that user in and create files: /tmp does). */
+ * it could not open them again.  So, just before the process drops root for good (no real,
+ * effective or saved uid left 0), they are given to the new user (the dump directory must
+ * let that user in and create files: /tmp does).  Not for a drop for a while (seteuid around
+ * a request of a file server): that user would own the trace of a root process, its
+ * addresses and all, for good (round 6 of the hostile users); the files stay root's, and a
+ * thread refused them meanwhile does it again as root (fs_begin: its saved uid is 0). */
 
 /* Hand one file to UID: by its descriptor, and only if the name is still the file we made
  * (a name freed meanwhile may be a hard link to anybody's file: chown by name would give
@@ -348,12 +352,26 @@ static void give_one(const char *name, const struct fid *id, uid_t uid)
     close(fd);
 }
 
-COLD void give_files_to(uid_t uid)
+/* R, E, S: the arguments of setresuid (-1: unchanged); RE: setreuid's rule for the saved uid
+ * (set to the new effective uid when the real uid is set, or the effective one to another
+ * than the real one). */
+COLD void give_files_to(uid_t r, uid_t e, uid_t s, int re)
 {
-    if (uid == (uid_t)-1 || uid == 0 || g_state != 1 || g_pid != getpid() || geteuid() != 0 ||
-        IN_OWN_CODE(&T))
+    uid_t none = (uid_t)-1;
+    unsigned long u[4];                 /* (from /proc: no system call a filter may forbid) */
+    if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T) || thread_uids(u))
+        return;
+    uid_t r0 = (uid_t)u[0], e0 = (uid_t)u[1], s0 = (uid_t)u[2];
+    uid_t r1 = r == none ? r0 : r, e1 = e == none ? e0 : e;
+    uid_t s1 = re ? (r != none || (e != none && e != r0) ? e1 : s0) : s == none ? s0 : s;
+    if (!r1 || !e1 || !s1 || files_owner() != 0)
+        return;                         /* root still (or again) within reach; not root's */
+    /* from a drop for a while, this thread is root again for the handover (the system call:
+     * this thread alone) */
+    if (e0 != 0 && (r0 != 0 && s0 != 0 ? 1 : mml_sys(SYS_setresuid, none, 0, none) != 0))
         return;
     GUARDED;
+    uid_t uid = e1;
     char name[64];
     /* Under g_lock, which every creation of a file of ours holds too: a file another thread
      * creates from now on is handed over at once (create_locked), none slips between. */
@@ -371,6 +389,8 @@ COLD void give_files_to(uid_t uid)
     if (g_lock_id.ino)
         give_one(file_name(name, sizeof name, ".lock"), &g_lock_id, uid);
     pthread_mutex_unlock(&g_lock);
+    if (e0 != 0)
+        mml_sys(SYS_setresuid, none, e0, none);
 }
 
 /* ---- chroot: the dump directory may be out of reach by name afterwards ----

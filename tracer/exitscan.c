@@ -34,6 +34,7 @@
 
 #include "internal.h"
 #include "procstatus.h"
+#include "../tools/scan_names.h"
 
 #ifndef PR_SET_PTRACER
 #define PR_SET_PTRACER 0x59616d61
@@ -135,9 +136,10 @@ static __attribute__((noinline)) pid_t spawn_blocked(const char *path, char **ar
  * writes the result the scanner would have written for a scan it could not do, a
  * "#status unknown" header (mmleak-format(5)), naming the path it looked at: the report shows
  * its reason where it explains every missing scan, and the program's stderr stays its own.
- * Made with O_EXCL as mmleak.ID.scan.K, the first free K, in one write of its few lines (no
- * temporary file and link as mmleak-scan does: a reader that comes between the create and the
- * write finds no first line and skips the file, as it skips any file not a scan). */
+ * Made with O_EXCL as mmleak.ID.scan.K, the first free K (tools/scan_names.h), in one write of
+ * its few lines (no temporary file and link as mmleak-scan does: a reader that comes between
+ * the create and the write finds no first line and skips the file, as it skips any file not a
+ * scan). */
 static COLD void note_no_scanner(const char *looked)
 {
     char text[PATH_MAX + 256], *e = text + sizeof text, *d = text;
@@ -167,9 +169,9 @@ static COLD void note_no_scanner(const char *looked)
     d = cat(d, e, "\n");
     char name[64], suffix[24];
     pthread_mutex_lock(&g_lock);        /* create_locked's rule: see give_files_to */
-    for (unsigned long k = 1; k < 1000; k++) {
+    for (int k = 0; k < SCAN_NAME_TRIES; k++) {
         char *s = cat(suffix, suffix + sizeof suffix, ".scan.");
-        cat_u(s, suffix + sizeof suffix, k);
+        cat_u(s, suffix + sizeof suffix, (unsigned long)scan_name_number(k));
         int fd = create_locked(file_name(name, sizeof name, suffix), NULL);
         if (fd >= 0) {
             if (write_all(fd, text, (size_t)(d - text))) { /* a file cut short: not a scan */ }

@@ -291,6 +291,7 @@ const void *new_caller(const struct tstate *t, const void *ra);
  * already exists (an exec'd image of the same process, or a reused pid). */
 extern char g_id[32];
 extern pid_t g_pid;
+extern unsigned long long g_pstart;  /* the process's start, ticks after boot (pstart=) */
 extern time_t g_t0;                  /* time() at trace start; event times are relative */
 extern atomic_uint g_next_file;      /* N of the next mmleak.ID.N.out */
 extern int g_state;                  /* 0: not started, 1: tracing, -1: disabled, 2: paused */
@@ -379,7 +380,7 @@ uint64_t unguessable(void);
 void say_taken(const char *what, const char *done);
 uint64_t fsize_limit(void);
 int write_all(int fd, const char *p, size_t n);
-COLD void give_files_to(uid_t uid);
+COLD void give_files_to(uid_t r, uid_t e, uid_t s, int re);
 COLD void hold_dir(void);
 
 /* ---- maps.c: mmleak.ID.maps and mmleak.ID.loads ---- */

@@ -30,6 +30,7 @@
 char g_id[32];
 pid_t g_pid;
 time_t g_t0;
+unsigned long long g_pstart;
 atomic_uint g_next_file;
 int g_state;
 unsigned g_trace_gen;
@@ -187,6 +188,31 @@ void set_status(void)
 }
 
 
+/* When this process started, in clock ticks after boot: field 22 of /proc/self/stat, which
+ * the kernel keeps and no process can set (0 when it cannot be read).  In every file's
+ * header as pstart=: a reader asks whether the process at the trace's pid is still the one
+ * that wrote it, which another process given the pid later cannot fake (a file it maps at a
+ * staging file's name, its start within the wall clock's slack: mmleak-format(5)). */
+static COLD unsigned long long self_start_ticks(void)
+{
+    char buf[1024];
+    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');        /* the command may hold blanks and parentheses */
+    for (int field = 2; p && field < 22; field++)
+        p = strchr(p + 1, ' ');
+    unsigned long long v = 0;
+    for (p = p ? p + 1 : NULL; p && *p >= '0' && *p <= '9'; p++)
+        v = v * 10 + (unsigned long long)(*p - '0');
+    return v;
+}
+
 /* Called under g_lock, with the guard held.  LOADED: dl_iterate_phdr's counters, taken by
  * the caller before g_lock (the loader's lock is never taken under ours), or NULL: with them
  * the first flush finds the maps file current instead of reading /proc/self/maps again. */
@@ -195,6 +221,7 @@ void process_start(const unsigned long long *loaded)
     g_pid = getpid();
     g_owner = geteuid();
     g_t0 = time(NULL);
+    g_pstart = self_start_ticks();
     prealloc_decide();
     int maps_fd = -1;
     if (reserve_id(&maps_fd)) {

@@ -570,6 +570,10 @@ static size_t header_text(char *h, size_t cap, unsigned fileno, int late)
     d = cfg.depth ? cat_u(d, e, (unsigned long)cfg.depth) : cat(d, e, "auto");
     d = cat(d, e, " start=");
     d = cat_u(d, e, (unsigned long)g_t0);
+    if (g_pstart) {
+        d = cat(d, e, " pstart=");
+        d = cat_u(d, e, (unsigned long)g_pstart);
+    }
     d = cat(d, e, late ? " late=1" : "");
     d = cat(d, e, g_window ? " window=1" : "");
     d = cat(d, e, "\n#cmd ");

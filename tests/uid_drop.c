@@ -1,0 +1,36 @@
+/* uid_drop.c: a root process that changes its uid while traced (test_dumpdir_tracer.py).
+ * argv[1]: "t" seteuid(UID) for a while (a file server's request) and back to root; "p"
+ * setuid(UID), for good; "ep" seteuid(UID), then setresuid(UID, UID, UID) from there.  One
+ * block of 100, 200 and 300 bytes is allocated before, during and after, and kept. */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int main(int argc, char **argv)
+{
+    if (argc != 3)
+        return 2;
+    uid_t u = (uid_t)atoi(argv[2]);
+    static void *volatile keep[3];
+    keep[0] = malloc(100);
+    if (!strcmp(argv[1], "t")) {
+        if (seteuid(u))
+            return 1;
+        keep[1] = malloc(200);
+        if (seteuid(0))
+            return 1;
+    } else if (!strcmp(argv[1], "p")) {
+        if (setuid(u))
+            return 1;
+        keep[1] = malloc(200);
+    } else if (!strcmp(argv[1], "ep")) {
+        if (seteuid(u))
+            return 1;
+        keep[1] = malloc(200);
+        if (setresuid(u, u, u))
+            return 1;
+    }
+    keep[2] = malloc(300);
+    return 0;
+}

@@ -14,7 +14,7 @@ jemalloc and tcmalloc preloaded after mmleak.so; then the fifth comparison's dot
 gs, pdftotext, convert, java, go, gofmt, vim -es, php -r, ruby -e, and the daemons unbound,
 haproxy, lighttpd, apache2, mosquitto, rsyslogd, named, dbus-daemon, chronyd and vsftpd;
 then the sixth comparison's sshd, cupsd, squid, exim4, smbd and apache2 with its prefork
-MPM; then the seventh's postgres, memcached, mariadbd and tmux, and curl, gpg, gpg-agent,
+MPM; then the seventh's postgres, memcached, mariadbd and tmux, and curl, gpg,
 ssh-keygen, file, cc1, cc1plus, node, gdb, pigz, xz -T2, sox and espeak-ng; the daemons on
 127.0.0.1's ports 25380 to 25396 and 25410 to 25413 or sockets in their directory, each
 given a few clients' requests before it is stopped) runs, in a fresh directory of its own,
@@ -266,11 +266,11 @@ PG_BIN = max(__import__("glob").glob("/usr/lib/postgresql/*/bin"), default="/non
              key=lambda d: int(d.split("/")[-2]))
 AS_POSTGRES = ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups"]
 AS_MYSQL = ["setpriv", "--reuid=mysql", "--regid=mysql", "--init-groups"]
-PG_LOAD = ("for i in $(seq 600); do pg_isready -q -h @DIR@/sock -p 25410 -U postgres && break; sleep 0.5; "
-           "done; for i in 1 2 3; do psql -X -q -h @DIR@/sock -p 25410 -U postgres -c \"create table "
-           "t$i(a int, b text); insert into t$i select g, md5(g::text) from generate_series(1, "
-           "2000) g; create index on t$i(b); select count(*), sum(length(b)) from t$i; select a "
-           "from t$i order by b limit 2\"; done")
+PG_LOAD = ("for i in $(seq 600); do pg_isready -q -h @DIR@/sock -p 25410 -U postgres && "
+           "break; sleep 0.5; done; for i in 1 2 3; do psql -X -q -h @DIR@/sock -p 25410 -U "
+           "postgres -c \"create table t$i(a int, b text); insert into t$i select g, "
+           "md5(g::text) from generate_series(1, 2000) g; create index on t$i(b); select "
+           "count(*), sum(length(b)) from t$i; select a from t$i order by b limit 2\"; done")
 MARIADB_LOAD = ("for i in 1 2 3; do mariadb --no-defaults -S run/m.sock -u root -e \"create "
                 "database if not exists d; use d; create table t$i(a int primary key, b text); "
                 "insert into t$i select seq, md5(seq) from seq_1_to_2000; select count(*), "
@@ -527,8 +527,8 @@ PROGRAMS = [
      "postgres --no-sync >/dev/null" % (" ".join(AS_POSTGRES), PG_BIN), "sock/.s.PGSQL.25410",
      ["--trace-children=yes"], {}, PG_LOAD, signal.SIGTERM, "postgres"),
     ("memcached", ["memcached", "-u", "memcache", "-l", "127.0.0.1", "-p", "25411", "-U", "0",
-                   "-t", "2", "-m", "16", "-c", MEMCACHED_CONNS], None, "tcp:25411", [], {}, MEMCACHED_LOAD,
-     signal.SIGTERM, "memcache"),
+                   "-t", "2", "-m", "16", "-c", MEMCACHED_CONNS], None, "tcp:25411", [], {},
+     MEMCACHED_LOAD, signal.SIGTERM, "memcache"),
     ("mariadbd", AS_MYSQL + ["/usr/sbin/mariadbd", "--no-defaults", "--datadir=@DIR@/data",
                   "--socket=@DIR@/run/m.sock", "--port=25412", "--bind-address=127.0.0.1",
                   "--pid-file=@DIR@/run/m.pid", "--innodb-buffer-pool-size=8M",
@@ -547,12 +547,6 @@ PROGRAMS = [
     ("gpg", ["gpg", "--batch", "--passphrase", "", "--pinentry-mode", "loopback",
              "--quick-gen-key", "t <t@example.test>", "ed25519"], None, None, [], {},
      "gpgconf --kill gpg-agent"),
-    # (the agent gpg starts, started by the bench: its own process compared; SIGTERM with
-    # no connection left ends it as gpgconf --kill does)
-    ("gpg-agent", ["gpg-agent", "--homedir", "@DIR@/g", "--daemon", "--no-detach"],
-     "mkdir -m 700 g", "g/S.gpg-agent", [], {},
-     "gpg --homedir g --batch --passphrase '' --pinentry-mode loopback --quick-gen-key "
-     "'t <t@example.test>' ed25519 && gpg --homedir g -k | wc -l"),
     ("ssh-keygen", ["ssh-keygen", "-q", "-t", "ecdsa", "-N", "", "-C", "t", "-f", "k"], None,
      None, []),
     ("file", ["file", "a.txt", "a.txt.gz", "t", "d", "p.png"],

@@ -14,9 +14,11 @@ jemalloc and tcmalloc preloaded after mmleak.so; then the fifth comparison's dot
 gs, pdftotext, convert, java, go, gofmt, vim -es, php -r, ruby -e, and the daemons unbound,
 haproxy, lighttpd, apache2, mosquitto, rsyslogd, named, dbus-daemon, chronyd and vsftpd;
 then the sixth comparison's sshd, cupsd, squid, exim4, smbd and apache2 with its prefork
-MPM, on 127.0.0.1's ports 25380 to 25396 or sockets in their directory, each given a few
-clients' requests before it is stopped) runs, in a fresh directory of its own, with its
-standard input /dev/null, under:
+MPM; then the seventh's postgres, memcached, mariadbd and tmux, and curl, gpg,
+ssh-keygen, file, cc1, cc1plus, node, gdb, pigz, xz -T2, sox and espeak-ng; the daemons on
+127.0.0.1's ports 25380 to 25396 and 25410 to 25413 or sockets in their directory, each
+given a few clients' requests before it is stopped) runs, in a fresh directory of its own,
+with its standard input /dev/null, under:
 
   vg      valgrind --leak-check=full --show-leak-kinds=all (its defaults: __libc_freeres
           and __gnu_cxx::__freeres run at exit)
@@ -36,6 +38,8 @@ dies of it (haproxy, vsftpd, smbd) has no scan at its exit, nor has one whose sc
 read it (squid: mmleak-scan(7), LIMITS), so under mmleak its load ends with
 `mmleak.py scan PID` ($SCAN), whose result the report then gives.  A daemon that becomes
 another user (mosquitto, chronyd, squid, exim4) gets a dump directory of that user's.
+postgres and mariadbd are started as their users through setpriv (valgrind follows that
+exec with --trace-children=yes).  The clients run without the tool's preload.
 LeakSanitizer's figures are the daemon's own process's (each process writes its report to
 a file of its own); a daemon still running 60 s after the signal gets it again.
 
@@ -257,6 +261,57 @@ APACHE_PREFORK = (APACHE.replace("mpm_event_module /usr/lib/apache2/modules/mod_
                                  "mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork")
                   .replace("25383", "25396").split("StartServers")[0] +
                   "StartServers 2\nMinSpareServers 1\nMaxSpareServers 2\nMaxRequestWorkers 4\n")
+# the seventh comparison: ports 25410 to 25413 of 127.0.0.1, sockets in the directory
+PG_BIN = max(__import__("glob").glob("/usr/lib/postgresql/*/bin"), default="/nonexistent",
+             key=lambda d: int(d.split("/")[-2]))
+AS_POSTGRES = ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups"]
+AS_MYSQL = ["setpriv", "--reuid=mysql", "--regid=mysql", "--init-groups"]
+PG_LOAD = ("for i in $(seq 600); do pg_isready -q -h @DIR@/sock -p 25410 -U postgres && "
+           "break; sleep 0.5; done; for i in 1 2 3; do psql -X -q -h @DIR@/sock -p 25410 -U "
+           "postgres -c \"create table t$i(a int, b text); insert into t$i select g, "
+           "md5(g::text) from generate_series(1, 2000) g; create index on t$i(b); select "
+           "count(*), sum(length(b)) from t$i; select a from t$i order by b limit 2\"; done")
+MARIADB_LOAD = ("for i in 1 2 3; do mariadb --no-defaults -S run/m.sock -u root -e \"create "
+                "database if not exists d; use d; create table t$i(a int primary key, b text); "
+                "insert into t$i select seq, md5(seq) from seq_1_to_2000; select count(*), "
+                "sum(length(b)) from t$i; select a from t$i order by b limit 2\"; done")
+MEMCACHED_LOAD = ("for i in 1 2 3; do printf 'set k%d 0 0 5\\r\\nhello\\r\\nget k%d\\r\\n"
+                  "incr n 1\\r\\nset n 0 0 1\\r\\n1\\r\\nstats\\r\\nquit\\r\\n' $i $i | socat "
+                  "- TCP:127.0.0.1:25411 | head -3; done")
+# memcached sets both limits of RLIMIT_NOFILE to its -c; valgrind allows that only when the
+# hard limit stays its own, the real one less the 12 descriptors it keeps for itself
+MEMCACHED_CONNS = str(__import__("resource").getrlimit(__import__("resource").RLIMIT_NOFILE)[1]
+                      - 12)
+# a web server for two requests (curl's), then gone; "up" once it listens
+HTTP2 = ("mkdir html && seq 1 3000 > html/a && seq 5 900 > html/b && (timeout 300 python3 -c "
+         "'import functools, http.server as h\ns = h.HTTPServer((\"127.0.0.1\", 25413), "
+         "functools.partial(h.SimpleHTTPRequestHandler, directory=\"html\"))\nopen(\"up\", "
+         "\"w\").close()\nfor i in (1, 2): s.handle_request()' >/dev/null 2>&1 &) && for i in "
+         "$(seq 300); do test -e up && break; sleep 0.1; done")
+CFILE = ("(echo '#include <stdio.h>'; echo '#include <stdlib.h>'; echo '#include <string.h>'; "
+         "for i in $(seq 150); do echo \"int f$i(const int *a, int n) { int s = 0; for (int j "
+         "= 0; j < n; j++) s += a[j] * $i + (int)strlen(\\\"x$i\\\"); return s; }\"; done; "
+         "echo 'int main(void) { int a[3] = {1, 2, 3}; printf(\"%d\\\\n\", f7(a, 3)); return "
+         "0; }') > a.c")
+CXXFILE = ("printf '#include <algorithm>\\n#include <map>\\n#include <string>\\n#include "
+           "<vector>\\nint f(int n) {\\n  std::map<std::string, std::vector<int>> m;\\n  for "
+           "(int i = 0; i < n; i++) m[std::to_string(i %% 7)].push_back(i);\\n  std::vector<int>"
+           " v;\\n  for (auto &e : m) v.insert(v.end(), e.second.begin(), e.second.end());\\n  "
+           "std::sort(v.begin(), v.end());\\n  return v.empty() ? 0 : v.back();\\n}\\n' > a.cpp")
+GDB_PROG = ("printf '#include <stdio.h>\\n#include <stdlib.h>\\nint f(int n) { char *p = "
+            "malloc(n); p[0] = 1; return p[0] + n; }\\nint main(void) { printf(\"%%%%d\\\\n\", "
+            "f(10)); return 0; }\\n' > p.c && cc -g -O0 -o p p.c")
+
+
+def prog_name(cc, prog):
+    """The path of the compiler proper PROG (cc1, cc1plus) that the driver CC runs, or PROG."""
+    try:
+        return subprocess.run([cc, "-print-prog-name=" + prog], capture_output=True,
+                              text=True).stdout.strip() or prog
+    except OSError:
+        return prog
+
+
 PSFILE = """%!PS
 /Helvetica findfont 12 scalefont setfont
 1 1 40 { /i exch def 72 720 i 15 mul sub moveto (line ) show i 10 string cvs show } for
@@ -463,6 +518,54 @@ PROGRAMS = [
     ("apache2 prefork", ["apache2", "-DFOREGROUND", "-f", "@DIR@/a.conf"],
      {"a.conf": APACHE_PREFORK, "html/index.html": "hi\n"}, "tcp:25396", [], {},
      "for i in 1 2 3 4 5 6; do curl -sS http://127.0.0.1:25396/; done"),
+    # the seventh comparison (ports 25410 to 25413): daemons that fork without exec,
+    # shared memory, their own allocators; then tools that exec, spawn an agent, use threads
+    # (a program's LOAD: a shell command run once it has ended, to stop what it started)
+    ("postgres", AS_POSTGRES + [PG_BIN + "/postgres", "-D", "@DIR@/data", "-p", "25410", "-k",
+                                "@DIR@/sock", "-c", "listen_addresses="],
+     "mkdir data sock && chown postgres: data sock && %s %s/initdb -D data -A trust -U "
+     "postgres --no-sync >/dev/null" % (" ".join(AS_POSTGRES), PG_BIN), "sock/.s.PGSQL.25410",
+     ["--trace-children=yes"], {}, PG_LOAD, signal.SIGTERM, "postgres"),
+    ("memcached", ["memcached", "-u", "memcache", "-l", "127.0.0.1", "-p", "25411", "-U", "0",
+                   "-t", "2", "-m", "16", "-c", MEMCACHED_CONNS], None, "tcp:25411", [], {},
+     MEMCACHED_LOAD, signal.SIGTERM, "memcache"),
+    ("mariadbd", AS_MYSQL + ["/usr/sbin/mariadbd", "--no-defaults", "--datadir=@DIR@/data",
+                  "--socket=@DIR@/run/m.sock", "--port=25412", "--bind-address=127.0.0.1",
+                  "--pid-file=@DIR@/run/m.pid", "--innodb-buffer-pool-size=8M",
+                  # (its default reserves 8 TiB of address space, which valgrind cannot map)
+                  "--innodb-buffer-pool-size-max=8M", "--innodb-log-file-size=4M",
+                  "--innodb-use-native-aio=0"],
+     "mkdir data run && chown mysql: data run && mariadb-install-db --no-defaults --datadir="
+     "$PWD/data --user=mysql --auth-root-authentication-method=socket --skip-test-db "
+     ">/dev/null", "run/m.sock", ["--trace-children=yes"], {}, MARIADB_LOAD, signal.SIGTERM,
+     "mysql"),
+    ("tmux", ["tmux", "-D", "-S", "@DIR@/t.sock", "-f", "/dev/null"], None, "t.sock", [], {},
+     "tmux -S t.sock new -d -s x 'sleep 100'; tmux -S t.sock new-window -d 'seq 100'; "
+     "tmux -S t.sock ls"),
+    ("curl", ["curl", "-sS", "-o", "a", "-o", "b", "http://127.0.0.1:25413/a",
+              "http://127.0.0.1:25413/b"], HTTP2, None, []),
+    ("gpg", ["gpg", "--batch", "--passphrase", "", "--pinentry-mode", "loopback",
+             "--quick-gen-key", "t <t@example.test>", "ed25519"], None, None, [], {},
+     "gpgconf --kill gpg-agent"),
+    ("ssh-keygen", ["ssh-keygen", "-q", "-t", "ecdsa", "-N", "", "-C", "t", "-f", "k"], None,
+     None, []),
+    ("file", ["file", "a.txt", "a.txt.gz", "t", "d", "p.png"],
+     "seq 1 2000 > a.txt && gzip -k a.txt && cp /bin/true t && mkdir d && printf "
+     "'\\211PNG\\r\\n\\032\\n' > p.png", None, []),
+    ("cc1", [prog_name("gcc", "cc1"), "-quiet", "-imultiarch", "x86_64-linux-gnu", "-O2",
+             "a.c", "-o", "a.s"], CFILE, None, []),
+    ("cc1plus", [prog_name("g++", "cc1plus"), "-quiet", "-imultiarch", "x86_64-linux-gnu",
+                 "-D_GNU_SOURCE", "-O2", "a.cpp", "-o", "a.s"], CXXFILE, None, []),
+    ("node -e", ["node", "-e", "const m = new Map(); for (let i = 0; i < 20000; i++) "
+                 "m.set('k' + i, 'x'.repeat(i % 50)); console.log(m.size)"], None, None, []),
+    ("gdb -batch", ["gdb", "-batch", "-nx", "-ex", "break f", "-ex", "run", "-ex", "bt", "-ex",
+                    "info locals", "-ex", "kill", "./p"], GDB_PROG, None, []),
+    ("pigz -p2", ["pigz", "-k", "-p", "2", "in.txt"], "seq 1 300000 > in.txt", None, []),
+    ("xz -T2", ["xz", "-k", "-T2", "--block-size=200KiB", "-6", "in.txt"],
+     "seq 1 200000 > in.txt", None, []),
+    ("sox", ["sox", "-n", "o.wav", "synth", "1", "sine", "440", "gain", "-3"], None, None, []),
+    ("espeak-ng", ["espeak-ng", "-w", "o.wav", "Hello world, this is a test."], None, None,
+     []),
 ]
 
 
@@ -481,15 +584,22 @@ def is_ready(cwd, ready):
 def run(argv, env, cwd, ready, child, load=None, stop=signal.SIGTERM):
     """Run ARGV; with READY, a daemon: once READY (is_ready) and one second more, run the
     shell command LOAD in CWD (its clients' requests), then send STOP to it, or (CHILD)
-    to its first child (the program under mmleak.py run).  The CompletedProcess."""
+    to its first child (the program under mmleak.py run); without, a program, and LOAD
+    once it has ended.  The CompletedProcess."""
     if ready is None:
-        return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True,
-                              timeout=900, stdin=subprocess.DEVNULL)
+        r = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True,
+                           timeout=900, stdin=subprocess.DEVNULL)
+        if load:
+            # a program's LOAD: what stops the daemons it started (gpg's agent), untraced
+            subprocess.run(load, shell=True, cwd=cwd, capture_output=True, timeout=300,
+                           env={k: v for k, v in env.items() if k != "LD_PRELOAD"})
+        return r
     # a session of its own: apache2's prefork MPM signals its whole group (killpg); but not
     # for a daemon that makes its own session in the foreground and stops if setsid() fails,
     # as it does in a session leader (smbd -F: "Failed to create session", status 1)
-    # stderr to a file, not a pipe read only at the end: smbd's child under valgrind filled
-    # the pipe before it told its parent it was ready, and both waited for ever
+    # stderr to a file, not a pipe read only at the end: smbd's child and postgres under
+    # valgrind (a summary per backend, its log) filled the pipe, and every process writing
+    # to it waited for ever
     errf = tempfile.TemporaryFile("w+")
     p = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=errf, text=True,
@@ -514,7 +624,10 @@ def run(argv, env, cwd, ready, child, load=None, stop=signal.SIGTERM):
     if load:
         # $SCAN: under mmleak, the command that scans the daemon now (mmleak.py scan)
         scan = "%s %s scan %d" % (PY, MMLEAK_PY, pid) if child else "true"
-        lr = subprocess.run(load, shell=True, cwd=cwd, env=dict(env, SCAN=scan),
+        # the clients without the daemon's preload (pg_isready dies of SIGSEGV under
+        # liblsan.so.0; none of them is measured)
+        lr = subprocess.run(load, shell=True, cwd=cwd, env=dict(
+            {k: v for k, v in env.items() if k != "LD_PRELOAD"}, SCAN=scan),
                             capture_output=True,
                             text=True, timeout=300)
         sys.stderr.write("  load: status %d, %s\n" % (lr.returncode,
@@ -679,7 +792,9 @@ def main():
         user = more[3] if len(more) > 3 else None
         argv = argv0
         pre = [p for p in added.get("LD_PRELOAD", "").split() if not os.path.isabs(p)]
-        missing = [argv[0]] if not shutil.which(argv[0].replace("@DIR@/", "")) else [
+        # (a program started through setpriv: the program's own name)
+        prog = [x for x in argv if not x.startswith("--")][1 if argv[0] == "setpriv" else 0]
+        missing = [prog] if not shutil.which(prog.replace("@DIR@/", "")) else [
             p for p in pre if not os.path.exists(os.path.join("/usr/lib/x86_64-linux-gnu", p))]
         if missing:
             print("%-16s (not installed: %s)" % (name, missing[0]))

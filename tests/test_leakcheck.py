@@ -562,6 +562,25 @@ def test_gate_unknown_says_how_to_leave_it_out(prog, dump):
         for more in ("", " or --no-check-children")), r.stderr
 
 
+def test_gate_system_child_scanned_at_its__exit(prog, dump):
+    """A program's system("true") starts `sh -c true`, which dash ends with _exit: scanned
+    there, its blocks are classified (still reachable: valgrind says 48 blocks still
+    reachable of `sh -c true`, none lost) and the gate passes; before, all of them were of
+    reachability unknown and failed it.  A program that ends by _exit is scanned too: its
+    dropped block is definitely lost, not unknown."""
+    r = run_check(dump, [prog["leakcheck"], "rs"], "--check")
+    assert r.returncode == 0, r.stderr
+    v = verdict(r.stderr)
+    assert len(v) == 2 and all(l.startswith("mmleak: check passed: ") for l in v), r.stderr
+    r = run_check(dump / "x", [prog["leakcheck"], "drx"], "--check")
+    assert r.returncode == 23, r.stderr
+    v = verdict(r.stderr)
+    assert len(v) == 1 and re.fullmatch(
+        r"mmleak: check FAILED: trace \d+ \(%s drx\): 1 blocks \(32 bytes\) not freed of the "
+        r"kinds that count \(definite,indirect,unknown\)" % re.escape(prog["leakcheck"]), v[0]), v
+    assert "reachability unknown" not in r.stderr, r.stderr
+
+
 def test_page_growth_follows_the_kind_filter(prog, dump, tmp_path, fake_kinds):
     """With a growth series, each kind view has its growth panel, of the call sites with
     blocks of its kinds.  The series is made here (two points: nothing, then every survivor

@@ -287,10 +287,11 @@ def check_verdict(rep, args, out, child=False):
         out.write("mmleak: check FAILED: trace %s (%s): %d blocks (%s) not freed of the kinds "
                   "that count (%s)\n" % (rep["trace"], cmd, n, report.bytes_text(b), what))
         if n == report.kind_totals(rep)["unknown"][0] and "unknown" in args.leak_kinds:
-            # no scan ran: a `sh -c` (dash ends with _exit) that a test's system() started
-            # fails the gate with blocks nobody classified; say how to leave them out
+            # no scan ran (killed, aborted, MMLEAK_SCAN=0; _exit is scanned, exitscan.c):
+            # blocks nobody classified fail the gate; say how to leave them out
             out.write("mmleak: all %d of reachability unknown (no scan ran in that process: it "
-                      "ended by _exit, abort or a signal); to not count them: --leak-kinds "
+                      "ended by abort or a signal, or scans were off); to not count them: "
+                      "--leak-kinds "
                       "definite,indirect%s\n" % (n, " or --no-check-children" if child else ""))
         return False
     n, b = rep.get("suppressed_total") or (0, 0)

@@ -55,9 +55,10 @@ OPTIONS = (
     Option("PAUSED", "MMLEAK_PAUSED", "bool", 0, 0, 1,
            "1: preloaded but paused, at no cost, until mmleak.py attach PID (see "
            "mmleak-attach(7))", "mmleak.so"),
-    Option("SCAN", "MMLEAK_SCAN", "bool", 1, 0, 1,
-           "1: at the exit of the process, after its destructors, tell each block still "
-           "alive lost or still reachable (see mmleak-scan(7)); 0: never", "mmleak.so"),
+    Option("SCAN", "MMLEAK_SCAN", "int", 1, 0, 2,
+           "1: at the end of the process (exit, after its destructors, or _exit), tell each "
+           "block still alive lost or still reachable (see mmleak-scan(7)); 2: the same, "
+           "except at the _exit of a fork child that did not exec; 0: never", "mmleak.so"),
     Option("SCAN_HERE", "MMLEAK_SCAN_HERE", "bool", 1, 0, 1,
            "1: the scan at the exit of a process left with one thread runs in a child that "
            "shares its memory, no mmleak-scan started (see mmleak-scan(7)); 0: always in "

@@ -7,11 +7,14 @@
  *     r  reachable: a 200-byte block a global points to (still reachable)
  *     p  possible:  a 72-byte block only an interior pointer in a global points to
  *     n  none:      a block allocated and freed
+ *     s  system:    system("true"): a `sh -c` child, which dash ends with _exit
+ *     x  _exit:     ends there, by _exit(STATUS)
  *   and exits with STATUS (default 0).  No stdio: its buffers would be blocks not freed too.
  *   Built with -DDEFAULT_SUPP it defines __lsan_default_suppressions().
  */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 void *volatile g_keep;          /* r */
 char *volatile g_inner;         /* p: points 8 bytes into its block */
@@ -89,6 +92,10 @@ int main(int argc, char **argv)
             possible_one();
         else if (*m == 'n')
             none();
+        else if (*m == 's' && system("true") != 0)
+            return 1;
+        else if (*m == 'x')
+            _exit(argc > 2 ? atoi(argv[2]) : 0);
     }
     return argc > 2 ? atoi(argv[2]) : 0;
 }

@@ -415,24 +415,100 @@ def test_exit_scan_of_a_lone_thread_held_by_a_debugger(dump):
         ["definite", "reachable"]
 
 
-@pytest.mark.parametrize("how", ["_exit", "abort", "kill"])
-def test_no_scan_without_exit(scan_bins, dump, how):
-    """_exit, abort, a fatal signal: no scan runs, the trace's reachability is unknown."""
-    src = dump / "end.c"
-    src.write_text("#include <stdlib.h>\n#include <unistd.h>\n#include <signal.h>\n"
-                   "#include <string.h>\nvoid *g;\nint main(int c, char **v) {\n"
-                   "  g = malloc(10); malloc(20);\n"
-                   "  if (!strcmp(v[1], \"_exit\")) _exit(0);\n"
-                   "  if (!strcmp(v[1], \"abort\")) abort();\n"
-                   "  kill(getpid(), SIGKILL); return 0; }\n")
-    exe = str(dump / "end")
-    subprocess.run(["cc", "-w", "-o", exe, str(src)], check=True)
-    run_traced([exe, how], dump, check=False)
+END_C = r"""#include <stdlib.h>
+#include <unistd.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+void *g;
+int main(int c, char **v) {
+  g = malloc(10); malloc(20);
+  if (!strcmp(v[1], "_exit")) _exit(0);
+  if (!strcmp(v[1], "_Exit")) _Exit(0);
+  if (!strcmp(v[1], "exit")) exit(0);
+  if (!strcmp(v[1], "abort")) abort();
+  if (!strcmp(v[1], "vfork") || !strcmp(v[1], "fork")) {
+    int st = 0;
+    pid_t p = v[1][0] == 'v' ? vfork() : fork();
+    if (p == 0) {
+      if (v[1][0] == 'f') { g = malloc(30); malloc(40); }
+      _exit(3);
+    }
+    if (waitpid(p, &st, 0) != p || !WIFEXITED(st) || WEXITSTATUS(st) != 3) return 1;
+    exit(0);
+  }
+  kill(getpid(), SIGKILL); return 0; }
+"""
+
+
+@pytest.fixture(scope="module")
+def end_bin(tmp_path_factory):
+    d = tmp_path_factory.mktemp("end")
+    (d / "end.c").write_text(END_C)
+    subprocess.run(["cc", "-w", "-o", str(d / "end"), str(d / "end.c")], check=True)
+    return str(d / "end")
+
+
+def kinds_by_size(dump, tid):
+    """{size: kind} of trace TID's blocks alive at its end (one block of each size here)"""
+    from mmleaklib import scan
+    k = scan.kinds_for(str(dump), tid)
+    assert k.status == "done", k.reason
+    sizes = alloc_sizes(dump, tid)
+    return {sizes[key]: kind for key, kind in k.items() if sizes.get(key) in (10, 20, 30, 40)}
+
+
+@pytest.mark.parametrize("how", ["abort", "kill"])
+def test_no_scan_without_exit(scan_bins, end_bin, dump, how):
+    """abort, a fatal signal: no scan runs, the trace's reachability is unknown."""
+    run_traced([end_bin, how], dump, check=False)
     from mmleaklib import scan
     tid = only_trace(dump)
     assert scan.scan_files(str(dump), tid) == []
     k = scan.kinds_for(str(dump), tid)
     assert k.status == "unknown" and "no scan ran" in k.reason
+
+
+@pytest.mark.parametrize("how", ["_exit", "_Exit", "exit"])
+def test_scan_at__exit(scan_bins, end_bin, dump, how):
+    """_exit and _Exit (dash's end of every `sh -c`) are scanned as exit() is: the kinds are
+    known; and exit(), which ends by glibc's own _exit, is scanned once, not twice."""
+    run_traced([end_bin, how], dump)
+    from mmleaklib import scan
+    tid = only_trace(dump)
+    assert len(scan.scan_files(str(dump), tid)) == 1
+    assert kinds_by_size(dump, tid) == {10: "reachable", 20: "definite"}
+
+
+@pytest.mark.parametrize("setting", ["1", "2"])
+def test_scan_at_a_fork_childs__exit(scan_bins, end_bin, dump, setting):
+    """A fork child that ends by _exit without an exec is scanned (its own blocks: the ones
+    it allocated after the fork), unless MMLEAK_SCAN=2; the parent is scanned at its exit
+    either way."""
+    run_traced([end_bin, "fork"], dump, env={"MMLEAK_SCAN": setting})
+    import mmleaklib as mm
+    from mmleaklib import scan
+    traces = list(mm.find_traces(str(dump)))
+    assert len(traces) == 2
+    # the child's trace starts at the fork: its blocks are 30 and 40 bytes, none of 10 or 20
+    child, = [t for t in traces if 30 in alloc_sizes(dump, t).values()]
+    parent, = [t for t in traces if t != child]
+    assert kinds_by_size(dump, parent) == {10: "reachable", 20: "definite"}
+    if setting == "1":
+        assert kinds_by_size(dump, child) == {30: "reachable", 40: "definite"}
+    else:
+        assert scan.scan_files(str(dump), child) == []
+        assert scan.kinds_for(str(dump), child).status == "unknown"
+
+
+def test_no_scan_at_a_vfork_childs__exit(scan_bins, end_bin, dump):
+    """A vfork child's _exit (posix_spawn's after a failed exec, say) is never scanned: its
+    memory is the parent's, as are the files; the parent's trace, one scan, is intact."""
+    run_traced([end_bin, "vfork"], dump)
+    from mmleaklib import scan
+    tid = only_trace(dump)
+    assert len(scan.scan_files(str(dump), tid)) == 1
+    assert kinds_by_size(dump, tid) == {10: "reachable", 20: "definite"}
 
 
 def test_a_scanner_that_dies_at_once_leaves_the_program_its_exit(scan_bins, dump, tmp_path):

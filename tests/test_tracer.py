@@ -131,9 +131,9 @@ def test_every_end_keeps_every_event(bins, dump, how, sig):
     assert sh.allocs >= 100000 + 6 and sh.frees >= 100000
     tails = [n for n in os.listdir(dump) if n.endswith(".tail")]
     if how in ("return", "exit", "_exit"):   # the thread's file was closed properly
-        # (and exit() and a return from main leave the reachability scan, mmleak-scan(7))
+        # (and each of the three leaves the reachability scan, mmleak-scan(7), _exit too)
         # (.out, .maps, the .lock made with the trace; a scan's result)
-        assert tails == [] and len(os.listdir(dump)) == (3 if how == "_exit" else 4)
+        assert tails == [] and len(os.listdir(dump)) == 4
 
 
 def test_killed_process_leaves_a_tail_that_recover_folds_in(bins, dump, mm):

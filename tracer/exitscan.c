@@ -7,8 +7,9 @@
  * allows it to trace us (PR_SET_PTRACER), and waits for it: the scanner stops every thread
  * left, takes the trace's cut, marks, writes mmleak.ID.scan.S and lets the threads go.
  *
- * Nothing here runs per event, and nothing after _exit, abort, a fatal signal or SIGKILL
- * (no destructor runs): such a trace has no scan, "reachability unknown".
+ * _exit and _Exit scan too (mml_exit_from, mmleak.c), as no destructor runs after them.
+ * Nothing here runs per event, and nothing after abort, a fatal signal or SIGKILL (no
+ * destructor runs): such a trace has no scan, "reachability unknown".
  * __libc_freeres is not called: it frees libc's internal state while other threads may still
  * run and use it (valgrind calls it only once the last thread is gone; heaptrack stopped
  * calling it).  The blocks it would free are reachable from libc's data anyway.

@@ -61,7 +61,8 @@ struct mml_cfg {
     size_t hold;             /* MMLEAK_HOLD_MB: lines held in memory while unwritable (64) */
     int quiet;               /* MMLEAK_QUIET=1: no message on stderr, even on failure */
     int paused;              /* MMLEAK_PAUSED=1: preloaded, paused until mmleak.py attach */
-    int scan;                /* MMLEAK_SCAN=1: the reachability scan at exit (the default) */
+    int scan;                /* MMLEAK_SCAN=1: the reachability scan at exit and _exit (the
+                              * default); 2: not at a fork child's _exit; 0: never */
     int scan_here;           /* MMLEAK_SCAN_HERE=1: a lone thread's exit scan in a CLONE_VM child */
 };
 extern struct mml_cfg cfg;
@@ -84,6 +85,8 @@ COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone
  * program that leads to a scan of its memory while it waits: it pushes the callee-saved
  * registers (rbx, rbp, r12-r15: the program's values, or its callers') and calls
  * INNER(floor), floor being its stack pointer after the pushes, then returns INNER's value.
+ * FLOOR_ENTRY_EXIT: the same for _exit and _Exit, INNER(floor, status), which never returns
+ * (NAME's first argument, in rdi, is passed on as INNER's second, in rsi).
  * The scanner reads that thread's stack from the floor up: mmleak.so's frames below it (stale
  * copies of addresses) are not roots, the registers it pushed are.  Elsewhere than x86-64:
  * INNER(0), no floor (the whole stack from the stack pointer, as for other threads). */
@@ -105,12 +108,11 @@ COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone
                       FLOOR_CFI("    .cfi_rel_offset %" R ", 0")
 #define FLOOR_POP(R) "    pop %" R "\n" FLOOR_CFI("    .cfi_adjust_cfa_offset -8") \
                      FLOOR_CFI("    .cfi_restore %" R)
-#define FLOOR_ENTRY(NAME, INNER, ATTRS)                                                    \
-    ATTRS __attribute__((naked)) int NAME(void)                                          \
-    {                                                                                     \
+#define FLOOR_ASM(INNER)                                                                   \
         __asm__ volatile(FLOOR_ENDBR                                                      \
                          FLOOR_PUSH("rbp") FLOOR_PUSH("rbx") FLOOR_PUSH("r12")            \
                          FLOOR_PUSH("r13") FLOOR_PUSH("r14") FLOOR_PUSH("r15")            \
+                         "    mov %rdi, %rsi\n"                                          \
                          "    mov %rsp, %rdi\n"                                          \
                          "    sub $8, %rsp\n"   /* 16-byte aligned at the call */         \
                          FLOOR_CFI("    .cfi_adjust_cfa_offset 8")                        \
@@ -119,11 +121,16 @@ COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone
                          FLOOR_CFI("    .cfi_adjust_cfa_offset -8")                       \
                          FLOOR_POP("r15") FLOOR_POP("r14") FLOOR_POP("r13")               \
                          FLOOR_POP("r12") FLOOR_POP("rbx") FLOOR_POP("rbp")               \
-                         "    ret\n");                                                  \
-    }
+                         "    ret\n")
+#define FLOOR_ENTRY(NAME, INNER, ATTRS)                                                    \
+    ATTRS __attribute__((naked)) int NAME(void) { FLOOR_ASM(INNER); }
+#define FLOOR_ENTRY_EXIT(NAME, INNER, ATTRS)                                               \
+    ATTRS __attribute__((naked)) void NAME(int status __attribute__((unused))) { FLOOR_ASM(INNER); }
 #else
 #define FLOOR_ENTRY(NAME, INNER, ATTRS)                                                    \
     ATTRS int NAME(void) { return INNER(0); }
+#define FLOOR_ENTRY_EXIT(NAME, INNER, ATTRS)                                               \
+    ATTRS void NAME(int status) { INNER(0, status); }
 #endif
 
 /* ---- mml_sys: a system call of mmleak's own, straight to the kernel ----
@@ -295,6 +302,7 @@ extern unsigned long long g_pstart;  /* the process's start, ticks after boot (p
 extern time_t g_t0;                  /* time() at trace start; event times are relative */
 extern atomic_uint g_next_file;      /* N of the next mmleak.ID.N.out */
 extern int g_state;                  /* 0: not started, 1: tracing, -1: disabled, 2: paused */
+extern int g_forked;                 /* a fork child that did not exec (MMLEAK_SCAN=2) */
 extern unsigned g_trace_gen;         /* a new trace in this process (attach after detach) */
 extern int g_attached;               /* loaded into a running process by mmleak.py attach */
 extern int g_window;                 /* this trace was started by mmleak_attach */

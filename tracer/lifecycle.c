@@ -35,6 +35,7 @@ atomic_uint g_next_file;
 int g_state;
 unsigned g_trace_gen;
 int g_attached;
+int g_forked;
 int g_window;
 /* What `mmleak.py status` reads from the process's memory (/proc/PID/mem), without
  * stopping it: "tracing ID DIR", "paused", "dormant" (see set_status). */
@@ -370,6 +371,7 @@ void fork_child(void)
 {
     if (H->alive && g_pid == getpid())
         return;     /* done already: the raw-fork check ran before the atfork handler */
+    g_forked = 1;           /* until an exec: a new image, a new mmleak.so */
     pthread_mutex_init(&g_lock, NULL);
     g_closing = 0;      /* the threads inside dlclose() are not in the child */
     g_ending = 0;       /* (nor the one that was ending the process) */

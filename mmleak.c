@@ -462,7 +462,7 @@ EXPORT int dlclose(void *h)
 __attribute__((used, noinline, noreturn)) void mml_exit_from(uintptr_t floor, int status)
 {
     if (g_state == 1 && g_pid == getpid() && !IN_OWN_CODE(&T) && !(cfg.scan == 2 && g_forked))
-        scan_at_exit(floor);    /* before the files close, as at exit */
+        scan_at_exit(floor, 1); /* before the files close, as at exit */
     flush_before_leaving(1);
     FIND_NEXT(_exit);
     mml_next__exit(status);

@@ -415,16 +415,27 @@ def test_exit_scan_of_a_lone_thread_held_by_a_debugger(dump):
         ["definite", "reachable"]
 
 
-END_C = r"""#include <stdlib.h>
+END_C = r"""#define _GNU_SOURCE
+#include <malloc.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/wait.h>
 void *g;
+static ssize_t end_now(void *c, const char *b, size_t n) { _exit(0); }
 int main(int c, char **v) {
   g = malloc(10); malloc(20);
   if (!strcmp(v[1], "_exit")) _exit(0);
   if (!strcmp(v[1], "_Exit")) _Exit(0);
+  if (!strcmp(v[1], "_exit-arena-locked")) {   /* malloc_stats prints under the arena's lock */
+    cookie_io_functions_t io = { .write = end_now };
+    stderr = fopencookie(NULL, "w", io);
+    setvbuf(stderr, NULL, _IONBF, 0);
+    malloc_stats();
+    return 1;
+  }
   if (!strcmp(v[1], "exit")) exit(0);
   if (!strcmp(v[1], "abort")) abort();
   if (!strcmp(v[1], "vfork") || !strcmp(v[1], "fork")) {
@@ -469,10 +480,13 @@ def test_no_scan_without_exit(scan_bins, end_bin, dump, how):
     assert k.status == "unknown" and "no scan ran" in k.reason
 
 
-@pytest.mark.parametrize("how", ["_exit", "_Exit", "exit"])
+@pytest.mark.parametrize("how", ["_exit", "_Exit", "exit", "_exit-arena-locked"])
 def test_scan_at__exit(scan_bins, end_bin, dump, how):
     """_exit and _Exit (dash's end of every `sh -c`) are scanned as exit() is: the kinds are
-    known; and exit(), which ends by glibc's own _exit, is scanned once, not twice."""
+    known; and exit(), which ends by glibc's own _exit, is scanned once, not twice.  _exit is
+    async-signal-safe: called while the thread holds glibc's arena lock (as a handler that
+    interrupted malloc or free would), the process still ends and is scanned (nothing on the
+    way allocates or frees; a guard: not seen hanging before, tcache served dlsym's error)."""
     run_traced([end_bin, how], dump)
     from mmleaklib import scan
     tid = only_trace(dump)

@@ -317,11 +317,19 @@ static int one_thread(void)
     return p && p[0] == '1' && p[1] == '\n';
 }
 
-COLD void scan_at_exit(uintptr_t floor)
+COLD void scan_at_exit(uintptr_t floor, int by__exit)
 {
     if (!cfg.scan || under_seccomp())
         return;
     int saved = errno;
+    /* BY__EXIT: from _exit, which is async-signal-safe: a handler may call it while this very
+     * thread is inside glibc's malloc or free (its arena locked: our free passes the call on
+     * unguarded).  So nothing here may allocate or free then: no dlsym (a symbol not found
+     * allocates its error text) and no __freeres (it frees); neither is wanted anyway, as no
+     * destructor runs at _exit.  What follows allocates nothing: the scanner is started by
+     * vfork, the lone thread's scan has an allocator of its own (scanhere.c). */
+    if (by__exit)
+        goto scan;
     /* libstdc++'s one-time memory (GCC 14+ has __gnu_cxx::__freeres; an older one has none).
      * dlsym under our guard: a symbol not found makes it allocate its error text, which is
      * glibc's, not the program's, and must not be recorded; the frees of __freeres must.
@@ -333,6 +341,7 @@ COLD void scan_at_exit(uintptr_t floor)
     T.guard = T.guard - 1 - GUARD_FREES;
     if (freeres)
         freeres();
+scan:;
     int lone = one_thread();
     T.guard++;
     run_scanner("exit", floor, lone);

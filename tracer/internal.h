@@ -72,8 +72,9 @@ extern struct mml_cfg cfg;
 int read_config(const char *args);
 
 /* ---- exitscan.c: the reachability scan at the process's exit (mmleak-scan(7)) ---- */
-/* FLOOR: where the program's part of the calling thread's stack begins (FLOOR_ENTRY), or 0 */
-COLD void scan_at_exit(uintptr_t floor);
+/* FLOOR: where the program's part of the calling thread's stack begins (FLOOR_ENTRY), or 0;
+ * BY__EXIT: called from _exit/_Exit (maybe in a signal handler: nothing allocated or freed) */
+COLD void scan_at_exit(uintptr_t floor, int by__exit);
 COLD int run_scanner(const char *why, uintptr_t floor, int lone);
 /* scanhere.c: the scan at exit of this thread, the process's only one, in a child sharing
  * our memory (no mmleak-scan started); the caller blocked every signal.  LONE: stack

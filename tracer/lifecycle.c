@@ -509,7 +509,7 @@ __attribute__((used, noinline)) int mml_fini_from(uintptr_t floor)
     /* not in a vfork() child (other pid, the parent's memory): the files are the parent's */
     if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T))
         return 0;
-    scan_at_exit(floor);    /* before the files close: the scanner reads them as they are */
+    scan_at_exit(floor, 0); /* before the files close: the scanner reads them as they are */
     int saved = errno;
     T.guard++;
     leave_files(1);

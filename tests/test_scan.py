@@ -1484,7 +1484,31 @@ def test_leb_columns_compiled_as_in_python(lib):
         scan._leb_numbers(b"\xff" * 10 + b"\x01", 1, "x")
 
 
-def test_marking_read_ahead_by_a_thread(tmp_path, dump):
+@pytest.fixture(scope="module")
+def read_ahead(tmp_path_factory, lib):
+    """The marking's reader thread forced (SCAN_READ_ALWAYS): a directory with a copy of
+    mmleak.so and, beside it, a mmleak-scan (the scan at exit) and a mmleak-tools.so (the scan
+    on demand) built so, from one compile of tools/ (the scan's files are in both), and
+    tests/scan_ahead.c built: (directory, scan_ahead)."""
+    d = tmp_path_factory.mktemp("forced")
+    shutil.copy(LIB, str(d / "mmleak.so"))
+    tools = os.path.join(ROOT, "tools")
+    objs = []
+    for src in sorted(glob.glob(os.path.join(tools, "*.c"))):
+        objs.append(str(d / os.path.basename(src).replace(".c", ".o")))
+        subprocess.run(["cc", "-O1", "-g", "-pthread", "-fPIC", "-DSCAN_READ_ALWAYS", "-I", tools,
+                        "-I", os.path.join(ROOT, "build", "gen"), "-c", "-o", objs[-1], src],
+                       check=True)
+    subprocess.run(["cc", "-pthread", "-o", str(d / "mmleak-scan")] +
+                   [o for o in objs if os.path.basename(o).startswith("scan")], check=True)
+    subprocess.run(["cc", "-pthread", "-shared", "-o", str(d / "mmleak-tools.so")] +
+                   [o for o in objs if not o.endswith("/scan_main.o")], check=True)
+    exe = str(d / "scan_ahead")
+    subprocess.run(["cc", "-O1", "-o", exe, os.path.join(TESTS, "scan_ahead.c")], check=True)
+    return d, exe
+
+
+def test_marking_read_ahead_by_a_thread(tmp_path, dump, read_ahead):
     """The marking's reader thread (tools/scan_read.c: the next stretch of the heap read
     while the words of the last are scanned), forced (SCAN_READ_ALWAYS: a mmleak-scan built
     so, beside a copy of mmleak.so), on lists walked down and up the heap with gaps and lost
@@ -1492,17 +1516,8 @@ def test_marking_read_ahead_by_a_thread(tmp_path, dump):
     block, as the scan without the thread (a heap this small never starts it), and the
     exact counts.  MMLEAK_SCAN_HERE=0: mmleak-scan, not mmleak.so's scan of a lone thread
     (which starts no thread)."""
-    import shutil
     from mmleaklib import scan
-    forced = tmp_path / "forced"
-    forced.mkdir()
-    shutil.copy(LIB, str(forced / "mmleak.so"))
-    tools = os.path.join(ROOT, "tools")
-    subprocess.run(["cc", "-O1", "-g", "-pthread", "-DSCAN_READ_ALWAYS", "-I", tools, "-I",
-                    os.path.join(ROOT, "build", "gen"), "-o", str(forced / "mmleak-scan")] +
-                   sorted(glob.glob(os.path.join(tools, "scan*.c"))), check=True)
-    exe = str(tmp_path / "scan_ahead")
-    subprocess.run(["cc", "-O1", "-o", exe, os.path.join(TESTS, "scan_ahead.c")], check=True)
+    forced, exe = read_ahead
     n = 200000
     lost = sum(1 for i in range(n) if i % 1000 == 500)
     got = {}
@@ -1522,26 +1537,15 @@ def test_marking_read_ahead_by_a_thread(tmp_path, dump):
     assert got["forced"] == got["plain"]
 
 
-def test_marking_read_ahead_by_a_thread_on_demand(tmp_path, dump):
+def test_marking_read_ahead_by_a_thread_on_demand(tmp_path, dump, read_ahead):
     """The marking's reader thread (tools/scan_read.c) in the scan on demand of a running
     process (mmleak.py scan PID: mmleak-tools.so in mmleak.py's process, reading a copy of the
     process), forced (SCAN_READ_ALWAYS: a mmleak-tools.so built so, beside a copy of
     mmleak.so that MMLEAK_LIB names), on tests/scan_ahead.c's lists, built, then held still:
     the same blocks with the same kinds, block by block, as a scan of the same process
     without the thread (a heap this small never starts it), and the exact counts."""
-    import shutil
     from mmleaklib import scan
-    forced = tmp_path / "forced"
-    forced.mkdir()
-    shutil.copy(LIB, str(forced / "mmleak.so"))
-    tools = os.path.join(ROOT, "tools")
-    subprocess.run(["cc", "-O1", "-g", "-pthread", "-shared", "-fPIC", "-DSCAN_READ_ALWAYS",
-                    "-I", tools, "-I", os.path.join(ROOT, "build", "gen"),
-                    "-o", str(forced / "mmleak-tools.so")] +
-                   sorted(p for p in glob.glob(os.path.join(tools, "*.c"))
-                          if os.path.basename(p) != "scan_main.c"), check=True)
-    exe = str(tmp_path / "scan_ahead")
-    subprocess.run(["cc", "-O1", "-o", exe, os.path.join(TESTS, "scan_ahead.c")], check=True)
+    forced, exe = read_ahead
     n = 200000
     lost = sum(1 for i in range(n) if i % 1000 == 500)
     e = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump), MMLEAK_SCAN="0")

@@ -29,6 +29,7 @@ import time
 
 import pytest
 
+import nspawn_box
 from conftest import LIB, ROOT, TESTS, site_line
 
 PY = "/usr/bin/python3"
@@ -125,11 +126,12 @@ def wait_inactive(box, unit, timeout=30):
     """`systemctl stop` returns when its own job is done; a unit stopped with it (the
     companion, after the service) may still be deactivating: wait for it."""
     deadline = time.monotonic() + timeout
+    nap = nspawn_box.Backoff()
     while active(box, unit) != "inactive":
         if time.monotonic() > deadline:
             raise AssertionError("%s is %s after %ds:\n%s" % (unit, active(box, unit), timeout,
                                                                box.journal(unit)))
-        time.sleep(0.05)
+        nap()
 
 
 def wait_compacted(box, ddir, pid, others=(), companion=COMPANION, timeout=30):
@@ -198,11 +200,12 @@ def wait_journal(box, pid, files, over, timeout=10):
     """Wait until the companion's journal says it folded FILES files of PID (journald
     stores the lines a moment after they are written)."""
     deadline = time.monotonic() + timeout
+    nap = nspawn_box.Backoff()
     while folded_in_journal(box, pid) != (files, over):
         if time.monotonic() > deadline:
             raise AssertionError("journal of %s: %r, expected %r\n%s" % (
                 COMPANION, folded_in_journal(box, pid), (files, over), box.journal(COMPANION)))
-        time.sleep(0.1)
+        nap()
 
 
 def folded_in_journal(box, pid):

@@ -405,11 +405,20 @@ def test_scan_names_planted_for_the_pid_do_not_cost_the_exit_its_result(tmp_path
 
 
 REUSED_PID = r"""
-import os, subprocess, sys
+import os, subprocess, sys, time
 lib, mmleak_py, d = sys.argv[1:]
 p = subprocess.Popen(["/bin/sleep", "60"], env=dict(os.environ, LD_PRELOAD=lib, MMLEAK_DIR=d))
 while not any(n.endswith(".tail") for n in os.listdir(d)):
     pass
+# the trace's process and the next one are told apart by their start in clock ticks after
+# boot (pstart=): wait until the clock is two ticks past the first one's start, so that the
+# second starts in another tick however fast this machine is (on a fast one both started in
+# the same 10 ms and the second passed for the trace's)
+tck = os.sysconf("SC_CLK_TCK")
+with open("/proc/%d/stat" % p.pid) as f:
+    pstart = int(f.read().rsplit(")", 1)[1].split()[19])
+while time.clock_gettime_ns(time.CLOCK_BOOTTIME) * tck // 10**9 < pstart + 2:
+    time.sleep(0.001)
 p.kill()                                                  # its staging file left
 p.wait()
 with open("/proc/sys/kernel/ns_last_pid", "w") as f:      # the next process gets its pid

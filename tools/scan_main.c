@@ -27,9 +27,11 @@
 
 #include <stdint.h>
 
+struct mml_park;                        /* (mmleak.so's: tools/scan_park.h) */
 int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why, char *out,
                       size_t outlen, char *err, size_t errlen, uint64_t *totals,
-                      int floor_tid, uint64_t floor, int nfiles, const uint64_t *lone);
+                      int floor_tid, uint64_t floor, int nfiles, const uint64_t *lone,
+                      const struct mml_park *park);
 unsigned mmleak_scan_secs(void);
 void mmleak_scan_limits(void);
 
@@ -75,7 +77,7 @@ int main(int argc, char **argv)
     uint64_t totals[8] = { 0 };
     int rc = mmleak_scan_floor(atoi(argv[1]), argv[2], argv[3], argv[4], out, sizeof out,
                                err, sizeof err, totals, floor_tid, floor, nfiles,
-                               argc == 12 ? lone : NULL);
+                               argc == 12 ? lone : NULL, NULL);
     if (rc < 0)
         fprintf(stderr, "mmleak-scan: %s\n", err);
     if (rc)

@@ -185,6 +185,37 @@ static COLD void note_no_scanner(const char *looked)
     pthread_mutex_unlock(&g_lock);
 }
 
+static char status_buf[8192];           /* /proc/self/status, as under_seccomp read it */
+
+#define CAP_SYS_PTRACE_BIT 19
+
+/* Would mmleak-scan's PTRACE_SEIZE of our other threads be refused?  It runs with our
+ * credentials, and the kernel refuses it when a tracer already holds us (a debugger,
+ * strace: TracerPid); when Yama's ptrace_scope is 3 (no attach at all), or 2 (admin only)
+ * and it lacks CAP_SYS_PTRACE; when the process is not dumpable (a setuid, setgid or
+ * capability change made it so: a daemon that dropped root, memcached -u) and it lacks
+ * CAP_SYS_PTRACE.  (Asked only at the exit of a process with more threads, after the status
+ * was read: a prctl and perhaps the Yama file.)  Then the other threads are parked by a
+ * signal of ours instead (park.c).  Credentials that differ from one id to another (a saved
+ * uid 0, squid) and security modules are not foreseen: mmleak-scan tries, and says so. */
+static int ptrace_refused(const char *status)
+{
+    const char *tp = mml_status_field(status, "\nTracerPid:");
+    if (tp && *tp >= '1' && *tp <= '9')
+        return 1;
+    int cap = (int)(mml_status_hex(status, "\nCapEff:") >> CAP_SYS_PTRACE_BIT & 1);
+    char y = '0';
+    int fd = open("/proc/sys/kernel/yama/ptrace_scope", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if (read(fd, &y, 1) != 1)
+            y = '0';
+        close(fd);
+    }
+    if (y == '3' || (y == '2' && !cap))
+        return 1;
+    return !cap && mml_sys(SYS_prctl, PR_GET_DUMPABLE, 0, 0, 0, 0) != 1;
+}
+
 /* Start mmleak-scan for this process and wait for its verdict.  WHY: "exit" or "api".
  * LONE: this thread was the process's only one (/proc/self/status) and has a FLOOR: it then
  * waits with every signal blocked, so that nothing of the program runs in it until the
@@ -209,12 +240,31 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
         uint64_t all = ~(uint64_t)0, old = 0;
         mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, sizeof all);
         int rc = mml_scan_here((int)mml_sys(SYS_gettid), floor, (int)atomic_load(&g_next_file),
-                               lv);
+                               lv, 0);
         /* a signal that came meanwhile is delivered now */
         mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
         if (rc != -2)
             return rc;
     }                                   /* (no child: mmleak-scan, then) */
+    /* at the exit, other threads that mmleak-scan may not stop (ptrace_refused), or
+     * MMLEAK_SCAN_HERE=2: they are parked by a signal of ours, and the scan runs in the
+     * child that shares our memory as for a lone thread (park.c, scanhere.c).  ptrace stays
+     * the way where it works: it stops a thread wherever it is, a signal only where the
+     * thread takes it (not while it blocks it) */
+    if (cfg.scan_here && !lone && floor && !strcmp(why, "exit") &&
+        (cfg.scan_here == 2 || ptrace_refused(status_buf)) &&
+        !mml_sys(SYS_arch_prctl, ARCH_GET_FS, &lfs) &&
+        !mml_sys(SYS_arch_prctl, ARCH_GET_GS, &lgs)) {
+        volatile char here = 0;         /* below the floor: this frame is mmleak.so's */
+        uint64_t lv[3] = { (uint64_t)(uintptr_t)&here, lfs, lgs };
+        uint64_t all = ~(uint64_t)0, old = 0;
+        mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, sizeof all);
+        int rc = mml_scan_here((int)mml_sys(SYS_gettid), floor, (int)atomic_load(&g_next_file),
+                               lv, 1);
+        mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
+        if (rc != -2)
+            return rc;
+    }
 #endif
     if (scanner_path(path, sizeof path)) {
         if (!strcmp(why, "exit"))
@@ -300,7 +350,6 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
     return WEXITSTATUS(st);
 }
 
-static char status_buf[8192];           /* /proc/self/status, as under_seccomp read it */
 
 /* Under a seccomp filter (Seccomp: 2 in /proc/self/status) starting a process may be
  * forbidden, and the process killed for trying: no scan then (mmleak.py scan PID, from

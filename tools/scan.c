@@ -8,8 +8,9 @@
  * four kinds and writes DIR/mmleak.ID.scan.S (its name goes to OUT).  WHY: "exit", "demand"
  * or "api".  Returns 0 when the scan was done, 1 when it could not be (a result saying
  * "#status unknown" and why was written if it could be, the reason in ERR too), -1 when not
- * even that could be written (ERR says why).  TOTALS (NULL, or 8 numbers): blocks and bytes
- * of each kind, definite, indirect, possible, reachable.
+ * even that could be written (ERR says why); (mmleak_scan_floor, with mmleak_scan_may_park)
+ * 2 when the kernel refused to let us trace a thread, nothing written.  TOTALS (NULL, or 8
+ * numbers): blocks and bytes of each kind, definite, indirect, possible, reachable.
  *
  * How (read-only for the target: nothing is written into it):
  *  1. the trace's directory lock, for reading (byte 0 of mmleak.ID.lock: a compaction
@@ -150,6 +151,10 @@ static void step_time(const char *step, int64_t *t)
 
 static pthread_mutex_t g_scan_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* 1: a thread that ptrace may not stop ends the scan with 2, nothing written, for mmleak.so
+ * to park the threads itself (tools/scan_main.c, "park"; tracer/park.c) */
+int mmleak_scan_may_park;
+
 static void release(struct scan *s)
 {
     let_go(s);
@@ -265,6 +270,15 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
         seize_all(&s);
     step_time(s.held == HELD_ALONE ? "alone, not stopped" : s.held == HELD_SIGNAL ?
               "parked by a signal" : "stop", &tstep);
+    if (s.refused && mmleak_scan_may_park) {
+        if (g_debug_fd >= 0) {
+            close(g_debug_fd);
+            g_debug_fd = -1;
+        }
+        release(&s);                    /* (the threads seized before are let go) */
+        pthread_mutex_unlock(&g_scan_lock);
+        return 2;
+    }
     if (!s.failed) {
         gettimeofday(&tv, NULL);
         s.when = (double)tv.tv_sec + tv.tv_usec / 1e6;

@@ -100,6 +100,7 @@ struct scan {
     const uint64_t *lone;               /* the asking thread alone: sp, fs_base, gs_base */
     const struct mml_park *park;        /* the others parked by mmleak.so's signal, or NULL */
     int held;                           /* how the threads were held (HELD_*: hold_here) */
+    int refused;                        /* the kernel refused to let us trace a thread */
 };
 
 #define WINDOW ((size_t)4 << 20)        /* block contents are read this much at a time */

@@ -220,6 +220,7 @@ int seize_all(struct scan *s)
                 if (errno == ESRCH || (errno == EPERM && thread_ended(s->pid, tid)))
                     continue;           /* ended meanwhile, or before (a zombie) */
                 int e2 = errno;
+                s->refused = e2 == EPERM;
                 closedir(d);
                 return say(s, "cannot trace thread %d of process %d: %s%s", tid, s->pid,
                            strerror(e2), e2 == EPERM ? " (another tracer, another user, or "

@@ -1,8 +1,9 @@
 /*
  * tracer/park.c: the other threads of an exiting process stopped for its scan without ptrace
- * (mmleak-scan(7), "Stopping the threads").  mmleak-scan stops them with PTRACE_SEIZE and
- * PTRACE_INTERRUPT, and may not: a process that dropped root with setuid is not dumpable
- * (memcached -u), a debugger or strace already traces it, Yama's ptrace_scope is 2 or 3.
+ * (mmleak-scan(7), "Threads that ptrace may not stop").  mmleak-scan stops them with
+ * PTRACE_SEIZE and PTRACE_INTERRUPT, and may not: a process that dropped root with setuid
+ * is not dumpable (memcached -u), a debugger or strace already traces it, Yama's
+ * ptrace_scope is 2 or 3.
  * Then the exiting thread parks them itself: it sends each one a real-time signal the
  * program leaves at its default; the handler (ours, installed for the moment) copies the
  * thread's registers from its ucontext into a slot of ours, says it is held, and waits on a
@@ -59,7 +60,7 @@
 
 #define PARK_SLOTS 16384                /* threads at most (the mapping is touched as used) */
 #define PARK_NS 5000000000LL            /* a thread must park within this (as a ptrace stop) */
-#define PARK_ROUNDS 1000                /* listings of the tasks: new threads started meanwhile */
+#define PARK_ROUNDS 1000                /* listings of the tasks (threads started meanwhile) */
 
 static struct mml_park g_park;
 static int g_park_pid;
@@ -201,12 +202,12 @@ static uint64_t rt_mask(void)
 }
 
 /* The threads of the process not yet in a slot, but ME (and those ended), into TIDS (CAP):
- * how many; *BLOCKED gets the signals each blocks or has pending, *ALL the first that blocks
- * every real-time one; -1 when the tasks cannot be listed. */
-static int new_threads(int me, int *tids, int cap, uint64_t *blocked, int *all, char *st,
-                       size_t stcap)
+ * how many; *BLOCKED gets the signals each blocks or has pending, *WHO the first that blocks
+ * SIG (0: every real-time one); -1 when the tasks cannot be listed. */
+static int new_threads(int me, int *tids, int cap, uint64_t *blocked, int sig, int *who,
+                       char *st, size_t stcap)
 {
-    uint64_t rt = rt_mask();
+    uint64_t rt = sig ? (uint64_t)1 << (sig - 1) : rt_mask();
     int fd = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
         return -1;
@@ -226,8 +227,8 @@ static int new_threads(int me, int *tids, int cap, uint64_t *blocked, int *all, 
                 ended(st))
                 continue;
             uint64_t b = mml_status_hex(st, "\nSigBlk:");
-            if ((b & rt) == rt && !*all)
-                *all = tid;
+            if ((b & rt) == rt && !*who)
+                *who = tid;
             *blocked |= b | mml_status_hex(st, "\nSigPnd:") | mml_status_hex(st, "\nShdPnd:");
             if (n < cap)
                 tids[n] = tid;
@@ -284,9 +285,9 @@ COLD struct mml_park *mml_park_others(void)
     }
     for (int round = 0; round < PARK_ROUNDS; round++) {
         uint64_t blocked = 0;
-        int all = 0;
-        int n = new_threads(me, tids, (int)(sizeof tids / sizeof *tids), &blocked, &all, st,
-                            sizeof st);
+        int who = 0;
+        int n = new_threads(me, tids, (int)(sizeof tids / sizeof *tids), &blocked, g_park.sig,
+                            &who, st, sizeof st);
         if (n < 0) {
             cat(g_park.why, g_park.why + sizeof g_park.why, "/proc/self/task cannot be read");
             return &g_park;
@@ -298,10 +299,11 @@ COLD struct mml_park *mml_park_others(void)
                 blocked |= mml_status_hex(st, "\nShdPnd:");
             g_park.sig = choose_signal(blocked);
             if (!g_park.sig) {
-                park_why("thread ", all ? all : tids[0], all ? " blocks every real-time signal:"
-                    " the other threads cannot be stopped without ptrace" : " (or another) "
-                    "blocks or has pending every real-time signal the program leaves at its "
-                    "default: the other threads cannot be stopped without ptrace");
+                park_why("thread ", who ? who : tids[0], who ? " blocks every real-time "
+                         "signal: the other threads cannot be stopped without ptrace" :
+                         " (or another) blocks or has pending every real-time signal the "
+                         "program leaves at its default: the other threads cannot be "
+                         "stopped without ptrace");
                 return &g_park;
             }
             struct sigaction sa;
@@ -316,8 +318,8 @@ COLD struct mml_park *mml_park_others(void)
             }
             g_installed = 1;
         } else if (blocked >> (g_park.sig - 1) & 1) {
-            park_why("thread ", all ? all : tids[0], " (started meanwhile) blocks the signal that stops the "
-                "others without ptrace");
+            park_why("thread ", who ? who : tids[0], " (started meanwhile) blocks or has "
+                     "pending the signal that stops the others without ptrace");
             return &g_park;
         }
         int first = g_park.n;
@@ -351,9 +353,9 @@ COLD struct mml_park *mml_park_others(void)
         }
         int late = 0;
         if (wait_round(first, now_ns() + PARK_NS, &late, st, sizeof st)) {
-            park_why("thread ", late, " did not stop within 5 s for the signal sent (it blocks "
-                "it, or waits uninterruptibly): the other threads cannot be stopped "
-                "without ptrace");
+            park_why("thread ", late, " did not stop within 5 s for the signal sent (it "
+                     "blocks it, or waits uninterruptibly): the other threads cannot be "
+                     "stopped without ptrace");
             return &g_park;
         }
     }

@@ -100,6 +100,23 @@ def test_thread_blocking_every_signal_leaves_the_verdict_unknown(park_bin, open_
                         r"cannot be stopped without ptrace", k.reason), k.reason
 
 
+def test_thread_that_never_takes_the_signal_leaves_the_verdict_unknown(park_bin, dump):
+    """A third thread waits for its vfork child, which takes no signal but a fatal one, and
+    ends only after the process: it never parks.  MMLEAK_SCAN_HERE=2 (no drop of root
+    needed): after the bounded wait (5 s, the time a ptrace stop is given), the verdict is
+    unknown and says which thread and why; no hang, the exit unharmed."""
+    r = run_traced([park_bin, "-", "vfork"], dump, env={"MMLEAK_SCAN_HERE": "2"})
+    assert r.stderr == b""
+    from mmleaklib import scan
+    import mmleaklib as mm
+    (tid,) = mm.find_traces(str(dump))
+    k = scan.kinds_for(str(dump), tid)
+    assert k.status == "unknown"
+    assert re.fullmatch(r"thread \d+ did not stop within 5 s for the signal sent \(it blocks "
+                        r"it, or waits uninterruptibly\): the other threads cannot be "
+                        r"stopped without ptrace", k.reason), k.reason
+
+
 THREAD_CASES = ["thread-stack", "thread-register", "unjoined-result", "main-exited",
                 "freed-arena"]
 

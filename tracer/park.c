@@ -20,12 +20,17 @@
  *    the process), that no other thread blocks or has pending (read from each one's
  *    /proc/self/task/TID/status).  None: no verdict, and the reason says which thread
  *    blocks them all; nothing is sent.
- *  - the handler: SA_SIGINFO, SA_RESTART (a system call it interrupts is restarted, as if
- *    nothing came), every signal blocked while it runs (a handler of the program's must not
- *    run in a parked thread: it would change the memory the scan reads), errno saved; it
- *    only makes system calls and stores into our slot: async-signal-safe.  It acts on our
- *    signal only, sent by rt_tgsigqueueinfo with SI_QUEUE, our pid and the slot's number as
- *    its value (tgkill with a payload: no search of the slots by tid, no lock).
+ *  - the handler: SA_SIGINFO; every signal blocked while it runs (a handler of the
+ *    program's must not run in a parked thread: it would change the memory the scan
+ *    reads); errno saved; it only makes system calls and stores into our slot:
+ *    async-signal-safe.  It acts on our signal only, sent by rt_tgsigqueueinfo with
+ *    SI_QUEUE, our pid and the slot's number as its value (tgkill with a payload: no search
+ *    of the slots by tid, no lock).
+ *  - a thread in a system call: SA_RESTART, so the call is restarted as if nothing came;
+ *    but those the kernel never restarts after a handler, SA_RESTART or not (signal(7):
+ *    epoll_wait, poll, select, nanosleep, a socket read with a timeout...), return EINTR,
+ *    where a ptrace stop would have restarted them.  Harmless here (the process is ending,
+ *    and any signal may interrupt such a call), but one more reason for ptrace first.
  *  - bounded: a thread that does not answer within PARK_NS (it blocked the signal since we
  *    looked, it is in an uninterruptible wait, a vfork parent) makes the verdict unknown,
  *    with that reason, never a hang and never a "definitely lost" from a stack not read; a

@@ -59,10 +59,12 @@ OPTIONS = (
            "1: at the end of the process (exit, after its destructors, or _exit), tell each "
            "block still alive lost or still reachable (see mmleak-scan(7)); 2: the same, "
            "except at the _exit of a fork child that did not exec; 0: never", "mmleak.so"),
-    Option("SCAN_HERE", "MMLEAK_SCAN_HERE", "bool", 1, 0, 1,
+    Option("SCAN_HERE", "MMLEAK_SCAN_HERE", "int", 1, 0, 2,
            "1: the scan at the exit of a process left with one thread runs in a child that "
-           "shares its memory, no mmleak-scan started (see mmleak-scan(7)); 0: always in "
-           "mmleak-scan", "mmleak.so"),
+           "shares its memory, no mmleak-scan started, and so does that of a process whose "
+           "other threads mmleak-scan may not trace (not dumpable: they are stopped by a "
+           "signal of mmleak.so's; see mmleak-scan(7)); 2: the same, and those of every "
+           "process with more threads; 0: always in mmleak-scan", "mmleak.so"),
     Option("LIB", "MMLEAK_LIB", "path", None, 0, 0,
            "mmleak.py, mmleak-install.py: the mmleak.so to use", "mmleak.py"),
     Option("SHRINK", "MMLEAK_SHRINK", "choice", "auto", 0, 0,

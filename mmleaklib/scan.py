@@ -40,6 +40,7 @@ class Scan:
         self.reason = "the scan file is incomplete"
         self.attached = False
         self.threads = 0
+        self.held = None                # ptrace, alone or signal (None: an older scanner)
         self.roots = {}                 # what -> (ranges, bytes)
         self.excluded = {}
         self.kinds = {}                 # kind -> (blocks, bytes)
@@ -146,6 +147,8 @@ def read_scan(path):
                     s.attached = w[1] == "1"
                 elif key == "#threads":
                     s.threads = int(w[1])
+                elif key == "#held":
+                    s.held = w[1]
                 elif key in ("#roots", "#excluded"):
                     (s.roots if key == "#roots" else s.excluded)[w[1]] = (int(w[2]), int(w[3]))
                 elif key == "#kind":

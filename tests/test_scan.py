@@ -80,8 +80,8 @@ def only_trace(dump_dir):
     return next(iter(traces))
 
 
-def mmleak_kinds(scan_bins, dump, case):
-    env = {"SCAN_LIB": scan_bins["libscan.so"]}
+def mmleak_kinds(scan_bins, dump, case, env=None):
+    env = env or {"SCAN_LIB": scan_bins["libscan.so"]}
     run_traced([scan_bins["scan_cases"], case], dump, env=env)
     from mmleaklib import scan
     tid = only_trace(dump)

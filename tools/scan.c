@@ -8,8 +8,9 @@
  * four kinds and writes DIR/mmleak.ID.scan.S (its name goes to OUT).  WHY: "exit", "demand"
  * or "api".  Returns 0 when the scan was done, 1 when it could not be (a result saying
  * "#status unknown" and why was written if it could be, the reason in ERR too), -1 when not
- * even that could be written (ERR says why).  TOTALS (NULL, or 8 numbers): blocks and bytes
- * of each kind, definite, indirect, possible, reachable.
+ * even that could be written (ERR says why); (mmleak_scan_floor, with mmleak_scan_may_park)
+ * 2 when the kernel refused to let us trace a thread, nothing written.  TOTALS (NULL, or 8
+ * numbers): blocks and bytes of each kind, definite, indirect, possible, reachable.
  *
  * How (read-only for the target: nothing is written into it):
  *  1. the trace's directory lock, for reading (byte 0 of mmleak.ID.lock: a compaction
@@ -150,6 +151,10 @@ static void step_time(const char *step, int64_t *t)
 
 static pthread_mutex_t g_scan_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* 1: a thread that ptrace may not stop ends the scan with 2, nothing written, for mmleak.so
+ * to park the threads itself (tools/scan_main.c, "park"; tracer/park.c) */
+int mmleak_scan_may_park;
+
 static void release(struct scan *s)
 {
     let_go(s);
@@ -200,7 +205,8 @@ static int reader_tid(const struct scan *s)
  * unknown) above the numbers of the trace's dump files (take_cut).  LONE (NULL, or with a
  * floor: stack pointer, fs_base, gs_base): FLOOR_TID was the process's only thread when it
  * started us, our parent, and waits with every signal blocked (tools/scan_stop.c,
- * hold_lone).  The thread that
+ * hold_here); or, with PARK, the others are parked by mmleak.so's signal (tracer/park.c),
+ * their registers in PARK's slots.  The thread that
  * asked for the scan (at exit, or mmleak_leak_check) waits for it in mmleak.so, whose frames
  * hold stale copies of addresses (its stack walks'): FLOOR is where the program's part of
  * that stack begins, below the program's callee-saved registers, which mmleak.so's entry
@@ -210,7 +216,7 @@ static int reader_tid(const struct scan *s)
 int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
                       char *out, size_t outlen, char *err, size_t errlen,
                       uint64_t *totals, int floor_tid, uint64_t floor, int nfiles,
-                      const uint64_t *lone)
+                      const uint64_t *lone, const struct mml_park *park)
 {
     if (pid <= 0 || !dir || !id || !why || !valid_id(id) || !err || !errlen || !out) {
         if (err && errlen)
@@ -232,6 +238,7 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
     s.floor = floor;
     s.nfiles = nfiles;
     s.lone = floor_tid > 0 && floor ? lone : NULL;
+    s.park = s.lone ? park : NULL;
     if (scan_debug < 0) {
         const char *d = getenv("MMLEAK_SCAN_DEBUG");
         scan_debug = d && *d >= '1' && *d <= '9' && !d[1] ? *d - '0' : 0;
@@ -259,9 +266,19 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
         take_lock(&s);
     step_time("lock", &tstep);
     int64_t t0 = mono_ns();
-    if (!s.failed && !hold_lone(&s))
+    if (!s.failed && !hold_here(&s))
         seize_all(&s);
-    step_time(s.lone_held ? "alone, not stopped" : "stop", &tstep);
+    step_time(s.held == HELD_ALONE ? "alone, not stopped" : s.held == HELD_SIGNAL ?
+              "parked by a signal" : "stop", &tstep);
+    if (s.refused && mmleak_scan_may_park) {
+        if (g_debug_fd >= 0) {
+            close(g_debug_fd);
+            g_debug_fd = -1;
+        }
+        release(&s);                    /* (the threads seized before are let go) */
+        pthread_mutex_unlock(&g_scan_lock);
+        return 2;
+    }
     if (!s.failed) {
         gettimeofday(&tv, NULL);
         s.when = (double)tv.tv_sec + tv.tv_usec / 1e6;
@@ -315,7 +332,7 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
             s.vanished = 1;
         }
     }
-    if (s.lone_held && getppid() != pid)
+    if (s.held != HELD_PTRACE && getppid() != pid)
         s.vanished = 1;                 /* our parent, the process, is gone */
     if (s.vanished && !s.failed)
         say(&s, "process %d ended during the scan", pid);
@@ -349,7 +366,7 @@ EXPORT int mmleak_scan(int pid, const char *dir, const char *id, const char *why
                        size_t outlen, char *err, size_t errlen, uint64_t *totals)
 {
     return mmleak_scan_floor(pid, dir, id, why, out, outlen, err, errlen, totals, 0, 0, 0,
-                             NULL);
+                             NULL, NULL);
 }
 
 EXPORT int mmleak_scan_abi(void) { return 1; }

@@ -9,6 +9,7 @@
 #include <sys/types.h>
 #include <sys/user.h>
 
+#include "scan_park.h"
 #include "scan_roots.h"
 #include "scan_names.h"
 
@@ -97,7 +98,9 @@ struct scan {
     int nfiles;                         /* > 0: the trace's dump files are numbered below it
                                          * (mmleak.so's word: take_cut) */
     const uint64_t *lone;               /* the asking thread alone: sp, fs_base, gs_base */
-    int lone_held;                      /* it is, and was not stopped (hold_lone) */
+    const struct mml_park *park;        /* the others parked by mmleak.so's signal, or NULL */
+    int held;                           /* how the threads were held (HELD_*: hold_here) */
+    int refused;                        /* the kernel refused to let us trace a thread */
 };
 
 #define WINDOW ((size_t)4 << 20)        /* block contents are read this much at a time */
@@ -120,8 +123,13 @@ int64_t mono_ns(void);
  * trace) */
 void scan_file_owner(struct scan *s, int fd);
 
+/* how the threads were held: seized with ptrace; the asking thread alone, not stopped; the
+ * others parked by mmleak.so's signal (the result's "#held" line, scan_result.c) */
+enum { HELD_PTRACE, HELD_ALONE, HELD_SIGNAL };
+extern const char *const HELD_NAME[3];
+
 /* tools/scan_stop.c: the threads held, the snapshot */
-int hold_lone(struct scan *s);
+int hold_here(struct scan *s);
 int seize_all(struct scan *s);
 void let_go(struct scan *s);
 int snapshot(struct scan *s);

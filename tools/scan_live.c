@@ -1033,6 +1033,7 @@ static int fold_piped(struct feed *f, struct mmleak_input *in, int n)
 
 #ifdef MML_SCAN_INPROC
 void scan_dbg(const char *fmt, ...);    /* tools/scan.c (MMLEAK_SCAN_DEBUG) */
+extern int mml_here_stays;              /* tracer/scanhere.c */
 #endif
 
 /* Whether a CPU we may run on is idle now (/proc/stat's procs_running, ourselves
@@ -1055,7 +1056,11 @@ int mmleak_cpu_to_spare(void)
      * found the CPUs busy at the live set and one idle at the marking gave the scan up
      * after its live set, which mmleak-scan made again; the affinity stays, so a big
      * trace's live set is made once, by one or the other (and what a fallback at the
-     * marking makes again is a small trace's: below SCAN_LIVE_PIPE_MIN). */
+     * marking makes again is a small trace's: below SCAN_LIVE_PIPE_MIN).  Not when the
+     * other threads are parked by mmleak.so's signal (tracer/park.c): mmleak-scan could not
+     * stop them; the scan stays here, with no thread of its own. */
+    if (mml_here_stays)
+        return 0;
     scan_dbg("mmleak-scan: a thread would pay: mmleak-scan takes over\n");
     syscall(SYS_exit_group, 4);
     return 0;

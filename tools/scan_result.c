@@ -20,6 +20,9 @@
 
 #include "scan_int.h"
 
+/* how the other threads were held: PTRACE_SEIZE, none (the asking thread alone), or
+ * mmleak.so's signal (tracer/park.c) */
+const char *const HELD_NAME[3] = { "ptrace", "alone", "signal" };
 const char *const KIND_NAME[4] = { "definite", "indirect", "possible", "reachable" };
 const char *const ROOT_NAME[R_KINDS] = { "object", "anon", "stack", "register", "tls",
                                          "untraced-heap", "file" };
@@ -200,6 +203,7 @@ int scan_write_result(struct scan *s, char *out, size_t outlen)
             live += s->th[t].tid > 0;
         wprintf(&b, "#threads %d\n", live);
         wprintf(&b, "#stall %.6f %s\n", s->stall, s->forked ? "fork" : "stopped");
+        wprintf(&b, "#held %s\n", HELD_NAME[s->held]);
         for (int k = 0; k < R_KINDS; k++)
             wprintf(&b, "#roots %s %" PRIu64 " %" PRIu64 "\n", ROOT_NAME[k], s->roots[k][0],
                     s->roots[k][1]);

@@ -109,44 +109,96 @@ static int wait_stopped(struct scan *s, struct thr *t)
  * word (s->lone), and its other registers are not roots anyway (mmleak_scan_floor).  That
  * saves the seize, the interrupt, the wait for the stop and the detach: hand-overs between
  * the two processes, each a wait for the scheduler on a busy machine (docs/performance-heap.rst,
- * "Start-up and exit, the scan's hand-overs").  1 held so, 0 not (another thread is there,
- * or we are not its child): the threads are seized. */
-int hold_lone(struct scan *s)
+ * "Start-up and exit, the scan's hand-overs").
+ * At the exit of a process whose other threads mmleak-scan may not trace (not dumpable, a
+ * tracer already there: tracer/park.c), mmleak.so parked them with a signal of its own
+ * before it started us (s->park): each waits in mmleak.so's handler, which copied its
+ * registers from its ucontext into a slot.  They are taken as a ptrace stop's (registers
+ * and stacks from their stack pointers up are roots), and none can start a thread.  Every
+ * task must then be the asking thread, a parked one or one that ended (a zombie main
+ * thread, one exiting: no root, as with ptrace); any other, or a reason mmleak.so gave (a
+ * thread that blocks the signal, or did not stop in time), and there is no verdict.
+ * 1 held so (with s->park, failed perhaps: s->failed says why), 0 not (another thread is
+ * there, or we are not its child): the threads are seized. */
+int hold_here(struct scan *s)
 {
     if (!s->lone || s->floor_tid <= 0 || getppid() != s->pid)
         return 0;
+    const struct mml_park *pk = s->park;
+    if (pk && pk->why[0]) {
+        say(s, "%s", pk->why);
+        return 1;
+    }
     char path[64], buf[512];
     snprintf(path, sizeof path, "/proc/%d/task", s->pid);
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
-        return 0;
-    int n = 0, tid = 0;
+        return pk ? say(s, "process %d: %s", s->pid, strerror(errno)), 1 : 0;
+    int ok = 1, seen = 0;
     for (;;) {
         long k = syscall(SYS_getdents64, fd, buf, sizeof buf);
         if (k <= 0)
             break;
-        for (long off = 0; off < k;) {
+        for (long off = 0; off < k && ok > 0;) {
             struct dirent64 *e = (struct dirent64 *)(buf + off);
-            if (e->d_name[0] != '.') {
-                n++;
-                tid = atoi(e->d_name);
-            }
             off += e->d_reclen;
+            int tid = atoi(e->d_name);
+            if (tid <= 0)
+                continue;
+            const struct user_regs_struct *r = NULL;
+            if (tid == s->floor_tid)
+                seen = 1;
+            else if (!pk)
+                ok = 0;                 /* not alone: seized */
+            else {
+                int st = -1;
+                for (int i = 0; i < pk->n && st < 0; i++)
+                    if (pk->slot[i].tid == tid) {
+                        st = __atomic_load_n(&pk->slot[i].state, __ATOMIC_ACQUIRE);
+                        r = &pk->slot[i].regs;
+                    }
+                if (st != MML_PARK_HELD) {
+                    if (thread_ended(s->pid, tid))
+                        continue;
+                    say(s, "thread %d of process %d was not stopped by mmleak.so's signal",
+                        tid, s->pid);
+                    ok = -1;
+                    break;
+                }
+            }
+            if (ok <= 0)
+                break;
+            struct thr *n = realloc(s->th, (size_t)(s->nth + 1) * sizeof *n);
+            if (!n) {
+                say(s, "out of memory");
+                ok = -1;
+                break;
+            }
+            s->th = n;
+            struct thr *t = &s->th[s->nth++];
+            memset(t, 0, sizeof *t);
+            t->tid = tid;
+            if (r)
+                t->regs = *r;
+            else {
+                t->regs.rsp = s->lone[0];
+                t->regs.fs_base = s->lone[1];
+                t->regs.gs_base = s->lone[2];
+            }
         }
+        if (ok <= 0)
+            break;
     }
     close(fd);
-    if (n != 1 || tid != s->floor_tid)
+    if (ok > 0 && !seen && pk)
+        ok = say(s, "thread %d of process %d is not listed", s->floor_tid, s->pid);
+    if (ok == 0 || (ok > 0 && !seen)) {
+        free(s->th);
+        s->th = NULL;
+        s->nth = 0;
         return 0;
-    struct thr *t = calloc(1, sizeof *t);
-    if (!t)
-        return 0;
-    t->tid = tid;
-    t->regs.rsp = s->lone[0];
-    t->regs.fs_base = s->lone[1];
-    t->regs.gs_base = s->lone[2];
-    s->th = t;
-    s->nth = 1;
-    s->lone_held = 1;
+    }
+    s->held = pk ? HELD_SIGNAL : HELD_ALONE;
     return 1;
 }
 
@@ -168,6 +220,7 @@ int seize_all(struct scan *s)
                 if (errno == ESRCH || (errno == EPERM && thread_ended(s->pid, tid)))
                     continue;           /* ended meanwhile, or before (a zombie) */
                 int e2 = errno;
+                s->refused = e2 == EPERM;
                 closedir(d);
                 return say(s, "cannot trace thread %d of process %d: %s%s", tid, s->pid,
                            strerror(e2), e2 == EPERM ? " (another tracer, another user, or "

@@ -185,6 +185,75 @@ static COLD void note_no_scanner(const char *looked)
     pthread_mutex_unlock(&g_lock);
 }
 
+static char status_buf[8192];           /* /proc/self/status, as under_seccomp read it */
+
+#define CAP_SYS_PTRACE_BIT 19
+
+/* Are the real, effective and saved ids of the status line NAME ("\nUid:") not all one? */
+static int mixed_ids(const char *status, const char *name)
+{
+    const char *p = mml_status_field(status, name);
+    unsigned long id[3] = { 0, 0, 0 };
+    for (int k = 0; p && k < 3; k++) {
+        while (*p == ' ' || *p == '\t')
+            p++;
+        while (*p >= '0' && *p <= '9')
+            id[k] = id[k] * 10 + (unsigned long)(*p++ - '0');
+    }
+    return id[0] != id[1] || id[0] != id[2];
+}
+
+/* Would mmleak-scan's PTRACE_SEIZE of our other threads be refused?  It runs with our
+ * credentials, and the kernel refuses it when a tracer already holds us (a debugger,
+ * strace: TracerPid); when Yama's ptrace_scope is 3 (no attach at all), or 2 (admin only)
+ * and it lacks CAP_SYS_PTRACE; and, without CAP_SYS_PTRACE, when the process is not
+ * dumpable (a setuid, setgid or capability change made it so: a daemon that dropped root,
+ * memcached -u), or when its real, effective and saved uids (or gids) are not all one (a
+ * saved uid 0, squid: the kernel compares the tracer's real id with all three).  (Asked
+ * only at the exit of a process with more threads, after the status was read: a prctl and
+ * the Yama file.)  Then the other threads are parked by a signal of ours instead (park.c).
+ * A security module's refusal is not foreseen: mmleak-scan tries, and says so. */
+static int ptrace_refused(const char *status)
+{
+    const char *tp = mml_status_field(status, "\nTracerPid:");
+    if (tp && *tp >= '1' && *tp <= '9')
+        return 1;
+    int cap = (int)(mml_status_hex(status, "\nCapEff:") >> CAP_SYS_PTRACE_BIT & 1);
+    if (!cap && (mixed_ids(status, "\nUid:") || mixed_ids(status, "\nGid:")))
+        return 1;
+    char y = '0';
+    int fd = open("/proc/sys/kernel/yama/ptrace_scope", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if (read(fd, &y, 1) != 1)
+            y = '0';
+        close(fd);
+    }
+    if (y == '3' || (y == '2' && !cap))
+        return 1;
+    return !cap && mml_sys(SYS_prctl, PR_GET_DUMPABLE, 0, 0, 0, 0) != 1;
+}
+
+#if defined(__x86_64__)
+/* The scan at exit in a child that shares our memory, no program started (scanhere.c):
+ * this thread alone, or with the other threads parked by a signal of ours (PARK: park.c).
+ * Its status, or -2 (no child could be started: mmleak-scan then). */
+static COLD int scan_in_child(uintptr_t floor, int park)
+{
+    unsigned long fs = 0, gs = 0;
+    if (mml_sys(SYS_arch_prctl, ARCH_GET_FS, &fs) || mml_sys(SYS_arch_prctl, ARCH_GET_GS, &gs))
+        return -2;
+    volatile char here = 0;             /* below the floor: this frame is mmleak.so's */
+    uint64_t lv[3] = { (uint64_t)(uintptr_t)&here, fs, gs };
+    uint64_t all = ~(uint64_t)0, old = 0;
+    mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, sizeof all);
+    int rc = mml_scan_here((int)mml_sys(SYS_gettid), floor, (int)atomic_load(&g_next_file),
+                           lv, park);
+    /* a signal that came meanwhile is delivered now */
+    mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
+    return rc;
+}
+#endif
+
 /* Start mmleak-scan for this process and wait for its verdict.  WHY: "exit" or "api".
  * LONE: this thread was the process's only one (/proc/self/status) and has a FLOOR: it then
  * waits with every signal blocked, so that nothing of the program runs in it until the
@@ -197,24 +266,26 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
 {
     static char path[PATH_MAX], pidbuf[24], fdbuf[24], tidbuf[24], floorbuf[24], nfbuf[24];
     static char spbuf[24], fsbuf[24], gsbuf[24];
+    int may_park = 0;
 #if defined(__x86_64__)
     /* at the exit, this thread alone: the scan in a child that shares our memory, no
      * program started (tracer/scanhere.c) */
-    unsigned long lfs = 0, lgs = 0;
-    if (cfg.scan_here && lone && floor && !strcmp(why, "exit") &&
-        !mml_sys(SYS_arch_prctl, ARCH_GET_FS, &lfs) &&
-        !mml_sys(SYS_arch_prctl, ARCH_GET_GS, &lgs)) {
-        volatile char here = 0;         /* below the floor: this frame is mmleak.so's */
-        uint64_t lv[3] = { (uint64_t)(uintptr_t)&here, lfs, lgs };
-        uint64_t all = ~(uint64_t)0, old = 0;
-        mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, sizeof all);
-        int rc = mml_scan_here((int)mml_sys(SYS_gettid), floor, (int)atomic_load(&g_next_file),
-                               lv);
-        /* a signal that came meanwhile is delivered now */
-        mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
+    if (cfg.scan_here && lone && floor && !strcmp(why, "exit")) {
+        int rc = scan_in_child(floor, 0);
         if (rc != -2)
             return rc;
     }                                   /* (no child: mmleak-scan, then) */
+    /* at the exit, other threads that mmleak-scan may not stop (ptrace_refused), or
+     * MMLEAK_SCAN_HERE=2: they are parked by a signal of ours.  ptrace stays the way where
+     * it works: it stops a thread wherever it is, a signal only where the thread takes it
+     * (not while it blocks it) */
+    may_park = cfg.scan_here && !lone && floor && !strcmp(why, "exit");
+    if (may_park && (cfg.scan_here == 2 || ptrace_refused(status_buf))) {
+        int rc = scan_in_child(floor, 1);
+        if (rc != -2)
+            return rc;
+        may_park = 0;
+    }
 #endif
     if (scanner_path(path, sizeof path)) {
         if (!strcmp(why, "exit"))
@@ -268,6 +339,11 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
     }
 #endif
     lone = argv[9] != NULL;
+    /* should the kernel refuse its ptrace all the same (a security module, a tracer of
+     * another thread than this one), mmleak-scan writes nothing and exits with 5: the
+     * threads are parked then */
+    if (may_park)
+        argv[9] = "park";
     /* vfork: no fork handlers run (ours would start a trace for the child), nothing
      * allocated, nothing copied */
     uint64_t all = ~(uint64_t)0, old = 0;        /* the kernel's mask: 64 signals */
@@ -297,10 +373,13 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
         mml_sys(SYS_prctl, PR_SET_PTRACER, 0, 0, 0, 0);
     if (r != child || !WIFEXITED(st))
         return -1;
+#if defined(__x86_64__)
+    if (may_park && WEXITSTATUS(st) == 5)
+        return scan_in_child(floor, 1);
+#endif
     return WEXITSTATUS(st);
 }
 
-static char status_buf[8192];           /* /proc/self/status, as under_seccomp read it */
 
 /* Under a seccomp filter (Seccomp: 2 in /proc/self/status) starting a process may be
  * forbidden, and the process killed for trying: no scan then (mmleak.py scan PID, from

@@ -27,6 +27,8 @@
  *   exitscan.c     the reachability scan at exit: mmleak-scan started, or scanhere.c
  *   scanhere.c     the scan of a lone thread at exit in a CLONE_VM child (the copy of
  *                  tools/scan*.c built with tools/scan_inproc.h), its memory mml_map's
+ *   park.c         the other threads stopped by a signal of ours for that scan, where
+ *                  ptrace may not (a daemon that dropped root with setuid)
  *
  * Rules that keep the host safe hold in every file (mmleak.c lists them): no lock, syscall or
  * allocation on the hot path; no descriptor kept between cold calls; errno saved around every
@@ -76,11 +78,17 @@ int read_config(const char *args);
  * BY__EXIT: called from _exit/_Exit (maybe in a signal handler: nothing allocated or freed) */
 COLD void scan_at_exit(uintptr_t floor, int by__exit);
 COLD int run_scanner(const char *why, uintptr_t floor, int lone);
-/* scanhere.c: the scan at exit of this thread, the process's only one, in a child sharing
- * our memory (no mmleak-scan started); the caller blocked every signal.  LONE: stack
- * pointer, fs_base, gs_base.  The scan's exit status (as mmleak-scan's), -1 (the child did
- * not end by itself), or -2 (no child could be started). */
-COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone[3]);
+/* scanhere.c: the scan at exit of this thread, the process's only one, or (PARK) with the
+ * others parked meanwhile (park.c), in a child sharing our memory (no mmleak-scan started);
+ * the caller blocked every signal.  LONE: stack pointer, fs_base, gs_base.  The scan's exit
+ * status (as mmleak-scan's), -1 (the child did not end by itself), or -2 (no child could be
+ * started). */
+struct mml_park;
+COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone[3], int park);
+/* park.c: every other thread stopped by a signal of ours, no ptrace (the result: the slots,
+ * and why when not all could be); mml_unpark lets them go and puts the disposition back */
+COLD struct mml_park *mml_park_others(void);
+COLD void mml_unpark(void);
 
 /* FLOOR_ENTRY(NAME, INNER, ATTRS): the function NAME, in assembly, for a call from the
  * program that leads to a scan of its memory while it waits: it pushes the callee-saved

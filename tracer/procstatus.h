@@ -2,6 +2,7 @@
  * tracer/procstatus.h: is a process under a seccomp filter?  Read from the "Seccomp:" field
  * of its /proc/PID/status.  The tracer asks it of itself before it starts the scanner at exit
  * (tracer/exitscan.c), the scanner of a process before it injects a fork (tools/scan_stop.c).
+ * Its other fields too: a thread's state, its signal masks (tracer/park.c), capabilities.
  * Inline, because the two are different artefacts (mmleak.so, mmleak-scan).
  */
 #ifndef MMLEAK_PROCSTATUS_H
@@ -22,6 +23,22 @@ static inline const char *mml_status_field(const char *buf, const char *name)
     while (*p == ' ' || *p == '\t')
         p++;
     return p;
+}
+
+/* The hexadecimal value of the status field NAME (a mask: "\nSigBlk:", "\nCapEff:"), 0
+ * when BUF has none. */
+static inline unsigned long long mml_status_hex(const char *buf, const char *name)
+{
+    const char *p = mml_status_field(buf, name);
+    unsigned long long v = 0;
+    for (; p; p++) {
+        int c = *p;
+        int x = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (x < 0)
+            break;
+        v = v << 4 | (unsigned long long)x;
+    }
+    return v;
 }
 
 /* 1 under a filter, or when PATH cannot be read (assume the worst); 0 with none.  BUF, CAP:

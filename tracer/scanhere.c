@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "../tools/scan_park.h"
 #include "../tools/scan_roots.h"
 
 #ifndef PR_SET_PTRACER
@@ -43,7 +44,8 @@
 /* tools/scan.c and tools/scan_main.c's, in mmleak.so's copy (tools/scan_inproc.h) */
 int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why, char *out,
                       size_t outlen, char *err, size_t errlen, uint64_t *totals,
-                      int floor_tid, uint64_t floor, int nfiles, const uint64_t *lone);
+                      int floor_tid, uint64_t floor, int nfiles, const uint64_t *lone,
+                      const struct mml_park *park);
 unsigned mmleak_scan_secs(void);
 void mmleak_scan_limits(void);
 
@@ -424,6 +426,7 @@ struct here {
     int pid, tid, nfiles;
     const char *dir, *id;
     uint64_t floor, lone[3];
+    const struct mml_park *park;        /* the other threads, parked (park.c), or NULL */
     int go;                             /* set (and woken) once we may read the process */
 };
 
@@ -453,7 +456,8 @@ static int child_main(void *arg)
     char out[4200], err[512];
     uint64_t totals[8] = { 0 };
     int rc = mmleak_scan_floor(h->pid, h->dir, h->id, "exit", out, sizeof out, err,
-                               sizeof err, totals, h->tid, h->floor, h->nfiles, h->lone);
+                               sizeof err, totals, h->tid, h->floor, h->nfiles, h->lone,
+                               h->park);
     release_all();
     if (rc < 0) {                       /* as mmleak-scan says it */
         char m[600];
@@ -466,11 +470,17 @@ static int child_main(void *arg)
     return 0;
 }
 
-/* The scan of this process, its thread TID alone and waiting below FLOOR (SP FS GS:
- * LONE), in a child of ours that shares our memory; the caller blocked every signal.  The
- * child's exit status (mmleak-scan's: 0 done, 1 leaks, 2 could not scan, 3 no result), -1
- * when it did not end by itself, -2 when it could not be started (mmleak-scan may be). */
-COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone[3])
+/* 1: the scan may not hand over to mmleak-scan (tools/scan_live.c, mmleak_cpu_to_spare):
+ * the other threads are parked because mmleak-scan could not stop them. */
+int mml_here_stays;
+
+/* The scan of this process, its thread TID alone, or the others parked (PARK: tracer/park.c,
+ * here), and waiting below FLOOR (SP FS GS: LONE), in a child of ours that shares our
+ * memory; the caller blocked every signal.  The child's exit status (mmleak-scan's: 0 done,
+ * 1 leaks, 2 could not scan, 3 no result), -1 when it did not end by itself, -2 when it
+ * could not be started (mmleak-scan may be). */
+COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone[3],
+                       int park)
 {
     static struct here h;               /* (in our .bss, which the scan leaves out) */
     memset(&h, 0, sizeof h);
@@ -481,15 +491,22 @@ COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone
     h.id = g_id;
     h.floor = floor;
     memcpy(h.lone, lone, sizeof h.lone);
+    mml_here_stays = park;
     g_layout.ok = 0;
     kept = 0;
+    /* before the others are parked: the loader's lock (dl_iterate_phdr's) may be held by
+     * one of them, which would then wait for us */
     mml_each_object(layout_of_object, NULL);
     char *stack = mml_map(STACK);
     if (!stack)
         return -2;
     mprotect(stack, 4096, PROT_NONE);   /* an overflow faults, never writes below */
+    if (park)
+        h.park = mml_park_others();
     pid_t child = clone(child_main, stack + STACK, CLONE_VM | SIGCHLD, &h);
     if (child < 0) {
+        if (park)
+            mml_unpark();
         mml_unmap(stack, STACK);
         return -2;
     }
@@ -501,12 +518,15 @@ COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone
     pid_t r;
     while ((r = waitpid(child, &st, 0)) < 0 && errno == EINTR)
         ;
+    if (park)
+        mml_unpark();
     if (named)
         mml_sys(SYS_prctl, PR_SET_PTRACER, 0, 0, 0, 0);
     sc_unmap(stack, STACK);
     release_all();                      /* (ours: a child killed left them) */
     if (r != child || !WIFEXITED(st))
         return -1;
-    /* 4: the scan would start a thread (a big trace or heap, a CPU idle): mmleak-scan */
+    /* 4: the scan would start a thread (a big trace or heap, a CPU idle): mmleak-scan
+     * (never with PARK: mml_here_stays) */
     return WEXITSTATUS(st) == 4 ? -2 : WEXITSTATUS(st);
 }

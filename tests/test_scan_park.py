@@ -1,0 +1,219 @@
+"""The scan at exit of a process whose other threads mmleak-scan may not trace (a daemon that
+dropped root with setuid is not dumpable, as memcached -u): mmleak.so parks them with a
+signal of its own (tracer/park.c) and scans in the child that shares its memory; the result
+says so ("#held signal").  Real processes (tests/scan_park.c, tests/scan_cases.c), exact
+kinds of the known blocks."""
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from conftest import LIB, TESTS, run_traced
+from test_scan import CASES, mmleak_kinds, scan_bins  # noqa: F401 (a fixture)
+
+NOBODY = 65534
+
+
+@pytest.fixture(scope="module")
+def park_bin(tmp_path_factory):
+    d = tmp_path_factory.mktemp("parkbin")
+    exe = str(d / "scan_park")
+    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(TESTS, "scan_park.c"),
+                    "-pthread"], check=True)
+    os.chmod(str(d), 0o755)             # (run as root; nothing else needs it)
+    return exe
+
+
+@pytest.fixture
+def open_dir():
+    """A dump directory the daemon can still write in after it became nobody (its scanner,
+    as nobody, writes the result there), in /tmp (every directory up to it open)."""
+    d = tempfile.mkdtemp(prefix="mmleak-park.", dir="/tmp")
+    os.chmod(d, 0o1777)
+    yield d
+    shutil.rmtree(d)
+
+
+def run_daemon(exe, d, *mode, here=None):
+    """Run scan_park as root (it becomes nobody): the trace id of its exit's scan, the
+    result's head and the kinds (a Kinds) of that scan."""
+    env = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=d)
+    if here is not None:
+        env["MMLEAK_SCAN_HERE"] = here
+    r = subprocess.run([exe, str(NOBODY)] + list(mode), env=env, capture_output=True,
+                       timeout=120)
+    assert (r.returncode, r.stderr) == (0, b""), r.stderr       # 3: still dumpable
+    from mmleaklib import scan
+    scans = [n for n in os.listdir(d) if ".scan." in n]
+    assert len(scans) == 1, sorted(os.listdir(d))
+    tid = scans[0].split(".")[1]
+    with open(os.path.join(d, scans[0]), "rb") as f:
+        head = f.read(2000)
+    return tid, head, scan.kinds_for(d, tid)
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the daemon starts as root and "
+                                "drops it (setuid), which makes it not dumpable")
+
+
+@needs_root
+def test_undumpable_daemon_gets_its_verdict(park_bin, open_dir):
+    """Two threads left besides the exiting one, one waiting in read() with the only pointer
+    to a block of 1111 bytes in its frame, one spinning with the only pointer to a block of
+    2222 bytes in r12, and a block of 3333 bytes lost: with mmleak-scan's ptrace refused (not
+    dumpable), the threads are parked by mmleak.so's signal and the verdict is exact."""
+    tid, head, k = run_daemon(park_bin, open_dir)
+    assert k.status == "done", k.reason
+    assert (k.scan.held, k.scan.threads) == ("signal", 3), head
+    assert b"\n#roots register 3 448\n" in head, head     # 2 x 216 bytes, the exiting 16
+    import mmleaklib as mm
+    # (the threads' lines are still in their staging files: the shrink engine reads those)
+    sizes = {(a.ptr, a.seq): a.size
+             for a in mm.shrink_files(mm.find_traces(open_dir)[tid]).survivors()}
+    got = sorted((sizes[key], kind) for key, kind in k.items()
+                 if sizes.get(key) in (1111, 2222, 3333))
+    assert got == [(1111, "reachable"), (2222, "reachable"), (3333, "definite")]
+
+
+@needs_root
+def test_undumpable_daemon_unknown_through_ptrace(park_bin, open_dir):
+    """The same daemon with MMLEAK_SCAN_HERE=0 (always mmleak-scan, which must ptrace):
+    the kernel refuses it, no verdict.  (What the test above would be without the signal.)"""
+    tid, head, k = run_daemon(park_bin, open_dir, here="0")
+    assert k.status == "unknown"
+    assert re.match(r"cannot trace thread \d+ of process \d+: Operation not permitted",
+                    k.reason), k.reason
+
+
+@needs_root
+def test_thread_blocking_every_signal_leaves_the_verdict_unknown(park_bin, open_dir):
+    """A third thread blocks every signal: it cannot be parked; the verdict is unknown and
+    says which thread and why, at once (nothing sent, no wait), the exit unharmed."""
+    tid, head, k = run_daemon(park_bin, open_dir, "blockall")
+    assert k.status == "unknown"
+    assert re.fullmatch(r"thread \d+ blocks every real-time signal: the other threads "
+                        r"cannot be stopped without ptrace", k.reason), k.reason
+
+
+def test_thread_that_never_takes_the_signal_leaves_the_verdict_unknown(park_bin, dump):
+    """A third thread waits for its vfork child, which takes no signal but a fatal one, and
+    ends only after the process: it never parks.  MMLEAK_SCAN_HERE=2 (no drop of root
+    needed): after the bounded wait (5 s, the time a ptrace stop is given), the verdict is
+    unknown and says which thread and why; no hang, the exit unharmed."""
+    r = run_traced([park_bin, "-", "vfork"], dump, env={"MMLEAK_SCAN_HERE": "2"})
+    assert r.stderr == b""
+    from mmleaklib import scan
+    import mmleaklib as mm
+    (tid,) = mm.find_traces(str(dump))
+    k = scan.kinds_for(str(dump), tid)
+    assert k.status == "unknown"
+    assert re.fullmatch(r"thread \d+ did not stop within 5 s for the signal sent \(it blocks "
+                        r"it, or waits uninterruptibly\): the other threads cannot be "
+                        r"stopped without ptrace", k.reason), k.reason
+
+
+THREAD_CASES = ["thread-stack", "thread-register", "unjoined-result", "main-exited",
+                "freed-arena"]
+
+
+@pytest.mark.parametrize("case", THREAD_CASES)
+def test_thread_cases_with_the_threads_parked(scan_bins, dump, case):  # noqa: F811
+    """MMLEAK_SCAN_HERE=2: every process with more threads is scanned with them parked by
+    the signal, even where ptrace would do: the same kinds as with ptrace (CASES)."""
+    env = {"SCAN_LIB": scan_bins["libscan.so"], "MMLEAK_SCAN_HERE": "2"}
+    assert mmleak_kinds(scan_bins, dump, case, env) == CASES[case]
+    if case in ("thread-stack", "thread-register"):
+        (res,) = [n for n in os.listdir(str(dump)) if ".scan." in n]
+        with open(str(dump / res), "rb") as f:
+            assert b"\n#held signal\n#" in f.read(2000)
+
+
+HELD_C = r"""#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+static int ready[2], never[2];
+static void *run(void *a) {
+  void *volatile local = malloc(4321);
+  char c;
+  (void)!write(ready[1], "x", 1);
+  (void)!read(never[0], &c, 1);      /* never returns: nothing is written there */
+  return local;
+}
+int main(void) {
+  char line[8];
+  pthread_t t;
+  if (pipe(ready) || pipe(never) || pthread_create(&t, NULL, run, NULL) ||
+      read(ready[0], line, 1) != 1)
+    return 2;
+  void *volatile lost = malloc(4321);
+  lost = NULL;
+  puts("ready");
+  fflush(stdout);
+  if (!fgets(line, sizeof line, stdin)) return 1;
+  return 0;
+}
+"""
+
+
+def run_held(dump, which):
+    """HELD_C with one of its threads held by a debugger (the test: PTRACE_SEIZE, each stop
+    continued with its signal): the main one (WHICH "main", the one that exits) or the
+    other ("thread").  The Kinds of its scan at exit and the kinds of its 4321-byte blocks."""
+    src = dump / "held.c"
+    src.write_text(HELD_C)
+    exe = str(dump / "held")
+    subprocess.run(["cc", "-O1", "-o", exe, str(src), "-pthread"], check=True)
+    e = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump))
+    p = subprocess.Popen([exe], env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    PTRACE_SEIZE, PTRACE_CONT = 0x4206, 7
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        tids = sorted(int(t) for t in os.listdir("/proc/%d/task" % p.pid))
+        assert len(tids) == 2 and tids[0] == p.pid, tids
+        tid = p.pid if which == "main" else tids[1]
+        assert libc.ptrace(PTRACE_SEIZE, tid, None, None) == 0, ctypes.get_errno()
+        p.stdin.write(b"go\n")
+        p.stdin.close()
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                _, st = os.waitpid(tid, 0x40000000)         # __WALL
+            except ChildProcessError:
+                break                   # (a thread reaped with its process)
+            if os.WIFEXITED(st) or os.WIFSIGNALED(st):
+                break
+            sig = os.WSTOPSIG(st) if (st >> 16) == 0 else 0
+            libc.ptrace(PTRACE_CONT, tid, None, ctypes.c_void_p(sig))
+        assert p.wait(timeout=60) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+    import mmleaklib as mm
+    from mmleaklib import scan
+    (trace,) = mm.find_traces(str(dump))
+    k = scan.kinds_for(str(dump), trace)
+    sizes = {(a.ptr, a.seq): a.size
+             for a in mm.shrink_files(mm.find_traces(str(dump))[trace]).survivors()}
+    return k, sorted(kind for key, kind in k.items() if sizes.get(key) == 4321)
+
+
+@pytest.mark.parametrize("which", ["main", "thread"])
+def test_threads_of_a_process_a_debugger_holds(dump, which):
+    """A debugger holds one thread of a process with two: mmleak-scan could not stop it
+    ("another tracer").  The exiting one held (main): mmleak.so sees its TracerPid and
+    parks the other thread at once; the other held (thread): mmleak-scan, refused, writes
+    nothing and exits with 5, and mmleak.so parks it then (the debugger sees the signal
+    and passes it on).  Either way the verdicts are exact: the block in the thread's frame
+    still reachable, the other lost."""
+    k, kinds = run_held(dump, which)
+    assert k.status == "done", k.reason
+    assert (k.scan.held, k.scan.threads) == ("signal", 2)
+    assert kinds == ["definite", "reachable"]

@@ -1,6 +1,7 @@
 /* uid_drop.c: a root process that changes its uid while traced (test_dumpdir_tracer.py).
  * argv[1]: "t" seteuid(UID) for a while (a file server's request) and back to root; "p"
- * setuid(UID), for good; "ep" seteuid(UID), then setresuid(UID, UID, UID) from there.  One
+ * setuid(UID), for good; "ep" seteuid(UID), then setresuid(UID, UID, UID) from there; "pr"
+ * as "p", then 200,000 pairs of malloc and free (past a rotation at MMLEAK_ROTATE_MB=1).  One
  * block of 100, 200 and 300 bytes is allocated before, during and after, and kept. */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -20,10 +21,14 @@ int main(int argc, char **argv)
         keep[1] = malloc(200);
         if (seteuid(0))
             return 1;
-    } else if (!strcmp(argv[1], "p")) {
+    } else if (!strcmp(argv[1], "p") || !strcmp(argv[1], "pr")) {
         if (setuid(u))
             return 1;
         keep[1] = malloc(200);
+        for (int i = 0; argv[1][1] && i < 200000; i++) {
+            void *volatile q = malloc(32);      /* (volatile: not a pair the compiler drops) */
+            free(q);
+        }
     } else if (!strcmp(argv[1], "ep")) {
         if (seteuid(u))
             return 1;

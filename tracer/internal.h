@@ -376,6 +376,9 @@ extern uid_t g_owner;                   /* euid when the trace started: our file
 extern atomic_int g_said_write;         /* the one message about failing writes */
 #define WRITE_FAILED_TAIL "; events are kept and writing is retried; events that do not fit " \
     "are counted, and every report will say the trace is incomplete"
+/* ... when a rotation's new file cannot be made (threadfile.c, make_room) */
+#define ROTATE_FAILED_TAIL "; the thread goes on writing its current dump file past " \
+    "MMLEAK_ROTATE_MB (compaction folds it when it ends)"
 /* A taken name is skipped; after TAKEN_RUN taken names in a row, see dumpdir.c */
 #define TAKEN_RUN 64
 

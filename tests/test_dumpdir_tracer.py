@@ -503,6 +503,30 @@ def test_a_drop_of_root_for_a_while_keeps_the_trace_roots(shared, tmp_path, mode
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="changes its uid")
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                    reason="mmleak-scan takes over a big trace's scan on two CPUs or more only")
+def test_a_big_trace_of_a_process_not_dumpable_is_scanned(shared, tmp_path):
+    """A process that became another user with setuid is not dumpable; with a big trace (8
+    MB and more of dump files) its scan at the exit went to mmleak-scan, a process of its
+    own, which the kernel does not let read it: "/proc/PID/maps: Permission denied", no
+    verdict (nsd; squid, whose saved uid stays root).  Now the scan stays in the child that
+    shares the process's memory."""
+    exe = str(tmp_path / "uid_drop")
+    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(TESTS, "uid_drop.c")],
+                   check=True)
+    r = subprocess.run([exe, "pr", str(NOBODY)], capture_output=True, timeout=120,
+                       env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(shared)))
+    assert (r.returncode, r.stderr) == (0, b"")
+    names = sorted(os.listdir(str(shared)))
+    assert sum(os.lstat(str(shared / n)).st_size for n in names if n.endswith(".out")) \
+        >= 8 << 20, names
+    assert [n for n in names if ".scan." in n], names
+    rep = subprocess.run([MMLEAK, "report", str(shared), "--no-html"], capture_output=True,
+                         text=True, timeout=120)
+    assert "still reachable:       600 bytes in 3 blocks" in rep.stdout, rep.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changes its uid")
 def test_a_rotation_after_a_drop_of_root_keeps_the_file(tmp_path):
     """nsd (and any daemon started as root by mmleak.py run) becomes a user who may not
     create files in run's directory (root's, 0755).  Its dump file reached MMLEAK_ROTATE_MB:

@@ -503,6 +503,29 @@ def test_a_drop_of_root_for_a_while_keeps_the_trace_roots(shared, tmp_path, mode
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="changes its uid")
+def test_the_exit_scan_of_a_root_process_acting_as_another_user(tmp_path):
+    """varnishd's manager keeps root as its real and saved uid and acts as user varnish
+    (seteuid) until its exit: its files stay root's (a drop for a while), and its scan at the
+    exit, which runs with its credentials, said "cannot open the trace's lock file:
+    Permission denied" and gave no verdict.  The scan now works on them as their owner, as
+    mmleak.so's own file operations do."""
+    exe = str(tmp_path / "uid_drop")
+    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(TESTS, "uid_drop.c")],
+                   check=True)
+    d = tmp_path / "d"
+    d.mkdir(mode=0o755)
+    r = subprocess.run([exe, "e", str(NOBODY)], capture_output=True, timeout=60,
+                       env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(d)))
+    assert (r.returncode, r.stderr) == (0, b"")
+    names = sorted(os.listdir(str(d)))
+    assert [n.split(".", 2)[2] for n in names] == ["0.out", "lock", "maps", "scan.1"], names
+    assert {os.lstat(str(d / n)).st_uid for n in names} == {0}
+    rep = subprocess.run([MMLEAK, "report", str(d), "--no-html"], capture_output=True,
+                         text=True, timeout=60)
+    assert "still reachable:       600 bytes in 3 blocks" in rep.stdout, rep.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changes its uid")
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
                     reason="mmleak-scan takes over a big trace's scan on two CPUs or more only")
 def test_a_big_trace_of_a_process_not_dumpable_is_scanned(shared, tmp_path):

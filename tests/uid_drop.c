@@ -1,8 +1,9 @@
 /* uid_drop.c: a root process that changes its uid while traced (test_dumpdir_tracer.py).
- * argv[1]: "t" seteuid(UID) for a while (a file server's request) and back to root; "p"
- * setuid(UID), for good; "ep" seteuid(UID), then setresuid(UID, UID, UID) from there; "pr"
- * as "p", then 200,000 pairs of malloc and free (past a rotation at MMLEAK_ROTATE_MB=1).  One
- * block of 100, 200 and 300 bytes is allocated before, during and after, and kept. */
+ * argv[1]: "t" seteuid(UID) for a while (a file server's request) and back to root; "e"
+ * seteuid(UID) until the exit (varnishd's manager); "p" setuid(UID), for good; "ep"
+ * seteuid(UID), then setresuid(UID, UID, UID) from there; "pr" as "p", then 200,000 pairs of
+ * malloc and free (past a rotation at MMLEAK_ROTATE_MB=1).  One block of 100, 200 and 300
+ * bytes is allocated before, during and after, and kept. */
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +30,10 @@ int main(int argc, char **argv)
             void *volatile q = malloc(32);      /* (volatile: not a pair the compiler drops) */
             free(q);
         }
+    } else if (!strcmp(argv[1], "e")) {
+        if (seteuid(u))
+            return 1;
+        keep[1] = malloc(200);
     } else if (!strcmp(argv[1], "ep")) {
         if (seteuid(u))
             return 1;

@@ -115,11 +115,9 @@ static int thread_uids(unsigned long u[4])
     return 0;
 }
 
-struct fs_scope { uid_t old; int switched; };
-
 /* Switch the file system uid to the owner's if the thread is another user now and may.  1 if
  * switched. */
-static int fs_begin(struct fs_scope *f)
+int fs_begin(struct fs_scope *f)
 {
     f->switched = 0;
     int e = errno;
@@ -135,7 +133,7 @@ static int fs_begin(struct fs_scope *f)
     return f->switched;
 }
 
-static void fs_end(struct fs_scope *f)
+void fs_end(struct fs_scope *f)
 {
     if (f->switched) {
         int e = errno;

@@ -208,8 +208,14 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
         uint64_t lv[3] = { (uint64_t)(uintptr_t)&here, lfs, lgs };
         uint64_t all = ~(uint64_t)0, old = 0;
         mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, sizeof all);
+        /* a root daemon acting as another user for now (varnishd's manager: seteuid, root
+         * kept as its saved uid) left our files root's: the child, which inherits the file
+         * system uid, works on them as their owner, as we do (dumpdir.c) */
+        struct fs_scope fs;
+        fs_begin(&fs);
         int rc = mml_scan_here((int)mml_sys(SYS_gettid), floor, (int)atomic_load(&g_next_file),
                                lv);
+        fs_end(&fs);
         /* a signal that came meanwhile is delivered now */
         mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
         if (rc != -2)

@@ -382,6 +382,11 @@ extern atomic_int g_said_write;         /* the one message about failing writes 
 /* A taken name is skipped; after TAKEN_RUN taken names in a row, see dumpdir.c */
 #define TAKEN_RUN 64
 
+/* The file system uid switched to our files' owner while a thread that is another user
+ * for now (a seteuid) works on them, and put back (dumpdir.c) */
+struct fs_scope { uid_t old; int switched; };
+int fs_begin(struct fs_scope *f);
+void fs_end(struct fs_scope *f);
 char *file_name(char *buf, size_t len, const char *suffix);
 int d_open(const char *name, int flags, mode_t mode);
 int d_unlink(const char *name);

@@ -73,6 +73,32 @@ static int dir_fd(void)
     return g_dirfd;
 }
 
+/* Whether we may create files in the dump directory now, as ourselves or as the files'
+ * owner (AS_OWNER, below): a daemon that became another user for good may not, in a
+ * directory of root's.  1 yes or unknown, 0 no. */
+static int dir_access(int fd)
+{
+    /* AT_EACCESS: the file system uid, which fs_begin sets, not the real one */
+    return fd == AT_FDCWD ? faccessat(AT_FDCWD, cfg.dir, W_OK | X_OK, AT_EACCESS)
+                          : faccessat(fd, ".", W_OK | X_OK, AT_EACCESS);
+}
+
+int dir_writable(void)
+{
+    int fd = dir_fd(), e = errno;
+    if (fd == -1)
+        return 1;
+    int rc = dir_access(fd);
+    struct fs_scope fs;
+    if (rc < 0 && (errno == EACCES || errno == EPERM) && fs_begin(&fs)) {
+        rc = dir_access(fd);
+        fs_end(&fs);
+    }
+    int no = rc < 0 && (errno == EACCES || errno == EPERM || errno == EROFS);
+    errno = e;
+    return !no;
+}
+
 /* A file server acts as another user in one thread for a while (nfs-ganesha, samba: a raw
  * setresuid, or setfsuid, around each request; glibc passes neither on to the other threads,
  * and we do not see them): our 0600 files are then out of that thread's reach.  So when one

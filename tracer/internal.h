@@ -388,6 +388,7 @@ struct fs_scope { uid_t old; int switched; };
 int fs_begin(struct fs_scope *f);
 void fs_end(struct fs_scope *f);
 char *file_name(char *buf, size_t len, const char *suffix);
+int dir_writable(void);
 int d_open(const char *name, int flags, mode_t mode);
 int d_unlink(const char *name);
 int d_rename(const char *from, const char *to);

@@ -554,6 +554,29 @@ def test_the_exit_scan_of_a_root_process_acting_as_another_user(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="changes its uid")
+def test_a_child_forked_while_acting_as_another_user_is_traced(tmp_path):
+    """proftpd's master acts as nobody (seteuid, root kept) and forks a child per session:
+    the child's trace took nobody as its owner, who may not create files in a directory of
+    root's: "cannot create files ... tracing disabled", none of the sessions traced.  The
+    child now keeps its parent's owner, as whom its files are made."""
+    exe = str(tmp_path / "uid_drop")
+    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(TESTS, "uid_drop.c")],
+                   check=True)
+    d = tmp_path / "d"
+    d.mkdir(mode=0o755)
+    r = subprocess.run([exe, "ef", str(NOBODY)], capture_output=True, timeout=60,
+                       env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(d)))
+    assert (r.returncode, r.stderr) == (0, b"")
+    import mmleaklib as mm
+    traces = mm.find_traces(str(d))
+    assert len(traces) == 2, sorted(os.listdir(str(d)))
+    sizes = sorted(sorted(a.size for a in mm.shrink_files(p).survivors())
+                   for p in traces.values())
+    assert sizes == [[100, 200, 300], [400]]       # (a child's trace starts at its fork)
+    assert {os.lstat(str(d / n)).st_uid for n in os.listdir(str(d))} == {0}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changes its uid")
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
                     reason="mmleak-scan takes over a big trace's scan on two CPUs or more only")
 def test_a_big_trace_of_a_process_not_dumpable_is_scanned(shared, tmp_path):

@@ -220,7 +220,13 @@ static COLD unsigned long long self_start_ticks(void)
 void process_start(const unsigned long long *loaded)
 {
     g_pid = getpid();
-    g_owner = geteuid();
+    /* a forked child of a process acting as another user for now (proftpd's master: seteuid
+     * nobody, root kept as its real and saved uid) keeps its parent's owner, who may create
+     * files in the directory, and whom it may become for that (dumpdir.c, AS_OWNER) */
+    uid_t r, e, s;
+    if (!(g_forked && !getresuid(&r, &e, &s) &&
+          (r == g_owner || e == g_owner || s == g_owner || e == 0)))
+        g_owner = geteuid();
     g_t0 = time(NULL);
     g_pstart = self_start_ticks();
     prealloc_decide();

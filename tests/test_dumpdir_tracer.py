@@ -500,3 +500,133 @@ def test_a_drop_of_root_for_a_while_keeps_the_trace_roots(shared, tmp_path, mode
     import mmleaklib as mm
     (paths,) = mm.find_traces(str(shared)).values()
     assert sorted(a.size for a in mm.shrink_files(paths).survivors()) == [100, 200, 300]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changes its uid")
+def test_frees_after_the_exit_of_a_process_that_cannot_create_files(tmp_path):
+    """ngircd, started as root by mmleak.py run, becomes nobody; the frees its libraries'
+    destructors make after mmleak.so's own need a new dump file once the thread's is ended,
+    which nobody cannot create in run's directory (root's, 0755): they were lost, unsaid,
+    and their 50 blocks reported not freed.  Now the thread's file stays open for them."""
+    lib = str(tmp_path / "liblate.so")
+    exe = str(tmp_path / "late_frees")
+    src = os.path.join(TESTS, "late_frees.c")
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-DLIB", "-o", lib, src], check=True)
+    subprocess.run(["cc", "-O1", "-g", "-o", exe, src, "-Wl,--no-as-needed", lib,
+                    "-Wl,-rpath," + str(tmp_path)], check=True)
+    d = tmp_path / "d"
+    d.mkdir(mode=0o755)
+    r = subprocess.run([exe, str(NOBODY)], capture_output=True, timeout=60,
+                       env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(d)))
+    assert r.returncode == 0, r.stderr
+    import mmleaklib as mm
+    (paths,) = mm.find_traces(str(d)).values()
+    sh = mm.shrink_files(paths)
+    assert sorted(a.size for a in sh.survivors()) == [33]
+    rep = subprocess.run([MMLEAK, "report", str(d), "--no-html"], capture_output=True,
+                         text=True, timeout=60)
+    assert "101 events read from 1 files; 33 B in 1 blocks not freed" in rep.stdout, \
+        rep.stdout + rep.stderr
+    assert "INCOMPLETE" not in rep.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changes its uid")
+def test_the_exit_scan_of_a_root_process_acting_as_another_user(tmp_path):
+    """varnishd's manager keeps root as its real and saved uid and acts as user varnish
+    (seteuid) until its exit: its files stay root's (a drop for a while), and its scan at the
+    exit, which runs with its credentials, said "cannot open the trace's lock file:
+    Permission denied" and gave no verdict.  The scan now works on them as their owner, as
+    mmleak.so's own file operations do."""
+    exe = str(tmp_path / "uid_drop")
+    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(TESTS, "uid_drop.c")],
+                   check=True)
+    d = tmp_path / "d"
+    d.mkdir(mode=0o755)
+    r = subprocess.run([exe, "e", str(NOBODY)], capture_output=True, timeout=60,
+                       env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(d)))
+    assert (r.returncode, r.stderr) == (0, b"")
+    names = sorted(os.listdir(str(d)))
+    assert [n.split(".", 2)[2] for n in names] == ["0.out", "lock", "maps", "scan.1"], names
+    assert {os.lstat(str(d / n)).st_uid for n in names} == {0}
+    rep = subprocess.run([MMLEAK, "report", str(d), "--no-html"], capture_output=True,
+                         text=True, timeout=60)
+    assert "still reachable:       600 bytes in 3 blocks" in rep.stdout, rep.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changes its uid")
+def test_a_child_forked_while_acting_as_another_user_is_traced(tmp_path):
+    """proftpd's master acts as nobody (seteuid, root kept) and forks a child per session:
+    the child's trace took nobody as its owner, who may not create files in a directory of
+    root's: "cannot create files ... tracing disabled", none of the sessions traced.  The
+    child now keeps its parent's owner, as whom its files are made."""
+    exe = str(tmp_path / "uid_drop")
+    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(TESTS, "uid_drop.c")],
+                   check=True)
+    d = tmp_path / "d"
+    d.mkdir(mode=0o755)
+    r = subprocess.run([exe, "ef", str(NOBODY)], capture_output=True, timeout=60,
+                       env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(d)))
+    assert (r.returncode, r.stderr) == (0, b"")
+    import mmleaklib as mm
+    traces = mm.find_traces(str(d))
+    assert len(traces) == 2, sorted(os.listdir(str(d)))
+    sizes = sorted(sorted(a.size for a in mm.shrink_files(p).survivors())
+                   for p in traces.values())
+    assert sizes == [[100, 200, 300], [400]]       # (a child's trace starts at its fork)
+    assert {os.lstat(str(d / n)).st_uid for n in os.listdir(str(d))} == {0}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changes its uid")
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                    reason="mmleak-scan takes over a big trace's scan on two CPUs or more only")
+def test_a_big_trace_of_a_process_not_dumpable_is_scanned(shared, tmp_path):
+    """A process that became another user with setuid is not dumpable; with a big trace (8
+    MB and more of dump files) its scan at the exit went to mmleak-scan, a process of its
+    own, which the kernel does not let read it: "/proc/PID/maps: Permission denied", no
+    verdict (nsd; squid, whose saved uid stays root).  Now the scan stays in the child that
+    shares the process's memory."""
+    exe = str(tmp_path / "uid_drop")
+    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(TESTS, "uid_drop.c")],
+                   check=True)
+    r = subprocess.run([exe, "pr", str(NOBODY)], capture_output=True, timeout=120,
+                       env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(shared)))
+    assert (r.returncode, r.stderr) == (0, b"")
+    names = sorted(os.listdir(str(shared)))
+    assert sum(os.lstat(str(shared / n)).st_size for n in names if n.endswith(".out")) \
+        >= 8 << 20, names
+    assert [n for n in names if ".scan." in n], names
+    rep = subprocess.run([MMLEAK, "report", str(shared), "--no-html"], capture_output=True,
+                         text=True, timeout=120)
+    assert "still reachable:       600 bytes in 3 blocks" in rep.stdout, rep.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changes its uid")
+def test_a_rotation_after_a_drop_of_root_keeps_the_file(tmp_path):
+    """nsd (and any daemon started as root by mmleak.py run) becomes a user who may not
+    create files in run's directory (root's, 0755).  Its dump file reached MMLEAK_ROTATE_MB:
+    the file was ended, the next one could not be made, the thread went on in memory, and
+    all of it was lost at the exit, unsaid: the report gave a block freed after the rotation
+    as not freed and missed the blocks allocated after it, without a word of a gap.  Now the
+    thread goes on in the file it has, and says so once."""
+    exe = str(tmp_path / "uid_drop")
+    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(TESTS, "uid_drop.c")],
+                   check=True)
+    d = pathlib.Path(tempfile.mkdtemp(prefix="mmleak-root.", dir="/tmp"))
+    try:
+        os.chmod(str(d), 0o755)
+        r = subprocess.run([exe, "pr", str(NOBODY)], capture_output=True, timeout=120,
+                           env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(d),
+                                    MMLEAK_ROTATE_MB="1"))
+        assert r.returncode == 0, r.stderr
+        assert b"cannot create a dump file in %s: permission denied" % bytes(d) in r.stderr
+        assert b"goes on writing its current dump file" in r.stderr
+        import mmleaklib as mm
+        (paths,) = mm.find_traces(str(d)).values()
+        assert [os.path.basename(p).split(".", 2)[2] for p in paths] == ["0.out"]
+        assert sorted(a.size for a in mm.shrink_files(paths).survivors()) == [100, 200, 300]
+        rep = subprocess.run([MMLEAK, "report", str(d), "--no-html"], capture_output=True,
+                             text=True, timeout=120)
+        assert rep.returncode == 0 and "INCOMPLETE" not in rep.stdout, rep.stdout + rep.stderr
+        assert "400003 events read from 1 files" in rep.stdout, rep.stdout
+    finally:
+        shutil.rmtree(str(d))

@@ -506,7 +506,8 @@ int take_cut(struct scan *s)
         return say(s, "trace %s has no dump file in %s", s->id, s->dir);
     if (!s->open_files)
         return say(s, "trace %s has ended (every dump file says #end): the process exec'd or "
-                   "ended before the scan", s->id);
+                   "ended before the scan, or could not create its next dump file (see its "
+                   "\"cannot create\" line)", s->id);
     return 0;
 }
 

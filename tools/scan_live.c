@@ -51,6 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -1036,6 +1037,27 @@ void scan_dbg(const char *fmt, ...);    /* tools/scan.c (MMLEAK_SCAN_DEBUG) */
 extern int mml_here_stays;              /* tracer/scanhere.c */
 #endif
 
+#ifdef MML_SCAN_INPROC
+/* Whether mmleak-scan, started with the process's credentials, could read it: the kernel
+ * lets one process read another's memory and /proc/PID/maps (a ptrace "read" access) when
+ * their uids and gids match in full (real, effective, saved) and the target is dumpable
+ * (or the reader has CAP_SYS_PTRACE, which a daemon that dropped root has not).  A child of
+ * ours that shares our memory reads it anyway (the same mm).  A daemon that became another
+ * user with setuid is not dumpable (nsd, memcached's -u); squid keeps root as its saved uid:
+ * mmleak-scan got "/proc/PID/maps: Permission denied" there, and no verdict. */
+static int scanner_may_read(void)
+{
+    uid_t r, e, s;
+    gid_t rg, eg, sg;
+    if (getresuid(&r, &e, &s) || getresgid(&rg, &eg, &sg))
+        return 0;
+    if (r == 0 && e == 0 && s == 0)
+        return 1;                       /* root: CAP_SYS_PTRACE, or the same uids */
+    return r == e && e == s && rg == eg && eg == sg &&
+           syscall(SYS_prctl, PR_GET_DUMPABLE, 0, 0, 0, 0) == 1;
+}
+#endif
+
 /* Whether a CPU we may run on is idle now (/proc/stat's procs_running, ourselves
  * included, below the CPUs of our affinity): the parser threads only pay on one.  On a
  * busy machine they would take their time from the thread that folds (measured: the live
@@ -1058,8 +1080,9 @@ int mmleak_cpu_to_spare(void)
      * trace's live set is made once, by one or the other (and what a fallback at the
      * marking makes again is a small trace's: below SCAN_LIVE_PIPE_MIN).  Not when the
      * other threads are parked by mmleak.so's signal (tracer/park.c): mmleak-scan could not
-     * stop them; the scan stays here, with no thread of its own. */
-    if (mml_here_stays)
+     * stop them; nor when mmleak-scan could not read the process (scanner_may_read): the
+     * scan stays here, with no thread of its own. */
+    if (mml_here_stays || !scanner_may_read())
         return 0;
     scan_dbg("mmleak-scan: a thread would pay: mmleak-scan takes over\n");
     syscall(SYS_exit_group, 4);

@@ -73,6 +73,32 @@ static int dir_fd(void)
     return g_dirfd;
 }
 
+/* Whether we may create files in the dump directory now, as ourselves or as the files'
+ * owner (AS_OWNER, below): a daemon that became another user for good may not, in a
+ * directory of root's.  1 yes or unknown, 0 no. */
+static int dir_access(int fd)
+{
+    /* AT_EACCESS: the file system uid, which fs_begin sets, not the real one */
+    return fd == AT_FDCWD ? faccessat(AT_FDCWD, cfg.dir, W_OK | X_OK, AT_EACCESS)
+                          : faccessat(fd, ".", W_OK | X_OK, AT_EACCESS);
+}
+
+int dir_writable(void)
+{
+    int fd = dir_fd(), e = errno;
+    if (fd == -1)
+        return 1;
+    int rc = dir_access(fd);
+    struct fs_scope fs;
+    if (rc < 0 && (errno == EACCES || errno == EPERM) && fs_begin(&fs)) {
+        rc = dir_access(fd);
+        fs_end(&fs);
+    }
+    int no = rc < 0 && (errno == EACCES || errno == EPERM || errno == EROFS);
+    errno = e;
+    return !no;
+}
+
 /* A file server acts as another user in one thread for a while (nfs-ganesha, samba: a raw
  * setresuid, or setfsuid, around each request; glibc passes neither on to the other threads,
  * and we do not see them): our 0600 files are then out of that thread's reach.  So when one
@@ -115,11 +141,9 @@ static int thread_uids(unsigned long u[4])
     return 0;
 }
 
-struct fs_scope { uid_t old; int switched; };
-
 /* Switch the file system uid to the owner's if the thread is another user now and may.  1 if
  * switched. */
-static int fs_begin(struct fs_scope *f)
+int fs_begin(struct fs_scope *f)
 {
     f->switched = 0;
     int e = errno;
@@ -135,7 +159,7 @@ static int fs_begin(struct fs_scope *f)
     return f->switched;
 }
 
-static void fs_end(struct fs_scope *f)
+void fs_end(struct fs_scope *f)
 {
     if (f->switched) {
         int e = errno;

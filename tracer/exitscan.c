@@ -246,8 +246,14 @@ static COLD int scan_in_child(uintptr_t floor, int park)
     uint64_t lv[3] = { (uint64_t)(uintptr_t)&here, fs, gs };
     uint64_t all = ~(uint64_t)0, old = 0;
     mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, sizeof all);
+    /* a root daemon acting as another user for now (varnishd's manager: seteuid, root
+     * kept as its saved uid) left our files root's: the child, which inherits the file
+     * system uid, works on them as their owner, as we do (dumpdir.c) */
+    struct fs_scope fsc;
+    fs_begin(&fsc);
     int rc = mml_scan_here((int)mml_sys(SYS_gettid), floor, (int)atomic_load(&g_next_file),
                            lv, park);
+    fs_end(&fsc);
     /* a signal that came meanwhile is delivered now */
     mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
     return rc;

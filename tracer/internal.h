@@ -384,10 +384,19 @@ extern uid_t g_owner;                   /* euid when the trace started: our file
 extern atomic_int g_said_write;         /* the one message about failing writes */
 #define WRITE_FAILED_TAIL "; events are kept and writing is retried; events that do not fit " \
     "are counted, and every report will say the trace is incomplete"
+/* ... when a rotation's new file cannot be made (threadfile.c, make_room) */
+#define ROTATE_FAILED_TAIL "; the thread goes on writing its current dump file past " \
+    "MMLEAK_ROTATE_MB (compaction folds it when it ends)"
 /* A taken name is skipped; after TAKEN_RUN taken names in a row, see dumpdir.c */
 #define TAKEN_RUN 64
 
+/* The file system uid switched to our files' owner while a thread that is another user
+ * for now (a seteuid) works on them, and put back (dumpdir.c) */
+struct fs_scope { uid_t old; int switched; };
+int fs_begin(struct fs_scope *f);
+void fs_end(struct fs_scope *f);
 char *file_name(char *buf, size_t len, const char *suffix);
+int dir_writable(void);
 int d_open(const char *name, int flags, mode_t mode);
 int d_unlink(const char *name);
 int d_rename(const char *from, const char *to);

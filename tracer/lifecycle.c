@@ -220,7 +220,13 @@ static COLD unsigned long long self_start_ticks(void)
 void process_start(const unsigned long long *loaded)
 {
     g_pid = getpid();
-    g_owner = geteuid();
+    /* a forked child of a process acting as another user for now (proftpd's master: seteuid
+     * nobody, root kept as its real and saved uid) keeps its parent's owner, who may create
+     * files in the directory, and whom it may become for that (dumpdir.c, AS_OWNER) */
+    uid_t r, e, s;
+    if (!(g_forked && !getresuid(&r, &e, &s) &&
+          (r == g_owner || e == g_owner || s == g_owner || e == 0)))
+        g_owner = geteuid();
     g_t0 = time(NULL);
     g_pstart = self_start_ticks();
     prealloc_decide();
@@ -480,13 +486,21 @@ __attribute__((constructor)) static void mmleak_init(void)
 
 /* Process exit, _exit, exec: close the parked files and the calling thread's.  Events lost
  * where no file could say so are counted in the calling thread's file, or in the late file.
- * FINAL: the process ends (not an exec, which may fail). */
+ * FINAL: the process ends (not an exec, which may fail); 2: from our destructor, after which
+ * the other objects' destructors may still free (GnuTLS's, in ngircd). */
 static void leave_files(int final)
 {
-    g_ending = final;
+    g_ending = !!final;
     maps_snapshot(0);
     close_parked();
     T.lost += atomic_exchange(&g_lost_orphan, 0);
+    if (T.open && final == 2 && !dir_writable()) {
+        /* the user the process became may not create files here: what comes after us would
+         * need a new file (the late file) and be lost, unsaid, its blocks then reported not
+         * freed.  The thread's file stays open for it instead, without its "#end", its last
+         * lines in its staging file, as after a SIGKILL (the readers take them there). */
+        return;
+    }
     if (T.open) {
         file_close(&T, 1);  /* its trailer says how many were lost */
         T.late = 1;
@@ -512,7 +526,7 @@ __attribute__((used, noinline)) int mml_fini_from(uintptr_t floor)
     scan_at_exit(floor, 0); /* before the files close: the scanner reads them as they are */
     int saved = errno;
     T.guard++;
-    leave_files(1);
+    leave_files(2);
     T.guard--;
     errno = saved;
     return 0;

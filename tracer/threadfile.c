@@ -720,7 +720,9 @@ static int file_open(struct tstate *t, size_t min_half)
  * either name they hold nothing a reader would take for unflushed lines.  0: done; -1: not
  * done, the old file as it was (the caller closes it and opens another the usual way); 1:
  * the old file is ended and the thread has no file (a compactor folded the ended file and
- * removed the staging file before the rename: the caller opens another). */
+ * removed the staging file before the rename: the caller opens another); 2: no new file
+ * could be made (errno), the old file as it was: the caller goes on in it (a daemon that
+ * became a user who may not create files in the directory still writes the file it has). */
 static int file_rotate(struct tstate *t)
 {
     if (t->anon || t->dropping || t->late || !t->stage || t->ulen[0] || t->ulen[1] ||
@@ -736,10 +738,12 @@ static int file_rotate(struct tstate *t)
     pthread_mutex_lock(&g_lock);
     /* the new .tail's name is made too (O_EXCL), and then renamed over: never a name that
      * somebody else's file may hold */
-    int ofd = new_dump_locked(&n, &out_id, &tfd, &tail_id);
+    int ofd = new_dump_locked(&n, &out_id, &tfd, &tail_id), err = errno;
     pthread_mutex_unlock(&g_lock);
-    if (ofd < 0)
-        return -1;
+    if (ofd < 0) {
+        errno = err;
+        return 2;
+    }
     close(ofd);
     close(tfd);
     dump_name(nname, sizeof nname, n);
@@ -1142,15 +1146,23 @@ static int make_room(struct tstate *t, size_t need)
             hold_close(t);
             return (size_t)(t->end - t->cur) >= need ? 0 : -1;
         }
-        if (t->out_off >= cfg.rotate || t->out_off + t->half_size + 4096 > fsize_limit()) {
+        int near_limit = t->out_off + t->half_size + 4096 > fsize_limit();
+        if (t->out_off >= cfg.rotate || near_limit) {
             int r = t->out_off >= cfg.rotate ? file_rotate(t) : -1;
             if (r == 0) {
                 maps_snapshot(0);
                 return (size_t)(t->end - t->cur) >= need ? 0 : -1;
             }
-            if (r < 0)
-                file_close(t, 1);
-            return make_room(t, need);
+            /* no new file (the directory refuses the user the daemon became): ending this
+             * one would leave the thread only memory, lost at the exit; it goes on here,
+             * past the rotation size, and tries again at its next full half */
+            if (r != 2 || near_limit) {
+                if (r != 1)
+                    file_close(t, 1);
+                return make_room(t, need);
+            }
+            if (!atomic_exchange(&g_said_write, 1))
+                say_err("cannot create a dump file in ", errno, ROTATE_FAILED_TAIL);
         }
         int grown = 2 * t->half_size < cfg.buffer ? grow_stage(t) : -1;
         half_start(t, grown == 0 ? 0 : h ^ 1);

@@ -62,7 +62,12 @@ def ib(tmp_path_factory, lib):
 _fn = None
 
 
-def inject(pid, lib, func, arg=None, timeout_ms=5000):
+# The injector's timeout where a test does not judge it: long enough for a loaded machine
+# (a timeout that a test expects is given small, explicitly)
+LONG_MS = 30000
+
+
+def inject(pid, lib, func, arg=None, timeout_ms=LONG_MS):
     """mmleak_inject_call in this process: (code, result, err)."""
     global _fn
     if _fn is None:
@@ -110,7 +115,7 @@ class Target:
     def wait_syscall(self, *nrs):
         """Wait until the main thread sleeps in one of the system calls NRS ("ready" comes
         just before it enters it)."""
-        for _ in range(500):
+        for _ in range(3000):
             with open("/proc/%d/syscall" % self.pid) as f:
                 if f.read().split()[0] in [str(n) for n in nrs]:
                     return
@@ -326,11 +331,7 @@ def test_main_thread_exited(ib, targets, tmp_path):
     """The main thread called pthread_exit (a zombie leader): the other thread is used."""
     rec = str(tmp_path / "rec")
     t = targets([ib["target"], "mainexit"])
-    for _ in range(100):
-        with open("/proc/%d/status" % t.pid) as f:
-            if "State:\tZ" in f.read():
-                break
-        time.sleep(0.01)
+    wait_status(t.pid, "State:\tZ")
     others = [int(x) for x in os.listdir("/proc/%d/task" % t.pid) if int(x) != t.pid]
     assert len(others) == 1
     assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
@@ -487,13 +488,14 @@ def test_call_that_does_not_return_is_abandoned(ib, targets):
     assert t.end_sleep() == (SLEPT, 0)
 
 
-def wait_status(pid, text, tries=200):
-    """Until /proc/PID/status says TEXT (TRIES times 10 ms at most)."""
-    for _ in range(tries):
+def wait_status(pid, text):
+    """Until /proc/PID/status says TEXT (30 s at most: a loaded machine)."""
+    for _ in range(3000):
         with open("/proc/%d/status" % pid) as f:
             if text in f.read():
                 return
         time.sleep(0.01)
+    raise AssertionError("/proc/%d/status never said %r" % (pid, text))
 
 
 def test_no_such_process(ib):
@@ -547,7 +549,7 @@ def test_traced_process_is_refused(ib, targets):
     t = targets([ib["target"], "sleep"])
     s = subprocess.Popen(["strace", "-q", "-o", "/dev/null", "-p", str(t.pid)])
     try:
-        wait_status(t.pid, "TracerPid:\t%d\n" % s.pid, tries=500)
+        wait_status(t.pid, "TracerPid:\t%d\n" % s.pid)
         assert inject(t.pid, ib["libinject.so"], "inject_record", "x") == (
             EPERM, 0, "%d is being traced by another process (%d strace)" % (t.pid, s.pid))
     finally:
@@ -584,7 +586,8 @@ AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 def cli_as_nobody(d, pid, func, arg):
     return subprocess.run(AS_NOBODY + [sys.executable, os.path.join(d, "inject_cli.py"),
                                        os.path.join(d, "mmleak-tools.so"), str(pid),
-                                       os.path.join(d, "libinject.so"), func, arg],
+                                       os.path.join(d, "libinject.so"), func, arg,
+                                       str(LONG_MS)],
                           capture_output=True, text=True, timeout=60)
 
 

@@ -410,14 +410,8 @@ lib, mmleak_py, d = sys.argv[1:]
 p = subprocess.Popen(["/bin/sleep", "60"], env=dict(os.environ, LD_PRELOAD=lib, MMLEAK_DIR=d))
 while not any(n.endswith(".tail") for n in os.listdir(d)):
     pass
-start = int(open("/proc/%d/stat" % p.pid).read().rsplit(")", 1)[1].split()[19])
 p.kill()                                                  # its staging file left
 p.wait()
-# q starts a clock tick later than p at least (start times count ticks, 10 ms: on a fast
-# machine both came in the same tick 3 times in 10, and q was rightly taken for p)
-tick = 1 / os.sysconf("SC_CLK_TCK")
-while float(open("/proc/uptime").read().split()[0]) < (start + 1) * tick + 1e-9:
-    pass
 with open("/proc/sys/kernel/ns_last_pid", "w") as f:      # the next process gets its pid
     f.write(str(p.pid - 1))
 q = subprocess.Popen([sys.executable, "-c", "import mmap, sys\n"

@@ -454,14 +454,14 @@ EXPORT int dlclose(void *h)
 
 /* _exit and _Exit, from their entry in assembly (FLOOR_ENTRY_EXIT, below: the program's
  * callee-saved registers pushed, FLOOR where mmleak.so's frames start).  No destructor runs
- * after them, so the scan at the exit runs here, with the rules of mml_fini_from's (not in a
- * vfork child, not inside our own code; MMLEAK_SCAN, seccomp and the rest in scan_at_exit):
+ * after them, so the scan at the exit runs here, with mml_fini_from's rules (exit_is_ours: not
+ * in a vfork child, not inside our own code; MMLEAK_SCAN, seccomp and the rest in scan_at_exit):
  * dash ends every `sh -c` this way, and its blocks were "reachability unknown".  MMLEAK_SCAN=2
  * leaves out a fork child that did not exec (prefork servers' children: a scan of a copy of
  * the parent's heap each).  exit() ends by glibc's internal _exit, not this one: one scan. */
 __attribute__((used, noinline, noreturn)) void mml_exit_from(uintptr_t floor, int status)
 {
-    if (g_state == 1 && g_pid == getpid() && !IN_OWN_CODE(&T) && !(cfg.scan == 2 && g_forked))
+    if (exit_is_ours() && !(cfg.scan == 2 && g_forked))
         scan_at_exit(floor, 1); /* before the files close, as at exit */
     flush_before_leaving(1);
     FIND_NEXT(_exit);

@@ -67,7 +67,7 @@ def main():
     lib = os.path.abspath(a.lib)
     exe = build()
     fn = binding()
-    kinds = {"idle": [exe, "sleep", "3600"], "busy-1": [exe, "threads", "1"],
+    kinds = {"idle": [exe, "sleep"], "busy-1": [exe, "threads", "1"],
              "busy-4": [exe, "threads", "4"], "busy-64": [exe, "threads", "64"]}
     rows = []
     for name, argv in kinds.items():

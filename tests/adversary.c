@@ -267,7 +267,7 @@ static int retitle(int argc, char **argv, const char *title)
 static int waitdisk(void)
 {
     keep(malloc(921));                          /* site:disk_before */
-    if (wait_go())
+    if (ready_then_go())                        /* the tracer met the full disk: room now */
         return 1;
     churn(5000);
     keep(malloc(922));                          /* site:disk_after */

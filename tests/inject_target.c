@@ -1,7 +1,15 @@
 /* tests/inject_target.c: processes for tests/test_inject.py to inject into (tools/inject.c).
  * Each mode prints "ready" when in place, then what it saw, so that the test can check it
  * still behaves as if nothing happened:
- *   sleep SECS     one nanosleep of SECS s: "nanosleep RET ERRNO slept_enough"
+ *   sleep          one nanosleep of LONG_SLEEP s, which the test ends with SIGUSR1 when it
+ *                  is done (never the machine's speed: a loaded machine once took more than
+ *                  the 1 s this sleep was before an injection ended): "nanosleep -1 EINTR
+ *                  at_signal slept_enough", at_signal if the nanosleep ended only when our
+ *                  SIGUSR1 came (EARLY if it ended before: an injection that ended it, or a
+ *                  restart for too short a time), slept_enough if the time it slept plus the
+ *                  time it had left (its REM) is at least the time asked (SHORT if not: a
+ *                  restart for less than the time left, e.g. the 60 s of an abandoned call's
+ *                  own sleep instead of the program's)
  *   read           read() on stdin: "read N TEXT", with counting handlers (SA_RESTART) for
  *                  SIGUSR1, SIGUSR2, SIGRTMIN: "usr1 A usr2 B rt C values V"
  *   rtcount        read() on stdin, counting SIGRTMIN+1 (SA_RESTART): "read N TEXT rt COUNT";
@@ -12,12 +20,13 @@
  *   busy           user code only, sums 1.0 in a register until SIGUSR1: "busy same|DIFFER"
  *   threads N      N threads (main included) malloc/free as fast as they can until SIGUSR1:
  *                  "threads N ok"
- *   undumpable SECS  prctl(PR_SET_DUMPABLE, 0), then as sleep
- *   segvblock SECS [trap]  a SIGSEGV handler, SIGSEGV blocked (and SIGTRAP with "trap"), a
- *                  nanosleep of SECS s: "handler kept|LOST blocked kept|LOST", then as sleep
- *   mainexit SECS  the main thread exits (pthread_exit), another one does "sleep SECS"
- *   ctor LIB SECS  a thread sleeps SECS s in nanosleep while main dlopen()s LIB (whose
- *                  constructor sleeps): "dlopen ok"
+ *   undumpable     prctl(PR_SET_DUMPABLE, 0), then as sleep
+ *   segvblock [trap]  a SIGSEGV handler, SIGSEGV blocked (and SIGTRAP with "trap"), then the
+ *                  nanosleep of sleep: "handler kept|LOST blocked kept|LOST", then as sleep
+ *   mainexit       the main thread exits (pthread_exit), another one does as sleep
+ *   ctor LIB       a thread sleeps in nanosleep while main dlopen()s LIB (whose constructor
+ *                  waits: tests/inject_slowctor.c): "dlopen ok", then waits for the end of
+ *                  stdin (the injected call may still run in the other thread)
  *   exitafter USECS  a thread in malloc/free all the time; main exits after USECS us
  *   blockread      every signal blocked (sigfillset), then read() on stdin: "read N TEXT" 
  *   seccomp HOW    under seccomp, then read() on stdin: "read N TEXT".  HOW: strict (strict
@@ -55,6 +64,11 @@ static void on_rt(int s, siginfo_t *si, void *uc)
     rtvals = rtvals * 100 + si->si_value.sival_int;
 }
 static void on_segv(int s) { (void)s; }
+static volatile sig_atomic_t woken;
+static void on_wake(int s) { (void)s; woken = 1; }
+
+/* Longer than any test: the test ends the sleep with SIGUSR1 */
+#define LONG_SLEEP 3600
 static volatile long rtcount;
 static volatile int rtlast, rtdisorder;
 static void on_rtcount(int s, siginfo_t *si, void *uc)
@@ -112,23 +126,35 @@ static void *churn(void *arg)
     return (void *)(long)(n > 0);
 }
 
-static void *sleep_and_tell(void *arg)
+/* sleep's nanosleep, until SIGUSR1 (a handler without SA_RESTART: nanosleep is never
+ * restarted after a handler, it returns EINTR with the time left in REM).  The time slept
+ * plus the time left: the time asked, if every restart (after an injection, a stop, a
+ * tracer) went on for the time that was left; more (a little, or the time slept before a
+ * restart from the start); less only if a restart slept for less than was left. */
+static void sleep_and_tell(void)
 {
-    double secs = *(double *)arg;
-    struct timespec ts = {(long)secs, (long)((secs - (long)secs) * 1e9)};
+    struct timespec ts = {LONG_SLEEP, 0}, rem = {0, 0};
     double t0 = now();
-    int r = nanosleep(&ts, NULL);
+    int r = nanosleep(&ts, &rem);
     int e = r ? errno : 0;
-    double took = now() - t0;
-    printf("nanosleep %d %s %s\n", r, e ? strerrorname_np(e) : "0",
-           took >= secs - 0.001 ? "slept_enough" : "SHORT");
+    double took = now() - t0, left = r ? rem.tv_sec + rem.tv_nsec / 1e9 : 0;
+    printf("nanosleep %d %s %s %s\n", r, e ? strerrorname_np(e) : "0",
+           woken ? "at_signal" : "EARLY",
+           took + left >= LONG_SLEEP - 0.001 ? "slept_enough" : "SHORT");
     fflush(stdout);
+}
+
+static void *sleep_thread(void *arg)
+{
+    (void)arg;
+    sleep_and_tell();
     return NULL;
 }
 
 static void *sleeper(void *arg)
 {
-    struct timespec ts = {(long)arg, 0};
+    (void)arg;
+    struct timespec ts = {LONG_SLEEP, 0};
     nanosleep(&ts, NULL);
     return NULL;
 }
@@ -136,8 +162,12 @@ static void *sleeper(void *arg)
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "";
-    if (!strcmp(mode, "sleep") || !strcmp(mode, "segvblock") || !strcmp(mode, "undumpable")) {
-        double secs = argc > 2 ? atof(argv[2]) : 2;
+    if (!strcmp(mode, "sleep") || !strcmp(mode, "segvblock") || !strcmp(mode, "undumpable") ||
+        !strcmp(mode, "mainexit")) {
+        struct sigaction wake;
+        memset(&wake, 0, sizeof wake);
+        wake.sa_handler = on_wake;
+        sigaction(SIGUSR1, &wake, NULL);
         if (!strcmp(mode, "undumpable"))
             prctl(PR_SET_DUMPABLE, 0);
         if (!strcmp(mode, "segvblock")) {
@@ -145,16 +175,18 @@ int main(int argc, char **argv)
             sigset_t s;
             sigemptyset(&s);
             sigaddset(&s, SIGSEGV);
-            if (argc > 3 && !strcmp(argv[3], "trap"))
+            if (argc > 2 && !strcmp(argv[2], "trap"))
                 sigaddset(&s, SIGTRAP);
             sigprocmask(SIG_BLOCK, &s, NULL);
         }
-        struct timespec ts = {(long)secs, (long)((secs - (long)secs) * 1e9)};
+        if (!strcmp(mode, "mainexit")) {
+            pthread_t t;
+            pthread_create(&t, NULL, sleep_thread, NULL);
+            ready();
+            pthread_exit(NULL);
+        }
         ready();
-        double t0 = now();
-        int r = nanosleep(&ts, NULL);
-        int e = r ? errno : 0;
-        double took = now() - t0;
+        sleep_and_tell();
         if (!strcmp(mode, "segvblock")) {
             struct sigaction sa;
             sigset_t cur;
@@ -163,17 +195,7 @@ int main(int argc, char **argv)
             printf("handler %s blocked %s\n", sa.sa_handler == on_segv ? "kept" : "LOST",
                    sigismember(&cur, SIGSEGV) ? "kept" : "LOST");
         }
-        printf("nanosleep %d %s %s\n", r, e ? strerrorname_np(e) : "0",
-               took >= secs - 0.001 ? "slept_enough" : "SHORT");
         return 0;
-    }
-    if (!strcmp(mode, "mainexit")) {
-        static double secs;
-        secs = argc > 2 ? atof(argv[2]) : 2;
-        pthread_t t;
-        pthread_create(&t, NULL, sleep_and_tell, &secs);
-        ready();
-        pthread_exit(NULL);
     }
     if (!strcmp(mode, "read")) {
         handle(SIGUSR1, on_usr1);
@@ -265,13 +287,16 @@ int main(int argc, char **argv)
         printf("threads %d %s\n", nt, ok ? "ok" : "IDLE");
         return 0;
     }
-    if (!strcmp(mode, "ctor") && argc > 3) {
+    if (!strcmp(mode, "ctor") && argc > 2) {
         pthread_t t;
-        pthread_create(&t, NULL, sleeper, (void *)(long)atoi(argv[3]));
+        pthread_create(&t, NULL, sleeper, NULL);
         ready();
         void *h = dlopen(argv[2], RTLD_NOW);
         printf("dlopen %s\n", h ? "ok" : dlerror());
-        pthread_join(t, NULL);
+        fflush(stdout);
+        char c;
+        while (read(0, &c, 1) > 0)
+            ;
         return 0;
     }
     if (!strcmp(mode, "blockread")) {

@@ -92,8 +92,7 @@ def needs_root():
 @pytest.fixture
 def sleeper():
     """A running process: a synthetic trace with its pid is taken as running."""
-    p = subprocess.Popen(["sleep", "1000"])
-    time.sleep(0.05)
+    p = subprocess.Popen(["sleep", "1000"])     # (Popen returns once the exec is done)
     yield p
     p.kill()
     p.wait()

@@ -351,7 +351,9 @@ def test_maps_file_written_once_the_disk_has_room_again(bins, mm):
         p = subprocess.Popen([bins["adversary"], "waitdisk"], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=d))
-        time.sleep(0.5)
+        # its first event is made (and the disk found full) before it says ready: room is
+        # made only then, whatever the machine's speed
+        assert p.stdout.readline() == b"ready\n"
         os.unlink(filler)
         out, err = p.communicate(b"x", timeout=60)
         assert p.returncode == 0 and out == b"waitdisk done\n", err

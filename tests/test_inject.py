@@ -28,7 +28,11 @@ from conftest import PYTHON_SIDE, ROOT, TESTS, mmleak
 CLI = os.path.join(TESTS, "inject_cli.py")
 ABI = 1
 EINVAL, ESRCH, EPERM, EUNSUPP, EBUSY, ELOAD, ECALL = -1, -2, -3, -4, -5, -6, -7
-NR_READ, NR_NANOSLEEP, NR_CLOCK_NANOSLEEP = 0, 35, 230     # x86-64
+NR_READ, NR_NANOSLEEP, NR_RESTART_SYSCALL, NR_CLOCK_NANOSLEEP = 0, 35, 219, 230  # x86-64
+# The line of inject_target's sleep (and segvblock, undumpable, mainexit) once the test ends its
+# nanosleep with SIGUSR1 (Target.end_sleep): it ended at our signal, not before, and the time
+# it slept plus the time it had left is the time it asked for (see inject_target.c).
+SLEPT = "nanosleep -1 EINTR at_signal slept_enough\n"
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +62,12 @@ def ib(tmp_path_factory, lib):
 _fn = None
 
 
-def inject(pid, lib, func, arg=None, timeout_ms=5000):
+# The injector's timeout where a test does not judge it: long enough for a loaded machine
+# (a timeout that a test expects is given small, explicitly)
+LONG_MS = 30000
+
+
+def inject(pid, lib, func, arg=None, timeout_ms=LONG_MS):
     """mmleak_inject_call in this process: (code, result, err)."""
     global _fn
     if _fn is None:
@@ -106,12 +115,32 @@ class Target:
     def wait_syscall(self, *nrs):
         """Wait until the main thread sleeps in one of the system calls NRS ("ready" comes
         just before it enters it)."""
-        for _ in range(500):
+        for _ in range(3000):
             with open("/proc/%d/syscall" % self.pid) as f:
                 if f.read().split()[0] in [str(n) for n in nrs]:
                     return
             time.sleep(0.01)
         raise AssertionError("%d is not in system call %s" % (self.pid, nrs))
+
+    def end_sleep(self):
+        """Once a thread of the target sleeps (nanosleep, or its restart after an injection,
+        a stop or a tracer), end that sleep with SIGUSR1: the rest of the output and the exit
+        status.  The sleep lasts until then (an hour), whatever the machine's speed; the
+        wait first makes sure the signal does not come before the sleep began (it would
+        then last the hour)."""
+        nrs = {str(n) for n in (NR_NANOSLEEP, NR_CLOCK_NANOSLEEP, NR_RESTART_SYSCALL)}
+        for _ in range(3000):
+            calls = []
+            for tid in os.listdir("/proc/%d/task" % self.pid):
+                try:
+                    with open("/proc/%d/task/%s/syscall" % (self.pid, tid)) as f:
+                        calls.append(f.read().split()[0])
+                except OSError:
+                    pass                                # a thread that just ended
+            if nrs & set(calls):
+                return self.finish(sig=signal.SIGUSR1)
+            time.sleep(0.01)
+        raise AssertionError("no thread of %d sleeps in nanosleep" % self.pid)
 
     def maps(self):
         out = ""
@@ -156,7 +185,7 @@ def records(path):
 
 
 def test_abi_and_arguments(ib, targets):
-    t = targets([ib["target"], "sleep", "1"])
+    t = targets([ib["target"], "sleep"])
     assert inject(t.pid, "libinject.so", "inject_record", "x") == (
         EINVAL, 0, "the library must be an absolute path: libinject.so")
     assert inject(os.getpid(), ib["libinject.so"], "inject_record", "x") == (
@@ -165,20 +194,26 @@ def test_abi_and_arguments(ib, targets):
         EINVAL, 0, "no such process 0")
     assert inject(t.pid, ib["libinject.so"], "inject_record", "x" * 9000)[0] == EINVAL
     assert "libinject.so" not in t.maps()
-    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+    assert t.end_sleep() == (SLEPT, 0)
 
 
 def test_sleeping_process(ib, targets, tmp_path):
-    """nanosleep: interrupted, then restarted for the time left (not ended early, no EINTR)."""
+    """nanosleep: interrupted, then restarted for the time left (not ended early, no EINTR).
+    The target's sleep lasts until the test ends it with SIGUSR1 after the injections
+    (end_sleep), so no machine is too slow for it; that the restart went on for the time
+    left is then read from the nanosleep itself: it ended only at our signal (not at an
+    injection: "at_signal"), and the time it slept plus the REM it returned make at least
+    the hour it asked for ("slept_enough": a restart for less than the time left, such as
+    none or an abandoned call's own sleep, falls short of it)."""
     rec = str(tmp_path / "rec")
-    t = targets([ib["target"], "sleep", "1.5"])
+    t = targets([ib["target"], "sleep"])
     t.wait_syscall(NR_CLOCK_NANOSLEEP, NR_NANOSLEEP)
     assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
     assert records(rec) == ["pid %d tid %d loads 1 calls 1" % (t.pid, t.pid)]
     assert ib["libinject.so"] in t.maps()
     assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
     assert records(rec)[1] == "pid %d tid %d loads 1 calls 2" % (t.pid, t.pid)
-    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+    assert t.end_sleep() == (SLEPT, 0)
 
 
 def test_read_restarts_and_gets_its_data(ib, targets, tmp_path):
@@ -256,11 +291,11 @@ def test_a_burst_of_queued_signals_during_the_call_is_all_delivered_in_order(ib,
 
 
 def test_result_is_all_of_rax_and_null_func_returns_the_handle(ib, targets):
-    t = targets([ib["target"], "sleep", "1"])
+    t = targets([ib["target"], "sleep"])
     assert inject(t.pid, ib["libinject.so"], "inject_long") == (0, -0x123456789abcdef, "")
     rc, handle, err = inject(t.pid, ib["libinject.so"], None)
     assert (rc, err) == (0, "") and handle > 4096
-    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+    assert t.end_sleep() == (SLEPT, 0)
 
 
 def test_busy_user_code_keeps_its_registers(ib, targets, tmp_path):
@@ -295,17 +330,13 @@ def test_four_threads_busy_in_malloc_twenty_times(ib, targets, tmp_path):
 def test_main_thread_exited(ib, targets, tmp_path):
     """The main thread called pthread_exit (a zombie leader): the other thread is used."""
     rec = str(tmp_path / "rec")
-    t = targets([ib["target"], "mainexit", "1.5"])
-    for _ in range(100):
-        with open("/proc/%d/status" % t.pid) as f:
-            if "State:\tZ" in f.read():
-                break
-        time.sleep(0.01)
+    t = targets([ib["target"], "mainexit"])
+    wait_status(t.pid, "State:\tZ")
     others = [int(x) for x in os.listdir("/proc/%d/task" % t.pid) if int(x) != t.pid]
     assert len(others) == 1
     assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
     assert records(rec) == ["pid %d tid %d loads 1 calls 1" % (t.pid, others[0])]
-    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+    assert t.end_sleep() == (SLEPT, 0)
 
 
 def test_cxx_program(ib, targets, tmp_path):
@@ -334,10 +365,10 @@ def test_python_and_mmleak_tools_so(ib, targets, tmp_path):
 
 
 def test_non_pie_program(ib, targets):
-    t = targets([ib["target_nopie"], "sleep", "1"])
+    t = targets([ib["target_nopie"], "sleep"])
     assert inject(t.pid, ib["libinject.so"], "inject_long") == (0, -0x123456789abcdef, "")
     assert ib["libinject.so"] in t.maps()
-    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+    assert t.end_sleep() == (SLEPT, 0)
 
 
 def sig_fields(pid):
@@ -350,11 +381,11 @@ def test_sigsegv_blocked_ends_the_call_with_an_int3(ib, targets, tmp_path):
     """SIGSEGV blocked (a forced fault would reset its handler): SIGTRAP is used instead;
     handler and mask are as before."""
     rec = str(tmp_path / "rec")
-    t = targets([ib["target"], "segvblock", "1.5"])
+    t = targets([ib["target"], "segvblock"])
     before = sig_fields(t.pid)
     assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
     assert sig_fields(t.pid) == before
-    assert t.finish() == ("handler kept blocked kept\nnanosleep 0 0 slept_enough\n", 0)
+    assert t.end_sleep() == (SLEPT + "handler kept blocked kept\n", 0)
 
 
 def test_sigsegv_and_sigtrap_blocked_ends_the_call_in_a_system_call(ib, targets, tmp_path):
@@ -362,14 +393,14 @@ def test_sigsegv_and_sigtrap_blocked_ends_the_call_in_a_system_call(ib, targets,
     `syscall` instruction of libc's, seen under PTRACE_SYSCALL; twice; handler, mask and the
     interrupted nanosleep (restarted by hand: no signal goes to user space) as before."""
     rec = str(tmp_path / "rec")
-    t = targets([ib["target"], "segvblock", "1.5", "trap"])
+    t = targets([ib["target"], "segvblock", "trap"])
     t.wait_syscall(NR_CLOCK_NANOSLEEP, NR_NANOSLEEP)
     before = sig_fields(t.pid)
     assert inject(t.pid, ib["libinject.so"], "inject_record", rec) == (0, 4242, "")
     assert inject(t.pid, ib["libinject.so"], "inject_long", None) == (0, -0x123456789abcdef, "")
     assert records(rec) == ["pid %d tid %d loads 1 calls 1" % (t.pid, t.pid)]
     assert sig_fields(t.pid) == before
-    assert t.finish() == ("handler kept blocked kept\nnanosleep 0 0 slept_enough\n", 0)
+    assert t.end_sleep() == (SLEPT + "handler kept blocked kept\n", 0)
 
 
 def test_every_signal_blocked_read_restarts(ib, targets, tmp_path):
@@ -385,44 +416,42 @@ def test_every_signal_blocked_read_restarts(ib, targets, tmp_path):
 
 
 def test_waits_while_the_loader_lock_is_held(ib, targets):
-    """Main is in a library constructor (inside dlopen) for 2 s; another thread sleeps in
-    nanosleep.  dlopen anywhere would wait for the loader's lock: refused at the timeout,
-    naming the holder; the program's own dlopen then completes."""
-    t = targets([ib["target"], "ctor", ib["libslowctor.so"], "2"],
-                env={"SLOWCTOR_SECONDS": "2"})
-    t.wait_syscall(NR_CLOCK_NANOSLEEP, NR_NANOSLEEP)   # main: in the constructor's sleep
+    """Main is in a library constructor (inside dlopen) until the test writes to its stdin;
+    another thread sleeps in nanosleep.  dlopen anywhere would wait for the loader's lock:
+    refused at the timeout, naming the holder; the program's own dlopen then completes."""
+    t = targets([ib["target"], "ctor", ib["libslowctor.so"]])
+    t.wait_syscall(NR_READ)     # main: in the constructor's read of stdin
     assert inject(t.pid, ib["libinject.so"], "inject_record", "x", 500) == (
         EBUSY, 0, "timed out after 500 ms waiting for a thread of %d that is safe to use "
         "(thread %d holds the dynamic loader's lock: a dlopen, dlclose or library constructor "
         "that does not return)" % (t.pid, t.pid))
     assert "libinject.so" not in t.maps()
-    assert t.finish() == ("dlopen ok\n", 0)
+    assert t.finish(b"go") == ("dlopen ok\n", 0)
 
 
 def test_one_deadline_for_the_search_and_the_calls(ib, targets):
     """mmleak_inject_call_within: the search and the calls end by one deadline.  The loader's
-    lock is held 4 s (main in a library constructor), so the search takes about 4 s; the call
-    then sleeps 60 s: abandoned 5 s after the start (the total).  mmleak_inject_call would give
-    the call a timeout of its own and end at 9 s: the bound below sits between the two with
-    2.5 s of slack for a loaded machine (the gap is made wide on purpose, so that the machine's
-    speed does not decide the test).  The target carries on."""
-    t = targets([ib["target"], "ctor", ib["libslowctor.so"], "6"],
-                env={"SLOWCTOR_SECONDS": "4"})
+    lock is held 8 s (main in a library constructor), so the search takes up to 8 s; the call
+    then sleeps 60 s: abandoned 9 s after the start (the total).  mmleak_inject_call would give
+    the call a timeout of its own and end at 17 s: the bound below sits between the two with
+    4 s of slack for a loaded machine (the gap, the time the lock is held, is made wide on
+    purpose so that the machine's speed does not decide the test).  The target carries on."""
+    t = targets([ib["target"], "ctor", ib["libslowctor.so"]], env={"SLOWCTOR_SECONDS": "8"})
     t.wait_syscall(NR_CLOCK_NANOSLEEP, NR_NANOSLEEP)   # main: in the constructor's sleep
     start = time.monotonic()
-    rc, res, err = inject_within(t.pid, ib["libinject.so"], "inject_sleep", "60", 4600, 5000)
+    rc, res, err = inject_within(t.pid, ib["libinject.so"], "inject_sleep", "60", 8600, 9000)
     took = time.monotonic() - start
     assert (rc, res) == (ECALL, 0), err
     assert re.fullmatch(
         r"inject_sleep did not return within the timeout in thread \d+ of %d: the call was "
         r"abandoned and the thread put back where it was, but %d may hold locks the call took"
         % (t.pid, t.pid), err), err
-    assert 4.9 < took < 7.5, took
+    assert 8.9 < took < 13, took
     assert t.finish(timeout=20) == ("dlopen ok\n", 0)
 
 
 def test_dlopen_error_comes_back(ib, targets, tmp_path):
-    t = targets([ib["target"], "sleep", "1"])
+    t = targets([ib["target"], "sleep"])
     missing = str(tmp_path / "libnope.so")
     assert inject(t.pid, missing, "f") == (
         ELOAD, 0, "dlopen failed in %d: %s: cannot open shared object file: No such file or "
@@ -430,40 +459,43 @@ def test_dlopen_error_comes_back(ib, targets, tmp_path):
     assert inject(t.pid, ib["libinject.so"], "no_such_function") == (
         ELOAD, 0, "dlsym failed in %d: %s: undefined symbol: no_such_function"
         % (t.pid, ib["libinject.so"]))
-    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+    assert t.end_sleep() == (SLEPT, 0)
 
 
 def test_crash_in_the_call_is_abandoned(ib, targets):
-    t = targets([ib["target"], "sleep", "1"])
+    t = targets([ib["target"], "sleep"])
     rc, res, err = inject(t.pid, ib["libinject.so"], "inject_crash")
     assert (rc, res) == (ECALL, 0)
     assert re.fullmatch(
         r"inject_crash crashed in thread %d of %d \(SIGSEGV at rip 0x[0-9a-f]+, address 0x10\): "
         r"the call was abandoned and the thread put back where it was, but %d may hold locks "
         r"the call took" % (t.pid, t.pid, t.pid), err), err
-    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+    assert t.end_sleep() == (SLEPT, 0)
 
 
 def test_call_that_does_not_return_is_abandoned(ib, targets):
     """The call sleeps 60 s: abandoned at the timeout; the target's own nanosleep, whose
-    kernel restart record the call's interrupted sleep replaced, restarts from its start
-    (1 s) rather than resuming the call's 60 s sleep, and ends normally."""
-    t = targets([ib["target"], "sleep", "1"])
+    kernel restart record the call's interrupted sleep replaced, restarts from its start (an
+    hour) rather than resuming the call's 60 s sleep: when the test ends it, the time slept
+    plus the time left is at least the hour ("slept_enough"; resuming the call's sleep would
+    leave at most 60 s: "SHORT"), and it had not ended before ("at_signal")."""
+    t = targets([ib["target"], "sleep"])
     t.wait_syscall(NR_CLOCK_NANOSLEEP, NR_NANOSLEEP)
     assert inject(t.pid, ib["libinject.so"], "inject_sleep", "60", 400) == (
         ECALL, 0, "inject_sleep did not return within the timeout in thread %d of %d: the call "
         "was abandoned and the thread put back where it was, but %d may hold locks the call "
         "took" % (t.pid, t.pid, t.pid))
-    assert t.finish(timeout=20) == ("nanosleep 0 0 slept_enough\n", 0)
+    assert t.end_sleep() == (SLEPT, 0)
 
 
-def wait_status(pid, text, tries=200):
-    """Until /proc/PID/status says TEXT (TRIES times 10 ms at most)."""
-    for _ in range(tries):
+def wait_status(pid, text):
+    """Until /proc/PID/status says TEXT (30 s at most: a loaded machine)."""
+    for _ in range(3000):
         with open("/proc/%d/status" % pid) as f:
             if text in f.read():
                 return
         time.sleep(0.01)
+    raise AssertionError("/proc/%d/status never said %r" % (pid, text))
 
 
 def test_no_such_process(ib):
@@ -492,14 +524,14 @@ def test_thread_id_is_refused(ib, targets):
 def test_static_binary_is_refused(ib, targets):
     if not ib["target_static"]:
         pytest.skip("cannot link statically here: %s" % ib["static_why"])
-    t = targets([ib["target_static"], "sleep", "1"])
+    t = targets([ib["target_static"], "sleep"])
     assert inject(t.pid, ib["libinject.so"], "inject_record", "x") == (
         EUNSUPP, 0, "%d is statically linked: no dynamic loader, cannot load a library" % t.pid)
-    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+    assert t.end_sleep() == (SLEPT, 0)
 
 
 def test_stopped_process_is_refused_and_stays_stopped(ib, targets):
-    t = targets([ib["target"], "sleep", "1"])
+    t = targets([ib["target"], "sleep"])
     os.kill(t.pid, signal.SIGSTOP)
     wait_status(t.pid, "State:\tT")
     assert inject(t.pid, ib["libinject.so"], "inject_record", "x") == (
@@ -508,23 +540,23 @@ def test_stopped_process_is_refused_and_stays_stopped(ib, targets):
     with open("/proc/%d/status" % t.pid) as f:
         assert "State:\tT (stopped)" in f.read()
     os.kill(t.pid, signal.SIGCONT)
-    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+    assert t.end_sleep() == (SLEPT, 0)
 
 
 def test_traced_process_is_refused(ib, targets):
     if not shutil.which("strace"):
         pytest.skip("strace is not installed (apt-get install strace)")
-    t = targets([ib["target"], "sleep", "2"])
+    t = targets([ib["target"], "sleep"])
     s = subprocess.Popen(["strace", "-q", "-o", "/dev/null", "-p", str(t.pid)])
     try:
-        wait_status(t.pid, "TracerPid:\t%d\n" % s.pid, tries=500)
+        wait_status(t.pid, "TracerPid:\t%d\n" % s.pid)
         assert inject(t.pid, ib["libinject.so"], "inject_record", "x") == (
             EPERM, 0, "%d is being traced by another process (%d strace)" % (t.pid, s.pid))
     finally:
         s.terminate()
         s.wait()
     assert "libinject.so" not in t.maps()
-    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+    assert t.end_sleep() == (SLEPT, 0)
 
 
 @pytest.fixture
@@ -554,19 +586,20 @@ AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 def cli_as_nobody(d, pid, func, arg):
     return subprocess.run(AS_NOBODY + [sys.executable, os.path.join(d, "inject_cli.py"),
                                        os.path.join(d, "mmleak-tools.so"), str(pid),
-                                       os.path.join(d, "libinject.so"), func, arg],
+                                       os.path.join(d, "libinject.so"), func, arg,
+                                       str(LONG_MS)],
                           capture_output=True, text=True, timeout=60)
 
 
 def test_other_users_process_is_refused(ib, targets, nobody_dir):
     """The injector runs as nobody, the target as root."""
-    t = targets([ib["target"], "sleep", "1"])
+    t = targets([ib["target"], "sleep"])
     r = cli_as_nobody(nobody_dir, t.pid, "inject_record", "x")
     assert (r.stdout, r.stderr, r.returncode) == (
         "error -3 %d belongs to another user (uid 0): run as that user or as root\n" % t.pid,
         "", 1)
     assert "libinject.so" not in t.maps()
-    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+    assert t.end_sleep() == (SLEPT, 0)
 
 
 def test_same_user_without_privileges(ib, targets, nobody_dir):
@@ -576,22 +609,22 @@ def test_same_user_without_privileges(ib, targets, nobody_dir):
         if f.read().strip() not in ("", "0"):
             pytest.skip("kernel.yama.ptrace_scope is not 0: only root or an ancestor may trace")
     rec = os.path.join(nobody_dir, "rec")
-    t = targets(AS_NOBODY + [os.path.join(nobody_dir, "target"), "sleep", "1.5"])
+    t = targets(AS_NOBODY + [os.path.join(nobody_dir, "target"), "sleep"])
     r = cli_as_nobody(nobody_dir, t.pid, "inject_record", rec)
     assert (r.stdout, r.stderr, r.returncode) == ("result 4242\n", "", 0)
     assert records(rec) == ["pid %d tid %d loads 1 calls 1" % (t.pid, t.pid)]
     assert os.stat(rec).st_uid == pwd.getpwnam("nobody").pw_uid
-    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+    assert t.end_sleep() == (SLEPT, 0)
 
 
 def test_undumpable_process_is_refused(ib, targets, nobody_dir):
     """Same user, but the target made itself not dumpable: only root may attach."""
-    t = targets(AS_NOBODY + [os.path.join(nobody_dir, "target"), "undumpable", "1"])
+    t = targets(AS_NOBODY + [os.path.join(nobody_dir, "target"), "undumpable"])
     r = cli_as_nobody(nobody_dir, t.pid, "inject_record", "x")
     assert (r.stdout, r.stderr, r.returncode) == (
         "error -3 %d is not dumpable (set-uid or set-gid program, file capabilities, or "
         "prctl(PR_SET_DUMPABLE, 0)): only root can attach to it\n" % t.pid, "", 1)
-    assert t.finish() == ("nanosleep 0 0 slept_enough\n", 0)
+    assert t.end_sleep() == (SLEPT, 0)
 
 
 @pytest.mark.parametrize("how, why", [
@@ -647,7 +680,7 @@ def test_process_exiting_during_the_attach_is_said_to_have_exited(ib):
                              stdout=subprocess.PIPE)
         try:
             assert p.stdout.readline() == b"ready\n"
-            rc, res, err = inject(p.pid, ib["libinject.so"], "inject_long", None, 5000)
+            rc, res, err = inject(p.pid, ib["libinject.so"], "inject_long", None)
             if rc == 0:
                 assert res == -0x123456789abcdef
                 outcomes["ok"] += 1

@@ -11,7 +11,5 @@
 
 /* N of the K-th name (from 0) tried, K < SCAN_NAME_TRIES */
 uint64_t scan_name_number(int k);
-/* eight bytes nobody can guess */
-uint64_t scan_unguessable(void);
 
 #endif

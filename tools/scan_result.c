@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "scan_int.h"
+#include "../tracer/unguessable.h"
 
 /* how the other threads were held: PTRACE_SEIZE, none (the asking thread alone), or
  * mmleak.so's signal (tracer/park.c) */
@@ -120,20 +121,6 @@ static unsigned char *encode_data(struct scan *s, unsigned char *sec[3], size_t 
     return m;
 }
 
-/* Eight bytes nobody can guess (getrandom; the clock where a seccomp filter or an old
- * kernel refuses it) */
-uint64_t scan_unguessable(void)
-{
-    uint64_t r = 0;
-    if (syscall(SYS_getrandom, &r, sizeof r, 1 /* GRND_NONBLOCK */) != (long)sizeof r) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        r = ((uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec) +
-            (uint64_t)getpid();
-    }
-    return r;
-}
-
 /* The number N of the K-th name (from 0) a scan's file tries, mmleak.ID.scan.N (or
  * .scan-debug.N): the first free of 1 to 64, as readers and people expect; past those, a
  * number from 65536 on that nobody can guess.  Another user can create files at every
@@ -142,7 +129,7 @@ uint64_t scan_unguessable(void)
  * are not the trace's owner's). */
 uint64_t scan_name_number(int k)
 {
-    return k < SCAN_NAME_FIRST ? (uint64_t)k + 1 : 65536 + scan_unguessable() % (1ull << 40);
+    return k < SCAN_NAME_FIRST ? (uint64_t)k + 1 : 65536 + unguessable() % (1ull << 40);
 }
 
 void scan_file_owner(struct scan *s, int fd)
@@ -234,7 +221,7 @@ int scan_write_result(struct scan *s, char *out, size_t outlen)
     int fd = -1;
     for (int k = 0; k < 4 && fd < 0; k++) {
         snprintf(tmpname, sizeof tmpname, "%s/.mmleak.%s.scan.%016" PRIx64 ".tmp", s->dir,
-                 s->id, scan_unguessable());
+                 s->id, unguessable());
         fd = open(tmpname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
                   0600);
         if (fd < 0 && errno != EEXIST)

@@ -305,19 +305,9 @@ int open_again(const char *name, int flags, const struct fid *want)
  * Whoever can write to the dump directory (/tmp: anybody) can create files at the names a
  * process to come will use, thousands of them.  A taken name is skipped (O_EXCL refuses it);
  * after TAKEN_RUN taken names in a row the numbering jumps ahead by an amount nobody can
- * guess (getrandom), where nothing was planted, and goes on from there: the process always
- * gets its files, at the cost of a system call per taken name.  One message says so. */
-
-uint64_t unguessable(void)
-{
-    uint64_t r = 0;
-    if (mml_sys(SYS_getrandom, &r, sizeof r, 1 /* GRND_NONBLOCK */) != (long)sizeof r) {
-        struct timespec ts;   /* no getrandom (a seccomp filter, an old kernel): the clock */
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        r = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec;
-    }
-    return r;
-}
+ * guess (unguessable(), tracer/unguessable.h), where nothing was planted, and goes on from
+ * there: the process always gets its files, at the cost of a system call per taken name.  One
+ * message says so. */
 
 /* WHAT: "names of dump files in ", and what is done about it */
 void say_taken(const char *what, const char *done)

@@ -173,6 +173,7 @@ long syscall(long nr, ...);
 #define MML_SYS_(nr, a, b, c, d, e, f, ...) \
     mml_sys6((long)(nr), (long)(a), (long)(b), (long)(c), (long)(d), (long)(e), (long)(f))
 #define mml_sys(...) MML_SYS_(__VA_ARGS__, 0, 0, 0, 0, 0, 0, 0)
+#include "unguessable.h"  /* after mml_sys, which it uses */
 
 /* ---- per-thread state ---- */
 
@@ -342,6 +343,7 @@ void fork_prepare(void);
 void fork_parent(void);
 void fork_child(void);
 COLD void flush_before_leaving(int final);
+int exit_is_ours(void);    /* an exit here may scan and close the files (lifecycle.c) */
 
 /* ---- say.c: messages, and text without stdio ---- */
 
@@ -402,7 +404,6 @@ int d_unlink(const char *name);
 int d_rename(const char *from, const char *to);
 int create_locked(const char *name, struct fid *id);
 int open_again(const char *name, int flags, const struct fid *want);
-uint64_t unguessable(void);
 void say_taken(const char *what, const char *done);
 uint64_t fsize_limit(void);
 int write_all(int fd, const char *p, size_t n);

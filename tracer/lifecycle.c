@@ -516,12 +516,20 @@ static void leave_files(int final)
     }
 }
 
+/* Whether an exit here (the destructor, _exit, _Exit) is the traced process's own, which may
+ * scan and close the files: tracing, not in a vfork() child (other pid, the parent's memory:
+ * the files are the parent's), and not from inside mmleak.so's own code (a hook's call that
+ * ended the process: its state is half-made). */
+int exit_is_ours(void)
+{
+    return g_state == 1 && g_pid == getpid() && !IN_OWN_CODE(&T);
+}
+
 /* mmleak.so's destructor, from its entry in assembly (FLOOR_ENTRY, below): FLOOR is where
  * the stack of the exiting thread stops being ours, for the scan at exit. */
 __attribute__((used, noinline)) int mml_fini_from(uintptr_t floor)
 {
-    /* not in a vfork() child (other pid, the parent's memory): the files are the parent's */
-    if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T))
+    if (!exit_is_ours())
         return 0;
     scan_at_exit(floor, 0); /* before the files close: the scanner reads them as they are */
     int saved = errno;

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import LIB, TESTS, run_traced
+from conftest import LIB, ROOT, TESTS, run_traced
 from test_scan import CASES, mmleak_kinds, scan_bins  # noqa: F401 (a fixture)
 
 NOBODY = 65534
@@ -39,10 +39,23 @@ def open_dir():
     shutil.rmtree(d)
 
 
-def run_daemon(exe, d, *mode, here=None):
-    """Run scan_park as root (it becomes nobody): the trace id of its exit's scan, the
-    result's head and the kinds (a Kinds) of that scan."""
-    env = dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=d)
+@pytest.fixture(scope="module")
+def open_lib():
+    """mmleak.so and mmleak-scan copied where nobody can read and run them (the source tree
+    may be in a directory only root may enter: CI's clone in a mktemp directory was): the
+    daemon, become nobody, starts mmleak-scan from beside its mmleak.so."""
+    d = tempfile.mkdtemp(prefix="mmleak-parklib.", dir="/tmp")
+    os.chmod(d, 0o755)
+    for f in (LIB, os.path.join(ROOT, "mmleak-scan")):
+        shutil.copy2(f, d)
+    yield os.path.join(d, os.path.basename(LIB))
+    shutil.rmtree(d)
+
+
+def run_daemon(exe, d, lib, *mode, here=None):
+    """Run scan_park as root (it becomes nobody) with the mmleak.so LIB: the trace id of its
+    exit's scan, the result's head and the kinds (a Kinds) of that scan."""
+    env = dict(os.environ, LD_PRELOAD=lib, MMLEAK_DIR=d)
     if here is not None:
         env["MMLEAK_SCAN_HERE"] = here
     r = subprocess.run([exe, str(NOBODY)] + list(mode), env=env, capture_output=True,
@@ -62,12 +75,12 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the daemon starts as 
 
 
 @needs_root
-def test_undumpable_daemon_gets_its_verdict(park_bin, open_dir):
+def test_undumpable_daemon_gets_its_verdict(park_bin, open_dir, open_lib):
     """Two threads left besides the exiting one, one waiting in read() with the only pointer
     to a block of 1111 bytes in its frame, one spinning with the only pointer to a block of
     2222 bytes in r12, and a block of 3333 bytes lost: with mmleak-scan's ptrace refused (not
     dumpable), the threads are parked by mmleak.so's signal and the verdict is exact."""
-    tid, head, k = run_daemon(park_bin, open_dir)
+    tid, head, k = run_daemon(park_bin, open_dir, open_lib)
     assert k.status == "done", k.reason
     assert (k.scan.held, k.scan.threads) == ("signal", 3), head
     assert b"\n#roots register 3 448\n" in head, head     # 2 x 216 bytes, the exiting 16
@@ -81,20 +94,21 @@ def test_undumpable_daemon_gets_its_verdict(park_bin, open_dir):
 
 
 @needs_root
-def test_undumpable_daemon_unknown_through_ptrace(park_bin, open_dir):
+def test_undumpable_daemon_unknown_through_ptrace(park_bin, open_dir, open_lib):
     """The same daemon with MMLEAK_SCAN_HERE=0 (always mmleak-scan, which must ptrace):
     the kernel refuses it, no verdict.  (What the test above would be without the signal.)"""
-    tid, head, k = run_daemon(park_bin, open_dir, here="0")
+    tid, head, k = run_daemon(park_bin, open_dir, open_lib, here="0")
     assert k.status == "unknown"
     assert re.match(r"cannot trace thread \d+ of process \d+: Operation not permitted",
                     k.reason), k.reason
 
 
 @needs_root
-def test_thread_blocking_every_signal_leaves_the_verdict_unknown(park_bin, open_dir):
+def test_thread_blocking_every_signal_leaves_the_verdict_unknown(park_bin, open_dir,
+                                                                open_lib):
     """A third thread blocks every signal: it cannot be parked; the verdict is unknown and
     says which thread and why, at once (nothing sent, no wait), the exit unharmed."""
-    tid, head, k = run_daemon(park_bin, open_dir, "blockall")
+    tid, head, k = run_daemon(park_bin, open_dir, open_lib, "blockall")
     assert k.status == "unknown"
     assert re.fullmatch(r"thread \d+ blocks every real-time signal: the other threads "
                         r"cannot be stopped without ptrace", k.reason), k.reason

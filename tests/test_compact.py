@@ -1,6 +1,7 @@
 """Compaction (issue #10): folding complete dump files into mmleak.ID.compact while the
 process runs, next to another compactor and to reports, across crashes of the compactor,
 fork, SIGKILL and rotation, gives exactly the result of the whole trace."""
+import io
 import os
 import random
 import re
@@ -1279,3 +1280,44 @@ def test_each_warning_once_though_a_point_reads_the_files_again(tmp_path, lib):
     finally:
         alive.kill()
         alive.wait()
+
+
+class TickingClock:
+    """A clock 10 s later at every reading: each chance of a progress line takes it."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self):
+        self.now += 10.0
+        return self.now
+
+
+def test_a_pass_shows_its_progress_when_asked(load, tmp_path, monkeypatch):
+    """A long fold says how far it is (on a terminal, or with --progress): the callback is
+    given to the shrinker of each fold, and its line is ended once the fold is done, with
+    every event of the trace counted.  The shrinker's clock runs 10 s a reading here: each
+    of its chances to show the line takes it, whatever this machine's speed (one each
+    65,536 lines of a file: the files here hold more)."""
+    full, tid, truth, sh_full = finished_trace(load, tmp_path, "-t", "2", "-n", "300000",
+                                               "-l", "500", rotate=64)
+    inputs = mmleak.find_traces(str(full))[tid]
+    clock = TickingClock()
+    monkeypatch.setattr(mmleak.native, "time", clock)
+    monkeypatch.setattr(mmleak.shrink, "time", clock)
+    out = io.StringIO()
+    live, results = mmleak.compact_dir(str(full), out=io.StringIO(),
+                                       progress=mmleak.shrink.progress_printer(out))
+    assert (live, [r["folded"] for r in results]) == ([], [len(inputs)])
+    lines = out.getvalue().split("\r")
+    assert lines[0] == "" and len(lines) > 2, out.getvalue()    # shown while it read
+    assert all(re.fullmatch(r"mmleak\.py: [0-9.]+M events, [0-9]+ files done, [0-9.]+M "
+                            r"events/s, now mmleak\.%s\.[0-9-]+\.out   " % re.escape(tid), s)
+               for s in lines[1:-1]), lines
+    assert re.fullmatch(r"mmleak\.py: %.1fM events, [0-9]+ files done, [0-9.]+M events/s, "
+                        r"now mmleak\.%s\.[0-9-]+\.out\n" % (sh_full.events / 1e6,
+                                                             re.escape(tid)),
+                        lines[-1]), lines[-1]
+    got, _ = survivors(full, tid)
+    assert got == truth
+

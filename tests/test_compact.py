@@ -482,6 +482,60 @@ def test_killed_process_is_folded_with_its_staging_files(load, tmp_path):
     assert leak_count(dump, tid) == 1000
 
 
+def test_a_damaged_series_live_is_said_and_taken_as_lost(load, tmp_path, capfd):
+    """A .series.live that is not one (it is only ever written whole, by a rename): one line
+    naming it and the line, status 2, and the point goes on as with none (every block alive
+    counted as new: its live bytes still exact).  Then bounded fuzzing of its reader (fixed
+    seeds: cuts, changed bytes, garbage): a usable file or one line, never an exception."""
+    dump, p = waiting_load(load, tmp_path)
+    try:
+        tid = str(p.pid)
+        mmleak.compact_trace(str(dump), tid)
+        t = mmleak.files.TraceFiles(str(dump), tid)
+        with open(t.live, "rb") as f:
+            good = f.read()
+        assert mmleak.series._load_live(t.live)[0] is not None
+        with open(t.live, "wb") as f:
+            f.write(b"hello\n")
+        capfd.readouterr()
+        r = subprocess.run(MMLEAK + ["compact", str(dump), "--series-interval", "0"],
+                           capture_output=True, text=True)
+        assert (r.returncode, r.stderr) == (
+            2, "mmleak.py: %s:1: not a usable .series.live (a line not in its format): taken "
+               "as lost (the point counts every block alive as new)\n" % t.live)
+        truth, _ = survivors(dump, tid)
+        points, _ = mmleak.series.read_series(t.series)
+        assert len(points) == 2
+        live = (sum(size for size, _ in truth.values()), len(truth))
+        assert (points[-1].live, points[-1].new) == (live, live)
+        for seed in range(60):
+            rnd = random.Random(seed)
+            d = bytearray(good)
+            if seed % 3 == 0:
+                d = d[:rnd.randrange(len(d))]
+            elif seed % 3 == 1:
+                for _ in range(rnd.randint(1, 8)):
+                    d[rnd.randrange(len(d))] = rnd.randrange(256)
+            else:
+                d = bytes(rnd.randrange(256) for _ in range(rnd.randint(0, 400)))
+            with open(t.live, "wb") as f:
+                f.write(d)
+            mmleak.errors.REFUSALS.clear()
+            got = mmleak.series._load_live(t.live)
+            err = capfd.readouterr().err
+            if got == (None, None):
+                assert re.fullmatch(r"mmleak\.py: %s(:[0-9]+)?: not a usable \.series\.live "
+                                    r"\([^\n]*\): taken as lost \(the point counts every "
+                                    r"block alive as new\)\n" % re.escape(t.live), err), \
+                    (seed, err)
+            else:
+                assert err == "", (seed, err)
+    finally:
+        p.kill()
+        p.wait()
+        mmleak.errors.REFUSALS.clear()
+
+
 def test_series_follows_the_live_set_exactly(load, tmp_path):
     """Three phases leaking 200, 200 and 200 blocks, a compaction pass after each: the
     series shows the leak site growing by exactly that, with BYTES = previous + NEW - FREED."""

@@ -1375,3 +1375,23 @@ def test_a_pass_shows_its_progress_when_asked(load, tmp_path, monkeypatch):
     got, _ = survivors(full, tid)
     assert got == truth
 
+
+
+def test_a_report_reads_the_results_folded_names_once(load, tmp_path, monkeypatch):
+    """The report's choice of a trace lists the files without reading the result's
+    "#folded" lines; the trace's reader, under its lock, reads them: once a report, not
+    once for the choice and again for the reading."""
+    full, tid, truth, sh_full = finished_trace(load, tmp_path, "-t", "2", "-n", "20000",
+                                               "-l", "50")
+    mmleak.compact_trace(str(full), tid)
+    read = []
+    real = mmleak.files._previously_folded
+
+    def counted(path, t):
+        read.append(os.path.basename(path))
+        return real(path, t)
+    monkeypatch.setattr(mmleak.files, "_previously_folded", counted)
+    rep = mmleak.build_report(str(full), progress=False)
+    assert read == ["mmleak.%s.compact" % tid]
+    assert (rep["trace"], rep["files"], len(rep["survivors"])) == (
+        tid, [str(full / ("mmleak.%s.compact" % tid))], len(truth))

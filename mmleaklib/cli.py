@@ -700,6 +700,9 @@ def add_compact(sub):
                    "over always gets its last point"
                    % series.SERIES_INTERVAL)
     c.add_argument("-v", "--verbose", action="store_true", help="one line per folding pass")
+    c.add_argument("--progress", action="store_true",
+                   help="the folds' progress on stderr (events read, files done, the file "
+                        "read) even when it is not a terminal (on a terminal: always)")
 
 
 STOP_GRACE = 10.0      # seconds the traces alive at a --follow's SIGTERM get to end
@@ -717,8 +720,11 @@ def cmd_compact(args):
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGINT, on_term)
 
+    prog = shrink.progress_printer() if (args.progress or sys.stderr.isatty()) else None
+
     def one_pass(verbose):
-        return compact.compact_dir(d, args.pid, series=not args.no_series, verbose=verbose)
+        return compact.compact_dir(d, args.pid, series=not args.no_series, verbose=verbose,
+                                   progress=prog)
     status = EXIT_OK
     idle_since = time.monotonic()
     while True:

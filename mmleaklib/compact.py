@@ -475,7 +475,8 @@ def _write_atomic(path, header_lines, sh, data, raw=None, guard=None):
 
 
 def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping=None,
-                  folded=None, view=False, abandon=None, levels=False, base=True, defer=None):
+                  folded=None, view=False, abandon=None, levels=False, base=True, defer=None,
+                  progress=None):
     """One compaction pass over trace TID, and a point of its series when one is due
     (SERIES: False never; STOPPING, a function: when it says True, no point but the last of
     a trace that is over: `run`'s compactor, once its program has ended, leaves the point to
@@ -496,10 +497,10 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
     function: a point due while the trace runs is put off when complete files the pass did
     not fold are waiting (the compactor is behind the program: the point would read what
     the next pass rewrites, on the core the program needs) and DEFER(TID, True) says so;
-    it is called with False when the pass is not behind.  Returns a dict of
-    what it did, or None when another compactor holds the trace (it is skipped, not waited
-    for).  A file it cannot trust (Refused) or write stops the pass over this trace (Fail),
-    and nothing is deleted."""
+    it is called with False when the pass is not behind; PROGRESS: see _fold_into.  Returns
+    a dict of what it did, or None when another compactor holds the trace (it is skipped,
+    not waited for).  A file it cannot trust (Refused) or write stops the pass over this
+    trace (Fail), and nothing is deleted."""
     traces = traces if traces is not None else files.find_traces(directory)
     files.say_ignored(traces, tid)
     paths = paths if paths is not None else traces.get(tid, [])
@@ -533,7 +534,7 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
         if done or over and not levels and _runs(directory, tid):
             try:
                 res.update(_fold(directory, tid, cpath, done, over, lock.changing, abandon,
-                                 levels, base=series and base))
+                                 levels, base=series and base, progress=progress))
             except Abandoned:           # the new files' fold given up: they stay as they are
                 res["abandoned"] = 1
                 return res
@@ -611,7 +612,7 @@ def _next_run(directory, tid, runs, cpath):
 
 
 def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, levels=False,
-          base=False):
+          base=False, progress=None):
     """Fold the complete files DONE into the trace's result (under the trace's exclusive
     lock).  The result is mmleak.ID.compact and newer runs mmleak.ID.compact.N, each at
     least MERGE_FACTOR times smaller than the one before it.  DONE are folded alone into a
@@ -628,7 +629,8 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
     (native.Abandoned raised) or the merge after it (the new run stands) is not begun, or
     given up as it reads: its temporary file dropped, nothing renamed, nothing deleted.
     BASE: the first fold of a trace not over (no result yet) also writes the result's
-    base for the series' last point (series.save_base), from its own reading."""
+    base for the series' last point (series.save_base), from its own reading.  PROGRESS:
+    see _fold_into."""
     own = files._own_file(cpath)
     runs = _runs(directory, tid)
     before = (files._size(cpath) if own else 0) + sum(files._size(p) for _, p in runs)
@@ -656,7 +658,8 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
             sh = _fold_into(directory, tid, cpath, None, chain[1:] + done + chain[:1] if own
                             else chain + done, work, live=over or base and not own,
                             stream_last=own, guard=guard, staged=_stage(directory, tid,
-                                                                        token, guard))
+                                                                        token, guard),
+                            progress=progress)
             merged = True
         finally:
             series_mod.after_result_merge(directory, tid, cpath, token, merged, guard)
@@ -679,7 +682,7 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
             raise Abandoned()
         run = _next_run(directory, tid, runs, cpath)
         sh = _fold_into(directory, tid, TraceFiles(directory, tid).run(run), run, done, work,
-                        guard=guard, cancel=abandon)
+                        guard=guard, cancel=abandon, progress=progress)
         chain = [(None, cpath)] + _runs(directory, tid)
         i = _merge_start([files._size(p) for _, p in chain])
         if i < len(chain) - 1 and not (abandon and abandon()):
@@ -699,7 +702,8 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
                                  [p for _, p in chain[i + 1:]] + [target], work,
                                  stream_last=True, live=again or over and i == 0,
                                  guard=guard, cancel=abandon,
-                                 staged=_stage(directory, tid, token, guard))
+                                 staged=_stage(directory, tid, token, guard),
+                                 progress=progress)
                 work["merged"] = len(chain) - 1 - i
                 merged = True
                 if over and i == 0 and msh.native_blocks is not None:
@@ -791,7 +795,7 @@ def _merge_start(sizes):
 
 
 def _fold_into(directory, tid, target, run, inputs, work, live=False, stream_last=False,
-               guard=None, cancel=None, staged=None):
+               guard=None, cancel=None, staged=None, progress=None):
     """Shrink INPUTS into TARGET (run number RUN, None: mmleak.ID.compact), written
     atomically and naming in "#folded" the inputs it replaces, which are then deleted (a
     pass stopped in between leaves them to the next one, which sees them folded).  LIVE:
@@ -803,7 +807,8 @@ def _fold_into(directory, tid, target, run, inputs, work, live=False, stream_las
     directory lock (TraceLock.changing), around the rename and the deletions.  CANCEL: see
     native_shrink (Abandoned: nothing written, nothing deleted).  STAGED: a function
     called with TARGET's temporary file, written and flushed, before its rename (a merge
-    into the result writes the base and .live it will have: series.stage_result_merge)."""
+    into the result writes the base and .live it will have: series.stage_result_merge).
+    PROGRESS: shrink.progress_printer's callback, or None."""
     folded = [p for p in inputs if p != target]
     renaming = guard
     if staged is not None:
@@ -814,7 +819,9 @@ def _fold_into(directory, tid, target, run, inputs, work, live=False, stream_las
                 yield
     with tempfile.TemporaryFile(prefix="mmleak-shrink.") as raw:
         sh, data = shrink_raw(inputs, out=raw, live=live, stream_last=stream_last,
-                              cancel=cancel)
+                              cancel=cancel, progress=progress)
+        if progress:
+            progress.end(sh, inputs[-1])
         if sh.problems.fatal:
             raise Fail("%s: cannot compact trace %s: an input could not be read"
                        % (directory, tid))
@@ -837,10 +844,11 @@ def _remove_dump(p):
 
 
 def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopping=None,
-                folded=None, view=False, abandon=None, levels=False, base=True, defer=None):
+                folded=None, view=False, abandon=None, levels=False, base=True, defer=None,
+                progress=None):
     """One compaction pass over every trace in DIRECTORY (or trace PID).  Returns
     (live traces, results).  STOPPING, FOLDED, VIEW, ABANDON, LEVELS, BASE, DEFER: see
-    compact_trace."""
+    compact_trace.  PROGRESS: shrink.progress_printer's callback (the folds' progress)."""
     out = out or sys.stdout
     traces = files.find_traces(directory, said=pid is None)    # (compact_trace says PID's)
     live, results = [], []
@@ -850,7 +858,7 @@ def compact_dir(directory, pid=None, series=True, verbose=False, out=None, stopp
         def one(d=directory, tr=traces):
             return compact_trace(d, tid, tr and tr[tid], tr, series=series,
                                  stopping=stopping, folded=folded, view=view, abandon=abandon,
-                                 levels=levels, base=base, defer=defer)
+                                 levels=levels, base=base, defer=defer, progress=progress)
         try:
             owner = files.trace_owner(directory, tid)
             if owner is not None and owner[0] != 0 and os.geteuid() == 0 and \

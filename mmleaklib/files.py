@@ -243,7 +243,7 @@ def say_ignored(traces, tid):
         refuse(why)
 
 
-def find_traces(directory, only=None, said=None):
+def find_traces(directory, only=None, said=None, folded=True):
     """Map trace id ("PID" or "PID-K") -> sorted list of its dump files in DIRECTORY (its
     compacted result mmleak.ID.compact first, if any); ONLY: of that trace alone.  A file
     at one of those names that is not a regular file of the trace's owner or root is left
@@ -251,7 +251,9 @@ def find_traces(directory, only=None, said=None):
     trace, once; exit status 2) when SAID (default: with ONLY), else kept in .ignored for
     say_ignored: a command about some traces of a shared directory says only theirs (files
     planted at the names of others made root's report of its own trace in /tmp exit 2,
-    with a line for each of them)."""
+    with a line for each of them).  FOLDED: leave out the files a result names in its
+    "#folded" lines (read from it here); False: a listing to choose a trace by, whose
+    files are listed again, by their reader, under the trace's lock (compact.read_trace)."""
     said = only is not None if said is None else said
     traces = collections.defaultdict(list)
     try:
@@ -292,17 +294,17 @@ def find_traces(directory, only=None, said=None):
             refuse(out.ignored[tid])
     for k, v in traces.items():
         files = [p for _, p in sorted(v)]
-        folded = set()
-        for r in [p for p, (key, _) in zip(files, sorted(v)) if key[0] < 2]:
+        names = set()
+        for r in [p for p, (key, _) in zip(files, sorted(v)) if key[0] < 2 and folded]:
             # a compaction pass stopped after writing a result (or run), before deleting
             # its inputs: they are in it already (the next pass deletes them)
             try:
-                folded.update(_previously_folded(r, k))
+                names.update(_previously_folded(r, k))
             except Refused as e:        # replaced since the listing
                 refuse(str(e))
-                folded.add(os.path.basename(r))
-        if folded:
-            files = [p for p in files if os.path.basename(p) not in folded]
+                names.add(os.path.basename(r))
+        if names:
+            files = [p for p in files if os.path.basename(p) not in names]
         out[k] = files
     return out
 

@@ -79,8 +79,10 @@ def choose_trace(directory, pid=None, trace=None):
     """(trace id, files) to report.  TRACE: that trace id exactly.  PID: the process as it is
     now, or was last: its newest image with dump files (an id PID-K given as PID is taken
     exactly, as before --trace existed); a note on stderr names its earlier images.
-    Neither: the trace written last."""
-    traces = files.find_traces(directory, said=False)
+    Neither: the trace written last.  The results' "#folded" lines are not read here: the
+    trace's reader does it, under its lock (read_trace), so FILES may still hold inputs a
+    stopped pass folded and did not delete."""
+    traces = files.find_traces(directory, said=False, folded=False)
     try:
         tid, paths = _choose(traces, directory, pid, trace)
     except Fail:

@@ -118,15 +118,18 @@ def read_scan(path):
     with files.open_trace_file(path) as f:
         first = f.readline(4096)
         m = re.match(rb"#mmleak-scan (\d+) id=(\S+) pid=(\d+)", first)
-        if not m:
-            raise Fail("%s: not a scan result" % path)
+        if not m:                       # (none of its bytes shown: they may be anything)
+            raise Fail("%s:1: not an mmleak scan result (its first line is not "
+                       "'#mmleak-scan VERSION id=ID pid=PID')" % path)
         s.version = int(m.group(1))
         if s.version > FORMAT:
             raise Fail("%s: scan format %d is newer than this mmleak.py reads (%d)"
                        % (path, s.version, FORMAT))
         s.id, s.pid = m.group(2).decode("utf-8", "replace"), int(m.group(3))
+        lineno = 1
         while True:
             line = f.readline(4096)
+            lineno += 1
             if not line:
                 return s                # no #data: nothing classified
             w = line.decode("utf-8", "replace").rstrip("\n").split(" ")
@@ -156,7 +159,7 @@ def read_scan(path):
                 elif key == "#blocks":
                     s.blocks = int(w[1])
             except (IndexError, ValueError):
-                raise Fail("%s: bad header line %r" % (path, line[:80]))
+                raise Fail("%s:%d: bad header line %r" % (path, lineno, line[:80]))
 
 
 def scan_files(directory, tid):
@@ -182,12 +185,15 @@ def scan_files(directory, tid):
 
 
 def newest_scan(directory, tid):
-    """The newest scan of trace TID (highest time, then number), or None."""
+    """The newest scan of trace TID (highest time, then number), or None.  A file of the
+    trace's own that is not a scan result, or whose header is damaged, stops the reader
+    (Fail: which file, which line), as a dump that is not one does: without it, the kinds
+    of the report would be another scan's, or none, and nothing would say why."""
     best = None
     for p in scan_files(directory, tid):
         try:
             s = read_scan(p)
-        except (OSError, Refused, Fail):
+        except (OSError, Refused):      # gone since it was listed, or not the owner's
             continue
         key = (s.time, int(SCAN_RE.match(os.path.basename(p)).group(2)))
         if best is None or key > best[0]:

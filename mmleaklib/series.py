@@ -577,23 +577,35 @@ def _load_live(path):
     sums, plines, stacks, final, levels, partial, excl = {}, None, {}, False, None, False, None
     old = []
     ptr = seq = None
+    lineno = 0
     if not _own_file(path):
+        return None, None
+
+    def damaged(what):
+        # written whole (a temporary file renamed): not one a compactor left, but damaged
+        # or another file at its name; the point goes on without it (see the caller), said
+        # once (status 2, as any file of the trace a reader refuses)
+        refuse("%s%s: not a usable .series.live (%s): taken as lost (the point counts every "
+               "block alive as new)" % (path, ":%d" % lineno if lineno else "", what))
         return None, None
     try:
         with open_trace_file(path) as f:
             for line in iter(f.readline, b""):
+                lineno += 1
                 if line.startswith((b"#keys ", b"#exclude ")):
                     n = int(line.split()[1])
+                    if 16 * n > os.fstat(f.fileno()).st_size:
+                        return damaged("%d keys in a smaller file" % n)
                     ptr, seq = array.array("Q", bytes(8 * n)), array.array("Q", bytes(8 * n))
                     for a in (ptr, seq):
                         if n and f.readinto(memoryview(a).cast("B")) != 8 * n:
-                            return None, None   # cut short
+                            return damaged("its keys are cut short")
                     if line.startswith(b"#keys "):
                         break
                     excl, ptr, seq = (ptr, seq), None, None
                     continue
                 if not line.endswith(b"\n"):
-                    return None, None
+                    return damaged("a line without its end")
                 if line.startswith(b"#"):
                     if line == b"#final\n":
                         final = True
@@ -619,15 +631,19 @@ def _load_live(path):
                 old.append((int(p, 16), int(q, 16)))
                 v = sums.get(k, (0, 0))
                 sums[k] = (v[0] + int(size, 16), v[1] + 1)
-    except (OSError, ValueError):
+    except OSError:                     # (gone since: as if there were none)
         return None, None
-    if plines is None:
-        return None, None
+    except ValueError:
+        return damaged("a line not in its format")
+    if plines is None:                  # (an older mmleak.py's, a line per block: lost)
+        lineno = 0
+        return (None, None) if old else damaged("no '#point p' line")
     if ptr is None:
         old.sort()
         ptr, seq = array.array("Q", [p for p, _ in old]), array.array("Q", [q for _, q in old])
     if partial and (levels is None or old):
-        return None, None
+        lineno = 0
+        return damaged("'#partial' without its '#levels'")
     return ((ptr, seq), sums, levels, partial, excl), (plines, stacks, final)
 
 

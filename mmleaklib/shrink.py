@@ -509,7 +509,8 @@ class Shrinker:
 
 
 def progress_printer(stream=None):
-    """A progress callback that rewrites one status line on a terminal."""
+    """A progress callback that rewrites one status line on a terminal.  Its SHOWN is True
+    while a line is shown but not ended; end(sh, name) ends it (the last figures), if so."""
     stream = stream or sys.stderr
     start = time.monotonic()
 
@@ -520,6 +521,13 @@ def progress_printer(stream=None):
                      % (errors.PROG, n / 1e6, sh.files_done, n / 1e6 / max(el, 1e-9),
                         os.path.basename(name), "\n" if done else "   "))
         stream.flush()
+        show.shown = not done
+
+    def end(sh, name):
+        if show.shown:
+            show(sh, name, 0, done=True)
+    show.shown = False
+    show.end = end
     return show
 
 
@@ -671,7 +679,7 @@ def shrink_files(paths, progress=None, mixed=False, problems=None, blocks=False,
             shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def shrink_raw(paths, out=None, live=False, stream_last=False, cancel=None):
+def shrink_raw(paths, out=None, live=False, stream_last=False, cancel=None, progress=None):
     """Shrink PATHS (dump files of one trace, their unflushed lines included) without
     building the per-address state in Python: (Shrinker with headers, stacks and counts,
     the result's event lines as bytes, non-final, sorted by address then number).  What a
@@ -683,14 +691,14 @@ def shrink_raw(paths, out=None, live=False, stream_last=False, cancel=None):
     in sh.native_blocks, from the same reading (None when it cannot: see native_shrink).
     STREAM_LAST (with OUT): the last of PATHS is a compacted result, which the compiled
     shrinker streams (native_shrink); the result is the same.  CANCEL (with OUT): see
-    native_shrink (Abandoned)."""
+    native_shrink (Abandoned).  PROGRESS: a progress callback (progress_printer)."""
     paths, names, tmpdir, refused = files.with_unflushed_tails(paths)
     try:
         if refused:                     # a compactor folds nothing it cannot read whole
             for msg in refused[1:]:
                 refuse(msg)
             raise Refused(refused[0])
-        sh = Shrinker()
+        sh = Shrinker(progress)
         if out is not None and native_shrink(sh, paths, names, raw=out, also_blocks=live,
                                              stream_last=stream_last, cancel=cancel):
             sh.check_single_process()

@@ -1,6 +1,7 @@
 """Compaction (issue #10): folding complete dump files into mmleak.ID.compact while the
 process runs, next to another compactor and to reports, across crashes of the compactor,
 fork, SIGKILL and rotation, gives exactly the result of the whole trace."""
+import io
 import os
 import random
 import re
@@ -479,6 +480,60 @@ def test_killed_process_is_folded_with_its_staging_files(load, tmp_path):
     assert after == truth
     assert events_counted(dump, tid) == sh_full.events
     assert leak_count(dump, tid) == 1000
+
+
+def test_a_damaged_series_live_is_said_and_taken_as_lost(load, tmp_path, capfd):
+    """A .series.live that is not one (it is only ever written whole, by a rename): one line
+    naming it and the line, status 2, and the point goes on as with none (every block alive
+    counted as new: its live bytes still exact).  Then bounded fuzzing of its reader (fixed
+    seeds: cuts, changed bytes, garbage): a usable file or one line, never an exception."""
+    dump, p = waiting_load(load, tmp_path)
+    try:
+        tid = str(p.pid)
+        mmleak.compact_trace(str(dump), tid)
+        t = mmleak.files.TraceFiles(str(dump), tid)
+        with open(t.live, "rb") as f:
+            good = f.read()
+        assert mmleak.series._load_live(t.live)[0] is not None
+        with open(t.live, "wb") as f:
+            f.write(b"hello\n")
+        capfd.readouterr()
+        r = subprocess.run(MMLEAK + ["compact", str(dump), "--series-interval", "0"],
+                           capture_output=True, text=True)
+        assert (r.returncode, r.stderr) == (
+            2, "mmleak.py: %s:1: not a usable .series.live (a line not in its format): taken "
+               "as lost (the point counts every block alive as new)\n" % t.live)
+        truth, _ = survivors(dump, tid)
+        points, _ = mmleak.series.read_series(t.series)
+        assert len(points) == 2
+        live = (sum(size for size, _ in truth.values()), len(truth))
+        assert (points[-1].live, points[-1].new) == (live, live)
+        for seed in range(60):
+            rnd = random.Random(seed)
+            d = bytearray(good)
+            if seed % 3 == 0:
+                d = d[:rnd.randrange(len(d))]
+            elif seed % 3 == 1:
+                for _ in range(rnd.randint(1, 8)):
+                    d[rnd.randrange(len(d))] = rnd.randrange(256)
+            else:
+                d = bytes(rnd.randrange(256) for _ in range(rnd.randint(0, 400)))
+            with open(t.live, "wb") as f:
+                f.write(d)
+            mmleak.errors.REFUSALS.clear()
+            got = mmleak.series._load_live(t.live)
+            err = capfd.readouterr().err
+            if got == (None, None):
+                assert re.fullmatch(r"mmleak\.py: %s(:[0-9]+)?: not a usable \.series\.live "
+                                    r"\([^\n]*\): taken as lost \(the point counts every "
+                                    r"block alive as new\)\n" % re.escape(t.live), err), \
+                    (seed, err)
+            else:
+                assert err == "", (seed, err)
+    finally:
+        p.kill()
+        p.wait()
+        mmleak.errors.REFUSALS.clear()
 
 
 def test_series_follows_the_live_set_exactly(load, tmp_path):
@@ -1279,3 +1334,64 @@ def test_each_warning_once_though_a_point_reads_the_files_again(tmp_path, lib):
     finally:
         alive.kill()
         alive.wait()
+
+
+class TickingClock:
+    """A clock 10 s later at every reading: each chance of a progress line takes it."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self):
+        self.now += 10.0
+        return self.now
+
+
+def test_a_pass_shows_its_progress_when_asked(load, tmp_path, monkeypatch):
+    """A long fold says how far it is (on a terminal, or with --progress): the callback is
+    given to the shrinker of each fold, and its line is ended once the fold is done, with
+    every event of the trace counted.  The shrinker's clock runs 10 s a reading here: each
+    of its chances to show the line takes it, whatever this machine's speed (one each
+    65,536 lines of a file: the files here hold more)."""
+    full, tid, truth, sh_full = finished_trace(load, tmp_path, "-t", "2", "-n", "300000",
+                                               "-l", "500", rotate=64)
+    inputs = mmleak.find_traces(str(full))[tid]
+    clock = TickingClock()
+    monkeypatch.setattr(mmleak.native, "time", clock)
+    monkeypatch.setattr(mmleak.shrink, "time", clock)
+    out = io.StringIO()
+    live, results = mmleak.compact_dir(str(full), out=io.StringIO(),
+                                       progress=mmleak.shrink.progress_printer(out))
+    assert (live, [r["folded"] for r in results]) == ([], [len(inputs)])
+    lines = out.getvalue().split("\r")
+    assert lines[0] == "" and len(lines) > 2, out.getvalue()    # shown while it read
+    assert all(re.fullmatch(r"mmleak\.py: [0-9.]+M events, [0-9]+ files done, [0-9.]+M "
+                            r"events/s, now mmleak\.%s\.[0-9-]+\.out   " % re.escape(tid), s)
+               for s in lines[1:-1]), lines
+    assert re.fullmatch(r"mmleak\.py: %.1fM events, [0-9]+ files done, [0-9.]+M events/s, "
+                        r"now mmleak\.%s\.[0-9-]+\.out\n" % (sh_full.events / 1e6,
+                                                             re.escape(tid)),
+                        lines[-1]), lines[-1]
+    got, _ = survivors(full, tid)
+    assert got == truth
+
+
+
+def test_a_report_reads_the_results_folded_names_once(load, tmp_path, monkeypatch):
+    """The report's choice of a trace lists the files without reading the result's
+    "#folded" lines; the trace's reader, under its lock, reads them: once a report, not
+    once for the choice and again for the reading."""
+    full, tid, truth, sh_full = finished_trace(load, tmp_path, "-t", "2", "-n", "20000",
+                                               "-l", "50")
+    mmleak.compact_trace(str(full), tid)
+    read = []
+    real = mmleak.files._previously_folded
+
+    def counted(path, t):
+        read.append(os.path.basename(path))
+        return real(path, t)
+    monkeypatch.setattr(mmleak.files, "_previously_folded", counted)
+    rep = mmleak.build_report(str(full), progress=False)
+    assert read == ["mmleak.%s.compact" % tid]
+    assert (rep["trace"], rep["files"], len(rep["survivors"])) == (
+        tid, [str(full / ("mmleak.%s.compact" % tid))], len(truth))

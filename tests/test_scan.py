@@ -5,6 +5,7 @@ program's own request (mmleak.h); the result file and its reader."""
 import collections
 import glob
 import os
+import random
 import re
 import shutil
 import signal
@@ -645,6 +646,58 @@ def test_result_file_layout(scan_bins, dump):
         assert k.count(i) == s.kinds[name][0]
     assert s.roots["object"][0] >= 1 and s.roots["stack"][0] == 1
     assert s.excluded["mmleak"][0] >= 1
+
+
+def scan_report(dump, path, data):
+    """`report --no-html` of DUMP with the scan file PATH holding DATA: (status, stdout,
+    stderr)."""
+    with open(path, "wb") as f:
+        f.write(data)
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "mmleak.py"), "report", str(dump),
+                        "--no-html"], capture_output=True, text=True)
+    return r.returncode, r.stdout, r.stderr
+
+
+def test_a_scan_file_that_is_none_or_damaged_is_said(scan_bins, dump):
+    """A scan result that is not one (garbage, another file at its name) or whose header is
+    damaged stops the report in one line naming the file and the line, status 2, as a dump
+    that is not one does (mmleak-format(5)); it was skipped without a word, the report then
+    showing no kinds, or an older scan's.  Then bounded fuzzing (fixed seeds): truncations,
+    bytes changed, garbage: never a traceback, a status of the documented ones, and at most
+    one line unless the report ran."""
+    run_traced([scan_bins["scan_cases"], "lost-chain"], dump)
+    from mmleaklib import scan
+    tid = only_trace(dump)
+    [path] = scan.scan_files(str(dump), tid)
+    with open(path, "rb") as f:
+        good = f.read()
+    st, out, err = scan_report(dump, path, good)
+    assert st == 0 and "definitely lost:" in out and err == "", err
+    not_scan = ("mmleak.py: %s:1: not an mmleak scan result (its first line is not "
+                "'#mmleak-scan VERSION id=ID pid=PID')\n" % path)
+    for garbage in (b"\x7fELF\x02\x01\x01\0" * 20, b"hello\n", b"#mmleak 2 id=1\n",
+                    good.replace(b"#mmleak-scan", b"#mmleak-scam", 1)):
+        assert scan_report(dump, path, garbage) == (2, "", not_scan)
+    lines = good.split(b"\n")
+    k = next(i for i, ln in enumerate(lines) if ln.startswith(b"#threads "))
+    bad = b"\n".join(lines[:k] + [b"#threads many"] + lines[k + 1:])
+    assert scan_report(dump, path, bad) == (
+        2, "", "mmleak.py: %s:%d: bad header line b'#threads many\\n'\n" % (path, k + 1))
+    for seed in range(24):
+        r = random.Random(seed)
+        d = bytearray(good)
+        how = seed % 3
+        if how == 0:
+            d = d[:r.randrange(len(d))]
+        elif how == 1:
+            for _ in range(r.randint(1, 8)):
+                d[r.randrange(len(d))] = r.randrange(256)
+        else:
+            d = bytes(r.randrange(256) for _ in range(r.randint(0, 400)))
+        st, out, err = scan_report(dump, path, bytes(d))
+        assert "Traceback" not in err and st in (0, 2, 3), (seed, st, err)
+        assert st == 0 and err == "" or st != 0 and len(err.splitlines()) == 1 and \
+            err.startswith("mmleak.py: %s" % path), (seed, st, err)
 
 
 @pytest.mark.parametrize("case", ["joined-arg", "freed-arena"])

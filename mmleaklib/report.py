@@ -211,6 +211,10 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
         # could not be stopped...): its reason is news, unlike the usual "no scan ran"
         scan_failed = getattr(k, "scan", None) is not None and k.status != "done"
         kinds, scan_note = reachability(k)
+        if k is not None and getattr(k, "scan", True) is None and sh.noscan:
+            # no result, and the traced process kept why: news as well
+            from .scan import no_result_text
+            scan_note, scan_failed = no_result_text(*sh.noscan), True
     groups, totals, seen = live.aggregate(tmin, tmax, set(old) if old is not None else None,
                                           kinds)
     freed_since = [a for k, a in old.items() if k not in seen] if old is not None else None

@@ -630,3 +630,54 @@ def test_a_rotation_after_a_drop_of_root_keeps_the_file(tmp_path):
         assert "400003 events read from 1 files" in rep.stdout, rep.stdout
     finally:
         shutil.rmtree(str(d))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changes its uid")
+@pytest.mark.parametrize("mode, here, failed", [
+    ("p", "1", ""),         # alone: the scan in a child sharing its memory (scanhere.c)
+    ("pt", "1", ""),        # a second thread, parked by a signal of ours (park.c)
+    # mmleak-scan, a program, which the kernel does not let read a process not dumpable
+    ("p", "0", " (and the scan failed: /proc/{pid}/maps: Permission denied)")])
+def test_a_scan_that_cannot_write_its_result_says_why_in_the_report(tmp_path, mode, here,
+                                                                     failed):
+    """ngircd and nsd, started as root by mmleak.py run, become another user, who may not
+    create the scan's result in run's directory (root's, 0755): the reason was on the
+    daemon's stderr only, and the report said "no scan ran: the process ended by _exit,
+    abort...", wrong.  The exiting process now keeps the reason in its dump file
+    ("#noscan", through compaction), and the report gives it, and what to do."""
+    exe = str(tmp_path / "uid_drop")
+    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(TESTS, "uid_drop.c")],
+                   check=True)
+    # (as run's: the directories above it searchable by anyone, which tmp_path's are not)
+    d = pathlib.Path(tempfile.mkdtemp(prefix="mmleak-root.", dir="/tmp"))
+    try:
+        os.chmod(str(d), 0o755)
+        check_no_result_reason(exe, d, mode, here, failed)
+    finally:
+        shutil.rmtree(str(d))
+
+
+def check_no_result_reason(exe, d, mode, here, failed):
+    r = subprocess.run([exe, mode, str(NOBODY)], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(d),
+                                MMLEAK_SCAN_HERE=here))
+    assert r.returncode == 0, r.stderr
+    assert not [n for n in os.listdir(str(d)) if ".scan." in n]
+    import mmleaklib as mm
+    (tid,) = mm.find_traces(str(d))
+    reason = ("cannot write the result in %s (as uid %d): Permission denied%s"
+              % (d, NOBODY, failed.format(pid=tid)))
+    assert r.stderr == "mmleak-scan: %s\n" % reason
+    want = ("  reachability unknown: the scan at the exit wrote no result: %s; give the trace "
+            "a directory the process's user can write (mmleak.py run -d DIR, or "
+            "MMLEAK_DIR)\n" % reason)
+    for step in ("read", "compact"):
+        if step == "compact":
+            c = subprocess.run([MMLEAK, "compact", str(d)], capture_output=True, text=True,
+                               timeout=60)
+            assert c.returncode == 0, c.stderr
+            assert [n for n in os.listdir(str(d)) if n.endswith(".compact")], os.listdir(str(d))
+        rep = subprocess.run([MMLEAK, "report", str(d), "--no-html"], capture_output=True,
+                             text=True, timeout=60)
+        assert want in rep.stdout, (step, rep.stdout + rep.stderr)
+        assert "no scan ran" not in rep.stdout

@@ -689,3 +689,9 @@ def check_no_result_reason(exe, d, mode, here, failed):
                              text=True, timeout=60)
         assert want in rep.stdout, (step, rep.stdout + rep.stderr)
         assert "no scan ran" not in rep.stdout
+    # --check's word on the blocks of unknown reachability gives it too
+    rep = subprocess.run([MMLEAK, "report", str(d), "--no-html", "--check"],
+                         capture_output=True, text=True, timeout=60)
+    note = want.strip()[len("reachability unknown: "):]
+    assert rep.returncode == 23, rep.stdout + rep.stderr
+    assert "of reachability unknown (%s); to not count them" % note in rep.stdout, rep.stdout

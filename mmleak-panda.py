@@ -1331,30 +1331,32 @@ def growth_panel(rep, wrappers, only=None, view=None):
     ax.grid(color="#ddd", linewidth=0.6)
     ax.legend(loc="upper left", bbox_to_anchor=(0, -0.22), ncol=4, fontsize=7.5, frameon=False)
     span = max(pts[-1].time - pts[0].time, 0)
+    why = sites.no_rate_reason(pts)     # (a rate per hour from seconds misleads)
     trs = []
     for site, vals in rows[:40]:
         d = vals[-1][2] - vals[0][2]
-        rate = ("%+.0f" % (d * 3600.0 / span)) if span else ""
         fr = frames.get(site)
         trs.append("<tr><td>%s</td><td class=n>%s</td><td class=n>%s</td><td class=n>%+d</td>"
-                   "<td class=n>%s</td></tr>" % (esc(symbolize.frame_label(fr) if fr else
-                                                     "0x%x" % site),
-                                                 "{:,}".format(vals[0][2]),
-                                                 "{:,}".format(vals[-1][2]), d, rate))
+                   "%s</tr>" % (esc(symbolize.frame_label(fr) if fr else "0x%x" % site),
+                                "{:,}".format(vals[0][2]), "{:,}".format(vals[-1][2]), d,
+                                "" if why else "<td class=n>%+.0f</td>"
+                                % sites.hourly_rate(d, pts)))
     # the view shown first keeps the panel's id (a link to #growth lands there)
     head = ('<div class="panel" id="growth">' if view is None else
             '<div class="panel kview" data-view="%s"%s>' % (view[0], ' id="growth"' if view[1]
                                                             else ' style="display:none"'))
     note = ("" if view is None else " Only the call sites with blocks of the kinds shown "
             "(the series has no kinds: a site's line counts all its blocks).")
+    if why:
+        note += " No rate per hour from %s." % why
     return ('%s<h2>Growth over time</h2><p>%d points '
             'over %s of the trace (mmleak.%s.series). A call site whose live bytes keep '
             'rising is a leak.%s</p><div class="charts"><div class="chart">%s</div></div>'
             '<table class="small"><tr>'
             '<th>call site</th><th>live bytes, first point</th><th>last point</th>'
-            '<th>change</th><th>bytes per hour</th></tr>%s</table></div>\n'
+            '<th>change</th>%s</tr>%s</table></div>\n'
             % (head, len(pts), esc(dur(span)), esc(rep.get("trace") or ""), note, _svg(fig),
-               "".join(trs)))
+               "" if why else "<th>bytes per hour</th>", "".join(trs)))
 
 
 def incremental_panel(rep):

@@ -289,10 +289,13 @@ def check_verdict(rep, args, out, child=False):
         if n == report.kind_totals(rep)["unknown"][0] and "unknown" in args.leak_kinds:
             # no scan ran (killed, aborted, MMLEAK_SCAN=0; _exit is scanned, exitscan.c):
             # blocks nobody classified fail the gate; say how to leave them out
-            out.write("mmleak: all %d of reachability unknown (no scan ran in that process: it "
-                      "ended by abort or a signal, or scans were off); to not count them: "
-                      "--leak-kinds "
-                      "definite,indirect%s\n" % (n, " or --no-check-children" if child else ""))
+            # (or one that could not be done or saved: its reason, report.py's scan_note)
+            why = (rep["scan_note"] if rep.get("scan_failed") else
+                   "no scan ran in that process: it ended by abort or a signal, or scans "
+                   "were off")
+            out.write("mmleak: all %d of reachability unknown (%s); to not count them: "
+                      "--leak-kinds definite,indirect%s\n"
+                      % (n, why, " or --no-check-children" if child else ""))
         return False
     n, b = rep.get("suppressed_total") or (0, 0)
     out.write("mmleak: check passed: trace %s (%s): no block not freed of the kinds that "

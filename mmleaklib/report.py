@@ -16,9 +16,9 @@ from .series import read_series
 from .shrink import baseline_blocks, progress_printer
 from . import suppressions as supp
 from .blocks import Survivors, time_bounds
-from .sites import (KIND_TEXT, KINDS, Wrappers, find_wrappers, growth_sites, human_bytes,
-                    incremental_sites, kind_summary, leak_sites, site_resolver,
-                    sites_from_groups)
+from .sites import (KIND_TEXT, KINDS, Wrappers, find_wrappers, growth_sites, hourly_rate,
+                    human_bytes, incremental_sites, kind_summary, leak_sites, no_rate_reason,
+                    site_resolver, sites_from_groups)
 from .symbolize import ADDR_MASK, Maps, Symbolizer, _module_problem, frame_label
 
 
@@ -213,6 +213,10 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
         # could not be stopped...): its reason is news, unlike the usual "no scan ran"
         scan_failed = getattr(k, "scan", None) is not None and k.status != "done"
         kinds, scan_note = reachability(k)
+        if k is not None and getattr(k, "scan", True) is None and sh.noscan:
+            # no result, and the traced process kept why: news as well
+            from .scan import no_result_text
+            scan_note, scan_failed = no_result_text(*sh.noscan), True
     groups, totals, seen = live.aggregate(tmin, tmax, set(old) if old is not None else None,
                                           kinds)
     freed_since = [a for k, a in old.items() if k not in seen] if old is not None else None
@@ -663,14 +667,17 @@ def print_growth(rep, out, top=10):
     g = rep["growth"]
     pts = rep["series"]
     span = pts[-1].time - pts[0].time
+    why = no_rate_reason(pts)
     out.write("  growth over %d points of the series (%s of the trace's time), by call site "
-              "(live bytes first -> last):\n" % (len(pts), _duration(span)))
+              "(live bytes first -> last%s):\n"
+              % (len(pts), _duration(span), "; no rate per hour from %s" % why if why else ""))
     rows = sorted(((site, vals) for site, vals in g.items() if any(v[2] for v in vals)),
                   key=lambda kv: (-(kv[1][-1][2] - kv[1][0][2]), kv[0]))
     for site, vals in rows[:top]:
         fr = rep["frames"].get(site)
         d = vals[-1][2] - vals[0][2]
-        rate = " (%+.0f B/h)" % (d * 3600.0 / span) if span > 0 else ""
+        rate = hourly_rate(d, pts)
+        rate = " (%+.0f B/h)" % rate if rate is not None else ""
         out.write("  %12d -> %12d %+12d%s  %s\n" % (vals[0][2], vals[-1][2], d, rate,
                                                  frame_label(fr) if fr else "0x%x" % site))
 

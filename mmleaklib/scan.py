@@ -27,6 +27,19 @@ NO_SCAN = ("no scan ran: the process ended by _exit, abort, a fatal signal or SI
            "scanning was off (MMLEAK_SCAN=0), or it still runs (mmleak.py scan PID)")
 
 
+
+def no_result_text(why, reason):
+    """The reachability note of a trace whose scan wrote no result: its "#noscan WHY REASON"
+    line (mmleak-format(5)), the reason mmleak-scan gave on stderr only."""
+    text = "the scan %s wrote no result: %s" % (
+        "at the exit" if why == "exit" else "the program asked for", reason)
+    if reason.startswith("cannot write the result"):     # tools/scan.c's words
+        # a daemon that became another user, in a directory only root could write
+        text += ("; give the trace a directory the process's user can write "
+                 "(mmleak.py run -d DIR, or MMLEAK_DIR)")
+    return text
+
+
 class Scan:
     """One scan result: its header fields; .columns() reads the data."""
 

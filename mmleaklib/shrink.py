@@ -84,6 +84,7 @@ class Shrinker:
         self.stack_lines = {}      # stack id -> its "#s" line
         self.lost = {}             # gap k -> events not recorded ("#lost N k=K")
         self.dropping = set()      # gaps that began ("#dropping k=K")
+        self.noscan = None         # (why, reason): a scan that wrote no result ("#noscan")
         self.max_time = 0
         self.clock = None          # the newest "#clock" line's time (None: no such line)
         self.problems = Problems()
@@ -343,6 +344,11 @@ class Shrinker:
             self.alloc = _unescape(line[7:].rstrip(b"\n"))
         elif line.startswith(b"#suppressions ") and self.program_suppressions is None:
             self.program_suppressions = _unescape(line[14:].rstrip(b"\n"))
+        elif line.startswith(b"#noscan "):
+            # the scan at the exit's reason wins over a failed one on demand (mmleak.h's)
+            why, _, text = line[8:].rstrip(b"\n").partition(b" ")
+            if self.noscan is None or why == b"exit":
+                self.noscan = (why.decode("ascii", "replace"), _unescape(text))
         elif line.startswith(b"#cmd ") and self.cmd is None:
             self.cmd = _unescape(line[5:].rstrip(b"\n"))
         elif line.startswith(b"#title t="):

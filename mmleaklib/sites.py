@@ -307,6 +307,30 @@ def human_bytes(n):
         n /= 1024.0
 
 
+# A rate per hour only from a series that spans a minute or more in 3 points or more: the
+# change of 2 points 2 seconds apart (a short run's first and last) made "+130867200 B/h",
+# an hour extrapolated from a start-up.
+RATE_MIN_SPAN = 60
+RATE_MIN_POINTS = 3
+
+
+def no_rate_reason(points):
+    """None when the series POINTS gives a rate per hour, else why it does not (a phrase)."""
+    if len(points) < RATE_MIN_POINTS:
+        return "fewer than %d points" % RATE_MIN_POINTS
+    if points[-1].time - points[0].time < RATE_MIN_SPAN:
+        return "a series shorter than %d s" % RATE_MIN_SPAN
+    return None
+
+
+def hourly_rate(change, points):
+    """CHANGE (bytes, first point to last) per hour of the series POINTS (a float), or None
+    (no_rate_reason)."""
+    if no_rate_reason(points):
+        return None
+    return change * 3600.0 / (points[-1].time - points[0].time)
+
+
 def growth_sites(points, frames, wrappers=None, depth=MAX_DEPTH):
     """The series by call site: {site address: [(unix, time, bytes, blocks) per point]},
     with the series' keys (stacks) resolved to sites as the report resolves survivors."""

@@ -6,6 +6,7 @@ process gives itself.  Each test runs real processes and failed before the fix i
 The planting user is nobody (65534); the traced program runs as root, in a directory with
 the mode of /tmp (1777).  A program whose pid must be known before it starts is started by
 a shell that waits for a line on stdin, then execs it under mmleak.so (the same pid)."""
+import contextlib
 import os
 import pathlib
 import re
@@ -20,6 +21,26 @@ from conftest import LIB, ROOT, TESTS, expect, leaks, site_line
 
 MMLEAK = os.path.join(ROOT, "mmleak.py")
 NOBODY = 65534
+
+
+@contextlib.contextmanager
+def run_like_dir():
+    """A directory as mmleak.py run's own: root's, 0755, the directories above it searchable
+    by anyone (tmp_path's are not); removed after."""
+    d = pathlib.Path(tempfile.mkdtemp(prefix="mmleak-root.", dir="/tmp"))
+    try:
+        os.chmod(str(d), 0o755)
+        yield d
+    finally:
+        shutil.rmtree(str(d))
+
+
+def uid_drop(tmp_path):
+    """tests/uid_drop.c, built in TMP_PATH: its path."""
+    exe = str(tmp_path / "uid_drop")
+    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(TESTS, "uid_drop.c")],
+                   check=True)
+    return exe
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plants files as another user")
 
@@ -608,12 +629,8 @@ def test_a_rotation_after_a_drop_of_root_keeps_the_file(tmp_path):
     all of it was lost at the exit, unsaid: the report gave a block freed after the rotation
     as not freed and missed the blocks allocated after it, without a word of a gap.  Now the
     thread goes on in the file it has, and says so once."""
-    exe = str(tmp_path / "uid_drop")
-    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(TESTS, "uid_drop.c")],
-                   check=True)
-    d = pathlib.Path(tempfile.mkdtemp(prefix="mmleak-root.", dir="/tmp"))
-    try:
-        os.chmod(str(d), 0o755)
+    exe = uid_drop(tmp_path)
+    with run_like_dir() as d:
         r = subprocess.run([exe, "pr", str(NOBODY)], capture_output=True, timeout=120,
                            env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(d),
                                     MMLEAK_ROTATE_MB="1"))
@@ -628,5 +645,53 @@ def test_a_rotation_after_a_drop_of_root_keeps_the_file(tmp_path):
                              text=True, timeout=120)
         assert rep.returncode == 0 and "INCOMPLETE" not in rep.stdout, rep.stdout + rep.stderr
         assert "400003 events read from 1 files" in rep.stdout, rep.stdout
-    finally:
-        shutil.rmtree(str(d))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changes its uid")
+@pytest.mark.parametrize("mode, here, failed", [
+    ("p", "1", ""),         # alone: the scan in a child sharing its memory (scanhere.c)
+    ("pt", "1", ""),        # a second thread, parked by a signal of ours (park.c)
+    # mmleak-scan, a program, which the kernel does not let read a process not dumpable
+    ("p", "0", " (and the scan failed: /proc/{pid}/maps: Permission denied)")])
+def test_a_scan_that_cannot_write_its_result_says_why_in_the_report(tmp_path, mode, here,
+                                                                     failed):
+    """ngircd and nsd, started as root by mmleak.py run, become another user, who may not
+    create the scan's result in run's directory (root's, 0755): the reason was on the
+    daemon's stderr only, and the report said "no scan ran: the process ended by _exit,
+    abort...", wrong.  The exiting process now keeps the reason in its dump file
+    ("#noscan", through compaction), and the report gives it, and what to do."""
+    exe = uid_drop(tmp_path)
+    with run_like_dir() as d:
+        check_no_result_reason(exe, d, mode, here, failed)
+
+
+def check_no_result_reason(exe, d, mode, here, failed):
+    r = subprocess.run([exe, mode, str(NOBODY)], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(d),
+                                MMLEAK_SCAN_HERE=here))
+    assert r.returncode == 0, r.stderr
+    assert not [n for n in os.listdir(str(d)) if ".scan." in n]
+    import mmleaklib as mm
+    (tid,) = mm.find_traces(str(d))
+    reason = ("cannot write the result in %s (as uid %d): Permission denied%s"
+              % (d, NOBODY, failed.format(pid=tid)))
+    assert r.stderr == "mmleak-scan: %s\n" % reason
+    want = ("  reachability unknown: the scan at the exit wrote no result: %s; give the trace "
+            "a directory the process's user can write (mmleak.py run -d DIR, or "
+            "MMLEAK_DIR)\n" % reason)
+    for step in ("read", "compact"):
+        if step == "compact":
+            c = subprocess.run([MMLEAK, "compact", str(d)], capture_output=True, text=True,
+                               timeout=60)
+            assert c.returncode == 0, c.stderr
+            assert [n for n in os.listdir(str(d)) if n.endswith(".compact")], os.listdir(str(d))
+        rep = subprocess.run([MMLEAK, "report", str(d), "--no-html"], capture_output=True,
+                             text=True, timeout=60)
+        assert want in rep.stdout, (step, rep.stdout + rep.stderr)
+        assert "no scan ran" not in rep.stdout
+    # --check's word on the blocks of unknown reachability gives it too
+    rep = subprocess.run([MMLEAK, "report", str(d), "--no-html", "--check"],
+                         capture_output=True, text=True, timeout=60)
+    note = want.strip()[len("reachability unknown: "):]
+    assert rep.returncode == 23, rep.stdout + rep.stderr
+    assert "of reachability unknown (%s); to not count them" % note in rep.stdout, rep.stdout

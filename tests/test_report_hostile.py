@@ -448,6 +448,39 @@ def test_report_and_compact_with_a_damaged_series(tmp_path):
     assert (rc, err) == (0, "") and "growth over 3 points of the series" in out
 
 
+@pytest.mark.parametrize("points, header, row", [
+    ([(0, 16), (100, 48)], "100 s of the trace's time), by call site (live bytes first -> last; "
+     "no rate per hour from fewer than 3 points)", "+32  0x400000"),
+    ([(0, 16), (10, 32), (30, 48)], "30 s of the trace's time), by call site (live bytes first "
+     "-> last; no rate per hour from a series shorter than 60 s)", "+32  0x400000"),
+    ([(0, 16), (60, 32), (120, 48)], "2 min of the trace's time), by call site (live bytes "
+     "first -> last)", "+32 (+960 B/h)  0x400000")])
+def test_a_rate_per_hour_only_from_a_minute_of_series_or_more(tmp_path, points, header, row):
+    """A short run's series (2 points 2 s apart: make demo) gave "+130867200 B/h", an hour
+    extrapolated from its start-up; now a rate needs 3 points over a minute or more, and the
+    header says why there is none (the text report and the page alike)."""
+    d = tmp_path / "dumps"
+    d.mkdir()
+    (d / "mmleak.77.0.out").write_bytes(EXTREME.replace(b"#mmleak 1 ", b"#mmleak 2 ") +
+                                        b"#end\n")
+    (d / "mmleak.77.series").write_bytes(b"#series 1 id=77\n" + b"".join(
+        b"p %d %d %d 1 16 1 0 0\nk 400000 %d 1 16 1 0 0\n" % (1700000000 + t, t, b, b)
+        for t, b in points))
+    rc, out, err = run_mmleak("report", str(d), "--no-html")
+    assert (rc, err) == (0, "")
+    lines = out.splitlines()
+    at = lines.index("  growth over %d points of the series (%s:" % (len(points), header))
+    assert lines[at + 1:] == ["            16 ->           48          %s" % row]
+    rc, out, err = run_mmleak("report", str(d), "-o", str(d / "r.html"))
+    assert (rc, err) == (0, "")
+    page = (d / "r.html").read_text()
+    if "B/h" in row:
+        assert "<th>bytes per hour</th>" in page and "<td class=n>+960</td>" in page
+    else:
+        assert "bytes per hour" not in page
+        assert "No rate per hour from %s." % header.split("from ")[1][:-1] in page
+
+
 def test_an_ended_file_takes_no_lines_from_a_staging_file_of_its_name(tmp_path):
     # A rotating thread renames its staging file to the next file's name
     # (tracer/threadfile.c, file_rotate): a name or hard link taken before (a backup, a shadow

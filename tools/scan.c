@@ -347,9 +347,13 @@ int mmleak_scan_floor(int pid, const char *dir, const char *id, const char *why,
     if (scan_write_result(&s, out, outlen)) {
         /* why, and as whom: a daemon that became another user (mosquitto, chronyd) can no
          * longer create files in a directory that was only root's (mmleak-tracer(7)) */
-        if (!s.failed)
-            snprintf(err, errlen, "cannot write the result in %s (as uid %u): %s", dir,
-                     (unsigned)geteuid(), strerror(errno));
+        int e = errno;
+        char was[256] = "";
+        if (s.failed)                   /* the scan's own reason, kept after the write's */
+            snprintf(was, sizeof was, "%s", err);
+        snprintf(err, errlen, "cannot write the result in %s (as uid %u): %s%s%s%s", dir,
+                 (unsigned)geteuid(), strerror(e), *was ? " (and the scan failed: " : "",
+                 was, *was ? ")" : "");
         rc = -1;
     }
     step_time("result", &tstep);

@@ -5,7 +5,8 @@
  *   mmleak-scan PID DIR ID WHY [READY_FD [TID FLOOR [NFILES [SP FS GS | park]]]]
  *
  * READY_FD: a socket the process sends one byte to once it allowed us to trace it
- * (PR_SET_PTRACER): we wait for it first.  Every other inherited descriptor is closed.
+ * (PR_SET_PTRACER): we wait for it first; when no result could be written, we send back
+ * why on it (mmleak.so keeps it in the trace: the "#noscan" line, mmleak-format(5)).  Every other inherited descriptor is closed.
  * TID FLOOR (decimal, hexadecimal): the thread that asked waits in mmleak.so, below FLOOR
  * on its stack; only its stack from FLOOR up is scanned (tools/scan.c, mmleak_scan_floor).
  * NFILES (0: unknown): the trace's dump files are numbered below it (tools/scan_cut.c).
@@ -67,7 +68,6 @@ int main(int argc, char **argv)
         char c;
         while (read(ready, &c, 1) < 0)
             ;
-        close(ready);
     }
     /* mmleak.so starts us with every signal blocked (tracer/exitscan.c), and a program may
      * have blocked or ignored SIGALRM: our time limit is SIGALRM's default action */
@@ -86,8 +86,14 @@ int main(int argc, char **argv)
                                argc == 12 ? lone : NULL, NULL);
     if (rc == 2)
         return 5;                       /* ptrace refused: mmleak.so parks the threads */
-    if (rc < 0)
+    if (rc < 0) {
         fprintf(stderr, "mmleak-scan: %s\n", err);
+        /* and to the process, which keeps it in its dump file: a daemon's user never sees
+         * our stderr (tracer/exitscan.c, note_scan_error) */
+        if (ready >= 0 && write(ready, err, strnlen(err, sizeof err)) < 0) {
+            /* (the process reports the missing result without its reason) */
+        }
+    }
     if (rc)
         return rc < 0 ? 3 : 2;
     return totals[0] || totals[2] ? 1 : 0;     /* definitely or indirectly lost blocks */

@@ -132,6 +132,27 @@ static __attribute__((noinline)) pid_t spawn_blocked(const char *path, char **ar
     return child;
 }
 
+/* Why the scan wrote no result (the scanner's words, mmleak-scan's exit status 3), or "". */
+static char scan_err[512];
+
+/* The scan could write no result, nor its "#status unknown" (a daemon that became another
+ * user can no longer create files in the root-owned directory its trace began in: ngircd,
+ * nsd): its reason would be on stderr only, which a daemon's user never sees, and the report
+ * would give the usual "no scan ran".  Our own dump file is still open and ours to write:
+ * the reason goes there, one "#noscan WHY REASON" line (mmleak-format(5)), escaped as
+ * "#cmd", which the report shows in place of "no scan ran". */
+static COLD void note_scan_error(const char *why, const char *reason)
+{
+    char line[sizeof scan_err * 4 + 64], *e = line + sizeof line;
+    char *d = cat(line, e, "#noscan ");
+    d = cat(d, e, why);
+    d = cat(d, e, " ");
+    escape_into(d, e - 1, (const unsigned char *)reason, strlen(reason), 0);
+    d += strlen(d);
+    *d++ = '\n';
+    emit(line, (size_t)(d - line));
+}
+
 /* No mmleak-scan beside mmleak.so (a copy of mmleak.so installed alone): the scan at the exit
  * cannot run, and the report would say "reachability unknown" without why.  So mmleak.so
  * writes the result the scanner would have written for a scan it could not do, a
@@ -169,6 +190,7 @@ static COLD void note_no_scanner(const char *looked)
     }
     d = cat(d, e, "\n");
     char name[64], suffix[24];
+    int made = 0;
     pthread_mutex_lock(&g_lock);        /* create_locked's rule: see give_files_to */
     for (int k = 0; k < SCAN_NAME_TRIES; k++) {
         char *s = cat(suffix, suffix + sizeof suffix, ".scan.");
@@ -177,12 +199,19 @@ static COLD void note_no_scanner(const char *looked)
         if (fd >= 0) {
             if (write_all(fd, text, (size_t)(d - text))) { /* a file cut short: not a scan */ }
             close(fd);
+            made = 1;
             break;
         }
         if (errno != EEXIST)
             break;
     }
     pthread_mutex_unlock(&g_lock);
+    if (!made) {                        /* (a directory we may no longer write) */
+        char *why = strstr(text, "#status unknown no scan at the exit: ");
+        d[-1] = 0;
+        note_scan_error("exit", why ? why + sizeof "#status unknown no scan at the exit: " - 1
+                                    : "mmleak-scan not found beside mmleak.so");
+    }
 }
 
 static char status_buf[8192];           /* /proc/self/status, as under_seccomp read it */
@@ -252,7 +281,7 @@ static COLD int scan_in_child(uintptr_t floor, int park)
     struct fs_scope fsc;
     fs_begin(&fsc);
     int rc = mml_scan_here((int)mml_sys(SYS_gettid), floor, (int)atomic_load(&g_next_file),
-                           lv, park);
+                           lv, park, scan_err, sizeof scan_err);
     fs_end(&fsc);
     /* a signal that came meanwhile is delivered now */
     mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
@@ -267,8 +296,20 @@ static COLD int scan_in_child(uintptr_t floor, int park)
  * that finds it alone reads the memory without stopping it (no PTRACE_SEIZE, INTERRUPT,
  * wait for the stop and DETACH: four hand-overs between the two processes; mmleak-scan(7)).
  * Returns the scanner's exit status (0 done, 1 could not scan, 2 no result), -1 when it
- * could not be started. */
+ * could not be started.  A scan that wrote no result leaves its reason in our dump file
+ * (note_scan_error). */
+static COLD int start_scanner(const char *why, uintptr_t floor, int lone);
+
 COLD int run_scanner(const char *why, uintptr_t floor, int lone)
+{
+    scan_err[0] = 0;
+    int rc = start_scanner(why, floor, lone);
+    if (rc == 3 && scan_err[0])
+        note_scan_error(why, scan_err);
+    return rc;
+}
+
+static COLD int start_scanner(const char *why, uintptr_t floor, int lone)
 {
     static char path[PATH_MAX], pidbuf[24], fdbuf[24], tidbuf[24], floorbuf[24], nfbuf[24];
     static char spbuf[24], fsbuf[24], gsbuf[24];
@@ -368,11 +409,16 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
     int named = !mml_sys(SYS_prctl, PR_SET_PTRACER, (unsigned long)child, 0, 0, 0);
     while (send(p[1], "g", 1, MSG_NOSIGNAL) < 0 && errno == EINTR)
         ;
-    close(p[1]);
     int st = 0;
     pid_t r;
     while ((r = waitpid(child, &st, 0)) < 0 && errno == EINTR)
         ;
+    /* a scanner that wrote no result sent why, on the same socket (tools/scan_main.c) */
+    if (r == child && WIFEXITED(st) && WEXITSTATUS(st) == 3) {
+        ssize_t got = recv(p[1], scan_err, sizeof scan_err - 1, MSG_DONTWAIT);
+        scan_err[got > 0 ? got : 0] = 0;
+    }
+    close(p[1]);
     if (lone)                           /* a signal that came meanwhile is delivered now */
         mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
     if (named)

@@ -84,7 +84,8 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone);
  * status (as mmleak-scan's), -1 (the child did not end by itself), or -2 (no child could be
  * started). */
 struct mml_park;
-COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone[3], int park);
+COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone[3], int park,
+                       char *err, size_t errlen);
 /* park.c: every other thread stopped by a signal of ours, no ptrace (the result: the slots,
  * and why when not all could be); mml_unpark lets them go and puts the disposition back */
 COLD struct mml_park *mml_park_others(void);

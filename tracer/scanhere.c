@@ -428,6 +428,7 @@ struct here {
     uint64_t floor, lone[3];
     const struct mml_park *park;        /* the other threads, parked (park.c), or NULL */
     int go;                             /* set (and woken) once we may read the process */
+    char err[512];                      /* why no result was written (the child's, status 3) */
 };
 
 #define STACK ((size_t)1 << 20)
@@ -460,6 +461,10 @@ static int child_main(void *arg)
                                h->park);
     release_all();
     if (rc < 0) {                       /* as mmleak-scan says it */
+        /* and to the exiting process (our memory is its): its dump file keeps the reason,
+         * which a daemon's user never sees on stderr (exitscan.c, note_scan_error) */
+        memcpy(h->err, err, sizeof h->err);
+        h->err[sizeof h->err - 1] = 0;
         char m[600];
         int n = snprintf(m, sizeof m, "mmleak-scan: %s\n", err);
         if (n > 0 && write(2, m, (size_t)n < sizeof m ? (size_t)n : sizeof m - 1) < 0) {
@@ -477,10 +482,10 @@ int mml_here_stays;
 /* The scan of this process, its thread TID alone, or the others parked (PARK: tracer/park.c,
  * here), and waiting below FLOOR (SP FS GS: LONE), in a child of ours that shares our
  * memory; the caller blocked every signal.  The child's exit status (mmleak-scan's: 0 done,
- * 1 leaks, 2 could not scan, 3 no result), -1 when it did not end by itself, -2 when it
- * could not be started (mmleak-scan may be). */
+ * 1 leaks, 2 could not scan, 3 no result: ERR, ERRLEN bytes, then says why), -1 when it
+ * did not end by itself, -2 when it could not be started (mmleak-scan may be). */
 COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone[3],
-                       int park)
+                       int park, char *err, size_t errlen)
 {
     static struct here h;               /* (in our .bss, which the scan leaves out) */
     memset(&h, 0, sizeof h);
@@ -526,6 +531,12 @@ COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone
     release_all();                      /* (ours: a child killed left them) */
     if (r != child || !WIFEXITED(st))
         return -1;
+    if (WEXITSTATUS(st) == 3 && errlen) {
+        size_t n = strnlen(h.err, sizeof h.err - 1);
+        n = n < errlen ? n : errlen - 1;
+        memcpy(err, h.err, n);
+        err[n] = 0;
+    }
     /* 4: the scan would start a thread (a big trace or heap, a CPU idle): mmleak-scan
      * (never with PARK: mml_here_stays) */
     return WEXITSTATUS(st) == 4 ? -2 : WEXITSTATUS(st);

@@ -8,19 +8,23 @@
  * 2222 bytes in r12 and spins (no system call); a block of 3333 bytes is lost.  MODE
  * "blockall": a third thread blocks every signal and waits in read(); "vfork": a third
  * thread waits for a vfork child (which takes no signal but a fatal one) that waits until
- * the process has ended.  Then setuid(UID) ("-": none), and exit(0) while they wait (status
- * 3: still dumpable after a setuid, the test would prove nothing). */
+ * the process has ended; "starting": a third thread blocks every signal, glibc's own too, as
+ * one being started does, until mmleak.so has put its handler on.  Then setuid(UID) ("-":
+ * none), and exit(0) while they wait (status 3: still dumpable after a setuid, the test
+ * would prove nothing). */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int ready[2], never[2], until_end[2];
+static int ready[2], never[2], until_end[2], go[2];
 
 __attribute__((noinline)) static void wipe(void)
 {
@@ -47,6 +51,31 @@ static void *register_thread(void *arg)
     (void)!write(ready[1], "r", 1);
     for (;;)
         __asm__ volatile("pause" : "+r"(r));
+    return NULL;
+}
+
+/* Like a thread that pthread_create is starting: every signal blocked, glibc's own two
+ * included (only the raw system call can), until mmleak.so has chosen its signal and put
+ * its handler on one (the first real-time signal whose disposition stops being SIG_DFL);
+ * then nothing blocked, and it waits in read(). */
+static void *starting_thread(void *arg)
+{
+    (void)arg;
+    uint64_t all = ~(uint64_t)0, none = 0;
+    char c;
+    (void)!write(ready[1], "t", 1);
+    /* only after main's setuid: glibc's setuid waits for every thread to take its signal 33 */
+    if (read(go[0], &c, 1) != 1)
+        return NULL;
+    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, NULL, sizeof all);
+    (void)!write(ready[1], "T", 1);
+    for (int chosen = 0; !chosen; sched_yield())
+        for (int s = SIGRTMIN; s <= SIGRTMAX && !chosen; s++) {
+            struct sigaction sa;
+            chosen = !sigaction(s, NULL, &sa) && sa.sa_handler != SIG_DFL;
+        }
+    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, NULL, sizeof none);
+    (void)!read(never[0], &c, 1);
     return NULL;
 }
 
@@ -90,11 +119,12 @@ __attribute__((noinline)) static void lose(void)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || pipe(ready) || pipe(never) || pipe(until_end))
+    if (argc < 2 || pipe(ready) || pipe(never) || pipe(until_end) || pipe(go))
         return 2;
     const char *mode = argc > 2 ? argv[2] : "";
     void *(*third)(void *) = !strcmp(mode, "blockall") ? blocking_thread :
-                             !strcmp(mode, "vfork") ? vfork_thread : NULL;
+                             !strcmp(mode, "vfork") ? vfork_thread :
+                             !strcmp(mode, "starting") ? starting_thread : NULL;
     pthread_t t;
     if (pthread_create(&t, NULL, stack_thread, NULL) ||
         pthread_create(&t, NULL, register_thread, NULL) ||
@@ -110,5 +140,8 @@ int main(int argc, char **argv)
         return 2;
     if (strcmp(argv[1], "-") && prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) != 0)
         return 3;
+    if (third == starting_thread &&
+        (write(go[1], "g", 1) != 1 || read(ready[0], &c, 1) != 1 || c != 'T'))
+        return 2;
     exit(0);
 }

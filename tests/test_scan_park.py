@@ -114,6 +114,25 @@ def test_thread_blocking_every_signal_leaves_the_verdict_unknown(park_bin, open_
                         r"cannot be stopped without ptrace", k.reason), k.reason
 
 
+@needs_root
+def test_thread_being_started_is_parked_once_it_runs(park_bin, open_dir, open_lib):
+    """A third thread blocks every signal, glibc's own two (32, 33) too, as a thread that
+    pthread_create is starting does until its mask is restored; it restores none blocked
+    once mmleak.so has put its handler on (it watches the dispositions: no timing).  Such a
+    mask is glibc's for a moment, not the program's: the signal is chosen all the same, waits
+    pending, parks the thread once it runs, and the verdict is exact (it was unknown: "blocks
+    every real-time signal")."""
+    tid, head, k = run_daemon(park_bin, open_dir, open_lib, "starting")
+    assert k.status == "done", k.reason
+    assert (k.scan.held, k.scan.threads) == ("signal", 4), head
+    import mmleaklib as mm
+    sizes = {(a.ptr, a.seq): a.size
+             for a in mm.shrink_files(mm.find_traces(open_dir)[tid]).survivors()}
+    got = sorted((sizes[key], kind) for key, kind in k.items()
+                 if sizes.get(key) in (1111, 2222, 3333))
+    assert got == [(1111, "reachable"), (2222, "reachable"), (3333, "definite")]
+
+
 def test_thread_that_never_takes_the_signal_leaves_the_verdict_unknown(park_bin, dump):
     """A third thread waits for its vfork child, which takes no signal but a fatal one, and
     ends only after the process: it never parks.  MMLEAK_SCAN_HERE=2 (no drop of root

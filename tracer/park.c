@@ -66,6 +66,8 @@
 #define PARK_SLOTS 16384                /* threads at most (the mapping is touched as used) */
 #define PARK_NS 5000000000LL            /* a thread must park within this (as a ptrace stop) */
 #define PARK_ROUNDS 1000                /* listings of the tasks (threads started meanwhile) */
+/* signals 32 and 33 (bits 31 and 32 of a mask as /proc shows it): glibc's own */
+#define GLIBC_OWN_SIGNALS ((uint64_t)3 << 31)
 
 static struct mml_park g_park;
 static int g_park_pid;
@@ -232,6 +234,17 @@ static int new_threads(int me, int *tids, int cap, uint64_t *blocked, int sig, i
                 ended(st))
                 continue;
             uint64_t b = mml_status_hex(st, "\nSigBlk:");
+            /* glibc's own two signals (32 and 33: thread cancellation and set*id) cannot be
+             * blocked by the program (sigprocmask takes them out of its sets): a thread that
+             * blocks them is inside glibc with every signal blocked for a moment, a thread
+             * being started (pthread_create's child, until start_thread restores the
+             * creator's mask) or its creator.  That mask says nothing of what the thread
+             * will block: not counted (a thread seen so at an exit was taken for one that
+             * blocks every signal, and the verdict was unknown).  The signal sent meanwhile
+             * waits pending until the mask is restored, then parks it within the bound, or,
+             * if the restored mask blocks it, the bound gives the reason. */
+            if ((b & GLIBC_OWN_SIGNALS) == GLIBC_OWN_SIGNALS)
+                b = 0;
             if ((b & rt) == rt && !*who)
                 *who = tid;
             *blocked |= b | mml_status_hex(st, "\nSigPnd:") | mml_status_hex(st, "\nShdPnd:");

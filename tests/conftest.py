@@ -56,7 +56,9 @@ def tree_for_others(*names):
         dst = os.path.join(d, n)
         os.makedirs(os.path.dirname(dst), mode=0o755, exist_ok=True)
         shutil.copy(os.path.join(ROOT, n), dst)
-        os.chmod(dst, 0o755 if n.endswith(".py") else 0o644)
+        os.chmod(dst, 0o755 if n.endswith(".py") or
+                 os.access(os.path.join(ROOT, n), os.X_OK) and not n.endswith(".so")
+                 else 0o644)
     for dirpath, _, _ in os.walk(d):
         os.chmod(dirpath, 0o755)
     return d
@@ -67,6 +69,12 @@ def mmleak_for_others():
     mmleak-tools.so and the package next to it (see tree_for_others)."""
     return os.path.join(tree_for_others("mmleak.py", "mmleak.so", "mmleak-tools.so",
                                         *PYTHON_SIDE), "mmleak.py")
+
+
+def lib_for_others():
+    """The path of a mmleak.so that a process become another user (nobody) can load, with
+    mmleak-scan beside it, which it starts at its exit (see tree_for_others)."""
+    return os.path.join(tree_for_others("mmleak.so", "mmleak-scan"), "mmleak.so")
 
 
 @pytest.fixture(scope="session")

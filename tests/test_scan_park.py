@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import LIB, ROOT, TESTS, run_traced
+from conftest import LIB, TESTS, lib_for_others, run_traced
 from test_scan import CASES, mmleak_kinds, scan_bins  # noqa: F401 (a fixture)
 
 NOBODY = 65534
@@ -41,15 +41,10 @@ def open_dir():
 
 @pytest.fixture(scope="module")
 def open_lib():
-    """mmleak.so and mmleak-scan copied where nobody can read and run them (the source tree
-    may be in a directory only root may enter: CI's clone in a mktemp directory was): the
-    daemon, become nobody, starts mmleak-scan from beside its mmleak.so."""
-    d = tempfile.mkdtemp(prefix="mmleak-parklib.", dir="/tmp")
-    os.chmod(d, 0o755)
-    for f in (LIB, os.path.join(ROOT, "mmleak-scan")):
-        shutil.copy2(f, d)
-    yield os.path.join(d, os.path.basename(LIB))
-    shutil.rmtree(d)
+    """mmleak.so and mmleak-scan where nobody can read and run them (the source tree may be
+    in a directory only root may enter: CI's clone in a mktemp directory was): the daemon,
+    become nobody, starts mmleak-scan from beside its mmleak.so."""
+    return lib_for_others()
 
 
 def run_daemon(exe, d, lib, *mode, here=None):

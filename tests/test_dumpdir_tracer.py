@@ -509,9 +509,7 @@ def test_a_drop_of_root_for_a_while_keeps_the_trace_roots(shared, tmp_path, mode
     its addresses and all.  Now only a drop for good (no real, effective or saved uid left
     0) hands the files over; from a drop for a while (t) they stay root's, and a drop for
     good made from there (ep) takes root back, in the thread, to hand them over."""
-    exe = str(tmp_path / "uid_drop")
-    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(TESTS, "uid_drop.c")],
-                   check=True)
+    exe = uid_drop(tmp_path)
     r = subprocess.run([exe, mode, str(NOBODY)], capture_output=True, timeout=60,
                        env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(shared)))
     assert (r.returncode, r.stderr) == (0, b"")
@@ -551,6 +549,18 @@ def test_frees_after_the_exit_of_a_process_that_cannot_create_files(tmp_path):
     assert "INCOMPLETE" not in rep.stdout
 
 
+def run_uid_drop_as_root(tmp_path, mode):
+    """tests/uid_drop.c's MODE run as root with its dump directory root's own (0755, as
+    mmleak.py run's): the directory, once it ended well."""
+    exe = uid_drop(tmp_path)
+    d = tmp_path / "d"
+    d.mkdir(mode=0o755)
+    r = subprocess.run([exe, mode, str(NOBODY)], capture_output=True, timeout=60,
+                       env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(d)))
+    assert (r.returncode, r.stderr) == (0, b"")
+    return d
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="changes its uid")
 def test_the_exit_scan_of_a_root_process_acting_as_another_user(tmp_path):
     """varnishd's manager keeps root as its real and saved uid and acts as user varnish
@@ -558,14 +568,7 @@ def test_the_exit_scan_of_a_root_process_acting_as_another_user(tmp_path):
     exit, which runs with its credentials, said "cannot open the trace's lock file:
     Permission denied" and gave no verdict.  The scan now works on them as their owner, as
     mmleak.so's own file operations do."""
-    exe = str(tmp_path / "uid_drop")
-    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(TESTS, "uid_drop.c")],
-                   check=True)
-    d = tmp_path / "d"
-    d.mkdir(mode=0o755)
-    r = subprocess.run([exe, "e", str(NOBODY)], capture_output=True, timeout=60,
-                       env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(d)))
-    assert (r.returncode, r.stderr) == (0, b"")
+    d = run_uid_drop_as_root(tmp_path, "e")
     names = sorted(os.listdir(str(d)))
     assert [n.split(".", 2)[2] for n in names] == ["0.out", "lock", "maps", "scan.1"], names
     assert {os.lstat(str(d / n)).st_uid for n in names} == {0}
@@ -580,14 +583,7 @@ def test_a_child_forked_while_acting_as_another_user_is_traced(tmp_path):
     the child's trace took nobody as its owner, who may not create files in a directory of
     root's: "cannot create files ... tracing disabled", none of the sessions traced.  The
     child now keeps its parent's owner, as whom its files are made."""
-    exe = str(tmp_path / "uid_drop")
-    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(TESTS, "uid_drop.c")],
-                   check=True)
-    d = tmp_path / "d"
-    d.mkdir(mode=0o755)
-    r = subprocess.run([exe, "ef", str(NOBODY)], capture_output=True, timeout=60,
-                       env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(d)))
-    assert (r.returncode, r.stderr) == (0, b"")
+    d = run_uid_drop_as_root(tmp_path, "ef")
     import mmleaklib as mm
     traces = mm.find_traces(str(d))
     assert len(traces) == 2, sorted(os.listdir(str(d)))
@@ -606,9 +602,7 @@ def test_a_big_trace_of_a_process_not_dumpable_is_scanned(shared, tmp_path):
     own, which the kernel does not let read it: "/proc/PID/maps: Permission denied", no
     verdict (nsd; squid, whose saved uid stays root).  Now the scan stays in the child that
     shares the process's memory."""
-    exe = str(tmp_path / "uid_drop")
-    subprocess.run(["cc", "-O1", "-g", "-o", exe, os.path.join(TESTS, "uid_drop.c")],
-                   check=True)
+    exe = uid_drop(tmp_path)
     r = subprocess.run([exe, "pr", str(NOBODY)], capture_output=True, timeout=120,
                        env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(shared)))
     assert (r.returncode, r.stderr) == (0, b"")

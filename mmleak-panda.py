@@ -926,6 +926,11 @@ def build_html(ctx):
     else:
         notes.append("<b>No filter:</b> every block allocated while tracing and never freed "
                      "is counted.")
+    # the reachability scan's word, as the text report gives it above its leak summary: why
+    # the kinds are unknown (no scan, or the reason it wrote no result)
+    if ctx.get("reachability_note"):
+        notes.append('<span class="warn" id="reachability-note"><b>Reachability:</b> %s'
+                     '</span>' % esc(ctx["reachability_note"]))
     ok, tot, reasons = ctx["symbols"]
     if tot:
         if reasons:
@@ -1104,6 +1109,7 @@ def render(rep, meta, wrappers=None, top=TOP_ROWS):
     everything = rep["survivors"]
     ctx = dict(meta, depth=depth, end_time=rep.get("end_time") or 0,
                depth_auto=rep.get("depth_auto"))
+    ctx["reachability_note"] = report.reachability_note(rep)
     ctx["views"] = (kind_views(rep, kept, wrappers, frames, depth, ctx["end_time"])
                     if rep.get("kinds") is not None else None)
     df = blocks_frame(kept, stacks, depth)

@@ -454,16 +454,23 @@ def check_failures(rep, kinds):
     return (sum(tot[k][0] for k in kinds), sum(tot[k][1] for k in kinds))
 
 
+def reachability_note(rep):
+    """The word on the trace's reachability scan above the leak summary (the text report's
+    and the page's), or None: why the kinds are unknown, or what the scan said."""
+    if rep.get("kinds") is None:
+        return "reachability unknown: %s" % (
+            rep.get("scan_note") or "no reachability scan of this trace, so the kind of "
+            "every block is unknown")
+    return rep.get("scan_note") or None
+
+
 def print_kind_summary(rep, out):
     """valgrind's LEAK SUMMARY: a line per kind, and the suppressed blocks per rule."""
     out = terminal(out)
     tot = kind_totals(rep)
-    if rep.get("kinds") is None:
-        out.write("  reachability unknown: %s\n" % (
-            rep.get("scan_note") or "no reachability scan of this trace, so the kind of "
-            "every block is unknown"))
-    elif rep.get("scan_note"):
-        out.write("  %s\n" % rep["scan_note"])
+    note = reachability_note(rep)
+    if note:
+        out.write("  %s\n" % note)
     out.write("  leak summary:\n")
     for k in KINDS:
         if k == "unknown" and not tot[k][0] and rep.get("kinds") is not None:

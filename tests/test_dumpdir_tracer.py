@@ -7,6 +7,7 @@ The planting user is nobody (65534); the traced program runs as root, in a direc
 the mode of /tmp (1777).  A program whose pid must be known before it starts is started by
 a shell that waits for a line on stdin, then execs it under mmleak.so (the same pid)."""
 import contextlib
+import html
 import os
 import pathlib
 import re
@@ -685,6 +686,15 @@ def check_no_result_reason(exe, d, mode, here, failed):
                              text=True, timeout=60)
         assert want in rep.stdout, (step, rep.stdout + rep.stderr)
         assert "no scan ran" not in rep.stdout
+    # the page says it above its leak summary, as the text does
+    page = os.path.join(str(d), "page.html")
+    rep = subprocess.run([MMLEAK, "report", str(d), "-o", page], capture_output=True,
+                         text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    with open(page) as f:
+        assert ('<span class="warn" id="reachability-note"><b>Reachability:</b> %s</span>'
+                % html.escape(want.strip(), quote=True)) in f.read()
+    os.unlink(page)
     # --check's word on the blocks of unknown reachability gives it too
     rep = subprocess.run([MMLEAK, "report", str(d), "--no-html", "--check"],
                          capture_output=True, text=True, timeout=60)

@@ -591,6 +591,9 @@ def add_report(sub):
     q.add_argument("--baseline", metavar="FILE",
                    help="only blocks not alive in FILE, an earlier `mmleak.py shrink` "
                         "output of the same process (MTrace-style incremental report)")
+    q.add_argument("--progress", action="store_true",
+                   help="the reading's and the symbolizing's progress on stderr even when it "
+                        "is not a terminal (on a terminal it is always shown)")
     q.add_argument("--show-reachable", action="store_true",
                    help="also print the call sites of still reachable blocks (hidden by "
                         "default; the CSV and the page always have them)")
@@ -601,7 +604,8 @@ def add_report(sub):
 
 
 def cmd_report(args):
-    rep = report.build_report(args.dir, args.pid, progress=True, depth=args.depth,
+    rep = report.build_report(args.dir, args.pid, progress="always" if args.progress else True,
+                              depth=args.depth,
                               since=args.since, older_than=args.older_than,
                               baseline=args.baseline, trace=args.trace,
                               wrappers=[n for w in args.wrappers for n in w.split(",") if n],

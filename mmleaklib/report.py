@@ -177,7 +177,9 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     classification {(ptr, seq): kind} (the reachability scan's): the aggregates
     (rep["groups"]) are then per (stack, kind).  NOW: (Shrinker, blocks.Live) of the whole
     trace as a reading of it now would give them (`run --check`: from the compactor's last
-    pass, compact._result_view), instead of reading it.  LOCK_WAIT: see read_trace."""
+    pass, compact._result_view), instead of reading it.  LOCK_WAIT: see read_trace.
+    PROGRESS: the reading's and the symbolizing's progress on stderr: True on a terminal,
+    "always" (--progress) there or not, False never."""
     tid, paths = choose_trace(directory, pid, trace)
     old = None
     if baseline is not None:            # (read first: one that is no snapshot stops it all)
@@ -185,7 +187,8 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
             old = baseline_blocks(baseline)
         except OSError as e:
             raise Fail("--baseline %s: %s" % (baseline, e.strerror or e))
-    prog = progress_printer() if progress and sys.stderr.isatty() else None
+    prog = (progress_printer() if progress == "always" or (progress and sys.stderr.isatty())
+            else None)
     t0 = time.monotonic()
     if now is not None:
         sh = now[0]
@@ -244,7 +247,8 @@ def build_report(directory, pid=None, progress=True, depth=None, since=None,
     addrs |= {f.caller for f in sh.foreign_frees()}
     if os.path.lexists(maps):
         try:
-            sym = Symbolizer(maps, trace_start=start or None, debuginfo_path=debuginfo_path)
+            sym = Symbolizer(maps, trace_start=start or None, debuginfo_path=debuginfo_path,
+                             progress=progress == "always")
             frames = sym.lookup(sorted(addrs))
             sym_error = sym.tool_error
             maps_read = sym.maps        # (the wrappers' code reader reads no file again)

@@ -288,11 +288,13 @@ class Symbolizer:
     """Turns caller addresses into Frames with eu-addr2line, one process per batch."""
 
     def __init__(self, maps_path, trace_start=None, tool="eu-addr2line", program_lines=True,
-                 debuginfo_path=None):
+                 debuginfo_path=None, progress=False):
         """PROGRAM_LINES: show code inlined from the system's headers at the program's line
         that inlined it (see program_level); False: the innermost location, as it is.
         DEBUGINFO_PATH: more directories (a list) to look for separate debug information
-        in, before elfutils' own (see debuginfo_args)."""
+        in, before elfutils' own (see debuginfo_args).  PROGRESS: the runs of a long
+        symbolizing counted on stderr even when it is not a terminal (--progress)."""
+        self.progress = progress
         self.program_lines = program_lines
         self.debuginfo_path = list(debuginfo_path or ())
         self.maps = Maps(maps_path)
@@ -360,7 +362,8 @@ class Symbolizer:
         for i, (loads, _, batch, at) in enumerate(batches):
             self._run_tool(batch, [e for l in loads.values() for e in l], at)
             if len(batches) > 1 and time.monotonic() - began > PROGRESS_AFTER:
-                _progress(i + 1, len(batches), sum(len(b[2]) for b in batches))
+                _progress(i + 1, len(batches), sum(len(b[2]) for b in batches),
+                          self.progress)
         return {a: self.cache[a] for a in addrs}
 
     def _run_tool(self, good, entries, at):
@@ -478,12 +481,15 @@ class Symbolizer:
 PROGRESS_AFTER = 2.0        # seconds of symbolizing after which its runs are counted on a terminal
 
 
-def _progress(done, total, addrs):
-    """A line on a terminal, rewritten: how many of the tool's runs are done."""
-    if not sys.stderr.isatty():
+def _progress(done, total, addrs, always=False):
+    """How many of the tool's runs are done: a line on a terminal, rewritten; ALWAYS (not
+    a terminal, --progress): a line each."""
+    tty = sys.stderr.isatty()
+    if not (tty or always):
         return
-    sys.stderr.write("\r%s: symbolizing %d addresses: %d of %d runs of eu-addr2line%s"
-                     % (errors.PROG, addrs, done, total, "\n" if done == total else ""))
+    sys.stderr.write("%s%s: symbolizing %d addresses: %d of %d runs of eu-addr2line%s"
+                     % ("\r" if tty else "", errors.PROG, addrs, done, total,
+                        "\n" if done == total or not tty else ""))
     sys.stderr.flush()
 
 

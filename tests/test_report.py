@@ -257,6 +257,36 @@ def test_report_filters_real_program(leaky, tmp_path):
     assert sum(r["bytes"] for r in rows) == sum(a.size for a in kept)
 
 
+def test_report_progress_when_asked(leaky, monkeypatch):
+    """report's progress (the reading's, the symbolizing's) is shown on a terminal, and with
+    --progress ("always") elsewhere too, as shrink's and compact's: the reader is given a
+    progress printer and the symbolizer told so; not otherwise (stderr here is no
+    terminal).  (What the printer writes: test_compact's test of a fold's progress.)"""
+    d, exe, runs = leaky
+    dumps, pid = runs[1]
+    made, told = [], []
+    real_printer = mmleak.report.progress_printer
+    real_sym = mmleak.report.Symbolizer
+
+    def printer(*a, **k):
+        made.append(1)
+        return real_printer(*a, **k)
+
+    def symbolizer(*a, **k):
+        told.append(k.get("progress"))
+        return real_sym(*a, **k)
+    monkeypatch.setattr(mmleak.report, "progress_printer", printer)
+    monkeypatch.setattr(mmleak.report, "Symbolizer", symbolizer)
+    assert not sys.stderr.isatty()
+    mmleak.build_report(dumps, pid, progress=True)
+    assert (made, told) == ([], [False])
+    mmleak.build_report(dumps, pid, progress="always")
+    assert (made, told) == ([1], [False, True])
+    # and the command line's option asks for it
+    p = subprocess.run([PY, MMLEAK, "report", "--help"], capture_output=True, text=True)
+    assert re.search(r"^  --progress\s", p.stdout, re.M), p.stdout
+
+
 def test_classic_pipe_matches_report(leaky, tmp_path):
     d, exe, runs = leaky
     dumps, pid = runs[1]

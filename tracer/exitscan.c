@@ -432,7 +432,6 @@ static COLD int start_scanner(const char *why, uintptr_t floor, int lone)
     return WEXITSTATUS(st);
 }
 
-
 /* Under a seccomp filter (Seccomp: 2 in /proc/self/status) starting a process may be
  * forbidden, and the process killed for trying: no scan then (mmleak.py scan PID, from
  * outside, still works). */

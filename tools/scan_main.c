@@ -6,7 +6,8 @@
  *
  * READY_FD: a socket the process sends one byte to once it allowed us to trace it
  * (PR_SET_PTRACER): we wait for it first; when no result could be written, we send back
- * why on it (mmleak.so keeps it in the trace: the "#noscan" line, mmleak-format(5)).  Every other inherited descriptor is closed.
+ * why on it (mmleak.so keeps it in the trace: the "#noscan" line, mmleak-format(5)).
+ * Every other inherited descriptor is closed.
  * TID FLOOR (decimal, hexadecimal): the thread that asked waits in mmleak.so, below FLOOR
  * on its stack; only its stack from FLOOR up is scanned (tools/scan.c, mmleak_scan_floor).
  * NFILES (0: unknown): the trace's dump files are numbered below it (tools/scan_cut.c).

@@ -408,8 +408,12 @@ REUSED_PID = r"""
 import os, subprocess, sys, time
 lib, mmleak_py, d = sys.argv[1:]
 p = subprocess.Popen(["/bin/sleep", "60"], env=dict(os.environ, LD_PRELOAD=lib, MMLEAK_DIR=d))
+deadline = time.monotonic() + 60           # (never a spin for ever: a tracer that wrote none)
 while not any(n.endswith(".tail") for n in os.listdir(d)):
-    pass
+    if time.monotonic() > deadline or p.poll() is not None:
+        p.kill()
+        sys.exit("no staging file made in %s" % d)
+    time.sleep(0.001)
 # the trace's process and the next one are told apart by their start in clock ticks after
 # boot (pstart=): wait until the clock is two ticks past the first one's start, so that the
 # second starts in another tick however fast this machine is (on a fast one both started in

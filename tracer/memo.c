@@ -14,6 +14,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/mman.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 /* ---- the memo ------------------------------------------------------------------------------
  * One table for all threads (a key holds a stack pointer, so threads do not share records,
@@ -125,6 +128,24 @@ static inline __attribute__((always_inline)) struct memo *memo_set1(uintptr_t ip
     /* never the first set's hash, even without a rule (up = 0) */
     return memo_pick(memo_start_hash(ip, sp) ^ ((uint64_t)up * 0x165667B19E3779F9ull +
                                                 0x27D4EB2F165667C5ull));
+}
+
+/* The record's 32 bytes of steps into b (16-aligned), in two 16-byte loads and stores: each
+ * a single access, so the byte loads that follow are forwarded from one store.  A torn copy
+ * is caught by the sequence number, checked after it as before. */
+static inline __attribute__((always_inline)) void memo_copy_steps(int8_t *b, const uint64_t *dw)
+{
+#if defined(__SSE2__)
+    __m128i lo = _mm_load_si128((const __m128i *)(const void *)dw);
+    __m128i hi = _mm_load_si128((const __m128i *)(const void *)(dw + 2));
+    _mm_store_si128((__m128i *)(void *)b, lo);
+    _mm_store_si128((__m128i *)(void *)(b + 16), hi);
+#else
+    for (int i = 0; i < 4; i++) {
+        uint64_t v = __atomic_load_n(&dw[i], __ATOMIC_RELAXED);
+        __builtin_memcpy(b + 8 * i, &v, 8);
+    }
+#endif
 }
 
 _Static_assert((MEMO_WAYS & (MEMO_WAYS - 1)) == 0, "ways: a power of two");
@@ -244,11 +265,11 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
     uint64_t q = atomic_load_explicit(&r->seq, memory_order_acquire);
     uint64_t rtag = LD(r->tag);
     uint64_t vh = LD(r->vhash), vw = LD(r->value);
-    union { uint64_t w[4]; int8_t b[32]; } d;
-    d.w[0] = LD(r->dw[0]);
-    d.w[1] = LD(r->dw[1]);
-    d.w[2] = LD(r->dw[2]);
-    d.w[3] = LD(r->dw[3]);
+    /* the steps, copied in the width they are stored and read back in: 8-byte copies read
+     * back as 16 bytes (GCC's copy into db) stalled on store forwarding, a tenth of the
+     * lookup's time on bench/stacks_bench (docs/performance-stacks.rst, the fifteenth pass) */
+    union { uint64_t w[4]; int8_t b[32]; } d __attribute__((aligned(16)));
+    memo_copy_steps(d.b, r->dw);
     atomic_thread_fence(memory_order_acquire);
     unsigned n = (unsigned)(vw >> MEMO_N_SHIFT) & 63, nf = (unsigned)(vw >> MEMO_NF_SHIFT) & 127;
     unsigned flags = (unsigned)(vw >> MEMO_FL_SHIFT) & 7;
@@ -270,11 +291,10 @@ memo_check(struct memo *r, const struct mml_start *s, uint64_t tag, int with_bp,
          * steps after the n-th being 0 (copies of the last word), so one branch on n, not a
          * loop of n steps (its exit was mispredicted about one lookup in two on
          * bench/stacks_bench) */
-        int8_t db[32] __attribute__((aligned(16)));
-        __builtin_memcpy(db, d.b, sizeof db);
+        int8_t *db = d.b;
         /* the steps read back one byte each from memory (one load that sign-extends), not
          * shifted out of the record's words in registers (three instructions more a step) */
-        __asm__("" : "+m"(db));
+        __asm__("" : "+m"(d));
 #pragma GCC unroll 8
         for (unsigned i = 0; i < MEMO_SHORT; i++) {
             o += db[i];

@@ -403,6 +403,7 @@ void fork_child(void)
     T.dropping = 0;
     T.lost = 0;
     g_late_file = ~0u;
+    g_sink = 0;
     atomic_store(&g_lost_orphan, 0);
     atomic_store(&g_said_write, 0);
     if (g_state == 1)
@@ -492,13 +493,16 @@ static void leave_files(int final)
 {
     g_ending = !!final;
     maps_snapshot(0);
+    sink_catch_up();        /* the lines of threads without a file that go on running */
     close_parked();
     T.lost += atomic_exchange(&g_lost_orphan, 0);
-    if (T.open && final == 2 && !dir_writable()) {
+    if (T.open && !T.anon && final == 2 && !dir_writable()) {
         /* the user the process became may not create files here: what comes after us would
          * need a new file (the late file) and be lost, unsaid, its blocks then reported not
          * freed.  The thread's file stays open for it instead, without its "#end", its last
-         * lines in its staging file, as after a SIGKILL (the readers take them there). */
+         * lines in its staging file, as after a SIGKILL (the readers take them there); and
+         * what was lost where no file could say it is said there. */
+        note_lost(&T);
         return;
     }
     if (T.open) {

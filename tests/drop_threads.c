@@ -21,9 +21,9 @@ static void *volatile keep[1024];
 static void *worker(void *arg)
 {
     long i = (long)arg;
-    keep[3 + i] = malloc(1000 + (size_t)i);
+    keep[3 + i] = malloc(1000 + (size_t)i);     /* site:kept */
     for (int k = 0; k < pairs; k++) {
-        void *volatile q = malloc(32);      /* (volatile: not a pair the compiler drops) */
+        void *volatile q = malloc(32);  /* site:pair (volatile: a pair the compiler keeps) */
         free(q);
     }
     pthread_mutex_lock(&lock);
@@ -45,12 +45,12 @@ int main(int argc, char **argv)
     wait_there = argv[1][0] == 'w';
     if (n < 0 || n > 1000)
         return 2;
-    keep[0] = malloc(100);
+    keep[0] = malloc(100);     /* site:before */
     if (setgroups(0, NULL) || setresgid(u, u, u))
         return 1;
     if (argv[1][0] == 'r' ? syscall(SYS_setresuid, u, u, u) : setresuid(u, u, u))
         return 1;
-    keep[1] = malloc(200);
+    keep[1] = malloc(200);     /* site:after */
     for (long i = 0; i < n; i++) {
         pthread_t th;
         if (pthread_create(&th, NULL, worker, (void *)i))
@@ -62,6 +62,6 @@ int main(int argc, char **argv)
     while (started < n)
         pthread_cond_wait(&ready, &lock);
     pthread_mutex_unlock(&lock);
-    keep[2] = malloc(300);
+    keep[2] = malloc(300);     /* site:last */
     return 0;
 }

@@ -200,6 +200,8 @@ EXPORT int mmleak_attach(const char *args)
     R.n = 0;
     g_late_file = ~0u;
     g_sink = 0;
+    atomic_store(&g_nofile, 0);
+    atomic_store(&g_nofile_err, 0);
     atomic_store(&g_said_write, 0);
     g_window = 1;
     process_start(NULL);        /* a new trace id: pid, or pid-K after an earlier one */

@@ -226,6 +226,7 @@ struct tstate {
     const void *new_ra;   /* while GUARD_NEW: the caller of the failing operator new */
     struct tstate *next, *prev; /* registry of open threads, under g_lock */
     uint64_t walks;       /* stack walks made for the current file's events ("#walks") */
+    int nofile_err;       /* staging in memory (anon): why its file could not be made */
 };
 extern __thread struct tstate T __attribute__((tls_model("initial-exec")));
 
@@ -467,7 +468,10 @@ void late_shared(const char *line, size_t n);
 void sink_make_locked(void);
 void sink_catch_up(void);
 void sink_catch_up_locked(void);
-void note_lost(struct tstate *t);
+size_t nofile_line(char *line, size_t cap);
+void note_line(struct tstate *t, const char *line, size_t n);
+extern atomic_uint g_nofile;            /* threads whose events were lost for want of a file */
+extern atomic_int g_nofile_err;         /* why the first of them could have none (errno) */
 int emit(const char *line, size_t n);
 int emit_free(const char *line, size_t n);
 void thread_reset(struct tstate *t);

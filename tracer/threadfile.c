@@ -530,6 +530,11 @@ void file_close(struct tstate *t, int trailer)
                      count_events(half_body(t, h) + t->ustart[h], t->ulen[h]) +
                      hold_events(t);
         atomic_fetch_add(&g_lost_orphan, n + t->lost);
+        if (n + t->lost) {      /* said at the exit: "#nofile" (note_lost) */
+            int none = 0;
+            atomic_fetch_add(&g_nofile, 1);
+            atomic_compare_exchange_strong(&g_nofile_err, &none, t->nofile_err);
+        }
         hold_free(t);
         mml_unmap(t->stage, 2 * t->half_size);
         slot_free(t);
@@ -1168,6 +1173,7 @@ static int make_room(struct tstate *t, size_t need)
                 start_dropping(t, err);
                 return -1;
             }
+            t->nofile_err = err;
             if (!g_sink && !atomic_exchange(&g_said_write, 1))
                 say_err("cannot create a dump file in ", err, WRITE_FAILED_TAIL);
         }
@@ -1522,16 +1528,34 @@ void sink_catch_up_locked(void)
     }
 }
 
-/* Events counted lost that a file must say (an exiting thread whose file stays open, see
- * leave_files): in its staging half (the slack behind `end` has room), else the late file. */
-void note_lost(struct tstate *t)
+/* At the exit: threads that lost their events for want of a file of their own (they are
+ * counted in "#lost" too), as "#nofile THREADS ERRNO" (the report says why, and what to do:
+ * a drop of root that mmleak.so did not see, no descriptor left, a full disk); into LINE
+ * (CAP bytes, 64 are enough), or 0 bytes when there were none. */
+atomic_uint g_nofile;
+atomic_int g_nofile_err;
+
+size_t nofile_line(char *line, size_t cap)
 {
-    if (!t->lost)
+    unsigned threads = atomic_exchange(&g_nofile, 0);
+    if (!threads)
+        return 0;
+    char *e = line + cap, *d = line;
+    d = cat(d, e, "#nofile ");
+    d = cat_u(d, e, threads);
+    d = cat(d, e, " ");
+    d = cat_u(d, e, (unsigned long)atomic_load(&g_nofile_err));
+    d = cat(d, e, "\n");
+    return (size_t)(d - line);
+}
+
+/* Say LINE (N bytes of whole '#' lines) in the thread's own file while it is open (in its
+ * staging half: the slack behind `end` has room for a few lines), else in the late file. */
+void note_line(struct tstate *t, const char *line, size_t n)
+{
+    if (!n)
         return;
-    char line[64];
-    size_t n = lost_line(line, sizeof line, t->lost, 0);
-    t->lost = 0;
-    if (t->cur && !t->anon && !t->dropping)
+    if (t->cur && t->open && !t->anon && !t->dropping)
         stage_line(t, line, n);
     else
         late_shared(line, n);

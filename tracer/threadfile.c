@@ -1474,9 +1474,24 @@ static int sink_flush(struct tstate *t)
     size_t *st[3] = { &t->hold_start, &t->ustart[o], &t->ustart[h] };
     size_t *n[3] = { &t->hold_len, &t->ulen[o], &t->ulen[h] };
     int rc = sink_write_locked(3, p, st, n), e = errno;
+    char *big = NULL;
     if (rc == 0) {
         hold_free(t);
-        half_start(t, o);
+        /* a busy thread gets the full MMLEAK_BUFFER_KB, as grow_stage gives one with a file:
+         * with the first 32 KiB halves, 3 threads of 100,000 events made 359 writes (and
+         * 2,817 system calls in all) where they made 42 pwrites in files of their own */
+        if (2 * t->half_size < cfg.buffer && (big = mml_map(cfg.buffer / 2 * 2)) != NULL) {
+            mml_unmap(t->stage, 2 * t->half_size);
+            t->stage = big;
+            t->half_size = cfg.buffer / 2;
+            half_stamp(t, 0);           /* (a new mapping: zeros) */
+        } else {
+            half_start(t, o);
+        }
+    }
+    if (s && big) {
+        s->stage = t->stage;
+        s->half_size = t->half_size;
     }
     if (s) {
         /* after a failure the thread holds and drops as usual, its halves' use unknown here */

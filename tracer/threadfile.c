@@ -530,7 +530,7 @@ void file_close(struct tstate *t, int trailer)
                      count_events(half_body(t, h) + t->ustart[h], t->ulen[h]) +
                      hold_events(t);
         atomic_fetch_add(&g_lost_orphan, n + t->lost);
-        if (n + t->lost) {      /* said at the exit: "#nofile" (note_lost) */
+        if (n + t->lost) {      /* said at the exit: "#nofile" (nofile_line) */
             int none = 0;
             atomic_fetch_add(&g_nofile, 1);
             atomic_compare_exchange_strong(&g_nofile_err, &none, t->nofile_err);
@@ -1484,6 +1484,7 @@ static int sink_flush(struct tstate *t)
             mml_unmap(t->stage, 2 * t->half_size);
             t->stage = big;
             t->half_size = cfg.buffer / 2;
+            t->ustart[1] = t->ulen[1] = 0;
             half_stamp(t, 0);           /* (a new mapping: zeros) */
         } else {
             half_start(t, o);

@@ -472,7 +472,6 @@ COLD void scan_at_exit(uintptr_t floor, int by__exit)
     if (freeres)
         freeres();
 scan:;
-    sink_catch_up();    /* the scan reads the files: the lines of threads without one */
     int lone = one_thread();
     T.guard++;
     run_scanner("exit", floor, lone);
@@ -489,7 +488,6 @@ __attribute__((used, noinline)) int mml_leak_check_from(uintptr_t floor)
         return -1;
     int saved = errno, lone = one_thread();
     T.guard++;
-    sink_catch_up();
     int rc = run_scanner("api", floor, lone);
     T.guard--;
     errno = saved;

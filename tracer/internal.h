@@ -439,7 +439,7 @@ void loads_drop_unused(void);
 
 /* The registry of files, in mmleak's own memory (see threadfile.c).  Under g_lock. */
 /* SLOT_ANON: a thread staging in memory (no file of its own): its halves, so that its lines
- * can be written for it into the shared file (see sink_flush). */
+ * can be written for it into the shared file at the exit (see sink_catch_up). */
 enum { SLOT_FREE, SLOT_OPEN, SLOT_PARKED, SLOT_ANON };
 struct file_slot {
     int state; unsigned fileno; char *stage; size_t half_size; uint64_t out_off;

@@ -1044,7 +1044,7 @@ static int anon_open(struct tstate *t)
     t->anon = 1;
     t->open = 1;
     half_stamp(t, 0);           /* (a new mapping: zeros) */
-    /* registered, so that a scan or the exit can write its lines for it (sink_catch_up);
+    /* registered, so that the exit can write its lines for it (sink_catch_up);
      * without a slot (no memory) it still stages, and writes them itself */
     pthread_mutex_lock(&g_lock);
     int slot = slot_new_locked(0);
@@ -1390,9 +1390,8 @@ void late_shared(const char *line, size_t n)
  * address, and every "#s" line comes before the lines of its thread that use it).  A write
  * per half, as a thread with a file of its own makes; nothing is lost while it works.
  * What is in a thread's current half when the process ends (a worker blocked in epoll_wait
- * for good) is written for it by the exiting thread, and before every scan (the scan reads
- * the files): sink_catch_up, from the registry, where such a thread keeps how much of its
- * current half is written (sink_done).  Only a SIGKILL loses the lines staged since the
+ * for good) is written for it by the exiting thread: sink_catch_up, from the registry, where
+ * such a thread keeps how much of its current half is written (sink_done).  Only a SIGKILL loses the lines staged since the
  * last flush, as before; and the file is never ended while the process runs (no other
  * could follow it), nor at its exit (the events after its files close come here too). */
 int g_sink;
@@ -1464,7 +1463,7 @@ static int sink_flush(struct tstate *t)
     pthread_mutex_lock(&g_lock);
     struct file_slot *s = t->slot ? &R.a[t->slot - 1] : NULL;
     if (s && s->sink_half == h && s->sink_done > t->ustart[h]) {
-        /* the exit or a scan wrote part of this half for us (sink_catch_up) */
+        /* the exit (or a detach) wrote part of this half for us (sink_catch_up) */
         size_t d = s->sink_done - t->ustart[h];
         d = d < t->ulen[h] ? d : t->ulen[h];
         t->ustart[h] += d;
@@ -1511,10 +1510,11 @@ static int anon_out(struct tstate *t)
     return g_sink ? sink_flush(t) : anon_to_file(t);
 }
 
-/* Before a scan and at the exit: write every such thread's complete lines (the other
- * threads' go on running) of its current half, as a reader of a .tail takes them: up to the
- * last newline before the first NUL (a half is cleared before it is begun, and a line's
- * newline is written last). */
+/* At the exit (and a detach): write every such thread's complete lines (the other threads
+ * go on running) of its current half, as a reader of a .tail takes them: up to the last
+ * newline before the first NUL (a half is cleared before it is begun, and a line's newline
+ * is written last).  Not before a scan: where the shared file is needed, the scan cannot
+ * write its result either (it says so, "#noscan"). */
 void sink_catch_up(void)
 {
     if (!g_sink)

@@ -784,3 +784,32 @@ def test_threads_started_after_a_drop_of_root_into_a_directory_of_roots(tmp_path
             assert ("mmleak: the verdict is on what was recorded: %s\n" % gap in rep.stdout) \
                 == lost, rep.stdout
             assert ("INCOMPLETE" in rep.stdout) == lost, rep.stdout
+
+
+def test_a_thread_without_a_file_that_forks(tmp_path, dump):
+    """A thread that could not create its dump file (no descriptor left) stages in memory.
+    Its end flushed those lines into file 0 of its zeroed state, the main thread's, over its
+    start (and wrote its registry slot before the registry's start): the parent's trace lost
+    the thread's 111 and 333 bytes; and a child it forked took that memory for a file's:
+    6,882 events read for its 6,001.  Now the thread's lines go into a file of its own, and
+    the child starts afresh."""
+    import resource
+    exe = str(tmp_path / "anon_fork")
+    subprocess.run(["cc", "-O1", "-g", "-pthread", "-o", exe,
+                    os.path.join(TESTS, "anon_fork.c")], check=True)
+    r = subprocess.run([exe], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump)),
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))
+    assert r.returncode == 0, r.stderr
+    import mmleaklib as mm
+    traces = mm.find_traces(str(dump))
+    assert len(traces) == 2, sorted(os.listdir(str(dump)))
+    # (the child's trace is the one with its block: pids may wrap)
+    (pgot, psh), (cgot, csh) = sorted((leaks(dump, t, "anon_fork") for t in traces),
+                                      key=lambda g: len(g[0]), reverse=True)
+    assert pgot == expect("anon_fork.c", [("main", "main", 44, 1),
+                                          ("worker", "staged", 111, 1),
+                                          ("worker", "after", 333, 1)])
+    assert cgot == expect("anon_fork.c", [("worker", "child", 222, 1)])
+    assert csh.history()["events"] == 6001
+    assert not psh.gap_text() and not csh.gap_text()

@@ -399,6 +399,7 @@ void fork_child(void)
     atomic_store(&g_hold_total, 0);
     T.holding = 0;
     T.open = 0;
+    T.anon = 0;             /* (staging in memory: that memory is the parent's copy, gone) */
     T.late = 0;
     T.dropping = 0;
     T.lost = 0;

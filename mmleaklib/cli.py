@@ -277,9 +277,17 @@ def add_check_options(p, check_help):
 
 def check_verdict(rep, args, out, child=False):
     """The --check verdict of REP (suppressions applied): True if it passes; says why on
-    OUT either way.  CHILD: REP is a process the command started (run --check), which
-    --no-check-children leaves out."""
+    OUT either way, and when the trace is incomplete (a verdict on what was recorded only).
+    CHILD: REP is a process the command started (run --check), which --no-check-children
+    leaves out."""
     out = report.terminal(out)
+    ok = _check_verdict(rep, args, out, child)
+    if rep.get("gaps"):
+        out.write("mmleak: the verdict is on what was recorded: %s\n" % rep["gaps"])
+    return ok
+
+
+def _check_verdict(rep, args, out, child):
     n, b = report.check_failures(rep, args.leak_kinds)
     what = ",".join(args.leak_kinds) or "none"
     cmd = report.printable(rep["cmd"]) or "command unknown"

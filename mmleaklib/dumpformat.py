@@ -288,7 +288,7 @@ NOT_DUMP = ("not an mmleak dump (its first line is neither an event line nor one
             "format's '#' lines, as the '#mmleak' that starts a dump); refused")
 # the '#' lines of a dump, a result and a compacted result (docs/format.rst), by their tag
 DUMP_TAGS = (b"mmleak", b"cmd", b"title", b"alloc", b"suppressions", b"dropping", b"lost",
-             b"noscan", b"walks", b"thread", b"end", b"clock", b"compacted", b"folded", b"at",
+             b"noscan", b"nofile", b"walks", b"thread", b"end", b"clock", b"compacted", b"folded", b"at",
              b"s")
 _TAG_LINE = re.compile(rb"#(?:%s)[ \n]" % b"|".join(DUMP_TAGS))
 _TORN_EVENT = re.compile(rb"[0-9a-f]{1,16}(?: [0-9a-f@+-]*)*")

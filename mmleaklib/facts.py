@@ -21,6 +21,10 @@ TOOLS_LIBNAME = "mmleak-tools.so"   # the compiled helpers of the Python side (s
 SCANNER_NAME = "mmleak-scan"        # the scanner mmleak.so starts at exit, from beside it
 LINE_MAX = 1 << 20              # the longest line a reader keeps (bytes); longer: reported
 COMPACT_ROTATE_MB = 8           # MMLEAK_ROTATE_MB under `run`, `attach` and the installer
+# what to do when a process became a user who may not create files in its dump directory
+# (the report's words, after a scan that wrote no result or threads that had no dump file)
+WRITABLE_DIR = ("give the trace a directory the process's user can write (mmleak.py run -d "
+                "DIR, or MMLEAK_DIR)")
 
 # ---------------------------------------------------------------------------------------
 # The environment variables: (NAME, variable, type, default, min, max, one-line help, who

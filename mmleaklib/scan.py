@@ -16,7 +16,7 @@ import os
 import re
 import stat
 
-from . import files, native
+from . import facts, files, native
 from .errors import Fail, Refused
 
 KINDS = ("definite", "indirect", "possible", "reachable")
@@ -35,8 +35,7 @@ def no_result_text(why, reason):
         "at the exit" if why == "exit" else "the program asked for", reason)
     if reason.startswith("cannot write the result"):     # tools/scan.c's words
         # a daemon that became another user, in a directory only root could write
-        text += ("; give the trace a directory the process's user can write "
-                 "(mmleak.py run -d DIR, or MMLEAK_DIR)")
+        text += "; " + facts.WRITABLE_DIR
     return text
 
 

@@ -40,7 +40,7 @@ from .dumpformat import (EVENT_RE, KIND_ALLOC, KIND_END, KIND_FREE, KIND_START, 
                          not_a_dump, problem_text)
 from . import errors, files
 from .errors import Fail, Refused, refuse, warn
-from .facts import READ_VERSIONS
+from .facts import READ_VERSIONS, WRITABLE_DIR
 from .files import open_trace_file
 from .native import native_shrink
 
@@ -85,6 +85,7 @@ class Shrinker:
         self.lost = {}             # gap k -> events not recorded ("#lost N k=K")
         self.dropping = set()      # gaps that began ("#dropping k=K")
         self.noscan = None         # (why, reason): a scan that wrote no result ("#noscan")
+        self.nofile = None         # (threads, errno): threads that had no dump file ("#nofile")
         self.max_time = 0
         self.clock = None          # the newest "#clock" line's time (None: no such line)
         self.problems = Problems()
@@ -332,6 +333,14 @@ class Shrinker:
             self.headers.append(h)
         elif line.startswith(b"#lost ") or line.startswith(b"#dropping"):
             self._gap_line(line)
+        elif line.startswith(b"#nofile "):
+            # "#nofile THREADS ERRNO": that many threads lost their events (counted in
+            # "#lost") for want of a dump file of their own
+            f = line.split()
+            if len(f) == 3 and f[1].isdigit() and f[2].isdigit():
+                n, err = int(f[1]), int(f[2])
+                self.nofile = (n + (self.nofile[0] if self.nofile else 0),
+                               err if self.nofile is None else self.nofile[1])
         elif line.startswith(b"#compacted "):
             fields = dict(kv.partition(b"=")[::2] for kv in line.split()[1:])
             for k in self.compacted:
@@ -382,8 +391,22 @@ class Shrinker:
         if unknown:
             parts.append("%s%d gap%s of unknown size (the process ended while mmleak.so could "
                          "not write)" % ("and " if lost else "", unknown, "s" if unknown > 1 else ""))
+        if self.nofile:
+            parts.append(self._nofile_text())
         return ("INCOMPLETE TRACE: %s; blocks may show as leaks whose free was lost"
                 % " ".join(parts))
+
+    def _nofile_text(self):
+        threads, err = self.nofile
+        where = os.path.dirname(self.headers[0]["source"]) if self.headers else ""
+        text = ("(%d thread%s could not create %s dump file%s: %s" %
+                (threads, "s" if threads > 1 else "", "their" if threads > 1 else "its",
+                 " in " + where if where else "", os.strerror(err) if err else "reason unknown"))
+        if err in (errno.EACCES, errno.EPERM, errno.EROFS):
+            # a daemon that became another user, in a directory only root could write, in
+            # a way mmleak.so did not see (it makes a file for them at a drop it sees)
+            text += "; " + WRITABLE_DIR
+        return text + ")"
 
     def history(self):
         """What the trace recorded, the events folded by compaction ("#compacted") included:

@@ -199,6 +199,9 @@ EXPORT int mmleak_attach(const char *args)
     unmap_retired();
     R.n = 0;
     g_late_file = ~0u;
+    g_sink = 0;
+    atomic_store(&g_nofile, 0);
+    atomic_store(&g_nofile_err, 0);
     atomic_store(&g_said_write, 0);
     g_window = 1;
     process_start(NULL);        /* a new trace id: pid, or pid-K after an earlier one */
@@ -248,6 +251,7 @@ EXPORT int mmleak_detach(const char *args)
     if (lock_briefly())
         return 3;       /* paused already; the files stay as they are (readers take them) */
     g_cycle++;
+    sink_catch_up_locked();     /* the lines of threads without a file (see threadfile.c) */
     for (size_t i = 0; i < R.n; i++) {
         struct file_slot *s = &R.a[i];
         if (s->state == SLOT_PARKED) {
@@ -270,6 +274,8 @@ EXPORT int mmleak_detach(const char *args)
         } else if (s->state == SLOT_OPEN && s->stage) {
             close_from_outside(s);
             s->state = SLOT_FREE;
+        } else if (s->state == SLOT_ANON) {
+            s->state = SLOT_FREE;   /* its lines were written, if they could be, above */
         }
     }
     R.n = 0;

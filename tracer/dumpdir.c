@@ -392,7 +392,7 @@ COLD void give_files_to(uid_t r, uid_t e, uid_t s, int re)
     pthread_mutex_lock(&g_lock);
     g_give_uid = uid;
     for (size_t i = 0; i < R.n; i++)
-        if (R.a[i].state != SLOT_FREE) {
+        if (R.a[i].state == SLOT_OPEN || R.a[i].state == SLOT_PARKED) {
             give_one(dump_name(name, sizeof name, R.a[i].fileno), &R.a[i].out_id, uid);
             give_one(side_name(name, sizeof name, R.a[i].fileno, ".tail"), &R.a[i].tail_id, uid);
         }
@@ -402,6 +402,21 @@ COLD void give_files_to(uid_t r, uid_t e, uid_t s, int re)
     give_one(file_name(name, sizeof name, ".loads"), &g_loads_id, uid);
     if (g_lock_id.ino)
         give_one(file_name(name, sizeof name, ".lock"), &g_lock_id, uid);
+    /* The threads the process starts from now on make their files as UID: when the directory
+     * does not let UID create any (a daemon started as root in mmleak.py run's own directory,
+     * root's, 0755), they would have none, and their events would be lost.  So the shared
+     * late file is made now, while we still may (given to UID, as above), and takes their
+     * lines (threadfile.c, sink_flush).  Asked as UID (the file system uid, this thread, for
+     * the one call; setfsuid is in the same group of system calls as the set*uid the program
+     * is making, so a seccomp filter that lets that through lets this through). */
+    int dfd = dir_fd();
+    if (dfd != -1) {
+        int old = setfsuid(uid);
+        int no = dir_access(dfd) < 0 && (errno == EACCES || errno == EPERM || errno == EROFS);
+        setfsuid((uid_t)old);
+        if (no)
+            sink_make_locked();
+    }
     pthread_mutex_unlock(&g_lock);
     if (e0 != 0)
         mml_sys(SYS_setresuid, none, e0, none);

@@ -226,6 +226,7 @@ struct tstate {
     const void *new_ra;   /* while GUARD_NEW: the caller of the failing operator new */
     struct tstate *next, *prev; /* registry of open threads, under g_lock */
     uint64_t walks;       /* stack walks made for the current file's events ("#walks") */
+    int nofile_err;       /* staging in memory (anon): why its file could not be made */
 };
 extern __thread struct tstate T __attribute__((tls_model("initial-exec")));
 
@@ -437,17 +438,21 @@ void loads_drop_unused(void);
 #define SLACK 4096
 
 /* The registry of files, in mmleak's own memory (see threadfile.c).  Under g_lock. */
-enum { SLOT_FREE, SLOT_OPEN, SLOT_PARKED };
+/* SLOT_ANON: a thread staging in memory (no file of its own): its halves, so that its lines
+ * can be written for it into the shared file at the exit (see sink_catch_up). */
+enum { SLOT_FREE, SLOT_OPEN, SLOT_PARKED, SLOT_ANON };
 struct file_slot {
     int state; unsigned fileno; char *stage; size_t half_size; uint64_t out_off;
     uint64_t *ss; size_t ss_cap, ss_n;     /* the stacks the file holds (parked files) */
     struct fid out_id, tail_id;
     uint64_t walks;                        /* its "#walks" count so far (parked files) */
+    int sink_half; size_t sink_done;       /* SLOT_ANON: its current half, bytes written */
 };
 extern struct file_registry { struct file_slot *a; size_t n, cap; } R;
 extern _Atomic size_t g_hold_total;     /* bytes of every thread's hold */
 extern unsigned g_late_file;            /* the shared late file's N, ~0u: none yet */
 extern struct fid g_late_id;
+extern int g_sink;  /* the late file takes the lines of threads that cannot make a file */
 
 char *side_name(char *buf, size_t len, unsigned n, const char *ext);
 char *dump_name(char *buf, size_t len, unsigned n);
@@ -460,6 +465,13 @@ void file_close(struct tstate *t, int trailer);
 void park(struct tstate *t);
 void close_parked(void);
 void late_shared(const char *line, size_t n);
+void sink_make_locked(void);
+void sink_catch_up(void);
+void sink_catch_up_locked(void);
+size_t nofile_line(char *line, size_t cap);
+void note_line(struct tstate *t, const char *line, size_t n);
+extern atomic_uint g_nofile;            /* threads whose events were lost for want of a file */
+extern atomic_int g_nofile_err;         /* why the first of them could have none (errno) */
 int emit(const char *line, size_t n);
 int emit_free(const char *line, size_t n);
 void thread_reset(struct tstate *t);

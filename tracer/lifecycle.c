@@ -399,11 +399,15 @@ void fork_child(void)
     atomic_store(&g_hold_total, 0);
     T.holding = 0;
     T.open = 0;
+    T.anon = 0;             /* (staging in memory: that memory is the parent's copy, gone) */
     T.late = 0;
     T.dropping = 0;
     T.lost = 0;
     g_late_file = ~0u;
+    g_sink = 0;
     atomic_store(&g_lost_orphan, 0);
+    atomic_store(&g_nofile, 0);
+    atomic_store(&g_nofile_err, 0);
     atomic_store(&g_said_write, 0);
     if (g_state == 1)
         process_start(NULL);
@@ -492,15 +496,23 @@ static void leave_files(int final)
 {
     g_ending = !!final;
     maps_snapshot(0);
+    sink_catch_up();        /* the lines of threads without a file that go on running */
     close_parked();
     T.lost += atomic_exchange(&g_lost_orphan, 0);
-    if (T.open && final == 2 && !dir_writable()) {
+    char line[128];
+    size_t n = nofile_line(line, sizeof line);
+    if (T.open && !T.anon && final == 2 && !dir_writable()) {
         /* the user the process became may not create files here: what comes after us would
          * need a new file (the late file) and be lost, unsaid, its blocks then reported not
          * freed.  The thread's file stays open for it instead, without its "#end", its last
-         * lines in its staging file, as after a SIGKILL (the readers take them there). */
+         * lines in its staging file, as after a SIGKILL (the readers take them there); and
+         * what was lost where no file could say it is said there. */
+        n += T.lost ? lost_line(line + n, sizeof line - n, T.lost, 0) : 0;
+        T.lost = 0;
+        note_line(&T, line, n);
         return;
     }
+    note_line(&T, line, n);
     if (T.open) {
         file_close(&T, 1);  /* its trailer says how many were lost */
         T.late = 1;
@@ -508,12 +520,11 @@ static void leave_files(int final)
     if (final)
         loads_drop_unused();
     T.lost += atomic_exchange(&g_lost_orphan, 0);
-    if (T.lost) {
-        char line[64];
-        size_t n = lost_line(line, sizeof line, T.lost, 0);
-        T.lost = 0;
+    n = nofile_line(line, sizeof line);     /* (this thread's own, staging in memory) */
+    n += T.lost ? lost_line(line + n, sizeof line - n, T.lost, 0) : 0;
+    T.lost = 0;
+    if (n)
         late_shared(line, n);
-    }
 }
 
 /* Whether an exit here (the destructor, _exit, _Exit) is the traced process's own, which may

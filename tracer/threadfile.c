@@ -327,6 +327,8 @@ static void set_end(struct tstate *t)
 }
 
 static int move_pending(struct tstate *t);
+static int anon_out(struct tstate *t);
+static int sink_flush(struct tstate *t);
 static int append_to(const char *name, const char *line, size_t n, const struct fid *id);
 
 /* Write the held lines at the end of .out. */
@@ -498,8 +500,29 @@ void file_close(struct tstate *t, int trailer)
 {
     if (!t->stage)
         return;
-    if (t->anon && anon_to_file(t)) {
-        /* never got a file: what is in memory is lost, and counted */
+    /* a thread staging in memory: its lines into a file of its own, or the shared one (which
+     * has no end of its own: the thread's count of lost events goes there as a line) */
+    int gone = 0;
+    if (t->anon && g_sink) {
+        char *at = t->cur;
+        uint64_t lost = t->lost;
+        if (trailer && (t->lost || t->holding) && t->cur) {
+            char line[64];
+            stage_line(t, line, lost_line(line, sizeof line, t->lost, t->episode));
+            t->lost = 0;
+            t->holding = 0;
+        }
+        if (sink_flush(t)) {        /* not written: the line taken back, the count kept */
+            t->cur = at;
+            t->lost = lost;
+        }
+        gone = 1;
+    } else if (t->anon) {
+        gone = anon_to_file(t) != 0;
+    }
+    if (gone) {
+        /* what is still in memory (nothing, when the shared file took it all) is lost,
+         * and counted */
         int h = t->half, o = h ^ 1;
         if (t->cur)
             t->ulen[h] = (size_t)(t->cur - half_body(t, h)) - t->ustart[h];
@@ -507,8 +530,14 @@ void file_close(struct tstate *t, int trailer)
                      count_events(half_body(t, h) + t->ustart[h], t->ulen[h]) +
                      hold_events(t);
         atomic_fetch_add(&g_lost_orphan, n + t->lost);
+        if (n + t->lost) {      /* said at the exit: "#nofile" (nofile_line) */
+            int none = 0;
+            atomic_fetch_add(&g_nofile, 1);
+            atomic_compare_exchange_strong(&g_nofile_err, &none, t->nofile_err);
+        }
         hold_free(t);
         mml_unmap(t->stage, 2 * t->half_size);
+        slot_free(t);
         t->stage = NULL;
         t->cur = t->end = NULL;
         t->anon = t->open = t->dropping = t->holding = 0;
@@ -938,14 +967,17 @@ static int unpark(struct tstate *t)
 /* The thread's file is given up when it ends: parked for the next new thread. */
 void park(struct tstate *t)
 {
-    if (t->dropping || t->lost || t->holding || flush_staged(t, 0) != 0) {
+    /* (a thread staging in memory has no file to park: its lines go where file_close puts
+     * them; flush_staged would write them into file N of its zeroed state, the main
+     * thread's 0, over its start) */
+    if (t->anon || t->dropping || t->lost || t->holding || flush_staged(t, 0) != 0) {
         file_close(t, 1); /* keeps what could not be written in the .tail */
         return;
     }
     pthread_mutex_lock(&g_lock);
     struct file_slot *s = &R.a[t->slot - 1];
     *s = (struct file_slot){ SLOT_PARKED, t->fileno, t->stage, t->half_size, t->out_off,
-                        t->ss, t->ss_cap, t->ss_n, t->out_id, t->tail_id, t->walks };
+                        t->ss, t->ss_cap, t->ss_n, t->out_id, t->tail_id, t->walks, -1, 0 };
     pthread_mutex_unlock(&g_lock);
     t->ss = NULL;
     t->ss_cap = t->ss_n = 0;
@@ -1012,6 +1044,20 @@ static int anon_open(struct tstate *t)
     t->anon = 1;
     t->open = 1;
     half_stamp(t, 0);           /* (a new mapping: zeros) */
+    /* registered, so that the exit can write its lines for it (sink_catch_up);
+     * without a slot (no memory) it still stages, and writes them itself */
+    pthread_mutex_lock(&g_lock);
+    int slot = slot_new_locked(0);
+    if (slot) {
+        struct file_slot *s = &R.a[slot - 1];
+        s->state = SLOT_ANON;
+        s->stage = t->stage;
+        s->half_size = half;
+        s->sink_half = g_sink ? 0 : -1;     /* (-1: not known to sink_catch_up, see there) */
+        s->sink_done = 0;
+    }
+    t->slot = slot;
+    pthread_mutex_unlock(&g_lock);
     return 0;
 }
 
@@ -1081,6 +1127,7 @@ static int anon_to_file(struct tstate *t)
     half_start(&f, 1);
     hold_free(t);
     mml_unmap(t->stage, 2 * t->half_size);
+    slot_free(t);
     t->anon = 0;
     take_file(t, &f);
     return 0;
@@ -1118,13 +1165,16 @@ static int make_room(struct tstate *t, size_t need)
     }
     if (!t->open) {
         mml_unwind_thread_init();   /* its stack's bounds, while we are near its top */
-        if (unpark(t) && file_open(t, 0)) {
-            int err = errno;
+        /* (where the user the process became may not create files, the shared file takes
+         * the lines of a thread without one: no try, no message) */
+        if (unpark(t) && (g_sink || file_open(t, 0))) {
+            int err = g_sink ? EACCES : errno;
             if (anon_open(t)) {
                 start_dropping(t, err);
                 return -1;
             }
-            if (!atomic_exchange(&g_said_write, 1))
+            t->nofile_err = err;
+            if (!g_sink && !atomic_exchange(&g_said_write, 1))
                 say_err("cannot create a dump file in ", err, WRITE_FAILED_TAIL);
         }
         key_for_exit(t);
@@ -1134,15 +1184,15 @@ static int make_room(struct tstate *t, size_t need)
     }
     if (t->hold_len && half_end(t) - t->cur >= (ptrdiff_t)(need + 64)) {
         /* lines are held and the half has room: a step (see HOLD_STEP), a try to write */
-        if (t->anon ? anon_to_file(t) == 0 : flush_staged(t, 0) == 0)
+        if (t->anon ? anon_out(t) == 0 : flush_staged(t, 0) == 0)
             hold_close(t);
         set_end(t);
         return (size_t)(t->end - t->cur) >= need ? 0 : -1;
     }
     /* the current half is full */
     int h = t->half, was_anon = t->anon;
-    if (was_anon ? anon_to_file(t) == 0 : flush_staged(t, 1) == 0) {
-        if (was_anon) { /* now in a file, its current half empty */
+    if (was_anon ? anon_out(t) == 0 : flush_staged(t, 1) == 0) {
+        if (was_anon) { /* now in a file (or the shared file took it all), its half empty */
             hold_close(t);
             return (size_t)(t->end - t->cur) >= need ? 0 : -1;
         }
@@ -1204,7 +1254,7 @@ static int drop_event(struct tstate *t, size_t n)
     t->retry_at = now + 1;
     int ok;
     if (t->anon) {
-        ok = anon_to_file(t) == 0;
+        ok = anon_out(t) == 0;
     } else if (t->stage) {
         ok = flush_staged(t, 0) == 0;
         if (ok)
@@ -1295,7 +1345,9 @@ static int late_append_locked(const char *name, const char *line, size_t n)
     int rc = -1;
     if (fstat(fd, &st) == 0 && (uint64_t)st.st_size + n <= fsize_limit()) {
         rc = write_all(fd, line, n);
-        if (!rc && (uint64_t)st.st_size + n >= LATE_ROTATE &&
+        /* (never while it is the shared file of threads that cannot make one: no other
+         * file could follow it) */
+        if (!rc && !g_sink && (uint64_t)st.st_size + n >= LATE_ROTATE &&
             (uint64_t)st.st_size + n + 5 <= fsize_limit() && !write_all(fd, "#end\n", 5))
             g_late_file = ~0u;
     }
@@ -1325,6 +1377,204 @@ void late_shared(const char *line, size_t n)
             close(fd);
     }
     pthread_mutex_unlock(&g_lock);
+}
+
+/* ---- the shared file of threads that cannot make one of their own ----
+ * A daemon started as root that becomes another user for good (memcached -u, nsd, ngircd)
+ * in a directory that user may not create files in (mmleak.py run's own, root's, 0755):
+ * every thread it starts afterwards would have no file, and its events, staged in memory
+ * (anon_open), would be lost at its end.  So at the drop, while still root, the late file is
+ * made (give_files_to, sink_make_locked) and from then on takes their lines: each appends
+ * its pending lines there whenever a half is full and at its end, under g_lock, whole lines
+ * only (lines of any number of threads may share a file: SEQ orders the events of an
+ * address, and every "#s" line comes before the lines of its thread that use it).  A write
+ * per half, as a thread with a file of its own makes; nothing is lost while it works.
+ * What is in a thread's current half when the process ends (a worker blocked in epoll_wait
+ * for good) is written for it by the exiting thread: sink_catch_up, from the registry, where
+ * such a thread keeps how much of its current half is written (sink_done).  Only a SIGKILL loses the lines staged since the
+ * last flush, as before; and the file is never ended while the process runs (no other
+ * could follow it), nor at its exit (the events after its files close come here too). */
+int g_sink;
+
+void sink_make_locked(void)
+{
+    g_sink = 1;
+    if (g_late_file != ~0u)
+        return;                 /* there is one: it is not ended from now on */
+    unsigned no = 0;
+    struct fid id;
+    int fd = new_dump_locked(&no, &id, NULL, NULL);
+    char h[sizeof g_cmd + sizeof g_alloc + sizeof g_supp + 256];
+    size_t hn = fd >= 0 ? header_text(h, sizeof h, no, 1) : 0;
+    if (fd >= 0 && hn <= fsize_limit() && !write_all(fd, h, hn)) {
+        g_late_file = no;
+        g_late_id = id;
+    } else {
+        g_sink = 0;             /* (none: such threads lose their events, counted) */
+    }
+    if (fd >= 0)
+        close(fd);
+}
+
+/* Append the N[i] bytes at P[i] (K pieces, whole lines) to the shared file, advancing *ST[i]
+ * and *N[i] past what was written.  Under g_lock.  0, or -1 (errno). */
+static int sink_write_locked(int k, const char *const *p, size_t **st, size_t **n)
+{
+    char name[64];
+    int fd = g_late_file == ~0u ? (errno = ENOENT, -1)
+             : open_again(dump_name(name, sizeof name, g_late_file), O_WRONLY | O_APPEND,
+                          &g_late_id);
+    if (fd < 0)
+        return -1;
+    struct stat sb;
+    uint64_t total = 0;
+    for (int i = 0; i < k; i++)
+        total += *n[i];
+    int rc = fstat(fd, &sb) ? -1 : (uint64_t)sb.st_size + total > fsize_limit()
+                                  ? (errno = EFBIG, -1) : 0;
+    for (int i = 0; !rc && i < k; i++)
+        while (*n[i]) {
+            ssize_t w = write(fd, p[i] + *st[i], *n[i]);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0) {
+                if (w == 0)
+                    errno = ENOSPC;
+                rc = -1;
+                break;
+            }
+            *st[i] += (size_t)w;
+            *n[i] -= (size_t)w;
+        }
+    int e = errno;
+    close(fd);
+    errno = e;
+    return rc;
+}
+
+/* A thread staging in memory, in a process with the shared file: its pending lines (held,
+ * the other half's, the current half's, in that order) appended there, and it goes on in a
+ * cleared half.  0, or -1 (errno) with what was not written still pending. */
+static int sink_flush(struct tstate *t)
+{
+    int h = t->half, o = h ^ 1;
+    if (t->cur)
+        t->ulen[h] = (size_t)(t->cur - half_body(t, h)) - t->ustart[h];
+    pthread_mutex_lock(&g_lock);
+    struct file_slot *s = t->slot ? &R.a[t->slot - 1] : NULL;
+    if (s && s->sink_half == h && s->sink_done > t->ustart[h]) {
+        /* the exit (or a detach) wrote part of this half for us (sink_catch_up) */
+        size_t d = s->sink_done - t->ustart[h];
+        d = d < t->ulen[h] ? d : t->ulen[h];
+        t->ustart[h] += d;
+        t->ulen[h] -= d;
+    }
+    const char *p[3] = { t->hold, half_body(t, o), half_body(t, h) };
+    size_t *st[3] = { &t->hold_start, &t->ustart[o], &t->ustart[h] };
+    size_t *n[3] = { &t->hold_len, &t->ulen[o], &t->ulen[h] };
+    int rc = sink_write_locked(3, p, st, n), e = errno;
+    char *big = NULL;
+    if (rc == 0) {
+        hold_free(t);
+        /* a busy thread gets the full MMLEAK_BUFFER_KB, as grow_stage gives one with a file:
+         * with the first 32 KiB halves, 3 threads of 100,000 events made 359 writes (and
+         * 2,817 system calls in all) where they made 42 pwrites in files of their own */
+        if (2 * t->half_size < cfg.buffer && (big = mml_map(cfg.buffer / 2 * 2)) != NULL) {
+            mml_unmap(t->stage, 2 * t->half_size);
+            t->stage = big;
+            t->half_size = cfg.buffer / 2;
+            t->ustart[1] = t->ulen[1] = 0;
+            half_stamp(t, 0);           /* (a new mapping: zeros) */
+        } else {
+            half_start(t, o);
+        }
+    }
+    if (s && big) {
+        s->stage = t->stage;
+        s->half_size = t->half_size;
+    }
+    if (s) {
+        /* after a failure the thread holds and drops as usual, its halves' use unknown here */
+        s->sink_half = rc == 0 ? t->half : -1;
+        s->sink_done = 0;
+    }
+    pthread_mutex_unlock(&g_lock);
+    errno = e;
+    return rc;
+}
+
+/* An anonymous thread's lines out of memory: into a file of its own, or, where none can be
+ * made, the shared one. */
+static int anon_out(struct tstate *t)
+{
+    return g_sink ? sink_flush(t) : anon_to_file(t);
+}
+
+/* At the exit (and a detach): write every such thread's complete lines (the other threads
+ * go on running) of its current half, as a reader of a .tail takes them: up to the last
+ * newline before the first NUL (a half is cleared before it is begun, and a line's newline
+ * is written last).  Not before a scan: where the shared file is needed, the scan cannot
+ * write its result either (it says so, "#noscan"). */
+void sink_catch_up(void)
+{
+    if (!g_sink)
+        return;
+    pthread_mutex_lock(&g_lock);
+    sink_catch_up_locked();
+    pthread_mutex_unlock(&g_lock);
+}
+
+void sink_catch_up_locked(void)
+{
+    if (!g_sink)
+        return;
+    for (size_t i = 0; i < R.n; i++) {
+        struct file_slot *s = &R.a[i];
+        if (s->state != SLOT_ANON || s->sink_half < 0 || !s->stage)
+            continue;
+        const char *b = s->stage + (size_t)s->sink_half * s->half_size + HALF_HDR;
+        size_t room = s->half_size - HALF_HDR - s->sink_done;
+        const char *from = b + s->sink_done, *z = memchr(from, 0, room);
+        size_t len = (size_t)((z ? z : from + room) - from);
+        while (len && from[len - 1] != '\n')
+            len--;
+        size_t start = 0, *st[1] = { &start }, *n[1] = { &len };
+        sink_write_locked(1, &from, st, n);
+        s->sink_done += start;
+    }
+}
+
+/* At the exit: threads that lost their events for want of a file of their own (they are
+ * counted in "#lost" too), as "#nofile THREADS ERRNO" (the report says why, and what to do:
+ * a drop of root that mmleak.so did not see, no descriptor left, a full disk); into LINE
+ * (CAP bytes, 64 are enough), or 0 bytes when there were none. */
+atomic_uint g_nofile;
+atomic_int g_nofile_err;
+
+size_t nofile_line(char *line, size_t cap)
+{
+    unsigned threads = atomic_exchange(&g_nofile, 0);
+    if (!threads)
+        return 0;
+    char *e = line + cap, *d = line;
+    d = cat(d, e, "#nofile ");
+    d = cat_u(d, e, threads);
+    d = cat(d, e, " ");
+    d = cat_u(d, e, (unsigned long)atomic_load(&g_nofile_err));
+    d = cat(d, e, "\n");
+    return (size_t)(d - line);
+}
+
+/* Say LINE (N bytes of whole '#' lines) in the thread's own file while it is open (in its
+ * staging half: the slack behind `end` has room for a few lines), else in the late file. */
+void note_line(struct tstate *t, const char *line, size_t n)
+{
+    if (!n)
+        return;
+    if (t->cur && t->open && !t->anon && !t->dropping)
+        stage_line(t, line, n);
+    else
+        late_shared(line, n);
 }
 
 /* The general writer: any width, any depth.  Builds the line on the stack, then reserves

@@ -183,7 +183,7 @@ void fs_end(struct fs_scope *f)
  * usual case before any chroot).  The paths are built in buffers of their own length, not
  * PATH_MAX: these are the deepest frames of a thread's first event and of a rotation, and a
  * thread may have little stack left there (it had 10 KB of buffers). */
-enum { D_OPEN, D_UNLINK, D_RENAME };
+enum { D_OPEN, D_UNLINK, D_RENAME, D_STAT };
 static COLD int d_by_path(int op, const char *name, const char *to, int flags, mode_t mode)
 {
     size_t dl = my_strlen(cfg.dir) + 2;     /* cfg.dir is shorter than PATH_MAX */
@@ -202,6 +202,11 @@ static COLD int d_by_path(int op, const char *name, const char *to, int flags, m
         AS_OWNER(rc, renameat(AT_FDCWD, pa, AT_FDCWD, pb));
         break;
     }
+    case D_STAT: {
+        struct stat st;
+        AS_OWNER(rc, fstatat(AT_FDCWD, pa, &st, AT_SYMLINK_NOFOLLOW));
+        break;
+    }
     }
     return rc;
 }
@@ -215,6 +220,37 @@ int d_open(const char *name, int flags, mode_t mode)
         return d_by_path(D_OPEN, name, NULL, flags, mode);
     AS_OWNER(rc, openat(dfd, name, flags, mode));
     return rc;
+}
+
+/* Whether anything stands at NAME (a file, a link, a FIFO: any would refuse our O_EXCL
+ * create): 0 only when the name is surely free (ENOENT). */
+int d_taken(const char *name)
+{
+    int dfd = dir_fd(), rc;
+    struct stat st;
+    if (dfd == -1)
+        return 1;
+    if (dfd == AT_FDCWD)
+        rc = d_by_path(D_STAT, name, NULL, 0, 0);
+    else
+        AS_OWNER(rc, fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW));
+    return rc == 0 || errno != ENOENT;
+}
+
+/* Whether the dump directory is one nobody but our files' owner (and root) can write to:
+ * the owner's, with no write bit for its group or others (an ACL that lets anyone else
+ * write shows in the group's bits, its mask).  There nobody else can put a file at one of
+ * our names, so the files made only to hold a name (the log of loads, the lock) can wait
+ * for their first need (reserve_id).  0 when unsure. */
+int dir_private(void)
+{
+    int dfd = dir_fd();
+    struct stat st;
+    if (dfd == -1)
+        return 0;
+    int rc = dfd == AT_FDCWD ? stat(cfg.dir, &st) : fstat(dfd, &st);
+    return rc == 0 && S_ISDIR(st.st_mode) && st.st_uid == g_owner && geteuid() == g_owner &&
+           !(st.st_mode & 022);
 }
 
 int d_unlink(const char *name)
@@ -391,6 +427,22 @@ COLD void give_files_to(uid_t r, uid_t e, uid_t s, int re)
      * creates from now on is handed over at once (create_locked), none slips between. */
     pthread_mutex_lock(&g_lock);
     g_give_uid = uid;
+    /* the files that were to wait for a first need (reserve_id): the new user may not be
+     * able to make them, so they are made now, and handed over by create_locked */
+    if (g_loads_later) {
+        int fd = create_locked(file_name(name, sizeof name, ".loads"), &g_loads_id);
+        if (fd >= 0)
+            close(fd);
+        g_loads_later = 0;
+    }
+    if (g_lock_later) {
+        int fd = create_locked(file_name(name, sizeof name, ".lock"), &g_lock_id);
+        if (fd >= 0)
+            close(fd);
+        else
+            g_lock_id = (struct fid){ 0, 0 };
+        g_lock_later = 0;
+    }
     for (size_t i = 0; i < R.n; i++)
         if (R.a[i].state != SLOT_FREE) {
             give_one(dump_name(name, sizeof name, R.a[i].fileno), &R.a[i].out_id, uid);

@@ -71,31 +71,12 @@ static void put_hex(char *d, char *e, uint64_t v)
     *d = 0;
 }
 
-/* dl_iterate_phdr's callback: the name of the object that holds scanner_path (mmleak.so).
- * (dladdr would tell it too, but searches the object's symbols for the nearest one: a tenth
- * of a millisecond at every exit.) */
-static int find_self(struct dl_phdr_info *info, size_t size, void *data)
-{
-    (void)size;
-    uintptr_t a = (uintptr_t)scanner_path;
-    for (int i = 0; i < info->dlpi_phnum; i++) {
-        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-        if (ph->p_type == PT_LOAD && a >= info->dlpi_addr + ph->p_vaddr &&
-            a < info->dlpi_addr + ph->p_vaddr + ph->p_memsz) {
-            *(const char **)data = info->dlpi_name;
-            return 1;
-        }
-    }
-    return 0;
-}
-
 /* The scanner beside mmleak.so: 0, or -1 (not found; BUF then holds the path looked at, or
  * "" when mmleak.so's own path is not known). */
 static int scanner_path(char *buf, size_t cap)
 {
-    const char *self = NULL;
+    const char *self = mml_object_name((const void *)scanner_path);
     buf[0] = 0;
-    mml_each_object(find_self, &self);
     if (!self || self[0] != '/')
         return -1;
     const char *slash = strrchr(self, '/');

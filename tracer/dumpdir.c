@@ -114,19 +114,9 @@ static uid_t files_owner(void)
     return g_give_uid != (uid_t)-1 ? g_give_uid : g_owner;
 }
 
-/* The thread's real, effective, saved and file system uids, from /proc (no setfsuid). */
-static int thread_uids(unsigned long u[4])
+/* The real, effective, saved and file system uids of the "Uid:" line of the status text B. */
+static int status_uids(const char *b, unsigned long u[4])
 {
-    int fd = g_procfd >= 0 ? openat(g_procfd, "thread-self/status", O_RDONLY | O_CLOEXEC)
-                           : open("/proc/thread-self/status", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    char b[2048];
-    ssize_t n = read(fd, b, sizeof b - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    b[n] = 0;
     char *p = strstr(b, "\nUid:");
     if (!p)
         return -1;
@@ -141,15 +131,31 @@ static int thread_uids(unsigned long u[4])
     return 0;
 }
 
+/* The thread's real, effective, saved and file system uids, from /proc (no setfsuid). */
+static int thread_uids(unsigned long u[4])
+{
+    int fd = g_procfd >= 0 ? openat(g_procfd, "thread-self/status", O_RDONLY | O_CLOEXEC)
+                           : open("/proc/thread-self/status", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    char b[2048];
+    ssize_t n = read(fd, b, sizeof b - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    b[n] = 0;
+    return status_uids(b, u);
+}
+
 /* Switch the file system uid to the owner's if the thread is another user now and may.  1 if
- * switched. */
-int fs_begin(struct fs_scope *f)
+ * switched.  STATUS: this thread's /proc status text, just read, or NULL (it is read). */
+int fs_begin_from(struct fs_scope *f, const char *status)
 {
     f->switched = 0;
     int e = errno;
     unsigned long u[4];
     uid_t want = files_owner();
-    if (thread_uids(u) == 0 && u[3] != want &&
+    if ((status ? status_uids(status, u) : thread_uids(u)) == 0 && u[3] != want &&
         (u[0] == want || u[1] == want || u[2] == want || u[1] == 0)) {
         f->old = (uid_t)u[3];
         setfsuid(want);
@@ -157,6 +163,11 @@ int fs_begin(struct fs_scope *f)
     }
     errno = e;
     return f->switched;
+}
+
+int fs_begin(struct fs_scope *f)
+{
+    return fs_begin_from(f, NULL);
 }
 
 void fs_end(struct fs_scope *f)

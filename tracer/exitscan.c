@@ -260,9 +260,12 @@ static COLD int scan_in_child(uintptr_t floor, int park)
      * kept as its saved uid) left our files root's: the child, which inherits the file
      * system uid, works on them as their owner, as we do (dumpdir.c) */
     struct fs_scope fsc;
-    fs_begin(&fsc);
-    int rc = mml_scan_here((int)mml_sys(SYS_gettid), floor, (int)atomic_load(&g_next_file),
-                           lv, park, scan_err, sizeof scan_err);
+    int tid = (int)mml_sys(SYS_gettid);
+    /* the process's first thread: its uids are in the /proc/self/status that under_seccomp
+     * just read (a /proc/thread-self/status fewer at an exit) */
+    fs_begin_from(&fsc, tid == (int)mml_sys(SYS_getpid) ? status_buf : NULL);
+    int rc = mml_scan_here(tid, floor, (int)atomic_load(&g_next_file), lv, park, scan_err,
+                           sizeof scan_err);
     fs_end(&fsc);
     /* a signal that came meanwhile is delivered now */
     mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);

@@ -397,6 +397,7 @@ extern atomic_int g_said_write;         /* the one message about failing writes 
  * for now (a seteuid) works on them, and put back (dumpdir.c) */
 struct fs_scope { uid_t old; int switched; };
 int fs_begin(struct fs_scope *f);
+int fs_begin_from(struct fs_scope *f, const char *status);
 void fs_end(struct fs_scope *f);
 char *file_name(char *buf, size_t len, const char *suffix);
 int dir_writable(void);

@@ -414,7 +414,10 @@ def test_a_start_up_and_its_exit_scan_make_no_file_they_need_not(bins, mm, dump,
     written into the .maps that reserved its id, not into a temporary file renamed over it
     (an inode, a rename and an unlink of a name that is not there, at every start); the scan
     looks the trace's owner up once (its .maps: it did three times, for the lock, the cut
-    and the result).  The trace and its verdict are as ever."""
+    and the result).  And ("Start-up and exit, the files a start makes"): in a directory of
+    its own no .loads nor .lock is made, and the scan's result is renamed to its name with
+    RENAME_NOREPLACE (it was linked, then its temporary name unlinked).  The trace and its
+    verdict are as ever."""
     if not shutil.which("strace"):
         pytest.skip("strace not installed (.ci/run installs it)")
     log = tmp_path / "strace.log"
@@ -424,9 +427,12 @@ def test_a_start_up_and_its_exit_scan_make_no_file_they_need_not(bins, mm, dump,
     (tid,) = mm.find_traces(str(dump))
     calls = [l for l in log.read_text().splitlines() if str(dump) in l]
     maps = "mmleak.%s.maps" % tid
-    assert not [l for l in calls if ".maps.tmp" in l or "rename" in l], calls
+    assert not [l for l in calls if ".maps" in l and "rename" in l], calls
     creates = [l for l in calls if "O_CREAT" in l and " = -1 " not in l]
     assert any("/%s\"" % maps in l for l in creates), creates
+    assert not [l for l in creates if l.split('"')[1].endswith((".loads", ".lock"))], creates
+    (renamed,) = [l for l in calls if "rename" in l or "link(" in l]
+    assert "RENAME_NOREPLACE" in renamed and ".scan.1\"" in renamed, renamed
     owner = [l for l in calls if "/%s\"" % maps in l and "stat" in l]
     assert len(owner) == 1, owner
     assert b"hostile" in (dump / maps).read_bytes()

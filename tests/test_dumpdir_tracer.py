@@ -646,6 +646,29 @@ def test_the_exit_scan_of_a_root_process_acting_as_another_user(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="changes its uid")
+def test_a_drop_of_root_for_good_makes_the_files_that_waited(tmp_path):
+    """In a directory of root's own (0755) the .loads and the .lock wait for a first need
+    (mmleak-format(5)); a drop of root for good is one: the new user could not make them
+    there, so mmleak.so makes them as root at the handover and gives them away with the
+    others."""
+    exe = uid_drop(tmp_path)
+    d = pathlib.Path(tempfile.mkdtemp(prefix="mmleak-root755.", dir="/tmp"))
+    try:
+        os.chmod(str(d), 0o755)
+        r = subprocess.run([exe, "p", str(NOBODY)], capture_output=True, timeout=60,
+                           env=dict(os.environ, LD_PRELOAD=lib_for_others(), MMLEAK_DIR=str(d)))
+        assert r.returncode == 0, r.stderr
+        names = sorted(os.listdir(str(d)))
+        held = [n for n in names if n.endswith((".loads", ".lock"))]
+        assert [n.split(".", 2)[2] for n in held] == ["loads", "lock"], names
+        for n in held:
+            st = os.lstat(str(d / n))
+            assert (st.st_uid, st.st_size, st.st_mode & 0o777) == (NOBODY, 0, 0o600), n
+    finally:
+        shutil.rmtree(str(d))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changes its uid")
 def test_a_child_forked_while_acting_as_another_user_is_traced(tmp_path):
     """proftpd's master acts as nobody (seteuid, root kept) and forks a child per session:
     the child's trace took nobody as its owner, who may not create files in a directory of

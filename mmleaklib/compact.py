@@ -220,9 +220,9 @@ class _DirLock:
 
     def _mark(self):
         """Before a pass's first change, the lock file gets a byte: a scan that finds it
-        empty (mmleak.so makes it with the trace's id) knows no pass ever changed the
-        trace's files, and opens them by name (tools/scan_cut.c, take_lock).  Unmarked, no
-        change is made (Fail)."""
+        empty (mmleak.so makes it with the trace's id, or a compactor did) knows no pass
+        ever changed the trace's files, and opens them by name (tools/scan_cut.c,
+        take_lock).  Unmarked, no change is made (Fail)."""
         try:
             if os.fstat(self.fd).st_size == 0:
                 os.pwrite(self.fd, b"c", 0)

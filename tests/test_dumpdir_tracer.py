@@ -14,6 +14,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -413,7 +414,10 @@ def test_a_start_up_and_its_exit_scan_make_no_file_they_need_not(bins, mm, dump,
     written into the .maps that reserved its id, not into a temporary file renamed over it
     (an inode, a rename and an unlink of a name that is not there, at every start); the scan
     looks the trace's owner up once (its .maps: it did three times, for the lock, the cut
-    and the result).  The trace and its verdict are as ever."""
+    and the result).  And ("Start-up and exit, the files a start makes"): in a directory of
+    its own no .loads nor .lock is made, and the scan's result is renamed to its name with
+    RENAME_NOREPLACE (it was linked, then its temporary name unlinked).  The trace and its
+    verdict are as ever."""
     if not shutil.which("strace"):
         pytest.skip("strace not installed (.ci/run installs it)")
     log = tmp_path / "strace.log"
@@ -423,9 +427,12 @@ def test_a_start_up_and_its_exit_scan_make_no_file_they_need_not(bins, mm, dump,
     (tid,) = mm.find_traces(str(dump))
     calls = [l for l in log.read_text().splitlines() if str(dump) in l]
     maps = "mmleak.%s.maps" % tid
-    assert not [l for l in calls if ".maps.tmp" in l or "rename" in l], calls
+    assert not [l for l in calls if ".maps" in l and "rename" in l], calls
     creates = [l for l in calls if "O_CREAT" in l and " = -1 " not in l]
     assert any("/%s\"" % maps in l for l in creates), creates
+    assert not [l for l in creates if l.split('"')[1].endswith((".loads", ".lock"))], creates
+    (renamed,) = [l for l in calls if "rename" in l or "link(" in l]
+    assert "RENAME_NOREPLACE" in renamed and ".scan.1\"" in renamed, renamed
     owner = [l for l in calls if "/%s\"" % maps in l and "stat" in l]
     assert len(owner) == 1, owner
     assert b"hostile" in (dump / maps).read_bytes()
@@ -439,21 +446,30 @@ def test_a_new_staging_file_is_not_cleared_page_by_page(dump, tmp_path):
     """A thread's new staging file is fallocated, so zeros: its first half (32 KiB) is no
     longer cleared before the first lines go in, which wrote (and faulted in) all 8 of its
     pages; now the pages its lines reach are the only ones mapped (smaps' Rss of the .tail:
-    4 kB for a few lines, 32 kB before)."""
+    4 kB for a few lines, 32 kB before).  Nor read ahead: the first of those faults put the
+    whole 64 KiB file in the page cache, 16 pages allocated and zeroed (mincore: 16 pages
+    of the mapping resident before MADV_RANDOM, 1 now)."""
     src = tmp_path / "tailrss.c"
     src.write_text(
         "#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n"
+        "#include <sys/mman.h>\n"
         "int main(void) {\n"
         "    void *volatile p = malloc(100);\n"
         "    FILE *f = fopen(\"/proc/self/smaps\", \"r\");\n"
         "    char line[512], perm[8];\n"
+        "    unsigned long lo, hi, cached = 0;\n"
+        "    unsigned char vec[64];\n"
         "    int in = 0;\n"
         "    while (f && fgets(line, sizeof line, f)) {\n"
-        "        if (sscanf(line, \"%*x-%*x %7s\", perm) == 1)\n"
+        "        if (sscanf(line, \"%lx-%lx %7s\", &lo, &hi, perm) == 3) {\n"
         "            in = strstr(line, \".tail\\n\") != NULL;\n"
-        "        else if (in && !strncmp(line, \"Rss:\", 4))\n"
+        "            if (in && hi - lo <= sizeof vec * 4096 && !mincore((void *)lo, hi - lo, vec))\n"
+        "                for (unsigned long i = 0; i < (hi - lo) / 4096; i++)\n"
+        "                    cached += vec[i] & 1;\n"
+        "        } else if (in && !strncmp(line, \"Rss:\", 4))\n"
         "            printf(\"tail %ld\\n\", atol(line + 4));\n"
         "    }\n"
+        "    printf(\"cached %lu\\n\", cached);\n"
         "    free(p);\n"
         "    return 0;\n}\n")
     exe = str(tmp_path / "tailrss")
@@ -461,7 +477,56 @@ def test_a_new_staging_file_is_not_cleared_page_by_page(dump, tmp_path):
     r = subprocess.run([exe], capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(dump)))
     assert r.returncode == 0, r.stderr
-    assert r.stdout == "tail 4\n", r.stdout
+    assert r.stdout == "tail 4\ncached 1\n", r.stdout
+
+
+@pytest.mark.parametrize("mode", [0o700, 0o1777])
+def test_the_files_that_only_hold_names_wait_in_a_directory_of_ones_own(tmp_path, mode):
+    """The .loads and the .lock are made empty at a start so that nobody else's file can
+    stand at their names when they are needed.  In a directory only its owner can write
+    (0700, 0755: ours, no write bit for group or others), nobody else can: there they wait
+    for their first need (mmleak-performance-heap(7), "Start-up and exit, the files a start
+    makes": two inodes made and one removed at every start), the log of loads for its first
+    line, the lock for the first compactor.  In a directory others write to (1777), they are
+    made at the start, as ever.  A name already taken in one's own directory (an older
+    trace's file) still takes the id."""
+    d = tmp_path / "d"
+    d.mkdir()
+    os.chmod(str(d), mode)
+    own = mode == 0o700
+    if own:
+        (d / "mmleak.99999999.loads").write_text("")     # not a pid: the stale-name check
+    code = ("import ctypes, _ctypes, sys\n"
+            "sys.stdin.readline()\n"
+            "lib = ctypes.CDLL('libbz2.so.1.0')\n"
+            "_ctypes.dlclose(lib._handle)\n"
+            "print('unloaded', flush=True)\n"
+            "sys.stdin.readline()\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE,
+                         env=dict(os.environ, LD_PRELOAD=LIB, MMLEAK_DIR=str(d)))
+    try:
+        def mine():
+            return sorted(n.split(".", 2)[2] for n in os.listdir(str(d))
+                          if n.startswith("mmleak.%d." % p.pid))
+        p.stdin.write(b"\n")
+        p.stdin.flush()
+        assert p.stdout.readline() == b"unloaded\n"
+        names = mine()
+        # (the dump files of the start: python's threads make none before the first line)
+        assert [n for n in names if not n.endswith((".out", ".tail"))] == (
+            ["loads", "maps"] if own else ["loads", "lock", "maps"]), names
+        p.stdin.write(b"\n")
+        p.stdin.close()
+        assert p.wait(timeout=60) == 0
+    finally:
+        p.kill()
+        p.wait()
+    loads = (d / ("mmleak.%d.loads" % p.pid)).read_text().splitlines()
+    assert [l for l in loads if l.startswith("-") and "/libbz2.so" in l], loads
+    names = mine()
+    assert [n for n in names if not n.startswith(("0.", "1.", "2.", "3."))] == (
+        ["loads", "maps", "scan.1"] if own else ["loads", "lock", "maps", "scan.1"]), names
 
 
 def test_a_child_forked_with_one_descriptor_left_is_traced(dump, tmp_path):
@@ -588,11 +653,36 @@ def test_the_exit_scan_of_a_root_process_acting_as_another_user(tmp_path):
     mmleak.so's own file operations do."""
     d = run_uid_drop_as_root(tmp_path, "e")
     names = sorted(os.listdir(str(d)))
-    assert [n.split(".", 2)[2] for n in names] == ["0.out", "lock", "maps", "scan.1"], names
+    # (no lock: in a directory of root's own it waits for the first compactor, and the scan
+    # takes a trace without one for a trace no pass ever changed)
+    assert [n.split(".", 2)[2] for n in names] == ["0.out", "maps", "scan.1"], names
     assert {os.lstat(str(d / n)).st_uid for n in names} == {0}
     rep = subprocess.run([MMLEAK, "report", str(d), "--no-html"], capture_output=True,
                          text=True, timeout=60)
     assert "still reachable:       600 bytes in 3 blocks" in rep.stdout, rep.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changes its uid")
+def test_a_drop_of_root_for_good_makes_the_files_that_waited(tmp_path):
+    """In a directory of root's own (0755) the .loads and the .lock wait for a first need
+    (mmleak-format(5)); a drop of root for good is one: the new user could not make them
+    there, so mmleak.so makes them as root at the handover and gives them away with the
+    others."""
+    exe = uid_drop(tmp_path)
+    d = pathlib.Path(tempfile.mkdtemp(prefix="mmleak-root755.", dir="/tmp"))
+    try:
+        os.chmod(str(d), 0o755)
+        r = subprocess.run([exe, "p", str(NOBODY)], capture_output=True, timeout=60,
+                           env=dict(os.environ, LD_PRELOAD=lib_for_others(), MMLEAK_DIR=str(d)))
+        assert r.returncode == 0, r.stderr
+        names = sorted(os.listdir(str(d)))
+        held = [n for n in names if n.endswith((".loads", ".lock"))]
+        assert [n.split(".", 2)[2] for n in held] == ["loads", "lock"], names
+        for n in held:
+            st = os.lstat(str(d / n))
+            assert (st.st_uid, st.st_size, st.st_mode & 0o777) == (NOBODY, 0, 0o600), n
+    finally:
+        shutil.rmtree(str(d))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="changes its uid")

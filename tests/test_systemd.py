@@ -155,10 +155,10 @@ def wait_compacted(box, ddir, pid, others=(), companion=COMPANION, timeout=30):
 def live_set(pid, k=None):
     """The files of a compacted trace of PID: of a finished one, or of one whose process
     still writes its file K (and the blocks of the series' last point, .series.live, and the
-    first fold's per-site sums for the last point, .series.base, both deleted at the end).  The
-    log of loads is made with the trace id (empty: leaky_daemon unloads nothing) and, the
-    daemon ending by SIGTERM, stays."""
-    out = {"mmleak.%d.%s" % (pid, x) for x in ("compact", "maps", "loads", "series", "lock")}
+    first fold's per-site sums for the last point, .series.base, both deleted at the end).  No
+    log of loads: in the service's own directory it waits for its first line (leaky_daemon
+    unloads nothing); the lock is the compactor's."""
+    out = {"mmleak.%d.%s" % (pid, x) for x in ("compact", "maps", "series", "lock")}
     if k is not None:
         out |= {"mmleak.%d.%d.out" % (pid, k), "mmleak.%d.%d.tail" % (pid, k),
                 "mmleak.%d.series.live" % pid, "mmleak.%d.series.base" % pid}
@@ -670,9 +670,9 @@ def test_attach_to_a_running_service_and_detach(box, attach_daemon, lib):
         # the daemon writes its own files, as its user, in its view of DIR
         files = {n: v for n, v in dump_files(box, ATT_DIR).items() if n.startswith(
             "mmleak.%s." % tid)}
+        # (no .loads nor .lock: in the daemon's own directory they wait for a first need)
         assert set(files) == {"mmleak.%s.0.out" % tid, "mmleak.%s.0.tail" % tid,
-                              "mmleak.%s.maps" % tid, "mmleak.%s.loads" % tid,
-                              "mmleak.%s.lock" % tid}, files
+                              "mmleak.%s.maps" % tid}, files
         assert {(u, g, m) for u, g, m, _ in files.values()} == {(uid, gid, 0o600)}
 
         r = box.run([PY, MMLEAK_, "detach", str(pid)])
@@ -685,8 +685,7 @@ def test_attach_to_a_running_service_and_detach(box, attach_daemon, lib):
         assert procs == ["%d (main): paused" % pid, other], out
         files = {n: v for n, v in dump_files(box, ATT_DIR).items() if n.startswith(
             "mmleak.%s." % tid)}
-        assert set(files) == {"mmleak.%s.0.out" % tid, "mmleak.%s.maps" % tid,
-                              "mmleak.%s.lock" % tid}, files
+        assert set(files) == {"mmleak.%s.0.out" % tid, "mmleak.%s.maps" % tid}, files
         assert {(u, g, m) for u, g, m, _ in files.values()} == {(uid, gid, 0o600)}
         window_report(box, ATT_DIR, tid, pid)
 
@@ -697,11 +696,11 @@ def test_attach_to_a_running_service_and_detach(box, attach_daemon, lib):
     assert after == before
     assert set(os.listdir(box.path(ATT_DIR))) == {
         "mmleak.%s.%s" % (t, x) for t in (str(pid), "%d-1" % pid)
-        for x in ("0.out", "maps", "lock")}
+        for x in ("0.out", "maps")}
     leak_in_window(box, pid, 3 * K)     # untraced now: nothing more is written
     assert set(os.listdir(box.path(ATT_DIR))) == {
         "mmleak.%s.%s" % (t, x) for t in (str(pid), "%d-1" % pid)
-        for x in ("0.out", "maps", "lock")}
+        for x in ("0.out", "maps")}
 
 
 def test_install_paused_then_attach(box, attach_daemon, lib):
@@ -880,10 +879,12 @@ def test_root_companion_compacts_a_handed_over_trace_as_its_owner(box, daemon, l
 
         # what is left: the two traces, compacted, every file mmleakd's; setpriv's .loads,
         # made as root and handed over by mmleak.so (fchown of the uid only), keeps root's
-        # group: the trace was root's
+        # group: the trace was root's.  mmleakd's own trace, in mmleakd's own directory, has
+        # none (it waits for a first line there)
         files = dump_files(box, PRIV_DIR)
         assert set(files) == {"mmleak.%s.%s" % (t, x) for t in (str(pid), tid)
-                              for x in ("compact", "maps", "loads", "series", "lock")}, files
+                              for x in ("compact", "maps", "series", "lock")} | {
+                                  "mmleak.%d.loads" % pid}, files
         for n, (u, g, m, _) in files.items():
             # (the root trace's .loads and .lock, made with it, handed over as they are)
             assert (n, u, g, m) == (n, uid, 0 if n in ("mmleak.%d.loads" % pid,

@@ -209,7 +209,8 @@ int lock_exists(struct scan *s)
  * leave it.  The pass's own lock (the flock) is not waited for: the files are held open, and
  * a pass goes on meanwhile.  No lock file: no compactor ever ran (*NOLOCK; take_cut looks
  * again after the cut).  An empty one (mmleak.so makes it with the trace's id, so that no
- * other user's file can stand at its name; a compactor makes it empty too): no pass ever
+ * other user's file can stand at its name, where others can write; a compactor makes it
+ * empty too): no pass ever
  * changed the trace's files, since a pass marks it (one byte) under the directory lock
  * before its first change, and none can while we hold it (*NOLOCK too). */
 int take_lock(struct scan *s)

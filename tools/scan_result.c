@@ -259,8 +259,22 @@ int scan_write_result(struct scan *s, char *out, size_t outlen)
         errno = e;
         return -1;
     }
+    /* renamed to the first free name: RENAME_NOREPLACE, one system call and one change of
+     * the directory where link and unlink made two; link where the file system has no
+     * such rename (EINVAL) */
+    static int no_noreplace;
     for (int k = 0; k < SCAN_NAME_TRIES; k++) {
         snprintf(out, outlen, "%s/mmleak.%s.scan.%" PRIu64, s->dir, s->id, scan_name_number(k));
+        if (!no_noreplace) {
+            if (!renameat2(AT_FDCWD, tmpname, AT_FDCWD, out, RENAME_NOREPLACE))
+                return 0;
+            if (errno == EINVAL || errno == ENOSYS)
+                no_noreplace = 1;
+            else if (errno != EEXIST)
+                break;
+            else
+                continue;
+        }
         if (!link(tmpname, out)) {
             unlink(tmpname);
             return 0;

@@ -192,7 +192,7 @@ EXPORT int mmleak_attach(const char *args)
     }
     if (first) {
         read_cmdline();
-        tracer_setup();
+        tracer_setup(NULL);
     }
     g_trace_gen++;
     g_cycle++;

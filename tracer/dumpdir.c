@@ -114,19 +114,9 @@ static uid_t files_owner(void)
     return g_give_uid != (uid_t)-1 ? g_give_uid : g_owner;
 }
 
-/* The thread's real, effective, saved and file system uids, from /proc (no setfsuid). */
-static int thread_uids(unsigned long u[4])
+/* The real, effective, saved and file system uids of the "Uid:" line of the status text B. */
+static int status_uids(const char *b, unsigned long u[4])
 {
-    int fd = g_procfd >= 0 ? openat(g_procfd, "thread-self/status", O_RDONLY | O_CLOEXEC)
-                           : open("/proc/thread-self/status", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    char b[2048];
-    ssize_t n = read(fd, b, sizeof b - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    b[n] = 0;
     char *p = strstr(b, "\nUid:");
     if (!p)
         return -1;
@@ -141,15 +131,31 @@ static int thread_uids(unsigned long u[4])
     return 0;
 }
 
+/* The thread's real, effective, saved and file system uids, from /proc (no setfsuid). */
+static int thread_uids(unsigned long u[4])
+{
+    int fd = g_procfd >= 0 ? openat(g_procfd, "thread-self/status", O_RDONLY | O_CLOEXEC)
+                           : open("/proc/thread-self/status", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    char b[2048];
+    ssize_t n = read(fd, b, sizeof b - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    b[n] = 0;
+    return status_uids(b, u);
+}
+
 /* Switch the file system uid to the owner's if the thread is another user now and may.  1 if
- * switched. */
-int fs_begin(struct fs_scope *f)
+ * switched.  STATUS: this thread's /proc status text, just read, or NULL (it is read). */
+int fs_begin_from(struct fs_scope *f, const char *status)
 {
     f->switched = 0;
     int e = errno;
     unsigned long u[4];
     uid_t want = files_owner();
-    if (thread_uids(u) == 0 && u[3] != want &&
+    if ((status ? status_uids(status, u) : thread_uids(u)) == 0 && u[3] != want &&
         (u[0] == want || u[1] == want || u[2] == want || u[1] == 0)) {
         f->old = (uid_t)u[3];
         setfsuid(want);
@@ -157,6 +163,11 @@ int fs_begin(struct fs_scope *f)
     }
     errno = e;
     return f->switched;
+}
+
+int fs_begin(struct fs_scope *f)
+{
+    return fs_begin_from(f, NULL);
 }
 
 void fs_end(struct fs_scope *f)
@@ -183,7 +194,7 @@ void fs_end(struct fs_scope *f)
  * usual case before any chroot).  The paths are built in buffers of their own length, not
  * PATH_MAX: these are the deepest frames of a thread's first event and of a rotation, and a
  * thread may have little stack left there (it had 10 KB of buffers). */
-enum { D_OPEN, D_UNLINK, D_RENAME };
+enum { D_OPEN, D_UNLINK, D_RENAME, D_STAT };
 static COLD int d_by_path(int op, const char *name, const char *to, int flags, mode_t mode)
 {
     size_t dl = my_strlen(cfg.dir) + 2;     /* cfg.dir is shorter than PATH_MAX */
@@ -202,6 +213,11 @@ static COLD int d_by_path(int op, const char *name, const char *to, int flags, m
         AS_OWNER(rc, renameat(AT_FDCWD, pa, AT_FDCWD, pb));
         break;
     }
+    case D_STAT: {
+        struct stat st;
+        AS_OWNER(rc, fstatat(AT_FDCWD, pa, &st, AT_SYMLINK_NOFOLLOW));
+        break;
+    }
     }
     return rc;
 }
@@ -215,6 +231,37 @@ int d_open(const char *name, int flags, mode_t mode)
         return d_by_path(D_OPEN, name, NULL, flags, mode);
     AS_OWNER(rc, openat(dfd, name, flags, mode));
     return rc;
+}
+
+/* Whether anything stands at NAME (a file, a link, a FIFO: any would refuse our O_EXCL
+ * create): 0 only when the name is surely free (ENOENT). */
+int d_taken(const char *name)
+{
+    int dfd = dir_fd(), rc;
+    struct stat st;
+    if (dfd == -1)
+        return 1;
+    if (dfd == AT_FDCWD)
+        rc = d_by_path(D_STAT, name, NULL, 0, 0);
+    else
+        AS_OWNER(rc, fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW));
+    return rc == 0 || errno != ENOENT;
+}
+
+/* Whether the dump directory is one nobody but our files' owner (and root) can write to:
+ * the owner's, with no write bit for its group or others (an ACL that lets anyone else
+ * write shows in the group's bits, its mask).  There nobody else can put a file at one of
+ * our names, so the files made only to hold a name (the log of loads, the lock) can wait
+ * for their first need (reserve_id).  0 when unsure. */
+int dir_private(void)
+{
+    int dfd = dir_fd();
+    struct stat st;
+    if (dfd == -1)
+        return 0;
+    int rc = dfd == AT_FDCWD ? stat(cfg.dir, &st) : fstat(dfd, &st);
+    return rc == 0 && S_ISDIR(st.st_mode) && st.st_uid == g_owner && geteuid() == g_owner &&
+           !(st.st_mode & 022);
 }
 
 int d_unlink(const char *name)
@@ -391,6 +438,22 @@ COLD void give_files_to(uid_t r, uid_t e, uid_t s, int re)
      * creates from now on is handed over at once (create_locked), none slips between. */
     pthread_mutex_lock(&g_lock);
     g_give_uid = uid;
+    /* the files that were to wait for a first need (reserve_id): the new user may not be
+     * able to make them, so they are made now, and handed over by create_locked */
+    if (g_loads_later) {
+        int fd = create_locked(file_name(name, sizeof name, ".loads"), &g_loads_id);
+        if (fd >= 0)
+            close(fd);
+        g_loads_later = 0;
+    }
+    if (g_lock_later) {
+        int fd = create_locked(file_name(name, sizeof name, ".lock"), &g_lock_id);
+        if (fd >= 0)
+            close(fd);
+        else
+            g_lock_id = (struct fid){ 0, 0 };
+        g_lock_later = 0;
+    }
     for (size_t i = 0; i < R.n; i++)
         if (R.a[i].state == SLOT_OPEN || R.a[i].state == SLOT_PARKED) {
             give_one(dump_name(name, sizeof name, R.a[i].fileno), &R.a[i].out_id, uid);

@@ -71,31 +71,12 @@ static void put_hex(char *d, char *e, uint64_t v)
     *d = 0;
 }
 
-/* dl_iterate_phdr's callback: the name of the object that holds scanner_path (mmleak.so).
- * (dladdr would tell it too, but searches the object's symbols for the nearest one: a tenth
- * of a millisecond at every exit.) */
-static int find_self(struct dl_phdr_info *info, size_t size, void *data)
-{
-    (void)size;
-    uintptr_t a = (uintptr_t)scanner_path;
-    for (int i = 0; i < info->dlpi_phnum; i++) {
-        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-        if (ph->p_type == PT_LOAD && a >= info->dlpi_addr + ph->p_vaddr &&
-            a < info->dlpi_addr + ph->p_vaddr + ph->p_memsz) {
-            *(const char **)data = info->dlpi_name;
-            return 1;
-        }
-    }
-    return 0;
-}
-
 /* The scanner beside mmleak.so: 0, or -1 (not found; BUF then holds the path looked at, or
  * "" when mmleak.so's own path is not known). */
 static int scanner_path(char *buf, size_t cap)
 {
-    const char *self = NULL;
+    const char *self = mml_object_name((const void *)scanner_path);
     buf[0] = 0;
-    mml_each_object(find_self, &self);
     if (!self || self[0] != '/')
         return -1;
     const char *slash = strrchr(self, '/');
@@ -279,9 +260,12 @@ static COLD int scan_in_child(uintptr_t floor, int park)
      * kept as its saved uid) left our files root's: the child, which inherits the file
      * system uid, works on them as their owner, as we do (dumpdir.c) */
     struct fs_scope fsc;
-    fs_begin(&fsc);
-    int rc = mml_scan_here((int)mml_sys(SYS_gettid), floor, (int)atomic_load(&g_next_file),
-                           lv, park, scan_err, sizeof scan_err);
+    int tid = (int)mml_sys(SYS_gettid);
+    /* the process's first thread: its uids are in the /proc/self/status that under_seccomp
+     * just read (a /proc/thread-self/status fewer at an exit) */
+    fs_begin_from(&fsc, tid == (int)mml_sys(SYS_getpid) ? status_buf : NULL);
+    int rc = mml_scan_here(tid, floor, (int)atomic_load(&g_next_file), lv, park, scan_err,
+                           sizeof scan_err);
     fs_end(&fsc);
     /* a signal that came meanwhile is delivered now */
     mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);

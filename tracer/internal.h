@@ -335,7 +335,7 @@ extern struct tstate *volatile g_probe_t;
 extern volatile int g_probe_hit;
 
 COLD void global_init(void);
-void tracer_setup(void);
+void tracer_setup(const char *alloc);
 void process_start(const unsigned long long *loaded);
 void arm_hot(void);
 void set_status(void);
@@ -398,11 +398,14 @@ extern atomic_int g_said_write;         /* the one message about failing writes 
  * for now (a seteuid) works on them, and put back (dumpdir.c) */
 struct fs_scope { uid_t old; int switched; };
 int fs_begin(struct fs_scope *f);
+int fs_begin_from(struct fs_scope *f, const char *status);
 void fs_end(struct fs_scope *f);
 char *file_name(char *buf, size_t len, const char *suffix);
 int dir_writable(void);
 int d_open(const char *name, int flags, mode_t mode);
 int d_unlink(const char *name);
+int d_taken(const char *name);
+int dir_private(void);
 int d_rename(const char *from, const char *to);
 int create_locked(const char *name, struct fid *id);
 int open_again(const char *name, int flags, const struct fid *want);
@@ -418,11 +421,13 @@ extern int g_loads_on;  /* from the first dlclose on: before it, no range had tw
 extern struct fid g_loads_id, g_maps_id;    /* made by reserve_id (.maps: its last version) */
 extern struct fid g_lock_id;                /* made by reserve_id, or {0, 0} */
 extern int g_loads_used;                     /* a line was written to it */
+extern int g_loads_later, g_lock_later;      /* not made yet (reserve_id: a directory of ours) */
 extern unsigned long long g_got_adds;   /* loader's count of loads when slots were last set */
 int phdr_counts(struct dl_phdr_info *info, size_t size, void *data);
 extern int g_loader_stuck;  /* a child forked while the loader's write lock was held */
 /* dl_iterate_phdr, also in such a child (without the lock: nothing can change the list) */
 COLD int mml_each_object(int (*cb)(struct dl_phdr_info *, size_t, void *), void *data);
+COLD const char *mml_object_name(const void *a);
 /* fork_child: was the loader's write lock held at the fork? */
 void loader_after_fork(int parent_had_threads);
 /* A new trace: every mapping goes into its log of loads again; then a snapshot, written

@@ -79,6 +79,13 @@ static int reserve_id(int *maps_fd)
     char name[64];
     int err = 0;
     uint64_t k = 0;
+    /* In a directory nobody else can write to, no file of anybody else's can stand at a
+     * name of ours: the log of loads and the lock wait for their first need (the first
+     * dlclose, the first compactor, a daemon's handover of its files before it drops root);
+     * a name already taken (by an older trace's file) still takes the id.  Each file made
+     * is an inode allocated, on some file systems (ext4 without a journal skips every inode
+     * freed in the last minute) the dearest system call of a start. */
+    int later = dir_private();
     for (int tries = 0; tries < TAKEN_RUN + 256; tries++) {
         if (tries < TAKEN_RUN) {
             k = (uint64_t)tries;
@@ -98,6 +105,20 @@ static int reserve_id(int *maps_fd)
             cat_u(d, e, (unsigned long)k);
         }
         int mfd = create_locked(file_name(name, sizeof name, ".maps"), &g_maps_id), fd = mfd;
+        if (mfd >= 0 && later) {
+            if (d_taken(file_name(name, sizeof name, ".loads")) ||
+                d_taken(file_name(name, sizeof name, ".lock"))) {
+                close(mfd);
+                d_unlink(file_name(name, sizeof name, ".maps"));
+                err = EEXIST;
+                continue;
+            }
+            g_loads_id = g_lock_id = (struct fid){ 0, 0 };
+            g_loads_used = 0;
+            g_loads_later = g_lock_later = 1;
+            *maps_fd = mfd;
+            return 0;
+        }
         if (mfd >= 0) {
             fd = create_locked(file_name(name, sizeof name, ".loads"), &g_loads_id);
             if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
@@ -137,6 +158,7 @@ static int reserve_id(int *maps_fd)
             else
                 g_lock_id = (struct fid){ 0, 0 };
             g_loads_used = 0;
+            g_loads_later = g_lock_later = 0;
             *maps_fd = mfd;     /* the first snapshot is written through it */
             return 0;
         }
@@ -278,14 +300,18 @@ static int g_once_done;
 
 /* What the tracer needs once in a process, before its first trace (preloaded: at the first
  * allocation; loaded into a running process: at the first attach): the allocator's name for
- * the headers, the key whose destructor sees threads end, the fork handlers, the real
- * functions of the hooks.  Under g_lock. */
-void tracer_setup(void)
+ * the headers (ALLOC, the loader's name of the object that holds it, looked up by the
+ * caller before g_lock, or NULL or "": dladdr's, which names the program too), the key
+ * whose destructor sees threads end, the fork handlers, the real functions of the hooks.
+ * Under g_lock. */
+void tracer_setup(const char *alloc)
 {
     Dl_info di;
-    if (dladdr((void *)real.malloc, &di) && di.dli_fname)
-        escape_into(g_alloc, g_alloc + sizeof g_alloc, (const unsigned char *)di.dli_fname,
-                    my_strlen(di.dli_fname), 0);
+    if (!(alloc && alloc[0]) && dladdr((void *)real.malloc, &di))
+        alloc = di.dli_fname;
+    if (alloc)
+        escape_into(g_alloc, g_alloc + sizeof g_alloc, (const unsigned char *)alloc,
+                    my_strlen(alloc), 0);
     if (!pthread_key_create(&g_key, thread_exit))
         g_key_ok = 1;
     pthread_atfork(fork_prepare, fork_parent, fork_child);
@@ -298,6 +324,8 @@ COLD void global_init(void)
         resolve();
     unsigned long long loaded[2] = { 0, 0 };
     mml_each_object(phdr_counts, loaded);
+    /* (the loader's lock is not taken under ours) */
+    const char *alloc = mml_object_name((const void *)real.malloc);
     pthread_mutex_lock(&g_lock);
     if (!g_once_done) {
         g_once_done = 1;
@@ -323,7 +351,7 @@ COLD void global_init(void)
         } else if (bad) {
             g_state = -1;
         } else {
-            tracer_setup();
+            tracer_setup(alloc);
             if (cfg.paused) {
                 g_state = 2;    /* preloaded, paused: until mmleak.py attach */
                 set_status();

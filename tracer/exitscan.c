@@ -463,10 +463,10 @@ static int is_libstdcxx(struct dl_phdr_info *info, size_t size, void *data)
     return slash && strncmp(slash + 1, "libstdc++.so", 12) == 0;
 }
 
-/* From mmleak.so's constructor (the program's libstdc++, a needed object, is loaded and
- * relocated by then): only when a libstdc++ is loaded, so that a C program's dlerror() is not
- * left our failed lookup's text.  A libstdc++ loaded later (dlopen) is looked up at exit()
- * only, as before. */
+/* From the preloaded mmleak.so's constructor (the program's libstdc++, a needed object, is
+ * loaded and relocated by then): only when a libstdc++ is loaded, so that a C program's
+ * dlerror() is not left our failed lookup's text.  A libstdc++ loaded later (dlopen), or an
+ * attached trace's, is looked up at exit() only. */
 COLD void freeres_lookup(void)
 {
     if (!mml_each_object(is_libstdcxx, NULL))

@@ -431,6 +431,50 @@ static int one_thread(void)
     return p && p[0] == '1' && p[1] == '\n';
 }
 
+/* __gnu_cxx::__freeres, libstdc++'s: it frees the emergency exception pool (71 KiB), which
+ * valgrind frees at every exit, _exit included (proftpd's master and its session children end
+ * by _exit: the pool was still reachable for mmleak alone).  At _exit it is looked up before
+ * (freeres_lookup): a signal handler's _exit may not call dlsym (a symbol not found allocates
+ * its error text, and the loader's lock may be held by the code it interrupted). */
+#define FREERES "_ZN9__gnu_cxx9__freeresEv"
+static void (*g_freeres)(void);
+
+static int is_libstdcxx(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    (void)data;
+    const char *slash = info->dlpi_name ? strrchr(info->dlpi_name, '/') : NULL;
+    return slash && strncmp(slash + 1, "libstdc++.so", 12) == 0;
+}
+
+/* From the preloaded mmleak.so's constructor (the program's libstdc++, a needed object, is
+ * loaded and relocated by then): only when a libstdc++ is loaded, so that a C program's
+ * dlerror() is not left our failed lookup's text.  A libstdc++ loaded later (dlopen), or an
+ * attached trace's, is looked up at exit() only. */
+COLD void freeres_lookup(void)
+{
+    if (!mml_each_object(is_libstdcxx, NULL))
+        return;
+    T.guard = T.guard + 1 + GUARD_FREES;    /* as in scan_at_exit, below */
+    g_freeres = (void (*)(void))dlsym(RTLD_DEFAULT, FREERES);
+    T.guard = T.guard - 1 - GUARD_FREES;
+}
+
+static void keep_block(void *p) { (void)p; }
+
+/* At _exit the calling thread may be inside the allocator (a signal handler's _exit), holding
+ * the arena's lock a free would wait on for ever: the frees of __freeres are recorded (our
+ * free's note) but not made, the memory goes with the process a moment later.  real.free is
+ * every thread's: another thread's free within these few instructions is kept too, which is
+ * harmless as the process ends. */
+static void freeres_keeping_memory(void)
+{
+    void (*made)(void *) = __atomic_load_n(&real.free, __ATOMIC_RELAXED);
+    __atomic_store_n(&real.free, keep_block, __ATOMIC_RELAXED);
+    g_freeres();
+    __atomic_store_n(&real.free, made, __ATOMIC_RELAXED);
+}
+
 COLD void scan_at_exit(uintptr_t floor, int by__exit)
 {
     if (!cfg.scan || under_seccomp())
@@ -439,19 +483,22 @@ COLD void scan_at_exit(uintptr_t floor, int by__exit)
     /* BY__EXIT: from _exit, which is async-signal-safe: a handler may call it while this very
      * thread is inside glibc's malloc or free (its arena locked: our free passes the call on
      * unguarded).  So nothing here may allocate or free then: no dlsym (a symbol not found
-     * allocates its error text) and no __freeres (it frees); neither is wanted anyway, as no
-     * destructor runs at _exit.  What follows allocates nothing: the scanner is started by
+     * allocates its error text), and __freeres, looked up before, frees nothing for real
+     * (freeres_keeping_memory).  What follows allocates nothing: the scanner is started by
      * vfork, the lone thread's scan has an allocator of its own (scanhere.c). */
-    if (by__exit)
+    if (by__exit) {
+        if (g_freeres)
+            freeres_keeping_memory();
         goto scan;
-    /* libstdc++'s one-time memory (GCC 14+ has __gnu_cxx::__freeres; an older one has none).
+    }
+    /* libstdc++'s one-time memory (__gnu_cxx::__freeres, when it has one: CXXABI_1.3.10).
      * dlsym under our guard: a symbol not found makes it allocate its error text, which is
      * glibc's, not the program's, and must not be recorded; the frees of __freeres must.
      * And so must dlsym's own: every dl call first frees the text of the program's last
      * failed one, kept for dlerror() (haproxy's dlsym of "mallctl"), which would otherwise
      * stay in the trace, a block the scan then calls definitely lost (GUARD_FREES). */
     T.guard = T.guard + 1 + GUARD_FREES;
-    void (*freeres)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "_ZN9__gnu_cxx9__freeresEv");
+    void (*freeres)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, FREERES);
     T.guard = T.guard - 1 - GUARD_FREES;
     if (freeres)
         freeres();

@@ -77,6 +77,7 @@ int read_config(const char *args);
 /* FLOOR: where the program's part of the calling thread's stack begins (FLOOR_ENTRY), or 0;
  * BY__EXIT: called from _exit/_Exit (maybe in a signal handler: nothing allocated or freed) */
 COLD void scan_at_exit(uintptr_t floor, int by__exit);
+COLD void freeres_lookup(void);
 COLD int run_scanner(const char *why, uintptr_t floor, int lone);
 /* scanhere.c: the scan at exit of this thread, the process's only one, or (PARK) with the
  * others parked meanwhile (park.c), in a child sharing our memory (no mmleak-scan started);

@@ -512,6 +512,8 @@ __attribute__((constructor)) static void mmleak_init(void)
         return;
     }
     global_init();
+    if (g_state == 1 || g_state == 2)
+        freeres_lookup();   /* for a scan at _exit (exitscan.c) */
     T.guard--;
     errno = saved;
 }

@@ -7,11 +7,17 @@
 
 #include <sys/user.h>
 
-enum { MML_PARK_ASKED, MML_PARK_HELD, MML_PARK_ENDED, MML_PARK_GAVE_UP };
+enum { MML_PARK_ASKED, MML_PARK_HELD, MML_PARK_ENDED, MML_PARK_GAVE_UP, MML_PARK_TAKING };
+
+/* A slot's state word: MML_PARK_* in its low 4 bits, the park's number above (parks repeat
+ * while the program runs, mmleak_leak_check: a handler late from an earlier one must find
+ * its number gone, never take a slot of this one) */
+#define MML_PARK_STATE(st) ((st) & 15)
 
 struct mml_park_slot {
     int tid;
-    int state;                          /* MML_PARK_* (atomic: the handler and the parker) */
+    int state;                          /* MML_PARK_* and the park's number (atomic: the
+                                         * handler and the parker) */
     struct user_regs_struct regs;       /* MML_PARK_HELD: its registers where it stopped */
 };
 

@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <link.h>
+#include <linux/futex.h>
 #include <stdint.h>
 #include <signal.h>
 #include <string.h>
@@ -263,10 +264,10 @@ static int ptrace_refused(const char *status)
 }
 
 #if defined(__x86_64__)
-/* The scan at exit in a child that shares our memory, no program started (scanhere.c):
- * this thread alone, or with the other threads parked by a signal of ours (PARK: park.c).
- * Its status, or -2 (no child could be started: mmleak-scan then). */
-static COLD int scan_in_child(uintptr_t floor, int park)
+/* The scan WHY in a child that shares our memory, no program started (scanhere.c): this
+ * thread alone, or with the other threads parked by a signal of ours (PARK: park.c).  Its
+ * status, or -2 (no child could be started: mmleak-scan then). */
+static COLD int scan_in_child(const char *why, uintptr_t floor, int park)
 {
     unsigned long fs = 0, gs = 0;
     if (mml_sys(SYS_arch_prctl, ARCH_GET_FS, &fs) || mml_sys(SYS_arch_prctl, ARCH_GET_GS, &gs))
@@ -280,8 +281,8 @@ static COLD int scan_in_child(uintptr_t floor, int park)
      * system uid, works on them as their owner, as we do (dumpdir.c) */
     struct fs_scope fsc;
     fs_begin(&fsc);
-    int rc = mml_scan_here((int)mml_sys(SYS_gettid), floor, (int)atomic_load(&g_next_file),
-                           lv, park, scan_err, sizeof scan_err);
+    int rc = mml_scan_here(why, (int)mml_sys(SYS_gettid), floor,
+                           (int)atomic_load(&g_next_file), lv, park, scan_err, sizeof scan_err);
     fs_end(&fsc);
     /* a signal that came meanwhile is delivered now */
     mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);
@@ -300,12 +301,40 @@ static COLD int scan_in_child(uintptr_t floor, int park)
  * (note_scan_error). */
 static COLD int start_scanner(const char *why, uintptr_t floor, int lone);
 
+/* One scan at a time (futex: the tid of the thread whose scan runs, or 0).  Two threads
+ * that parked each other, each with every signal blocked, would each wait 5 s for the
+ * other and get no verdict (park.c); a thread that waits here keeps its signals open, so
+ * the running scan parks it (or ptrace stops it) like any other, and it scans in turn. */
+static int g_scanning;
+
+COLD void mml_scan_fork_child(void)
+{
+    g_scanning = 0;                     /* (the parent's scan is not the child's) */
+    mml_park_fork_child();
+}
+
 COLD int run_scanner(const char *why, uintptr_t floor, int lone)
 {
+    int me = (int)mml_sys(SYS_gettid), cur = 0, mine = 1;
+    while (!__atomic_compare_exchange_n(&g_scanning, &cur, me, 0, __ATOMIC_ACQUIRE,
+                                        __ATOMIC_RELAXED)) {
+        /* this thread's own scan, under it (a handler of the program's that calls _exit
+         * while this thread asked for a scan): no lock to wait for */
+        if (cur == me) {
+            mine = 0;
+            break;
+        }
+        mml_sys(SYS_futex, &g_scanning, FUTEX_WAIT_PRIVATE, cur, NULL);
+        cur = 0;
+    }
     scan_err[0] = 0;
     int rc = start_scanner(why, floor, lone);
     if (rc == 3 && scan_err[0])
         note_scan_error(why, scan_err);
+    if (mine) {
+        __atomic_store_n(&g_scanning, 0, __ATOMIC_RELEASE);
+        mml_sys(SYS_futex, &g_scanning, FUTEX_WAKE_PRIVATE, INT_MAX);
+    }
     return rc;
 }
 
@@ -318,17 +347,19 @@ static COLD int start_scanner(const char *why, uintptr_t floor, int lone)
     /* at the exit, this thread alone: the scan in a child that shares our memory, no
      * program started (tracer/scanhere.c) */
     if (cfg.scan_here && lone && floor && !strcmp(why, "exit")) {
-        int rc = scan_in_child(floor, 0);
+        int rc = scan_in_child(why, floor, 0);
         if (rc != -2)
             return rc;
     }                                   /* (no child: mmleak-scan, then) */
-    /* at the exit, other threads that mmleak-scan may not stop (ptrace_refused), or
+    /* at the exit or asked by the program (mmleak_leak_check: the threads go on
+     * afterwards, park.c), other threads that mmleak-scan may not stop (ptrace_refused), or
      * MMLEAK_SCAN_HERE=2: they are parked by a signal of ours.  ptrace stays the way where
-     * it works: it stops a thread wherever it is, a signal only where the thread takes it
-     * (not while it blocks it) */
-    may_park = cfg.scan_here && !lone && floor && !strcmp(why, "exit");
+     * it works: it stops a thread wherever it is and restarts any system call it
+     * interrupted, a signal only where the thread takes it (not while it blocks it), and
+     * some calls it interrupts return EINTR once the program goes on */
+    may_park = cfg.scan_here && !lone && floor;
     if (may_park && (cfg.scan_here == 2 || ptrace_refused(status_buf))) {
-        int rc = scan_in_child(floor, 1);
+        int rc = scan_in_child(why, floor, 1);
         if (rc != -2)
             return rc;
         may_park = 0;
@@ -427,7 +458,7 @@ static COLD int start_scanner(const char *why, uintptr_t floor, int lone)
         return -1;
 #if defined(__x86_64__)
     if (may_park && WEXITSTATUS(st) == 5)
-        return scan_in_child(floor, 1);
+        return scan_in_child(why, floor, 1);
 #endif
     return WEXITSTATUS(st);
 }

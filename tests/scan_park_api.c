@@ -33,7 +33,7 @@
 static int to_stack[2], to_block[2], from_threads[2], ready[2];
 static volatile int phase;              /* the round the register thread is told to do */
 static volatile int spinning;           /* the round after which it spins again */
-static volatile int stack_tid;
+static volatile int stack_tid, reading;    /* the round after which it reads again */
 static int together;
 
 __attribute__((noinline)) static void wipe(void)
@@ -106,8 +106,9 @@ static void *stack_thread(void *arg)
     void *volatile local = malloc(1111);
     stack_tid = gettid();
     (void)!write(ready[1], "s", 1);
-    for (;;) {
+    for (int done = 0;; done++) {
         char c;
+        __atomic_store_n(&reading, done, __ATOMIC_RELEASE);
         errno = EDOM;
         ssize_t r = read(to_stack[0], &c, 1);   /* parked here (restarted: SA_RESTART) */
         if (r != 1) {
@@ -211,20 +212,26 @@ static int relay_lines(int n)
 
 /* Both threads back where a scan finds them (a thread parked on its way back would show
  * the stale copies its last calls left in their frames): the register thread in its spin
- * after ROUND, the stack thread blocked in read() (its /proc syscall line: 0, read) */
-static void at_rest(int round)
+ * after ROUND, the stack thread past its work and asleep (its /proc stat's state S: in
+ * read(), its one blocking call; /proc's syscall file is root's once not dumpable).
+ * 0, or -1. */
+static int at_rest(int round)
 {
-    while (__atomic_load_n(&spinning, __ATOMIC_ACQUIRE) != round)
+    while (__atomic_load_n(&spinning, __ATOMIC_ACQUIRE) != round ||
+           __atomic_load_n(&reading, __ATOMIC_ACQUIRE) != round)
         sched_yield();
-    char path[64], line[64];
-    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", stack_tid);
+    char path[64], line[512];
+    snprintf(path, sizeof path, "/proc/self/task/%d/stat", stack_tid);
     for (;;) {
         FILE *f = fopen(path, "r");
-        int blocked = f && fgets(line, sizeof line, f) && !strncmp(line, "0 ", 2);
-        if (f)
-            fclose(f);
-        if (blocked)
-            return;
+        if (!f)
+            return -1;
+        char *end = fgets(line, sizeof line, f) ? strrchr(line, ')') : NULL;
+        fclose(f);
+        if (!end)
+            return -1;
+        if (end[1] == ' ' && end[2] == 'S')
+            return 0;
         sched_yield();
     }
 }
@@ -255,7 +262,8 @@ int main(int argc, char **argv)
     fflush(stdout);
     if (round_of_work(1) || relay_lines(2))
         return 2;
-    at_rest(1);
+    if (at_rest(1))
+        return 4;
     if (blockall) {
         if (write(to_block[1], "g", 1) != 1 || pthread_join(tb, NULL))
             return 2;

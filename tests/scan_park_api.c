@@ -30,24 +30,13 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include "scan_park.h"
+
 static int to_stack[2], to_block[2], from_threads[2], ready[2];
 static volatile int phase;              /* the round the register thread is told to do */
 static volatile int spinning;           /* the round after which it spins again */
 static volatile int stack_tid, reading;    /* the round after which it reads again */
 static int together;
-
-__attribute__((noinline)) static void wipe(void)
-{
-    volatile char junk[64 * 1024];
-    memset((char *)junk, 0, sizeof junk);
-}
-
-__attribute__((noinline)) static void lose(size_t n)
-{
-    void *volatile p = malloc(n);
-    p = NULL;
-    (void)p;
-}
 
 /* The block just lost, out of every place malloc may have left its address: the stack
  * below (wipe) and the caller-saved registers (a parked thread's registers are roots) */
@@ -168,12 +157,7 @@ static void *register_thread(void *arg)
 static void *blocking_thread(void *arg)
 {
     (void)arg;
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, NULL);
-    char c;
-    (void)!write(ready[1], "b", 1);
-    (void)!read(to_block[0], &c, 1);
+    block_all_and_wait(ready[1], to_block[0]);
     return NULL;
 }
 

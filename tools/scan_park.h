@@ -1,7 +1,8 @@
-/* tools/scan_park.h: the other threads of a process that mmleak.so stopped for its scan at
- * exit with a signal of its own, not ptrace (tracer/park.c; mmleak-scan(7), "Threads that
- * ptrace may not stop"), as the scan in its CLONE_VM child takes them (tools/scan_stop.c,
- * hold_here): each parked thread's registers, as its handler read them from its ucontext. */
+/* tools/scan_park.h: the other threads of a process that mmleak.so stopped for its scan (at
+ * exit, or mmleak_leak_check) with a signal of its own, not ptrace (tracer/park.c;
+ * mmleak-scan(7), "Threads that ptrace may not stop"), as the scan in its CLONE_VM child
+ * takes them (tools/scan_stop.c, hold_here): each parked thread's registers, as its handler
+ * read them from its ucontext. */
 #ifndef MMLEAK_SCAN_PARK_H
 #define MMLEAK_SCAN_PARK_H
 

@@ -282,7 +282,8 @@ static COLD int scan_in_child(const char *why, uintptr_t floor, int park)
     struct fs_scope fsc;
     fs_begin(&fsc);
     int rc = mml_scan_here(why, (int)mml_sys(SYS_gettid), floor,
-                           (int)atomic_load(&g_next_file), lv, park, scan_err, sizeof scan_err);
+                           (int)atomic_load(&g_next_file), lv, park, scan_err,
+                           sizeof scan_err);
     fs_end(&fsc);
     /* a signal that came meanwhile is delivered now */
     mml_sys(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof old);

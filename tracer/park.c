@@ -1,17 +1,19 @@
 /*
- * tracer/park.c: the other threads of an exiting process stopped for its scan without ptrace
+ * tracer/park.c: the other threads of an exiting process stopped for its scan without ptrace,
+ * or of a running one for the scan it asks for (mmleak_leak_check, below)
  * (mmleak-scan(7), "Threads that ptrace may not stop").  mmleak-scan stops them with
  * PTRACE_SEIZE and PTRACE_INTERRUPT, and may not: a process that dropped root with setuid
  * is not dumpable (memcached -u), a debugger or strace already traces it, Yama's
  * ptrace_scope is 2 or 3.
- * Then the exiting thread parks them itself: it sends each one a real-time signal the
- * program leaves at its default; the handler (ours, installed for the moment) copies the
+ * Then the exiting (or asking) thread parks them itself: it sends each one a real-time
+ * signal the program leaves at its default; the handler (ours, installed for the moment) copies the
  * thread's registers from its ucontext into a slot of ours, says it is held, and waits on a
  * futex until the scan is done.  The scan runs in the CLONE_VM child of tracer/scanhere.c,
  * which reads the memory it shares (no ptrace, no dumpability check: the kernel lets a
  * process read an address space that is its own), and takes those registers and the stacks
  * from their stack pointers up as roots, as it would a ptrace stop's
- * (tools/scan_stop.c, hold_here).  Cold code: once per process, at its exit.
+ * (tools/scan_stop.c, hold_here).  Cold code: once per process at its exit, once per
+ * mmleak_leak_check.
  *
  * The host must not see it (what LeakSanitizer's and conservative collectors' signal stops
  * must also care for, done here our way):

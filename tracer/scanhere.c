@@ -12,7 +12,9 @@
  * The child's memory is the process's: its stack and everything the scan allocates are
  * mml_map's mappings (listed in tracer/ownlist.h, left out of the roots), never the
  * program's heap (its state is the program's; a child killed in the middle of a malloc would
- * leave its lock held).  Cold code: once per process, at its exit.
+ * leave its lock held).  Cold code: once per process, at its exit; and at each
+ * mmleak_leak_check of a process whose other threads are parked (tracer/park.c: ptrace
+ * refused), the program going on after it.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -482,9 +484,10 @@ int mml_here_stays;
 
 /* The scan WHY of this process, its thread TID alone, or the others parked (PARK:
  * tracer/park.c, here), and waiting below FLOOR (SP FS GS: LONE), in a child of ours that
- * shares our memory; the caller blocked every signal.  The child's exit status (mmleak-scan's: 0 done,
- * 1 leaks, 2 could not scan, 3 no result: ERR, ERRLEN bytes, then says why), -1 when it
- * did not end by itself, -2 when it could not be started (mmleak-scan may be). */
+ * shares our memory; the caller blocked every signal.  The child's exit status
+ * (mmleak-scan's: 0 done, 1 leaks, 2 could not scan, 3 no result: ERR, ERRLEN bytes, then
+ * says why), -1 when it did not end by itself, -2 when it could not be started
+ * (mmleak-scan may be). */
 COLD int mml_scan_here(const char *why, int tid, uintptr_t floor, int nfiles,
                        const uint64_t lone[3], int park, char *err, size_t errlen)
 {

@@ -6,12 +6,12 @@
  * is not dumpable (memcached -u), a debugger or strace already traces it, Yama's
  * ptrace_scope is 2 or 3.
  * Then the exiting (or asking) thread parks them itself: it sends each one a real-time
- * signal the program leaves at its default; the handler (ours, installed for the moment) copies the
- * thread's registers from its ucontext into a slot of ours, says it is held, and waits on a
- * futex until the scan is done.  The scan runs in the CLONE_VM child of tracer/scanhere.c,
- * which reads the memory it shares (no ptrace, no dumpability check: the kernel lets a
- * process read an address space that is its own), and takes those registers and the stacks
- * from their stack pointers up as roots, as it would a ptrace stop's
+ * signal the program leaves at its default; the handler (ours, installed for the moment)
+ * copies the thread's registers from its ucontext into a slot of ours, says it is held, and
+ * waits on a futex until the scan is done.  The scan runs in the CLONE_VM child of
+ * tracer/scanhere.c, which reads the memory it shares (no ptrace, no dumpability check: the
+ * kernel lets a process read an address space that is its own), and takes those registers
+ * and the stacks from their stack pointers up as roots, as it would a ptrace stop's
  * (tools/scan_stop.c, hold_here).  Cold code: once per process at its exit, once per
  * mmleak_leak_check.
  *
@@ -92,7 +92,7 @@ static struct mml_park g_park;
 static int g_park_pid;
 static int g_held;                      /* futex: threads parked so far */
 static int g_go;                        /* futex: the number of the last park let go */
-static int g_gen;                       /* this park's number (1, 2, ...) */
+static int g_gen;                       /* this park's number (1, 2, ..., wrapping) */
 static int g_left;                      /* futex: parked threads that left the handler */
 static int g_installed;
 static struct sigaction g_old;          /* the disposition put back */
@@ -139,10 +139,17 @@ static void regs_of(struct user_regs_struct *r, const ucontext_t *uc)
     r->gs_base = gs;
 }
 
-/* A slot's state word in park GEN */
+/* A slot's state word in park GEN (its low 27 bits: a late handler 2^27 parks old is not
+ * feared) */
 static int state_of(int st, int gen)
 {
-    return st | gen << 4;
+    return st | (int)(((unsigned)gen & ((1u << 27) - 1)) << 4);
+}
+
+/* Has park GEN been let go?  (g_go at or past it, the numbers wrapping) */
+static int let_go(int go, int gen)
+{
+    return (int)((unsigned)go - (unsigned)gen) >= 0;
 }
 
 static void park_handler(int sig, siginfo_t *si, void *uc)
@@ -166,7 +173,7 @@ static void park_handler(int sig, siginfo_t *si, void *uc)
             __atomic_store_n(&t->state, state_of(MML_PARK_HELD, gen), __ATOMIC_RELEASE);
             __atomic_add_fetch(&g_held, 1, __ATOMIC_RELEASE);
             mml_sys(SYS_futex, &g_held, FUTEX_WAKE_PRIVATE, 1);
-            for (int go; (go = __atomic_load_n(&g_go, __ATOMIC_ACQUIRE)) < gen;)
+            for (int go; !let_go(go = __atomic_load_n(&g_go, __ATOMIC_ACQUIRE), gen);)
                 mml_sys(SYS_futex, &g_go, FUTEX_WAIT_PRIVATE, go, NULL);
             __atomic_add_fetch(&g_left, 1, __ATOMIC_RELEASE);
             mml_sys(SYS_futex, &g_left, FUTEX_WAKE_PRIVATE, 1);
@@ -331,9 +338,7 @@ COLD struct mml_park *mml_park_others(void)
     struct mml_park_slot *slots = g_park.slot;
     memset(&g_park, 0, sizeof g_park);
     g_park_pid = getpid();
-    g_gen = (g_gen + 1) & ((1 << 26) - 1);      /* (a state word's bits above the state) */
-    if (!g_gen)
-        g_gen = 1;
+    g_gen = (int)((unsigned)g_gen + 1);
     g_held = 0;
     g_left = 0;
     int me = (int)mml_sys(SYS_gettid);
@@ -401,7 +406,7 @@ COLD struct mml_park *mml_park_others(void)
             si.si_code = SI_QUEUE;
             si.si_pid = g_park_pid;
             si.si_uid = getuid();
-            si.si_value.sival_ptr = (void *)(uintptr_t)((uint64_t)g_gen << 32 |
+            si.si_value.sival_ptr = (void *)(uintptr_t)((uint64_t)(unsigned)g_gen << 32 |
                                                         (uint64_t)(t - g_park.slot));
             if (mml_sys(SYS_rt_tgsigqueueinfo, g_park_pid, t->tid, g_park.sig, &si)) {
                 if (errno == ESRCH) {   /* ended since it was listed */

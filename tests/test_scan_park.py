@@ -1,8 +1,9 @@
 """The scan at exit of a process whose other threads mmleak-scan may not trace (a daemon that
 dropped root with setuid is not dumpable, as memcached -u): mmleak.so parks them with a
 signal of its own (tracer/park.c) and scans in the child that shares its memory; the result
-says so ("#held signal").  Real processes (tests/scan_park.c, tests/scan_cases.c), exact
-kinds of the known blocks."""
+says so ("#held signal").  And the scans such a program asks for while it runs
+(mmleak_leak_check), after which the threads go on.  Real processes (tests/scan_park.c,
+tests/scan_park_api.c, tests/scan_cases.c), exact kinds of the known blocks."""
 import ctypes
 import os
 import re

@@ -2,7 +2,7 @@
  * (mmleak_leak_check) while its threads hold blocks and go on working between and after
  * them: mmleak.so parks the threads with a signal of its own (tracer/park.c) and lets each
  * go back to where it was (test_scan_park.py).
- *   scan_park_api UID|- [blockall|together]
+ *   scan_park_api UID|- [blockall|together|poll]
  * UID: setuid(UID) first, which makes the process not dumpable (status 3 if it stays so);
  * "-": prctl(PR_SET_DUMPABLE, 0).  Threads: "stack" holds the only pointer to a block of
  * 1111 bytes in a local of its frame and waits in read() for its orders; "register" holds
@@ -16,10 +16,14 @@
  * from each thread each round.
  * "blockall": a third thread blocks every signal: one scan, R -1 (no verdict), the others
  * go on all the same.  "together": no second scan from main; the "stack" thread and main
- * ask for the second scan at once (a pipe each way, no timing): both get a verdict. */
+ * ask for the second scan at once (a pipe each way, no timing): both get a verdict.  "poll":
+ * a third thread waits in poll() (no time limit) during the first scan, then says what
+ * it returned: -1 EINTR where it was parked by a signal (poll is never restarted after a
+ * handler), 1 where ptrace stopped it (restarted; main writes to its pipe after the scan). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <mmleak.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -36,6 +40,7 @@ static int to_stack[2], to_block[2], from_threads[2], ready[2];
 static volatile int phase;              /* the round the register thread is told to do */
 static volatile int spinning;           /* the round after which it spins again */
 static volatile int stack_tid, reading;    /* the round after which it reads again */
+static volatile int poll_tid;
 static int together;
 
 /* The block just lost, out of every place malloc may have left its address: the stack
@@ -154,6 +159,20 @@ static void *register_thread(void *arg)
     return NULL;
 }
 
+static void *poll_thread(void *arg)
+{
+    (void)arg;
+    struct pollfd p = { .fd = to_block[0], .events = POLLIN };
+    poll_tid = gettid();
+    (void)!write(ready[1], "p", 1);
+    int r = poll(&p, 1, -1);            /* parked here */
+    char line[64];
+    int n = snprintf(line, sizeof line, "poll %d %s\n", r, r < 0 && errno == EINTR ? "EINTR" :
+                     r < 0 ? "error" : "0");
+    (void)!write(from_threads[1], line, (size_t)n);
+    return NULL;
+}
+
 static void *blocking_thread(void *arg)
 {
     (void)arg;
@@ -194,18 +213,12 @@ static int relay_lines(int n)
     return 0;
 }
 
-/* Both threads back where a scan finds them (a thread parked on its way back would show
- * the stale copies its last calls left in their frames): the register thread in its spin
- * after ROUND, the stack thread past its work and asleep (its /proc stat's state S: in
- * read(), its one blocking call; /proc's syscall file is root's once not dumpable).
- * 0, or -1. */
-static int at_rest(int round)
+/* Thread TID asleep (its /proc stat's state S; /proc's syscall file, which would say
+ * where, is root's once not dumpable): 0, or -1 */
+static int asleep(int tid)
 {
-    while (__atomic_load_n(&spinning, __ATOMIC_ACQUIRE) != round ||
-           __atomic_load_n(&reading, __ATOMIC_ACQUIRE) != round)
-        sched_yield();
     char path[64], line[512];
-    snprintf(path, sizeof path, "/proc/self/task/%d/stat", stack_tid);
+    snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);
     for (;;) {
         FILE *f = fopen(path, "r");
         if (!f)
@@ -220,20 +233,33 @@ static int at_rest(int round)
     }
 }
 
+/* Both threads back where a scan finds them (a thread parked on its way back would show
+ * the stale copies its last calls left in their frames): the register thread in its spin
+ * after ROUND, the stack thread past its work and asleep (in read(), its one blocking
+ * call).  0, or -1. */
+static int at_rest(int round)
+{
+    while (__atomic_load_n(&spinning, __ATOMIC_ACQUIRE) != round ||
+           __atomic_load_n(&reading, __ATOMIC_ACQUIRE) != round)
+        sched_yield();
+    return asleep(stack_tid);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2 || pipe(to_stack) || pipe(to_block) || pipe(from_threads) || pipe(ready))
         return 2;
     const char *mode = argc > 2 ? argv[2] : "";
-    int blockall = !strcmp(mode, "blockall");
+    int blockall = !strcmp(mode, "blockall"), polling = !strcmp(mode, "poll");
     together = !strcmp(mode, "together");
     pthread_t ts, tr, tb;
     if (pthread_create(&ts, NULL, stack_thread, NULL) ||
         pthread_create(&tr, NULL, register_thread, NULL) ||
-        (blockall && pthread_create(&tb, NULL, blocking_thread, NULL)))
+        (blockall && pthread_create(&tb, NULL, blocking_thread, NULL)) ||
+        (polling && pthread_create(&tb, NULL, poll_thread, NULL)))
         return 2;
     char c;
-    for (int i = 0; i < 2 + blockall; i++)
+    for (int i = 0; i < 2 + blockall + polling; i++)
         if (read(ready[0], &c, 1) != 1)
             return 2;
     if (strcmp(argv[1], "-") ? setuid((uid_t)atoi(argv[1])) : prctl(PR_SET_DUMPABLE, 0))
@@ -242,8 +268,13 @@ int main(int argc, char **argv)
         return 3;
     lose(3333);
     wipe();
+    if (at_rest(0) || (polling && asleep(poll_tid)))
+        return 4;
     printf("check 1 %d\n", mmleak_leak_check());
     fflush(stdout);
+    if (polling && (write(to_block[1], "g", 1) != 1 || relay_lines(1) ||
+                    pthread_join(tb, NULL)))
+        return 2;
     if (round_of_work(1) || relay_lines(2))
         return 2;
     if (at_rest(1))

@@ -125,6 +125,21 @@ def test_two_threads_ask_at_once(api_bin, dump):
     assert scans == [FIRST, SECOND, SECOND, AT_EXIT]
 
 
+@pytest.mark.parametrize("here,held,said", [
+    ("2", "signal", "poll -1 EINTR"),
+    pytest.param("0", "ptrace", "poll 1 0", marks=pytest.mark.skipif(
+        os.geteuid() != 0, reason="ptrace of a process not dumpable needs CAP_SYS_PTRACE"))])
+def test_the_cost_of_parking_a_thread_in_poll(api_bin, dump, here, held, said):
+    """The known cost: a third thread waits in poll() (no time limit) during the first scan.
+    Parked by the signal, its poll returns -1 EINTR once it goes on (the kernel never
+    restarts poll after a handler); stopped by ptrace (as root, MMLEAK_SCAN_HERE=0), the
+    call is restarted and returns 1 when main writes to its pipe after the scan."""
+    lines, scans = run_api(api_bin, str(dump), LIB, "-", "poll", here=here)
+    assert lines == ["check 1 1", "check 2 1", said] + WORK
+    assert scans == [FIRST[:2] + (held,) + FIRST[3:], SECOND[:2] + (held,) + SECOND[3:],
+                     AT_EXIT]
+
+
 def test_leak_check_with_a_thread_blocking_every_signal(api_bin, dump):
     """A third thread blocks every signal: no verdict, which says which thread and why
     (nothing sent, no wait), mmleak_leak_check -1, and the threads go on (their work)."""

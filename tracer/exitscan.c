@@ -302,41 +302,50 @@ static COLD int scan_in_child(const char *why, uintptr_t floor, int park)
  * (note_scan_error). */
 static COLD int start_scanner(const char *why, uintptr_t floor, int lone);
 
-/* One scan at a time (futex: the tid of the thread whose scan runs, or 0).  Two threads
- * that parked each other, each with every signal blocked, would each wait 5 s for the
- * other and get no verdict (park.c); a thread that waits here keeps its signals open, so
- * the running scan parks it (or ptrace stops it) like any other, and it scans in turn. */
+COLD int run_scanner(const char *why, uintptr_t floor, int lone)
+{
+    scan_err[0] = 0;
+    int rc = start_scanner(why, floor, lone);
+    if (rc == 3 && scan_err[0])
+        note_scan_error(why, scan_err);
+    return rc;
+}
+
+/* One scan at a time (futex: the tid of the thread whose scan runs, or 0), from the read
+ * of our status (status_buf, which ptrace_refused reads again) to the verdict.  Without
+ * it, two threads that asked at once, each with every signal blocked while it parked the
+ * other, got no verdict ("did not stop within 5 s", or "blocks every real-time signal");
+ * a thread that waits here keeps its signals open, so the running scan parks it (or
+ * ptrace stops it) like any other, and it scans in turn.  1 taken, 0 this thread's
+ * already (a handler of the program's that calls _exit while this thread asked for a
+ * scan: no lock to wait for). */
 static int g_scanning;
+
+static COLD int scan_lock(void)
+{
+    int me = (int)mml_sys(SYS_gettid), cur = 0;
+    while (!__atomic_compare_exchange_n(&g_scanning, &cur, me, 0, __ATOMIC_ACQUIRE,
+                                        __ATOMIC_RELAXED)) {
+        if (cur == me)
+            return 0;
+        mml_sys(SYS_futex, &g_scanning, FUTEX_WAIT_PRIVATE, cur, NULL);
+        cur = 0;
+    }
+    return 1;
+}
+
+static COLD void scan_unlock(int taken)
+{
+    if (taken) {
+        __atomic_store_n(&g_scanning, 0, __ATOMIC_RELEASE);
+        mml_sys(SYS_futex, &g_scanning, FUTEX_WAKE_PRIVATE, INT_MAX);
+    }
+}
 
 COLD void mml_scan_fork_child(void)
 {
     g_scanning = 0;                     /* (the parent's scan is not the child's) */
     mml_park_fork_child();
-}
-
-COLD int run_scanner(const char *why, uintptr_t floor, int lone)
-{
-    int me = (int)mml_sys(SYS_gettid), cur = 0, mine = 1;
-    while (!__atomic_compare_exchange_n(&g_scanning, &cur, me, 0, __ATOMIC_ACQUIRE,
-                                        __ATOMIC_RELAXED)) {
-        /* this thread's own scan, under it (a handler of the program's that calls _exit
-         * while this thread asked for a scan): no lock to wait for */
-        if (cur == me) {
-            mine = 0;
-            break;
-        }
-        mml_sys(SYS_futex, &g_scanning, FUTEX_WAIT_PRIVATE, cur, NULL);
-        cur = 0;
-    }
-    scan_err[0] = 0;
-    int rc = start_scanner(why, floor, lone);
-    if (rc == 3 && scan_err[0])
-        note_scan_error(why, scan_err);
-    if (mine) {
-        __atomic_store_n(&g_scanning, 0, __ATOMIC_RELEASE);
-        mml_sys(SYS_futex, &g_scanning, FUTEX_WAKE_PRIVATE, INT_MAX);
-    }
-    return rc;
 }
 
 static COLD int start_scanner(const char *why, uintptr_t floor, int lone)
@@ -481,9 +490,14 @@ static int one_thread(void)
 
 COLD void scan_at_exit(uintptr_t floor, int by__exit)
 {
-    if (!cfg.scan || under_seccomp())
+    if (!cfg.scan)
         return;
-    int saved = errno;
+    int saved = errno, taken = scan_lock();
+    if (under_seccomp()) {
+        scan_unlock(taken);
+        errno = saved;
+        return;
+    }
     /* BY__EXIT: from _exit, which is async-signal-safe: a handler may call it while this very
      * thread is inside glibc's malloc or free (its arena locked: our free passes the call on
      * unguarded).  So nothing here may allocate or free then: no dlsym (a symbol not found
@@ -508,6 +522,7 @@ scan:;
     T.guard++;
     run_scanner("exit", floor, lone);
     T.guard--;
+    scan_unlock(taken);
     errno = saved;
 }
 
@@ -516,12 +531,16 @@ scan:;
  * (FLOOR_ENTRY), gives this its floor. */
 __attribute__((used, noinline)) int mml_leak_check_from(uintptr_t floor)
 {
-    if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T) || under_seccomp())
+    if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T))
         return -1;
-    int saved = errno, lone = one_thread();
-    T.guard++;
-    int rc = run_scanner("api", floor, lone);
-    T.guard--;
+    int saved = errno, taken = scan_lock(), rc = -1;
+    if (!under_seccomp()) {
+        int lone = one_thread();
+        T.guard++;
+        rc = run_scanner("api", floor, lone);
+        T.guard--;
+    }
+    scan_unlock(taken);
     errno = saved;
     return rc == 0 ? 0 : rc == 1 ? 1 : -1;
 }

@@ -6,7 +6,12 @@
  *
  * mmleak_leak_check asks the tracer for a reachability scan now, like LeakSanitizer's
  * __lsan_do_recoverable_leak_check: every thread of the process is stopped while the scan
- * reads the registers, the trace and the memory, the caller waits for the verdict, and the
+ * reads the registers, the trace and the memory (by ptrace; where the kernel refuses it, a
+ * process not dumpable after setuid for one, by a real-time signal the program leaves at
+ * its default, after which each thread goes back to where it was, but a call such as poll
+ * or nanosleep it was in returns EINTR; a thread that blocks every signal then leaves no
+ * verdict; see mmleak-scan(7), "While the program runs"; one call at a time, another
+ * thread's waits), the caller waits for the verdict, and the
  * result is written next to the trace (mmleak.ID.scan.S, the newest is what `mmleak.py
  * report` shows).  It returns 1 when some block is definitely or indirectly lost, 0 when
  * none is, -1 when the program is not traced (mmleak.so not loaded, or not tracing) or the

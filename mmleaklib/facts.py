@@ -67,8 +67,9 @@ OPTIONS = (
            "1: the scan at the exit of a process left with one thread runs in a child that "
            "shares its memory, no mmleak-scan started, and so does that of a process whose "
            "other threads mmleak-scan may not trace (not dumpable: they are stopped by a "
-           "signal of mmleak.so's; see mmleak-scan(7)); 2: the same, and those of every "
-           "process with more threads; 0: always in mmleak-scan", "mmleak.so"),
+           "signal of mmleak.so's; see mmleak-scan(7)), at the exit or at "
+           "mmleak_leak_check; 2: the same, and those of every process with more threads; "
+           "0: always in mmleak-scan", "mmleak.so"),
     Option("LIB", "MMLEAK_LIB", "path", None, 0, 0,
            "mmleak.py, mmleak-install.py: the mmleak.so to use", "mmleak.py"),
     Option("SHRINK", "MMLEAK_SHRINK", "choice", "auto", 0, 0,

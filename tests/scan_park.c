@@ -24,13 +24,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int ready[2], never[2], until_end[2], go[2];
+#include "scan_park.h"
 
-__attribute__((noinline)) static void wipe(void)
-{
-    volatile char junk[64 * 1024];
-    memset((char *)junk, 0, sizeof junk);
-}
+static int ready[2], never[2], until_end[2], go[2];
 
 static void *stack_thread(void *arg)
 {
@@ -82,12 +78,7 @@ static void *starting_thread(void *arg)
 static void *blocking_thread(void *arg)
 {
     (void)arg;
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, NULL);
-    char c;
-    (void)!write(ready[1], "b", 1);
-    (void)!read(never[0], &c, 1);
+    block_all_and_wait(ready[1], never[0]);
     return NULL;
 }
 
@@ -110,13 +101,6 @@ static void *vfork_thread(void *arg)
     return NULL;
 }
 
-__attribute__((noinline)) static void lose(void)
-{
-    void *volatile p = malloc(3333);
-    p = NULL;
-    (void)p;
-}
-
 int main(int argc, char **argv)
 {
     if (argc < 2 || pipe(ready) || pipe(never) || pipe(until_end) || pipe(go))
@@ -134,7 +118,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < 2 + !!third; i++)
         if (read(ready[0], &c, 1) != 1)
             return 2;
-    lose();
+    lose(3333);
     wipe();
     if (strcmp(argv[1], "-") && setuid((uid_t)atoi(argv[1])))
         return 2;

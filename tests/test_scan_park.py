@@ -1,8 +1,9 @@
 """The scan at exit of a process whose other threads mmleak-scan may not trace (a daemon that
 dropped root with setuid is not dumpable, as memcached -u): mmleak.so parks them with a
 signal of its own (tracer/park.c) and scans in the child that shares its memory; the result
-says so ("#held signal").  Real processes (tests/scan_park.c, tests/scan_cases.c), exact
-kinds of the known blocks."""
+says so ("#held signal").  And the scans such a program asks for while it runs
+(mmleak_leak_check), after which the threads go on.  Real processes (tests/scan_park.c,
+tests/scan_park_api.c, tests/scan_cases.c), exact kinds of the known blocks."""
 import ctypes
 import os
 import re
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import LIB, TESTS, lib_for_others, run_traced
+from conftest import LIB, ROOT, TESTS, lib_for_others, run_traced
 from test_scan import CASES, mmleak_kinds, scan_bins  # noqa: F401 (a fixture)
 
 NOBODY = 65534
@@ -47,6 +48,110 @@ def open_lib():
     return lib_for_others()
 
 
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the daemon starts as root and "
+                                "drops it (setuid), which makes it not dumpable")
+
+
+@pytest.fixture(scope="module")
+def api_bin(tmp_path_factory):
+    d = tmp_path_factory.mktemp("parkapi")
+    exe = str(d / "scan_park_api")
+    subprocess.run(["cc", "-O1", "-g", "-I", os.path.join(ROOT, "include"), "-o", exe,
+                    os.path.join(TESTS, "scan_park_api.c"), "-pthread"], check=True)
+    os.chmod(str(d), 0o755)
+    return exe
+
+
+def run_api(exe, d, lib, uid, *mode, here=None):
+    """Run scan_park_api (as root when UID is a uid: it becomes that user; "-": it makes
+    itself not dumpable): its output lines sorted (the threads' come in any order), and
+    its scans in the order they were made, each (why, status or reason, held, definite,
+    reachable), the kinds as (blocks, bytes)."""
+    env = dict(os.environ, LD_PRELOAD=lib, MMLEAK_DIR=d)
+    if here is not None:
+        env["MMLEAK_SCAN_HERE"] = here
+    r = subprocess.run([exe, uid] + list(mode), env=env, capture_output=True, timeout=120)
+    assert (r.returncode, r.stderr) == (0, b""), r.stderr       # 3: still dumpable
+    from mmleaklib import scan
+    import mmleaklib as mm
+    (tid,) = mm.find_traces(d)
+    got = []
+    for p in scan.scan_files(d, tid):
+        s = scan.read_scan(p)
+        got.append(((s.time, int(scan.SCAN_RE.match(os.path.basename(p)).group(1))),
+                    (s.why, s.status if s.status == "done" else s.reason, s.held,
+                     s.kinds.get("definite"), s.kinds.get("reachable"))))
+    return sorted(r.stdout.decode().splitlines()), [v for _, v in sorted(got)]
+
+
+WORK = ["work register 1 6000", "work register 2 11994", "work stack 1 6000",
+        "work stack 2 11994"]
+# before the first scan: 3333 bytes lost (main), 1111 held in the stack thread's frame,
+# 2222 in the register thread's r12; then the threads lose 444 and 555 bytes, and main's
+# stdout has its buffer (4096); at the exit the threads were joined, their blocks freed
+FIRST = ("api", "done", "signal", (1, 3333), (2, 3333))
+SECOND = ("api", "done", "signal", (3, 4332), (3, 7429))
+AT_EXIT = ("exit", "done", "alone", (3, 4332), (1, 4096))
+
+
+def check_api_runs(lines, scans):
+    assert lines == ["check 1 1", "check 2 1"] + WORK
+    assert scans == [FIRST, SECOND, AT_EXIT]
+
+
+def test_leak_check_parks_the_threads_and_lets_them_go(api_bin, dump):
+    """A program that made itself not dumpable (prctl), MMLEAK_SCAN_HERE=2 (parked even as
+    root, whose ptrace the kernel would allow): two mmleak_leak_check calls, each an exact
+    verdict with the threads parked by mmleak.so's signal (the blocks in a frame and in a
+    register reachable, the lost ones definite), and after each the threads go on: each
+    does its round of work, its errno and signal mask as it left them, its read() restarted
+    (no EINTR)."""
+    check_api_runs(*run_api(api_bin, str(dump), LIB, "-", here="2"))
+
+
+@needs_root
+def test_leak_check_of_a_daemon_that_dropped_root(api_bin, open_dir, open_lib):
+    """The same program dropping root with setuid (not dumpable, its scanner's ptrace
+    refused), MMLEAK_SCAN_HERE left alone: mmleak.so sees ptrace refused and parks."""
+    check_api_runs(*run_api(api_bin, open_dir, open_lib, str(NOBODY)))
+
+
+def test_two_threads_ask_at_once(api_bin, dump):
+    """Main and the stack thread call mmleak_leak_check at once: the second waits for the
+    first (parked by it like any thread) and scans in turn; both exact (two threads each
+    blocking every signal while parking the other had no verdict after 5 s each)."""
+    lines, scans = run_api(api_bin, str(dump), LIB, "-", "together", here="2")
+    assert lines == ["check 1 1", "check 2 1", "thread check 1"] + WORK
+    assert scans == [FIRST, SECOND, SECOND, AT_EXIT]
+
+
+@pytest.mark.parametrize("here,held,said", [
+    ("2", "signal", "poll -1 EINTR"),
+    pytest.param("0", "ptrace", "poll 1 0", marks=pytest.mark.skipif(
+        os.geteuid() != 0, reason="ptrace of a process not dumpable needs CAP_SYS_PTRACE"))])
+def test_the_cost_of_parking_a_thread_in_poll(api_bin, dump, here, held, said):
+    """The known cost: a third thread waits in poll() (no time limit) during the first scan.
+    Parked by the signal, its poll returns -1 EINTR once it goes on (the kernel never
+    restarts poll after a handler); stopped by ptrace (as root, MMLEAK_SCAN_HERE=0), the
+    call is restarted and returns 1 when main writes to its pipe after the scan."""
+    lines, scans = run_api(api_bin, str(dump), LIB, "-", "poll", here=here)
+    assert lines == ["check 1 1", "check 2 1", said] + WORK
+    assert scans == [FIRST[:2] + (held,) + FIRST[3:], SECOND[:2] + (held,) + SECOND[3:],
+                     AT_EXIT]
+
+
+def test_leak_check_with_a_thread_blocking_every_signal(api_bin, dump):
+    """A third thread blocks every signal: no verdict, which says which thread and why
+    (nothing sent, no wait), mmleak_leak_check -1, and the threads go on (their work)."""
+    lines, scans = run_api(api_bin, str(dump), LIB, "-", "blockall", here="2")
+    assert lines == ["check 1 -1"] + WORK
+    assert len(scans) == 2 and scans[1] == AT_EXIT[:3] + ((3, 4332), (1, 4096)), scans
+    why, reason, held, definite, reachable = scans[0]
+    assert (why, held, definite) == ("api", None, None), scans[0]
+    assert re.fullmatch(r"thread \d+ blocks every real-time signal: the other threads "
+                        r"cannot be stopped without ptrace", reason), reason
+
+
 def run_daemon(exe, d, lib, *mode, here=None):
     """Run scan_park as root (it becomes nobody) with the mmleak.so LIB: the trace id of its
     exit's scan, the result's head and the kinds (a Kinds) of that scan."""
@@ -63,10 +168,6 @@ def run_daemon(exe, d, lib, *mode, here=None):
     with open(os.path.join(d, scans[0]), "rb") as f:
         head = f.read(2000)
     return tid, head, scan.kinds_for(d, tid)
-
-
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the daemon starts as root and "
-                                "drops it (setuid), which makes it not dumpable")
 
 
 @needs_root

@@ -157,7 +157,7 @@ int hold_here(struct scan *s)
                         st = __atomic_load_n(&pk->slot[i].state, __ATOMIC_ACQUIRE);
                         r = &pk->slot[i].regs;
                     }
-                if (st != MML_PARK_HELD) {
+                if (MML_PARK_STATE(st) != MML_PARK_HELD) {
                     if (thread_ended(s->pid, tid))
                         continue;
                     say(s, "thread %d of process %d was not stopped by mmleak.so's signal",

@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <link.h>
+#include <linux/futex.h>
 #include <stdint.h>
 #include <signal.h>
 #include <string.h>
@@ -244,10 +245,10 @@ static int ptrace_refused(const char *status)
 }
 
 #if defined(__x86_64__)
-/* The scan at exit in a child that shares our memory, no program started (scanhere.c):
- * this thread alone, or with the other threads parked by a signal of ours (PARK: park.c).
- * Its status, or -2 (no child could be started: mmleak-scan then). */
-static COLD int scan_in_child(uintptr_t floor, int park)
+/* The scan WHY in a child that shares our memory, no program started (scanhere.c): this
+ * thread alone, or with the other threads parked by a signal of ours (PARK: park.c).  Its
+ * status, or -2 (no child could be started: mmleak-scan then). */
+static COLD int scan_in_child(const char *why, uintptr_t floor, int park)
 {
     unsigned long fs = 0, gs = 0;
     if (mml_sys(SYS_arch_prctl, ARCH_GET_FS, &fs) || mml_sys(SYS_arch_prctl, ARCH_GET_GS, &gs))
@@ -264,7 +265,7 @@ static COLD int scan_in_child(uintptr_t floor, int park)
     /* the process's first thread: its uids are in the /proc/self/status that under_seccomp
      * just read (a /proc/thread-self/status fewer at an exit) */
     fs_begin_from(&fsc, tid == (int)mml_sys(SYS_getpid) ? status_buf : NULL);
-    int rc = mml_scan_here(tid, floor, (int)atomic_load(&g_next_file), lv, park, scan_err,
+    int rc = mml_scan_here(why, tid, floor, (int)atomic_load(&g_next_file), lv, park, scan_err,
                            sizeof scan_err);
     fs_end(&fsc);
     /* a signal that came meanwhile is delivered now */
@@ -293,6 +294,43 @@ COLD int run_scanner(const char *why, uintptr_t floor, int lone)
     return rc;
 }
 
+/* One scan at a time (futex: the tid of the thread whose scan runs, or 0), from the read
+ * of our status (status_buf, which ptrace_refused reads again) to the verdict.  Without
+ * it, two threads that asked at once, each with every signal blocked while it parked the
+ * other, got no verdict ("did not stop within 5 s", or "blocks every real-time signal");
+ * a thread that waits here keeps its signals open, so the running scan parks it (or
+ * ptrace stops it) like any other, and it scans in turn.  1 taken, 0 this thread's
+ * already (a handler of the program's that calls _exit while this thread asked for a
+ * scan: no lock to wait for). */
+static int g_scanning;
+
+static COLD int scan_lock(void)
+{
+    int me = (int)mml_sys(SYS_gettid), cur = 0;
+    while (!__atomic_compare_exchange_n(&g_scanning, &cur, me, 0, __ATOMIC_ACQUIRE,
+                                        __ATOMIC_RELAXED)) {
+        if (cur == me)
+            return 0;
+        mml_sys(SYS_futex, &g_scanning, FUTEX_WAIT_PRIVATE, cur, NULL);
+        cur = 0;
+    }
+    return 1;
+}
+
+static COLD void scan_unlock(int taken)
+{
+    if (taken) {
+        __atomic_store_n(&g_scanning, 0, __ATOMIC_RELEASE);
+        mml_sys(SYS_futex, &g_scanning, FUTEX_WAKE_PRIVATE, INT_MAX);
+    }
+}
+
+COLD void mml_scan_fork_child(void)
+{
+    g_scanning = 0;                     /* (the parent's scan is not the child's) */
+    mml_park_fork_child();
+}
+
 static COLD int start_scanner(const char *why, uintptr_t floor, int lone)
 {
     static char path[PATH_MAX], pidbuf[24], fdbuf[24], tidbuf[24], floorbuf[24], nfbuf[24];
@@ -302,17 +340,19 @@ static COLD int start_scanner(const char *why, uintptr_t floor, int lone)
     /* at the exit, this thread alone: the scan in a child that shares our memory, no
      * program started (tracer/scanhere.c) */
     if (cfg.scan_here && lone && floor && !strcmp(why, "exit")) {
-        int rc = scan_in_child(floor, 0);
+        int rc = scan_in_child(why, floor, 0);
         if (rc != -2)
             return rc;
     }                                   /* (no child: mmleak-scan, then) */
-    /* at the exit, other threads that mmleak-scan may not stop (ptrace_refused), or
+    /* at the exit or asked by the program (mmleak_leak_check: the threads go on
+     * afterwards, park.c), other threads that mmleak-scan may not stop (ptrace_refused), or
      * MMLEAK_SCAN_HERE=2: they are parked by a signal of ours.  ptrace stays the way where
-     * it works: it stops a thread wherever it is, a signal only where the thread takes it
-     * (not while it blocks it) */
-    may_park = cfg.scan_here && !lone && floor && !strcmp(why, "exit");
+     * it works: it stops a thread wherever it is and restarts any system call it
+     * interrupted, a signal only where the thread takes it (not while it blocks it), and
+     * some calls it interrupts return EINTR once the program goes on */
+    may_park = cfg.scan_here && !lone && floor;
     if (may_park && (cfg.scan_here == 2 || ptrace_refused(status_buf))) {
-        int rc = scan_in_child(floor, 1);
+        int rc = scan_in_child(why, floor, 1);
         if (rc != -2)
             return rc;
         may_park = 0;
@@ -411,7 +451,7 @@ static COLD int start_scanner(const char *why, uintptr_t floor, int lone)
         return -1;
 #if defined(__x86_64__)
     if (may_park && WEXITSTATUS(st) == 5)
-        return scan_in_child(floor, 1);
+        return scan_in_child(why, floor, 1);
 #endif
     return WEXITSTATUS(st);
 }
@@ -477,9 +517,14 @@ static void freeres_keeping_memory(void)
 
 COLD void scan_at_exit(uintptr_t floor, int by__exit)
 {
-    if (!cfg.scan || under_seccomp())
+    if (!cfg.scan)
         return;
-    int saved = errno;
+    int saved = errno, taken = scan_lock();
+    if (under_seccomp()) {
+        scan_unlock(taken);
+        errno = saved;
+        return;
+    }
     /* BY__EXIT: from _exit, which is async-signal-safe: a handler may call it while this very
      * thread is inside glibc's malloc or free (its arena locked: our free passes the call on
      * unguarded).  So nothing here may allocate or free then: no dlsym (a symbol not found
@@ -507,6 +552,7 @@ scan:;
     T.guard++;
     run_scanner("exit", floor, lone);
     T.guard--;
+    scan_unlock(taken);
     errno = saved;
 }
 
@@ -515,12 +561,16 @@ scan:;
  * (FLOOR_ENTRY), gives this its floor. */
 __attribute__((used, noinline)) int mml_leak_check_from(uintptr_t floor)
 {
-    if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T) || under_seccomp())
+    if (g_state != 1 || g_pid != getpid() || IN_OWN_CODE(&T))
         return -1;
-    int saved = errno, lone = one_thread();
-    T.guard++;
-    int rc = run_scanner("api", floor, lone);
-    T.guard--;
+    int saved = errno, taken = scan_lock(), rc = -1;
+    if (!under_seccomp()) {
+        int lone = one_thread();
+        T.guard++;
+        rc = run_scanner("api", floor, lone);
+        T.guard--;
+    }
+    scan_unlock(taken);
     errno = saved;
     return rc == 0 ? 0 : rc == 1 ? 1 : -1;
 }

@@ -79,18 +79,23 @@ int read_config(const char *args);
 COLD void scan_at_exit(uintptr_t floor, int by__exit);
 COLD void freeres_lookup(void);
 COLD int run_scanner(const char *why, uintptr_t floor, int lone);
-/* scanhere.c: the scan at exit of this thread, the process's only one, or (PARK) with the
- * others parked meanwhile (park.c), in a child sharing our memory (no mmleak-scan started);
- * the caller blocked every signal.  LONE: stack pointer, fs_base, gs_base.  The scan's exit
- * status (as mmleak-scan's), -1 (the child did not end by itself), or -2 (no child could be
- * started). */
+/* the child of a fork: no scan of the parent's is running here (exitscan.c) */
+COLD void mml_scan_fork_child(void);
+/* scanhere.c: the scan WHY ("exit", "api") of this thread, the process's only one, or
+ * (PARK) with the others parked meanwhile (park.c), in a child sharing our memory (no
+ * mmleak-scan started); the caller blocked every signal.  LONE: stack pointer, fs_base,
+ * gs_base.  The scan's exit status (as mmleak-scan's), -1 (the child did not end by
+ * itself), or -2 (no child could be started). */
 struct mml_park;
-COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone[3], int park,
-                       char *err, size_t errlen);
+COLD int mml_scan_here(const char *why, int tid, uintptr_t floor, int nfiles,
+                       const uint64_t lone[3], int park, char *err, size_t errlen);
 /* park.c: every other thread stopped by a signal of ours, no ptrace (the result: the slots,
- * and why when not all could be); mml_unpark lets them go and puts the disposition back */
+ * and why when not all could be); mml_unpark lets them go (WAIT: until each has left our
+ * handler) and puts the disposition back; mml_park_fork_child, in a fork's child, puts
+ * the disposition back */
 COLD struct mml_park *mml_park_others(void);
-COLD void mml_unpark(void);
+COLD void mml_unpark(int wait);
+COLD void mml_park_fork_child(void);
 
 /* FLOOR_ENTRY(NAME, INNER, ATTRS): the function NAME, in assembly, for a call from the
  * program that leads to a scan of its memory while it waits: it pushes the callee-saved

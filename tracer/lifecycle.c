@@ -411,6 +411,7 @@ void fork_child(void)
     g_ending = 0;       /* (nor the one that was ending the process) */
     mml_sites_after_fork();
     mml_unwind_fork_child();
+    mml_scan_fork_child();
     int saved = errno, others = 0;
     T.guard++;
     for (size_t i = 0; i < R.n; i++)

@@ -1,17 +1,19 @@
 /*
- * tracer/park.c: the other threads of an exiting process stopped for its scan without ptrace
+ * tracer/park.c: the other threads of an exiting process stopped for its scan without ptrace,
+ * or of a running one for the scan it asks for (mmleak_leak_check, below)
  * (mmleak-scan(7), "Threads that ptrace may not stop").  mmleak-scan stops them with
  * PTRACE_SEIZE and PTRACE_INTERRUPT, and may not: a process that dropped root with setuid
  * is not dumpable (memcached -u), a debugger or strace already traces it, Yama's
  * ptrace_scope is 2 or 3.
- * Then the exiting thread parks them itself: it sends each one a real-time signal the
- * program leaves at its default; the handler (ours, installed for the moment) copies the
- * thread's registers from its ucontext into a slot of ours, says it is held, and waits on a
- * futex until the scan is done.  The scan runs in the CLONE_VM child of tracer/scanhere.c,
- * which reads the memory it shares (no ptrace, no dumpability check: the kernel lets a
- * process read an address space that is its own), and takes those registers and the stacks
- * from their stack pointers up as roots, as it would a ptrace stop's
- * (tools/scan_stop.c, hold_here).  Cold code: once per process, at its exit.
+ * Then the exiting (or asking) thread parks them itself: it sends each one a real-time
+ * signal the program leaves at its default; the handler (ours, installed for the moment)
+ * copies the thread's registers from its ucontext into a slot of ours, says it is held, and
+ * waits on a futex until the scan is done.  The scan runs in the CLONE_VM child of
+ * tracer/scanhere.c, which reads the memory it shares (no ptrace, no dumpability check: the
+ * kernel lets a process read an address space that is its own), and takes those registers
+ * and the stacks from their stack pointers up as roots, as it would a ptrace stop's
+ * (tools/scan_stop.c, hold_here).  Cold code: once per process at its exit, once per
+ * mmleak_leak_check.
  *
  * The host must not see it (what LeakSanitizer's and conservative collectors' signal stops
  * must also care for, done here our way):
@@ -40,13 +42,30 @@
  *    be pending (a thread that never answered), SIG_IGN first, which discards it (POSIX),
  *    so that SIG_DFL, put back after, never kills the process for it.
  * The slots are a mapping of ours (mml_map: left out of the roots), never unmapped: a late
- * handler may still read its slot after we gave up on it.  Used once, at the exit (the
- * flag that lets the threads go is never set back).
+ * handler may still read its slot after we gave up on it.
+ *
+ * The scan the program asks for while it runs (mmleak_leak_check, the "api" scan) parks
+ * them the same way, and the program goes on afterwards, so more is owed to it:
+ *  - each park has a number, in the signal's value and in each slot's state word
+ *    (tools/scan_park.h): a handler late from an earlier park (its signal taken after we
+ *    gave up on it) finds its number gone and returns at once, never holding a slot of a
+ *    later park, whose threads it would otherwise make look parked while they run;
+ *  - the threads are let go by that number (g_go: the last park let go), and mml_unpark
+ *    waits until each parked one has left the handler (bounded as the park): when
+ *    mmleak_leak_check returns, every thread is back where the signal found it, its mask
+ *    (the kernel's, from the signal frame), its errno (saved) and the disposition (put
+ *    back) as they were; what a ptrace stop would have restarted and the handler cannot
+ *    (above: EINTR of poll, nanosleep...) is the one trace of the park;
+ *  - one scan at a time: exitscan.c serialises them (a second caller waits, signals open,
+ *    so the first parks it like any thread, then scans in turn);
+ *  - a fork meanwhile (a thread in fork() parks once it returns): the child inherits our
+ *    handler, which mml_park_fork_child puts back to the program's disposition.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sched.h>
 #include <linux/futex.h>
 #include <signal.h>
 #include <stdint.h>
@@ -72,7 +91,9 @@
 static struct mml_park g_park;
 static int g_park_pid;
 static int g_held;                      /* futex: threads parked so far */
-static int g_go;                        /* futex: 1, the scan is done, every thread goes on */
+static int g_go;                        /* futex: the number of the last park let go */
+static int g_gen;                       /* this park's number (1, 2, ..., wrapping) */
+static int g_left;                      /* futex: parked threads that left the handler */
 static int g_installed;
 static struct sigaction g_old;          /* the disposition put back */
 
@@ -118,25 +139,44 @@ static void regs_of(struct user_regs_struct *r, const ucontext_t *uc)
     r->gs_base = gs;
 }
 
+/* A slot's state word in park GEN (its low 27 bits: a late handler 2^27 parks old is not
+ * feared) */
+static int state_of(int st, int gen)
+{
+    return st | (int)(((unsigned)gen & ((1u << 27) - 1)) << 4);
+}
+
+/* Has park GEN been let go?  (g_go at or past it, the numbers wrapping) */
+static int let_go(int go, int gen)
+{
+    return (int)((unsigned)go - (unsigned)gen) >= 0;
+}
+
 static void park_handler(int sig, siginfo_t *si, void *uc)
 {
     (void)sig;
     int saved = errno;
-    int i = si->si_value.sival_int;
-    if (si->si_code == SI_QUEUE && si->si_pid == g_park_pid && i >= 0 &&
-        i < __atomic_load_n(&g_park.n, __ATOMIC_ACQUIRE)) {
-        struct mml_park_slot *t = &g_park.slot[i];
-        if (t->tid == (int)mml_sys(SYS_gettid)) {
-            regs_of(&t->regs, uc);      /* (before the state: the scan reads held slots) */
-            int asked = MML_PARK_ASKED;
-            /* the parker may have given up on us meanwhile: then go on at once */
-            if (__atomic_compare_exchange_n(&t->state, &asked, MML_PARK_HELD, 0,
-                                            __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-                __atomic_add_fetch(&g_held, 1, __ATOMIC_RELEASE);
-                mml_sys(SYS_futex, &g_held, FUTEX_WAKE_PRIVATE, 1);
-                while (!__atomic_load_n(&g_go, __ATOMIC_ACQUIRE))
-                    mml_sys(SYS_futex, &g_go, FUTEX_WAIT_PRIVATE, 0, NULL);
-            }
+    /* the value: the park's number, the slot's */
+    uint64_t v = (uint64_t)(uintptr_t)si->si_value.sival_ptr;
+    int gen = (int)(v >> 32), i = (int)(uint32_t)v;
+    struct mml_park_slot *slots = __atomic_load_n(&g_park.slot, __ATOMIC_ACQUIRE);
+    if (si->si_code == SI_QUEUE && si->si_pid == g_park_pid && slots && i >= 0 &&
+        i < PARK_SLOTS) {
+        struct mml_park_slot *t = &slots[i];
+        int asked = state_of(MML_PARK_ASKED, gen);
+        /* the parker may have given up on us meanwhile (or this park is over): then go on
+         * at once; taking first, the registers next, held last (the scan reads held slots) */
+        if (t->tid == (int)mml_sys(SYS_gettid) &&
+            __atomic_compare_exchange_n(&t->state, &asked, state_of(MML_PARK_TAKING, gen), 0,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            regs_of(&t->regs, uc);
+            __atomic_store_n(&t->state, state_of(MML_PARK_HELD, gen), __ATOMIC_RELEASE);
+            __atomic_add_fetch(&g_held, 1, __ATOMIC_RELEASE);
+            mml_sys(SYS_futex, &g_held, FUTEX_WAKE_PRIVATE, 1);
+            for (int go; !let_go(go = __atomic_load_n(&g_go, __ATOMIC_ACQUIRE), gen);)
+                mml_sys(SYS_futex, &g_go, FUTEX_WAIT_PRIVATE, go, NULL);
+            __atomic_add_fetch(&g_left, 1, __ATOMIC_RELEASE);
+            mml_sys(SYS_futex, &g_left, FUTEX_WAKE_PRIVATE, 1);
         }
     }
     errno = saved;
@@ -265,12 +305,14 @@ static int wait_round(int first, int64_t until, int *late, char *st, size_t stca
         int held = __atomic_load_n(&g_held, __ATOMIC_ACQUIRE), open_ = 0;
         for (int i = first; i < g_park.n; i++) {
             struct mml_park_slot *t = &g_park.slot[i];
-            if (__atomic_load_n(&t->state, __ATOMIC_ACQUIRE) != MML_PARK_ASKED)
+            int now = MML_PARK_STATE(__atomic_load_n(&t->state, __ATOMIC_ACQUIRE));
+            if (now != MML_PARK_ASKED && now != MML_PARK_TAKING)
                 continue;
             /* exiting, or the zombie of a main thread that ended: never answers */
-            if (task_status(t->tid, st, stcap) || ended(st)) {
-                int asked = MML_PARK_ASKED;
-                __atomic_compare_exchange_n(&t->state, &asked, MML_PARK_ENDED, 0,
+            if (now == MML_PARK_ASKED && (task_status(t->tid, st, stcap) || ended(st))) {
+                int asked = state_of(MML_PARK_ASKED, g_gen);
+                __atomic_compare_exchange_n(&t->state, &asked,
+                                            state_of(MML_PARK_ENDED, g_gen), 0,
                                             __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
                 continue;
             }
@@ -291,12 +333,19 @@ static int wait_round(int first, int64_t until, int *late, char *st, size_t stca
 #if defined(__x86_64__)
 COLD struct mml_park *mml_park_others(void)
 {
+    /* the slots of an earlier park (mmleak_leak_check) are used again: a late handler
+     * finds their number changed */
+    struct mml_park_slot *slots = g_park.slot;
     memset(&g_park, 0, sizeof g_park);
     g_park_pid = getpid();
+    g_gen = (int)((unsigned)g_gen + 1);
+    g_held = 0;
+    g_left = 0;
     int me = (int)mml_sys(SYS_gettid);
     char st[4096];
     int tids[256];
-    g_park.slot = mml_map(PARK_SLOTS * sizeof *g_park.slot);
+    __atomic_store_n(&g_park.slot, slots ? slots : mml_map(PARK_SLOTS * sizeof *slots),
+                     __ATOMIC_RELEASE);
     if (!g_park.slot) {
         cat(g_park.why, g_park.why + sizeof g_park.why, "out of memory");
         return &g_park;
@@ -348,22 +397,23 @@ COLD struct mml_park *mml_park_others(void)
                 return &g_park;
             }
             struct mml_park_slot *t = &g_park.slot[g_park.n];
+            __atomic_store_n(&t->state, state_of(MML_PARK_ASKED, g_gen), __ATOMIC_RELEASE);
             t->tid = tids[k];
-            t->state = MML_PARK_ASKED;
-            __atomic_store_n(&g_park.n, g_park.n + 1, __ATOMIC_RELEASE);
+            g_park.n++;
             siginfo_t si;
             memset(&si, 0, sizeof si);
             si.si_signo = g_park.sig;
             si.si_code = SI_QUEUE;
             si.si_pid = g_park_pid;
             si.si_uid = getuid();
-            si.si_value.sival_int = (int)(t - g_park.slot);
+            si.si_value.sival_ptr = (void *)(uintptr_t)((uint64_t)(unsigned)g_gen << 32 |
+                                                        (uint64_t)(t - g_park.slot));
             if (mml_sys(SYS_rt_tgsigqueueinfo, g_park_pid, t->tid, g_park.sig, &si)) {
                 if (errno == ESRCH) {   /* ended since it was listed */
-                    t->state = MML_PARK_ENDED;
+                    t->state = state_of(MML_PARK_ENDED, g_gen);
                     continue;
                 }
-                t->state = MML_PARK_GAVE_UP;
+                t->state = state_of(MML_PARK_GAVE_UP, g_gen);
                 park_why("thread ", t->tid, errno == EAGAIN ? ": the signal queue is full"
                                                         : ": the signal cannot be sent");
                 return &g_park;
@@ -382,22 +432,48 @@ COLD struct mml_park *mml_park_others(void)
 }
 #endif
 
-/* After the scan: the parked threads go on; the disposition is put back (see above) */
-COLD void mml_unpark(void)
+/* After the scan: the parked threads go on; the disposition is put back (see above).
+ * WAIT (the program goes on: mmleak_leak_check): until each parked thread has left the
+ * handler, within PARK_NS. */
+COLD void mml_unpark(int wait)
 {
-    __atomic_store_n(&g_go, 1, __ATOMIC_RELEASE);
+    int pending = 0, parked = 0;
+    for (int i = 0; g_park.slot && i < g_park.n; i++) {
+        int asked = state_of(MML_PARK_ASKED, g_gen);
+        /* never answered: its handler, should it still come, goes on at once */
+        if (__atomic_compare_exchange_n(&g_park.slot[i].state, &asked,
+                                        state_of(MML_PARK_GAVE_UP, g_gen), 0,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) ||
+            MML_PARK_STATE(asked) == MML_PARK_GAVE_UP)
+            pending = 1;
+        else if (MML_PARK_STATE(asked) == MML_PARK_HELD ||
+                 MML_PARK_STATE(asked) == MML_PARK_TAKING)
+            parked++;
+    }
+    __atomic_store_n(&g_go, g_gen, __ATOMIC_RELEASE);
     mml_sys(SYS_futex, &g_go, FUTEX_WAKE_PRIVATE, INT_MAX);
+    int64_t until = now_ns() + PARK_NS, left;
+    for (; wait;) {
+        int n = __atomic_load_n(&g_left, __ATOMIC_ACQUIRE);
+        if (n >= parked || (left = until - now_ns()) <= 0)
+            break;
+        struct timespec ts = { 0, left < 10000000 ? left : 10000000 };
+        mml_sys(SYS_futex, &g_left, FUTEX_WAIT_PRIVATE, n, &ts);
+    }
+    /* Each has left the wait, and is a few instructions from its sigreturn, every signal
+     * still blocked: a scan asked next would take it for a thread that blocks them all
+     * (seen: "blocks every real-time signal" when two threads asked at once).  Its own mask
+     * never blocked our signal (it took it): back in it once that bit is clear in SigBlk. */
+    char st[4096];
+    for (int i = 0; wait && i < g_park.n; i++) {
+        int now = MML_PARK_STATE(__atomic_load_n(&g_park.slot[i].state, __ATOMIC_ACQUIRE));
+        while ((now == MML_PARK_HELD || now == MML_PARK_TAKING) && now_ns() < until &&
+               !task_status(g_park.slot[i].tid, st, sizeof st) && !ended(st) &&
+               mml_status_hex(st, "\nSigBlk:") >> (g_park.sig - 1) & 1)
+            sched_yield();
+    }
     if (!g_installed)
         return;
-    int pending = 0;
-    for (int i = 0; i < g_park.n; i++) {
-        int asked = MML_PARK_ASKED;
-        /* never answered: its handler, should it still come, goes on at once */
-        if (__atomic_compare_exchange_n(&g_park.slot[i].state, &asked, MML_PARK_GAVE_UP, 0,
-                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) ||
-            asked == MML_PARK_GAVE_UP)
-            pending = 1;
-    }
     if (pending) {
         struct sigaction ign;
         memset(&ign, 0, sizeof ign);
@@ -406,4 +482,14 @@ COLD void mml_unpark(void)
     }
     sigaction(g_park.sig, &g_old, NULL);
     g_installed = 0;
+}
+
+/* In the child of a fork made while threads were parked (a thread in fork() parks once it
+ * returns, and the child has only it): the program's disposition again, not our handler */
+COLD void mml_park_fork_child(void)
+{
+    if (g_installed) {
+        sigaction(g_park.sig, &g_old, NULL);
+        g_installed = 0;
+    }
 }

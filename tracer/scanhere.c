@@ -12,7 +12,9 @@
  * The child's memory is the process's: its stack and everything the scan allocates are
  * mml_map's mappings (listed in tracer/ownlist.h, left out of the roots), never the
  * program's heap (its state is the program's; a child killed in the middle of a malloc would
- * leave its lock held).  Cold code: once per process, at its exit.
+ * leave its lock held).  Cold code: once per process, at its exit; and at each
+ * mmleak_leak_check of a process whose other threads are parked (tracer/park.c: ptrace
+ * refused), the program going on after it.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -61,14 +63,15 @@ void mmleak_scan_limits(void);
 #define MAX_CHUNKS 4096
 struct hdr { void *base; size_t maplen, size, pad; };
 
-/* The scan here is the exit's (the only one run here): the process ends right after it,
- * and its memory goes then, all at once.  A munmap of each of the scan's mappings (its
+/* The scan at the exit: the process ends right after it, and its memory goes then, all
+ * at once.  A munmap of each of the scan's mappings (its
  * window, its tables, its chunks, the child's stack), each a change of an address space
  * that two processes share, was 5 % of the samples of a small program's start-up and exit
  * under the tracer (mmleak-performance-heap(7), "Start-up and exit, the scan at exit's costs
  * counted").  So up to KEEP bytes of them stay mapped, and listed (tracer/ownlist.h:
  * mmleak-scan, if it runs after us, still leaves them out); past that they are unmapped as
- * ever (a big scan's gigabytes are not held to the end). */
+ * ever (a big scan's gigabytes are not held to the end).  The scan a running program asked
+ * for (mmleak_leak_check, its threads parked) keeps nothing: the program goes on. */
 #define KEEP ((size_t)64 << 20)
 static size_t kept;
 
@@ -424,7 +427,7 @@ int mml_here_layout(uint64_t lo, struct mml_pthread_layout *l)
 /* ---- the child ---- */
 struct here {
     int pid, tid, nfiles;
-    const char *dir, *id;
+    const char *dir, *id, *why;
     uint64_t floor, lone[3];
     const struct mml_park *park;        /* the other threads, parked (park.c), or NULL */
     int go;                             /* set (and woken) once we may read the process */
@@ -456,7 +459,7 @@ static int child_main(void *arg)
         mml_sys(SYS_futex, &h->go, FUTEX_WAIT, 0, NULL, NULL, 0);
     char out[4200], err[512];
     uint64_t totals[8] = { 0 };
-    int rc = mmleak_scan_floor(h->pid, h->dir, h->id, "exit", out, sizeof out, err,
+    int rc = mmleak_scan_floor(h->pid, h->dir, h->id, h->why, out, sizeof out, err,
                                sizeof err, totals, h->tid, h->floor, h->nfiles, h->lone,
                                h->park);
     release_all();
@@ -479,17 +482,19 @@ static int child_main(void *arg)
  * the other threads are parked because mmleak-scan could not stop them. */
 int mml_here_stays;
 
-/* The scan of this process, its thread TID alone, or the others parked (PARK: tracer/park.c,
- * here), and waiting below FLOOR (SP FS GS: LONE), in a child of ours that shares our
- * memory; the caller blocked every signal.  The child's exit status (mmleak-scan's: 0 done,
- * 1 leaks, 2 could not scan, 3 no result: ERR, ERRLEN bytes, then says why), -1 when it
- * did not end by itself, -2 when it could not be started (mmleak-scan may be). */
-COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone[3],
-                       int park, char *err, size_t errlen)
+/* The scan WHY of this process, its thread TID alone, or the others parked (PARK:
+ * tracer/park.c, here), and waiting below FLOOR (SP FS GS: LONE), in a child of ours that
+ * shares our memory; the caller blocked every signal.  The child's exit status
+ * (mmleak-scan's: 0 done, 1 leaks, 2 could not scan, 3 no result: ERR, ERRLEN bytes, then
+ * says why), -1 when it did not end by itself, -2 when it could not be started
+ * (mmleak-scan may be). */
+COLD int mml_scan_here(const char *why, int tid, uintptr_t floor, int nfiles,
+                       const uint64_t lone[3], int park, char *err, size_t errlen)
 {
     static struct here h;               /* (in our .bss, which the scan leaves out) */
     memset(&h, 0, sizeof h);
     h.pid = getpid();
+    h.why = why;
     h.tid = tid;
     h.nfiles = nfiles;
     h.dir = cfg.dir;
@@ -498,7 +503,7 @@ COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone
     memcpy(h.lone, lone, sizeof h.lone);
     mml_here_stays = park;
     g_layout.ok = 0;
-    kept = 0;
+    kept = strcmp(why, "exit") ? KEEP : 0;      /* (the budget spent: nothing kept) */
     /* before the others are parked: the loader's lock (dl_iterate_phdr's) may be held by
      * one of them, which would then wait for us */
     mml_each_object(layout_of_object, NULL);
@@ -509,9 +514,10 @@ COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone
     if (park)
         h.park = mml_park_others();
     pid_t child = clone(child_main, stack + STACK, CLONE_VM | SIGCHLD, &h);
+    int api = strcmp(why, "exit") != 0;
     if (child < 0) {
         if (park)
-            mml_unpark();
+            mml_unpark(api);
         mml_unmap(stack, STACK);
         return -2;
     }
@@ -524,7 +530,7 @@ COLD int mml_scan_here(int tid, uintptr_t floor, int nfiles, const uint64_t lone
     while ((r = waitpid(child, &st, 0)) < 0 && errno == EINTR)
         ;
     if (park)
-        mml_unpark();
+        mml_unpark(api);
     if (named)
         mml_sys(SYS_prctl, PR_SET_PTRACER, 0, 0, 0, 0);
     sc_unmap(stack, STACK);

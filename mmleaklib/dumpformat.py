@@ -432,6 +432,7 @@ def read_head(f, name):
 # ---------------------------------------------------------------------------------------
 
 SCAN_FIRST_RE = re.compile(rb"#mmleak-scan (\d+) id=(\S+) pid=(\d+)")
+SCAN_FORMAT = 1                     # the newest version of the scan result read here
 
 
 def read_scan_head(f, name):
@@ -439,14 +440,17 @@ def read_scan_head(f, name):
     say, up to its '#data' line: {attribute of scan.Scan: value} of those it has (version,
     id, pid, why, time, status, reason, attached, threads, held, roots, excluded, kinds,
     blocks; data_at: where its data start, after '#data').  Read PEEK bytes at a time, in
-    bounded memory.  Raises Fail (one line, NAME:LINE): a first line that is not
-    a scan's, a damaged line."""
+    bounded memory.  Raises Fail (one line, NAME:LINE): a first line that is not a scan's,
+    a version newer than SCAN_FORMAT, a damaged line."""
     m = SCAN_FIRST_RE.match(f.readline(PEEK))
     if not m:                           # (none of its bytes shown: they may be anything)
         raise Fail("%s:1: not an mmleak scan result (its first line is not "
                    "'#mmleak-scan VERSION id=ID pid=PID')" % name)
     out = {"version": int(m.group(1)), "id": m.group(2).decode("utf-8", "replace"),
            "pid": int(m.group(3))}
+    if out["version"] > SCAN_FORMAT:
+        raise Fail("%s: scan format %d is newer than this mmleak.py reads (%d)"
+                   % (name, out["version"], SCAN_FORMAT))
     lineno = 1
     while True:
         line = f.readline(PEEK)

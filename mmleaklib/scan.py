@@ -23,7 +23,6 @@ from .errors import Fail, Refused
 KINDS = ("definite", "indirect", "possible", "reachable")
 UNKNOWN = "unknown"
 SCAN_RE = re.compile(r"^mmleak\.%s\.scan\.(\d+)$" % files.ID)
-FORMAT = 1
 NO_SCAN = ("no scan ran: the process ended by _exit, abort, a fatal signal or SIGKILL, "
            "scanning was off (MMLEAK_SCAN=0), or it still runs (mmleak.py scan PID)")
 
@@ -131,9 +130,6 @@ def read_scan(path):
     s = Scan(path)
     with files.open_trace_file(path) as f:
         head = read_scan_head(f, path)
-    if head["version"] > FORMAT:
-        raise Fail("%s: scan format %d is newer than this mmleak.py reads (%d)"
-                   % (path, head["version"], FORMAT))
     for k, v in head.items():
         setattr(s, k, v)
     return s

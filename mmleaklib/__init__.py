@@ -7,7 +7,8 @@
     layout      where the pieces are: the commands' installed names, the library directories
     files       TraceFiles (every file name), finding traces, the safe open of a dump
                 directory's files, the lines a thread has not flushed, new_output
-    dumpformat  the line reader and parsers of the dump format, problems and their words
+    dumpformat  the line reader and parsers of the dump format (every '#' line, a file's
+                head, a scan result's head), problems and their words
     shrink      Shrinker, the reference engine; shrink_files
     native      ctypes binding of mmleak-tools.so: the compiled shrinker, the injector
     blocks      the survivors as native arrays (Live), their per-(stack, kind) aggregates

@@ -21,13 +21,15 @@ import contextlib
 import errno
 import io
 import os
-import re
 import stat
 import sys
 import tempfile
 import time
 
 from . import errors, files
+from .dumpformat import (NOT_KEPT, STACK_REF_RE, clock_line, compacted_line, folded_line,
+                         header_file, header_int, parse_header, parse_tagged, read_head,
+                         result_header)
 from .errors import EXIT_INPUT, EXIT_OK, Fail, Refused, refuse, warn
 from .files import TraceFiles, tail_of
 from . import series as series_mod
@@ -378,8 +380,9 @@ def _staged_header(tail):
     except (OSError, Refused):
         return None
     for line in head.split(b"\n")[:4]:         # after the half's "#at" line
-        if line.startswith(b"#mmleak "):
-            return files.parse_header(line + b"\n")
+        h = parse_header(line + b"\n")
+        if h:
+            return h
     return None
 
 
@@ -391,9 +394,8 @@ def _trace_birth(paths):
         h = files._first_header(p)
         if not h and tail_of(p):
             h = _staged_header(tail_of(p))
-        if h and h.get("start", "").isdigit():
-            ps = h.get("pstart", "")
-            return int(h["start"]), int(ps) if ps.isascii() and ps.isdigit() else None
+        if h and header_int(h, "start", None) is not None:
+            return header_int(h, "start"), header_int(h, "pstart", None)
     return None, None
 
 
@@ -412,40 +414,31 @@ def complete_files(directory, tid, paths, traces=None):
         tails
 
 
-STACK_REF_RE = re.compile(rb"@([0-9a-f]{1,16})\n")         # an allocation's stack
-
-
 def _compact_header_lines(sh, folded, run=None):
     """The '#' lines of a compacted result (SH from shrink_raw): one '#mmleak' header (the
     trace's first), the command, the allocator, the gaps, the counts, and the names of the
     inputs of this pass."""
     out, seen_hdr = [], False
+    tags = [parse_tagged(line)[0] for line in sh.header_lines]
     # the trace's first: a result's (it has no file=), else the lowest file= (whatever the
     # order the inputs were read in: a merge reads the oldest level last)
-    first = min((l for l in sh.header_lines if l.startswith(b"#mmleak ")), default=None,
-                key=lambda l: int((re.search(rb" file=(\d+)", l) or [b"", b"-1"])[1]))
-    for line in sh.header_lines:
-        if line.startswith(b"#mmleak "):
+    first = min((l for l, t in zip(sh.header_lines, tags) if t == b"mmleak"), default=None,
+                key=header_file)
+    for line, tag in zip(sh.header_lines, tags):
+        if tag == b"mmleak":
             if seen_hdr:
                 continue
             seen_hdr = True
-            out.append(re.sub(rb" (tid|file)=\S+", b"", first))
-        elif line.startswith((b"#thread ", b"#end", b"#folded ", b"#compacted ", b"#at ",
-                              b"#walks ")):
-            continue
-        else:
+            out.append(result_header(first))
+        elif tag not in NOT_KEPT:
             out.append(line)
     entries, entry_allocs = sh.result_lines
     h = sh.history()
     files = sh.compacted["files"] + sum(1 for p in folded if p.endswith(".out"))
-    allocs = b"" if h["allocs"] is None else b" allocs=%d entry_allocs=%d" % (h["allocs"],
-                                                                             entry_allocs)
-    out.append(b"#clock %d\n" % sh.max_time)
-    out.append(b"#compacted files=%d events=%d entries=%d%s at=%d%s\n"
-               % (files, h["events"], entries, allocs, int(time.time()),
-                  b"" if run is None else b" run=%d" % run))
-    for p in folded:
-        out.append(b"#folded %s\n" % os.path.basename(p).encode())
+    out.append(clock_line(sh.max_time))
+    out.append(compacted_line(files, h["events"], entries, h["allocs"], entry_allocs,
+                              int(time.time()), run))
+    out.extend(folded_line(os.path.basename(p)) for p in folded)
     return out
 
 
@@ -747,17 +740,13 @@ def _kept(levels):
     for p in levels:
         try:
             with files.open_trace_file(p) as f:
-                for _ in range(4096):
-                    line = f.readline(4096)
-                    if not line.startswith(b"#") or line.startswith(b"#s "):
-                        break
-                    if line.startswith(b"#compacted "):
-                        kv = dict(w.split(b"=", 1) for w in line.split()[1:] if b"=" in w)
-                        events += int(kv.get(b"events", 0))
-                        lines += int(kv.get(b"entries", 0))
-                        break
-        except (OSError, Refused, ValueError):
+                c = read_head(f, p)["compacted"] or {}
+        except (OSError, Fail):         # (Refused too)
             return 1.0
+        if None in (c.get("events", 0), c.get("entries", 0)):
+            return 1.0                  # malformed
+        events += c.get("events", 0)
+        lines += c.get("entries", 0)
     return min(lines / events, 1.0) if events else 1.0
 
 

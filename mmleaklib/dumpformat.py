@@ -1,4 +1,9 @@
-"""The dump format (mmleak-format(5), docs/format.rst): the line reader and the parsers."""
+"""The dump format (mmleak-format(5), docs/format.rst): the line reader and the parsers.
+
+The one place that knows the syntax of the files of mmleak-format(5): the event lines, the
+stacks, every '#' line of a dump, a result and a compacted result (read: parse_tagged,
+read_head; written: clock_line, compacted_line, folded_line, result_header), a staging
+half's '#at', and a scan result's head (read_scan_head).  The other modules ask it."""
 import collections
 import errno
 import io
@@ -6,8 +11,8 @@ import os
 import re
 import stat
 
-from .errors import warn
-from .facts import LINE_MAX
+from .errors import Fail, warn
+from .facts import LINE_MAX, READ_VERSIONS
 
 # Reading in bounded memory, whatever a file holds (mmleak-format(5), "The dump format"): a line
 # longer than LINE_MAX is reported, not kept; a run of NUL bytes (padding; a hole a crash left
@@ -173,6 +178,33 @@ def parse_event(line, stacks=None):
     return Free(int(m.group(1), 16), int(m.group(2), 16), int(c, 16))
 
 
+# an allocation line's stack ("@ID" at its end)
+STACK_REF_RE = re.compile(rb"@([0-9a-f]{1,16})\n")
+
+
+def stack_ref(line):
+    """The stack ID of the allocation line LINE ("@ID"), or None (its callers are its
+    fields)."""
+    at = line.rfind(b"@")
+    return int(line[at + 1:], 16) if at >= 0 else None
+
+
+def alloc_time(line):
+    """The TIME of the allocation line LINE."""
+    return int(line.split(b" ", 4)[3], 16)
+
+
+def bracket_line(line, seq, start):
+    """The bracket line ('PTR SEQ +' for START, else 'PTR SEQ -') at SEQ of the address of
+    the event line LINE."""
+    return b"%s %x %s\n" % (line.split(b" ", 1)[0], seq, b"+" if start else b"-")
+
+
+def is_header(line):
+    """Whether LINE is a '#mmleak' header line (a file's first: parse_header reads it)."""
+    return line.startswith(b"#mmleak ")
+
+
 def _unescape(raw):
     """mmleak.so writes bytes outside printable ASCII (and '\\') as \\xHH."""
     raw = re.sub(rb"\\x([0-9a-f]{2})", lambda g: bytes([int(g.group(1), 16)]), raw)
@@ -212,15 +244,257 @@ def parse_stack(line):
 
 def parse_header(line):
     """'#mmleak 1 k=v ...' -> dict (with 'version'); other '#' lines -> None."""
-    text = line.decode("utf-8", "replace").rstrip("\n")
-    if not text.startswith("#mmleak "):
+    if not is_header(line):
         return None
+    text = line.decode("utf-8", "replace").rstrip("\n")
     parts = text.split()
     h = {"version": parts[1] if len(parts) > 1 else "?"}
     for p in parts[2:]:
         k, _, v = p.partition("=")
         h[k] = v
     return h
+
+
+def check_version(h, name, lineno):
+    """Fail (one line, NAME:LINENO) for the header H of a format version not read here."""
+    if h["version"] not in READ_VERSIONS:
+        raise Fail("%s:%d: dump format version %s, this mmleak.py reads %s"
+                   % (name, lineno, h["version"], " and ".join(READ_VERSIONS)))
+
+
+# ---------------------------------------------------------------------------------------
+# The other '#' lines (docs/format.rst's table), read and written here only: a reader asks
+# parse_tagged for a line's tag and value, a writer for the line (clock_line...).
+# ---------------------------------------------------------------------------------------
+
+def _rest(line, tag):
+    """What follows '#TAG ' on the line (its newline dropped)."""
+    return line[len(tag) + 2:].rstrip(b"\n")
+
+
+def _fields(words):
+    """{key: value} of the 'key=value' words (bytes)."""
+    return dict(w.split(b"=", 1) for w in words if b"=" in w)
+
+
+def _clock(line):
+    v = _rest(line, b"clock")
+    return int(v) if v.isdigit() and len(v) <= 20 else None
+
+
+def _title(line):
+    t, _, text = _rest(line, b"title").partition(b" ")
+    if t[:2] != b"t=" or not t[2:].isdigit():
+        return None
+    return int(t[2:]), _unescape(text)
+
+
+def _noscan(line):
+    why, _, text = _rest(line, b"noscan").partition(b" ")
+    return why.decode("ascii", "replace"), _unescape(text)
+
+
+def _lost(line):
+    words = line.split()
+    return (int(words[1]) if len(words) > 1 and words[1].isdigit() else None,
+            _fields(words[1:]).get(b"k", b"?"))
+
+
+def _nofile(line):
+    """'#nofile THREADS ERRNO': that many threads lost their events (counted in '#lost') for
+    want of a dump file of their own; (threads, errno)."""
+    words = line.split()
+    if len(words) == 3 and words[1].isdigit() and words[2].isdigit():
+        return int(words[1]), int(words[2])
+    return None
+
+
+def _compacted(line):
+    return {k.decode("ascii", "replace"): int(v) if v.isdigit() else None
+            for k, v in _fields(line.split()[1:]).items()}
+
+
+def _at(line):
+    m = re.fullmatch(rb"#at ([0-9a-f]{16}) *\n", line)
+    return int(m.group(1), 16) if m else None
+
+
+# tag -> the value of a line with it (None: malformed, or nothing to say)
+_TAGGED = {
+    b"mmleak": parse_header,
+    b"cmd": lambda line: _unescape(_rest(line, b"cmd")),
+    b"alloc": lambda line: _unescape(_rest(line, b"alloc")),
+    b"suppressions": lambda line: _unescape(_rest(line, b"suppressions")),
+    b"title": _title,                                   # (t, text)
+    b"noscan": _noscan,                                 # (why, reason)
+    b"dropping": lambda line: _fields(line.split()[1:]).get(b"k", b"?"),   # the gap's k
+    b"lost": _lost,                                     # (events or None, the gap's k)
+    b"nofile": _nofile,                                 # (threads, errno)
+    b"clock": _clock,                                   # the trace's clock
+    b"compacted": _compacted,                           # {field: number or None}
+    b"folded": lambda line: _rest(line, b"folded").decode("utf-8", "replace"),
+    b"s": parse_stack,                                  # (id, frames)
+    b"at": _at,                                         # a staging half's place in .out
+}
+
+
+def parse_tagged(line):
+    """(tag, value) of the '#' line LINE (with its newline): its tag without the '#'
+    (b"mmleak", b"cmd"...; b"" for a line that is '#' alone) and what it says (see
+    _TAGGED; None when the line is malformed or says nothing but its tag: #end, #thread,
+    #walks, or a tag not in the format)."""
+    tag = line[1:].split(b" ", 1)[0].rstrip(b"\n")
+    parse = _TAGGED.get(tag)
+    return tag, parse(line) if parse else None
+
+
+def staged_at(data):
+    """(OFFSET, the length of its line) of the '#at OFFSET' line that starts DATA (a half of
+    a staging file, mmleak.ID.N.tail), or None."""
+    line = data[:data.find(b"\n") + 1]
+    off = _at(line) if line else None
+    return None if off is None else (off, len(line))
+
+
+def clock_line(t):
+    return b"#clock %d\n" % t
+
+
+def folded_line(name):
+    return b"#folded %s\n" % name.encode()
+
+
+def compacted_line(files, events, entries, allocs, entry_allocs, at, run=None):
+    """A compacted result's '#compacted' line (ALLOCS None: the counts of allocations are
+    unknown, left out; RUN: the run's number, for a run)."""
+    return b"#compacted files=%d events=%d entries=%d%s at=%d%s\n" % (
+        files, events, entries,
+        b"" if allocs is None else b" allocs=%d entry_allocs=%d" % (allocs, entry_allocs),
+        at, b"" if run is None else b" run=%d" % run)
+
+
+# the '#' lines of the inputs a compacted result does not keep: they are of one file (its
+# thread, its end, its stack walks), or of an earlier pass (its own lines, written anew)
+NOT_KEPT = (b"thread", b"end", b"folded", b"compacted", b"at", b"walks")
+
+
+def result_header(line):
+    """The '#mmleak' line of a result made of the file whose header is LINE: without the
+    fields of that one file (tid=, file=)."""
+    return re.sub(rb" (tid|file)=\S+", b"", line)
+
+
+def header_file(line):
+    """The file= number of the '#mmleak' line LINE (-1: none, as a result's)."""
+    h = parse_header(line)
+    return header_int(h, "file", -1) if h else -1
+
+
+# ---------------------------------------------------------------------------------------
+# The head of a file: its '#' lines before its stacks and events, for the readers that need
+# only that (the files a result folded, its counts, a trace's start and command)
+# ---------------------------------------------------------------------------------------
+
+def read_head(f, name):
+    """What the '#' lines at the start of F say (a regular file, binary, read from where it
+    is; NAME for messages), up to its first line that is not one of them (a stack, an
+    event, a torn or a too long line): {"header": parse_header's dict of its first
+    '#mmleak' line or None, "cmd": the command or None, "clock": the clock or None,
+    "compacted": its first '#compacted' fields or None, "folded": the names of its
+    '#folded' lines}.  Blank lines, and a start a crash left NULs in, are skipped as the
+    readers skip them.  A line at a time (LINE_MAX bytes at most), the names kept.  Raises
+    Fail (one line, the file and line, status 2): a file that is not a dump at all
+    (not_a_dump), a format version not read here."""
+    head = {"header": None, "cmd": None, "clock": None, "compacted": None, "folded": []}
+    start = f.tell()
+    if not_a_dump(f.read(PEEK)):
+        raise not_dump_fail(name)
+    f.seek(start)
+    lineno = 0
+    while True:
+        line = f.readline(LINE_MAX + 1)
+        lineno += 1
+        if line[-1:] != b"\n":
+            break                       # the end, or a torn or too long line
+        if not line.strip(b" \n") or b"\0" in line:
+            continue
+        if line[:1] != b"#":
+            break
+        tag, value = parse_tagged(line)
+        if tag == b"s":
+            break
+        if tag == b"mmleak" and head["header"] is None:
+            check_version(value, name, lineno)
+            head["header"] = value
+        elif tag == b"cmd" and head["cmd"] is None:
+            head["cmd"] = value
+        elif tag == b"clock" and value is not None:
+            head["clock"] = max(head["clock"] or 0, value)
+        elif tag == b"compacted" and head["compacted"] is None:
+            head["compacted"] = value
+        elif tag == b"folded":
+            head["folded"].append(value)
+    return head
+
+
+# ---------------------------------------------------------------------------------------
+# The scan result (mmleak-format(5), "The scan result"): its '#' lines, then its data
+# ---------------------------------------------------------------------------------------
+
+SCAN_FIRST_RE = re.compile(rb"#mmleak-scan (\d+) id=(\S+) pid=(\d+)")
+SCAN_FORMAT = 1                     # the newest version of the scan result read here
+
+
+def read_scan_head(f, name):
+    """What the '#' lines of the scan result F (binary, at its start; NAME for messages)
+    say, up to its '#data' line: {attribute of scan.Scan: value} of those it has (version,
+    id, pid, why, time, status, reason, attached, threads, held, roots, excluded, kinds,
+    blocks; data_at: where its data start, after '#data').  Read PEEK bytes at a time, in
+    bounded memory.  Raises Fail (one line, NAME:LINE): a first line that is not a scan's,
+    a version newer than SCAN_FORMAT, a damaged line."""
+    m = SCAN_FIRST_RE.match(f.readline(PEEK))
+    if not m:                           # (none of its bytes shown: they may be anything)
+        raise Fail("%s:1: not an mmleak scan result (its first line is not "
+                   "'#mmleak-scan VERSION id=ID pid=PID')" % name)
+    out = {"version": int(m.group(1)), "id": m.group(2).decode("utf-8", "replace"),
+           "pid": int(m.group(3))}
+    if out["version"] > SCAN_FORMAT:
+        raise Fail("%s: scan format %d is newer than this mmleak.py reads (%d)"
+                   % (name, out["version"], SCAN_FORMAT))
+    lineno = 1
+    while True:
+        line = f.readline(PEEK)
+        lineno += 1
+        if not line:
+            return out                  # no #data: nothing classified
+        w = line.decode("utf-8", "replace").rstrip("\n").split(" ")
+        key = w[0]
+        if key == "#data":
+            out["data_at"] = f.tell()
+            return out
+        try:
+            if key == "#when":
+                out["why"] = w[1]
+                for kv in w[2:]:
+                    if kv.startswith("time="):
+                        out["time"] = float(kv[5:])
+            elif key == "#status":
+                out["status"] = w[1]
+                out["reason"] = " ".join(w[2:]) if w[1] != "done" else None
+            elif key == "#attached":
+                out["attached"] = w[1] == "1"
+            elif key == "#threads":
+                out["threads"] = int(w[1])
+            elif key == "#held":
+                out["held"] = w[1]
+            elif key in ("#roots", "#excluded"):
+                out.setdefault(key[1:], {})[w[1]] = (int(w[2]), int(w[3]))
+            elif key == "#kind":
+                out.setdefault("kinds", {})[w[1]] = (int(w[2]), int(w[3]))
+            elif key == "#blocks":
+                out["blocks"] = int(w[1])
+        except (IndexError, ValueError):
+            raise Fail("%s:%d: bad header line %r" % (name, lineno, line[:80]))
 
 
 # ---------------------------------------------------------------------------------------
@@ -288,8 +562,8 @@ NOT_DUMP = ("not an mmleak dump (its first line is neither an event line nor one
             "format's '#' lines, as the '#mmleak' that starts a dump); refused")
 # the '#' lines of a dump, a result and a compacted result (docs/format.rst), by their tag
 DUMP_TAGS = (b"mmleak", b"cmd", b"title", b"alloc", b"suppressions", b"dropping", b"lost",
-             b"noscan", b"nofile", b"walks", b"thread", b"end", b"clock", b"compacted", b"folded", b"at",
-             b"s")
+             b"noscan", b"nofile", b"walks", b"thread", b"end", b"clock", b"compacted",
+             b"folded", b"at", b"s")
 _TAG_LINE = re.compile(rb"#(?:%s)[ \n]" % b"|".join(DUMP_TAGS))
 _TORN_EVENT = re.compile(rb"[0-9a-f]{1,16}(?: [0-9a-f@+-]*)*")
 
@@ -337,6 +611,11 @@ def not_a_dump(head):
         if v != SKIP:
             return v == NOT
     return False
+
+
+def not_dump_fail(name):
+    """The Fail of NAME, a file that is not a dump at all (NOT_DUMP)."""
+    return Fail("%s: %s" % (name, NOT_DUMP))
 
 
 def cannot_read(name, why):

@@ -18,7 +18,7 @@ import sys
 import tempfile
 
 from . import layout
-from .dumpformat import _CHUNK, dump_lines, header_int, parse_header
+from .dumpformat import _CHUNK, dump_lines, header_int, read_head, staged_at
 from .errors import EXIT_INPUT, Fail, Refused, refuse
 from .facts import LIBNAME
 
@@ -310,11 +310,12 @@ def find_traces(directory, only=None, said=None, folded=True):
 
 
 def _first_header(path):
-    """The header of the dump file PATH (its first line, read as a bounded one), or None."""
+    """The header of the dump file PATH, or None (a file that cannot be read: its reader
+    says why)."""
     try:
         with open_trace_file(path) as f:
-            return parse_header(f.readline(4096))
-    except (OSError, Refused):
+            return read_head(f, path)["header"]
+    except (OSError, Refused, Fail):
         return None
 
 
@@ -372,16 +373,16 @@ def _previously_folded(path, tid):
     own; see _trusted_result).  The runs it merged (mmleak.ID.compact.N) are among them."""
     names = []
     try:
-        for line in read_lines(path):
-            if not line.startswith(b"#") or line.startswith(b"#s "):
-                break
-            if line.startswith(b"#folded "):
-                name = line[8:].rstrip(b"\n").decode("utf-8", "replace")
-                m = DUMP_RE.match(name) or RUN_RE.match(name)
-                if m and m.group(1) == tid:
-                    names.append(name)
-    except OSError:
-        pass
+        with open_trace_file(path) as f:
+            folded = read_head(f, path)["folded"]
+    except Refused:
+        raise
+    except (OSError, Fail):             # (the trace's reader says why)
+        return names
+    for name in folded:
+        m = DUMP_RE.match(name) or RUN_RE.match(name)
+        if m and m.group(1) == tid:
+            names.append(name)
     return names
 
 
@@ -403,10 +404,10 @@ def _tail_segments(fd, have):
     half = size // 2
     halves = []
     for start, end in ((0, half), (half, size)):
-        m = re.match(rb"#at ([0-9a-f]{16}) *\n", os.pread(fd, min(end - start, 4096), start))
-        if not m:
+        at = staged_at(os.pread(fd, min(end - start, 4096), start))
+        if not at:
             continue
-        pos = body = start + m.end()
+        pos = body = start + at[1]
         n = end - body                  # the lines end at the first NUL
         while pos < end:
             chunk = os.pread(fd, min(_CHUNK, end - pos), pos)
@@ -418,7 +419,7 @@ def _tail_segments(fd, have):
                 n = pos + nul - body
                 break
             pos += len(chunk)
-        halves.append((int(m.group(1), 16), body, n))
+        halves.append((at[0], body, n))
     out = []
     for off, body, n in sorted(halves):
         if off + n <= have:

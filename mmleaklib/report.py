@@ -8,7 +8,7 @@ import time
 
 from . import elfcode, files
 from .compact import READ_LOCK_WAIT, read_trace
-from .dumpformat import _unescape, header_int, parse_header
+from .dumpformat import header_int, read_head
 from .errors import Fail, Refused, printable, refuse, warn
 from .facts import MAX_DEPTH
 from .files import TraceFiles, new_output
@@ -28,20 +28,13 @@ TRACE_ID_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
 def trace_head(paths):
     """(start, command) from the first lines of a trace's first readable file (None, None)."""
     for p in paths:
-        start, cmd = None, None
         try:
             with files.open_trace_file(p) as f:
-                for i, line in enumerate(f):
-                    if i == 0:
-                        h = parse_header(line)
-                        start = header_int(h, "start", None) if h else None
-                    elif line.startswith(b"#cmd "):
-                        cmd = _unescape(line[5:].rstrip(b"\n"))
-                    if cmd is not None or i >= 16 or not line.startswith(b"#"):
-                        break
-        except (OSError, ValueError, Refused):
+                head = read_head(f, p)
+        except (OSError, Fail):         # (Refused too; its reader says why)
             continue
-        return start, cmd
+        h = head["header"]
+        return header_int(h, "start", None) if h else None, head["cmd"]
     return None, None
 
 

@@ -17,12 +17,12 @@ import re
 import stat
 
 from . import facts, files, native
+from .dumpformat import read_scan_head
 from .errors import Fail, Refused
 
 KINDS = ("definite", "indirect", "possible", "reachable")
 UNKNOWN = "unknown"
 SCAN_RE = re.compile(r"^mmleak\.%s\.scan\.(\d+)$" % files.ID)
-FORMAT = 1
 NO_SCAN = ("no scan ran: the process ended by _exit, abort, a fatal signal or SIGKILL, "
            "scanning was off (MMLEAK_SCAN=0), or it still runs (mmleak.py scan PID)")
 
@@ -128,50 +128,10 @@ def read_scan(path):
     Refused/OSError as open_trace_file."""
     s = Scan(path)
     with files.open_trace_file(path) as f:
-        first = f.readline(4096)
-        m = re.match(rb"#mmleak-scan (\d+) id=(\S+) pid=(\d+)", first)
-        if not m:                       # (none of its bytes shown: they may be anything)
-            raise Fail("%s:1: not an mmleak scan result (its first line is not "
-                       "'#mmleak-scan VERSION id=ID pid=PID')" % path)
-        s.version = int(m.group(1))
-        if s.version > FORMAT:
-            raise Fail("%s: scan format %d is newer than this mmleak.py reads (%d)"
-                       % (path, s.version, FORMAT))
-        s.id, s.pid = m.group(2).decode("utf-8", "replace"), int(m.group(3))
-        lineno = 1
-        while True:
-            line = f.readline(4096)
-            lineno += 1
-            if not line:
-                return s                # no #data: nothing classified
-            w = line.decode("utf-8", "replace").rstrip("\n").split(" ")
-            key = w[0]
-            if key == "#data":
-                s.data_at = f.tell()
-                return s
-            try:
-                if key == "#when":
-                    s.why = w[1]
-                    for kv in w[2:]:
-                        if kv.startswith("time="):
-                            s.time = float(kv[5:])
-                elif key == "#status":
-                    s.status = w[1]
-                    s.reason = " ".join(w[2:]) if w[1] != "done" else None
-                elif key == "#attached":
-                    s.attached = w[1] == "1"
-                elif key == "#threads":
-                    s.threads = int(w[1])
-                elif key == "#held":
-                    s.held = w[1]
-                elif key in ("#roots", "#excluded"):
-                    (s.roots if key == "#roots" else s.excluded)[w[1]] = (int(w[2]), int(w[3]))
-                elif key == "#kind":
-                    s.kinds[w[1]] = (int(w[2]), int(w[3]))
-                elif key == "#blocks":
-                    s.blocks = int(w[1])
-            except (IndexError, ValueError):
-                raise Fail("%s:%d: bad header line %r" % (path, lineno, line[:80]))
+        head = read_scan_head(f, path)
+    for k, v in head.items():
+        setattr(s, k, v)
+    return s
 
 
 def scan_files(directory, tid):

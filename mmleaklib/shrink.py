@@ -34,13 +34,14 @@ import time
 from .dumpformat import (EVENT_RE, KIND_ALLOC, KIND_END, KIND_FREE, KIND_START, LINE_MAX,
                          Q_BAD_CLOCK, Q_BAD_FIELD, Q_BAD_STACK, Q_CUT_START, Q_DUPLICATE,
                          Q_JOINED, Q_MALFORMED, Q_NULS, Q_PADDING_END, Q_STACK_AGAIN, Q_TOO_LONG,
-                         Q_TORN_LAST, Q_TORN_LINE, Problems, _unescape, bad_header_fields,
-                         cannot_read, dump_lines, parse_event, parse_header, parse_stack,
-                         NOT, NOT_DUMP, PEEK, Q_UNREADABLE, SKIP, line_verdict,
-                         not_a_dump, problem_text)
+                         Q_TORN_LAST, Q_TORN_LINE, Problems, bad_header_fields, cannot_read,
+                         alloc_time, bracket_line, check_version, clock_line, dump_lines,
+                         is_header, parse_event, parse_tagged, stack_ref,
+                         NOT, PEEK, Q_UNREADABLE, SKIP, line_verdict, not_a_dump,
+                         not_dump_fail, problem_text)
 from . import errors, files
 from .errors import Fail, Refused, refuse, warn
-from .facts import READ_VERSIONS, WRITABLE_DIR
+from .facts import WRITABLE_DIR
 from .files import open_trace_file
 from .native import native_shrink
 
@@ -151,7 +152,7 @@ class Shrinker:
             return                      # the reader says why
         if not_a_dump(head):
             self.problems.fatal = True
-            raise Fail("%s: %s" % (name, NOT_DUMP))
+            raise not_dump_fail(name)
 
     def feed(self, f, name):
         D = self.state
@@ -172,7 +173,7 @@ class Shrinker:
             if m is None:
                 # a whole line only, as tools/shrink_read.c's one_line: not the piece of
                 # one cut by NULs, nor the head of one too long, nor a torn last line
-                if events and line.startswith(b"#mmleak ") and line[-1:] == b"\n" and \
+                if events and is_header(line) and line[-1:] == b"\n" and \
                         len(line) <= LINE_MAX + 1:
                     joined |= 2
                     if joined == 3:
@@ -280,19 +281,20 @@ class Shrinker:
         if line.startswith(b"#"):
             if end != b"\n":
                 add(name, lineno, Q_TORN_LAST)
-            elif line.startswith(b"#s "):
-                self._stack_line(line, name, lineno)
-            elif line.startswith(b"#clock "):    # the trace's clock (by shrink, compact)
-                v = line[7:-1]
-                if v.isdigit() and len(v) <= 20:
-                    self.max_time = max(self.max_time, int(v))
-                    self.clock = max(self.clock or 0, int(v))
+                return
+            tag, value = parse_tagged(line)
+            if tag == b"s":
+                self._stack_line(line, value, name, lineno)
+            elif tag == b"clock":               # the trace's clock (by shrink, compact)
+                if value is not None:
+                    self.max_time = max(self.max_time, value)
+                    self.clock = max(self.clock or 0, value)
                 elif self._first_bad(line):
                     add(name, lineno, Q_BAD_CLOCK, line)
             elif line not in self._seen_header:
                 self._seen_header.add(line)
                 self.header_lines.append(line)
-                self._header_line(line, name, lineno)
+                self._header_line(tag, value, name, lineno)
             return
         if end != b"\n":                # the last line, without its newline
             add(name, lineno, Q_TORN_LINE if line.strip(b" ") else Q_PADDING_END, line)
@@ -308,8 +310,7 @@ class Shrinker:
         self._seen_header.add(line)
         return True
 
-    def _stack_line(self, line, name, lineno):
-        st = parse_stack(line)
+    def _stack_line(self, line, st, name, lineno):
         if st is None:
             if self._first_bad(line):
                 self.problems.add(name, lineno, Q_BAD_STACK, line)
@@ -319,61 +320,45 @@ class Shrinker:
         elif self.stacks[st[0]] != st[1] and self._first_bad(line):
             self.problems.add(name, lineno, Q_STACK_AGAIN, st[0])
 
-    def _header_line(self, line, name, lineno):
-        """A '#' line seen for the first time."""
-        h = parse_header(line)
-        if h is not None:
-            if h["version"] not in READ_VERSIONS:
-                raise Fail("%s:%d: dump format version %s, this mmleak.py reads %s"
-                           % (name, lineno, h["version"], " and ".join(READ_VERSIONS)))
+    def _header_line(self, tag, value, name, lineno):
+        """A '#' line seen for the first time: its tag and value (parse_tagged)."""
+        if tag == b"mmleak" and value is not None:
+            h = value
+            check_version(h, name, lineno)
             for k, v in bad_header_fields(h):
                 self.problems.add(name, lineno, Q_BAD_FIELD, (k, v))
                 del h[k]
             h["source"] = name
             self.headers.append(h)
-        elif line.startswith(b"#lost ") or line.startswith(b"#dropping"):
-            self._gap_line(line)
-        elif line.startswith(b"#nofile "):
-            # "#nofile THREADS ERRNO": that many threads lost their events (counted in
-            # "#lost") for want of a dump file of their own
-            f = line.split()
-            if len(f) == 3 and f[1].isdigit() and f[2].isdigit():
-                n, err = int(f[1]), int(f[2])
-                self.nofile = (n + (self.nofile[0] if self.nofile else 0),
-                               err if self.nofile is None else self.nofile[1])
-        elif line.startswith(b"#compacted "):
-            fields = dict(kv.partition(b"=")[::2] for kv in line.split()[1:])
+        elif tag == b"dropping":            # mmleak.so began to drop events: gap k
+            self.dropping.add(value)
+        elif tag == b"lost" and value[0] is not None:     # N events of gap k not recorded
+            self.lost[value[1]] = value[0]
+        elif tag == b"nofile" and value is not None:
+            # that many threads lost their events (counted in "#lost") for want of a dump
+            # file of their own
+            n, err = value
+            self.nofile = (n + (self.nofile[0] if self.nofile else 0),
+                           err if self.nofile is None else self.nofile[1])
+        elif tag == b"compacted":
             for k in self.compacted:
-                v = fields.get(k.encode(), b"")
-                if self.compacted[k] is not None and v.isdigit():
-                    self.compacted[k] += int(v)
+                v = value.get(k)
+                if self.compacted[k] is not None and v is not None:
+                    self.compacted[k] += v
                 elif k in ("allocs", "entry_allocs"):
                     self.compacted[k] = None
-        elif line.startswith(b"#alloc ") and self.alloc is None:
-            self.alloc = _unescape(line[7:].rstrip(b"\n"))
-        elif line.startswith(b"#suppressions ") and self.program_suppressions is None:
-            self.program_suppressions = _unescape(line[14:].rstrip(b"\n"))
-        elif line.startswith(b"#noscan "):
+        elif tag == b"alloc" and self.alloc is None:
+            self.alloc = value
+        elif tag == b"suppressions" and self.program_suppressions is None:
+            self.program_suppressions = value
+        elif tag == b"noscan":
             # the scan at the exit's reason wins over a failed one on demand (mmleak.h's)
-            why, _, text = line[8:].rstrip(b"\n").partition(b" ")
-            if self.noscan is None or why == b"exit":
-                self.noscan = (why.decode("ascii", "replace"), _unescape(text))
-        elif line.startswith(b"#cmd ") and self.cmd is None:
-            self.cmd = _unescape(line[5:].rstrip(b"\n"))
-        elif line.startswith(b"#title t="):
-            t, _, text = line[9:].rstrip(b"\n").partition(b" ")
-            if t.isdigit() and int(t) >= self._title_t:
-                self._title_t, self.title = int(t), _unescape(text)
-
-    def _gap_line(self, line):
-        """'#dropping k=K': mmleak.so began to drop events (it could not write);
-        '#lost N k=K': N events of that gap were not recorded."""
-        parts = line.split()
-        k = dict(p.split(b"=", 1) for p in parts[1:] if b"=" in p).get(b"k", b"?")
-        if parts[0] == b"#dropping":
-            self.dropping.add(k)
-        elif len(parts) >= 2 and parts[1].isdigit():
-            self.lost[k] = int(parts[1])
+            if self.noscan is None or value[0] == "exit":
+                self.noscan = value
+        elif tag == b"cmd" and self.cmd is None:
+            self.cmd = value
+        elif tag == b"title" and value is not None and value[0] >= self._title_t:
+            self._title_t, self.title = value
 
     def gaps(self):
         """(events known lost, gaps of unknown size): events mmleak.so could not record.
@@ -454,11 +439,11 @@ class Shrinker:
             if k0 == KIND_FREE:
                 yield key, s0, k0, l0
             elif not final:
-                yield key, s0, KIND_START, b"%s %x +\n" % (l0.split(b" ", 1)[0], s0)
+                yield key, s0, KIND_START, bracket_line(l0, s0, True)
             if k1 == KIND_ALLOC:
                 yield key, s1, k1, l1
             elif not final:
-                yield key, s1, KIND_END, b"%s %x -\n" % (l1.split(b" ", 1)[0], s1)
+                yield key, s1, KIND_END, bracket_line(l1, s1, False)
 
     def write(self, out, final):
         """The result in the dump format: the header lines, the trace's clock when its
@@ -469,12 +454,12 @@ class Shrinker:
         for h in self.header_lines:
             out.write(h)
         entries = list(self.entries(final))
-        newest = max((int(line.split(b" ", 4)[3], 16) for _, _, kind, line in entries
+        newest = max((alloc_time(line) for _, _, kind, line in entries
                       if kind == KIND_ALLOC), default=0)
         if self.max_time > newest:
-            out.write(b"#clock %d\n" % self.max_time)
-        used = sorted({int(line.split(b"@", 1)[1], 16) for _, _, kind, line in entries
-                       if kind == KIND_ALLOC and b"@" in line})
+            out.write(clock_line(self.max_time))
+        used = sorted({stack_ref(line) for _, _, kind, line in entries
+                       if kind == KIND_ALLOC} - {None})
         for i in used:
             if i in self.stack_lines:
                 out.write(self.stack_lines[i])
@@ -499,7 +484,7 @@ class Shrinker:
         for h in self.header_lines:
             out.write(h)
         if self.max_time > info["newest"]:
-            out.write(b"#clock %d\n" % self.max_time)
+            out.write(clock_line(self.max_time))
         for i in info["stacks"]:
             if i in self.stack_lines:
                 out.write(self.stack_lines[i])
@@ -526,8 +511,8 @@ class Shrinker:
         """{stack id: blocks} of the survivors whose stack ("@ID") has no "#s" line here."""
         out = collections.Counter()
         for _, _, kind, line in self.entries(True):
-            if kind == KIND_ALLOC and b"@" in line:
-                sid = int(line.rsplit(b"@", 1)[1], 16)
+            sid = stack_ref(line) if kind == KIND_ALLOC else None
+            if sid is not None:
                 if sid not in self.stacks:
                     out[sid] += 1
         return dict(out)

@@ -78,6 +78,17 @@ API int inject_sleep(const char *arg)
     return 1;
 }
 
+/* Says "called" on the process's stdout (the test reads it: the call has begun), then
+ * sleeps an hour (the injector abandons it at its deadline). */
+API int inject_tell_sleep(const char *arg)
+{
+    (void)arg;
+    if (write(1, "called\n", 7) != 7)
+        return -1;
+    sleep(3600);
+    return 1;
+}
+
 /* Signals the process while the injector holds the thread: SIGUSR1 by kill(), SIGUSR2 by
  * raise(), SIGRTMIN twice by sigqueue (values 11 and 22); returns 7. */
 API int inject_signals(const char *arg)

@@ -51,6 +51,7 @@ def ib(tmp_path_factory, lib):
     cc("target_cxx", "inject_target_cxx.cpp", "-std=c++17", "-pthread", compiler="c++")
     cc("libinject.so", "inject_lib.c", "-shared", "-fPIC")
     cc("libslowctor.so", "inject_slowctor.c", "-shared", "-fPIC")
+    cc("inject_clock", "inject_clock.c", "-rdynamic", "-pthread", "-ldl")
     r = subprocess.run(["cc", "-O1", "-static", "-o", str(d / "target_static"),
                         os.path.join(TESTS, "inject_target.c"), "-pthread"],
                        capture_output=True, text=True)
@@ -151,6 +152,22 @@ class Target:
 
     def alive(self):
         return self.p.poll() is None
+
+    def until(self, want, timeout=LONG_MS / 1000):
+        """Its output up to the line WANT: the lines before it (TIMEOUT: a bound for a
+        failing test, not a measure)."""
+        got = []
+
+        def read():
+            for line in iter(self.p.stdout.readline, b""):
+                if line.decode() == want:
+                    return
+                got.append(line.decode())
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(timeout)
+        assert not reader.is_alive(), "no %r in %d s, only %r" % (want, timeout, got)
+        return got
 
     def finish(self, data=b"", sig=None, timeout=30):
         """Send DATA (then EOF) and/or SIG; the rest of the output and the exit status."""
@@ -430,24 +447,44 @@ def test_waits_while_the_loader_lock_is_held(ib, targets):
 
 
 def test_one_deadline_for_the_search_and_the_calls(ib, targets):
-    """mmleak_inject_call_within: the search and the calls end by one deadline.  The loader's
-    lock is held 8 s (main in a library constructor), so the search takes up to 8 s; the call
-    then sleeps 60 s: abandoned 9 s after the start (the total).  mmleak_inject_call would give
-    the call a timeout of its own and end at 17 s: the bound below sits between the two with
-    4 s of slack for a loaded machine (the gap, the time the lock is held, is made wide on
-    purpose so that the machine's speed does not decide the test).  The target carries on."""
-    t = targets([ib["target"], "ctor", ib["libslowctor.so"]], env={"SLOWCTOR_SECONDS": "8"})
-    t.wait_syscall(NR_CLOCK_NANOSLEEP, NR_NANOSLEEP)   # main: in the constructor's sleep
-    start = time.monotonic()
-    rc, res, err = inject_within(t.pid, ib["libinject.so"], "inject_sleep", "60", 8600, 9000)
-    took = time.monotonic() - start
-    assert (rc, res) == (ECALL, 0), err
+    """mmleak_inject_call_within: the search and the calls end by one deadline, TOTAL_MS from
+    the start.  The injector runs on a clock the test moves (tests/inject_clock.c: it stands
+    still meanwhile), so what it does at each time does not depend on the machine's speed.
+    The loader's lock is held (main in a library constructor) while the clock goes to 8 s:
+    the search goes on (SEARCH_MS 8.6 s).  The lock freed, the call begins (it sleeps an
+    hour): still running at 8.999 s, abandoned at 9 s, the total.  A timeout of its own (as
+    mmleak_inject_call gives the calls) would end it at 16.6 s.  The target carries on."""
+    t = targets([ib["target"], "ctor", ib["libslowctor.so"]])
+    t.wait_syscall(NR_READ)         # main: in the constructor's read of stdin
+    d = subprocess.Popen([ib["inject_clock"], os.path.join(ROOT, "mmleak-tools.so"), str(t.pid),
+                          ib["libinject.so"], "inject_tell_sleep", "-", "8600", "9000"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        def clock(ms):
+            """Move the injector's clock to MS after its start: what it said."""
+            d.stdin.write("%d\n" % ms)
+            d.stdin.flush()
+            return d.stdout.readline()
+        assert clock(8000) == "at 8000\n"      # looked at the clock at 8 s: still searching
+        assert "libinject.so" not in t.maps()
+        t.p.stdin.write(b"g")                   # the constructor returns: the lock is free
+        t.p.stdin.flush()
+        # the call begins, in either thread: main's "dlopen ok" may come after it (the call
+        # made in main, stopped anywhere after its dlopen), even after it was abandoned
+        before = t.until("called\n")
+        assert clock(8999) == "at 8999\n"      # the call runs on 1 ms before the total
+        out, _ = d.communicate("9000\n", timeout=LONG_MS / 1000)
+    finally:
+        if d.poll() is None:
+            d.kill()
+            d.communicate()
+    last = out.splitlines()[-1]
     assert re.fullmatch(
-        r"inject_sleep did not return within the timeout in thread \d+ of %d: the call was "
-        r"abandoned and the thread put back where it was, but %d may hold locks the call took"
-        % (t.pid, t.pid), err), err
-    assert 8.9 < took < 13, took
-    assert t.finish(timeout=20) == ("dlopen ok\n", 0)
+        r"error %d inject_tell_sleep did not return within the timeout in thread \d+ of %d: the "
+        r"call was abandoned and the thread put back where it was, but %d may hold locks the "
+        r"call took at 9000" % (ECALL, t.pid, t.pid), last), out
+    rest, status = t.finish()
+    assert ("".join(before) + rest, status) == ("dlopen ok\n", 0)
 
 
 def test_dlopen_error_comes_back(ib, targets, tmp_path):

@@ -1,10 +1,14 @@
 """A file that is not a dump at all (text, a program, a picture, a cut gzip), given to
 shrink, report or mmleak-panda.py or left under a dump file's name, is refused in one line
 (status 2, nothing written, none of its bytes shown), by both shrink engines alike; a dump
-whose start a crash damaged is still read as before (docs/format.rst)."""
+whose start a crash damaged is still read as before (docs/format.rst).  The head of a file
+(its '#' lines: dumpformat.read_head, for the readers that need only those) is read by the
+same rules: good, truncated, of a version not read, garbage, fuzzed."""
 import errno
 import gzip
+import io
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -13,6 +17,7 @@ import tty
 import pytest
 
 from conftest import ROOT, mmleak
+from test_shrink import damage
 from test_shrink_native import MMLEAK_PY, assert_same_cli, run_cli
 
 NOT_DUMP = mmleak.dumpformat.NOT_DUMP
@@ -260,3 +265,112 @@ def test_read_error_on_stdin_is_an_error(tmp_path, monkeypatch, kind, sent, lib)
             2, b"", b"mmleak-panda.py: <stdin>: cannot read: %s; no report written\n"
             % why), engine
         assert not os.path.exists("page.html")
+
+
+# The head of a file (dumpformat.read_head): what the readers that need only its '#' lines
+# (the files a compacted result folded, its counts, a trace's start and command) take from
+# it, read as the shrink reads it.
+RESULT = (b"#mmleak 2 id=4242 pid=4242 depth=auto start=1700000000 pstart=99\n"
+          b"#cmd ./leaky \\x2dv caf\\xc3\\xa9\n#alloc libc.so.6\n\n#clock 7\n"
+          b"#compacted files=3 events=120 entries=2 allocs=70 entry_allocs=1 at=1700000100\n"
+          b"#folded mmleak.4242.0.out\n#folded mmleak.4242.compact.1\n"
+          b"#s 1 401000 402000\n" + b"%012x 1 10 1 @1\n" % 0x10000 +
+          b"#folded mmleak.4242.9.out\n")      # (after the head: not read)
+RESULT_HEAD = {
+    "header": {"version": "2", "id": "4242", "pid": "4242", "depth": "auto",
+               "start": "1700000000", "pstart": "99"},
+    "cmd": "./leaky -v caf\u00e9", "clock": 7,
+    "compacted": {"files": 3, "events": 120, "entries": 2, "allocs": 70, "entry_allocs": 1,
+                  "at": 1700000100},
+    "folded": ["mmleak.4242.0.out", "mmleak.4242.compact.1"]}
+
+
+def head_of(data, name="r"):
+    return mmleak.dumpformat.read_head(io.BytesIO(data), name)
+
+
+def test_head_of_a_compacted_result():
+    """All of it, as the shrink reads the same lines (both from dumpformat.parse_tagged)."""
+    assert head_of(RESULT) == RESULT_HEAD
+    sh = mmleak.Shrinker()
+    sh.feed(io.BytesIO(RESULT), "r")
+    assert {k: v for k, v in sh.headers[0].items() if k != "source"} == RESULT_HEAD["header"]
+    assert (sh.cmd, sh.clock) == (RESULT_HEAD["cmd"], RESULT_HEAD["clock"])
+    assert {k: sh.compacted[k] for k in sh.compacted} == {
+        k: v for k, v in RESULT_HEAD["compacted"].items() if k != "at"}
+    # and the compaction writes those lines with the same functions
+    d = mmleak.dumpformat
+    assert d.clock_line(7) + d.compacted_line(3, 120, 2, 70, 1, 1700000100) + \
+        b"".join(d.folded_line(n) for n in RESULT_HEAD["folded"]) in RESULT
+
+
+def test_head_of_a_dump_file_is_its_first_lines():
+    data = HEADER + b"#cmd a b\n" + events(3) + b"#end\n"
+    assert head_of(data) == {"header": mmleak.parse_header(HEADER), "cmd": "a b",
+                             "clock": None, "compacted": None, "folded": []}
+
+
+def test_truncated_head_takes_only_its_whole_lines():
+    """Cut anywhere (a result being written, a file cut short): what the whole lines before
+    the cut say, the torn one never (not a name cut short, not a count cut short)."""
+    for n in range(len(RESULT) + 1):
+        whole = RESULT[:n].split(b"\n")[:-1]
+        h = head_of(RESULT[:n])
+        assert h["folded"] == [l[8:].decode() for l in whole[:8] if l.startswith(b"#folded ")]
+        assert (h["header"] is not None) == (len(whole) >= 1), n
+        assert (h["cmd"] is not None, h["clock"] is not None, h["compacted"] is not None) == (
+            len(whole) >= 2, len(whole) >= 5, len(whole) >= 6), n
+
+
+@pytest.mark.parametrize("start, at", [(b"", 1), (b"  \n\n", 3), (b"\0\0cut\n", 2)])
+def test_head_of_a_version_not_read(start, at):
+    """One line, the file and the line, status 2: the shrink's own words."""
+    data = start + b"#mmleak 9 id=1 pid=1\n" + events(1)
+    with pytest.raises(mmleak.Fail) as e:
+        head_of(data, "x/mmleak.1.compact")
+    want = "x/mmleak.1.compact:%d: dump format version 9, this mmleak.py reads 1 and 2" % at
+    assert (str(e.value), e.value.status) == (want, mmleak.EXIT_INPUT)
+    with pytest.raises(mmleak.Fail) as e2:
+        mmleak.Shrinker().feed(io.BytesIO(data), "x/mmleak.1.compact")
+    assert str(e2.value) == want
+
+
+@pytest.mark.parametrize("kind", sorted(MISTAKES) + sorted(NOT_DUMPS))
+def test_head_of_garbage_refused_in_one_line(kind):
+    data = MISTAKES.get(kind, NOT_DUMPS.get(kind))
+    with pytest.raises(mmleak.Fail) as e:
+        head_of(data, "x/mmleak.1.compact")
+    assert (str(e.value), e.value.status) == ("x/mmleak.1.compact: " + NOT_DUMP,
+                                              mmleak.EXIT_INPUT)
+
+
+@pytest.mark.parametrize("start", DUMP_STARTS, ids=range(len(DUMP_STARTS)))
+def test_head_of_a_damaged_start_is_read(start):
+    h = head_of(start)
+    assert h["header"] is None or start.startswith(b"#mmleak")
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_fuzzed_head(seed):
+    """RESULT damaged at random (fixed seeds): the head, or Fail in one line naming the
+    file (status 2); what it says is in whole lines of the file; a file not_a_dump refuses
+    is refused."""
+    rnd = random.Random(seed)
+    data = bytearray(RESULT)
+    for _ in range(rnd.randrange(1, 8)):
+        data = damage(rnd, data, rnd.randrange(4), rnd.randrange(len(data) + 1))
+    data = bytes(data)
+    lines = set(data.split(b"\n")[:-1])
+    try:
+        h = head_of(data, "x/r")
+    except mmleak.Fail as e:
+        assert e.status == mmleak.EXIT_INPUT and "\n" not in str(e)
+        assert str(e).startswith("x/r:")
+        assert mmleak.dumpformat.not_a_dump(data[:mmleak.dumpformat.PEEK]) == \
+            (str(e) == "x/r: " + NOT_DUMP)
+        return
+    assert not mmleak.dumpformat.not_a_dump(data[:mmleak.dumpformat.PEEK])
+    assert all(b"#folded " + n.encode() in lines for n in h["folded"])
+    if h["header"] is not None:
+        assert h["header"]["version"] in ("1", "2")
+        assert any(mmleak.parse_header(l + b"\n") == h["header"] for l in lines)

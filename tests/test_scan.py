@@ -714,6 +714,9 @@ def test_a_scan_file_that_is_none_or_damaged_is_said(scan_bins, dump):
     for garbage in (b"\x7fELF\x02\x01\x01\0" * 20, b"hello\n", b"#mmleak 2 id=1\n",
                     good.replace(b"#mmleak-scan", b"#mmleak-scam", 1)):
         assert scan_report(dump, path, garbage) == (2, "", not_scan)
+    assert scan_report(dump, path, good.replace(b"#mmleak-scan 1 ", b"#mmleak-scan 2 ", 1)) \
+        == (2, "", "mmleak.py: %s: scan format 2 is newer than this mmleak.py reads (1)\n"
+            % path)
     lines = good.split(b"\n")
     k = next(i for i, ln in enumerate(lines) if ln.startswith(b"#threads "))
     bad = b"\n".join(lines[:k] + [b"#threads many"] + lines[k + 1:])

@@ -114,16 +114,8 @@ void *sym(const char *name)
  * reallocarray) must not get libc's: the program would free libc's block with its allocator. */
 static void *same_object(void *f, const void *base)
 {
-    Dl_info di;
-    if (!f || !dladdr(f, &di) || di.dli_fbase != base)
-        return NULL;
-    return f;
-}
-
-static const void *object_of(const void *f)
-{
-    Dl_info di;
-    return f && dladdr(f, &di) ? di.dli_fbase : NULL;
+    const void *o = mml_object_of(f);
+    return o && o == base ? f : NULL;
 }
 
 static atomic_int g_resolving;
@@ -135,11 +127,11 @@ void resolve_from(void *handle)
 {
     struct real_fns r;
     memset(&r, 0, sizeof r);
-    const void *self = object_of((void *)own_malloc);
+    const void *self = mml_object_of((void *)own_malloc);
     r.malloc = dlsym(handle, "malloc");
     r.free = dlsym(handle, "free");
     r.realloc = dlsym(handle, "realloc");
-    if (handle == RTLD_DEFAULT && object_of((void *)r.realloc) == self)
+    if (handle == RTLD_DEFAULT && mml_object_of((void *)r.realloc) == self)
         r.realloc = sym("realloc");     /* ours would call itself: libc's, as without us */
     if (!r.malloc || !r.free || !r.realloc) {
         static const char m[] = "mmleak: cannot find the real malloc; aborting\n";
@@ -147,11 +139,11 @@ void resolve_from(void *handle)
         (void)w;
         abort();
     }
-    const void *base = object_of(r.malloc);
+    const void *base = mml_object_of(r.malloc);
     if (handle == RTLD_DEFAULT) {
         /* anything but our own definitions: a non-PIE program's canonical PLT entries are fine */
         void *f;
-#define PROC_FN(n) (f = dlsym(RTLD_DEFAULT, #n), object_of(f) == self ? NULL : f)
+#define PROC_FN(n) (f = dlsym(RTLD_DEFAULT, #n), mml_object_of(f) == self ? NULL : f)
         r.calloc = PROC_FN(calloc);
         r.memalign = PROC_FN(memalign);
         r.posix_memalign = PROC_FN(posix_memalign);
@@ -602,7 +594,7 @@ static void *new_op(const char *name, int i)
     if (gnh && dladdr(gnh, &di) && di.dli_fname) {
         void *h = dlopen(di.dli_fname[0] ? di.dli_fname : NULL, RTLD_LAZY | RTLD_NOLOAD);
         if (h) {
-            f = same_object(dlsym(h, name), di.dli_fbase);
+            f = same_object(dlsym(h, name), mml_object_of(gnh));
             if (real.dlclose)
                 real.dlclose(h);    /* ours would count an unload that is not one */
         }

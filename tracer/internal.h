@@ -434,6 +434,7 @@ extern int g_loader_stuck;  /* a child forked while the loader's write lock was 
 /* dl_iterate_phdr, also in such a child (without the lock: nothing can change the list) */
 COLD int mml_each_object(int (*cb)(struct dl_phdr_info *, size_t, void *), void *data);
 COLD const char *mml_object_name(const void *a);
+COLD const void *mml_object_of(const void *a);     /* an id of the object holding A, or NULL */
 /* fork_child: was the loader's write lock held at the fork? */
 void loader_after_fork(int parent_had_threads);
 /* A new trace: every mapping goes into its log of loads again; then a snapshot, written

@@ -369,7 +369,7 @@ COLD int mml_each_object(int (*cb)(struct dl_phdr_info *, size_t, void *), void 
     return r;
 }
 
-struct obj_at { uintptr_t a; const char *name; };
+struct obj_at { uintptr_t a; const char *name; const void *id; };
 
 static int obj_at_cb(struct dl_phdr_info *info, size_t size, void *data)
 {
@@ -380,6 +380,7 @@ static int obj_at_cb(struct dl_phdr_info *info, size_t size, void *data)
         if (ph->p_type == PT_LOAD && q->a >= info->dlpi_addr + ph->p_vaddr &&
             q->a < info->dlpi_addr + ph->p_vaddr + ph->p_memsz) {
             q->name = info->dlpi_name;
+            q->id = info->dlpi_phdr;
             return 1;
         }
     }
@@ -391,9 +392,20 @@ static int obj_at_cb(struct dl_phdr_info *info, size_t size, void *data)
  * nearest one: libc.so.6's 3000 at a start (12 to 24 us), mmleak.so's at an exit. */
 COLD const char *mml_object_name(const void *a)
 {
-    struct obj_at q = { (uintptr_t)a, NULL };
+    struct obj_at q = { (uintptr_t)a, NULL, NULL };
     mml_each_object(obj_at_cb, &q);
     return q.name;
+}
+
+/* Which loaded object holds A: its program headers' address (one per object, never NULL),
+ * or NULL.  For resolve_from's "same object as the allocator's malloc?", asked seven times
+ * at a start: dladdr's dli_fbase told it at the price above, each time. */
+COLD const void *mml_object_of(const void *a)
+{
+    struct obj_at q = { (uintptr_t)a, NULL, NULL };
+    if (a)
+        mml_each_object(obj_at_cb, &q);
+    return q.id;
 }
 
 /* In the child of fork (one thread): is the loader's write lock held by a thread that is

@@ -71,6 +71,12 @@ static inline uint64_t cache_get(uintptr_t key)
     uint64_t e = atomic_load_explicit(&g_cache[slot1(key)], memory_order_relaxed);
     if (likely((e & TAG_MASK) == tag && (e >> TAG_BITS)))
         return e;
+    /* An empty primary slot: the key is not in its alternate either (cache_put uses that one
+     * only when the primary is taken, and only cache_clear empties a slot, both at once).
+     * Not reading the alternate spares a miss a load, and a fresh process's first walks a
+     * page fault per key: a random page of the table mapped to the zero page for nothing. */
+    if (!e)
+        return 0;
     e = atomic_load_explicit(&g_cache[slot2(key)], memory_order_relaxed);
     if ((e & TAG_MASK) == (tag | 1) && (e >> TAG_BITS))
         return e;

@@ -137,11 +137,11 @@ static void cache_put(uintptr_t key, uint64_t rule)
         return;
     uint64_t tag = key_tag(key);
     _Atomic uint64_t *p1 = &g_cache[slot1(key)], *p2 = &g_cache[slot2(key)];
-    uint64_t e1 = atomic_load_explicit(p1, memory_order_relaxed);
-    uint64_t e2 = atomic_load_explicit(p2, memory_order_relaxed);
+    uint64_t e1 = atomic_load_explicit(p1, memory_order_relaxed), e2;
     if (!e1 || (e1 & TAG_MASK) == tag)
         atomic_store_explicit(p1, tag | rule, memory_order_relaxed);
-    else if (!e2 || (e2 & TAG_MASK) == (tag | 1) || !(e1 & 1))
+    else if (!(e2 = atomic_load_explicit(p2, memory_order_relaxed)) ||   /* (see cache_get) */
+             (e2 & TAG_MASK) == (tag | 1) || !(e1 & 1))
         atomic_store_explicit(p2, tag | 1 | rule, memory_order_relaxed);
     else
         atomic_store_explicit(p1, tag | rule, memory_order_relaxed);

@@ -12,8 +12,13 @@ PREFIX  ?= /usr/local
 DESTDIR ?=
 OPT     ?= -O2 -g
 # -fexceptions: a C++ exception thrown by the real operator new may unwind through our frame.
+# -fdata-sections with mmleak.so's --sort-section=alignment (below): its .bss holds 3.4 MB of
+# tables (the memo's, the rule cache, the sequence table...) and about 150 small variables; in
+# the files' order each table put its neighbours on pages of their own, and a start touched
+# about 20 of them, a page fault each.  Sorted by alignment, the tables (64-byte aligned) come
+# first and the small variables share a few pages.  The code's layout does not change.
 CFLAGS_LIB = -std=gnu11 -Wall -Wextra -Werror -fPIC -fvisibility=hidden -fexceptions \
-             -fno-omit-frame-pointer $(OPT)
+             -fno-omit-frame-pointer -fdata-sections $(OPT)
 # where `make install` puts things (the Debian package: debian/rules): the two libraries in
 # LIBDIR; the scripts and their package in SHAREDIR, a private directory; the commands, without
 # .py, as links to the scripts in BINDIR (mmleak, mmleak-panda) and SBINDIR (mmleak-install);
@@ -68,8 +73,8 @@ $(B)/inproc/%.o: %.c tools/scan_inproc.h | $(GEN)/facts.h
 	$(CC) $(CFLAGS_LIB) -include tools/scan_inproc.h -I$(GEN) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c -o $@ $<
 
 $(OUT)/mmleak.so: $(TRACER_OBJS) $(SCAN_INPROC_OBJS)
-	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -Wl,-z,defs -o $@ $(TRACER_OBJS) $(SCAN_INPROC_OBJS) \
-	    -ldl -lpthread $(LDFLAGS)
+	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -Wl,-z,defs -Wl,--sort-section=alignment -o $@ \
+	    $(TRACER_OBJS) $(SCAN_INPROC_OBJS) -ldl -lpthread $(LDFLAGS)
 
 $(OUT)/mmleak-tools.so: $(TOOLS_OBJS)
 	$(CC) $(CFLAGS_LIB) $(CFLAGS) -shared -Wl,-z,defs -o $@ $(TOOLS_OBJS) $(LDFLAGS)

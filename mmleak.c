@@ -118,6 +118,16 @@ static void *same_object(void *f, const void *base)
     return o && o == base ? f : NULL;
 }
 
+/* The object that defines f, as dladdr tells it (searching its symbols for the nearest), for
+ * resolve_from(RTLD_DEFAULT), which runs under g_lock: mml_object_of would take the loader's
+ * write lock there, which a program's dl_iterate_phdr callback holds while it allocates
+ * (global_init takes it before g_lock, never under). */
+static const void *fbase(const void *f)
+{
+    Dl_info di;
+    return f && dladdr(f, &di) ? di.dli_fbase : NULL;
+}
+
 static atomic_int g_resolving;
 
 /* The allocator's functions, from `lookup`: RTLD_NEXT normally; the process's own (RTLD_DEFAULT)
@@ -127,11 +137,11 @@ void resolve_from(void *handle)
 {
     struct real_fns r;
     memset(&r, 0, sizeof r);
-    const void *self = mml_object_of((void *)own_malloc);
+    const void *self = handle == RTLD_DEFAULT ? fbase((void *)own_malloc) : NULL;
     r.malloc = dlsym(handle, "malloc");
     r.free = dlsym(handle, "free");
     r.realloc = dlsym(handle, "realloc");
-    if (handle == RTLD_DEFAULT && mml_object_of((void *)r.realloc) == self)
+    if (handle == RTLD_DEFAULT && fbase((void *)r.realloc) == self)
         r.realloc = sym("realloc");     /* ours would call itself: libc's, as without us */
     if (!r.malloc || !r.free || !r.realloc) {
         static const char m[] = "mmleak: cannot find the real malloc; aborting\n";
@@ -139,11 +149,10 @@ void resolve_from(void *handle)
         (void)w;
         abort();
     }
-    const void *base = mml_object_of(r.malloc);
     if (handle == RTLD_DEFAULT) {
         /* anything but our own definitions: a non-PIE program's canonical PLT entries are fine */
         void *f;
-#define PROC_FN(n) (f = dlsym(RTLD_DEFAULT, #n), mml_object_of(f) == self ? NULL : f)
+#define PROC_FN(n) (f = dlsym(RTLD_DEFAULT, #n), fbase(f) == self ? NULL : f)
         r.calloc = PROC_FN(calloc);
         r.memalign = PROC_FN(memalign);
         r.posix_memalign = PROC_FN(posix_memalign);
@@ -161,6 +170,8 @@ void resolve_from(void *handle)
             r.pvalloc = r.pvalloc ? r.pvalloc : sym("pvalloc");
         }
     } else {
+        /* not under g_lock (resolve: a hook's, or global_init's before it takes g_lock) */
+        const void *base = mml_object_of(r.malloc);
         r.calloc = same_object(sym("calloc"), base);
         r.memalign = same_object(sym("memalign"), base);
         r.posix_memalign = same_object(sym("posix_memalign"), base);

@@ -12,8 +12,9 @@
  *                "leak N" (N blocks of 64 bytes, site cmd_leak), "fork" (a child leaks 7
  *                blocks of 65 bytes, site fork_leak, and exits), "load PATH" (dlopen a
  *                tests/plugin.c library and call its plugin_leak), "keep N" (N blocks of
- *                72 bytes kept, site keep), "drop" (frees them, site drop), and answers
- *                each]
+ *                72 bytes kept, site keep), "drop" (frees them, site drop), "pairs" (the
+ *                pairs each thread has done, to the last 1024: "pairs N0 N1 ..."), and
+ *                answers each]
  * Prints "leaked N" (this process) at the end. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -34,6 +35,10 @@ static void *volatile sink;
 /* blocks handed between threads: a slot per thread, freed by the next thread */
 #define SLOTS 64
 static _Atomic(void *) handoff[SLOTS];
+
+/* pairs done by each thread, published every 1024: a test waits for the threads to have
+ * churned (an event), never for a time that a loaded machine may not give them */
+static _Atomic long churned[64];
 
 static double now(void)
 {
@@ -68,6 +73,8 @@ static void *body(void *arg)
         }
         if (leak_every && i % leak_every == 0)
             leak_one();
+        if ((i & 1023) == 0)
+            atomic_store_explicit(&churned[id], i, memory_order_relaxed);
         if (rate && (i & 1023) == 0) {
             double due = t0 + (double)i / (double)rate;
             double d = due - now();
@@ -126,6 +133,11 @@ static int commands(void)
         } else if (!strncmp(line, "keep ", 5)) {
             cmd_keep(atol(line + 5));
             printf("kept %ld\n", nkept);
+        } else if (!strcmp(line, "pairs")) {
+            printf("pairs");
+            for (long i = 0; i < threads; i++)
+                printf(" %ld", atomic_load_explicit(&churned[i], memory_order_relaxed));
+            printf("\n");
         } else if (!strcmp(line, "drop")) {
             long n = nkept;
             cmd_drop();

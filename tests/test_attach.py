@@ -215,6 +215,20 @@ def got_malloc(pid, exe):
     return hex(value)
 
 
+def churn(t, pairs=4096):
+    """Wait until each churning thread of T (daemon_load -c) has done PAIRS more pairs of
+    malloc and free: an event, however loaded the machine (the deadline only for a hang)."""
+    def done():
+        reply = t.say("pairs").split()
+        assert reply[0] == "pairs", reply
+        return [int(n) for n in reply[1:]]
+    start = done()
+    deadline = time.monotonic() + 120
+    while any(now < s + pairs for now, s in zip(done(), start)):
+        assert time.monotonic() < deadline, "the threads did not churn"
+        time.sleep(0.01)
+
+
 def test_detached_process_pays_nothing_and_writes_nothing(progs, tmp_path):
     """The GOT slot of malloc in the program: glibc's malloc before the attach, mmleak's while
     attached, glibc's again after the detach (twice); and once detached, its dump files do
@@ -223,16 +237,19 @@ def test_detached_process_pays_nothing_and_writes_nothing(progs, tmp_path):
     t = Target([exe, "-c", "-t", "2"])
     try:
         assert t.line() == "churning"
+        # the slot is bound lazily, at the first call through the PLT: the PLT's stub until
+        # the threads have called malloc (on a loaded machine they may not have run yet)
+        churn(t)
         assert got_malloc(t.pid, exe) == "libc"
         for cycle in range(2):
             mm("attach", str(t.pid), "-d", str(tmp_path))
             assert got_malloc(t.pid, exe) == "mmleak"
-            time.sleep(0.3)
+            churn(t)                    # the threads write events while attached
             mm("detach", str(t.pid))
             assert got_malloc(t.pid, exe) == "libc"
         sizes = {f: os.path.getsize(tmp_path / f) for f in os.listdir(tmp_path)}
         assert t.say("leak 1000") == "ok 1000"
-        time.sleep(0.5)
+        churn(t)                        # each thread's malloc and free, many times over
         assert {f: os.path.getsize(tmp_path / f) for f in os.listdir(tmp_path)} == sizes
         assert mmleak.traced_state(t.pid) == "paused"
     finally:

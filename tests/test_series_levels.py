@@ -362,9 +362,9 @@ def test_running_points_under_compact_follow(tmp_path):
             h.batch(rnd_size(k))
         h.close_all()
         states.append(h.by_site())
-        lock.__exit__()
-        proc.kill()
-        proc.wait()
+        proc.kill()                 # before the lock is let go: the next pass finds the
+        proc.wait()                 # trace over and makes its one last point (a pass while
+        lock.__exit__()             # it ran would make a point of its own, of this state)
         assert comp.wait(timeout=120) == 0
         points, _ = mmleak.read_series(t.series)
         assert len(points) == len(states)

@@ -167,6 +167,11 @@
  *    libraries above (an application lock around an allocation: the call waits on it) costs
  *    the call the steps of "Holding the busy threads" (up to about 0.5 s more) before all are
  *    let go; then the call runs beside them as it would have without holding.
+ *  - pause (and the other calls that a signal ends with EINTR only when its handler runs:
+ *    ERESTARTNOHAND) is restarted when the thread is let go, as after SIGSTOP and SIGCONT:
+ *    a signal whose handler runs before the thread is back in it (a loaded CPU: until its
+ *    next turn) does not end it, and a `while (!flag) pause();` loop (racy anyway) sleeps
+ *    on past its flag.  A self-pipe, or sigsuspend with the signal blocked, does not.
  *  - The kernel keeps one restart record per thread for an interrupted nanosleep, poll or
  *    futex wait with timeout.  If the hijacked thread was in one, and a signal, a stop or
  *    the timeout interrupted such a sleep inside the call too, the thread's own sleep is

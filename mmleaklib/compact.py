@@ -490,8 +490,8 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
     function: a point due while the trace runs is put off when complete files the pass did
     not fold are waiting (the compactor is behind the program: the point would read what
     the next pass rewrites, on the core the program needs) and DEFER(TID, True) says so;
-    it is called with False when the pass is not behind; so is a merge into the result of
-    a trace not over (_fold's HOLD), asked as the merge is due; PROGRESS: see _fold_into.  Returns
+    it is called with False when the pass is not behind; so is a merge of a trace not over
+    (_fold's HOLD), asked as the merge is due; PROGRESS: see _fold_into.  Returns
     a dict of what it did, or None when another compactor holds the trace (it is skipped,
     not waited for).  A file it cannot trust (Refused) or write stops the pass over this
     trace (Fail), and nothing is deleted."""
@@ -577,6 +577,7 @@ def _behind(directory, tid, seen):
 
 MERGE_FACTOR = 4      # a run is merged into the one before it when that is at most this
                       # many times bigger than what is folded into it now
+HOLD_RUNS = 8         # runs a pass behind its program may leave unmerged (_fold's HOLD)
 
 
 def _runs(directory, tid):
@@ -627,8 +628,8 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
     BASE: the first fold of a trace not over (no result yet) also writes the result's
     base for the series' last point (series.save_base), from its own reading.  PROGRESS:
     see _fold_into.  HOLD (a function, the trace not over): asked when the rule would merge
-    the runs into the result; True: they are merged into the oldest run instead, by the same
-    rule (a run may then outgrow the level before it: the last pass folds it straight)."""
+    runs and fewer than HOLD_RUNS are left; True: no merge (runs may then be as big as the
+    level before them: the last pass folds them straight into the result)."""
     own = files._own_file(cpath)
     runs = _runs(directory, tid)
     before = (files._size(cpath) if own else 0) + sum(files._size(p) for _, p in runs)
@@ -683,11 +684,12 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
                         guard=guard, cancel=abandon, progress=progress)
         chain = [(None, cpath)] + _runs(directory, tid)
         i = _merge_start([files._size(p) for _, p in chain])
-        if i == 0 and not over and hold and hold():
-            # behind the program: the result, the whole live set, is not rewritten while
-            # files wait that the next pass folds (its merge would rewrite it again, on the
-            # core the program and its scan at exit need); the runs above it merge by the rule
-            i = _merge_start([files._size(p) for _, p in chain[1:]]) + 1
+        if i < len(chain) - 1 and len(chain) <= HOLD_RUNS and not over and hold and hold():
+            # behind the program: no level is rewritten while files wait that the next pass
+            # folds (for a growing live set, a merge rewrites what the next one rewrites
+            # again, on the core the program and its scan at exit need); the last pass folds
+            # the runs left straight into the result
+            i = len(chain) - 1
         if i < len(chain) - 1 and not (abandon and abandon()):
             (older, target) = chain[i]
             token, merged = None, False

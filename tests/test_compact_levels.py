@@ -850,10 +850,10 @@ def test_a_point_is_put_off_while_the_compactor_is_behind(tmp_path, alive):
 def test_the_result_is_not_rewritten_while_the_compactor_is_behind(tmp_path, alive,
                                                                  monkeypatch):
     """`run`'s compactor behind its program (complete files the pass did not fold are
-    waiting: DEFER says so): the merge the rule wants into the result, which rewrites the
-    whole live set, waits (the next pass's would rewrite it again); the runs above the
-    result merge by the rule; the last pass then folds everything straight into the result.
-    Exact after every pass; not behind, the merge is made as before."""
+    waiting: DEFER says so): the merge the rule wants (into the result, or the oldest run:
+    it rewrites what the next pass's would rewrite again) waits, up to HOLD_RUNS levels;
+    the last pass then folds everything straight into the result.  Exact after every pass;
+    not behind, the merge is made as before."""
     h = History(tmp_path)
     h.batch(allocs=3000)
     one_pass(tmp_path)
@@ -869,16 +869,27 @@ def test_the_result_is_not_rewritten_while_the_compactor_is_behind(tmp_path, ali
                                 abandon=lambda: h.files == 2 and h.batch(allocs=10) < 0)[1]
     assert asked[:1] == [True] and targets == ["mmleak.%s.compact.1" % TID]
     assert runs(tmp_path) == ["mmleak.%s.compact.1" % TID] and survivors(tmp_path) == h.live
-    h.batch(allocs=1500)                # behind again: the two runs merge into the first
+    h.batch(allocs=1500)                # behind again: the runs are not merged either
     del targets[:], asked[:]
     (res,) = mmleak.compact_dir(str(tmp_path), TID, series=False, defer=lambda t, b: True)[1]
-    assert targets == ["mmleak.%s.compact.2" % TID, "mmleak.%s.compact.1" % TID]
-    assert runs(tmp_path) == ["mmleak.%s.compact.1" % TID] and survivors(tmp_path) == h.live
+    assert targets == ["mmleak.%s.compact.2" % TID]
+    assert runs(tmp_path) == ["mmleak.%s.compact.%d" % (TID, n) for n in (1, 2)]
+    assert survivors(tmp_path) == h.live
+    # HOLD_RUNS levels: merged by the rule, behind or not
+    with monkeypatch.context() as m:
+        m.setattr(mmleak.compact, "HOLD_RUNS", 3)
+        h.batch(allocs=1000)
+        del targets[:]
+        mmleak.compact_dir(str(tmp_path), TID, series=False, defer=lambda t, b: True)
+    assert targets == ["mmleak.%s.compact.3" % TID, "mmleak.%s.compact" % TID]
+    assert runs(tmp_path) == [] and survivors(tmp_path) == h.live
     # not behind: into the result, as the rule says
     h.batch(allocs=1000)
+    one_pass(tmp_path)
+    h.batch(allocs=1500)
     del targets[:]
     (res,) = mmleak.compact_dir(str(tmp_path), TID, series=False, defer=lambda t, b: False)[1]
-    assert targets == ["mmleak.%s.compact.3" % TID, "mmleak.%s.compact" % TID]
+    assert targets[1:] == ["mmleak.%s.compact" % TID]
     assert runs(tmp_path) == [] and survivors(tmp_path) == h.live
     # the program over: the last pass is never held (levels: a run bigger than the result
     # left by holding is folded straight into it)

@@ -577,7 +577,7 @@ def _behind(directory, tid, seen):
 
 MERGE_FACTOR = 4      # a run is merged into the one before it when that is at most this
                       # many times bigger than what is folded into it now
-HOLD_RUNS = 8         # runs a pass behind its program may leave unmerged (_fold's HOLD)
+HOLD_RUNS = 8         # levels a pass behind its program may leave unmerged (_fold's HOLD)
 
 
 def _runs(directory, tid):
@@ -628,7 +628,8 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
     BASE: the first fold of a trace not over (no result yet) also writes the result's
     base for the series' last point (series.save_base), from its own reading.  PROGRESS:
     see _fold_into.  HOLD (a function, the trace not over): asked when the rule would merge
-    runs and fewer than HOLD_RUNS are left; True: no merge (runs may then be as big as the
+    runs and the levels (the result and its runs, the new one included) are HOLD_RUNS at
+    most; True: no merge (runs may then be as big as the
     level before them: the last pass folds them straight into the result)."""
     own = files._own_file(cpath)
     runs = _runs(directory, tid)

@@ -490,7 +490,8 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
     function: a point due while the trace runs is put off when complete files the pass did
     not fold are waiting (the compactor is behind the program: the point would read what
     the next pass rewrites, on the core the program needs) and DEFER(TID, True) says so;
-    it is called with False when the pass is not behind; PROGRESS: see _fold_into.  Returns
+    it is called with False when the pass is not behind; so is a merge of a trace not over
+    (_fold's HOLD), asked as the merge is due; PROGRESS: see _fold_into.  Returns
     a dict of what it did, or None when another compactor holds the trace (it is skipped,
     not waited for).  A file it cannot trust (Refused) or write stops the pass over this
     trace (Fail), and nothing is deleted."""
@@ -527,7 +528,9 @@ def compact_trace(directory, tid, paths=None, traces=None, series=True, stopping
         if done or over and not levels and _runs(directory, tid):
             try:
                 res.update(_fold(directory, tid, cpath, done, over, lock.changing, abandon,
-                                 levels, base=series and base, progress=progress))
+                                 levels, base=series and base, progress=progress,
+                                 hold=None if over or not defer else
+                                 lambda: defer(tid, _behind(directory, tid, done))))
             except Abandoned:           # the new files' fold given up: they stay as they are
                 res["abandoned"] = 1
                 return res
@@ -574,6 +577,7 @@ def _behind(directory, tid, seen):
 
 MERGE_FACTOR = 4      # a run is merged into the one before it when that is at most this
                       # many times bigger than what is folded into it now
+HOLD_RUNS = 8         # levels a pass behind its program may leave unmerged (_fold's HOLD)
 
 
 def _runs(directory, tid):
@@ -605,7 +609,7 @@ def _next_run(directory, tid, runs, cpath):
 
 
 def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, levels=False,
-          base=False, progress=None):
+          base=False, progress=None, hold=None):
     """Fold the complete files DONE into the trace's result (under the trace's exclusive
     lock).  The result is mmleak.ID.compact and newer runs mmleak.ID.compact.N, each at
     least MERGE_FACTOR times smaller than the one before it.  DONE are folded alone into a
@@ -623,7 +627,10 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
     given up as it reads: its temporary file dropped, nothing renamed, nothing deleted.
     BASE: the first fold of a trace not over (no result yet) also writes the result's
     base for the series' last point (series.save_base), from its own reading.  PROGRESS:
-    see _fold_into."""
+    see _fold_into.  HOLD (a function, the trace not over): asked when the rule would merge
+    runs and the levels (the result and its runs, the new one included) are HOLD_RUNS at
+    most; True: no merge (runs may then be as big as the
+    level before them: the last pass folds them straight into the result)."""
     own = files._own_file(cpath)
     runs = _runs(directory, tid)
     before = (files._size(cpath) if own else 0) + sum(files._size(p) for _, p in runs)
@@ -633,8 +640,8 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
     # `run`'s last pass (the trace over, LEVELS) when the compactor fell behind the program:
     # the files waiting would make a run that the rule merges into the result at once (what
     # the levels kept of the events so far says what the files will keep), or a merge was
-    # given up at the program's end (a run not MERGE_FACTOR times smaller than the level
-    # before it, which the rule leaves only so): one shrink of
+    # given up at the program's end or held while behind it (HOLD: a run not MERGE_FACTOR
+    # times smaller than the level before it, which the rule leaves only so): one shrink of
     # the files with every level into the result, instead of a run written, then read again
     # (or left beside the result for every reader to put through its table)
     sizes = [files._size(cpath)] + [files._size(p) for _, p in runs]
@@ -678,6 +685,12 @@ def _fold(directory, tid, cpath, done, over=False, guard=None, abandon=None, lev
                         guard=guard, cancel=abandon, progress=progress)
         chain = [(None, cpath)] + _runs(directory, tid)
         i = _merge_start([files._size(p) for _, p in chain])
+        if i < len(chain) - 1 and len(chain) <= HOLD_RUNS and not over and hold and hold():
+            # behind the program: no level is rewritten while files wait that the next pass
+            # folds (for a growing live set, a merge rewrites what the next one rewrites
+            # again, on the core the program and its scan at exit need); the last pass folds
+            # the runs left straight into the result
+            i = len(chain) - 1
         if i < len(chain) - 1 and not (abandon and abandon()):
             (older, target) = chain[i]
             token, merged = None, False

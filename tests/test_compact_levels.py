@@ -835,7 +835,8 @@ def test_a_point_is_put_off_while_the_compactor_is_behind(tmp_path, alive):
     spath = mmleak.TraceFiles(str(tmp_path), TID).series
     assert not os.path.exists(spath)
     (res,) = mmleak.compact_dir(str(tmp_path), TID, defer=defer)[1]
-    assert asked == [True, False] and res["folded"] == 1 and res["point"] is not None
+    # (asked twice: for the merge of its run into the result, then for the point)
+    assert asked == [True, False, False] and res["folded"] == 1 and res["point"] is not None
     points, _ = mmleak.read_series(spath)
     assert len(points) == 1 and points[-1].live == (sum(h.live.values()), len(h.live))
     # run's compactor: put off while behind, for DEFER_MAX seconds in a row at most
@@ -844,3 +845,63 @@ def test_a_point_is_put_off_while_the_compactor_is_behind(tmp_path, alive):
     c.defer_max = 0
     assert not c._defer(TID, True)
     assert survivors(tmp_path) == h.live
+
+
+def test_the_result_is_not_rewritten_while_the_compactor_is_behind(tmp_path, alive,
+                                                                 monkeypatch):
+    """`run`'s compactor behind its program (complete files the pass did not fold are
+    waiting: DEFER says so): the merge the rule wants (into the result, or the oldest run:
+    it rewrites what the next pass's would rewrite again) waits, up to HOLD_RUNS levels;
+    the last pass then folds everything straight into the result.  Exact after every pass;
+    not behind, the merge is made as before."""
+    h = History(tmp_path)
+    h.batch(allocs=3000)
+    one_pass(tmp_path)
+    asked = []
+
+    def defer(tid, behind):
+        asked.append(behind)
+        return behind
+    targets = _fold_targets(monkeypatch)
+    h.batch(allocs=2000)                # a run the rule merges into the result at once
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, series=False, defer=defer,
+                                folded=lambda tid, now: None,
+                                abandon=lambda: h.files == 2 and h.batch(allocs=10) < 0)[1]
+    assert asked[:1] == [True] and targets == ["mmleak.%s.compact.1" % TID]
+    assert runs(tmp_path) == ["mmleak.%s.compact.1" % TID] and survivors(tmp_path) == h.live
+    h.batch(allocs=1500)                # behind again: the runs are not merged either
+    del targets[:], asked[:]
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, series=False, defer=lambda t, b: True)[1]
+    assert targets == ["mmleak.%s.compact.2" % TID]
+    assert runs(tmp_path) == ["mmleak.%s.compact.%d" % (TID, n) for n in (1, 2)]
+    assert survivors(tmp_path) == h.live
+    # HOLD_RUNS levels: merged by the rule, behind or not
+    with monkeypatch.context() as m:
+        m.setattr(mmleak.compact, "HOLD_RUNS", 3)
+        h.batch(allocs=1000)
+        del targets[:]
+        mmleak.compact_dir(str(tmp_path), TID, series=False, defer=lambda t, b: True)
+    assert targets == ["mmleak.%s.compact.3" % TID, "mmleak.%s.compact" % TID]
+    assert runs(tmp_path) == [] and survivors(tmp_path) == h.live
+    # not behind: into the result, as the rule says
+    h.batch(allocs=1000)
+    one_pass(tmp_path)
+    h.batch(allocs=1500)
+    del targets[:]
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, series=False, defer=lambda t, b: False)[1]
+    assert targets[1:] == ["mmleak.%s.compact" % TID]
+    assert runs(tmp_path) == [] and survivors(tmp_path) == h.live
+    # the program over: the last pass is never held (levels: a run bigger than the result
+    # left by holding is folded straight into it)
+    h.batch(allocs=4000)
+    one_pass(tmp_path)
+    h.batch(allocs=5000)
+    with monkeypatch.context() as m:
+        m.setattr(mmleak.compact, "MERGE_FACTOR", 0)
+        one_pass(tmp_path)
+    h.batch(allocs=5, frees=3)
+    alive[0] = False
+    del targets[:]
+    (res,) = mmleak.compact_dir(str(tmp_path), TID, levels=True, defer=lambda t, b: True)[1]
+    assert res["over"] and targets == ["mmleak.%s.compact" % TID]
+    assert runs(tmp_path) == [] and survivors(tmp_path) == h.live

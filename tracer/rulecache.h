@@ -72,7 +72,9 @@ static inline uint64_t cache_get(uintptr_t key)
     if (likely((e & TAG_MASK) == tag && (e >> TAG_BITS)))
         return e;
     /* An empty primary slot: the key is not in its alternate either (cache_put uses that one
-     * only when the primary is taken, and only cache_clear empties a slot, both at once).
+     * only when the primary is taken, and only cache_clear empties slots; a lookup during a
+     * clear that finds the primary emptied and the alternate not yet is a miss, the safe
+     * answer for a rule of an object being unloaded).
      * Not reading the alternate spares a miss a load, and a fresh process's first walks a
      * page fault per key: a random page of the table mapped to the zero page for nothing. */
     if (!e)
